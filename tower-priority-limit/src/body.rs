@@ -1,0 +1,142 @@
+//! [`ResponseBody`]: passes every frame through untouched while metering tokens, and settles the
+//! lease exactly once: at end of stream, on error, or on drop.
+
+use std::fmt;
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
+
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
+use pin_project_lite::pin_project;
+
+use crate::lease::Lease;
+use crate::meter::UsageMeter;
+use crate::store::Store;
+
+pin_project! {
+    /// The body of every response that went through the layer.
+    pub struct ResponseBody<B, St: Store> {
+        #[pin]
+        kind: Kind<B, St>,
+    }
+}
+
+pin_project! {
+    #[project = KindProj]
+    enum Kind<B, St: Store> {
+        Metered { #[pin] inner: B, guard: SettleGuard<St> },
+        Plain { #[pin] inner: B },
+        Full { data: Option<Bytes> },
+    }
+}
+
+/// Owns the lease and the meter; settles with what the meter saw, once, however the body ends.
+struct SettleGuard<St: Store> {
+    meter: UsageMeter,
+    lease: Option<Lease<St>>,
+}
+
+impl<St: Store> SettleGuard<St> {
+    fn settle(&mut self) {
+        if let Some(lease) = self.lease.take() {
+            lease.settle(self.meter.tokens().get());
+        }
+    }
+}
+
+impl<St: Store> Drop for SettleGuard<St> {
+    fn drop(&mut self) {
+        // The client went away (or hyper stopped polling): charge what was streamed.
+        self.settle();
+    }
+}
+
+impl<B, St: Store> ResponseBody<B, St> {
+    pub(crate) fn metered(inner: B, meter: UsageMeter, lease: Lease<St>) -> Self {
+        Self {
+            kind: Kind::Metered {
+                inner,
+                guard: SettleGuard {
+                    meter,
+                    lease: Some(lease),
+                },
+            },
+        }
+    }
+
+    pub(crate) fn plain(inner: B) -> Self {
+        Self {
+            kind: Kind::Plain { inner },
+        }
+    }
+
+    pub(crate) fn full(data: Bytes) -> Self {
+        Self {
+            kind: Kind::Full {
+                data: (!data.is_empty()).then_some(data),
+            },
+        }
+    }
+}
+
+impl<B, St> Body for ResponseBody<B, St>
+where
+    B: Body<Data = Bytes>,
+    St: Store,
+{
+    type Data = Bytes;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
+        match self.project().kind.project() {
+            KindProj::Metered { mut inner, guard } => {
+                let frame = ready!(inner.as_mut().poll_frame(cx));
+                match &frame {
+                    Some(Ok(f)) => {
+                        if let Some(data) = f.data_ref() {
+                            guard.meter.feed(data);
+                        }
+                        // hyper may never poll again once Content-Length is met.
+                        if inner.is_end_stream() {
+                            guard.settle();
+                        }
+                    }
+                    Some(Err(_)) | None => guard.settle(),
+                }
+                Poll::Ready(frame)
+            }
+            KindProj::Plain { inner } => inner.poll_frame(cx),
+            KindProj::Full { data } => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match &self.kind {
+            Kind::Metered { inner, .. } | Kind::Plain { inner } => inner.is_end_stream(),
+            Kind::Full { data } => data.is_none(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match &self.kind {
+            Kind::Metered { inner, .. } | Kind::Plain { inner } => inner.size_hint(),
+            Kind::Full { data } => {
+                SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
+            }
+        }
+    }
+}
+
+impl<B, St: Store> fmt::Debug for ResponseBody<B, St> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let kind = match &self.kind {
+            Kind::Metered { .. } => "metered",
+            Kind::Plain { .. } => "plain",
+            Kind::Full { .. } => "full",
+        };
+        f.debug_struct("ResponseBody").field("kind", &kind).finish()
+    }
+}

@@ -1,0 +1,110 @@
+//! Injectable time, so windows roll in tests and simulations without waiting.
+
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::decision::Millis;
+
+/// A monotonic millisecond clock.
+pub trait Clock: Send + Sync + fmt::Debug + 'static {
+    /// Milliseconds since the clock's own origin.
+    fn now_ms(&self) -> Millis;
+}
+
+/// Real time, from [`Instant`] (monotonic, immune to wall-clock steps).
+#[derive(Debug, Clone, Copy)]
+pub struct SystemClock {
+    origin: Instant,
+}
+
+impl SystemClock {
+    /// A clock whose origin is now.
+    pub fn new() -> Self {
+        Self {
+            origin: Instant::now(),
+        }
+    }
+}
+
+impl Default for SystemClock {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Clock for SystemClock {
+    fn now_ms(&self) -> Millis {
+        self.origin.elapsed().as_millis() as Millis
+    }
+}
+
+/// A clock that only moves when told to; clones share one time.
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_priority_limit::clock::{Clock, ManualClock};
+///
+/// let clock = ManualClock::new();
+/// clock.advance(Duration::from_secs(60));
+/// assert_eq!(clock.now_ms(), 60_000);
+/// ```
+#[derive(Debug, Clone, Default)]
+pub struct ManualClock {
+    now: Arc<AtomicU64>,
+}
+
+impl ManualClock {
+    /// A clock at 0.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Moves time forward.
+    pub fn advance(&self, by: Duration) {
+        self.now.fetch_add(by.as_millis() as u64, Ordering::Relaxed);
+    }
+
+    /// Sets the time.
+    pub fn set(&self, ms: Millis) {
+        self.now.store(ms, Ordering::Relaxed);
+    }
+}
+
+impl Clock for ManualClock {
+    fn now_ms(&self) -> Millis {
+        self.now.load(Ordering::Relaxed)
+    }
+}
+
+/// tokio's clock: follows `tokio::time::pause`/`advance` in tests.
+#[cfg(feature = "tokio")]
+#[derive(Debug, Clone, Copy)]
+pub struct TokioClock {
+    origin: tokio::time::Instant,
+}
+
+#[cfg(feature = "tokio")]
+impl TokioClock {
+    /// A clock whose origin is tokio's now (call inside a runtime when time is paused).
+    pub fn new() -> Self {
+        Self {
+            origin: tokio::time::Instant::now(),
+        }
+    }
+}
+
+#[cfg(feature = "tokio")]
+impl Default for TokioClock {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+#[cfg(feature = "tokio")]
+impl Clock for TokioClock {
+    fn now_ms(&self) -> Millis {
+        self.origin.elapsed().as_millis() as Millis
+    }
+}

@@ -1,0 +1,251 @@
+//! [`ResponseFuture`]: extract the model, admit, call the inner service, wrap its body.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{ready, Context, Poll};
+
+use bytes::Bytes;
+use http::header::CONTENT_TYPE;
+use http::{Request, Response, StatusCode};
+use http_body::Body;
+use pin_project_lite::pin_project;
+use tower::Service;
+
+use crate::body::ResponseBody;
+use crate::config::{ModelId, PoolRef};
+use crate::decision::{Admitted, Decision};
+use crate::layer::{Options, StoreFailure, UnknownModel};
+use crate::lease::Lease;
+use crate::limiter::Limiter;
+use crate::meter::UsageMeter;
+use crate::model::{ExtractRejection, Extracted};
+use crate::response::{error_response, insert_admitted_headers, rejection_response};
+use crate::store::{Store, StoreError};
+
+pin_project! {
+    /// The future of [`PriorityLimit`](crate::PriorityLimit).
+    pub struct ResponseFuture<S, ReqBody, E, St>
+    where
+        S: Service<Request<ReqBody>>,
+        St: Store,
+    {
+        #[pin]
+        state: State<E, St::AdmitFuture, S::Future>,
+        inner: Option<S>,
+        request: Option<Request<ReqBody>>,
+        limiter: Arc<Limiter<St>>,
+        pool: PoolRef,
+        model: Option<ModelId>,
+        prompt_estimate: u64,
+        admitted: Option<(Lease<St>, Admitted)>,
+        options: Options,
+    }
+}
+
+pin_project! {
+    #[project = StateProj]
+    enum State<E, A, F> {
+        Extract { #[pin] fut: E },
+        Admit { #[pin] fut: A },
+        Call { #[pin] fut: F },
+        Done,
+    }
+}
+
+impl<S, ReqBody, E, St> ResponseFuture<S, ReqBody, E, St>
+where
+    S: Service<Request<ReqBody>>,
+    St: Store,
+{
+    pub(crate) fn new(
+        inner: S,
+        extract: E,
+        limiter: Arc<Limiter<St>>,
+        pool: PoolRef,
+        options: Options,
+    ) -> Self {
+        Self {
+            state: State::Extract { fut: extract },
+            inner: Some(inner),
+            request: None,
+            limiter,
+            pool,
+            model: None,
+            prompt_estimate: 0,
+            admitted: None,
+            options,
+        }
+    }
+}
+
+impl<S, ReqBody, E, St> fmt::Debug for ResponseFuture<S, ReqBody, E, St>
+where
+    S: Service<Request<ReqBody>>,
+    St: Store,
+{
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ResponseFuture")
+            .field("pool", &self.pool)
+            .field("model", &self.model)
+            .finish_non_exhaustive()
+    }
+}
+
+fn own<B: Body<Data = Bytes>, St: Store>(
+    response: Response<Bytes>,
+) -> Response<ResponseBody<B, St>> {
+    response.map(ResponseBody::full)
+}
+
+impl<S, ReqBody, E, St, ResBody> Future for ResponseFuture<S, ReqBody, E, St>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    E: Future<Output = Result<Extracted<ReqBody>, ExtractRejection>>,
+    St: Store,
+    ResBody: Body<Data = Bytes>,
+{
+    type Output = Result<Response<ResponseBody<ResBody, St>>, S::Error>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        loop {
+            match this.state.as_mut().project() {
+                StateProj::Extract { fut } => {
+                    let extracted = match ready!(fut.poll(cx)) {
+                        Ok(extracted) => extracted,
+                        Err(rejection) => {
+                            this.state.set(State::Done);
+                            return Poll::Ready(Ok(own(rejection.into_response())));
+                        }
+                    };
+                    let config = this.limiter.config();
+                    let id = extracted
+                        .model
+                        .as_ref()
+                        .and_then(|m| config.model_id(m.as_str()));
+                    match id {
+                        Some(id) => {
+                            *this.model = Some(id);
+                            *this.prompt_estimate = extracted.prompt_estimate;
+                            *this.request = Some(extracted.request);
+                            let fut = this.limiter.admit(id, *this.pool, 0);
+                            this.state.set(State::Admit { fut });
+                        }
+                        None if this.options.unknown_model == UnknownModel::Reject => {
+                            this.state.set(State::Done);
+                            let names: Vec<&str> =
+                                config.models().iter().map(|m| m.name()).collect();
+                            let message = match &extracted.model {
+                                Some(m) => format!(
+                                    "Invalid model name passed in model={}. Available models: {}",
+                                    m.as_str(),
+                                    names.join(", ")
+                                ),
+                                None => "Missing required parameter: 'model'.".to_owned(),
+                            };
+                            let response = error_response(
+                                StatusCode::BAD_REQUEST,
+                                "invalid_request_error",
+                                &message,
+                                Some("model"),
+                            );
+                            return Poll::Ready(Ok(own(response)));
+                        }
+                        None => {
+                            // Not ours to limit: straight through, unmetered.
+                            let Some(mut inner) = this.inner.take() else {
+                                panic!("ResponseFuture polled after completion");
+                            };
+                            let fut = inner.call(extracted.request);
+                            this.state.set(State::Call { fut });
+                        }
+                    }
+                }
+                StateProj::Admit { fut } => {
+                    let decision = ready!(fut.poll(cx));
+                    let (Some(model), Some(request), Some(mut inner)) =
+                        (*this.model, this.request.take(), this.inner.take())
+                    else {
+                        panic!("ResponseFuture polled after completion");
+                    };
+                    match decision {
+                        Ok(Decision::Admit(admitted)) => {
+                            let lease = this.limiter.lease(model, *this.pool, &admitted);
+                            *this.admitted = Some((lease, admitted));
+                        }
+                        Ok(Decision::Reject(rejected)) => {
+                            this.state.set(State::Done);
+                            let config = this.limiter.config();
+                            let response = rejection_response(
+                                config.model(model),
+                                config.pool_label(*this.pool),
+                                &rejected,
+                            );
+                            return Poll::Ready(Ok(own(response)));
+                        }
+                        Err(error) => match store_failure(this.options.store_failure, &error) {
+                            Some(response) => {
+                                this.state.set(State::Done);
+                                return Poll::Ready(Ok(own(response)));
+                            }
+                            None => {}
+                        },
+                    }
+                    let fut = inner.call(request);
+                    this.state.set(State::Call { fut });
+                }
+                StateProj::Call { fut } => {
+                    let response = ready!(fut.poll(cx));
+                    this.state.set(State::Done);
+                    let response = response?;
+                    let Some((lease, admitted)) = this.admitted.take() else {
+                        return Poll::Ready(Ok(response.map(ResponseBody::plain)));
+                    };
+                    let (mut parts, body) = response.into_parts();
+                    let config = this.limiter.config();
+                    let model = config.model(lease.model());
+                    insert_admitted_headers(
+                        &mut parts.headers,
+                        model,
+                        lease.pool(),
+                        config.pool_label(lease.pool()),
+                        &admitted,
+                    );
+                    let mut meter = UsageMeter::for_content_type(
+                        parts.headers.get(CONTENT_TYPE).map(|v| v.as_bytes()),
+                    );
+                    // Failed responses are charged only what they report, never an estimate.
+                    if parts.status.is_success() {
+                        meter = meter.with_prompt_estimate(*this.prompt_estimate);
+                    }
+                    return Poll::Ready(Ok(Response::from_parts(
+                        parts,
+                        ResponseBody::metered(body, meter, lease),
+                    )));
+                }
+                StateProj::Done => panic!("ResponseFuture polled after completion"),
+            }
+        }
+    }
+}
+
+/// The response for a store failure, or `None` to serve unlimited (fail-open).
+fn store_failure(policy: StoreFailure, error: &StoreError) -> Option<Response<Bytes>> {
+    match policy {
+        StoreFailure::Closed => {
+            tracing::error!(%error, "rate-limit store failed; refusing (fail-closed)");
+            Some(error_response(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "service_unavailable",
+                &format!("Rate limiter unavailable: {error}"),
+                None,
+            ))
+        }
+        StoreFailure::Open => {
+            tracing::warn!(%error, "rate-limit store failed; serving unlimited (fail-open)");
+            None
+        }
+    }
+}

@@ -1,0 +1,156 @@
+//! [`PriorityLimitLayer`]: applies [`PriorityLimit`] to a service.
+
+use std::sync::Arc;
+
+use tower::Layer;
+
+use crate::config::LimiterConfig;
+use crate::limiter::Limiter;
+use crate::model::JsonBodyModel;
+use crate::priority::ExtensionPriority;
+use crate::service::PriorityLimit;
+use crate::store::{MemoryStore, Store};
+
+/// What to do with a request for a model the config does not list.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum UnknownModel {
+    /// Pass it to the inner service unlimited and unmetered (the default: the layer limits what it
+    /// is told to limit; the service behind it answers for models it does not serve).
+    #[default]
+    PassThrough,
+    /// Answer 400 in the OpenAI error shape, listing the configured models.
+    Reject,
+}
+
+/// What to do when the store cannot answer (e.g. Redis unreachable).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum StoreFailure {
+    /// Answer 503 in the OpenAI error shape (the default: a limiter that cannot count does not
+    /// silently let everything through).
+    #[default]
+    Closed,
+    /// Serve the request unlimited, logging a warning each time.
+    Open,
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Options {
+    pub(crate) unknown_model: UnknownModel,
+    pub(crate) store_failure: StoreFailure,
+}
+
+/// Rate-limits requests per model and priority (SPEC §1), counting tokens from response bodies.
+///
+/// Every service this layer makes shares one [`Limiter`]: clones, routes and tasks all charge the
+/// same counters.
+///
+/// ```
+/// use axum::{routing::post, Router};
+/// use tower_priority_limit::{config::LimiterConfig, priority::HeaderPriority, PriorityLimitLayer};
+///
+/// let config = LimiterConfig::from_yaml_str(r#"
+/// model_list:
+///   - model_name: gpt-5.6-luna
+///     litellm_params: {model: gpt-5.6-luna, rpm: 10, tpm: 1000}
+/// litellm_settings:
+///   priority_reservation: {prod: 0.9, dev: 0.1}
+/// "#).unwrap();
+/// let app: Router = Router::new()
+///     .route("/v1/chat/completions", post(|| async { "…" }))
+///     .layer(
+///         PriorityLimitLayer::new(config)
+///             .priority_extractor(HeaderPriority::new("x-priority".parse().unwrap())),
+///     );
+/// # drop(app);
+/// ```
+#[derive(Debug)]
+pub struct PriorityLimitLayer<P = ExtensionPriority, M = JsonBodyModel, St = MemoryStore> {
+    limiter: Arc<Limiter<St>>,
+    priority: P,
+    model: M,
+    options: Options,
+}
+
+impl<P: Clone, M: Clone, St> Clone for PriorityLimitLayer<P, M, St> {
+    fn clone(&self) -> Self {
+        Self {
+            limiter: Arc::clone(&self.limiter),
+            priority: self.priority.clone(),
+            model: self.model.clone(),
+            options: self.options,
+        }
+    }
+}
+
+impl PriorityLimitLayer {
+    /// A layer with the embedded store, priority from the [`Priority`](crate::priority::Priority)
+    /// request extension, and the model from the JSON body.
+    pub fn new(config: LimiterConfig) -> Self {
+        Self::from_limiter(Arc::new(Limiter::new(config)))
+    }
+}
+
+impl<St: Store> PriorityLimitLayer<ExtensionPriority, JsonBodyModel, St> {
+    /// A layer over an existing limiter (any store; shared with whoever else holds it).
+    pub fn from_limiter(limiter: Arc<Limiter<St>>) -> Self {
+        Self {
+            limiter,
+            priority: ExtensionPriority,
+            model: JsonBodyModel::default(),
+            options: Options::default(),
+        }
+    }
+}
+
+impl<P, M, St> PriorityLimitLayer<P, M, St> {
+    /// Uses `priority` to find each request's priority label.
+    pub fn priority_extractor<P2>(self, priority: P2) -> PriorityLimitLayer<P2, M, St> {
+        PriorityLimitLayer {
+            limiter: self.limiter,
+            priority,
+            model: self.model,
+            options: self.options,
+        }
+    }
+
+    /// Uses `model` to find each request's model.
+    pub fn model_extractor<M2>(self, model: M2) -> PriorityLimitLayer<P, M2, St> {
+        PriorityLimitLayer {
+            limiter: self.limiter,
+            priority: self.priority,
+            model,
+            options: self.options,
+        }
+    }
+
+    /// What to do with models the config does not list (default: pass through).
+    pub fn unknown_models(mut self, policy: UnknownModel) -> Self {
+        self.options.unknown_model = policy;
+        self
+    }
+
+    /// What to do when the store fails (default: closed, 503).
+    pub fn on_store_failure(mut self, policy: StoreFailure) -> Self {
+        self.options.store_failure = policy;
+        self
+    }
+
+    /// The shared limiter.
+    pub fn limiter(&self) -> &Arc<Limiter<St>> {
+        &self.limiter
+    }
+}
+
+impl<S, P: Clone, M: Clone, St> Layer<S> for PriorityLimitLayer<P, M, St> {
+    type Service = PriorityLimit<S, P, M, St>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        PriorityLimit::new(
+            inner,
+            Arc::clone(&self.limiter),
+            self.priority.clone(),
+            self.model.clone(),
+            self.options,
+        )
+    }
+}

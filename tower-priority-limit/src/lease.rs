@@ -1,0 +1,80 @@
+//! [`Lease`]: what an admission hands back; it settles the request's tokens exactly once.
+
+use std::fmt;
+use std::sync::Arc;
+
+use crate::config::{ModelId, PoolRef};
+use crate::decision::Admitted;
+use crate::limiter::Limiter;
+use crate::store::{Settlement, Store};
+
+/// Proof of one admission. Settle it with the response's tokens; dropping it unsettled settles 0
+/// (the request produced no body: nothing was streamed, nothing is charged, any reservation is
+/// refunded).
+pub struct Lease<St: Store> {
+    limiter: Arc<Limiter<St>>,
+    settlement: Settlement,
+    settled: bool,
+}
+
+impl<St: Store> Lease<St> {
+    pub(crate) fn new(
+        limiter: Arc<Limiter<St>>,
+        model: ModelId,
+        pool: PoolRef,
+        admitted: &Admitted,
+    ) -> Self {
+        Self {
+            limiter,
+            settlement: Settlement {
+                model,
+                pool,
+                tokens: 0,
+                reserved: admitted.reserved,
+                model_window: admitted.model_window,
+                pool_window: admitted.pool_window,
+            },
+            settled: false,
+        }
+    }
+
+    /// The model this lease was admitted for.
+    pub fn model(&self) -> ModelId {
+        self.settlement.model
+    }
+
+    /// The pool this lease was admitted under.
+    pub fn pool(&self) -> PoolRef {
+        self.settlement.pool
+    }
+
+    /// Records the response's tokens. Consumes the lease, so it happens once.
+    pub fn settle(mut self, tokens: u64) {
+        self.settle_once(tokens);
+    }
+
+    fn settle_once(&mut self, tokens: u64) {
+        if !self.settled {
+            self.settled = true;
+            self.settlement.tokens = tokens;
+            self.limiter
+                .store()
+                .settle(self.limiter.config(), self.settlement);
+        }
+    }
+}
+
+impl<St: Store> Drop for Lease<St> {
+    fn drop(&mut self) {
+        self.settle_once(0);
+    }
+}
+
+impl<St: Store> fmt::Debug for Lease<St> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Lease")
+            .field("settlement", &self.settlement)
+            .field("settled", &self.settled)
+            .finish()
+    }
+}

@@ -1,0 +1,80 @@
+//! # tower-priority-limit
+//!
+//! A [tower] middleware that shares an LLM model's requests-per-minute (RPM) and tokens-per-minute
+//! (TPM) between priorities without leaving capacity idle: while a model is below its
+//! **saturation threshold** any caller may use idle capacity; at and above it, each priority is held
+//! to its **reserved share**. Token usage is read from the response body (JSON or a streamed SSE
+//! body) as it passes through, and charged exactly once.
+//!
+//! ```
+//! use axum::{routing::post, Router};
+//! use tower_priority_limit::{config::LimiterConfig, priority::HeaderPriority, PriorityLimitLayer};
+//!
+//! let config = LimiterConfig::from_yaml_str(r#"
+//! model_list:
+//!   - model_name: gpt-5.6-luna
+//!     litellm_params: {model: gpt-5.6-luna, rpm: 10, tpm: 1000}
+//! litellm_settings:
+//!   priority_reservation: {prod: 0.9, dev: {type: rpm, value: 1}}
+//!   priority_reservation_settings: {default_priority: 0.25, saturation_threshold: 0.5}
+//! "#).unwrap();
+//!
+//! let app: Router = Router::new()
+//!     .route("/v1/chat/completions", post(|| async { "…" }))
+//!     .layer(
+//!         PriorityLimitLayer::new(config)
+//!             .priority_extractor(HeaderPriority::new("x-priority".parse().unwrap())),
+//!     );
+//! # drop(app);
+//! ```
+//!
+//! ## How a request goes through
+//!
+//! 1. The **priority extractor** names the caller's priority ([`priority`]: a header, a request
+//!    extension set by your auth layer, a key/team table, a closure). Unknown labels fall into the
+//!    default pool.
+//! 2. The **model extractor** names the model ([`model`]: by default the `model` field of the JSON
+//!    body, read once, bounded, and handed on unchanged). Models not in the config pass through.
+//! 3. The **limiter** decides ([`decision`], pure) against counters in a [`store`] (embedded by
+//!    default) in one atomic step. A refusal is answered with the 429 of SPEC §1.6 and never
+//!    reaches the inner service.
+//! 4. The inner service's response gets the rate-limit headers, and its body is wrapped: every
+//!    frame passes through untouched while the [`meter`] reads usage; the request's
+//!    [`Lease`] settles the tokens at end of stream, on error, or when the body is dropped.
+//!
+//! ## Failure modes
+//!
+//! Store errors (a remote store down) answer 503 by default ([`StoreFailure::Closed`]);
+//! [`StoreFailure::Open`] serves unlimited instead, logging each time. Bad request bodies get a
+//! 400/413 in the OpenAI error shape. Nothing on the request path panics on input.
+//!
+//! ## Time
+//!
+//! Windows are fixed, 60 s by default, per counter pair, measured on a [`clock::Clock`] that tests
+//! replace with [`clock::ManualClock`] or [`clock::TokioClock`].
+
+#![deny(missing_docs)]
+
+pub mod clock;
+pub mod config;
+pub mod decision;
+pub mod meter;
+pub mod model;
+pub mod priority;
+pub mod response;
+pub mod store;
+
+mod body;
+mod future;
+mod layer;
+mod lease;
+mod limiter;
+mod service;
+
+pub use body::ResponseBody;
+pub use config::LimiterConfig;
+pub use future::ResponseFuture;
+pub use layer::{PriorityLimitLayer, StoreFailure, UnknownModel};
+pub use lease::Lease;
+pub use limiter::{Acquired, Limiter};
+pub use service::PriorityLimit;

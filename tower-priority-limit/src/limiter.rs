@@ -1,0 +1,157 @@
+//! [`Limiter`]: a validated config bound to a store. The layer, the gateway and the simulator all
+//! admit through it.
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+
+use crate::clock::Clock;
+use crate::config::{LimiterConfig, ModelId, PoolRef};
+use crate::decision::{Admitted, Decision, Rejected};
+use crate::lease::Lease;
+use crate::store::{AdmitRequest, MemoryStore, Store, StoreError};
+
+/// A config and the store that holds its counters. Share it in an [`Arc`]: every clone of the
+/// layer, every route and every task then charges the same counters.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// use std::sync::Arc;
+/// use tower_priority_limit::{config::LimiterConfig, Acquired, Limiter};
+///
+/// let config = LimiterConfig::builder().model("m", None, Some(60)).build().unwrap();
+/// let limiter = Arc::new(Limiter::new(config));
+/// let Acquired::Admitted { lease, .. } = limiter.acquire("m", None, 0).await.unwrap() else {
+///     panic!("an idle model admits");
+/// };
+/// lease.settle(30); // the response used 30 tokens
+/// # }
+/// ```
+#[derive(Debug)]
+pub struct Limiter<St = MemoryStore> {
+    config: LimiterConfig,
+    store: St,
+    /// Unknown priority labels already logged (SPEC §1.2: logged once). Touched only on that cold
+    /// path.
+    unknown_labels: Mutex<HashSet<Box<str>>>,
+}
+
+/// The outcome of [`Limiter::acquire`].
+#[derive(Debug)]
+pub enum Acquired<St: Store = MemoryStore> {
+    /// Admitted: settle the lease with the response's tokens (dropping it settles 0).
+    Admitted {
+        /// Settles the request's tokens exactly once.
+        lease: Lease<St>,
+        /// Saturation, mode and usage, for headers.
+        admitted: Admitted,
+    },
+    /// Refused; no counter changed.
+    Rejected(Rejected),
+    /// The model is not in the config: nothing to limit.
+    UnknownModel,
+}
+
+impl Limiter<MemoryStore> {
+    /// A limiter with the embedded store on the system clock.
+    pub fn new(config: LimiterConfig) -> Self {
+        let store = MemoryStore::new(&config);
+        Self::with_store(config, store)
+    }
+
+    /// A limiter with the embedded store on `clock` (tests, simulations).
+    pub fn with_clock(config: LimiterConfig, clock: impl Clock) -> Self {
+        let store = MemoryStore::with_clock(&config, clock);
+        Self::with_store(config, store)
+    }
+}
+
+impl<St: Store> Limiter<St> {
+    /// A limiter over any store built for `config`.
+    pub fn with_store(config: LimiterConfig, store: St) -> Self {
+        Self {
+            config,
+            store,
+            unknown_labels: Mutex::new(HashSet::new()),
+        }
+    }
+
+    /// The validated config.
+    pub fn config(&self) -> &LimiterConfig {
+        &self.config
+    }
+
+    /// The store.
+    pub fn store(&self) -> &St {
+        &self.store
+    }
+
+    /// Resolves a priority label to its pool; an unknown label goes to the default pool and is
+    /// logged once.
+    pub fn resolve_pool(&self, label: Option<&str>) -> PoolRef {
+        let pool = self.config.pool_of(label);
+        if let (PoolRef::Default, Some(label)) = (pool, label) {
+            if self.config.has_reservations() {
+                self.log_unknown_label(label);
+            }
+        }
+        pool
+    }
+
+    #[cold]
+    fn log_unknown_label(&self, label: &str) {
+        let mut seen = self
+            .unknown_labels
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        // Bounded: labels come from requests, so stop remembering (and logging) past a few.
+        if seen.len() < 1024 && seen.insert(label.into()) {
+            tracing::warn!(
+                priority = label,
+                "priority not in priority_reservation; using the default pool"
+            );
+        }
+    }
+
+    /// Starts one admission (one store round trip). Pair an admitted decision with
+    /// [`lease`](Self::lease).
+    pub fn admit(&self, model: ModelId, pool: PoolRef, reserve: u64) -> St::AdmitFuture {
+        self.store.admit(
+            &self.config,
+            AdmitRequest {
+                model,
+                pool,
+                reserve,
+            },
+        )
+    }
+
+    /// The lease for a request admitted as `admitted`.
+    pub fn lease(
+        self: &Arc<Self>,
+        model: ModelId,
+        pool: PoolRef,
+        admitted: &Admitted,
+    ) -> Lease<St> {
+        Lease::new(Arc::clone(self), model, pool, admitted)
+    }
+
+    /// Resolves `model` and `priority`, admits, and hands back a lease: the whole path in one call.
+    pub async fn acquire(
+        self: &Arc<Self>,
+        model: &str,
+        priority: Option<&str>,
+        reserve: u64,
+    ) -> Result<Acquired<St>, StoreError> {
+        let Some(id) = self.config.model_id(model) else {
+            return Ok(Acquired::UnknownModel);
+        };
+        let pool = self.resolve_pool(priority);
+        Ok(match self.admit(id, pool, reserve).await? {
+            Decision::Admit(admitted) => Acquired::Admitted {
+                lease: self.lease(id, pool, &admitted),
+                admitted,
+            },
+            Decision::Reject(rejected) => Acquired::Rejected(rejected),
+        })
+    }
+}

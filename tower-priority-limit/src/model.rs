@@ -1,0 +1,342 @@
+//! Model extractors: how the layer learns which model a request is for.
+//!
+//! The default, [`JsonBodyModel`], reads the `model` field of a JSON body. It buffers the body
+//! (bounded), parses it once, and hands the inner service the very same bytes, so nothing is lost.
+
+use std::borrow::Cow;
+use std::fmt;
+use std::future::{ready, Future, Ready};
+use std::pin::Pin;
+
+use bytes::Bytes;
+use http::header::{HeaderName, CONTENT_LENGTH};
+use http::{Request, Response, StatusCode};
+use http_body::Body;
+use http_body_util::{BodyExt, LengthLimitError, Limited};
+use serde::Deserialize;
+
+use crate::response::error_response;
+
+/// A model name, UTF-8, usually a zero-copy slice of the request body.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ModelName(Bytes);
+
+impl ModelName {
+    /// The name.
+    pub fn as_str(&self) -> &str {
+        // Constructed only from `str`/`String` bytes.
+        std::str::from_utf8(&self.0).unwrap_or_default()
+    }
+
+    /// A name from a `'static` string, without copying.
+    pub fn from_static(name: &'static str) -> Self {
+        Self(Bytes::from_static(name.as_bytes()))
+    }
+
+    fn from_slice_of(body: &Bytes, name: &str) -> Self {
+        Self(body.slice_ref(name.as_bytes()))
+    }
+}
+
+impl From<String> for ModelName {
+    fn from(name: String) -> Self {
+        Self(Bytes::from(name))
+    }
+}
+
+impl From<&str> for ModelName {
+    fn from(name: &str) -> Self {
+        Self(Bytes::copy_from_slice(name.as_bytes()))
+    }
+}
+
+impl fmt::Debug for ModelName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(self.as_str(), f)
+    }
+}
+
+/// A request after model extraction.
+#[derive(Debug)]
+pub struct Extracted<B> {
+    /// The request, body intact.
+    pub request: Request<B>,
+    /// The model, if the request names one.
+    pub model: Option<ModelName>,
+    /// Estimated prompt tokens, used only when the response reports no usage (0 if unknown).
+    pub prompt_estimate: u64,
+}
+
+/// Why a request could not be read: answered with a 4xx in the OpenAI error shape.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExtractRejection {
+    /// 400 or 413.
+    pub status: StatusCode,
+    /// What is wrong, for the client.
+    pub message: String,
+    /// The request parameter at fault, if any.
+    pub param: Option<&'static str>,
+}
+
+impl ExtractRejection {
+    /// A rejection with `status` and `message`.
+    pub fn new(status: StatusCode, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            message: message.into(),
+            param: None,
+        }
+    }
+
+    /// The error response.
+    pub fn into_response(self) -> Response<Bytes> {
+        error_response(
+            self.status,
+            "invalid_request_error",
+            &self.message,
+            self.param,
+        )
+    }
+}
+
+impl fmt::Display for ExtractRejection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.status, self.message)
+    }
+}
+
+impl std::error::Error for ExtractRejection {}
+
+/// Finds the model of a request.
+pub trait ModelExtractor<B>: Clone + Send + Sync + 'static {
+    /// The extraction future.
+    type Future: Future<Output = Result<Extracted<B>, ExtractRejection>> + Send + 'static;
+
+    /// Extracts the model, handing the request back whole.
+    fn extract(&self, request: Request<B>) -> Self::Future;
+}
+
+/// Default bound on a buffered request body: 10 MiB.
+pub const DEFAULT_BODY_LIMIT: usize = 10 * 1024 * 1024;
+
+/// Reads `model` from a JSON request body, bounded in size.
+///
+/// Non-JSON bodies, bodies without a string `model`, and bodies over the bound are answered with a
+/// 400/413 in the OpenAI error shape; the inner service is not called for them. The inner service
+/// gets the body bytes unchanged (the body type must be buildable from [`Bytes`], as axum's and
+/// `http_body_util::Full`'s are).
+#[derive(Debug, Clone, Copy)]
+pub struct JsonBodyModel {
+    limit: usize,
+}
+
+impl Default for JsonBodyModel {
+    fn default() -> Self {
+        Self {
+            limit: DEFAULT_BODY_LIMIT,
+        }
+    }
+}
+
+impl JsonBodyModel {
+    /// Bodies up to `limit` bytes.
+    pub fn with_limit(limit: usize) -> Self {
+        Self { limit }
+    }
+}
+
+/// The boxed future of [`JsonBodyModel`] (it allocates a body buffer anyway).
+pub type BoxExtractFuture<B> =
+    Pin<Box<dyn Future<Output = Result<Extracted<B>, ExtractRejection>> + Send + 'static>>;
+
+#[derive(Deserialize)]
+struct Peek<'a> {
+    #[serde(borrow, default)]
+    model: Option<Cow<'a, str>>,
+}
+
+/// Parses `body`, returning its model name (zero-copy when unescaped).
+pub fn model_from_json(body: &Bytes) -> Result<ModelName, ExtractRejection> {
+    let bad = |message: String| ExtractRejection::new(StatusCode::BAD_REQUEST, message);
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Err(bad(
+            "Request body is empty; expected a JSON object with \"model\".".into(),
+        ));
+    }
+    let value: serde_json::Value = match serde_json::from_slice::<Peek<'_>>(body) {
+        Ok(Peek { model: Some(name) }) if !name.trim().is_empty() => {
+            return Ok(match name {
+                Cow::Borrowed(s) => ModelName::from_slice_of(body, s),
+                Cow::Owned(s) => ModelName::from(s),
+            });
+        }
+        Ok(_) => serde_json::Value::Null,
+        Err(e) if e.is_syntax() || e.is_eof() => {
+            return Err(bad(format!("Invalid JSON in request body: {e}")));
+        }
+        // Shape errors (not an object, `model` not a string): say which.
+        Err(_) => serde_json::from_slice(body).unwrap_or_default(),
+    };
+    let mut rejection = match value.get("model") {
+        Some(v) if !v.is_null() && !v.is_string() => {
+            bad("Invalid type for 'model': expected a string.".into())
+        }
+        _ if !value.is_object() && !value.is_null() => {
+            bad("Request body must be a JSON object.".into())
+        }
+        _ => bad("Missing required parameter: 'model'.".into()),
+    };
+    rejection.param = Some("model");
+    Err(rejection)
+}
+
+impl<B> ModelExtractor<B> for JsonBodyModel
+where
+    B: Body + From<Bytes> + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    type Future = BoxExtractFuture<B>;
+
+    fn extract(&self, request: Request<B>) -> Self::Future {
+        let limit = self.limit;
+        Box::pin(async move {
+            let too_large = || {
+                ExtractRejection::new(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    format!("Request body is larger than the limit of {limit} bytes."),
+                )
+            };
+            let declared = request
+                .headers()
+                .get(CONTENT_LENGTH)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.parse::<u64>().ok());
+            if declared.is_some_and(|n| n > limit as u64) {
+                return Err(too_large());
+            }
+            let (parts, body) = request.into_parts();
+            let bytes = match Limited::new(body, limit).collect().await {
+                Ok(collected) => collected.to_bytes(),
+                Err(e) if e.is::<LengthLimitError>() => return Err(too_large()),
+                Err(e) => {
+                    return Err(ExtractRejection::new(
+                        StatusCode::BAD_REQUEST,
+                        format!("Could not read the request body: {e}"),
+                    ))
+                }
+            };
+            let model = model_from_json(&bytes)?;
+            // Rough prompt size for streams that never report usage: 4 bytes per token.
+            let prompt_estimate = (bytes.len() as u64).div_ceil(4);
+            Ok(Extracted {
+                request: Request::from_parts(parts, B::from(bytes)),
+                model: Some(model),
+                prompt_estimate,
+            })
+        })
+    }
+}
+
+/// Reads the model from a header; requests without it are treated as naming no model.
+#[derive(Debug, Clone)]
+pub struct HeaderModel {
+    name: HeaderName,
+}
+
+impl HeaderModel {
+    /// Reads header `name`.
+    pub fn new(name: HeaderName) -> Self {
+        Self { name }
+    }
+}
+
+impl<B: Send + 'static> ModelExtractor<B> for HeaderModel {
+    type Future = Ready<Result<Extracted<B>, ExtractRejection>>;
+
+    fn extract(&self, request: Request<B>) -> Self::Future {
+        let model = request
+            .headers()
+            .get(&self.name)
+            .and_then(|v| v.to_str().ok())
+            .map(ModelName::from);
+        ready(Ok(Extracted {
+            request,
+            model,
+            prompt_estimate: 0,
+        }))
+    }
+}
+
+/// Computes the model with a closure (e.g. from a request extension set by the gateway).
+#[derive(Clone)]
+pub struct FnModel<F> {
+    f: F,
+}
+
+impl<F> FnModel<F> {
+    /// Wraps `f`.
+    pub fn new(f: F) -> Self {
+        Self { f }
+    }
+}
+
+impl<F> fmt::Debug for FnModel<F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("FnModel")
+    }
+}
+
+impl<B, F> ModelExtractor<B> for FnModel<F>
+where
+    B: Send + 'static,
+    F: Fn(&Request<B>) -> Option<ModelName> + Clone + Send + Sync + 'static,
+{
+    type Future = Ready<Result<Extracted<B>, ExtractRejection>>;
+
+    fn extract(&self, request: Request<B>) -> Self::Future {
+        let model = (self.f)(&request);
+        ready(Ok(Extracted {
+            request,
+            model,
+            prompt_estimate: 0,
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn model_is_borrowed_from_the_body() {
+        let body =
+            Bytes::from_static(br#"{"messages":[{"role":"user","content":"hi"}],"model":"gpt-x"}"#);
+        let m = model_from_json(&body).unwrap();
+        assert_eq!(m.as_str(), "gpt-x");
+        let escaped = Bytes::from_static(br#"{"model":"gpt\u002dx"}"#);
+        assert_eq!(model_from_json(&escaped).unwrap().as_str(), "gpt-x");
+    }
+
+    #[test]
+    fn bad_bodies_are_400_with_reasons() {
+        let cases: [(&[u8], &str); 6] = [
+            (b"not json", "Invalid JSON in request body"),
+            (b"{\"model\": ", "Invalid JSON in request body"),
+            (b"{}", "Missing required parameter: 'model'."),
+            (b"{\"model\": 5}", "Invalid type for 'model'"),
+            (b"[1,2]", "Request body must be a JSON object."),
+            (b"  ", "Request body is empty"),
+        ];
+        for (body, want) in cases {
+            let e = model_from_json(&Bytes::copy_from_slice(body)).unwrap_err();
+            assert_eq!(e.status, StatusCode::BAD_REQUEST);
+            assert!(
+                e.message.starts_with(want),
+                "{:?}: {}",
+                std::str::from_utf8(body),
+                e.message
+            );
+        }
+    }
+}

@@ -1,0 +1,117 @@
+//! [`PriorityLimit`]: the middleware service.
+
+use std::fmt;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body::Body;
+use tower::Service;
+
+use crate::body::ResponseBody;
+use crate::future::ResponseFuture;
+use crate::layer::Options;
+use crate::limiter::Limiter;
+use crate::model::ModelExtractor;
+use crate::priority::PriorityExtractor;
+use crate::store::Store;
+
+/// Admits each request through the limiter before calling the inner service; answers refusals
+/// with a 429 itself; meters the response body and settles its tokens.
+///
+/// Made by [`PriorityLimitLayer`](crate::PriorityLimitLayer).
+pub struct PriorityLimit<S, P, M, St> {
+    inner: S,
+    limiter: Arc<Limiter<St>>,
+    priority: P,
+    model: M,
+    options: Options,
+}
+
+impl<S, P, M, St> PriorityLimit<S, P, M, St> {
+    pub(crate) fn new(
+        inner: S,
+        limiter: Arc<Limiter<St>>,
+        priority: P,
+        model: M,
+        options: Options,
+    ) -> Self {
+        Self {
+            inner,
+            limiter,
+            priority,
+            model,
+            options,
+        }
+    }
+
+    /// The shared limiter.
+    pub fn limiter(&self) -> &Arc<Limiter<St>> {
+        &self.limiter
+    }
+
+    /// The inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+}
+
+impl<S: Clone, P: Clone, M: Clone, St> Clone for PriorityLimit<S, P, M, St> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+            limiter: Arc::clone(&self.limiter),
+            priority: self.priority.clone(),
+            model: self.model.clone(),
+            options: self.options,
+        }
+    }
+}
+
+impl<S: fmt::Debug, P: fmt::Debug, M: fmt::Debug, St> fmt::Debug for PriorityLimit<S, P, M, St> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PriorityLimit")
+            .field("inner", &self.inner)
+            .field("priority", &self.priority)
+            .field("model", &self.model)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S, P, M, St, ReqBody, ResBody> Service<Request<ReqBody>> for PriorityLimit<S, P, M, St>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
+    P: PriorityExtractor<ReqBody>,
+    M: ModelExtractor<ReqBody>,
+    St: Store,
+    ResBody: Body<Data = Bytes>,
+{
+    type Response = Response<ResponseBody<ResBody, St>>;
+    type Error = S::Error;
+    type Future = ResponseFuture<S, ReqBody, M::Future, St>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        // Honest readiness: ours is the inner service's. Admission happens in the future, where a
+        // refusal is an answer, not back-pressure.
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
+        let limiter = &self.limiter;
+        let pool = self
+            .priority
+            .extract(&request, |label| limiter.resolve_pool(label));
+        // The inner service was driven to readiness; move that one into the future and leave a
+        // clone behind (tower-http's async-auth pattern).
+        let clone = self.inner.clone();
+        let inner = std::mem::replace(&mut self.inner, clone);
+        ResponseFuture::new(
+            inner,
+            self.model.extract(request),
+            Arc::clone(&self.limiter),
+            pool,
+            self.options,
+        )
+    }
+}

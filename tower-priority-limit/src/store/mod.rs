@@ -1,0 +1,85 @@
+//! Where counters live. A store only moves numbers: it reads a model's counters, asks
+//! [`decide`](crate::decision::decide), and applies the answer atomically.
+//!
+//! The interface is shaped for a remote store: [`Store::admit`] is one future (one round trip to
+//! Redis: check and increment all-or-nothing), [`Store::settle`] is synchronous and must not block
+//! (a remote store queues it and flushes in the background), because it runs in `Drop`.
+
+use std::fmt;
+use std::future::Future;
+
+use crate::config::{LimiterConfig, ModelId, PoolRef};
+use crate::decision::{Decision, Millis};
+
+pub mod memory;
+
+pub use memory::MemoryStore;
+
+/// One admission to decide.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AdmitRequest {
+    /// The model asked for.
+    pub model: ModelId,
+    /// The caller's resolved pool.
+    pub pool: PoolRef,
+    /// Tokens to charge at admission (0 in the source-exact mode; the real count comes at settle).
+    pub reserve: u64,
+}
+
+/// The admitted request's tokens, recorded once its response is done.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Settlement {
+    /// The model the request was admitted for.
+    pub model: ModelId,
+    /// The pool it was admitted under (tokens go to the same pool).
+    pub pool: PoolRef,
+    /// Tokens the response cost.
+    pub tokens: u64,
+    /// Tokens charged at admission, refunded if their window is still open.
+    pub reserved: u64,
+    /// Start of the model-wide window the request was admitted in.
+    pub model_window: Millis,
+    /// Start of the pool window the request was admitted in.
+    pub pool_window: Millis,
+}
+
+/// Why a store could not answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StoreError {
+    /// The backend did not answer in time.
+    Timeout,
+    /// The backend is unreachable or answered with an error.
+    Unavailable(String),
+    /// The store was built for a different config (unknown model id).
+    UnknownModel(ModelId),
+}
+
+impl fmt::Display for StoreError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            StoreError::Timeout => f.write_str("rate-limit store timed out"),
+            StoreError::Unavailable(e) => write!(f, "rate-limit store unavailable: {e}"),
+            StoreError::UnknownModel(id) => {
+                write!(
+                    f,
+                    "rate-limit store has no counters for model #{}",
+                    id.index()
+                )
+            }
+        }
+    }
+}
+
+impl std::error::Error for StoreError {}
+
+/// A counter backend.
+pub trait Store: Send + Sync + 'static {
+    /// The future of one admission.
+    type AdmitFuture: Future<Output = Result<Decision, StoreError>> + Send + 'static;
+
+    /// Decides `request` and, if admitted, counts it, atomically: a refusal changes nothing.
+    fn admit(&self, config: &LimiterConfig, request: AdmitRequest) -> Self::AdmitFuture;
+
+    /// Records a finished request's tokens. Must not block or fail loudly: it runs in `Drop`.
+    fn settle(&self, config: &LimiterConfig, settlement: Settlement);
+}
