@@ -1,46 +1,277 @@
-//! TEMPORARY stub until the meter module lands.
-#![allow(missing_docs, dead_code)]
+//! Token usage read from response bodies, incrementally, as they stream by.
+//!
+//! A [`UsageMeter`] is fed every chunk of a response body exactly as it goes
+//! to the client ([`UsageMeter::feed`]) and says at any moment — end of
+//! stream, error, or drop mid-stream — what the response cost so far
+//! ([`UsageMeter::tokens`]).
+//!
+//! # Bodies
+//!
+//! * **Server-sent events** (`text/event-stream`, e.g. OpenAI chat completions
+//!   with `stream: true`, or Anthropic messages). Lines may end in `\n`, `\r\n`
+//!   or `\r`, and chunk boundaries may fall anywhere, including inside a UTF-8
+//!   character. Each event's `data` (several `data:` lines joined with `\n`)
+//!   is read as JSON; comments, `event:`, `id:`, `retry:` and data that is not
+//!   JSON (like `[DONE]`) are ignored. A final event whose blank line has not
+//!   arrived (even one whose last `data:` line has no line ending yet) is
+//!   counted by [`UsageMeter::tokens`] if its data is already complete JSON.
+//!   Lines longer than 1 MiB are skipped (their event too, if it was a `data`
+//!   line), so memory stays bounded whatever the stream.
+//! * **JSON** (anything else): up to 4 MiB of the body is kept; past that only
+//!   its last 64 KiB (usage comes last in OpenAI and Anthropic bodies). The
+//!   kept bytes are parsed when [`UsageMeter::tokens`] is called; if they are
+//!   not a whole JSON document, the last `"usage": {...}` in them is used.
+//!
+//! # Reported usage
+//!
+//! A *usage object* is a JSON object found at `usage` (OpenAI, Anthropic
+//! `message_delta` and bodies), `message.usage` (Anthropic `message_start`) or
+//! `response.usage` (OpenAI Responses) of a document, having at least one of
+//! these non-negative integer counters (other values are ignored):
+//!
+//! 1. `total_tokens` if present; else
+//! 2. `prompt_tokens + completion_tokens` if either is present; else
+//! 3. `input_tokens + output_tokens`
+//!
+//! (a missing part counts 0; sums saturate). When a stream carries several
+//! usage objects they are merged in order: each counter present in a later
+//! object replaces the earlier value, and `total_tokens` always comes from the
+//! latest object. With one usage object (OpenAI) that is "the last one wins";
+//! with Anthropic's `message_start` (input) and `message_delta` (cumulative
+//! output) it gives input + output. Reported usage always replaces the
+//! estimate: [`Tokens::Reported`].
+//!
+//! # Estimate
+//!
+//! When no usage object has been seen, the cost is [`Tokens::Estimated`]:
+//!
+//! ```text
+//! estimate = prompt_estimate + ceil(content_bytes / 4)
+//! ```
+//!
+//! where `prompt_estimate` is the value given to
+//! [`UsageMeter::with_prompt_estimate`] (default 0) and `content_bytes` is the
+//! UTF-8 length, after JSON unescaping, of the generated text seen so far:
+//! `choices[*].delta.content`, `choices[*].message.content`,
+//! `choices[*].text`, the `function.arguments` of `choices[*].delta.tool_calls`
+//! and `choices[*].message.tool_calls`, and Anthropic's `delta.text`,
+//! `delta.partial_json` and `content[*].text`. A body that is not JSON
+//! (or a JSON body cut to its tail without usage) has `content_bytes = 0`.
+
+mod json;
+mod sse;
+
+use json::{JsonMeter, Usage};
+use sse::SseMeter;
+
+/// What a finished (or abandoned) response cost.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Tokens {
+    /// The body reported usage (`usage.total_tokens`, or `prompt_tokens + completion_tokens`, or `input_tokens + output_tokens`).
     Reported(u64),
+    /// No usage seen; estimated from the text streamed so far (see the
+    /// [module docs](self#estimate) for the rule).
     Estimated(u64),
 }
+
 impl Tokens {
+    /// The number of tokens, reported or estimated.
     pub fn get(self) -> u64 {
         match self {
             Tokens::Reported(n) | Tokens::Estimated(n) => n,
         }
     }
 }
-#[derive(Debug, Default)]
+
+/// Reads the token usage of one response body from the chunks it is fed.
+///
+/// ```
+/// use tower_priority_limit::meter::{Tokens, UsageMeter};
+///
+/// let mut meter = UsageMeter::for_content_type(Some(b"text/event-stream; charset=utf-8"))
+///     .with_prompt_estimate(12);
+/// meter.feed(b"data: {\"choices\":[{\"delta\":{\"content\":\"Hello, wor");
+/// meter.feed(b"ld!\"}}]}\n\n");
+/// assert_eq!(meter.tokens(), Tokens::Estimated(12 + 4)); // 13 bytes -> 4 tokens
+/// meter.feed(b"data: {\"choices\":[],\"usage\":{\"prompt_tokens\":9,");
+/// meter.feed(b"\"completion_tokens\":4,\"total_tokens\":13}}\n\ndata: [DONE]\n\n");
+/// assert_eq!(meter.tokens(), Tokens::Reported(13));
+/// ```
+#[derive(Debug)]
 pub struct UsageMeter {
-    buf: Vec<u8>,
-    prompt: u64,
+    body: Body,
+    prompt_estimate: u64,
 }
+
+#[derive(Debug)]
+enum Body {
+    Sse(SseMeter),
+    Json(JsonMeter),
+}
+
 impl UsageMeter {
-    pub fn for_content_type(_c: Option<&[u8]>) -> Self {
-        Self::default()
+    /// Chooses SSE parsing when content-type starts with `text/event-stream`
+    /// (case-insensitive, params allowed), else JSON.
+    pub fn for_content_type(content_type: Option<&[u8]>) -> Self {
+        if content_type.is_some_and(is_event_stream) {
+            Self::sse()
+        } else {
+            Self::json()
+        }
     }
-    pub fn with_prompt_estimate(mut self, t: u64) -> Self {
-        self.prompt = t;
+
+    /// A meter for a `text/event-stream` body.
+    pub fn sse() -> Self {
+        UsageMeter {
+            body: Body::Sse(SseMeter::new()),
+            prompt_estimate: 0,
+        }
+    }
+
+    /// A meter for a JSON (non-streamed) body.
+    pub fn json() -> Self {
+        UsageMeter {
+            body: Body::Json(JsonMeter::new()),
+            prompt_estimate: 0,
+        }
+    }
+
+    /// Tokens of the request prompt estimated by the caller (e.g. from request
+    /// body size); added to the estimate only when no usage is reported.
+    /// Default 0.
+    pub fn with_prompt_estimate(mut self, tokens: u64) -> Self {
+        self.prompt_estimate = tokens;
         self
     }
-    pub fn feed(&mut self, c: &[u8]) {
-        self.buf.extend_from_slice(c)
+
+    /// Feed the next chunk of body bytes exactly as it went to the client.
+    /// Must never panic, whatever the bytes.
+    pub fn feed(&mut self, chunk: &[u8]) {
+        match &mut self.body {
+            Body::Sse(m) => m.feed(chunk),
+            Body::Json(m) => m.feed(chunk),
+        }
     }
+
+    /// Tokens so far: Reported if any usage object was seen (see the
+    /// [module docs](self#reported-usage) for how several are combined), else
+    /// Estimated. Callable at any time (end of stream, on error, on drop
+    /// mid-stream); it does not change the meter.
+    ///
+    /// For a JSON body this parses the kept bytes on every call.
     pub fn tokens(&self) -> Tokens {
-        let s = String::from_utf8_lossy(&self.buf);
-        if let Some(i) = s.rfind("\"total_tokens\":") {
-            let rest = &s[i + 15..];
-            let n: String = rest
-                .trim_start()
-                .chars()
-                .take_while(|c| c.is_ascii_digit())
-                .collect();
-            if let Ok(n) = n.parse() {
-                return Tokens::Reported(n);
+        let seen: Result<Usage, u64> = match &self.body {
+            Body::Sse(m) => m.inspect(),
+            Body::Json(m) => m.inspect(),
+        };
+        match seen {
+            Ok(usage) => Tokens::Reported(usage.total()),
+            Err(content_bytes) => Tokens::Estimated(
+                self.prompt_estimate
+                    .saturating_add(content_bytes.div_ceil(4)),
+            ),
+        }
+    }
+}
+
+/// `text/event-stream`, any case, alone or followed by parameters.
+fn is_event_stream(content_type: &[u8]) -> bool {
+    const SSE: &[u8] = b"text/event-stream";
+    let ct = content_type.trim_ascii_start();
+    ct.len() >= SSE.len()
+        && ct[..SSE.len()].eq_ignore_ascii_case(SSE)
+        && matches!(ct.get(SSE.len()), None | Some(b';' | b' ' | b'\t'))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::sse::tests::{content_bytes, openai_stream};
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn content_type_selection() {
+        let sse = |ct: Option<&[u8]>| matches!(UsageMeter::for_content_type(ct).body, Body::Sse(_));
+        assert!(sse(Some(b"text/event-stream")));
+        assert!(sse(Some(b"Text/Event-Stream; charset=utf-8")));
+        assert!(sse(Some(b"TEXT/EVENT-STREAM;charset=utf-8")));
+        assert!(sse(Some(b" text/event-stream ")));
+        assert!(!sse(Some(b"text/event-streamx")));
+        assert!(!sse(Some(b"application/json")));
+        assert!(!sse(Some(b"text/event")));
+        assert!(!sse(Some(b"")));
+        assert!(!sse(None));
+    }
+
+    #[test]
+    fn tokens_get() {
+        assert_eq!(Tokens::Reported(3).get(), 3);
+        assert_eq!(Tokens::Estimated(4).get(), 4);
+    }
+
+    #[test]
+    fn sse_reported_replaces_prompt_estimate() {
+        let s = openai_stream(true);
+        let mut m = UsageMeter::sse().with_prompt_estimate(1000);
+        for c in s.as_bytes().chunks(7) {
+            m.feed(c);
+        }
+        assert_eq!(m.tokens(), Tokens::Reported(30));
+    }
+
+    #[test]
+    fn sse_estimate_rule() {
+        let s = openai_stream(false);
+        let mut m =
+            UsageMeter::for_content_type(Some(b"text/event-stream")).with_prompt_estimate(7);
+        m.feed(s.as_bytes());
+        assert_eq!(
+            m.tokens(),
+            Tokens::Estimated(7 + content_bytes().div_ceil(4))
+        );
+        let mut m = UsageMeter::sse();
+        assert_eq!(m.tokens(), Tokens::Estimated(0));
+        m.feed(b"data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\n");
+        assert_eq!(m.tokens(), Tokens::Estimated(1));
+        m.feed(b"data: {\"choices\":[{\"delta\":{\"content\":\"bcde\"}}]}\n\n");
+        assert_eq!(m.tokens(), Tokens::Estimated(2));
+    }
+
+    #[test]
+    fn json_meter() {
+        let body = br#"{"object":"chat.completion","choices":[{"message":{"content":"hi"}}],"usage":{"total_tokens":30}}"#;
+        let mut m = UsageMeter::for_content_type(Some(b"application/json")).with_prompt_estimate(5);
+        for i in 0..=body.len() {
+            let mut m2 = UsageMeter::json().with_prompt_estimate(5);
+            m2.feed(&body[..i]);
+            m2.feed(&body[i..]);
+            assert_eq!(m2.tokens(), Tokens::Reported(30), "split at {i}");
+        }
+        m.feed(b"<html>Bad Gateway</html>");
+        assert_eq!(m.tokens(), Tokens::Estimated(5));
+        let mut m = UsageMeter::json().with_prompt_estimate(5);
+        m.feed(br#"{"choices":[{"message":{"content":"12345"}}]}"#);
+        assert_eq!(m.tokens(), Tokens::Estimated(5 + 2));
+        let mut m = UsageMeter::json();
+        m.feed(br#"{"type":"message","content":[{"type":"text","text":"Hi"}],"usage":{"input_tokens":3,"output_tokens":2}}"#);
+        assert_eq!(m.tokens(), Tokens::Reported(5));
+    }
+
+    #[test]
+    fn estimate_saturates() {
+        let mut m = UsageMeter::sse().with_prompt_estimate(u64::MAX);
+        m.feed(b"data: {\"choices\":[{\"text\":\"abc\"}]}\n\n");
+        assert_eq!(m.tokens(), Tokens::Estimated(u64::MAX));
+    }
+
+    proptest! {
+        #[test]
+        fn any_bytes_never_panic(chunks in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..128), 0..16), sse in any::<bool>()) {
+            let mut m = if sse { UsageMeter::sse() } else { UsageMeter::json() };
+            for c in &chunks {
+                m.feed(c);
+                let _ = m.tokens();
             }
         }
-        Tokens::Estimated(self.prompt)
     }
 }

@@ -1,0 +1,206 @@
+//! Shared test rig: an axum app with the layer in front of an OpenAI-shaped mock chat handler,
+//! served on an ephemeral loopback port, and a small HTTP client.
+#![allow(dead_code)]
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::{HeaderMap, Request, StatusCode};
+use axum::response::Response;
+use axum::routing::post;
+use axum::Router;
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::{connect::HttpConnector, Client};
+use hyper_util::rt::TokioExecutor;
+use serde_json::{json, Value};
+use tower_priority_limit::clock::ManualClock;
+use tower_priority_limit::config::LimiterConfig;
+use tower_priority_limit::priority::{KeyTable, KeyTablePriority};
+use tower_priority_limit::{Limiter, PriorityLimitLayer};
+
+/// Usage the mock reports: prompt 10 + completion 20 = 30 (SPEC §2).
+pub const PROMPT_TOKENS: u64 = 10;
+pub const COMPLETION_TOKENS: u64 = 20;
+
+/// The content pieces the mock streams.
+pub const PIECES: [&str; 4] = ["Hello", " wörld", " 🚀", "!"];
+
+/// One OpenAI chat.completion.chunk event.
+pub fn chunk(delta: Value, finish: Option<&str>) -> String {
+    let c = json!({
+        "id": "chatcmpl-test", "object": "chat.completion.chunk", "created": 1_700_000_000,
+        "model": "my-fake-model",
+        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+    });
+    format!("data: {c}\n\n")
+}
+
+/// A whole OpenAI-shaped SSE stream: role chunk, content chunks, finish chunk, optional usage
+/// chunk, `[DONE]`.
+pub fn sse_events(include_usage: bool) -> Vec<String> {
+    let mut events = vec![chunk(json!({"role": "assistant", "content": ""}), None)];
+    for p in PIECES {
+        events.push(chunk(json!({"content": p}), None));
+    }
+    events.push(chunk(json!({}), Some("stop")));
+    if include_usage {
+        let u = json!({
+            "id": "chatcmpl-test", "object": "chat.completion.chunk", "created": 1_700_000_000,
+            "model": "my-fake-model", "choices": [],
+            "usage": {"prompt_tokens": PROMPT_TOKENS, "completion_tokens": COMPLETION_TOKENS,
+                      "total_tokens": PROMPT_TOKENS + COMPLETION_TOKENS},
+        });
+        events.push(format!("data: {u}\n\n"));
+    }
+    events.push("data: [DONE]\n\n".to_owned());
+    events
+}
+
+/// A non-streamed chat.completion with 30-token usage, echoing the last user message.
+pub fn completion_json(content: &str) -> Value {
+    json!({
+        "id": "chatcmpl-test", "object": "chat.completion", "created": 1_700_000_000,
+        "model": "my-fake-model",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": content},
+                     "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": PROMPT_TOKENS, "completion_tokens": COMPLETION_TOKENS,
+                  "total_tokens": PROMPT_TOKENS + COMPLETION_TOKENS},
+    })
+}
+
+/// The mock upstream: answers like OpenAI, streaming when asked. Echoes the request body's size in
+/// `x-request-body-bytes` and the last message in the answer, so tests see the body arrive whole.
+pub async fn mock_chat(request: Request<Body>) -> Response {
+    let body = request.into_body().collect().await.unwrap().to_bytes();
+    let len = body.len();
+    let v: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    let content = v["messages"]
+        .as_array()
+        .and_then(|m| m.last())
+        .and_then(|m| m["content"].as_str())
+        .unwrap_or("")
+        .to_owned();
+    let builder = Response::builder().header("x-request-body-bytes", len);
+    if v["stream"].as_bool() == Some(true) {
+        let include = v["stream_options"]["include_usage"].as_bool() == Some(true);
+        let frames = sse_events(include)
+            .into_iter()
+            .map(|e| Ok::<_, Infallible>(Bytes::from(e)));
+        builder
+            .header("content-type", "text/event-stream")
+            .body(Body::from_stream(futures_util::stream::iter(frames)))
+            .unwrap()
+    } else {
+        builder
+            .header("content-type", "application/json")
+            .body(Body::from(completion_json(&content).to_string()))
+            .unwrap()
+    }
+}
+
+/// A running app: the layer (embedded store, manual clock, key table) before the mock.
+pub struct App {
+    pub base: String,
+    pub clock: ManualClock,
+    pub keys: Arc<KeyTable>,
+    pub limiter: Arc<Limiter>,
+    client: Client<HttpConnector, Full<Bytes>>,
+}
+
+impl App {
+    pub async fn start(config_yaml: &str) -> App {
+        Self::start_with(config_yaml, |layer| layer).await
+    }
+
+    /// Starts the app; `customize` may change the layer (extractors, policies).
+    pub async fn start_with(
+        config_yaml: &str,
+        customize: impl FnOnce(
+            PriorityLimitLayer<KeyTablePriority>,
+        ) -> PriorityLimitLayer<KeyTablePriority>,
+    ) -> App {
+        let config = LimiterConfig::from_yaml_str(config_yaml).expect("valid test config");
+        let clock = ManualClock::new();
+        let limiter = Arc::new(Limiter::with_clock(config, clock.clone()));
+        let keys = Arc::new(KeyTable::new());
+        let layer = PriorityLimitLayer::from_limiter(limiter.clone())
+            .priority_extractor(KeyTablePriority::new(keys.clone()));
+        let app = Router::new()
+            .route("/v1/chat/completions", post(mock_chat))
+            .layer(customize(layer));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        App {
+            base,
+            clock,
+            keys,
+            limiter,
+            client: Client::builder(TokioExecutor::new()).build_http(),
+        }
+    }
+
+    /// Moves the manual clock (the limiter's windows) forward.
+    pub fn advance(&self, by: Duration) {
+        self.clock.advance(by);
+    }
+
+    /// POSTs `body` to /v1/chat/completions as `key`; returns status, headers and the whole body.
+    pub async fn post_raw(
+        &self,
+        key: Option<&str>,
+        body: impl Into<Bytes>,
+    ) -> (StatusCode, HeaderMap, Bytes) {
+        let mut req = Request::post(format!("{}/v1/chat/completions", self.base))
+            .header("content-type", "application/json");
+        if let Some(key) = key {
+            req = req.header("authorization", format!("Bearer {key}"));
+        }
+        let resp = self
+            .client
+            .request(req.body(Full::new(body.into())).unwrap())
+            .await
+            .expect("request reaches the server");
+        let (parts, body) = resp.into_parts();
+        let bytes = body.collect().await.expect("whole body").to_bytes();
+        (parts.status, parts.headers, bytes)
+    }
+
+    /// A chat completion for `model` as `key`.
+    pub async fn chat(
+        &self,
+        key: Option<&str>,
+        model: &str,
+        stream: bool,
+    ) -> (StatusCode, HeaderMap, Bytes) {
+        let body = json!({
+            "model": model, "stream": stream,
+            "stream_options": {"include_usage": true},
+            "messages": [{"role": "user", "content": "hi"}],
+        });
+        self.post_raw(key, body.to_string()).await
+    }
+
+    /// Just the status of a chat completion.
+    pub async fn status(&self, key: Option<&str>, model: &str) -> u16 {
+        self.chat(key, model, false).await.0.as_u16()
+    }
+
+    /// Sends `n` requests as `key` one after another; returns how many got 200.
+    pub async fn served(&self, key: Option<&str>, model: &str, n: usize) -> usize {
+        let mut ok = 0;
+        for _ in 0..n {
+            if self.status(key, model).await == 200 {
+                ok += 1;
+            }
+        }
+        ok
+    }
+}
+
+pub fn json_body(bytes: &Bytes) -> Value {
+    serde_json::from_slice(bytes).unwrap_or_else(|e| panic!("not JSON ({e}): {bytes:?}"))
+}

@@ -1,0 +1,660 @@
+//! Usage extraction from JSON: the lenient serde shapes shared with the SSE
+//! parser, and [`JsonMeter`] for non-streamed bodies.
+//!
+//! Every shape here is *lenient*: a field of an unexpected JSON type (a string
+//! where a number was expected, a number where an object was expected, ...) is
+//! ignored instead of failing the whole document, so one odd field never hides
+//! the usage next to it. Unknown fields are skipped without being built.
+
+use std::fmt;
+use std::marker::PhantomData;
+
+use serde::de::value::MapAccessDeserializer;
+use serde::de::{self, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde::Deserialize;
+
+/// Body bytes kept in full before switching to keeping only the tail.
+pub(crate) const MAX_BODY: usize = 4 * 1024 * 1024;
+/// Bytes kept from the end of a body larger than [`MAX_BODY`].
+pub(crate) const TAIL: usize = 64 * 1024;
+
+// ---------------------------------------------------------------------------
+// Usage
+// ---------------------------------------------------------------------------
+
+/// A usage object, e.g. `{"prompt_tokens":10,"completion_tokens":20,"total_tokens":30}`
+/// or Anthropic's `{"input_tokens":10,"output_tokens":20}`.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(default)]
+pub(crate) struct Usage {
+    total_tokens: Num,
+    prompt_tokens: Num,
+    completion_tokens: Num,
+    input_tokens: Num,
+    output_tokens: Num,
+}
+
+impl Usage {
+    /// Whether at least one known counter was present as a non-negative integer.
+    /// `"usage": {}` (or all-garbage fields) does not count as reported usage.
+    pub(crate) fn is_meaningful(&self) -> bool {
+        [
+            self.total_tokens,
+            self.prompt_tokens,
+            self.completion_tokens,
+            self.input_tokens,
+            self.output_tokens,
+        ]
+        .iter()
+        .any(|n| n.0.is_some())
+    }
+
+    /// `total_tokens`, else `prompt_tokens + completion_tokens`, else
+    /// `input_tokens + output_tokens`; a missing part counts 0.
+    pub(crate) fn total(&self) -> u64 {
+        if let Some(t) = self.total_tokens.0 {
+            t
+        } else if self.prompt_tokens.0.is_some() || self.completion_tokens.0.is_some() {
+            self.prompt_tokens
+                .get()
+                .saturating_add(self.completion_tokens.get())
+        } else {
+            self.input_tokens
+                .get()
+                .saturating_add(self.output_tokens.get())
+        }
+    }
+
+    /// Folds a later usage object into this one: every counter present in
+    /// `later` replaces ours, and `total_tokens` is always taken from `later`
+    /// (so a stale total never outlives newer parts). For a stream with one
+    /// usage object (OpenAI) this is "last wins"; for Anthropic, whose input
+    /// count comes in `message_start` and cumulative output count in
+    /// `message_delta`, it yields input + output.
+    pub(crate) fn merge(&mut self, later: &Usage) {
+        self.total_tokens = later.total_tokens;
+        for (ours, theirs) in [
+            (&mut self.prompt_tokens, later.prompt_tokens),
+            (&mut self.completion_tokens, later.completion_tokens),
+            (&mut self.input_tokens, later.input_tokens),
+            (&mut self.output_tokens, later.output_tokens),
+        ] {
+            if theirs.0.is_some() {
+                *ours = theirs;
+            }
+        }
+    }
+}
+
+/// Merges `later` into `acc` (see [`Usage::merge`]).
+pub(crate) fn merge_usage(acc: &mut Option<Usage>, later: Option<Usage>) {
+    if let Some(later) = later {
+        match acc {
+            Some(acc) => acc.merge(&later),
+            None => *acc = Some(later),
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// What one JSON document (an SSE event's data, or a whole body) tells us
+// ---------------------------------------------------------------------------
+
+/// The usage and generated-text size found in one JSON document.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct DocInfo {
+    /// The document's usage, if it carried a meaningful one.
+    pub(crate) usage: Option<Usage>,
+    /// Bytes (UTF-8, after JSON unescaping) of generated text.
+    pub(crate) content_bytes: u64,
+}
+
+/// Parses one complete JSON document (nothing but whitespace may follow it).
+/// `None` when it is not a JSON object.
+pub(crate) fn parse_doc(bytes: &[u8]) -> Option<DocInfo> {
+    serde_json::from_slice::<Doc>(bytes).ok().map(Doc::info)
+}
+
+/// The top-level shape of a chat-completions / completions / Anthropic
+/// document, streamed chunk or whole body.
+#[derive(Default, Deserialize)]
+#[serde(default)]
+struct Doc {
+    /// OpenAI (last stream chunk, or body), Anthropic `message_delta` and body.
+    usage: Obj<Usage>,
+    /// Anthropic `message_start`: `{"message":{"usage":{...}}}`.
+    message: Obj<Nested>,
+    /// OpenAI Responses `response.completed`: `{"response":{"usage":{...}}}`.
+    response: Obj<Nested>,
+    /// OpenAI `choices[*]`.
+    choices: List<Choice>,
+    /// Anthropic `content_block_delta`: `{"delta":{"text":...}}`.
+    delta: Obj<Text>,
+    /// Anthropic non-streamed body: `{"content":[{"text":...}]}`.
+    content: List<Text>,
+}
+
+impl Doc {
+    fn info(self) -> DocInfo {
+        let mut usage = None;
+        for u in [
+            self.message.0.and_then(|n| n.usage.0),
+            self.response.0.and_then(|n| n.usage.0),
+            self.usage.0,
+        ] {
+            merge_usage(&mut usage, u.filter(Usage::is_meaningful));
+        }
+        let content_bytes = self
+            .choices
+            .0
+            .saturating_add(self.delta.0.map_or(0, |t| t.len()))
+            .saturating_add(self.content.0);
+        DocInfo {
+            usage,
+            content_bytes,
+        }
+    }
+}
+
+#[derive(Default, Deserialize)]
+#[serde(default)]
+struct Nested {
+    usage: Obj<Usage>,
+}
+
+/// One element of `choices`.
+#[derive(Default, Deserialize)]
+#[serde(default)]
+struct Choice {
+    /// Streamed chat completions.
+    delta: Obj<Message>,
+    /// Non-streamed chat completions.
+    message: Obj<Message>,
+    /// Legacy completions (streamed or not).
+    text: Len,
+}
+
+impl Counted for Choice {
+    fn len(&self) -> u64 {
+        self.text
+            .0
+            .saturating_add(self.delta.0.as_ref().map_or(0, Message::len))
+            .saturating_add(self.message.0.as_ref().map_or(0, Message::len))
+    }
+}
+
+/// `choices[*].delta` / `choices[*].message`.
+#[derive(Default, Deserialize)]
+#[serde(default)]
+struct Message {
+    content: Len,
+    tool_calls: List<ToolCall>,
+}
+
+impl Message {
+    fn len(&self) -> u64 {
+        self.content.0.saturating_add(self.tool_calls.0)
+    }
+}
+
+#[derive(Default, Deserialize)]
+#[serde(default)]
+struct ToolCall {
+    function: Obj<Function>,
+}
+
+impl Counted for ToolCall {
+    fn len(&self) -> u64 {
+        self.function.0.as_ref().map_or(0, |f| f.arguments.0)
+    }
+}
+
+#[derive(Default, Deserialize)]
+#[serde(default)]
+struct Function {
+    arguments: Len,
+}
+
+/// Anthropic text carriers: `delta` of `content_block_delta` events and the
+/// blocks of a non-streamed body's `content`.
+#[derive(Default, Deserialize)]
+#[serde(default)]
+struct Text {
+    text: Len,
+    partial_json: Len,
+}
+
+impl Counted for Text {
+    fn len(&self) -> u64 {
+        self.text.0.saturating_add(self.partial_json.0)
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Lenient building blocks
+// ---------------------------------------------------------------------------
+
+/// Visitor methods that accept (and ignore) the remaining scalar kinds.
+macro_rules! ignore_scalars {
+    ($value:expr) => {
+        fn visit_bool<E: de::Error>(self, _: bool) -> Result<Self::Value, E> {
+            Ok($value)
+        }
+        fn visit_f64<E: de::Error>(self, _: f64) -> Result<Self::Value, E> {
+            Ok($value)
+        }
+        fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+            Ok($value)
+        }
+        fn visit_none<E: de::Error>(self) -> Result<Self::Value, E> {
+            Ok($value)
+        }
+        fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+            IgnoredAny::deserialize(d).map(|_| $value)
+        }
+        fn visit_bytes<E: de::Error>(self, _: &[u8]) -> Result<Self::Value, E> {
+            Ok($value)
+        }
+    };
+}
+
+/// Something whose generated-text size can be summed over a JSON array.
+trait Counted {
+    fn len(&self) -> u64;
+}
+
+/// A non-negative integer; anything else (negative, float, string, object,
+/// null) reads as absent.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+struct Num(Option<u64>);
+
+impl Num {
+    fn get(self) -> u64 {
+        self.0.unwrap_or(0)
+    }
+}
+
+impl<'de> Deserialize<'de> for Num {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Num;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("any JSON value")
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<Num, E> {
+                Ok(Num(Some(v)))
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<Num, E> {
+                Ok(Num(u64::try_from(v).ok()))
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Num, A::Error> {
+                drain_map(map).map(|()| Num(None))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Num, A::Error> {
+                drain_seq(seq).map(|()| Num(None))
+            }
+            ignore_scalars!(Num(None));
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// The UTF-8 byte length of a JSON string (after unescaping; no copy is kept);
+/// anything else reads as 0.
+#[derive(Debug, Default, Clone, Copy)]
+struct Len(u64);
+
+impl<'de> Deserialize<'de> for Len {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Len;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("any JSON value")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Len, E> {
+                Ok(Len(v.len() as u64))
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Len, A::Error> {
+                drain_map(map).map(|()| Len(0))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Len, A::Error> {
+                drain_seq(seq).map(|()| Len(0))
+            }
+            fn visit_u64<E: de::Error>(self, _: u64) -> Result<Len, E> {
+                Ok(Len(0))
+            }
+            fn visit_i64<E: de::Error>(self, _: i64) -> Result<Len, E> {
+                Ok(Len(0))
+            }
+            ignore_scalars!(Len(0));
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// A JSON object deserialized as `T`; anything else (null included) reads as
+/// `None`.
+struct Obj<T>(Option<T>);
+
+impl<T> Default for Obj<T> {
+    fn default() -> Self {
+        Obj(None)
+    }
+}
+
+impl<'de, T: Deserialize<'de>> Deserialize<'de> for Obj<T> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V<T>(PhantomData<T>);
+        impl<'de, T: Deserialize<'de>> Visitor<'de> for V<T> {
+            type Value = Obj<T>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("any JSON value")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Obj<T>, A::Error> {
+                T::deserialize(MapAccessDeserializer::new(map)).map(|t| Obj(Some(t)))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Obj<T>, A::Error> {
+                drain_seq(seq).map(|()| Obj(None))
+            }
+            fn visit_u64<E: de::Error>(self, _: u64) -> Result<Obj<T>, E> {
+                Ok(Obj(None))
+            }
+            fn visit_i64<E: de::Error>(self, _: i64) -> Result<Obj<T>, E> {
+                Ok(Obj(None))
+            }
+            ignore_scalars!(Obj(None));
+        }
+        d.deserialize_any(V(PhantomData))
+    }
+}
+
+/// A JSON array of `T`, summed by [`Counted::len`] while it is read (nothing
+/// is collected); anything else reads as 0.
+#[derive(Default)]
+struct List<T>(u64, PhantomData<T>);
+
+impl<'de, T: Deserialize<'de> + Counted> Deserialize<'de> for List<T> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V<T>(PhantomData<T>);
+        impl<'de, T: Deserialize<'de> + Counted> Visitor<'de> for V<T> {
+            type Value = List<T>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("any JSON value")
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<List<T>, A::Error> {
+                let mut sum = 0u64;
+                while let Some(item) = seq.next_element::<Obj<T>>()? {
+                    sum = sum.saturating_add(item.0.as_ref().map_or(0, T::len));
+                }
+                Ok(List(sum, PhantomData))
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<List<T>, A::Error> {
+                drain_map(map).map(|()| List(0, PhantomData))
+            }
+            fn visit_u64<E: de::Error>(self, _: u64) -> Result<List<T>, E> {
+                Ok(List(0, PhantomData))
+            }
+            fn visit_i64<E: de::Error>(self, _: i64) -> Result<List<T>, E> {
+                Ok(List(0, PhantomData))
+            }
+            ignore_scalars!(List(0, PhantomData));
+        }
+        d.deserialize_any(V(PhantomData))
+    }
+}
+
+fn drain_map<'de, A: MapAccess<'de>>(mut map: A) -> Result<(), A::Error> {
+    while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+    Ok(())
+}
+
+fn drain_seq<'de, A: SeqAccess<'de>>(mut seq: A) -> Result<(), A::Error> {
+    while seq.next_element::<IgnoredAny>()?.is_some() {}
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------
+// Non-streamed bodies
+// ---------------------------------------------------------------------------
+
+/// Meters a non-streamed JSON body: keeps a bounded copy and parses it when
+/// asked.
+pub(crate) struct JsonMeter {
+    /// The whole body while it is at most [`MAX_BODY`] bytes; afterwards its
+    /// last [`TAIL`] bytes.
+    buf: Vec<u8>,
+    /// Whether the start of the body was dropped.
+    truncated: bool,
+}
+
+impl fmt::Debug for JsonMeter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("JsonMeter")
+            .field("buffered", &self.buf.len())
+            .field("truncated", &self.truncated)
+            .finish()
+    }
+}
+
+impl JsonMeter {
+    pub(crate) fn new() -> Self {
+        JsonMeter {
+            buf: Vec::new(),
+            truncated: false,
+        }
+    }
+
+    pub(crate) fn feed(&mut self, chunk: &[u8]) {
+        if !self.truncated {
+            if self.buf.len().saturating_add(chunk.len()) <= MAX_BODY {
+                self.buf.extend_from_slice(chunk);
+                return;
+            }
+            // Switch to tail mode: give the big buffer back.
+            self.truncated = true;
+            let old = std::mem::replace(&mut self.buf, Vec::with_capacity(TAIL));
+            let keep = TAIL.saturating_sub(chunk.len()).min(old.len());
+            self.buf.extend_from_slice(&old[old.len() - keep..]);
+        }
+        if chunk.len() >= TAIL {
+            self.buf.clear();
+            self.buf.extend_from_slice(&chunk[chunk.len() - TAIL..]);
+        } else {
+            let excess = (self.buf.len() + chunk.len()).saturating_sub(TAIL);
+            self.buf.drain(..excess);
+            self.buf.extend_from_slice(chunk);
+        }
+    }
+
+    /// `Some(usage)` if found, else the generated-text bytes (0 when the body
+    /// is not parseable).
+    pub(crate) fn inspect(&self) -> Result<Usage, u64> {
+        let mut content = 0;
+        if !self.truncated {
+            if let Some(info) = parse_doc(&self.buf) {
+                match info.usage {
+                    Some(u) => return Ok(u),
+                    None => content = info.content_bytes,
+                }
+            }
+        }
+        find_last_usage(&self.buf).ok_or(content)
+    }
+
+    #[cfg(test)]
+    pub(crate) fn buffered_capacity(&self) -> usize {
+        self.buf.capacity()
+    }
+}
+
+/// Finds the last `"usage"` key followed by `:` and an object with a
+/// meaningful usage, tolerating whatever follows that object.
+pub(crate) fn find_last_usage(buf: &[u8]) -> Option<Usage> {
+    const KEY: &[u8] = b"\"usage\"";
+    for at in memchr::memmem::rfind_iter(buf, KEY) {
+        let rest = skip_ws(&buf[at + KEY.len()..]);
+        let Some(rest) = rest.strip_prefix(b":") else {
+            continue;
+        };
+        let rest = skip_ws(rest);
+        if !rest.starts_with(b"{") {
+            continue;
+        }
+        let mut stream = serde_json::Deserializer::from_slice(rest).into_iter::<Usage>();
+        if let Some(Ok(usage)) = stream.next() {
+            if usage.is_meaningful() {
+                return Some(usage);
+            }
+        }
+    }
+    None
+}
+
+fn skip_ws(mut b: &[u8]) -> &[u8] {
+    while let [b' ' | b'\t' | b'\n' | b'\r', rest @ ..] = b {
+        b = rest;
+    }
+    b
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BODY: &str = r#"{
+  "id": "chatcmpl-123",
+  "object": "chat.completion",
+  "created": 1677652288,
+  "model": "gpt-4o-mini",
+  "choices": [{
+    "index": 0,
+    "message": {"role": "assistant", "content": "h\u00e9llo w\u00f6rld \ud83d\ude80 and \"quotes\"", "refusal": null},
+    "logprobs": null,
+    "finish_reason": "stop"
+  }],
+  "usage": {"prompt_tokens": 10, "completion_tokens": 20, "total_tokens": 30,
+            "completion_tokens_details": {"reasoning_tokens": 0}},
+  "system_fingerprint": "fp_44709d6fcb"
+}"#;
+
+    fn meter(chunks: &[&[u8]]) -> JsonMeter {
+        let mut m = JsonMeter::new();
+        for c in chunks {
+            m.feed(c);
+        }
+        m
+    }
+
+    fn total(m: &JsonMeter) -> Result<u64, u64> {
+        m.inspect().map(|u| u.total())
+    }
+
+    #[test]
+    fn body_with_usage_split_everywhere() {
+        let b = BODY.as_bytes();
+        assert_eq!(total(&meter(&[b])), Ok(30));
+        for i in 0..=b.len() {
+            assert_eq!(total(&meter(&[&b[..i], &b[i..]])), Ok(30), "split at {i}");
+        }
+        let bytes: Vec<&[u8]> = b.chunks(1).collect();
+        assert_eq!(total(&meter(&bytes)), Ok(30));
+    }
+
+    #[test]
+    fn prompt_plus_completion_only() {
+        let b = br#"{"choices":[],"usage":{"prompt_tokens":7,"completion_tokens":5}}"#;
+        assert_eq!(total(&meter(&[b])), Ok(12));
+    }
+
+    #[test]
+    fn anthropic_input_output() {
+        let b = br#"{"id":"msg_1","type":"message","role":"assistant","content":[{"type":"text","text":"Hi!"}],"stop_reason":"end_turn","usage":{"input_tokens":12,"output_tokens":6,"cache_read_input_tokens":0}}"#;
+        assert_eq!(total(&meter(&[b])), Ok(18));
+    }
+
+    #[test]
+    fn garbage_fields_are_ignored() {
+        let b = br#"{"usage":{"prompt_tokens":-3,"completion_tokens":2.5,"input_tokens":"x","output_tokens":{"a":[1]},"total_tokens":null}}"#;
+        // Nothing meaningful: no usage; nothing parseable as text either.
+        assert_eq!(total(&meter(&[b])), Err(0));
+        let b = br#"{"usage":{"prompt_tokens":-3,"completion_tokens":4}}"#;
+        assert_eq!(total(&meter(&[b])), Ok(4));
+        let b = br#"{"usage":{"total_tokens":18446744073709551615}}"#;
+        assert_eq!(total(&meter(&[b])), Ok(u64::MAX));
+        let b = br#"{"usage":{"prompt_tokens":18446744073709551615,"completion_tokens":9}}"#;
+        assert_eq!(total(&meter(&[b])), Ok(u64::MAX));
+        let b = br#"{"usage":"lots","choices":"none","content":7}"#;
+        assert_eq!(total(&meter(&[b])), Err(0));
+    }
+
+    #[test]
+    fn larger_than_bound_with_usage_at_end() {
+        let filler = "x".repeat(1000);
+        let mut body = String::from(r#"{"choices":[{"message":{"content":""#);
+        while body.len() < MAX_BODY + 3 * TAIL {
+            body.push_str(&filler);
+        }
+        body.push_str(
+            r#""}}],"usage":{"prompt_tokens":10,"completion_tokens":20,"total_tokens":30}}"#,
+        );
+        for chunk in [1usize << 10, 4096, 100_000, TAIL + 1, body.len()] {
+            let mut m = JsonMeter::new();
+            for c in body.as_bytes().chunks(chunk) {
+                m.feed(c);
+            }
+            assert!(m.truncated);
+            assert!(m.buffered_capacity() <= TAIL, "{}", m.buffered_capacity());
+            assert_eq!(total(&m), Ok(30), "chunk {chunk}");
+        }
+    }
+
+    #[test]
+    fn truncated_without_usage() {
+        let mut m = JsonMeter::new();
+        m.feed(&vec![b'a'; MAX_BODY + 10]);
+        assert_eq!(total(&m), Err(0));
+    }
+
+    #[test]
+    fn not_json() {
+        assert_eq!(total(&meter(&[b"<html>502 Bad Gateway</html>"])), Err(0));
+        assert_eq!(total(&meter(&[])), Err(0));
+        assert_eq!(total(&meter(&[b"\xff\xfe\x00garbage"])), Err(0));
+    }
+
+    #[test]
+    fn no_usage_estimates_from_message_content() {
+        let b = br#"{"choices":[{"message":{"content":"12345678"}},{"text":"abc"},{"message":{"content":null,"tool_calls":[{"function":{"name":"f","arguments":"{}"}}]}}]}"#;
+        assert_eq!(total(&meter(&[b])), Err(8 + 3 + 2));
+        let b = br#"{"content":[{"type":"text","text":"hello"}]}"#;
+        assert_eq!(total(&meter(&[b])), Err(5));
+    }
+
+    #[test]
+    fn fallback_scan_tolerates_trailing_bytes_and_decoys() {
+        // Truncated JSON (not parseable as a whole) with usage before the cut.
+        let b = br#"{"usage": {"total_tokens": 30} , "choices": [ {"message": {"content": "cut"#;
+        assert_eq!(total(&meter(&[b])), Ok(30));
+        // A later `"usage"` that is not a key with an object is skipped.
+        let b = br#"xx "usage" : {"input_tokens":1,"output_tokens":2}, "text":"usage", "usage": null, "usage""#;
+        assert_eq!(find_last_usage(b).map(|u| u.total()), Some(3));
+    }
+
+    #[test]
+    fn merge_rules() {
+        let mut acc = None;
+        let a: Usage = serde_json::from_str(r#"{"input_tokens":25,"output_tokens":1}"#).unwrap();
+        let b: Usage = serde_json::from_str(r#"{"output_tokens":15}"#).unwrap();
+        merge_usage(&mut acc, Some(a));
+        merge_usage(&mut acc, Some(b));
+        assert_eq!(acc.unwrap().total(), 40);
+        let t: Usage = serde_json::from_str(r#"{"total_tokens":99}"#).unwrap();
+        let pc: Usage =
+            serde_json::from_str(r#"{"prompt_tokens":1,"completion_tokens":2}"#).unwrap();
+        let mut acc = Some(t);
+        merge_usage(&mut acc, Some(pc));
+        assert_eq!(acc.unwrap().total(), 3);
+    }
+}

@@ -1,0 +1,623 @@
+//! Incremental `text/event-stream` parser that only looks for usage.
+//!
+//! Follows the WHATWG event-stream interpretation rules as far as they matter
+//! for metering: lines end in `\n`, `\r\n` or `\r`; a leading UTF-8 BOM is
+//! skipped; `:`-lines are comments; a field is split at its first `:` and one
+//! space after the colon is dropped; only `data` fields are used (`event`,
+//! `id`, `retry` and unknown fields are ignored); the `data` lines of one event
+//! are joined with `\n`; the event is dispatched at a blank line.
+//!
+//! Chunk boundaries may fall anywhere (inside a line, between `\r` and `\n`,
+//! inside a UTF-8 sequence): an unterminated line is carried over to the next
+//! [`SseMeter::feed`]. Lines that end inside the chunk they started in are
+//! parsed straight from that chunk; only lines straddling a boundary are copied.
+//!
+//! An event made of one `data` line (the only shape OpenAI and Anthropic send)
+//! is parsed as soon as that line ends, and its result is kept until the blank
+//! line dispatches it. Its data needs no copy: if more `data` lines follow in
+//! the same event, the joined data is still valid JSON only when they are all
+//! blank. Data that does not parse on its own line (e.g. JSON spread over
+//! several `data` lines) is copied and parsed at dispatch.
+//!
+//! Memory is bounded: a line longer than [`MAX_LINE`] bytes is skipped up to
+//! its end (and, if it was a `data` line, its whole event is ignored), and an
+//! event's joined data is bounded by the same number.
+
+use std::fmt;
+
+use super::json::{merge_usage, parse_doc, DocInfo, Usage};
+
+/// Longest line (without its terminator), and longest joined event data, that
+/// is considered; longer ones are skipped.
+pub(crate) const MAX_LINE: usize = 1024 * 1024;
+
+/// Carry buffers whose capacity grew past this are released after use, so a
+/// single long line does not pin memory for the rest of the stream.
+const KEEP_CAPACITY: usize = 64 * 1024;
+
+/// Meters a `text/event-stream` body.
+pub struct SseMeter {
+    /// Bytes of the current, not yet terminated line.
+    line: Vec<u8>,
+    /// The current line is over [`MAX_LINE`]: skip to its end.
+    discarding: bool,
+    /// The last chunk ended in `\r`: a `\n` starting the next one belongs to it.
+    skip_lf: bool,
+    /// No line has ended yet (a BOM may start the first one).
+    at_start: bool,
+    /// The event being gathered.
+    event: Event,
+    /// Joined data of a [`Event::Buffered`] event.
+    event_data: Vec<u8>,
+    /// Usage seen in dispatched events, merged in order.
+    usage: Option<Usage>,
+    /// Generated-text bytes seen in dispatched events.
+    content_bytes: u64,
+}
+
+/// The state of the event being gathered (its data lines so far).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Event {
+    /// No data line yet.
+    Empty,
+    /// One data line that parsed on its own (possibly followed by blank ones).
+    Parsed(DocInfo),
+    /// Data lines gathered in `event_data`, to be parsed at dispatch.
+    Buffered,
+    /// Data that can no longer be valid JSON, or was too long: ignored.
+    Poisoned,
+}
+
+impl fmt::Debug for SseMeter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SseMeter")
+            .field("carried", &self.line.len())
+            .field("discarding", &self.discarding)
+            .field("event", &self.event)
+            .field("event_data", &self.event_data.len())
+            .field("usage", &self.usage)
+            .field("content_bytes", &self.content_bytes)
+            .finish()
+    }
+}
+
+impl Default for SseMeter {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl SseMeter {
+    /// A meter at the start of a stream.
+    pub fn new() -> Self {
+        SseMeter {
+            line: Vec::new(),
+            discarding: false,
+            skip_lf: false,
+            at_start: true,
+            event: Event::Empty,
+            event_data: Vec::new(),
+            usage: None,
+            content_bytes: 0,
+        }
+    }
+
+    /// Feeds the next bytes of the stream. Never panics.
+    pub fn feed(&mut self, mut chunk: &[u8]) {
+        if self.skip_lf {
+            match chunk.first() {
+                None => return,
+                Some(&b) => {
+                    self.skip_lf = false;
+                    if b == b'\n' {
+                        chunk = &chunk[1..];
+                    }
+                }
+            }
+        }
+        while let Some(i) = memchr::memchr2(b'\n', b'\r', chunk) {
+            let mut next = i + 1;
+            if chunk[i] == b'\r' {
+                match chunk.get(next) {
+                    Some(b'\n') => next += 1,
+                    Some(_) => {}
+                    None => self.skip_lf = true,
+                }
+            }
+            self.end_line(&chunk[..i]);
+            chunk = &chunk[next..];
+        }
+        self.carry(chunk);
+    }
+
+    /// Usage merged over everything seen (including a complete event not yet
+    /// dispatched, see [`SseMeter::pending`]), or the generated-text bytes.
+    pub(crate) fn inspect(&self) -> Result<Usage, u64> {
+        let mut usage = self.usage;
+        let mut content = self.content_bytes;
+        if let Some(info) = self.pending() {
+            merge_usage(&mut usage, info.usage);
+            content = content.saturating_add(info.content_bytes);
+        }
+        usage.ok_or(content)
+    }
+
+    /// What the event being gathered would contribute if the stream ended
+    /// now with a blank line, counting an unterminated last `data` line too.
+    /// (The WHATWG rules would drop such an event; for metering, a stream cut
+    /// right after its final usage line should still count as reported.)
+    fn pending(&self) -> Option<DocInfo> {
+        let tail = if self.discarding || self.line.is_empty() {
+            None
+        } else {
+            data_value(strip_bom(&self.line, self.at_start))
+        };
+        match (self.event, tail) {
+            (Event::Empty, None) | (Event::Poisoned, _) => None,
+            (Event::Empty, Some(v)) => parse_doc(v),
+            (Event::Parsed(info), None) => Some(info),
+            (Event::Parsed(info), Some(v)) => is_blank(v).then_some(info),
+            (Event::Buffered, None) => parse_doc(&self.event_data),
+            (Event::Buffered, Some(v)) => {
+                let mut joined = Vec::with_capacity(self.event_data.len() + 1 + v.len());
+                joined.extend_from_slice(&self.event_data);
+                joined.push(b'\n');
+                joined.extend_from_slice(v);
+                parse_doc(&joined)
+            }
+        }
+    }
+
+    /// Keeps an unterminated line for the next chunk.
+    fn carry(&mut self, piece: &[u8]) {
+        if self.discarding || piece.is_empty() {
+            return;
+        }
+        if !bounded_extend(&mut self.line, piece, MAX_LINE) {
+            self.start_discard(piece);
+        }
+    }
+
+    /// A line ended; `piece` is its part inside the current chunk.
+    fn end_line(&mut self, piece: &[u8]) {
+        if self.discarding {
+            self.discarding = false;
+            return;
+        }
+        if self.line.is_empty() {
+            if piece.len() > MAX_LINE {
+                self.start_discard(piece);
+                self.discarding = false;
+            } else {
+                self.process_line(piece);
+            }
+            return;
+        }
+        if !bounded_extend(&mut self.line, piece, MAX_LINE) {
+            self.start_discard(piece);
+            self.discarding = false;
+            return;
+        }
+        let line = std::mem::take(&mut self.line);
+        self.process_line(&line);
+        self.line = reuse(line);
+    }
+
+    /// The current line (carried bytes + `piece`) is too long: drop it, and
+    /// its event if it is a `data` line.
+    fn start_discard(&mut self, piece: &[u8]) {
+        let mut head = [0u8; 8];
+        let carried = self.line.len().min(head.len());
+        head[..carried].copy_from_slice(&self.line[..carried]);
+        let more = piece.len().min(head.len() - carried);
+        head[carried..carried + more].copy_from_slice(&piece[..more]);
+        let head = strip_bom(&head[..carried + more], self.at_start);
+        if head.starts_with(b"data:") || head == b"data" {
+            self.poison();
+        }
+        self.at_start = false;
+        self.line = reuse(std::mem::take(&mut self.line));
+        self.discarding = true;
+    }
+
+    fn process_line(&mut self, line: &[u8]) {
+        let line = strip_bom(line, self.at_start);
+        self.at_start = false;
+        if line.is_empty() {
+            self.dispatch();
+        } else if let Some(value) = data_value(line) {
+            self.data_line(value);
+        }
+    }
+
+    fn data_line(&mut self, value: &[u8]) {
+        match self.event {
+            Event::Empty => match parse_doc(value) {
+                Some(info) => self.event = Event::Parsed(info),
+                None => {
+                    self.event_data.clear();
+                    if bounded_extend(&mut self.event_data, value, MAX_LINE) {
+                        self.event = Event::Buffered;
+                    } else {
+                        self.poison();
+                    }
+                }
+            },
+            Event::Parsed(_) => {
+                if !is_blank(value) {
+                    self.poison();
+                }
+            }
+            Event::Buffered => {
+                if !(bounded_extend(&mut self.event_data, b"\n", MAX_LINE)
+                    && bounded_extend(&mut self.event_data, value, MAX_LINE))
+                {
+                    self.poison();
+                }
+            }
+            Event::Poisoned => {}
+        }
+    }
+
+    fn poison(&mut self) {
+        self.event = Event::Poisoned;
+        self.event_data = reuse(std::mem::take(&mut self.event_data));
+    }
+
+    fn dispatch(&mut self) {
+        let info = match std::mem::replace(&mut self.event, Event::Empty) {
+            Event::Parsed(info) => Some(info),
+            Event::Buffered => parse_doc(&self.event_data),
+            Event::Empty | Event::Poisoned => None,
+        };
+        self.event_data = reuse(std::mem::take(&mut self.event_data));
+        if let Some(info) = info {
+            merge_usage(&mut self.usage, info.usage);
+            self.content_bytes = self.content_bytes.saturating_add(info.content_bytes);
+        }
+    }
+
+    #[cfg(test)]
+    fn carried_capacity(&self) -> usize {
+        self.line.capacity() + self.event_data.capacity()
+    }
+}
+
+/// The value of a `data` field line, or `None` for any other line.
+fn data_value(line: &[u8]) -> Option<&[u8]> {
+    match line.strip_prefix(b"data") {
+        Some([]) => Some(&[]),
+        Some([b':', b' ', value @ ..] | [b':', value @ ..]) => Some(value),
+        _ => None,
+    }
+}
+
+fn strip_bom(line: &[u8], at_start: bool) -> &[u8] {
+    if at_start {
+        line.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(line)
+    } else {
+        line
+    }
+}
+
+/// JSON whitespace (a line holds no `\r` or `\n`).
+fn is_blank(value: &[u8]) -> bool {
+    value.iter().all(|&b| b == b' ' || b == b'\t')
+}
+
+/// Appends `data` unless that would make `buf` longer than `max`; never lets
+/// the capacity grow past `max`.
+fn bounded_extend(buf: &mut Vec<u8>, data: &[u8], max: usize) -> bool {
+    let Some(needed) = buf.len().checked_add(data.len()) else {
+        return false;
+    };
+    if needed > max {
+        return false;
+    }
+    if needed > buf.capacity() {
+        let target = buf.capacity().saturating_mul(2).max(needed).clamp(64, max);
+        buf.reserve_exact(target - buf.len());
+    }
+    buf.extend_from_slice(data);
+    true
+}
+
+/// Empties a buffer for reuse, dropping its allocation if it grew large.
+fn reuse(mut buf: Vec<u8>) -> Vec<u8> {
+    if buf.capacity() > KEEP_CAPACITY {
+        Vec::new()
+    } else {
+        buf.clear();
+        buf
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// Content pieces of the canonical stream.
+    pub(crate) const CONTENT: [&str; 4] = ["Hello", " there, ", "héllo wörld 🚀", "\"quoted\"\n"];
+
+    /// An OpenAI chat-completions stream with `stream_options.include_usage`.
+    pub(crate) fn openai_stream(with_usage: bool) -> String {
+        let head = r#""id":"chatcmpl-AbC","object":"chat.completion.chunk","created":1727000000,"model":"gpt-4o-mini-2024-07-18","system_fingerprint":"fp_1""#;
+        let mut s = String::new();
+        s += &format!(
+            "data: {{{head},\"choices\":[{{\"index\":0,\"delta\":{{\"role\":\"assistant\",\"content\":\"\",\"refusal\":null}},\"logprobs\":null,\"finish_reason\":null}}],\"usage\":null}}\n\n"
+        );
+        for c in CONTENT {
+            let c = serde_json::to_string(c).unwrap();
+            s += &format!(
+                "data: {{{head},\"choices\":[{{\"index\":0,\"delta\":{{\"content\":{c}}},\"logprobs\":null,\"finish_reason\":null}}],\"usage\":null}}\n\n"
+            );
+        }
+        s += &format!(
+            "data: {{{head},\"choices\":[{{\"index\":0,\"delta\":{{}},\"logprobs\":null,\"finish_reason\":\"stop\"}}],\"usage\":null}}\n\n"
+        );
+        if with_usage {
+            s += &format!(
+                "data: {{{head},\"choices\":[],\"usage\":{{\"prompt_tokens\":10,\"completion_tokens\":20,\"total_tokens\":30,\"prompt_tokens_details\":{{\"cached_tokens\":0}}}}}}\n\n"
+            );
+        }
+        s += "data: [DONE]\n\n";
+        s
+    }
+
+    pub(crate) fn content_bytes() -> u64 {
+        CONTENT.iter().map(|c| c.len() as u64).sum()
+    }
+
+    fn run(chunks: &[&[u8]]) -> Result<u64, u64> {
+        let mut m = SseMeter::new();
+        for c in chunks {
+            m.feed(c);
+        }
+        m.inspect().map(|u| u.total())
+    }
+
+    fn all_ways(stream: &[u8]) -> Vec<Result<u64, u64>> {
+        let mut out = vec![run(&[stream])];
+        for i in 0..=stream.len() {
+            out.push(run(&[&stream[..i], &stream[i..]]));
+        }
+        let bytes: Vec<&[u8]> = stream.chunks(1).collect();
+        out.push(run(&bytes));
+        out
+    }
+
+    #[test]
+    fn reported_however_split() {
+        let lf = openai_stream(true);
+        let crlf = lf.replace('\n', "\r\n");
+        let cr = lf.replace('\n', "\r");
+        for s in [&lf, &crlf, &cr] {
+            for (n, r) in all_ways(s.as_bytes()).into_iter().enumerate() {
+                assert_eq!(r, Ok(30), "way {n} of {s:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn estimated_without_usage_however_split() {
+        // Escaped JSON (`\"`, `\n`) is counted after unescaping.
+        let expected = content_bytes();
+        let lf = openai_stream(false);
+        for s in [lf.clone(), lf.replace('\n', "\r\n"), lf.replace('\n', "\r")] {
+            for (n, r) in all_ways(s.as_bytes()).into_iter().enumerate() {
+                assert_eq!(r, Err(expected), "way {n}");
+            }
+        }
+    }
+
+    #[test]
+    fn mid_stream_snapshot_is_stable() {
+        let s = openai_stream(true);
+        let b = s.as_bytes();
+        let half = &b[..b.len() / 2];
+        let whole = run(&[half]);
+        assert!(
+            matches!(whole, Err(n) if n > 0 && n < content_bytes()),
+            "{whole:?}"
+        );
+        for i in 0..=half.len() {
+            assert_eq!(run(&[&half[..i], &half[i..]]), whole, "split at {i}");
+        }
+        // A snapshot does not disturb what follows.
+        let mut m = SseMeter::new();
+        m.feed(half);
+        let _ = m.inspect();
+        m.feed(&b[b.len() / 2..]);
+        assert_eq!(m.inspect().map(|u| u.total()), Ok(30));
+    }
+
+    #[test]
+    fn final_event_without_blank_line_counts() {
+        let usage = br#"data: {"choices":[],"usage":{"total_tokens":30}}"#;
+        assert_eq!(run(&[usage]), Ok(30));
+        assert_eq!(run(&[usage, b"\n"]), Ok(30));
+        assert_eq!(run(&[usage, b"\r"]), Ok(30));
+        // An unterminated line that is not (yet) complete JSON is not counted.
+        assert_eq!(run(&[&usage[..usage.len() - 1]]), Err(0));
+        // A pending multi-line event.
+        assert_eq!(
+            run(&[b"data: {\"usage\":\ndata: {\"total_tokens\":7}}\n"]),
+            Ok(7)
+        );
+        assert_eq!(
+            run(&[b"data: {\"usage\":\ndata: {\"total_tokens\":7}}"]),
+            Ok(7)
+        );
+    }
+
+    #[test]
+    fn comments_fields_and_multiline_data() {
+        let s = concat!(
+            "\u{FEFF}: this is a comment\n",
+            "event: message\n",
+            "id: 42\n",
+            "retry: 1000\n",
+            "unknown field\n",
+            "data:{\"choices\":[{\"delta\":{\"content\":\"abcd\"}}]}\n",
+            "\n",
+            ":keepalive\n\n",
+            "data: {\"choices\":\n",
+            "data:  [{\"delta\":{\"content\":\"efgh\"}}]}\n",
+            "id: 43\n",
+            "\n",
+            "data: {\"choices\":[{\"text\":\"ij\"}]}\n",
+            "data:\n",
+            "data:    \n",
+            "\n",
+            // Not JSON once joined: ignored.
+            "data: {\"choices\":[{\"text\":\"zzzz\"}]}\n",
+            "data: 1\n",
+            "\n",
+            "data: [DONE]\n\n",
+            "data: not json at all\n\n",
+            "data\n\n",
+        );
+        for r in all_ways(s.as_bytes()) {
+            assert_eq!(r, Err(4 + 4 + 2));
+        }
+    }
+
+    #[test]
+    fn anthropic_stream() {
+        let s = concat!(
+            "event: message_start\n",
+            "data: {\"type\":\"message_start\",\"message\":{\"id\":\"msg_1\",\"type\":\"message\",\"role\":\"assistant\",\"content\":[],\"model\":\"claude\",\"stop_reason\":null,\"usage\":{\"input_tokens\":25,\"output_tokens\":1}}}\n\n",
+            "event: content_block_start\n",
+            "data: {\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":\"text\",\"text\":\"\"}}\n\n",
+            "event: ping\n",
+            "data: {\"type\": \"ping\"}\n\n",
+            "event: content_block_delta\n",
+            "data: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"Hello!\"}}\n\n",
+            "event: content_block_stop\n",
+            "data: {\"type\":\"content_block_stop\",\"index\":0}\n\n",
+            "event: message_delta\n",
+            "data: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\",\"stop_sequence\":null},\"usage\":{\"output_tokens\":15}}\n\n",
+            "event: message_stop\n",
+            "data: {\"type\":\"message_stop\"}\n\n",
+        );
+        for r in all_ways(s.as_bytes()) {
+            assert_eq!(r, Ok(40));
+        }
+        // Cut before message_delta: input (25) + output so far (1).
+        let cut = s.find("event: message_delta").unwrap();
+        assert_eq!(run(&[&s.as_bytes()[..cut]]), Ok(26));
+    }
+
+    #[test]
+    fn last_usage_wins() {
+        let s = "data: {\"usage\":{\"total_tokens\":5}}\n\ndata: {\"usage\":null}\n\ndata: {\"usage\":{}}\n\ndata: {\"usage\":{\"prompt_tokens\":1,\"completion_tokens\":2}}\n\n";
+        assert_eq!(run(&[s.as_bytes()]), Ok(3));
+    }
+
+    #[test]
+    fn overlong_lines_are_bounded() {
+        let mut m = SseMeter::new();
+        m.feed(b"data: {\"choices\":[{\"delta\":{\"content\":\"ab\"}}]}\n\n");
+        m.feed(b"data: \"");
+        let junk = vec![b'x'; 64 * 1024];
+        for _ in 0..(5 * 1024 * 1024 / junk.len()) {
+            m.feed(&junk);
+            assert!(m.carried_capacity() <= MAX_LINE, "{}", m.carried_capacity());
+        }
+        assert!(m.discarding);
+        assert_eq!(m.inspect(), Err(2));
+        // The overlong data line poisons its event; later events work again.
+        m.feed(b"\"\n\ndata: {\"choices\":[{\"delta\":{\"content\":\"cd\"}}]}\n\n");
+        assert_eq!(m.inspect(), Err(4));
+        m.feed(b"data: {\"usage\":{\"total_tokens\":30}}\n\n");
+        assert_eq!(m.inspect().map(|u| u.total()), Ok(30));
+        assert!(m.carried_capacity() <= KEEP_CAPACITY);
+    }
+
+    #[test]
+    fn overlong_line_in_one_chunk_matches_split() {
+        let mut s = b"data: {\"usage\":{\"total_tokens\":1}, \"pad\":\"".to_vec();
+        s.resize(MAX_LINE + 10, b'x');
+        s.extend_from_slice(b"\"}\n\ndata: {\"choices\":[{\"text\":\"abc\"}]}\n\n");
+        assert_eq!(run(&[&s]), Err(3));
+        let chunks: Vec<&[u8]> = s.chunks(4096).collect();
+        assert_eq!(run(&chunks), Err(3));
+        // Exactly at the bound is still parsed.
+        let mut s = b"data: {\"usage\":{\"total_tokens\":1}, \"pad\":\"".to_vec();
+        s.resize(MAX_LINE - 2, b'x');
+        s.extend_from_slice(b"\"}\n\n");
+        assert_eq!(run(&[&s]), Ok(1));
+        let chunks: Vec<&[u8]> = s.chunks(4096).collect();
+        assert_eq!(run(&chunks), Ok(1));
+    }
+
+    #[test]
+    fn overlong_comment_does_not_poison() {
+        let mut s = b"data: {\"usage\":{\"total_tokens\":9}}\n:".to_vec();
+        s.resize(MAX_LINE + 100, b'c');
+        s.extend_from_slice(b"\n\n");
+        assert_eq!(run(&[&s]), Ok(9));
+        let chunks: Vec<&[u8]> = s.chunks(1000).collect();
+        assert_eq!(run(&chunks), Ok(9));
+    }
+
+    #[test]
+    fn invalid_utf8_and_garbage() {
+        let s = b"data: {\"choices\":[{\"text\":\"\xff\xfe\"}]}\n\n\x00\x01\r\r\n\xc3\n\ndata: {\"choices\":[{\"text\":\"ok\"}]}\n\n";
+        assert_eq!(run(&[s]), Err(2));
+    }
+
+    proptest! {
+        #[test]
+        fn garbage_never_panics(chunks in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..64), 0..32)) {
+            let mut m = SseMeter::new();
+            for c in &chunks {
+                m.feed(c);
+                let _ = m.inspect();
+            }
+        }
+
+        #[test]
+        fn sse_shaped_garbage_never_panics(parts in proptest::collection::vec(
+            prop_oneof![
+                Just(&b"data: "[..]), Just(&b"data:"[..]), Just(&b"\n"[..]), Just(&b"\r"[..]),
+                Just(&b"\r\n"[..]), Just(&b"{\"usage\":{\"total_tokens\":"[..]), Just(&b"}"[..]),
+                Just(&b"{\"choices\":[{\"delta\":{\"content\":\"\xf0\x9f"[..]), Just(&b"\"}}]}"[..]),
+                Just(&b":"[..]), Just(&b"1"[..]), Just(&b"-1"[..]), Just(&b"\xef\xbb\xbf"[..]),
+            ], 0..64),
+            cuts in proptest::collection::vec(any::<usize>(), 0..8)) {
+            let stream: Vec<u8> = parts.concat();
+            let mut m = SseMeter::new();
+            let mut at = 0;
+            for c in cuts {
+                let end = at + c % (stream.len() - at + 1);
+                m.feed(&stream[at..end]);
+                let _ = m.inspect();
+                at = end;
+            }
+            m.feed(&stream[at..]);
+            let split = m.inspect();
+            let mut whole = SseMeter::new();
+            whole.feed(&stream);
+            prop_assert_eq!(split, whole.inspect());
+        }
+
+        #[test]
+        fn any_chunking_reports_30(cuts in proptest::collection::vec(any::<usize>(), 0..40), eol in 0usize..3) {
+            let s = openai_stream(true);
+            let s = match eol { 0 => s, 1 => s.replace('\n', "\r\n"), _ => s.replace('\n', "\r") };
+            let b = s.as_bytes();
+            let mut cuts: Vec<usize> = cuts.into_iter().map(|c| c % (b.len() + 1)).collect();
+            cuts.sort_unstable();
+            let mut m = SseMeter::new();
+            let mut at = 0;
+            for c in cuts {
+                m.feed(&b[at..c]);
+                at = c;
+            }
+            m.feed(&b[at..]);
+            prop_assert_eq!(m.inspect().map(|u| u.total()), Ok(30));
+        }
+    }
+}
