@@ -8,8 +8,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::{AdmitRequest, Settlement, Store, StoreError};
 use crate::clock::{Clock, SystemClock};
-use crate::config::{pool_index, LimiterConfig};
-use crate::decision::{decide, Counter, Decision};
+use crate::config::{pool_index, LimiterConfig, ModelId, PoolRef};
+use crate::decision::{decide, Counter, Decision, Usage};
 
 /// In-process counters for every model of one config.
 ///
@@ -65,6 +65,21 @@ impl MemoryStore {
     /// The clock windows are measured on.
     pub fn clock(&self) -> &dyn Clock {
         &*self.clock
+    }
+
+    /// Usage of `model` and its `pool` in the windows current now (for tests, metrics, health).
+    pub fn usage(
+        &self,
+        config: &LimiterConfig,
+        model: ModelId,
+        pool: PoolRef,
+    ) -> Option<(Usage, Option<Usage>)> {
+        let guard = self.lock(model.index())?;
+        let now = self.clock.now_ms();
+        let window = config.settings().window_ms;
+        let pool_usage = (!guard.pools.is_empty())
+            .then(|| guard.pools[pool_index(pool, guard.pools.len())].usage(now, window));
+        Some((guard.model.usage(now, window), pool_usage))
     }
 
     fn lock(&self, index: usize) -> Option<MutexGuard<'_, ModelCounters>> {
