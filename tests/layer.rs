@@ -1,0 +1,182 @@
+//! The tower plumbing: shared state across clones, Send bounds, readiness, the store-failure
+//! policy.
+
+mod common;
+
+use std::convert::Infallible;
+use std::future::Ready;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body_util::{BodyExt, Full};
+use tower::{Layer, Service, ServiceExt};
+use tower_priority_limit::config::LimiterConfig;
+use tower_priority_limit::decision::Decision;
+use tower_priority_limit::store::{AdmitRequest, Settlement, Store, StoreError};
+use tower_priority_limit::{Limiter, PriorityLimitLayer, StoreFailure};
+
+/// Answers every request with a 30-token JSON body.
+#[derive(Clone)]
+struct OkService;
+
+impl Service<Request<Full<Bytes>>> for OkService {
+    type Response = Response<Full<Bytes>>;
+    type Error = Infallible;
+    type Future = Ready<Result<Self::Response, Infallible>>;
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+    fn call(&mut self, _req: Request<Full<Bytes>>) -> Self::Future {
+        std::future::ready(Ok(Response::new(Full::new(Bytes::from_static(
+            br#"{"usage":{"total_tokens":30}}"#,
+        )))))
+    }
+}
+
+fn ok_service() -> OkService {
+    OkService
+}
+
+fn chat() -> Request<Full<Bytes>> {
+    Request::post("/")
+        .body(Full::new(Bytes::from_static(br#"{"model":"m"}"#)))
+        .unwrap()
+}
+
+#[test]
+fn layer_service_future_and_body_are_send() {
+    fn assert_send<T: Send>(_: &T) {}
+    let layer = PriorityLimitLayer::new(
+        LimiterConfig::builder()
+            .model("m", Some(1), None)
+            .build()
+            .unwrap(),
+    );
+    assert_send(&layer);
+    let mut svc = layer.layer(ok_service());
+    assert_send(&svc);
+    let fut = svc.call(chat());
+    assert_send(&fut);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    let resp = rt.block_on(fut).unwrap();
+    assert_send(resp.body());
+}
+
+#[tokio::test]
+async fn every_clone_and_every_layered_service_charges_the_same_counters() {
+    let layer = PriorityLimitLayer::new(
+        LimiterConfig::builder()
+            .model("m", Some(3), None)
+            .build()
+            .unwrap(),
+    );
+    let a = layer.layer(ok_service());
+    let b = layer.clone().layer(ok_service());
+    let mut statuses = Vec::new();
+    for i in 0..6 {
+        let mut svc = if i % 2 == 0 { a.clone() } else { b.clone() };
+        statuses.push(
+            svc.ready()
+                .await
+                .unwrap()
+                .call(chat())
+                .await
+                .unwrap()
+                .status()
+                .as_u16(),
+        );
+    }
+    assert_eq!(statuses, [200, 200, 200, 429, 429, 429]);
+}
+
+/// An inner service that is not ready until told: the layer's readiness is the inner's.
+#[derive(Clone)]
+struct Gate(Arc<std::sync::atomic::AtomicBool>);
+
+impl Service<Request<Full<Bytes>>> for Gate {
+    type Response = Response<Full<Bytes>>;
+    type Error = Infallible;
+    type Future = Ready<Result<Self::Response, Infallible>>;
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        if self.0.load(std::sync::atomic::Ordering::SeqCst) {
+            Poll::Ready(Ok(()))
+        } else {
+            cx.waker().wake_by_ref();
+            Poll::Pending
+        }
+    }
+    fn call(&mut self, _req: Request<Full<Bytes>>) -> Self::Future {
+        std::future::ready(Ok(Response::new(Full::new(Bytes::new()))))
+    }
+}
+
+#[test]
+fn poll_ready_is_the_inner_services() {
+    let open = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let layer = PriorityLimitLayer::new(
+        LimiterConfig::builder()
+            .model("m", Some(1), None)
+            .build()
+            .unwrap(),
+    );
+    let mut svc = layer.layer(Gate(open.clone()));
+    let waker = futures_util::task::noop_waker();
+    let mut cx = Context::from_waker(&waker);
+    assert!(svc.poll_ready(&mut cx).is_pending());
+    open.store(true, std::sync::atomic::Ordering::SeqCst);
+    assert!(svc.poll_ready(&mut cx).is_ready());
+}
+
+/// A store that always fails, like an unreachable Redis.
+#[derive(Debug)]
+struct DownStore;
+
+impl Store for DownStore {
+    type AdmitFuture = Ready<Result<Decision, StoreError>>;
+    fn admit(&self, _: &LimiterConfig, _: AdmitRequest) -> Self::AdmitFuture {
+        std::future::ready(Err(StoreError::Unavailable("connection refused".into())))
+    }
+    fn settle(&self, _: &LimiterConfig, _: Settlement) {}
+}
+
+fn down_layer() -> PriorityLimitLayer<
+    tower_priority_limit::priority::ExtensionPriority,
+    tower_priority_limit::model::JsonBodyModel,
+    DownStore,
+> {
+    let config = LimiterConfig::builder()
+        .model("m", Some(1), None)
+        .build()
+        .unwrap();
+    PriorityLimitLayer::from_limiter(Arc::new(Limiter::with_store(config, DownStore)))
+}
+
+#[tokio::test]
+async fn store_failure_is_closed_by_default_503() {
+    let mut svc = down_layer().layer(ok_service());
+    let resp = svc.ready().await.unwrap().call(chat()).await.unwrap();
+    assert_eq!(resp.status(), 503);
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(
+        v["error"]["message"],
+        "Rate limiter unavailable: rate-limit store unavailable: connection refused"
+    );
+    assert_eq!(v["error"]["code"], "503");
+}
+
+#[tokio::test]
+async fn store_failure_open_serves_unlimited() {
+    let mut svc = down_layer()
+        .on_store_failure(StoreFailure::Open)
+        .layer(ok_service());
+    for _ in 0..3 {
+        let resp = svc.ready().await.unwrap().call(chat()).await.unwrap();
+        assert_eq!(resp.status(), 200);
+        assert!(resp.headers().get("x-litellm-priority").is_none());
+    }
+}
