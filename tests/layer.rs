@@ -14,7 +14,7 @@ use http_body_util::{BodyExt, Full};
 use tower::{Layer, Service, ServiceExt};
 use tower_priority_limit::config::LimiterConfig;
 use tower_priority_limit::decision::Decision;
-use tower_priority_limit::store::{AdmitRequest, Settlement, Store, StoreError};
+use tower_priority_limit::store::{AdmitRequest, Settlement, Settler, Store, StoreError};
 use tower_priority_limit::{Limiter, PriorityLimitLayer, StoreFailure};
 
 /// Answers every request with a 30-token JSON body.
@@ -140,7 +140,21 @@ impl Store for DownStore {
     fn admit(&self, _: &LimiterConfig, _: AdmitRequest) -> Self::AdmitFuture {
         std::future::ready(Err(StoreError::Unavailable("connection refused".into())))
     }
-    fn settle(&self, _: &LimiterConfig, _: Settlement) {}
+    type Settler = NoSettler;
+    fn settler(
+        &self,
+        _: &LimiterConfig,
+        _: tower_priority_limit::config::ModelId,
+    ) -> Option<NoSettler> {
+        None
+    }
+}
+
+#[derive(Debug)]
+struct NoSettler;
+
+impl Settler for NoSettler {
+    fn settle(&self, _: Settlement) {}
 }
 
 fn down_layer() -> PriorityLimitLayer<

@@ -13,7 +13,7 @@ pub trait Clock: Send + Sync + fmt::Debug + 'static {
     fn now_ms(&self) -> Millis;
 }
 
-/// Real time, from [`Instant`] (monotonic, immune to wall-clock steps).
+/// Real time, from [`Instant`] (monotonic, immune to wall-clock steps, full resolution).
 #[derive(Debug, Clone, Copy)]
 pub struct SystemClock {
     origin: Instant,
@@ -37,6 +37,38 @@ impl Default for SystemClock {
 impl Clock for SystemClock {
     fn now_ms(&self) -> Millis {
         self.origin.elapsed().as_millis() as Millis
+    }
+}
+
+/// The default clock: monotonic, read from the kernel's coarse clock (`CLOCK_MONOTONIC_COARSE` on
+/// Linux). A read costs a few nanoseconds instead of ~25 for [`SystemClock`], at a resolution of a
+/// few milliseconds, which is nothing against a 60 s window.
+#[derive(Debug, Clone, Copy)]
+pub struct CoarseClock {
+    origin: coarsetime::Instant,
+}
+
+impl CoarseClock {
+    /// A clock whose origin is now.
+    pub fn new() -> Self {
+        Self {
+            origin: coarsetime::Instant::now(),
+        }
+    }
+}
+
+impl Default for CoarseClock {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Clock for CoarseClock {
+    fn now_ms(&self) -> Millis {
+        // Not `now()`: that also stores into a process-wide atomic, which threads would fight over.
+        coarsetime::Instant::now_without_cache_update()
+            .duration_since(self.origin)
+            .as_millis()
     }
 }
 

@@ -185,13 +185,14 @@ where
                             );
                             return Poll::Ready(Ok(own(response)));
                         }
-                        Err(error) => match store_failure(this.options.store_failure, &error) {
-                            Some(response) => {
+                        Err(error) => {
+                            if let Some(response) =
+                                store_failure(this.options.store_failure, &error)
+                            {
                                 this.state.set(State::Done);
                                 return Poll::Ready(Ok(own(response)));
                             }
-                            None => {}
-                        },
+                        }
                     }
                     let fut = inner.call(request);
                     this.state.set(State::Call { fut });

@@ -1,31 +1,29 @@
 //! [`Lease`]: what an admission hands back; it settles the request's tokens exactly once.
 
 use std::fmt;
-use std::sync::Arc;
 
 use crate::config::{ModelId, PoolRef};
 use crate::decision::Admitted;
-use crate::limiter::Limiter;
-use crate::store::{Settlement, Store};
+use crate::store::{Settlement, Settler, Store};
 
 /// Proof of one admission. Settle it with the response's tokens; dropping it unsettled settles 0
 /// (the request produced no body: nothing was streamed, nothing is charged, any reservation is
 /// refunded).
 pub struct Lease<St: Store> {
-    limiter: Arc<Limiter<St>>,
+    /// `None` only if the store had no such model; then there is nothing to settle.
+    settler: Option<St::Settler>,
     settlement: Settlement,
-    settled: bool,
 }
 
 impl<St: Store> Lease<St> {
     pub(crate) fn new(
-        limiter: Arc<Limiter<St>>,
+        settler: Option<St::Settler>,
         model: ModelId,
         pool: PoolRef,
         admitted: &Admitted,
     ) -> Self {
         Self {
-            limiter,
+            settler,
             settlement: Settlement {
                 model,
                 pool,
@@ -34,7 +32,6 @@ impl<St: Store> Lease<St> {
                 model_window: admitted.model_window,
                 pool_window: admitted.pool_window,
             },
-            settled: false,
         }
     }
 
@@ -54,12 +51,9 @@ impl<St: Store> Lease<St> {
     }
 
     fn settle_once(&mut self, tokens: u64) {
-        if !self.settled {
-            self.settled = true;
+        if let Some(settler) = self.settler.take() {
             self.settlement.tokens = tokens;
-            self.limiter
-                .store()
-                .settle(self.limiter.config(), self.settlement);
+            settler.settle(self.settlement);
         }
     }
 }
@@ -74,7 +68,7 @@ impl<St: Store> fmt::Debug for Lease<St> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Lease")
             .field("settlement", &self.settlement)
-            .field("settled", &self.settled)
+            .field("settled", &self.settler.is_none())
             .finish()
     }
 }

@@ -2,7 +2,7 @@
 //! admit through it.
 
 use std::collections::HashSet;
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 
 use crate::clock::Clock;
 use crate::config::{LimiterConfig, ModelId, PoolRef};
@@ -10,7 +10,7 @@ use crate::decision::{Admitted, Decision, Rejected};
 use crate::lease::Lease;
 use crate::store::{AdmitRequest, MemoryStore, Store, StoreError};
 
-/// A config and the store that holds its counters. Share it in an [`Arc`]: every clone of the
+/// A config and the store that holds its counters. Share it in an [`Arc`](std::sync::Arc): every clone of the
 /// layer, every route and every task then charges the same counters.
 ///
 /// ```
@@ -126,18 +126,18 @@ impl<St: Store> Limiter<St> {
     }
 
     /// The lease for a request admitted as `admitted`.
-    pub fn lease(
-        self: &Arc<Self>,
-        model: ModelId,
-        pool: PoolRef,
-        admitted: &Admitted,
-    ) -> Lease<St> {
-        Lease::new(Arc::clone(self), model, pool, admitted)
+    pub fn lease(&self, model: ModelId, pool: PoolRef, admitted: &Admitted) -> Lease<St> {
+        Lease::new(
+            self.store.settler(&self.config, model),
+            model,
+            pool,
+            admitted,
+        )
     }
 
     /// Resolves `model` and `priority`, admits, and hands back a lease: the whole path in one call.
     pub async fn acquire(
-        self: &Arc<Self>,
+        &self,
         model: &str,
         priority: Option<&str>,
         reserve: u64,

@@ -1,13 +1,14 @@
 //! The embedded store: counters in this process.
 //!
 //! One small mutex per model (never held across an await, never shared between models), padded to
-//! its own cache lines so threads working on different models do not slow each other down.
+//! its own cache lines so threads working on different models do not slow each other down. A lease
+//! settles through its model's slot alone, so nothing is shared between models on the hot path.
 
 use std::future::{ready, Ready};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use super::{AdmitRequest, Settlement, Store, StoreError};
-use crate::clock::{Clock, SystemClock};
+use super::{AdmitRequest, Settlement, Settler, Store, StoreError};
+use crate::clock::{Clock, CoarseClock};
 use crate::config::{pool_index, LimiterConfig, ModelId, PoolRef};
 use crate::decision::{decide, Counter, Decision, Usage};
 
@@ -22,44 +23,124 @@ use crate::decision::{decide, Counter, Decision, Usage};
 /// ```
 #[derive(Debug)]
 pub struct MemoryStore {
-    models: Box<[Slot]>,
+    models: Box<[Arc<Slot>]>,
     clock: Arc<dyn Clock>,
 }
 
-/// One model's counters, alone on its cache lines.
+/// One model's counters, alone on its cache lines, with what settling needs.
 #[derive(Debug)]
 #[repr(align(128))]
-struct Slot(Mutex<ModelCounters>);
+struct Slot {
+    counters: Mutex<ModelCounters>,
+    clock: Arc<dyn Clock>,
+    window_ms: u64,
+}
+
+impl Slot {
+    fn lock(&self) -> MutexGuard<'_, ModelCounters> {
+        // The critical section only does integer arithmetic and cannot panic, so a poisoned lock
+        // still holds consistent counters.
+        self.counters.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// Settles on one model's counters.
+#[derive(Debug, Clone)]
+pub struct MemorySettler {
+    slot: Arc<Slot>,
+}
+
+impl Settler for MemorySettler {
+    fn settle(&self, s: Settlement) {
+        let now = self.slot.clock.now_ms();
+        let window = self.slot.window_ms;
+        let mut guard = self.slot.lock();
+        let counters = &mut *guard;
+        counters
+            .model
+            .settle(s.tokens, s.reserved, Some(s.model_window), now, window);
+        if !counters.pools.is_empty() {
+            let i = pool_index(s.pool, counters.pools.len());
+            counters.pools[i].settle(s.tokens, s.reserved, Some(s.pool_window), now, window);
+        }
+    }
+}
 
 #[derive(Debug, Clone)]
 struct ModelCounters {
     model: Counter,
     /// Named pools then the default pool; empty without reservations.
-    pools: Box<[Counter]>,
+    pools: PoolCounters,
+}
+
+/// Pool counters in their own cache lines: a separate allocation per model whose ends never
+/// share a line with a neighbour's, so threads on different models do not false-share.
+#[derive(Debug, Clone)]
+struct PoolCounters {
+    lines: Box<[Line]>,
+    len: usize,
+}
+
+const PER_LINE: usize = 4;
+
+#[derive(Debug, Clone, Copy, Default)]
+#[repr(align(128))]
+struct Line([Counter; PER_LINE]);
+
+impl PoolCounters {
+    fn new(len: usize) -> Self {
+        Self {
+            lines: vec![Line::default(); len.div_ceil(PER_LINE)].into_boxed_slice(),
+            len,
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+impl std::ops::Index<usize> for PoolCounters {
+    type Output = Counter;
+    fn index(&self, i: usize) -> &Counter {
+        &self.lines[i / PER_LINE].0[i % PER_LINE]
+    }
+}
+
+impl std::ops::IndexMut<usize> for PoolCounters {
+    fn index_mut(&mut self, i: usize) -> &mut Counter {
+        &mut self.lines[i / PER_LINE].0[i % PER_LINE]
+    }
 }
 
 impl MemoryStore {
-    /// Counters for every model of `config`, on the system clock.
+    /// Counters for every model of `config`, on the default [`CoarseClock`].
     pub fn new(config: &LimiterConfig) -> Self {
-        Self::with_clock(config, SystemClock::new())
+        Self::with_clock(config, CoarseClock::new())
     }
 
     /// Counters for every model of `config`, on `clock`.
     pub fn with_clock(config: &LimiterConfig, clock: impl Clock) -> Self {
+        let clock: Arc<dyn Clock> = Arc::new(clock);
         let models = config
             .models()
             .iter()
             .map(|m| {
-                Slot(Mutex::new(ModelCounters {
-                    model: Counter::default(),
-                    pools: vec![Counter::default(); m.pool_count()].into_boxed_slice(),
-                }))
+                Arc::new(Slot {
+                    counters: Mutex::new(ModelCounters {
+                        model: Counter::default(),
+                        pools: PoolCounters::new(m.pool_count()),
+                    }),
+                    clock: Arc::clone(&clock),
+                    window_ms: config.settings().window_ms,
+                })
             })
             .collect();
-        Self {
-            models,
-            clock: Arc::new(clock),
-        }
+        Self { models, clock }
     }
 
     /// The clock windows are measured on.
@@ -83,11 +164,7 @@ impl MemoryStore {
     }
 
     fn lock(&self, index: usize) -> Option<MutexGuard<'_, ModelCounters>> {
-        // The critical section only does integer arithmetic and cannot panic, so a poisoned lock
-        // still holds consistent counters.
-        self.models
-            .get(index)
-            .map(|slot| slot.0.lock().unwrap_or_else(|e| e.into_inner()))
+        self.models.get(index).map(|slot| slot.lock())
     }
 }
 
@@ -120,19 +197,11 @@ impl Store for MemoryStore {
         ready(Ok(decision))
     }
 
-    fn settle(&self, config: &LimiterConfig, s: Settlement) {
-        let Some(mut guard) = self.lock(s.model.index()) else {
-            return;
-        };
-        let now = self.clock.now_ms();
-        let window = config.settings().window_ms;
-        let counters = &mut *guard;
-        counters
-            .model
-            .settle(s.tokens, s.reserved, Some(s.model_window), now, window);
-        if !counters.pools.is_empty() {
-            let i = pool_index(s.pool, counters.pools.len());
-            counters.pools[i].settle(s.tokens, s.reserved, Some(s.pool_window), now, window);
-        }
+    type Settler = MemorySettler;
+
+    fn settler(&self, _config: &LimiterConfig, model: ModelId) -> Option<MemorySettler> {
+        self.models.get(model.index()).map(|slot| MemorySettler {
+            slot: Arc::clone(slot),
+        })
     }
 }

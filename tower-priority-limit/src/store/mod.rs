@@ -2,8 +2,11 @@
 //! [`decide`](crate::decision::decide), and applies the answer atomically.
 //!
 //! The interface is shaped for a remote store: [`Store::admit`] is one future (one round trip to
-//! Redis: check and increment all-or-nothing), [`Store::settle`] is synchronous and must not block
-//! (a remote store queues it and flushes in the background), because it runs in `Drop`.
+//! Redis: check and increment all-or-nothing). Settlement goes through a [`Settler`], a small handle
+//! the store hands each admitted request; [`Settler::settle`] is synchronous and must not block (a
+//! remote store queues it and flushes in the background), because it runs in `Drop`. The handle
+//! lets the embedded store settle on the model's own counters without touching anything shared by
+//! other models, so threads serving different models never contend.
 
 use std::fmt;
 use std::future::Future;
@@ -13,7 +16,7 @@ use crate::decision::{Decision, Millis};
 
 pub mod memory;
 
-pub use memory::MemoryStore;
+pub use memory::{MemorySettler, MemoryStore};
 
 /// One admission to decide.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -77,9 +80,19 @@ pub trait Store: Send + Sync + 'static {
     /// The future of one admission.
     type AdmitFuture: Future<Output = Result<Decision, StoreError>> + Send + 'static;
 
+    /// What an admitted request keeps to settle its tokens later.
+    type Settler: Settler;
+
     /// Decides `request` and, if admitted, counts it, atomically: a refusal changes nothing.
     fn admit(&self, config: &LimiterConfig, request: AdmitRequest) -> Self::AdmitFuture;
 
-    /// Records a finished request's tokens. Must not block or fail loudly: it runs in `Drop`.
-    fn settle(&self, config: &LimiterConfig, settlement: Settlement);
+    /// The settlement handle for a request admitted on `model` (`None` if the store has no such
+    /// model, which an admission would already have reported).
+    fn settler(&self, config: &LimiterConfig, model: ModelId) -> Option<Self::Settler>;
+}
+
+/// Records finished requests' tokens.
+pub trait Settler: Send + Sync + 'static {
+    /// Records `settlement`. Must not block or fail loudly: it runs in `Drop`.
+    fn settle(&self, settlement: Settlement);
 }
