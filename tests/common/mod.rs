@@ -21,54 +21,15 @@ use tower_priority_limit::config::LimiterConfig;
 use tower_priority_limit::priority::{KeyTable, KeyTablePriority};
 use tower_priority_limit::{Limiter, PriorityLimitLayer};
 
-/// Usage the mock reports: prompt 10 + completion 20 = 30 (SPEC §2).
-pub const PROMPT_TOKENS: u64 = 10;
-pub const COMPLETION_TOKENS: u64 = 20;
-
 /// The content pieces the mock streams.
 pub const PIECES: [&str; 4] = ["Hello", " wörld", " 🚀", "!"];
 
-/// One OpenAI chat.completion.chunk event.
-pub fn chunk(delta: Value, finish: Option<&str>) -> String {
-    let c = json!({
-        "id": "chatcmpl-test", "object": "chat.completion.chunk", "created": 1_700_000_000,
-        "model": "my-fake-model",
-        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
-    });
-    format!("data: {c}\n\n")
-}
-
-/// A whole OpenAI-shaped SSE stream: role chunk, content chunks, finish chunk, optional usage
-/// chunk, `[DONE]`.
+/// A whole OpenAI-shaped SSE stream as strings (see [`tower_priority_limit::mock`]).
 pub fn sse_events(include_usage: bool) -> Vec<String> {
-    let mut events = vec![chunk(json!({"role": "assistant", "content": ""}), None)];
-    for p in PIECES {
-        events.push(chunk(json!({"content": p}), None));
-    }
-    events.push(chunk(json!({}), Some("stop")));
-    if include_usage {
-        let u = json!({
-            "id": "chatcmpl-test", "object": "chat.completion.chunk", "created": 1_700_000_000,
-            "model": "my-fake-model", "choices": [],
-            "usage": {"prompt_tokens": PROMPT_TOKENS, "completion_tokens": COMPLETION_TOKENS,
-                      "total_tokens": PROMPT_TOKENS + COMPLETION_TOKENS},
-        });
-        events.push(format!("data: {u}\n\n"));
-    }
-    events.push("data: [DONE]\n\n".to_owned());
-    events
-}
-
-/// A non-streamed chat.completion with 30-token usage, echoing the last user message.
-pub fn completion_json(content: &str) -> Value {
-    json!({
-        "id": "chatcmpl-test", "object": "chat.completion", "created": 1_700_000_000,
-        "model": "my-fake-model",
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": content},
-                     "finish_reason": "stop"}],
-        "usage": {"prompt_tokens": PROMPT_TOKENS, "completion_tokens": COMPLETION_TOKENS,
-                  "total_tokens": PROMPT_TOKENS + COMPLETION_TOKENS},
-    })
+    tower_priority_limit::mock::chat_completion_stream("my-fake-model", &PIECES, include_usage)
+        .into_iter()
+        .map(|b| String::from_utf8(b.to_vec()).unwrap())
+        .collect()
 }
 
 /// The mock upstream: answers like OpenAI, streaming when asked. Echoes the request body's size in
@@ -86,9 +47,10 @@ pub async fn mock_chat(request: Request<Body>) -> Response {
     let builder = Response::builder().header("x-request-body-bytes", len);
     if v["stream"].as_bool() == Some(true) {
         let include = v["stream_options"]["include_usage"].as_bool() == Some(true);
-        let frames = sse_events(include)
+        let model = v["model"].as_str().unwrap_or_default();
+        let frames = tower_priority_limit::mock::chat_completion_stream(model, &PIECES, include)
             .into_iter()
-            .map(|e| Ok::<_, Infallible>(Bytes::from(e)));
+            .map(Ok::<_, Infallible>);
         builder
             .header("content-type", "text/event-stream")
             .body(Body::from_stream(futures_util::stream::iter(frames)))
@@ -96,7 +58,13 @@ pub async fn mock_chat(request: Request<Body>) -> Response {
     } else {
         builder
             .header("content-type", "application/json")
-            .body(Body::from(completion_json(&content).to_string()))
+            .body(Body::from(
+                tower_priority_limit::mock::chat_completion(
+                    v["model"].as_str().unwrap_or_default(),
+                    &content,
+                )
+                .to_string(),
+            ))
             .unwrap()
     }
 }

@@ -59,6 +59,7 @@ pub mod clock;
 pub mod config;
 pub mod decision;
 pub mod meter;
+pub mod mock;
 pub mod model;
 pub mod priority;
 pub mod response;
@@ -78,3 +79,8 @@ pub use layer::{PriorityLimitLayer, StoreFailure, UnknownModel};
 pub use lease::Lease;
 pub use limiter::{Acquired, Limiter};
 pub use service::PriorityLimit;
+
+/// The README's example compiles and runs as a doctest.
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+pub struct ReadmeDoctests;
