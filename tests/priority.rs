@@ -78,7 +78,7 @@ async fn priority_refusal_has_the_exact_body_and_headers() {
     assert_eq!(status, 429);
     assert_eq!(
         std::str::from_utf8(&body).unwrap(),
-        r#"{"error":{"message":"Priority-based rate limit exceeded. Model: gpt-5.6-luna, Priority: dev, Rate limit type: requests, Model TPM: not configured, Model RPM: 10, Remaining: 0, Model saturation: 50.0%","type":"throttling_error","param":null,"code":"429"}}"#
+        r#"{"error": {"message": "Priority-based rate limit exceeded. Model: gpt-5.6-luna, Priority: dev, Rate limit type: requests, Model TPM: not configured, Model RPM: 10, Remaining: 0, Model saturation: 50.0%", "type": "throttling_error", "param": null, "code": "429"}}"#
     );
     assert_eq!(headers["x-litellm-saturation"], "50.00%");
     assert_eq!(headers["x-litellm-priority"], "dev");

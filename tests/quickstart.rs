@@ -16,7 +16,7 @@ litellm_settings:
   callbacks: ["dynamic_rate_limiter_v3"]
 "#;
 
-const EXACT_429: &str = r#"{"error":{"message":"Model capacity reached for my-fake-model. Priority: None, Rate limit type: tokens, Model TPM: 60, Model RPM: not configured, Remaining: 0","type":"throttling_error","param":null,"code":"429"}}"#;
+const EXACT_429: &str = r#"{"error": {"message": "Model capacity reached for my-fake-model. Priority: None, Rate limit type: tokens, Model TPM: 60, Model RPM: not configured, Remaining: 0", "type": "throttling_error", "param": null, "code": "429"}}"#;
 
 #[tokio::test]
 async fn two_keys_then_model_capacity_until_the_window_rolls() {

@@ -13,27 +13,80 @@ use futures_util::StreamExt;
 use http::{Request, Response};
 use http_body::Frame;
 use http_body_util::{BodyExt, Full, StreamBody};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use tower::{Layer, Service, ServiceExt};
+
 use tower_priority_limit::clock::ManualClock;
-use tower_priority_limit::config::{LimiterConfig, PoolRef};
+use tower_priority_limit::config::{LimiterConfig, ModelId, PoolRef};
+use tower_priority_limit::store::{
+    AdmitRequest, MemorySettler, MemoryStore, Settlement, Settler, Store,
+};
 use tower_priority_limit::{Limiter, PriorityLimitLayer};
+
+/// The embedded store, counting settlements, so "exactly once" is checked, not assumed.
+#[derive(Debug)]
+struct CountingStore {
+    inner: MemoryStore,
+    settles: Arc<AtomicUsize>,
+}
+
+#[derive(Debug)]
+struct CountingSettler {
+    inner: MemorySettler,
+    settles: Arc<AtomicUsize>,
+}
+
+impl Store for CountingStore {
+    type AdmitFuture = <MemoryStore as Store>::AdmitFuture;
+    type Settler = CountingSettler;
+    fn admit(&self, config: &LimiterConfig, request: AdmitRequest) -> Self::AdmitFuture {
+        self.inner.admit(config, request)
+    }
+    fn settler(&self, config: &LimiterConfig, model: ModelId) -> Option<CountingSettler> {
+        self.inner
+            .settler(config, model)
+            .map(|inner| CountingSettler {
+                inner,
+                settles: self.settles.clone(),
+            })
+    }
+}
+
+impl Settler for CountingSettler {
+    fn settle(&self, settlement: Settlement) {
+        self.settles.fetch_add(1, Ordering::SeqCst);
+        self.inner.settle(settlement);
+    }
+}
+
+type TestLimiter = Limiter<CountingStore>;
+type Body = tower_priority_limit::ResponseBody<TestBody, CountingStore>;
+
+fn settles(limiter: &TestLimiter) -> usize {
+    limiter.store().settles.load(Ordering::SeqCst)
+}
 
 type Chunks = Vec<Result<Bytes, std::io::Error>>;
 type TestBody =
     StreamBody<futures_util::stream::BoxStream<'static, Result<Frame<Bytes>, std::io::Error>>>;
 
-fn limiter() -> Arc<Limiter> {
+fn limiter() -> Arc<TestLimiter> {
     let config = LimiterConfig::builder()
         .model("m", None, Some(1_000_000_000))
         .build()
         .unwrap();
-    Arc::new(Limiter::with_clock(config, ManualClock::new()))
+    let store = CountingStore {
+        inner: MemoryStore::with_clock(&config, ManualClock::new()),
+        settles: Arc::default(),
+    };
+    Arc::new(Limiter::with_store(config, store))
 }
 
-fn tokens(limiter: &Limiter) -> u64 {
+fn tokens(limiter: &TestLimiter) -> u64 {
     let id = limiter.config().model_id("m").unwrap();
     let (model, _) = limiter
         .store()
+        .inner
         .usage(limiter.config(), id, PoolRef::Default)
         .unwrap();
     model.tokens
@@ -57,15 +110,9 @@ fn sse_body(chunks: Chunks, then_pending: bool) -> TestBody {
 
 /// A service whose every response streams the next prepared chunk list.
 fn svc(
-    limiter: &Arc<Limiter>,
+    limiter: &Arc<TestLimiter>,
     bodies: Arc<Mutex<Vec<(Chunks, bool)>>>,
-) -> impl Service<
-    Request<Full<Bytes>>,
-    Response = Response<
-        tower_priority_limit::ResponseBody<TestBody, tower_priority_limit::store::MemoryStore>,
-    >,
-    Error = Infallible,
-> + Clone {
+) -> impl Service<Request<Full<Bytes>>, Response = Response<Body>, Error = Infallible> + Clone {
     let inner = tower::service_fn(move |_req: Request<Full<Bytes>>| {
         let (chunks, pending) = bodies.lock().unwrap().remove(0);
         async move {
@@ -90,11 +137,7 @@ fn split(whole: &[u8], at: usize) -> Chunks {
 async fn run_to_end<S>(svc: &mut S) -> Result<Bytes, String>
 where
     S: Service<Request<Full<Bytes>>, Error = Infallible>,
-    S::Response: Into<
-        Response<
-            tower_priority_limit::ResponseBody<TestBody, tower_priority_limit::store::MemoryStore>,
-        >,
-    >,
+    S::Response: Into<Response<Body>>,
 {
     let req = Request::post("/").body(Full::new(request_body())).unwrap();
     let resp: Response<_> = svc.ready().await.unwrap().call(req).await.unwrap().into();
@@ -121,6 +164,7 @@ async fn usage_stream_split_at_every_byte_settles_30() {
         let got = run_to_end(&mut svc).await.unwrap();
         assert_eq!(got, whole, "bytes pass through untouched");
         assert_eq!(tokens(&limiter) - before, 30, "split at byte {at}");
+        assert_eq!(settles(&limiter), at + 1, "one settlement per response");
     }
 }
 
@@ -141,6 +185,7 @@ async fn stream_without_usage_is_estimated_the_same_at_every_split() {
         let before = tokens(&limiter);
         run_to_end(&mut svc).await.unwrap();
         assert_eq!(tokens(&limiter) - before, want, "split at byte {at}");
+        assert_eq!(settles(&limiter), at + 1, "one settlement per response");
     }
 }
 
@@ -161,15 +206,14 @@ async fn body_dropped_mid_stream_settles_once_with_what_was_streamed() {
         body.frame().await.unwrap().unwrap();
     }
     assert_eq!(
-        tokens(&limiter),
+        settles(&limiter),
         0,
         "nothing settles while the stream is open"
     );
     drop(body);
     let want = "Hello".len().div_ceil(4) as u64 + request_body().len().div_ceil(4) as u64;
     assert_eq!(tokens(&limiter), want);
-    tokio::task::yield_now().await;
-    assert_eq!(tokens(&limiter), want, "settled exactly once");
+    assert_eq!(settles(&limiter), 1, "settled exactly once");
 }
 
 #[tokio::test]
@@ -188,9 +232,10 @@ async fn body_error_settles_once_with_what_was_streamed() {
     let err = run_to_end(&mut svc).await.unwrap_err();
     assert!(err.contains("upstream reset"), "{err}");
     let want = "Hello".len().div_ceil(4) as u64 + request_body().len().div_ceil(4) as u64;
+    assert_eq!(tokens(&limiter), want);
     assert_eq!(
-        tokens(&limiter),
-        want,
+        settles(&limiter),
+        1,
         "settled once on the error, not again on drop"
     );
 }
@@ -219,6 +264,7 @@ async fn usage_seen_before_a_drop_is_charged_as_reported() {
     }
     drop(body);
     assert_eq!(tokens(&limiter), 30);
+    assert_eq!(settles(&limiter), 1);
 }
 
 /// Over a real socket: the client reads a few events and hangs up; the server drops the body and
@@ -275,4 +321,5 @@ async fn client_disconnect_over_http_charges_what_was_streamed() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     assert_eq!(tokens(&limiter), want);
+    assert_eq!(settles(&limiter), 1);
 }

@@ -917,6 +917,14 @@ general_settings:
     }
 
     #[test]
+    fn priorities_keep_document_order() {
+        let c = load("litellm_settings: {priority_reservation: {zeta: 0.1, alpha: 0.2, mid: 0.3}}")
+            .unwrap();
+        let names: Vec<&str> = c.priorities().iter().map(|p| &**p).collect();
+        assert_eq!(names, ["zeta", "alpha", "mid"]);
+    }
+
+    #[test]
     fn rpm_dict_of_nine_is_ninety_percent() {
         let c = LimiterConfig::builder()
             .model("m", Some(10), None)

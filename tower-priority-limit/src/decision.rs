@@ -575,6 +575,16 @@ mod tests {
                             Decision::Reject(_) => prop_assert_eq!((s.model, s.pools.clone()), before),
                             Decision::Admit(a) => {
                                 prop_assert!(s.model.requests <= rpm);
+                                // Nothing leaks across windows: the first admission after a pair's
+                                // window rolled counts from zero, in the model pair and the pool's.
+                                let i = s.pool_slot(pool).unwrap();
+                                if !before.0.is_current(now, W) {
+                                    prop_assert_eq!(a.model, Usage { requests: 1, tokens: 0 });
+                                    prop_assert_eq!((s.model.requests, s.model.tokens), (1, 0));
+                                }
+                                if !before.1[i].is_current(now, W) {
+                                    prop_assert_eq!(a.pool, Some(Usage { requests: 1, tokens: 0 }));
+                                }
                                 if a.strict {
                                     let i = s.pool_slot(pool).unwrap();
                                     let pl = s.config.models()[0].pool(pool).unwrap();
@@ -586,14 +596,7 @@ mod tests {
                         }
                     }
                     Op::Settle(p, t) => s.settle(pool_of(p), t as u64, now),
-                    Op::Advance(ms) => {
-                        let before = s.model;
-                        now += ms as u64;
-                        // Nothing leaks across windows: a rolled pair reads as empty.
-                        if !before.is_current(now, W) {
-                            prop_assert_eq!(s.model.usage(now, W), Usage::default());
-                        }
-                    }
+                    Op::Advance(ms) => now += ms as u64,
                 }
             }
         }

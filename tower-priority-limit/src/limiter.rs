@@ -1,8 +1,8 @@
 //! [`Limiter`]: a validated config bound to a store. The layer, the gateway and the simulator all
 //! admit through it.
 
-use std::collections::HashSet;
-use std::sync::Mutex;
+use std::hash::BuildHasher;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::clock::Clock;
 use crate::config::{LimiterConfig, ModelId, PoolRef};
@@ -30,10 +30,13 @@ use crate::store::{AdmitRequest, MemoryStore, Store, StoreError};
 pub struct Limiter<St = MemoryStore> {
     config: LimiterConfig,
     store: St,
-    /// Unknown priority labels already logged (SPEC §1.2: logged once). Touched only on that cold
-    /// path.
-    unknown_labels: Mutex<HashSet<Box<str>>>,
+    /// Hashes of unknown priority labels already logged (SPEC §1.2: logged once). Labels may come
+    /// from clients, so this is a fixed, lock-free table: a label already seen costs one hash and
+    /// one atomic load; a colliding label may be logged again, never more memory.
+    unknown_labels: Box<[AtomicU64]>,
 }
+
+const UNKNOWN_LABEL_SLOTS: usize = 256;
 
 /// The outcome of [`Limiter::acquire`].
 #[derive(Debug)]
@@ -71,7 +74,9 @@ impl<St: Store> Limiter<St> {
         Self {
             config,
             store,
-            unknown_labels: Mutex::new(HashSet::new()),
+            unknown_labels: (0..UNKNOWN_LABEL_SLOTS)
+                .map(|_| AtomicU64::new(0))
+                .collect(),
         }
     }
 
@@ -97,14 +102,11 @@ impl<St: Store> Limiter<St> {
         pool
     }
 
-    #[cold]
     fn log_unknown_label(&self, label: &str) {
-        let mut seen = self
-            .unknown_labels
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        // Bounded: labels come from requests, so stop remembering (and logging) past a few.
-        if seen.len() < 1024 && seen.insert(label.into()) {
+        // A fixed seed: the table only dedupes log lines, so predictability costs nothing.
+        let hash = foldhash::fast::FixedState::with_seed(0x7072_696f).hash_one(label) | 1;
+        let slot = &self.unknown_labels[(hash as usize) % UNKNOWN_LABEL_SLOTS];
+        if slot.load(Ordering::Relaxed) != hash && slot.swap(hash, Ordering::Relaxed) != hash {
             tracing::warn!(
                 priority = label,
                 "priority not in priority_reservation; using the default pool"

@@ -42,8 +42,9 @@ fn chunk(model: &str, choices: Value, usage: Option<Value>) -> Bytes {
 }
 
 /// The events of a streamed answer, one SSE event per item: a role chunk, one chunk per content
-/// piece, a finish chunk, the usage chunk when `include_usage` (as OpenAI sends it for
-/// `stream_options.include_usage`), and `data: [DONE]`.
+/// piece, a finish chunk, and `data: [DONE]`. With `include_usage` (OpenAI's
+/// `stream_options.include_usage`) every chunk carries `"usage": null` and a last chunk with empty
+/// `choices` carries the usage, as OpenAI sends them.
 pub fn chat_completion_stream(model: &str, pieces: &[&str], include_usage: bool) -> Vec<Bytes> {
     let mut events = Vec::with_capacity(pieces.len() + 4);
     let delta =

@@ -10,7 +10,7 @@ use std::pin::Pin;
 
 use bytes::Bytes;
 use http::header::{HeaderName, CONTENT_LENGTH};
-use http::{Request, Response, StatusCode};
+use http::{Method, Request, Response, StatusCode};
 use http_body::Body;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use serde::Deserialize;
@@ -124,7 +124,9 @@ pub const DEFAULT_BODY_LIMIT: usize = 10 * 1024 * 1024;
 /// Non-JSON bodies, bodies without a string `model`, and bodies over the bound are answered with a
 /// 400/413 in the OpenAI error shape; the inner service is not called for them. The inner service
 /// gets the body bytes unchanged (the body type must be buildable from [`Bytes`], as axum's and
-/// `http_body_util::Full`'s are).
+/// `http_body_util::Full`'s are). `GET` and `HEAD` requests carry no body to read: they name no
+/// model and pass through untouched (so `GET /v1/models` behind the layer keeps working; prefer
+/// axum's `route_layer` on the completion routes anyway).
 #[derive(Debug, Clone, Copy)]
 pub struct JsonBodyModel {
     limit: usize,
@@ -200,6 +202,13 @@ where
 
     fn extract(&self, request: Request<B>) -> Self::Future {
         let limit = self.limit;
+        if request.method() == Method::GET || request.method() == Method::HEAD {
+            return Box::pin(ready(Ok(Extracted {
+                request,
+                model: None,
+                prompt_estimate: 0,
+            })));
+        }
         Box::pin(async move {
             let too_large = || {
                 ExtractRejection::new(

@@ -6,7 +6,6 @@ use std::fmt::Write as _;
 use bytes::Bytes;
 use http::header::{HeaderName, HeaderValue, CONTENT_TYPE, RETRY_AFTER};
 use http::{HeaderMap, Response, StatusCode};
-use serde::Serialize;
 
 use crate::config::{ModelLimits, PoolRef};
 use crate::decision::{Admitted, Rejected, Scope};
@@ -38,33 +37,18 @@ names! {
     RESET_TOK = "x-ratelimit-reset-tokens";
 }
 
-/// The OpenAI error object, fields in the order clients print them.
-#[derive(Debug, Serialize)]
-struct ErrorBody<'a> {
-    error: ErrorObject<'a>,
-}
-
-#[derive(Debug, Serialize)]
-struct ErrorObject<'a> {
-    message: &'a str,
-    #[serde(rename = "type")]
-    kind: &'a str,
-    param: Option<&'a str>,
-    code: &'a str,
-}
-
-/// `{"error": {"message", "type", "param", "code"}}` as bytes.
+/// `{"error": {"message", "type", "param", "code"}}` as bytes, laid out exactly as SPEC §1.6 shows
+/// it (the source product's Python `json.dumps` spacing), so byte-for-byte checks pass.
 pub fn error_json(message: &str, kind: &str, param: Option<&str>, code: &str) -> Bytes {
-    let body = ErrorBody {
-        error: ErrorObject {
-            message,
-            kind,
-            param,
-            code,
-        },
-    };
-    // Serializing plain strings cannot fail.
-    Bytes::from(serde_json::to_vec(&body).unwrap_or_default())
+    // Serializing a string cannot fail; `to_string` escapes it.
+    let quote = |s: &str| serde_json::to_string(s).unwrap_or_default();
+    let param = param.map_or_else(|| "null".to_owned(), quote);
+    Bytes::from(format!(
+        r#"{{"error": {{"message": {}, "type": {}, "param": {param}, "code": {}}}}}"#,
+        quote(message),
+        quote(kind),
+        quote(code)
+    ))
 }
 
 /// An error response in the OpenAI shape; `code` is the status as a string, as the source does.
@@ -155,8 +139,9 @@ pub fn rejection_response(
 }
 
 fn priority_value(label: Option<&str>) -> HeaderValue {
+    // from_bytes, not from_str: UTF-8 labels are valid (obs-text) header bytes.
     label
-        .and_then(|l| HeaderValue::from_str(l).ok())
+        .and_then(|l| HeaderValue::from_bytes(l.as_bytes()).ok())
         .unwrap_or_else(|| HeaderValue::from_static("default"))
 }
 
@@ -179,6 +164,8 @@ pub fn insert_admitted_headers(
     a: &Admitted,
 ) {
     let pool_limits = model.pool(pool);
+    // Up to 15 headers; grow the map once.
+    headers.reserve(16);
     let mut put = |name: HeaderName, v: HeaderValue| {
         headers.insert(name, v);
     };
@@ -272,12 +259,20 @@ mod tests {
         assert_eq!(resp.status(), 429);
         assert_eq!(
             std::str::from_utf8(resp.body()).unwrap(),
-            r#"{"error":{"message":"Model capacity reached for my-fake-model. Priority: None, Rate limit type: tokens, Model TPM: 60, Model RPM: not configured, Remaining: 0","type":"throttling_error","param":null,"code":"429"}}"#
+            r#"{"error": {"message": "Model capacity reached for my-fake-model. Priority: None, Rate limit type: tokens, Model TPM: 60, Model RPM: not configured, Remaining: 0", "type": "throttling_error", "param": null, "code": "429"}}"#
         );
         assert_eq!(resp.headers()["retry-after"], "60");
         assert_eq!(resp.headers()["rate_limit_type"], "tokens");
         assert_eq!(resp.headers()["x-litellm-priority"], "default");
         assert!(resp.headers().get("x-litellm-saturation").is_none());
+    }
+
+    #[test]
+    fn error_json_escapes_and_keeps_the_layout() {
+        assert_eq!(
+            std::str::from_utf8(&error_json("say \"hi\"\n", "t", Some("model"), "400")).unwrap(),
+            r#"{"error": {"message": "say \"hi\"\n", "type": "t", "param": "model", "code": "400"}}"#
+        );
     }
 
     #[test]
