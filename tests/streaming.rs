@@ -149,44 +149,35 @@ where
         .map_err(|e| e.to_string())
 }
 
-#[tokio::test]
-async fn usage_stream_split_at_every_byte_settles_30() {
-    let whole: Bytes = sse_events(true).concat().into();
+/// Runs the stream split in two at every byte position through the layer; each response must
+/// pass through untouched and settle `want` tokens, once.
+async fn settles_the_same_at_every_split(include_usage: bool, want: u64) {
+    let whole: Bytes = sse_events(include_usage).concat().into();
     let limiter = limiter();
-    let bodies = Arc::new(Mutex::new(
-        (0..=whole.len())
-            .map(|at| (split(&whole, at), false))
-            .collect::<Vec<_>>(),
-    ));
-    let mut svc = svc(&limiter, bodies);
+    let bodies = (0..=whole.len())
+        .map(|at| (split(&whole, at), false))
+        .collect();
+    let mut svc = svc(&limiter, Arc::new(Mutex::new(bodies)));
     for at in 0..=whole.len() {
         let before = tokens(&limiter);
         let got = run_to_end(&mut svc).await.unwrap();
         assert_eq!(got, whole, "bytes pass through untouched");
-        assert_eq!(tokens(&limiter) - before, 30, "split at byte {at}");
+        assert_eq!(tokens(&limiter) - before, want, "split at byte {at}");
         assert_eq!(settles(&limiter), at + 1, "one settlement per response");
     }
 }
 
 #[tokio::test]
+async fn usage_stream_split_at_every_byte_settles_30() {
+    settles_the_same_at_every_split(true, 30).await;
+}
+
+#[tokio::test]
 async fn stream_without_usage_is_estimated_the_same_at_every_split() {
-    let whole: Bytes = sse_events(false).concat().into();
-    let limiter = limiter();
-    let bodies = Arc::new(Mutex::new(
-        (0..=whole.len())
-            .map(|at| (split(&whole, at), false))
-            .collect::<Vec<_>>(),
-    ));
-    let mut svc = svc(&limiter, bodies);
     // Documented rule: ceil(streamed content bytes / 4) + ceil(request body bytes / 4).
     let content_bytes: usize = PIECES.iter().map(|p| p.len()).sum();
     let want = content_bytes.div_ceil(4) as u64 + request_body().len().div_ceil(4) as u64;
-    for at in 0..=whole.len() {
-        let before = tokens(&limiter);
-        run_to_end(&mut svc).await.unwrap();
-        assert_eq!(tokens(&limiter) - before, want, "split at byte {at}");
-        assert_eq!(settles(&limiter), at + 1, "one settlement per response");
-    }
+    settles_the_same_at_every_split(false, want).await;
 }
 
 #[tokio::test]

@@ -17,25 +17,42 @@ pub const X_LITELLM_SATURATION: HeaderName = HeaderName::from_static("x-litellm-
 /// `rate_limit_type` on 429s: `requests` or `tokens`.
 pub const RATE_LIMIT_TYPE: HeaderName = HeaderName::from_static("rate_limit_type");
 
-macro_rules! names {
-    ($($id:ident = $s:literal;)*) => { $( const $id: HeaderName = HeaderName::from_static($s); )* };
+/// The admitted-response header names of one dimension.
+struct DimensionHeaders {
+    model_limit: HeaderName,
+    model_remaining: HeaderName,
+    pool_limit: HeaderName,
+    pool_remaining: HeaderName,
+    limit: HeaderName,
+    remaining: HeaderName,
+    reset: HeaderName,
 }
-names! {
-    SAT_LIMIT_REQ = "x-ratelimit-model_saturation_check-limit-requests";
-    SAT_REM_REQ = "x-ratelimit-model_saturation_check-remaining-requests";
-    SAT_LIMIT_TOK = "x-ratelimit-model_saturation_check-limit-tokens";
-    SAT_REM_TOK = "x-ratelimit-model_saturation_check-remaining-tokens";
-    PRI_LIMIT_REQ = "x-ratelimit-priority_model-limit-requests";
-    PRI_REM_REQ = "x-ratelimit-priority_model-remaining-requests";
-    PRI_LIMIT_TOK = "x-ratelimit-priority_model-limit-tokens";
-    PRI_REM_TOK = "x-ratelimit-priority_model-remaining-tokens";
-    LIMIT_REQ = "x-ratelimit-limit-requests";
-    REM_REQ = "x-ratelimit-remaining-requests";
-    RESET_REQ = "x-ratelimit-reset-requests";
-    LIMIT_TOK = "x-ratelimit-limit-tokens";
-    REM_TOK = "x-ratelimit-remaining-tokens";
-    RESET_TOK = "x-ratelimit-reset-tokens";
+
+macro_rules! dimension_headers {
+    ($dim:literal) => {
+        DimensionHeaders {
+            model_limit: HeaderName::from_static(concat!(
+                "x-ratelimit-model_saturation_check-limit-",
+                $dim
+            )),
+            model_remaining: HeaderName::from_static(concat!(
+                "x-ratelimit-model_saturation_check-remaining-",
+                $dim
+            )),
+            pool_limit: HeaderName::from_static(concat!("x-ratelimit-priority_model-limit-", $dim)),
+            pool_remaining: HeaderName::from_static(concat!(
+                "x-ratelimit-priority_model-remaining-",
+                $dim
+            )),
+            limit: HeaderName::from_static(concat!("x-ratelimit-limit-", $dim)),
+            remaining: HeaderName::from_static(concat!("x-ratelimit-remaining-", $dim)),
+            reset: HeaderName::from_static(concat!("x-ratelimit-reset-", $dim)),
+        }
+    };
 }
+
+const REQUEST_HEADERS: DimensionHeaders = dimension_headers!("requests");
+const TOKEN_HEADERS: DimensionHeaders = dimension_headers!("tokens");
 
 /// `{"error": {"message", "type", "param", "code"}}` as bytes, laid out exactly as SPEC §1.6 shows
 /// it (the source product's Python `json.dumps` spacing), so byte-for-byte checks pass.
@@ -164,75 +181,53 @@ pub fn insert_admitted_headers(
     a: &Admitted,
 ) {
     let pool_limits = model.pool(pool);
-    // Up to 15 headers; grow the map once.
-    headers.reserve(16);
-    let mut put = |name: HeaderName, v: HeaderValue| {
-        headers.insert(name, v);
-    };
-    let model_rem_req = model.rpm.map(|l| l.saturating_sub(a.model.requests));
-    let model_rem_tok = model.tpm.map(|l| l.saturating_sub(a.model.tokens));
-    if let (Some(l), Some(r)) = (model.rpm, model_rem_req) {
-        put(SAT_LIMIT_REQ, HeaderValue::from(l));
-        put(SAT_REM_REQ, HeaderValue::from(r));
-    }
-    if let (Some(l), Some(r)) = (model.tpm, model_rem_tok) {
-        put(SAT_LIMIT_TOK, HeaderValue::from(l));
-        put(SAT_REM_TOK, HeaderValue::from(r));
-    }
-    let mut pool_rem_req = None;
-    let mut pool_rem_tok = None;
-    if let (Some(pl), Some(pu)) = (pool_limits, a.pool) {
-        if let Some(l) = pl.rpm {
-            pool_rem_req = Some(l.saturating_sub(pu.requests));
-            put(PRI_LIMIT_REQ, HeaderValue::from(l));
-            put(
-                PRI_REM_REQ,
-                HeaderValue::from(l.saturating_sub(pu.requests)),
-            );
-        }
-        if let Some(l) = pl.tpm {
-            pool_rem_tok = Some(l.saturating_sub(pu.tokens));
-            put(PRI_LIMIT_TOK, HeaderValue::from(l));
-            put(PRI_REM_TOK, HeaderValue::from(l.saturating_sub(pu.tokens)));
-        }
-    }
     let strict = a.strict && pool_limits.is_some();
-    let effective = |model_limit: Option<u64>,
-                     model_rem: Option<u64>,
-                     pool_limit: Option<u64>,
-                     pool_rem: Option<u64>| {
-        if strict {
-            Some((pool_limit?, pool_rem?.min(model_rem?)))
-        } else {
-            Some((model_limit?, model_rem?))
-        }
-    };
-    let reset = if strict {
+    let reset = reset_value(if strict {
         a.pool_resets_in
     } else {
         a.model_resets_in
-    };
-    if let Some((l, r)) = effective(
-        model.rpm,
-        model_rem_req,
-        pool_limits.and_then(|p| p.rpm),
-        pool_rem_req,
-    ) {
-        put(LIMIT_REQ, HeaderValue::from(l));
-        put(REM_REQ, HeaderValue::from(r));
-        put(RESET_REQ, reset_value(reset));
+    });
+    // Up to 15 headers; grow the map once.
+    headers.reserve(16);
+    let dimensions = [
+        (
+            &REQUEST_HEADERS,
+            model.rpm,
+            a.model.requests,
+            pool_limits.and_then(|p| p.rpm),
+            a.pool.map(|u| u.requests),
+        ),
+        (
+            &TOKEN_HEADERS,
+            model.tpm,
+            a.model.tokens,
+            pool_limits.and_then(|p| p.tpm),
+            a.pool.map(|u| u.tokens),
+        ),
+    ];
+    for (names, model_limit, model_used, pool_limit, pool_used) in dimensions {
+        let model_remaining = model_limit.map(|l| l.saturating_sub(model_used));
+        if let (Some(l), Some(r)) = (model_limit, model_remaining) {
+            headers.insert(names.model_limit.clone(), HeaderValue::from(l));
+            headers.insert(names.model_remaining.clone(), HeaderValue::from(r));
+        }
+        let pool_remaining = pool_limit.zip(pool_used).map(|(l, u)| l.saturating_sub(u));
+        if let (Some(l), Some(r)) = (pool_limit, pool_remaining) {
+            headers.insert(names.pool_limit.clone(), HeaderValue::from(l));
+            headers.insert(names.pool_remaining.clone(), HeaderValue::from(r));
+        }
+        let effective = if strict {
+            pool_limit.zip(pool_remaining.zip(model_remaining).map(|(p, m)| p.min(m)))
+        } else {
+            model_limit.zip(model_remaining)
+        };
+        if let Some((l, r)) = effective {
+            headers.insert(names.limit.clone(), HeaderValue::from(l));
+            headers.insert(names.remaining.clone(), HeaderValue::from(r));
+            headers.insert(names.reset.clone(), reset.clone());
+        }
     }
-    if let Some((l, r)) = effective(
-        model.tpm,
-        model_rem_tok,
-        pool_limits.and_then(|p| p.tpm),
-        pool_rem_tok,
-    ) {
-        put(LIMIT_TOK, HeaderValue::from(l));
-        put(REM_TOK, HeaderValue::from(r));
-        put(RESET_TOK, reset_value(reset));
-    }
-    put(X_LITELLM_PRIORITY, priority_value(label));
+    headers.insert(X_LITELLM_PRIORITY, priority_value(label));
 }
 
 #[cfg(test)]
