@@ -1,0 +1,92 @@
+//! Who is calling: the master key, a generated key, or nobody.
+//!
+//! Keys come as `Authorization: Bearer <key>` or `x-api-key: <key>`. The caller's priority (team →
+//! key → none, SPEC §1.2) goes into the request as a [`Priority`] extension for the limiter.
+
+use std::sync::Arc;
+
+use axum::extract::{Request, State};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use tower_priority_limit::priority::{api_key, Priority};
+
+use crate::error::ApiError;
+use crate::keys::{hash_key, hashes_match, KeyRecord};
+use crate::Gateway;
+
+/// The authenticated caller, as a request extension.
+#[derive(Debug, Clone)]
+pub enum Caller {
+    /// The master key (or any caller when no master key is configured).
+    Master,
+    /// A generated key.
+    Key(Arc<KeyRecord>),
+}
+
+impl Caller {
+    /// Whether the caller may use `model`.
+    pub fn allows(&self, model: &str) -> bool {
+        match self {
+            Caller::Master => true,
+            Caller::Key(k) => k.allows(model),
+        }
+    }
+}
+
+fn identify(gw: &Gateway, request: &Request) -> Result<(Caller, Option<Arc<str>>), ApiError> {
+    let Some(master_hash) = &gw.master_key_hash else {
+        // No master key configured: the gateway is open, as in the source product.
+        return Ok((Caller::Master, None));
+    };
+    let key = match api_key(request) {
+        Some(k) if !k.is_empty() => k,
+        _ => {
+            return Err(ApiError::unauthorized(
+                "Authentication Error, No api key passed in. Send 'Authorization: Bearer sk-...' or 'x-api-key'.",
+            ))
+        }
+    };
+    if hashes_match(&hash_key(key), master_hash) {
+        return Ok((Caller::Master, None));
+    }
+    match gw.keys.resolve(key) {
+        Some(resolved) => Ok((Caller::Key(resolved.key), resolved.priority)),
+        None => Err(ApiError::unauthorized(
+            "Authentication Error, Invalid proxy server token passed.",
+        )),
+    }
+}
+
+/// Requires the master key or a generated key.
+pub async fn require_key(
+    State(gw): State<Arc<Gateway>>,
+    mut request: Request,
+    next: Next,
+) -> Response {
+    match identify(&gw, &request) {
+        Ok((caller, priority)) => {
+            if let Some(p) = priority {
+                request.extensions_mut().insert(Priority(p));
+            }
+            request.extensions_mut().insert(caller);
+            next.run(request).await
+        }
+        Err(e) => e.into_response(),
+    }
+}
+
+/// Requires the master key.
+pub async fn require_master(
+    State(gw): State<Arc<Gateway>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    match identify(&gw, &request) {
+        Ok((Caller::Master, _)) => next.run(request).await,
+        Ok((Caller::Key(_), _)) => ApiError::unauthorized(
+            "Authentication Error, only the master key may call this endpoint.",
+        )
+        .into_response(),
+        Err(e) => e.into_response(),
+    }
+}

@@ -1,0 +1,230 @@
+//! `POST /chat/completions` and `/v1/chat/completions`.
+//!
+//! [`prepare`] reads the body once (bounded), validates it, and leaves a [`ChatRequest`] in the
+//! request for the limiter ([`ChatModel`] names the model from it) and the handler. The handler
+//! answers from `mock_response` or forwards to the deployment's upstream.
+
+use std::future::{ready, Ready};
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::Extension;
+use bytes::Bytes;
+use http::header::{CONTENT_LENGTH, CONTENT_TYPE};
+use http::StatusCode;
+use http_body_util::{BodyExt, LengthLimitError, Limited};
+use serde_json::Value;
+use tower_priority_limit::mock::{chat_completion, chat_completion_stream};
+use tower_priority_limit::model::{ExtractRejection, Extracted, ModelExtractor, ModelName};
+
+use super::auth::Caller;
+use crate::config::Target;
+use crate::error::ApiError;
+use crate::strip::StripUsage;
+use crate::Gateway;
+
+/// A validated chat request, as a request extension.
+#[derive(Debug, Clone)]
+pub struct ChatRequest {
+    /// The model group asked for.
+    pub model: ModelName,
+    /// Index of the deployment that will serve it.
+    pub deployment: usize,
+    /// `"stream": true`.
+    pub stream: bool,
+    /// The client asked for the usage chunk (`stream_options.include_usage`).
+    pub include_usage: bool,
+    /// The parsed body.
+    pub body: Arc<Value>,
+    /// The body's size in bytes (for the limiter's prompt estimate).
+    pub body_len: usize,
+}
+
+/// Names the model for the limiter from the [`ChatRequest`] that [`prepare`] left.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ChatModel;
+
+impl ModelExtractor<Body> for ChatModel {
+    type Future = Ready<Result<Extracted<Body>, ExtractRejection>>;
+
+    fn extract(&self, request: http::Request<Body>) -> Self::Future {
+        let chat = request.extensions().get::<ChatRequest>();
+        let model = chat.map(|c| c.model.clone());
+        let prompt_estimate = chat.map_or(0, |c| (c.body_len as u64).div_ceil(4));
+        ready(Ok(Extracted {
+            request,
+            model,
+            prompt_estimate,
+        }))
+    }
+}
+
+async fn read_body(
+    gw: &Gateway,
+    request: Request,
+) -> Result<(http::request::Parts, Bytes), ApiError> {
+    let limit = gw.config.max_request_bytes;
+    let too_large = || {
+        ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "invalid_request_error",
+            format!("Request body is larger than the limit of {limit} bytes."),
+        )
+    };
+    let declared = request
+        .headers()
+        .get(CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit as u64) {
+        return Err(too_large());
+    }
+    let (parts, body) = request.into_parts();
+    match Limited::new(body, limit).collect().await {
+        Ok(c) => Ok((parts, c.to_bytes())),
+        Err(e) if e.is::<LengthLimitError>() => Err(too_large()),
+        Err(e) => Err(ApiError::bad_request(format!(
+            "Could not read the request body: {e}"
+        ))),
+    }
+}
+
+/// Validates a chat request and leaves a [`ChatRequest`] for the limiter and the handler.
+pub async fn prepare(
+    State(gw): State<Arc<Gateway>>,
+    Extension(caller): Extension<Caller>,
+    request: Request,
+    next: Next,
+) -> Response {
+    match validate(&gw, &caller, request).await {
+        Ok(request) => next.run(request).await,
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn validate(gw: &Gateway, caller: &Caller, request: Request) -> Result<Request, ApiError> {
+    let (mut parts, bytes) = read_body(gw, request).await?;
+    let body: Value = serde_json::from_slice(&bytes)
+        .map_err(|e| ApiError::bad_request(format!("Invalid JSON in request body: {e}")))?;
+    if !body.is_object() {
+        return Err(ApiError::bad_request("Request body must be a JSON object."));
+    }
+    let model = match body.get("model") {
+        Some(Value::String(m)) if !m.is_empty() => m.clone(),
+        Some(Value::String(_)) | None | Some(Value::Null) => {
+            return Err(
+                ApiError::bad_request("Missing required parameter: 'model'.").param("model"),
+            )
+        }
+        Some(_) => {
+            return Err(
+                ApiError::bad_request("Invalid type for 'model': expected a string.")
+                    .param("model"),
+            )
+        }
+    };
+    if !body.get("messages").is_some_and(Value::is_array) {
+        return Err(ApiError::bad_request(
+            "Missing required parameter: 'messages' (a list of messages).",
+        )
+        .param("messages"));
+    }
+    let Some(deployment) = gw.deployment_index(&model) else {
+        return Err(ApiError::bad_request(format!(
+            "Invalid model name passed in model={model}. Available models: {}",
+            gw.config.model_names().join(", ")
+        ))
+        .param("model"));
+    };
+    if !caller.allows(&model) {
+        let allowed = match caller {
+            Caller::Key(k) => k.models.join(", "),
+            Caller::Master => String::new(),
+        };
+        return Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "permission_error",
+            format!("This key is not allowed to access model={model}. It can access: {allowed}."),
+        )
+        .param("model"));
+    }
+    let stream = body.get("stream").and_then(Value::as_bool) == Some(true);
+    let include_usage = body
+        .get("stream_options")
+        .and_then(|o| o.get("include_usage"))
+        .and_then(Value::as_bool)
+        == Some(true);
+    parts.extensions.insert(ChatRequest {
+        model: ModelName::from(model),
+        deployment,
+        stream,
+        include_usage,
+        body: Arc::new(body),
+        body_len: bytes.len(),
+    });
+    Ok(Request::from_parts(parts, Body::empty()))
+}
+
+/// Removes the usage chunk from streams whose client did not ask for it. It sits outside the
+/// limiter, so the limiter still counts the usage the gateway asked the upstream for.
+pub async fn strip_usage(request: Request, next: Next) -> Response {
+    let client_wants_usage = request
+        .extensions()
+        .get::<ChatRequest>()
+        .is_none_or(|c| !c.stream || c.include_usage);
+    let response = next.run(request).await;
+    let is_sse = response
+        .headers()
+        .get(CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
+    if client_wants_usage || !is_sse {
+        return response;
+    }
+    response.map(|body| Body::new(StripUsage::new(body)))
+}
+
+/// Answers a chat request from its deployment.
+pub async fn completions(
+    State(gw): State<Arc<Gateway>>,
+    Extension(chat): Extension<ChatRequest>,
+) -> Response {
+    let deployment = &gw.config.deployments[chat.deployment];
+    match &deployment.target {
+        Target::Mock { content } => mock_answer(chat.model.as_str(), content, chat.stream),
+        Target::Upstream { .. } => match gw.upstream.forward(deployment, &chat).await {
+            Ok(response) => response,
+            Err(e) => e.into_response(),
+        },
+    }
+}
+
+/// `mock_response`: 30 tokens, streamed as a real SSE stream when asked. The usage chunk is always
+/// sent (as the gateway asks real upstreams for it); [`strip_usage`] removes it for clients that
+/// did not ask.
+fn mock_answer(model: &str, content: &str, stream: bool) -> Response {
+    if stream {
+        let pieces: Vec<&str> = content.split_inclusive(' ').collect();
+        let events = chat_completion_stream(model, &pieces, true);
+        let body = futures_util::stream::iter(
+            events
+                .into_iter()
+                .map(Ok::<Bytes, std::convert::Infallible>),
+        );
+        let mut response = Response::new(Body::from_stream(body));
+        response.headers_mut().insert(
+            CONTENT_TYPE,
+            http::HeaderValue::from_static("text/event-stream"),
+        );
+        response
+    } else {
+        let mut response = Response::new(Body::from(chat_completion(model, content).to_string()));
+        response.headers_mut().insert(
+            CONTENT_TYPE,
+            http::HeaderValue::from_static("application/json"),
+        );
+        response
+    }
+}

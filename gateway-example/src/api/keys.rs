@@ -1,0 +1,190 @@
+//! Key and team management (master key only): `/key/generate`, `/key/info`, `/key/delete`,
+//! `/team/new`, `/team/info`.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::{Query, State};
+use axum::Json;
+use http::StatusCode;
+use serde_json::{json, Map, Value};
+
+use crate::error::ApiError;
+use crate::keys::{KeyRecord, KeyStoreError, TeamRecord};
+use crate::Gateway;
+
+/// Parses a JSON object body (an empty body is an empty object).
+pub fn json_object(body: &Bytes) -> Result<Map<String, Value>, ApiError> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(Map::new());
+    }
+    match serde_json::from_slice::<Value>(body) {
+        Ok(Value::Object(map)) => Ok(map),
+        Ok(_) => Err(ApiError::bad_request("Request body must be a JSON object.")),
+        Err(e) => Err(ApiError::bad_request(format!(
+            "Invalid JSON in request body: {e}"
+        ))),
+    }
+}
+
+fn opt_string(body: &Map<String, Value>, field: &'static str) -> Result<Option<String>, ApiError> {
+    match body.get(field) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s.clone())),
+        Some(_) => Err(ApiError::bad_request(format!("'{field}' must be a string.")).param(field)),
+    }
+}
+
+fn metadata(body: &Map<String, Value>) -> Result<Map<String, Value>, ApiError> {
+    match body.get("metadata") {
+        None | Some(Value::Null) => Ok(Map::new()),
+        Some(Value::Object(m)) => {
+            if m.get("priority")
+                .is_some_and(|p| !p.is_string() && !p.is_null())
+            {
+                return Err(
+                    ApiError::bad_request("'metadata.priority' must be a string.")
+                        .param("metadata"),
+                );
+            }
+            Ok(m.clone())
+        }
+        Some(_) => Err(ApiError::bad_request("'metadata' must be an object.").param("metadata")),
+    }
+}
+
+fn store_error(e: KeyStoreError) -> ApiError {
+    match e {
+        KeyStoreError::UnknownTeam(_) => ApiError::bad_request(e.to_string()).param("team_id"),
+        KeyStoreError::Exists(_) => {
+            ApiError::new(StatusCode::CONFLICT, "invalid_request_error", e.to_string())
+        }
+        KeyStoreError::Io(_) => {
+            tracing::error!(error = %e, "key store write failed");
+            ApiError::internal(e.to_string())
+        }
+    }
+}
+
+fn key_json(record: &KeyRecord) -> Value {
+    json!({
+        "token": record.token,
+        "key_alias": record.key_alias,
+        "metadata": record.metadata,
+        "team_id": record.team_id,
+        "models": record.models,
+        "created_at": record.created_at,
+    })
+}
+
+fn team_json(team: &TeamRecord) -> Value {
+    json!({
+        "team_id": team.team_id,
+        "team_alias": team.team_alias,
+        "metadata": team.metadata,
+        "created_at": team.created_at,
+    })
+}
+
+/// `POST /key/generate` → `{"key", "key_alias", "metadata", "team_id", "models", "token", ...}`.
+pub async fn generate(
+    State(gw): State<Arc<Gateway>>,
+    body: Bytes,
+) -> Result<Json<Value>, ApiError> {
+    let body = json_object(&body)?;
+    let models = match body.get("models") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::Array(items)) => items
+            .iter()
+            .map(|m| m.as_str().map(str::to_owned))
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(|| {
+                ApiError::bad_request("'models' must be a list of model names.").param("models")
+            })?,
+        Some(_) => {
+            return Err(
+                ApiError::bad_request("'models' must be a list of model names.").param("models"),
+            )
+        }
+    };
+    let (key, record) = gw
+        .keys
+        .generate_key(
+            opt_string(&body, "key_alias")?,
+            metadata(&body)?,
+            opt_string(&body, "team_id")?,
+            models,
+        )
+        .map_err(store_error)?;
+    let mut out = key_json(&record);
+    out["key"] = Value::String(key);
+    Ok(Json(out))
+}
+
+/// `GET /key/info?key=sk-...` → `{"key", "info": {...}}`.
+pub async fn info(
+    State(gw): State<Arc<Gateway>>,
+    Query(q): Query<HashMap<String, String>>,
+) -> Result<Json<Value>, ApiError> {
+    let key = q
+        .get("key")
+        .ok_or_else(|| ApiError::bad_request("Missing query parameter 'key'.").param("key"))?;
+    let record = gw
+        .keys
+        .key_info(key)
+        .ok_or_else(|| ApiError::new(StatusCode::NOT_FOUND, "not_found_error", "Key not found."))?;
+    Ok(Json(json!({"key": key, "info": key_json(&record)})))
+}
+
+/// `POST /key/delete {"keys": [...]}` → `{"deleted_keys": [...]}`.
+pub async fn delete(State(gw): State<Arc<Gateway>>, body: Bytes) -> Result<Json<Value>, ApiError> {
+    let body = json_object(&body)?;
+    let keys: Vec<String> = body
+        .get("keys")
+        .and_then(Value::as_array)
+        .and_then(|a| a.iter().map(|k| k.as_str().map(str::to_owned)).collect())
+        .ok_or_else(|| ApiError::bad_request("'keys' must be a list of keys.").param("keys"))?;
+    let deleted = gw.keys.delete_keys(&keys).map_err(store_error)?;
+    if deleted.is_empty() && !keys.is_empty() {
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "not_found_error",
+            "None of the keys exist.",
+        ));
+    }
+    Ok(Json(json!({"deleted_keys": deleted})))
+}
+
+/// `POST /team/new {"team_alias", "metadata"}` → `{"team_id", ...}`.
+pub async fn new_team(
+    State(gw): State<Arc<Gateway>>,
+    body: Bytes,
+) -> Result<Json<Value>, ApiError> {
+    let body = json_object(&body)?;
+    let team = gw
+        .keys
+        .new_team(
+            opt_string(&body, "team_id")?,
+            opt_string(&body, "team_alias")?,
+            metadata(&body)?,
+        )
+        .map_err(store_error)?;
+    Ok(Json(team_json(&team)))
+}
+
+/// `GET /team/info?team_id=...` → `{"team_id", "team_info": {...}}`.
+pub async fn team_info(
+    State(gw): State<Arc<Gateway>>,
+    Query(q): Query<HashMap<String, String>>,
+) -> Result<Json<Value>, ApiError> {
+    let id = q.get("team_id").ok_or_else(|| {
+        ApiError::bad_request("Missing query parameter 'team_id'.").param("team_id")
+    })?;
+    let team = gw.keys.team(id).ok_or_else(|| {
+        ApiError::new(StatusCode::NOT_FOUND, "not_found_error", "Team not found.")
+    })?;
+    Ok(Json(
+        json!({"team_id": team.team_id, "team_info": team_json(&team)}),
+    ))
+}

@@ -1,0 +1,102 @@
+//! `gateway-example --config PATH [--host H] [--port P] [--data-dir DIR]`
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use clap::Parser;
+use gateway_example::config::GatewayConfig;
+use gateway_example::{router, Gateway};
+
+/// An OpenAI-compatible gateway with priority-aware RPM/TPM limits.
+#[derive(Debug, Parser)]
+#[command(version, about, long_about = None)]
+struct Args {
+    /// Config file (the source product's config.yaml shape: model_list, litellm_settings,
+    /// general_settings).
+    #[arg(long, env = "GATEWAY_CONFIG")]
+    config: PathBuf,
+    /// Address to listen on.
+    #[arg(long, default_value = "0.0.0.0")]
+    host: String,
+    /// Port to listen on.
+    #[arg(long, default_value_t = 4000)]
+    port: u16,
+    /// Directory where keys and teams persist across restarts.
+    #[arg(long, default_value = "./.gateway-data")]
+    data_dir: PathBuf,
+}
+
+#[tokio::main]
+async fn main() -> std::process::ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .init();
+    match run(Args::parse()).await {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e}");
+            eprintln!("gateway-example: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(args: Args) -> Result<(), String> {
+    let text = std::fs::read_to_string(&args.config)
+        .map_err(|e| format!("reading {}: {e}", args.config.display()))?;
+    let config = GatewayConfig::from_yaml_str(&text)
+        .map_err(|e| format!("{}: {e}", args.config.display()))?;
+    if config.master_key.is_none() {
+        tracing::warn!(
+            "no general_settings.master_key: the gateway is open to anyone who can reach it"
+        );
+    }
+    let gateway = Gateway::new(config, Some(&args.data_dir)).map_err(|e| e.to_string())?;
+    tracing::info!(
+        models = ?gateway.config.model_names(),
+        limiter = gateway.config.limiter_enabled,
+        data_dir = %args.data_dir.display(),
+        "starting"
+    );
+    let app = router(Arc::new(gateway));
+    let addr = format!("{}:{}", args.host, args.port);
+    let listener = tokio::net::TcpListener::bind(&addr)
+        .await
+        .map_err(|e| format!("binding {addr}: {e}"))?;
+    tracing::info!(
+        "listening on http://{}",
+        listener.local_addr().map_err(|e| e.to_string())?
+    );
+    axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown_signal())
+        .await
+        .map_err(|e| e.to_string())?;
+    // Keys are written through on every change; nothing is left to flush.
+    tracing::info!("stopped: in-flight requests finished");
+    Ok(())
+}
+
+/// SIGINT or SIGTERM: stop accepting, let in-flight requests and streams finish.
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {},
+        () = terminate => {},
+    }
+    tracing::info!("shutting down");
+}

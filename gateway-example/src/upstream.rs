@@ -1,0 +1,162 @@
+//! Forwarding to an OpenAI-compatible upstream: model name mapping, usage requested on streams,
+//! bodies streamed through chunk by chunk, timeouts, and upstream errors in the OpenAI shape.
+
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::response::Response;
+use bytes::Bytes;
+use http::header::{ACCEPT_ENCODING, AUTHORIZATION, CONTENT_TYPE};
+use http::{HeaderValue, Request, StatusCode};
+use http_body_util::{BodyExt, Full, Limited};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use serde_json::Value;
+
+use crate::api::chat::ChatRequest;
+use crate::config::{Deployment, Target};
+use crate::error::ApiError;
+
+/// Time allowed to open a TCP connection to an upstream.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// Error bodies from upstreams are read up to this size.
+const MAX_ERROR_BODY: usize = 1024 * 1024;
+
+/// The HTTP client shared by every request (pooled connections).
+#[derive(Debug, Clone)]
+pub struct Upstream {
+    client: Client<HttpConnector, Full<Bytes>>,
+}
+
+impl Default for Upstream {
+    fn default() -> Self {
+        let mut connector = HttpConnector::new();
+        connector.set_connect_timeout(Some(CONNECT_TIMEOUT));
+        connector.set_nodelay(true);
+        Self {
+            client: Client::builder(TokioExecutor::new()).build(connector),
+        }
+    }
+}
+
+/// The body sent upstream: the client's, with the upstream's model name, and usage requested on
+/// streams (so tokens can be counted; the gateway strips it again if the client did not ask).
+pub fn upstream_body(deployment: &Deployment, chat: &ChatRequest) -> Value {
+    let mut body = (*chat.body).clone();
+    body["model"] = Value::String(deployment.upstream_model.clone());
+    if chat.stream {
+        if !body.get("stream_options").is_some_and(Value::is_object) {
+            body["stream_options"] = Value::Object(Default::default());
+        }
+        body["stream_options"]["include_usage"] = Value::Bool(true);
+    }
+    body
+}
+
+impl Upstream {
+    /// Sends `chat` to `deployment` and returns its response, streaming.
+    pub async fn forward(
+        &self,
+        deployment: &Deployment,
+        chat: &ChatRequest,
+    ) -> Result<Response, ApiError> {
+        let Target::Upstream { api_base, api_key } = &deployment.target else {
+            return Err(ApiError::internal("deployment has no upstream"));
+        };
+        let url = format!("{api_base}/chat/completions");
+        let body = serde_json::to_vec(&upstream_body(deployment, chat))
+            .map_err(|e| ApiError::internal(e.to_string()))?;
+        let mut request = Request::post(&url)
+            .header(CONTENT_TYPE, "application/json")
+            // Compressed bytes could not be metered.
+            .header(ACCEPT_ENCODING, "identity");
+        if let Some(key) = api_key {
+            request = request.header(AUTHORIZATION, format!("Bearer {key}"));
+        }
+        let request = request
+            .body(Full::new(Bytes::from(body)))
+            .map_err(|e| ApiError::internal(format!("bad upstream URL {url}: {e}")))?;
+
+        let sent = tokio::time::timeout(deployment.timeout, self.client.request(request)).await;
+        let response = match sent {
+            Err(_) => {
+                return Err(ApiError::new(
+                    StatusCode::GATEWAY_TIMEOUT,
+                    "timeout",
+                    format!(
+                        "Upstream for {} did not answer within {:.1} s.",
+                        deployment.model_name,
+                        deployment.timeout.as_secs_f64()
+                    ),
+                ))
+            }
+            Ok(Err(e)) => {
+                tracing::warn!(upstream = %url, error = %e, "upstream request failed");
+                return Err(ApiError::new(
+                    StatusCode::BAD_GATEWAY,
+                    "api_connection_error",
+                    format!("Upstream for {} is unreachable: {e}", deployment.model_name),
+                ));
+            }
+            Ok(Ok(response)) => response,
+        };
+
+        let (parts, body) = response.into_parts();
+        if !parts.status.is_success() {
+            return Err(upstream_error(parts.status, body, deployment).await);
+        }
+        let mut out = Response::new(Body::new(body));
+        *out.status_mut() = parts.status;
+        let content_type = parts
+            .headers
+            .get(CONTENT_TYPE)
+            .cloned()
+            .unwrap_or(HeaderValue::from_static("application/json"));
+        out.headers_mut().insert(CONTENT_TYPE, content_type);
+        Ok(out)
+    }
+}
+
+/// An upstream's error, in the OpenAI shape: its own error object when it sent one, else one
+/// that says what came back.
+async fn upstream_error(
+    status: StatusCode,
+    body: hyper::body::Incoming,
+    deployment: &Deployment,
+) -> ApiError {
+    let bytes = match tokio::time::timeout(
+        deployment.timeout,
+        Limited::new(body, MAX_ERROR_BODY).collect(),
+    )
+    .await
+    {
+        Ok(Ok(c)) => c.to_bytes(),
+        _ => Bytes::new(),
+    };
+    let message = serde_json::from_slice::<Value>(&bytes)
+        .ok()
+        .and_then(|v| v["error"]["message"].as_str().map(str::to_owned))
+        .unwrap_or_else(|| String::from_utf8_lossy(&bytes).chars().take(500).collect());
+    let kind = match status.as_u16() {
+        400 => "invalid_request_error",
+        401 | 403 => "upstream_auth_error",
+        404 => "not_found_error",
+        429 => "rate_limit_error",
+        _ => "upstream_error",
+    };
+    let status = if status.is_client_error() || status.is_server_error() {
+        status
+    } else {
+        StatusCode::BAD_GATEWAY
+    };
+    ApiError::new(
+        status,
+        kind,
+        format!(
+            "Upstream for {} answered {}: {message}",
+            deployment.model_name,
+            status.as_u16()
+        ),
+    )
+}
