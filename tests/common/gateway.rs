@@ -1,0 +1,187 @@
+//! Test rig for the gateway: its router on an ephemeral port, a temporary data dir, a manual clock
+//! for the limiter, and an HTTP client.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use gateway_example::config::GatewayConfig;
+use gateway_example::{router, Gateway};
+use http::{HeaderMap, Request, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::{connect::HttpConnector, Client};
+use hyper_util::rt::TokioExecutor;
+use serde_json::{json, Value};
+use tower_priority_limit::clock::ManualClock;
+
+pub const MASTER: &str = "sk-master-test";
+
+/// A directory removed when dropped.
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    pub fn new() -> Self {
+        static N: AtomicUsize = AtomicUsize::new(0);
+        let dir = std::env::temp_dir().join(format!(
+            "gw-test-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        Self(dir)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+pub struct Gw {
+    pub base: String,
+    pub gateway: Arc<Gateway>,
+    pub clock: ManualClock,
+    client: Client<HttpConnector, Full<Bytes>>,
+    server: tokio::task::JoinHandle<()>,
+}
+
+pub struct Reply {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+}
+
+impl Reply {
+    pub fn json(&self) -> Value {
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {:?}", self.body))
+    }
+    pub fn text(&self) -> &str {
+        std::str::from_utf8(&self.body).unwrap()
+    }
+    /// Asserts the OpenAI error shape and returns the message.
+    pub fn error_message(&self) -> String {
+        let v = self.json();
+        let e = &v["error"];
+        for field in ["message", "type", "param", "code"] {
+            assert!(e.get(field).is_some(), "error without {field}: {v}");
+        }
+        assert_eq!(e["code"], self.status.as_u16().to_string(), "{v}");
+        e["message"].as_str().unwrap().to_owned()
+    }
+}
+
+/// The config with `general_settings.master_key` set to [`MASTER`].
+pub fn with_master(yaml: &str) -> String {
+    format!("{yaml}\ngeneral_settings:\n  master_key: {MASTER}\n")
+}
+
+impl Gw {
+    pub async fn start(yaml: &str, data_dir: Option<&Path>) -> Gw {
+        let config = GatewayConfig::from_yaml_str(yaml).expect("valid test config");
+        let clock = ManualClock::new();
+        let gateway = Arc::new(Gateway::with_clock(config, data_dir, clock.clone()).unwrap());
+        let app = router(gateway.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        let server = tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        Gw {
+            base,
+            gateway,
+            clock,
+            client: Client::builder(TokioExecutor::new()).build_http(),
+            server,
+        }
+    }
+
+    /// Stops serving (the listener closes).
+    pub fn stop(self) {
+        self.server.abort();
+    }
+
+    pub async fn send(&self, method: &str, path: &str, key: Option<&str>, body: impl Into<Bytes>) -> Reply {
+        let mut req = Request::builder()
+            .method(method)
+            .uri(format!("{}{}", self.base, path))
+            .header("content-type", "application/json");
+        if let Some(key) = key {
+            req = req.header("authorization", format!("Bearer {key}"));
+        }
+        let resp = self
+            .client
+            .request(req.body(Full::new(body.into())).unwrap())
+            .await
+            .expect("request reaches the gateway");
+        let (parts, body) = resp.into_parts();
+        let body = body.collect().await.expect("whole body").to_bytes();
+        Reply {
+            status: parts.status,
+            headers: parts.headers,
+            body,
+        }
+    }
+
+    pub async fn post(&self, path: &str, key: Option<&str>, body: Value) -> Reply {
+        self.send("POST", path, key, body.to_string()).await
+    }
+
+    pub async fn get(&self, path: &str, key: Option<&str>) -> Reply {
+        self.send("GET", path, key, Bytes::new()).await
+    }
+
+    /// `/key/generate` with the master key; returns the new key.
+    pub async fn new_key(&self, body: Value) -> String {
+        let r = self.post("/key/generate", Some(MASTER), body).await;
+        assert_eq!(r.status, 200, "{}", r.text());
+        r.json()["key"].as_str().unwrap().to_owned()
+    }
+
+    /// `/team/new` with the master key; returns the team id.
+    pub async fn new_team(&self, body: Value) -> String {
+        let r = self.post("/team/new", Some(MASTER), body).await;
+        assert_eq!(r.status, 200, "{}", r.text());
+        r.json()["team_id"].as_str().unwrap().to_owned()
+    }
+
+    pub async fn chat(&self, key: &str, model: &str, stream: bool) -> Reply {
+        self.chat_with(key, json!({"model": model, "stream": stream, "messages": [{"role": "user", "content": "hi"}]}))
+            .await
+    }
+
+    pub async fn chat_with(&self, key: &str, body: Value) -> Reply {
+        self.post("/v1/chat/completions", Some(key), body).await
+    }
+
+    /// Sends `n` chats as `key`; returns how many got 200.
+    pub async fn served(&self, key: &str, model: &str, n: usize) -> usize {
+        let mut ok = 0;
+        for _ in 0..n {
+            if self.chat(key, model, false).await.status == 200 {
+                ok += 1;
+            }
+        }
+        ok
+    }
+
+    /// Model-wide tokens recorded for `model` in the current window.
+    pub fn tokens(&self, model: &str) -> u64 {
+        let limiter = &self.gateway.limiter;
+        let id = limiter.config().model_id(model).unwrap();
+        let (usage, _) = limiter
+            .store()
+            .usage(limiter.config(), id, tower_priority_limit::config::PoolRef::Default)
+            .unwrap();
+        usage.tokens
+    }
+}
+
+/// The `data:` payloads of an SSE body, in order.
+pub fn sse_data(body: &str) -> Vec<String> {
+    body.split("\n\n")
+        .filter_map(|event| event.strip_prefix("data: "))
+        .map(str::to_owned)
+        .collect()
+}
