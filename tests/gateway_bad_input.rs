@@ -17,29 +17,84 @@ litellm_settings:
   callbacks: ["dynamic_rate_limiter_v3"]
 "#,
     )
-    .replace("general_settings:\n", "general_settings:\n  max_request_size_mb: 0.01\n")
+    .replace(
+        "general_settings:\n",
+        "general_settings:\n  max_request_size_mb: 0.01\n",
+    )
 }
 
 #[tokio::test]
 async fn every_bad_input_gets_its_status_and_shape() {
     let gw = Gw::start(&config(), None).await;
     let key = gw.new_key(json!({"models": ["m"]})).await;
-    let big = json!({"model": "m", "messages": [{"role": "user", "content": "x".repeat(20_000)}]}).to_string();
+    let big = json!({"model": "m", "messages": [{"role": "user", "content": "x".repeat(20_000)}]})
+        .to_string();
     let cases: Vec<(Option<&str>, String, u16, &str)> = vec![
-        (None, json!({"model": "m", "messages": []}).to_string(), 401, "Authentication Error, No api key passed in"),
-        (Some("sk-unknown"), json!({"model": "m", "messages": []}).to_string(), 401, "Authentication Error, Invalid proxy server token"),
-        (Some(&key), "{not json".into(), 400, "Invalid JSON in request body"),
-        (Some(&key), "[1, 2]".into(), 400, "Request body must be a JSON object."),
-        (Some(&key), json!({"messages": []}).to_string(), 400, "Missing required parameter: 'model'."),
-        (Some(&key), json!({"model": "m"}).to_string(), 400, "Missing required parameter: 'messages'"),
-        (Some(&key), json!({"model": "gpt-nope", "messages": []}).to_string(), 400, "Invalid model name passed in model=gpt-nope. Available models: m, n"),
-        (Some(&key), json!({"model": "n", "messages": []}).to_string(), 403, "This key is not allowed to access model=n"),
-        (Some(&key), big, 413, "Request body is larger than the limit of 10485 bytes."),
+        (
+            None,
+            json!({"model": "m", "messages": []}).to_string(),
+            401,
+            "Authentication Error, No api key passed in",
+        ),
+        (
+            Some("sk-unknown"),
+            json!({"model": "m", "messages": []}).to_string(),
+            401,
+            "Authentication Error, Invalid proxy server token",
+        ),
+        (
+            Some(&key),
+            "{not json".into(),
+            400,
+            "Invalid JSON in request body",
+        ),
+        (
+            Some(&key),
+            "[1, 2]".into(),
+            400,
+            "Request body must be a JSON object.",
+        ),
+        (
+            Some(&key),
+            json!({"messages": []}).to_string(),
+            400,
+            "Missing required parameter: 'model'.",
+        ),
+        (
+            Some(&key),
+            json!({"model": "m"}).to_string(),
+            400,
+            "Missing required parameter: 'messages'",
+        ),
+        (
+            Some(&key),
+            json!({"model": "gpt-nope", "messages": []}).to_string(),
+            400,
+            "Invalid model name passed in model=gpt-nope. Available models: m, n",
+        ),
+        (
+            Some(&key),
+            json!({"model": "n", "messages": []}).to_string(),
+            403,
+            "This key is not allowed to access model=n",
+        ),
+        (
+            Some(&key),
+            big,
+            413,
+            "Request body is larger than the limit of 10485 bytes.",
+        ),
     ];
     for (k, body, status, message) in cases {
-        let r = gw.send("POST", "/v1/chat/completions", k, body.clone()).await;
+        let r = gw
+            .send("POST", "/v1/chat/completions", k, body.clone())
+            .await;
         assert_eq!(r.status.as_u16(), status, "{body:.80}: {}", r.text());
-        assert!(r.error_message().starts_with(message), "{:?} should start with {message:?}", r.error_message());
+        assert!(
+            r.error_message().starts_with(message),
+            "{:?} should start with {message:?}",
+            r.error_message()
+        );
         assert_eq!(r.headers["content-type"], "application/json");
         // Still serving after each.
         assert_eq!(gw.chat(&key, "m", false).await.status, 200);
@@ -47,7 +102,13 @@ async fn every_bad_input_gets_its_status_and_shape() {
     let r = gw.get("/no/such/path", Some(MASTER)).await;
     assert_eq!(r.status, 404);
     r.error_message();
-    let r = gw.post("/key/generate", Some(MASTER), json!({"metadata": "not an object"})).await;
+    let r = gw
+        .post(
+            "/key/generate",
+            Some(MASTER),
+            json!({"metadata": "not an object"}),
+        )
+        .await;
     assert_eq!(r.status, 400);
     r.error_message();
     let r = gw.send("POST", "/team/new", Some(MASTER), "{bad").await;
@@ -62,5 +123,9 @@ async fn health_needs_no_key() {
     let r = gw.get("/health/readiness", None).await;
     assert_eq!(r.status, 200);
     assert_eq!(r.json()["status"], "healthy");
-    assert_eq!(gw.get("/v1/models", None).await.status, 401, "models need a key");
+    assert_eq!(
+        gw.get("/v1/models", None).await.status,
+        401,
+        "models need a key"
+    );
 }

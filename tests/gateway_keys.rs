@@ -26,32 +26,53 @@ const M: &str = "gpt-5.6-luna";
 #[tokio::test]
 async fn team_priority_beats_key_priority() {
     let gw = Gw::start(&rpm10(), None).await;
-    let prod_team = gw.new_team(json!({"team_alias": "search", "metadata": {"priority": "prod"}})).await;
+    let prod_team = gw
+        .new_team(json!({"team_alias": "search", "metadata": {"priority": "prod"}}))
+        .await;
     // A dev key in the prod team is served as prod: exactly 9.
-    let key = gw.new_key(json!({"metadata": {"priority": "dev"}, "team_id": prod_team})).await;
+    let key = gw
+        .new_key(json!({"metadata": {"priority": "dev"}, "team_id": prod_team}))
+        .await;
     assert_eq!(gw.served(&key, M, 20).await, 9);
-    assert_eq!(gw.chat(&key, M, false).await.headers["x-litellm-priority"], "prod");
+    assert_eq!(
+        gw.chat(&key, M, false).await.headers["x-litellm-priority"],
+        "prod"
+    );
 }
 
 #[tokio::test]
 async fn key_priorities_and_the_default_pool() {
     let gw = Gw::start(&rpm10(), None).await;
     let dev = gw.new_key(json!({"metadata": {"priority": "dev"}})).await;
-    assert_eq!(gw.served(&dev, M, 20).await, 5, "dev alone: generous to 0.5, then its 1-RPM pool is over");
+    assert_eq!(
+        gw.served(&dev, M, 20).await,
+        5,
+        "dev alone: generous to 0.5, then its 1-RPM pool is over"
+    );
     gw.clock.advance(std::time::Duration::from_secs(60));
     let plain = gw.new_key(json!({})).await;
-    assert_eq!(gw.served(&plain, M, 20).await, 5, "unlabeled, default_priority 0");
+    assert_eq!(
+        gw.served(&plain, M, 20).await,
+        5,
+        "unlabeled, default_priority 0"
+    );
     gw.clock.advance(std::time::Duration::from_secs(60));
     let prod = gw.new_key(json!({"metadata": {"priority": "prod"}})).await;
     assert_eq!(gw.served(&dev, M, 1).await, 1);
-    assert_eq!(gw.served(&prod, M, 12).await, 9, "dev sent 1, then prod gets exactly 9");
+    assert_eq!(
+        gw.served(&prod, M, 12).await,
+        9,
+        "dev sent 1, then prod gets exactly 9"
+    );
 }
 
 #[tokio::test]
 async fn keys_and_teams_survive_a_restart() {
     let dir = TempDir::new();
     let gw = Gw::start(&rpm10(), Some(&dir.0)).await;
-    let team = gw.new_team(json!({"team_alias": "t", "metadata": {"priority": "prod"}})).await;
+    let team = gw
+        .new_team(json!({"team_alias": "t", "metadata": {"priority": "prod"}}))
+        .await;
     let key = gw.new_key(json!({"key_alias": "k", "team_id": team})).await;
     assert_eq!(gw.chat(&key, M, false).await.status, 200);
     gw.stop();
@@ -59,7 +80,10 @@ async fn keys_and_teams_survive_a_restart() {
     let gw = Gw::start(&rpm10(), Some(&dir.0)).await;
     let r = gw.chat(&key, M, false).await;
     assert_eq!(r.status, 200, "the key still authenticates: {}", r.text());
-    assert_eq!(r.headers["x-litellm-priority"], "prod", "and still resolves through its team");
+    assert_eq!(
+        r.headers["x-litellm-priority"], "prod",
+        "and still resolves through its team"
+    );
     let info = gw.get(&format!("/key/info?key={key}"), Some(MASTER)).await;
     assert_eq!(info.json()["info"]["key_alias"], "k");
     let stored = std::fs::read_to_string(dir.0.join("keys.json")).unwrap();
@@ -70,7 +94,11 @@ async fn keys_and_teams_survive_a_restart() {
 async fn admin_endpoints_need_the_master_key() {
     let gw = Gw::start(&rpm10(), None).await;
     let key = gw.new_key(json!({})).await;
-    for (method, path) in [("POST", "/key/generate"), ("POST", "/team/new"), ("GET", "/team/info?team_id=x")] {
+    for (method, path) in [
+        ("POST", "/key/generate"),
+        ("POST", "/team/new"),
+        ("GET", "/team/info?team_id=x"),
+    ] {
         let r = gw.send(method, path, Some(&key), "{}").await;
         assert_eq!(r.status, 401, "{path} with a generated key");
         let r = gw.send(method, path, None, "{}").await;
@@ -82,8 +110,12 @@ async fn admin_endpoints_need_the_master_key() {
 #[tokio::test]
 async fn key_info_delete_and_team_info() {
     let gw = Gw::start(&rpm10(), None).await;
-    let team = gw.new_team(json!({"team_alias": "research", "metadata": {"priority": "dev"}})).await;
-    let info = gw.get(&format!("/team/info?team_id={team}"), Some(MASTER)).await;
+    let team = gw
+        .new_team(json!({"team_alias": "research", "metadata": {"priority": "dev"}}))
+        .await;
+    let info = gw
+        .get(&format!("/team/info?team_id={team}"), Some(MASTER))
+        .await;
     assert_eq!(info.json()["team_info"]["team_alias"], "research");
     assert_eq!(info.json()["team_info"]["metadata"]["priority"], "dev");
 
@@ -98,12 +130,29 @@ async fn key_info_delete_and_team_info() {
     let info = gw.get(&format!("/key/info?key={key}"), Some(MASTER)).await;
     assert_eq!(info.json()["info"]["models"][0], M);
 
-    let r = gw.post("/key/delete", Some(MASTER), json!({"keys": [key]})).await;
+    let r = gw
+        .post("/key/delete", Some(MASTER), json!({"keys": [key]}))
+        .await;
     assert_eq!(r.json()["deleted_keys"][0], key.as_str());
-    assert_eq!(gw.chat(&key, M, false).await.status, 401, "a deleted key no longer works");
-    assert_eq!(gw.get(&format!("/key/info?key={key}"), Some(MASTER)).await.status, 404);
+    assert_eq!(
+        gw.chat(&key, M, false).await.status,
+        401,
+        "a deleted key no longer works"
+    );
+    assert_eq!(
+        gw.get(&format!("/key/info?key={key}"), Some(MASTER))
+            .await
+            .status,
+        404
+    );
 
-    let r = gw.post("/key/generate", Some(MASTER), json!({"team_id": "no-such-team"})).await;
+    let r = gw
+        .post(
+            "/key/generate",
+            Some(MASTER),
+            json!({"team_id": "no-such-team"}),
+        )
+        .await;
     assert_eq!(r.status, 400);
     assert!(r.error_message().contains("does not exist"));
 }
@@ -123,7 +172,11 @@ model_list:
     .await;
     let key = gw.new_key(json!({"models": ["a"]})).await;
     let models = gw.get("/v1/models", Some(&key)).await;
-    assert_eq!(models.json()["data"].as_array().unwrap().len(), 1, "only the allowed model is listed");
+    assert_eq!(
+        models.json()["data"].as_array().unwrap().len(),
+        1,
+        "only the allowed model is listed"
+    );
     let r = gw.chat(&key, "b", false).await;
     assert_eq!(r.status, 403);
     assert!(r.error_message().contains("not allowed to access model=b"));
@@ -134,6 +187,7 @@ model_list:
             json!({"model": "a", "messages": [{"role": "user", "content": "hi"}]}).to_string(),
         )))
         .unwrap();
-    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new()).build_http();
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http();
     assert_eq!(client.request(req).await.unwrap().status(), 200);
 }

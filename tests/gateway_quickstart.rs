@@ -13,7 +13,10 @@ const EXACT_429: &str = r#"{"error": {"message": "Model capacity reached for my-
 fn config() -> String {
     let shipped = include_str!("../gateway-example/config/quickstart.yaml");
     // The shipped file with the test's master key.
-    with_master(&shipped.replace("general_settings:\n  master_key: sk-1234   # or os.environ/LITELLM_MASTER_KEY\n", ""))
+    with_master(&shipped.replace(
+        "general_settings:\n  master_key: sk-1234   # or os.environ/LITELLM_MASTER_KEY\n",
+        "",
+    ))
 }
 
 #[tokio::test]
@@ -40,7 +43,11 @@ async fn two_keys_then_the_exact_429_for_both() {
     assert_eq!(r.text(), EXACT_429);
 
     gw.clock.advance(Duration::from_secs(60));
-    assert_eq!(gw.chat(&key1, "my-fake-model", false).await.status, 200, "the window rolled");
+    assert_eq!(
+        gw.chat(&key1, "my-fake-model", false).await.status,
+        200,
+        "the window rolled"
+    );
 }
 
 #[tokio::test]
@@ -58,10 +65,16 @@ async fn streamed_the_same_and_the_usage_chunk_only_when_asked() {
     assert_eq!(r.headers["content-type"], "text/event-stream");
     let data = sse_data(r.text());
     assert_eq!(data.last().unwrap(), "[DONE]");
-    let chunks: Vec<Value> = data[..data.len() - 1].iter().map(|d| serde_json::from_str(d).unwrap()).collect();
+    let chunks: Vec<Value> = data[..data.len() - 1]
+        .iter()
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect();
     assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
     assert_eq!(chunks[1]["choices"][0]["delta"]["content"], "hello-world");
-    assert_eq!(chunks[chunks.len() - 2]["choices"][0]["finish_reason"], "stop");
+    assert_eq!(
+        chunks[chunks.len() - 2]["choices"][0]["finish_reason"],
+        "stop"
+    );
     assert_eq!(chunks.last().unwrap()["usage"]["total_tokens"], 30);
 
     // Key 2 does not ask: no usage chunk, yet the limiter charged 30 all the same.
@@ -70,7 +83,10 @@ async fn streamed_the_same_and_the_usage_chunk_only_when_asked() {
     let data = sse_data(r.text());
     assert_eq!(data.last().unwrap(), "[DONE]");
     assert!(
-        data.iter().all(|d| d == "[DONE]" || serde_json::from_str::<Value>(d).unwrap()["choices"].as_array().is_some_and(|c| !c.is_empty())),
+        data.iter().all(|d| d == "[DONE]"
+            || serde_json::from_str::<Value>(d).unwrap()["choices"]
+                .as_array()
+                .is_some_and(|c| !c.is_empty())),
         "no usage-only chunk: {data:?}"
     );
     assert_eq!(gw.tokens("my-fake-model"), 60);

@@ -102,7 +102,13 @@ impl Gw {
         self.server.abort();
     }
 
-    pub async fn send(&self, method: &str, path: &str, key: Option<&str>, body: impl Into<Bytes>) -> Reply {
+    pub async fn send(
+        &self,
+        method: &str,
+        path: &str,
+        key: Option<&str>,
+        body: impl Into<Bytes>,
+    ) -> Reply {
         let mut req = Request::builder()
             .method(method)
             .uri(format!("{}{}", self.base, path))
@@ -172,7 +178,11 @@ impl Gw {
         let id = limiter.config().model_id(model).unwrap();
         let (usage, _) = limiter
             .store()
-            .usage(limiter.config(), id, tower_priority_limit::config::PoolRef::Default)
+            .usage(
+                limiter.config(),
+                id,
+                tower_priority_limit::config::PoolRef::Default,
+            )
             .unwrap();
         usage.tokens
     }

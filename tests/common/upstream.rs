@@ -1,0 +1,115 @@
+//! A small OpenAI-shaped upstream for gateway tests, on an ephemeral port. It records what it was
+//! sent. The model name picks a behaviour: `reset` streams two chunks then drops the connection,
+//! `slow` waits 2 s, `fail` answers 500 with an OpenAI error, `html` answers 502 with a non-JSON
+//! page; anything else answers normally (30 tokens), streaming when asked.
+#![allow(dead_code)]
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::{HeaderMap, Response, StatusCode};
+use axum::routing::post;
+use axum::Router;
+use futures_util::StreamExt;
+use serde_json::{json, Value};
+use tower_priority_limit::mock::{chat_completion, chat_completion_stream};
+
+/// One request the upstream received.
+#[derive(Debug, Clone)]
+pub struct Received {
+    pub headers: HeaderMap,
+    pub body: Value,
+}
+
+#[derive(Clone, Default)]
+pub struct Upstream {
+    pub received: Arc<Mutex<Vec<Received>>>,
+}
+
+pub const PIECES: [&str; 3] = ["Hel", "lo ", "there"];
+
+async fn chat(State(up): State<Upstream>, headers: HeaderMap, body: Bytes) -> Response<Body> {
+    let v: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    up.received.lock().unwrap().push(Received {
+        headers,
+        body: v.clone(),
+    });
+    let model = v["model"].as_str().unwrap_or_default().to_owned();
+    let stream = v["stream"].as_bool() == Some(true);
+    let include_usage = v["stream_options"]["include_usage"].as_bool() == Some(true);
+    match model.as_str() {
+        "slow" => tokio::time::sleep(Duration::from_secs(2)).await,
+        "fail" => {
+            return Response::builder()
+                .status(StatusCode::INTERNAL_SERVER_ERROR)
+                .header("content-type", "application/json")
+                .body(Body::from(json!({"error": {"message": "the model is on fire", "type": "server_error", "param": null, "code": null}}).to_string()))
+                .unwrap()
+        }
+        "html" => {
+            return Response::builder()
+                .status(StatusCode::BAD_GATEWAY)
+                .header("content-type", "text/html")
+                .body(Body::from("<html>bad gateway</html>"))
+                .unwrap()
+        }
+        _ => {}
+    }
+    if stream {
+        let events = chat_completion_stream(&model, &PIECES, include_usage);
+        let body = if model == "reset" {
+            // Role chunk and the first content chunk, then the connection breaks.
+            let first: Vec<Result<Bytes, std::io::Error>> =
+                events[..2].iter().cloned().map(Ok).collect();
+            Body::from_stream(
+                futures_util::stream::iter(first).chain(futures_util::stream::once(async {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    Err(std::io::Error::new(
+                        std::io::ErrorKind::ConnectionReset,
+                        "upstream reset",
+                    ))
+                })),
+            )
+        } else {
+            Body::from_stream(futures_util::stream::iter(
+                events.into_iter().map(Ok::<_, std::io::Error>),
+            ))
+        };
+        Response::builder()
+            .header("content-type", "text/event-stream")
+            .body(body)
+            .unwrap()
+    } else {
+        Response::builder()
+            .header("content-type", "application/json")
+            .body(Body::from(
+                chat_completion(&model, "Hello there").to_string(),
+            ))
+            .unwrap()
+    }
+}
+
+impl Upstream {
+    /// Serves on 127.0.0.1; returns the upstream and its `api_base` (`http://…/v1`).
+    pub async fn start() -> (Upstream, String) {
+        let up = Upstream::default();
+        let app = Router::new()
+            .route("/v1/chat/completions", post(chat))
+            .with_state(up.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}/v1", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        (up, base)
+    }
+
+    pub fn last(&self) -> Received {
+        self.received
+            .lock()
+            .unwrap()
+            .last()
+            .cloned()
+            .expect("the upstream was called")
+    }
+}

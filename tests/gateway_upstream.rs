@@ -1,0 +1,161 @@
+//! Proxying to a real local HTTP upstream: name mapping, upstream auth, usage requested on streams
+//! and stripped when the client did not ask, upstream errors and timeouts in the OpenAI shape, and
+//! an upstream that resets mid-stream (the client gets an error, the tokens seen are charged once).
+
+#[path = "common/gateway.rs"]
+mod gateway;
+#[path = "common/upstream.rs"]
+mod upstream;
+
+use gateway::{sse_data, with_master, Gw, MASTER};
+use serde_json::{json, Value};
+use upstream::{Upstream, PIECES};
+
+async fn start() -> (Gw, Upstream) {
+    let (up, base) = Upstream::start().await;
+    std::env::set_var("GW_TEST_UPSTREAM_KEY", "sk-upstream-secret");
+    let yaml = with_master(&format!(
+        r#"
+model_list:
+  - model_name: luna
+    litellm_params: {{model: openai/gpt-x, api_base: "{base}", api_key: os.environ/GW_TEST_UPSTREAM_KEY, tpm: 100000}}
+  - model_name: reset
+    litellm_params: {{model: openai/reset, api_base: "{base}", tpm: 100000}}
+  - model_name: slow
+    litellm_params: {{model: openai/slow, api_base: "{base}", timeout: 0.2}}
+  - model_name: fail
+    litellm_params: {{model: openai/fail, api_base: "{base}"}}
+  - model_name: html
+    litellm_params: {{model: openai/html, api_base: "{base}"}}
+  - model_name: down
+    litellm_params: {{model: openai/x, api_base: "http://127.0.0.1:9"}}
+litellm_settings:
+  callbacks: ["dynamic_rate_limiter_v3"]
+"#
+    ));
+    (Gw::start(&yaml, None).await, up)
+}
+
+#[tokio::test]
+async fn non_streamed_calls_are_proxied_with_the_upstream_name_and_key() {
+    let (gw, up) = start().await;
+    let r = gw.chat(MASTER, "luna", false).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["choices"][0]["message"]["content"], "Hello there");
+    let sent = up.last();
+    assert_eq!(sent.body["model"], "gpt-x", "openai/gpt-x → gpt-x");
+    assert_eq!(sent.body["messages"][0]["content"], "hi");
+    assert_eq!(sent.headers["authorization"], "Bearer sk-upstream-secret");
+    assert_eq!(sent.headers["accept-encoding"], "identity");
+    assert_eq!(gw.tokens("luna"), 30);
+}
+
+#[tokio::test]
+async fn streams_ask_for_usage_and_strip_it_when_the_client_did_not() {
+    let (gw, up) = start().await;
+    let r = gw.chat(MASTER, "luna", true).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.headers["content-type"], "text/event-stream");
+    assert_eq!(
+        up.last().body["stream_options"]["include_usage"],
+        true,
+        "usage requested upstream"
+    );
+    let data = sse_data(r.text());
+    let content: String = data[..data.len() - 1]
+        .iter()
+        .map(|d| serde_json::from_str::<Value>(d).unwrap())
+        .inspect(|c| {
+            assert!(
+                c["choices"].as_array().is_some_and(|c| !c.is_empty()),
+                "usage chunk stripped: {c}"
+            )
+        })
+        .filter_map(|c| {
+            c["choices"][0]["delta"]["content"]
+                .as_str()
+                .map(str::to_owned)
+        })
+        .collect();
+    assert_eq!(content, PIECES.concat());
+    assert_eq!(
+        gw.tokens("luna"),
+        30,
+        "charged from the usage the client never saw"
+    );
+
+    let r = gw
+        .chat_with(
+            MASTER,
+            json!({"model": "luna", "stream": true, "stream_options": {"include_usage": true},
+            "messages": [{"role": "user", "content": "hi"}]}),
+        )
+        .await;
+    let data = sse_data(r.text());
+    let usage: Value = serde_json::from_str(&data[data.len() - 2]).unwrap();
+    assert_eq!(usage["usage"]["total_tokens"], 30, "kept when asked");
+    assert_eq!(gw.tokens("luna"), 60);
+}
+
+#[tokio::test]
+async fn an_upstream_reset_mid_stream_errors_and_charges_what_was_seen_once() {
+    let (gw, _up) = start().await;
+    let body =
+        json!({"model": "reset", "stream": true, "messages": [{"role": "user", "content": "hi"}]})
+            .to_string();
+    let req = http::Request::post(format!("{}/v1/chat/completions", gw.base))
+        .header("authorization", format!("Bearer {MASTER}"))
+        .body(http_body_util::Full::new(bytes::Bytes::from(body.clone())))
+        .unwrap();
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http();
+    let resp = client.request(req).await.unwrap();
+    assert_eq!(resp.status(), 200, "the head went out before the reset");
+    let got = http_body_util::BodyExt::collect(resp.into_body()).await;
+    assert!(
+        got.is_err(),
+        "the client sees the stream break, not a silent clean end"
+    );
+    // Seen: the role chunk and "Hel"; rule: ceil(content bytes / 4) + ceil(request bytes / 4).
+    let want = PIECES[0].len().div_ceil(4) as u64 + body.len().div_ceil(4) as u64;
+    assert_eq!(gw.tokens("reset"), want);
+    // And the gateway keeps serving.
+    assert_eq!(gw.chat(MASTER, "luna", false).await.status, 200);
+    assert_eq!(gw.tokens("reset"), want, "charged once");
+}
+
+#[tokio::test]
+async fn upstream_errors_and_timeouts_in_the_openai_shape() {
+    let (gw, _up) = start().await;
+    let r = gw.chat(MASTER, "fail", false).await;
+    assert_eq!(r.status, 500);
+    assert_eq!(
+        r.error_message(),
+        "Upstream for fail answered 500: the model is on fire"
+    );
+    let r = gw.chat(MASTER, "html", false).await;
+    assert_eq!(r.status, 502);
+    assert_eq!(
+        r.error_message(),
+        "Upstream for html answered 502: <html>bad gateway</html>"
+    );
+    let r = gw.chat(MASTER, "slow", false).await;
+    assert_eq!(r.status, 504);
+    assert_eq!(
+        r.error_message(),
+        "Upstream for slow did not answer within 0.2 s."
+    );
+    let r = gw.chat(MASTER, "down", false).await;
+    assert_eq!(r.status, 502);
+    assert!(
+        r.error_message()
+            .starts_with("Upstream for down is unreachable"),
+        "{}",
+        r.text()
+    );
+    assert_eq!(
+        gw.chat(MASTER, "luna", false).await.status,
+        200,
+        "still serving"
+    );
+}
