@@ -14,6 +14,8 @@ use upstream::{Upstream, PIECES};
 async fn start() -> (Gw, Upstream) {
     let (up, base) = Upstream::start().await;
     std::env::set_var("GW_TEST_UPSTREAM_KEY", "sk-upstream-secret");
+    // The same plain-HTTP server spoken to over TLS: the handshake fails cleanly.
+    let tls_base = base.replace("http://", "https://");
     let yaml = with_master(&format!(
         r#"
 model_list:
@@ -29,6 +31,8 @@ model_list:
     litellm_params: {{model: openai/html, api_base: "{base}"}}
   - model_name: down
     litellm_params: {{model: openai/x, api_base: "http://127.0.0.1:9"}}
+  - model_name: tls
+    litellm_params: {{model: openai/x, api_base: "{tls_base}"}}
 litellm_settings:
   callbacks: ["dynamic_rate_limiter_v3"]
 "#

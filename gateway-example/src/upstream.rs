@@ -9,6 +9,7 @@ use bytes::Bytes;
 use http::header::{ACCEPT_ENCODING, AUTHORIZATION, CONTENT_TYPE};
 use http::{HeaderValue, Request, StatusCode};
 use http_body_util::{BodyExt, Full, Limited};
+use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
@@ -23,17 +24,24 @@ pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Error bodies from upstreams are read up to this size.
 const MAX_ERROR_BODY: usize = 1024 * 1024;
 
-/// The HTTP client shared by every request (pooled connections).
+/// The HTTP client shared by every request (pooled connections; `http://` and `https://`
+/// upstreams, TLS with the Mozilla root store bundled, so no system certificates are needed).
 #[derive(Debug, Clone)]
 pub struct Upstream {
-    client: Client<HttpConnector, Full<Bytes>>,
+    client: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
 }
 
 impl Default for Upstream {
     fn default() -> Self {
-        let mut connector = HttpConnector::new();
-        connector.set_connect_timeout(Some(CONNECT_TIMEOUT));
-        connector.set_nodelay(true);
+        let mut http = HttpConnector::new();
+        http.set_connect_timeout(Some(CONNECT_TIMEOUT));
+        http.set_nodelay(true);
+        http.enforce_http(false);
+        let connector = HttpsConnectorBuilder::new()
+            .with_webpki_roots()
+            .https_or_http()
+            .enable_http1()
+            .wrap_connector(http);
         Self {
             client: Client::builder(TokioExecutor::new()).build(connector),
         }
