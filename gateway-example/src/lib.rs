@@ -24,6 +24,7 @@ use std::sync::Arc;
 use axum::middleware::{from_fn, from_fn_with_state};
 use axum::routing::{get, post};
 use axum::Router;
+use tower::ServiceBuilder;
 use tower_priority_limit::clock::{Clock, CoarseClock};
 use tower_priority_limit::{Limiter, PriorityLimitLayer};
 
@@ -96,18 +97,23 @@ impl Gateway {
 
 /// The gateway's HTTP routes.
 pub fn router(gw: Arc<Gateway>) -> Router {
-    let mut chat = Router::new()
+    let chat = Router::new()
         .route("/chat/completions", post(api::chat::completions))
         .route("/v1/chat/completions", post(api::chat::completions));
-    if gw.config.limiter_enabled {
-        chat = chat.route_layer(
-            PriorityLimitLayer::from_limiter(gw.limiter.clone())
-                .model_extractor(api::chat::ChatModel),
-        );
-    }
-    let chat = chat
-        .route_layer(from_fn(api::chat::strip_usage))
-        .route_layer(from_fn_with_state(gw.clone(), api::chat::prepare));
+    // One stack per route (outermost first), not one boxed route layer each.
+    let prepare = ServiceBuilder::new()
+        .layer(from_fn_with_state(gw.clone(), api::chat::prepare))
+        .layer(from_fn(api::chat::strip_usage));
+    let chat = if gw.config.limiter_enabled {
+        chat.route_layer(
+            prepare.layer(
+                PriorityLimitLayer::from_limiter(gw.limiter.clone())
+                    .model_extractor(api::chat::ChatModel),
+            ),
+        )
+    } else {
+        chat.route_layer(prepare)
+    };
 
     let keyed = Router::new()
         .route("/models", get(api::models::list))

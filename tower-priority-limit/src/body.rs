@@ -97,7 +97,7 @@ where
                 match &frame {
                     Some(Ok(f)) => {
                         if let Some(data) = f.data_ref() {
-                            guard.meter.feed(data);
+                            guard.meter.feed_bytes(data);
                         }
                         // hyper may never poll again once Content-Length is met.
                         if inner.is_end_stream() {

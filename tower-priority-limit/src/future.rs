@@ -205,13 +205,12 @@ where
                         return Poll::Ready(Ok(response.map(ResponseBody::plain)));
                     };
                     let (mut parts, body) = response.into_parts();
-                    let config = this.limiter.config();
-                    let model = config.model(lease.model());
                     insert_admitted_headers(
                         &mut parts.headers,
-                        model,
+                        this.limiter.limit_header_values(),
+                        this.limiter.config(),
+                        lease.model(),
                         lease.pool(),
-                        config.pool_label(lease.pool()),
                         &admitted,
                     );
                     let mut meter = UsageMeter::for_content_type(

@@ -8,6 +8,7 @@ use crate::clock::Clock;
 use crate::config::{LimiterConfig, ModelId, PoolRef};
 use crate::decision::{Admitted, Decision, Rejected};
 use crate::lease::Lease;
+use crate::response::LimitHeaderValues;
 use crate::store::{AdmitRequest, MemoryStore, Store, StoreError};
 
 /// A config and the store that holds its counters. Share it in an [`Arc`](std::sync::Arc): every clone of the
@@ -34,6 +35,8 @@ pub struct Limiter<St = MemoryStore> {
     /// from clients, so this is a fixed, lock-free table: a label already seen costs one hash and
     /// one atomic load; a colliding label may be logged again, never more memory.
     unknown_labels: Box<[AtomicU64]>,
+    /// The config's limits as response header values, formatted once.
+    limit_header_values: LimitHeaderValues,
 }
 
 const UNKNOWN_LABEL_SLOTS: usize = 256;
@@ -72,6 +75,7 @@ impl<St: Store> Limiter<St> {
     /// A limiter over any store built for `config`.
     pub fn with_store(config: LimiterConfig, store: St) -> Self {
         Self {
+            limit_header_values: LimitHeaderValues::new(&config),
             config,
             store,
             unknown_labels: (0..UNKNOWN_LABEL_SLOTS)
@@ -88,6 +92,11 @@ impl<St: Store> Limiter<St> {
     /// The store.
     pub fn store(&self) -> &St {
         &self.store
+    }
+
+    /// The config's limits as response header values.
+    pub fn limit_header_values(&self) -> &LimitHeaderValues {
+        &self.limit_header_values
     }
 
     /// Resolves a priority label to its pool; an unknown label goes to the default pool and is

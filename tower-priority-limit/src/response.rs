@@ -7,7 +7,7 @@ use bytes::Bytes;
 use http::header::{HeaderName, HeaderValue, CONTENT_TYPE, RETRY_AFTER};
 use http::{HeaderMap, Response, StatusCode};
 
-use crate::config::{ModelLimits, PoolRef};
+use crate::config::{pool_index, LimiterConfig, ModelId, ModelLimits, PoolRef};
 use crate::decision::{Admitted, Rejected, Scope};
 
 /// `x-litellm-priority`: the resolved priority label, `default` for the default pool.
@@ -51,8 +51,8 @@ macro_rules! dimension_headers {
     };
 }
 
-const REQUEST_HEADERS: DimensionHeaders = dimension_headers!("requests");
-const TOKEN_HEADERS: DimensionHeaders = dimension_headers!("tokens");
+static REQUEST_HEADERS: DimensionHeaders = dimension_headers!("requests");
+static TOKEN_HEADERS: DimensionHeaders = dimension_headers!("tokens");
 
 /// `{"error": {"message", "type", "param", "code"}}` as bytes, laid out exactly as SPEC §1.6 shows
 /// it (the source product's Python `json.dumps` spacing), so byte-for-byte checks pass.
@@ -164,8 +164,78 @@ fn priority_value(label: Option<&str>) -> HeaderValue {
 
 /// `6s`-style reset duration, rounded up to whole seconds.
 fn reset_value(ms: u64) -> HeaderValue {
-    HeaderValue::from_str(&format!("{}s", ms.div_ceil(1000)))
-        .unwrap_or(HeaderValue::from_static("0s"))
+    let secs = ms.div_ceil(1000);
+    // The default window is 60 s: those values need no allocation.
+    match RESET_SECONDS.get(secs as usize) {
+        Some(s) => HeaderValue::from_static(s),
+        None => {
+            HeaderValue::from_str(&format!("{secs}s")).unwrap_or(HeaderValue::from_static("0s"))
+        }
+    }
+}
+
+static RESET_SECONDS: [&str; 61] = [
+    "0s", "1s", "2s", "3s", "4s", "5s", "6s", "7s", "8s", "9s", "10s", "11s", "12s", "13s", "14s",
+    "15s", "16s", "17s", "18s", "19s", "20s", "21s", "22s", "23s", "24s", "25s", "26s", "27s",
+    "28s", "29s", "30s", "31s", "32s", "33s", "34s", "35s", "36s", "37s", "38s", "39s", "40s",
+    "41s", "42s", "43s", "44s", "45s", "46s", "47s", "48s", "49s", "50s", "51s", "52s", "53s",
+    "54s", "55s", "56s", "57s", "58s", "59s", "60s",
+];
+
+/// Header values that never change for a config: each model's and pool's limits and each pool's
+/// label, formatted once when the limiter is built instead of on every response.
+#[derive(Debug)]
+pub struct LimitHeaderValues {
+    models: Box<[ModelValues]>,
+    /// `x-litellm-priority` per named priority.
+    labels: Box<[HeaderValue]>,
+}
+
+#[derive(Debug)]
+struct ModelValues {
+    /// Model-wide `[rpm, tpm]`.
+    model: [Option<HeaderValue>; 2],
+    /// Per pool (named, then default): `[rpm, tpm]`.
+    pools: Box<[[Option<HeaderValue>; 2]]>,
+}
+
+impl LimitHeaderValues {
+    /// Formats every limit of `config`.
+    pub fn new(config: &LimiterConfig) -> Self {
+        let value = |n: Option<u64>| n.map(HeaderValue::from);
+        let models = config
+            .models()
+            .iter()
+            .map(|m| ModelValues {
+                model: [value(m.rpm), value(m.tpm)],
+                pools: (0..m.pool_count())
+                    .map(|i| {
+                        let pool = if i + 1 == m.pool_count() {
+                            PoolRef::Default
+                        } else {
+                            PoolRef::Named(i as u16)
+                        };
+                        let p = m.pool(pool);
+                        [value(p.and_then(|p| p.rpm)), value(p.and_then(|p| p.tpm))]
+                    })
+                    .collect(),
+            })
+            .collect();
+        let labels = config
+            .priorities()
+            .iter()
+            .map(|l| priority_value(Some(l)))
+            .collect();
+        Self { models, labels }
+    }
+
+    fn label(&self, pool: PoolRef) -> HeaderValue {
+        match pool {
+            PoolRef::Named(i) => self.labels.get(i as usize).cloned(),
+            PoolRef::Default => None,
+        }
+        .unwrap_or_else(|| HeaderValue::from_static("default"))
+    }
 }
 
 /// Adds the rate-limit headers of an admitted request (SPEC §1.6) to `headers`.
@@ -175,12 +245,19 @@ fn reset_value(ms: u64) -> HeaderValue {
 /// strict mode.
 pub fn insert_admitted_headers(
     headers: &mut HeaderMap,
-    model: &ModelLimits,
+    values: &LimitHeaderValues,
+    config: &LimiterConfig,
+    model: ModelId,
     pool: PoolRef,
-    label: Option<&str>,
     a: &Admitted,
 ) {
-    let pool_limits = model.pool(pool);
+    let limits = config.model(model);
+    let Some(cached) = values.models.get(model.index()) else {
+        return;
+    };
+    let pool_limits = limits.pool(pool);
+    let pool_values =
+        pool_limits.and_then(|_| cached.pools.get(pool_index(pool, cached.pools.len())));
     let strict = a.strict && pool_limits.is_some();
     let reset = reset_value(if strict {
         a.pool_resets_in
@@ -192,42 +269,61 @@ pub fn insert_admitted_headers(
     let dimensions = [
         (
             &REQUEST_HEADERS,
-            model.rpm,
+            0,
+            limits.rpm,
             a.model.requests,
             pool_limits.and_then(|p| p.rpm),
             a.pool.map(|u| u.requests),
         ),
         (
             &TOKEN_HEADERS,
-            model.tpm,
+            1,
+            limits.tpm,
             a.model.tokens,
             pool_limits.and_then(|p| p.tpm),
             a.pool.map(|u| u.tokens),
         ),
     ];
-    for (names, model_limit, model_used, pool_limit, pool_used) in dimensions {
+    for (names, dim, model_limit, model_used, pool_limit, pool_used) in dimensions {
+        // Limits come preformatted; each remaining count is formatted once and reused.
         let model_remaining = model_limit.map(|l| l.saturating_sub(model_used));
-        if let (Some(l), Some(r)) = (model_limit, model_remaining) {
-            headers.insert(names.model_limit.clone(), HeaderValue::from(l));
-            headers.insert(names.model_remaining.clone(), HeaderValue::from(r));
-        }
+        let model_values = cached.model[dim]
+            .clone()
+            .zip(model_remaining.map(HeaderValue::from));
         let pool_remaining = pool_limit.zip(pool_used).map(|(l, u)| l.saturating_sub(u));
-        if let (Some(l), Some(r)) = (pool_limit, pool_remaining) {
-            headers.insert(names.pool_limit.clone(), HeaderValue::from(l));
-            headers.insert(names.pool_remaining.clone(), HeaderValue::from(r));
-        }
+        let pool_header_values = pool_values
+            .and_then(|v| v[dim].clone())
+            .zip(pool_remaining.map(HeaderValue::from));
         let effective = if strict {
-            pool_limit.zip(pool_remaining.zip(model_remaining).map(|(p, m)| p.min(m)))
+            match (&pool_header_values, pool_remaining, model_remaining) {
+                (Some((l, r)), Some(p), Some(m)) => Some((
+                    l.clone(),
+                    if p <= m {
+                        r.clone()
+                    } else {
+                        HeaderValue::from(m)
+                    },
+                )),
+                _ => None,
+            }
         } else {
-            model_limit.zip(model_remaining)
+            model_values.clone()
         };
+        if let Some((l, r)) = model_values {
+            headers.insert(&names.model_limit, l);
+            headers.insert(&names.model_remaining, r);
+        }
+        if let Some((l, r)) = pool_header_values {
+            headers.insert(&names.pool_limit, l);
+            headers.insert(&names.pool_remaining, r);
+        }
         if let Some((l, r)) = effective {
-            headers.insert(names.limit.clone(), HeaderValue::from(l));
-            headers.insert(names.remaining.clone(), HeaderValue::from(r));
-            headers.insert(names.reset.clone(), reset.clone());
+            headers.insert(&names.limit, l);
+            headers.insert(&names.remaining, r);
+            headers.insert(&names.reset, reset.clone());
         }
     }
-    headers.insert(X_LITELLM_PRIORITY, priority_value(label));
+    headers.insert(X_LITELLM_PRIORITY, values.label(pool));
 }
 
 #[cfg(test)]

@@ -9,6 +9,9 @@
 use std::fmt;
 use std::marker::PhantomData;
 
+use std::sync::LazyLock;
+
+use memchr::memmem::{Finder, FinderRev};
 use serde::de::value::MapAccessDeserializer;
 use serde::de::{self, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
@@ -112,7 +115,113 @@ pub(crate) struct DocInfo {
 /// Parses one complete JSON document (nothing but whitespace may follow it).
 /// `None` when it is not a JSON object.
 pub(crate) fn parse_doc(bytes: &[u8]) -> Option<DocInfo> {
+    // Most stream chunks carry text and no usage: count their text with a scan instead of a parse
+    // (several times cheaper). Anything carrying a usage object is parsed properly.
+    if !has_usage_object(bytes) {
+        if let Some(content_bytes) = scan_text_bytes(bytes) {
+            return Some(DocInfo {
+                usage: None,
+                content_bytes,
+            });
+        }
+    }
     serde_json::from_slice::<Doc>(bytes).ok().map(Doc::info)
+}
+
+/// Searchers for the keys whose string values are generated text, wherever they appear, and for
+/// `"usage"`; built once (building one costs more than a search).
+static TEXT_KEYS: LazyLock<[Finder<'static>; 4]> = LazyLock::new(|| {
+    [
+        b"\"content\"".as_slice(),
+        b"\"text\"",
+        b"\"arguments\"",
+        b"\"partial_json\"",
+    ]
+    .map(Finder::new)
+});
+static USAGE_KEY: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(b"\"usage\""));
+
+/// Whether `"usage"` is followed by `:` and an object anywhere in `bytes`.
+fn has_usage_object(bytes: &[u8]) -> bool {
+    USAGE_KEY.find_iter(bytes).any(|at| {
+        let rest = skip_ws(&bytes[at + 7..]);
+        rest.strip_prefix(b":")
+            .is_some_and(|r| skip_ws(r).starts_with(b"{"))
+    })
+}
+
+/// Sum of the unescaped UTF-8 lengths of the string values of [`TEXT_KEYS`]; `None` when the
+/// bytes do not look like JSON (then the full parser decides) or a string is cut off.
+fn scan_text_bytes(bytes: &[u8]) -> Option<u64> {
+    if !is_one_object(bytes) {
+        return None;
+    }
+    let mut total = 0u64;
+    for key in TEXT_KEYS.iter() {
+        for at in key.find_iter(bytes) {
+            let rest = skip_ws(&bytes[at + key.needle().len()..]);
+            let Some(rest) = rest.strip_prefix(b":") else {
+                continue; // a string value equal to the key's name, not a key
+            };
+            let rest = skip_ws(rest);
+            if let Some(string) = rest.strip_prefix(b"\"") {
+                total = total.saturating_add(unescaped_len(string)?);
+            }
+        }
+    }
+    Some(total)
+}
+
+/// UTF-8 length of a JSON string's contents, given the bytes after its opening quote.
+fn unescaped_len(s: &[u8]) -> Option<u64> {
+    let mut len = 0u64;
+    let mut i = 0;
+    loop {
+        // Plain bytes up to the next quote or backslash count as they are.
+        let next = memchr::memchr2(b'"', b'\\', s.get(i..)?)?;
+        // Invalid UTF-8 makes the document invalid JSON: let the parser reject it.
+        std::str::from_utf8(&s[i..i + next]).ok()?;
+        len += next as u64;
+        i += next;
+        if s[i] == b'"' {
+            return Some(len);
+        }
+        match *s.get(i + 1)? {
+            b'u' => {
+                let cp = hex4(s.get(i + 2..i + 6)?)?;
+                if (0xD800..0xDC00).contains(&cp) && s.get(i + 6..i + 8) == Some(b"\\u") {
+                    len += 4; // a surrogate pair: one 4-byte character
+                    i += 12;
+                } else {
+                    len += match cp {
+                        0..=0x7F => 1,
+                        0x80..=0x7FF => 2,
+                        _ => 3,
+                    };
+                    i += 6;
+                }
+            }
+            _ => {
+                len += 1;
+                i += 2;
+            }
+        }
+    }
+}
+
+/// Whether `bytes` looks like one whole object: `{` first and `}` last, whitespace aside. A
+/// cheap test, not validation: a stream chunk cut mid-way almost never ends in `}`, and the rare
+/// document that passes without being whole (a data line ending in `}` continued on the next)
+/// only skews the estimate of that one event.
+fn is_one_object(bytes: &[u8]) -> bool {
+    let trimmed = skip_ws(bytes);
+    trimmed.first() == Some(&b'{') && trimmed.trim_ascii_end().last() == Some(&b'}')
+}
+
+fn hex4(digits: &[u8]) -> Option<u32> {
+    std::str::from_utf8(digits)
+        .ok()
+        .and_then(|h| u32::from_str_radix(h, 16).ok())
 }
 
 /// The top-level shape of a chat-completions / completions / Anthropic
@@ -425,6 +534,8 @@ pub(crate) struct JsonMeter {
     /// The whole body while it is at most [`MAX_BODY`] bytes; afterwards its
     /// last [`TAIL`] bytes.
     buf: Vec<u8>,
+    /// A body that arrived as one frame, kept by reference instead of copied.
+    whole: Option<bytes::Bytes>,
     /// Whether the start of the body was dropped.
     truncated: bool,
 }
@@ -432,7 +543,10 @@ pub(crate) struct JsonMeter {
 impl fmt::Debug for JsonMeter {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("JsonMeter")
-            .field("buffered", &self.buf.len())
+            .field(
+                "buffered",
+                &self.whole.as_ref().map_or(self.buf.len(), |b| b.len()),
+            )
             .field("truncated", &self.truncated)
             .finish()
     }
@@ -442,11 +556,25 @@ impl JsonMeter {
     pub(crate) fn new() -> Self {
         JsonMeter {
             buf: Vec::new(),
+            whole: None,
             truncated: false,
         }
     }
 
+    /// Like [`feed`](Self::feed), but a first chunk is kept by reference: most JSON bodies
+    /// arrive in one frame, and then nothing is copied.
+    pub(crate) fn feed_bytes(&mut self, chunk: &bytes::Bytes) {
+        if self.buf.is_empty() && self.whole.is_none() && chunk.len() <= MAX_BODY {
+            self.whole = Some(chunk.clone());
+        } else {
+            self.feed(chunk);
+        }
+    }
+
     pub(crate) fn feed(&mut self, chunk: &[u8]) {
+        if let Some(first) = self.whole.take() {
+            self.feed(&first);
+        }
         if !self.truncated {
             if self.buf.len().saturating_add(chunk.len()) <= MAX_BODY {
                 self.buf.extend_from_slice(chunk);
@@ -471,16 +599,23 @@ impl JsonMeter {
     /// `Some(usage)` if found, else the generated-text bytes (0 when the body
     /// is not parseable).
     pub(crate) fn inspect(&self) -> Result<Usage, u64> {
+        let buf = self.whole.as_deref().unwrap_or(&self.buf);
+        // Usage comes last in OpenAI and Anthropic bodies: look for it there first, which costs a
+        // fraction of parsing the whole document. Only a body without usage is parsed in full, for
+        // the estimate.
+        if let Some(usage) = find_last_usage(buf) {
+            return Ok(usage);
+        }
         let mut content = 0;
         if !self.truncated {
-            if let Some(info) = parse_doc(&self.buf) {
+            if let Some(info) = parse_doc(buf) {
                 match info.usage {
                     Some(u) => return Ok(u),
                     None => content = info.content_bytes,
                 }
             }
         }
-        find_last_usage(&self.buf).ok_or(content)
+        Err(content)
     }
 
     #[cfg(test)]
@@ -493,7 +628,8 @@ impl JsonMeter {
 /// meaningful usage, tolerating whatever follows that object.
 pub(crate) fn find_last_usage(buf: &[u8]) -> Option<Usage> {
     const KEY: &[u8] = b"\"usage\"";
-    for at in memchr::memmem::rfind_iter(buf, KEY) {
+    static REVERSE: LazyLock<FinderRev<'static>> = LazyLock::new(|| FinderRev::new(KEY));
+    for at in REVERSE.rfind_iter(buf) {
         let rest = skip_ws(&buf[at + KEY.len()..]);
         let Some(rest) = rest.strip_prefix(b":") else {
             continue;
@@ -517,6 +653,63 @@ fn skip_ws(mut b: &[u8]) -> &[u8] {
         b = rest;
     }
     b
+}
+
+#[cfg(test)]
+mod scan_tests {
+    use super::*;
+
+    /// The scan agrees with the full parse on what both read.
+    #[test]
+    fn scan_matches_parse() {
+        let docs: [&[u8]; 6] = [
+            br#"{"choices":[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}]}"#,
+            br#"{"choices":[{"delta":{"content":"h\u00e9llo \"w\"\n\ud83d\ude80 \u20ac"}}]}"#,
+            br#"{"choices":[{"delta":{"tool_calls":[{"function":{"arguments":"{\"a\":1}"}}]}}]}"#,
+            br#"{"type":"content_block_delta","delta":{"type":"text_delta","text":"Hi there"}}"#,
+            br#"{"content":[{"type":"text","text":"Hello"}],"role":"assistant"}"#,
+            br#"{"choices":[{"text":"legacy completion"}],"usage":null}"#,
+        ];
+        for doc in docs {
+            let parsed = serde_json::from_slice::<Doc>(doc)
+                .unwrap()
+                .info()
+                .content_bytes;
+            assert_eq!(
+                scan_text_bytes(doc),
+                Some(parsed),
+                "{}",
+                String::from_utf8_lossy(doc)
+            );
+        }
+    }
+
+    #[test]
+    fn usage_objects_go_to_the_parser() {
+        assert!(has_usage_object(
+            br#"{"choices":[],"usage": {"total_tokens":3}}"#
+        ));
+        assert!(!has_usage_object(br#"{"choices":[],"usage":null}"#));
+        assert_eq!(scan_text_bytes(b"[DONE]"), None);
+        assert_eq!(scan_text_bytes(br#"{"content":"cut off"#), None);
+        assert_eq!(scan_text_bytes(br#"{"content":"a"}"#), Some(1));
+        assert_eq!(
+            scan_text_bytes(b"{\"content\":\"a\"}\n1"),
+            None,
+            "trailing bytes"
+        );
+        assert_eq!(scan_text_bytes(br#"{"usage":"#), None, "cut after a key");
+        assert_eq!(
+            scan_text_bytes(br#"{"text":"a\"}"#),
+            None,
+            "escaped quote does not close"
+        );
+        assert_eq!(
+            scan_text_bytes(b"{\"text\":\"\xff\"}"),
+            None,
+            "invalid UTF-8"
+        );
+    }
 }
 
 #[cfg(test)]

@@ -18,9 +18,11 @@
 //!   Lines longer than 1 MiB are skipped (their event too, if it was a `data`
 //!   line), so memory stays bounded whatever the stream.
 //! * **JSON** (anything else): up to 4 MiB of the body is kept; past that only
-//!   its last 64 KiB (usage comes last in OpenAI and Anthropic bodies). The
-//!   kept bytes are parsed when [`UsageMeter::tokens`] is called; if they are
-//!   not a whole JSON document, the last `"usage": {...}` in them is used.
+//!   its last 64 KiB (usage comes last in OpenAI and Anthropic bodies). A body
+//!   that arrives in one frame is kept by reference, not copied. When
+//!   [`UsageMeter::tokens`] is called, the last `"usage": {...}` object in the
+//!   kept bytes is read (a cheap scan from the end); only a body without one is
+//!   parsed as a whole, for the estimate.
 //!
 //! # Reported usage
 //!
@@ -153,6 +155,15 @@ impl UsageMeter {
         }
     }
 
+    /// [`feed`](Self::feed) for a chunk already in [`Bytes`](bytes::Bytes): a JSON body that
+    /// arrives in one frame is then kept by reference, not copied.
+    pub fn feed_bytes(&mut self, chunk: &bytes::Bytes) {
+        match &mut self.body {
+            Body::Sse(m) => m.feed(chunk),
+            Body::Json(m) => m.feed_bytes(chunk),
+        }
+    }
+
     /// Tokens so far: Reported if any usage object was seen (see the
     /// [module docs](self#reported-usage) for how several are combined), else
     /// Estimated. Callable at any time (end of stream, on error, on drop
@@ -188,6 +199,20 @@ mod tests {
     use super::sse::tests::{content_bytes, openai_stream};
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn feed_bytes_is_feed_without_the_copy() {
+        let body = br#"{"choices":[],"usage":{"prompt_tokens":10,"completion_tokens":20,"total_tokens":30}}"#;
+        for at in 0..=body.len() {
+            let mut m = UsageMeter::json();
+            m.feed_bytes(&bytes::Bytes::copy_from_slice(&body[..at]));
+            m.feed_bytes(&bytes::Bytes::copy_from_slice(&body[at..]));
+            assert_eq!(m.tokens(), Tokens::Reported(30), "split at {at}");
+        }
+        let mut m = UsageMeter::json();
+        m.feed_bytes(&bytes::Bytes::from_static(body));
+        assert_eq!(m.tokens(), Tokens::Reported(30));
+    }
 
     #[test]
     fn content_type_selection() {

@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# HTTP load on the gateway with oha: limiter on vs. off (`callbacks: []`), streaming and not.
+#
+#   benches/load.sh [seconds per run, default 8] [concurrency, default 64] [rounds, default 3]
+#
+# Builds the gateway in release mode and starts two instances, one with the limiter and one
+# without, serving mock_response deployments with limits far above what the run can send (nothing
+# is refused, both do the same work). Runs alternate on/off so machine noise hits both alike; the
+# ratio is taken between medians. Only loopback addresses are used. Installs oha when missing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+SECS=${1:-8}
+CONC=${2:-64}
+ROUNDS=${3:-3}
+# The gateway and oha each get their own core, so the figures measure the gateway, not the load
+# generator parsing the limiter's 15 response headers on the same core.
+GW_CPU=${GW_CPU:-1}
+OHA_CPU=${OHA_CPU:-0}
+command -v oha >/dev/null || cargo install --locked oha
+cargo build --release -q -p gateway-example
+BIN=target/release/gateway-example
+TMP=$(mktemp -d)
+trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$TMP"' EXIT
+
+config() { # $1 = callbacks list
+  cat <<YAML
+model_list:
+  - model_name: load-model
+    litellm_params: {model: openai/load-model, mock_response: "hello from the load test", rpm: 1000000000, tpm: 1000000000000}
+litellm_settings:
+  callbacks: $1
+  priority_reservation: {prod: 0.9, dev: 0.1}
+  priority_reservation_settings: {default_priority: 0.25, saturation_threshold: 0.5}
+general_settings:
+  master_key: sk-load-master
+YAML
+}
+
+declare -A PORT=([on]=4101 [off]=4102) KEY
+for mode in on off; do
+  [ $mode = on ] && cb='["dynamic_rate_limiter_v3"]' || cb='[]'
+  config "$cb" > "$TMP/$mode.yaml"
+  RUST_LOG=error taskset -c "$GW_CPU" "$BIN" --config "$TMP/$mode.yaml" --host 127.0.0.1 --port "${PORT[$mode]}" --data-dir "$TMP/$mode-data" &
+  for _ in $(seq 100); do curl -sf "http://127.0.0.1:${PORT[$mode]}/health/liveliness" >/dev/null && break; sleep 0.1; done
+  KEY[$mode]=$(curl -sf "http://127.0.0.1:${PORT[$mode]}/key/generate" -H 'authorization: Bearer sk-load-master' \
+        -d '{"metadata": {"priority": "prod"}}' | sed -E 's/.*"key":"([^"]+)".*/\1/')
+done
+
+echo "oha -z ${SECS}s -c $CONC, $ROUNDS rounds; gateway pinned to CPU $GW_CPU, oha to CPU $OHA_CPU"
+for round in $(seq "$ROUNDS"); do
+  for stream in false true; do
+    for mode in on off; do
+      body="{\"model\":\"load-model\",\"stream\":$stream,\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}"
+      taskset -c "$OHA_CPU" oha --no-tui -z "${SECS}s" -c "$CONC" -m POST -T application/json -H "authorization: Bearer ${KEY[$mode]}" \
+          -d "$body" --output-format json "http://127.0.0.1:${PORT[$mode]}/v1/chat/completions" > "$TMP/$mode-$stream-$round.json"
+    done
+  done
+done
+
+python3 - "$TMP" "$ROUNDS" <<'PY'
+import json, statistics, sys
+d, rounds = sys.argv[1], int(sys.argv[2])
+for stream in ("false", "true"):
+    med = {}
+    for mode in ("on", "off"):
+        runs = [json.load(open(f"{d}/{mode}-{stream}-{r}.json")) for r in range(1, rounds + 1)]
+        rps = [r["summary"]["requestsPerSec"] for r in runs]
+        p50 = statistics.median(r["latencyPercentiles"]["p50"] * 1000 for r in runs)
+        p99 = statistics.median(r["latencyPercentiles"]["p99"] * 1000 for r in runs)
+        ok = all(set(r.get("statusCodeDistribution", {})) == {"200"} for r in runs)
+        med[mode] = statistics.median(rps)
+        print(f"{mode:>3} stream={stream:<5} rps median={med[mode]:8.0f} (runs {', '.join(f'{x:.0f}' for x in rps)}) "
+              f"p50={p50:5.2f}ms p99={p99:5.2f}ms all-200={ok}")
+    print(f"    stream={stream:<5} limiter on / off = {med['on'] / med['off']:.3f}")
+PY
