@@ -26,6 +26,7 @@ use axum::routing::{get, post};
 use axum::Router;
 use tower::ServiceBuilder;
 use tower_priority_limit::clock::{Clock, CoarseClock};
+use tower_priority_limit::model::ModelName;
 use tower_priority_limit::{Limiter, PriorityLimitLayer};
 
 use crate::config::{Deployment, GatewayConfig};
@@ -47,8 +48,8 @@ pub struct Gateway {
     pub data_dir: Option<PathBuf>,
     /// The HTTP client for upstreams.
     pub upstream: Upstream,
-    /// Model name → indices of its deployments.
-    groups: HashMap<String, Vec<usize>>,
+    /// Model name → its shared name and the indices of its deployments.
+    groups: HashMap<String, (ModelName, Vec<usize>)>,
 }
 
 impl Gateway {
@@ -68,9 +69,13 @@ impl Gateway {
             None => KeyStore::in_memory(),
         };
         let limiter = Arc::new(Limiter::with_clock(config.limiter.clone(), clock));
-        let mut groups: HashMap<String, Vec<usize>> = HashMap::new();
+        let mut groups: HashMap<String, (ModelName, Vec<usize>)> = HashMap::new();
         for (i, d) in config.deployments.iter().enumerate() {
-            groups.entry(d.model_name.clone()).or_default().push(i);
+            groups
+                .entry(d.model_name.clone())
+                .or_insert_with(|| (ModelName::from(d.model_name.as_str()), Vec::new()))
+                .1
+                .push(i);
         }
         Ok(Self {
             master_key_hash: config.master_key.as_deref().map(hash_key),
@@ -86,7 +91,14 @@ impl Gateway {
     /// The deployment that serves `model` (the group's first; routing across a group is its own
     /// piece of work).
     pub fn deployment_index(&self, model: &str) -> Option<usize> {
-        self.groups.get(model).and_then(|g| g.first().copied())
+        self.group(model).map(|(_, i)| i)
+    }
+
+    /// The group's name (shared, so a request holds it without copying) and the deployment that
+    /// serves it.
+    pub fn group(&self, model: &str) -> Option<(&ModelName, usize)> {
+        let (name, deployments) = self.groups.get(model)?;
+        Some((name, *deployments.first()?))
     }
 
     /// The deployment at `index`.

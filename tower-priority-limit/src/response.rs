@@ -17,7 +17,8 @@ pub const X_LITELLM_SATURATION: HeaderName = HeaderName::from_static("x-litellm-
 /// `rate_limit_type` on 429s: `requests` or `tokens`.
 pub const RATE_LIMIT_TYPE: HeaderName = HeaderName::from_static("rate_limit_type");
 
-/// The admitted-response header names of one dimension.
+/// The admitted-response header names of one dimension. Used as consts and moved into the map:
+/// no clone, no drop.
 struct DimensionHeaders {
     model_limit: HeaderName,
     model_remaining: HeaderName,
@@ -51,8 +52,8 @@ macro_rules! dimension_headers {
     };
 }
 
-static REQUEST_HEADERS: DimensionHeaders = dimension_headers!("requests");
-static TOKEN_HEADERS: DimensionHeaders = dimension_headers!("tokens");
+const REQUEST_HEADERS: DimensionHeaders = dimension_headers!("requests");
+const TOKEN_HEADERS: DimensionHeaders = dimension_headers!("tokens");
 
 /// `{"error": {"message", "type", "param", "code"}}` as bytes, laid out exactly as SPEC §1.6 shows
 /// it (the source product's Python `json.dumps` spacing), so byte-for-byte checks pass.
@@ -268,7 +269,7 @@ pub fn insert_admitted_headers(
     headers.reserve(16);
     let dimensions = [
         (
-            &REQUEST_HEADERS,
+            REQUEST_HEADERS,
             0,
             limits.rpm,
             a.model.requests,
@@ -276,7 +277,7 @@ pub fn insert_admitted_headers(
             a.pool.map(|u| u.requests),
         ),
         (
-            &TOKEN_HEADERS,
+            TOKEN_HEADERS,
             1,
             limits.tpm,
             a.model.tokens,
@@ -310,17 +311,17 @@ pub fn insert_admitted_headers(
             model_values.clone()
         };
         if let Some((l, r)) = model_values {
-            headers.insert(&names.model_limit, l);
-            headers.insert(&names.model_remaining, r);
+            headers.insert(names.model_limit, l);
+            headers.insert(names.model_remaining, r);
         }
         if let Some((l, r)) = pool_header_values {
-            headers.insert(&names.pool_limit, l);
-            headers.insert(&names.pool_remaining, r);
+            headers.insert(names.pool_limit, l);
+            headers.insert(names.pool_remaining, r);
         }
         if let Some((l, r)) = effective {
-            headers.insert(&names.limit, l);
-            headers.insert(&names.remaining, r);
-            headers.insert(&names.reset, reset.clone());
+            headers.insert(names.limit, l);
+            headers.insert(names.remaining, r);
+            headers.insert(names.reset, reset.clone());
         }
     }
     headers.insert(X_LITELLM_PRIORITY, values.label(pool));

@@ -132,7 +132,7 @@ async fn validate(gw: &Gateway, caller: &Caller, request: Request) -> Result<Req
         )
         .param("messages"));
     }
-    let Some(deployment) = gw.deployment_index(&model) else {
+    let Some((name, deployment)) = gw.group(&model) else {
         return Err(ApiError::bad_request(format!(
             "Invalid model name passed in model={model}. Available models: {}",
             gw.config.model_names().join(", ")
@@ -158,7 +158,7 @@ async fn validate(gw: &Gateway, caller: &Caller, request: Request) -> Result<Req
         .and_then(Value::as_bool)
         == Some(true);
     parts.extensions.insert(ChatRequest {
-        model: ModelName::from(model),
+        model: name.clone(),
         deployment,
         stream,
         include_usage,
