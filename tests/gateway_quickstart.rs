@@ -95,3 +95,38 @@ async fn streamed_the_same_and_the_usage_chunk_only_when_asked() {
     assert_eq!(r.status, 429, "the third request is refused");
     assert_eq!(r.text(), EXACT_429);
 }
+
+/// Like the `openai` Python client: read the stream up to `data: [DONE]`, then send the next
+/// request at once. The finished stream is already charged, so the third request is refused.
+#[tokio::test]
+async fn a_client_that_stops_at_done_is_charged_before_its_next_request() {
+    use http_body_util::BodyExt;
+    let gw = Gw::start(&config(), None).await;
+    let key = gw.new_key(json!({})).await;
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http::<http_body_util::Full<bytes::Bytes>>();
+    for round in 0..2 {
+        let body = json!({"model": "my-fake-model", "stream": true, "messages": [{"role": "user", "content": "hi"}]});
+        let req = http::Request::post(format!("{}/v1/chat/completions", gw.base))
+            .header("authorization", format!("Bearer {key}"))
+            .body(http_body_util::Full::new(bytes::Bytes::from(
+                body.to_string(),
+            )))
+            .unwrap();
+        let resp = client.request(req).await.unwrap();
+        assert_eq!(resp.status(), 200, "round {round}");
+        let mut body = resp.into_body();
+        let mut seen = Vec::new();
+        while !String::from_utf8_lossy(&seen).contains("data: [DONE]") {
+            let frame = body.frame().await.unwrap().unwrap();
+            if let Some(d) = frame.data_ref() {
+                seen.extend_from_slice(d);
+            }
+        }
+        // The body is left unread past [DONE] while the next request goes out.
+        std::mem::forget(body);
+    }
+    let r = gw.chat(&key, "my-fake-model", false).await;
+    assert_eq!(r.status, 429, "{}", r.text());
+    assert_eq!(r.text(), EXACT_429);
+}

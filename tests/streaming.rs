@@ -314,3 +314,40 @@ async fn client_disconnect_over_http_charges_what_was_streamed() {
     assert_eq!(tokens(&limiter), want);
     assert_eq!(settles(&limiter), 1);
 }
+
+/// A client that reads up to `data: [DONE]` may send its next request before the body closes:
+/// the request is settled at `[DONE]`, not when the connection gets round to ending the body.
+#[tokio::test]
+async fn settles_at_done_before_the_body_closes() {
+    let events = sse_events(true);
+    let chunks: Chunks = events.iter().map(|e| Ok(Bytes::from(e.clone()))).collect();
+    let n = chunks.len();
+    let limiter = limiter();
+    let mut svc = svc(&limiter, Arc::new(Mutex::new(vec![(chunks, true)])));
+    let req = Request::post("/").body(Full::new(request_body())).unwrap();
+    let mut body = svc
+        .ready()
+        .await
+        .unwrap()
+        .call(req)
+        .await
+        .unwrap()
+        .into_body();
+    for _ in 0..n - 1 {
+        body.frame().await.unwrap().unwrap();
+    }
+    assert_eq!(
+        settles(&limiter),
+        0,
+        "usage seen, but the stream is not over yet"
+    );
+    body.frame().await.unwrap().unwrap(); // data: [DONE]
+    assert_eq!(
+        settles(&limiter),
+        1,
+        "settled at [DONE], the body still open"
+    );
+    assert_eq!(tokens(&limiter), 30);
+    drop(body);
+    assert_eq!(settles(&limiter), 1, "and not again on drop");
+}

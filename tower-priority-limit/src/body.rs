@@ -99,8 +99,9 @@ where
                         if let Some(data) = f.data_ref() {
                             guard.meter.feed_bytes(data);
                         }
-                        // hyper may never poll again once Content-Length is met.
-                        if inner.is_end_stream() {
+                        // hyper may never poll again once Content-Length is met, and a client
+                        // that read `[DONE]` may send its next request before the body closes.
+                        if inner.is_end_stream() || guard.meter.is_finished() {
                             guard.settle();
                         }
                     }

@@ -164,6 +164,16 @@ impl UsageMeter {
         }
     }
 
+    /// Whether the body announced its own end (`data: [DONE]`, Anthropic's `message_stop`):
+    /// nothing after that changes the count, so the request can be settled at once instead of when
+    /// the connection finally closes the body (a client may send its next request first).
+    pub fn is_finished(&self) -> bool {
+        match &self.body {
+            Body::Sse(m) => m.is_finished(),
+            Body::Json(_) => false,
+        }
+    }
+
     /// Tokens so far: Reported if any usage object was seen (see the
     /// [module docs](self#reported-usage) for how several are combined), else
     /// Estimated. Callable at any time (end of stream, on error, on drop
@@ -199,6 +209,21 @@ mod tests {
     use super::sse::tests::{content_bytes, openai_stream};
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn done_marks_the_stream_finished() {
+        let mut m = UsageMeter::sse();
+        m.feed(b"data: {\"choices\":[],\"usage\":{\"total_tokens\":30}}\n\n");
+        assert!(!m.is_finished());
+        m.feed(b"data: [DO");
+        assert!(!m.is_finished(), "not before the whole line");
+        m.feed(b"NE]\n\n");
+        assert!(m.is_finished());
+        let mut m = UsageMeter::sse();
+        m.feed(b"event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n");
+        assert!(m.is_finished());
+        assert!(!UsageMeter::json().is_finished());
+    }
 
     #[test]
     fn feed_bytes_is_feed_without_the_copy() {

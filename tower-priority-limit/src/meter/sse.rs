@@ -53,6 +53,8 @@ pub struct SseMeter {
     usage: Option<Usage>,
     /// Generated-text bytes seen in dispatched events.
     content_bytes: u64,
+    /// The stream said it is over (`data: [DONE]`, or Anthropic's `message_stop`).
+    finished: bool,
 }
 
 /// The state of the event being gathered (its data lines so far).
@@ -99,6 +101,7 @@ impl SseMeter {
             event_data: Vec::new(),
             usage: None,
             content_bytes: 0,
+            finished: false,
         }
     }
 
@@ -128,6 +131,12 @@ impl SseMeter {
             chunk = &chunk[next..];
         }
         self.carry(chunk);
+    }
+
+    /// Whether the stream announced its end: nothing after it can change the count, so the
+    /// caller may settle without waiting for the body to close.
+    pub(crate) fn is_finished(&self) -> bool {
+        self.finished
     }
 
     /// Usage merged over everything seen (including a complete event not yet
@@ -231,6 +240,9 @@ impl SseMeter {
     }
 
     fn data_line(&mut self, value: &[u8]) {
+        if is_end_marker(value) {
+            self.finished = true;
+        }
         match self.event {
             Event::Empty => match parse_doc(value) {
                 Some(info) => self.event = Event::Parsed(info),
@@ -284,6 +296,12 @@ impl SseMeter {
 }
 
 /// The value of a `data` field line, or `None` for any other line.
+/// `[DONE]` (OpenAI) or `{"type":"message_stop"}` (Anthropic): the last event of a stream.
+fn is_end_marker(value: &[u8]) -> bool {
+    let v = value.trim_ascii();
+    v == b"[DONE]" || (v.len() < 64 && memchr::memmem::find(v, b"\"message_stop\"").is_some())
+}
+
 fn data_value(line: &[u8]) -> Option<&[u8]> {
     match line.strip_prefix(b"data") {
         Some([]) => Some(&[]),
