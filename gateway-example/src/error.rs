@@ -55,6 +55,17 @@ impl ApiError {
     }
 }
 
+impl From<tower_priority_limit::model::ExtractRejection> for ApiError {
+    fn from(r: tower_priority_limit::model::ExtractRejection) -> Self {
+        Self {
+            status: r.status,
+            kind: "invalid_request_error",
+            message: r.message,
+            param: r.param,
+        }
+    }
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         error_response(self.status, self.kind, &self.message, self.param).map(Body::from)

@@ -192,6 +192,42 @@ pub fn model_from_json(body: &Bytes) -> Result<ModelName, ExtractRejection> {
     Err(rejection)
 }
 
+/// Reads a whole request body, bounded: a declared `Content-Length` over `limit` is refused before
+/// reading, a body that grows past it while streaming is cut off; both are 413s. Other read
+/// failures are 400s.
+pub async fn read_body<B>(
+    request: Request<B>,
+    limit: usize,
+) -> Result<(http::request::Parts, Bytes), ExtractRejection>
+where
+    B: Body,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let too_large = || {
+        ExtractRejection::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("Request body is larger than the limit of {limit} bytes."),
+        )
+    };
+    let declared = request
+        .headers()
+        .get(CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit as u64) {
+        return Err(too_large());
+    }
+    let (parts, body) = request.into_parts();
+    match Limited::new(body, limit).collect().await {
+        Ok(collected) => Ok((parts, collected.to_bytes())),
+        Err(e) if e.is::<LengthLimitError>() => Err(too_large()),
+        Err(e) => Err(ExtractRejection::new(
+            StatusCode::BAD_REQUEST,
+            format!("Could not read the request body: {e}"),
+        )),
+    }
+}
+
 impl<B> ModelExtractor<B> for JsonBodyModel
 where
     B: Body + From<Bytes> + Send + 'static,
@@ -210,31 +246,7 @@ where
             })));
         }
         Box::pin(async move {
-            let too_large = || {
-                ExtractRejection::new(
-                    StatusCode::PAYLOAD_TOO_LARGE,
-                    format!("Request body is larger than the limit of {limit} bytes."),
-                )
-            };
-            let declared = request
-                .headers()
-                .get(CONTENT_LENGTH)
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.parse::<u64>().ok());
-            if declared.is_some_and(|n| n > limit as u64) {
-                return Err(too_large());
-            }
-            let (parts, body) = request.into_parts();
-            let bytes = match Limited::new(body, limit).collect().await {
-                Ok(collected) => collected.to_bytes(),
-                Err(e) if e.is::<LengthLimitError>() => return Err(too_large()),
-                Err(e) => {
-                    return Err(ExtractRejection::new(
-                        StatusCode::BAD_REQUEST,
-                        format!("Could not read the request body: {e}"),
-                    ))
-                }
-            };
+            let (parts, bytes) = read_body(request, limit).await?;
             let model = model_from_json(&bytes)?;
             // Rough prompt size for streams that never report usage: 4 bytes per token.
             let prompt_estimate = (bytes.len() as u64).div_ceil(4);

@@ -13,12 +13,13 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::Extension;
 use bytes::Bytes;
-use http::header::{CONTENT_LENGTH, CONTENT_TYPE};
+use http::header::CONTENT_TYPE;
 use http::StatusCode;
-use http_body_util::{BodyExt, LengthLimitError, Limited};
 use serde_json::Value;
 use tower_priority_limit::mock::{chat_completion, chat_completion_stream};
-use tower_priority_limit::model::{ExtractRejection, Extracted, ModelExtractor, ModelName};
+use tower_priority_limit::model::{
+    read_body, ExtractRejection, Extracted, ModelExtractor, ModelName,
+};
 
 use super::auth::Caller;
 use crate::config::Target;
@@ -62,36 +63,6 @@ impl ModelExtractor<Body> for ChatModel {
     }
 }
 
-async fn read_body(
-    gw: &Gateway,
-    request: Request,
-) -> Result<(http::request::Parts, Bytes), ApiError> {
-    let limit = gw.config.max_request_bytes;
-    let too_large = || {
-        ApiError::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "invalid_request_error",
-            format!("Request body is larger than the limit of {limit} bytes."),
-        )
-    };
-    let declared = request
-        .headers()
-        .get(CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > limit as u64) {
-        return Err(too_large());
-    }
-    let (parts, body) = request.into_parts();
-    match Limited::new(body, limit).collect().await {
-        Ok(c) => Ok((parts, c.to_bytes())),
-        Err(e) if e.is::<LengthLimitError>() => Err(too_large()),
-        Err(e) => Err(ApiError::bad_request(format!(
-            "Could not read the request body: {e}"
-        ))),
-    }
-}
-
 /// Validates a chat request and leaves a [`ChatRequest`] for the limiter and the handler.
 pub async fn prepare(
     State(gw): State<Arc<Gateway>>,
@@ -106,7 +77,7 @@ pub async fn prepare(
 }
 
 async fn validate(gw: &Gateway, caller: &Caller, request: Request) -> Result<Request, ApiError> {
-    let (mut parts, bytes) = read_body(gw, request).await?;
+    let (mut parts, bytes) = read_body(request, gw.config.max_request_bytes).await?;
     let body: Value = serde_json::from_slice(&bytes)
         .map_err(|e| ApiError::bad_request(format!("Invalid JSON in request body: {e}")))?;
     if !body.is_object() {
