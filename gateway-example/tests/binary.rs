@@ -1,0 +1,149 @@
+//! The `gateway-example` binary itself: `--help`, a bad config's error, and graceful shutdown on
+//! SIGTERM with a request in flight.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+const BIN: &str = env!("CARGO_BIN_EXE_gateway-example");
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+#[test]
+fn help_explains_every_option() {
+    let out = Command::new(BIN).arg("--help").output().unwrap();
+    assert!(out.status.success());
+    let help = String::from_utf8(out.stdout).unwrap();
+    for option in ["--config", "--host", "--port", "--data-dir"] {
+        assert!(help.contains(option), "{option} missing from:\n{help}");
+    }
+}
+
+#[test]
+fn an_invalid_config_names_the_yaml_path_and_exits_non_zero() {
+    let dir = std::env::temp_dir().join(format!("gw-bin-bad-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = dir.join("bad.yaml");
+    std::fs::write(
+        &config,
+        "model_list: [{model_name: m, litellm_params: {model: x, mock_response: hi}}]\n\
+         litellm_settings: {priority_reservation: {dev: {type: rpx, value: 1}}}\n",
+    )
+    .unwrap();
+    let out = Command::new(BIN)
+        .arg("--config")
+        .arg(&config)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(r#"litellm_settings.priority_reservation.dev.type: unknown type "rpx", expected percent|rpm|tpm"#),
+        "{err}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A slow upstream answers after 800 ms; SIGTERM arrives while the request is in flight. The
+/// request still completes, then the process exits cleanly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_lets_in_flight_requests_finish() {
+    use axum::routing::post;
+    let upstream = axum::Router::new().route(
+        "/v1/chat/completions",
+        post(|| async {
+            tokio::time::sleep(Duration::from_millis(800)).await;
+            axum::Json(tower_priority_limit::mock::chat_completion("slow", "done"))
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let upstream_addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, upstream).await.unwrap() });
+
+    let dir = std::env::temp_dir().join(format!("gw-bin-term-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = dir.join("gw.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "model_list: [{{model_name: slow, litellm_params: {{model: openai/slow, api_base: \"http://{upstream_addr}/v1\"}}}}]\n\
+             general_settings: {{master_key: sk-test}}\n"
+        ),
+    )
+    .unwrap();
+    let port = free_port();
+    let mut child = Command::new(BIN)
+        .args([
+            "--config",
+            config.to_str().unwrap(),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            &port.to_string(),
+        ])
+        .arg("--data-dir")
+        .arg(dir.join("data"))
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    // Wait until it listens (logs go to stdout).
+    let stdout = child.stdout.take().unwrap();
+    let mut lines = BufReader::new(stdout).lines();
+    loop {
+        let line = lines
+            .next()
+            .expect("the gateway logs before exiting")
+            .unwrap();
+        if line.contains("listening on") {
+            break;
+        }
+    }
+    let log_rest =
+        std::thread::spawn(move || lines.map_while(Result::ok).collect::<Vec<_>>().join("\n"));
+
+    let request = tokio::spawn(async move {
+        let client =
+            hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+                .build_http::<http_body_util::Full<bytes::Bytes>>();
+        let req = http::Request::post(format!("http://127.0.0.1:{port}/v1/chat/completions"))
+            .header("authorization", "Bearer sk-test")
+            .body(http_body_util::Full::new(bytes::Bytes::from_static(
+                br#"{"model":"slow","messages":[{"role":"user","content":"hi"}]}"#,
+            )))
+            .unwrap();
+        let resp = client.request(req).await.unwrap();
+        let status = resp.status();
+        let body = http_body_util::BodyExt::collect(resp.into_body())
+            .await
+            .unwrap()
+            .to_bytes();
+        (status, body)
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let killed = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+
+    let (status, body) = request.await.unwrap();
+    assert_eq!(status, 200, "the in-flight request finished: {body:?}");
+    let exit = tokio::task::spawn_blocking(move || child.wait().unwrap())
+        .await
+        .unwrap();
+    assert!(exit.success(), "clean exit: {exit:?}");
+    let log = log_rest.join().unwrap();
+    assert!(
+        log.contains("shutting down") && log.contains("stopped"),
+        "{log}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
