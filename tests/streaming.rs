@@ -134,6 +134,19 @@ fn split(whole: &[u8], at: usize) -> Chunks {
     ]
 }
 
+/// Starts one response streaming `chunks` (then hanging if `then_pending`) through the layer.
+async fn open_body(limiter: &Arc<TestLimiter>, chunks: Chunks, then_pending: bool) -> Body {
+    let mut svc = svc(limiter, Arc::new(Mutex::new(vec![(chunks, then_pending)])));
+    let req = Request::post("/").body(Full::new(request_body())).unwrap();
+    svc.ready()
+        .await
+        .unwrap()
+        .call(req)
+        .await
+        .unwrap()
+        .into_body()
+}
+
 async fn run_to_end<S>(svc: &mut S) -> Result<Bytes, String>
 where
     S: Service<Request<Full<Bytes>>, Error = Infallible>,
@@ -189,10 +202,7 @@ async fn body_dropped_mid_stream_settles_once_with_what_was_streamed() {
         .map(|e| Ok(Bytes::from(e.clone())))
         .collect();
     let limiter = limiter();
-    let mut svc = svc(&limiter, Arc::new(Mutex::new(vec![(seen, true)])));
-    let req = Request::post("/").body(Full::new(request_body())).unwrap();
-    let resp = svc.ready().await.unwrap().call(req).await.unwrap();
-    let mut body = resp.into_body();
+    let mut body = open_body(&limiter, seen, true).await;
     for _ in 0..2 {
         body.frame().await.unwrap().unwrap();
     }
@@ -240,16 +250,7 @@ async fn usage_seen_before_a_drop_is_charged_as_reported() {
         .map(|e| Ok(Bytes::from(e.clone())))
         .collect();
     let limiter = limiter();
-    let mut svc = svc(&limiter, Arc::new(Mutex::new(vec![(chunks, true)])));
-    let req = Request::post("/").body(Full::new(request_body())).unwrap();
-    let mut body = svc
-        .ready()
-        .await
-        .unwrap()
-        .call(req)
-        .await
-        .unwrap()
-        .into_body();
+    let mut body = open_body(&limiter, chunks, true).await;
     for _ in 0..n {
         body.frame().await.unwrap().unwrap();
     }
@@ -323,16 +324,7 @@ async fn settles_at_done_before_the_body_closes() {
     let chunks: Chunks = events.iter().map(|e| Ok(Bytes::from(e.clone()))).collect();
     let n = chunks.len();
     let limiter = limiter();
-    let mut svc = svc(&limiter, Arc::new(Mutex::new(vec![(chunks, true)])));
-    let req = Request::post("/").body(Full::new(request_body())).unwrap();
-    let mut body = svc
-        .ready()
-        .await
-        .unwrap()
-        .call(req)
-        .await
-        .unwrap()
-        .into_body();
+    let mut body = open_body(&limiter, chunks, true).await;
     for _ in 0..n - 1 {
         body.frame().await.unwrap().unwrap();
     }

@@ -2,6 +2,9 @@
 //! for the limiter, and an HTTP client.
 #![allow(dead_code)]
 
+#[path = "http.rs"]
+mod http_client;
+
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -9,8 +12,8 @@ use std::sync::Arc;
 use bytes::Bytes;
 use gateway_example::config::GatewayConfig;
 use gateway_example::{router, Gateway};
-use http::{HeaderMap, Request, StatusCode};
-use http_body_util::{BodyExt, Full};
+use http::{HeaderMap, StatusCode};
+use http_body_util::Full;
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
 use hyper_util::rt::TokioExecutor;
 use serde_json::{json, Value};
@@ -109,23 +112,12 @@ impl Gw {
         key: Option<&str>,
         body: impl Into<Bytes>,
     ) -> Reply {
-        let mut req = Request::builder()
-            .method(method)
-            .uri(format!("{}{}", self.base, path))
-            .header("content-type", "application/json");
-        if let Some(key) = key {
-            req = req.header("authorization", format!("Bearer {key}"));
-        }
-        let resp = self
-            .client
-            .request(req.body(Full::new(body.into())).unwrap())
-            .await
-            .expect("request reaches the gateway");
-        let (parts, body) = resp.into_parts();
-        let body = body.collect().await.expect("whole body").to_bytes();
+        let url = format!("{}{}", self.base, path);
+        let (status, headers, body) =
+            http_client::send(&self.client, method, url, key, body.into()).await;
         Reply {
-            status: parts.status,
-            headers: parts.headers,
+            status,
+            headers,
             body,
         }
     }

@@ -2,6 +2,9 @@
 //! served on an ephemeral loopback port, and a small HTTP client.
 #![allow(dead_code)]
 
+#[path = "http.rs"]
+pub mod http_client;
+
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
@@ -122,19 +125,8 @@ impl App {
         key: Option<&str>,
         body: impl Into<Bytes>,
     ) -> (StatusCode, HeaderMap, Bytes) {
-        let mut req = Request::post(format!("{}/v1/chat/completions", self.base))
-            .header("content-type", "application/json");
-        if let Some(key) = key {
-            req = req.header("authorization", format!("Bearer {key}"));
-        }
-        let resp = self
-            .client
-            .request(req.body(Full::new(body.into())).unwrap())
-            .await
-            .expect("request reaches the server");
-        let (parts, body) = resp.into_parts();
-        let bytes = body.collect().await.expect("whole body").to_bytes();
-        (parts.status, parts.headers, bytes)
+        let url = format!("{}/v1/chat/completions", self.base);
+        http_client::send(&self.client, "POST", url, key, body.into()).await
     }
 
     /// A chat completion for `model` as `key`.
