@@ -25,7 +25,7 @@
 
 use std::fmt;
 
-use super::json::{merge_usage, parse_doc, DocInfo, Usage};
+use super::json::{merge_usage, parse_with, DocInfo, Shape, Usage};
 
 /// Longest line (without its terminator), and longest joined event data, that
 /// is considered; longer ones are skipped.
@@ -163,16 +163,16 @@ impl SseMeter {
         };
         match (self.event, tail) {
             (Event::Empty, None) | (Event::Poisoned, _) => None,
-            (Event::Empty, Some(v)) => parse_doc(v),
+            (Event::Empty, Some(v)) => parse_with(v, Shape::Chunk),
             (Event::Parsed(info), None) => Some(info),
             (Event::Parsed(info), Some(v)) => is_blank(v).then_some(info),
-            (Event::Buffered, None) => parse_doc(&self.event_data),
+            (Event::Buffered, None) => parse_with(&self.event_data, Shape::Chunk),
             (Event::Buffered, Some(v)) => {
                 let mut joined = Vec::with_capacity(self.event_data.len() + 1 + v.len());
                 joined.extend_from_slice(&self.event_data);
                 joined.push(b'\n');
                 joined.extend_from_slice(v);
-                parse_doc(&joined)
+                parse_with(&joined, Shape::Chunk)
             }
         }
     }
@@ -244,7 +244,7 @@ impl SseMeter {
             self.finished = true;
         }
         match self.event {
-            Event::Empty => match parse_doc(value) {
+            Event::Empty => match parse_with(value, Shape::Chunk) {
                 Some(info) => self.event = Event::Parsed(info),
                 None => {
                     self.event_data.clear();
@@ -279,7 +279,7 @@ impl SseMeter {
     fn dispatch(&mut self) {
         let info = match std::mem::replace(&mut self.event, Event::Empty) {
             Event::Parsed(info) => Some(info),
-            Event::Buffered => parse_doc(&self.event_data),
+            Event::Buffered => parse_with(&self.event_data, Shape::Chunk),
             Event::Empty | Event::Poisoned => None,
         };
         self.event_data = reuse(std::mem::take(&mut self.event_data));
