@@ -109,13 +109,19 @@ fn now_secs() -> u64 {
         .unwrap_or(0)
 }
 
+/// Lower-case hex of `bytes` into `out` (runs on every request: no formatting machinery).
+fn push_hex(out: &mut String, bytes: &[u8]) {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    for &b in bytes {
+        out.push(DIGITS[(b >> 4) as usize] as char);
+        out.push(DIGITS[(b & 0xf) as usize] as char);
+    }
+}
+
 /// SHA-256 of `key`, hex.
 pub fn hash_key(key: &str) -> String {
-    let digest = Sha256::digest(key.as_bytes());
     let mut out = String::with_capacity(64);
-    for b in digest {
-        out.push_str(&format!("{b:02x}"));
-    }
+    push_hex(&mut out, &Sha256::digest(key.as_bytes()));
     out
 }
 
@@ -125,16 +131,16 @@ pub fn new_key() -> Result<String, KeyStoreError> {
     getrandom::fill(&mut bytes).map_err(|e| KeyStoreError::Io(format!("OS random source: {e}")))?;
     let mut key = String::with_capacity(51);
     key.push_str("sk-");
-    for b in bytes {
-        key.push_str(&format!("{b:02x}"));
-    }
+    push_hex(&mut key, &bytes);
     Ok(key)
 }
 
 fn random_id() -> Result<String, KeyStoreError> {
     let mut bytes = [0u8; 16];
     getrandom::fill(&mut bytes).map_err(|e| KeyStoreError::Io(format!("OS random source: {e}")))?;
-    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+    let mut id = String::with_capacity(32);
+    push_hex(&mut id, &bytes);
+    Ok(id)
 }
 
 fn priority_of(metadata: &Map<String, Value>) -> Option<&str> {

@@ -6,7 +6,7 @@ use std::task::{ready, Context, Poll};
 use bytes::{Buf, Bytes, BytesMut};
 use http_body::{Body, Frame};
 use pin_project_lite::pin_project;
-use serde_json::Value;
+use tower_priority_limit::meter::is_usage_only_chunk;
 
 pin_project! {
     /// Passes SSE events through whole, except the one whose `choices` is empty and whose `usage`
@@ -43,26 +43,18 @@ fn memchr_find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
     memchr::memmem::find(haystack, needle)
 }
 
-/// Whether an event is the usage-only chunk.
+/// Whether an event is the usage-only chunk (the meter's test, on the event's joined data).
 fn is_usage_only(event: &[u8]) -> bool {
     if memchr_find(event, b"\"usage\"").is_none() {
         return false;
     }
-    let Ok(text) = std::str::from_utf8(event) else {
-        return false;
-    };
-    let data: Vec<&str> = text
-        .lines()
-        .filter_map(|l| l.strip_prefix("data:"))
-        .map(|d| d.strip_prefix(' ').unwrap_or(d))
+    let data: Vec<&[u8]> = event
+        .split(|&b| b == b'\n')
+        .map(|l| l.strip_suffix(b"\r").unwrap_or(l))
+        .filter_map(|l| l.strip_prefix(b"data:"))
+        .map(|d| d.strip_prefix(b" ").unwrap_or(d))
         .collect();
-    let Ok(v) = serde_json::from_str::<Value>(&data.join("\n")) else {
-        return false;
-    };
-    v.get("usage").is_some_and(Value::is_object)
-        && v.get("choices")
-            .and_then(Value::as_array)
-            .is_some_and(Vec::is_empty)
+    is_usage_only_chunk(&data.join(&b'\n'))
 }
 
 impl<B> Body for StripUsage<B>

@@ -156,6 +156,20 @@ static TEXT_KEYS: LazyLock<[Finder<'static>; 4]> = LazyLock::new(|| {
 });
 static USAGE_KEY: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(b"\"usage\""));
 
+/// Whether one SSE event's data is the usage-only chunk of an OpenAI stream (empty `choices`, a
+/// `usage` object), the chunk `stream_options.include_usage` adds. Cheap for every other chunk:
+/// only data holding a usage object is parsed.
+pub fn is_usage_only_chunk(data: &[u8]) -> bool {
+    #[derive(Deserialize)]
+    struct Choices {
+        #[serde(default)]
+        choices: Option<Vec<IgnoredAny>>,
+    }
+    has_usage_object(data)
+        && serde_json::from_slice::<Choices>(data)
+            .is_ok_and(|c| c.choices.is_some_and(|c| c.is_empty()))
+}
+
 /// Whether `"usage"` is followed by `:` and an object anywhere in `bytes`.
 fn has_usage_object(bytes: &[u8]) -> bool {
     USAGE_KEY.find_iter(bytes).any(|at| {
@@ -704,6 +718,21 @@ mod scan_tests {
                 String::from_utf8_lossy(doc)
             );
         }
+    }
+
+    #[test]
+    fn usage_only_chunks() {
+        assert!(is_usage_only_chunk(
+            br#"{"id":"x","choices":[],"usage":{"total_tokens":30}}"#
+        ));
+        assert!(!is_usage_only_chunk(
+            br#"{"choices":[{"delta":{}}],"usage":{"total_tokens":30}}"#
+        ));
+        assert!(!is_usage_only_chunk(br#"{"choices":[],"usage":null}"#));
+        assert!(!is_usage_only_chunk(
+            br#"{"choices":[{"delta":{"content":"usage"}}],"usage":null}"#
+        ));
+        assert!(!is_usage_only_chunk(b"[DONE]"));
     }
 
     #[test]

@@ -63,6 +63,7 @@
 mod json;
 mod sse;
 
+pub use json::is_usage_only_chunk;
 use json::{JsonMeter, Usage};
 use sse::SseMeter;
 
