@@ -4,7 +4,9 @@ mod common;
 
 use std::time::Duration;
 
+use common::redis::RedisServer;
 use common::{json_body, App};
+use tower_priority_limit::store::Store;
 
 const CONFIG: &str = r#"
 model_list:
@@ -20,7 +22,26 @@ const EXACT_429: &str = r#"{"error": {"message": "Model capacity reached for my-
 
 #[tokio::test]
 async fn two_keys_then_model_capacity_until_the_window_rolls() {
-    let app = App::start(CONFIG).await;
+    quick_start(App::start(CONFIG).await, Duration::from_millis(1)).await;
+}
+
+/// The same numbers with the counters in Redis (windows on Redis time).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_keys_then_model_capacity_on_redis() {
+    let Some(redis) = RedisServer::start("two_keys_then_model_capacity_on_redis") else {
+        return;
+    };
+    // Redis time keeps running while the test moves windows, so the roll-over is checked a
+    // second either side of the boundary instead of a millisecond.
+    quick_start(
+        App::start_redis(CONFIG, &redis).await,
+        Duration::from_secs(1),
+    )
+    .await;
+}
+
+/// `margin`: how close to the window's end the roll-over is checked.
+async fn quick_start<St: Store>(app: App<St>, margin: Duration) {
     app.keys.insert_key("sk-key-1", None, None);
     app.keys.insert_key("sk-key-2", None, None);
 
@@ -59,10 +80,10 @@ async fn two_keys_then_model_capacity_until_the_window_rolls() {
     assert_eq!(status, 429, "the cap is model-wide: key 1 is refused too");
     assert_eq!(std::str::from_utf8(&body).unwrap(), EXACT_429);
 
-    // Still inside the window one millisecond before it rolls.
-    app.advance(Duration::from_millis(49_999));
+    // Still inside the window `margin` before it rolls.
+    app.advance(Duration::from_secs(50) - margin);
     assert_eq!(app.status(Some("sk-key-1"), "my-fake-model").await, 429);
-    app.advance(Duration::from_millis(1));
+    app.advance(margin);
     assert_eq!(app.status(Some("sk-key-1"), "my-fake-model").await, 200);
     assert_eq!(app.status(Some("sk-key-2"), "my-fake-model").await, 200);
     assert_eq!(app.status(Some("sk-key-2"), "my-fake-model").await, 429);
@@ -70,7 +91,18 @@ async fn two_keys_then_model_capacity_until_the_window_rolls() {
 
 #[tokio::test]
 async fn streamed_responses_are_charged_the_same_30_tokens() {
-    let app = App::start(CONFIG).await;
+    streamed(App::start(CONFIG).await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streamed_responses_on_redis() {
+    let Some(redis) = RedisServer::start("streamed_responses_on_redis") else {
+        return;
+    };
+    streamed(App::start_redis(CONFIG, &redis).await).await;
+}
+
+async fn streamed<St: Store>(app: App<St>) {
     let (status, headers, body) = app.chat(Some("sk-a"), "my-fake-model", true).await;
     assert_eq!(status, 200);
     assert_eq!(headers["content-type"], "text/event-stream");

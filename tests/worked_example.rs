@@ -7,20 +7,28 @@ mod common;
 
 use std::time::Duration;
 
+use common::redis::RedisServer;
 use common::App;
+use tower_priority_limit::store::Store;
 
 const TOKENS_PER_RESPONSE: i64 = 30;
 
-async fn app(threshold: f64) -> App {
-    let app = App::start(&format!(
+fn config(threshold: f64) -> String {
+    format!(
         r#"
 model_list: [{{model_name: m, litellm_params: {{tpm: 1000}}}}]
 litellm_settings:
   priority_reservation: {{"team_a": 0.5, "team_b": 0.5}}
   priority_reservation_settings: {{saturation_threshold: {threshold}}}
 "#
-    ))
-    .await;
+    )
+}
+
+async fn app(threshold: f64) -> App {
+    with_keys(App::start(&config(threshold)).await)
+}
+
+fn with_keys<St: Store>(app: App<St>) -> App<St> {
     app.keys.insert_team("A", Some("team_a"));
     app.keys.insert_team("B", Some("team_b"));
     app.keys.insert_key("sk-a", None, Some("A"));
@@ -37,7 +45,7 @@ struct Window {
 
 /// One window: the request pattern repeats `pattern` ('a'/'b') until A has been refused 20 times
 /// in a row and B has sent `b_asks` tokens' worth of requests.
-async fn window(app: &App, pattern: &str, b_asks: i64) -> Window {
+async fn window<St: Store>(app: &App<St>, pattern: &str, b_asks: i64) -> Window {
     let mut w = Window::default();
     let b_requests = (b_asks + TOKENS_PER_RESPONSE - 1) / TOKENS_PER_RESPONSE;
     let mut b_sent = 0;
@@ -80,7 +88,10 @@ fn about(got: i64, want: i64) {
 
 #[tokio::test]
 async fn threshold_half_rows_1_to_3() {
-    let app = app(0.5).await;
+    threshold_half(app(0.5).await).await;
+}
+
+async fn threshold_half<St: Store>(app: App<St>) {
 
     let w1 = window(&app, "a", 0).await;
     about(w1.a_served, 500);
@@ -98,7 +109,20 @@ async fn threshold_half_rows_1_to_3() {
 
 #[tokio::test]
 async fn threshold_point_eight_rows_1_and_2() {
-    let app = app(0.8).await;
+    threshold_point_eight(app(0.8).await).await;
+}
+
+/// Every row again with the counters in Redis.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_row_on_redis() {
+    let Some(redis) = RedisServer::start("worked example on redis") else {
+        return;
+    };
+    threshold_half(with_keys(App::start_redis(&config(0.5), &redis).await)).await;
+    threshold_point_eight(with_keys(App::start_redis(&config(0.8), &redis).await)).await;
+}
+
+async fn threshold_point_eight<St: Store>(app: App<St>) {
 
     let w1 = window(&app, "a", 0).await;
     about(w1.a_served, 800);

@@ -4,6 +4,7 @@
 
 #[path = "http.rs"]
 pub mod http_client;
+pub mod redis;
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -22,6 +23,7 @@ use serde_json::{json, Value};
 use tower_priority_limit::clock::ManualClock;
 use tower_priority_limit::config::LimiterConfig;
 use tower_priority_limit::priority::{KeyTable, KeyTablePriority};
+use tower_priority_limit::store::{MemoryStore, RedisStore, RedisTarget, Store};
 use tower_priority_limit::{Limiter, PriorityLimitLayer};
 
 /// The content pieces the mock streams.
@@ -72,12 +74,50 @@ pub async fn mock_chat(request: Request<Body>) -> Response {
     }
 }
 
-/// A running app: the layer (embedded store, manual clock, key table) before the mock.
-pub struct App {
+/// How a test moves the limiter's windows forward.
+pub enum TimeControl {
+    /// The embedded store's manual clock.
+    Manual(ManualClock),
+    /// Redis measures time itself, so windows are moved instead: every window start under
+    /// `prefix` is shifted back (the issue allows "manipulate keys' state"; no 60 s sleeps).
+    Redis { client: ::redis::Client, prefix: String },
+}
+
+impl TimeControl {
+    pub fn advance(&self, by: Duration) {
+        match self {
+            TimeControl::Manual(clock) => clock.advance(by),
+            TimeControl::Redis { client, prefix } => shift_redis_windows(client, prefix, by),
+        }
+    }
+}
+
+/// Shifts every window start (`ms`, `…:s` fields) of the hashes under `prefix` back by `by`.
+pub fn shift_redis_windows(client: &::redis::Client, prefix: &str, by: Duration) {
+    let mut con = client.get_connection().expect("redis connection");
+    let keys: Vec<String> = ::redis::cmd("KEYS")
+        .arg(format!("{prefix}*"))
+        .query(&mut con)
+        .unwrap();
+    for key in keys {
+        let fields: Vec<String> = ::redis::cmd("HKEYS").arg(&key).query(&mut con).unwrap();
+        for field in fields.iter().filter(|f| *f == "ms" || f.ends_with(":s")) {
+            let _: i64 = ::redis::cmd("HINCRBY")
+                .arg(&key)
+                .arg(field)
+                .arg(-(by.as_millis() as i64))
+                .query(&mut con)
+                .unwrap();
+        }
+    }
+}
+
+/// A running app: the layer (embedded store on a manual clock, or Redis; key table) before the mock.
+pub struct App<St: Store = MemoryStore> {
     pub base: String,
-    pub clock: ManualClock,
+    pub time: TimeControl,
     pub keys: Arc<KeyTable>,
-    pub limiter: Arc<Limiter>,
+    pub limiter: Arc<Limiter<St>>,
     client: Client<HttpConnector, Full<Bytes>>,
 }
 
@@ -96,6 +136,54 @@ impl App {
         let config = LimiterConfig::from_yaml_str(config_yaml).expect("valid test config");
         let clock = ManualClock::new();
         let limiter = Arc::new(Limiter::with_clock(config, clock.clone()));
+        App::serve(limiter, TimeControl::Manual(clock), customize).await
+    }
+}
+
+static REDIS_PREFIXES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+impl App<RedisStore> {
+    /// The same app on the Redis store of `server`, under a fresh key prefix.
+    pub async fn start_redis(config_yaml: &str, server: &redis::RedisServer) -> App<RedisStore> {
+        let config = LimiterConfig::from_yaml_str(config_yaml).expect("valid test config");
+        App::start_redis_config(config, server).await
+    }
+
+    /// As [`start_redis`](Self::start_redis), from a built config.
+    pub async fn start_redis_config(
+        config: LimiterConfig,
+        server: &redis::RedisServer,
+    ) -> App<RedisStore> {
+        let prefix = format!(
+            "test{}:",
+            REDIS_PREFIXES.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        );
+        let store = RedisStore::builder(RedisTarget::Single(server.url()))
+            .key_prefix(prefix.clone())
+            .connect(&config)
+            .await
+            .expect("redis store");
+        let limiter = Arc::new(Limiter::with_store(config, store));
+        let time = TimeControl::Redis {
+            client: ::redis::Client::open(server.url()).unwrap(),
+            prefix,
+        };
+        App::serve(limiter, time, |layer| layer).await
+    }
+}
+
+impl<St: Store> App<St> {
+    async fn serve(
+        limiter: Arc<Limiter<St>>,
+        time: TimeControl,
+        customize: impl FnOnce(
+            PriorityLimitLayer<KeyTablePriority, tower_priority_limit::model::JsonBodyModel, St>,
+        ) -> PriorityLimitLayer<
+            KeyTablePriority,
+            tower_priority_limit::model::JsonBodyModel,
+            St,
+        >,
+    ) -> App<St> {
         let keys = Arc::new(KeyTable::new());
         let layer = PriorityLimitLayer::from_limiter(limiter.clone())
             .priority_extractor(KeyTablePriority::new(keys.clone()));
@@ -107,16 +195,16 @@ impl App {
         tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
         App {
             base,
-            clock,
+            time,
             keys,
             limiter,
             client: Client::builder(TokioExecutor::new()).build_http(),
         }
     }
 
-    /// Moves the manual clock (the limiter's windows) forward.
+    /// Moves the limiter's windows forward.
     pub fn advance(&self, by: Duration) {
-        self.clock.advance(by);
+        self.time.advance(by);
     }
 
     /// POSTs `body` to /v1/chat/completions as `key`; returns status, headers and the whole body.
@@ -126,7 +214,11 @@ impl App {
         body: impl Into<Bytes>,
     ) -> (StatusCode, HeaderMap, Bytes) {
         let url = format!("{}/v1/chat/completions", self.base);
-        http_client::send(&self.client, "POST", url, key, body.into()).await
+        let answer = http_client::send(&self.client, "POST", url, key, body.into()).await;
+        // The response is whole, so its settlement is queued; wait until the store has recorded
+        // it, so the next request sees it (Redis settles in the background).
+        self.limiter.store().flush().await;
+        answer
     }
 
     /// A chat completion for `model` as `key`.

@@ -138,6 +138,7 @@ pub struct LimiterConfigBuilder {
     saturation_threshold: f64,
     saturation_check_cache_ttl: Duration,
     window: Duration,
+    shared: SharedStoreSettings,
 }
 
 impl Default for LimiterConfigBuilder {
@@ -149,6 +150,7 @@ impl Default for LimiterConfigBuilder {
             saturation_threshold: DEFAULT_SATURATION_THRESHOLD,
             saturation_check_cache_ttl: Duration::from_secs(60),
             window: DEFAULT_WINDOW,
+            shared: SharedStoreSettings::default(),
         }
     }
 }
@@ -202,6 +204,25 @@ impl LimiterConfigBuilder {
     /// simulations.
     pub fn window(mut self, window: Duration) -> Self {
         self.window = window;
+        self
+    }
+
+    /// What a shared store (Redis) does when it cannot answer (default [`FailureMode::Local`]).
+    pub fn failure_mode(mut self, mode: FailureMode) -> Self {
+        self.shared.failure_mode = mode;
+        self
+    }
+
+    /// How many gateway processes share the store (default 1): in [`FailureMode::Local`] each
+    /// keeps `capacity / expected_nodes` while the store is unreachable.
+    pub fn expected_nodes(mut self, nodes: u32) -> Self {
+        self.shared.expected_nodes = nodes;
+        self
+    }
+
+    /// The longest a shared store's call may take before it counts as failed (default 50 ms).
+    pub fn store_timeout(mut self, timeout: Duration) -> Self {
+        self.shared.timeout = timeout;
         self
     }
 
@@ -283,6 +304,58 @@ pub struct Settings {
     pub saturation_check_cache_ttl: Duration,
     /// The fixed accounting window, in milliseconds.
     pub window_ms: u64,
+    /// How a shared store (Redis) behaves when it cannot answer.
+    pub shared: SharedStoreSettings,
+}
+
+/// What a shared store does while it cannot answer (SPEC §3, "degrade, don't vanish").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum FailureMode {
+    /// Keep limiting in this process with `capacity / expected_nodes` (the default), and go back
+    /// to the shared counters as soon as the store answers again.
+    #[default]
+    Local,
+    /// Admit without limits, logging and counting each such admission.
+    Open,
+    /// Refuse with 503 in the OpenAI error shape.
+    Closed,
+}
+
+impl FailureMode {
+    /// The config spelling: `local`, `open` or `closed`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FailureMode::Local => "local",
+            FailureMode::Open => "open",
+            FailureMode::Closed => "closed",
+        }
+    }
+}
+
+/// Settings of a shared store (`priority_reservation_settings.redis_failure_mode`,
+/// `expected_nodes`, `redis_timeout_ms`). The embedded store ignores them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SharedStoreSettings {
+    /// What to do while the store cannot answer.
+    pub failure_mode: FailureMode,
+    /// Gateway processes sharing the store; the local fallback keeps `capacity / expected_nodes`.
+    pub expected_nodes: u32,
+    /// The longest one store call may take.
+    pub timeout: Duration,
+}
+
+/// The default per-call timeout of a shared store: long enough for a loaded Redis on a LAN, short
+/// enough that a hung one does not hang requests.
+pub const DEFAULT_STORE_TIMEOUT: Duration = Duration::from_millis(50);
+
+impl Default for SharedStoreSettings {
+    fn default() -> Self {
+        Self {
+            failure_mode: FailureMode::Local,
+            expected_nodes: 1,
+            timeout: DEFAULT_STORE_TIMEOUT,
+        }
+    }
 }
 
 /// A validated limiter configuration: models, pools and settings, with every limit precomputed.
@@ -301,6 +374,34 @@ pub struct LimiterConfig {
 }
 
 impl LimiterConfig {
+    /// This config with another accounting window (tests and simulations; SPEC's is 60 s).
+    pub fn with_window(mut self, window: Duration) -> Result<Self, ConfigError> {
+        let window_ms = u64::try_from(window.as_millis()).unwrap_or(u64::MAX);
+        if window_ms == 0 {
+            return Err(ConfigError::new(
+                "window",
+                "the accounting window must be at least 1 ms",
+            ));
+        }
+        self.settings.window_ms = window_ms;
+        Ok(self)
+    }
+
+    /// This config with every model's capacity divided among `nodes` processes (at least 1 each)
+    /// and pools recomputed from their shares: what one process may admit on its own while the
+    /// shared store is unreachable ([`FailureMode::Local`]).
+    pub fn divided_among(&self, nodes: u32) -> LimiterConfig {
+        let n = u64::from(nodes.max(1));
+        let mut config = self.clone();
+        for m in &mut config.models {
+            let part = |v: Option<u64>| v.map(|v| (v / n).max(1));
+            m.rpm = part(m.rpm);
+            m.tpm = part(m.tpm);
+            m.pools = pool_limits(m.rpm, m.tpm, &m.shares);
+        }
+        config
+    }
+
     /// Starts a builder with the SPEC's defaults.
     pub fn builder() -> LimiterConfigBuilder {
         LimiterConfigBuilder::default()
@@ -492,6 +593,7 @@ impl LimiterConfig {
                 default_priority: b.default_priority,
                 saturation_check_cache_ttl: b.saturation_check_cache_ttl,
                 window_ms,
+                shared: b.shared,
             },
         })
     }
@@ -548,14 +650,7 @@ fn compile_model(
         }
     }
     shares.push(default_share);
-    let floor = |cap: Option<u64>, share: f64| cap.map(|c| (c as f64 * share).floor() as u64);
-    let pools = shares
-        .iter()
-        .map(|&s| PoolLimits {
-            rpm: floor(model.rpm, s),
-            tpm: floor(model.tpm, s),
-        })
-        .collect();
+    let pools = pool_limits(model.rpm, model.tpm, &shares);
     Ok(ModelLimits {
         name: Arc::from(model.name.as_str()),
         rpm: model.rpm,
@@ -563,6 +658,18 @@ fn compile_model(
         pools,
         shares: shares.into_boxed_slice(),
     })
+}
+
+/// `floor(capacity × share)` for each share.
+fn pool_limits(rpm: Option<u64>, tpm: Option<u64>, shares: &[f64]) -> Box<[PoolLimits]> {
+    let floor = |cap: Option<u64>, share: f64| cap.map(|c| (c as f64 * share).floor() as u64);
+    shares
+        .iter()
+        .map(|&s| PoolLimits {
+            rpm: floor(rpm, s),
+            tpm: floor(tpm, s),
+        })
+        .collect()
 }
 
 fn dimension_share(
@@ -813,11 +920,30 @@ fn parse_document(doc: &Value) -> Result<LimiterConfigBuilder, ConfigError> {
                     }
                     b.saturation_check_cache_ttl = Duration::from_secs_f64(secs);
                 }
+                "redis_failure_mode" => {
+                    b.shared.failure_mode = match node.string()?.as_str() {
+                        "local" => FailureMode::Local,
+                        "open" => FailureMode::Open,
+                        "closed" => FailureMode::Closed,
+                        other => {
+                            return Err(node.error(format!(
+                                "unknown mode \"{other}\", expected local|open|closed"
+                            )))
+                        }
+                    }
+                }
+                "expected_nodes" => {
+                    b.shared.expected_nodes = u32::try_from(positive(&node)?)
+                        .map_err(|_| node.error("too many nodes"))?;
+                }
+                "redis_timeout_ms" => {
+                    b.shared.timeout = Duration::from_millis(positive(&node)?);
+                }
                 // Source-product settings this crate has no use for are tolerated so configs migrate
                 // unchanged; a misspelt key is the common case, so say so.
                 _ => tracing::warn!(
                     path = %node.path(),
-                    "unknown setting ignored (expected default_priority, saturation_threshold, saturation_check_cache_ttl)"
+                    "unknown setting ignored (expected default_priority, saturation_threshold, saturation_check_cache_ttl, redis_failure_mode, expected_nodes, redis_timeout_ms)"
                 ),
             }
         }
@@ -1134,5 +1260,51 @@ litellm_settings:
             e.to_string(),
             "litellm_settings.priority_reservation.p: priority is listed twice"
         );
+    }
+
+    #[test]
+    fn shared_store_settings_load_and_name_their_path() {
+        let yaml = |extra: &str| {
+            format!(
+                "model_list:\n  - model_name: m\n    litellm_params: {{model: m, rpm: 10}}\n\
+                 litellm_settings:\n  priority_reservation_settings:\n    {extra}\n"
+            )
+        };
+        let c = load(&yaml("redis_failure_mode: open")).unwrap();
+        assert_eq!(c.settings().shared.failure_mode, FailureMode::Open);
+        assert_eq!(c.settings().shared.expected_nodes, 1);
+        assert_eq!(c.settings().shared.timeout, DEFAULT_STORE_TIMEOUT);
+        let c = load(&yaml("{expected_nodes: 3, redis_timeout_ms: 20}")).unwrap();
+        assert_eq!(c.settings().shared.failure_mode, FailureMode::Local);
+        assert_eq!(c.settings().shared.expected_nodes, 3);
+        assert_eq!(c.settings().shared.timeout, Duration::from_millis(20));
+        let e = load(&yaml("redis_failure_mode: lax")).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "litellm_settings.priority_reservation_settings.redis_failure_mode: unknown mode \"lax\", expected local|open|closed"
+        );
+        let e = load(&yaml("expected_nodes: 0")).unwrap_err();
+        assert_eq!(
+            e.path(),
+            "litellm_settings.priority_reservation_settings.expected_nodes"
+        );
+    }
+
+    #[test]
+    fn divided_among_nodes_keeps_shares_and_at_least_one() {
+        let c = LimiterConfig::builder()
+            .model("m", Some(100), Some(1000))
+            .model("tiny", Some(2), None)
+            .reserve("prod", Reservation::Percent(0.9))
+            .reserve("dev", Reservation::Percent(0.1))
+            .build()
+            .unwrap();
+        let local = c.divided_among(3);
+        let m = &local.models()[0];
+        assert_eq!((m.rpm, m.tpm), (Some(33), Some(333)));
+        assert_eq!(m.pool(PoolRef::Named(0)).unwrap().rpm, Some(29)); // floor(33 × 0.9)
+        assert_eq!(m.pool(PoolRef::Named(1)).unwrap().rpm, Some(3));
+        assert_eq!(local.models()[1].rpm, Some(1));
+        assert_eq!(c.divided_among(1).models()[0], c.models()[0]);
     }
 }

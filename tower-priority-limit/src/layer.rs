@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use tower::Layer;
 
-use crate::config::LimiterConfig;
+use crate::config::{FailureMode, LimiterConfig};
 use crate::limiter::Limiter;
 use crate::model::JsonBodyModel;
 use crate::priority::ExtensionPriority;
@@ -92,12 +92,22 @@ impl PriorityLimitLayer {
 
 impl<St: Store> PriorityLimitLayer<ExtensionPriority, JsonBodyModel, St> {
     /// A layer over an existing limiter (any store; shared with whoever else holds it).
+    ///
+    /// The store-failure policy starts from the config's `redis_failure_mode`: `open` serves
+    /// unlimited, anything else answers 503 ([`on_store_failure`](Self::on_store_failure) overrides).
     pub fn from_limiter(limiter: Arc<Limiter<St>>) -> Self {
+        let store_failure = match limiter.config().settings().shared.failure_mode {
+            FailureMode::Open => StoreFailure::Open,
+            FailureMode::Local | FailureMode::Closed => StoreFailure::Closed,
+        };
         Self {
             limiter,
             priority: ExtensionPriority,
             model: JsonBodyModel::default(),
-            options: Options::default(),
+            options: Options {
+                store_failure,
+                ..Options::default()
+            },
         }
     }
 }

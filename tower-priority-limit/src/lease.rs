@@ -52,6 +52,10 @@ impl<St: Store> Lease<St> {
 
     fn settle_once(&mut self, tokens: u64) {
         if let Some(settler) = self.settler.take() {
+            // Nothing to record: skip the store (a remote one would pay a round trip for nothing).
+            if tokens == 0 && self.settlement.reserved == 0 {
+                return;
+            }
             self.settlement.tokens = tokens;
             settler.settle(self.settlement);
         }

@@ -10,13 +10,18 @@
 
 use std::fmt;
 use std::future::Future;
+use std::pin::Pin;
 
 use crate::config::{LimiterConfig, ModelId, PoolRef};
 use crate::decision::{Decision, Millis};
 
 pub mod memory;
+#[cfg(feature = "redis")]
+pub mod redis;
 
 pub use memory::{MemorySettler, MemoryStore};
+#[cfg(feature = "redis")]
+pub use self::redis::{RedisSettler, RedisStats, RedisStore, RedisStoreBuilder, RedisTarget};
 
 /// One admission to decide.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -89,6 +94,12 @@ pub trait Store: Send + Sync + 'static {
     /// The settlement handle for a request admitted on `model` (`None` if the store has no such
     /// model, which an admission would already have reported).
     fn settler(&self, config: &LimiterConfig, model: ModelId) -> Option<Self::Settler>;
+
+    /// Waits until every settlement handed to this store so far is recorded (graceful shutdown).
+    /// The embedded store records synchronously, so by default there is nothing to wait for.
+    fn flush(&self) -> Pin<Box<dyn Future<Output = ()> + Send + '_>> {
+        Box::pin(std::future::ready(()))
+    }
 }
 
 /// Records finished requests' tokens.

@@ -1,0 +1,272 @@
+//! A real `redis-server` from `PATH` per test, on a free loopback port, killed on drop (as the
+//! redis-rs tests do). Never a mock: tests that need Redis start one here, and fault tests kill,
+//! pause or restart it.
+//!
+//! Where `redis-server` is missing, [`RedisServer::start`] prints a loud notice and returns `None`
+//! so the test can skip, unless `REQUIRE_REDIS=1` (set by `.ci/run`), which makes it fail instead.
+#![allow(dead_code)]
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+/// Is `REQUIRE_REDIS=1` set?
+pub fn redis_required() -> bool {
+    std::env::var("REQUIRE_REDIS").is_ok_and(|v| v == "1")
+}
+
+fn have(binary: &str) -> bool {
+    Command::new(binary)
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok()
+}
+
+/// `None` (with a loud notice) when `redis-server` is not on `PATH` and Redis is not required.
+fn check_available(test: &str) -> Option<()> {
+    if have("redis-server") && have("redis-cli") {
+        return Some(());
+    }
+    if redis_required() {
+        panic!("REQUIRE_REDIS=1 but redis-server/redis-cli are not on PATH");
+    }
+    eprintln!(
+        "\n*** SKIPPED {test}: redis-server is not on PATH (apt-get install -y redis-server); \
+         set REQUIRE_REDIS=1 to make this a failure ***\n"
+    );
+    None
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free loopback port")
+}
+
+fn scratch_dir() -> PathBuf {
+    static N: AtomicU64 = AtomicU64::new(0);
+    let dir = std::env::temp_dir().join(format!(
+        "tpl-redis-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ));
+    std::fs::create_dir_all(&dir).expect("scratch dir");
+    dir
+}
+
+/// Sends one inline command and reads what arrives within a moment.
+fn inline_command(port: u16, command: &str) -> Option<String> {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_millis(500))).ok()?;
+    s.write_all(format!("{command}\r\n").as_bytes()).ok()?;
+    let mut buf = [0u8; 4096];
+    let n = s.read(&mut buf).ok()?;
+    Some(String::from_utf8_lossy(&buf[..n]).into_owned())
+}
+
+/// One `redis-server` process.
+#[derive(Debug)]
+pub struct RedisServer {
+    child: Option<Child>,
+    port: u16,
+    dir: PathBuf,
+    extra: Vec<String>,
+}
+
+impl RedisServer {
+    /// Starts a fresh server, or `None` (test skipped, loudly) where Redis is not installed.
+    pub fn start(test: &str) -> Option<Self> {
+        check_available(test)?;
+        Some(Self::spawn(Vec::new()))
+    }
+
+    fn spawn(extra: Vec<String>) -> Self {
+        let mut server = Self {
+            child: None,
+            port: 0,
+            dir: scratch_dir(),
+            extra,
+        };
+        // Another process may take the port between probing and binding: try a few.
+        for _ in 0..5 {
+            server.port = free_port();
+            if server.launch() {
+                return server;
+            }
+        }
+        panic!("redis-server did not start (see its log in {:?})", server.dir);
+    }
+
+    fn launch(&mut self) -> bool {
+        let log = std::fs::File::create(self.dir.join("redis.log")).expect("log file");
+        let child = Command::new("redis-server")
+            .args(["--port", &self.port.to_string()])
+            .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .args(["--protected-mode", "no", "--daemonize", "no"])
+            .arg("--dir")
+            .arg(&self.dir)
+            .args(&self.extra)
+            .stdout(log)
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn redis-server");
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline {
+            if self.ping() {
+                return true;
+            }
+            if let Some(Ok(Some(_))) = self.child.as_mut().map(|c| c.try_wait()) {
+                return false; // exited: port taken
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        self.kill();
+        false
+    }
+
+    /// Does the server answer `PING`?
+    pub fn ping(&self) -> bool {
+        inline_command(self.port, "PING").is_some_and(|r| r.starts_with("+PONG"))
+    }
+
+    /// Runs `redis-cli` against this server and returns its output.
+    pub fn cli(&self, args: &[&str]) -> String {
+        let out = Command::new("redis-cli")
+            .args(["-p", &self.port.to_string()])
+            .args(args)
+            .output()
+            .expect("redis-cli");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// The server's port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// `redis://127.0.0.1:PORT/`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    /// Kills the server (SIGKILL) and waits for it to exit.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts the server again on the same port (empty: `--save ""`).
+    pub fn restart(&mut self) {
+        self.kill();
+        for _ in 0..50 {
+            if self.launch() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("redis-server did not restart on port {}", self.port);
+    }
+
+    fn signal(&self, signal: &str) {
+        let pid = self.child.as_ref().expect("running").id().to_string();
+        let ok = Command::new("kill")
+            .args([signal, &pid])
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "kill {signal} {pid}");
+    }
+
+    /// Freezes the server (SIGSTOP): connections stay open, nothing answers.
+    pub fn pause(&self) {
+        self.signal("-STOP");
+    }
+
+    /// Resumes a paused server (SIGCONT).
+    pub fn resume(&self) {
+        self.signal("-CONT");
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        if let Some(child) = &self.child {
+            // A paused server ignores SIGKILL until resumed on some kernels; resume first.
+            let _ = Command::new("kill")
+                .args(["-CONT", &child.id().to_string()])
+                .status();
+        }
+        self.kill();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A Redis Cluster of `masters` masters and no replicas, started from the same binary.
+#[derive(Debug)]
+pub struct RedisCluster {
+    nodes: Vec<RedisServer>,
+}
+
+impl RedisCluster {
+    /// Starts and joins the cluster, or `None` (skipped, loudly) where Redis is not installed.
+    pub fn start(test: &str, masters: usize) -> Option<Self> {
+        check_available(test)?;
+        let nodes: Vec<RedisServer> = (0..masters)
+            .map(|i| {
+                RedisServer::spawn(vec![
+                    "--cluster-enabled".into(),
+                    "yes".into(),
+                    "--cluster-config-file".into(),
+                    format!("nodes-{i}.conf"),
+                    "--cluster-node-timeout".into(),
+                    "2000".into(),
+                ])
+            })
+            .collect();
+        let addresses: Vec<String> = nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port()))
+            .collect();
+        let out = Command::new("redis-cli")
+            .args(["--cluster", "create"])
+            .args(&addresses)
+            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .output()
+            .expect("redis-cli --cluster create");
+        assert!(
+            out.status.success(),
+            "cluster create failed: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let cluster = Self { nodes };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !cluster
+            .nodes
+            .iter()
+            .all(|n| n.cli(&["cluster", "info"]).contains("cluster_state:ok"))
+        {
+            assert!(Instant::now() < deadline, "cluster never reached state ok");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Some(cluster)
+    }
+
+    /// `redis://127.0.0.1:PORT/` of every node.
+    pub fn urls(&self) -> Vec<String> {
+        self.nodes.iter().map(RedisServer::url).collect()
+    }
+
+    /// The nodes.
+    pub fn nodes(&self) -> &[RedisServer] {
+        &self.nodes
+    }
+}

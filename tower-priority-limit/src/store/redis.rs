@@ -1,0 +1,587 @@
+//! The Redis store: counters shared by every gateway process pointed at one Redis (or Redis
+//! Cluster), so limits hold for the fleet exactly as for one process (SPEC §1.4, multi-node).
+//!
+//! - **One round trip per admission**: one `EVALSHA` of `redis/admit.lua` (the `redis` crate falls
+//!   back to loading the script on `NOSCRIPT`, e.g. after a Redis restart). The script resets
+//!   expired windows, checks and increments the model-wide and pool counters in both dimensions
+//!   all-or-nothing, and computes saturation from the same state. It returns the counters it saw;
+//!   the full [`Decision`] (headers, retry-after) is then computed by the same
+//!   [`decide`](crate::decision::decide) the embedded store uses, and a disagreement with the
+//!   script's verdict is logged and counted ([`RedisStats::verdict_mismatches`]), never silent.
+//! - **Redis time**: windows are measured on `TIME` inside the script, so nodes with skewed clocks agree.
+//! - **Layout**: one hash per model, `PREFIX{model}`; a script touches only that key, so it works on
+//!   Redis Cluster. Every write sets the key's TTL to the window (plus a margin): nothing outlives
+//!   its window, nothing grows without bound.
+//! - **Settlement** never blocks a response: [`RedisSettler::settle`] queues into a bounded channel
+//!   that a background task drains, several calls in flight at once on the multiplexed connection.
+//!   A full queue is counted and logged; [`Store::flush`] waits for the queue (graceful shutdown).
+//! - **Saturation cache**: saturation is computed inside the admission step from the counters it
+//!   is about to change, so this store needs no cache and `saturation_check_cache_ttl` has no
+//!   effect here (a store that did cache would have to honour it, with 0 = always read).
+//! - **Failure policy** ([`FailureMode`], `redis_failure_mode`), applied when a call errors or takes
+//!   longer than `redis_timeout_ms`: `local` (default) admits through an embedded store holding
+//!   `capacity / expected_nodes`, `open` and `closed` return [`StoreError`] for the layer's
+//!   [`StoreFailure`](crate::StoreFailure) (the layer picks `Open` for `open`). After a failure the
+//!   store stops asking Redis for [`RETRY_INTERVAL`], then tries again, so a dead Redis costs one
+//!   timeout per interval, not one per request, and admission is back on the shared counters within
+//!   a second of Redis answering. Settlements made while Redis is down go to the local counters.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::cluster_async::ClusterConnection;
+use redis::{Cmd, Pipeline, RedisFuture, Script, Value};
+use tokio::sync::{mpsc, oneshot};
+
+use super::{AdmitRequest, MemorySettler, MemoryStore, Settlement, Settler, Store, StoreError};
+use crate::config::{pool_index, FailureMode, LimiterConfig, ModelId, PoolRef};
+use crate::decision::{decide, Counter, Decision, Millis};
+
+/// How long the store keeps away from Redis after a failed call before trying again.
+pub const RETRY_INTERVAL: Duration = Duration::from_millis(250);
+
+/// Settlements that may wait for the background flusher before new ones are dropped (counted).
+pub const DEFAULT_SETTLE_QUEUE: usize = 65_536;
+
+/// Settlements sent to Redis at once by the flusher.
+const SETTLE_BATCH: usize = 256;
+
+/// Added to a key's TTL beyond its window, so a counter never expires while its window is open.
+const TTL_MARGIN_MS: u64 = 1_000;
+
+/// Counters of what the store did that an operator should know about.
+#[derive(Debug, Default)]
+pub struct RedisStats {
+    /// Calls that failed or timed out.
+    pub failures: AtomicU64,
+    /// Admissions decided by the local fallback ([`FailureMode::Local`]).
+    pub local_admissions: AtomicU64,
+    /// Admissions answered with an error because Redis could not be asked (`open`/`closed`).
+    pub unavailable_admissions: AtomicU64,
+    /// Settlements dropped because the queue was full.
+    pub settlements_dropped: AtomicU64,
+    /// Settlements recorded on the local counters because Redis could not take them.
+    pub settlements_local: AtomicU64,
+    /// Admissions where the script's verdict and [`decide`] disagreed (a bug if ever non-zero).
+    pub verdict_mismatches: AtomicU64,
+}
+
+/// Where the store connects: one server or a cluster.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RedisTarget {
+    /// One server, `redis://[:password@]host:port[/db]`.
+    Single(String),
+    /// Redis Cluster startup nodes (`redis://host:port`); the others are discovered.
+    Cluster(Vec<String>),
+}
+
+/// Builds a [`RedisStore`].
+///
+/// ```no_run
+/// # async fn run() -> Result<(), tower_priority_limit::store::StoreError> {
+/// use std::sync::Arc;
+/// use tower_priority_limit::config::LimiterConfig;
+/// use tower_priority_limit::store::{RedisStore, RedisTarget};
+/// use tower_priority_limit::Limiter;
+///
+/// let config = LimiterConfig::builder().model("m", Some(100), None).build().unwrap();
+/// let store = RedisStore::builder(RedisTarget::Single("redis://127.0.0.1:6379/".into()))
+///     .key_prefix("gateway:")
+///     .connect(&config)
+///     .await?;
+/// let limiter = Arc::new(Limiter::with_store(config, store));
+/// # drop(limiter); Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct RedisStoreBuilder {
+    target: RedisTarget,
+    key_prefix: String,
+    settle_queue: usize,
+}
+
+impl RedisStoreBuilder {
+    /// Prefix of every key (default `tpl:`), so several configs can share one Redis.
+    pub fn key_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.key_prefix = prefix.into();
+        self
+    }
+
+    /// Bound of the settlement queue (default [`DEFAULT_SETTLE_QUEUE`]).
+    pub fn settle_queue(mut self, capacity: usize) -> Self {
+        self.settle_queue = capacity.max(1);
+        self
+    }
+
+    /// Connects and loads the scripts. A single server that is down at start is not an error: the
+    /// store starts degraded (per its [`FailureMode`]) and connects when Redis comes up. A cluster
+    /// must be reachable at start to learn its topology.
+    pub async fn connect(self, config: &LimiterConfig) -> Result<RedisStore, StoreError> {
+        let shared = config.settings().shared;
+        let connection = match &self.target {
+            RedisTarget::Single(url) => {
+                let client = redis::Client::open(url.as_str()).map_err(unavailable)?;
+                // Reconnect quickly: admission should be back on shared counters within a second
+                // of Redis answering again.
+                let manager_config = ConnectionManagerConfig::new()
+                    .set_connection_timeout(Some(Duration::from_millis(500)))
+                    .set_response_timeout(Some(Duration::from_secs(5)))
+                    .set_min_delay(Duration::from_millis(10))
+                    .set_max_delay(Duration::from_millis(200))
+                    .set_number_of_retries(2);
+                RedisConnection::Single(
+                    ConnectionManager::new_lazy_with_config(client, manager_config)
+                        .map_err(unavailable)?,
+                )
+            }
+            RedisTarget::Cluster(nodes) => {
+                let client = redis::cluster::ClusterClient::builder(nodes.iter().map(String::as_str))
+                    .connection_timeout(Duration::from_millis(500))
+                    .response_timeout(Duration::from_secs(5))
+                    .build()
+                    .map_err(unavailable)?;
+                RedisConnection::Cluster(
+                    client.get_async_connection().await.map_err(unavailable)?,
+                )
+            }
+        };
+        let local_config = config.divided_among(shared.expected_nodes);
+        let local = MemoryStore::new(&local_config);
+        let local_settlers = (0..config.models().len())
+            .filter_map(|i| local.settler(&local_config, ModelId(i as u32)))
+            .collect();
+        let keys = config
+            .models()
+            .iter()
+            .map(|m| format!("{}{{{}}}", self.key_prefix, m.name()))
+            .collect();
+        let mut pool_prefixes: Vec<String> = config
+            .priorities()
+            .iter()
+            .map(|p| format!("p:{p}:"))
+            .collect();
+        pool_prefixes.push("d:".to_owned());
+        let (queue, receiver) = mpsc::channel(self.settle_queue);
+        let inner = Arc::new(Inner {
+            config: config.clone(),
+            connection,
+            admit_script: Script::new(include_str!("redis/admit.lua")),
+            settle_script: Script::new(include_str!("redis/settle.lua")),
+            keys,
+            pool_prefixes,
+            ttl_ms: config.settings().window_ms.saturating_add(TTL_MARGIN_MS),
+            failure_mode: shared.failure_mode,
+            timeout: shared.timeout,
+            local_config,
+            local,
+            local_settlers,
+            started: Instant::now(),
+            retry_at_ms: AtomicU64::new(0),
+            healthy: AtomicBool::new(true),
+            stats: RedisStats::default(),
+        });
+        // Load both scripts now so the first admissions are one round trip each; if Redis is down
+        // the store starts degraded and `invoke` loads them when it is back.
+        if let Err(e) = inner.load_scripts().await {
+            inner.mark_down(&e);
+        }
+        tokio::spawn(flush_settlements(Arc::downgrade(&inner), receiver));
+        Ok(RedisStore { inner, queue })
+    }
+}
+
+/// Counters in Redis, shared by every process using the same Redis and key prefix.
+#[derive(Clone)]
+pub struct RedisStore {
+    inner: Arc<Inner>,
+    queue: mpsc::Sender<Queued>,
+}
+
+impl fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisStore")
+            .field("failure_mode", &self.inner.failure_mode)
+            .field("healthy", &self.inner.healthy.load(Ordering::Relaxed))
+            .field("stats", &self.inner.stats)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RedisStore {
+    /// Starts building a store for `target`.
+    pub fn builder(target: RedisTarget) -> RedisStoreBuilder {
+        RedisStoreBuilder {
+            target,
+            key_prefix: "tpl:".to_owned(),
+            settle_queue: DEFAULT_SETTLE_QUEUE,
+        }
+    }
+
+    /// What the store did that an operator should know about.
+    pub fn stats(&self) -> &RedisStats {
+        &self.inner.stats
+    }
+
+    /// Did the last call to Redis succeed?
+    pub fn is_healthy(&self) -> bool {
+        self.inner.healthy.load(Ordering::Relaxed)
+    }
+
+    /// The local fallback's counters and config (capacity divided among `expected_nodes`).
+    pub fn local(&self) -> (&MemoryStore, &LimiterConfig) {
+        (&self.inner.local, &self.inner.local_config)
+    }
+
+    /// The Redis key holding `model`'s counters.
+    pub fn key_of(&self, model: ModelId) -> Option<&str> {
+        self.inner.keys.get(model.index()).map(String::as_str)
+    }
+}
+
+struct Inner {
+    config: LimiterConfig,
+    connection: RedisConnection,
+    admit_script: Script,
+    settle_script: Script,
+    /// Per model: its hash key, `PREFIX{name}`.
+    keys: Box<[String]>,
+    /// Per pool index: the field prefix of its counters (`p:LABEL:`, default pool `d:`).
+    pool_prefixes: Vec<String>,
+    ttl_ms: u64,
+    failure_mode: FailureMode,
+    timeout: Duration,
+    local_config: LimiterConfig,
+    local: MemoryStore,
+    local_settlers: Vec<MemorySettler>,
+    started: Instant,
+    /// While `started.elapsed()` is below this (ms), Redis is not asked.
+    retry_at_ms: AtomicU64,
+    healthy: AtomicBool,
+    stats: RedisStats,
+}
+
+impl Inner {
+    fn elapsed_ms(&self) -> u64 {
+        u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    fn should_try(&self) -> bool {
+        self.elapsed_ms() >= self.retry_at_ms.load(Ordering::Relaxed)
+    }
+
+    fn mark_down(&self, error: &StoreError) {
+        self.stats.failures.fetch_add(1, Ordering::Relaxed);
+        let retry_at = self.elapsed_ms().saturating_add(RETRY_INTERVAL.as_millis() as u64);
+        self.retry_at_ms.store(retry_at, Ordering::Relaxed);
+        if self.healthy.swap(false, Ordering::Relaxed) {
+            tracing::error!(
+                %error,
+                mode = self.failure_mode.as_str(),
+                "rate-limit Redis unavailable; applying redis_failure_mode"
+            );
+        }
+    }
+
+    fn mark_up(&self) {
+        if !self.healthy.load(Ordering::Relaxed) && !self.healthy.swap(true, Ordering::Relaxed) {
+            tracing::warn!("rate-limit Redis answers again; back on shared counters");
+        }
+    }
+
+    async fn load_scripts(&self) -> Result<(), StoreError> {
+        let mut connection = self.connection.clone();
+        self.bounded(async {
+            self.admit_script.load_async(&mut connection).await?;
+            self.settle_script.load_async(&mut connection).await
+        })
+        .await
+        .map(drop)
+    }
+
+    /// Runs one Redis call under the store's timeout.
+    async fn bounded<T>(
+        &self,
+        call: impl Future<Output = redis::RedisResult<T>>,
+    ) -> Result<T, StoreError> {
+        match tokio::time::timeout(self.timeout, call).await {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) => Err(unavailable(e)),
+            Err(_) => Err(StoreError::Timeout),
+        }
+    }
+
+    fn pool_prefix(&self, model: ModelId, pool: PoolRef) -> &str {
+        let n = self.config.model(model).pool_count();
+        if n == 0 {
+            return "";
+        }
+        &self.pool_prefixes[pool_index(pool, n)]
+    }
+
+    async fn admit(&self, request: AdmitRequest) -> Result<Decision, StoreError> {
+        let index = request.model.index();
+        let (Some(limits), Some(key)) = (self.config.models().get(index), self.keys.get(index))
+        else {
+            return Err(StoreError::UnknownModel(request.model));
+        };
+        if !self.should_try() {
+            return self.fallback(request);
+        }
+        let settings = self.config.settings();
+        let pool_limits = limits.pool(request.pool);
+        let limit = |v: Option<u64>| v.map_or(-1, |v| i64::try_from(v).unwrap_or(i64::MAX));
+        let mut invocation = self.admit_script.key(key.as_str());
+        invocation
+            .arg(settings.window_ms)
+            .arg(limit(limits.rpm))
+            .arg(limit(limits.tpm))
+            .arg(self.pool_prefix(request.model, request.pool))
+            .arg(limit(pool_limits.and_then(|p| p.rpm)))
+            .arg(limit(pool_limits.and_then(|p| p.tpm)))
+            .arg(settings.saturation_threshold)
+            .arg(request.reserve)
+            .arg(self.ttl_ms);
+        let mut connection = self.connection.clone();
+        let reply: Result<[i64; 8], StoreError> = self
+            .bounded(invocation.invoke_async(&mut connection))
+            .await;
+        match reply {
+            Ok(reply) => {
+                self.mark_up();
+                Ok(self.decision(request, reply))
+            }
+            Err(e) => {
+                self.mark_down(&e);
+                self.fallback(request)
+            }
+        }
+    }
+
+    /// The full decision from the counters the script saw before it acted.
+    fn decision(&self, request: AdmitRequest, reply: [i64; 8]) -> Decision {
+        let [now, ms, mr, mt, ps, pr, pt, verdict] = reply;
+        let counter = |start: i64, requests: i64, tokens: i64| Counter {
+            window_start: u64::try_from(start).ok(),
+            requests: requests.max(0) as u64,
+            tokens: tokens.max(0) as u64,
+        };
+        let limits = self.config.model(request.model);
+        let pool_counter = (limits.pool_count() > 0).then(|| counter(ps, pr, pt));
+        let decision = decide(
+            limits,
+            self.config.settings(),
+            request.pool,
+            &counter(ms, mr, mt),
+            pool_counter.as_ref(),
+            request.reserve,
+            now.max(0) as Millis,
+        );
+        let admitted = matches!(decision, Decision::Admit(_));
+        if admitted != (verdict == 0) {
+            self.stats.verdict_mismatches.fetch_add(1, Ordering::Relaxed);
+            tracing::error!(
+                model = limits.name(),
+                verdict,
+                ?decision,
+                "admit.lua and decide() disagree; please report this bug"
+            );
+        }
+        decision
+    }
+
+    fn fallback(&self, request: AdmitRequest) -> Result<Decision, StoreError> {
+        match self.failure_mode {
+            FailureMode::Local => {
+                self.stats.local_admissions.fetch_add(1, Ordering::Relaxed);
+                self.local.admit(&self.local_config, request).into_inner()
+            }
+            FailureMode::Open | FailureMode::Closed => {
+                self.stats
+                    .unavailable_admissions
+                    .fetch_add(1, Ordering::Relaxed);
+                Err(StoreError::Unavailable(
+                    "Redis is not answering; retrying shortly".to_owned(),
+                ))
+            }
+        }
+    }
+
+    fn settle_locally(&self, settlement: Settlement) {
+        self.stats.settlements_local.fetch_add(1, Ordering::Relaxed);
+        if let Some(settler) = self.local_settlers.get(settlement.model.index()) {
+            settler.settle(settlement);
+        }
+    }
+
+    async fn settle(&self, s: Settlement) -> Result<(), StoreError> {
+        let Some(key) = self.keys.get(s.model.index()) else {
+            return Ok(());
+        };
+        let mut invocation = self.settle_script.key(key.as_str());
+        invocation
+            .arg(self.config.settings().window_ms)
+            .arg(self.pool_prefix(s.model, s.pool))
+            .arg(s.tokens)
+            .arg(s.reserved)
+            .arg(s.model_window)
+            .arg(s.pool_window)
+            .arg(self.ttl_ms);
+        let mut connection = self.connection.clone();
+        self.bounded(invocation.invoke_async::<i64>(&mut connection))
+            .await
+            .map(drop)
+    }
+}
+
+fn unavailable(e: redis::RedisError) -> StoreError {
+    StoreError::Unavailable(e.to_string())
+}
+
+enum Queued {
+    Settle(Settlement),
+    /// Answered once everything queued before it has been sent.
+    Flush(oneshot::Sender<()>),
+}
+
+/// Drains the settlement queue: up to [`SETTLE_BATCH`] settlements in flight at once, pipelined on
+/// the one multiplexed connection. A settlement Redis cannot take goes to the local counters.
+async fn flush_settlements(inner: std::sync::Weak<Inner>, mut receiver: mpsc::Receiver<Queued>) {
+    let mut batch = Vec::with_capacity(SETTLE_BATCH);
+    while receiver.recv_many(&mut batch, SETTLE_BATCH).await > 0 {
+        let Some(inner) = inner.upgrade() else {
+            return;
+        };
+        let inner = &*inner;
+        let mut flushed = Vec::new();
+        let mut calls = Vec::with_capacity(batch.len());
+        for queued in batch.drain(..) {
+            match queued {
+                Queued::Settle(s) if inner.should_try() => calls.push(async move {
+                    let result = inner.settle(s).await;
+                    (s, result)
+                }),
+                Queued::Settle(s) => inner.settle_locally(s),
+                Queued::Flush(done) => flushed.push(done),
+            }
+        }
+        for (s, result) in futures_util::future::join_all(calls).await {
+            if let Err(e) = result {
+                inner.mark_down(&e);
+                inner.settle_locally(s);
+            }
+        }
+        for done in flushed {
+            let _ = done.send(());
+        }
+    }
+}
+
+/// Settles into Redis through the background queue, or locally while Redis is down.
+#[derive(Clone)]
+pub struct RedisSettler {
+    inner: Arc<Inner>,
+    queue: mpsc::Sender<Queued>,
+}
+
+impl fmt::Debug for RedisSettler {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisSettler").finish_non_exhaustive()
+    }
+}
+
+impl Settler for RedisSettler {
+    fn settle(&self, settlement: Settlement) {
+        if !self.inner.should_try() {
+            self.inner.settle_locally(settlement);
+            return;
+        }
+        match self.queue.try_send(Queued::Settle(settlement)) {
+            Ok(()) => {}
+            Err(mpsc::error::TrySendError::Full(_)) => {
+                let dropped = self
+                    .inner
+                    .stats
+                    .settlements_dropped
+                    .fetch_add(1, Ordering::Relaxed);
+                // Logged at 1, 2, 4, 8, … so a flood does not flood the log too.
+                if (dropped + 1).is_power_of_two() {
+                    tracing::warn!(
+                        dropped = dropped + 1,
+                        "rate-limit settlement queue full; tokens not recorded"
+                    );
+                }
+            }
+            Err(mpsc::error::TrySendError::Closed(Queued::Settle(s))) => {
+                self.inner.settle_locally(s)
+            }
+            Err(mpsc::error::TrySendError::Closed(Queued::Flush(_))) => {}
+        }
+    }
+}
+
+type BoxedAdmit = Pin<Box<dyn Future<Output = Result<Decision, StoreError>> + Send>>;
+
+impl Store for RedisStore {
+    type AdmitFuture = BoxedAdmit;
+    type Settler = RedisSettler;
+
+    fn admit(&self, _config: &LimiterConfig, request: AdmitRequest) -> BoxedAdmit {
+        let inner = Arc::clone(&self.inner);
+        Box::pin(async move { inner.admit(request).await })
+    }
+
+    fn settler(&self, _config: &LimiterConfig, model: ModelId) -> Option<RedisSettler> {
+        (model.index() < self.inner.keys.len()).then(|| RedisSettler {
+            inner: Arc::clone(&self.inner),
+            queue: self.queue.clone(),
+        })
+    }
+
+    fn flush(&self) -> Pin<Box<dyn Future<Output = ()> + Send + '_>> {
+        Box::pin(async move {
+            let (done, flushed) = oneshot::channel();
+            if self.queue.send(Queued::Flush(done)).await.is_ok() {
+                let _ = flushed.await;
+            }
+        })
+    }
+}
+
+/// One server (through the reconnecting manager) or a cluster, behind one connection type.
+#[derive(Clone)]
+enum RedisConnection {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl ConnectionLike for RedisConnection {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            RedisConnection::Single(c) => c.req_packed_command(cmd),
+            RedisConnection::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        cmd: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            RedisConnection::Single(c) => c.req_packed_commands(cmd, offset, count),
+            RedisConnection::Cluster(c) => c.req_packed_commands(cmd, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            RedisConnection::Single(c) => c.get_db(),
+            RedisConnection::Cluster(c) => c.get_db(),
+        }
+    }
+}

@@ -1,0 +1,27 @@
+-- Records a finished request's tokens (mirrors Counter::settle in decision.rs): into the window
+-- current now (a new one if it ended), refunding the reservation if it was made in that window.
+--
+-- KEYS[1]  the model's hash (see admit.lua).
+-- ARGV     window_ms, pool prefix ("" = no pools), tokens, reserved, model window start,
+--          pool window start, key TTL in ms.
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local key = KEYS[1]
+local window = tonumber(ARGV[1])
+local tokens, reserved = tonumber(ARGV[3]), tonumber(ARGV[4])
+
+local function settle(p, admitted_in)
+  local f = redis.call('HMGET', key, p .. 's', p .. 't')
+  local s, k = tonumber(f[1]), tonumber(f[2]) or 0
+  if not (s ~= nil and now < s + window) then
+    s, k = now, 0
+    redis.call('HSET', key, p .. 's', now, p .. 'r', 0)
+  end
+  if reserved > 0 and admitted_in == s then k = math.max(0, k - reserved) end
+  redis.call('HSET', key, p .. 't', k + tokens)
+end
+
+settle('m', tonumber(ARGV[5]))
+if ARGV[2] ~= '' then settle(ARGV[2], tonumber(ARGV[6])) end
+redis.call('PEXPIRE', key, tonumber(ARGV[7]))
+return 1
