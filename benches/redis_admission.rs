@@ -1,0 +1,136 @@
+//! The Redis store against a local `redis-server`: admissions per second and p50/p99 latency per
+//! admission with 1, 16 and 64 in flight, then settlement throughput.
+//!
+//! `cargo bench -p benches --bench redis_admission` (starts its own redis-server from `PATH` on a
+//! free port; prints a notice and exits if there is none). `BENCH_SECS` sets seconds per row
+//! (default 5). A criterion harness measures one operation at a time, so this bench drives the
+//! concurrency itself and reports percentiles from every admission's own latency.
+
+#[path = "../tests/common/redis.rs"]
+mod redis_server;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tower_priority_limit::config::{LimiterConfig, ModelId, PoolRef, Reservation};
+use tower_priority_limit::decision::Decision;
+use tower_priority_limit::store::{RedisStore, RedisTarget, Store};
+use tower_priority_limit::Limiter;
+
+fn config() -> LimiterConfig {
+    LimiterConfig::builder()
+        .model("model-0", Some(u64::MAX / 4), Some(u64::MAX / 4))
+        .model("model-1", Some(u64::MAX / 4), Some(u64::MAX / 4))
+        .reserve("prod", Reservation::Percent(0.9))
+        .reserve("dev", Reservation::Percent(0.1))
+        .saturation_threshold(0.0) // strict: every admission checks both pairs
+        .build()
+        .unwrap()
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
+}
+
+async fn admissions(limiter: Arc<Limiter<RedisStore>>, in_flight: usize, secs: u64) {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    let started = Instant::now();
+    let tasks: Vec<_> = (0..in_flight)
+        .map(|i| {
+            let limiter = limiter.clone();
+            tokio::spawn(async move {
+                let model: ModelId = limiter
+                    .config()
+                    .model_id(["model-0", "model-1"][i % 2])
+                    .unwrap();
+                let pool = PoolRef::Named((i % 2) as u16);
+                let mut latencies = Vec::with_capacity(1 << 16);
+                while Instant::now() < deadline {
+                    let t = Instant::now();
+                    match limiter.admit(model, pool, 0).await {
+                        Ok(Decision::Admit(_)) => latencies.push(t.elapsed()),
+                        other => panic!("expected an admission, got {other:?}"),
+                    }
+                }
+                latencies
+            })
+        })
+        .collect();
+    let mut all = Vec::new();
+    for t in tasks {
+        all.extend(t.await.unwrap());
+    }
+    let elapsed = started.elapsed();
+    all.sort_unstable();
+    println!(
+        "| {in_flight:>3} in flight | {:>9.0} adm/s | p50 {:>7.1} µs | p99 {:>7.1} µs | {} admissions |",
+        all.len() as f64 / elapsed.as_secs_f64(),
+        percentile(&all, 0.50).as_secs_f64() * 1e6,
+        percentile(&all, 0.99).as_secs_f64() * 1e6,
+        all.len()
+    );
+    let stats = limiter.store().stats();
+    assert_eq!(stats.failures.load(std::sync::atomic::Ordering::Relaxed), 0);
+}
+
+async fn settlements(limiter: Arc<Limiter<RedisStore>>, n: usize) {
+    let model: ModelId = limiter.config().model_id("model-0").unwrap();
+    let pool = PoolRef::Named(0);
+    let mut leases = Vec::with_capacity(n);
+    for _ in 0..n {
+        let Ok(Decision::Admit(a)) = limiter.admit(model, pool, 0).await else {
+            panic!("admitted")
+        };
+        leases.push(limiter.lease(model, pool, &a));
+    }
+    let started = Instant::now();
+    for lease in leases {
+        lease.settle(30);
+    }
+    limiter.store().flush().await;
+    let elapsed = started.elapsed();
+    let stats = limiter.store().stats();
+    println!(
+        "| settlements | {:>9.0} settled/s | {n} queued and flushed in {:.1} ms | dropped {} |",
+        n as f64 / elapsed.as_secs_f64(),
+        elapsed.as_secs_f64() * 1e3,
+        stats
+            .settlements_dropped
+            .load(std::sync::atomic::Ordering::Relaxed)
+    );
+}
+
+fn main() {
+    let Some(redis) = redis_server::RedisServer::start("redis_admission bench") else {
+        return;
+    };
+    let secs: u64 = std::env::var("BENCH_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(5);
+    let threads: usize = std::env::var("BENCH_THREADS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(1);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(threads)
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let config = config();
+        let store = RedisStore::builder(RedisTarget::Single(redis.url()))
+            .connect(&config)
+            .await
+            .expect("redis store");
+        let limiter = Arc::new(Limiter::with_store(config, store));
+        println!(
+            "redis-server on port {}, {threads} client runtime thread(s), {secs} s per row",
+            redis.port()
+        );
+        for in_flight in [1, 16, 64] {
+            admissions(limiter.clone(), in_flight, secs).await;
+        }
+        settlements(limiter, 50_000).await;
+    });
+}

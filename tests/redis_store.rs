@@ -1,0 +1,506 @@
+//! The Redis store against a real `redis-server` (SPEC §1.4 multi-node, §3 "degrade, don't
+//! vanish"): the Lua script and `decide()` agree, several processes share exact limits, windows roll
+//! on Redis time, every key expires, each failure mode does what it says, and Redis Cluster works.
+
+mod common;
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::redis::{RedisCluster, RedisServer};
+use common::{json_body, shift_redis_windows, App};
+use tower_priority_limit::clock::ManualClock;
+use tower_priority_limit::config::{FailureMode, LimiterConfig, Reservation};
+use tower_priority_limit::decision::{Admitted, Rejected};
+use tower_priority_limit::store::{RedisStore, RedisTarget, Store};
+use tower_priority_limit::{Acquired, Limiter};
+
+async fn redis_limiter(
+    config: LimiterConfig,
+    target: RedisTarget,
+    prefix: &str,
+) -> Arc<Limiter<RedisStore>> {
+    let store = RedisStore::builder(target)
+        .key_prefix(prefix)
+        .connect(&config)
+        .await
+        .expect("redis store");
+    Arc::new(Limiter::with_store(config, store))
+}
+
+fn single(redis: &RedisServer) -> RedisTarget {
+    RedisTarget::Single(redis.url())
+}
+
+/// What must be equal between stores (retry-after differs by the milliseconds Redis time ran on).
+#[derive(Debug, PartialEq)]
+enum Outcome {
+    Admitted(Admitted),
+    Rejected(Rejected),
+    Unknown,
+}
+
+fn outcome<St: Store>(
+    acquired: Acquired<St>,
+) -> (Outcome, Option<tower_priority_limit::Lease<St>>) {
+    match acquired {
+        Acquired::Admitted { lease, admitted } => (
+            Outcome::Admitted(Admitted {
+                model_resets_in: 0,
+                pool_resets_in: 0,
+                model_window: 0,
+                pool_window: 0,
+                ..admitted
+            }),
+            Some(lease),
+        ),
+        Acquired::Rejected(r) => (
+            Outcome::Rejected(Rejected {
+                retry_after_ms: 0,
+                ..r
+            }),
+            None,
+        ),
+        Acquired::UnknownModel => (Outcome::Unknown, None),
+    }
+}
+
+/// A tiny deterministic generator (no RNG dependency needed for a fixed sequence).
+struct Lcg(u64);
+impl Lcg {
+    fn next(&mut self, n: u64) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (self.0 >> 33) % n
+    }
+}
+
+/// The shared table of SPEC §1.3–§1.4 behaviour: the same random sequence of admissions,
+/// settlements and window moves on the embedded store and on Redis gives the same decisions,
+/// usage and saturation at every step, and the script never disagrees with `decide()`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lua_script_and_decide_agree_step_by_step() {
+    let Some(redis) = RedisServer::start("lua_script_and_decide_agree_step_by_step") else {
+        return;
+    };
+    let config = LimiterConfig::builder()
+        .model("m", Some(12), Some(300))
+        .model("tokens-only", None, Some(200))
+        .reserve("prod", Reservation::Percent(0.6))
+        .reserve("dev", Reservation::Percent(0.15))
+        .default_priority(0.2)
+        .saturation_threshold(0.5)
+        .build()
+        .unwrap();
+    let clock = ManualClock::new();
+    let memory = Limiter::with_clock(config.clone(), clock.clone());
+    let shared = redis_limiter(config, single(&redis), "agree:").await;
+    let client = ::redis::Client::open(redis.url()).unwrap();
+
+    let mut rng = Lcg(7);
+    let priorities = [Some("prod"), Some("dev"), None, Some("unknown")];
+    let models = ["m", "tokens-only"];
+    let mut leases = Vec::new();
+    let (mut admitted, mut rejected) = (0, 0);
+    for step in 0..400 {
+        match rng.next(10) {
+            // Whole seconds, and every lease settled first (a shifted window would not match the
+            // lease's window start); see `shift_redis_windows`.
+            0 => {
+                for (a, b, tokens) in leases.drain(..) {
+                    settle_both(a, b, tokens, &shared).await;
+                }
+                let by = Duration::from_secs(1 + rng.next(40));
+                clock.advance(by);
+                shift_redis_windows(&client, "agree:", by);
+            }
+            1..=3 if !leases.is_empty() => {
+                let i = rng.next(leases.len() as u64) as usize;
+                let (a, b, tokens) = leases.swap_remove(i);
+                settle_both(a, b, tokens, &shared).await;
+            }
+            _ => {
+                let model = models[rng.next(2) as usize];
+                let priority = priorities[rng.next(4) as usize];
+                let (want, a) = outcome(memory.acquire(model, priority, 0).await.unwrap());
+                let (got, b) = outcome(shared.acquire(model, priority, 0).await.unwrap());
+                assert_eq!(got, want, "step {step}: {model} as {priority:?}");
+                match (a, b) {
+                    (Some(a), Some(b)) => {
+                        admitted += 1;
+                        leases.push((a, b, 10 + rng.next(40)));
+                    }
+                    _ => rejected += 1,
+                }
+            }
+        }
+    }
+    assert!(
+        admitted > 50 && rejected > 50,
+        "{admitted} admitted, {rejected} refused: the sequence exercised both"
+    );
+    assert_eq!(
+        shared
+            .store()
+            .stats()
+            .verdict_mismatches
+            .load(Ordering::Relaxed),
+        0
+    );
+    assert_eq!(shared.store().stats().failures.load(Ordering::Relaxed), 0);
+}
+
+async fn settle_both(
+    a: tower_priority_limit::Lease<tower_priority_limit::store::MemoryStore>,
+    b: tower_priority_limit::Lease<RedisStore>,
+    tokens: u64,
+    shared: &Limiter<RedisStore>,
+) {
+    a.settle(tokens);
+    b.settle(tokens);
+    shared.store().flush().await;
+}
+
+/// Three processes (three stores, one Redis) and 300 concurrent requests against `rpm: 100`:
+/// exactly 100 admitted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_processes_share_one_exact_limit() {
+    let Some(redis) = RedisServer::start("three_processes_share_one_exact_limit") else {
+        return;
+    };
+    let config = LimiterConfig::builder()
+        .model("m", Some(100), None)
+        .build()
+        .unwrap();
+    let mut nodes = Vec::new();
+    for _ in 0..3 {
+        nodes.push(redis_limiter(config.clone(), single(&redis), "fleet:").await);
+    }
+    let tasks: Vec<_> = (0..300)
+        .map(|i| {
+            let node = nodes[i % 3].clone();
+            tokio::spawn(async move {
+                matches!(
+                    node.acquire("m", None, 0).await.unwrap(),
+                    Acquired::Admitted { .. }
+                )
+            })
+        })
+        .collect();
+    let mut admitted = 0;
+    for t in tasks {
+        admitted += usize::from(t.await.unwrap());
+    }
+    assert_eq!(admitted, 100);
+    for node in &nodes {
+        assert_eq!(node.store().stats().failures.load(Ordering::Relaxed), 0);
+    }
+}
+
+/// Windows roll on Redis time (a 300 ms window keeps the test short).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn window_rolls_over_on_redis_time() {
+    let Some(redis) = RedisServer::start("window_rolls_over_on_redis_time") else {
+        return;
+    };
+    let config = LimiterConfig::builder()
+        .model("m", Some(2), None)
+        .window(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    let limiter = redis_limiter(config, single(&redis), "roll:").await;
+    let admit = || async {
+        matches!(
+            limiter.acquire("m", None, 0).await.unwrap(),
+            Acquired::Admitted { .. }
+        )
+    };
+    assert!(admit().await && admit().await);
+    let Acquired::Rejected(r) = limiter.acquire("m", None, 0).await.unwrap() else {
+        panic!("the third request in the window is refused");
+    };
+    assert!(
+        r.retry_after_ms <= 300,
+        "retry after the window's end: {r:?}"
+    );
+    tokio::time::sleep(Duration::from_millis(r.retry_after_ms + 20)).await;
+    assert!(admit().await, "a new window on Redis time");
+    assert!(admit().await);
+    assert!(!admit().await);
+}
+
+/// Every key the store writes has a TTL no longer than its window (+1 s), so nothing grows
+/// without bound; settlements land in Redis by `flush`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_key_expires_and_settlements_are_flushed() {
+    let Some(redis) = RedisServer::start("every_key_expires_and_settlements_are_flushed") else {
+        return;
+    };
+    let config = LimiterConfig::builder()
+        .model("a", Some(10), Some(1000))
+        .model("b", None, Some(1000))
+        .reserve("prod", Reservation::Percent(0.5))
+        .build()
+        .unwrap();
+    let limiter = redis_limiter(config, single(&redis), "ttl:").await;
+    for (model, priority) in [("a", Some("prod")), ("b", None), ("a", None)] {
+        let Acquired::Admitted { lease, .. } = limiter.acquire(model, priority, 0).await.unwrap()
+        else {
+            panic!("idle models admit");
+        };
+        lease.settle(42);
+    }
+    limiter.store().flush().await;
+    let mut con = ::redis::Client::open(redis.url())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let keys: Vec<String> = ::redis::cmd("KEYS").arg("*").query(&mut con).unwrap();
+    assert_eq!(keys.len(), 2, "one hash per model: {keys:?}");
+    for key in &keys {
+        let ttl: i64 = ::redis::cmd("PTTL").arg(key).query(&mut con).unwrap();
+        assert!(
+            ttl > 0 && ttl <= 61_000,
+            "{key} expires within its window: {ttl} ms"
+        );
+    }
+    let a_tokens: u64 = ::redis::cmd("HGET")
+        .arg("ttl:{a}")
+        .arg("mt")
+        .query(&mut con)
+        .unwrap();
+    let prod_tokens: u64 = ::redis::cmd("HGET")
+        .arg("ttl:{a}")
+        .arg("p:prod:t")
+        .query(&mut con)
+        .unwrap();
+    assert_eq!((a_tokens, prod_tokens), (84, 42));
+}
+
+const FAULT_CONFIG: &str = r#"
+model_list: [{model_name: m, litellm_params: {model: m, rpm: 100}}]
+litellm_settings:
+  priority_reservation_settings:
+    redis_failure_mode: MODE
+    expected_nodes: 4
+    redis_timeout_ms: 50
+"#;
+
+async fn fault_app(mode: &str, redis: &RedisServer) -> App<RedisStore> {
+    App::start_redis(&FAULT_CONFIG.replace("MODE", mode), redis).await
+}
+
+/// `local` (the default): with Redis killed, each node enforces capacity / expected_nodes
+/// (100 / 4 = 25) from its own counters; after a restart it is back on shared counters within a
+/// second.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn local_mode_keeps_a_conservative_share_and_comes_back() {
+    let Some(mut redis) =
+        RedisServer::start("local_mode_keeps_a_conservative_share_and_comes_back")
+    else {
+        return;
+    };
+    let app = fault_app("local", &redis).await;
+    assert_eq!(app.served(None, "m", 10).await, 10, "shared counters");
+    redis.kill();
+    assert_eq!(app.served(None, "m", 40).await, 25, "local share: 100 / 4");
+    let stats = app.limiter.store().stats();
+    assert!(stats.local_admissions.load(Ordering::Relaxed) >= 25);
+    assert!(!app.limiter.store().is_healthy());
+
+    redis.restart();
+    let restarted = Instant::now();
+    let shared_again = loop {
+        // The local share is used up: a 200 now can only come from the (empty) shared counters.
+        if app.status(None, "m").await == 200 {
+            break restarted.elapsed();
+        }
+        assert!(
+            restarted.elapsed() < Duration::from_secs(5),
+            "never went back to Redis"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(
+        shared_again < Duration::from_secs(1),
+        "back on shared counters after {shared_again:?}"
+    );
+    assert!(app.limiter.store().is_healthy());
+    let mut con = ::redis::Client::open(redis.url())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let keys: Vec<String> = ::redis::cmd("KEYS").arg("*").query(&mut con).unwrap();
+    assert_eq!(keys.len(), 1, "admissions counted in Redis again");
+}
+
+/// `open`: with Redis down every request is served (unlimited, logged, counted).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn open_mode_serves_while_redis_is_down() {
+    let Some(mut redis) = RedisServer::start("open_mode_serves_while_redis_is_down") else {
+        return;
+    };
+    let app = fault_app("open", &redis).await;
+    redis.kill();
+    assert_eq!(
+        app.served(None, "m", 150).await,
+        150,
+        "over the 100 rpm: no limit while open"
+    );
+    assert!(
+        app.limiter
+            .store()
+            .stats()
+            .unavailable_admissions
+            .load(Ordering::Relaxed)
+            >= 150
+    );
+}
+
+/// `closed`: with Redis down every request gets 503 in the OpenAI error shape.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn closed_mode_refuses_with_503_while_redis_is_down() {
+    let Some(mut redis) = RedisServer::start("closed_mode_refuses_with_503_while_redis_is_down")
+    else {
+        return;
+    };
+    let app = fault_app("closed", &redis).await;
+    assert_eq!(app.status(None, "m").await, 200);
+    redis.kill();
+    for _ in 0..3 {
+        let (status, _, body) = app.chat(None, "m", false).await;
+        assert_eq!(status, 503);
+        let error = &json_body(&body)["error"];
+        assert_eq!(error["type"], "service_unavailable");
+        assert_eq!(error["code"], "503");
+        assert!(error["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("Rate limiter unavailable"));
+    }
+    redis.restart();
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while app.status(None, "m").await != 200 {
+        assert!(Instant::now() < deadline, "closed mode never recovered");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A paused Redis (SIGSTOP) cannot hang requests: each is answered within the per-call timeout,
+/// per the failure mode (here `local`), and the shared counters come back after SIGCONT.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_redis_cannot_hang_requests() {
+    let Some(redis) = RedisServer::start("a_paused_redis_cannot_hang_requests") else {
+        return;
+    };
+    let app = fault_app("local", &redis).await;
+    assert_eq!(app.status(None, "m").await, 200);
+    redis.pause();
+    for _ in 0..5 {
+        let answered = tokio::time::timeout(Duration::from_secs(2), app.status(None, "m")).await;
+        assert_eq!(answered, Ok(200), "answered from the local share, not hung");
+    }
+    assert!(app.limiter.store().stats().failures.load(Ordering::Relaxed) >= 1);
+    redis.resume();
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while !app.limiter.store().is_healthy() {
+        assert!(
+            Instant::now() < deadline,
+            "never back on Redis after SIGCONT"
+        );
+        app.status(None, "m").await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A full settlement queue is counted, never waited on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_settlement_queue_drops_and_counts() {
+    let Some(redis) = RedisServer::start("a_full_settlement_queue_drops_and_counts") else {
+        return;
+    };
+    let config = LimiterConfig::builder()
+        .model("m", None, Some(1_000_000))
+        .failure_mode(FailureMode::Local)
+        .build()
+        .unwrap();
+    let store = RedisStore::builder(single(&redis))
+        .key_prefix("queue:")
+        .settle_queue(1)
+        .connect(&config)
+        .await
+        .unwrap();
+    let limiter = Limiter::with_store(config, store);
+    let mut leases = Vec::new();
+    for _ in 0..50 {
+        let Acquired::Admitted { lease, .. } = limiter.acquire("m", None, 0).await.unwrap() else {
+            panic!("admitted");
+        };
+        leases.push(lease);
+    }
+    // 50 settlements at once into a queue of one, from a thread that never yields.
+    for lease in leases {
+        lease.settle(1);
+    }
+    limiter.store().flush().await;
+    let dropped = limiter
+        .store()
+        .stats()
+        .settlements_dropped
+        .load(Ordering::Relaxed);
+    assert!(dropped >= 1 && dropped < 50, "{dropped} dropped");
+}
+
+/// A 3-master Redis Cluster: models hash to different slots, every script touches one key, so
+/// there is no CROSSSLOT error and the limits are exact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_cluster_limits_every_model_exactly() {
+    let Some(cluster) = RedisCluster::start("redis_cluster_limits_every_model_exactly", 3) else {
+        return;
+    };
+    let names = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta"];
+    let mut builder = LimiterConfig::builder()
+        .reserve("prod", Reservation::Percent(0.5))
+        .saturation_threshold(0.0);
+    for name in names {
+        builder = builder.model(name, Some(4), Some(1000));
+    }
+    let config = builder.build().unwrap();
+    let limiter = redis_limiter(config, RedisTarget::Cluster(cluster.urls()), "cluster:").await;
+    for name in names {
+        let mut admitted = 0;
+        for _ in 0..6 {
+            if let Acquired::Admitted { lease, .. } =
+                limiter.acquire(name, Some("prod"), 0).await.unwrap()
+            {
+                admitted += 1;
+                lease.settle(5);
+            }
+        }
+        assert_eq!(
+            admitted, 2,
+            "{name}: strict from the first request, prod holds 50% of 4"
+        );
+    }
+    limiter.store().flush().await;
+    let stats = limiter.store().stats();
+    assert_eq!(
+        stats.failures.load(Ordering::Relaxed),
+        0,
+        "no CROSSSLOT or other error"
+    );
+    assert_eq!(stats.settlements_local.load(Ordering::Relaxed), 0);
+    let slots: std::collections::HashSet<String> = names
+        .iter()
+        .map(|n| {
+            cluster.nodes()[0]
+                .cli(&["cluster", "keyslot", &format!("cluster:{{{n}}}")])
+                .trim()
+                .to_owned()
+        })
+        .collect();
+    assert!(slots.len() >= 3, "the models spread over slots: {slots:?}");
+}
