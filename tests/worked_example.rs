@@ -92,7 +92,6 @@ async fn threshold_half_rows_1_to_3() {
 }
 
 async fn threshold_half<St: Store>(app: App<St>) {
-
     let w1 = window(&app, "a", 0).await;
     about(w1.a_served, 500);
     assert_eq!(w1.b_served, 0);
@@ -123,7 +122,6 @@ async fn every_row_on_redis() {
 }
 
 async fn threshold_point_eight<St: Store>(app: App<St>) {
-
     let w1 = window(&app, "a", 0).await;
     about(w1.a_served, 800);
 

@@ -80,7 +80,10 @@ pub enum TimeControl {
     Manual(ManualClock),
     /// Redis measures time itself, so windows are moved instead: every window start under
     /// `prefix` is shifted back (the issue allows "manipulate keys' state"; no 60 s sleeps).
-    Redis { client: ::redis::Client, prefix: String },
+    Redis {
+        client: ::redis::Client,
+        prefix: String,
+    },
 }
 
 impl TimeControl {

@@ -100,7 +100,10 @@ impl RedisServer {
                 return server;
             }
         }
-        panic!("redis-server did not start (see its log in {:?})", server.dir);
+        panic!(
+            "redis-server did not start (see its log in {:?})",
+            server.dir
+        );
     }
 
     fn launch(&mut self) -> bool {

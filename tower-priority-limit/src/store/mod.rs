@@ -19,9 +19,9 @@ pub mod memory;
 #[cfg(feature = "redis")]
 pub mod redis;
 
-pub use memory::{MemorySettler, MemoryStore};
 #[cfg(feature = "redis")]
 pub use self::redis::{RedisSettler, RedisStats, RedisStore, RedisStoreBuilder, RedisTarget};
+pub use memory::{MemorySettler, MemoryStore};
 
 /// One admission to decide.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -139,14 +139,13 @@ impl RedisStoreBuilder {
                 )
             }
             RedisTarget::Cluster(nodes) => {
-                let client = redis::cluster::ClusterClient::builder(nodes.iter().map(String::as_str))
-                    .connection_timeout(Duration::from_millis(500))
-                    .response_timeout(Duration::from_secs(5))
-                    .build()
-                    .map_err(unavailable)?;
-                RedisConnection::Cluster(
-                    client.get_async_connection().await.map_err(unavailable)?,
-                )
+                let client =
+                    redis::cluster::ClusterClient::builder(nodes.iter().map(String::as_str))
+                        .connection_timeout(Duration::from_millis(500))
+                        .response_timeout(Duration::from_secs(5))
+                        .build()
+                        .map_err(unavailable)?;
+                RedisConnection::Cluster(client.get_async_connection().await.map_err(unavailable)?)
             }
         };
         let local_config = config.divided_among(shared.expected_nodes);
@@ -275,7 +274,9 @@ impl Inner {
 
     fn mark_down(&self, error: &StoreError) {
         self.stats.failures.fetch_add(1, Ordering::Relaxed);
-        let retry_at = self.elapsed_ms().saturating_add(RETRY_INTERVAL.as_millis() as u64);
+        let retry_at = self
+            .elapsed_ms()
+            .saturating_add(RETRY_INTERVAL.as_millis() as u64);
         self.retry_at_ms.store(retry_at, Ordering::Relaxed);
         if self.healthy.swap(false, Ordering::Relaxed) {
             tracing::error!(
@@ -346,9 +347,8 @@ impl Inner {
             .arg(request.reserve)
             .arg(self.ttl_ms);
         let mut connection = self.connection.clone();
-        let reply: Result<[i64; 8], StoreError> = self
-            .bounded(invocation.invoke_async(&mut connection))
-            .await;
+        let reply: Result<[i64; 8], StoreError> =
+            self.bounded(invocation.invoke_async(&mut connection)).await;
         match reply {
             Ok(reply) => {
                 self.mark_up();
@@ -382,7 +382,9 @@ impl Inner {
         );
         let admitted = matches!(decision, Decision::Admit(_));
         if admitted != (verdict == 0) {
-            self.stats.verdict_mismatches.fetch_add(1, Ordering::Relaxed);
+            self.stats
+                .verdict_mismatches
+                .fetch_add(1, Ordering::Relaxed);
             tracing::error!(
                 model = limits.name(),
                 verdict,
