@@ -42,11 +42,22 @@
 //!    frame passes through untouched while the [`meter`] reads usage; the request's
 //!    [`Lease`] settles the tokens at end of stream, on error, or when the body is dropped.
 //!
+//! ## Many processes: the Redis store
+//!
+//! With the `redis` feature, [`store::RedisStore`] keeps the counters in Redis (or Redis Cluster)
+//! so a fleet of gateways enforces one set of limits exactly: one `EVALSHA` per admission, windows
+//! on Redis time, settlements queued and sent in the background. Build the limiter with
+//! [`Limiter::with_store`] and the layer with [`PriorityLimitLayer::from_limiter`].
+//!
 //! ## Failure modes
 //!
-//! Store errors (a remote store down) answer 503 by default ([`StoreFailure::Closed`]);
-//! [`StoreFailure::Open`] serves unlimited instead, logging each time. Bad request bodies get a
-//! 400/413 in the OpenAI error shape. Nothing on the request path panics on input.
+//! What a shared store does while Redis cannot answer is `redis_failure_mode` in
+//! `priority_reservation_settings` ([`config::FailureMode`]): `local` (the default) keeps limiting
+//! in each process with `capacity / expected_nodes`; `open` serves unlimited, logging and counting
+//! each request ([`StoreFailure::Open`]); `closed` answers 503 in the OpenAI error shape
+//! ([`StoreFailure::Closed`], also what any other store error gets). Each Redis call has a timeout
+//! (`redis_timeout_ms`, 50 ms). Bad request bodies get a 400/413 in the OpenAI error shape. Nothing
+//! on the request path panics on input.
 //!
 //! ## Time
 //!
