@@ -451,7 +451,7 @@ async fn a_full_settlement_queue_drops_and_counts() {
         .stats()
         .settlements_dropped
         .load(Ordering::Relaxed);
-    assert!(dropped >= 1 && dropped < 50, "{dropped} dropped");
+    assert!((1..50).contains(&dropped), "{dropped} dropped");
 }
 
 /// A 3-master Redis Cluster: models hash to different slots, every script touches one key, so

@@ -1,5 +1,5 @@
-//! The gateway's config file: the limiter's part (SPEC §1.1) plus deployments, the master key and
-//! request limits (SPEC §2.2), validated with errors that name the YAML path.
+//! The gateway's config file: the limiter's part (SPEC §1.1) plus deployments, the master key,
+//! request limits and where Redis is (SPEC §2.2), validated with errors that name the YAML path.
 
 use std::time::Duration;
 
@@ -15,6 +15,15 @@ pub const OPENAI_API_BASE: &str = "https://api.openai.com/v1";
 pub const DEFAULT_MAX_REQUEST_BYTES: usize = 10 * 1024 * 1024;
 /// Default upstream timeout (`litellm_params.timeout`, seconds), as in the source product.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(600);
+/// Default `router_settings.redis_port` (and `REDIS_PORT`).
+pub const DEFAULT_REDIS_PORT: u16 = 6379;
+/// Default `router_settings.redis_key_prefix`: every Redis key the gateway writes starts with it.
+pub const DEFAULT_REDIS_KEY_PREFIX: &str = "tpl:";
+
+use tower_priority_limit::store::redact_url;
+/// Where Redis is: one server or a cluster (the limiter's own type, so one value serves both the
+/// key store and the limiter's counters).
+pub use tower_priority_limit::store::RedisTarget;
 
 /// Where a deployment's answers come from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -59,11 +68,28 @@ pub struct GatewayConfig {
     pub master_key: Option<String>,
     /// Request bodies larger than this get a 413.
     pub max_request_bytes: usize,
+    /// Redis, when configured (`router_settings.redis_*` or the `REDIS_*` environment): keys and
+    /// teams are then shared by every gateway pointed at it. `None`: everything is embedded.
+    pub redis: Option<RedisTarget>,
+    /// `router_settings.redis_key_prefix` (default [`DEFAULT_REDIS_KEY_PREFIX`]): the start of
+    /// every Redis key the gateway writes, so several deployments can share one Redis.
+    pub redis_key_prefix: String,
 }
 
 impl GatewayConfig {
-    /// Parses and validates a config file's text.
+    /// Parses and validates a config file's text. `REDIS_URL`, `REDIS_HOST`, `REDIS_PORT` and
+    /// `REDIS_PASSWORD` are read from the environment when the file names no Redis.
     pub fn from_yaml_str(yaml: &str) -> Result<Self, ConfigError> {
+        Self::from_yaml_str_with_env(yaml, |name| std::env::var(name).ok())
+    }
+
+    /// [`Self::from_yaml_str`], reading the `REDIS_*` fallbacks through `env` instead of the
+    /// process environment (so callers and tests need not change process-wide state).
+    /// `os.environ/NAME` values in the file still come from the process environment.
+    pub fn from_yaml_str_with_env(
+        yaml: &str,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<Self, ConfigError> {
         let doc: Value = serde_yaml_ng::from_str(yaml)
             .map_err(|e| ConfigError::new("", format!("invalid YAML: {e}")))?;
         let limiter = LimiterConfig::from_value(&doc)?;
@@ -113,12 +139,16 @@ impl GatewayConfig {
             }
         }
 
+        let (redis, redis_key_prefix) = redis_settings(&root, &env)?;
+
         Ok(Self {
             limiter,
             limiter_enabled,
             deployments,
             master_key,
             max_request_bytes,
+            redis,
+            redis_key_prefix,
         })
     }
 
@@ -196,6 +226,173 @@ fn deployment(item: &Node<'_>) -> Result<Deployment, ConfigError> {
         target,
         timeout,
     })
+}
+
+/// `router_settings.redis_*`, else the `REDIS_*` environment; first match wins:
+/// `redis_url`, `redis_host` (+ `redis_port`, `redis_password`), `redis_startup_nodes` (+
+/// `redis_password`), `REDIS_URL`, `REDIS_HOST` (+ `REDIS_PORT`, `REDIS_PASSWORD`).
+fn redis_settings(
+    root: &Node<'_>,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<(Option<RedisTarget>, String), ConfigError> {
+    let mut prefix = DEFAULT_REDIS_KEY_PREFIX.to_owned();
+    let mut target = None;
+    if let Some(settings) = root.get("router_settings")? {
+        if let Some(p) = settings.get("redis_key_prefix")? {
+            prefix = p.string()?;
+        }
+        let password = match settings.get("redis_password")? {
+            Some(p) => Some(p.string()?).filter(|p| !p.is_empty()),
+            None => None,
+        };
+        if let Some(url) = settings.get("redis_url")? {
+            target = Some(RedisTarget::Single(redis_url(&url.string()?, &url.path())?));
+        } else if let Some(host) = settings.get("redis_host")? {
+            let port = match settings.get("redis_port")? {
+                Some(p) => port_of(&p)?,
+                None => DEFAULT_REDIS_PORT,
+            };
+            let url = tcp_url(&host.string()?, port, password.as_deref(), &host.path())?;
+            target = Some(RedisTarget::Single(url));
+        } else if let Some(nodes) = settings.get("redis_startup_nodes")? {
+            let mut urls = Vec::new();
+            for node in nodes.items()? {
+                urls.push(startup_node(&node, password.as_deref())?);
+            }
+            if urls.is_empty() {
+                return Err(nodes.error("expected at least one \"host:port\""));
+            }
+            target = Some(RedisTarget::Cluster(urls));
+        } else {
+            // Half a server address is a mistake, not a request to run embedded.
+            for field in ["redis_port", "redis_password"] {
+                if let Some(n) = settings.get(field)? {
+                    return Err(n.error("needs router_settings.redis_host (or use redis_url)"));
+                }
+            }
+        }
+    }
+    if target.is_none() {
+        let var = |name: &str| env(name).filter(|v| !v.trim().is_empty());
+        if let Some(url) = var("REDIS_URL") {
+            target = Some(RedisTarget::Single(redis_url(url.trim(), "REDIS_URL")?));
+        } else if let Some(host) = var("REDIS_HOST") {
+            let port = match var("REDIS_PORT") {
+                Some(p) => parse_port(p.trim(), "REDIS_PORT")?,
+                None => DEFAULT_REDIS_PORT,
+            };
+            let password = var("REDIS_PASSWORD");
+            let url = tcp_url(host.trim(), port, password.as_deref(), "REDIS_HOST")?;
+            target = Some(RedisTarget::Single(url));
+        }
+    }
+    Ok((target, prefix))
+}
+
+/// A port as a number or a string (`os.environ/NAME` included).
+fn port_of(node: &Node<'_>) -> Result<u16, ConfigError> {
+    parse_port(node.string()?.trim(), &node.path())
+}
+
+fn parse_port(s: &str, path: &str) -> Result<u16, ConfigError> {
+    match s.parse::<u16>() {
+        Ok(p) if p > 0 => Ok(p),
+        _ => Err(ConfigError::new(
+            path,
+            format!("expected a port 1-65535, got \"{s}\""),
+        )),
+    }
+}
+
+/// A `redis://`, `rediss://` or `unix://` URL the Redis client accepts.
+fn redis_url(url: &str, path: &str) -> Result<String, ConfigError> {
+    const SCHEMES: [&str; 4] = ["redis://", "rediss://", "unix://", "redis+unix://"];
+    if !SCHEMES.iter().any(|s| url.starts_with(s)) {
+        return Err(ConfigError::new(
+            path,
+            format!(
+                "expected a redis://, rediss:// or unix:// URL, got \"{}\"",
+                redact_url(url)
+            ),
+        ));
+    }
+    redis::IntoConnectionInfo::into_connection_info(url).map_err(|e| {
+        ConfigError::new(
+            path,
+            format!("invalid Redis URL \"{}\": {e}", redact_url(url)),
+        )
+    })?;
+    Ok(url.to_owned())
+}
+
+/// `redis://[:PASSWORD@]HOST:PORT/`, the password percent-encoded so any character is safe.
+fn tcp_url(
+    host: &str,
+    port: u16,
+    password: Option<&str>,
+    path: &str,
+) -> Result<String, ConfigError> {
+    if host.is_empty() || host.contains(['/', '@', ' ', '?', '#']) {
+        return Err(ConfigError::new(
+            path,
+            format!("expected a host name or address, got \"{host}\""),
+        ));
+    }
+    // A bare IPv6 address needs brackets in a URL.
+    let host = if host.contains(':') && !host.starts_with('[') {
+        format!("[{host}]")
+    } else {
+        host.to_owned()
+    };
+    let url = match password {
+        Some(pw) => format!("redis://:{}@{host}:{port}/", percent_encode(pw)),
+        None => format!("redis://{host}:{port}/"),
+    };
+    redis_url(&url, path)
+}
+
+/// One `redis_startup_nodes` entry: `"host:port"` (or a `redis://` URL), or `{host, port}`.
+fn startup_node(node: &Node<'_>, password: Option<&str>) -> Result<String, ConfigError> {
+    let path = node.path();
+    if matches!(node.value(), Value::Object(_)) {
+        let host = node
+            .get("host")?
+            .ok_or_else(|| node.error("missing host"))?
+            .string()?;
+        let port = match node.get("port")? {
+            Some(p) => port_of(&p)?,
+            None => DEFAULT_REDIS_PORT,
+        };
+        return tcp_url(&host, port, password, &path);
+    }
+    let s = node.string()?;
+    if s.contains("://") {
+        return redis_url(&s, &path);
+    }
+    // `[::1]:7000`, `host:7000`; a bare host takes the default port.
+    let (host, port) = match s.rsplit_once(':') {
+        Some((h, p)) if !h.is_empty() && (!h.contains(':') || h.ends_with(']')) => {
+            (h, parse_port(p, &path)?)
+        }
+        _ => (s.as_str(), DEFAULT_REDIS_PORT),
+    };
+    tcp_url(host, port, password, &path)
+}
+
+/// Percent-encodes everything but RFC 3986's unreserved characters.
+fn percent_encode(s: &str) -> String {
+    const HEX: &[u8; 16] = b"0123456789ABCDEF";
+    let mut out = String::with_capacity(s.len());
+    for &b in s.as_bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
+            out.push(b as char);
+        } else {
+            out.push('%');
+            out.push(HEX[(b >> 4) as usize] as char);
+            out.push(HEX[(b & 0xf) as usize] as char);
+        }
+    }
+    out
 }
 
 #[cfg(test)]
@@ -277,5 +474,202 @@ general_settings: {max_request_size_mb: 1}
                 want
             );
         }
+    }
+
+    fn no_env(_: &str) -> Option<String> {
+        None
+    }
+
+    fn redis_of(yaml: &str, env: &[(&str, &str)]) -> Result<(Option<RedisTarget>, String), String> {
+        let env: Vec<(String, String)> = env
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        GatewayConfig::from_yaml_str_with_env(yaml, move |name| {
+            env.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone())
+        })
+        .map(|c| (c.redis, c.redis_key_prefix))
+        .map_err(|e| e.to_string())
+    }
+
+    fn single(url: &str) -> Option<RedisTarget> {
+        Some(RedisTarget::Single(url.into()))
+    }
+
+    #[test]
+    fn no_redis_means_embedded() {
+        let c = GatewayConfig::from_yaml_str_with_env(
+            include_str!("../config/quickstart.yaml"),
+            no_env,
+        )
+        .unwrap();
+        assert_eq!(c.redis, None);
+        assert_eq!(c.redis_key_prefix, DEFAULT_REDIS_KEY_PREFIX);
+    }
+
+    #[test]
+    fn redis_from_router_settings() {
+        let cases = [
+            (
+                "router_settings: {redis_url: \"redis://10.0.0.1:6380/2\", redis_host: ignored}",
+                single("redis://10.0.0.1:6380/2"),
+            ),
+            (
+                "router_settings: {redis_host: 127.0.0.1}",
+                single("redis://127.0.0.1:6379/"),
+            ),
+            (
+                "router_settings: {redis_host: cache.internal, redis_port: \"7000\", redis_password: \"p@ss/w:rd\"}",
+                single("redis://:p%40ss%2Fw%3Ard@cache.internal:7000/"),
+            ),
+            (
+                "router_settings: {redis_host: \"::1\", redis_port: 7001}",
+                single("redis://[::1]:7001/"),
+            ),
+            (
+                "router_settings: {redis_startup_nodes: [\"127.0.0.1:7000\", {host: 127.0.0.2, port: 7001}, \"[::1]:7002\", \"h3\"]}",
+                Some(RedisTarget::Cluster(vec![
+                    "redis://127.0.0.1:7000/".into(),
+                    "redis://127.0.0.2:7001/".into(),
+                    "redis://[::1]:7002/".into(),
+                    "redis://h3:6379/".into(),
+                ])),
+            ),
+            (
+                "router_settings: {redis_startup_nodes: [{host: n1, port: 7000}], redis_password: pw}",
+                Some(RedisTarget::Cluster(vec!["redis://:pw@n1:7000/".into()])),
+            ),
+        ];
+        for (yaml, want) in cases {
+            // The file wins over the environment.
+            let got = redis_of(yaml, &[("REDIS_URL", "redis://env:1/")]).unwrap();
+            assert_eq!(got.0, want, "{yaml}");
+        }
+        let (_, prefix) = redis_of(
+            "router_settings: {redis_host: h, redis_key_prefix: \"gw-eu:\"}",
+            &[],
+        )
+        .unwrap();
+        assert_eq!(prefix, "gw-eu:");
+    }
+
+    #[test]
+    fn redis_from_the_environment() {
+        assert_eq!(
+            redis_of("{}", &[("REDIS_URL", "redis://r1:6390/")])
+                .unwrap()
+                .0,
+            single("redis://r1:6390/")
+        );
+        assert_eq!(
+            redis_of(
+                "router_settings: {routing_strategy: simple-shuffle}",
+                &[
+                    ("REDIS_HOST", "r2"),
+                    ("REDIS_PORT", "6391"),
+                    ("REDIS_PASSWORD", "s3cret")
+                ]
+            )
+            .unwrap()
+            .0,
+            single("redis://:s3cret@r2:6391/")
+        );
+        assert_eq!(
+            redis_of("{}", &[("REDIS_HOST", "r3"), ("REDIS_URL", "")])
+                .unwrap()
+                .0,
+            single("redis://r3:6379/"),
+            "an empty REDIS_URL is unset"
+        );
+        assert_eq!(
+            redis_of("{}", &[("REDIS_PORT", "1")]).unwrap().0,
+            None,
+            "a port alone names no server"
+        );
+        // `os.environ/NAME` in the file reads the process environment (a name no other test uses).
+        std::env::set_var("GW_TEST_REDIS_PASSWORD_1", "from-env");
+        std::env::set_var("GW_TEST_REDIS_HOST_1", "r4");
+        assert_eq!(
+            redis_of(
+                "router_settings: {redis_host: os.environ/GW_TEST_REDIS_HOST_1, redis_password: os.environ/GW_TEST_REDIS_PASSWORD_1}",
+                &[]
+            )
+            .unwrap()
+            .0,
+            single("redis://:from-env@r4:6379/")
+        );
+    }
+
+    #[test]
+    fn bad_redis_settings_name_the_path() {
+        let cases = [
+            (
+                "router_settings: {redis_url: \"http://h:1\"}",
+                &[][..],
+                "router_settings.redis_url: expected a redis://, rediss:// or unix:// URL, got \"http://h:1\"",
+            ),
+            (
+                "router_settings: {redis_host: h, redis_port: 70000}",
+                &[][..],
+                "router_settings.redis_port: expected a port 1-65535, got \"70000\"",
+            ),
+            (
+                "router_settings: {redis_port: 6379}",
+                &[][..],
+                "router_settings.redis_port: needs router_settings.redis_host (or use redis_url)",
+            ),
+            (
+                "router_settings: {redis_startup_nodes: [\"h:1\", \"h:x\"]}",
+                &[][..],
+                "router_settings.redis_startup_nodes[1]: expected a port 1-65535, got \"x\"",
+            ),
+            (
+                "router_settings: {redis_startup_nodes: [{port: 1}]}",
+                &[][..],
+                "router_settings.redis_startup_nodes[0]: missing host",
+            ),
+            (
+                "router_settings: {redis_startup_nodes: []}",
+                &[][..],
+                "router_settings.redis_startup_nodes: expected at least one \"host:port\"",
+            ),
+            (
+                "router_settings: {redis_host: os.environ/GW_TEST_REDIS_UNSET}",
+                &[][..],
+                "router_settings.redis_host: environment variable GW_TEST_REDIS_UNSET is not set (value is \"os.environ/GW_TEST_REDIS_UNSET\")",
+            ),
+            (
+                "{}",
+                &[("REDIS_HOST", "h"), ("REDIS_PORT", "port")][..],
+                "REDIS_PORT: expected a port 1-65535, got \"port\"",
+            ),
+            (
+                "{}",
+                &[("REDIS_URL", "h:6379")][..],
+                "REDIS_URL: expected a redis://, rediss:// or unix:// URL, got \"h:6379\"",
+            ),
+        ];
+        for (yaml, env, want) in cases {
+            assert_eq!(redis_of(yaml, env).unwrap_err(), want, "{yaml}");
+        }
+    }
+
+    #[test]
+    fn redis_passwords_never_show_in_debug_or_errors() {
+        let t = RedisTarget::Single("redis://:hunter2@h:1/".into());
+        assert!(!format!("{t:?}").contains("hunter2"));
+        assert_eq!(t.redacted(), "redis://:***@h:1/");
+        let t = RedisTarget::Cluster(vec!["redis://u:hunter2@h:1/".into()]);
+        assert_eq!(t.redacted(), "cluster [redis://u:***@h:1/]");
+        let e = redis_of(
+            "router_settings: {redis_url: \"redis://:hunter2@h:notaport/\"}",
+            &[],
+        )
+        .unwrap_err();
+        assert!(!e.contains("hunter2"), "{e}");
+        assert!(
+            e.starts_with("router_settings.redis_url: invalid Redis URL"),
+            "{e}"
+        );
     }
 }

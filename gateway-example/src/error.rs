@@ -45,6 +45,15 @@ impl ApiError {
         Self::new(StatusCode::UNAUTHORIZED, "auth_error", message)
     }
 
+    /// 503 `service_unavailable`: a dependency (the shared key store) could not answer.
+    pub fn unavailable(message: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "service_unavailable",
+            message,
+        )
+    }
+
     /// 500 `internal_server_error`.
     pub fn internal(message: impl Into<String>) -> Self {
         Self::new(

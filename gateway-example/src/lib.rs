@@ -14,6 +14,7 @@ pub mod api;
 pub mod config;
 pub mod error;
 pub mod keys;
+pub mod store;
 pub mod strip;
 pub mod upstream;
 
@@ -27,10 +28,12 @@ use axum::Router;
 use tower::ServiceBuilder;
 use tower_priority_limit::clock::{Clock, CoarseClock};
 use tower_priority_limit::model::ModelName;
+use tower_priority_limit::store::{MemoryStore, RedisStore};
 use tower_priority_limit::{Limiter, PriorityLimitLayer};
 
 use crate::config::{Deployment, GatewayConfig};
 use crate::keys::{hash_key, KeyStore, KeyStoreError};
+use crate::store::GatewayStore;
 use crate::upstream::Upstream;
 
 /// Everything a request may need, shared by all of them.
@@ -38,13 +41,14 @@ use crate::upstream::Upstream;
 pub struct Gateway {
     /// The validated config.
     pub config: GatewayConfig,
-    /// Keys and teams.
+    /// Keys and teams (on Redis when `config.redis` is set, else embedded).
     pub keys: KeyStore,
-    /// The limiter (shared by every route and clone).
-    pub limiter: Arc<Limiter>,
+    /// The limiter (shared by every route and clone); its counters are in Redis when
+    /// `config.redis` is set and the gateway was built with [`Gateway::connect`].
+    pub limiter: Arc<Limiter<GatewayStore>>,
     /// SHA-256 of the master key, if one is configured.
     pub master_key_hash: Option<String>,
-    /// Where keys persist (`None`: in memory only).
+    /// Where embedded keys persist (`None`: in memory only; unused for keys on Redis).
     pub data_dir: Option<PathBuf>,
     /// The HTTP client for upstreams.
     pub upstream: Upstream,
@@ -53,22 +57,61 @@ pub struct Gateway {
 }
 
 impl Gateway {
-    /// A gateway on the real (coarse monotonic) clock, keys persisted in `data_dir`.
+    /// A gateway on the real (coarse monotonic) clock, keys persisted in `data_dir` (or on Redis
+    /// when `config.redis` is set; that needs a tokio runtime: prefer [`Gateway::connect`]).
     pub fn new(config: GatewayConfig, data_dir: Option<&Path>) -> Result<Self, KeyStoreError> {
         Self::with_clock(config, data_dir, CoarseClock::new())
     }
 
-    /// A gateway whose limiter windows run on `clock` (tests).
+    /// The gateway as `main` runs it. With Redis configured, keys, teams and the limiter's
+    /// counters are all in Redis, so every gateway process pointed at it sees one state. Redis
+    /// down at start is logged, not fatal: the master key works, other keys get 503 until it is
+    /// back, and the limiter applies `redis_failure_mode` (a cluster must be reachable to start).
+    pub async fn connect(
+        config: GatewayConfig,
+        data_dir: Option<&Path>,
+    ) -> Result<Self, KeyStoreError> {
+        let mut gateway = Self::new(config, data_dir)?;
+        if let Some(redis) = gateway.keys.as_redis() {
+            match redis.ping(std::time::Duration::from_secs(2)).await {
+                Ok(()) => tracing::info!(redis = redis.target(), "keys and teams on Redis"),
+                Err(e) => tracing::warn!(
+                    redis = redis.target(),
+                    error = %e,
+                    "Redis is not answering; only the master key works until it does"
+                ),
+            }
+        }
+        if let Some(target) = &gateway.config.redis {
+            let limits = &gateway.config.limiter;
+            let store = RedisStore::builder(target.clone())
+                .key_prefix(gateway.config.redis_key_prefix.clone())
+                .connect(limits)
+                .await
+                .map_err(|e| KeyStoreError::Unavailable(e.to_string()))?;
+            tracing::info!(
+                redis = %target.redacted(),
+                failure_mode = limits.settings().shared.failure_mode.as_str(),
+                expected_nodes = limits.settings().shared.expected_nodes,
+                "limiter counters on Redis"
+            );
+            gateway.limiter = Arc::new(Limiter::with_store(
+                limits.clone(),
+                GatewayStore::Redis(store),
+            ));
+        }
+        Ok(gateway)
+    }
+
+    /// A gateway whose limiter windows run on `clock` (tests), counters embedded.
     pub fn with_clock(
         config: GatewayConfig,
         data_dir: Option<&Path>,
         clock: impl Clock,
     ) -> Result<Self, KeyStoreError> {
-        let keys = match data_dir {
-            Some(dir) => KeyStore::open(dir)?,
-            None => KeyStore::in_memory(),
-        };
-        let limiter = Arc::new(Limiter::with_clock(config.limiter.clone(), clock));
+        let keys = KeyStore::from_config(&config, data_dir)?;
+        let store = GatewayStore::Embedded(MemoryStore::with_clock(&config.limiter, clock));
+        let limiter = Arc::new(Limiter::with_store(config.limiter.clone(), store));
         let mut groups: HashMap<String, (ModelName, Vec<usize>)> = HashMap::new();
         for (i, d) in config.deployments.iter().enumerate() {
             groups

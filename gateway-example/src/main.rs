@@ -9,13 +9,14 @@ use clap::Parser;
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use gateway_example::config::GatewayConfig;
 use gateway_example::{router, Gateway};
+use tower_priority_limit::store::Store as _;
 
 /// An OpenAI-compatible gateway with priority-aware RPM/TPM limits.
 #[derive(Debug, Parser)]
 #[command(version, about, long_about = None)]
 struct Args {
     /// Config file (the source product's config.yaml shape: model_list, litellm_settings,
-    /// general_settings).
+    /// general_settings, router_settings).
     #[arg(long, env = "GATEWAY_CONFIG")]
     config: PathBuf,
     /// Address to listen on.
@@ -24,7 +25,9 @@ struct Args {
     /// Port to listen on.
     #[arg(long, default_value_t = 4000)]
     port: u16,
-    /// Directory where keys and teams persist across restarts.
+    /// Directory where keys and teams persist across restarts (unless Redis is configured:
+    /// `router_settings.redis_url` / `redis_host` / `redis_startup_nodes`, or `REDIS_URL` /
+    /// `REDIS_HOST`).
     #[arg(long, default_value = "./.gateway-data")]
     data_dir: PathBuf,
 }
@@ -56,14 +59,18 @@ async fn run(args: Args) -> Result<(), String> {
             "no general_settings.master_key: the gateway is open to anyone who can reach it"
         );
     }
-    let gateway = Gateway::new(config, Some(&args.data_dir)).map_err(|e| e.to_string())?;
+    let gateway = Gateway::connect(config, Some(&args.data_dir))
+        .await
+        .map_err(|e| e.to_string())?;
     tracing::info!(
         models = ?gateway.config.model_names(),
         limiter = gateway.config.limiter_enabled,
+        key_store = gateway.keys.kind(),
         data_dir = %args.data_dir.display(),
         "starting"
     );
-    let app = router(Arc::new(gateway));
+    let gateway = Arc::new(gateway);
+    let app = router(gateway.clone());
     let addr = format!("{}:{}", args.host, args.port);
     let listener = tokio::net::TcpListener::bind(&addr)
         .await
@@ -76,8 +83,10 @@ async fn run(args: Args) -> Result<(), String> {
         .with_graceful_shutdown(shutdown_signal())
         .await
         .map_err(|e| e.to_string())?;
-    // Keys are written through on every change; nothing is left to flush.
-    tracing::info!("stopped: in-flight requests finished");
+    // Keys are written through on every change; the limiter's queued settlements (Redis) are
+    // sent before the process ends.
+    gateway.limiter.store().flush().await;
+    tracing::info!("stopped: in-flight requests finished, settlements flushed");
     Ok(())
 }
 

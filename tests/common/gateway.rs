@@ -87,6 +87,18 @@ impl Gw {
         let config = GatewayConfig::from_yaml_str(yaml).expect("valid test config");
         let clock = ManualClock::new();
         let gateway = Arc::new(Gateway::with_clock(config, data_dir, clock.clone()).unwrap());
+        Gw::serve(gateway, clock).await
+    }
+
+    /// A gateway built as `main` builds it ([`Gateway::connect`]): with Redis in the config, its
+    /// keys and limiter counters are in Redis.
+    pub async fn connect(yaml: &str, data_dir: Option<&Path>) -> Gw {
+        let config = GatewayConfig::from_yaml_str(yaml).expect("valid test config");
+        let gateway = Arc::new(Gateway::connect(config, data_dir).await.unwrap());
+        Gw::serve(gateway, ManualClock::new()).await
+    }
+
+    async fn serve(gateway: Arc<Gateway>, clock: ManualClock) -> Gw {
         let app = router(gateway.clone());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let base = format!("http://{}", listener.local_addr().unwrap());
@@ -168,8 +180,10 @@ impl Gw {
     pub fn tokens(&self, model: &str) -> u64 {
         let limiter = &self.gateway.limiter;
         let id = limiter.config().model_id(model).unwrap();
-        let (usage, _) = limiter
-            .store()
+        let gateway_example::store::GatewayStore::Embedded(store) = limiter.store() else {
+            panic!("tokens() reads the embedded store");
+        };
+        let (usage, _) = store
             .usage(
                 limiter.config(),
                 id,

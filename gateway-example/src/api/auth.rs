@@ -2,6 +2,10 @@
 //!
 //! Keys come as `Authorization: Bearer <key>` or `x-api-key: <key>`. The caller's priority (team →
 //! key → none, SPEC §1.2) goes into the request as a [`Priority`] extension for the limiter.
+//!
+//! The master key is checked against the config, never the key store, so it keeps working while
+//! a shared key store (Redis) is down. A generated key the store cannot check gets a 503, not a
+//! 401: "unknown" is not "invalid" (see [`crate::keys`]).
 
 use std::sync::Arc;
 
@@ -10,6 +14,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use tower_priority_limit::priority::{api_key, Priority};
 
+use crate::api::keys::store_error;
 use crate::error::ApiError;
 use crate::keys::{hash_key, hashes_match, KeyRecord};
 use crate::Gateway;
@@ -33,12 +38,14 @@ impl Caller {
     }
 }
 
-fn identify(gw: &Gateway, request: &Request) -> Result<(Caller, Option<Arc<str>>), ApiError> {
+/// `key` is the presented key (borrowed from the headers: the request itself is not `Sync`, so it
+/// is not held across the store lookup).
+async fn identify(gw: &Gateway, key: Option<&str>) -> Result<(Caller, Option<Arc<str>>), ApiError> {
     let Some(master_hash) = &gw.master_key_hash else {
         // No master key configured: the gateway is open, as in the source product.
         return Ok((Caller::Master, None));
     };
-    let key = match api_key(request) {
+    let key = match key {
         Some(k) if !k.is_empty() => k,
         _ => {
             return Err(ApiError::unauthorized(
@@ -49,7 +56,7 @@ fn identify(gw: &Gateway, request: &Request) -> Result<(Caller, Option<Arc<str>>
     if hashes_match(&hash_key(key), master_hash) {
         return Ok((Caller::Master, None));
     }
-    match gw.keys.resolve(key) {
+    match gw.keys.resolve(key).await.map_err(store_error)? {
         Some(resolved) => Ok((Caller::Key(resolved.key), resolved.priority)),
         None => Err(ApiError::unauthorized(
             "Authentication Error, Invalid proxy server token passed.",
@@ -63,7 +70,7 @@ pub async fn require_key(
     mut request: Request,
     next: Next,
 ) -> Response {
-    match identify(&gw, &request) {
+    match identify(&gw, api_key(&request)).await {
         Ok((caller, priority)) => {
             if let Some(p) = priority {
                 request.extensions_mut().insert(Priority(p));
@@ -81,7 +88,7 @@ pub async fn require_master(
     request: Request,
     next: Next,
 ) -> Response {
-    match identify(&gw, &request) {
+    match identify(&gw, api_key(&request)).await {
         Ok((Caller::Master, _)) => next.run(request).await,
         Ok((Caller::Key(_), _)) => ApiError::unauthorized(
             "Authentication Error, only the master key may call this endpoint.",

@@ -6,6 +6,7 @@ use axum::extract::State;
 use axum::Json;
 use serde_json::{json, Value};
 
+use crate::store::GatewayStore;
 use crate::Gateway;
 
 /// The process is up.
@@ -18,8 +19,11 @@ pub async fn readiness(State(gw): State<Arc<Gateway>>) -> Json<Value> {
     Json(json!({
         "status": "healthy",
         "limiter": if gw.config.limiter_enabled { "enabled" } else { "disabled" },
-        "limiter_store": "embedded",
-        "key_store": if gw.data_dir.is_some() { "file" } else { "memory" },
+        "limiter_store": match gw.limiter.store() {
+            GatewayStore::Embedded(_) => "embedded",
+            GatewayStore::Redis(_) => "redis",
+        },
+        "key_store": gw.keys.kind(),
         "models": gw.config.model_names(),
     }))
 }

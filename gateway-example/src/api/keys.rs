@@ -54,14 +54,17 @@ fn metadata(body: &Map<String, Value>) -> Result<Map<String, Value>, ApiError> {
     }
 }
 
-fn store_error(e: KeyStoreError) -> ApiError {
+/// A key-store failure as the client sees it: Redis unreachable is a 503 (try again), not a 500.
+pub fn store_error(e: KeyStoreError) -> ApiError {
     match e {
         KeyStoreError::UnknownTeam(_) => ApiError::bad_request(e.to_string()).param("team_id"),
         KeyStoreError::Exists(_) => {
             ApiError::new(StatusCode::CONFLICT, "invalid_request_error", e.to_string())
         }
-        KeyStoreError::Io(_) => {
-            tracing::error!(error = %e, "key store write failed");
+        // Logged (throttled) where it happened.
+        KeyStoreError::Unavailable(_) => ApiError::unavailable(e.to_string()),
+        KeyStoreError::Io(_) | KeyStoreError::Corrupt(_) => {
+            tracing::error!(error = %e, "key store failed");
             ApiError::internal(e.to_string())
         }
     }
@@ -116,6 +119,7 @@ pub async fn generate(
             opt_string(&body, "team_id")?,
             models,
         )
+        .await
         .map_err(store_error)?;
     let mut out = key_json(&record);
     out["key"] = Value::String(key);
@@ -133,6 +137,8 @@ pub async fn info(
     let record = gw
         .keys
         .key_info(key)
+        .await
+        .map_err(store_error)?
         .ok_or_else(|| ApiError::new(StatusCode::NOT_FOUND, "not_found_error", "Key not found."))?;
     Ok(Json(json!({"key": key, "info": key_json(&record)})))
 }
@@ -145,7 +151,7 @@ pub async fn delete(State(gw): State<Arc<Gateway>>, body: Bytes) -> Result<Json<
         .and_then(Value::as_array)
         .and_then(|a| a.iter().map(|k| k.as_str().map(str::to_owned)).collect())
         .ok_or_else(|| ApiError::bad_request("'keys' must be a list of keys.").param("keys"))?;
-    let deleted = gw.keys.delete_keys(&keys).map_err(store_error)?;
+    let deleted = gw.keys.delete_keys(&keys).await.map_err(store_error)?;
     if deleted.is_empty() && !keys.is_empty() {
         return Err(ApiError::new(
             StatusCode::NOT_FOUND,
@@ -169,6 +175,7 @@ pub async fn new_team(
             opt_string(&body, "team_alias")?,
             metadata(&body)?,
         )
+        .await
         .map_err(store_error)?;
     Ok(Json(team_json(&team)))
 }
@@ -181,9 +188,14 @@ pub async fn team_info(
     let id = q.get("team_id").ok_or_else(|| {
         ApiError::bad_request("Missing query parameter 'team_id'.").param("team_id")
     })?;
-    let team = gw.keys.team(id).ok_or_else(|| {
-        ApiError::new(StatusCode::NOT_FOUND, "not_found_error", "Team not found.")
-    })?;
+    let team = gw
+        .keys
+        .team(id)
+        .await
+        .map_err(store_error)?
+        .ok_or_else(|| {
+            ApiError::new(StatusCode::NOT_FOUND, "not_found_error", "Team not found.")
+        })?;
     Ok(Json(
         json!({"team_id": team.team_id, "team_info": team_json(&team)}),
     ))

@@ -20,7 +20,9 @@ pub mod memory;
 pub mod redis;
 
 #[cfg(feature = "redis")]
-pub use self::redis::{RedisSettler, RedisStats, RedisStore, RedisStoreBuilder, RedisTarget};
+pub use self::redis::{
+    redact_url, RedisSettler, RedisStats, RedisStore, RedisStoreBuilder, RedisTarget,
+};
 pub use memory::{MemorySettler, MemoryStore};
 
 /// One admission to decide.

@@ -71,13 +71,55 @@ pub struct RedisStats {
     pub verdict_mismatches: AtomicU64,
 }
 
-/// Where the store connects: one server or a cluster.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// Where the store connects: one server or a cluster. `Debug` hides passwords, so a config can be
+/// logged.
+#[derive(Clone, PartialEq, Eq)]
 pub enum RedisTarget {
-    /// One server, `redis://[:password@]host:port[/db]`.
+    /// One server: `redis://[:password@]host:port[/db]` (or `rediss://`, `unix://`).
     Single(String),
     /// Redis Cluster startup nodes (`redis://host:port`); the others are discovered.
     Cluster(Vec<String>),
+}
+
+impl RedisTarget {
+    /// The URL(s) with any password replaced by `***`, for logs.
+    pub fn redacted(&self) -> String {
+        match self {
+            RedisTarget::Single(url) => redact_url(url),
+            RedisTarget::Cluster(urls) => {
+                let urls: Vec<String> = urls.iter().map(|u| redact_url(u)).collect();
+                format!("cluster [{}]", urls.join(", "))
+            }
+        }
+    }
+}
+
+impl fmt::Debug for RedisTarget {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RedisTarget::Single(url) => f.debug_tuple("Single").field(&redact_url(url)).finish(),
+            RedisTarget::Cluster(urls) => f
+                .debug_tuple("Cluster")
+                .field(&urls.iter().map(|u| redact_url(u)).collect::<Vec<_>>())
+                .finish(),
+        }
+    }
+}
+
+/// `url` with the password of its user-info part replaced by `***`.
+pub fn redact_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(authority_end);
+    match authority.rsplit_once('@') {
+        Some((userinfo, host)) => match userinfo.split_once(':') {
+            Some((user, _)) => format!("{scheme}://{user}:***@{host}{tail}"),
+            None => url.to_owned(),
+        },
+        None => url.to_owned(),
+    }
 }
 
 /// Builds a [`RedisStore`].
@@ -117,9 +159,9 @@ impl RedisStoreBuilder {
         self
     }
 
-    /// Connects and loads the scripts. A single server that is down at start is not an error: the
-    /// store starts degraded (per its [`FailureMode`]) and connects when Redis comes up. A cluster
-    /// must be reachable at start to learn its topology.
+    /// Connects and loads the scripts. Redis down at start is not an error: the store starts
+    /// degraded (per its [`FailureMode`]) and connects when Redis comes up (a cluster's topology is
+    /// learnt on the first call that reaches it).
     pub async fn connect(self, config: &LimiterConfig) -> Result<RedisStore, StoreError> {
         let shared = config.settings().shared;
         let connection = match &self.target {
@@ -145,7 +187,10 @@ impl RedisStoreBuilder {
                         .response_timeout(Duration::from_secs(5))
                         .build()
                         .map_err(unavailable)?;
-                RedisConnection::Cluster(client.get_async_connection().await.map_err(unavailable)?)
+                RedisConnection::Cluster(Arc::new(LazyCluster {
+                    client,
+                    connection: tokio::sync::OnceCell::new(),
+                }))
             }
         };
         let local_config = config.divided_among(shared.expected_nodes);
@@ -557,14 +602,31 @@ impl Store for RedisStore {
 #[derive(Clone)]
 enum RedisConnection {
     Single(ConnectionManager),
-    Cluster(ClusterConnection),
+    Cluster(Arc<LazyCluster>),
+}
+
+/// A cluster connection made on first use, so a gateway starts while the cluster is down.
+struct LazyCluster {
+    client: redis::cluster::ClusterClient,
+    connection: tokio::sync::OnceCell<ClusterConnection>,
+}
+
+impl LazyCluster {
+    async fn get(&self) -> redis::RedisResult<ClusterConnection> {
+        self.connection
+            .get_or_try_init(|| self.client.get_async_connection())
+            .await
+            .cloned()
+    }
 }
 
 impl ConnectionLike for RedisConnection {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         match self {
             RedisConnection::Single(c) => c.req_packed_command(cmd),
-            RedisConnection::Cluster(c) => c.req_packed_command(cmd),
+            RedisConnection::Cluster(lazy) => {
+                Box::pin(async move { lazy.get().await?.req_packed_command(cmd).await })
+            }
         }
     }
 
@@ -576,14 +638,19 @@ impl ConnectionLike for RedisConnection {
     ) -> RedisFuture<'a, Vec<Value>> {
         match self {
             RedisConnection::Single(c) => c.req_packed_commands(cmd, offset, count),
-            RedisConnection::Cluster(c) => c.req_packed_commands(cmd, offset, count),
+            RedisConnection::Cluster(lazy) => Box::pin(async move {
+                lazy.get()
+                    .await?
+                    .req_packed_commands(cmd, offset, count)
+                    .await
+            }),
         }
     }
 
     fn get_db(&self) -> i64 {
         match self {
             RedisConnection::Single(c) => c.get_db(),
-            RedisConnection::Cluster(c) => c.get_db(),
+            RedisConnection::Cluster(_) => 0, // a cluster has only database 0
         }
     }
 }

@@ -1,0 +1,405 @@
+//! Virtual keys and teams: generated from the OS's random source, stored only as SHA-256 hashes,
+//! compared in constant time.
+//!
+//! [`KeyStore`] is the front the endpoints use; behind it one backend holds the records:
+//!
+//! - [`file::FileStore`], the embedded default: in memory, persisted atomically to
+//!   `DATA_DIR/keys.json` so a restart loses none.
+//! - [`redis::RedisKeys`], when Redis is configured: every gateway pointed at the same Redis (or
+//!   Redis Cluster) shares the same keys and teams.
+//!
+//! The raw key never reaches a backend: the front hashes it first, so neither the file, nor
+//! Redis, nor the local cache, nor a log line ever holds one.
+//!
+//! # With Redis: consistency and failure policy
+//!
+//! - A key made on one gateway authenticates on every other at once: misses are never cached.
+//! - Positive lookups (the key's record and its team's priority) are cached locally for
+//!   [`KEY_CACHE_TTL`] (1 s), so a deleted key, or a changed team priority, reaches every other
+//!   gateway within a second. The gateway that deletes a key drops it from its own cache at once.
+//! - Every Redis call is bounded by [`DEFAULT_REDIS_TIMEOUT`] (50 ms).
+//! - Redis unreachable: the master key still works (it is in the config, not in Redis); a key
+//!   this gateway has looked up in the last [`KEY_CACHE_STALE_IF_ERROR`] still works; any other
+//!   key gets **503** `service_unavailable` ("key store unavailable: …"), never a 401 for a key
+//!   that could not be checked. `/key/generate`, `/key/delete`, `/key/info`, `/team/new` and
+//!   `/team/info` answer 503 likewise. Nothing panics; calls succeed again as soon as Redis does.
+
+pub(crate) mod cache;
+pub mod file;
+pub mod redis;
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
+
+use crate::config::GatewayConfig;
+
+pub use self::cache::{KEY_CACHE_STALE_IF_ERROR, KEY_CACHE_TTL};
+pub use self::file::{FileStore, STATE_FILE};
+pub use self::redis::{RedisKeys, DEFAULT_REDIS_TIMEOUT};
+
+/// A generated key as stored: never the key itself, only its hash.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct KeyRecord {
+    /// SHA-256 of the key, hex (the source product's "token").
+    pub token: String,
+    /// A human name for the key.
+    pub key_alias: Option<String>,
+    /// Free-form metadata; `metadata.priority` is the key's priority.
+    pub metadata: Map<String, Value>,
+    /// The team the key belongs to.
+    pub team_id: Option<String>,
+    /// Models the key may use; empty = all.
+    pub models: Vec<String>,
+    /// Unix seconds.
+    pub created_at: u64,
+}
+
+impl KeyRecord {
+    /// Whether the key may call `model`.
+    pub fn allows(&self, model: &str) -> bool {
+        self.models.is_empty() || self.models.iter().any(|m| m == model)
+    }
+}
+
+/// A team as stored.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TeamRecord {
+    /// Its id.
+    pub team_id: String,
+    /// A human name.
+    pub team_alias: Option<String>,
+    /// Free-form metadata; `metadata.priority` beats its keys' own.
+    pub metadata: Map<String, Value>,
+    /// Unix seconds.
+    pub created_at: u64,
+}
+
+/// Why a key-store operation failed.
+#[derive(Debug)]
+pub enum KeyStoreError {
+    /// `team_id` names no team.
+    UnknownTeam(String),
+    /// A key or team with this id exists already.
+    Exists(String),
+    /// The state file could not be read or written.
+    Io(String),
+    /// The shared store (Redis) could not be reached or did not answer in time: the answer is
+    /// unknown, not "no".
+    Unavailable(String),
+    /// A stored record could not be read back.
+    Corrupt(String),
+}
+
+impl std::fmt::Display for KeyStoreError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            KeyStoreError::UnknownTeam(t) => {
+                write!(f, "team_id {t:?} does not exist; create it with /team/new")
+            }
+            KeyStoreError::Exists(what) => write!(f, "{what} already exists"),
+            KeyStoreError::Io(e) => write!(f, "key store: {e}"),
+            KeyStoreError::Unavailable(e) => write!(f, "key store unavailable: {e}"),
+            KeyStoreError::Corrupt(e) => write!(f, "key store: corrupt record: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for KeyStoreError {}
+
+/// What a caller's key resolves to.
+#[derive(Debug, Clone)]
+pub struct Resolved {
+    /// The key's record.
+    pub key: Arc<KeyRecord>,
+    /// The priority: the team's `metadata.priority`, else the key's, else none.
+    pub priority: Option<Arc<str>>,
+}
+
+impl Resolved {
+    /// Resolves `key`'s priority through its team (if it has one and it exists).
+    pub fn new(key: Arc<KeyRecord>, team: Option<&TeamRecord>) -> Self {
+        let priority = team
+            .and_then(|t| priority_of(&t.metadata))
+            .or_else(|| priority_of(&key.metadata))
+            .map(Arc::from);
+        Self { key, priority }
+    }
+}
+
+fn now_secs() -> u64 {
+    // Wall clock on purpose: `created_at` is a date shown to people, never used for durations.
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// Lower-case hex of `bytes` into `out` (runs on every request: no formatting machinery).
+fn push_hex(out: &mut String, bytes: &[u8]) {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    for &b in bytes {
+        out.push(DIGITS[(b >> 4) as usize] as char);
+        out.push(DIGITS[(b & 0xf) as usize] as char);
+    }
+}
+
+/// SHA-256 of `key`, hex.
+pub fn hash_key(key: &str) -> String {
+    let mut out = String::with_capacity(64);
+    push_hex(&mut out, &Sha256::digest(key.as_bytes()));
+    out
+}
+
+/// `sk-` followed by 48 hex characters (24 bytes) from the OS's random source.
+pub fn new_key() -> Result<String, KeyStoreError> {
+    let mut bytes = [0u8; 24];
+    getrandom::fill(&mut bytes).map_err(|e| KeyStoreError::Io(format!("OS random source: {e}")))?;
+    let mut key = String::with_capacity(51);
+    key.push_str("sk-");
+    push_hex(&mut key, &bytes);
+    Ok(key)
+}
+
+fn random_id() -> Result<String, KeyStoreError> {
+    let mut bytes = [0u8; 16];
+    getrandom::fill(&mut bytes).map_err(|e| KeyStoreError::Io(format!("OS random source: {e}")))?;
+    let mut id = String::with_capacity(32);
+    push_hex(&mut id, &bytes);
+    Ok(id)
+}
+
+fn priority_of(metadata: &Map<String, Value>) -> Option<&str> {
+    metadata.get("priority").and_then(Value::as_str)
+}
+
+/// Compares two equal-length secrets' hashes without an early exit.
+pub fn hashes_match(a: &str, b: &str) -> bool {
+    a.len() == b.len() && bool::from(a.as_bytes().ct_eq(b.as_bytes()))
+}
+
+/// Keys and teams, on the embedded file store or on Redis (see the module docs).
+#[derive(Debug)]
+pub struct KeyStore {
+    backend: Backend,
+}
+
+#[derive(Debug)]
+enum Backend {
+    File(FileStore),
+    // Boxed: the Redis client is large, the file store small.
+    Redis(Box<RedisKeys>),
+}
+
+impl KeyStore {
+    /// A store kept only in memory.
+    pub fn in_memory() -> Self {
+        Self {
+            backend: Backend::File(FileStore::in_memory()),
+        }
+    }
+
+    /// Opens (or creates) the file store in `data_dir` (see [`FileStore::open`]).
+    pub fn open(data_dir: &Path) -> Result<Self, KeyStoreError> {
+        Ok(Self {
+            backend: Backend::File(FileStore::open(data_dir)?),
+        })
+    }
+
+    /// A store on Redis.
+    pub fn redis(store: RedisKeys) -> Self {
+        Self {
+            backend: Backend::Redis(Box::new(store)),
+        }
+    }
+
+    /// Redis when `config.redis` is set (`data_dir` unused: Redis holds the truth), else the
+    /// file store in `data_dir`, else memory. Redis needs a tokio runtime; it is not contacted
+    /// here, so this succeeds while Redis is down.
+    pub fn from_config(
+        config: &GatewayConfig,
+        data_dir: Option<&Path>,
+    ) -> Result<Self, KeyStoreError> {
+        match (&config.redis, data_dir) {
+            (Some(target), _) => Ok(Self::redis(RedisKeys::new(
+                target,
+                &config.redis_key_prefix,
+            )?)),
+            (None, Some(dir)) => Self::open(dir),
+            (None, None) => Ok(Self::in_memory()),
+        }
+    }
+
+    /// `"memory"`, `"file"` or `"redis"`.
+    pub fn kind(&self) -> &'static str {
+        match &self.backend {
+            Backend::File(f) if f.is_persistent() => "file",
+            Backend::File(_) => "memory",
+            Backend::Redis(_) => "redis",
+        }
+    }
+
+    /// The Redis backend, if that is where keys live.
+    pub fn as_redis(&self) -> Option<&RedisKeys> {
+        match &self.backend {
+            Backend::Redis(r) => Some(r),
+            Backend::File(_) => None,
+        }
+    }
+
+    /// Creates a key; returns the key itself (shown once) and its record.
+    pub async fn generate_key(
+        &self,
+        key_alias: Option<String>,
+        metadata: Map<String, Value>,
+        team_id: Option<String>,
+        models: Vec<String>,
+    ) -> Result<(String, Arc<KeyRecord>), KeyStoreError> {
+        let key = new_key()?;
+        let record = Arc::new(KeyRecord {
+            token: hash_key(&key),
+            key_alias,
+            metadata,
+            team_id,
+            models,
+            created_at: now_secs(),
+        });
+        match &self.backend {
+            Backend::File(f) => f.insert_key(record.clone())?,
+            Backend::Redis(r) => r.insert_key(&record).await?,
+        }
+        Ok((key, record))
+    }
+
+    /// Resolves a presented key (generated keys only; the master key is checked by the caller).
+    /// `Ok(None)`: no such key. `Err`: the store could not say (see the module docs).
+    pub async fn resolve(&self, key: &str) -> Result<Option<Resolved>, KeyStoreError> {
+        let token = hash_key(key);
+        match &self.backend {
+            Backend::File(f) => Ok(f.resolve(&token)),
+            Backend::Redis(r) => r.resolve(&token).await,
+        }
+    }
+
+    /// The record of a key, by the key itself (read from the store, not the cache).
+    pub async fn key_info(&self, key: &str) -> Result<Option<Arc<KeyRecord>>, KeyStoreError> {
+        let token = hash_key(key);
+        match &self.backend {
+            Backend::File(f) => Ok(f.resolve(&token).map(|r| r.key)),
+            Backend::Redis(r) => r.key(&token).await,
+        }
+    }
+
+    /// Deletes keys (given as the keys themselves); returns the ones that existed.
+    pub async fn delete_keys(&self, keys: &[String]) -> Result<Vec<String>, KeyStoreError> {
+        let tokens: Vec<String> = keys.iter().map(|k| hash_key(k)).collect();
+        let existed = match &self.backend {
+            Backend::File(f) => f.delete(&tokens)?,
+            Backend::Redis(r) => r.delete(&tokens).await?,
+        };
+        Ok(keys
+            .iter()
+            .zip(existed)
+            .filter(|(_, existed)| *existed)
+            .map(|(k, _)| k.clone())
+            .collect())
+    }
+
+    /// Creates a team (with a random id unless one is given).
+    pub async fn new_team(
+        &self,
+        team_id: Option<String>,
+        team_alias: Option<String>,
+        metadata: Map<String, Value>,
+    ) -> Result<TeamRecord, KeyStoreError> {
+        let team = TeamRecord {
+            team_id: match team_id {
+                Some(id) => id,
+                None => random_id()?,
+            },
+            team_alias,
+            metadata,
+            created_at: now_secs(),
+        };
+        match &self.backend {
+            Backend::File(f) => f.insert_team(team.clone())?,
+            Backend::Redis(r) => r.insert_team(&team).await?,
+        }
+        Ok(team)
+    }
+
+    /// A team by id.
+    pub async fn team(&self, team_id: &str) -> Result<Option<TeamRecord>, KeyStoreError> {
+        match &self.backend {
+            Backend::File(f) => Ok(f.team(team_id)),
+            Backend::Redis(r) => r.team(team_id).await,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn meta(p: &str) -> Map<String, Value> {
+        serde_json::json!({ "priority": p })
+            .as_object()
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    #[tokio::test]
+    async fn keys_are_random_prefixed_and_resolve_by_hash() {
+        let store = KeyStore::in_memory();
+        let (k1, r1) = store
+            .generate_key(None, Map::new(), None, vec![])
+            .await
+            .unwrap();
+        let (k2, _) = store
+            .generate_key(None, Map::new(), None, vec![])
+            .await
+            .unwrap();
+        assert!(k1.starts_with("sk-") && k1.len() >= 35);
+        assert_ne!(k1, k2);
+        assert_eq!(r1.token, hash_key(&k1));
+        assert!(store.resolve(&k1).await.unwrap().is_some());
+        assert!(store.resolve("sk-nope").await.unwrap().is_none());
+        let deleted = store
+            .delete_keys(&[k1.clone(), "sk-nope".into()])
+            .await
+            .unwrap();
+        assert_eq!(deleted, [k1.as_str()]);
+        assert!(store.resolve(&k1).await.unwrap().is_none());
+    }
+
+    #[tokio::test]
+    async fn team_priority_beats_key_priority() {
+        let store = KeyStore::in_memory();
+        let team = store
+            .new_team(None, Some("t".into()), meta("prod"))
+            .await
+            .unwrap();
+        let (k, _) = store
+            .generate_key(None, meta("dev"), Some(team.team_id.clone()), vec![])
+            .await
+            .unwrap();
+        let resolved = store.resolve(&k).await.unwrap().unwrap();
+        assert_eq!(resolved.priority.as_deref(), Some("prod"));
+        let (k, _) = store
+            .generate_key(None, meta("dev"), None, vec![])
+            .await
+            .unwrap();
+        let resolved = store.resolve(&k).await.unwrap().unwrap();
+        assert_eq!(resolved.priority.as_deref(), Some("dev"));
+        let e = store
+            .generate_key(None, Map::new(), Some("no-such-team".into()), vec![])
+            .await
+            .unwrap_err();
+        assert!(e.to_string().contains("does not exist"));
+    }
+}

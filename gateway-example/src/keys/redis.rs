@@ -1,0 +1,456 @@
+//! Keys and teams on Redis (one server or a Redis Cluster), shared by every gateway pointed at it.
+//!
+//! Layout, under the configured prefix (default `tpl:`):
+//!
+//! - hash `{prefix}keys`: field = the key's SHA-256 (hex), value = its [`KeyRecord`] as JSON;
+//! - hash `{prefix}teams`: field = team id, value = its [`TeamRecord`] as JSON.
+//!
+//! Neither has a TTL: keys and teams are durable data that live until deleted. Redis itself must
+//! be made durable (RDB/AOF) by whoever runs it.
+//!
+//! Every call is bounded by a timeout ([`DEFAULT_REDIS_TIMEOUT`]); a call that fails or times out
+//! is [`KeyStoreError::Unavailable`] (a 503 to clients), never "no such key". Lookups go through
+//! a local cache of positive answers ([`super::KEY_CACHE_TTL`]; see the failure policy in
+//! [`super`]).
+//!
+//! A single server is reached through [`ConnectionManager`], created lazily so the gateway starts
+//! while Redis is down and reconnects on its own when Redis comes back. A cluster is reached
+//! through [`ClusterConnection`], also made on first use (in a task of its own, so a request's
+//! timeout never cancels a half-made connection) and retried on the next call if it fails.
+
+use std::fmt;
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use ::redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use ::redis::cluster::ClusterClient;
+use ::redis::cluster_async::ClusterConnection;
+use ::redis::{Cmd, ErrorKind, FromRedisValue, Pipeline, RedisError, RedisFuture, RedisResult};
+use futures_util::future::{BoxFuture, FutureExt, Shared};
+use tokio::time::Instant;
+
+use super::cache::KeyCache;
+use super::{hashes_match, KeyRecord, KeyStoreError, Resolved, TeamRecord};
+use crate::config::RedisTarget;
+
+/// How long one Redis call may take before the answer counts as unavailable. Short: it is on the
+/// request path of every uncached key.
+pub const DEFAULT_REDIS_TIMEOUT: Duration = Duration::from_millis(50);
+
+/// How long one attempt to open a connection may take (in the background; requests are bounded by
+/// their own timeout).
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Reconnection: a few quick attempts, then the next call starts over. Long backoffs would keep
+/// a restarted Redis unused for seconds.
+const RECONNECT_RETRIES: usize = 2;
+const RECONNECT_MIN_DELAY: Duration = Duration::from_millis(10);
+const RECONNECT_MAX_DELAY: Duration = Duration::from_millis(100);
+
+/// At most one "Redis unavailable" warning per this interval (an outage fails every request).
+const WARN_EVERY: Duration = Duration::from_secs(1);
+
+/// Keys and teams in Redis, with a local cache of positive key lookups.
+pub struct RedisKeys {
+    connector: Connector,
+    keys_hash: String,
+    teams_hash: String,
+    timeout: Duration,
+    cache: KeyCache,
+    /// The target with passwords hidden, for `Debug` and logs.
+    target: String,
+    warned: Throttle,
+}
+
+impl fmt::Debug for RedisKeys {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisKeys")
+            .field("target", &self.target)
+            .field("keys_hash", &self.keys_hash)
+            .field("teams_hash", &self.teams_hash)
+            .field("timeout", &self.timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RedisKeys {
+    /// Keys in `{prefix}keys`, teams in `{prefix}teams` on `target`. Nothing is sent to Redis
+    /// yet, so this succeeds while Redis is down; it must run inside a tokio runtime (the
+    /// connection's background tasks live there).
+    pub fn new(target: &RedisTarget, prefix: &str) -> Result<Self, KeyStoreError> {
+        let redacted = target.redacted();
+        if tokio::runtime::Handle::try_current().is_err() {
+            return Err(KeyStoreError::Unavailable(format!(
+                "connecting to Redis at {redacted} needs a tokio runtime (use Gateway::connect)"
+            )));
+        }
+        let bad = |e: RedisError| KeyStoreError::Unavailable(format!("Redis at {redacted}: {e}"));
+        let connector = match target {
+            RedisTarget::Single(url) => {
+                let client = ::redis::Client::open(url.as_str()).map_err(bad)?;
+                let config = ConnectionManagerConfig::new()
+                    .set_connection_timeout(Some(CONNECT_TIMEOUT))
+                    .set_number_of_retries(RECONNECT_RETRIES)
+                    .set_min_delay(RECONNECT_MIN_DELAY)
+                    .set_max_delay(RECONNECT_MAX_DELAY);
+                Connector::Single(
+                    ConnectionManager::new_lazy_with_config(client, config).map_err(bad)?,
+                )
+            }
+            RedisTarget::Cluster(urls) => {
+                let client = ClusterClient::builder(urls.clone())
+                    .connection_timeout(CONNECT_TIMEOUT)
+                    .retries(RECONNECT_RETRIES as u32)
+                    .build()
+                    .map_err(bad)?;
+                Connector::Cluster(Arc::new(ClusterConnector {
+                    client,
+                    connection: OnceLock::new(),
+                    attempt: Mutex::new(None),
+                }))
+            }
+        };
+        Ok(Self {
+            connector,
+            keys_hash: format!("{prefix}keys"),
+            teams_hash: format!("{prefix}teams"),
+            timeout: DEFAULT_REDIS_TIMEOUT,
+            cache: KeyCache::default(),
+            target: redacted,
+            warned: Throttle::new(),
+        })
+    }
+
+    /// Bounds each Redis call by `timeout` instead of [`DEFAULT_REDIS_TIMEOUT`].
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// Where the keys are, passwords hidden.
+    pub fn target(&self) -> &str {
+        &self.target
+    }
+
+    /// The hash holding the keys (`{prefix}keys`).
+    pub fn keys_hash(&self) -> &str {
+        &self.keys_hash
+    }
+
+    /// The hash holding the teams (`{prefix}teams`).
+    pub fn teams_hash(&self) -> &str {
+        &self.teams_hash
+    }
+
+    /// Whether Redis answers `PING` within `timeout`.
+    pub async fn ping(&self, timeout: Duration) -> Result<(), KeyStoreError> {
+        let ping = async {
+            let mut conn = self.connector.get().await?;
+            ::redis::cmd("PING").query_async::<String>(&mut conn).await
+        };
+        match tokio::time::timeout(timeout, ping).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(e)) => Err(KeyStoreError::Unavailable(e.to_string())),
+            Err(_) => Err(KeyStoreError::Unavailable(format!(
+                "Redis did not answer within {} ms",
+                timeout.as_millis()
+            ))),
+        }
+    }
+
+    /// Runs `call` on a connection within the timeout; any failure is `Unavailable`.
+    async fn bounded<T, F>(&self, call: impl Fn(Conn) -> F) -> Result<T, KeyStoreError>
+    where
+        F: Future<Output = RedisResult<T>>,
+    {
+        let attempt = async {
+            let mut retried = false;
+            loop {
+                let result = match self.connector.get().await {
+                    Ok(conn) => call(conn).await,
+                    Err(e) => Err(e),
+                };
+                match result {
+                    // A refused connection sent nothing, and the connection has begun to
+                    // reconnect: one more try (within the same timeout) lets the first call after
+                    // an outage succeed instead of failing on the outage's last connect error.
+                    Err(e) if !retried && e.is_connection_refusal() => retried = true,
+                    other => return other,
+                }
+            }
+        };
+        let message = match tokio::time::timeout(self.timeout, attempt).await {
+            Ok(Ok(v)) => return Ok(v),
+            Ok(Err(e)) => e.to_string(),
+            Err(_) => format!(
+                "Redis did not answer within {} ms",
+                self.timeout.as_millis()
+            ),
+        };
+        if self.warned.ready() {
+            tracing::warn!(redis = %self.target, error = %message, "key store: Redis call failed");
+        }
+        Err(KeyStoreError::Unavailable(message))
+    }
+
+    async fn query<T: FromRedisValue>(&self, cmd: &Cmd) -> Result<T, KeyStoreError> {
+        self.bounded(|mut conn| async move { cmd.query_async(&mut conn).await })
+            .await
+    }
+
+    async fn query_pipeline<T: FromRedisValue>(&self, pipe: &Pipeline) -> Result<T, KeyStoreError> {
+        self.bounded(|mut conn| async move { pipe.query_async(&mut conn).await })
+            .await
+    }
+
+    /// Stores a new key record (its team, if any, must exist).
+    pub async fn insert_key(&self, record: &KeyRecord) -> Result<(), KeyStoreError> {
+        if let Some(team) = &record.team_id {
+            let exists: bool = self
+                .query(::redis::cmd("HEXISTS").arg(&self.teams_hash).arg(team))
+                .await?;
+            if !exists {
+                return Err(KeyStoreError::UnknownTeam(team.clone()));
+            }
+        }
+        let json = serde_json::to_string(record)
+            .map_err(|e| KeyStoreError::Corrupt(format!("encoding a key record: {e}")))?;
+        // HSETNX: a write never replaces a record (a 192-bit random key does not collide; this
+        // just makes sure). A timed-out write may still land: an orphan hash nobody holds the key
+        // to, which is harmless.
+        let created: bool = self
+            .query(
+                ::redis::cmd("HSETNX")
+                    .arg(&self.keys_hash)
+                    .arg(&record.token)
+                    .arg(json),
+            )
+            .await?;
+        if !created {
+            return Err(KeyStoreError::Exists("key".into()));
+        }
+        Ok(())
+    }
+
+    /// Resolves a key by its hash: from the cache when fresh, else from Redis (and cached). When
+    /// Redis cannot answer, a stale cached answer is used if there is one; otherwise the error.
+    pub async fn resolve(&self, token: &str) -> Result<Option<Resolved>, KeyStoreError> {
+        if let Some(hit) = self.cache.fresh(token) {
+            return Ok(Some(hit));
+        }
+        let generation = self.cache.generation();
+        match self.load(token).await {
+            Ok(Some(resolved)) => {
+                self.cache.insert(token, resolved.clone(), generation);
+                Ok(Some(resolved))
+            }
+            Ok(None) => {
+                self.cache.forget(token);
+                Ok(None)
+            }
+            Err(e) => self.cache.stale(token).map(Some).ok_or(e),
+        }
+    }
+
+    /// The key and its team from Redis.
+    async fn load(&self, token: &str) -> Result<Option<Resolved>, KeyStoreError> {
+        let Some(key) = self.key(token).await? else {
+            return Ok(None);
+        };
+        let team = match &key.team_id {
+            Some(id) => self.team(id).await?,
+            None => None,
+        };
+        Ok(Some(Resolved::new(key, team.as_ref())))
+    }
+
+    /// A key's record by its hash, from Redis (not the cache).
+    pub async fn key(&self, token: &str) -> Result<Option<Arc<KeyRecord>>, KeyStoreError> {
+        let json: Option<String> = self
+            .query(::redis::cmd("HGET").arg(&self.keys_hash).arg(token))
+            .await?;
+        let Some(json) = json else {
+            return Ok(None);
+        };
+        let record: KeyRecord = serde_json::from_str(&json).map_err(|e| {
+            KeyStoreError::Corrupt(format!("{} field {token}: {e}", self.keys_hash))
+        })?;
+        // A record filed under another hash is not this key's.
+        Ok(hashes_match(&record.token, token).then(|| Arc::new(record)))
+    }
+
+    /// Deletes keys by hash; returns, per hash, whether it existed. They stop working here at
+    /// once, on other gateways within [`super::KEY_CACHE_TTL`].
+    pub async fn delete(&self, tokens: &[String]) -> Result<Vec<bool>, KeyStoreError> {
+        if tokens.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut pipe = ::redis::pipe();
+        for token in tokens {
+            pipe.cmd("HDEL").arg(&self.keys_hash).arg(token);
+        }
+        let removed: Result<Vec<i64>, _> = self.query_pipeline(&pipe).await;
+        // Even when the answer was lost the delete may have happened: stop trusting the cache.
+        self.cache.delete(tokens);
+        Ok(removed?.into_iter().map(|n| n > 0).collect())
+    }
+
+    /// Stores a new team.
+    pub async fn insert_team(&self, team: &TeamRecord) -> Result<(), KeyStoreError> {
+        let json = serde_json::to_string(team)
+            .map_err(|e| KeyStoreError::Corrupt(format!("encoding a team record: {e}")))?;
+        let created: bool = self
+            .query(
+                ::redis::cmd("HSETNX")
+                    .arg(&self.teams_hash)
+                    .arg(&team.team_id)
+                    .arg(json),
+            )
+            .await?;
+        if !created {
+            return Err(KeyStoreError::Exists(format!("team {:?}", team.team_id)));
+        }
+        Ok(())
+    }
+
+    /// A team by id, from Redis.
+    pub async fn team(&self, team_id: &str) -> Result<Option<TeamRecord>, KeyStoreError> {
+        let json: Option<String> = self
+            .query(::redis::cmd("HGET").arg(&self.teams_hash).arg(team_id))
+            .await?;
+        json.map(|json| {
+            serde_json::from_str(&json).map_err(|e| {
+                KeyStoreError::Corrupt(format!("{} field {team_id:?}: {e}", self.teams_hash))
+            })
+        })
+        .transpose()
+    }
+}
+
+/// How to get a connection for one call.
+enum Connector {
+    Single(ConnectionManager),
+    Cluster(Arc<ClusterConnector>),
+}
+
+impl Connector {
+    async fn get(&self) -> RedisResult<Conn> {
+        match self {
+            Connector::Single(manager) => Ok(Conn::Single(manager.clone())),
+            Connector::Cluster(cluster) => cluster.get().await.map(Conn::Cluster),
+        }
+    }
+}
+
+type ConnectAttempt = Shared<BoxFuture<'static, RedisResult<ClusterConnection>>>;
+
+/// A cluster connection made on first use (learning the topology needs a reachable node).
+struct ClusterConnector {
+    client: ClusterClient,
+    connection: OnceLock<ClusterConnection>,
+    /// The attempt in flight (or the last one): callers share it, so an unreachable cluster costs
+    /// one connection attempt at a time, not one per request.
+    attempt: Mutex<Option<ConnectAttempt>>,
+}
+
+impl ClusterConnector {
+    async fn get(self: &Arc<Self>) -> RedisResult<ClusterConnection> {
+        if let Some(c) = self.connection.get() {
+            return Ok(c.clone());
+        }
+        let attempt = {
+            let mut slot = self.attempt.lock().unwrap_or_else(|e| e.into_inner());
+            match &*slot {
+                // In flight: wait for it. (A successful one has also filled `connection`.)
+                Some(a) if a.peek().is_none_or(|r| r.is_ok()) => a.clone(),
+                // None yet, or the last one failed: start another.
+                _ => {
+                    let this = Arc::clone(self);
+                    // A task of its own: a caller's timeout must not cancel a half-made connection.
+                    let task = tokio::spawn(async move {
+                        let connection = this.client.get_async_connection().await?;
+                        let _ = this.connection.set(connection.clone());
+                        Ok(connection)
+                    });
+                    let attempt = async move {
+                        task.await.unwrap_or_else(|e| {
+                            Err(RedisError::from((
+                                ErrorKind::Client,
+                                "connecting to the cluster",
+                                e.to_string(),
+                            )))
+                        })
+                    }
+                    .boxed()
+                    .shared();
+                    *slot = Some(attempt.clone());
+                    attempt
+                }
+            }
+        };
+        attempt.await
+    }
+}
+
+/// A connection handle for one call (both kinds are cheap clones of a shared connection).
+enum Conn {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl ConnectionLike for Conn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, ::redis::Value> {
+        match self {
+            Conn::Single(c) => c.req_packed_command(cmd),
+            Conn::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        cmd: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<::redis::Value>> {
+        match self {
+            Conn::Single(c) => c.req_packed_commands(cmd, offset, count),
+            Conn::Cluster(c) => c.req_packed_commands(cmd, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Conn::Single(c) => c.get_db(),
+            Conn::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
+/// Lets one event through per [`WARN_EVERY`].
+struct Throttle {
+    start: Instant,
+    /// Milliseconds since `start` of the last event let through, plus one (0: none yet).
+    last: AtomicU64,
+}
+
+impl Throttle {
+    fn new() -> Self {
+        Self {
+            start: Instant::now(),
+            last: AtomicU64::new(0),
+        }
+    }
+
+    fn ready(&self) -> bool {
+        let now = self.start.elapsed().as_millis() as u64 + 1;
+        let last = self.last.load(Ordering::Relaxed);
+        if last != 0 && now.saturating_sub(last) < WARN_EVERY.as_millis() as u64 {
+            return false;
+        }
+        self.last
+            .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
+    }
+}

@@ -1,0 +1,345 @@
+//! Keys and teams shared through Redis by several gateways (SPEC §2.2): two gateway instances on
+//! one real `redis-server` (separate data dirs), over real HTTP. A key or team made on one works
+//! on the other at once; a delete reaches the other within the cache TTL; Redis down means 503
+//! for keys nobody can check, never 401, while the master key keeps working; a Redis Cluster
+//! serves the same.
+
+#[path = "common/gateway.rs"]
+mod gateway;
+#[path = "common/redis.rs"]
+mod redis_rig;
+
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+use gateway::{with_master, Gw, Reply, TempDir, MASTER};
+use gateway_example::keys::{hash_key, KEY_CACHE_TTL};
+use redis_rig::{RedisCluster, RedisServer};
+use serde_json::{json, Value};
+
+/// The quick-start mock model (30 tokens per answer), with room for every call a test makes.
+const M: &str = "my-fake-model";
+
+fn config(router_settings: &str) -> String {
+    with_master(&format!(
+        r#"
+model_list:
+  - model_name: my-fake-model
+    litellm_params: {{model: openai/my-fake-model, mock_response: "hello-world", tpm: 60000}}
+litellm_settings:
+  callbacks: ["dynamic_rate_limiter_v3"]
+  priority_reservation: {{"prod": 0.9, "dev": 0.1}}
+router_settings:
+{router_settings}
+"#
+    ))
+}
+
+fn single(redis: &RedisServer) -> String {
+    config(&format!("  redis_url: \"{}\"", redis.url()))
+}
+
+/// Gateways A and B on the same config, each with its own data dir (which must stay unused).
+struct Pair {
+    a: Gw,
+    b: Gw,
+    _dirs: (TempDir, TempDir),
+}
+
+async fn pair(yaml: &str) -> Pair {
+    let dirs = (TempDir::new(), TempDir::new());
+    let a = Gw::start(yaml, Some(&dirs.0 .0)).await;
+    let b = Gw::start(yaml, Some(&dirs.1 .0)).await;
+    Pair { a, b, _dirs: dirs }
+}
+
+/// Calls `check` every 20 ms until it holds; returns how long that took, or panics after `limit`.
+async fn within<F, Fut>(limit: Duration, what: &str, mut check: F) -> Duration
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let start = Instant::now();
+    loop {
+        if check().await {
+            return start.elapsed();
+        }
+        assert!(start.elapsed() < limit, "{what}: not within {limit:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The exact 503 of an unreachable key store, in the OpenAI error shape.
+fn assert_store_unavailable(r: &Reply) {
+    assert_eq!(r.status, 503, "{}", r.text());
+    let v = r.json();
+    let e = &v["error"];
+    assert!(
+        e["message"]
+            .as_str()
+            .is_some_and(|m| m.starts_with("key store unavailable: ")),
+        "{v}"
+    );
+    assert_eq!(e["type"], "service_unavailable", "{v}");
+    assert_eq!(e["param"], Value::Null, "{v}");
+    assert_eq!(e["code"], "503", "{v}");
+}
+
+#[tokio::test]
+async fn a_key_made_on_one_gateway_works_on_the_other_at_once() {
+    let Some(redis) = RedisServer::start("a_key_made_on_one_gateway_works_on_the_other_at_once")
+    else {
+        return;
+    };
+    let gw = pair(&single(&redis)).await;
+    let key = gw.a.new_key(json!({"key_alias": "shared"})).await;
+
+    // No waiting: B has never seen the key and misses are not cached.
+    let r = gw.b.chat(&key, M, false).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["usage"]["total_tokens"], 30);
+    let info =
+        gw.b.get(&format!("/key/info?key={key}"), Some(MASTER))
+            .await;
+    assert_eq!(info.json()["info"]["key_alias"], "shared");
+    assert_eq!(gw.b.chat("sk-not-a-key", M, false).await.status, 401);
+    let ready = gw.b.get("/health/readiness", None).await;
+    assert_eq!(ready.json()["key_store"], "redis");
+
+    // Redis holds the hash, never the key; the data dirs hold nothing.
+    let stored = redis.cli(&["HGETALL", "tpl:keys"]);
+    assert!(stored.contains(&hash_key(&key)), "{stored}");
+    assert!(
+        !stored.contains(&key),
+        "the raw key reached Redis: {stored}"
+    );
+    assert!(!stored.contains(&key["sk-".len()..]), "{stored}");
+    assert!(!gw._dirs.0 .0.join("keys.json").exists());
+}
+
+#[tokio::test]
+async fn team_priority_set_on_one_gateway_applies_on_the_other() {
+    let Some(redis) = RedisServer::start("team_priority_set_on_one_gateway_applies_on_the_other")
+    else {
+        return;
+    };
+    let gw = pair(&single(&redis)).await;
+    let team =
+        gw.a.new_team(json!({"team_alias": "search", "metadata": {"priority": "prod"}}))
+            .await;
+    let in_team =
+        gw.a.new_key(json!({"metadata": {"priority": "dev"}, "team_id": team}))
+            .await;
+    let alone = gw.a.new_key(json!({"metadata": {"priority": "dev"}})).await;
+
+    let r = gw.b.chat(&in_team, M, false).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(
+        r.headers["x-litellm-priority"], "prod",
+        "the team's priority"
+    );
+    let r = gw.b.chat(&alone, M, false).await;
+    assert_eq!(r.headers["x-litellm-priority"], "dev", "the key's own");
+    let info =
+        gw.b.get(&format!("/team/info?team_id={team}"), Some(MASTER))
+            .await;
+    assert_eq!(info.json()["team_info"]["team_alias"], "search");
+    let r =
+        gw.b.post(
+            "/key/generate",
+            Some(MASTER),
+            json!({"team_id": "no-such-team"}),
+        )
+        .await;
+    assert_eq!(r.status, 400, "{}", r.text());
+
+    // The team's priority changes in Redis (as an admin tool would): B follows within the TTL.
+    let changed = json!({"team_id": team, "team_alias": "search",
+                         "metadata": {"priority": "dev"}, "created_at": 0});
+    redis.cli(&["HSET", "tpl:teams", &team, &changed.to_string()]);
+    let took = within(
+        KEY_CACHE_TTL * 3,
+        "B sees the new team priority",
+        || async { gw.b.chat(&in_team, M, false).await.headers["x-litellm-priority"] == "dev" },
+    )
+    .await;
+    assert!(
+        took <= KEY_CACHE_TTL + Duration::from_millis(500),
+        "{took:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_deleted_key_is_refused_here_at_once_and_elsewhere_within_the_ttl() {
+    let Some(redis) = RedisServer::start("a_deleted_key_is_refused_here_at_once") else {
+        return;
+    };
+    let gw = pair(&single(&redis)).await;
+    let key = gw.a.new_key(json!({})).await;
+    // Both gateways have it cached now.
+    assert_eq!(gw.a.chat(&key, M, false).await.status, 200);
+    assert_eq!(gw.b.chat(&key, M, false).await.status, 200);
+
+    let r =
+        gw.a.post("/key/delete", Some(MASTER), json!({"keys": [key]}))
+            .await;
+    assert_eq!(r.json()["deleted_keys"][0], key.as_str(), "{}", r.text());
+    assert_eq!(gw.a.chat(&key, M, false).await.status, 401, "at once on A");
+    let took = within(KEY_CACHE_TTL * 3, "B refuses the deleted key", || async {
+        gw.b.chat(&key, M, false).await.status == 401
+    })
+    .await;
+    assert!(
+        took <= KEY_CACHE_TTL + Duration::from_millis(500),
+        "{took:?}"
+    );
+    assert_eq!(redis.cli(&["HLEN", "tpl:keys"]).trim(), "0");
+}
+
+#[tokio::test]
+async fn redis_down_uncached_keys_get_503_the_master_key_still_works() {
+    let Some(mut redis) = RedisServer::start("redis_down_uncached_keys_get_503") else {
+        return;
+    };
+    let gw = pair(&single(&redis)).await;
+    let cached = gw.a.new_key(json!({})).await;
+    assert_eq!(gw.b.chat(&cached, M, false).await.status, 200);
+    let uncached = gw.a.new_key(json!({})).await;
+
+    redis.kill();
+    // A key B cannot check is unknown, not invalid: 503, never 401.
+    assert_store_unavailable(&gw.b.chat(&uncached, M, false).await);
+    assert_store_unavailable(&gw.b.chat("sk-never-made", M, false).await);
+    let r = gw.b.chat(MASTER, M, false).await;
+    assert_eq!(
+        r.status,
+        200,
+        "the master key is in the config: {}",
+        r.text()
+    );
+    let r = gw.b.chat(&cached, M, false).await;
+    assert_eq!(r.status, 200, "a key B looked up recently: {}", r.text());
+    assert_store_unavailable(&gw.a.post("/key/generate", Some(MASTER), json!({})).await);
+    assert_store_unavailable(
+        &gw.a
+            .post("/team/new", Some(MASTER), json!({"team_alias": "t"}))
+            .await,
+    );
+    assert_eq!(
+        gw.a.chat("", M, false).await.status,
+        401,
+        "no key is still 401"
+    );
+
+    // A restarted redis-server is empty (`--save ""`); the gateways reconnect on their own.
+    redis.restart();
+    within(
+        Duration::from_secs(5),
+        "key generation works again",
+        || async {
+            gw.a.post("/key/generate", Some(MASTER), json!({}))
+                .await
+                .status
+                == 200
+        },
+    )
+    .await;
+    let fresh = gw.a.new_key(json!({})).await;
+    let r = gw.b.chat(&fresh, M, false).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(
+        gw.b.chat(&uncached, M, false).await.status,
+        401,
+        "Redis answers again: the lost key is now simply unknown"
+    );
+}
+
+#[tokio::test]
+async fn a_hung_redis_costs_a_request_no_more_than_the_timeout() {
+    let Some(redis) = RedisServer::start("a_hung_redis_costs_a_request_no_more_than_the_timeout")
+    else {
+        return;
+    };
+    let gw = pair(&single(&redis)).await;
+    let key = gw.a.new_key(json!({})).await;
+    redis.pause();
+    let start = Instant::now();
+    let r = gw.b.chat(&key, M, false).await;
+    let took = start.elapsed();
+    assert_store_unavailable(&r);
+    assert!(
+        r.error_message().contains("did not answer within 50 ms"),
+        "{}",
+        r.text()
+    );
+    assert!(took < Duration::from_millis(500), "{took:?}");
+    redis.resume();
+    within(Duration::from_secs(2), "B answers again", || async {
+        gw.b.chat(&key, M, false).await.status == 200
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn keys_and_teams_work_across_gateways_on_a_redis_cluster() {
+    let Some(cluster) = RedisCluster::start("keys_and_teams_work_on_a_redis_cluster", 3) else {
+        return;
+    };
+    let nodes: Vec<String> = cluster
+        .urls()
+        .iter()
+        .map(|u| {
+            let addr = u.trim_start_matches("redis://").trim_end_matches('/');
+            format!("\"{addr}\"")
+        })
+        .collect();
+    let yaml = config(&format!(
+        "  redis_startup_nodes: [{}]\n  redis_key_prefix: \"gw-test:\"",
+        nodes.join(", ")
+    ));
+    let gw = pair(&yaml).await;
+    let team =
+        gw.a.new_team(json!({"metadata": {"priority": "prod"}}))
+            .await;
+    let key = gw.a.new_key(json!({"team_id": team})).await;
+    let r = gw.b.chat(&key, M, false).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.headers["x-litellm-priority"], "prod");
+
+    let r =
+        gw.b.post("/key/delete", Some(MASTER), json!({"keys": [key]}))
+            .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(gw.b.chat(&key, M, false).await.status, 401);
+    within(KEY_CACHE_TTL * 3, "A refuses the deleted key", || async {
+        gw.a.chat(&key, M, false).await.status == 401
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_gateway_starts_and_serves_the_master_key_while_redis_is_down() {
+    let dead = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    for router_settings in [
+        format!("  redis_url: \"redis://127.0.0.1:{dead}/\""),
+        format!("  redis_startup_nodes: [\"127.0.0.1:{dead}\"]"),
+    ] {
+        let yaml = config(&router_settings);
+        let parsed = gateway_example::config::GatewayConfig::from_yaml_str(&yaml).unwrap();
+        assert!(
+            gateway_example::Gateway::connect(parsed, None)
+                .await
+                .is_ok(),
+            "Redis down is not fatal at start"
+        );
+        let gw = Gw::start(&yaml, None).await;
+        let r = gw.chat(MASTER, M, false).await;
+        assert_eq!(r.status, 200, "{router_settings}: {}", r.text());
+        assert_store_unavailable(&gw.chat("sk-some-key", M, false).await);
+        assert_store_unavailable(&gw.post("/key/generate", Some(MASTER), json!({})).await);
+        assert_store_unavailable(&gw.get("/team/info?team_id=t", Some(MASTER)).await);
+    }
+}

@@ -1,0 +1,112 @@
+//! Several gateway processes sharing one real `redis-server` (SPEC §1.4 multi-node, §2.2), built
+//! as `main` builds them (`Gateway::connect`), over real HTTP: the limits hold for the fleet exactly
+//! as for one process, and a key made on one gateway is charged on the shared counters by all.
+
+#[path = "common/gateway.rs"]
+mod gateway;
+#[path = "common/redis.rs"]
+mod redis_rig;
+
+use std::sync::Arc;
+
+use gateway::{with_master, Gw, TempDir, MASTER};
+use redis_rig::RedisServer;
+use serde_json::json;
+use tower_priority_limit::store::Store;
+
+fn config(limits: &str, redis: &RedisServer) -> String {
+    with_master(&format!(
+        r#"
+model_list:
+  - model_name: my-fake-model
+    litellm_params: {{model: openai/my-fake-model, mock_response: "hello-world", {limits}}}
+litellm_settings:
+  callbacks: ["dynamic_rate_limiter_v3"]
+router_settings:
+  redis_url: "{}"
+"#,
+        redis.url()
+    ))
+}
+
+async fn fleet(yaml: &str, n: usize) -> (Vec<Arc<Gw>>, Vec<TempDir>) {
+    let mut gateways = Vec::new();
+    let mut dirs = Vec::new();
+    for _ in 0..n {
+        let dir = TempDir::new();
+        gateways.push(Arc::new(Gw::connect(yaml, Some(&dir.0)).await));
+        dirs.push(dir);
+    }
+    for gw in &gateways {
+        let health = gw.get("/health/readiness", None).await.json();
+        assert_eq!(health["limiter_store"], "redis");
+        assert_eq!(health["key_store"], "redis");
+    }
+    (gateways, dirs)
+}
+
+/// 300 concurrent requests against `rpm: 100`, spread over 3 gateways: exactly 100 served, and
+/// every other one gets the SPEC's 429.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_gateways_admit_exactly_the_fleet_limit() {
+    let Some(redis) = RedisServer::start("three_gateways_admit_exactly_the_fleet_limit") else {
+        return;
+    };
+    let (gateways, _dirs) = fleet(&config("rpm: 100", &redis), 3).await;
+    let tasks: Vec<_> = (0..300)
+        .map(|i| {
+            let gw = gateways[i % 3].clone();
+            tokio::spawn(async move { gw.chat(MASTER, "my-fake-model", false).await })
+        })
+        .collect();
+    let (mut served, mut refused) = (0, 0);
+    for t in tasks {
+        let r = t.await.unwrap();
+        match r.status.as_u16() {
+            200 => served += 1,
+            429 => {
+                refused += 1;
+                assert_eq!(
+                    r.error_message(),
+                    "Model capacity reached for my-fake-model. Priority: None, Rate limit type: requests, Model TPM: not configured, Model RPM: 100, Remaining: 0"
+                );
+            }
+            other => panic!("unexpected {other}: {}", r.text()),
+        }
+    }
+    assert_eq!((served, refused), (100, 200));
+}
+
+/// The quick-start check across the fleet: keys made on A, tokens recorded by one gateway refuse
+/// the next request on another.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quick_start_across_three_gateways() {
+    let Some(redis) = RedisServer::start("quick_start_across_three_gateways") else {
+        return;
+    };
+    let (gateways, _dirs) = fleet(&config("tpm: 60", &redis), 3).await;
+    let (a, b, c) = (&gateways[0], &gateways[1], &gateways[2]);
+    let key1 = a.new_key(json!({})).await;
+    let key2 = a.new_key(json!({})).await;
+    // Each gateway settles in the background; flush so the next gateway's admission sees it.
+    let flush = |gw: &Gw| {
+        let limiter = gw.gateway.limiter.clone();
+        async move { limiter.store().flush().await }
+    };
+
+    let r = a.chat(&key1, "my-fake-model", false).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["usage"]["total_tokens"], 30);
+    flush(a).await;
+    let r = b.chat(&key2, "my-fake-model", true).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.headers["x-ratelimit-remaining-tokens"], "30");
+    flush(b).await;
+    let r = c.chat(&key2, "my-fake-model", false).await;
+    assert_eq!(r.status, 429);
+    assert_eq!(
+        r.text(),
+        r#"{"error": {"message": "Model capacity reached for my-fake-model. Priority: None, Rate limit type: tokens, Model TPM: 60, Model RPM: not configured, Remaining: 0", "type": "throttling_error", "param": null, "code": "429"}}"#
+    );
+    assert_eq!(a.chat(&key1, "my-fake-model", false).await.status, 429);
+}
