@@ -504,3 +504,42 @@ async fn redis_cluster_limits_every_model_exactly() {
         .collect();
     assert!(slots.len() >= 3, "the models spread over slots: {slots:?}");
 }
+
+/// One round trip per admission: N admissions are N `EVALSHA`s and no other command from the
+/// client (what the script runs inside Redis shows up too, as its own commands).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_evalsha_per_admission() {
+    let Some(redis) = RedisServer::start("one_evalsha_per_admission") else {
+        return;
+    };
+    let config = LimiterConfig::builder()
+        .model("m", Some(1000), Some(100_000))
+        .reserve("prod", Reservation::Percent(0.5))
+        .build()
+        .unwrap();
+    let limiter = redis_limiter(config, single(&redis), "trips:").await;
+    redis.cli(&["config", "resetstat"]);
+    for _ in 0..20 {
+        let Acquired::Admitted { lease, .. } = limiter.acquire("m", Some("prod"), 0).await.unwrap()
+        else {
+            panic!("admitted");
+        };
+        drop(lease); // 0 tokens: nothing to settle, nothing sent
+    }
+    let stats = redis.cli(&["info", "commandstats"]);
+    let calls = |command: &str| -> u64 {
+        stats
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("cmdstat_{command}:calls=")))
+            .map_or(0, |rest| rest.split(',').next().unwrap().parse().unwrap())
+    };
+    assert_eq!(calls("evalsha"), 20, "{stats}");
+    let from_scripts = ["evalsha", "time", "hmget", "hset", "hincrby", "pexpire"];
+    for line in stats.lines().filter(|l| l.starts_with("cmdstat_")) {
+        let command = line["cmdstat_".len()..].split(':').next().unwrap();
+        assert!(
+            from_scripts.contains(&command) || command.starts_with("config") || command == "info",
+            "unexpected command {command} on the admission path: {stats}"
+        );
+    }
+}
