@@ -7,9 +7,11 @@ mod gateway;
 #[path = "common/redis.rs"]
 mod redis_rig;
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use gateway::{with_master, Gw, TempDir, MASTER};
+use gateway_example::store::GatewayStore;
 use redis_rig::RedisServer;
 use serde_json::json;
 use tower_priority_limit::store::Store;
@@ -22,6 +24,9 @@ model_list:
     litellm_params: {{model: openai/my-fake-model, mock_response: "hello-world", {limits}}}
 litellm_settings:
   callbacks: ["dynamic_rate_limiter_v3"]
+  # 300 requests at once on a debug build on 2 cores may queue past the default 50 ms; this test
+  # is about exact shared counting, so no call may fall back to the local share.
+  priority_reservation_settings: {{redis_timeout_ms: 2000}}
 router_settings:
   redis_url: "{}"
 "#,
@@ -75,6 +80,12 @@ async fn three_gateways_admit_exactly_the_fleet_limit() {
         }
     }
     assert_eq!((served, refused), (100, 200));
+    for gw in &gateways {
+        let GatewayStore::Redis(store) = gw.gateway.limiter.store() else {
+            panic!("on Redis");
+        };
+        assert_eq!(store.stats().failures.load(Ordering::Relaxed), 0);
+    }
 }
 
 /// The quick-start check across the fleet: keys made on A, tokens recorded by one gateway refuse

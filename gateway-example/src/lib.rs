@@ -66,7 +66,7 @@ impl Gateway {
     /// The gateway as `main` runs it. With Redis configured, keys, teams and the limiter's
     /// counters are all in Redis, so every gateway process pointed at it sees one state. Redis
     /// down at start is logged, not fatal: the master key works, other keys get 503 until it is
-    /// back, and the limiter applies `redis_failure_mode` (a cluster must be reachable to start).
+    /// back, and the limiter applies `redis_failure_mode` until Redis (or the cluster) answers.
     pub async fn connect(
         config: GatewayConfig,
         data_dir: Option<&Path>,

@@ -216,12 +216,21 @@ impl<St: Store> App<St> {
         key: Option<&str>,
         body: impl Into<Bytes>,
     ) -> (StatusCode, HeaderMap, Bytes) {
-        let url = format!("{}/v1/chat/completions", self.base);
-        let answer = http_client::send(&self.client, "POST", url, key, body.into()).await;
+        let answer = self.post_unflushed(key, body).await;
         // The response is whole, so its settlement is queued; wait until the store has recorded
         // it, so the next request sees it (Redis settles in the background).
         self.limiter.store().flush().await;
         answer
+    }
+
+    /// As [`post_raw`](Self::post_raw), without waiting for the settlement to be recorded.
+    pub async fn post_unflushed(
+        &self,
+        key: Option<&str>,
+        body: impl Into<Bytes>,
+    ) -> (StatusCode, HeaderMap, Bytes) {
+        let url = format!("{}/v1/chat/completions", self.base);
+        http_client::send(&self.client, "POST", url, key, body.into()).await
     }
 
     /// A chat completion for `model` as `key`.

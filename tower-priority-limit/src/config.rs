@@ -376,14 +376,7 @@ pub struct LimiterConfig {
 impl LimiterConfig {
     /// This config with another accounting window (tests and simulations; SPEC's is 60 s).
     pub fn with_window(mut self, window: Duration) -> Result<Self, ConfigError> {
-        let window_ms = u64::try_from(window.as_millis()).unwrap_or(u64::MAX);
-        if window_ms == 0 {
-            return Err(ConfigError::new(
-                "window",
-                "the accounting window must be at least 1 ms",
-            ));
-        }
-        self.settings.window_ms = window_ms;
+        self.settings.window_ms = window_ms(window)?;
         Ok(self)
     }
 
@@ -505,13 +498,7 @@ impl LimiterConfig {
             &format!("{SETTINGS}.saturation_threshold"),
             "threshold",
         )?;
-        let window_ms = u64::try_from(b.window.as_millis()).unwrap_or(u64::MAX);
-        if window_ms == 0 {
-            return Err(ConfigError::new(
-                "window",
-                "the accounting window must be at least 1 ms",
-            ));
-        }
+        let window_ms = window_ms(b.window)?;
 
         // Priorities: names are unique; bare shares are checked here, rpm/tpm ones per model.
         let mut priorities: Vec<Arc<str>> = Vec::with_capacity(b.reservations.len());
@@ -597,6 +584,19 @@ impl LimiterConfig {
             },
         })
     }
+}
+
+/// The window in milliseconds: at least 1 ms, at most a day (a shared store's key TTL is the
+/// window, and nothing about a rate limit needs longer).
+fn window_ms(window: Duration) -> Result<u64, ConfigError> {
+    const MAX: Duration = Duration::from_secs(24 * 60 * 60);
+    if window < Duration::from_millis(1) || window > MAX {
+        return Err(ConfigError::new(
+            "window",
+            format!("the accounting window must be between 1 ms and 24 h, got {window:?}"),
+        ));
+    }
+    Ok(window.as_millis() as u64)
 }
 
 fn sum_opt(a: Option<u64>, b: Option<u64>) -> Option<u64> {

@@ -3,8 +3,10 @@
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::task::{ready, Context, Poll};
+use std::time::Instant;
 
 use bytes::Bytes;
 use http::header::CONTENT_TYPE;
@@ -233,9 +235,12 @@ where
 
 /// The response for a store failure, or `None` to serve unlimited (fail-open).
 fn store_failure(policy: StoreFailure, error: &StoreError) -> Option<Response<Bytes>> {
+    let log = log_slot();
     match policy {
         StoreFailure::Closed => {
-            tracing::error!(%error, "rate-limit store failed; refusing (fail-closed)");
+            if let Some(suppressed) = log {
+                tracing::error!(%error, suppressed, "rate-limit store failed; refusing (fail-closed)");
+            }
             Some(error_response(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "service_unavailable",
@@ -244,8 +249,30 @@ fn store_failure(policy: StoreFailure, error: &StoreError) -> Option<Response<By
             ))
         }
         StoreFailure::Open => {
-            tracing::warn!(%error, "rate-limit store failed; serving unlimited (fail-open)");
+            if let Some(suppressed) = log {
+                tracing::warn!(%error, suppressed, "rate-limit store failed; serving unlimited (fail-open)");
+            }
             None
         }
+    }
+}
+
+/// At most one store-failure line per second, with how many were left out since the last one:
+/// an outage must be loud, not a flood of one line per request.
+fn log_slot() -> Option<u64> {
+    static START: OnceLock<Instant> = OnceLock::new();
+    static LAST_SECOND: AtomicU64 = AtomicU64::new(u64::MAX);
+    static SUPPRESSED: AtomicU64 = AtomicU64::new(0);
+    let second = START.get_or_init(Instant::now).elapsed().as_secs();
+    let last = LAST_SECOND.load(Ordering::Relaxed);
+    if last != second
+        && LAST_SECOND
+            .compare_exchange(last, second, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
+    {
+        Some(SUPPRESSED.swap(0, Ordering::Relaxed))
+    } else {
+        SUPPRESSED.fetch_add(1, Ordering::Relaxed);
+        None
     }
 }

@@ -23,6 +23,10 @@
 //!   key gets **503** `service_unavailable` ("key store unavailable: …"), never a 401 for a key
 //!   that could not be checked. `/key/generate`, `/key/delete`, `/key/info`, `/team/new` and
 //!   `/team/info` answer 503 likewise. Nothing panics; calls succeed again as soon as Redis does.
+//! - The one exception to "a deleted key stops within a second": while Redis is unreachable, a key
+//!   deleted on another gateway just before the outage keeps working here for up to
+//!   [`KEY_CACHE_STALE_IF_ERROR`], because nothing can tell this gateway it was deleted. That is
+//!   the price of keeping active keys working through an outage; shorten the constant to pay less.
 
 pub(crate) mod cache;
 pub mod file;

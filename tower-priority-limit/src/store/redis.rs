@@ -6,7 +6,7 @@
 //!   expired windows, checks and increments the model-wide and pool counters in both dimensions
 //!   all-or-nothing, and computes saturation from the same state. It returns the counters it saw;
 //!   the full [`Decision`] (headers, retry-after) is then computed by the same
-//!   [`decide`](crate::decision::decide) the embedded store uses, and a disagreement with the
+//!   [`decide`] the embedded store uses, and a disagreement with the
 //!   script's verdict is logged and counted ([`RedisStats::verdict_mismatches`]), never silent.
 //! - **Redis time**: windows are measured on `TIME` inside the script, so nodes with skewed clocks agree.
 //! - **Layout**: one hash per model, `PREFIX{model}`; a script touches only that key, so it works on
@@ -35,7 +35,9 @@ use std::time::{Duration, Instant};
 
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster_async::ClusterConnection;
-use redis::{Cmd, Pipeline, RedisFuture, Script, Value};
+use redis::{
+    Cmd, ErrorKind, FromRedisValue, Pipeline, RedisFuture, Script, ServerErrorKind, Value,
+};
 use tokio::sync::{mpsc, oneshot};
 
 use super::{AdmitRequest, MemorySettler, MemoryStore, Settlement, Settler, Store, StoreError};
@@ -51,6 +53,12 @@ pub const DEFAULT_SETTLE_QUEUE: usize = 65_536;
 /// Settlements sent to Redis at once by the flusher.
 const SETTLE_BATCH: usize = 256;
 
+/// A settlement is not on any request's path, so it may wait longer than an admission.
+const SETTLE_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Token counts are clamped to what a Lua number (a double) holds exactly.
+const MAX_EXACT: u64 = (1 << 53) - 1;
+
 /// Added to a key's TTL beyond its window, so a counter never expires while its window is open.
 const TTL_MARGIN_MS: u64 = 1_000;
 
@@ -65,8 +73,10 @@ pub struct RedisStats {
     pub unavailable_admissions: AtomicU64,
     /// Settlements dropped because the queue was full.
     pub settlements_dropped: AtomicU64,
-    /// Settlements recorded on the local counters because Redis could not take them.
+    /// Settlements also recorded on the local counters, made while the fallback was in use.
     pub settlements_local: AtomicU64,
+    /// Settlement calls that failed and were queued again.
+    pub settlements_retried: AtomicU64,
     /// Admissions where the script's verdict and [`decide`] disagreed (a bug if ever non-zero).
     pub verdict_mismatches: AtomicU64,
 }
@@ -106,20 +116,40 @@ impl fmt::Debug for RedisTarget {
     }
 }
 
-/// `url` with the password of its user-info part replaced by `***`.
+/// `url` with any password replaced by `***`: the user-info part (everything between `://` and
+/// the last `@`, so a password holding `/`, `?` or `#` is hidden too) and `pass`/`password` query
+/// parameters (`unix://` URLs carry it there).
 pub fn redact_url(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
         return url.to_owned();
     };
-    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    let (authority, tail) = rest.split_at(authority_end);
-    match authority.rsplit_once('@') {
-        Some((userinfo, host)) => match userinfo.split_once(':') {
-            Some((user, _)) => format!("{scheme}://{user}:***@{host}{tail}"),
-            None => url.to_owned(),
-        },
-        None => url.to_owned(),
+    let mut out = format!("{scheme}://");
+    let rest = match rest.rsplit_once('@') {
+        Some((userinfo, host)) => {
+            match userinfo.split_once(':') {
+                Some((user, _)) => out.push_str(&format!("{user}:***@")),
+                None => out.push_str("***@"),
+            }
+            host
+        }
+        None => rest,
+    };
+    match rest.split_once('?') {
+        Some((path, query)) => {
+            out.push_str(path);
+            out.push('?');
+            let params: Vec<String> = query
+                .split('&')
+                .map(|param| match param.split_once('=') {
+                    Some((name, _)) if matches!(name, "pass" | "password") => format!("{name}=***"),
+                    _ => param.to_owned(),
+                })
+                .collect();
+            out.push_str(&params.join("&"));
+        }
+        None => out.push_str(rest),
     }
+    out
 }
 
 /// Builds a [`RedisStore`].
@@ -187,10 +217,23 @@ impl RedisStoreBuilder {
                         .response_timeout(Duration::from_secs(5))
                         .build()
                         .map_err(unavailable)?;
-                RedisConnection::Cluster(Arc::new(LazyCluster {
+                let lazy = Arc::new(LazyCluster {
                     client,
                     connection: tokio::sync::OnceCell::new(),
-                }))
+                    connecting: AtomicBool::new(false),
+                });
+                // Learn the topology now if the cluster answers within a moment; otherwise start
+                // degraded and keep connecting in the background.
+                let first = lazy
+                    .connection
+                    .get_or_try_init(|| lazy.client.get_async_connection());
+                if tokio::time::timeout(CLUSTER_START_WAIT, first)
+                    .await
+                    .is_err()
+                {
+                    lazy.start_connecting();
+                }
+                RedisConnection::Cluster(lazy)
             }
         };
         let local_config = config.divided_among(shared.expected_nodes);
@@ -213,8 +256,8 @@ impl RedisStoreBuilder {
         let inner = Arc::new(Inner {
             config: config.clone(),
             connection,
-            admit_script: Script::new(include_str!("redis/admit.lua")),
-            settle_script: Script::new(include_str!("redis/settle.lua")),
+            admit_script: LuaScript::new(include_str!("redis/admit.lua")),
+            settle_script: LuaScript::new(include_str!("redis/settle.lua")),
             keys,
             pool_prefixes,
             ttl_ms: config.settings().window_ms.saturating_add(TTL_MARGIN_MS),
@@ -228,12 +271,27 @@ impl RedisStoreBuilder {
             healthy: AtomicBool::new(true),
             stats: RedisStats::default(),
         });
-        // Load both scripts now so the first admissions are one round trip each; if Redis is down
-        // the store starts degraded and `invoke` loads them when it is back.
-        if let Err(e) = inner.load_scripts().await {
-            inner.mark_down(&e);
+        // Load both scripts now, so the first admissions are one round trip each; best effort
+        // (Redis may be down): `LuaScript::call` falls back to EVAL on NOSCRIPT anyway.
+        let mut connection = inner.connection.clone();
+        let load = async {
+            for script in [&inner.admit_script, &inner.settle_script] {
+                redis::cmd("SCRIPT")
+                    .arg("LOAD")
+                    .arg(script.code)
+                    .query_async::<String>(&mut connection)
+                    .await?;
+            }
+            Ok(())
+        };
+        if let Err(e) = bounded(SCRIPT_LOAD_WAIT, load).await {
+            tracing::warn!(%e, "rate-limit scripts not loaded at start; loading on first use");
         }
-        tokio::spawn(flush_settlements(Arc::downgrade(&inner), receiver));
+        tokio::spawn(flush_settlements(
+            Arc::downgrade(&inner),
+            receiver,
+            self.settle_queue,
+        ));
         Ok(RedisStore { inner, queue })
     }
 }
@@ -289,8 +347,8 @@ impl RedisStore {
 struct Inner {
     config: LimiterConfig,
     connection: RedisConnection,
-    admit_script: Script,
-    settle_script: Script,
+    admit_script: LuaScript,
+    settle_script: LuaScript,
     /// Per model: its hash key, `PREFIX{name}`.
     keys: Box<[String]>,
     /// Per pool index: the field prefix of its counters (`p:LABEL:`, default pool `d:`).
@@ -302,7 +360,8 @@ struct Inner {
     local: MemoryStore,
     local_settlers: Vec<MemorySettler>,
     started: Instant,
-    /// While `started.elapsed()` is below this (ms), Redis is not asked.
+    /// 0 while Redis answers; after a failure, the `started.elapsed()` (ms) at which one caller
+    /// may ask Redis again.
     retry_at_ms: AtomicU64,
     healthy: AtomicBool,
     stats: RedisStats,
@@ -313,8 +372,29 @@ impl Inner {
         u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX)
     }
 
+    /// Is Redis to be asked? Always while it answers; after a failure, once per
+    /// [`RETRY_INTERVAL`], by whichever caller claims the probe (the others use the fallback).
     fn should_try(&self) -> bool {
-        self.elapsed_ms() >= self.retry_at_ms.load(Ordering::Relaxed)
+        let retry_at = self.retry_at_ms.load(Ordering::Relaxed);
+        if retry_at == 0 {
+            return true;
+        }
+        let now = self.elapsed_ms();
+        now >= retry_at
+            && self
+                .retry_at_ms
+                .compare_exchange(
+                    retry_at,
+                    now.saturating_add(RETRY_INTERVAL.as_millis() as u64),
+                    Ordering::Relaxed,
+                    Ordering::Relaxed,
+                )
+                .is_ok()
+    }
+
+    /// Has the last admission call failed (the fallback is in use)?
+    fn is_down(&self) -> bool {
+        self.retry_at_ms.load(Ordering::Relaxed) != 0
     }
 
     fn mark_down(&self, error: &StoreError) {
@@ -333,30 +413,12 @@ impl Inner {
     }
 
     fn mark_up(&self) {
+        // Read first: on the hot path the line stays shared instead of written on every admission.
+        if self.retry_at_ms.load(Ordering::Relaxed) != 0 {
+            self.retry_at_ms.store(0, Ordering::Relaxed);
+        }
         if !self.healthy.load(Ordering::Relaxed) && !self.healthy.swap(true, Ordering::Relaxed) {
             tracing::warn!("rate-limit Redis answers again; back on shared counters");
-        }
-    }
-
-    async fn load_scripts(&self) -> Result<(), StoreError> {
-        let mut connection = self.connection.clone();
-        self.bounded(async {
-            self.admit_script.load_async(&mut connection).await?;
-            self.settle_script.load_async(&mut connection).await
-        })
-        .await
-        .map(drop)
-    }
-
-    /// Runs one Redis call under the store's timeout.
-    async fn bounded<T>(
-        &self,
-        call: impl Future<Output = redis::RedisResult<T>>,
-    ) -> Result<T, StoreError> {
-        match tokio::time::timeout(self.timeout, call).await {
-            Ok(Ok(v)) => Ok(v),
-            Ok(Err(e)) => Err(unavailable(e)),
-            Err(_) => Err(StoreError::Timeout),
         }
     }
 
@@ -379,21 +441,21 @@ impl Inner {
         }
         let settings = self.config.settings();
         let pool_limits = limits.pool(request.pool);
-        let limit = |v: Option<u64>| v.map_or(-1, |v| i64::try_from(v).unwrap_or(i64::MAX));
-        let mut invocation = self.admit_script.key(key.as_str());
-        invocation
-            .arg(settings.window_ms)
-            .arg(limit(limits.rpm))
-            .arg(limit(limits.tpm))
-            .arg(self.pool_prefix(request.model, request.pool))
-            .arg(limit(pool_limits.and_then(|p| p.rpm)))
-            .arg(limit(pool_limits.and_then(|p| p.tpm)))
-            .arg(settings.saturation_threshold)
-            .arg(request.reserve)
-            .arg(self.ttl_ms);
+        let limit = |v: Option<u64>| v.map_or(-1, |v| v.min(MAX_EXACT) as i64);
+        let pool_prefix = self.pool_prefix(request.model, request.pool);
         let mut connection = self.connection.clone();
-        let reply: Result<[i64; 8], StoreError> =
-            self.bounded(invocation.invoke_async(&mut connection)).await;
+        let call = self.admit_script.call(&mut connection, key, |cmd| {
+            cmd.arg(settings.window_ms)
+                .arg(limit(limits.rpm))
+                .arg(limit(limits.tpm))
+                .arg(pool_prefix)
+                .arg(limit(pool_limits.and_then(|p| p.rpm)))
+                .arg(limit(pool_limits.and_then(|p| p.tpm)))
+                .arg(settings.saturation_threshold)
+                .arg(request.reserve.min(MAX_EXACT))
+                .arg(self.ttl_ms);
+        });
+        let reply: Result<[i64; 8], StoreError> = bounded(self.timeout, call).await;
         match reply {
             Ok(reply) => {
                 self.mark_up();
@@ -422,7 +484,7 @@ impl Inner {
             request.pool,
             &counter(ms, mr, mt),
             pool_counter.as_ref(),
-            request.reserve,
+            request.reserve.min(MAX_EXACT),
             now.max(0) as Millis,
         );
         let admitted = matches!(decision, Decision::Admit(_));
@@ -468,19 +530,70 @@ impl Inner {
         let Some(key) = self.keys.get(s.model.index()) else {
             return Ok(());
         };
-        let mut invocation = self.settle_script.key(key.as_str());
-        invocation
-            .arg(self.config.settings().window_ms)
-            .arg(self.pool_prefix(s.model, s.pool))
-            .arg(s.tokens)
-            .arg(s.reserved)
-            .arg(s.model_window)
-            .arg(s.pool_window)
-            .arg(self.ttl_ms);
+        let window_ms = self.config.settings().window_ms;
+        let pool_prefix = self.pool_prefix(s.model, s.pool);
         let mut connection = self.connection.clone();
-        self.bounded(invocation.invoke_async::<i64>(&mut connection))
+        let call = self.settle_script.call::<i64>(&mut connection, key, |cmd| {
+            cmd.arg(window_ms)
+                .arg(pool_prefix)
+                .arg(s.tokens.min(MAX_EXACT))
+                .arg(s.reserved.min(MAX_EXACT))
+                .arg(s.model_window)
+                .arg(s.pool_window)
+                .arg(self.ttl_ms);
+        });
+        bounded(SETTLE_TIMEOUT.max(self.timeout), call)
             .await
             .map(drop)
+    }
+}
+
+/// Runs one Redis call under `timeout`.
+async fn bounded<T>(
+    timeout: Duration,
+    call: impl Future<Output = redis::RedisResult<T>>,
+) -> Result<T, StoreError> {
+    match tokio::time::timeout(timeout, call).await {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(e)) => Err(unavailable(e)),
+        Err(_) => Err(StoreError::Timeout),
+    }
+}
+
+/// A script called by `EVALSHA`, and by `EVAL` on the node that answered `NOSCRIPT` (after a
+/// restart or failover), which caches it there again: one round trip normally, two once per node
+/// after it lost its scripts. Routed by its one key, so it works on Redis Cluster.
+struct LuaScript {
+    code: &'static str,
+    sha1: String,
+}
+
+impl LuaScript {
+    fn new(code: &'static str) -> Self {
+        Self {
+            code,
+            sha1: Script::new(code).get_hash().to_owned(),
+        }
+    }
+
+    async fn call<T: FromRedisValue>(
+        &self,
+        connection: &mut RedisConnection,
+        key: &str,
+        args: impl Fn(&mut Cmd),
+    ) -> redis::RedisResult<T> {
+        let mut evalsha = redis::cmd("EVALSHA");
+        evalsha.arg(&self.sha1).arg(1).arg(key);
+        args(&mut evalsha);
+        match evalsha.query_async(connection).await {
+            Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                let mut eval = redis::cmd("EVAL");
+                eval.arg(self.code).arg(1).arg(key);
+                args(&mut eval);
+                eval.query_async(connection).await
+            }
+            other => other,
+        }
     }
 }
 
@@ -495,32 +608,75 @@ enum Queued {
 }
 
 /// Drains the settlement queue: up to [`SETTLE_BATCH`] settlements in flight at once, pipelined on
-/// the one multiplexed connection. A settlement Redis cannot take goes to the local counters.
-async fn flush_settlements(inner: std::sync::Weak<Inner>, mut receiver: mpsc::Receiver<Queued>) {
+/// the one multiplexed connection. Settlements Redis could not take are kept (up to the queue's
+/// capacity, the oldest dropped and counted beyond it) and sent again every [`RETRY_INTERVAL`], so
+/// tokens recorded during an outage reach the shared counters when Redis is back.
+async fn flush_settlements(
+    inner: std::sync::Weak<Inner>,
+    mut receiver: mpsc::Receiver<Queued>,
+    capacity: usize,
+) {
     let mut batch = Vec::with_capacity(SETTLE_BATCH);
-    while receiver.recv_many(&mut batch, SETTLE_BATCH).await > 0 {
+    let mut retry: Vec<Settlement> = Vec::new();
+    let mut next_retry = tokio::time::Instant::now();
+    let mut open = true;
+    loop {
+        // New settlements (and flush requests) are handled as they come; the ones Redis refused
+        // wait for their retry time.
+        let mut retry_due = false;
+        if retry.is_empty() {
+            if !open || receiver.recv_many(&mut batch, SETTLE_BATCH).await == 0 {
+                return;
+            }
+        } else {
+            tokio::select! {
+                n = receiver.recv_many(&mut batch, SETTLE_BATCH), if open => open = n > 0,
+                () = tokio::time::sleep_until(next_retry) => retry_due = true,
+            }
+        }
         let Some(inner) = inner.upgrade() else {
             return;
         };
-        let inner = &*inner;
+        let retried = if retry_due {
+            retry.len().min(SETTLE_BATCH)
+        } else {
+            0
+        };
+        let mut settlements: Vec<Settlement> = retry.drain(..retried).collect();
         let mut flushed = Vec::new();
-        let mut calls = Vec::with_capacity(batch.len());
         for queued in batch.drain(..) {
             match queued {
-                Queued::Settle(s) if inner.should_try() => calls.push(async move {
-                    let result = inner.settle(s).await;
-                    (s, result)
-                }),
-                Queued::Settle(s) => inner.settle_locally(s),
+                Queued::Settle(s) => settlements.push(s),
                 Queued::Flush(done) => flushed.push(done),
             }
         }
-        for (s, result) in futures_util::future::join_all(calls).await {
+        let results =
+            futures_util::future::join_all(settlements.iter().map(|s| inner.settle(*s))).await;
+        let mut failed = 0;
+        for (s, result) in settlements.into_iter().zip(results) {
             if let Err(e) = result {
-                inner.mark_down(&e);
-                inner.settle_locally(s);
+                if failed == 0 && retry.is_empty() {
+                    tracing::warn!(%e, "rate-limit settlements not recorded in Redis; retrying");
+                }
+                failed += 1;
+                retry.push(s);
             }
         }
+        if failed > 0 {
+            next_retry = tokio::time::Instant::now() + RETRY_INTERVAL;
+        }
+        if retry.len() > capacity {
+            let excess = retry.len() - capacity;
+            retry.drain(..excess);
+            inner
+                .stats
+                .settlements_dropped
+                .fetch_add(excess as u64, Ordering::Relaxed);
+        }
+        inner
+            .stats
+            .settlements_retried
+            .fetch_add(failed, Ordering::Relaxed);
         for done in flushed {
             let _ = done.send(());
         }
@@ -542,12 +698,13 @@ impl fmt::Debug for RedisSettler {
 
 impl Settler for RedisSettler {
     fn settle(&self, settlement: Settlement) {
-        if !self.inner.should_try() {
+        // While admissions run on the local fallback, its counters need the tokens too, to keep
+        // the local share honest; Redis still gets them (queued) when it answers again.
+        if self.inner.is_down() {
             self.inner.settle_locally(settlement);
-            return;
         }
         match self.queue.try_send(Queued::Settle(settlement)) {
-            Ok(()) => {}
+            Ok(()) | Err(mpsc::error::TrySendError::Closed(_)) => {}
             Err(mpsc::error::TrySendError::Full(_)) => {
                 let dropped = self
                     .inner
@@ -562,10 +719,6 @@ impl Settler for RedisSettler {
                     );
                 }
             }
-            Err(mpsc::error::TrySendError::Closed(Queued::Settle(s))) => {
-                self.inner.settle_locally(s)
-            }
-            Err(mpsc::error::TrySendError::Closed(Queued::Flush(_))) => {}
         }
     }
 }
@@ -605,18 +758,43 @@ enum RedisConnection {
     Cluster(Arc<LazyCluster>),
 }
 
-/// A cluster connection made on first use, so a gateway starts while the cluster is down.
+/// How long `connect` waits to load the scripts before leaving it to the first calls.
+const SCRIPT_LOAD_WAIT: Duration = Duration::from_secs(1);
+
+/// How long `connect` waits for a cluster's topology before starting degraded.
+const CLUSTER_START_WAIT: Duration = Duration::from_secs(2);
+
+/// A cluster connection made in the background, so a gateway starts while the cluster is down and
+/// no request's timeout ever cancels a half-made connection.
 struct LazyCluster {
     client: redis::cluster::ClusterClient,
     connection: tokio::sync::OnceCell<ClusterConnection>,
+    connecting: AtomicBool,
 }
 
 impl LazyCluster {
-    async fn get(&self) -> redis::RedisResult<ClusterConnection> {
-        self.connection
-            .get_or_try_init(|| self.client.get_async_connection())
-            .await
-            .cloned()
+    fn get(self: &Arc<Self>) -> redis::RedisResult<ClusterConnection> {
+        if let Some(connection) = self.connection.get() {
+            return Ok(connection.clone());
+        }
+        self.start_connecting();
+        Err((ErrorKind::Io, "connecting to the Redis Cluster").into())
+    }
+
+    fn start_connecting(self: &Arc<Self>) {
+        if self.connecting.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let this = Arc::clone(self);
+        tokio::spawn(async move {
+            match this.client.get_async_connection().await {
+                Ok(connection) => {
+                    let _ = this.connection.set(connection);
+                }
+                Err(e) => tracing::warn!(%e, "Redis Cluster not reachable yet"),
+            }
+            this.connecting.store(false, Ordering::Release);
+        });
     }
 }
 
@@ -624,9 +802,10 @@ impl ConnectionLike for RedisConnection {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         match self {
             RedisConnection::Single(c) => c.req_packed_command(cmd),
-            RedisConnection::Cluster(lazy) => {
-                Box::pin(async move { lazy.get().await?.req_packed_command(cmd).await })
-            }
+            RedisConnection::Cluster(lazy) => match lazy.get() {
+                Ok(mut c) => Box::pin(async move { c.req_packed_command(cmd).await }),
+                Err(e) => Box::pin(std::future::ready(Err(e))),
+            },
         }
     }
 
@@ -638,12 +817,12 @@ impl ConnectionLike for RedisConnection {
     ) -> RedisFuture<'a, Vec<Value>> {
         match self {
             RedisConnection::Single(c) => c.req_packed_commands(cmd, offset, count),
-            RedisConnection::Cluster(lazy) => Box::pin(async move {
-                lazy.get()
-                    .await?
-                    .req_packed_commands(cmd, offset, count)
-                    .await
-            }),
+            RedisConnection::Cluster(lazy) => match lazy.get() {
+                Ok(mut c) => {
+                    Box::pin(async move { c.req_packed_commands(cmd, offset, count).await })
+                }
+                Err(e) => Box::pin(std::future::ready(Err(e))),
+            },
         }
     }
 
@@ -651,6 +830,32 @@ impl ConnectionLike for RedisConnection {
         match self {
             RedisConnection::Single(c) => c.get_db(),
             RedisConnection::Cluster(_) => 0, // a cluster has only database 0
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::redact_url;
+
+    #[test]
+    fn passwords_never_show() {
+        for (url, want) in [
+            ("redis://:secret@h:1/", "redis://:***@h:1/"),
+            ("redis://user:secret@h:1/0", "redis://user:***@h:1/0"),
+            ("redis://:se/cr?e#t@h:1/", "redis://:***@h:1/"),
+            ("redis://secret@h:1", "redis://***@h:1"),
+            (
+                "unix:///tmp/r.sock?db=1&pass=secret",
+                "unix:///tmp/r.sock?db=1&pass=***",
+            ),
+            (
+                "redis+unix:///r.sock?password=secret",
+                "redis+unix:///r.sock?password=***",
+            ),
+            ("redis://h:1/", "redis://h:1/"),
+        ] {
+            assert_eq!(redact_url(url), want, "{url}");
         }
     }
 }

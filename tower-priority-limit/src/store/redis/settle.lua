@@ -18,7 +18,8 @@ local function settle(p, admitted_in)
     redis.call('HSET', key, p .. 's', now, p .. 'r', 0)
   end
   if reserved > 0 and admitted_in == s then k = math.max(0, k - reserved) end
-  redis.call('HSET', key, p .. 't', k + tokens)
+  -- Clamped to what a Lua number holds exactly (the Rust side clamps each count the same way).
+  redis.call('HSET', key, p .. 't', math.min(k + tokens, 9007199254740991))
 end
 
 settle('m', tonumber(ARGV[5]))
