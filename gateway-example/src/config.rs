@@ -25,6 +25,8 @@ use tower_priority_limit::store::redact_url;
 /// key store and the limiter's counters).
 pub use tower_priority_limit::store::RedisTarget;
 
+use crate::routing::settings::RouterSettings;
+
 /// Where a deployment's answers come from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Target {
@@ -43,7 +45,7 @@ pub enum Target {
 }
 
 /// One `model_list` entry.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Deployment {
     /// The name clients ask for; entries sharing it form a group.
     pub model_name: String,
@@ -53,6 +55,14 @@ pub struct Deployment {
     pub target: Target,
     /// Time allowed until the upstream's response head arrives.
     pub timeout: Duration,
+    /// Stable id (`model_info.id`, else derived from the entry), shown in `x-litellm-model-id`.
+    pub id: String,
+    /// `litellm_params.rpm`: this deployment's requests per window.
+    pub rpm: Option<u64>,
+    /// `litellm_params.tpm`: this deployment's tokens per window.
+    pub tpm: Option<u64>,
+    /// `litellm_params.weight`, for `simple-shuffle`.
+    pub weight: Option<f64>,
 }
 
 /// A validated gateway config.
@@ -74,6 +84,8 @@ pub struct GatewayConfig {
     /// `router_settings.redis_key_prefix` (default [`DEFAULT_REDIS_KEY_PREFIX`]): the start of
     /// every Redis key the gateway writes, so several deployments can share one Redis.
     pub redis_key_prefix: String,
+    /// `router_settings`: strategy, retries, cooldowns, fallbacks.
+    pub router: RouterSettings,
 }
 
 impl GatewayConfig {
@@ -97,8 +109,15 @@ impl GatewayConfig {
 
         let mut deployments = Vec::new();
         if let Some(list) = root.get("model_list")? {
-            for item in list.items()? {
-                deployments.push(deployment(&item)?);
+            for (position, item) in list.items()?.iter().enumerate() {
+                let d = deployment(item, position)?;
+                if deployments.iter().any(|o: &Deployment| o.id == d.id) {
+                    return Err(ConfigError::new(
+                        format!("model_list[{position}].model_info.id"),
+                        format!("id \"{}\" is used by another deployment", d.id),
+                    ));
+                }
+                deployments.push(d);
             }
         }
 
@@ -140,6 +159,17 @@ impl GatewayConfig {
         }
 
         let (redis, redis_key_prefix) = redis_settings(&root, &env)?;
+        let router = RouterSettings::from_node(root.get("router_settings")?.as_ref())?;
+        for (group, targets) in &router.fallbacks {
+            for name in std::iter::once(group).chain(targets) {
+                if !deployments.iter().any(|d| &d.model_name == name) {
+                    return Err(ConfigError::new(
+                        "router_settings.fallbacks",
+                        format!("\"{name}\" is not a model_name in model_list"),
+                    ));
+                }
+            }
+        }
 
         Ok(Self {
             limiter,
@@ -149,6 +179,7 @@ impl GatewayConfig {
             max_request_bytes,
             redis,
             redis_key_prefix,
+            router,
         })
     }
 
@@ -164,7 +195,7 @@ impl GatewayConfig {
     }
 }
 
-fn deployment(item: &Node<'_>) -> Result<Deployment, ConfigError> {
+fn deployment(item: &Node<'_>, position: usize) -> Result<Deployment, ConfigError> {
     let model_name = item
         .get("model_name")?
         .ok_or_else(|| item.error("missing model_name"))?
@@ -220,12 +251,47 @@ fn deployment(item: &Node<'_>) -> Result<Deployment, ConfigError> {
         let api_key = params.get("api_key")?.map(|k| k.string()).transpose()?;
         Target::Upstream { api_base, api_key }
     };
+    let limit = |key: &str| -> Result<Option<u64>, ConfigError> {
+        params.get(key)?.map(|n| n.count()).transpose()
+    };
+    let (rpm, tpm) = (limit("rpm")?, limit("tpm")?);
+    let weight = match params.get("weight")? {
+        Some(w) => {
+            let v = w.number()?;
+            if !(v.is_finite() && v >= 0.0) {
+                return Err(w.error(format!("expected a weight ≥ 0, got {v}")));
+            }
+            Some(v)
+        }
+        None => None,
+    };
+    let id = match item.get("model_info")? {
+        Some(info) => info.get("id")?.map(|n| n.string()).transpose()?,
+        None => None,
+    }
+    .unwrap_or_else(|| derived_id(position, &model_name, &model, &target));
     Ok(Deployment {
         model_name,
         upstream_model,
         target,
         timeout,
+        id,
+        rpm,
+        tpm,
+        weight,
     })
+}
+
+/// A deployment id that stays the same while its entry does: a hash of its position and what it
+/// points at (never of its key).
+fn derived_id(position: usize, model_name: &str, model: &str, target: &Target) -> String {
+    use sha2::{Digest, Sha256};
+    let base = match target {
+        Target::Mock { .. } => "mock",
+        Target::Upstream { api_base, .. } => api_base.as_str(),
+    };
+    let digest = Sha256::digest(format!("{position}\n{model_name}\n{model}\n{base}").as_bytes());
+    digest[..8].iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// `router_settings.redis_*`, else the `REDIS_*` environment; first match wins:

@@ -14,11 +14,12 @@ pub mod api;
 pub mod config;
 pub mod error;
 pub mod keys;
+pub mod mock_upstream;
+pub mod routing;
 pub mod store;
 pub mod strip;
 pub mod upstream;
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -27,7 +28,6 @@ use axum::routing::{get, post};
 use axum::Router;
 use tower::ServiceBuilder;
 use tower_priority_limit::clock::{Clock, CoarseClock};
-use tower_priority_limit::model::ModelName;
 use tower_priority_limit::store::{MemoryStore, RedisStore};
 use tower_priority_limit::{Limiter, PriorityLimitLayer};
 
@@ -52,8 +52,9 @@ pub struct Gateway {
     pub data_dir: Option<PathBuf>,
     /// The HTTP client for upstreams.
     pub upstream: Upstream,
-    /// Model name → its shared name and the indices of its deployments.
-    groups: HashMap<String, (ModelName, Vec<usize>)>,
+    /// Chooses a group's deployment per request; its per-deployment limits share the store
+    /// kind (embedded or Redis) with the limiter.
+    pub router: routing::Router,
 }
 
 impl Gateway {
@@ -99,6 +100,24 @@ impl Gateway {
                 limits.clone(),
                 GatewayStore::Redis(store),
             ));
+            // Per-deployment counters beside the groups', under their own prefix.
+            let config = &gateway.config;
+            let deployment_limits =
+                routing::deployment_limits(&config.deployments, limits.window());
+            let store = RedisStore::builder(target.clone())
+                .key_prefix(format!("{}deployment:", config.redis_key_prefix))
+                .connect(&deployment_limits)
+                .await
+                .map_err(|e| KeyStoreError::Unavailable(e.to_string()))?;
+            gateway.router = routing::Router::new(
+                &config.deployments,
+                config.router.clone(),
+                Arc::new(Limiter::with_store(
+                    deployment_limits,
+                    GatewayStore::Redis(store),
+                )),
+                Arc::new(CoarseClock::new()),
+            );
         }
         Ok(gateway)
     }
@@ -110,16 +129,19 @@ impl Gateway {
         clock: impl Clock,
     ) -> Result<Self, KeyStoreError> {
         let keys = KeyStore::from_config(&config, data_dir)?;
-        let store = GatewayStore::Embedded(MemoryStore::with_clock(&config.limiter, clock));
+        let clock: Arc<dyn Clock> = Arc::new(clock);
+        let store = GatewayStore::Embedded(MemoryStore::with_clock(&config.limiter, clock.clone()));
         let limiter = Arc::new(Limiter::with_store(config.limiter.clone(), store));
-        let mut groups: HashMap<String, (ModelName, Vec<usize>)> = HashMap::new();
-        for (i, d) in config.deployments.iter().enumerate() {
-            groups
-                .entry(d.model_name.clone())
-                .or_insert_with(|| (ModelName::from(d.model_name.as_str()), Vec::new()))
-                .1
-                .push(i);
-        }
+        let deployment_limits =
+            routing::deployment_limits(&config.deployments, config.limiter.window());
+        let store =
+            GatewayStore::Embedded(MemoryStore::with_clock(&deployment_limits, clock.clone()));
+        let router = routing::Router::new(
+            &config.deployments,
+            config.router.clone(),
+            Arc::new(Limiter::with_store(deployment_limits, store)),
+            clock,
+        );
         Ok(Self {
             master_key_hash: config.master_key.as_deref().map(hash_key),
             config,
@@ -127,21 +149,8 @@ impl Gateway {
             limiter,
             data_dir: data_dir.map(Path::to_path_buf),
             upstream: Upstream::default(),
-            groups,
+            router,
         })
-    }
-
-    /// The deployment that serves `model` (the group's first; routing across a group is its own
-    /// piece of work).
-    pub fn deployment_index(&self, model: &str) -> Option<usize> {
-        self.group(model).map(|(_, i)| i)
-    }
-
-    /// The group's name (shared, so a request holds it without copying) and the deployment that
-    /// serves it.
-    pub fn group(&self, model: &str) -> Option<(&ModelName, usize)> {
-        let (name, deployments) = self.groups.get(model)?;
-        Some((name, *deployments.first()?))
     }
 
     /// The deployment at `index`.

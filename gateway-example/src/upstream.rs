@@ -24,6 +24,52 @@ pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Error bodies from upstreams are read up to this size.
 const MAX_ERROR_BODY: usize = 1024 * 1024;
 
+/// Why an upstream call did not produce a response to pass on, with what the router needs to
+/// decide on a retry and on the deployment's health.
+#[derive(Debug, Clone)]
+pub struct UpstreamFailure {
+    /// The error to answer if nothing else serves the request.
+    pub error: ApiError,
+    /// The upstream's status; `None` when no response came (connect error, timeout).
+    pub status: Option<StatusCode>,
+    /// The upstream's `retry-after`, if it sent one.
+    pub retry_after: Option<Duration>,
+}
+
+impl UpstreamFailure {
+    fn without_response(error: ApiError) -> Self {
+        Self {
+            error,
+            status: None,
+            retry_after: None,
+        }
+    }
+
+    /// Worth another attempt: no response, 408, 429 or a 5xx. Other 4xx would fail the same way.
+    pub fn is_retryable(&self) -> bool {
+        match self.status {
+            None => true,
+            Some(s) => {
+                s == StatusCode::REQUEST_TIMEOUT
+                    || s == StatusCode::TOO_MANY_REQUESTS
+                    || s.is_server_error()
+            }
+        }
+    }
+}
+
+/// `retry-after` in seconds (the HTTP-date form is not used by LLM APIs and is ignored).
+pub fn retry_after(headers: &http::HeaderMap) -> Option<Duration> {
+    let secs: f64 = headers
+        .get(http::header::RETRY_AFTER)?
+        .to_str()
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
+    (secs.is_finite() && secs >= 0.0).then(|| Duration::from_secs_f64(secs))
+}
+
 /// The HTTP client shared by every request (pooled connections; `http://` and `https://`
 /// upstreams, TLS with the Mozilla root store bundled, so no system certificates are needed).
 #[derive(Debug, Clone)]
@@ -68,13 +114,15 @@ impl Upstream {
         &self,
         deployment: &Deployment,
         chat: &ChatRequest,
-    ) -> Result<Response, ApiError> {
+    ) -> Result<Response, UpstreamFailure> {
         let Target::Upstream { api_base, api_key } = &deployment.target else {
-            return Err(ApiError::internal("deployment has no upstream"));
+            return Err(UpstreamFailure::without_response(ApiError::internal(
+                "deployment has no upstream",
+            )));
         };
         let url = format!("{api_base}/chat/completions");
         let body = serde_json::to_vec(&upstream_body(deployment, chat))
-            .map_err(|e| ApiError::internal(e.to_string()))?;
+            .map_err(|e| UpstreamFailure::without_response(ApiError::internal(e.to_string())))?;
         let mut request = Request::post(&url)
             .header(CONTENT_TYPE, "application/json")
             // Compressed bytes could not be metered.
@@ -82,14 +130,16 @@ impl Upstream {
         if let Some(key) = api_key {
             request = request.header(AUTHORIZATION, format!("Bearer {key}"));
         }
-        let request = request
-            .body(Full::new(Bytes::from(body)))
-            .map_err(|e| ApiError::internal(format!("bad upstream URL {url}: {e}")))?;
+        let request = request.body(Full::new(Bytes::from(body))).map_err(|e| {
+            UpstreamFailure::without_response(ApiError::internal(format!(
+                "bad upstream URL {url}: {e}"
+            )))
+        })?;
 
         let sent = tokio::time::timeout(deployment.timeout, self.client.request(request)).await;
         let response = match sent {
             Err(_) => {
-                return Err(ApiError::new(
+                return Err(UpstreamFailure::without_response(ApiError::new(
                     StatusCode::GATEWAY_TIMEOUT,
                     "timeout",
                     format!(
@@ -97,22 +147,26 @@ impl Upstream {
                         deployment.model_name,
                         deployment.timeout.as_secs_f64()
                     ),
-                ))
+                )))
             }
             Ok(Err(e)) => {
                 tracing::warn!(upstream = %url, error = %e, "upstream request failed");
-                return Err(ApiError::new(
+                return Err(UpstreamFailure::without_response(ApiError::new(
                     StatusCode::BAD_GATEWAY,
                     "api_connection_error",
                     format!("Upstream for {} is unreachable: {e}", deployment.model_name),
-                ));
+                )));
             }
             Ok(Ok(response)) => response,
         };
 
         let (parts, body) = response.into_parts();
         if !parts.status.is_success() {
-            return Err(upstream_error(parts.status, body, deployment).await);
+            return Err(UpstreamFailure {
+                status: Some(parts.status),
+                retry_after: retry_after(&parts.headers),
+                error: upstream_error(parts.status, body, deployment).await,
+            });
         }
         let mut out = Response::new(Body::new(body));
         *out.status_mut() = parts.status;
@@ -122,6 +176,12 @@ impl Upstream {
             .cloned()
             .unwrap_or(HeaderValue::from_static("application/json"));
         out.headers_mut().insert(CONTENT_TYPE, content_type);
+        // The router learns the deployment's real remaining capacity from these.
+        for (name, value) in &parts.headers {
+            if name.as_str().starts_with("x-ratelimit-") {
+                out.headers_mut().append(name.clone(), value.clone());
+            }
+        }
         Ok(out)
     }
 }

@@ -52,7 +52,10 @@ impl<St: Store> Drop for SettleGuard<St> {
 }
 
 impl<B, St: Store> ResponseBody<B, St> {
-    pub(crate) fn metered(inner: B, meter: UsageMeter, lease: Lease<St>) -> Self {
+    /// Wraps `inner` so `meter` reads its usage and `lease` is settled with it exactly once: at
+    /// end of stream, on error, or when the body is dropped. For callers that admit through
+    /// [`Limiter::acquire`](crate::Limiter::acquire) themselves (the layer does this for you).
+    pub fn metered(inner: B, meter: UsageMeter, lease: Lease<St>) -> Self {
         Self {
             kind: Kind::Metered {
                 inner,

@@ -140,3 +140,10 @@ impl Clock for TokioClock {
         self.origin.elapsed().as_millis() as Millis
     }
 }
+
+/// A shared clock is a clock, so one can drive a limiter and whatever else keeps time beside it.
+impl<C: Clock + ?Sized> Clock for std::sync::Arc<C> {
+    fn now_ms(&self) -> Millis {
+        (**self).now_ms()
+    }
+}

@@ -22,7 +22,6 @@ use tower_priority_limit::model::{
 };
 
 use super::auth::Caller;
-use crate::config::Target;
 use crate::error::ApiError;
 use crate::strip::StripUsage;
 use crate::Gateway;
@@ -32,8 +31,6 @@ use crate::Gateway;
 pub struct ChatRequest {
     /// The model group asked for.
     pub model: ModelName,
-    /// Index of the deployment that will serve it.
-    pub deployment: usize,
     /// `"stream": true`.
     pub stream: bool,
     /// The client asked for the usage chunk (`stream_options.include_usage`).
@@ -103,7 +100,7 @@ async fn validate(gw: &Gateway, caller: &Caller, request: Request) -> Result<Req
         )
         .param("messages"));
     }
-    let Some((name, deployment)) = gw.group(&model) else {
+    let Some(group) = gw.router.group(&model) else {
         return Err(ApiError::bad_request(format!(
             "Invalid model name passed in model={model}. Available models: {}",
             gw.config.model_names().join(", ")
@@ -129,8 +126,7 @@ async fn validate(gw: &Gateway, caller: &Caller, request: Request) -> Result<Req
         .and_then(Value::as_bool)
         == Some(true);
     parts.extensions.insert(ChatRequest {
-        model: name.clone(),
-        deployment,
+        model: group.name.clone(),
         stream,
         include_usage,
         body: Arc::new(body),
@@ -157,25 +153,18 @@ pub async fn strip_usage(request: Request, next: Next) -> Response {
     response.map(|body| Body::new(StripUsage::new(body)))
 }
 
-/// Answers a chat request from its deployment.
+/// Answers a chat request from a deployment of its group (see [`crate::routing`]).
 pub async fn completions(
     State(gw): State<Arc<Gateway>>,
     Extension(chat): Extension<ChatRequest>,
 ) -> Response {
-    let deployment = &gw.config.deployments[chat.deployment];
-    match &deployment.target {
-        Target::Mock { content } => mock_answer(chat.model.as_str(), content, chat.stream),
-        Target::Upstream { .. } => match gw.upstream.forward(deployment, &chat).await {
-            Ok(response) => response,
-            Err(e) => e.into_response(),
-        },
-    }
+    crate::routing::serve(&gw, &chat).await
 }
 
 /// `mock_response`: 30 tokens, streamed as a real SSE stream when asked. The usage chunk is always
 /// sent (as the gateway asks real upstreams for it); [`strip_usage`] removes it for clients that
 /// did not ask.
-fn mock_answer(model: &str, content: &str, stream: bool) -> Response {
+pub fn mock_answer(model: &str, content: &str, stream: bool) -> Response {
     if stream {
         let pieces: Vec<&str> = content.split_inclusive(' ').collect();
         let events = chat_completion_stream(model, &pieces, true);

@@ -1,0 +1,651 @@
+//! Routing a group's requests across its deployments, with per-deployment limits, health and
+//! retries that do not collapse at capacity (SPEC §2.1, §3 "rate-limit-aware routing").
+//!
+//! - **Groups**: every `model_list` entry sharing a `model_name` is one group; each deployment has
+//!   a stable id (`model_info.id`, else a hash of its entry), shown in `x-litellm-model-id`.
+//! - **Per-deployment limits** run through the limiter core (the same `decide`, embedded or on
+//!   Redis): a deployment at its `rpm`/`tpm` is skipped *before* dispatch and is back the moment
+//!   its window has room; nothing is parked for being full.
+//! - **Strategies**: see [`strategy`]; the default is ours, `headroom-p2c`.
+//! - **Health**: the source's cooldown rules (`allowed_fails` per minute, then `cooldown_time`;
+//!   401/404 at once; a 429 without `retry-after` only in groups of more than one), except that an
+//!   upstream 429 with `retry-after` parks the deployment for exactly that long, and
+//!   `x-ratelimit-remaining-requests: 0` parks it until `x-ratelimit-reset-requests`.
+//! - **When every deployment is at capacity** the request gets a 429 with `retry-after` = the
+//!   earliest moment one has room.
+//! - **Retries** ([`serve`]): on no response, 408, 429 and 5xx; each to a deployment not yet
+//!   tried while one exists, with back-off only when none is left; never after the response went
+//!   out; bounded gateway-wide by a retry budget (tower's `TpsBudget`). Then `fallbacks`.
+
+pub mod body;
+pub mod settings;
+pub mod strategy;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::response::{IntoResponse, Response};
+use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
+use rand::rngs::SmallRng;
+use rand::{RngExt, SeedableRng};
+use tower::retry::budget::{Budget, TpsBudget};
+use tower_priority_limit::clock::Clock;
+use tower_priority_limit::config::{LimiterConfig, ModelId, PoolRef};
+use tower_priority_limit::decision::{Decision, Millis};
+use tower_priority_limit::meter::UsageMeter;
+use tower_priority_limit::model::ModelName;
+use tower_priority_limit::{Lease, Limiter, ResponseBody};
+
+use self::body::{InFlight, InFlightBody};
+use self::settings::RouterSettings;
+use self::strategy::{pick, Candidate};
+use crate::api::chat::{mock_answer, ChatRequest};
+use crate::config::{Deployment, Target};
+use crate::error::ApiError;
+use crate::store::GatewayStore;
+use crate::upstream::UpstreamFailure;
+use crate::Gateway;
+
+/// Header naming the deployment that answered.
+pub const MODEL_ID: HeaderName = HeaderName::from_static("x-litellm-model-id");
+/// Header naming the group that answered (differs from the request's after a fallback).
+pub const MODEL_GROUP: HeaderName = HeaderName::from_static("x-litellm-model-group");
+/// Header with the number of retries made.
+pub const ATTEMPTED_RETRIES: HeaderName = HeaderName::from_static("x-litellm-attempted-retries");
+/// Header with the number of fallback groups tried.
+pub const ATTEMPTED_FALLBACKS: HeaderName =
+    HeaderName::from_static("x-litellm-attempted-fallbacks");
+
+/// Back-off before retrying a deployment already tried: this, doubled per retry, with jitter.
+const BACKOFF_BASE: Duration = Duration::from_millis(50);
+
+/// One group: its name and its deployments (indices into the config's `deployments`).
+#[derive(Debug)]
+pub struct Group {
+    /// The name clients ask for.
+    pub name: ModelName,
+    /// Indices of its deployments, in file order.
+    pub members: Box<[usize]>,
+    cursor: AtomicU64,
+}
+
+/// What the router knows of one deployment.
+#[derive(Debug)]
+struct DeploymentState {
+    /// The deployment's id in the per-deployment limiter.
+    limit_id: Option<ModelId>,
+    in_flight: Arc<AtomicU64>,
+    /// Clock time (ms) until which it sits out; 0 = available.
+    parked_until: AtomicU64,
+    /// Failures in the current minute: (minute start, count).
+    fails: Mutex<(Millis, u32)>,
+    /// Usage of its current window as of its last admission, and when that window ends.
+    requests_used: AtomicU64,
+    tokens_used: AtomicU64,
+    window_end: AtomicU64,
+    /// Learned from the upstream's `x-ratelimit-*` headers: share of its capacity left (in
+    /// millionths; `u64::MAX` = unknown) until `learned_until`.
+    learned_headroom: AtomicU64,
+    learned_until: AtomicU64,
+}
+
+/// Chooses deployments, counts their load, and keeps their health.
+#[derive(Debug)]
+pub struct Router {
+    settings: RouterSettings,
+    groups: HashMap<String, Group>,
+    states: Box<[DeploymentState]>,
+    /// Per-deployment limits: one "model" per deployment, named by its id.
+    limits: Arc<Limiter<GatewayStore>>,
+    clock: Arc<dyn Clock>,
+    budget: TpsBudget,
+}
+
+/// An admitted choice: the deployment and its limiter lease.
+#[derive(Debug)]
+pub struct Chosen {
+    /// Index of the deployment in the config.
+    pub index: usize,
+    lease: Option<Lease<GatewayStore>>,
+}
+
+/// No deployment of a group can take the request now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Unavailable {
+    /// When the first one will have room again.
+    pub retry_after: Duration,
+    /// Whether that is because of errors (cooldowns) rather than capacity.
+    pub cooling_down: bool,
+}
+
+/// The per-deployment limiter's config: one model per deployment id, with its `rpm`/`tpm`.
+pub fn deployment_limits(deployments: &[Deployment], window: Duration) -> LimiterConfig {
+    let mut builder = LimiterConfig::builder().window(window);
+    for d in deployments {
+        builder = builder.model(d.id.clone(), d.rpm, d.tpm);
+    }
+    // Ids are unique and limits validated with the deployment, so this cannot fail; an empty
+    // config is the fallback that limits nothing.
+    builder.build().unwrap_or_else(|e| {
+        tracing::error!(%e, "per-deployment limits rejected; deployments run unlimited");
+        LimiterConfig::builder()
+            .build()
+            .expect("an empty config is valid")
+    })
+}
+
+impl Router {
+    /// A router for `deployments` with `limits` built from [`deployment_limits`].
+    pub fn new(
+        deployments: &[Deployment],
+        settings: RouterSettings,
+        limits: Arc<Limiter<GatewayStore>>,
+        clock: Arc<dyn Clock>,
+    ) -> Self {
+        let mut groups: HashMap<String, (ModelName, Vec<usize>)> = HashMap::new();
+        for (i, d) in deployments.iter().enumerate() {
+            groups
+                .entry(d.model_name.clone())
+                .or_insert_with(|| (ModelName::from(d.model_name.as_str()), Vec::new()))
+                .1
+                .push(i);
+        }
+        let groups = groups
+            .into_iter()
+            .map(|(k, (name, members))| {
+                (
+                    k,
+                    Group {
+                        name,
+                        members: members.into_boxed_slice(),
+                        cursor: AtomicU64::new(0),
+                    },
+                )
+            })
+            .collect();
+        let states = deployments
+            .iter()
+            .map(|d| DeploymentState {
+                limit_id: limits.config().model_id(&d.id),
+                in_flight: Arc::default(),
+                parked_until: AtomicU64::new(0),
+                fails: Mutex::new((0, 0)),
+                requests_used: AtomicU64::new(0),
+                tokens_used: AtomicU64::new(0),
+                window_end: AtomicU64::new(0),
+                learned_headroom: AtomicU64::new(u64::MAX),
+                learned_until: AtomicU64::new(0),
+            })
+            .collect();
+        // TpsBudget keeps deposits for `ttl` (10 s): the ratio holds over that horizon.
+        let budget = TpsBudget::new(
+            Duration::from_secs(10),
+            settings.retry_floor,
+            settings.retry_ratio,
+        );
+        Self {
+            settings,
+            groups,
+            states,
+            limits,
+            clock,
+            budget,
+        }
+    }
+
+    /// The settings it routes by.
+    pub fn settings(&self) -> &RouterSettings {
+        &self.settings
+    }
+
+    /// The group clients call `name`.
+    pub fn group(&self, name: &str) -> Option<&Group> {
+        self.groups.get(name)
+    }
+
+    /// Requests in flight to deployment `index` from this gateway.
+    pub fn in_flight(&self, index: usize) -> u64 {
+        self.states[index].in_flight.load(Ordering::Relaxed)
+    }
+
+    /// Whether deployment `index` sits out now (cooldown or upstream `retry-after`).
+    pub fn is_parked(&self, index: usize) -> bool {
+        self.states[index].parked_until.load(Ordering::Relaxed) > self.clock.now_ms()
+    }
+
+    fn park(&self, index: usize, for_: Duration, now: Millis) {
+        let until = now.saturating_add(for_.as_millis() as u64).max(1);
+        self.states[index]
+            .parked_until
+            .fetch_max(until, Ordering::Relaxed);
+    }
+
+    fn candidate(
+        &self,
+        deployments: &[Deployment],
+        index: usize,
+        slot: usize,
+        now: Millis,
+    ) -> Candidate {
+        let d = &deployments[index];
+        let s = &self.states[index];
+        let current = now < s.window_end.load(Ordering::Relaxed);
+        let (requests, tokens) = if current {
+            (
+                s.requests_used.load(Ordering::Relaxed),
+                s.tokens_used.load(Ordering::Relaxed),
+            )
+        } else {
+            (0, 0)
+        };
+        let free = |used: u64, limit: Option<u64>| {
+            limit.map_or(1.0, |l| {
+                (1.0 - used as f64 / l.max(1) as f64).clamp(0.0, 1.0)
+            })
+        };
+        let mut headroom = free(requests, d.rpm).min(free(tokens, d.tpm));
+        if now < s.learned_until.load(Ordering::Relaxed) {
+            let learned = s.learned_headroom.load(Ordering::Relaxed);
+            if learned != u64::MAX {
+                headroom = headroom.min(learned as f64 / 1e6);
+            }
+        }
+        Candidate {
+            slot,
+            in_flight: s.in_flight.load(Ordering::Relaxed),
+            weight: d.weight,
+            rpm: d.rpm,
+            tpm: d.tpm,
+            tokens_used: tokens,
+            headroom,
+        }
+    }
+
+    /// Chooses a deployment of `group` for one attempt, skipping `tried` ones while another
+    /// exists, parked ones, and ones whose limiter window is full (each is admitted on the
+    /// per-deployment limiter before it is returned).
+    pub async fn choose(
+        &self,
+        deployments: &[Deployment],
+        group: &Group,
+        tried: &[usize],
+        rng: &mut SmallRng,
+    ) -> Result<Chosen, Unavailable> {
+        let now = self.clock.now_ms();
+        let untried_exists = group.members.iter().any(|i| !tried.contains(i));
+        let mut candidates: Vec<Candidate> = Vec::with_capacity(group.members.len());
+        let mut earliest: Option<Millis> = None;
+        let mut cooling = false;
+        for (slot, &index) in group.members.iter().enumerate() {
+            if untried_exists && tried.contains(&index) {
+                continue;
+            }
+            let parked_until = self.states[index].parked_until.load(Ordering::Relaxed);
+            if parked_until > now {
+                earliest = Some(earliest.map_or(parked_until, |e| e.min(parked_until)));
+                cooling = true;
+                continue;
+            }
+            candidates.push(self.candidate(deployments, index, slot, now));
+        }
+        let cursor = group.cursor.fetch_add(1, Ordering::Relaxed);
+        while !candidates.is_empty() {
+            let at = pick(
+                self.settings.strategy,
+                &candidates,
+                cursor,
+                group.members.len(),
+                rng,
+            );
+            let index = group.members[candidates[at].slot];
+            let state = &self.states[index];
+            let Some(limit_id) = state.limit_id else {
+                return Ok(Chosen { index, lease: None });
+            };
+            match self.limits.admit(limit_id, PoolRef::Default, 0).await {
+                Ok(Decision::Admit(admitted)) => {
+                    state
+                        .requests_used
+                        .store(admitted.model.requests, Ordering::Relaxed);
+                    state
+                        .tokens_used
+                        .store(admitted.model.tokens, Ordering::Relaxed);
+                    state.window_end.store(
+                        now.saturating_add(admitted.model_resets_in),
+                        Ordering::Relaxed,
+                    );
+                    let lease = self.limits.lease(limit_id, PoolRef::Default, &admitted);
+                    return Ok(Chosen {
+                        index,
+                        lease: Some(lease),
+                    });
+                }
+                Ok(Decision::Reject(rejected)) => {
+                    // Full: not unhealthy. It has room again when its window rolls.
+                    let at_ms = now.saturating_add(rejected.retry_after_ms);
+                    if earliest.is_none_or(|e| at_ms < e) {
+                        earliest = Some(at_ms);
+                        cooling = false;
+                    }
+                    candidates.swap_remove(at);
+                }
+                // The per-deployment counters could not be asked (Redis in open/closed mode):
+                // route without them rather than fail the request for the router's sake.
+                Err(_) => return Ok(Chosen { index, lease: None }),
+            }
+        }
+        let retry_after_ms = earliest.map_or(1_000, |e| e.saturating_sub(now));
+        Err(Unavailable {
+            retry_after: Duration::from_millis(retry_after_ms.max(1)),
+            cooling_down: cooling,
+        })
+    }
+
+    /// Applies the health rules to a failed attempt on deployment `index`.
+    pub fn record_failure(&self, index: usize, failure: &UpstreamFailure, group_size: usize) {
+        let now = self.clock.now_ms();
+        match failure.status.map(|s| s.as_u16()) {
+            Some(401) | Some(404) => self.park(index, self.settings.cooldown, now),
+            Some(429) => match failure.retry_after {
+                // The upstream says exactly when it has room: park that long, then let it back.
+                Some(after) => self.park(index, after, now),
+                None if group_size > 1 => self.park(index, self.settings.cooldown, now),
+                None => {}
+            },
+            _ => {
+                let mut fails = self.states[index]
+                    .fails
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner());
+                if now >= fails.0.saturating_add(60_000) {
+                    *fails = (now, 0);
+                }
+                fails.1 += 1;
+                if fails.1 > self.settings.allowed_fails {
+                    self.park(index, self.settings.cooldown, now);
+                }
+            }
+        }
+    }
+
+    /// Learns deployment `index`'s real remaining capacity from its upstream's
+    /// `x-ratelimit-{limit,remaining,reset}-requests` headers (removed from `headers`, so clients
+    /// see the gateway's own rate-limit headers only).
+    pub fn observe(&self, index: usize, headers: &mut HeaderMap) {
+        let number =
+            |name: &str| -> Option<f64> { headers.get(name)?.to_str().ok()?.trim().parse().ok() };
+        let remaining = number("x-ratelimit-remaining-requests");
+        let limit = number("x-ratelimit-limit-requests");
+        let reset = headers
+            .get("x-ratelimit-reset-requests")
+            .and_then(|v| v.to_str().ok())
+            .and_then(parse_reset);
+        if let (Some(remaining), Some(reset)) = (remaining, reset) {
+            let now = self.clock.now_ms();
+            let s = &self.states[index];
+            if remaining <= 0.0 {
+                self.park(index, reset, now);
+            } else if let Some(limit) = limit.filter(|l| *l > 0.0) {
+                let share = (remaining / limit).clamp(0.0, 1.0);
+                s.learned_headroom
+                    .store((share * 1e6) as u64, Ordering::Relaxed);
+                s.learned_until.store(
+                    now.saturating_add(reset.as_millis() as u64),
+                    Ordering::Relaxed,
+                );
+            }
+        }
+        let upstream: Vec<HeaderName> = headers
+            .keys()
+            .filter(|k| k.as_str().starts_with("x-ratelimit-"))
+            .cloned()
+            .collect();
+        for name in upstream {
+            headers.remove(name);
+        }
+    }
+
+    /// A client request arrived: its first attempt funds the retry budget.
+    pub fn deposit(&self) {
+        self.budget.deposit();
+    }
+
+    /// May one more attempt (a retry or a fallback) be made?
+    pub fn withdraw(&self) -> bool {
+        self.budget.withdraw()
+    }
+}
+
+/// `x-ratelimit-reset-*` values: `"1s"`, `"6m0s"`, `"0.5s"`, `"20ms"`, `"1h2m3s"`, or bare seconds.
+pub fn parse_reset(value: &str) -> Option<Duration> {
+    let value = value.trim();
+    if let Ok(secs) = value.parse::<f64>() {
+        return (secs.is_finite() && secs >= 0.0).then(|| Duration::from_secs_f64(secs));
+    }
+    let mut total = 0.0;
+    let mut number = String::new();
+    let mut chars = value.chars().peekable();
+    let mut any = false;
+    while let Some(c) = chars.next() {
+        if c.is_ascii_digit() || c == '.' {
+            number.push(c);
+            continue;
+        }
+        let n: f64 = number.parse().ok()?;
+        number.clear();
+        let unit = match c {
+            'h' => 3600.0,
+            'm' if chars.peek() == Some(&'s') => {
+                chars.next();
+                0.001
+            }
+            'm' => 60.0,
+            's' => 1.0,
+            _ => return None,
+        };
+        total += n * unit;
+        any = true;
+    }
+    (any && number.is_empty()).then(|| Duration::from_secs_f64(total))
+}
+
+thread_local! {
+    /// Per-thread randomness for routing: no lock on the request path. Seeded from the OS.
+    static RNG: std::cell::RefCell<SmallRng> = std::cell::RefCell::new({
+        let mut seed = [0u8; 8];
+        let _ = getrandom::fill(&mut seed);
+        SmallRng::seed_from_u64(u64::from_le_bytes(seed))
+    });
+}
+
+fn fresh_rng() -> SmallRng {
+    RNG.with(|r| SmallRng::seed_from_u64(r.borrow_mut().random()))
+}
+
+/// Serves a chat request: chooses a deployment of its group, retries and falls back as the
+/// settings allow, and answers with the routing headers.
+pub async fn serve(gw: &Gateway, chat: &ChatRequest) -> Response {
+    let router = &gw.router;
+    let deployments = &gw.config.deployments;
+    router.deposit();
+    let mut rng = fresh_rng();
+    let mut retries: u32 = 0;
+    let mut fallbacks: u32 = 0;
+    let mut last_error: Option<ApiError> = None;
+    let mut unavailable: Option<Unavailable> = None;
+    let first = chat.model.as_str();
+    let fallback_groups = router.settings.fallbacks_of(first);
+    let groups = std::iter::once(first).chain(fallback_groups.iter().map(String::as_str));
+    'groups: for (g, group_name) in groups.enumerate() {
+        let Some(group) = router.group(group_name) else {
+            continue;
+        };
+        if g > 0 {
+            if !router.withdraw() {
+                break;
+            }
+            fallbacks += 1;
+        }
+        let mut tried: Vec<usize> = Vec::new();
+        let mut attempts_here = 0;
+        loop {
+            let chosen = match router.choose(deployments, group, &tried, &mut rng).await {
+                Ok(chosen) => chosen,
+                Err(u) => {
+                    unavailable = Some(u);
+                    continue 'groups;
+                }
+            };
+            attempts_here += 1;
+            let index = chosen.index;
+            let deployment = &deployments[index];
+            let in_flight = InFlight::start(&router.states[index].in_flight);
+            let result = match &deployment.target {
+                Target::Mock { content } => {
+                    Ok(mock_answer(group.name.as_str(), content, chat.stream))
+                }
+                Target::Upstream { .. } => gw.upstream.forward(deployment, chat).await,
+            };
+            match result {
+                Ok(mut response) => {
+                    router.observe(index, response.headers_mut());
+                    let response = track(response, chosen, in_flight, deployment);
+                    return with_headers(
+                        response,
+                        Some(deployment),
+                        group_name,
+                        retries,
+                        fallbacks,
+                    );
+                }
+                Err(failure) => {
+                    drop(in_flight);
+                    router.record_failure(index, &failure, group.members.len());
+                    tried.push(index);
+                    let retryable = failure.is_retryable();
+                    let wait = failure.retry_after;
+                    last_error = Some(failure.error);
+                    if !retryable {
+                        break 'groups;
+                    }
+                    if attempts_here > router.settings.num_retries as usize {
+                        continue 'groups;
+                    }
+                    if !router.withdraw() {
+                        break 'groups;
+                    }
+                    retries += 1;
+                    if group.members.iter().all(|i| tried.contains(i)) {
+                        // Nowhere new to go: back off (with jitter), honouring a short
+                        // upstream retry-after.
+                        let backoff = BACKOFF_BASE * 2u32.saturating_pow(retries.min(6));
+                        let jittered = backoff.mul_f64(0.5 + rng.random::<f64>());
+                        let delay = match wait {
+                            Some(w) if w <= router.settings.max_retry_wait => w.max(jittered),
+                            _ => jittered,
+                        }
+                        .min(router.settings.max_retry_wait);
+                        tokio::time::sleep(delay).await;
+                    }
+                }
+            }
+        }
+    }
+    let response = match (last_error, unavailable) {
+        (Some(error), _) => error.into_response(),
+        (None, Some(u)) => unavailable_response(first, u),
+        (None, None) => {
+            ApiError::internal(format!("model group {first} has no deployments")).into_response()
+        }
+    };
+    with_headers(response, None, first, retries, fallbacks)
+}
+
+/// The 429 when no deployment of the group has room (or all are cooling down).
+fn unavailable_response(group: &str, u: Unavailable) -> Response {
+    let secs = u.retry_after.as_secs_f64().ceil().max(1.0) as u64;
+    let why = if u.cooling_down {
+        "every deployment is cooling down after errors"
+    } else {
+        "every deployment is at its rate limit"
+    };
+    let mut response = ApiError::new(
+        StatusCode::TOO_MANY_REQUESTS,
+        "rate_limit_error",
+        format!("No deployments available for model={group}: {why}. Try again in {secs} seconds."),
+    )
+    .into_response();
+    response
+        .headers_mut()
+        .insert(http::header::RETRY_AFTER, HeaderValue::from(secs));
+    response
+}
+
+/// Counts the response as load until its body ends, and settles the deployment's lease with its
+/// tokens (metered only when the deployment has a `tpm` to keep).
+fn track(
+    response: Response,
+    chosen: Chosen,
+    in_flight: InFlight,
+    deployment: &Deployment,
+) -> Response {
+    let (parts, body) = response.into_parts();
+    let body = match chosen.lease {
+        Some(lease) if deployment.tpm.is_some() => {
+            let meter = UsageMeter::for_content_type(
+                parts
+                    .headers
+                    .get(http::header::CONTENT_TYPE)
+                    .map(HeaderValue::as_bytes),
+            );
+            Body::new(InFlightBody::new(
+                ResponseBody::metered(body, meter, lease),
+                in_flight,
+            ))
+        }
+        _ => Body::new(InFlightBody::new(body, in_flight)),
+    };
+    Response::from_parts(parts, body)
+}
+
+fn with_headers(
+    mut response: Response,
+    deployment: Option<&Deployment>,
+    group: &str,
+    retries: u32,
+    fallbacks: u32,
+) -> Response {
+    let headers = response.headers_mut();
+    if let Some(d) = deployment {
+        if let Ok(v) = HeaderValue::from_str(&d.id) {
+            headers.insert(MODEL_ID, v);
+        }
+    }
+    if let Ok(v) = HeaderValue::from_str(group) {
+        headers.insert(MODEL_GROUP, v);
+    }
+    headers.insert(ATTEMPTED_RETRIES, HeaderValue::from(retries));
+    headers.insert(ATTEMPTED_FALLBACKS, HeaderValue::from(fallbacks));
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_reset;
+    use std::time::Duration;
+
+    #[test]
+    fn reset_durations_parse() {
+        assert_eq!(parse_reset("1s"), Some(Duration::from_secs(1)));
+        assert_eq!(parse_reset("6m0s"), Some(Duration::from_secs(360)));
+        assert_eq!(parse_reset("0.5s"), Some(Duration::from_millis(500)));
+        assert_eq!(parse_reset("20ms"), Some(Duration::from_millis(20)));
+        assert_eq!(parse_reset("1h2m3s"), Some(Duration::from_secs(3723)));
+        assert_eq!(parse_reset("7"), Some(Duration::from_secs(7)));
+        assert_eq!(parse_reset("soon"), None);
+        assert_eq!(parse_reset("5x"), None);
+    }
+}

@@ -1,0 +1,141 @@
+//! `router_settings`: how a group's deployments are chosen, retried and cooled down.
+
+use std::time::Duration;
+
+use tower_priority_limit::config::{ConfigError, Node};
+
+use super::strategy::Strategy;
+
+/// Default `num_retries` (as the source product).
+pub const DEFAULT_NUM_RETRIES: u32 = 2;
+/// Default `cooldown_time` (as the source product).
+pub const DEFAULT_COOLDOWN: Duration = Duration::from_secs(5);
+/// Default `allowed_fails` per minute before a deployment is cooled down (as the source product).
+pub const DEFAULT_ALLOWED_FAILS: u32 = 3;
+/// Default share of client requests that may be retried, beyond [`DEFAULT_RETRY_FLOOR`].
+pub const DEFAULT_RETRY_RATIO: f32 = 0.2;
+/// Default retries per second always allowed, so a quiet gateway can still retry.
+pub const DEFAULT_RETRY_FLOOR: u32 = 10;
+/// Longest upstream `retry-after` a retry waits for; a longer one fails the attempt instead.
+pub const DEFAULT_MAX_RETRY_WAIT: Duration = Duration::from_secs(2);
+
+/// The parsed `router_settings` (routing part; Redis settings are read beside it).
+#[derive(Debug, Clone, PartialEq)]
+pub struct RouterSettings {
+    /// `routing_strategy` (default [`Strategy::HeadroomP2c`]).
+    pub strategy: Strategy,
+    /// `num_retries`: extra attempts after the first (default 2).
+    pub num_retries: u32,
+    /// `cooldown_time`: how long a failing deployment sits out (default 5 s).
+    pub cooldown: Duration,
+    /// `allowed_fails`: failures per minute tolerated before a cooldown (default 3).
+    pub allowed_fails: u32,
+    /// `fallbacks`: for a group, the groups to try after its own retries, in order.
+    pub fallbacks: Vec<(String, Vec<String>)>,
+    /// `retry_budget.ratio`: retries allowed as a share of client requests (default 0.2).
+    pub retry_ratio: f32,
+    /// `retry_budget.min_per_second`: retries per second always allowed (default 10).
+    pub retry_floor: u32,
+    /// `max_retry_wait`: the longest back-off or upstream `retry-after` a retry waits (default 2 s).
+    pub max_retry_wait: Duration,
+}
+
+impl Default for RouterSettings {
+    fn default() -> Self {
+        Self {
+            strategy: Strategy::default(),
+            num_retries: DEFAULT_NUM_RETRIES,
+            cooldown: DEFAULT_COOLDOWN,
+            allowed_fails: DEFAULT_ALLOWED_FAILS,
+            fallbacks: Vec::new(),
+            retry_ratio: DEFAULT_RETRY_RATIO,
+            retry_floor: DEFAULT_RETRY_FLOOR,
+            max_retry_wait: DEFAULT_MAX_RETRY_WAIT,
+        }
+    }
+}
+
+fn seconds(node: &Node<'_>) -> Result<Duration, ConfigError> {
+    let secs = node.number()?;
+    if !(secs.is_finite() && secs >= 0.0) {
+        return Err(node.error(format!("expected seconds ≥ 0, got {secs}")));
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+impl RouterSettings {
+    /// Reads the routing keys of `router_settings` (`None`: all defaults). Redis keys belong to
+    /// the Redis settings; other keys of the source product are tolerated.
+    pub fn from_node(settings: Option<&Node<'_>>) -> Result<Self, ConfigError> {
+        let mut s = Self::default();
+        let Some(settings) = settings else {
+            return Ok(s);
+        };
+        for (key, node) in settings.entries()? {
+            match key {
+                "routing_strategy" => {
+                    let name = node.string()?;
+                    s.strategy = Strategy::from_name(&name).ok_or_else(|| {
+                        node.error(format!(
+                            "unknown strategy \"{name}\", expected one of: {}",
+                            Strategy::NAMES.join(", ")
+                        ))
+                    })?;
+                }
+                "num_retries" => {
+                    s.num_retries =
+                        u32::try_from(node.count()?).map_err(|_| node.error("too many retries"))?;
+                }
+                "cooldown_time" => s.cooldown = seconds(&node)?,
+                "allowed_fails" => {
+                    s.allowed_fails =
+                        u32::try_from(node.count()?).map_err(|_| node.error("too large"))?;
+                }
+                "max_retry_wait" => s.max_retry_wait = seconds(&node)?,
+                "retry_budget" => {
+                    for (k, n) in node.entries()? {
+                        match k {
+                            "ratio" => {
+                                let r = n.number()?;
+                                if !(0.0..=1000.0).contains(&r) {
+                                    return Err(n.error(format!("expected a ratio ≥ 0, got {r}")));
+                                }
+                                s.retry_ratio = r as f32;
+                            }
+                            "min_per_second" => {
+                                s.retry_floor =
+                                    u32::try_from(n.count()?).map_err(|_| n.error("too large"))?;
+                            }
+                            _ => {
+                                return Err(n.error("unknown key (expected ratio, min_per_second)"))
+                            }
+                        }
+                    }
+                }
+                "fallbacks" => {
+                    // `[{"group": ["fallback", …]}, …]`, as the source product writes it.
+                    for item in node.items()? {
+                        for (group, list) in item.entries()? {
+                            let targets = list
+                                .items()?
+                                .iter()
+                                .map(|n| n.string())
+                                .collect::<Result<Vec<_>, _>>()?;
+                            s.fallbacks.push((group.to_owned(), targets));
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+        Ok(s)
+    }
+
+    /// The groups to try after `group`'s own attempts.
+    pub fn fallbacks_of(&self, group: &str) -> &[String] {
+        self.fallbacks
+            .iter()
+            .find(|(g, _)| g == group)
+            .map_or(&[], |(_, f)| f.as_slice())
+    }
+}

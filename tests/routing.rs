@@ -1,0 +1,323 @@
+//! Routing across a group's deployments (SPEC §2.1, §3): per-deployment limits skip a full
+//! deployment before dispatch, failing and rate-limited upstreams are routed around and come back,
+//! strategies match their definitions, retries stay inside the budget, a stream is never retried
+//! once it started, and fallbacks answer for a group that cannot. Real sockets throughout: the
+//! gateway router and mock OpenAI upstreams (`gateway_example::mock_upstream`) on ephemeral ports.
+
+#[path = "common/gateway.rs"]
+mod gateway;
+#[path = "common/upstream.rs"]
+mod upstream;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use gateway::{Gw, Reply, MASTER};
+use gateway_example::mock_upstream::{Latency, MockUpstream, MockUpstreamConfig};
+
+fn mock(config: MockUpstreamConfig) -> MockUpstream {
+    MockUpstream::start(config).expect("mock upstream")
+}
+
+fn healthy() -> MockUpstream {
+    mock(MockUpstreamConfig::default())
+}
+
+/// A gateway over `upstreams` as one group `g`; `params` adds to each entry's `litellm_params`,
+/// `router` is the `router_settings` body.
+async fn gateway(upstreams: &[&MockUpstream], params: &[&str], router: &str) -> Gw {
+    let mut yaml = String::from("model_list:\n");
+    for (i, up) in upstreams.iter().enumerate() {
+        let extra = params.get(i).copied().unwrap_or("");
+        yaml.push_str(&format!(
+            "  - model_name: g\n    litellm_params: {{model: openai/m, api_base: \"{}\"{extra}}}\n    model_info: {{id: d{i}}}\n",
+            up.url()
+        ));
+    }
+    yaml.push_str(&format!(
+        "router_settings:\n{router}\ngeneral_settings:\n  master_key: {MASTER}\n"
+    ));
+    Gw::start(&yaml, None).await
+}
+
+async fn call(gw: &Gw) -> Reply {
+    gw.chat(MASTER, "g", false).await
+}
+
+fn served_by(r: &Reply) -> String {
+    r.headers["x-litellm-model-id"].to_str().unwrap().to_owned()
+}
+
+/// 3 deployments, one answering 500 every time: every client request succeeds (the failed
+/// attempt is retried elsewhere), and the bad one is cooled after `allowed_fails`.
+#[tokio::test]
+async fn a_failing_deployment_is_retried_around_and_cooled() {
+    let (a, c) = (healthy(), healthy());
+    let bad = mock(MockUpstreamConfig {
+        failure_rate: 1.0,
+        ..Default::default()
+    });
+    let gw = gateway(
+        &[&a, &bad, &c],
+        &[],
+        "  routing_strategy: round-robin\n  allowed_fails: 3\n  cooldown_time: 30",
+    )
+    .await;
+    for i in 0..30 {
+        let r = call(&gw).await;
+        assert_eq!(r.status, 200, "request {i}: {}", r.text());
+        assert_ne!(served_by(&r), "d1");
+    }
+    assert_eq!(
+        bad.stats().received,
+        4,
+        "tried until it failed more than allowed_fails (3) times, then cooled"
+    );
+    assert!(gw.gateway.router.is_parked(1));
+    assert_eq!(a.stats().ok + c.stats().ok, 30);
+}
+
+/// 3 deployments, one limited by its upstream (429 + retry-after): traffic shifts to the others
+/// with no client-visible error, and the parked one is back once its retry-after has passed.
+#[tokio::test]
+async fn an_upstream_429_parks_for_its_retry_after_then_lets_it_back() {
+    let (a, c) = (healthy(), healthy());
+    // rpm 0: every call is refused with a 429 and retry-after (1 s), and no earlier success has
+    // told the router anything.
+    let limited = mock(MockUpstreamConfig {
+        rpm: Some(0),
+        window: Duration::from_millis(300),
+        ..Default::default()
+    });
+    let gw = gateway(&[&a, &limited, &c], &[], "  routing_strategy: round-robin").await;
+    for i in 0..30 {
+        let r = call(&gw).await;
+        assert_eq!(r.status, 200, "request {i}: {}", r.text());
+    }
+    let s = limited.stats();
+    assert_eq!(
+        (s.received, s.rate_limited),
+        (1, 1),
+        "one 429, then parked: {s:?}"
+    );
+    assert!(gw.gateway.router.is_parked(1));
+    // Its limit lifts; once the retry-after (1 s) has passed it is back in rotation.
+    limited.set_rpm(None);
+    gw.clock.advance(Duration::from_millis(999));
+    assert!(gw.gateway.router.is_parked(1));
+    gw.clock.advance(Duration::from_millis(1));
+    assert!(!gw.gateway.router.is_parked(1));
+    for _ in 0..6 {
+        assert_eq!(call(&gw).await.status, 200);
+    }
+    assert_eq!(
+        limited.stats().ok,
+        2,
+        "a third of six: {:?}",
+        limited.stats()
+    );
+}
+
+/// The router learns an upstream's remaining capacity from `x-ratelimit-remaining-requests`:
+/// at 0 it parks the deployment until `x-ratelimit-reset-requests`, before any 429.
+#[tokio::test]
+async fn remaining_capacity_headers_park_before_a_429() {
+    let (a, c) = (healthy(), healthy());
+    let limited = mock(MockUpstreamConfig {
+        rpm: Some(2),
+        ..Default::default()
+    });
+    let gw = gateway(&[&a, &limited, &c], &[], "  routing_strategy: round-robin").await;
+    for _ in 0..30 {
+        let r = call(&gw).await;
+        assert_eq!(r.status, 200);
+        assert!(
+            r.headers.get("x-ratelimit-remaining-requests").is_none()
+                || r.headers.get("x-ratelimit-limit-requests").is_none(),
+            "the upstream's own rate-limit headers are not passed on"
+        );
+    }
+    let s = limited.stats();
+    assert_eq!(
+        (s.ok, s.rate_limited),
+        (2, 0),
+        "parked on its own figures: {s:?}"
+    );
+    assert!(gw.gateway.router.is_parked(1));
+}
+
+/// 4 deployments × `rpm: 60` and 300 requests in one window: exactly 240 served, 60 refused with
+/// the window's retry-after, and no deployment ever given more than its 60.
+#[tokio::test]
+async fn four_deployments_at_rpm_60_serve_exactly_240() {
+    let ups: Vec<MockUpstream> = (0..4).map(|_| healthy()).collect();
+    let refs: Vec<&MockUpstream> = ups.iter().collect();
+    let gw = gateway(
+        &refs,
+        &[", rpm: 60"; 4],
+        "  routing_strategy: simple-shuffle",
+    )
+    .await;
+    let (mut served, mut refused) = (0, 0);
+    for i in 0..300 {
+        if i == 150 {
+            gw.clock.advance(Duration::from_secs(20));
+        }
+        let r = call(&gw).await;
+        match r.status.as_u16() {
+            200 => served += 1,
+            429 => {
+                refused += 1;
+                assert_eq!(r.headers["retry-after"], "40", "the window opened 20 s ago");
+                let m = r.error_message();
+                assert!(m.contains("every deployment is at its rate limit"), "{m}");
+            }
+            s => panic!("unexpected {s}: {}", r.text()),
+        }
+    }
+    assert_eq!((served, refused), (240, 60));
+    for up in &ups {
+        assert_eq!(up.stats().received, 60, "never more than its rpm");
+    }
+    // The moment the window rolls, every deployment has room again.
+    gw.clock.advance(Duration::from_secs(40));
+    assert_eq!(call(&gw).await.status, 200);
+}
+
+/// Round-robin is exact; simple-shuffle follows `weight` within statistical bounds.
+#[tokio::test]
+async fn strategies_distribute_as_defined() {
+    let ups: Vec<MockUpstream> = (0..4).map(|_| healthy()).collect();
+    let refs: Vec<&MockUpstream> = ups.iter().collect();
+    let gw = gateway(&refs, &[], "  routing_strategy: round-robin").await;
+    for _ in 0..200 {
+        assert_eq!(call(&gw).await.status, 200);
+    }
+    for up in &ups {
+        assert_eq!(up.stats().ok, 50, "round-robin: exactly a quarter each");
+    }
+
+    let (light, heavy) = (healthy(), healthy());
+    let gw = gateway(
+        &[&light, &heavy],
+        &[", weight: 1", ", weight: 3"],
+        "  routing_strategy: simple-shuffle",
+    )
+    .await;
+    let mut by = HashMap::new();
+    for _ in 0..800 {
+        *by.entry(served_by(&call(&gw).await)).or_insert(0) += 1;
+    }
+    // Expected 200 / 600; 5σ of a binomial(800, 0.25) is ±61.
+    let light_share = by.get("d0").copied().unwrap_or(0);
+    assert!((light_share - 200i32).abs() < 61, "weights 1:3 gave {by:?}");
+}
+
+/// Least-busy sends the next request to the deployment with nothing in flight.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn least_busy_picks_the_idle_deployment() {
+    let slow = || {
+        mock(MockUpstreamConfig {
+            latency: Latency::Fixed(Duration::from_millis(400)),
+            ..Default::default()
+        })
+    };
+    let (a, b) = (slow(), slow());
+    let gw = Arc::new(gateway(&[&a, &b], &[], "  routing_strategy: least-busy").await);
+    for _ in 0..3 {
+        let first = tokio::spawn({
+            let gw = gw.clone();
+            async move { served_by(&call(&gw).await) }
+        });
+        // Wait until the first request is in flight to its deployment.
+        while gw.gateway.router.in_flight(0) + gw.gateway.router.in_flight(1) == 0 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let second = served_by(&call(&gw).await);
+        assert_ne!(first.await.unwrap(), second, "the busy one is avoided");
+    }
+}
+
+/// With every upstream failing, upstream calls stay within (1 + ratio) × client requests plus the
+/// budget's floor (min_per_second × its 10 s horizon).
+#[tokio::test]
+async fn the_retry_budget_bounds_upstream_calls() {
+    let failing = || {
+        mock(MockUpstreamConfig {
+            failure_rate: 1.0,
+            failure_status: 503,
+            ..Default::default()
+        })
+    };
+    let ups = [failing(), failing(), failing()];
+    let gw = gateway(
+        &[&ups[0], &ups[1], &ups[2]],
+        &[],
+        "  num_retries: 2\n  allowed_fails: 100000\n  max_retry_wait: 0\n  retry_budget: {ratio: 0.2, min_per_second: 1}",
+    )
+    .await;
+    let clients = 100;
+    for _ in 0..clients {
+        let r = call(&gw).await;
+        assert_eq!(r.status, 503, "{}", r.text());
+    }
+    let calls: u64 = ups.iter().map(|u| u.stats().received).sum();
+    let bound = (clients as f64 * 1.2) as u64 + 10;
+    assert!(calls > clients, "retries happened: {calls}");
+    assert!(
+        calls <= bound,
+        "{calls} upstream calls for {clients} requests; budget allows {bound}"
+    );
+}
+
+/// A stream that broke after its first byte went out is not retried: the client sees the error,
+/// the upstream was called once.
+#[tokio::test]
+async fn a_stream_that_started_is_never_retried() {
+    let (up, base) = upstream::Upstream::start().await;
+    let yaml = format!(
+        "model_list:\n  - model_name: r\n    litellm_params: {{model: openai/reset, api_base: \"{base}\"}}\n  - model_name: r\n    litellm_params: {{model: openai/reset, api_base: \"{base}\"}}\ngeneral_settings:\n  master_key: {MASTER}\n"
+    );
+    let gw = Gw::start(&yaml, None).await;
+    let body = r#"{"model": "r", "stream": true, "messages": [{"role": "user", "content": "hi"}]}"#;
+    let req = http::Request::post(format!("{}/v1/chat/completions", gw.base))
+        .header("authorization", format!("Bearer {MASTER}"))
+        .body(http_body_util::Full::new(bytes::Bytes::from(body)))
+        .unwrap();
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http();
+    let resp = client.request(req).await.unwrap();
+    assert_eq!(resp.status(), 200, "the head went out before the break");
+    assert_eq!(resp.headers()["x-litellm-attempted-retries"], "0");
+    let got = http_body_util::BodyExt::collect(resp.into_body()).await;
+    assert!(got.is_err(), "the client sees the stream break");
+    assert_eq!(up.received.lock().unwrap().len(), 1, "not retried");
+    assert_eq!(
+        gw.gateway.router.in_flight(0) + gw.gateway.router.in_flight(1),
+        0
+    );
+}
+
+/// A group that cannot answer falls back to the next group, and says so in the headers.
+#[tokio::test]
+async fn fallbacks_answer_when_a_group_cannot() {
+    let bad = mock(MockUpstreamConfig {
+        failure_rate: 1.0,
+        ..Default::default()
+    });
+    let good = healthy();
+    let yaml = format!(
+        "model_list:\n  - model_name: primary\n    litellm_params: {{model: openai/m, api_base: \"{}\"}}\n  - model_name: backup\n    litellm_params: {{model: openai/m, api_base: \"{}\"}}\nrouter_settings:\n  num_retries: 1\n  max_retry_wait: 0\n  fallbacks: [{{\"primary\": [\"backup\"]}}]\ngeneral_settings:\n  master_key: {MASTER}\n",
+        bad.url(),
+        good.url()
+    );
+    let gw = Gw::start(&yaml, None).await;
+    let r = gw.chat(MASTER, "primary", false).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.headers["x-litellm-model-group"], "backup");
+    assert_eq!(r.headers["x-litellm-attempted-fallbacks"], "1");
+    assert_eq!(r.headers["x-litellm-attempted-retries"], "1");
+    assert_eq!(bad.stats().received, 2, "first try and one retry");
+    assert_eq!(r.json()["usage"]["total_tokens"], 30);
+}
