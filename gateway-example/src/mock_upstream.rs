@@ -155,6 +155,9 @@ pub struct MockUpstreamConfig {
     pub seed: u64,
     /// The model this deployment answers as (in bodies and `GET /v1/models`).
     pub model: String,
+    /// Send `retry-after` and `x-ratelimit-*` headers (default true). Off, a 429 says nothing of
+    /// when to come back: how the source product's router sees many providers, for comparisons.
+    pub rate_limit_headers: bool,
 }
 
 impl Default for MockUpstreamConfig {
@@ -167,6 +170,7 @@ impl Default for MockUpstreamConfig {
             failure_status: 500,
             seed: 0,
             model: "mock-model".to_owned(),
+            rate_limit_headers: true,
         }
     }
 }
@@ -340,6 +344,7 @@ struct Shared {
     model: String,
     window_len: Duration,
     failure_status: StatusCode,
+    rate_limit_headers: bool,
     /// `f64` bits: read on every request without a lock.
     failure_rate: AtomicU64,
     window: Mutex<Window>,
@@ -353,6 +358,7 @@ impl Shared {
             model: config.model.clone(),
             window_len: config.window,
             failure_status,
+            rate_limit_headers: config.rate_limit_headers,
             failure_rate: AtomicU64::new(config.failure_rate.to_bits()),
             window: Mutex::new(Window {
                 rpm: config.rpm,
@@ -592,9 +598,11 @@ async fn chat(State(shared): State<Arc<Shared>>, body: Result<Bytes, BytesReject
             "Rate limit reached for requests",
             "rate_limit_exceeded",
         );
-        let headers = response.headers_mut();
-        headers.insert(RETRY_AFTER, HeaderValue::from(reset));
-        rate_headers(headers, limit, 0, reset);
+        if shared.rate_limit_headers {
+            let headers = response.headers_mut();
+            headers.insert(RETRY_AFTER, HeaderValue::from(reset));
+            rate_headers(headers, limit, 0, reset);
+        }
         return response;
     }
 
@@ -645,7 +653,9 @@ async fn chat(State(shared): State<Arc<Shared>>, body: Result<Bytes, BytesReject
         reset,
     } = admission
     {
-        rate_headers(response.headers_mut(), limit, remaining, reset);
+        if shared.rate_limit_headers {
+            rate_headers(response.headers_mut(), limit, remaining, reset);
+        }
     }
     response
 }

@@ -63,6 +63,10 @@ struct Args {
     /// The model the deployments answer as.
     #[arg(long, value_name = "NAME", default_value = "mock-model")]
     model: String,
+    /// Send no retry-after and no x-ratelimit-* headers: a 429 says nothing of when to come
+    /// back (for comparing with routers that ignore them).
+    #[arg(long)]
+    no_rate_limit_headers: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -156,6 +160,7 @@ async fn run(args: Args) -> Result<(), String> {
             failure_status: args.failure_status,
             seed: args.seed.wrapping_add(i as u64),
             model: args.model.clone(),
+            rate_limit_headers: !args.no_rate_limit_headers,
         };
         let addr = SocketAddr::new(args.host, port);
         let deployment = MockUpstream::start_on(addr, config)

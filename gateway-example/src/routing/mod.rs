@@ -211,6 +211,12 @@ impl Router {
         self.states[index].in_flight.load(Ordering::Relaxed)
     }
 
+    /// Counts one request in flight to deployment `index` until the guard drops (the simulator
+    /// holds it for a request's service time; [`serve`] hands it to the response body).
+    pub fn begin(&self, index: usize) -> InFlight {
+        InFlight::start(&self.states[index].in_flight)
+    }
+
     /// Whether deployment `index` sits out now (cooldown or upstream `retry-after`).
     pub fn is_parked(&self, index: usize) -> bool {
         self.states[index].parked_until.load(Ordering::Relaxed) > self.clock.now_ms()
@@ -502,7 +508,7 @@ pub async fn serve(gw: &Gateway, chat: &ChatRequest) -> Response {
             attempts_here += 1;
             let index = chosen.index;
             let deployment = &deployments[index];
-            let in_flight = InFlight::start(&router.states[index].in_flight);
+            let in_flight = router.begin(index);
             let result = match &deployment.target {
                 Target::Mock { content } => {
                     Ok(mock_answer(group.name.as_str(), content, chat.stream))

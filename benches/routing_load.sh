@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# Routing at and past capacity, over HTTP: 4 mock deployments with a fixed RPM each behind the
+# gateway, offered 90%, 100% and 120% of their total for a few windows, under two policies:
+#
+#   source  the source product's: no gateway-side limits, simple-shuffle, a deployment whose
+#           upstream answers 429 is removed for the next minute (cooldown_time: 60), and the
+#           upstream's 429 carries no retry-after / x-ratelimit-* headers (as with many providers);
+#   ours    per-deployment rpm in the gateway (full deployments skipped before dispatch, back when
+#           their window has room), the default headroom-p2c strategy, upstream headers honoured.
+#
+#   benches/routing_load.sh [seconds per run, default 120] [rpm per deployment, default 600]
+#
+# Each run starts a fresh mock-upstream and gateway (clean windows), drives it with oha at a fixed
+# request rate, and prints served / refused / other counts, the share of capacity served, and
+# p50/p99 latency. Capacity = 4 × rpm × seconds / 60. Only loopback addresses are used.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+SECS=${1:-120}
+RPM=${2:-600}
+command -v oha >/dev/null || cargo install --locked oha
+cargo build --release -q -p gateway-example --bins
+GW=target/release/gateway-example
+MOCK=target/release/mock-upstream
+TMP=$(mktemp -d)
+trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$TMP"' EXIT
+
+config() { # $1 = policy, $2 = first mock port
+  echo "model_list:"
+  for i in 0 1 2 3; do
+    local port=$(($2 + i)) limits=""
+    [ "$1" = ours ] && limits=", rpm: $RPM"
+    echo "  - model_name: g"
+    echo "    litellm_params: {model: openai/mock-model, api_base: \"http://127.0.0.1:$port/v1\"$limits}"
+  done
+  echo "router_settings:"
+  if [ "$1" = source ]; then
+    echo "  routing_strategy: simple-shuffle"
+    echo "  cooldown_time: 60"
+  fi
+  echo "  num_retries: 2"
+  echo "general_settings:"
+  echo "  master_key: sk-load-master"
+}
+
+run() { # $1 = policy, $2 = offered percent
+  local policy=$1 pct=$2 mock_port=9101 gw_port=4201 headers=""
+  [ "$policy" = source ] && headers="--no-rate-limit-headers"
+  RUST_LOG=error "$MOCK" --ports $mock_port,$((mock_port + 1)),$((mock_port + 2)),$((mock_port + 3)) \
+    --rpm "$RPM" --latency exp --latency-ms 50 $headers > "$TMP/mock.out" 2>/dev/null &
+  local mock_pid=$!
+  config "$policy" $mock_port > "$TMP/gw.yaml"
+  RUST_LOG=error "$GW" --config "$TMP/gw.yaml" --host 127.0.0.1 --port $gw_port --data-dir "$TMP/data" &
+  local gw_pid=$!
+  for _ in $(seq 100); do curl -sf "http://127.0.0.1:$gw_port/health/liveliness" >/dev/null && break; sleep 0.1; done
+  local rate
+  rate=$(python3 -c "print(4 * $RPM / 60 * $pct / 100)")
+  oha --no-tui -z "${SECS}s" -q "$rate" -c 32 -m POST -T application/json \
+    -H "authorization: Bearer sk-load-master" \
+    -d '{"model":"g","messages":[{"role":"user","content":"hi"}]}' \
+    --output-format json "http://127.0.0.1:$gw_port/v1/chat/completions" > "$TMP/$policy-$pct.json"
+  kill $gw_pid $mock_pid 2>/dev/null || true
+  wait $gw_pid $mock_pid 2>/dev/null || true
+  rm -rf "$TMP/data"
+}
+
+echo "4 deployments × $RPM rpm, ${SECS}s per run, oha at a fixed rate (capacity $((4 * RPM * SECS / 60)) requests per run)"
+for pct in 90 100 120; do
+  for policy in source ours; do
+    run $policy $pct
+  done
+done
+
+python3 - "$TMP" "$SECS" "$RPM" <<'PY'
+import json, sys
+d, secs, rpm = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+capacity = 4 * rpm * secs / 60
+print(f"| offered | policy | sent | served (200) | refused (429) | other | served / capacity | p50 | p99 |")
+print(f"|---|---|---|---|---|---|---|---|---|")
+for pct in (90, 100, 120):
+    for policy in ("source", "ours"):
+        r = json.load(open(f"{d}/{policy}-{pct}.json"))
+        codes = r.get("statusCodeDistribution", {})
+        ok, limited = codes.get("200", 0), codes.get("429", 0)
+        sent = sum(codes.values()) + sum(r.get("errorDistribution", {}).values())
+        other = sent - ok - limited
+        lat = r["latencyPercentiles"]
+        print(f"| {pct}% | {policy} | {sent} | {ok} | {limited} | {other} | {ok / capacity:.1%} "
+              f"| {lat['p50'] * 1000:.1f} ms | {lat['p99'] * 1000:.1f} ms |")
+PY
