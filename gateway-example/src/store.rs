@@ -53,6 +53,17 @@ impl Store for GatewayStore {
         }
     }
 
+    fn admit_now(
+        &self,
+        config: &LimiterConfig,
+        request: AdmitRequest,
+    ) -> Option<Result<Decision, StoreError>> {
+        match self {
+            GatewayStore::Embedded(s) => s.admit_now(config, request),
+            GatewayStore::Redis(_) => None,
+        }
+    }
+
     fn settler(&self, config: &LimiterConfig, model: ModelId) -> Option<GatewaySettler> {
         match self {
             GatewayStore::Embedded(s) => s.settler(config, model).map(GatewaySettler::Embedded),

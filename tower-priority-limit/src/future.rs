@@ -52,6 +52,8 @@ pin_project! {
         Extract { #[pin] fut: E },
         Admit { #[pin] fut: A },
         Call { #[pin] fut: F },
+        // Answered without the inner service (a refusal or a bad request decided in `call`).
+        Answer { response: Option<Response<Bytes>> },
         Done,
     }
 }
@@ -79,6 +81,161 @@ where
             admitted: None,
             options,
         }
+    }
+}
+
+impl<S, ReqBody, E, St> ResponseFuture<S, ReqBody, E, St>
+where
+    S: Service<Request<ReqBody>>,
+    St: Store,
+{
+    /// Already answered (decided synchronously in `call`).
+    pub(crate) fn answered(
+        response: Response<Bytes>,
+        limiter: Arc<Limiter<St>>,
+        pool: PoolRef,
+        options: Options,
+    ) -> Self {
+        Self {
+            state: State::Answer {
+                response: Some(response),
+            },
+            inner: None,
+            request: None,
+            limiter,
+            pool,
+            model: None,
+            prompt_estimate: 0,
+            admitted: None,
+            options,
+        }
+    }
+
+    /// Extracted synchronously in `call`; the store's answer must be awaited.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn admitting(
+        inner: S,
+        admit: St::AdmitFuture,
+        extracted: Extracted<ReqBody>,
+        model: ModelId,
+        limiter: Arc<Limiter<St>>,
+        pool: PoolRef,
+        options: Options,
+    ) -> Self {
+        Self {
+            state: State::Admit { fut: admit },
+            inner: Some(inner),
+            request: Some(extracted.request),
+            limiter,
+            pool,
+            model: Some(model),
+            prompt_estimate: extracted.prompt_estimate,
+            admitted: None,
+            options,
+        }
+    }
+
+    /// Admitted (or passed through) synchronously in `call`: only the inner call is left.
+    pub(crate) fn calling(
+        fut: S::Future,
+        limiter: Arc<Limiter<St>>,
+        pool: PoolRef,
+        admitted: Option<(Lease<St>, Admitted)>,
+        prompt_estimate: u64,
+        options: Options,
+    ) -> Self {
+        Self {
+            state: State::Call { fut },
+            inner: None,
+            request: None,
+            limiter,
+            pool,
+            model: None,
+            prompt_estimate,
+            admitted,
+            options,
+        }
+    }
+}
+
+/// What follows extraction.
+pub(crate) enum AfterExtract {
+    /// The model is limited: admit it.
+    Admit(ModelId),
+    /// Not ours to limit: straight to the inner service, unmetered.
+    PassThrough,
+    /// Answer this instead (an unknown model under [`UnknownModel::Reject`]).
+    Answer(Response<Bytes>),
+}
+
+/// The step after extraction (shared by the synchronous path in `call` and the future).
+pub(crate) fn after_extract<St: Store, B>(
+    limiter: &Limiter<St>,
+    extracted: &Extracted<B>,
+    options: Options,
+) -> AfterExtract {
+    let config = limiter.config();
+    if let Some(id) = extracted
+        .model
+        .as_ref()
+        .and_then(|m| config.model_id(m.as_str()))
+    {
+        return AfterExtract::Admit(id);
+    }
+    if options.unknown_model != UnknownModel::Reject {
+        return AfterExtract::PassThrough;
+    }
+    let names: Vec<&str> = config.models().iter().map(|m| m.name()).collect();
+    let message = match &extracted.model {
+        Some(m) => format!(
+            "Invalid model name passed in model={}. Available models: {}",
+            m.as_str(),
+            names.join(", ")
+        ),
+        None => "Missing required parameter: 'model'.".to_owned(),
+    };
+    AfterExtract::Answer(error_response(
+        StatusCode::BAD_REQUEST,
+        "invalid_request_error",
+        &message,
+        Some("model"),
+    ))
+}
+
+/// What follows admission.
+pub(crate) enum AfterAdmit<St: Store> {
+    /// Call the inner service; meter and settle with the lease if there is one (fail-open has
+    /// none).
+    Call(Option<(Lease<St>, Admitted)>),
+    /// Answer this instead (a refusal, or a store failure under fail-closed).
+    Answer(Response<Bytes>),
+}
+
+/// The step after admission (shared by the synchronous path in `call` and the future).
+pub(crate) fn after_admit<St: Store>(
+    limiter: &Limiter<St>,
+    model: ModelId,
+    pool: PoolRef,
+    decision: Result<Decision, StoreError>,
+    options: Options,
+) -> AfterAdmit<St> {
+    match decision {
+        Ok(Decision::Admit(admitted)) => {
+            let lease = limiter.lease(model, pool, &admitted);
+            AfterAdmit::Call(Some((lease, admitted)))
+        }
+        Ok(Decision::Reject(rejected)) => {
+            let config = limiter.config();
+            AfterAdmit::Answer(rejection_response(
+                config.model(model),
+                config.pool_label(pool),
+                &rejected,
+            ))
+        }
+        Err(error) => match store_failure(options.store_failure, &error) {
+            Some(response) => AfterAdmit::Answer(response),
+            None => AfterAdmit::Call(None),
+        },
     }
 }
 
@@ -122,41 +279,19 @@ where
                             return Poll::Ready(Ok(own(rejection.into_response())));
                         }
                     };
-                    let config = this.limiter.config();
-                    let id = extracted
-                        .model
-                        .as_ref()
-                        .and_then(|m| config.model_id(m.as_str()));
-                    match id {
-                        Some(id) => {
+                    match after_extract(this.limiter, &extracted, *this.options) {
+                        AfterExtract::Admit(id) => {
                             *this.model = Some(id);
                             *this.prompt_estimate = extracted.prompt_estimate;
                             *this.request = Some(extracted.request);
                             let fut = this.limiter.admit(id, *this.pool, 0);
                             this.state.set(State::Admit { fut });
                         }
-                        None if this.options.unknown_model == UnknownModel::Reject => {
+                        AfterExtract::Answer(response) => {
                             this.state.set(State::Done);
-                            let names: Vec<&str> =
-                                config.models().iter().map(|m| m.name()).collect();
-                            let message = match &extracted.model {
-                                Some(m) => format!(
-                                    "Invalid model name passed in model={}. Available models: {}",
-                                    m.as_str(),
-                                    names.join(", ")
-                                ),
-                                None => "Missing required parameter: 'model'.".to_owned(),
-                            };
-                            let response = error_response(
-                                StatusCode::BAD_REQUEST,
-                                "invalid_request_error",
-                                &message,
-                                Some("model"),
-                            );
                             return Poll::Ready(Ok(own(response)));
                         }
-                        None => {
-                            // Not ours to limit: straight through, unmetered.
+                        AfterExtract::PassThrough => {
                             let Some(mut inner) = this.inner.take() else {
                                 panic!("ResponseFuture polled after completion");
                             };
@@ -172,32 +307,22 @@ where
                     else {
                         panic!("ResponseFuture polled after completion");
                     };
-                    match decision {
-                        Ok(Decision::Admit(admitted)) => {
-                            let lease = this.limiter.lease(model, *this.pool, &admitted);
-                            *this.admitted = Some((lease, admitted));
-                        }
-                        Ok(Decision::Reject(rejected)) => {
+                    match after_admit(this.limiter, model, *this.pool, decision, *this.options) {
+                        AfterAdmit::Call(admitted) => *this.admitted = admitted,
+                        AfterAdmit::Answer(response) => {
                             this.state.set(State::Done);
-                            let config = this.limiter.config();
-                            let response = rejection_response(
-                                config.model(model),
-                                config.pool_label(*this.pool),
-                                &rejected,
-                            );
                             return Poll::Ready(Ok(own(response)));
-                        }
-                        Err(error) => {
-                            if let Some(response) =
-                                store_failure(this.options.store_failure, &error)
-                            {
-                                this.state.set(State::Done);
-                                return Poll::Ready(Ok(own(response)));
-                            }
                         }
                     }
                     let fut = inner.call(request);
                     this.state.set(State::Call { fut });
+                }
+                StateProj::Answer { response } => {
+                    let Some(response) = response.take() else {
+                        panic!("ResponseFuture polled after completion");
+                    };
+                    this.state.set(State::Done);
+                    return Poll::Ready(Ok(own(response)));
                 }
                 StateProj::Call { fut } => {
                     let response = ready!(fut.poll(cx));

@@ -107,6 +107,15 @@ impl fmt::Display for ExtractRejection {
 
 impl std::error::Error for ExtractRejection {}
 
+/// The answer of [`ModelExtractor::extract_now`].
+#[derive(Debug)]
+pub enum ExtractNow<B> {
+    /// Extracted (or refused) without waiting.
+    Ready(Result<Extracted<B>, ExtractRejection>),
+    /// Needs [`ModelExtractor::extract`]; the request, untouched.
+    Later(Request<B>),
+}
+
 /// Finds the model of a request.
 pub trait ModelExtractor<B>: Clone + Send + Sync + 'static {
     /// The extraction future.
@@ -114,6 +123,13 @@ pub trait ModelExtractor<B>: Clone + Send + Sync + 'static {
 
     /// Extracts the model, handing the request back whole.
     fn extract(&self, request: Request<B>) -> Self::Future;
+
+    /// The extraction, when it needs no waiting (a header, an extension, a closure): the layer
+    /// then decides in `call` and skips a state and a clone of the inner service.
+    /// [`ExtractNow::Later`] hands the request back for [`extract`](Self::extract) (the default).
+    fn extract_now(&self, request: Request<B>) -> ExtractNow<B> {
+        ExtractNow::Later(request)
+    }
 }
 
 /// Default bound on a buffered request body: 10 MiB.
@@ -275,6 +291,10 @@ impl HeaderModel {
 impl<B: Send + 'static> ModelExtractor<B> for HeaderModel {
     type Future = Ready<Result<Extracted<B>, ExtractRejection>>;
 
+    fn extract_now(&self, request: Request<B>) -> ExtractNow<B> {
+        ExtractNow::Ready(self.extract(request).into_inner())
+    }
+
     fn extract(&self, request: Request<B>) -> Self::Future {
         let model = request
             .headers()
@@ -314,6 +334,10 @@ where
     F: Fn(&Request<B>) -> Option<ModelName> + Clone + Send + Sync + 'static,
 {
     type Future = Ready<Result<Extracted<B>, ExtractRejection>>;
+
+    fn extract_now(&self, request: Request<B>) -> ExtractNow<B> {
+        ExtractNow::Ready(self.extract(request).into_inner())
+    }
 
     fn extract(&self, request: Request<B>) -> Self::Future {
         let model = (self.f)(&request);

@@ -10,12 +10,15 @@ use http_body::Body;
 use tower::Service;
 
 use crate::body::ResponseBody;
-use crate::future::ResponseFuture;
+use crate::config::PoolRef;
+use crate::decision::Admitted;
+use crate::future::{after_admit, after_extract, AfterAdmit, AfterExtract, ResponseFuture};
 use crate::layer::Options;
+use crate::lease::Lease;
 use crate::limiter::Limiter;
-use crate::model::ModelExtractor;
+use crate::model::{ExtractNow, ModelExtractor};
 use crate::priority::PriorityExtractor;
-use crate::store::Store;
+use crate::store::{AdmitRequest, Store};
 
 /// Admits each request through the limiter before calling the inner service; answers refusals
 /// with a 429 itself; meters the response body and settles its tokens.
@@ -54,6 +57,39 @@ impl<S, P, M, St> PriorityLimit<S, P, M, St> {
     /// The inner service.
     pub fn get_ref(&self) -> &S {
         &self.inner
+    }
+}
+
+impl<S, P, M, St: Store> PriorityLimit<S, P, M, St> {
+    fn answered<ReqBody, E>(
+        &self,
+        response: Response<Bytes>,
+        pool: PoolRef,
+    ) -> ResponseFuture<S, ReqBody, E, St>
+    where
+        S: Service<Request<ReqBody>>,
+    {
+        ResponseFuture::answered(response, Arc::clone(&self.limiter), pool, self.options)
+    }
+
+    fn calling<ReqBody, E>(
+        &self,
+        fut: S::Future,
+        pool: PoolRef,
+        admitted: Option<(Lease<St>, Admitted)>,
+        prompt_estimate: u64,
+    ) -> ResponseFuture<S, ReqBody, E, St>
+    where
+        S: Service<Request<ReqBody>>,
+    {
+        ResponseFuture::calling(
+            fut,
+            Arc::clone(&self.limiter),
+            pool,
+            admitted,
+            prompt_estimate,
+            self.options,
+        )
     }
 }
 
@@ -102,6 +138,63 @@ where
         let pool = self
             .priority
             .extract(&request, |label| limiter.resolve_pool(label));
+        // Fast path: with an extractor and a store that answer without waiting (the embedded
+        // store; a header, closure or gateway extractor), decide here and call the ready inner
+        // service in place, with no clone of it and no trip through the future's states.
+        let request = match self.model.extract_now(request) {
+            ExtractNow::Later(request) => request,
+            ExtractNow::Ready(Err(rejection)) => {
+                return self.answered(rejection.into_response(), pool)
+            }
+            ExtractNow::Ready(Ok(extracted)) => {
+                match after_extract(&self.limiter, &extracted, self.options) {
+                    AfterExtract::Answer(response) => return self.answered(response, pool),
+                    AfterExtract::PassThrough => {
+                        let fut = self.inner.call(extracted.request);
+                        return self.calling(fut, pool, None, 0);
+                    }
+                    AfterExtract::Admit(id) => {
+                        let admit = AdmitRequest {
+                            model: id,
+                            pool,
+                            reserve: 0,
+                        };
+                        match self.limiter.store().admit_now(self.limiter.config(), admit) {
+                            Some(decision) => {
+                                match after_admit(&self.limiter, id, pool, decision, self.options) {
+                                    AfterAdmit::Answer(response) => {
+                                        return self.answered(response, pool)
+                                    }
+                                    AfterAdmit::Call(admitted) => {
+                                        let fut = self.inner.call(extracted.request);
+                                        return self.calling(
+                                            fut,
+                                            pool,
+                                            admitted,
+                                            extracted.prompt_estimate,
+                                        );
+                                    }
+                                }
+                            }
+                            // The store must be awaited (Redis): admit in the future.
+                            None => {
+                                let clone = self.inner.clone();
+                                let inner = std::mem::replace(&mut self.inner, clone);
+                                return ResponseFuture::admitting(
+                                    inner,
+                                    self.limiter.admit(id, pool, 0),
+                                    extracted,
+                                    id,
+                                    Arc::clone(&self.limiter),
+                                    pool,
+                                    self.options,
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+        };
         // The inner service was driven to readiness; move that one into the future and leave a
         // clone behind (tower-http's async-auth pattern).
         let clone = self.inner.clone();

@@ -18,7 +18,7 @@ use http::StatusCode;
 use serde_json::Value;
 use tower_priority_limit::mock::{chat_completion, chat_completion_stream};
 use tower_priority_limit::model::{
-    read_body, ExtractRejection, Extracted, ModelExtractor, ModelName,
+    read_body, ExtractNow, ExtractRejection, Extracted, ModelExtractor, ModelName,
 };
 
 use super::auth::Caller;
@@ -47,6 +47,10 @@ pub struct ChatModel;
 
 impl ModelExtractor<Body> for ChatModel {
     type Future = Ready<Result<Extracted<Body>, ExtractRejection>>;
+
+    fn extract_now(&self, request: http::Request<Body>) -> ExtractNow<Body> {
+        ExtractNow::Ready(self.extract(request).into_inner())
+    }
 
     fn extract(&self, request: http::Request<Body>) -> Self::Future {
         let chat = request.extensions().get::<ChatRequest>();

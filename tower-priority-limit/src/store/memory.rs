@@ -197,6 +197,14 @@ impl Store for MemoryStore {
         ready(Ok(decision))
     }
 
+    fn admit_now(
+        &self,
+        config: &LimiterConfig,
+        request: AdmitRequest,
+    ) -> Option<Result<Decision, StoreError>> {
+        Some(self.admit(config, request).into_inner())
+    }
+
     type Settler = MemorySettler;
 
     fn settler(&self, _config: &LimiterConfig, model: ModelId) -> Option<MemorySettler> {

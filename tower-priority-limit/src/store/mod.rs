@@ -97,6 +97,17 @@ pub trait Store: Send + Sync + 'static {
     /// model, which an admission would already have reported).
     fn settler(&self, config: &LimiterConfig, model: ModelId) -> Option<Self::Settler>;
 
+    /// The admission, when the store can answer without waiting (the embedded store): the layer
+    /// then decides in `call`. `None` (the default) means "await [`admit`](Self::admit)".
+    fn admit_now(
+        &self,
+        config: &LimiterConfig,
+        request: AdmitRequest,
+    ) -> Option<Result<Decision, StoreError>> {
+        let _ = (config, request);
+        None
+    }
+
     /// Waits until every settlement handed to this store so far is recorded (graceful shutdown).
     /// The embedded store records synchronously, so by default there is nothing to wait for.
     fn flush(&self) -> Pin<Box<dyn Future<Output = ()> + Send + '_>> {
