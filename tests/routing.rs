@@ -134,7 +134,7 @@ async fn remaining_capacity_headers_park_before_a_429() {
         assert_eq!(r.status, 200);
         assert!(
             r.headers.get("x-ratelimit-remaining-requests").is_none()
-                || r.headers.get("x-ratelimit-limit-requests").is_none(),
+                && r.headers.get("x-ratelimit-limit-requests").is_none(),
             "the upstream's own rate-limit headers are not passed on"
         );
     }
@@ -320,4 +320,84 @@ async fn fallbacks_answer_when_a_group_cannot() {
     assert_eq!(r.headers["x-litellm-attempted-retries"], "1");
     assert_eq!(bad.stats().received, 2, "first try and one retry");
     assert_eq!(r.json()["usage"]["total_tokens"], 30);
+}
+
+/// A client's own mistakes (an upstream 400) are not the deployment's failures: however many a
+/// caller sends, nothing cools down and the next good request is served.
+#[tokio::test]
+async fn client_errors_do_not_cool_a_deployment_down() {
+    let (a, b) = (
+        mock(MockUpstreamConfig {
+            failure_rate: 1.0,
+            failure_status: 400,
+            ..Default::default()
+        }),
+        mock(MockUpstreamConfig {
+            failure_rate: 1.0,
+            failure_status: 400,
+            ..Default::default()
+        }),
+    );
+    let gw = gateway(&[&a, &b], &[], "  allowed_fails: 1").await;
+    for _ in 0..10 {
+        let r = call(&gw).await;
+        assert_eq!(r.status, 400, "passed on, not retried: {}", r.text());
+        assert_eq!(r.headers["x-litellm-attempted-retries"], "0");
+    }
+    assert!(!gw.gateway.router.is_parked(0) && !gw.gateway.router.is_parked(1));
+    a.set_failure_rate(0.0);
+    b.set_failure_rate(0.0);
+    assert_eq!(call(&gw).await.status, 200);
+}
+
+/// A cooldown never takes the whole group out: with every deployment cooling down after errors,
+/// they are tried again (and serve once they recover) instead of the group answering 429.
+#[tokio::test]
+async fn cooldowns_never_take_the_whole_group_out() {
+    let failing = || {
+        mock(MockUpstreamConfig {
+            failure_rate: 1.0,
+            ..Default::default()
+        })
+    };
+    let (a, b) = (failing(), failing());
+    let gw = gateway(
+        &[&a, &b],
+        &[],
+        "  allowed_fails: 0\n  max_retry_wait: 0\n  cooldown_time: 30",
+    )
+    .await;
+    let r = call(&gw).await;
+    assert_eq!(r.status, 500, "{}", r.text());
+    assert!(gw.gateway.router.is_parked(0) && gw.gateway.router.is_parked(1));
+    a.set_failure_rate(0.0);
+    b.set_failure_rate(0.0);
+    let r = call(&gw).await;
+    assert_eq!(r.status, 200, "tried despite the cooldowns: {}", r.text());
+}
+
+/// 401/404 from an upstream cool that deployment at once, and it is back after `cooldown_time`.
+#[tokio::test]
+async fn an_upstream_401_cools_at_once_until_cooldown_time() {
+    let bad_key = mock(MockUpstreamConfig {
+        failure_rate: 1.0,
+        failure_status: 401,
+        ..Default::default()
+    });
+    let good = healthy();
+    let gw = gateway(
+        &[&bad_key, &good],
+        &[],
+        "  routing_strategy: round-robin\n  cooldown_time: 5",
+    )
+    .await;
+    // Round-robin starts at d0: its 401 goes back to the client (not a retry condition), and
+    // cools it at once; every later request is served by the other.
+    assert_eq!(call(&gw).await.status, 401);
+    for _ in 0..6 {
+        assert_eq!(call(&gw).await.status, 200);
+    }
+    assert_eq!(bad_key.stats().received, 1, "cooled after its first 401");
+    gw.clock.advance(Duration::from_secs(5));
+    assert!(!gw.gateway.router.is_parked(0), "back after cooldown_time");
 }

@@ -102,8 +102,7 @@ impl Gateway {
             ));
             // Per-deployment counters beside the groups', under their own prefix.
             let config = &gateway.config;
-            let deployment_limits =
-                routing::deployment_limits(&config.deployments, limits.window());
+            let deployment_limits = routing::deployment_limits(&config.deployments, limits);
             let store = RedisStore::builder(target.clone())
                 .key_prefix(format!("{}deployment:", config.redis_key_prefix))
                 .connect(&deployment_limits)
@@ -132,8 +131,7 @@ impl Gateway {
         let clock: Arc<dyn Clock> = Arc::new(clock);
         let store = GatewayStore::Embedded(MemoryStore::with_clock(&config.limiter, clock.clone()));
         let limiter = Arc::new(Limiter::with_store(config.limiter.clone(), store));
-        let deployment_limits =
-            routing::deployment_limits(&config.deployments, config.limiter.window());
+        let deployment_limits = routing::deployment_limits(&config.deployments, &config.limiter);
         let store =
             GatewayStore::Embedded(MemoryStore::with_clock(&deployment_limits, clock.clone()));
         let router = routing::Router::new(

@@ -67,7 +67,7 @@ pub fn retry_after(headers: &http::HeaderMap) -> Option<Duration> {
         .trim()
         .parse()
         .ok()?;
-    (secs.is_finite() && secs >= 0.0).then(|| Duration::from_secs_f64(secs))
+    Duration::try_from_secs_f64(secs).ok()
 }
 
 /// The HTTP client shared by every request (pooled connections; `http://` and `https://`

@@ -6,7 +6,7 @@
 //! - **Per-deployment limits** run through the limiter core (the same `decide`, embedded or on
 //!   Redis): a deployment at its `rpm`/`tpm` is skipped *before* dispatch and is back the moment
 //!   its window has room; nothing is parked for being full.
-//! - **Strategies**: see [`strategy`]; the default is ours, `headroom-p2c`.
+//! - **Strategies**: see [`strategy`]; the default is ours, `headroom-least-busy` (chosen with the simulator).
 //! - **Health**: the source's cooldown rules (`allowed_fails` per minute, then `cooldown_time`;
 //!   401/404 at once; a 429 without `retry-after` only in groups of more than one), except that an
 //!   upstream 429 with `retry-after` parks the deployment for exactly that long, and
@@ -41,7 +41,7 @@ use tower_priority_limit::{Lease, Limiter, ResponseBody};
 
 use self::body::{InFlight, InFlightBody};
 use self::settings::RouterSettings;
-use self::strategy::{pick, Candidate};
+use self::strategy::{pick, Candidate, Strategy};
 use crate::api::chat::{mock_answer, ChatRequest};
 use crate::config::{Deployment, Target};
 use crate::error::ApiError;
@@ -58,6 +58,9 @@ pub const ATTEMPTED_RETRIES: HeaderName = HeaderName::from_static("x-litellm-att
 /// Header with the number of fallback groups tried.
 pub const ATTEMPTED_FALLBACKS: HeaderName =
     HeaderName::from_static("x-litellm-attempted-fallbacks");
+
+/// The cap on any park or cooldown (beyond `cooldown_time` if that is longer).
+const MAX_PARK: Duration = Duration::from_secs(60);
 
 /// Back-off before retrying a deployment already tried: this, doubled per retry, with jitter.
 const BACKOFF_BASE: Duration = Duration::from_millis(50);
@@ -78,8 +81,13 @@ struct DeploymentState {
     /// The deployment's id in the per-deployment limiter.
     limit_id: Option<ModelId>,
     in_flight: Arc<AtomicU64>,
-    /// Clock time (ms) until which it sits out; 0 = available.
+    /// Clock time (ms) until which it sits out because its upstream said it is rate-limited
+    /// (429, `x-ratelimit-remaining-requests: 0`); 0 = available.
     parked_until: AtomicU64,
+    /// Clock time (ms) until which it sits out after errors (the cooldown rules). Unlike a
+    /// rate-limit park, a cooldown never takes the whole group out: when every deployment is
+    /// cooling down they are all tried again.
+    cooldown_until: AtomicU64,
     /// Failures in the current minute: (minute start, count).
     fails: Mutex<(Millis, u32)>,
     /// Usage of its current window as of its last admission, and when that window ends.
@@ -117,13 +125,17 @@ pub struct Chosen {
 pub struct Unavailable {
     /// When the first one will have room again.
     pub retry_after: Duration,
-    /// Whether that is because of errors (cooldowns) rather than capacity.
-    pub cooling_down: bool,
 }
 
-/// The per-deployment limiter's config: one model per deployment id, with its `rpm`/`tpm`.
-pub fn deployment_limits(deployments: &[Deployment], window: Duration) -> LimiterConfig {
-    let mut builder = LimiterConfig::builder().window(window);
+/// The per-deployment limiter's config: one model per deployment id, with its `rpm`/`tpm`, and
+/// the group limiter's window and shared-store settings (failure mode, expected nodes, timeout).
+pub fn deployment_limits(deployments: &[Deployment], groups: &LimiterConfig) -> LimiterConfig {
+    let settings = groups.settings();
+    let mut builder = LimiterConfig::builder()
+        .window(groups.window())
+        .failure_mode(settings.shared.failure_mode)
+        .expected_nodes(settings.shared.expected_nodes)
+        .store_timeout(settings.shared.timeout);
     for d in deployments {
         builder = builder.model(d.id.clone(), d.rpm, d.tpm);
     }
@@ -172,6 +184,7 @@ impl Router {
                 limit_id: limits.config().model_id(&d.id),
                 in_flight: Arc::default(),
                 parked_until: AtomicU64::new(0),
+                cooldown_until: AtomicU64::new(0),
                 fails: Mutex::new((0, 0)),
                 requests_used: AtomicU64::new(0),
                 tokens_used: AtomicU64::new(0),
@@ -219,13 +232,36 @@ impl Router {
 
     /// Whether deployment `index` sits out now (cooldown or upstream `retry-after`).
     pub fn is_parked(&self, index: usize) -> bool {
-        self.states[index].parked_until.load(Ordering::Relaxed) > self.clock.now_ms()
+        let s = &self.states[index];
+        let now = self.clock.now_ms();
+        s.parked_until.load(Ordering::Relaxed) > now
+            || s.cooldown_until.load(Ordering::Relaxed) > now
     }
 
+    /// The longest any one signal may keep a deployment out: an upstream's `retry-after` of a
+    /// year would otherwise park it for a year.
+    fn max_park(&self) -> Duration {
+        self.settings.cooldown.max(MAX_PARK)
+    }
+
+    fn until(&self, for_: Duration, now: Millis) -> Millis {
+        let ms = u64::try_from(for_.min(self.max_park()).as_millis()).unwrap_or(u64::MAX);
+        now.saturating_add(ms).max(1)
+    }
+
+    /// Out until `now + for_` because the upstream is rate-limited.
     fn park(&self, index: usize, for_: Duration, now: Millis) {
-        let until = now.saturating_add(for_.as_millis() as u64).max(1);
+        let until = self.until(for_, now);
         self.states[index]
             .parked_until
+            .fetch_max(until, Ordering::Relaxed);
+    }
+
+    /// Out until `now + cooldown` after errors.
+    fn cool_down(&self, index: usize, now: Millis) {
+        let until = self.until(self.settings.cooldown, now);
+        self.states[index]
+            .cooldown_until
             .fetch_max(until, Ordering::Relaxed);
     }
 
@@ -283,19 +319,29 @@ impl Router {
         let now = self.clock.now_ms();
         let untried_exists = group.members.iter().any(|i| !tried.contains(i));
         let mut candidates: Vec<Candidate> = Vec::with_capacity(group.members.len());
+        let mut cooling_down: Vec<Candidate> = Vec::new();
         let mut earliest: Option<Millis> = None;
-        let mut cooling = false;
         for (slot, &index) in group.members.iter().enumerate() {
             if untried_exists && tried.contains(&index) {
                 continue;
             }
-            let parked_until = self.states[index].parked_until.load(Ordering::Relaxed);
+            let state = &self.states[index];
+            let parked_until = state.parked_until.load(Ordering::Relaxed);
             if parked_until > now {
                 earliest = Some(earliest.map_or(parked_until, |e| e.min(parked_until)));
-                cooling = true;
                 continue;
             }
-            candidates.push(self.candidate(deployments, index, slot, now));
+            let candidate = self.candidate(deployments, index, slot, now);
+            if state.cooldown_until.load(Ordering::Relaxed) > now {
+                cooling_down.push(candidate);
+            } else {
+                candidates.push(candidate);
+            }
+        }
+        // Errors never take the whole group out: with nothing else left, the ones cooling down
+        // are tried (a failing group still answers its clients with the upstream's own errors).
+        if candidates.is_empty() {
+            candidates = cooling_down;
         }
         let cursor = group.cursor.fetch_add(1, Ordering::Relaxed);
         while !candidates.is_empty() {
@@ -334,7 +380,6 @@ impl Router {
                     let at_ms = now.saturating_add(rejected.retry_after_ms);
                     if earliest.is_none_or(|e| at_ms < e) {
                         earliest = Some(at_ms);
-                        cooling = false;
                     }
                     candidates.swap_remove(at);
                 }
@@ -346,7 +391,6 @@ impl Router {
         let retry_after_ms = earliest.map_or(1_000, |e| e.saturating_sub(now));
         Err(Unavailable {
             retry_after: Duration::from_millis(retry_after_ms.max(1)),
-            cooling_down: cooling,
         })
     }
 
@@ -354,13 +398,17 @@ impl Router {
     pub fn record_failure(&self, index: usize, failure: &UpstreamFailure, group_size: usize) {
         let now = self.clock.now_ms();
         match failure.status.map(|s| s.as_u16()) {
-            Some(401) | Some(404) => self.park(index, self.settings.cooldown, now),
+            // The deployment itself is misconfigured (bad key, unknown model): out at once.
+            Some(401) | Some(404) => self.cool_down(index, now),
             Some(429) => match failure.retry_after {
                 // The upstream says exactly when it has room: park that long, then let it back.
                 Some(after) => self.park(index, after, now),
                 None if group_size > 1 => self.park(index, self.settings.cooldown, now),
                 None => {}
             },
+            // The client's own mistakes (400, 413, 422, …) say nothing of the deployment's health;
+            // counting them would let any caller cool a healthy group down.
+            Some(s) if s != 408 && s < 500 => {}
             _ => {
                 let mut fails = self.states[index]
                     .fails
@@ -371,7 +419,8 @@ impl Router {
                 }
                 fails.1 += 1;
                 if fails.1 > self.settings.allowed_fails {
-                    self.park(index, self.settings.cooldown, now);
+                    drop(fails);
+                    self.cool_down(index, now);
                 }
             }
         }
@@ -429,7 +478,7 @@ impl Router {
 pub fn parse_reset(value: &str) -> Option<Duration> {
     let value = value.trim();
     if let Ok(secs) = value.parse::<f64>() {
-        return (secs.is_finite() && secs >= 0.0).then(|| Duration::from_secs_f64(secs));
+        return Duration::try_from_secs_f64(secs).ok();
     }
     let mut total = 0.0;
     let mut number = String::new();
@@ -455,7 +504,10 @@ pub fn parse_reset(value: &str) -> Option<Duration> {
         total += n * unit;
         any = true;
     }
-    (any && number.is_empty()).then(|| Duration::from_secs_f64(total))
+    if !(any && number.is_empty()) {
+        return None;
+    }
+    Duration::try_from_secs_f64(total).ok()
 }
 
 thread_local! {
@@ -518,7 +570,13 @@ pub async fn serve(gw: &Gateway, chat: &ChatRequest) -> Response {
             match result {
                 Ok(mut response) => {
                     router.observe(index, response.headers_mut());
-                    let response = track(response, chosen, in_flight, deployment);
+                    let response = track(
+                        response,
+                        chosen,
+                        in_flight,
+                        deployment,
+                        router.settings.strategy,
+                    );
                     return with_headers(
                         response,
                         Some(deployment),
@@ -549,11 +607,13 @@ pub async fn serve(gw: &Gateway, chat: &ChatRequest) -> Response {
                         // upstream retry-after.
                         let backoff = BACKOFF_BASE * 2u32.saturating_pow(retries.min(6));
                         let jittered = backoff.mul_f64(0.5 + rng.random::<f64>());
+                        // A few ms past a short retry-after: the park ends on the coarse clock.
                         let delay = match wait {
-                            Some(w) if w <= router.settings.max_retry_wait => w.max(jittered),
-                            _ => jittered,
-                        }
-                        .min(router.settings.max_retry_wait);
+                            Some(w) if w <= router.settings.max_retry_wait => {
+                                (w + Duration::from_millis(5)).max(jittered)
+                            }
+                            _ => jittered.min(router.settings.max_retry_wait),
+                        };
                         tokio::time::sleep(delay).await;
                     }
                 }
@@ -573,11 +633,7 @@ pub async fn serve(gw: &Gateway, chat: &ChatRequest) -> Response {
 /// The 429 when no deployment of the group has room (or all are cooling down).
 fn unavailable_response(group: &str, u: Unavailable) -> Response {
     let secs = u.retry_after.as_secs_f64().ceil().max(1.0) as u64;
-    let why = if u.cooling_down {
-        "every deployment is cooling down after errors"
-    } else {
-        "every deployment is at its rate limit"
-    };
+    let why = "every deployment is at its rate limit";
     let mut response = ApiError::new(
         StatusCode::TOO_MANY_REQUESTS,
         "rate_limit_error",
@@ -597,10 +653,11 @@ fn track(
     chosen: Chosen,
     in_flight: InFlight,
     deployment: &Deployment,
+    strategy: Strategy,
 ) -> Response {
     let (parts, body) = response.into_parts();
     let body = match chosen.lease {
-        Some(lease) if deployment.tpm.is_some() => {
+        Some(lease) if deployment.tpm.is_some() || strategy == Strategy::UsageBased => {
             let meter = UsageMeter::for_content_type(
                 parts
                     .headers

@@ -17,24 +17,29 @@ pub enum Strategy {
     LeastBusy,
     /// `usage-based-routing-v2`: the fewest tokens this window among deployments with room.
     UsageBased,
-    /// `headroom-p2c` (ours, the default): power of two choices among deployments with room:
-    /// sample two, send to the one with the lower load per unit of remaining capacity,
-    /// `(in_flight + 1) / headroom`, where headroom is the share of the deployment's window still
-    /// free (1 when it has no limit). Two samples avoid the herd a global "least" causes when
-    /// several gateways see the same figures; the headroom term keeps a nearly full deployment
-    /// from being picked just because it is idle right now.
-    #[default]
+    /// `headroom-p2c`: power of two choices among deployments with room: sample two, send to
+    /// the one with the lower load per unit of remaining capacity, `(in_flight + 1) / headroom`.
+    /// Avoids the herd a global "least" causes when many gateways share the same figures; with
+    /// counts local to each gateway (as here) the simulator shows it loses to a full scan.
     HeadroomP2c,
+    /// `headroom-least-busy` (ours, the default): the deployment with room with the lowest
+    /// `(in_flight + 1) / headroom` (ties at random), where headroom is the share of its window
+    /// still free (1 when it has no limit): least-busy, except that a nearly full deployment is
+    /// not picked just because it is idle right now. Chosen over `headroom-p2c` by measurement
+    /// (`cargo run --release -p sim -- routing`, benches/RESULTS.md).
+    #[default]
+    HeadroomLeastBusy,
 }
 
 impl Strategy {
     /// Every accepted name.
-    pub const NAMES: [&'static str; 5] = [
+    pub const NAMES: [&'static str; 6] = [
         "simple-shuffle",
         "round-robin",
         "least-busy",
         "usage-based-routing-v2",
         "headroom-p2c",
+        "headroom-least-busy",
     ];
 
     /// The strategy a config names (`usage-based-routing` is accepted for v2 too).
@@ -45,6 +50,7 @@ impl Strategy {
             "least-busy" => Strategy::LeastBusy,
             "usage-based-routing-v2" | "usage-based-routing" => Strategy::UsageBased,
             "headroom-p2c" => Strategy::HeadroomP2c,
+            "headroom-least-busy" => Strategy::HeadroomLeastBusy,
             _ => return None,
         })
     }
@@ -57,6 +63,7 @@ impl Strategy {
             Strategy::LeastBusy => "least-busy",
             Strategy::UsageBased => "usage-based-routing-v2",
             Strategy::HeadroomP2c => "headroom-p2c",
+            Strategy::HeadroomLeastBusy => "headroom-least-busy",
         }
     }
 }
@@ -96,27 +103,24 @@ pub fn pick(
     match strategy {
         Strategy::SimpleShuffle => weighted(candidates, rng),
         Strategy::RoundRobin => {
-            // The next slot at or after the cursor that is available, so the turn order holds
-            // even while a deployment sits out.
-            let n = group_size.max(1) as u64;
-            let start = cursor % n;
-            (0..n)
-                .find_map(|step| {
-                    let slot = ((start + step) % n) as usize;
-                    candidates.iter().position(|c| c.slot == slot)
-                })
-                .unwrap_or(0)
+            // Turns over the available ones (in group order), so the load stays even while a
+            // deployment sits out; with all available this is exactly the group's order.
+            let _ = group_size;
+            (cursor % candidates.len() as u64) as usize
         }
         Strategy::LeastBusy => lowest(candidates, rng, |c| c.in_flight as f64),
         Strategy::UsageBased => lowest(candidates, rng, |c| c.tokens_used as f64),
+        Strategy::HeadroomLeastBusy => lowest(candidates, rng, load_per_headroom),
         Strategy::HeadroomP2c => {
             let a = rng.random_range(0..candidates.len());
             let mut b = rng.random_range(0..candidates.len() - 1);
             if b >= a {
                 b += 1;
             }
-            let load = |c: &Candidate| (c.in_flight + 1) as f64 / c.headroom.max(1e-6);
-            let (la, lb) = (load(&candidates[a]), load(&candidates[b]));
+            let (la, lb) = (
+                load_per_headroom(&candidates[a]),
+                load_per_headroom(&candidates[b]),
+            );
             if la < lb || (la == lb && rng.random_bool(0.5)) {
                 a
             } else {
@@ -124,6 +128,11 @@ pub fn pick(
             }
         }
     }
+}
+
+/// Requests in flight (counting this one) per unit of free capacity.
+fn load_per_headroom(c: &Candidate) -> f64 {
+    (c.in_flight + 1) as f64 / c.headroom.max(1e-6)
 }
 
 /// Weighted random by `weight`, else `rpm`, else `tpm` (the first figure any candidate has),
@@ -237,8 +246,11 @@ mod tests {
         assert_eq!(counts(Strategy::RoundRobin, &cands, 400), vec![100; 4]);
         let mut rng = SmallRng::seed_from_u64(1);
         let without_1 = [c(0), c(2), c(3)];
-        // Cursor 1 points at slot 1, which sits out: slot 2 (index 1 here) takes the turn.
-        assert_eq!(pick(Strategy::RoundRobin, &without_1, 1, 4, &mut rng), 1);
+        // With slot 1 out, the turns go round the other three evenly.
+        let turns: Vec<usize> = (0..6)
+            .map(|cursor| pick(Strategy::RoundRobin, &without_1, cursor, 4, &mut rng))
+            .collect();
+        assert_eq!(turns, vec![0, 1, 2, 0, 1, 2]);
     }
 
     #[test]
@@ -273,6 +285,43 @@ mod tests {
             },
         ];
         assert_eq!(counts(Strategy::UsageBased, &cands, 50), vec![0, 50]);
+    }
+
+    #[test]
+    fn headroom_least_busy_weighs_idleness_by_room() {
+        let cands = [
+            Candidate {
+                in_flight: 1,
+                ..c(0)
+            },
+            // Idle, but 95 % of its window used: (0 + 1) / 0.05 = 20 > (1 + 1) / 1.
+            Candidate {
+                headroom: 0.05,
+                ..c(1)
+            },
+            Candidate {
+                in_flight: 2,
+                ..c(2)
+            },
+        ];
+        assert_eq!(
+            counts(Strategy::HeadroomLeastBusy, &cands, 100),
+            vec![100, 0, 0]
+        );
+        let cands = [
+            Candidate {
+                in_flight: 1,
+                ..c(0)
+            },
+            c(1),
+            c(2),
+        ];
+        let got = counts(Strategy::HeadroomLeastBusy, &cands, 1000);
+        assert_eq!(got[0], 0, "the busy one loses to idle ones with room");
+        assert!(
+            got[1] > 400 && got[2] > 400,
+            "ties split at random: {got:?}"
+        );
     }
 
     #[test]

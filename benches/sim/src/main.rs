@@ -1,0 +1,152 @@
+//! `sim`: runs the study's experiments on the real limiter and router and prints their tables
+//! (Markdown, in the SPEC's layout) or JSON, and writes the plots.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use clap::{Parser, ValueEnum};
+use serde_json::{json, Map, Value};
+use sim::{cascade, plot, retries, routing, worked_example};
+
+/// Which experiment to run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Experiment {
+    /// Goodput at and beyond capacity: the source's remove-for-a-minute policy vs ours.
+    Cascade,
+    /// Waits per routing strategy, one gateway and four independent ones.
+    Routing,
+    /// Calls multiplier and failures left, independent and correlated failures.
+    Retries,
+    /// SPEC §1.7 on the real limiter.
+    WorkedExample,
+    /// All of the above.
+    All,
+}
+
+/// Runs the SPEC §2.1 study and the §1.7 worked example on the real limiter and router.
+#[derive(Debug, Parser)]
+#[command(name = "sim", version)]
+struct Args {
+    /// The experiment.
+    experiment: Experiment,
+    /// Seed of every random stream: the same seed prints the same numbers.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Print JSON instead of tables.
+    #[arg(long)]
+    json: bool,
+    /// A short run (30 minutes of cascade, 450 s of routing, 20,000 requests per retry cell),
+    /// as the tests use. Writes no plots unless `--plots` is given.
+    #[arg(long)]
+    quick: bool,
+    /// Where to write the SVG plots (default: the workspace's `docs/`, full runs only).
+    #[arg(long)]
+    plots: Option<PathBuf>,
+    /// Write no plots.
+    #[arg(long, conflicts_with = "plots")]
+    no_plots: bool,
+}
+
+fn main() {
+    let args = Args::parse();
+    let plots = if args.no_plots {
+        None
+    } else {
+        match (&args.plots, args.quick) {
+            (Some(dir), _) => Some(dir.clone()),
+            // Quick runs must not overwrite the committed plots of a full run.
+            (None, true) => None,
+            (None, false) => Some(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../docs")),
+        }
+    };
+    let plots = plots.map(|dir| {
+        if let Err(e) = std::fs::create_dir_all(&dir) {
+            eprintln!("cannot create {}: {e}", dir.display());
+            std::process::exit(1);
+        }
+        dir.canonicalize().unwrap_or(dir)
+    });
+    let wants = |e: Experiment| args.experiment == e || args.experiment == Experiment::All;
+    let mut json = Map::new();
+    let mut text = String::new();
+    let mut written = Vec::new();
+    let mut plotted = |result: plot::PlotResult| match result {
+        Ok(path) => written.push(path),
+        Err(e) => {
+            eprintln!("plot failed: {e}");
+            std::process::exit(1);
+        }
+    };
+    let started = Instant::now();
+
+    if wants(Experiment::Cascade) {
+        let params = if args.quick {
+            cascade::Params::quick(args.seed)
+        } else {
+            cascade::Params::full(args.seed)
+        };
+        let report = cascade::run(&params);
+        text.push_str(&cascade::render(&report));
+        text.push('\n');
+        if let Some(dir) = &plots {
+            plotted(plot::cascade(&report, dir));
+        }
+        json.insert("cascade".into(), to_value(&report));
+    }
+    if wants(Experiment::Routing) {
+        let params = if args.quick {
+            routing::Params::quick(args.seed)
+        } else {
+            routing::Params::full(args.seed)
+        };
+        let report = routing::run(&params);
+        text.push_str(&routing::render(&report));
+        text.push('\n');
+        if let Some(dir) = &plots {
+            plotted(plot::routing(&report, dir));
+        }
+        json.insert("routing".into(), to_value(&report));
+    }
+    if wants(Experiment::Retries) {
+        let params = if args.quick {
+            retries::Params::quick(args.seed)
+        } else {
+            retries::Params::full(args.seed)
+        };
+        let report = retries::run(&params);
+        text.push_str(&retries::render(&report));
+        text.push('\n');
+        json.insert("retries".into(), to_value(&report));
+    }
+    if wants(Experiment::WorkedExample) {
+        let report = worked_example::run();
+        text.push_str(&worked_example::render(&report));
+        text.push('\n');
+        if let Some(dir) = &plots {
+            plotted(plot::worked_example(&report, dir));
+        }
+        json.insert("worked_example".into(), to_value(&report));
+    }
+
+    if args.json {
+        json.insert(
+            "run".into(),
+            json!({"seed": args.seed, "quick": args.quick}),
+        );
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&Value::Object(json)).expect("JSON of plain data")
+        );
+    } else {
+        print!("{text}");
+    }
+    // Timing and file names go to stderr, so stdout stays the same for the same seed.
+    for path in &written {
+        eprintln!("wrote {}", path.display());
+    }
+    eprintln!("ran in {:.1} s", started.elapsed().as_secs_f64());
+}
+
+fn to_value(report: &impl serde::Serialize) -> Value {
+    serde_json::to_value(report).expect("JSON of plain data")
+}

@@ -1,0 +1,277 @@
+//! SVG plots of the experiments, for `docs/` and the README: goodput against offered load (the
+//! source's policy and ours), the wait distribution per routing strategy, and tokens served per
+//! team per window in the worked example.
+//!
+//! `plotters` is built without fonts or bitmap backends: the SVG names a generic `sans-serif`
+//! family and the viewer renders the text.
+
+use std::error::Error;
+use std::path::{Path, PathBuf};
+
+use plotters::prelude::*;
+
+use crate::{cascade, routing, worked_example};
+
+/// A plot could not be written.
+pub type PlotResult = Result<PathBuf, Box<dyn Error>>;
+
+const SIZE: (u32, u32) = (860, 520);
+const FONT: &str = "sans-serif";
+const SOURCE: RGBColor = RGBColor(0xd6, 0x27, 0x28);
+const OURS: RGBColor = RGBColor(0x1f, 0x77, 0xb4);
+const IDEAL: RGBColor = RGBColor(0x99, 0x99, 0x99);
+const TEAM_A: RGBColor = RGBColor(0x1f, 0x77, 0xb4);
+const TEAM_B: RGBColor = RGBColor(0xff, 0x7f, 0x0e);
+/// One colour per routing row, in [`routing::RUNS`] order.
+const PALETTE: [RGBColor; 9] = [
+    RGBColor(0x00, 0x00, 0x00),
+    RGBColor(0x7f, 0x7f, 0x7f),
+    RGBColor(0xd6, 0x27, 0x28),
+    RGBColor(0x2c, 0xa0, 0x2c),
+    RGBColor(0x1f, 0x77, 0xb4),
+    RGBColor(0x94, 0x67, 0xbd),
+    RGBColor(0xbc, 0xbd, 0x22),
+    RGBColor(0xff, 0x7f, 0x0e),
+    RGBColor(0x17, 0xbe, 0xcf),
+];
+
+/// Goodput (served, % of capacity) against offered load for the source's policy and ours.
+pub fn cascade(report: &cascade::Report, dir: &Path) -> PlotResult {
+    let path = dir.join("cascade-goodput.svg");
+    draw_cascade(report, &path)?;
+    Ok(path)
+}
+
+fn draw_cascade(report: &cascade::Report, path: &Path) -> Result<(), Box<dyn Error>> {
+    let root = SVGBackend::new(path, SIZE).into_drawing_area();
+    root.fill(&WHITE)?;
+    let points = |rows: &[cascade::Row]| {
+        let mut p: Vec<(f64, f64)> = rows
+            .iter()
+            .map(|r| {
+                (
+                    f64::from(r.load_pct),
+                    r.served_share(report.minutes) * 100.0,
+                )
+            })
+            .collect();
+        p.sort_by(|a, b| a.0.total_cmp(&b.0));
+        p
+    };
+    let (source, ours) = (points(&report.source), points(&report.ours));
+    let max_load = source.iter().map(|p| p.0).fold(120.0, f64::max) + 5.0;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(
+            format!(
+                "Cascade: 4 deployments × 600/min, {} minutes — goodput vs offered load",
+                report.minutes
+            ),
+            (FONT, 20),
+        )
+        .margin(15)
+        .x_label_area_size(45)
+        .y_label_area_size(60)
+        .build_cartesian_2d(0f64..max_load, 0f64..110f64)?;
+    chart
+        .configure_mesh()
+        .x_desc("offered load (% of capacity)")
+        .y_desc("served (% of capacity)")
+        .x_label_formatter(&|x| format!("{x:.0}"))
+        .y_label_formatter(&|y| format!("{y:.0}"))
+        .label_style((FONT, 14))
+        .draw()?;
+    chart
+        .draw_series(LineSeries::new(
+            [(0.0, 0.0), (100.0, 100.0), (max_load, 100.0)],
+            IDEAL.stroke_width(1),
+        ))?
+        .label("ideal: min(offered, capacity)")
+        .legend(|(x, y)| PathElement::new([(x, y), (x + 20, y)], IDEAL));
+    for (points, color, label) in [
+        (
+            &source,
+            SOURCE,
+            "source: remove a deployment for a minute when it hits its limit",
+        ),
+        (
+            &ours,
+            OURS,
+            "ours: skip full deployments, refuse only the excess",
+        ),
+    ] {
+        chart
+            .draw_series(LineSeries::new(
+                points.iter().copied(),
+                color.stroke_width(2),
+            ))?
+            .label(label)
+            .legend(move |(x, y)| PathElement::new([(x, y), (x + 20, y)], color.stroke_width(2)));
+        chart.draw_series(points.iter().map(|&p| Circle::new(p, 4, color.filled())))?;
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::LowerRight)
+        .label_font((FONT, 14))
+        .background_style(WHITE.mix(0.9))
+        .border_style(BLACK)
+        .draw()?;
+    root.present()?;
+    Ok(())
+}
+
+/// The cumulative distribution of waits, one line per routing row.
+pub fn routing(report: &routing::Report, dir: &Path) -> PlotResult {
+    let path = dir.join("routing-waits.svg");
+    draw_routing(report, &path)?;
+    Ok(path)
+}
+
+fn draw_routing(report: &routing::Report, path: &Path) -> Result<(), Box<dyn Error>> {
+    let root = SVGBackend::new(path, SIZE).into_drawing_area();
+    root.fill(&WHITE)?;
+    let x_max = 3000.0;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(
+            format!(
+                "Routing: wait before service, {} req/s over 4 deployments ({:.0}% busy)",
+                report.rate,
+                report.rate * report.mean_service / routing::DEPLOYMENTS as f64 * 100.0
+            ),
+            (FONT, 20),
+        )
+        .margin(15)
+        .x_label_area_size(45)
+        .y_label_area_size(60)
+        .build_cartesian_2d(0f64..x_max, 0f64..1.0f64)?;
+    chart
+        .configure_mesh()
+        .x_desc("wait (ms)")
+        .x_label_formatter(&|x| format!("{x:.0}"))
+        .y_desc("share of requests that waited at most this long")
+        .label_style((FONT, 14))
+        .draw()?;
+    for (row, color) in report.rows.iter().zip(PALETTE) {
+        let n = row.waits.len().max(1) as f64;
+        // ~400 points per curve: every quantile step of 1/400 plus the curve's ends.
+        let step = (row.waits.len() / 400).max(1);
+        let mut curve: Vec<(f64, f64)> = row
+            .waits
+            .iter()
+            .enumerate()
+            .step_by(step)
+            .map(|(i, w)| ((w * 1000.0).min(x_max), (i + 1) as f64 / n))
+            .take_while(|p| p.0 < x_max)
+            .collect();
+        curve.push((
+            x_max,
+            row.waits.partition_point(|w| w * 1000.0 <= x_max) as f64 / n,
+        ));
+        let dashed = row.processes > 1;
+        let style = color.stroke_width(if dashed { 1 } else { 2 });
+        let label = format!(
+            "{}{}: mean {:.0} ms, p95 {:.0} ms",
+            row.strategy,
+            if dashed { ", 4 gateways" } else { "" },
+            row.mean_wait * 1000.0,
+            row.p95_wait * 1000.0
+        );
+        if dashed {
+            chart
+                .draw_series(DashedLineSeries::new(curve, 6, 4, style))?
+                .label(label)
+                .legend(move |(x, y)| PathElement::new([(x, y), (x + 20, y)], style));
+        } else {
+            chart
+                .draw_series(LineSeries::new(curve, style))?
+                .label(label)
+                .legend(move |(x, y)| PathElement::new([(x, y), (x + 20, y)], style));
+        }
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::LowerRight)
+        .label_font((FONT, 12))
+        .background_style(WHITE.mix(0.9))
+        .border_style(BLACK)
+        .draw()?;
+    root.present()?;
+    Ok(())
+}
+
+/// Tokens served to A and B per window, one panel per threshold, SPEC figures marked.
+pub fn worked_example(report: &worked_example::Report, dir: &Path) -> PlotResult {
+    let path = dir.join("worked-example.svg");
+    draw_worked_example(report, &path)?;
+    Ok(path)
+}
+
+fn draw_worked_example(report: &worked_example::Report, path: &Path) -> Result<(), Box<dyn Error>> {
+    let root = SVGBackend::new(path, SIZE).into_drawing_area();
+    root.fill(&WHITE)?;
+    let (title, body) = root.split_vertically(40);
+    title.titled(
+        "Worked example (SPEC §1.7): tokens served per team per 60 s window, tpm 1000, 50/50 floors",
+        (FONT, 18),
+    )?;
+    let panels = body.split_evenly((1, report.runs.len().max(1)));
+    for (run, panel) in report.runs.iter().zip(&panels) {
+        let windows = run.windows.len() as f64;
+        let mut chart = ChartBuilder::on(panel)
+            .caption(
+                format!("saturation_threshold {}", run.threshold),
+                (FONT, 16),
+            )
+            .margin(10)
+            .x_label_area_size(35)
+            .y_label_area_size(55)
+            .build_cartesian_2d(0f64..windows, 0f64..1000f64)?;
+        chart
+            .configure_mesh()
+            .disable_x_mesh()
+            .x_labels(run.windows.len() * 2 + 1)
+            .x_label_formatter(&|x| {
+                // Label only the middle of each window's pair of bars.
+                let centre = x - x.floor();
+                if (centre - 0.5).abs() < 1e-6 {
+                    format!("window {}", x.floor() as u32 + 1)
+                } else {
+                    String::new()
+                }
+            })
+            .y_desc("tokens served")
+            .y_label_formatter(&|y| format!("{y:.0}"))
+            .label_style((FONT, 13))
+            .draw()?;
+        for (i, w) in run.windows.iter().enumerate() {
+            let x = i as f64;
+            for (offset, served, spec, color, team) in [
+                (0.12, w.a_served, w.spec_a, TEAM_A, "A"),
+                (0.52, w.b_served, w.spec_b, TEAM_B, "B"),
+            ] {
+                let (x0, x1) = (x + offset, x + offset + 0.36);
+                chart.draw_series([Rectangle::new(
+                    [(x0, 0.0), (x1, served as f64)],
+                    color.filled(),
+                )])?;
+                chart.draw_series([Text::new(
+                    format!("{team} {served}"),
+                    (x0, served as f64 + 40.0),
+                    (FONT, 12),
+                )])?;
+                if let Some(spec) = spec {
+                    chart.draw_series([PathElement::new(
+                        [(x0 - 0.02, spec as f64), (x1 + 0.02, spec as f64)],
+                        BLACK.stroke_width(2),
+                    )])?;
+                }
+            }
+        }
+    }
+    body.draw(&Text::new(
+        "bars: served by the real limiter (A blue, B orange); black marks: SPEC §1.7",
+        (60, SIZE.1 as i32 - 58),
+        (FONT, 12),
+    ))?;
+    root.present()?;
+    Ok(())
+}
