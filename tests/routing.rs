@@ -401,3 +401,49 @@ async fn an_upstream_401_cools_at_once_until_cooldown_time() {
     gw.clock.advance(Duration::from_secs(5));
     assert!(!gw.gateway.router.is_parked(0), "back after cooldown_time");
 }
+
+/// SPEC §2, fallbacks after a limiter refusal: a request the limiter refuses for its own group is
+/// tried on the fallback group under that group's own limits (its headers, its tokens) before the
+/// client gets the 429; when the fallback is full too, the client gets the limiter's exact 429.
+#[tokio::test]
+async fn fallbacks_take_what_the_limiter_refuses() {
+    let yaml = format!(
+        r#"
+model_list:
+  - model_name: primary
+    litellm_params: {{model: openai/m, mock_response: "hello-world", rpm: 1}}
+  - model_name: backup
+    litellm_params: {{model: openai/m, mock_response: "hello-world", rpm: 2}}
+litellm_settings:
+  callbacks: ["dynamic_rate_limiter_v3"]
+router_settings:
+  fallbacks: [{{"primary": ["backup"]}}]
+general_settings:
+  master_key: {MASTER}
+"#
+    );
+    let gw = Gw::start(&yaml, None).await;
+    let r = gw.chat(MASTER, "primary", false).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.headers["x-litellm-model-group"], "primary");
+    assert_eq!(r.headers["x-ratelimit-limit-requests"], "1");
+
+    for _ in 0..2 {
+        let r = gw.chat(MASTER, "primary", false).await;
+        assert_eq!(r.status, 200, "served by the fallback: {}", r.text());
+        assert_eq!(r.headers["x-litellm-model-group"], "backup");
+        assert_eq!(r.headers["x-litellm-attempted-fallbacks"], "1");
+        assert_eq!(r.headers["x-litellm-attempted-retries"], "0", "no upstream failed");
+        assert_eq!(r.headers["x-ratelimit-limit-requests"], "2", "the backup's own limits");
+    }
+    assert_eq!(gw.tokens("primary"), 30, "only the request primary served");
+    assert_eq!(gw.tokens("backup"), 60, "the fallback's tokens go to the fallback");
+
+    let r = gw.chat(MASTER, "primary", false).await;
+    assert_eq!(r.status, 429);
+    assert_eq!(
+        r.text(),
+        r#"{"error": {"message": "Model capacity reached for primary. Priority: None, Rate limit type: requests, Model TPM: not configured, Model RPM: 1, Remaining: 0", "type": "throttling_error", "param": null, "code": "429"}}"#
+    );
+    assert_eq!(r.headers["retry-after"], "60");
+}

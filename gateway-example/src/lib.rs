@@ -29,7 +29,7 @@ use axum::Router;
 use tower::ServiceBuilder;
 use tower_priority_limit::clock::{Clock, CoarseClock};
 use tower_priority_limit::store::{MemoryStore, RedisStore};
-use tower_priority_limit::{Limiter, PriorityLimitLayer};
+use tower_priority_limit::{Limiter, PriorityLimitLayer, Refusal};
 
 use crate::config::{Deployment, GatewayConfig};
 use crate::keys::{hash_key, KeyStore, KeyStoreError};
@@ -170,7 +170,14 @@ pub fn router(gw: Arc<Gateway>) -> Router {
         chat.route_layer(
             prepare.layer(
                 PriorityLimitLayer::from_limiter(gw.limiter.clone())
-                    .model_extractor(api::chat::ChatModel),
+                    .model_extractor(api::chat::ChatModel)
+                    // With fallbacks, a refused request may still be served by another group
+                    // (SPEC §2): the router answers the limiter's 429 if none takes it.
+                    .on_refusal(if gw.config.router.fallbacks.is_empty() {
+                        Refusal::Answer
+                    } else {
+                        Refusal::Forward
+                    }),
             ),
         )
     } else {

@@ -18,12 +18,14 @@ use tower::Service;
 use crate::body::ResponseBody;
 use crate::config::{ModelId, PoolRef};
 use crate::decision::{Admitted, Decision};
-use crate::layer::{Options, StoreFailure, UnknownModel};
+use crate::layer::{Options, Refusal, StoreFailure, UnknownModel};
 use crate::lease::Lease;
 use crate::limiter::Limiter;
 use crate::meter::UsageMeter;
 use crate::model::{ExtractRejection, Extracted};
-use crate::response::{error_response, insert_admitted_headers, rejection_response};
+use crate::response::{
+    error_response, insert_admitted_headers, rejection_response, ChargedElsewhere, LimitRefusal,
+};
 use crate::store::{Store, StoreError};
 
 pin_project! {
@@ -207,6 +209,8 @@ pub(crate) enum AfterAdmit<St: Store> {
     /// Call the inner service; meter and settle with the lease if there is one (fail-open has
     /// none).
     Call(Option<(Lease<St>, Admitted)>),
+    /// Refused, but [`Refusal::Forward`]: call the inner service with this extension, unmetered.
+    Forward(LimitRefusal),
     /// Answer this instead (a refusal, or a store failure under fail-closed).
     Answer(Response<Bytes>),
 }
@@ -226,11 +230,12 @@ pub(crate) fn after_admit<St: Store>(
         }
         Ok(Decision::Reject(rejected)) => {
             let config = limiter.config();
-            AfterAdmit::Answer(rejection_response(
-                config.model(model),
-                config.pool_label(pool),
-                &rejected,
-            ))
+            let response =
+                rejection_response(config.model(model), config.pool_label(pool), &rejected);
+            match options.refusal {
+                Refusal::Answer => AfterAdmit::Answer(response),
+                Refusal::Forward => AfterAdmit::Forward(LimitRefusal::new(rejected, response)),
+            }
         }
         Err(error) => match store_failure(options.store_failure, &error) {
             Some(response) => AfterAdmit::Answer(response),
@@ -307,8 +312,12 @@ where
                     else {
                         panic!("ResponseFuture polled after completion");
                     };
+                    let mut request = request;
                     match after_admit(this.limiter, model, *this.pool, decision, *this.options) {
                         AfterAdmit::Call(admitted) => *this.admitted = admitted,
+                        AfterAdmit::Forward(refusal) => {
+                            request.extensions_mut().insert(refusal);
+                        }
                         AfterAdmit::Answer(response) => {
                             this.state.set(State::Done);
                             return Poll::Ready(Ok(own(response)));
@@ -331,6 +340,11 @@ where
                     let Some((lease, admitted)) = this.admitted.take() else {
                         return Poll::Ready(Ok(response.map(ResponseBody::plain)));
                     };
+                    if response.extensions().get::<ChargedElsewhere>().is_some() {
+                        // Served under another limit's lease; this one records nothing.
+                        drop(lease);
+                        return Poll::Ready(Ok(response.map(ResponseBody::plain)));
+                    }
                     let (mut parts, body) = response.into_parts();
                     insert_admitted_headers(
                         &mut parts.headers,

@@ -33,10 +33,23 @@ pub enum StoreFailure {
     Open,
 }
 
+/// What to do with a request the limiter refuses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Refusal {
+    /// Answer the SPEC's 429 (the default).
+    #[default]
+    Answer,
+    /// Hand the request to the inner service anyway, unmetered, with a [`LimitRefusal`](crate::LimitRefusal)
+    /// extension: for a service with somewhere else to send it (a gateway's fallback groups,
+    /// SPEC §2). The inner service answers `LimitRefusal::into_response()` if nothing serves it.
+    Forward,
+}
+
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct Options {
     pub(crate) unknown_model: UnknownModel,
     pub(crate) store_failure: StoreFailure,
+    pub(crate) refusal: Refusal,
 }
 
 /// Rate-limits requests per model and priority (SPEC §1), counting tokens from response bodies.
@@ -131,6 +144,12 @@ impl<P, M, St> PriorityLimitLayer<P, M, St> {
             model,
             options: self.options,
         }
+    }
+
+    /// What to do with refused requests (default: answer the 429).
+    pub fn on_refusal(mut self, policy: Refusal) -> Self {
+        self.options.refusal = policy;
+        self
     }
 
     /// What to do with models the config does not list (default: pass through).

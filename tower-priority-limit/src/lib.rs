@@ -86,9 +86,10 @@ mod service;
 pub use body::ResponseBody;
 pub use config::LimiterConfig;
 pub use future::ResponseFuture;
-pub use layer::{PriorityLimitLayer, StoreFailure, UnknownModel};
+pub use layer::{PriorityLimitLayer, Refusal, StoreFailure, UnknownModel};
 pub use lease::Lease;
 pub use limiter::{Acquired, Limiter};
+pub use response::{ChargedElsewhere, LimitRefusal};
 pub use service::PriorityLimit;
 
 /// The README's example compiles and runs as a doctest.

@@ -126,6 +126,42 @@ pub fn rejection_message(model: &ModelLimits, label: Option<&str>, r: &Rejected)
     m
 }
 
+/// A refusal handed to the inner service under [`Refusal::Forward`](crate::Refusal::Forward), as
+/// a request extension: what was refused and the exact 429 to answer if nothing else serves the
+/// request.
+#[derive(Debug, Clone)]
+pub struct LimitRefusal {
+    /// Why.
+    pub rejected: Rejected,
+    headers: HeaderMap,
+    body: Bytes,
+}
+
+impl LimitRefusal {
+    pub(crate) fn new(rejected: Rejected, response: Response<Bytes>) -> Self {
+        let (parts, body) = response.into_parts();
+        Self {
+            rejected,
+            headers: parts.headers,
+            body,
+        }
+    }
+
+    /// The SPEC's 429 for this refusal, byte for byte what the layer would have answered.
+    pub fn into_response(self) -> Response<Bytes> {
+        let mut response = Response::new(self.body);
+        *response.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+        *response.headers_mut() = self.headers;
+        response
+    }
+}
+
+/// A response extension by which the inner service says it charged this request to another
+/// limit itself (e.g. a gateway that served it from a fallback group, under that group's lease):
+/// the layer then meters nothing, charges no tokens and adds no headers of its own.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ChargedElsewhere;
+
 /// The full 429 for a refusal: exact body, `retry-after`, `rate_limit_type`, `x-litellm-priority`
 /// and, for priority refusals, `x-litellm-saturation`.
 pub fn rejection_response(

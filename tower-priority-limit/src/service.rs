@@ -174,6 +174,12 @@ where
                                             extracted.prompt_estimate,
                                         );
                                     }
+                                    AfterAdmit::Forward(refusal) => {
+                                        let mut request = extracted.request;
+                                        request.extensions_mut().insert(refusal);
+                                        let fut = self.inner.call(request);
+                                        return self.calling(fut, pool, None, 0);
+                                    }
                                 }
                             }
                             // The store must be awaited (Redis): admit in the future.

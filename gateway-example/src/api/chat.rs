@@ -21,6 +21,9 @@ use tower_priority_limit::model::{
     read_body, ExtractNow, ExtractRejection, Extracted, ModelExtractor, ModelName,
 };
 
+use tower_priority_limit::priority::Priority;
+use tower_priority_limit::LimitRefusal;
+
 use super::auth::Caller;
 use crate::error::ApiError;
 use crate::strip::StripUsage;
@@ -161,8 +164,11 @@ pub async fn strip_usage(request: Request, next: Next) -> Response {
 pub async fn completions(
     State(gw): State<Arc<Gateway>>,
     Extension(chat): Extension<ChatRequest>,
+    priority: Option<Extension<Priority>>,
+    refusal: Option<Extension<LimitRefusal>>,
 ) -> Response {
-    crate::routing::serve(&gw, &chat).await
+    let priority = priority.as_ref().map(|Extension(p)| &*p.0);
+    crate::routing::serve(&gw, &chat, priority, refusal.map(|Extension(r)| r)).await
 }
 
 /// `mock_response`: 30 tokens, streamed as a real SSE stream when asked. The usage chunk is always

@@ -34,10 +34,14 @@ use rand::{RngExt, SeedableRng};
 use tower::retry::budget::{Budget, TpsBudget};
 use tower_priority_limit::clock::Clock;
 use tower_priority_limit::config::{LimiterConfig, ModelId, PoolRef};
+use tower_priority_limit::decision::Admitted;
 use tower_priority_limit::decision::{Decision, Millis};
 use tower_priority_limit::meter::UsageMeter;
 use tower_priority_limit::model::ModelName;
-use tower_priority_limit::{Lease, Limiter, ResponseBody};
+use tower_priority_limit::response::{insert_admitted_headers, rejection_response};
+use tower_priority_limit::{
+    Acquired, ChargedElsewhere, Lease, LimitRefusal, Limiter, ResponseBody,
+};
 
 use self::body::{InFlight, InFlightBody};
 use self::settings::RouterSettings;
@@ -523,29 +527,87 @@ fn fresh_rng() -> SmallRng {
     RNG.with(|r| SmallRng::seed_from_u64(r.borrow_mut().random()))
 }
 
+/// Why the previous group did not serve the request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum GroupOutcome {
+    /// Its upstreams failed: moving on is a retry and costs retry budget.
+    Failed,
+    /// It was full (limiter refusal, or no deployment with room): moving on calls no upstream
+    /// twice, so it is free.
+    Full,
+}
+
 /// Serves a chat request: chooses a deployment of its group, retries and falls back as the
 /// settings allow, and answers with the routing headers.
-pub async fn serve(gw: &Gateway, chat: &ChatRequest) -> Response {
+///
+/// `refusal` is set when the limiter refused the request for its own group (the layer forwards
+/// refusals when fallbacks are configured): then only the fallback groups are tried, each admitted
+/// under its own limits, and the limiter's exact 429 is the answer if none serves it.
+pub async fn serve(
+    gw: &Gateway,
+    chat: &ChatRequest,
+    priority: Option<&str>,
+    refusal: Option<LimitRefusal>,
+) -> Response {
     let router = &gw.router;
     let deployments = &gw.config.deployments;
+    let first = chat.model.as_str();
+    let fallback_groups = router.settings.fallbacks_of(first);
+    if refusal.is_some() && fallback_groups.is_empty() {
+        return refused(refusal);
+    }
     router.deposit();
     let mut rng = fresh_rng();
     let mut retries: u32 = 0;
     let mut fallbacks: u32 = 0;
     let mut last_error: Option<ApiError> = None;
     let mut unavailable: Option<Unavailable> = None;
-    let first = chat.model.as_str();
-    let fallback_groups = router.settings.fallbacks_of(first);
+    let mut fallback_refusal: Option<Response> = None;
+    let mut previous = if refusal.is_some() {
+        Some(GroupOutcome::Full)
+    } else {
+        None
+    };
     let groups = std::iter::once(first).chain(fallback_groups.iter().map(String::as_str));
     'groups: for (g, group_name) in groups.enumerate() {
+        if g == 0 && refusal.is_some() {
+            continue;
+        }
         let Some(group) = router.group(group_name) else {
             continue;
         };
+        let mut group_lease = None;
         if g > 0 {
-            if !router.withdraw() {
+            if previous == Some(GroupOutcome::Failed) && !router.withdraw() {
                 break;
             }
             fallbacks += 1;
+            // A fallback group is served under its own limits.
+            if gw.config.limiter_enabled {
+                match gw.limiter.acquire(group_name, priority, 0).await {
+                    Ok(Acquired::Admitted { lease, admitted }) => {
+                        group_lease = Some((lease, admitted));
+                    }
+                    Ok(Acquired::Rejected(rejected)) => {
+                        let config = gw.limiter.config();
+                        if let Some(id) = config.model_id(group_name) {
+                            let pool = gw.limiter.resolve_pool(priority);
+                            fallback_refusal = Some(
+                                rejection_response(
+                                    config.model(id),
+                                    config.pool_label(pool),
+                                    &rejected,
+                                )
+                                .map(Body::from),
+                            );
+                        }
+                        previous = Some(GroupOutcome::Full);
+                        continue;
+                    }
+                    // Not limited (not in the limiter's config) or the store failed open.
+                    Ok(Acquired::UnknownModel) | Err(_) => {}
+                }
+            }
         }
         let mut tried: Vec<usize> = Vec::new();
         let mut attempts_here = 0;
@@ -554,6 +616,9 @@ pub async fn serve(gw: &Gateway, chat: &ChatRequest) -> Response {
                 Ok(chosen) => chosen,
                 Err(u) => {
                     unavailable = Some(u);
+                    if attempts_here == 0 {
+                        previous = Some(GroupOutcome::Full);
+                    }
                     continue 'groups;
                 }
             };
@@ -570,13 +635,16 @@ pub async fn serve(gw: &Gateway, chat: &ChatRequest) -> Response {
             match result {
                 Ok(mut response) => {
                     router.observe(index, response.headers_mut());
-                    let response = track(
+                    let mut response = track(
                         response,
                         chosen,
                         in_flight,
                         deployment,
                         router.settings.strategy,
                     );
+                    if let Some((lease, admitted)) = group_lease.take() {
+                        response = charge_fallback(gw, response, lease, &admitted, chat);
+                    }
                     return with_headers(
                         response,
                         Some(deployment),
@@ -589,6 +657,7 @@ pub async fn serve(gw: &Gateway, chat: &ChatRequest) -> Response {
                     drop(in_flight);
                     router.record_failure(index, &failure, group.members.len());
                     tried.push(index);
+                    previous = Some(GroupOutcome::Failed);
                     let retryable = failure.is_retryable();
                     let wait = failure.retry_after;
                     last_error = Some(failure.error);
@@ -620,14 +689,58 @@ pub async fn serve(gw: &Gateway, chat: &ChatRequest) -> Response {
             }
         }
     }
-    let response = match (last_error, unavailable) {
-        (Some(error), _) => error.into_response(),
-        (None, Some(u)) => unavailable_response(first, u),
-        (None, None) => {
+    let response = match (last_error, refusal, fallback_refusal, unavailable) {
+        (Some(error), ..) => error.into_response(),
+        // The limiter refused the request for its own group and no fallback took it: the
+        // limiter's own 429, as without fallbacks.
+        (None, Some(refusal), ..) => refused(Some(refusal)),
+        (None, None, Some(response), _) => response,
+        (None, None, None, Some(u)) => unavailable_response(first, u),
+        (None, None, None, None) => {
             ApiError::internal(format!("model group {first} has no deployments")).into_response()
         }
     };
     with_headers(response, None, first, retries, fallbacks)
+}
+
+/// The limiter's own 429.
+fn refused(refusal: Option<LimitRefusal>) -> Response {
+    match refusal {
+        Some(r) => r.into_response().map(Body::from),
+        None => ApiError::internal("no refusal to answer").into_response(),
+    }
+}
+
+/// A fallback group's response: its limit headers, its tokens metered into its own lease, and
+/// marked so the layer (which admitted or refused the request for the first group) charges
+/// nothing more.
+fn charge_fallback(
+    gw: &Gateway,
+    response: Response,
+    lease: Lease<GatewayStore>,
+    admitted: &Admitted,
+    chat: &ChatRequest,
+) -> Response {
+    let (mut parts, body) = response.into_parts();
+    insert_admitted_headers(
+        &mut parts.headers,
+        gw.limiter.limit_header_values(),
+        gw.limiter.config(),
+        lease.model(),
+        lease.pool(),
+        admitted,
+    );
+    let mut meter = UsageMeter::for_content_type(
+        parts
+            .headers
+            .get(http::header::CONTENT_TYPE)
+            .map(HeaderValue::as_bytes),
+    );
+    if parts.status.is_success() {
+        meter = meter.with_prompt_estimate((chat.body_len as u64).div_ceil(4));
+    }
+    parts.extensions.insert(ChargedElsewhere);
+    Response::from_parts(parts, Body::new(ResponseBody::metered(body, meter, lease)))
 }
 
 /// The 429 when no deployment of the group has room (or all are cooling down).
