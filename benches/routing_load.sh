@@ -6,9 +6,11 @@
 #           upstream answers 429 is removed for the next minute (cooldown_time: 60), and the
 #           upstream's 429 carries no retry-after / x-ratelimit-* headers (as with many providers);
 #   ours    per-deployment rpm in the gateway (full deployments skipped before dispatch, back when
-#           their window has room), the default headroom-p2c strategy, upstream headers honoured.
+#           their window has room), the default strategy, upstream headers honoured;
+#   learned ours without gateway-side rpm: the router only learns the upstreams' limits from their
+#           429 + retry-after and x-ratelimit-* headers.
 #
-#   benches/routing_load.sh [seconds per run, default 120] [rpm per deployment, default 600]
+#   [POLICIES="source ours"] [LOADS="90 100 120"] benches/routing_load.sh [seconds per run, default 120] [rpm per deployment, default 600]
 #
 # Each run starts a fresh mock-upstream and gateway (clean windows), drives it with oha at a fixed
 # request rate, and prints served / refused / other counts, the share of capacity served, and
@@ -17,6 +19,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 SECS=${1:-120}
 RPM=${2:-600}
+POLICIES=${POLICIES:-source ours}
+LOADS=${LOADS:-90 100 120}
 command -v oha >/dev/null || cargo install --locked oha
 cargo build --release -q -p gateway-example --bins
 GW=target/release/gateway-example
@@ -64,20 +68,21 @@ run() { # $1 = policy, $2 = offered percent
 }
 
 echo "4 deployments × $RPM rpm, ${SECS}s per run, oha at a fixed rate (capacity $((4 * RPM * SECS / 60)) requests per run)"
-for pct in 90 100 120; do
-  for policy in source ours; do
+for pct in $LOADS; do
+  for policy in $POLICIES; do
     run $policy $pct
   done
 done
 
-python3 - "$TMP" "$SECS" "$RPM" <<'PY'
+python3 - "$TMP" "$SECS" "$RPM" "$POLICIES" "$LOADS" <<'PY'
 import json, sys
 d, secs, rpm = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+policies, loads = sys.argv[4].split(), [int(x) for x in sys.argv[5].split()]
 capacity = 4 * rpm * secs / 60
 print(f"| offered | policy | sent | served (200) | refused (429) | other | served / capacity | p50 | p99 |")
 print(f"|---|---|---|---|---|---|---|---|---|")
-for pct in (90, 100, 120):
-    for policy in ("source", "ours"):
+for pct in loads:
+    for policy in policies:
         r = json.load(open(f"{d}/{policy}-{pct}.json"))
         codes = r.get("statusCodeDistribution", {})
         ok, limited = codes.get("200", 0), codes.get("429", 0)
