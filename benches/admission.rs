@@ -117,4 +117,47 @@ fn two_threads(c: &mut Criterion) {
 }
 
 criterion_group!(benches, single_thread, two_threads);
-criterion_main!(benches);
+criterion_main!(benches, headers);
+
+/// The SPEC §1.6 headers on one admitted response: quick-start shape (tpm only, 6 headers) and
+/// the full shape (rpm + tpm + priorities, 15 headers), into a map that already holds the
+/// response's own `content-type`.
+fn response_headers(c: &mut Criterion) {
+    use http::{HeaderMap, HeaderValue};
+    use tower_priority_limit::response::insert_admitted_headers;
+    let mut group = c.benchmark_group("admitted_headers");
+    let quickstart = LimiterConfig::builder()
+        .model("m", None, Some(u64::MAX / 2))
+        .build()
+        .unwrap();
+    for (name, config) in [("quickstart_6", quickstart), ("full_15", config(1))] {
+        let limiter = Limiter::with_clock(config, ManualClock::new());
+        let id = limiter.config().models()[0].name().to_owned();
+        let id = limiter.config().model_id(&id).unwrap();
+        let pool = limiter.resolve_pool(Some("prod"));
+        let Ok(Decision::Admit(admitted)) = limiter.admit(id, pool, 0).into_inner() else {
+            panic!("admitted");
+        };
+        group.bench_function(name, |b| {
+            b.iter(|| {
+                let mut headers = HeaderMap::new();
+                headers.insert(
+                    http::header::CONTENT_TYPE,
+                    HeaderValue::from_static("application/json"),
+                );
+                insert_admitted_headers(
+                    &mut headers,
+                    limiter.limit_header_values(),
+                    limiter.config(),
+                    id,
+                    pool,
+                    &admitted,
+                );
+                black_box(headers)
+            })
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(headers, response_headers);

@@ -433,11 +433,21 @@ general_settings:
         assert_eq!(r.status, 200, "served by the fallback: {}", r.text());
         assert_eq!(r.headers["x-litellm-model-group"], "backup");
         assert_eq!(r.headers["x-litellm-attempted-fallbacks"], "1");
-        assert_eq!(r.headers["x-litellm-attempted-retries"], "0", "no upstream failed");
-        assert_eq!(r.headers["x-ratelimit-limit-requests"], "2", "the backup's own limits");
+        assert_eq!(
+            r.headers["x-litellm-attempted-retries"], "0",
+            "no upstream failed"
+        );
+        assert_eq!(
+            r.headers["x-ratelimit-limit-requests"], "2",
+            "the backup's own limits"
+        );
     }
     assert_eq!(gw.tokens("primary"), 30, "only the request primary served");
-    assert_eq!(gw.tokens("backup"), 60, "the fallback's tokens go to the fallback");
+    assert_eq!(
+        gw.tokens("backup"),
+        60,
+        "the fallback's tokens go to the fallback"
+    );
 
     let r = gw.chat(MASTER, "primary", false).await;
     assert_eq!(r.status, 429);
