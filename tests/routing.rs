@@ -457,3 +457,23 @@ general_settings:
     );
     assert_eq!(r.headers["retry-after"], "60");
 }
+
+/// When every attempt ends in an upstream 429, the client gets it with the upstream's
+/// `retry-after`, not a bare error.
+#[tokio::test]
+async fn an_upstream_429_reaches_the_client_with_its_retry_after() {
+    let limited = mock(MockUpstreamConfig {
+        rpm: Some(0),
+        ..Default::default()
+    });
+    let gw = gateway(&[&limited], &[], "  max_retry_wait: 0").await;
+    let r = call(&gw).await;
+    assert_eq!(r.status, 429, "{}", r.text());
+    let after: u64 = r.headers["retry-after"].to_str().unwrap().parse().unwrap();
+    assert!((1..=60).contains(&after), "the upstream's window: {after}");
+    assert_eq!(
+        limited.stats().received,
+        1,
+        "parked after its 429, not called again"
+    );
+}

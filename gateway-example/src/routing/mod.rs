@@ -561,6 +561,8 @@ pub async fn serve(
     let mut retries: u32 = 0;
     let mut fallbacks: u32 = 0;
     let mut last_error: Option<ApiError> = None;
+    // The last upstream's retry-after, passed on with its error.
+    let mut last_retry_after: Option<Duration> = None;
     let mut unavailable: Option<Unavailable> = None;
     let mut fallback_refusal: Option<Response> = None;
     let mut previous = if refusal.is_some() {
@@ -660,6 +662,7 @@ pub async fn serve(
                     previous = Some(GroupOutcome::Failed);
                     let retryable = failure.is_retryable();
                     let wait = failure.retry_after;
+                    last_retry_after = wait;
                     last_error = Some(failure.error);
                     if !retryable {
                         break 'groups;
@@ -690,7 +693,16 @@ pub async fn serve(
         }
     }
     let response = match (last_error, refusal, fallback_refusal, unavailable) {
-        (Some(error), ..) => error.into_response(),
+        (Some(error), ..) => {
+            let mut response = error.into_response();
+            if let Some(after) = last_retry_after {
+                let secs = after.as_secs_f64().ceil().max(1.0) as u64;
+                response
+                    .headers_mut()
+                    .insert(http::header::RETRY_AFTER, HeaderValue::from(secs));
+            }
+            response
+        }
         // The limiter refused the request for its own group and no fallback took it: the
         // limiter's own 429, as without fallbacks.
         (None, Some(refusal), ..) => refused(Some(refusal)),
