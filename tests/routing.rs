@@ -477,3 +477,45 @@ async fn an_upstream_429_reaches_the_client_with_its_retry_after() {
         "parked after its 429, not called again"
     );
 }
+
+/// `x-ratelimit-remaining-tokens: 0` parks a deployment until `x-ratelimit-reset-tokens`, like
+/// the requests dimension.
+#[tokio::test]
+async fn remaining_tokens_headers_park_until_their_reset() {
+    use axum::routing::post;
+    let app = axum::Router::new().route(
+        "/v1/chat/completions",
+        post(|| async {
+            (
+                [
+                    ("content-type", "application/json"),
+                    ("x-ratelimit-limit-tokens", "1000"),
+                    ("x-ratelimit-remaining-tokens", "0"),
+                    ("x-ratelimit-reset-tokens", "30s"),
+                ],
+                tower_priority_limit::mock::chat_completion("m", "hi").to_string(),
+            )
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}/v1", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let good = healthy();
+    let yaml = format!(
+        "model_list:\n  - model_name: g\n    litellm_params: {{model: openai/m, api_base: \"{base}\"}}\n  - model_name: g\n    litellm_params: {{model: openai/m, api_base: \"{}\"}}\nrouter_settings:\n  routing_strategy: round-robin\ngeneral_settings:\n  master_key: {MASTER}\n",
+        good.url()
+    );
+    let gw = Gw::start(&yaml, None).await;
+    assert_eq!(
+        call(&gw).await.status,
+        200,
+        "served, and its tokens are used up"
+    );
+    assert!(gw.gateway.router.is_parked(0));
+    for _ in 0..4 {
+        assert_eq!(call(&gw).await.status, 200);
+    }
+    assert_eq!(good.stats().ok, 4, "everything else went to the other one");
+    gw.clock.advance(Duration::from_secs(30));
+    assert!(!gw.gateway.router.is_parked(0), "back at its reset");
+}

@@ -431,30 +431,53 @@ impl Router {
     }
 
     /// Learns deployment `index`'s real remaining capacity from its upstream's
-    /// `x-ratelimit-{limit,remaining,reset}-requests` headers (removed from `headers`, so clients
-    /// see the gateway's own rate-limit headers only).
+    /// `x-ratelimit-{limit,remaining,reset}-{requests,tokens}` headers (removed from `headers`, so
+    /// clients see the gateway's own rate-limit headers only): at 0 remaining it is parked until
+    /// the reset; otherwise the tighter share left bounds its headroom until then.
     pub fn observe(&self, index: usize, headers: &mut HeaderMap) {
+        // Most responses carry none: look at the names before hashing any.
+        if !headers
+            .keys()
+            .any(|k| k.as_str().starts_with("x-ratelimit-"))
+        {
+            return;
+        }
         let number =
             |name: &str| -> Option<f64> { headers.get(name)?.to_str().ok()?.trim().parse().ok() };
-        let remaining = number("x-ratelimit-remaining-requests");
-        let limit = number("x-ratelimit-limit-requests");
-        let reset = headers
-            .get("x-ratelimit-reset-requests")
-            .and_then(|v| v.to_str().ok())
-            .and_then(parse_reset);
-        if let (Some(remaining), Some(reset)) = (remaining, reset) {
-            let now = self.clock.now_ms();
-            let s = &self.states[index];
+        let now = self.clock.now_ms();
+        let s = &self.states[index];
+        for (remaining, limit, reset) in [
+            (
+                "x-ratelimit-remaining-requests",
+                "x-ratelimit-limit-requests",
+                "x-ratelimit-reset-requests",
+            ),
+            (
+                "x-ratelimit-remaining-tokens",
+                "x-ratelimit-limit-tokens",
+                "x-ratelimit-reset-tokens",
+            ),
+        ] {
+            let reset = headers
+                .get(reset)
+                .and_then(|v| v.to_str().ok())
+                .and_then(parse_reset);
+            let (Some(remaining), Some(reset)) = (number(remaining), reset) else {
+                continue;
+            };
             if remaining <= 0.0 {
                 self.park(index, reset, now);
-            } else if let Some(limit) = limit.filter(|l| *l > 0.0) {
-                let share = (remaining / limit).clamp(0.0, 1.0);
-                s.learned_headroom
-                    .store((share * 1e6) as u64, Ordering::Relaxed);
-                s.learned_until.store(
-                    now.saturating_add(reset.as_millis() as u64),
-                    Ordering::Relaxed,
-                );
+            } else if let Some(limit) = number(limit).filter(|l| *l > 0.0) {
+                // The tighter of the two dimensions is what is left.
+                let share = ((remaining / limit).clamp(0.0, 1.0) * 1e6) as u64;
+                let until =
+                    now.saturating_add(u64::try_from(reset.as_millis()).unwrap_or(u64::MAX));
+                if now >= s.learned_until.load(Ordering::Relaxed) {
+                    s.learned_headroom.store(share, Ordering::Relaxed);
+                } else {
+                    s.learned_headroom.fetch_min(share, Ordering::Relaxed);
+                }
+                s.learned_until.fetch_max(until, Ordering::Relaxed);
             }
         }
         let upstream: Vec<HeaderName> = headers
