@@ -16,6 +16,7 @@ pub mod error;
 pub mod keys;
 pub mod mock_upstream;
 pub mod routing;
+pub mod signal;
 pub mod store;
 pub mod strip;
 pub mod upstream;

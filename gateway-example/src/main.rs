@@ -8,6 +8,7 @@ use clap::Parser;
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use gateway_example::config::GatewayConfig;
+use gateway_example::signal::shutdown_signal;
 use gateway_example::{router, Gateway};
 use tower_priority_limit::store::Store as _;
 
@@ -80,7 +81,11 @@ async fn run(args: Args) -> Result<(), String> {
         listener.local_addr().map_err(|e| e.to_string())?
     );
     axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown_signal())
+        // SIGINT or SIGTERM: stop accepting, let in-flight requests and streams finish.
+        .with_graceful_shutdown(async {
+            shutdown_signal().await;
+            tracing::info!("shutting down");
+        })
         .await
         .map_err(|e| e.to_string())?;
     // Keys are written through on every change; the limiter's queued settlements (Redis) are
@@ -88,27 +93,4 @@ async fn run(args: Args) -> Result<(), String> {
     gateway.limiter.store().flush().await;
     tracing::info!("stopped: in-flight requests finished, settlements flushed");
     Ok(())
-}
-
-/// SIGINT or SIGTERM: stop accepting, let in-flight requests and streams finish.
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
-    #[cfg(unix)]
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    #[cfg(not(unix))]
-    let terminate = std::future::pending::<()>();
-    tokio::select! {
-        () = ctrl_c => {},
-        () = terminate => {},
-    }
-    tracing::info!("shutting down");
 }

@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
 use gateway_example::mock_upstream::{Latency, MockUpstream, MockUpstreamConfig};
+use gateway_example::signal::shutdown_signal;
 
 /// Mock OpenAI-compatible deployments (`POST /v1/chat/completions`, `GET /v1/models`,
 /// `GET /stats`) with a requests-per-minute limit, latency and injected failures.
@@ -175,6 +176,8 @@ async fn run(args: Args) -> Result<(), String> {
     out.flush().map_err(|e| e.to_string())?;
     drop(out);
 
+    // SIGINT or SIGTERM. Dropping the deployments afterwards cuts open connections: a mock has
+    // no work worth finishing.
     shutdown_signal().await;
     for d in &deployments {
         let s = d.stats();
@@ -190,27 +193,4 @@ async fn run(args: Args) -> Result<(), String> {
         );
     }
     Ok(())
-}
-
-/// SIGINT or SIGTERM. Dropping the deployments afterwards cuts open connections: a mock has no
-/// work worth finishing.
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
-    #[cfg(unix)]
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    #[cfg(not(unix))]
-    let terminate = std::future::pending::<()>();
-    tokio::select! {
-        () = ctrl_c => {},
-        () = terminate => {},
-    }
 }
