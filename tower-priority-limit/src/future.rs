@@ -9,7 +9,6 @@ use std::task::{ready, Context, Poll};
 use std::time::Instant;
 
 use bytes::Bytes;
-use http::header::CONTENT_TYPE;
 use http::{Request, Response, StatusCode};
 use http_body::Body;
 use pin_project_lite::pin_project;
@@ -21,11 +20,8 @@ use crate::decision::{Admitted, Decision};
 use crate::layer::{Options, Refusal, StoreFailure, UnknownModel};
 use crate::lease::Lease;
 use crate::limiter::Limiter;
-use crate::meter::UsageMeter;
 use crate::model::{ExtractRejection, Extracted};
-use crate::response::{
-    error_response, insert_admitted_headers, rejection_response, ChargedElsewhere, LimitRefusal,
-};
+use crate::response::{error_response, rejection_response, ChargedElsewhere, LimitRefusal};
 use crate::store::{Store, StoreError};
 
 pin_project! {
@@ -65,43 +61,15 @@ where
     S: Service<Request<ReqBody>>,
     St: Store,
 {
-    pub(crate) fn new(
-        inner: S,
-        extract: E,
+    /// A future in `state` holding nothing else yet; the constructors below fill in the rest.
+    fn in_state(
+        state: State<E, St::AdmitFuture, S::Future>,
         limiter: Arc<Limiter<St>>,
         pool: PoolRef,
         options: Options,
     ) -> Self {
         Self {
-            state: State::Extract { fut: extract },
-            inner: Some(inner),
-            request: None,
-            limiter,
-            pool,
-            model: None,
-            prompt_estimate: 0,
-            admitted: None,
-            options,
-        }
-    }
-}
-
-impl<S, ReqBody, E, St> ResponseFuture<S, ReqBody, E, St>
-where
-    S: Service<Request<ReqBody>>,
-    St: Store,
-{
-    /// Already answered (decided synchronously in `call`).
-    pub(crate) fn answered(
-        response: Response<Bytes>,
-        limiter: Arc<Limiter<St>>,
-        pool: PoolRef,
-        options: Options,
-    ) -> Self {
-        Self {
-            state: State::Answer {
-                response: Some(response),
-            },
+            state,
             inner: None,
             request: None,
             limiter,
@@ -111,6 +79,33 @@ where
             admitted: None,
             options,
         }
+    }
+
+    /// The general path: extract, admit, call `inner`.
+    pub(crate) fn new(
+        inner: S,
+        extract: E,
+        limiter: Arc<Limiter<St>>,
+        pool: PoolRef,
+        options: Options,
+    ) -> Self {
+        Self {
+            inner: Some(inner),
+            ..Self::in_state(State::Extract { fut: extract }, limiter, pool, options)
+        }
+    }
+
+    /// Already answered (decided synchronously in `call`).
+    pub(crate) fn answered(
+        response: Response<Bytes>,
+        limiter: Arc<Limiter<St>>,
+        pool: PoolRef,
+        options: Options,
+    ) -> Self {
+        let state = State::Answer {
+            response: Some(response),
+        };
+        Self::in_state(state, limiter, pool, options)
     }
 
     /// Extracted synchronously in `call`; the store's answer must be awaited.
@@ -125,15 +120,11 @@ where
         options: Options,
     ) -> Self {
         Self {
-            state: State::Admit { fut: admit },
             inner: Some(inner),
             request: Some(extracted.request),
-            limiter,
-            pool,
             model: Some(model),
             prompt_estimate: extracted.prompt_estimate,
-            admitted: None,
-            options,
+            ..Self::in_state(State::Admit { fut: admit }, limiter, pool, options)
         }
     }
 
@@ -147,15 +138,9 @@ where
         options: Options,
     ) -> Self {
         Self {
-            state: State::Call { fut },
-            inner: None,
-            request: None,
-            limiter,
-            pool,
-            model: None,
             prompt_estimate,
             admitted,
-            options,
+            ..Self::in_state(State::Call { fut }, limiter, pool, options)
         }
     }
 }
@@ -206,22 +191,22 @@ pub(crate) fn after_extract<St: Store, B>(
 
 /// What follows admission.
 pub(crate) enum AfterAdmit<St: Store> {
-    /// Call the inner service; meter and settle with the lease if there is one (fail-open has
-    /// none).
+    /// Call the inner service; meter and settle with the lease if there is one (fail-open and
+    /// forwarded refusals have none).
     Call(Option<(Lease<St>, Admitted)>),
-    /// Refused, but [`Refusal::Forward`]: call the inner service with this extension, unmetered.
-    Forward(LimitRefusal),
     /// Answer this instead (a refusal, or a store failure under fail-closed).
     Answer(Response<Bytes>),
 }
 
-/// The step after admission (shared by the synchronous path in `call` and the future).
-pub(crate) fn after_admit<St: Store>(
+/// The step after admission (shared by the synchronous path in `call` and the future). A refusal
+/// under [`Refusal::Forward`] goes on to the inner service with its [`LimitRefusal`] in `request`.
+pub(crate) fn after_admit<St: Store, B>(
     limiter: &Limiter<St>,
     model: ModelId,
     pool: PoolRef,
     decision: Result<Decision, StoreError>,
     options: Options,
+    request: &mut Request<B>,
 ) -> AfterAdmit<St> {
     match decision {
         Ok(Decision::Admit(admitted)) => {
@@ -234,7 +219,11 @@ pub(crate) fn after_admit<St: Store>(
                 rejection_response(config.model(model), config.pool_label(pool), &rejected);
             match options.refusal {
                 Refusal::Answer => AfterAdmit::Answer(response),
-                Refusal::Forward => AfterAdmit::Forward(LimitRefusal::new(rejected, response)),
+                Refusal::Forward => {
+                    let refusal = LimitRefusal::new(rejected, response);
+                    request.extensions_mut().insert(refusal);
+                    AfterAdmit::Call(None)
+                }
             }
         }
         Err(error) => match store_failure(options.store_failure, &error) {
@@ -313,11 +302,16 @@ where
                         panic!("ResponseFuture polled after completion");
                     };
                     let mut request = request;
-                    match after_admit(this.limiter, model, *this.pool, decision, *this.options) {
+                    let options = *this.options;
+                    match after_admit(
+                        this.limiter,
+                        model,
+                        *this.pool,
+                        decision,
+                        options,
+                        &mut request,
+                    ) {
                         AfterAdmit::Call(admitted) => *this.admitted = admitted,
-                        AfterAdmit::Forward(refusal) => {
-                            request.extensions_mut().insert(refusal);
-                        }
                         AfterAdmit::Answer(response) => {
                             this.state.set(State::Done);
                             return Poll::Ready(Ok(own(response)));
@@ -345,25 +339,11 @@ where
                         drop(lease);
                         return Poll::Ready(Ok(response.map(ResponseBody::plain)));
                     }
-                    let (mut parts, body) = response.into_parts();
-                    insert_admitted_headers(
-                        &mut parts.headers,
-                        this.limiter.limit_header_values(),
-                        this.limiter.config(),
-                        lease.model(),
-                        lease.pool(),
+                    return Poll::Ready(Ok(this.limiter.meter_response(
+                        response,
+                        lease,
                         &admitted,
-                    );
-                    let mut meter = UsageMeter::for_content_type(
-                        parts.headers.get(CONTENT_TYPE).map(|v| v.as_bytes()),
-                    );
-                    // Failed responses are charged only what they report, never an estimate.
-                    if parts.status.is_success() {
-                        meter = meter.with_prompt_estimate(*this.prompt_estimate);
-                    }
-                    return Poll::Ready(Ok(Response::from_parts(
-                        parts,
-                        ResponseBody::metered(body, meter, lease),
+                        *this.prompt_estimate,
                     )));
                 }
                 StateProj::Done => panic!("ResponseFuture polled after completion"),

@@ -2,13 +2,18 @@
 //! admit through it.
 
 use std::hash::BuildHasher;
+
+use http::header::CONTENT_TYPE;
+use http::Response;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use crate::body::ResponseBody;
 use crate::clock::Clock;
 use crate::config::{LimiterConfig, ModelId, PoolRef};
 use crate::decision::{Admitted, Decision, Rejected};
 use crate::lease::Lease;
-use crate::response::LimitHeaderValues;
+use crate::meter::UsageMeter;
+use crate::response::{insert_admitted_headers, LimitHeaderValues};
 use crate::store::{AdmitRequest, MemoryStore, Store, StoreError};
 
 /// A config and the store that holds its counters. Share it in an [`Arc`](std::sync::Arc): every clone of the
@@ -134,6 +139,52 @@ impl<St: Store> Limiter<St> {
                 reserve,
             },
         )
+    }
+
+    /// The admission, when the store answers without waiting (the embedded store); `None` means
+    /// "await [`admit`](Self::admit)".
+    pub fn admit_now(
+        &self,
+        model: ModelId,
+        pool: PoolRef,
+        reserve: u64,
+    ) -> Option<Result<Decision, StoreError>> {
+        self.store.admit_now(
+            &self.config,
+            AdmitRequest {
+                model,
+                pool,
+                reserve,
+            },
+        )
+    }
+
+    /// An admitted request's response as the layer sends it: the SPEC §1.6 rate-limit headers
+    /// added, and the body metered into `lease`, which settles once (end, error or drop). A
+    /// successful response that never reports usage is charged its text plus `prompt_estimate`;
+    /// a failed one only what it reports.
+    pub fn meter_response<B>(
+        &self,
+        response: Response<B>,
+        lease: Lease<St>,
+        admitted: &Admitted,
+        prompt_estimate: u64,
+    ) -> Response<ResponseBody<B, St>> {
+        let (mut parts, body) = response.into_parts();
+        insert_admitted_headers(
+            &mut parts.headers,
+            &self.limit_header_values,
+            &self.config,
+            lease.model(),
+            lease.pool(),
+            admitted,
+        );
+        let mut meter =
+            UsageMeter::for_content_type(parts.headers.get(CONTENT_TYPE).map(|v| v.as_bytes()));
+        if parts.status.is_success() {
+            meter = meter.with_prompt_estimate(prompt_estimate);
+        }
+        Response::from_parts(parts, ResponseBody::metered(body, meter, lease))
     }
 
     /// The lease for a request admitted as `admitted`.

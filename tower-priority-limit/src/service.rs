@@ -18,7 +18,7 @@ use crate::lease::Lease;
 use crate::limiter::Limiter;
 use crate::model::{ExtractNow, ModelExtractor};
 use crate::priority::PriorityExtractor;
-use crate::store::{AdmitRequest, Store};
+use crate::store::Store;
 
 /// Admits each request through the limiter before calling the inner service; answers refusals
 /// with a 429 itself; meters the response body and settles its tokens.
@@ -61,6 +61,16 @@ impl<S, P, M, St> PriorityLimit<S, P, M, St> {
 }
 
 impl<S, P, M, St: Store> PriorityLimit<S, P, M, St> {
+    /// The inner service was driven to readiness: move that one out (into a future) and leave a
+    /// clone behind (tower-http's async-auth pattern).
+    fn take_ready(&mut self) -> S
+    where
+        S: Clone,
+    {
+        let clone = self.inner.clone();
+        std::mem::replace(&mut self.inner, clone)
+    }
+
     fn answered<ReqBody, E>(
         &self,
         response: Response<Bytes>,
@@ -154,57 +164,35 @@ where
                         return self.calling(fut, pool, None, 0);
                     }
                     AfterExtract::Admit(id) => {
-                        let admit = AdmitRequest {
-                            model: id,
-                            pool,
-                            reserve: 0,
-                        };
-                        match self.limiter.store().admit_now(self.limiter.config(), admit) {
-                            Some(decision) => {
-                                match after_admit(&self.limiter, id, pool, decision, self.options) {
-                                    AfterAdmit::Answer(response) => {
-                                        return self.answered(response, pool)
-                                    }
-                                    AfterAdmit::Call(admitted) => {
-                                        let fut = self.inner.call(extracted.request);
-                                        return self.calling(
-                                            fut,
-                                            pool,
-                                            admitted,
-                                            extracted.prompt_estimate,
-                                        );
-                                    }
-                                    AfterAdmit::Forward(refusal) => {
-                                        let mut request = extracted.request;
-                                        request.extensions_mut().insert(refusal);
-                                        let fut = self.inner.call(request);
-                                        return self.calling(fut, pool, None, 0);
-                                    }
-                                }
-                            }
+                        let Some(decision) = self.limiter.admit_now(id, pool, 0) else {
                             // The store must be awaited (Redis): admit in the future.
-                            None => {
-                                let clone = self.inner.clone();
-                                let inner = std::mem::replace(&mut self.inner, clone);
-                                return ResponseFuture::admitting(
-                                    inner,
-                                    self.limiter.admit(id, pool, 0),
-                                    extracted,
-                                    id,
-                                    Arc::clone(&self.limiter),
-                                    pool,
-                                    self.options,
-                                );
+                            let inner = self.take_ready();
+                            return ResponseFuture::admitting(
+                                inner,
+                                self.limiter.admit(id, pool, 0),
+                                extracted,
+                                id,
+                                Arc::clone(&self.limiter),
+                                pool,
+                                self.options,
+                            );
+                        };
+                        let mut request = extracted.request;
+                        let options = self.options;
+                        match after_admit(&self.limiter, id, pool, decision, options, &mut request)
+                        {
+                            AfterAdmit::Answer(response) => return self.answered(response, pool),
+                            AfterAdmit::Call(admitted) => {
+                                let estimate = extracted.prompt_estimate;
+                                let fut = self.inner.call(request);
+                                return self.calling(fut, pool, admitted, estimate);
                             }
                         }
                     }
                 }
             }
         };
-        // The inner service was driven to readiness; move that one into the future and leave a
-        // clone behind (tower-http's async-auth pattern).
-        let clone = self.inner.clone();
-        let inner = std::mem::replace(&mut self.inner, clone);
+        let inner = self.take_ready();
         ResponseFuture::new(
             inner,
             self.model.extract(request),

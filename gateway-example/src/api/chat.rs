@@ -44,6 +44,14 @@ pub struct ChatRequest {
     pub body_len: usize,
 }
 
+impl ChatRequest {
+    /// Tokens charged for the prompt of a response that never reports usage: the crate's rule,
+    /// 4 request bytes per token.
+    pub fn prompt_estimate(&self) -> u64 {
+        (self.body_len as u64).div_ceil(4)
+    }
+}
+
 /// Names the model for the limiter from the [`ChatRequest`] that [`prepare`] left.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct ChatModel;
@@ -58,7 +66,7 @@ impl ModelExtractor<Body> for ChatModel {
     fn extract(&self, request: http::Request<Body>) -> Self::Future {
         let chat = request.extensions().get::<ChatRequest>();
         let model = chat.map(|c| c.model.clone());
-        let prompt_estimate = chat.map_or(0, |c| (c.body_len as u64).div_ceil(4));
+        let prompt_estimate = chat.map_or(0, ChatRequest::prompt_estimate);
         ready(Ok(Extracted {
             request,
             model,

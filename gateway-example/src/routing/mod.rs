@@ -38,7 +38,7 @@ use tower_priority_limit::decision::Admitted;
 use tower_priority_limit::decision::{Decision, Millis};
 use tower_priority_limit::meter::UsageMeter;
 use tower_priority_limit::model::ModelName;
-use tower_priority_limit::response::{insert_admitted_headers, rejection_response};
+use tower_priority_limit::response::rejection_response;
 use tower_priority_limit::{
     Acquired, ChargedElsewhere, Lease, LimitRefusal, Limiter, ResponseBody,
 };
@@ -576,8 +576,10 @@ pub async fn serve(
     let deployments = &gw.config.deployments;
     let first = chat.model.as_str();
     let fallback_groups = router.settings.fallbacks_of(first);
-    if refusal.is_some() && fallback_groups.is_empty() {
-        return refused(refusal);
+    if fallback_groups.is_empty() {
+        if let Some(refusal) = refusal {
+            return refused(refusal);
+        }
     }
     router.deposit();
     let mut rng = fresh_rng();
@@ -728,7 +730,7 @@ pub async fn serve(
         }
         // The limiter refused the request for its own group and no fallback took it: the
         // limiter's own 429, as without fallbacks.
-        (None, Some(refusal), ..) => refused(Some(refusal)),
+        (None, Some(refusal), ..) => refused(refusal),
         (None, None, Some(response), _) => response,
         (None, None, None, Some(u)) => unavailable_response(first, u),
         (None, None, None, None) => {
@@ -739,16 +741,13 @@ pub async fn serve(
 }
 
 /// The limiter's own 429.
-fn refused(refusal: Option<LimitRefusal>) -> Response {
-    match refusal {
-        Some(r) => r.into_response().map(Body::from),
-        None => ApiError::internal("no refusal to answer").into_response(),
-    }
+fn refused(refusal: LimitRefusal) -> Response {
+    refusal.into_response().map(Body::from)
 }
 
-/// A fallback group's response: its limit headers, its tokens metered into its own lease, and
-/// marked so the layer (which admitted or refused the request for the first group) charges
-/// nothing more.
+/// A fallback group's response: its limit headers and its tokens, metered into its own lease
+/// as the layer would, and marked so the layer (which admitted or refused the request for the
+/// first group) charges nothing more.
 fn charge_fallback(
     gw: &Gateway,
     response: Response,
@@ -756,26 +755,12 @@ fn charge_fallback(
     admitted: &Admitted,
     chat: &ChatRequest,
 ) -> Response {
-    let (mut parts, body) = response.into_parts();
-    insert_admitted_headers(
-        &mut parts.headers,
-        gw.limiter.limit_header_values(),
-        gw.limiter.config(),
-        lease.model(),
-        lease.pool(),
-        admitted,
-    );
-    let mut meter = UsageMeter::for_content_type(
-        parts
-            .headers
-            .get(http::header::CONTENT_TYPE)
-            .map(HeaderValue::as_bytes),
-    );
-    if parts.status.is_success() {
-        meter = meter.with_prompt_estimate((chat.body_len as u64).div_ceil(4));
-    }
-    parts.extensions.insert(ChargedElsewhere);
-    Response::from_parts(parts, Body::new(ResponseBody::metered(body, meter, lease)))
+    let mut response = gw
+        .limiter
+        .meter_response(response, lease, admitted, chat.prompt_estimate())
+        .map(Body::new);
+    response.extensions_mut().insert(ChargedElsewhere);
+    response
 }
 
 /// The 429 when no deployment of the group has room (or all are cooling down).
