@@ -77,6 +77,8 @@ pub struct Group {
     /// Indices of its deployments, in file order.
     pub members: Box<[usize]>,
     cursor: AtomicU64,
+    /// `x-litellm-model-group`, formatted once.
+    name_header: Option<HeaderValue>,
 }
 
 /// What the router knows of one deployment.
@@ -84,6 +86,8 @@ pub struct Group {
 struct DeploymentState {
     /// The deployment's id in the per-deployment limiter.
     limit_id: Option<ModelId>,
+    /// `x-litellm-model-id`, formatted once.
+    id_header: Option<HeaderValue>,
     in_flight: Arc<AtomicU64>,
     /// Clock time (ms) until which it sits out because its upstream said it is rate-limited
     /// (429, `x-ratelimit-remaining-requests: 0`); 0 = available.
@@ -175,6 +179,7 @@ impl Router {
                 (
                     k,
                     Group {
+                        name_header: HeaderValue::from_str(name.as_str()).ok(),
                         name,
                         members: members.into_boxed_slice(),
                         cursor: AtomicU64::new(0),
@@ -186,6 +191,7 @@ impl Router {
             .iter()
             .map(|d| DeploymentState {
                 limit_id: limits.config().model_id(&d.id),
+                id_header: HeaderValue::from_str(&d.id).ok(),
                 in_flight: Arc::default(),
                 parked_until: AtomicU64::new(0),
                 cooldown_until: AtomicU64::new(0),
@@ -672,13 +678,8 @@ pub async fn serve(
                     if let Some((lease, admitted)) = group_lease.take() {
                         response = charge_fallback(gw, response, lease, &admitted, chat);
                     }
-                    return with_headers(
-                        response,
-                        Some(deployment),
-                        group_name,
-                        retries,
-                        fallbacks,
-                    );
+                    let id = router.states[index].id_header.as_ref();
+                    return with_headers(response, id, Some(group), retries, fallbacks);
                 }
                 Err(failure) => {
                     drop(in_flight);
@@ -737,7 +738,7 @@ pub async fn serve(
             ApiError::internal(format!("model group {first} has no deployments")).into_response()
         }
     };
-    with_headers(response, None, first, retries, fallbacks)
+    with_headers(response, None, router.group(first), retries, fallbacks)
 }
 
 /// The limiter's own 429.
@@ -809,23 +810,30 @@ fn track(
 
 fn with_headers(
     mut response: Response,
-    deployment: Option<&Deployment>,
-    group: &str,
+    deployment_id: Option<&HeaderValue>,
+    group: Option<&Group>,
     retries: u32,
     fallbacks: u32,
 ) -> Response {
     let headers = response.headers_mut();
-    if let Some(d) = deployment {
-        if let Ok(v) = HeaderValue::from_str(&d.id) {
-            headers.insert(MODEL_ID, v);
-        }
+    if let Some(id) = deployment_id {
+        headers.insert(MODEL_ID, id.clone());
     }
-    if let Ok(v) = HeaderValue::from_str(group) {
-        headers.insert(MODEL_GROUP, v);
+    if let Some(name) = group.and_then(|g| g.name_header.as_ref()) {
+        headers.insert(MODEL_GROUP, name.clone());
     }
-    headers.insert(ATTEMPTED_RETRIES, HeaderValue::from(retries));
-    headers.insert(ATTEMPTED_FALLBACKS, HeaderValue::from(fallbacks));
+    headers.insert(ATTEMPTED_RETRIES, count_value(retries));
+    headers.insert(ATTEMPTED_FALLBACKS, count_value(fallbacks));
     response
+}
+
+/// A small count as a header value; the common ones need no allocation.
+fn count_value(n: u32) -> HeaderValue {
+    const SMALL: [&str; 10] = ["0", "1", "2", "3", "4", "5", "6", "7", "8", "9"];
+    match SMALL.get(n as usize) {
+        Some(s) => HeaderValue::from_static(s),
+        None => HeaderValue::from(n),
+    }
 }
 
 #[cfg(test)]
