@@ -9,7 +9,7 @@
 //! hand-written policies.
 //!
 //! Time is virtual (a [`ManualClock`](tower_priority_limit::clock::ManualClock) shared by the
-//! limiter and the router, and tokio's paused clock for the retry budget), and every random
+//! limiter and the router, the router's retry budget included), and every random
 //! number comes from a stream seeded by `--seed`: the same seed prints the same numbers, and the
 //! 600-minute cascade runs in seconds.
 //!

@@ -9,7 +9,7 @@
 //!   probability *p*) through the real router: each retry goes to a deployment not yet tried,
 //!   failures feed the health rules (`allowed_fails` per minute, then `cooldown_time`), and every
 //!   retry must be granted by the router's retry budget ([`Router::withdraw`], tower's
-//!   `TpsBudget`, ratio 0.2, floor 10/s), funded by one [`Router::deposit`] per client request, as
+//!   `TpsBudget` rule on the router's clock, ratio 0.2, floor 10/s), funded by one [`Router::deposit`] per client request, as
 //!   `serve` does. `num_retries` = tries − 1.
 //! - **Correlated failures** ("a rate-limited deployment keeps failing for its window"): each
 //!   deployment's upstream counts fixed 60 s windows (each deployment's offset drawn at random),
@@ -420,8 +420,6 @@ async fn ours(
     let mut tried: Vec<usize> = Vec::with_capacity(tries as usize);
     for &at in &s.arrivals {
         s.time.set(at);
-        // The budget reads tokio's clock: bring it to now before depositing or withdrawing.
-        s.time.sync_tokio().await;
         s.router.deposit();
         tried.clear();
         let mut ok = false;

@@ -1,23 +1,20 @@
-//! Virtual time: one [`ManualClock`] for the limiter and the router, tokio's paused clock moved in
-//! step with it, and the seeded random streams every experiment draws from.
+//! Virtual time: one [`ManualClock`] for the limiter and the router (its retry budget included),
+//! and the seeded random streams every experiment draws from.
 //!
 //! Experiments keep their own time in `f64` seconds (waits need sub-millisecond precision); the
 //! `ManualClock` only counts whole milliseconds, so it is *set* to the floor of the simulated time
 //! rather than advanced by rounded steps, which would drift.
 
 use std::future::Future;
-use std::time::Duration;
 
 use rand::rngs::SmallRng;
 use rand::SeedableRng;
 use tower_priority_limit::clock::{Clock, ManualClock};
 
-/// Simulated time shared by the limiter, the router and tokio's clock.
+/// Simulated time shared by the limiter and the router.
 #[derive(Debug, Clone, Default)]
 pub struct VirtualTime {
     clock: ManualClock,
-    /// Where tokio's paused clock stands, in ms since the start of the run.
-    tokio_ms: u64,
 }
 
 impl VirtualTime {
@@ -38,24 +35,12 @@ impl VirtualTime {
             self.clock.set(ms);
         }
     }
-
-    /// Brings tokio's paused clock to the same millisecond, for what reads tokio time (the
-    /// router's retry budget, tower's `TpsBudget`). Must run inside [`block_on`].
-    pub async fn sync_tokio(&mut self) {
-        let now = self.clock.now_ms();
-        if now > self.tokio_ms {
-            tokio::time::advance(Duration::from_millis(now - self.tokio_ms)).await;
-            self.tokio_ms = now;
-        }
-    }
 }
 
-/// Runs `future` on a current-thread tokio runtime whose clock is paused: nothing in an
-/// experiment waits for real time, and tokio time moves only through [`VirtualTime::sync_tokio`].
+/// Runs `future` on a current-thread tokio runtime (the real code's futures are async; none of
+/// them waits for real time).
 pub fn block_on<F: Future>(future: F) -> F::Output {
     tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .start_paused(true)
         .build()
         .expect("a current-thread runtime")
         .block_on(future)

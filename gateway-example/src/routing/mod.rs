@@ -15,9 +15,10 @@
 //!   earliest moment one has room.
 //! - **Retries** ([`serve`]): on no response, 408, 429 and 5xx; each to a deployment not yet
 //!   tried while one exists, with back-off only when none is left; never after the response went
-//!   out; bounded gateway-wide by a retry budget (tower's `TpsBudget`). Then `fallbacks`.
+//!   out; bounded gateway-wide by a retry budget ([`budget`]: tower's `TpsBudget` rule, lock-free). Then `fallbacks`.
 
 pub mod body;
+pub mod budget;
 pub mod settings;
 pub mod strategy;
 
@@ -31,7 +32,6 @@ use axum::response::{IntoResponse, Response};
 use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use rand::rngs::SmallRng;
 use rand::{RngExt, SeedableRng};
-use tower::retry::budget::{Budget, TpsBudget};
 use tower_priority_limit::clock::Clock;
 use tower_priority_limit::config::{LimiterConfig, ModelId, PoolRef};
 use tower_priority_limit::decision::Admitted;
@@ -44,6 +44,7 @@ use tower_priority_limit::{
 };
 
 use self::body::{InFlight, InFlightBody};
+use self::budget::RetryBudget;
 use self::settings::RouterSettings;
 use self::strategy::{pick, Candidate, Strategy};
 use crate::api::chat::{mock_answer, ChatRequest};
@@ -117,7 +118,7 @@ pub struct Router {
     /// Per-deployment limits: one "model" per deployment, named by its id.
     limits: Arc<Limiter<GatewayStore>>,
     clock: Arc<dyn Clock>,
-    budget: TpsBudget,
+    budget: RetryBudget,
 }
 
 /// An admitted choice: the deployment and its limiter lease.
@@ -203,12 +204,7 @@ impl Router {
                 learned_until: AtomicU64::new(0),
             })
             .collect();
-        // TpsBudget keeps deposits for `ttl` (10 s): the ratio holds over that horizon.
-        let budget = TpsBudget::new(
-            Duration::from_secs(10),
-            settings.retry_floor,
-            settings.retry_ratio,
-        );
+        let budget = RetryBudget::new(settings.retry_ratio, settings.retry_floor, clock.clone());
         Self {
             settings,
             groups,
