@@ -11,32 +11,31 @@ use pin_project_lite::pin_project;
 
 use crate::lease::Lease;
 use crate::meter::UsageMeter;
-use crate::store::Store;
 
 pin_project! {
     /// The body of every response that went through the layer.
-    pub struct ResponseBody<B, St: Store> {
+    pub struct ResponseBody<B> {
         #[pin]
-        kind: Kind<B, St>,
+        kind: Kind<B>,
     }
 }
 
 pin_project! {
     #[project = KindProj]
-    enum Kind<B, St: Store> {
-        Metered { #[pin] inner: B, guard: SettleGuard<St> },
+    enum Kind<B> {
+        Metered { #[pin] inner: B, guard: SettleGuard },
         Plain { #[pin] inner: B },
         Full { data: Option<Bytes> },
     }
 }
 
 /// Owns the lease and the meter; settles with what the meter saw, once, however the body ends.
-struct SettleGuard<St: Store> {
+struct SettleGuard {
     meter: UsageMeter,
-    lease: Option<Lease<St>>,
+    lease: Option<Lease>,
 }
 
-impl<St: Store> SettleGuard<St> {
+impl SettleGuard {
     fn settle(&mut self) {
         if let Some(lease) = self.lease.take() {
             lease.settle(self.meter.tokens().get());
@@ -44,18 +43,18 @@ impl<St: Store> SettleGuard<St> {
     }
 }
 
-impl<St: Store> Drop for SettleGuard<St> {
+impl Drop for SettleGuard {
     fn drop(&mut self) {
         // The client went away (or hyper stopped polling): charge what was streamed.
         self.settle();
     }
 }
 
-impl<B, St: Store> ResponseBody<B, St> {
+impl<B> ResponseBody<B> {
     /// Wraps `inner` so `meter` reads its usage and `lease` is settled with it exactly once: at
     /// end of stream, on error, or when the body is dropped. For callers that admit through
     /// [`Limiter::acquire`](crate::Limiter::acquire) themselves (the layer does this for you).
-    pub fn metered(inner: B, meter: UsageMeter, lease: Lease<St>) -> Self {
+    pub fn metered(inner: B, meter: UsageMeter, lease: Lease) -> Self {
         Self {
             kind: Kind::Metered {
                 inner,
@@ -82,10 +81,9 @@ impl<B, St: Store> ResponseBody<B, St> {
     }
 }
 
-impl<B, St> Body for ResponseBody<B, St>
+impl<B> Body for ResponseBody<B>
 where
     B: Body<Data = Bytes>,
-    St: Store,
 {
     type Data = Bytes;
     type Error = B::Error;
@@ -134,7 +132,7 @@ where
     }
 }
 
-impl<B, St: Store> fmt::Debug for ResponseBody<B, St> {
+impl<B> fmt::Debug for ResponseBody<B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let kind = match &self.kind {
             Kind::Metered { .. } => "metered",

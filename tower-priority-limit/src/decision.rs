@@ -139,7 +139,7 @@ impl Dimension {
 
 /// A refusal, with what the 429 needs.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Rejected {
+pub struct Refused {
     /// Model-wide capacity or the priority's pool.
     pub scope: Scope,
     /// The dimension that tripped.
@@ -154,7 +154,7 @@ pub struct Rejected {
     pub retry_after_ms: Millis,
 }
 
-impl Rejected {
+impl Refused {
     /// `limit - used`, never below 0.
     pub fn remaining(&self) -> u64 {
         self.limit.saturating_sub(self.used)
@@ -212,7 +212,7 @@ pub enum Decision {
     /// Serve it; apply the increments.
     Admit(Admitted),
     /// Refuse it; nothing changes.
-    Reject(Rejected),
+    Refuse(Refused),
 }
 
 /// Model saturation = `max(requests / rpm, tokens / tpm)` over the configured dimensions (0 when
@@ -263,7 +263,7 @@ pub fn decide(
     let saturation = saturation(limits, model_usage);
 
     if let Some((dimension, limit, used)) = check(limits.rpm, limits.tpm, model_usage) {
-        return Decision::Reject(Rejected {
+        return Decision::Refuse(Refused {
             scope: Scope::Model,
             dimension,
             limit,
@@ -279,7 +279,7 @@ pub fn decide(
     if strict {
         if let (Some(pl), Some(pu), Some(pc)) = (pool_limits, pool_usage, pool_counter) {
             if let Some((dimension, limit, used)) = check(pl.rpm, pl.tpm, pu) {
-                return Decision::Reject(Rejected {
+                return Decision::Refuse(Refused {
                     scope: Scope::Priority,
                     dimension,
                     limit,
@@ -311,14 +311,17 @@ pub fn decide(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::{LimiterConfig, Reservation};
+    use crate::config::{LimiterConfig, ModelLimits, Reservation};
     use proptest::prelude::*;
 
     const W: Millis = 60_000;
 
     fn cfg(rpm: Option<u64>, tpm: Option<u64>, threshold: f64) -> LimiterConfig {
+        let mut model = ModelLimits::new("m");
+        model.rpm = rpm;
+        model.tpm = tpm;
         LimiterConfig::builder()
-            .model("m", rpm, tpm)
+            .model(model)
             .reserve("prod", Reservation::Percent(0.9))
             .reserve("dev", Reservation::Percent(0.1))
             .default_priority(0.0)
@@ -416,7 +419,7 @@ mod tests {
             };
             assert!(!a.strict, "request {i} saw {}", a.saturation);
         }
-        let Decision::Reject(r) = s.try_admit(DEV, 0) else {
+        let Decision::Refuse(r) = s.try_admit(DEV, 0) else {
             panic!()
         };
         assert_eq!(
@@ -430,7 +433,7 @@ mod tests {
     fn requests_refused_iff_plus_one_exceeds_limit() {
         let mut s = Sim::new(cfg(Some(3), None, 1.0));
         assert_eq!(s.run(PROD, 5, 0), 3);
-        let Decision::Reject(r) = s.try_admit(PROD, 0) else {
+        let Decision::Refuse(r) = s.try_admit(PROD, 0) else {
             panic!()
         };
         assert_eq!(
@@ -449,7 +452,7 @@ mod tests {
             "59 < 60 admits"
         );
         s.settle(PROD, 1, 0);
-        let Decision::Reject(r) = s.try_admit(PROD, 0) else {
+        let Decision::Refuse(r) = s.try_admit(PROD, 0) else {
             panic!()
         };
         assert_eq!(
@@ -462,12 +465,12 @@ mod tests {
     fn window_rolls_at_start_plus_window_and_retry_after_rounds_up() {
         let mut s = Sim::new(cfg(Some(1), None, 1.0));
         assert_eq!(s.run(PROD, 1, 1_000), 1);
-        let Decision::Reject(r) = s.try_admit(PROD, 1_500) else {
+        let Decision::Refuse(r) = s.try_admit(PROD, 1_500) else {
             panic!()
         };
         assert_eq!(r.retry_after_ms, 59_500);
         assert_eq!(r.retry_after_secs(), 60);
-        let Decision::Reject(r) = s.try_admit(PROD, 60_999) else {
+        let Decision::Refuse(r) = s.try_admit(PROD, 60_999) else {
             panic!()
         };
         assert_eq!(r.retry_after_secs(), 1);
@@ -516,7 +519,7 @@ mod tests {
     #[test]
     fn no_reservations_only_model_cap() {
         let c = LimiterConfig::builder()
-            .model("m", Some(4), None)
+            .model(ModelLimits::new("m").rpm(4))
             .saturation_threshold(0.0)
             .build()
             .unwrap();
@@ -527,7 +530,7 @@ mod tests {
     #[test]
     fn unlimited_model_admits_everything() {
         let c = LimiterConfig::builder()
-            .model("m", None, None)
+            .model(ModelLimits::new("m"))
             .reserve("a", Reservation::Percent(0.1))
             .build()
             .unwrap();
@@ -572,7 +575,7 @@ mod tests {
                         let pool = pool_of(p);
                         let before = (s.model, s.pools.clone());
                         match s.try_admit(pool, now) {
-                            Decision::Reject(_) => prop_assert_eq!((s.model, s.pools.clone()), before),
+                            Decision::Refuse(_) => prop_assert_eq!((s.model, s.pools.clone()), before),
                             Decision::Admit(a) => {
                                 prop_assert!(s.model.requests <= rpm);
                                 // Nothing leaks across windows: the first admission after a pair's

@@ -3,10 +3,8 @@
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::task::{ready, Context, Poll};
-use std::time::Instant;
 
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
@@ -15,13 +13,14 @@ use pin_project_lite::pin_project;
 use tower::Service;
 
 use crate::body::ResponseBody;
+use crate::config::FailureMode;
 use crate::config::{ModelId, PoolRef};
 use crate::decision::{Admitted, Decision};
-use crate::layer::{Options, Refusal, StoreFailure, UnknownModel};
+use crate::layer::{Options, UnknownModel};
 use crate::lease::Lease;
 use crate::limiter::Limiter;
-use crate::model::{ExtractRejection, Extracted};
-use crate::response::{error_response, rejection_response, ChargedElsewhere, LimitRefusal};
+use crate::model::{BadRequest, Extracted};
+use crate::response::{error_response, refusal_response, store_failure_response};
 use crate::store::{Store, StoreError};
 
 pin_project! {
@@ -39,7 +38,7 @@ pin_project! {
         pool: PoolRef,
         model: Option<ModelId>,
         prompt_estimate: u64,
-        admitted: Option<(Lease<St>, Admitted)>,
+        admitted: Option<(Lease, Admitted)>,
         options: Options,
     }
 }
@@ -133,7 +132,7 @@ where
         fut: S::Future,
         limiter: Arc<Limiter<St>>,
         pool: PoolRef,
-        admitted: Option<(Lease<St>, Admitted)>,
+        admitted: Option<(Lease, Admitted)>,
         prompt_estimate: u64,
         options: Options,
     ) -> Self {
@@ -190,43 +189,36 @@ pub(crate) fn after_extract<St: Store, B>(
 }
 
 /// What follows admission.
-pub(crate) enum AfterAdmit<St: Store> {
-    /// Call the inner service; meter and settle with the lease if there is one (fail-open and
-    /// forwarded refusals have none).
-    Call(Option<(Lease<St>, Admitted)>),
+pub(crate) enum AfterAdmit {
+    /// Call the inner service; meter and settle with the lease if there is one (a store failure
+    /// served open has none).
+    Call(Option<(Lease, Admitted)>),
     /// Answer this instead (a refusal, or a store failure under fail-closed).
     Answer(Response<Bytes>),
 }
 
-/// The step after admission (shared by the synchronous path in `call` and the future). A refusal
-/// under [`Refusal::Forward`] goes on to the inner service with its [`LimitRefusal`] in `request`.
-pub(crate) fn after_admit<St: Store, B>(
+/// The step after admission (shared by the synchronous path in `call` and the future).
+pub(crate) fn after_admit<St: Store>(
     limiter: &Limiter<St>,
     model: ModelId,
     pool: PoolRef,
     decision: Result<Decision, StoreError>,
-    options: Options,
-    request: &mut Request<B>,
-) -> AfterAdmit<St> {
+    store_failure: FailureMode,
+) -> AfterAdmit {
     match decision {
         Ok(Decision::Admit(admitted)) => {
             let lease = limiter.lease(model, pool, &admitted);
             AfterAdmit::Call(Some((lease, admitted)))
         }
-        Ok(Decision::Reject(rejected)) => {
+        Ok(Decision::Refuse(refused)) => {
             let config = limiter.config();
-            let response =
-                rejection_response(config.model(model), config.pool_label(pool), &rejected);
-            match options.refusal {
-                Refusal::Answer => AfterAdmit::Answer(response),
-                Refusal::Forward => {
-                    let refusal = LimitRefusal::new(rejected, response);
-                    request.extensions_mut().insert(refusal);
-                    AfterAdmit::Call(None)
-                }
-            }
+            AfterAdmit::Answer(refusal_response(
+                config.model(model),
+                config.pool_label(pool),
+                &refused,
+            ))
         }
-        Err(error) => match store_failure(options.store_failure, &error) {
+        Err(error) => match store_failure_response(store_failure, &error) {
             Some(response) => AfterAdmit::Answer(response),
             None => AfterAdmit::Call(None),
         },
@@ -246,20 +238,18 @@ where
     }
 }
 
-fn own<B: Body<Data = Bytes>, St: Store>(
-    response: Response<Bytes>,
-) -> Response<ResponseBody<B, St>> {
+fn own<B: Body<Data = Bytes>>(response: Response<Bytes>) -> Response<ResponseBody<B>> {
     response.map(ResponseBody::full)
 }
 
 impl<S, ReqBody, E, St, ResBody> Future for ResponseFuture<S, ReqBody, E, St>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>>,
-    E: Future<Output = Result<Extracted<ReqBody>, ExtractRejection>>,
+    E: Future<Output = Result<Extracted<ReqBody>, BadRequest>>,
     St: Store,
     ResBody: Body<Data = Bytes>,
 {
-    type Output = Result<Response<ResponseBody<ResBody, St>>, S::Error>;
+    type Output = Result<Response<ResponseBody<ResBody>>, S::Error>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
@@ -301,16 +291,8 @@ where
                     else {
                         panic!("ResponseFuture polled after completion");
                     };
-                    let mut request = request;
-                    let options = *this.options;
-                    match after_admit(
-                        this.limiter,
-                        model,
-                        *this.pool,
-                        decision,
-                        options,
-                        &mut request,
-                    ) {
+                    let store_failure = this.options.store_failure;
+                    match after_admit(this.limiter, model, *this.pool, decision, store_failure) {
                         AfterAdmit::Call(admitted) => *this.admitted = admitted,
                         AfterAdmit::Answer(response) => {
                             this.state.set(State::Done);
@@ -334,11 +316,6 @@ where
                     let Some((lease, admitted)) = this.admitted.take() else {
                         return Poll::Ready(Ok(response.map(ResponseBody::plain)));
                     };
-                    if response.extensions().get::<ChargedElsewhere>().is_some() {
-                        // Served under another limit's lease; this one records nothing.
-                        drop(lease);
-                        return Poll::Ready(Ok(response.map(ResponseBody::plain)));
-                    }
                     return Poll::Ready(Ok(this.limiter.meter_response(
                         response,
                         lease,
@@ -349,49 +326,5 @@ where
                 StateProj::Done => panic!("ResponseFuture polled after completion"),
             }
         }
-    }
-}
-
-/// The response for a store failure, or `None` to serve unlimited (fail-open).
-fn store_failure(policy: StoreFailure, error: &StoreError) -> Option<Response<Bytes>> {
-    let log = log_slot();
-    match policy {
-        StoreFailure::Closed => {
-            if let Some(suppressed) = log {
-                tracing::error!(%error, suppressed, "rate-limit store failed; refusing (fail-closed)");
-            }
-            Some(error_response(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "service_unavailable",
-                &format!("Rate limiter unavailable: {error}"),
-                None,
-            ))
-        }
-        StoreFailure::Open => {
-            if let Some(suppressed) = log {
-                tracing::warn!(%error, suppressed, "rate-limit store failed; serving unlimited (fail-open)");
-            }
-            None
-        }
-    }
-}
-
-/// At most one store-failure line per second, with how many were left out since the last one:
-/// an outage must be loud, not a flood of one line per request.
-fn log_slot() -> Option<u64> {
-    static START: OnceLock<Instant> = OnceLock::new();
-    static LAST_SECOND: AtomicU64 = AtomicU64::new(u64::MAX);
-    static SUPPRESSED: AtomicU64 = AtomicU64::new(0);
-    let second = START.get_or_init(Instant::now).elapsed().as_secs();
-    let last = LAST_SECOND.load(Ordering::Relaxed);
-    if last != second
-        && LAST_SECOND
-            .compare_exchange(last, second, Ordering::Relaxed, Ordering::Relaxed)
-            .is_ok()
-    {
-        Some(SUPPRESSED.swap(0, Ordering::Relaxed))
-    } else {
-        SUPPRESSED.fetch_add(1, Ordering::Relaxed);
-        None
     }
 }

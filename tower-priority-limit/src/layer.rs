@@ -22,44 +22,21 @@ pub enum UnknownModel {
     Reject,
 }
 
-/// What to do when the store cannot answer (e.g. Redis unreachable).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum StoreFailure {
-    /// Answer 503 in the OpenAI error shape (the default: a limiter that cannot count does not
-    /// silently let everything through).
-    #[default]
-    Closed,
-    /// Serve the request unlimited, logging a warning each time.
-    Open,
-}
-
-/// What to do with a request the limiter refuses.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Refusal {
-    /// Answer the SPEC's 429 (the default).
-    #[default]
-    Answer,
-    /// Hand the request to the inner service anyway, unmetered, with a [`LimitRefusal`](crate::LimitRefusal)
-    /// extension: for a service with somewhere else to send it (a gateway's fallback groups,
-    /// SPEC §2). The inner service answers `LimitRefusal::into_response()` if nothing serves it.
-    Forward,
-}
-
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct Options {
     pub(crate) unknown_model: UnknownModel,
-    pub(crate) store_failure: StoreFailure,
-    pub(crate) refusal: Refusal,
+    /// What a store error gets: [`FailureMode::Open`] serves, anything else answers 503.
+    pub(crate) store_failure: FailureMode,
 }
 
-/// Rate-limits requests per model and priority (SPEC §1), counting tokens from response bodies.
+/// Rate-limits requests per model and priority, counting tokens from response bodies.
 ///
 /// Every service this layer makes shares one [`Limiter`]: clones, routes and tasks all charge the
 /// same counters.
 ///
 /// ```
 /// use axum::{routing::post, Router};
-/// use tower_priority_limit::{config::LimiterConfig, priority::HeaderPriority, PriorityLimitLayer};
+/// use tower_priority_limit::{priority::HeaderPriority, LimiterConfig, PriorityLimitLayer};
 ///
 /// let config = LimiterConfig::from_yaml_str(r#"
 /// model_list:
@@ -99,20 +76,18 @@ impl PriorityLimitLayer {
     /// A layer with the embedded store, priority from the [`Priority`](crate::priority::Priority)
     /// request extension, and the model from the JSON body.
     pub fn new(config: LimiterConfig) -> Self {
-        Self::from_limiter(Arc::new(Limiter::new(config)))
+        Self::with_limiter(Arc::new(Limiter::new(config)))
     }
 }
 
 impl<St: Store> PriorityLimitLayer<ExtensionPriority, JsonBodyModel, St> {
-    /// A layer over an existing limiter (any store; shared with whoever else holds it).
+    /// A layer over a shared limiter (any store, e.g. [`RedisStore`](crate::store::RedisStore)
+    /// with the `redis` feature; shared with whoever else holds it).
     ///
     /// The store-failure policy starts from the config's `redis_failure_mode`: `open` serves
     /// unlimited, anything else answers 503 ([`on_store_failure`](Self::on_store_failure) overrides).
-    pub fn from_limiter(limiter: Arc<Limiter<St>>) -> Self {
-        let store_failure = match limiter.config().settings().shared.failure_mode {
-            FailureMode::Open => StoreFailure::Open,
-            FailureMode::Local | FailureMode::Closed => StoreFailure::Closed,
-        };
+    pub fn with_limiter(limiter: Arc<Limiter<St>>) -> Self {
+        let store_failure = limiter.config().settings().shared.failure_mode;
         Self {
             limiter,
             priority: ExtensionPriority,
@@ -146,20 +121,18 @@ impl<P, M, St> PriorityLimitLayer<P, M, St> {
         }
     }
 
-    /// What to do with refused requests (default: answer the 429).
-    pub fn on_refusal(mut self, policy: Refusal) -> Self {
-        self.options.refusal = policy;
-        self
-    }
-
     /// What to do with models the config does not list (default: pass through).
     pub fn unknown_models(mut self, policy: UnknownModel) -> Self {
         self.options.unknown_model = policy;
         self
     }
 
-    /// What to do when the store fails (default: closed, 503).
-    pub fn on_store_failure(mut self, policy: StoreFailure) -> Self {
+    /// What to do when the store fails: [`FailureMode::Open`] serves the request unlimited
+    /// (logged at most once a second); [`FailureMode::Closed`] or [`FailureMode::Local`] answer
+    /// 503 in the OpenAI error shape (a store in `local` mode has already fallen back to its own
+    /// counters; an error that still reaches the layer is one it could not absorb). Defaults to
+    /// the config's `redis_failure_mode`.
+    pub fn on_store_failure(mut self, policy: FailureMode) -> Self {
         self.options.store_failure = policy;
         self
     }

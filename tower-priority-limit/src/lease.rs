@@ -1,23 +1,24 @@
 //! [`Lease`]: what an admission hands back; it settles the request's tokens exactly once.
 
 use std::fmt;
+use std::sync::Arc;
 
 use crate::config::{ModelId, PoolRef};
 use crate::decision::Admitted;
-use crate::store::{Settlement, Settler, Store};
+use crate::store::{Settlement, Settler};
 
 /// Proof of one admission. Settle it with the response's tokens; dropping it unsettled settles 0
 /// (the request produced no body: nothing was streamed, nothing is charged, any reservation is
 /// refunded).
-pub struct Lease<St: Store> {
-    /// `None` only if the store had no such model; then there is nothing to settle.
-    settler: Option<St::Settler>,
+pub struct Lease {
+    /// `None` once settled, or if the store had no such model (nothing to settle).
+    settler: Option<Arc<dyn Settler>>,
     settlement: Settlement,
 }
 
-impl<St: Store> Lease<St> {
+impl Lease {
     pub(crate) fn new(
-        settler: Option<St::Settler>,
+        settler: Option<Arc<dyn Settler>>,
         model: ModelId,
         pool: PoolRef,
         admitted: &Admitted,
@@ -62,13 +63,13 @@ impl<St: Store> Lease<St> {
     }
 }
 
-impl<St: Store> Drop for Lease<St> {
+impl Drop for Lease {
     fn drop(&mut self) {
         self.settle_once(0);
     }
 }
 
-impl<St: Store> fmt::Debug for Lease<St> {
+impl fmt::Debug for Lease {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Lease")
             .field("settlement", &self.settlement)

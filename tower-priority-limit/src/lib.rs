@@ -73,7 +73,6 @@ pub mod meter;
 pub mod mock;
 pub mod model;
 pub mod priority;
-pub mod response;
 pub mod store;
 
 mod body;
@@ -81,15 +80,18 @@ mod future;
 mod layer;
 mod lease;
 mod limiter;
+#[cfg(feature = "gateway-helpers")]
+pub mod response;
+#[cfg(not(feature = "gateway-helpers"))]
+mod response;
 mod service;
 
 pub use body::ResponseBody;
-pub use config::LimiterConfig;
+pub use config::{FailureMode, LimiterConfig, ModelLimits};
 pub use future::ResponseFuture;
-pub use layer::{PriorityLimitLayer, Refusal, StoreFailure, UnknownModel};
+pub use layer::{PriorityLimitLayer, UnknownModel};
 pub use lease::Lease;
 pub use limiter::{Acquired, Limiter};
-pub use response::{ChargedElsewhere, LimitRefusal};
 pub use service::PriorityLimit;
 
 /// The README's example compiles and runs as a doctest.

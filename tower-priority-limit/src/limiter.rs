@@ -3,17 +3,21 @@
 
 use std::hash::BuildHasher;
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use bytes::Bytes;
 use http::header::CONTENT_TYPE;
 use http::Response;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::body::ResponseBody;
 use crate::clock::Clock;
 use crate::config::{LimiterConfig, ModelId, PoolRef};
-use crate::decision::{Admitted, Decision, Rejected};
+use crate::decision::{Admitted, Decision, Refused};
 use crate::lease::Lease;
 use crate::meter::UsageMeter;
-use crate::response::{insert_admitted_headers, LimitHeaderValues};
+use crate::response::{
+    insert_admitted_headers, refusal_response, store_failure_response, LimitHeaderValues,
+};
 use crate::store::{AdmitRequest, MemoryStore, Store, StoreError};
 
 /// A config and the store that holds its counters. Share it in an [`Arc`](std::sync::Arc): every clone of the
@@ -22,9 +26,9 @@ use crate::store::{AdmitRequest, MemoryStore, Store, StoreError};
 /// ```
 /// # #[tokio::main(flavor = "current_thread")] async fn main() {
 /// use std::sync::Arc;
-/// use tower_priority_limit::{config::LimiterConfig, Acquired, Limiter};
+/// use tower_priority_limit::{Acquired, Limiter, LimiterConfig, ModelLimits};
 ///
-/// let config = LimiterConfig::builder().model("m", None, Some(60)).build().unwrap();
+/// let config = LimiterConfig::builder().model(ModelLimits::new("m").tpm(60)).build().unwrap();
 /// let limiter = Arc::new(Limiter::new(config));
 /// let Acquired::Admitted { lease, .. } = limiter.acquire("m", None, 0).await.unwrap() else {
 ///     panic!("an idle model admits");
@@ -36,7 +40,7 @@ use crate::store::{AdmitRequest, MemoryStore, Store, StoreError};
 pub struct Limiter<St = MemoryStore> {
     config: LimiterConfig,
     store: St,
-    /// Hashes of unknown priority labels already logged (SPEC §1.2: logged once). Labels may come
+    /// Hashes of unknown priority labels already logged (each is logged once). Labels may come
     /// from clients, so this is a fixed, lock-free table: a label already seen costs one hash and
     /// one atomic load; a colliding label may be logged again, never more memory.
     unknown_labels: Box<[AtomicU64]>,
@@ -48,37 +52,36 @@ const UNKNOWN_LABEL_SLOTS: usize = 256;
 
 /// The outcome of [`Limiter::acquire`].
 #[derive(Debug)]
-pub enum Acquired<St: Store = MemoryStore> {
+pub enum Acquired {
     /// Admitted: settle the lease with the response's tokens (dropping it settles 0).
     Admitted {
         /// Settles the request's tokens exactly once.
-        lease: Lease<St>,
+        lease: Lease,
         /// Saturation, mode and usage, for headers.
         admitted: Admitted,
     },
-    /// Refused; no counter changed.
-    Rejected(Rejected),
+    /// Refused; no counter changed. [`Limiter::refusal_response`] makes its 429.
+    Refused(Refused),
     /// The model is not in the config: nothing to limit.
-    UnknownModel,
+    NotLimited,
 }
 
 impl Limiter<MemoryStore> {
     /// A limiter with the embedded store on the system clock.
     pub fn new(config: LimiterConfig) -> Self {
-        let store = MemoryStore::new(&config);
-        Self::with_store(config, store)
+        Self::with_store(MemoryStore::new(&config))
     }
 
     /// A limiter with the embedded store on `clock` (tests, simulations).
     pub fn with_clock(config: LimiterConfig, clock: impl Clock) -> Self {
-        let store = MemoryStore::with_clock(&config, clock);
-        Self::with_store(config, store)
+        Self::with_store(MemoryStore::with_clock(&config, clock))
     }
 }
 
 impl<St: Store> Limiter<St> {
-    /// A limiter over any store built for `config`.
-    pub fn with_store(config: LimiterConfig, store: St) -> Self {
+    /// A limiter over any store, with the config the store was built for.
+    pub fn with_store(store: St) -> Self {
+        let config = store.config().clone();
         Self {
             limit_header_values: LimitHeaderValues::new(&config),
             config,
@@ -97,11 +100,6 @@ impl<St: Store> Limiter<St> {
     /// The store.
     pub fn store(&self) -> &St {
         &self.store
-    }
-
-    /// The config's limits as response header values.
-    pub fn limit_header_values(&self) -> &LimitHeaderValues {
-        &self.limit_header_values
     }
 
     /// Resolves a priority label to its pool; an unknown label goes to the default pool and is
@@ -131,14 +129,11 @@ impl<St: Store> Limiter<St> {
     /// Starts one admission (one store round trip). Pair an admitted decision with
     /// [`lease`](Self::lease).
     pub fn admit(&self, model: ModelId, pool: PoolRef, reserve: u64) -> St::AdmitFuture {
-        self.store.admit(
-            &self.config,
-            AdmitRequest {
-                model,
-                pool,
-                reserve,
-            },
-        )
+        self.store.admit(AdmitRequest {
+            model,
+            pool,
+            reserve,
+        })
     }
 
     /// The admission, when the store answers without waiting (the embedded store); `None` means
@@ -149,27 +144,23 @@ impl<St: Store> Limiter<St> {
         pool: PoolRef,
         reserve: u64,
     ) -> Option<Result<Decision, StoreError>> {
-        self.store.admit_now(
-            &self.config,
-            AdmitRequest {
-                model,
-                pool,
-                reserve,
-            },
-        )
+        self.store.admit_now(AdmitRequest {
+            model,
+            pool,
+            reserve,
+        })
     }
 
-    /// An admitted request's response as the layer sends it: the SPEC §1.6 rate-limit headers
-    /// added, and the body metered into `lease`, which settles once (end, error or drop). A
+    /// An admitted request's response as the layer sends it: the rate-limit headers added, and the body metered into `lease`, which settles once (end, error or drop). A
     /// successful response that never reports usage is charged its text plus `prompt_estimate`;
     /// a failed one only what it reports.
     pub fn meter_response<B>(
         &self,
         response: Response<B>,
-        lease: Lease<St>,
+        lease: Lease,
         admitted: &Admitted,
         prompt_estimate: u64,
-    ) -> Response<ResponseBody<B, St>> {
+    ) -> Response<ResponseBody<B>> {
         let (mut parts, body) = response.into_parts();
         insert_admitted_headers(
             &mut parts.headers,
@@ -188,13 +179,32 @@ impl<St: Store> Limiter<St> {
     }
 
     /// The lease for a request admitted as `admitted`.
-    pub fn lease(&self, model: ModelId, pool: PoolRef, admitted: &Admitted) -> Lease<St> {
-        Lease::new(
-            self.store.settler(&self.config, model),
-            model,
-            pool,
-            admitted,
+    pub fn lease(&self, model: ModelId, pool: PoolRef, admitted: &Admitted) -> Lease {
+        Lease::new(self.store.settler(model), model, pool, admitted)
+    }
+
+    /// The 429 for a request on `model` under `pool` that the limiter refused: the OpenAI error
+    /// body naming the limit, `retry-after`, `rate_limit_type`, `x-litellm-priority` and, for a
+    /// priority's refusal, `x-litellm-saturation`. The layer answers exactly this.
+    pub fn refusal_response(
+        &self,
+        model: ModelId,
+        pool: PoolRef,
+        refused: &Refused,
+    ) -> Response<Bytes> {
+        refusal_response(
+            self.config.model(model),
+            self.config.pool_label(pool),
+            refused,
         )
+    }
+
+    /// What a store failure gets under the config's `redis_failure_mode`: `None` to serve the
+    /// request unlimited ([`FailureMode::Open`]), else a 503 in the OpenAI error shape (a store
+    /// in [`FailureMode::Local`] answers from its local counters, so an error reaching this far
+    /// is one it could not absorb). Logged at most once a second.
+    pub fn store_failure_response(&self, error: &StoreError) -> Option<Response<Bytes>> {
+        store_failure_response(self.config.settings().shared.failure_mode, error)
     }
 
     /// Resolves `model` and `priority`, admits, and hands back a lease: the whole path in one call.
@@ -203,9 +213,9 @@ impl<St: Store> Limiter<St> {
         model: &str,
         priority: Option<&str>,
         reserve: u64,
-    ) -> Result<Acquired<St>, StoreError> {
+    ) -> Result<Acquired, StoreError> {
         let Some(id) = self.config.model_id(model) else {
-            return Ok(Acquired::UnknownModel);
+            return Ok(Acquired::NotLimited);
         };
         let pool = self.resolve_pool(priority);
         Ok(match self.admit(id, pool, reserve).await? {
@@ -213,7 +223,7 @@ impl<St: Store> Limiter<St> {
                 lease: self.lease(id, pool, &admitted),
                 admitted,
             },
-            Decision::Reject(rejected) => Acquired::Rejected(rejected),
+            Decision::Refuse(rejected) => Acquired::Refused(rejected),
         })
     }
 }

@@ -69,7 +69,7 @@ pub struct Extracted<B> {
 
 /// Why a request could not be read: answered with a 4xx in the OpenAI error shape.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ExtractRejection {
+pub struct BadRequest {
     /// 400 or 413.
     pub status: StatusCode,
     /// What is wrong, for the client.
@@ -78,7 +78,7 @@ pub struct ExtractRejection {
     pub param: Option<&'static str>,
 }
 
-impl ExtractRejection {
+impl BadRequest {
     /// A rejection with `status` and `message`.
     pub fn new(status: StatusCode, message: impl Into<String>) -> Self {
         Self {
@@ -99,19 +99,19 @@ impl ExtractRejection {
     }
 }
 
-impl fmt::Display for ExtractRejection {
+impl fmt::Display for BadRequest {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}: {}", self.status, self.message)
     }
 }
 
-impl std::error::Error for ExtractRejection {}
+impl std::error::Error for BadRequest {}
 
 /// The answer of [`ModelExtractor::extract_now`].
 #[derive(Debug)]
 pub enum ExtractNow<B> {
     /// Extracted (or refused) without waiting.
-    Ready(Result<Extracted<B>, ExtractRejection>),
+    Ready(Result<Extracted<B>, BadRequest>),
     /// Needs [`ModelExtractor::extract`]; the request, untouched.
     Later(Request<B>),
 }
@@ -119,7 +119,7 @@ pub enum ExtractNow<B> {
 /// Finds the model of a request.
 pub trait ModelExtractor<B>: Clone + Send + Sync + 'static {
     /// The extraction future.
-    type Future: Future<Output = Result<Extracted<B>, ExtractRejection>> + Send + 'static;
+    type Future: Future<Output = Result<Extracted<B>, BadRequest>> + Send + 'static;
 
     /// Extracts the model, handing the request back whole.
     fn extract(&self, request: Request<B>) -> Self::Future;
@@ -165,7 +165,7 @@ impl JsonBodyModel {
 
 /// The boxed future of [`JsonBodyModel`] (it allocates a body buffer anyway).
 pub type BoxExtractFuture<B> =
-    Pin<Box<dyn Future<Output = Result<Extracted<B>, ExtractRejection>> + Send + 'static>>;
+    Pin<Box<dyn Future<Output = Result<Extracted<B>, BadRequest>> + Send + 'static>>;
 
 #[derive(Deserialize)]
 struct Peek<'a> {
@@ -174,8 +174,8 @@ struct Peek<'a> {
 }
 
 /// Parses `body`, returning its model name (zero-copy when unescaped).
-pub fn model_from_json(body: &Bytes) -> Result<ModelName, ExtractRejection> {
-    let bad = |message: String| ExtractRejection::new(StatusCode::BAD_REQUEST, message);
+pub(crate) fn model_from_json(body: &Bytes) -> Result<ModelName, BadRequest> {
+    let bad = |message: String| BadRequest::new(StatusCode::BAD_REQUEST, message);
     if body.iter().all(u8::is_ascii_whitespace) {
         return Err(bad(
             "Request body is empty; expected a JSON object with \"model\".".into(),
@@ -208,39 +208,48 @@ pub fn model_from_json(body: &Bytes) -> Result<ModelName, ExtractRejection> {
     Err(rejection)
 }
 
-/// Reads a whole request body, bounded: a declared `Content-Length` over `limit` is refused before
-/// reading, a body that grows past it while streaming is cut off; both are 413s. Other read
-/// failures are 400s.
-pub async fn read_body<B>(
-    request: Request<B>,
-    limit: usize,
-) -> Result<(http::request::Parts, Bytes), ExtractRejection>
-where
-    B: Body,
-    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
-{
-    let too_large = || {
-        ExtractRejection::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            format!("Request body is larger than the limit of {limit} bytes."),
-        )
-    };
-    let declared = request
-        .headers()
-        .get(CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > limit as u64) {
-        return Err(too_large());
-    }
-    let (parts, body) = request.into_parts();
-    match Limited::new(body, limit).collect().await {
-        Ok(collected) => Ok((parts, collected.to_bytes())),
-        Err(e) if e.is::<LengthLimitError>() => Err(too_large()),
-        Err(e) => Err(ExtractRejection::new(
-            StatusCode::BAD_REQUEST,
-            format!("Could not read the request body: {e}"),
-        )),
+#[cfg(feature = "gateway-helpers")]
+pub use self::bounded::read_body;
+#[cfg(not(feature = "gateway-helpers"))]
+use self::bounded::read_body;
+
+mod bounded {
+    use super::*;
+
+    /// Reads a whole request body, bounded: a declared `Content-Length` over `limit` is refused before
+    /// reading, a body that grows past it while streaming is cut off; both are 413s. Other read
+    /// failures are 400s.
+    pub async fn read_body<B>(
+        request: Request<B>,
+        limit: usize,
+    ) -> Result<(http::request::Parts, Bytes), BadRequest>
+    where
+        B: Body,
+        B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
+        let too_large = || {
+            BadRequest::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!("Request body is larger than the limit of {limit} bytes."),
+            )
+        };
+        let declared = request
+            .headers()
+            .get(CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok());
+        if declared.is_some_and(|n| n > limit as u64) {
+            return Err(too_large());
+        }
+        let (parts, body) = request.into_parts();
+        match Limited::new(body, limit).collect().await {
+            Ok(collected) => Ok((parts, collected.to_bytes())),
+            Err(e) if e.is::<LengthLimitError>() => Err(too_large()),
+            Err(e) => Err(BadRequest::new(
+                StatusCode::BAD_REQUEST,
+                format!("Could not read the request body: {e}"),
+            )),
+        }
     }
 }
 
@@ -289,7 +298,7 @@ impl HeaderModel {
 }
 
 impl<B: Send + 'static> ModelExtractor<B> for HeaderModel {
-    type Future = Ready<Result<Extracted<B>, ExtractRejection>>;
+    type Future = Ready<Result<Extracted<B>, BadRequest>>;
 
     fn extract_now(&self, request: Request<B>) -> ExtractNow<B> {
         ExtractNow::Ready(self.extract(request).into_inner())
@@ -309,38 +318,34 @@ impl<B: Send + 'static> ModelExtractor<B> for HeaderModel {
     }
 }
 
-/// Computes the model with a closure (e.g. from a request extension set by the gateway).
-#[derive(Clone)]
-pub struct FnModel<F> {
-    f: F,
-}
-
-impl<F> FnModel<F> {
-    /// Wraps `f`.
-    pub fn new(f: F) -> Self {
-        Self { f }
-    }
-}
-
-impl<F> fmt::Debug for FnModel<F> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("FnModel")
-    }
-}
-
-impl<B, F> ModelExtractor<B> for FnModel<F>
+/// A closure is an extractor: it gets the request and returns its model (anything that turns
+/// into a [`ModelName`]: a `String`, a `&'static str`), or `None` when it names none.
+///
+/// ```
+/// use http::Request;
+/// use tower_priority_limit::{LimiterConfig, PriorityLimitLayer};
+/// # let config = LimiterConfig::from_yaml_str("model_list: []").unwrap();
+///
+/// // The model is the last path segment: POST /deployments/gpt-5.6-luna
+/// let layer = PriorityLimitLayer::new(config).model_extractor(|request: &Request<axum::body::Body>| {
+///     request.uri().path().rsplit('/').next().map(str::to_owned)
+/// });
+/// # drop(layer);
+/// ```
+impl<B, F, M> ModelExtractor<B> for F
 where
     B: Send + 'static,
-    F: Fn(&Request<B>) -> Option<ModelName> + Clone + Send + Sync + 'static,
+    F: Fn(&Request<B>) -> Option<M> + Clone + Send + Sync + 'static,
+    M: Into<ModelName>,
 {
-    type Future = Ready<Result<Extracted<B>, ExtractRejection>>;
+    type Future = Ready<Result<Extracted<B>, BadRequest>>;
 
     fn extract_now(&self, request: Request<B>) -> ExtractNow<B> {
         ExtractNow::Ready(self.extract(request).into_inner())
     }
 
     fn extract(&self, request: Request<B>) -> Self::Future {
-        let model = (self.f)(&request);
+        let model = self(&request).map(Into::into);
         ready(Ok(Extracted {
             request,
             model,

@@ -1,13 +1,12 @@
-//! Priority extractors: how the layer learns a request's priority label (SPEC §1.2).
+//! Priority extractors: how the layer learns a request's priority label. A label the config
+//! does not reserve for, or none, means the default pool.
 //!
 //! An extractor hands the label to a resolver instead of returning it, so a label that lives in a
 //! header or behind a lock is looked up without being copied per request.
 
-use std::collections::HashMap;
-use std::fmt;
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 
-use http::header::{HeaderName, AUTHORIZATION};
+use http::header::HeaderName;
 use http::Request;
 
 /// Finds the priority label of a request.
@@ -63,159 +62,28 @@ impl<B> PriorityExtractor<B> for HeaderPriority {
     }
 }
 
-/// Computes the label with a closure.
-#[derive(Clone)]
-pub struct FnPriority<F> {
-    f: F,
-}
-
-impl<F> FnPriority<F> {
-    /// Wraps `f`, called with each request.
-    pub fn new(f: F) -> Self {
-        Self { f }
-    }
-}
-
-impl<F> fmt::Debug for FnPriority<F> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("FnPriority")
-    }
-}
-
-impl<B, F> PriorityExtractor<B> for FnPriority<F>
+/// A closure is an extractor: it gets the request and returns its label (owned: a `String`, an
+/// `Arc<str>` or a `&'static str`), or `None` for the default pool.
+///
+/// ```
+/// use http::Request;
+/// use tower_priority_limit::{LimiterConfig, PriorityLimitLayer};
+/// # let config = LimiterConfig::from_yaml_str("model_list: []").unwrap();
+///
+/// // Everything from the batch host is "batch"; everyone else shares the default pool.
+/// let layer = PriorityLimitLayer::new(config).priority_extractor(|request: &Request<axum::body::Body>| {
+///     let host = request.headers().get("host")?.to_str().ok()?;
+///     host.starts_with("batch.").then_some("batch")
+/// });
+/// # drop(layer);
+/// ```
+impl<B, F, L> PriorityExtractor<B> for F
 where
-    F: Fn(&Request<B>) -> Option<String> + Clone + Send + Sync + 'static,
+    F: Fn(&Request<B>) -> Option<L> + Clone + Send + Sync + 'static,
+    L: AsRef<str>,
 {
     fn extract<R>(&self, request: &Request<B>, resolve: impl FnOnce(Option<&str>) -> R) -> R {
-        let label = (self.f)(request);
-        resolve(label.as_deref())
-    }
-}
-
-/// Keys and teams with their priorities, resolved team → key → default (SPEC §1.2).
-///
-/// ```
-/// use tower_priority_limit::priority::KeyTable;
-///
-/// let table = KeyTable::new();
-/// table.insert_team("t1", Some("prod"));
-/// table.insert_key("sk-a", Some("dev"), Some("t1"));
-/// table.insert_key("sk-b", Some("dev"), None);
-/// assert_eq!(table.priority("sk-a").as_deref(), Some("prod")); // team wins
-/// assert_eq!(table.priority("sk-b").as_deref(), Some("dev"));
-/// assert_eq!(table.priority("sk-unknown"), None);
-/// ```
-#[derive(Debug, Default)]
-pub struct KeyTable {
-    inner: RwLock<Tables>,
-}
-
-#[derive(Debug, Default)]
-struct Tables {
-    keys: HashMap<String, KeyEntry>,
-    teams: HashMap<String, Option<Arc<str>>>,
-}
-
-#[derive(Debug)]
-struct KeyEntry {
-    priority: Option<Arc<str>>,
-    team: Option<String>,
-}
-
-impl KeyTable {
-    /// An empty table.
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    fn read(&self) -> std::sync::RwLockReadGuard<'_, Tables> {
-        self.inner.read().unwrap_or_else(|e| e.into_inner())
-    }
-
-    fn write(&self) -> std::sync::RwLockWriteGuard<'_, Tables> {
-        self.inner.write().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Adds or replaces a key with its own priority and team.
-    pub fn insert_key(&self, key: &str, priority: Option<&str>, team: Option<&str>) {
-        self.write().keys.insert(
-            key.to_owned(),
-            KeyEntry {
-                priority: priority.map(Arc::from),
-                team: team.map(str::to_owned),
-            },
-        );
-    }
-
-    /// Adds or replaces a team with its `metadata.priority`.
-    pub fn insert_team(&self, team: &str, priority: Option<&str>) {
-        self.write()
-            .teams
-            .insert(team.to_owned(), priority.map(Arc::from));
-    }
-
-    /// Removes a key.
-    pub fn remove_key(&self, key: &str) {
-        self.write().keys.remove(key);
-    }
-
-    /// Calls `f` with the resolved label of `key`: the team's priority, else the key's own.
-    pub fn with_priority<R>(&self, key: &str, f: impl FnOnce(Option<&str>) -> R) -> R {
-        let tables = self.read();
-        let label = tables.keys.get(key).and_then(|k| {
-            let team = k
-                .team
-                .as_deref()
-                .and_then(|t| tables.teams.get(t))
-                .and_then(|p| p.as_deref());
-            team.or(k.priority.as_deref())
-        });
-        f(label)
-    }
-
-    /// The resolved label of `key`, owned.
-    pub fn priority(&self, key: &str) -> Option<String> {
-        self.with_priority(key, |l| l.map(str::to_owned))
-    }
-}
-
-/// Resolves the caller's key (`Authorization: Bearer …` or `x-api-key`) through a [`KeyTable`].
-#[derive(Debug, Clone)]
-pub struct KeyTablePriority {
-    table: Arc<KeyTable>,
-}
-
-impl KeyTablePriority {
-    /// Looks keys up in `table`.
-    pub fn new(table: Arc<KeyTable>) -> Self {
-        Self { table }
-    }
-}
-
-/// The API key of a request: `Authorization: Bearer <key>`, else `x-api-key`.
-pub fn api_key<B>(request: &Request<B>) -> Option<&str> {
-    static X_API_KEY: HeaderName = HeaderName::from_static("x-api-key");
-    let headers = request.headers();
-    if let Some(v) = headers.get(AUTHORIZATION).and_then(|v| v.to_str().ok()) {
-        let v = v.trim();
-        if let Some(rest) = v
-            .strip_prefix("Bearer ")
-            .or_else(|| v.strip_prefix("bearer "))
-        {
-            return Some(rest.trim());
-        }
-    }
-    headers
-        .get(&X_API_KEY)
-        .and_then(|v| v.to_str().ok())
-        .map(str::trim)
-}
-
-impl<B> PriorityExtractor<B> for KeyTablePriority {
-    fn extract<R>(&self, request: &Request<B>, resolve: impl FnOnce(Option<&str>) -> R) -> R {
-        match api_key(request) {
-            Some(key) => self.table.with_priority(key, resolve),
-            None => resolve(None),
-        }
+        let label = self(request);
+        resolve(label.as_ref().map(AsRef::as_ref))
     }
 }

@@ -2,13 +2,17 @@
 //! the same OpenAI shape, and the rate-limit headers on admitted responses.
 
 use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
+use std::time::Instant;
 
 use bytes::Bytes;
 use http::header::{HeaderName, HeaderValue, CONTENT_TYPE, RETRY_AFTER};
 use http::{HeaderMap, Response, StatusCode};
 
-use crate::config::{pool_index, LimiterConfig, ModelId, ModelLimits, PoolRef};
-use crate::decision::{Admitted, Rejected, Scope};
+use crate::config::{pool_index, FailureMode, LimiterConfig, ModelId, ModelLimits, PoolRef};
+use crate::decision::{Admitted, Refused, Scope};
+use crate::store::StoreError;
 
 /// `x-litellm-priority`: the resolved priority label, `default` for the default pool.
 pub const X_LITELLM_PRIORITY: HeaderName = HeaderName::from_static("x-litellm-priority");
@@ -95,7 +99,7 @@ fn limit_or_missing(out: &mut String, limit: Option<u64>) {
 }
 
 /// The 429 message of SPEC §1.6 for a refusal on `model` under `label` (`None` = default pool).
-pub fn rejection_message(model: &ModelLimits, label: Option<&str>, r: &Rejected) -> String {
+pub(crate) fn refusal_message(model: &ModelLimits, label: Option<&str>, r: &Refused) -> String {
     let mut m = String::with_capacity(200);
     let label = label.unwrap_or("None");
     match r.scope {
@@ -126,50 +130,14 @@ pub fn rejection_message(model: &ModelLimits, label: Option<&str>, r: &Rejected)
     m
 }
 
-/// A refusal handed to the inner service under [`Refusal::Forward`](crate::Refusal::Forward), as
-/// a request extension: what was refused and the exact 429 to answer if nothing else serves the
-/// request.
-#[derive(Debug, Clone)]
-pub struct LimitRefusal {
-    /// Why.
-    pub rejected: Rejected,
-    headers: HeaderMap,
-    body: Bytes,
-}
-
-impl LimitRefusal {
-    pub(crate) fn new(rejected: Rejected, response: Response<Bytes>) -> Self {
-        let (parts, body) = response.into_parts();
-        Self {
-            rejected,
-            headers: parts.headers,
-            body,
-        }
-    }
-
-    /// The SPEC's 429 for this refusal, byte for byte what the layer would have answered.
-    pub fn into_response(self) -> Response<Bytes> {
-        let mut response = Response::new(self.body);
-        *response.status_mut() = StatusCode::TOO_MANY_REQUESTS;
-        *response.headers_mut() = self.headers;
-        response
-    }
-}
-
-/// A response extension by which the inner service says it charged this request to another
-/// limit itself (e.g. a gateway that served it from a fallback group, under that group's lease):
-/// the layer then meters nothing, charges no tokens and adds no headers of its own.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct ChargedElsewhere;
-
 /// The full 429 for a refusal: exact body, `retry-after`, `rate_limit_type`, `x-litellm-priority`
 /// and, for priority refusals, `x-litellm-saturation`.
-pub fn rejection_response(
+pub(crate) fn refusal_response(
     model: &ModelLimits,
     label: Option<&str>,
-    r: &Rejected,
+    r: &Refused,
 ) -> Response<Bytes> {
-    let message = rejection_message(model, label, r);
+    let message = refusal_message(model, label, r);
     let mut response = error_response(
         StatusCode::TOO_MANY_REQUESTS,
         "throttling_error",
@@ -222,7 +190,7 @@ static RESET_SECONDS: [&str; 61] = [
 /// Header values that never change for a config: each model's and pool's limits and each pool's
 /// label, formatted once when the limiter is built instead of on every response.
 #[derive(Debug)]
-pub struct LimitHeaderValues {
+pub(crate) struct LimitHeaderValues {
     models: Box<[ModelValues]>,
     /// `x-litellm-priority` per named priority.
     labels: Box<[HeaderValue]>,
@@ -238,7 +206,7 @@ struct ModelValues {
 
 impl LimitHeaderValues {
     /// Formats every limit of `config`.
-    pub fn new(config: &LimiterConfig) -> Self {
+    pub(crate) fn new(config: &LimiterConfig) -> Self {
         let value = |n: Option<u64>| n.map(HeaderValue::from);
         let models = config
             .models()
@@ -280,7 +248,7 @@ impl LimitHeaderValues {
 /// The OpenAI-style `x-ratelimit-{limit,remaining,reset}-*` describe the caller's effective limit:
 /// the model-wide capacity in generous mode, its pool's (bounded by what the model has left) in
 /// strict mode.
-pub fn insert_admitted_headers(
+pub(crate) fn insert_admitted_headers(
     headers: &mut HeaderMap,
     values: &LimitHeaderValues,
     config: &LimiterConfig,
@@ -363,6 +331,53 @@ pub fn insert_admitted_headers(
     headers.insert(X_LITELLM_PRIORITY, values.label(pool));
 }
 
+/// The response for a store failure under `policy`, or `None` to serve unlimited (`open`).
+pub(crate) fn store_failure_response(
+    policy: FailureMode,
+    error: &StoreError,
+) -> Option<Response<Bytes>> {
+    let log = log_slot();
+    match policy {
+        FailureMode::Local | FailureMode::Closed => {
+            if let Some(suppressed) = log {
+                tracing::error!(%error, suppressed, "rate-limit store failed; refusing (fail-closed)");
+            }
+            Some(error_response(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "service_unavailable",
+                &format!("Rate limiter unavailable: {error}"),
+                None,
+            ))
+        }
+        FailureMode::Open => {
+            if let Some(suppressed) = log {
+                tracing::warn!(%error, suppressed, "rate-limit store failed; serving unlimited (fail-open)");
+            }
+            None
+        }
+    }
+}
+
+/// At most one store-failure line per second, with how many were left out since the last one:
+/// an outage must be loud, not a flood of one line per request.
+fn log_slot() -> Option<u64> {
+    static START: OnceLock<Instant> = OnceLock::new();
+    static LAST_SECOND: AtomicU64 = AtomicU64::new(u64::MAX);
+    static SUPPRESSED: AtomicU64 = AtomicU64::new(0);
+    let second = START.get_or_init(Instant::now).elapsed().as_secs();
+    let last = LAST_SECOND.load(Ordering::Relaxed);
+    if last != second
+        && LAST_SECOND
+            .compare_exchange(last, second, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
+    {
+        Some(SUPPRESSED.swap(0, Ordering::Relaxed))
+    } else {
+        SUPPRESSED.fetch_add(1, Ordering::Relaxed);
+        None
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -372,10 +387,10 @@ mod tests {
     #[test]
     fn model_capacity_message_is_exact() {
         let c = LimiterConfig::builder()
-            .model("my-fake-model", None, Some(60))
+            .model(ModelLimits::new("my-fake-model").tpm(60))
             .build()
             .unwrap();
-        let r = Rejected {
+        let r = Refused {
             scope: Scope::Model,
             dimension: Dimension::Tokens,
             limit: 60,
@@ -383,7 +398,7 @@ mod tests {
             saturation: 1.0,
             retry_after_ms: 59_001,
         };
-        let resp = rejection_response(&c.models()[0], None, &r);
+        let resp = refusal_response(&c.models()[0], None, &r);
         assert_eq!(resp.status(), 429);
         assert_eq!(
             std::str::from_utf8(resp.body()).unwrap(),
@@ -406,11 +421,11 @@ mod tests {
     #[test]
     fn priority_message_is_exact() {
         let c = LimiterConfig::builder()
-            .model("gpt-5.6-luna", None, Some(1000))
+            .model(ModelLimits::new("gpt-5.6-luna").tpm(1000))
             .reserve("dev", Reservation::Percent(0.1))
             .build()
             .unwrap();
-        let r = Rejected {
+        let r = Refused {
             scope: Scope::Priority,
             dimension: Dimension::Tokens,
             limit: 100,
@@ -418,9 +433,9 @@ mod tests {
             saturation: 0.528,
             retry_after_ms: 200,
         };
-        let resp = rejection_response(&c.models()[0], Some("dev"), &r);
+        let resp = refusal_response(&c.models()[0], Some("dev"), &r);
         assert_eq!(
-            rejection_message(&c.models()[0], Some("dev"), &r),
+            refusal_message(&c.models()[0], Some("dev"), &r),
             "Priority-based rate limit exceeded. Model: gpt-5.6-luna, Priority: dev, Rate limit type: tokens, Model TPM: 1000, Model RPM: not configured, Remaining: 0, Model saturation: 52.8%"
         );
         assert_eq!(resp.headers()["x-litellm-saturation"], "52.80%");

@@ -58,6 +58,16 @@ impl<S, P, M, St> PriorityLimit<S, P, M, St> {
     pub fn get_ref(&self) -> &S {
         &self.inner
     }
+
+    /// The inner service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// The inner service, unwrapped.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
 }
 
 impl<S, P, M, St: Store> PriorityLimit<S, P, M, St> {
@@ -86,7 +96,7 @@ impl<S, P, M, St: Store> PriorityLimit<S, P, M, St> {
         &self,
         fut: S::Future,
         pool: PoolRef,
-        admitted: Option<(Lease<St>, Admitted)>,
+        admitted: Option<(Lease, Admitted)>,
         prompt_estimate: u64,
     ) -> ResponseFuture<S, ReqBody, E, St>
     where
@@ -133,7 +143,7 @@ where
     St: Store,
     ResBody: Body<Data = Bytes>,
 {
-    type Response = Response<ResponseBody<ResBody, St>>;
+    type Response = Response<ResponseBody<ResBody>>;
     type Error = S::Error;
     type Future = ResponseFuture<S, ReqBody, M::Future, St>;
 
@@ -177,14 +187,12 @@ where
                                 self.options,
                             );
                         };
-                        let mut request = extracted.request;
-                        let options = self.options;
-                        match after_admit(&self.limiter, id, pool, decision, options, &mut request)
-                        {
+                        let store_failure = self.options.store_failure;
+                        match after_admit(&self.limiter, id, pool, decision, store_failure) {
                             AfterAdmit::Answer(response) => return self.answered(response, pool),
                             AfterAdmit::Call(admitted) => {
                                 let estimate = extracted.prompt_estimate;
-                                let fut = self.inner.call(request);
+                                let fut = self.inner.call(extracted.request);
                                 return self.calling(fut, pool, admitted, estimate);
                             }
                         }

@@ -15,14 +15,15 @@ use crate::decision::{decide, Counter, Decision, Usage};
 /// In-process counters for every model of one config.
 ///
 /// ```
-/// use tower_priority_limit::{clock::ManualClock, config::LimiterConfig, store::MemoryStore};
+/// use tower_priority_limit::{clock::ManualClock, store::MemoryStore, LimiterConfig, ModelLimits};
 ///
-/// let config = LimiterConfig::builder().model("m", Some(10), None).build().unwrap();
+/// let config = LimiterConfig::builder().model(ModelLimits::new("m").rpm(10)).build().unwrap();
 /// let store = MemoryStore::with_clock(&config, ManualClock::new());
 /// # drop(store);
 /// ```
 #[derive(Debug)]
 pub struct MemoryStore {
+    config: LimiterConfig,
     models: Box<[Arc<Slot>]>,
     clock: Arc<dyn Clock>,
 }
@@ -44,17 +45,12 @@ impl Slot {
     }
 }
 
-/// Settles on one model's counters.
-#[derive(Debug, Clone)]
-pub struct MemorySettler {
-    slot: Arc<Slot>,
-}
-
-impl Settler for MemorySettler {
+/// A lease settles on its model's slot alone.
+impl Settler for Slot {
     fn settle(&self, s: Settlement) {
-        let now = self.slot.clock.now_ms();
-        let window = self.slot.window_ms;
-        let mut guard = self.slot.lock();
+        let now = self.clock.now_ms();
+        let window = self.window_ms;
+        let mut guard = self.lock();
         let counters = &mut *guard;
         counters
             .model
@@ -140,7 +136,11 @@ impl MemoryStore {
                 })
             })
             .collect();
-        Self { models, clock }
+        Self {
+            config: config.clone(),
+            models,
+            clock,
+        }
     }
 
     /// The clock windows are measured on.
@@ -149,15 +149,10 @@ impl MemoryStore {
     }
 
     /// Usage of `model` and its `pool` in the windows current now (for tests, metrics, health).
-    pub fn usage(
-        &self,
-        config: &LimiterConfig,
-        model: ModelId,
-        pool: PoolRef,
-    ) -> Option<(Usage, Option<Usage>)> {
+    pub fn usage(&self, model: ModelId, pool: PoolRef) -> Option<(Usage, Option<Usage>)> {
         let guard = self.lock(model.index())?;
         let now = self.clock.now_ms();
-        let window = config.settings().window_ms;
+        let window = self.config.settings().window_ms;
         let pool_usage = (!guard.pools.is_empty())
             .then(|| guard.pools[pool_index(pool, guard.pools.len())].usage(now, window));
         Some((guard.model.usage(now, window), pool_usage))
@@ -171,10 +166,15 @@ impl MemoryStore {
 impl Store for MemoryStore {
     type AdmitFuture = Ready<Result<Decision, StoreError>>;
 
-    fn admit(&self, config: &LimiterConfig, request: AdmitRequest) -> Self::AdmitFuture {
+    fn config(&self) -> &LimiterConfig {
+        &self.config
+    }
+
+    fn admit(&self, request: AdmitRequest) -> Self::AdmitFuture {
+        let config = &self.config;
         let index = request.model.index();
         let (Some(limits), Some(mut guard)) = (config.models().get(index), self.lock(index)) else {
-            return ready(Err(StoreError::UnknownModel(request.model)));
+            return ready(Err(StoreError::NoCounters(request.model)));
         };
         let now = self.clock.now_ms();
         let window = config.settings().window_ms;
@@ -197,19 +197,12 @@ impl Store for MemoryStore {
         ready(Ok(decision))
     }
 
-    fn admit_now(
-        &self,
-        config: &LimiterConfig,
-        request: AdmitRequest,
-    ) -> Option<Result<Decision, StoreError>> {
-        Some(self.admit(config, request).into_inner())
+    fn admit_now(&self, request: AdmitRequest) -> Option<Result<Decision, StoreError>> {
+        Some(self.admit(request).into_inner())
     }
 
-    type Settler = MemorySettler;
-
-    fn settler(&self, _config: &LimiterConfig, model: ModelId) -> Option<MemorySettler> {
-        self.models.get(model.index()).map(|slot| MemorySettler {
-            slot: Arc::clone(slot),
-        })
+    fn settler(&self, model: ModelId) -> Option<Arc<dyn Settler>> {
+        let slot = self.models.get(model.index())?;
+        Some(Arc::clone(slot) as Arc<dyn Settler>)
     }
 }

@@ -11,6 +11,7 @@
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 
 use crate::config::{LimiterConfig, ModelId, PoolRef};
 use crate::decision::{Decision, Millis};
@@ -20,10 +21,8 @@ pub mod memory;
 pub mod redis;
 
 #[cfg(feature = "redis")]
-pub use self::redis::{
-    redact_url, RedisSettler, RedisStats, RedisStore, RedisStoreBuilder, RedisTarget,
-};
-pub use memory::{MemorySettler, MemoryStore};
+pub use self::redis::{RedisStats, RedisStore, RedisStoreBuilder, RedisTarget};
+pub use memory::MemoryStore;
 
 /// One admission to decide.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -60,8 +59,8 @@ pub enum StoreError {
     Timeout,
     /// The backend is unreachable or answered with an error.
     Unavailable(String),
-    /// The store was built for a different config (unknown model id).
-    UnknownModel(ModelId),
+    /// The store has no counters for this model: it was built for another config.
+    NoCounters(ModelId),
 }
 
 impl fmt::Display for StoreError {
@@ -69,7 +68,7 @@ impl fmt::Display for StoreError {
         match self {
             StoreError::Timeout => f.write_str("rate-limit store timed out"),
             StoreError::Unavailable(e) => write!(f, "rate-limit store unavailable: {e}"),
-            StoreError::UnknownModel(id) => {
+            StoreError::NoCounters(id) => {
                 write!(
                     f,
                     "rate-limit store has no counters for model #{}",
@@ -82,29 +81,29 @@ impl fmt::Display for StoreError {
 
 impl std::error::Error for StoreError {}
 
-/// A counter backend.
+/// A counter backend, built once for one [`LimiterConfig`](crate::LimiterConfig): it keeps what
+/// it needs of the config, so no call takes it again.
 pub trait Store: Send + Sync + 'static {
     /// The future of one admission.
     type AdmitFuture: Future<Output = Result<Decision, StoreError>> + Send + 'static;
 
-    /// What an admitted request keeps to settle its tokens later.
-    type Settler: Settler;
+    /// The config the store was built for (a [`Limiter`](crate::Limiter) over the store uses it).
+    fn config(&self) -> &LimiterConfig;
 
     /// Decides `request` and, if admitted, counts it, atomically: a refusal changes nothing.
-    fn admit(&self, config: &LimiterConfig, request: AdmitRequest) -> Self::AdmitFuture;
+    fn admit(&self, request: AdmitRequest) -> Self::AdmitFuture;
 
     /// The settlement handle for a request admitted on `model` (`None` if the store has no such
     /// model, which an admission would already have reported).
-    fn settler(&self, config: &LimiterConfig, model: ModelId) -> Option<Self::Settler>;
+    ///
+    /// A shared handle (cloning it is one atomic increment), type-erased so that leases and
+    /// response bodies do not carry the store's type.
+    fn settler(&self, model: ModelId) -> Option<Arc<dyn Settler>>;
 
     /// The admission, when the store can answer without waiting (the embedded store): the layer
     /// then decides in `call`. `None` (the default) means "await [`admit`](Self::admit)".
-    fn admit_now(
-        &self,
-        config: &LimiterConfig,
-        request: AdmitRequest,
-    ) -> Option<Result<Decision, StoreError>> {
-        let _ = (config, request);
+    fn admit_now(&self, request: AdmitRequest) -> Option<Result<Decision, StoreError>> {
+        let _ = request;
         None
     }
 

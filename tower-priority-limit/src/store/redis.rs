@@ -12,7 +12,7 @@
 //! - **Layout**: one hash per model, `PREFIX{model}`; a script touches only that key, so it works on
 //!   Redis Cluster. Every write sets the key's TTL to the window (plus a margin): nothing outlives
 //!   its window, nothing grows without bound.
-//! - **Settlement** never blocks a response: [`RedisSettler::settle`] queues into a bounded channel
+//! - **Settlement** never blocks a response: the settler queues into a bounded channel
 //!   that a background task drains, several calls in flight at once on the multiplexed connection.
 //!   A full queue is counted and logged; [`Store::flush`] waits for the queue (graceful shutdown).
 //! - **Saturation cache**: saturation is computed inside the admission step from the counters it
@@ -40,7 +40,7 @@ use redis::{
 };
 use tokio::sync::{mpsc, oneshot};
 
-use super::{AdmitRequest, MemorySettler, MemoryStore, Settlement, Settler, Store, StoreError};
+use super::{AdmitRequest, MemoryStore, Settlement, Settler, Store, StoreError};
 use crate::config::{pool_index, FailureMode, LimiterConfig, ModelId, PoolRef};
 use crate::decision::{decide, Counter, Decision, Millis};
 
@@ -119,7 +119,7 @@ impl fmt::Debug for RedisTarget {
 /// `url` with any password replaced by `***`: the user-info part (everything between `://` and
 /// the last `@`, so a password holding `/`, `?` or `#` is hidden too) and `pass`/`password` query
 /// parameters (`unix://` URLs carry it there).
-pub fn redact_url(url: &str) -> String {
+pub(crate) fn redact_url(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
         return url.to_owned();
     };
@@ -157,16 +157,15 @@ pub fn redact_url(url: &str) -> String {
 /// ```no_run
 /// # async fn run() -> Result<(), tower_priority_limit::store::StoreError> {
 /// use std::sync::Arc;
-/// use tower_priority_limit::config::LimiterConfig;
 /// use tower_priority_limit::store::{RedisStore, RedisTarget};
-/// use tower_priority_limit::Limiter;
+/// use tower_priority_limit::{Limiter, LimiterConfig, ModelLimits};
 ///
-/// let config = LimiterConfig::builder().model("m", Some(100), None).build().unwrap();
+/// let config = LimiterConfig::builder().model(ModelLimits::new("m").rpm(100)).build().unwrap();
 /// let store = RedisStore::builder(RedisTarget::Single("redis://127.0.0.1:6379/".into()))
 ///     .key_prefix("gateway:")
 ///     .connect(&config)
 ///     .await?;
-/// let limiter = Arc::new(Limiter::with_store(config, store));
+/// let limiter = Arc::new(Limiter::with_store(store));
 /// # drop(limiter); Ok(()) }
 /// ```
 #[derive(Debug, Clone)]
@@ -239,7 +238,7 @@ impl RedisStoreBuilder {
         let local_config = config.divided_among(shared.expected_nodes);
         let local = MemoryStore::new(&local_config);
         let local_settlers = (0..config.models().len())
-            .filter_map(|i| local.settler(&local_config, ModelId(i as u32)))
+            .filter_map(|i| local.settler(ModelId(i as u32)))
             .collect();
         let keys = config
             .models()
@@ -263,7 +262,6 @@ impl RedisStoreBuilder {
             ttl_ms: config.settings().window_ms.saturating_add(TTL_MARGIN_MS),
             failure_mode: shared.failure_mode,
             timeout: shared.timeout,
-            local_config,
             local,
             local_settlers,
             started: Instant::now(),
@@ -292,7 +290,15 @@ impl RedisStoreBuilder {
             receiver,
             self.settle_queue,
         ));
-        Ok(RedisStore { inner, queue })
+        let settler = Arc::new(RedisSettler {
+            inner: Arc::clone(&inner),
+            queue: queue.clone(),
+        });
+        Ok(RedisStore {
+            inner,
+            queue,
+            settler,
+        })
     }
 }
 
@@ -301,6 +307,8 @@ impl RedisStoreBuilder {
 pub struct RedisStore {
     inner: Arc<Inner>,
     queue: mpsc::Sender<Queued>,
+    /// Shared by every lease: handing one out is one atomic increment.
+    settler: Arc<RedisSettler>,
 }
 
 impl fmt::Debug for RedisStore {
@@ -333,9 +341,10 @@ impl RedisStore {
         self.inner.healthy.load(Ordering::Relaxed)
     }
 
-    /// The local fallback's counters and config (capacity divided among `expected_nodes`).
-    pub fn local(&self) -> (&MemoryStore, &LimiterConfig) {
-        (&self.inner.local, &self.inner.local_config)
+    /// The local fallback's counters (capacity divided among `expected_nodes`; its
+    /// [`Store::config`] says how much).
+    pub fn local(&self) -> &MemoryStore {
+        &self.inner.local
     }
 
     /// The Redis key holding `model`'s counters.
@@ -356,9 +365,8 @@ struct Inner {
     ttl_ms: u64,
     failure_mode: FailureMode,
     timeout: Duration,
-    local_config: LimiterConfig,
     local: MemoryStore,
-    local_settlers: Vec<MemorySettler>,
+    local_settlers: Vec<Arc<dyn Settler>>,
     started: Instant,
     /// 0 while Redis answers; after a failure, the `started.elapsed()` (ms) at which one caller
     /// may ask Redis again.
@@ -434,7 +442,7 @@ impl Inner {
         let index = request.model.index();
         let (Some(limits), Some(key)) = (self.config.models().get(index), self.keys.get(index))
         else {
-            return Err(StoreError::UnknownModel(request.model));
+            return Err(StoreError::NoCounters(request.model));
         };
         if !self.should_try() {
             return self.fallback(request);
@@ -506,7 +514,7 @@ impl Inner {
         match self.failure_mode {
             FailureMode::Local => {
                 self.stats.local_admissions.fetch_add(1, Ordering::Relaxed);
-                self.local.admit(&self.local_config, request).into_inner()
+                self.local.admit(request).into_inner()
             }
             FailureMode::Open | FailureMode::Closed => {
                 self.stats
@@ -684,8 +692,7 @@ async fn flush_settlements(
 }
 
 /// Settles into Redis through the background queue, or locally while Redis is down.
-#[derive(Clone)]
-pub struct RedisSettler {
+struct RedisSettler {
     inner: Arc<Inner>,
     queue: mpsc::Sender<Queued>,
 }
@@ -727,18 +734,19 @@ type BoxedAdmit = Pin<Box<dyn Future<Output = Result<Decision, StoreError>> + Se
 
 impl Store for RedisStore {
     type AdmitFuture = BoxedAdmit;
-    type Settler = RedisSettler;
 
-    fn admit(&self, _config: &LimiterConfig, request: AdmitRequest) -> BoxedAdmit {
+    fn config(&self) -> &LimiterConfig {
+        &self.inner.config
+    }
+
+    fn admit(&self, request: AdmitRequest) -> BoxedAdmit {
         let inner = Arc::clone(&self.inner);
         Box::pin(async move { inner.admit(request).await })
     }
 
-    fn settler(&self, _config: &LimiterConfig, model: ModelId) -> Option<RedisSettler> {
-        (model.index() < self.inner.keys.len()).then(|| RedisSettler {
-            inner: Arc::clone(&self.inner),
-            queue: self.queue.clone(),
-        })
+    fn settler(&self, model: ModelId) -> Option<Arc<dyn Settler>> {
+        (model.index() < self.inner.keys.len())
+            .then(|| Arc::clone(&self.settler) as Arc<dyn Settler>)
     }
 
     fn flush(&self) -> Pin<Box<dyn Future<Output = ()> + Send + '_>> {

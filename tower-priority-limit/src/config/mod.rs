@@ -1,0 +1,675 @@
+//! Limiter configuration: the YAML shape of SPEC §1.1, a builder, and validation.
+//!
+//! Two ways in, one way out: [`LimiterConfig::from_yaml_str`] (or serde, through
+//! [`LimiterConfig`]'s `Deserialize`) and [`LimiterConfig::builder`] both end in the same
+//! validation, which turns shares into per-model pool limits (`floor(capacity × share)`) once, at
+//! load, so the request path only compares integers. Errors name the YAML path of the offending
+//! value, also for configs built in code.
+
+mod builder;
+mod compile;
+mod error;
+mod node;
+mod yaml;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::Value;
+
+pub use self::builder::LimiterConfigBuilder;
+use self::compile::{pool_limits, window_ms};
+pub use self::error::ConfigError;
+#[cfg(feature = "gateway-helpers")]
+pub use self::node::{resolve_env, Node, ENV_PREFIX};
+use self::yaml::parse_document;
+
+type FastHash = foldhash::fast::RandomState;
+
+/// Index of a model in a [`LimiterConfig`] (models with the same `model_name` share one).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ModelId(pub(crate) u32);
+
+impl ModelId {
+    /// The index, `0..config.models().len()`.
+    pub fn index(self) -> usize {
+        self.0 as usize
+    }
+}
+
+/// A resolved priority pool: one of the named reservations, or the shared default pool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum PoolRef {
+    /// A named priority, by index into [`LimiterConfig::priorities`].
+    Named(u16),
+    /// The one pool shared by every key without a (known) priority.
+    Default,
+}
+
+/// How much of a model one priority reserves (one entry of `priority_reservation`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Reservation {
+    /// A share of capacity, `0.0..=1.0` (a bare float, or `{type: "percent", value}`).
+    Percent(f64),
+    /// Requests per minute out of the model's `rpm` (`{type: "rpm", value}`).
+    Rpm(f64),
+    /// Tokens per minute out of the model's `tpm` (`{type: "tpm", value}`).
+    Tpm(f64),
+}
+
+/// `default_priority` when the config does not say (SPEC §1.1).
+pub const DEFAULT_PRIORITY_SHARE: f64 = 0.25;
+/// `saturation_threshold` when the config does not say.
+pub const DEFAULT_SATURATION_THRESHOLD: f64 = 0.5;
+/// The accounting window (SPEC §1.4).
+pub const DEFAULT_WINDOW: Duration = Duration::from_secs(60);
+
+/// Limits of one pool on one model, after conversion and normalization.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PoolLimits {
+    /// `floor(model rpm × share)`, when the model has an `rpm`.
+    pub rpm: Option<u64>,
+    /// `floor(model tpm × share)`, when the model has a `tpm`.
+    pub tpm: Option<u64>,
+}
+
+/// Capacity of one model (group) and its pools' limits.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelLimits {
+    name: Arc<str>,
+    /// Model-wide requests per window, if configured.
+    pub rpm: Option<u64>,
+    /// Model-wide tokens per window, if configured.
+    pub tpm: Option<u64>,
+    /// Named pools in [`LimiterConfig::priorities`] order, then the default pool; empty when the config
+    /// has no `priority_reservation` (then only the model-wide cap applies).
+    pools: Box<[PoolLimits]>,
+    /// Normalized shares, same order as `pools` (for reporting).
+    shares: Box<[f64]>,
+}
+
+impl ModelLimits {
+    /// A model with no limits yet; add them with [`rpm`](Self::rpm) and [`tpm`](Self::tpm) and
+    /// hand it to [`LimiterConfigBuilder::model`]. Its pools are computed when the config is
+    /// built.
+    ///
+    /// ```
+    /// use tower_priority_limit::{LimiterConfig, ModelLimits};
+    ///
+    /// let config = LimiterConfig::builder()
+    ///     .model(ModelLimits::new("m").rpm(60).tpm(1000))
+    ///     .build()
+    ///     .unwrap();
+    /// assert_eq!(config.models()[0].rpm, Some(60));
+    /// ```
+    pub fn new(name: impl Into<Arc<str>>) -> Self {
+        Self {
+            name: name.into(),
+            rpm: None,
+            tpm: None,
+            pools: Box::new([]),
+            shares: Box::new([]),
+        }
+    }
+
+    /// Requests per window across every caller of the model.
+    pub fn rpm(mut self, rpm: u64) -> Self {
+        self.rpm = Some(rpm);
+        self
+    }
+
+    /// Tokens per window across every caller of the model.
+    pub fn tpm(mut self, tpm: u64) -> Self {
+        self.tpm = Some(tpm);
+        self
+    }
+
+    /// The model name clients ask for.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The model name, shared.
+    pub fn name_arc(&self) -> &Arc<str> {
+        &self.name
+    }
+
+    /// The limits of `pool`, or `None` when the config reserves nothing.
+    pub fn pool(&self, pool: PoolRef) -> Option<&PoolLimits> {
+        self.pools.get(pool_index(pool, self.pools.len()))
+    }
+
+    /// The normalized share of `pool` on this model, or `None` when the config reserves nothing.
+    pub fn share(&self, pool: PoolRef) -> Option<f64> {
+        self.shares
+            .get(pool_index(pool, self.shares.len()))
+            .copied()
+    }
+
+    /// Number of pools (named + default), 0 without reservations.
+    pub fn pool_count(&self) -> usize {
+        self.pools.len()
+    }
+}
+
+/// Position of `pool` in a model's pool list of length `len` (the default pool is last).
+pub(crate) fn pool_index(pool: PoolRef, len: usize) -> usize {
+    match pool {
+        PoolRef::Named(i) => i as usize,
+        PoolRef::Default => len.wrapping_sub(1),
+    }
+}
+
+/// Settings shared by every model.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Settings {
+    /// Strict mode is on iff saturation ≥ this (inclusive).
+    pub saturation_threshold: f64,
+    /// Share of the default pool, before flooring per model.
+    pub default_priority: f64,
+    /// How long a node may cache saturation read from shared state.
+    pub saturation_check_cache_ttl: Duration,
+    /// The fixed accounting window, in milliseconds.
+    pub window_ms: u64,
+    /// How a shared store (Redis) behaves when it cannot answer.
+    pub shared: SharedStoreSettings,
+}
+
+/// What a shared store does while it cannot answer (SPEC §3, "degrade, don't vanish").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum FailureMode {
+    /// Keep limiting in this process with `capacity / expected_nodes` (the default), and go back
+    /// to the shared counters as soon as the store answers again.
+    #[default]
+    Local,
+    /// Admit without limits, logging and counting each such admission.
+    Open,
+    /// Refuse with 503 in the OpenAI error shape.
+    Closed,
+}
+
+impl FailureMode {
+    /// The config spelling: `local`, `open` or `closed`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FailureMode::Local => "local",
+            FailureMode::Open => "open",
+            FailureMode::Closed => "closed",
+        }
+    }
+}
+
+/// Settings of a shared store (`priority_reservation_settings.redis_failure_mode`,
+/// `expected_nodes`, `redis_timeout_ms`). The embedded store ignores them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SharedStoreSettings {
+    /// What to do while the store cannot answer.
+    pub failure_mode: FailureMode,
+    /// Gateway processes sharing the store; the local fallback keeps `capacity / expected_nodes`.
+    pub expected_nodes: u32,
+    /// The longest one store call may take.
+    pub timeout: Duration,
+}
+
+/// The default per-call timeout of a shared store: long enough for a loaded Redis on a LAN, short
+/// enough that a hung one does not hang requests.
+pub const DEFAULT_STORE_TIMEOUT: Duration = Duration::from_millis(50);
+
+impl Default for SharedStoreSettings {
+    fn default() -> Self {
+        Self {
+            failure_mode: FailureMode::Local,
+            expected_nodes: 1,
+            timeout: DEFAULT_STORE_TIMEOUT,
+        }
+    }
+}
+
+/// A validated limiter configuration: models, pools and settings, with every limit precomputed.
+///
+/// Load it from the YAML of SPEC §1.1 with [`from_yaml_str`](Self::from_yaml_str), deserialize it
+/// with serde from any format holding that shape, or build it with [`builder`](Self::builder).
+#[derive(Debug, Clone)]
+pub struct LimiterConfig {
+    models: Vec<ModelLimits>,
+    /// Looked up once per request: foldhash is several times faster than SipHash on short names,
+    /// and the keys come from the config, not from clients.
+    model_index: HashMap<Box<str>, ModelId, FastHash>,
+    priorities: Vec<Arc<str>>,
+    priority_index: HashMap<Box<str>, u16, FastHash>,
+    settings: Settings,
+}
+
+impl LimiterConfig {
+    /// This config with another accounting window (tests and simulations; SPEC's is 60 s).
+    pub fn with_window(mut self, window: Duration) -> Result<Self, ConfigError> {
+        self.settings.window_ms = window_ms(window)?;
+        Ok(self)
+    }
+
+    /// This config with every model's capacity divided among `nodes` processes (at least 1 each)
+    /// and pools recomputed from their shares: what one process may admit on its own while the
+    /// shared store is unreachable ([`FailureMode::Local`]).
+    pub fn divided_among(&self, nodes: u32) -> LimiterConfig {
+        let n = u64::from(nodes.max(1));
+        let mut config = self.clone();
+        for m in &mut config.models {
+            let part = |v: Option<u64>| v.map(|v| (v / n).max(1));
+            m.rpm = part(m.rpm);
+            m.tpm = part(m.tpm);
+            m.pools = pool_limits(m.rpm, m.tpm, &m.shares);
+        }
+        config
+    }
+
+    /// Starts a builder with the SPEC's defaults.
+    pub fn builder() -> LimiterConfigBuilder {
+        LimiterConfigBuilder::default()
+    }
+
+    /// Parses and validates a whole proxy config file (keys the limiter does not use are ignored).
+    ///
+    /// ```
+    /// use tower_priority_limit::config::LimiterConfig;
+    ///
+    /// let err = LimiterConfig::from_yaml_str(r#"
+    /// model_list:
+    ///   - model_name: m
+    ///     litellm_params: {model: m, rpm: 10}
+    /// litellm_settings:
+    ///   priority_reservation:
+    ///     dev: {type: "rpx", value: 1}
+    /// "#).unwrap_err();
+    /// assert_eq!(
+    ///     err.to_string(),
+    ///     r#"litellm_settings.priority_reservation.dev.type: unknown type "rpx", expected percent|rpm|tpm"#
+    /// );
+    /// ```
+    pub fn from_yaml_str(yaml: &str) -> Result<Self, ConfigError> {
+        let value: Value = serde_yaml_ng::from_str(yaml)
+            .map_err(|e| ConfigError::new("", format!("invalid YAML: {e}")))?;
+        Self::from_value(&value)
+    }
+
+    /// Validates a config already parsed into a JSON-like tree.
+    pub fn from_value(value: &Value) -> Result<Self, ConfigError> {
+        parse_document(value)?.build()
+    }
+
+    /// The accounting window.
+    pub fn window(&self) -> Duration {
+        Duration::from_millis(self.settings.window_ms)
+    }
+
+    /// Shared settings.
+    pub fn settings(&self) -> &Settings {
+        &self.settings
+    }
+
+    /// Every model (group), indexed by [`ModelId`].
+    pub fn models(&self) -> &[ModelLimits] {
+        &self.models
+    }
+
+    /// The model for an id handed out by this config.
+    pub fn model(&self, id: ModelId) -> &ModelLimits {
+        &self.models[id.index()]
+    }
+
+    /// Looks up a model by the name clients send.
+    pub fn model_id(&self, name: &str) -> Option<ModelId> {
+        self.model_index.get(name).copied()
+    }
+
+    /// Named priorities in the order of `priority_reservation`.
+    pub fn priorities(&self) -> &[Arc<str>] {
+        &self.priorities
+    }
+
+    /// Whether the config reserves anything (without `priority_reservation` there are no pools).
+    pub fn has_reservations(&self) -> bool {
+        !self.priorities.is_empty()
+    }
+
+    /// Resolves a priority label: a configured one names its pool; none or an unknown one is the
+    /// default pool (SPEC §1.2).
+    pub fn pool_of(&self, label: Option<&str>) -> PoolRef {
+        match label.and_then(|l| self.priority_index.get(l)) {
+            Some(&i) => PoolRef::Named(i),
+            None => PoolRef::Default,
+        }
+    }
+
+    /// Whether `label` is a configured priority.
+    pub fn is_known_priority(&self, label: &str) -> bool {
+        self.priority_index.contains_key(label)
+    }
+
+    /// The label a pool prints as: its name, or `None` for the default pool (as in 429 messages).
+    pub fn pool_label(&self, pool: PoolRef) -> Option<&str> {
+        match pool {
+            PoolRef::Named(i) => self.priorities.get(i as usize).map(|s| &**s),
+            PoolRef::Default => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn load(yaml: &str) -> Result<LimiterConfig, ConfigError> {
+        LimiterConfig::from_yaml_str(yaml)
+    }
+
+    const SPEC_YAML: &str = r#"
+model_list:
+  - model_name: gpt-5.6-luna
+    litellm_params:
+      model: "gpt-5.6-luna"
+      api_key: os.environ/OPENAI_API_KEY_NOT_READ_BY_THE_LIMITER
+      rpm: 10
+      tpm: 1000
+litellm_settings:
+  callbacks: ["dynamic_rate_limiter_v3"]
+  priority_reservation:
+    "prod": 0.9
+    "dev": {type: "rpm", value: 1}
+  priority_reservation_settings:
+    default_priority: 0.25
+    saturation_threshold: 0.50
+    saturation_check_cache_ttl: 60
+general_settings:
+  master_key: os.environ/LITELLM_MASTER_KEY
+"#;
+
+    #[test]
+    fn spec_example_loads() {
+        let c = load(SPEC_YAML).unwrap();
+        let m = c.model(c.model_id("gpt-5.6-luna").unwrap());
+        assert_eq!((m.rpm, m.tpm), (Some(10), Some(1000)));
+        let prod = m.pool(c.pool_of(Some("prod"))).unwrap();
+        assert_eq!((prod.rpm, prod.tpm), (Some(9), Some(900)));
+        // rpm dict: 1 of 10 RPM → 0.1, applied to both dimensions.
+        let dev = m.pool(c.pool_of(Some("dev"))).unwrap();
+        assert_eq!((dev.rpm, dev.tpm), (Some(1), Some(100)));
+        let default = m.pool(PoolRef::Default).unwrap();
+        assert_eq!((default.rpm, default.tpm), (Some(2), Some(250)));
+        assert_eq!(c.settings().saturation_threshold, 0.5);
+        assert_eq!(
+            c.settings().saturation_check_cache_ttl,
+            Duration::from_secs(60)
+        );
+    }
+
+    #[test]
+    fn priorities_keep_document_order() {
+        let c = load("litellm_settings: {priority_reservation: {zeta: 0.1, alpha: 0.2, mid: 0.3}}")
+            .unwrap();
+        let names: Vec<&str> = c.priorities().iter().map(|p| &**p).collect();
+        assert_eq!(names, ["zeta", "alpha", "mid"]);
+    }
+
+    #[test]
+    fn rpm_dict_of_nine_is_ninety_percent() {
+        let c = LimiterConfig::builder()
+            .model(ModelLimits::new("m").rpm(10))
+            .reserve("prod", Reservation::Rpm(9.0))
+            .build()
+            .unwrap();
+        let m = &c.models()[0];
+        assert!((m.share(PoolRef::Named(0)).unwrap() - 0.9).abs() < 1e-12);
+        assert_eq!(m.pool(PoolRef::Named(0)).unwrap().rpm, Some(9));
+    }
+
+    #[test]
+    fn tpm_dict_is_share_of_tpm_in_both_dimensions() {
+        let c = LimiterConfig::builder()
+            .model(ModelLimits::new("m").rpm(10).tpm(1000))
+            .reserve("a", Reservation::Tpm(100.0))
+            .build()
+            .unwrap();
+        let p = c.models()[0].pool(PoolRef::Named(0)).unwrap();
+        assert_eq!((p.rpm, p.tpm), (Some(1), Some(100)));
+    }
+
+    #[test]
+    fn shares_over_one_are_normalized_default_is_not() {
+        let c = LimiterConfig::builder()
+            .model(ModelLimits::new("m").rpm(100).tpm(1000))
+            .reserve("a", Reservation::Percent(0.6))
+            .reserve("b", Reservation::Percent(0.8))
+            .default_priority(0.5)
+            .build()
+            .unwrap();
+        let m = &c.models()[0];
+        assert!((m.share(PoolRef::Named(0)).unwrap() - 0.4286).abs() < 1e-4);
+        assert!((m.share(PoolRef::Named(1)).unwrap() - 0.5714).abs() < 1e-4);
+        assert_eq!(m.pool(PoolRef::Named(0)).unwrap().rpm, Some(42));
+        assert_eq!(m.pool(PoolRef::Named(1)).unwrap().rpm, Some(57));
+        assert_eq!(m.pool(PoolRef::Default).unwrap().rpm, Some(50));
+    }
+
+    #[test]
+    fn shares_at_or_under_one_are_kept() {
+        let c = LimiterConfig::builder()
+            .model(ModelLimits::new("m").rpm(100))
+            .reserve("a", Reservation::Percent(0.29))
+            .reserve("b", Reservation::Percent(0.3))
+            .build()
+            .unwrap();
+        // floor(100 × 0.29) = 28 in binary floating point, as the SPEC says.
+        assert_eq!(c.models()[0].pool(PoolRef::Named(0)).unwrap().rpm, Some(28));
+        assert_eq!(c.models()[0].pool(PoolRef::Named(1)).unwrap().rpm, Some(30));
+    }
+
+    #[test]
+    fn no_reservation_means_no_pools() {
+        let c = load("model_list: [{model_name: m, litellm_params: {tpm: 60}}]").unwrap();
+        assert!(!c.has_reservations());
+        assert!(c.models()[0].pool(PoolRef::Default).is_none());
+        assert_eq!(c.pool_of(Some("anything")), PoolRef::Default);
+    }
+
+    #[test]
+    fn deployments_of_one_name_sum_capacity() {
+        let c = load(
+            r#"
+model_list:
+  - {model_name: g, litellm_params: {rpm: 600, tpm: 1000}}
+  - {model_name: g, litellm_params: {rpm: 400}}
+  - {model_name: h, litellm_params: {}}
+"#,
+        )
+        .unwrap();
+        let g = c.model(c.model_id("g").unwrap());
+        assert_eq!((g.rpm, g.tpm), (Some(1000), Some(1000)));
+        let h = c.model(c.model_id("h").unwrap());
+        assert_eq!((h.rpm, h.tpm), (None, None));
+    }
+
+    #[test]
+    fn unknown_type_names_the_path() {
+        let e = load(
+            r#"
+model_list: [{model_name: m, litellm_params: {rpm: 10}}]
+litellm_settings:
+  priority_reservation:
+    dev: {type: "rpx", value: 1}
+"#,
+        )
+        .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            r#"litellm_settings.priority_reservation.dev.type: unknown type "rpx", expected percent|rpm|tpm"#
+        );
+    }
+
+    #[test]
+    fn invalid_values_name_their_paths() {
+        let cases = [
+            (
+                "litellm_settings: {priority_reservation: {prod: 1.5}}",
+                "litellm_settings.priority_reservation.prod: share 1.5 is outside 0.0..=1.0",
+            ),
+            (
+                "litellm_settings: {priority_reservation: {prod: -0.1}}",
+                "litellm_settings.priority_reservation.prod: share -0.1 is outside 0.0..=1.0",
+            ),
+            (
+                "litellm_settings: {priority_reservation_settings: {saturation_threshold: 1.2}}",
+                "litellm_settings.priority_reservation_settings.saturation_threshold: value 1.2 is outside 0.0..=1.0",
+            ),
+            (
+                "litellm_settings: {priority_reservation_settings: {default_priority: -1}}",
+                "litellm_settings.priority_reservation_settings.default_priority: value -1 is outside 0.0..=1.0",
+            ),
+            (
+                "model_list: [{model_name: m, litellm_params: {rpm: 0}}]",
+                "model_list[0].litellm_params.rpm: must be > 0",
+            ),
+            (
+                "model_list: [{model_name: a, litellm_params: {}}, {model_name: m, litellm_params: {tpm: -5}}]",
+                "model_list[1].litellm_params.tpm: expected a whole number ≥ 0, got -5",
+            ),
+            (
+                "model_list: [{model_name: m, litellm_params: {rpm: lots}}]",
+                "model_list[0].litellm_params.rpm: expected a number, got \"lots\"",
+            ),
+            (
+                "model_list: [{litellm_params: {rpm: 1}}]",
+                "model_list[0]: missing model_name",
+            ),
+            (
+                "model_list: [{model_name: m, litellm_params: {tpm: 100}}]\nlitellm_settings: {priority_reservation: {dev: {type: rpm, value: 1}}}",
+                "litellm_settings.priority_reservation.dev: type \"rpm\" needs every model to set rpm, but model \"m\" has none",
+            ),
+            (
+                "model_list: [{model_name: m, litellm_params: {rpm: 10}}]\nlitellm_settings: {priority_reservation: {dev: {type: rpm, value: 11}}}",
+                "litellm_settings.priority_reservation.dev.value: 11 rpm is more than model \"m\"'s rpm of 10",
+            ),
+            (
+                "litellm_settings: {priority_reservation: {dev: {type: percent, value: 0.1, extra: 1}}}",
+                "litellm_settings.priority_reservation.dev.extra: unknown key, expected type and value",
+            ),
+            (
+                "model_list: {model_name: m}",
+                "model_list: expected a list, got a mapping",
+            ),
+        ];
+        for (yaml, want) in cases {
+            assert_eq!(load(yaml).unwrap_err().to_string(), want, "for {yaml}");
+        }
+    }
+
+    #[test]
+    fn env_values_are_resolved_and_unset_ones_named() {
+        std::env::set_var("TPL_TEST_RPM_42", "42");
+        let c = load(
+            "model_list: [{model_name: m, litellm_params: {rpm: os.environ/TPL_TEST_RPM_42}}]",
+        )
+        .unwrap();
+        assert_eq!(c.models()[0].rpm, Some(42));
+        let e = load(
+            "model_list: [{model_name: m, litellm_params: {rpm: os.environ/TPL_TEST_UNSET_VAR}}]",
+        )
+        .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "model_list[0].litellm_params.rpm: environment variable TPL_TEST_UNSET_VAR is not set (value is \"os.environ/TPL_TEST_UNSET_VAR\")"
+        );
+    }
+
+    #[test]
+    fn serde_deserialize_validates_too() {
+        let c: LimiterConfig = serde_json::from_str(
+            r#"{"model_list":[{"model_name":"m","litellm_params":{"rpm":10}}],
+                "litellm_settings":{"priority_reservation":{"prod":0.9}}}"#,
+        )
+        .unwrap();
+        assert_eq!(c.models()[0].pool(PoolRef::Named(0)).unwrap().rpm, Some(9));
+        let e = serde_json::from_str::<LimiterConfig>(
+            r#"{"litellm_settings":{"priority_reservation":{"dev":{"type":"rpx","value":1}}}}"#,
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("unknown type \"rpx\""), "{e}");
+    }
+
+    #[test]
+    fn yaml_syntax_errors_are_reported() {
+        let e = load("model_list: [").unwrap_err();
+        assert!(e.to_string().starts_with("invalid YAML"), "{e}");
+    }
+
+    #[test]
+    fn builder_rejects_like_yaml_naming_the_builder_call() {
+        let e = LimiterConfig::builder()
+            .saturation_threshold(-0.1)
+            .build()
+            .unwrap_err();
+        assert_eq!(e.path(), "saturation_threshold");
+        let e = LimiterConfig::builder()
+            .model(ModelLimits::new("").rpm(1))
+            .build()
+            .unwrap_err();
+        assert_eq!(e.to_string(), r#"model(""): must not be empty"#);
+        let e = LimiterConfig::builder()
+            .model(ModelLimits::new("m").tpm(0))
+            .build()
+            .unwrap_err();
+        assert_eq!(e.to_string(), r#"model("m").tpm: must be > 0"#);
+        let e = LimiterConfig::builder()
+            .reserve("p", Reservation::Percent(0.5))
+            .reserve("p", Reservation::Percent(0.1))
+            .build()
+            .unwrap_err();
+        assert_eq!(e.to_string(), r#"reserve("p"): priority is listed twice"#);
+    }
+
+    #[test]
+    fn shared_store_settings_load_and_name_their_path() {
+        let yaml = |extra: &str| {
+            format!(
+                "model_list:\n  - model_name: m\n    litellm_params: {{model: m, rpm: 10}}\n\
+                 litellm_settings:\n  priority_reservation_settings:\n    {extra}\n"
+            )
+        };
+        let c = load(&yaml("redis_failure_mode: open")).unwrap();
+        assert_eq!(c.settings().shared.failure_mode, FailureMode::Open);
+        assert_eq!(c.settings().shared.expected_nodes, 1);
+        assert_eq!(c.settings().shared.timeout, DEFAULT_STORE_TIMEOUT);
+        let c = load(&yaml("{expected_nodes: 3, redis_timeout_ms: 20}")).unwrap();
+        assert_eq!(c.settings().shared.failure_mode, FailureMode::Local);
+        assert_eq!(c.settings().shared.expected_nodes, 3);
+        assert_eq!(c.settings().shared.timeout, Duration::from_millis(20));
+        let e = load(&yaml("redis_failure_mode: lax")).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "litellm_settings.priority_reservation_settings.redis_failure_mode: unknown mode \"lax\", expected local|open|closed"
+        );
+        let e = load(&yaml("expected_nodes: 0")).unwrap_err();
+        assert_eq!(
+            e.path(),
+            "litellm_settings.priority_reservation_settings.expected_nodes"
+        );
+    }
+
+    #[test]
+    fn divided_among_nodes_keeps_shares_and_at_least_one() {
+        let c = LimiterConfig::builder()
+            .model(ModelLimits::new("m").rpm(100).tpm(1000))
+            .model(ModelLimits::new("tiny").rpm(2))
+            .reserve("prod", Reservation::Percent(0.9))
+            .reserve("dev", Reservation::Percent(0.1))
+            .build()
+            .unwrap();
+        let local = c.divided_among(3);
+        let m = &local.models()[0];
+        assert_eq!((m.rpm, m.tpm), (Some(33), Some(333)));
+        assert_eq!(m.pool(PoolRef::Named(0)).unwrap().rpm, Some(29)); // floor(33 × 0.9)
+        assert_eq!(m.pool(PoolRef::Named(1)).unwrap().rpm, Some(3));
+        assert_eq!(local.models()[1].rpm, Some(1));
+        assert_eq!(c.divided_among(1).models()[0], c.models()[0]);
+    }
+}

@@ -1,0 +1,149 @@
+//! Reading the limiter's part of a proxy config file: `model_list[].model_name` and
+//! `litellm_params.{rpm,tpm}`, `litellm_settings.priority_reservation` and
+//! `priority_reservation_settings`. Everything else in the file is left to whoever reads it.
+
+use std::time::Duration;
+
+use serde_json::Value;
+
+use super::builder::{ModelEntry, Origin};
+use super::compile::check_unit;
+use super::node::{kind, Node};
+use super::{ConfigError, FailureMode, LimiterConfig, LimiterConfigBuilder, Reservation};
+
+impl<'de> serde::Deserialize<'de> for LimiterConfig {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let value = Value::deserialize(deserializer)?;
+        Self::from_value(&value).map_err(serde::de::Error::custom)
+    }
+}
+
+pub(super) fn parse_document(doc: &Value) -> Result<LimiterConfigBuilder, ConfigError> {
+    let root = Node::root(doc);
+    if !matches!(doc, Value::Object(_) | Value::Null) {
+        return Err(root.error(format!(
+            "the config must be a mapping with model_list, got {}",
+            kind(doc)
+        )));
+    }
+    let mut b = LimiterConfig::builder();
+    b.origin = Origin::Yaml;
+    if let Some(list) = root.get("model_list")? {
+        for item in list.items()? {
+            let name = item
+                .get("model_name")?
+                .ok_or_else(|| item.error("missing model_name"))?
+                .string()?;
+            let mut rpm = None;
+            let mut tpm = None;
+            if let Some(params) = item.get("litellm_params")? {
+                if let Some(n) = params.get("rpm")? {
+                    rpm = Some(positive(&n)?);
+                }
+                if let Some(n) = params.get("tpm")? {
+                    tpm = Some(positive(&n)?);
+                }
+            }
+            // Path as in the document, so errors found while compiling point at the entry.
+            b.models.push(ModelEntry {
+                name,
+                rpm,
+                tpm,
+                path: format!("{}.litellm_params", item.path()),
+                name_path: format!("{}.model_name", item.path()),
+            });
+        }
+    }
+    let Some(settings) = root.get("litellm_settings")? else {
+        return Ok(b);
+    };
+    if let Some(reservations) = settings.get("priority_reservation")? {
+        for (name, node) in reservations.entries()? {
+            b = b.reserve(name, reservation(&node)?);
+        }
+    }
+    if let Some(s) = settings.get("priority_reservation_settings")? {
+        for (key, node) in s.entries()? {
+            match key {
+                "default_priority" => b.default_priority = unit(&node)?,
+                "saturation_threshold" => b.saturation_threshold = unit(&node)?,
+                "saturation_check_cache_ttl" => {
+                    let secs = node.number()?;
+                    if !(secs.is_finite() && secs >= 0.0) {
+                        return Err(node.error(format!("expected seconds ≥ 0, got {secs}")));
+                    }
+                    b.saturation_check_cache_ttl = Duration::from_secs_f64(secs);
+                }
+                "redis_failure_mode" => {
+                    b.shared.failure_mode = match node.string()?.as_str() {
+                        "local" => FailureMode::Local,
+                        "open" => FailureMode::Open,
+                        "closed" => FailureMode::Closed,
+                        other => {
+                            return Err(node.error(format!(
+                                "unknown mode \"{other}\", expected local|open|closed"
+                            )))
+                        }
+                    }
+                }
+                "expected_nodes" => {
+                    b.shared.expected_nodes = u32::try_from(positive(&node)?)
+                        .map_err(|_| node.error("too many nodes"))?;
+                }
+                "redis_timeout_ms" => {
+                    b.shared.timeout = Duration::from_millis(positive(&node)?);
+                }
+                // Source-product settings this crate has no use for are tolerated so configs migrate
+                // unchanged; a misspelt key is the common case, so say so.
+                _ => tracing::warn!(
+                    path = %node.path(),
+                    "unknown setting ignored (expected default_priority, saturation_threshold, saturation_check_cache_ttl, redis_failure_mode, expected_nodes, redis_timeout_ms)"
+                ),
+            }
+        }
+    }
+    Ok(b)
+}
+
+fn positive(node: &Node<'_>) -> Result<u64, ConfigError> {
+    let v = node.count()?;
+    if v == 0 {
+        return Err(node.error("must be > 0"));
+    }
+    Ok(v)
+}
+
+fn unit(node: &Node<'_>) -> Result<f64, ConfigError> {
+    let v = node.number()?;
+    check_unit(v, &node.path(), "value")?;
+    Ok(v)
+}
+
+fn reservation(node: &Node<'_>) -> Result<Reservation, ConfigError> {
+    match node.value() {
+        Value::Object(_) => {
+            for (key, field) in node.entries()? {
+                if key != "type" && key != "value" {
+                    return Err(field.error("unknown key, expected type and value"));
+                }
+            }
+            let ty = node
+                .get("type")?
+                .ok_or_else(|| node.error("missing type (percent|rpm|tpm)"))?;
+            let value = node
+                .get("value")?
+                .ok_or_else(|| node.error("missing value"))?;
+            let kind = ty.string()?;
+            let v = value.number()?;
+            match kind.as_str() {
+                "percent" => Ok(Reservation::Percent(v)),
+                "rpm" => Ok(Reservation::Rpm(v)),
+                "tpm" => Ok(Reservation::Tpm(v)),
+                other => Err(ty.error(format!(
+                    "unknown type \"{other}\", expected percent|rpm|tpm"
+                ))),
+            }
+        }
+        _ => Ok(Reservation::Percent(node.number()?)),
+    }
+}
