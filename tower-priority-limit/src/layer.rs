@@ -81,8 +81,8 @@ impl PriorityLimitLayer {
 }
 
 impl<St: Store> PriorityLimitLayer<ExtensionPriority, JsonBodyModel, St> {
-    /// A layer over a shared limiter (any store, e.g. [`RedisStore`](crate::store::RedisStore)
-    /// with the `redis` feature; shared with whoever else holds it).
+    /// A layer over a shared limiter (any store, e.g. `RedisStore` with the `redis` feature;
+    /// shared with whoever else holds it).
     ///
     /// The store-failure policy starts from the config's `redis_failure_mode`: `open` serves
     /// unlimited, anything else answers 503 ([`on_store_failure`](Self::on_store_failure) overrides).

@@ -1,14 +1,14 @@
 //! # tower-priority-limit
 //!
 //! A [tower] middleware that shares an LLM model's requests-per-minute (RPM) and tokens-per-minute
-//! (TPM) between priorities without leaving capacity idle: while a model is below its
-//! **saturation threshold** any caller may use idle capacity; at and above it, each priority is held
-//! to its **reserved share**. Token usage is read from the response body (JSON or a streamed SSE
-//! body) as it passes through, and charged exactly once.
+//! (TPM) between priorities: while a model is below its **saturation threshold** any caller may
+//! use idle capacity; at and above it, each priority is held to its **reserved share**, so no team
+//! starves another. Token usage is read from the response body (JSON or a streamed SSE body) as it
+//! passes through, and charged exactly once.
 //!
 //! ```
 //! use axum::{routing::post, Router};
-//! use tower_priority_limit::{config::LimiterConfig, priority::HeaderPriority, PriorityLimitLayer};
+//! use tower_priority_limit::{priority::HeaderPriority, LimiterConfig, PriorityLimitLayer};
 //!
 //! let config = LimiterConfig::from_yaml_str(r#"
 //! model_list:
@@ -28,41 +28,63 @@
 //! # drop(app);
 //! ```
 //!
+//! The same config in code: `LimiterConfig::builder().model(ModelLimits::new("gpt-5.6-luna")
+//! .rpm(10).tpm(1000)).reserve("prod", Reservation::Percent(0.9))…` ([`config`]).
+//!
 //! ## How a request goes through
 //!
-//! 1. The **priority extractor** names the caller's priority ([`priority`]: a header, a request
-//!    extension set by your auth layer, a key/team table, a closure). Unknown labels fall into the
-//!    default pool.
+//! 1. The **priority extractor** names the caller's priority ([`priority`]: the [`Priority`]
+//!    request extension your auth layer sets (the default), a header, or any closure
+//!    `Fn(&Request<B>) -> Option<impl AsRef<str>>`). Labels the config does not reserve for fall
+//!    into the default pool, logged once each.
 //! 2. The **model extractor** names the model ([`model`]: by default the `model` field of the JSON
-//!    body, read once, bounded, and handed on unchanged). Models not in the config pass through.
-//! 3. The **limiter** decides ([`decision`], pure) against counters in a [`store`] (embedded by
-//!    default) in one atomic step. A refusal is answered with the 429 of SPEC §1.6 and never
-//!    reaches the inner service.
-//! 4. The inner service's response gets the rate-limit headers, and its body is wrapped: every
-//!    frame passes through untouched while the [`meter`] reads usage; the request's
-//!    [`Lease`] settles the tokens at end of stream, on error, or when the body is dropped.
+//!    body, read once, bounded, and handed on unchanged; a header; or a closure). Models not in the
+//!    config pass through ([`UnknownModel`]).
+//! 3. The **[`Limiter`]** decides ([`decision`], pure) against counters in a [`store`] (embedded
+//!    by default) in one atomic step. A refusal is answered with a 429 in the OpenAI error shape
+//!    with `retry-after`, and never reaches the inner service.
+//! 4. The inner service's response gets the rate-limit headers, and its body is wrapped
+//!    ([`ResponseBody`]): every frame passes through untouched while the [`meter`] reads usage; the
+//!    request's [`Lease`] settles the tokens at end of stream, on error, or when the body is
+//!    dropped.
+//!
+//! Code that admits by itself (a router with its own fallbacks, a batch job) calls
+//! [`Limiter::acquire`] and wraps the response with [`Limiter::meter_response`]; the layer is
+//! exactly those calls.
 //!
 //! ## Many processes: the Redis store
 //!
-//! With the `redis` feature, [`store::RedisStore`] keeps the counters in Redis (or Redis Cluster)
-//! so a fleet of gateways enforces one set of limits exactly: one `EVALSHA` per admission, windows
-//! on Redis time, settlements queued and sent in the background. Build the limiter with
-//! [`Limiter::with_store`] and the layer with [`PriorityLimitLayer::from_limiter`].
+//! With the `redis` feature, `store::RedisStore` keeps the counters in Redis (or Redis Cluster) so
+//! a fleet of gateways enforces one set of limits exactly: one `EVALSHA` per admission, windows on
+//! Redis time, settlements queued and sent in the background. Build the limiter with
+//! [`Limiter::with_store`] and the layer with [`PriorityLimitLayer::with_limiter`].
 //!
 //! ## Failure modes
 //!
 //! What a shared store does while Redis cannot answer is `redis_failure_mode` in
-//! `priority_reservation_settings` ([`config::FailureMode`]): `local` (the default) keeps limiting
-//! in each process with `capacity / expected_nodes`; `open` serves unlimited, logging and counting
-//! each request ([`StoreFailure::Open`]); `closed` answers 503 in the OpenAI error shape
-//! ([`StoreFailure::Closed`], also what any other store error gets). Each Redis call has a timeout
-//! (`redis_timeout_ms`, 50 ms). Bad request bodies get a 400/413 in the OpenAI error shape. Nothing
-//! on the request path panics on input.
+//! `priority_reservation_settings` ([`FailureMode`]): `local` (the default) keeps limiting in each
+//! process with `capacity / expected_nodes`; `open` serves unlimited, logging at most once a
+//! second; `closed` answers 503 in the OpenAI error shape (as does any store error that reaches
+//! the layer in `local` mode). Each Redis call has a timeout (`redis_timeout_ms`, 50 ms). Bad
+//! request bodies get a 400/413 in the OpenAI error shape. Nothing on the request path panics on
+//! input.
 //!
 //! ## Time
 //!
 //! Windows are fixed, 60 s by default, per counter pair, measured on a [`clock::Clock`] that tests
 //! replace with [`clock::ManualClock`] or [`clock::TokioClock`].
+//!
+//! ## Features
+//!
+//! - `tokio` (default): [`clock::TokioClock`], which follows tokio's pausable clock.
+//! - `redis`: `store::RedisStore`.
+//! - `gateway-helpers`: what an OpenAI-compatible gateway shares with this crate (the YAML walker
+//!   whose errors name the path, a bounded body read, the OpenAI error shape). A tower user needs
+//!   none of it.
+//!
+//! The rules, headers and config keys in full: `docs/` in the repository.
+//!
+//! [`Priority`]: priority::Priority
 
 #![deny(missing_docs)]
 

@@ -103,13 +103,12 @@ impl<St: Store> Limiter<St> {
     }
 
     /// Resolves a priority label to its pool; an unknown label goes to the default pool and is
-    /// logged once.
+    /// logged once (also when the config reserves nothing at all, so a label that silently does
+    /// nothing is seen).
     pub fn resolve_pool(&self, label: Option<&str>) -> PoolRef {
         let pool = self.config.pool_of(label);
         if let (PoolRef::Default, Some(label)) = (pool, label) {
-            if self.config.has_reservations() {
-                self.log_unknown_label(label);
-            }
+            self.log_unknown_label(label);
         }
         pool
     }
@@ -119,10 +118,18 @@ impl<St: Store> Limiter<St> {
         let hash = foldhash::fast::FixedState::with_seed(0x7072_696f).hash_one(label) | 1;
         let slot = &self.unknown_labels[(hash as usize) % UNKNOWN_LABEL_SLOTS];
         if slot.load(Ordering::Relaxed) != hash && slot.swap(hash, Ordering::Relaxed) != hash {
-            tracing::warn!(
-                priority = label,
-                "priority not in priority_reservation; using the default pool"
-            );
+            if self.config.has_reservations() {
+                tracing::warn!(
+                    priority = label,
+                    "priority not in priority_reservation; using the default pool"
+                );
+            } else {
+                tracing::warn!(
+                    priority = label,
+                    "the config has no priority_reservation, so priorities change nothing: \
+                     every request shares the model-wide limits"
+                );
+            }
         }
     }
 
@@ -200,8 +207,8 @@ impl<St: Store> Limiter<St> {
     }
 
     /// What a store failure gets under the config's `redis_failure_mode`: `None` to serve the
-    /// request unlimited ([`FailureMode::Open`]), else a 503 in the OpenAI error shape (a store
-    /// in [`FailureMode::Local`] answers from its local counters, so an error reaching this far
+    /// request unlimited ([`FailureMode::Open`](crate::FailureMode::Open)), else a 503 in the OpenAI error shape (a store
+    /// in [`FailureMode::Local`](crate::FailureMode::Local) answers from its local counters, so an error reaching this far
     /// is one it could not absorb). Logged at most once a second.
     pub fn store_failure_response(&self, error: &StoreError) -> Option<Response<Bytes>> {
         store_failure_response(self.config.settings().shared.failure_mode, error)

@@ -81,7 +81,7 @@ impl fmt::Display for StoreError {
 
 impl std::error::Error for StoreError {}
 
-/// A counter backend, built once for one [`LimiterConfig`](crate::LimiterConfig): it keeps what
+/// A counter backend, built once for one [`LimiterConfig`]: it keeps what
 /// it needs of the config, so no call takes it again.
 pub trait Store: Send + Sync + 'static {
     /// The future of one admission.

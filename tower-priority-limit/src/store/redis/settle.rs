@@ -1,0 +1,171 @@
+//! Settlement: leases queue their tokens in a bounded channel that a background task sends to
+//! Redis, many calls in flight on the one connection; settlements Redis could not take are sent
+//! again, and while Redis is down they also go to the local counters.
+
+use std::fmt;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{mpsc, oneshot};
+
+use super::connection::bounded;
+use super::{Inner, MAX_EXACT, RETRY_INTERVAL};
+use crate::store::{Settlement, Settler, StoreError};
+
+/// Settlements sent to Redis at once by the flusher.
+const SETTLE_BATCH: usize = 256;
+
+/// A settlement is not on any request's path, so it may wait longer than an admission.
+const SETTLE_TIMEOUT: Duration = Duration::from_secs(1);
+
+impl Inner {
+    fn settle_locally(&self, settlement: Settlement) {
+        self.stats.settlements_local.fetch_add(1, Ordering::Relaxed);
+        if let Some(settler) = self.local_settlers.get(settlement.model.index()) {
+            settler.settle(settlement);
+        }
+    }
+
+    async fn settle(&self, s: Settlement) -> Result<(), StoreError> {
+        let Some(key) = self.keys.get(s.model.index()) else {
+            return Ok(());
+        };
+        let window_ms = self.config.settings().window_ms;
+        let pool_prefix = self.pool_prefix(s.model, s.pool);
+        let mut connection = self.connection.clone();
+        let call = self.settle_script.call::<i64>(&mut connection, key, |cmd| {
+            cmd.arg(window_ms)
+                .arg(pool_prefix)
+                .arg(s.tokens.min(MAX_EXACT))
+                .arg(s.reserved.min(MAX_EXACT))
+                .arg(s.model_window)
+                .arg(s.pool_window)
+                .arg(self.ttl_ms);
+        });
+        bounded(SETTLE_TIMEOUT.max(self.timeout), call)
+            .await
+            .map(drop)
+    }
+}
+
+pub(super) enum Queued {
+    Settle(Settlement),
+    /// Answered once everything queued before it has been sent.
+    Flush(oneshot::Sender<()>),
+}
+
+/// Drains the settlement queue: up to [`SETTLE_BATCH`] settlements in flight at once, pipelined on
+/// the one multiplexed connection. Settlements Redis could not take are kept (up to the queue's
+/// capacity, the oldest dropped and counted beyond it) and sent again every [`RETRY_INTERVAL`], so
+/// tokens recorded during an outage reach the shared counters when Redis is back.
+pub(super) async fn flush_settlements(
+    inner: std::sync::Weak<Inner>,
+    mut receiver: mpsc::Receiver<Queued>,
+    capacity: usize,
+) {
+    let mut batch = Vec::with_capacity(SETTLE_BATCH);
+    let mut retry: Vec<Settlement> = Vec::new();
+    let mut next_retry = tokio::time::Instant::now();
+    let mut open = true;
+    loop {
+        // New settlements (and flush requests) are handled as they come; the ones Redis refused
+        // wait for their retry time.
+        let mut retry_due = false;
+        if retry.is_empty() {
+            if !open || receiver.recv_many(&mut batch, SETTLE_BATCH).await == 0 {
+                return;
+            }
+        } else {
+            tokio::select! {
+                n = receiver.recv_many(&mut batch, SETTLE_BATCH), if open => open = n > 0,
+                () = tokio::time::sleep_until(next_retry) => retry_due = true,
+            }
+        }
+        let Some(inner) = inner.upgrade() else {
+            return;
+        };
+        let retried = if retry_due {
+            retry.len().min(SETTLE_BATCH)
+        } else {
+            0
+        };
+        let mut settlements: Vec<Settlement> = retry.drain(..retried).collect();
+        let mut flushed = Vec::new();
+        for queued in batch.drain(..) {
+            match queued {
+                Queued::Settle(s) => settlements.push(s),
+                Queued::Flush(done) => flushed.push(done),
+            }
+        }
+        let results =
+            futures_util::future::join_all(settlements.iter().map(|s| inner.settle(*s))).await;
+        let mut failed = 0;
+        for (s, result) in settlements.into_iter().zip(results) {
+            if let Err(e) = result {
+                if failed == 0 && retry.is_empty() {
+                    tracing::warn!(%e, "rate-limit settlements not recorded in Redis; retrying");
+                }
+                failed += 1;
+                retry.push(s);
+            }
+        }
+        if failed > 0 {
+            next_retry = tokio::time::Instant::now() + RETRY_INTERVAL;
+        }
+        if retry.len() > capacity {
+            let excess = retry.len() - capacity;
+            retry.drain(..excess);
+            inner
+                .stats
+                .settlements_dropped
+                .fetch_add(excess as u64, Ordering::Relaxed);
+        }
+        inner
+            .stats
+            .settlements_retried
+            .fetch_add(failed, Ordering::Relaxed);
+        for done in flushed {
+            let _ = done.send(());
+        }
+    }
+}
+
+/// Settles into Redis through the background queue, or locally while Redis is down.
+pub(super) struct RedisSettler {
+    pub(super) inner: Arc<Inner>,
+    pub(super) queue: mpsc::Sender<Queued>,
+}
+
+impl fmt::Debug for RedisSettler {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisSettler").finish_non_exhaustive()
+    }
+}
+
+impl Settler for RedisSettler {
+    fn settle(&self, settlement: Settlement) {
+        // While admissions run on the local fallback, its counters need the tokens too, to keep
+        // the local share honest; Redis still gets them (queued) when it answers again.
+        if self.inner.is_down() {
+            self.inner.settle_locally(settlement);
+        }
+        match self.queue.try_send(Queued::Settle(settlement)) {
+            Ok(()) | Err(mpsc::error::TrySendError::Closed(_)) => {}
+            Err(mpsc::error::TrySendError::Full(_)) => {
+                let dropped = self
+                    .inner
+                    .stats
+                    .settlements_dropped
+                    .fetch_add(1, Ordering::Relaxed);
+                // Logged at 1, 2, 4, 8, … so a flood does not flood the log too.
+                if (dropped + 1).is_power_of_two() {
+                    tracing::warn!(
+                        dropped = dropped + 1,
+                        "rate-limit settlement queue full; tokens not recorded"
+                    );
+                }
+            }
+        }
+    }
+}
