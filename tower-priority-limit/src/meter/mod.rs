@@ -61,11 +61,14 @@
 //! (or a JSON body cut to its tail without usage) has `content_bytes = 0`.
 
 mod json;
+mod scan;
 mod sse;
+mod usage;
 
-pub use json::is_usage_only_chunk;
-use json::{JsonMeter, Usage};
+use json::JsonMeter;
 use sse::SseMeter;
+pub use usage::is_usage_only_chunk;
+use usage::Usage;
 
 /// What a finished (or abandoned) response cost.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

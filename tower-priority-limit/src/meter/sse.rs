@@ -25,7 +25,7 @@
 
 use std::fmt;
 
-use super::json::{merge_usage, parse_with, DocInfo, Shape, Usage};
+use super::usage::{merge_usage, parse_with, DocInfo, Shape, Usage};
 
 /// Longest line (without its terminator), and longest joined event data, that
 /// is considered; longer ones are skipped.

@@ -1,0 +1,648 @@
+//! The usage schema the JSON and SSE meters share: lenient serde shapes for usage objects and
+//! the documents (or stream chunks) that carry them, plus byte scans that skip parsing when a
+//! chunk holds only text.
+//!
+//! Every shape here is *lenient*: a field of an unexpected JSON type (a string
+//! where a number was expected, a number where an object was expected, ...) is
+//! ignored instead of failing the whole document, so one odd field never hides
+//! the usage next to it. Unknown fields are skipped without being built.
+
+use std::fmt;
+use std::marker::PhantomData;
+use std::sync::LazyLock;
+
+use memchr::memmem::Finder;
+use serde::de::value::MapAccessDeserializer;
+use serde::de::{self, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde::Deserialize;
+
+/// Body bytes kept in full before switching to keeping only the tail.
+pub(crate) const MAX_BODY: usize = 4 * 1024 * 1024;
+/// Bytes kept from the end of a body larger than [`MAX_BODY`].
+pub(crate) const TAIL: usize = 64 * 1024;
+
+// ---------------------------------------------------------------------------
+// Usage
+// ---------------------------------------------------------------------------
+
+/// A usage object, e.g. `{"prompt_tokens":10,"completion_tokens":20,"total_tokens":30}`
+/// or Anthropic's `{"input_tokens":10,"output_tokens":20}`.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(default)]
+pub(crate) struct Usage {
+    total_tokens: Num,
+    prompt_tokens: Num,
+    completion_tokens: Num,
+    input_tokens: Num,
+    output_tokens: Num,
+}
+
+impl Usage {
+    /// Whether at least one known counter was present as a non-negative integer.
+    /// `"usage": {}` (or all-garbage fields) does not count as reported usage.
+    pub(crate) fn is_meaningful(&self) -> bool {
+        [
+            self.total_tokens,
+            self.prompt_tokens,
+            self.completion_tokens,
+            self.input_tokens,
+            self.output_tokens,
+        ]
+        .iter()
+        .any(|n| n.0.is_some())
+    }
+
+    /// `total_tokens`, else `prompt_tokens + completion_tokens`, else
+    /// `input_tokens + output_tokens`; a missing part counts 0.
+    pub(crate) fn total(&self) -> u64 {
+        if let Some(t) = self.total_tokens.0 {
+            t
+        } else if self.prompt_tokens.0.is_some() || self.completion_tokens.0.is_some() {
+            self.prompt_tokens
+                .get()
+                .saturating_add(self.completion_tokens.get())
+        } else {
+            self.input_tokens
+                .get()
+                .saturating_add(self.output_tokens.get())
+        }
+    }
+
+    /// Folds a later usage object into this one: every counter present in
+    /// `later` replaces ours, and `total_tokens` is always taken from `later`
+    /// (so a stale total never outlives newer parts). For a stream with one
+    /// usage object (OpenAI) this is "last wins"; for Anthropic, whose input
+    /// count comes in `message_start` and cumulative output count in
+    /// `message_delta`, it yields input + output.
+    pub(crate) fn merge(&mut self, later: &Usage) {
+        self.total_tokens = later.total_tokens;
+        for (ours, theirs) in [
+            (&mut self.prompt_tokens, later.prompt_tokens),
+            (&mut self.completion_tokens, later.completion_tokens),
+            (&mut self.input_tokens, later.input_tokens),
+            (&mut self.output_tokens, later.output_tokens),
+        ] {
+            if theirs.0.is_some() {
+                *ours = theirs;
+            }
+        }
+    }
+}
+
+/// Merges `later` into `acc` (see [`Usage::merge`]).
+pub(crate) fn merge_usage(acc: &mut Option<Usage>, later: Option<Usage>) {
+    if let Some(later) = later {
+        match acc {
+            Some(acc) => acc.merge(&later),
+            None => *acc = Some(later),
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// What one JSON document (an SSE event's data, or a whole body) tells us
+// ---------------------------------------------------------------------------
+
+/// The usage and generated-text size found in one JSON document.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct DocInfo {
+    /// The document's usage, if it carried a meaningful one.
+    pub(crate) usage: Option<Usage>,
+    /// Bytes (UTF-8, after JSON unescaping) of generated text.
+    pub(crate) content_bytes: u64,
+}
+
+/// Parses one complete JSON document (nothing but whitespace may follow it).
+/// `None` when it is not a JSON object.
+pub(crate) fn parse_doc(bytes: &[u8]) -> Option<DocInfo> {
+    parse_with(bytes, Shape::Body)
+}
+
+/// What kind of document is parsed: a stream chunk holds one choice's delta, a body may hold
+/// several choices.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Shape {
+    /// A whole response body.
+    Body,
+    /// One server-sent event's data.
+    Chunk,
+}
+
+/// [`parse_doc`] for a document of `shape`.
+pub(crate) fn parse_with(bytes: &[u8], shape: Shape) -> Option<DocInfo> {
+    // Most stream chunks carry text and no usage: count their text with a scan instead of a parse
+    // (several times cheaper). Anything carrying a usage object is parsed properly.
+    if !has_usage_object(bytes) {
+        if let Some(content_bytes) = scan_text_bytes(bytes, shape) {
+            return Some(DocInfo {
+                usage: None,
+                content_bytes,
+            });
+        }
+    }
+    serde_json::from_slice::<Doc>(bytes).ok().map(Doc::info)
+}
+
+/// Searchers for the keys whose string values are generated text, wherever they appear, and for
+/// `"usage"`; built once (building one costs more than a search).
+static TEXT_KEYS: LazyLock<[Finder<'static>; 4]> = LazyLock::new(|| {
+    [
+        b"\"content\"".as_slice(),
+        b"\"text\"",
+        b"\"arguments\"",
+        b"\"partial_json\"",
+    ]
+    .map(Finder::new)
+});
+static USAGE_KEY: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(b"\"usage\""));
+
+/// Whether one SSE event's data is the usage-only chunk of an OpenAI stream (empty `choices`, a
+/// `usage` object), the chunk `stream_options.include_usage` adds. Cheap for every other chunk:
+/// only data holding a usage object is parsed.
+pub fn is_usage_only_chunk(data: &[u8]) -> bool {
+    #[derive(Deserialize)]
+    struct Choices {
+        #[serde(default)]
+        choices: Option<Vec<IgnoredAny>>,
+    }
+    has_usage_object(data)
+        && serde_json::from_slice::<Choices>(data)
+            .is_ok_and(|c| c.choices.is_some_and(|c| c.is_empty()))
+}
+
+/// Whether `"usage"` is followed by `:` and an object anywhere in `bytes`.
+fn has_usage_object(bytes: &[u8]) -> bool {
+    USAGE_KEY.find_iter(bytes).any(|at| {
+        let rest = skip_ws(&bytes[at + 7..]);
+        rest.strip_prefix(b":")
+            .is_some_and(|r| skip_ws(r).starts_with(b"{"))
+    })
+}
+
+/// Sum of the unescaped UTF-8 lengths of the string values of [`TEXT_KEYS`]; `None` when the
+/// bytes do not look like JSON (then the full parser decides) or a string is cut off.
+fn scan_text_bytes(bytes: &[u8], shape: Shape) -> Option<u64> {
+    if !is_one_object(bytes) {
+        return None;
+    }
+    let mut total = 0u64;
+    for (i, key) in TEXT_KEYS.iter().enumerate() {
+        let mut found = false;
+        for at in key.find_iter(bytes) {
+            let rest = skip_ws(&bytes[at + key.needle().len()..]);
+            let Some(rest) = rest.strip_prefix(b":") else {
+                continue; // a string value equal to the key's name, not a key
+            };
+            let rest = skip_ws(rest);
+            if let Some(string) = rest.strip_prefix(b"\"") {
+                total = total.saturating_add(unescaped_len(string)?);
+                found = true;
+            }
+        }
+        // An OpenAI stream chunk with string `content` carries no other text (tool-call chunks
+        // have `"content": null`): the common case needs one search, not four.
+        if i == 0 && found && shape == Shape::Chunk {
+            break;
+        }
+    }
+    Some(total)
+}
+
+/// UTF-8 length of a JSON string's contents, given the bytes after its opening quote.
+fn unescaped_len(s: &[u8]) -> Option<u64> {
+    let mut len = 0u64;
+    let mut i = 0;
+    loop {
+        // Plain bytes up to the next quote or backslash count as they are.
+        let next = memchr::memchr2(b'"', b'\\', s.get(i..)?)?;
+        // Invalid UTF-8 makes the document invalid JSON: let the parser reject it.
+        std::str::from_utf8(&s[i..i + next]).ok()?;
+        len += next as u64;
+        i += next;
+        if s[i] == b'"' {
+            return Some(len);
+        }
+        match *s.get(i + 1)? {
+            b'u' => {
+                let cp = hex4(s.get(i + 2..i + 6)?)?;
+                if (0xD800..0xDC00).contains(&cp) && s.get(i + 6..i + 8) == Some(b"\\u") {
+                    len += 4; // a surrogate pair: one 4-byte character
+                    i += 12;
+                } else {
+                    len += match cp {
+                        0..=0x7F => 1,
+                        0x80..=0x7FF => 2,
+                        _ => 3,
+                    };
+                    i += 6;
+                }
+            }
+            _ => {
+                len += 1;
+                i += 2;
+            }
+        }
+    }
+}
+
+/// Whether `bytes` looks like one whole object: `{` first and `}` last, whitespace aside. A
+/// cheap test, not validation: a stream chunk cut mid-way almost never ends in `}`, and the rare
+/// document that passes without being whole (a data line ending in `}` continued on the next)
+/// only skews the estimate of that one event.
+fn is_one_object(bytes: &[u8]) -> bool {
+    let trimmed = skip_ws(bytes);
+    trimmed.first() == Some(&b'{') && trimmed.trim_ascii_end().last() == Some(&b'}')
+}
+
+fn hex4(digits: &[u8]) -> Option<u32> {
+    std::str::from_utf8(digits)
+        .ok()
+        .and_then(|h| u32::from_str_radix(h, 16).ok())
+}
+
+/// The top-level shape of a chat-completions / completions / Anthropic
+/// document, streamed chunk or whole body.
+#[derive(Default, Deserialize)]
+#[serde(default)]
+struct Doc {
+    /// OpenAI (last stream chunk, or body), Anthropic `message_delta` and body.
+    usage: Obj<Usage>,
+    /// Anthropic `message_start`: `{"message":{"usage":{...}}}`.
+    message: Obj<Nested>,
+    /// OpenAI Responses `response.completed`: `{"response":{"usage":{...}}}`.
+    response: Obj<Nested>,
+    /// OpenAI `choices[*]`.
+    choices: List<Choice>,
+    /// Anthropic `content_block_delta`: `{"delta":{"text":...}}`.
+    delta: Obj<Text>,
+    /// Anthropic non-streamed body: `{"content":[{"text":...}]}`.
+    content: List<Text>,
+}
+
+impl Doc {
+    fn info(self) -> DocInfo {
+        let mut usage = None;
+        for u in [
+            self.message.0.and_then(|n| n.usage.0),
+            self.response.0.and_then(|n| n.usage.0),
+            self.usage.0,
+        ] {
+            merge_usage(&mut usage, u.filter(Usage::is_meaningful));
+        }
+        let content_bytes = self
+            .choices
+            .0
+            .saturating_add(self.delta.0.map_or(0, |t| t.len()))
+            .saturating_add(self.content.0);
+        DocInfo {
+            usage,
+            content_bytes,
+        }
+    }
+}
+
+#[derive(Default, Deserialize)]
+#[serde(default)]
+struct Nested {
+    usage: Obj<Usage>,
+}
+
+/// One element of `choices`.
+#[derive(Default, Deserialize)]
+#[serde(default)]
+struct Choice {
+    /// Streamed chat completions.
+    delta: Obj<Message>,
+    /// Non-streamed chat completions.
+    message: Obj<Message>,
+    /// Legacy completions (streamed or not).
+    text: Len,
+}
+
+impl Counted for Choice {
+    fn len(&self) -> u64 {
+        self.text
+            .0
+            .saturating_add(self.delta.0.as_ref().map_or(0, Message::len))
+            .saturating_add(self.message.0.as_ref().map_or(0, Message::len))
+    }
+}
+
+/// `choices[*].delta` / `choices[*].message`.
+#[derive(Default, Deserialize)]
+#[serde(default)]
+struct Message {
+    content: Len,
+    tool_calls: List<ToolCall>,
+}
+
+impl Message {
+    fn len(&self) -> u64 {
+        self.content.0.saturating_add(self.tool_calls.0)
+    }
+}
+
+#[derive(Default, Deserialize)]
+#[serde(default)]
+struct ToolCall {
+    function: Obj<Function>,
+}
+
+impl Counted for ToolCall {
+    fn len(&self) -> u64 {
+        self.function.0.as_ref().map_or(0, |f| f.arguments.0)
+    }
+}
+
+#[derive(Default, Deserialize)]
+#[serde(default)]
+struct Function {
+    arguments: Len,
+}
+
+/// Anthropic text carriers: `delta` of `content_block_delta` events and the
+/// blocks of a non-streamed body's `content`.
+#[derive(Default, Deserialize)]
+#[serde(default)]
+struct Text {
+    text: Len,
+    partial_json: Len,
+}
+
+impl Counted for Text {
+    fn len(&self) -> u64 {
+        self.text.0.saturating_add(self.partial_json.0)
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Lenient building blocks
+// ---------------------------------------------------------------------------
+
+/// Visitor methods that accept (and ignore) the remaining scalar kinds.
+macro_rules! ignore_scalars {
+    ($value:expr) => {
+        fn visit_bool<E: de::Error>(self, _: bool) -> Result<Self::Value, E> {
+            Ok($value)
+        }
+        fn visit_f64<E: de::Error>(self, _: f64) -> Result<Self::Value, E> {
+            Ok($value)
+        }
+        fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+            Ok($value)
+        }
+        fn visit_none<E: de::Error>(self) -> Result<Self::Value, E> {
+            Ok($value)
+        }
+        fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+            IgnoredAny::deserialize(d).map(|_| $value)
+        }
+        fn visit_bytes<E: de::Error>(self, _: &[u8]) -> Result<Self::Value, E> {
+            Ok($value)
+        }
+    };
+}
+
+/// Something whose generated-text size can be summed over a JSON array.
+trait Counted {
+    fn len(&self) -> u64;
+}
+
+/// A non-negative integer; anything else (negative, float, string, object,
+/// null) reads as absent.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+struct Num(Option<u64>);
+
+impl Num {
+    fn get(self) -> u64 {
+        self.0.unwrap_or(0)
+    }
+}
+
+impl<'de> Deserialize<'de> for Num {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Num;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("any JSON value")
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<Num, E> {
+                Ok(Num(Some(v)))
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<Num, E> {
+                Ok(Num(u64::try_from(v).ok()))
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Num, A::Error> {
+                drain_map(map).map(|()| Num(None))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Num, A::Error> {
+                drain_seq(seq).map(|()| Num(None))
+            }
+            ignore_scalars!(Num(None));
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// The UTF-8 byte length of a JSON string (after unescaping; no copy is kept);
+/// anything else reads as 0.
+#[derive(Debug, Default, Clone, Copy)]
+struct Len(u64);
+
+impl<'de> Deserialize<'de> for Len {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Len;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("any JSON value")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Len, E> {
+                Ok(Len(v.len() as u64))
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Len, A::Error> {
+                drain_map(map).map(|()| Len(0))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Len, A::Error> {
+                drain_seq(seq).map(|()| Len(0))
+            }
+            fn visit_u64<E: de::Error>(self, _: u64) -> Result<Len, E> {
+                Ok(Len(0))
+            }
+            fn visit_i64<E: de::Error>(self, _: i64) -> Result<Len, E> {
+                Ok(Len(0))
+            }
+            ignore_scalars!(Len(0));
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// A JSON object deserialized as `T`; anything else (null included) reads as
+/// `None`.
+struct Obj<T>(Option<T>);
+
+impl<T> Default for Obj<T> {
+    fn default() -> Self {
+        Obj(None)
+    }
+}
+
+impl<'de, T: Deserialize<'de>> Deserialize<'de> for Obj<T> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V<T>(PhantomData<T>);
+        impl<'de, T: Deserialize<'de>> Visitor<'de> for V<T> {
+            type Value = Obj<T>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("any JSON value")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Obj<T>, A::Error> {
+                T::deserialize(MapAccessDeserializer::new(map)).map(|t| Obj(Some(t)))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Obj<T>, A::Error> {
+                drain_seq(seq).map(|()| Obj(None))
+            }
+            fn visit_u64<E: de::Error>(self, _: u64) -> Result<Obj<T>, E> {
+                Ok(Obj(None))
+            }
+            fn visit_i64<E: de::Error>(self, _: i64) -> Result<Obj<T>, E> {
+                Ok(Obj(None))
+            }
+            ignore_scalars!(Obj(None));
+        }
+        d.deserialize_any(V(PhantomData))
+    }
+}
+
+/// A JSON array of `T`, summed by [`Counted::len`] while it is read (nothing
+/// is collected); anything else reads as 0.
+#[derive(Default)]
+struct List<T>(u64, PhantomData<T>);
+
+impl<'de, T: Deserialize<'de> + Counted> Deserialize<'de> for List<T> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V<T>(PhantomData<T>);
+        impl<'de, T: Deserialize<'de> + Counted> Visitor<'de> for V<T> {
+            type Value = List<T>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("any JSON value")
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<List<T>, A::Error> {
+                let mut sum = 0u64;
+                while let Some(item) = seq.next_element::<Obj<T>>()? {
+                    sum = sum.saturating_add(item.0.as_ref().map_or(0, T::len));
+                }
+                Ok(List(sum, PhantomData))
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<List<T>, A::Error> {
+                drain_map(map).map(|()| List(0, PhantomData))
+            }
+            fn visit_u64<E: de::Error>(self, _: u64) -> Result<List<T>, E> {
+                Ok(List(0, PhantomData))
+            }
+            fn visit_i64<E: de::Error>(self, _: i64) -> Result<List<T>, E> {
+                Ok(List(0, PhantomData))
+            }
+            ignore_scalars!(List(0, PhantomData));
+        }
+        d.deserialize_any(V(PhantomData))
+    }
+}
+
+fn drain_map<'de, A: MapAccess<'de>>(mut map: A) -> Result<(), A::Error> {
+    while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+    Ok(())
+}
+
+fn drain_seq<'de, A: SeqAccess<'de>>(mut seq: A) -> Result<(), A::Error> {
+    while seq.next_element::<IgnoredAny>()?.is_some() {}
+    Ok(())
+}
+
+/// `b` without leading JSON white space.
+pub(super) fn skip_ws(mut b: &[u8]) -> &[u8] {
+    while let [b' ' | b'\t' | b'\n' | b'\r', rest @ ..] = b {
+        b = rest;
+    }
+    b
+}
+
+#[cfg(test)]
+mod scan_tests {
+    use super::*;
+
+    /// The scan agrees with the full parse on what both read.
+    #[test]
+    fn scan_matches_parse() {
+        let docs: [&[u8]; 6] = [
+            br#"{"choices":[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}]}"#,
+            br#"{"choices":[{"delta":{"content":"h\u00e9llo \"w\"\n\ud83d\ude80 \u20ac"}}]}"#,
+            br#"{"choices":[{"delta":{"tool_calls":[{"function":{"arguments":"{\"a\":1}"}}]}}]}"#,
+            br#"{"type":"content_block_delta","delta":{"type":"text_delta","text":"Hi there"}}"#,
+            br#"{"content":[{"type":"text","text":"Hello"}],"role":"assistant"}"#,
+            br#"{"choices":[{"text":"legacy completion"}],"usage":null}"#,
+        ];
+        for doc in docs {
+            let parsed = serde_json::from_slice::<Doc>(doc)
+                .unwrap()
+                .info()
+                .content_bytes;
+            assert_eq!(
+                scan_text_bytes(doc, Shape::Body),
+                Some(parsed),
+                "{}",
+                String::from_utf8_lossy(doc)
+            );
+        }
+    }
+
+    #[test]
+    fn usage_only_chunks() {
+        assert!(is_usage_only_chunk(
+            br#"{"id":"x","choices":[],"usage":{"total_tokens":30}}"#
+        ));
+        assert!(!is_usage_only_chunk(
+            br#"{"choices":[{"delta":{}}],"usage":{"total_tokens":30}}"#
+        ));
+        assert!(!is_usage_only_chunk(br#"{"choices":[],"usage":null}"#));
+        assert!(!is_usage_only_chunk(
+            br#"{"choices":[{"delta":{"content":"usage"}}],"usage":null}"#
+        ));
+        assert!(!is_usage_only_chunk(b"[DONE]"));
+    }
+
+    #[test]
+    fn usage_objects_go_to_the_parser() {
+        assert!(has_usage_object(
+            br#"{"choices":[],"usage": {"total_tokens":3}}"#
+        ));
+        assert!(!has_usage_object(br#"{"choices":[],"usage":null}"#));
+        assert_eq!(scan_text_bytes(b"[DONE]", Shape::Body), None);
+        assert_eq!(
+            scan_text_bytes(br#"{"content":"cut off"#, Shape::Body),
+            None
+        );
+        assert_eq!(scan_text_bytes(br#"{"content":"a"}"#, Shape::Body), Some(1));
+        assert_eq!(
+            scan_text_bytes(b"{\"content\":\"a\"}\n1", Shape::Body),
+            None,
+            "trailing bytes"
+        );
+        assert_eq!(
+            scan_text_bytes(br#"{"usage":"#, Shape::Body),
+            None,
+            "cut after a key"
+        );
+        assert_eq!(
+            scan_text_bytes(br#"{"text":"a\"}"#, Shape::Body),
+            None,
+            "escaped quote does not close"
+        );
+        assert_eq!(
+            scan_text_bytes(b"{\"text\":\"\xff\"}", Shape::Body),
+            None,
+            "invalid UTF-8"
+        );
+    }
+}
