@@ -5,7 +5,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::decision::Millis;
+/// Milliseconds on a [`Clock`]: what windows, resets and retry-afters are measured in.
+pub type Millis = u64;
 
 /// A monotonic millisecond clock.
 pub trait Clock: Send + Sync + fmt::Debug + 'static {

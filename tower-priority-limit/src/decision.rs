@@ -7,8 +7,7 @@
 
 use crate::config::{ModelLimits, PoolLimits, PoolRef, Settings};
 
-/// Milliseconds on the store's clock.
-pub type Millis = u64;
+pub use crate::clock::Millis;
 
 /// One counter pair (requests, tokens) with its own fixed window.
 ///

@@ -16,10 +16,10 @@ use crate::body::ResponseBody;
 use crate::config::FailureMode;
 use crate::config::{ModelId, PoolRef};
 use crate::decision::{Admitted, Decision};
-use crate::layer::{Options, UnknownModel};
 use crate::lease::Lease;
 use crate::limiter::Limiter;
 use crate::model::{BadRequest, Extracted};
+use crate::options::{Options, UnknownModel};
 use crate::response::{error_response, refusal_response, store_failure_response};
 use crate::store::{Store, StoreError};
 

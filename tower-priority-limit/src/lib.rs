@@ -102,6 +102,7 @@ mod future;
 mod layer;
 mod lease;
 mod limiter;
+mod options;
 #[cfg(feature = "gateway-helpers")]
 pub mod response;
 #[cfg(not(feature = "gateway-helpers"))]
@@ -111,9 +112,10 @@ mod service;
 pub use body::ResponseBody;
 pub use config::{FailureMode, LimiterConfig, ModelLimits};
 pub use future::ResponseFuture;
-pub use layer::{PriorityLimitLayer, UnknownModel};
+pub use layer::PriorityLimitLayer;
 pub use lease::Lease;
 pub use limiter::{Acquired, Limiter};
+pub use options::UnknownModel;
 pub use service::PriorityLimit;
 
 /// The README's example compiles and runs as a doctest.

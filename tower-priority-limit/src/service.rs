@@ -13,10 +13,10 @@ use crate::body::ResponseBody;
 use crate::config::PoolRef;
 use crate::decision::Admitted;
 use crate::future::{after_admit, after_extract, AfterAdmit, AfterExtract, ResponseFuture};
-use crate::layer::Options;
 use crate::lease::Lease;
 use crate::limiter::Limiter;
 use crate::model::{ExtractNow, ModelExtractor};
+use crate::options::Options;
 use crate::priority::PriorityExtractor;
 use crate::store::Store;
 
