@@ -1,4 +1,5 @@
-//! The admission rules of SPEC §1.3–§1.4, as pure functions.
+//! The admission rules (docs/behaviour.md, "When a request is refused" and "Counters and
+//! windows"), as pure functions.
 //!
 //! Everything here is a function of (limits, counters, pool, cost, now): no I/O, no clock, no locks.
 //! Stores read counters, call [`decide`], and apply the result with [`Admitted::apply`]; token
@@ -12,7 +13,7 @@ pub use crate::clock::Millis;
 /// One counter pair (requests, tokens) with its own fixed window.
 ///
 /// A window starts at the first request or token record that touches the pair, and the first touch
-/// at or after `start + window` starts a fresh one (SPEC §1.4).
+/// at or after `start + window` starts a fresh one.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Counter {
     /// When the current window started; `None` before the first touch.

@@ -1,5 +1,5 @@
 //! OpenAI-shaped mock answers: a `chat.completion` body and a `chat.completion.chunk` SSE stream,
-//! both reporting prompt 10 + completion 20 = 30 tokens (SPEC §2, `mock_response`).
+//! both reporting prompt 10 + completion 20 = 30 tokens (a gateway deployment's `mock_response`).
 //!
 //! For examples, tests, benchmarks and a gateway's `mock_response`; one definition serves them all.
 

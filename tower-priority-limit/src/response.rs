@@ -1,4 +1,4 @@
-//! The responses the layer writes itself: 429s with the exact bodies of SPEC §1.6, other errors in
+//! The responses the layer writes itself: 429s with the exact bodies of docs/behaviour.md ("The 429"), other errors in
 //! the same OpenAI shape, and the rate-limit headers on admitted responses.
 
 use std::fmt::Write as _;
@@ -59,8 +59,8 @@ macro_rules! dimension_headers {
 const REQUEST_HEADERS: DimensionHeaders = dimension_headers!("requests");
 const TOKEN_HEADERS: DimensionHeaders = dimension_headers!("tokens");
 
-/// `{"error": {"message", "type", "param", "code"}}` as bytes, laid out exactly as SPEC §1.6 shows
-/// it (the source product's Python `json.dumps` spacing), so byte-for-byte checks pass.
+/// `{"error": {"message", "type", "param", "code"}}` as bytes, laid out exactly as the source
+/// product writes it (Python's `json.dumps` spacing), so byte-for-byte checks pass.
 pub fn error_json(message: &str, kind: &str, param: Option<&str>, code: &str) -> Bytes {
     // Serializing a string cannot fail; `to_string` escapes it.
     let quote = |s: &str| serde_json::to_string(s).unwrap_or_default();
@@ -98,7 +98,7 @@ fn limit_or_missing(out: &mut String, limit: Option<u64>) {
     }
 }
 
-/// The 429 message of SPEC §1.6 for a refusal on `model` under `label` (`None` = default pool).
+/// The 429 message for a refusal on `model` under `label` (`None` = default pool).
 pub(crate) fn refusal_message(model: &ModelLimits, label: Option<&str>, r: &Refused) -> String {
     let mut m = String::with_capacity(200);
     let label = label.unwrap_or("None");
@@ -243,7 +243,7 @@ impl LimitHeaderValues {
     }
 }
 
-/// Adds the rate-limit headers of an admitted request (SPEC §1.6) to `headers`.
+/// Adds the rate-limit headers of an admitted request to `headers`.
 ///
 /// The OpenAI-style `x-ratelimit-{limit,remaining,reset}-*` describe the caller's effective limit:
 /// the model-wide capacity in generous mode, its pool's (bounded by what the model has left) in

@@ -127,7 +127,9 @@ impl LimiterConfigBuilder {
         self
     }
 
-    /// How long a node may cache saturation read from shared state (default 60 s; 0 = always read).
+    /// How long a node may cache saturation read from shared state (default 60 s; 0 = always
+    /// read). Accepted for compatibility: no store here caches saturation (each admission
+    /// computes it from the counters it changes), so it has no effect.
     pub fn saturation_check_cache_ttl(mut self, ttl: Duration) -> Self {
         self.saturation_check_cache_ttl = ttl;
         self

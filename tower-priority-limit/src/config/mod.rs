@@ -1,4 +1,5 @@
-//! Limiter configuration: the YAML shape of SPEC §1.1, a builder, and validation.
+//! Limiter configuration: the `config.yaml` shape (`model_list`, `litellm_settings`; every key in
+//! docs/configuration.md), a builder, and validation.
 //!
 //! Two ways in, one way out: [`LimiterConfig::from_yaml_str`] (or serde, through
 //! [`LimiterConfig`]'s `Deserialize`) and [`LimiterConfig::builder`] both end in the same
@@ -58,11 +59,11 @@ pub enum Reservation {
     Tpm(f64),
 }
 
-/// `default_priority` when the config does not say (SPEC §1.1).
+/// `default_priority` when the config does not say.
 pub const DEFAULT_PRIORITY_SHARE: f64 = 0.25;
 /// `saturation_threshold` when the config does not say.
 pub const DEFAULT_SATURATION_THRESHOLD: f64 = 0.5;
-/// The accounting window (SPEC §1.4).
+/// The accounting window.
 pub const DEFAULT_WINDOW: Duration = Duration::from_secs(60);
 
 /// Limits of one pool on one model, after conversion and normalization.
@@ -168,7 +169,7 @@ pub struct Settings {
     pub saturation_threshold: f64,
     /// Share of the default pool, before flooring per model.
     pub default_priority: f64,
-    /// How long a node may cache saturation read from shared state.
+    /// How long a node may cache saturation read from shared state (no store here caches it).
     pub saturation_check_cache_ttl: Duration,
     /// The fixed accounting window, in milliseconds.
     pub window_ms: u64,
@@ -176,7 +177,7 @@ pub struct Settings {
     pub shared: SharedStoreSettings,
 }
 
-/// What a shared store does while it cannot answer (SPEC §3, "degrade, don't vanish").
+/// What a shared store does while it cannot answer: degrade, don't vanish.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum FailureMode {
     /// Keep limiting in this process with `capacity / expected_nodes` (the default), and go back
@@ -228,7 +229,7 @@ impl Default for SharedStoreSettings {
 
 /// A validated limiter configuration: models, pools and settings, with every limit precomputed.
 ///
-/// Load it from the YAML of SPEC §1.1 with [`from_yaml_str`](Self::from_yaml_str), deserialize it
+/// Load it from a proxy `config.yaml` with [`from_yaml_str`](Self::from_yaml_str), deserialize it
 /// with serde from any format holding that shape, or build it with [`builder`](Self::builder).
 #[derive(Debug, Clone)]
 pub struct LimiterConfig {
@@ -242,7 +243,7 @@ pub struct LimiterConfig {
 }
 
 impl LimiterConfig {
-    /// This config with another accounting window (tests and simulations; SPEC's is 60 s).
+    /// This config with another accounting window (tests and simulations; the default is 60 s).
     pub fn with_window(mut self, window: Duration) -> Result<Self, ConfigError> {
         self.settings.window_ms = window_ms(window)?;
         Ok(self)
@@ -263,7 +264,8 @@ impl LimiterConfig {
         config
     }
 
-    /// Starts a builder with the SPEC's defaults.
+    /// Starts a builder with the defaults (`default_priority` 0.25, `saturation_threshold` 0.5, a
+    /// 60 s window).
     pub fn builder() -> LimiterConfigBuilder {
         LimiterConfigBuilder::default()
     }
@@ -333,7 +335,7 @@ impl LimiterConfig {
     }
 
     /// Resolves a priority label: a configured one names its pool; none or an unknown one is the
-    /// default pool (SPEC §1.2).
+    /// default pool.
     pub fn pool_of(&self, label: Option<&str>) -> PoolRef {
         match label.and_then(|l| self.priority_index.get(l)) {
             Some(&i) => PoolRef::Named(i),
@@ -363,7 +365,7 @@ mod tests {
         LimiterConfig::from_yaml_str(yaml)
     }
 
-    const SPEC_YAML: &str = r#"
+    const WORKED_EXAMPLE_YAML: &str = r#"
 model_list:
   - model_name: gpt-5.6-luna
     litellm_params:
@@ -386,7 +388,7 @@ general_settings:
 
     #[test]
     fn spec_example_loads() {
-        let c = load(SPEC_YAML).unwrap();
+        let c = load(WORKED_EXAMPLE_YAML).unwrap();
         let m = c.model(c.model_id("gpt-5.6-luna").unwrap());
         assert_eq!((m.rpm, m.tpm), (Some(10), Some(1000)));
         let prod = m.pool(c.pool_of(Some("prod"))).unwrap();
@@ -459,7 +461,7 @@ general_settings:
             .reserve("b", Reservation::Percent(0.3))
             .build()
             .unwrap();
-        // floor(100 × 0.29) = 28 in binary floating point, as the SPEC says.
+        // floor(100 × 0.29) = 28 in binary floating point, as the source product computes it.
         assert_eq!(c.models()[0].pool(PoolRef::Named(0)).unwrap().rpm, Some(28));
         assert_eq!(c.models()[0].pool(PoolRef::Named(1)).unwrap().rpm, Some(30));
     }

@@ -1,4 +1,4 @@
--- One admission, all-or-nothing: the check and increment of SPEC §1.3-§1.4 on one model's hash.
+-- One admission, all-or-nothing: the check and increment of `decide()` on one model's hash.
 -- It mirrors `decide` in decision.rs; the Rust side re-derives the whole decision (headers,
 -- retry-after) from the pre-admission counters returned here and counts any disagreement.
 --
