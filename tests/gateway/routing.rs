@@ -4,17 +4,12 @@
 //! once it started, and fallbacks answer for a group that cannot. Real sockets throughout: the
 //! gateway router and mock OpenAI upstreams (`gateway_example::mock_upstream`) on ephemeral ports.
 
-#[path = "common/gateway.rs"]
-mod gateway;
-#[path = "common/upstream.rs"]
-mod upstream;
-
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use gateway::{Gw, Reply, MASTER};
 use gateway_example::mock_upstream::{Latency, MockUpstream, MockUpstreamConfig};
+use integration_tests::gateway::{Gw, Reply, MASTER};
 
 fn mock(config: MockUpstreamConfig) -> MockUpstream {
     MockUpstream::start(config).expect("mock upstream")
@@ -275,7 +270,7 @@ async fn the_retry_budget_bounds_upstream_calls() {
 /// the upstream was called once.
 #[tokio::test]
 async fn a_stream_that_started_is_never_retried() {
-    let (up, base) = upstream::Upstream::start().await;
+    let (up, base) = integration_tests::upstream::Upstream::start().await;
     let yaml = format!(
         "model_list:\n  - model_name: r\n    litellm_params: {{model: openai/reset, api_base: \"{base}\"}}\n  - model_name: r\n    litellm_params: {{model: openai/reset, api_base: \"{base}\"}}\ngeneral_settings:\n  master_key: {MASTER}\n"
     );

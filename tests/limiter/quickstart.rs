@@ -1,11 +1,9 @@
 //! SPEC §1.7 quick-start check over real HTTP: `tpm: 60`, 30-token responses, two keys.
 
-mod common;
-
 use std::time::Duration;
 
-use common::redis::RedisServer;
-use common::{json_body, App};
+use integration_tests::app::{json_body, App};
+use integration_tests::redis::RedisServer;
 use tower_priority_limit::store::Store;
 
 const CONFIG: &str = r#"

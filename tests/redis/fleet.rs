@@ -2,17 +2,12 @@
 //! as `main` builds them (`Gateway::connect`), over real HTTP: the limits hold for the fleet exactly
 //! as for one process, and a key made on one gateway is charged on the shared counters by all.
 
-#[path = "common/gateway.rs"]
-mod gateway;
-#[path = "common/redis.rs"]
-mod redis_rig;
-
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use gateway::{with_master, Gw, TempDir, MASTER};
 use gateway_example::store::GatewayStore;
-use redis_rig::RedisServer;
+use integration_tests::gateway::{with_master, Gw, TempDir, MASTER};
+use integration_tests::redis::RedisServer;
 use serde_json::json;
 use tower_priority_limit::store::Store;
 

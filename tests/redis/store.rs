@@ -2,14 +2,12 @@
 //! vanish"): the Lua script and `decide()` agree, several processes share exact limits, windows roll
 //! on Redis time, every key expires, each failure mode does what it says, and Redis Cluster works.
 
-mod common;
-
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::redis::{RedisCluster, RedisServer};
-use common::{json_body, shift_redis_windows, App};
+use integration_tests::app::{json_body, shift_redis_windows, App};
+use integration_tests::redis::{RedisCluster, RedisServer};
 use tower_priority_limit::clock::ManualClock;
 use tower_priority_limit::config::{FailureMode, LimiterConfig, Reservation};
 use tower_priority_limit::decision::{Admitted, Rejected};

@@ -3,12 +3,10 @@
 //! `tpm: 1000`, `{"team_a": 0.5, "team_b": 0.5}`. A asks for 100 %+ of the model; B asks for what
 //! the row says. Each row is a fresh 60 s window.
 
-mod common;
-
 use std::time::Duration;
 
-use common::redis::RedisServer;
-use common::App;
+use integration_tests::app::App;
+use integration_tests::redis::RedisServer;
 use tower_priority_limit::store::Store;
 
 const TOKENS_PER_RESPONSE: i64 = 30;
