@@ -1,5 +1,6 @@
-//! The quick-start check end to end through the gateway over HTTP (SPEC §1.7, §2): two keys made
-//! with the master key, `mock_response` answers of 30 tokens against `tpm: 60`.
+//! The quick-start check end to end through the gateway over HTTP: two keys made with the master
+//! key, `mock_response` answers of 30 tokens against `tpm: 60`; key 1 and key 2 are served, then
+//! both get the limiter's exact "Model capacity reached" 429 until the 60 s window rolls.
 
 use integration_tests::gateway::{sse_data, with_master, Gw};
 use serde_json::{json, Value};

@@ -1,4 +1,4 @@
-//! Routing across a group's deployments (SPEC §2.1, §3): per-deployment limits skip a full
+//! Routing across a group's deployments (the routing and retry rules): per-deployment limits skip a full
 //! deployment before dispatch, failing and rate-limited upstreams are routed around and come back,
 //! strategies match their definitions, retries stay inside the budget, a stream is never retried
 //! once it started, and fallbacks answer for a group that cannot. Real sockets throughout: the
@@ -397,7 +397,7 @@ async fn an_upstream_401_cools_at_once_until_cooldown_time() {
     assert!(!gw.gateway.router.is_parked(0), "back after cooldown_time");
 }
 
-/// SPEC §2, fallbacks after a limiter refusal: a request the limiter refuses for its own group is
+/// Fallbacks after a limiter refusal: a request the limiter refuses for its own group is
 /// tried on the fallback group under that group's own limits (its headers, its tokens) before the
 /// client gets the 429; when the fallback is full too, the client gets the limiter's exact 429.
 #[tokio::test]

@@ -1,4 +1,4 @@
-//! Exact RPM under concurrency (SPEC §1.4): N concurrent requests against a limit of L admit
+//! Exact RPM under concurrency (the check and increment are atomic): N concurrent requests against a limit of L admit
 //! exactly min(N, L).
 
 use integration_tests::app::App;

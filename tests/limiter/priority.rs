@@ -1,4 +1,4 @@
-//! Priority pools over real HTTP (SPEC §1.1–§1.3): shares, the default pool, resolution order,
+//! Priority pools over real HTTP (configuration, priority resolution, admission rules): shares, the default pool, resolution order,
 //! normalization and dict conversions.
 
 use std::time::Duration;

@@ -1,4 +1,5 @@
-//! SPEC §1.7 quick-start check over real HTTP: `tpm: 60`, 30-token responses, two keys.
+//! The quick-start check over real HTTP: `tpm: 60`, 30-token responses, two keys; key 1 and key 2
+//! are served, then every key gets the "Model capacity reached" 429 until the 60 s window rolls.
 
 use std::time::Duration;
 

@@ -1,4 +1,4 @@
-//! Body metering and settlement (SPEC §1.5): SSE split anywhere settles the same count; a body
+//! Body metering and settlement (tokens are counted from the response body): SSE split anywhere settles the same count; a body
 //! dropped mid-stream or failing settles once, with what was seen.
 
 use std::convert::Infallible;

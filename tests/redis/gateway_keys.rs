@@ -1,4 +1,4 @@
-//! Keys and teams shared through Redis by several gateways (SPEC §2.2): two gateway instances on
+//! Keys and teams shared through Redis by several gateways: two gateway instances on
 //! one real `redis-server` (separate data dirs), over real HTTP. A key or team made on one works
 //! on the other at once; a delete reaches the other within the cache TTL; Redis down means 503
 //! for keys nobody can check, never 401, while the master key keeps working; a Redis Cluster
