@@ -6,12 +6,10 @@
 //! (default 5). A criterion harness measures one operation at a time, so this bench drives the
 //! concurrency itself and reports percentiles from every admission's own latency.
 
-#[path = "../tests/common/redis.rs"]
-mod redis_server;
-
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use integration_tests::redis::RedisServer;
 use tower_priority_limit::config::{LimiterConfig, ModelId, PoolRef, Reservation};
 use tower_priority_limit::decision::Decision;
 use tower_priority_limit::store::{RedisStore, RedisTarget, Store};
@@ -101,7 +99,7 @@ async fn settlements(limiter: Arc<Limiter<RedisStore>>, n: usize) {
 }
 
 fn main() {
-    let Some(redis) = redis_server::RedisServer::start("redis_admission bench") else {
+    let Some(redis) = RedisServer::start("redis_admission bench") else {
         return;
     };
     let secs: u64 = std::env::var("BENCH_SECS")

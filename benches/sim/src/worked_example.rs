@@ -2,10 +2,10 @@
 //! `priority_reservation: {team_a: 0.5, team_b: 0.5}`, thresholds 0.5 and 0.8, 30-token
 //! responses, each row a fresh 60 s window.
 //!
-//! A and B are request streams as in `tests/worked_example.rs`: a window repeats a pattern of
-//! turns (`a`, `ab`, `baaa`: who sends next) until A has been refused 20 times in a row and B has
-//! sent its ask's worth of requests (`ceil(ask / 30)`); every admitted request's lease settles 30
-//! tokens at once, so the next request sees them. Figures are tokens served.
+//! A and B are request streams as in `tests/limiter/worked_example.rs`: a window repeats a
+//! pattern of turns (`a`, `ab`, `baaa`: who sends next) until A has been refused 20 times in a row
+//! and B has sent its ask's worth of requests (`ceil(ask / 30)`); every admitted request's lease
+//! settles 30 tokens at once, so the next request sees them. Figures are tokens served.
 
 use serde::Serialize;
 use tower_priority_limit::config::LimiterConfig;

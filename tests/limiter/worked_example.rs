@@ -1,14 +1,12 @@
-//! SPEC §1.7 worked example, every row, over real HTTP with 30-token responses (±1 request).
+//! The worked example of two teams sharing one model (strict mode at the floors), every row, over real HTTP with 30-token responses (±1 request).
 //!
 //! `tpm: 1000`, `{"team_a": 0.5, "team_b": 0.5}`. A asks for 100 %+ of the model; B asks for what
 //! the row says. Each row is a fresh 60 s window.
 
-mod common;
-
 use std::time::Duration;
 
-use common::redis::RedisServer;
-use common::App;
+use integration_tests::app::App;
+use integration_tests::redis::RedisServer;
 use tower_priority_limit::store::Store;
 
 const TOKENS_PER_RESPONSE: i64 = 30;

@@ -1,8 +1,6 @@
 //! The tower plumbing: shared state across clones, Send bounds, readiness, the store-failure
 //! policy.
 
-mod common;
-
 use std::convert::Infallible;
 use std::future::Ready;
 use std::sync::Arc;

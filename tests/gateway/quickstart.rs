@@ -1,17 +1,15 @@
-//! The quick-start check end to end through the gateway over HTTP (SPEC §1.7, §2): two keys made
-//! with the master key, `mock_response` answers of 30 tokens against `tpm: 60`.
+//! The quick-start check end to end through the gateway over HTTP: two keys made with the master
+//! key, `mock_response` answers of 30 tokens against `tpm: 60`; key 1 and key 2 are served, then
+//! both get the limiter's exact "Model capacity reached" 429 until the 60 s window rolls.
 
-#[path = "common/gateway.rs"]
-mod gateway;
-
-use gateway::{sse_data, with_master, Gw};
+use integration_tests::gateway::{sse_data, with_master, Gw};
 use serde_json::{json, Value};
 use std::time::Duration;
 
 const EXACT_429: &str = r#"{"error": {"message": "Model capacity reached for my-fake-model. Priority: None, Rate limit type: tokens, Model TPM: 60, Model RPM: not configured, Remaining: 0", "type": "throttling_error", "param": null, "code": "429"}}"#;
 
 fn config() -> String {
-    let shipped = include_str!("../gateway-example/config/quickstart.yaml");
+    let shipped = include_str!("../../gateway-example/config/quickstart.yaml");
     // The shipped file with the test's master key.
     with_master(&shipped.replace(
         "general_settings:\n  master_key: sk-1234   # or os.environ/LITELLM_MASTER_KEY\n",

@@ -1,11 +1,10 @@
-//! SPEC §1.7 quick-start check over real HTTP: `tpm: 60`, 30-token responses, two keys.
-
-mod common;
+//! The quick-start check over real HTTP: `tpm: 60`, 30-token responses, two keys; key 1 and key 2
+//! are served, then every key gets the "Model capacity reached" 429 until the 60 s window rolls.
 
 use std::time::Duration;
 
-use common::redis::RedisServer;
-use common::{json_body, App};
+use integration_tests::app::{json_body, App};
+use integration_tests::redis::RedisServer;
 use tower_priority_limit::store::Store;
 
 const CONFIG: &str = r#"

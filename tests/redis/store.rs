@@ -1,15 +1,14 @@
-//! The Redis store against a real `redis-server` (SPEC §1.4 multi-node, §3 "degrade, don't
-//! vanish"): the Lua script and `decide()` agree, several processes share exact limits, windows roll
-//! on Redis time, every key expires, each failure mode does what it says, and Redis Cluster works.
-
-mod common;
+//! The Redis store against a real `redis-server` (counters shared by several processes; on
+//! failure, degrade, don't vanish): the Lua script and `decide()` agree, several processes share
+//! exact limits, windows roll on Redis time, every key expires, each failure mode does what it
+//! says, and Redis Cluster works.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::redis::{RedisCluster, RedisServer};
-use common::{json_body, shift_redis_windows, App};
+use integration_tests::app::{json_body, shift_redis_windows, App};
+use integration_tests::redis::{RedisCluster, RedisServer};
 use tower_priority_limit::clock::ManualClock;
 use tower_priority_limit::config::{FailureMode, LimiterConfig, Reservation};
 use tower_priority_limit::decision::{Admitted, Rejected};
@@ -78,7 +77,7 @@ impl Lcg {
     }
 }
 
-/// The shared table of SPEC §1.3–§1.4 behaviour: the same random sequence of admissions,
+/// The admission rules and their enforcement, shared by both stores: the same random sequence of admissions,
 /// settlements and window moves on the embedded store and on Redis gives the same decisions,
 /// usage and saturation at every step, and the script never disagrees with `decide()`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

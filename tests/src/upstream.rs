@@ -2,7 +2,6 @@
 //! sent. The model name picks a behaviour: `reset` streams two chunks then drops the connection,
 //! `slow` waits 2 s, `fail` answers 500 with an OpenAI error, `html` answers 502 with a non-JSON
 //! page; anything else answers normally (30 tokens), streaming when asked.
-#![allow(dead_code)]
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -19,15 +18,20 @@ use tower_priority_limit::mock::{chat_completion, chat_completion_stream};
 /// One request the upstream received.
 #[derive(Debug, Clone)]
 pub struct Received {
+    /// The request's headers.
     pub headers: HeaderMap,
+    /// The request's body as JSON (`null` if it was not JSON).
     pub body: Value,
 }
 
-#[derive(Clone, Default)]
+/// The upstream's record of what it received, shared with its handler.
+#[derive(Debug, Clone, Default)]
 pub struct Upstream {
+    /// Every request, in order.
     pub received: Arc<Mutex<Vec<Received>>>,
 }
 
+/// The content pieces the upstream streams.
 pub const PIECES: [&str; 3] = ["Hel", "lo ", "there"];
 
 async fn chat(State(up): State<Upstream>, headers: HeaderMap, body: Bytes) -> Response<Body> {
@@ -104,6 +108,7 @@ impl Upstream {
         (up, base)
     }
 
+    /// The last request received (panics if none was).
     pub fn last(&self) -> Received {
         self.received
             .lock()

@@ -1,11 +1,9 @@
-//! Priority pools over real HTTP (SPEC §1.1–§1.3): shares, the default pool, resolution order,
+//! Priority pools over real HTTP (configuration, priority resolution, admission rules): shares, the default pool, resolution order,
 //! normalization and dict conversions.
-
-mod common;
 
 use std::time::Duration;
 
-use common::App;
+use integration_tests::app::App;
 
 const MODEL: &str = "gpt-5.6-luna";
 

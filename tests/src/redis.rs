@@ -4,7 +4,6 @@
 //!
 //! Where `redis-server` is missing, [`RedisServer::start`] prints a loud notice and returns `None`
 //! so the test can skip, unless `REQUIRE_REDIS=1` (set by `.ci/run`), which makes it fail instead.
-#![allow(dead_code)]
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};

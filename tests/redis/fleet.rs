@@ -1,18 +1,13 @@
-//! Several gateway processes sharing one real `redis-server` (SPEC §1.4 multi-node, §2.2), built
+//! Several gateway processes sharing one real `redis-server` (counters and keys live in Redis), built
 //! as `main` builds them (`Gateway::connect`), over real HTTP: the limits hold for the fleet exactly
 //! as for one process, and a key made on one gateway is charged on the shared counters by all.
-
-#[path = "common/gateway.rs"]
-mod gateway;
-#[path = "common/redis.rs"]
-mod redis_rig;
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use gateway::{with_master, Gw, TempDir, MASTER};
 use gateway_example::store::GatewayStore;
-use redis_rig::RedisServer;
+use integration_tests::gateway::{with_master, Gw, TempDir, MASTER};
+use integration_tests::redis::RedisServer;
 use serde_json::json;
 use tower_priority_limit::store::Store;
 
@@ -51,7 +46,7 @@ async fn fleet(yaml: &str, n: usize) -> (Vec<Arc<Gw>>, Vec<TempDir>) {
 }
 
 /// 300 concurrent requests against `rpm: 100`, spread over 3 gateways: exactly 100 served, and
-/// every other one gets the SPEC's 429.
+/// every other one gets the limiter's "Model capacity reached" 429.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_gateways_admit_exactly_the_fleet_limit() {
     let Some(redis) = RedisServer::start("three_gateways_admit_exactly_the_fleet_limit") else {

@@ -1,10 +1,7 @@
 //! Bad input to the gateway gets its status and the OpenAI error shape, and the gateway keeps
 //! serving.
 
-#[path = "common/gateway.rs"]
-mod gateway;
-
-use gateway::{with_master, Gw, MASTER};
+use integration_tests::gateway::{with_master, Gw, MASTER};
 use serde_json::json;
 
 fn config() -> String {

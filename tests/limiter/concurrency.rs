@@ -1,9 +1,7 @@
-//! Exact RPM under concurrency (SPEC §1.4): N concurrent requests against a limit of L admit
+//! Exact RPM under concurrency (the check and increment are atomic): N concurrent requests against a limit of L admit
 //! exactly min(N, L).
 
-mod common;
-
-use common::App;
+use integration_tests::app::App;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_hundred_concurrent_against_rpm_50_admit_exactly_50() {

@@ -1,20 +1,15 @@
-//! Keys and teams shared through Redis by several gateways (SPEC §2.2): two gateway instances on
+//! Keys and teams shared through Redis by several gateways: two gateway instances on
 //! one real `redis-server` (separate data dirs), over real HTTP. A key or team made on one works
 //! on the other at once; a delete reaches the other within the cache TTL; Redis down means 503
 //! for keys nobody can check, never 401, while the master key keeps working; a Redis Cluster
 //! serves the same.
 
-#[path = "common/gateway.rs"]
-mod gateway;
-#[path = "common/redis.rs"]
-mod redis_rig;
-
 use std::future::Future;
 use std::time::{Duration, Instant};
 
-use gateway::{with_master, Gw, Reply, TempDir, MASTER};
 use gateway_example::keys::{hash_key, KEY_CACHE_TTL};
-use redis_rig::{RedisCluster, RedisServer};
+use integration_tests::gateway::{with_master, Gw, Reply, TempDir, MASTER};
+use integration_tests::redis::{RedisCluster, RedisServer};
 use serde_json::{json, Value};
 
 /// The quick-start mock model (30 tokens per answer), with room for every call a test makes.

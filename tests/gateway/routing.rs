@@ -1,20 +1,15 @@
-//! Routing across a group's deployments (SPEC §2.1, §3): per-deployment limits skip a full
+//! Routing across a group's deployments (the routing and retry rules): per-deployment limits skip a full
 //! deployment before dispatch, failing and rate-limited upstreams are routed around and come back,
 //! strategies match their definitions, retries stay inside the budget, a stream is never retried
 //! once it started, and fallbacks answer for a group that cannot. Real sockets throughout: the
 //! gateway router and mock OpenAI upstreams (`gateway_example::mock_upstream`) on ephemeral ports.
 
-#[path = "common/gateway.rs"]
-mod gateway;
-#[path = "common/upstream.rs"]
-mod upstream;
-
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use gateway::{Gw, Reply, MASTER};
 use gateway_example::mock_upstream::{Latency, MockUpstream, MockUpstreamConfig};
+use integration_tests::gateway::{Gw, Reply, MASTER};
 
 fn mock(config: MockUpstreamConfig) -> MockUpstream {
     MockUpstream::start(config).expect("mock upstream")
@@ -275,7 +270,7 @@ async fn the_retry_budget_bounds_upstream_calls() {
 /// the upstream was called once.
 #[tokio::test]
 async fn a_stream_that_started_is_never_retried() {
-    let (up, base) = upstream::Upstream::start().await;
+    let (up, base) = integration_tests::upstream::Upstream::start().await;
     let yaml = format!(
         "model_list:\n  - model_name: r\n    litellm_params: {{model: openai/reset, api_base: \"{base}\"}}\n  - model_name: r\n    litellm_params: {{model: openai/reset, api_base: \"{base}\"}}\ngeneral_settings:\n  master_key: {MASTER}\n"
     );
@@ -402,7 +397,7 @@ async fn an_upstream_401_cools_at_once_until_cooldown_time() {
     assert!(!gw.gateway.router.is_parked(0), "back after cooldown_time");
 }
 
-/// SPEC §2, fallbacks after a limiter refusal: a request the limiter refuses for its own group is
+/// Fallbacks after a limiter refusal: a request the limiter refuses for its own group is
 /// tried on the fallback group under that group's own limits (its headers, its tokens) before the
 /// client gets the 429; when the fallback is full too, the client gets the limiter's exact 429.
 #[tokio::test]

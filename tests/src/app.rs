@@ -1,10 +1,5 @@
-//! Shared test rig: an axum app with the layer in front of an OpenAI-shaped mock chat handler,
-//! served on an ephemeral loopback port, and a small HTTP client.
-#![allow(dead_code)]
-
-#[path = "http.rs"]
-pub mod http_client;
-pub mod redis;
+//! An axum app with the layer in front of an OpenAI-shaped mock chat handler, served on an
+//! ephemeral loopback port, with the limiter on an embedded store (manual clock) or on Redis.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -25,6 +20,9 @@ use tower_priority_limit::config::LimiterConfig;
 use tower_priority_limit::priority::{KeyTable, KeyTablePriority};
 use tower_priority_limit::store::{MemoryStore, RedisStore, RedisTarget, Store};
 use tower_priority_limit::{Limiter, PriorityLimitLayer};
+
+use crate::http as http_client;
+use crate::redis::RedisServer;
 
 /// The content pieces the mock streams.
 pub const PIECES: [&str; 4] = ["Hello", " wörld", " 🚀", "!"];
@@ -75,18 +73,22 @@ pub async fn mock_chat(request: Request<Body>) -> Response {
 }
 
 /// How a test moves the limiter's windows forward.
+#[derive(Debug)]
 pub enum TimeControl {
     /// The embedded store's manual clock.
     Manual(ManualClock),
     /// Redis measures time itself, so windows are moved instead: every window start under
     /// `prefix` is shifted back (the issue allows "manipulate keys' state"; no 60 s sleeps).
     Redis {
+        /// A client of the server the store uses.
         client: ::redis::Client,
+        /// The store's key prefix.
         prefix: String,
     },
 }
 
 impl TimeControl {
+    /// Moves every window of the limiter forward by `by`.
     pub fn advance(&self, by: Duration) {
         match self {
             TimeControl::Manual(clock) => clock.advance(by),
@@ -117,14 +119,28 @@ pub fn shift_redis_windows(client: &::redis::Client, prefix: &str, by: Duration)
 
 /// A running app: the layer (embedded store on a manual clock, or Redis; key table) before the mock.
 pub struct App<St: Store = MemoryStore> {
+    /// `http://127.0.0.1:PORT`.
     pub base: String,
+    /// How [`advance`](Self::advance) moves the windows.
     pub time: TimeControl,
+    /// The key table the priority extractor reads (bearer key → priority).
     pub keys: Arc<KeyTable>,
+    /// The limiter behind the layer.
     pub limiter: Arc<Limiter<St>>,
     client: Client<HttpConnector, Full<Bytes>>,
 }
 
+impl<St: Store> std::fmt::Debug for App<St> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("App")
+            .field("base", &self.base)
+            .field("time", &self.time)
+            .finish_non_exhaustive()
+    }
+}
+
 impl App {
+    /// Starts the app on the embedded store with a manual clock, from a limiter config in YAML.
     pub async fn start(config_yaml: &str) -> App {
         Self::start_with(config_yaml, |layer| layer).await
     }
@@ -147,7 +163,7 @@ static REDIS_PREFIXES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU
 
 impl App<RedisStore> {
     /// The same app on the Redis store of `server`, under a fresh key prefix.
-    pub async fn start_redis(config_yaml: &str, server: &redis::RedisServer) -> App<RedisStore> {
+    pub async fn start_redis(config_yaml: &str, server: &RedisServer) -> App<RedisStore> {
         let config = LimiterConfig::from_yaml_str(config_yaml).expect("valid test config");
         App::start_redis_config(config, server).await
     }
@@ -155,7 +171,7 @@ impl App<RedisStore> {
     /// As [`start_redis`](Self::start_redis), from a built config.
     pub async fn start_redis_config(
         config: LimiterConfig,
-        server: &redis::RedisServer,
+        server: &RedisServer,
     ) -> App<RedisStore> {
         let prefix = format!(
             "test{}:",
@@ -265,6 +281,7 @@ impl<St: Store> App<St> {
     }
 }
 
+/// Parses a body as JSON, panicking with the body if it is not.
 pub fn json_body(bytes: &Bytes) -> Value {
     serde_json::from_slice(bytes).unwrap_or_else(|e| panic!("not JSON ({e}): {bytes:?}"))
 }

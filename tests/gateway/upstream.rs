@@ -2,18 +2,17 @@
 //! and stripped when the client did not ask, upstream errors and timeouts in the OpenAI shape, and
 //! an upstream that resets mid-stream (the client gets an error, the tokens seen are charged once).
 
-#[path = "common/gateway.rs"]
-mod gateway;
-#[path = "common/upstream.rs"]
-mod upstream;
-
-use gateway::{sse_data, with_master, Gw, MASTER};
+use integration_tests::gateway::{sse_data, with_master, Gw, MASTER};
+use integration_tests::upstream::{Upstream, PIECES};
 use serde_json::{json, Value};
-use upstream::{Upstream, PIECES};
 
 async fn start() -> (Gw, Upstream) {
     let (up, base) = Upstream::start().await;
-    std::env::set_var("GW_TEST_UPSTREAM_KEY", "sk-upstream-secret");
+    // The config reads the upstream key from the process environment. This binary's other tests
+    // run in the same process and read the environment while they start gateways, so the
+    // variable is written once, not by every test that starts this gateway.
+    static UPSTREAM_KEY: std::sync::Once = std::sync::Once::new();
+    UPSTREAM_KEY.call_once(|| std::env::set_var("GW_TEST_UPSTREAM_KEY", "sk-upstream-secret"));
     // The same plain-HTTP server spoken to over TLS: the handshake fails cleanly.
     let tls_base = base.replace("http://", "https://");
     let yaml = with_master(&format!(

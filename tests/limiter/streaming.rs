@@ -1,18 +1,16 @@
-//! Body metering and settlement (SPEC §1.5): SSE split anywhere settles the same count; a body
+//! Body metering and settlement (tokens are counted from the response body): SSE split anywhere settles the same count; a body
 //! dropped mid-stream or failing settles once, with what was seen.
-
-mod common;
 
 use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use common::{sse_events, PIECES};
 use futures_util::StreamExt;
 use http::{Request, Response};
 use http_body::Frame;
 use http_body_util::{BodyExt, Full, StreamBody};
+use integration_tests::app::{sse_events, PIECES};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use tower::{Layer, Service, ServiceExt};
 

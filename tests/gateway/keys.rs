@@ -1,10 +1,7 @@
 //! Keys and teams through the gateway: priority resolution (team → key → default), persistence
 //! across restarts, the admin endpoints and their auth.
 
-#[path = "common/gateway.rs"]
-mod gateway;
-
-use gateway::{with_master, Gw, TempDir, MASTER};
+use integration_tests::gateway::{with_master, Gw, TempDir, MASTER};
 use serde_json::json;
 
 fn rpm10() -> String {

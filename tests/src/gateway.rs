@@ -1,9 +1,5 @@
-//! Test rig for the gateway: its router on an ephemeral port, a temporary data dir, a manual clock
-//! for the limiter, and an HTTP client.
-#![allow(dead_code)]
-
-#[path = "http.rs"]
-mod http_client;
+//! The gateway's router on an ephemeral port, a temporary data dir, a manual clock for the limiter,
+//! and an HTTP client.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -19,12 +15,23 @@ use hyper_util::rt::TokioExecutor;
 use serde_json::{json, Value};
 use tower_priority_limit::clock::ManualClock;
 
+use crate::http as http_client;
+
+/// The master key [`with_master`] puts in the config.
 pub const MASTER: &str = "sk-master-test";
 
 /// A directory removed when dropped.
+#[derive(Debug)]
 pub struct TempDir(pub PathBuf);
 
+impl Default for TempDir {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 impl TempDir {
+    /// A fresh path under the system temp dir (not created: the gateway creates its data dir).
     pub fn new() -> Self {
         static N: AtomicUsize = AtomicUsize::new(0);
         let dir = std::env::temp_dir().join(format!(
@@ -43,25 +50,44 @@ impl Drop for TempDir {
     }
 }
 
+/// A running gateway.
 pub struct Gw {
+    /// `http://127.0.0.1:PORT`.
     pub base: String,
+    /// The gateway behind the router.
     pub gateway: Arc<Gateway>,
+    /// The limiter's clock (a fresh, unused one for [`Gw::connect`]).
     pub clock: ManualClock,
     client: Client<HttpConnector, Full<Bytes>>,
     server: tokio::task::JoinHandle<()>,
 }
 
+impl std::fmt::Debug for Gw {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Gw")
+            .field("base", &self.base)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A whole answer of the gateway.
+#[derive(Debug)]
 pub struct Reply {
+    /// The status.
     pub status: StatusCode,
+    /// The headers.
     pub headers: HeaderMap,
+    /// The whole body.
     pub body: Bytes,
 }
 
 impl Reply {
+    /// The body as JSON, panicking with the body if it is not.
     pub fn json(&self) -> Value {
         serde_json::from_slice(&self.body)
             .unwrap_or_else(|e| panic!("not JSON ({e}): {:?}", self.body))
     }
+    /// The body as UTF-8.
     pub fn text(&self) -> &str {
         std::str::from_utf8(&self.body).unwrap()
     }
@@ -83,6 +109,8 @@ pub fn with_master(yaml: &str) -> String {
 }
 
 impl Gw {
+    /// Starts a gateway from its YAML config, the limiter on a manual clock, keys in `data_dir`
+    /// (or in memory).
     pub async fn start(yaml: &str, data_dir: Option<&Path>) -> Gw {
         let config = GatewayConfig::from_yaml_str(yaml).expect("valid test config");
         let clock = ManualClock::new();
@@ -117,6 +145,7 @@ impl Gw {
         self.server.abort();
     }
 
+    /// Sends `body` with `method` to `path`, as `key` if given; returns the whole reply.
     pub async fn send(
         &self,
         method: &str,
@@ -134,10 +163,12 @@ impl Gw {
         }
     }
 
+    /// POSTs JSON `body` to `path` as `key`.
     pub async fn post(&self, path: &str, key: Option<&str>, body: Value) -> Reply {
         self.send("POST", path, key, body.to_string()).await
     }
 
+    /// GETs `path` as `key`.
     pub async fn get(&self, path: &str, key: Option<&str>) -> Reply {
         self.send("GET", path, key, Bytes::new()).await
     }
@@ -156,11 +187,13 @@ impl Gw {
         r.json()["team_id"].as_str().unwrap().to_owned()
     }
 
+    /// A one-message chat completion for `model` as `key`.
     pub async fn chat(&self, key: &str, model: &str, stream: bool) -> Reply {
         self.chat_with(key, json!({"model": model, "stream": stream, "messages": [{"role": "user", "content": "hi"}]}))
             .await
     }
 
+    /// A chat completion with the request body `body` as `key`.
     pub async fn chat_with(&self, key: &str, body: Value) -> Reply {
         self.post("/v1/chat/completions", Some(key), body).await
     }

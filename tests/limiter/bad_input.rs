@@ -1,9 +1,7 @@
 //! Bad input over real HTTP: clear JSON 4xx, never a panic, never a lost body, and the server keeps
 //! serving afterwards.
 
-mod common;
-
-use common::{json_body, App};
+use integration_tests::app::{json_body, App};
 use tower_priority_limit::model::JsonBodyModel;
 use tower_priority_limit::UnknownModel;
 

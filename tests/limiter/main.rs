@@ -1,0 +1,11 @@
+//! The limiter as a layer in front of a mock chat handler, over real HTTP (and the layer's
+//! service contract directly): one binary, one module per behaviour area. The rig is
+//! [`integration_tests::app`].
+
+mod bad_input;
+mod concurrency;
+mod layer;
+mod priority;
+mod quickstart;
+mod streaming;
+mod worked_example;

@@ -1,0 +1,9 @@
+//! Everything that needs a real `redis-server`: the Redis store under the layer and alone, a fleet
+//! of gateways sharing one server, and keys and teams shared through Redis. Each test starts its
+//! own server ([`integration_tests::redis`]) and skips loudly where none is installed, unless
+//! `REQUIRE_REDIS=1`. (The Redis halves of the limiter's quick-start and worked-example tests are
+//! in `limiter/`, next to their embedded halves.)
+
+mod fleet;
+mod gateway_keys;
+mod store;

@@ -1,0 +1,18 @@
+//! The test rig every integration test of the workspace shares (and the Redis bench):
+//!
+//! - [`app`]: an axum app with the priority-limit layer in front of an OpenAI-shaped mock chat
+//!   handler, on an embedded store with a manual clock or on Redis;
+//! - [`gateway`]: the example gateway's router on an ephemeral port, with a temporary data dir;
+//! - [`upstream`]: a small OpenAI-shaped upstream for the gateway to proxy to;
+//! - [`redis`]: a real `redis-server` (or a cluster) per test, skipping loudly where none is
+//!   installed unless `REQUIRE_REDIS=1`;
+//! - [`http`]: the one HTTP call the rigs make.
+//!
+//! The tests themselves are in one binary per area: `limiter/`, `gateway/` and `redis/`.
+#![warn(missing_docs)]
+
+pub mod app;
+pub mod gateway;
+pub mod http;
+pub mod redis;
+pub mod upstream;
