@@ -17,7 +17,7 @@ use hyper_util::rt::TokioExecutor;
 use serde_json::{json, Value};
 use tower_priority_limit::clock::ManualClock;
 use tower_priority_limit::config::LimiterConfig;
-use tower_priority_limit::priority::{KeyTable, KeyTablePriority};
+use crate::keys::{KeyTable, KeyTablePriority};
 use tower_priority_limit::store::{MemoryStore, RedisStore, RedisTarget, Store};
 use tower_priority_limit::{Limiter, PriorityLimitLayer};
 

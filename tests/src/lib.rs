@@ -6,7 +6,9 @@
 //! - [`upstream`]: a small OpenAI-shaped upstream for the gateway to proxy to;
 //! - [`redis`]: a real `redis-server` (or a cluster) per test, skipping loudly where none is
 //!   installed unless `REQUIRE_REDIS=1`;
-//! - [`http`]: the one HTTP call the rigs make.
+//! - [`http`]: the one HTTP call the rigs make;
+//! - [`keys`]: a key/team table with priorities and a priority extractor over it, standing in
+//!   for an auth layer.
 //!
 //! The tests themselves are in one binary per area: `limiter/`, `gateway/` and `redis/`.
 #![warn(missing_docs)]
@@ -14,5 +16,6 @@
 pub mod app;
 pub mod gateway;
 pub mod http;
+pub mod keys;
 pub mod redis;
 pub mod upstream;
