@@ -11,6 +11,7 @@
 #![deny(missing_docs)]
 
 pub mod api;
+pub mod chat;
 pub mod config;
 pub mod error;
 pub mod keys;

@@ -27,9 +27,9 @@
 use std::time::Duration;
 
 use gateway_example::config::Deployment;
+use gateway_example::config::RouterSettings;
+use gateway_example::config::Strategy;
 use gateway_example::error::ApiError;
-use gateway_example::routing::settings::RouterSettings;
-use gateway_example::routing::strategy::Strategy;
 use gateway_example::routing::Router;
 use gateway_example::upstream::UpstreamFailure;
 use http::StatusCode;

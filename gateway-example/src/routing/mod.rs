@@ -19,7 +19,6 @@
 
 pub mod body;
 pub mod budget;
-pub mod settings;
 pub mod strategy;
 
 use std::collections::HashMap;
@@ -45,10 +44,9 @@ use tower_priority_limit::{
 
 use self::body::{InFlight, InFlightBody};
 use self::budget::RetryBudget;
-use self::settings::RouterSettings;
-use self::strategy::{pick, Candidate, Strategy};
-use crate::api::chat::{mock_answer, ChatRequest};
-use crate::config::{Deployment, Target};
+use self::strategy::{pick, Candidate};
+use crate::chat::{mock_answer, ChatRequest};
+use crate::config::{Deployment, RouterSettings, Strategy, Target};
 use crate::error::ApiError;
 use crate::store::GatewayStore;
 use crate::upstream::UpstreamFailure;
