@@ -1,10 +1,8 @@
 //! `POST /chat/completions` and `/v1/chat/completions`.
 //!
 //! [`prepare`] reads the body once (bounded), validates it, and leaves a [`ChatRequest`] in the
-//! request for the limiter ([`ChatModel`] names the model from it) and the handler. The handler
-//! answers from `mock_response` or forwards to the deployment's upstream.
+//! request for the handler, which hands it to the router ([`crate::routing::serve`]).
 
-use std::future::{ready, Ready};
 use std::sync::Arc;
 
 use axum::body::Body;
@@ -15,43 +13,16 @@ use axum::Extension;
 use http::header::CONTENT_TYPE;
 use http::StatusCode;
 use serde_json::Value;
-use tower_priority_limit::model::{
-    read_body, ExtractNow, ExtractRejection, Extracted, ModelExtractor,
-};
-
+use tower_priority_limit::model::read_body;
 use tower_priority_limit::priority::Priority;
-use tower_priority_limit::LimitRefusal;
 
 use super::auth::Caller;
 use crate::chat::ChatRequest;
 use crate::error::ApiError;
+use crate::gateway::Gateway;
 use crate::strip::StripUsage;
-use crate::Gateway;
 
-/// Names the model for the limiter from the [`ChatRequest`] that [`prepare`] left.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct ChatModel;
-
-impl ModelExtractor<Body> for ChatModel {
-    type Future = Ready<Result<Extracted<Body>, ExtractRejection>>;
-
-    fn extract_now(&self, request: http::Request<Body>) -> ExtractNow<Body> {
-        ExtractNow::Ready(self.extract(request).into_inner())
-    }
-
-    fn extract(&self, request: http::Request<Body>) -> Self::Future {
-        let chat = request.extensions().get::<ChatRequest>();
-        let model = chat.map(|c| c.model.clone());
-        let prompt_estimate = chat.map_or(0, ChatRequest::prompt_estimate);
-        ready(Ok(Extracted {
-            request,
-            model,
-            prompt_estimate,
-        }))
-    }
-}
-
-/// Validates a chat request and leaves a [`ChatRequest`] for the limiter and the handler.
+/// Validates a chat request and leaves a [`ChatRequest`] for the handler.
 pub async fn prepare(
     State(gw): State<Arc<Gateway>>,
     Extension(caller): Extension<Caller>,
@@ -65,7 +36,7 @@ pub async fn prepare(
 }
 
 async fn validate(gw: &Gateway, caller: &Caller, request: Request) -> Result<Request, ApiError> {
-    let (mut parts, bytes) = read_body(request, gw.config.max_request_bytes).await?;
+    let (mut parts, bytes) = read_body(request, gw.config().max_request_bytes).await?;
     let body: Value = serde_json::from_slice(&bytes)
         .map_err(|e| ApiError::bad_request(format!("Invalid JSON in request body: {e}")))?;
     if !body.is_object() {
@@ -91,10 +62,10 @@ async fn validate(gw: &Gateway, caller: &Caller, request: Request) -> Result<Req
         )
         .param("messages"));
     }
-    let Some(group) = gw.router.group(&model) else {
+    let Some(group) = gw.router().group(&model) else {
         return Err(ApiError::bad_request(format!(
             "Invalid model name passed in model={model}. Available models: {}",
-            gw.config.model_names().join(", ")
+            gw.config().model_names().join(", ")
         ))
         .param("model"));
     };
@@ -144,13 +115,13 @@ pub async fn strip_usage(request: Request, next: Next) -> Response {
     response.map(|body| Body::new(StripUsage::new(body)))
 }
 
-/// Answers a chat request from a deployment of its group (see [`crate::routing`]).
+/// Answers a chat request from a deployment of its group, admitted on the limiter when it is on
+/// (see [`crate::routing::serve`]).
 pub async fn completions(
     State(gw): State<Arc<Gateway>>,
     Extension(chat): Extension<ChatRequest>,
     priority: Option<Extension<Priority>>,
-    refusal: Option<Extension<LimitRefusal>>,
 ) -> Response {
     let priority = priority.as_ref().map(|Extension(p)| &*p.0);
-    crate::routing::serve(&gw, &chat, priority, refusal.map(|Extension(r)| r)).await
+    gw.serve(&chat, priority).await
 }

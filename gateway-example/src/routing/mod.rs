@@ -1,5 +1,5 @@
 //! Routing a group's requests across its deployments, with per-deployment limits, health and
-//! retries that do not collapse at capacity (SPEC §2.1, §3 "rate-limit-aware routing").
+//! retries that do not collapse at capacity: rate-limit-aware routing.
 //!
 //! - **Groups**: every `model_list` entry sharing a `model_name` is one group; each deployment has
 //!   a stable id (`model_info.id`, else a hash of its entry), shown in `x-litellm-model-id`.
@@ -13,10 +13,20 @@
 //!   `x-ratelimit-remaining-requests: 0` parks it until `x-ratelimit-reset-requests`.
 //! - **When every deployment is at capacity** the request gets a 429 with `retry-after` = the
 //!   earliest moment one has room.
-//! - **Retries** ([`serve`]): on no response, 408, 429 and 5xx; each to a deployment not yet
-//!   tried while one exists, with back-off only when none is left; never after the response went
-//!   out; bounded gateway-wide by a retry budget ([`budget`]: tower's `TpsBudget` rule, lock-free). Then `fallbacks`.
+//! - **Retries** ([`Attempts`], carried out by [`serve`]): on no response, 408, 429 and 5xx;
+//!   each to a deployment not yet tried while one exists, with back-off only when none is left;
+//!   never after the response went out; bounded gateway-wide by a retry budget ([`budget`]:
+//!   tower's `TpsBudget` rule, lock-free). Then `fallbacks`.
+//! - **Group limits**: the group asked for and each fallback group are admitted on the group
+//!   limiter by the router itself (see `admission`), so a request refused for its own group can
+//!   be served by a fallback and is charged once, to the group that served it.
+//!
+//! Files: [`router`](Router) (groups, deployment state, choice), `health` (cooldowns, parks,
+//! upstream rate-limit headers), `attempts` (the retry/fallback policy), `admission` (the group
+//! limiter), `serve` (the loop), [`body`], [`budget`], [`strategy`].
 
+mod admission;
+mod attempts;
 pub mod body;
 pub mod budget;
 mod health;
@@ -24,6 +34,7 @@ mod router;
 mod serve;
 pub mod strategy;
 
+pub use self::attempts::{Attempts, GiveUp, Step};
 pub use self::health::parse_reset;
 pub use self::router::{deployment_limits, Chosen, Group, Router, Unavailable};
 pub use self::serve::{serve, ATTEMPTED_FALLBACKS, ATTEMPTED_RETRIES, MODEL_GROUP, MODEL_ID};

@@ -315,13 +315,9 @@ impl Router {
         })
     }
 
-    /// A client request arrived: its first attempt funds the retry budget.
-    pub fn deposit(&self) {
-        self.budget.deposit();
-    }
-
-    /// May one more attempt (a retry or a fallback) be made?
-    pub fn withdraw(&self) -> bool {
-        self.budget.withdraw()
+    /// The gateway-wide retry budget (every request deposits, every retry and every fallback
+    /// after failures withdraws; see [`Attempts`](super::Attempts)).
+    pub fn budget(&self) -> &RetryBudget {
+        &self.budget
     }
 }

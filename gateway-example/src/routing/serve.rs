@@ -1,24 +1,23 @@
-//! [`serve`]: one chat request through its group's deployments, retries and fallbacks.
-
-use std::time::Duration;
+//! [`serve`]: one chat request through its group's deployments, retries and fallbacks. The
+//! decisions are [`Attempts`]'; this is the loop that carries them out.
 
 use axum::body::Body;
 use axum::response::{IntoResponse, Response};
 use http::{HeaderName, HeaderValue, StatusCode};
 use rand::rngs::SmallRng;
 use rand::{RngExt, SeedableRng};
-use tower_priority_limit::decision::Admitted;
 use tower_priority_limit::meter::UsageMeter;
-use tower_priority_limit::response::rejection_response;
-use tower_priority_limit::{Acquired, ChargedElsewhere, Lease, LimitRefusal, ResponseBody};
+use tower_priority_limit::{Limiter, ResponseBody};
 
+use super::admission::{admit, charge, store_failure, Admission};
+use super::attempts::{Attempts, Step};
 use super::body::{InFlight, InFlightBody};
-use super::{Chosen, Group, Unavailable};
+use super::{Chosen, Group, Router, Unavailable};
 use crate::chat::{mock_answer, ChatRequest};
 use crate::config::{Deployment, Strategy, Target};
 use crate::error::ApiError;
 use crate::store::GatewayStore;
-use crate::Gateway;
+use crate::upstream::Upstream;
 
 /// Header naming the deployment that answered.
 pub const MODEL_ID: HeaderName = HeaderName::from_static("x-litellm-model-id");
@@ -29,9 +28,6 @@ pub const ATTEMPTED_RETRIES: HeaderName = HeaderName::from_static("x-litellm-att
 /// Header with the number of fallback groups tried.
 pub const ATTEMPTED_FALLBACKS: HeaderName =
     HeaderName::from_static("x-litellm-attempted-fallbacks");
-
-/// Back-off before retrying a deployment already tried: this, doubled per retry, with jitter.
-const BACKOFF_BASE: Duration = Duration::from_millis(50);
 
 thread_local! {
     /// Per-thread randomness for routing: no lock on the request path. Seeded from the OS.
@@ -46,166 +42,152 @@ fn fresh_rng() -> SmallRng {
     RNG.with(|r| SmallRng::seed_from_u64(r.borrow_mut().random()))
 }
 
-/// Why the previous group did not serve the request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum GroupOutcome {
-    /// Its upstreams failed: moving on is a retry and costs retry budget.
-    Failed,
-    /// It was full (limiter refusal, or no deployment with room): moving on calls no upstream
-    /// twice, so it is free.
-    Full,
-}
-
-/// Serves a chat request: chooses a deployment of its group, retries and falls back as the
-/// settings allow, and answers with the routing headers.
+/// Serves a chat request of priority `priority`: admits its group on `limiter` (`None`: the
+/// limiter is off), chooses a deployment of it, retries and falls back as the router's settings
+/// allow, and answers with the routing headers.
 ///
-/// `refusal` is set when the limiter refused the request for its own group (the layer forwards
-/// refusals when fallbacks are configured): then only the fallback groups are tried, each admitted
-/// under its own limits, and the limiter's exact 429 is the answer if none serves it.
+/// A request its group's limiter refuses gets the limiter's 429 at once when the group has no
+/// fallbacks; otherwise the fallback groups are tried, each admitted under its own limits, and
+/// the 429 for its own group is the answer if none serves it. A response is charged once, to the
+/// group that served it.
 pub async fn serve(
-    gw: &Gateway,
+    router: &Router,
+    deployments: &[Deployment],
+    upstream: &Upstream,
+    limiter: Option<&Limiter<GatewayStore>>,
     chat: &ChatRequest,
     priority: Option<&str>,
-    refusal: Option<LimitRefusal>,
 ) -> Response {
-    let router = &gw.router;
-    let deployments = &gw.config.deployments;
     let first = chat.model.as_str();
-    let fallback_groups = router.settings.fallbacks_of(first);
-    if fallback_groups.is_empty() {
-        if let Some(refusal) = refusal {
-            return refused(refusal);
+    let pool = limiter.map(|l| l.resolve_pool(priority));
+    let mut first_lease = None;
+    let mut refusal: Option<Response> = None;
+    if let (Some(limiter), Some(pool)) = (limiter, pool) {
+        match admit(limiter, first, pool).await {
+            Ok(Admission::Admitted(lease, admitted)) => first_lease = Some((lease, admitted)),
+            Ok(Admission::Unlimited) => {}
+            Ok(Admission::Refused(response)) => refusal = Some(response),
+            Err(error) => {
+                if let Some(response) = store_failure(limiter, &error) {
+                    return response;
+                }
+            }
         }
     }
-    router.deposit();
+    let fallback_groups = router.settings().fallbacks_of(first);
+    if fallback_groups.is_empty() {
+        if let Some(response) = refusal {
+            return response;
+        }
+    }
+
+    let mut attempts = Attempts::new(router.settings(), router.budget(), first, fallback_groups);
     let mut rng = fresh_rng();
-    let mut retries: u32 = 0;
-    let mut fallbacks: u32 = 0;
     let mut last_error: Option<ApiError> = None;
     // The last upstream's retry-after, passed on with its error.
-    let mut last_retry_after: Option<Duration> = None;
+    let mut last_retry_after = None;
     let mut unavailable: Option<Unavailable> = None;
     let mut fallback_refusal: Option<Response> = None;
-    let mut previous = if refusal.is_some() {
-        Some(GroupOutcome::Full)
-    } else {
-        None
-    };
-    let groups = std::iter::once(first).chain(fallback_groups.iter().map(String::as_str));
-    'groups: for (g, group_name) in groups.enumerate() {
-        if g == 0 && refusal.is_some() {
-            continue;
-        }
-        let Some(group) = router.group(group_name) else {
-            continue;
-        };
-        let mut group_lease = None;
-        if g > 0 {
-            if previous == Some(GroupOutcome::Failed) && !router.withdraw() {
-                break;
-            }
-            fallbacks += 1;
-            // A fallback group is served under its own limits.
-            if gw.config.limiter_enabled {
-                match gw.limiter.acquire(group_name, priority, 0).await {
-                    Ok(Acquired::Admitted { lease, admitted }) => {
-                        group_lease = Some((lease, admitted));
-                    }
-                    Ok(Acquired::Rejected(rejected)) => {
-                        let config = gw.limiter.config();
-                        if let Some(id) = config.model_id(group_name) {
-                            let pool = gw.limiter.resolve_pool(priority);
-                            fallback_refusal = Some(
-                                rejection_response(
-                                    config.model(id),
-                                    config.pool_label(pool),
-                                    &rejected,
-                                )
-                                .map(Body::from),
-                            );
+    let mut group_lease = None;
+    let mut current: Option<&Group> = None;
+    let mut step = attempts.start();
+    loop {
+        match step {
+            Step::Enter {
+                group: name,
+                fallback,
+            } => {
+                // Dropping a previous fallback's unused lease charges it nothing.
+                group_lease = None;
+                // Always found: groups and fallbacks both come from the validated config.
+                let Some(group) = router.group(name) else {
+                    step = attempts.group_full();
+                    continue;
+                };
+                if !fallback && refusal.is_some() {
+                    step = attempts.group_full();
+                    continue;
+                }
+                if let (true, Some(limiter), Some(pool)) = (fallback, limiter, pool) {
+                    match admit(limiter, name, pool).await {
+                        Ok(Admission::Admitted(lease, admitted)) => {
+                            group_lease = Some((lease, admitted));
                         }
-                        previous = Some(GroupOutcome::Full);
+                        Ok(Admission::Refused(response)) => {
+                            fallback_refusal = Some(response);
+                            step = attempts.group_full();
+                            continue;
+                        }
+                        // Not limited, or its store failed: a fallback is then served unlimited.
+                        Ok(Admission::Unlimited) | Err(_) => {}
+                    }
+                }
+                current = Some(group);
+                step = attempts.entered(group.members.len());
+            }
+            Step::Attempt { wait } => {
+                let Some(group) = current else {
+                    break;
+                };
+                if !wait.is_zero() {
+                    tokio::time::sleep(wait).await;
+                }
+                let chosen = match router
+                    .choose(deployments, group, attempts.tried(), &mut rng)
+                    .await
+                {
+                    Ok(chosen) => chosen,
+                    Err(u) => {
+                        unavailable = Some(u);
+                        step = attempts.unavailable();
                         continue;
                     }
-                    // Not limited (not in the limiter's config) or the store failed open.
-                    Ok(Acquired::UnknownModel) | Err(_) => {}
-                }
-            }
-        }
-        let mut tried: Vec<usize> = Vec::new();
-        let mut attempts_here = 0;
-        loop {
-            let chosen = match router.choose(deployments, group, &tried, &mut rng).await {
-                Ok(chosen) => chosen,
-                Err(u) => {
-                    unavailable = Some(u);
-                    if attempts_here == 0 {
-                        previous = Some(GroupOutcome::Full);
+                };
+                let index = chosen.index;
+                let deployment = &deployments[index];
+                let in_flight = router.begin(index);
+                let result = match &deployment.target {
+                    Target::Mock { content } => {
+                        Ok(mock_answer(group.name.as_str(), content, chat.stream))
                     }
-                    continue 'groups;
-                }
-            };
-            attempts_here += 1;
-            let index = chosen.index;
-            let deployment = &deployments[index];
-            let in_flight = router.begin(index);
-            let result = match &deployment.target {
-                Target::Mock { content } => {
-                    Ok(mock_answer(group.name.as_str(), content, chat.stream))
-                }
-                Target::Upstream { .. } => gw.upstream.forward(deployment, chat).await,
-            };
-            match result {
-                Ok(mut response) => {
-                    router.observe(index, response.headers_mut());
-                    let mut response = track(
-                        response,
-                        chosen,
-                        in_flight,
-                        deployment,
-                        router.settings.strategy,
-                    );
-                    if let Some((lease, admitted)) = group_lease.take() {
-                        response = charge_fallback(gw, response, lease, &admitted, chat);
+                    Target::Upstream { .. } => upstream.forward(deployment, chat).await,
+                };
+                match result {
+                    Ok(mut response) => {
+                        router.observe(index, response.headers_mut());
+                        let response = track(
+                            response,
+                            chosen,
+                            in_flight,
+                            deployment,
+                            router.settings().strategy,
+                        );
+                        let id = router.states[index].id_header.as_ref();
+                        let response = with_headers(
+                            response,
+                            id,
+                            Some(group),
+                            attempts.retries(),
+                            attempts.fallbacks(),
+                        );
+                        // A fallback that admitted it is charged; else the request's own group.
+                        return charge(limiter, response, group_lease.or(first_lease), chat);
                     }
-                    let id = router.states[index].id_header.as_ref();
-                    return with_headers(response, id, Some(group), retries, fallbacks);
-                }
-                Err(failure) => {
-                    drop(in_flight);
-                    router.record_failure(index, &failure, group.members.len());
-                    tried.push(index);
-                    previous = Some(GroupOutcome::Failed);
-                    let retryable = failure.is_retryable();
-                    let wait = failure.retry_after;
-                    last_retry_after = wait;
-                    last_error = Some(failure.error);
-                    if !retryable {
-                        break 'groups;
-                    }
-                    if attempts_here > router.settings.num_retries as usize {
-                        continue 'groups;
-                    }
-                    if !router.withdraw() {
-                        break 'groups;
-                    }
-                    retries += 1;
-                    if group.members.iter().all(|i| tried.contains(i)) {
-                        // Nowhere new to go: back off (with jitter), honouring a short
-                        // upstream retry-after.
-                        let backoff = BACKOFF_BASE * 2u32.saturating_pow(retries.min(6));
-                        let jittered = backoff.mul_f64(0.5 + rng.random::<f64>());
-                        // A few ms past a short retry-after: the park ends on the coarse clock.
-                        let delay = match wait {
-                            Some(w) if w <= router.settings.max_retry_wait => {
-                                (w + Duration::from_millis(5)).max(jittered)
-                            }
-                            _ => jittered.min(router.settings.max_retry_wait),
-                        };
-                        tokio::time::sleep(delay).await;
+                    Err(failure) => {
+                        drop(in_flight);
+                        router.record_failure(index, &failure, group.members.len());
+                        step = attempts.failed(
+                            index,
+                            failure.is_retryable(),
+                            failure.retry_after,
+                            &mut rng,
+                        );
+                        last_retry_after = failure.retry_after;
+                        last_error = Some(failure.error);
                     }
                 }
             }
+            Step::GiveUp(_) => break,
         }
     }
     let response = match (last_error, refusal, fallback_refusal, unavailable) {
@@ -219,39 +201,23 @@ pub async fn serve(
             }
             response
         }
-        // The limiter refused the request for its own group and no fallback took it: the
-        // limiter's own 429, as without fallbacks.
-        (None, Some(refusal), ..) => refused(refusal),
+        // Refused for its own group and no fallback took it: the limiter's own 429, as
+        // without fallbacks.
+        (None, Some(refusal), ..) => refusal,
         (None, None, Some(response), _) => response,
         (None, None, None, Some(u)) => unavailable_response(first, u),
         (None, None, None, None) => {
             ApiError::internal(format!("model group {first} has no deployments")).into_response()
         }
     };
-    with_headers(response, None, router.group(first), retries, fallbacks)
-}
-
-/// The limiter's own 429.
-fn refused(refusal: LimitRefusal) -> Response {
-    refusal.into_response().map(Body::from)
-}
-
-/// A fallback group's response: its limit headers and its tokens, metered into its own lease
-/// as the layer would, and marked so the layer (which admitted or refused the request for the
-/// first group) charges nothing more.
-fn charge_fallback(
-    gw: &Gateway,
-    response: Response,
-    lease: Lease<GatewayStore>,
-    admitted: &Admitted,
-    chat: &ChatRequest,
-) -> Response {
-    let mut response = gw
-        .limiter
-        .meter_response(response, lease, admitted, chat.prompt_estimate())
-        .map(Body::new);
-    response.extensions_mut().insert(ChargedElsewhere);
-    response
+    let response = with_headers(
+        response,
+        None,
+        router.group(first),
+        attempts.retries(),
+        attempts.fallbacks(),
+    );
+    charge(limiter, response, first_lease, chat)
 }
 
 /// The 429 when no deployment of the group has room (or all are cooling down).
