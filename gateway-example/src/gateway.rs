@@ -244,3 +244,86 @@ fn with_data_dir(builder: GatewayBuilder, data_dir: Option<&Path>) -> GatewayBui
         None => builder,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use http::StatusCode;
+    use http_body_util::BodyExt;
+    use serde_json::{json, Value};
+    use tower_priority_limit::model::ModelName;
+
+    use super::*;
+
+    /// A gateway whose limiter counters are on a Redis that does not answer, in `mode`.
+    async fn redis_down(mode: &str) -> Gateway {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .expect("a free port");
+        let yaml = format!(
+            r#"
+model_list: [{{model_name: m, litellm_params: {{model: m, mock_response: "hi there", rpm: 100}}}}]
+litellm_settings:
+  callbacks: ["dynamic_rate_limiter_v3"]
+  priority_reservation_settings: {{redis_failure_mode: {mode}, redis_timeout_ms: 50}}
+router_settings: {{redis_url: "redis://127.0.0.1:{port}"}}
+"#
+        );
+        let config = GatewayConfig::from_yaml_str_with_env(&yaml, |_| None).expect("valid");
+        Gateway::builder(config)
+            .connect()
+            .await
+            .expect("Redis down is not fatal")
+    }
+
+    fn chat() -> ChatRequest {
+        let body = json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]});
+        ChatRequest {
+            model: ModelName::from("m"),
+            stream: false,
+            include_usage: false,
+            body_len: body.to_string().len(),
+            body: Arc::new(body),
+        }
+    }
+
+    async fn json_of(response: Response) -> Value {
+        let bytes = response.into_body().collect().await.unwrap().to_bytes();
+        serde_json::from_slice(&bytes).unwrap()
+    }
+
+    /// The group limiter's store failing under `closed`: 503 in the OpenAI shape with the
+    /// limiter layer's message, before any deployment is chosen.
+    #[tokio::test]
+    async fn a_failed_store_refuses_with_503_when_closed() {
+        let gw = redis_down("closed").await;
+        let response = gw.serve(&chat(), None).await;
+        assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert!(response.headers().get("x-litellm-model-id").is_none());
+        let error = &json_of(response).await["error"];
+        assert_eq!(error["type"], "service_unavailable");
+        assert_eq!(error["code"], "503");
+        assert!(
+            error["message"]
+                .as_str()
+                .unwrap()
+                .starts_with("Rate limiter unavailable: "),
+            "{error}"
+        );
+    }
+
+    /// `open`: served, unlimited (no rate-limit headers, nothing charged).
+    #[tokio::test]
+    async fn a_failed_store_serves_unlimited_when_open() {
+        let gw = redis_down("open").await;
+        let response = gw.serve(&chat(), None).await;
+        assert_eq!(response.status(), StatusCode::OK);
+        assert!(response
+            .headers()
+            .get("x-ratelimit-limit-requests")
+            .is_none());
+        assert_eq!(response.headers()["x-litellm-model-group"], "m");
+    }
+}
