@@ -2,8 +2,8 @@
 //! deployments, the master key, request limits, where Redis is and `router_settings`, validated
 //! with errors that name the YAML path.
 //!
-//! The bottom of the gateway: it imports no other gateway module. [`deployment`] reads one
-//! `model_list` entry, [`redis`] where Redis is, [`router`] the routing part of
+//! The bottom of the gateway: it imports no other gateway module. `deployment` reads one
+//! `model_list` entry, `redis` where Redis is, [`router`] the routing part of
 //! `router_settings`.
 
 use std::time::Duration;
