@@ -399,7 +399,10 @@ async fn an_upstream_401_cools_at_once_until_cooldown_time() {
     }
     assert_eq!(bad_key.stats().received, 1, "cooled after its first 401");
     gw.clock.advance(Duration::from_secs(5));
-    assert!(!gw.gateway.router().is_parked(0), "back after cooldown_time");
+    assert!(
+        !gw.gateway.router().is_parked(0),
+        "back after cooldown_time"
+    );
 }
 
 /// SPEC §2, fallbacks after a limiter refusal: a request the limiter refuses for its own group is
