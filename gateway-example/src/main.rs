@@ -64,9 +64,9 @@ async fn run(args: Args) -> Result<(), String> {
         .await
         .map_err(|e| e.to_string())?;
     tracing::info!(
-        models = ?gateway.config.model_names(),
-        limiter = gateway.config.limiter_enabled,
-        key_store = gateway.keys.kind(),
+        models = ?gateway.config().model_names(),
+        limiter = gateway.config().limiter_enabled,
+        key_store = gateway.keys().kind(),
         data_dir = %args.data_dir.display(),
         "starting"
     );
@@ -90,7 +90,7 @@ async fn run(args: Args) -> Result<(), String> {
         .map_err(|e| e.to_string())?;
     // Keys are written through on every change; the limiter's queued settlements (Redis) are
     // sent before the process ends.
-    gateway.limiter.store().flush().await;
+    gateway.limiter().store().flush().await;
     tracing::info!("stopped: in-flight requests finished, settlements flushed");
     Ok(())
 }

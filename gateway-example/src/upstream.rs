@@ -15,7 +15,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use serde_json::Value;
 
-use crate::api::chat::ChatRequest;
+use crate::chat::ChatRequest;
 use crate::config::{Deployment, Target};
 use crate::error::ApiError;
 

@@ -69,7 +69,7 @@ async fn a_failing_deployment_is_retried_around_and_cooled() {
         4,
         "tried until it failed more than allowed_fails (3) times, then cooled"
     );
-    assert!(gw.gateway.router.is_parked(1));
+    assert!(gw.gateway.router().is_parked(1));
     assert_eq!(a.stats().ok + c.stats().ok, 30);
 }
 
@@ -96,13 +96,13 @@ async fn an_upstream_429_parks_for_its_retry_after_then_lets_it_back() {
         (1, 1),
         "one 429, then parked: {s:?}"
     );
-    assert!(gw.gateway.router.is_parked(1));
+    assert!(gw.gateway.router().is_parked(1));
     // Its limit lifts; once the retry-after (1 s) has passed it is back in rotation.
     limited.set_rpm(None);
     gw.clock.advance(Duration::from_millis(999));
-    assert!(gw.gateway.router.is_parked(1));
+    assert!(gw.gateway.router().is_parked(1));
     gw.clock.advance(Duration::from_millis(1));
-    assert!(!gw.gateway.router.is_parked(1));
+    assert!(!gw.gateway.router().is_parked(1));
     for _ in 0..6 {
         assert_eq!(call(&gw).await.status, 200);
     }
@@ -139,7 +139,7 @@ async fn remaining_capacity_headers_park_before_a_429() {
         (2, 0),
         "parked on its own figures: {s:?}"
     );
-    assert!(gw.gateway.router.is_parked(1));
+    assert!(gw.gateway.router().is_parked(1));
 }
 
 /// 4 deployments × `rpm: 60` and 300 requests in one window: exactly 240 served, 60 refused with
@@ -226,7 +226,7 @@ async fn least_busy_picks_the_idle_deployment() {
             async move { served_by(&call(&gw).await) }
         });
         // Wait until the first request is in flight to its deployment.
-        while gw.gateway.router.in_flight(0) + gw.gateway.router.in_flight(1) == 0 {
+        while gw.gateway.router().in_flight(0) + gw.gateway.router().in_flight(1) == 0 {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         let second = served_by(&call(&gw).await);
@@ -289,7 +289,7 @@ async fn a_stream_that_started_is_never_retried() {
     assert!(got.is_err(), "the client sees the stream break");
     assert_eq!(up.received.lock().unwrap().len(), 1, "not retried");
     assert_eq!(
-        gw.gateway.router.in_flight(0) + gw.gateway.router.in_flight(1),
+        gw.gateway.router().in_flight(0) + gw.gateway.router().in_flight(1),
         0
     );
 }
@@ -339,7 +339,7 @@ async fn client_errors_do_not_cool_a_deployment_down() {
         assert_eq!(r.status, 400, "passed on, not retried: {}", r.text());
         assert_eq!(r.headers["x-litellm-attempted-retries"], "0");
     }
-    assert!(!gw.gateway.router.is_parked(0) && !gw.gateway.router.is_parked(1));
+    assert!(!gw.gateway.router().is_parked(0) && !gw.gateway.router().is_parked(1));
     a.set_failure_rate(0.0);
     b.set_failure_rate(0.0);
     assert_eq!(call(&gw).await.status, 200);
@@ -364,7 +364,7 @@ async fn cooldowns_never_take_the_whole_group_out() {
     .await;
     let r = call(&gw).await;
     assert_eq!(r.status, 500, "{}", r.text());
-    assert!(gw.gateway.router.is_parked(0) && gw.gateway.router.is_parked(1));
+    assert!(gw.gateway.router().is_parked(0) && gw.gateway.router().is_parked(1));
     a.set_failure_rate(0.0);
     b.set_failure_rate(0.0);
     let r = call(&gw).await;
@@ -394,7 +394,10 @@ async fn an_upstream_401_cools_at_once_until_cooldown_time() {
     }
     assert_eq!(bad_key.stats().received, 1, "cooled after its first 401");
     gw.clock.advance(Duration::from_secs(5));
-    assert!(!gw.gateway.router.is_parked(0), "back after cooldown_time");
+    assert!(
+        !gw.gateway.router().is_parked(0),
+        "back after cooldown_time"
+    );
 }
 
 /// Fallbacks after a limiter refusal: a request the limiter refuses for its own group is
@@ -506,11 +509,11 @@ async fn remaining_tokens_headers_park_until_their_reset() {
         200,
         "served, and its tokens are used up"
     );
-    assert!(gw.gateway.router.is_parked(0));
+    assert!(gw.gateway.router().is_parked(0));
     for _ in 0..4 {
         assert_eq!(call(&gw).await.status, 200);
     }
     assert_eq!(good.stats().ok, 4, "everything else went to the other one");
     gw.clock.advance(Duration::from_secs(30));
-    assert!(!gw.gateway.router.is_parked(0), "back at its reset");
+    assert!(!gw.gateway.router().is_parked(0), "back at its reset");
 }

@@ -76,7 +76,7 @@ async fn three_gateways_admit_exactly_the_fleet_limit() {
     }
     assert_eq!((served, refused), (100, 200));
     for gw in &gateways {
-        let GatewayStore::Redis(store) = gw.gateway.limiter.store() else {
+        let GatewayStore::Redis(store) = gw.gateway.limiter().store() else {
             panic!("on Redis");
         };
         assert_eq!(store.stats().failures.load(Ordering::Relaxed), 0);
@@ -96,7 +96,7 @@ async fn quick_start_across_three_gateways() {
     let key2 = a.new_key(json!({})).await;
     // Each gateway settles in the background; flush so the next gateway's admission sees it.
     let flush = |gw: &Gw| {
-        let limiter = gw.gateway.limiter.clone();
+        let limiter = gw.gateway.limiter().clone();
         async move { limiter.store().flush().await }
     };
 

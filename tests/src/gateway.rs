@@ -211,7 +211,7 @@ impl Gw {
 
     /// Model-wide tokens recorded for `model` in the current window.
     pub fn tokens(&self, model: &str) -> u64 {
-        let limiter = &self.gateway.limiter;
+        let limiter = self.gateway.limiter();
         let id = limiter.config().model_id(model).unwrap();
         let gateway_example::store::GatewayStore::Embedded(store) = limiter.store() else {
             panic!("tokens() reads the embedded store");

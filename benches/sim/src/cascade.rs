@@ -56,7 +56,7 @@ use serde::Serialize;
 use crate::fleet;
 use crate::report::{delta_pct, thousands, Table};
 use crate::time::{block_on, rng, VirtualTime};
-use gateway_example::routing::settings::RouterSettings;
+use gateway_example::config::RouterSettings;
 use rand::RngExt;
 
 /// Deployments in the group.

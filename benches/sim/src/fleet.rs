@@ -4,8 +4,8 @@
 
 use std::sync::Arc;
 
+use gateway_example::config::RouterSettings;
 use gateway_example::config::{Deployment, GatewayConfig};
-use gateway_example::routing::settings::RouterSettings;
 use gateway_example::routing::{deployment_limits, Router};
 use gateway_example::store::GatewayStore;
 use tower_priority_limit::clock::ManualClock;

@@ -8,9 +8,10 @@
 //! - **Independent failures, ours**: the same failures (an upstream 500 on each call with
 //!   probability *p*) through the real router: each retry goes to a deployment not yet tried,
 //!   failures feed the health rules (`allowed_fails` per minute, then `cooldown_time`), and every
-//!   retry must be granted by the router's retry budget ([`Router::withdraw`], tower's
-//!   `TpsBudget` rule on the router's clock, ratio 0.2, floor 10/s), funded by one [`Router::deposit`] per client request, as
-//!   `serve` does. `num_retries` = tries − 1.
+//!   retry must be granted by the router's retry budget ([`Router::budget`], tower's
+//!   `TpsBudget` rule on the router's clock, ratio 0.2, floor 10/s), funded by each client
+//!   request. The decisions are the gateway's own [`Attempts`] policy, called directly.
+//!   `num_retries` = tries − 1.
 //! - **Correlated failures** ("a rate-limited deployment keeps failing for its window"): each
 //!   deployment's upstream counts fixed 60 s windows (each deployment's offset drawn at random),
 //!   and a window is rate-limited with probability *p*: every call to it in that window gets a 429
@@ -27,10 +28,10 @@
 use std::time::Duration;
 
 use gateway_example::config::Deployment;
+use gateway_example::config::RouterSettings;
+use gateway_example::config::Strategy;
 use gateway_example::error::ApiError;
-use gateway_example::routing::settings::RouterSettings;
-use gateway_example::routing::strategy::Strategy;
-use gateway_example::routing::Router;
+use gateway_example::routing::{Attempts, GiveUp, Router, Step};
 use gateway_example::upstream::UpstreamFailure;
 use http::StatusCode;
 use rand::rngs::SmallRng;
@@ -398,8 +399,8 @@ async fn naive(params: &Params, failures: Failures, tries: u32, stream: u64) -> 
     cell
 }
 
-/// The real router's retry path, as `routing::serve` runs it, minus the HTTP; `settings` with
-/// `num_retries` = `tries` − 1.
+/// The real router's retry path: the gateway's own policy ([`Attempts`], which `routing::serve`
+/// drives) over the real router, minus the HTTP; `settings` with `num_retries` = `tries` − 1.
 async fn ours(
     params: &Params,
     failures: Failures,
@@ -413,46 +414,58 @@ async fn ours(
     };
     let mut s = setup(params, failures, settings, stream);
     let group = s.router.group(fleet::GROUP).expect("the fleet's group");
+    let settings = s.router.settings();
+    let fallbacks = settings.fallbacks_of(fleet::GROUP);
+    // The back-off's jitter has its own stream: no back-off is simulated (a request's tries
+    // happen at its arrival instant), and the picks stay what they are without one.
+    let mut jitter = rng(params.seed, "retries/jitter", stream);
     let mut cell = Cell {
         requests: params.requests,
         ..Cell::default()
     };
-    let mut tried: Vec<usize> = Vec::with_capacity(tries as usize);
     for &at in &s.arrivals {
         s.time.set(at);
-        s.router.deposit();
-        tried.clear();
+        let mut attempts = Attempts::new(settings, s.router.budget(), fleet::GROUP, fallbacks);
+        let mut step = attempts.start();
         let mut ok = false;
         loop {
-            let chosen = match s
-                .router
-                .choose(&s.deployments, group, &tried, &mut s.picks)
-                .await
-            {
-                Ok(chosen) => chosen,
-                Err(_) => {
-                    cell.unavailable += 1;
+            step = match step {
+                Step::Enter { .. } => attempts.entered(group.members.len()),
+                Step::Attempt { .. } => {
+                    let chosen = match s
+                        .router
+                        .choose(&s.deployments, group, attempts.tried(), &mut s.picks)
+                        .await
+                    {
+                        Ok(chosen) => chosen,
+                        Err(_) => {
+                            cell.unavailable += 1;
+                            step = attempts.unavailable();
+                            continue;
+                        }
+                    };
+                    cell.calls += 1;
+                    let index = chosen.index;
+                    let Some(failure) = s.upstreams.call(index, at) else {
+                        ok = true;
+                        break;
+                    };
+                    drop(chosen);
+                    cell.first_try_failures += u64::from(attempts.tried().is_empty());
+                    s.router
+                        .record_failure(index, &failure, group.members.len());
+                    attempts.failed(
+                        index,
+                        failure.is_retryable(),
+                        failure.retry_after,
+                        &mut jitter,
+                    )
+                }
+                Step::GiveUp(why) => {
+                    cell.budget_refused += u64::from(why == GiveUp::Budget);
                     break;
                 }
             };
-            cell.calls += 1;
-            let index = chosen.index;
-            let Some(failure) = s.upstreams.call(index, at) else {
-                ok = true;
-                break;
-            };
-            drop(chosen);
-            cell.first_try_failures += u64::from(tried.is_empty());
-            s.router
-                .record_failure(index, &failure, group.members.len());
-            tried.push(index);
-            if tried.len() >= tries as usize {
-                break;
-            }
-            if !s.router.withdraw() {
-                cell.budget_refused += 1;
-                break;
-            }
         }
         cell.failures_left += u64::from(!ok);
     }

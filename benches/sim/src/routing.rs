@@ -31,9 +31,9 @@
 
 use std::collections::VecDeque;
 
+use gateway_example::config::RouterSettings;
+use gateway_example::config::Strategy;
 use gateway_example::routing::body::InFlight;
-use gateway_example::routing::settings::RouterSettings;
-use gateway_example::routing::strategy::Strategy;
 use gateway_example::routing::Router;
 use rand::RngExt;
 use serde::Serialize;

@@ -1,8 +1,8 @@
 //! The key rows of every experiment on short fixed-seed runs (the `--quick` sizes), and the
 //! source's models at the SPEC's full size where they are cheap.
 
-use gateway_example::routing::settings::RouterSettings;
-use gateway_example::routing::strategy::Strategy;
+use gateway_example::config::RouterSettings;
+use gateway_example::config::Strategy;
 use sim::retries::{self, Failures};
 use sim::routing::{self, Policy};
 use sim::{cascade, worked_example};

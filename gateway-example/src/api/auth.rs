@@ -16,8 +16,8 @@ use tower_priority_limit::priority::{api_key, Priority};
 
 use crate::api::keys::store_error;
 use crate::error::ApiError;
+use crate::gateway::Gateway;
 use crate::keys::{hash_key, hashes_match, KeyRecord};
-use crate::Gateway;
 
 /// The authenticated caller, as a request extension.
 #[derive(Debug, Clone)]
@@ -41,7 +41,7 @@ impl Caller {
 /// `key` is the presented key (borrowed from the headers: the request itself is not `Sync`, so it
 /// is not held across the store lookup).
 async fn identify(gw: &Gateway, key: Option<&str>) -> Result<(Caller, Option<Arc<str>>), ApiError> {
-    let Some(master_hash) = &gw.master_key_hash else {
+    let Some(master_hash) = gw.master_key_hash() else {
         // No master key configured: the gateway is open, as in the source product.
         return Ok((Caller::Master, None));
     };
@@ -56,7 +56,7 @@ async fn identify(gw: &Gateway, key: Option<&str>) -> Result<(Caller, Option<Arc
     if hashes_match(&hash_key(key), master_hash) {
         return Ok((Caller::Master, None));
     }
-    match gw.keys.resolve(key).await.map_err(store_error)? {
+    match gw.keys().resolve(key).await.map_err(store_error)? {
         Some(resolved) => Ok((Caller::Key(resolved.key), resolved.priority)),
         None => Err(ApiError::unauthorized(
             "Authentication Error, Invalid proxy server token passed.",

@@ -6,8 +6,8 @@ use axum::extract::State;
 use axum::Json;
 use serde_json::{json, Value};
 
+use crate::gateway::Gateway;
 use crate::store::GatewayStore;
-use crate::Gateway;
 
 /// The process is up.
 pub async fn liveliness() -> Json<&'static str> {
@@ -18,12 +18,12 @@ pub async fn liveliness() -> Json<&'static str> {
 pub async fn readiness(State(gw): State<Arc<Gateway>>) -> Json<Value> {
     Json(json!({
         "status": "healthy",
-        "limiter": if gw.config.limiter_enabled { "enabled" } else { "disabled" },
-        "limiter_store": match gw.limiter.store() {
+        "limiter": if gw.config().limiter_enabled { "enabled" } else { "disabled" },
+        "limiter_store": match gw.limiter().store() {
             GatewayStore::Embedded(_) => "embedded",
             GatewayStore::Redis(_) => "redis",
         },
-        "key_store": gw.keys.kind(),
-        "models": gw.config.model_names(),
+        "key_store": gw.keys().kind(),
+        "models": gw.config().model_names(),
     }))
 }

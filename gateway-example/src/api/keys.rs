@@ -11,8 +11,8 @@ use http::StatusCode;
 use serde_json::{json, Map, Value};
 
 use crate::error::ApiError;
+use crate::gateway::Gateway;
 use crate::keys::{KeyRecord, KeyStoreError, TeamRecord};
-use crate::Gateway;
 
 /// Parses a JSON object body (an empty body is an empty object).
 pub fn json_object(body: &Bytes) -> Result<Map<String, Value>, ApiError> {
@@ -112,7 +112,7 @@ pub async fn generate(
         }
     };
     let (key, record) = gw
-        .keys
+        .keys()
         .generate_key(
             opt_string(&body, "key_alias")?,
             metadata(&body)?,
@@ -135,7 +135,7 @@ pub async fn info(
         .get("key")
         .ok_or_else(|| ApiError::bad_request("Missing query parameter 'key'.").param("key"))?;
     let record = gw
-        .keys
+        .keys()
         .key_info(key)
         .await
         .map_err(store_error)?
@@ -151,7 +151,7 @@ pub async fn delete(State(gw): State<Arc<Gateway>>, body: Bytes) -> Result<Json<
         .and_then(Value::as_array)
         .and_then(|a| a.iter().map(|k| k.as_str().map(str::to_owned)).collect())
         .ok_or_else(|| ApiError::bad_request("'keys' must be a list of keys.").param("keys"))?;
-    let deleted = gw.keys.delete_keys(&keys).await.map_err(store_error)?;
+    let deleted = gw.keys().delete_keys(&keys).await.map_err(store_error)?;
     if deleted.is_empty() && !keys.is_empty() {
         return Err(ApiError::new(
             StatusCode::NOT_FOUND,
@@ -169,7 +169,7 @@ pub async fn new_team(
 ) -> Result<Json<Value>, ApiError> {
     let body = json_object(&body)?;
     let team = gw
-        .keys
+        .keys()
         .new_team(
             opt_string(&body, "team_id")?,
             opt_string(&body, "team_alias")?,
@@ -189,7 +189,7 @@ pub async fn team_info(
         ApiError::bad_request("Missing query parameter 'team_id'.").param("team_id")
     })?;
     let team = gw
-        .keys
+        .keys()
         .team(id)
         .await
         .map_err(store_error)?

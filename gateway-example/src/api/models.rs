@@ -6,7 +6,7 @@ use serde_json::{json, Value};
 use std::sync::Arc;
 
 use super::auth::Caller;
-use crate::Gateway;
+use crate::gateway::Gateway;
 
 /// OpenAI's model list.
 pub async fn list(
@@ -14,7 +14,7 @@ pub async fn list(
     Extension(caller): Extension<Caller>,
 ) -> Json<Value> {
     let data: Vec<Value> = gw
-        .config
+        .config()
         .model_names()
         .into_iter()
         .filter(|m| caller.allows(m))

@@ -1,4 +1,4 @@
-//! [`RetryBudget`]: retries ≤ `ratio` × client requests over the last 10 s, plus a floor of
+//! [`RetryBudget`], a [`Budget`]: retries ≤ `ratio` × client requests over the last 10 s, plus a floor of
 //! `min_per_second` — tower's `TpsBudget` rule, without its lock. `TpsBudget` takes a mutex and
 //! reads the time on every deposit, and a deposit happens on every request; here a deposit is one
 //! atomic add on the current second's slot, on the router's clock (so tests and the simulator
@@ -7,6 +7,7 @@
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 
+use tower::retry::budget::Budget;
 use tower_priority_limit::clock::Clock;
 
 /// Seconds of history the budget keeps (as `TpsBudget`'s default `ttl`).
@@ -76,16 +77,18 @@ impl RetryBudget {
             .sum::<i64>()
             + self.reserve
     }
+}
 
+impl Budget for RetryBudget {
     /// A client request arrived.
-    pub fn deposit(&self) {
+    fn deposit(&self) {
         if self.deposit > 0 {
             self.add(self.now_second(), self.deposit);
         }
     }
 
     /// May one more retry be made? Takes it from the budget if so.
-    pub fn withdraw(&self) -> bool {
+    fn withdraw(&self) -> bool {
         let second = self.now_second();
         if self.available(second) < UNIT {
             return false;

@@ -1,10 +1,9 @@
-//! `router_settings`: how a group's deployments are chosen, retried and cooled down.
+//! `router_settings`: how a group's deployments are chosen ([`Strategy`]), retried and cooled
+//! down, and where a group falls back to.
 
 use std::time::Duration;
 
 use tower_priority_limit::config::{ConfigError, Node};
-
-use super::strategy::Strategy;
 
 /// Default `num_retries` (as the source product).
 pub const DEFAULT_NUM_RETRIES: u32 = 2;
@@ -22,7 +21,7 @@ pub const DEFAULT_MAX_RETRY_WAIT: Duration = Duration::from_secs(2);
 /// The parsed `router_settings` (routing part; Redis settings are read beside it).
 #[derive(Debug, Clone, PartialEq)]
 pub struct RouterSettings {
-    /// `routing_strategy` (default [`Strategy::HeadroomP2c`]).
+    /// `routing_strategy` (default [`Strategy::HeadroomLeastBusy`]).
     pub strategy: Strategy,
     /// `num_retries`: extra attempts after the first (default 2).
     pub num_retries: u32,
@@ -137,5 +136,68 @@ impl RouterSettings {
             .iter()
             .find(|(g, _)| g == group)
             .map_or(&[], |(_, f)| f.as_slice())
+    }
+}
+
+/// `router_settings.routing_strategy`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Strategy {
+    /// `simple-shuffle`: weighted random, by `weight`, else `rpm`, else `tpm`, else uniform (as
+    /// the source product).
+    SimpleShuffle,
+    /// `round-robin`: each deployment in turn.
+    RoundRobin,
+    /// `least-busy`: the fewest requests in flight (ties broken at random).
+    LeastBusy,
+    /// `usage-based-routing-v2`: the fewest tokens this window among deployments with room.
+    UsageBased,
+    /// `headroom-p2c`: power of two choices among deployments with room: sample two, send to
+    /// the one with the lower load per unit of remaining capacity, `(in_flight + 1) / headroom`.
+    /// Avoids the herd a global "least" causes when many gateways share the same figures; with
+    /// counts local to each gateway (as here) the simulator shows it loses to a full scan.
+    HeadroomP2c,
+    /// `headroom-least-busy` (ours, the default): the deployment with room with the lowest
+    /// `(in_flight + 1) / headroom` (ties at random), where headroom is the share of its window
+    /// still free (1 when it has no limit): least-busy, except that a nearly full deployment is
+    /// not picked just because it is idle right now. Chosen over `headroom-p2c` by measurement
+    /// (`cargo run --release -p sim -- routing`, benches/RESULTS.md).
+    #[default]
+    HeadroomLeastBusy,
+}
+
+impl Strategy {
+    /// Every accepted name.
+    pub const NAMES: [&'static str; 6] = [
+        "simple-shuffle",
+        "round-robin",
+        "least-busy",
+        "usage-based-routing-v2",
+        "headroom-p2c",
+        "headroom-least-busy",
+    ];
+
+    /// The strategy a config names (`usage-based-routing` is accepted for v2 too).
+    pub fn from_name(name: &str) -> Option<Self> {
+        Some(match name {
+            "simple-shuffle" => Strategy::SimpleShuffle,
+            "round-robin" => Strategy::RoundRobin,
+            "least-busy" => Strategy::LeastBusy,
+            "usage-based-routing-v2" | "usage-based-routing" => Strategy::UsageBased,
+            "headroom-p2c" => Strategy::HeadroomP2c,
+            "headroom-least-busy" => Strategy::HeadroomLeastBusy,
+            _ => return None,
+        })
+    }
+
+    /// The config name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Strategy::SimpleShuffle => "simple-shuffle",
+            Strategy::RoundRobin => "round-robin",
+            Strategy::LeastBusy => "least-busy",
+            Strategy::UsageBased => "usage-based-routing-v2",
+            Strategy::HeadroomP2c => "headroom-p2c",
+            Strategy::HeadroomLeastBusy => "headroom-least-busy",
+        }
     }
 }

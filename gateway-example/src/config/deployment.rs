@@ -1,0 +1,106 @@
+//! One `model_list` entry: its upstream or mock answer, timeout, id and per-deployment limits.
+
+use std::time::Duration;
+
+use tower_priority_limit::config::{ConfigError, Node};
+
+use super::{Deployment, Target, DEFAULT_TIMEOUT, OPENAI_API_BASE};
+
+pub(super) fn deployment(item: &Node<'_>, position: usize) -> Result<Deployment, ConfigError> {
+    let model_name = item
+        .get("model_name")?
+        .ok_or_else(|| item.error("missing model_name"))?
+        .string()?;
+    let params = item
+        .get("litellm_params")?
+        .ok_or_else(|| item.error("missing litellm_params"))?;
+    let model = params
+        .get("model")?
+        .ok_or_else(|| params.error("missing model (e.g. openai/gpt-4o)"))?
+        .string()?;
+    let (provider, upstream_model) = match model.split_once('/') {
+        Some((provider, rest)) if !rest.is_empty() => (Some(provider.to_owned()), rest.to_owned()),
+        _ => (None, model.clone()),
+    };
+    let timeout = match params.get("timeout")? {
+        Some(t) => {
+            let secs = t.number()?;
+            if !(secs.is_finite() && secs > 0.0) {
+                return Err(t.error(format!("expected seconds > 0, got {secs}")));
+            }
+            Duration::from_secs_f64(secs)
+        }
+        None => DEFAULT_TIMEOUT,
+    };
+    let target = if let Some(mock) = params.get("mock_response")? {
+        Target::Mock {
+            content: mock.string()?,
+        }
+    } else {
+        let api_base = match params.get("api_base")? {
+            Some(base) => {
+                let base = base.string()?;
+                if !(base.starts_with("http://") || base.starts_with("https://")) {
+                    return Err(ConfigError::new(
+                        format!("{}.api_base", params.path()),
+                        format!("expected an http:// or https:// URL, got \"{base}\""),
+                    ));
+                }
+                base.trim_end_matches('/').to_owned()
+            }
+            None if provider.as_deref().is_none_or(|p| p == "openai") => OPENAI_API_BASE.to_owned(),
+            None => {
+                return Err(ConfigError::new(
+                    format!("{}.model", params.path()),
+                    format!(
+                        "provider \"{}\" needs an api_base (this gateway speaks the OpenAI API)",
+                        provider.unwrap_or_default()
+                    ),
+                ))
+            }
+        };
+        let api_key = params.get("api_key")?.map(|k| k.string()).transpose()?;
+        Target::Upstream { api_base, api_key }
+    };
+    let limit = |key: &str| -> Result<Option<u64>, ConfigError> {
+        params.get(key)?.map(|n| n.count()).transpose()
+    };
+    let (rpm, tpm) = (limit("rpm")?, limit("tpm")?);
+    let weight = match params.get("weight")? {
+        Some(w) => {
+            let v = w.number()?;
+            if !(v.is_finite() && v >= 0.0) {
+                return Err(w.error(format!("expected a weight ≥ 0, got {v}")));
+            }
+            Some(v)
+        }
+        None => None,
+    };
+    let id = match item.get("model_info")? {
+        Some(info) => info.get("id")?.map(|n| n.string()).transpose()?,
+        None => None,
+    }
+    .unwrap_or_else(|| derived_id(position, &model_name, &model, &target));
+    Ok(Deployment {
+        model_name,
+        upstream_model,
+        target,
+        timeout,
+        id,
+        rpm,
+        tpm,
+        weight,
+    })
+}
+
+/// A deployment id that stays the same while its entry does: a hash of its position and what it
+/// points at (never of its key).
+fn derived_id(position: usize, model_name: &str, model: &str, target: &Target) -> String {
+    use sha2::{Digest, Sha256};
+    let base = match target {
+        Target::Mock { .. } => "mock",
+        Target::Upstream { api_base, .. } => api_base.as_str(),
+    };
+    let digest = Sha256::digest(format!("{position}\n{model_name}\n{model}\n{base}").as_bytes());
+    digest[..8].iter().map(|b| format!("{b:02x}")).collect()
+}

@@ -1,0 +1,208 @@
+//! The gateway's config file: the limiter's part (`model_list` limits, `litellm_settings`) plus
+//! deployments, the master key, request limits, where Redis is and `router_settings`, validated
+//! with errors that name the YAML path.
+//!
+//! The bottom of the gateway: it imports no other gateway module. `deployment` reads one
+//! `model_list` entry, `redis` where Redis is, [`router`] the routing part of
+//! `router_settings`.
+
+use std::time::Duration;
+
+use serde_json::Value;
+use tower_priority_limit::config::{ConfigError, Node};
+use tower_priority_limit::LimiterConfig;
+
+/// The limiter callback name that turns priority limiting on (as in the source product).
+pub const LIMITER_CALLBACK: &str = "dynamic_rate_limiter_v3";
+/// Where `openai/` models go when no `api_base` is given.
+pub const OPENAI_API_BASE: &str = "https://api.openai.com/v1";
+/// Default bound on a request body (`general_settings.max_request_size_mb`).
+pub const DEFAULT_MAX_REQUEST_BYTES: usize = 10 * 1024 * 1024;
+/// Default upstream timeout (`litellm_params.timeout`, seconds), as in the source product.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(600);
+/// Default `router_settings.redis_port` (and `REDIS_PORT`).
+pub const DEFAULT_REDIS_PORT: u16 = 6379;
+/// Default `router_settings.redis_key_prefix`: every Redis key the gateway writes starts with it.
+pub const DEFAULT_REDIS_KEY_PREFIX: &str = "tpl:";
+
+/// Where Redis is: one server or a cluster (the limiter's own type, so one value serves both the
+/// key store and the limiter's counters).
+pub use tower_priority_limit::store::RedisTarget;
+
+use self::deployment::deployment;
+use self::redis::redis_settings;
+pub use self::router::{RouterSettings, Strategy};
+
+mod deployment;
+mod redis;
+pub mod router;
+#[cfg(test)]
+mod tests;
+
+/// Where a deployment's answers come from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Target {
+    /// `mock_response`: answered in process, 30 tokens per answer.
+    Mock {
+        /// The answer's text.
+        content: String,
+    },
+    /// An OpenAI-compatible HTTP upstream.
+    Upstream {
+        /// Base URL, without a trailing `/` (requests go to `{api_base}/chat/completions`).
+        api_base: String,
+        /// Sent as `Authorization: Bearer`.
+        api_key: Option<String>,
+    },
+}
+
+/// One `model_list` entry.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Deployment {
+    /// The name clients ask for; entries sharing it form a group.
+    pub model_name: String,
+    /// The model name sent upstream (`openai/gpt-x` → `gpt-x`).
+    pub upstream_model: String,
+    /// Mock or upstream.
+    pub target: Target,
+    /// Time allowed until the upstream's response head arrives.
+    pub timeout: Duration,
+    /// Stable id (`model_info.id`, else derived from the entry), shown in `x-litellm-model-id`.
+    pub id: String,
+    /// `litellm_params.rpm`: this deployment's requests per window.
+    pub rpm: Option<u64>,
+    /// `litellm_params.tpm`: this deployment's tokens per window.
+    pub tpm: Option<u64>,
+    /// `litellm_params.weight`, for `simple-shuffle`.
+    pub weight: Option<f64>,
+}
+
+/// A validated gateway config.
+#[derive(Debug, Clone)]
+pub struct GatewayConfig {
+    /// The limiter's config (always built, so `/health` can report it).
+    pub limiter: LimiterConfig,
+    /// Whether `litellm_settings.callbacks` turns the limiter on.
+    pub limiter_enabled: bool,
+    /// Every deployment, in file order.
+    pub deployments: Vec<Deployment>,
+    /// `general_settings.master_key`; without one the gateway runs open (no auth).
+    pub master_key: Option<String>,
+    /// Request bodies larger than this get a 413.
+    pub max_request_bytes: usize,
+    /// Redis, when configured (`router_settings.redis_*` or the `REDIS_*` environment): keys and
+    /// teams are then shared by every gateway pointed at it. `None`: everything is embedded.
+    pub redis: Option<RedisTarget>,
+    /// `router_settings.redis_key_prefix` (default [`DEFAULT_REDIS_KEY_PREFIX`]): the start of
+    /// every Redis key the gateway writes, so several deployments can share one Redis.
+    pub redis_key_prefix: String,
+    /// `router_settings`: strategy, retries, cooldowns, fallbacks.
+    pub router: RouterSettings,
+}
+
+impl GatewayConfig {
+    /// Parses and validates a config file's text. `REDIS_URL`, `REDIS_HOST`, `REDIS_PORT` and
+    /// `REDIS_PASSWORD` are read from the environment when the file names no Redis.
+    pub fn from_yaml_str(yaml: &str) -> Result<Self, ConfigError> {
+        Self::from_yaml_str_with_env(yaml, |name| std::env::var(name).ok())
+    }
+
+    /// [`Self::from_yaml_str`], reading the `REDIS_*` fallbacks through `env` instead of the
+    /// process environment (so callers and tests need not change process-wide state).
+    /// `os.environ/NAME` values in the file still come from the process environment.
+    pub fn from_yaml_str_with_env(
+        yaml: &str,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<Self, ConfigError> {
+        let doc: Value = serde_yaml_ng::from_str(yaml)
+            .map_err(|e| ConfigError::new("", format!("invalid YAML: {e}")))?;
+        let limiter = LimiterConfig::from_value(&doc)?;
+        let root = Node::root(&doc);
+
+        let mut deployments = Vec::new();
+        if let Some(list) = root.get("model_list")? {
+            for (position, item) in list.items()?.iter().enumerate() {
+                let d = deployment(item, position)?;
+                if deployments.iter().any(|o: &Deployment| o.id == d.id) {
+                    return Err(ConfigError::new(
+                        format!("model_list[{position}].model_info.id"),
+                        format!("id \"{}\" is used by another deployment", d.id),
+                    ));
+                }
+                deployments.push(d);
+            }
+        }
+
+        let mut limiter_enabled = false;
+        if let Some(settings) = root.get("litellm_settings")? {
+            if let Some(callbacks) = settings.get("callbacks")? {
+                for cb in callbacks.items()? {
+                    limiter_enabled |= cb.string()? == LIMITER_CALLBACK;
+                }
+            }
+            if !limiter_enabled && settings.get("priority_reservation")?.is_some() {
+                tracing::warn!(
+                    "priority_reservation is set but litellm_settings.callbacks does not list \
+                     {LIMITER_CALLBACK}: the limiter is off"
+                );
+            }
+        }
+
+        let mut master_key = None;
+        let mut max_request_bytes = DEFAULT_MAX_REQUEST_BYTES;
+        if let Some(general) = root.get("general_settings")? {
+            if let Some(key) = general.get("master_key")? {
+                let key = key.string()?;
+                if key.is_empty() {
+                    return Err(ConfigError::new(
+                        "general_settings.master_key",
+                        "must not be empty",
+                    ));
+                }
+                master_key = Some(key);
+            }
+            if let Some(mb) = general.get("max_request_size_mb")? {
+                let v = mb.number()?;
+                if !(v.is_finite() && v > 0.0) {
+                    return Err(mb.error(format!("expected megabytes > 0, got {v}")));
+                }
+                max_request_bytes = (v * 1024.0 * 1024.0) as usize;
+            }
+        }
+
+        let (redis, redis_key_prefix) = redis_settings(&root, &env)?;
+        let router = RouterSettings::from_node(root.get("router_settings")?.as_ref())?;
+        for (group, targets) in &router.fallbacks {
+            for name in std::iter::once(group).chain(targets) {
+                if !deployments.iter().any(|d| &d.model_name == name) {
+                    return Err(ConfigError::new(
+                        "router_settings.fallbacks",
+                        format!("\"{name}\" is not a model_name in model_list"),
+                    ));
+                }
+            }
+        }
+
+        Ok(Self {
+            limiter,
+            limiter_enabled,
+            deployments,
+            master_key,
+            max_request_bytes,
+            redis,
+            redis_key_prefix,
+            router,
+        })
+    }
+
+    /// The distinct model names clients may ask for, in file order.
+    pub fn model_names(&self) -> Vec<&str> {
+        let mut names: Vec<&str> = Vec::new();
+        for d in &self.deployments {
+            if !names.contains(&d.model_name.as_str()) {
+                names.push(&d.model_name);
+            }
+        }
+        names
+    }
+}

@@ -1,0 +1,275 @@
+//! The config's parsing and validation, through its public API.
+
+use super::*;
+
+#[test]
+fn quickstart_file_loads() {
+    let c = GatewayConfig::from_yaml_str(include_str!("../../config/quickstart.yaml")).unwrap();
+    assert!(c.limiter_enabled);
+    assert_eq!(c.master_key.as_deref(), Some("sk-1234"));
+    assert_eq!(c.deployments[0].upstream_model, "my-fake-model");
+    assert!(matches!(c.deployments[0].target, Target::Mock { .. }));
+    assert_eq!(c.max_request_bytes, DEFAULT_MAX_REQUEST_BYTES);
+}
+
+#[test]
+fn upstreams_map_names_and_resolve_keys() {
+    std::env::set_var("GW_TEST_KEY_1", "sk-upstream");
+    let c = GatewayConfig::from_yaml_str(
+            r#"
+model_list:
+  - model_name: luna
+    litellm_params: {model: openai/gpt-5.6-luna, api_base: "http://127.0.0.1:9001/v1/", api_key: os.environ/GW_TEST_KEY_1, timeout: 2.5}
+  - model_name: plain
+    litellm_params: {model: gpt-x}
+general_settings: {max_request_size_mb: 1}
+"#,
+        )
+        .unwrap();
+    assert!(!c.limiter_enabled);
+    let d = &c.deployments[0];
+    assert_eq!(d.upstream_model, "gpt-5.6-luna");
+    assert_eq!(
+        d.target,
+        Target::Upstream {
+            api_base: "http://127.0.0.1:9001/v1".into(),
+            api_key: Some("sk-upstream".into())
+        }
+    );
+    assert_eq!(d.timeout, Duration::from_millis(2500));
+    assert!(
+        matches!(&c.deployments[1].target, Target::Upstream { api_base, .. } if api_base == OPENAI_API_BASE)
+    );
+    assert_eq!(c.max_request_bytes, 1024 * 1024);
+}
+
+#[test]
+fn errors_name_the_yaml_path() {
+    let cases = [
+            (
+                "model_list: [{model_name: m, litellm_params: {model: openai/x, api_key: os.environ/GW_TEST_UNSET}}]",
+                "model_list[0].litellm_params.api_key: environment variable GW_TEST_UNSET is not set (value is \"os.environ/GW_TEST_UNSET\")",
+            ),
+            (
+                "model_list: [{model_name: m, litellm_params: {rpm: 1}}]",
+                "model_list[0].litellm_params: missing model (e.g. openai/gpt-4o)",
+            ),
+            (
+                "model_list: [{model_name: m, litellm_params: {model: anthropic/claude}}]",
+                "model_list[0].litellm_params.model: provider \"anthropic\" needs an api_base (this gateway speaks the OpenAI API)",
+            ),
+            (
+                "model_list: [{model_name: m, litellm_params: {model: x, api_base: localhost:1}}]",
+                "model_list[0].litellm_params.api_base: expected an http:// or https:// URL, got \"localhost:1\"",
+            ),
+            (
+                "general_settings: {max_request_size_mb: 0}",
+                "general_settings.max_request_size_mb: expected megabytes > 0, got 0",
+            ),
+            (
+                "litellm_settings: {priority_reservation: {dev: {type: rpx, value: 1}}}",
+                "litellm_settings.priority_reservation.dev.type: unknown type \"rpx\", expected percent|rpm|tpm",
+            ),
+        ];
+    for (yaml, want) in cases {
+        assert_eq!(
+            GatewayConfig::from_yaml_str(yaml).unwrap_err().to_string(),
+            want
+        );
+    }
+}
+
+fn no_env(_: &str) -> Option<String> {
+    None
+}
+
+fn redis_of(yaml: &str, env: &[(&str, &str)]) -> Result<(Option<RedisTarget>, String), String> {
+    let env: Vec<(String, String)> = env
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect();
+    GatewayConfig::from_yaml_str_with_env(yaml, move |name| {
+        env.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone())
+    })
+    .map(|c| (c.redis, c.redis_key_prefix))
+    .map_err(|e| e.to_string())
+}
+
+fn single(url: &str) -> Option<RedisTarget> {
+    Some(RedisTarget::Single(url.into()))
+}
+
+#[test]
+fn no_redis_means_embedded() {
+    let c =
+        GatewayConfig::from_yaml_str_with_env(include_str!("../../config/quickstart.yaml"), no_env)
+            .unwrap();
+    assert_eq!(c.redis, None);
+    assert_eq!(c.redis_key_prefix, DEFAULT_REDIS_KEY_PREFIX);
+}
+
+#[test]
+fn redis_from_router_settings() {
+    let cases = [
+            (
+                "router_settings: {redis_url: \"redis://10.0.0.1:6380/2\", redis_host: ignored}",
+                single("redis://10.0.0.1:6380/2"),
+            ),
+            (
+                "router_settings: {redis_host: 127.0.0.1}",
+                single("redis://127.0.0.1:6379/"),
+            ),
+            (
+                "router_settings: {redis_host: cache.internal, redis_port: \"7000\", redis_password: \"p@ss/w:rd\"}",
+                single("redis://:p%40ss%2Fw%3Ard@cache.internal:7000/"),
+            ),
+            (
+                "router_settings: {redis_host: \"::1\", redis_port: 7001}",
+                single("redis://[::1]:7001/"),
+            ),
+            (
+                "router_settings: {redis_startup_nodes: [\"127.0.0.1:7000\", {host: 127.0.0.2, port: 7001}, \"[::1]:7002\", \"h3\"]}",
+                Some(RedisTarget::Cluster(vec![
+                    "redis://127.0.0.1:7000/".into(),
+                    "redis://127.0.0.2:7001/".into(),
+                    "redis://[::1]:7002/".into(),
+                    "redis://h3:6379/".into(),
+                ])),
+            ),
+            (
+                "router_settings: {redis_startup_nodes: [{host: n1, port: 7000}], redis_password: pw}",
+                Some(RedisTarget::Cluster(vec!["redis://:pw@n1:7000/".into()])),
+            ),
+        ];
+    for (yaml, want) in cases {
+        // The file wins over the environment.
+        let got = redis_of(yaml, &[("REDIS_URL", "redis://env:1/")]).unwrap();
+        assert_eq!(got.0, want, "{yaml}");
+    }
+    let (_, prefix) = redis_of(
+        "router_settings: {redis_host: h, redis_key_prefix: \"gw-eu:\"}",
+        &[],
+    )
+    .unwrap();
+    assert_eq!(prefix, "gw-eu:");
+}
+
+#[test]
+fn redis_from_the_environment() {
+    assert_eq!(
+        redis_of("{}", &[("REDIS_URL", "redis://r1:6390/")])
+            .unwrap()
+            .0,
+        single("redis://r1:6390/")
+    );
+    assert_eq!(
+        redis_of(
+            "router_settings: {routing_strategy: simple-shuffle}",
+            &[
+                ("REDIS_HOST", "r2"),
+                ("REDIS_PORT", "6391"),
+                ("REDIS_PASSWORD", "s3cret")
+            ]
+        )
+        .unwrap()
+        .0,
+        single("redis://:s3cret@r2:6391/")
+    );
+    assert_eq!(
+        redis_of("{}", &[("REDIS_HOST", "r3"), ("REDIS_URL", "")])
+            .unwrap()
+            .0,
+        single("redis://r3:6379/"),
+        "an empty REDIS_URL is unset"
+    );
+    assert_eq!(
+        redis_of("{}", &[("REDIS_PORT", "1")]).unwrap().0,
+        None,
+        "a port alone names no server"
+    );
+    // `os.environ/NAME` in the file reads the process environment (a name no other test uses).
+    std::env::set_var("GW_TEST_REDIS_PASSWORD_1", "from-env");
+    std::env::set_var("GW_TEST_REDIS_HOST_1", "r4");
+    assert_eq!(
+            redis_of(
+                "router_settings: {redis_host: os.environ/GW_TEST_REDIS_HOST_1, redis_password: os.environ/GW_TEST_REDIS_PASSWORD_1}",
+                &[]
+            )
+            .unwrap()
+            .0,
+            single("redis://:from-env@r4:6379/")
+        );
+}
+
+#[test]
+fn bad_redis_settings_name_the_path() {
+    let cases = [
+            (
+                "router_settings: {redis_url: \"http://h:1\"}",
+                &[][..],
+                "router_settings.redis_url: expected a redis://, rediss:// or unix:// URL, got \"http://h:1\"",
+            ),
+            (
+                "router_settings: {redis_host: h, redis_port: 70000}",
+                &[][..],
+                "router_settings.redis_port: expected a port 1-65535, got \"70000\"",
+            ),
+            (
+                "router_settings: {redis_port: 6379}",
+                &[][..],
+                "router_settings.redis_port: needs router_settings.redis_host (or use redis_url)",
+            ),
+            (
+                "router_settings: {redis_startup_nodes: [\"h:1\", \"h:x\"]}",
+                &[][..],
+                "router_settings.redis_startup_nodes[1]: expected a port 1-65535, got \"x\"",
+            ),
+            (
+                "router_settings: {redis_startup_nodes: [{port: 1}]}",
+                &[][..],
+                "router_settings.redis_startup_nodes[0]: missing host",
+            ),
+            (
+                "router_settings: {redis_startup_nodes: []}",
+                &[][..],
+                "router_settings.redis_startup_nodes: expected at least one \"host:port\"",
+            ),
+            (
+                "router_settings: {redis_host: os.environ/GW_TEST_REDIS_UNSET}",
+                &[][..],
+                "router_settings.redis_host: environment variable GW_TEST_REDIS_UNSET is not set (value is \"os.environ/GW_TEST_REDIS_UNSET\")",
+            ),
+            (
+                "{}",
+                &[("REDIS_HOST", "h"), ("REDIS_PORT", "port")][..],
+                "REDIS_PORT: expected a port 1-65535, got \"port\"",
+            ),
+            (
+                "{}",
+                &[("REDIS_URL", "h:6379")][..],
+                "REDIS_URL: expected a redis://, rediss:// or unix:// URL, got \"h:6379\"",
+            ),
+        ];
+    for (yaml, env, want) in cases {
+        assert_eq!(redis_of(yaml, env).unwrap_err(), want, "{yaml}");
+    }
+}
+
+#[test]
+fn redis_passwords_never_show_in_debug_or_errors() {
+    let t = RedisTarget::Single("redis://:hunter2@h:1/".into());
+    assert!(!format!("{t:?}").contains("hunter2"));
+    assert_eq!(t.redacted(), "redis://:***@h:1/");
+    let t = RedisTarget::Cluster(vec!["redis://u:hunter2@h:1/".into()]);
+    assert_eq!(t.redacted(), "cluster [redis://u:***@h:1/]");
+    let e = redis_of(
+        "router_settings: {redis_url: \"redis://:hunter2@h:notaport/\"}",
+        &[],
+    )
+    .unwrap_err();
+    assert!(!e.contains("hunter2"), "{e}");
+    assert!(
+        e.starts_with("router_settings.redis_url: invalid Redis URL"),
+        "{e}"
+    );
+}

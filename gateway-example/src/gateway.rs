@@ -1,0 +1,329 @@
+//! [`Gateway`]: everything a request may need, built once by [`GatewayBuilder`].
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::response::Response;
+use tower_priority_limit::clock::{Clock, CoarseClock};
+use tower_priority_limit::config::LimiterConfig;
+use tower_priority_limit::store::{MemoryStore, RedisStore, RedisTarget};
+use tower_priority_limit::Limiter;
+
+use crate::chat::ChatRequest;
+use crate::config::{Deployment, GatewayConfig};
+use crate::keys::{hash_key, KeyStore, KeyStoreError};
+use crate::routing::{self, Router};
+use crate::store::GatewayStore;
+use crate::upstream::Upstream;
+
+/// Everything a request may need, shared by all of them.
+#[derive(Debug)]
+pub struct Gateway {
+    config: GatewayConfig,
+    keys: KeyStore,
+    /// Shared by every request; its counters are in Redis when `config.redis` is set and the
+    /// gateway was built with [`GatewayBuilder::connect`].
+    limiter: Arc<Limiter<GatewayStore>>,
+    /// SHA-256 of the master key, if one is configured.
+    master_key_hash: Option<String>,
+    upstream: Upstream,
+    /// Its per-deployment limits share the store kind (embedded or Redis) with the limiter.
+    router: Router,
+}
+
+/// Builds a [`Gateway`]: [`build`](Self::build) with embedded counters, or
+/// [`connect`](Self::connect) as `main` does (counters on Redis when the config names one).
+#[derive(Debug)]
+pub struct GatewayBuilder {
+    config: GatewayConfig,
+    data_dir: Option<PathBuf>,
+    clock: Option<Arc<dyn Clock>>,
+}
+
+impl GatewayBuilder {
+    /// Where embedded keys persist (default: in memory only; unused for keys on Redis).
+    pub fn data_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.data_dir = Some(dir.into());
+        self
+    }
+
+    /// The clock the embedded counters' windows, the router's health and its retry budget run on
+    /// (default: the coarse monotonic clock; tests move a manual one).
+    pub fn clock(mut self, clock: impl Clock) -> Self {
+        self.clock = Some(Arc::new(clock));
+        self
+    }
+
+    /// The gateway with its counters embedded in this process. Keys are on Redis when
+    /// `config.redis` is set (that needs a tokio runtime: prefer [`connect`](Self::connect)).
+    pub fn build(self) -> Result<Gateway, KeyStoreError> {
+        let keys = KeyStore::from_config(&self.config, self.data_dir.as_deref())?;
+        let clock = self.clock.unwrap_or_else(|| Arc::new(CoarseClock::new()));
+        let deployment_limits =
+            routing::deployment_limits(&self.config.deployments, &self.config.limiter);
+        let groups = MemoryStore::with_clock(&self.config.limiter, clock.clone());
+        let deployments = MemoryStore::with_clock(&deployment_limits, clock.clone());
+        Ok(Gateway::assemble(
+            self.config,
+            keys,
+            GatewayStore::Embedded(groups),
+            deployment_limits,
+            GatewayStore::Embedded(deployments),
+            clock,
+        ))
+    }
+
+    /// The gateway as `main` runs it. With Redis configured, keys, teams and the limiter's
+    /// counters (the groups' and, under their own prefix, the deployments') are all in Redis,
+    /// so every gateway process pointed at it sees one state. Redis down at start is logged,
+    /// not fatal: the master key works, other keys get 503 until it is back, and the limiter
+    /// applies `redis_failure_mode` until Redis (or the cluster) answers.
+    pub async fn connect(self) -> Result<Gateway, KeyStoreError> {
+        let Some(target) = self.config.redis.clone() else {
+            return self.build();
+        };
+        let keys = KeyStore::from_config(&self.config, self.data_dir.as_deref())?;
+        if let Some(redis) = keys.as_redis() {
+            match redis.ping(Duration::from_secs(2)).await {
+                Ok(()) => tracing::info!(redis = redis.target(), "keys and teams on Redis"),
+                Err(e) => tracing::warn!(
+                    redis = redis.target(),
+                    error = %e,
+                    "Redis is not answering; only the master key works until it does"
+                ),
+            }
+        }
+        let config = &self.config;
+        let limits = &config.limiter;
+        let groups = redis_store(&target, config.redis_key_prefix.clone(), limits).await?;
+        tracing::info!(
+            redis = %target.redacted(),
+            failure_mode = limits.settings().shared.failure_mode.as_str(),
+            expected_nodes = limits.settings().shared.expected_nodes,
+            "limiter counters on Redis"
+        );
+        let deployment_limits = routing::deployment_limits(&config.deployments, limits);
+        let prefix = format!("{}deployment:", config.redis_key_prefix);
+        let deployments = redis_store(&target, prefix, &deployment_limits).await?;
+        let clock = self.clock.unwrap_or_else(|| Arc::new(CoarseClock::new()));
+        Ok(Gateway::assemble(
+            self.config,
+            keys,
+            GatewayStore::Redis(groups),
+            deployment_limits,
+            GatewayStore::Redis(deployments),
+            clock,
+        ))
+    }
+}
+
+async fn redis_store(
+    target: &RedisTarget,
+    prefix: String,
+    limits: &LimiterConfig,
+) -> Result<RedisStore, KeyStoreError> {
+    RedisStore::builder(target.clone())
+        .key_prefix(prefix)
+        .connect(limits)
+        .await
+        .map_err(|e| KeyStoreError::Unavailable(e.to_string()))
+}
+
+impl Gateway {
+    /// A builder for a gateway serving `config`.
+    pub fn builder(config: GatewayConfig) -> GatewayBuilder {
+        GatewayBuilder {
+            config,
+            data_dir: None,
+            clock: None,
+        }
+    }
+
+    /// A gateway on the real (coarse monotonic) clock, keys persisted in `data_dir`, counters
+    /// embedded: `Gateway::builder(config).data_dir(dir).build()`.
+    pub fn new(config: GatewayConfig, data_dir: Option<&Path>) -> Result<Self, KeyStoreError> {
+        with_data_dir(Self::builder(config), data_dir).build()
+    }
+
+    /// A gateway whose windows run on `clock` (tests), counters embedded.
+    pub fn with_clock(
+        config: GatewayConfig,
+        data_dir: Option<&Path>,
+        clock: impl Clock,
+    ) -> Result<Self, KeyStoreError> {
+        with_data_dir(Self::builder(config), data_dir)
+            .clock(clock)
+            .build()
+    }
+
+    /// The gateway as `main` runs it: see [`GatewayBuilder::connect`].
+    pub async fn connect(
+        config: GatewayConfig,
+        data_dir: Option<&Path>,
+    ) -> Result<Self, KeyStoreError> {
+        with_data_dir(Self::builder(config), data_dir)
+            .connect()
+            .await
+    }
+
+    fn assemble(
+        config: GatewayConfig,
+        keys: KeyStore,
+        groups: GatewayStore,
+        deployment_limits: LimiterConfig,
+        deployments: GatewayStore,
+        clock: Arc<dyn Clock>,
+    ) -> Self {
+        let limiter = Arc::new(Limiter::with_store(config.limiter.clone(), groups));
+        let router = Router::new(
+            &config.deployments,
+            config.router.clone(),
+            Arc::new(Limiter::with_store(deployment_limits, deployments)),
+            clock,
+        );
+        Self {
+            master_key_hash: config.master_key.as_deref().map(hash_key),
+            config,
+            keys,
+            limiter,
+            upstream: Upstream::default(),
+            router,
+        }
+    }
+
+    /// The validated config.
+    pub fn config(&self) -> &GatewayConfig {
+        &self.config
+    }
+
+    /// Keys and teams (on Redis when `config.redis` is set, else embedded).
+    pub fn keys(&self) -> &KeyStore {
+        &self.keys
+    }
+
+    /// The group limiter (its counters are the ones requests are charged to).
+    pub fn limiter(&self) -> &Arc<Limiter<GatewayStore>> {
+        &self.limiter
+    }
+
+    /// The router: groups, deployment health and load, per-deployment limits.
+    pub fn router(&self) -> &Router {
+        &self.router
+    }
+
+    /// SHA-256 of the master key, if one is configured.
+    pub fn master_key_hash(&self) -> Option<&str> {
+        self.master_key_hash.as_deref()
+    }
+
+    /// The deployment at `index`.
+    pub fn deployment(&self, index: usize) -> &Deployment {
+        &self.config.deployments[index]
+    }
+
+    /// Serves a validated chat request of priority `priority` (see [`routing::serve`]); the group
+    /// limiter applies only when the config turns it on.
+    pub async fn serve(&self, chat: &ChatRequest, priority: Option<&str>) -> Response {
+        let limiter = self.config.limiter_enabled.then_some(&*self.limiter);
+        routing::serve(
+            &self.router,
+            &self.config.deployments,
+            &self.upstream,
+            limiter,
+            chat,
+            priority,
+        )
+        .await
+    }
+}
+
+fn with_data_dir(builder: GatewayBuilder, data_dir: Option<&Path>) -> GatewayBuilder {
+    match data_dir {
+        Some(dir) => builder.data_dir(dir),
+        None => builder,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use http::StatusCode;
+    use http_body_util::BodyExt;
+    use serde_json::{json, Value};
+    use tower_priority_limit::model::ModelName;
+
+    use super::*;
+
+    /// A gateway whose limiter counters are on a Redis that does not answer, in `mode`.
+    async fn redis_down(mode: &str) -> Gateway {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .expect("a free port");
+        let yaml = format!(
+            r#"
+model_list: [{{model_name: m, litellm_params: {{model: m, mock_response: "hi there", rpm: 100}}}}]
+litellm_settings:
+  callbacks: ["dynamic_rate_limiter_v3"]
+  priority_reservation_settings: {{redis_failure_mode: {mode}, redis_timeout_ms: 50}}
+router_settings: {{redis_url: "redis://127.0.0.1:{port}"}}
+"#
+        );
+        let config = GatewayConfig::from_yaml_str_with_env(&yaml, |_| None).expect("valid");
+        Gateway::builder(config)
+            .connect()
+            .await
+            .expect("Redis down is not fatal")
+    }
+
+    fn chat() -> ChatRequest {
+        let body = json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]});
+        ChatRequest {
+            model: ModelName::from("m"),
+            stream: false,
+            include_usage: false,
+            body_len: body.to_string().len(),
+            body: Arc::new(body),
+        }
+    }
+
+    async fn json_of(response: Response) -> Value {
+        let bytes = response.into_body().collect().await.unwrap().to_bytes();
+        serde_json::from_slice(&bytes).unwrap()
+    }
+
+    /// The group limiter's store failing under `closed`: 503 in the OpenAI shape with the
+    /// limiter layer's message, before any deployment is chosen.
+    #[tokio::test]
+    async fn a_failed_store_refuses_with_503_when_closed() {
+        let gw = redis_down("closed").await;
+        let response = gw.serve(&chat(), None).await;
+        assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert!(response.headers().get("x-litellm-model-id").is_none());
+        let error = &json_of(response).await["error"];
+        assert_eq!(error["type"], "service_unavailable");
+        assert_eq!(error["code"], "503");
+        assert!(
+            error["message"]
+                .as_str()
+                .unwrap()
+                .starts_with("Rate limiter unavailable: "),
+            "{error}"
+        );
+    }
+
+    /// `open`: served, unlimited (no rate-limit headers, nothing charged).
+    #[tokio::test]
+    async fn a_failed_store_serves_unlimited_when_open() {
+        let gw = redis_down("open").await;
+        let response = gw.serve(&chat(), None).await;
+        assert_eq!(response.status(), StatusCode::OK);
+        assert!(response
+            .headers()
+            .get("x-ratelimit-limit-requests")
+            .is_none());
+        assert_eq!(response.headers()["x-litellm-model-group"], "m");
+    }
+}

@@ -1,0 +1,323 @@
+//! [`Router`]: a group's deployments, their load and per-deployment limits, and the choice of
+//! one for each attempt.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use http::HeaderValue;
+use rand::rngs::SmallRng;
+use tower_priority_limit::clock::Clock;
+use tower_priority_limit::config::{LimiterConfig, ModelId, PoolRef};
+use tower_priority_limit::decision::{Decision, Millis};
+use tower_priority_limit::model::ModelName;
+use tower_priority_limit::{Lease, Limiter};
+
+use super::body::InFlight;
+use super::budget::RetryBudget;
+use super::strategy::{pick, Candidate};
+use crate::config::{Deployment, RouterSettings};
+use crate::store::GatewayStore;
+
+/// One group: its name and its deployments (indices into the config's `deployments`).
+#[derive(Debug)]
+pub struct Group {
+    /// The name clients ask for.
+    pub name: ModelName,
+    /// Indices of its deployments, in file order.
+    pub members: Box<[usize]>,
+    cursor: AtomicU64,
+    /// `x-litellm-model-group`, formatted once.
+    pub(super) name_header: Option<HeaderValue>,
+}
+
+/// What the router knows of one deployment.
+#[derive(Debug)]
+pub(super) struct DeploymentState {
+    /// The deployment's id in the per-deployment limiter.
+    pub(super) limit_id: Option<ModelId>,
+    /// `x-litellm-model-id`, formatted once.
+    pub(super) id_header: Option<HeaderValue>,
+    pub(super) in_flight: Arc<AtomicU64>,
+    /// Clock time (ms) until which it sits out because its upstream said it is rate-limited
+    /// (429, `x-ratelimit-remaining-requests: 0`); 0 = available.
+    pub(super) parked_until: AtomicU64,
+    /// Clock time (ms) until which it sits out after errors (the cooldown rules). Unlike a
+    /// rate-limit park, a cooldown never takes the whole group out: when every deployment is
+    /// cooling down they are all tried again.
+    pub(super) cooldown_until: AtomicU64,
+    /// Failures in the current minute: (minute start, count).
+    pub(super) fails: Mutex<(Millis, u32)>,
+    /// Usage of its current window as of its last admission, and when that window ends.
+    pub(super) requests_used: AtomicU64,
+    pub(super) tokens_used: AtomicU64,
+    pub(super) window_end: AtomicU64,
+    /// Learned from the upstream's `x-ratelimit-*` headers: share of its capacity left (in
+    /// millionths; `u64::MAX` = unknown) until `learned_until`.
+    pub(super) learned_headroom: AtomicU64,
+    pub(super) learned_until: AtomicU64,
+}
+
+/// Chooses deployments, counts their load, and keeps their health.
+#[derive(Debug)]
+pub struct Router {
+    pub(super) settings: RouterSettings,
+    pub(super) groups: HashMap<String, Group>,
+    pub(super) states: Box<[DeploymentState]>,
+    /// Per-deployment limits: one "model" per deployment, named by its id.
+    pub(super) limits: Arc<Limiter<GatewayStore>>,
+    pub(super) clock: Arc<dyn Clock>,
+    pub(super) budget: RetryBudget,
+}
+
+/// An admitted choice: the deployment and its limiter lease.
+#[derive(Debug)]
+pub struct Chosen {
+    /// Index of the deployment in the config.
+    pub index: usize,
+    pub(super) lease: Option<Lease<GatewayStore>>,
+}
+
+/// No deployment of a group can take the request now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Unavailable {
+    /// When the first one will have room again.
+    pub retry_after: Duration,
+}
+
+/// The per-deployment limiter's config: one model per deployment id, with its `rpm`/`tpm`, and
+/// the group limiter's window and shared-store settings (failure mode, expected nodes, timeout).
+pub fn deployment_limits(deployments: &[Deployment], groups: &LimiterConfig) -> LimiterConfig {
+    let settings = groups.settings();
+    let mut builder = LimiterConfig::builder()
+        .window(groups.window())
+        .failure_mode(settings.shared.failure_mode)
+        .expected_nodes(settings.shared.expected_nodes)
+        .store_timeout(settings.shared.timeout);
+    for d in deployments {
+        builder = builder.model(d.id.clone(), d.rpm, d.tpm);
+    }
+    // Ids are unique and limits validated with the deployment, so this cannot fail; an empty
+    // config is the fallback that limits nothing.
+    builder.build().unwrap_or_else(|e| {
+        tracing::error!(%e, "per-deployment limits rejected; deployments run unlimited");
+        LimiterConfig::builder()
+            .build()
+            .expect("an empty config is valid")
+    })
+}
+
+impl Router {
+    /// A router for `deployments` with `limits` built from [`deployment_limits`].
+    pub fn new(
+        deployments: &[Deployment],
+        settings: RouterSettings,
+        limits: Arc<Limiter<GatewayStore>>,
+        clock: Arc<dyn Clock>,
+    ) -> Self {
+        let mut groups: HashMap<String, (ModelName, Vec<usize>)> = HashMap::new();
+        for (i, d) in deployments.iter().enumerate() {
+            groups
+                .entry(d.model_name.clone())
+                .or_insert_with(|| (ModelName::from(d.model_name.as_str()), Vec::new()))
+                .1
+                .push(i);
+        }
+        let groups = groups
+            .into_iter()
+            .map(|(k, (name, members))| {
+                (
+                    k,
+                    Group {
+                        name_header: HeaderValue::from_str(name.as_str()).ok(),
+                        name,
+                        members: members.into_boxed_slice(),
+                        cursor: AtomicU64::new(0),
+                    },
+                )
+            })
+            .collect();
+        let states = deployments
+            .iter()
+            .map(|d| DeploymentState {
+                limit_id: limits.config().model_id(&d.id),
+                id_header: HeaderValue::from_str(&d.id).ok(),
+                in_flight: Arc::default(),
+                parked_until: AtomicU64::new(0),
+                cooldown_until: AtomicU64::new(0),
+                fails: Mutex::new((0, 0)),
+                requests_used: AtomicU64::new(0),
+                tokens_used: AtomicU64::new(0),
+                window_end: AtomicU64::new(0),
+                learned_headroom: AtomicU64::new(u64::MAX),
+                learned_until: AtomicU64::new(0),
+            })
+            .collect();
+        let budget = RetryBudget::new(settings.retry_ratio, settings.retry_floor, clock.clone());
+        Self {
+            settings,
+            groups,
+            states,
+            limits,
+            clock,
+            budget,
+        }
+    }
+
+    /// The settings it routes by.
+    pub fn settings(&self) -> &RouterSettings {
+        &self.settings
+    }
+
+    /// The group clients call `name`.
+    pub fn group(&self, name: &str) -> Option<&Group> {
+        self.groups.get(name)
+    }
+
+    /// Requests in flight to deployment `index` from this gateway.
+    pub fn in_flight(&self, index: usize) -> u64 {
+        self.states[index].in_flight.load(Ordering::Relaxed)
+    }
+
+    /// Counts one request in flight to deployment `index` until the guard drops (the simulator
+    /// holds it for a request's service time; [`serve`](super::serve) hands it to the response body).
+    pub fn begin(&self, index: usize) -> InFlight {
+        InFlight::start(&self.states[index].in_flight)
+    }
+
+    fn candidate(
+        &self,
+        deployments: &[Deployment],
+        index: usize,
+        slot: usize,
+        now: Millis,
+    ) -> Candidate {
+        let d = &deployments[index];
+        let s = &self.states[index];
+        let current = now < s.window_end.load(Ordering::Relaxed);
+        let (requests, tokens) = if current {
+            (
+                s.requests_used.load(Ordering::Relaxed),
+                s.tokens_used.load(Ordering::Relaxed),
+            )
+        } else {
+            (0, 0)
+        };
+        let free = |used: u64, limit: Option<u64>| {
+            limit.map_or(1.0, |l| {
+                (1.0 - used as f64 / l.max(1) as f64).clamp(0.0, 1.0)
+            })
+        };
+        let mut headroom = free(requests, d.rpm).min(free(tokens, d.tpm));
+        if now < s.learned_until.load(Ordering::Relaxed) {
+            let learned = s.learned_headroom.load(Ordering::Relaxed);
+            if learned != u64::MAX {
+                headroom = headroom.min(learned as f64 / 1e6);
+            }
+        }
+        Candidate {
+            slot,
+            in_flight: s.in_flight.load(Ordering::Relaxed),
+            weight: d.weight,
+            rpm: d.rpm,
+            tpm: d.tpm,
+            tokens_used: tokens,
+            headroom,
+        }
+    }
+
+    /// Chooses a deployment of `group` for one attempt, skipping `tried` ones while another
+    /// exists, parked ones, and ones whose limiter window is full (each is admitted on the
+    /// per-deployment limiter before it is returned).
+    pub async fn choose(
+        &self,
+        deployments: &[Deployment],
+        group: &Group,
+        tried: &[usize],
+        rng: &mut SmallRng,
+    ) -> Result<Chosen, Unavailable> {
+        let now = self.clock.now_ms();
+        let untried_exists = group.members.iter().any(|i| !tried.contains(i));
+        let mut candidates: Vec<Candidate> = Vec::with_capacity(group.members.len());
+        let mut cooling_down: Vec<Candidate> = Vec::new();
+        let mut earliest: Option<Millis> = None;
+        for (slot, &index) in group.members.iter().enumerate() {
+            if untried_exists && tried.contains(&index) {
+                continue;
+            }
+            let state = &self.states[index];
+            let parked_until = state.parked_until.load(Ordering::Relaxed);
+            if parked_until > now {
+                earliest = Some(earliest.map_or(parked_until, |e| e.min(parked_until)));
+                continue;
+            }
+            let candidate = self.candidate(deployments, index, slot, now);
+            if state.cooldown_until.load(Ordering::Relaxed) > now {
+                cooling_down.push(candidate);
+            } else {
+                candidates.push(candidate);
+            }
+        }
+        // Errors never take the whole group out: with nothing else left, the ones cooling down
+        // are tried (a failing group still answers its clients with the upstream's own errors).
+        if candidates.is_empty() {
+            candidates = cooling_down;
+        }
+        let cursor = group.cursor.fetch_add(1, Ordering::Relaxed);
+        while !candidates.is_empty() {
+            let at = pick(
+                self.settings.strategy,
+                &candidates,
+                cursor,
+                group.members.len(),
+                rng,
+            );
+            let index = group.members[candidates[at].slot];
+            let state = &self.states[index];
+            let Some(limit_id) = state.limit_id else {
+                return Ok(Chosen { index, lease: None });
+            };
+            match self.limits.admit(limit_id, PoolRef::Default, 0).await {
+                Ok(Decision::Admit(admitted)) => {
+                    state
+                        .requests_used
+                        .store(admitted.model.requests, Ordering::Relaxed);
+                    state
+                        .tokens_used
+                        .store(admitted.model.tokens, Ordering::Relaxed);
+                    state.window_end.store(
+                        now.saturating_add(admitted.model_resets_in),
+                        Ordering::Relaxed,
+                    );
+                    let lease = self.limits.lease(limit_id, PoolRef::Default, &admitted);
+                    return Ok(Chosen {
+                        index,
+                        lease: Some(lease),
+                    });
+                }
+                Ok(Decision::Reject(rejected)) => {
+                    // Full: not unhealthy. It has room again when its window rolls.
+                    let at_ms = now.saturating_add(rejected.retry_after_ms);
+                    if earliest.is_none_or(|e| at_ms < e) {
+                        earliest = Some(at_ms);
+                    }
+                    candidates.swap_remove(at);
+                }
+                // The per-deployment counters could not be asked (Redis in open/closed mode):
+                // route without them rather than fail the request for the router's sake.
+                Err(_) => return Ok(Chosen { index, lease: None }),
+            }
+        }
+        let retry_after_ms = earliest.map_or(1_000, |e| e.saturating_sub(now));
+        Err(Unavailable {
+            retry_after: Duration::from_millis(retry_after_ms.max(1)),
+        })
+    }
+
+    /// The gateway-wide retry budget (every request deposits, every retry and every fallback
+    /// after failures withdraws; see [`Attempts`](super::Attempts)).
+    pub fn budget(&self) -> &RetryBudget {
+        &self.budget
+    }
+}

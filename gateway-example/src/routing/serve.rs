@@ -1,0 +1,293 @@
+//! [`serve`]: one chat request through its group's deployments, retries and fallbacks. The
+//! decisions are [`Attempts`]'; this is the loop that carries them out.
+
+use axum::body::Body;
+use axum::response::{IntoResponse, Response};
+use http::{HeaderName, HeaderValue, StatusCode};
+use rand::rngs::SmallRng;
+use rand::{RngExt, SeedableRng};
+use tower_priority_limit::meter::UsageMeter;
+use tower_priority_limit::{Limiter, ResponseBody};
+
+use super::admission::{admit, charge, store_failure, Admission};
+use super::attempts::{Attempts, Step};
+use super::body::{InFlight, InFlightBody};
+use super::{Chosen, Group, Router, Unavailable};
+use crate::chat::{mock_answer, ChatRequest};
+use crate::config::{Deployment, Strategy, Target};
+use crate::error::ApiError;
+use crate::store::GatewayStore;
+use crate::upstream::Upstream;
+
+/// Header naming the deployment that answered.
+pub const MODEL_ID: HeaderName = HeaderName::from_static("x-litellm-model-id");
+/// Header naming the group that answered (differs from the request's after a fallback).
+pub const MODEL_GROUP: HeaderName = HeaderName::from_static("x-litellm-model-group");
+/// Header with the number of retries made.
+pub const ATTEMPTED_RETRIES: HeaderName = HeaderName::from_static("x-litellm-attempted-retries");
+/// Header with the number of fallback groups tried.
+pub const ATTEMPTED_FALLBACKS: HeaderName =
+    HeaderName::from_static("x-litellm-attempted-fallbacks");
+
+thread_local! {
+    /// Per-thread randomness for routing: no lock on the request path. Seeded from the OS.
+    static RNG: std::cell::RefCell<SmallRng> = std::cell::RefCell::new({
+        let mut seed = [0u8; 8];
+        let _ = getrandom::fill(&mut seed);
+        SmallRng::seed_from_u64(u64::from_le_bytes(seed))
+    });
+}
+
+fn fresh_rng() -> SmallRng {
+    RNG.with(|r| SmallRng::seed_from_u64(r.borrow_mut().random()))
+}
+
+/// Serves a chat request of priority `priority`: admits its group on `limiter` (`None`: the
+/// limiter is off), chooses a deployment of it, retries and falls back as the router's settings
+/// allow, and answers with the routing headers.
+///
+/// A request its group's limiter refuses gets the limiter's 429 at once when the group has no
+/// fallbacks; otherwise the fallback groups are tried, each admitted under its own limits, and
+/// the 429 for its own group is the answer if none serves it. A response is charged once, to the
+/// group that served it.
+pub async fn serve(
+    router: &Router,
+    deployments: &[Deployment],
+    upstream: &Upstream,
+    limiter: Option<&Limiter<GatewayStore>>,
+    chat: &ChatRequest,
+    priority: Option<&str>,
+) -> Response {
+    let first = chat.model.as_str();
+    let pool = limiter.map(|l| l.resolve_pool(priority));
+    let mut first_lease = None;
+    let mut refusal: Option<Response> = None;
+    if let (Some(limiter), Some(pool)) = (limiter, pool) {
+        match admit(limiter, first, pool).await {
+            Ok(Admission::Admitted(lease, admitted)) => first_lease = Some((lease, admitted)),
+            Ok(Admission::Unlimited) => {}
+            Ok(Admission::Refused(response)) => refusal = Some(response),
+            Err(error) => {
+                if let Some(response) = store_failure(limiter, &error) {
+                    return response;
+                }
+            }
+        }
+    }
+    let fallback_groups = router.settings().fallbacks_of(first);
+    if fallback_groups.is_empty() {
+        if let Some(response) = refusal {
+            return response;
+        }
+    }
+
+    let mut attempts = Attempts::new(router.settings(), router.budget(), first, fallback_groups);
+    let mut rng = fresh_rng();
+    let mut last_error: Option<ApiError> = None;
+    // The last upstream's retry-after, passed on with its error.
+    let mut last_retry_after = None;
+    let mut unavailable: Option<Unavailable> = None;
+    let mut fallback_refusal: Option<Response> = None;
+    let mut group_lease = None;
+    let mut current: Option<&Group> = None;
+    let mut step = attempts.start();
+    loop {
+        match step {
+            Step::Enter {
+                group: name,
+                fallback,
+            } => {
+                // Dropping a previous fallback's unused lease charges it nothing.
+                group_lease = None;
+                // Always found: groups and fallbacks both come from the validated config.
+                let Some(group) = router.group(name) else {
+                    step = attempts.group_full();
+                    continue;
+                };
+                if !fallback && refusal.is_some() {
+                    step = attempts.group_full();
+                    continue;
+                }
+                if let (true, Some(limiter), Some(pool)) = (fallback, limiter, pool) {
+                    match admit(limiter, name, pool).await {
+                        Ok(Admission::Admitted(lease, admitted)) => {
+                            group_lease = Some((lease, admitted));
+                        }
+                        Ok(Admission::Refused(response)) => {
+                            fallback_refusal = Some(response);
+                            step = attempts.group_full();
+                            continue;
+                        }
+                        // Not limited, or its store failed: a fallback is then served unlimited.
+                        Ok(Admission::Unlimited) | Err(_) => {}
+                    }
+                }
+                current = Some(group);
+                step = attempts.entered(group.members.len());
+            }
+            Step::Attempt { wait } => {
+                let Some(group) = current else {
+                    break;
+                };
+                if !wait.is_zero() {
+                    tokio::time::sleep(wait).await;
+                }
+                let chosen = match router
+                    .choose(deployments, group, attempts.tried(), &mut rng)
+                    .await
+                {
+                    Ok(chosen) => chosen,
+                    Err(u) => {
+                        unavailable = Some(u);
+                        step = attempts.unavailable();
+                        continue;
+                    }
+                };
+                let index = chosen.index;
+                let deployment = &deployments[index];
+                let in_flight = router.begin(index);
+                let result = match &deployment.target {
+                    Target::Mock { content } => {
+                        Ok(mock_answer(group.name.as_str(), content, chat.stream))
+                    }
+                    Target::Upstream { .. } => upstream.forward(deployment, chat).await,
+                };
+                match result {
+                    Ok(mut response) => {
+                        router.observe(index, response.headers_mut());
+                        let response = track(
+                            response,
+                            chosen,
+                            in_flight,
+                            deployment,
+                            router.settings().strategy,
+                        );
+                        let id = router.states[index].id_header.as_ref();
+                        let response = with_headers(
+                            response,
+                            id,
+                            Some(group),
+                            attempts.retries(),
+                            attempts.fallbacks(),
+                        );
+                        // A fallback that admitted it is charged; else the request's own group.
+                        return charge(limiter, response, group_lease.or(first_lease), chat);
+                    }
+                    Err(failure) => {
+                        drop(in_flight);
+                        router.record_failure(index, &failure, group.members.len());
+                        step = attempts.failed(
+                            index,
+                            failure.is_retryable(),
+                            failure.retry_after,
+                            &mut rng,
+                        );
+                        last_retry_after = failure.retry_after;
+                        last_error = Some(failure.error);
+                    }
+                }
+            }
+            Step::GiveUp(_) => break,
+        }
+    }
+    let response = match (last_error, refusal, fallback_refusal, unavailable) {
+        (Some(error), ..) => {
+            let mut response = error.into_response();
+            if let Some(after) = last_retry_after {
+                let secs = after.as_secs_f64().ceil().max(1.0) as u64;
+                response
+                    .headers_mut()
+                    .insert(http::header::RETRY_AFTER, HeaderValue::from(secs));
+            }
+            response
+        }
+        // Refused for its own group and no fallback took it: the limiter's own 429, as
+        // without fallbacks.
+        (None, Some(refusal), ..) => refusal,
+        (None, None, Some(response), _) => response,
+        (None, None, None, Some(u)) => unavailable_response(first, u),
+        (None, None, None, None) => {
+            ApiError::internal(format!("model group {first} has no deployments")).into_response()
+        }
+    };
+    let response = with_headers(
+        response,
+        None,
+        router.group(first),
+        attempts.retries(),
+        attempts.fallbacks(),
+    );
+    charge(limiter, response, first_lease, chat)
+}
+
+/// The 429 when no deployment of the group has room (or all are cooling down).
+fn unavailable_response(group: &str, u: Unavailable) -> Response {
+    let secs = u.retry_after.as_secs_f64().ceil().max(1.0) as u64;
+    let why = "every deployment is at its rate limit";
+    let mut response = ApiError::new(
+        StatusCode::TOO_MANY_REQUESTS,
+        "rate_limit_error",
+        format!("No deployments available for model={group}: {why}. Try again in {secs} seconds."),
+    )
+    .into_response();
+    response
+        .headers_mut()
+        .insert(http::header::RETRY_AFTER, HeaderValue::from(secs));
+    response
+}
+
+/// Counts the response as load until its body ends, and settles the deployment's lease with its
+/// tokens (metered only when the deployment has a `tpm` to keep).
+fn track(
+    response: Response,
+    chosen: Chosen,
+    in_flight: InFlight,
+    deployment: &Deployment,
+    strategy: Strategy,
+) -> Response {
+    let (parts, body) = response.into_parts();
+    let body = match chosen.lease {
+        Some(lease) if deployment.tpm.is_some() || strategy == Strategy::UsageBased => {
+            let meter = UsageMeter::for_content_type(
+                parts
+                    .headers
+                    .get(http::header::CONTENT_TYPE)
+                    .map(HeaderValue::as_bytes),
+            );
+            Body::new(InFlightBody::new(
+                ResponseBody::metered(body, meter, lease),
+                in_flight,
+            ))
+        }
+        _ => Body::new(InFlightBody::new(body, in_flight)),
+    };
+    Response::from_parts(parts, body)
+}
+
+fn with_headers(
+    mut response: Response,
+    deployment_id: Option<&HeaderValue>,
+    group: Option<&Group>,
+    retries: u32,
+    fallbacks: u32,
+) -> Response {
+    let headers = response.headers_mut();
+    if let Some(id) = deployment_id {
+        headers.insert(MODEL_ID, id.clone());
+    }
+    if let Some(name) = group.and_then(|g| g.name_header.as_ref()) {
+        headers.insert(MODEL_GROUP, name.clone());
+    }
+    headers.insert(ATTEMPTED_RETRIES, count_value(retries));
+    headers.insert(ATTEMPTED_FALLBACKS, count_value(fallbacks));
+    response
+}
+
+/// A small count as a header value; the common ones need no allocation.
+fn count_value(n: u32) -> HeaderValue {
+    const SMALL: [&str; 10] = ["0", "1", "2", "3", "4", "5", "6", "7", "8", "9"];
+    match SMALL.get(n as usize) {
+        Some(s) => HeaderValue::from_static(s),
+        None => HeaderValue::from(n),
+    }
+}
