@@ -21,7 +21,11 @@ fn config(models: usize) -> LimiterConfig {
         .reserve("prod", Reservation::Percent(0.9))
         .reserve("dev", Reservation::Percent(0.1));
     for i in 0..models {
-        b = b.model(ModelLimits::new(format!("model-{i}")).rpm(u64::MAX / 2).tpm(u64::MAX / 2));
+        b = b.model(
+            ModelLimits::new(format!("model-{i}"))
+                .rpm(u64::MAX / 2)
+                .tpm(u64::MAX / 2),
+        );
     }
     b.build().unwrap()
 }

@@ -13,12 +13,20 @@ use integration_tests::redis::RedisServer;
 use tower_priority_limit::config::{LimiterConfig, ModelId, PoolRef, Reservation};
 use tower_priority_limit::decision::Decision;
 use tower_priority_limit::store::{RedisStore, RedisTarget, Store};
-use tower_priority_limit::Limiter;
+use tower_priority_limit::{Limiter, ModelLimits};
 
 fn config() -> LimiterConfig {
     LimiterConfig::builder()
-        .model("model-0", Some(u64::MAX / 4), Some(u64::MAX / 4))
-        .model("model-1", Some(u64::MAX / 4), Some(u64::MAX / 4))
+        .model(
+            ModelLimits::new("model-0")
+                .rpm(u64::MAX / 4)
+                .tpm(u64::MAX / 4),
+        )
+        .model(
+            ModelLimits::new("model-1")
+                .rpm(u64::MAX / 4)
+                .tpm(u64::MAX / 4),
+        )
         .reserve("prod", Reservation::Percent(0.9))
         .reserve("dev", Reservation::Percent(0.1))
         .saturation_threshold(0.0) // strict: every admission checks both pairs
@@ -121,7 +129,7 @@ fn main() {
             .connect(&config)
             .await
             .expect("redis store");
-        let limiter = Arc::new(Limiter::with_store(config, store));
+        let limiter = Arc::new(Limiter::with_store(store));
         println!(
             "redis-server on port {}, {threads} client runtime thread(s), {secs} s per row",
             redis.port()

@@ -3,12 +3,12 @@
 
 use std::sync::Arc;
 
+use crate::mock::{chat_completion, chat_completion_stream};
 use axum::body::Body;
 use axum::response::Response;
 use bytes::Bytes;
 use http::header::CONTENT_TYPE;
 use serde_json::Value;
-use tower_priority_limit::mock::{chat_completion, chat_completion_stream};
 use tower_priority_limit::model::ModelName;
 
 /// A validated chat request, as a request extension.

@@ -64,8 +64,8 @@ impl ApiError {
     }
 }
 
-impl From<tower_priority_limit::model::ExtractRejection> for ApiError {
-    fn from(r: tower_priority_limit::model::ExtractRejection) -> Self {
+impl From<tower_priority_limit::model::BadRequest> for ApiError {
+    fn from(r: tower_priority_limit::model::BadRequest) -> Self {
         Self {
             status: r.status,
             kind: "invalid_request_error",

@@ -68,7 +68,6 @@ impl GatewayBuilder {
             self.config,
             keys,
             GatewayStore::Embedded(groups),
-            deployment_limits,
             GatewayStore::Embedded(deployments),
             clock,
         ))
@@ -111,7 +110,6 @@ impl GatewayBuilder {
             self.config,
             keys,
             GatewayStore::Redis(groups),
-            deployment_limits,
             GatewayStore::Redis(deployments),
             clock,
         ))
@@ -171,15 +169,14 @@ impl Gateway {
         config: GatewayConfig,
         keys: KeyStore,
         groups: GatewayStore,
-        deployment_limits: LimiterConfig,
         deployments: GatewayStore,
         clock: Arc<dyn Clock>,
     ) -> Self {
-        let limiter = Arc::new(Limiter::with_store(config.limiter.clone(), groups));
+        let limiter = Arc::new(Limiter::with_store(groups));
         let router = Router::new(
             &config.deployments,
             config.router.clone(),
-            Arc::new(Limiter::with_store(deployment_limits, deployments)),
+            Arc::new(Limiter::with_store(deployments)),
             clock,
         );
         Self {

@@ -11,10 +11,10 @@
 //!
 //! Modules import downward only, each from those before it:
 //!
-//! `error`, `signal`, `store`, `strip`, `mock_upstream` ← `config` ← `keys` ← `chat` (request
-//! types) ← `upstream` (real and mock deployments) ← `routing` (router, health, attempts, serve)
-//! ← `gateway` ([`Gateway`] and its builder) ← `api` (axum handlers, auth) ← `lib` (the routes) /
-//! `main`.
+//! `error`, `signal`, `store`, `strip`, `mock` (OpenAI-shaped mock answers) ← `mock_upstream` ←
+//! `config` ← `keys` ← `chat` (request types) ← `upstream` (real and mock deployments) ←
+//! `routing` (router, health, attempts, admission, serve) ← `gateway` ([`Gateway`] and its
+//! builder) ← `api` (axum handlers, auth) ← `lib` (the routes) / `main`.
 
 #![deny(missing_docs)]
 
@@ -24,6 +24,7 @@ pub mod config;
 pub mod error;
 mod gateway;
 pub mod keys;
+pub mod mock;
 pub mod mock_upstream;
 pub mod routing;
 pub mod signal;

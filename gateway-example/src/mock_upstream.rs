@@ -51,7 +51,7 @@
 //!    `rate_limit_exceeded` body; a refused request does not use up the window.
 //! 3. The latency is slept before the response head.
 //! 4. With probability `failure_rate` the answer is `failure_status` with an OpenAI error body.
-//! 5. Otherwise the answer of [`tower_priority_limit::mock`]: 10 prompt + 20 completion tokens,
+//! 5. Otherwise the answer of [`crate::mock`]: 10 prompt + 20 completion tokens,
 //!    as JSON or as a real SSE stream ending `data: [DONE]`.
 //!
 //! Randomness (failures, latency) comes from RNGs seeded with `seed`: the n-th request a
@@ -64,6 +64,7 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use crate::mock::{chat_completion, chat_completion_stream};
 use axum::body::Body;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, State};
@@ -80,7 +81,6 @@ use serde_json::{json, Value};
 use tokio::task::{JoinHandle, JoinSet};
 use tokio::time::Instant;
 use tower::ServiceExt as _;
-use tower_priority_limit::mock::{chat_completion, chat_completion_stream};
 use tower_priority_limit::response::error_json;
 
 /// What every successful answer says (split into words for streams).

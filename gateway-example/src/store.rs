@@ -4,13 +4,13 @@
 
 use std::future::{Future, Ready};
 use std::pin::Pin;
+use std::sync::Arc;
 
 use futures_util::future::Either;
 use tower_priority_limit::config::{LimiterConfig, ModelId};
 use tower_priority_limit::decision::Decision;
 use tower_priority_limit::store::{
-    AdmitRequest, MemorySettler, MemoryStore, RedisSettler, RedisStore, Settlement, Settler, Store,
-    StoreError,
+    AdmitRequest, MemoryStore, RedisStore, Settler, Store, StoreError,
 };
 
 /// The embedded store or the Redis store, chosen at start-up.
@@ -22,52 +22,36 @@ pub enum GatewayStore {
     Redis(RedisStore),
 }
 
-/// Settles on whichever store admitted the request.
-#[derive(Debug)]
-pub enum GatewaySettler {
-    /// See [`MemorySettler`].
-    Embedded(MemorySettler),
-    /// See [`RedisSettler`].
-    Redis(RedisSettler),
-}
-
-impl Settler for GatewaySettler {
-    fn settle(&self, settlement: Settlement) {
-        match self {
-            GatewaySettler::Embedded(s) => s.settle(settlement),
-            GatewaySettler::Redis(s) => s.settle(settlement),
-        }
-    }
-}
-
 type RedisAdmit = <RedisStore as Store>::AdmitFuture;
 
 impl Store for GatewayStore {
     type AdmitFuture = Either<Ready<Result<Decision, StoreError>>, RedisAdmit>;
-    type Settler = GatewaySettler;
 
-    fn admit(&self, config: &LimiterConfig, request: AdmitRequest) -> Self::AdmitFuture {
+    fn config(&self) -> &LimiterConfig {
         match self {
-            GatewayStore::Embedded(s) => Either::Left(s.admit(config, request)),
-            GatewayStore::Redis(s) => Either::Right(s.admit(config, request)),
+            GatewayStore::Embedded(s) => s.config(),
+            GatewayStore::Redis(s) => s.config(),
         }
     }
 
-    fn admit_now(
-        &self,
-        config: &LimiterConfig,
-        request: AdmitRequest,
-    ) -> Option<Result<Decision, StoreError>> {
+    fn admit(&self, request: AdmitRequest) -> Self::AdmitFuture {
         match self {
-            GatewayStore::Embedded(s) => s.admit_now(config, request),
+            GatewayStore::Embedded(s) => Either::Left(s.admit(request)),
+            GatewayStore::Redis(s) => Either::Right(s.admit(request)),
+        }
+    }
+
+    fn admit_now(&self, request: AdmitRequest) -> Option<Result<Decision, StoreError>> {
+        match self {
+            GatewayStore::Embedded(s) => s.admit_now(request),
             GatewayStore::Redis(_) => None,
         }
     }
 
-    fn settler(&self, config: &LimiterConfig, model: ModelId) -> Option<GatewaySettler> {
+    fn settler(&self, model: ModelId) -> Option<Arc<dyn Settler>> {
         match self {
-            GatewayStore::Embedded(s) => s.settler(config, model).map(GatewaySettler::Embedded),
-            GatewayStore::Redis(s) => s.settler(config, model).map(GatewaySettler::Redis),
+            GatewayStore::Embedded(s) => s.settler(model),
+            GatewayStore::Redis(s) => s.settler(model),
         }
     }
 

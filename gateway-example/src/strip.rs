@@ -113,7 +113,7 @@ mod tests {
 
     #[tokio::test]
     async fn removes_only_the_usage_chunk_at_any_split() {
-        let events = tower_priority_limit::mock::chat_completion_stream("m", &["a", "b"], true);
+        let events = crate::mock::chat_completion_stream("m", &["a", "b"], true);
         let whole: Vec<u8> = events.concat();
         let usage_event = &events[events.len() - 2];
         let expected: Vec<u8> = events

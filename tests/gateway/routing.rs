@@ -491,7 +491,7 @@ async fn remaining_tokens_headers_park_until_their_reset() {
                     ("x-ratelimit-remaining-tokens", "0"),
                     ("x-ratelimit-reset-tokens", "30s"),
                 ],
-                tower_priority_limit::mock::chat_completion("m", "hi").to_string(),
+                gateway_example::mock::chat_completion("m", "hi").to_string(),
             )
         }),
     );

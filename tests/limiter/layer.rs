@@ -12,8 +12,8 @@ use http_body_util::{BodyExt, Full};
 use tower::{Layer, Service, ServiceExt};
 use tower_priority_limit::config::LimiterConfig;
 use tower_priority_limit::decision::Decision;
-use tower_priority_limit::store::{AdmitRequest, Settlement, Settler, Store, StoreError};
-use tower_priority_limit::{Limiter, PriorityLimitLayer, StoreFailure};
+use tower_priority_limit::store::{AdmitRequest, Settler, Store, StoreError};
+use tower_priority_limit::{FailureMode, Limiter, ModelLimits, PriorityLimitLayer};
 
 /// Answers every request with a 30-token JSON body.
 #[derive(Clone)]
@@ -48,7 +48,7 @@ fn layer_service_future_and_body_are_send() {
     fn assert_send<T: Send>(_: &T) {}
     let layer = PriorityLimitLayer::new(
         LimiterConfig::builder()
-            .model("m", Some(1), None)
+            .model(ModelLimits::new("m").rpm(1))
             .build()
             .unwrap(),
     );
@@ -68,7 +68,7 @@ fn layer_service_future_and_body_are_send() {
 async fn every_clone_and_every_layered_service_charges_the_same_counters() {
     let layer = PriorityLimitLayer::new(
         LimiterConfig::builder()
-            .model("m", Some(3), None)
+            .model(ModelLimits::new("m").rpm(3))
             .build()
             .unwrap(),
     );
@@ -117,7 +117,7 @@ fn poll_ready_is_the_inner_services() {
     let open = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let layer = PriorityLimitLayer::new(
         LimiterConfig::builder()
-            .model("m", Some(1), None)
+            .model(ModelLimits::new("m").rpm(1))
             .build()
             .unwrap(),
     );
@@ -131,28 +131,19 @@ fn poll_ready_is_the_inner_services() {
 
 /// A store that always fails, like an unreachable Redis.
 #[derive(Debug)]
-struct DownStore;
+struct DownStore(LimiterConfig);
 
 impl Store for DownStore {
     type AdmitFuture = Ready<Result<Decision, StoreError>>;
-    fn admit(&self, _: &LimiterConfig, _: AdmitRequest) -> Self::AdmitFuture {
+    fn config(&self) -> &LimiterConfig {
+        &self.0
+    }
+    fn admit(&self, _: AdmitRequest) -> Self::AdmitFuture {
         std::future::ready(Err(StoreError::Unavailable("connection refused".into())))
     }
-    type Settler = NoSettler;
-    fn settler(
-        &self,
-        _: &LimiterConfig,
-        _: tower_priority_limit::config::ModelId,
-    ) -> Option<NoSettler> {
+    fn settler(&self, _: tower_priority_limit::config::ModelId) -> Option<Arc<dyn Settler>> {
         None
     }
-}
-
-#[derive(Debug)]
-struct NoSettler;
-
-impl Settler for NoSettler {
-    fn settle(&self, _: Settlement) {}
 }
 
 fn down_layer() -> PriorityLimitLayer<
@@ -161,10 +152,10 @@ fn down_layer() -> PriorityLimitLayer<
     DownStore,
 > {
     let config = LimiterConfig::builder()
-        .model("m", Some(1), None)
+        .model(ModelLimits::new("m").rpm(1))
         .build()
         .unwrap();
-    PriorityLimitLayer::from_limiter(Arc::new(Limiter::with_store(config, DownStore)))
+    PriorityLimitLayer::with_limiter(Arc::new(Limiter::with_store(DownStore(config))))
 }
 
 #[tokio::test]
@@ -184,7 +175,7 @@ async fn store_failure_is_closed_by_default_503() {
 #[tokio::test]
 async fn store_failure_open_serves_unlimited() {
     let mut svc = down_layer()
-        .on_store_failure(StoreFailure::Open)
+        .on_store_failure(FailureMode::Open)
         .layer(ok_service());
     for _ in 0..3 {
         let resp = svc.ready().await.unwrap().call(chat()).await.unwrap();

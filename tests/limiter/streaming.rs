@@ -16,10 +16,8 @@ use tower::{Layer, Service, ServiceExt};
 
 use tower_priority_limit::clock::ManualClock;
 use tower_priority_limit::config::{LimiterConfig, ModelId, PoolRef};
-use tower_priority_limit::store::{
-    AdmitRequest, MemorySettler, MemoryStore, Settlement, Settler, Store,
-};
-use tower_priority_limit::{Limiter, PriorityLimitLayer};
+use tower_priority_limit::store::{AdmitRequest, MemoryStore, Settlement, Settler, Store};
+use tower_priority_limit::{Limiter, ModelLimits, PriorityLimitLayer};
 
 /// The embedded store, counting settlements, so "exactly once" is checked, not assumed.
 #[derive(Debug)]
@@ -28,25 +26,26 @@ struct CountingStore {
     settles: Arc<AtomicUsize>,
 }
 
-#[derive(Debug)]
 struct CountingSettler {
-    inner: MemorySettler,
+    inner: Arc<dyn Settler>,
     settles: Arc<AtomicUsize>,
 }
 
 impl Store for CountingStore {
     type AdmitFuture = <MemoryStore as Store>::AdmitFuture;
-    type Settler = CountingSettler;
-    fn admit(&self, config: &LimiterConfig, request: AdmitRequest) -> Self::AdmitFuture {
-        self.inner.admit(config, request)
+    fn config(&self) -> &LimiterConfig {
+        self.inner.config()
     }
-    fn settler(&self, config: &LimiterConfig, model: ModelId) -> Option<CountingSettler> {
-        self.inner
-            .settler(config, model)
-            .map(|inner| CountingSettler {
+    fn admit(&self, request: AdmitRequest) -> Self::AdmitFuture {
+        self.inner.admit(request)
+    }
+    fn settler(&self, model: ModelId) -> Option<Arc<dyn Settler>> {
+        self.inner.settler(model).map(|inner| {
+            Arc::new(CountingSettler {
                 inner,
                 settles: self.settles.clone(),
-            })
+            }) as Arc<dyn Settler>
+        })
     }
 }
 
@@ -58,7 +57,7 @@ impl Settler for CountingSettler {
 }
 
 type TestLimiter = Limiter<CountingStore>;
-type Body = tower_priority_limit::ResponseBody<TestBody, CountingStore>;
+type Body = tower_priority_limit::ResponseBody<TestBody>;
 
 fn settles(limiter: &TestLimiter) -> usize {
     limiter.store().settles.load(Ordering::SeqCst)
@@ -70,23 +69,19 @@ type TestBody =
 
 fn limiter() -> Arc<TestLimiter> {
     let config = LimiterConfig::builder()
-        .model("m", None, Some(1_000_000_000))
+        .model(ModelLimits::new("m").tpm(1_000_000_000))
         .build()
         .unwrap();
     let store = CountingStore {
         inner: MemoryStore::with_clock(&config, ManualClock::new()),
         settles: Arc::default(),
     };
-    Arc::new(Limiter::with_store(config, store))
+    Arc::new(Limiter::with_store(store))
 }
 
 fn tokens(limiter: &TestLimiter) -> u64 {
     let id = limiter.config().model_id("m").unwrap();
-    let (model, _) = limiter
-        .store()
-        .inner
-        .usage(limiter.config(), id, PoolRef::Default)
-        .unwrap();
+    let (model, _) = limiter.store().inner.usage(id, PoolRef::Default).unwrap();
     model.tokens
 }
 
@@ -122,7 +117,7 @@ fn svc(
             )
         }
     });
-    PriorityLimitLayer::from_limiter(limiter.clone()).layer(inner)
+    PriorityLimitLayer::with_limiter(limiter.clone()).layer(inner)
 }
 
 fn split(whole: &[u8], at: usize) -> Chunks {
@@ -283,7 +278,7 @@ async fn client_disconnect_over_http_charges_what_was_streamed() {
     };
     let app = axum::Router::new()
         .route("/v1/chat/completions", post(handler))
-        .layer(PriorityLimitLayer::from_limiter(limiter.clone()));
+        .layer(PriorityLimitLayer::with_limiter(limiter.clone()));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });

@@ -11,9 +11,9 @@ use integration_tests::app::{json_body, shift_redis_windows, App};
 use integration_tests::redis::{RedisCluster, RedisServer};
 use tower_priority_limit::clock::ManualClock;
 use tower_priority_limit::config::{FailureMode, LimiterConfig, Reservation};
-use tower_priority_limit::decision::{Admitted, Rejected};
+use tower_priority_limit::decision::{Admitted, Refused};
 use tower_priority_limit::store::{RedisStore, RedisTarget, Store};
-use tower_priority_limit::{Acquired, Limiter};
+use tower_priority_limit::{Acquired, Limiter, ModelLimits};
 
 async fn redis_limiter(
     config: LimiterConfig,
@@ -25,7 +25,7 @@ async fn redis_limiter(
         .connect(&config)
         .await
         .expect("redis store");
-    Arc::new(Limiter::with_store(config, store))
+    Arc::new(Limiter::with_store(store))
 }
 
 fn single(redis: &RedisServer) -> RedisTarget {
@@ -36,13 +36,11 @@ fn single(redis: &RedisServer) -> RedisTarget {
 #[derive(Debug, PartialEq)]
 enum Outcome {
     Admitted(Admitted),
-    Rejected(Rejected),
+    Refused(Refused),
     Unknown,
 }
 
-fn outcome<St: Store>(
-    acquired: Acquired<St>,
-) -> (Outcome, Option<tower_priority_limit::Lease<St>>) {
+fn outcome(acquired: Acquired) -> (Outcome, Option<tower_priority_limit::Lease>) {
     match acquired {
         Acquired::Admitted { lease, admitted } => (
             Outcome::Admitted(Admitted {
@@ -54,14 +52,14 @@ fn outcome<St: Store>(
             }),
             Some(lease),
         ),
-        Acquired::Rejected(r) => (
-            Outcome::Rejected(Rejected {
+        Acquired::Refused(r) => (
+            Outcome::Refused(Refused {
                 retry_after_ms: 0,
                 ..r
             }),
             None,
         ),
-        Acquired::UnknownModel => (Outcome::Unknown, None),
+        Acquired::NotLimited => (Outcome::Unknown, None),
     }
 }
 
@@ -86,8 +84,8 @@ async fn lua_script_and_decide_agree_step_by_step() {
         return;
     };
     let config = LimiterConfig::builder()
-        .model("m", Some(12), Some(300))
-        .model("tokens-only", None, Some(200))
+        .model(ModelLimits::new("m").rpm(12).tpm(300))
+        .model(ModelLimits::new("tokens-only").tpm(200))
         .reserve("prod", Reservation::Percent(0.6))
         .reserve("dev", Reservation::Percent(0.15))
         .default_priority(0.2)
@@ -160,8 +158,8 @@ async fn lua_script_and_decide_agree_step_by_step() {
 }
 
 async fn settle_both(
-    a: tower_priority_limit::Lease<tower_priority_limit::store::MemoryStore>,
-    b: tower_priority_limit::Lease<RedisStore>,
+    a: tower_priority_limit::Lease,
+    b: tower_priority_limit::Lease,
     tokens: u64,
     shared: &Limiter<RedisStore>,
 ) {
@@ -178,7 +176,7 @@ async fn three_processes_share_one_exact_limit() {
         return;
     };
     let config = LimiterConfig::builder()
-        .model("m", Some(100), None)
+        .model(ModelLimits::new("m").rpm(100))
         .store_timeout(Duration::from_secs(2)) // exact shared counting, never the local fallback
         .build()
         .unwrap();
@@ -214,7 +212,7 @@ async fn window_rolls_over_on_redis_time() {
         return;
     };
     let config = LimiterConfig::builder()
-        .model("m", Some(2), None)
+        .model(ModelLimits::new("m").rpm(2))
         .window(Duration::from_millis(300))
         .build()
         .unwrap();
@@ -226,7 +224,7 @@ async fn window_rolls_over_on_redis_time() {
         )
     };
     assert!(admit().await && admit().await);
-    let Acquired::Rejected(r) = limiter.acquire("m", None, 0).await.unwrap() else {
+    let Acquired::Refused(r) = limiter.acquire("m", None, 0).await.unwrap() else {
         panic!("the third request in the window is refused");
     };
     assert!(
@@ -247,8 +245,8 @@ async fn every_key_expires_and_settlements_are_flushed() {
         return;
     };
     let config = LimiterConfig::builder()
-        .model("a", Some(10), Some(1000))
-        .model("b", None, Some(1000))
+        .model(ModelLimits::new("a").rpm(10).tpm(1000))
+        .model(ModelLimits::new("b").tpm(1000))
         .reserve("prod", Reservation::Percent(0.5))
         .build()
         .unwrap();
@@ -438,7 +436,7 @@ async fn a_full_settlement_queue_drops_and_counts() {
         return;
     };
     let config = LimiterConfig::builder()
-        .model("m", None, Some(1_000_000))
+        .model(ModelLimits::new("m").tpm(1_000_000))
         .failure_mode(FailureMode::Local)
         .build()
         .unwrap();
@@ -448,7 +446,7 @@ async fn a_full_settlement_queue_drops_and_counts() {
         .connect(&config)
         .await
         .unwrap();
-    let limiter = Limiter::with_store(config, store);
+    let limiter = Limiter::with_store(store);
     let mut leases = Vec::new();
     for _ in 0..50 {
         let Acquired::Admitted { lease, .. } = limiter.acquire("m", None, 0).await.unwrap() else {
@@ -483,7 +481,7 @@ async fn settlements_made_during_an_outage_reach_redis_when_it_returns() {
         return;
     };
     let config = LimiterConfig::builder()
-        .model("m", Some(100), Some(10_000))
+        .model(ModelLimits::new("m").rpm(100).tpm(10_000))
         .build()
         .unwrap();
     let limiter = redis_limiter(config, single(&redis), "outage:").await;
@@ -540,7 +538,7 @@ async fn huge_token_counts_are_clamped_not_wrapped() {
         return;
     };
     let config = LimiterConfig::builder()
-        .model("m", Some(100), Some(1000))
+        .model(ModelLimits::new("m").rpm(100).tpm(1000))
         .build()
         .unwrap();
     let limiter = redis_limiter(config, single(&redis), "huge:").await;
@@ -550,7 +548,7 @@ async fn huge_token_counts_are_clamped_not_wrapped() {
         }
         limiter.store().flush().await;
     }
-    let Acquired::Rejected(r) = limiter.acquire("m", None, 0).await.unwrap() else {
+    let Acquired::Refused(r) = limiter.acquire("m", None, 0).await.unwrap() else {
         panic!("over TPM: refused");
     };
     assert_eq!(r.used, (1 << 53) - 1);
@@ -567,11 +565,11 @@ async fn a_flushed_script_cache_costs_one_eval() {
         return;
     };
     let config = LimiterConfig::builder()
-        .model("m", Some(100), None)
+        .model(ModelLimits::new("m").rpm(100))
         .build()
         .unwrap();
     let limiter = redis_limiter(config, single(&redis), "noscript:").await;
-    let admitted = |a: Acquired<RedisStore>| matches!(a, Acquired::Admitted { .. });
+    let admitted = |a: Acquired| matches!(a, Acquired::Admitted { .. });
     assert!(admitted(limiter.acquire("m", None, 0).await.unwrap()));
     redis.cli(&["script", "flush"]);
     redis.cli(&["config", "resetstat"]);
@@ -599,7 +597,7 @@ async fn redis_cluster_limits_every_model_exactly() {
         .reserve("prod", Reservation::Percent(0.5))
         .saturation_threshold(0.0);
     for name in names {
-        builder = builder.model(name, Some(4), Some(1000));
+        builder = builder.model(ModelLimits::new(name).rpm(4).tpm(1000));
     }
     let config = builder.build().unwrap();
     let limiter = redis_limiter(config, RedisTarget::Cluster(cluster.urls()), "cluster:").await;
@@ -646,7 +644,7 @@ async fn one_evalsha_per_admission() {
         return;
     };
     let config = LimiterConfig::builder()
-        .model("m", Some(1000), Some(100_000))
+        .model(ModelLimits::new("m").rpm(1000).tpm(100_000))
         .reserve("prod", Reservation::Percent(0.5))
         .build()
         .unwrap();

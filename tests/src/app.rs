@@ -5,6 +5,7 @@ use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::keys::{KeyTable, KeyTablePriority};
 use axum::body::Body;
 use axum::http::{HeaderMap, Request, StatusCode};
 use axum::response::Response;
@@ -17,7 +18,6 @@ use hyper_util::rt::TokioExecutor;
 use serde_json::{json, Value};
 use tower_priority_limit::clock::ManualClock;
 use tower_priority_limit::config::LimiterConfig;
-use crate::keys::{KeyTable, KeyTablePriority};
 use tower_priority_limit::store::{MemoryStore, RedisStore, RedisTarget, Store};
 use tower_priority_limit::{Limiter, PriorityLimitLayer};
 
@@ -27,9 +27,9 @@ use crate::redis::RedisServer;
 /// The content pieces the mock streams.
 pub const PIECES: [&str; 4] = ["Hello", " wörld", " 🚀", "!"];
 
-/// A whole OpenAI-shaped SSE stream as strings (see [`tower_priority_limit::mock`]).
+/// A whole OpenAI-shaped SSE stream as strings (see [`gateway_example::mock`]).
 pub fn sse_events(include_usage: bool) -> Vec<String> {
-    tower_priority_limit::mock::chat_completion_stream("my-fake-model", &PIECES, include_usage)
+    gateway_example::mock::chat_completion_stream("my-fake-model", &PIECES, include_usage)
         .into_iter()
         .map(|b| String::from_utf8(b.to_vec()).unwrap())
         .collect()
@@ -51,7 +51,7 @@ pub async fn mock_chat(request: Request<Body>) -> Response {
     if v["stream"].as_bool() == Some(true) {
         let include = v["stream_options"]["include_usage"].as_bool() == Some(true);
         let model = v["model"].as_str().unwrap_or_default();
-        let frames = tower_priority_limit::mock::chat_completion_stream(model, &PIECES, include)
+        let frames = gateway_example::mock::chat_completion_stream(model, &PIECES, include)
             .into_iter()
             .map(Ok::<_, Infallible>);
         builder
@@ -62,7 +62,7 @@ pub async fn mock_chat(request: Request<Body>) -> Response {
         builder
             .header("content-type", "application/json")
             .body(Body::from(
-                tower_priority_limit::mock::chat_completion(
+                gateway_example::mock::chat_completion(
                     v["model"].as_str().unwrap_or_default(),
                     &content,
                 )
@@ -182,7 +182,7 @@ impl App<RedisStore> {
             .connect(&config)
             .await
             .expect("redis store");
-        let limiter = Arc::new(Limiter::with_store(config, store));
+        let limiter = Arc::new(Limiter::with_store(store));
         let time = TimeControl::Redis {
             client: ::redis::Client::open(server.url()).unwrap(),
             prefix,
@@ -204,7 +204,7 @@ impl<St: Store> App<St> {
         >,
     ) -> App<St> {
         let keys = Arc::new(KeyTable::new());
-        let layer = PriorityLimitLayer::from_limiter(limiter.clone())
+        let layer = PriorityLimitLayer::with_limiter(limiter.clone())
             .priority_extractor(KeyTablePriority::new(keys.clone()));
         let app = Router::new()
             .route("/v1/chat/completions", post(mock_chat))

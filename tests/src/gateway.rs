@@ -217,11 +217,7 @@ impl Gw {
             panic!("tokens() reads the embedded store");
         };
         let (usage, _) = store
-            .usage(
-                limiter.config(),
-                id,
-                tower_priority_limit::config::PoolRef::Default,
-            )
+            .usage(id, tower_priority_limit::config::PoolRef::Default)
             .unwrap();
         usage.tokens
     }

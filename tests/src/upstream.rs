@@ -12,8 +12,8 @@ use axum::http::{HeaderMap, Response, StatusCode};
 use axum::routing::post;
 use axum::Router;
 use futures_util::StreamExt;
+use gateway_example::mock::{chat_completion, chat_completion_stream};
 use serde_json::{json, Value};
-use tower_priority_limit::mock::{chat_completion, chat_completion_stream};
 
 /// One request the upstream received.
 #[derive(Debug, Clone)]

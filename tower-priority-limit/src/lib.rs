@@ -92,7 +92,6 @@ pub mod clock;
 pub mod config;
 pub mod decision;
 pub mod meter;
-pub mod mock;
 pub mod model;
 pub mod priority;
 pub mod store;

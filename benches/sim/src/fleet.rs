@@ -45,7 +45,7 @@ pub fn router(deployments: &[Deployment], settings: RouterSettings, clock: &Manu
     Router::new(
         deployments,
         settings,
-        Arc::new(Limiter::with_store(limits, store)),
+        Arc::new(Limiter::with_store(store)),
         Arc::new(clock.clone()),
     )
 }

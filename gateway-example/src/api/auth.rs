@@ -1,7 +1,8 @@
 //! Who is calling: the master key, a generated key, or nobody.
 //!
-//! Keys come as `Authorization: Bearer <key>` or `x-api-key: <key>`. The caller's priority (team →
-//! key → none, SPEC §1.2) goes into the request as a [`Priority`] extension for the limiter.
+//! Keys come as `Authorization: Bearer <key>` or `x-api-key: <key>`. The caller's priority (the
+//! team's, else the key's own, else none) goes into the request as a [`Priority`] extension for
+//! the limiter.
 //!
 //! The master key is checked against the config, never the key store, so it keeps working while
 //! a shared key store (Redis) is down. A generated key the store cannot check gets a 503, not a
@@ -12,7 +13,8 @@ use std::sync::Arc;
 use axum::extract::{Request, State};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use tower_priority_limit::priority::{api_key, Priority};
+use http::header::{HeaderName, AUTHORIZATION};
+use tower_priority_limit::priority::Priority;
 
 use crate::api::keys::store_error;
 use crate::error::ApiError;
@@ -62,6 +64,25 @@ async fn identify(gw: &Gateway, key: Option<&str>) -> Result<(Caller, Option<Arc
             "Authentication Error, Invalid proxy server token passed.",
         )),
     }
+}
+
+/// The API key of a request: `Authorization: Bearer <key>`, else `x-api-key`.
+pub fn api_key<B>(request: &http::Request<B>) -> Option<&str> {
+    static X_API_KEY: HeaderName = HeaderName::from_static("x-api-key");
+    let headers = request.headers();
+    if let Some(v) = headers.get(AUTHORIZATION).and_then(|v| v.to_str().ok()) {
+        let v = v.trim();
+        if let Some(rest) = v
+            .strip_prefix("Bearer ")
+            .or_else(|| v.strip_prefix("bearer "))
+        {
+            return Some(rest.trim());
+        }
+    }
+    headers
+        .get(&X_API_KEY)
+        .and_then(|v| v.to_str().ok())
+        .map(str::trim)
 }
 
 /// Requires the master key or a generated key.

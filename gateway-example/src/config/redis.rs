@@ -2,7 +2,6 @@
 
 use serde_json::Value;
 use tower_priority_limit::config::{ConfigError, Node};
-use tower_priority_limit::store::redact_url;
 
 use super::{RedisTarget, DEFAULT_REDIS_KEY_PREFIX, DEFAULT_REDIS_PORT};
 
@@ -84,6 +83,8 @@ fn parse_port(s: &str, path: &str) -> Result<u16, ConfigError> {
 
 /// A `redis://`, `rediss://` or `unix://` URL the Redis client accepts.
 fn redis_url(url: &str, path: &str) -> Result<String, ConfigError> {
+    // The store's own redaction, so a password never reaches an error message either.
+    let redact_url = |url: &str| RedisTarget::Single(url.to_owned()).redacted();
     const SCHEMES: [&str; 4] = ["redis://", "rediss://", "unix://", "redis+unix://"];
     if !SCHEMES.iter().any(|s| url.starts_with(s)) {
         return Err(ConfigError::new(

@@ -12,7 +12,7 @@ use tower_priority_limit::clock::Clock;
 use tower_priority_limit::config::{LimiterConfig, ModelId, PoolRef};
 use tower_priority_limit::decision::{Decision, Millis};
 use tower_priority_limit::model::ModelName;
-use tower_priority_limit::{Lease, Limiter};
+use tower_priority_limit::{Lease, Limiter, ModelLimits};
 
 use super::body::InFlight;
 use super::budget::RetryBudget;
@@ -76,7 +76,7 @@ pub struct Router {
 pub struct Chosen {
     /// Index of the deployment in the config.
     pub index: usize,
-    pub(super) lease: Option<Lease<GatewayStore>>,
+    pub(super) lease: Option<Lease>,
 }
 
 /// No deployment of a group can take the request now.
@@ -96,7 +96,10 @@ pub fn deployment_limits(deployments: &[Deployment], groups: &LimiterConfig) -> 
         .expected_nodes(settings.shared.expected_nodes)
         .store_timeout(settings.shared.timeout);
     for d in deployments {
-        builder = builder.model(d.id.clone(), d.rpm, d.tpm);
+        let mut limits = ModelLimits::new(d.id.as_str());
+        limits.rpm = d.rpm;
+        limits.tpm = d.tpm;
+        builder = builder.model(limits);
     }
     // Ids are unique and limits validated with the deployment, so this cannot fail; an empty
     // config is the fallback that limits nothing.
@@ -296,7 +299,7 @@ impl Router {
                         lease: Some(lease),
                     });
                 }
-                Ok(Decision::Reject(rejected)) => {
+                Ok(Decision::Refuse(rejected)) => {
                     // Full: not unhealthy. It has room again when its window rolls.
                     let at_ms = now.saturating_add(rejected.retry_after_ms);
                     if earliest.is_none_or(|e| at_ms < e) {

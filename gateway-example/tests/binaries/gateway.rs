@@ -59,7 +59,7 @@ async fn sigterm_lets_in_flight_requests_finish() {
         "/v1/chat/completions",
         post(|| async {
             tokio::time::sleep(Duration::from_millis(800)).await;
-            axum::Json(tower_priority_limit::mock::chat_completion("slow", "done"))
+            axum::Json(gateway_example::mock::chat_completion("slow", "done"))
         }),
     );
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

@@ -1,7 +1,8 @@
 //! OpenAI-shaped mock answers: a `chat.completion` body and a `chat.completion.chunk` SSE stream,
-//! both reporting prompt 10 + completion 20 = 30 tokens (a gateway deployment's `mock_response`).
+//! both reporting prompt 10 + completion 20 = 30 tokens.
 //!
-//! For examples, tests, benchmarks and a gateway's `mock_response`; one definition serves them all.
+//! A deployment's `mock_response`, the `mock-upstream` server, the tests and the benchmarks all
+//! answer with these; one definition serves them all.
 
 use bytes::Bytes;
 use serde_json::{json, Value};
@@ -72,7 +73,7 @@ pub fn chat_completion_stream(model: &str, pieces: &[&str], include_usage: bool)
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::meter::{Tokens, UsageMeter};
+    use tower_priority_limit::meter::{Tokens, UsageMeter};
 
     #[test]
     fn mock_answers_meter_as_30_tokens() {
