@@ -11,7 +11,7 @@
 //!
 //! Modules import downward only, each from those before it:
 //!
-//! `error`, `signal`, `store`, `strip`, `mock` (OpenAI-shaped mock answers) ← `mock_upstream` ←
+//! `error`, `logging`, `signal`, `store`, `strip`, `mock` (OpenAI-shaped mock answers) ← `mock_upstream` ←
 //! `config` ← `keys` ← `chat` (request types) ← `upstream` (real and mock deployments) ←
 //! `routing` (router, health, attempts, admission, serve) ← `gateway` ([`Gateway`] and its
 //! builder) ← `api` (axum handlers, auth) ← `lib` (the routes) / `main`.
@@ -24,6 +24,7 @@ pub mod config;
 pub mod error;
 mod gateway;
 pub mod keys;
+pub mod logging;
 pub mod mock;
 pub mod mock_upstream;
 pub mod routing;

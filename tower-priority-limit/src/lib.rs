@@ -72,11 +72,11 @@
 //! ## Time
 //!
 //! Windows are fixed, 60 s by default, per counter pair, measured on a [`clock::Clock`] that tests
-//! replace with [`clock::ManualClock`] or [`clock::TokioClock`].
+//! replace with [`clock::ManualClock`] or `clock::TokioClock` (the `tokio` feature).
 //!
 //! ## Features
 //!
-//! - `tokio` (default): [`clock::TokioClock`], which follows tokio's pausable clock.
+//! - `tokio` (default): `clock::TokioClock`, which follows tokio's pausable clock.
 //! - `redis`: `store::RedisStore`.
 //! - `gateway-helpers`: what an OpenAI-compatible gateway shares with this crate (the YAML walker
 //!   whose errors name the path, a bounded body read, the OpenAI error shape). A tower user needs

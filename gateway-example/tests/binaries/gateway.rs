@@ -50,6 +50,21 @@ fn an_invalid_config_names_the_yaml_path_and_exits_non_zero() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// Logs written to a pipe (or a file) carry no colour codes: only a terminal gets them.
+#[test]
+fn logs_to_a_pipe_have_no_colour_codes() {
+    let out = Command::new(BIN)
+        .arg("--config")
+        .arg("/nonexistent/gateway-config.yaml")
+        .env_remove("NO_COLOR")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let log = String::from_utf8_lossy(&out.stdout);
+    assert!(log.contains("ERROR"), "the failure is logged: {log:?}");
+    assert!(!log.contains('\u{1b}'), "no escape codes in {log:?}");
+}
+
 /// A slow upstream answers after 800 ms; SIGTERM arrives while the request is in flight. The
 /// request still completes, then the process exits cleanly.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
