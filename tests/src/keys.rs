@@ -4,8 +4,8 @@
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 
-use http::header::{HeaderName, AUTHORIZATION};
 use http::Request;
+use gateway_example::api::auth::api_key;
 use tower_priority_limit::priority::PriorityExtractor;
 
 /// Keys and teams with their priorities, resolved team → key → default (the gateway's rule),
@@ -107,25 +107,6 @@ impl KeyTablePriority {
     pub fn new(table: Arc<KeyTable>) -> Self {
         Self { table }
     }
-}
-
-/// The API key of a request: `Authorization: Bearer <key>`, else `x-api-key`.
-pub fn api_key<B>(request: &Request<B>) -> Option<&str> {
-    static X_API_KEY: HeaderName = HeaderName::from_static("x-api-key");
-    let headers = request.headers();
-    if let Some(v) = headers.get(AUTHORIZATION).and_then(|v| v.to_str().ok()) {
-        let v = v.trim();
-        if let Some(rest) = v
-            .strip_prefix("Bearer ")
-            .or_else(|| v.strip_prefix("bearer "))
-        {
-            return Some(rest.trim());
-        }
-    }
-    headers
-        .get(&X_API_KEY)
-        .and_then(|v| v.to_str().ok())
-        .map(str::trim)
 }
 
 impl<B> PriorityExtractor<B> for KeyTablePriority {
