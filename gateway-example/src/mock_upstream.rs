@@ -101,7 +101,7 @@ pub enum Latency {
     None,
     /// Always this long.
     Fixed(Duration),
-    /// Exponentially distributed with this mean (a memoryless service time, as in SPEC §2.1's
+    /// Exponentially distributed with this mean (a memoryless service time, as in the source's
     /// routing study).
     Exponential {
         /// The mean delay.

@@ -1,5 +1,5 @@
-//! Experiment 1, the cascade (SPEC §2.1): 4 deployments × 600 requests/min, 600 minutes, offered
-//! 40/70/90/100/120 % of capacity, under the source's policy and under ours.
+//! Experiment 1, the cascade (the source study): 4 deployments × 600 requests/min, 600 minutes,
+//! offered 40/70/90/100/120 % of capacity, under the source's policy and under ours.
 //!
 //! # The source's model, as worked out from its table
 //!
@@ -29,7 +29,7 @@
 //!   demand is dropped.
 //!
 //! With these rules the removed-minute counts are exact and every served/dropped figure lands
-//! within ±0.2 % of the SPEC's (±0.01 % on seed 1, which overflows exactly one deployment in
+//! within ±0.2 % of the study's (±0.01 % on seed 1, which overflows exactly one deployment in
 //! minute 1 as the source's run did and so reproduces 721,800 to the request; one, two or three
 //! overflowing give 721,800 / 721,200 / 720,600). The one draw that breaks it is all four coins
 //! coming up 1 in the first overflowing minute at 100 % (1 in 16 per such minute; none in seeds
@@ -46,10 +46,10 @@
 //! gateway answers 429 with `retry-after`); nothing is ever removed for being full. Requests take
 //! no time here: the cascade is about requests per minute, not concurrency.
 //!
-//! At exactly 100 % ours refuses a few tenths of a percent: the limiter's windows start at a
-//! deployment's first request (SPEC §1.4), not on the minute, so some 60 s windows are offered a
-//! few more than 2,400 requests (arrival instants are random) and the next one a few fewer,
-//! which the refused requests cannot use.
+//! At exactly 100 % ours refuses a few tenths of a percent: the limiter's windows are not aligned
+//! to the minute (a window starts at the first request that touches it, here a deployment's
+//! first request), so some 60 s windows are offered a few more than 2,400 requests (arrival
+//! instants are random) and the next one a few fewer, which the refused requests cannot use.
 
 use serde::Serialize;
 
@@ -63,15 +63,15 @@ use rand::RngExt;
 pub const DEPLOYMENTS: usize = 4;
 /// Each deployment's requests per minute.
 pub const RPM: u64 = 600;
-/// The offered loads of the SPEC's table, in % of capacity.
+/// The offered loads of the study's table, in % of capacity.
 pub const LOADS: [u32; 5] = [40, 70, 90, 100, 120];
 /// Extra loads run (with the table's) for the goodput plot, so the cliff at 100 % shows.
 pub const PLOT_LOADS: [u32; 7] = [10, 25, 55, 80, 95, 105, 150];
-/// Minutes simulated in the SPEC's study.
+/// Minutes simulated in the source study.
 pub const MINUTES: u32 = 600;
 
-/// The SPEC's row: load %, minutes with a removed deployment, with all removed, served, dropped.
-pub const SPEC: [(u32, u64, u64, u64, u64); 5] = [
+/// The study's row: load %, minutes with a removed deployment, with all removed, served, dropped.
+pub const STUDY: [(u32, u64, u64, u64, u64); 5] = [
     (40, 0, 0, 577_171, 0),
     (70, 0, 0, 1_009_186, 0),
     (90, 0, 0, 1_297_187, 0),
@@ -133,7 +133,7 @@ pub struct Params {
 }
 
 impl Params {
-    /// The SPEC's run (plus the plot's extra loads).
+    /// The study's run (plus the plot's extra loads).
     pub fn full(seed: u64) -> Self {
         Self {
             minutes: MINUTES,
@@ -263,10 +263,10 @@ pub async fn ours(load_pct: u32, minutes: u32, seed: u64) -> Row {
     row
 }
 
-/// The report's tables: the source reproduced (with the SPEC's figures beside it), and ours.
+/// The report's tables: the source reproduced (with the study's figures beside it), and ours.
 pub fn render(report: &Report) -> String {
     let mut out = String::new();
-    let spec_run = report.minutes == MINUTES;
+    let study_run = report.minutes == MINUTES;
     out.push_str(&format!(
         "### Cascade: {DEPLOYMENTS} deployments × {RPM}/min, {} minutes, capacity {}\n\n",
         report.minutes,
@@ -292,18 +292,18 @@ pub fn render(report: &Report) -> String {
         ]);
     }
     out.push_str(&t.render());
-    if spec_run {
-        out.push_str("\nAgainst SPEC §2.1 (same layout; Δ = reproduced vs SPEC):\n\n");
+    if study_run {
+        out.push_str("\nAgainst the source study's numbers (same layout; Δ = reproduced vs the study's):\n\n");
         let mut t = Table::new([
             "offered load",
-            "removed minutes (SPEC)",
-            "all removed (SPEC)",
-            "served (SPEC)",
+            "removed minutes (study)",
+            "all removed (study)",
+            "served (study)",
             "Δ served",
-            "dropped (SPEC)",
+            "dropped (study)",
             "Δ dropped",
         ]);
-        for (load, removed, all, served, dropped) in SPEC {
+        for (load, removed, all, served, dropped) in STUDY {
             let Some(r) = report.source.iter().find(|r| r.load_pct == load) else {
                 continue;
             };
@@ -344,7 +344,7 @@ pub fn render(report: &Report) -> String {
     out
 }
 
-/// The rows of the SPEC's loads, in its order (plot-only loads left out of the tables).
+/// The rows of the study's loads, in its order (plot-only loads left out of the tables).
 fn table_rows(rows: &[Row]) -> impl Iterator<Item = &Row> {
     LOADS
         .iter()

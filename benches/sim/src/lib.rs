@@ -1,8 +1,8 @@
 //! # sim
 //!
-//! A deterministic simulator that runs the experiments of the source's study (SPEC §2.1) and the
-//! worked example (SPEC §1.7) on the project's **real** code: the limiter's decision and counters
-//! ([`tower_priority_limit::Limiter`]) and the gateway's router
+//! A deterministic simulator that runs the experiments of the source study and the worked
+//! example (docs/behaviour.md, "A worked example") on the project's **real** code: the limiter's
+//! decision and counters ([`tower_priority_limit::Limiter`]) and the gateway's router
 //! ([`gateway_example::routing::Router`] and its strategies), through their public interfaces.
 //! Nothing of their logic is copied here; what is modelled here is only the world around them
 //! (arrivals, upstream service times and failures) and, for comparison, the source's own

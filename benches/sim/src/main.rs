@@ -1,5 +1,5 @@
 //! `sim`: runs the study's experiments on the real limiter and router and prints their tables
-//! (Markdown, in the SPEC's layout) or JSON, and writes the plots.
+//! (Markdown, in the study's layout) or JSON, and writes the plots.
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -17,13 +17,14 @@ enum Experiment {
     Routing,
     /// Calls multiplier and failures left, independent and correlated failures.
     Retries,
-    /// SPEC §1.7 on the real limiter.
+    /// The worked example (docs/behaviour.md, "A worked example") on the real limiter.
     WorkedExample,
     /// All of the above.
     All,
 }
 
-/// Runs the SPEC §2.1 study and the §1.7 worked example on the real limiter and router.
+/// Runs the source study and the worked example (docs/behaviour.md, "A worked example") on the
+/// real limiter and router.
 #[derive(Debug, Parser)]
 #[command(name = "sim", version)]
 struct Args {

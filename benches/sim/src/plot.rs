@@ -198,7 +198,8 @@ fn draw_routing(report: &routing::Report, path: &Path) -> Result<(), Box<dyn Err
     Ok(())
 }
 
-/// Tokens served to A and B per window, one panel per threshold, SPEC figures marked.
+/// Tokens served to A and B per window, one panel per threshold, the worked example's figures
+/// marked.
 pub fn worked_example(report: &worked_example::Report, dir: &Path) -> PlotResult {
     let path = dir.join("worked-example.svg");
     draw_worked_example(report, &path)?;
@@ -210,7 +211,7 @@ fn draw_worked_example(report: &worked_example::Report, path: &Path) -> Result<(
     root.fill(&WHITE)?;
     let (title, body) = root.split_vertically(40);
     title.titled(
-        "Worked example (SPEC §1.7): tokens served per team per 60 s window, tpm 1000, 50/50 floors",
+        "Worked example: tokens served per team per 60 s window, tpm 1000, 50/50 floors",
         (FONT, 18),
     )?;
     let panels = body.split_evenly((1, report.runs.len().max(1)));
@@ -244,9 +245,9 @@ fn draw_worked_example(report: &worked_example::Report, path: &Path) -> Result<(
             .draw()?;
         for (i, w) in run.windows.iter().enumerate() {
             let x = i as f64;
-            for (offset, served, spec, color, team) in [
-                (0.12, w.a_served, w.spec_a, TEAM_A, "A"),
-                (0.52, w.b_served, w.spec_b, TEAM_B, "B"),
+            for (offset, served, expected, color, team) in [
+                (0.12, w.a_served, w.expected_a, TEAM_A, "A"),
+                (0.52, w.b_served, w.expected_b, TEAM_B, "B"),
             ] {
                 let (x0, x1) = (x + offset, x + offset + 0.36);
                 chart.draw_series([Rectangle::new(
@@ -258,9 +259,9 @@ fn draw_worked_example(report: &worked_example::Report, path: &Path) -> Result<(
                     (x0, served as f64 + 40.0),
                     (FONT, 12),
                 )])?;
-                if let Some(spec) = spec {
+                if let Some(expected) = expected {
                     chart.draw_series([PathElement::new(
-                        [(x0 - 0.02, spec as f64), (x1 + 0.02, spec as f64)],
+                        [(x0 - 0.02, expected as f64), (x1 + 0.02, expected as f64)],
                         BLACK.stroke_width(2),
                     )])?;
                 }
@@ -268,7 +269,7 @@ fn draw_worked_example(report: &worked_example::Report, path: &Path) -> Result<(
         }
     }
     body.draw(&Text::new(
-        "bars: served by the real limiter (A blue, B orange); black marks: SPEC §1.7",
+        "bars: served by the real limiter (A blue, B orange); black marks: the expected values",
         (60, SIZE.1 as i32 - 58),
         (FONT, 12),
     ))?;

@@ -1,5 +1,5 @@
-//! Printing: Markdown tables in the layout of the SPEC's, so a run's output can be pasted into
-//! `benches/RESULTS.md` as it is, and the number formats the SPEC uses.
+//! Printing: Markdown tables in the layout of the study's, so a run's output can be pasted into
+//! `benches/RESULTS.md` as it is, and the number formats the study uses.
 
 use std::fmt::Write as _;
 
@@ -81,7 +81,7 @@ pub fn delta_pct(got: f64, want: f64) -> String {
     format!("{:+.3}%", (got - want) / want * 100.0)
 }
 
-/// Milliseconds with one decimal, as the SPEC prints waits: `424.0 ms`.
+/// Milliseconds with one decimal, as the study prints waits: `424.0 ms`.
 pub fn ms(seconds: f64) -> String {
     format!("{:.1} ms", seconds * 1000.0)
 }

@@ -1,9 +1,9 @@
-//! Experiment 3, retries (SPEC §2.1): 200,000 requests, failure rates 0.1/1/5/20 %, at most
+//! Experiment 3, retries (the source study): 200,000 requests, failure rates 0.1/1/5/20 %, at most
 //! 1/2/3/5 tries; each cell is *calls multiplier / failures left* (upstream calls per client
 //! request, and client requests that still failed).
 //!
 //! - **Independent failures, the source's model**: every call fails with probability *p*,
-//!   independently, and a failed request is simply called again. That is the SPEC's table; it
+//!   independently, and a failed request is simply called again. That is the study's table; it
 //!   is reproduced within sampling noise (the source's own draws are not knowable).
 //! - **Independent failures, ours**: the same failures (an upstream 500 on each call with
 //!   probability *p*) through the real router: each retry goes to a deployment not yet tried,
@@ -53,8 +53,8 @@ pub const ARRIVALS_PER_SECOND: f64 = 24.0;
 /// The upstreams' rate-limit window.
 pub const WINDOW_SECONDS: f64 = 60.0;
 
-/// The SPEC's table: `[rate][tries]` = (calls multiplier, failures left).
-pub const SPEC: [[(f64, u64); 4]; 4] = [
+/// The study's table: `[rate][tries]` = (calls multiplier, failures left).
+pub const STUDY: [[(f64, u64); 4]; 4] = [
     [(1.000, 188), (1.001, 0), (1.001, 0), (1.001, 0)],
     [(1.000, 1998), (1.010, 20), (1.010, 0), (1.010, 0)],
     [(1.000, 10000), (1.050, 491), (1.053, 28), (1.053, 1)],
@@ -99,7 +99,7 @@ pub struct Grid {
 pub struct Report {
     /// Client requests per cell.
     pub requests: u64,
-    /// The source's model with independent failures (the SPEC's table).
+    /// The source's model with independent failures (the study's table).
     pub source_independent: Grid,
     /// Ours with independent failures.
     pub ours_independent: Grid,
@@ -122,7 +122,7 @@ pub struct Params {
 }
 
 impl Params {
-    /// The SPEC's run.
+    /// The study's run.
     pub fn full(seed: u64) -> Self {
         Self {
             requests: 200_000,
@@ -156,7 +156,7 @@ pub fn run(params: &Params) -> Report {
             .map(|r| (0..TRIES.len()).map(|t| f(r, t)).collect())
             .collect(),
     };
-    // The source's cells are independent samples, as the SPEC's evidently are. The policies
+    // The source's cells are independent samples, as the study's evidently are. The policies
     // under test share one world per failure rate (the same arrivals, the same rate-limited
     // windows) across every column and policy, so a difference between cells is the policy's.
     let cell_seed = |r: usize, t: usize| (r * TRIES.len() + t) as u64;
@@ -472,7 +472,7 @@ async fn ours(
     cell
 }
 
-fn grid_table(grid: &Grid, spec: bool) -> String {
+fn grid_table(grid: &Grid, study: bool) -> String {
     let mut t = Table::new(
         std::iter::once("failure rate".to_owned()).chain(TRIES.iter().map(|&k| match k {
             1 => "1 try".to_owned(),
@@ -483,9 +483,9 @@ fn grid_table(grid: &Grid, spec: bool) -> String {
         let mut cells = vec![format!("{}%", rate * 100.0)];
         for (k, c) in grid.cells[r].iter().enumerate() {
             let mut text = format!("{:.3}× / {}", c.multiplier(), thousands(c.failures_left));
-            if spec {
-                let (m, left) = SPEC[r][k];
-                text.push_str(&format!(" (SPEC {m:.3}× / {left})"));
+            if study {
+                let (m, left) = STUDY[r][k];
+                text.push_str(&format!(" (study {m:.3}× / {left})"));
             }
             cells.push(text);
         }
@@ -494,15 +494,17 @@ fn grid_table(grid: &Grid, spec: bool) -> String {
     t.render()
 }
 
-/// Every grid as a table in the SPEC's layout (`calls multiplier / failures left`).
+/// Every grid as a table in the study's layout (`calls multiplier / failures left`).
 pub fn render(report: &Report) -> String {
-    let spec = report.requests == 200_000;
+    let study = report.requests == 200_000;
     let mut out = format!(
         "### Retries: {} requests per cell, calls multiplier / failures left\n\n",
         thousands(report.requests)
     );
-    out.push_str("Independent failures, the source's model (SPEC §2.1 in parentheses):\n\n");
-    out.push_str(&grid_table(&report.source_independent, spec));
+    out.push_str(
+        "Independent failures, the source's model (the source study's numbers in parentheses):\n\n",
+    );
+    out.push_str(&grid_table(&report.source_independent, study));
     out.push_str("\nIndependent failures (upstream 500s), ours: real router, retries to untried deployments, health rules, retry budget:\n\n");
     out.push_str(&grid_table(&report.ours_independent, false));
     out.push_str(&budget_note(&report.ours_independent));

@@ -1,6 +1,6 @@
-//! Experiment 2, routing (SPEC §2.1): 4 deployments, 1,800 s, Poisson arrivals at 24 requests/s,
-//! exponential service times with mean 140 ms; each deployment serves one request at a time and
-//! queues the rest (FIFO), so utilisation is 24 × 0.14 / 4 = 84 %.
+//! Experiment 2, routing (the source study): 4 deployments, 1,800 s, Poisson arrivals at 24
+//! requests/s, exponential service times with mean 140 ms; each deployment serves one request at
+//! a time and queues the rest (FIFO), so utilisation is 24 × 0.14 / 4 = 84 %.
 //!
 //! Every strategy runs through the **real** router ([`Router::choose`] and the strategies'
 //! [`pick`](gateway_example::routing::strategy::pick)), on one arrival sequence with one service
@@ -19,7 +19,7 @@
 //!
 //! # What the source's rows are
 //!
-//! The SPEC's figures match queueing theory for this setup: round-robin is E4/M/1 per deployment
+//! The study's figures match queueing theory for this setup: round-robin is E4/M/1 per deployment
 //! (426 ms mean, 1,536 ms p95), random is M/M/1 (735 / 2,468 ms), and its least-busy (152 ms) is
 //! **not** "fewest requests in flight" (join-shortest-queue, ~180 ms here over long runs) but
 //! "the deployment that will be free first", which needs every queued request's remaining
@@ -45,8 +45,8 @@ use crate::time::{block_on, exponential, rng, VirtualTime};
 /// Deployments in the group.
 pub const DEPLOYMENTS: usize = 4;
 
-/// The SPEC's rows: strategy, mean wait ms, p95 wait ms, busiest, least busy.
-pub const SPEC: [(&str, f64, f64, u64, u64); 3] = [
+/// The study's rows: strategy, mean wait ms, p95 wait ms, busiest, least busy.
+pub const STUDY: [(&str, f64, f64, u64, u64); 3] = [
     ("round-robin", 424.0, 1521.4, 10_762, 10_761),
     ("random (simple-shuffle)", 720.4, 2455.1, 10_925, 10_579),
     ("least-busy", 152.1, 606.3, 10_904, 10_669),
@@ -68,8 +68,8 @@ pub struct Params {
 }
 
 impl Params {
-    /// The SPEC's run, replicated ten times: one 1,800 s run at 84 % utilisation lands anywhere
-    /// within about ±15 % of the long-run mean (the SPEC's own rows are one such draw), so the
+    /// The study's run, replicated ten times: one 1,800 s run at 84 % utilisation lands anywhere
+    /// within about ±15 % of the long-run mean (the study's own rows are one such draw), so the
     /// table pools ten and shows the spread of the single runs beside it.
     pub fn full(seed: u64) -> Self {
         Self {
@@ -224,7 +224,7 @@ impl Policy {
     }
 }
 
-/// The rows run, in print order: the SPEC's three with one gateway (the source's assumption,
+/// The rows run, in print order: the study's three with one gateway (the source's assumption,
 /// least-busy both as the router counts it and as the source's oracle), ours with one and four,
 /// then the baselines with four gateways for a like-for-like comparison.
 pub const RUNS: [(Policy, usize, &str); 11] = [
@@ -242,7 +242,7 @@ pub const RUNS: [(Policy, usize, &str); 11] = [
     (
         Policy::LeastWorkOracle,
         1,
-        "least-busy oracle (free first: the SPEC's model)",
+        "least-busy oracle (free first: the study's model)",
     ),
     (
         Policy::Router(Strategy::HeadroomLeastBusy),
@@ -471,7 +471,7 @@ pub fn percentile(sorted: &[f64], q: f64) -> f64 {
     sorted[rank.clamp(1, sorted.len()) - 1]
 }
 
-/// The table in the SPEC's layout, then the SPEC's own rows and ours' ratio to least-busy.
+/// The table in the study's layout, then the study's own rows and ours' ratio to least-busy.
 pub fn render(report: &Report) -> String {
     let mut out = format!(
         "### Routing: {DEPLOYMENTS} deployments, {} s × {} replications pooled, {} requests/s (Poisson), service exp(mean {:.0} ms), one at a time per deployment\n\n",
@@ -512,7 +512,7 @@ pub fn render(report: &Report) -> String {
         ]);
     }
     out.push_str(&t.render());
-    out.push_str("\nSPEC §2.1 (the source's model) and queueing theory for the same setup:\n\n");
+    out.push_str("\nThe source study's numbers (the source's model) and queueing theory for the same setup:\n\n");
     let mut t = Table::new([
         "strategy",
         "mean wait",
@@ -527,7 +527,7 @@ pub fn render(report: &Report) -> String {
         ("M/M/1", th.random),
         ("M/M/4, free first", th.least_work),
     ];
-    for ((name, mean, p95, busiest, least), (model, (t_mean, t_p95))) in SPEC.iter().zip(theory) {
+    for ((name, mean, p95, busiest, least), (model, (t_mean, t_p95))) in STUDY.iter().zip(theory) {
         t.row([
             (*name).to_owned(),
             format!("{mean:.1} ms"),
@@ -554,9 +554,9 @@ mod tests {
     use super::{percentile, theory, Params};
 
     #[test]
-    fn theory_matches_the_spec_models() {
+    fn theory_matches_the_study_models() {
         let t = theory(&Params::full(1));
-        // E4/M/1 and M/M/1 are the SPEC's round-robin and random rows to within sampling noise.
+        // E4/M/1 and M/M/1 are the study's round-robin and random rows to within sampling noise.
         assert!((t.round_robin.0 * 1000.0 - 426.3).abs() < 0.5, "{t:?}");
         assert!((t.random.0 * 1000.0 - 735.0).abs() < 0.5, "{t:?}");
         assert!((t.random.1 * 1000.0 - 2468.0).abs() < 1.0, "{t:?}");

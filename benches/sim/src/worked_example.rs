@@ -1,6 +1,6 @@
-//! Experiment 4, the worked example (SPEC §1.7) on the real limiter: `tpm: 1000`,
-//! `priority_reservation: {team_a: 0.5, team_b: 0.5}`, thresholds 0.5 and 0.8, 30-token
-//! responses, each row a fresh 60 s window.
+//! Experiment 4, the worked example (docs/behaviour.md, "A worked example") on the real limiter:
+//! `tpm: 1000`, `priority_reservation: {team_a: 0.5, team_b: 0.5}`, thresholds 0.5 and 0.8,
+//! 30-token responses, each row a fresh 60 s window.
 //!
 //! A and B are request streams as in `tests/limiter/worked_example.rs`: a window repeats a
 //! pattern of turns (`a`, `ab`, `baaa`: who sends next) until A has been refused 20 times in a row
@@ -34,10 +34,10 @@ pub struct Window {
     pub a_refused: u64,
     /// B's requests refused.
     pub b_refused: u64,
-    /// The SPEC's A served (`None`: the SPEC has no such row).
-    pub spec_a: Option<u64>,
-    /// The SPEC's B served.
-    pub spec_b: Option<u64>,
+    /// The worked example's A served (`None`: the example has no such row).
+    pub expected_a: Option<u64>,
+    /// The worked example's B served.
+    pub expected_b: Option<u64>,
 }
 
 /// One threshold's windows.
@@ -56,9 +56,9 @@ pub struct Report {
     pub runs: Vec<Run>,
 }
 
-/// (pattern, B's ask, SPEC A, SPEC B) per window, per threshold. At 0.8 A sends three requests
-/// for each of B's in window 2 (as the integration test does); window 3 at 0.8 is not in the
-/// SPEC and is shown for completeness.
+/// (pattern, B's ask, expected A, expected B) per window, per threshold. At 0.8 A sends three
+/// requests for each of B's in window 2 (as the integration test does); window 3 at 0.8 is not in
+/// the worked example and is shown for completeness.
 type Plan = [(&'static str, u64, Option<u64>, Option<u64>); 3];
 const PLANS: [(f64, Plan); 2] = [
     (
@@ -79,7 +79,7 @@ const PLANS: [(f64, Plan); 2] = [
     ),
 ];
 
-/// The example's limiter config at `threshold` (the SPEC's YAML).
+/// The example's limiter config at `threshold` (the worked example's YAML).
 pub fn config(threshold: f64) -> LimiterConfig {
     LimiterConfig::from_yaml_str(&format!(
         r#"
@@ -89,7 +89,7 @@ litellm_settings:
   priority_reservation_settings: {{saturation_threshold: {threshold}}}
 "#
     ))
-    .expect("the SPEC's worked-example config is valid")
+    .expect("the worked example's config is valid")
 }
 
 /// Runs both thresholds.
@@ -106,7 +106,7 @@ async fn run_threshold(threshold: f64, plan: &Plan) -> Run {
     let time = VirtualTime::new();
     let limiter = Limiter::with_clock(config(threshold), time.clock());
     let mut windows = Vec::new();
-    for (i, &(pattern, b_asks, spec_a, spec_b)) in plan.iter().enumerate() {
+    for (i, &(pattern, b_asks, expected_a, expected_b)) in plan.iter().enumerate() {
         // Each row is a fresh window: start it a full window after the previous one began.
         time.set(i as f64 * 60.0);
         let mut w = Window {
@@ -117,8 +117,8 @@ async fn run_threshold(threshold: f64, plan: &Plan) -> Run {
             b_served: 0,
             a_refused: 0,
             b_refused: 0,
-            spec_a,
-            spec_b,
+            expected_a,
+            expected_b,
         };
         let b_requests = b_asks.div_ceil(TOKENS);
         let mut b_sent = 0;
@@ -161,22 +161,22 @@ async fn run_threshold(threshold: f64, plan: &Plan) -> Run {
     Run { threshold, windows }
 }
 
-/// The SPEC's table layout, with the SPEC's figures beside ours.
+/// The worked example's table layout, with its figures beside ours.
 pub fn render(report: &Report) -> String {
     let mut out = String::from(
-        "### Worked example (SPEC §1.7): tpm 1000, team_a 0.5 / team_b 0.5, 30-token responses, real limiter\n\n",
+        "### [Worked example](../docs/behaviour.md#a-worked-example): tpm 1000, team_a 0.5 / team_b 0.5, 30-token responses, real limiter\n\n",
     );
     let mut t = Table::new([
         "threshold",
         "window",
         "A asks",
         "B asks",
-        "A served (SPEC)",
-        "B served (SPEC)",
+        "A served (expected)",
+        "B served (expected)",
         "B refused",
         "A refused",
     ]);
-    let spec = |v: Option<u64>| v.map_or("not in SPEC".to_owned(), |v| format!("~{v}"));
+    let expected = |v: Option<u64>| v.map_or("not given".to_owned(), |v| format!("~{v}"));
     for run in &report.runs {
         for w in &run.windows {
             t.row([
@@ -188,8 +188,8 @@ pub fn render(report: &Report) -> String {
                 } else {
                     w.b_asks.to_string()
                 },
-                format!("{} ({})", w.a_served, spec(w.spec_a)),
-                format!("{} ({})", w.b_served, spec(w.spec_b)),
+                format!("{} ({})", w.a_served, expected(w.expected_a)),
+                format!("{} ({})", w.b_served, expected(w.expected_b)),
                 w.b_refused.to_string(),
                 w.a_refused.to_string(),
             ]);

@@ -1,5 +1,5 @@
 //! The key rows of every experiment on short fixed-seed runs (the `--quick` sizes), and the
-//! source's models at the SPEC's full size where they are cheap.
+//! source's models at the study's full size where they are cheap.
 
 use gateway_example::config::RouterSettings;
 use gateway_example::config::Strategy;
@@ -9,11 +9,11 @@ use sim::{cascade, worked_example};
 
 const SEED: u64 = 1;
 
-/// The source's cascade model reproduces every figure of SPEC §2.1 within ±2 % and its
+/// The source's cascade model reproduces every figure of the source study within ±2 % and its
 /// removed-minute counts exactly, at full size (it is arithmetic, so this is cheap).
 #[test]
-fn cascade_source_model_reproduces_the_spec_table() {
-    for (load, removed, all_removed, served, dropped) in cascade::SPEC {
+fn cascade_source_model_reproduces_the_study_table() {
+    for (load, removed, all_removed, served, dropped) in cascade::STUDY {
         let row = cascade::source(load, cascade::MINUTES, SEED);
         let near = |got: u64, want: u64| (got as f64 - want as f64).abs() <= 0.02 * want as f64;
         assert!(near(row.served, served), "{load}%: {row:?}");
@@ -56,7 +56,7 @@ fn cascade_source_collapses_at_capacity_while_ours_serves_it() {
 }
 
 /// Four independent gateways running ours wait less on average than one round-robin gateway
-/// (the SPEC's best non-oracle baseline), and the baselines sit where theory puts them.
+/// (the study's best non-oracle baseline), and the baselines sit where theory puts them.
 #[test]
 fn routing_ours_beats_round_robin_and_baselines_match_theory() {
     let params = routing::Params::quick(SEED);
@@ -84,7 +84,7 @@ fn routing_ours_beats_round_robin_and_baselines_match_theory() {
         report.ours_1_vs_least_busy <= 1.1,
         "ours ×1 {ours_1} vs least-busy {least_busy}"
     );
-    // One 900 s run: within 25 % of the closed forms (the SPEC's rows are within 4 % of them).
+    // One 900 s run: within 25 % of the closed forms (the study's rows are within 4 % of them).
     let t = report.theory;
     for (got, want) in [
         (round_robin, t.round_robin.0),
@@ -108,23 +108,23 @@ fn routing_is_deterministic() {
     }
 }
 
-/// The source's independent-failure model lands on the SPEC's table within sampling noise (4σ)
+/// The source's independent-failure model lands on the study's table within sampling noise (4σ)
 /// at full size, at a few points.
 #[test]
-fn retries_source_model_matches_the_spec_table() {
+fn retries_source_model_matches_the_study_table() {
     for (r, t) in [(2, 0), (3, 1), (3, 2), (3, 3), (1, 1)] {
         let (p, tries) = (retries::RATES[r], retries::TRIES[t]);
         let cell = retries::source(200_000, p, tries, SEED, (r * 4 + t) as u64);
-        let (spec_multiplier, spec_left) = retries::SPEC[r][t];
+        let (study_multiplier, study_left) = retries::STUDY[r][t];
         let left_p = p.powi(tries as i32);
         let sigma = (200_000.0 * left_p * (1.0 - left_p)).sqrt().max(1.0);
         assert!(
-            (cell.failures_left as f64 - spec_left as f64).abs() <= 4.0 * sigma,
-            "{p}/{tries}: {cell:?} vs SPEC {spec_left}"
+            (cell.failures_left as f64 - study_left as f64).abs() <= 4.0 * sigma,
+            "{p}/{tries}: {cell:?} vs the study's {study_left}"
         );
         assert!(
-            (cell.multiplier() - spec_multiplier).abs() <= 0.005,
-            "{p}/{tries}: {cell:?} vs SPEC {spec_multiplier}"
+            (cell.multiplier() - study_multiplier).abs() <= 0.005,
+            "{p}/{tries}: {cell:?} vs the study's {study_multiplier}"
         );
     }
 }
@@ -178,14 +178,15 @@ fn retries_independent_ours_without_cooldown_matches_the_model() {
     assert_eq!(ours.budget_refused + ours.unavailable, 0, "{ours:?}");
 }
 
-/// SPEC §1.7 on the real limiter, every row within ±1 request (30 tokens).
+/// The worked example (docs/behaviour.md, "A worked example") on the real limiter, every row
+/// within ±1 request (30 tokens).
 #[test]
-fn worked_example_matches_the_spec_rows() {
+fn worked_example_matches_its_expected_rows() {
     let report = worked_example::run();
     let mut checked = 0;
     for run in &report.runs {
         for w in &run.windows {
-            for (got, want) in [(w.a_served, w.spec_a), (w.b_served, w.spec_b)] {
+            for (got, want) in [(w.a_served, w.expected_a), (w.b_served, w.expected_b)] {
                 if let Some(want) = want {
                     assert!(
                         got.abs_diff(want) <= worked_example::TOKENS,
@@ -197,7 +198,7 @@ fn worked_example_matches_the_spec_rows() {
             }
         }
     }
-    assert_eq!(checked, 10, "five SPEC rows, A and B each");
+    assert_eq!(checked, 10, "five rows of the worked example, A and B each");
     let half = &report.runs[0];
     assert_eq!(
         half.windows[2].b_refused, 0,
