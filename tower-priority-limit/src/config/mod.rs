@@ -387,7 +387,7 @@ general_settings:
 "#;
 
     #[test]
-    fn spec_example_loads() {
+    fn worked_example_config_loads() {
         let c = load(WORKED_EXAMPLE_YAML).unwrap();
         let m = c.model(c.model_id("gpt-5.6-luna").unwrap());
         assert_eq!((m.rpm, m.tpm), (Some(10), Some(1000)));
