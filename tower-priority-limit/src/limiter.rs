@@ -38,7 +38,6 @@ use crate::store::{AdmitRequest, MemoryStore, Store, StoreError};
 /// ```
 #[derive(Debug)]
 pub struct Limiter<St = MemoryStore> {
-    config: LimiterConfig,
     store: St,
     /// Hashes of unknown priority labels already logged (each is logged once). Labels may come
     /// from clients, so this is a fixed, lock-free table: a label already seen costs one hash and
@@ -81,10 +80,8 @@ impl Limiter<MemoryStore> {
 impl<St: Store> Limiter<St> {
     /// A limiter over any store, with the config the store was built for.
     pub fn with_store(store: St) -> Self {
-        let config = store.config().clone();
         Self {
-            limit_header_values: LimitHeaderValues::new(&config),
-            config,
+            limit_header_values: LimitHeaderValues::new(store.config()),
             store,
             unknown_labels: (0..UNKNOWN_LABEL_SLOTS)
                 .map(|_| AtomicU64::new(0))
@@ -94,7 +91,7 @@ impl<St: Store> Limiter<St> {
 
     /// The validated config.
     pub fn config(&self) -> &LimiterConfig {
-        &self.config
+        self.store.config()
     }
 
     /// The store.
@@ -106,7 +103,7 @@ impl<St: Store> Limiter<St> {
     /// logged once (also when the config reserves nothing at all, so a label that silently does
     /// nothing is seen).
     pub fn resolve_pool(&self, label: Option<&str>) -> PoolRef {
-        let pool = self.config.pool_of(label);
+        let pool = self.config().pool_of(label);
         if let (PoolRef::Default, Some(label)) = (pool, label) {
             self.log_unknown_label(label);
         }
@@ -118,7 +115,7 @@ impl<St: Store> Limiter<St> {
         let hash = foldhash::fast::FixedState::with_seed(0x7072_696f).hash_one(label) | 1;
         let slot = &self.unknown_labels[(hash as usize) % UNKNOWN_LABEL_SLOTS];
         if slot.load(Ordering::Relaxed) != hash && slot.swap(hash, Ordering::Relaxed) != hash {
-            if self.config.has_reservations() {
+            if self.config().has_reservations() {
                 tracing::warn!(
                     priority = label,
                     "priority not in priority_reservation; using the default pool"
@@ -172,7 +169,7 @@ impl<St: Store> Limiter<St> {
         insert_admitted_headers(
             &mut parts.headers,
             &self.limit_header_values,
-            &self.config,
+            self.config(),
             lease.model(),
             lease.pool(),
             admitted,
@@ -200,8 +197,8 @@ impl<St: Store> Limiter<St> {
         refused: &Refused,
     ) -> Response<Bytes> {
         refusal_response(
-            self.config.model(model),
-            self.config.pool_label(pool),
+            self.config().model(model),
+            self.config().pool_label(pool),
             refused,
         )
     }
@@ -211,7 +208,7 @@ impl<St: Store> Limiter<St> {
     /// in [`FailureMode::Local`](crate::FailureMode::Local) answers from its local counters, so an error reaching this far
     /// is one it could not absorb). Logged at most once a second.
     pub fn store_failure_response(&self, error: &StoreError) -> Option<Response<Bytes>> {
-        store_failure_response(self.config.settings().shared.failure_mode, error)
+        store_failure_response(self.config().settings().shared.failure_mode, error)
     }
 
     /// Resolves `model` and `priority`, admits, and hands back a lease: the whole path in one call.
@@ -221,7 +218,7 @@ impl<St: Store> Limiter<St> {
         priority: Option<&str>,
         reserve: u64,
     ) -> Result<Acquired, StoreError> {
-        let Some(id) = self.config.model_id(model) else {
+        let Some(id) = self.config().model_id(model) else {
             return Ok(Acquired::NotLimited);
         };
         let pool = self.resolve_pool(priority);
