@@ -4,8 +4,8 @@
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 
-use http::Request;
 use gateway_example::api::auth::api_key;
+use http::Request;
 use tower_priority_limit::priority::PriorityExtractor;
 
 /// Keys and teams with their priorities, resolved team → key → default (the gateway's rule),
