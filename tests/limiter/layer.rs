@@ -10,7 +10,7 @@ use bytes::Bytes;
 use http::{Request, Response};
 use http_body_util::{BodyExt, Full};
 use tower::{Layer, Service, ServiceExt};
-use tower_priority_limit::config::LimiterConfig;
+use tower_priority_limit::config::{LimiterConfig, Reservation};
 use tower_priority_limit::decision::Decision;
 use tower_priority_limit::store::{AdmitRequest, Settler, Store, StoreError};
 use tower_priority_limit::{FailureMode, Limiter, ModelLimits, PriorityLimitLayer};
@@ -182,4 +182,71 @@ async fn store_failure_open_serves_unlimited() {
         assert_eq!(resp.status(), 200);
         assert!(resp.headers().get("x-litellm-priority").is_none());
     }
+}
+
+/// Closures are extractors: the priority from a header a closure reads, the model from the path.
+/// `prod` holds 2 of the model's 4 requests and `dev` 1 at saturation 0 (threshold 0: strict from
+/// the start), so the closures' answers decide who is refused.
+#[tokio::test]
+async fn closures_extract_priority_and_model() {
+    let config = LimiterConfig::builder()
+        .model(ModelLimits::new("m").rpm(4))
+        .reserve("prod", Reservation::Percent(0.5))
+        .reserve("dev", Reservation::Percent(0.25))
+        .saturation_threshold(0.0)
+        .build()
+        .unwrap();
+    let team = |request: &Request<Full<Bytes>>| {
+        let team = request.headers().get("x-team")?.to_str().ok()?;
+        Some(team.to_owned())
+    };
+    let model = |request: &Request<Full<Bytes>>| {
+        let path = request.uri().path();
+        path.strip_prefix("/deployments/").map(str::to_owned)
+    };
+    let mut svc = PriorityLimitLayer::new(config)
+        .priority_extractor(team)
+        .model_extractor(model)
+        .layer(ok_service());
+    let call = |team: &'static str, path: &'static str| {
+        Request::post(path)
+            .header("x-team", team)
+            .body(Full::new(Bytes::new()))
+            .unwrap()
+    };
+    let mut seen = Vec::new();
+    for (team, path) in [
+        ("dev", "/deployments/m"),
+        ("dev", "/deployments/m"),
+        ("prod", "/deployments/m"),
+        ("prod", "/deployments/m"),
+        ("prod", "/deployments/m"),
+        ("dev", "/deployments/other"),
+    ] {
+        let resp = svc
+            .ready()
+            .await
+            .unwrap()
+            .call(call(team, path))
+            .await
+            .unwrap();
+        let priority = resp
+            .headers()
+            .get("x-litellm-priority")
+            .map(|v| v.to_str().unwrap().to_owned());
+        seen.push((resp.status().as_u16(), priority));
+    }
+    let p = |s: &str| Some(s.to_owned());
+    assert_eq!(
+        seen,
+        [
+            (200, p("dev")),
+            (429, p("dev")),
+            (200, p("prod")),
+            (200, p("prod")),
+            (429, p("prod")),
+            // Not a configured model: passed through unlimited, no limiter headers.
+            (200, None),
+        ]
+    );
 }
