@@ -6,4 +6,5 @@
 
 mod fleet;
 mod gateway_keys;
+mod stall;
 mod store;

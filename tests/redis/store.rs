@@ -237,8 +237,8 @@ async fn window_rolls_over_on_redis_time() {
     assert!(!admit().await);
 }
 
-/// Every key the store writes has a TTL no longer than its window (+1 s), so nothing grows
-/// without bound; settlements land in Redis by `flush`.
+/// Every key the store writes (one hash per model, one id per settlement) has a TTL no longer
+/// than its window (+1 s), so nothing grows without bound; settlements land in Redis by `flush`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_key_expires_and_settlements_are_flushed() {
     let Some(redis) = RedisServer::start("every_key_expires_and_settlements_are_flushed") else {
@@ -263,8 +263,20 @@ async fn every_key_expires_and_settlements_are_flushed() {
         .unwrap()
         .get_connection()
         .unwrap();
-    let keys: Vec<String> = ::redis::cmd("KEYS").arg("*").query(&mut con).unwrap();
-    assert_eq!(keys.len(), 2, "one hash per model: {keys:?}");
+    let mut keys: Vec<String> = ::redis::cmd("KEYS").arg("*").query(&mut con).unwrap();
+    keys.sort();
+    let ids = |model: &str| {
+        keys.iter()
+            .filter(|k| k.starts_with(&format!("ttl:{{{model}}}:settled:")))
+            .count()
+    };
+    assert_eq!(
+        keys.len(),
+        5,
+        "one hash per model, one id per settlement: {keys:?}"
+    );
+    assert!(keys.contains(&"ttl:{a}".to_owned()) && keys.contains(&"ttl:{b}".to_owned()));
+    assert_eq!((ids("a"), ids("b")), (2, 1), "{keys:?}");
     for key in &keys {
         let ttl: i64 = ::redis::cmd("PTTL").arg(key).query(&mut con).unwrap();
         assert!(
@@ -339,7 +351,12 @@ async fn local_mode_keeps_a_conservative_share_and_comes_back() {
         .get_connection()
         .unwrap();
     let keys: Vec<String> = ::redis::cmd("KEYS").arg("*").query(&mut con).unwrap();
-    assert_eq!(keys.len(), 1, "admissions counted in Redis again");
+    let counters: Vec<&String> = keys.iter().filter(|k| !k.contains(":settled:")).collect();
+    assert_eq!(
+        counters.len(),
+        1,
+        "admissions counted in Redis again: {keys:?}"
+    );
 }
 
 /// `open`: with Redis down every request is served (unlimited, logged, counted).

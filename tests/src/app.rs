@@ -97,7 +97,8 @@ impl TimeControl {
     }
 }
 
-/// Shifts every window start (`ms`, `…:s` fields) of the hashes under `prefix` back by `by`.
+/// Shifts every window start (`ms`, `…:s` fields) of the hashes under `prefix` back by `by`
+/// (the other keys there, settlement ids, are left alone).
 pub fn shift_redis_windows(client: &::redis::Client, prefix: &str, by: Duration) {
     let mut con = client.get_connection().expect("redis connection");
     let keys: Vec<String> = ::redis::cmd("KEYS")
@@ -105,6 +106,10 @@ pub fn shift_redis_windows(client: &::redis::Client, prefix: &str, by: Duration)
         .query(&mut con)
         .unwrap();
     for key in keys {
+        let kind: String = ::redis::cmd("TYPE").arg(&key).query(&mut con).unwrap();
+        if kind != "hash" {
+            continue;
+        }
         let fields: Vec<String> = ::redis::cmd("HKEYS").arg(&key).query(&mut con).unwrap();
         for field in fields.iter().filter(|f| *f == "ms" || f.ends_with(":s")) {
             let _: i64 = ::redis::cmd("HINCRBY")

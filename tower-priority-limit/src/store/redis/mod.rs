@@ -9,12 +9,17 @@
 //!   [`decide`] the embedded store uses, and a disagreement with the
 //!   script's verdict is logged and counted ([`RedisStats::verdict_mismatches`]), never silent.
 //! - **Redis time**: windows are measured on `TIME` inside the script, so nodes with skewed clocks agree.
-//! - **Layout**: one hash per model, `PREFIX{model}`; a script touches only that key, so it works on
-//!   Redis Cluster. Every write sets the key's TTL to the window (plus a margin): nothing outlives
-//!   its window, nothing grows without bound.
+//! - **Layout**: one hash per model, `PREFIX{model}`, and the ids of recent settlements beside it,
+//!   `PREFIX{model}:settled:ID`; a script touches only keys of one hash tag, so it works on Redis
+//!   Cluster. Every write sets the key's TTL to the window (plus a margin): nothing outlives its
+//!   window, nothing grows without bound.
 //! - **Settlement** never blocks a response: the settler queues into a bounded channel
 //!   that a background task drains, several calls in flight at once on the multiplexed connection.
 //!   A full queue is counted and logged; [`Store::flush`] waits for the queue (graceful shutdown).
+//!   Each settlement has an id (a random per-process prefix and a counter) fixed when the lease
+//!   settles and kept when it is sent again; `settle.lua` records it for the window plus a margin
+//!   and skips an id it has seen, so a settlement whose first send timed out but still ran is
+//!   applied once.
 //! - **Saturation cache**: saturation is computed inside the admission step from the counters it
 //!   is about to change, so this store needs no cache and `saturation_check_cache_ttl` has no
 //!   effect here (a store that did cache would have to honour it, with 0 = always read).
@@ -29,8 +34,8 @@
 //!
 //! The files: `target.rs` (where to connect, passwords kept out of logs), `connection.rs` (one
 //! server or a cluster, timeouts), `script.rs` (`EVALSHA` with its `NOSCRIPT` fallback),
-//! `settle.rs` (the settlement queue and its background sender); this file holds the store, its
-//! builder and the admission path with its failover.
+//! `settle.rs` (the settlement queue, its ids and its background sender); this file holds the
+//! store, its builder and the admission path with its failover.
 
 mod connection;
 mod script;
@@ -49,7 +54,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use self::connection::{bounded, unavailable, LazyCluster, RedisConnection, CLUSTER_START_WAIT};
 use self::script::{LuaScript, SCRIPT_LOAD_WAIT};
-use self::settle::{flush_settlements, Queued, RedisSettler};
+use self::settle::{flush_settlements, process_id, Queued, RedisSettler};
 pub use self::target::RedisTarget;
 use super::{AdmitRequest, MemoryStore, Settler, Store, StoreError};
 use crate::config::{pool_index, FailureMode, LimiterConfig, ModelId, PoolRef};
@@ -82,6 +87,9 @@ pub struct RedisStats {
     pub settlements_local: AtomicU64,
     /// Settlement calls that failed and were queued again.
     pub settlements_retried: AtomicU64,
+    /// Settlements Redis skipped because it had already applied them (a retried settlement whose
+    /// earlier send timed out here but still ran in Redis).
+    pub settlements_duplicate: AtomicU64,
     /// Admissions where the script's verdict and [`decide`] disagreed (a bug if ever non-zero).
     pub verdict_mismatches: AtomicU64,
 }
@@ -199,6 +207,8 @@ impl RedisStoreBuilder {
             local,
             local_settlers,
             started: Instant::now(),
+            settlement_ids: process_id(),
+            next_settlement: AtomicU64::new(0),
             retry_at_ms: AtomicU64::new(0),
             healthy: AtomicBool::new(true),
             stats: RedisStats::default(),
@@ -302,6 +312,10 @@ struct Inner {
     local: MemoryStore,
     local_settlers: Vec<Arc<dyn Settler>>,
     started: Instant,
+    /// This process's random prefix of settlement ids (ids are `prefix-counter`).
+    settlement_ids: u64,
+    /// The counter of settlement ids.
+    next_settlement: AtomicU64,
     /// 0 while Redis answers; after a failure, the `started.elapsed()` (ms) at which one caller
     /// may ask Redis again.
     retry_at_ms: AtomicU64,
@@ -386,7 +400,8 @@ impl Inner {
         let limit = |v: Option<u64>| v.map_or(-1, |v| v.min(MAX_EXACT) as i64);
         let pool_prefix = self.pool_prefix(request.model, request.pool);
         let mut connection = self.connection.clone();
-        let call = self.admit_script.call(&mut connection, key, |cmd| {
+        let keys = [key.as_str()];
+        let call = self.admit_script.call(&mut connection, &keys, |cmd| {
             cmd.arg(settings.window_ms)
                 .arg(limit(limits.rpm))
                 .arg(limit(limits.tpm))

@@ -11,7 +11,8 @@ pub(super) const SCRIPT_LOAD_WAIT: Duration = Duration::from_secs(1);
 
 /// A script called by `EVALSHA`, and by `EVAL` on the node that answered `NOSCRIPT` (after a
 /// restart or failover), which caches it there again: one round trip normally, two once per node
-/// after it lost its scripts. Routed by its one key, so it works on Redis Cluster.
+/// after it lost its scripts. Routed by its keys (all in one slot: they share the model's hash
+/// tag), so it works on Redis Cluster.
 pub(super) struct LuaScript {
     pub(super) code: &'static str,
     sha1: String,
@@ -28,16 +29,16 @@ impl LuaScript {
     pub(super) async fn call<T: FromRedisValue>(
         &self,
         connection: &mut RedisConnection,
-        key: &str,
+        keys: &[&str],
         args: impl Fn(&mut Cmd),
     ) -> redis::RedisResult<T> {
         let mut evalsha = redis::cmd("EVALSHA");
-        evalsha.arg(&self.sha1).arg(1).arg(key);
+        evalsha.arg(&self.sha1).arg(keys.len()).arg(keys);
         args(&mut evalsha);
         match evalsha.query_async(connection).await {
             Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
                 let mut eval = redis::cmd("EVAL");
-                eval.arg(self.code).arg(1).arg(key);
+                eval.arg(self.code).arg(keys.len()).arg(keys);
                 args(&mut eval);
                 eval.query_async(connection).await
             }

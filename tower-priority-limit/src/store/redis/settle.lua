@@ -1,9 +1,18 @@
 -- Records a finished request's tokens (mirrors Counter::settle in decision.rs): into the window
 -- current now (a new one if it ended), refunding the reservation if it was made in that window.
 --
+-- Idempotent: a settlement sent again (its first send timed out but still ran, e.g. after Redis
+-- was paused) is applied once. Its id is recorded in KEYS[2] for the key TTL (window + margin);
+-- a settlement whose id is there is skipped.
+--
 -- KEYS[1]  the model's hash (see admit.lua).
+-- KEYS[2]  the settlement's id key, PREFIX{model}:settled:ID (same hash tag: same cluster slot).
 -- ARGV     window_ms, pool prefix ("" = no pools), tokens, reserved, model window start,
 --          pool window start, key TTL in ms.
+-- Returns  1 applied, 0 skipped (already applied).
+if not redis.call('SET', KEYS[2], 1, 'NX', 'PX', tonumber(ARGV[7])) then
+  return 0
+end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local key = KEYS[1]

@@ -1,8 +1,18 @@
 //! Settlement: leases queue their tokens in a bounded channel that a background task sends to
 //! Redis, many calls in flight on the one connection; settlements Redis could not take are sent
 //! again, and while Redis is down they also go to the local counters.
+//!
+//! A settlement whose call timed out here may still run in Redis (a paused Redis runs what was
+//! buffered when it resumes), and then its retry would count it again. So each settlement gets an
+//! id when its lease settles, kept across retries: this process's random 64-bit prefix and a
+//! counter. `settle.lua` records the id (`PREFIX{model}:settled:ID`, the model's hash tag, so the
+//! same cluster slot) for the window plus a margin and skips an id it has already recorded. A copy
+//! can only arrive later than that if Redis (or the way to it) fails for a whole window right
+//! after running the first.
 
+use std::collections::hash_map::RandomState;
 use std::fmt;
+use std::hash::{BuildHasher, Hasher};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
@@ -19,6 +29,29 @@ const SETTLE_BATCH: usize = 256;
 /// A settlement is not on any request's path, so it may wait longer than an admission.
 const SETTLE_TIMEOUT: Duration = Duration::from_secs(1);
 
+/// A settlement with the id it keeps across retries.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Pending {
+    id: u64,
+    settlement: Settlement,
+}
+
+/// This process's random prefix of settlement ids: std's `RandomState` is seeded from the OS's
+/// randomness (no new dependency), mixed with the pid and the time for good measure.
+pub(super) fn process_id() -> u64 {
+    let mut hasher = RandomState::new().build_hasher();
+    hasher.write_u32(std::process::id());
+    if let Ok(t) = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH) {
+        hasher.write_u128(t.as_nanos());
+    }
+    hasher.finish()
+}
+
+/// The key recording that settlement `id` of process `prefix` was applied to `model_key`'s hash.
+fn settled_key(model_key: &str, prefix: u64, id: u64) -> String {
+    format!("{model_key}:settled:{prefix:016x}-{id:x}")
+}
+
 impl Inner {
     fn settle_locally(&self, settlement: Settlement) {
         self.stats.settlements_local.fetch_add(1, Ordering::Relaxed);
@@ -27,30 +60,39 @@ impl Inner {
         }
     }
 
-    async fn settle(&self, s: Settlement) -> Result<(), StoreError> {
+    async fn settle(&self, pending: Pending) -> Result<(), StoreError> {
+        let s = pending.settlement;
         let Some(key) = self.keys.get(s.model.index()) else {
             return Ok(());
         };
         let window_ms = self.config.settings().window_ms;
         let pool_prefix = self.pool_prefix(s.model, s.pool);
+        let id_key = settled_key(key, self.settlement_ids, pending.id);
+        let keys = [key.as_str(), id_key.as_str()];
         let mut connection = self.connection.clone();
-        let call = self.settle_script.call::<i64>(&mut connection, key, |cmd| {
-            cmd.arg(window_ms)
-                .arg(pool_prefix)
-                .arg(s.tokens.min(MAX_EXACT))
-                .arg(s.reserved.min(MAX_EXACT))
-                .arg(s.model_window)
-                .arg(s.pool_window)
-                .arg(self.ttl_ms);
-        });
-        bounded(SETTLE_TIMEOUT.max(self.timeout), call)
-            .await
-            .map(drop)
+        let call = self
+            .settle_script
+            .call::<i64>(&mut connection, &keys, |cmd| {
+                cmd.arg(window_ms)
+                    .arg(pool_prefix)
+                    .arg(s.tokens.min(MAX_EXACT))
+                    .arg(s.reserved.min(MAX_EXACT))
+                    .arg(s.model_window)
+                    .arg(s.pool_window)
+                    .arg(self.ttl_ms);
+            });
+        let applied = bounded(SETTLE_TIMEOUT.max(self.timeout), call).await?;
+        if applied == 0 {
+            self.stats
+                .settlements_duplicate
+                .fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(())
     }
 }
 
 pub(super) enum Queued {
-    Settle(Settlement),
+    Settle(Pending),
     /// Answered once everything queued before it has been sent.
     Flush(oneshot::Sender<()>),
 }
@@ -65,7 +107,7 @@ pub(super) async fn flush_settlements(
     capacity: usize,
 ) {
     let mut batch = Vec::with_capacity(SETTLE_BATCH);
-    let mut retry: Vec<Settlement> = Vec::new();
+    let mut retry: Vec<Pending> = Vec::new();
     let mut next_retry = tokio::time::Instant::now();
     let mut open = true;
     loop {
@@ -90,7 +132,7 @@ pub(super) async fn flush_settlements(
         } else {
             0
         };
-        let mut settlements: Vec<Settlement> = retry.drain(..retried).collect();
+        let mut settlements: Vec<Pending> = retry.drain(..retried).collect();
         let mut flushed = Vec::new();
         for queued in batch.drain(..) {
             match queued {
@@ -150,7 +192,12 @@ impl Settler for RedisSettler {
         if self.inner.is_down() {
             self.inner.settle_locally(settlement);
         }
-        match self.queue.try_send(Queued::Settle(settlement)) {
+        // The id is fixed here, once per lease, and travels with every retry.
+        let id = self.inner.next_settlement.fetch_add(1, Ordering::Relaxed);
+        match self
+            .queue
+            .try_send(Queued::Settle(Pending { id, settlement }))
+        {
             Ok(()) | Err(mpsc::error::TrySendError::Closed(_)) => {}
             Err(mpsc::error::TrySendError::Full(_)) => {
                 let dropped = self
@@ -167,5 +214,31 @@ impl Settler for RedisSettler {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn settled_keys_share_the_model_hash_tag_and_differ_by_process_and_id() {
+        let key = settled_key("tpl:{gpt-5}", 0xab, 0x1f);
+        assert_eq!(key, "tpl:{gpt-5}:settled:00000000000000ab-1f");
+        // Redis Cluster hashes only what is inside the first {...}: the model's slot.
+        let tag = |k: &str| {
+            let open = k.find('{').unwrap();
+            let close = open + k[open..].find('}').unwrap();
+            k[open + 1..close].to_owned()
+        };
+        assert_eq!(tag(&key), tag("tpl:{gpt-5}"));
+        assert_ne!(settled_key("tpl:{m}", 1, 2), settled_key("tpl:{m}", 2, 2));
+        assert_ne!(settled_key("tpl:{m}", 1, 2), settled_key("tpl:{m}", 1, 3));
+    }
+
+    #[test]
+    fn process_ids_are_random() {
+        // Two stores in one process (or two processes) must not share a prefix.
+        assert_ne!(process_id(), process_id());
     }
 }
