@@ -1,9 +1,11 @@
 //! A stalled Redis (SIGSTOP, then SIGCONT) runs everything buffered while it was stopped: calls
 //! whose callers had long given up. Those must change nothing twice: a settlement sent again after
-//! its first send timed out is applied once. Plus the script's half, called directly: the same
-//! settlement id twice.
+//! its first send timed out is applied once, and an admission run after its caller's deadline
+//! (the caller fell back to the failure mode) is not counted. Plus the scripts' halves of both,
+//! called directly: the same settlement id twice, an admission past its deadline.
 
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use integration_tests::redis::RedisServer;
@@ -11,6 +13,7 @@ use tower_priority_limit::config::{FailureMode, LimiterConfig};
 use tower_priority_limit::store::{RedisStore, RedisTarget};
 use tower_priority_limit::{Acquired, Limiter, ModelLimits};
 
+const ADMIT_LUA: &str = include_str!("../../tower-priority-limit/src/store/redis/admit.lua");
 const SETTLE_LUA: &str = include_str!("../../tower-priority-limit/src/store/redis/settle.lua");
 
 async fn limiter(config: LimiterConfig, redis: &RedisServer, prefix: &str) -> Limiter<RedisStore> {
@@ -101,6 +104,107 @@ async fn settlements_resent_during_a_stall_are_applied_once() {
         "and Redis skipped the copies it had already applied"
     );
     assert_eq!(stats.settlements_dropped.load(Ordering::Relaxed), 0);
+}
+
+/// Issue 14, item 3. In `local` mode, admissions asked while Redis is stopped time out (50 ms)
+/// and are decided on the local counters; the calls that reached Redis's socket meanwhile (one
+/// probe per 250 ms) run when it resumes. Before deadlines they were counted too (5 admissions
+/// answered by Redis, the counter read 12: seven probes counted twice, once locally, once in
+/// Redis); now the shared counter holds exactly the admissions Redis answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admissions_abandoned_during_a_stall_are_not_counted_when_redis_resumes() {
+    let Some(redis) = RedisServer::start("admissions_abandoned_during_a_stall_are_not_counted")
+    else {
+        return;
+    };
+    let config = LimiterConfig::builder()
+        .model(ModelLimits::new("m").rpm(100_000))
+        .failure_mode(FailureMode::Local)
+        .store_timeout(Duration::from_millis(50))
+        .build()
+        .unwrap();
+    let limiter = Arc::new(limiter(config, &redis, "late:").await);
+    let mut asked = 0u64;
+    for _ in 0..5 {
+        assert!(matches!(
+            limiter.acquire("m", None, 0).await.unwrap(),
+            Acquired::Admitted { .. }
+        ));
+        asked += 1;
+    }
+    redis.pause();
+    let paused = Instant::now();
+    while paused.elapsed() < Duration::from_millis(1_800) {
+        // Two at a time, so a probe to Redis and local decisions overlap.
+        let (a, b) = tokio::join!(limiter.acquire("m", None, 0), limiter.acquire("m", None, 0));
+        for acquired in [a, b] {
+            assert!(matches!(acquired.unwrap(), Acquired::Admitted { .. }));
+            asked += 1;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    redis.resume();
+    let stats = limiter.store().stats();
+    let local = stats.local_admissions.load(Ordering::Relaxed);
+    let probes = stats.failures.load(Ordering::Relaxed);
+    assert!(probes >= 4, "Redis was asked again while stopped: {probes}");
+    let counted = settled_value(&redis, "late:{m}", "mr", Duration::from_millis(500)).await;
+    assert_eq!(
+        counted,
+        asked - local,
+        "the shared counter holds exactly the admissions Redis answered in time \
+         ({asked} asked, {local} decided locally, {probes} calls timed out)"
+    );
+}
+
+fn time_ms(con: &mut ::redis::Connection) -> i64 {
+    let (s, us): (i64, i64) = ::redis::cmd("TIME").query(con).unwrap();
+    s * 1000 + us / 1000
+}
+
+/// `admit.lua` called past its deadline answers "expired" (verdict 3) and writes nothing; called
+/// before it, or without one (-1), it admits and counts.
+#[test]
+fn admit_script_past_its_deadline_changes_nothing() {
+    let Some(redis) = RedisServer::start("admit_script_past_its_deadline_changes_nothing") else {
+        return;
+    };
+    let mut con = connection(&redis);
+    let admit = |con: &mut ::redis::Connection, deadline: i64| -> Vec<i64> {
+        ::redis::cmd("EVAL")
+            .arg(ADMIT_LUA)
+            .arg(1)
+            .arg("dl:{m}")
+            .arg(60_000) // window
+            .arg(10) // rpm
+            .arg(-1) // tpm
+            .arg("") // no pools
+            .arg(-1)
+            .arg(-1)
+            .arg(0.5)
+            .arg(0) // reserve
+            .arg(61_000) // ttl
+            .arg(deadline)
+            .query(con)
+            .unwrap()
+    };
+    let now = time_ms(&mut con);
+    let expired = admit(&mut con, now - 1);
+    assert_eq!(expired[7], 3, "expired: {expired:?}");
+    let exists: i64 = ::redis::cmd("EXISTS")
+        .arg("dl:{m}")
+        .query(&mut con)
+        .unwrap();
+    assert_eq!(exists, 0, "an expired admission writes nothing");
+    assert_eq!(
+        admit(&mut con, now + 60_000)[7],
+        0,
+        "before its deadline: admitted"
+    );
+    assert_eq!(admit(&mut con, -1)[7], 0, "no deadline: admitted");
+    assert_eq!(field(&mut con, "dl:{m}", "mr"), Some(2));
+    assert_eq!(admit(&mut con, 0)[7], 3, "a deadline long past");
+    assert_eq!(field(&mut con, "dl:{m}", "mr"), Some(2));
 }
 
 /// `settle.lua` applies a settlement id once; the id is kept for the window plus 1 s, on the

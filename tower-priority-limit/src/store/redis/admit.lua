@@ -5,12 +5,18 @@
 -- KEYS[1]  the model's hash: fields <p>s (window start, ms), <p>r (requests), <p>t (tokens) for
 --          the model-wide pair (p = "m") and each pool pair (p = ARGV[4]).
 -- ARGV     window_ms, rpm, tpm, pool prefix ("" = no pools), pool rpm, pool tpm
---          (limits: -1 = none), saturation threshold, tokens to reserve, key TTL in ms.
+--          (limits: -1 = none), saturation threshold, tokens to reserve, key TTL in ms,
+--          deadline: the caller's deadline on this server's TIME in ms (-1 = none).
 -- Returns  {now, model start (-1 = none), model requests, model tokens,
 --           pool start (-1 = none), pool requests, pool tokens, verdict}
---          verdict: 0 admitted and counted, 1 refused by the model cap, 2 refused by the pool.
+--          verdict: 0 admitted and counted, 1 refused by the model cap, 2 refused by the pool,
+--          3 expired: run after the caller's deadline (it has given up), nothing read or changed.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local deadline = tonumber(ARGV[10])
+if deadline ~= nil and deadline >= 0 and now > deadline then
+  return {now, -1, 0, 0, -1, 0, 0, 3}
+end
 local key = KEYS[1]
 local window = tonumber(ARGV[1])
 local rpm, tpm = tonumber(ARGV[2]), tonumber(ARGV[3])

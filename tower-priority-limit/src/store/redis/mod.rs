@@ -9,6 +9,10 @@
 //!   [`decide`] the embedded store uses, and a disagreement with the
 //!   script's verdict is logged and counted ([`RedisStats::verdict_mismatches`]), never silent.
 //! - **Redis time**: windows are measured on `TIME` inside the script, so nodes with skewed clocks agree.
+//! - **Deadlines**: each admission carries its caller's deadline (send time + `redis_timeout_ms`)
+//!   translated to Redis's clock (`deadline.rs`); a script run later, e.g. when a paused Redis
+//!   resumes and runs the calls buffered meanwhile, answers "expired" and changes nothing, so an
+//!   admission its caller gave up on (and decided by the failure mode) is never counted twice.
 //! - **Layout**: one hash per model, `PREFIX{model}`, and the ids of recent settlements beside it,
 //!   `PREFIX{model}:settled:ID`; a script touches only keys of one hash tag, so it works on Redis
 //!   Cluster. Every write sets the key's TTL to the window (plus a margin): nothing outlives its
@@ -34,10 +38,12 @@
 //!
 //! The files: `target.rs` (where to connect, passwords kept out of logs), `connection.rs` (one
 //! server or a cluster, timeouts), `script.rs` (`EVALSHA` with its `NOSCRIPT` fallback),
-//! `settle.rs` (the settlement queue, its ids and its background sender); this file holds the
-//! store, its builder and the admission path with its failover.
+//! `deadline.rs` (Redis's clock as seen from here), `settle.rs` (the settlement queue, its ids and
+//! its background sender); this file holds the store, its builder and the admission path with its
+//! failover.
 
 mod connection;
+mod deadline;
 mod script;
 mod settle;
 mod target;
@@ -53,6 +59,7 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use tokio::sync::{mpsc, oneshot};
 
 use self::connection::{bounded, unavailable, LazyCluster, RedisConnection, CLUSTER_START_WAIT};
+use self::deadline::RedisTimeOffset;
 use self::script::{LuaScript, SCRIPT_LOAD_WAIT};
 use self::settle::{flush_settlements, process_id, Queued, RedisSettler};
 pub use self::target::RedisTarget;
@@ -72,6 +79,9 @@ const MAX_EXACT: u64 = (1 << 53) - 1;
 /// Added to a key's TTL beyond its window, so a counter never expires while its window is open.
 const TTL_MARGIN_MS: u64 = 1_000;
 
+/// `admit.lua`'s verdict for a call run after its deadline: nothing counted.
+const EXPIRED: i64 = 3;
+
 /// Counters of what the store did that an operator should know about.
 #[derive(Debug, Default)]
 pub struct RedisStats {
@@ -90,6 +100,11 @@ pub struct RedisStats {
     /// Settlements Redis skipped because it had already applied them (a retried settlement whose
     /// earlier send timed out here but still ran in Redis).
     pub settlements_duplicate: AtomicU64,
+    /// Admissions answered "expired" (run after their deadline on Redis's clock, nothing counted)
+    /// while this process still waited, decided by the failure mode instead. Rare: the deadline
+    /// is early by at most about a round trip. (Calls run after their caller gave up change
+    /// nothing and their answers are never read, so they are not counted here.)
+    pub expired_admissions: AtomicU64,
     /// Admissions where the script's verdict and [`decide`] disagreed (a bug if ever non-zero).
     pub verdict_mismatches: AtomicU64,
 }
@@ -207,14 +222,17 @@ impl RedisStoreBuilder {
             local,
             local_settlers,
             started: Instant::now(),
+            redis_time: RedisTimeOffset::default(),
             settlement_ids: process_id(),
             next_settlement: AtomicU64::new(0),
             retry_at_ms: AtomicU64::new(0),
             healthy: AtomicBool::new(true),
             stats: RedisStats::default(),
         });
-        // Load both scripts now, so the first admissions are one round trip each; best effort
-        // (Redis may be down): `LuaScript::call` falls back to EVAL on NOSCRIPT anyway.
+        // Load both scripts now, so the first admissions are one round trip each, and learn
+        // Redis's clock, so the first admissions carry a deadline; best effort (Redis may be
+        // down): `LuaScript::call` falls back to EVAL on NOSCRIPT anyway, and every admission's
+        // reply teaches the clock too.
         let mut connection = inner.connection.clone();
         let load = async {
             for script in [&inner.admit_script, &inner.settle_script] {
@@ -224,6 +242,11 @@ impl RedisStoreBuilder {
                     .query_async::<String>(&mut connection)
                     .await?;
             }
+            let sent = inner.local_ms();
+            let (seconds, micros): (i64, i64) =
+                redis::cmd("TIME").query_async(&mut connection).await?;
+            let now = seconds.saturating_mul(1000).saturating_add(micros / 1000);
+            inner.redis_time.observe(now, sent, inner.local_ms());
             Ok(())
         };
         if let Err(e) = bounded(SCRIPT_LOAD_WAIT, load).await {
@@ -312,6 +335,8 @@ struct Inner {
     local: MemoryStore,
     local_settlers: Vec<Arc<dyn Settler>>,
     started: Instant,
+    /// Redis's clock relative to `started`, learnt from replies: admissions' deadlines.
+    redis_time: RedisTimeOffset,
     /// This process's random prefix of settlement ids (ids are `prefix-counter`).
     settlement_ids: u64,
     /// The counter of settlement ids.
@@ -326,6 +351,11 @@ struct Inner {
 impl Inner {
     fn elapsed_ms(&self) -> u64 {
         u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// [`Self::elapsed_ms`] as the signed milliseconds the clock offset works in.
+    fn local_ms(&self) -> i64 {
+        i64::try_from(self.elapsed_ms()).unwrap_or(i64::MAX)
     }
 
     /// Is Redis to be asked? Always while it answers; after a failure, once per
@@ -400,6 +430,11 @@ impl Inner {
         let limit = |v: Option<u64>| v.map_or(-1, |v| v.min(MAX_EXACT) as i64);
         let pool_prefix = self.pool_prefix(request.model, request.pool);
         let mut connection = self.connection.clone();
+        // The caller gives up after `timeout`: past that, on Redis's clock, the script must change
+        // nothing (see `deadline.rs` for how the clocks are matched and how far off they can be).
+        let sent = self.local_ms();
+        let timeout_ms = i64::try_from(self.timeout.as_millis()).unwrap_or(i64::MAX);
+        let deadline = self.redis_time.deadline(sent, timeout_ms);
         let keys = [key.as_str()];
         let call = self.admit_script.call(&mut connection, &keys, |cmd| {
             cmd.arg(settings.window_ms)
@@ -410,12 +445,23 @@ impl Inner {
                 .arg(limit(pool_limits.and_then(|p| p.tpm)))
                 .arg(settings.saturation_threshold)
                 .arg(request.reserve.min(MAX_EXACT))
-                .arg(self.ttl_ms);
+                .arg(self.ttl_ms)
+                .arg(deadline);
         });
         let reply: Result<[i64; 8], StoreError> = bounded(self.timeout, call).await;
         match reply {
             Ok(reply) => {
+                self.redis_time.observe(reply[0], sent, self.local_ms());
                 self.mark_up();
+                if reply[7] == EXPIRED {
+                    // Answered in time by our clock, late by Redis's (the clock estimate is early
+                    // by up to a round trip, or Redis's clock stepped forward): nothing was
+                    // counted, so decide as if Redis had not answered, without marking it down.
+                    self.stats
+                        .expired_admissions
+                        .fetch_add(1, Ordering::Relaxed);
+                    return self.fallback(request);
+                }
                 Ok(self.decision(request, reply))
             }
             Err(e) => {

@@ -1,0 +1,160 @@
+//! Deadlines on Redis's clock, so an admission Redis runs after its caller gave up changes
+//! nothing.
+//!
+//! The gateway and Redis do not share a clock, so the store learns the offset between them from
+//! Redis's replies. Each reply carries Redis's `TIME` (milliseconds) read while the script ran, and
+//! the store notes its own monotonic time (milliseconds since the store started) before sending and
+//! after the reply arrived. The script ran somewhere in between, so
+//!
+//! ```text
+//! observed = redis_now - received   lies in   [offset - (received - sent), offset]
+//! ```
+//!
+//! where `offset` is the true `redis time - local time`. An observation is a lower bound of the
+//! offset with a slack of its own round trip. The estimate keeps the best (highest) lower bound
+//! seen; an observation that is more than its slack below the estimate proves that Redis's clock
+//! went back (or the store now talks to another server), and replaces it.
+//!
+//! A call sent at local time `t` with a per-call timeout `T` passes `t + estimate + T`: the
+//! caller's deadline in Redis time, early by at most the round trip of the best observation (the
+//! estimate never exceeds the true offset while Redis's clock runs forward). So the script may
+//! call a call "expired" up to a round trip too early, never later than the caller gave up (give
+//! or take the millisecond both clocks are read in). After Redis's clock
+//! steps back, one reply corrects the estimate; after it steps forward, the next call may be
+//! answered "expired" once (its reply corrects the estimate). Until the store has heard from
+//! Redis once, calls carry no deadline.
+
+use std::sync::atomic::{AtomicI64, Ordering};
+
+/// No observation yet.
+const UNKNOWN: i64 = i64::MIN;
+
+/// The deadline argument that means "none" to `admit.lua`.
+pub(super) const NO_DEADLINE: i64 = -1;
+
+/// The offset between Redis's `TIME` and the store's monotonic clock, learnt from replies.
+#[derive(Debug)]
+pub(super) struct RedisTimeOffset {
+    offset: AtomicI64,
+}
+
+impl Default for RedisTimeOffset {
+    fn default() -> Self {
+        Self {
+            offset: AtomicI64::new(UNKNOWN),
+        }
+    }
+}
+
+impl RedisTimeOffset {
+    /// Takes in a reply carrying Redis's time `redis_now`, for a call sent at local time `sent`
+    /// and answered at `received` (ms).
+    pub(super) fn observe(&self, redis_now: i64, sent: i64, received: i64) {
+        let mut current = self.offset.load(Ordering::Relaxed);
+        loop {
+            let current_opt = (current != UNKNOWN).then_some(current);
+            let next = next_offset(current_opt, redis_now, sent, received);
+            if next == current {
+                return;
+            }
+            match self.offset.compare_exchange_weak(
+                current,
+                next,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return,
+                Err(seen) => current = seen,
+            }
+        }
+    }
+
+    /// The deadline, in Redis milliseconds, of a call sent at local time `sent` that its caller
+    /// abandons after `timeout_ms`; [`NO_DEADLINE`] before the first observation.
+    pub(super) fn deadline(&self, sent: i64, timeout_ms: i64) -> i64 {
+        let offset = self.offset.load(Ordering::Relaxed);
+        deadline((offset != UNKNOWN).then_some(offset), sent, timeout_ms)
+    }
+}
+
+/// The estimate after one observation (see the module's documentation).
+fn next_offset(current: Option<i64>, redis_now: i64, sent: i64, received: i64) -> i64 {
+    let observed = redis_now.saturating_sub(received);
+    let slack = received.saturating_sub(sent).max(0);
+    match current {
+        // An upper bound (observed + slack) below the estimate: the estimate is wrong now.
+        Some(current) if observed.saturating_add(slack) >= current => current.max(observed),
+        _ => observed,
+    }
+    .max(UNKNOWN + 1)
+}
+
+fn deadline(offset: Option<i64>, sent: i64, timeout_ms: i64) -> i64 {
+    match offset {
+        Some(offset) => sent
+            .saturating_add(offset)
+            .saturating_add(timeout_ms)
+            .max(0),
+        None => NO_DEADLINE,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_first_observation_is_taken_as_is() {
+        // Redis says 1_000_500 when the reply arrives at local 120, sent at 100.
+        assert_eq!(next_offset(None, 1_000_500, 100, 120), 1_000_380);
+    }
+
+    #[test]
+    fn a_faster_reply_raises_the_estimate_a_slower_one_does_not_lower_it() {
+        // True offset 1_000_000. A reply that spent 20 ms in transit under-estimates by 20 ms;
+        // one that spent 1 ms fixes most of it; a slow one later changes nothing.
+        let slow = next_offset(None, 1_000_105, 100, 125);
+        assert_eq!(slow, 999_980);
+        let fast = next_offset(Some(slow), 1_000_200, 199, 201);
+        assert_eq!(fast, 999_999);
+        let slow_again = next_offset(Some(fast), 1_000_300, 260, 330);
+        assert_eq!(slow_again, fast);
+    }
+
+    #[test]
+    fn redis_clock_stepping_back_resets_the_estimate() {
+        // Offset 1_000_000, then Redis's clock steps back 10 s: the reply's upper bound
+        // (observed + slack) is below the estimate, so the estimate is replaced.
+        let before = next_offset(None, 1_000_100, 99, 100);
+        assert_eq!(before, 1_000_000);
+        let after = next_offset(Some(before), 990_200, 199, 201);
+        assert_eq!(after, 990_000 - 1);
+        // A step back smaller than the slack cannot be told from transit time: kept.
+        assert_eq!(next_offset(Some(before), 1_000_195, 150, 200), before);
+    }
+
+    #[test]
+    fn redis_clock_stepping_forward_raises_the_estimate_at_once() {
+        let before = next_offset(None, 1_000_100, 99, 100);
+        assert_eq!(next_offset(Some(before), 1_060_200, 199, 200), 1_060_000);
+    }
+
+    #[test]
+    fn the_deadline_is_the_send_time_on_redis_clock_plus_the_timeout() {
+        assert_eq!(deadline(None, 5_000, 50), NO_DEADLINE);
+        assert_eq!(deadline(Some(1_000_000), 5_000, 50), 1_005_050);
+        // Nonsense clocks never produce "no deadline" by accident.
+        assert_eq!(deadline(Some(-10_000), 5_000, 50), 0);
+        assert_eq!(deadline(Some(i64::MAX), 5_000, 50), i64::MAX);
+    }
+
+    #[test]
+    fn the_shared_estimate_follows_its_observations() {
+        let offset = RedisTimeOffset::default();
+        assert_eq!(offset.deadline(10, 50), NO_DEADLINE);
+        offset.observe(1_000_100, 90, 100);
+        assert_eq!(offset.deadline(200, 50), 1_000_250);
+        offset.observe(1_000_300, 299, 300);
+        assert_eq!(offset.deadline(400, 50), 1_000_450);
+    }
+}
