@@ -126,3 +126,42 @@ async fn health_needs_no_key() {
         "models need a key"
     );
 }
+
+#[tokio::test]
+async fn other_methods_on_chat_get_405_and_are_not_counted() {
+    let gw = Gw::start(&config(), None).await;
+    let key = gw.new_key(json!({"models": ["m"]})).await;
+    let remaining = |r: &integration_tests::gateway::Reply| -> u64 {
+        r.headers["x-ratelimit-remaining-requests"]
+            .to_str()
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    let first = gw.chat(&key, "m", false).await;
+    assert_eq!(first.status, 200);
+    let before = remaining(&first);
+    let body = json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).to_string();
+    for path in ["/v1/chat/completions", "/chat/completions"] {
+        for method in ["GET", "PUT", "DELETE", "PATCH", "OPTIONS", "HEAD"] {
+            for body in [body.as_str(), ""] {
+                let r = gw.send(method, path, Some(&key), body.to_owned()).await;
+                assert_eq!(r.status, 405, "{method} {path} {body:?}: {}", r.text());
+                assert_eq!(r.headers["allow"], "POST", "{method} {path}");
+                if method == "HEAD" {
+                    assert!(r.body.is_empty(), "HEAD gets no body: {:?}", r.body);
+                } else {
+                    assert!(r.error_message().contains(method), "{}", r.text());
+                    assert_eq!(r.json()["error"]["type"], "invalid_request_error");
+                }
+            }
+        }
+    }
+    let next = gw.chat(&key, "m", false).await;
+    assert_eq!(next.status, 200);
+    assert_eq!(
+        remaining(&next),
+        before - 1,
+        "only the two POSTs used a request"
+    );
+}

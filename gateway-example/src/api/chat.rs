@@ -10,8 +10,8 @@ use axum::extract::{Request, State};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::Extension;
-use http::header::CONTENT_TYPE;
-use http::StatusCode;
+use http::header::{ALLOW, CONTENT_LENGTH, CONTENT_TYPE};
+use http::{HeaderValue, Method, StatusCode};
 use serde_json::Value;
 use tower_priority_limit::model::read_body;
 use tower_priority_limit::priority::Priority;
@@ -95,6 +95,29 @@ async fn validate(gw: &Gateway, caller: &Caller, request: Request) -> Result<Req
         body_len: bytes.len(),
     });
     Ok(Request::from_parts(parts, Body::empty()))
+}
+
+/// Answers 405 in the OpenAI error shape, with `allow: POST`, to a chat completion called with
+/// any other method than POST (a HEAD gets no body), before anything else looks at the request.
+pub async fn post_only(request: Request, next: Next) -> Response {
+    let method = request.method().clone();
+    if method == Method::POST {
+        return next.run(request).await;
+    }
+    let mut response = ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "invalid_request_error",
+        format!("Method {method} is not allowed on this endpoint; use POST."),
+    )
+    .into_response();
+    response
+        .headers_mut()
+        .insert(ALLOW, HeaderValue::from_static("POST"));
+    if method == Method::HEAD {
+        response.headers_mut().remove(CONTENT_LENGTH);
+        *response.body_mut() = Body::empty();
+    }
+    response
 }
 
 /// Removes the usage chunk from streams whose client did not ask for it. It sits outside the
