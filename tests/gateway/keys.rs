@@ -188,3 +188,29 @@ model_list:
         .build_http();
     assert_eq!(client.request(req).await.unwrap().status(), 200);
 }
+
+/// The `Authorization` scheme is case-insensitive (RFC 9110): `BEARER`, `bearer` and `BeArEr` all
+/// carry the key; another scheme does not.
+#[tokio::test]
+async fn the_bearer_scheme_is_case_insensitive() {
+    let gw = Gw::start(&rpm10(), None).await;
+    let key = gw.new_key(json!({})).await;
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http();
+    let body = json!({"model": "gpt-5.6-luna", "messages": [{"role": "user", "content": "hi"}]})
+        .to_string();
+    for (authorization, status) in [
+        (format!("BEARER {key}"), 200),
+        (format!("bearer {key}"), 200),
+        (format!("BeArEr   {key}"), 200),
+        (format!("Basic {key}"), 401),
+    ] {
+        let req = http::Request::post(format!("{}/v1/chat/completions", gw.base))
+            .header("authorization", &authorization)
+            .header("content-type", "application/json")
+            .body(http_body_util::Full::new(bytes::Bytes::from(body.clone())))
+            .unwrap();
+        let got = client.request(req).await.unwrap().status();
+        assert_eq!(got, status, "{authorization:.12}");
+    }
+}
