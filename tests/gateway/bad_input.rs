@@ -67,7 +67,7 @@ async fn every_bad_input_gets_its_status_and_shape() {
             Some(&key),
             json!({"model": "gpt-nope", "messages": []}).to_string(),
             400,
-            "Invalid model name passed in model=gpt-nope. Available models: m, n",
+            "Invalid model name passed in model=gpt-nope. Available models: m",
         ),
         (
             Some(&key),
@@ -163,5 +163,25 @@ async fn other_methods_on_chat_get_405_and_are_not_counted() {
         remaining(&next),
         before - 1,
         "only the two POSTs used a request"
+    );
+}
+
+/// The unknown-model 400 lists only the models the caller's key may use (all of them for the
+/// master key).
+#[tokio::test]
+async fn the_unknown_model_400_lists_only_the_callers_models() {
+    let gw = Gw::start(&config(), None).await;
+    let key = gw.new_key(json!({"models": ["m"]})).await;
+    let body = json!({"model": "gpt-nope", "messages": []});
+    let r = gw.chat_with(&key, body.clone()).await;
+    assert_eq!(r.status, 400);
+    assert_eq!(
+        r.error_message(),
+        "Invalid model name passed in model=gpt-nope. Available models: m"
+    );
+    let r = gw.chat_with(MASTER, body).await;
+    assert_eq!(
+        r.error_message(),
+        "Invalid model name passed in model=gpt-nope. Available models: m, n"
     );
 }

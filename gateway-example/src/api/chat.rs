@@ -63,9 +63,16 @@ async fn validate(gw: &Gateway, caller: &Caller, request: Request) -> Result<Req
         .param("messages"));
     }
     let Some(group) = gw.router().group(&model) else {
+        // Only the models this caller may use.
+        let available: Vec<&str> = gw
+            .config()
+            .model_names()
+            .into_iter()
+            .filter(|m| caller.allows(m))
+            .collect();
         return Err(ApiError::bad_request(format!(
             "Invalid model name passed in model={model}. Available models: {}",
-            gw.config().model_names().join(", ")
+            available.join(", ")
         ))
         .param("model"));
     };
