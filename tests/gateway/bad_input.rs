@@ -185,3 +185,28 @@ async fn the_unknown_model_400_lists_only_the_callers_models() {
         "Invalid model name passed in model=gpt-nope. Available models: m, n"
     );
 }
+
+/// A huge model name is not echoed whole: the 400 repeats its first 256 bytes and "…".
+#[tokio::test]
+async fn a_huge_model_name_is_not_echoed_whole() {
+    let gw = Gw::start(
+        &with_master(
+            "model_list:\n  - {model_name: m, litellm_params: {model: openai/m, mock_response: \"hi\"}}\n",
+        ),
+        None,
+    )
+    .await;
+    let name = "x".repeat(1 << 20);
+    let r = gw
+        .chat_with(MASTER, json!({"model": name, "messages": []}))
+        .await;
+    assert_eq!(r.status, 400);
+    assert!(r.body.len() < 1024, "{} bytes", r.body.len());
+    assert_eq!(
+        r.error_message(),
+        format!(
+            "Invalid model name passed in model={}…. Available models: m",
+            "x".repeat(256)
+        )
+    );
+}

@@ -22,6 +22,21 @@ use crate::error::ApiError;
 use crate::gateway::Gateway;
 use crate::strip::StripUsage;
 
+/// The most bytes of a client's model name an error message repeats.
+const MAX_ECHOED_NAME: usize = 256;
+
+/// `s` cut to at most `max` bytes (on a character boundary) with "…" after it when it was longer.
+fn clip(s: &str, max: usize) -> std::borrow::Cow<'_, str> {
+    if s.len() <= max {
+        return s.into();
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &s[..end]).into()
+}
+
 /// Validates a chat request and leaves a [`ChatRequest`] for the handler.
 pub async fn prepare(
     State(gw): State<Arc<Gateway>>,
@@ -63,7 +78,8 @@ async fn validate(gw: &Gateway, caller: &Caller, request: Request) -> Result<Req
         .param("messages"));
     }
     let Some(group) = gw.router().group(&model) else {
-        // Only the models this caller may use.
+        // Only the models this caller may use, and the name as sent cut short: a 1 MB name is
+        // not echoed whole.
         let available: Vec<&str> = gw
             .config()
             .model_names()
@@ -71,7 +87,8 @@ async fn validate(gw: &Gateway, caller: &Caller, request: Request) -> Result<Req
             .filter(|m| caller.allows(m))
             .collect();
         return Err(ApiError::bad_request(format!(
-            "Invalid model name passed in model={model}. Available models: {}",
+            "Invalid model name passed in model={}. Available models: {}",
+            clip(&model, MAX_ECHOED_NAME),
             available.join(", ")
         ))
         .param("model"));
@@ -154,4 +171,18 @@ pub async fn completions(
 ) -> Response {
     let priority = priority.as_ref().map(|Extension(p)| &*p.0);
     gw.serve(&chat, priority).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::clip;
+
+    #[test]
+    fn clip_cuts_long_names_on_a_character_boundary() {
+        assert_eq!(clip("short", 256), "short");
+        assert_eq!(clip(&"x".repeat(256), 256), "x".repeat(256));
+        assert_eq!(clip(&"x".repeat(300), 256), format!("{}…", "x".repeat(256)));
+        // "é" is two bytes: a cut in its middle moves back before it.
+        assert_eq!(clip("aéb", 2), "a…");
+    }
 }
