@@ -51,7 +51,11 @@ pub fn router(gw: Arc<Gateway>) -> Router {
     let prepare = ServiceBuilder::new()
         .layer(from_fn_with_state(gw.clone(), api::chat::prepare))
         .layer(from_fn(api::chat::strip_usage));
-    let chat = chat.route_layer(prepare);
+    // A chat route called with another method than POST is answered 405 before its body is
+    // read or anything is counted.
+    let chat = chat
+        .route_layer(prepare)
+        .route_layer(from_fn(api::chat::post_only));
 
     let keyed = Router::new()
         .route("/models", get(api::models::list))

@@ -1,4 +1,4 @@
-//! `gateway-example --config PATH [--host H] [--port P] [--data-dir DIR]`
+//! `gateway-example --config PATH [--host H] [--port P] [--data-dir DIR] [--allow-known-master-key]`
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -20,8 +20,9 @@ struct Args {
     /// general_settings, router_settings).
     #[arg(long, env = "GATEWAY_CONFIG")]
     config: PathBuf,
-    /// Address to listen on.
-    #[arg(long, default_value = "0.0.0.0")]
+    /// Address to listen on (loopback by default: pass e.g. `--host 0.0.0.0` to serve other
+    /// machines).
+    #[arg(long, default_value = "127.0.0.1")]
     host: String,
     /// Port to listen on.
     #[arg(long, default_value_t = 4000)]
@@ -31,6 +32,10 @@ struct Args {
     /// `REDIS_HOST`).
     #[arg(long, default_value = "./.gateway-data")]
     data_dir: PathBuf,
+    /// Serve on a non-loopback address even though the master key is a publicly known one (the
+    /// quick start's `sk-1234`), which lets anyone who can reach the address manage keys.
+    #[arg(long)]
+    allow_known_master_key: bool,
 }
 
 #[tokio::main]
@@ -56,6 +61,26 @@ async fn run(args: Args) -> Result<(), String> {
             "no general_settings.master_key: the gateway is open to anyone who can reach it"
         );
     }
+    // Bound (and checked) before the gateway is built, so a refusal touches no data.
+    let addr = format!("{}:{}", args.host, args.port);
+    let listener = tokio::net::TcpListener::bind(&addr)
+        .await
+        .map_err(|e| format!("binding {addr}: {e}"))?;
+    let local = listener.local_addr().map_err(|e| e.to_string())?;
+    // Checked on the address actually bound, so a host name is judged by what it resolved to.
+    if !local.ip().is_loopback() && config.has_known_master_key() {
+        if !args.allow_known_master_key {
+            return Err(format!(
+                "refusing to listen on {local} with a publicly known master key (the quick \
+                 start's): anyone who can reach this address could use it. Set \
+                 general_settings.master_key to a secret of your own, listen on loopback \
+                 (--host 127.0.0.1, the default), or pass --allow-known-master-key to do it anyway"
+            ));
+        }
+        tracing::warn!(
+            "listening on {local} with a publicly known master key (--allow-known-master-key)"
+        );
+    }
     let gateway = Gateway::connect(config, Some(&args.data_dir))
         .await
         .map_err(|e| e.to_string())?;
@@ -68,14 +93,7 @@ async fn run(args: Args) -> Result<(), String> {
     );
     let gateway = Arc::new(gateway);
     let app = router(gateway.clone());
-    let addr = format!("{}:{}", args.host, args.port);
-    let listener = tokio::net::TcpListener::bind(&addr)
-        .await
-        .map_err(|e| format!("binding {addr}: {e}"))?;
-    tracing::info!(
-        "listening on http://{}",
-        listener.local_addr().map_err(|e| e.to_string())?
-    );
+    tracing::info!("listening on http://{local}");
     axum::serve(listener, app)
         // SIGINT or SIGTERM: stop accepting, let in-flight requests and streams finish.
         .with_graceful_shutdown(async {

@@ -213,18 +213,24 @@ async fn upstream_error(
         429 => "rate_limit_error",
         _ => "upstream_error",
     };
+    // What the upstream answered is reported as it is; the client's status is a 502 when it is
+    // not an error status itself (a redirect, which the gateway does not follow, say).
+    let answered = status.as_u16();
+    let what = if status.is_redirection() {
+        format!("{answered}, a redirect, which the gateway does not follow")
+    } else {
+        answered.to_string()
+    };
     let status = if status.is_client_error() || status.is_server_error() {
         status
     } else {
         StatusCode::BAD_GATEWAY
     };
-    ApiError::new(
-        status,
-        kind,
-        format!(
-            "Upstream for {} answered {}: {message}",
-            deployment.model_name,
-            status.as_u16()
-        ),
-    )
+    let name = &deployment.model_name;
+    let message = if message.is_empty() {
+        format!("Upstream for {name} answered {what}.")
+    } else {
+        format!("Upstream for {name} answered {what}: {message}")
+    };
+    ApiError::new(status, kind, message)
 }

@@ -67,7 +67,7 @@ async fn every_bad_input_gets_its_status_and_shape() {
             Some(&key),
             json!({"model": "gpt-nope", "messages": []}).to_string(),
             400,
-            "Invalid model name passed in model=gpt-nope. Available models: m, n",
+            "Invalid model name passed in model=gpt-nope. Available models: m",
         ),
         (
             Some(&key),
@@ -124,5 +124,89 @@ async fn health_needs_no_key() {
         gw.get("/v1/models", None).await.status,
         401,
         "models need a key"
+    );
+}
+
+#[tokio::test]
+async fn other_methods_on_chat_get_405_and_are_not_counted() {
+    let gw = Gw::start(&config(), None).await;
+    let key = gw.new_key(json!({"models": ["m"]})).await;
+    let remaining = |r: &integration_tests::gateway::Reply| -> u64 {
+        r.headers["x-ratelimit-remaining-requests"]
+            .to_str()
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    let first = gw.chat(&key, "m", false).await;
+    assert_eq!(first.status, 200);
+    let before = remaining(&first);
+    let body = json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).to_string();
+    for path in ["/v1/chat/completions", "/chat/completions"] {
+        for method in ["GET", "PUT", "DELETE", "PATCH", "OPTIONS", "HEAD"] {
+            for body in [body.as_str(), ""] {
+                let r = gw.send(method, path, Some(&key), body.to_owned()).await;
+                assert_eq!(r.status, 405, "{method} {path} {body:?}: {}", r.text());
+                assert_eq!(r.headers["allow"], "POST", "{method} {path}");
+                if method == "HEAD" {
+                    assert!(r.body.is_empty(), "HEAD gets no body: {:?}", r.body);
+                } else {
+                    assert!(r.error_message().contains(method), "{}", r.text());
+                    assert_eq!(r.json()["error"]["type"], "invalid_request_error");
+                }
+            }
+        }
+    }
+    let next = gw.chat(&key, "m", false).await;
+    assert_eq!(next.status, 200);
+    assert_eq!(
+        remaining(&next),
+        before - 1,
+        "only the two POSTs used a request"
+    );
+}
+
+/// The unknown-model 400 lists only the models the caller's key may use (all of them for the
+/// master key).
+#[tokio::test]
+async fn the_unknown_model_400_lists_only_the_callers_models() {
+    let gw = Gw::start(&config(), None).await;
+    let key = gw.new_key(json!({"models": ["m"]})).await;
+    let body = json!({"model": "gpt-nope", "messages": []});
+    let r = gw.chat_with(&key, body.clone()).await;
+    assert_eq!(r.status, 400);
+    assert_eq!(
+        r.error_message(),
+        "Invalid model name passed in model=gpt-nope. Available models: m"
+    );
+    let r = gw.chat_with(MASTER, body).await;
+    assert_eq!(
+        r.error_message(),
+        "Invalid model name passed in model=gpt-nope. Available models: m, n"
+    );
+}
+
+/// A huge model name is not echoed whole: the 400 repeats its first 256 bytes and "…".
+#[tokio::test]
+async fn a_huge_model_name_is_not_echoed_whole() {
+    let gw = Gw::start(
+        &with_master(
+            "model_list:\n  - {model_name: m, litellm_params: {model: openai/m, mock_response: \"hi\"}}\n",
+        ),
+        None,
+    )
+    .await;
+    let name = "x".repeat(1 << 20);
+    let r = gw
+        .chat_with(MASTER, json!({"model": name, "messages": []}))
+        .await;
+    assert_eq!(r.status, 400);
+    assert!(r.body.len() < 1024, "{} bytes", r.body.len());
+    assert_eq!(
+        r.error_message(),
+        format!(
+            "Invalid model name passed in model={}…. Available models: m",
+            "x".repeat(256)
+        )
     );
 }

@@ -188,3 +188,56 @@ model_list:
         .build_http();
     assert_eq!(client.request(req).await.unwrap().status(), 200);
 }
+
+/// The `Authorization` scheme is case-insensitive (RFC 9110): `BEARER`, `bearer` and `BeArEr` all
+/// carry the key; another scheme does not.
+#[tokio::test]
+async fn the_bearer_scheme_is_case_insensitive() {
+    let gw = Gw::start(&rpm10(), None).await;
+    let key = gw.new_key(json!({})).await;
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http();
+    let body = json!({"model": "gpt-5.6-luna", "messages": [{"role": "user", "content": "hi"}]})
+        .to_string();
+    for (authorization, status) in [
+        (format!("BEARER {key}"), 200),
+        (format!("bearer {key}"), 200),
+        (format!("BeArEr   {key}"), 200),
+        (format!("Basic {key}"), 401),
+    ] {
+        let req = http::Request::post(format!("{}/v1/chat/completions", gw.base))
+            .header("authorization", &authorization)
+            .header("content-type", "application/json")
+            .body(http_body_util::Full::new(bytes::Bytes::from(body.clone())))
+            .unwrap();
+        let got = client.request(req).await.unwrap().status();
+        assert_eq!(got, status, "{authorization:.12}");
+    }
+}
+
+/// Deleting a key that does not exist changes nothing, so it is a 404 even when the data dir
+/// cannot be written (a 500 before).
+#[tokio::test]
+async fn deleting_a_missing_key_is_a_404_on_a_read_only_data_dir() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = TempDir::new();
+    let gw = Gw::start(&rpm10(), Some(&dir.0)).await;
+    let key = gw.new_key(json!({})).await;
+    // Read-only for anyone but root; the directory in the temp file's place stops root too.
+    std::fs::create_dir(dir.0.join("keys.json.tmp")).unwrap();
+    std::fs::set_permissions(&dir.0, std::fs::Permissions::from_mode(0o555)).unwrap();
+    let r = gw.post("/key/generate", Some(MASTER), json!({})).await;
+    assert_eq!(r.status, 500, "the dir cannot be written: {}", r.text());
+
+    let r = gw
+        .post(
+            "/key/delete",
+            Some(MASTER),
+            json!({"keys": ["sk-no-such-key"]}),
+        )
+        .await;
+    assert_eq!(r.status, 404, "{}", r.text());
+    assert_eq!(r.error_message(), "None of the keys exist.");
+    assert_eq!(gw.chat(&key, "gpt-5.6-luna", false).await.status, 200);
+    std::fs::set_permissions(&dir.0, std::fs::Permissions::from_mode(0o755)).unwrap();
+}

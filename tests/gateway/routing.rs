@@ -517,3 +517,45 @@ async fn remaining_tokens_headers_park_until_their_reset() {
     gw.clock.advance(Duration::from_secs(30));
     assert!(!gw.gateway.router().is_parked(0), "back at its reset");
 }
+
+/// Every deployment parked: the router's 429 "No deployments available" takes the group's
+/// admission back, so those refusals use none of the group's requests (the one call that reached
+/// the upstream does).
+#[tokio::test]
+async fn a_request_no_deployment_takes_is_refunded() {
+    // rpm 0: a 429 with retry-after 1 s, which parks the one deployment.
+    let limited = mock(MockUpstreamConfig {
+        rpm: Some(0),
+        window: Duration::from_millis(300),
+        ..Default::default()
+    });
+    let yaml = format!(
+        "model_list:\n  - model_name: g\n    litellm_params: {{model: openai/m, api_base: \"{}\", rpm: 10}}\n\
+         litellm_settings:\n  callbacks: [\"dynamic_rate_limiter_v3\"]\n\
+         router_settings:\n  max_retry_wait: 0\ngeneral_settings:\n  master_key: {MASTER}\n",
+        limited.url()
+    );
+    let gw = Gw::start(&yaml, None).await;
+    let r = call(&gw).await;
+    assert_eq!(r.status, 429, "the upstream's own 429: {}", r.text());
+    assert!(gw.gateway.router().is_parked(0));
+    for _ in 0..5 {
+        let r = call(&gw).await;
+        assert_eq!(r.status, 429);
+        assert!(
+            r.error_message()
+                .starts_with("No deployments available for model=g"),
+            "{}",
+            r.text()
+        );
+    }
+    assert_eq!(limited.stats().received, 1, "parked: not called again");
+    limited.set_rpm(None);
+    gw.clock.advance(Duration::from_secs(1));
+    let r = call(&gw).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(
+        r.headers["x-ratelimit-remaining-requests"], "8",
+        "the upstream's 429 and this one used a request; the five refusals did not"
+    );
+}

@@ -28,6 +28,8 @@ model_list:
     litellm_params: {{model: openai/fail, api_base: "{base}"}}
   - model_name: html
     litellm_params: {{model: openai/html, api_base: "{base}"}}
+  - model_name: redirect
+    litellm_params: {{model: openai/redirect, api_base: "{base}"}}
   - model_name: down
     litellm_params: {{model: openai/x, api_base: "http://127.0.0.1:9"}}
   - model_name: tls
@@ -161,4 +163,17 @@ async fn upstream_errors_and_timeouts_in_the_openai_shape() {
         200,
         "still serving"
     );
+}
+
+/// An upstream's 3xx is not followed, and is reported as what it is (not as "answered 502").
+#[tokio::test]
+async fn an_upstream_redirect_is_reported_as_a_redirect() {
+    let (gw, up) = start().await;
+    let r = gw.chat(MASTER, "redirect", false).await;
+    assert_eq!(r.status, 502);
+    assert_eq!(
+        r.error_message(),
+        "Upstream for redirect answered 302, a redirect, which the gateway does not follow."
+    );
+    assert_eq!(up.received.lock().unwrap().len(), 1, "not followed");
 }

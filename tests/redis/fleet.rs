@@ -116,3 +116,52 @@ async fn quick_start_across_three_gateways() {
     );
     assert_eq!(a.chat(&key1, "my-fake-model", false).await.status, 429);
 }
+
+/// On Redis as embedded: with its one deployment parked (its upstream answered 429), the
+/// router's "No deployments available" refusals give the group's admission back, so only the
+/// request that reached the upstream and the next one served use the shared RPM.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_no_deployment_takes_is_refunded_on_redis() {
+    use gateway_example::mock_upstream::{MockUpstream, MockUpstreamConfig};
+    let Some(redis) = RedisServer::start("a_request_no_deployment_takes_is_refunded_on_redis")
+    else {
+        return;
+    };
+    // rpm 0: a 429 with retry-after 1 s, which parks the one deployment.
+    let limited = MockUpstream::start(MockUpstreamConfig {
+        rpm: Some(0),
+        window: std::time::Duration::from_millis(300),
+        ..Default::default()
+    })
+    .unwrap();
+    let yaml = with_master(&format!(
+        "model_list:\n  - model_name: g\n    litellm_params: {{model: openai/m, api_base: \"{}\", rpm: 10}}\n\
+         litellm_settings:\n  callbacks: [\"dynamic_rate_limiter_v3\"]\n\
+         router_settings:\n  max_retry_wait: 0\n  redis_url: \"{}\"\n",
+        limited.url(),
+        redis.url()
+    ));
+    let (gateways, _dirs) = fleet(&yaml, 1).await;
+    let gw = &gateways[0];
+    assert_eq!(gw.chat(MASTER, "g", false).await.status, 429);
+    for _ in 0..5 {
+        let r = gw.chat(MASTER, "g", false).await;
+        assert_eq!(r.status, 429);
+        assert!(
+            r.error_message()
+                .starts_with("No deployments available for model=g"),
+            "{}",
+            r.text()
+        );
+    }
+    assert_eq!(limited.stats().received, 1);
+    limited.set_rpm(None);
+    gw.gateway.limiter().store().flush().await;
+    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+    let r = gw.chat(MASTER, "g", false).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(
+        r.headers["x-ratelimit-remaining-requests"], "8",
+        "the upstream's 429 and this one used a request; the five refusals did not"
+    );
+}

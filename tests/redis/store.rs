@@ -76,8 +76,9 @@ impl Lcg {
 }
 
 /// The admission rules and their enforcement, shared by both stores: the same random sequence of admissions,
-/// settlements and window moves on the embedded store and on Redis gives the same decisions,
-/// usage and saturation at every step, and the script never disagrees with `decide()`.
+/// settlements, cancelled admissions and window moves on the embedded store and on Redis gives the
+/// same decisions, usage and saturation at every step, and the script never disagrees with
+/// `decide()`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lua_script_and_decide_agree_step_by_step() {
     let Some(redis) = RedisServer::start("lua_script_and_decide_agree_step_by_step") else {
@@ -101,7 +102,7 @@ async fn lua_script_and_decide_agree_step_by_step() {
     let priorities = [Some("prod"), Some("dev"), None, Some("unknown")];
     let models = ["m", "tokens-only"];
     let mut leases = Vec::new();
-    let (mut admitted, mut rejected) = (0, 0);
+    let (mut admitted, mut rejected, mut cancelled) = (0, 0, 0);
     for step in 0..400 {
         match rng.next(10) {
             // Whole seconds, and every lease settled first (a shifted window would not match the
@@ -117,7 +118,16 @@ async fn lua_script_and_decide_agree_step_by_step() {
             1..=3 if !leases.is_empty() => {
                 let i = rng.next(leases.len() as u64) as usize;
                 let (a, b, tokens) = leases.swap_remove(i);
-                settle_both(a, b, tokens, &shared).await;
+                // A quarter of them are taken back (not served): the request and any
+                // reservation are refunded by both stores alike.
+                if tokens % 4 == 0 {
+                    a.cancel();
+                    b.cancel();
+                    shared.store().flush().await;
+                    cancelled += 1;
+                } else {
+                    settle_both(a, b, tokens, &shared).await;
+                }
             }
             _ => {
                 let model = models[rng.next(2) as usize];
@@ -143,8 +153,8 @@ async fn lua_script_and_decide_agree_step_by_step() {
         }
     }
     assert!(
-        admitted > 50 && rejected > 50,
-        "{admitted} admitted, {rejected} refused: the sequence exercised both"
+        admitted > 50 && rejected > 50 && cancelled > 5,
+        "{admitted} admitted, {rejected} refused, {cancelled} cancelled: the sequence exercised all"
     );
     assert_eq!(
         shared

@@ -1,7 +1,8 @@
 //! A small OpenAI-shaped upstream for gateway tests, on an ephemeral port. It records what it was
 //! sent. The model name picks a behaviour: `reset` streams two chunks then drops the connection,
 //! `slow` waits 2 s, `fail` answers 500 with an OpenAI error, `html` answers 502 with a non-JSON
-//! page; anything else answers normally (30 tokens), streaming when asked.
+//! page, `redirect` answers 302 with an empty body; anything else answers normally (30 tokens),
+//! streaming when asked.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -50,6 +51,13 @@ async fn chat(State(up): State<Upstream>, headers: HeaderMap, body: Bytes) -> Re
                 .status(StatusCode::INTERNAL_SERVER_ERROR)
                 .header("content-type", "application/json")
                 .body(Body::from(json!({"error": {"message": "the model is on fire", "type": "server_error", "param": null, "code": null}}).to_string()))
+                .unwrap()
+        }
+        "redirect" => {
+            return Response::builder()
+                .status(StatusCode::FOUND)
+                .header("location", "http://127.0.0.1:9/elsewhere")
+                .body(Body::empty())
                 .unwrap()
         }
         "html" => {

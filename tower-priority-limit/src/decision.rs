@@ -107,6 +107,23 @@ impl Counter {
         }
         self.tokens = self.tokens.saturating_add(tokens);
     }
+
+    /// Takes back a request admitted in the window that started at `admitted_in`, with the
+    /// `reserved` tokens charged for it, if that window is still the one open at `now` (once it
+    /// has ended, the request went with it). Never opens a window.
+    pub fn cancel(
+        &mut self,
+        reserved: u64,
+        admitted_in: Option<Millis>,
+        now: Millis,
+        window: Millis,
+    ) {
+        if self.is_current(now, window) && admitted_in.is_some() && admitted_in == self.window_start
+        {
+            self.requests = self.requests.saturating_sub(1);
+            self.tokens = self.tokens.saturating_sub(reserved);
+        }
+    }
 }
 
 /// Which limit refused a request.
@@ -488,6 +505,29 @@ mod tests {
         c.settle(30, 0, Some(0), W + 5, W);
         assert_eq!(c.window_start, Some(W + 5));
         assert_eq!((c.requests, c.tokens), (0, 30));
+    }
+
+    #[test]
+    fn a_cancelled_request_is_refunded_in_its_own_window_only() {
+        let mut c = Counter::default();
+        c.admit(0, 0, W);
+        c.admit(40, 5, W);
+        c.settle(7, 0, Some(0), 6, W);
+        c.cancel(40, Some(0), 10, W);
+        assert_eq!((c.window_start, c.requests, c.tokens), (Some(0), 1, 7));
+        // Admitted in an earlier window, or cancelled once its window ended: nothing moves, and
+        // no window is opened.
+        c.cancel(0, Some(0), W, W);
+        assert_eq!((c.window_start, c.requests, c.tokens), (Some(0), 1, 7));
+        c.cancel(0, Some(3), 10, W);
+        assert_eq!((c.window_start, c.requests, c.tokens), (Some(0), 1, 7));
+        let mut fresh = Counter::default();
+        fresh.cancel(5, Some(0), 10, W);
+        assert_eq!(fresh, Counter::default());
+        // Never below zero.
+        c.cancel(100, Some(0), 20, W);
+        c.cancel(100, Some(0), 20, W);
+        assert_eq!((c.requests, c.tokens), (0, 0));
     }
 
     #[test]

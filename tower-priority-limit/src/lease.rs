@@ -32,6 +32,7 @@ impl Lease {
                 reserved: admitted.reserved,
                 model_window: admitted.model_window,
                 pool_window: admitted.pool_window,
+                cancel: false,
             },
         }
     }
@@ -49,6 +50,18 @@ impl Lease {
     /// Records the response's tokens. Consumes the lease, so it happens once.
     pub fn settle(mut self, tokens: u64) {
         self.settle_once(tokens);
+    }
+
+    /// Takes the admission back: the request was not served (the gateway's router found no
+    /// deployment for it, say), so it uses none of the window's requests and its reservation is
+    /// refunded. Only in the window it was admitted in: once that window has ended, there is
+    /// nothing to take back. Consumes the lease, so it happens once and instead of a settlement.
+    pub fn cancel(mut self) {
+        if let Some(settler) = self.settler.take() {
+            self.settlement.tokens = 0;
+            self.settlement.cancel = true;
+            settler.settle(self.settlement);
+        }
     }
 
     fn settle_once(&mut self, tokens: u64) {

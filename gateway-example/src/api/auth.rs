@@ -66,17 +66,16 @@ async fn identify(gw: &Gateway, key: Option<&str>) -> Result<(Caller, Option<Arc
     }
 }
 
-/// The API key of a request: `Authorization: Bearer <key>`, else `x-api-key`.
+/// The API key of a request: `Authorization: Bearer <key>` (the scheme in any case), else
+/// `x-api-key`.
 pub fn api_key<B>(request: &http::Request<B>) -> Option<&str> {
     static X_API_KEY: HeaderName = HeaderName::from_static("x-api-key");
     let headers = request.headers();
     if let Some(v) = headers.get(AUTHORIZATION).and_then(|v| v.to_str().ok()) {
-        let v = v.trim();
-        if let Some(rest) = v
-            .strip_prefix("Bearer ")
-            .or_else(|| v.strip_prefix("bearer "))
-        {
-            return Some(rest.trim());
+        if let Some((scheme, rest)) = v.trim().split_once([' ', '\t']) {
+            if scheme.eq_ignore_ascii_case("bearer") {
+                return Some(rest.trim());
+            }
         }
     }
     headers

@@ -10,8 +10,8 @@ use axum::extract::{Request, State};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::Extension;
-use http::header::CONTENT_TYPE;
-use http::StatusCode;
+use http::header::{ALLOW, CONTENT_LENGTH, CONTENT_TYPE};
+use http::{HeaderValue, Method, StatusCode};
 use serde_json::Value;
 use tower_priority_limit::model::read_body;
 use tower_priority_limit::priority::Priority;
@@ -21,6 +21,21 @@ use crate::chat::ChatRequest;
 use crate::error::ApiError;
 use crate::gateway::Gateway;
 use crate::strip::StripUsage;
+
+/// The most bytes of a client's model name an error message repeats.
+const MAX_ECHOED_NAME: usize = 256;
+
+/// `s` cut to at most `max` bytes (on a character boundary) with "…" after it when it was longer.
+fn clip(s: &str, max: usize) -> std::borrow::Cow<'_, str> {
+    if s.len() <= max {
+        return s.into();
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &s[..end]).into()
+}
 
 /// Validates a chat request and leaves a [`ChatRequest`] for the handler.
 pub async fn prepare(
@@ -63,9 +78,18 @@ async fn validate(gw: &Gateway, caller: &Caller, request: Request) -> Result<Req
         .param("messages"));
     }
     let Some(group) = gw.router().group(&model) else {
+        // Only the models this caller may use, and the name as sent cut short: a 1 MB name is
+        // not echoed whole.
+        let available: Vec<&str> = gw
+            .config()
+            .model_names()
+            .into_iter()
+            .filter(|m| caller.allows(m))
+            .collect();
         return Err(ApiError::bad_request(format!(
-            "Invalid model name passed in model={model}. Available models: {}",
-            gw.config().model_names().join(", ")
+            "Invalid model name passed in model={}. Available models: {}",
+            clip(&model, MAX_ECHOED_NAME),
+            available.join(", ")
         ))
         .param("model"));
     };
@@ -97,6 +121,29 @@ async fn validate(gw: &Gateway, caller: &Caller, request: Request) -> Result<Req
     Ok(Request::from_parts(parts, Body::empty()))
 }
 
+/// Answers 405 in the OpenAI error shape, with `allow: POST`, to a chat completion called with
+/// any other method than POST (a HEAD gets no body), before anything else looks at the request.
+pub async fn post_only(request: Request, next: Next) -> Response {
+    let method = request.method().clone();
+    if method == Method::POST {
+        return next.run(request).await;
+    }
+    let mut response = ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "invalid_request_error",
+        format!("Method {method} is not allowed on this endpoint; use POST."),
+    )
+    .into_response();
+    response
+        .headers_mut()
+        .insert(ALLOW, HeaderValue::from_static("POST"));
+    if method == Method::HEAD {
+        response.headers_mut().remove(CONTENT_LENGTH);
+        *response.body_mut() = Body::empty();
+    }
+    response
+}
+
 /// Removes the usage chunk from streams whose client did not ask for it. It sits outside the
 /// limiter, so the limiter still counts the usage the gateway asked the upstream for.
 pub async fn strip_usage(request: Request, next: Next) -> Response {
@@ -124,4 +171,18 @@ pub async fn completions(
 ) -> Response {
     let priority = priority.as_ref().map(|Extension(p)| &*p.0);
     gw.serve(&chat, priority).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::clip;
+
+    #[test]
+    fn clip_cuts_long_names_on_a_character_boundary() {
+        assert_eq!(clip("short", 256), "short");
+        assert_eq!(clip(&"x".repeat(256), 256), "x".repeat(256));
+        assert_eq!(clip(&"x".repeat(300), 256), format!("{}…", "x".repeat(256)));
+        // "é" is two bytes: a cut in its middle moves back before it.
+        assert_eq!(clip("aéb", 2), "a…");
+    }
 }

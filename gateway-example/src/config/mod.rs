@@ -16,6 +16,10 @@ use tower_priority_limit::LimiterConfig;
 pub const LIMITER_CALLBACK: &str = "dynamic_rate_limiter_v3";
 /// Where `openai/` models go when no `api_base` is given.
 pub const OPENAI_API_BASE: &str = "https://api.openai.com/v1";
+/// Master keys printed in public documentation (this project's quick start, and the source
+/// product's): the gateway will not serve beyond loopback with one unless told to.
+pub const KNOWN_MASTER_KEYS: &[&str] = &["sk-1234"];
+
 /// Default bound on a request body (`general_settings.max_request_size_mb`).
 pub const DEFAULT_MAX_REQUEST_BYTES: usize = 10 * 1024 * 1024;
 /// Default upstream timeout (`litellm_params.timeout`, seconds), as in the source product.
@@ -193,6 +197,14 @@ impl GatewayConfig {
             redis_key_prefix,
             router,
         })
+    }
+
+    /// Whether the master key is one the public knows (the quick start's `sk-1234`): fine on a
+    /// loopback address, a door left open anywhere else.
+    pub fn has_known_master_key(&self) -> bool {
+        self.master_key
+            .as_deref()
+            .is_some_and(|key| KNOWN_MASTER_KEYS.contains(&key))
     }
 
     /// The distinct model names clients may ask for, in file order.

@@ -75,14 +75,18 @@ impl FileStore {
     }
 
     /// Applies `change` and writes the state file atomically (temp file, fsync, rename). On a
-    /// failed write the change is rolled back, so memory never promises what disk lost.
+    /// failed write the change is rolled back, so memory never promises what disk lost. A change
+    /// that changed nothing (no undo) writes nothing.
     fn mutate<R>(
         &self,
-        change: impl FnOnce(&mut State) -> Result<(R, Undo), KeyStoreError>,
+        change: impl FnOnce(&mut State) -> Result<(R, Option<Undo>), KeyStoreError>,
     ) -> Result<R, KeyStoreError> {
         let _writer = self.write.lock().unwrap_or_else(|e| e.into_inner());
         let mut state = self.state.write().unwrap_or_else(|e| e.into_inner());
         let (result, undo) = change(&mut state)?;
+        let Some(undo) = undo else {
+            return Ok(result);
+        };
         if let Some(path) = &self.path {
             if let Err(e) = write_atomically(path, &state) {
                 undo(&mut state);
@@ -107,9 +111,9 @@ impl FileStore {
             s.keys.insert(token.clone(), record);
             Ok((
                 (),
-                Box::new(move |s: &mut State| {
+                Some(Box::new(move |s: &mut State| {
                     s.keys.remove(&token);
-                }),
+                })),
             ))
         })
     }
@@ -136,14 +140,16 @@ impl FileStore {
                 existed.push(record.is_some());
                 removed.extend(record);
             }
-            Ok((
-                existed,
+            // None of them existed: nothing changed, nothing to write (so a missing key is a
+            // 404 even when the file cannot be written).
+            let undo: Option<Undo> = (!removed.is_empty()).then(|| {
                 Box::new(move |s: &mut State| {
                     for r in removed {
                         s.keys.insert(r.token.clone(), r);
                     }
-                }),
-            ))
+                }) as Undo
+            });
+            Ok((existed, undo))
         })
     }
 
@@ -157,9 +163,9 @@ impl FileStore {
             s.teams.insert(id.clone(), team);
             Ok((
                 (),
-                Box::new(move |s: &mut State| {
+                Some(Box::new(move |s: &mut State| {
                     s.teams.remove(&id);
-                }),
+                })),
             ))
         })
     }

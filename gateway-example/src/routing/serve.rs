@@ -6,8 +6,9 @@ use axum::response::{IntoResponse, Response};
 use http::{HeaderName, HeaderValue, StatusCode};
 use rand::rngs::SmallRng;
 use rand::{RngExt, SeedableRng};
+use tower_priority_limit::decision::Admitted;
 use tower_priority_limit::meter::UsageMeter;
-use tower_priority_limit::{Limiter, ResponseBody};
+use tower_priority_limit::{Lease, Limiter, ResponseBody};
 
 use super::admission::{admit, charge, store_failure, Admission};
 use super::attempts::{Attempts, Step};
@@ -88,8 +89,13 @@ pub async fn serve(
     let mut last_retry_after = None;
     let mut unavailable: Option<Unavailable> = None;
     let mut fallback_refusal: Option<Response> = None;
-    let mut group_lease = None;
+    let mut group_lease: Option<(Lease, Admitted)> = None;
     let mut current: Option<&Group> = None;
+    // Whether a deployment of the current group, and of the request's own group, was called: a
+    // group admitted for a request none of its deployments took is refunded the request.
+    let mut current_called = false;
+    let mut first_called = false;
+    let mut in_fallback = false;
     let mut step = attempts.start();
     loop {
         match step {
@@ -97,8 +103,15 @@ pub async fn serve(
                 group: name,
                 fallback,
             } => {
-                // Dropping a previous fallback's unused lease charges it nothing.
-                group_lease = None;
+                // A previous fallback's lease: refunded if none of its deployments was called;
+                // else dropped, which charges it no tokens.
+                if let Some((lease, _)) = group_lease.take() {
+                    if !current_called {
+                        lease.cancel();
+                    }
+                }
+                current_called = false;
+                in_fallback = fallback;
                 // Always found: groups and fallbacks both come from the validated config.
                 let Some(group) = router.group(name) else {
                     step = attempts.group_full();
@@ -146,6 +159,8 @@ pub async fn serve(
                 let index = chosen.index;
                 let deployment = &deployments[index];
                 let in_flight = router.begin(index);
+                current_called = true;
+                first_called |= !in_fallback;
                 let result = match &deployment.target {
                     Target::Mock { content } => {
                         Ok(mock_answer(group.name.as_str(), content, chat.stream))
@@ -171,7 +186,14 @@ pub async fn serve(
                             attempts.fallbacks(),
                         );
                         // A fallback that admitted it is charged; else the request's own group.
-                        return charge(limiter, response, group_lease.or(first_lease), chat);
+                        let lease = match group_lease {
+                            Some(lease) => {
+                                refund_unless(first_called, first_lease);
+                                Some(lease)
+                            }
+                            None => first_lease,
+                        };
+                        return charge(limiter, response, lease, chat);
                     }
                     Err(failure) => {
                         drop(in_flight);
@@ -217,7 +239,26 @@ pub async fn serve(
         attempts.retries(),
         attempts.fallbacks(),
     );
-    charge(limiter, response, first_lease, chat)
+    if let Some((lease, _)) = group_lease {
+        if !current_called {
+            lease.cancel();
+        }
+    }
+    if first_called {
+        charge(limiter, response, first_lease, chat)
+    } else {
+        // No deployment of its own group was called (all parked or full, say): the group's
+        // admission is taken back, so the refusal uses none of its requests.
+        refund_unless(false, first_lease);
+        response
+    }
+}
+
+/// Takes back `lease`'s admission unless a deployment of its group was `called`.
+fn refund_unless(called: bool, lease: Option<(Lease, Admitted)>) {
+    if let (false, Some((lease, _))) = (called, lease) {
+        lease.cancel();
+    }
 }
 
 /// The 429 when no deployment of the group has room (or all are cooling down).

@@ -1,5 +1,6 @@
-//! The `gateway-example` binary itself: `--help`, a bad config's error, and graceful shutdown on
-//! SIGTERM with a request in flight.
+//! The `gateway-example` binary itself: `--help`, a bad config's error, graceful shutdown on
+//! SIGTERM with a request in flight, loopback by default and no publicly known master key beyond
+//! it.
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
@@ -20,7 +21,13 @@ fn help_explains_every_option() {
     let out = Command::new(BIN).arg("--help").output().unwrap();
     assert!(out.status.success());
     let help = String::from_utf8(out.stdout).unwrap();
-    for option in ["--config", "--host", "--port", "--data-dir"] {
+    for option in [
+        "--config",
+        "--host",
+        "--port",
+        "--data-dir",
+        "--allow-known-master-key",
+    ] {
         assert!(help.contains(option), "{option} missing from:\n{help}");
     }
 }
@@ -161,4 +168,115 @@ async fn sigterm_lets_in_flight_requests_finish() {
         "{log}"
     );
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A data dir and a config with `master_key` for the exposure tests.
+fn exposure_config(name: &str, master_key: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("gw-bin-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("gw.yaml"),
+        format!(
+            "model_list: [{{model_name: m, litellm_params: {{model: openai/m, mock_response: hi}}}}]\n\
+             general_settings: {{master_key: {master_key}}}\n"
+        ),
+    )
+    .unwrap();
+    dir
+}
+
+/// Starts the gateway on `dir`'s config with `args`; returns the child and the address it logs
+/// it listens on, or its exit status and stderr if it exits first.
+fn launch(
+    dir: &std::path::Path,
+    args: &[&str],
+) -> Result<(std::process::Child, String), (std::process::ExitStatus, String)> {
+    let mut child = Command::new(BIN)
+        .arg("--config")
+        .arg(dir.join("gw.yaml"))
+        .arg("--data-dir")
+        .arg(dir.join("data"))
+        .args(args)
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+        if let Some((_, addr)) = line.split_once("listening on http://") {
+            return Ok((child, addr.trim().to_owned()));
+        }
+    }
+    let out = child.wait_with_output().unwrap();
+    Err((
+        out.status,
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    ))
+}
+
+fn stop(mut child: std::process::Child) {
+    let _ = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status();
+    let _ = child.wait();
+}
+
+/// Without `--host` the gateway listens on loopback only, and serves there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_default_host_is_loopback() {
+    let dir = exposure_config("loopback", "sk-1234");
+    let port = free_port().to_string();
+    let (child, addr) = launch(&dir, &["--port", &port]).expect("starts on loopback");
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http::<http_body_util::Full<bytes::Bytes>>();
+    let url = format!("http://127.0.0.1:{port}/health/liveliness");
+    let status = client.get(url.parse().unwrap()).await.map(|r| r.status());
+    stop(child);
+    assert_eq!(addr, format!("127.0.0.1:{port}"));
+    assert_eq!(status.unwrap(), 200);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// On a non-loopback address the quick start's public master key is refused, with an error that
+/// names the flag, and no data dir is made; `--allow-known-master-key` starts it anyway, and a
+/// master key of one's own needs no flag.
+#[test]
+fn a_known_master_key_is_refused_beyond_loopback_unless_allowed() {
+    let dir = exposure_config("known-key", "sk-1234");
+    let port = free_port().to_string();
+    let (status, err) = match launch(&dir, &["--host", "0.0.0.0", "--port", &port]) {
+        Err(exited) => exited,
+        Ok((child, _)) => {
+            stop(child);
+            panic!("started on 0.0.0.0 with sk-1234");
+        }
+    };
+    assert!(!status.success());
+    assert!(
+        err.contains("publicly known master key") && err.contains("--allow-known-master-key"),
+        "{err}"
+    );
+    assert!(!dir.join("data").exists(), "nothing was written");
+
+    let (child, addr) = launch(
+        &dir,
+        &[
+            "--host",
+            "0.0.0.0",
+            "--port",
+            &port,
+            "--allow-known-master-key",
+        ],
+    )
+    .expect("the operator insisted");
+    stop(child);
+    assert_eq!(addr, format!("0.0.0.0:{port}"));
+
+    let own = exposure_config("own-key", "sk-a-secret-of-my-own");
+    let (child, _) = launch(&own, &["--host", "0.0.0.0", "--port", &port]).expect("own key");
+    stop(child);
+    std::fs::remove_dir_all(&dir).unwrap();
+    std::fs::remove_dir_all(&own).unwrap();
 }

@@ -52,12 +52,17 @@ impl Settler for Slot {
         let window = self.window_ms;
         let mut guard = self.lock();
         let counters = &mut *guard;
-        counters
-            .model
-            .settle(s.tokens, s.reserved, Some(s.model_window), now, window);
+        let apply = |counter: &mut Counter, admitted_in| {
+            if s.cancel {
+                counter.cancel(s.reserved, Some(admitted_in), now, window);
+            } else {
+                counter.settle(s.tokens, s.reserved, Some(admitted_in), now, window);
+            }
+        };
+        apply(&mut counters.model, s.model_window);
         if !counters.pools.is_empty() {
             let i = pool_index(s.pool, counters.pools.len());
-            counters.pools[i].settle(s.tokens, s.reserved, Some(s.pool_window), now, window);
+            apply(&mut counters.pools[i], s.pool_window);
         }
     }
 }
@@ -204,5 +209,63 @@ impl Store for MemoryStore {
     fn settler(&self, model: ModelId) -> Option<Arc<dyn Settler>> {
         let slot = self.models.get(model.index())?;
         Some(Arc::clone(slot) as Arc<dyn Settler>)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::clock::ManualClock;
+    use crate::config::ModelLimits;
+
+    fn admit(store: &MemoryStore, model: ModelId, reserve: u64) -> Option<Settlement> {
+        let request = AdmitRequest {
+            model,
+            pool: PoolRef::Default,
+            reserve,
+        };
+        match store.admit(request).into_inner().unwrap() {
+            Decision::Admit(a) => Some(Settlement {
+                model,
+                pool: PoolRef::Default,
+                tokens: 0,
+                reserved: a.reserved,
+                model_window: a.model_window,
+                pool_window: a.pool_window,
+                cancel: true,
+            }),
+            Decision::Refuse(_) => None,
+        }
+    }
+
+    #[test]
+    fn a_cancelled_admission_gives_its_request_and_reservation_back_in_its_window() {
+        let config = LimiterConfig::builder()
+            .model(ModelLimits::new("m").rpm(2).tpm(1000))
+            .build()
+            .unwrap();
+        let clock = ManualClock::new();
+        let store = MemoryStore::with_clock(&config, clock.clone());
+        let id = config.model_id("m").unwrap();
+        let settler = store.settler(id).unwrap();
+        let usage = |store: &MemoryStore| store.usage(id, PoolRef::Default).unwrap().0;
+
+        let first = admit(&store, id, 0).unwrap();
+        let second = admit(&store, id, 40).unwrap();
+        assert!(admit(&store, id, 0).is_none(), "rpm 2 is used up");
+        settler.settle(second);
+        assert_eq!((usage(&store).requests, usage(&store).tokens), (1, 0));
+        let third = admit(&store, id, 0).unwrap();
+        assert!(admit(&store, id, 0).is_none());
+        clock.advance(Duration::from_secs(60));
+        // Admitted in a window that has ended: nothing to give back in the new one.
+        let fourth = admit(&store, id, 0).unwrap();
+        settler.settle(first);
+        settler.settle(third);
+        assert_eq!(usage(&store).requests, 1);
+        settler.settle(fourth);
+        assert_eq!(usage(&store).requests, 0);
     }
 }

@@ -50,6 +50,9 @@ pub struct Settlement {
     pub model_window: Millis,
     /// Start of the pool window the request was admitted in.
     pub pool_window: Millis,
+    /// The admission is taken back (the request was not served): the request and its
+    /// reservation are refunded if their window is still open, and `tokens` is 0.
+    pub cancel: bool,
 }
 
 /// Why a store could not answer.

@@ -79,7 +79,8 @@ impl Inner {
                     .arg(s.reserved.min(MAX_EXACT))
                     .arg(s.model_window)
                     .arg(s.pool_window)
-                    .arg(self.ttl_ms);
+                    .arg(self.ttl_ms)
+                    .arg(u8::from(s.cancel));
             });
         let applied = bounded(SETTLE_TIMEOUT.max(self.timeout), call).await?;
         if applied == 0 {
