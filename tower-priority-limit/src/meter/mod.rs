@@ -16,7 +16,10 @@
 //!   arrived (even one whose last `data:` line has no line ending yet) is
 //!   counted by [`UsageMeter::tokens`] if its data is already complete JSON.
 //!   Lines longer than 1 MiB are skipped (their event too, if it was a `data`
-//!   line), so memory stays bounded whatever the stream.
+//!   line), so memory stays bounded whatever the stream. Skipped is not free:
+//!   the bytes of a skipped `data` line, and all the data of an event whose
+//!   `data` lines add up to more than 1 MiB, count towards the estimate (see
+//!   below) as they go by. Overlong comments and other fields count nothing.
 //! * **JSON** (anything else): up to 4 MiB of the body is kept; past that only
 //!   its last 64 KiB (usage comes last in OpenAI and Anthropic bodies). A body
 //!   that arrives in one frame is kept by reference, not copied. When
@@ -57,8 +60,9 @@
 //! `choices[*].delta.content`, `choices[*].message.content`,
 //! `choices[*].text`, the `function.arguments` of `choices[*].delta.tool_calls`
 //! and `choices[*].message.tool_calls`, and Anthropic's `delta.text`,
-//! `delta.partial_json` and `content[*].text`. A body that is not JSON
-//! (or a JSON body cut to its tail without usage) has `content_bytes = 0`.
+//! `delta.partial_json` and `content[*].text`, plus the bytes of SSE data
+//! skipped for being past the line bound. A body that is not JSON (or a JSON
+//! body cut to its tail without usage) has `content_bytes = 0`.
 
 mod json;
 mod scan;
@@ -309,6 +313,22 @@ mod tests {
         let mut m = UsageMeter::json();
         m.feed(br#"{"type":"message","content":[{"type":"text","text":"Hi"}],"usage":{"input_tokens":3,"output_tokens":2}}"#);
         assert_eq!(m.tokens(), Tokens::Reported(5));
+    }
+
+    #[test]
+    fn a_32_mb_sse_event_without_usage_is_charged_its_bytes() {
+        // The case of issue 14: one event far past the line bound used to cost only the prompt.
+        let mut m = UsageMeter::sse().with_prompt_estimate(15);
+        m.feed(b"data: {\"choices\":[{\"delta\":{\"content\":\"");
+        let junk = vec![b'x'; 1 << 16];
+        for _ in 0..(32 << 20) / junk.len() {
+            m.feed(&junk);
+        }
+        m.feed(b"\"}}]}\n\n");
+        let line = 39 + (32u64 << 20) + 5;
+        assert_eq!(m.tokens(), Tokens::Estimated(15 + line.div_ceil(4)));
+        m.feed(b"data: [DONE]\n\n");
+        assert_eq!(m.tokens(), Tokens::Estimated(15 + line.div_ceil(4)));
     }
 
     #[test]
