@@ -20,12 +20,16 @@
 //!   the bytes of a skipped `data` line, and all the data of an event whose
 //!   `data` lines add up to more than 1 MiB, count towards the estimate (see
 //!   below) as they go by. Overlong comments and other fields count nothing.
-//! * **JSON** (anything else): up to 4 MiB of the body is kept; past that only
-//!   its last 64 KiB (usage comes last in OpenAI and Anthropic bodies). A body
-//!   that arrives in one frame is kept by reference, not copied. When
+//! * **JSON** (anything else): up to 4 MiB of the body is kept. A body that
+//!   arrives in one frame is kept by reference, not copied. When
 //!   [`UsageMeter::tokens`] is called, the last `"usage": {...}` object in the
 //!   kept bytes is read (a cheap scan from the end); only a body without one is
-//!   parsed as a whole, for the estimate.
+//!   parsed as a whole, for the estimate. A body that grows past 4 MiB is no
+//!   longer kept: from then on a forward scan reads it as it goes by (the kept
+//!   bytes first) and remembers the last complete usage object (up to 64 KiB
+//!   each), so usage anywhere in the body is found, first or last. Without one,
+//!   every byte of such a body counts as generated text, since its start is
+//!   gone and text cannot be told from the rest.
 //!
 //! # Reported usage
 //!
@@ -61,8 +65,9 @@
 //! `choices[*].text`, the `function.arguments` of `choices[*].delta.tool_calls`
 //! and `choices[*].message.tool_calls`, and Anthropic's `delta.text`,
 //! `delta.partial_json` and `content[*].text`, plus the bytes of SSE data
-//! skipped for being past the line bound. A body that is not JSON (or a JSON
-//! body cut to its tail without usage) has `content_bytes = 0`.
+//! skipped for being past the line bound. A JSON body past 4 MiB without usage
+//! has `content_bytes` = all its bytes. A body of at most 4 MiB that is not
+//! JSON has `content_bytes = 0`.
 
 mod json;
 mod scan;
@@ -329,6 +334,34 @@ mod tests {
         assert_eq!(m.tokens(), Tokens::Estimated(15 + line.div_ceil(4)));
         m.feed(b"data: [DONE]\n\n");
         assert_eq!(m.tokens(), Tokens::Estimated(15 + line.div_ceil(4)));
+    }
+
+    #[test]
+    fn an_8_mib_json_body_is_read_whatever_its_usage_position() {
+        let filler = vec![b'x'; 8 << 20];
+        let mut body = br#"{"usage":{"prompt_tokens":10,"completion_tokens":20,"total_tokens":30},"choices":[{"message":{"content":""#.to_vec();
+        body.extend_from_slice(&filler);
+        body.extend_from_slice(br#""}}]}"#);
+        let mut m = UsageMeter::json().with_prompt_estimate(12);
+        for c in body.chunks(16 << 10) {
+            m.feed_bytes(&bytes::Bytes::copy_from_slice(c));
+        }
+        assert_eq!(m.tokens(), Tokens::Reported(30));
+        // Without usage: every byte that went by counts, and the prompt estimate.
+        let body = [
+            &br#"{"choices":[{"message":{"content":""#[..],
+            &filler,
+            br#""}}]}"#,
+        ]
+        .concat();
+        let mut m = UsageMeter::json().with_prompt_estimate(11);
+        for c in body.chunks(16 << 10) {
+            m.feed(c);
+        }
+        assert_eq!(
+            m.tokens(),
+            Tokens::Estimated(11 + (body.len() as u64).div_ceil(4))
+        );
     }
 
     #[test]
