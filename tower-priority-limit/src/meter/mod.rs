@@ -48,7 +48,9 @@
 //! latest object. With one usage object (OpenAI) that is "the last one wins";
 //! with Anthropic's `message_start` (input) and `message_delta` (cumulative
 //! output) it gives input + output. Reported usage always replaces the
-//! estimate: [`Tokens::Reported`].
+//! estimate: [`Tokens::Reported`], at most the meter's cap
+//! ([`UsageMeter::with_max_reported_tokens`], 10^8 by default): a larger
+//! count is charged as the cap, and logged.
 //!
 //! # Estimate
 //!
@@ -74,6 +76,8 @@ mod scan;
 mod sse;
 mod usage;
 
+use crate::config::DEFAULT_MAX_REPORTED_TOKENS;
+use crate::response::LogThrottle;
 use json::JsonMeter;
 use sse::SseMeter;
 pub use usage::is_usage_only_chunk;
@@ -116,6 +120,7 @@ impl Tokens {
 pub struct UsageMeter {
     body: Body,
     prompt_estimate: u64,
+    max_reported: u64,
 }
 
 #[derive(Debug)]
@@ -140,6 +145,7 @@ impl UsageMeter {
         UsageMeter {
             body: Body::Sse(SseMeter::new()),
             prompt_estimate: 0,
+            max_reported: DEFAULT_MAX_REPORTED_TOKENS,
         }
     }
 
@@ -148,6 +154,7 @@ impl UsageMeter {
         UsageMeter {
             body: Body::Json(JsonMeter::new()),
             prompt_estimate: 0,
+            max_reported: DEFAULT_MAX_REPORTED_TOKENS,
         }
     }
 
@@ -156,6 +163,16 @@ impl UsageMeter {
     /// Default 0.
     pub fn with_prompt_estimate(mut self, tokens: u64) -> Self {
         self.prompt_estimate = tokens;
+        self
+    }
+
+    /// The most tokens a reported usage may count (default
+    /// [`DEFAULT_MAX_REPORTED_TOKENS`], 10^8; the layer passes the config's
+    /// `max_reported_tokens`): more is taken as a broken or hostile upstream, and
+    /// [`tokens`](Self::tokens) reports this many instead, logging a warning at most
+    /// once a second. Estimates are not clamped (they cannot exceed what went by).
+    pub fn with_max_reported_tokens(mut self, tokens: u64) -> Self {
+        self.max_reported = tokens;
         self
     }
 
@@ -199,12 +216,31 @@ impl UsageMeter {
             Body::Json(m) => m.inspect(),
         };
         match seen {
-            Ok(usage) => Tokens::Reported(usage.total()),
+            Ok(usage) => Tokens::Reported(self.clamp(usage.total())),
             Err(content_bytes) => Tokens::Estimated(
                 self.prompt_estimate
                     .saturating_add(content_bytes.div_ceil(4)),
             ),
         }
+    }
+}
+
+impl UsageMeter {
+    /// `reported`, or the cap if it is above it (logged at most once a second).
+    fn clamp(&self, reported: u64) -> u64 {
+        if reported <= self.max_reported {
+            return reported;
+        }
+        static CLAMPED: LogThrottle = LogThrottle::new();
+        if let Some(suppressed) = CLAMPED.slot() {
+            tracing::warn!(
+                reported,
+                max_reported_tokens = self.max_reported,
+                suppressed,
+                "response reported more tokens than max_reported_tokens; charged the cap"
+            );
+        }
+        self.max_reported
     }
 }
 
@@ -362,6 +398,49 @@ mod tests {
             m.tokens(),
             Tokens::Estimated(11 + (body.len() as u64).div_ceil(4))
         );
+    }
+
+    #[test]
+    fn reported_usage_is_clamped_to_the_cap() {
+        let huge = br#"{"choices":[],"usage":{"total_tokens":18446744073709551615}}"#;
+        // The cap by default, whatever the split.
+        for at in 0..=huge.len() {
+            let mut m = UsageMeter::json().with_prompt_estimate(5);
+            m.feed(&huge[..at]);
+            m.feed(&huge[at..]);
+            assert_eq!(
+                m.tokens(),
+                Tokens::Reported(DEFAULT_MAX_REPORTED_TOKENS),
+                "split at {at}"
+            );
+        }
+        let sse = [&b"data: "[..], huge, b"\n\ndata: [DONE]\n\n"].concat();
+        for at in 0..=sse.len() {
+            let mut m = UsageMeter::sse();
+            m.feed(&sse[..at]);
+            m.feed(&sse[at..]);
+            assert_eq!(
+                m.tokens(),
+                Tokens::Reported(DEFAULT_MAX_REPORTED_TOKENS),
+                "split at {at}"
+            );
+        }
+        // A configured cap; at the cap nothing changes; sums that saturate are clamped too.
+        let mut m = UsageMeter::json().with_max_reported_tokens(1000);
+        m.feed(br#"{"usage":{"prompt_tokens":18446744073709551615,"completion_tokens":9}}"#);
+        assert_eq!(m.tokens(), Tokens::Reported(1000));
+        let mut m = UsageMeter::json().with_max_reported_tokens(1000);
+        m.feed(br#"{"usage":{"total_tokens":1000}}"#);
+        assert_eq!(m.tokens(), Tokens::Reported(1000));
+        let mut m = UsageMeter::json().with_max_reported_tokens(1000);
+        m.feed(br#"{"usage":{"total_tokens":1001}}"#);
+        assert_eq!(m.tokens(), Tokens::Reported(1000));
+        // Estimates are not clamped.
+        let mut m = UsageMeter::json()
+            .with_max_reported_tokens(1)
+            .with_prompt_estimate(7);
+        m.feed(br#"{"choices":[{"message":{"content":"12345678"}}]}"#);
+        assert_eq!(m.tokens(), Tokens::Estimated(9));
     }
 
     #[test]
