@@ -14,6 +14,8 @@ use tower_priority_limit::store::{
 };
 
 /// The embedded store or the Redis store, chosen at start-up.
+// Two of these live for the whole process: boxing the larger variant would buy nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
 pub enum GatewayStore {
     /// Counters in this process (no Redis configured).

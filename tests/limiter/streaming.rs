@@ -336,3 +336,39 @@ async fn settles_at_done_before_the_body_closes() {
     drop(body);
     assert_eq!(settles(&limiter), 1, "and not again on drop");
 }
+
+/// A limiter on model `m` with `tpm` and, if given, `max_reported_tokens`.
+fn limiter_with_cap(tpm: u64, cap: Option<u64>) -> Arc<TestLimiter> {
+    let mut builder = LimiterConfig::builder().model(ModelLimits::new("m").tpm(tpm));
+    if let Some(cap) = cap {
+        builder = builder.max_reported_tokens(cap);
+    }
+    let config = builder.build().unwrap();
+    let store = CountingStore {
+        inner: MemoryStore::with_clock(&config, ManualClock::new()),
+        settles: Arc::default(),
+    };
+    Arc::new(Limiter::with_store(store))
+}
+
+/// One response reporting `total_tokens = 2^64 - 1` used to fill the model's TPM for the rest of
+/// the window (every later request a 429). It is charged the cap, and the model keeps serving.
+#[tokio::test]
+async fn a_huge_reported_usage_is_clamped_to_max_reported_tokens() {
+    let huge: &[u8] =
+        b"data: {\"choices\":[],\"usage\":{\"total_tokens\":18446744073709551615}}\n\ndata: [DONE]\n\n";
+    for (tpm, cap, want) in [(1_000, Some(400), 400), (1_000_000_000, None, 100_000_000)] {
+        let limiter = limiter_with_cap(tpm, cap);
+        let bodies = vec![
+            (vec![Ok(Bytes::from_static(huge))], false),
+            (split(huge, huge.len() / 2), false),
+        ];
+        let mut svc = svc(&limiter, Arc::new(Mutex::new(bodies)));
+        assert_eq!(run_to_end(&mut svc).await.unwrap(), huge);
+        assert_eq!(tokens(&limiter), want, "charged the cap");
+        // Not refused: the budget is not exhausted by one broken response.
+        assert_eq!(run_to_end(&mut svc).await.unwrap(), huge);
+        assert_eq!(tokens(&limiter), 2 * want);
+        assert_eq!(settles(&limiter), 2);
+    }
+}

@@ -175,7 +175,8 @@ impl<St: Store> Limiter<St> {
             admitted,
         );
         let mut meter =
-            UsageMeter::for_content_type(parts.headers.get(CONTENT_TYPE).map(|v| v.as_bytes()));
+            UsageMeter::for_content_type(parts.headers.get(CONTENT_TYPE).map(|v| v.as_bytes()))
+                .with_max_reported_tokens(self.config().settings().max_reported_tokens);
         if parts.status.is_success() {
             meter = meter.with_prompt_estimate(prompt_estimate);
         }

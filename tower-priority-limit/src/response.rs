@@ -361,20 +361,40 @@ pub(crate) fn store_failure_response(
 /// At most one store-failure line per second, with how many were left out since the last one:
 /// an outage must be loud, not a flood of one line per request.
 fn log_slot() -> Option<u64> {
-    static START: OnceLock<Instant> = OnceLock::new();
-    static LAST_SECOND: AtomicU64 = AtomicU64::new(u64::MAX);
-    static SUPPRESSED: AtomicU64 = AtomicU64::new(0);
-    let second = START.get_or_init(Instant::now).elapsed().as_secs();
-    let last = LAST_SECOND.load(Ordering::Relaxed);
-    if last != second
-        && LAST_SECOND
-            .compare_exchange(last, second, Ordering::Relaxed, Ordering::Relaxed)
-            .is_ok()
-    {
-        Some(SUPPRESSED.swap(0, Ordering::Relaxed))
-    } else {
-        SUPPRESSED.fetch_add(1, Ordering::Relaxed);
-        None
+    static STORE_FAILURES: LogThrottle = LogThrottle::new();
+    STORE_FAILURES.slot()
+}
+
+/// Lets one log line of a kind through per second, counting the ones it holds back.
+pub(crate) struct LogThrottle {
+    last_second: AtomicU64,
+    suppressed: AtomicU64,
+}
+
+impl LogThrottle {
+    pub(crate) const fn new() -> Self {
+        Self {
+            last_second: AtomicU64::new(u64::MAX),
+            suppressed: AtomicU64::new(0),
+        }
+    }
+
+    /// `Some(lines held back since the last one)` if this line may be logged, else `None`.
+    pub(crate) fn slot(&self) -> Option<u64> {
+        static START: OnceLock<Instant> = OnceLock::new();
+        let second = START.get_or_init(Instant::now).elapsed().as_secs();
+        let last = self.last_second.load(Ordering::Relaxed);
+        if last != second
+            && self
+                .last_second
+                .compare_exchange(last, second, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            Some(self.suppressed.swap(0, Ordering::Relaxed))
+        } else {
+            self.suppressed.fetch_add(1, Ordering::Relaxed);
+            None
+        }
     }
 }
 

@@ -4,7 +4,8 @@ use std::time::Duration;
 
 use super::{
     ConfigError, FailureMode, LimiterConfig, ModelLimits, Reservation, SharedStoreSettings,
-    DEFAULT_PRIORITY_SHARE, DEFAULT_SATURATION_THRESHOLD, DEFAULT_WINDOW,
+    DEFAULT_MAX_REPORTED_TOKENS, DEFAULT_PRIORITY_SHARE, DEFAULT_SATURATION_THRESHOLD,
+    DEFAULT_WINDOW,
 };
 
 /// One model entry: a `model_list` item of a file, or a [`ModelLimits`] handed to the builder.
@@ -75,6 +76,7 @@ pub struct LimiterConfigBuilder {
     pub(super) saturation_check_cache_ttl: Duration,
     pub(super) window: Duration,
     pub(super) shared: SharedStoreSettings,
+    pub(super) max_reported_tokens: u64,
     pub(super) origin: Origin,
 }
 
@@ -88,6 +90,7 @@ impl Default for LimiterConfigBuilder {
             saturation_check_cache_ttl: Duration::from_secs(60),
             window: DEFAULT_WINDOW,
             shared: SharedStoreSettings::default(),
+            max_reported_tokens: DEFAULT_MAX_REPORTED_TOKENS,
             origin: Origin::Code,
         }
     }
@@ -158,6 +161,14 @@ impl LimiterConfigBuilder {
     /// The longest a shared store's call may take before it counts as failed (default 50 ms).
     pub fn store_timeout(mut self, timeout: Duration) -> Self {
         self.shared.timeout = timeout;
+        self
+    }
+
+    /// The most tokens one response may report (default 10^8, must be > 0): a response
+    /// reporting more (a broken or hostile upstream, e.g. `total_tokens = 2^64 - 1`) is charged
+    /// this many, and the clamp is logged at most once a second. Estimates are not clamped.
+    pub fn max_reported_tokens(mut self, tokens: u64) -> Self {
+        self.max_reported_tokens = tokens;
         self
     }
 

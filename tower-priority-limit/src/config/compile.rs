@@ -19,6 +19,12 @@ impl LimiterConfig {
         let threshold = origin.setting("saturation_threshold");
         check_unit(b.saturation_threshold, &threshold, "threshold")?;
         let window_ms = window_ms(b.window)?;
+        if b.max_reported_tokens == 0 {
+            return Err(ConfigError::new(
+                origin.setting("max_reported_tokens"),
+                "must be > 0",
+            ));
+        }
 
         // Priorities: names are unique; bare shares are checked here, rpm/tpm ones per model.
         let mut priorities: Vec<Arc<str>> = Vec::with_capacity(b.reservations.len());
@@ -106,6 +112,7 @@ impl LimiterConfig {
                 saturation_check_cache_ttl: b.saturation_check_cache_ttl,
                 window_ms,
                 shared: b.shared,
+                max_reported_tokens: b.max_reported_tokens,
             },
         })
     }

@@ -65,6 +65,8 @@ pub const DEFAULT_PRIORITY_SHARE: f64 = 0.25;
 pub const DEFAULT_SATURATION_THRESHOLD: f64 = 0.5;
 /// The accounting window.
 pub const DEFAULT_WINDOW: Duration = Duration::from_secs(60);
+/// `max_reported_tokens` when the config does not say: no real response reports more.
+pub const DEFAULT_MAX_REPORTED_TOKENS: u64 = 100_000_000;
 
 /// Limits of one pool on one model, after conversion and normalization.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -175,6 +177,8 @@ pub struct Settings {
     pub window_ms: u64,
     /// How a shared store (Redis) behaves when it cannot answer.
     pub shared: SharedStoreSettings,
+    /// The most tokens one response may report; more is clamped to this (and logged).
+    pub max_reported_tokens: u64,
 }
 
 /// What a shared store does while it cannot answer: degrade, don't vanish.
@@ -655,6 +659,34 @@ litellm_settings:
             e.path(),
             "litellm_settings.priority_reservation_settings.expected_nodes"
         );
+    }
+
+    #[test]
+    fn max_reported_tokens_loads_builds_and_names_its_path() {
+        let yaml = |extra: &str| {
+            format!(
+                "model_list:\n  - model_name: m\n    litellm_params: {{model: m, tpm: 10}}\n\
+                 litellm_settings:\n  priority_reservation_settings:\n    {extra}\n"
+            )
+        };
+        let c = load(&yaml("default_priority: 0.25")).unwrap();
+        assert_eq!(
+            c.settings().max_reported_tokens,
+            DEFAULT_MAX_REPORTED_TOKENS
+        );
+        assert_eq!(DEFAULT_MAX_REPORTED_TOKENS, 100_000_000);
+        let c = load(&yaml("max_reported_tokens: 5000")).unwrap();
+        assert_eq!(c.settings().max_reported_tokens, 5000);
+        let e = load(&yaml("max_reported_tokens: 0")).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "litellm_settings.priority_reservation_settings.max_reported_tokens: must be > 0"
+        );
+        let b = || LimiterConfig::builder().model(ModelLimits::new("m").tpm(10));
+        let c = b().max_reported_tokens(7).build().unwrap();
+        assert_eq!(c.settings().max_reported_tokens, 7);
+        let e = b().max_reported_tokens(0).build().unwrap_err();
+        assert_eq!(e.to_string(), "max_reported_tokens: must be > 0");
     }
 
     #[test]

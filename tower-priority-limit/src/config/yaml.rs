@@ -90,6 +90,7 @@ pub(super) fn parse_document(doc: &Value) -> Result<LimiterConfigBuilder, Config
                     b.shared.expected_nodes = u32::try_from(positive(&node)?)
                         .map_err(|_| node.error("too many nodes"))?;
                 }
+                "max_reported_tokens" => b.max_reported_tokens = positive(&node)?,
                 "redis_timeout_ms" => {
                     b.shared.timeout = Duration::from_millis(positive(&node)?);
                 }
@@ -97,7 +98,7 @@ pub(super) fn parse_document(doc: &Value) -> Result<LimiterConfigBuilder, Config
                 // unchanged; a misspelt key is the common case, so say so.
                 _ => tracing::warn!(
                     path = %node.path(),
-                    "unknown setting ignored (expected default_priority, saturation_threshold, saturation_check_cache_ttl, redis_failure_mode, expected_nodes, redis_timeout_ms)"
+                    "unknown setting ignored (expected default_priority, saturation_threshold, saturation_check_cache_ttl, redis_failure_mode, expected_nodes, redis_timeout_ms, max_reported_tokens)"
                 ),
             }
         }

@@ -2,23 +2,27 @@
 
 use std::fmt;
 
-use super::scan::find_last_usage;
-use super::usage::{parse_doc, Usage, MAX_BODY, TAIL};
+use super::scan::{find_last_usage, UsageScan};
+use super::usage::{parse_doc, Usage, MAX_BODY};
 
 // ---------------------------------------------------------------------------
 // Non-streamed bodies
 // ---------------------------------------------------------------------------
 
-/// Meters a non-streamed JSON body: keeps a bounded copy and parses it when
-/// asked.
+/// Meters a non-streamed JSON body: keeps a copy of up to [`MAX_BODY`] bytes and parses it when
+/// asked; past that keeps nothing but a forward scan for usage objects, and the byte count.
 pub(crate) struct JsonMeter {
-    /// The whole body while it is at most [`MAX_BODY`] bytes; afterwards its
-    /// last [`TAIL`] bytes.
+    /// The whole body while it is at most [`MAX_BODY`] bytes; empty afterwards.
     buf: Vec<u8>,
     /// A body that arrived as one frame, kept by reference instead of copied.
     whole: Option<bytes::Bytes>,
-    /// Whether the start of the body was dropped.
+    /// Whether the body grew past [`MAX_BODY`]: then only `scan` reads it.
     truncated: bool,
+    /// Bytes of body seen.
+    seen: u64,
+    /// Reads a body past [`MAX_BODY`] as it goes by (fed the kept bytes when the bound is
+    /// passed, then every chunk).
+    scan: UsageScan,
 }
 
 impl fmt::Debug for JsonMeter {
@@ -29,6 +33,7 @@ impl fmt::Debug for JsonMeter {
                 &self.whole.as_ref().map_or(self.buf.len(), |b| b.len()),
             )
             .field("truncated", &self.truncated)
+            .field("seen", &self.seen)
             .finish()
     }
 }
@@ -39,14 +44,17 @@ impl JsonMeter {
             buf: Vec::new(),
             whole: None,
             truncated: false,
+            seen: 0,
+            scan: UsageScan::default(),
         }
     }
 
     /// Like [`feed`](Self::feed), but a first chunk is kept by reference: most JSON bodies
     /// arrive in one frame, and then nothing is copied.
     pub(crate) fn feed_bytes(&mut self, chunk: &bytes::Bytes) {
-        if self.buf.is_empty() && self.whole.is_none() && chunk.len() <= MAX_BODY {
-            self.whole = Some(chunk.clone());
+        if self.seen == 0 && chunk.len() <= MAX_BODY {
+            self.seen = chunk.len() as u64;
+            self.whole = (!chunk.is_empty()).then(|| chunk.clone());
         } else {
             self.feed(chunk);
         }
@@ -54,32 +62,32 @@ impl JsonMeter {
 
     pub(crate) fn feed(&mut self, chunk: &[u8]) {
         if let Some(first) = self.whole.take() {
-            self.feed(&first);
+            // Counted when it came; at most MAX_BODY bytes.
+            self.buf.extend_from_slice(&first);
         }
-        if !self.truncated {
-            if self.buf.len().saturating_add(chunk.len()) <= MAX_BODY {
-                self.buf.extend_from_slice(chunk);
-                return;
-            }
-            // Switch to tail mode: give the big buffer back.
-            self.truncated = true;
-            let old = std::mem::replace(&mut self.buf, Vec::with_capacity(TAIL));
-            let keep = TAIL.saturating_sub(chunk.len()).min(old.len());
-            self.buf.extend_from_slice(&old[old.len() - keep..]);
+        self.seen = self.seen.saturating_add(chunk.len() as u64);
+        if self.truncated {
+            self.scan.feed(chunk);
+            return;
         }
-        if chunk.len() >= TAIL {
-            self.buf.clear();
-            self.buf.extend_from_slice(&chunk[chunk.len() - TAIL..]);
-        } else {
-            let excess = (self.buf.len() + chunk.len()).saturating_sub(TAIL);
-            self.buf.drain(..excess);
+        if self.buf.len().saturating_add(chunk.len()) <= MAX_BODY {
             self.buf.extend_from_slice(chunk);
+            return;
         }
+        // Past the bound: give the buffer back, and from here on read the body as it goes by.
+        self.truncated = true;
+        let kept = std::mem::take(&mut self.buf);
+        self.scan.feed(&kept);
+        self.scan.feed(chunk);
     }
 
     /// `Some(usage)` if found, else the generated-text bytes (0 when the body
-    /// is not parseable).
+    /// is not parseable; every byte seen for a body past [`MAX_BODY`]).
     pub(crate) fn inspect(&self) -> Result<Usage, u64> {
+        if self.truncated {
+            // Its start is gone, so its text cannot be told from the rest: all of it counts.
+            return self.scan.last().ok_or(self.seen);
+        }
         let buf = self.whole.as_deref().unwrap_or(&self.buf);
         // Usage comes last in OpenAI and Anthropic bodies: look for it there first, which costs a
         // fraction of parsing the whole document. Only a body without usage is parsed in full, for
@@ -87,28 +95,24 @@ impl JsonMeter {
         if let Some(usage) = find_last_usage(buf) {
             return Ok(usage);
         }
-        let mut content = 0;
-        if !self.truncated {
-            if let Some(info) = parse_doc(buf) {
-                match info.usage {
-                    Some(u) => return Ok(u),
-                    None => content = info.content_bytes,
-                }
-            }
+        match parse_doc(buf) {
+            Some(info) => info.usage.ok_or(info.content_bytes),
+            None => Err(0),
         }
-        Err(content)
     }
 
     #[cfg(test)]
     pub(crate) fn buffered_capacity(&self) -> usize {
-        self.buf.capacity()
+        self.buf.capacity() + self.scan.capacity()
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::meter::scan::MAX_OBJECT;
     use crate::meter::usage::merge_usage;
+    use proptest::prelude::*;
 
     const BODY: &str = r#"{
   "id": "chatcmpl-123",
@@ -176,32 +180,153 @@ mod tests {
         assert_eq!(total(&meter(&[b])), Err(0));
     }
 
-    #[test]
-    fn larger_than_bound_with_usage_at_end() {
+    /// A body of `size` bytes or a little more: usage (if any) first or last, and
+    /// `x` text in between.
+    fn big_body(size: usize, usage_first: bool, with_usage: bool) -> Vec<u8> {
+        let usage = r#""usage":{"prompt_tokens":10,"completion_tokens":20,"total_tokens":30,"completion_tokens_details":{"reasoning_tokens":0}}"#;
+        let mut body = String::from("{");
+        if usage_first && with_usage {
+            body.push_str(usage);
+            body.push(',');
+        }
+        body.push_str(r#""choices":[{"message":{"content":""#);
         let filler = "x".repeat(1000);
-        let mut body = String::from(r#"{"choices":[{"message":{"content":""#);
-        while body.len() < MAX_BODY + 3 * TAIL {
+        while body.len() < size {
             body.push_str(&filler);
         }
-        body.push_str(
-            r#""}}],"usage":{"prompt_tokens":10,"completion_tokens":20,"total_tokens":30}}"#,
-        );
-        for chunk in [1usize << 10, 4096, 100_000, TAIL + 1, body.len()] {
-            let mut m = JsonMeter::new();
-            for c in body.as_bytes().chunks(chunk) {
-                m.feed(c);
+        body.push_str(r#""}}]"#);
+        if !usage_first && with_usage {
+            body.push(',');
+            body.push_str(usage);
+        }
+        body.push('}');
+        body.into_bytes()
+    }
+
+    fn chunked(body: &[u8], size: usize) -> JsonMeter {
+        let mut m = JsonMeter::new();
+        for c in body.chunks(size) {
+            m.feed(c);
+        }
+        m
+    }
+
+    #[test]
+    fn larger_than_bound_with_usage_at_either_end() {
+        for usage_first in [false, true] {
+            let body = big_body(2 * MAX_BODY, usage_first, true);
+            for chunk in [1usize << 10, 4096, 100_000, MAX_BODY + 1, body.len()] {
+                let m = chunked(&body, chunk);
+                assert!(m.truncated);
+                assert!(
+                    m.buffered_capacity() <= 2 * MAX_OBJECT,
+                    "{}",
+                    m.buffered_capacity()
+                );
+                assert_eq!(
+                    total(&m),
+                    Ok(30),
+                    "chunk {chunk}, usage first {usage_first}"
+                );
             }
-            assert!(m.truncated);
-            assert!(m.buffered_capacity() <= TAIL, "{}", m.buffered_capacity());
-            assert_eq!(total(&m), Ok(30), "chunk {chunk}");
+            // Split at every byte around the usage object and around the bound.
+            let body = big_body(MAX_BODY + 1000, usage_first, true);
+            let at = memchr::memmem::find(&body, b"\"usage\"").unwrap();
+            let near = at.saturating_sub(4)..(at + 130).min(body.len());
+            for cut in near.chain(MAX_BODY - 130..MAX_BODY + 4) {
+                let m = meter(&[&body[..cut], &body[cut..]]);
+                assert_eq!(
+                    total(&m),
+                    Ok(30),
+                    "split at {cut}, usage first {usage_first}"
+                );
+            }
         }
     }
 
     #[test]
-    fn truncated_without_usage() {
+    fn larger_than_bound_without_usage_counts_every_byte() {
+        let body = big_body(2 * MAX_BODY, false, false);
+        for chunk in [4096, MAX_BODY, body.len()] {
+            assert_eq!(total(&chunked(&body, chunk)), Err(body.len() as u64));
+        }
         let mut m = JsonMeter::new();
         m.feed(&vec![b'a'; MAX_BODY + 10]);
-        assert_eq!(total(&m), Err(0));
+        assert_eq!(total(&m), Err(MAX_BODY as u64 + 10));
+        // One frame past the bound, by reference or not.
+        let mut m = JsonMeter::new();
+        m.feed_bytes(&bytes::Bytes::from(vec![b'a'; MAX_BODY + 1]));
+        assert_eq!(total(&m), Err(MAX_BODY as u64 + 1));
+        // A first frame kept by reference, then the rest.
+        let mut m = JsonMeter::new();
+        m.feed_bytes(&bytes::Bytes::copy_from_slice(&body[..MAX_BODY]));
+        m.feed_bytes(&bytes::Bytes::copy_from_slice(&body[MAX_BODY..]));
+        assert_eq!(total(&m), Err(body.len() as u64));
+        // At the bound, a body is still parsed: its text counts, not its bytes.
+        let body = big_body(MAX_BODY - 2000, false, false);
+        assert!(body.len() <= MAX_BODY);
+        let m = chunked(&body, 4096);
+        assert!(!m.truncated);
+        assert!(matches!(total(&m), Err(n) if n < body.len() as u64 - 30));
+    }
+
+    /// The forward scan reads what the backward scan reads, however the body is split.
+    #[test]
+    fn forward_scan_matches_backward_scan_at_every_split() {
+        let bodies: [&[u8]; 7] = [
+            BODY.as_bytes(),
+            br#"{"usage": {"total_tokens": 30} , "choices": [ {"message": {"content": "cut"#,
+            br#"xx "usage" : {"input_tokens":1,"output_tokens":2}, "text":"usage", "usage": null, "usage""#,
+            br#"{"usage":{"total_tokens":5},"x":"say "usage": {"total_tokens": 9}","usage":{"total_tokens":7,"a":"}{\"}}"#,
+            br#"{"message":{"usage":{"input_tokens":4}},"usage":{}}"#,
+            br#""usage""usage":{"total_tokens":3}"#,
+            br#"{"usage":{"total_tokens":5}, "usage":{"total_tokens":[1,{"a":"]"}]}}"#,
+        ];
+        for b in bodies {
+            let want = find_last_usage(b).map(|u| u.total());
+            let mut whole = UsageScan::default();
+            whole.feed(b);
+            assert_eq!(
+                whole.last().map(|u| u.total()),
+                want,
+                "{}",
+                String::from_utf8_lossy(b)
+            );
+            for i in 0..=b.len() {
+                for j in i..=b.len() {
+                    let mut s = UsageScan::default();
+                    s.feed(&b[..i]);
+                    s.feed(&b[i..j]);
+                    s.feed(&b[j..]);
+                    assert_eq!(s.last().map(|u| u.total()), want, "split at {i}, {j}");
+                }
+            }
+            let mut s = UsageScan::default();
+            for c in b.chunks(1) {
+                s.feed(c);
+            }
+            assert_eq!(s.last().map(|u| u.total()), want);
+        }
+    }
+
+    #[test]
+    fn forward_scan_skips_an_object_too_long_to_be_usage() {
+        let mut b = br#"{"usage":{"total_tokens":1},"usage":{"pad":""#.to_vec();
+        b.resize(b.len() + MAX_OBJECT, b'p');
+        b.extend_from_slice(br#"","total_tokens":2},"usage":{"total_tokens":3}}"#);
+        for size in [1, 7, 4096, b.len()] {
+            let mut s = UsageScan::default();
+            for c in b.chunks(size) {
+                s.feed(c);
+            }
+            assert_eq!(s.last().map(|u| u.total()), Some(3), "chunks of {size}");
+            assert!(s.capacity() <= 2 * MAX_OBJECT);
+        }
+        // Without the last one, the skipped object is not read: the first stands.
+        let cut = b.len() - br#","usage":{"total_tokens":3}}"#.len();
+        let mut s = UsageScan::default();
+        s.feed(&b[..cut]);
+        assert_eq!(s.last().map(|u| u.total()), Some(1));
     }
 
     #[test]
@@ -243,5 +368,26 @@ mod tests {
         let mut acc = Some(t);
         merge_usage(&mut acc, Some(pc));
         assert_eq!(acc.unwrap().total(), 3);
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(24))]
+        /// An 8 MiB body, usage first or not at all, cut at random places: the count does not
+        /// depend on the cuts.
+        #[test]
+        fn big_body_counts_the_same_however_split(cuts in proptest::collection::vec(any::<usize>(), 0..16), with_usage in any::<bool>()) {
+            let body = big_body(2 * MAX_BODY, true, with_usage);
+            let mut cuts: Vec<usize> = cuts.into_iter().map(|c| c % (body.len() + 1)).collect();
+            cuts.sort_unstable();
+            let mut m = JsonMeter::new();
+            let mut at = 0;
+            for c in cuts {
+                m.feed(&body[at..c]);
+                at = c;
+            }
+            m.feed(&body[at..]);
+            let want = if with_usage { Ok(30) } else { Err(body.len() as u64) };
+            prop_assert_eq!(total(&m), want);
+        }
     }
 }

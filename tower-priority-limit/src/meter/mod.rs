@@ -16,13 +16,20 @@
 //!   arrived (even one whose last `data:` line has no line ending yet) is
 //!   counted by [`UsageMeter::tokens`] if its data is already complete JSON.
 //!   Lines longer than 1 MiB are skipped (their event too, if it was a `data`
-//!   line), so memory stays bounded whatever the stream.
-//! * **JSON** (anything else): up to 4 MiB of the body is kept; past that only
-//!   its last 64 KiB (usage comes last in OpenAI and Anthropic bodies). A body
-//!   that arrives in one frame is kept by reference, not copied. When
+//!   line), so memory stays bounded whatever the stream. Skipped is not free:
+//!   the bytes of a skipped `data` line, and all the data of an event whose
+//!   `data` lines add up to more than 1 MiB, count towards the estimate (see
+//!   below) as they go by. Overlong comments and other fields count nothing.
+//! * **JSON** (anything else): up to 4 MiB of the body is kept. A body that
+//!   arrives in one frame is kept by reference, not copied. When
 //!   [`UsageMeter::tokens`] is called, the last `"usage": {...}` object in the
 //!   kept bytes is read (a cheap scan from the end); only a body without one is
-//!   parsed as a whole, for the estimate.
+//!   parsed as a whole, for the estimate. A body that grows past 4 MiB is no
+//!   longer kept: from then on a forward scan reads it as it goes by (the kept
+//!   bytes first) and remembers the last complete usage object (up to 64 KiB
+//!   each), so usage anywhere in the body is found, first or last. Without one,
+//!   every byte of such a body counts as generated text, since its start is
+//!   gone and text cannot be told from the rest.
 //!
 //! # Reported usage
 //!
@@ -41,7 +48,9 @@
 //! latest object. With one usage object (OpenAI) that is "the last one wins";
 //! with Anthropic's `message_start` (input) and `message_delta` (cumulative
 //! output) it gives input + output. Reported usage always replaces the
-//! estimate: [`Tokens::Reported`].
+//! estimate: [`Tokens::Reported`], at most the meter's cap
+//! ([`UsageMeter::with_max_reported_tokens`], 10^8 by default): a larger
+//! count is charged as the cap, and logged.
 //!
 //! # Estimate
 //!
@@ -57,14 +66,18 @@
 //! `choices[*].delta.content`, `choices[*].message.content`,
 //! `choices[*].text`, the `function.arguments` of `choices[*].delta.tool_calls`
 //! and `choices[*].message.tool_calls`, and Anthropic's `delta.text`,
-//! `delta.partial_json` and `content[*].text`. A body that is not JSON
-//! (or a JSON body cut to its tail without usage) has `content_bytes = 0`.
+//! `delta.partial_json` and `content[*].text`, plus the bytes of SSE data
+//! skipped for being past the line bound. A JSON body past 4 MiB without usage
+//! has `content_bytes` = all its bytes. A body of at most 4 MiB that is not
+//! JSON has `content_bytes = 0`.
 
 mod json;
 mod scan;
 mod sse;
 mod usage;
 
+use crate::config::DEFAULT_MAX_REPORTED_TOKENS;
+use crate::response::LogThrottle;
 use json::JsonMeter;
 use sse::SseMeter;
 pub use usage::is_usage_only_chunk;
@@ -107,6 +120,7 @@ impl Tokens {
 pub struct UsageMeter {
     body: Body,
     prompt_estimate: u64,
+    max_reported: u64,
 }
 
 #[derive(Debug)]
@@ -131,6 +145,7 @@ impl UsageMeter {
         UsageMeter {
             body: Body::Sse(SseMeter::new()),
             prompt_estimate: 0,
+            max_reported: DEFAULT_MAX_REPORTED_TOKENS,
         }
     }
 
@@ -139,6 +154,7 @@ impl UsageMeter {
         UsageMeter {
             body: Body::Json(JsonMeter::new()),
             prompt_estimate: 0,
+            max_reported: DEFAULT_MAX_REPORTED_TOKENS,
         }
     }
 
@@ -147,6 +163,16 @@ impl UsageMeter {
     /// Default 0.
     pub fn with_prompt_estimate(mut self, tokens: u64) -> Self {
         self.prompt_estimate = tokens;
+        self
+    }
+
+    /// The most tokens a reported usage may count (default
+    /// [`DEFAULT_MAX_REPORTED_TOKENS`], 10^8; the layer passes the config's
+    /// `max_reported_tokens`): more is taken as a broken or hostile upstream, and
+    /// [`tokens`](Self::tokens) reports this many instead, logging a warning at most
+    /// once a second. Estimates are not clamped (they cannot exceed what went by).
+    pub fn with_max_reported_tokens(mut self, tokens: u64) -> Self {
+        self.max_reported = tokens;
         self
     }
 
@@ -190,12 +216,31 @@ impl UsageMeter {
             Body::Json(m) => m.inspect(),
         };
         match seen {
-            Ok(usage) => Tokens::Reported(usage.total()),
+            Ok(usage) => Tokens::Reported(self.clamp(usage.total())),
             Err(content_bytes) => Tokens::Estimated(
                 self.prompt_estimate
                     .saturating_add(content_bytes.div_ceil(4)),
             ),
         }
+    }
+}
+
+impl UsageMeter {
+    /// `reported`, or the cap if it is above it (logged at most once a second).
+    fn clamp(&self, reported: u64) -> u64 {
+        if reported <= self.max_reported {
+            return reported;
+        }
+        static CLAMPED: LogThrottle = LogThrottle::new();
+        if let Some(suppressed) = CLAMPED.slot() {
+            tracing::warn!(
+                reported,
+                max_reported_tokens = self.max_reported,
+                suppressed,
+                "response reported more tokens than max_reported_tokens; charged the cap"
+            );
+        }
+        self.max_reported
     }
 }
 
@@ -309,6 +354,93 @@ mod tests {
         let mut m = UsageMeter::json();
         m.feed(br#"{"type":"message","content":[{"type":"text","text":"Hi"}],"usage":{"input_tokens":3,"output_tokens":2}}"#);
         assert_eq!(m.tokens(), Tokens::Reported(5));
+    }
+
+    #[test]
+    fn a_32_mb_sse_event_without_usage_is_charged_its_bytes() {
+        // The case of issue 14: one event far past the line bound used to cost only the prompt.
+        let mut m = UsageMeter::sse().with_prompt_estimate(15);
+        m.feed(b"data: {\"choices\":[{\"delta\":{\"content\":\"");
+        let junk = vec![b'x'; 1 << 16];
+        for _ in 0..(32 << 20) / junk.len() {
+            m.feed(&junk);
+        }
+        m.feed(b"\"}}]}\n\n");
+        let line = 39 + (32u64 << 20) + 5;
+        assert_eq!(m.tokens(), Tokens::Estimated(15 + line.div_ceil(4)));
+        m.feed(b"data: [DONE]\n\n");
+        assert_eq!(m.tokens(), Tokens::Estimated(15 + line.div_ceil(4)));
+    }
+
+    #[test]
+    fn an_8_mib_json_body_is_read_whatever_its_usage_position() {
+        let filler = vec![b'x'; 8 << 20];
+        let mut body = br#"{"usage":{"prompt_tokens":10,"completion_tokens":20,"total_tokens":30},"choices":[{"message":{"content":""#.to_vec();
+        body.extend_from_slice(&filler);
+        body.extend_from_slice(br#""}}]}"#);
+        let mut m = UsageMeter::json().with_prompt_estimate(12);
+        for c in body.chunks(16 << 10) {
+            m.feed_bytes(&bytes::Bytes::copy_from_slice(c));
+        }
+        assert_eq!(m.tokens(), Tokens::Reported(30));
+        // Without usage: every byte that went by counts, and the prompt estimate.
+        let body = [
+            &br#"{"choices":[{"message":{"content":""#[..],
+            &filler,
+            br#""}}]}"#,
+        ]
+        .concat();
+        let mut m = UsageMeter::json().with_prompt_estimate(11);
+        for c in body.chunks(16 << 10) {
+            m.feed(c);
+        }
+        assert_eq!(
+            m.tokens(),
+            Tokens::Estimated(11 + (body.len() as u64).div_ceil(4))
+        );
+    }
+
+    #[test]
+    fn reported_usage_is_clamped_to_the_cap() {
+        let huge = br#"{"choices":[],"usage":{"total_tokens":18446744073709551615}}"#;
+        // The cap by default, whatever the split.
+        for at in 0..=huge.len() {
+            let mut m = UsageMeter::json().with_prompt_estimate(5);
+            m.feed(&huge[..at]);
+            m.feed(&huge[at..]);
+            assert_eq!(
+                m.tokens(),
+                Tokens::Reported(DEFAULT_MAX_REPORTED_TOKENS),
+                "split at {at}"
+            );
+        }
+        let sse = [&b"data: "[..], huge, b"\n\ndata: [DONE]\n\n"].concat();
+        for at in 0..=sse.len() {
+            let mut m = UsageMeter::sse();
+            m.feed(&sse[..at]);
+            m.feed(&sse[at..]);
+            assert_eq!(
+                m.tokens(),
+                Tokens::Reported(DEFAULT_MAX_REPORTED_TOKENS),
+                "split at {at}"
+            );
+        }
+        // A configured cap; at the cap nothing changes; sums that saturate are clamped too.
+        let mut m = UsageMeter::json().with_max_reported_tokens(1000);
+        m.feed(br#"{"usage":{"prompt_tokens":18446744073709551615,"completion_tokens":9}}"#);
+        assert_eq!(m.tokens(), Tokens::Reported(1000));
+        let mut m = UsageMeter::json().with_max_reported_tokens(1000);
+        m.feed(br#"{"usage":{"total_tokens":1000}}"#);
+        assert_eq!(m.tokens(), Tokens::Reported(1000));
+        let mut m = UsageMeter::json().with_max_reported_tokens(1000);
+        m.feed(br#"{"usage":{"total_tokens":1001}}"#);
+        assert_eq!(m.tokens(), Tokens::Reported(1000));
+        // Estimates are not clamped.
+        let mut m = UsageMeter::json()
+            .with_max_reported_tokens(1)
+            .with_prompt_estimate(7);
+        m.feed(br#"{"choices":[{"message":{"content":"12345678"}}]}"#);
+        assert_eq!(m.tokens(), Tokens::Estimated(9));
     }
 
     #[test]

@@ -21,7 +21,10 @@
 //!
 //! Memory is bounded: a line longer than [`MAX_LINE`] bytes is skipped up to
 //! its end (and, if it was a `data` line, its whole event is ignored), and an
-//! event's joined data is bounded by the same number.
+//! event's joined data is bounded by the same number. What the bounds make the
+//! meter skip is not lost to the count: the bytes of every skipped `data` line,
+//! and all the data of an event that grew past the bound, are added to the
+//! estimate's byte count (see [`SseMeter::inspect`]).
 
 use std::fmt;
 
@@ -41,6 +44,8 @@ pub struct SseMeter {
     line: Vec<u8>,
     /// The current line is over [`MAX_LINE`]: skip to its end.
     discarding: bool,
+    /// The line being skipped is a `data` line: its bytes go to `skipped`.
+    discarding_data: bool,
     /// The last chunk ended in `\r`: a `\n` starting the next one belongs to it.
     skip_lf: bool,
     /// No line has ended yet (a BOM may start the first one).
@@ -53,6 +58,8 @@ pub struct SseMeter {
     usage: Option<Usage>,
     /// Generated-text bytes seen in dispatched events.
     content_bytes: u64,
+    /// Bytes of data the bounds made the meter skip unparsed: counted as generated text.
+    skipped: u64,
     /// The stream said it is over (`data: [DONE]`, or Anthropic's `message_stop`).
     finished: bool,
 }
@@ -66,8 +73,11 @@ enum Event {
     Parsed(DocInfo),
     /// Data lines gathered in `event_data`, to be parsed at dispatch.
     Buffered,
-    /// Data that can no longer be valid JSON, or was too long: ignored.
+    /// Data that can no longer be valid JSON: ignored.
     Poisoned,
+    /// Data past the bound: not parsed, but its bytes (and those of the event's
+    /// later data lines) are counted in `skipped`.
+    Skipped,
 }
 
 impl fmt::Debug for SseMeter {
@@ -79,6 +89,7 @@ impl fmt::Debug for SseMeter {
             .field("event_data", &self.event_data.len())
             .field("usage", &self.usage)
             .field("content_bytes", &self.content_bytes)
+            .field("skipped", &self.skipped)
             .finish()
     }
 }
@@ -95,12 +106,14 @@ impl SseMeter {
         SseMeter {
             line: Vec::new(),
             discarding: false,
+            discarding_data: false,
             skip_lf: false,
             at_start: true,
             event: Event::Empty,
             event_data: Vec::new(),
             usage: None,
             content_bytes: 0,
+            skipped: 0,
             finished: false,
         }
     }
@@ -140,10 +153,11 @@ impl SseMeter {
     }
 
     /// Usage merged over everything seen (including a complete event not yet
-    /// dispatched, see [`SseMeter::pending`]), or the generated-text bytes.
+    /// dispatched, see [`SseMeter::pending`]), or the generated-text bytes plus
+    /// the bytes of data skipped for being past the bounds.
     pub(crate) fn inspect(&self) -> Result<Usage, u64> {
         let mut usage = self.usage;
-        let mut content = self.content_bytes;
+        let mut content = self.content_bytes.saturating_add(self.skipped);
         if let Some(info) = self.pending() {
             merge_usage(&mut usage, info.usage);
             content = content.saturating_add(info.content_bytes);
@@ -162,7 +176,7 @@ impl SseMeter {
             data_value(strip_bom(&self.line, self.at_start))
         };
         match (self.event, tail) {
-            (Event::Empty, None) | (Event::Poisoned, _) => None,
+            (Event::Empty, None) | (Event::Poisoned | Event::Skipped, _) => None,
             (Event::Empty, Some(v)) => parse_with(v, Shape::Chunk),
             (Event::Parsed(info), None) => Some(info),
             (Event::Parsed(info), Some(v)) => is_blank(v).then_some(info),
@@ -179,7 +193,11 @@ impl SseMeter {
 
     /// Keeps an unterminated line for the next chunk.
     fn carry(&mut self, piece: &[u8]) {
-        if self.discarding || piece.is_empty() {
+        if self.discarding {
+            self.skip_bytes(piece.len());
+            return;
+        }
+        if piece.is_empty() {
             return;
         }
         if !bounded_extend(&mut self.line, piece, MAX_LINE) {
@@ -190,6 +208,7 @@ impl SseMeter {
     /// A line ended; `piece` is its part inside the current chunk.
     fn end_line(&mut self, piece: &[u8]) {
         if self.discarding {
+            self.skip_bytes(piece.len());
             self.discarding = false;
             return;
         }
@@ -221,8 +240,10 @@ impl SseMeter {
         let more = piece.len().min(head.len() - carried);
         head[carried..carried + more].copy_from_slice(&piece[..more]);
         let head = strip_bom(&head[..carried + more], self.at_start);
-        if head.starts_with(b"data:") || head == b"data" {
-            self.poison();
+        self.discarding_data = head.starts_with(b"data:") || head == b"data";
+        if self.discarding_data {
+            let line = self.line.len() + piece.len();
+            self.skip_event(line);
         }
         self.at_start = false;
         self.line = reuse(std::mem::take(&mut self.line));
@@ -251,7 +272,7 @@ impl SseMeter {
                     if bounded_extend(&mut self.event_data, value, MAX_LINE) {
                         self.event = Event::Buffered;
                     } else {
-                        self.poison();
+                        self.skip_event(value.len());
                     }
                 }
             },
@@ -261,14 +282,37 @@ impl SseMeter {
                 }
             }
             Event::Buffered => {
-                if !(bounded_extend(&mut self.event_data, b"\n", MAX_LINE)
-                    && bounded_extend(&mut self.event_data, value, MAX_LINE))
-                {
-                    self.poison();
+                if self.event_data.len() + 1 + value.len() > MAX_LINE {
+                    self.skip_event(value.len());
+                } else {
+                    bounded_extend(&mut self.event_data, b"\n", MAX_LINE);
+                    bounded_extend(&mut self.event_data, value, MAX_LINE);
                 }
+            }
+            Event::Skipped => {
+                self.skipped = self.skipped.saturating_add(value.len() as u64 + 1);
             }
             Event::Poisoned => {}
         }
+    }
+
+    /// Bytes of the line being skipped went by: counted if it is a `data` line.
+    fn skip_bytes(&mut self, n: usize) {
+        if self.discarding_data {
+            self.skipped = self.skipped.saturating_add(n as u64);
+        }
+    }
+
+    /// The current event's data grew past the bound with `n` more bytes: count
+    /// them and whatever it had gathered unparsed, and skip the rest of it.
+    fn skip_event(&mut self, n: usize) {
+        let gathered = match self.event {
+            Event::Buffered => self.event_data.len() + 1,
+            _ => 0,
+        };
+        self.skipped = self.skipped.saturating_add((gathered + n) as u64);
+        self.event = Event::Skipped;
+        self.event_data = reuse(std::mem::take(&mut self.event_data));
     }
 
     fn poison(&mut self) {
@@ -280,7 +324,7 @@ impl SseMeter {
         let info = match std::mem::replace(&mut self.event, Event::Empty) {
             Event::Parsed(info) => Some(info),
             Event::Buffered => parse_with(&self.event_data, Shape::Chunk),
-            Event::Empty | Event::Poisoned => None,
+            Event::Empty | Event::Poisoned | Event::Skipped => None,
         };
         self.event_data = reuse(std::mem::take(&mut self.event_data));
         if let Some(info) = info {
@@ -544,10 +588,12 @@ pub(crate) mod tests {
             assert!(m.carried_capacity() <= MAX_LINE, "{}", m.carried_capacity());
         }
         assert!(m.discarding);
-        assert_eq!(m.inspect(), Err(2));
-        // The overlong data line poisons its event; later events work again.
+        // What went by of the skipped line counts: `data: "` and the junk so far.
+        let skipped = 7 + 5 * 1024 * 1024;
+        assert_eq!(m.inspect(), Err(2 + skipped));
+        // The overlong data line skips its event; later events work again.
         m.feed(b"\"\n\ndata: {\"choices\":[{\"delta\":{\"content\":\"cd\"}}]}\n\n");
-        assert_eq!(m.inspect(), Err(4));
+        assert_eq!(m.inspect(), Err(4 + skipped + 1));
         m.feed(b"data: {\"usage\":{\"total_tokens\":30}}\n\n");
         assert_eq!(m.inspect().map(|u| u.total()), Ok(30));
         assert!(m.carried_capacity() <= KEEP_CAPACITY);
@@ -558,9 +604,11 @@ pub(crate) mod tests {
         let mut s = b"data: {\"usage\":{\"total_tokens\":1}, \"pad\":\"".to_vec();
         s.resize(MAX_LINE + 10, b'x');
         s.extend_from_slice(b"\"}\n\ndata: {\"choices\":[{\"text\":\"abc\"}]}\n\n");
-        assert_eq!(run(&[&s]), Err(3));
+        // The skipped line's bytes count (its usage is not read: it was never parsed).
+        let line = (MAX_LINE + 12) as u64;
+        assert_eq!(run(&[&s]), Err(3 + line));
         let chunks: Vec<&[u8]> = s.chunks(4096).collect();
-        assert_eq!(run(&chunks), Err(3));
+        assert_eq!(run(&chunks), Err(3 + line));
         // Exactly at the bound is still parsed.
         let mut s = b"data: {\"usage\":{\"total_tokens\":1}, \"pad\":\"".to_vec();
         s.resize(MAX_LINE - 2, b'x');
@@ -580,10 +628,86 @@ pub(crate) mod tests {
         assert_eq!(run(&chunks), Ok(9));
     }
 
+    /// A stream with an overlong `data` line (no usage) between two small events,
+    /// an overlong comment, and an event whose data lines together pass the bound.
+    fn stream_with_skipped_data() -> (Vec<u8>, u64) {
+        let mut s = b"data: {\"choices\":[{\"delta\":{\"content\":\"ab\"}}]}\n\n".to_vec();
+        let line_start = s.len();
+        s.extend_from_slice(b"data: {\"choices\":[{\"delta\":{\"content\":\"");
+        s.resize(line_start + MAX_LINE + 500, b'x');
+        s.extend_from_slice(b"\"}}]}");
+        let line = (s.len() - line_start) as u64;
+        s.extend_from_slice(b"\r\n\r\n:");
+        s.resize(s.len() + MAX_LINE + 7, b'c');
+        s.extend_from_slice(b"\n\n");
+        // Two data lines of 600 KiB: each within the bound, together past it. The first
+        // does not parse alone, so it is gathered; the second tips it over; the third
+        // belongs to the same skipped event.
+        let half = 600 * 1024;
+        let (a, b) = (vec![b'['; half], vec![b'1'; half]);
+        s.extend_from_slice(b"data:");
+        s.extend_from_slice(&a);
+        s.extend_from_slice(b"\ndata:");
+        s.extend_from_slice(&b);
+        s.extend_from_slice(b"\ndata: ]\n\n");
+        let event = (half + 1 + half + 1 + 1) as u64;
+        s.extend_from_slice(b"data: {\"choices\":[{\"delta\":{\"content\":\"cd\"}}]}\n\n");
+        (s, 2 + line + event + 2)
+    }
+
+    #[test]
+    fn skipped_data_counts_by_its_bytes() {
+        let (s, want) = stream_with_skipped_data();
+        assert_eq!(run(&[&s]), Err(want));
+        for size in [1usize, 7, 4096, 65_536, MAX_LINE - 1, MAX_LINE + 1] {
+            let chunks: Vec<&[u8]> = s.chunks(size).collect();
+            assert_eq!(run(&chunks), Err(want), "chunks of {size}");
+        }
+        // Around each boundary of the overlong line, split at every byte.
+        let line_end = s.windows(2).position(|w| w == b"\r\n").unwrap();
+        for at in (line_end - 8..line_end + 8).chain(MAX_LINE..MAX_LINE + 80) {
+            assert_eq!(run(&[&s[..at], &s[at..]]), Err(want), "split at {at}");
+        }
+        // A usage object anywhere else still replaces the estimate.
+        let mut with_usage = s.clone();
+        with_usage.extend_from_slice(b"data: {\"usage\":{\"total_tokens\":30}}\n\n");
+        assert_eq!(run(&[&with_usage]), Ok(30));
+    }
+
+    #[test]
+    fn stream_cut_inside_a_skipped_line_counts_what_went_by() {
+        let mut m = SseMeter::new();
+        m.feed(b"data: ");
+        let junk = vec![b'x'; 1 << 20];
+        for _ in 0..3 {
+            m.feed(&junk);
+        }
+        assert_eq!(m.inspect(), Err(6 + 3 * (1 << 20)));
+        assert!(m.carried_capacity() <= MAX_LINE);
+    }
+
     #[test]
     fn invalid_utf8_and_garbage() {
         let s = b"data: {\"choices\":[{\"text\":\"\xff\xfe\"}]}\n\n\x00\x01\r\r\n\xc3\n\ndata: {\"choices\":[{\"text\":\"ok\"}]}\n\n";
         assert_eq!(run(&[s]), Err(2));
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(32))]
+        #[test]
+        fn skipped_data_counts_the_same_however_split(cuts in proptest::collection::vec(any::<usize>(), 0..24)) {
+            let (s, want) = stream_with_skipped_data();
+            let mut cuts: Vec<usize> = cuts.into_iter().map(|c| c % (s.len() + 1)).collect();
+            cuts.sort_unstable();
+            let mut m = SseMeter::new();
+            let mut at = 0;
+            for c in cuts {
+                m.feed(&s[at..c]);
+                at = c;
+            }
+            m.feed(&s[at..]);
+            prop_assert_eq!(m.inspect(), Err(want));
+        }
     }
 
     proptest! {

@@ -16,10 +16,8 @@ use serde::de::value::MapAccessDeserializer;
 use serde::de::{self, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
 
-/// Body bytes kept in full before switching to keeping only the tail.
+/// Body bytes kept in full; a larger body is only scanned as it goes by.
 pub(crate) const MAX_BODY: usize = 4 * 1024 * 1024;
-/// Bytes kept from the end of a body larger than [`MAX_BODY`].
-pub(crate) const TAIL: usize = 64 * 1024;
 
 // ---------------------------------------------------------------------------
 // Usage
