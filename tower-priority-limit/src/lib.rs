@@ -107,6 +107,7 @@ pub mod response;
 #[cfg(not(feature = "gateway-helpers"))]
 mod response;
 mod service;
+mod throttle;
 
 pub use body::ResponseBody;
 pub use config::{FailureMode, LimiterConfig, ModelLimits};

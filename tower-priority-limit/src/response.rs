@@ -2,9 +2,6 @@
 //! the same OpenAI shape, and the rate-limit headers on admitted responses.
 
 use std::fmt::Write as _;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::OnceLock;
-use std::time::Instant;
 
 use bytes::Bytes;
 use http::header::{HeaderName, HeaderValue, CONTENT_TYPE, RETRY_AFTER};
@@ -13,6 +10,7 @@ use http::{HeaderMap, Response, StatusCode};
 use crate::config::{pool_index, FailureMode, LimiterConfig, ModelId, ModelLimits, PoolRef};
 use crate::decision::{Admitted, Refused, Scope};
 use crate::store::StoreError;
+use crate::throttle::LogThrottle;
 
 /// `x-litellm-priority`: the resolved priority label, `default` for the default pool.
 pub const X_LITELLM_PRIORITY: HeaderName = HeaderName::from_static("x-litellm-priority");
@@ -363,39 +361,6 @@ pub(crate) fn store_failure_response(
 fn log_slot() -> Option<u64> {
     static STORE_FAILURES: LogThrottle = LogThrottle::new();
     STORE_FAILURES.slot()
-}
-
-/// Lets one log line of a kind through per second, counting the ones it holds back.
-pub(crate) struct LogThrottle {
-    last_second: AtomicU64,
-    suppressed: AtomicU64,
-}
-
-impl LogThrottle {
-    pub(crate) const fn new() -> Self {
-        Self {
-            last_second: AtomicU64::new(u64::MAX),
-            suppressed: AtomicU64::new(0),
-        }
-    }
-
-    /// `Some(lines held back since the last one)` if this line may be logged, else `None`.
-    pub(crate) fn slot(&self) -> Option<u64> {
-        static START: OnceLock<Instant> = OnceLock::new();
-        let second = START.get_or_init(Instant::now).elapsed().as_secs();
-        let last = self.last_second.load(Ordering::Relaxed);
-        if last != second
-            && self
-                .last_second
-                .compare_exchange(last, second, Ordering::Relaxed, Ordering::Relaxed)
-                .is_ok()
-        {
-            Some(self.suppressed.swap(0, Ordering::Relaxed))
-        } else {
-            self.suppressed.fetch_add(1, Ordering::Relaxed);
-            None
-        }
-    }
 }
 
 #[cfg(test)]

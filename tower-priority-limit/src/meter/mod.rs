@@ -77,7 +77,7 @@ mod sse;
 mod usage;
 
 use crate::config::DEFAULT_MAX_REPORTED_TOKENS;
-use crate::response::LogThrottle;
+use crate::throttle::LogThrottle;
 use json::JsonMeter;
 use sse::SseMeter;
 pub use usage::is_usage_only_chunk;
