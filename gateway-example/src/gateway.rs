@@ -179,12 +179,13 @@ impl Gateway {
             Arc::new(Limiter::with_store(deployments)),
             clock,
         );
+        let upstream = Upstream::for_deployments(&config.deployments);
         Self {
             master_key_hash: config.master_key.as_deref().map(hash_key),
             config,
             keys,
             limiter,
-            upstream: Upstream::default(),
+            upstream,
             router,
         }
     }

@@ -14,6 +14,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use serde_json::Value;
+use tower_priority_limit::redact::redact_url;
 
 use crate::chat::ChatRequest;
 use crate::config::{Deployment, Target};
@@ -71,10 +72,35 @@ pub fn retry_after(headers: &http::HeaderMap) -> Option<Duration> {
 }
 
 /// The HTTP client shared by every request (pooled connections; `http://` and `https://`
-/// upstreams, TLS with the Mozilla root store bundled, so no system certificates are needed).
+/// upstreams, TLS with the Mozilla root store bundled, so no system certificates are needed), and
+/// the upstream keys to scrub from what upstreams answer.
 #[derive(Debug, Clone)]
 pub struct Upstream {
     client: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
+    secrets: Secrets,
+}
+
+/// Every configured upstream key, longest first (so a key that contains another is hidden
+/// whole). `Debug` shows only how many there are.
+#[derive(Clone, Default)]
+struct Secrets(std::sync::Arc<[String]>);
+
+impl std::fmt::Debug for Secrets {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Secrets({} keys)", self.0.len())
+    }
+}
+
+impl Secrets {
+    /// `text` with every key replaced by `***`.
+    fn scrub(&self, mut text: String) -> String {
+        for key in self.0.iter() {
+            if text.contains(key.as_str()) {
+                text = text.replace(key.as_str(), "***");
+            }
+        }
+        text
+    }
 }
 
 impl Default for Upstream {
@@ -90,6 +116,7 @@ impl Default for Upstream {
             .wrap_connector(http);
         Self {
             client: Client::builder(TokioExecutor::new()).build(connector),
+            secrets: Secrets::default(),
         }
     }
 }
@@ -109,6 +136,26 @@ pub fn upstream_body(deployment: &Deployment, chat: &ChatRequest) -> Value {
 }
 
 impl Upstream {
+    /// The client for `deployments`: every upstream key among them (resolved, as sent) is
+    /// replaced by `***` in upstream error text before it reaches a client or a log line.
+    pub fn for_deployments(deployments: &[Deployment]) -> Self {
+        let mut keys: Vec<String> = deployments
+            .iter()
+            .filter_map(|d| match &d.target {
+                Target::Upstream {
+                    api_key: Some(key), ..
+                } if !key.is_empty() => Some(key.clone()),
+                _ => None,
+            })
+            .collect();
+        keys.sort_by(|a, b| b.len().cmp(&a.len()).then_with(|| a.cmp(b)));
+        keys.dedup();
+        Self {
+            secrets: Secrets(keys.into()),
+            ..Self::default()
+        }
+    }
+
     /// Sends `chat` to `deployment` and returns its response, streaming.
     pub async fn forward(
         &self,
@@ -132,7 +179,8 @@ impl Upstream {
         }
         let request = request.body(Full::new(Bytes::from(body))).map_err(|e| {
             UpstreamFailure::without_response(ApiError::internal(format!(
-                "bad upstream URL {url}: {e}"
+                "bad upstream URL {}: {e}",
+                redact_url(&url)
             )))
         })?;
 
@@ -150,7 +198,11 @@ impl Upstream {
                 )))
             }
             Ok(Err(e)) => {
-                tracing::warn!(upstream = %url, error = %e, "upstream request failed");
+                tracing::warn!(
+                    upstream = %redact_url(&url),
+                    error = %e,
+                    "upstream request failed"
+                );
                 return Err(UpstreamFailure::without_response(ApiError::new(
                     StatusCode::BAD_GATEWAY,
                     "api_connection_error",
@@ -165,7 +217,7 @@ impl Upstream {
             return Err(UpstreamFailure {
                 status: Some(parts.status),
                 retry_after: retry_after(&parts.headers),
-                error: upstream_error(parts.status, body, deployment).await,
+                error: upstream_error(parts.status, body, deployment, &self.secrets).await,
             });
         }
         let mut out = Response::new(Body::new(body));
@@ -192,6 +244,7 @@ async fn upstream_error(
     status: StatusCode,
     body: hyper::body::Incoming,
     deployment: &Deployment,
+    secrets: &Secrets,
 ) -> ApiError {
     let bytes = match tokio::time::timeout(
         deployment.timeout,
@@ -202,10 +255,19 @@ async fn upstream_error(
         Ok(Ok(c)) => c.to_bytes(),
         _ => Bytes::new(),
     };
-    let message = serde_json::from_slice::<Value>(&bytes)
+    // An upstream may echo the key it was sent (or another deployment's): none reaches the
+    // client. Scrubbed before the cut to 500 characters, so no part of a key is left either.
+    let message = match serde_json::from_slice::<Value>(&bytes)
         .ok()
         .and_then(|v| v["error"]["message"].as_str().map(str::to_owned))
-        .unwrap_or_else(|| String::from_utf8_lossy(&bytes).chars().take(500).collect());
+    {
+        Some(message) => secrets.scrub(message),
+        None => secrets
+            .scrub(String::from_utf8_lossy(&bytes).into_owned())
+            .chars()
+            .take(500)
+            .collect(),
+    };
     let kind = match status.as_u16() {
         400 => "invalid_request_error",
         401 | 403 => "upstream_auth_error",
@@ -233,4 +295,38 @@ async fn upstream_error(
         format!("Upstream for {name} answered {what}: {message}")
     };
     ApiError::new(status, kind, message)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Upstream;
+    use crate::config::{Deployment, Target};
+
+    fn with_key(key: &str) -> Deployment {
+        Deployment {
+            model_name: "m".into(),
+            upstream_model: "m".into(),
+            target: Target::Upstream {
+                api_base: "http://h/v1".into(),
+                api_key: Some(key.into()),
+            },
+            timeout: std::time::Duration::from_secs(1),
+            id: key.into(),
+            rpm: None,
+            tpm: None,
+            weight: None,
+        }
+    }
+
+    #[test]
+    fn every_key_is_scrubbed_whole_and_debug_shows_none() {
+        let up =
+            Upstream::for_deployments(&[with_key("sk-a"), with_key(""), with_key("sk-a-long")]);
+        assert_eq!(
+            up.secrets.scrub("sk-a-long then sk-a, and sk-b".into()),
+            "*** then ***, and sk-b"
+        );
+        assert_eq!(up.secrets.scrub("nothing".into()), "nothing");
+        assert!(!format!("{up:?}").contains("sk-a"));
+    }
 }

@@ -3,7 +3,7 @@
 //! an upstream that resets mid-stream (the client gets an error, the tokens seen are charged once).
 
 use integration_tests::gateway::{sse_data, with_master, Gw, MASTER};
-use integration_tests::upstream::{Upstream, PIECES};
+use integration_tests::upstream::{Upstream, OTHER_KEY, PIECES};
 use serde_json::{json, Value};
 
 async fn start() -> (Gw, Upstream) {
@@ -32,6 +32,12 @@ model_list:
     litellm_params: {{model: openai/redirect, api_base: "{base}"}}
   - model_name: down
     litellm_params: {{model: openai/x, api_base: "http://127.0.0.1:9"}}
+  - model_name: echo401
+    litellm_params: {{model: openai/echo-key-401, api_base: "{base}", api_key: os.environ/GW_TEST_UPSTREAM_KEY}}
+  - model_name: echo500
+    litellm_params: {{model: openai/echo-key-500, api_base: "{base}", api_key: os.environ/GW_TEST_UPSTREAM_KEY}}
+  - model_name: other
+    litellm_params: {{model: openai/x, api_base: "{base}", api_key: {OTHER_KEY}}}
   - model_name: tls
     litellm_params: {{model: openai/x, api_base: "{tls_base}"}}
 litellm_settings:
@@ -176,4 +182,34 @@ async fn an_upstream_redirect_is_reported_as_a_redirect() {
         "Upstream for redirect answered 302, a redirect, which the gateway does not follow."
     );
     assert_eq!(up.received.lock().unwrap().len(), 1, "not followed");
+}
+
+/// An upstream that echoes the key it was sent in its error (a 401 with an OpenAI error, a 500
+/// with a plain page that also names another deployment's key): the client's error says what
+/// the upstream answered, with every configured upstream key replaced by `***`.
+#[tokio::test]
+async fn upstream_errors_echoing_a_key_reach_the_client_without_it() {
+    let (gw, _up) = start().await;
+    let r = gw.chat(MASTER, "echo401", false).await;
+    assert_eq!(r.status, 401, "{}", r.text());
+    assert_eq!(
+        r.error_message(),
+        "Upstream for echo401 answered 401: Incorrect API key provided: Bearer ***"
+    );
+    let r = gw.chat(MASTER, "echo500", false).await;
+    assert_eq!(r.status, 500, "{}", r.text());
+    assert_eq!(
+        r.error_message(),
+        "Upstream for echo500 answered 500: crashed handling Bearer *** (peer key ***)"
+    );
+    for model in ["echo401", "echo500"] {
+        for stream in [false, true] {
+            let r = gw.chat(MASTER, model, stream).await;
+            assert!(
+                !r.text().contains("sk-upstream-secret") && !r.text().contains(OTHER_KEY),
+                "{model}: {}",
+                r.text()
+            );
+        }
+    }
 }

@@ -1,7 +1,9 @@
 //! A small OpenAI-shaped upstream for gateway tests, on an ephemeral port. It records what it was
 //! sent. The model name picks a behaviour: `reset` streams two chunks then drops the connection,
 //! `slow` waits 2 s, `fail` answers 500 with an OpenAI error, `html` answers 502 with a non-JSON
-//! page, `redirect` answers 302 with an empty body; anything else answers normally (30 tokens),
+//! page, `redirect` answers 302 with an empty body, `echo-key-401` answers 401 with an OpenAI error
+//! and `echo-key-500` 500 with a plain-text page, both echoing the `authorization` header they
+//! were sent (and `echo-key-500` the text of [`OTHER_KEY`]); anything else answers normally (30 tokens),
 //! streaming when asked.
 
 use std::sync::{Arc, Mutex};
@@ -32,11 +34,20 @@ pub struct Upstream {
     pub received: Arc<Mutex<Vec<Received>>>,
 }
 
+/// A string `echo-key-500` also writes into its answer: tests configure it as another
+/// deployment's upstream key.
+pub const OTHER_KEY: &str = "sk-other-deployment-key";
+
 /// The content pieces the upstream streams.
 pub const PIECES: [&str; 3] = ["Hel", "lo ", "there"];
 
 async fn chat(State(up): State<Upstream>, headers: HeaderMap, body: Bytes) -> Response<Body> {
     let v: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    let auth = headers
+        .get("authorization")
+        .and_then(|h| h.to_str().ok())
+        .unwrap_or_default()
+        .to_owned();
     up.received.lock().unwrap().push(Received {
         headers,
         body: v.clone(),
@@ -51,6 +62,22 @@ async fn chat(State(up): State<Upstream>, headers: HeaderMap, body: Bytes) -> Re
                 .status(StatusCode::INTERNAL_SERVER_ERROR)
                 .header("content-type", "application/json")
                 .body(Body::from(json!({"error": {"message": "the model is on fire", "type": "server_error", "param": null, "code": null}}).to_string()))
+                .unwrap()
+        }
+        "echo-key-401" => {
+            return Response::builder()
+                .status(StatusCode::UNAUTHORIZED)
+                .header("content-type", "application/json")
+                .body(Body::from(json!({"error": {"message": format!("Incorrect API key provided: {auth}"), "type": "invalid_request_error", "param": null, "code": "invalid_api_key"}}).to_string()))
+                .unwrap()
+        }
+        "echo-key-500" => {
+            return Response::builder()
+                .status(StatusCode::INTERNAL_SERVER_ERROR)
+                .header("content-type", "text/plain")
+                .body(Body::from(format!(
+                    "crashed handling {auth} (peer key {OTHER_KEY})"
+                )))
                 .unwrap()
         }
         "redirect" => {

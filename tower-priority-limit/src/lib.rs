@@ -79,8 +79,8 @@
 //! - `tokio` (default): `clock::TokioClock`, which follows tokio's pausable clock.
 //! - `redis`: `store::RedisStore`.
 //! - `gateway-helpers`: what an OpenAI-compatible gateway shares with this crate (the YAML walker
-//!   whose errors name the path, a bounded body read, the OpenAI error shape). A tower user needs
-//!   none of it.
+//!   whose errors name the path, a bounded body read, the OpenAI error shape, `redact::redact_url`
+//!   for URLs in logs). A tower user needs none of it.
 //!
 //! The rules, headers and config keys in full: `docs/` in the repository.
 //!
@@ -102,6 +102,10 @@ mod layer;
 mod lease;
 mod limiter;
 mod options;
+#[cfg(feature = "gateway-helpers")]
+pub mod redact;
+#[cfg(all(feature = "redis", not(feature = "gateway-helpers")))]
+mod redact;
 #[cfg(feature = "gateway-helpers")]
 pub mod response;
 #[cfg(not(feature = "gateway-helpers"))]

@@ -280,3 +280,78 @@ fn a_known_master_key_is_refused_beyond_loopback_unless_allowed() {
     std::fs::remove_dir_all(&dir).unwrap();
     std::fs::remove_dir_all(&own).unwrap();
 }
+
+/// A deployment whose `api_base` carries a password (and a `key=` parameter) fails to connect:
+/// the failure is logged at `warn` with the URL, its secrets replaced by `***`; neither the log
+/// nor the client's error holds them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_failures_log_the_url_without_its_secrets() {
+    let dir = std::env::temp_dir().join(format!("gw-bin-redact-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    // Nothing listens on this port: every attempt fails to connect.
+    let down = free_port();
+    std::fs::write(
+        dir.join("gw.yaml"),
+        format!(
+            "model_list: [{{model_name: m, litellm_params: {{model: openai/m, api_base: \
+             \"http://gw-user:s3cret-pw@127.0.0.1:{down}/v1?key=qs-s3cret\"}}}}]\n\
+             general_settings: {{master_key: sk-test}}\n"
+        ),
+    )
+    .unwrap();
+    let port = free_port();
+    let mut child = Command::new(BIN)
+        .arg("--config")
+        .arg(dir.join("gw.yaml"))
+        .arg("--data-dir")
+        .arg(dir.join("data"))
+        .args(["--port", &port.to_string()])
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    loop {
+        let line = lines
+            .next()
+            .expect("the gateway logs before exiting")
+            .unwrap();
+        if line.contains("listening on") {
+            break;
+        }
+    }
+    let log_rest =
+        std::thread::spawn(move || lines.map_while(Result::ok).collect::<Vec<_>>().join("\n"));
+
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http::<http_body_util::Full<bytes::Bytes>>();
+    let req = http::Request::post(format!("http://127.0.0.1:{port}/v1/chat/completions"))
+        .header("authorization", "Bearer sk-test")
+        .body(http_body_util::Full::new(bytes::Bytes::from_static(
+            br#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#,
+        )))
+        .unwrap();
+    let reply = client.request(req).await;
+    stop(child);
+    let log = log_rest.join().unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+
+    let resp = reply.unwrap();
+    assert_eq!(resp.status(), 502);
+    let body = http_body_util::BodyExt::collect(resp.into_body())
+        .await
+        .unwrap()
+        .to_bytes();
+    let body = String::from_utf8_lossy(&body);
+    assert!(
+        log.contains("upstream request failed")
+            && log.contains(&format!("http://gw-user:***@127.0.0.1:{down}/v1?key=***")),
+        "the failure is logged with the URL redacted: {log}"
+    );
+    for secret in ["s3cret-pw", "qs-s3cret"] {
+        assert!(!log.contains(secret), "{secret} in the log: {log}");
+        assert!(!body.contains(secret), "{secret} in the error: {body}");
+    }
+}
