@@ -43,8 +43,9 @@ pub mod router;
 #[cfg(test)]
 mod tests;
 
-/// Where a deployment's answers come from.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// Where a deployment's answers come from. `Debug` hides the key and the `api_base`'s password,
+/// so a deployment can be logged (`GatewayConfig`'s `master_key` still shows in its `Debug`).
+#[derive(Clone, PartialEq, Eq)]
 pub enum Target {
     /// `mock_response`: answered in process, 30 tokens per answer.
     Mock {
@@ -58,6 +59,22 @@ pub enum Target {
         /// Sent as `Authorization: Bearer`.
         api_key: Option<String>,
     },
+}
+
+impl std::fmt::Debug for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Target::Mock { content } => f.debug_struct("Mock").field("content", content).finish(),
+            Target::Upstream { api_base, api_key } => f
+                .debug_struct("Upstream")
+                .field(
+                    "api_base",
+                    &tower_priority_limit::redact::redact_url(api_base),
+                )
+                .field("api_key", &api_key.as_ref().map(|_| "***"))
+                .finish(),
+        }
+    }
 }
 
 /// One `model_list` entry.

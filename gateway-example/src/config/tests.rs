@@ -273,3 +273,20 @@ fn redis_passwords_never_show_in_debug_or_errors() {
         "{e}"
     );
 }
+
+#[test]
+fn debug_output_hides_upstream_keys_and_passwords() {
+    let c = GatewayConfig::from_yaml_str(
+        r#"
+model_list:
+  - model_name: m
+    litellm_params: {model: openai/m, api_base: "https://u:base-secret@h/v1", api_key: sk-key-secret}
+"#,
+    )
+    .unwrap();
+    let shown = format!("{c:?}");
+    assert!(shown.contains("https://u:***@h/v1"), "{shown}");
+    for secret in ["base-secret", "sk-key-secret"] {
+        assert!(!shown.contains(secret), "{secret} in {shown}");
+    }
+}
