@@ -95,6 +95,7 @@ async fn run(args: Args) -> Result<(), String> {
     let app = router(gateway.clone());
     tracing::info!("listening on http://{local}");
     let limits = gateway_example::server::ServerLimits::from_config(gateway.config());
+    gateway_example::server::warn_if_file_limit_is_low(limits.max_connections);
     // SIGINT or SIGTERM: stop accepting, let in-flight requests and streams finish.
     gateway_example::server::serve(listener, app, limits, async {
         shutdown_signal().await;

@@ -446,3 +446,67 @@ async fn a_never_ending_chunked_body_is_answered_408() {
     assert_eq!(error["error"]["code"], "408", "{text}");
     assert!(elapsed >= Duration::from_millis(900), "{elapsed:?}");
 }
+
+/// Run out of file handles (`ulimit -n 64`, a hundred idle sockets): the gateway backs off and
+/// logs the accept error at most about once a second, does not exit, and serves a normal client
+/// once the idle connections have timed out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn out_of_file_handles_the_gateway_backs_off_and_recovers() {
+    use tokio::io::AsyncWriteExt;
+    let dir = limits_config("emfile", "header_read_timeout_seconds: 1");
+    let port = free_port().to_string();
+    let mut child = Command::new("sh")
+        .arg("-c")
+        .arg(r#"ulimit -n 64 && exec "$0" "$@""#)
+        .arg(BIN)
+        .arg("--config")
+        .arg(dir.join("gw.yaml"))
+        .arg("--data-dir")
+        .arg(dir.join("data"))
+        .args(["--port", &port])
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let addr = loop {
+        let line = lines.next().expect("the gateway starts").unwrap();
+        if let Some((_, addr)) = line.split_once("listening on http://") {
+            break addr.trim().to_owned();
+        }
+    };
+    let log = std::thread::spawn(move || lines.map_while(Result::ok).collect::<Vec<_>>());
+
+    let started = std::time::Instant::now();
+    let mut idle = Vec::new();
+    for _ in 0..100 {
+        idle.push(tokio::net::TcpStream::connect(&addr).await.unwrap());
+    }
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let mut normal = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    normal
+        .write_all(b"GET /health/liveliness HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let answer = closed_within(&mut normal, Duration::from_secs(10)).await;
+    let elapsed = started.elapsed();
+    let still_running = child.try_wait().unwrap().is_none();
+    stop(child);
+    let log = log.join().unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+
+    assert!(still_running, "the gateway kept running");
+    let answer = answer.expect("the normal client was answered within 10 s");
+    assert!(
+        answer.starts_with(b"HTTP/1.1 200"),
+        "{}",
+        String::from_utf8_lossy(&answer)
+    );
+    let accept_errors = log.iter().filter(|l| l.contains("accept error")).count();
+    assert!(accept_errors >= 1, "the file limit was reached: {log:?}");
+    assert!(
+        accept_errors as u64 <= elapsed.as_secs() + 2,
+        "{accept_errors} accept errors logged in {elapsed:?}"
+    );
+}
