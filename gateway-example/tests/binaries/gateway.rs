@@ -510,3 +510,39 @@ async fn out_of_file_handles_the_gateway_backs_off_and_recovers() {
         "{accept_errors} accept errors logged in {elapsed:?}"
     );
 }
+
+/// A keep-alive connection left idle after its response is closed after the header-read timeout
+/// (1 s): the timer starts again as soon as the connection waits for its next request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_keep_alive_connection_is_closed() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let dir = limits_config("idle-keep-alive", "header_read_timeout_seconds: 1");
+    let port = free_port().to_string();
+    let (child, addr) = launch(&dir, &["--port", &port]).expect("starts");
+    let mut stream = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    stream
+        .write_all(b"GET /health/liveliness HTTP/1.1\r\nhost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let mut buf = [0u8; 4096];
+    let n = tokio::time::timeout(Duration::from_secs(2), stream.read(&mut buf))
+        .await
+        .ok()
+        .and_then(Result::ok);
+    let answered = std::time::Instant::now();
+    let closed = closed_within(&mut stream, Duration::from_secs(4)).await;
+    let idle_for = answered.elapsed();
+    stop(child);
+    std::fs::remove_dir_all(&dir).unwrap();
+
+    let n = n.expect("answered");
+    assert!(buf[..n].starts_with(b"HTTP/1.1 200"), "{:?}", &buf[..n]);
+    assert!(
+        closed.is_some(),
+        "the idle connection was still open after 4 s"
+    );
+    assert!(
+        idle_for >= Duration::from_millis(900) && idle_for < Duration::from_millis(2500),
+        "closed after {idle_for:?} idle"
+    );
+}
