@@ -14,7 +14,8 @@
 //! `error`, `logging`, `signal`, `store`, `strip`, `mock` (OpenAI-shaped mock answers) ← `mock_upstream` ←
 //! `config` ← `keys` ← `chat` (request types) ← `upstream` (real and mock deployments) ←
 //! `routing` (router, health, attempts, admission, serve) ← `gateway` ([`Gateway`] and its
-//! builder) ← `api` (axum handlers, auth) ← `lib` (the routes) / `main`.
+//! builder) ← `api` (axum handlers, auth) ← `server` (the accept loop, connection limits) ← `lib` (the
+//! routes) / `main`.
 
 #![deny(missing_docs)]
 
@@ -28,6 +29,7 @@ pub mod logging;
 pub mod mock;
 pub mod mock_upstream;
 pub mod routing;
+pub mod server;
 pub mod signal;
 pub mod store;
 pub mod strip;

@@ -94,14 +94,14 @@ async fn run(args: Args) -> Result<(), String> {
     let gateway = Arc::new(gateway);
     let app = router(gateway.clone());
     tracing::info!("listening on http://{local}");
-    axum::serve(listener, app)
-        // SIGINT or SIGTERM: stop accepting, let in-flight requests and streams finish.
-        .with_graceful_shutdown(async {
-            shutdown_signal().await;
-            tracing::info!("shutting down");
-        })
-        .await
-        .map_err(|e| e.to_string())?;
+    let limits = gateway_example::server::ServerLimits::from_config(gateway.config());
+    gateway_example::server::warn_if_file_limit_is_low(limits.max_connections);
+    // SIGINT or SIGTERM: stop accepting, let in-flight requests and streams finish.
+    gateway_example::server::serve(listener, app, limits, async {
+        shutdown_signal().await;
+        tracing::info!("shutting down");
+    })
+    .await;
     // Keys are written through on every change; the limiter's queued settlements (Redis) are
     // sent before the process ends.
     gateway.limiter().store().flush().await;

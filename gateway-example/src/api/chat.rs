@@ -51,7 +51,21 @@ pub async fn prepare(
 }
 
 async fn validate(gw: &Gateway, caller: &Caller, request: Request) -> Result<Request, ApiError> {
-    let (mut parts, bytes) = read_body(request, gw.config().max_request_bytes).await?;
+    // Bounded in time too: a body that trickles, or never ends, is answered 408.
+    let timeout = gw.config().request_body_timeout;
+    let (mut parts, bytes) =
+        tokio::time::timeout(timeout, read_body(request, gw.config().max_request_bytes))
+            .await
+            .map_err(|_| {
+                ApiError::new(
+                    StatusCode::REQUEST_TIMEOUT,
+                    "invalid_request_error",
+                    format!(
+                        "The request body was not received within {} seconds.",
+                        timeout.as_secs_f64()
+                    ),
+                )
+            })??;
     let body: Value = serde_json::from_slice(&bytes)
         .map_err(|e| ApiError::bad_request(format!("Invalid JSON in request body: {e}")))?;
     if !body.is_object() {

@@ -22,6 +22,18 @@ pub const KNOWN_MASTER_KEYS: &[&str] = &["sk-1234"];
 
 /// Default bound on a request body (`general_settings.max_request_size_mb`).
 pub const DEFAULT_MAX_REQUEST_BYTES: usize = 10 * 1024 * 1024;
+/// Default `general_settings.header_read_timeout_seconds`: time a connection has to send a whole
+/// request head, counted from when it starts waiting for one (so it also bounds an idle
+/// keep-alive connection).
+pub const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// Default `general_settings.request_body_timeout_seconds`: time a chat request's body has to
+/// arrive whole once its head has.
+pub const DEFAULT_REQUEST_BODY_TIMEOUT: Duration = Duration::from_secs(60);
+/// Default `general_settings.max_connections`: connections served at once; more wait in the
+/// kernel's backlog.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 10_000;
+/// The largest `general_settings.max_connections` accepted.
+pub const MAX_MAX_CONNECTIONS: usize = 1_000_000;
 /// Default upstream timeout (`litellm_params.timeout`, seconds), as in the source product.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(600);
 /// Default `router_settings.redis_port` (and `REDIS_PORT`).
@@ -111,6 +123,14 @@ pub struct GatewayConfig {
     pub master_key: Option<String>,
     /// Request bodies larger than this get a 413.
     pub max_request_bytes: usize,
+    /// `general_settings.header_read_timeout_seconds`: a connection that has not sent a whole
+    /// request head this long after it started waiting for one is closed.
+    pub header_read_timeout: Duration,
+    /// `general_settings.request_body_timeout_seconds`: a chat request whose body is not whole
+    /// this long after its head is answered 408.
+    pub request_body_timeout: Duration,
+    /// `general_settings.max_connections`: connections served at once.
+    pub max_connections: usize,
     /// Redis, when configured (`router_settings.redis_*` or the `REDIS_*` environment): keys and
     /// teams are then shared by every gateway pointed at it. `None`: everything is embedded.
     pub redis: Option<RedisTarget>,
@@ -119,6 +139,15 @@ pub struct GatewayConfig {
     pub redis_key_prefix: String,
     /// `router_settings`: strategy, retries, cooldowns, fallbacks.
     pub router: RouterSettings,
+}
+
+/// A timeout in seconds: a number > 0 (fractions allowed), at most a day.
+fn seconds(node: &Node<'_>) -> Result<Duration, ConfigError> {
+    let v = node.number()?;
+    if !(v.is_finite() && v > 0.0 && v <= 86_400.0) {
+        return Err(node.error(format!("expected seconds > 0 and at most 86400, got {v}")));
+    }
+    Ok(Duration::from_secs_f64(v))
 }
 
 impl GatewayConfig {
@@ -171,6 +200,9 @@ impl GatewayConfig {
 
         let mut master_key = None;
         let mut max_request_bytes = DEFAULT_MAX_REQUEST_BYTES;
+        let mut header_read_timeout = DEFAULT_HEADER_READ_TIMEOUT;
+        let mut request_body_timeout = DEFAULT_REQUEST_BODY_TIMEOUT;
+        let mut max_connections = DEFAULT_MAX_CONNECTIONS;
         if let Some(general) = root.get("general_settings")? {
             if let Some(key) = general.get("master_key")? {
                 let key = key.string()?;
@@ -188,6 +220,21 @@ impl GatewayConfig {
                     return Err(mb.error(format!("expected megabytes > 0, got {v}")));
                 }
                 max_request_bytes = (v * 1024.0 * 1024.0) as usize;
+            }
+            if let Some(t) = general.get("header_read_timeout_seconds")? {
+                header_read_timeout = seconds(&t)?;
+            }
+            if let Some(t) = general.get("request_body_timeout_seconds")? {
+                request_body_timeout = seconds(&t)?;
+            }
+            if let Some(n) = general.get("max_connections")? {
+                let v = n.count()?;
+                if v == 0 || v > MAX_MAX_CONNECTIONS as u64 {
+                    return Err(n.error(format!(
+                        "expected a whole number from 1 to {MAX_MAX_CONNECTIONS}, got {v}"
+                    )));
+                }
+                max_connections = v as usize;
             }
         }
 
@@ -210,6 +257,9 @@ impl GatewayConfig {
             deployments,
             master_key,
             max_request_bytes,
+            header_read_timeout,
+            request_body_timeout,
+            max_connections,
             redis,
             redis_key_prefix,
             router,

@@ -355,3 +355,269 @@ async fn upstream_failures_log_the_url_without_its_secrets() {
         assert!(!body.contains(secret), "{secret} in the error: {body}");
     }
 }
+
+/// A gateway on a mock model with `general` added to its `general_settings`.
+fn limits_config(name: &str, general: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("gw-bin-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("gw.yaml"),
+        format!(
+            "model_list: [{{model_name: m, litellm_params: {{model: openai/m, mock_response: hi}}}}]\n\
+             general_settings: {{master_key: sk-test, {general}}}\n"
+        ),
+    )
+    .unwrap();
+    dir
+}
+
+/// Reads until the peer closes or fails the connection (or `within` passes: `None`).
+async fn closed_within(stream: &mut tokio::net::TcpStream, within: Duration) -> Option<Vec<u8>> {
+    use tokio::io::AsyncReadExt;
+    let mut seen = Vec::new();
+    let read = async {
+        let mut buf = [0u8; 4096];
+        loop {
+            match stream.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => seen.extend_from_slice(&buf[..n]),
+            }
+        }
+    };
+    tokio::time::timeout(within, read).await.ok()?;
+    Some(seen)
+}
+
+fn open_files(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| d.count())
+}
+
+/// Many idle sockets (three times `max_connections`) and a client sending its request head one
+/// byte every 200 ms: the gateway holds at most `max_connections` of them open, closes the slow
+/// client after the header-read timeout (1 s), and a normal client is still served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_and_slow_connections_cannot_stop_a_normal_client() {
+    use tokio::io::AsyncWriteExt;
+    use tokio::net::TcpStream;
+    const CAP: usize = 40;
+    const IDLE: usize = 3 * CAP;
+    let dir = limits_config(
+        "slow-conns",
+        &format!("header_read_timeout_seconds: 1, max_connections: {CAP}"),
+    );
+    let port = free_port().to_string();
+    let (child, addr) = launch(&dir, &["--port", &port]).expect("starts");
+    let pid = child.id();
+    let before = open_files(pid);
+
+    // The slow client: one byte of its head every 200 ms, for up to 4 s.
+    let mut slow = TcpStream::connect(&addr).await.unwrap();
+    let started = std::time::Instant::now();
+    let slow_task = tokio::spawn(async move {
+        let head = b"GET /health/liveliness HTTP/1.1\r\nhost: x\r\nx-pad: aaaaaaaaaaaaaaa\r\n\r\n";
+        for byte in head {
+            if slow.write_all(&[*byte]).await.is_err() {
+                return Some(started.elapsed());
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            if started.elapsed() > Duration::from_secs(4) {
+                break;
+            }
+        }
+        // Written whole without an error: see whether the gateway closed it meanwhile.
+        closed_within(&mut slow, Duration::from_millis(10))
+            .await
+            .map(|_| started.elapsed())
+    });
+
+    let mut idle = Vec::new();
+    for _ in 0..IDLE {
+        idle.push(TcpStream::connect(&addr).await.unwrap());
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let held = open_files(pid).saturating_sub(before);
+
+    // A normal client behind them all is served once the idle ones time out.
+    let mut normal = TcpStream::connect(&addr).await.unwrap();
+    normal
+        .write_all(b"GET /health/liveliness HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let answer = closed_within(&mut normal, Duration::from_secs(10)).await;
+    let slow_closed = slow_task.await.unwrap();
+    // An idle socket accepted first was closed by the gateway, not left open.
+    let first_idle = closed_within(&mut idle[0], Duration::from_secs(2)).await;
+    stop(child);
+    std::fs::remove_dir_all(&dir).unwrap();
+
+    assert!(
+        held <= CAP + 2,
+        "{held} more open files with {IDLE} idle sockets and max_connections {CAP}"
+    );
+    let answer = answer.expect("the normal client was answered within 10 s");
+    assert!(
+        answer.starts_with(b"HTTP/1.1 200"),
+        "{}",
+        String::from_utf8_lossy(&answer)
+    );
+    let slow_closed = slow_closed.expect("the slow client was closed");
+    assert!(
+        slow_closed >= Duration::from_millis(900) && slow_closed < Duration::from_millis(2500),
+        "closed after {slow_closed:?}, not after the 1 s header-read timeout"
+    );
+    assert!(first_idle.is_some(), "an idle connection was closed");
+}
+
+/// A chunked chat body that never ends is answered 408, in the OpenAI error shape, after the
+/// request-body timeout (1 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_never_ending_chunked_body_is_answered_408() {
+    use tokio::io::AsyncWriteExt;
+    let dir = limits_config("endless-body", "request_body_timeout_seconds: 1");
+    let port = free_port().to_string();
+    let (child, addr) = launch(&dir, &["--port", &port]).expect("starts");
+    let mut stream = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    stream
+        .write_all(
+            b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nauthorization: Bearer sk-test\r\n\
+              content-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n\
+              9\r\n{\"model\":\r\n",
+        )
+        .await
+        .unwrap();
+    let started = std::time::Instant::now();
+    // Keep sending a space now and then, never the last chunk.
+    let (mut read, mut write) = stream.into_split();
+    let trickle = tokio::spawn(async move {
+        while write.write_all(b"1\r\n \r\n").await.is_ok() {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    });
+    let answer = tokio::time::timeout(Duration::from_secs(4), async {
+        use tokio::io::AsyncReadExt;
+        let mut seen = Vec::new();
+        let mut buf = [0u8; 4096];
+        while !seen.windows(4).any(|w| w == b"\r\n\r\n") || !seen.ends_with(b"}") {
+            match read.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => seen.extend_from_slice(&buf[..n]),
+            }
+        }
+        seen
+    })
+    .await;
+    let elapsed = started.elapsed();
+    trickle.abort();
+    stop(child);
+    std::fs::remove_dir_all(&dir).unwrap();
+
+    let answer = answer.expect("answered within 4 s");
+    let text = String::from_utf8_lossy(&answer);
+    assert!(text.starts_with("HTTP/1.1 408"), "{text}");
+    let body = text.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+    let error: serde_json::Value = serde_json::from_str(body).expect("a JSON body");
+    assert_eq!(error["error"]["type"], "invalid_request_error", "{text}");
+    assert_eq!(error["error"]["code"], "408", "{text}");
+    assert!(elapsed >= Duration::from_millis(900), "{elapsed:?}");
+}
+
+/// Run out of file handles (`ulimit -n 64`, a hundred idle sockets): the gateway backs off and
+/// logs the accept error at most about once a second, does not exit, and serves a normal client
+/// once the idle connections have timed out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn out_of_file_handles_the_gateway_backs_off_and_recovers() {
+    use tokio::io::AsyncWriteExt;
+    let dir = limits_config("emfile", "header_read_timeout_seconds: 1");
+    let port = free_port().to_string();
+    let mut child = Command::new("sh")
+        .arg("-c")
+        .arg(r#"ulimit -n 64 && exec "$0" "$@""#)
+        .arg(BIN)
+        .arg("--config")
+        .arg(dir.join("gw.yaml"))
+        .arg("--data-dir")
+        .arg(dir.join("data"))
+        .args(["--port", &port])
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let addr = loop {
+        let line = lines.next().expect("the gateway starts").unwrap();
+        if let Some((_, addr)) = line.split_once("listening on http://") {
+            break addr.trim().to_owned();
+        }
+    };
+    let log = std::thread::spawn(move || lines.map_while(Result::ok).collect::<Vec<_>>());
+
+    let started = std::time::Instant::now();
+    let mut idle = Vec::new();
+    for _ in 0..100 {
+        idle.push(tokio::net::TcpStream::connect(&addr).await.unwrap());
+    }
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let mut normal = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    normal
+        .write_all(b"GET /health/liveliness HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let answer = closed_within(&mut normal, Duration::from_secs(10)).await;
+    let elapsed = started.elapsed();
+    let still_running = child.try_wait().unwrap().is_none();
+    stop(child);
+    let log = log.join().unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+
+    assert!(still_running, "the gateway kept running");
+    let answer = answer.expect("the normal client was answered within 10 s");
+    assert!(
+        answer.starts_with(b"HTTP/1.1 200"),
+        "{}",
+        String::from_utf8_lossy(&answer)
+    );
+    let accept_errors = log.iter().filter(|l| l.contains("accept error")).count();
+    assert!(accept_errors >= 1, "the file limit was reached: {log:?}");
+    assert!(
+        accept_errors as u64 <= elapsed.as_secs() + 2,
+        "{accept_errors} accept errors logged in {elapsed:?}"
+    );
+}
+
+/// A keep-alive connection left idle after its response is closed after the header-read timeout
+/// (1 s): the timer starts again as soon as the connection waits for its next request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_keep_alive_connection_is_closed() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let dir = limits_config("idle-keep-alive", "header_read_timeout_seconds: 1");
+    let port = free_port().to_string();
+    let (child, addr) = launch(&dir, &["--port", &port]).expect("starts");
+    let mut stream = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    stream
+        .write_all(b"GET /health/liveliness HTTP/1.1\r\nhost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let mut buf = [0u8; 4096];
+    let n = tokio::time::timeout(Duration::from_secs(2), stream.read(&mut buf))
+        .await
+        .ok()
+        .and_then(Result::ok);
+    let answered = std::time::Instant::now();
+    let closed = closed_within(&mut stream, Duration::from_secs(4)).await;
+    let idle_for = answered.elapsed();
+    stop(child);
+    std::fs::remove_dir_all(&dir).unwrap();
+
+    let n = n.expect("answered");
+    assert!(buf[..n].starts_with(b"HTTP/1.1 200"), "{:?}", &buf[..n]);
+    assert!(
+        closed.is_some(),
+        "the idle connection was still open after 4 s"
+    );
+    assert!(
+        idle_for >= Duration::from_millis(900) && idle_for < Duration::from_millis(2500),
+        "closed after {idle_for:?} idle"
+    );
+}

@@ -1,0 +1,222 @@
+//! Serving the routes on a TCP listener, bounded: a cap on the connections served at once, a
+//! header-read timeout, an accept loop that waits out a full file table instead of spinning, and
+//! a graceful shutdown.
+//!
+//! At the cap no connection is accepted: new ones wait in the kernel's backlog until one ends.
+//! Hyper starts the header-read timer when a connection begins waiting for a request head (just
+//! accepted, or idle after a response), so the same timeout closes a client that sends its head
+//! slowly and a keep-alive connection left idle.
+
+use std::future::Future;
+use std::io;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use hyper::server::conn::http1;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::service::TowerToHyperService;
+use tokio::net::TcpListener;
+use tokio::sync::{watch, Semaphore};
+
+use crate::config::GatewayConfig;
+
+/// How long the accept loop sleeps after the process or the system ran out of file handles.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
+/// At most one log line per this long about accept errors.
+const ACCEPT_LOG_EVERY: Duration = Duration::from_secs(1);
+
+/// The connection limits [`serve`] applies.
+#[derive(Debug, Clone, Copy)]
+pub struct ServerLimits {
+    /// A connection that has not sent a whole request head this long after it began waiting
+    /// for one is closed.
+    pub header_read_timeout: Duration,
+    /// Connections served at once (at least 1).
+    pub max_connections: usize,
+}
+
+impl ServerLimits {
+    /// The limits a gateway config sets (`general_settings`).
+    pub fn from_config(config: &GatewayConfig) -> Self {
+        Self {
+            header_read_timeout: config.header_read_timeout,
+            max_connections: config.max_connections,
+        }
+    }
+}
+
+/// Serves `app` on `listener` until `shutdown` resolves; then stops accepting, lets the
+/// connections' in-flight requests finish (idle connections are closed), and returns.
+pub async fn serve(
+    listener: TcpListener,
+    app: Router,
+    limits: ServerLimits,
+    shutdown: impl Future<Output = ()>,
+) {
+    let max = limits
+        .max_connections
+        .clamp(1, Semaphore::MAX_PERMITS.min(u32::MAX as usize));
+    let slots = Arc::new(Semaphore::new(max));
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let mut last_log: Option<Instant> = None;
+    tokio::pin!(shutdown);
+    loop {
+        // A slot first: at the cap, nothing is accepted and new connections wait in the backlog.
+        let permit = tokio::select! {
+            () = &mut shutdown => break,
+            permit = slots.clone().acquire_owned() => match permit {
+                Ok(p) => p,
+                Err(_) => break,
+            },
+        };
+        let stream = tokio::select! {
+            () = &mut shutdown => break,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                Err(e) => {
+                    on_accept_error(&e, &mut last_log);
+                    // Out of file handles (or another passing error): wait a little rather than
+                    // spin, and try again; the slot goes back meanwhile.
+                    drop(permit);
+                    tokio::select! {
+                        () = &mut shutdown => break,
+                        () = tokio::time::sleep(ACCEPT_BACKOFF) => {},
+                    }
+                    continue;
+                }
+            },
+        };
+        let service = TowerToHyperService::new(app.clone());
+        let header_read_timeout = limits.header_read_timeout;
+        let mut stop = stop_rx.clone();
+        tokio::spawn(async move {
+            let _permit = permit;
+            let conn = http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(header_read_timeout)
+                .serve_connection(TokioIo::new(stream), service);
+            tokio::pin!(conn);
+            tokio::select! {
+                result = conn.as_mut() => log_connection_end(result),
+                _ = async { stop.wait_for(|stop| *stop).await.map(|_| ()) } => {
+                    conn.as_mut().graceful_shutdown();
+                    log_connection_end(conn.await);
+                }
+            }
+        });
+    }
+    drop(listener);
+    let _ = stop_tx.send(true);
+    // Every connection holds a slot until it ends: all slots back means all connections ended.
+    let _ = slots.acquire_many(max as u32).await;
+}
+
+fn log_connection_end(result: Result<(), hyper::Error>) {
+    if let Err(e) = result {
+        tracing::debug!("connection ended: {e}");
+    }
+}
+
+/// Logs an accept error, at most once per [`ACCEPT_LOG_EVERY`].
+fn on_accept_error(e: &io::Error, last_log: &mut Option<Instant>) {
+    let now = Instant::now();
+    if last_log.is_some_and(|t| now.duration_since(t) < ACCEPT_LOG_EVERY) {
+        return;
+    }
+    *last_log = Some(now);
+    if is_out_of_files(e) {
+        tracing::warn!(
+            "accept error: {e}; backing off (raise the open-file limit, or lower \
+             general_settings.max_connections)"
+        );
+    } else {
+        tracing::warn!("accept error: {e}; backing off");
+    }
+}
+
+/// The process's soft and hard open-file limits, read from `/proc/self/limits` (Linux; `None`
+/// elsewhere or when unreadable). The gateway does not raise the soft limit itself: that takes
+/// `setrlimit`, which safe Rust's standard library does not offer.
+pub fn open_file_limits() -> Option<(Option<u64>, Option<u64>)> {
+    let text = std::fs::read_to_string("/proc/self/limits").ok()?;
+    parse_open_file_limits(&text)
+}
+
+/// The "Max open files" line of a `/proc/<pid>/limits` text: (soft, hard), `None` meaning
+/// unlimited.
+fn parse_open_file_limits(text: &str) -> Option<(Option<u64>, Option<u64>)> {
+    let line = text.lines().find(|l| l.starts_with("Max open files"))?;
+    let mut fields = line["Max open files".len()..].split_whitespace();
+    let mut limit = || match fields.next()? {
+        "unlimited" => Some(None),
+        n => n.parse().ok().map(Some),
+    };
+    Some((limit()?, limit()?))
+}
+
+/// Warns at start-up when `max_connections` leaves no room under the soft open-file limit (each
+/// connection is one file; the gateway needs some more of its own: upstream and Redis
+/// connections, the key store).
+pub fn warn_if_file_limit_is_low(max_connections: usize) {
+    let Some((Some(soft), hard)) = open_file_limits() else {
+        return;
+    };
+    let wanted = max_connections as u64 + 256;
+    if soft < wanted {
+        let hard = hard.map_or("unlimited".to_owned(), |h| h.to_string());
+        tracing::warn!(
+            "the open-file limit ({soft}, hard limit {hard}) is below general_settings.\
+             max_connections ({max_connections}) plus room for upstream connections: raise it \
+             (ulimit -n) or lower max_connections; when files run out, accepting pauses"
+        );
+    }
+}
+
+/// EMFILE (the process's file limit) or ENFILE (the system's).
+fn is_out_of_files(e: &io::Error) -> bool {
+    // EMFILE is 24 and ENFILE 23 on Linux and the BSDs.
+    matches!(e.raw_os_error(), Some(23 | 24))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn out_of_files_is_emfile_or_enfile() {
+        assert!(is_out_of_files(&io::Error::from_raw_os_error(24)));
+        assert!(is_out_of_files(&io::Error::from_raw_os_error(23)));
+        assert!(!is_out_of_files(&io::Error::from_raw_os_error(104)));
+        assert!(!is_out_of_files(&io::Error::other("x")));
+    }
+
+    #[test]
+    fn accept_errors_are_logged_at_most_once_a_second() {
+        let mut last = None;
+        let e = io::Error::from_raw_os_error(24);
+        on_accept_error(&e, &mut last);
+        let first = last;
+        assert!(first.is_some());
+        on_accept_error(&e, &mut last);
+        assert_eq!(
+            last, first,
+            "a second error within the second is not logged"
+        );
+    }
+
+    #[test]
+    fn the_open_file_limits_are_read_from_proc_limits() {
+        let text = "Limit                     Soft Limit           Hard Limit           Units     \n\
+                    Max processes             63704                63704                processes \n\
+                    Max open files            1024                 524288               files     \n";
+        assert_eq!(
+            parse_open_file_limits(text),
+            Some((Some(1024), Some(524_288)))
+        );
+        let unlimited =
+            "Max open files            unlimited            unlimited            files\n";
+        assert_eq!(parse_open_file_limits(unlimited), Some((None, None)));
+        assert_eq!(parse_open_file_limits("nothing here"), None);
+    }
+}
