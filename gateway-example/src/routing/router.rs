@@ -94,7 +94,8 @@ pub fn deployment_limits(deployments: &[Deployment], groups: &LimiterConfig) -> 
         .window(groups.window())
         .failure_mode(settings.shared.failure_mode)
         .expected_nodes(settings.shared.expected_nodes)
-        .store_timeout(settings.shared.timeout);
+        .store_timeout(settings.shared.timeout)
+        .max_reported_tokens(settings.max_reported_tokens);
     for d in deployments {
         let mut limits = ModelLimits::new(d.id.as_str());
         limits.rpm = d.rpm;
@@ -322,5 +323,26 @@ impl Router {
     /// after failures withdraws; see [`Attempts`](super::Attempts)).
     pub fn budget(&self) -> &RetryBudget {
         &self.budget
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::GatewayConfig;
+
+    /// The per-deployment limiter inherits the group limiter's settings, the reported-usage cap
+    /// included, so one response's absurd usage cannot lock a deployment for its window either.
+    #[test]
+    fn deployment_limits_inherit_the_group_settings() {
+        let c = GatewayConfig::from_yaml_str(
+            "model_list: [{model_name: m, litellm_params: {model: x, mock_response: hi, tpm: 100}}]\n\
+             litellm_settings:\n  priority_reservation_settings: {max_reported_tokens: 5000, redis_timeout_ms: 20}\n",
+        )
+        .unwrap();
+        let limits = deployment_limits(&c.deployments, &c.limiter);
+        assert_eq!(limits.settings().max_reported_tokens, 5000);
+        assert_eq!(limits.settings().shared.timeout, Duration::from_millis(20));
+        assert_eq!(limits.models()[0].tpm, Some(100));
     }
 }

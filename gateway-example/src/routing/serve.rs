@@ -170,13 +170,7 @@ pub async fn serve(
                 match result {
                     Ok(mut response) => {
                         router.observe(index, response.headers_mut());
-                        let response = track(
-                            response,
-                            chosen,
-                            in_flight,
-                            deployment,
-                            router.settings().strategy,
-                        );
+                        let response = track(response, chosen, in_flight, deployment, router);
                         let id = router.states[index].id_header.as_ref();
                         let response = with_headers(
                             response,
@@ -278,23 +272,28 @@ fn unavailable_response(group: &str, u: Unavailable) -> Response {
 }
 
 /// Counts the response as load until its body ends, and settles the deployment's lease with its
-/// tokens (metered only when the deployment has a `tpm` to keep).
+/// tokens (metered only when the deployment has a `tpm` to keep), reported usage capped as the
+/// group limiter's is (`max_reported_tokens`).
 fn track(
     response: Response,
     chosen: Chosen,
     in_flight: InFlight,
     deployment: &Deployment,
-    strategy: Strategy,
+    router: &Router,
 ) -> Response {
     let (parts, body) = response.into_parts();
     let body = match chosen.lease {
-        Some(lease) if deployment.tpm.is_some() || strategy == Strategy::UsageBased => {
+        Some(lease)
+            if deployment.tpm.is_some() || router.settings().strategy == Strategy::UsageBased =>
+        {
+            let cap = router.limits.config().settings().max_reported_tokens;
             let meter = UsageMeter::for_content_type(
                 parts
                     .headers
                     .get(http::header::CONTENT_TYPE)
                     .map(HeaderValue::as_bytes),
-            );
+            )
+            .with_max_reported_tokens(cap);
             Body::new(InFlightBody::new(
                 ResponseBody::metered(body, meter, lease),
                 in_flight,
