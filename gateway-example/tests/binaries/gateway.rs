@@ -88,48 +88,17 @@ async fn sigterm_lets_in_flight_requests_finish() {
     let upstream_addr = listener.local_addr().unwrap();
     tokio::spawn(async move { axum::serve(listener, upstream).await.unwrap() });
 
-    let dir = std::env::temp_dir().join(format!("gw-bin-term-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let config = dir.join("gw.yaml");
-    std::fs::write(
-        &config,
-        format!(
+    let dir = config_dir(
+        "term",
+        &format!(
             "model_list: [{{model_name: slow, litellm_params: {{model: openai/slow, api_base: \"http://{upstream_addr}/v1\"}}}}]\n\
              general_settings: {{master_key: sk-test}}\n"
         ),
-    )
-    .unwrap();
+    );
     let port = free_port();
-    let mut child = Command::new(BIN)
-        .args([
-            "--config",
-            config.to_str().unwrap(),
-            "--host",
-            "127.0.0.1",
-            "--port",
-            &port.to_string(),
-        ])
-        .arg("--data-dir")
-        .arg(dir.join("data"))
-        .env("RUST_LOG", "info")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    // Wait until it listens (logs go to stdout).
-    let stdout = child.stdout.take().unwrap();
-    let mut lines = BufReader::new(stdout).lines();
-    loop {
-        let line = lines
-            .next()
-            .expect("the gateway logs before exiting")
-            .unwrap();
-        if line.contains("listening on") {
-            break;
-        }
-    }
-    let log_rest =
-        std::thread::spawn(move || lines.map_while(Result::ok).collect::<Vec<_>>().join("\n"));
+    let (mut child, log_rest) = launch(&dir, &["--host", "127.0.0.1", "--port", &port.to_string()])
+        .expect("starts")
+        .collect_log();
 
     let request = tokio::spawn(async move {
         let client =
@@ -162,7 +131,7 @@ async fn sigterm_lets_in_flight_requests_finish() {
         .await
         .unwrap();
     assert!(exit.success(), "clean exit: {exit:?}");
-    let log = log_rest.join().unwrap();
+    let log = log_rest.join().unwrap().join("\n");
     assert!(
         log.contains("shutting down") && log.contains("stopped"),
         "{log}"
@@ -172,41 +141,77 @@ async fn sigterm_lets_in_flight_requests_finish() {
 
 /// A data dir and a config with `master_key` for the exposure tests.
 fn exposure_config(name: &str, master_key: &str) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!("gw-bin-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::write(
-        dir.join("gw.yaml"),
-        format!(
+    config_dir(
+        name,
+        &format!(
             "model_list: [{{model_name: m, litellm_params: {{model: openai/m, mock_response: hi}}}}]\n\
              general_settings: {{master_key: {master_key}}}\n"
         ),
     )
-    .unwrap();
+}
+
+/// A fresh temporary dir holding `yaml` as `gw.yaml` (its `data/` is the gateway's data dir).
+fn config_dir(name: &str, yaml: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("gw-bin-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("gw.yaml"), yaml).unwrap();
     dir
 }
 
-/// Starts the gateway on `dir`'s config with `args`; returns the child and the address it logs
-/// it listens on, or its exit status and stderr if it exits first.
+/// The gateway's arguments for `dir`'s config and data dir, then `args`.
+fn gateway_args(dir: &std::path::Path, args: &[&str]) -> Vec<std::ffi::OsString> {
+    let mut all = vec![
+        "--config".into(),
+        dir.join("gw.yaml").into_os_string(),
+        "--data-dir".into(),
+        dir.join("data").into_os_string(),
+    ];
+    all.extend(args.iter().map(Into::into));
+    all
+}
+
+/// A started gateway: the process, the address it logs it listens on, and the rest of its log.
+struct Launched {
+    child: std::process::Child,
+    addr: String,
+    log: std::io::Lines<BufReader<std::process::ChildStdout>>,
+}
+
+impl Launched {
+    /// The rest of the log, collected on a thread until the process closes its stdout.
+    fn collect_log(self) -> (std::process::Child, std::thread::JoinHandle<Vec<String>>) {
+        let log = self.log;
+        let rest = std::thread::spawn(move || log.map_while(Result::ok).collect());
+        (self.child, rest)
+    }
+}
+
+/// Starts the gateway on `dir`'s config with `args`, or returns its exit status and stderr if it
+/// exits before it listens.
 fn launch(
     dir: &std::path::Path,
     args: &[&str],
-) -> Result<(std::process::Child, String), (std::process::ExitStatus, String)> {
-    let mut child = Command::new(BIN)
-        .arg("--config")
-        .arg(dir.join("gw.yaml"))
-        .arg("--data-dir")
-        .arg(dir.join("data"))
-        .args(args)
+) -> Result<Launched, (std::process::ExitStatus, String)> {
+    let mut command = Command::new(BIN);
+    command.args(gateway_args(dir, args));
+    start(command)
+}
+
+/// Runs `command` (the gateway, perhaps behind a wrapper) with its logs at `info` on a pipe, and
+/// waits until it logs that it listens.
+fn start(mut command: Command) -> Result<Launched, (std::process::ExitStatus, String)> {
+    let mut child = command
         .env("RUST_LOG", "info")
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let stdout = child.stdout.take().unwrap();
-    for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+    let mut log = BufReader::new(child.stdout.take().unwrap()).lines();
+    for line in log.by_ref().map_while(Result::ok) {
         if let Some((_, addr)) = line.split_once("listening on http://") {
-            return Ok((child, addr.trim().to_owned()));
+            let addr = addr.trim().to_owned();
+            return Ok(Launched { child, addr, log });
         }
     }
     let out = child.wait_with_output().unwrap();
@@ -228,7 +233,8 @@ fn stop(mut child: std::process::Child) {
 async fn the_default_host_is_loopback() {
     let dir = exposure_config("loopback", "sk-1234");
     let port = free_port().to_string();
-    let (child, addr) = launch(&dir, &["--port", &port]).expect("starts on loopback");
+    let Launched { child, addr, .. } =
+        launch(&dir, &["--port", &port]).expect("starts on loopback");
     let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
         .build_http::<http_body_util::Full<bytes::Bytes>>();
     let url = format!("http://127.0.0.1:{port}/health/liveliness");
@@ -248,7 +254,7 @@ fn a_known_master_key_is_refused_beyond_loopback_unless_allowed() {
     let port = free_port().to_string();
     let (status, err) = match launch(&dir, &["--host", "0.0.0.0", "--port", &port]) {
         Err(exited) => exited,
-        Ok((child, _)) => {
+        Ok(Launched { child, .. }) => {
             stop(child);
             panic!("started on 0.0.0.0 with sk-1234");
         }
@@ -260,7 +266,7 @@ fn a_known_master_key_is_refused_beyond_loopback_unless_allowed() {
     );
     assert!(!dir.join("data").exists(), "nothing was written");
 
-    let (child, addr) = launch(
+    let Launched { child, addr, .. } = launch(
         &dir,
         &[
             "--host",
@@ -275,7 +281,8 @@ fn a_known_master_key_is_refused_beyond_loopback_unless_allowed() {
     assert_eq!(addr, format!("0.0.0.0:{port}"));
 
     let own = exposure_config("own-key", "sk-a-secret-of-my-own");
-    let (child, _) = launch(&own, &["--host", "0.0.0.0", "--port", &port]).expect("own key");
+    let Launched { child, .. } =
+        launch(&own, &["--host", "0.0.0.0", "--port", &port]).expect("own key");
     stop(child);
     std::fs::remove_dir_all(&dir).unwrap();
     std::fs::remove_dir_all(&own).unwrap();
@@ -286,44 +293,20 @@ fn a_known_master_key_is_refused_beyond_loopback_unless_allowed() {
 /// nor the client's error holds them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn upstream_failures_log_the_url_without_its_secrets() {
-    let dir = std::env::temp_dir().join(format!("gw-bin-redact-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
     // Nothing listens on this port: every attempt fails to connect.
     let down = free_port();
-    std::fs::write(
-        dir.join("gw.yaml"),
-        format!(
+    let dir = config_dir(
+        "redact",
+        &format!(
             "model_list: [{{model_name: m, litellm_params: {{model: openai/m, api_base: \
              \"http://gw-user:s3cret-pw@127.0.0.1:{down}/v1?key=qs-s3cret\"}}}}]\n\
              general_settings: {{master_key: sk-test}}\n"
         ),
-    )
-    .unwrap();
+    );
     let port = free_port();
-    let mut child = Command::new(BIN)
-        .arg("--config")
-        .arg(dir.join("gw.yaml"))
-        .arg("--data-dir")
-        .arg(dir.join("data"))
-        .args(["--port", &port.to_string()])
-        .env("RUST_LOG", "info")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    loop {
-        let line = lines
-            .next()
-            .expect("the gateway logs before exiting")
-            .unwrap();
-        if line.contains("listening on") {
-            break;
-        }
-    }
-    let log_rest =
-        std::thread::spawn(move || lines.map_while(Result::ok).collect::<Vec<_>>().join("\n"));
+    let (child, log_rest) = launch(&dir, &["--port", &port.to_string()])
+        .expect("starts")
+        .collect_log();
 
     let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
         .build_http::<http_body_util::Full<bytes::Bytes>>();
@@ -335,7 +318,7 @@ async fn upstream_failures_log_the_url_without_its_secrets() {
         .unwrap();
     let reply = client.request(req).await;
     stop(child);
-    let log = log_rest.join().unwrap();
+    let log = log_rest.join().unwrap().join("\n");
     std::fs::remove_dir_all(&dir).unwrap();
 
     let resp = reply.unwrap();
@@ -358,18 +341,13 @@ async fn upstream_failures_log_the_url_without_its_secrets() {
 
 /// A gateway on a mock model with `general` added to its `general_settings`.
 fn limits_config(name: &str, general: &str) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!("gw-bin-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::write(
-        dir.join("gw.yaml"),
-        format!(
+    config_dir(
+        name,
+        &format!(
             "model_list: [{{model_name: m, litellm_params: {{model: openai/m, mock_response: hi}}}}]\n\
              general_settings: {{master_key: sk-test, {general}}}\n"
         ),
     )
-    .unwrap();
-    dir
 }
 
 /// Reads until the peer closes or fails the connection (or `within` passes: `None`).
@@ -407,7 +385,7 @@ async fn idle_and_slow_connections_cannot_stop_a_normal_client() {
         &format!("header_read_timeout_seconds: 1, max_connections: {CAP}"),
     );
     let port = free_port().to_string();
-    let (child, addr) = launch(&dir, &["--port", &port]).expect("starts");
+    let Launched { child, addr, .. } = launch(&dir, &["--port", &port]).expect("starts");
     let pid = child.id();
     let before = open_files(pid);
 
@@ -476,7 +454,7 @@ async fn a_never_ending_chunked_body_is_answered_408() {
     use tokio::io::AsyncWriteExt;
     let dir = limits_config("endless-body", "request_body_timeout_seconds: 1");
     let port = free_port().to_string();
-    let (child, addr) = launch(&dir, &["--port", &port]).expect("starts");
+    let Launched { child, addr, .. } = launch(&dir, &["--port", &port]).expect("starts");
     let mut stream = tokio::net::TcpStream::connect(&addr).await.unwrap();
     stream
         .write_all(
@@ -530,28 +508,15 @@ async fn out_of_file_handles_the_gateway_backs_off_and_recovers() {
     use tokio::io::AsyncWriteExt;
     let dir = limits_config("emfile", "header_read_timeout_seconds: 1");
     let port = free_port().to_string();
-    let mut child = Command::new("sh")
+    let mut under_limit = Command::new("sh");
+    under_limit
         .arg("-c")
         .arg(r#"ulimit -n 64 && exec "$0" "$@""#)
         .arg(BIN)
-        .arg("--config")
-        .arg(dir.join("gw.yaml"))
-        .arg("--data-dir")
-        .arg(dir.join("data"))
-        .args(["--port", &port])
-        .env("RUST_LOG", "info")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let addr = loop {
-        let line = lines.next().expect("the gateway starts").unwrap();
-        if let Some((_, addr)) = line.split_once("listening on http://") {
-            break addr.trim().to_owned();
-        }
-    };
-    let log = std::thread::spawn(move || lines.map_while(Result::ok).collect::<Vec<_>>());
+        .args(gateway_args(&dir, &["--port", &port]));
+    let launched = start(under_limit).expect("starts");
+    let addr = launched.addr.clone();
+    let (mut child, log) = launched.collect_log();
 
     let started = std::time::Instant::now();
     let mut idle = Vec::new();
@@ -593,7 +558,7 @@ async fn an_idle_keep_alive_connection_is_closed() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let dir = limits_config("idle-keep-alive", "header_read_timeout_seconds: 1");
     let port = free_port().to_string();
-    let (child, addr) = launch(&dir, &["--port", &port]).expect("starts");
+    let Launched { child, addr, .. } = launch(&dir, &["--port", &port]).expect("starts");
     let mut stream = tokio::net::TcpStream::connect(&addr).await.unwrap();
     stream
         .write_all(b"GET /health/liveliness HTTP/1.1\r\nhost: x\r\n\r\n")
