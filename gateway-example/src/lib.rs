@@ -11,11 +11,11 @@
 //!
 //! Modules import downward only, each from those before it:
 //!
-//! `error`, `logging`, `signal`, `store`, `strip`, `mock` (OpenAI-shaped mock answers) ← `mock_upstream` ←
-//! `config` ← `keys` ← `chat` (request types) ← `upstream` (real and mock deployments) ←
-//! `routing` (router, health, attempts, admission, serve) ← `gateway` ([`Gateway`] and its
-//! builder) ← `api` (axum handlers, auth) ← `server` (the accept loop, connection limits) ← `lib` (the
-//! routes) / `main`.
+//! `error`, `logging`, `signal`, `store`, `mock` (OpenAI-shaped mock answers) ← `strip`,
+//! `mock_upstream` ← `config` ← `keys` ← `chat` (request types) ← `upstream` (real and mock
+//! deployments) ← `routing` (router, health, attempts, admission, serve) ← `gateway`
+//! ([`Gateway`] and its builder) ← `api` (axum handlers, auth) ← `server` (the accept loop,
+//! connection limits) ← `lib` (the routes) / `main`.
 
 #![deny(missing_docs)]
 
