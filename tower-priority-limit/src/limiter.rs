@@ -232,3 +232,71 @@ impl<St: Store> Limiter<St> {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write;
+    use std::sync::{Arc, Mutex};
+
+    use super::*;
+    use crate::config::{ModelLimits, Reservation};
+
+    /// Log lines written while `f` runs.
+    fn logged(f: impl FnOnce()) -> String {
+        #[derive(Clone)]
+        struct Buffer(Arc<Mutex<Vec<u8>>>);
+        impl Write for Buffer {
+            fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(bytes);
+                Ok(bytes.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let buffer = Buffer(Arc::default());
+        let writer = buffer.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .with_ansi(false)
+            .finish();
+        tracing::subscriber::with_default(subscriber, f);
+        let bytes = buffer.0.lock().unwrap().clone();
+        String::from_utf8(bytes).unwrap()
+    }
+
+    /// An unknown label is warned about once, with reservations and also without any (where
+    /// every label silently changes nothing).
+    #[test]
+    fn unknown_labels_are_warned_once_also_without_reservations() {
+        let model = || ModelLimits::new("m").rpm(10);
+        let reserving = Limiter::new(
+            LimiterConfig::builder()
+                .model(model())
+                .reserve("prod", Reservation::Percent(0.5))
+                .build()
+                .unwrap(),
+        );
+        let log = logged(|| {
+            for _ in 0..3 {
+                assert_eq!(reserving.resolve_pool(Some("batch")), PoolRef::Default);
+            }
+            reserving.resolve_pool(Some("prod"));
+        });
+        assert_eq!(
+            log.matches("priority not in priority_reservation").count(),
+            1,
+            "{log}"
+        );
+        assert!(log.contains("batch") && !log.contains("prod"), "{log}");
+
+        let plain = Limiter::new(LimiterConfig::builder().model(model()).build().unwrap());
+        let log = logged(|| {
+            for _ in 0..3 {
+                plain.resolve_pool(Some("prod"));
+            }
+            plain.resolve_pool(None);
+        });
+        assert_eq!(log.matches("priorities change nothing").count(), 1, "{log}");
+    }
+}
