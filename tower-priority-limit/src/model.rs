@@ -273,8 +273,7 @@ where
         Box::pin(async move {
             let (parts, bytes) = read_body(request, limit).await?;
             let model = model_from_json(&bytes)?;
-            // Rough prompt size for streams that never report usage: 4 bytes per token.
-            let prompt_estimate = (bytes.len() as u64).div_ceil(4);
+            let prompt_estimate = crate::estimate::prompt_tokens(&bytes);
             Ok(Extracted {
                 request: Request::from_parts(parts, B::from(bytes)),
                 model: Some(model),

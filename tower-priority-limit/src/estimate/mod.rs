@@ -1,0 +1,6 @@
+//! Token estimates: what a request will cost before its response says. Prompt tokens come from
+//! the request body (`prompt.rs`).
+
+mod prompt;
+
+pub(crate) use self::prompt::prompt_tokens;
