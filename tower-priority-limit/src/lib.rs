@@ -97,7 +97,7 @@ pub mod priority;
 pub mod store;
 
 mod body;
-mod estimate;
+pub mod estimate;
 mod future;
 mod layer;
 mod lease;

@@ -3,4 +3,4 @@
 
 mod prompt;
 
-pub(crate) use self::prompt::prompt_tokens;
+pub use self::prompt::prompt_tokens;
