@@ -7,11 +7,13 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use integration_tests::app::{json_body, shift_redis_windows, App};
+use integration_tests::app::{json_body, shift_redis_rings, shift_redis_windows, App};
 use integration_tests::redis::{RedisCluster, RedisServer};
 use tower_priority_limit::clock::ManualClock;
-use tower_priority_limit::config::{FailureMode, LimiterConfig, Reservation};
-use tower_priority_limit::decision::{Admitted, Refused};
+use tower_priority_limit::config::{
+    FailureMode, LimiterConfig, LimiterConfigBuilder, Reservation, TokenAccounting, WindowKind,
+};
+use tower_priority_limit::decision::{slot_ms, Admitted, Refused};
 use tower_priority_limit::store::{RedisStore, RedisTarget, Store};
 use tower_priority_limit::{Acquired, Limiter, ModelLimits};
 
@@ -78,24 +80,86 @@ impl Lcg {
 /// The admission rules and their enforcement, shared by both stores: the same random sequence of admissions,
 /// settlements, cancelled admissions and window moves on the embedded store and on Redis gives the
 /// same decisions, usage and saturation at every step, and the script never disagrees with
-/// `decide()`.
+/// `decide()`. Fixed windows, `post_hoc` accounting (half the admissions still reserve tokens,
+/// which a tower user may do).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lua_script_and_decide_agree_step_by_step() {
     let Some(redis) = RedisServer::start("lua_script_and_decide_agree_step_by_step") else {
         return;
     };
-    let config = LimiterConfig::builder()
+    agree_step_by_step(&redis, lockstep_config(), "agree:", Shift::Fixed).await;
+}
+
+/// The same with `reserve` accounting on fixed windows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lua_script_and_decide_agree_with_reservations() {
+    let Some(redis) = RedisServer::start("lua_script_and_decide_agree_with_reservations") else {
+        return;
+    };
+    let config = lockstep_config().token_accounting(TokenAccounting::Reserve);
+    agree_step_by_step(&redis, config, "agree-reserve:", Shift::Fixed).await;
+}
+
+/// The same with `reserve` accounting on sliding windows, retry-after included. Redis's clock
+/// cannot be moved, so the window is chosen so that its slots are long (~45 min) and the test
+/// starts early in one: real time cannot cross a slot boundary during the test, and time moves
+/// by whole slots, shifting the rings in Redis (`shift_redis_windows`) and the manual clock alike.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lua_script_and_decide_agree_on_sliding_windows() {
+    let Some(redis) = RedisServer::start("lua_script_and_decide_agree_on_sliding_windows") else {
+        return;
+    };
+    let client = ::redis::Client::open(redis.url()).unwrap();
+    let (seconds, _): (u64, u64) = ::redis::cmd("TIME")
+        .query(&mut client.get_connection().unwrap())
+        .unwrap();
+    let now = seconds * 1000;
+    // A window between 20 h and 24 h whose slot (window / 30) began less than half a slot ago.
+    let window = (20 * 3_600_000..=24 * 3_600_000u64)
+        .step_by(30 * 1000)
+        .find(|w| now % slot_ms(*w) < slot_ms(*w) / 2)
+        .expect("some window puts now early in its slot");
+    let config = lockstep_config()
+        .token_accounting(TokenAccounting::Reserve)
+        .window_kind(WindowKind::Sliding)
+        .window(Duration::from_millis(window));
+    agree_step_by_step(&redis, config, "agree-sliding:", Shift::Sliding { now }).await;
+}
+
+fn lockstep_config() -> LimiterConfigBuilder {
+    LimiterConfig::builder()
         .model(ModelLimits::new("m").rpm(12).tpm(300))
         .model(ModelLimits::new("tokens-only").tpm(200))
         .reserve("prod", Reservation::Percent(0.6))
         .reserve("dev", Reservation::Percent(0.15))
         .default_priority(0.2)
         .saturation_threshold(0.5)
-        .build()
-        .unwrap();
+}
+
+/// How the lock-step test moves time.
+#[derive(Debug, Clone, Copy)]
+enum Shift {
+    /// Whole seconds: fixed windows' starts move back in Redis.
+    Fixed,
+    /// Whole slots: the rings move back in Redis. `now` is Redis's time (ms) at the start, which
+    /// the manual clock starts at.
+    Sliding { now: u64 },
+}
+
+async fn agree_step_by_step(
+    redis: &RedisServer,
+    config: LimiterConfigBuilder,
+    prefix: &str,
+    shift: Shift,
+) {
+    let config = config.build().unwrap();
+    let window = config.settings().window_ms;
     let clock = ManualClock::new();
+    if let Shift::Sliding { now } = shift {
+        clock.set(now);
+    }
     let memory = Limiter::with_clock(config.clone(), clock.clone());
-    let shared = redis_limiter(config, single(&redis), "agree:").await;
+    let shared = redis_limiter(config, single(redis), prefix).await;
     let client = ::redis::Client::open(redis.url()).unwrap();
 
     let mut rng = Lcg(7);
@@ -105,15 +169,23 @@ async fn lua_script_and_decide_agree_step_by_step() {
     let (mut admitted, mut rejected, mut cancelled) = (0, 0, 0);
     for step in 0..400 {
         match rng.next(10) {
-            // Whole seconds, and every lease settled first (a shifted window would not match the
-            // lease's window start); see `shift_redis_windows`.
+            // Every lease settled first (a shifted window would not match the lease's mark); see
+            // `shift_redis_windows`.
             0 => {
                 for (a, b, tokens) in leases.drain(..) {
                     settle_both(a, b, tokens, &shared).await;
                 }
-                let by = Duration::from_secs(1 + rng.next(40));
+                let by = match shift {
+                    Shift::Fixed => Duration::from_secs(1 + rng.next(40)),
+                    Shift::Sliding { .. } => {
+                        Duration::from_millis(slot_ms(window) * (1 + rng.next(12)))
+                    }
+                };
                 clock.advance(by);
-                shift_redis_windows(&client, "agree:", by);
+                match shift {
+                    Shift::Fixed => shift_redis_windows(&client, prefix, by),
+                    Shift::Sliding { .. } => shift_redis_rings(&client, prefix, by, window),
+                }
             }
             1..=3 if !leases.is_empty() => {
                 let i = rng.next(leases.len() as u64) as usize;
@@ -132,16 +204,33 @@ async fn lua_script_and_decide_agree_step_by_step() {
             _ => {
                 let model = models[rng.next(2) as usize];
                 let priority = priorities[rng.next(4) as usize];
-                // Half the admissions reserve tokens (reserve → settle), so the refund path of
-                // both stores is compared too.
+                // Half the admissions reserve tokens, some more than a small pool's half.
                 let reserve = if rng.next(2) == 0 {
                     0
                 } else {
-                    1 + rng.next(60)
+                    1 + rng.next(80)
                 };
-                let (want, a) = outcome(memory.acquire(model, priority, reserve).await.unwrap());
-                let (got, b) = outcome(shared.acquire(model, priority, reserve).await.unwrap());
+                let (a, a_retry) = memory
+                    .acquire(model, priority, reserve)
+                    .await
+                    .unwrap()
+                    .split();
+                let (b, b_retry) = shared
+                    .acquire(model, priority, reserve)
+                    .await
+                    .unwrap()
+                    .split();
+                let (want, a) = outcome(a);
+                let (got, b) = outcome(b);
                 assert_eq!(got, want, "step {step}: {model} as {priority:?}");
+                // Redis's clock ran on by the test's own milliseconds: retry-after may differ by
+                // that much, never by a slot or window.
+                if let (Some(a), Some(b)) = (a_retry, b_retry) {
+                    assert!(
+                        a.abs_diff(b) < 5_000,
+                        "step {step}: retry-after {a} ms vs {b} ms"
+                    );
+                }
                 match (a, b) {
                     (Some(a), Some(b)) => {
                         admitted += 1;
@@ -165,6 +254,21 @@ async fn lua_script_and_decide_agree_step_by_step() {
         0
     );
     assert_eq!(shared.store().stats().failures.load(Ordering::Relaxed), 0);
+}
+
+/// A refusal's retry-after, taken out before the outcomes are compared.
+trait SplitRetry {
+    fn split(self) -> (Acquired, Option<u64>);
+}
+
+impl SplitRetry for Acquired {
+    fn split(self) -> (Acquired, Option<u64>) {
+        let retry = match &self {
+            Acquired::Refused(r) => Some(r.retry_after_ms),
+            _ => None,
+        };
+        (self, retry)
+    }
 }
 
 async fn settle_both(

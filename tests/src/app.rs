@@ -122,6 +122,57 @@ pub fn shift_redis_windows(client: &::redis::Client, prefix: &str, by: Duration)
     }
 }
 
+/// Moves every sliding window under `prefix` back by `by` (whole slots of `window`), as if that
+/// much time had passed: each ring's head and every slot move back, keeping their places mod 31.
+pub fn shift_redis_rings(client: &::redis::Client, prefix: &str, by: Duration, window: u64) {
+    use tower_priority_limit::decision::{slot_ms, RING};
+    let slots = (by.as_millis() as u64) / slot_ms(window);
+    let mut con = client.get_connection().expect("redis connection");
+    let keys: Vec<String> = ::redis::cmd("KEYS")
+        .arg(format!("{prefix}*"))
+        .query(&mut con)
+        .unwrap();
+    for key in keys {
+        let kind: String = ::redis::cmd("TYPE").arg(&key).query(&mut con).unwrap();
+        if kind != "hash" {
+            continue;
+        }
+        let fields: Vec<String> = ::redis::cmd("HKEYS").arg(&key).query(&mut con).unwrap();
+        for head in fields.iter().filter(|f| *f == "mh" || f.ends_with(":h")) {
+            let p = &head[..head.len() - 1];
+            let h: u64 = ::redis::cmd("HGET")
+                .arg(&key)
+                .arg(head)
+                .query(&mut con)
+                .unwrap();
+            let names: Vec<String> = (0..RING)
+                .flat_map(|k| [format!("{p}r{k}"), format!("{p}t{k}")])
+                .collect();
+            let values: Vec<Option<u64>> = ::redis::cmd("HMGET")
+                .arg(&key)
+                .arg(&names)
+                .query(&mut con)
+                .unwrap();
+            let _: i64 = ::redis::cmd("HDEL")
+                .arg(&key)
+                .arg(&names)
+                .query(&mut con)
+                .unwrap();
+            let mut set = ::redis::cmd("HSET");
+            set.arg(&key).arg(head).arg(h - slots);
+            for k in 0..RING {
+                let to = (k + RING - (slots % RING as u64) as usize) % RING;
+                for (i, dim) in ["r", "t"].iter().enumerate() {
+                    if let Some(v) = values[2 * k + i] {
+                        set.arg(format!("{p}{dim}{to}")).arg(v);
+                    }
+                }
+            }
+            let _: i64 = set.query(&mut con).unwrap();
+        }
+    }
+}
+
 /// A running app: the layer (embedded store on a manual clock, or Redis; key table) before the mock.
 pub struct App<St: Store = MemoryStore> {
     /// `http://127.0.0.1:PORT`.

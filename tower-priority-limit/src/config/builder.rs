@@ -4,8 +4,8 @@ use std::time::Duration;
 
 use super::{
     ConfigError, FailureMode, LimiterConfig, ModelLimits, Reservation, SharedStoreSettings,
-    DEFAULT_MAX_REPORTED_TOKENS, DEFAULT_PRIORITY_SHARE, DEFAULT_SATURATION_THRESHOLD,
-    DEFAULT_WINDOW,
+    TokenAccounting, WindowKind, DEFAULT_ESTIMATED_OUTPUT_TOKENS, DEFAULT_MAX_REPORTED_TOKENS,
+    DEFAULT_PRIORITY_SHARE, DEFAULT_SATURATION_THRESHOLD, DEFAULT_WINDOW,
 };
 
 /// One model entry: a `model_list` item of a file, or a [`ModelLimits`] handed to the builder.
@@ -75,6 +75,9 @@ pub struct LimiterConfigBuilder {
     pub(super) saturation_threshold: f64,
     pub(super) saturation_check_cache_ttl: Duration,
     pub(super) window: Duration,
+    pub(super) window_kind: WindowKind,
+    pub(super) token_accounting: TokenAccounting,
+    pub(super) default_estimated_output_tokens: u64,
     pub(super) shared: SharedStoreSettings,
     pub(super) max_reported_tokens: u64,
     pub(super) origin: Origin,
@@ -89,6 +92,9 @@ impl Default for LimiterConfigBuilder {
             saturation_threshold: DEFAULT_SATURATION_THRESHOLD,
             saturation_check_cache_ttl: Duration::from_secs(60),
             window: DEFAULT_WINDOW,
+            window_kind: WindowKind::Fixed,
+            token_accounting: TokenAccounting::PostHoc,
+            default_estimated_output_tokens: DEFAULT_ESTIMATED_OUTPUT_TOKENS,
             shared: SharedStoreSettings::default(),
             max_reported_tokens: DEFAULT_MAX_REPORTED_TOKENS,
             origin: Origin::Code,
@@ -138,10 +144,29 @@ impl LimiterConfigBuilder {
         self
     }
 
-    /// Length of the fixed accounting window (default 60 s). Shorter windows are for tests and
+    /// Length of the accounting window (default 60 s). Shorter windows are for tests and
     /// simulations.
     pub fn window(mut self, window: Duration) -> Self {
         self.window = window;
+        self
+    }
+
+    /// Fixed (the default) or sliding windows.
+    pub fn window_kind(mut self, kind: WindowKind) -> Self {
+        self.window_kind = kind;
+        self
+    }
+
+    /// When tokens count against `tpm` (default [`TokenAccounting::PostHoc`]).
+    pub fn token_accounting(mut self, accounting: TokenAccounting) -> Self {
+        self.token_accounting = accounting;
+        self
+    }
+
+    /// Output tokens reserved for a request that does not set `max_tokens`, until responses have
+    /// taught the limiter better (default 256; `reserve` accounting only).
+    pub fn default_estimated_output_tokens(mut self, tokens: u64) -> Self {
+        self.default_estimated_output_tokens = tokens;
         self
     }
 

@@ -67,6 +67,52 @@ pub const DEFAULT_SATURATION_THRESHOLD: f64 = 0.5;
 pub const DEFAULT_WINDOW: Duration = Duration::from_secs(60);
 /// `max_reported_tokens` when the config does not say: no real response reports more.
 pub const DEFAULT_MAX_REPORTED_TOKENS: u64 = 100_000_000;
+/// `default_estimated_output_tokens` when the config does not say (LiteLLM's default too).
+pub const DEFAULT_ESTIMATED_OUTPUT_TOKENS: u64 = 256;
+
+/// When a request's tokens count against `tpm` (`token_accounting`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum TokenAccounting {
+    /// Charged once the response is done, in the window current then; admission only checks
+    /// that recorded tokens are below the limit (the default, as in the product this replaces).
+    #[default]
+    PostHoc,
+    /// The request's estimated tokens are reserved at admission, in the same atomic step as the
+    /// request count, and replaced by the real usage when the response is done.
+    Reserve,
+}
+
+impl TokenAccounting {
+    /// The config spelling: `post_hoc` or `reserve`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TokenAccounting::PostHoc => "post_hoc",
+            TokenAccounting::Reserve => "reserve",
+        }
+    }
+}
+
+/// How the accounting window moves (`window`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum WindowKind {
+    /// A window opens at the first request and everything is forgotten when it ends (the
+    /// default).
+    #[default]
+    Fixed,
+    /// Counts what happened in the last window's length, in slots of 1/30 of it, so no interval
+    /// of one window's length ever holds more than the limit.
+    Sliding,
+}
+
+impl WindowKind {
+    /// The config spelling: `fixed` or `sliding`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WindowKind::Fixed => "fixed",
+            WindowKind::Sliding => "sliding",
+        }
+    }
+}
 
 /// Limits of one pool on one model, after conversion and normalization.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -173,8 +219,15 @@ pub struct Settings {
     pub default_priority: f64,
     /// How long a node may cache saturation read from shared state (no store here caches it).
     pub saturation_check_cache_ttl: Duration,
-    /// The fixed accounting window, in milliseconds.
+    /// The accounting window, in milliseconds.
     pub window_ms: u64,
+    /// Whether the window is fixed or sliding.
+    pub window_kind: WindowKind,
+    /// When tokens count against `tpm`.
+    pub token_accounting: TokenAccounting,
+    /// Output tokens a request is expected to produce before any has been observed, when it
+    /// does not say (`max_tokens`); learned from responses after that.
+    pub default_estimated_output_tokens: u64,
     /// How a shared store (Redis) behaves when it cannot answer.
     pub shared: SharedStoreSettings,
     /// The most tokens one response may report; more is clamped to this (and logged).

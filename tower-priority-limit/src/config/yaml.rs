@@ -9,7 +9,10 @@ use serde_json::Value;
 use super::builder::{ModelEntry, Origin};
 use super::compile::check_unit;
 use super::node::{kind, Node};
-use super::{ConfigError, FailureMode, LimiterConfig, LimiterConfigBuilder, Reservation};
+use super::{
+    ConfigError, FailureMode, LimiterConfig, LimiterConfigBuilder, Reservation, TokenAccounting,
+    WindowKind,
+};
 
 impl<'de> serde::Deserialize<'de> for LimiterConfig {
     fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
@@ -91,6 +94,31 @@ pub(super) fn parse_document(doc: &Value) -> Result<LimiterConfigBuilder, Config
                         .map_err(|_| node.error("too many nodes"))?;
                 }
                 "max_reported_tokens" => b.max_reported_tokens = positive(&node)?,
+                "token_accounting" => {
+                    b.token_accounting = match node.string()?.as_str() {
+                        "post_hoc" => TokenAccounting::PostHoc,
+                        "reserve" => TokenAccounting::Reserve,
+                        other => {
+                            return Err(node.error(format!(
+                                "unknown accounting \"{other}\", expected post_hoc|reserve"
+                            )))
+                        }
+                    }
+                }
+                "window" => {
+                    b.window_kind = match node.string()?.as_str() {
+                        "fixed" => WindowKind::Fixed,
+                        "sliding" => WindowKind::Sliding,
+                        other => {
+                            return Err(node.error(format!(
+                                "unknown window \"{other}\", expected fixed|sliding"
+                            )))
+                        }
+                    }
+                }
+                "default_estimated_output_tokens" => {
+                    b.default_estimated_output_tokens = node.count()?;
+                }
                 "redis_timeout_ms" => {
                     b.shared.timeout = Duration::from_millis(positive(&node)?);
                 }
@@ -98,7 +126,7 @@ pub(super) fn parse_document(doc: &Value) -> Result<LimiterConfigBuilder, Config
                 // unchanged; a misspelt key is the common case, so say so.
                 _ => tracing::warn!(
                     path = %node.path(),
-                    "unknown setting ignored (expected default_priority, saturation_threshold, saturation_check_cache_ttl, redis_failure_mode, expected_nodes, redis_timeout_ms, max_reported_tokens)"
+                    "unknown setting ignored (expected default_priority, saturation_threshold, saturation_check_cache_ttl, redis_failure_mode, expected_nodes, redis_timeout_ms, max_reported_tokens, token_accounting, window, default_estimated_output_tokens)"
                 ),
             }
         }

@@ -1,7 +1,7 @@
 //! The embedded store: counters in this process.
 //!
 //! One small mutex per model (never held across an await, never shared between models), padded to
-//! its own cache lines so threads working on different models do not slow each other down. A lease
+//! its own cache lines (each pool's counters too) so threads working on different models do not slow each other down. A lease
 //! settles through its model's slot alone, so nothing is shared between models on the hot path.
 
 use std::future::{ready, Ready};
@@ -9,8 +9,12 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::{AdmitRequest, Settlement, Settler, Store, StoreError};
 use crate::clock::{Clock, CoarseClock};
-use crate::config::{pool_index, LimiterConfig, ModelId, PoolRef};
-use crate::decision::{decide, Counter, Decision, Usage};
+use crate::config::{
+    pool_index, LimiterConfig, ModelId, ModelLimits, PoolRef, Settings, TokenAccounting, WindowKind,
+};
+use crate::decision::{
+    decide, settle, Decision, FixedWindow, Millis, SlidingWindow, Usage, Window,
+};
 
 /// In-process counters for every model of one config.
 ///
@@ -32,13 +36,14 @@ pub struct MemoryStore {
 #[derive(Debug)]
 #[repr(align(128))]
 struct Slot {
-    counters: Mutex<ModelCounters>,
+    counters: Mutex<Counters>,
     clock: Arc<dyn Clock>,
     window_ms: u64,
+    accounting: TokenAccounting,
 }
 
 impl Slot {
-    fn lock(&self) -> MutexGuard<'_, ModelCounters> {
+    fn lock(&self) -> MutexGuard<'_, Counters> {
         // The critical section only does integer arithmetic and cannot panic, so a poisoned lock
         // still holds consistent counters.
         self.counters.lock().unwrap_or_else(|e| e.into_inner())
@@ -49,72 +54,103 @@ impl Slot {
 impl Settler for Slot {
     fn settle(&self, s: Settlement) {
         let now = self.clock.now_ms();
-        let window = self.window_ms;
+        let (window, accounting) = (self.window_ms, self.accounting);
         let mut guard = self.lock();
-        let counters = &mut *guard;
-        let apply = |counter: &mut Counter, admitted_in| {
-            if s.cancel {
-                counter.cancel(s.reserved, Some(admitted_in), now, window);
-            } else {
-                counter.settle(s.tokens, s.reserved, Some(admitted_in), now, window);
+        fn apply<W: Window>(
+            counters: &mut ModelCounters<W>,
+            s: &Settlement,
+            accounting: TokenAccounting,
+            now: Millis,
+            window: Millis,
+        ) {
+            let one = |counter: &mut W, mark| {
+                if s.cancel {
+                    counter.cancel(s.reserved, mark, now, window);
+                } else {
+                    settle(counter, accounting, s.reserved, s.tokens, mark, now, window);
+                }
+            };
+            one(&mut counters.model, s.model_window);
+            if let Some(pool) = counters.pool_mut(s.pool) {
+                one(pool, s.pool_window);
             }
-        };
-        apply(&mut counters.model, s.model_window);
-        if !counters.pools.is_empty() {
-            let i = pool_index(s.pool, counters.pools.len());
-            apply(&mut counters.pools[i], s.pool_window);
+        }
+        match &mut *guard {
+            Counters::Fixed(c) => apply(c, &s, accounting, now, window),
+            Counters::Sliding(c) => apply(c, &s, accounting, now, window),
         }
     }
 }
 
+/// A model's counters, in the config's kind of window.
+// One per model, in its own slot: the size is the counters themselves, and boxing them would add a
+// pointer chase to every admission.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone)]
-struct ModelCounters {
-    model: Counter,
-    /// Named pools then the default pool; empty without reservations.
-    pools: PoolCounters,
+enum Counters {
+    Fixed(ModelCounters<FixedWindow>),
+    Sliding(ModelCounters<SlidingWindow>),
 }
 
-/// Pool counters in their own cache lines: a separate allocation per model whose ends never
-/// share a line with a neighbour's, so threads on different models do not false-share.
 #[derive(Debug, Clone)]
-struct PoolCounters {
-    lines: Box<[Line]>,
-    len: usize,
+struct ModelCounters<W> {
+    model: W,
+    /// Named pools then the default pool; empty without reservations. Each in its own cache
+    /// lines, so threads on different models never false-share.
+    pools: Box<[Padded<W>]>,
 }
 
-const PER_LINE: usize = 4;
-
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Default)]
 #[repr(align(128))]
-struct Line([Counter; PER_LINE]);
+struct Padded<W>(W);
 
-impl PoolCounters {
-    fn new(len: usize) -> Self {
+impl<W: Window> ModelCounters<W> {
+    fn new(pools: usize) -> Self {
         Self {
-            lines: vec![Line::default(); len.div_ceil(PER_LINE)].into_boxed_slice(),
-            len,
+            model: W::default(),
+            pools: (0..pools).map(|_| Padded(W::default())).collect(),
         }
     }
 
-    fn len(&self) -> usize {
-        self.len
+    fn pool_index(&self, pool: PoolRef) -> Option<usize> {
+        (!self.pools.is_empty()).then(|| pool_index(pool, self.pools.len()))
     }
 
-    fn is_empty(&self) -> bool {
-        self.len == 0
+    fn pool_mut(&mut self, pool: PoolRef) -> Option<&mut W> {
+        let i = self.pool_index(pool)?;
+        Some(&mut self.pools[i].0)
     }
-}
 
-impl std::ops::Index<usize> for PoolCounters {
-    type Output = Counter;
-    fn index(&self, i: usize) -> &Counter {
-        &self.lines[i / PER_LINE].0[i % PER_LINE]
+    fn usage(&self, pool: PoolRef, now: Millis, window: Millis) -> (Usage, Option<Usage>) {
+        let pool = self
+            .pool_index(pool)
+            .map(|i| self.pools[i].0.usage(now, window));
+        (self.model.usage(now, window), pool)
     }
-}
 
-impl std::ops::IndexMut<usize> for PoolCounters {
-    fn index_mut(&mut self, i: usize) -> &mut Counter {
-        &mut self.lines[i / PER_LINE].0[i % PER_LINE]
+    /// Decides `request` and counts it if admitted.
+    fn admit(
+        &mut self,
+        limits: &ModelLimits,
+        settings: &Settings,
+        request: &AdmitRequest,
+        now: Millis,
+    ) -> Decision {
+        let i = self.pool_index(request.pool);
+        let decision = decide(
+            limits,
+            settings,
+            request.pool,
+            &self.model,
+            i.map(|i| &self.pools[i].0),
+            request.reserve,
+            now,
+        );
+        if let Decision::Admit(admitted) = &decision {
+            let pool = i.map(|i| &mut self.pools[i].0);
+            admitted.apply(&mut self.model, pool, now, settings.window_ms);
+        }
+        decision
     }
 }
 
@@ -131,13 +167,15 @@ impl MemoryStore {
             .models()
             .iter()
             .map(|m| {
+                let counters = match config.settings().window_kind {
+                    WindowKind::Fixed => Counters::Fixed(ModelCounters::new(m.pool_count())),
+                    WindowKind::Sliding => Counters::Sliding(ModelCounters::new(m.pool_count())),
+                };
                 Arc::new(Slot {
-                    counters: Mutex::new(ModelCounters {
-                        model: Counter::default(),
-                        pools: PoolCounters::new(m.pool_count()),
-                    }),
+                    counters: Mutex::new(counters),
                     clock: Arc::clone(&clock),
                     window_ms: config.settings().window_ms,
+                    accounting: config.settings().token_accounting,
                 })
             })
             .collect();
@@ -158,12 +196,13 @@ impl MemoryStore {
         let guard = self.lock(model.index())?;
         let now = self.clock.now_ms();
         let window = self.config.settings().window_ms;
-        let pool_usage = (!guard.pools.is_empty())
-            .then(|| guard.pools[pool_index(pool, guard.pools.len())].usage(now, window));
-        Some((guard.model.usage(now, window), pool_usage))
+        Some(match &*guard {
+            Counters::Fixed(c) => c.usage(pool, now, window),
+            Counters::Sliding(c) => c.usage(pool, now, window),
+        })
     }
 
-    fn lock(&self, index: usize) -> Option<MutexGuard<'_, ModelCounters>> {
+    fn lock(&self, index: usize) -> Option<MutexGuard<'_, Counters>> {
         self.models.get(index).map(|slot| slot.lock())
     }
 }
@@ -182,24 +221,11 @@ impl Store for MemoryStore {
             return ready(Err(StoreError::NoCounters(request.model)));
         };
         let now = self.clock.now_ms();
-        let window = config.settings().window_ms;
-        let counters = &mut *guard;
-        let pool_slot =
-            (!counters.pools.is_empty()).then(|| pool_index(request.pool, counters.pools.len()));
-        let decision = decide(
-            limits,
-            config.settings(),
-            request.pool,
-            &counters.model,
-            pool_slot.map(|i| &counters.pools[i]),
-            request.reserve,
-            now,
-        );
-        if let Decision::Admit(admitted) = &decision {
-            let pool = pool_slot.map(|i| &mut counters.pools[i]);
-            admitted.apply(&mut counters.model, pool, now, window);
-        }
-        ready(Ok(decision))
+        let settings = config.settings();
+        ready(Ok(match &mut *guard {
+            Counters::Fixed(c) => c.admit(limits, settings, &request, now),
+            Counters::Sliding(c) => c.admit(limits, settings, &request, now),
+        }))
     }
 
     fn admit_now(&self, request: AdmitRequest) -> Option<Result<Decision, StoreError>> {

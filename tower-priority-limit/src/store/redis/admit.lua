@@ -1,14 +1,22 @@
 -- One admission, all-or-nothing: the check and increment of `decide()` on one model's hash.
--- It mirrors `decide` in decision.rs; the Rust side re-derives the whole decision (headers,
--- retry-after) from the pre-admission counters returned here and counts any disagreement.
+-- It mirrors `decide` in decision/mod.rs and the windows of decision/{fixed,sliding}.rs; the Rust
+-- side re-derives the whole decision (headers, retry-after) from the pre-admission counters
+-- returned here and counts any disagreement.
 --
--- KEYS[1]  the model's hash: fields <p>s (window start, ms), <p>r (requests), <p>t (tokens) for
---          the model-wide pair (p = "m") and each pool pair (p = ARGV[4]).
+-- KEYS[1]  the model's hash. Per counter pair (p = "m" model-wide, p = ARGV[4] for the pool):
+--          fixed window: <p>s (window start, ms), <p>r (requests), <p>t (tokens);
+--          sliding window: <p>h (newest slot written), <p>R, <p>T (totals over the held slots),
+--          <p>r<k>, <p>t<k> (requests and tokens of the slot at ring place k = slot % 31).
 -- ARGV     window_ms, rpm, tpm, pool prefix ("" = no pools), pool rpm, pool tpm
---          (limits: -1 = none), saturation threshold, tokens to reserve, key TTL in ms,
---          deadline: the caller's deadline on this server's TIME in ms (-1 = none).
--- Returns  {now, model start (-1 = none), model requests, model tokens,
---           pool start (-1 = none), pool requests, pool tokens, verdict}
+--          (limits: -1 = none), saturation threshold, tokens to reserve (already capped as
+--          `reservation()` does), key TTL in ms, deadline: the caller's deadline on this server's
+--          TIME in ms (-1 = none), window kind ("f" fixed, "s" sliding), slot length in ms.
+-- Returns  fixed:   {now, model start (-1 = none), model requests, model tokens,
+--                    pool start (-1 = none), pool requests, pool tokens, verdict}
+--          sliding: {now, model head (-1 = none), model requests, model tokens, pool head, pool
+--                    requests, pool tokens, verdict}, the totals after the slots that left the
+--                    window at `now` are dropped, then on a refusal the 31 (requests, tokens)
+--                    places of the model's ring and then of the pool's (zeros without pools).
 --          verdict: 0 admitted and counted, 1 refused by the model cap, 2 refused by the pool,
 --          3 expired: run after the caller's deadline (it has given up), nothing read or changed.
 local t = redis.call('TIME')
@@ -24,58 +32,144 @@ local pp = ARGV[4]
 local prpm, ptpm = tonumber(ARGV[5]), tonumber(ARGV[6])
 local threshold = tonumber(ARGV[7])
 local reserve = tonumber(ARGV[8])
+local sliding = ARGV[11] == 's'
+local slot_ms = tonumber(ARGV[12])
+local RING = 31
 
-local f
+-- A counter pair as read: {start/head, requests, tokens} plus, for a sliding window, the places
+-- that left the window at `now` (to clear when writing).
+local function read_fixed(p, f)
+  local s = tonumber(f[1])
+  local r, k = tonumber(f[2]) or 0, tonumber(f[3]) or 0
+  local c = {start = s, raw_r = r, raw_k = k, r = r, k = k}
+  if not (s ~= nil and now < s + window) then c.r, c.k = 0, 0 end
+  return c
+end
+
+local slot = math.floor(now / slot_ms)
+local function read_sliding(p, f)
+  local h = tonumber(f[1])
+  local r, k = tonumber(f[2]) or 0, tonumber(f[3]) or 0
+  local gone = {}
+  if h ~= nil and slot > h then
+    if slot - h >= RING then
+      r, k = 0, 0
+      for place = 0, RING - 1 do gone[#gone + 1] = place end
+    else
+      local fields = {}
+      for s = h + 1, slot do
+        local place = s % RING
+        gone[#gone + 1] = place
+        fields[#fields + 1] = p .. 'r' .. place
+        fields[#fields + 1] = p .. 't' .. place
+      end
+      local v = redis.call('HMGET', key, unpack(fields))
+      for i = 1, #v, 2 do
+        r = r - math.min(tonumber(v[i]) or 0, r)
+        k = k - math.min(tonumber(v[i + 1]) or 0, k)
+      end
+    end
+  end
+  local head = h
+  if head == nil or slot > head then head = slot end
+  return {start = h, head = head, r = r, k = k, gone = gone}
+end
+
+local fields
+if sliding then fields = {'mh', 'mR', 'mT'} else fields = {'ms', 'mr', 'mt'} end
 if pp ~= '' then
-  f = redis.call('HMGET', key, 'ms', 'mr', 'mt', pp .. 's', pp .. 'r', pp .. 't')
-else
-  f = redis.call('HMGET', key, 'ms', 'mr', 'mt')
+  if sliding then
+    fields[4], fields[5], fields[6] = pp .. 'h', pp .. 'R', pp .. 'T'
+  else
+    fields[4], fields[5], fields[6] = pp .. 's', pp .. 'r', pp .. 't'
+  end
 end
-local ms, mr, mt = tonumber(f[1]), tonumber(f[2]) or 0, tonumber(f[3]) or 0
-local ps, pr, pt = nil, 0, 0
-if pp ~= '' then
-  ps, pr, pt = tonumber(f[4]), tonumber(f[5]) or 0, tonumber(f[6]) or 0
+local f = redis.call('HMGET', key, unpack(fields))
+local read = read_fixed
+if sliding then read = read_sliding end
+local m = read('m', {f[1], f[2], f[3]})
+local q = {start = nil, head = nil, r = 0, k = 0, raw_r = 0, raw_k = 0, gone = {}}
+if pp ~= '' then q = read(pp, {f[4], f[5], f[6]}) end
+
+-- RPM is exact (refused iff requests + 1 > limit); TPM refuses iff tokens >= limit or
+-- tokens + reserve > limit (reserve is 0 with post_hoc accounting).
+local function over(lr, lt, c)
+  return (lr >= 0 and c.r + 1 > lr) or (lt >= 0 and c.k + math.max(reserve, 1) > lt)
 end
 
-local function current(s)
-  return s ~= nil and now < s + window
-end
-local function usage(s, r, k)
-  if current(s) then return r, k end
-  return 0, 0
-end
--- RPM is exact (refused iff requests + 1 > limit); TPM admits while recorded tokens < limit.
-local function over(lr, lt, r, k)
-  return (lr >= 0 and r + 1 > lr) or (lt >= 0 and k >= lt)
-end
-
-local ur, ut = usage(ms, mr, mt)
 local verdict = 0
-if over(rpm, tpm, ur, ut) then
+if over(rpm, tpm, m) then
   verdict = 1
 elseif pp ~= '' then
   local saturation = 0
-  if rpm >= 0 then saturation = math.max(saturation, ur / rpm) end
-  if tpm >= 0 then saturation = math.max(saturation, ut / tpm) end
-  if saturation >= threshold then
-    local qr, qt = usage(ps, pr, pt)
-    if over(prpm, ptpm, qr, qt) then verdict = 2 end
+  if rpm >= 0 then saturation = math.max(saturation, m.r / rpm) end
+  if tpm >= 0 then saturation = math.max(saturation, m.k / tpm) end
+  if saturation >= threshold and over(prpm, ptpm, q) then verdict = 2 end
+end
+
+if not sliding then
+  if verdict == 0 then
+    local function count(p, c)
+      if c.start ~= nil and now < c.start + window then
+        redis.call('HINCRBY', key, p .. 'r', 1)
+        if reserve > 0 then redis.call('HINCRBY', key, p .. 't', reserve) end
+      else
+        redis.call('HSET', key, p .. 's', now, p .. 'r', 1, p .. 't', reserve)
+      end
+    end
+    count('m', m)
+    if pp ~= '' then count(pp, q) end
+    -- Every window in this hash ends by now + window, so nothing outlives its use.
+    redis.call('PEXPIRE', key, tonumber(ARGV[9]))
   end
+  return {now, m.start or -1, m.raw_r, m.raw_k, q.start or -1, q.raw_r, q.raw_k, verdict}
 end
 
 if verdict == 0 then
-  local function count(p, s)
-    if current(s) then
-      redis.call('HINCRBY', key, p .. 'r', 1)
-      if reserve > 0 then redis.call('HINCRBY', key, p .. 't', reserve) end
-    else
-      redis.call('HSET', key, p .. 's', now, p .. 'r', 1, p .. 't', reserve)
+  local function count(p, c)
+    local cleared = {}
+    for _, place in ipairs(c.gone) do
+      cleared[#cleared + 1] = p .. 'r' .. place
+      cleared[#cleared + 1] = p .. 't' .. place
     end
+    if #cleared > 0 then redis.call('HDEL', key, unpack(cleared)) end
+    local place = slot % RING
+    redis.call('HINCRBY', key, p .. 'r' .. place, 1)
+    if reserve > 0 then redis.call('HINCRBY', key, p .. 't' .. place, reserve) end
+    redis.call('HSET', key, p .. 'h', c.head, p .. 'R', c.r + 1, p .. 'T', c.k + reserve)
   end
-  count('m', ms)
-  if pp ~= '' then count(pp, ps) end
-  -- Every window in this hash ends by now + window, so nothing outlives its use.
+  count('m', m)
+  if pp ~= '' then count(pp, q) end
+  -- Every slot in this hash leaves the window by now + window + a slot.
   redis.call('PEXPIRE', key, tonumber(ARGV[9]))
+  return {now, m.head, m.r, m.k, q.head or -1, q.r, q.k, verdict}
 end
 
-return {now, ms or -1, mr, mt, ps or -1, pr, pt, verdict}
+-- Refused: the rings too, as they count at `now`, so retry-after can be computed from them.
+local reply = {now, m.head, m.r, m.k, q.head or -1, q.r, q.k, verdict}
+local function ring(p, c)
+  local names = {}
+  for place = 0, RING - 1 do
+    names[#names + 1] = p .. 'r' .. place
+    names[#names + 1] = p .. 't' .. place
+  end
+  local v = redis.call('HMGET', key, unpack(names))
+  local dropped = {}
+  for _, place in ipairs(c.gone) do dropped[place] = true end
+  for place = 0, RING - 1 do
+    if dropped[place] then
+      reply[#reply + 1] = 0
+      reply[#reply + 1] = 0
+    else
+      reply[#reply + 1] = tonumber(v[2 * place + 1]) or 0
+      reply[#reply + 1] = tonumber(v[2 * place + 2]) or 0
+    end
+  end
+end
+ring('m', m)
+if pp ~= '' then
+  ring(pp, q)
+else
+  for _ = 1, 2 * RING do reply[#reply + 1] = 0 end
+end
+return reply

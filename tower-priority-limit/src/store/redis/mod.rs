@@ -64,8 +64,11 @@ use self::script::{LuaScript, SCRIPT_LOAD_WAIT};
 use self::settle::{flush_settlements, process_id, Queued, RedisSettler};
 pub use self::target::RedisTarget;
 use super::{AdmitRequest, MemoryStore, Settler, Store, StoreError};
+use crate::config::WindowKind;
 use crate::config::{pool_index, FailureMode, LimiterConfig, ModelId, PoolRef};
-use crate::decision::{decide, Counter, Decision, Millis};
+use crate::decision::{
+    decide, reservation, slot_ms, Decision, FixedWindow, Millis, SlidingWindow, Usage, RING,
+};
 
 /// How long the store keeps away from Redis after a failed call before trying again.
 pub const RETRY_INTERVAL: Duration = Duration::from_millis(250);
@@ -78,6 +81,19 @@ const MAX_EXACT: u64 = (1 << 53) - 1;
 
 /// Added to a key's TTL beyond its window, so a counter never expires while its window is open.
 const TTL_MARGIN_MS: u64 = 1_000;
+
+/// How long a model's keys live after their last write: the window (and a slot, for a sliding
+/// one) plus a margin, so a counter never expires while it still counts.
+fn ttl_ms(settings: &crate::config::Settings) -> u64 {
+    let extra = match settings.window_kind {
+        WindowKind::Fixed => 0,
+        WindowKind::Sliding => slot_ms(settings.window_ms),
+    };
+    settings
+        .window_ms
+        .saturating_add(extra)
+        .saturating_add(TTL_MARGIN_MS)
+}
 
 /// `admit.lua`'s verdict for a call run after its deadline: nothing counted.
 const EXPIRED: i64 = 3;
@@ -216,7 +232,7 @@ impl RedisStoreBuilder {
             settle_script: LuaScript::new(include_str!("settle.lua")),
             keys,
             pool_prefixes,
-            ttl_ms: config.settings().window_ms.saturating_add(TTL_MARGIN_MS),
+            ttl_ms: ttl_ms(config.settings()),
             failure_mode: shared.failure_mode,
             timeout: shared.timeout,
             local,
@@ -444,13 +460,19 @@ impl Inner {
                 .arg(limit(pool_limits.and_then(|p| p.rpm)))
                 .arg(limit(pool_limits.and_then(|p| p.tpm)))
                 .arg(settings.saturation_threshold)
-                .arg(request.reserve.min(MAX_EXACT))
+                .arg(reservation(
+                    limits,
+                    request.pool,
+                    request.reserve.min(MAX_EXACT),
+                ))
                 .arg(self.ttl_ms)
-                .arg(deadline);
+                .arg(deadline)
+                .arg(self.window_kind_arg())
+                .arg(slot_ms(settings.window_ms));
         });
-        let reply: Result<[i64; 8], StoreError> = bounded(self.timeout, call).await;
+        let reply: Result<Vec<i64>, StoreError> = bounded(self.timeout, call).await;
         match reply {
-            Ok(reply) => {
+            Ok(reply) if reply.len() >= 8 => {
                 self.redis_time.observe(reply[0], sent, self.local_ms());
                 self.mark_up();
                 if reply[7] == EXPIRED {
@@ -462,7 +484,15 @@ impl Inner {
                         .fetch_add(1, Ordering::Relaxed);
                     return self.fallback(request);
                 }
-                Ok(self.decision(request, reply))
+                Ok(self.decision(request, &reply))
+            }
+            Ok(reply) => {
+                let e = StoreError::Unavailable(format!(
+                    "admit.lua answered {} values, expected at least 8",
+                    reply.len()
+                ));
+                self.mark_down(&e);
+                self.fallback(request)
             }
             Err(e) => {
                 self.mark_down(&e);
@@ -471,25 +501,73 @@ impl Inner {
         }
     }
 
+    /// `admit.lua`'s and `settle.lua`'s spelling of the window kind.
+    fn window_kind_arg(&self) -> &'static str {
+        match self.config.settings().window_kind {
+            WindowKind::Fixed => "f",
+            WindowKind::Sliding => "s",
+        }
+    }
+
     /// The full decision from the counters the script saw before it acted.
-    fn decision(&self, request: AdmitRequest, reply: [i64; 8]) -> Decision {
-        let [now, ms, mr, mt, ps, pr, pt, verdict] = reply;
-        let counter = |start: i64, requests: i64, tokens: i64| Counter {
-            window_start: u64::try_from(start).ok(),
-            requests: requests.max(0) as u64,
-            tokens: tokens.max(0) as u64,
-        };
+    fn decision(&self, request: AdmitRequest, reply: &[i64]) -> Decision {
         let limits = self.config.model(request.model);
-        let pool_counter = (limits.pool_count() > 0).then(|| counter(ps, pr, pt));
-        let decision = decide(
-            limits,
-            self.config.settings(),
-            request.pool,
-            &counter(ms, mr, mt),
-            pool_counter.as_ref(),
-            request.reserve.min(MAX_EXACT),
-            now.max(0) as Millis,
-        );
+        let has_pools = limits.pool_count() > 0;
+        let (now, verdict) = (reply[0].max(0) as Millis, reply[7]);
+        let count = |v: i64| v.max(0) as u64;
+        let decision = match self.config.settings().window_kind {
+            WindowKind::Fixed => {
+                let counter = |start: i64, requests: i64, tokens: i64| FixedWindow {
+                    window_start: u64::try_from(start).ok(),
+                    requests: count(requests),
+                    tokens: count(tokens),
+                };
+                let pool = has_pools.then(|| counter(reply[4], reply[5], reply[6]));
+                decide(
+                    limits,
+                    self.config.settings(),
+                    request.pool,
+                    &counter(reply[1], reply[2], reply[3]),
+                    pool.as_ref(),
+                    request.reserve.min(MAX_EXACT),
+                    now,
+                )
+            }
+            WindowKind::Sliding => {
+                // The totals count at `now`; the rings come with a refusal only (an admission's
+                // headers need the totals alone).
+                let ring = |at: usize| {
+                    let mut slots = [Usage::default(); RING];
+                    if let Some(values) = reply.get(at..at + 2 * RING) {
+                        for (place, pair) in slots.iter_mut().zip(values.chunks_exact(2)) {
+                            *place = Usage {
+                                requests: count(pair[0]),
+                                tokens: count(pair[1]),
+                            };
+                        }
+                    }
+                    slots
+                };
+                let counter = |head: i64, requests: i64, tokens: i64, at: usize| SlidingWindow {
+                    head: u64::try_from(head).ok(),
+                    slots: ring(at),
+                    total: Usage {
+                        requests: count(requests),
+                        tokens: count(tokens),
+                    },
+                };
+                let pool = has_pools.then(|| counter(reply[4], reply[5], reply[6], 8 + 2 * RING));
+                decide(
+                    limits,
+                    self.config.settings(),
+                    request.pool,
+                    &counter(reply[1], reply[2], reply[3], 8),
+                    pool.as_ref(),
+                    request.reserve.min(MAX_EXACT),
+                    now,
+                )
+            }
+        };
         let admitted = matches!(decision, Decision::Admit(_));
         if admitted != (verdict == 0) {
             self.stats

@@ -1,16 +1,22 @@
--- Records a finished request's tokens (mirrors Counter::settle in decision.rs): into the window
--- current now (a new one if it ended), refunding the reservation if it was made in that window.
--- A cancelled admission (ARGV[8] = 1) mirrors Counter::cancel instead: the request and its
--- reservation are taken back if the window it was admitted in is still open; nothing else moves.
+-- Records a finished request (mirrors `decision::settle` and the windows' `record`, `replace`
+-- and `cancel` in decision/{fixed,sliding}.rs):
+--   post_hoc: the tokens go into the window current now (a new one if it ended); a reservation,
+--             if one was made, is taken back where it was made if that still counts.
+--   reserve:  the tokens replace the reservation where it was made, if that still counts;
+--             once that window (or slot) has left, nothing changes.
+--   cancel (ARGV[8] = 1): the request and its reservation are taken back where they were made,
+--             if that still counts; nothing else moves.
 --
 -- Idempotent: a settlement sent again (its first send timed out but still ran, e.g. after Redis
 -- was paused) is applied once. Its id is recorded in KEYS[2] for the key TTL (window + margin);
 -- a settlement whose id is there is skipped.
 --
--- KEYS[1]  the model's hash (see admit.lua).
+-- KEYS[1]  the model's hash (see admit.lua for its fields).
 -- KEYS[2]  the settlement's id key, PREFIX{model}:settled:ID (same hash tag: same cluster slot).
--- ARGV     window_ms, pool prefix ("" = no pools), tokens, reserved, model window start,
---          pool window start, key TTL in ms, cancel (1 or 0).
+-- ARGV     window_ms, pool prefix ("" = no pools), tokens, reserved, model mark, pool mark (the
+--          fixed window's start, or the sliding window's slot, the admission was counted at),
+--          key TTL in ms, cancel (1 or 0), window kind ("f" or "s"), accounting ("p" post_hoc or
+--          "r" reserve), slot length in ms.
 -- Returns  1 applied, 0 skipped (already applied).
 if not redis.call('SET', KEYS[2], 1, 'NX', 'PX', tonumber(ARGV[7])) then
   return 0
@@ -21,30 +27,103 @@ local key = KEYS[1]
 local window = tonumber(ARGV[1])
 local tokens, reserved = tonumber(ARGV[3]), tonumber(ARGV[4])
 local cancel = ARGV[8] == '1'
+local sliding = ARGV[9] == 's'
+local reserve_mode = ARGV[10] == 'r'
+local slot_ms = tonumber(ARGV[11])
+local MAX = 9007199254740991
+local RING = 31
 
-local function settle(p, admitted_in)
+-- Fixed windows -----------------------------------------------------------------------------
+
+-- Changes the window that started at `mark` if it is the one open now.
+local function fixed_change(p, mark, dr, take, add)
+  local f = redis.call('HMGET', key, p .. 's', p .. 'r', p .. 't')
+  local s = tonumber(f[1])
+  if s ~= nil and now < s + window and mark == s then
+    local r, k = tonumber(f[2]) or 0, tonumber(f[3]) or 0
+    redis.call('HSET', key, p .. 'r', math.max(0, r - dr),
+      p .. 't', math.min(math.max(0, k - take) + add, MAX))
+  end
+end
+
+local function fixed_record(p)
   local f = redis.call('HMGET', key, p .. 's', p .. 't')
   local s, k = tonumber(f[1]), tonumber(f[2]) or 0
   if not (s ~= nil and now < s + window) then
-    s, k = now, 0
+    k = 0
     redis.call('HSET', key, p .. 's', now, p .. 'r', 0)
   end
-  if reserved > 0 and admitted_in == s then k = math.max(0, k - reserved) end
   -- Clamped to what a Lua number holds exactly (the Rust side clamps each count the same way).
-  redis.call('HSET', key, p .. 't', math.min(k + tokens, 9007199254740991))
+  redis.call('HSET', key, p .. 't', math.min(k + tokens, MAX))
 end
 
-local function take_back(p, admitted_in)
-  local f = redis.call('HMGET', key, p .. 's', p .. 'r', p .. 't')
-  local s = tonumber(f[1])
-  if s ~= nil and now < s + window and admitted_in == s then
-    local r, k = tonumber(f[2]) or 0, tonumber(f[3]) or 0
-    redis.call('HSET', key, p .. 'r', math.max(0, r - 1), p .. 't', math.max(0, k - reserved))
+-- Sliding windows ---------------------------------------------------------------------------
+
+local slot = math.floor(now / slot_ms)
+
+-- Changes the slot `mark` if it is held and still counts now.
+local function sliding_change(p, mark, dr, take, add)
+  local place = mark % RING
+  local f = redis.call('HMGET', key, p .. 'h', p .. 'R', p .. 'T', p .. 'r' .. place,
+    p .. 't' .. place)
+  local h = tonumber(f[1])
+  if h == nil then return end
+  if not (mark <= h and mark + RING > math.max(h, slot)) then return end
+  local tr, tk = tonumber(f[2]) or 0, tonumber(f[3]) or 0
+  local r, k = tonumber(f[4]) or 0, tonumber(f[5]) or 0
+  local nr, nk = math.max(0, r - dr), math.min(math.max(0, k - take) + add, MAX)
+  redis.call('HSET', key, p .. 'r' .. place, nr, p .. 't' .. place, nk,
+    p .. 'R', tr - math.min(r, tr) + nr, p .. 'T', math.min(tk - math.min(k, tk) + nk, MAX))
+end
+
+-- Adds the tokens to the slot current now, first dropping the slots that left the window.
+local function sliding_record(p)
+  local f = redis.call('HMGET', key, p .. 'h', p .. 'R', p .. 'T')
+  local h = tonumber(f[1])
+  local tr, tk = tonumber(f[2]) or 0, tonumber(f[3]) or 0
+  local head = slot
+  if h ~= nil and h > slot then head = h end
+  if h ~= nil and slot > h then
+    local names = {}
+    if slot - h >= RING then
+      tr, tk = 0, 0
+      for place = 0, RING - 1 do
+        names[#names + 1] = p .. 'r' .. place
+        names[#names + 1] = p .. 't' .. place
+      end
+    else
+      for s = h + 1, slot do
+        names[#names + 1] = p .. 'r' .. (s % RING)
+        names[#names + 1] = p .. 't' .. (s % RING)
+      end
+      local v = redis.call('HMGET', key, unpack(names))
+      for i = 1, #v, 2 do
+        tr = tr - math.min(tonumber(v[i]) or 0, tr)
+        tk = tk - math.min(tonumber(v[i + 1]) or 0, tk)
+      end
+    end
+    redis.call('HDEL', key, unpack(names))
+  end
+  local place = head % RING
+  local k = tonumber(redis.call('HGET', key, p .. 't' .. place)) or 0
+  redis.call('HSET', key, p .. 't' .. place, math.min(k + tokens, MAX), p .. 'h', head,
+    p .. 'R', tr, p .. 'T', math.min(tk + tokens, MAX))
+end
+
+local change, record = fixed_change, fixed_record
+if sliding then change, record = sliding_change, sliding_record end
+
+local function apply(p, mark)
+  if cancel then
+    change(p, mark, 1, reserved, 0)
+  elseif reserve_mode then
+    change(p, mark, 0, reserved, tokens)
+  else
+    if reserved > 0 then change(p, mark, 0, reserved, 0) end
+    record(p)
   end
 end
 
-local apply = settle
-if cancel then apply = take_back end
 apply('m', tonumber(ARGV[5]))
 if ARGV[2] ~= '' then apply(ARGV[2], tonumber(ARGV[6])) end
 redis.call('PEXPIRE', key, tonumber(ARGV[7]))

@@ -21,6 +21,8 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::connection::bounded;
 use super::{Inner, MAX_EXACT, RETRY_INTERVAL};
+use crate::config::TokenAccounting;
+use crate::decision::slot_ms;
 use crate::store::{Settlement, Settler, StoreError};
 
 /// Settlements sent to Redis at once by the flusher.
@@ -80,7 +82,13 @@ impl Inner {
                     .arg(s.model_window)
                     .arg(s.pool_window)
                     .arg(self.ttl_ms)
-                    .arg(u8::from(s.cancel));
+                    .arg(u8::from(s.cancel))
+                    .arg(self.window_kind_arg())
+                    .arg(match self.config.settings().token_accounting {
+                        TokenAccounting::PostHoc => "p",
+                        TokenAccounting::Reserve => "r",
+                    })
+                    .arg(slot_ms(window_ms));
             });
         let applied = bounded(SETTLE_TIMEOUT.max(self.timeout), call).await?;
         if applied == 0 {

@@ -3,26 +3,18 @@
 //!
 //! Everything here is a function of (limits, counters, pool, cost, now): no I/O, no clock, no locks.
 //! Stores read counters, call [`decide`], and apply the result with [`Admitted::apply`]; token
-//! settlement goes through [`Counter::settle`]. The simulator and every store use these same
-//! functions, so a rule lives in exactly one place.
+//! settlement goes through the counter's [`Window`] methods. Counters are fixed
+//! ([`FixedWindow`]) or sliding ([`SlidingWindow`]) windows; the rules are the same for both. The
+//! simulator and every store use these same functions, so a rule lives in exactly one place.
 
-use crate::config::{ModelLimits, PoolLimits, PoolRef, Settings};
+mod fixed;
+mod sliding;
 
+use crate::config::{ModelLimits, PoolLimits, PoolRef, Settings, TokenAccounting};
+
+pub use self::fixed::FixedWindow;
+pub use self::sliding::{slot_ms, SlidingWindow, RING, SLOTS};
 pub use crate::clock::Millis;
-
-/// One counter pair (requests, tokens) with its own fixed window.
-///
-/// A window starts at the first request or token record that touches the pair, and the first touch
-/// at or after `start + window` starts a fresh one.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Counter {
-    /// When the current window started; `None` before the first touch.
-    pub window_start: Option<Millis>,
-    /// Requests admitted in the window.
-    pub requests: u64,
-    /// Tokens recorded in the window.
-    pub tokens: u64,
-}
 
 /// Usage of a pair in the window current at some instant.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -33,97 +25,46 @@ pub struct Usage {
     pub tokens: u64,
 }
 
-impl Counter {
-    /// Whether the window that holds the counts is still open at `now`.
-    pub fn is_current(&self, now: Millis, window: Millis) -> bool {
-        // A clock that steps back (another node's, in Redis) keeps the window open rather than
-        // wiping it.
-        matches!(self.window_start, Some(start) if now < start.saturating_add(window))
-    }
+/// One counter pair (requests, tokens) over its window, fixed ([`FixedWindow`]) or sliding
+/// ([`SlidingWindow`]). `window` is the window's length in every method; a `mark` is where an
+/// admission was counted (the fixed window's start, or the sliding window's slot), which
+/// settlement hands back.
+pub trait Window: Clone + Default + Send + 'static {
+    /// What counts at `now`.
+    fn usage(&self, now: Millis, window: Millis) -> Usage;
 
-    /// What counts at `now`: the stored counts while the window is open, zero after it.
-    pub fn usage(&self, now: Millis, window: Millis) -> Usage {
-        if self.is_current(now, window) {
-            Usage {
-                requests: self.requests,
-                tokens: self.tokens,
-            }
-        } else {
-            Usage::default()
-        }
-    }
+    /// Milliseconds until everything counted at `now` has left the window (a full window when
+    /// nothing is counted).
+    fn resets_in(&self, now: Millis, window: Millis) -> Millis;
 
-    /// Milliseconds until the window open at `now` rolls; a full window when none is open.
-    pub fn resets_in(&self, now: Millis, window: Millis) -> Millis {
-        match self.window_start {
-            Some(start) if self.is_current(now, window) => {
-                start.saturating_add(window).saturating_sub(now)
-            }
-            _ => window,
-        }
-    }
+    /// Milliseconds until at least `excess` of `dimension` has left the window: when a request
+    /// refused for being `excess` over the limit would fit.
+    fn room_in(&self, now: Millis, window: Millis, dimension: Dimension, excess: u64) -> Millis;
 
-    /// Start of the window a touch at `now` counts in: the open one, else a new one at `now`.
-    pub fn window_at(&self, now: Millis, window: Millis) -> Millis {
-        match self.window_start {
-            Some(start) if self.is_current(now, window) => start,
-            _ => now,
-        }
-    }
+    /// Where an admission at `now` is counted.
+    fn mark(&self, now: Millis, window: Millis) -> Millis;
 
-    /// Starts a fresh window at `now` unless one is open.
-    fn roll(&mut self, now: Millis, window: Millis) {
-        if !self.is_current(now, window) {
-            *self = Counter {
-                window_start: Some(now),
-                requests: 0,
-                tokens: 0,
-            };
-        }
-    }
+    /// Counts one admitted request and the `reserved` tokens charged for it at `now`.
+    fn admit(&mut self, reserved: u64, now: Millis, window: Millis);
 
-    /// Counts one admitted request (and `reserved` tokens) into the window current at `now`.
-    pub fn admit(&mut self, reserved: u64, now: Millis, window: Millis) {
-        self.roll(now, window);
-        self.requests = self.requests.saturating_add(1);
-        self.tokens = self.tokens.saturating_add(reserved);
-    }
+    /// Records a finished request's `tokens` at `now` (`post_hoc` accounting).
+    fn record(&mut self, tokens: u64, now: Millis, window: Millis);
 
-    /// Records a finished request's `tokens` into the window current at `now`.
-    ///
-    /// `reserved` tokens charged at admission in the window that started at `admitted_in` are
-    /// refunded if that window is still the current one (they vanished with it otherwise).
-    pub fn settle(
+    /// Replaces the `reserved` tokens of a request counted at mark `admitted_in` by the `tokens`
+    /// it used (`reserve` accounting), if that mark still counts at `now`: once its window has
+    /// gone, so has the reservation, and nothing changes.
+    fn replace(
         &mut self,
+        reserved: u64,
         tokens: u64,
-        reserved: u64,
-        admitted_in: Option<Millis>,
+        admitted_in: Millis,
         now: Millis,
         window: Millis,
-    ) {
-        self.roll(now, window);
-        if reserved > 0 && admitted_in.is_some() && admitted_in == self.window_start {
-            self.tokens = self.tokens.saturating_sub(reserved);
-        }
-        self.tokens = self.tokens.saturating_add(tokens);
-    }
+    );
 
-    /// Takes back a request admitted in the window that started at `admitted_in`, with the
-    /// `reserved` tokens charged for it, if that window is still the one open at `now` (once it
-    /// has ended, the request went with it). Never opens a window.
-    pub fn cancel(
-        &mut self,
-        reserved: u64,
-        admitted_in: Option<Millis>,
-        now: Millis,
-        window: Millis,
-    ) {
-        if self.is_current(now, window) && admitted_in.is_some() && admitted_in == self.window_start
-        {
-            self.requests = self.requests.saturating_sub(1);
-            self.tokens = self.tokens.saturating_sub(reserved);
-        }
-    }
+    /// Takes back a request counted at mark `admitted_in`, with its `reserved` tokens, if that mark
+    /// still counts at `now` (the request was not served). Never opens a window.
+    fn cancel(&mut self, reserved: u64, admitted_in: Millis, now: Millis, window: Millis);
 }
 
 /// Which limit refused a request.
@@ -167,7 +108,8 @@ pub struct Refused {
     pub used: u64,
     /// Model saturation before this request, `0.0..` (may exceed 1).
     pub saturation: f64,
-    /// Milliseconds until the refusing window rolls.
+    /// Milliseconds until the refusing counter has room for this request (a fixed window's
+    /// end; the sliding window's slot that frees enough).
     pub retry_after_ms: Millis,
 }
 
@@ -194,25 +136,25 @@ pub struct Admitted {
     pub model: Usage,
     /// Pool usage including this request (`None` without reservations).
     pub pool: Option<Usage>,
-    /// Milliseconds until the model-wide window rolls.
+    /// Milliseconds until the model-wide usage, this request included, has left the window.
     pub model_resets_in: Millis,
-    /// Milliseconds until the pool's window rolls.
+    /// Milliseconds until the pool's usage, this request included, has left the window.
     pub pool_resets_in: Millis,
-    /// Tokens reserved at admission (0 in the source-exact mode).
+    /// Tokens reserved at admission (0 with `post_hoc` accounting).
     pub reserved: u64,
-    /// Start of the model-wide window this request is counted in.
+    /// Where this request is counted model-wide ([`Window::mark`]).
     pub model_window: Millis,
-    /// Start of the pool window this request is counted in (`now` without pools).
+    /// Where this request is counted in its pool (`now` without pools).
     pub pool_window: Millis,
 }
 
 impl Admitted {
     /// Counts the admitted request into its counters: the model-wide pair and, when the config
     /// reserves anything, the pool's pair (tracked in generous mode too).
-    pub fn apply(
+    pub fn apply<W: Window>(
         &self,
-        model: &mut Counter,
-        pool: Option<&mut Counter>,
+        model: &mut W,
+        pool: Option<&mut W>,
         now: Millis,
         window: Millis,
     ) {
@@ -220,6 +162,31 @@ impl Admitted {
         if let Some(pool) = pool {
             pool.admit(self.reserved, now, window);
         }
+    }
+}
+
+/// Records a finished request on one counter it was admitted on (at mark `admitted_in`, with
+/// `reserved` tokens): with `post_hoc` accounting its `tokens` count at `now`, in the window
+/// current then (and a reservation, if the caller made one, is taken back where it was made); with
+/// `reserve` they replace the reservation where it was made, if that still counts
+/// ([`Window::replace`]).
+pub fn settle<W: Window>(
+    counter: &mut W,
+    accounting: TokenAccounting,
+    reserved: u64,
+    tokens: u64,
+    admitted_in: Millis,
+    now: Millis,
+    window: Millis,
+) {
+    match accounting {
+        TokenAccounting::PostHoc => {
+            if reserved > 0 {
+                counter.replace(reserved, 0, admitted_in, now, window);
+            }
+            counter.record(tokens, now, window);
+        }
+        TokenAccounting::Reserve => counter.replace(reserved, tokens, admitted_in, now, window),
     }
 }
 
@@ -245,17 +212,51 @@ pub fn saturation(limits: &ModelLimits, usage: Usage) -> f64 {
     s
 }
 
-/// Checks one pair of limits: requests are refused iff `requests + 1 > rpm`, tokens iff
-/// `tokens >= tpm` (TPM is admission control on recorded usage).
-fn check(rpm: Option<u64>, tpm: Option<u64>, usage: Usage) -> Option<(Dimension, u64, u64)> {
+/// The tokens a request estimated at `estimate` reserves on `pool` of a model with `limits`: the
+/// estimate, but at most half of the smallest token limit it is counted against (the model's
+/// `tpm`, and its pool's when the config reserves shares), and at least 1 token of a limit (so
+/// one request with `max_tokens: 100000` can neither be refused forever by a small pool nor lock
+/// it: it takes half and settles the truth).
+pub fn reservation(limits: &ModelLimits, pool: PoolRef, estimate: u64) -> u64 {
+    [limits.tpm, limits.pool(pool).and_then(|p| p.tpm)]
+        .into_iter()
+        .flatten()
+        .map(|tpm| (tpm / 2).max(1))
+        .fold(estimate, u64::min)
+}
+
+/// A refusal by one pair of limits: the dimension, the limit, its use, and how far over it this
+/// request would go.
+struct Over {
+    dimension: Dimension,
+    limit: u64,
+    used: u64,
+    excess: u64,
+}
+
+/// Checks one pair of limits for a request reserving `reserve` tokens: requests are refused iff
+/// `requests + 1 > rpm`; tokens iff `tokens >= tpm` or `tokens + reserve > tpm` (with `post_hoc`
+/// accounting `reserve` is 0, so TPM is admission control on recorded usage).
+fn check(rpm: Option<u64>, tpm: Option<u64>, usage: Usage, reserve: u64) -> Option<Over> {
     if let Some(rpm) = rpm {
         if usage.requests.saturating_add(1) > rpm {
-            return Some((Dimension::Requests, rpm, usage.requests));
+            return Some(Over {
+                dimension: Dimension::Requests,
+                limit: rpm,
+                used: usage.requests,
+                excess: usage.requests + 1 - rpm,
+            });
         }
     }
     if let Some(tpm) = tpm {
-        if usage.tokens >= tpm {
-            return Some((Dimension::Tokens, tpm, usage.tokens));
+        let wanted = usage.tokens.saturating_add(reserve.max(1));
+        if wanted > tpm {
+            return Some(Over {
+                dimension: Dimension::Tokens,
+                limit: tpm,
+                used: usage.tokens,
+                excess: wanted - tpm,
+            });
         }
     }
     None
@@ -263,31 +264,36 @@ fn check(rpm: Option<u64>, tpm: Option<u64>, usage: Usage) -> Option<(Dimension,
 
 /// Decides one request for `pool` on a model with `limits`, from the counters as stored.
 ///
-/// `pool_counter` is the pool's pair (`None` when the config reserves nothing). `reserve` is the
-/// tokens to charge at admission (0 in the source-exact mode). The saturation that selects the mode
-/// is read before this request counts; strict mode is on iff it is ≥ the threshold.
-pub fn decide(
+/// `pool_counter` is the pool's pair (`None` when the config reserves nothing). `estimate` is the
+/// request's estimated tokens with `reserve` accounting (0 with `post_hoc`); it reserves
+/// [`reservation`] of them. The saturation that selects the mode is read before this request
+/// counts; strict mode is on iff it is ≥ the threshold.
+pub fn decide<W: Window>(
     limits: &ModelLimits,
     settings: &Settings,
     pool: PoolRef,
-    model_counter: &Counter,
-    pool_counter: Option<&Counter>,
-    reserve: u64,
+    model_counter: &W,
+    pool_counter: Option<&W>,
+    estimate: u64,
     now: Millis,
 ) -> Decision {
     let window = settings.window_ms;
+    let reserve = reservation(limits, pool, estimate);
     let model_usage = model_counter.usage(now, window);
     let saturation = saturation(limits, model_usage);
-
-    if let Some((dimension, limit, used)) = check(limits.rpm, limits.tpm, model_usage) {
-        return Decision::Refuse(Refused {
-            scope: Scope::Model,
-            dimension,
-            limit,
-            used,
+    let refuse = |scope, over: Over, counter: &W| {
+        Decision::Refuse(Refused {
+            scope,
+            dimension: over.dimension,
+            limit: over.limit,
+            used: over.used,
             saturation,
-            retry_after_ms: model_counter.resets_in(now, window),
-        });
+            retry_after_ms: counter.room_in(now, window, over.dimension, over.excess),
+        })
+    };
+
+    if let Some(over) = check(limits.rpm, limits.tpm, model_usage, reserve) {
+        return refuse(Scope::Model, over, model_counter);
     }
 
     let strict = saturation >= settings.saturation_threshold;
@@ -295,15 +301,8 @@ pub fn decide(
     let pool_usage = pool_counter.map(|c| c.usage(now, window));
     if strict {
         if let (Some(pl), Some(pu), Some(pc)) = (pool_limits, pool_usage, pool_counter) {
-            if let Some((dimension, limit, used)) = check(pl.rpm, pl.tpm, pu) {
-                return Decision::Refuse(Refused {
-                    scope: Scope::Priority,
-                    dimension,
-                    limit,
-                    used,
-                    saturation,
-                    retry_after_ms: pc.resets_in(now, window),
-                });
+            if let Some(over) = check(pl.rpm, pl.tpm, pu, reserve) {
+                return refuse(Scope::Priority, over, pc);
             }
         }
     }
@@ -320,8 +319,8 @@ pub fn decide(
         model_resets_in: model_counter.resets_in(now, window),
         pool_resets_in: pool_counter.map_or(window, |c| c.resets_in(now, window)),
         reserved: reserve,
-        model_window: model_counter.window_at(now, window),
-        pool_window: pool_counter.map_or(now, |c| c.window_at(now, window)),
+        model_window: model_counter.mark(now, window),
+        pool_window: pool_counter.map_or(now, |c| c.mark(now, window)),
     })
 }
 
@@ -350,8 +349,8 @@ mod tests {
     /// A tiny store: counters for one model, driven by the pure functions.
     struct Sim {
         config: LimiterConfig,
-        model: Counter,
-        pools: Vec<Counter>,
+        model: FixedWindow,
+        pools: Vec<FixedWindow>,
     }
 
     impl Sim {
@@ -359,8 +358,8 @@ mod tests {
             let n = config.models()[0].pool_count();
             Self {
                 config,
-                model: Counter::default(),
-                pools: vec![Counter::default(); n],
+                model: FixedWindow::default(),
+                pools: vec![FixedWindow::default(); n],
             }
         }
         fn pool_slot(&self, pool: PoolRef) -> Option<usize> {
@@ -386,9 +385,9 @@ mod tests {
             d
         }
         fn settle(&mut self, pool: PoolRef, tokens: u64, now: Millis) {
-            self.model.settle(tokens, 0, None, now, W);
+            self.model.record(tokens, now, W);
             if let Some(i) = self.pool_slot(pool) {
-                self.pools[i].settle(tokens, 0, None, now, W);
+                self.pools[i].record(tokens, now, W);
             }
         }
         fn run(&mut self, pool: PoolRef, n: usize, now: Millis) -> usize {
@@ -500,49 +499,55 @@ mod tests {
 
     #[test]
     fn tokens_recorded_after_the_window_go_to_the_new_one() {
-        let mut c = Counter::default();
+        let mut c = FixedWindow::default();
         c.admit(0, 0, W);
-        c.settle(30, 0, Some(0), W + 5, W);
+        c.record(30, W + 5, W);
         assert_eq!(c.window_start, Some(W + 5));
         assert_eq!((c.requests, c.tokens), (0, 30));
     }
 
     #[test]
     fn a_cancelled_request_is_refunded_in_its_own_window_only() {
-        let mut c = Counter::default();
+        let mut c = FixedWindow::default();
         c.admit(0, 0, W);
         c.admit(40, 5, W);
-        c.settle(7, 0, Some(0), 6, W);
-        c.cancel(40, Some(0), 10, W);
+        c.record(7, 6, W);
+        c.cancel(40, 0, 10, W);
         assert_eq!((c.window_start, c.requests, c.tokens), (Some(0), 1, 7));
         // Admitted in an earlier window, or cancelled once its window ended: nothing moves, and
         // no window is opened.
-        c.cancel(0, Some(0), W, W);
+        c.cancel(0, 0, W, W);
         assert_eq!((c.window_start, c.requests, c.tokens), (Some(0), 1, 7));
-        c.cancel(0, Some(3), 10, W);
+        c.cancel(0, 3, 10, W);
         assert_eq!((c.window_start, c.requests, c.tokens), (Some(0), 1, 7));
-        let mut fresh = Counter::default();
-        fresh.cancel(5, Some(0), 10, W);
-        assert_eq!(fresh, Counter::default());
+        let mut fresh = FixedWindow::default();
+        fresh.cancel(5, 0, 10, W);
+        assert_eq!(fresh, FixedWindow::default());
         // Never below zero.
-        c.cancel(100, Some(0), 20, W);
-        c.cancel(100, Some(0), 20, W);
+        c.cancel(100, 0, 20, W);
+        c.cancel(100, 0, 20, W);
         assert_eq!((c.requests, c.tokens), (0, 0));
     }
 
     #[test]
-    fn reservation_refunds_only_in_its_own_window() {
-        let mut c = Counter::default();
+    fn a_reservation_is_replaced_by_the_truth_in_its_own_window_only() {
+        let mut c = FixedWindow::default();
         c.admit(100, 0, W);
         assert_eq!(c.tokens, 100);
-        c.settle(30, 100, Some(0), 10, W);
+        c.replace(100, 30, 0, 10, W);
         assert_eq!(c.tokens, 30);
-        let mut c = Counter::default();
-        c.admit(100, 0, W);
-        c.settle(30, 100, Some(0), W, W);
+        c.replace(10, 50, 0, 20, W);
         assert_eq!(
-            c.tokens, 30,
-            "new window: nothing to refund, only the real count"
+            c.tokens, 70,
+            "an estimate short of the truth is charged the rest"
+        );
+        let mut c = FixedWindow::default();
+        c.admit(100, 0, W);
+        c.replace(100, 30, 0, W, W);
+        assert_eq!(
+            (c.window_start, c.tokens),
+            (Some(0), 100),
+            "its window has ended: the reservation went with it, nothing moves, nothing opens"
         );
     }
 
