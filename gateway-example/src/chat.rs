@@ -22,16 +22,13 @@ pub struct ChatRequest {
     pub include_usage: bool,
     /// The parsed body.
     pub body: Arc<Value>,
-    /// The body's size in bytes (for the limiter's prompt estimate).
-    pub body_len: usize,
-}
-
-impl ChatRequest {
-    /// Tokens charged for the prompt of a response that never reports usage: the crate's rule,
-    /// 4 request bytes per token.
-    pub fn prompt_estimate(&self) -> u64 {
-        (self.body_len as u64).div_ceil(4)
-    }
+    /// The prompt's estimated tokens (the crate's rule,
+    /// [`prompt_tokens`](tower_priority_limit::estimate::prompt_tokens) of the body): reserved with
+    /// `reserve` accounting, and charged for a response that never reports usage.
+    pub prompt_tokens: u64,
+    /// The most output tokens the request allows (`max_completion_tokens`, else `max_tokens`), if
+    /// it says.
+    pub max_output_tokens: Option<u64>,
 }
 
 /// `mock_response`: 30 tokens, streamed as a real SSE stream when asked. The usage chunk is always

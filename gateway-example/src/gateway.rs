@@ -282,7 +282,10 @@ router_settings: {{redis_url: "redis://127.0.0.1:{port}"}}
             model: ModelName::from("m"),
             stream: false,
             include_usage: false,
-            body_len: body.to_string().len(),
+            prompt_tokens: tower_priority_limit::estimate::prompt_tokens(
+                body.to_string().as_bytes(),
+            ),
+            max_output_tokens: None,
             body: Arc::new(body),
         }
     }

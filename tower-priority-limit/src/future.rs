@@ -38,6 +38,7 @@ pin_project! {
         pool: PoolRef,
         model: Option<ModelId>,
         prompt_estimate: u64,
+        max_output_tokens: Option<u64>,
         admitted: Option<(Lease, Admitted)>,
         options: Options,
     }
@@ -75,6 +76,7 @@ where
             pool,
             model: None,
             prompt_estimate: 0,
+            max_output_tokens: None,
             admitted: None,
             options,
         }
@@ -123,6 +125,7 @@ where
             request: Some(extracted.request),
             model: Some(model),
             prompt_estimate: extracted.prompt_estimate,
+            max_output_tokens: extracted.max_output_tokens,
             ..Self::in_state(State::Admit { fut: admit }, limiter, pool, options)
         }
     }
@@ -204,10 +207,13 @@ pub(crate) fn after_admit<St: Store>(
     pool: PoolRef,
     decision: Result<Decision, StoreError>,
     store_failure: FailureMode,
+    max_output_tokens: Option<u64>,
 ) -> AfterAdmit {
     match decision {
         Ok(Decision::Admit(admitted)) => {
-            let lease = limiter.lease(model, pool, &admitted);
+            let lease = limiter
+                .lease(model, pool, &admitted)
+                .with_output_limit(max_output_tokens);
             AfterAdmit::Call(Some((lease, admitted)))
         }
         Ok(Decision::Refuse(refused)) => {
@@ -267,8 +273,14 @@ where
                         AfterExtract::Admit(id) => {
                             *this.model = Some(id);
                             *this.prompt_estimate = extracted.prompt_estimate;
+                            *this.max_output_tokens = extracted.max_output_tokens;
                             *this.request = Some(extracted.request);
-                            let fut = this.limiter.admit(id, *this.pool, 0);
+                            let estimate = this.limiter.estimate(
+                                id,
+                                extracted.prompt_estimate,
+                                extracted.max_output_tokens,
+                            );
+                            let fut = this.limiter.admit(id, *this.pool, estimate);
                             this.state.set(State::Admit { fut });
                         }
                         AfterExtract::Answer(response) => {
@@ -292,7 +304,15 @@ where
                         panic!("ResponseFuture polled after completion");
                     };
                     let store_failure = this.options.store_failure;
-                    match after_admit(this.limiter, model, *this.pool, decision, store_failure) {
+                    let max_output = *this.max_output_tokens;
+                    match after_admit(
+                        this.limiter,
+                        model,
+                        *this.pool,
+                        decision,
+                        store_failure,
+                        max_output,
+                    ) {
                         AfterAdmit::Call(admitted) => *this.admitted = admitted,
                         AfterAdmit::Answer(response) => {
                             this.state.set(State::Done);

@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use crate::config::{ModelId, PoolRef};
 use crate::decision::Admitted;
+use crate::estimate::OutputEstimate;
 use crate::store::{Settlement, Settler};
 
 /// Proof of one admission. Settle it with the response's tokens; dropping it unsettled settles 0
@@ -14,6 +15,10 @@ pub struct Lease {
     /// `None` once settled, or if the store had no such model (nothing to settle).
     settler: Option<Arc<dyn Settler>>,
     settlement: Settlement,
+    /// The model's output estimate, with `reserve` accounting: settling records the estimate's
+    /// error and, when the request set no output limit, teaches it the response's output.
+    estimate: Option<Arc<OutputEstimate>>,
+    teaches: bool,
 }
 
 impl Lease {
@@ -22,8 +27,11 @@ impl Lease {
         model: ModelId,
         pool: PoolRef,
         admitted: &Admitted,
+        estimate: Option<Arc<OutputEstimate>>,
     ) -> Self {
         Self {
+            estimate,
+            teaches: true,
             settler,
             settlement: Settlement {
                 model,
@@ -47,9 +55,25 @@ impl Lease {
         self.settlement.pool
     }
 
+    /// Says the request set `max_tokens` (or its like): its response then does not teach the
+    /// model's learned output estimate, which is for requests that set none (a capped answer says
+    /// little about how long answers are).
+    pub fn with_output_limit(mut self, max_output_tokens: Option<u64>) -> Self {
+        if max_output_tokens.is_some() {
+            self.teaches = false;
+        }
+        self
+    }
+
     /// Records the response's tokens. Consumes the lease, so it happens once.
     pub fn settle(mut self, tokens: u64) {
-        self.settle_once(tokens);
+        self.settle_once(tokens, None);
+    }
+
+    /// Records the response's tokens, of which `output_tokens` were output (when the response
+    /// reported them): with `reserve` accounting they teach the model's output estimate.
+    pub fn settle_with_output(mut self, tokens: u64, output_tokens: Option<u64>) {
+        self.settle_once(tokens, output_tokens);
     }
 
     /// Takes the admission back: the request was not served (the gateway's router found no
@@ -64,8 +88,14 @@ impl Lease {
         }
     }
 
-    fn settle_once(&mut self, tokens: u64) {
+    fn settle_once(&mut self, tokens: u64, output_tokens: Option<u64>) {
         if let Some(settler) = self.settler.take() {
+            if let Some(estimate) = &self.estimate {
+                estimate.record_error(self.settlement.reserved, tokens);
+                if let (true, Some(output)) = (self.teaches, output_tokens) {
+                    estimate.observe(output);
+                }
+            }
             // Nothing to record: skip the store (a remote one would pay a round trip for nothing).
             if tokens == 0 && self.settlement.reserved == 0 {
                 return;
@@ -78,7 +108,7 @@ impl Lease {
 
 impl Drop for Lease {
     fn drop(&mut self) {
-        self.settle_once(0);
+        self.settle_once(0, None);
     }
 }
 

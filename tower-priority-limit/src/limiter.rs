@@ -4,6 +4,7 @@
 use std::hash::BuildHasher;
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 use bytes::Bytes;
 use http::header::CONTENT_TYPE;
@@ -11,7 +12,8 @@ use http::Response;
 
 use crate::body::ResponseBody;
 use crate::clock::Clock;
-use crate::config::{LimiterConfig, ModelId, PoolRef};
+use crate::config::{LimiterConfig, ModelId, PoolRef, TokenAccounting};
+use crate::estimate::{EstimateStats, OutputEstimate};
 use crate::decision::{Admitted, Decision, Refused};
 use crate::lease::Lease;
 use crate::meter::UsageMeter;
@@ -45,6 +47,8 @@ pub struct Limiter<St = MemoryStore> {
     unknown_labels: Box<[AtomicU64]>,
     /// The config's limits as response header values, formatted once.
     limit_header_values: LimitHeaderValues,
+    /// Per model: the learned output estimate and its errors (used with `reserve` accounting).
+    output_estimates: Box<[Arc<OutputEstimate>]>,
 }
 
 const UNKNOWN_LABEL_SLOTS: usize = 256;
@@ -80,8 +84,13 @@ impl Limiter<MemoryStore> {
 impl<St: Store> Limiter<St> {
     /// A limiter over any store, with the config the store was built for.
     pub fn with_store(store: St) -> Self {
+        let settings = store.config().settings();
+        let output_estimates = (0..store.config().models().len())
+            .map(|_| Arc::new(OutputEstimate::new(settings.default_estimated_output_tokens)))
+            .collect();
         Self {
             limit_header_values: LimitHeaderValues::new(store.config()),
+            output_estimates,
             store,
             unknown_labels: (0..UNKNOWN_LABEL_SLOTS)
                 .map(|_| AtomicU64::new(0))
@@ -130,13 +139,42 @@ impl<St: Store> Limiter<St> {
         }
     }
 
-    /// Starts one admission (one store round trip). Pair an admitted decision with
+    /// The tokens a request on `model` is expected to cost, to reserve at admission: with
+    /// `reserve` accounting its prompt estimate plus `max_output_tokens` when it sets one, else
+    /// plus the model's learned output estimate; 0 with `post_hoc` accounting (nothing is reserved).
+    pub fn estimate(
+        &self,
+        model: ModelId,
+        prompt_tokens: u64,
+        max_output_tokens: Option<u64>,
+    ) -> u64 {
+        match self.config().settings().token_accounting {
+            TokenAccounting::PostHoc => 0,
+            TokenAccounting::Reserve => {
+                let output = max_output_tokens.unwrap_or_else(|| {
+                    self.output_estimates
+                        .get(model.index())
+                        .map_or(0, |e| e.tokens())
+                });
+                prompt_tokens.saturating_add(output)
+            }
+        }
+    }
+
+    /// What `model`'s output estimate has learned, and how far reservations were from the
+    /// responses' real usage (`reserve` accounting; all zero otherwise).
+    pub fn estimate_stats(&self, model: ModelId) -> Option<EstimateStats> {
+        self.output_estimates.get(model.index()).map(|e| e.stats())
+    }
+
+    /// Starts one admission (one store round trip) of a request expected to cost `estimate`
+    /// tokens ([`estimate`](Self::estimate); 0 reserves nothing). Pair an admitted decision with
     /// [`lease`](Self::lease).
-    pub fn admit(&self, model: ModelId, pool: PoolRef, reserve: u64) -> St::AdmitFuture {
+    pub fn admit(&self, model: ModelId, pool: PoolRef, estimate: u64) -> St::AdmitFuture {
         self.store.admit(AdmitRequest {
             model,
             pool,
-            reserve,
+            reserve: estimate,
         })
     }
 
@@ -146,12 +184,12 @@ impl<St: Store> Limiter<St> {
         &self,
         model: ModelId,
         pool: PoolRef,
-        reserve: u64,
+        estimate: u64,
     ) -> Option<Result<Decision, StoreError>> {
         self.store.admit_now(AdmitRequest {
             model,
             pool,
-            reserve,
+            reserve: estimate,
         })
     }
 
@@ -185,7 +223,11 @@ impl<St: Store> Limiter<St> {
 
     /// The lease for a request admitted as `admitted`.
     pub fn lease(&self, model: ModelId, pool: PoolRef, admitted: &Admitted) -> Lease {
-        Lease::new(self.store.settler(model), model, pool, admitted)
+        let estimate = match self.config().settings().token_accounting {
+            TokenAccounting::Reserve => self.output_estimates.get(model.index()).cloned(),
+            TokenAccounting::PostHoc => None,
+        };
+        Lease::new(self.store.settler(model), model, pool, admitted, estimate)
     }
 
     /// The 429 for a request on `model` under `pool` that the limiter refused: the OpenAI error
@@ -212,18 +254,20 @@ impl<St: Store> Limiter<St> {
         store_failure_response(self.config().settings().shared.failure_mode, error)
     }
 
-    /// Resolves `model` and `priority`, admits, and hands back a lease: the whole path in one call.
+    /// Resolves `model` and `priority`, admits a request expected to cost `estimate` tokens (see
+    /// [`estimate`](Self::estimate); 0 reserves nothing), and hands back a lease: the whole path in
+    /// one call.
     pub async fn acquire(
         &self,
         model: &str,
         priority: Option<&str>,
-        reserve: u64,
+        estimate: u64,
     ) -> Result<Acquired, StoreError> {
         let Some(id) = self.config().model_id(model) else {
             return Ok(Acquired::NotLimited);
         };
         let pool = self.resolve_pool(priority);
-        Ok(match self.admit(id, pool, reserve).await? {
+        Ok(match self.admit(id, pool, estimate).await? {
             Decision::Admit(admitted) => Acquired::Admitted {
                 lease: self.lease(id, pool, &admitted),
                 admitted,

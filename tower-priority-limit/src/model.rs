@@ -63,8 +63,13 @@ pub struct Extracted<B> {
     pub request: Request<B>,
     /// The model, if the request names one.
     pub model: Option<ModelName>,
-    /// Estimated prompt tokens, used only when the response reports no usage (0 if unknown).
+    /// Estimated prompt tokens (0 if unknown): reserved with `reserve` accounting, and charged
+    /// when the response reports no usage.
     pub prompt_estimate: u64,
+    /// The most output tokens the request allows (`max_tokens`, `max_completion_tokens`,
+    /// `max_output_tokens`), if it says; reserved with `reserve` accounting instead of the
+    /// learned estimate.
+    pub max_output_tokens: Option<u64>,
 }
 
 /// Why a request could not be read: answered with a 4xx in the OpenAI error shape.
@@ -171,10 +176,74 @@ pub type BoxExtractFuture<B> =
 struct Peek<'a> {
     #[serde(borrow, default)]
     model: Option<Cow<'a, str>>,
+    #[serde(default)]
+    max_tokens: Count,
+    #[serde(default)]
+    max_completion_tokens: Count,
+    #[serde(default)]
+    max_output_tokens: Count,
 }
 
-/// Parses `body`, returning its model name (zero-copy when unescaped).
-pub(crate) fn model_from_json(body: &Bytes) -> Result<ModelName, BadRequest> {
+/// A token count as a client may write it: a non-negative integer is one; anything else (a
+/// string, a float, null, an object) is none, and never fails the parse.
+#[derive(Debug, Default, Clone, Copy)]
+struct Count(Option<u64>);
+
+impl<'de> Deserialize<'de> for Count {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visit;
+        impl<'de> serde::de::Visitor<'de> for Visit {
+            type Value = Count;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a token count")
+            }
+            fn visit_u64<E>(self, v: u64) -> Result<Count, E> {
+                Ok(Count(Some(v)))
+            }
+            fn visit_i64<E>(self, _: i64) -> Result<Count, E> {
+                Ok(Count(None))
+            }
+            fn visit_f64<E>(self, _: f64) -> Result<Count, E> {
+                Ok(Count(None))
+            }
+            fn visit_str<E>(self, _: &str) -> Result<Count, E> {
+                Ok(Count(None))
+            }
+            fn visit_bool<E>(self, _: bool) -> Result<Count, E> {
+                Ok(Count(None))
+            }
+            fn visit_unit<E>(self) -> Result<Count, E> {
+                Ok(Count(None))
+            }
+            fn visit_none<E>(self) -> Result<Count, E> {
+                Ok(Count(None))
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Count, A::Error> {
+                while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {}
+                Ok(Count(None))
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Count, A::Error> {
+                while map
+                    .next_entry::<serde::de::IgnoredAny, serde::de::IgnoredAny>()?
+                    .is_some()
+                {}
+                Ok(Count(None))
+            }
+        }
+        deserializer.deserialize_any(Visit)
+    }
+}
+
+/// What the layer reads from a JSON body: the model, and the most output tokens the request
+/// allows (`max_tokens`, `max_completion_tokens` or the Responses API's `max_output_tokens`).
+#[derive(Debug)]
+pub(crate) struct Peeked {
+    pub(crate) model: ModelName,
+    pub(crate) max_output_tokens: Option<u64>,
+}
+
+/// Parses `body`, returning its model name (zero-copy when unescaped) and output limit.
+pub(crate) fn model_from_json(body: &Bytes) -> Result<Peeked, BadRequest> {
     let bad = |message: String| BadRequest::new(StatusCode::BAD_REQUEST, message);
     if body.iter().all(u8::is_ascii_whitespace) {
         return Err(bad(
@@ -182,10 +251,23 @@ pub(crate) fn model_from_json(body: &Bytes) -> Result<ModelName, BadRequest> {
         ));
     }
     let value: serde_json::Value = match serde_json::from_slice::<Peek<'_>>(body) {
-        Ok(Peek { model: Some(name) }) if !name.trim().is_empty() => {
-            return Ok(match name {
+        Ok(Peek {
+            model: Some(name),
+            max_tokens,
+            max_completion_tokens,
+            max_output_tokens,
+        }) if !name.trim().is_empty() => {
+            let model = match name {
                 Cow::Borrowed(s) => ModelName::from_slice_of(body, s),
                 Cow::Owned(s) => ModelName::from(s),
+            };
+            let max_output_tokens = max_completion_tokens
+                .0
+                .or(max_tokens.0)
+                .or(max_output_tokens.0);
+            return Ok(Peeked {
+                model,
+                max_output_tokens,
             });
         }
         Ok(_) => serde_json::Value::Null,
@@ -195,6 +277,21 @@ pub(crate) fn model_from_json(body: &Bytes) -> Result<ModelName, BadRequest> {
         // Shape errors (not an object, `model` not a string): say which.
         Err(_) => serde_json::from_slice(body).unwrap_or_default(),
     };
+    // The typed peek failed on something else (a field given twice, say): the model may still
+    // be there.
+    if let Some(name) = value
+        .get("model")
+        .and_then(|v| v.as_str())
+        .filter(|n| !n.trim().is_empty())
+    {
+        let count = |key: &str| value.get(key).and_then(|v| v.as_u64());
+        return Ok(Peeked {
+            model: ModelName::from(name),
+            max_output_tokens: count("max_completion_tokens")
+                .or(count("max_tokens"))
+                .or(count("max_output_tokens")),
+        });
+    }
     let mut rejection = match value.get("model") {
         Some(v) if !v.is_null() && !v.is_string() => {
             bad("Invalid type for 'model': expected a string.".into())
@@ -268,16 +365,18 @@ where
                 request,
                 model: None,
                 prompt_estimate: 0,
+                max_output_tokens: None,
             })));
         }
         Box::pin(async move {
             let (parts, bytes) = read_body(request, limit).await?;
-            let model = model_from_json(&bytes)?;
+            let peeked = model_from_json(&bytes)?;
             let prompt_estimate = crate::estimate::prompt_tokens(&bytes);
             Ok(Extracted {
                 request: Request::from_parts(parts, B::from(bytes)),
-                model: Some(model),
+                model: Some(peeked.model),
                 prompt_estimate,
+                max_output_tokens: peeked.max_output_tokens,
             })
         })
     }
@@ -313,6 +412,7 @@ impl<B: Send + 'static> ModelExtractor<B> for HeaderModel {
             request,
             model,
             prompt_estimate: 0,
+            max_output_tokens: None,
         }))
     }
 }
@@ -349,6 +449,7 @@ where
             request,
             model,
             prompt_estimate: 0,
+            max_output_tokens: None,
         }))
     }
 }
@@ -358,13 +459,35 @@ mod tests {
     use super::*;
 
     #[test]
+    fn output_limits_are_read_leniently() {
+        let peek = |body: &'static str| model_from_json(&Bytes::from_static(body.as_bytes()));
+        let max = |body| peek(body).unwrap().max_output_tokens;
+        assert_eq!(max(r#"{"model":"m","max_tokens":20}"#), Some(20));
+        assert_eq!(max(r#"{"model":"m","max_tokens":20,"max_completion_tokens":7}"#), Some(7));
+        assert_eq!(max(r#"{"model":"m","max_output_tokens":9}"#), Some(9));
+        for odd in [
+            r#"{"model":"m","max_tokens":-1}"#,
+            r#"{"model":"m","max_tokens":2.5}"#,
+            r#"{"model":"m","max_tokens":"20"}"#,
+            r#"{"model":"m","max_tokens":null}"#,
+            r#"{"model":"m","max_tokens":{"a":[1,2]}}"#,
+            r#"{"model":"m","max_tokens":[1]}"#,
+        ] {
+            assert_eq!(max(odd), None, "{odd}");
+        }
+        // A field given twice fails the typed peek; the model is still found.
+        let twice = peek(r#"{"model":"m","max_tokens":5,"max_tokens":6}"#).unwrap();
+        assert_eq!(twice.model.as_str(), "m");
+    }
+
+    #[test]
     fn model_is_borrowed_from_the_body() {
         let body =
             Bytes::from_static(br#"{"messages":[{"role":"user","content":"hi"}],"model":"gpt-x"}"#);
-        let m = model_from_json(&body).unwrap();
+        let m = model_from_json(&body).unwrap().model;
         assert_eq!(m.as_str(), "gpt-x");
         let escaped = Bytes::from_static(br#"{"model":"gpt\u002dx"}"#);
-        assert_eq!(model_from_json(&escaped).unwrap().as_str(), "gpt-x");
+        assert_eq!(model_from_json(&escaped).unwrap().model.as_str(), "gpt-x");
     }
 
     #[test]

@@ -174,12 +174,16 @@ where
                         return self.calling(fut, pool, None, 0);
                     }
                     AfterExtract::Admit(id) => {
-                        let Some(decision) = self.limiter.admit_now(id, pool, 0) else {
+                        let max_output = extracted.max_output_tokens;
+                        let estimate =
+                            self.limiter
+                                .estimate(id, extracted.prompt_estimate, max_output);
+                        let Some(decision) = self.limiter.admit_now(id, pool, estimate) else {
                             // The store must be awaited (Redis): admit in the future.
                             let inner = self.take_ready();
                             return ResponseFuture::admitting(
                                 inner,
-                                self.limiter.admit(id, pool, 0),
+                                self.limiter.admit(id, pool, estimate),
                                 extracted,
                                 id,
                                 Arc::clone(&self.limiter),
@@ -188,7 +192,14 @@ where
                             );
                         };
                         let store_failure = self.options.store_failure;
-                        match after_admit(&self.limiter, id, pool, decision, store_failure) {
+                        match after_admit(
+                            &self.limiter,
+                            id,
+                            pool,
+                            decision,
+                            store_failure,
+                            max_output,
+                        ) {
                             AfterAdmit::Answer(response) => return self.answered(response, pool),
                             AfterAdmit::Call(admitted) => {
                                 let estimate = extracted.prompt_estimate;

@@ -125,12 +125,15 @@ async fn validate(gw: &Gateway, caller: &Caller, request: Request) -> Result<Req
         .and_then(|o| o.get("include_usage"))
         .and_then(Value::as_bool)
         == Some(true);
+    let count = |key: &str| body.get(key).and_then(Value::as_u64);
+    let max_output_tokens = count("max_completion_tokens").or_else(|| count("max_tokens"));
     parts.extensions.insert(ChatRequest {
         model: group.name.clone(),
         stream,
         include_usage,
+        prompt_tokens: tower_priority_limit::estimate::prompt_tokens(&bytes),
+        max_output_tokens,
         body: Arc::new(body),
-        body_len: bytes.len(),
     });
     Ok(Request::from_parts(parts, Body::empty()))
 }

@@ -23,24 +23,30 @@ pub(super) enum Admission {
     Refused(Response),
 }
 
-/// Admits `group` for a request of priority `pool`; no counter moves unless it is admitted.
+/// Admits `group` for `chat` of priority `pool` (reserving its estimate with `reserve`
+/// accounting); no counter moves unless it is admitted.
 pub(super) async fn admit(
     limiter: &Limiter<GatewayStore>,
     group: &str,
     pool: PoolRef,
+    chat: &ChatRequest,
 ) -> Result<Admission, StoreError> {
     let config = limiter.config();
     let Some(id) = config.model_id(group) else {
         return Ok(Admission::Unlimited);
     };
+    let estimate = limiter.estimate(id, chat.prompt_tokens, chat.max_output_tokens);
     // The embedded store answers in place: no future to poll.
-    let decision = match limiter.admit_now(id, pool, 0) {
+    let decision = match limiter.admit_now(id, pool, estimate) {
         Some(decision) => decision,
-        None => limiter.admit(id, pool, 0).await,
+        None => limiter.admit(id, pool, estimate).await,
     }?;
     Ok(match decision {
         Decision::Admit(admitted) => {
-            Admission::Admitted(limiter.lease(id, pool, &admitted), admitted)
+            let lease = limiter
+                .lease(id, pool, &admitted)
+                .with_output_limit(chat.max_output_tokens);
+            Admission::Admitted(lease, admitted)
         }
         Decision::Refuse(refused) => {
             Admission::Refused(limiter.refusal_response(id, pool, &refused).map(Body::from))
@@ -70,7 +76,7 @@ pub(super) fn charge(
 ) -> Response {
     match (limiter, lease) {
         (Some(limiter), Some((lease, admitted))) => limiter
-            .meter_response(response, lease, &admitted, chat.prompt_estimate())
+            .meter_response(response, lease, &admitted, chat.prompt_tokens)
             .map(Body::new),
         _ => response,
     }

@@ -87,11 +87,14 @@ pub struct Unavailable {
 }
 
 /// The per-deployment limiter's config: one model per deployment id, with its `rpm`/`tpm`, and
-/// the group limiter's window and shared-store settings (failure mode, expected nodes, timeout).
+/// the group limiter's window (length and kind) and shared-store settings (failure mode, expected
+/// nodes, timeout). Its tokens are always counted `post_hoc`: a deployment is chosen after the
+/// group admitted the request, and a provider's own limit is what these counters follow.
 pub fn deployment_limits(deployments: &[Deployment], groups: &LimiterConfig) -> LimiterConfig {
     let settings = groups.settings();
     let mut builder = LimiterConfig::builder()
         .window(groups.window())
+        .window_kind(settings.window_kind)
         .failure_mode(settings.shared.failure_mode)
         .expected_nodes(settings.shared.expected_nodes)
         .store_timeout(settings.shared.timeout)

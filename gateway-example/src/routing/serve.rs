@@ -64,7 +64,7 @@ pub async fn serve(
     let mut first_lease = None;
     let mut refusal: Option<Response> = None;
     if let (Some(limiter), Some(pool)) = (limiter, pool) {
-        match admit(limiter, first, pool).await {
+        match admit(limiter, first, pool, chat).await {
             Ok(Admission::Admitted(lease, admitted)) => first_lease = Some((lease, admitted)),
             Ok(Admission::Unlimited) => {}
             Ok(Admission::Refused(response)) => refusal = Some(response),
@@ -122,7 +122,7 @@ pub async fn serve(
                     continue;
                 }
                 if let (true, Some(limiter), Some(pool)) = (fallback, limiter, pool) {
-                    match admit(limiter, name, pool).await {
+                    match admit(limiter, name, pool, chat).await {
                         Ok(Admission::Admitted(lease, admitted)) => {
                             group_lease = Some((lease, admitted));
                         }

@@ -1,6 +1,9 @@
 //! Token estimates: what a request will cost before its response says. Prompt tokens come from
-//! the request body (`prompt.rs`).
+//! the request body (`prompt.rs`); output tokens from `max_tokens` when the request sets it, else
+//! from a per-model estimate learned from the responses (`output.rs`).
 
+mod output;
 mod prompt;
 
+pub use self::output::{EstimateStats, OutputEstimate, OUTPUT_QUANTILE};
 pub use self::prompt::prompt_tokens;

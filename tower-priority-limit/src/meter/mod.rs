@@ -226,6 +226,16 @@ impl UsageMeter {
 }
 
 impl UsageMeter {
+    /// The output (completion) tokens the body reported, if it reported them (clamped like
+    /// [`tokens`](Self::tokens)); `None` when it reported no usage, e.g. a stream cut short.
+    pub fn output_tokens(&self) -> Option<u64> {
+        let seen = match &self.body {
+            Body::Sse(m) => m.inspect(),
+            Body::Json(m) => m.inspect(),
+        };
+        seen.ok()?.output().map(|n| self.clamp(n))
+    }
+
     /// `reported`, or the cap if it is above it (logged at most once a second).
     fn clamp(&self, reported: u64) -> u64 {
         if reported <= self.max_reported {

@@ -66,6 +66,11 @@ impl Usage {
         }
     }
 
+    /// The output tokens reported (`completion_tokens`, else `output_tokens`), if any.
+    pub(crate) fn output(&self) -> Option<u64> {
+        self.completion_tokens.0.or(self.output_tokens.0)
+    }
+
     /// Folds a later usage object into this one: every counter present in
     /// `later` replaces ours, and `total_tokens` is always taken from `later`
     /// (so a stale total never outlives newer parts). For a stream with one

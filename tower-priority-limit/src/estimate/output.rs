@@ -1,0 +1,147 @@
+//! Output tokens a request will produce when it does not say (`max_tokens`): a per-model high
+//! quantile of the completions seen, learned as responses settle, and a record of how far the
+//! reservations were from the truth.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// The quantile of observed completion lengths a request without `max_tokens` reserves.
+pub const OUTPUT_QUANTILE: f64 = 0.8;
+
+/// How far one observation moves the estimate (a fraction of it): small enough to be steady,
+/// large enough to follow a model's answers within a few hundred responses.
+const STEP: f64 = 0.02;
+
+/// One model's learned output estimate and its estimate errors, shared by every request to it.
+///
+/// The estimate follows the [`OUTPUT_QUANTILE`] of observed completions with a multiplicative
+/// stochastic-gradient step (an observation above it raises it by `STEP × q`, one below lowers it
+/// by `STEP × (1 − q)`, so it settles where a fraction `1 − q` of completions lie above). Updates
+/// are plain atomic stores: two racing updates may lose one, which only slows learning.
+#[derive(Debug)]
+pub struct OutputEstimate {
+    estimate: AtomicU64,
+    settled: AtomicU64,
+    reserved: AtomicU64,
+    used: AtomicU64,
+    over: AtomicU64,
+    under: AtomicU64,
+}
+
+/// What an [`OutputEstimate`] has learned and how far the reservations were from the truth.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct EstimateStats {
+    /// Output tokens a request without `max_tokens` reserves now.
+    pub output_estimate: u64,
+    /// Reserved requests settled.
+    pub settled: u64,
+    /// Tokens they reserved in all.
+    pub reserved: u64,
+    /// Tokens they used in all.
+    pub used: u64,
+    /// The sum of `reserved − used` over requests that reserved more than they used.
+    pub over: u64,
+    /// The sum of `used − reserved` over requests that used more than they reserved.
+    pub under: u64,
+}
+
+impl OutputEstimate {
+    /// Starts at `initial` output tokens (`default_estimated_output_tokens`).
+    pub fn new(initial: u64) -> Self {
+        Self {
+            estimate: AtomicU64::new((initial.max(1) as f64).to_bits()),
+            settled: AtomicU64::new(0),
+            reserved: AtomicU64::new(0),
+            used: AtomicU64::new(0),
+            over: AtomicU64::new(0),
+            under: AtomicU64::new(0),
+        }
+    }
+
+    /// Output tokens a request without `max_tokens` is expected to produce.
+    pub fn tokens(&self) -> u64 {
+        f64::from_bits(self.estimate.load(Ordering::Relaxed)).ceil() as u64
+    }
+
+    /// Learns from one response that produced `output` tokens.
+    pub fn observe(&self, output: u64) {
+        let current = f64::from_bits(self.estimate.load(Ordering::Relaxed));
+        let x = output as f64;
+        let next = if x > current {
+            current * (1.0 + STEP * OUTPUT_QUANTILE)
+        } else if x < current {
+            current * (1.0 - STEP * (1.0 - OUTPUT_QUANTILE))
+        } else {
+            return;
+        };
+        // Never below one token, never beyond what a response may report.
+        let next = next.clamp(1.0, 1e12);
+        self.estimate.store(next.to_bits(), Ordering::Relaxed);
+    }
+
+    /// Records that a request reserved `reserved` tokens and used `used`.
+    pub fn record_error(&self, reserved: u64, used: u64) {
+        self.settled.fetch_add(1, Ordering::Relaxed);
+        self.reserved.fetch_add(reserved, Ordering::Relaxed);
+        self.used.fetch_add(used, Ordering::Relaxed);
+        if reserved >= used {
+            self.over.fetch_add(reserved - used, Ordering::Relaxed);
+        } else {
+            self.under.fetch_add(used - reserved, Ordering::Relaxed);
+        }
+    }
+
+    /// What it has learned and the errors so far.
+    pub fn stats(&self) -> EstimateStats {
+        EstimateStats {
+            output_estimate: self.tokens(),
+            settled: self.settled.load(Ordering::Relaxed),
+            reserved: self.reserved.load(Ordering::Relaxed),
+            used: self.used.load(Ordering::Relaxed),
+            over: self.over.load(Ordering::Relaxed),
+            under: self.under.load(Ordering::Relaxed),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A deterministic stream of completion lengths: 1..=1000, shuffled by a fixed LCG.
+    fn lengths(n: usize) -> impl Iterator<Item = u64> {
+        let mut x: u64 = 42;
+        (0..n).map(move |_| {
+            x = x.wrapping_mul(6364136223846793005).wrapping_add(1);
+            1 + (x >> 33) % 1000
+        })
+    }
+
+    #[test]
+    fn settles_near_the_quantile_from_any_start() {
+        for start in [1, 256, 100_000] {
+            let e = OutputEstimate::new(start);
+            for x in lengths(20_000) {
+                e.observe(x);
+            }
+            let want = OUTPUT_QUANTILE * 1000.0;
+            let got = e.tokens() as f64;
+            assert!(
+                (got - want).abs() < 0.1 * want,
+                "from {start}: {got}, want about {want}"
+            );
+        }
+    }
+
+    #[test]
+    fn errors_are_summed_both_ways() {
+        let e = OutputEstimate::new(256);
+        e.record_error(100, 30);
+        e.record_error(10, 25);
+        let s = e.stats();
+        assert_eq!(
+            (s.settled, s.reserved, s.used, s.over, s.under),
+            (2, 110, 55, 70, 15)
+        );
+        assert_eq!(s.output_estimate, 256);
+    }
+}
