@@ -6,8 +6,11 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use gateway_example::store::GatewayStore;
-use integration_tests::gateway::{with_master, Gw, TempDir, MASTER};
+use integration_tests::gateway::{
+    accounting_config, all_at_once, served_streams, stream_body, with_master, Gw, TempDir, MASTER,
+};
 use integration_tests::redis::RedisServer;
+use integration_tests::upstream::Upstream;
 use serde_json::json;
 use tower_priority_limit::store::Store;
 
@@ -163,5 +166,45 @@ async fn a_request_no_deployment_takes_is_refunded_on_redis() {
     assert_eq!(
         r.headers["x-ratelimit-remaining-requests"], "8",
         "the upstream's 429 and this one used a request; the five refusals did not"
+    );
+}
+
+/// The 200-concurrent-stream case on Redis counters shared by two gateways: with `reserve`
+/// accounting and `max_tokens: 20`, at most ⌊3000 / 30⌋ = 100 streams are admitted, and the truth
+/// replaces every reservation in Redis.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reserve_holds_tpm_under_concurrent_streams_on_redis() {
+    let Some(redis) = RedisServer::start("reserve_holds_tpm_under_concurrent_streams_on_redis")
+    else {
+        return;
+    };
+    let (up, base) = Upstream::start().await;
+    let yaml = accounting_config(
+        &base,
+        "token_accounting: reserve, redis_timeout_ms: 2000",
+        &format!("router_settings:\n  redis_url: \"{}\"\n", redis.url()),
+    );
+    let dir = TempDir::new();
+    let gw = Arc::new(Gw::connect(&yaml, Some(&dir.0)).await);
+    let replies = all_at_once(&gw, &up, 200, MASTER, stream_body(20)).await;
+    let served = served_streams(&replies);
+    assert!((50..=100).contains(&served), "reserve admitted {served}");
+    let GatewayStore::Redis(store) = gw.gateway.limiter().store() else {
+        panic!("the limiter is on Redis");
+    };
+    store.flush().await;
+    assert_eq!(store.stats().verdict_mismatches.load(Ordering::Relaxed), 0);
+    // The next request's headers: the model's tokens are the 30 each served stream used, plus
+    // this request's own reservation.
+    let next = gw.chat_with(MASTER, stream_body(20)).await;
+    let remaining: u64 = next.headers["x-ratelimit-remaining-tokens"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let reserved = 3000 - 30 * served as u64 - remaining;
+    assert!(
+        (20..=200).contains(&reserved),
+        "{served} served, {remaining} remaining: the next request reserved {reserved}"
     );
 }

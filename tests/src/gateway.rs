@@ -223,6 +223,86 @@ impl Gw {
     }
 }
 
+/// A gateway config whose one group `m` (tpm 3000, limited by the group limiter) is served by the
+/// gated upstream at `base`, with `settings` in `priority_reservation_settings` and `extra` (e.g.
+/// `router_settings`) appended.
+pub fn accounting_config(base: &str, settings: &str, extra: &str) -> String {
+    with_master(&format!(
+        r#"
+model_list:
+  - model_name: m
+    litellm_params: {{model: openai/gated, api_base: "{base}", api_key: sk-up, tpm: 3000}}
+litellm_settings:
+  callbacks: ["dynamic_rate_limiter_v3"]
+  priority_reservation_settings: {{{settings}}}
+{extra}"#
+    ))
+}
+
+/// The body of one of the issue's streams: 30 tokens answered (10 prompt + 20 completion), at most
+/// 20 asked for.
+pub fn stream_body(max_tokens: u64) -> serde_json::Value {
+    json!({"model": "m", "stream": true, "max_tokens": max_tokens,
+           "messages": [{"role": "user", "content": "hi"}]})
+}
+
+/// How many of `replies` were served, checking every other one is the limiter's 429.
+pub fn served_streams(replies: &[Reply]) -> usize {
+    let mut served = 0;
+    for r in replies {
+        match r.status.as_u16() {
+            200 => {
+                assert!(r.text().contains("[DONE]"), "a whole stream: {}", r.text());
+                served += 1;
+            }
+            429 => assert!(r.text().contains("tokens"), "{}", r.text()),
+            other => panic!("unexpected {other}: {}", r.text()),
+        }
+    }
+    served
+}
+
+/// Sends `n` chats with `body` as `key` at once, to a model whose upstream is `up`'s `gated`
+/// model: every admitted request is held at the upstream until all `n` have been either admitted
+/// (the upstream has them) or answered (refused), so all admissions happen while every admitted
+/// request is still in flight. Then the gate opens and every reply is read to its end.
+pub async fn all_at_once(
+    gw: &Arc<Gw>,
+    up: &crate::upstream::Upstream,
+    n: usize,
+    key: &str,
+    body: Value,
+) -> Vec<Reply> {
+    let answered = Arc::new(AtomicUsize::new(0));
+    let tasks: Vec<_> = (0..n)
+        .map(|_| {
+            let (gw, key, body, answered) =
+                (gw.clone(), key.to_owned(), body.clone(), answered.clone());
+            tokio::spawn(async move {
+                let reply = gw.chat_with(&key, body).await;
+                answered.fetch_add(1, Ordering::SeqCst);
+                reply
+            })
+        })
+        .collect();
+    let waiting_since = std::time::Instant::now();
+    while up.count() + answered.load(Ordering::SeqCst) < n {
+        assert!(
+            waiting_since.elapsed() < std::time::Duration::from_secs(120),
+            "{} at the upstream, {} answered, of {n}",
+            up.count(),
+            answered.load(Ordering::SeqCst)
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    up.open_gate();
+    let mut replies = Vec::with_capacity(n);
+    for task in tasks {
+        replies.push(task.await.unwrap());
+    }
+    replies
+}
+
 /// The `data:` payloads of an SSE body, in order.
 pub fn sse_data(body: &str) -> Vec<String> {
     body.split("\n\n")

@@ -6,6 +6,7 @@
 //! were sent (and `echo-key-500` the text of [`OTHER_KEY`]); anything else answers normally (30 tokens),
 //! streaming when asked.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -17,6 +18,7 @@ use axum::Router;
 use futures_util::StreamExt;
 use gateway_example::mock::{chat_completion, chat_completion_stream};
 use serde_json::{json, Value};
+use tokio::sync::Notify;
 
 /// One request the upstream received.
 #[derive(Debug, Clone)]
@@ -32,6 +34,14 @@ pub struct Received {
 pub struct Upstream {
     /// Every request, in order.
     pub received: Arc<Mutex<Vec<Received>>>,
+    /// `gated` requests wait here until [`Upstream::open_gate`].
+    gate: Arc<Gate>,
+}
+
+#[derive(Debug, Default)]
+struct Gate {
+    open: AtomicBool,
+    opened: Notify,
 }
 
 /// A string `echo-key-500` also writes into its answer: tests configure it as another
@@ -57,6 +67,14 @@ async fn chat(State(up): State<Upstream>, headers: HeaderMap, body: Bytes) -> Re
     let include_usage = v["stream_options"]["include_usage"].as_bool() == Some(true);
     match model.as_str() {
         "slow" => tokio::time::sleep(Duration::from_secs(2)).await,
+        "gated" => loop {
+            // Registered before the flag is read, so an opening in between is not missed.
+            let opened = up.gate.opened.notified();
+            if up.gate.open.load(Ordering::SeqCst) {
+                break;
+            }
+            opened.await;
+        },
         "fail" => {
             return Response::builder()
                 .status(StatusCode::INTERNAL_SERVER_ERROR)
@@ -141,6 +159,17 @@ impl Upstream {
         let base = format!("http://{}/v1", listener.local_addr().unwrap());
         tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
         (up, base)
+    }
+
+    /// Lets every `gated` request, waiting or to come, be answered.
+    pub fn open_gate(&self) {
+        self.gate.open.store(true, Ordering::SeqCst);
+        self.gate.opened.notify_waiters();
+    }
+
+    /// How many requests it has received.
+    pub fn count(&self) -> usize {
+        self.received.lock().unwrap().len()
     }
 
     /// The last request received (panics if none was).

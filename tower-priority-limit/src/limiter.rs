@@ -13,8 +13,8 @@ use http::Response;
 use crate::body::ResponseBody;
 use crate::clock::Clock;
 use crate::config::{LimiterConfig, ModelId, PoolRef, TokenAccounting};
-use crate::estimate::{EstimateStats, OutputEstimate};
 use crate::decision::{Admitted, Decision, Refused};
+use crate::estimate::{EstimateStats, OutputEstimate};
 use crate::lease::Lease;
 use crate::meter::UsageMeter;
 use crate::response::{
@@ -86,7 +86,11 @@ impl<St: Store> Limiter<St> {
     pub fn with_store(store: St) -> Self {
         let settings = store.config().settings();
         let output_estimates = (0..store.config().models().len())
-            .map(|_| Arc::new(OutputEstimate::new(settings.default_estimated_output_tokens)))
+            .map(|_| {
+                Arc::new(OutputEstimate::new(
+                    settings.default_estimated_output_tokens,
+                ))
+            })
             .collect();
         Self {
             limit_header_values: LimitHeaderValues::new(store.config()),

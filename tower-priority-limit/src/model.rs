@@ -218,11 +218,17 @@ impl<'de> Deserialize<'de> for Count {
             fn visit_none<E>(self) -> Result<Count, E> {
                 Ok(Count(None))
             }
-            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Count, A::Error> {
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<Count, A::Error> {
                 while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {}
                 Ok(Count(None))
             }
-            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Count, A::Error> {
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<Count, A::Error> {
                 while map
                     .next_entry::<serde::de::IgnoredAny, serde::de::IgnoredAny>()?
                     .is_some()
@@ -463,7 +469,10 @@ mod tests {
         let peek = |body: &'static str| model_from_json(&Bytes::from_static(body.as_bytes()));
         let max = |body| peek(body).unwrap().max_output_tokens;
         assert_eq!(max(r#"{"model":"m","max_tokens":20}"#), Some(20));
-        assert_eq!(max(r#"{"model":"m","max_tokens":20,"max_completion_tokens":7}"#), Some(7));
+        assert_eq!(
+            max(r#"{"model":"m","max_tokens":20,"max_completion_tokens":7}"#),
+            Some(7)
+        );
         assert_eq!(max(r#"{"model":"m","max_output_tokens":9}"#), Some(9));
         for odd in [
             r#"{"model":"m","max_tokens":-1}"#,
