@@ -19,6 +19,7 @@
 
 #![deny(missing_docs)]
 
+pub mod accounting;
 pub mod cascade;
 pub mod fleet;
 pub mod plot;

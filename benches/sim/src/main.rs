@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use clap::{Parser, ValueEnum};
 use serde_json::{json, Map, Value};
-use sim::{cascade, plot, retries, routing, worked_example};
+use sim::{accounting, cascade, plot, retries, routing, worked_example};
 
 /// Which experiment to run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -19,6 +19,8 @@ enum Experiment {
     Retries,
     /// The worked example (docs/behaviour.md, "A worked example") on the real limiter.
     WorkedExample,
+    /// Token accounting: post_hoc and reserve, fixed and sliding windows.
+    Accounting,
     /// All of the above.
     All,
 }
@@ -127,6 +129,12 @@ fn main() {
             plotted(plot::worked_example(&report, dir));
         }
         json.insert("worked_example".into(), to_value(&report));
+    }
+    if wants(Experiment::Accounting) {
+        let report = accounting::run(args.seed);
+        text.push_str(&accounting::render(&report));
+        text.push('\n');
+        json.insert("accounting".into(), to_value(&report));
     }
 
     if args.json {

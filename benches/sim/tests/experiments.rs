@@ -205,3 +205,26 @@ fn worked_example_matches_its_expected_rows() {
         "B under its floor sees zero 429s"
     );
 }
+
+/// Token accounting, the issue's bounds: 1,000 streams at once admit at most 1.02 × tpm of tokens
+/// with `reserve` (post_hoc several times more); 10 windows of steady overload without
+/// `max_tokens` use at least 95 % of tpm with `reserve` on a sliding window; and no 60 s interval
+/// holds more than rpm requests on a sliding window, while a fixed one lets nearly 2 × through at
+/// its edge.
+#[test]
+fn accounting_holds_the_issues_bounds() {
+    use sim::accounting;
+    use tower_priority_limit::config::{TokenAccounting, WindowKind};
+    for with_max_tokens in [true, false] {
+        let reserve = accounting::burst(TokenAccounting::Reserve, with_max_tokens, SEED);
+        assert!(reserve.of_tpm <= 1.02, "{reserve:?}");
+        let post_hoc = accounting::burst(TokenAccounting::PostHoc, with_max_tokens, SEED);
+        assert!(post_hoc.of_tpm > 3.0, "{post_hoc:?}");
+    }
+    let steady = accounting::steady(TokenAccounting::Reserve, WindowKind::Sliding, false, SEED);
+    assert!(steady.used >= 0.95, "{steady:?}");
+    let edge = accounting::edge(WindowKind::Sliding);
+    assert!(edge.worst_interval <= 1.0, "{edge:?}");
+    let edge = accounting::edge(WindowKind::Fixed);
+    assert!(edge.worst_interval > 1.9, "{edge:?}");
+}

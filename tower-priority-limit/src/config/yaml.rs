@@ -75,7 +75,8 @@ pub(super) fn parse_document(doc: &Value) -> Result<LimiterConfigBuilder, Config
                     if !(secs.is_finite() && secs >= 0.0) {
                         return Err(node.error(format!("expected seconds ≥ 0, got {secs}")));
                     }
-                    b.saturation_check_cache_ttl = Duration::from_secs_f64(secs);
+                    b.saturation_check_cache_ttl = Duration::try_from_secs_f64(secs)
+                        .map_err(|_| node.error(format!("{secs} seconds is too long")))?;
                 }
                 "redis_failure_mode" => {
                     b.shared.failure_mode = match node.string()?.as_str() {

@@ -99,6 +99,8 @@ impl Window for FixedWindow {
     ) {
         if self.holds(admitted_in, now, window) {
             self.tokens = self.tokens.saturating_sub(reserved).saturating_add(tokens);
+        } else if tokens > reserved {
+            self.record(tokens - reserved, now, window);
         }
     }
 

@@ -51,8 +51,9 @@ pub trait Window: Clone + Default + Send + 'static {
     fn record(&mut self, tokens: u64, now: Millis, window: Millis);
 
     /// Replaces the `reserved` tokens of a request counted at mark `admitted_in` by the `tokens`
-    /// it used (`reserve` accounting), if that mark still counts at `now`: once its window has
-    /// gone, so has the reservation, and nothing changes.
+    /// it used (`reserve` accounting), if that mark still counts at `now`. Once its window has
+    /// gone, so has the reservation: nothing is refunded, but tokens beyond it are still charged,
+    /// at `now` (a long answer that outgrew its estimate is never forgotten).
     fn replace(
         &mut self,
         reserved: u64,
@@ -168,8 +169,8 @@ impl Admitted {
 /// Records a finished request on one counter it was admitted on (at mark `admitted_in`, with
 /// `reserved` tokens): with `post_hoc` accounting its `tokens` count at `now`, in the window
 /// current then (and a reservation, if the caller made one, is taken back where it was made); with
-/// `reserve` they replace the reservation where it was made, if that still counts
-/// ([`Window::replace`]).
+/// `reserve` they replace the reservation where it was made, if that still counts, and what
+/// exceeds the reservation is charged at `now` otherwise ([`Window::replace`]).
 pub fn settle<W: Window>(
     counter: &mut W,
     accounting: TokenAccounting,
@@ -548,6 +549,12 @@ mod tests {
             (c.window_start, c.tokens),
             (Some(0), 100),
             "its window has ended: the reservation went with it, nothing moves, nothing opens"
+        );
+        c.replace(100, 130, 0, W, W);
+        assert_eq!(
+            (c.window_start, c.tokens),
+            (Some(W), 30),
+            "what outgrew the reservation is charged to the window current then"
         );
     }
 

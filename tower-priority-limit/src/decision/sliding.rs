@@ -181,6 +181,8 @@ impl Window for SlidingWindow {
             place.tokens = place.tokens.saturating_sub(reserved).saturating_add(tokens);
             let new = *place;
             self.retotal(old, new);
+        } else if tokens > reserved {
+            self.record(tokens - reserved, now, window);
         }
     }
 
@@ -294,22 +296,12 @@ mod tests {
                 tokens: 30
             }
         );
-        // Slot 0 has left by 62 s: replacing its reservation then changes nothing.
+        // Slot 0 has left by 62 s: a refund there changes nothing, and tokens beyond the
+        // reservation are charged to the slot current then.
+        c.replace(30, 10, mark, 62_000, W);
+        assert_eq!(c.usage(62_000, W), Usage::default());
         c.replace(30, 5_000, mark, 62_000, W);
-        assert_eq!(
-            c.usage(61_999, W),
-            Usage {
-                requests: 1,
-                tokens: 30
-            }
-        );
-        assert_eq!(
-            c.total,
-            Usage {
-                requests: 1,
-                tokens: 30
-            }
-        );
+        assert_eq!(c.usage(62_000, W).tokens, 4_970);
     }
 
     #[derive(Debug, Clone)]

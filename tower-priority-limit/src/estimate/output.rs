@@ -5,7 +5,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// The quantile of observed completion lengths a request without `max_tokens` reserves.
-pub const OUTPUT_QUANTILE: f64 = 0.8;
+pub const OUTPUT_QUANTILE: f64 = 0.9;
 
 /// How far one observation moves the estimate (a fraction of it): small enough to be steady,
 /// large enough to follow a model's answers within a few hundred responses.

@@ -3,7 +3,8 @@
 --   post_hoc: the tokens go into the window current now (a new one if it ended); a reservation,
 --             if one was made, is taken back where it was made if that still counts.
 --   reserve:  the tokens replace the reservation where it was made, if that still counts;
---             once that window (or slot) has left, nothing changes.
+--             once that window (or slot) has left, only tokens beyond the reservation count,
+--             recorded now.
 --   cancel (ARGV[8] = 1): the request and its reservation are taken back where they were made,
 --             if that still counts; nothing else moves.
 --
@@ -43,10 +44,12 @@ local function fixed_change(p, mark, dr, take, add)
     local r, k = tonumber(f[2]) or 0, tonumber(f[3]) or 0
     redis.call('HSET', key, p .. 'r', math.max(0, r - dr),
       p .. 't', math.min(math.max(0, k - take) + add, MAX))
+    return true
   end
+  return false
 end
 
-local function fixed_record(p)
+local function fixed_record(p, amount)
   local f = redis.call('HMGET', key, p .. 's', p .. 't')
   local s, k = tonumber(f[1]), tonumber(f[2]) or 0
   if not (s ~= nil and now < s + window) then
@@ -54,7 +57,7 @@ local function fixed_record(p)
     redis.call('HSET', key, p .. 's', now, p .. 'r', 0)
   end
   -- Clamped to what a Lua number holds exactly (the Rust side clamps each count the same way).
-  redis.call('HSET', key, p .. 't', math.min(k + tokens, MAX))
+  redis.call('HSET', key, p .. 't', math.min(k + amount, MAX))
 end
 
 -- Sliding windows ---------------------------------------------------------------------------
@@ -67,17 +70,18 @@ local function sliding_change(p, mark, dr, take, add)
   local f = redis.call('HMGET', key, p .. 'h', p .. 'R', p .. 'T', p .. 'r' .. place,
     p .. 't' .. place)
   local h = tonumber(f[1])
-  if h == nil then return end
-  if not (mark <= h and mark + RING > math.max(h, slot)) then return end
+  if h == nil then return false end
+  if not (mark <= h and mark + RING > math.max(h, slot)) then return false end
   local tr, tk = tonumber(f[2]) or 0, tonumber(f[3]) or 0
   local r, k = tonumber(f[4]) or 0, tonumber(f[5]) or 0
   local nr, nk = math.max(0, r - dr), math.min(math.max(0, k - take) + add, MAX)
   redis.call('HSET', key, p .. 'r' .. place, nr, p .. 't' .. place, nk,
     p .. 'R', tr - math.min(r, tr) + nr, p .. 'T', math.min(tk - math.min(k, tk) + nk, MAX))
+  return true
 end
 
--- Adds the tokens to the slot current now, first dropping the slots that left the window.
-local function sliding_record(p)
+-- Adds `amount` tokens to the slot current now, first dropping the slots that left the window.
+local function sliding_record(p, amount)
   local f = redis.call('HMGET', key, p .. 'h', p .. 'R', p .. 'T')
   local h = tonumber(f[1])
   local tr, tk = tonumber(f[2]) or 0, tonumber(f[3]) or 0
@@ -106,8 +110,8 @@ local function sliding_record(p)
   end
   local place = head % RING
   local k = tonumber(redis.call('HGET', key, p .. 't' .. place)) or 0
-  redis.call('HSET', key, p .. 't' .. place, math.min(k + tokens, MAX), p .. 'h', head,
-    p .. 'R', tr, p .. 'T', math.min(tk + tokens, MAX))
+  redis.call('HSET', key, p .. 't' .. place, math.min(k + amount, MAX), p .. 'h', head,
+    p .. 'R', tr, p .. 'T', math.min(tk + amount, MAX))
 end
 
 local change, record = fixed_change, fixed_record
@@ -117,10 +121,12 @@ local function apply(p, mark)
   if cancel then
     change(p, mark, 1, reserved, 0)
   elseif reserve_mode then
-    change(p, mark, 0, reserved, tokens)
+    if not change(p, mark, 0, reserved, tokens) and tokens > reserved then
+      record(p, tokens - reserved)
+    end
   else
     if reserved > 0 then change(p, mark, 0, reserved, 0) end
-    record(p)
+    record(p, tokens)
   end
 end
 
