@@ -242,7 +242,15 @@ impl Upstream {
             return Err(UpstreamFailure {
                 status: Some(parts.status),
                 retry_after: retry_after(&parts.headers),
-                error: upstream_error(parts.status, body, deployment, &self.secrets).await,
+                // Read within what is left of the attempt's time.
+                error: upstream_error(
+                    parts.status,
+                    body,
+                    deployment,
+                    time.saturating_sub(started.elapsed()),
+                    &self.secrets,
+                )
+                .await,
             });
         }
         let content_type = parts
@@ -320,17 +328,14 @@ async fn upstream_error(
     status: StatusCode,
     body: hyper::body::Incoming,
     deployment: &Deployment,
+    within: Duration,
     secrets: &Secrets,
 ) -> ApiError {
-    let bytes = match tokio::time::timeout(
-        deployment.timeout,
-        Limited::new(body, MAX_ERROR_BODY).collect(),
-    )
-    .await
-    {
-        Ok(Ok(c)) => c.to_bytes(),
-        _ => Bytes::new(),
-    };
+    let bytes =
+        match tokio::time::timeout(within, Limited::new(body, MAX_ERROR_BODY).collect()).await {
+            Ok(Ok(c)) => c.to_bytes(),
+            _ => Bytes::new(),
+        };
     // An upstream may echo the key it was sent (or another deployment's): none reaches the
     // client. Scrubbed before the cut to 500 characters, so no part of a key is left either.
     let message = match serde_json::from_slice::<Value>(&bytes)
