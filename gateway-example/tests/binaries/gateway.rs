@@ -233,6 +233,72 @@ async fn sigterm_ends_a_silent_stream_after_the_grace_period() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// A request still waiting for an upstream that never answers when the grace period is over
+/// (`timeout` is 600 s): its connection is closed a moment after the grace period, and the
+/// gateway exits cleanly instead of waiting out the timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_closes_a_request_still_waiting_after_the_grace_period() {
+    use axum::routing::post;
+    let upstream = axum::Router::new().route(
+        "/v1/chat/completions",
+        post(|| std::future::pending::<&'static str>()),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let upstream_addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, upstream).await.unwrap() });
+
+    let dir = config_dir(
+        "grace-head",
+        &format!(
+            "model_list: [{{model_name: never, litellm_params: {{model: openai/x, api_base: \"http://{upstream_addr}/v1\"}}}}]\n\
+             general_settings: {{master_key: sk-test, shutdown_grace_seconds: 0.3}}\n"
+        ),
+    );
+    let port = free_port();
+    let (mut child, log_rest) = launch(&dir, &["--port", &port.to_string()])
+        .expect("starts")
+        .collect_log();
+    let request = tokio::spawn(async move {
+        let client =
+            hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+                .build_http::<http_body_util::Full<bytes::Bytes>>();
+        let req = http::Request::post(format!("http://127.0.0.1:{port}/v1/chat/completions"))
+            .header("authorization", "Bearer sk-test")
+            .body(http_body_util::Full::new(bytes::Bytes::from_static(
+                br#"{"model":"never","messages":[{"role":"user","content":"hi"}]}"#,
+            )))
+            .unwrap();
+        client.request(req).await.map(|r| r.status())
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let killed = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let pid = child.id();
+    let exit = tokio::time::timeout(
+        Duration::from_secs(10),
+        tokio::task::spawn_blocking(move || child.wait().unwrap()),
+    )
+    .await;
+    let Ok(exit) = exit else {
+        let _ = Command::new("kill")
+            .args(["-KILL", &pid.to_string()])
+            .status();
+        panic!("the gateway did not exit within the grace period and a margin");
+    };
+    assert!(exit.unwrap().success(), "clean exit");
+    let answer = tokio::time::timeout(Duration::from_secs(5), request)
+        .await
+        .expect("the client got an answer or a closed connection")
+        .unwrap();
+    assert!(answer.is_err(), "the connection was closed: {answer:?}");
+    let log = log_rest.join().unwrap().join("\n");
+    assert!(log.contains("shutdown grace period"), "{log}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// A data dir and a config with `master_key` for the exposure tests.
 fn exposure_config(name: &str, master_key: &str) -> std::path::PathBuf {
     config_dir(
