@@ -35,7 +35,8 @@ enum Ending {
 
 pin_project! {
     /// Passes every frame of `inner` through, first the one already read, if any; ends the body
-    /// when `inner` sends nothing for `idle`, or when `streams_end` says so.
+    /// when `inner` sends nothing for `idle` while it is waited for, or when `streams_end` says
+    /// so.
     pub struct IdleBody<B> {
         #[pin]
         inner: B,
@@ -45,6 +46,9 @@ pin_project! {
         timer: Sleep,
         streams_end: Pin<Box<dyn Future<Output = ()> + Send>>,
         sse: bool,
+        // Waiting for `inner` (the timer runs from when the wait began, so time the client
+        // took to read the previous chunk does not count as the upstream's silence).
+        waiting: bool,
         ended: bool,
         model: String,
     }
@@ -76,9 +80,11 @@ impl<B> IdleBody<B> {
             inner,
             first,
             idle,
+            // Set when a wait begins.
             timer: tokio::time::sleep(idle),
             streams_end: Box::pin(streams_end.ended()),
             sse,
+            waiting: false,
             ended: false,
             model: model.to_owned(),
         }
@@ -129,7 +135,6 @@ where
             return Poll::Ready(None);
         }
         if let Some(frame) = this.first.take() {
-            this.timer.as_mut().reset(Instant::now() + *this.idle);
             return Poll::Ready(Some(Ok(frame)));
         }
         let why = if this.streams_end.as_mut().poll(cx).is_ready() {
@@ -137,7 +142,7 @@ where
         } else {
             match this.inner.poll_frame(cx) {
                 Poll::Ready(Some(Ok(frame))) => {
-                    this.timer.as_mut().reset(Instant::now() + *this.idle);
+                    *this.waiting = false;
                     return Poll::Ready(Some(Ok(frame)));
                 }
                 Poll::Ready(Some(Err(e))) => {
@@ -149,6 +154,10 @@ where
                     return Poll::Ready(None);
                 }
                 Poll::Pending => {
+                    if !*this.waiting {
+                        *this.waiting = true;
+                        this.timer.as_mut().reset(Instant::now() + *this.idle);
+                    }
                     if this.timer.as_mut().poll(cx).is_pending() {
                         return Poll::Pending;
                     }
@@ -267,6 +276,41 @@ mod tests {
             "{last:?}"
         );
         assert!(body.frame().await.is_none(), "then the stream ends");
+    }
+
+    /// A client slow to read does not make the upstream look silent: the silence is counted
+    /// from when the next chunk is waited for.
+    #[tokio::test(start_paused = true)]
+    async fn time_the_client_takes_does_not_count_as_silence() {
+        use futures_util::StreamExt;
+        let (_keep, end) = streams_end();
+        let chunks = futures_util::stream::iter(0..2)
+            .then(|i| async move {
+                if i == 1 {
+                    tokio::time::sleep(Duration::from_secs(4)).await;
+                }
+                Ok::<_, BoxError>(Frame::data(Bytes::from(format!("data: {i}\n\n"))))
+            })
+            .boxed();
+        let mut body = Box::pin(IdleBody::new(
+            StreamBody::new(chunks),
+            None,
+            Duration::from_secs(5),
+            end,
+            true,
+            "m",
+        ));
+        assert_eq!(
+            body.frame().await.unwrap().unwrap().into_data().unwrap(),
+            "data: 0\n\n"
+        );
+        // The client reads the next chunk only 10 s later; the upstream then takes 4 s.
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        assert_eq!(
+            body.frame().await.unwrap().unwrap().into_data().unwrap(),
+            "data: 1\n\n"
+        );
+        assert!(body.frame().await.is_none());
     }
 
     #[tokio::test(start_paused = true)]
