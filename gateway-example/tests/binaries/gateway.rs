@@ -241,7 +241,7 @@ async fn sigterm_closes_a_request_still_waiting_after_the_grace_period() {
     use axum::routing::post;
     let upstream = axum::Router::new().route(
         "/v1/chat/completions",
-        post(|| std::future::pending::<&'static str>()),
+        post(std::future::pending::<&'static str>),
     );
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let upstream_addr = listener.local_addr().unwrap();
