@@ -14,6 +14,7 @@ use crate::chat::ChatRequest;
 use crate::config::{Deployment, GatewayConfig};
 use crate::keys::{hash_key, KeyStore, KeyStoreError};
 use crate::routing::{self, Router};
+use crate::signal::{streams_end, EndStreams};
 use crate::store::GatewayStore;
 use crate::upstream::Upstream;
 
@@ -30,6 +31,8 @@ pub struct Gateway {
     upstream: Upstream,
     /// Its per-deployment limits share the store kind (embedded or Redis) with the limiter.
     router: Router,
+    /// Ends the upstream bodies still streaming (the shutdown grace period is over).
+    end_streams: EndStreams,
 }
 
 /// Builds a [`Gateway`]: [`build`](Self::build) with embedded counters, or
@@ -179,8 +182,10 @@ impl Gateway {
             Arc::new(Limiter::with_store(deployments)),
             clock,
         );
-        let upstream = Upstream::for_deployments(&config.deployments);
+        let (end_streams, streams_end) = streams_end();
+        let upstream = Upstream::for_deployments(&config.deployments).with_streams_end(streams_end);
         Self {
+            end_streams,
             master_key_hash: config.master_key.as_deref().map(hash_key),
             config,
             keys,
@@ -213,6 +218,21 @@ impl Gateway {
     /// SHA-256 of the master key, if one is configured.
     pub fn master_key_hash(&self) -> Option<&str> {
         self.master_key_hash.as_deref()
+    }
+
+    /// Ends every upstream response still streaming, and any started later, at once: a stream
+    /// gets an error event in the OpenAI shape and ends, any other body ends with an error;
+    /// their leases settle what was metered. For the end of the shutdown grace period.
+    pub fn end_streams(&self) {
+        self.end_streams.end();
+    }
+
+    /// Sends the queued settlements of both limiters (the groups' and the deployments'; on
+    /// Redis they are sent in the background) before the process ends.
+    pub async fn flush(&self) {
+        use tower_priority_limit::store::Store as _;
+        self.limiter.store().flush().await;
+        self.router.flush().await;
     }
 
     /// The deployment at `index`.

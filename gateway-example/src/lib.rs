@@ -12,8 +12,8 @@
 //! Modules import downward only, each from those before it:
 //!
 //! `error`, `logging`, `signal`, `store`, `mock` (OpenAI-shaped mock answers) ← `strip`,
-//! `mock_upstream` ← `config` ← `keys` ← `chat` (request types) ← `upstream` (real and mock
-//! deployments) ← `routing` (router, health, attempts, admission, serve) ← `gateway`
+//! `mock_upstream` ← `config` ← `keys` ← `chat` (request types) ← `idle` (ending silent
+//! upstream bodies) ← `upstream` (real and mock deployments) ← `routing` (router, health, attempts, admission, serve) ← `gateway`
 //! ([`Gateway`] and its builder) ← `api` (axum handlers, auth) ← `server` (the accept loop,
 //! connection limits) ← `lib` (the routes) / `main`.
 
@@ -24,6 +24,7 @@ pub mod chat;
 pub mod config;
 pub mod error;
 mod gateway;
+pub mod idle;
 pub mod keys;
 pub mod logging;
 pub mod mock;

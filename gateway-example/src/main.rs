@@ -10,7 +10,6 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use gateway_example::config::GatewayConfig;
 use gateway_example::signal::shutdown_signal;
 use gateway_example::{router, Gateway};
-use tower_priority_limit::store::Store as _;
 
 /// An OpenAI-compatible gateway with priority-aware RPM/TPM limits.
 #[derive(Debug, Parser)]
@@ -96,15 +95,26 @@ async fn run(args: Args) -> Result<(), String> {
     tracing::info!("listening on http://{local}");
     let limits = gateway_example::server::ServerLimits::from_config(gateway.config());
     gateway_example::server::warn_if_file_limit_is_low(limits.max_connections);
-    // SIGINT or SIGTERM: stop accepting, let in-flight requests and streams finish.
-    gateway_example::server::serve(listener, app, limits, async {
-        shutdown_signal().await;
-        tracing::info!("shutting down");
-    })
+    // SIGINT or SIGTERM: stop accepting, let in-flight requests and streams finish for up to
+    // the grace period, then end them.
+    let grace = limits.shutdown_grace;
+    gateway_example::server::serve(
+        listener,
+        app,
+        limits,
+        async {
+            shutdown_signal().await;
+            tracing::info!(
+                "shutting down: in-flight requests have {:.1} s to finish",
+                grace.as_secs_f64()
+            );
+        },
+        || gateway.end_streams(),
+    )
     .await;
     // Keys are written through on every change; the limiter's queued settlements (Redis) are
     // sent before the process ends.
-    gateway.limiter().store().flush().await;
-    tracing::info!("stopped: in-flight requests finished, settlements flushed");
+    gateway.flush().await;
+    tracing::info!("stopped: in-flight requests finished or ended, settlements flushed");
     Ok(())
 }

@@ -1,6 +1,12 @@
 //! Serving the routes on a TCP listener, bounded: a cap on the connections served at once, a
 //! header-read timeout, an accept loop that waits out a full file table instead of spinning, and
-//! a graceful shutdown.
+//! a graceful shutdown bounded by a grace period.
+//!
+//! Shutdown: accepting stops, idle connections are closed, and in-flight requests may finish for
+//! up to the grace period. Then the streams still running are told to end (each gets its last
+//! event and ends, so its lease settles what was metered), and whatever is still running a
+//! moment later ([`FORCE_CLOSE_AFTER`]) is dropped: its connection closes, and a response body
+//! dropped settles its lease too.
 //!
 //! At the cap no connection is accepted: new ones wait in the kernel's backlog until one ends.
 //! Hyper starts the header-read timer when a connection begins waiting for a request head (just
@@ -25,6 +31,14 @@ use crate::config::GatewayConfig;
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
 /// At most one log line per this long about accept errors.
 const ACCEPT_LOG_EVERY: Duration = Duration::from_secs(1);
+/// After the grace period, how long the streams told to end have to send their last event
+/// before their connections are dropped.
+pub const FORCE_CLOSE_AFTER: Duration = Duration::from_secs(1);
+
+/// A connection's instructions: serve; finish what is in flight, then close; close now.
+const SERVE: u8 = 0;
+const FINISH: u8 = 1;
+const CLOSE: u8 = 2;
 
 /// The connection limits [`serve`] applies.
 #[derive(Debug, Clone, Copy)]
@@ -34,6 +48,8 @@ pub struct ServerLimits {
     pub header_read_timeout: Duration,
     /// Connections served at once (at least 1).
     pub max_connections: usize,
+    /// After the shutdown signal, how long in-flight requests may still run.
+    pub shutdown_grace: Duration,
 }
 
 impl ServerLimits {
@@ -42,23 +58,27 @@ impl ServerLimits {
         Self {
             header_read_timeout: config.header_read_timeout,
             max_connections: config.max_connections,
+            shutdown_grace: config.shutdown_grace,
         }
     }
 }
 
 /// Serves `app` on `listener` until `shutdown` resolves; then stops accepting, lets the
-/// connections' in-flight requests finish (idle connections are closed), and returns.
+/// connections' in-flight requests finish (idle connections are closed) for up to
+/// `limits.shutdown_grace`, then calls `end_streams` and, [`FORCE_CLOSE_AFTER`] later, closes
+/// the connections still open; returns when every connection is closed.
 pub async fn serve(
     listener: TcpListener,
     app: Router,
     limits: ServerLimits,
     shutdown: impl Future<Output = ()>,
+    end_streams: impl FnOnce(),
 ) {
     let max = limits
         .max_connections
         .clamp(1, Semaphore::MAX_PERMITS.min(u32::MAX as usize));
     let slots = Arc::new(Semaphore::new(max));
-    let (stop_tx, stop_rx) = watch::channel(false);
+    let (stop_tx, stop_rx) = watch::channel(SERVE);
     let mut last_log: Option<Instant> = None;
     tokio::pin!(shutdown);
     loop {
@@ -98,18 +118,40 @@ pub async fn serve(
                 .serve_connection(TokioIo::new(stream), service);
             tokio::pin!(conn);
             tokio::select! {
+                result = conn.as_mut() => return log_connection_end(result),
+                _ = stop.wait_for(|s| *s >= FINISH) => conn.as_mut().graceful_shutdown(),
+            }
+            tokio::select! {
                 result = conn.as_mut() => log_connection_end(result),
-                _ = async { stop.wait_for(|stop| *stop).await.map(|_| ()) } => {
-                    conn.as_mut().graceful_shutdown();
-                    log_connection_end(conn.await);
-                }
+                // Dropped, with the response it was sending (its lease settles on drop).
+                _ = stop.wait_for(|s| *s >= CLOSE) => {}
             }
         });
     }
     drop(listener);
-    let _ = stop_tx.send(true);
+    let _ = stop_tx.send(FINISH);
     // Every connection holds a slot until it ends: all slots back means all connections ended.
-    let _ = slots.acquire_many(max as u32).await;
+    let all_closed = || slots.acquire_many(max as u32);
+    if tokio::time::timeout(limits.shutdown_grace, all_closed())
+        .await
+        .is_ok()
+    {
+        return;
+    }
+    let open = max - slots.available_permits();
+    tracing::warn!(
+        connections = open,
+        "shutdown grace period ({:.1} s) over: ending the requests still running",
+        limits.shutdown_grace.as_secs_f64()
+    );
+    end_streams();
+    if tokio::time::timeout(FORCE_CLOSE_AFTER, all_closed())
+        .await
+        .is_err()
+    {
+        let _ = stop_tx.send(CLOSE);
+        let _ = all_closed().await;
+    }
 }
 
 fn log_connection_end(result: Result<(), hyper::Error>) {

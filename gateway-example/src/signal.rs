@@ -1,4 +1,5 @@
-//! Shutdown signals, shared by the gateway and the mock upstream binaries.
+//! Shutdown signals, shared by the gateway and the mock upstream binaries, and the one that ends
+//! the streams still running when the shutdown grace period is over.
 
 /// Resolves on SIGINT (Ctrl-C) or, on Unix, SIGTERM.
 pub async fn shutdown_signal() {
@@ -19,5 +20,38 @@ pub async fn shutdown_signal() {
     tokio::select! {
         () = ctrl_c => {},
         () = terminate => {},
+    }
+}
+
+/// Ends every upstream stream still running when the shutdown grace period is over (see
+/// [`StreamsEnd`]); made with [`streams_end`].
+#[derive(Debug)]
+pub struct EndStreams(tokio::sync::watch::Sender<bool>);
+
+/// What a running stream watches to learn it must end; resolves [`ended`](Self::ended) once
+/// [`EndStreams::end`] was called (never if its sender is dropped without).
+#[derive(Debug, Clone)]
+pub struct StreamsEnd(tokio::sync::watch::Receiver<bool>);
+
+/// A pair: the gateway keeps the [`EndStreams`], every stream watches a [`StreamsEnd`].
+pub fn streams_end() -> (EndStreams, StreamsEnd) {
+    let (tx, rx) = tokio::sync::watch::channel(false);
+    (EndStreams(tx), StreamsEnd(rx))
+}
+
+impl EndStreams {
+    /// Tells every stream to end now (and every stream started later to end at once).
+    pub fn end(&self) {
+        self.0.send_replace(true);
+    }
+}
+
+impl StreamsEnd {
+    /// Resolves once the streams are to end.
+    pub async fn ended(mut self) {
+        if self.0.wait_for(|ended| *ended).await.is_err() {
+            // Dropped without being told: the gateway is gone, nothing will say so now.
+            std::future::pending::<()>().await;
+        }
     }
 }

@@ -1,7 +1,14 @@
 //! Forwarding to an OpenAI-compatible upstream: model name mapping, usage requested on streams,
 //! bodies streamed through chunk by chunk, timeouts, and upstream errors in the OpenAI shape.
+//!
+//! Timeouts of one attempt: its response head and first body bytes must come within the time the
+//! attempt was given (the deployment's `timeout`, or less when the request's attempts have less
+//! left); on a stream the first bytes must also come within `stream_timeout` of the head. Until
+//! then nothing went to the client, so a timeout is a failure like any other, retried or fallen
+//! back from. After it the body goes to the client as it comes, and is ended when it is silent
+//! for `stream_timeout` (a stream) or `timeout` (any other body): see [`crate::idle`].
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use axum::response::Response;
@@ -19,6 +26,8 @@ use tower_priority_limit::redact::redact_url;
 use crate::chat::ChatRequest;
 use crate::config::{Deployment, Target};
 use crate::error::ApiError;
+use crate::idle::IdleBody;
+use crate::signal::{streams_end, StreamsEnd};
 
 /// Time allowed to open a TCP connection to an upstream.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -78,6 +87,8 @@ pub fn retry_after(headers: &http::HeaderMap) -> Option<Duration> {
 pub struct Upstream {
     client: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
     secrets: Secrets,
+    /// Ends the bodies still streaming when the shutdown grace period is over.
+    streams_end: StreamsEnd,
 }
 
 /// Every configured upstream key, longest first (so a key that contains another is hidden
@@ -117,6 +128,8 @@ impl Default for Upstream {
         Self {
             client: Client::builder(TokioExecutor::new()).build(connector),
             secrets: Secrets::default(),
+            // Never told to end; see `with_streams_end`.
+            streams_end: streams_end().1,
         }
     }
 }
@@ -156,12 +169,34 @@ impl Upstream {
         }
     }
 
-    /// Sends `chat` to `deployment` and returns its response, streaming.
+    /// The client whose response bodies end when `streams_end` says so.
+    pub fn with_streams_end(mut self, streams_end: StreamsEnd) -> Self {
+        self.streams_end = streams_end;
+        self
+    }
+
+    /// The time-out failure of an attempt on `deployment` that had `time` and got no answer.
+    fn timed_out(deployment: &Deployment, time: Duration) -> UpstreamFailure {
+        UpstreamFailure::without_response(ApiError::new(
+            StatusCode::GATEWAY_TIMEOUT,
+            "timeout",
+            format!(
+                "Upstream for {} did not answer within {:.1} s.",
+                deployment.model_name,
+                time.as_secs_f64()
+            ),
+        ))
+    }
+
+    /// Sends `chat` to `deployment` and returns its response, streaming; the attempt has `time`
+    /// for the response head and first body bytes (see the module's doc).
     pub async fn forward(
         &self,
         deployment: &Deployment,
         chat: &ChatRequest,
+        time: Duration,
     ) -> Result<Response, UpstreamFailure> {
+        let started = Instant::now();
         let Target::Upstream { api_base, api_key } = &deployment.target else {
             return Err(UpstreamFailure::without_response(ApiError::internal(
                 "deployment has no upstream",
@@ -184,19 +219,9 @@ impl Upstream {
             )))
         })?;
 
-        let sent = tokio::time::timeout(deployment.timeout, self.client.request(request)).await;
+        let sent = tokio::time::timeout(time, self.client.request(request)).await;
         let response = match sent {
-            Err(_) => {
-                return Err(UpstreamFailure::without_response(ApiError::new(
-                    StatusCode::GATEWAY_TIMEOUT,
-                    "timeout",
-                    format!(
-                        "Upstream for {} did not answer within {:.1} s.",
-                        deployment.model_name,
-                        deployment.timeout.as_secs_f64()
-                    ),
-                )))
-            }
+            Err(_) => return Err(Self::timed_out(deployment, time)),
             Ok(Err(e)) => {
                 tracing::warn!(
                     upstream = %redact_url(&url),
@@ -212,21 +237,80 @@ impl Upstream {
             Ok(Ok(response)) => response,
         };
 
-        let (parts, body) = response.into_parts();
+        let (parts, mut body) = response.into_parts();
         if !parts.status.is_success() {
             return Err(UpstreamFailure {
                 status: Some(parts.status),
                 retry_after: retry_after(&parts.headers),
-                error: upstream_error(parts.status, body, deployment, &self.secrets).await,
+                // Read within what is left of the attempt's time.
+                error: upstream_error(
+                    parts.status,
+                    body,
+                    deployment,
+                    time.saturating_sub(started.elapsed()),
+                    &self.secrets,
+                )
+                .await,
             });
         }
-        let mut out = Response::new(Body::new(body));
-        *out.status_mut() = parts.status;
         let content_type = parts
             .headers
             .get(CONTENT_TYPE)
             .cloned()
             .unwrap_or(HeaderValue::from_static("application/json"));
+        let sse = content_type.as_bytes().starts_with(b"text/event-stream");
+        // The longest silence of the body: between chunks of a stream `stream_timeout`, else
+        // `timeout`.
+        let idle = if chat.stream || sse {
+            deployment.stream_timeout
+        } else {
+            deployment.timeout
+        };
+        // The first bytes are waited for here, before anything goes to the client, so an
+        // upstream that sends a head and then nothing is a failure that can be retried.
+        let left = time.saturating_sub(started.elapsed());
+        let first = match tokio::time::timeout(left.min(idle), body.frame()).await {
+            Ok(Some(Ok(frame))) => Some(frame),
+            Ok(None) => None,
+            Ok(Some(Err(e))) => {
+                tracing::warn!(
+                    upstream = %redact_url(&url),
+                    error = %e,
+                    "upstream response broke off before its first bytes"
+                );
+                return Err(UpstreamFailure::without_response(ApiError::new(
+                    StatusCode::BAD_GATEWAY,
+                    "api_connection_error",
+                    format!(
+                        "Upstream for {} broke off its response: {e}",
+                        deployment.model_name
+                    ),
+                )));
+            }
+            Err(_) if idle < left => {
+                return Err(UpstreamFailure::without_response(ApiError::new(
+                    StatusCode::GATEWAY_TIMEOUT,
+                    "timeout",
+                    format!(
+                        "Upstream for {} sent its response head, then nothing for {:.1} s \
+                         (stream_timeout).",
+                        deployment.model_name,
+                        idle.as_secs_f64()
+                    ),
+                )))
+            }
+            Err(_) => return Err(Self::timed_out(deployment, time)),
+        };
+        let body = IdleBody::new(
+            body,
+            first,
+            idle,
+            self.streams_end.clone(),
+            sse,
+            &deployment.model_name,
+        );
+        let mut out = Response::new(Body::new(body));
+        *out.status_mut() = parts.status;
         out.headers_mut().insert(CONTENT_TYPE, content_type);
         // The router learns the deployment's real remaining capacity from these.
         for (name, value) in &parts.headers {
@@ -244,17 +328,14 @@ async fn upstream_error(
     status: StatusCode,
     body: hyper::body::Incoming,
     deployment: &Deployment,
+    within: Duration,
     secrets: &Secrets,
 ) -> ApiError {
-    let bytes = match tokio::time::timeout(
-        deployment.timeout,
-        Limited::new(body, MAX_ERROR_BODY).collect(),
-    )
-    .await
-    {
-        Ok(Ok(c)) => c.to_bytes(),
-        _ => Bytes::new(),
-    };
+    let bytes =
+        match tokio::time::timeout(within, Limited::new(body, MAX_ERROR_BODY).collect()).await {
+            Ok(Ok(c)) => c.to_bytes(),
+            _ => Bytes::new(),
+        };
     // An upstream may echo the key it was sent (or another deployment's): none reaches the
     // client. Scrubbed before the cut to 500 characters, so no part of a key is left either.
     let message = match serde_json::from_slice::<Value>(&bytes)
@@ -311,6 +392,7 @@ mod tests {
                 api_key: Some(key.into()),
             },
             timeout: std::time::Duration::from_secs(1),
+            stream_timeout: std::time::Duration::from_secs(1),
             id: key.into(),
             rpm: None,
             tpm: None,

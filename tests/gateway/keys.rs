@@ -241,3 +241,74 @@ async fn deleting_a_missing_key_is_a_404_on_a_read_only_data_dir() {
     assert_eq!(gw.chat(&key, "gpt-5.6-luna", false).await.status, 200);
     std::fs::set_permissions(&dir.0, std::fs::Permissions::from_mode(0o755)).unwrap();
 }
+
+/// A key-store failure is a 500 that says what failed, without the data dir's path (that stays
+/// in the log).
+#[tokio::test]
+async fn a_key_store_failure_does_not_show_the_data_dir() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = TempDir::new();
+    let gw = Gw::start(&rpm10(), Some(&dir.0)).await;
+    gw.new_key(json!({})).await;
+    // Read-only for anyone but root; the directory in the temp file's place stops root too.
+    std::fs::create_dir(dir.0.join("keys.json.tmp")).unwrap();
+    std::fs::set_permissions(&dir.0, std::fs::Permissions::from_mode(0o555)).unwrap();
+    let r = gw.post("/key/generate", Some(MASTER), json!({})).await;
+    std::fs::set_permissions(&dir.0, std::fs::Permissions::from_mode(0o755)).unwrap();
+    assert_eq!(r.status, 500, "the dir cannot be written: {}", r.text());
+    let message = r.error_message();
+    let path = dir.0.display().to_string();
+    assert!(!r.text().contains(&path), "{path} in {}", r.text());
+    assert!(!r.text().contains("gw-test-"), "{}", r.text());
+    assert!(message.contains("key store"), "{message}");
+}
+
+/// An admin request whose body never ends is answered 408 after `request_body_timeout_seconds`,
+/// as a chat request is (before, it was held for as long as the client kept it open).
+#[tokio::test]
+async fn an_admin_body_that_never_ends_is_answered_408() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let yaml = format!(
+        "model_list: [{{model_name: m, litellm_params: {{model: openai/m, mock_response: hi}}}}]\n\
+         general_settings: {{master_key: {MASTER}, request_body_timeout_seconds: 0.3}}\n"
+    );
+    let gw = Gw::start(&yaml, None).await;
+    let addr = gw.base.strip_prefix("http://").unwrap();
+    for path in ["/key/generate", "/key/delete", "/team/new"] {
+        let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+        stream
+            .write_all(
+                format!(
+                    "POST {path} HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {MASTER}\r\n\
+                     content-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n\
+                     1\r\n{{\r\n"
+                )
+                .as_bytes(),
+            )
+            .await
+            .unwrap();
+        // The body's last chunk never comes; the connection stays open.
+        let answer = tokio::time::timeout(std::time::Duration::from_secs(10), async {
+            let mut seen = Vec::new();
+            let mut buf = [0u8; 4096];
+            while !seen.windows(4).any(|w| w == b"\r\n\r\n") || !seen.ends_with(b"}") {
+                match stream.read(&mut buf).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => seen.extend_from_slice(&buf[..n]),
+                }
+            }
+            seen
+        })
+        .await
+        .unwrap_or_else(|_| panic!("{path}: no answer within 10 s"));
+        let text = String::from_utf8_lossy(&answer);
+        assert!(text.starts_with("HTTP/1.1 408"), "{path}: {text}");
+        let body = text.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+        let error: serde_json::Value = serde_json::from_str(body).expect("a JSON body");
+        assert_eq!(error["error"]["code"], "408", "{text}");
+        assert_eq!(
+            error["error"]["message"],
+            "The request body was not received within 0.3 seconds."
+        );
+    }
+}

@@ -1,6 +1,6 @@
 //! The example gateway over real HTTP, in process: keys and teams, bad input, proxying to a real
-//! local upstream, routing across deployments and fallbacks. One binary, one module per area; the
-//! rig is [`integration_tests::gateway`] and [`integration_tests::upstream`]. (The tests that run
+//! local upstream, routing across deployments and fallbacks, timeouts. One binary, one module per
+//! area; the rig is [`integration_tests::gateway`] and [`integration_tests::upstream`]. (The tests that run
 //! the gateway's own binaries are in `gateway-example/tests/`, where Cargo builds them.)
 
 mod accounting;
@@ -8,4 +8,5 @@ mod bad_input;
 mod keys;
 mod quickstart;
 mod routing;
+mod timeouts;
 mod upstream;

@@ -3,8 +3,9 @@
 //! `slow` waits 2 s, `fail` answers 500 with an OpenAI error, `html` answers 502 with a non-JSON
 //! page, `redirect` answers 302 with an empty body, `echo-key-401` answers 401 with an OpenAI error
 //! and `echo-key-500` 500 with a plain-text page, both echoing the `authorization` header they
-//! were sent (and `echo-key-500` the text of [`OTHER_KEY`]); anything else answers normally (30 tokens),
-//! streaming when asked.
+//! were sent (and `echo-key-500` the text of [`OTHER_KEY`]); on a stream, `silent` sends two chunks
+//! then nothing, and `mute` its response head then nothing (both keep the connection open);
+//! anything else answers normally (30 tokens), streaming when asked.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -116,7 +117,15 @@ async fn chat(State(up): State<Upstream>, headers: HeaderMap, body: Bytes) -> Re
     }
     if stream {
         let events = chat_completion_stream(&model, &PIECES, include_usage);
-        let body = if model == "reset" {
+        let body = if model == "silent" || model == "mute" {
+            // The role chunk and the first content chunk (none for `mute`), then silence.
+            let sent = if model == "silent" { 2 } else { 0 };
+            let first: Vec<Result<Bytes, std::io::Error>> =
+                events[..sent].iter().cloned().map(Ok).collect();
+            Body::from_stream(
+                futures_util::stream::iter(first).chain(futures_util::stream::pending()),
+            )
+        } else if model == "reset" {
             // Role chunk and the first content chunk, then the connection breaks.
             let first: Vec<Result<Bytes, std::io::Error>> =
                 events[..2].iter().cloned().map(Ok).collect();

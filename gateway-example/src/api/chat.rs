@@ -50,22 +50,31 @@ pub async fn prepare(
     }
 }
 
-async fn validate(gw: &Gateway, caller: &Caller, request: Request) -> Result<Request, ApiError> {
-    // Bounded in time too: a body that trickles, or never ends, is answered 408.
+/// Reads a request's whole body, bounded in size (`max_request_size_mb`: 413) and in time
+/// (`request_body_timeout_seconds`: a body that trickles, or never ends, is answered 408). Chat
+/// and admin routes read their bodies through it.
+pub async fn read_bounded(
+    gw: &Gateway,
+    request: Request,
+) -> Result<(http::request::Parts, bytes::Bytes), ApiError> {
     let timeout = gw.config().request_body_timeout;
-    let (mut parts, bytes) =
-        tokio::time::timeout(timeout, read_body(request, gw.config().max_request_bytes))
-            .await
-            .map_err(|_| {
-                ApiError::new(
-                    StatusCode::REQUEST_TIMEOUT,
-                    "invalid_request_error",
-                    format!(
-                        "The request body was not received within {} seconds.",
-                        timeout.as_secs_f64()
-                    ),
-                )
-            })??;
+    tokio::time::timeout(timeout, read_body(request, gw.config().max_request_bytes))
+        .await
+        .map_err(|_| {
+            ApiError::new(
+                StatusCode::REQUEST_TIMEOUT,
+                "invalid_request_error",
+                format!(
+                    "The request body was not received within {} seconds.",
+                    timeout.as_secs_f64()
+                ),
+            )
+        })?
+        .map_err(ApiError::from)
+}
+
+async fn validate(gw: &Gateway, caller: &Caller, request: Request) -> Result<Request, ApiError> {
+    let (mut parts, bytes) = read_bounded(gw, request).await?;
     let body: Value = serde_json::from_slice(&bytes)
         .map_err(|e| ApiError::bad_request(format!("Invalid JSON in request body: {e}")))?;
     if !body.is_object() {

@@ -5,11 +5,12 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use axum::body::Bytes;
-use axum::extract::{Query, State};
+use axum::extract::{FromRequest, Query, Request, State};
 use axum::Json;
 use http::StatusCode;
 use serde_json::{json, Map, Value};
 
+use super::chat::read_bounded;
 use crate::error::ApiError;
 use crate::gateway::Gateway;
 use crate::keys::{KeyRecord, KeyStoreError, TeamRecord};
@@ -25,6 +26,20 @@ pub fn json_object(body: &Bytes) -> Result<Map<String, Value>, ApiError> {
         Err(e) => Err(ApiError::bad_request(format!(
             "Invalid JSON in request body: {e}"
         ))),
+    }
+}
+
+/// An admin request's body as a JSON object (an empty body is an empty object), read as a chat
+/// body is: bounded in size and in time (`request_body_timeout_seconds`: 408).
+#[derive(Debug)]
+pub struct JsonBody(pub Map<String, Value>);
+
+impl FromRequest<Arc<Gateway>> for JsonBody {
+    type Rejection = ApiError;
+
+    async fn from_request(request: Request, gw: &Arc<Gateway>) -> Result<Self, ApiError> {
+        let (_, bytes) = read_bounded(gw, request).await?;
+        json_object(&bytes).map(JsonBody)
     }
 }
 
@@ -63,9 +78,12 @@ pub fn store_error(e: KeyStoreError) -> ApiError {
         }
         // Logged (throttled) where it happened.
         KeyStoreError::Unavailable(_) => ApiError::unavailable(e.to_string()),
+        // The details (a path in the data dir, say) are for the log, not for the client.
         KeyStoreError::Io(_) | KeyStoreError::Corrupt(_) => {
             tracing::error!(error = %e, "key store failed");
-            ApiError::internal(e.to_string())
+            ApiError::internal(
+                "The key store could not complete the operation; the gateway's log says why.",
+            )
         }
     }
 }
@@ -93,9 +111,8 @@ fn team_json(team: &TeamRecord) -> Value {
 /// `POST /key/generate` → `{"key", "key_alias", "metadata", "team_id", "models", "token", ...}`.
 pub async fn generate(
     State(gw): State<Arc<Gateway>>,
-    body: Bytes,
+    JsonBody(body): JsonBody,
 ) -> Result<Json<Value>, ApiError> {
-    let body = json_object(&body)?;
     let models = match body.get("models") {
         None | Some(Value::Null) => Vec::new(),
         Some(Value::Array(items)) => items
@@ -144,8 +161,10 @@ pub async fn info(
 }
 
 /// `POST /key/delete {"keys": [...]}` → `{"deleted_keys": [...]}`.
-pub async fn delete(State(gw): State<Arc<Gateway>>, body: Bytes) -> Result<Json<Value>, ApiError> {
-    let body = json_object(&body)?;
+pub async fn delete(
+    State(gw): State<Arc<Gateway>>,
+    JsonBody(body): JsonBody,
+) -> Result<Json<Value>, ApiError> {
     let keys: Vec<String> = body
         .get("keys")
         .and_then(Value::as_array)
@@ -165,9 +184,8 @@ pub async fn delete(State(gw): State<Arc<Gateway>>, body: Bytes) -> Result<Json<
 /// `POST /team/new {"team_alias", "metadata"}` → `{"team_id", ...}`.
 pub async fn new_team(
     State(gw): State<Arc<Gateway>>,
-    body: Bytes,
+    JsonBody(body): JsonBody,
 ) -> Result<Json<Value>, ApiError> {
-    let body = json_object(&body)?;
     let team = gw
         .keys()
         .new_team(

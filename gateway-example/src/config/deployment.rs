@@ -1,12 +1,25 @@
-//! One `model_list` entry: its upstream or mock answer, timeout, id and per-deployment limits.
+//! One `model_list` entry: its upstream or mock answer, timeouts, id and per-deployment limits.
 
 use std::time::Duration;
 
 use tower_priority_limit::config::{ConfigError, Node};
 
-use super::{Deployment, Target, DEFAULT_TIMEOUT, OPENAI_API_BASE};
+use super::{seconds, Deployment, Target, OPENAI_API_BASE};
 
-pub(super) fn deployment(item: &Node<'_>, position: usize) -> Result<Deployment, ConfigError> {
+/// The timeouts a deployment without its own takes: `router_settings.timeout` (else
+/// `litellm_settings.request_timeout`, else [`DEFAULT_TIMEOUT`](super::DEFAULT_TIMEOUT)) and
+/// `router_settings.stream_timeout` (else the deployment's own `timeout`).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct TimeoutDefaults {
+    pub(super) timeout: Duration,
+    pub(super) stream_timeout: Option<Duration>,
+}
+
+pub(super) fn deployment(
+    item: &Node<'_>,
+    position: usize,
+    defaults: TimeoutDefaults,
+) -> Result<Deployment, ConfigError> {
     let model_name = item
         .get("model_name")?
         .ok_or_else(|| item.error("missing model_name"))?
@@ -23,14 +36,12 @@ pub(super) fn deployment(item: &Node<'_>, position: usize) -> Result<Deployment,
         _ => (None, model.clone()),
     };
     let timeout = match params.get("timeout")? {
-        Some(t) => {
-            let secs = t.number()?;
-            if !(secs.is_finite() && secs > 0.0) {
-                return Err(t.error(format!("expected seconds > 0, got {secs}")));
-            }
-            Duration::from_secs_f64(secs)
-        }
-        None => DEFAULT_TIMEOUT,
+        Some(t) => seconds(&t)?,
+        None => defaults.timeout,
+    };
+    let stream_timeout = match params.get("stream_timeout")? {
+        Some(t) => seconds(&t)?,
+        None => defaults.stream_timeout.unwrap_or(timeout),
     };
     let target = if let Some(mock) = params.get("mock_response")? {
         Target::Mock {
@@ -86,6 +97,7 @@ pub(super) fn deployment(item: &Node<'_>, position: usize) -> Result<Deployment,
         upstream_model,
         target,
         timeout,
+        stream_timeout,
         id,
         rpm,
         tpm,

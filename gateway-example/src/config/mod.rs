@@ -36,6 +36,9 @@ pub const DEFAULT_MAX_CONNECTIONS: usize = 10_000;
 pub const MAX_MAX_CONNECTIONS: usize = 1_000_000;
 /// Default upstream timeout (`litellm_params.timeout`, seconds), as in the source product.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(600);
+/// Default `general_settings.shutdown_grace_seconds`: after SIGTERM or SIGINT, how long
+/// in-flight requests and streams may still run before they are ended.
+pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
 /// Default `router_settings.redis_port` (and `REDIS_PORT`).
 pub const DEFAULT_REDIS_PORT: u16 = 6379;
 /// Default `router_settings.redis_key_prefix`: every Redis key the gateway writes starts with it.
@@ -45,7 +48,7 @@ pub const DEFAULT_REDIS_KEY_PREFIX: &str = "tpl:";
 /// key store and the limiter's counters).
 pub use tower_priority_limit::store::RedisTarget;
 
-use self::deployment::deployment;
+use self::deployment::{deployment, TimeoutDefaults};
 use self::redis::redis_settings;
 pub use self::router::{RouterSettings, Strategy};
 
@@ -56,7 +59,7 @@ pub mod router;
 mod tests;
 
 /// Where a deployment's answers come from. `Debug` hides the key and the `api_base`'s password,
-/// so a deployment can be logged (`GatewayConfig`'s `master_key` still shows in its `Debug`).
+/// so a deployment can be logged (and so can a [`GatewayConfig`], which hides its master key).
 #[derive(Clone, PartialEq, Eq)]
 pub enum Target {
     /// `mock_response`: answered in process, 30 tokens per answer.
@@ -98,8 +101,15 @@ pub struct Deployment {
     pub upstream_model: String,
     /// Mock or upstream.
     pub target: Target,
-    /// Time allowed until the upstream's response head arrives.
+    /// `litellm_params.timeout`: time one attempt on it has until its response head and first
+    /// body bytes arrive (and, on a response that is not a stream, the longest silence between
+    /// its body's chunks). A request's attempts together have its group's largest `timeout`
+    /// (or `router_settings.timeout`), see [`RouterSettings::timeout`].
     pub timeout: Duration,
+    /// `litellm_params.stream_timeout` (else `router_settings.stream_timeout`, else `timeout`):
+    /// the longest silence of a streamed response (before its first chunk, and between chunks)
+    /// before the gateway ends it.
+    pub stream_timeout: Duration,
     /// Stable id (`model_info.id`, else derived from the entry), shown in `x-litellm-model-id`.
     pub id: String,
     /// `litellm_params.rpm`: this deployment's requests per window.
@@ -110,8 +120,9 @@ pub struct Deployment {
     pub weight: Option<f64>,
 }
 
-/// A validated gateway config.
-#[derive(Debug, Clone)]
+/// A validated gateway config. `Debug` shows no secret: the master key, upstream keys and
+/// passwords in URLs are hidden.
+#[derive(Clone)]
 pub struct GatewayConfig {
     /// The limiter's config (always built, so `/health` can report it).
     pub limiter: LimiterConfig,
@@ -131,6 +142,10 @@ pub struct GatewayConfig {
     pub request_body_timeout: Duration,
     /// `general_settings.max_connections`: connections served at once.
     pub max_connections: usize,
+    /// `general_settings.shutdown_grace_seconds` (default [`DEFAULT_SHUTDOWN_GRACE`]): after
+    /// SIGTERM or SIGINT, how long in-flight requests and streams may still run before the
+    /// gateway ends them (their leases settle what was metered) and exits.
+    pub shutdown_grace: Duration,
     /// Redis, when configured (`router_settings.redis_*` or the `REDIS_*` environment): keys and
     /// teams are then shared by every gateway pointed at it. `None`: everything is embedded.
     pub redis: Option<RedisTarget>,
@@ -139,6 +154,26 @@ pub struct GatewayConfig {
     pub redis_key_prefix: String,
     /// `router_settings`: strategy, retries, cooldowns, fallbacks.
     pub router: RouterSettings,
+}
+
+impl std::fmt::Debug for GatewayConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GatewayConfig")
+            .field("limiter", &self.limiter)
+            .field("limiter_enabled", &self.limiter_enabled)
+            // `Target`'s `Debug` hides upstream keys and URL passwords.
+            .field("deployments", &self.deployments)
+            .field("master_key", &self.master_key.as_ref().map(|_| "***"))
+            .field("max_request_bytes", &self.max_request_bytes)
+            .field("header_read_timeout", &self.header_read_timeout)
+            .field("request_body_timeout", &self.request_body_timeout)
+            .field("max_connections", &self.max_connections)
+            .field("shutdown_grace", &self.shutdown_grace)
+            .field("redis", &self.redis.as_ref().map(RedisTarget::redacted))
+            .field("redis_key_prefix", &self.redis_key_prefix)
+            .field("router", &self.router)
+            .finish()
+    }
 }
 
 /// A timeout in seconds: a number > 0 (fractions allowed), at most a day.
@@ -169,10 +204,24 @@ impl GatewayConfig {
         let limiter = LimiterConfig::from_value(&doc)?;
         let root = Node::root(&doc);
 
+        // Read first: deployments without their own timeouts take these.
+        let mut router = RouterSettings::from_node(root.get("router_settings")?.as_ref())?;
+        if router.timeout.is_none() {
+            if let Some(settings) = root.get("litellm_settings")? {
+                if let Some(t) = settings.get("request_timeout")? {
+                    router.timeout = Some(seconds(&t)?);
+                }
+            }
+        }
+        let defaults = TimeoutDefaults {
+            timeout: router.timeout.unwrap_or(DEFAULT_TIMEOUT),
+            stream_timeout: router.stream_timeout,
+        };
+
         let mut deployments = Vec::new();
         if let Some(list) = root.get("model_list")? {
             for (position, item) in list.items()?.iter().enumerate() {
-                let d = deployment(item, position)?;
+                let d = deployment(item, position, defaults)?;
                 if deployments.iter().any(|o: &Deployment| o.id == d.id) {
                     return Err(ConfigError::new(
                         format!("model_list[{position}].model_info.id"),
@@ -203,6 +252,7 @@ impl GatewayConfig {
         let mut header_read_timeout = DEFAULT_HEADER_READ_TIMEOUT;
         let mut request_body_timeout = DEFAULT_REQUEST_BODY_TIMEOUT;
         let mut max_connections = DEFAULT_MAX_CONNECTIONS;
+        let mut shutdown_grace = DEFAULT_SHUTDOWN_GRACE;
         if let Some(general) = root.get("general_settings")? {
             if let Some(key) = general.get("master_key")? {
                 let key = key.string()?;
@@ -236,10 +286,17 @@ impl GatewayConfig {
                 }
                 max_connections = v as usize;
             }
+            if let Some(t) = general.get("shutdown_grace_seconds")? {
+                // 0 is allowed: streams are ended at once.
+                let v = t.number()?;
+                if !(v.is_finite() && (0.0..=86_400.0).contains(&v)) {
+                    return Err(t.error(format!("expected seconds from 0 to 86400, got {v}")));
+                }
+                shutdown_grace = Duration::from_secs_f64(v);
+            }
         }
 
         let (redis, redis_key_prefix) = redis_settings(&root, &env)?;
-        let router = RouterSettings::from_node(root.get("router_settings")?.as_ref())?;
         for (group, targets) in &router.fallbacks {
             for name in std::iter::once(group).chain(targets) {
                 if !deployments.iter().any(|d| &d.model_name == name) {
@@ -260,6 +317,7 @@ impl GatewayConfig {
             header_read_timeout,
             request_body_timeout,
             max_connections,
+            shutdown_grace,
             redis,
             redis_key_prefix,
             router,

@@ -37,6 +37,14 @@ pub struct RouterSettings {
     pub retry_floor: u32,
     /// `max_retry_wait`: the longest back-off or upstream `retry-after` a retry waits (default 2 s).
     pub max_retry_wait: Duration,
+    /// `timeout` (else `litellm_settings.request_timeout`): the time all attempts of one request
+    /// have together, counted from when the gateway starts serving it, and the `timeout` of
+    /// deployments without their own. Unset: a request's attempts together have the largest
+    /// `timeout` of its group's deployments.
+    pub timeout: Option<Duration>,
+    /// `stream_timeout`: the `stream_timeout` of deployments without their own (unset: each
+    /// deployment's `timeout`).
+    pub stream_timeout: Option<Duration>,
 }
 
 impl Default for RouterSettings {
@@ -50,6 +58,8 @@ impl Default for RouterSettings {
             retry_ratio: DEFAULT_RETRY_RATIO,
             retry_floor: DEFAULT_RETRY_FLOOR,
             max_retry_wait: DEFAULT_MAX_RETRY_WAIT,
+            timeout: None,
+            stream_timeout: None,
         }
     }
 }
@@ -91,6 +101,8 @@ impl RouterSettings {
                         u32::try_from(node.count()?).map_err(|_| node.error("too large"))?;
                 }
                 "max_retry_wait" => s.max_retry_wait = seconds(&node)?,
+                "timeout" => s.timeout = Some(super::seconds(&node)?),
+                "stream_timeout" => s.stream_timeout = Some(super::seconds(&node)?),
                 "retry_budget" => {
                     for (k, n) in node.entries()? {
                         match k {

@@ -326,3 +326,90 @@ model_list:
         assert!(!shown.contains(secret), "{secret} in {shown}");
     }
 }
+
+/// `timeout` and `stream_timeout` are read where the source product reads them: per deployment
+/// (`litellm_params`), else `router_settings`, else (`timeout` only) `litellm_settings.
+/// request_timeout`, else 600 s; `stream_timeout` defaults to the deployment's `timeout`.
+#[test]
+fn timeouts_are_read_per_deployment_router_and_litellm_settings() {
+    let list = "model_list:\n\
+                - {model_name: a, litellm_params: {model: openai/a, timeout: 3, stream_timeout: 0.5}}\n\
+                - {model_name: b, litellm_params: {model: openai/b}}\n";
+    let c = GatewayConfig::from_yaml_str(list).unwrap();
+    assert_eq!(c.deployments[0].timeout, Duration::from_secs(3));
+    assert_eq!(c.deployments[0].stream_timeout, Duration::from_millis(500));
+    assert_eq!(c.deployments[1].timeout, DEFAULT_TIMEOUT);
+    assert_eq!(c.deployments[1].stream_timeout, DEFAULT_TIMEOUT);
+    assert_eq!(c.router.timeout, None);
+    assert_eq!(c.shutdown_grace, DEFAULT_SHUTDOWN_GRACE);
+
+    let c = GatewayConfig::from_yaml_str(&format!(
+        "{list}litellm_settings: {{request_timeout: 20}}\n"
+    ))
+    .unwrap();
+    assert_eq!(c.router.timeout, Some(Duration::from_secs(20)));
+    assert_eq!(c.deployments[1].timeout, Duration::from_secs(20));
+    assert_eq!(c.deployments[1].stream_timeout, Duration::from_secs(20));
+
+    let c = GatewayConfig::from_yaml_str(&format!(
+        "{list}litellm_settings: {{request_timeout: 20}}\n\
+         router_settings: {{timeout: 10, stream_timeout: 2}}\n\
+         general_settings: {{shutdown_grace_seconds: 0}}\n"
+    ))
+    .unwrap();
+    assert_eq!(c.router.timeout, Some(Duration::from_secs(10)));
+    assert_eq!(c.router.stream_timeout, Some(Duration::from_secs(2)));
+    assert_eq!(c.deployments[0].timeout, Duration::from_secs(3), "its own");
+    assert_eq!(c.deployments[1].timeout, Duration::from_secs(10));
+    assert_eq!(c.deployments[1].stream_timeout, Duration::from_secs(2));
+    assert_eq!(c.shutdown_grace, Duration::ZERO);
+
+    for (yaml, path) in [
+        (
+            "model_list: [{model_name: a, litellm_params: {model: openai/a, stream_timeout: 0}}]",
+            "model_list[0].litellm_params.stream_timeout",
+        ),
+        ("router_settings: {timeout: -1}", "router_settings.timeout"),
+        (
+            "router_settings: {stream_timeout: 0}",
+            "router_settings.stream_timeout",
+        ),
+        (
+            "litellm_settings: {request_timeout: 0}",
+            "litellm_settings.request_timeout",
+        ),
+        (
+            "general_settings: {shutdown_grace_seconds: -1}",
+            "general_settings.shutdown_grace_seconds",
+        ),
+    ] {
+        let e = GatewayConfig::from_yaml_str(yaml).unwrap_err().to_string();
+        assert!(e.starts_with(path), "{yaml}: {e}");
+    }
+}
+
+/// `Debug` of a config shows no secret: not the master key, not an upstream key, not a password
+/// in a URL.
+#[test]
+fn debug_hides_every_secret() {
+    let c = GatewayConfig::from_yaml_str_with_env(
+        r#"
+model_list:
+  - {model_name: a, litellm_params: {model: openai/a, api_base: "http://user:pa55word@h/v1", api_key: sk-upstream-secret}}
+general_settings: {master_key: sk-master-secret}
+router_settings: {redis_url: "redis://:redis-secret@127.0.0.1:6379"}
+"#,
+        |_| None,
+    )
+    .unwrap();
+    let debug = format!("{c:?}");
+    for secret in [
+        "sk-master-secret",
+        "sk-upstream-secret",
+        "pa55word",
+        "redis-secret",
+    ] {
+        assert!(!debug.contains(secret), "{secret} in {debug}");
+    }
+    assert!(debug.contains("master_key: Some(\"***\")"), "{debug}");
+}

@@ -11,7 +11,11 @@
 //! - a failure that would fail the same way again (a 4xx other than 408/429) ends the request;
 //! - every retry, and every fallback after upstream failures, must be granted by the retry
 //!   budget; moving on from a group that was full (its limiter refused, or no deployment had
-//!   room) calls no upstream twice and is free.
+//!   room) calls no upstream twice and is free;
+//! - with a time limit ([`Attempts::with_time_limit`]: the request's `timeout`), all attempts
+//!   together, back-offs included, fit in it: each attempt gets what is left
+//!   ([`Attempts::time_left`]), a back-off that would end past it is not waited, and once
+//!   nothing is left the request gives up ([`GiveUp::Deadline`]).
 //!
 //! The randomness for jitter is the caller's, so a seeded caller stays deterministic.
 
@@ -59,6 +63,8 @@ pub enum GiveUp {
     Budget,
     /// Every group had its attempts.
     Exhausted,
+    /// The request's time limit was used up.
+    Deadline,
 }
 
 /// Why the previous group did not serve the request.
@@ -87,6 +93,8 @@ pub struct Attempts<'a, B> {
     retries: u32,
     fallbacks_entered: u32,
     previous: Option<GroupOutcome>,
+    /// The time all attempts have together, from the request's arrival (`None`: unbounded).
+    time_limit: Option<Duration>,
 }
 
 impl<'a, B: Budget> Attempts<'a, B> {
@@ -112,7 +120,42 @@ impl<'a, B: Budget> Attempts<'a, B> {
             retries: 0,
             fallbacks_entered: 0,
             previous: None,
+            time_limit: None,
         }
+    }
+
+    /// Bounds the time of all attempts together, back-offs included, to `limit` from the
+    /// request's arrival.
+    pub fn with_time_limit(mut self, limit: Duration) -> Self {
+        self.time_limit = Some(limit);
+        self
+    }
+
+    /// The time left for attempts `elapsed` after the request arrived: `None` once nothing is
+    /// left (the driver then reports [`Self::out_of_time`]); unbounded without a time limit.
+    pub fn time_left(&self, elapsed: Duration) -> Option<Duration> {
+        match self.time_limit {
+            None => Some(Duration::MAX),
+            Some(limit) => limit.checked_sub(elapsed).filter(|left| !left.is_zero()),
+        }
+    }
+
+    /// How long the next attempt may take, `elapsed` after the request arrived, on a deployment
+    /// whose own timeout is `timeout`: the shorter of the two; `None` once no time is left.
+    pub fn attempt_time(&self, elapsed: Duration, timeout: Duration) -> Option<Duration> {
+        self.time_left(elapsed).map(|left| left.min(timeout))
+    }
+
+    /// Whether a [`Step::Attempt`]'s `wait`, begun `elapsed` after the request arrived, still
+    /// leaves time for the attempt after it.
+    pub fn may_wait(&self, elapsed: Duration, wait: Duration) -> bool {
+        self.time_left(elapsed.saturating_add(wait)).is_some()
+    }
+
+    /// The request's time is used up (no time left for an attempt, or for the wait before
+    /// one): no further attempt.
+    pub fn out_of_time(&mut self) -> Step<'a> {
+        Step::GiveUp(GiveUp::Deadline)
     }
 
     /// The first step: enter the request's own group.
@@ -417,6 +460,43 @@ mod tests {
         a.entered(2);
         a.failed(0, true, None, &mut rng());
         assert_eq!(a.unavailable(), Step::GiveUp(GiveUp::Budget));
+    }
+
+    #[test]
+    fn without_a_time_limit_time_never_runs_out() {
+        let s = settings(2);
+        let b = Counted::with(10);
+        let a = Attempts::new(&s, &b, "g", &[]);
+        let ten = Duration::from_secs(10);
+        assert_eq!(a.attempt_time(Duration::from_secs(10_000), ten), Some(ten));
+        assert!(a.may_wait(Duration::from_secs(10_000), ten));
+    }
+
+    /// All attempts together fit in the time limit: each gets what is left (at most its
+    /// deployment's own timeout), a back-off past the limit is not waited, and nothing left is
+    /// a give-up.
+    #[test]
+    fn attempts_share_the_time_limit() {
+        let s = settings(2);
+        let b = Counted::with(10);
+        let ms = Duration::from_millis;
+        let mut a = Attempts::new(&s, &b, "g", &[]).with_time_limit(ms(1000));
+        assert_eq!(
+            a.attempt_time(ms(0), ms(600)),
+            Some(ms(600)),
+            "its own timeout"
+        );
+        assert_eq!(
+            a.attempt_time(ms(600), ms(600)),
+            Some(ms(400)),
+            "what is left"
+        );
+        assert_eq!(a.attempt_time(ms(1000), ms(600)), None);
+        assert_eq!(a.attempt_time(ms(1500), ms(600)), None);
+        assert_eq!(a.time_left(ms(999)), Some(ms(1)));
+        assert!(a.may_wait(ms(600), ms(399)));
+        assert!(!a.may_wait(ms(600), ms(400)), "no time left after the wait");
+        assert_eq!(a.out_of_time(), Step::GiveUp(GiveUp::Deadline));
     }
 
     mod properties {

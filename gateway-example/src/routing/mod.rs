@@ -16,7 +16,8 @@
 //! - **Retries** ([`Attempts`], carried out by [`serve`]): on no response, 408, 429 and 5xx;
 //!   each to a deployment not yet tried while one exists, with back-off only when none is left;
 //!   never after the response went out; bounded gateway-wide by a retry budget ([`budget`]:
-//!   tower's `TpsBudget` rule, lock-free). Then `fallbacks`.
+//!   tower's `TpsBudget` rule, lock-free). Then `fallbacks`. All attempts of a request share its
+//!   `timeout`: each gets what is left.
 //! - **Group limits**: the group asked for and each fallback group are admitted on the group
 //!   limiter by the router itself (see `admission`), so a request refused for its own group can
 //!   be served by a fallback and is charged once, to the group that served it.

@@ -322,6 +322,12 @@ impl Router {
         })
     }
 
+    /// Sends the per-deployment limiter's queued settlements (Redis) before the process ends.
+    pub async fn flush(&self) {
+        use tower_priority_limit::store::Store as _;
+        self.limits.store().flush().await;
+    }
+
     /// The gateway-wide retry budget (every request deposits, every retry and every fallback
     /// after failures withdraws; see [`Attempts`](super::Attempts)).
     pub fn budget(&self) -> &RetryBudget {

@@ -1,6 +1,8 @@
 //! [`serve`]: one chat request through its group's deployments, retries and fallbacks. The
 //! decisions are [`Attempts`]'; this is the loop that carries them out.
 
+use std::time::Duration;
+
 use axum::body::Body;
 use axum::response::{IntoResponse, Response};
 use http::{HeaderName, HeaderValue, StatusCode};
@@ -11,7 +13,7 @@ use tower_priority_limit::meter::UsageMeter;
 use tower_priority_limit::{Lease, Limiter, ResponseBody};
 
 use super::admission::{admit, charge, store_failure, Admission};
-use super::attempts::{Attempts, Step};
+use super::attempts::{Attempts, GiveUp, Step};
 use super::body::{InFlight, InFlightBody};
 use super::{Chosen, Group, Router, Unavailable};
 use crate::chat::{mock_answer, ChatRequest};
@@ -51,6 +53,10 @@ fn fresh_rng() -> SmallRng {
 /// fallbacks; otherwise the fallback groups are tried, each admitted under its own limits, and
 /// the 429 for its own group is the answer if none serves it. A response is charged once, to the
 /// group that served it.
+///
+/// All attempts together have the request's `timeout` (`router_settings.timeout`, else the
+/// largest `timeout` of its group's deployments), counted from here: each gets what is left, at
+/// most its deployment's own `timeout`; when nothing is left the answer is a 504.
 pub async fn serve(
     router: &Router,
     deployments: &[Deployment],
@@ -59,6 +65,7 @@ pub async fn serve(
     chat: &ChatRequest,
     priority: Option<&str>,
 ) -> Response {
+    let arrived = tokio::time::Instant::now();
     let first = chat.model.as_str();
     let pool = limiter.map(|l| l.resolve_pool(priority));
     let mut first_lease = None;
@@ -82,7 +89,10 @@ pub async fn serve(
         }
     }
 
-    let mut attempts = Attempts::new(router.settings(), router.budget(), first, fallback_groups);
+    let total = request_timeout(router, deployments, first);
+    let mut attempts = Attempts::new(router.settings(), router.budget(), first, fallback_groups)
+        .with_time_limit(total);
+    let mut out_of_time = false;
     let mut rng = fresh_rng();
     let mut last_error: Option<ApiError> = None;
     // The last upstream's retry-after, passed on with its error.
@@ -142,6 +152,10 @@ pub async fn serve(
                 let Some(group) = current else {
                     break;
                 };
+                if !attempts.may_wait(arrived.elapsed(), wait) {
+                    step = attempts.out_of_time();
+                    continue;
+                }
                 if !wait.is_zero() {
                     tokio::time::sleep(wait).await;
                 }
@@ -158,6 +172,14 @@ pub async fn serve(
                 };
                 let index = chosen.index;
                 let deployment = &deployments[index];
+                let Some(time) = attempts.attempt_time(arrived.elapsed(), deployment.timeout)
+                else {
+                    if let Some(lease) = chosen.lease {
+                        lease.cancel();
+                    }
+                    step = attempts.out_of_time();
+                    continue;
+                };
                 let in_flight = router.begin(index);
                 current_called = true;
                 first_called |= !in_fallback;
@@ -165,7 +187,7 @@ pub async fn serve(
                     Target::Mock { content } => {
                         Ok(mock_answer(group.name.as_str(), content, chat.stream))
                     }
-                    Target::Upstream { .. } => upstream.forward(deployment, chat).await,
+                    Target::Upstream { .. } => upstream.forward(deployment, chat, time).await,
                 };
                 match result {
                     Ok(mut response) => {
@@ -203,8 +225,27 @@ pub async fn serve(
                     }
                 }
             }
-            Step::GiveUp(_) => break,
+            Step::GiveUp(why) => {
+                out_of_time = why == GiveUp::Deadline;
+                break;
+            }
         }
+    }
+    // Out of time: the answer is a timeout (the last attempt's own, if it timed out).
+    if out_of_time
+        && last_error
+            .as_ref()
+            .is_none_or(|e| e.status != StatusCode::GATEWAY_TIMEOUT)
+    {
+        last_retry_after = None;
+        last_error = Some(ApiError::new(
+            StatusCode::GATEWAY_TIMEOUT,
+            "timeout",
+            format!(
+                "No deployment of {first} answered within {:.1} s (the request's timeout).",
+                total.as_secs_f64()
+            ),
+        ));
     }
     let response = match (last_error, refusal, fallback_refusal, unavailable) {
         (Some(error), ..) => {
@@ -246,6 +287,17 @@ pub async fn serve(
         refund_unless(false, first_lease);
         response
     }
+}
+
+/// The time all attempts of a request to group `first` have together: `router_settings.timeout`
+/// when set, else the largest `timeout` of the group's deployments.
+fn request_timeout(router: &Router, deployments: &[Deployment], first: &str) -> Duration {
+    router.settings().timeout.unwrap_or_else(|| {
+        router
+            .group(first)
+            .and_then(|g| g.members.iter().map(|&i| deployments[i].timeout).max())
+            .unwrap_or(crate::config::DEFAULT_TIMEOUT)
+    })
 }
 
 /// Takes back `lease`'s admission unless a deployment of its group was `called`.

@@ -139,6 +139,166 @@ async fn sigterm_lets_in_flight_requests_finish() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// An upstream stream that sends one chunk and then nothing, forever; SIGTERM arrives while it
+/// is open. After the grace period (`shutdown_grace_seconds: 0.5`) the gateway ends the stream
+/// (the client gets an error event in the OpenAI shape, then the end) and exits cleanly.
+/// Before, it waited for the stream for ever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_ends_a_silent_stream_after_the_grace_period() {
+    use axum::routing::post;
+    use http_body_util::BodyExt;
+    let upstream = axum::Router::new().route(
+        "/v1/chat/completions",
+        post(|| async {
+            let first = gateway_example::mock::chat_completion_stream("x", &["Hi"], true)
+                .into_iter()
+                .take(2)
+                .map(Ok::<_, std::io::Error>);
+            let chunks = futures_util::StreamExt::chain(
+                futures_util::stream::iter(first),
+                futures_util::stream::pending(),
+            );
+            axum::response::Response::builder()
+                .header("content-type", "text/event-stream")
+                .body(axum::body::Body::from_stream(chunks))
+                .unwrap()
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let upstream_addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, upstream).await.unwrap() });
+
+    let dir = config_dir(
+        "grace",
+        &format!(
+            "model_list: [{{model_name: silent, litellm_params: {{model: openai/x, api_base: \"http://{upstream_addr}/v1\"}}}}]\n\
+             general_settings: {{master_key: sk-test, shutdown_grace_seconds: 0.5}}\n"
+        ),
+    );
+    let port = free_port();
+    let (mut child, log_rest) = launch(&dir, &["--port", &port.to_string()])
+        .expect("starts")
+        .collect_log();
+
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http::<http_body_util::Full<bytes::Bytes>>();
+    let req = http::Request::post(format!("http://127.0.0.1:{port}/v1/chat/completions"))
+        .header("authorization", "Bearer sk-test")
+        .body(http_body_util::Full::new(bytes::Bytes::from_static(
+            br#"{"model":"silent","stream":true,"messages":[{"role":"user","content":"hi"}]}"#,
+        )))
+        .unwrap();
+    let resp = client.request(req).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let mut body = resp.into_body();
+    let first = tokio::time::timeout(Duration::from_secs(5), body.frame())
+        .await
+        .expect("the first chunk")
+        .unwrap()
+        .unwrap();
+    assert!(first.data_ref().is_some_and(|d| d.starts_with(b"data: ")));
+
+    let killed = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    // Grace (0.5 s) + the moment ended streams get (1 s) + a generous margin.
+    let rest = tokio::time::timeout(Duration::from_secs(10), body.collect()).await;
+    let pid = child.id();
+    let exit = tokio::time::timeout(
+        Duration::from_secs(10),
+        tokio::task::spawn_blocking(move || child.wait().unwrap()),
+    )
+    .await;
+    let Ok(exit) = exit else {
+        let _ = Command::new("kill")
+            .args(["-KILL", &pid.to_string()])
+            .status();
+        panic!("the gateway did not exit within the grace period and a margin");
+    };
+    assert!(exit.unwrap().success(), "clean exit");
+    let rest = rest
+        .expect("the client's stream ended")
+        .expect("ended cleanly, with an error event")
+        .to_bytes();
+    let rest = String::from_utf8_lossy(&rest);
+    assert!(
+        rest.contains(r#""type":"service_unavailable""#) && rest.contains("shutting down"),
+        "{rest}"
+    );
+    let log = log_rest.join().unwrap().join("\n");
+    assert!(log.contains("shutdown grace period"), "{log}");
+    assert!(log.contains("stopped"), "{log}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A request still waiting for an upstream that never answers when the grace period is over
+/// (`timeout` is 600 s): its connection is closed a moment after the grace period, and the
+/// gateway exits cleanly instead of waiting out the timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_closes_a_request_still_waiting_after_the_grace_period() {
+    use axum::routing::post;
+    let upstream = axum::Router::new().route(
+        "/v1/chat/completions",
+        post(std::future::pending::<&'static str>),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let upstream_addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, upstream).await.unwrap() });
+
+    let dir = config_dir(
+        "grace-head",
+        &format!(
+            "model_list: [{{model_name: never, litellm_params: {{model: openai/x, api_base: \"http://{upstream_addr}/v1\"}}}}]\n\
+             general_settings: {{master_key: sk-test, shutdown_grace_seconds: 0.3}}\n"
+        ),
+    );
+    let port = free_port();
+    let (mut child, log_rest) = launch(&dir, &["--port", &port.to_string()])
+        .expect("starts")
+        .collect_log();
+    let request = tokio::spawn(async move {
+        let client =
+            hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+                .build_http::<http_body_util::Full<bytes::Bytes>>();
+        let req = http::Request::post(format!("http://127.0.0.1:{port}/v1/chat/completions"))
+            .header("authorization", "Bearer sk-test")
+            .body(http_body_util::Full::new(bytes::Bytes::from_static(
+                br#"{"model":"never","messages":[{"role":"user","content":"hi"}]}"#,
+            )))
+            .unwrap();
+        client.request(req).await.map(|r| r.status())
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let killed = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let pid = child.id();
+    let exit = tokio::time::timeout(
+        Duration::from_secs(10),
+        tokio::task::spawn_blocking(move || child.wait().unwrap()),
+    )
+    .await;
+    let Ok(exit) = exit else {
+        let _ = Command::new("kill")
+            .args(["-KILL", &pid.to_string()])
+            .status();
+        panic!("the gateway did not exit within the grace period and a margin");
+    };
+    assert!(exit.unwrap().success(), "clean exit");
+    let answer = tokio::time::timeout(Duration::from_secs(5), request)
+        .await
+        .expect("the client got an answer or a closed connection")
+        .unwrap();
+    assert!(answer.is_err(), "the connection was closed: {answer:?}");
+    let log = log_rest.join().unwrap().join("\n");
+    assert!(log.contains("shutdown grace period"), "{log}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// A data dir and a config with `master_key` for the exposure tests.
 fn exposure_config(name: &str, master_key: &str) -> std::path::PathBuf {
     config_dir(

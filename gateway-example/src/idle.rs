@@ -1,0 +1,339 @@
+//! [`IdleBody`]: an upstream response body that ends when the upstream goes silent for too long
+//! (`stream_timeout`), or when the shutdown grace period is over.
+//!
+//! How it ends: a server-sent-events stream gets one last event, an error in the OpenAI shape
+//! (`data: {"error": {"message", "type", "param", "code"}}`, which the OpenAI clients raise as an
+//! API error), and then ends cleanly (no `[DONE]`: the answer is incomplete). Any other body
+//! ends with an error, so the client sees a broken response rather than a short one that looks
+//! whole. Either way whatever wraps it (the limiter's `ResponseBody`) sees the end and settles
+//! what it metered.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
+use pin_project_lite::pin_project;
+use serde_json::json;
+use tokio::time::{Instant, Sleep};
+
+use crate::signal::StreamsEnd;
+
+/// The error an [`IdleBody`] ends with (or passes on from the upstream).
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Why an [`IdleBody`] was ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ending {
+    /// No data for `stream_timeout`.
+    Idle,
+    /// The shutdown grace period is over.
+    Shutdown,
+}
+
+pin_project! {
+    /// Passes every frame of `inner` through, first the one already read, if any; ends the body
+    /// when `inner` sends nothing for `idle` while it is waited for, or when `streams_end` says
+    /// so.
+    pub struct IdleBody<B> {
+        #[pin]
+        inner: B,
+        first: Option<Frame<Bytes>>,
+        idle: Duration,
+        #[pin]
+        timer: Sleep,
+        streams_end: Pin<Box<dyn Future<Output = ()> + Send>>,
+        sse: bool,
+        // Waiting for `inner` (the timer runs from when the wait began, so time the client
+        // took to read the previous chunk does not count as the upstream's silence).
+        waiting: bool,
+        ended: bool,
+        model: String,
+    }
+}
+
+impl<B> std::fmt::Debug for IdleBody<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IdleBody")
+            .field("idle", &self.idle)
+            .field("sse", &self.sse)
+            .field("ended", &self.ended)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<B> IdleBody<B> {
+    /// Wraps the rest of `inner`, after `first` (a frame already read from it). `sse`: it is a
+    /// server-sent-events stream (ended with an error event); `model` names the group in the
+    /// error's message.
+    pub fn new(
+        inner: B,
+        first: Option<Frame<Bytes>>,
+        idle: Duration,
+        streams_end: StreamsEnd,
+        sse: bool,
+        model: &str,
+    ) -> Self {
+        Self {
+            inner,
+            first,
+            idle,
+            // Set when a wait begins.
+            timer: tokio::time::sleep(idle),
+            streams_end: Box::pin(streams_end.ended()),
+            sse,
+            waiting: false,
+            ended: false,
+            model: model.to_owned(),
+        }
+    }
+}
+
+/// The message a stream ended for `why` carries.
+fn message(why: Ending, model: &str, idle: Duration) -> (u16, &'static str, String) {
+    match why {
+        Ending::Idle => (
+            504,
+            "timeout",
+            format!(
+                "Upstream for {model} sent nothing for {:.1} s (stream_timeout); the response \
+                 was ended.",
+                idle.as_secs_f64()
+            ),
+        ),
+        Ending::Shutdown => (
+            503,
+            "service_unavailable",
+            "The gateway is shutting down; the response was ended.".to_owned(),
+        ),
+    }
+}
+
+/// The last event of an SSE stream ended for `why`.
+fn error_event(why: Ending, model: &str, idle: Duration) -> Bytes {
+    let (code, kind, message) = message(why, model, idle);
+    let error = json!({"error": {"message": message, "type": kind, "param": null, "code": code.to_string()}});
+    Bytes::from(format!("data: {error}\n\n"))
+}
+
+impl<B> Body for IdleBody<B>
+where
+    B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let mut this = self.project();
+        if *this.ended {
+            return Poll::Ready(None);
+        }
+        if let Some(frame) = this.first.take() {
+            return Poll::Ready(Some(Ok(frame)));
+        }
+        let why = if this.streams_end.as_mut().poll(cx).is_ready() {
+            Ending::Shutdown
+        } else {
+            match this.inner.poll_frame(cx) {
+                Poll::Ready(Some(Ok(frame))) => {
+                    *this.waiting = false;
+                    return Poll::Ready(Some(Ok(frame)));
+                }
+                Poll::Ready(Some(Err(e))) => {
+                    *this.ended = true;
+                    return Poll::Ready(Some(Err(e.into())));
+                }
+                Poll::Ready(None) => {
+                    *this.ended = true;
+                    return Poll::Ready(None);
+                }
+                Poll::Pending => {
+                    if !*this.waiting {
+                        *this.waiting = true;
+                        this.timer.as_mut().reset(Instant::now() + *this.idle);
+                    }
+                    if this.timer.as_mut().poll(cx).is_pending() {
+                        return Poll::Pending;
+                    }
+                    Ending::Idle
+                }
+            }
+        };
+        *this.ended = true;
+        tracing::info!(model = %this.model, reason = ?why, "ending an upstream response");
+        if *this.sse {
+            Poll::Ready(Some(Ok(Frame::data(error_event(
+                why, this.model, *this.idle,
+            )))))
+        } else {
+            let (_, _, message) = message(why, this.model, *this.idle);
+            Poll::Ready(Some(Err(message.into())))
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.ended || (self.first.is_none() && self.inner.is_end_stream())
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        // A stream may get an error event the upstream did not send: no length is promised.
+        if self.sse || self.ended {
+            return SizeHint::default();
+        }
+        let first = self
+            .first
+            .as_ref()
+            .and_then(Frame::data_ref)
+            .map_or(0, |d| d.len() as u64);
+        let inner = self.inner.size_hint();
+        let mut hint = SizeHint::new();
+        hint.set_lower(inner.lower() + first);
+        if let Some(upper) = inner.upper() {
+            hint.set_upper(upper + first);
+        }
+        hint
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::signal::streams_end;
+    use http_body_util::{BodyExt, StreamBody};
+
+    type Chunks = futures_util::stream::BoxStream<'static, Result<Frame<Bytes>, BoxError>>;
+
+    /// A body that sends `data` and then nothing, forever.
+    fn silent_after(data: &'static str) -> StreamBody<Chunks> {
+        use futures_util::StreamExt;
+        let chunks = futures_util::stream::iter([Ok(Frame::data(Bytes::from(data)))])
+            .chain(futures_util::stream::pending());
+        StreamBody::new(chunks.boxed())
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_silent_sse_stream_ends_with_an_error_event() {
+        let (_keep, end) = streams_end();
+        let first = Some(Frame::data(Bytes::from("data: 1\n\n")));
+        let body = IdleBody::new(
+            silent_after("data: 2\n\n"),
+            first,
+            Duration::from_secs(5),
+            end,
+            true,
+            "m",
+        );
+        let bytes = body.collect().await.unwrap().to_bytes();
+        let text = std::str::from_utf8(&bytes).unwrap();
+        let (before, last) = text.split_at(text.find("data: {").unwrap());
+        assert_eq!(before, "data: 1\n\ndata: 2\n\n");
+        let error: serde_json::Value =
+            serde_json::from_str(last.strip_prefix("data: ").unwrap().trim()).unwrap();
+        assert_eq!(error["error"]["type"], "timeout");
+        assert_eq!(error["error"]["code"], "504");
+        assert!(last.ends_with("\n\n"));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_silent_json_body_ends_with_an_error() {
+        let (_keep, end) = streams_end();
+        let body = IdleBody::new(
+            silent_after("{\"id\":"),
+            None,
+            Duration::from_secs(5),
+            end,
+            false,
+            "m",
+        );
+        assert!(body.collect().await.is_err());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_end_of_the_grace_period_ends_a_stream() {
+        let (end_all, end) = streams_end();
+        let mut body = Box::pin(IdleBody::new(
+            silent_after("data: 1\n\n"),
+            None,
+            Duration::from_secs(3600),
+            end,
+            true,
+            "m",
+        ));
+        let first = body.frame().await.unwrap().unwrap();
+        assert_eq!(first.into_data().unwrap(), "data: 1\n\n");
+        end_all.end();
+        let last = body.frame().await.unwrap().unwrap().into_data().unwrap();
+        assert!(
+            std::str::from_utf8(&last)
+                .unwrap()
+                .contains("\"type\":\"service_unavailable\""),
+            "{last:?}"
+        );
+        assert!(body.frame().await.is_none(), "then the stream ends");
+    }
+
+    /// A client slow to read does not make the upstream look silent: the silence is counted
+    /// from when the next chunk is waited for.
+    #[tokio::test(start_paused = true)]
+    async fn time_the_client_takes_does_not_count_as_silence() {
+        use futures_util::StreamExt;
+        let (_keep, end) = streams_end();
+        let chunks = futures_util::stream::iter(0..2)
+            .then(|i| async move {
+                if i == 1 {
+                    tokio::time::sleep(Duration::from_secs(4)).await;
+                }
+                Ok::<_, BoxError>(Frame::data(Bytes::from(format!("data: {i}\n\n"))))
+            })
+            .boxed();
+        let mut body = Box::pin(IdleBody::new(
+            StreamBody::new(chunks),
+            None,
+            Duration::from_secs(5),
+            end,
+            true,
+            "m",
+        ));
+        assert_eq!(
+            body.frame().await.unwrap().unwrap().into_data().unwrap(),
+            "data: 0\n\n"
+        );
+        // The client reads the next chunk only 10 s later; the upstream then takes 4 s.
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        assert_eq!(
+            body.frame().await.unwrap().unwrap().into_data().unwrap(),
+            "data: 1\n\n"
+        );
+        assert!(body.frame().await.is_none());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn data_keeps_a_stream_alive() {
+        use futures_util::StreamExt;
+        let (_keep, end) = streams_end();
+        // A chunk every 4 s against a 5 s idle timeout: 30 s in all, never ended.
+        let chunks = futures_util::stream::iter(0..8)
+            .then(|i| async move {
+                tokio::time::sleep(Duration::from_secs(4)).await;
+                Ok::<_, BoxError>(Frame::data(Bytes::from(format!("data: {i}\n\n"))))
+            })
+            .boxed();
+        let body = IdleBody::new(
+            StreamBody::new(chunks),
+            None,
+            Duration::from_secs(5),
+            end,
+            true,
+            "m",
+        );
+        let bytes = body.collect().await.unwrap().to_bytes();
+        assert!(!std::str::from_utf8(&bytes).unwrap().contains("error"));
+        assert!(bytes.ends_with(b"data: 7\n\n"));
+    }
+}

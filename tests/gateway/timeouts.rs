@@ -1,0 +1,148 @@
+//! Timeouts against a real local upstream over real sockets: a stream that goes silent is ended
+//! after `stream_timeout` (an SSE error event, then a clean end) and charged what it sent, once;
+//! a head followed by silence is a timed-out attempt, retried and fallen back from; all attempts
+//! of a request share its `timeout`. (Short timeouts of a few hundred milliseconds; every wait
+//! is bounded so that a gateway that never ends a stream fails the test instead of hanging it.)
+
+use std::time::Duration;
+
+use integration_tests::gateway::{sse_data, with_master, Gw, MASTER};
+use integration_tests::upstream::{Upstream, PIECES};
+use serde_json::{json, Value};
+
+/// Longest a test waits for an answer that must come after a timeout of under a second.
+const BOUND: Duration = Duration::from_secs(10);
+
+async fn start(router_settings: &str) -> (Gw, Upstream) {
+    let (up, base) = Upstream::start().await;
+    let yaml = with_master(&format!(
+        r#"
+model_list:
+  - model_name: luna
+    litellm_params: {{model: openai/gpt-x, api_base: "{base}", tpm: 100000}}
+  - model_name: silent
+    litellm_params: {{model: openai/silent, api_base: "{base}", stream_timeout: 0.3, tpm: 100000}}
+  - model_name: mute
+    litellm_params: {{model: openai/mute, api_base: "{base}", stream_timeout: 0.3}}
+  - model_name: mute-alone
+    litellm_params: {{model: openai/mute, api_base: "{base}", stream_timeout: 0.3}}
+  - model_name: slow
+    litellm_params: {{model: openai/slow, api_base: "{base}", timeout: 0.3}}
+litellm_settings:
+  callbacks: ["dynamic_rate_limiter_v3"]
+router_settings:
+  fallbacks: [{{mute: [luna]}}]
+{router_settings}
+"#
+    ));
+    (Gw::start(&yaml, None).await, up)
+}
+
+async fn bounded<T>(what: &str, f: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(BOUND, f)
+        .await
+        .unwrap_or_else(|_| panic!("{what}: no end within {BOUND:?}"))
+}
+
+/// A stream that sends two chunks and then nothing is ended `stream_timeout` after the last:
+/// the client gets the chunks, then an error event in the OpenAI shape, then the end (no
+/// `[DONE]`). The limiter is charged what was sent, once.
+#[tokio::test]
+async fn a_silent_stream_is_ended_with_an_error_event_and_charged_what_it_sent() {
+    let (gw, _up) = start("").await;
+    let body =
+        json!({"model": "silent", "stream": true, "messages": [{"role": "user", "content": "hi"}]});
+    let r = bounded("the silent stream", gw.chat_with(MASTER, body.clone())).await;
+    assert_eq!(r.status, 200, "the head went out before the silence");
+    assert_eq!(r.headers["content-type"], "text/event-stream");
+    let data = sse_data(r.text());
+    assert!(!data.iter().any(|d| d == "[DONE]"), "{}", r.text());
+    let chunk: Value = serde_json::from_str(&data[1]).unwrap();
+    assert_eq!(chunk["choices"][0]["delta"]["content"], PIECES[0]);
+    let last: Value = serde_json::from_str(data.last().unwrap()).unwrap();
+    assert_eq!(last["error"]["type"], "timeout", "{last}");
+    assert_eq!(last["error"]["code"], "504", "{last}");
+    assert_eq!(
+        last["error"]["message"],
+        "Upstream for silent sent nothing for 0.3 s (stream_timeout); the response was ended."
+    );
+    // Seen: the role chunk and "Hel"; rule: ceil(content bytes / 4) + ceil(request bytes / 4).
+    let want = PIECES[0].len().div_ceil(4) as u64 + body.to_string().len().div_ceil(4) as u64;
+    assert_eq!(gw.tokens("silent"), want);
+    assert_eq!(gw.chat(MASTER, "luna", false).await.status, 200);
+    assert_eq!(gw.tokens("silent"), want, "charged once");
+}
+
+/// An upstream that sends its response head and then nothing: no byte reached the client, so the
+/// attempt is a timeout like any other, retried and then fallen back from (`mute` falls back to
+/// `luna`); without a fallback the client gets a 504 in the OpenAI shape.
+#[tokio::test]
+async fn a_head_then_silence_is_a_timed_out_attempt_retried_and_fallen_back_from() {
+    let (gw, up) = start("  num_retries: 1").await;
+    let r = bounded("the fallback", gw.chat(MASTER, "mute", true)).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.headers["x-litellm-model-group"], "luna");
+    assert_eq!(r.headers["x-litellm-attempted-retries"], "1");
+    assert_eq!(r.headers["x-litellm-attempted-fallbacks"], "1");
+    assert_eq!(sse_data(r.text()).last().unwrap(), "[DONE]");
+    let models: Vec<Value> = up
+        .received
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|r| r.body["model"].clone())
+        .collect();
+    assert_eq!(models, ["mute", "mute", "gpt-x"]);
+
+    let r = bounded("the timeout", gw.chat(MASTER, "mute-alone", true)).await;
+    assert_eq!(r.status, 504, "{}", r.text());
+    assert_eq!(
+        r.error_message(),
+        "Upstream for mute-alone sent its response head, then nothing for 0.3 s (stream_timeout)."
+    );
+}
+
+/// All attempts of a request share its `timeout`: a deployment that never answers within it is
+/// called once, not once per retry (three times with the default two retries before).
+#[tokio::test]
+async fn all_attempts_of_a_request_share_its_timeout() {
+    let (gw, up) = start("").await;
+    let r = bounded("the timeout", gw.chat(MASTER, "slow", false)).await;
+    assert_eq!(r.status, 504);
+    assert_eq!(
+        r.error_message(),
+        "Upstream for slow did not answer within 0.3 s."
+    );
+    assert_eq!(
+        up.received.lock().unwrap().len(),
+        1,
+        "no time was left for a retry"
+    );
+}
+
+/// `router_settings.timeout` bounds a request's attempts together, across its fallbacks too:
+/// with 0.5 s for all, `mute` (0.3 s of silence per attempt) leaves too little for its third
+/// attempt and for the fallback to `luna`, so the client gets a 504 instead of `luna`'s answer
+/// (before, each of three attempts had its own time, then `luna` answered).
+#[tokio::test]
+async fn the_router_timeout_bounds_retries_and_fallbacks_together() {
+    let (gw, up) = start("  timeout: 0.5").await;
+    let r = bounded("the timeout", gw.chat(MASTER, "mute", true)).await;
+    assert_eq!(r.status, 504, "{}", r.text());
+    assert!(
+        r.error_message().starts_with("Upstream for mute "),
+        "{}",
+        r.text()
+    );
+    let models: Vec<Value> = up
+        .received
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|r| r.body["model"].clone())
+        .collect();
+    assert!(
+        !models.is_empty() && models.len() <= 2 && models.iter().all(|m| m == "mute"),
+        "{models:?}"
+    );
+}
