@@ -28,7 +28,8 @@ pub(super) fn deployment(item: &Node<'_>, position: usize) -> Result<Deployment,
             if !(secs.is_finite() && secs > 0.0) {
                 return Err(t.error(format!("expected seconds > 0, got {secs}")));
             }
-            Duration::from_secs_f64(secs)
+            Duration::try_from_secs_f64(secs)
+                .map_err(|_| t.error(format!("{secs} seconds is too long")))?
         }
         None => DEFAULT_TIMEOUT,
     };
