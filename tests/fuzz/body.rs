@@ -77,10 +77,38 @@ pub fn corpus() -> Vec<Vec<u8>> {
 
 /// Tokens the mutations insert.
 pub const DICTIONARY: &[&[u8]] = &[
-    b"{", b"}", b"[", b"]", b"\"", b"\\", b"\\u", b"\\ud800", b"\\u0000", b",", b":", b" ", b"\n",
-    b"\"model\":", b"\"model\":\"x\",", b"\"model\":null,", b"\"model\":5,", b"\"model\":[],",
-    b"\"model\":\"\",", b"\"mo\\u0064el\":\"y\",", b"\"messages\":", b"null", b"true", b"1e999",
-    b"-0", b"18446744073709551616", b"\xff", b"\xc3", b"\xef\xbb\xbf", b"\0", b"\t", b"\x0c",
+    b"{",
+    b"}",
+    b"[",
+    b"]",
+    b"\"",
+    b"\\",
+    b"\\u",
+    b"\\ud800",
+    b"\\u0000",
+    b",",
+    b":",
+    b" ",
+    b"\n",
+    b"\"model\":",
+    b"\"model\":\"x\",",
+    b"\"model\":null,",
+    b"\"model\":5,",
+    b"\"model\":[],",
+    b"\"model\":\"\",",
+    b"\"mo\\u0064el\":\"y\",",
+    b"\"messages\":",
+    b"null",
+    b"true",
+    b"1e999",
+    b"-0",
+    b"18446744073709551616",
+    b"\xff",
+    b"\xc3",
+    b"\xef\xbb\xbf",
+    b"\0",
+    b"\t",
+    b"\x0c",
 ];
 
 /// A generated body: an object with a `model` of some kind, rendered one of several ways.
@@ -116,7 +144,11 @@ impl Generated {
         }
         if let Some(d) = &self.duplicate {
             let end = s.rfind('}').unwrap();
-            let sep = if s[..end].trim_end().ends_with('{') { "" } else { "," };
+            let sep = if s[..end].trim_end().ends_with('{') {
+                ""
+            } else {
+                ","
+            };
             s.insert_str(end, &format!("{sep}\"model\":{d}"));
         }
         let pad = " \n\t\r".repeat(self.pad);
@@ -131,12 +163,12 @@ pub fn any_json() -> impl Strategy<Value = Value> {
         any::<bool>().prop_map(Value::from),
         any::<i64>().prop_map(Value::from),
         any::<f64>().prop_map(Value::from),
-        "\\PC{0,16}".prop_map(Value::from),
+        crate::text(16).prop_map(Value::from),
     ];
     leaf.prop_recursive(3, 24, 4, |inner| {
         prop_oneof![
             proptest::collection::vec(inner.clone(), 0..4).prop_map(Value::from),
-            proptest::collection::vec(("\\PC{0,6}", inner), 0..4)
+            proptest::collection::vec((crate::text(6), inner), 0..4)
                 .prop_map(|kv| Value::Object(kv.into_iter().collect())),
         ]
     })
@@ -147,7 +179,7 @@ pub fn model_value() -> impl Strategy<Value = Value> {
     prop_oneof![
         3 => prop_oneof![Just("m"), Just("gpt-4o"), Just("é 🚀"), Just(""), Just(" "), Just("\t\n"), Just("a\"b\\c\u{0}")]
             .prop_map(Value::from),
-        3 => "\\PC{0,24}".prop_map(Value::from),
+        3 => crate::text(24).prop_map(Value::from),
         1 => (1usize..3000).prop_map(|n| Value::from("x".repeat(n))),
         2 => any_json(),
     ]
@@ -156,7 +188,11 @@ pub fn model_value() -> impl Strategy<Value = Value> {
 pub fn generated() -> impl Strategy<Value = Generated> {
     let rest = proptest::collection::vec(
         (
-            prop_oneof![Just("messages".to_owned()), Just("stream".to_owned()), "[a-z_]{1,8}"],
+            prop_oneof![
+                Just("messages".to_owned()),
+                Just("stream".to_owned()),
+                crate::text(8)
+            ],
             any_json(),
         ),
         0..4,
@@ -169,14 +205,16 @@ pub fn generated() -> impl Strategy<Value = Generated> {
         prop::bool::weighted(0.1),
         0usize..3,
     )
-        .prop_map(|(model, rest, pretty, duplicate, escaped_key, pad)| Generated {
-            model,
-            rest,
-            pretty,
-            duplicate,
-            escaped_key,
-            pad,
-        })
+        .prop_map(
+            |(model, rest, pretty, duplicate, escaped_key, pad)| Generated {
+                model,
+                rest,
+                pretty,
+                duplicate,
+                escaped_key,
+                pad,
+            },
+        )
 }
 
 #[derive(Debug, Clone)]
@@ -219,7 +257,14 @@ fn body_extractor() {
                 let model = ok.model.expect("a POST names a model");
                 prop_assert_eq!(Some(model.as_str()), acceptable);
                 prop_assert_eq!(ok.prompt_estimate, prompt_tokens(&body));
-                let passed = ok.request.into_body().collect().now_or_never().unwrap().unwrap().to_bytes();
+                let passed = ok
+                    .request
+                    .into_body()
+                    .collect()
+                    .now_or_never()
+                    .unwrap()
+                    .unwrap()
+                    .to_bytes();
                 prop_assert_eq!(passed, body);
             }
             Err(e) => {
@@ -231,7 +276,8 @@ fn body_extractor() {
                 }
                 prop_assert!(!e.message.is_empty());
                 let response = e.into_response();
-                let v: Value = serde_json::from_slice(response.body()).expect("an error body is JSON");
+                let v: Value =
+                    serde_json::from_slice(response.body()).expect("an error body is JSON");
                 prop_assert!(v["error"]["message"].is_string(), "{}", v);
             }
         }

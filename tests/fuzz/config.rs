@@ -89,13 +89,63 @@ fn corpus() -> Vec<Vec<u8>> {
 
 /// YAML (and JSON) tokens the mutations insert.
 const DICTIONARY: &[&[u8]] = &[
-    b"\n", b"\n  ", b"\n    ", b" ", b"\t", b"- ", b": ", b":", b"{", b"}", b"[", b"]", b",", b"'",
-    b"\"", b"#", b"~", b"null", b"true", b"no", b".inf", b"-.inf", b".nan", b"1e999", b"-1", b"0",
-    b"0.5", b"1.5", b"0x1F", b"0o17", b"1_000", b"18446744073709551616", b"1e30", b"&a ", b"*a",
-    b"!!str ", b"!!binary ", b"<<: *a", b"---\n", b"...\n", b"? ", b"|\n  ", b">-\n  ",
-    b"os.environ/FUZZ_NOT_SET", b"rpm: ", b"tpm: ", b"model_list:\n  - ", b"model_name: ",
-    b"litellm_params: ", b"priority_reservation: ", b"type: rpm", b"value: ", b"\xff", b"\0",
-    b"saturation_check_cache_ttl: ", b"max_reported_tokens: ", b"expected_nodes: ",
+    b"\n",
+    b"\n  ",
+    b"\n    ",
+    b" ",
+    b"\t",
+    b"- ",
+    b": ",
+    b":",
+    b"{",
+    b"}",
+    b"[",
+    b"]",
+    b",",
+    b"'",
+    b"\"",
+    b"#",
+    b"~",
+    b"null",
+    b"true",
+    b"no",
+    b".inf",
+    b"-.inf",
+    b".nan",
+    b"1e999",
+    b"-1",
+    b"0",
+    b"0.5",
+    b"1.5",
+    b"0x1F",
+    b"0o17",
+    b"1_000",
+    b"18446744073709551616",
+    b"1e30",
+    b"&a ",
+    b"*a",
+    b"!!str ",
+    b"!!binary ",
+    b"<<: *a",
+    b"---\n",
+    b"...\n",
+    b"? ",
+    b"|\n  ",
+    b">-\n  ",
+    b"os.environ/FUZZ_NOT_SET",
+    b"rpm: ",
+    b"tpm: ",
+    b"model_list:\n  - ",
+    b"model_name: ",
+    b"litellm_params: ",
+    b"priority_reservation: ",
+    b"type: rpm",
+    b"value: ",
+    b"\xff",
+    b"\0",
+    b"saturation_check_cache_ttl: ",
+    b"max_reported_tokens: ",
+    b"expected_nodes: ",
 ];
 
 /// A number-ish value: every JSON type, numbers at and past every edge.
@@ -126,7 +176,7 @@ fn scalar() -> impl Strategy<Value = Value> {
         Just(json!([1, 2])),
         Just(json!({})),
         Just(json!({"type": "rpm", "value": 1})),
-        "\\PC{0,12}".prop_map(Value::from),
+        crate::text(12).prop_map(Value::from),
     ]
 }
 
@@ -150,11 +200,21 @@ fn generated() -> impl Strategy<Value = Value> {
         Just(json!("m")),
         Just(json!("gpt-4o")),
         Just(json!("")),
-        "\\PC{0,10}".prop_map(Value::from),
+        crate::text(10).prop_map(Value::from),
         scalar(),
     ];
     let params = mapping(
-        &["model", "rpm", "tpm", "api_base", "api_key", "mock_response", "timeout", "stream_timeout", "weight"],
+        &[
+            "model",
+            "rpm",
+            "tpm",
+            "api_base",
+            "api_key",
+            "mock_response",
+            "timeout",
+            "stream_timeout",
+            "weight",
+        ],
         prop_oneof![
             3 => scalar(),
             1 => Just(json!("http://127.0.0.1:1/v1")),
@@ -162,19 +222,21 @@ fn generated() -> impl Strategy<Value = Value> {
             1 => Just(json!("http://user:pass@[::1/v1")),
         ],
     );
-    let item = (name, params, mapping(&["id"], scalar()), 0u8..8).prop_map(|(name, params, info, drop)| {
-        let mut m = Map::new();
-        if drop & 1 == 0 {
-            m.insert("model_name".into(), name);
-        }
-        if drop & 2 == 0 {
-            m.insert("litellm_params".into(), params);
-        }
-        if drop & 4 == 0 {
-            m.insert("model_info".into(), info);
-        }
-        Value::Object(m)
-    });
+    let item = (name, params, mapping(&["id"], scalar()), 0u8..8).prop_map(
+        |(name, params, info, drop)| {
+            let mut m = Map::new();
+            if drop & 1 == 0 {
+                m.insert("model_name".into(), name);
+            }
+            if drop & 2 == 0 {
+                m.insert("litellm_params".into(), params);
+            }
+            if drop & 4 == 0 {
+                m.insert("model_info".into(), info);
+            }
+            Value::Object(m)
+        },
+    );
     let model_list = prop_oneof![
         6 => proptest::collection::vec(item, 0..4).prop_map(Value::from),
         1 => scalar(),
@@ -182,7 +244,13 @@ fn generated() -> impl Strategy<Value = Value> {
     let reservation = prop_oneof![
         scalar(),
         (
-            prop_oneof![Just(json!("rpm")), Just(json!("tpm")), Just(json!("percent")), Just(json!("rpx")), scalar()],
+            prop_oneof![
+                Just(json!("rpm")),
+                Just(json!("tpm")),
+                Just(json!("percent")),
+                Just(json!("rpx")),
+                scalar()
+            ],
             scalar(),
             0u8..4
         )
@@ -198,7 +266,10 @@ fn generated() -> impl Strategy<Value = Value> {
             }),
     ];
     let reservations = proptest::collection::vec(
-        (prop_oneof![Just("prod"), Just("dev"), Just(""), Just("batch")], reservation),
+        (
+            prop_oneof![Just("prod"), Just("dev"), Just(""), Just("batch")],
+            reservation,
+        ),
         0..4,
     )
     .prop_map(|kv| Value::Object(kv.into_iter().map(|(k, v)| (k.to_owned(), v)).collect()));
@@ -215,7 +286,11 @@ fn generated() -> impl Strategy<Value = Value> {
         prop_oneof![4 => scalar(), 1 => Just(json!("local")), 1 => Just(json!("open")), 1 => Just(json!("closed"))],
     );
     let litellm = (
-        prop_oneof![Just(json!(["dynamic_rate_limiter_v3"])), Just(json!([])), scalar()],
+        prop_oneof![
+            Just(json!(["dynamic_rate_limiter_v3"])),
+            Just(json!([])),
+            scalar()
+        ],
         prop_oneof![3 => reservations, 1 => scalar()],
         prop_oneof![3 => settings, 1 => scalar()],
         0u8..8,
@@ -269,20 +344,22 @@ fn generated() -> impl Strategy<Value = Value> {
             1 => Just(json!({"ratio": 0.1, "min_per_second": 1})),
         ],
     );
-    (model_list, litellm, general, router, 0u8..16).prop_map(|(list, litellm, general, router, drop)| {
-        let mut m = Map::new();
-        for (bit, key, value) in [
-            (1, "model_list", list),
-            (2, "litellm_settings", litellm),
-            (4, "general_settings", general),
-            (8, "router_settings", router),
-        ] {
-            if drop & bit == 0 {
-                m.insert(key.into(), value);
+    (model_list, litellm, general, router, 0u8..16).prop_map(
+        |(list, litellm, general, router, drop)| {
+            let mut m = Map::new();
+            for (bit, key, value) in [
+                (1, "model_list", list),
+                (2, "litellm_settings", litellm),
+                (4, "general_settings", general),
+                (8, "router_settings", router),
+            ] {
+                if drop & bit == 0 {
+                    m.insert(key.into(), value);
+                }
             }
-        }
-        Value::Object(m)
-    })
+            Value::Object(m)
+        },
+    )
 }
 
 /// Config text: generated (as JSON, which is YAML, or as block YAML), a mutated real config, or
@@ -342,12 +419,15 @@ fn hits_known_bug(yaml: &str) -> bool {
     let Ok(doc) = serde_yaml_ng::from_str::<Value>(yaml) else {
         return false;
     };
-    let ttl = match doc.pointer("/litellm_settings/priority_reservation_settings/saturation_check_cache_ttl") {
+    let ttl = match doc
+        .pointer("/litellm_settings/priority_reservation_settings/saturation_check_cache_ttl")
+    {
         Some(Value::Number(n)) => n.as_f64(),
         Some(Value::String(s)) => s.trim().parse::<f64>().ok(),
         _ => None,
     };
-    let hit = ttl.is_some_and(|v| v.is_finite() && v >= 0.0 && Duration::try_from_secs_f64(v).is_err());
+    let hit =
+        ttl.is_some_and(|v| v.is_finite() && v >= 0.0 && Duration::try_from_secs_f64(v).is_err());
     if hit {
         KNOWN_BUG_HITS.fetch_add(1, Ordering::Relaxed);
     }
@@ -413,7 +493,29 @@ fn gateway_config() {
 fn report_known_bug_hits() {
     let n = KNOWN_BUG_HITS.load(Ordering::Relaxed);
     if n > 0 {
-        println!("fuzz config: {n} inputs so far skipped for the known saturation_check_cache_ttl panic");
+        println!(
+            "fuzz config: {n} inputs so far skipped for the known saturation_check_cache_ttl panic"
+        );
+    }
+}
+
+/// Found by `gateway_config`: `router_settings.cooldown_time`, `max_retry_wait` and a deployment's
+/// `timeout` too big for a `Duration` panicked in `Duration::from_secs_f64`
+/// (gateway-example/src/config/{router,deployment}.rs); now refused with the path.
+#[test]
+fn huge_gateway_durations_are_refused_with_the_path() {
+    let cases = [
+        ("router_settings: {cooldown_time: 1.7976931348623157e308}", "router_settings.cooldown_time"),
+        ("router_settings: {max_retry_wait: 1e30}", "router_settings.max_retry_wait"),
+        (
+            "model_list: [{model_name: m, litellm_params: {model: m, mock_response: hi, timeout: 1e20}}]",
+            "model_list[0].litellm_params.timeout",
+        ),
+    ];
+    for (yaml, path) in cases {
+        let err = GatewayConfig::from_yaml_str_with_env(yaml, |_| None).unwrap_err();
+        assert_eq!(err.path(), path, "{err}");
+        assert!(err.message().contains("too long"), "{err}");
     }
 }
 
@@ -431,7 +533,9 @@ fn known_bug_huge_cache_ttl_panics() {
         );
         let result = std::panic::catch_unwind(|| LimiterConfig::from_yaml_str(&yaml));
         let err = result
-            .unwrap_or_else(|_| panic!("saturation_check_cache_ttl: {ttl} panics instead of an error"))
+            .unwrap_or_else(|_| {
+                panic!("saturation_check_cache_ttl: {ttl} panics instead of an error")
+            })
             .expect_err("a TTL past Duration::MAX is refused");
         assert_eq!(
             err.path(),

@@ -114,17 +114,32 @@ fn gateway_chat_body() {
             let answer: Bytes = response.into_body().collect().await.unwrap().to_bytes();
             (status, content_type, answer)
         });
-        prop_assert_eq!(status, want, "answer {:?}", String::from_utf8_lossy(&answer));
+        prop_assert_eq!(
+            status,
+            want,
+            "answer {:?}",
+            String::from_utf8_lossy(&answer)
+        );
         if status == StatusCode::OK {
             let v: Value = serde_json::from_slice(&body).unwrap();
             let stream = v.get("stream").and_then(Value::as_bool) == Some(true);
-            let include_usage = v.pointer("/stream_options/include_usage").and_then(Value::as_bool) == Some(true);
+            let include_usage = v
+                .pointer("/stream_options/include_usage")
+                .and_then(Value::as_bool)
+                == Some(true);
             if stream {
-                prop_assert!(content_type.is_some_and(|c| c.as_bytes().starts_with(b"text/event-stream")));
+                prop_assert!(
+                    content_type.is_some_and(|c| c.as_bytes().starts_with(b"text/event-stream"))
+                );
                 prop_assert!(answer.ends_with(b"data: [DONE]\n\n"), "{:?}", answer);
                 let mut meter = UsageMeter::sse();
                 meter.feed(&answer);
-                prop_assert_eq!(matches!(meter.tokens(), Tokens::Reported(_)), include_usage, "{:?}", answer);
+                prop_assert_eq!(
+                    matches!(meter.tokens(), Tokens::Reported(_)),
+                    include_usage,
+                    "{:?}",
+                    answer
+                );
             } else {
                 let v: Value = serde_json::from_slice(&answer).expect("a JSON answer");
                 prop_assert!(v["choices"].is_array(), "{}", v);

@@ -31,6 +31,16 @@ pub fn cases() -> u32 {
         .unwrap_or(256)
 }
 
+/// Strings of up to `max` characters, any (mostly ASCII, some of every plane): cheaper than a
+/// regex strategy.
+pub fn text(max: usize) -> impl Strategy<Value = String> + Clone {
+    let c = proptest::prop_oneof![
+        3 => proptest::char::range(' ', '~'),
+        1 => proptest::char::any(),
+    ];
+    proptest::collection::vec(c, 0..=max).prop_map(String::from_iter)
+}
+
 /// Runs `test` on `cases()` values of `strategy`, prints the count and wall time, and panics with
 /// the shrunk input on a failure (a panic inside `test` counts as one).
 pub fn fuzz<S: Strategy>(name: &str, strategy: S, test: impl Fn(S::Value) -> TestCaseResult) {

@@ -74,7 +74,11 @@ pub fn check_meter(kind: Kind, data: &[u8], splits: &Splits, knobs: &Knobs) -> T
 
     let mut by_ref = new_meter(kind).with_max_reported_tokens(u64::MAX);
     by_ref.feed_bytes(&Bytes::copy_from_slice(data));
-    prop_assert_eq!(by_ref.tokens(), reference, "feed_bytes whole differs from feed");
+    prop_assert_eq!(
+        by_ref.tokens(),
+        reference,
+        "feed_bytes whole differs from feed"
+    );
 
     let mut split = new_meter(kind)
         .with_max_reported_tokens(knobs.cap)
@@ -96,7 +100,11 @@ pub fn check_meter(kind: Kind, data: &[u8], splits: &Splits, knobs: &Knobs) -> T
         was_finished = now;
     }
     let got = split.tokens();
-    prop_assert_eq!(split.is_finished(), finished, "is_finished depends on the split");
+    prop_assert_eq!(
+        split.is_finished(),
+        finished,
+        "is_finished depends on the split"
+    );
     let expected = match reference {
         Tokens::Reported(n) => Tokens::Reported(n.min(knobs.cap)),
         Tokens::Estimated(e) => {
@@ -110,7 +118,12 @@ pub fn check_meter(kind: Kind, data: &[u8], splits: &Splits, knobs: &Knobs) -> T
             Tokens::Estimated(e.saturating_add(knobs.prompt))
         }
     };
-    prop_assert_eq!(got, expected, "split/capped count differs (whole: {:?})", reference);
+    prop_assert_eq!(
+        got,
+        expected,
+        "split/capped count differs (whole: {:?})",
+        reference
+    );
     Ok(())
 }
 
@@ -127,8 +140,17 @@ pub fn sse_corpus() -> Vec<Vec<u8>> {
     };
     let usage = |u: &str| format!("data: {{{HEAD},\"choices\":[],\"usage\":{u}}}\n\n");
     let openai = |with_usage: bool, u: &str| {
-        let mut s = chunk(json!({"role": "assistant", "content": "", "refusal": null}), json!(null));
-        for c in ["Hello", " there, ", "héllo wörld 🚀", "\"quoted\"\n", "\\u00e9 \u{1F600}"] {
+        let mut s = chunk(
+            json!({"role": "assistant", "content": "", "refusal": null}),
+            json!(null),
+        );
+        for c in [
+            "Hello",
+            " there, ",
+            "héllo wörld 🚀",
+            "\"quoted\"\n",
+            "\\u00e9 \u{1F600}",
+        ] {
             s += &chunk(json!({ "content": c }), json!(null));
         }
         s += &chunk(json!({}), json!("stop"));
@@ -144,10 +166,19 @@ pub fn sse_corpus() -> Vec<Vec<u8>> {
         openai(true, normal).replace('\n', "\r\n"),
         openai(true, normal).replace('\n', "\r"),
         openai(false, normal).replace("\n\n", "\r\n\n"),
-        openai(true, r#"{"prompt_tokens":10,"completion_tokens":20,"total_tokens":18446744073709551615}"#),
+        openai(
+            true,
+            r#"{"prompt_tokens":10,"completion_tokens":20,"total_tokens":18446744073709551615}"#,
+        ),
         openai(true, r#"{"total_tokens":18446744073709551616}"#),
-        openai(true, r#"{"total_tokens":1e30,"prompt_tokens":-5,"completion_tokens":3.5}"#),
-        openai(true, r#"{"prompt_tokens":18446744073709551615,"completion_tokens":18446744073709551615}"#),
+        openai(
+            true,
+            r#"{"total_tokens":1e30,"prompt_tokens":-5,"completion_tokens":3.5}"#,
+        ),
+        openai(
+            true,
+            r#"{"prompt_tokens":18446744073709551615,"completion_tokens":18446744073709551615}"#,
+        ),
         openai(true, r#"{"total_tokens":"30"}"#),
         openai(true, r#"{}"#),
         format!("\u{FEFF}{}", openai(true, normal)),
@@ -169,13 +200,31 @@ pub fn sse_corpus() -> Vec<Vec<u8>> {
     corpus.push(tools);
     // Anthropic messages.
     let anthropic = [
-        ("message_start", json!({"type": "message_start", "message": {"id": "msg_1", "type": "message", "role": "assistant", "content": [], "model": "claude-sonnet-4", "stop_reason": null, "usage": {"input_tokens": 25, "output_tokens": 1}}})),
-        ("content_block_start", json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}})),
+        (
+            "message_start",
+            json!({"type": "message_start", "message": {"id": "msg_1", "type": "message", "role": "assistant", "content": [], "model": "claude-sonnet-4", "stop_reason": null, "usage": {"input_tokens": 25, "output_tokens": 1}}}),
+        ),
+        (
+            "content_block_start",
+            json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}),
+        ),
         ("ping", json!({"type": "ping"})),
-        ("content_block_delta", json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "Hello, wörld"}})),
-        ("content_block_delta", json!({"type": "content_block_delta", "index": 0, "delta": {"type": "input_json_delta", "partial_json": "{\"a\": 1"}})),
-        ("content_block_stop", json!({"type": "content_block_stop", "index": 0})),
-        ("message_delta", json!({"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": 15}})),
+        (
+            "content_block_delta",
+            json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "Hello, wörld"}}),
+        ),
+        (
+            "content_block_delta",
+            json!({"type": "content_block_delta", "index": 0, "delta": {"type": "input_json_delta", "partial_json": "{\"a\": 1"}}),
+        ),
+        (
+            "content_block_stop",
+            json!({"type": "content_block_stop", "index": 0}),
+        ),
+        (
+            "message_delta",
+            json!({"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": 15}}),
+        ),
         ("message_stop", json!({"type": "message_stop"})),
     ];
     corpus.push(
@@ -207,14 +256,47 @@ pub fn sse_corpus() -> Vec<Vec<u8>> {
 
 /// Tokens the SSE mutations insert.
 const SSE_DICTIONARY: &[&[u8]] = &[
-    b"\r", b"\n", b"\r\n", b"\n\n", b"data: ", b"data:", b"data", b":", b": comment\n",
-    b"event: message_stop\n", b"data: [DONE]\n\n", b"[DONE]", b"{", b"}", b"[", b"]", b"\"",
-    b"\\", b"\\u", b"\\ud83d", b"\\u0000", b",", b"\"usage\"", b"\"usage\":{\"total_tokens\":7}",
+    b"\r",
+    b"\n",
+    b"\r\n",
+    b"\n\n",
+    b"data: ",
+    b"data:",
+    b"data",
+    b":",
+    b": comment\n",
+    b"event: message_stop\n",
+    b"data: [DONE]\n\n",
+    b"[DONE]",
+    b"{",
+    b"}",
+    b"[",
+    b"]",
+    b"\"",
+    b"\\",
+    b"\\u",
+    b"\\ud83d",
+    b"\\u0000",
+    b",",
+    b"\"usage\"",
+    b"\"usage\":{\"total_tokens\":7}",
     b"data: {\"choices\":[],\"usage\":{\"total_tokens\":18446744073709551615}}\n\n",
-    b"data: {\"choices\":[{\"delta\":{\"content\":\"xyz\"}}]}\n\n", b"\"total_tokens\":",
-    b"18446744073709551615", b"99999999999999999999999", b"-1", b"1e308", b"\xEF\xBB\xBF", b"\xff",
-    b"\xc3", b"\xf0\x9f", b"\"content\":\"", b"\"message\":{\"usage\":", b"\"response\":{\"usage\":",
-    b"\t", b" ", b"\0",
+    b"data: {\"choices\":[{\"delta\":{\"content\":\"xyz\"}}]}\n\n",
+    b"\"total_tokens\":",
+    b"18446744073709551615",
+    b"99999999999999999999999",
+    b"-1",
+    b"1e308",
+    b"\xEF\xBB\xBF",
+    b"\xff",
+    b"\xc3",
+    b"\xf0\x9f",
+    b"\"content\":\"",
+    b"\"message\":{\"usage\":",
+    b"\"response\":{\"usage\":",
+    b"\t",
+    b" ",
+    b"\0",
 ];
 
 /// Real-shaped JSON bodies: OpenAI chat (with usage at the end, at the start, without), tool
@@ -266,12 +348,44 @@ pub fn json_corpus() -> Vec<Vec<u8>> {
 
 /// Tokens the JSON mutations insert.
 const JSON_DICTIONARY: &[&[u8]] = &[
-    b"{", b"}", b"[", b"]", b"\"", b"\\", b"\\\"", b"\\u", b"\\ud800", b"\\u0000", b",", b":",
-    b" ", b"\n", b"\r", b"\"usage\"", b"\"usage\":", b"\"usage\":{\"total_tokens\":7}",
-    b"{\"usage\":{\"total_tokens\":18446744073709551615}}", b"\"total_tokens\":", b"\"prompt_tokens\":",
-    b"\"completion_tokens\":", b"\"input_tokens\":", b"\"output_tokens\":", b"18446744073709551615",
-    b"99999999999999999999999", b"-1", b"1e308", b"0.5", b"null", b"true", b"\"content\":\"",
-    b"\"message\":{\"usage\":", b"\"response\":{\"usage\":", b"\xff", b"\xc3", b"\xf0\x9f", b"\0",
+    b"{",
+    b"}",
+    b"[",
+    b"]",
+    b"\"",
+    b"\\",
+    b"\\\"",
+    b"\\u",
+    b"\\ud800",
+    b"\\u0000",
+    b",",
+    b":",
+    b" ",
+    b"\n",
+    b"\r",
+    b"\"usage\"",
+    b"\"usage\":",
+    b"\"usage\":{\"total_tokens\":7}",
+    b"{\"usage\":{\"total_tokens\":18446744073709551615}}",
+    b"\"total_tokens\":",
+    b"\"prompt_tokens\":",
+    b"\"completion_tokens\":",
+    b"\"input_tokens\":",
+    b"\"output_tokens\":",
+    b"18446744073709551615",
+    b"99999999999999999999999",
+    b"-1",
+    b"1e308",
+    b"0.5",
+    b"null",
+    b"true",
+    b"\"content\":\"",
+    b"\"message\":{\"usage\":",
+    b"\"response\":{\"usage\":",
+    b"\xff",
+    b"\xc3",
+    b"\xf0\x9f",
+    b"\0",
     b"data: ",
 ];
 
@@ -296,7 +410,14 @@ fn sse_mutated_streams() {
     fuzz(
         "sse_mutated_streams",
         (mutated(MAX_LONG), splits(), knobs()),
-        |(m, splits, knobs)| check_meter(Kind::Sse, &m.apply(&corpus, SSE_DICTIONARY), &splits, &knobs),
+        |(m, splits, knobs)| {
+            check_meter(
+                Kind::Sse,
+                &m.apply(&corpus, SSE_DICTIONARY),
+                &splits,
+                &knobs,
+            )
+        },
     );
 }
 
@@ -319,7 +440,12 @@ fn json_mutated_bodies() {
         "json_mutated_bodies",
         (mutated(MAX_LONG), splits(), knobs()),
         |(m, splits, knobs)| {
-            check_meter(Kind::Json, &m.apply(&corpus, JSON_DICTIONARY), &splits, &knobs)
+            check_meter(
+                Kind::Json,
+                &m.apply(&corpus, JSON_DICTIONARY),
+                &splits,
+                &knobs,
+            )
         },
     );
 }
@@ -336,43 +462,64 @@ fn meter_front() {
         (
             0usize..8,
             any::<u32>(),
-            prop_oneof![Just(&b""[..]), Just(&b";charset=utf-8"[..]), Just(&b" x"[..]), Just(&b"\t"[..]), Just(&b"x"[..]), Just(&b"/json"[..])]
+            prop_oneof![
+                Just(&b""[..]),
+                Just(&b";charset=utf-8"[..]),
+                Just(&b" x"[..]),
+                Just(&b"\t"[..]),
+                Just(&b"x"[..]),
+                Just(&b"/json"[..])
+            ]
         )
             .prop_map(|(pad, case, suffix)| {
                 let mut ct = b" \t\r\n ".repeat(2)[..pad].to_vec();
                 for (i, b) in b"text/event-stream".iter().enumerate() {
-                    ct.push(if case & (1 << i) != 0 { b.to_ascii_uppercase() } else { *b });
+                    ct.push(if case & (1 << i) != 0 {
+                        b.to_ascii_uppercase()
+                    } else {
+                        *b
+                    });
                 }
                 ct.extend_from_slice(suffix);
                 Some(ct)
             }),
     ];
-    let strategy = (content_type, any::<bool>(), any::<usize>(), mutated(0), splits());
-    fuzz("meter_front", strategy, |(ct, use_sse, which, m, splits)| {
-        let data = if use_sse {
-            m.apply(&sse, SSE_DICTIONARY)
-        } else {
-            m.apply(&json, JSON_DICTIONARY)
-        };
-        let expect_sse = ct.as_deref().is_some_and(|ct| {
-            let ct = ct.trim_ascii_start();
-            ct.len() >= 17
-                && ct[..17].eq_ignore_ascii_case(b"text/event-stream")
-                && matches!(ct.get(17), None | Some(b';' | b' ' | b'\t'))
-        });
-        let mut front = UsageMeter::for_content_type(ct.as_deref());
-        let mut direct = new_meter(if expect_sse { Kind::Sse } else { Kind::Json });
-        for piece in splits.pieces(&data) {
-            front.feed(piece);
-            direct.feed(piece);
-        }
-        prop_assert_eq!(front.tokens(), direct.tokens());
-        prop_assert_eq!(front.is_finished(), direct.is_finished());
-        // The usage-only test on an event's data: never panics, and agrees with itself.
-        let event = &data[which % (data.len() + 1)..];
-        prop_assert_eq!(is_usage_only_chunk(event), is_usage_only_chunk(event));
-        Ok(())
-    });
+    let strategy = (
+        content_type,
+        any::<bool>(),
+        any::<usize>(),
+        mutated(0),
+        splits(),
+    );
+    fuzz(
+        "meter_front",
+        strategy,
+        |(ct, use_sse, which, m, splits)| {
+            let data = if use_sse {
+                m.apply(&sse, SSE_DICTIONARY)
+            } else {
+                m.apply(&json, JSON_DICTIONARY)
+            };
+            let expect_sse = ct.as_deref().is_some_and(|ct| {
+                let ct = ct.trim_ascii_start();
+                ct.len() >= 17
+                    && ct[..17].eq_ignore_ascii_case(b"text/event-stream")
+                    && matches!(ct.get(17), None | Some(b';' | b' ' | b'\t'))
+            });
+            let mut front = UsageMeter::for_content_type(ct.as_deref());
+            let mut direct = new_meter(if expect_sse { Kind::Sse } else { Kind::Json });
+            for piece in splits.pieces(&data) {
+                front.feed(piece);
+                direct.feed(piece);
+            }
+            prop_assert_eq!(front.tokens(), direct.tokens());
+            prop_assert_eq!(front.is_finished(), direct.is_finished());
+            // The usage-only test on an event's data: never panics, and agrees with itself.
+            let event = &data[which % (data.len() + 1)..];
+            prop_assert_eq!(is_usage_only_chunk(event), is_usage_only_chunk(event));
+            Ok(())
+        },
+    );
 }
 
 /// A known input checked once, so the corpus itself stays valid: the canonical stream meters 30.

@@ -34,7 +34,15 @@ pub struct LongRun {
     len: usize,
 }
 
-const LONG_PATTERNS: &[&[u8]] = &[b"a", b" ", b"\\n", b"data: x\n", b"0", b"\xc3\xa9", b"{\"a\":"];
+const LONG_PATTERNS: &[&[u8]] = &[
+    b"a",
+    b" ",
+    b"\\n",
+    b"data: x\n",
+    b"0",
+    b"\xc3\xa9",
+    b"{\"a\":",
+];
 
 /// `mutations` applied in order to corpus entry `base` (modulo the corpus size), then `long`.
 #[derive(Debug, Clone)]
