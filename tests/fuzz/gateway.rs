@@ -8,6 +8,10 @@
 //! unknown `model`, `messages` not a list, else 200); every refusal is in the OpenAI error shape
 //! with `code` = the status; a streamed answer is an event stream ending `data: [DONE]` whose
 //! usage chunk is there exactly when `stream_options.include_usage` asked for it.
+//!
+//! And `gateway_example::strip::StripUsage` (which takes the usage chunk out of streams whose
+//! client did not ask for it) on mutated SSE streams: no panic, the same output however the
+//! stream is split into frames, no byte added, and a stream without `"usage"` passes unchanged.
 
 use std::sync::Arc;
 
@@ -151,6 +155,43 @@ fn gateway_chat_body() {
                 prop_assert!(e.get(field).is_some(), "error without {}: {}", field, v);
             }
             prop_assert_eq!(&e["code"], &Value::from(status.as_str()), "{}", v);
+        }
+        Ok(())
+    });
+}
+
+#[test]
+fn strip_usage() {
+    use futures_util::FutureExt as _;
+    use gateway_example::strip::StripUsage;
+    use http_body::Frame;
+    use http_body_util::StreamBody;
+
+    use crate::meters::{sse_corpus, SSE_DICTIONARY};
+    use crate::mutate::splits;
+
+    fn strip(pieces: &[&[u8]]) -> Bytes {
+        let frames: Vec<Result<Frame<Bytes>, std::convert::Infallible>> = pieces
+            .iter()
+            .map(|p| Ok(Frame::data(Bytes::copy_from_slice(p))))
+            .collect();
+        StripUsage::new(StreamBody::new(futures_util::stream::iter(frames)))
+            .collect()
+            .now_or_never()
+            .expect("frames in memory are read without waiting")
+            .unwrap()
+            .to_bytes()
+    }
+
+    let corpus = sse_corpus();
+    fuzz("strip_usage", (mutated(0), splits()), |(m, splits)| {
+        let data = m.apply(&corpus, SSE_DICTIONARY);
+        let whole = strip(&[&data]);
+        let split = strip(&splits.pieces(&data));
+        prop_assert_eq!(&split, &whole, "the output depends on the split");
+        prop_assert!(whole.len() <= data.len());
+        if !data.windows(7).any(|w| w == b"\"usage\"") {
+            prop_assert_eq!(&whole[..], &data[..]);
         }
         Ok(())
     });

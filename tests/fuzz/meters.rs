@@ -255,7 +255,7 @@ pub fn sse_corpus() -> Vec<Vec<u8>> {
 }
 
 /// Tokens the SSE mutations insert.
-const SSE_DICTIONARY: &[&[u8]] = &[
+pub const SSE_DICTIONARY: &[&[u8]] = &[
     b"\r",
     b"\n",
     b"\r\n",
