@@ -3,7 +3,7 @@
 //! bodies and configs. Beyond "never panics", each target checks properties that are cheap and
 //! true (see each module).
 //!
-//! `FUZZ_CASES` sets the cases per target (default 256, so the default `cargo test` stays quick);
+//! `FUZZ_CASES` sets the cases per target (default 128, so the default `cargo test` stays quick);
 //! the full run (docs/architecture.md, "Fuzzing"; figures in benches/RESULTS.md) is
 //!
 //! ```sh
@@ -23,12 +23,12 @@ use std::time::Instant;
 use proptest::strategy::Strategy;
 use proptest::test_runner::{Config, TestCaseResult, TestRunner};
 
-/// Cases per target: `FUZZ_CASES`, default 256.
+/// Cases per target: `FUZZ_CASES`, default 128.
 pub fn cases() -> u32 {
     std::env::var("FUZZ_CASES")
         .ok()
         .and_then(|v| v.trim().replace('_', "").parse().ok())
-        .unwrap_or(256)
+        .unwrap_or(128)
 }
 
 /// Strings of up to `max` characters, any (mostly ASCII, some of every plane): cheaper than a
