@@ -69,7 +69,7 @@ fn seconds(node: &Node<'_>) -> Result<Duration, ConfigError> {
     if !(secs.is_finite() && secs >= 0.0) {
         return Err(node.error(format!("expected seconds ≥ 0, got {secs}")));
     }
-    Ok(Duration::from_secs_f64(secs))
+    Duration::try_from_secs_f64(secs).map_err(|_| node.error(format!("{secs} seconds is too long")))
 }
 
 impl RouterSettings {
