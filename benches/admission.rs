@@ -10,14 +10,22 @@ use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use tower_priority_limit::clock::{Clock, CoarseClock, ManualClock, SystemClock};
-use tower_priority_limit::config::{LimiterConfig, ModelId, PoolRef, Reservation};
+use tower_priority_limit::config::{
+    LimiterConfig, ModelId, PoolRef, Reservation, TokenAccounting, WindowKind,
+};
 use tower_priority_limit::decision::Decision;
 use tower_priority_limit::{Limiter, ModelLimits};
 
 /// `models` models with room for any number of requests in a window, and two priorities, so every
 /// admission runs the whole rule set (saturation, pool lookup) and is admitted.
 fn config(models: usize) -> LimiterConfig {
+    config_with(models, TokenAccounting::PostHoc, WindowKind::Fixed)
+}
+
+fn config_with(models: usize, accounting: TokenAccounting, window: WindowKind) -> LimiterConfig {
     let mut b = LimiterConfig::builder()
+        .token_accounting(accounting)
+        .window_kind(window)
         .reserve("prod", Reservation::Percent(0.9))
         .reserve("dev", Reservation::Percent(0.1));
     for i in 0..models {
@@ -43,6 +51,40 @@ fn admit_settle(limiter: &Arc<Limiter>, name: &str, pool: PoolRef) {
         Ok(Decision::Admit(a)) => limiter.lease(id, pool, &a).settle(black_box(30)),
         other => panic!("expected admission, got {other:?}"),
     }
+}
+
+/// As the layer does it with an estimate: resolve, estimate (50 prompt tokens, `max_tokens` 20;
+/// 0 with `post_hoc`), admit, lease, settle 30 tokens of which 20 output.
+#[inline]
+fn admit_settle_estimated(limiter: &Arc<Limiter>, name: &str, pool: PoolRef) {
+    let id: ModelId = limiter.config().model_id(name).unwrap();
+    let estimate = limiter.estimate(id, black_box(50), Some(20));
+    match limiter.admit(id, pool, estimate).into_inner() {
+        Ok(Decision::Admit(a)) => limiter
+            .lease(id, pool, &a)
+            .with_output_limit(Some(20))
+            .settle_with_output(black_box(30), Some(20)),
+        other => panic!("expected admission, got {other:?}"),
+    }
+}
+
+/// Each accounting mode and window kind, one thread, one model, the default coarse clock.
+fn accounting(c: &mut Criterion) {
+    let mut g = c.benchmark_group("admit_settle/accounting");
+    g.throughput(Throughput::Elements(1));
+    for accounting in [TokenAccounting::PostHoc, TokenAccounting::Reserve] {
+        for window in [WindowKind::Fixed, WindowKind::Sliding] {
+            let limiter = Arc::new(Limiter::with_clock(
+                config_with(1, accounting, window),
+                CoarseClock::new(),
+            ));
+            g.bench_function(
+                BenchmarkId::new(accounting.as_str(), window.as_str()),
+                |b| b.iter(|| admit_settle_estimated(&limiter, "model-0", PoolRef::Named(0))),
+            );
+        }
+    }
+    g.finish();
 }
 
 fn names(models: usize) -> Vec<String> {
@@ -120,7 +162,7 @@ fn two_threads(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, single_thread, two_threads);
+criterion_group!(benches, single_thread, two_threads, accounting);
 criterion_main!(benches, headers);
 
 /// An admitted response as the layer hands it on: the rate-limit headers (quick-start shape, tpm

@@ -10,13 +10,17 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use integration_tests::redis::RedisServer;
-use tower_priority_limit::config::{LimiterConfig, ModelId, PoolRef, Reservation};
+use tower_priority_limit::config::{
+    LimiterConfig, ModelId, PoolRef, Reservation, TokenAccounting, WindowKind,
+};
 use tower_priority_limit::decision::Decision;
 use tower_priority_limit::store::{RedisStore, RedisTarget, Store};
 use tower_priority_limit::{Limiter, ModelLimits};
 
-fn config() -> LimiterConfig {
+fn config(accounting: TokenAccounting, window: WindowKind) -> LimiterConfig {
     LimiterConfig::builder()
+        .token_accounting(accounting)
+        .window_kind(window)
         .model(
             ModelLimits::new("model-0")
                 .rpm(u64::MAX / 4)
@@ -53,7 +57,9 @@ async fn admissions(limiter: Arc<Limiter<RedisStore>>, in_flight: usize, secs: u
                 let mut latencies = Vec::with_capacity(1 << 16);
                 while Instant::now() < deadline {
                     let t = Instant::now();
-                    match limiter.admit(model, pool, 0).await {
+                    // 50 prompt tokens and max_tokens 20: reserved with `reserve`, 0 otherwise.
+                    let estimate = limiter.estimate(model, 50, Some(20));
+                    match limiter.admit(model, pool, estimate).await {
                         Ok(Decision::Admit(_)) => latencies.push(t.elapsed()),
                         other => panic!("expected an admission, got {other:?}"),
                     }
@@ -124,19 +130,32 @@ fn main() {
         .build()
         .unwrap();
     runtime.block_on(async {
-        let config = config();
-        let store = RedisStore::builder(RedisTarget::Single(redis.url()))
-            .connect(&config)
-            .await
-            .expect("redis store");
-        let limiter = Arc::new(Limiter::with_store(store));
-        println!(
-            "redis-server on port {}, {threads} client runtime thread(s), {secs} s per row",
-            redis.port()
-        );
-        for in_flight in [1, 16, 64] {
-            admissions(limiter.clone(), in_flight, secs).await;
+        for (accounting, window) in [
+            (TokenAccounting::PostHoc, WindowKind::Fixed),
+            (TokenAccounting::Reserve, WindowKind::Sliding),
+        ] {
+            let config = config(accounting, window);
+            let store = RedisStore::builder(RedisTarget::Single(redis.url()))
+                .key_prefix(format!(
+                    "bench-{}-{}:",
+                    accounting.as_str(),
+                    window.as_str()
+                ))
+                .connect(&config)
+                .await
+                .expect("redis store");
+            let limiter = Arc::new(Limiter::with_store(store));
+            println!(
+                "redis-server on port {}, {threads} client runtime thread(s), {secs} s per row, \
+                 token_accounting {}, window {}",
+                redis.port(),
+                accounting.as_str(),
+                window.as_str()
+            );
+            for in_flight in [1, 16, 64] {
+                admissions(limiter.clone(), in_flight, secs).await;
+            }
+            settlements(limiter, 50_000).await;
         }
-        settlements(limiter, 50_000).await;
     });
 }

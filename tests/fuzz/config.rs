@@ -493,9 +493,12 @@ fn a_huge_cache_ttl_is_refused_with_the_path() {
                 panic!("saturation_check_cache_ttl: {ttl} panics instead of an error")
             })
             .expect_err("a TTL past Duration::MAX is refused");
-        assert_eq!(
-            err.path(),
-            "litellm_settings.priority_reservation_settings.saturation_check_cache_ttl"
+        // A number past what JSON holds is refused by the YAML reader, which names the path in
+        // its message; the others by the loader, with the path.
+        let key = "litellm_settings.priority_reservation_settings.saturation_check_cache_ttl";
+        assert!(
+            err.path() == key || err.message().contains(key),
+            "{ttl}: {err}"
         );
     }
 }

@@ -71,8 +71,11 @@
 //!
 //! ## Time
 //!
-//! Windows are fixed, 60 s by default, per counter pair, measured on a [`clock::Clock`] that tests
-//! replace with [`clock::ManualClock`] or `clock::TokioClock` (the `tokio` feature).
+//! Windows are 60 s by default, per counter pair, fixed or sliding (`window`; see
+//! [`decision::FixedWindow`] and [`decision::SlidingWindow`]), measured on a [`clock::Clock`] that
+//! tests replace with [`clock::ManualClock`] or `clock::TokioClock` (the `tokio` feature). Tokens
+//! count when the response ends, or are reserved at admission from an estimate and then replaced
+//! by the truth (`token_accounting: reserve`; see [`estimate`] and [`Limiter::estimate`]).
 //!
 //! ## Features
 //!

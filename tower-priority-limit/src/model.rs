@@ -172,16 +172,80 @@ impl JsonBodyModel {
 pub type BoxExtractFuture<B> =
     Pin<Box<dyn Future<Output = Result<Extracted<B>, BadRequest>> + Send + 'static>>;
 
-#[derive(Deserialize)]
+/// The fields of a body the layer reads. A `model` given twice is refused (parsers disagree on
+/// which one wins, so the upstream could be sent another model than the one charged); the output
+/// limits may repeat (the last wins) and may be of any type.
 struct Peek<'a> {
-    #[serde(borrow, default)]
     model: Option<Cow<'a, str>>,
-    #[serde(default)]
     max_tokens: Count,
-    #[serde(default)]
     max_completion_tokens: Count,
-    #[serde(default)]
     max_output_tokens: Count,
+}
+
+impl<'de: 'a, 'a> Deserialize<'de> for Peek<'a> {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visit<'a>(std::marker::PhantomData<&'a ()>);
+        impl<'de: 'a, 'a> serde::de::Visitor<'de> for Visit<'a> {
+            type Value = Peek<'a>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<Peek<'a>, A::Error> {
+                let mut peek = Peek {
+                    model: None,
+                    max_tokens: Count(None),
+                    max_completion_tokens: Count(None),
+                    max_output_tokens: Count(None),
+                };
+                while let Some(key) = map.next_key::<Cow<'de, str>>()? {
+                    match &*key {
+                        "model" => {
+                            if peek.model.is_some() {
+                                return Err(serde::de::Error::duplicate_field("model"));
+                            }
+                            peek.model = Some(map.next_value::<Borrowed<'a>>()?.0);
+                        }
+                        "max_tokens" => peek.max_tokens = map.next_value()?,
+                        "max_completion_tokens" => peek.max_completion_tokens = map.next_value()?,
+                        "max_output_tokens" => peek.max_output_tokens = map.next_value()?,
+                        _ => {
+                            map.next_value::<serde::de::IgnoredAny>()?;
+                        }
+                    }
+                }
+                Ok(peek)
+            }
+        }
+        deserializer.deserialize_map(Visit(std::marker::PhantomData))
+    }
+}
+
+/// A string borrowed from the body when it has no escapes (so the model name is a slice of it).
+struct Borrowed<'a>(Cow<'a, str>);
+
+impl<'de: 'a, 'a> Deserialize<'de> for Borrowed<'a> {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visit<'a>(std::marker::PhantomData<&'a ()>);
+        impl<'de: 'a, 'a> serde::de::Visitor<'de> for Visit<'a> {
+            type Value = Borrowed<'a>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a string")
+            }
+            fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Borrowed<'a>, E> {
+                Ok(Borrowed(Cow::Borrowed(v)))
+            }
+            fn visit_str<E>(self, v: &str) -> Result<Borrowed<'a>, E> {
+                Ok(Borrowed(Cow::Owned(v.to_owned())))
+            }
+            fn visit_string<E>(self, v: String) -> Result<Borrowed<'a>, E> {
+                Ok(Borrowed(Cow::Owned(v)))
+            }
+        }
+        deserializer.deserialize_str(Visit(std::marker::PhantomData))
+    }
 }
 
 /// A token count as a client may write it: a non-negative integer is one; anything else (a
@@ -283,21 +347,6 @@ pub(crate) fn model_from_json(body: &Bytes) -> Result<Peeked, BadRequest> {
         // Shape errors (not an object, `model` not a string): say which.
         Err(_) => serde_json::from_slice(body).unwrap_or_default(),
     };
-    // The typed peek failed on something else (a field given twice, say): the model may still
-    // be there.
-    if let Some(name) = value
-        .get("model")
-        .and_then(|v| v.as_str())
-        .filter(|n| !n.trim().is_empty())
-    {
-        let count = |key: &str| value.get(key).and_then(|v| v.as_u64());
-        return Ok(Peeked {
-            model: ModelName::from(name),
-            max_output_tokens: count("max_completion_tokens")
-                .or(count("max_tokens"))
-                .or(count("max_output_tokens")),
-        });
-    }
     let mut rejection = match value.get("model") {
         Some(v) if !v.is_null() && !v.is_string() => {
             bad("Invalid type for 'model': expected a string.".into())
@@ -484,9 +533,12 @@ mod tests {
         ] {
             assert_eq!(max(odd), None, "{odd}");
         }
-        // A field given twice fails the typed peek; the model is still found.
-        let twice = peek(r#"{"model":"m","max_tokens":5,"max_tokens":6}"#).unwrap();
-        assert_eq!(twice.model.as_str(), "m");
+        // An output limit may repeat (the last wins); a model may not.
+        assert_eq!(
+            max(r#"{"model":"m","max_tokens":5,"max_tokens":6}"#),
+            Some(6)
+        );
+        assert!(peek(r#"{"model":"m","model":"n"}"#).is_err());
     }
 
     #[test]
@@ -495,6 +547,11 @@ mod tests {
             Bytes::from_static(br#"{"messages":[{"role":"user","content":"hi"}],"model":"gpt-x"}"#);
         let m = model_from_json(&body).unwrap().model;
         assert_eq!(m.as_str(), "gpt-x");
+        let within = body.as_ptr_range();
+        assert!(
+            within.contains(&m.as_str().as_ptr()),
+            "a slice of the body, not a copy"
+        );
         let escaped = Bytes::from_static(br#"{"model":"gpt\u002dx"}"#);
         assert_eq!(model_from_json(&escaped).unwrap().model.as_str(), "gpt-x");
     }
