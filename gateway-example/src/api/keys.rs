@@ -75,8 +75,8 @@ pub fn store_error(e: KeyStoreError) -> ApiError {
         KeyStoreError::Io(_) => {
             tracing::error!(error = %e, "key store failed");
             ApiError::internal(
-                "key store: the change could not be saved and was not made; the gateway's log \
-                 says why",
+                "key store: the change was not saved (a write to the gateway's disk failed; its \
+                 log says why)",
             )
         }
         KeyStoreError::Corrupt(_) => {
