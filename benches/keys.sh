@@ -10,8 +10,9 @@
 # dir. So the same keys are measured on both stores, and the import time is measured too.
 #
 # For each binary (this tree's, release build; and OLD_BIN if given, e.g. one built from a commit
-# before the SQLite store: `git archive fb835cb | tar -x -C /tmp/old && cargo build --release
-# -p gateway-example --manifest-path /tmp/old/Cargo.toml`):
+# before the SQLite store: `mkdir /tmp/old && git archive fb835cb | tar -x -C /tmp/old && cargo
+# build --release -p gateway-example --manifest-path /tmp/old/Cargo.toml`, then
+# OLD_BIN=/tmp/old/target/release/gateway-example):
 #   1. start on the seeded data dir; time until /health/liveliness answers (includes the import);
 #   2. chat alone: oha at a fixed 100 requests/s for SECS, one generated key, mock_response;
 #   3. the same chat load while a second oha calls /key/generate back to back (one at a time)

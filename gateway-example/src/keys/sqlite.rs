@@ -8,7 +8,7 @@
 //!   [`KeyStoreError::Io`]; the connection stays usable, so writes work again once the disk has
 //!   room.
 //! - **A database that cannot be read** (not SQLite, damaged, another program's, a newer
-//!   schema): [`open`] refuses with an error naming the file, and leaves it as it was.
+//!   schema): opening it fails with an error naming the file, which is left as it was.
 //! - **Import**: when `keys.db` does not exist and `keys.json` does, every key and team is
 //!   written to `keys.db.importing` in one transaction, which is then renamed to `keys.db`, and
 //!   `keys.json` to `keys.json.imported` (kept: never deleted). A `keys.json` that cannot be read,
