@@ -239,6 +239,40 @@ mod tests {
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
+    /// A lookup does not take the writer's lock: while a write holds it (here for 1 s, as a
+    /// slow `fsync` would), keys resolve at once.
+    #[test]
+    fn lookups_do_not_wait_for_a_write_in_progress() {
+        let dir = temp_dir("no-wait");
+        let store = Arc::new(LocalStore::open(&dir).unwrap());
+        store.insert_key(record("sk-a")).unwrap();
+        let (held, release) = (
+            Arc::new(std::sync::Barrier::new(2)),
+            std::time::Duration::from_secs(1),
+        );
+        let writer = {
+            let (store, held) = (store.clone(), held.clone());
+            std::thread::spawn(move || {
+                let _writing = store.writer();
+                held.wait();
+                std::thread::sleep(release);
+            })
+        };
+        held.wait();
+        let started = std::time::Instant::now();
+        for _ in 0..1_000 {
+            assert!(store.resolve(&hash_key("sk-a")).is_some());
+        }
+        assert!(store.team("none").is_none());
+        assert!(
+            started.elapsed() < release / 4,
+            "lookups waited: {:?}",
+            started.elapsed()
+        );
+        writer.join().unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
     #[test]
     fn changes_survive_reopening() {
         let dir = temp_dir("reopen");
