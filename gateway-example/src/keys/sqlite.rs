@@ -4,9 +4,9 @@
 //! - **Durability**: WAL journal, `synchronous = FULL`: a change is fsynced before the call
 //!   returns, so a key the API handed out survives `kill -9` and a power cut.
 //! - **Failed writes**: SQLite rolls the transaction back; nothing is half-written and no file is
-//!   left behind. A full disk is [`KeyStoreError::Full`], any other write error
-//!   [`KeyStoreError::Io`]; the connection stays usable, so writes work again once the disk has
-//!   room.
+//!   left behind. A full disk (`SQLITE_FULL`: `ENOSPC`, or the cap of [`super::LocalStore::limit_size`]) is
+//!   [`KeyStoreError::Full`], any other write error (`EFBIG` included) [`KeyStoreError::Io`]; the
+//!   connection stays usable, so writes work again once the disk has room.
 //! - **A database that cannot be read** (not SQLite, damaged, another program's, a newer
 //!   schema): opening it fails with an error naming the file, which is left as it was.
 //! - **Import**: when `keys.db` does not exist and `keys.json` does, every key and team is
@@ -102,8 +102,9 @@ pub(crate) fn open(data_dir: &Path) -> Result<(Db, Contents), KeyStoreError> {
 
 fn cannot_use(path: &Path, e: &LoadError) -> KeyStoreError {
     KeyStoreError::Corrupt(format!(
-        "{} cannot be used as the key store: {e}. It was left unchanged; restore it from a \
-         backup (starting without it would revoke every key)",
+        "{} cannot be used as the key store: {e}. It was left unchanged: fix its permissions if \
+         that is the cause, else restore it from a backup (starting without it would revoke \
+         every key)",
         path.display()
     ))
 }
