@@ -413,6 +413,14 @@ mod tests {
         drop(other);
         let e = LocalStore::open(&dir).unwrap_err().to_string();
         assert!(e.contains("no gateway key tables"), "{e}");
+
+        // Deleted, but not its log: a new database would have the old log replayed into it.
+        std::fs::remove_file(dir.join(DB_FILE)).unwrap();
+        let wal = format!("{DB_FILE}-wal");
+        std::fs::write(dir.join(&wal), b"the latest changes").unwrap();
+        let e = LocalStore::open(&dir).unwrap_err().to_string();
+        assert!(e.contains("missing") && e.contains(&wal), "{e}");
+        assert_eq!(files(&dir), [wal]);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -8,7 +8,7 @@
 //!   [`KeyStoreError::Full`], any other write error (`EFBIG` included) [`KeyStoreError::Io`]; the
 //!   connection stays usable, so writes work again once the disk has room.
 //! - **A database that cannot be read** (not SQLite, damaged, another program's, a newer
-//!   schema): opening it fails with an error naming the file, which is left as it was.
+//!   schema; or missing while its write-ahead log `keys.db-wal` is there): opening it fails with an error naming the file, which is left as it was.
 //! - **Import**: when `keys.db` does not exist and `keys.json` does, every key and team is
 //!   written to `keys.db.importing` in one transaction, which is then renamed to `keys.db`, and
 //!   `keys.json` to `keys.json.imported` (kept: never deleted). A `keys.json` that cannot be read,
@@ -76,6 +76,17 @@ pub(crate) fn open(data_dir: &Path) -> Result<(Db, Contents), KeyStoreError> {
             .map_err(|e| KeyStoreError::Io(format!("checking {}: {e}", p.display())))
     };
     if !exists(&path)? {
+        let log = data_dir.join(format!("{DB_FILE}-wal"));
+        if exists(&log)? {
+            // A new database beside the old one's log would have the log replayed into it.
+            return Err(KeyStoreError::Corrupt(format!(
+                "{} is missing but its write-ahead log {} is there: the database was moved or \
+                 deleted without it. Put keys.db back (the log holds its latest changes), or \
+                 move the log away to start with no keys; nothing was changed",
+                path.display(),
+                log.display()
+            )));
+        }
         create(data_dir, &path, &legacy, exists(&legacy)?)?;
     } else if exists(&legacy)? {
         tracing::warn!(
