@@ -197,6 +197,10 @@ pub fn hashes_match(a: &str, b: &str) -> bool {
 #[derive(Debug)]
 pub struct KeyStore {
     backend: Backend,
+    /// Embedded writes queue here, without a thread each: only the one whose turn it is runs on
+    /// a blocking thread (they would run one at a time anyway), so a burst of `/key/generate`
+    /// does not fill the blocking pool with threads waiting on the writer's lock.
+    write_turn: tokio::sync::Mutex<()>,
 }
 
 #[derive(Debug)]
@@ -208,15 +212,17 @@ enum Backend {
 }
 
 /// Runs a change on the embedded store: on a blocking thread when it writes to disk (an fsync
-/// must not stall the async workers serving other requests), inline when it is memory only.
-/// The change completes even if the caller stops waiting.
+/// must not stall the async workers serving other requests), after the changes queued before it;
+/// inline when it is memory only. The change completes even if the caller stops waiting.
 async fn write<R: Send + 'static>(
+    turn: &tokio::sync::Mutex<()>,
     store: &Arc<LocalStore>,
     change: impl FnOnce(&LocalStore) -> Result<R, KeyStoreError> + Send + 'static,
 ) -> Result<R, KeyStoreError> {
     if !store.is_persistent() {
         return change(store);
     }
+    let _turn = turn.lock().await;
     let store = store.clone();
     tokio::task::spawn_blocking(move || change(&store))
         .await
@@ -228,6 +234,7 @@ impl KeyStore {
     pub fn in_memory() -> Self {
         Self {
             backend: Backend::Local(Arc::new(LocalStore::in_memory())),
+            write_turn: tokio::sync::Mutex::new(()),
         }
     }
 
@@ -235,6 +242,7 @@ impl KeyStore {
     pub fn open(data_dir: &Path) -> Result<Self, KeyStoreError> {
         Ok(Self {
             backend: Backend::Local(Arc::new(LocalStore::open(data_dir)?)),
+            write_turn: tokio::sync::Mutex::new(()),
         })
     }
 
@@ -242,6 +250,7 @@ impl KeyStore {
     pub fn redis(store: RedisKeys) -> Self {
         Self {
             backend: Backend::Redis(Box::new(store)),
+            write_turn: tokio::sync::Mutex::new(()),
         }
     }
 
@@ -307,7 +316,7 @@ impl KeyStore {
         match &self.backend {
             Backend::Local(l) => {
                 let record = record.clone();
-                write(l, move |l| l.insert_key(record)).await?;
+                write(&self.write_turn, l, move |l| l.insert_key(record)).await?;
             }
             Backend::Redis(r) => r.insert_key(&record).await?,
         }
@@ -337,7 +346,7 @@ impl KeyStore {
     pub async fn delete_keys(&self, keys: &[String]) -> Result<Vec<String>, KeyStoreError> {
         let tokens: Vec<String> = keys.iter().map(|k| hash_key(k)).collect();
         let existed = match &self.backend {
-            Backend::Local(l) => write(l, move |l| l.delete(&tokens)).await?,
+            Backend::Local(l) => write(&self.write_turn, l, move |l| l.delete(&tokens)).await?,
             Backend::Redis(r) => r.delete(&tokens).await?,
         };
         Ok(keys
@@ -367,7 +376,7 @@ impl KeyStore {
         match &self.backend {
             Backend::Local(l) => {
                 let team = team.clone();
-                write(l, move |l| l.insert_team(team)).await?;
+                write(&self.write_turn, l, move |l| l.insert_team(team)).await?;
             }
             Backend::Redis(r) => r.insert_team(&team).await?,
         }
