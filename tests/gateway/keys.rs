@@ -83,8 +83,14 @@ async fn keys_and_teams_survive_a_restart() {
     );
     let info = gw.get(&format!("/key/info?key={key}"), Some(MASTER)).await;
     assert_eq!(info.json()["info"]["key_alias"], "k");
-    let stored = std::fs::read_to_string(dir.0.join("keys.json")).unwrap();
-    assert!(!stored.contains(&key), "only the hash is stored");
+    let ready = gw.get("/health/readiness", None).await;
+    assert_eq!(ready.json()["key_store"], "sqlite");
+    for file in ["keys.db", "keys.db-wal"] {
+        let stored = std::fs::read(dir.0.join(file)).unwrap_or_default();
+        let stored = String::from_utf8_lossy(&stored);
+        assert!(!stored.contains(&key), "only the hash is stored ({file})");
+    }
+    assert!(!dir.0.join("keys.json").exists());
 }
 
 #[tokio::test]
@@ -215,19 +221,49 @@ async fn the_bearer_scheme_is_case_insensitive() {
     }
 }
 
-/// Deleting a key that does not exist changes nothing, so it is a 404 even when the data dir
-/// cannot be written (a 500 before).
+/// The disk is full (the database capped with SQLite's `max_page_count`, which fails a write
+/// with `SQLITE_FULL`, the very error a full disk gives): `/key/generate` answers 503 in the
+/// OpenAI error shape, without the data dir's path; the refused key is nowhere and no file is
+/// left behind; deleting a key that does not exist writes nothing, so it is still a 404 (a 500
+/// before); existing keys keep working; and once there is room again, keys are made again and
+/// every key that got a 200 survives a restart.
 #[tokio::test]
-async fn deleting_a_missing_key_is_a_404_on_a_read_only_data_dir() {
-    use std::os::unix::fs::PermissionsExt;
+async fn a_full_disk_is_a_503_and_a_missing_key_still_a_404() {
     let dir = TempDir::new();
     let gw = Gw::start(&rpm10(), Some(&dir.0)).await;
     let key = gw.new_key(json!({})).await;
-    // Read-only for anyone but root; the directory in the temp file's place stops root too.
-    std::fs::create_dir(dir.0.join("keys.json.tmp")).unwrap();
-    std::fs::set_permissions(&dir.0, std::fs::Permissions::from_mode(0o555)).unwrap();
-    let r = gw.post("/key/generate", Some(MASTER), json!({})).await;
-    assert_eq!(r.status, 500, "the dir cannot be written: {}", r.text());
+    let local = gw.gateway.keys().as_local().expect("embedded store");
+    local.limit_size(Some(0)).unwrap();
+    let mut made = vec![key.clone()];
+    let refused = loop {
+        assert!(made.len() < 1_000, "the cap is reached within 1,000 keys");
+        let r = gw
+            .post(
+                "/key/generate",
+                Some(MASTER),
+                json!({"key_alias": "x".repeat(200)}),
+            )
+            .await;
+        if r.status != 200 {
+            break r;
+        }
+        made.push(r.json()["key"].as_str().unwrap().to_owned());
+    };
+    assert_eq!(refused.status, 503, "{}", refused.text());
+    assert!(refused.error_message().contains("disk is full"));
+    let dir_name = dir.0.display().to_string();
+    assert!(!refused.text().contains(&dir_name), "{}", refused.text());
+    let mut files: Vec<String> = std::fs::read_dir(&dir.0)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    files.sort();
+    assert_eq!(
+        files,
+        ["keys.db", "keys.db-shm", "keys.db-wal"],
+        "no temp file"
+    );
+    assert_eq!(local.key_count(), made.len(), "the refused key is not kept");
 
     let r = gw
         .post(
@@ -238,8 +274,20 @@ async fn deleting_a_missing_key_is_a_404_on_a_read_only_data_dir() {
         .await;
     assert_eq!(r.status, 404, "{}", r.text());
     assert_eq!(r.error_message(), "None of the keys exist.");
-    assert_eq!(gw.chat(&key, "gpt-5.6-luna", false).await.status, 200);
-    std::fs::set_permissions(&dir.0, std::fs::Permissions::from_mode(0o755)).unwrap();
+    assert_eq!(gw.chat(&key, M, false).await.status, 200);
+
+    local.limit_size(None).unwrap();
+    made.push(gw.new_key(json!({})).await);
+    gw.stop();
+    let gw = Gw::start(&rpm10(), Some(&dir.0)).await;
+    for key in &made {
+        let info = gw.get(&format!("/key/info?key={key}"), Some(MASTER)).await;
+        assert_eq!(info.status, 200, "{key:.12} survived the restart");
+    }
+    assert_eq!(
+        gw.gateway.keys().as_local().unwrap().key_count(),
+        made.len()
+    );
 }
 
 /// A key-store failure is a 500 that says what failed, without the data dir's path (that stays

@@ -109,7 +109,9 @@ async fn a_key_made_on_one_gateway_works_on_the_other_at_once() {
         "the raw key reached Redis: {stored}"
     );
     assert!(!stored.contains(&key["sk-".len()..]), "{stored}");
-    assert!(!gw._dirs.0 .0.join("keys.json").exists());
+    for file in ["keys.json", "keys.db"] {
+        assert!(!gw._dirs.0 .0.join(file).exists(), "{file}");
+    }
 }
 
 #[tokio::test]

@@ -69,7 +69,8 @@ fn metadata(body: &Map<String, Value>) -> Result<Map<String, Value>, ApiError> {
     }
 }
 
-/// A key-store failure as the client sees it: Redis unreachable is a 503 (try again), not a 500.
+/// A key-store failure as the client sees it: Redis unreachable or a full disk is a 503 (try
+/// again), not a 500; an embedded store's file names stay in the log.
 pub fn store_error(e: KeyStoreError) -> ApiError {
     match e {
         KeyStoreError::UnknownTeam(_) => ApiError::bad_request(e.to_string()).param("team_id"),
@@ -78,8 +79,22 @@ pub fn store_error(e: KeyStoreError) -> ApiError {
         }
         // Logged (throttled) where it happened.
         KeyStoreError::Unavailable(_) => ApiError::unavailable(e.to_string()),
-        // The details (a path in the data dir, say) are for the log, not for the client.
-        KeyStoreError::Io(_) | KeyStoreError::Corrupt(_) => {
+        // The details (which name the file, so the data dir) go to the log, not to the client.
+        KeyStoreError::Full(_) => {
+            tracing::error!(error = %e, "key store write failed: the disk is full");
+            ApiError::unavailable(
+                "key store full: the change was not saved (the gateway's disk is full); \
+                 try again once the operator has freed space",
+            )
+        }
+        KeyStoreError::Io(_) => {
+            tracing::error!(error = %e, "key store failed");
+            ApiError::internal(
+                "key store: the change was not saved (a write to the gateway's disk failed; its \
+                 log says why)",
+            )
+        }
+        KeyStoreError::Corrupt(_) => {
             tracing::error!(error = %e, "key store failed");
             ApiError::internal(
                 "The key store could not complete the operation; the gateway's log says why.",

@@ -3,12 +3,13 @@
 //!
 //! [`KeyStore`] is the front the endpoints use; behind it one backend holds the records:
 //!
-//! - [`file::FileStore`], the embedded default: in memory, persisted atomically to
-//!   `DATA_DIR/keys.json` so a restart loses none.
+//! - [`local::LocalStore`], the embedded default: in memory for lookups, written through to
+//!   SQLite in `DATA_DIR/keys.db` ([`sqlite`]) so a restart loses none; an older
+//!   `DATA_DIR/keys.json` is imported once. A write never holds up a lookup.
 //! - [`redis::RedisKeys`], when Redis is configured: every gateway pointed at the same Redis (or
 //!   Redis Cluster) shares the same keys and teams.
 //!
-//! The raw key never reaches a backend: the front hashes it first, so neither the file, nor
+//! The raw key never reaches a backend: the front hashes it first, so neither the database, nor
 //! Redis, nor the local cache, nor a log line ever holds one.
 //!
 //! # With Redis: consistency and failure policy
@@ -29,8 +30,9 @@
 //!   the price of keeping active keys working through an outage; shorten the constant to pay less.
 
 pub(crate) mod cache;
-pub mod file;
+pub mod local;
 pub mod redis;
+pub mod sqlite;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -44,8 +46,9 @@ use subtle::ConstantTimeEq;
 use crate::config::GatewayConfig;
 
 pub use self::cache::{KEY_CACHE_STALE_IF_ERROR, KEY_CACHE_TTL};
-pub use self::file::{FileStore, STATE_FILE};
+pub use self::local::LocalStore;
 pub use self::redis::{RedisKeys, DEFAULT_REDIS_TIMEOUT};
+pub use self::sqlite::{DB_FILE, IMPORTED_FILE, LEGACY_FILE};
 
 /// A generated key as stored: never the key itself, only its hash.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -91,8 +94,10 @@ pub enum KeyStoreError {
     UnknownTeam(String),
     /// A key or team with this id exists already.
     Exists(String),
-    /// The state file could not be read or written.
+    /// The embedded store could not be read or written (the text names the file: for logs).
     Io(String),
+    /// The embedded store's disk is full: the change was not saved (the text names the file).
+    Full(String),
     /// The shared store (Redis) could not be reached or did not answer in time: the answer is
     /// unknown, not "no".
     Unavailable(String),
@@ -108,6 +113,7 @@ impl std::fmt::Display for KeyStoreError {
             }
             KeyStoreError::Exists(what) => write!(f, "{what} already exists"),
             KeyStoreError::Io(e) => write!(f, "key store: {e}"),
+            KeyStoreError::Full(e) => write!(f, "key store full: {e}"),
             KeyStoreError::Unavailable(e) => write!(f, "key store unavailable: {e}"),
             KeyStoreError::Corrupt(e) => write!(f, "key store: corrupt record: {e}"),
         }
@@ -187,31 +193,56 @@ pub fn hashes_match(a: &str, b: &str) -> bool {
     a.len() == b.len() && bool::from(a.as_bytes().ct_eq(b.as_bytes()))
 }
 
-/// Keys and teams, on the embedded file store or on Redis (see the module docs).
+/// Keys and teams, on the embedded store or on Redis (see the module docs).
 #[derive(Debug)]
 pub struct KeyStore {
     backend: Backend,
+    /// Embedded writes queue here, without a thread each: only the one whose turn it is runs on
+    /// a blocking thread (they would run one at a time anyway), so a burst of `/key/generate`
+    /// does not fill the blocking pool with threads waiting on the writer's lock.
+    write_turn: tokio::sync::Mutex<()>,
 }
 
 #[derive(Debug)]
 enum Backend {
-    File(FileStore),
-    // Boxed: the Redis client is large, the file store small.
+    // Shared with the blocking threads its writes run on.
+    Local(Arc<LocalStore>),
+    // Boxed: the Redis client is large.
     Redis(Box<RedisKeys>),
+}
+
+/// Runs a change on the embedded store: on a blocking thread when it writes to disk (an fsync
+/// must not stall the async workers serving other requests), after the changes queued before it;
+/// inline when it is memory only. The change completes even if the caller stops waiting.
+async fn write<R: Send + 'static>(
+    turn: &tokio::sync::Mutex<()>,
+    store: &Arc<LocalStore>,
+    change: impl FnOnce(&LocalStore) -> Result<R, KeyStoreError> + Send + 'static,
+) -> Result<R, KeyStoreError> {
+    if !store.is_persistent() {
+        return change(store);
+    }
+    let _turn = turn.lock().await;
+    let store = store.clone();
+    tokio::task::spawn_blocking(move || change(&store))
+        .await
+        .map_err(|e| KeyStoreError::Io(format!("key store writer: {e}")))?
 }
 
 impl KeyStore {
     /// A store kept only in memory.
     pub fn in_memory() -> Self {
         Self {
-            backend: Backend::File(FileStore::in_memory()),
+            backend: Backend::Local(Arc::new(LocalStore::in_memory())),
+            write_turn: tokio::sync::Mutex::new(()),
         }
     }
 
-    /// Opens (or creates) the file store in `data_dir` (see [`FileStore::open`]).
+    /// Opens (or creates) the embedded store in `data_dir` (see [`LocalStore::open`]).
     pub fn open(data_dir: &Path) -> Result<Self, KeyStoreError> {
         Ok(Self {
-            backend: Backend::File(FileStore::open(data_dir)?),
+            backend: Backend::Local(Arc::new(LocalStore::open(data_dir)?)),
+            write_turn: tokio::sync::Mutex::new(()),
         })
     }
 
@@ -219,11 +250,12 @@ impl KeyStore {
     pub fn redis(store: RedisKeys) -> Self {
         Self {
             backend: Backend::Redis(Box::new(store)),
+            write_turn: tokio::sync::Mutex::new(()),
         }
     }
 
     /// Redis when `config.redis` is set (`data_dir` unused: Redis holds the truth), else the
-    /// file store in `data_dir`, else memory. Redis needs a tokio runtime; it is not contacted
+    /// embedded store in `data_dir`, else memory. Redis needs a tokio runtime; it is not contacted
     /// here, so this succeeds while Redis is down.
     pub fn from_config(
         config: &GatewayConfig,
@@ -239,11 +271,11 @@ impl KeyStore {
         }
     }
 
-    /// `"memory"`, `"file"` or `"redis"`.
+    /// `"memory"`, `"sqlite"` or `"redis"`.
     pub fn kind(&self) -> &'static str {
         match &self.backend {
-            Backend::File(f) if f.is_persistent() => "file",
-            Backend::File(_) => "memory",
+            Backend::Local(l) if l.is_persistent() => "sqlite",
+            Backend::Local(_) => "memory",
             Backend::Redis(_) => "redis",
         }
     }
@@ -252,7 +284,15 @@ impl KeyStore {
     pub fn as_redis(&self) -> Option<&RedisKeys> {
         match &self.backend {
             Backend::Redis(r) => Some(r),
-            Backend::File(_) => None,
+            Backend::Local(_) => None,
+        }
+    }
+
+    /// The embedded backend, if that is where keys live.
+    pub fn as_local(&self) -> Option<&LocalStore> {
+        match &self.backend {
+            Backend::Local(l) => Some(l),
+            Backend::Redis(_) => None,
         }
     }
 
@@ -274,7 +314,10 @@ impl KeyStore {
             created_at: now_secs(),
         });
         match &self.backend {
-            Backend::File(f) => f.insert_key(record.clone())?,
+            Backend::Local(l) => {
+                let record = record.clone();
+                write(&self.write_turn, l, move |l| l.insert_key(record)).await?;
+            }
             Backend::Redis(r) => r.insert_key(&record).await?,
         }
         Ok((key, record))
@@ -285,7 +328,7 @@ impl KeyStore {
     pub async fn resolve(&self, key: &str) -> Result<Option<Resolved>, KeyStoreError> {
         let token = hash_key(key);
         match &self.backend {
-            Backend::File(f) => Ok(f.resolve(&token)),
+            Backend::Local(l) => Ok(l.resolve(&token)),
             Backend::Redis(r) => r.resolve(&token).await,
         }
     }
@@ -294,7 +337,7 @@ impl KeyStore {
     pub async fn key_info(&self, key: &str) -> Result<Option<Arc<KeyRecord>>, KeyStoreError> {
         let token = hash_key(key);
         match &self.backend {
-            Backend::File(f) => Ok(f.resolve(&token).map(|r| r.key)),
+            Backend::Local(l) => Ok(l.resolve(&token).map(|r| r.key)),
             Backend::Redis(r) => r.key(&token).await,
         }
     }
@@ -303,7 +346,7 @@ impl KeyStore {
     pub async fn delete_keys(&self, keys: &[String]) -> Result<Vec<String>, KeyStoreError> {
         let tokens: Vec<String> = keys.iter().map(|k| hash_key(k)).collect();
         let existed = match &self.backend {
-            Backend::File(f) => f.delete(&tokens)?,
+            Backend::Local(l) => write(&self.write_turn, l, move |l| l.delete(&tokens)).await?,
             Backend::Redis(r) => r.delete(&tokens).await?,
         };
         Ok(keys
@@ -331,7 +374,10 @@ impl KeyStore {
             created_at: now_secs(),
         };
         match &self.backend {
-            Backend::File(f) => f.insert_team(team.clone())?,
+            Backend::Local(l) => {
+                let team = team.clone();
+                write(&self.write_turn, l, move |l| l.insert_team(team)).await?;
+            }
             Backend::Redis(r) => r.insert_team(&team).await?,
         }
         Ok(team)
@@ -340,7 +386,7 @@ impl KeyStore {
     /// A team by id.
     pub async fn team(&self, team_id: &str) -> Result<Option<TeamRecord>, KeyStoreError> {
         match &self.backend {
-            Backend::File(f) => Ok(f.team(team_id)),
+            Backend::Local(l) => Ok(l.team(team_id)),
             Backend::Redis(r) => r.team(team_id).await,
         }
     }

@@ -5,4 +5,5 @@
 //! tests are in the workspace's `tests/gateway/`.
 
 mod gateway;
+mod keys;
 mod mock_upstream;
