@@ -2,6 +2,7 @@
 //! service contract directly): one binary, one module per behaviour area. The rig is
 //! [`integration_tests::app`].
 
+mod accounting;
 mod bad_input;
 mod concurrency;
 mod layer;

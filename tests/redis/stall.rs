@@ -185,6 +185,8 @@ fn admit_script_past_its_deadline_changes_nothing() {
             .arg(0) // reserve
             .arg(61_000) // ttl
             .arg(deadline)
+            .arg("f") // fixed window
+            .arg(2_000) // slot (sliding windows only)
             .query(con)
             .unwrap()
     };
@@ -228,6 +230,10 @@ fn settle_script_applies_an_id_once() {
             .arg(0)
             .arg(0)
             .arg(3_000) // ttl: window + 1 s
+            .arg(0) // not a cancellation
+            .arg("f") // fixed window
+            .arg("p") // post_hoc
+            .arg(67) // slot (sliding windows only)
             .query(con)
             .unwrap()
     };
