@@ -62,6 +62,8 @@ async fn run(args: Args) -> Result<(), String> {
     }
     // Bound (and checked) before the gateway is built, so a refusal touches no data.
     let addr = format!("{}:{}", args.host, args.port);
+    // Before anything opens files: clients, not a default of 1024, should meet max_connections.
+    gateway_example::server::raise_file_limit();
     let listener = tokio::net::TcpListener::bind(&addr)
         .await
         .map_err(|e| format!("binding {addr}: {e}"))?;

@@ -177,9 +177,24 @@ fn on_accept_error(e: &io::Error, last_log: &mut Option<Instant>) {
     }
 }
 
+/// Raises the soft open-file limit to the hard one, where the system allows it, so that
+/// `max_connections` rather than a default of 1024 decides how many clients are served. Logs
+/// what it did; a failure (or a platform without the limit) changes nothing and is logged.
+pub fn raise_file_limit() {
+    let before = open_file_limits().and_then(|(soft, _)| soft);
+    match rlimit::increase_nofile_limit(u64::MAX) {
+        Ok(after) => match before {
+            Some(before) if after > before => {
+                tracing::info!("raised the open-file limit from {before} to {after}");
+            }
+            _ => tracing::debug!("open-file limit {after}"),
+        },
+        Err(e) => tracing::warn!("could not raise the open-file limit: {e}"),
+    }
+}
+
 /// The process's soft and hard open-file limits, read from `/proc/self/limits` (Linux; `None`
-/// elsewhere or when unreadable). The gateway does not raise the soft limit itself: that takes
-/// `setrlimit`, which safe Rust's standard library does not offer.
+/// elsewhere or when unreadable).
 pub fn open_file_limits() -> Option<(Option<u64>, Option<u64>)> {
     let text = std::fs::read_to_string("/proc/self/limits").ok()?;
     parse_open_file_limits(&text)

@@ -746,3 +746,34 @@ async fn an_idle_keep_alive_connection_is_closed() {
         "closed after {idle_for:?} idle"
     );
 }
+
+/// Started under a low soft open-file limit (`ulimit -Sn 128`, the hard limit left higher), the
+/// gateway raises its soft limit to the hard one before it listens.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_soft_file_limit_is_raised_at_start() {
+    let dir = limits_config("nofile", "header_read_timeout_seconds: 5");
+    let port = free_port().to_string();
+    let mut low = Command::new("sh");
+    low.arg("-c")
+        .arg(r#"ulimit -Sn 128 && exec "$0" "$@""#)
+        .arg(BIN)
+        .args(gateway_args(&dir, &["--port", &port]));
+    let launched = start(low).expect("starts");
+    let (child, log) = launched.collect_log();
+    let limits = std::fs::read_to_string(format!("/proc/{}/limits", child.id())).unwrap();
+    stop(child);
+    let log = log.join().unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+    let line = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .unwrap();
+    let fields: Vec<&str> = line.split_whitespace().collect();
+    let (soft, hard) = (fields[3], fields[4]);
+    if hard == "128" {
+        eprintln!("SKIPPED: the hard open-file limit here is 128, nothing to raise to");
+        return;
+    }
+    assert_eq!(soft, hard, "{line}");
+    drop(log);
+}
