@@ -774,36 +774,51 @@ async fn one_evalsha_per_admission() {
     let Some(redis) = RedisServer::start("one_evalsha_per_admission") else {
         return;
     };
-    let config = LimiterConfig::builder()
-        .model(ModelLimits::new("m").rpm(1000).tpm(100_000))
-        .reserve("prod", Reservation::Percent(0.5))
-        .build()
-        .unwrap();
-    let limiter = redis_limiter(config, single(&redis), "trips:").await;
-    // Steady state: scripts are loaded at connect; a node that lost them costs one EVAL.
-    drop(limiter.acquire("m", Some("prod"), 0).await.unwrap());
-    redis.cli(&["config", "resetstat"]);
-    for _ in 0..20 {
-        let Acquired::Admitted { lease, .. } = limiter.acquire("m", Some("prod"), 0).await.unwrap()
-        else {
-            panic!("admitted");
+    // Also with a reservation on a sliding window: still one script call per admission.
+    for (accounting, window, estimate) in [
+        (TokenAccounting::PostHoc, WindowKind::Fixed, 0),
+        (TokenAccounting::Reserve, WindowKind::Sliding, 50),
+    ] {
+        let config = LimiterConfig::builder()
+            .model(ModelLimits::new("m").rpm(1000).tpm(100_000))
+            .reserve("prod", Reservation::Percent(0.5))
+            .token_accounting(accounting)
+            .window_kind(window)
+            .build()
+            .unwrap();
+        let prefix = format!("trips-{}:", window.as_str());
+        let limiter = redis_limiter(config, single(&redis), &prefix).await;
+        // Steady state: scripts are loaded at connect; a node that lost them costs one EVAL.
+        std::mem::forget(limiter.acquire("m", Some("prod"), estimate).await.unwrap());
+        redis.cli(&["config", "resetstat"]);
+        for _ in 0..20 {
+            let Acquired::Admitted { lease, .. } =
+                limiter.acquire("m", Some("prod"), estimate).await.unwrap()
+            else {
+                panic!("admitted");
+            };
+            // Not settled: only the admissions are counted here.
+            std::mem::forget(lease);
+        }
+        let stats = redis.cli(&["info", "commandstats"]);
+        let calls = |command: &str| -> u64 {
+            stats
+                .lines()
+                .find_map(|l| l.strip_prefix(&format!("cmdstat_{command}:calls=")))
+                .map_or(0, |rest| rest.split(',').next().unwrap().parse().unwrap())
         };
-        drop(lease); // 0 tokens: nothing to settle, nothing sent
-    }
-    let stats = redis.cli(&["info", "commandstats"]);
-    let calls = |command: &str| -> u64 {
-        stats
-            .lines()
-            .find_map(|l| l.strip_prefix(&format!("cmdstat_{command}:calls=")))
-            .map_or(0, |rest| rest.split(',').next().unwrap().parse().unwrap())
-    };
-    assert_eq!(calls("evalsha"), 20, "{stats}");
-    let from_scripts = ["evalsha", "time", "hmget", "hset", "hincrby", "pexpire"];
-    for line in stats.lines().filter(|l| l.starts_with("cmdstat_")) {
-        let command = line["cmdstat_".len()..].split(':').next().unwrap();
-        assert!(
-            from_scripts.contains(&command) || command.starts_with("config") || command == "info",
-            "unexpected command {command} on the admission path: {stats}"
-        );
+        assert_eq!(calls("evalsha"), 20, "{stats}");
+        let from_scripts = [
+            "evalsha", "time", "hmget", "hset", "hincrby", "hdel", "pexpire",
+        ];
+        for line in stats.lines().filter(|l| l.starts_with("cmdstat_")) {
+            let command = line["cmdstat_".len()..].split(':').next().unwrap();
+            assert!(
+                from_scripts.contains(&command)
+                    || command.starts_with("config")
+                    || command == "info",
+                "unexpected command {command} on the admission path: {stats}"
+            );
+        }
     }
 }
