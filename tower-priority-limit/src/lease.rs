@@ -8,31 +8,44 @@ use crate::decision::Admitted;
 use crate::estimate::OutputEstimate;
 use crate::store::{Settlement, Settler};
 
+/// Where one model's leases settle: the store's settler for the model and, with `reserve`
+/// accounting, the model's output estimate. One per model, made once by the limiter, so a lease
+/// costs one reference count, not one per part.
+pub(crate) struct SettleTarget {
+    pub(crate) settler: Option<Arc<dyn Settler>>,
+    pub(crate) estimate: Option<OutputEstimate>,
+}
+
+impl fmt::Debug for SettleTarget {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SettleTarget")
+            .field("estimate", &self.estimate)
+            .finish_non_exhaustive()
+    }
+}
+
 /// Proof of one admission. Settle it with the response's tokens; dropping it unsettled settles 0
 /// (the request produced no body: nothing was streamed, nothing is charged, any reservation is
 /// refunded).
 pub struct Lease {
-    /// `None` once settled, or if the store had no such model (nothing to settle).
-    settler: Option<Arc<dyn Settler>>,
+    /// `None` once settled.
+    target: Option<Arc<SettleTarget>>,
     settlement: Settlement,
-    /// The model's output estimate, with `reserve` accounting: settling records the estimate's
-    /// error and, when the request set no output limit, teaches it the response's output.
-    estimate: Option<Arc<OutputEstimate>>,
+    /// Whether the response teaches the model's output estimate (`reserve` accounting, and the
+    /// request set no output limit); settling always records the estimate's error.
     teaches: bool,
 }
 
 impl Lease {
     pub(crate) fn new(
-        settler: Option<Arc<dyn Settler>>,
+        target: Arc<SettleTarget>,
         model: ModelId,
         pool: PoolRef,
         admitted: &Admitted,
-        estimate: Option<Arc<OutputEstimate>>,
     ) -> Self {
         Self {
-            estimate,
+            target: Some(target),
             teaches: true,
-            settler,
             settlement: Settlement {
                 model,
                 pool,
@@ -81,7 +94,7 @@ impl Lease {
     /// refunded. Only in the window it was admitted in: once that window has ended, there is
     /// nothing to take back. Consumes the lease, so it happens once and instead of a settlement.
     pub fn cancel(mut self) {
-        if let Some(settler) = self.settler.take() {
+        if let Some(settler) = self.target.take().and_then(|t| t.settler.clone()) {
             self.settlement.tokens = 0;
             self.settlement.cancel = true;
             settler.settle(self.settlement);
@@ -89,17 +102,20 @@ impl Lease {
     }
 
     fn settle_once(&mut self, tokens: u64, output_tokens: Option<u64>) {
-        if let Some(settler) = self.settler.take() {
-            if let Some(estimate) = &self.estimate {
-                estimate.record_error(self.settlement.reserved, tokens);
-                if let (true, Some(output)) = (self.teaches, output_tokens) {
-                    estimate.observe(output);
-                }
+        let Some(target) = self.target.take() else {
+            return;
+        };
+        if let Some(estimate) = &target.estimate {
+            estimate.record_error(self.settlement.reserved, tokens);
+            if let (true, Some(output)) = (self.teaches, output_tokens) {
+                estimate.observe(output);
             }
-            // Nothing to record: skip the store (a remote one would pay a round trip for nothing).
-            if tokens == 0 && self.settlement.reserved == 0 {
-                return;
-            }
+        }
+        // Nothing to record: skip the store (a remote one would pay a round trip for nothing).
+        if tokens == 0 && self.settlement.reserved == 0 {
+            return;
+        }
+        if let Some(settler) = &target.settler {
             self.settlement.tokens = tokens;
             settler.settle(self.settlement);
         }
@@ -116,7 +132,7 @@ impl fmt::Debug for Lease {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Lease")
             .field("settlement", &self.settlement)
-            .field("settled", &self.settler.is_none())
+            .field("settled", &self.target.is_none())
             .finish()
     }
 }

@@ -15,7 +15,7 @@ use crate::clock::Clock;
 use crate::config::{LimiterConfig, ModelId, PoolRef, TokenAccounting};
 use crate::decision::{Admitted, Decision, Refused};
 use crate::estimate::{EstimateStats, OutputEstimate};
-use crate::lease::Lease;
+use crate::lease::{Lease, SettleTarget};
 use crate::meter::UsageMeter;
 use crate::response::{
     insert_admitted_headers, refusal_response, store_failure_response, LimitHeaderValues,
@@ -47,8 +47,9 @@ pub struct Limiter<St = MemoryStore> {
     unknown_labels: Box<[AtomicU64]>,
     /// The config's limits as response header values, formatted once.
     limit_header_values: LimitHeaderValues,
-    /// Per model: the learned output estimate and its errors (used with `reserve` accounting).
-    output_estimates: Box<[Arc<OutputEstimate>]>,
+    /// Per model: where its leases settle (the store's settler and, with `reserve` accounting,
+    /// the learned output estimate and its errors).
+    targets: Box<[Arc<SettleTarget>]>,
 }
 
 const UNKNOWN_LABEL_SLOTS: usize = 256;
@@ -85,16 +86,19 @@ impl<St: Store> Limiter<St> {
     /// A limiter over any store, with the config the store was built for.
     pub fn with_store(store: St) -> Self {
         let settings = store.config().settings();
-        let output_estimates = (0..store.config().models().len())
-            .map(|_| {
-                Arc::new(OutputEstimate::new(
-                    settings.default_estimated_output_tokens,
-                ))
+        let reserve = settings.token_accounting == TokenAccounting::Reserve;
+        let targets = (0..store.config().models().len())
+            .map(|i| {
+                Arc::new(SettleTarget {
+                    settler: store.settler(ModelId(i as u32)),
+                    estimate: reserve
+                        .then(|| OutputEstimate::new(settings.default_estimated_output_tokens)),
+                })
             })
             .collect();
         Self {
             limit_header_values: LimitHeaderValues::new(store.config()),
-            output_estimates,
+            targets,
             store,
             unknown_labels: (0..UNKNOWN_LABEL_SLOTS)
                 .map(|_| AtomicU64::new(0))
@@ -156,8 +160,8 @@ impl<St: Store> Limiter<St> {
             TokenAccounting::PostHoc => 0,
             TokenAccounting::Reserve => {
                 let output = max_output_tokens.unwrap_or_else(|| {
-                    self.output_estimates
-                        .get(model.index())
+                    self.target(model)
+                        .and_then(|t| t.estimate.as_ref())
                         .map_or(0, |e| e.tokens())
                 });
                 prompt_tokens.saturating_add(output)
@@ -168,7 +172,17 @@ impl<St: Store> Limiter<St> {
     /// What `model`'s output estimate has learned, and how far reservations were from the
     /// responses' real usage (`reserve` accounting; all zero otherwise).
     pub fn estimate_stats(&self, model: ModelId) -> Option<EstimateStats> {
-        self.output_estimates.get(model.index()).map(|e| e.stats())
+        let target = self.target(model)?;
+        Some(
+            target
+                .estimate
+                .as_ref()
+                .map_or_else(EstimateStats::default, |e| e.stats()),
+        )
+    }
+
+    fn target(&self, model: ModelId) -> Option<&Arc<SettleTarget>> {
+        self.targets.get(model.index())
     }
 
     /// Starts one admission (one store round trip) of a request expected to cost `estimate`
@@ -227,11 +241,15 @@ impl<St: Store> Limiter<St> {
 
     /// The lease for a request admitted as `admitted`.
     pub fn lease(&self, model: ModelId, pool: PoolRef, admitted: &Admitted) -> Lease {
-        let estimate = match self.config().settings().token_accounting {
-            TokenAccounting::Reserve => self.output_estimates.get(model.index()).cloned(),
-            TokenAccounting::PostHoc => None,
+        let target = match self.target(model) {
+            Some(target) => Arc::clone(target),
+            // A model of another config: nothing to settle into.
+            None => Arc::new(SettleTarget {
+                settler: None,
+                estimate: None,
+            }),
         };
-        Lease::new(self.store.settler(model), model, pool, admitted, estimate)
+        Lease::new(target, model, pool, admitted)
     }
 
     /// The 429 for a request on `model` under `pool` that the limiter refused: the OpenAI error

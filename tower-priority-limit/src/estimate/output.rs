@@ -21,23 +21,18 @@ const STEP: f64 = 0.02;
 pub struct OutputEstimate {
     estimate: AtomicU64,
     settled: AtomicU64,
-    reserved: AtomicU64,
-    used: AtomicU64,
     over: AtomicU64,
     under: AtomicU64,
 }
 
-/// What an [`OutputEstimate`] has learned and how far the reservations were from the truth.
+/// What an [`OutputEstimate`] has learned and how far the reservations were from the truth
+/// (`over − under` is the total of reserved − used).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct EstimateStats {
     /// Output tokens a request without `max_tokens` reserves now.
     pub output_estimate: u64,
     /// Reserved requests settled.
     pub settled: u64,
-    /// Tokens they reserved in all.
-    pub reserved: u64,
-    /// Tokens they used in all.
-    pub used: u64,
     /// The sum of `reserved − used` over requests that reserved more than they used.
     pub over: u64,
     /// The sum of `used − reserved` over requests that used more than they reserved.
@@ -50,8 +45,6 @@ impl OutputEstimate {
         Self {
             estimate: AtomicU64::new((initial.max(1) as f64).to_bits()),
             settled: AtomicU64::new(0),
-            reserved: AtomicU64::new(0),
-            used: AtomicU64::new(0),
             over: AtomicU64::new(0),
             under: AtomicU64::new(0),
         }
@@ -81,11 +74,9 @@ impl OutputEstimate {
     /// Records that a request reserved `reserved` tokens and used `used`.
     pub fn record_error(&self, reserved: u64, used: u64) {
         self.settled.fetch_add(1, Ordering::Relaxed);
-        self.reserved.fetch_add(reserved, Ordering::Relaxed);
-        self.used.fetch_add(used, Ordering::Relaxed);
-        if reserved >= used {
+        if reserved > used {
             self.over.fetch_add(reserved - used, Ordering::Relaxed);
-        } else {
+        } else if used > reserved {
             self.under.fetch_add(used - reserved, Ordering::Relaxed);
         }
     }
@@ -95,8 +86,6 @@ impl OutputEstimate {
         EstimateStats {
             output_estimate: self.tokens(),
             settled: self.settled.load(Ordering::Relaxed),
-            reserved: self.reserved.load(Ordering::Relaxed),
-            used: self.used.load(Ordering::Relaxed),
             over: self.over.load(Ordering::Relaxed),
             under: self.under.load(Ordering::Relaxed),
         }
@@ -138,10 +127,7 @@ mod tests {
         e.record_error(100, 30);
         e.record_error(10, 25);
         let s = e.stats();
-        assert_eq!(
-            (s.settled, s.reserved, s.used, s.over, s.under),
-            (2, 110, 55, 70, 15)
-        );
+        assert_eq!((s.settled, s.over, s.under), (2, 70, 15));
         assert_eq!(s.output_estimate, 256);
     }
 }

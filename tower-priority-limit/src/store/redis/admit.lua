@@ -140,8 +140,10 @@ if verdict == 0 then
   end
   count('m', m)
   if pp ~= '' then count(pp, q) end
-  -- Every slot in this hash leaves the window by now + window + a slot.
-  redis.call('PEXPIRE', key, tonumber(ARGV[9]))
+  -- Every slot in this hash leaves the window by now + window + a slot; the TTL (window + a slot
+  -- + a margin of at least a slot) is renewed when the model's newest slot changes, which is
+  -- often enough.
+  if m.start ~= m.head then redis.call('PEXPIRE', key, tonumber(ARGV[9])) end
   return {now, m.head, m.r, m.k, q.head or -1, q.r, q.k, verdict}
 end
 

@@ -82,12 +82,13 @@ const MAX_EXACT: u64 = (1 << 53) - 1;
 /// Added to a key's TTL beyond its window, so a counter never expires while its window is open.
 const TTL_MARGIN_MS: u64 = 1_000;
 
-/// How long a model's keys live after their last write: the window (and a slot, for a sliding
+/// How long a model's keys live after their last write: the window (and two slots, for a sliding
 /// one) plus a margin, so a counter never expires while it still counts.
 fn ttl_ms(settings: &crate::config::Settings) -> u64 {
+    // A sliding window renews the TTL once per slot, not on every write: a slot more.
     let extra = match settings.window_kind {
         WindowKind::Fixed => 0,
-        WindowKind::Sliding => slot_ms(settings.window_ms),
+        WindowKind::Sliding => slot_ms(settings.window_ms).saturating_mul(2),
     };
     settings
         .window_ms
