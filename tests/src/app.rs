@@ -101,16 +101,7 @@ impl TimeControl {
 /// (the other keys there, settlement ids, are left alone).
 pub fn shift_redis_windows(client: &::redis::Client, prefix: &str, by: Duration) {
     let mut con = client.get_connection().expect("redis connection");
-    let keys: Vec<String> = ::redis::cmd("KEYS")
-        .arg(format!("{prefix}*"))
-        .query(&mut con)
-        .unwrap();
-    for key in keys {
-        let kind: String = ::redis::cmd("TYPE").arg(&key).query(&mut con).unwrap();
-        if kind != "hash" {
-            continue;
-        }
-        let fields: Vec<String> = ::redis::cmd("HKEYS").arg(&key).query(&mut con).unwrap();
+    for (key, fields) in hashes_under(&mut con, prefix) {
         for field in fields.iter().filter(|f| *f == "ms" || f.ends_with(":s")) {
             let _: i64 = ::redis::cmd("HINCRBY")
                 .arg(&key)
@@ -122,22 +113,30 @@ pub fn shift_redis_windows(client: &::redis::Client, prefix: &str, by: Duration)
     }
 }
 
+/// Every hash under `prefix`, with its field names.
+fn hashes_under(con: &mut ::redis::Connection, prefix: &str) -> Vec<(String, Vec<String>)> {
+    let keys: Vec<String> = ::redis::cmd("KEYS")
+        .arg(format!("{prefix}*"))
+        .query(con)
+        .unwrap();
+    let mut hashes = Vec::new();
+    for key in keys {
+        let kind: String = ::redis::cmd("TYPE").arg(&key).query(con).unwrap();
+        if kind == "hash" {
+            let fields: Vec<String> = ::redis::cmd("HKEYS").arg(&key).query(con).unwrap();
+            hashes.push((key, fields));
+        }
+    }
+    hashes
+}
+
 /// Moves every sliding window under `prefix` back by `by` (whole slots of `window`), as if that
 /// much time had passed: each ring's head and every slot move back, keeping their places mod 31.
 pub fn shift_redis_rings(client: &::redis::Client, prefix: &str, by: Duration, window: u64) {
     use tower_priority_limit::decision::{slot_ms, RING};
     let slots = (by.as_millis() as u64) / slot_ms(window);
     let mut con = client.get_connection().expect("redis connection");
-    let keys: Vec<String> = ::redis::cmd("KEYS")
-        .arg(format!("{prefix}*"))
-        .query(&mut con)
-        .unwrap();
-    for key in keys {
-        let kind: String = ::redis::cmd("TYPE").arg(&key).query(&mut con).unwrap();
-        if kind != "hash" {
-            continue;
-        }
-        let fields: Vec<String> = ::redis::cmd("HKEYS").arg(&key).query(&mut con).unwrap();
+    for (key, fields) in hashes_under(&mut con, prefix) {
         for head in fields.iter().filter(|f| *f == "mh" || f.ends_with(":h")) {
             let p = &head[..head.len() - 1];
             let h: u64 = ::redis::cmd("HGET")
