@@ -13,10 +13,10 @@ use axum::Extension;
 use http::header::{ALLOW, CONTENT_LENGTH, CONTENT_TYPE};
 use http::{HeaderValue, Method, StatusCode};
 use serde_json::Value;
-use tower_priority_limit::model::read_body;
 use tower_priority_limit::priority::Priority;
 
 use super::auth::Caller;
+use super::body::read_bounded;
 use crate::chat::ChatRequest;
 use crate::error::ApiError;
 use crate::gateway::Gateway;
@@ -48,29 +48,6 @@ pub async fn prepare(
         Ok(request) => next.run(request).await,
         Err(e) => e.into_response(),
     }
-}
-
-/// Reads a request's whole body, bounded in size (`max_request_size_mb`: 413) and in time
-/// (`request_body_timeout_seconds`: a body that trickles, or never ends, is answered 408). Chat
-/// and admin routes read their bodies through it.
-pub async fn read_bounded(
-    gw: &Gateway,
-    request: Request,
-) -> Result<(http::request::Parts, bytes::Bytes), ApiError> {
-    let timeout = gw.config().request_body_timeout;
-    tokio::time::timeout(timeout, read_body(request, gw.config().max_request_bytes))
-        .await
-        .map_err(|_| {
-            ApiError::new(
-                StatusCode::REQUEST_TIMEOUT,
-                "invalid_request_error",
-                format!(
-                    "The request body was not received within {} seconds.",
-                    timeout.as_secs_f64()
-                ),
-            )
-        })?
-        .map_err(ApiError::from)
 }
 
 async fn validate(gw: &Gateway, caller: &Caller, request: Request) -> Result<Request, ApiError> {

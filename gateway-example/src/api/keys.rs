@@ -10,7 +10,7 @@ use axum::Json;
 use http::StatusCode;
 use serde_json::{json, Map, Value};
 
-use super::chat::read_bounded;
+use super::body::read_bounded;
 use crate::error::ApiError;
 use crate::gateway::Gateway;
 use crate::keys::{KeyRecord, KeyStoreError, TeamRecord};

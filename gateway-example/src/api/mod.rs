@@ -1,6 +1,7 @@
 //! HTTP endpoints and the middleware in front of them.
 
 pub mod auth;
+pub mod body;
 pub mod chat;
 pub mod health;
 pub mod keys;

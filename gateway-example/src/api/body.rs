@@ -1,0 +1,31 @@
+//! Request bodies as every route reads them: bounded in size and in time.
+
+use axum::extract::Request;
+use http::StatusCode;
+use tower_priority_limit::model::read_body;
+
+use crate::error::ApiError;
+use crate::gateway::Gateway;
+
+/// Reads a request's whole body, bounded in size (`max_request_size_mb`: 413) and in time
+/// (`request_body_timeout_seconds`: a body that trickles, or never ends, is answered 408). Chat
+/// and admin routes read their bodies through it.
+pub async fn read_bounded(
+    gw: &Gateway,
+    request: Request,
+) -> Result<(http::request::Parts, bytes::Bytes), ApiError> {
+    let timeout = gw.config().request_body_timeout;
+    tokio::time::timeout(timeout, read_body(request, gw.config().max_request_bytes))
+        .await
+        .map_err(|_| {
+            ApiError::new(
+                StatusCode::REQUEST_TIMEOUT,
+                "invalid_request_error",
+                format!(
+                    "The request body was not received within {} seconds.",
+                    timeout.as_secs_f64()
+                ),
+            )
+        })?
+        .map_err(ApiError::from)
+}
