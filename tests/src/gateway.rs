@@ -241,9 +241,14 @@ litellm_settings:
 
 /// The body of one of the streams: 30 tokens answered (10 prompt + 20 completion), at most
 /// 20 asked for.
+///
+/// The upstream reports 10 prompt tokens whatever it is sent, so the prompt is long enough for
+/// any estimate of it to be at least that (a prompt estimated below what the upstream reports
+/// would let the estimate fall short of the truth, which `reserve` cannot see coming).
 pub fn stream_body(max_tokens: u64) -> serde_json::Value {
     json!({"model": "m", "stream": true, "max_tokens": max_tokens,
-           "messages": [{"role": "user", "content": "hi"}]})
+           "messages": [{"role": "user",
+                         "content": "Write a short greeting for the new members of our reading club."}]})
 }
 
 /// How many of `replies` were served, checking every other one is the limiter's 429.
