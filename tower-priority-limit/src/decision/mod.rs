@@ -214,12 +214,16 @@ pub fn saturation(limits: &ModelLimits, usage: Usage) -> f64 {
 }
 
 /// The tokens a request estimated at `estimate` reserves on `pool` of a model with `limits`: the
-/// estimate, but at most half of the smallest token limit it is counted against (the model's
-/// `tpm`, and its pool's when the config reserves shares), and at least 1 token of a limit (so
-/// one request with `max_tokens: 100000` can neither be refused forever by a small pool nor lock
-/// it: it takes half and settles the truth).
-pub fn reservation(limits: &ModelLimits, pool: PoolRef, estimate: u64) -> u64 {
-    [limits.tpm, limits.pool(pool).and_then(|p| p.tpm)]
+/// estimate, but at most half of the smallest token limit enforced on it (the model's `tpm`; in
+/// strict mode also its pool's), and at least 1 token of a limit. So one request with
+/// `max_tokens: 100000` can neither be refused forever by a small limit nor lock it: it takes
+/// half and settles the truth. In generous mode the pool's limit is not enforced, so it does not
+/// cap the reservation either.
+pub fn reservation(limits: &ModelLimits, pool: PoolRef, strict: bool, estimate: u64) -> u64 {
+    let pool_tpm = strict
+        .then(|| limits.pool(pool).and_then(|p| p.tpm))
+        .flatten();
+    [limits.tpm, pool_tpm]
         .into_iter()
         .flatten()
         .map(|tpm| (tpm / 2).max(1))
@@ -245,7 +249,7 @@ fn check(rpm: Option<u64>, tpm: Option<u64>, usage: Usage, reserve: u64) -> Opti
                 dimension: Dimension::Requests,
                 limit: rpm,
                 used: usage.requests,
-                excess: usage.requests + 1 - rpm,
+                excess: usage.requests.saturating_add(1) - rpm,
             });
         }
     }
@@ -279,9 +283,10 @@ pub fn decide<W: Window>(
     now: Millis,
 ) -> Decision {
     let window = settings.window_ms;
-    let reserve = reservation(limits, pool, estimate);
     let model_usage = model_counter.usage(now, window);
     let saturation = saturation(limits, model_usage);
+    let strict = saturation >= settings.saturation_threshold;
+    let reserve = reservation(limits, pool, strict && pool_counter.is_some(), estimate);
     let refuse = |scope, over: Over, counter: &W| {
         Decision::Refuse(Refused {
             scope,
@@ -297,7 +302,6 @@ pub fn decide<W: Window>(
         return refuse(Scope::Model, over, model_counter);
     }
 
-    let strict = saturation >= settings.saturation_threshold;
     let pool_limits: Option<&PoolLimits> = limits.pool(pool);
     let pool_usage = pool_counter.map(|c| c.usage(now, window));
     if strict {
@@ -556,6 +560,21 @@ mod tests {
             (Some(W), 30),
             "what outgrew the reservation is charged to the window current then"
         );
+    }
+
+    #[test]
+    fn a_reservation_is_capped_at_half_the_limits_enforced() {
+        let c = cfg(None, Some(1000), 0.5);
+        let m = &c.models()[0];
+        // Generous mode enforces only the model's tpm: half of it.
+        assert_eq!(reservation(m, DEV, false, 100_000), 500);
+        assert_eq!(reservation(m, DEV, false, 40), 40);
+        // Strict mode enforces dev's pool (floor(1000 × 0.1) = 100) too.
+        assert_eq!(reservation(m, DEV, true, 100_000), 50);
+        assert_eq!(reservation(m, PROD, true, 100_000), 450);
+        // A pool with no tokens still lets a 1-token reservation be asked for (and refused).
+        let c = cfg(None, Some(1000), 0.0);
+        assert_eq!(reservation(&c.models()[0], PoolRef::Default, true, 99), 1);
     }
 
     #[test]

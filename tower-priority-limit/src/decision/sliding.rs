@@ -28,6 +28,12 @@ pub fn slot_at(now: Millis, window: Millis) -> u64 {
     now / slot_ms(window)
 }
 
+/// Where slot `slot` is kept in a counter's ring (as `admit.lua` places it: `slot % 31`, taken in
+/// 64 bits before it becomes an index, so 32-bit targets agree).
+fn place_of(slot: u64) -> usize {
+    (slot % RING as u64) as usize
+}
+
 /// One counter pair over a sliding window.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SlidingWindow {
@@ -68,7 +74,7 @@ impl SlidingWindow {
             Some(head) if now_slot >= head + RING as u64 => *self = Self::default(),
             Some(head) if now_slot > head => {
                 for s in (head + 1)..=now_slot {
-                    let place = &mut self.slots[s as usize % RING];
+                    let place = &mut self.slots[place_of(s)];
                     self.total.requests -= place.requests.min(self.total.requests);
                     self.total.tokens -= place.tokens.min(self.total.tokens);
                     *place = Usage::default();
@@ -87,7 +93,7 @@ impl SlidingWindow {
         let head = self.head?;
         let now_slot = slot_at(now, window).max(head);
         let counts = admitted_in <= head && admitted_in + RING as u64 > now_slot;
-        counts.then(|| &mut self.slots[admitted_in as usize % RING])
+        counts.then(|| &mut self.slots[place_of(admitted_in)])
     }
 
     /// Adds `change` (old → new values of one place) to the total.
@@ -103,7 +109,7 @@ impl Window for SlidingWindow {
     fn usage(&self, now: Millis, window: Millis) -> Usage {
         let mut usage = self.total;
         for s in self.expired(slot_at(now, window)) {
-            let place = self.slots[s as usize % RING];
+            let place = self.slots[place_of(s)];
             usage.requests -= place.requests.min(usage.requests);
             usage.tokens -= place.tokens.min(usage.tokens);
         }
@@ -129,7 +135,7 @@ impl Window for SlidingWindow {
             .max((now_slot + 1).saturating_sub(RING as u64));
         let mut freed = 0u64;
         for s in oldest..=head {
-            let place = self.slots[s as usize % RING];
+            let place = self.slots[place_of(s)];
             freed = freed.saturating_add(match dimension {
                 Dimension::Requests => place.requests,
                 Dimension::Tokens => place.tokens,
@@ -151,7 +157,7 @@ impl Window for SlidingWindow {
 
     fn admit(&mut self, reserved: u64, now: Millis, window: Millis) {
         let slot = self.advance(now, window);
-        let place = &mut self.slots[slot as usize % RING];
+        let place = &mut self.slots[place_of(slot)];
         let old = *place;
         place.requests = place.requests.saturating_add(1);
         place.tokens = place.tokens.saturating_add(reserved);
@@ -161,7 +167,7 @@ impl Window for SlidingWindow {
 
     fn record(&mut self, tokens: u64, now: Millis, window: Millis) {
         let slot = self.advance(now, window);
-        let place = &mut self.slots[slot as usize % RING];
+        let place = &mut self.slots[place_of(slot)];
         let old = *place;
         place.tokens = place.tokens.saturating_add(tokens);
         let new = *place;

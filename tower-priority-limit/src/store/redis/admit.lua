@@ -8,9 +8,10 @@
 --          sliding window: <p>h (newest slot written), <p>R, <p>T (totals over the held slots),
 --          <p>r<k>, <p>t<k> (requests and tokens of the slot at ring place k = slot % 31).
 -- ARGV     window_ms, rpm, tpm, pool prefix ("" = no pools), pool rpm, pool tpm
---          (limits: -1 = none), saturation threshold, tokens to reserve (already capped as
---          `reservation()` does), key TTL in ms, deadline: the caller's deadline on this server's
---          TIME in ms (-1 = none), window kind ("f" fixed, "s" sliding), slot length in ms.
+--          (limits: -1 = none), saturation threshold, tokens to reserve in generous mode (already
+--          capped as `reservation()` does), key TTL in ms, deadline: the caller's deadline on
+--          this server's TIME in ms (-1 = none), window kind ("f" fixed, "s" sliding), slot
+--          length in ms, tokens to reserve in strict mode.
 -- Returns  fixed:   {now, model start (-1 = none), model requests, model tokens,
 --                    pool start (-1 = none), pool requests, pool tokens, verdict}
 --          sliding: {now, model head (-1 = none), model requests, model tokens, pool head, pool
@@ -31,7 +32,9 @@ local rpm, tpm = tonumber(ARGV[2]), tonumber(ARGV[3])
 local pp = ARGV[4]
 local prpm, ptpm = tonumber(ARGV[5]), tonumber(ARGV[6])
 local threshold = tonumber(ARGV[7])
-local reserve = tonumber(ARGV[8])
+-- The reservation in generous mode, and in strict mode (capped by the pool's limit too).
+local reserve_generous = tonumber(ARGV[8])
+local reserve_strict = tonumber(ARGV[13]) or reserve_generous
 local sliding = ARGV[11] == 's'
 local slot_ms = tonumber(ARGV[12])
 local RING = 31
@@ -91,6 +94,14 @@ local m = read('m', {f[1], f[2], f[3]})
 local q = {start = nil, head = nil, r = 0, k = 0, raw_r = 0, raw_k = 0, gone = {}}
 if pp ~= '' then q = read(pp, {f[4], f[5], f[6]}) end
 
+-- Saturation, read before this request counts, picks the mode and so the reservation.
+local saturation = 0
+if rpm >= 0 then saturation = math.max(saturation, m.r / rpm) end
+if tpm >= 0 then saturation = math.max(saturation, m.k / tpm) end
+local strict = pp ~= '' and saturation >= threshold
+local reserve = reserve_generous
+if strict then reserve = reserve_strict end
+
 -- RPM is exact (refused iff requests + 1 > limit); TPM refuses iff tokens >= limit or
 -- tokens + reserve > limit (reserve is 0 with post_hoc accounting).
 local function over(lr, lt, c)
@@ -100,11 +111,8 @@ end
 local verdict = 0
 if over(rpm, tpm, m) then
   verdict = 1
-elseif pp ~= '' then
-  local saturation = 0
-  if rpm >= 0 then saturation = math.max(saturation, m.r / rpm) end
-  if tpm >= 0 then saturation = math.max(saturation, m.k / tpm) end
-  if saturation >= threshold and over(prpm, ptpm, q) then verdict = 2 end
+elseif strict and over(prpm, ptpm, q) then
+  verdict = 2
 end
 
 if not sliding then
@@ -133,7 +141,8 @@ if verdict == 0 then
       cleared[#cleared + 1] = p .. 't' .. place
     end
     if #cleared > 0 then redis.call('HDEL', key, unpack(cleared)) end
-    local place = slot % RING
+    -- The newest slot: the current one, or the head if the clock stepped back.
+    local place = c.head % RING
     redis.call('HINCRBY', key, p .. 'r' .. place, 1)
     if reserve > 0 then redis.call('HINCRBY', key, p .. 't' .. place, reserve) end
     redis.call('HSET', key, p .. 'h', c.head, p .. 'R', c.r + 1, p .. 'T', c.k + reserve)

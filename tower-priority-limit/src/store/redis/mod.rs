@@ -453,6 +453,11 @@ impl Inner {
         let timeout_ms = i64::try_from(self.timeout.as_millis()).unwrap_or(i64::MAX);
         let deadline = self.redis_time.deadline(sent, timeout_ms);
         let keys = [key.as_str()];
+        // The script picks by the mode it finds: the pool's limit caps it in strict mode only.
+        let reserve = |strict: bool| {
+            let strict = strict && limits.pool_count() > 0;
+            reservation(limits, request.pool, strict, request.reserve.min(MAX_EXACT))
+        };
         let call = self.admit_script.call(&mut connection, &keys, |cmd| {
             cmd.arg(settings.window_ms)
                 .arg(limit(limits.rpm))
@@ -461,15 +466,12 @@ impl Inner {
                 .arg(limit(pool_limits.and_then(|p| p.rpm)))
                 .arg(limit(pool_limits.and_then(|p| p.tpm)))
                 .arg(settings.saturation_threshold)
-                .arg(reservation(
-                    limits,
-                    request.pool,
-                    request.reserve.min(MAX_EXACT),
-                ))
+                .arg(reserve(false))
                 .arg(self.ttl_ms)
                 .arg(deadline)
                 .arg(self.window_kind_arg())
-                .arg(slot_ms(settings.window_ms));
+                .arg(slot_ms(settings.window_ms))
+                .arg(reserve(true));
         });
         let reply: Result<Vec<i64>, StoreError> = bounded(self.timeout, call).await;
         match reply {
