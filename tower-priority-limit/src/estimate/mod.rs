@@ -2,5 +2,7 @@
 //! the request body (`prompt.rs`).
 
 mod prompt;
+#[cfg(feature = "tokenizer")]
+mod tokenizer;
 
 pub use self::prompt::prompt_tokens;
