@@ -102,25 +102,35 @@ mod heuristic {
 
     impl Count for Heuristic {
         fn count(&self, text: &str) -> u64 {
-            let mut n = [0u64; 5];
-            for &b in text.as_bytes() {
-                let class = match b {
-                    b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' => 0,
-                    0..=0x7f => 1,
-                    // A leading byte of a multi-byte character; continuation bytes (0x80..=0xbf) are
-                    // not counted.
-                    0xc0..=0xdf => 2,
-                    0xe0..=0xef => 3,
-                    0xf0..=0xff => 4,
-                    _ => continue,
-                };
-                n[class] += 1;
+            // Branch-free with byte-wide counters over chunks of at most 255 bytes, so the
+            // compiler vectorises it (16 bytes a step): a `match` per byte was 7 times slower
+            // than the JSON parse around it, and u64 counters still 3 times slower.
+            let (mut alnum, mut ascii) = (0u64, 0u64);
+            // Leading bytes of 2-, 3- and 4-byte characters are >= 0xc0, 0xe0, 0xf0; continuation
+            // bytes (0x80..=0xbf) are not counted.
+            let (mut lead, mut lead3, mut lead4) = (0u64, 0u64, 0u64);
+            for chunk in text.as_bytes().chunks(255) {
+                let (mut a, mut s, mut l, mut l3, mut l4) = (0u8, 0u8, 0u8, 0u8, 0u8);
+                for &b in chunk {
+                    let letter = (b | 0x20).wrapping_sub(b'a') < 26;
+                    let digit = b.wrapping_sub(b'0') < 10;
+                    a += u8::from(letter | digit);
+                    s += u8::from(b < 0x80);
+                    l += u8::from(b >= 0xc0);
+                    l3 += u8::from(b >= 0xe0);
+                    l4 += u8::from(b >= 0xf0);
+                }
+                alnum += u64::from(a);
+                ascii += u64::from(s);
+                lead += u64::from(l);
+                lead3 += u64::from(l3);
+                lead4 += u64::from(l4);
             }
-            let milli = n[0] * MILLI_ALNUM
-                + n[1] * MILLI_ASCII_OTHER
-                + n[2] * MILLI_UTF8_2
-                + n[3] * MILLI_UTF8_3
-                + n[4] * MILLI_UTF8_4;
+            let milli = alnum * MILLI_ALNUM
+                + (ascii - alnum) * MILLI_ASCII_OTHER
+                + (lead - lead3) * MILLI_UTF8_2
+                + (lead3 - lead4) * MILLI_UTF8_3
+                + lead4 * MILLI_UTF8_4;
             milli.div_ceil(1000)
         }
     }
@@ -1056,6 +1066,23 @@ mod tests {
     }
 
     proptest! {
+        /// The branch-free count is the per-character-class one.
+        #[test]
+        fn heuristic_counts_character_classes(text in ".{0,64}") {
+            let (mut alnum, mut other, mut u2, mut u3, mut u4) = (0u64, 0u64, 0u64, 0u64, 0u64);
+            for ch in text.chars() {
+                match ch.len_utf8() {
+                    1 if ch.is_ascii_alphanumeric() => alnum += 1,
+                    1 => other += 1,
+                    2 => u2 += 1,
+                    3 => u3 += 1,
+                    _ => u4 += 1,
+                }
+            }
+            let milli = alnum * 208 + other * 315 + u2 * 207 + u3 * 733 + u4 * 1000;
+            prop_assert_eq!(Heuristic.count(&text), milli.div_ceil(1000));
+        }
+
         #[test]
         fn never_panics_on_bytes(body in proptest::collection::vec(any::<u8>(), 0..512)) {
             let n = prompt_tokens(&body);
