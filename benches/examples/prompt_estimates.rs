@@ -59,7 +59,7 @@ fn main() {
     } else {
         "prompt_tokens (default: heuristic)"
     };
-    let estimators: Vec<(&str, Box<dyn Fn(&Sample) -> u64>)> = vec![
+    let estimators: Vec<(&str, Estimator<'_>)> = vec![
         (
             "body bytes / 4 (before)",
             Box::new(|s: &Sample| (s.body.len() as u64).div_ceil(4)),
@@ -186,6 +186,9 @@ fn rss_kib() -> u64 {
         })
         .unwrap_or(0)
 }
+
+/// An estimator under test: a sample's estimated tokens.
+type Estimator<'a> = Box<dyn Fn(&Sample) -> u64 + 'a>;
 
 struct Stats {
     median: f64,
