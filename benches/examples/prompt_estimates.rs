@@ -139,15 +139,24 @@ fn main() {
         let mut f = std::fs::File::create(&path).expect("FEATURES_TSV");
         writeln!(
             f,
-            "category\tindex\talnum\tascii_other\tutf8_2\tutf8_3\tutf8_4\tpieces\toverhead\ttruth"
+            "category\tindex\talnum\tspace\tascii_punct\tutf8_2\tutf8_3\tutf8_4\tword_starts\tpieces\toverhead\ttruth"
         )
         .unwrap();
         for (i, (s, t)) in samples.iter().zip(&truth).enumerate() {
-            let mut n = [0u64; 5];
+            let mut n = [0u64; 6];
+            // Runs of ASCII letters and digits (word starts): a candidate feature, not used.
+            let mut words = 0u64;
             for p in &s.pieces {
+                let mut prev = false;
+                for &b in p.as_bytes() {
+                    let cur = b.is_ascii_alphanumeric();
+                    words += u64::from(cur && !prev);
+                    prev = cur;
+                }
                 for &b in p.as_bytes() {
                     let c = match b {
                         b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' => 0,
+                        b' ' => 5,
                         0..=0x7f => 1,
                         0xc0..=0xdf => 2,
                         0xe0..=0xef => 3,
@@ -159,9 +168,10 @@ fn main() {
             }
             writeln!(
                 f,
-                "{}\t{i}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{t}",
+                "{}\t{i}\t{}\t{}\t{}\t{}\t{}\t{}\t{words}\t{}\t{}\t{t}",
                 s.category,
                 n[0],
+                n[5],
                 n[1],
                 n[2],
                 n[3],

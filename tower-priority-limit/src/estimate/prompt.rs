@@ -84,7 +84,7 @@ mod heuristic {
     use super::Count;
 
     /// Tokens from character classes, fitted to `o200k_base` (see `benches/RESULTS.md`, "Prompt-token
-    /// estimates"): ASCII letters and digits, other ASCII (spaces, punctuation, newlines), and
+    /// estimates"): ASCII letters and digits, spaces, other ASCII (punctuation, newlines), and
     /// non-ASCII characters by their UTF-8 length (2 bytes: accented Latin, Cyrillic, Greek...;
     /// 3 bytes: CJK and most other scripts; 4 bytes: emoji).
     #[derive(Debug, Clone, Copy)]
@@ -92,10 +92,11 @@ mod heuristic {
 
     /// Weights of [`Heuristic`], in thousandths of a token per character, fitted by
     /// `benches/data/prompts/fit_heuristic.py` (least squares on each body's relative error).
-    const MILLI_ALNUM: u64 = 208;
-    const MILLI_ASCII_OTHER: u64 = 315;
-    const MILLI_UTF8_2: u64 = 207;
-    const MILLI_UTF8_3: u64 = 733;
+    const MILLI_ALNUM: u64 = 229;
+    const MILLI_SPACE: u64 = 109;
+    const MILLI_ASCII_PUNCT: u64 = 525;
+    const MILLI_UTF8_2: u64 = 236;
+    const MILLI_UTF8_3: u64 = 739;
     /// Not fitted (the corpus has too few emoji): one token each, what `o200k_base` gives most
     /// single emoji.
     const MILLI_UTF8_4: u64 = 1000;
@@ -105,33 +106,38 @@ mod heuristic {
             // Branch-free with byte-wide counters over chunks of at most 255 bytes, so the
             // compiler vectorises it (16 bytes a step): a `match` per byte was 7 times slower
             // than the JSON parse around it, and u64 counters still 3 times slower.
-            let (mut alnum, mut ascii) = (0u64, 0u64);
+            let (mut alnum, mut space, mut ascii) = (0u64, 0u64, 0u64);
             // Leading bytes of 2-, 3- and 4-byte characters are >= 0xc0, 0xe0, 0xf0; continuation
             // bytes (0x80..=0xbf) are not counted.
             let (mut lead, mut lead3, mut lead4) = (0u64, 0u64, 0u64);
             for chunk in text.as_bytes().chunks(255) {
-                let (mut a, mut s, mut l, mut l3, mut l4) = (0u8, 0u8, 0u8, 0u8, 0u8);
+                let (mut a, mut sp, mut s) = (0u8, 0u8, 0u8);
+                let (mut l, mut l3, mut l4) = (0u8, 0u8, 0u8);
                 for &b in chunk {
                     let letter = (b | 0x20).wrapping_sub(b'a') < 26;
                     let digit = b.wrapping_sub(b'0') < 10;
                     a += u8::from(letter | digit);
+                    sp += u8::from(b == b' ');
                     s += u8::from(b < 0x80);
                     l += u8::from(b >= 0xc0);
                     l3 += u8::from(b >= 0xe0);
                     l4 += u8::from(b >= 0xf0);
                 }
                 alnum += u64::from(a);
+                space += u64::from(sp);
                 ascii += u64::from(s);
                 lead += u64::from(l);
                 lead3 += u64::from(l3);
                 lead4 += u64::from(l4);
             }
             let milli = alnum * MILLI_ALNUM
-                + (ascii - alnum) * MILLI_ASCII_OTHER
+                + space * MILLI_SPACE
+                + (ascii - alnum - space) * MILLI_ASCII_PUNCT
                 + (lead - lead3) * MILLI_UTF8_2
                 + (lead3 - lead4) * MILLI_UTF8_3
                 + lead4 * MILLI_UTF8_4;
-            milli.div_ceil(1000)
+            // Rounded to nearest: rounding each field up biased short fields (roles) upward.
+            (milli + 500) / 1000
         }
     }
 }
@@ -1015,9 +1021,9 @@ mod tests {
     fn heuristic_is_close_on_plain_text() {
         let h = Heuristic;
         assert_eq!(h.count(""), 0);
-        // One token each with o200k_base.
+        // One token each with o200k_base; the heuristic is per character.
         for role in ["user", "system", "assistant"] {
-            assert!((1..=2).contains(&h.count(role)), "{role}");
+            assert!((1..=3).contains(&h.count(role)), "{role}");
         }
         let english = "The quick brown fox jumps over the lazy dog, and then it runs away into the forest to find its friends before the sun goes down tonight.";
         let n = h.count(english);
@@ -1069,18 +1075,20 @@ mod tests {
         /// The branch-free count is the per-character-class one.
         #[test]
         fn heuristic_counts_character_classes(text in ".{0,64}") {
-            let (mut alnum, mut other, mut u2, mut u3, mut u4) = (0u64, 0u64, 0u64, 0u64, 0u64);
+            let (mut alnum, mut space, mut other) = (0u64, 0u64, 0u64);
+            let (mut u2, mut u3, mut u4) = (0u64, 0u64, 0u64);
             for ch in text.chars() {
                 match ch.len_utf8() {
                     1 if ch.is_ascii_alphanumeric() => alnum += 1,
+                    1 if ch == ' ' => space += 1,
                     1 => other += 1,
                     2 => u2 += 1,
                     3 => u3 += 1,
                     _ => u4 += 1,
                 }
             }
-            let milli = alnum * 208 + other * 315 + u2 * 207 + u3 * 733 + u4 * 1000;
-            prop_assert_eq!(Heuristic.count(&text), milli.div_ceil(1000));
+            let milli = alnum * 229 + space * 109 + other * 525 + u2 * 236 + u3 * 739 + u4 * 1000;
+            prop_assert_eq!(Heuristic.count(&text), (milli + 500) / 1000);
         }
 
         #[test]
