@@ -39,10 +39,12 @@ const FUNC_END: u64 = 12;
 
 /// Estimated prompt tokens of a JSON request `body`.
 ///
-/// Counts the text fields the model sees (see the module docs) with the heuristic, or with the
-/// exact `o200k_base` tokenizer when the crate's `tokenizer` feature is on. Falls back to 4 bytes
-/// per token, rounded up, for a body that is not JSON (or not UTF-8) or that has no message,
-/// `input` or `prompt` field. Never panics.
+/// Counts the text fields the model sees (see the module docs) with the heuristic (on the
+/// benchmark corpus: median error −1 %, 90 % of bodies within ±10 %), or with the exact
+/// `o200k_base` tokenizer (the GPT-4o family's) when the crate's `tokenizer` feature is on; the
+/// first call then loads the vocabulary (~0.1 s, ~65 MiB). Falls back to 4 bytes per token,
+/// rounded up, for a body that is not JSON (or not UTF-8, or nested deeper than 128 levels where
+/// it is read) or that has none of the fields counted. Never panics.
 pub fn prompt_tokens(body: &[u8]) -> u64 {
     estimate(body, &counter()).unwrap_or_else(|| bytes_div_4(body))
 }
