@@ -91,6 +91,11 @@ fn request_body() -> Bytes {
     )
 }
 
+/// What the limiter estimates for `request_body()`'s prompt.
+fn prompt_estimate() -> u64 {
+    tower_priority_limit::estimate::prompt_tokens(&request_body())
+}
+
 fn sse_body(chunks: Chunks, then_pending: bool) -> TestBody {
     let frames = futures_util::stream::iter(chunks).map(|c| c.map(Frame::data));
     let stream = if then_pending {
@@ -180,9 +185,9 @@ async fn usage_stream_split_at_every_byte_settles_30() {
 
 #[tokio::test]
 async fn stream_without_usage_is_estimated_the_same_at_every_split() {
-    // Documented rule: ceil(streamed content bytes / 4) + ceil(request body bytes / 4).
+    // Documented rule: ceil(streamed content bytes / 4) + the request's prompt estimate.
     let content_bytes: usize = PIECES.iter().map(|p| p.len()).sum();
-    let want = content_bytes.div_ceil(4) as u64 + request_body().len().div_ceil(4) as u64;
+    let want = content_bytes.div_ceil(4) as u64 + prompt_estimate();
     settles_the_same_at_every_split(false, want).await;
 }
 
@@ -205,7 +210,7 @@ async fn body_dropped_mid_stream_settles_once_with_what_was_streamed() {
         "nothing settles while the stream is open"
     );
     drop(body);
-    let want = "Hello".len().div_ceil(4) as u64 + request_body().len().div_ceil(4) as u64;
+    let want = "Hello".len().div_ceil(4) as u64 + prompt_estimate();
     assert_eq!(tokens(&limiter), want);
     assert_eq!(settles(&limiter), 1, "settled exactly once");
 }
@@ -225,7 +230,7 @@ async fn body_error_settles_once_with_what_was_streamed() {
     let mut svc = svc(&limiter, Arc::new(Mutex::new(vec![(chunks, false)])));
     let err = run_to_end(&mut svc).await.unwrap_err();
     assert!(err.contains("upstream reset"), "{err}");
-    let want = "Hello".len().div_ceil(4) as u64 + request_body().len().div_ceil(4) as u64;
+    let want = "Hello".len().div_ceil(4) as u64 + prompt_estimate();
     assert_eq!(tokens(&limiter), want);
     assert_eq!(
         settles(&limiter),
@@ -297,7 +302,7 @@ async fn client_disconnect_over_http_charges_what_was_streamed() {
     }
     drop(body);
     drop(client);
-    let want = "Hello".len().div_ceil(4) as u64 + request_body().len().div_ceil(4) as u64;
+    let want = "Hello".len().div_ceil(4) as u64 + prompt_estimate();
     // Wait for the server to notice (bounded; not a timing assertion).
     for _ in 0..500 {
         if tokens(&limiter) != 0 {

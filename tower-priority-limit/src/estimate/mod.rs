@@ -4,6 +4,8 @@
 
 mod output;
 mod prompt;
+#[cfg(feature = "tokenizer")]
+mod tokenizer;
 
 pub use self::output::{EstimateStats, OutputEstimate, OUTPUT_QUANTILE};
 pub use self::prompt::prompt_tokens;
