@@ -66,8 +66,9 @@ async fn a_silent_stream_is_ended_with_an_error_event_and_charged_what_it_sent()
         last["error"]["message"],
         "Upstream for silent sent nothing for 0.3 s (stream_timeout); the response was ended."
     );
-    // Seen: the role chunk and "Hel"; rule: ceil(content bytes / 4) + ceil(request bytes / 4).
-    let want = PIECES[0].len().div_ceil(4) as u64 + body.to_string().len().div_ceil(4) as u64;
+    // Seen: the role chunk and "Hel"; rule: ceil(content bytes / 4) + the prompt estimate.
+    let want = PIECES[0].len().div_ceil(4) as u64
+        + tower_priority_limit::estimate::prompt_tokens(body.to_string().as_bytes());
     assert_eq!(gw.tokens("silent"), want);
     assert_eq!(gw.chat(MASTER, "luna", false).await.status, 200);
     assert_eq!(gw.tokens("silent"), want, "charged once");

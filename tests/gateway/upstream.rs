@@ -127,8 +127,9 @@ async fn an_upstream_reset_mid_stream_errors_and_charges_what_was_seen_once() {
         got.is_err(),
         "the client sees the stream break, not a silent clean end"
     );
-    // Seen: the role chunk and "Hel"; rule: ceil(content bytes / 4) + ceil(request bytes / 4).
-    let want = PIECES[0].len().div_ceil(4) as u64 + body.len().div_ceil(4) as u64;
+    // Seen: the role chunk and "Hel"; rule: ceil(content bytes / 4) + the prompt estimate.
+    let want = PIECES[0].len().div_ceil(4) as u64
+        + tower_priority_limit::estimate::prompt_tokens(body.as_bytes());
     assert_eq!(gw.tokens("reset"), want);
     // And the gateway keeps serving.
     assert_eq!(gw.chat(MASTER, "luna", false).await.status, 200);
