@@ -822,3 +822,52 @@ async fn one_evalsha_per_admission() {
         }
     }
 }
+
+/// Sliding windows when Redis's clock steps back (a failover to a replica whose clock is behind):
+/// an admission is counted in the newest slot, where its mark says it is, so its settlement
+/// replaces its own reservation and the totals stay the sum of the slots.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sliding_window_stays_whole_when_the_clock_steps_back() {
+    let Some(redis) = RedisServer::start("a_sliding_window_stays_whole_when_the_clock_steps_back")
+    else {
+        return;
+    };
+    let config = LimiterConfig::builder()
+        .model(ModelLimits::new("m").rpm(100).tpm(100_000))
+        .token_accounting(TokenAccounting::Reserve)
+        .window_kind(WindowKind::Sliding)
+        .store_timeout(Duration::from_secs(2))
+        .build()
+        .unwrap();
+    let limiter = redis_limiter(config, single(&redis), "step:").await;
+    let acquire = || async {
+        match limiter.acquire("m", None, 100).await.unwrap() {
+            Acquired::Admitted { lease, .. } => lease,
+            other => panic!("{other:?}"),
+        }
+    };
+    let first = acquire().await;
+    // The newest slot written is now 5 slots ahead of Redis's clock.
+    redis.cli(&["hincrby", "step:{m}", "mh", "5"]);
+    let second = acquire().await;
+    second.settle(10);
+    first.settle(20);
+    limiter.store().flush().await;
+    let mut con = ::redis::Client::open(redis.url())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let fields: std::collections::HashMap<String, i64> = ::redis::cmd("HGETALL")
+        .arg("step:{m}")
+        .query(&mut con)
+        .unwrap();
+    let sum = |prefix: &str| -> i64 {
+        fields
+            .iter()
+            .filter(|(k, _)| k.starts_with(prefix) && k[prefix.len()..].parse::<u32>().is_ok())
+            .map(|(_, v)| *v)
+            .sum()
+    };
+    assert_eq!((fields["mR"], fields["mT"]), (2, 30), "{fields:?}");
+    assert_eq!((sum("mr"), sum("mt")), (2, 30), "{fields:?}");
+}

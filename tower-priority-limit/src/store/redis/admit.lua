@@ -50,11 +50,18 @@ local function read_fixed(p, f)
 end
 
 local slot = math.floor(now / slot_ms)
+local place_now = slot % RING
+-- f: the pair's head, totals, and the requests and tokens at the current slot's place.
 local function read_sliding(p, f)
   local h = tonumber(f[1])
   local r, k = tonumber(f[2]) or 0, tonumber(f[3]) or 0
+  -- What the place an admission writes to holds now (the head's place: the current slot's, unless
+  -- the clock stepped back).
+  local cur_r, cur_k = tonumber(f[4]) or 0, tonumber(f[5]) or 0
   local gone = {}
   if h ~= nil and slot > h then
+    -- The current slot's place held an expired slot: it starts empty.
+    cur_r, cur_k = 0, 0
     if slot - h >= RING then
       r, k = 0, 0
       for place = 0, RING - 1 do gone[#gone + 1] = place end
@@ -75,24 +82,38 @@ local function read_sliding(p, f)
   end
   local head = h
   if head == nil or slot > head then head = slot end
-  return {start = h, head = head, r = r, k = k, gone = gone}
+  if head ~= slot then
+    -- The clock stepped back: the admission goes to the head's place (rare; one more read).
+    local v = redis.call('HMGET', key, p .. 'r' .. (head % RING), p .. 't' .. (head % RING))
+    cur_r, cur_k = tonumber(v[1]) or 0, tonumber(v[2]) or 0
+  end
+  return {start = h, head = head, r = r, k = k, gone = gone, cur_r = cur_r, cur_k = cur_k}
 end
 
 local fields
-if sliding then fields = {'mh', 'mR', 'mT'} else fields = {'ms', 'mr', 'mt'} end
+if sliding then
+  fields = {'mh', 'mR', 'mT', 'mr' .. place_now, 'mt' .. place_now}
+else
+  fields = {'ms', 'mr', 'mt'}
+end
 if pp ~= '' then
   if sliding then
-    fields[4], fields[5], fields[6] = pp .. 'h', pp .. 'R', pp .. 'T'
+    for _, name in ipairs({'h', 'R', 'T', 'r' .. place_now, 't' .. place_now}) do
+      fields[#fields + 1] = pp .. name
+    end
   else
     fields[4], fields[5], fields[6] = pp .. 's', pp .. 'r', pp .. 't'
   end
 end
 local f = redis.call('HMGET', key, unpack(fields))
 local read = read_fixed
-if sliding then read = read_sliding end
-local m = read('m', {f[1], f[2], f[3]})
+local width = 3
+if sliding then read, width = read_sliding, 5 end
+local m = read('m', {f[1], f[2], f[3], f[4], f[5]})
 local q = {start = nil, head = nil, r = 0, k = 0, raw_r = 0, raw_k = 0, gone = {}}
-if pp ~= '' then q = read(pp, {f[4], f[5], f[6]}) end
+if pp ~= '' then
+  q = read(pp, {f[width + 1], f[width + 2], f[width + 3], f[width + 4], f[width + 5]})
+end
 
 -- Saturation, read before this request counts, picks the mode and so the reservation.
 local saturation = 0
@@ -141,11 +162,10 @@ if verdict == 0 then
       cleared[#cleared + 1] = p .. 't' .. place
     end
     if #cleared > 0 then redis.call('HDEL', key, unpack(cleared)) end
-    -- The newest slot: the current one, or the head if the clock stepped back.
+    -- The newest slot: the current one, or the head if the clock stepped back. One write.
     local place = c.head % RING
-    redis.call('HINCRBY', key, p .. 'r' .. place, 1)
-    if reserve > 0 then redis.call('HINCRBY', key, p .. 't' .. place, reserve) end
-    redis.call('HSET', key, p .. 'h', c.head, p .. 'R', c.r + 1, p .. 'T', c.k + reserve)
+    redis.call('HSET', key, p .. 'h', c.head, p .. 'R', c.r + 1, p .. 'T', c.k + reserve,
+      p .. 'r' .. place, c.cur_r + 1, p .. 't' .. place, c.cur_k + reserve)
   end
   count('m', m)
   if pp ~= '' then count(pp, q) end
