@@ -132,6 +132,8 @@ fn main() {
     runtime.block_on(async {
         for (accounting, window) in [
             (TokenAccounting::PostHoc, WindowKind::Fixed),
+            (TokenAccounting::Reserve, WindowKind::Fixed),
+            (TokenAccounting::PostHoc, WindowKind::Sliding),
             (TokenAccounting::Reserve, WindowKind::Sliding),
         ] {
             let config = config(accounting, window);
