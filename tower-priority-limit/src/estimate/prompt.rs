@@ -380,6 +380,41 @@ impl<'de, C: Count> Visitor<'de> for TextSeed<'_, C> {
     }
 }
 
+/// The tokens of every element of `seq`, each counted by `seed`.
+fn sum<'de, A, S>(mut seq: A, seed: S) -> Result<u64, A::Error>
+where
+    A: SeqAccess<'de>,
+    S: DeserializeSeed<'de, Value = u64> + Copy,
+{
+    let mut tokens = 0u64;
+    while let Some(t) = seq.next_element_seed(seed)? {
+        tokens = tokens.saturating_add(t);
+    }
+    Ok(tokens)
+}
+
+/// The scalar visits of a visitor that values a JSON scalar by its kind only: `null` and `true` /
+/// `false` give `$unit` and `$bool`, any number `$number`.
+macro_rules! scalars {
+    (unit => $unit:expr, bool => $bool:expr, number => $number:expr) => {
+        fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+            Ok($unit)
+        }
+        fn visit_bool<E: de::Error>(self, _: bool) -> Result<Self::Value, E> {
+            Ok($bool)
+        }
+        fn visit_i64<E: de::Error>(self, _: i64) -> Result<Self::Value, E> {
+            Ok($number)
+        }
+        fn visit_u64<E: de::Error>(self, _: u64) -> Result<Self::Value, E> {
+            Ok($number)
+        }
+        fn visit_f64<E: de::Error>(self, _: f64) -> Result<Self::Value, E> {
+            Ok($number)
+        }
+    };
+}
+
 /// A string kept (tool names, descriptions and types are counted joined, as the model sees
 /// them); anything else is an empty string.
 struct StringSeed;
@@ -399,21 +434,7 @@ impl<'de> Visitor<'de> for StringSeed {
     fn visit_str<E: de::Error>(self, s: &str) -> Result<String, E> {
         Ok(s.to_owned())
     }
-    fn visit_bool<E: de::Error>(self, _: bool) -> Result<String, E> {
-        Ok(String::new())
-    }
-    fn visit_i64<E: de::Error>(self, _: i64) -> Result<String, E> {
-        Ok(String::new())
-    }
-    fn visit_u64<E: de::Error>(self, _: u64) -> Result<String, E> {
-        Ok(String::new())
-    }
-    fn visit_f64<E: de::Error>(self, _: f64) -> Result<String, E> {
-        Ok(String::new())
-    }
-    fn visit_unit<E: de::Error>(self) -> Result<String, E> {
-        Ok(String::new())
-    }
+    scalars!(unit => String::new(), bool => String::new(), number => String::new());
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<String, A::Error> {
         while seq.next_element::<IgnoredAny>()?.is_some() {}
         Ok(String::new())
@@ -538,27 +559,9 @@ impl<'de, C: Count> Visitor<'de> for ContentSeed<'_, C> {
     fn visit_str<E: de::Error>(self, s: &str) -> Result<u64, E> {
         Ok(self.0.count(s))
     }
-    fn visit_unit<E: de::Error>(self) -> Result<u64, E> {
-        Ok(0)
-    }
-    fn visit_bool<E: de::Error>(self, _: bool) -> Result<u64, E> {
-        Ok(0)
-    }
-    fn visit_i64<E: de::Error>(self, _: i64) -> Result<u64, E> {
-        Ok(0)
-    }
-    fn visit_u64<E: de::Error>(self, _: u64) -> Result<u64, E> {
-        Ok(0)
-    }
-    fn visit_f64<E: de::Error>(self, _: f64) -> Result<u64, E> {
-        Ok(0)
-    }
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<u64, A::Error> {
-        let mut tokens = 0u64;
-        while let Some(t) = seq.next_element_seed(self)? {
-            tokens = tokens.saturating_add(t);
-        }
-        Ok(tokens)
+    scalars!(unit => 0, bool => 0, number => 0);
+    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<u64, A::Error> {
+        sum(seq, self)
     }
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<u64, A::Error> {
         let c = self.0;
@@ -606,28 +609,10 @@ impl<'de, C: Count> Visitor<'de> for InputSeed<'_, C> {
     fn visit_str<E: de::Error>(self, s: &str) -> Result<u64, E> {
         Ok(self.0.count(s))
     }
-    fn visit_unit<E: de::Error>(self) -> Result<u64, E> {
-        Ok(0)
-    }
-    /// A token id.
-    fn visit_u64<E: de::Error>(self, _: u64) -> Result<u64, E> {
-        Ok(1)
-    }
-    fn visit_i64<E: de::Error>(self, _: i64) -> Result<u64, E> {
-        Ok(1)
-    }
-    fn visit_f64<E: de::Error>(self, _: f64) -> Result<u64, E> {
-        Ok(1)
-    }
-    fn visit_bool<E: de::Error>(self, _: bool) -> Result<u64, E> {
-        Ok(0)
-    }
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<u64, A::Error> {
-        let mut tokens = 0u64;
-        while let Some(t) = seq.next_element_seed(self)? {
-            tokens = tokens.saturating_add(t);
-        }
-        Ok(tokens)
+    // A number is a token id.
+    scalars!(unit => 0, bool => 0, number => 1);
+    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<u64, A::Error> {
+        sum(seq, self)
     }
     /// A Responses API item: a message, a function call or a call's output.
     fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<u64, A::Error> {
