@@ -380,7 +380,12 @@ pub fn render(report: &Report) -> String {
             thousands(r.admitted),
             thousands(r.tokens),
             format!("{:.2}", r.of_tpm),
-            thousands(r.output_estimate),
+            // post_hoc estimates nothing.
+            if r.accounting == "post_hoc" {
+                "–".to_owned()
+            } else {
+                thousands(r.output_estimate)
+            },
         ]);
     }
     out.push_str(&t.render());
