@@ -84,32 +84,14 @@ async fn sigterm_lets_in_flight_requests_finish() {
             axum::Json(gateway_example::mock::chat_completion("slow", "done"))
         }),
     );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let upstream_addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, upstream).await.unwrap() });
-
-    let dir = config_dir(
-        "term",
-        &format!(
-            "model_list: [{{model_name: slow, litellm_params: {{model: openai/slow, api_base: \"http://{upstream_addr}/v1\"}}}}]\n\
-             general_settings: {{master_key: sk-test}}\n"
-        ),
-    );
-    let port = free_port();
-    let (mut child, log_rest) = launch(&dir, &["--host", "127.0.0.1", "--port", &port.to_string()])
-        .expect("starts")
-        .collect_log();
+    let (dir, port, child, log_rest) =
+        gateway_before(upstream, "term", "slow", "slow", "").await;
 
     let request = tokio::spawn(async move {
-        let client =
-            hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
-                .build_http::<http_body_util::Full<bytes::Bytes>>();
-        let req = http::Request::post(format!("http://127.0.0.1:{port}/v1/chat/completions"))
-            .header("authorization", "Bearer sk-test")
-            .body(http_body_util::Full::new(bytes::Bytes::from_static(
-                br#"{"model":"slow","messages":[{"role":"user","content":"hi"}]}"#,
-            )))
-            .unwrap();
+        let (client, req) = chat_request(
+            port,
+            br#"{"model":"slow","messages":[{"role":"user","content":"hi"}]}"#,
+        );
         let resp = client.request(req).await.unwrap();
         let status = resp.status();
         let body = http_body_util::BodyExt::collect(resp.into_body())
@@ -119,17 +101,11 @@ async fn sigterm_lets_in_flight_requests_finish() {
         (status, body)
     });
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let killed = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(killed.success());
+    sigterm(&child);
 
     let (status, body) = request.await.unwrap();
     assert_eq!(status, 200, "the in-flight request finished: {body:?}");
-    let exit = tokio::task::spawn_blocking(move || child.wait().unwrap())
-        .await
-        .unwrap();
+    let exit = exit_within(child, Duration::from_secs(10)).await;
     assert!(exit.success(), "clean exit: {exit:?}");
     let log = log_rest.join().unwrap().join("\n");
     assert!(
@@ -164,30 +140,19 @@ async fn sigterm_ends_a_silent_stream_after_the_grace_period() {
                 .unwrap()
         }),
     );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let upstream_addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, upstream).await.unwrap() });
-
-    let dir = config_dir(
+    let (dir, port, child, log_rest) = gateway_before(
+        upstream,
         "grace",
-        &format!(
-            "model_list: [{{model_name: silent, litellm_params: {{model: openai/x, api_base: \"http://{upstream_addr}/v1\"}}}}]\n\
-             general_settings: {{master_key: sk-test, shutdown_grace_seconds: 0.5}}\n"
-        ),
-    );
-    let port = free_port();
-    let (mut child, log_rest) = launch(&dir, &["--port", &port.to_string()])
-        .expect("starts")
-        .collect_log();
+        "silent",
+        "x",
+        "shutdown_grace_seconds: 0.5",
+    )
+    .await;
 
-    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
-        .build_http::<http_body_util::Full<bytes::Bytes>>();
-    let req = http::Request::post(format!("http://127.0.0.1:{port}/v1/chat/completions"))
-        .header("authorization", "Bearer sk-test")
-        .body(http_body_util::Full::new(bytes::Bytes::from_static(
-            br#"{"model":"silent","stream":true,"messages":[{"role":"user","content":"hi"}]}"#,
-        )))
-        .unwrap();
+    let (client, req) = chat_request(
+        port,
+        br#"{"model":"silent","stream":true,"messages":[{"role":"user","content":"hi"}]}"#,
+    );
     let resp = client.request(req).await.unwrap();
     assert_eq!(resp.status(), 200);
     let mut body = resp.into_body();
@@ -198,26 +163,11 @@ async fn sigterm_ends_a_silent_stream_after_the_grace_period() {
         .unwrap();
     assert!(first.data_ref().is_some_and(|d| d.starts_with(b"data: ")));
 
-    let killed = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(killed.success());
+    sigterm(&child);
     // Grace (0.5 s) + the moment ended streams get (1 s) + a generous margin.
     let rest = tokio::time::timeout(Duration::from_secs(10), body.collect()).await;
-    let pid = child.id();
-    let exit = tokio::time::timeout(
-        Duration::from_secs(10),
-        tokio::task::spawn_blocking(move || child.wait().unwrap()),
-    )
-    .await;
-    let Ok(exit) = exit else {
-        let _ = Command::new("kill")
-            .args(["-KILL", &pid.to_string()])
-            .status();
-        panic!("the gateway did not exit within the grace period and a margin");
-    };
-    assert!(exit.unwrap().success(), "clean exit");
+    let exit = exit_within(child, Duration::from_secs(10)).await;
+    assert!(exit.success(), "clean exit");
     let rest = rest
         .expect("the client's stream ended")
         .expect("ended cleanly, with an error event")
@@ -243,52 +193,25 @@ async fn sigterm_closes_a_request_still_waiting_after_the_grace_period() {
         "/v1/chat/completions",
         post(std::future::pending::<&'static str>),
     );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let upstream_addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, upstream).await.unwrap() });
-
-    let dir = config_dir(
+    let (dir, port, child, log_rest) = gateway_before(
+        upstream,
         "grace-head",
-        &format!(
-            "model_list: [{{model_name: never, litellm_params: {{model: openai/x, api_base: \"http://{upstream_addr}/v1\"}}}}]\n\
-             general_settings: {{master_key: sk-test, shutdown_grace_seconds: 0.3}}\n"
-        ),
-    );
-    let port = free_port();
-    let (mut child, log_rest) = launch(&dir, &["--port", &port.to_string()])
-        .expect("starts")
-        .collect_log();
+        "never",
+        "x",
+        "shutdown_grace_seconds: 0.3",
+    )
+    .await;
     let request = tokio::spawn(async move {
-        let client =
-            hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
-                .build_http::<http_body_util::Full<bytes::Bytes>>();
-        let req = http::Request::post(format!("http://127.0.0.1:{port}/v1/chat/completions"))
-            .header("authorization", "Bearer sk-test")
-            .body(http_body_util::Full::new(bytes::Bytes::from_static(
-                br#"{"model":"never","messages":[{"role":"user","content":"hi"}]}"#,
-            )))
-            .unwrap();
+        let (client, req) = chat_request(
+            port,
+            br#"{"model":"never","messages":[{"role":"user","content":"hi"}]}"#,
+        );
         client.request(req).await.map(|r| r.status())
     });
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let killed = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(killed.success());
-    let pid = child.id();
-    let exit = tokio::time::timeout(
-        Duration::from_secs(10),
-        tokio::task::spawn_blocking(move || child.wait().unwrap()),
-    )
-    .await;
-    let Ok(exit) = exit else {
-        let _ = Command::new("kill")
-            .args(["-KILL", &pid.to_string()])
-            .status();
-        panic!("the gateway did not exit within the grace period and a margin");
-    };
-    assert!(exit.unwrap().success(), "clean exit");
+    sigterm(&child);
+    let exit = exit_within(child, Duration::from_secs(10)).await;
+    assert!(exit.success(), "clean exit");
     let answer = tokio::time::timeout(Duration::from_secs(5), request)
         .await
         .expect("the client got an answer or a closed connection")
@@ -382,10 +305,101 @@ fn start(mut command: Command) -> Result<Launched, (std::process::ExitStatus, St
 }
 
 fn stop(mut child: std::process::Child) {
+    kill(&mut child, "-TERM");
+}
+
+/// Sends `signal` to `child` and waits for it to end.
+pub(crate) fn kill(child: &mut std::process::Child, signal: &str) {
     let _ = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
+        .args([signal, &child.id().to_string()])
         .status();
     let _ = child.wait();
+}
+
+/// Sends SIGTERM to `child` (checked: it must reach it).
+fn sigterm(child: &std::process::Child) {
+    let sent = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(sent.success());
+}
+
+/// Waits for `child` to exit; if it has not within `within`, kills it and fails.
+async fn exit_within(mut child: std::process::Child, within: Duration) -> std::process::ExitStatus {
+    let pid = child.id();
+    let exit = tokio::time::timeout(
+        within,
+        tokio::task::spawn_blocking(move || child.wait().unwrap()),
+    )
+    .await;
+    let Ok(exit) = exit else {
+        let _ = Command::new("kill")
+            .args(["-KILL", &pid.to_string()])
+            .status();
+        panic!("the gateway did not exit within {within:?}");
+    };
+    exit.unwrap()
+}
+
+/// Serves `upstream` on a free loopback port and starts the gateway in front of it, its config in
+/// a dir named `name`: one deployment `model` (upstream model `upstream_model`) there, master key
+/// `sk-test`, and `general` added to `general_settings`. The config dir, the gateway's port, the
+/// process, and the rest of its log.
+async fn gateway_before(
+    upstream: axum::Router,
+    name: &str,
+    model: &str,
+    upstream_model: &str,
+    general: &str,
+) -> (
+    std::path::PathBuf,
+    u16,
+    std::process::Child,
+    std::thread::JoinHandle<Vec<String>>,
+) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let upstream_addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, upstream).await.unwrap() });
+    let general = if general.is_empty() {
+        String::new()
+    } else {
+        format!(", {general}")
+    };
+    let dir = config_dir(
+        name,
+        &format!(
+            "model_list: [{{model_name: {model}, litellm_params: {{model: openai/{upstream_model}, api_base: \"http://{upstream_addr}/v1\"}}}}]\n\
+             general_settings: {{master_key: sk-test{general}}}\n"
+        ),
+    );
+    let port = free_port();
+    let (child, log_rest) = launch(&dir, &["--port", &port.to_string()])
+        .expect("starts")
+        .collect_log();
+    (dir, port, child, log_rest)
+}
+
+type TestClient = hyper_util::client::legacy::Client<
+    hyper_util::client::legacy::connect::HttpConnector,
+    http_body_util::Full<bytes::Bytes>,
+>;
+
+/// A client, and a chat completion with `body` for the gateway on `port` as `sk-test`.
+fn chat_request(
+    port: u16,
+    body: &'static [u8],
+) -> (
+    TestClient,
+    http::Request<http_body_util::Full<bytes::Bytes>>,
+) {
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http();
+    let request = http::Request::post(format!("http://127.0.0.1:{port}/v1/chat/completions"))
+        .header("authorization", "Bearer sk-test")
+        .body(http_body_util::Full::new(bytes::Bytes::from_static(body)))
+        .unwrap();
+    (client, request)
 }
 
 /// Without `--host` the gateway listens on loopback only, and serves there.
@@ -468,14 +482,10 @@ async fn upstream_failures_log_the_url_without_its_secrets() {
         .expect("starts")
         .collect_log();
 
-    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
-        .build_http::<http_body_util::Full<bytes::Bytes>>();
-    let req = http::Request::post(format!("http://127.0.0.1:{port}/v1/chat/completions"))
-        .header("authorization", "Bearer sk-test")
-        .body(http_body_util::Full::new(bytes::Bytes::from_static(
-            br#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#,
-        )))
-        .unwrap();
+    let (client, req) = chat_request(
+        port,
+        br#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#,
+    );
     let reply = client.request(req).await;
     stop(child);
     let log = log_rest.join().unwrap().join("\n");

@@ -9,6 +9,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use super::gateway::kill;
+
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
@@ -79,13 +81,6 @@ fn start(mut command: Command) -> Result<(Child, String), (std::process::ExitSta
     let rest = child.wait_with_output().unwrap();
     log.push_str(&String::from_utf8_lossy(&rest.stderr));
     Err((rest.status, log))
-}
-
-fn kill(child: &mut Child, signal: &str) {
-    let _ = Command::new("kill")
-        .args([signal, &child.id().to_string()])
-        .status();
-    let _ = child.wait();
 }
 
 fn client() -> Client<HttpConnector, Full<Bytes>> {
