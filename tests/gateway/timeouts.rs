@@ -86,13 +86,7 @@ async fn a_head_then_silence_is_a_timed_out_attempt_retried_and_fallen_back_from
     assert_eq!(r.headers["x-litellm-attempted-retries"], "1");
     assert_eq!(r.headers["x-litellm-attempted-fallbacks"], "1");
     assert_eq!(sse_data(r.text()).last().unwrap(), "[DONE]");
-    let models: Vec<Value> = up
-        .received
-        .lock()
-        .unwrap()
-        .iter()
-        .map(|r| r.body["model"].clone())
-        .collect();
+    let models = up.models();
     assert_eq!(models, ["mute", "mute", "gpt-x"]);
 
     let r = bounded("the timeout", gw.chat(MASTER, "mute-alone", true)).await;
@@ -135,13 +129,7 @@ async fn the_router_timeout_bounds_retries_and_fallbacks_together() {
         "{}",
         r.text()
     );
-    let models: Vec<Value> = up
-        .received
-        .lock()
-        .unwrap()
-        .iter()
-        .map(|r| r.body["model"].clone())
-        .collect();
+    let models = up.models();
     assert!(
         !models.is_empty() && models.len() <= 2 && models.iter().all(|m| m == "mute"),
         "{models:?}"

@@ -176,6 +176,16 @@ impl Upstream {
         self.gate.opened.notify_waiters();
     }
 
+    /// The `model` of every request it received, in order.
+    pub fn models(&self) -> Vec<Value> {
+        self.received
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|r| r.body["model"].clone())
+            .collect()
+    }
+
     /// How many requests it has received.
     pub fn count(&self) -> usize {
         self.received.lock().unwrap().len()

@@ -84,8 +84,7 @@ async fn sigterm_lets_in_flight_requests_finish() {
             axum::Json(gateway_example::mock::chat_completion("slow", "done"))
         }),
     );
-    let (dir, port, child, log_rest) =
-        gateway_before(upstream, "term", "slow", "slow", "").await;
+    let (dir, port, child, log_rest) = gateway_before(upstream, "term", "slow", "slow", "").await;
 
     let request = tokio::spawn(async move {
         let (client, req) = chat_request(
