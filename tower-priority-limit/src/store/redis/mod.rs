@@ -67,7 +67,7 @@ use super::{AdmitRequest, MemoryStore, Settler, Store, StoreError};
 use crate::config::WindowKind;
 use crate::config::{pool_index, FailureMode, LimiterConfig, ModelId, PoolRef};
 use crate::decision::{
-    decide, reservation, slot_ms, Decision, FixedWindow, Millis, SlidingWindow, Usage, RING,
+    decide, reservation, slot_ms, Decision, FixedWindow, Millis, SlidingWindow, Usage, Window, RING,
 };
 
 /// How long the store keeps away from Redis after a failed call before trying again.
@@ -515,61 +515,37 @@ impl Inner {
     /// The full decision from the counters the script saw before it acted.
     fn decision(&self, request: AdmitRequest, reply: &[i64]) -> Decision {
         let limits = self.config.model(request.model);
-        let has_pools = limits.pool_count() > 0;
         let (now, verdict) = (reply[0].max(0) as Millis, reply[7]);
         let count = |v: i64| v.max(0) as u64;
+        // Each pair from its three values (start or head, requests, tokens) at `at` in the reply.
         let decision = match self.config.settings().window_kind {
-            WindowKind::Fixed => {
-                let counter = |start: i64, requests: i64, tokens: i64| FixedWindow {
-                    window_start: u64::try_from(start).ok(),
-                    requests: count(requests),
-                    tokens: count(tokens),
-                };
-                let pool = has_pools.then(|| counter(reply[4], reply[5], reply[6]));
-                decide(
-                    limits,
-                    self.config.settings(),
-                    request.pool,
-                    &counter(reply[1], reply[2], reply[3]),
-                    pool.as_ref(),
-                    request.reserve.min(MAX_EXACT),
-                    now,
-                )
-            }
-            WindowKind::Sliding => {
-                // The totals count at `now`; the rings come with a refusal only (an admission's
-                // headers need the totals alone).
-                let ring = |at: usize| {
-                    let mut slots = [Usage::default(); RING];
-                    if let Some(values) = reply.get(at..at + 2 * RING) {
-                        for (place, pair) in slots.iter_mut().zip(values.chunks_exact(2)) {
-                            *place = Usage {
-                                requests: count(pair[0]),
-                                tokens: count(pair[1]),
-                            };
-                        }
+            WindowKind::Fixed => self.decide_on(request, now, |at| FixedWindow {
+                window_start: u64::try_from(reply[at]).ok(),
+                requests: count(reply[at + 1]),
+                tokens: count(reply[at + 2]),
+            }),
+            // The totals count at `now`; the rings come with a refusal only, after the eight
+            // values (an admission's headers need the totals alone).
+            WindowKind::Sliding => self.decide_on(request, now, |at| {
+                let ring_at = if at == 1 { 8 } else { 8 + 2 * RING };
+                let mut slots = [Usage::default(); RING];
+                if let Some(values) = reply.get(ring_at..ring_at + 2 * RING) {
+                    for (place, pair) in slots.iter_mut().zip(values.chunks_exact(2)) {
+                        *place = Usage {
+                            requests: count(pair[0]),
+                            tokens: count(pair[1]),
+                        };
                     }
-                    slots
-                };
-                let counter = |head: i64, requests: i64, tokens: i64, at: usize| SlidingWindow {
-                    head: u64::try_from(head).ok(),
-                    slots: ring(at),
+                }
+                SlidingWindow {
+                    head: u64::try_from(reply[at]).ok(),
+                    slots,
                     total: Usage {
-                        requests: count(requests),
-                        tokens: count(tokens),
+                        requests: count(reply[at + 1]),
+                        tokens: count(reply[at + 2]),
                     },
-                };
-                let pool = has_pools.then(|| counter(reply[4], reply[5], reply[6], 8 + 2 * RING));
-                decide(
-                    limits,
-                    self.config.settings(),
-                    request.pool,
-                    &counter(reply[1], reply[2], reply[3], 8),
-                    pool.as_ref(),
-                    request.reserve.min(MAX_EXACT),
-                    now,
-                )
-            }
+                }
+            }),
         };
         let admitted = matches!(decision, Decision::Admit(_));
         if admitted != (verdict == 0) {
@@ -584,6 +560,27 @@ impl Inner {
             );
         }
         decision
+    }
+
+    /// [`decide`] on the pairs `pair` builds from the reply: the model-wide one at 1, the pool's
+    /// at 4.
+    fn decide_on<W: Window>(
+        &self,
+        request: AdmitRequest,
+        now: Millis,
+        pair: impl Fn(usize) -> W,
+    ) -> Decision {
+        let limits = self.config.model(request.model);
+        let pool = (limits.pool_count() > 0).then(|| pair(4));
+        decide(
+            limits,
+            self.config.settings(),
+            request.pool,
+            &pair(1),
+            pool.as_ref(),
+            request.reserve.min(MAX_EXACT),
+            now,
+        )
     }
 
     fn fallback(&self, request: AdmitRequest) -> Result<Decision, StoreError> {
