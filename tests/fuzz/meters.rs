@@ -394,59 +394,52 @@ const MAX_LONG: usize = 5 << 20;
 
 #[test]
 fn sse_random_bytes() {
-    let strategy = (
-        proptest::collection::vec(any::<u8>(), 0..512),
-        splits(),
-        knobs(),
-    );
-    fuzz("sse_random_bytes", strategy, |(data, splits, knobs)| {
-        check_meter(Kind::Sse, &data, &splits, &knobs)
-    });
+    random_bytes("sse_random_bytes", Kind::Sse);
 }
 
 #[test]
 fn sse_mutated_streams() {
-    let corpus = sse_corpus();
-    fuzz(
+    mutations(
         "sse_mutated_streams",
-        (mutated(MAX_LONG), splits(), knobs()),
-        |(m, splits, knobs)| {
-            check_meter(
-                Kind::Sse,
-                &m.apply(&corpus, SSE_DICTIONARY),
-                &splits,
-                &knobs,
-            )
-        },
+        Kind::Sse,
+        &sse_corpus(),
+        SSE_DICTIONARY,
     );
 }
 
 #[test]
 fn json_random_bytes() {
+    random_bytes("json_random_bytes", Kind::Json);
+}
+
+#[test]
+fn json_mutated_bodies() {
+    mutations(
+        "json_mutated_bodies",
+        Kind::Json,
+        &json_corpus(),
+        JSON_DICTIONARY,
+    );
+}
+
+/// Random bytes, split anywhere, through the `kind` meter.
+fn random_bytes(name: &str, kind: Kind) {
     let strategy = (
         proptest::collection::vec(any::<u8>(), 0..512),
         splits(),
         knobs(),
     );
-    fuzz("json_random_bytes", strategy, |(data, splits, knobs)| {
-        check_meter(Kind::Json, &data, &splits, &knobs)
+    fuzz(name, strategy, |(data, splits, knobs)| {
+        check_meter(kind, &data, &splits, &knobs)
     });
 }
 
-#[test]
-fn json_mutated_bodies() {
-    let corpus = json_corpus();
+/// Mutations of `corpus` (with `dictionary`'s pieces), split anywhere, through the `kind` meter.
+fn mutations(name: &str, kind: Kind, corpus: &[Vec<u8>], dictionary: &[&[u8]]) {
     fuzz(
-        "json_mutated_bodies",
+        name,
         (mutated(MAX_LONG), splits(), knobs()),
-        |(m, splits, knobs)| {
-            check_meter(
-                Kind::Json,
-                &m.apply(&corpus, JSON_DICTIONARY),
-                &splits,
-                &knobs,
-            )
-        },
+        |(m, splits, knobs)| check_meter(kind, &m.apply(corpus, dictionary), &splits, &knobs),
     );
 }
 
