@@ -26,8 +26,8 @@ pub struct ChatRequest {
     /// [`prompt_tokens`](tower_priority_limit::estimate::prompt_tokens) of the body): reserved with
     /// `reserve` accounting, and charged for a response that never reports usage.
     pub prompt_tokens: u64,
-    /// The most output tokens the request allows (`max_completion_tokens`, else `max_tokens`), if
-    /// it says.
+    /// The most output tokens the request allows, if it says
+    /// ([`output_limit`](tower_priority_limit::estimate::output_limit)).
     pub max_output_tokens: Option<u64>,
 }
 

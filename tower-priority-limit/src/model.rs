@@ -15,6 +15,7 @@ use http_body::Body;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use serde::Deserialize;
 
+use crate::estimate::OUTPUT_LIMITS;
 use crate::response::error_response;
 
 /// A model name, UTF-8, usually a zero-copy slice of the request body.
@@ -177,9 +178,8 @@ pub type BoxExtractFuture<B> =
 /// limits may repeat (the last wins) and may be of any type.
 struct Peek<'a> {
     model: Option<Cow<'a, str>>,
-    max_tokens: Count,
-    max_completion_tokens: Count,
-    max_output_tokens: Count,
+    /// Per name in [`OUTPUT_LIMITS`], its value.
+    output_limits: [Count; OUTPUT_LIMITS.len()],
 }
 
 impl<'de: 'a, 'a> Deserialize<'de> for Peek<'a> {
@@ -196,9 +196,7 @@ impl<'de: 'a, 'a> Deserialize<'de> for Peek<'a> {
             ) -> Result<Peek<'a>, A::Error> {
                 let mut peek = Peek {
                     model: None,
-                    max_tokens: Count(None),
-                    max_completion_tokens: Count(None),
-                    max_output_tokens: Count(None),
+                    output_limits: [Count(None); OUTPUT_LIMITS.len()],
                 };
                 while let Some(key) = map.next_key::<Cow<'de, str>>()? {
                     match &*key {
@@ -208,12 +206,12 @@ impl<'de: 'a, 'a> Deserialize<'de> for Peek<'a> {
                             }
                             peek.model = Some(map.next_value::<Borrowed<'a>>()?.0);
                         }
-                        "max_tokens" => peek.max_tokens = map.next_value()?,
-                        "max_completion_tokens" => peek.max_completion_tokens = map.next_value()?,
-                        "max_output_tokens" => peek.max_output_tokens = map.next_value()?,
-                        _ => {
-                            map.next_value::<serde::de::IgnoredAny>()?;
-                        }
+                        name => match OUTPUT_LIMITS.iter().position(|n| *n == name) {
+                            Some(i) => peek.output_limits[i] = map.next_value()?,
+                            None => {
+                                map.next_value::<serde::de::IgnoredAny>()?;
+                            }
+                        },
                     }
                 }
                 Ok(peek)
@@ -323,18 +321,14 @@ pub(crate) fn model_from_json(body: &Bytes) -> Result<Peeked, BadRequest> {
     let value: serde_json::Value = match serde_json::from_slice::<Peek<'_>>(body) {
         Ok(Peek {
             model: Some(name),
-            max_tokens,
-            max_completion_tokens,
-            max_output_tokens,
+            output_limits,
         }) if !name.trim().is_empty() => {
             let model = match name {
                 Cow::Borrowed(s) => ModelName::from_slice_of(body, s),
                 Cow::Owned(s) => ModelName::from(s),
             };
-            let max_output_tokens = max_completion_tokens
-                .0
-                .or(max_tokens.0)
-                .or(max_output_tokens.0);
+            // The first one the request sets, in `OUTPUT_LIMITS`' order.
+            let max_output_tokens = output_limits.iter().find_map(|c| c.0);
             return Ok(Peeked {
                 model,
                 max_output_tokens,

@@ -111,8 +111,7 @@ async fn validate(gw: &Gateway, caller: &Caller, request: Request) -> Result<Req
         .and_then(|o| o.get("include_usage"))
         .and_then(Value::as_bool)
         == Some(true);
-    let count = |key: &str| body.get(key).and_then(Value::as_u64);
-    let max_output_tokens = count("max_completion_tokens").or_else(|| count("max_tokens"));
+    let max_output_tokens = tower_priority_limit::estimate::output_limit(&body);
     parts.extensions.insert(ChatRequest {
         model: group.name.clone(),
         stream,

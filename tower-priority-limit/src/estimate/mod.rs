@@ -7,5 +7,7 @@ mod prompt;
 #[cfg(feature = "tokenizer")]
 mod tokenizer;
 
-pub use self::output::{EstimateStats, OutputEstimate, OUTPUT_QUANTILE};
+pub use self::output::{
+    output_limit, EstimateStats, OutputEstimate, OUTPUT_LIMITS, OUTPUT_QUANTILE,
+};
 pub use self::prompt::prompt_tokens;

@@ -4,6 +4,19 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
+/// The request fields that limit a response's output tokens, the first one set winning: chat
+/// completions' `max_completion_tokens` (and the older `max_tokens`, also Anthropic's and the
+/// completions API's), and the Responses API's `max_output_tokens`.
+pub const OUTPUT_LIMITS: [&str; 3] = ["max_completion_tokens", "max_tokens", "max_output_tokens"];
+
+/// The output limit a parsed request `body` sets: the first of [`OUTPUT_LIMITS`] that is a
+/// whole number (the layer's body extractor reads the same fields from the bytes).
+pub fn output_limit(body: &serde_json::Value) -> Option<u64> {
+    OUTPUT_LIMITS
+        .iter()
+        .find_map(|name| body.get(name).and_then(serde_json::Value::as_u64))
+}
+
 /// The quantile of observed completion lengths a request without `max_tokens` reserves.
 pub const OUTPUT_QUANTILE: f64 = 0.9;
 
@@ -119,6 +132,21 @@ mod tests {
                 "from {start}: {got}, want about {want}"
             );
         }
+    }
+
+    #[test]
+    fn the_first_whole_output_limit_wins() {
+        let limit = |v: serde_json::Value| output_limit(&v);
+        assert_eq!(limit(serde_json::json!({"max_tokens": 9})), Some(9));
+        assert_eq!(
+            limit(serde_json::json!({"max_tokens": 9, "max_completion_tokens": 4})),
+            Some(4)
+        );
+        assert_eq!(limit(serde_json::json!({"max_output_tokens": 5})), Some(5));
+        assert_eq!(
+            limit(serde_json::json!({"max_tokens": "9", "max_output_tokens": -1})),
+            None
+        );
     }
 
     #[test]
