@@ -240,6 +240,56 @@ pub fn sse_corpus() -> Vec<Vec<u8>> {
         json!({"type": "response.output_text.delta", "delta": "Hi there"}),
         json!({"type": "response.completed", "response": {"id": "resp_1", "status": "completed", "usage": {"input_tokens": 9, "output_tokens": 3, "total_tokens": 12}}}),
     ));
+    // A whole Responses stream without usage: its `.done` events and `response.incomplete` repeat
+    // the text the deltas carried.
+    let text = "Hi there, héllo";
+    let item = json!({"type": "message", "content": [{"type": "output_text", "text": text}]});
+    let responses = [
+        (
+            "response.created",
+            json!({"type": "response.created", "response": {"id": "resp_1", "output": [], "usage": null}}),
+        ),
+        (
+            "response.output_text.delta",
+            json!({"type": "response.output_text.delta", "item_id": "msg_1", "delta": "Hi there, "}),
+        ),
+        (
+            "response.output_text.delta",
+            json!({"type": "response.output_text.delta", "item_id": "msg_1", "delta": "héllo"}),
+        ),
+        (
+            "response.function_call_arguments.delta",
+            json!({"type": "response.function_call_arguments.delta", "delta": "{\"a\":1}"}),
+        ),
+        (
+            "response.output_text.done",
+            json!({"type": "response.output_text.done", "text": text}),
+        ),
+        (
+            "response.content_part.done",
+            json!({"type": "response.content_part.done", "part": {"type": "output_text", "text": text}}),
+        ),
+        (
+            "response.output_item.done",
+            json!({"type": "response.output_item.done", "item": item}),
+        ),
+        (
+            "response.incomplete",
+            json!({"type": "response.incomplete", "response": {"id": "resp_1", "output": [item], "usage": null}}),
+        ),
+    ];
+    corpus.push(
+        responses
+            .iter()
+            .map(|(e, d)| format!("event: {e}\ndata: {d}\n\n"))
+            .collect(),
+    );
+    // Completions, streamed with usage.
+    corpus.push(format!(
+        "data: {}\n\ndata: {}\n\ndata: [DONE]\n\n",
+        json!({"id": "cmpl-1", "object": "text_completion", "choices": [{"text": "legacy", "index": 0, "finish_reason": "stop"}]}),
+        json!({"id": "cmpl-1", "object": "text_completion", "choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}}),
+    ));
     // Valid but unusual: comments, id/retry/unknown fields, `data:` without a space, JSON spread
     // over several data lines, blank data lines, an event cut at the end (no blank line).
     corpus.push(format!(
@@ -294,6 +344,10 @@ pub const SSE_DICTIONARY: &[&[u8]] = &[
     b"\"content\":\"",
     b"\"message\":{\"usage\":",
     b"\"response\":{\"usage\":",
+    b"{\"type\":\"response.output_text.delta\",\"delta\":\"",
+    b"\"type\":\"response.completed\"",
+    b"\"type\":\"response.",
+    b"\"delta\":\"",
     b"\t",
     b" ",
     b"\0",
@@ -335,6 +389,8 @@ pub fn json_corpus() -> Vec<Vec<u8>> {
                "usage": {"input_tokens": 9, "output_tokens": 3, "total_tokens": 12}}).to_string(),
         json!({"id": "cmpl-1", "object": "text_completion", "choices": [{"text": "legacy text", "index": 0}],
                "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}}).to_string(),
+        json!({"object": "list", "data": [{"object": "embedding", "index": 0, "embedding": [0.0023, -0.0093]}],
+               "model": "text-embedding-3-small", "usage": {"prompt_tokens": 8, "total_tokens": 8}}).to_string(),
         json!({"error": {"message": "Rate limit reached", "type": "rate_limit_error", "param": null, "code": "429"}}).to_string(),
         json!({"a": [[[[[[[[[[{"usage": {"total_tokens": 4}}]]]]]]]]]], "choices": [{"message": {"content": "nested"}}]}).to_string(),
         json!({"usage": {"total_tokens": 1}, "choices": [], "extra": {"usage": {"total_tokens": 2}}, "z": {"usage": {"total_tokens": 3}}}).to_string(),

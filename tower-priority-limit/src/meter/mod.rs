@@ -7,8 +7,8 @@
 //!
 //! # Bodies
 //!
-//! * **Server-sent events** (`text/event-stream`, e.g. OpenAI chat completions
-//!   with `stream: true`, or Anthropic messages). Lines may end in `\n`, `\r\n`
+//! * **Server-sent events** (`text/event-stream`, e.g. OpenAI chat completions or completions
+//!   with `stream: true`, the Responses API's typed events, or Anthropic messages). Lines may end in `\n`, `\r\n`
 //!   or `\r`, and chunk boundaries may fall anywhere, including inside a UTF-8
 //!   character. Each event's `data` (several `data:` lines joined with `\n`)
 //!   is read as JSON; comments, `event:`, `id:`, `retry:` and data that is not
@@ -35,7 +35,8 @@
 //!
 //! A *usage object* is a JSON object found at `usage` (OpenAI, Anthropic
 //! `message_delta` and bodies), `message.usage` (Anthropic `message_start`) or
-//! `response.usage` (OpenAI Responses) of a document, having at least one of
+//! `response.usage` (the Responses API's `response.completed` and `response.incomplete`) of a
+//! document, having at least one of
 //! these non-negative integer counters (other values are ignored):
 //!
 //! 1. `total_tokens` if present; else
@@ -64,10 +65,15 @@
 //! [`UsageMeter::with_prompt_estimate`] (default 0) and `content_bytes` is the
 //! UTF-8 length, after JSON unescaping, of the generated text seen so far:
 //! `choices[*].delta.content`, `choices[*].message.content`,
-//! `choices[*].text`, the `function.arguments` of `choices[*].delta.tool_calls`
-//! and `choices[*].message.tool_calls`, and Anthropic's `delta.text`,
-//! `delta.partial_json` and `content[*].text`, plus the bytes of SSE data
-//! skipped for being past the line bound. A JSON body past 4 MiB without usage
+//! `choices[*].text` (chat completions and completions), the `function.arguments` of
+//! `choices[*].delta.tool_calls` and `choices[*].message.tool_calls`, Anthropic's `delta.text`,
+//! `delta.partial_json` and `content[*].text`, the Responses API's `output[*].content[*].text`
+//! and `output[*].arguments` in a body, plus the bytes of SSE data skipped for being past the
+//! line bound. In a Responses API stream (events whose `type` starts with `response.`) only the
+//! string `delta` of each event counts (`response.output_text.delta`,
+//! `response.function_call_arguments.delta`, ...): the `.done` events and `response.completed`
+//! repeat the text whole. An embeddings response has no generated text: without usage it is
+//! charged its prompt estimate alone. A JSON body past 4 MiB without usage
 //! has `content_bytes` = all its bytes. A body of at most 4 MiB that is not
 //! JSON has `content_bytes = 0`.
 
@@ -194,7 +200,8 @@ impl UsageMeter {
         }
     }
 
-    /// Whether the body announced its own end (`data: [DONE]`, Anthropic's `message_stop`):
+    /// Whether the body announced its own end (`data: [DONE]`, Anthropic's `message_stop`, the
+    /// Responses API's `response.completed`, `response.incomplete` or `response.failed`):
     /// nothing after that changes the count, so the request can be settled at once instead of when
     /// the connection finally closes the body (a client may send its next request first).
     pub fn is_finished(&self) -> bool {
@@ -364,6 +371,78 @@ mod tests {
         let mut m = UsageMeter::json();
         m.feed(br#"{"type":"message","content":[{"type":"text","text":"Hi"}],"usage":{"input_tokens":3,"output_tokens":2}}"#);
         assert_eq!(m.tokens(), Tokens::Reported(5));
+    }
+
+    /// Every format's non-streamed body, with usage and without, split at every byte.
+    #[test]
+    fn each_formats_json_body() {
+        let bodies: [(&[u8], Tokens); 6] = [
+            // Responses API.
+            (br#"{"id":"resp_1","object":"response","status":"completed","instructions":"Be brief.","text":{"format":{"type":"text"}},"output":[{"type":"message","role":"assistant","content":[{"type":"output_text","text":"Hello there","annotations":[]}]}],"usage":{"input_tokens":36,"input_tokens_details":{"cached_tokens":0},"output_tokens":87,"output_tokens_details":{"reasoning_tokens":0},"total_tokens":123}}"#, Tokens::Reported(123)),
+            (br#"{"id":"resp_1","object":"response","instructions":"Be brief.","output":[{"type":"message","content":[{"type":"output_text","text":"Hello there","annotations":[]}]},{"type":"function_call","name":"f","arguments":"{}"}],"usage":null}"#, Tokens::Estimated(5 + (11 + 2u64).div_ceil(4))),
+            // Anthropic Messages.
+            (br#"{"id":"msg_1","type":"message","role":"assistant","content":[{"type":"text","text":"Hi!"}],"stop_reason":"end_turn","usage":{"input_tokens":12,"cache_creation_input_tokens":0,"output_tokens":6}}"#, Tokens::Reported(18)),
+            // Embeddings: prompt tokens only.
+            (br#"{"object":"list","data":[{"object":"embedding","index":0,"embedding":[0.0023,-0.0093,0.0157]}],"model":"text-embedding-3-small","usage":{"prompt_tokens":8,"total_tokens":8}}"#, Tokens::Reported(8)),
+            (br#"{"object":"list","data":[{"object":"embedding","index":0,"embedding":"AAAAAA=="}],"model":"e"}"#, Tokens::Estimated(5)),
+            // Completions.
+            (br#"{"id":"cmpl-1","object":"text_completion","choices":[{"text":"12345678","index":0,"finish_reason":"stop"}],"usage":{"prompt_tokens":5,"completion_tokens":7,"total_tokens":12}}"#, Tokens::Reported(12)),
+        ];
+        for (body, want) in bodies {
+            for at in 0..=body.len() {
+                let mut m = UsageMeter::json().with_prompt_estimate(5);
+                m.feed(&body[..at]);
+                m.feed(&body[at..]);
+                assert_eq!(
+                    m.tokens(),
+                    want,
+                    "split at {at}: {}",
+                    String::from_utf8_lossy(body)
+                );
+            }
+        }
+    }
+
+    /// Every format's stream through the front, split at every byte.
+    #[test]
+    fn each_formats_stream() {
+        let completions = concat!(
+            "data: {\"id\":\"cmpl-1\",\"object\":\"text_completion\",\"choices\":[{\"text\":\"Hello\",\"index\":0,\"finish_reason\":null}]}\n\n",
+            "data: {\"id\":\"cmpl-1\",\"object\":\"text_completion\",\"choices\":[{\"text\":\" world\",\"index\":0,\"finish_reason\":\"stop\"}]}\n\n",
+            "data: {\"id\":\"cmpl-1\",\"object\":\"text_completion\",\"choices\":[],\"usage\":{\"prompt_tokens\":4,\"completion_tokens\":2,\"total_tokens\":6}}\n\n",
+            "data: [DONE]\n\n",
+        );
+        let no_usage = completions.replace(
+            ",\"usage\":{\"prompt_tokens\":4,\"completion_tokens\":2,\"total_tokens\":6}",
+            "",
+        );
+        let responses = super::sse::tests::responses_stream(true, "response.completed");
+        let responses_cut = super::sse::tests::responses_stream(false, "response.incomplete");
+        let cases = [
+            (completions.to_owned(), Tokens::Reported(6)),
+            (no_usage, Tokens::Estimated(9 + 3)),
+            (responses, Tokens::Reported(123)),
+            (
+                responses_cut,
+                Tokens::Estimated(9 + content_bytes().div_ceil(4)),
+            ),
+        ];
+        for (stream, want) in cases {
+            let b = stream.as_bytes();
+            for at in 0..=b.len() {
+                let mut m = UsageMeter::for_content_type(Some(b"text/event-stream"))
+                    .with_prompt_estimate(9);
+                m.feed(&b[..at]);
+                m.feed(&b[at..]);
+                assert_eq!(m.tokens(), want, "split at {at}");
+                assert!(m.is_finished());
+            }
+            let mut m = UsageMeter::sse().with_prompt_estimate(9);
+            for c in b.chunks(1) {
+                m.feed(c);
+            }
+            assert_eq!(m.tokens(), want);
+        }
     }
 
     #[test]

@@ -60,7 +60,8 @@ pub struct SseMeter {
     content_bytes: u64,
     /// Bytes of data the bounds made the meter skip unparsed: counted as generated text.
     skipped: u64,
-    /// The stream said it is over (`data: [DONE]`, or Anthropic's `message_stop`).
+    /// The stream said it is over (`data: [DONE]`, Anthropic's `message_stop`, the Responses
+    /// API's `response.completed`, `response.incomplete` or `response.failed`).
     finished: bool,
 }
 
@@ -266,7 +267,10 @@ impl SseMeter {
         }
         match self.event {
             Event::Empty => match parse_with(value, Shape::Chunk) {
-                Some(info) => self.event = Event::Parsed(info),
+                Some(info) => {
+                    self.finished |= info.end;
+                    self.event = Event::Parsed(info);
+                }
                 None => {
                     self.event_data.clear();
                     if bounded_extend(&mut self.event_data, value, MAX_LINE) {
@@ -328,6 +332,7 @@ impl SseMeter {
         };
         self.event_data = reuse(std::mem::take(&mut self.event_data));
         if let Some(info) = info {
+            self.finished |= info.end;
             merge_usage(&mut self.usage, info.usage);
             self.content_bytes = self.content_bytes.saturating_add(info.content_bytes);
         }
@@ -569,6 +574,101 @@ pub(crate) mod tests {
         // Cut before message_delta: input (25) + output so far (1).
         let cut = s.find("event: message_delta").unwrap();
         assert_eq!(run(&[&s.as_bytes()[..cut]]), Ok(26));
+    }
+
+    /// A Responses API stream as OpenAI sends it (`event:` lines, every event's type in its data,
+    /// the text again whole in the `.done` events and in `response.completed`), with or without
+    /// the usage in its last event, which is `last`.
+    pub(crate) fn responses_stream(with_usage: bool, last: &str) -> String {
+        let text: String = CONTENT.concat();
+        let text_json = serde_json::to_string(&text).unwrap();
+        let usage = if with_usage {
+            r#"{"input_tokens":36,"input_tokens_details":{"cached_tokens":0},"output_tokens":87,"output_tokens_details":{"reasoning_tokens":0},"total_tokens":123}"#
+        } else {
+            "null"
+        };
+        let head = r#""id":"resp_1","object":"response","created_at":1741290958,"model":"gpt-4.1-2025-04-14","instructions":"Be brief.","text":{"format":{"type":"text"}}"#;
+        let item = format!(
+            r#"{{"id":"msg_1","type":"message","status":"completed","role":"assistant","content":[{{"type":"output_text","text":{text_json},"annotations":[]}}]}}"#
+        );
+        let mut events = vec![
+            ("response.created".to_owned(), format!(r#"{{"type":"response.created","sequence_number":0,"response":{{{head},"status":"in_progress","output":[],"usage":null}}}}"#)),
+            ("response.in_progress".to_owned(), format!(r#"{{"type":"response.in_progress","sequence_number":1,"response":{{{head},"status":"in_progress","output":[],"usage":null}}}}"#)),
+            ("response.output_item.added".to_owned(), r#"{"type":"response.output_item.added","sequence_number":2,"output_index":0,"item":{"id":"msg_1","type":"message","status":"in_progress","role":"assistant","content":[]}}"#.to_owned()),
+            ("response.content_part.added".to_owned(), r#"{"type":"response.content_part.added","sequence_number":3,"item_id":"msg_1","output_index":0,"content_index":0,"part":{"type":"output_text","text":"","annotations":[]}}"#.to_owned()),
+        ];
+        for (n, c) in CONTENT.iter().enumerate() {
+            let c = serde_json::to_string(c).unwrap();
+            events.push(("response.output_text.delta".to_owned(), format!(r#"{{"type":"response.output_text.delta","sequence_number":{},"item_id":"msg_1","output_index":0,"content_index":0,"delta":{c},"logprobs":[]}}"#, 4 + n)));
+        }
+        events.push(("response.output_text.done".to_owned(), format!(r#"{{"type":"response.output_text.done","sequence_number":8,"item_id":"msg_1","output_index":0,"content_index":0,"text":{text_json},"logprobs":[]}}"#)));
+        events.push(("response.content_part.done".to_owned(), format!(r#"{{"type":"response.content_part.done","sequence_number":9,"item_id":"msg_1","output_index":0,"content_index":0,"part":{{"type":"output_text","text":{text_json},"annotations":[]}}}}"#)));
+        events.push(("response.output_item.done".to_owned(), format!(r#"{{"type":"response.output_item.done","sequence_number":10,"output_index":0,"item":{item}}}"#)));
+        events.push((last.to_owned(), format!(r#"{{"type":"{last}","sequence_number":11,"response":{{{head},"status":"completed","output":[{item}],"usage":{usage}}}}}"#)));
+        events
+            .into_iter()
+            .map(|(name, data)| format!("event: {name}\ndata: {data}\n\n"))
+            .collect()
+    }
+
+    #[test]
+    fn responses_stream_reads_its_usage_and_only_its_deltas() {
+        for last in ["response.completed", "response.incomplete"] {
+            let s = responses_stream(true, last);
+            for (n, r) in all_ways(s.as_bytes()).into_iter().enumerate() {
+                assert_eq!(r, Ok(123), "way {n}, {last}");
+            }
+            // Without usage: the deltas once, not the text the `.done` events repeat.
+            let s = responses_stream(false, last);
+            for (n, r) in all_ways(s.as_bytes()).into_iter().enumerate() {
+                assert_eq!(r, Err(content_bytes()), "way {n}, {last}");
+            }
+        }
+        // Its last event ends it; a cut before it is not finished, and counts what went by.
+        let s = responses_stream(true, "response.completed");
+        let cut = s.find("event: response.output_text.done").unwrap();
+        let mut m = SseMeter::new();
+        m.feed(&s.as_bytes()[..cut]);
+        assert!(!m.is_finished());
+        assert_eq!(m.inspect().map(|u| u.total()), Err(content_bytes()));
+        m.feed(&s.as_bytes()[cut..]);
+        assert!(m.is_finished());
+        let mut m = SseMeter::new();
+        m.feed(responses_stream(false, "response.failed").as_bytes());
+        assert!(m.is_finished());
+    }
+
+    #[test]
+    fn responses_function_call_arguments_count_once() {
+        let s = concat!(
+            "event: response.output_item.added\n",
+            "data: {\"type\":\"response.output_item.added\",\"item\":{\"type\":\"function_call\",\"name\":\"f\",\"arguments\":\"\"}}\n\n",
+            "event: response.function_call_arguments.delta\n",
+            "data: {\"type\":\"response.function_call_arguments.delta\",\"delta\":\"{\\\"a\\\":\"}\n\n",
+            "event: response.function_call_arguments.delta\n",
+            "data: {\"type\":\"response.function_call_arguments.delta\",\"delta\":\"1}\"}\n\n",
+            "event: response.function_call_arguments.done\n",
+            "data: {\"type\":\"response.function_call_arguments.done\",\"arguments\":\"{\\\"a\\\":1}\"}\n\n",
+        );
+        for r in all_ways(s.as_bytes()) {
+            assert_eq!(r, Err(7));
+        }
+    }
+
+    /// Anthropic's stream with its output in several `message_delta`s (cumulative): the last wins.
+    #[test]
+    fn anthropic_last_message_delta_wins() {
+        let s = concat!(
+            "event: message_start\n",
+            "data: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":25,\"cache_read_input_tokens\":0,\"output_tokens\":1}}}\n\n",
+            "event: message_delta\n",
+            "data: {\"type\":\"message_delta\",\"delta\":{},\"usage\":{\"output_tokens\":7}}\n\n",
+            "event: message_delta\n",
+            "data: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\"},\"usage\":{\"output_tokens\":15}}\n\n",
+        );
+        for r in all_ways(s.as_bytes()) {
+            assert_eq!(r, Ok(40));
+        }
     }
 
     #[test]

@@ -113,6 +113,9 @@ pub(crate) struct DocInfo {
     pub(crate) usage: Option<Usage>,
     /// Bytes (UTF-8, after JSON unescaping) of generated text.
     pub(crate) content_bytes: u64,
+    /// The document is the last event of a Responses API stream (`response.completed`,
+    /// `response.incomplete`, `response.failed`): nothing after it changes the count.
+    pub(crate) end: bool,
 }
 
 /// Parses one complete JSON document (nothing but whitespace may follow it).
@@ -133,30 +136,79 @@ pub(crate) enum Shape {
 
 /// [`parse_doc`] for a document of `shape`.
 pub(crate) fn parse_with(bytes: &[u8], shape: Shape) -> Option<DocInfo> {
+    let kind = match shape {
+        Shape::Chunk => event_kind(bytes),
+        Shape::Body => Kind::Other,
+    };
     // Most stream chunks carry text and no usage: count their text with a scan instead of a parse
     // (several times cheaper). Anything carrying a usage object is parsed properly.
     if !has_usage_object(bytes) {
-        if let Some(content_bytes) = scan_text_bytes(bytes, shape) {
+        if let Some(content_bytes) = scan_text_bytes(bytes, shape, kind) {
             return Some(DocInfo {
                 usage: None,
                 content_bytes,
+                end: kind == Kind::ResponsesEnd,
             });
         }
     }
-    serde_json::from_slice::<Doc>(bytes).ok().map(Doc::info)
+    serde_json::from_slice::<Doc>(bytes)
+        .ok()
+        .map(|doc| doc.info(kind))
+}
+
+/// What a stream event is, for the estimate: the Responses API's events repeat their text (each
+/// `response.output_text.delta` is sent again whole in `response.output_text.done`,
+/// `response.content_part.done`, `response.output_item.done` and `response.completed`), so of
+/// those only the string `delta`s count.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    /// Chat completions, completions, Anthropic messages: every text field counts.
+    Other,
+    /// A Responses API event (`"type": "response.…"`).
+    Responses,
+    /// The last event of a Responses API stream: `response.completed`, `response.incomplete` or
+    /// `response.failed`.
+    ResponsesEnd,
+}
+
+static TYPE_KEY: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(b"\"type\""));
+
+/// The [`Kind`] of one event's data: a Responses API event has a `"type"` whose string value
+/// starts with `response.` (no other API's events or nested objects do).
+fn event_kind(bytes: &[u8]) -> Kind {
+    for at in TYPE_KEY.find_iter(bytes) {
+        let rest = skip_ws(&bytes[at + 6..]);
+        let Some(rest) = rest.strip_prefix(b":") else {
+            continue;
+        };
+        let Some(name) = skip_ws(rest).strip_prefix(b"\"response.") else {
+            continue;
+        };
+        let name = &name[..memchr::memchr(b'"', name).unwrap_or(name.len())];
+        return match name {
+            b"completed" | b"incomplete" | b"failed" => Kind::ResponsesEnd,
+            _ => Kind::Responses,
+        };
+    }
+    Kind::Other
 }
 
 /// Searchers for the keys whose string values are generated text, wherever they appear, and for
 /// `"usage"`; built once (building one costs more than a search).
-static TEXT_KEYS: LazyLock<[Finder<'static>; 4]> = LazyLock::new(|| {
+static TEXT_KEYS: LazyLock<[Finder<'static>; 5]> = LazyLock::new(|| {
     [
         b"\"content\"".as_slice(),
         b"\"text\"",
         b"\"arguments\"",
         b"\"partial_json\"",
+        // Last: the one key a Responses API event's text is read from.
+        DELTA,
     ]
     .map(Finder::new)
 });
+/// The key of a Responses API event's text (`response.output_text.delta` and the like); a string
+/// `delta` nowhere else (chat and Anthropic deltas are objects).
+const DELTA: &[u8] = b"\"delta\"";
 static USAGE_KEY: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(b"\"usage\""));
 
 /// Whether one SSE event's data is the usage-only chunk of an OpenAI stream (empty `choices`, a
@@ -182,14 +234,19 @@ fn has_usage_object(bytes: &[u8]) -> bool {
     })
 }
 
-/// Sum of the unescaped UTF-8 lengths of the string values of [`TEXT_KEYS`]; `None` when the
-/// bytes do not look like JSON (then the full parser decides) or a string is cut off.
-fn scan_text_bytes(bytes: &[u8], shape: Shape) -> Option<u64> {
+/// Sum of the unescaped UTF-8 lengths of the string values of [`TEXT_KEYS`] (of `delta` alone in a
+/// Responses API event); `None` when the bytes do not look like JSON (then the full parser
+/// decides) or a string is cut off.
+fn scan_text_bytes(bytes: &[u8], shape: Shape, kind: Kind) -> Option<u64> {
     if !is_one_object(bytes) {
         return None;
     }
     let mut total = 0u64;
-    for (i, key) in TEXT_KEYS.iter().enumerate() {
+    let keys = match kind {
+        Kind::Other => &TEXT_KEYS[..],
+        Kind::Responses | Kind::ResponsesEnd => &TEXT_KEYS[TEXT_KEYS.len() - 1..],
+    };
+    for (i, key) in keys.iter().enumerate() {
         let mut found = false;
         for at in key.find_iter(bytes) {
             let rest = skip_ws(&bytes[at + key.needle().len()..]);
@@ -204,7 +261,7 @@ fn scan_text_bytes(bytes: &[u8], shape: Shape) -> Option<u64> {
         }
         // An OpenAI stream chunk with string `content` carries no other text (tool-call chunks
         // have `"content": null`): the common case needs one search, not four.
-        if i == 0 && found && shape == Shape::Chunk {
+        if i == 0 && found && shape == Shape::Chunk && kind == Kind::Other {
             break;
         }
     }
@@ -276,14 +333,17 @@ struct Doc {
     response: Obj<Nested>,
     /// OpenAI `choices[*]`.
     choices: List<Choice>,
-    /// Anthropic `content_block_delta`: `{"delta":{"text":...}}`.
-    delta: Obj<Text>,
+    /// Anthropic `content_block_delta`: `{"delta":{"text":...}}`; a Responses API delta event:
+    /// `{"delta":"..."}`.
+    delta: Delta,
     /// Anthropic non-streamed body: `{"content":[{"text":...}]}`.
     content: List<Text>,
+    /// Responses API body: `{"output":[{"content":[{"text":...}]}, {"arguments":...}]}`.
+    output: List<OutputItem>,
 }
 
 impl Doc {
-    fn info(self) -> DocInfo {
+    fn info(self, kind: Kind) -> DocInfo {
         let mut usage = None;
         for u in [
             self.message.0.and_then(|n| n.usage.0),
@@ -292,14 +352,19 @@ impl Doc {
         ] {
             merge_usage(&mut usage, u.filter(Usage::is_meaningful));
         }
-        let content_bytes = self
-            .choices
-            .0
-            .saturating_add(self.delta.0.map_or(0, |t| t.len()))
-            .saturating_add(self.content.0);
+        let content_bytes = match kind {
+            Kind::Other => self
+                .choices
+                .0
+                .saturating_add(self.delta.len())
+                .saturating_add(self.content.0)
+                .saturating_add(self.output.0),
+            Kind::Responses | Kind::ResponsesEnd => self.delta.string,
+        };
         DocInfo {
             usage,
             content_bytes,
+            end: kind == Kind::ResponsesEnd,
         }
     }
 }
@@ -553,6 +618,70 @@ impl<'de, T: Deserialize<'de> + Counted> Deserialize<'de> for List<T> {
     }
 }
 
+/// A document's `delta`: an object with text (Anthropic) or a string (the Responses API).
+#[derive(Default)]
+struct Delta {
+    object: Option<Text>,
+    string: u64,
+}
+
+impl Delta {
+    fn len(&self) -> u64 {
+        self.string
+            .saturating_add(self.object.as_ref().map_or(0, Text::len))
+    }
+}
+
+impl<'de> Deserialize<'de> for Delta {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Delta;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("any JSON value")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Delta, E> {
+                Ok(Delta {
+                    object: None,
+                    string: v.len() as u64,
+                })
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Delta, A::Error> {
+                Text::deserialize(MapAccessDeserializer::new(map)).map(|t| Delta {
+                    object: Some(t),
+                    string: 0,
+                })
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Delta, A::Error> {
+                drain_seq(seq).map(|()| Delta::default())
+            }
+            fn visit_u64<E: de::Error>(self, _: u64) -> Result<Delta, E> {
+                Ok(Delta::default())
+            }
+            fn visit_i64<E: de::Error>(self, _: i64) -> Result<Delta, E> {
+                Ok(Delta::default())
+            }
+            ignore_scalars!(Delta::default());
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// One item of a Responses API body's `output`: a message's content parts, a function call's
+/// arguments.
+#[derive(Default, Deserialize)]
+#[serde(default)]
+struct OutputItem {
+    content: List<Text>,
+    arguments: Len,
+}
+
+impl Counted for OutputItem {
+    fn len(&self) -> u64 {
+        self.content.0.saturating_add(self.arguments.0)
+    }
+}
+
 fn drain_map<'de, A: MapAccess<'de>>(mut map: A) -> Result<(), A::Error> {
     while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
     Ok(())
@@ -578,7 +707,11 @@ mod scan_tests {
     /// The scan agrees with the full parse on what both read.
     #[test]
     fn scan_matches_parse() {
-        let docs: [&[u8]; 6] = [
+        let docs: [&[u8]; 10] = [
+            br#"{"type":"response.output_text.delta","item_id":"msg_1","delta":"h\u00e9llo \"w\"","logprobs":[]}"#,
+            br#"{"type":"response.output_text.done","item_id":"msg_1","text":"h\u00e9llo \"w\"","logprobs":[]}"#,
+            br#"{"type":"response.output_item.done","item":{"type":"message","content":[{"type":"output_text","text":"hello"}]}}"#,
+            br#"{"object":"response","output":[{"type":"message","content":[{"type":"output_text","text":"hello"}]},{"type":"function_call","arguments":"{}"}]}"#,
             br#"{"choices":[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}]}"#,
             br#"{"choices":[{"delta":{"content":"h\u00e9llo \"w\"\n\ud83d\ude80 \u20ac"}}]}"#,
             br#"{"choices":[{"delta":{"tool_calls":[{"function":{"arguments":"{\"a\":1}"}}]}}]}"#,
@@ -589,10 +722,10 @@ mod scan_tests {
         for doc in docs {
             let parsed = serde_json::from_slice::<Doc>(doc)
                 .unwrap()
-                .info()
+                .info(event_kind(doc))
                 .content_bytes;
             assert_eq!(
-                scan_text_bytes(doc, Shape::Body),
+                scan_text_bytes(doc, Shape::Body, event_kind(doc)),
                 Some(parsed),
                 "{}",
                 String::from_utf8_lossy(doc)
@@ -621,29 +754,32 @@ mod scan_tests {
             br#"{"choices":[],"usage": {"total_tokens":3}}"#
         ));
         assert!(!has_usage_object(br#"{"choices":[],"usage":null}"#));
-        assert_eq!(scan_text_bytes(b"[DONE]", Shape::Body), None);
+        assert_eq!(scan_text_bytes(b"[DONE]", Shape::Body, Kind::Other), None);
         assert_eq!(
-            scan_text_bytes(br#"{"content":"cut off"#, Shape::Body),
+            scan_text_bytes(br#"{"content":"cut off"#, Shape::Body, Kind::Other),
             None
         );
-        assert_eq!(scan_text_bytes(br#"{"content":"a"}"#, Shape::Body), Some(1));
         assert_eq!(
-            scan_text_bytes(b"{\"content\":\"a\"}\n1", Shape::Body),
+            scan_text_bytes(br#"{"content":"a"}"#, Shape::Body, Kind::Other),
+            Some(1)
+        );
+        assert_eq!(
+            scan_text_bytes(b"{\"content\":\"a\"}\n1", Shape::Body, Kind::Other),
             None,
             "trailing bytes"
         );
         assert_eq!(
-            scan_text_bytes(br#"{"usage":"#, Shape::Body),
+            scan_text_bytes(br#"{"usage":"#, Shape::Body, Kind::Other),
             None,
             "cut after a key"
         );
         assert_eq!(
-            scan_text_bytes(br#"{"text":"a\"}"#, Shape::Body),
+            scan_text_bytes(br#"{"text":"a\"}"#, Shape::Body, Kind::Other),
             None,
             "escaped quote does not close"
         );
         assert_eq!(
-            scan_text_bytes(b"{\"text\":\"\xff\"}", Shape::Body),
+            scan_text_bytes(b"{\"text\":\"\xff\"}", Shape::Body, Kind::Other),
             None,
             "invalid UTF-8"
         );
