@@ -1,22 +1,30 @@
-//! A chat completion request as the gateway carries it ([`ChatRequest`], read and validated once
-//! by [`crate::api::chat::prepare`]) and the answer of a `mock_response` deployment.
+//! A request to one of the LLM endpoints as the gateway carries it ([`ChatRequest`], read and
+//! validated once by [`crate::api::chat::prepare`]) and the answer of a `mock_response`
+//! deployment.
 
 use std::sync::Arc;
 
-use crate::mock::{chat_completion, chat_completion_stream};
 use axum::body::Body;
 use axum::response::Response;
 use bytes::Bytes;
 use http::header::CONTENT_TYPE;
+use http::{HeaderMap, HeaderValue};
 use serde_json::Value;
 use tower_priority_limit::model::ModelName;
 
-/// A validated chat request, as a request extension.
+use crate::endpoint::Endpoint;
+use crate::mock::answer;
+
+/// A validated request to any of the endpoints (chat completions, embeddings, completions, the
+/// Responses API, Anthropic messages), as a request extension. Every endpoint takes the same
+/// path through keys, priorities, the limiter and the router; only its format differs.
 #[derive(Debug, Clone)]
 pub struct ChatRequest {
+    /// The endpoint called.
+    pub endpoint: Endpoint,
     /// The model group asked for.
     pub model: ModelName,
-    /// `"stream": true`.
+    /// `"stream": true` (never for embeddings).
     pub stream: bool,
     /// The client asked for the usage chunk (`stream_options.include_usage`).
     pub include_usage: bool,
@@ -29,32 +37,36 @@ pub struct ChatRequest {
     /// The most output tokens the request allows, if it says
     /// ([`output_limit`](tower_priority_limit::estimate::output_limit)).
     pub max_output_tokens: Option<u64>,
+    /// The client's headers passed on upstream: `anthropic-version` and `anthropic-beta`.
+    pub pass_on: HeaderMap,
 }
 
-/// `mock_response`: 30 tokens, streamed as a real SSE stream when asked. The usage chunk is always
-/// sent (as the gateway asks real upstreams for it); [`crate::api::chat::strip_usage`] removes it for clients that
-/// did not ask.
-pub fn mock_answer(model: &str, content: &str, stream: bool) -> Response {
-    if stream {
-        let pieces: Vec<&str> = content.split_inclusive(' ').collect();
-        let events = chat_completion_stream(model, &pieces, true);
+impl ChatRequest {
+    /// Whether the client gets the stream's usage chunk: it asked for it, or the endpoint always
+    /// sends it (see [`Endpoint::asks_stream_usage`]).
+    pub fn wants_stream_usage(&self) -> bool {
+        !self.stream || self.include_usage || !self.endpoint.asks_stream_usage()
+    }
+}
+
+/// `mock_response` for `chat` from model group `model`: 30 tokens (embeddings 10), in the
+/// endpoint's format, streamed as real SSE when asked. The usage chunk of chat and completions
+/// streams is always sent (as the gateway asks real upstreams for it);
+/// [`crate::api::chat::strip_usage`] removes it for clients that did not ask.
+pub fn mock_answer(chat: &ChatRequest, model: &str, content: &str) -> Response {
+    let answer = answer(chat.endpoint, model, content, &chat.body, true);
+    let content_type = HeaderValue::from_static(answer.content_type());
+    let mut response = if answer.sse {
         let body = futures_util::stream::iter(
-            events
+            answer
+                .chunks
                 .into_iter()
                 .map(Ok::<Bytes, std::convert::Infallible>),
         );
-        let mut response = Response::new(Body::from_stream(body));
-        response.headers_mut().insert(
-            CONTENT_TYPE,
-            http::HeaderValue::from_static("text/event-stream"),
-        );
-        response
+        Response::new(Body::from_stream(body))
     } else {
-        let mut response = Response::new(Body::from(chat_completion(model, content).to_string()));
-        response.headers_mut().insert(
-            CONTENT_TYPE,
-            http::HeaderValue::from_static("application/json"),
-        );
-        response
-    }
+        Response::new(Body::from(answer.chunks.concat()))
+    };
+    response.headers_mut().insert(CONTENT_TYPE, content_type);
+    response
 }

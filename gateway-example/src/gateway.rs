@@ -299,6 +299,8 @@ router_settings: {{redis_url: "redis://127.0.0.1:{port}"}}
     fn chat() -> ChatRequest {
         let body = json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]});
         ChatRequest {
+            endpoint: crate::endpoint::Endpoint::ChatCompletions,
+            pass_on: Default::default(),
             model: ModelName::from("m"),
             stream: false,
             include_usage: false,

@@ -22,6 +22,7 @@
 pub mod api;
 pub mod chat;
 pub mod config;
+pub mod endpoint;
 pub mod error;
 mod gateway;
 pub mod idle;
@@ -47,9 +48,14 @@ pub use crate::gateway::{Gateway, GatewayBuilder};
 
 /// The gateway's HTTP routes.
 pub fn router(gw: Arc<Gateway>) -> Router {
-    let chat = Router::new()
-        .route("/chat/completions", post(api::chat::completions))
-        .route("/v1/chat/completions", post(api::chat::completions));
+    // Every endpoint, with and without `/v1`, takes the same path: `prepare` reads which one it is
+    // from the path.
+    let chat = endpoint::Endpoint::ALL
+        .into_iter()
+        .flat_map(|e| [e.path().to_owned(), format!("/v1{}", e.path())])
+        .fold(Router::new(), |r, path| {
+            r.route(&path, post(api::chat::completions))
+        });
     // One stack per route (outermost first), not one boxed route layer each.
     let prepare = ServiceBuilder::new()
         .layer(from_fn_with_state(gw.clone(), api::chat::prepare))

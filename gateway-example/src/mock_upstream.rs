@@ -1,5 +1,9 @@
-//! A mock OpenAI deployment: `POST /v1/chat/completions` with a requests-per-minute limit,
-//! latency and injected failures, counting what it saw.
+//! A mock LLM deployment: `POST /v1/chat/completions`, `/v1/embeddings`, `/v1/completions`,
+//! `/v1/responses` and Anthropic's `/v1/messages` (each also without `/v1`), with a
+//! requests-per-minute limit, latency and injected failures, counting what it saw. It answers
+//! each endpoint in its own format (see [`crate::mock`]), so one mock serves as an OpenAI
+//! deployment (`api_base: http://…/v1`) and as an Anthropic one (`anthropic/` model, same
+//! `api_base`).
 //!
 //! One [`MockUpstream`] plays one deployment of a model group (one `api_base` in a gateway
 //! config), so the gateway's routing, retries, cooldowns and fallbacks can be exercised against
@@ -40,19 +44,20 @@
 //! # Ok(()) }
 //! ```
 //!
-//! Behaviour of a chat request, in order:
+//! Behaviour of a request to any endpoint, in order:
 //!
 //! 1. The body must be a JSON object (else 400 in the OpenAI error shape; nothing else counts
-//!    it). `"stream": true` asks for an SSE stream; `stream_options.include_usage` for the usage
-//!    chunk. Nothing else is validated: the mock answers whatever it is sent.
+//!    it). `"stream": true` asks for an SSE stream (not of embeddings); on chat and completions
+//!    `stream_options.include_usage` asks for the usage chunk. Nothing else is validated: the mock
+//!    answers whatever it is sent.
 //! 2. The RPM limit is checked on arrival: a fixed window starts at the first request, and the
 //!    first request at or after its end starts the next one (as the limiter's windows do). Past
 //!    the limit the answer is an immediate 429 (no latency) with `retry-after` and OpenAI's
 //!    `rate_limit_exceeded` body; a refused request does not use up the window.
 //! 3. The latency is slept before the response head.
 //! 4. With probability `failure_rate` the answer is `failure_status` with an OpenAI error body.
-//! 5. Otherwise the answer of [`crate::mock`]: 10 prompt + 20 completion tokens,
-//!    as JSON or as a real SSE stream ending `data: [DONE]`.
+//! 5. Otherwise the answer of [`crate::mock`] in the endpoint's format: 10 prompt + 20 completion
+//!    tokens (embeddings: 10 prompt tokens), as JSON or as a real SSE stream.
 //!
 //! Randomness (failures, latency) comes from RNGs seeded with `seed`: the n-th request a
 //! deployment handles draws the same numbers on every run, so sequential tests are repeatable.
@@ -64,7 +69,8 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use crate::mock::{chat_completion, chat_completion_stream};
+use crate::endpoint::Endpoint;
+use crate::mock::answer;
 use axum::body::Body;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, State};
@@ -511,9 +517,11 @@ impl Drop for InFlight {
 }
 
 fn app(shared: Arc<Shared>) -> Router {
-    Router::new()
-        .route("/v1/chat/completions", post(chat))
-        .route("/chat/completions", post(chat))
+    let completions = Endpoint::ALL
+        .into_iter()
+        .flat_map(|e| [e.path().to_owned(), format!("/v1{}", e.path())])
+        .fold(Router::new(), |r, path| r.route(&path, post(chat)));
+    completions
         .route("/v1/models", get(models))
         .route("/models", get(models))
         .route("/stats", get(stats))
@@ -562,8 +570,14 @@ async fn serve(listener: tokio::net::TcpListener, app: Router) {
     }
 }
 
-async fn chat(State(shared): State<Arc<Shared>>, body: Result<Bytes, BytesRejection>) -> Response {
+async fn chat(
+    State(shared): State<Arc<Shared>>,
+    uri: http::Uri,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
     let guard = InFlight::enter(shared.clone());
+    // Routed only on the endpoints' paths.
+    let endpoint = Endpoint::from_path(uri.path()).unwrap_or(Endpoint::ChatCompletions);
     let bad_request = |message: String| {
         shared.stats.bad_requests.fetch_add(1, Relaxed);
         openai_error(
@@ -583,7 +597,6 @@ async fn chat(State(shared): State<Arc<Shared>>, body: Result<Bytes, BytesReject
         Ok(_) => return bad_request("The request body must be a JSON object.".into()),
         Err(e) => return bad_request(format!("The request body is not valid JSON: {e}")),
     };
-    let stream = request.get("stream").and_then(Value::as_bool) == Some(true);
     let include_usage = request
         .pointer("/stream_options/include_usage")
         .and_then(Value::as_bool)
@@ -627,26 +640,19 @@ async fn chat(State(shared): State<Arc<Shared>>, body: Result<Bytes, BytesReject
     }
 
     shared.stats.ok.fetch_add(1, Relaxed);
-    let mut response = if stream {
-        let pieces: Vec<&str> = CONTENT.split_inclusive(' ').collect();
-        let events = chat_completion_stream(&shared.model, &pieces, include_usage);
+    let answer = answer(endpoint, &shared.model, CONTENT, &request, include_usage);
+    let content_type = HeaderValue::from_static(answer.content_type());
+    let mut response = if answer.sse {
         // The guard rides in the body, so a stream is in flight until it is sent or dropped.
-        let body = futures_util::stream::iter(events.into_iter().map(move |event| {
+        let body = futures_util::stream::iter(answer.chunks.into_iter().map(move |event| {
             let _in_flight = &guard;
             Ok::<Bytes, Infallible>(event)
         }));
-        let mut r = Response::new(Body::from_stream(body));
-        r.headers_mut()
-            .insert(CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
-        r
+        Response::new(Body::from_stream(body))
     } else {
-        let mut r = Response::new(Body::from(
-            chat_completion(&shared.model, CONTENT).to_string(),
-        ));
-        r.headers_mut()
-            .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-        r
+        Response::new(Body::from(answer.chunks.concat()))
     };
+    response.headers_mut().insert(CONTENT_TYPE, content_type);
     if let Admission::Allowed {
         limit,
         remaining,

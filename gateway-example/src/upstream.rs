@@ -1,5 +1,9 @@
-//! Forwarding to an OpenAI-compatible upstream: model name mapping, usage requested on streams,
-//! bodies streamed through chunk by chunk, timeouts, and upstream errors in the OpenAI shape.
+//! Forwarding to an upstream in its own format: OpenAI-compatible deployments get chat
+//! completions, embeddings, completions and the Responses API at `{api_base}/<endpoint>` with
+//! `Authorization: Bearer`; Anthropic deployments get messages at `{api_base}/v1/messages` with
+//! `x-api-key` and `anthropic-version` (the client's, else [`ANTHROPIC_VERSION`]). Model name
+//! mapping, usage requested on streams that report it only when asked, bodies streamed through
+//! chunk by chunk, timeouts, and upstream errors in the OpenAI shape.
 //!
 //! Timeouts of one attempt: its response head and first body bytes must come within the time the
 //! attempt was given (the deployment's `timeout`, or less when the request's attempts have less
@@ -24,10 +28,13 @@ use serde_json::Value;
 use tower_priority_limit::redact::redact_url;
 
 use crate::chat::ChatRequest;
-use crate::config::{Deployment, Target};
+use crate::config::{Api, Deployment, Target};
 use crate::error::ApiError;
 use crate::idle::IdleBody;
 use crate::signal::{streams_end, StreamsEnd};
+
+/// The `anthropic-version` sent to Anthropic deployments when the client sends none.
+pub const ANTHROPIC_VERSION: &str = "2023-06-01";
 
 /// Time allowed to open a TCP connection to an upstream.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -135,11 +142,12 @@ impl Default for Upstream {
 }
 
 /// The body sent upstream: the client's, with the upstream's model name, and usage requested on
-/// streams (so tokens can be counted; the gateway strips it again if the client did not ask).
+/// chat and completions streams (so tokens can be counted; the gateway strips it again if the
+/// client did not ask).
 pub fn upstream_body(deployment: &Deployment, chat: &ChatRequest) -> Value {
     let mut body = (*chat.body).clone();
     body["model"] = Value::String(deployment.upstream_model.clone());
-    if chat.stream {
+    if chat.stream && chat.endpoint.asks_stream_usage() {
         if !body.get("stream_options").is_some_and(Value::is_object) {
             body["stream_options"] = Value::Object(Default::default());
         }
@@ -197,20 +205,40 @@ impl Upstream {
         time: Duration,
     ) -> Result<Response, UpstreamFailure> {
         let started = Instant::now();
-        let Target::Upstream { api_base, api_key } = &deployment.target else {
+        let Target::Upstream {
+            api_base,
+            api_key,
+            api,
+        } = &deployment.target
+        else {
             return Err(UpstreamFailure::without_response(ApiError::internal(
                 "deployment has no upstream",
             )));
         };
-        let url = format!("{api_base}/chat/completions");
+        let url = upstream_url(api_base, *api, chat);
         let body = serde_json::to_vec(&upstream_body(deployment, chat))
             .map_err(|e| UpstreamFailure::without_response(ApiError::internal(e.to_string())))?;
         let mut request = Request::post(&url)
             .header(CONTENT_TYPE, "application/json")
             // Compressed bytes could not be metered.
             .header(ACCEPT_ENCODING, "identity");
-        if let Some(key) = api_key {
-            request = request.header(AUTHORIZATION, format!("Bearer {key}"));
+        match api {
+            Api::OpenAi => {
+                if let Some(key) = api_key {
+                    request = request.header(AUTHORIZATION, format!("Bearer {key}"));
+                }
+            }
+            Api::Anthropic => {
+                if let Some(key) = api_key {
+                    request = request.header("x-api-key", key.as_str());
+                }
+                for (name, value) in &chat.pass_on {
+                    request = request.header(name, value);
+                }
+                if !chat.pass_on.contains_key("anthropic-version") {
+                    request = request.header("anthropic-version", ANTHROPIC_VERSION);
+                }
+            }
         }
         let request = request.body(Full::new(Bytes::from(body))).map_err(|e| {
             UpstreamFailure::without_response(ApiError::internal(format!(
@@ -322,6 +350,18 @@ impl Upstream {
     }
 }
 
+/// Where `chat` goes on an upstream at `api_base` speaking `api`: `{api_base}/chat/completions` and
+/// the like for OpenAI; `{api_base}/v1/messages` for Anthropic (an `api_base` already ending in
+/// `/v1` or `/v1/messages` is not given them twice).
+fn upstream_url(api_base: &str, api: Api, chat: &ChatRequest) -> String {
+    match api {
+        Api::OpenAi => format!("{api_base}{}", chat.endpoint.path()),
+        Api::Anthropic if api_base.ends_with("/v1/messages") => api_base.to_owned(),
+        Api::Anthropic if api_base.ends_with("/v1") => format!("{api_base}/messages"),
+        Api::Anthropic => format!("{api_base}/v1/messages"),
+    }
+}
+
 /// An upstream's error, in the OpenAI shape: its own error object when it sent one, else one
 /// that says what came back.
 async fn upstream_error(
@@ -390,6 +430,7 @@ mod tests {
             target: Target::Upstream {
                 api_base: "http://h/v1".into(),
                 api_key: Some(key.into()),
+                api: crate::config::Api::OpenAi,
             },
             timeout: std::time::Duration::from_secs(1),
             stream_timeout: std::time::Duration::from_secs(1),

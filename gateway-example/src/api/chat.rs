@@ -1,7 +1,11 @@
-//! `POST /chat/completions` and `/v1/chat/completions`.
+//! `POST /chat/completions`, `/embeddings`, `/completions`, `/responses` and `/messages`, each with
+//! and without `/v1`: one path for every endpoint.
 //!
-//! [`prepare`] reads the body once (bounded), validates it, and leaves a [`ChatRequest`] in the
-//! request for the handler, which hands it to the router ([`crate::routing::serve`]).
+//! [`prepare`] reads the body once (bounded), validates it (the endpoint from the path, its
+//! required field, a model whose deployments speak its format), and leaves a [`ChatRequest`] in
+//! the request for the handler, which hands it to the router ([`crate::routing::serve`]).
+//!
+//! [`prepare`]: fn@prepare
 
 use std::sync::Arc;
 
@@ -11,13 +15,14 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::Extension;
 use http::header::{ALLOW, CONTENT_LENGTH, CONTENT_TYPE};
-use http::{HeaderValue, Method, StatusCode};
+use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
 use serde_json::Value;
 use tower_priority_limit::priority::Priority;
 
 use super::auth::Caller;
 use super::body::read_bounded;
 use crate::chat::ChatRequest;
+use crate::endpoint::Endpoint;
 use crate::error::ApiError;
 use crate::gateway::Gateway;
 use crate::strip::StripUsage;
@@ -37,7 +42,13 @@ fn clip(s: &str, max: usize) -> std::borrow::Cow<'_, str> {
     format!("{}…", &s[..end]).into()
 }
 
-/// Validates a chat request and leaves a [`ChatRequest`] for the handler.
+/// The client headers passed on upstream (to Anthropic deployments; OpenAI's ignore them).
+const PASSED_ON: [HeaderName; 2] = [
+    HeaderName::from_static("anthropic-version"),
+    HeaderName::from_static("anthropic-beta"),
+];
+
+/// Validates a request to any endpoint and leaves a [`ChatRequest`] for the handler.
 pub async fn prepare(
     State(gw): State<Arc<Gateway>>,
     Extension(caller): Extension<Caller>,
@@ -51,6 +62,8 @@ pub async fn prepare(
 }
 
 async fn validate(gw: &Gateway, caller: &Caller, request: Request) -> Result<Request, ApiError> {
+    let endpoint = Endpoint::from_path(request.uri().path())
+        .ok_or_else(|| ApiError::internal("prepare is routed only on the endpoints' paths"))?;
     let (mut parts, bytes) = read_bounded(gw, request).await?;
     let body: Value = serde_json::from_slice(&bytes)
         .map_err(|e| ApiError::bad_request(format!("Invalid JSON in request body: {e}")))?;
@@ -71,11 +84,19 @@ async fn validate(gw: &Gateway, caller: &Caller, request: Request) -> Result<Req
             )
         }
     };
-    if !body.get("messages").is_some_and(Value::is_array) {
-        return Err(ApiError::bad_request(
-            "Missing required parameter: 'messages' (a list of messages).",
-        )
-        .param("messages"));
+    if let Some((field, list)) = endpoint.required_field() {
+        let present = match body.get(field) {
+            Some(Value::Array(_)) => true,
+            Some(Value::Null) | None => false,
+            Some(_) => !list,
+        };
+        if !present {
+            let what = if list { " (a list)" } else { "" };
+            return Err(ApiError::bad_request(format!(
+                "Missing required parameter: '{field}'{what}."
+            ))
+            .param(field));
+        }
     }
     let Some(group) = gw.router().group(&model) else {
         // Only the models this caller may use, and the name as sent cut short: a 1 MB name is
@@ -93,6 +114,27 @@ async fn validate(gw: &Gateway, caller: &Caller, request: Request) -> Result<Req
         ))
         .param("model"));
     };
+    // No translation between formats: every deployment of the group must speak the endpoint's.
+    let deployments = &gw.config().deployments;
+    if let Some(other) = group
+        .members
+        .iter()
+        .map(|&i| &deployments[i])
+        .find(|d| !d.speaks(endpoint.api()))
+    {
+        let speaks = match &other.target {
+            crate::config::Target::Upstream { api, .. } => api.name(),
+            crate::config::Target::Mock { .. } => "every format",
+        };
+        return Err(ApiError::bad_request(format!(
+            "model={} is served by deployments that speak {speaks}; /v1{} needs {} (the \
+             gateway does not translate between formats).",
+            clip(&model, MAX_ECHOED_NAME),
+            endpoint.path(),
+            endpoint.api().name(),
+        ))
+        .param("model"));
+    }
     if !caller.allows(&model) {
         let allowed = match caller {
             Caller::Key(k) => k.models.join(", "),
@@ -105,20 +147,28 @@ async fn validate(gw: &Gateway, caller: &Caller, request: Request) -> Result<Req
         )
         .param("model"));
     }
-    let stream = body.get("stream").and_then(Value::as_bool) == Some(true);
+    let stream = endpoint.streams() && body.get("stream").and_then(Value::as_bool) == Some(true);
     let include_usage = body
         .get("stream_options")
         .and_then(|o| o.get("include_usage"))
         .and_then(Value::as_bool)
         == Some(true);
     let max_output_tokens = tower_priority_limit::estimate::output_limit(&body);
+    let mut pass_on = HeaderMap::new();
+    for name in &PASSED_ON {
+        if let Some(value) = parts.headers.get(name) {
+            pass_on.insert(name.clone(), value.clone());
+        }
+    }
     parts.extensions.insert(ChatRequest {
+        endpoint,
         model: group.name.clone(),
         stream,
         include_usage,
         prompt_tokens: tower_priority_limit::estimate::prompt_tokens(&bytes),
         max_output_tokens,
         body: Arc::new(body),
+        pass_on,
     });
     Ok(Request::from_parts(parts, Body::empty()))
 }
@@ -152,7 +202,7 @@ pub async fn strip_usage(request: Request, next: Next) -> Response {
     let client_wants_usage = request
         .extensions()
         .get::<ChatRequest>()
-        .is_none_or(|c| !c.stream || c.include_usage);
+        .is_none_or(ChatRequest::wants_stream_usage);
     let response = next.run(request).await;
     let is_sse = response
         .headers()
@@ -164,8 +214,8 @@ pub async fn strip_usage(request: Request, next: Next) -> Response {
     response.map(|body| Body::new(StripUsage::new(body)))
 }
 
-/// Answers a chat request from a deployment of its group, admitted on the limiter when it is on
-/// (see [`crate::routing::serve`]).
+/// Answers a request to any endpoint from a deployment of its group, admitted on the limiter when
+/// it is on (see [`crate::routing::serve`]).
 pub async fn completions(
     State(gw): State<Arc<Gateway>>,
     Extension(chat): Extension<ChatRequest>,

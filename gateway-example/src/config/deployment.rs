@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use tower_priority_limit::config::{ConfigError, Node};
 
-use super::{seconds, Deployment, Target, OPENAI_API_BASE};
+use super::{seconds, Api, Deployment, Target, ANTHROPIC_API_BASE, OPENAI_API_BASE};
 
 /// The timeouts a deployment without its own takes: `router_settings.timeout` (else
 /// `litellm_settings.request_timeout`, else [`DEFAULT_TIMEOUT`](super::DEFAULT_TIMEOUT)) and
@@ -43,6 +43,10 @@ pub(super) fn deployment(
         Some(t) => seconds(&t)?,
         None => defaults.stream_timeout.unwrap_or(timeout),
     };
+    let api = match provider.as_deref() {
+        Some("anthropic") => Api::Anthropic,
+        _ => Api::OpenAi,
+    };
     let target = if let Some(mock) = params.get("mock_response")? {
         Target::Mock {
             content: mock.string()?,
@@ -60,18 +64,24 @@ pub(super) fn deployment(
                 base.trim_end_matches('/').to_owned()
             }
             None if provider.as_deref().is_none_or(|p| p == "openai") => OPENAI_API_BASE.to_owned(),
+            None if api == Api::Anthropic => ANTHROPIC_API_BASE.to_owned(),
             None => {
                 return Err(ConfigError::new(
                     format!("{}.model", params.path()),
                     format!(
-                        "provider \"{}\" needs an api_base (this gateway speaks the OpenAI API)",
+                        "provider \"{}\" needs an api_base (this gateway speaks the OpenAI API, \
+                         and Anthropic's for anthropic/ models)",
                         provider.unwrap_or_default()
                     ),
                 ))
             }
         };
         let api_key = params.get("api_key")?.map(|k| k.string()).transpose()?;
-        Target::Upstream { api_base, api_key }
+        Target::Upstream {
+            api_base,
+            api_key,
+            api,
+        }
     };
     let limit = |key: &str| -> Result<Option<u64>, ConfigError> {
         params.get(key)?.map(|n| n.count()).transpose()

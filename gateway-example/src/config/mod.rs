@@ -12,10 +12,14 @@ use serde_json::Value;
 use tower_priority_limit::config::{ConfigError, Node};
 use tower_priority_limit::LimiterConfig;
 
+pub use crate::endpoint::Api;
+
 /// The limiter callback name that turns priority limiting on (as in the source product).
 pub const LIMITER_CALLBACK: &str = "dynamic_rate_limiter_v3";
 /// Where `openai/` models go when no `api_base` is given.
 pub const OPENAI_API_BASE: &str = "https://api.openai.com/v1";
+/// Where `anthropic/` models go when no `api_base` is given.
+pub const ANTHROPIC_API_BASE: &str = "https://api.anthropic.com";
 /// Master keys printed in public documentation (this project's quick start, and the source
 /// product's): the gateway will not serve beyond loopback with one unless told to.
 pub const KNOWN_MASTER_KEYS: &[&str] = &["sk-1234"];
@@ -62,17 +66,21 @@ mod tests;
 /// so a deployment can be logged (and so can a [`GatewayConfig`], which hides its master key).
 #[derive(Clone, PartialEq, Eq)]
 pub enum Target {
-    /// `mock_response`: answered in process, 30 tokens per answer.
+    /// `mock_response`: answered in process, 30 tokens per answer, in every endpoint's format.
     Mock {
         /// The answer's text.
         content: String,
     },
-    /// An OpenAI-compatible HTTP upstream.
+    /// An HTTP upstream speaking `api`.
     Upstream {
-        /// Base URL, without a trailing `/` (requests go to `{api_base}/chat/completions`).
+        /// Base URL, without a trailing `/` (OpenAI requests go to `{api_base}/chat/completions`
+        /// and the like, Anthropic's to `{api_base}/v1/messages`).
         api_base: String,
-        /// Sent as `Authorization: Bearer`.
+        /// Sent as `Authorization: Bearer` (OpenAI) or `x-api-key` (Anthropic).
         api_key: Option<String>,
+        /// The format it speaks: [`Api::Anthropic`] for `anthropic/` models, else
+        /// [`Api::OpenAi`].
+        api: Api,
     },
 }
 
@@ -80,8 +88,13 @@ impl std::fmt::Debug for Target {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Target::Mock { content } => f.debug_struct("Mock").field("content", content).finish(),
-            Target::Upstream { api_base, api_key } => f
+            Target::Upstream {
+                api_base,
+                api_key,
+                api,
+            } => f
                 .debug_struct("Upstream")
+                .field("api", api)
                 .field(
                     "api_base",
                     &tower_priority_limit::redact::redact_url(api_base),
@@ -154,6 +167,17 @@ pub struct GatewayConfig {
     pub redis_key_prefix: String,
     /// `router_settings`: strategy, retries, cooldowns, fallbacks.
     pub router: RouterSettings,
+}
+
+impl Deployment {
+    /// Whether it can serve requests in `api`'s format: a mock answers in every format, an
+    /// upstream only in its own (the gateway does not translate).
+    pub fn speaks(&self, api: Api) -> bool {
+        match &self.target {
+            Target::Mock { .. } => true,
+            Target::Upstream { api: own, .. } => *own == api,
+        }
+    }
 }
 
 impl std::fmt::Debug for GatewayConfig {

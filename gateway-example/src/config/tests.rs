@@ -69,7 +69,8 @@ general_settings: {max_request_size_mb: 1}
         d.target,
         Target::Upstream {
             api_base: "http://127.0.0.1:9001/v1".into(),
-            api_key: Some("sk-upstream".into())
+            api_key: Some("sk-upstream".into()),
+            api: Api::OpenAi,
         }
     );
     assert_eq!(d.timeout, Duration::from_millis(2500));
@@ -77,6 +78,41 @@ general_settings: {max_request_size_mb: 1}
         matches!(&c.deployments[1].target, Target::Upstream { api_base, .. } if api_base == OPENAI_API_BASE)
     );
     assert_eq!(c.max_request_bytes, 1024 * 1024);
+}
+
+#[test]
+fn anthropic_models_speak_anthropics_api() {
+    let c = GatewayConfig::from_yaml_str_with_env(
+        r#"
+model_list:
+  - model_name: claude
+    litellm_params: {model: anthropic/claude-sonnet-4-5, api_key: sk-ant}
+  - model_name: claude-proxy
+    litellm_params: {model: anthropic/claude-haiku, api_base: "http://127.0.0.1:9/"}
+  - model_name: mock
+    litellm_params: {model: m, mock_response: hi}
+  - model_name: vllm
+    litellm_params: {model: hosted_vllm/llama, api_base: "http://127.0.0.1:9/v1"}
+"#,
+        no_env,
+    )
+    .unwrap();
+    let target = |i: usize| c.deployments[i].target.clone();
+    assert_eq!(
+        target(0),
+        Target::Upstream {
+            api_base: ANTHROPIC_API_BASE.into(),
+            api_key: Some("sk-ant".into()),
+            api: Api::Anthropic,
+        }
+    );
+    assert_eq!(c.deployments[0].upstream_model, "claude-sonnet-4-5");
+    assert!(
+        matches!(target(1), Target::Upstream { api_base, api: Api::Anthropic, .. } if api_base == "http://127.0.0.1:9")
+    );
+    assert!(c.deployments[0].speaks(Api::Anthropic) && !c.deployments[0].speaks(Api::OpenAi));
+    assert!(c.deployments[2].speaks(Api::Anthropic) && c.deployments[2].speaks(Api::OpenAi));
+    assert!(!c.deployments[3].speaks(Api::Anthropic) && c.deployments[3].speaks(Api::OpenAi));
 }
 
 #[test]
@@ -91,8 +127,8 @@ fn errors_name_the_yaml_path() {
                 "model_list[0].litellm_params: missing model (e.g. openai/gpt-4o)",
             ),
             (
-                "model_list: [{model_name: m, litellm_params: {model: anthropic/claude}}]",
-                "model_list[0].litellm_params.model: provider \"anthropic\" needs an api_base (this gateway speaks the OpenAI API)",
+                "model_list: [{model_name: m, litellm_params: {model: vertex_ai/gemini}}]",
+                "model_list[0].litellm_params.model: provider \"vertex_ai\" needs an api_base (this gateway speaks the OpenAI API, and Anthropic's for anthropic/ models)",
             ),
             (
                 "model_list: [{model_name: m, litellm_params: {model: x, api_base: localhost:1}}]",

@@ -131,6 +131,13 @@ pub async fn serve(
                     step = attempts.group_full();
                     continue;
                 }
+                // A fallback group that cannot speak the endpoint's format is passed over (the
+                // request's own group was checked before it got here).
+                let api = chat.endpoint.api();
+                if fallback && !group.members.iter().all(|&i| deployments[i].speaks(api)) {
+                    step = attempts.group_full();
+                    continue;
+                }
                 if let (true, Some(limiter), Some(pool)) = (fallback, limiter, pool) {
                     match admit(limiter, name, pool, chat).await {
                         Ok(Admission::Admitted(lease, admitted)) => {
@@ -184,9 +191,7 @@ pub async fn serve(
                 current_called = true;
                 first_called |= !in_fallback;
                 let result = match &deployment.target {
-                    Target::Mock { content } => {
-                        Ok(mock_answer(group.name.as_str(), content, chat.stream))
-                    }
+                    Target::Mock { content } => Ok(mock_answer(chat, group.name.as_str(), content)),
                     Target::Upstream { .. } => upstream.forward(deployment, chat, time).await,
                 };
                 match result {
