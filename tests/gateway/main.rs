@@ -5,6 +5,7 @@
 
 mod accounting;
 mod bad_input;
+mod endpoints;
 mod keys;
 mod quickstart;
 mod routing;

@@ -5,7 +5,11 @@
 //! and `echo-key-500` 500 with a plain-text page, both echoing the `authorization` header they
 //! were sent (and `echo-key-500` the text of [`OTHER_KEY`]); on a stream, `silent` sends two chunks
 //! then nothing, and `mute` its response head then nothing (both keep the connection open);
-//! anything else answers normally (30 tokens), streaming when asked.
+//! anything else answers normally (30 tokens; embeddings 10), streaming when asked.
+//!
+//! It serves every endpoint at `/v1/<endpoint>` (chat completions, embeddings, completions,
+//! responses, and Anthropic's messages), each in its own format; chat streams its [`PIECES`],
+//! the others say "Hello there".
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -13,11 +17,13 @@ use std::time::Duration;
 
 use axum::body::{Body, Bytes};
 use axum::extract::State;
+use axum::http::Uri;
 use axum::http::{HeaderMap, Response, StatusCode};
 use axum::routing::post;
 use axum::Router;
 use futures_util::StreamExt;
-use gateway_example::mock::{chat_completion, chat_completion_stream};
+use gateway_example::endpoint::Endpoint;
+use gateway_example::mock::{answer, chat_completion, chat_completion_stream};
 use serde_json::{json, Value};
 use tokio::sync::Notify;
 
@@ -52,7 +58,13 @@ pub const OTHER_KEY: &str = "sk-other-deployment-key";
 /// The content pieces the upstream streams.
 pub const PIECES: [&str; 3] = ["Hel", "lo ", "there"];
 
-async fn chat(State(up): State<Upstream>, headers: HeaderMap, body: Bytes) -> Response<Body> {
+async fn chat(
+    State(up): State<Upstream>,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response<Body> {
+    let endpoint = Endpoint::from_path(uri.path()).expect("routed on the endpoints' paths");
     let v: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
     let auth = headers
         .get("authorization")
@@ -115,11 +127,25 @@ async fn chat(State(up): State<Upstream>, headers: HeaderMap, body: Bytes) -> Re
         }
         _ => {}
     }
-    if stream {
-        let events = chat_completion_stream(&model, &PIECES, include_usage);
+    let other = (endpoint != Endpoint::ChatCompletions)
+        .then(|| answer(endpoint, &model, "Hello there", &v, include_usage));
+    if stream && other.as_ref().is_none_or(|a| a.sse) {
+        let events = match other {
+            Some(a) => a.chunks,
+            None => chat_completion_stream(&model, &PIECES, include_usage),
+        };
         let body = if model == "silent" || model == "mute" {
-            // The role chunk and the first content chunk (none for `mute`), then silence.
-            let sent = if model == "silent" { 2 } else { 0 };
+            // The role chunk and the first content chunk (of the other endpoints, the events up to
+            // the first text), none for `mute`, then silence.
+            let first_text = events
+                .iter()
+                .position(|e| e.windows(5).any(|w| w == b"Hello"))
+                .map_or(2, |at| at + 1);
+            let sent = match (model.as_str(), endpoint) {
+                ("mute", _) => 0,
+                (_, Endpoint::ChatCompletions) => 2,
+                _ => first_text,
+            };
             let first: Vec<Result<Bytes, std::io::Error>> =
                 events[..sent].iter().cloned().map(Ok).collect();
             Body::from_stream(
@@ -148,11 +174,13 @@ async fn chat(State(up): State<Upstream>, headers: HeaderMap, body: Bytes) -> Re
             .body(body)
             .unwrap()
     } else {
+        let body = match other {
+            Some(a) => a.chunks.concat(),
+            None => chat_completion(&model, "Hello there").to_string().into(),
+        };
         Response::builder()
             .header("content-type", "application/json")
-            .body(Body::from(
-                chat_completion(&model, "Hello there").to_string(),
-            ))
+            .body(Body::from(body))
             .unwrap()
     }
 }
@@ -161,8 +189,11 @@ impl Upstream {
     /// Serves on 127.0.0.1; returns the upstream and its `api_base` (`http://…/v1`).
     pub async fn start() -> (Upstream, String) {
         let up = Upstream::default();
-        let app = Router::new()
-            .route("/v1/chat/completions", post(chat))
+        let app = Endpoint::ALL
+            .into_iter()
+            .fold(Router::new(), |r, e| {
+                r.route(&format!("/v1{}", e.path()), post(chat))
+            })
             .with_state(up.clone());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let base = format!("http://{}/v1", listener.local_addr().unwrap());
