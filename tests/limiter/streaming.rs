@@ -163,7 +163,11 @@ where
 /// Runs the stream split in two at every byte position through the layer; each response must
 /// pass through untouched and settle `want` tokens, once.
 async fn settles_the_same_at_every_split(include_usage: bool, want: u64) {
-    let whole: Bytes = sse_events(include_usage).concat().into();
+    settles_the_same_at_every_split_of(sse_events(include_usage).concat().into(), want).await;
+}
+
+/// [`settles_the_same_at_every_split`] for any stream `whole`.
+async fn settles_the_same_at_every_split_of(whole: Bytes, want: u64) {
     let limiter = limiter();
     let bodies = (0..=whole.len())
         .map(|at| (split(&whole, at), false))
@@ -189,6 +193,36 @@ async fn stream_without_usage_is_estimated_the_same_at_every_split() {
     let content_bytes: usize = PIECES.iter().map(|p| p.len()).sum();
     let want = content_bytes.div_ceil(4) as u64 + prompt_estimate();
     settles_the_same_at_every_split(false, want).await;
+}
+
+/// Every other format's stream, as its API sends it (the gateway's mock answers), split at every
+/// byte: completions (usage asked for, and not), the Responses API's typed events, Anthropic's
+/// `message_start` + `message_delta`.
+#[tokio::test]
+async fn every_formats_stream_settles_the_same_at_every_split() {
+    use gateway_example::mock;
+    let pieces = ["Hello ", "there, ", "h\u{e9}llo"];
+    let text = pieces.concat().len() as u64;
+    let cases = [
+        (mock::completion_stream("m", &pieces, true), 30),
+        (
+            mock::completion_stream("m", &pieces, false),
+            text.div_ceil(4) + prompt_estimate(),
+        ),
+        (mock::response_stream("m", &pieces), 30),
+        (mock::message_stream("m", &pieces), 30),
+    ];
+    for (events, want) in cases {
+        settles_the_same_at_every_split_of(events.concat().into(), want).await;
+    }
+    // A Responses stream without usage counts its deltas once, not the `.done` events that repeat
+    // them.
+    let without_usage = String::from_utf8(mock::response_stream("m", &pieces).concat())
+        .unwrap()
+        .replace(r#""usage":{"input_tokens":10,"input_tokens_details":{"cached_tokens":0},"output_tokens":20,"output_tokens_details":{"reasoning_tokens":0},"total_tokens":30}"#, r#""usage":null"#);
+    assert!(!without_usage.contains("total_tokens"));
+    settles_the_same_at_every_split_of(without_usage.into(), text.div_ceil(4) + prompt_estimate())
+        .await;
 }
 
 #[tokio::test]

@@ -1,4 +1,5 @@
-//! `mock-upstream`: mock OpenAI deployments for load benches and the routing simulator.
+//! `mock-upstream`: mock OpenAI and Anthropic deployments for load benches and the routing
+//! simulator.
 //!
 //! ```sh
 //! mock-upstream --ports 9001,9002,9003,9004 --rpm 600 --latency exp --latency-ms 140
@@ -17,7 +18,8 @@ use clap::{Parser, ValueEnum};
 use gateway_example::mock_upstream::{Latency, MockUpstream, MockUpstreamConfig};
 use gateway_example::signal::shutdown_signal;
 
-/// Mock OpenAI-compatible deployments (`POST /v1/chat/completions`, `GET /v1/models`,
+/// Mock LLM deployments (`POST /v1/chat/completions`, `/v1/embeddings`, `/v1/completions`,
+/// `/v1/responses` and Anthropic's `/v1/messages`, each in its own format; `GET /v1/models`,
 /// `GET /stats`) with a requests-per-minute limit, latency and injected failures.
 #[derive(Debug, Parser)]
 #[command(version, long_about = None)]

@@ -278,6 +278,86 @@ async fn a_stream_ends_with_done_and_carries_usage_only_when_asked() {
     assert_eq!(up.stats().ok, 2);
 }
 
+/// Embeddings, completions, the Responses API and Anthropic messages, with and without `/v1`,
+/// JSON and streamed, each in its own format and metered by the crate's meter as it reports:
+/// 30 tokens (embeddings 10, never streamed).
+#[tokio::test]
+async fn every_endpoint_answers_in_its_own_format() {
+    use tower_priority_limit::meter::{Tokens, UsageMeter};
+    let up = MockUpstream::start(MockUpstreamConfig::default()).unwrap();
+    let root = up.url().trim_end_matches("/v1").to_owned();
+    let c = client();
+    let bodies = [
+        (
+            "/embeddings",
+            r#"{"model":"m","input":["a","b"],"encoding_format":"base64"}"#,
+            "list",
+        ),
+        (
+            "/completions",
+            r#"{"model":"m","prompt":"hi"}"#,
+            "text_completion",
+        ),
+        ("/responses", r#"{"model":"m","input":"hi"}"#, "response"),
+        (
+            "/messages",
+            r#"{"model":"m","max_tokens":9,"messages":[{"role":"user","content":"hi"}]}"#,
+            "message",
+        ),
+    ];
+    for (path, body, kind) in bodies {
+        for (base, stream) in [(up.url(), false), (root.clone(), true)] {
+            // Completions, like chat, report a stream's usage only when asked.
+            let body = if stream {
+                body.replacen(
+                    '{',
+                    r#"{"stream":true,"stream_options":{"include_usage":true},"#,
+                    1,
+                )
+            } else {
+                body.to_owned()
+            };
+            let a = send(&c, "POST", format!("{base}{path}"), &body).await;
+            assert_eq!(a.status, 200, "{path}");
+            let sse = stream && path != "/embeddings";
+            let content_type = a.header("content-type");
+            assert_eq!(
+                content_type == "text/event-stream",
+                sse,
+                "{path} {content_type}"
+            );
+            let mut m = UsageMeter::for_content_type(Some(content_type.as_bytes()));
+            m.feed(&a.body);
+            let want = if path == "/embeddings" { 10 } else { 30 };
+            assert_eq!(
+                m.tokens(),
+                Tokens::Reported(want),
+                "{path}, stream {stream}"
+            );
+            let text = std::str::from_utf8(&a.body).unwrap();
+            if sse {
+                assert!(m.is_finished(), "{path}: {text}");
+                if path != "/completions" {
+                    assert!(text.starts_with("event: "), "{path}: {text}");
+                }
+            } else {
+                let v = a.json();
+                let field = if path == "/messages" {
+                    "type"
+                } else {
+                    "object"
+                };
+                assert_eq!(v[field], kind, "{v}");
+                if path == "/embeddings" {
+                    assert_eq!(v["data"].as_array().unwrap().len(), 2);
+                    assert!(v["data"][0]["embedding"].is_string(), "base64 when asked");
+                }
+            }
+        }
+    }
+    assert_eq!(up.stats().ok, 8);
+}
+
 #[tokio::test]
 async fn fixed_latency_delays_every_answer() {
     let latency = Duration::from_millis(200);
