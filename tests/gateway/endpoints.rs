@@ -362,3 +362,42 @@ async fn a_client_that_hangs_up_is_charged_what_it_saw() {
 fn body_json(endpoint: Endpoint, model: &str) -> Value {
     body(endpoint, model, false)
 }
+
+/// With `token_accounting: reserve`, an embeddings request reserves its prompt alone (it has no
+/// output), where a completion without `max_tokens` also reserves the learned output estimate.
+#[tokio::test]
+async fn embeddings_reserve_their_prompt_alone() {
+    let yaml = with_master(&format!(
+        r#"
+model_list:
+  - model_name: mock
+    litellm_params: {{model: m, mock_response: "Hello there", tpm: {TPM}}}
+litellm_settings:
+  callbacks: ["dynamic_rate_limiter_v3"]
+  priority_reservation_settings: {{token_accounting: reserve, default_estimated_output_tokens: 256}}
+"#
+    ));
+    let gw = Gw::start(&yaml, None).await;
+    let embeddings = body(Endpoint::Embeddings, "mock", false);
+    let r = gw
+        .post("/v1/embeddings", Some(MASTER), embeddings.clone())
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let prompt = prompt_tokens(embeddings.to_string().as_bytes());
+    assert_eq!(
+        remaining_tokens(&r),
+        TPM - prompt,
+        "the prompt reserved, no output"
+    );
+    let mut completion = body(Endpoint::Completions, "mock", false);
+    completion.as_object_mut().unwrap().remove("max_tokens");
+    let r = gw
+        .post("/v1/completions", Some(MASTER), completion.clone())
+        .await;
+    let prompt = prompt_tokens(completion.to_string().as_bytes());
+    assert_eq!(
+        remaining_tokens(&r),
+        TPM - 10 - prompt - 256,
+        "the embeddings' 10, then this one's prompt and 256 output tokens reserved"
+    );
+}

@@ -153,7 +153,11 @@ async fn validate(gw: &Gateway, caller: &Caller, request: Request) -> Result<Req
         .and_then(|o| o.get("include_usage"))
         .and_then(Value::as_bool)
         == Some(true);
-    let max_output_tokens = tower_priority_limit::estimate::output_limit(&body);
+    // Embeddings produce no output: a reservation is their prompt alone.
+    let max_output_tokens = match endpoint {
+        Endpoint::Embeddings => Some(0),
+        _ => tower_priority_limit::estimate::output_limit(&body),
+    };
     let mut pass_on = HeaderMap::new();
     for name in &PASSED_ON {
         if let Some(value) = parts.headers.get(name) {
