@@ -2,7 +2,7 @@
 //!
 //! A reference OpenAI-compatible gateway on [`tower_priority_limit`]: a config file of the source
 //! product's shape, keys and teams, mock and real upstreams, and the priority limiter in front of
-//! every chat completion.
+//! every chat completion, embedding, completion, Responses API call and Anthropic message.
 //!
 //! The request path of a completion: [`api::auth::require_key`] (who is calling, and their
 //! priority) → [`api::chat::prepare`] (read the body once, validate, pick the group) →
@@ -11,7 +11,8 @@
 //!
 //! Modules import downward only, each from those before it:
 //!
-//! `error`, `logging`, `signal`, `store`, `mock` (OpenAI-shaped mock answers) ← `strip`,
+//! `endpoint` (the endpoints and the formats deployments speak) ← `error`, `logging`, `signal`,
+//! `store`, `mock` (mock answers in every format) ← `strip`,
 //! `mock_upstream` ← `config` ← `keys` ← `chat` (request types) ← `idle` (ending silent
 //! upstream bodies) ← `upstream` (real and mock deployments) ← `routing` (router, health, attempts, admission, serve) ← `gateway`
 //! ([`Gateway`] and its builder) ← `api` (axum handlers, auth) ← `server` (the accept loop,
