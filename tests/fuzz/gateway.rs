@@ -1,13 +1,16 @@
-//! The gateway's chat request parsing (`api::chat::prepare`, and behind it the limiter, the
-//! router, a `mock_response` deployment and `StripUsage`), in process through
-//! `gateway_example::router`, fed the body extractor's inputs as `POST /v1/chat/completions`
-//! bodies with the master key.
+//! The gateway's request parsing (`api::chat::prepare`, and behind it the limiter, the router, a
+//! `mock_response` deployment and `StripUsage`), in process through `gateway_example::router`,
+//! fed the body extractor's inputs as `POST` bodies to any of the five endpoints (chat
+//! completions, embeddings, completions, responses, messages) with the master key.
 //!
 //! Properties: no panic and no 5xx; the status is the one the body calls for (413 over
 //! `max_request_size_mb`, else 400 for invalid JSON, a non-object, a missing, non-string, empty or
-//! unknown `model`, `messages` not a list, else 200); every refusal is in the OpenAI error shape
-//! with `code` = the status; a streamed answer is an event stream ending `data: [DONE]` whose
-//! usage chunk is there exactly when `stream_options.include_usage` asked for it.
+//! unknown `model`, the endpoint's required field missing (`messages` not a list for chat and
+//! messages, no `input` for embeddings, no `prompt` for completions), else 200); every refusal is
+//! in the OpenAI error shape with `code` = the status; a streamed answer is an event stream (never
+//! for embeddings) that reports its usage, except a chat or completions stream whose
+//! `stream_options.include_usage` did not ask for it (chat and completions streams end
+//! `data: [DONE]`).
 //!
 //! And `gateway_example::strip::StripUsage` (which takes the usage chunk out of streams whose
 //! client did not ask for it) on mutated SSE streams: no panic, the same output however the
@@ -18,6 +21,7 @@ use std::sync::Arc;
 use axum::body::Body;
 use bytes::Bytes;
 use gateway_example::config::GatewayConfig;
+use gateway_example::endpoint::Endpoint;
 use gateway_example::{router, Gateway};
 use http::{Request, StatusCode};
 use http_body_util::BodyExt as _;
@@ -56,8 +60,8 @@ enum Input {
     Generated(Generated),
 }
 
-/// The status a body calls for.
-fn expected(body: &[u8]) -> StatusCode {
+/// The status a body calls for on `endpoint`.
+fn expected(body: &[u8], endpoint: Endpoint) -> StatusCode {
     if body.len() > MAX_BODY {
         return StatusCode::PAYLOAD_TOO_LARGE;
     }
@@ -65,7 +69,12 @@ fn expected(body: &[u8]) -> StatusCode {
         return StatusCode::BAD_REQUEST;
     };
     let model_ok = matches!(v.get("model"), Some(Value::String(m)) if m == "m" || m == "é 🚀");
-    if model_ok && v.get("messages").is_some_and(Value::is_array) {
+    let required = match endpoint.required_field() {
+        None => true,
+        Some((field, true)) => v.get(field).is_some_and(Value::is_array),
+        Some((field, false)) => v.get(field).is_some_and(|f| !f.is_null()),
+    };
+    if model_ok && required {
         StatusCode::OK
     } else {
         StatusCode::BAD_REQUEST
@@ -90,7 +99,9 @@ fn gateway_chat_body() {
         3 => mutated(0).prop_map(Input::Mutated),
         3 => generated().prop_map(Input::Generated),
     ];
-    fuzz("gateway_chat_body", input, |input| {
+    let input = (input, 0..Endpoint::ALL.len());
+    fuzz("gateway_chat_body", input, |(input, endpoint)| {
+        let endpoint = Endpoint::ALL[endpoint];
         let mut body = match &input {
             Input::Random(b) => b.clone(),
             Input::Mutated(m) => m.apply(&corpus, DICTIONARY),
@@ -105,8 +116,8 @@ fn gateway_chat_body() {
                 }
             }
         }
-        let want = expected(&body);
-        let request = Request::post("/v1/chat/completions")
+        let want = expected(&body, endpoint);
+        let request = Request::post(format!("/v1{}", endpoint.path()))
             .header("authorization", format!("Bearer {MASTER}"))
             .header("content-type", "application/json")
             .body(Body::from(body.clone()))
@@ -131,22 +142,27 @@ fn gateway_chat_body() {
                 .pointer("/stream_options/include_usage")
                 .and_then(Value::as_bool)
                 == Some(true);
-            if stream {
+            if stream && endpoint.streams() {
                 prop_assert!(
                     content_type.is_some_and(|c| c.as_bytes().starts_with(b"text/event-stream"))
                 );
-                prop_assert!(answer.ends_with(b"data: [DONE]\n\n"), "{:?}", answer);
+                if endpoint.asks_stream_usage() {
+                    prop_assert!(answer.ends_with(b"data: [DONE]\n\n"), "{:?}", answer);
+                }
                 let mut meter = UsageMeter::sse();
                 meter.feed(&answer);
+                prop_assert!(meter.is_finished(), "{:?}", answer);
                 prop_assert_eq!(
                     matches!(meter.tokens(), Tokens::Reported(_)),
-                    include_usage,
+                    include_usage || !endpoint.asks_stream_usage(),
                     "{:?}",
                     answer
                 );
             } else {
                 let v: Value = serde_json::from_slice(&answer).expect("a JSON answer");
-                prop_assert!(v["choices"].is_array(), "{}", v);
+                let mut meter = UsageMeter::json();
+                meter.feed(&answer);
+                prop_assert!(matches!(meter.tokens(), Tokens::Reported(_)), "{}", v);
             }
         } else {
             let v: Value = serde_json::from_slice(&answer).expect("an error body is JSON");
