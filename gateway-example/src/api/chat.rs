@@ -114,7 +114,20 @@ async fn validate(gw: &Gateway, caller: &Caller, request: Request) -> Result<Req
         ))
         .param("model"));
     };
-    // No translation between formats: every deployment of the group must speak the endpoint's.
+    if !caller.allows(&model) {
+        let allowed = match caller {
+            Caller::Key(k) => k.models.join(", "),
+            Caller::Master => String::new(),
+        };
+        return Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "permission_error",
+            format!("This key is not allowed to access model={model}. It can access: {allowed}."),
+        )
+        .param("model"));
+    }
+    // Checked after the key's models, so a key learns nothing of a model it may not use. No
+    // translation between formats: every deployment of the group must speak the endpoint's.
     let deployments = &gw.config().deployments;
     if let Some(other) = group
         .members
@@ -133,18 +146,6 @@ async fn validate(gw: &Gateway, caller: &Caller, request: Request) -> Result<Req
             endpoint.path(),
             endpoint.api().name(),
         ))
-        .param("model"));
-    }
-    if !caller.allows(&model) {
-        let allowed = match caller {
-            Caller::Key(k) => k.models.join(", "),
-            Caller::Master => String::new(),
-        };
-        return Err(ApiError::new(
-            StatusCode::FORBIDDEN,
-            "permission_error",
-            format!("This key is not allowed to access model={model}. It can access: {allowed}."),
-        )
         .param("model"));
     }
     let stream = endpoint.streams() && body.get("stream").and_then(Value::as_bool) == Some(true);
