@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # HTTP load on the gateway with oha: limiter on vs. off (`callbacks: []`), streaming and not.
 #
-#   [CONFIG=quickstart|full] benches/load.sh [seconds per run, default 8] [concurrency, default 64] [rounds, default 3]
+#   [CONFIG=quickstart|full] [ENDPOINT=chat|embeddings|completions|responses|messages] \
+#     benches/load.sh [seconds per run, default 8] [concurrency, default 64] [rounds, default 3]
 #
+# ENDPOINT (default chat, i.e. /v1/chat/completions) picks the endpoint loaded, with a body of its
+# format; the mock_response deployment answers each in its own (embeddings never stream).
 # Builds the gateway in release mode and starts two instances, one with the limiter and one
 # without, serving mock_response deployments with limits far above what the run can send (nothing
 # is refused, both do the same work). CONFIG=quickstart (the default, as issue 3 asks) is the
@@ -22,7 +25,7 @@ GW_CPU=${GW_CPU:-1}
 OHA_CPU=${OHA_CPU:-0}
 command -v oha >/dev/null || cargo install --locked oha
 cargo build --release -q -p gateway-example
-BIN=target/release/gateway-example
+BIN=${CARGO_TARGET_DIR:-target}/release/gateway-example
 TMP=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$TMP"' EXIT
 
@@ -57,13 +60,23 @@ for mode in on off; do
         -d '{"metadata": {"priority": "prod"}}' | sed -E 's/.*"key":"([^"]+)".*/\1/')
 done
 
-echo "CONFIG=$CONFIG; oha -z ${SECS}s -c $CONC, $ROUNDS rounds; gateway pinned to CPU $GW_CPU, oha to CPU $OHA_CPU"
+ENDPOINT=${ENDPOINT:-chat}
+case "$ENDPOINT" in
+  chat) path=chat/completions; fields='"messages":[{"role":"user","content":"hi"}]' ;;
+  embeddings) path=embeddings; fields='"input":"hi"' ;;
+  completions) path=completions; fields='"prompt":"hi"' ;;
+  responses) path=responses; fields='"input":"hi"' ;;
+  messages) path=messages; fields='"max_tokens":20,"messages":[{"role":"user","content":"hi"}]' ;;
+  *) echo "ENDPOINT must be chat, embeddings, completions, responses or messages" >&2; exit 2 ;;
+esac
+
+echo "CONFIG=$CONFIG; ENDPOINT=$ENDPOINT (/v1/$path); oha -z ${SECS}s -c $CONC, $ROUNDS rounds; gateway pinned to CPU $GW_CPU, oha to CPU $OHA_CPU"
 for round in $(seq "$ROUNDS"); do
   for stream in false true; do
     for mode in on off; do
-      body="{\"model\":\"load-model\",\"stream\":$stream,\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}"
+      body="{\"model\":\"load-model\",\"stream\":$stream,$fields}"
       taskset -c "$OHA_CPU" oha --no-tui -z "${SECS}s" -c "$CONC" -m POST -T application/json -H "authorization: Bearer ${KEY[$mode]}" \
-          -d "$body" --output-format json "http://127.0.0.1:${PORT[$mode]}/v1/chat/completions" > "$TMP/$mode-$stream-$round.json"
+          -d "$body" --output-format json "http://127.0.0.1:${PORT[$mode]}/v1/$path" > "$TMP/$mode-$stream-$round.json"
     done
   done
 done

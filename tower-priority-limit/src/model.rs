@@ -535,6 +535,42 @@ mod tests {
         assert!(peek(r#"{"model":"m","model":"n"}"#).is_err());
     }
 
+    /// The four other endpoints' bodies, as their clients send them: the model and the output
+    /// limit are read, and the prompt estimate counts their text (more than the bare framing).
+    #[test]
+    fn every_endpoints_body() {
+        let bodies: [(&str, Option<u64>); 5] = [
+            (
+                r#"{"model":"e","input":["The food was delicious.","The waiter was kind."],"encoding_format":"base64"}"#,
+                None,
+            ),
+            (r#"{"model":"e","input":"one text","dimensions":256}"#, None),
+            (
+                r#"{"model":"e","prompt":"Say hello to the reading club.","max_tokens":20,"stream":true}"#,
+                Some(20),
+            ),
+            (
+                r#"{"model":"e","instructions":"Be brief.","input":[{"role":"user","content":[{"type":"input_text","text":"Say hello to the reading club."}]}],"max_output_tokens":30}"#,
+                Some(30),
+            ),
+            (
+                r#"{"model":"e","system":"Be brief.","max_tokens":40,"messages":[{"role":"user","content":[{"type":"text","text":"Say hello to the reading club."}]}]}"#,
+                Some(40),
+            ),
+        ];
+        for (body, limit) in bodies {
+            let peeked = model_from_json(&Bytes::from_static(body.as_bytes())).unwrap();
+            assert_eq!(peeked.model.as_str(), "e", "{body}");
+            assert_eq!(peeked.max_output_tokens, limit, "{body}");
+            let prompt = crate::estimate::prompt_tokens(body.as_bytes());
+            // Each holds at least 2 words of text; none is counted as its bytes / 4.
+            assert!(
+                (2..body.len() as u64 / 4).contains(&prompt),
+                "{prompt} for {body}"
+            );
+        }
+    }
+
     #[test]
     fn model_is_borrowed_from_the_body() {
         let body =
