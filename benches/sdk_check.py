@@ -173,6 +173,16 @@ def refusal(c, model):
     raise AssertionError("no 429 in 500 requests")
 
 
+@check("anthropic RateLimitError on the gateway's 429")
+def anthropic_refusal(a, model):
+    for n in range(1, 501):
+        try:
+            a.messages.create(model=model, max_tokens=5, messages=[{"role": "user", "content": "hi"}])
+        except anthropic.RateLimitError as e:
+            return f"after {n} requests: {e.status_code}, retry-after {e.response.headers.get('retry-after')}"
+    raise AssertionError("no 429 in 500 requests")
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--base-url", required=True, help="the gateway, e.g. http://127.0.0.1:4000")
@@ -193,6 +203,7 @@ def main():
         f(a, args.anthropic_model)
     if args.refusal_model:
         refusal(c, args.refusal_model)
+        anthropic_refusal(a, args.refusal_model)
     failed = sum(1 for _, ok, _ in RESULTS if not ok)
     print(f"{len(RESULTS) - failed} passed, {failed} failed")
     sys.exit(failed)
