@@ -48,6 +48,13 @@ impl Endpoint {
         Endpoint::Messages,
     ];
 
+    /// The paths served for every endpoint: each with and without the `/v1` prefix.
+    pub fn served_paths() -> impl Iterator<Item = String> {
+        Self::ALL
+            .into_iter()
+            .flat_map(|e| [e.path().to_owned(), format!("/v1{}", e.path())])
+    }
+
     /// The path after `/v1` (and after an OpenAI `api_base`, which ends in `/v1`).
     pub fn path(self) -> &'static str {
         match self {

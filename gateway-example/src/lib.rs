@@ -51,12 +51,9 @@ pub use crate::gateway::{Gateway, GatewayBuilder};
 pub fn router(gw: Arc<Gateway>) -> Router {
     // Every endpoint, with and without `/v1`, takes the same path: `prepare` reads which one it is
     // from the path.
-    let chat = endpoint::Endpoint::ALL
-        .into_iter()
-        .flat_map(|e| [e.path().to_owned(), format!("/v1{}", e.path())])
-        .fold(Router::new(), |r, path| {
-            r.route(&path, post(api::chat::completions))
-        });
+    let chat = endpoint::Endpoint::served_paths().fold(Router::new(), |r, path| {
+        r.route(&path, post(api::chat::completions))
+    });
     // One stack per route (outermost first), not one boxed route layer each.
     let prepare = ServiceBuilder::new()
         .layer(from_fn_with_state(gw.clone(), api::chat::prepare))

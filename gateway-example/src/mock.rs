@@ -298,6 +298,9 @@ pub fn message_stream(model: &str, pieces: &[&str]) -> Vec<Bytes> {
 /// Most inputs an embeddings request may have (OpenAI's bound), and the largest `dimensions`.
 const MAX_INPUTS: usize = 2048;
 const MAX_DIMENSIONS: usize = 4096;
+/// Most numbers one mock answer holds, whatever inputs × dimensions asks: a small request must not
+/// make the mock build hundreds of megabytes. Past it, the vectors are cut short.
+const MAX_FLOATS: usize = 1 << 16;
 /// Dimensions of a mock embedding when the request does not say.
 const DEFAULT_DIMENSIONS: usize = 8;
 
@@ -316,7 +319,8 @@ pub fn embeddings(model: &str, request: &Value) -> Bytes {
         .and_then(Value::as_u64)
         .map_or(DEFAULT_DIMENSIONS, |d| {
             (d as usize).clamp(1, MAX_DIMENSIONS)
-        });
+        })
+        .min(MAX_FLOATS / inputs);
     let base64 = request.get("encoding_format").and_then(Value::as_str) == Some("base64");
     let data: Vec<Value> = (0..inputs)
         .map(|index| {

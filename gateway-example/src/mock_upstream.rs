@@ -517,10 +517,8 @@ impl Drop for InFlight {
 }
 
 fn app(shared: Arc<Shared>) -> Router {
-    let completions = Endpoint::ALL
-        .into_iter()
-        .flat_map(|e| [e.path().to_owned(), format!("/v1{}", e.path())])
-        .fold(Router::new(), |r, path| r.route(&path, post(chat)));
+    let completions =
+        Endpoint::served_paths().fold(Router::new(), |r, path| r.route(&path, post(chat)));
     completions
         .route("/v1/models", get(models))
         .route("/models", get(models))

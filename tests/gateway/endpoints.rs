@@ -163,9 +163,9 @@ async fn served_metered_and_refused(endpoint: Endpoint, model: &str) {
         }
         Endpoint::ChatCompletions => unreachable!(),
     }
-    if r.headers["content-type"] == "text/event-stream" {
-        assert_ne!(endpoint, Endpoint::Embeddings);
-    }
+    // Embeddings never stream: asked to, they answer JSON.
+    let streamed = r.headers["content-type"] == "text/event-stream";
+    assert_eq!(streamed, endpoint != Endpoint::Embeddings, "{endpoint:?}");
 
     let r = gw
         .post(&v1, Some(MASTER), body(endpoint, model, false))
@@ -288,6 +288,7 @@ async fn anthropic_headers_are_passed_on() {
         .header("x-api-key", MASTER)
         .header("anthropic-version", "2024-01-01")
         .header("anthropic-beta", "tools-2024-04-04")
+        .header("anthropic-beta", "prompt-caching-2024-07-31")
         .header("content-type", "application/json")
         .body(Full::new(Bytes::from(
             body(Endpoint::Messages, "claude", false).to_string(),
@@ -297,12 +298,17 @@ async fn anthropic_headers_are_passed_on() {
     assert_eq!(response.status(), 200);
     let last = up.last();
     assert_eq!(last.headers["anthropic-version"], "2024-01-01");
-    assert_eq!(last.headers["anthropic-beta"], "tools-2024-04-04");
-    assert_eq!(last.headers["x-api-key"], "sk-ant");
+    let betas: Vec<_> = last.headers.get_all("anthropic-beta").iter().collect();
+    assert_eq!(betas, ["tools-2024-04-04", "prompt-caching-2024-07-31"]);
+    // The deployment's key, once: the client's (the gateway's master key) never goes upstream.
+    let keys: Vec<_> = last.headers.get_all("x-api-key").iter().collect();
+    assert_eq!(keys, ["sk-ant"]);
+    assert!(last.headers.get("authorization").is_none());
 }
 
 /// A client that reads a stream up to its first text and hangs up is charged what it saw: the
-/// prompt estimate and that text (Anthropic: the usage `message_start` reported, 10 + 1).
+/// prompt estimate and that text (Anthropic: the input `message_start` reported, 10, and that
+/// text: its placeholder `output_tokens: 1` is not the answer's length).
 #[tokio::test]
 async fn a_client_that_hangs_up_is_charged_what_it_saw() {
     let (gw, _up) = start().await;
@@ -315,8 +321,8 @@ async fn a_client_that_hangs_up_is_charged_what_it_saw() {
         let before = gw.tokens(model);
         let sent = body(endpoint, model, true).to_string();
         let want = match endpoint {
-            Endpoint::Messages => 11,
             // "Hello " (6 bytes) seen: 2 tokens.
+            Endpoint::Messages => 10 + 2,
             _ => prompt_tokens(sent.as_bytes()) + 2,
         };
         let request = http::Request::post(format!("{}/v1{}", gw.base, endpoint.path()))

@@ -160,9 +160,10 @@ async fn validate(gw: &Gateway, caller: &Caller, request: Request) -> Result<Req
         _ => tower_priority_limit::estimate::output_limit(&body),
     };
     let mut pass_on = HeaderMap::new();
+    // Every value: a client may send `anthropic-beta` more than once.
     for name in &PASSED_ON {
-        if let Some(value) = parts.headers.get(name) {
-            pass_on.insert(name.clone(), value.clone());
+        for value in parts.headers.get_all(name) {
+            pass_on.append(name.clone(), value.clone());
         }
     }
     parts.extensions.insert(ChatRequest {

@@ -41,15 +41,19 @@
 //!
 //! 1. `total_tokens` if present; else
 //! 2. `prompt_tokens + completion_tokens` if either is present; else
-//! 3. `input_tokens + output_tokens`
+//! 3. `input_tokens + cache_creation_input_tokens + cache_read_input_tokens + output_tokens`
+//!    (Anthropic counts prompt-cache tokens apart from `input_tokens`; OpenAI's `prompt_tokens`
+//!    include them, so a cached prompt costs the same through either API)
 //!
 //! (a missing part counts 0; sums saturate). When a stream carries several
 //! usage objects they are merged in order: each counter present in a later
 //! object replaces the earlier value, and `total_tokens` always comes from the
 //! latest object. With one usage object (OpenAI) that is "the last one wins";
 //! with Anthropic's `message_start` (input) and `message_delta` (cumulative
-//! output) it gives input + output. Reported usage always replaces the
-//! estimate: [`Tokens::Reported`], at most the meter's cap
+//! output) it gives input + output. `message_start`'s `output_tokens` is a placeholder and is not
+//! read: a stream cut before its `message_delta` has reported its input only, and is charged that
+//! input plus `ceil(content_bytes / 4)` for the text that went by (see below). Reported usage
+//! always replaces the estimate: [`Tokens::Reported`], at most the meter's cap
 //! ([`UsageMeter::with_max_reported_tokens`], 10^8 by default): a larger
 //! count is charged as the cap, and logged.
 //!
@@ -69,12 +73,14 @@
 //! `choices[*].delta.tool_calls` and `choices[*].message.tool_calls`, Anthropic's `delta.text`,
 //! `delta.partial_json` and `content[*].text`, the Responses API's `output[*].content[*].text`
 //! and `output[*].arguments` in a body, plus the bytes of SSE data skipped for being past the
-//! line bound. In a Responses API stream (events whose `type` starts with `response.`) only the
+//! line bound (except a skipped Responses API event, whose long events repeat the request's
+//! instructions and the text already counted). In a Responses API stream (events whose `type` starts with `response.`) only the
 //! string `delta` of each event counts (`response.output_text.delta`,
 //! `response.function_call_arguments.delta`, ...): the `.done` events and `response.completed`
 //! repeat the text whole. An embeddings response has no generated text: without usage it is
-//! charged its prompt estimate alone. A JSON body past 4 MiB without usage
-//! has `content_bytes` = all its bytes. A body of at most 4 MiB that is not
+//! charged its prompt estimate alone, as long as it is at most 4 MiB. A JSON body past 4 MiB
+//! without usage (an embeddings one included) has `content_bytes` = all its bytes: the meter
+//! cannot tell its text from the rest, and the bound errs on the side of charging. A body of at most 4 MiB that is not
 //! JSON has `content_bytes = 0`.
 
 mod json;
@@ -87,7 +93,6 @@ use crate::throttle::LogThrottle;
 use json::JsonMeter;
 use sse::SseMeter;
 pub use usage::is_usage_only_chunk;
-use usage::Usage;
 
 /// What a finished (or abandoned) response cost.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -218,13 +223,21 @@ impl UsageMeter {
     ///
     /// For a JSON body this parses the kept bytes on every call.
     pub fn tokens(&self) -> Tokens {
-        let seen: Result<Usage, u64> = match &self.body {
-            Body::Sse(m) => m.inspect(),
-            Body::Json(m) => m.inspect(),
+        let (usage, content_bytes) = match &self.body {
+            Body::Sse(m) => m.seen(),
+            Body::Json(m) => match m.inspect() {
+                Ok(usage) => (Some(usage), 0),
+                Err(content_bytes) => (None, content_bytes),
+            },
         };
-        match seen {
-            Ok(usage) => Tokens::Reported(self.clamp(usage.total())),
-            Err(content_bytes) => Tokens::Estimated(
+        match usage {
+            // Reported input alone (an Anthropic stream cut before its `message_delta`): the
+            // text that went by estimates the output.
+            Some(usage) if !usage.reports_output() => Tokens::Reported(
+                self.clamp(usage.total().saturating_add(content_bytes.div_ceil(4))),
+            ),
+            Some(usage) => Tokens::Reported(self.clamp(usage.total())),
+            None => Tokens::Estimated(
                 self.prompt_estimate
                     .saturating_add(content_bytes.div_ceil(4)),
             ),

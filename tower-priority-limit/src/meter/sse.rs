@@ -28,7 +28,7 @@
 
 use std::fmt;
 
-use super::usage::{merge_usage, parse_with, DocInfo, Shape, Usage};
+use super::usage::{event_kind, merge_usage, parse_with, DocInfo, Kind, Shape, Usage};
 
 /// Longest line (without its terminator), and longest joined event data, that
 /// is considered; longer ones are skipped.
@@ -60,6 +60,8 @@ pub struct SseMeter {
     content_bytes: u64,
     /// Bytes of data the bounds made the meter skip unparsed: counted as generated text.
     skipped: u64,
+    /// The event being skipped counts toward `skipped` (not a Responses API event).
+    count_skipped: bool,
     /// The stream said it is over (`data: [DONE]`, Anthropic's `message_stop`, the Responses
     /// API's `response.completed`, `response.incomplete` or `response.failed`).
     finished: bool,
@@ -115,6 +117,7 @@ impl SseMeter {
             usage: None,
             content_bytes: 0,
             skipped: 0,
+            count_skipped: true,
             finished: false,
         }
     }
@@ -157,13 +160,20 @@ impl SseMeter {
     /// dispatched, see [`SseMeter::pending`]), or the generated-text bytes plus
     /// the bytes of data skipped for being past the bounds.
     pub(crate) fn inspect(&self) -> Result<Usage, u64> {
+        let (usage, content) = self.seen();
+        usage.ok_or(content)
+    }
+
+    /// Usage merged over everything seen, and the generated-text bytes (plus the data skipped
+    /// unparsed) seen with it: both, for usage that reports the input alone.
+    pub(crate) fn seen(&self) -> (Option<Usage>, u64) {
         let mut usage = self.usage;
         let mut content = self.content_bytes.saturating_add(self.skipped);
         if let Some(info) = self.pending() {
             merge_usage(&mut usage, info.usage);
             content = content.saturating_add(info.content_bytes);
         }
-        usage.ok_or(content)
+        (usage, content)
     }
 
     /// What the event being gathered would contribute if the stream ended
@@ -235,13 +245,17 @@ impl SseMeter {
     /// The current line (carried bytes + `piece`) is too long: drop it, and
     /// its event if it is a `data` line.
     fn start_discard(&mut self, piece: &[u8]) {
-        let mut head = [0u8; 8];
+        // Enough for `data: {"type":"response.incomplete"`.
+        let mut head = [0u8; 48];
         let carried = self.line.len().min(head.len());
         head[..carried].copy_from_slice(&self.line[..carried]);
         let more = piece.len().min(head.len() - carried);
         head[carried..carried + more].copy_from_slice(&piece[..more]);
         let head = strip_bom(&head[..carried + more], self.at_start);
         self.discarding_data = head.starts_with(b"data:") || head == b"data";
+        if self.discarding_data && self.event == Event::Empty {
+            self.skip_uncounted(event_kind(data_value(head).unwrap_or_default()));
+        }
         if self.discarding_data {
             let line = self.line.len() + piece.len();
             self.skip_event(line);
@@ -294,15 +308,31 @@ impl SseMeter {
                 }
             }
             Event::Skipped => {
-                self.skipped = self.skipped.saturating_add(value.len() as u64 + 1);
+                if self.count_skipped {
+                    self.skipped = self.skipped.saturating_add(value.len() as u64 + 1);
+                }
             }
             Event::Poisoned => {}
         }
     }
 
+    /// An event too long to read is of `kind`: a Responses API event is not counted as
+    /// text, because its long events (`response.created`, `response.completed`, an output item's
+    /// `.done`) repeat the request's instructions and the text its deltas already counted.
+    fn skip_uncounted(&mut self, kind: Kind) {
+        match kind {
+            Kind::Other => {}
+            Kind::Responses => self.count_skipped = false,
+            Kind::ResponsesEnd => {
+                self.count_skipped = false;
+                self.finished = true;
+            }
+        }
+    }
+
     /// Bytes of the line being skipped went by: counted if it is a `data` line.
     fn skip_bytes(&mut self, n: usize) {
-        if self.discarding_data {
+        if self.discarding_data && self.count_skipped {
             self.skipped = self.skipped.saturating_add(n as u64);
         }
     }
@@ -311,10 +341,16 @@ impl SseMeter {
     /// them and whatever it had gathered unparsed, and skip the rest of it.
     fn skip_event(&mut self, n: usize) {
         let gathered = match self.event {
-            Event::Buffered => self.event_data.len() + 1,
+            Event::Buffered => {
+                let head = &self.event_data[..self.event_data.len().min(48)];
+                self.skip_uncounted(event_kind(head));
+                self.event_data.len() + 1
+            }
             _ => 0,
         };
-        self.skipped = self.skipped.saturating_add((gathered + n) as u64);
+        if self.count_skipped {
+            self.skipped = self.skipped.saturating_add((gathered + n) as u64);
+        }
         self.event = Event::Skipped;
         self.event_data = reuse(std::mem::take(&mut self.event_data));
     }
@@ -325,6 +361,7 @@ impl SseMeter {
     }
 
     fn dispatch(&mut self) {
+        self.count_skipped = true;
         let info = match std::mem::replace(&mut self.event, Event::Empty) {
             Event::Parsed(info) => Some(info),
             Event::Buffered => parse_with(&self.event_data, Shape::Chunk),
@@ -571,9 +608,14 @@ pub(crate) mod tests {
         for r in all_ways(s.as_bytes()) {
             assert_eq!(r, Ok(40));
         }
-        // Cut before message_delta: input (25) + output so far (1).
+        // Cut before message_delta: the input (25) alone is reported (`output_tokens: 1` is a
+        // placeholder); `UsageMeter` adds the text that went by.
         let cut = s.find("event: message_delta").unwrap();
-        assert_eq!(run(&[&s.as_bytes()[..cut]]), Ok(26));
+        assert_eq!(run(&[&s.as_bytes()[..cut]]), Ok(25));
+        let mut m = crate::meter::UsageMeter::sse();
+        m.feed(&s.as_bytes()[..cut]);
+        assert_eq!(m.tokens(), crate::meter::Tokens::Reported(25 + 2));
+        assert_eq!(m.output_tokens(), None, "nothing to learn the output from");
     }
 
     /// A Responses API stream as OpenAI sends it (`event:` lines, every event's type in its data,
@@ -669,6 +711,64 @@ pub(crate) mod tests {
         for r in all_ways(s.as_bytes()) {
             assert_eq!(r, Ok(40));
         }
+    }
+
+    #[test]
+    fn anthropic_cache_tokens_are_input() {
+        let s = concat!(
+            "event: message_start\n",
+            "data: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":4,\"cache_creation_input_tokens\":1000,\"cache_read_input_tokens\":100000,\"output_tokens\":1}}}\n\n",
+            "event: message_delta\n",
+            "data: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\"},\"usage\":{\"output_tokens\":500}}\n\n",
+        );
+        for r in all_ways(s.as_bytes()) {
+            assert_eq!(r, Ok(101_504));
+        }
+    }
+
+    #[test]
+    fn anthropic_cut_before_message_delta_reports_its_input_alone() {
+        let s = concat!(
+            "event: message_start\n",
+            "data: {\"type\":\"message_start\",\"message\":{\"content\":[],\"usage\":{\"input_tokens\":25,\"output_tokens\":1}}}\n\n",
+            "event: content_block_delta\n",
+            "data: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"Hello there\"}}\n\n",
+        );
+        let mut m = SseMeter::new();
+        m.feed(s.as_bytes());
+        let (usage, content) = m.seen();
+        let usage = usage.expect("the input is reported");
+        assert!(
+            !usage.reports_output(),
+            "the placeholder output is not read"
+        );
+        assert_eq!((usage.total(), usage.output(), content), (25, None, 11));
+    }
+
+    #[test]
+    fn an_overlong_responses_event_is_not_counted_as_text() {
+        // `response.created` repeating 2 MiB of instructions, one delta, then an overlong end.
+        let instructions = "x".repeat(2 << 20);
+        let s = format!(
+            "event: response.created\ndata: {{\"type\":\"response.created\",\"response\":{{\"instructions\":\"{instructions}\"}}}}\n\n\
+             event: response.output_text.delta\ndata: {{\"type\":\"response.output_text.delta\",\"delta\":\"Hello\"}}\n\n\
+             event: response.completed\ndata: {{\"type\":\"response.completed\",\"response\":{{\"instructions\":\"{instructions}\",\"usage\":{{\"input_tokens\":1,\"output_tokens\":2}}}}}}\n\n"
+        );
+        for split in [1, 7, 4096, s.len()] {
+            let mut m = SseMeter::new();
+            for piece in s.as_bytes().chunks(split) {
+                m.feed(piece);
+            }
+            assert_eq!(m.inspect(), Err(5), "split {split}");
+            assert!(m.is_finished(), "split {split}");
+        }
+        // Any other API's overlong data still counts, as the bound promises.
+        let mut m = SseMeter::new();
+        m.feed(
+            format!("data: {{\"choices\":[{{\"delta\":{{\"content\":\"{instructions}\"}}}}]}}\n\n")
+                .as_bytes(),
+        );
+        assert!(m.inspect().unwrap_err() > 2 << 20);
     }
 
     #[test]

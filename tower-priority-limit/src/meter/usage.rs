@@ -33,6 +33,11 @@ pub(crate) struct Usage {
     completion_tokens: Num,
     input_tokens: Num,
     output_tokens: Num,
+    /// Anthropic reports prompt-cache tokens apart from `input_tokens` (OpenAI's `prompt_tokens`
+    /// and the Responses API's `input_tokens` include them): they are added to the input, so a
+    /// cached prompt costs the same through either API.
+    cache_creation_input_tokens: Num,
+    cache_read_input_tokens: Num,
 }
 
 impl Usage {
@@ -45,13 +50,25 @@ impl Usage {
             self.completion_tokens,
             self.input_tokens,
             self.output_tokens,
+            self.cache_creation_input_tokens,
+            self.cache_read_input_tokens,
         ]
         .iter()
         .any(|n| n.0.is_some())
     }
 
+    /// Whether the output is reported (`total_tokens`, `completion_tokens` or `output_tokens`).
+    /// Not so for Anthropic's `message_start` alone: a stream cut before its `message_delta`
+    /// reported only its input, and the text that went by estimates the output.
+    pub(crate) fn reports_output(&self) -> bool {
+        self.total_tokens.0.is_some()
+            || self.completion_tokens.0.is_some()
+            || self.output_tokens.0.is_some()
+    }
+
     /// `total_tokens`, else `prompt_tokens + completion_tokens`, else
-    /// `input_tokens + output_tokens`; a missing part counts 0.
+    /// `input_tokens + cache_creation_input_tokens + cache_read_input_tokens + output_tokens`; a
+    /// missing part counts 0.
     pub(crate) fn total(&self) -> u64 {
         if let Some(t) = self.total_tokens.0 {
             t
@@ -62,6 +79,8 @@ impl Usage {
         } else {
             self.input_tokens
                 .get()
+                .saturating_add(self.cache_creation_input_tokens.get())
+                .saturating_add(self.cache_read_input_tokens.get())
                 .saturating_add(self.output_tokens.get())
         }
     }
@@ -84,6 +103,14 @@ impl Usage {
             (&mut self.completion_tokens, later.completion_tokens),
             (&mut self.input_tokens, later.input_tokens),
             (&mut self.output_tokens, later.output_tokens),
+            (
+                &mut self.cache_creation_input_tokens,
+                later.cache_creation_input_tokens,
+            ),
+            (
+                &mut self.cache_read_input_tokens,
+                later.cache_read_input_tokens,
+            ),
         ] {
             if theirs.0.is_some() {
                 *ours = theirs;
@@ -175,7 +202,7 @@ static TYPE_KEY: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(b"\"ty
 
 /// The [`Kind`] of one event's data: a Responses API event has a `"type"` whose string value
 /// starts with `response.` (no other API's events or nested objects do).
-fn event_kind(bytes: &[u8]) -> Kind {
+pub(crate) fn event_kind(bytes: &[u8]) -> Kind {
     for at in TYPE_KEY.find_iter(bytes) {
         let rest = skip_ws(&bytes[at + 6..]);
         let Some(rest) = rest.strip_prefix(b":") else {
@@ -345,8 +372,14 @@ struct Doc {
 impl Doc {
     fn info(self, kind: Kind) -> DocInfo {
         let mut usage = None;
+        // `message_start`'s `output_tokens` is a placeholder (1) until `message_delta` counts the
+        // answer: only its input is reported.
+        let started = self.message.0.and_then(|n| n.usage.0).map(|mut u| {
+            u.output_tokens = Num(None);
+            u
+        });
         for u in [
-            self.message.0.and_then(|n| n.usage.0),
+            started,
             self.response.0.and_then(|n| n.usage.0),
             self.usage.0,
         ] {
