@@ -252,6 +252,25 @@ impl GatewayConfig {
                         format!("id \"{}\" is used by another deployment", d.id),
                     ));
                 }
+                // A group answers an endpoint only if all its deployments speak its format, so
+                // a group of an OpenAI and an Anthropic upstream could serve nothing.
+                if let Target::Upstream { api, .. } = &d.target {
+                    let mixed = deployments
+                        .iter()
+                        .position(|o: &Deployment| o.model_name == d.model_name && !o.speaks(*api));
+                    if let Some(other) = mixed {
+                        return Err(ConfigError::new(
+                            format!("model_list[{position}].litellm_params.model"),
+                            format!(
+                                "model_name \"{}\" mixes API formats: this deployment speaks {} \
+                                 and model_list[{other}] does not (the gateway does not translate \
+                                 between formats; give them different model_names)",
+                                d.model_name,
+                                api.name(),
+                            ),
+                        ));
+                    }
+                }
                 deployments.push(d);
             }
         }

@@ -135,6 +135,10 @@ fn errors_name_the_yaml_path() {
                 "model_list[0].litellm_params.api_base: expected an http:// or https:// URL, got \"localhost:1\"",
             ),
             (
+                "model_list: [{model_name: m, litellm_params: {model: openai/x, api_key: k}}, {model_name: m, litellm_params: {model: anthropic/y, api_key: k}}]",
+                "model_list[1].litellm_params.model: model_name \"m\" mixes API formats: this deployment speaks Anthropic's Messages API and model_list[0] does not (the gateway does not translate between formats; give them different model_names)",
+            ),
+            (
                 "general_settings: {max_request_size_mb: 0}",
                 "general_settings.max_request_size_mb: expected megabytes > 0, got 0",
             ),
