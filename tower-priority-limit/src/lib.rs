@@ -99,6 +99,7 @@ pub mod config;
 pub mod decision;
 pub mod meter;
 pub mod model;
+pub mod order;
 pub mod priority;
 pub mod store;
 
