@@ -6,6 +6,7 @@ use std::sync::Arc;
 use crate::config::{ModelId, PoolRef};
 use crate::decision::Admitted;
 use crate::estimate::OutputEstimate;
+use crate::queue::ModelQueue;
 use crate::store::{Settlement, Settler};
 
 /// Where one model's leases settle: the store's settler for the model and, with `reserve`
@@ -14,6 +15,8 @@ use crate::store::{Settlement, Settler};
 pub(crate) struct SettleTarget {
     pub(crate) settler: Option<Arc<dyn Settler>>,
     pub(crate) estimate: Option<OutputEstimate>,
+    /// The model's waiting room (with the queue on): a settlement may free capacity for it.
+    pub(crate) queue: Option<Arc<ModelQueue>>,
 }
 
 impl fmt::Debug for SettleTarget {
@@ -94,10 +97,16 @@ impl Lease {
     /// refunded. Only in the window it was admitted in: once that window has ended, there is
     /// nothing to take back. Consumes the lease, so it happens once and instead of a settlement.
     pub fn cancel(mut self) {
-        if let Some(settler) = self.target.take().and_then(|t| t.settler.clone()) {
+        let Some(target) = self.target.take() else {
+            return;
+        };
+        if let Some(settler) = &target.settler {
             self.settlement.tokens = 0;
             self.settlement.cancel = true;
             settler.settle(self.settlement);
+        }
+        if let Some(queue) = &target.queue {
+            queue.notify();
         }
     }
 
@@ -118,6 +127,10 @@ impl Lease {
         if let Some(settler) = &target.settler {
             self.settlement.tokens = tokens;
             settler.settle(self.settlement);
+        }
+        // A refund (a reservation replaced by less) or a later window may let a waiter in.
+        if let Some(queue) = &target.queue {
+            queue.notify();
         }
     }
 }

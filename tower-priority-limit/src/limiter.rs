@@ -11,12 +11,14 @@ use http::header::CONTENT_TYPE;
 use http::Response;
 
 use crate::body::ResponseBody;
-use crate::clock::Clock;
+use crate::clock::{Clock, Millis};
 use crate::config::{LimiterConfig, ModelId, PoolRef, TokenAccounting};
 use crate::decision::{Admitted, Decision, Refused};
 use crate::estimate::{EstimateStats, OutputEstimate};
 use crate::lease::{Lease, SettleTarget};
 use crate::meter::UsageMeter;
+use crate::order::{FlowId, ServiceWeights};
+use crate::queue::{ModelQueue, PoolUsage};
 use crate::response::{
     insert_admitted_headers, refusal_response, store_failure_response, LimitHeaderValues,
 };
@@ -40,7 +42,11 @@ use crate::store::{AdmitRequest, MemoryStore, Store, StoreError};
 /// ```
 #[derive(Debug)]
 pub struct Limiter<St = MemoryStore> {
-    store: St,
+    store: Arc<St>,
+    /// What the queue's deadlines and retries are measured and slept on (the store's clock).
+    clock: Arc<dyn Clock>,
+    /// Per model, its waiting room; empty when the config has no `queue`.
+    queues: Box<[Arc<ModelQueue>]>,
     /// Hashes of unknown priority labels already logged (each is logged once). Labels may come
     /// from clients, so this is a fixed, lock-free table: a label already seen costs one hash and
     /// one atomic load; a colliding label may be logged again, never more memory.
@@ -53,6 +59,16 @@ pub struct Limiter<St = MemoryStore> {
 }
 
 const UNKNOWN_LABEL_SLOTS: usize = 256;
+
+/// The outcome of [`Limiter::admit_waiting`].
+#[derive(Debug)]
+pub struct Waited {
+    /// The admission's answer: admitted in turn, or refused at the deadline (or at once, with a
+    /// full queue).
+    pub decision: Result<Decision, StoreError>,
+    /// How long the request waited.
+    pub waited_ms: Millis,
+}
 
 /// The outcome of [`Limiter::acquire`].
 #[derive(Debug)]
@@ -85,20 +101,42 @@ impl Limiter<MemoryStore> {
 impl<St: Store> Limiter<St> {
     /// A limiter over any store, with the config the store was built for.
     pub fn with_store(store: St) -> Self {
+        let store = Arc::new(store);
         let settings = store.config().settings();
         let reserve = settings.token_accounting == TokenAccounting::Reserve;
+        let queues: Box<[Arc<ModelQueue>]> = match settings.queue {
+            None => Box::new([]),
+            Some(queue) => store
+                .config()
+                .models()
+                .iter()
+                .enumerate()
+                .map(|(i, limits)| {
+                    let usage: Arc<dyn PoolUsage> = Arc::clone(&store) as Arc<dyn PoolUsage>;
+                    Arc::new(ModelQueue::new(
+                        ModelId(i as u32),
+                        limits.clone(),
+                        queue.max_queued,
+                        usage,
+                    ))
+                })
+                .collect(),
+        };
         let targets = (0..store.config().models().len())
             .map(|i| {
                 Arc::new(SettleTarget {
                     settler: store.settler(ModelId(i as u32)),
                     estimate: reserve
                         .then(|| OutputEstimate::new(settings.default_estimated_output_tokens)),
+                    queue: queues.get(i).cloned(),
                 })
             })
             .collect();
         Self {
             limit_header_values: LimitHeaderValues::new(store.config()),
             targets,
+            clock: store.clock(),
+            queues,
             store,
             unknown_labels: (0..UNKNOWN_LABEL_SLOTS)
                 .map(|_| AtomicU64::new(0))
@@ -247,9 +285,158 @@ impl<St: Store> Limiter<St> {
             None => Arc::new(SettleTarget {
                 settler: None,
                 estimate: None,
+                queue: None,
             }),
         };
         Lease::new(target, model, pool, admitted)
+    }
+
+    /// Requests of `pool` waiting for capacity on `model` now (0 without the queue).
+    pub fn queue_depth(&self, model: ModelId, pool: PoolRef) -> usize {
+        self.queues
+            .get(model.index())
+            .map_or(0, |q| q.waiting_in(pool))
+    }
+
+    /// Requests waiting for capacity on `model` now, all priorities (0 without the queue).
+    pub fn queue_len(&self, model: ModelId) -> usize {
+        self.queues.get(model.index()).map_or(0, |q| q.waiting())
+    }
+
+    /// Whether a request on `model` must join the queue without trying first, because others
+    /// already wait there (they go first, in order). One atomic load: the whole cost of the
+    /// queue on admission while nobody waits.
+    #[inline]
+    pub fn queue_ahead(&self, model: ModelId) -> bool {
+        self.queues
+            .get(model.index())
+            .is_some_and(|q| q.waiting() > 0)
+    }
+
+    /// How long a request may wait: the config's `max_wait`, shortened by the request's own
+    /// `x-priority-limit-max-wait` (in seconds) when it asks for less; `None` without the queue.
+    pub fn max_wait_ms(&self, requested: Option<std::time::Duration>) -> Option<Millis> {
+        let queue = self.config().settings().queue?;
+        let wait = requested.map_or(queue.max_wait, |r| r.min(queue.max_wait));
+        Some(wait.as_millis() as Millis)
+    }
+
+    /// The weighted service a request counts for its flow (see
+    /// [`ServiceWeights`](crate::order::ServiceWeights)): its prompt estimate and its output
+    /// limit, or else the model's expected output.
+    pub fn flow_service(
+        &self,
+        model: ModelId,
+        prompt_tokens: u64,
+        max_output_tokens: Option<u64>,
+    ) -> u64 {
+        let settings = self.config().settings();
+        let Some(queue) = settings.queue else {
+            return 1;
+        };
+        let output = max_output_tokens.unwrap_or_else(|| {
+            self.target(model)
+                .and_then(|t| t.estimate.as_ref())
+                .map_or(settings.default_estimated_output_tokens, |e| e.tokens())
+        });
+        ServiceWeights {
+            prompt: queue.prompt_weight,
+            completion: queue.completion_weight,
+        }
+        .service(prompt_tokens, output)
+    }
+
+    /// Waits in `model`'s queue, for at most `max_wait_ms`, until admitted: the request of `pool`
+    /// from `flow`, expected to cost `estimate` tokens (as [`admit`](Self::admit)) and to count
+    /// `service` for its flow ([`flow_service`](Self::flow_service)). Its turn comes in the
+    /// queue's order, when capacity may have freed; at the deadline it tries once more and a
+    /// refusal then is the answer. A full queue answers at once with a fresh admission's answer.
+    ///
+    /// Dropping the future leaves the queue: nothing is charged.
+    pub async fn admit_waiting(
+        self: Arc<Self>,
+        model: ModelId,
+        pool: PoolRef,
+        flow: FlowId,
+        estimate: u64,
+        service: u64,
+        max_wait_ms: Millis,
+    ) -> Waited {
+        let start = self.clock.now_ms();
+        let waited = |clock: &Arc<dyn Clock>| clock.now_ms().saturating_sub(start);
+        let ticket = match self
+            .queues
+            .get(model.index())
+            .and_then(|q| q.enter(pool, flow))
+        {
+            Some(ticket) => ticket,
+            None => {
+                // Full (or no queue for this model): answered at once.
+                let decision = self.admit(model, pool, estimate).await;
+                return Waited {
+                    decision,
+                    waited_ms: 0,
+                };
+            }
+        };
+        if let Some(queue) = self.queues.get(model.index()) {
+            queue.notify();
+        }
+        let deadline = start.saturating_add(max_wait_ms);
+        let mut retry_at: Option<Millis> = None;
+        loop {
+            let wake_at = retry_at.map_or(deadline, |r| r.min(deadline));
+            let mut sleep = self.clock.sleep_until(wake_at);
+            let turn = std::future::poll_fn(|cx| {
+                if ticket.poll_turn(cx).is_ready() {
+                    return std::task::Poll::Ready(true);
+                }
+                sleep.as_mut().poll(cx).map(|()| false)
+            })
+            .await;
+            if !turn {
+                if self.clock.now_ms() >= deadline {
+                    // The deadline: leave, and answer what admission answers now.
+                    drop(ticket);
+                    let decision = self.admit(model, pool, estimate).await;
+                    return Waited {
+                        decision,
+                        waited_ms: waited(&self.clock),
+                    };
+                }
+                // The store said room appears now: whoever is first tries.
+                retry_at = None;
+                if let Some(queue) = self.queues.get(model.index()) {
+                    queue.notify();
+                }
+                continue;
+            }
+            let decision = self.admit(model, pool, estimate).await;
+            match decision {
+                Ok(Decision::Refuse(refused)) => {
+                    ticket.refused();
+                    retry_at = Some(
+                        self.clock
+                            .now_ms()
+                            .saturating_add(refused.retry_after_ms.max(1)),
+                    );
+                }
+                Ok(Decision::Admit(_)) => {
+                    ticket.served(service);
+                    return Waited {
+                        decision,
+                        waited_ms: waited(&self.clock),
+                    };
+                }
+                Err(_) => {
+                    drop(ticket);
+                    return Waited {
+                        decision,
+                        waited_ms: waited(&self.clock),
+                    };
+                }
+            }
+        }
     }
 
     /// The 429 for a request on `model` under `pool` that the limiter refused: the OpenAI error

@@ -63,6 +63,8 @@ impl ServiceWeights {
 pub struct Fill(f64);
 
 impl Fill {
+    /// Nothing used (also the fill of every pool of a model without reservations).
+    pub const EMPTY: Fill = Fill(0.0);
     /// A fill that orders after every finite one.
     pub const NO_FLOOR: Fill = Fill(f64::INFINITY);
 

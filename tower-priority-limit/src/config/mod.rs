@@ -232,6 +232,45 @@ pub struct Settings {
     pub shared: SharedStoreSettings,
     /// The most tokens one response may report; more is clamped to this (and logged).
     pub max_reported_tokens: u64,
+    /// Waiting for capacity instead of refusing at once (`queue`); `None` (the default) refuses
+    /// at once.
+    pub queue: Option<QueueSettings>,
+}
+
+impl Settings {
+    /// Whether a priority's reserved share caps it in strict mode. With the queue on, shares are
+    /// floors that order the waiters instead, so nothing caps a priority but the model.
+    pub fn pools_cap(&self) -> bool {
+        self.queue.is_none()
+    }
+}
+
+/// `priority_reservation_settings.queue`: requests refused for capacity that frees before their
+/// deadline wait for it, in the order of [`order`](crate::order).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QueueSettings {
+    /// The longest a request waits (`max_wait_seconds`); a request may ask for less with the
+    /// `x-priority-limit-max-wait` header.
+    pub max_wait: Duration,
+    /// The most requests waiting per model at once (`max_queued`); past it, refused at once.
+    pub max_queued: u32,
+    /// Weight of a prompt token in a flow's service (`flow_weights.prompt`, default 1).
+    pub prompt_weight: u64,
+    /// Weight of a completion token in a flow's service (`flow_weights.completion`, default 2).
+    pub completion_weight: u64,
+}
+
+impl QueueSettings {
+    /// Waiting at most `max_wait`, at most `max_queued` requests per model, with the default
+    /// flow weights (prompt 1, completion 2).
+    pub fn new(max_wait: Duration, max_queued: u32) -> Self {
+        Self {
+            max_wait,
+            max_queued,
+            prompt_weight: 1,
+            completion_weight: 2,
+        }
+    }
 }
 
 /// What a shared store does while it cannot answer: degrade, don't vanish.

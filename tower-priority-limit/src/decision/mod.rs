@@ -286,7 +286,9 @@ pub fn decide<W: Window>(
     let model_usage = model_counter.usage(now, window);
     let saturation = saturation(limits, model_usage);
     let strict = saturation >= settings.saturation_threshold;
-    let reserve = reservation(limits, pool, strict && pool_counter.is_some(), estimate);
+    // With the queue on, shares are floors ordering waiters, not caps (`Settings::pools_cap`).
+    let capped = strict && settings.pools_cap();
+    let reserve = reservation(limits, pool, capped && pool_counter.is_some(), estimate);
     let refuse = |scope, over: Over, counter: &W| {
         Decision::Refuse(Refused {
             scope,
@@ -304,7 +306,7 @@ pub fn decide<W: Window>(
 
     let pool_limits: Option<&PoolLimits> = limits.pool(pool);
     let pool_usage = pool_counter.map(|c| c.usage(now, window));
-    if strict {
+    if capped {
         if let (Some(pl), Some(pu), Some(pc)) = (pool_limits, pool_usage, pool_counter) {
             if let Some(over) = check(pl.rpm, pl.tpm, pu, reserve) {
                 return refuse(Scope::Priority, over, pc);

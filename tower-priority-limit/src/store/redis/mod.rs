@@ -443,7 +443,9 @@ impl Inner {
             return self.fallback(request);
         }
         let settings = self.config.settings();
-        let pool_limits = limits.pool(request.pool);
+        // With the queue on, shares order waiters and cap nothing (`Settings::pools_cap`): the
+        // script is sent no pool limits, so it refuses by the model's alone, as `decide` does.
+        let pool_limits = limits.pool(request.pool).filter(|_| settings.pools_cap());
         let limit = |v: Option<u64>| v.map_or(-1, |v| v.min(MAX_EXACT) as i64);
         let pool_prefix = self.pool_prefix(request.model, request.pool);
         let mut connection = self.connection.clone();
@@ -455,7 +457,7 @@ impl Inner {
         let keys = [key.as_str()];
         // The script picks by the mode it finds: the pool's limit caps it in strict mode only.
         let reserve = |strict: bool| {
-            let strict = strict && limits.pool_count() > 0;
+            let strict = strict && limits.pool_count() > 0 && settings.pools_cap();
             reservation(limits, request.pool, strict, request.reserve.min(MAX_EXACT))
         };
         let call = self.admit_script.call(&mut connection, &keys, |cmd| {
