@@ -782,6 +782,65 @@ litellm_settings:
     }
 
     #[test]
+    fn queue_loads_builds_and_names_its_path() {
+        let yaml = |queue: &str| {
+            format!(
+                "model_list:\n  - model_name: m\n    litellm_params: {{model: m, rpm: 10}}\n\
+                 litellm_settings:\n  priority_reservation_settings:\n    queue: {queue}\n"
+            )
+        };
+        assert_eq!(
+            load(&yaml("{max_wait_seconds: 1, max_queued: 1}"))
+                .unwrap()
+                .settings()
+                .queue
+                .is_some(),
+            true
+        );
+        assert!(load("model_list: []").unwrap().settings().queue.is_none());
+        assert!(load("model_list: []").unwrap().settings().pools_cap());
+        let c = load(&yaml(
+            "{max_wait_seconds: 2.5, max_queued: 100, flow_weights: {prompt: 0, completion: 3}}",
+        ))
+        .unwrap();
+        let q = c.settings().queue.unwrap();
+        assert_eq!(q.max_wait, Duration::from_millis(2500));
+        assert_eq!(q.max_queued, 100);
+        assert_eq!((q.prompt_weight, q.completion_weight), (0, 3));
+        assert!(!c.settings().pools_cap());
+        let q = load(&yaml("{max_wait_seconds: 10, max_queued: 5}"))
+            .unwrap()
+            .settings()
+            .queue
+            .unwrap();
+        assert_eq!((q.prompt_weight, q.completion_weight), (1, 2));
+        let path = "litellm_settings.priority_reservation_settings.queue";
+        for (queue, want) in [
+            ("{max_queued: 5}", format!("{path}: missing max_wait_seconds")),
+            ("{max_wait_seconds: 5}", format!("{path}: missing max_queued")),
+            (
+                "{max_wait_seconds: 0, max_queued: 5}",
+                format!("{path}.max_wait_seconds: expected seconds > 0, got 0"),
+            ),
+            (
+                "{max_wait_seconds: 1, max_queued: 0}",
+                format!("{path}.max_queued: must be > 0"),
+            ),
+            (
+                "{max_wait_seconds: 1, max_queued: 1, wait: 3}",
+                format!("{path}.wait: unknown key, expected max_wait_seconds, max_queued and flow_weights"),
+            ),
+        ] {
+            assert_eq!(load(&yaml(queue)).unwrap_err().to_string(), want, "{queue}");
+        }
+        let e = LimiterConfig::builder()
+            .queue(QueueSettings::new(Duration::from_secs(1), 0))
+            .build()
+            .unwrap_err();
+        assert_eq!(e.to_string(), "queue.max_queued: must be > 0");
+    }
+
+    #[test]
     fn divided_among_nodes_keeps_shares_and_at_least_one() {
         let c = LimiterConfig::builder()
             .model(ModelLimits::new("m").rpm(100).tpm(1000))

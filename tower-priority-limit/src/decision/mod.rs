@@ -580,6 +580,30 @@ mod tests {
     }
 
     #[test]
+    fn with_the_queue_on_a_lone_priority_uses_the_whole_model() {
+        let mut model = ModelLimits::new("m");
+        model.rpm = Some(10);
+        let config = LimiterConfig::builder()
+            .model(model)
+            .reserve("prod", Reservation::Percent(0.9))
+            .reserve("dev", Reservation::Percent(0.1))
+            .default_priority(0.0)
+            .saturation_threshold(0.5)
+            .queue(crate::config::QueueSettings::new(
+                std::time::Duration::from_secs(10),
+                10,
+            ))
+            .build()
+            .unwrap();
+        let mut s = Sim::new(config);
+        assert_eq!(s.run(DEV, 20, 0), 10, "shares are floors, not caps");
+        let Decision::Refuse(r) = s.try_admit(PROD, 0) else {
+            panic!()
+        };
+        assert_eq!(r.scope, Scope::Model);
+    }
+
+    #[test]
     fn pool_with_zero_share_is_blocked_in_strict_mode_only() {
         let mut s = Sim::new(cfg(Some(10), None, 0.0));
         assert_eq!(
