@@ -16,9 +16,10 @@ use crate::body::ResponseBody;
 use crate::clock::Millis;
 use crate::config::FailureMode;
 use crate::config::{ModelId, PoolRef};
+use crate::decision::Refused;
 use crate::decision::{Admitted, Decision};
 use crate::lease::Lease;
-use crate::limiter::{Limiter, Waited};
+use crate::limiter::{Limiter, WaitRequest, Waited};
 use crate::model::{BadRequest, Extracted};
 use crate::options::{Options, UnknownModel};
 use crate::response::{
@@ -257,13 +258,13 @@ impl<St: Store> Admission<'_, St> {
         )))
     }
 
-    /// The wait for a request refused for `retry_after_ms` (or not tried: `None`), if it should
+    /// The wait for a request `refused` (or not tried: `None`), if it should
     /// wait: the queue is on, the request did not ask for no wait (`x-priority-limit-max-wait`),
     /// and room appears before its deadline. A bad header is a 400.
     pub(crate) fn wait<B>(
         &self,
         request: &Request<B>,
-        retry_after_ms: Option<Millis>,
+        refused: Option<Refused>,
     ) -> Result<Option<WaitFuture>, BadMaxWait> {
         if self.limiter.config().settings().queue.is_none() {
             return Ok(None);
@@ -272,19 +273,25 @@ impl<St: Store> Admission<'_, St> {
         let Some(max_wait) = self.limiter.max_wait_ms(requested) else {
             return Ok(None);
         };
-        if max_wait == 0 || retry_after_ms.is_some_and(|r| r > max_wait) {
+        if !self
+            .limiter
+            .should_wait(refused.map(|r| r.retry_after_ms), max_wait)
+        {
             return Ok(None);
         }
         let service =
             self.limiter
                 .flow_service(self.model, self.prompt_estimate, self.max_output_tokens);
         Ok(Some(Box::pin(Arc::clone(self.limiter).admit_waiting(
-            self.model,
-            self.pool,
-            self.flow,
-            self.estimate(),
-            service,
-            max_wait,
+            WaitRequest {
+                model: self.model,
+                pool: self.pool,
+                flow: self.flow,
+                estimate: self.estimate(),
+                service,
+                max_wait_ms: max_wait,
+                refused,
+            },
         ))))
     }
 }
@@ -313,7 +320,7 @@ pub(crate) fn after_admit<St: Store, B>(
     waiting: Option<(&Admission<'_, St>, &Request<B>)>,
 ) -> AfterAdmit {
     if let (Ok(Decision::Refuse(refused)), Some((admission, request))) = (&decision, waiting) {
-        match admission.wait(request, Some(refused.retry_after_ms)) {
+        match admission.wait(request, Some(*refused)) {
             Ok(Some(wait)) => return AfterAdmit::Wait(wait),
             Ok(None) => {}
             Err(bad_header) => return AfterAdmit::Answer(bad_header.into_response()),

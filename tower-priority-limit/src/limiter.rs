@@ -60,6 +60,25 @@ pub struct Limiter<St = MemoryStore> {
 
 const UNKNOWN_LABEL_SLOTS: usize = 256;
 
+/// A request to wait for capacity ([`Limiter::admit_waiting`]).
+#[derive(Debug, Clone, Copy)]
+pub struct WaitRequest {
+    /// The model.
+    pub model: ModelId,
+    /// The caller's pool.
+    pub pool: PoolRef,
+    /// The caller's flow ([`flow`](crate::flow)).
+    pub flow: FlowId,
+    /// Tokens to reserve, as for [`Limiter::admit`].
+    pub estimate: u64,
+    /// What it counts for its flow when served ([`Limiter::flow_service`]).
+    pub service: u64,
+    /// How long it may wait ([`Limiter::max_wait_ms`]).
+    pub max_wait_ms: Millis,
+    /// The refusal that sent it to wait; `None` when it waits without trying, behind others.
+    pub refused: Option<Refused>,
+}
+
 /// The outcome of [`Limiter::admit_waiting`].
 #[derive(Debug)]
 pub struct Waited {
@@ -321,6 +340,15 @@ impl<St: Store> Limiter<St> {
         Some(wait.as_millis() as Millis)
     }
 
+    /// Whether a request refused with `retry_after_ms` waits, given its `max_wait_ms`
+    /// ([`max_wait_ms`](Self::max_wait_ms)): iff the queue is on, it may wait at all, and the
+    /// store says room appears before its deadline.
+    pub fn should_wait(&self, retry_after_ms: Option<Millis>, max_wait_ms: Millis) -> bool {
+        self.config().settings().queue.is_some()
+            && max_wait_ms > 0
+            && retry_after_ms.is_none_or(|r| r <= max_wait_ms)
+    }
+
     /// The weighted service a request counts for its flow (see
     /// [`ServiceWeights`](crate::order::ServiceWeights)): its prompt estimate and its output
     /// limit, or else the model's expected output.
@@ -346,42 +374,44 @@ impl<St: Store> Limiter<St> {
         .service(prompt_tokens, output)
     }
 
-    /// Waits in `model`'s queue, for at most `max_wait_ms`, until admitted: the request of `pool`
-    /// from `flow`, expected to cost `estimate` tokens (as [`admit`](Self::admit)) and to count
-    /// `service` for its flow ([`flow_service`](Self::flow_service)). Its turn comes in the
-    /// queue's order, when capacity may have freed; at the deadline it tries once more and a
-    /// refusal then is the answer. A full queue answers at once with a fresh admission's answer.
+    /// Waits in its model's queue, for at most `request.max_wait_ms`, until admitted. Its turn
+    /// comes in the queue's order, when capacity may have freed. At the deadline it leaves with
+    /// the last refusal the model's queue saw (this request's own, or a later one of whoever
+    /// held the turn), its `retry_after_ms` counted from now: the 429 it would get now, without
+    /// trying the store out of turn. A full queue answers at once with a fresh admission's answer.
     ///
     /// Dropping the future leaves the queue: nothing is charged.
-    pub async fn admit_waiting(
-        self: Arc<Self>,
-        model: ModelId,
-        pool: PoolRef,
-        flow: FlowId,
-        estimate: u64,
-        service: u64,
-        max_wait_ms: Millis,
-    ) -> Waited {
+    pub async fn admit_waiting(self: Arc<Self>, request: WaitRequest) -> Waited {
+        let WaitRequest {
+            model,
+            pool,
+            flow,
+            estimate,
+            service,
+            max_wait_ms,
+            refused,
+        } = request;
         let start = self.clock.now_ms();
         let waited = |clock: &Arc<dyn Clock>| clock.now_ms().saturating_sub(start);
-        let ticket = match self
-            .queues
-            .get(model.index())
-            .and_then(|q| q.enter(pool, flow))
-        {
-            Some(ticket) => ticket,
-            None => {
-                // Full (or no queue for this model): answered at once.
-                let decision = self.admit(model, pool, estimate).await;
-                return Waited {
-                    decision,
-                    waited_ms: 0,
-                };
-            }
+        let Some(queue) = self.queues.get(model.index()) else {
+            let decision = self.admit(model, pool, estimate).await;
+            return Waited {
+                decision,
+                waited_ms: 0,
+            };
         };
-        if let Some(queue) = self.queues.get(model.index()) {
-            queue.notify();
+        if let Some(refused) = refused {
+            queue.record_refusal(refused, start);
         }
+        let Some(ticket) = queue.enter(pool, flow) else {
+            // Full: answered at once.
+            let decision = self.admit(model, pool, estimate).await;
+            return Waited {
+                decision,
+                waited_ms: 0,
+            };
+        };
+        queue.notify();
         let deadline = start.saturating_add(max_wait_ms);
         let mut retry_at: Option<Millis> = None;
         loop {
@@ -395,10 +425,14 @@ impl<St: Store> Limiter<St> {
             })
             .await;
             if !turn {
-                if self.clock.now_ms() >= deadline {
-                    // The deadline: leave, and answer what admission answers now.
+                let now = self.clock.now_ms();
+                if now >= deadline {
                     drop(ticket);
-                    let decision = self.admit(model, pool, estimate).await;
+                    let decision = match queue.last_refusal(now) {
+                        Some(refused) => Ok(Decision::Refuse(refused)),
+                        // Nothing refused yet (it never tried, nor did anyone): ask the store.
+                        None => self.admit(model, pool, estimate).await,
+                    };
                     return Waited {
                         decision,
                         waited_ms: waited(&self.clock),
@@ -406,20 +440,16 @@ impl<St: Store> Limiter<St> {
                 }
                 // The store said room appears now: whoever is first tries.
                 retry_at = None;
-                if let Some(queue) = self.queues.get(model.index()) {
-                    queue.notify();
-                }
+                queue.notify();
                 continue;
             }
             let decision = self.admit(model, pool, estimate).await;
             match decision {
                 Ok(Decision::Refuse(refused)) => {
+                    let now = self.clock.now_ms();
+                    queue.record_refusal(refused, now);
                     ticket.refused();
-                    retry_at = Some(
-                        self.clock
-                            .now_ms()
-                            .saturating_add(refused.retry_after_ms.max(1)),
-                    );
+                    retry_at = Some(now.saturating_add(refused.retry_after_ms.max(1)));
                 }
                 Ok(Decision::Admit(_)) => {
                     ticket.served(service);

@@ -16,8 +16,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
 
+use crate::clock::Millis;
 use crate::config::{pool_index, ModelId, ModelLimits, PoolRef};
-use crate::decision::Usage;
+use crate::decision::{Refused, Usage};
 use crate::order::{fill, first_pool, Fill, FlowClock, FlowId};
 use crate::store::Store;
 
@@ -59,6 +60,9 @@ struct State {
     waiters: HashMap<u64, Entry, foldhash::fast::RandomState>,
     /// The waiter allowed to try admission now.
     turn: Option<u64>,
+    /// The last refusal a waiter of this model got, and when: what a waiter at its deadline
+    /// answers.
+    last_refused: Option<(Refused, Millis)>,
 }
 
 #[derive(Default)]
@@ -90,6 +94,7 @@ impl ModelQueue {
                 pools: (0..pools).map(|_| PoolWaiters::default()).collect(),
                 waiters: HashMap::default(),
                 turn: None,
+                last_refused: None,
             }),
             max_queued: max_queued as usize,
             model,
@@ -138,6 +143,19 @@ impl ModelQueue {
                 fill(floor, used)
             }
         }
+    }
+
+    /// Remembers a refusal at `at` (queue mode refuses by the model's limits only, so any
+    /// waiter's refusal is every waiter's).
+    pub(crate) fn record_refusal(&self, refused: Refused, at: Millis) {
+        self.lock().last_refused = Some((refused, at));
+    }
+
+    /// The last refusal, its `retry_after_ms` counted from `now`.
+    pub(crate) fn last_refusal(&self, now: Millis) -> Option<Refused> {
+        let (mut refused, at) = self.lock().last_refused?;
+        refused.retry_after_ms = (at + refused.retry_after_ms).saturating_sub(now);
+        Some(refused)
     }
 
     /// Joins the queue as a request of `pool` from `flow`; `None` when it is full.
