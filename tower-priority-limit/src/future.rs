@@ -282,17 +282,19 @@ impl<St: Store> Admission<'_, St> {
         let service =
             self.limiter
                 .flow_service(self.model, self.prompt_estimate, self.max_output_tokens);
-        Ok(Some(Box::pin(Arc::clone(self.limiter).admit_waiting(
-            WaitRequest {
-                model: self.model,
-                pool: self.pool,
-                flow: self.flow,
-                estimate: self.estimate(),
-                service,
-                max_wait_ms: max_wait,
-                refused,
-            },
-        ))))
+        let request = WaitRequest {
+            model: self.model,
+            pool: self.pool,
+            flow: self.flow,
+            estimate: self.estimate(),
+            service,
+            max_wait_ms: max_wait,
+            refused,
+        };
+        let limiter = Arc::clone(self.limiter);
+        Ok(Some(Box::pin(async move {
+            limiter.admit_waiting(request).await
+        })))
     }
 }
 

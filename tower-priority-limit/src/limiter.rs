@@ -163,6 +163,13 @@ impl<St: Store> Limiter<St> {
         }
     }
 
+    /// Measures and sleeps the queue's deadlines and retries on `clock` instead of the store's
+    /// (a store that keeps time elsewhere, as Redis does, with a [`ManualClock`](crate::clock::ManualClock) in tests).
+    pub fn with_queue_clock(mut self, clock: impl Clock) -> Self {
+        self.clock = Arc::new(clock);
+        self
+    }
+
     /// The validated config.
     pub fn config(&self) -> &LimiterConfig {
         self.store.config()
@@ -381,7 +388,7 @@ impl<St: Store> Limiter<St> {
     /// trying the store out of turn. A full queue answers at once with a fresh admission's answer.
     ///
     /// Dropping the future leaves the queue: nothing is charged.
-    pub async fn admit_waiting(self: Arc<Self>, request: WaitRequest) -> Waited {
+    pub async fn admit_waiting(&self, request: WaitRequest) -> Waited {
         let WaitRequest {
             model,
             pool,

@@ -325,7 +325,7 @@ async fn admit_as_the_layer(
             _ => {}
         }
     }
-    let waited = Arc::clone(limiter)
+    let waited = limiter
         .admit_waiting(wait_request(model, s.pool, s.flow, service, wait, refused))
         .await;
     matches!(waited.decision, Ok(Decision::Admit(_)))
@@ -577,28 +577,21 @@ pub fn memory() -> Option<MemoryRow> {
     let limiter = Arc::new(Limiter::with_clock(config(&[], true), clock.clone()));
     let model = limiter.config().model_id("m").expect("model m");
     while let Some(Ok(Decision::Admit(_))) = limiter.admit_now(model, PoolRef::Default, 0) {}
-    let future_bytes = std::mem::size_of_val(&Arc::clone(&limiter).admit_waiting(wait_request(
-        model,
-        PoolRef::Default,
-        0,
-        1,
-        DEADLINE_MS,
-        None,
-    )));
+    let future_bytes = {
+        let limiter = Arc::clone(&limiter);
+        let request = wait_request(model, PoolRef::Default, 0, 1, DEADLINE_MS, None);
+        std::mem::size_of_val(&async move { limiter.admit_waiting(request).await })
+    };
     let mut waiters: Vec<std::pin::Pin<Box<dyn std::future::Future<Output = _> + Send>>> =
         Vec::with_capacity(WAITING as usize);
     let before = resident_bytes()?;
     let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
     for flow in 0..WAITING {
+        let limiter = Arc::clone(&limiter);
+        let request = wait_request(model, PoolRef::Default, flow, 1, DEADLINE_MS, None);
+        // Boxed as the layer boxes it, owning its limiter.
         let mut fut: std::pin::Pin<Box<dyn std::future::Future<Output = _> + Send>> =
-            Box::pin(Arc::clone(&limiter).admit_waiting(wait_request(
-                model,
-                PoolRef::Default,
-                flow,
-                1,
-                DEADLINE_MS,
-                None,
-            )));
+            Box::pin(async move { limiter.admit_waiting(request).await });
         assert!(fut.as_mut().poll(&mut cx).is_pending(), "the model is full");
         waiters.push(fut);
     }
