@@ -180,7 +180,13 @@ fn queue(c: &mut Criterion) {
         .queue(QueueSettings::new(Duration::from_secs(10), 1000))
         .build()
         .unwrap();
-    for (name, config) in [("off", config(1)), ("on_empty", on)] {
+    // Twice each, interleaved, so a drift of the machine during the run shows.
+    for (name, config) in [
+        ("off", config(1)),
+        ("on_empty", on.clone()),
+        ("off_again", config(1)),
+        ("on_empty_again", on),
+    ] {
         let limiter = Arc::new(Limiter::with_clock(config, CoarseClock::new()));
         g.bench_function(name, |b| {
             b.iter(|| {

@@ -789,14 +789,11 @@ litellm_settings:
                  litellm_settings:\n  priority_reservation_settings:\n    queue: {queue}\n"
             )
         };
-        assert_eq!(
-            load(&yaml("{max_wait_seconds: 1, max_queued: 1}"))
-                .unwrap()
-                .settings()
-                .queue
-                .is_some(),
-            true
-        );
+        assert!(load(&yaml("{max_wait_seconds: 1, max_queued: 1}"))
+            .unwrap()
+            .settings()
+            .queue
+            .is_some());
         assert!(load("model_list: []").unwrap().settings().queue.is_none());
         assert!(load("model_list: []").unwrap().settings().pools_cap());
         let c = load(&yaml(
