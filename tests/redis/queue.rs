@@ -129,3 +129,50 @@ async fn three_limiters_wait_on_shared_counters_and_every_deadline_holds() {
     assert_eq!((admitted, refused), (12, 3));
     assert_eq!(clock.now_ms(), MAX_WAIT.as_millis() as u64);
 }
+
+/// The Redis store tells the queue each pool's usage as Redis last said it (what orders
+/// priorities by their floors), and nothing for a pool it has not seen admitted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_redis_store_reports_pool_usage_from_its_replies() {
+    use tower_priority_limit::config::Reservation;
+    use tower_priority_limit::decision::Usage;
+    use tower_priority_limit::store::Store;
+    let Some(redis) = RedisServer::start("the_redis_store_reports_pool_usage") else {
+        return;
+    };
+    let config = LimiterConfig::builder()
+        .model(ModelLimits::new("m").rpm(RPM))
+        .reserve("a", Reservation::Percent(0.5))
+        .reserve("b", Reservation::Percent(0.5))
+        .store_timeout(Duration::from_secs(2))
+        .queue(QueueSettings::new(MAX_WAIT, 100))
+        .build()
+        .unwrap();
+    let store = RedisStore::builder(RedisTarget::Single(redis.url()))
+        .key_prefix("queue-usage:")
+        .connect(&config)
+        .await
+        .expect("redis store");
+    let limiter = Limiter::with_store(store);
+    let id = config.model_id("m").unwrap();
+    let (a, b) = (config.pool_of(Some("a")), config.pool_of(Some("b")));
+    for _ in 0..3 {
+        let d = limiter.admit(id, a, 0).await.unwrap();
+        assert!(matches!(d, Decision::Admit(_)), "{d:?}");
+    }
+    let used = |pool| Store::pool_usage(limiter.store(), id, pool);
+    assert_eq!(
+        used(a),
+        Some(Usage {
+            requests: 3,
+            tokens: 0
+        })
+    );
+    assert_eq!(used(b), Some(Usage::default()));
+    // Shares are floors, not caps, with the queue on: a takes the whole model.
+    for _ in 3..RPM {
+        let d = limiter.admit(id, a, 0).await.unwrap();
+        assert!(matches!(d, Decision::Admit(_)), "{d:?}");
+    }
+    assert_eq!(used(a).unwrap().requests, RPM);
+}
