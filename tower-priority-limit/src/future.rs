@@ -477,6 +477,7 @@ where
                         panic!("ResponseFuture polled after completion");
                     };
                     *this.waited_ms = Some(waited.waited_ms);
+                    let flow_charge = waited.flow_charge;
                     let after = after_admit::<St, ReqBody>(
                         this.limiter,
                         model,
@@ -486,6 +487,16 @@ where
                         *this.max_output_tokens,
                         None,
                     );
+                    // Its flow's count gets the response's real weighted tokens at settlement.
+                    let after = match (after, flow_charge) {
+                        (AfterAdmit::Call(Some((lease, admitted))), Some((flow, service))) => {
+                            AfterAdmit::Call(Some((
+                                lease.with_flow_charge(flow, service),
+                                admitted,
+                            )))
+                        }
+                        (after, _) => after,
+                    };
                     proceed!(after);
                 }
                 StateProj::Answer { response } => {

@@ -37,6 +37,9 @@ pub struct Lease {
     /// Whether the response teaches the model's output estimate (`reserve` accounting, and the
     /// request set no output limit); settling always records the estimate's error.
     teaches: bool,
+    /// Admitted from the queue: its flow and the service charged to it then (an estimate), to be
+    /// replaced by the response's real weighted tokens.
+    flow_charge: Option<(u64, u64)>,
 }
 
 impl Lease {
@@ -49,6 +52,7 @@ impl Lease {
         Self {
             target: Some(target),
             teaches: true,
+            flow_charge: None,
             settlement: Settlement {
                 model,
                 pool,
@@ -78,6 +82,14 @@ impl Lease {
         if max_output_tokens.is_some() {
             self.teaches = false;
         }
+        self
+    }
+
+    /// Says the request was admitted from the queue as `flow`, charged `service` (its
+    /// estimate): settling with the response's output tokens replaces that by the real weighted
+    /// tokens in the flow's count ([`order::FlowClock::correct`](crate::order::FlowClock::correct)).
+    pub(crate) fn with_flow_charge(mut self, flow: u64, service: u64) -> Self {
+        self.flow_charge = Some((flow, service));
         self
     }
 
@@ -114,6 +126,12 @@ impl Lease {
         let Some(target) = self.target.take() else {
             return;
         };
+        if let (Some((flow, charged)), Some(queue), Some(output)) =
+            (self.flow_charge, &target.queue, output_tokens)
+        {
+            let prompt = tokens.saturating_sub(output);
+            queue.correct(self.settlement.pool, flow, charged, prompt, output);
+        }
         if let Some(estimate) = &target.estimate {
             estimate.record_error(self.settlement.reserved, tokens);
             if let (true, Some(output)) = (self.teaches, output_tokens) {

@@ -87,6 +87,9 @@ pub struct Waited {
     pub decision: Result<Decision, StoreError>,
     /// How long the request waited.
     pub waited_ms: Millis,
+    /// Admitted in turn: its flow and the service charged to it ([`Limiter::lease_waited`]
+    /// corrects it when the response ends).
+    pub flow_charge: Option<(FlowId, u64)>,
 }
 
 /// The outcome of [`Limiter::acquire`].
@@ -136,6 +139,10 @@ impl<St: Store> Limiter<St> {
                         ModelId(i as u32),
                         limits.clone(),
                         queue.max_queued,
+                        ServiceWeights {
+                            prompt: queue.prompt_weight,
+                            completion: queue.completion_weight,
+                        },
                         usage,
                     ))
                 })
@@ -405,6 +412,7 @@ impl<St: Store> Limiter<St> {
             return Waited {
                 decision,
                 waited_ms: 0,
+                flow_charge: None,
             };
         };
         if let Some(refused) = refused {
@@ -416,6 +424,7 @@ impl<St: Store> Limiter<St> {
             return Waited {
                 decision,
                 waited_ms: 0,
+                flow_charge: None,
             };
         };
         queue.notify();
@@ -443,6 +452,7 @@ impl<St: Store> Limiter<St> {
                     return Waited {
                         decision,
                         waited_ms: waited(&self.clock),
+                        flow_charge: None,
                     };
                 }
                 // The store said room appears now: whoever is first tries.
@@ -463,6 +473,7 @@ impl<St: Store> Limiter<St> {
                     return Waited {
                         decision,
                         waited_ms: waited(&self.clock),
+                        flow_charge: Some((flow, service)),
                     };
                 }
                 Err(_) => {
@@ -470,9 +481,27 @@ impl<St: Store> Limiter<St> {
                     return Waited {
                         decision,
                         waited_ms: waited(&self.clock),
+                        flow_charge: None,
                     };
                 }
             }
+        }
+    }
+
+    /// The lease for a request admitted after waiting ([`Limiter::admit_waiting`]): as
+    /// [`lease`](Self::lease), and when the response reports its output tokens, its flow's count
+    /// gets its real weighted tokens instead of the estimate it was charged.
+    pub fn lease_waited(
+        &self,
+        model: ModelId,
+        pool: PoolRef,
+        admitted: &Admitted,
+        flow_charge: Option<(FlowId, u64)>,
+    ) -> Lease {
+        let lease = self.lease(model, pool, admitted);
+        match flow_charge {
+            Some((flow, service)) => lease.with_flow_charge(flow, service),
+            None => lease,
         }
     }
 

@@ -19,7 +19,7 @@ use std::task::{Context, Poll, Waker};
 use crate::clock::Millis;
 use crate::config::{pool_index, ModelId, ModelLimits, PoolRef};
 use crate::decision::{Refused, Usage};
-use crate::order::{fill, first_pool, Fill, FlowClock, FlowId};
+use crate::order::{fill, first_pool, Fill, FlowClock, FlowId, ServiceWeights};
 use crate::store::Store;
 
 /// What the queue asks of the store: how far each pool is through its floor.
@@ -39,6 +39,7 @@ pub(crate) struct ModelQueue {
     waiting: AtomicUsize,
     state: Mutex<State>,
     max_queued: usize,
+    weights: ServiceWeights,
     model: ModelId,
     limits: ModelLimits,
     usage: Arc<dyn PoolUsage>,
@@ -84,6 +85,7 @@ impl ModelQueue {
         model: ModelId,
         limits: ModelLimits,
         max_queued: u32,
+        weights: ServiceWeights,
         usage: Arc<dyn PoolUsage>,
     ) -> Self {
         let pools = limits.pool_count().max(1);
@@ -97,6 +99,7 @@ impl ModelQueue {
                 last_refused: None,
             }),
             max_queued: max_queued as usize,
+            weights,
             model,
             limits,
             usage,
@@ -142,6 +145,24 @@ impl ModelQueue {
                 let used = self.usage.pool_usage(self.model, pool).unwrap_or_default();
                 fill(floor, used)
             }
+        }
+    }
+
+    /// A request of `flow` in `pool` admitted from the queue, charged `charged`, turned out to
+    /// use `prompt` and `output` tokens: its flow's count gets the real weighted service.
+    pub(crate) fn correct(
+        &self,
+        pool: PoolRef,
+        flow: FlowId,
+        charged: u64,
+        prompt: u64,
+        output: u64,
+    ) {
+        let slot = self.pool_slot(pool);
+        let served = self.weights.service(prompt, output);
+        let mut state = self.lock();
+        if let Some(p) = state.pools.get_mut(slot) {
+            p.flows.correct(flow, charged, served);
         }
     }
 
@@ -309,5 +330,72 @@ impl Drop for Ticket {
         }
         // Whoever is first now gets a try (this one may have held the turn, or its timer).
         self.queue.notify();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::LimiterConfig;
+    use crate::store::MemoryStore;
+
+    fn queue(max_queued: u32) -> Arc<ModelQueue> {
+        let config = LimiterConfig::builder()
+            .model(ModelLimits::new("m").rpm(10))
+            .build()
+            .unwrap();
+        let store: Arc<dyn PoolUsage> = Arc::new(MemoryStore::new(&config));
+        Arc::new(ModelQueue::new(
+            ModelId(0),
+            config.models()[0].clone(),
+            max_queued,
+            ServiceWeights::default(),
+            store,
+        ))
+    }
+
+    #[test]
+    fn tickets_leave_when_dropped_and_the_queue_has_a_bound() {
+        let q = queue(2);
+        let a = q.enter(PoolRef::Default, 1).unwrap();
+        let b = q.enter(PoolRef::Default, 2).unwrap();
+        assert!(q.enter(PoolRef::Default, 3).is_none(), "full");
+        assert_eq!((q.waiting(), q.waiting_in(PoolRef::Default)), (2, 2));
+        drop(a);
+        assert_eq!(q.waiting(), 1);
+        q.notify();
+        assert_eq!(q.lock().turn, Some(b.id), "the one left gets the turn");
+        drop(b);
+        assert_eq!(q.waiting(), 0);
+        assert_eq!(q.lock().turn, None, "a dropped turn holder gives it back");
+    }
+
+    #[test]
+    fn a_served_flow_is_charged_and_its_charge_corrected_at_settlement() {
+        let q = queue(10);
+        let a = q.enter(PoolRef::Default, 7).unwrap();
+        let _b = q.enter(PoolRef::Default, 7).unwrap();
+        a.served(1_000);
+        assert_eq!(q.lock().pools[0].flows.counter(7), Some(1_000));
+        // It used 10 prompt and 5 output tokens: 10 + 2 × 5 = 20, not the 1,000 estimated.
+        q.correct(PoolRef::Default, 7, 1_000, 10, 5);
+        assert_eq!(q.lock().pools[0].flows.counter(7), Some(20));
+    }
+
+    #[test]
+    fn the_last_refusal_counts_its_retry_after_from_now() {
+        let q = queue(10);
+        assert!(q.last_refusal(0).is_none());
+        let refused = Refused {
+            scope: crate::decision::Scope::Model,
+            dimension: crate::decision::Dimension::Requests,
+            limit: 10,
+            used: 10,
+            saturation: 1.0,
+            retry_after_ms: 5_000,
+        };
+        q.record_refusal(refused, 1_000);
+        assert_eq!(q.last_refusal(4_000).unwrap().retry_after_ms, 2_000);
+        assert_eq!(q.last_refusal(9_000).unwrap().retry_after_ms, 0);
     }
 }
