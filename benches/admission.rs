@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use tower_priority_limit::clock::{Clock, CoarseClock, ManualClock, SystemClock};
 use tower_priority_limit::config::{
-    LimiterConfig, ModelId, PoolRef, Reservation, TokenAccounting, WindowKind,
+    LimiterConfig, ModelId, PoolRef, QueueSettings, Reservation, TokenAccounting, WindowKind,
 };
 use tower_priority_limit::decision::Decision;
 use tower_priority_limit::{Limiter, ModelLimits};
@@ -23,6 +23,14 @@ fn config(models: usize) -> LimiterConfig {
 }
 
 fn config_with(models: usize, accounting: TokenAccounting, window: WindowKind) -> LimiterConfig {
+    builder(models, accounting, window).build().unwrap()
+}
+
+fn builder(
+    models: usize,
+    accounting: TokenAccounting,
+    window: WindowKind,
+) -> tower_priority_limit::config::LimiterConfigBuilder {
     let mut b = LimiterConfig::builder()
         .token_accounting(accounting)
         .window_kind(window)
@@ -35,7 +43,7 @@ fn config_with(models: usize, accounting: TokenAccounting, window: WindowKind) -
                 .tpm(u64::MAX / 2),
         );
     }
-    b.build().unwrap()
+    b
 }
 
 fn limiter(models: usize, clock: impl Clock) -> Arc<Limiter> {
@@ -162,7 +170,36 @@ fn two_threads(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, single_thread, two_threads, accounting);
+/// The queue's cost while nobody waits: the same admission as the layer makes it (is anyone
+/// waiting ahead? admit, lease, settle, and the settlement's wake-up check), with the queue off
+/// and on. The difference is the queue's whole cost on the hot path.
+fn queue(c: &mut Criterion) {
+    let mut g = c.benchmark_group("admit_settle/queue");
+    g.throughput(Throughput::Elements(1));
+    let on = builder(1, TokenAccounting::PostHoc, WindowKind::Fixed)
+        .queue(QueueSettings::new(Duration::from_secs(10), 1000))
+        .build()
+        .unwrap();
+    // Twice each, interleaved, so a drift of the machine during the run shows.
+    for (name, config) in [
+        ("off", config(1)),
+        ("on_empty", on.clone()),
+        ("off_again", config(1)),
+        ("on_empty_again", on),
+    ] {
+        let limiter = Arc::new(Limiter::with_clock(config, CoarseClock::new()));
+        g.bench_function(name, |b| {
+            b.iter(|| {
+                let id: ModelId = limiter.config().model_id("model-0").unwrap();
+                assert!(!limiter.queue_ahead(black_box(id)));
+                admit_settle(&limiter, "model-0", PoolRef::Named(0));
+            })
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, single_thread, two_threads, accounting, queue);
 criterion_main!(benches, headers);
 
 /// An admitted response as the layer hands it on: the rate-limit headers (quick-start shape, tpm

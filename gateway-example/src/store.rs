@@ -7,8 +7,9 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use futures_util::future::Either;
-use tower_priority_limit::config::{LimiterConfig, ModelId};
-use tower_priority_limit::decision::Decision;
+use tower_priority_limit::clock::Clock;
+use tower_priority_limit::config::{LimiterConfig, ModelId, PoolRef};
+use tower_priority_limit::decision::{Decision, Usage};
 use tower_priority_limit::store::{
     AdmitRequest, MemoryStore, RedisStore, Settler, Store, StoreError,
 };
@@ -61,6 +62,20 @@ impl Store for GatewayStore {
         match self {
             GatewayStore::Embedded(s) => s.flush(),
             GatewayStore::Redis(s) => s.flush(),
+        }
+    }
+
+    fn clock(&self) -> Arc<dyn Clock> {
+        match self {
+            GatewayStore::Embedded(s) => Store::clock(s),
+            GatewayStore::Redis(s) => Store::clock(s),
+        }
+    }
+
+    fn pool_usage(&self, model: ModelId, pool: PoolRef) -> Option<Usage> {
+        match self {
+            GatewayStore::Embedded(s) => Store::pool_usage(s, model, pool),
+            GatewayStore::Redis(s) => Store::pool_usage(s, model, pool),
         }
     }
 }

@@ -7,6 +7,7 @@ mod bad_input;
 mod concurrency;
 mod layer;
 mod priority;
+mod queue;
 mod quickstart;
 mod streaming;
 mod worked_example;

@@ -6,5 +6,6 @@
 
 mod fleet;
 mod gateway_keys;
+mod queue;
 mod stall;
 mod store;

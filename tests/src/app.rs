@@ -200,6 +200,14 @@ impl App {
         Self::start_with(config_yaml, |layer| layer).await
     }
 
+    /// Starts the app on the embedded store with a manual clock, from a built config (e.g. one
+    /// with a short window, [`LimiterConfig::with_window`]).
+    pub async fn start_config(config: LimiterConfig) -> App {
+        let clock = ManualClock::new();
+        let limiter = Arc::new(Limiter::with_clock(config, clock.clone()));
+        App::serve(limiter, TimeControl::Manual(clock), |layer| layer).await
+    }
+
     /// Starts the app; `customize` may change the layer (extractors, policies).
     pub async fn start_with(
         config_yaml: &str,
@@ -302,6 +310,31 @@ impl<St: Store> App<St> {
     ) -> (StatusCode, HeaderMap, Bytes) {
         let url = format!("{}/v1/chat/completions", self.base);
         http_client::send(&self.client, "POST", url, key, body.into()).await
+    }
+
+    /// As [`post_unflushed`](Self::post_unflushed), with extra request `headers`; `'static` so
+    /// a test can spawn it (and abort it: the client going away).
+    pub fn post_with(
+        &self,
+        key: Option<&str>,
+        headers: &[(&str, &str)],
+        body: impl Into<Bytes>,
+    ) -> impl std::future::Future<Output = (StatusCode, HeaderMap, Bytes)> + Send + 'static {
+        let url = format!("{}/v1/chat/completions", self.base);
+        let client = self.client.clone();
+        let key = key.map(str::to_owned);
+        let headers: Vec<(String, String)> = headers
+            .iter()
+            .map(|(n, v)| ((*n).to_owned(), (*v).to_owned()))
+            .collect();
+        let body = body.into();
+        async move {
+            let headers: Vec<(&str, &str)> = headers
+                .iter()
+                .map(|(n, v)| (n.as_str(), v.as_str()))
+                .collect();
+            http_client::send_with(&client, "POST", url, key.as_deref(), &headers, body).await
+        }
     }
 
     /// A chat completion for `model` as `key`.

@@ -14,10 +14,25 @@ pub async fn send(
     key: Option<&str>,
     body: Bytes,
 ) -> (StatusCode, HeaderMap, Bytes) {
+    send_with(client, method, url, key, &[], body).await
+}
+
+/// As [`send`], with extra request `headers`.
+pub async fn send_with(
+    client: &Client<HttpConnector, Full<Bytes>>,
+    method: &str,
+    url: String,
+    key: Option<&str>,
+    headers: &[(&str, &str)],
+    body: Bytes,
+) -> (StatusCode, HeaderMap, Bytes) {
     let mut req = Request::builder()
         .method(method)
         .uri(url)
         .header("content-type", "application/json");
+    for (name, value) in headers {
+        req = req.header(*name, *value);
+    }
     if let Some(key) = key {
         req = req.header("authorization", format!("Bearer {key}"));
     }

@@ -1,17 +1,40 @@
 //! Injectable time, so windows roll in tests and simulations without waiting.
 
 use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 /// Milliseconds on a [`Clock`]: what windows, resets and retry-afters are measured in.
 pub type Millis = u64;
 
+/// A future that completes once a [`Clock`] reaches some instant ([`Clock::sleep_until`]).
+pub type Sleep = Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
+
 /// A monotonic millisecond clock.
 pub trait Clock: Send + Sync + fmt::Debug + 'static {
     /// Milliseconds since the clock's own origin.
     fn now_ms(&self) -> Millis;
+
+    /// Completes once [`now_ms`](Self::now_ms) is at least `at`: what the queue's deadlines and
+    /// retries wait on. By default a tokio timer for the distance from now (with the `tokio`
+    /// feature; without it, a clock that waiters use must implement this).
+    /// [`ManualClock`] completes it when moved past `at`, so tests never sleep through a window.
+    fn sleep_until(&self, at: Millis) -> Sleep {
+        #[cfg(feature = "tokio")]
+        {
+            let distance = Duration::from_millis(at.saturating_sub(self.now_ms()));
+            Box::pin(tokio::time::sleep(distance))
+        }
+        #[cfg(not(feature = "tokio"))]
+        {
+            let _ = at;
+            Box::pin(std::future::pending())
+        }
+    }
 }
 
 /// Real time, from [`Instant`] (monotonic, immune to wall-clock steps, full resolution).
@@ -86,6 +109,8 @@ impl Clock for CoarseClock {
 #[derive(Debug, Clone, Default)]
 pub struct ManualClock {
     now: Arc<AtomicU64>,
+    /// Sleepers not yet due: woken when time moves past them.
+    sleepers: Arc<Mutex<Vec<(Millis, Waker)>>>,
 }
 
 impl ManualClock {
@@ -94,20 +119,52 @@ impl ManualClock {
         Self::default()
     }
 
-    /// Moves time forward.
+    /// Moves time forward, waking the sleepers now due.
     pub fn advance(&self, by: Duration) {
-        self.now.fetch_add(by.as_millis() as u64, Ordering::Relaxed);
+        self.now.fetch_add(by.as_millis() as u64, Ordering::SeqCst);
+        self.wake_due();
     }
 
-    /// Sets the time.
+    /// Sets the time, waking the sleepers now due.
     pub fn set(&self, ms: Millis) {
-        self.now.store(ms, Ordering::Relaxed);
+        self.now.store(ms, Ordering::SeqCst);
+        self.wake_due();
+    }
+
+    fn sleepers(&self) -> std::sync::MutexGuard<'_, Vec<(Millis, Waker)>> {
+        self.sleepers.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn wake_due(&self) {
+        let now = self.now_ms();
+        let due: Vec<Waker> = {
+            let mut sleepers = self.sleepers();
+            let (due, rest) = sleepers.drain(..).partition(|(at, _)| *at <= now);
+            *sleepers = rest;
+            due.into_iter().map(|(_, waker)| waker).collect()
+        };
+        due.into_iter().for_each(Waker::wake);
     }
 }
 
 impl Clock for ManualClock {
     fn now_ms(&self) -> Millis {
-        self.now.load(Ordering::Relaxed)
+        self.now.load(Ordering::SeqCst)
+    }
+
+    fn sleep_until(&self, at: Millis) -> Sleep {
+        let clock = self.clone();
+        Box::pin(std::future::poll_fn(move |cx: &mut Context<'_>| {
+            // Checked under the sleepers' lock, which `wake_due` takes after moving time: either
+            // this sees the new time or the mover sees this sleeper.
+            let mut sleepers = clock.sleepers();
+            if clock.now_ms() >= at {
+                return Poll::Ready(());
+            }
+            sleepers.retain(|(_, w)| !w.will_wake(cx.waker()));
+            sleepers.push((at, cx.waker().clone()));
+            Poll::Pending
+        }))
     }
 }
 
@@ -146,5 +203,31 @@ impl Clock for TokioClock {
 impl<C: Clock + ?Sized> Clock for std::sync::Arc<C> {
     fn now_ms(&self) -> Millis {
         (**self).now_ms()
+    }
+
+    fn sleep_until(&self, at: Millis) -> Sleep {
+        (**self).sleep_until(at)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_manual_sleep_ends_when_time_is_moved_past_it() {
+        let clock = ManualClock::new();
+        let sleep = tokio::spawn(clock.sleep_until(1_000));
+        tokio::task::yield_now().await;
+        clock.advance(Duration::from_millis(999));
+        tokio::task::yield_now().await;
+        assert!(!sleep.is_finished());
+        clock.advance(Duration::from_millis(1));
+        tokio::time::timeout(Duration::from_secs(5), sleep)
+            .await
+            .expect("woken")
+            .unwrap();
+        // Already due: ready at once.
+        clock.sleep_until(5).await;
     }
 }

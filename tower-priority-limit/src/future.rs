@@ -13,15 +13,23 @@ use pin_project_lite::pin_project;
 use tower::Service;
 
 use crate::body::ResponseBody;
+use crate::clock::Millis;
 use crate::config::FailureMode;
 use crate::config::{ModelId, PoolRef};
+use crate::decision::Refused;
 use crate::decision::{Admitted, Decision};
 use crate::lease::Lease;
-use crate::limiter::Limiter;
+use crate::limiter::{Limiter, WaitRequest, Waited};
 use crate::model::{BadRequest, Extracted};
 use crate::options::{Options, UnknownModel};
-use crate::response::{error_response, refusal_response, store_failure_response};
+use crate::response::{
+    error_response, insert_queued_header, refusal_response, requested_max_wait,
+    store_failure_response, BadMaxWait,
+};
 use crate::store::{Store, StoreError};
+
+/// A request waiting in the queue ([`Limiter::admit_waiting`]), boxed: only waiters pay for it.
+pub(crate) type WaitFuture = Pin<Box<dyn Future<Output = Waited> + Send + 'static>>;
 
 pin_project! {
     /// The future of [`PriorityLimit`](crate::PriorityLimit).
@@ -41,6 +49,10 @@ pin_project! {
         max_output_tokens: Option<u64>,
         admitted: Option<(Lease, Admitted)>,
         options: Options,
+        // The caller's flow (0 without the queue).
+        flow: u64,
+        // How long the request waited in the queue, if it did.
+        waited_ms: Option<Millis>,
     }
 }
 
@@ -49,6 +61,7 @@ pin_project! {
     enum State<E, A, F> {
         Extract { #[pin] fut: E },
         Admit { #[pin] fut: A },
+        Wait { fut: WaitFuture },
         Call { #[pin] fut: F },
         // Answered without the inner service (a refusal or a bad request decided in `call`).
         Answer { response: Option<Response<Bytes>> },
@@ -79,6 +92,8 @@ where
             max_output_tokens: None,
             admitted: None,
             options,
+            flow: 0,
+            waited_ms: None,
         }
     }
 
@@ -88,10 +103,12 @@ where
         extract: E,
         limiter: Arc<Limiter<St>>,
         pool: PoolRef,
+        flow: u64,
         options: Options,
     ) -> Self {
         Self {
             inner: Some(inner),
+            flow,
             ..Self::in_state(State::Extract { fut: extract }, limiter, pool, options)
         }
     }
@@ -109,24 +126,30 @@ where
         Self::in_state(state, limiter, pool, options)
     }
 
-    /// Extracted synchronously in `call`; the store's answer must be awaited.
+    /// Extracted synchronously in `call`; the store's answer (or the queue) must be awaited.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn admitting(
         inner: S,
-        admit: St::AdmitFuture,
+        next: Pending<St::AdmitFuture>,
         extracted: Extracted<ReqBody>,
         model: ModelId,
         limiter: Arc<Limiter<St>>,
         pool: PoolRef,
+        flow: u64,
         options: Options,
     ) -> Self {
+        let state = match next {
+            Pending::Admit(fut) => State::Admit { fut },
+            Pending::Wait(fut) => State::Wait { fut },
+        };
         Self {
             inner: Some(inner),
             request: Some(extracted.request),
             model: Some(model),
             prompt_estimate: extracted.prompt_estimate,
             max_output_tokens: extracted.max_output_tokens,
-            ..Self::in_state(State::Admit { fut: admit }, limiter, pool, options)
+            flow,
+            ..Self::in_state(state, limiter, pool, options)
         }
     }
 
@@ -191,6 +214,90 @@ pub(crate) fn after_extract<St: Store, B>(
     ))
 }
 
+/// What must be awaited before the inner service is called.
+pub(crate) enum Pending<A> {
+    /// The store's answer.
+    Admit(A),
+    /// A turn in the queue.
+    Wait(WaitFuture),
+}
+
+/// A limited request about to be admitted: what admitting and waiting need to know of it.
+pub(crate) struct Admission<'a, St> {
+    pub(crate) limiter: &'a Arc<Limiter<St>>,
+    pub(crate) model: ModelId,
+    pub(crate) pool: PoolRef,
+    pub(crate) flow: u64,
+    pub(crate) prompt_estimate: u64,
+    pub(crate) max_output_tokens: Option<u64>,
+}
+
+impl<St: Store> Admission<'_, St> {
+    fn estimate(&self) -> u64 {
+        self.limiter
+            .estimate(self.model, self.prompt_estimate, self.max_output_tokens)
+    }
+
+    /// Admits, or joins the queue without trying when others already wait there (they go first).
+    pub(crate) fn start<B>(
+        &self,
+        request: &Request<B>,
+    ) -> Result<Pending<St::AdmitFuture>, BadMaxWait> {
+        if self.limiter.queue_ahead(self.model) {
+            return self.wait(request, None).map(|wait| {
+                wait.map_or_else(
+                    || Pending::Admit(self.limiter.admit(self.model, self.pool, self.estimate())),
+                    Pending::Wait,
+                )
+            });
+        }
+        Ok(Pending::Admit(self.limiter.admit(
+            self.model,
+            self.pool,
+            self.estimate(),
+        )))
+    }
+
+    /// The wait for a request `refused` (or not tried: `None`), if it should
+    /// wait: the queue is on, the request did not ask for no wait (`x-priority-limit-max-wait`),
+    /// and room appears before its deadline. A bad header is a 400.
+    pub(crate) fn wait<B>(
+        &self,
+        request: &Request<B>,
+        refused: Option<Refused>,
+    ) -> Result<Option<WaitFuture>, BadMaxWait> {
+        if self.limiter.config().settings().queue.is_none() {
+            return Ok(None);
+        }
+        let requested = requested_max_wait(request.headers())?;
+        let Some(max_wait) = self.limiter.max_wait_ms(requested) else {
+            return Ok(None);
+        };
+        if !self
+            .limiter
+            .should_wait(refused.map(|r| r.retry_after_ms), max_wait)
+        {
+            return Ok(None);
+        }
+        let service =
+            self.limiter
+                .flow_service(self.model, self.prompt_estimate, self.max_output_tokens);
+        let request = WaitRequest {
+            model: self.model,
+            pool: self.pool,
+            flow: self.flow,
+            estimate: self.estimate(),
+            service,
+            max_wait_ms: max_wait,
+            refused,
+        };
+        let limiter = Arc::clone(self.limiter);
+        Ok(Some(Box::pin(async move {
+            limiter.admit_waiting(request).await
+        })))
+    }
+}
+
 /// What follows admission.
 pub(crate) enum AfterAdmit {
     /// Call the inner service; meter and settle with the lease if there is one (a store failure
@@ -198,17 +305,29 @@ pub(crate) enum AfterAdmit {
     Call(Option<(Lease, Admitted)>),
     /// Answer this instead (a refusal, or a store failure under fail-closed).
     Answer(Response<Bytes>),
+    /// Refused for capacity that frees before the request's deadline: wait for it.
+    Wait(WaitFuture),
 }
 
-/// The step after admission (shared by the synchronous path in `call` and the future).
-pub(crate) fn after_admit<St: Store>(
+/// The step after admission (shared by the synchronous path in `call` and the future). `waiting`
+/// says whether a refusal may still wait (`Some`, with the request) or is the answer (`None`: it
+/// already waited).
+pub(crate) fn after_admit<St: Store, B>(
     limiter: &Limiter<St>,
     model: ModelId,
     pool: PoolRef,
     decision: Result<Decision, StoreError>,
     store_failure: FailureMode,
     max_output_tokens: Option<u64>,
+    waiting: Option<(&Admission<'_, St>, &Request<B>)>,
 ) -> AfterAdmit {
+    if let (Ok(Decision::Refuse(refused)), Some((admission, request))) = (&decision, waiting) {
+        match admission.wait(request, Some(*refused)) {
+            Ok(Some(wait)) => return AfterAdmit::Wait(wait),
+            Ok(None) => {}
+            Err(bad_header) => return AfterAdmit::Answer(bad_header.into_response()),
+        }
+    }
     match decision {
         Ok(Decision::Admit(admitted)) => {
             let lease = limiter
@@ -259,6 +378,28 @@ where
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
+        // After an admission's answer: call the inner service, answer, or wait in the queue.
+        macro_rules! proceed {
+            ($after:expr) => {
+                match $after {
+                    AfterAdmit::Call(admitted) => {
+                        *this.admitted = admitted;
+                        let (Some(request), Some(mut inner)) =
+                            (this.request.take(), this.inner.take())
+                        else {
+                            panic!("ResponseFuture polled after completion");
+                        };
+                        let fut = inner.call(request);
+                        this.state.set(State::Call { fut });
+                    }
+                    AfterAdmit::Answer(response) => {
+                        this.state.set(State::Done);
+                        return Poll::Ready(Ok(own(response)));
+                    }
+                    AfterAdmit::Wait(fut) => this.state.set(State::Wait { fut }),
+                }
+            };
+        }
         loop {
             match this.state.as_mut().project() {
                 StateProj::Extract { fut } => {
@@ -274,14 +415,24 @@ where
                             *this.model = Some(id);
                             *this.prompt_estimate = extracted.prompt_estimate;
                             *this.max_output_tokens = extracted.max_output_tokens;
+                            let admission = Admission {
+                                limiter: this.limiter,
+                                model: id,
+                                pool: *this.pool,
+                                flow: *this.flow,
+                                prompt_estimate: extracted.prompt_estimate,
+                                max_output_tokens: extracted.max_output_tokens,
+                            };
+                            let next = admission.start(&extracted.request);
                             *this.request = Some(extracted.request);
-                            let estimate = this.limiter.estimate(
-                                id,
-                                extracted.prompt_estimate,
-                                extracted.max_output_tokens,
-                            );
-                            let fut = this.limiter.admit(id, *this.pool, estimate);
-                            this.state.set(State::Admit { fut });
+                            match next {
+                                Ok(Pending::Admit(fut)) => this.state.set(State::Admit { fut }),
+                                Ok(Pending::Wait(fut)) => this.state.set(State::Wait { fut }),
+                                Err(bad_header) => {
+                                    this.state.set(State::Done);
+                                    return Poll::Ready(Ok(own(bad_header.into_response())));
+                                }
+                            }
                         }
                         AfterExtract::Answer(response) => {
                             this.state.set(State::Done);
@@ -298,29 +449,55 @@ where
                 }
                 StateProj::Admit { fut } => {
                     let decision = ready!(fut.poll(cx));
-                    let (Some(model), Some(request), Some(mut inner)) =
-                        (*this.model, this.request.take(), this.inner.take())
-                    else {
+                    let (Some(model), Some(request)) = (*this.model, this.request.as_ref()) else {
                         panic!("ResponseFuture polled after completion");
                     };
-                    let store_failure = this.options.store_failure;
-                    let max_output = *this.max_output_tokens;
-                    match after_admit(
+                    let admission = Admission {
+                        limiter: this.limiter,
+                        model,
+                        pool: *this.pool,
+                        flow: *this.flow,
+                        prompt_estimate: *this.prompt_estimate,
+                        max_output_tokens: *this.max_output_tokens,
+                    };
+                    let after = after_admit(
                         this.limiter,
                         model,
                         *this.pool,
                         decision,
-                        store_failure,
-                        max_output,
-                    ) {
-                        AfterAdmit::Call(admitted) => *this.admitted = admitted,
-                        AfterAdmit::Answer(response) => {
-                            this.state.set(State::Done);
-                            return Poll::Ready(Ok(own(response)));
+                        this.options.store_failure,
+                        *this.max_output_tokens,
+                        Some((&admission, request)),
+                    );
+                    proceed!(after);
+                }
+                StateProj::Wait { fut } => {
+                    let waited = ready!(fut.as_mut().poll(cx));
+                    let Some(model) = *this.model else {
+                        panic!("ResponseFuture polled after completion");
+                    };
+                    *this.waited_ms = Some(waited.waited_ms);
+                    let flow_charge = waited.flow_charge;
+                    let after = after_admit::<St, ReqBody>(
+                        this.limiter,
+                        model,
+                        *this.pool,
+                        waited.decision,
+                        this.options.store_failure,
+                        *this.max_output_tokens,
+                        None,
+                    );
+                    // Its flow's count gets the response's real weighted tokens at settlement.
+                    let after = match (after, flow_charge) {
+                        (AfterAdmit::Call(Some((lease, admitted))), Some((flow, service))) => {
+                            AfterAdmit::Call(Some((
+                                lease.with_flow_charge(flow, service),
+                                admitted,
+                            )))
                         }
-                    }
-                    let fut = inner.call(request);
-                    this.state.set(State::Call { fut });
+                        (after, _) => after,
+                    };
+                    proceed!(after);
                 }
                 StateProj::Answer { response } => {
                     let Some(response) = response.take() else {
@@ -336,12 +513,16 @@ where
                     let Some((lease, admitted)) = this.admitted.take() else {
                         return Poll::Ready(Ok(response.map(ResponseBody::plain)));
                     };
-                    return Poll::Ready(Ok(this.limiter.meter_response(
+                    let mut response = this.limiter.meter_response(
                         response,
                         lease,
                         &admitted,
                         *this.prompt_estimate,
-                    )));
+                    );
+                    if let Some(waited_ms) = *this.waited_ms {
+                        insert_queued_header(response.headers_mut(), waited_ms);
+                    }
+                    return Poll::Ready(Ok(response));
                 }
                 StateProj::Done => panic!("ResponseFuture polled after completion"),
             }

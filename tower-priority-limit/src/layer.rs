@@ -5,6 +5,7 @@ use std::sync::Arc;
 use tower::Layer;
 
 use crate::config::{FailureMode, LimiterConfig};
+use crate::flow::KeyFlow;
 use crate::limiter::Limiter;
 use crate::model::JsonBodyModel;
 use crate::options::{Options, UnknownModel};
@@ -37,19 +38,26 @@ use crate::store::{MemoryStore, Store};
 /// # drop(app);
 /// ```
 #[derive(Debug)]
-pub struct PriorityLimitLayer<P = ExtensionPriority, M = JsonBodyModel, St = MemoryStore> {
+pub struct PriorityLimitLayer<
+    P = ExtensionPriority,
+    M = JsonBodyModel,
+    St = MemoryStore,
+    F = KeyFlow,
+> {
     limiter: Arc<Limiter<St>>,
     priority: P,
     model: M,
+    flow: F,
     options: Options,
 }
 
-impl<P: Clone, M: Clone, St> Clone for PriorityLimitLayer<P, M, St> {
+impl<P: Clone, M: Clone, St, F: Clone> Clone for PriorityLimitLayer<P, M, St, F> {
     fn clone(&self) -> Self {
         Self {
             limiter: Arc::clone(&self.limiter),
             priority: self.priority.clone(),
             model: self.model.clone(),
+            flow: self.flow.clone(),
             options: self.options,
         }
     }
@@ -63,7 +71,7 @@ impl PriorityLimitLayer {
     }
 }
 
-impl<St: Store> PriorityLimitLayer<ExtensionPriority, JsonBodyModel, St> {
+impl<St: Store> PriorityLimitLayer<ExtensionPriority, JsonBodyModel, St, KeyFlow> {
     /// A layer over a shared limiter (any store, e.g. `RedisStore` with the `redis` feature;
     /// shared with whoever else holds it).
     ///
@@ -75,6 +83,7 @@ impl<St: Store> PriorityLimitLayer<ExtensionPriority, JsonBodyModel, St> {
             limiter,
             priority: ExtensionPriority,
             model: JsonBodyModel::default(),
+            flow: KeyFlow::default(),
             options: Options {
                 store_failure,
                 ..Options::default()
@@ -83,23 +92,37 @@ impl<St: Store> PriorityLimitLayer<ExtensionPriority, JsonBodyModel, St> {
     }
 }
 
-impl<P, M, St> PriorityLimitLayer<P, M, St> {
+impl<P, M, St, F> PriorityLimitLayer<P, M, St, F> {
     /// Uses `priority` to find each request's priority label.
-    pub fn priority_extractor<P2>(self, priority: P2) -> PriorityLimitLayer<P2, M, St> {
+    pub fn priority_extractor<P2>(self, priority: P2) -> PriorityLimitLayer<P2, M, St, F> {
         PriorityLimitLayer {
             limiter: self.limiter,
             priority,
             model: self.model,
+            flow: self.flow,
             options: self.options,
         }
     }
 
     /// Uses `model` to find each request's model.
-    pub fn model_extractor<M2>(self, model: M2) -> PriorityLimitLayer<P, M2, St> {
+    pub fn model_extractor<M2>(self, model: M2) -> PriorityLimitLayer<P, M2, St, F> {
         PriorityLimitLayer {
             limiter: self.limiter,
             priority: self.priority,
             model,
+            flow: self.flow,
+            options: self.options,
+        }
+    }
+
+    /// Uses `flow` to tell callers apart inside a priority while requests wait in the queue
+    /// ([`flow`](crate::flow); default: the `Authorization` header, [`KeyFlow`]).
+    pub fn flow_extractor<F2>(self, flow: F2) -> PriorityLimitLayer<P, M, St, F2> {
+        PriorityLimitLayer {
+            limiter: self.limiter,
+            priority: self.priority,
+            model: self.model,
+            flow,
             options: self.options,
         }
     }
@@ -126,8 +149,8 @@ impl<P, M, St> PriorityLimitLayer<P, M, St> {
     }
 }
 
-impl<S, P: Clone, M: Clone, St> Layer<S> for PriorityLimitLayer<P, M, St> {
-    type Service = PriorityLimit<S, P, M, St>;
+impl<S, P: Clone, M: Clone, St, F: Clone> Layer<S> for PriorityLimitLayer<P, M, St, F> {
+    type Service = PriorityLimit<S, P, M, St, F>;
 
     fn layer(&self, inner: S) -> Self::Service {
         PriorityLimit::new(
@@ -135,6 +158,7 @@ impl<S, P: Clone, M: Clone, St> Layer<S> for PriorityLimitLayer<P, M, St> {
             Arc::clone(&self.limiter),
             self.priority.clone(),
             self.model.clone(),
+            self.flow.clone(),
             self.options,
         )
     }

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use crate::config::{ModelId, PoolRef};
 use crate::decision::Admitted;
 use crate::estimate::OutputEstimate;
+use crate::queue::ModelQueue;
 use crate::store::{Settlement, Settler};
 
 /// Where one model's leases settle: the store's settler for the model and, with `reserve`
@@ -14,6 +15,8 @@ use crate::store::{Settlement, Settler};
 pub(crate) struct SettleTarget {
     pub(crate) settler: Option<Arc<dyn Settler>>,
     pub(crate) estimate: Option<OutputEstimate>,
+    /// The model's waiting room (with the queue on): a settlement may free capacity for it.
+    pub(crate) queue: Option<Arc<ModelQueue>>,
 }
 
 impl fmt::Debug for SettleTarget {
@@ -34,6 +37,9 @@ pub struct Lease {
     /// Whether the response teaches the model's output estimate (`reserve` accounting, and the
     /// request set no output limit); settling always records the estimate's error.
     teaches: bool,
+    /// Admitted from the queue: its flow and the service charged to it then (an estimate), to be
+    /// replaced by the response's real weighted tokens.
+    flow_charge: Option<(u64, u64)>,
 }
 
 impl Lease {
@@ -46,6 +52,7 @@ impl Lease {
         Self {
             target: Some(target),
             teaches: true,
+            flow_charge: None,
             settlement: Settlement {
                 model,
                 pool,
@@ -78,6 +85,14 @@ impl Lease {
         self
     }
 
+    /// Says the request was admitted from the queue as `flow`, charged `service` (its
+    /// estimate): settling with the response's output tokens replaces that by the real weighted
+    /// tokens in the flow's count ([`order::FlowClock::correct`](crate::order::FlowClock::correct)).
+    pub(crate) fn with_flow_charge(mut self, flow: u64, service: u64) -> Self {
+        self.flow_charge = Some((flow, service));
+        self
+    }
+
     /// Records the response's tokens. Consumes the lease, so it happens once.
     pub fn settle(mut self, tokens: u64) {
         self.settle_once(tokens, None);
@@ -94,10 +109,16 @@ impl Lease {
     /// refunded. Only in the window it was admitted in: once that window has ended, there is
     /// nothing to take back. Consumes the lease, so it happens once and instead of a settlement.
     pub fn cancel(mut self) {
-        if let Some(settler) = self.target.take().and_then(|t| t.settler.clone()) {
+        let Some(target) = self.target.take() else {
+            return;
+        };
+        if let Some(settler) = &target.settler {
             self.settlement.tokens = 0;
             self.settlement.cancel = true;
             settler.settle(self.settlement);
+        }
+        if let Some(queue) = &target.queue {
+            queue.notify();
         }
     }
 
@@ -105,6 +126,12 @@ impl Lease {
         let Some(target) = self.target.take() else {
             return;
         };
+        if let (Some((flow, charged)), Some(queue), Some(output)) =
+            (self.flow_charge, &target.queue, output_tokens)
+        {
+            let prompt = tokens.saturating_sub(output);
+            queue.correct(self.settlement.pool, flow, charged, prompt, output);
+        }
         if let Some(estimate) = &target.estimate {
             estimate.record_error(self.settlement.reserved, tokens);
             if let (true, Some(output)) = (self.teaches, output_tokens) {
@@ -118,6 +145,10 @@ impl Lease {
         if let Some(settler) = &target.settler {
             self.settlement.tokens = tokens;
             settler.settle(self.settlement);
+        }
+        // A refund (a reservation replaced by less) or a later window may let a waiter in.
+        if let Some(queue) = &target.queue {
+            queue.notify();
         }
     }
 }

@@ -99,16 +99,19 @@ pub mod config;
 pub mod decision;
 pub mod meter;
 pub mod model;
+pub mod order;
 pub mod priority;
 pub mod store;
 
 mod body;
 pub mod estimate;
+pub mod flow;
 mod future;
 mod layer;
 mod lease;
 mod limiter;
 mod options;
+mod queue;
 #[cfg(feature = "gateway-helpers")]
 pub mod redact;
 #[cfg(all(feature = "redis", not(feature = "gateway-helpers")))]
@@ -125,8 +128,9 @@ pub use config::{FailureMode, LimiterConfig, ModelLimits};
 pub use future::ResponseFuture;
 pub use layer::PriorityLimitLayer;
 pub use lease::Lease;
-pub use limiter::{Acquired, Limiter};
+pub use limiter::{Acquired, Limiter, WaitRequest, Waited};
 pub use options::UnknownModel;
+pub use response::{X_PRIORITY_LIMIT_MAX_WAIT, X_PRIORITY_LIMIT_QUEUED_MS};
 pub use service::PriorityLimit;
 
 /// The README's example compiles and runs as a doctest.

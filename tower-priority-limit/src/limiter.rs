@@ -11,12 +11,14 @@ use http::header::CONTENT_TYPE;
 use http::Response;
 
 use crate::body::ResponseBody;
-use crate::clock::Clock;
+use crate::clock::{Clock, Millis};
 use crate::config::{LimiterConfig, ModelId, PoolRef, TokenAccounting};
 use crate::decision::{Admitted, Decision, Refused};
 use crate::estimate::{EstimateStats, OutputEstimate};
 use crate::lease::{Lease, SettleTarget};
 use crate::meter::UsageMeter;
+use crate::order::{FlowId, ServiceWeights};
+use crate::queue::{ModelQueue, PoolUsage};
 use crate::response::{
     insert_admitted_headers, refusal_response, store_failure_response, LimitHeaderValues,
 };
@@ -40,7 +42,11 @@ use crate::store::{AdmitRequest, MemoryStore, Store, StoreError};
 /// ```
 #[derive(Debug)]
 pub struct Limiter<St = MemoryStore> {
-    store: St,
+    store: Arc<St>,
+    /// What the queue's deadlines and retries are measured and slept on (the store's clock).
+    clock: Arc<dyn Clock>,
+    /// Per model, its waiting room; empty when the config has no `queue`.
+    queues: Box<[Arc<ModelQueue>]>,
     /// Hashes of unknown priority labels already logged (each is logged once). Labels may come
     /// from clients, so this is a fixed, lock-free table: a label already seen costs one hash and
     /// one atomic load; a colliding label may be logged again, never more memory.
@@ -53,6 +59,38 @@ pub struct Limiter<St = MemoryStore> {
 }
 
 const UNKNOWN_LABEL_SLOTS: usize = 256;
+
+/// A request to wait for capacity ([`Limiter::admit_waiting`]).
+#[derive(Debug, Clone, Copy)]
+pub struct WaitRequest {
+    /// The model.
+    pub model: ModelId,
+    /// The caller's pool.
+    pub pool: PoolRef,
+    /// The caller's flow ([`flow`](crate::flow)).
+    pub flow: FlowId,
+    /// Tokens to reserve, as for [`Limiter::admit`].
+    pub estimate: u64,
+    /// What it counts for its flow when served ([`Limiter::flow_service`]).
+    pub service: u64,
+    /// How long it may wait ([`Limiter::max_wait_ms`]).
+    pub max_wait_ms: Millis,
+    /// The refusal that sent it to wait; `None` when it waits without trying, behind others.
+    pub refused: Option<Refused>,
+}
+
+/// The outcome of [`Limiter::admit_waiting`].
+#[derive(Debug)]
+pub struct Waited {
+    /// The admission's answer: admitted in turn, or refused at the deadline (or at once, with a
+    /// full queue).
+    pub decision: Result<Decision, StoreError>,
+    /// How long the request waited.
+    pub waited_ms: Millis,
+    /// Admitted in turn: its flow and the service charged to it ([`Limiter::lease_waited`]
+    /// corrects it when the response ends).
+    pub flow_charge: Option<(FlowId, u64)>,
+}
 
 /// The outcome of [`Limiter::acquire`].
 #[derive(Debug)]
@@ -85,25 +123,58 @@ impl Limiter<MemoryStore> {
 impl<St: Store> Limiter<St> {
     /// A limiter over any store, with the config the store was built for.
     pub fn with_store(store: St) -> Self {
+        let store = Arc::new(store);
         let settings = store.config().settings();
         let reserve = settings.token_accounting == TokenAccounting::Reserve;
+        let queues: Box<[Arc<ModelQueue>]> = match settings.queue {
+            None => Box::new([]),
+            Some(queue) => store
+                .config()
+                .models()
+                .iter()
+                .enumerate()
+                .map(|(i, limits)| {
+                    let usage: Arc<dyn PoolUsage> = Arc::clone(&store) as Arc<dyn PoolUsage>;
+                    Arc::new(ModelQueue::new(
+                        ModelId(i as u32),
+                        limits.clone(),
+                        queue.max_queued,
+                        ServiceWeights {
+                            prompt: queue.prompt_weight,
+                            completion: queue.completion_weight,
+                        },
+                        usage,
+                    ))
+                })
+                .collect(),
+        };
         let targets = (0..store.config().models().len())
             .map(|i| {
                 Arc::new(SettleTarget {
                     settler: store.settler(ModelId(i as u32)),
                     estimate: reserve
                         .then(|| OutputEstimate::new(settings.default_estimated_output_tokens)),
+                    queue: queues.get(i).cloned(),
                 })
             })
             .collect();
         Self {
             limit_header_values: LimitHeaderValues::new(store.config()),
             targets,
+            clock: store.clock(),
+            queues,
             store,
             unknown_labels: (0..UNKNOWN_LABEL_SLOTS)
                 .map(|_| AtomicU64::new(0))
                 .collect(),
         }
+    }
+
+    /// Measures and sleeps the queue's deadlines and retries on `clock` instead of the store's
+    /// (a store that keeps time elsewhere, as Redis does, with a [`ManualClock`](crate::clock::ManualClock) in tests).
+    pub fn with_queue_clock(mut self, clock: impl Clock) -> Self {
+        self.clock = Arc::new(clock);
+        self
     }
 
     /// The validated config.
@@ -247,9 +318,191 @@ impl<St: Store> Limiter<St> {
             None => Arc::new(SettleTarget {
                 settler: None,
                 estimate: None,
+                queue: None,
             }),
         };
         Lease::new(target, model, pool, admitted)
+    }
+
+    /// Requests of `pool` waiting for capacity on `model` now (0 without the queue).
+    pub fn queue_depth(&self, model: ModelId, pool: PoolRef) -> usize {
+        self.queues
+            .get(model.index())
+            .map_or(0, |q| q.waiting_in(pool))
+    }
+
+    /// Requests waiting for capacity on `model` now, all priorities (0 without the queue).
+    pub fn queue_len(&self, model: ModelId) -> usize {
+        self.queues.get(model.index()).map_or(0, |q| q.waiting())
+    }
+
+    /// Whether a request on `model` must join the queue without trying first, because others
+    /// already wait there (they go first, in order). One atomic load: the whole cost of the
+    /// queue on admission while nobody waits.
+    #[inline]
+    pub fn queue_ahead(&self, model: ModelId) -> bool {
+        self.queues
+            .get(model.index())
+            .is_some_and(|q| q.waiting() > 0)
+    }
+
+    /// How long a request may wait: the config's `max_wait`, shortened by the request's own
+    /// `x-priority-limit-max-wait` (in seconds) when it asks for less; `None` without the queue.
+    pub fn max_wait_ms(&self, requested: Option<std::time::Duration>) -> Option<Millis> {
+        let queue = self.config().settings().queue?;
+        let wait = requested.map_or(queue.max_wait, |r| r.min(queue.max_wait));
+        Some(wait.as_millis() as Millis)
+    }
+
+    /// Whether a request refused with `retry_after_ms` waits, given its `max_wait_ms`
+    /// ([`max_wait_ms`](Self::max_wait_ms)): iff the queue is on, it may wait at all, and the
+    /// store says room appears before its deadline.
+    pub fn should_wait(&self, retry_after_ms: Option<Millis>, max_wait_ms: Millis) -> bool {
+        self.config().settings().queue.is_some()
+            && max_wait_ms > 0
+            && retry_after_ms.is_none_or(|r| r <= max_wait_ms)
+    }
+
+    /// The weighted service a request counts for its flow (see
+    /// [`ServiceWeights`](crate::order::ServiceWeights)): its prompt estimate and its output
+    /// limit, or else the model's expected output.
+    pub fn flow_service(
+        &self,
+        model: ModelId,
+        prompt_tokens: u64,
+        max_output_tokens: Option<u64>,
+    ) -> u64 {
+        let settings = self.config().settings();
+        let Some(queue) = settings.queue else {
+            return 1;
+        };
+        let output = max_output_tokens.unwrap_or_else(|| {
+            self.target(model)
+                .and_then(|t| t.estimate.as_ref())
+                .map_or(settings.default_estimated_output_tokens, |e| e.tokens())
+        });
+        ServiceWeights {
+            prompt: queue.prompt_weight,
+            completion: queue.completion_weight,
+        }
+        .service(prompt_tokens, output)
+    }
+
+    /// Waits in its model's queue, for at most `request.max_wait_ms`, until admitted. Its turn
+    /// comes in the queue's order, when capacity may have freed. At the deadline it leaves with
+    /// the last refusal the model's queue saw (this request's own, or a later one of whoever
+    /// held the turn), its `retry_after_ms` counted from now: the 429 it would get now, without
+    /// trying the store out of turn. A full queue answers at once with a fresh admission's answer.
+    ///
+    /// Dropping the future leaves the queue: nothing is charged.
+    pub async fn admit_waiting(&self, request: WaitRequest) -> Waited {
+        let WaitRequest {
+            model,
+            pool,
+            flow,
+            estimate,
+            service,
+            max_wait_ms,
+            refused,
+        } = request;
+        let start = self.clock.now_ms();
+        let waited = |clock: &Arc<dyn Clock>| clock.now_ms().saturating_sub(start);
+        let Some(queue) = self.queues.get(model.index()) else {
+            let decision = self.admit(model, pool, estimate).await;
+            return Waited {
+                decision,
+                waited_ms: 0,
+                flow_charge: None,
+            };
+        };
+        if let Some(refused) = refused {
+            queue.record_refusal(refused, start);
+        }
+        let Some(ticket) = queue.enter(pool, flow) else {
+            // Full: answered at once.
+            let decision = self.admit(model, pool, estimate).await;
+            return Waited {
+                decision,
+                waited_ms: 0,
+                flow_charge: None,
+            };
+        };
+        queue.notify();
+        let deadline = start.saturating_add(max_wait_ms);
+        let mut retry_at: Option<Millis> = None;
+        loop {
+            let wake_at = retry_at.map_or(deadline, |r| r.min(deadline));
+            let mut sleep = self.clock.sleep_until(wake_at);
+            let turn = std::future::poll_fn(|cx| {
+                if ticket.poll_turn(cx).is_ready() {
+                    return std::task::Poll::Ready(true);
+                }
+                sleep.as_mut().poll(cx).map(|()| false)
+            })
+            .await;
+            if !turn {
+                let now = self.clock.now_ms();
+                if now >= deadline {
+                    drop(ticket);
+                    let decision = match queue.last_refusal(now) {
+                        Some(refused) => Ok(Decision::Refuse(refused)),
+                        // Nothing refused yet (it never tried, nor did anyone): ask the store.
+                        None => self.admit(model, pool, estimate).await,
+                    };
+                    return Waited {
+                        decision,
+                        waited_ms: waited(&self.clock),
+                        flow_charge: None,
+                    };
+                }
+                // The store said room appears now: whoever is first tries.
+                retry_at = None;
+                queue.notify();
+                continue;
+            }
+            let decision = self.admit(model, pool, estimate).await;
+            match decision {
+                Ok(Decision::Refuse(refused)) => {
+                    let now = self.clock.now_ms();
+                    queue.record_refusal(refused, now);
+                    ticket.refused();
+                    retry_at = Some(now.saturating_add(refused.retry_after_ms.max(1)));
+                }
+                Ok(Decision::Admit(_)) => {
+                    ticket.served(service);
+                    return Waited {
+                        decision,
+                        waited_ms: waited(&self.clock),
+                        flow_charge: Some((flow, service)),
+                    };
+                }
+                Err(_) => {
+                    drop(ticket);
+                    return Waited {
+                        decision,
+                        waited_ms: waited(&self.clock),
+                        flow_charge: None,
+                    };
+                }
+            }
+        }
+    }
+
+    /// The lease for a request admitted after waiting ([`Limiter::admit_waiting`]): as
+    /// [`lease`](Self::lease), and when the response reports its output tokens, its flow's count
+    /// gets its real weighted tokens instead of the estimate it was charged.
+    pub fn lease_waited(
+        &self,
+        model: ModelId,
+        pool: PoolRef,
+        admitted: &Admitted,
+        flow_charge: Option<(FlowId, u64)>,
+    ) -> Lease {
+        let lease = self.lease(model, pool, admitted);
+        match flow_charge {
+            Some((flow, service)) => lease.with_flow_charge(flow, service),
+            None => lease,
+        }
     }
 
     /// The 429 for a request on `model` under `pool` that the limiter refused: the OpenAI error

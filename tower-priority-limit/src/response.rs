@@ -16,6 +16,51 @@ use crate::throttle::LogThrottle;
 pub const X_LITELLM_PRIORITY: HeaderName = HeaderName::from_static("x-litellm-priority");
 /// `x-litellm-saturation` on priority rejections, e.g. `52.80%`.
 pub const X_LITELLM_SATURATION: HeaderName = HeaderName::from_static("x-litellm-saturation");
+/// `x-priority-limit-max-wait` on a request: the longest it will wait for capacity, in seconds
+/// (a decimal number; `0` refuses at once). Capped by the config's `queue.max_wait_seconds`.
+pub const X_PRIORITY_LIMIT_MAX_WAIT: HeaderName =
+    HeaderName::from_static("x-priority-limit-max-wait");
+/// `x-priority-limit-queued-ms` on an admitted response that waited: how long, in milliseconds.
+pub const X_PRIORITY_LIMIT_QUEUED_MS: HeaderName =
+    HeaderName::from_static("x-priority-limit-queued-ms");
+
+/// A request's `x-priority-limit-max-wait` that is not seconds ≥ 0.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct BadMaxWait;
+
+impl BadMaxWait {
+    /// The 400 in the OpenAI error shape, naming the header.
+    pub(crate) fn into_response(self) -> Response<Bytes> {
+        error_response(
+            StatusCode::BAD_REQUEST,
+            "invalid_request_error",
+            "x-priority-limit-max-wait: expected seconds ≥ 0, e.g. 2.5",
+            None,
+        )
+    }
+}
+
+/// The request's `x-priority-limit-max-wait`, if any.
+pub(crate) fn requested_max_wait(
+    headers: &HeaderMap,
+) -> Result<Option<std::time::Duration>, BadMaxWait> {
+    let Some(value) = headers.get(&X_PRIORITY_LIMIT_MAX_WAIT) else {
+        return Ok(None);
+    };
+    value
+        .to_str()
+        .ok()
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .and_then(|secs| std::time::Duration::try_from_secs_f64(secs).ok())
+        .map(Some)
+        .ok_or(BadMaxWait)
+}
+
+/// Adds `x-priority-limit-queued-ms` to a response that waited.
+pub(crate) fn insert_queued_header(headers: &mut HeaderMap, waited_ms: u64) {
+    headers.insert(X_PRIORITY_LIMIT_QUEUED_MS, HeaderValue::from(waited_ms));
+}
+
 /// `rate_limit_type` on 429s: `requests` or `tokens`.
 pub const RATE_LIMIT_TYPE: HeaderName = HeaderName::from_static("rate_limit_type");
 

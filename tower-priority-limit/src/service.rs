@@ -12,7 +12,10 @@ use tower::Service;
 use crate::body::ResponseBody;
 use crate::config::PoolRef;
 use crate::decision::Admitted;
-use crate::future::{after_admit, after_extract, AfterAdmit, AfterExtract, ResponseFuture};
+use crate::flow::{FlowExtractor, KeyFlow};
+use crate::future::{
+    after_admit, after_extract, Admission, AfterAdmit, AfterExtract, Pending, ResponseFuture,
+};
 use crate::lease::Lease;
 use crate::limiter::Limiter;
 use crate::model::{ExtractNow, ModelExtractor};
@@ -24,20 +27,22 @@ use crate::store::Store;
 /// with a 429 itself; meters the response body and settles its tokens.
 ///
 /// Made by [`PriorityLimitLayer`](crate::PriorityLimitLayer).
-pub struct PriorityLimit<S, P, M, St> {
+pub struct PriorityLimit<S, P, M, St, F = KeyFlow> {
     inner: S,
     limiter: Arc<Limiter<St>>,
     priority: P,
     model: M,
+    flow: F,
     options: Options,
 }
 
-impl<S, P, M, St> PriorityLimit<S, P, M, St> {
+impl<S, P, M, St, F> PriorityLimit<S, P, M, St, F> {
     pub(crate) fn new(
         inner: S,
         limiter: Arc<Limiter<St>>,
         priority: P,
         model: M,
+        flow: F,
         options: Options,
     ) -> Self {
         Self {
@@ -45,6 +50,7 @@ impl<S, P, M, St> PriorityLimit<S, P, M, St> {
             limiter,
             priority,
             model,
+            flow,
             options,
         }
     }
@@ -70,7 +76,7 @@ impl<S, P, M, St> PriorityLimit<S, P, M, St> {
     }
 }
 
-impl<S, P, M, St: Store> PriorityLimit<S, P, M, St> {
+impl<S, P, M, St: Store, F> PriorityLimit<S, P, M, St, F> {
     /// The inner service was driven to readiness: move that one out (into a future) and leave a
     /// clone behind (tower-http's async-auth pattern).
     fn take_ready(&mut self) -> S
@@ -113,19 +119,22 @@ impl<S, P, M, St: Store> PriorityLimit<S, P, M, St> {
     }
 }
 
-impl<S: Clone, P: Clone, M: Clone, St> Clone for PriorityLimit<S, P, M, St> {
+impl<S: Clone, P: Clone, M: Clone, St, F: Clone> Clone for PriorityLimit<S, P, M, St, F> {
     fn clone(&self) -> Self {
         Self {
             inner: self.inner.clone(),
             limiter: Arc::clone(&self.limiter),
             priority: self.priority.clone(),
             model: self.model.clone(),
+            flow: self.flow.clone(),
             options: self.options,
         }
     }
 }
 
-impl<S: fmt::Debug, P: fmt::Debug, M: fmt::Debug, St> fmt::Debug for PriorityLimit<S, P, M, St> {
+impl<S: fmt::Debug, P: fmt::Debug, M: fmt::Debug, St, F> fmt::Debug
+    for PriorityLimit<S, P, M, St, F>
+{
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("PriorityLimit")
             .field("inner", &self.inner)
@@ -135,12 +144,13 @@ impl<S: fmt::Debug, P: fmt::Debug, M: fmt::Debug, St> fmt::Debug for PriorityLim
     }
 }
 
-impl<S, P, M, St, ReqBody, ResBody> Service<Request<ReqBody>> for PriorityLimit<S, P, M, St>
+impl<S, P, M, St, F, ReqBody, ResBody> Service<Request<ReqBody>> for PriorityLimit<S, P, M, St, F>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
     P: PriorityExtractor<ReqBody>,
     M: ModelExtractor<ReqBody>,
     St: Store,
+    F: FlowExtractor<ReqBody>,
     ResBody: Body<Data = Bytes>,
 {
     type Response = Response<ResponseBody<ResBody>>;
@@ -158,6 +168,12 @@ where
         let pool = self
             .priority
             .extract(&request, |label| limiter.resolve_pool(label));
+        // The caller's flow orders waiters inside a priority: read only with the queue on.
+        let flow = if limiter.config().settings().queue.is_some() {
+            self.flow.flow(&request)
+        } else {
+            0
+        };
         // Fast path: with an extractor and a store that answer without waiting (the embedded
         // store; a header, closure or gateway extractor), decide here and call the ready inner
         // service in place, with no clone of it and no trip through the future's states.
@@ -175,19 +191,38 @@ where
                     }
                     AfterExtract::Admit(id) => {
                         let max_output = extracted.max_output_tokens;
+                        let admission = Admission {
+                            limiter: &self.limiter,
+                            model: id,
+                            pool,
+                            flow,
+                            prompt_estimate: extracted.prompt_estimate,
+                            max_output_tokens: max_output,
+                        };
                         let estimate =
                             self.limiter
                                 .estimate(id, extracted.prompt_estimate, max_output);
-                        let Some(decision) = self.limiter.admit_now(id, pool, estimate) else {
-                            // The store must be awaited (Redis): admit in the future.
+                        let decision = if self.limiter.queue_ahead(id) {
+                            None
+                        } else {
+                            self.limiter.admit_now(id, pool, estimate)
+                        };
+                        let Some(decision) = decision else {
+                            // The store must be awaited (Redis), or others wait ahead: in the
+                            // future.
+                            let next = match admission.start(&extracted.request) {
+                                Ok(next) => next,
+                                Err(bad) => return self.answered(bad.into_response(), pool),
+                            };
                             let inner = self.take_ready();
                             return ResponseFuture::admitting(
                                 inner,
-                                self.limiter.admit(id, pool, estimate),
+                                next,
                                 extracted,
                                 id,
                                 Arc::clone(&self.limiter),
                                 pool,
+                                flow,
                                 self.options,
                             );
                         };
@@ -199,12 +234,26 @@ where
                             decision,
                             store_failure,
                             max_output,
+                            Some((&admission, &extracted.request)),
                         ) {
                             AfterAdmit::Answer(response) => return self.answered(response, pool),
                             AfterAdmit::Call(admitted) => {
                                 let estimate = extracted.prompt_estimate;
                                 let fut = self.inner.call(extracted.request);
                                 return self.calling(fut, pool, admitted, estimate);
+                            }
+                            AfterAdmit::Wait(wait) => {
+                                let inner = self.take_ready();
+                                return ResponseFuture::admitting(
+                                    inner,
+                                    Pending::Wait(wait),
+                                    extracted,
+                                    id,
+                                    Arc::clone(&self.limiter),
+                                    pool,
+                                    flow,
+                                    self.options,
+                                );
                             }
                         }
                     }
@@ -217,6 +266,7 @@ where
             self.model.extract(request),
             Arc::clone(&self.limiter),
             pool,
+            flow,
             self.options,
         )
     }

@@ -26,5 +26,6 @@ pub mod plot;
 pub mod report;
 pub mod retries;
 pub mod routing;
+pub mod scheduler;
 pub mod time;
 pub mod worked_example;

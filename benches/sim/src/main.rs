@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use clap::{Parser, ValueEnum};
 use serde_json::{json, Map, Value};
-use sim::{accounting, cascade, plot, retries, routing, worked_example};
+use sim::{accounting, cascade, plot, retries, routing, scheduler, worked_example};
 
 /// Which experiment to run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -21,6 +21,8 @@ enum Experiment {
     WorkedExample,
     /// Token accounting: post_hoc and reserve, fixed and sliding windows.
     Accounting,
+    /// The queue against an immediate 429 with retries: load, fairness, floors, memory.
+    Scheduler,
     /// All of the above.
     All,
 }
@@ -135,6 +137,13 @@ fn main() {
         text.push_str(&accounting::render(&report));
         text.push('\n');
         json.insert("accounting".into(), to_value(&report));
+    }
+
+    if wants(Experiment::Scheduler) {
+        let report = scheduler::run(args.seed, args.quick);
+        text.push_str(&scheduler::render(&report));
+        text.push('\n');
+        json.insert("scheduler".into(), to_value(&report));
     }
 
     if args.json {

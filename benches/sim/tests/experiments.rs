@@ -228,3 +228,40 @@ fn accounting_holds_the_issues_bounds() {
     let edge = accounting::edge(WindowKind::Fixed);
     assert!(edge.worst_interval > 1.9, "{edge:?}");
 }
+
+/// The queue's bounds (issue "From gate to scheduler"), on short fixed-seed runs of the real
+/// queue: at 120 % load nothing goes over a limit and the queue serves at least what the
+/// retrying clients get within the deadline; a light key beside a heavy one (10 × its rate) in
+/// one priority gets ≥ 45 % of the pool, with a service difference within two of the largest
+/// requests; a priority arriving on a model another fills reaches 95 % of its reserved rate
+/// within 10 s while the lone priority used ≥ 95 % of the model.
+#[test]
+fn the_queue_holds_its_bounds() {
+    use sim::scheduler;
+    let load = scheduler::load(SEED, 3);
+    let (queue, retried) = (&load[0], &load[1]);
+    assert_eq!((queue.over_limit, retried.over_limit), (0, 0), "{load:?}");
+    assert!(
+        queue.served_in_deadline >= retried.served_in_deadline,
+        "{load:?}"
+    );
+    assert!(
+        queue.p99_wait_s <= scheduler::DEADLINE_MS as f64 / 1000.0,
+        "{load:?}"
+    );
+    assert!((queue.attempts_per_request - 1.0).abs() < 1e-9, "{load:?}");
+
+    let fair = scheduler::fairness(SEED, 3);
+    assert!(fair[0].light_share >= 0.45, "{fair:?}");
+    assert!(
+        fair[0].max_service_difference <= 2 * fair[0].max_request_service,
+        "{fair:?}"
+    );
+
+    let floors = scheduler::floors(SEED);
+    assert!(floors[0].lone_use >= 0.95, "{floors:?}");
+    assert!(
+        floors[0].recovery_s.is_some_and(|s| s <= 10.0),
+        "{floors:?}"
+    );
+}

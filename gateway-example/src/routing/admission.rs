@@ -8,7 +8,7 @@ use axum::response::Response;
 use tower_priority_limit::config::PoolRef;
 use tower_priority_limit::decision::{Admitted, Decision};
 use tower_priority_limit::store::StoreError;
-use tower_priority_limit::{Lease, Limiter};
+use tower_priority_limit::{Lease, Limiter, WaitRequest};
 
 use crate::chat::ChatRequest;
 use crate::store::GatewayStore;
@@ -25,21 +25,50 @@ pub(super) enum Admission {
 
 /// Admits `group` for `chat` of priority `pool` (reserving its estimate with `reserve`
 /// accounting); no counter moves unless it is admitted.
+///
+/// With the limiter's queue on and `may_wait`, a refusal for capacity that frees before the
+/// deadline waits for it in the group's queue, as the layer's requests do (the same
+/// [`Limiter::should_wait`] and [`Limiter::admit_waiting`]); so does a request that finds others
+/// already waiting. Requests of one priority share one flow here (the router is not told the
+/// caller's key), so they wait in arrival order inside their priority.
 pub(super) async fn admit(
     limiter: &Limiter<GatewayStore>,
     group: &str,
     pool: PoolRef,
     chat: &ChatRequest,
+    may_wait: bool,
 ) -> Result<Admission, StoreError> {
     let config = limiter.config();
     let Some(id) = config.model_id(group) else {
         return Ok(Admission::Unlimited);
     };
     let estimate = limiter.estimate(id, chat.prompt_tokens, chat.max_output_tokens);
-    // The embedded store answers in place: no future to poll.
-    let decision = match limiter.admit_now(id, pool, estimate) {
-        Some(decision) => decision,
-        None => limiter.admit(id, pool, estimate).await,
+    let max_wait = limiter.max_wait_ms(None).filter(|_| may_wait).unwrap_or(0);
+    let wait = |refused| WaitRequest {
+        model: id,
+        pool,
+        flow: 0,
+        estimate,
+        service: limiter.flow_service(id, chat.prompt_tokens, chat.max_output_tokens),
+        max_wait_ms: max_wait,
+        refused,
+    };
+    let decision = if max_wait > 0 && limiter.queue_ahead(id) {
+        limiter.admit_waiting(wait(None)).await.decision
+    } else {
+        // The embedded store answers in place: no future to poll.
+        let decision = match limiter.admit_now(id, pool, estimate) {
+            Some(decision) => decision,
+            None => limiter.admit(id, pool, estimate).await,
+        };
+        match decision {
+            Ok(Decision::Refuse(refused))
+                if limiter.should_wait(Some(refused.retry_after_ms), max_wait) =>
+            {
+                limiter.admit_waiting(wait(Some(refused))).await.decision
+            }
+            other => other,
+        }
     }?;
     Ok(match decision {
         Decision::Admit(admitted) => {

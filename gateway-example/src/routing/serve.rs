@@ -70,8 +70,11 @@ pub async fn serve(
     let pool = limiter.map(|l| l.resolve_pool(priority));
     let mut first_lease = None;
     let mut refusal: Option<Response> = None;
+    // With the limiter's queue on, a request without fallbacks waits for its group's capacity; one
+    // with fallbacks tries them at once instead.
+    let may_wait = router.settings().fallbacks_of(first).is_empty();
     if let (Some(limiter), Some(pool)) = (limiter, pool) {
-        match admit(limiter, first, pool, chat).await {
+        match admit(limiter, first, pool, chat, may_wait).await {
             Ok(Admission::Admitted(lease, admitted)) => first_lease = Some((lease, admitted)),
             Ok(Admission::Unlimited) => {}
             Ok(Admission::Refused(response)) => refusal = Some(response),
@@ -139,7 +142,7 @@ pub async fn serve(
                     continue;
                 }
                 if let (true, Some(limiter), Some(pool)) = (fallback, limiter, pool) {
-                    match admit(limiter, name, pool, chat).await {
+                    match admit(limiter, name, pool, chat, false).await {
                         Ok(Admission::Admitted(lease, admitted)) => {
                             group_lease = Some((lease, admitted));
                         }

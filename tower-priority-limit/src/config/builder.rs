@@ -3,9 +3,10 @@
 use std::time::Duration;
 
 use super::{
-    ConfigError, FailureMode, LimiterConfig, ModelLimits, Reservation, SharedStoreSettings,
-    TokenAccounting, WindowKind, DEFAULT_ESTIMATED_OUTPUT_TOKENS, DEFAULT_MAX_REPORTED_TOKENS,
-    DEFAULT_PRIORITY_SHARE, DEFAULT_SATURATION_THRESHOLD, DEFAULT_WINDOW,
+    ConfigError, FailureMode, LimiterConfig, ModelLimits, QueueSettings, Reservation,
+    SharedStoreSettings, TokenAccounting, WindowKind, DEFAULT_ESTIMATED_OUTPUT_TOKENS,
+    DEFAULT_MAX_REPORTED_TOKENS, DEFAULT_PRIORITY_SHARE, DEFAULT_SATURATION_THRESHOLD,
+    DEFAULT_WINDOW,
 };
 
 /// One model entry: a `model_list` item of a file, or a [`ModelLimits`] handed to the builder.
@@ -80,6 +81,7 @@ pub struct LimiterConfigBuilder {
     pub(super) default_estimated_output_tokens: u64,
     pub(super) shared: SharedStoreSettings,
     pub(super) max_reported_tokens: u64,
+    pub(super) queue: Option<QueueSettings>,
     pub(super) origin: Origin,
 }
 
@@ -97,6 +99,7 @@ impl Default for LimiterConfigBuilder {
             default_estimated_output_tokens: DEFAULT_ESTIMATED_OUTPUT_TOKENS,
             shared: SharedStoreSettings::default(),
             max_reported_tokens: DEFAULT_MAX_REPORTED_TOKENS,
+            queue: None,
             origin: Origin::Code,
         }
     }
@@ -194,6 +197,13 @@ impl LimiterConfigBuilder {
     /// this many, and the clamp is logged at most once a second. Estimates are not clamped.
     pub fn max_reported_tokens(mut self, tokens: u64) -> Self {
         self.max_reported_tokens = tokens;
+        self
+    }
+
+    /// Requests refused for capacity wait for it (at most `queue.max_wait`) instead of being
+    /// refused at once; reserved shares then order the waiters instead of capping priorities.
+    pub fn queue(mut self, queue: QueueSettings) -> Self {
+        self.queue = Some(queue);
         self
     }
 

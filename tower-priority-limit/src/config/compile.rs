@@ -19,6 +19,20 @@ impl LimiterConfig {
         let threshold = origin.setting("saturation_threshold");
         check_unit(b.saturation_threshold, &threshold, "threshold")?;
         let window_ms = window_ms(b.window)?;
+        if let Some(queue) = &b.queue {
+            if queue.max_queued == 0 {
+                return Err(ConfigError::new(
+                    origin.setting("queue.max_queued"),
+                    "must be > 0",
+                ));
+            }
+            if queue.max_wait.is_zero() {
+                return Err(ConfigError::new(
+                    origin.setting("queue.max_wait_seconds"),
+                    "must be > 0",
+                ));
+            }
+        }
         if b.max_reported_tokens == 0 {
             return Err(ConfigError::new(
                 origin.setting("max_reported_tokens"),
@@ -116,6 +130,7 @@ impl LimiterConfig {
                 default_estimated_output_tokens: b.default_estimated_output_tokens,
                 shared: b.shared,
                 max_reported_tokens: b.max_reported_tokens,
+                queue: b.queue,
             },
         })
     }

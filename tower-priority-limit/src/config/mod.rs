@@ -232,6 +232,45 @@ pub struct Settings {
     pub shared: SharedStoreSettings,
     /// The most tokens one response may report; more is clamped to this (and logged).
     pub max_reported_tokens: u64,
+    /// Waiting for capacity instead of refusing at once (`queue`); `None` (the default) refuses
+    /// at once.
+    pub queue: Option<QueueSettings>,
+}
+
+impl Settings {
+    /// Whether a priority's reserved share caps it in strict mode. With the queue on, shares are
+    /// floors that order the waiters instead, so nothing caps a priority but the model.
+    pub fn pools_cap(&self) -> bool {
+        self.queue.is_none()
+    }
+}
+
+/// `priority_reservation_settings.queue`: requests refused for capacity that frees before their
+/// deadline wait for it, in the order of [`order`](crate::order).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QueueSettings {
+    /// The longest a request waits (`max_wait_seconds`); a request may ask for less with the
+    /// `x-priority-limit-max-wait` header.
+    pub max_wait: Duration,
+    /// The most requests waiting per model at once (`max_queued`); past it, refused at once.
+    pub max_queued: u32,
+    /// Weight of a prompt token in a flow's service (`flow_weights.prompt`, default 1).
+    pub prompt_weight: u64,
+    /// Weight of a completion token in a flow's service (`flow_weights.completion`, default 2).
+    pub completion_weight: u64,
+}
+
+impl QueueSettings {
+    /// Waiting at most `max_wait`, at most `max_queued` requests per model, with the default
+    /// flow weights (prompt 1, completion 2).
+    pub fn new(max_wait: Duration, max_queued: u32) -> Self {
+        Self {
+            max_wait,
+            max_queued,
+            prompt_weight: 1,
+            completion_weight: 2,
+        }
+    }
 }
 
 /// What a shared store does while it cannot answer: degrade, don't vanish.
@@ -740,6 +779,62 @@ litellm_settings:
         assert_eq!(c.settings().max_reported_tokens, 7);
         let e = b().max_reported_tokens(0).build().unwrap_err();
         assert_eq!(e.to_string(), "max_reported_tokens: must be > 0");
+    }
+
+    #[test]
+    fn queue_loads_builds_and_names_its_path() {
+        let yaml = |queue: &str| {
+            format!(
+                "model_list:\n  - model_name: m\n    litellm_params: {{model: m, rpm: 10}}\n\
+                 litellm_settings:\n  priority_reservation_settings:\n    queue: {queue}\n"
+            )
+        };
+        assert!(load(&yaml("{max_wait_seconds: 1, max_queued: 1}"))
+            .unwrap()
+            .settings()
+            .queue
+            .is_some());
+        assert!(load("model_list: []").unwrap().settings().queue.is_none());
+        assert!(load("model_list: []").unwrap().settings().pools_cap());
+        let c = load(&yaml(
+            "{max_wait_seconds: 2.5, max_queued: 100, flow_weights: {prompt: 0, completion: 3}}",
+        ))
+        .unwrap();
+        let q = c.settings().queue.unwrap();
+        assert_eq!(q.max_wait, Duration::from_millis(2500));
+        assert_eq!(q.max_queued, 100);
+        assert_eq!((q.prompt_weight, q.completion_weight), (0, 3));
+        assert!(!c.settings().pools_cap());
+        let q = load(&yaml("{max_wait_seconds: 10, max_queued: 5}"))
+            .unwrap()
+            .settings()
+            .queue
+            .unwrap();
+        assert_eq!((q.prompt_weight, q.completion_weight), (1, 2));
+        let path = "litellm_settings.priority_reservation_settings.queue";
+        for (queue, want) in [
+            ("{max_queued: 5}", format!("{path}: missing max_wait_seconds")),
+            ("{max_wait_seconds: 5}", format!("{path}: missing max_queued")),
+            (
+                "{max_wait_seconds: 0, max_queued: 5}",
+                format!("{path}.max_wait_seconds: expected seconds > 0, got 0"),
+            ),
+            (
+                "{max_wait_seconds: 1, max_queued: 0}",
+                format!("{path}.max_queued: must be > 0"),
+            ),
+            (
+                "{max_wait_seconds: 1, max_queued: 1, wait: 3}",
+                format!("{path}.wait: unknown key, expected max_wait_seconds, max_queued and flow_weights"),
+            ),
+        ] {
+            assert_eq!(load(&yaml(queue)).unwrap_err().to_string(), want, "{queue}");
+        }
+        let e = LimiterConfig::builder()
+            .queue(QueueSettings::new(Duration::from_secs(1), 0))
+            .build()
+            .unwrap_err();
+        assert_eq!(e.to_string(), "queue.max_queued: must be > 0");
     }
 
     #[test]

@@ -10,8 +10,8 @@ use super::builder::{ModelEntry, Origin};
 use super::compile::check_unit;
 use super::node::{kind, Node};
 use super::{
-    ConfigError, FailureMode, LimiterConfig, LimiterConfigBuilder, Reservation, TokenAccounting,
-    WindowKind,
+    ConfigError, FailureMode, LimiterConfig, LimiterConfigBuilder, QueueSettings, Reservation,
+    TokenAccounting, WindowKind,
 };
 
 impl<'de> serde::Deserialize<'de> for LimiterConfig {
@@ -120,6 +120,7 @@ pub(super) fn parse_document(doc: &Value) -> Result<LimiterConfigBuilder, Config
                 "default_estimated_output_tokens" => {
                     b.default_estimated_output_tokens = node.count()?;
                 }
+                "queue" => b.queue = Some(queue(&node)?),
                 "redis_timeout_ms" => {
                     b.shared.timeout = Duration::from_millis(positive(&node)?);
                 }
@@ -127,12 +128,56 @@ pub(super) fn parse_document(doc: &Value) -> Result<LimiterConfigBuilder, Config
                 // unchanged; a misspelt key is the common case, so say so.
                 _ => tracing::warn!(
                     path = %node.path(),
-                    "unknown setting ignored (expected default_priority, saturation_threshold, saturation_check_cache_ttl, redis_failure_mode, expected_nodes, redis_timeout_ms, max_reported_tokens, token_accounting, window, default_estimated_output_tokens)"
+                    "unknown setting ignored (expected default_priority, saturation_threshold, saturation_check_cache_ttl, redis_failure_mode, expected_nodes, redis_timeout_ms, max_reported_tokens, token_accounting, window, default_estimated_output_tokens, queue)"
                 ),
             }
         }
     }
     Ok(b)
+}
+
+/// `queue: {max_wait_seconds, max_queued, flow_weights: {prompt, completion}}`.
+fn queue(node: &Node<'_>) -> Result<QueueSettings, ConfigError> {
+    let mut queue = QueueSettings::new(Duration::ZERO, 0);
+    let mut wait = None;
+    for (key, field) in node.entries()? {
+        match key {
+            "max_wait_seconds" => {
+                let secs = field.number()?;
+                if !(secs.is_finite() && secs > 0.0) {
+                    return Err(field.error(format!("expected seconds > 0, got {secs}")));
+                }
+                wait = Some(
+                    Duration::try_from_secs_f64(secs)
+                        .map_err(|_| field.error(format!("{secs} seconds is too long")))?,
+                );
+            }
+            "max_queued" => {
+                queue.max_queued = u32::try_from(positive(&field)?)
+                    .map_err(|_| field.error("at most 4294967295"))?;
+            }
+            "flow_weights" => {
+                for (dim, weight) in field.entries()? {
+                    match dim {
+                        "prompt" => queue.prompt_weight = weight.count()?,
+                        "completion" => queue.completion_weight = weight.count()?,
+                        _ => {
+                            return Err(weight.error("unknown key, expected prompt and completion"))
+                        }
+                    }
+                }
+            }
+            _ => {
+                return Err(field
+                    .error("unknown key, expected max_wait_seconds, max_queued and flow_weights"))
+            }
+        }
+    }
+    queue.max_wait = wait.ok_or_else(|| node.error("missing max_wait_seconds"))?;
+    if queue.max_queued == 0 {
+        return Err(node.error("missing max_queued"));
+    }
+    Ok(queue)
 }
 
 fn positive(node: &Node<'_>) -> Result<u64, ConfigError> {

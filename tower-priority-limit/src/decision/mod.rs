@@ -286,7 +286,9 @@ pub fn decide<W: Window>(
     let model_usage = model_counter.usage(now, window);
     let saturation = saturation(limits, model_usage);
     let strict = saturation >= settings.saturation_threshold;
-    let reserve = reservation(limits, pool, strict && pool_counter.is_some(), estimate);
+    // With the queue on, shares are floors ordering waiters, not caps (`Settings::pools_cap`).
+    let capped = strict && settings.pools_cap();
+    let reserve = reservation(limits, pool, capped && pool_counter.is_some(), estimate);
     let refuse = |scope, over: Over, counter: &W| {
         Decision::Refuse(Refused {
             scope,
@@ -304,7 +306,7 @@ pub fn decide<W: Window>(
 
     let pool_limits: Option<&PoolLimits> = limits.pool(pool);
     let pool_usage = pool_counter.map(|c| c.usage(now, window));
-    if strict {
+    if capped {
         if let (Some(pl), Some(pu), Some(pc)) = (pool_limits, pool_usage, pool_counter) {
             if let Some(over) = check(pl.rpm, pl.tpm, pu, reserve) {
                 return refuse(Scope::Priority, over, pc);
@@ -575,6 +577,30 @@ mod tests {
         // A pool with no tokens still lets a 1-token reservation be asked for (and refused).
         let c = cfg(None, Some(1000), 0.0);
         assert_eq!(reservation(&c.models()[0], PoolRef::Default, true, 99), 1);
+    }
+
+    #[test]
+    fn with_the_queue_on_a_lone_priority_uses_the_whole_model() {
+        let mut model = ModelLimits::new("m");
+        model.rpm = Some(10);
+        let config = LimiterConfig::builder()
+            .model(model)
+            .reserve("prod", Reservation::Percent(0.9))
+            .reserve("dev", Reservation::Percent(0.1))
+            .default_priority(0.0)
+            .saturation_threshold(0.5)
+            .queue(crate::config::QueueSettings::new(
+                std::time::Duration::from_secs(10),
+                10,
+            ))
+            .build()
+            .unwrap();
+        let mut s = Sim::new(config);
+        assert_eq!(s.run(DEV, 20, 0), 10, "shares are floors, not caps");
+        let Decision::Refuse(r) = s.try_admit(PROD, 0) else {
+            panic!()
+        };
+        assert_eq!(r.scope, Scope::Model);
     }
 
     #[test]

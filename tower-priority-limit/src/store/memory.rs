@@ -236,6 +236,14 @@ impl Store for MemoryStore {
         let slot = self.models.get(model.index())?;
         Some(Arc::clone(slot) as Arc<dyn Settler>)
     }
+
+    fn clock(&self) -> Arc<dyn Clock> {
+        Arc::clone(&self.clock)
+    }
+
+    fn pool_usage(&self, model: ModelId, pool: PoolRef) -> Option<Usage> {
+        self.usage(model, pool)?.1
+    }
 }
 
 #[cfg(test)]

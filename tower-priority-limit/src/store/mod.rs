@@ -13,8 +13,9 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
+use crate::clock::{Clock, CoarseClock};
 use crate::config::{LimiterConfig, ModelId, PoolRef};
-use crate::decision::{Decision, Millis};
+use crate::decision::{Decision, Millis, Usage};
 
 pub mod memory;
 #[cfg(feature = "redis")]
@@ -107,6 +108,20 @@ pub trait Store: Send + Sync + 'static {
     /// then decides in `call`. `None` (the default) means "await [`admit`](Self::admit)".
     fn admit_now(&self, request: AdmitRequest) -> Option<Result<Decision, StoreError>> {
         let _ = request;
+        None
+    }
+
+    /// The clock the queue's deadlines and retries are measured and slept on (the embedded
+    /// store's own clock; by default a fresh [`CoarseClock`]).
+    fn clock(&self) -> Arc<dyn Clock> {
+        Arc::new(CoarseClock::new())
+    }
+
+    /// Usage of `model`'s `pool` in its current window, when the store can tell without waiting
+    /// (the embedded store): how far a priority is through its floor, which orders waiters.
+    /// `None` (the default) counts every pool as empty, so waiters go by pool order and flow.
+    fn pool_usage(&self, model: ModelId, pool: PoolRef) -> Option<Usage> {
+        let _ = (model, pool);
         None
     }
 

@@ -245,6 +245,11 @@ impl RedisStoreBuilder {
             retry_at_ms: AtomicU64::new(0),
             healthy: AtomicBool::new(true),
             stats: RedisStats::default(),
+            pool_seen: config
+                .models()
+                .iter()
+                .map(|m| (0..m.pool_count()).map(|_| SeenUsage::default()).collect())
+                .collect(),
         });
         // Load both scripts now, so the first admissions are one round trip each, and learn
         // Redis's clock, so the first admissions carry a deadline; best effort (Redis may be
@@ -363,9 +368,52 @@ struct Inner {
     retry_at_ms: AtomicU64,
     healthy: AtomicBool,
     stats: RedisStats,
+    /// Per model, per pool: the pool's usage as the last admission's reply said, and when (local
+    /// ms). What the queue orders priorities by (`Store::pool_usage`): Redis holds the truth, this
+    /// is its last word, good for the window it was said in.
+    pool_seen: Box<[Box<[SeenUsage]>]>,
+}
+
+/// A pool's usage as last seen in a reply. Three relaxed atomics: a reader may mix two replies'
+/// figures, which only nudges an ordering.
+#[derive(Debug, Default)]
+struct SeenUsage {
+    requests: AtomicU64,
+    tokens: AtomicU64,
+    at_ms: AtomicU64,
 }
 
 impl Inner {
+    /// Remembers an admitted request's pool usage.
+    fn see(&self, request: &AdmitRequest, decision: &Decision) {
+        let (Decision::Admit(admitted), Some(pools)) =
+            (decision, self.pool_seen.get(request.model.index()))
+        else {
+            return;
+        };
+        let (Some(usage), false) = (admitted.pool, pools.is_empty()) else {
+            return;
+        };
+        let seen = &pools[pool_index(request.pool, pools.len())];
+        seen.requests.store(usage.requests, Ordering::Relaxed);
+        seen.tokens.store(usage.tokens, Ordering::Relaxed);
+        seen.at_ms
+            .store(self.elapsed_ms().max(1), Ordering::Relaxed);
+    }
+
+    /// The pool's usage as last seen, if seen within one window; zero when it is older.
+    fn seen(&self, model: ModelId, pool: PoolRef) -> Option<Usage> {
+        let pools = self.pool_seen.get(model.index())?;
+        let seen = pools.get(pool_index(pool, pools.len()))?;
+        let at = seen.at_ms.load(Ordering::Relaxed);
+        if at == 0 || self.elapsed_ms().saturating_sub(at) >= self.config.settings().window_ms {
+            return Some(Usage::default());
+        }
+        Some(Usage {
+            requests: seen.requests.load(Ordering::Relaxed),
+            tokens: seen.tokens.load(Ordering::Relaxed),
+        })
+    }
     fn elapsed_ms(&self) -> u64 {
         u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX)
     }
@@ -443,7 +491,9 @@ impl Inner {
             return self.fallback(request);
         }
         let settings = self.config.settings();
-        let pool_limits = limits.pool(request.pool);
+        // With the queue on, shares order waiters and cap nothing (`Settings::pools_cap`): the
+        // script is sent no pool limits, so it refuses by the model's alone, as `decide` does.
+        let pool_limits = limits.pool(request.pool).filter(|_| settings.pools_cap());
         let limit = |v: Option<u64>| v.map_or(-1, |v| v.min(MAX_EXACT) as i64);
         let pool_prefix = self.pool_prefix(request.model, request.pool);
         let mut connection = self.connection.clone();
@@ -455,7 +505,7 @@ impl Inner {
         let keys = [key.as_str()];
         // The script picks by the mode it finds: the pool's limit caps it in strict mode only.
         let reserve = |strict: bool| {
-            let strict = strict && limits.pool_count() > 0;
+            let strict = strict && limits.pool_count() > 0 && settings.pools_cap();
             reservation(limits, request.pool, strict, request.reserve.min(MAX_EXACT))
         };
         let call = self.admit_script.call(&mut connection, &keys, |cmd| {
@@ -487,7 +537,9 @@ impl Inner {
                         .fetch_add(1, Ordering::Relaxed);
                     return self.fallback(request);
                 }
-                Ok(self.decision(request, &reply))
+                let decision = self.decision(request, &reply);
+                self.see(&request, &decision);
+                Ok(decision)
             }
             Ok(reply) => {
                 let e = StoreError::Unavailable(format!(
@@ -618,6 +670,12 @@ impl Store for RedisStore {
     fn settler(&self, model: ModelId) -> Option<Arc<dyn Settler>> {
         (model.index() < self.inner.keys.len())
             .then(|| Arc::clone(&self.settler) as Arc<dyn Settler>)
+    }
+
+    /// The pool's usage as the last admission's reply said (this process's last word from
+    /// Redis), zero once a window old.
+    fn pool_usage(&self, model: ModelId, pool: PoolRef) -> Option<Usage> {
+        self.inner.seen(model, pool)
     }
 
     fn flush(&self) -> Pin<Box<dyn Future<Output = ()> + Send + '_>> {

@@ -1,0 +1,688 @@
+//! The queue (`priority_reservation_settings.queue`) against the behaviour it replaces (an
+//! immediate 429, and clients retrying after `retry-after` twice, as the OpenAI SDK does), on the
+//! real limiter in virtual time.
+//!
+//! The queue's side runs the real code: every request is a task on a current-thread runtime
+//! that admits as the layer does ([`Limiter::admit_now`], then [`Limiter::admit_waiting`] when
+//! [`Limiter::should_wait`] says so); time moves in 10 ms steps of a [`ManualClock`], which wakes
+//! the waiters' timers, and after each step the runtime runs until nothing moves. The model has
+//! an `rpm` on a 60 s sliding window (so room comes back slot by slot); requests are Poisson.
+//!
+//! Rows:
+//!
+//! 1. **120 % load**: one priority offering 1.2 × rpm for 10 windows, deadlines 10 s: the share
+//!    of requests served within 10 s (and at all, for the retrying clients), p50 / p99 wait of
+//!    those served, and the most admissions over the limit in any 60 s interval.
+//! 2. **A heavy and a light key** in one priority, 6 × and 0.6 × rpm, both backlogged: the light
+//!    key's share of what was served, and the largest difference of the two keys' weighted
+//!    service while both were waiting.
+//! 3. **Floors come back**: priorities `a` and `b` reserve half each. `a` alone offers 3 × rpm
+//!    (what it uses of the model, once the window is full); at 300 s `b` starts offering its
+//!    reserved rate × 2: how long until its rate (over the trailing 5 s) reaches 95 % of its
+//!    reserved rate.
+//! 4. **Memory per waiting request**: the process's resident memory with 100,000 waiting, and the
+//!    wait future's own size.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use rand::RngExt;
+use serde::Serialize;
+use tower_priority_limit::clock::{Clock, ManualClock};
+use tower_priority_limit::config::{
+    LimiterConfig, ModelId, ModelLimits, PoolRef, QueueSettings, Reservation, WindowKind,
+};
+use tower_priority_limit::decision::{Decision, Refused};
+use tower_priority_limit::{Limiter, WaitRequest};
+
+use crate::report::Table;
+use crate::time::{block_on, exponential, rng};
+
+/// The model's requests per window.
+pub const RPM: u64 = 600;
+/// The window.
+pub const WINDOW_MS: u64 = 60_000;
+/// Every request's deadline (the queue's `max_wait_seconds`).
+pub const DEADLINE_MS: u64 = 10_000;
+/// The time step.
+const STEP_MS: u64 = 10;
+/// Retries of a refused client (the OpenAI SDK's default `max_retries`).
+const RETRIES: u32 = 2;
+
+/// One run's figures.
+#[derive(Debug, Clone, Serialize)]
+pub struct LoadRow {
+    /// `queue` or `429 + 2 retries`.
+    pub policy: String,
+    /// Requests offered.
+    pub offered: u64,
+    /// Share served within the deadline.
+    pub served_in_deadline: f64,
+    /// Share served at all (the retrying clients may be served after the deadline).
+    pub served: f64,
+    /// Median wait of the served, seconds.
+    pub p50_wait_s: f64,
+    /// 99th percentile wait of the served, seconds.
+    pub p99_wait_s: f64,
+    /// Admissions beyond `rpm` in the worst 60 s interval.
+    pub over_limit: u64,
+    /// Attempts (admission tries) per request offered: retries cost the provider and the gateway.
+    pub attempts_per_request: f64,
+}
+
+/// The heavy and light keys.
+#[derive(Debug, Clone, Serialize)]
+pub struct FairnessRow {
+    /// `queue` or `429 + 2 retries`.
+    pub policy: String,
+    /// The light key's share of the requests served.
+    pub light_share: f64,
+    /// The largest difference of weighted service between the keys while both were waiting
+    /// (queue only), in weighted tokens.
+    pub max_service_difference: u64,
+    /// The largest service one request counted (the bound is a small multiple of it).
+    pub max_request_service: u64,
+}
+
+/// Floors coming back.
+#[derive(Debug, Clone, Serialize)]
+pub struct FloorRow {
+    /// `queue` or `429 + 2 retries`.
+    pub policy: String,
+    /// What the lone priority used of the model in the window before the second arrived.
+    pub lone_use: f64,
+    /// Seconds until the second priority's trailing 5 s rate reached 95 % of its reserved rate.
+    pub recovery_s: Option<f64>,
+}
+
+/// Memory per waiting request.
+#[derive(Debug, Clone, Serialize)]
+pub struct MemoryRow {
+    /// Requests waiting.
+    pub waiting: u64,
+    /// Resident bytes per waiting request (the queue's entries, the boxed wait, its timer).
+    pub resident_bytes_per_waiter: f64,
+    /// The wait future's own size, bytes (part of the resident figure: the layer boxes it).
+    pub future_bytes: usize,
+}
+
+/// The whole report.
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    /// Row 1.
+    pub load: Vec<LoadRow>,
+    /// Row 2.
+    pub fairness: Vec<FairnessRow>,
+    /// Row 3.
+    pub floors: Vec<FloorRow>,
+    /// Row 4 (absent where the process's resident memory cannot be read).
+    pub memory: Option<MemoryRow>,
+}
+
+/// The config: `rpm` on a sliding 60 s window, `pools` reserving, the queue on or not.
+fn config(pools: &[(&str, f64)], queue: bool) -> LimiterConfig {
+    let mut b = LimiterConfig::builder()
+        .model(ModelLimits::new("m").rpm(RPM))
+        .window_kind(WindowKind::Sliding)
+        .default_priority(0.0)
+        .window(Duration::from_millis(WINDOW_MS));
+    for (name, share) in pools {
+        b = b.reserve(*name, Reservation::Percent(*share));
+    }
+    if queue {
+        b = b.queue(QueueSettings::new(
+            Duration::from_millis(DEADLINE_MS),
+            1_000_000,
+        ));
+    }
+    b.build().expect("a valid config")
+}
+
+/// One kind of traffic: `rate_per_s` from `start_ms` (until `end_ms`, if set), of `pool` and
+/// `flow`; Poisson, or evenly spaced.
+#[derive(Debug, Clone, Copy)]
+struct Source {
+    pool: PoolRef,
+    flow: u64,
+    rate_per_s: f64,
+    start_ms: u64,
+    end_ms: Option<u64>,
+    even: bool,
+}
+
+impl Source {
+    fn poisson(pool: PoolRef, flow: u64, rate_per_s: f64, start_ms: u64) -> Self {
+        Self {
+            pool,
+            flow,
+            rate_per_s,
+            start_ms,
+            end_ms: None,
+            even: false,
+        }
+    }
+
+    /// The first window: `rpm` evenly spaced, so every slot of the sliding window holds the same
+    /// and room comes back at an even pace (a burst at the start would otherwise come back as a
+    /// burst every window, with nothing free in between: an echo of how the run started, not a
+    /// property of the queue).
+    fn warm_up(pool: PoolRef) -> Self {
+        Self {
+            pool,
+            flow: WARM_UP_FLOW,
+            rate_per_s: RPM as f64 / (WINDOW_MS as f64 / 1000.0),
+            start_ms: 0,
+            end_ms: Some(WINDOW_MS),
+            even: true,
+        }
+    }
+}
+
+/// The warm-up's flow (its requests are left out of every figure but `over any limit`).
+const WARM_UP_FLOW: u64 = u64::MAX;
+
+/// A request's fate.
+#[derive(Debug, Clone, Copy)]
+struct Outcome {
+    source: usize,
+    arrived_ms: u64,
+    /// When admitted, if it was.
+    admitted_ms: Option<u64>,
+    /// Weighted service counted for its flow.
+    service: u64,
+    attempts: u32,
+}
+
+/// Arrival times of every source over `[0, end_ms)`, sorted, with their source.
+fn arrivals(seed: u64, name: &str, sources: &[Source], end_ms: u64) -> Vec<(u64, usize)> {
+    let mut all = Vec::new();
+    for (i, s) in sources.iter().enumerate() {
+        let mut r = rng(seed, name, i as u64);
+        let mut t = s.start_ms as f64;
+        let end = s.end_ms.unwrap_or(end_ms).min(end_ms) as f64;
+        loop {
+            t += if s.even {
+                1000.0 / s.rate_per_s
+            } else {
+                exponential(r.random::<f64>(), 1000.0 / s.rate_per_s)
+            };
+            if t >= end {
+                break;
+            }
+            all.push((t as u64, i));
+        }
+    }
+    all.sort_unstable();
+    all
+}
+
+/// A request's prompt and output limit: lognormal-ish sizes so that flows' service varies.
+fn sizes(seed: u64, name: &str, n: usize) -> Vec<(u64, u64)> {
+    let mut r = rng(seed, name, 1_000);
+    (0..n)
+        .map(|_| {
+            let prompt = 50 + (exponential(r.random::<f64>(), 200.0) as u64).min(2_000);
+            let output = 50 + (exponential(r.random::<f64>(), 200.0) as u64).min(2_000);
+            (prompt, output)
+        })
+        .collect()
+}
+
+/// The queue: every request a task admitting as the layer does.
+fn run_queue(
+    config: LimiterConfig,
+    sources: &[Source],
+    seed: u64,
+    name: &str,
+    end_ms: u64,
+) -> (Vec<Outcome>, Vec<(u64, u64, u64)>) {
+    let clock = ManualClock::new();
+    let limiter = Arc::new(Limiter::with_clock(config, clock.clone()));
+    let model = limiter.config().model_id("m").expect("model m");
+    let arrivals = arrivals(seed, name, sources, end_ms);
+    let sizes = sizes(seed, name, arrivals.len());
+    let outcomes = Arc::new(Mutex::new(Vec::with_capacity(arrivals.len())));
+    let progress = Arc::new(AtomicU64::new(0));
+    // (time, flow, service) of each admission from the queue, in order.
+    let served_log = Arc::new(Mutex::new(Vec::new()));
+    block_on(async {
+        let mut next = 0;
+        let mut t = 0;
+        // Until every deadline has passed.
+        while t <= end_ms + DEADLINE_MS + STEP_MS {
+            clock.set(t);
+            while next < arrivals.len() && arrivals[next].0 <= t {
+                let (arrived_ms, source) = arrivals[next];
+                let s = sources[source];
+                let (prompt, output) = sizes[next];
+                next += 1;
+                let limiter = Arc::clone(&limiter);
+                let outcomes = Arc::clone(&outcomes);
+                let progress = Arc::clone(&progress);
+                let served_log = Arc::clone(&served_log);
+                let clock = clock.clone();
+                tokio::spawn(async move {
+                    let service = limiter.flow_service(model, prompt, Some(output));
+                    let admitted = admit_as_the_layer(&limiter, model, s, service).await;
+                    let admitted_ms = admitted.then(|| clock.now_ms());
+                    if let (Some(at), true) = (admitted_ms, admitted) {
+                        served_log.lock().unwrap().push((at, s.flow, service));
+                    }
+                    outcomes.lock().unwrap().push(Outcome {
+                        source,
+                        arrived_ms,
+                        admitted_ms,
+                        service,
+                        attempts: 1,
+                    });
+                    progress.fetch_add(1, Ordering::Relaxed);
+                });
+            }
+            settle_runtime(&progress).await;
+            t += STEP_MS;
+        }
+    });
+    let outcomes = std::mem::take(&mut *outcomes.lock().unwrap());
+    let log = std::mem::take(&mut *served_log.lock().unwrap());
+    (outcomes, log)
+}
+
+/// Runs the runtime's tasks until a few rounds pass with no request finishing.
+async fn settle_runtime(progress: &AtomicU64) {
+    let mut quiet = 0;
+    while quiet < 3 {
+        let before = progress.load(Ordering::Relaxed);
+        tokio::task::yield_now().await;
+        if progress.load(Ordering::Relaxed) == before {
+            quiet += 1;
+        } else {
+            quiet = 0;
+        }
+    }
+}
+
+/// The layer's path: admit at once unless others wait; refused → wait if room appears before
+/// the deadline.
+async fn admit_as_the_layer(
+    limiter: &Arc<Limiter>,
+    model: ModelId,
+    s: Source,
+    service: u64,
+) -> bool {
+    let wait = limiter.max_wait_ms(None).unwrap_or(0);
+    let mut refused = None;
+    if !limiter.queue_ahead(model) {
+        match limiter.admit_now(model, s.pool, 0) {
+            Some(Ok(Decision::Admit(_))) => return true,
+            Some(Ok(Decision::Refuse(r))) => {
+                if !limiter.should_wait(Some(r.retry_after_ms), wait) {
+                    return false;
+                }
+                refused = Some(r);
+            }
+            _ => {}
+        }
+    }
+    let waited = limiter
+        .admit_waiting(wait_request(model, s.pool, s.flow, service, wait, refused))
+        .await;
+    matches!(waited.decision, Ok(Decision::Admit(_)))
+}
+
+fn wait_request(
+    model: ModelId,
+    pool: PoolRef,
+    flow: u64,
+    service: u64,
+    max_wait_ms: u64,
+    refused: Option<Refused>,
+) -> WaitRequest {
+    WaitRequest {
+        model,
+        pool,
+        flow,
+        estimate: 0,
+        service,
+        max_wait_ms,
+        refused,
+    }
+}
+
+/// The replaced behaviour: refused at once; the client retries after `retry-after` (whole
+/// seconds) up to [`RETRIES`] times.
+fn run_retrying(
+    config: LimiterConfig,
+    sources: &[Source],
+    seed: u64,
+    name: &str,
+    end_ms: u64,
+) -> Vec<Outcome> {
+    let clock = ManualClock::new();
+    let limiter = Limiter::with_clock(config, clock.clone());
+    let model = limiter.config().model_id("m").expect("model m");
+    let arrivals = arrivals(seed, name, sources, end_ms);
+    let sizes = sizes(seed, name, arrivals.len());
+    // (time of the attempt, index of the request)
+    let mut attempts: std::collections::BinaryHeap<std::cmp::Reverse<(u64, usize)>> = arrivals
+        .iter()
+        .enumerate()
+        .map(|(i, &(t, _))| std::cmp::Reverse((t, i)))
+        .collect();
+    let mut outcomes: Vec<Outcome> = arrivals
+        .iter()
+        .enumerate()
+        .map(|(i, &(t, source))| Outcome {
+            source,
+            arrived_ms: t,
+            admitted_ms: None,
+            service: limiter.flow_service(model, sizes[i].0, Some(sizes[i].1)),
+            attempts: 0,
+        })
+        .collect();
+    while let Some(std::cmp::Reverse((t, i))) = attempts.pop() {
+        clock.set(t);
+        let o = &mut outcomes[i];
+        o.attempts += 1;
+        match limiter.admit_now(model, sources[o.source].pool, 0) {
+            Some(Ok(Decision::Admit(_))) => o.admitted_ms = Some(t),
+            Some(Ok(Decision::Refuse(r))) if o.attempts <= RETRIES => {
+                attempts.push(std::cmp::Reverse((t + r.retry_after_secs() * 1000, i)));
+            }
+            _ => {}
+        }
+    }
+    outcomes
+}
+
+fn percentile(sorted: &[u64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i] as f64 / 1000.0
+}
+
+/// Admissions beyond `RPM` in the worst interval one window long.
+fn over_limit(outcomes: &[Outcome]) -> u64 {
+    let mut times: Vec<u64> = outcomes.iter().filter_map(|o| o.admitted_ms).collect();
+    times.sort_unstable();
+    let mut window = VecDeque::new();
+    let mut worst = 0u64;
+    for t in times {
+        window.push_back(t);
+        while window.front().is_some_and(|&f| f + WINDOW_MS <= t) {
+            window.pop_front();
+        }
+        worst = worst.max(window.len() as u64);
+    }
+    worst.saturating_sub(RPM)
+}
+
+fn load_row(policy: &str, all: &[Outcome]) -> LoadRow {
+    let outcomes: Vec<Outcome> = all.iter().filter(|o| o.source == 0).copied().collect();
+    let offered = outcomes.len() as u64;
+    let mut waits: Vec<u64> = outcomes
+        .iter()
+        .filter_map(|o| o.admitted_ms.map(|a| a - o.arrived_ms))
+        .collect();
+    waits.sort_unstable();
+    let in_deadline = waits.iter().filter(|&&w| w <= DEADLINE_MS).count();
+    let attempts: u64 = outcomes.iter().map(|o| u64::from(o.attempts)).sum();
+    LoadRow {
+        policy: policy.to_owned(),
+        offered,
+        served_in_deadline: in_deadline as f64 / offered.max(1) as f64,
+        served: waits.len() as f64 / offered.max(1) as f64,
+        p50_wait_s: percentile(&waits, 0.5),
+        p99_wait_s: percentile(&waits, 0.99),
+        over_limit: over_limit(all),
+        attempts_per_request: attempts as f64 / offered.max(1) as f64,
+    }
+}
+
+/// Row 1.
+pub fn load(seed: u64, windows: u64) -> Vec<LoadRow> {
+    let sources = [
+        Source::poisson(PoolRef::Default, 0, 1.2 * RPM as f64 / 60.0, WINDOW_MS),
+        Source::warm_up(PoolRef::Default),
+    ];
+    let end = (windows + 1) * WINDOW_MS;
+    let (queued, _) = run_queue(config(&[], true), &sources, seed, "scheduler-load", end);
+    let retried = run_retrying(config(&[], false), &sources, seed, "scheduler-load", end);
+    vec![
+        load_row("queue", &queued),
+        load_row("429 + 2 retries", &retried),
+    ]
+}
+
+/// Row 2.
+pub fn fairness(seed: u64, windows: u64) -> Vec<FairnessRow> {
+    let per_s = RPM as f64 / 60.0;
+    let sources = [
+        Source::poisson(PoolRef::Default, 1, 6.0 * per_s, WINDOW_MS),
+        Source::poisson(PoolRef::Default, 2, 0.6 * per_s, WINDOW_MS),
+        Source::warm_up(PoolRef::Default),
+    ];
+    let end = (windows + 1) * WINDOW_MS;
+    let light_share = |outcomes: &[Outcome]| {
+        let served: Vec<&Outcome> = outcomes
+            .iter()
+            .filter(|o| o.admitted_ms.is_some() && o.source < 2)
+            .collect();
+        served.iter().filter(|o| o.source == 1).count() as f64 / served.len().max(1) as f64
+    };
+    let (queued, log) = run_queue(config(&[], true), &sources, seed, "scheduler-fair", end);
+    let max_request_service = queued
+        .iter()
+        .filter(|o| o.source < 2)
+        .map(|o| o.service)
+        .max()
+        .unwrap_or(0);
+    // Service difference while both keys wait: from their first admission each to the end of
+    // arrivals (both are backlogged throughout: they offer more than their fair half).
+    let mut s = [0i64; 2];
+    let mut worst = 0u64;
+    for &(t, flow, service) in &log {
+        if t > end {
+            break;
+        }
+        if flow == WARM_UP_FLOW {
+            continue;
+        }
+        s[(flow - 1) as usize] += service as i64;
+        worst = worst.max(s[0].abs_diff(s[1]));
+    }
+    let retried = run_retrying(config(&[], false), &sources, seed, "scheduler-fair", end);
+    vec![
+        FairnessRow {
+            policy: "queue".into(),
+            light_share: light_share(&queued),
+            max_service_difference: worst,
+            max_request_service,
+        },
+        FairnessRow {
+            policy: "429 + 2 retries".into(),
+            light_share: light_share(&retried),
+            max_service_difference: 0,
+            max_request_service,
+        },
+    ]
+}
+
+/// When `b` starts.
+const B_START_MS: u64 = 300_000;
+
+fn floor_row(policy: &str, outcomes: &[Outcome]) -> FloorRow {
+    let admitted = |source: usize, from: u64, to: u64| {
+        outcomes
+            .iter()
+            .filter(|o| o.source == source)
+            .filter_map(|o| o.admitted_ms)
+            .filter(|&t| t >= from && t < to)
+            .count() as f64
+    };
+    let lone_use = admitted(0, B_START_MS - WINDOW_MS, B_START_MS) / RPM as f64;
+    let reserved_per_s = 0.5 * RPM as f64 / 60.0;
+    let recovery_s = (1..=120).map(|s| B_START_MS + s * 1000).find_map(|t| {
+        let from = t.saturating_sub(5_000).max(B_START_MS);
+        let rate = admitted(1, from, t) / ((t - from) as f64 / 1000.0);
+        (t - B_START_MS >= 5_000 && rate >= 0.95 * reserved_per_s)
+            .then(|| (t - B_START_MS) as f64 / 1000.0)
+    });
+    FloorRow {
+        policy: policy.to_owned(),
+        lone_use,
+        recovery_s,
+    }
+}
+
+/// Row 3.
+pub fn floors(seed: u64) -> Vec<FloorRow> {
+    let per_s = RPM as f64 / 60.0;
+    let sources = [
+        Source::poisson(PoolRef::Named(0), 1, 3.0 * per_s, WINDOW_MS),
+        Source::poisson(PoolRef::Named(1), 2, 2.0 * 0.5 * per_s, B_START_MS),
+        Source::warm_up(PoolRef::Named(0)),
+    ];
+    let pools = [("a", 0.5), ("b", 0.5)];
+    let end = B_START_MS + 2 * WINDOW_MS;
+    let (queued, _) = run_queue(config(&pools, true), &sources, seed, "scheduler-floor", end);
+    let retried = run_retrying(
+        config(&pools, false),
+        &sources,
+        seed,
+        "scheduler-floor",
+        end,
+    );
+    vec![
+        floor_row("queue", &queued),
+        floor_row("429 + 2 retries", &retried),
+    ]
+}
+
+/// The process's resident memory, bytes (Linux; `None` elsewhere).
+fn resident_bytes() -> Option<u64> {
+    let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
+    let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
+    Some(pages * 4096)
+}
+
+/// Row 4: 100,000 requests waiting, each a boxed wait (as the layer holds it) polled once so it
+/// is in the queue; the process's resident memory before and after.
+pub fn memory() -> Option<MemoryRow> {
+    const WAITING: u64 = 100_000;
+    let clock = ManualClock::new();
+    let limiter = Arc::new(Limiter::with_clock(config(&[], true), clock.clone()));
+    let model = limiter.config().model_id("m").expect("model m");
+    while let Some(Ok(Decision::Admit(_))) = limiter.admit_now(model, PoolRef::Default, 0) {}
+    let future_bytes = {
+        let limiter = Arc::clone(&limiter);
+        let request = wait_request(model, PoolRef::Default, 0, 1, DEADLINE_MS, None);
+        std::mem::size_of_val(&async move { limiter.admit_waiting(request).await })
+    };
+    let mut waiters: Vec<std::pin::Pin<Box<dyn std::future::Future<Output = _> + Send>>> =
+        Vec::with_capacity(WAITING as usize);
+    let before = resident_bytes()?;
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    for flow in 0..WAITING {
+        let limiter = Arc::clone(&limiter);
+        let request = wait_request(model, PoolRef::Default, flow, 1, DEADLINE_MS, None);
+        // Boxed as the layer boxes it, owning its limiter.
+        let mut fut: std::pin::Pin<Box<dyn std::future::Future<Output = _> + Send>> =
+            Box::pin(async move { limiter.admit_waiting(request).await });
+        assert!(fut.as_mut().poll(&mut cx).is_pending(), "the model is full");
+        waiters.push(fut);
+    }
+    let after = resident_bytes()?;
+    let waiting = limiter.queue_len(model) as u64;
+    drop(waiters);
+    Some(MemoryRow {
+        waiting,
+        resident_bytes_per_waiter: after.saturating_sub(before) as f64 / waiting.max(1) as f64,
+        future_bytes,
+    })
+}
+
+/// Every row (`quick`: 4 windows of load instead of 10).
+pub fn run(seed: u64, quick: bool) -> Report {
+    let windows = if quick { 4 } else { 10 };
+    Report {
+        load: load(seed, windows),
+        fairness: fairness(seed, windows),
+        floors: floors(seed),
+        memory: memory(),
+    }
+}
+
+/// The tables, in Markdown.
+pub fn render(r: &Report) -> String {
+    let mut out = format!(
+        "### The queue against an immediate 429 with 2 retries (rpm {RPM}, sliding 60 s window, deadlines {} s)\n\n",
+        DEADLINE_MS / 1000
+    );
+    let mut t = Table::new([
+        "120 % load",
+        "served ≤ 10 s",
+        "served at all",
+        "p50 wait",
+        "p99 wait",
+        "over any limit",
+        "attempts / request",
+    ]);
+    for row in &r.load {
+        t.row(vec![
+            row.policy.clone(),
+            format!("{:.1} %", row.served_in_deadline * 100.0),
+            format!("{:.1} %", row.served * 100.0),
+            format!("{:.2} s", row.p50_wait_s),
+            format!("{:.2} s", row.p99_wait_s),
+            row.over_limit.to_string(),
+            format!("{:.2}", row.attempts_per_request),
+        ]);
+    }
+    out.push_str(&t.render());
+    out.push('\n');
+    let mut t = Table::new([
+        "heavy (6 × rpm) and light (0.6 × rpm) key",
+        "light key's share",
+        "max service difference",
+        "largest request",
+    ]);
+    for row in &r.fairness {
+        t.row(vec![
+            row.policy.clone(),
+            format!("{:.1} %", row.light_share * 100.0),
+            if row.policy == "queue" {
+                row.max_service_difference.to_string()
+            } else {
+                "–".into()
+            },
+            row.max_request_service.to_string(),
+        ]);
+    }
+    out.push_str(&t.render());
+    out.push('\n');
+    let mut t = Table::new([
+        "floors (a, b reserve 0.5; b starts at 300 s)",
+        "lone a's use of the model",
+        "b at 95 % of its reserved rate after",
+    ]);
+    for row in &r.floors {
+        t.row(vec![
+            row.policy.clone(),
+            format!("{:.1} %", row.lone_use * 100.0),
+            row.recovery_s
+                .map_or("never (120 s)".into(), |s| format!("{s:.0} s")),
+        ]);
+    }
+    out.push_str(&t.render());
+    if let Some(m) = &r.memory {
+        out.push_str(&format!(
+            "\nMemory: {} requests waiting cost {:.0} resident bytes each (the boxed wait future is {} bytes of that).\n",
+            m.waiting, m.resident_bytes_per_waiter, m.future_bytes
+        ));
+    }
+    out
+}

@@ -1,0 +1,69 @@
+//! The gateway's router waits in the limiter's queue as the layer does (the same
+//! `Limiter::should_wait` and `Limiter::admit_waiting`), over real HTTP, on the manual clock.
+
+use std::time::Duration;
+
+use integration_tests::gateway::{with_master, Gw};
+use serde_json::json;
+
+const M: &str = "gpt-5.6-luna";
+
+fn config() -> String {
+    with_master(
+        r#"
+model_list:
+  - model_name: gpt-5.6-luna
+    litellm_params: {model: openai/gpt-5.6-luna, mock_response: "hi", rpm: 1}
+litellm_settings:
+  callbacks: ["dynamic_rate_limiter_v3"]
+  priority_reservation_settings: {queue: {max_wait_seconds: 100, max_queued: 10}}
+"#,
+    )
+}
+
+async fn until_waiting(gw: &Gw, n: usize) {
+    let limiter = gw.gateway.limiter();
+    let id = limiter.config().model_id(M).unwrap();
+    for _ in 0..5_000 {
+        if limiter.queue_len(id) == n {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    panic!("expected {n} waiting, found {}", limiter.queue_len(id));
+}
+
+/// A chat refused for capacity waits for the window to roll and is served; one that cannot be
+/// served before its deadline gets the limiter's 429 at the deadline.
+#[tokio::test]
+async fn the_router_waits_for_capacity_and_answers_the_429_at_the_deadline() {
+    let gw = Gw::start(&config(), None).await;
+    let key = gw.new_key(json!({})).await;
+    assert_eq!(gw.chat(&key, M, false).await.status, 200);
+    let (reply, ()) = tokio::join!(gw.chat(&key, M, false), async {
+        until_waiting(&gw, 1).await;
+        gw.clock.advance(Duration::from_secs(60));
+    });
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    // Two wait from 60 s (deadline 160 s): the roll at 120 s serves one; the next roll, at
+    // 180 s, is after the other's deadline, which answers the 429 with `retry-after` 20.
+    let (first, second, ()) =
+        tokio::join!(gw.chat(&key, M, false), gw.chat(&key, M, false), async {
+            until_waiting(&gw, 2).await;
+            gw.clock.advance(Duration::from_secs(60));
+            until_waiting(&gw, 1).await;
+            gw.clock.advance(Duration::from_secs(40));
+        });
+    let mut statuses = [first.status, second.status];
+    statuses.sort_unstable();
+    assert_eq!(statuses, [200, 429]);
+    let refused = if first.status == 429 { first } else { second };
+    assert!(
+        refused
+            .error_message()
+            .starts_with("Model capacity reached for gpt-5.6-luna"),
+        "{}",
+        refused.text()
+    );
+    assert_eq!(refused.headers["retry-after"], "20");
+}

@@ -1,0 +1,178 @@
+//! Three limiters (three gateways' worth) queueing against one real `redis-server`: each keeps
+//! its own waiters, all share the counters. Time is injected: the waiters' clock is a manual
+//! clock, and Redis's windows are moved back instead of waited for.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use integration_tests::app::shift_redis_windows;
+use integration_tests::redis::RedisServer;
+use tower_priority_limit::clock::{Clock, ManualClock};
+use tower_priority_limit::config::{LimiterConfig, ModelId, ModelLimits, PoolRef, QueueSettings};
+use tower_priority_limit::decision::Decision;
+use tower_priority_limit::store::{RedisStore, RedisTarget};
+use tower_priority_limit::{Limiter, WaitRequest};
+
+const RPM: u64 = 6;
+const MAX_WAIT: Duration = Duration::from_secs(150);
+const WINDOW: Duration = Duration::from_secs(60);
+
+async fn until(what: &str, mut done: impl FnMut() -> bool) {
+    for _ in 0..5_000 {
+        if done() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    panic!("timed out waiting for {what}");
+}
+
+/// 6 admitted, then 15 waiting spread over 3 limiters: each window roll admits exactly 6 of them
+/// across the fleet (the shared limit holds), and the 3 left get their 429 at their deadline,
+/// not before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_limiters_wait_on_shared_counters_and_every_deadline_holds() {
+    let Some(redis) = RedisServer::start("three_limiters_wait_on_shared_counters") else {
+        return;
+    };
+    let config = LimiterConfig::builder()
+        .model(ModelLimits::new("m").rpm(RPM))
+        .store_timeout(Duration::from_secs(2))
+        .queue(QueueSettings::new(MAX_WAIT, 100))
+        .build()
+        .unwrap();
+    let clock = ManualClock::new();
+    let prefix = "queue-fleet:";
+    let mut limiters = Vec::new();
+    for _ in 0..3 {
+        let store = RedisStore::builder(RedisTarget::Single(redis.url()))
+            .key_prefix(prefix)
+            .connect(&config)
+            .await
+            .expect("redis store");
+        limiters.push(Arc::new(
+            Limiter::with_store(store).with_queue_clock(clock.clone()),
+        ));
+    }
+    let id: ModelId = config.model_id("m").unwrap();
+    for i in 0..RPM as usize {
+        let d = limiters[i % 3]
+            .admit(id, PoolRef::Default, 0)
+            .await
+            .unwrap();
+        assert!(matches!(d, Decision::Admit(_)), "{d:?}");
+    }
+    let mut waiters = Vec::new();
+    for i in 0..15u64 {
+        let limiter = Arc::clone(&limiters[(i % 3) as usize]);
+        let clock = clock.clone();
+        waiters.push(tokio::spawn(async move {
+            let Decision::Refuse(refused) = limiter.admit(id, PoolRef::Default, 0).await.unwrap()
+            else {
+                panic!("the fleet's limit is used up");
+            };
+            let max_wait = MAX_WAIT.as_millis() as u64;
+            assert!(limiter.should_wait(Some(refused.retry_after_ms), max_wait));
+            let waited = limiter
+                .admit_waiting(WaitRequest {
+                    model: id,
+                    pool: PoolRef::Default,
+                    flow: i,
+                    estimate: 0,
+                    service: 1,
+                    max_wait_ms: max_wait,
+                    refused: Some(refused),
+                })
+                .await;
+            (waited.decision.unwrap(), clock.now_ms())
+        }));
+    }
+    let waiting = || limiters.iter().map(|l| l.queue_len(id)).sum::<usize>();
+    until("15 waiters", || waiting() == 15).await;
+    assert!(limiters.iter().all(|l| l.queue_len(id) == 5));
+
+    let client = ::redis::Client::open(redis.url()).unwrap();
+    let finished = |w: &[tokio::task::JoinHandle<(Decision, u64)>]| {
+        w.iter().filter(|h| h.is_finished()).count()
+    };
+    for (roll, left) in [(1, 9), (2, 3)] {
+        shift_redis_windows(&client, prefix, WINDOW);
+        clock.advance(WINDOW);
+        until("a roll's admissions", || waiting() == left).await;
+        // Let any over-admission show itself before counting.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(waiting(), left, "roll {roll}");
+        assert_eq!(finished(&waiters), 15 - left, "roll {roll}");
+    }
+    // No room until the deadline: the last three wait until it, then get their 429.
+    clock.set(MAX_WAIT.as_millis() as u64 - 1);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(waiting(), 3, "nobody leaves before the deadline");
+    clock.advance(Duration::from_millis(1));
+    until("the deadline's answers", || waiting() == 0).await;
+    let mut admitted = 0;
+    let mut refused = 0;
+    for w in waiters {
+        let (decision, at) = tokio::time::timeout(Duration::from_secs(10), w)
+            .await
+            .expect("answered")
+            .unwrap();
+        match decision {
+            Decision::Admit(_) => admitted += 1,
+            Decision::Refuse(r) => {
+                refused += 1;
+                assert_eq!(at, MAX_WAIT.as_millis() as u64, "answered at its deadline");
+                assert!(r.retry_after_secs() >= 1);
+            }
+        }
+    }
+    assert_eq!((admitted, refused), (12, 3));
+    assert_eq!(clock.now_ms(), MAX_WAIT.as_millis() as u64);
+}
+
+/// The Redis store tells the queue each pool's usage as Redis last said it (what orders
+/// priorities by their floors), and nothing for a pool it has not seen admitted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_redis_store_reports_pool_usage_from_its_replies() {
+    use tower_priority_limit::config::Reservation;
+    use tower_priority_limit::decision::Usage;
+    use tower_priority_limit::store::Store;
+    let Some(redis) = RedisServer::start("the_redis_store_reports_pool_usage") else {
+        return;
+    };
+    let config = LimiterConfig::builder()
+        .model(ModelLimits::new("m").rpm(RPM))
+        .reserve("a", Reservation::Percent(0.5))
+        .reserve("b", Reservation::Percent(0.5))
+        .store_timeout(Duration::from_secs(2))
+        .queue(QueueSettings::new(MAX_WAIT, 100))
+        .build()
+        .unwrap();
+    let store = RedisStore::builder(RedisTarget::Single(redis.url()))
+        .key_prefix("queue-usage:")
+        .connect(&config)
+        .await
+        .expect("redis store");
+    let limiter = Limiter::with_store(store);
+    let id = config.model_id("m").unwrap();
+    let (a, b) = (config.pool_of(Some("a")), config.pool_of(Some("b")));
+    for _ in 0..3 {
+        let d = limiter.admit(id, a, 0).await.unwrap();
+        assert!(matches!(d, Decision::Admit(_)), "{d:?}");
+    }
+    let used = |pool| Store::pool_usage(limiter.store(), id, pool);
+    assert_eq!(
+        used(a),
+        Some(Usage {
+            requests: 3,
+            tokens: 0
+        })
+    );
+    assert_eq!(used(b), Some(Usage::default()));
+    // Shares are floors, not caps, with the queue on: a takes the whole model.
+    for _ in 3..RPM {
+        let d = limiter.admit(id, a, 0).await.unwrap();
+        assert!(matches!(d, Decision::Admit(_)), "{d:?}");
+    }
+    assert_eq!(used(a).unwrap().requests, RPM);
+}

@@ -1,0 +1,411 @@
+//! The order in which waiting requests are admitted (docs/behaviour.md, "Waiting for capacity"),
+//! as pure rules.
+//!
+//! Two levels decide who goes next when capacity frees:
+//!
+//! 1. **Between priorities: floors, then weight.** A pool's [`fill`] is `used ÷ floor`, taken over
+//!    each limited dimension (requests, tokens) and the larger kept, where `floor` is the pool's
+//!    reserved limit (`floor(capacity × share)`). The pool with the lowest fill goes first
+//!    ([`first_pool`]). A pool below its floor has a fill under 1, so it goes before every pool at
+//!    or above its own; among pools below their floors the one furthest below goes first, so
+//!    floors fill evenly; beyond the floors the same rule hands capacity out in proportion to
+//!    the shares (`used ÷ floor` equal means `used` in proportion to `share`). A pool with no
+//!    floor (share 0) goes after every pool with one. Ties go to the pool listed first.
+//! 2. **Inside a priority: fair between flows** ([`FlowClock`], after the VTC scheduler). Each
+//!    flow (a caller: the key by default) has a virtual service counter, increased by the
+//!    weighted tokens it was served ([`ServiceWeights`]: prompt × 1 + completion × 2 by default).
+//!    The waiting flow with the least counter goes first; ties go to the flow that started waiting
+//!    first. A flow that starts waiting is lifted to the least counter among the flows waiting
+//!    then (or, when none is, to the counter of the flow served last), so time spent idle is
+//!    not saved up as credit. Within a flow, requests go first come, first served.
+//!
+//! Nothing here reads a clock or a store: the queue and the simulator hand in the numbers.
+
+use std::collections::{BTreeSet, HashMap};
+
+use crate::config::PoolLimits;
+use crate::decision::Usage;
+
+/// How much one request's tokens count as service to its flow: `prompt × prompt weight +
+/// completion × completion weight`, at least 1 so a request that reports no tokens still counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ServiceWeights {
+    /// Weight of a prompt (input) token.
+    pub prompt: u64,
+    /// Weight of a completion (output) token.
+    pub completion: u64,
+}
+
+impl Default for ServiceWeights {
+    /// Prompt 1, completion 2 (output tokens cost a provider about twice as much to produce).
+    fn default() -> Self {
+        Self {
+            prompt: 1,
+            completion: 2,
+        }
+    }
+}
+
+impl ServiceWeights {
+    /// The weighted service of a request with `prompt` input and `completion` output tokens.
+    pub fn service(&self, prompt: u64, completion: u64) -> u64 {
+        prompt
+            .saturating_mul(self.prompt)
+            .saturating_add(completion.saturating_mul(self.completion))
+            .max(1)
+    }
+}
+
+/// How far a pool is through its floor, `used ÷ floor` (the larger over limited dimensions).
+/// Ordered: lower goes first. A pool with usage but no floor is [`Fill::NO_FLOOR`]-ordered: after
+/// every pool with a floor.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Fill(f64);
+
+impl Fill {
+    /// Nothing used (also the fill of every pool of a model without reservations).
+    pub const EMPTY: Fill = Fill(0.0);
+    /// A fill that orders after every finite one.
+    pub const NO_FLOOR: Fill = Fill(f64::INFINITY);
+
+    /// The ratio; `< 1` means below the floor.
+    pub fn ratio(self) -> f64 {
+        self.0
+    }
+
+    /// Whether the pool is below its floor.
+    pub fn below_floor(self) -> bool {
+        self.0 < 1.0
+    }
+}
+
+impl Eq for Fill {}
+
+impl PartialOrd for Fill {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Fill {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.0.total_cmp(&other.0)
+    }
+}
+
+/// The fill of a pool with `floor` (its reserved limits) that has `used` this much: the larger of
+/// `requests ÷ floor rpm` and `tokens ÷ floor tpm` over the dimensions the model limits. A
+/// dimension whose floor is 0 counts as infinitely full once anything is used in it, and as 1
+/// (at its floor, never below it) while nothing is; a model with no limits has fill 0.
+pub fn fill(floor: &PoolLimits, used: Usage) -> Fill {
+    let one = |floor: Option<u64>, used: u64| match floor {
+        None => 0.0,
+        Some(0) if used == 0 => 1.0,
+        Some(0) => f64::INFINITY,
+        Some(f) => used as f64 / f as f64,
+    };
+    Fill(one(floor.rpm, used.requests).max(one(floor.tpm, used.tokens)))
+}
+
+/// The pool to serve first among `candidates` (each a pool's position in the config's list and
+/// its [`fill`]): the lowest fill, ties to the lowest position. `None` when there is none.
+pub fn first_pool(candidates: impl IntoIterator<Item = (usize, Fill)>) -> Option<usize> {
+    candidates
+        .into_iter()
+        .min_by(|a, b| a.1.cmp(&b.1).then(a.0.cmp(&b.0)))
+        .map(|(pool, _)| pool)
+}
+
+/// A flow: one caller inside a priority, named by a hash of its key.
+pub type FlowId = u64;
+
+#[derive(Debug, Clone, Copy)]
+struct FlowState {
+    /// Virtual service: weighted tokens served, lifted on activation.
+    counter: u64,
+    /// Requests of this flow waiting now.
+    waiting: u32,
+    /// When it last started waiting (ties between equal counters go to the earlier).
+    since: u64,
+}
+
+/// Fairness between the flows of one priority (see the module docs, rule 2).
+///
+/// ```
+/// use tower_priority_limit::order::FlowClock;
+///
+/// let mut flows = FlowClock::default();
+/// flows.arrive(1); // the heavy flow waits...
+/// flows.serve(1, 1000); // ...and is served 1000 weighted tokens,
+/// flows.arrive(1);
+/// flows.arrive(2); // then a light flow starts waiting: it starts at the least waiting counter,
+/// assert_eq!(flows.counter(2), Some(1000)); // the heavy flow's,
+/// assert_eq!(flows.next(), Some(1)); // and the tie goes to the flow that waited first.
+/// flows.serve(1, 1000);
+/// assert_eq!(flows.next(), Some(2)); // now the light flow has had less.
+/// ```
+#[derive(Debug, Clone, Default)]
+pub struct FlowClock {
+    flows: HashMap<FlowId, FlowState, foldhash::fast::RandomState>,
+    /// Waiting flows by (counter, since, flow): the first is served next.
+    waiting: BTreeSet<(u64, u64, FlowId)>,
+    /// The counter of the flow served last: where a flow starts when none is waiting.
+    virtual_time: u64,
+    /// Arrival sequence, for ties.
+    sequence: u64,
+}
+
+impl FlowClock {
+    /// A request of `flow` starts waiting. A flow that was not waiting is lifted to the least
+    /// counter of the flows waiting now (or to the virtual time when none is).
+    pub fn arrive(&mut self, flow: FlowId) {
+        let floor = self
+            .waiting
+            .first()
+            .map_or(self.virtual_time, |&(counter, _, _)| counter);
+        self.sequence += 1;
+        let since = self.sequence;
+        let state = self.flows.entry(flow).or_insert(FlowState {
+            counter: floor,
+            waiting: 0,
+            since,
+        });
+        if state.waiting == 0 {
+            state.counter = state.counter.max(floor);
+            state.since = since;
+            self.waiting.insert((state.counter, state.since, flow));
+        }
+        state.waiting += 1;
+    }
+
+    /// The flow to serve next: the waiting flow with the least counter.
+    pub fn next(&self) -> Option<FlowId> {
+        self.waiting.first().map(|&(_, _, flow)| flow)
+    }
+
+    /// A waiting request of `flow` was served, costing `service` (see [`ServiceWeights`]).
+    pub fn serve(&mut self, flow: FlowId, service: u64) {
+        let Some(state) = self.flows.get_mut(&flow) else {
+            return;
+        };
+        self.waiting.remove(&(state.counter, state.since, flow));
+        self.virtual_time = self.virtual_time.max(state.counter);
+        state.counter = state.counter.saturating_add(service);
+        state.waiting = state.waiting.saturating_sub(1);
+        if state.waiting > 0 {
+            self.waiting.insert((state.counter, state.since, flow));
+        }
+        self.forget_idle();
+    }
+
+    /// A waiting request of `flow` left without being served (its deadline, or its client went
+    /// away): nothing is charged.
+    pub fn leave(&mut self, flow: FlowId) {
+        let Some(state) = self.flows.get_mut(&flow) else {
+            return;
+        };
+        state.waiting = state.waiting.saturating_sub(1);
+        if state.waiting == 0 {
+            self.waiting.remove(&(state.counter, state.since, flow));
+        }
+        self.forget_idle();
+    }
+
+    /// Corrects `flow`'s counter once a served request's real service is known (`served` instead
+    /// of the `charged` estimate). A flow already forgotten is not brought back.
+    pub fn correct(&mut self, flow: FlowId, charged: u64, served: u64) {
+        let Some(state) = self.flows.get_mut(&flow) else {
+            return;
+        };
+        let was = (state.counter, state.since, flow);
+        state.counter = state
+            .counter
+            .saturating_sub(charged)
+            .saturating_add(served)
+            .max(self.virtual_time.min(state.counter));
+        if state.waiting > 0 && self.waiting.remove(&was) {
+            self.waiting.insert((state.counter, state.since, flow));
+        }
+    }
+
+    /// `flow`'s counter, if it is remembered.
+    pub fn counter(&self, flow: FlowId) -> Option<u64> {
+        self.flows.get(&flow).map(|s| s.counter)
+    }
+
+    /// Flows waiting now.
+    pub fn waiting_flows(&self) -> usize {
+        self.waiting.len()
+    }
+
+    /// Flows remembered (waiting, or idle with more service than a newcomer would start with).
+    pub fn remembered(&self) -> usize {
+        self.flows.len()
+    }
+
+    /// Forgets idle flows that a new arrival would lift anyway (counter at or below the least
+    /// waiting counter, or the virtual time): remembering them changes nothing, so memory stays
+    /// bounded by the flows that are waiting or were recently served more than the rest.
+    fn forget_idle(&mut self) {
+        if self.flows.len() <= 2 * self.waiting.len() + 64 {
+            return;
+        }
+        let floor = self
+            .waiting
+            .first()
+            .map_or(self.virtual_time, |&(c, _, _)| c)
+            .min(self.virtual_time);
+        self.flows.retain(|_, s| s.waiting > 0 || s.counter > floor);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn limits(rpm: Option<u64>, tpm: Option<u64>) -> PoolLimits {
+        PoolLimits { rpm, tpm }
+    }
+
+    fn used(requests: u64, tokens: u64) -> Usage {
+        Usage { requests, tokens }
+    }
+
+    #[test]
+    fn fill_is_the_larger_ratio_over_limited_dimensions() {
+        assert_eq!(
+            fill(&limits(Some(10), Some(1000)), used(5, 100)).ratio(),
+            0.5
+        );
+        assert_eq!(
+            fill(&limits(Some(10), Some(1000)), used(1, 900)).ratio(),
+            0.9
+        );
+        assert_eq!(fill(&limits(None, Some(1000)), used(99, 0)).ratio(), 0.0);
+        assert_eq!(fill(&limits(None, None), used(99, 99)).ratio(), 0.0);
+        assert!(!fill(&limits(Some(0), None), used(0, 0)).below_floor());
+        assert_eq!(fill(&limits(Some(0), None), used(1, 0)), Fill::NO_FLOOR);
+    }
+
+    #[test]
+    fn below_floor_goes_first_and_the_furthest_below_first() {
+        // prod (floor 9) used 5, dev (floor 1) used 0, default (floor 2) used 3.
+        let prod = fill(&limits(Some(9), None), used(5, 0));
+        let dev = fill(&limits(Some(1), None), used(0, 0));
+        let default = fill(&limits(Some(2), None), used(3, 0));
+        assert_eq!(first_pool([(0, prod), (1, dev), (2, default)]), Some(1));
+        assert_eq!(first_pool([(0, prod), (2, default)]), Some(0));
+        // At or above floors: by weight, i.e. the lowest used ÷ floor.
+        let prod = fill(&limits(Some(9), None), used(18, 0)); // 2.0
+        let dev = fill(&limits(Some(1), None), used(3, 0)); // 3.0
+        assert_eq!(first_pool([(1, dev), (0, prod)]), Some(0));
+        // Ties to the pool listed first.
+        let a = fill(&limits(Some(4), None), used(2, 0));
+        let b = fill(&limits(Some(2), None), used(1, 0));
+        assert_eq!(first_pool([(1, b), (0, a)]), Some(0));
+        assert_eq!(first_pool([]), None);
+    }
+
+    #[test]
+    fn weights_count_completion_twice_by_default_and_at_least_one() {
+        let w = ServiceWeights::default();
+        assert_eq!(w.service(100, 50), 200);
+        assert_eq!(w.service(0, 0), 1);
+        let w = ServiceWeights {
+            prompt: 0,
+            completion: 1,
+        };
+        assert_eq!(w.service(100, 50), 50);
+    }
+
+    #[test]
+    fn least_served_flow_goes_first_and_newcomers_start_at_the_minimum() {
+        let mut f = FlowClock::default();
+        f.arrive(7);
+        f.arrive(7);
+        f.serve(7, 500);
+        assert_eq!(f.counter(7), Some(500));
+        f.arrive(8);
+        assert_eq!(
+            f.counter(8),
+            Some(500),
+            "lifted to the least waiting counter"
+        );
+        assert_eq!(f.next(), Some(7), "tie: 7 waited first");
+        f.serve(7, 500);
+        assert_eq!(f.next(), Some(8));
+        f.serve(8, 10);
+        assert_eq!(f.next(), None);
+        // Idle flows start at the virtual time (the counter of the flow served last), not 0.
+        f.arrive(9);
+        assert_eq!(f.counter(9), Some(500));
+        f.leave(9);
+        assert_eq!(f.waiting_flows(), 0);
+    }
+
+    #[test]
+    fn a_correction_moves_a_waiting_flow() {
+        let mut f = FlowClock::default();
+        f.arrive(1);
+        f.arrive(1);
+        f.arrive(2);
+        f.serve(1, 100); // estimated 100
+        assert_eq!(f.next(), Some(2));
+        f.correct(1, 100, 0); // it cost nothing in the end
+        assert_eq!(f.next(), Some(1));
+    }
+
+    proptest! {
+        /// Two flows always waiting, served by the rule with random costs below 1000: the
+        /// difference of their service never exceeds two of the largest requests.
+        #[test]
+        fn backlogged_flows_stay_within_two_requests(costs in proptest::collection::vec((1u64..1000, 1u64..1000), 1..400)) {
+            let mut f = FlowClock::default();
+            f.arrive(1);
+            f.arrive(2);
+            let mut served = [0u64; 2];
+            for (a, b) in costs {
+                let flow = f.next().unwrap();
+                let cost = if flow == 1 { a } else { b };
+                // Backlogged: its next request is already waiting when this one is served.
+                f.arrive(flow);
+                f.serve(flow, cost);
+                served[(flow - 1) as usize] += cost;
+                prop_assert!(served[0].abs_diff(served[1]) <= 2 * 1000);
+            }
+        }
+
+        /// Memory: many flows that each wait once beside a backlogged one are forgotten once a
+        /// newcomer would be lifted past them.
+        #[test]
+        fn idle_flows_are_forgotten(n in 1u64..3000, cost in 1u64..100) {
+            let mut f = FlowClock::default();
+            let heavy = u64::MAX;
+            f.arrive(heavy);
+            for flow in 0..n {
+                f.arrive(flow);
+                for _ in 0..2 {
+                    let next = f.next().unwrap();
+                    f.serve(next, cost);
+                    if next == heavy { f.arrive(heavy); }
+                }
+            }
+            prop_assert!(f.remembered() <= 2 * f.waiting_flows() + 64 + 2, "{} remembered", f.remembered());
+        }
+
+        /// The pool chosen has the least fill: none below its floor is passed over for one at
+        /// or above its own.
+        #[test]
+        fn first_pool_has_the_least_fill(pools in proptest::collection::vec((0u64..20, 0u64..40), 1..6)) {
+            let fills: Vec<(usize, Fill)> = pools.iter().enumerate()
+                .map(|(i, &(floor, u))| (i, fill(&limits(Some(floor), None), used(u, 0))))
+                .collect();
+            let first = first_pool(fills.clone()).unwrap();
+            for &(i, f) in &fills {
+                prop_assert!(fills[first].1 <= f);
+                if f.below_floor() { prop_assert!(fills[first].1.below_floor(), "pool {} below floor was passed over", i); }
+            }
+        }
+    }
+}
