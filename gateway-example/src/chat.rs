@@ -39,6 +39,9 @@ pub struct ChatRequest {
     pub max_output_tokens: Option<u64>,
     /// The client's headers passed on upstream: `anthropic-version` and `anthropic-beta`.
     pub pass_on: HeaderMap,
+    /// The caller's flow (its key's [`flow_id`](tower_priority_limit::flow::flow_id)): with the
+    /// limiter's queue on, the callers of one priority take turns by their service.
+    pub flow: u64,
 }
 
 impl ChatRequest {

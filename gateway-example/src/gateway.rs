@@ -309,6 +309,7 @@ router_settings: {{redis_url: "redis://127.0.0.1:{port}"}}
             ),
             max_output_tokens: None,
             body: Arc::new(body),
+            flow: 0,
         }
     }
 

@@ -7,8 +7,10 @@ use std::hash::{BuildHasher, Hash};
 use http::header::{HeaderName, AUTHORIZATION};
 use http::Request;
 
-/// A fixed seed: flows only need to be told apart inside one process.
-fn hash_of(value: impl Hash) -> u64 {
+/// The flow named by `value` (a key, a team): what the extractors below return, for code that
+/// admits by itself ([`WaitRequest::flow`](crate::WaitRequest)). A fixed seed: flows only need to
+/// be told apart inside one process.
+pub fn flow_id(value: impl Hash) -> u64 {
     foldhash::fast::FixedState::with_seed(0x666c_6f77).hash_one(value)
 }
 
@@ -45,7 +47,7 @@ impl<B> FlowExtractor<B> for KeyFlow {
         request
             .headers()
             .get(&self.header)
-            .map_or(0, |v| hash_of(v.as_bytes()))
+            .map_or(0, |v| flow_id(v.as_bytes()))
     }
 }
 
@@ -69,6 +71,6 @@ where
     K: Hash,
 {
     fn flow(&self, request: &Request<B>) -> u64 {
-        self(request).map_or(0, hash_of)
+        self(request).map_or(0, flow_id)
     }
 }

@@ -64,6 +64,7 @@ pub async fn prepare(
 async fn validate(gw: &Gateway, caller: &Caller, request: Request) -> Result<Request, ApiError> {
     let endpoint = Endpoint::from_path(request.uri().path())
         .ok_or_else(|| ApiError::internal("prepare is routed only on the endpoints' paths"))?;
+    let flow = tower_priority_limit::flow::flow_id(super::auth::api_key(&request).unwrap_or(""));
     let (mut parts, bytes) = read_bounded(gw, request).await?;
     let body: Value = serde_json::from_slice(&bytes)
         .map_err(|e| ApiError::bad_request(format!("Invalid JSON in request body: {e}")))?;
@@ -175,6 +176,7 @@ async fn validate(gw: &Gateway, caller: &Caller, request: Request) -> Result<Req
         max_output_tokens,
         body: Arc::new(body),
         pass_on,
+        flow,
     });
     Ok(Request::from_parts(parts, Body::empty()))
 }

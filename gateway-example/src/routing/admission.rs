@@ -29,8 +29,8 @@ pub(super) enum Admission {
 /// With the limiter's queue on and `may_wait`, a refusal for capacity that frees before the
 /// deadline waits for it in the group's queue, as the layer's requests do (the same
 /// [`Limiter::should_wait`] and [`Limiter::admit_waiting`]); so does a request that finds others
-/// already waiting. Requests of one priority share one flow here (the router is not told the
-/// caller's key), so they wait in arrival order inside their priority.
+/// already waiting. The caller's flow is its key ([`ChatRequest::flow`]), so inside a priority
+/// callers take turns by their service.
 pub(super) async fn admit(
     limiter: &Limiter<GatewayStore>,
     group: &str,
@@ -47,7 +47,7 @@ pub(super) async fn admit(
     let wait = |refused| WaitRequest {
         model: id,
         pool,
-        flow: 0,
+        flow: chat.flow,
         estimate,
         service: limiter.flow_service(id, chat.prompt_tokens, chat.max_output_tokens),
         max_wait_ms: max_wait,
