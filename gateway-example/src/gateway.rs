@@ -6,13 +6,14 @@ use std::time::Duration;
 
 use axum::response::Response;
 use tower_priority_limit::clock::{Clock, CoarseClock};
-use tower_priority_limit::config::LimiterConfig;
-use tower_priority_limit::store::{MemoryStore, RedisStore, RedisTarget};
+use tower_priority_limit::metrics::Observer;
+use tower_priority_limit::store::{MemoryStore, RedisStore, RedisStoreBuilder, RedisTarget};
 use tower_priority_limit::Limiter;
 
 use crate::chat::ChatRequest;
 use crate::config::{Deployment, GatewayConfig};
 use crate::keys::{hash_key, KeyStore, KeyStoreError};
+use crate::metrics::{GatewayMetrics, ScrapeGauges};
 use crate::routing::{self, Router};
 use crate::signal::{streams_end, EndStreams};
 use crate::store::GatewayStore;
@@ -33,6 +34,8 @@ pub struct Gateway {
     router: Router,
     /// Ends the upstream bodies still streaming (the shutdown grace period is over).
     end_streams: EndStreams,
+    /// The Prometheus series (`GET /metrics`).
+    metrics: GatewayMetrics,
 }
 
 /// Builds a [`Gateway`]: [`build`](Self::build) with embedded counters, or
@@ -67,12 +70,14 @@ impl GatewayBuilder {
             routing::deployment_limits(&self.config.deployments, &self.config.limiter);
         let groups = MemoryStore::with_clock(&self.config.limiter, clock.clone());
         let deployments = MemoryStore::with_clock(&deployment_limits, clock.clone());
+        let metrics = GatewayMetrics::new(&self.config.limiter);
         Ok(Gateway::assemble(
             self.config,
             keys,
             GatewayStore::Embedded(groups),
             GatewayStore::Embedded(deployments),
             clock,
+            metrics,
         ))
     }
 
@@ -98,7 +103,13 @@ impl GatewayBuilder {
         }
         let config = &self.config;
         let limits = &config.limiter;
-        let groups = redis_store(&target, config.redis_key_prefix.clone(), limits).await?;
+        let metrics = GatewayMetrics::new(limits);
+        let observer: Arc<dyn Observer> = metrics.limiter().clone();
+        let groups = redis_store(&target, config.redis_key_prefix.clone())
+            .observer(observer.clone())
+            .connect(limits)
+            .await
+            .map_err(|e| KeyStoreError::Unavailable(e.to_string()))?;
         tracing::info!(
             redis = %target.redacted(),
             failure_mode = limits.settings().shared.failure_mode.as_str(),
@@ -107,7 +118,11 @@ impl GatewayBuilder {
         );
         let deployment_limits = routing::deployment_limits(&config.deployments, limits);
         let prefix = format!("{}deployment:", config.redis_key_prefix);
-        let deployments = redis_store(&target, prefix, &deployment_limits).await?;
+        let deployments = redis_store(&target, prefix)
+            .observer(observer)
+            .connect(&deployment_limits)
+            .await
+            .map_err(|e| KeyStoreError::Unavailable(e.to_string()))?;
         let clock = self.clock.unwrap_or_else(|| Arc::new(CoarseClock::new()));
         Ok(Gateway::assemble(
             self.config,
@@ -115,20 +130,14 @@ impl GatewayBuilder {
             GatewayStore::Redis(groups),
             GatewayStore::Redis(deployments),
             clock,
+            metrics,
         ))
     }
 }
 
-async fn redis_store(
-    target: &RedisTarget,
-    prefix: String,
-    limits: &LimiterConfig,
-) -> Result<RedisStore, KeyStoreError> {
-    RedisStore::builder(target.clone())
-        .key_prefix(prefix)
-        .connect(limits)
-        .await
-        .map_err(|e| KeyStoreError::Unavailable(e.to_string()))
+/// A Redis store's builder; both stores' Redis calls are timed into `priority_limit_store_seconds`.
+fn redis_store(target: &RedisTarget, prefix: String) -> RedisStoreBuilder {
+    RedisStore::builder(target.clone()).key_prefix(prefix)
 }
 
 impl Gateway {
@@ -174,8 +183,11 @@ impl Gateway {
         groups: GatewayStore,
         deployments: GatewayStore,
         clock: Arc<dyn Clock>,
+        metrics: GatewayMetrics,
     ) -> Self {
-        let limiter = Arc::new(Limiter::with_store(groups));
+        let limiter =
+            Arc::new(Limiter::with_store(groups).with_observer(metrics.limiter().clone()));
+        metrics.limiter().read_usage_from(Arc::downgrade(&limiter));
         let router = Router::new(
             &config.deployments,
             config.router.clone(),
@@ -192,7 +204,33 @@ impl Gateway {
             limiter,
             upstream,
             router,
+            metrics,
         }
+    }
+
+    /// The Prometheus series.
+    pub fn metrics(&self) -> &GatewayMetrics {
+        &self.metrics
+    }
+
+    /// The Prometheus text exposition of every series, the gauges read now.
+    pub fn encode_metrics(&self) -> Result<String, std::fmt::Error> {
+        let deployments = self
+            .config
+            .deployments
+            .iter()
+            .enumerate()
+            .map(|(i, d)| {
+                (
+                    d.model_name.clone(),
+                    d.id.clone(),
+                    self.router.in_flight(i),
+                    self.router.is_parked(i),
+                )
+            })
+            .collect();
+        let keys = self.keys.as_local().map(|k| k.key_count() as u64);
+        self.metrics.encode(ScrapeGauges { deployments, keys })
     }
 
     /// The validated config.
@@ -244,7 +282,7 @@ impl Gateway {
     /// limiter applies only when the config turns it on.
     pub async fn serve(&self, chat: &ChatRequest, priority: Option<&str>) -> Response {
         let limiter = self.config.limiter_enabled.then_some(&*self.limiter);
-        routing::serve(
+        let mut response = routing::serve(
             &self.router,
             &self.config.deployments,
             &self.upstream,
@@ -252,7 +290,16 @@ impl Gateway {
             chat,
             priority,
         )
-        .await
+        .await;
+        // A refusal names the group it was refused for too, so it is counted under it
+        // (`gateway_request_duration_seconds{model}`); served responses already do.
+        let headers = response.headers_mut();
+        if !headers.contains_key(routing::MODEL_GROUP) {
+            if let Ok(group) = http::HeaderValue::from_str(chat.model.as_str()) {
+                headers.insert(routing::MODEL_GROUP, group);
+            }
+        }
+        response
     }
 }
 

@@ -27,6 +27,7 @@ mod gateway;
 pub mod idle;
 pub mod keys;
 pub mod logging;
+pub mod metrics;
 pub mod mock;
 pub mod mock_upstream;
 pub mod routing;
@@ -74,9 +75,19 @@ pub fn router(gw: Arc<Gateway>) -> Router {
         .route("/team/info", get(api::keys::team_info))
         .route_layer(from_fn_with_state(gw.clone(), api::auth::require_master));
 
+    // Open by default, like other exporters; `general_settings.metrics_require_auth` asks for
+    // the master key.
+    let metrics = Router::new().route("/metrics", get(api::metrics::scrape));
+    let metrics = if gw.config().metrics_require_auth {
+        metrics.route_layer(from_fn_with_state(gw.clone(), api::auth::require_master))
+    } else {
+        metrics
+    };
+
     Router::new()
         .route("/health/liveliness", get(api::health::liveliness))
         .route("/health/readiness", get(api::health::readiness))
+        .merge(metrics)
         .merge(keyed)
         .merge(admin)
         .fallback(|| async {
@@ -86,5 +97,6 @@ pub fn router(gw: Arc<Gateway>) -> Router {
                 "No such endpoint.",
             )
         })
+        .layer(from_fn_with_state(gw.clone(), api::metrics::track))
         .with_state(gw)
 }

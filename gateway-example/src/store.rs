@@ -7,8 +7,8 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use futures_util::future::Either;
-use tower_priority_limit::config::{LimiterConfig, ModelId};
-use tower_priority_limit::decision::Decision;
+use tower_priority_limit::config::{LimiterConfig, ModelId, PoolRef};
+use tower_priority_limit::decision::{Decision, Usage};
 use tower_priority_limit::store::{
     AdmitRequest, MemoryStore, RedisStore, Settler, Store, StoreError,
 };
@@ -47,6 +47,13 @@ impl Store for GatewayStore {
         match self {
             GatewayStore::Embedded(s) => s.admit_now(request),
             GatewayStore::Redis(_) => None,
+        }
+    }
+
+    fn usage_now(&self, model: ModelId, pool: PoolRef) -> Option<(Usage, Option<Usage>)> {
+        match self {
+            GatewayStore::Embedded(s) => s.usage_now(model, pool),
+            GatewayStore::Redis(s) => s.usage_now(model, pool),
         }
     }
 

@@ -6,6 +6,7 @@
 mod accounting;
 mod bad_input;
 mod keys;
+mod metrics;
 mod quickstart;
 mod routing;
 mod timeouts;

@@ -209,6 +209,7 @@ pub(crate) fn after_admit<St: Store>(
     store_failure: FailureMode,
     max_output_tokens: Option<u64>,
 ) -> AfterAdmit {
+    limiter.observe_result(model, pool, &decision);
     match decision {
         Ok(Decision::Admit(admitted)) => {
             let lease = limiter

@@ -13,10 +13,11 @@ use http::Response;
 use crate::body::ResponseBody;
 use crate::clock::Clock;
 use crate::config::{LimiterConfig, ModelId, PoolRef, TokenAccounting};
-use crate::decision::{Admitted, Decision, Refused};
+use crate::decision::{Admitted, Decision, Refused, Usage};
 use crate::estimate::{EstimateStats, OutputEstimate};
 use crate::lease::{Lease, SettleTarget};
 use crate::meter::UsageMeter;
+use crate::metrics::{Observer, Outcome, RefusedBy, UsageSource};
 use crate::response::{
     insert_admitted_headers, refusal_response, store_failure_response, LimitHeaderValues,
 };
@@ -50,6 +51,8 @@ pub struct Limiter<St = MemoryStore> {
     /// Per model: where its leases settle (the store's settler and, with `reserve` accounting,
     /// the learned output estimate and its errors).
     targets: Box<[Arc<SettleTarget>]>,
+    /// Told of every admission, settlement and store call ([`with_observer`](Self::with_observer)).
+    observer: Option<Arc<dyn Observer>>,
 }
 
 const UNKNOWN_LABEL_SLOTS: usize = 256;
@@ -85,6 +88,47 @@ impl Limiter<MemoryStore> {
 impl<St: Store> Limiter<St> {
     /// A limiter over any store, with the config the store was built for.
     pub fn with_store(store: St) -> Self {
+        Self::build(store, None)
+    }
+
+    /// The limiter, telling `observer` of every admission ([`observe`](Self::observe)) and of
+    /// every settled response's tokens (e.g. [`PrometheusMetrics`](crate::metrics)). Set it
+    /// before serving: leases made earlier do not report.
+    pub fn with_observer(self, observer: Arc<dyn Observer>) -> Self {
+        Self::build(self.store, Some(observer))
+    }
+
+    /// The observer, if one was set.
+    pub fn observer(&self) -> Option<&Arc<dyn Observer>> {
+        self.observer.as_ref()
+    }
+
+    /// Tells the observer what became of an admission on `model` under `pool`. The layer does
+    /// this for every request it admits; code that admits by itself calls it once per admission
+    /// with the same outcome it acts on ([`acquire`](Self::acquire) does).
+    pub fn observe(&self, model: ModelId, pool: PoolRef, outcome: Outcome<'_>) {
+        if let Some(observer) = &self.observer {
+            observer.admission(model, pool, outcome);
+        }
+        if let Outcome::Decided(decision) = outcome {
+            explain(self.config(), model, pool, decision);
+        }
+    }
+
+    /// [`observe`](Self::observe) of a store's answer.
+    pub fn observe_result(
+        &self,
+        model: ModelId,
+        pool: PoolRef,
+        result: &Result<Decision, StoreError>,
+    ) {
+        match result {
+            Ok(decision) => self.observe(model, pool, Outcome::Decided(decision)),
+            Err(_) => self.observe(model, pool, Outcome::StoreFailure),
+        }
+    }
+
+    fn build(store: St, observer: Option<Arc<dyn Observer>>) -> Self {
         let settings = store.config().settings();
         let reserve = settings.token_accounting == TokenAccounting::Reserve;
         let targets = (0..store.config().models().len())
@@ -93,6 +137,7 @@ impl<St: Store> Limiter<St> {
                     settler: store.settler(ModelId(i as u32)),
                     estimate: reserve
                         .then(|| OutputEstimate::new(settings.default_estimated_output_tokens)),
+                    observer: observer.clone(),
                 })
             })
             .collect();
@@ -103,6 +148,7 @@ impl<St: Store> Limiter<St> {
             unknown_labels: (0..UNKNOWN_LABEL_SLOTS)
                 .map(|_| AtomicU64::new(0))
                 .collect(),
+            observer,
         }
     }
 
@@ -247,6 +293,7 @@ impl<St: Store> Limiter<St> {
             None => Arc::new(SettleTarget {
                 settler: None,
                 estimate: None,
+                observer: None,
             }),
         };
         Lease::new(target, model, pool, admitted)
@@ -289,7 +336,9 @@ impl<St: Store> Limiter<St> {
             return Ok(Acquired::NotLimited);
         };
         let pool = self.resolve_pool(priority);
-        Ok(match self.admit(id, pool, estimate).await? {
+        let result = self.admit(id, pool, estimate).await;
+        self.observe_result(id, pool, &result);
+        Ok(match result? {
             Decision::Admit(admitted) => Acquired::Admitted {
                 lease: self.lease(id, pool, &admitted),
                 admitted,
@@ -297,6 +346,44 @@ impl<St: Store> Limiter<St> {
             Decision::Refuse(rejected) => Acquired::Refused(rejected),
         })
     }
+}
+
+impl<St: Store> UsageSource for Limiter<St> {
+    fn usage_now(&self, model: ModelId, pool: PoolRef) -> Option<(Usage, Option<Usage>)> {
+        self.store.usage_now(model, pool)
+    }
+}
+
+/// The debug line of a refusal, real or shadow: which counter refused, the pool's reserved and
+/// used amounts, the saturation (the same facts as the refusal's headers).
+fn explain(config: &LimiterConfig, model: ModelId, pool: PoolRef, decision: &Decision) {
+    let (refused, shadow) = match decision {
+        Decision::Refuse(r) => (r, false),
+        Decision::Admit(Admitted {
+            shadow: Some(r), ..
+        }) => (r, true),
+        Decision::Admit(_) => return,
+    };
+    if !tracing::enabled!(tracing::Level::DEBUG) {
+        return;
+    }
+    let reserved = refused.pool.map(|p| p.reserved);
+    let used = refused.pool.map(|p| p.used);
+    tracing::debug!(
+        model = config.model(model).name(),
+        priority = config.pool_label(pool).unwrap_or("default"),
+        shadow,
+        refused_by = RefusedBy::of(refused).as_str(),
+        limit = refused.limit,
+        used = refused.used,
+        saturation = refused.saturation,
+        pool_reserved_requests = ?reserved.and_then(|r| r.rpm),
+        pool_reserved_tokens = ?reserved.and_then(|r| r.tpm),
+        pool_used_requests = ?used.map(|u| u.requests),
+        pool_used_tokens = ?used.map(|u| u.tokens),
+        "{}",
+        if shadow { "would refuse (shadow enforcement): served" } else { "refused" }
+    );
 }
 
 #[cfg(test)]

@@ -382,6 +382,7 @@ mod tests {
             used: 60,
             saturation: 1.0,
             retry_after_ms: 59_001,
+            pool: None,
         };
         let resp = refusal_response(&c.models()[0], None, &r);
         assert_eq!(resp.status(), 429);
@@ -417,6 +418,7 @@ mod tests {
             used: 120,
             saturation: 0.528,
             retry_after_ms: 200,
+            pool: None,
         };
         let resp = refusal_response(&c.models()[0], Some("dev"), &r);
         assert_eq!(

@@ -5,4 +5,5 @@ pub mod body;
 pub mod chat;
 pub mod health;
 pub mod keys;
+pub mod metrics;
 pub mod models;

@@ -154,6 +154,9 @@ pub struct GatewayConfig {
     pub redis_key_prefix: String,
     /// `router_settings`: strategy, retries, cooldowns, fallbacks.
     pub router: RouterSettings,
+    /// `general_settings.metrics_require_auth` (default false): `GET /metrics` asks for the
+    /// master key. Open by default, like other Prometheus exporters.
+    pub metrics_require_auth: bool,
 }
 
 impl std::fmt::Debug for GatewayConfig {
@@ -172,6 +175,7 @@ impl std::fmt::Debug for GatewayConfig {
             .field("redis", &self.redis.as_ref().map(RedisTarget::redacted))
             .field("redis_key_prefix", &self.redis_key_prefix)
             .field("router", &self.router)
+            .field("metrics_require_auth", &self.metrics_require_auth)
             .finish()
     }
 }
@@ -253,7 +257,14 @@ impl GatewayConfig {
         let mut request_body_timeout = DEFAULT_REQUEST_BODY_TIMEOUT;
         let mut max_connections = DEFAULT_MAX_CONNECTIONS;
         let mut shutdown_grace = DEFAULT_SHUTDOWN_GRACE;
+        let mut metrics_require_auth = false;
         if let Some(general) = root.get("general_settings")? {
+            if let Some(flag) = general.get("metrics_require_auth")? {
+                metrics_require_auth = match flag.value() {
+                    Value::Bool(b) => *b,
+                    other => return Err(flag.error(format!("expected true or false, got {other}"))),
+                };
+            }
             if let Some(key) = general.get("master_key")? {
                 let key = key.string()?;
                 if key.is_empty() {
@@ -321,6 +332,7 @@ impl GatewayConfig {
             redis,
             redis_key_prefix,
             router,
+            metrics_require_auth,
         })
     }
 

@@ -40,7 +40,9 @@ pub(super) async fn admit(
     let decision = match limiter.admit_now(id, pool, estimate) {
         Some(decision) => decision,
         None => limiter.admit(id, pool, estimate).await,
-    }?;
+    };
+    limiter.observe_result(id, pool, &decision);
+    let decision = decision?;
     Ok(match decision {
         Decision::Admit(admitted) => {
             let lease = limiter

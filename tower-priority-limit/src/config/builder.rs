@@ -3,9 +3,10 @@
 use std::time::Duration;
 
 use super::{
-    ConfigError, FailureMode, LimiterConfig, ModelLimits, Reservation, SharedStoreSettings,
-    TokenAccounting, WindowKind, DEFAULT_ESTIMATED_OUTPUT_TOKENS, DEFAULT_MAX_REPORTED_TOKENS,
-    DEFAULT_PRIORITY_SHARE, DEFAULT_SATURATION_THRESHOLD, DEFAULT_WINDOW,
+    ConfigError, Enforcement, FailureMode, LimiterConfig, ModelLimits, Reservation,
+    SharedStoreSettings, TokenAccounting, WindowKind, DEFAULT_ESTIMATED_OUTPUT_TOKENS,
+    DEFAULT_MAX_REPORTED_TOKENS, DEFAULT_PRIORITY_SHARE, DEFAULT_SATURATION_THRESHOLD,
+    DEFAULT_WINDOW,
 };
 
 /// One model entry: a `model_list` item of a file, or a [`ModelLimits`] handed to the builder.
@@ -80,6 +81,9 @@ pub struct LimiterConfigBuilder {
     pub(super) default_estimated_output_tokens: u64,
     pub(super) shared: SharedStoreSettings,
     pub(super) max_reported_tokens: u64,
+    pub(super) enforcement: Enforcement,
+    /// Per model name: its enforcement, and where it was written.
+    pub(super) model_enforcement: Vec<(String, Enforcement, String)>,
     pub(super) origin: Origin,
 }
 
@@ -97,6 +101,8 @@ impl Default for LimiterConfigBuilder {
             default_estimated_output_tokens: DEFAULT_ESTIMATED_OUTPUT_TOKENS,
             shared: SharedStoreSettings::default(),
             max_reported_tokens: DEFAULT_MAX_REPORTED_TOKENS,
+            enforcement: Enforcement::Enforce,
+            model_enforcement: Vec::new(),
             origin: Origin::Code,
         }
     }
@@ -194,6 +200,22 @@ impl LimiterConfigBuilder {
     /// this many, and the clamp is logged at most once a second. Estimates are not clamped.
     pub fn max_reported_tokens(mut self, tokens: u64) -> Self {
         self.max_reported_tokens = tokens;
+        self
+    }
+
+    /// Whether refusals are enforced (default) or only reported ([`Enforcement::Shadow`]), for
+    /// every model [`model_enforcement`](Self::model_enforcement) does not name.
+    pub fn enforcement(mut self, enforcement: Enforcement) -> Self {
+        self.enforcement = enforcement;
+        self
+    }
+
+    /// `model`'s enforcement, overriding [`enforcement`](Self::enforcement) (the model must be in
+    /// the config).
+    pub fn model_enforcement(mut self, model: impl Into<String>, enforcement: Enforcement) -> Self {
+        let model = model.into();
+        let path = format!("model_enforcement({model:?})");
+        self.model_enforcement.push((model, enforcement, path));
         self
     }
 

@@ -92,6 +92,28 @@ impl TokenAccounting {
     }
 }
 
+/// Whether refusals are enforced (`enforcement`, globally in `priority_reservation_settings` and
+/// per model in `model_enforcement`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Enforcement {
+    /// A request the limits refuse gets a 429 (the default).
+    #[default]
+    Enforce,
+    /// Every decision is computed and counted, but a request the limits would refuse is served
+    /// (and charged like any other): a dark launch of a policy.
+    Shadow,
+}
+
+impl Enforcement {
+    /// The config spelling: `enforce` or `shadow`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Enforcement::Enforce => "enforce",
+            Enforcement::Shadow => "shadow",
+        }
+    }
+}
+
 /// How the accounting window moves (`window`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum WindowKind {
@@ -136,6 +158,8 @@ pub struct ModelLimits {
     pools: Box<[PoolLimits]>,
     /// Normalized shares, same order as `pools` (for reporting).
     shares: Box<[f64]>,
+    /// Whether this model's refusals are enforced or only reported.
+    enforcement: Enforcement,
 }
 
 impl ModelLimits {
@@ -159,6 +183,7 @@ impl ModelLimits {
             tpm: None,
             pools: Box::new([]),
             shares: Box::new([]),
+            enforcement: Enforcement::Enforce,
         }
     }
 
@@ -172,6 +197,12 @@ impl ModelLimits {
     pub fn tpm(mut self, tpm: u64) -> Self {
         self.tpm = Some(tpm);
         self
+    }
+
+    /// Whether refusals on this model are enforced (the config's global `enforcement` unless
+    /// `model_enforcement` names the model).
+    pub fn enforcement(&self) -> Enforcement {
+        self.enforcement
     }
 
     /// The model name clients ask for.
@@ -232,6 +263,8 @@ pub struct Settings {
     pub shared: SharedStoreSettings,
     /// The most tokens one response may report; more is clamped to this (and logged).
     pub max_reported_tokens: u64,
+    /// Enforcement of models `model_enforcement` does not name.
+    pub enforcement: Enforcement,
 }
 
 /// What a shared store does while it cannot answer: degrade, don't vanish.

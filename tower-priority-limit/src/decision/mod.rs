@@ -10,7 +10,7 @@
 mod fixed;
 mod sliding;
 
-use crate::config::{ModelLimits, PoolLimits, PoolRef, Settings, TokenAccounting};
+use crate::config::{Enforcement, ModelLimits, PoolLimits, PoolRef, Settings, TokenAccounting};
 
 pub use self::fixed::FixedWindow;
 pub use self::sliding::{slot_ms, SlidingWindow, RING, SLOTS};
@@ -112,6 +112,19 @@ pub struct Refused {
     /// Milliseconds until the refusing counter has room for this request (a fixed window's
     /// end; the sliding window's slot that frees enough).
     pub retry_after_ms: Millis,
+    /// The caller's pool: its reserved limits and its usage before this request, whichever
+    /// counter refused (`None` when the config reserves nothing). For refusals that explain
+    /// themselves.
+    pub pool: Option<PoolState>,
+}
+
+/// A pool's reserved limits and what it used, as one decision saw them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PoolState {
+    /// The pool's reserved share of the model, per dimension.
+    pub reserved: PoolLimits,
+    /// The pool's usage in the window, before the request.
+    pub used: Usage,
 }
 
 impl Refused {
@@ -147,6 +160,9 @@ pub struct Admitted {
     pub model_window: Millis,
     /// Where this request is counted in its pool (`now` without pools).
     pub pool_window: Millis,
+    /// Under `shadow` enforcement, the refusal this request was admitted despite (it is counted
+    /// like any admission); `None` when the limits admitted it.
+    pub shadow: Option<Refused>,
 }
 
 impl Admitted {
@@ -287,28 +303,35 @@ pub fn decide<W: Window>(
     let saturation = saturation(limits, model_usage);
     let strict = saturation >= settings.saturation_threshold;
     let reserve = reservation(limits, pool, strict && pool_counter.is_some(), estimate);
-    let refuse = |scope, over: Over, counter: &W| {
-        Decision::Refuse(Refused {
-            scope,
-            dimension: over.dimension,
-            limit: over.limit,
-            used: over.used,
-            saturation,
-            retry_after_ms: counter.room_in(now, window, over.dimension, over.excess),
-        })
-    };
-
-    if let Some(over) = check(limits.rpm, limits.tpm, model_usage, reserve) {
-        return refuse(Scope::Model, over, model_counter);
-    }
-
     let pool_limits: Option<&PoolLimits> = limits.pool(pool);
     let pool_usage = pool_counter.map(|c| c.usage(now, window));
-    if strict {
+    let pool_state = pool_limits
+        .zip(pool_usage)
+        .map(|(reserved, used)| PoolState {
+            reserved: *reserved,
+            used,
+        });
+    let refusal = |scope, over: Over, counter: &W| Refused {
+        scope,
+        dimension: over.dimension,
+        limit: over.limit,
+        used: over.used,
+        saturation,
+        retry_after_ms: counter.room_in(now, window, over.dimension, over.excess),
+        pool: pool_state,
+    };
+
+    let mut refused = check(limits.rpm, limits.tpm, model_usage, reserve)
+        .map(|over| refusal(Scope::Model, over, model_counter));
+    if refused.is_none() && strict {
         if let (Some(pl), Some(pu), Some(pc)) = (pool_limits, pool_usage, pool_counter) {
-            if let Some(over) = check(pl.rpm, pl.tpm, pu, reserve) {
-                return refuse(Scope::Priority, over, pc);
-            }
+            refused =
+                check(pl.rpm, pl.tpm, pu, reserve).map(|over| refusal(Scope::Priority, over, pc));
+        }
+    }
+    if let Some(refused) = refused {
+        if limits.enforcement() == Enforcement::Enforce {
+            return Decision::Refuse(refused);
         }
     }
 
@@ -326,6 +349,7 @@ pub fn decide<W: Window>(
         reserved: reserve,
         model_window: model_counter.mark(now, window),
         pool_window: pool_counter.map_or(now, |c| c.mark(now, window)),
+        shadow: refused,
     })
 }
 

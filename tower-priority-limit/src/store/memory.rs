@@ -210,6 +210,10 @@ impl MemoryStore {
 impl Store for MemoryStore {
     type AdmitFuture = Ready<Result<Decision, StoreError>>;
 
+    fn usage_now(&self, model: ModelId, pool: PoolRef) -> Option<(Usage, Option<Usage>)> {
+        self.usage(model, pool)
+    }
+
     fn config(&self) -> &LimiterConfig {
         &self.config
     }

@@ -14,7 +14,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use crate::config::{LimiterConfig, ModelId, PoolRef};
-use crate::decision::{Decision, Millis};
+use crate::decision::{Decision, Millis, Usage};
 
 pub mod memory;
 #[cfg(feature = "redis")]
@@ -107,6 +107,14 @@ pub trait Store: Send + Sync + 'static {
     /// then decides in `call`. `None` (the default) means "await [`admit`](Self::admit)".
     fn admit_now(&self, request: AdmitRequest) -> Option<Result<Decision, StoreError>> {
         let _ = request;
+        None
+    }
+
+    /// Usage of `model` and its `pool` in the windows current now, when the store can read them
+    /// without waiting (the embedded store); `None` (the default) otherwise. For gauges read at
+    /// scrape and dashboards, never for admission.
+    fn usage_now(&self, model: ModelId, pool: PoolRef) -> Option<(Usage, Option<Usage>)> {
+        let _ = (model, pool);
         None
     }
 
