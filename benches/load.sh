@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# HTTP load on the gateway with oha: limiter on vs. off (`callbacks: []`), streaming and not.
+# HTTP load on the gateway with oha: limiter on vs. off (`callbacks: []`), streaming and not;
+# with COMPARE=metrics, both run the limiter and "off" is `general_settings.metrics: false`.
 #
-#   [CONFIG=quickstart|full] benches/load.sh [seconds per run, default 8] [concurrency, default 64] [rounds, default 3]
+#   [COMPARE=limiter|metrics] [CONFIG=quickstart|full] benches/load.sh [seconds per run, default 8] [concurrency, default 64] [rounds, default 3]
 #
 # Builds the gateway in release mode and starts two instances, one with the limiter and one
 # without, serving mock_response deployments with limits far above what the run can send (nothing
@@ -22,7 +23,7 @@ GW_CPU=${GW_CPU:-1}
 OHA_CPU=${OHA_CPU:-0}
 command -v oha >/dev/null || cargo install --locked oha
 cargo build --release -q -p gateway-example
-BIN=target/release/gateway-example
+BIN=${CARGO_TARGET_DIR:-target}/release/gateway-example
 TMP=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$TMP"' EXIT
 
@@ -49,15 +50,20 @@ YAML
 
 declare -A PORT=([on]=4101 [off]=4102) KEY
 for mode in on off; do
-  [ $mode = on ] && cb='["dynamic_rate_limiter_v3"]' || cb='[]'
-  config "$cb" > "$TMP/$mode.yaml"
+  if [ "${COMPARE:-limiter}" = metrics ]; then
+    config '["dynamic_rate_limiter_v3"]' > "$TMP/$mode.yaml"
+    [ $mode = off ] && sed -i 's/^  master_key: sk-load-master$/&\n  metrics: false/' "$TMP/$mode.yaml"
+  else
+    [ $mode = on ] && cb='["dynamic_rate_limiter_v3"]' || cb='[]'
+    config "$cb" > "$TMP/$mode.yaml"
+  fi
   RUST_LOG=error taskset -c "$GW_CPU" "$BIN" --config "$TMP/$mode.yaml" --host 127.0.0.1 --port "${PORT[$mode]}" --data-dir "$TMP/$mode-data" &
   for _ in $(seq 100); do curl -sf "http://127.0.0.1:${PORT[$mode]}/health/liveliness" >/dev/null && break; sleep 0.1; done
   KEY[$mode]=$(curl -sf "http://127.0.0.1:${PORT[$mode]}/key/generate" -H 'authorization: Bearer sk-load-master' \
         -d '{"metadata": {"priority": "prod"}}' | sed -E 's/.*"key":"([^"]+)".*/\1/')
 done
 
-echo "CONFIG=$CONFIG; oha -z ${SECS}s -c $CONC, $ROUNDS rounds; gateway pinned to CPU $GW_CPU, oha to CPU $OHA_CPU"
+echo "COMPARE=${COMPARE:-limiter} CONFIG=$CONFIG; oha -z ${SECS}s -c $CONC, $ROUNDS rounds; gateway pinned to CPU $GW_CPU, oha to CPU $OHA_CPU"
 for round in $(seq "$ROUNDS"); do
   for stream in false true; do
     for mode in on off; do

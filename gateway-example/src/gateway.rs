@@ -6,7 +6,6 @@ use std::time::Duration;
 
 use axum::response::Response;
 use tower_priority_limit::clock::{Clock, CoarseClock};
-use tower_priority_limit::metrics::Observer;
 use tower_priority_limit::store::{MemoryStore, RedisStore, RedisStoreBuilder, RedisTarget};
 use tower_priority_limit::Limiter;
 
@@ -104,9 +103,11 @@ impl GatewayBuilder {
         let config = &self.config;
         let limits = &config.limiter;
         let metrics = GatewayMetrics::new(limits);
-        let observer: Arc<dyn Observer> = metrics.limiter().clone();
-        let groups = redis_store(&target, config.redis_key_prefix.clone())
-            .observer(observer.clone())
+        let observed = |builder: RedisStoreBuilder| match config.metrics {
+            true => builder.observer(metrics.limiter().clone()),
+            false => builder,
+        };
+        let groups = observed(redis_store(&target, config.redis_key_prefix.clone()))
             .connect(limits)
             .await
             .map_err(|e| KeyStoreError::Unavailable(e.to_string()))?;
@@ -118,8 +119,7 @@ impl GatewayBuilder {
         );
         let deployment_limits = routing::deployment_limits(&config.deployments, limits);
         let prefix = format!("{}deployment:", config.redis_key_prefix);
-        let deployments = redis_store(&target, prefix)
-            .observer(observer)
+        let deployments = observed(redis_store(&target, prefix))
             .connect(&deployment_limits)
             .await
             .map_err(|e| KeyStoreError::Unavailable(e.to_string()))?;
@@ -185,8 +185,11 @@ impl Gateway {
         clock: Arc<dyn Clock>,
         metrics: GatewayMetrics,
     ) -> Self {
-        let limiter =
-            Arc::new(Limiter::with_store(groups).with_observer(metrics.limiter().clone()));
+        let limiter = Limiter::with_store(groups);
+        let limiter = Arc::new(match config.metrics {
+            true => limiter.with_observer(metrics.limiter().clone()),
+            false => limiter,
+        });
         metrics.limiter().read_usage_from(Arc::downgrade(&limiter));
         let router = Router::new(
             &config.deployments,

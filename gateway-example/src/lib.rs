@@ -84,10 +84,9 @@ pub fn router(gw: Arc<Gateway>) -> Router {
         metrics
     };
 
-    Router::new()
+    let routes = Router::new()
         .route("/health/liveliness", get(api::health::liveliness))
         .route("/health/readiness", get(api::health::readiness))
-        .merge(metrics)
         .merge(keyed)
         .merge(admin)
         .fallback(|| async {
@@ -96,7 +95,14 @@ pub fn router(gw: Arc<Gateway>) -> Router {
                 "not_found_error",
                 "No such endpoint.",
             )
-        })
-        .layer(from_fn_with_state(gw.clone(), api::metrics::track))
-        .with_state(gw)
+        });
+    // `general_settings.metrics: false`: no series, no timing, no route.
+    let routes = if gw.config().metrics {
+        routes
+            .merge(metrics)
+            .layer(from_fn_with_state(gw.clone(), api::metrics::track))
+    } else {
+        routes
+    };
+    routes.with_state(gw)
 }

@@ -8,6 +8,10 @@ use serde_json::json;
 /// `m` has 10 RPM; prod and the default pool reserve half each, and strict mode is always on, so
 /// prod gets exactly 5 requests a window.
 fn config(general: &str) -> String {
+    config_with(general, "")
+}
+
+fn config_with(general: &str, settings: &str) -> String {
     format!(
         r#"
 model_list:
@@ -16,7 +20,7 @@ model_list:
 litellm_settings:
   callbacks: ["dynamic_rate_limiter_v3"]
   priority_reservation: {{"prod": 0.5}}
-  priority_reservation_settings: {{default_priority: 0.5, saturation_threshold: 0}}
+  priority_reservation_settings: {{default_priority: 0.5, saturation_threshold: 0{settings}}}
 general_settings:
   master_key: {MASTER}
 {general}
@@ -125,6 +129,37 @@ async fn metrics_count_outcomes_refusals_tokens_and_durations() {
     );
     assert_eq!(sample(text, "gateway_keys"), Some(2.0));
     assert!(text.ends_with("# EOF\n"));
+}
+
+/// Shadow enforcement through the gateway: the 2 requests prod's pool would refuse are served,
+/// carry the shadow header and count as `shadow_refused`.
+#[tokio::test]
+async fn shadow_refusals_are_served_and_counted() {
+    let gw = Gw::start(&config_with("", ", enforcement: shadow"), None).await;
+    let prod = gw.new_key(json!({"metadata": {"priority": "prod"}})).await;
+    let mut shadowed = 0;
+    for _ in 0..7 {
+        let reply = gw.chat(&prod, "m", false).await;
+        assert_eq!(reply.status, 200);
+        if let Some(by) = reply.headers.get("x-priority-limit-shadow-refused-by") {
+            assert_eq!(by, "pool_requests");
+            shadowed += 1;
+        }
+    }
+    assert_eq!(shadowed, 2);
+    let text = gw.get("/metrics", None).await;
+    let text = text.text();
+    let requests = |outcome: &str| {
+        sample(
+            text,
+            &format!(
+                r#"priority_limit_requests_total{{model="m",priority="prod",outcome="{outcome}"}}"#
+            ),
+        )
+    };
+    assert_eq!(requests("admitted"), Some(5.0));
+    assert_eq!(requests("shadow_refused"), Some(2.0));
+    assert_eq!(requests("refused"), Some(0.0));
 }
 
 #[tokio::test]

@@ -17,6 +17,7 @@
 #![warn(missing_docs)]
 
 pub mod app;
+pub mod enforcement;
 pub mod external;
 pub mod gateway;
 pub mod http;

@@ -157,6 +157,9 @@ pub struct GatewayConfig {
     /// `general_settings.metrics_require_auth` (default false): `GET /metrics` asks for the
     /// master key. Open by default, like other Prometheus exporters.
     pub metrics_require_auth: bool,
+    /// `general_settings.metrics` (default true): the Prometheus series are kept and served at
+    /// `GET /metrics`. `false` turns every series off (nothing is observed, no route).
+    pub metrics: bool,
 }
 
 impl std::fmt::Debug for GatewayConfig {
@@ -176,7 +179,15 @@ impl std::fmt::Debug for GatewayConfig {
             .field("redis_key_prefix", &self.redis_key_prefix)
             .field("router", &self.router)
             .field("metrics_require_auth", &self.metrics_require_auth)
+            .field("metrics", &self.metrics)
             .finish()
+    }
+}
+
+fn boolean(node: &Node<'_>) -> Result<bool, ConfigError> {
+    match node.value() {
+        Value::Bool(b) => Ok(*b),
+        other => Err(node.error(format!("expected true or false, got {other}"))),
     }
 }
 
@@ -258,12 +269,13 @@ impl GatewayConfig {
         let mut max_connections = DEFAULT_MAX_CONNECTIONS;
         let mut shutdown_grace = DEFAULT_SHUTDOWN_GRACE;
         let mut metrics_require_auth = false;
+        let mut metrics = true;
         if let Some(general) = root.get("general_settings")? {
             if let Some(flag) = general.get("metrics_require_auth")? {
-                metrics_require_auth = match flag.value() {
-                    Value::Bool(b) => *b,
-                    other => return Err(flag.error(format!("expected true or false, got {other}"))),
-                };
+                metrics_require_auth = boolean(&flag)?;
+            }
+            if let Some(flag) = general.get("metrics")? {
+                metrics = boolean(&flag)?;
             }
             if let Some(key) = general.get("master_key")? {
                 let key = key.string()?;
@@ -333,6 +345,7 @@ impl GatewayConfig {
             redis_key_prefix,
             router,
             metrics_require_auth,
+            metrics,
         })
     }
 

@@ -748,6 +748,44 @@ litellm_settings:
     }
 
     #[test]
+    fn enforcement_is_global_and_per_model_and_names_its_path() {
+        let yaml = |settings: &str| {
+            format!(
+                "model_list:\n  - {{model_name: a, litellm_params: {{rpm: 1}}}}\n  - {{model_name: b, litellm_params: {{rpm: 1}}}}\nlitellm_settings:\n  priority_reservation_settings: {{{settings}}}\n"
+            )
+        };
+        let c = LimiterConfig::from_yaml_str(&yaml(
+            "enforcement: shadow, model_enforcement: {b: enforce}",
+        ))
+        .unwrap();
+        assert_eq!(c.settings().enforcement, Enforcement::Shadow);
+        assert_eq!(c.models()[0].enforcement(), Enforcement::Shadow);
+        assert_eq!(c.models()[1].enforcement(), Enforcement::Enforce);
+        let c = LimiterConfig::from_yaml_str(&yaml("")).unwrap();
+        assert_eq!(c.models()[0].enforcement(), Enforcement::Enforce);
+        let err = LimiterConfig::from_yaml_str(&yaml("enforcement: dry")).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "litellm_settings.priority_reservation_settings.enforcement: unknown enforcement \"dry\", expected enforce|shadow"
+        );
+        let err =
+            LimiterConfig::from_yaml_str(&yaml("model_enforcement: {c: shadow}")).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "litellm_settings.priority_reservation_settings.model_enforcement.c: no model named \"c\" in the config"
+        );
+        let err = LimiterConfig::builder()
+            .model(ModelLimits::new("a"))
+            .model_enforcement("z", Enforcement::Shadow)
+            .build()
+            .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            r#"model_enforcement("z"): no model named "z" in the config"#
+        );
+    }
+
+    #[test]
     fn max_reported_tokens_loads_builds_and_names_its_path() {
         let yaml = |extra: &str| {
             format!(

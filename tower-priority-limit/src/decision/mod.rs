@@ -356,7 +356,7 @@ pub fn decide<W: Window>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::{LimiterConfig, ModelLimits, Reservation};
+    use crate::config::{Enforcement, LimiterConfig, ModelLimits, Reservation};
     use proptest::prelude::*;
 
     const W: Millis = 60_000;
@@ -599,6 +599,56 @@ mod tests {
         // A pool with no tokens still lets a 1-token reservation be asked for (and refused).
         let c = cfg(None, Some(1000), 0.0);
         assert_eq!(reservation(&c.models()[0], PoolRef::Default, true, 99), 1);
+    }
+
+    /// Shadow enforcement admits and counts what enforcement refuses, with the same refusal.
+    #[test]
+    fn shadow_admits_and_counts_with_the_refusal_it_would_have_made() {
+        let config = |e| {
+            LimiterConfig::builder()
+                .model(ModelLimits::new("m").rpm(10))
+                .reserve("prod", Reservation::Percent(0.5))
+                .default_priority(0.5)
+                .saturation_threshold(0.0)
+                .enforcement(e)
+                .build()
+                .unwrap()
+        };
+        let mut enforced = Sim::new(config(Enforcement::Enforce));
+        let mut shadow = Sim::new(config(Enforcement::Shadow));
+        for i in 0..8 {
+            let e = enforced.try_admit(PROD, 0);
+            let s = shadow.try_admit(PROD, 0);
+            match (e, s) {
+                (Decision::Admit(e), Decision::Admit(s)) => {
+                    assert!(i < 5 && e.shadow.is_none() && s.shadow.is_none());
+                }
+                (Decision::Refuse(e), Decision::Admit(s)) => {
+                    assert!(i >= 5);
+                    assert_eq!(
+                        s.shadow.map(|r| (r.scope, r.dimension)),
+                        Some((e.scope, e.dimension))
+                    );
+                    assert_eq!(s.shadow.unwrap().used, i, "every shadow admission counted");
+                    assert_eq!(
+                        e.pool,
+                        Some(PoolState {
+                            reserved: PoolLimits {
+                                rpm: Some(5),
+                                tpm: None
+                            },
+                            used: Usage {
+                                requests: 5,
+                                tokens: 0
+                            },
+                        })
+                    );
+                }
+                other => panic!("request {i}: {other:?}"),
+            }
+        }
+        assert_eq!(shadow.pools[0].requests, 8);
+        assert_eq!(enforced.pools[0].requests, 5);
     }
 
     #[test]
