@@ -30,6 +30,7 @@ pub mod logging;
 pub mod metrics;
 pub mod mock;
 pub mod mock_upstream;
+pub mod reload;
 pub mod routing;
 pub mod server;
 pub mod signal;
@@ -73,6 +74,8 @@ pub fn router(gw: Arc<Gateway>) -> Router {
         .route("/key/delete", post(api::keys::delete))
         .route("/team/new", post(api::keys::new_team))
         .route("/team/info", get(api::keys::team_info))
+        .route("/config", get(api::config::show))
+        .route("/config/reload", post(api::config::reload))
         .route_layer(from_fn_with_state(gw.clone(), api::auth::require_master));
 
     // Open by default, like other exporters; `general_settings.metrics_require_auth` asks for

@@ -8,6 +8,7 @@ mod bad_input;
 mod keys;
 mod metrics;
 mod quickstart;
+mod reload;
 mod routing;
 mod timeouts;
 mod upstream;

@@ -13,11 +13,11 @@ use http::Response;
 use crate::body::ResponseBody;
 use crate::clock::Clock;
 use crate::config::{LimiterConfig, ModelId, PoolRef, TokenAccounting};
-use crate::decision::{Admitted, Decision, Refused, Usage};
+use crate::decision::{Admitted, Decision, Refused};
 use crate::estimate::{EstimateStats, OutputEstimate};
 use crate::lease::{Lease, SettleTarget};
 use crate::meter::UsageMeter;
-use crate::metrics::{Observer, Outcome, RefusedBy, UsageSource};
+use crate::metrics::{Observer, Outcome, RefusedBy, UsageNow, UsageSource};
 use crate::response::{
     insert_admitted_headers, refusal_response, store_failure_response, LimitHeaderValues,
 };
@@ -349,8 +349,14 @@ impl<St: Store> Limiter<St> {
 }
 
 impl<St: Store> UsageSource for Limiter<St> {
-    fn usage_now(&self, model: ModelId, pool: PoolRef) -> Option<(Usage, Option<Usage>)> {
-        self.store.usage_now(model, pool)
+    fn usage_now(&self, model: ModelId, pool: PoolRef) -> Option<UsageNow> {
+        let limits = self.config().models().get(model.index())?;
+        let (model_usage, pool_usage) = self.store.usage_now(model, pool)?;
+        Some(UsageNow {
+            saturation: crate::decision::saturation(limits, model_usage),
+            pool: pool_usage,
+            reserved: limits.pool(pool).copied(),
+        })
     }
 }
 

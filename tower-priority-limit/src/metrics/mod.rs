@@ -218,10 +218,21 @@ pub trait Observer: Send + Sync + fmt::Debug + 'static {
     }
 }
 
-/// Where scrape-time gauges read the counters as they are now: usage of a model and of one of its
-/// pools, in the current window. `None` when the store cannot say without a round trip (Redis):
-/// the gauges then show what the last admission saw.
+/// Where scrape-time gauges and dashboards read the counters as they are now, with the limits in
+/// force (a [`Limiter`](crate::Limiter)).
 pub trait UsageSource: Send + Sync + 'static {
-    /// Model-wide usage and `pool`'s (`None` without reservations) now.
-    fn usage_now(&self, model: ModelId, pool: PoolRef) -> Option<(Usage, Option<Usage>)>;
+    /// `model`'s saturation and `pool`'s usage and reserved limits in the current window;
+    /// `None` when the store cannot say without a round trip (Redis).
+    fn usage_now(&self, model: ModelId, pool: PoolRef) -> Option<UsageNow>;
+}
+
+/// What [`UsageSource::usage_now`] reads.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct UsageNow {
+    /// Model saturation now.
+    pub saturation: f64,
+    /// The pool's usage now (`None` without reservations).
+    pub pool: Option<Usage>,
+    /// The pool's reserved limits (`None` without reservations).
+    pub reserved: Option<crate::config::PoolLimits>,
 }

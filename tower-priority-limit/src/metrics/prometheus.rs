@@ -1,7 +1,7 @@
 //! [`PrometheusMetrics`]: the limiter's series in a `prometheus-client` registry.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock, Weak};
+use std::sync::{Arc, RwLock, Weak};
 use std::time::Duration;
 
 use prometheus_client::collector::Collector;
@@ -13,7 +13,7 @@ use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
 
-use super::{Observer, Outcome, OutcomeLabel, RefusedBy, TokenKind, UsageSource};
+use super::{Observer, Outcome, OutcomeLabel, RefusedBy, TokenKind, UsageNow, UsageSource};
 use crate::config::{pool_index, LimiterConfig, ModelId, PoolRef};
 use crate::decision::{Decision, Usage};
 
@@ -66,7 +66,8 @@ pub struct PrometheusMetrics {
     /// read at scrape.
     last_saturation: Box<[AtomicU64]>,
     last_pool: Box<[[AtomicU64; 2]]>,
-    source: OnceLock<Weak<dyn UsageSource>>,
+    /// Read at scrape only: a lock here costs the request path nothing.
+    source: RwLock<Option<Weak<dyn UsageSource>>>,
 }
 
 impl PrometheusMetrics {
@@ -151,7 +152,7 @@ impl PrometheusMetrics {
             last_pool: (0..models.len() * pools)
                 .map(|_| [AtomicU64::new(0), AtomicU64::new(0)])
                 .collect(),
-            source: OnceLock::new(),
+            source: RwLock::new(None),
         };
         registry.register(
             "priority_limit_requests",
@@ -190,35 +191,38 @@ impl PrometheusMetrics {
 
     /// Reads the scrape-time gauges from `source` (a [`Limiter`](crate::Limiter) in an `Arc`),
     /// for as long as it lives, when its store can answer without a round trip (the embedded
-    /// one); otherwise they show what the last admission saw. Set once; later calls are ignored.
+    /// one); otherwise they show what the last admission saw. A later call replaces the source
+    /// (a limiter rebuilt for a reloaded config, with the same models and priorities).
     pub fn read_usage_from<S: UsageSource>(&self, source: Weak<S>) {
         let source: Weak<dyn UsageSource> = source;
-        let _ = self.source.set(source);
+        *self.source.write().unwrap_or_else(|e| e.into_inner()) = Some(source);
     }
 
     fn slot(&self, model: ModelId, pool: PoolRef) -> usize {
         model.index() * self.pools + pool_index(pool, self.pools)
     }
 
-    /// Model-wide and pool usage of `model`'s `pool` now, else as the last admission saw it.
-    fn usage(&self, model: ModelId, pool: PoolRef) -> (Option<f64>, Usage) {
-        if let Some(source) = self.source.get().and_then(Weak::upgrade) {
-            if let Some((m, p)) = source.usage_now(model, pool) {
-                let limits = self.config.model(model);
-                return (
-                    Some(crate::decision::saturation(limits, m)),
-                    p.unwrap_or_default(),
-                );
-            }
+    /// `model`'s saturation and `pool`'s usage and reserved limits now, else (`None` saturation)
+    /// the pool's usage as the last admission saw it, against the limits it was built with.
+    fn usage(&self, model: ModelId, pool: PoolRef) -> UsageNow {
+        let source = self
+            .source
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .and_then(Weak::upgrade);
+        if let Some(now) = source.and_then(|s| s.usage_now(model, pool)) {
+            return now;
         }
         let [r, t] = &self.last_pool[self.slot(model, pool)];
-        (
-            None,
-            Usage {
+        UsageNow {
+            saturation: f64::NAN,
+            pool: Some(Usage {
                 requests: r.load(Ordering::Relaxed),
                 tokens: t.load(Ordering::Relaxed),
-            },
-        )
+            }),
+            reserved: self.config.model(model).pool(pool).copied(),
+        }
     }
 }
 
@@ -292,9 +296,11 @@ impl Collector for ScrapeGauges {
                 } else {
                     PoolRef::Named(p as u16)
                 };
-                let (s, used) = metrics.usage(model, pool);
-                saturation = saturation.or(s);
-                if let Some(reserved) = limits.pool(pool) {
+                let now = metrics.usage(model, pool);
+                if !now.saturation.is_nan() {
+                    saturation = Some(now.saturation);
+                }
+                if let (Some(reserved), Some(used)) = (now.reserved, now.pool) {
                     let label = config.pool_label(pool).unwrap_or("default");
                     for (dimension, limit, used) in [
                         ("requests", reserved.rpm, used.requests),
