@@ -76,6 +76,7 @@ pub fn router(gw: Arc<Gateway>) -> Router {
         .route("/team/info", get(api::keys::team_info))
         .route("/config", get(api::config::show))
         .route("/config/reload", post(api::config::reload))
+        .route("/ui/state", get(api::ui::state))
         .route_layer(from_fn_with_state(gw.clone(), api::auth::require_master));
 
     // Open by default, like other exporters; `general_settings.metrics_require_auth` asks for
@@ -90,6 +91,8 @@ pub fn router(gw: Arc<Gateway>) -> Router {
     let routes = Router::new()
         .route("/health/liveliness", get(api::health::liveliness))
         .route("/health/readiness", get(api::health::readiness))
+        // The dashboard's page holds no data (see `api::ui`): its state is behind the master key.
+        .route("/ui", get(api::ui::page))
         .merge(keyed)
         .merge(admin)
         .fallback(|| async {

@@ -11,4 +11,5 @@ mod quickstart;
 mod reload;
 mod routing;
 mod timeouts;
+mod ui;
 mod upstream;

@@ -8,3 +8,4 @@ pub mod health;
 pub mod keys;
 pub mod metrics;
 pub mod models;
+pub mod ui;

@@ -21,7 +21,7 @@ use crate::decision::{Decision, Dimension, Refused, Scope, Usage};
 use crate::meter::Tokens;
 
 #[cfg(feature = "prometheus")]
-pub use self::prometheus::PrometheusMetrics;
+pub use self::prometheus::{PoolSnapshot, PrometheusMetrics};
 
 /// What became of one request at admission.
 #[derive(Debug, Clone, Copy)]

@@ -226,6 +226,49 @@ impl PrometheusMetrics {
     }
 }
 
+/// One pool of one model as [`PrometheusMetrics::snapshot`] reads it, for dashboards.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PoolSnapshot {
+    /// Requests admitted since start, by outcome ([`OutcomeLabel::ALL`] order).
+    pub requests: [u64; 5],
+    /// Requests waiting in the queue now.
+    pub queue_depth: u64,
+    /// The pool's usage now (or as the last admission saw it).
+    pub used: Option<Usage>,
+    /// The pool's reserved limits.
+    pub reserved: Option<crate::config::PoolLimits>,
+    /// The model's saturation now (or as the last admission saw it).
+    pub saturation: f64,
+}
+
+impl PrometheusMetrics {
+    /// What the series hold for `model`'s `pool` now: counts since start and usage (read as the
+    /// scrape-time gauges are).
+    pub fn snapshot(&self, model: ModelId, pool: PoolRef) -> Option<PoolSnapshot> {
+        if model.index() >= self.last_saturation.len() {
+            return None;
+        }
+        let slot = self.slot(model, pool);
+        let mut requests = [0; 5];
+        for (i, count) in requests.iter_mut().enumerate() {
+            *count = self.requests[slot * OutcomeLabel::ALL.len() + i].get();
+        }
+        let now = self.usage(model, pool);
+        let saturation = if now.saturation.is_nan() {
+            f64::from_bits(self.last_saturation[model.index()].load(Ordering::Relaxed))
+        } else {
+            now.saturation
+        };
+        Some(PoolSnapshot {
+            requests,
+            queue_depth: self.queue_depth[slot].get().max(0) as u64,
+            used: now.pool,
+            reserved: now.reserved,
+            saturation,
+        })
+    }
+}
+
 impl Observer for PrometheusMetrics {
     fn admission(&self, model: ModelId, pool: PoolRef, outcome: Outcome<'_>) {
         if model.index() >= self.last_saturation.len() {
