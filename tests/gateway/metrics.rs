@@ -228,4 +228,28 @@ async fn prometheus_scrapes_the_counts_the_test_generated() {
         2.0,
     )
     .await;
+
+    // Every query of the shipped Grafana dashboard is valid PromQL over these series (the query
+    // API answers 400 otherwise) and all but the queue's and the store's find series.
+    let dashboard: serde_json::Value =
+        serde_json::from_str(include_str!("../../docs/grafana-dashboard.json")).unwrap();
+    let mut found = 0;
+    let mut queries = 0;
+    for panel in dashboard["panels"].as_array().unwrap() {
+        for target in panel["targets"].as_array().unwrap() {
+            let expr = target["expr"]
+                .as_str()
+                .unwrap()
+                .replace("$model", ".*")
+                .replace("$__rate_interval", "1m");
+            queries += 1;
+            if prometheus.query(&expr).await.is_some() {
+                found += 1;
+            }
+        }
+    }
+    assert!(
+        queries >= 12 && found >= queries - 3,
+        "{found} of {queries} queries found series"
+    );
 }
