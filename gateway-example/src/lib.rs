@@ -13,7 +13,8 @@
 //!
 //! `error`, `logging`, `signal`, `store`, `mock` (OpenAI-shaped mock answers) ← `strip`,
 //! `mock_upstream` ← `config` ← `keys` ← `chat` (request types) ← `idle` (ending silent
-//! upstream bodies) ← `upstream` (real and mock deployments) ← `routing` (router, health, attempts, admission, serve) ← `gateway`
+//! upstream bodies) ← `upstream` (real and mock deployments) ← `routing` (router, health, attempts, admission, serve) ← `metrics`
+//! (the Prometheus series), `reload` (reading the config file, what a reload may change) ← `gateway`
 //! ([`Gateway`] and its builder) ← `api` (axum handlers, auth) ← `server` (the accept loop,
 //! connection limits) ← `lib` (the routes) / `main`.
 
