@@ -1,7 +1,7 @@
 //! `GET /metrics`: the limiter's and the gateway's series, scraped by a real Prometheus and read
 //! back through its query API, and the text itself.
 
-use integration_tests::gateway::{with_master, Gw, MASTER};
+use integration_tests::gateway::{Gw, MASTER};
 use integration_tests::prometheus::PrometheusServer;
 use serde_json::json;
 
@@ -169,7 +169,6 @@ async fn metrics_can_require_the_master_key() {
     let reply = gw.get("/metrics", Some(MASTER)).await;
     assert_eq!(reply.status, 200);
     assert!(reply.text().contains("priority_limit_requests_total"));
-    let _ = with_master;
 }
 
 /// A real Prometheus scrapes the gateway; its query API returns the counts this test generated.

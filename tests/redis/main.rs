@@ -7,5 +7,6 @@
 mod enforcement;
 mod fleet;
 mod gateway_keys;
+mod metrics;
 mod stall;
 mod store;
