@@ -11,7 +11,8 @@
 //!
 //! Labels are bounded: routes are the router's, models the config's groups (`other` for any
 //! other name, `none` where no model was involved), statuses a fixed list or their class.
-//! Request series are made on first use in a fixed table (a lock-free read afterwards).
+//! Request series are made on first use in a fixed table (a lock-free read afterwards), and
+//! histograms record with atomics only ([`AtomicHistogram`]).
 
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -21,10 +22,9 @@ use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
-use tower_priority_limit::metrics::PrometheusMetrics;
+use tower_priority_limit::metrics::{AtomicHistogram, PrometheusMetrics};
 use tower_priority_limit::LimiterConfig;
 
 /// The routes the duration histogram knows; any other path is `other`.
@@ -81,7 +81,7 @@ pub struct GatewayMetrics {
 struct HttpSeries {
     models: Vec<Arc<str>>,
     /// `ROUTES × models × STATUSES`, each made on first use.
-    durations: Box<[OnceLock<Histogram>]>,
+    durations: Box<[OnceLock<AtomicHistogram>]>,
     attempts: Box<[Counter]>,
     retries: Box<[Counter]>,
     fallbacks: Box<[Counter]>,
@@ -171,8 +171,8 @@ impl GatewayMetrics {
         let route = route.min(ROUTES.len() - 1);
         let i = (route * models + model.0) * STATUSES.len() + status_index(status);
         http.durations[i]
-            .get_or_init(|| Histogram::new(exponential_buckets(0.001, 2.0, 16)))
-            .observe(elapsed.as_secs_f64());
+            .get_or_init(|| AtomicHistogram::exponential(0.001, 2.0, 16))
+            .observe(elapsed);
         let count = |name| {
             headers
                 .get(name)

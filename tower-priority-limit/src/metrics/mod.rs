@@ -11,6 +11,8 @@
 //! it).
 
 #[cfg(feature = "prometheus")]
+mod histogram;
+#[cfg(feature = "prometheus")]
 mod prometheus;
 
 use std::fmt;
@@ -20,6 +22,8 @@ use crate::config::{ModelId, PoolRef};
 use crate::decision::{Decision, Dimension, Refused, Scope, Usage};
 use crate::meter::Tokens;
 
+#[cfg(feature = "prometheus")]
+pub use self::histogram::AtomicHistogram;
 #[cfg(feature = "prometheus")]
 pub use self::prometheus::{PoolSnapshot, PrometheusMetrics};
 

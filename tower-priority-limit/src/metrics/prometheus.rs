@@ -9,11 +9,12 @@ use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
-use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
 
-use super::{Observer, Outcome, OutcomeLabel, RefusedBy, TokenKind, UsageNow, UsageSource};
+use super::{
+    AtomicHistogram, Observer, Outcome, OutcomeLabel, RefusedBy, TokenKind, UsageNow, UsageSource,
+};
 use crate::config::{pool_index, LimiterConfig, ModelId, PoolRef};
 use crate::decision::{Decision, Usage};
 
@@ -59,8 +60,8 @@ pub struct PrometheusMetrics {
     refusals: Box<[Counter]>,
     tokens: Box<[Counter]>,
     queue_depth: Box<[Gauge]>,
-    queue_wait: Histogram,
-    store_seconds: Histogram,
+    queue_wait: AtomicHistogram,
+    store_seconds: AtomicHistogram,
     store_errors: Counter,
     /// Per model, then per (model, pool): what the last admission saw, for stores that cannot be
     /// read at scrape.
@@ -145,8 +146,8 @@ impl PrometheusMetrics {
                 );
                 out.into_boxed_slice()
             },
-            queue_wait: Histogram::new(exponential_buckets(0.005, 2.0, 14)),
-            store_seconds: Histogram::new(exponential_buckets(0.0001, 2.0, 16)),
+            queue_wait: AtomicHistogram::exponential(0.005, 2.0, 14),
+            store_seconds: AtomicHistogram::exponential(0.0001, 2.0, 16),
             store_errors: Counter::default(),
             last_saturation: models.iter().map(|_| AtomicU64::new(0)).collect(),
             last_pool: (0..models.len() * pools)
@@ -302,7 +303,7 @@ impl Observer for PrometheusMetrics {
     }
 
     fn store_call(&self, elapsed: Duration, ok: bool) {
-        self.store_seconds.observe(elapsed.as_secs_f64());
+        self.store_seconds.observe(elapsed);
         if !ok {
             self.store_errors.inc();
         }
@@ -315,7 +316,7 @@ impl Observer for PrometheusMetrics {
     }
 
     fn queue_wait(&self, _model: ModelId, _pool: PoolRef, waited: Duration) {
-        self.queue_wait.observe(waited.as_secs_f64());
+        self.queue_wait.observe(waited);
     }
 }
 
