@@ -107,7 +107,7 @@ pub fn router(gw: Arc<Gateway>) -> Router {
     let routes = if gw.config().metrics {
         routes
             .merge(metrics)
-            .layer(from_fn_with_state(gw.clone(), api::metrics::track))
+            .layer(api::metrics::TrackLayer(gw.clone()))
     } else {
         routes
     };
