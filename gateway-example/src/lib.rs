@@ -50,6 +50,15 @@ pub use crate::gateway::{Gateway, GatewayBuilder};
 
 /// The gateway's HTTP routes.
 pub fn router(gw: Arc<Gateway>) -> Router {
+    // Every request is timed for `gateway_request_duration_seconds` unless
+    // `general_settings.metrics: false`. The timing layer goes into each route's existing layer
+    // stack (outermost), never as a route layer of its own, which would box every request once
+    // more.
+    let track = gw
+        .config()
+        .metrics
+        .then(|| api::metrics::TrackLayer(gw.clone()));
+
     let chat = Router::new()
         .route("/chat/completions", post(api::chat::completions))
         .route("/v1/chat/completions", post(api::chat::completions));
@@ -67,7 +76,11 @@ pub fn router(gw: Arc<Gateway>) -> Router {
         .route("/models", get(api::models::list))
         .route("/v1/models", get(api::models::list))
         .merge(chat)
-        .route_layer(from_fn_with_state(gw.clone(), api::auth::require_key));
+        .route_layer(
+            ServiceBuilder::new()
+                .option_layer(track.clone())
+                .layer(from_fn_with_state(gw.clone(), api::auth::require_key)),
+        );
 
     let admin = Router::new()
         .route("/key/generate", post(api::keys::generate))
@@ -78,24 +91,17 @@ pub fn router(gw: Arc<Gateway>) -> Router {
         .route("/config", get(api::config::show))
         .route("/config/reload", post(api::config::reload))
         .route("/ui/state", get(api::ui::state))
-        .route_layer(from_fn_with_state(gw.clone(), api::auth::require_master));
+        .route_layer(
+            ServiceBuilder::new()
+                .option_layer(track.clone())
+                .layer(from_fn_with_state(gw.clone(), api::auth::require_master)),
+        );
 
-    // Open by default, like other exporters; `general_settings.metrics_require_auth` asks for
-    // the master key.
-    let metrics = Router::new().route("/metrics", get(api::metrics::scrape));
-    let metrics = if gw.config().metrics_require_auth {
-        metrics.route_layer(from_fn_with_state(gw.clone(), api::auth::require_master))
-    } else {
-        metrics
-    };
-
-    let routes = Router::new()
+    let open = Router::new()
         .route("/health/liveliness", get(api::health::liveliness))
         .route("/health/readiness", get(api::health::readiness))
         // The dashboard's page holds no data (see `api::ui`): its state is behind the master key.
         .route("/ui", get(api::ui::page))
-        .merge(keyed)
-        .merge(admin)
         .fallback(|| async {
             error::ApiError::new(
                 http::StatusCode::NOT_FOUND,
@@ -103,13 +109,21 @@ pub fn router(gw: Arc<Gateway>) -> Router {
                 "No such endpoint.",
             )
         });
-    // `general_settings.metrics: false`: no series, no timing, no route.
-    let routes = if gw.config().metrics {
-        routes
-            .merge(metrics)
-            .layer(api::metrics::TrackLayer(gw.clone()))
-    } else {
-        routes
+    let open = match &track {
+        Some(track) => {
+            // Open by default, like other exporters; `general_settings.metrics_require_auth`
+            // asks for the master key.
+            let metrics = Router::new().route("/metrics", get(api::metrics::scrape));
+            let metrics = if gw.config().metrics_require_auth {
+                metrics.route_layer(from_fn_with_state(gw.clone(), api::auth::require_master))
+            } else {
+                metrics
+            };
+            open.merge(metrics).layer(track.clone())
+        }
+        // `general_settings.metrics: false`: no series, no timing, no route.
+        None => open,
     };
-    routes.with_state(gw)
+
+    open.merge(keyed).merge(admin).with_state(gw)
 }

@@ -252,3 +252,12 @@ async fn prometheus_scrapes_the_counts_the_test_generated() {
         "{found} of {queries} queries found series"
     );
 }
+
+/// `general_settings.metrics: false`: no route, and the requests are served as before.
+#[tokio::test]
+async fn metrics_can_be_turned_off() {
+    let gw = Gw::start(&config("  metrics: false"), None).await;
+    traffic(&gw).await;
+    assert_eq!(gw.get("/metrics", None).await.status, 404);
+    assert_eq!(gw.get("/metrics", Some(MASTER)).await.status, 404);
+}
