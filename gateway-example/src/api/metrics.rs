@@ -8,9 +8,9 @@ use std::time::Instant;
 
 use axum::extract::{MatchedPath, State};
 use axum::response::{IntoResponse, Response};
-use tower::{Layer, Service};
 use http::header::CONTENT_TYPE;
 use http::{HeaderValue, StatusCode};
+use tower::{Layer, Service};
 
 use crate::gateway::Gateway;
 use crate::metrics::ROUTES;
