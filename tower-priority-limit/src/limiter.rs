@@ -418,10 +418,57 @@ mod tests {
         let subscriber = tracing_subscriber::fmt()
             .with_writer(move || writer.clone())
             .with_ansi(false)
+            .with_max_level(tracing::Level::DEBUG)
             .finish();
         tracing::subscriber::with_default(subscriber, f);
         let bytes = buffer.0.lock().unwrap().clone();
         String::from_utf8(bytes).unwrap()
+    }
+
+    /// A refusal, and a shadow one, each leave one debug line naming the counter, the pool's
+    /// reserved and used amounts and the saturation.
+    #[test]
+    fn refusals_are_explained_in_a_debug_line() {
+        for (enforcement, says) in [
+            (crate::config::Enforcement::Enforce, "refused"),
+            (
+                crate::config::Enforcement::Shadow,
+                "would refuse (shadow enforcement): served",
+            ),
+        ] {
+            let limiter = Limiter::new(
+                LimiterConfig::builder()
+                    .model(ModelLimits::new("m").rpm(4))
+                    .reserve("prod", Reservation::Percent(0.5))
+                    .default_priority(0.5)
+                    .saturation_threshold(0.0)
+                    .enforcement(enforcement)
+                    .build()
+                    .unwrap(),
+            );
+            let id = limiter.config().model_id("m").unwrap();
+            let prod = limiter.resolve_pool(Some("prod"));
+            let log = logged(|| {
+                for _ in 0..3 {
+                    let decision = limiter.admit_now(id, prod, 0).unwrap();
+                    limiter.observe_result(id, prod, &decision);
+                }
+            });
+            let lines: Vec<&str> = log.lines().filter(|l| l.contains("DEBUG")).collect();
+            assert_eq!(lines.len(), 1, "{log}");
+            for part in [
+                says,
+                "refused_by=\"pool_requests\"",
+                "limit=2",
+                "used=2",
+                "saturation=0.5",
+                "pool_reserved_requests=Some(2)",
+                "pool_used_requests=Some(2)",
+                "priority=\"prod\"",
+            ] {
+                assert!(lines[0].contains(part), "{part} in {}", lines[0]);
+            }
+        }
     }
 
     /// An unknown label is warned about once, with reservations and also without any (where

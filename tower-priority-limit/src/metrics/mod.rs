@@ -142,10 +142,6 @@ impl RefusedBy {
             RefusedBy::PoolTokens => "pool_tokens",
         }
     }
-
-    fn index(self) -> usize {
-        self as usize
-    }
 }
 
 /// How a settled response's tokens were known (`priority_limit_tokens_total{kind}`).

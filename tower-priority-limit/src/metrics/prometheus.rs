@@ -278,7 +278,7 @@ impl Observer for PrometheusMetrics {
         let slot = self.slot(model, pool);
         self.requests[slot * OutcomeLabel::ALL.len() + outcome.label() as usize].inc();
         if let Some(refused) = outcome.refusal() {
-            self.refusals[slot * RefusedBy::ALL.len() + RefusedBy::of(refused).index()].inc();
+            self.refusals[slot * RefusedBy::ALL.len() + RefusedBy::of(refused) as usize].inc();
         }
         // Remember what this admission saw, for stores the gauges cannot read at scrape.
         let (saturation, pool_usage) = match outcome {
