@@ -8,5 +8,6 @@ mod enforcement;
 mod fleet;
 mod gateway_keys;
 mod metrics;
+mod reload;
 mod stall;
 mod store;
