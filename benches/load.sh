@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# HTTP load on the gateway with oha: limiter on vs. off (`callbacks: []`), streaming and not.
+# HTTP load on the gateway with oha: limiter on vs. off (`callbacks: []`), streaming and not;
+# with COMPARE=metrics, both run the limiter and "off" is `general_settings.metrics: false`.
 #
-#   [CONFIG=quickstart|full] [ENDPOINT=chat|embeddings|completions|responses|messages] \
+#   [COMPARE=limiter|metrics] [CONFIG=quickstart|full] [ENDPOINT=chat|embeddings|completions|responses|messages] \
 #     benches/load.sh [seconds per run, default 8] [concurrency, default 64] [rounds, default 3]
 #
 # ENDPOINT (default chat, i.e. /v1/chat/completions) picks the endpoint loaded, with a body of its
@@ -50,11 +51,17 @@ YAML
   fi
 }
 
-declare -A PORT=([on]=4101 [off]=4102) KEY
+declare -A PORT=([on]=4101 [off]=4102) KEY PID
 for mode in on off; do
-  [ $mode = on ] && cb='["dynamic_rate_limiter_v3"]' || cb='[]'
-  config "$cb" > "$TMP/$mode.yaml"
+  if [ "${COMPARE:-limiter}" = metrics ]; then
+    config '["dynamic_rate_limiter_v3"]' > "$TMP/$mode.yaml"
+    [ $mode = off ] && sed -i 's/^  master_key: sk-load-master$/&\n  metrics: false/' "$TMP/$mode.yaml"
+  else
+    [ $mode = on ] && cb='["dynamic_rate_limiter_v3"]' || cb='[]'
+    config "$cb" > "$TMP/$mode.yaml"
+  fi
   RUST_LOG=error taskset -c "$GW_CPU" "$BIN" --config "$TMP/$mode.yaml" --host 127.0.0.1 --port "${PORT[$mode]}" --data-dir "$TMP/$mode-data" &
+  PID[$mode]=$!
   for _ in $(seq 100); do curl -sf "http://127.0.0.1:${PORT[$mode]}/health/liveliness" >/dev/null && break; sleep 0.1; done
   KEY[$mode]=$(curl -sf "http://127.0.0.1:${PORT[$mode]}/key/generate" -H 'authorization: Bearer sk-load-master' \
         -d '{"metadata": {"priority": "prod"}}' | sed -E 's/.*"key":"([^"]+)".*/\1/')
@@ -70,22 +77,27 @@ case "$ENDPOINT" in
   *) echo "ENDPOINT must be chat, embeddings, completions, responses or messages" >&2; exit 2 ;;
 esac
 
-echo "CONFIG=$CONFIG; ENDPOINT=$ENDPOINT (/v1/$path); oha -z ${SECS}s -c $CONC, $ROUNDS rounds; gateway pinned to CPU $GW_CPU, oha to CPU $OHA_CPU"
+echo "COMPARE=${COMPARE:-limiter} CONFIG=$CONFIG; ENDPOINT=$ENDPOINT (/v1/$path); oha -z ${SECS}s -c $CONC, $ROUNDS rounds; gateway pinned to CPU $GW_CPU, oha to CPU $OHA_CPU"
 for round in $(seq "$ROUNDS"); do
   for stream in false true; do
     for mode in on off; do
       body="{\"model\":\"load-model\",\"stream\":$stream,$fields}"
+      # The gateway's CPU time (user + system, clock ticks) around the run: CPU per request is
+      # what machine noise (other processes on the gateway's core) disturbs least.
+      before=$(awk '{print $14 + $15}' "/proc/${PID[$mode]}/stat")
       taskset -c "$OHA_CPU" oha --no-tui -z "${SECS}s" -c "$CONC" -m POST -T application/json -H "authorization: Bearer ${KEY[$mode]}" \
           -d "$body" --output-format json "http://127.0.0.1:${PORT[$mode]}/v1/$path" > "$TMP/$mode-$stream-$round.json"
+      echo $(( $(awk '{print $14 + $15}' "/proc/${PID[$mode]}/stat") - before )) > "$TMP/$mode-$stream-$round.cpu"
     done
   done
 done
 
-python3 - "$TMP" "$ROUNDS" <<'PY'
+python3 - "$TMP" "$ROUNDS" "$(getconf CLK_TCK)" "${COMPARE:-limiter}" <<'PY'
 import json, statistics, sys
-d, rounds = sys.argv[1], int(sys.argv[2])
+d, rounds, tick = sys.argv[1], int(sys.argv[2]), 1e6 / int(sys.argv[3])
+label = "metrics" if len(sys.argv) > 4 and sys.argv[4] == "metrics" else "limiter"
 for stream in ("false", "true"):
-    med = {}
+    med, cpu = {}, {}
     for mode in ("on", "off"):
         runs = [json.load(open(f"{d}/{mode}-{stream}-{r}.json")) for r in range(1, rounds + 1)]
         rps = [r["summary"]["requestsPerSec"] for r in runs]
@@ -93,7 +105,12 @@ for stream in ("false", "true"):
         p99 = statistics.median(r["latencyPercentiles"]["p99"] * 1000 for r in runs)
         ok = all(set(r.get("statusCodeDistribution", {})) == {"200"} for r in runs)
         med[mode] = statistics.median(rps)
+        # Gateway CPU microseconds per answered request, over all rounds.
+        ticks = sum(int(open(f"{d}/{mode}-{stream}-{r}.cpu").read()) for r in range(1, rounds + 1))
+        answered = sum(sum(r.get("statusCodeDistribution", {}).values()) for r in runs)
+        cpu[mode] = ticks * tick / max(answered, 1)
         print(f"{mode:>3} stream={stream:<5} rps median={med[mode]:8.0f} (runs {', '.join(f'{x:.0f}' for x in rps)}) "
-              f"p50={p50:5.2f}ms p99={p99:5.2f}ms all-200={ok}")
-    print(f"    stream={stream:<5} limiter on / off = {med['on'] / med['off']:.3f}")
+              f"p50={p50:5.2f}ms p99={p99:5.2f}ms cpu/request={cpu[mode]:6.1f}us all-200={ok}")
+    print(f"    stream={stream:<5} {label} on / off = {med['on'] / med['off']:.3f} (throughput), "
+          f"{cpu['off'] / cpu['on']:.3f} (off / on CPU per request)")
 PY

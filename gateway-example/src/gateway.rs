@@ -4,15 +4,18 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use arc_swap::{ArcSwap, ArcSwapOption, Guard};
+
 use axum::response::Response;
 use tower_priority_limit::clock::{Clock, CoarseClock};
 use tower_priority_limit::config::LimiterConfig;
-use tower_priority_limit::store::{MemoryStore, RedisStore, RedisTarget};
+use tower_priority_limit::store::{MemoryStore, RedisStore, RedisStoreBuilder, RedisTarget};
 use tower_priority_limit::Limiter;
 
 use crate::chat::ChatRequest;
 use crate::config::{Deployment, GatewayConfig};
 use crate::keys::{hash_key, KeyStore, KeyStoreError};
+use crate::metrics::{GatewayMetrics, ScrapeGauges};
 use crate::routing::{self, Router};
 use crate::signal::{streams_end, EndStreams};
 use crate::store::GatewayStore;
@@ -21,11 +24,18 @@ use crate::upstream::Upstream;
 /// Everything a request may need, shared by all of them.
 #[derive(Debug)]
 pub struct Gateway {
-    config: GatewayConfig,
+    /// The config in force; replaced whole by a reload ([`Gateway::reload`]).
+    config: ArcSwap<GatewayConfig>,
+    /// The file it was read from, and that document, when there is one.
+    file: Option<PathBuf>,
+    document: ArcSwapOption<serde_json::Value>,
+    /// One reload at a time.
+    reloading: tokio::sync::Mutex<()>,
     keys: KeyStore,
     /// Shared by every request; its counters are in Redis when `config.redis` is set and the
-    /// gateway was built with [`GatewayBuilder::connect`].
-    limiter: Arc<Limiter<GatewayStore>>,
+    /// gateway was built with [`GatewayBuilder::connect`]. A reload swaps in a limiter with the
+    /// new limits over the same counters.
+    limiter: ArcSwap<Limiter<GatewayStore>>,
     /// SHA-256 of the master key, if one is configured.
     master_key_hash: Option<String>,
     upstream: Upstream,
@@ -33,6 +43,15 @@ pub struct Gateway {
     router: Router,
     /// Ends the upstream bodies still streaming (the shutdown grace period is over).
     end_streams: EndStreams,
+    /// The Prometheus series (`GET /metrics`).
+    metrics: GatewayMetrics,
+}
+
+/// What [`Gateway::reload`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reloaded {
+    /// Whether any limit, share or limiter setting differs from the config it replaced.
+    pub limits_changed: bool,
 }
 
 /// Builds a [`Gateway`]: [`build`](Self::build) with embedded counters, or
@@ -42,12 +61,20 @@ pub struct GatewayBuilder {
     config: GatewayConfig,
     data_dir: Option<PathBuf>,
     clock: Option<Arc<dyn Clock>>,
+    file: Option<(PathBuf, serde_json::Value)>,
 }
 
 impl GatewayBuilder {
     /// Where embedded keys persist (default: in memory only; unused for keys on Redis).
     pub fn data_dir(mut self, dir: impl Into<PathBuf>) -> Self {
         self.data_dir = Some(dir.into());
+        self
+    }
+
+    /// The file `config` was read from and its document ([`crate::reload::load_file`]):
+    /// `GET /config` shows the document, a reload reads the file again.
+    pub fn config_file(mut self, path: impl Into<PathBuf>, document: serde_json::Value) -> Self {
+        self.file = Some((path.into(), document));
         self
     }
 
@@ -67,12 +94,15 @@ impl GatewayBuilder {
             routing::deployment_limits(&self.config.deployments, &self.config.limiter);
         let groups = MemoryStore::with_clock(&self.config.limiter, clock.clone());
         let deployments = MemoryStore::with_clock(&deployment_limits, clock.clone());
+        let metrics = GatewayMetrics::new(&self.config.limiter);
         Ok(Gateway::assemble(
             self.config,
+            self.file,
             keys,
             GatewayStore::Embedded(groups),
             GatewayStore::Embedded(deployments),
             clock,
+            metrics,
         ))
     }
 
@@ -98,7 +128,15 @@ impl GatewayBuilder {
         }
         let config = &self.config;
         let limits = &config.limiter;
-        let groups = redis_store(&target, config.redis_key_prefix.clone(), limits).await?;
+        let metrics = GatewayMetrics::new(limits);
+        let observed = |builder: RedisStoreBuilder| match config.metrics {
+            true => builder.observer(metrics.limiter().clone()),
+            false => builder,
+        };
+        let groups = observed(redis_store(&target, config.redis_key_prefix.clone()))
+            .connect(limits)
+            .await
+            .map_err(|e| KeyStoreError::Unavailable(e.to_string()))?;
         tracing::info!(
             redis = %target.redacted(),
             failure_mode = limits.settings().shared.failure_mode.as_str(),
@@ -107,28 +145,26 @@ impl GatewayBuilder {
         );
         let deployment_limits = routing::deployment_limits(&config.deployments, limits);
         let prefix = format!("{}deployment:", config.redis_key_prefix);
-        let deployments = redis_store(&target, prefix, &deployment_limits).await?;
+        let deployments = observed(redis_store(&target, prefix))
+            .connect(&deployment_limits)
+            .await
+            .map_err(|e| KeyStoreError::Unavailable(e.to_string()))?;
         let clock = self.clock.unwrap_or_else(|| Arc::new(CoarseClock::new()));
         Ok(Gateway::assemble(
             self.config,
+            self.file,
             keys,
             GatewayStore::Redis(groups),
             GatewayStore::Redis(deployments),
             clock,
+            metrics,
         ))
     }
 }
 
-async fn redis_store(
-    target: &RedisTarget,
-    prefix: String,
-    limits: &LimiterConfig,
-) -> Result<RedisStore, KeyStoreError> {
-    RedisStore::builder(target.clone())
-        .key_prefix(prefix)
-        .connect(limits)
-        .await
-        .map_err(|e| KeyStoreError::Unavailable(e.to_string()))
+/// A Redis store's builder; both stores' Redis calls are timed into `priority_limit_store_seconds`.
+fn redis_store(target: &RedisTarget, prefix: String) -> RedisStoreBuilder {
+    RedisStore::builder(target.clone()).key_prefix(prefix)
 }
 
 impl Gateway {
@@ -138,6 +174,7 @@ impl Gateway {
             config,
             data_dir: None,
             clock: None,
+            file: None,
         }
     }
 
@@ -168,14 +205,17 @@ impl Gateway {
             .await
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn assemble(
         config: GatewayConfig,
+        file: Option<(PathBuf, serde_json::Value)>,
         keys: KeyStore,
         groups: GatewayStore,
         deployments: GatewayStore,
         clock: Arc<dyn Clock>,
+        metrics: GatewayMetrics,
     ) -> Self {
-        let limiter = Arc::new(Limiter::with_store(groups));
+        let limiter = observed_limiter(&config, &metrics, groups);
         let router = Router::new(
             &config.deployments,
             config.router.clone(),
@@ -184,20 +224,54 @@ impl Gateway {
         );
         let (end_streams, streams_end) = streams_end();
         let upstream = Upstream::for_deployments(&config.deployments).with_streams_end(streams_end);
+        let (file, document) = match file {
+            Some((path, document)) => (Some(path), Some(Arc::new(document))),
+            None => (None, None),
+        };
         Self {
             end_streams,
             master_key_hash: config.master_key.as_deref().map(hash_key),
-            config,
+            config: ArcSwap::from_pointee(config),
+            file,
+            document: ArcSwapOption::new(document),
+            reloading: tokio::sync::Mutex::new(()),
             keys,
-            limiter,
+            limiter: ArcSwap::new(limiter),
             upstream,
             router,
+            metrics,
         }
     }
 
-    /// The validated config.
-    pub fn config(&self) -> &GatewayConfig {
-        &self.config
+    /// The Prometheus series.
+    pub fn metrics(&self) -> &GatewayMetrics {
+        &self.metrics
+    }
+
+    /// The Prometheus text exposition of every series, the gauges read now.
+    pub fn encode_metrics(&self) -> Result<String, std::fmt::Error> {
+        let deployments = self
+            .config
+            .load()
+            .deployments
+            .iter()
+            .enumerate()
+            .map(|(i, d)| {
+                (
+                    d.model_name.clone(),
+                    d.id.clone(),
+                    self.router.in_flight(i),
+                    self.router.is_parked(i),
+                )
+            })
+            .collect();
+        let keys = self.keys.as_local().map(|k| k.key_count() as u64);
+        self.metrics.encode(ScrapeGauges { deployments, keys })
+    }
+
+    /// The validated config in force.
+    pub fn config(&self) -> Guard<Arc<GatewayConfig>> {
+        self.config.load()
     }
 
     /// Keys and teams (on Redis when `config.redis` is set, else embedded).
@@ -205,9 +279,9 @@ impl Gateway {
         &self.keys
     }
 
-    /// The group limiter (its counters are the ones requests are charged to).
-    pub fn limiter(&self) -> &Arc<Limiter<GatewayStore>> {
-        &self.limiter
+    /// The group limiter in force (its counters are the ones requests are charged to).
+    pub fn limiter(&self) -> Arc<Limiter<GatewayStore>> {
+        self.limiter.load_full()
     }
 
     /// The router: groups, deployment health and load, per-deployment limits.
@@ -218,6 +292,106 @@ impl Gateway {
     /// SHA-256 of the master key, if one is configured.
     pub fn master_key_hash(&self) -> Option<&str> {
         self.master_key_hash.as_deref()
+    }
+
+    /// Reads the config file again and applies it (see [`crate::reload`] for what a reload may
+    /// change): the limits apply to the next request, the current windows' counters are kept,
+    /// requests in flight go on. An invalid file, or one that changes what needs a restart, is
+    /// refused with the error the gateway would start with, and the running config stays.
+    pub async fn reload(&self) -> Result<Reloaded, String> {
+        let Some(path) = &self.file else {
+            return Err("the gateway was not started from a config file: nothing to reload".into());
+        };
+        let _one_at_a_time = self.reloading.lock().await;
+        let (config, document) = crate::reload::load_file(path)?;
+        self.apply(config, Some(document))
+            .await
+            .map_err(|e| format!("{}: {e}", path.display()))
+    }
+
+    /// Applies `config` (read from `document`) as a reload does.
+    pub async fn apply(
+        &self,
+        config: GatewayConfig,
+        document: Option<serde_json::Value>,
+    ) -> Result<Reloaded, String> {
+        let old = self.config.load_full();
+        if let Some(why) = crate::reload::restart_needed(&old, &config) {
+            return Err(why);
+        }
+        let changed = !crate::reload::same_limits(&old.limiter, &config.limiter)
+            || old.deployments != config.deployments;
+        let groups = self
+            .reconfigured(
+                self.limiter().store(),
+                &config,
+                &config.limiter,
+                &config.redis_key_prefix,
+            )
+            .await?;
+        let deployment_limits = routing::deployment_limits(&config.deployments, &config.limiter);
+        let prefix = format!("{}deployment:", config.redis_key_prefix);
+        let deployments = self
+            .reconfigured(
+                self.router.limits().store(),
+                &config,
+                &deployment_limits,
+                &prefix,
+            )
+            .await?;
+        let limiter = observed_limiter(&config, &self.metrics, groups);
+        self.router
+            .set_limits(Arc::new(Limiter::with_store(deployments)));
+        self.limiter.store(limiter);
+        self.config.store(Arc::new(config));
+        self.document.store(document.map(Arc::new));
+        tracing::info!(limits_changed = changed, "config reloaded");
+        Ok(Reloaded {
+            limits_changed: changed,
+        })
+    }
+
+    /// `store`'s counters under `limits`: the same in-process counters, or a store on the same
+    /// Redis keys.
+    async fn reconfigured(
+        &self,
+        store: &GatewayStore,
+        config: &GatewayConfig,
+        limits: &LimiterConfig,
+        prefix: &str,
+    ) -> Result<GatewayStore, String> {
+        match store {
+            GatewayStore::Embedded(s) => s
+                .reconfigured(limits)
+                .map(GatewayStore::Embedded)
+                .ok_or_else(|| "the counters' layout changed: restart to apply".to_owned()),
+            GatewayStore::Redis(_) => {
+                let Some(target) = &config.redis else {
+                    return Err("Redis: restart to apply".into());
+                };
+                let builder = redis_store(target, prefix.to_owned());
+                let builder = match config.metrics {
+                    true => builder.observer(self.metrics.limiter().clone()),
+                    false => builder,
+                };
+                builder
+                    .connect(limits)
+                    .await
+                    .map(GatewayStore::Redis)
+                    .map_err(|e| e.to_string())
+            }
+        }
+    }
+
+    /// The config file the gateway reloads from, if it was started from one.
+    pub fn config_file(&self) -> Option<&Path> {
+        self.file.as_deref()
+    }
+
+    /// The document of the config in force, secrets hidden (`GET /config`); `None` when the
+    /// gateway was not started from a file.
+    pub fn config_document(&self) -> Option<serde_json::Value> {
+        self.document.load().as_deref().map(crate::reload::redact)
     }
 
     /// Ends every upstream response still streaming, and any started later, at once: a stream
@@ -231,29 +405,55 @@ impl Gateway {
     /// Redis they are sent in the background) before the process ends.
     pub async fn flush(&self) {
         use tower_priority_limit::store::Store as _;
-        self.limiter.store().flush().await;
+        self.limiter().store().flush().await;
         self.router.flush().await;
     }
 
     /// The deployment at `index`.
-    pub fn deployment(&self, index: usize) -> &Deployment {
-        &self.config.deployments[index]
+    pub fn deployment(&self, index: usize) -> Deployment {
+        self.config.load().deployments[index].clone()
     }
 
     /// Serves a validated chat request of priority `priority` (see [`routing::serve`]); the group
     /// limiter applies only when the config turns it on.
     pub async fn serve(&self, chat: &ChatRequest, priority: Option<&str>) -> Response {
-        let limiter = self.config.limiter_enabled.then_some(&*self.limiter);
-        routing::serve(
+        let config = self.config.load();
+        let limiter = self.limiter.load();
+        let limiter = config.limiter_enabled.then_some(&**limiter);
+        let mut response = routing::serve(
             &self.router,
-            &self.config.deployments,
+            &config.deployments,
             &self.upstream,
             limiter,
             chat,
             priority,
         )
-        .await
+        .await;
+        // A refusal names the group it was refused for too, so it is counted under it
+        // (`gateway_request_duration_seconds{model}`); served responses already do.
+        let headers = response.headers_mut();
+        if !headers.contains_key(routing::MODEL_GROUP) {
+            if let Ok(group) = http::HeaderValue::from_str(chat.model.as_str()) {
+                headers.insert(routing::MODEL_GROUP, group);
+            }
+        }
+        response
     }
+}
+
+/// The group limiter over `store`, observed by the metrics unless they are off.
+fn observed_limiter(
+    config: &GatewayConfig,
+    metrics: &GatewayMetrics,
+    store: GatewayStore,
+) -> Arc<Limiter<GatewayStore>> {
+    let limiter = Limiter::with_store(store);
+    let limiter = Arc::new(match config.metrics {
+        true => limiter.with_observer(metrics.limiter().clone()),
+        false => limiter,
+    });
+    metrics.limiter().read_usage_from(Arc::downgrade(&limiter));
+    limiter
 }
 
 fn with_data_dir(builder: GatewayBuilder, data_dir: Option<&Path>) -> GatewayBuilder {

@@ -14,7 +14,8 @@
 //! `endpoint` (the endpoints and the formats deployments speak) ← `error`, `logging`, `signal`,
 //! `store`, `mock` (mock answers in every format) ← `strip`,
 //! `mock_upstream` ← `config` ← `keys` ← `chat` (request types) ← `idle` (ending silent
-//! upstream bodies) ← `upstream` (real and mock deployments) ← `routing` (router, health, attempts, admission, serve) ← `gateway`
+//! upstream bodies) ← `upstream` (real and mock deployments) ← `routing` (router, health, attempts, admission, serve) ← `metrics`
+//! (the Prometheus series), `reload` (reading the config file, what a reload may change) ← `gateway`
 //! ([`Gateway`] and its builder) ← `api` (axum handlers, auth) ← `server` (the accept loop,
 //! connection limits) ← `lib` (the routes) / `main`.
 
@@ -29,8 +30,10 @@ mod gateway;
 pub mod idle;
 pub mod keys;
 pub mod logging;
+pub mod metrics;
 pub mod mock;
 pub mod mock_upstream;
+pub mod reload;
 pub mod routing;
 pub mod server;
 pub mod signal;
@@ -49,6 +52,15 @@ pub use crate::gateway::{Gateway, GatewayBuilder};
 
 /// The gateway's HTTP routes.
 pub fn router(gw: Arc<Gateway>) -> Router {
+    // Every request is timed for `gateway_request_duration_seconds` unless
+    // `general_settings.metrics: false`. The timing layer goes into each route's existing layer
+    // stack (outermost), never as a route layer of its own, which would box every request once
+    // more.
+    let track = gw
+        .config()
+        .metrics
+        .then(|| api::metrics::TrackLayer(gw.clone()));
+
     // Every endpoint, with and without `/v1`, takes the same path: `prepare` reads which one it is
     // from the path.
     let chat = endpoint::Endpoint::served_paths().fold(Router::new(), |r, path| {
@@ -68,7 +80,11 @@ pub fn router(gw: Arc<Gateway>) -> Router {
         .route("/models", get(api::models::list))
         .route("/v1/models", get(api::models::list))
         .merge(chat)
-        .route_layer(from_fn_with_state(gw.clone(), api::auth::require_key));
+        .route_layer(
+            ServiceBuilder::new()
+                .option_layer(track.clone())
+                .layer(from_fn_with_state(gw.clone(), api::auth::require_key)),
+        );
 
     let admin = Router::new()
         .route("/key/generate", post(api::keys::generate))
@@ -76,19 +92,42 @@ pub fn router(gw: Arc<Gateway>) -> Router {
         .route("/key/delete", post(api::keys::delete))
         .route("/team/new", post(api::keys::new_team))
         .route("/team/info", get(api::keys::team_info))
-        .route_layer(from_fn_with_state(gw.clone(), api::auth::require_master));
+        .route("/config", get(api::config::show))
+        .route("/config/reload", post(api::config::reload))
+        .route("/ui/state", get(api::ui::state))
+        .route_layer(
+            ServiceBuilder::new()
+                .option_layer(track.clone())
+                .layer(from_fn_with_state(gw.clone(), api::auth::require_master)),
+        );
 
-    Router::new()
+    let open = Router::new()
         .route("/health/liveliness", get(api::health::liveliness))
         .route("/health/readiness", get(api::health::readiness))
-        .merge(keyed)
-        .merge(admin)
+        // The dashboard's page holds no data (see `api::ui`): its state is behind the master key.
+        .route("/ui", get(api::ui::page))
         .fallback(|| async {
             error::ApiError::new(
                 http::StatusCode::NOT_FOUND,
                 "not_found_error",
                 "No such endpoint.",
             )
-        })
-        .with_state(gw)
+        });
+    let open = match &track {
+        Some(track) => {
+            // Open by default, like other exporters; `general_settings.metrics_require_auth`
+            // asks for the master key.
+            let metrics = Router::new().route("/metrics", get(api::metrics::scrape));
+            let metrics = if gw.config().metrics_require_auth {
+                metrics.route_layer(from_fn_with_state(gw.clone(), api::auth::require_master))
+            } else {
+                metrics
+            };
+            open.merge(metrics).layer(track.clone())
+        }
+        // `general_settings.metrics: false`: no series, no timing, no route.
+        None => open,
+    };
+
+    open.merge(keyed).merge(admin).with_state(gw)
 }

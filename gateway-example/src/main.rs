@@ -7,7 +7,6 @@ use clap::Parser;
 
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
-use gateway_example::config::GatewayConfig;
 use gateway_example::signal::shutdown_signal;
 use gateway_example::{router, Gateway};
 
@@ -51,10 +50,8 @@ async fn main() -> std::process::ExitCode {
 }
 
 async fn run(args: Args) -> Result<(), String> {
-    let text = std::fs::read_to_string(&args.config)
-        .map_err(|e| format!("reading {}: {e}", args.config.display()))?;
-    let config = GatewayConfig::from_yaml_str(&text)
-        .map_err(|e| format!("{}: {e}", args.config.display()))?;
+    // The same reading and error as a reload's (`SIGHUP`, `POST /config/reload`).
+    let (config, document) = gateway_example::reload::load_file(&args.config)?;
     if config.master_key.is_none() {
         tracing::warn!(
             "no general_settings.master_key: the gateway is open to anyone who can reach it"
@@ -82,7 +79,10 @@ async fn run(args: Args) -> Result<(), String> {
             "listening on {local} with a publicly known master key (--allow-known-master-key)"
         );
     }
-    let gateway = Gateway::connect(config, Some(&args.data_dir))
+    let gateway = Gateway::builder(config)
+        .data_dir(&args.data_dir)
+        .config_file(&args.config, document)
+        .connect()
         .await
         .map_err(|e| e.to_string())?;
     tracing::info!(
@@ -95,7 +95,25 @@ async fn run(args: Args) -> Result<(), String> {
     let gateway = Arc::new(gateway);
     let app = router(gateway.clone());
     tracing::info!("listening on http://{local}");
-    let limits = gateway_example::server::ServerLimits::from_config(gateway.config());
+    let limits = gateway_example::server::ServerLimits::from_config(&gateway.config());
+    // SIGHUP: read the config file again, as `POST /config/reload` does.
+    tokio::spawn(gateway_example::signal::on_hangup({
+        let gateway = gateway.clone();
+        move || {
+            let gateway = gateway.clone();
+            async move {
+                match gateway.reload().await {
+                    Ok(done) => tracing::info!(
+                        limits_changed = done.limits_changed,
+                        "SIGHUP: config reloaded"
+                    ),
+                    Err(e) => {
+                        tracing::error!("SIGHUP: config not reloaded, the running one stays: {e}")
+                    }
+                }
+            }
+        }
+    }));
     gateway_example::server::warn_if_file_limit_is_low(limits.max_connections);
     // SIGINT or SIGTERM: stop accepting, let in-flight requests and streams finish for up to
     // the grace period, then end them.

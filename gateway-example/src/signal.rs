@@ -23,6 +23,28 @@ pub async fn shutdown_signal() {
     }
 }
 
+/// Runs `on_signal` at every SIGHUP, for as long as the process lives (on other platforms,
+/// never).
+pub async fn on_hangup<F, Fut>(on_signal: F)
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        let Ok(mut hangups) = signal(SignalKind::hangup()) else {
+            tracing::warn!("cannot listen for SIGHUP: reload with POST /config/reload");
+            return;
+        };
+        while hangups.recv().await.is_some() {
+            on_signal().await;
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = on_signal;
+}
+
 /// Ends every upstream stream still running when the shutdown grace period is over (see
 /// [`StreamsEnd`]); made with [`streams_end`].
 #[derive(Debug)]

@@ -51,6 +51,13 @@ impl Store for GatewayStore {
         }
     }
 
+    fn usage_now(&self, model: ModelId, pool: PoolRef) -> Option<(Usage, Option<Usage>)> {
+        match self {
+            GatewayStore::Embedded(s) => s.usage_now(model, pool),
+            GatewayStore::Redis(s) => s.usage_now(model, pool),
+        }
+    }
+
     fn settler(&self, model: ModelId) -> Option<Arc<dyn Settler>> {
         match self {
             GatewayStore::Embedded(s) => s.settler(model),

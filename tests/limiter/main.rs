@@ -5,6 +5,7 @@
 mod accounting;
 mod bad_input;
 mod concurrency;
+mod enforcement;
 mod layer;
 mod priority;
 mod queue;

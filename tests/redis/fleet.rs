@@ -79,7 +79,8 @@ async fn three_gateways_admit_exactly_the_fleet_limit() {
     }
     assert_eq!((served, refused), (100, 200));
     for gw in &gateways {
-        let GatewayStore::Redis(store) = gw.gateway.limiter().store() else {
+        let limiter = gw.gateway.limiter();
+        let GatewayStore::Redis(store) = limiter.store() else {
             panic!("on Redis");
         };
         assert_eq!(store.stats().failures.load(Ordering::Relaxed), 0);
@@ -189,7 +190,8 @@ async fn reserve_holds_tpm_under_concurrent_streams_on_redis() {
     let replies = all_at_once(&gw, &up, 200, MASTER, stream_body(20)).await;
     let served = served_streams(&replies);
     assert!((50..=100).contains(&served), "reserve admitted {served}");
-    let GatewayStore::Redis(store) = gw.gateway.limiter().store() else {
+    let limiter = gw.gateway.limiter();
+    let GatewayStore::Redis(store) = limiter.store() else {
         panic!("the limiter is on Redis");
     };
     store.flush().await;

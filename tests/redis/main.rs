@@ -4,8 +4,11 @@
 //! `REQUIRE_REDIS=1`. (The Redis halves of the limiter's quick-start and worked-example tests are
 //! in `limiter/`, next to their embedded halves.)
 
+mod enforcement;
 mod fleet;
 mod gateway_keys;
+mod metrics;
 mod queue;
+mod reload;
 mod stall;
 mod store;

@@ -118,6 +118,32 @@ impl Gw {
         Gw::serve(gateway, clock).await
     }
 
+    /// Starts a gateway from the config file at `path` (as `main` reads it, so it can reload
+    /// it), the limiter on a manual clock, keys in memory.
+    pub async fn start_file(path: &Path) -> Gw {
+        let (config, document) =
+            gateway_example::reload::load_file(path).expect("valid test config");
+        let clock = ManualClock::new();
+        let gateway = Gateway::builder(config)
+            .config_file(path, document)
+            .clock(clock.clone())
+            .build()
+            .unwrap();
+        Gw::serve(Arc::new(gateway), clock).await
+    }
+
+    /// As [`connect`](Self::connect), from the config file at `path` (so it can reload it).
+    pub async fn connect_file(path: &Path, data_dir: Option<&Path>) -> Gw {
+        let (config, document) =
+            gateway_example::reload::load_file(path).expect("valid test config");
+        let mut builder = Gateway::builder(config).config_file(path, document);
+        if let Some(dir) = data_dir {
+            builder = builder.data_dir(dir);
+        }
+        let gateway = Arc::new(builder.connect().await.unwrap());
+        Gw::serve(gateway, ManualClock::new()).await
+    }
+
     /// A gateway built as `main` builds it ([`Gateway::connect`]): with Redis in the config, its
     /// keys and limiter counters are in Redis.
     pub async fn connect(yaml: &str, data_dir: Option<&Path>) -> Gw {

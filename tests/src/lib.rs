@@ -6,6 +6,10 @@
 //! - [`upstream`]: a small OpenAI-shaped upstream for the gateway to proxy to;
 //! - [`redis`]: a real `redis-server` (or a cluster) per test, skipping loudly where none is
 //!   installed unless `REQUIRE_REDIS=1`;
+//! - [`chromium`]: a real headless Chromium, for the dashboard's page;
+//! - [`prometheus`]: a real `prometheus` server scraping a gateway, queried through its HTTP API;
+//! - [`external`]: finding those programs on `PATH`, skipping loudly where they are missing
+//!   unless `REQUIRE_REDIS`/`REQUIRE_PROMETHEUS`/`REQUIRE_CHROMIUM=1`;
 //! - [`http`]: the one HTTP call the rigs make;
 //! - [`keys`]: a key/team table with priorities and a priority extractor over it, standing in
 //!   for an auth layer.
@@ -14,8 +18,12 @@
 #![warn(missing_docs)]
 
 pub mod app;
+pub mod chromium;
+pub mod enforcement;
+pub mod external;
 pub mod gateway;
 pub mod http;
 pub mod keys;
+pub mod prometheus;
 pub mod redis;
 pub mod upstream;

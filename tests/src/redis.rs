@@ -6,7 +6,9 @@
 //! so the test can skip, unless `REQUIRE_REDIS=1` (set by `.ci/run`), which makes it fail instead.
 
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
+
+use crate::external::{available, free_port, required};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -14,38 +16,17 @@ use std::time::{Duration, Instant};
 
 /// Is `REQUIRE_REDIS=1` set?
 pub fn redis_required() -> bool {
-    std::env::var("REQUIRE_REDIS").is_ok_and(|v| v == "1")
-}
-
-fn have(binary: &str) -> bool {
-    Command::new(binary)
-        .arg("--version")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok()
+    required("REQUIRE_REDIS")
 }
 
 /// `None` (with a loud notice) when `redis-server` is not on `PATH` and Redis is not required.
 fn check_available(test: &str) -> Option<()> {
-    if have("redis-server") && have("redis-cli") {
-        return Some(());
-    }
-    if redis_required() {
-        panic!("REQUIRE_REDIS=1 but redis-server/redis-cli are not on PATH");
-    }
-    eprintln!(
-        "\n*** SKIPPED {test}: redis-server is not on PATH (apt-get install -y redis-server); \
-         set REQUIRE_REDIS=1 to make this a failure ***\n"
-    );
-    None
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free loopback port")
+    available(
+        test,
+        &["redis-server", "redis-cli"],
+        "REQUIRE_REDIS",
+        "redis-server",
+    )
 }
 
 fn scratch_dir() -> PathBuf {

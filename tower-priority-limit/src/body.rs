@@ -38,7 +38,7 @@ struct SettleGuard {
 impl SettleGuard {
     fn settle(&mut self) {
         if let Some(lease) = self.lease.take() {
-            lease.settle_with_output(self.meter.tokens().get(), self.meter.output_tokens());
+            lease.settle_metered(self.meter.tokens(), self.meter.output_tokens());
         }
     }
 }

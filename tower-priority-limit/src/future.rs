@@ -328,6 +328,11 @@ pub(crate) fn after_admit<St: Store, B>(
             Err(bad_header) => return AfterAdmit::Answer(bad_header.into_response()),
         }
     }
+    // Only the final answer is observed here: a refusal that waits is counted when its wait
+    // ends (`Limiter::observe_waited`, by the caller).
+    if waiting.is_some() {
+        limiter.observe_result(model, pool, &decision);
+    }
     match decision {
         Ok(Decision::Admit(admitted)) => {
             let lease = limiter
@@ -477,6 +482,7 @@ where
                         panic!("ResponseFuture polled after completion");
                     };
                     *this.waited_ms = Some(waited.waited_ms);
+                    this.limiter.observe_waited(model, *this.pool, &waited);
                     let flow_charge = waited.flow_charge;
                     let after = after_admit::<St, ReqBody>(
                         this.limiter,

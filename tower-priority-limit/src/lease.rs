@@ -6,6 +6,8 @@ use std::sync::Arc;
 use crate::config::{ModelId, PoolRef};
 use crate::decision::Admitted;
 use crate::estimate::OutputEstimate;
+use crate::meter::Tokens;
+use crate::metrics::{Observer, TokenKind};
 use crate::queue::ModelQueue;
 use crate::store::{Settlement, Settler};
 
@@ -17,6 +19,7 @@ pub(crate) struct SettleTarget {
     pub(crate) estimate: Option<OutputEstimate>,
     /// The model's waiting room (with the queue on): a settlement may free capacity for it.
     pub(crate) queue: Option<Arc<ModelQueue>>,
+    pub(crate) observer: Option<Arc<dyn Observer>>,
 }
 
 impl fmt::Debug for SettleTarget {
@@ -102,6 +105,19 @@ impl Lease {
     /// reported them): with `reserve` accounting they teach the model's output estimate.
     pub fn settle_with_output(mut self, tokens: u64, output_tokens: Option<u64>) {
         self.settle_once(tokens, output_tokens);
+    }
+
+    /// Records a metered response's tokens: settles them (as
+    /// [`settle_with_output`](Self::settle_with_output)) and tells the limiter's observer, if it
+    /// has one, how many were reported prompt, reported completion or estimated.
+    pub fn settle_metered(self, tokens: Tokens, output_tokens: Option<u64>) {
+        if let Some(observer) = self.target.as_ref().and_then(|t| t.observer.as_ref()) {
+            let (model, pool) = (self.settlement.model, self.settlement.pool);
+            for (kind, n) in TokenKind::split(tokens, output_tokens) {
+                observer.tokens(model, pool, kind, n);
+            }
+        }
+        self.settle_with_output(tokens.get(), output_tokens);
     }
 
     /// Takes the admission back: the request was not served (the gateway's router found no

@@ -84,6 +84,9 @@
 //! - `gateway-helpers`: what an OpenAI-compatible gateway shares with this crate (the YAML walker
 //!   whose errors name the path, a bounded body read, the OpenAI error shape, `redact::redact_url`
 //!   for URLs in logs). A tower user needs none of it.
+//! - `prometheus`: `metrics::PrometheusMetrics`, the limiter's Prometheus series (through
+//!   `prometheus-client`). Without it, [`metrics::Observer`] is still there for any other
+//!   exporter.
 //! - `tokenizer`: exact prompt-token estimates (`estimate::prompt_tokens` counts the request's
 //!   text with OpenAI's `o200k_base`) instead of a fitted heuristic. It adds ~32 MB to a binary and
 //!   ~65 MiB of memory at its first use (~0.1 s), and costs about 5 ms of CPU per 100 KB prompt.
@@ -98,6 +101,7 @@ pub mod clock;
 pub mod config;
 pub mod decision;
 pub mod meter;
+pub mod metrics;
 pub mod model;
 pub mod order;
 pub mod priority;

@@ -5,6 +5,7 @@ use std::hash::BuildHasher;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::CONTENT_TYPE;
@@ -17,6 +18,7 @@ use crate::decision::{Admitted, Decision, Refused};
 use crate::estimate::{EstimateStats, OutputEstimate};
 use crate::lease::{Lease, SettleTarget};
 use crate::meter::UsageMeter;
+use crate::metrics::{Observer, Outcome, RefusedBy, UsageNow, UsageSource};
 use crate::order::{FlowId, ServiceWeights};
 use crate::queue::{ModelQueue, PoolUsage};
 use crate::response::{
@@ -56,6 +58,8 @@ pub struct Limiter<St = MemoryStore> {
     /// Per model: where its leases settle (the store's settler and, with `reserve` accounting,
     /// the learned output estimate and its errors).
     targets: Box<[Arc<SettleTarget>]>,
+    /// Told of every admission, settlement and store call ([`with_observer`](Self::with_observer)).
+    observer: Option<Arc<dyn Observer>>,
 }
 
 const UNKNOWN_LABEL_SLOTS: usize = 256;
@@ -90,6 +94,9 @@ pub struct Waited {
     /// Admitted in turn: its flow and the service charged to it ([`Limiter::lease_waited`]
     /// corrects it when the response ends).
     pub flow_charge: Option<(FlowId, u64)>,
+    /// It did not get its turn: refused at its deadline, or at once for a full queue (the
+    /// `queue_timeout` outcome, [`Limiter::observe_waited`]).
+    pub gave_up: bool,
 }
 
 /// The outcome of [`Limiter::acquire`].
@@ -123,7 +130,52 @@ impl Limiter<MemoryStore> {
 impl<St: Store> Limiter<St> {
     /// A limiter over any store, with the config the store was built for.
     pub fn with_store(store: St) -> Self {
-        let store = Arc::new(store);
+        Self::build(Arc::new(store), None)
+    }
+
+    /// The limiter, telling `observer` of every admission ([`observe`](Self::observe)) and of
+    /// every settled response's tokens (e.g. [`PrometheusMetrics`](crate::metrics)). Set it
+    /// before serving: leases made earlier do not report, and requests waiting in the queue
+    /// stay in the old limiter's.
+    pub fn with_observer(self, observer: Arc<dyn Observer>) -> Self {
+        let clock = self.clock;
+        Self {
+            clock,
+            ..Self::build(self.store, Some(observer))
+        }
+    }
+
+    /// The observer, if one was set.
+    pub fn observer(&self) -> Option<&Arc<dyn Observer>> {
+        self.observer.as_ref()
+    }
+
+    /// Tells the observer what became of an admission on `model` under `pool`. The layer does
+    /// this for every request it admits; code that admits by itself calls it once per admission
+    /// with the same outcome it acts on ([`acquire`](Self::acquire) does).
+    pub fn observe(&self, model: ModelId, pool: PoolRef, outcome: Outcome<'_>) {
+        if let Some(observer) = &self.observer {
+            observer.admission(model, pool, outcome);
+        }
+        if let Outcome::Decided(decision) = outcome {
+            explain(self.config(), model, pool, decision);
+        }
+    }
+
+    /// [`observe`](Self::observe) of a store's answer.
+    pub fn observe_result(
+        &self,
+        model: ModelId,
+        pool: PoolRef,
+        result: &Result<Decision, StoreError>,
+    ) {
+        match result {
+            Ok(decision) => self.observe(model, pool, Outcome::Decided(decision)),
+            Err(_) => self.observe(model, pool, Outcome::StoreFailure),
+        }
+    }
+
+    fn build(store: Arc<St>, observer: Option<Arc<dyn Observer>>) -> Self {
         let settings = store.config().settings();
         let reserve = settings.token_accounting == TokenAccounting::Reserve;
         let queues: Box<[Arc<ModelQueue>]> = match settings.queue {
@@ -155,6 +207,7 @@ impl<St: Store> Limiter<St> {
                     estimate: reserve
                         .then(|| OutputEstimate::new(settings.default_estimated_output_tokens)),
                     queue: queues.get(i).cloned(),
+                    observer: observer.clone(),
                 })
             })
             .collect();
@@ -167,6 +220,7 @@ impl<St: Store> Limiter<St> {
             unknown_labels: (0..UNKNOWN_LABEL_SLOTS)
                 .map(|_| AtomicU64::new(0))
                 .collect(),
+            observer,
         }
     }
 
@@ -319,6 +373,7 @@ impl<St: Store> Limiter<St> {
                 settler: None,
                 estimate: None,
                 queue: None,
+                observer: None,
             }),
         };
         Lease::new(target, model, pool, admitted)
@@ -396,6 +451,35 @@ impl<St: Store> Limiter<St> {
     ///
     /// Dropping the future leaves the queue: nothing is charged.
     pub async fn admit_waiting(&self, request: WaitRequest) -> Waited {
+        let (model, pool) = (request.model, request.pool);
+        let waited = self.wait_in_queue(request).await;
+        if let Some(observer) = &self.observer {
+            observer.queue_wait(model, pool, Duration::from_millis(waited.waited_ms));
+        }
+        self.report_queue_depth(model, pool);
+        waited
+    }
+
+    /// Tells the observer how many wait in `model`'s queue for `pool` now.
+    fn report_queue_depth(&self, model: ModelId, pool: PoolRef) {
+        if let Some(observer) = &self.observer {
+            observer.queue_depth(model, pool, self.queue_depth(model, pool) as u64);
+        }
+    }
+
+    /// What the final answer to a request that went through [`admit_waiting`](Self::admit_waiting)
+    /// counts as ([`observe`](Self::observe)): `queue_timeout` if it gave up waiting (at its
+    /// deadline, or finding the queue full), else the decision's own outcome.
+    pub fn observe_waited(&self, model: ModelId, pool: PoolRef, waited: &Waited) {
+        match &waited.decision {
+            Ok(Decision::Refuse(_)) if waited.gave_up => {
+                self.observe(model, pool, Outcome::QueueTimeout);
+            }
+            decision => self.observe_result(model, pool, decision),
+        }
+    }
+
+    async fn wait_in_queue(&self, request: WaitRequest) -> Waited {
         let WaitRequest {
             model,
             pool,
@@ -413,6 +497,7 @@ impl<St: Store> Limiter<St> {
                 decision,
                 waited_ms: 0,
                 flow_charge: None,
+                gave_up: false,
             };
         };
         if let Some(refused) = refused {
@@ -425,8 +510,10 @@ impl<St: Store> Limiter<St> {
                 decision,
                 waited_ms: 0,
                 flow_charge: None,
+                gave_up: true,
             };
         };
+        self.report_queue_depth(model, pool);
         queue.notify();
         let deadline = start.saturating_add(max_wait_ms);
         let mut retry_at: Option<Millis> = None;
@@ -453,6 +540,7 @@ impl<St: Store> Limiter<St> {
                         decision,
                         waited_ms: waited(&self.clock),
                         flow_charge: None,
+                        gave_up: true,
                     };
                 }
                 // The store said room appears now: whoever is first tries.
@@ -474,6 +562,7 @@ impl<St: Store> Limiter<St> {
                         decision,
                         waited_ms: waited(&self.clock),
                         flow_charge: Some((flow, service)),
+                        gave_up: false,
                     };
                 }
                 Err(_) => {
@@ -482,6 +571,7 @@ impl<St: Store> Limiter<St> {
                         decision,
                         waited_ms: waited(&self.clock),
                         flow_charge: None,
+                        gave_up: false,
                     };
                 }
             }
@@ -542,7 +632,9 @@ impl<St: Store> Limiter<St> {
             return Ok(Acquired::NotLimited);
         };
         let pool = self.resolve_pool(priority);
-        Ok(match self.admit(id, pool, estimate).await? {
+        let result = self.admit(id, pool, estimate).await;
+        self.observe_result(id, pool, &result);
+        Ok(match result? {
             Decision::Admit(admitted) => Acquired::Admitted {
                 lease: self.lease(id, pool, &admitted),
                 admitted,
@@ -550,6 +642,50 @@ impl<St: Store> Limiter<St> {
             Decision::Refuse(rejected) => Acquired::Refused(rejected),
         })
     }
+}
+
+impl<St: Store> UsageSource for Limiter<St> {
+    fn usage_now(&self, model: ModelId, pool: PoolRef) -> Option<UsageNow> {
+        let limits = self.config().models().get(model.index())?;
+        let (model_usage, pool_usage) = self.store.usage_now(model, pool)?;
+        Some(UsageNow {
+            saturation: crate::decision::saturation(limits, model_usage),
+            pool: pool_usage,
+            reserved: limits.pool(pool).copied(),
+        })
+    }
+}
+
+/// The debug line of a refusal, real or shadow: which counter refused, the pool's reserved and
+/// used amounts, the saturation (the same facts as the refusal's headers).
+fn explain(config: &LimiterConfig, model: ModelId, pool: PoolRef, decision: &Decision) {
+    let (refused, shadow) = match decision {
+        Decision::Refuse(r) => (r, false),
+        Decision::Admit(Admitted {
+            shadow: Some(r), ..
+        }) => (r, true),
+        Decision::Admit(_) => return,
+    };
+    if !tracing::enabled!(tracing::Level::DEBUG) {
+        return;
+    }
+    let reserved = refused.pool.map(|p| p.reserved);
+    let used = refused.pool.map(|p| p.used);
+    tracing::debug!(
+        model = config.model(model).name(),
+        priority = config.pool_label(pool).unwrap_or("default"),
+        shadow,
+        refused_by = RefusedBy::of(refused).as_str(),
+        limit = refused.limit,
+        used = refused.used,
+        saturation = refused.saturation,
+        pool_reserved_requests = ?reserved.and_then(|r| r.rpm),
+        pool_reserved_tokens = ?reserved.and_then(|r| r.tpm),
+        pool_used_requests = ?used.map(|u| u.requests),
+        pool_used_tokens = ?used.map(|u| u.tokens),
+        "{}",
+        if shadow { "would refuse (shadow enforcement): served" } else { "refused" }
+    );
 }
 
 #[cfg(test)]
@@ -578,10 +714,57 @@ mod tests {
         let subscriber = tracing_subscriber::fmt()
             .with_writer(move || writer.clone())
             .with_ansi(false)
+            .with_max_level(tracing::Level::DEBUG)
             .finish();
         tracing::subscriber::with_default(subscriber, f);
         let bytes = buffer.0.lock().unwrap().clone();
         String::from_utf8(bytes).unwrap()
+    }
+
+    /// A refusal, and a shadow one, each leave one debug line naming the counter, the pool's
+    /// reserved and used amounts and the saturation.
+    #[test]
+    fn refusals_are_explained_in_a_debug_line() {
+        for (enforcement, says) in [
+            (crate::config::Enforcement::Enforce, "refused"),
+            (
+                crate::config::Enforcement::Shadow,
+                "would refuse (shadow enforcement): served",
+            ),
+        ] {
+            let limiter = Limiter::new(
+                LimiterConfig::builder()
+                    .model(ModelLimits::new("m").rpm(4))
+                    .reserve("prod", Reservation::Percent(0.5))
+                    .default_priority(0.5)
+                    .saturation_threshold(0.0)
+                    .enforcement(enforcement)
+                    .build()
+                    .unwrap(),
+            );
+            let id = limiter.config().model_id("m").unwrap();
+            let prod = limiter.resolve_pool(Some("prod"));
+            let log = logged(|| {
+                for _ in 0..3 {
+                    let decision = limiter.admit_now(id, prod, 0).unwrap();
+                    limiter.observe_result(id, prod, &decision);
+                }
+            });
+            let lines: Vec<&str> = log.lines().filter(|l| l.contains("DEBUG")).collect();
+            assert_eq!(lines.len(), 1, "{log}");
+            for part in [
+                says,
+                "refused_by=\"pool_requests\"",
+                "limit=2",
+                "used=2",
+                "saturation=0.5",
+                "pool_reserved_requests=Some(2)",
+                "pool_used_requests=Some(2)",
+                "priority=\"prod\"",
+            ] {
+                assert!(lines[0].contains(part), "{part} in {}", lines[0]);
+            }
+        }
     }
 
     /// An unknown label is warned about once, with reservations and also without any (where

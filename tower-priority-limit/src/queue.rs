@@ -393,6 +393,7 @@ mod tests {
             used: 10,
             saturation: 1.0,
             retry_after_ms: 5_000,
+            pool: None,
         };
         q.record_refusal(refused, 1_000);
         assert_eq!(q.last_refusal(4_000).unwrap().retry_after_ms, 2_000);

@@ -9,6 +9,7 @@ use http::{HeaderMap, Response, StatusCode};
 
 use crate::config::{pool_index, FailureMode, LimiterConfig, ModelId, ModelLimits, PoolRef};
 use crate::decision::{Admitted, Refused, Scope};
+use crate::metrics::RefusedBy;
 use crate::store::StoreError;
 use crate::throttle::LogThrottle;
 
@@ -63,6 +64,34 @@ pub(crate) fn insert_queued_header(headers: &mut HeaderMap, waited_ms: u64) {
 
 /// `rate_limit_type` on 429s: `requests` or `tokens`.
 pub const RATE_LIMIT_TYPE: HeaderName = HeaderName::from_static("rate_limit_type");
+/// On a 429: the counter that refused, `model_requests`, `model_tokens`, `pool_requests` or
+/// `pool_tokens`.
+pub const X_REFUSED_BY: HeaderName = HeaderName::from_static("x-priority-limit-refused-by");
+/// On a response served under `shadow` enforcement that the limits would have refused: the
+/// counter that would have refused it (as [`X_REFUSED_BY`]).
+pub const X_SHADOW_REFUSED_BY: HeaderName =
+    HeaderName::from_static("x-priority-limit-shadow-refused-by");
+/// With a refusal (real or shadow): the limit that tripped.
+pub const X_REFUSED_LIMIT: HeaderName = HeaderName::from_static("x-priority-limit-limit");
+/// With a refusal (real or shadow): that limit's use before the request.
+pub const X_REFUSED_USED: HeaderName = HeaderName::from_static("x-priority-limit-used");
+/// With a refusal (real or shadow): the model's saturation before the request, as a ratio
+/// (`0.7500`).
+pub const X_SATURATION: HeaderName = HeaderName::from_static("x-priority-limit-saturation");
+/// With a refusal (real or shadow), when the config reserves: the caller's pool's reserved
+/// requests per window.
+pub const X_POOL_RESERVED_REQUESTS: HeaderName =
+    HeaderName::from_static("x-priority-limit-pool-reserved-requests");
+/// As [`X_POOL_RESERVED_REQUESTS`], in tokens.
+pub const X_POOL_RESERVED_TOKENS: HeaderName =
+    HeaderName::from_static("x-priority-limit-pool-reserved-tokens");
+/// With a refusal (real or shadow), when the config reserves: the requests the caller's pool
+/// used in the window before the request.
+pub const X_POOL_USED_REQUESTS: HeaderName =
+    HeaderName::from_static("x-priority-limit-pool-used-requests");
+/// As [`X_POOL_USED_REQUESTS`], in tokens.
+pub const X_POOL_USED_TOKENS: HeaderName =
+    HeaderName::from_static("x-priority-limit-pool-used-tokens");
 
 /// The admitted-response header names of one dimension. Used as consts and moved into the map:
 /// no clone, no drop.
@@ -200,7 +229,39 @@ pub(crate) fn refusal_response(
             h.insert(X_LITELLM_SATURATION, v);
         }
     }
+    explain_refusal(h, X_REFUSED_BY, r);
     response
+}
+
+/// The headers that explain a refusal, real (`by` = [`X_REFUSED_BY`]) or shadow
+/// ([`X_SHADOW_REFUSED_BY`]): which counter, its limit and use, the saturation, and the caller's
+/// pool's reserved and used amounts.
+pub(crate) fn explain_refusal(h: &mut HeaderMap, by: HeaderName, r: &Refused) {
+    h.insert(by, HeaderValue::from_static(RefusedBy::of(r).as_str()));
+    h.insert(X_REFUSED_LIMIT, HeaderValue::from(r.limit));
+    h.insert(X_REFUSED_USED, HeaderValue::from(r.used));
+    if let Ok(v) = HeaderValue::from_str(&format!("{:.4}", r.saturation)) {
+        h.insert(X_SATURATION, v);
+    }
+    if let Some(pool) = &r.pool {
+        let pairs = [
+            (X_POOL_RESERVED_REQUESTS, pool.reserved.rpm),
+            (X_POOL_RESERVED_TOKENS, pool.reserved.tpm),
+            (
+                X_POOL_USED_REQUESTS,
+                pool.reserved.rpm.map(|_| pool.used.requests),
+            ),
+            (
+                X_POOL_USED_TOKENS,
+                pool.reserved.tpm.map(|_| pool.used.tokens),
+            ),
+        ];
+        for (name, value) in pairs {
+            if let Some(value) = value {
+                h.insert(name, HeaderValue::from(value));
+            }
+        }
+    }
 }
 
 fn priority_value(label: Option<&str>) -> HeaderValue {
@@ -372,6 +433,9 @@ pub(crate) fn insert_admitted_headers(
         }
     }
     headers.insert(X_LITELLM_PRIORITY, values.label(pool));
+    if let Some(refused) = &a.shadow {
+        explain_refusal(headers, X_SHADOW_REFUSED_BY, refused);
+    }
 }
 
 /// The response for a store failure under `policy`, or `None` to serve unlimited (`open`).
@@ -427,6 +491,7 @@ mod tests {
             used: 60,
             saturation: 1.0,
             retry_after_ms: 59_001,
+            pool: None,
         };
         let resp = refusal_response(&c.models()[0], None, &r);
         assert_eq!(resp.status(), 429);
@@ -462,6 +527,7 @@ mod tests {
             used: 120,
             saturation: 0.528,
             retry_after_ms: 200,
+            pool: None,
         };
         let resp = refusal_response(&c.models()[0], Some("dev"), &r);
         assert_eq!(

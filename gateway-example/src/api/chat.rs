@@ -102,8 +102,8 @@ async fn validate(gw: &Gateway, caller: &Caller, request: Request) -> Result<Req
     let Some(group) = gw.router().group(&model) else {
         // Only the models this caller may use, and the name as sent cut short: a 1 MB name is
         // not echoed whole.
-        let available: Vec<&str> = gw
-            .config()
+        let config = gw.config();
+        let available: Vec<&str> = config
             .model_names()
             .into_iter()
             .filter(|m| caller.allows(m))

@@ -3,6 +3,9 @@
 pub mod auth;
 pub mod body;
 pub mod chat;
+pub mod config;
 pub mod health;
 pub mod keys;
+pub mod metrics;
 pub mod models;
+pub mod ui;

@@ -167,6 +167,12 @@ pub struct GatewayConfig {
     pub redis_key_prefix: String,
     /// `router_settings`: strategy, retries, cooldowns, fallbacks.
     pub router: RouterSettings,
+    /// `general_settings.metrics_require_auth` (default false): `GET /metrics` asks for the
+    /// master key. Open by default, like other Prometheus exporters.
+    pub metrics_require_auth: bool,
+    /// `general_settings.metrics` (default true): the Prometheus series are kept and served at
+    /// `GET /metrics`. `false` turns every series off (nothing is observed, no route).
+    pub metrics: bool,
 }
 
 impl Deployment {
@@ -196,7 +202,16 @@ impl std::fmt::Debug for GatewayConfig {
             .field("redis", &self.redis.as_ref().map(RedisTarget::redacted))
             .field("redis_key_prefix", &self.redis_key_prefix)
             .field("router", &self.router)
+            .field("metrics_require_auth", &self.metrics_require_auth)
+            .field("metrics", &self.metrics)
             .finish()
+    }
+}
+
+fn boolean(node: &Node<'_>) -> Result<bool, ConfigError> {
+    match node.value() {
+        Value::Bool(b) => Ok(*b),
+        other => Err(node.error(format!("expected true or false, got {other}"))),
     }
 }
 
@@ -296,7 +311,15 @@ impl GatewayConfig {
         let mut request_body_timeout = DEFAULT_REQUEST_BODY_TIMEOUT;
         let mut max_connections = DEFAULT_MAX_CONNECTIONS;
         let mut shutdown_grace = DEFAULT_SHUTDOWN_GRACE;
+        let mut metrics_require_auth = false;
+        let mut metrics = true;
         if let Some(general) = root.get("general_settings")? {
+            if let Some(flag) = general.get("metrics_require_auth")? {
+                metrics_require_auth = boolean(&flag)?;
+            }
+            if let Some(flag) = general.get("metrics")? {
+                metrics = boolean(&flag)?;
+            }
             if let Some(key) = general.get("master_key")? {
                 let key = key.string()?;
                 if key.is_empty() {
@@ -364,6 +387,8 @@ impl GatewayConfig {
             redis,
             redis_key_prefix,
             router,
+            metrics_require_auth,
+            metrics,
         })
     }
 

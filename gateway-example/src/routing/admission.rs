@@ -8,7 +8,7 @@ use axum::response::Response;
 use tower_priority_limit::config::PoolRef;
 use tower_priority_limit::decision::{Admitted, Decision};
 use tower_priority_limit::store::StoreError;
-use tower_priority_limit::{Lease, Limiter, WaitRequest};
+use tower_priority_limit::{Lease, Limiter, WaitRequest, Waited};
 
 use crate::chat::ChatRequest;
 use crate::store::GatewayStore;
@@ -53,8 +53,12 @@ pub(super) async fn admit(
         max_wait_ms: max_wait,
         refused,
     };
+    let waited = |waited: Waited| {
+        limiter.observe_waited(id, pool, &waited);
+        waited.decision
+    };
     let decision = if max_wait > 0 && limiter.queue_ahead(id) {
-        limiter.admit_waiting(wait(None)).await.decision
+        waited(limiter.admit_waiting(wait(None)).await)
     } else {
         // The embedded store answers in place: no future to poll.
         let decision = match limiter.admit_now(id, pool, estimate) {
@@ -65,9 +69,12 @@ pub(super) async fn admit(
             Ok(Decision::Refuse(refused))
                 if limiter.should_wait(Some(refused.retry_after_ms), max_wait) =>
             {
-                limiter.admit_waiting(wait(Some(refused))).await.decision
+                waited(limiter.admit_waiting(wait(Some(refused))).await)
             }
-            other => other,
+            other => {
+                limiter.observe_result(id, pool, &other);
+                other
+            }
         }
     }?;
     Ok(match decision {

@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use arc_swap::ArcSwap;
 use http::HeaderValue;
 use rand::rngs::SmallRng;
 use tower_priority_limit::clock::Clock;
@@ -65,8 +66,9 @@ pub struct Router {
     pub(super) settings: RouterSettings,
     pub(super) groups: HashMap<String, Group>,
     pub(super) states: Box<[DeploymentState]>,
-    /// Per-deployment limits: one "model" per deployment, named by its id.
-    pub(super) limits: Arc<Limiter<GatewayStore>>,
+    /// Per-deployment limits: one "model" per deployment, named by its id (swapped by a
+    /// reload).
+    pub(super) limits: ArcSwap<Limiter<GatewayStore>>,
     pub(super) clock: Arc<dyn Clock>,
     pub(super) budget: RetryBudget,
 }
@@ -166,7 +168,7 @@ impl Router {
             settings,
             groups,
             states,
-            limits,
+            limits: ArcSwap::new(limits),
             clock,
             budget,
         }
@@ -285,7 +287,8 @@ impl Router {
             let Some(limit_id) = state.limit_id else {
                 return Ok(Chosen { index, lease: None });
             };
-            match self.limits.admit(limit_id, PoolRef::Default, 0).await {
+            let admission = self.limits.load().admit(limit_id, PoolRef::Default, 0);
+            match admission.await {
                 Ok(Decision::Admit(admitted)) => {
                     state
                         .requests_used
@@ -297,7 +300,10 @@ impl Router {
                         now.saturating_add(admitted.model_resets_in),
                         Ordering::Relaxed,
                     );
-                    let lease = self.limits.lease(limit_id, PoolRef::Default, &admitted);
+                    let lease = self
+                        .limits
+                        .load()
+                        .lease(limit_id, PoolRef::Default, &admitted);
                     return Ok(Chosen {
                         index,
                         lease: Some(lease),
@@ -325,7 +331,17 @@ impl Router {
     /// Sends the per-deployment limiter's queued settlements (Redis) before the process ends.
     pub async fn flush(&self) {
         use tower_priority_limit::store::Store as _;
-        self.limits.store().flush().await;
+        self.limits().store().flush().await;
+    }
+
+    /// The per-deployment limiter in force.
+    pub fn limits(&self) -> Arc<Limiter<GatewayStore>> {
+        self.limits.load_full()
+    }
+
+    /// Replaces the per-deployment limiter (a reload, over the same deployments and counters).
+    pub fn set_limits(&self, limits: Arc<Limiter<GatewayStore>>) {
+        self.limits.store(limits);
     }
 
     /// The gateway-wide retry budget (every request deposits, every retry and every fallback

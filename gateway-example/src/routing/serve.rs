@@ -346,7 +346,7 @@ fn track(
         Some(lease)
             if deployment.tpm.is_some() || router.settings().strategy == Strategy::UsageBased =>
         {
-            let cap = router.limits.config().settings().max_reported_tokens;
+            let cap = router.limits.load().config().settings().max_reported_tokens;
             let meter = UsageMeter::for_content_type(
                 parts
                     .headers

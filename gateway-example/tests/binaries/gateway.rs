@@ -786,3 +786,89 @@ async fn the_soft_file_limit_is_raised_at_start() {
     assert_eq!(soft, hard, "{line}");
     drop(log);
 }
+
+/// SIGHUP reads the config file again: the new limit applies to the next request and the
+/// window's count is kept; a bad file is refused (logged) and the running config stays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_reloads_the_config_file() {
+    let yaml = |rpm: u64| {
+        format!(
+            "model_list: [{{model_name: m, litellm_params: {{model: openai/m, mock_response: hi, rpm: {rpm}}}}}]\n\
+             litellm_settings: {{callbacks: [dynamic_rate_limiter_v3]}}\n\
+             general_settings: {{master_key: sk-test}}\n"
+        )
+    };
+    let dir = config_dir("hup", &yaml(2));
+    let port = free_port();
+    let Launched { mut child, log, .. } =
+        launch(&dir, &["--port", &port.to_string()]).expect("starts");
+    let (lines_tx, lines) = std::sync::mpsc::channel::<String>();
+    std::thread::spawn(move || {
+        for line in log.map_while(Result::ok) {
+            if lines_tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    // The first log line from now on holding `needle` (waiting at most 10 s).
+    let wait_for_log = |needle: &str| {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            match lines.recv_timeout(left) {
+                Ok(line) if line.contains(needle) => return line,
+                Ok(_) => {}
+                Err(e) => panic!("no log line with {needle:?} ({e})"),
+            }
+        }
+    };
+    let status = |_: ()| async move {
+        let (client, req) = chat_request(
+            port,
+            br#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#,
+        );
+        client.request(req).await.unwrap().status().as_u16()
+    };
+    assert_eq!(
+        [status(()).await, status(()).await, status(()).await],
+        [200, 200, 429]
+    );
+
+    std::fs::write(dir.join("gw.yaml"), yaml(3)).unwrap();
+    let hup = |child: &std::process::Child| {
+        let sent = Command::new("kill")
+            .args(["-HUP", &child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(sent.success());
+    };
+    hup(&child);
+    // Refusals change no counter: ask until the reload has applied (at most 10 s).
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while status(()).await != 200 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "SIGHUP never applied rpm 3"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        status(()).await,
+        429,
+        "3 of 3: the 2 before the reload still count"
+    );
+
+    tokio::task::block_in_place(|| wait_for_log("SIGHUP: config reloaded"));
+
+    std::fs::write(dir.join("gw.yaml"), yaml(0)).unwrap();
+    hup(&child);
+    let line = tokio::task::block_in_place(|| wait_for_log("config not reloaded"));
+    assert!(
+        line.contains("the running one stays")
+            && line.contains("model_list[0].litellm_params.rpm: must be > 0"),
+        "{line}"
+    );
+    assert_eq!(status(()).await, 429, "still serving, under rpm 3");
+    kill(&mut child, "-TERM");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use super::{
-    ConfigError, FailureMode, LimiterConfig, ModelLimits, QueueSettings, Reservation,
+    ConfigError, Enforcement, FailureMode, LimiterConfig, ModelLimits, QueueSettings, Reservation,
     SharedStoreSettings, TokenAccounting, WindowKind, DEFAULT_ESTIMATED_OUTPUT_TOKENS,
     DEFAULT_MAX_REPORTED_TOKENS, DEFAULT_PRIORITY_SHARE, DEFAULT_SATURATION_THRESHOLD,
     DEFAULT_WINDOW,
@@ -82,6 +82,9 @@ pub struct LimiterConfigBuilder {
     pub(super) shared: SharedStoreSettings,
     pub(super) max_reported_tokens: u64,
     pub(super) queue: Option<QueueSettings>,
+    pub(super) enforcement: Enforcement,
+    /// Per model name: its enforcement, and where it was written.
+    pub(super) model_enforcement: Vec<(String, Enforcement, String)>,
     pub(super) origin: Origin,
 }
 
@@ -100,6 +103,8 @@ impl Default for LimiterConfigBuilder {
             shared: SharedStoreSettings::default(),
             max_reported_tokens: DEFAULT_MAX_REPORTED_TOKENS,
             queue: None,
+            enforcement: Enforcement::Enforce,
+            model_enforcement: Vec::new(),
             origin: Origin::Code,
         }
     }
@@ -204,6 +209,22 @@ impl LimiterConfigBuilder {
     /// refused at once; reserved shares then order the waiters instead of capping priorities.
     pub fn queue(mut self, queue: QueueSettings) -> Self {
         self.queue = Some(queue);
+        self
+    }
+
+    /// Whether refusals are enforced (default) or only reported ([`Enforcement::Shadow`]), for
+    /// every model [`model_enforcement`](Self::model_enforcement) does not name.
+    pub fn enforcement(mut self, enforcement: Enforcement) -> Self {
+        self.enforcement = enforcement;
+        self
+    }
+
+    /// `model`'s enforcement, overriding [`enforcement`](Self::enforcement) (the model must be in
+    /// the config).
+    pub fn model_enforcement(mut self, model: impl Into<String>, enforcement: Enforcement) -> Self {
+        let model = model.into();
+        let path = format!("model_enforcement({model:?})");
+        self.model_enforcement.push((model, enforcement, path));
         self
     }
 

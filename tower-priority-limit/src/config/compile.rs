@@ -107,12 +107,18 @@ impl LimiterConfig {
 
         let mut models = Vec::with_capacity(groups.len());
         for g in &groups {
-            models.push(compile_model(
-                g,
-                &b.reservations,
-                b.default_priority,
-                origin,
-            )?);
+            let mut model = compile_model(g, &b.reservations, b.default_priority, origin)?;
+            model.enforcement = b.enforcement;
+            models.push(model);
+        }
+        for (name, enforcement, path) in &b.model_enforcement {
+            let Some(id) = model_index.get(name.as_str()) else {
+                return Err(ConfigError::new(
+                    path.clone(),
+                    format!("no model named \"{name}\" in the config"),
+                ));
+            };
+            models[id.index()].enforcement = *enforcement;
         }
 
         Ok(Self {
@@ -131,6 +137,7 @@ impl LimiterConfig {
                 shared: b.shared,
                 max_reported_tokens: b.max_reported_tokens,
                 queue: b.queue,
+                enforcement: b.enforcement,
             },
         })
     }
@@ -182,6 +189,7 @@ fn compile_model(
             tpm: model.tpm,
             pools: Box::new([]),
             shares: Box::new([]),
+            enforcement: Default::default(),
         });
     }
     let mut shares = Vec::with_capacity(reservations.len() + 1);
@@ -208,6 +216,7 @@ fn compile_model(
         tpm: model.tpm,
         pools,
         shares: shares.into_boxed_slice(),
+        enforcement: Default::default(),
     })
 }
 

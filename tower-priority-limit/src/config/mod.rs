@@ -92,6 +92,28 @@ impl TokenAccounting {
     }
 }
 
+/// Whether refusals are enforced (`enforcement`, globally in `priority_reservation_settings` and
+/// per model in `model_enforcement`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Enforcement {
+    /// A request the limits refuse gets a 429 (the default).
+    #[default]
+    Enforce,
+    /// Every decision is computed and counted, but a request the limits would refuse is served
+    /// (and charged like any other): a dark launch of a policy.
+    Shadow,
+}
+
+impl Enforcement {
+    /// The config spelling: `enforce` or `shadow`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Enforcement::Enforce => "enforce",
+            Enforcement::Shadow => "shadow",
+        }
+    }
+}
+
 /// How the accounting window moves (`window`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum WindowKind {
@@ -136,6 +158,8 @@ pub struct ModelLimits {
     pools: Box<[PoolLimits]>,
     /// Normalized shares, same order as `pools` (for reporting).
     shares: Box<[f64]>,
+    /// Whether this model's refusals are enforced or only reported.
+    enforcement: Enforcement,
 }
 
 impl ModelLimits {
@@ -159,6 +183,7 @@ impl ModelLimits {
             tpm: None,
             pools: Box::new([]),
             shares: Box::new([]),
+            enforcement: Enforcement::Enforce,
         }
     }
 
@@ -172,6 +197,12 @@ impl ModelLimits {
     pub fn tpm(mut self, tpm: u64) -> Self {
         self.tpm = Some(tpm);
         self
+    }
+
+    /// Whether refusals on this model are enforced (the config's global `enforcement` unless
+    /// `model_enforcement` names the model).
+    pub fn enforcement(&self) -> Enforcement {
+        self.enforcement
     }
 
     /// The model name clients ask for.
@@ -235,6 +266,8 @@ pub struct Settings {
     /// Waiting for capacity instead of refusing at once (`queue`); `None` (the default) refuses
     /// at once.
     pub queue: Option<QueueSettings>,
+    /// Enforcement of models `model_enforcement` does not name.
+    pub enforcement: Enforcement,
 }
 
 impl Settings {
@@ -750,6 +783,44 @@ litellm_settings:
         assert_eq!(
             e.path(),
             "litellm_settings.priority_reservation_settings.expected_nodes"
+        );
+    }
+
+    #[test]
+    fn enforcement_is_global_and_per_model_and_names_its_path() {
+        let yaml = |settings: &str| {
+            format!(
+                "model_list:\n  - {{model_name: a, litellm_params: {{rpm: 1}}}}\n  - {{model_name: b, litellm_params: {{rpm: 1}}}}\nlitellm_settings:\n  priority_reservation_settings: {{{settings}}}\n"
+            )
+        };
+        let c = LimiterConfig::from_yaml_str(&yaml(
+            "enforcement: shadow, model_enforcement: {b: enforce}",
+        ))
+        .unwrap();
+        assert_eq!(c.settings().enforcement, Enforcement::Shadow);
+        assert_eq!(c.models()[0].enforcement(), Enforcement::Shadow);
+        assert_eq!(c.models()[1].enforcement(), Enforcement::Enforce);
+        let c = LimiterConfig::from_yaml_str(&yaml("")).unwrap();
+        assert_eq!(c.models()[0].enforcement(), Enforcement::Enforce);
+        let err = LimiterConfig::from_yaml_str(&yaml("enforcement: dry")).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "litellm_settings.priority_reservation_settings.enforcement: unknown enforcement \"dry\", expected enforce|shadow"
+        );
+        let err =
+            LimiterConfig::from_yaml_str(&yaml("model_enforcement: {c: shadow}")).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "litellm_settings.priority_reservation_settings.model_enforcement.c: no model named \"c\" in the config"
+        );
+        let err = LimiterConfig::builder()
+            .model(ModelLimits::new("a"))
+            .model_enforcement("z", Enforcement::Shadow)
+            .build()
+            .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            r#"model_enforcement("z"): no model named "z" in the config"#
         );
     }
 

@@ -10,8 +10,8 @@ use super::builder::{ModelEntry, Origin};
 use super::compile::check_unit;
 use super::node::{kind, Node};
 use super::{
-    ConfigError, FailureMode, LimiterConfig, LimiterConfigBuilder, QueueSettings, Reservation,
-    TokenAccounting, WindowKind,
+    ConfigError, Enforcement, FailureMode, LimiterConfig, LimiterConfigBuilder, QueueSettings,
+    Reservation, TokenAccounting, WindowKind,
 };
 
 impl<'de> serde::Deserialize<'de> for LimiterConfig {
@@ -121,6 +121,16 @@ pub(super) fn parse_document(doc: &Value) -> Result<LimiterConfigBuilder, Config
                     b.default_estimated_output_tokens = node.count()?;
                 }
                 "queue" => b.queue = Some(queue(&node)?),
+                "enforcement" => b.enforcement = enforcement(&node)?,
+                "model_enforcement" => {
+                    for (model, value) in node.entries()? {
+                        b.model_enforcement.push((
+                            model.to_owned(),
+                            enforcement(&value)?,
+                            value.path(),
+                        ));
+                    }
+                }
                 "redis_timeout_ms" => {
                     b.shared.timeout = Duration::from_millis(positive(&node)?);
                 }
@@ -128,7 +138,7 @@ pub(super) fn parse_document(doc: &Value) -> Result<LimiterConfigBuilder, Config
                 // unchanged; a misspelt key is the common case, so say so.
                 _ => tracing::warn!(
                     path = %node.path(),
-                    "unknown setting ignored (expected default_priority, saturation_threshold, saturation_check_cache_ttl, redis_failure_mode, expected_nodes, redis_timeout_ms, max_reported_tokens, token_accounting, window, default_estimated_output_tokens, queue)"
+                    "unknown setting ignored (expected default_priority, saturation_threshold, saturation_check_cache_ttl, redis_failure_mode, expected_nodes, redis_timeout_ms, max_reported_tokens, token_accounting, window, default_estimated_output_tokens, queue, enforcement, model_enforcement)"
                 ),
             }
         }
@@ -186,6 +196,16 @@ fn positive(node: &Node<'_>) -> Result<u64, ConfigError> {
         return Err(node.error("must be > 0"));
     }
     Ok(v)
+}
+
+fn enforcement(node: &Node<'_>) -> Result<Enforcement, ConfigError> {
+    match node.string()?.as_str() {
+        "enforce" => Ok(Enforcement::Enforce),
+        "shadow" => Ok(Enforcement::Shadow),
+        other => Err(node.error(format!(
+            "unknown enforcement \"{other}\", expected enforce|shadow"
+        ))),
+    }
 }
 
 fn unit(node: &Node<'_>) -> Result<f64, ConfigError> {

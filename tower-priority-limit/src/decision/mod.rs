@@ -10,7 +10,7 @@
 mod fixed;
 mod sliding;
 
-use crate::config::{ModelLimits, PoolLimits, PoolRef, Settings, TokenAccounting};
+use crate::config::{Enforcement, ModelLimits, PoolLimits, PoolRef, Settings, TokenAccounting};
 
 pub use self::fixed::FixedWindow;
 pub use self::sliding::{slot_ms, SlidingWindow, RING, SLOTS};
@@ -112,6 +112,19 @@ pub struct Refused {
     /// Milliseconds until the refusing counter has room for this request (a fixed window's
     /// end; the sliding window's slot that frees enough).
     pub retry_after_ms: Millis,
+    /// The caller's pool: its reserved limits and its usage before this request, whichever
+    /// counter refused (`None` when the config reserves nothing). For refusals that explain
+    /// themselves.
+    pub pool: Option<PoolState>,
+}
+
+/// A pool's reserved limits and what it used, as one decision saw them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PoolState {
+    /// The pool's reserved share of the model, per dimension.
+    pub reserved: PoolLimits,
+    /// The pool's usage in the window, before the request.
+    pub used: Usage,
 }
 
 impl Refused {
@@ -147,6 +160,9 @@ pub struct Admitted {
     pub model_window: Millis,
     /// Where this request is counted in its pool (`now` without pools).
     pub pool_window: Millis,
+    /// Under `shadow` enforcement, the refusal this request was admitted despite (it is counted
+    /// like any admission); `None` when the limits admitted it.
+    pub shadow: Option<Refused>,
 }
 
 impl Admitted {
@@ -289,28 +305,35 @@ pub fn decide<W: Window>(
     // With the queue on, shares are floors ordering waiters, not caps (`Settings::pools_cap`).
     let capped = strict && settings.pools_cap();
     let reserve = reservation(limits, pool, capped && pool_counter.is_some(), estimate);
-    let refuse = |scope, over: Over, counter: &W| {
-        Decision::Refuse(Refused {
-            scope,
-            dimension: over.dimension,
-            limit: over.limit,
-            used: over.used,
-            saturation,
-            retry_after_ms: counter.room_in(now, window, over.dimension, over.excess),
-        })
-    };
-
-    if let Some(over) = check(limits.rpm, limits.tpm, model_usage, reserve) {
-        return refuse(Scope::Model, over, model_counter);
-    }
-
     let pool_limits: Option<&PoolLimits> = limits.pool(pool);
     let pool_usage = pool_counter.map(|c| c.usage(now, window));
-    if capped {
+    let pool_state = pool_limits
+        .zip(pool_usage)
+        .map(|(reserved, used)| PoolState {
+            reserved: *reserved,
+            used,
+        });
+    let refusal = |scope, over: Over, counter: &W| Refused {
+        scope,
+        dimension: over.dimension,
+        limit: over.limit,
+        used: over.used,
+        saturation,
+        retry_after_ms: counter.room_in(now, window, over.dimension, over.excess),
+        pool: pool_state,
+    };
+
+    let mut refused = check(limits.rpm, limits.tpm, model_usage, reserve)
+        .map(|over| refusal(Scope::Model, over, model_counter));
+    if refused.is_none() && capped {
         if let (Some(pl), Some(pu), Some(pc)) = (pool_limits, pool_usage, pool_counter) {
-            if let Some(over) = check(pl.rpm, pl.tpm, pu, reserve) {
-                return refuse(Scope::Priority, over, pc);
-            }
+            refused =
+                check(pl.rpm, pl.tpm, pu, reserve).map(|over| refusal(Scope::Priority, over, pc));
+        }
+    }
+    if let Some(refused) = refused {
+        if limits.enforcement() == Enforcement::Enforce {
+            return Decision::Refuse(refused);
         }
     }
 
@@ -328,13 +351,14 @@ pub fn decide<W: Window>(
         reserved: reserve,
         model_window: model_counter.mark(now, window),
         pool_window: pool_counter.map_or(now, |c| c.mark(now, window)),
+        shadow: refused,
     })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::{LimiterConfig, ModelLimits, Reservation};
+    use crate::config::{Enforcement, LimiterConfig, ModelLimits, Reservation};
     use proptest::prelude::*;
 
     const W: Millis = 60_000;
@@ -577,6 +601,56 @@ mod tests {
         // A pool with no tokens still lets a 1-token reservation be asked for (and refused).
         let c = cfg(None, Some(1000), 0.0);
         assert_eq!(reservation(&c.models()[0], PoolRef::Default, true, 99), 1);
+    }
+
+    /// Shadow enforcement admits and counts what enforcement refuses, with the same refusal.
+    #[test]
+    fn shadow_admits_and_counts_with_the_refusal_it_would_have_made() {
+        let config = |e| {
+            LimiterConfig::builder()
+                .model(ModelLimits::new("m").rpm(10))
+                .reserve("prod", Reservation::Percent(0.5))
+                .default_priority(0.5)
+                .saturation_threshold(0.0)
+                .enforcement(e)
+                .build()
+                .unwrap()
+        };
+        let mut enforced = Sim::new(config(Enforcement::Enforce));
+        let mut shadow = Sim::new(config(Enforcement::Shadow));
+        for i in 0..8 {
+            let e = enforced.try_admit(PROD, 0);
+            let s = shadow.try_admit(PROD, 0);
+            match (e, s) {
+                (Decision::Admit(e), Decision::Admit(s)) => {
+                    assert!(i < 5 && e.shadow.is_none() && s.shadow.is_none());
+                }
+                (Decision::Refuse(e), Decision::Admit(s)) => {
+                    assert!(i >= 5);
+                    assert_eq!(
+                        s.shadow.map(|r| (r.scope, r.dimension)),
+                        Some((e.scope, e.dimension))
+                    );
+                    assert_eq!(s.shadow.unwrap().used, i, "every shadow admission counted");
+                    assert_eq!(
+                        e.pool,
+                        Some(PoolState {
+                            reserved: PoolLimits {
+                                rpm: Some(5),
+                                tpm: None
+                            },
+                            used: Usage {
+                                requests: 5,
+                                tokens: 0
+                            },
+                        })
+                    );
+                }
+                other => panic!("request {i}: {other:?}"),
+            }
+        }
+        assert_eq!(shadow.pools[0].requests, 8);
+        assert_eq!(enforced.pools[0].requests, 5);
     }
 
     #[test]

@@ -186,6 +186,22 @@ impl MemoryStore {
         }
     }
 
+    /// The same counters under `config`'s limits and shares: the current windows keep what they
+    /// counted, and leases already handed out settle into them. For a config reloaded while
+    /// serving. `None` when `config` lays the counters out differently (other models or
+    /// priorities, in another order, or another window length, kind or token accounting): those
+    /// need a fresh store.
+    pub fn reconfigured(&self, config: &LimiterConfig) -> Option<MemoryStore> {
+        if !same_layout(&self.config, config) {
+            return None;
+        }
+        Some(MemoryStore {
+            config: config.clone(),
+            models: self.models.clone(),
+            clock: Arc::clone(&self.clock),
+        })
+    }
+
     /// The clock windows are measured on.
     pub fn clock(&self) -> &dyn Clock {
         &*self.clock
@@ -207,8 +223,28 @@ impl MemoryStore {
     }
 }
 
+/// Whether counters kept for `a` mean the same under `b`: the same models and priorities in the
+/// same order, and the same windows and accounting (limits, shares and the other settings may
+/// differ).
+pub fn same_layout(a: &LimiterConfig, b: &LimiterConfig) -> bool {
+    let (sa, sb) = (a.settings(), b.settings());
+    a.models().len() == b.models().len()
+        && a.models()
+            .iter()
+            .zip(b.models())
+            .all(|(x, y)| x.name() == y.name() && x.pool_count() == y.pool_count())
+        && a.priorities() == b.priorities()
+        && sa.window_ms == sb.window_ms
+        && sa.window_kind == sb.window_kind
+        && sa.token_accounting == sb.token_accounting
+}
+
 impl Store for MemoryStore {
     type AdmitFuture = Ready<Result<Decision, StoreError>>;
+
+    fn usage_now(&self, model: ModelId, pool: PoolRef) -> Option<(Usage, Option<Usage>)> {
+        self.usage(model, pool)
+    }
 
     fn config(&self) -> &LimiterConfig {
         &self.config
@@ -239,10 +275,6 @@ impl Store for MemoryStore {
 
     fn clock(&self) -> Arc<dyn Clock> {
         Arc::clone(&self.clock)
-    }
-
-    fn pool_usage(&self, model: ModelId, pool: PoolRef) -> Option<Usage> {
-        self.usage(model, pool)?.1
     }
 }
 

@@ -117,12 +117,20 @@ pub trait Store: Send + Sync + 'static {
         Arc::new(CoarseClock::new())
     }
 
-    /// Usage of `model`'s `pool` in its current window, when the store can tell without waiting
-    /// (the embedded store): how far a priority is through its floor, which orders waiters.
-    /// `None` (the default) counts every pool as empty, so waiters go by pool order and flow.
-    fn pool_usage(&self, model: ModelId, pool: PoolRef) -> Option<Usage> {
+    /// Usage of `model` and its `pool` in the windows current now, when the store can read them
+    /// without waiting (the embedded store); `None` (the default) otherwise. For gauges read at
+    /// scrape and dashboards, never for admission.
+    fn usage_now(&self, model: ModelId, pool: PoolRef) -> Option<(Usage, Option<Usage>)> {
         let _ = (model, pool);
         None
+    }
+
+    /// Usage of `model`'s `pool` in its current window, when the store can tell without waiting:
+    /// how far a priority is through its floor, which orders waiters. By default the pool's part
+    /// of [`usage_now`](Self::usage_now) (the embedded store's counters); `None` counts every
+    /// pool as empty, so waiters go by pool order and flow.
+    fn pool_usage(&self, model: ModelId, pool: PoolRef) -> Option<Usage> {
+        self.usage_now(model, pool)?.1
     }
 
     /// Waits until every settlement handed to this store so far is recorded (graceful shutdown).

@@ -11,7 +11,8 @@
 --          (limits: -1 = none), saturation threshold, tokens to reserve in generous mode (already
 --          capped as `reservation()` does), key TTL in ms, deadline: the caller's deadline on
 --          this server's TIME in ms (-1 = none), window kind ("f" fixed, "s" sliding), slot
---          length in ms, tokens to reserve in strict mode.
+--          length in ms, tokens to reserve in strict mode, enforcement ("s" shadow: a request
+--          the limits refuse is counted and admitted all the same; anything else enforces).
 -- Returns  fixed:   {now, model start (-1 = none), model requests, model tokens,
 --                    pool start (-1 = none), pool requests, pool tokens, verdict}
 --          sliding: {now, model head (-1 = none), model requests, model tokens, pool head, pool
@@ -135,6 +136,9 @@ if over(rpm, tpm, m) then
 elseif strict and over(prpm, ptpm, q) then
   verdict = 2
 end
+-- Shadow enforcement: the refusal is only reported (the Rust side re-derives it), the request
+-- counts like any admission.
+if ARGV[14] == 's' then verdict = 0 end
 
 if not sliding then
   if verdict == 0 then

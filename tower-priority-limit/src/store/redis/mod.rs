@@ -65,10 +65,11 @@ use self::settle::{flush_settlements, process_id, Queued, RedisSettler};
 pub use self::target::RedisTarget;
 use super::{AdmitRequest, MemoryStore, Settler, Store, StoreError};
 use crate::config::WindowKind;
-use crate::config::{pool_index, FailureMode, LimiterConfig, ModelId, PoolRef};
+use crate::config::{pool_index, Enforcement, FailureMode, LimiterConfig, ModelId, PoolRef};
 use crate::decision::{
     decide, reservation, slot_ms, Decision, FixedWindow, Millis, SlidingWindow, Usage, Window, RING,
 };
+use crate::metrics::Observer;
 
 /// How long the store keeps away from Redis after a failed call before trying again.
 pub const RETRY_INTERVAL: Duration = Duration::from_millis(250);
@@ -147,6 +148,7 @@ pub struct RedisStoreBuilder {
     target: RedisTarget,
     key_prefix: String,
     settle_queue: usize,
+    observer: Option<Arc<dyn Observer>>,
 }
 
 impl RedisStoreBuilder {
@@ -159,6 +161,13 @@ impl RedisStoreBuilder {
     /// Bound of the settlement queue (default [`DEFAULT_SETTLE_QUEUE`]).
     pub fn settle_queue(mut self, capacity: usize) -> Self {
         self.settle_queue = capacity.max(1);
+        self
+    }
+
+    /// Tells `observer` how long each call to Redis took and whether it failed (admissions and
+    /// settlements; [`Observer::store_call`]).
+    pub fn observer(mut self, observer: Arc<dyn Observer>) -> Self {
+        self.observer = Some(observer);
         self
     }
 
@@ -250,6 +259,7 @@ impl RedisStoreBuilder {
                 .iter()
                 .map(|m| (0..m.pool_count()).map(|_| SeenUsage::default()).collect())
                 .collect(),
+            observer: self.observer,
         });
         // Load both scripts now, so the first admissions are one round trip each, and learn
         // Redis's clock, so the first admissions carry a deadline; best effort (Redis may be
@@ -317,6 +327,7 @@ impl RedisStore {
             target,
             key_prefix: "tpl:".to_owned(),
             settle_queue: DEFAULT_SETTLE_QUEUE,
+            observer: None,
         }
     }
 
@@ -372,6 +383,7 @@ struct Inner {
     /// ms). What the queue orders priorities by (`Store::pool_usage`): Redis holds the truth, this
     /// is its last word, good for the window it was said in.
     pool_seen: Box<[Box<[SeenUsage]>]>,
+    observer: Option<Arc<dyn Observer>>,
 }
 
 /// A pool's usage as last seen in a reply. Three relaxed atomics: a reader may mix two replies'
@@ -521,9 +533,13 @@ impl Inner {
                 .arg(deadline)
                 .arg(self.window_kind_arg())
                 .arg(slot_ms(settings.window_ms))
-                .arg(reserve(true));
+                .arg(reserve(true))
+                .arg(match limits.enforcement() {
+                    Enforcement::Enforce => "e",
+                    Enforcement::Shadow => "s",
+                });
         });
-        let reply: Result<Vec<i64>, StoreError> = bounded(self.timeout, call).await;
+        let reply: Result<Vec<i64>, StoreError> = self.timed(bounded(self.timeout, call)).await;
         match reply {
             Ok(reply) if reply.len() >= 8 => {
                 self.redis_time.observe(reply[0], sent, self.local_ms());
@@ -554,6 +570,20 @@ impl Inner {
                 self.fallback(request)
             }
         }
+    }
+
+    /// `call`, its duration and failure told to the observer.
+    async fn timed<T>(
+        &self,
+        call: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        let Some(observer) = &self.observer else {
+            return call.await;
+        };
+        let started = Instant::now();
+        let result = call.await;
+        observer.store_call(started.elapsed(), result.is_ok());
+        result
     }
 
     /// `admit.lua`'s and `settle.lua`'s spelling of the window kind.

@@ -90,7 +90,9 @@ impl Inner {
                     })
                     .arg(slot_ms(window_ms));
             });
-        let applied = bounded(SETTLE_TIMEOUT.max(self.timeout), call).await?;
+        let applied = self
+            .timed(bounded(SETTLE_TIMEOUT.max(self.timeout), call))
+            .await?;
         if applied == 0 {
             self.stats
                 .settlements_duplicate

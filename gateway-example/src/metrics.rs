@@ -1,0 +1,287 @@
+//! The gateway's Prometheus series: the limiter's (the crate's
+//! [`PrometheusMetrics`], for the group limiter)
+//! plus its own:
+//!
+//! - `gateway_request_duration_seconds{route,model,status}`: time to the response head;
+//! - `gateway_upstream_attempts_total{model}`, `gateway_upstream_retries_total{model}`,
+//!   `gateway_upstream_fallbacks_total{model}`;
+//! - read at scrape: `gateway_deployment_in_flight{model,deployment}`,
+//!   `gateway_deployment_cooldown{model,deployment}` (1 while parked or cooling down),
+//!   `gateway_keys` (embedded key store only).
+//!
+//! Labels are bounded: routes are the router's, models the config's groups (`other` for any
+//! other name, `none` where no model was involved), statuses a fixed list or their class.
+//! Request series are made on first use in a fixed table (a lock-free read afterwards), and
+//! histograms record with atomics only ([`AtomicHistogram`]).
+
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use http::{HeaderMap, StatusCode};
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::MetricType;
+use prometheus_client::registry::Registry;
+use tower_priority_limit::metrics::{AtomicHistogram, PrometheusMetrics};
+use tower_priority_limit::LimiterConfig;
+
+/// The routes the duration histogram knows; any other path is `other`.
+pub const ROUTES: &[&str] = &[
+    "/chat/completions",
+    "/v1/chat/completions",
+    "/embeddings",
+    "/v1/embeddings",
+    "/completions",
+    "/v1/completions",
+    "/responses",
+    "/v1/responses",
+    "/messages",
+    "/v1/messages",
+    "/models",
+    "/v1/models",
+    "/key/generate",
+    "/key/info",
+    "/key/delete",
+    "/team/new",
+    "/team/info",
+    "/health/liveliness",
+    "/health/readiness",
+    "/metrics",
+    "/config",
+    "/config/reload",
+    "/ui",
+    "/ui/state",
+    "other",
+];
+
+/// Statuses with a series of their own; others go to their class (`2xx`, `4xx`, `5xx`, `other`).
+const STATUSES: &[&str] = &[
+    "200", "400", "401", "403", "404", "405", "408", "413", "429", "500", "502", "503", "504",
+    "2xx", "4xx", "5xx", "other",
+];
+
+fn status_index(status: StatusCode) -> usize {
+    let code = status.as_str();
+    STATUSES[..13]
+        .iter()
+        .position(|s| *s == code)
+        .unwrap_or(match status.as_u16() {
+            200..=299 => 13,
+            400..=499 => 14,
+            500..=599 => 15,
+            _ => 16,
+        })
+}
+
+/// Every series the gateway exports, and the registry that encodes them.
+#[derive(Debug)]
+pub struct GatewayMetrics {
+    registry: Registry,
+    limiter: Arc<PrometheusMetrics>,
+    http: Arc<HttpSeries>,
+}
+
+/// Request durations and upstream counters, by model index (the config's groups, then `none`,
+/// then `other`).
+#[derive(Debug)]
+struct HttpSeries {
+    models: Vec<Arc<str>>,
+    /// `ROUTES × models × STATUSES`, each made on first use.
+    durations: Box<[OnceLock<AtomicHistogram>]>,
+    attempts: Box<[Counter]>,
+    retries: Box<[Counter]>,
+    fallbacks: Box<[Counter]>,
+}
+
+/// A request's model for the labels: one of the config's groups, none, or another name.
+#[derive(Debug, Clone, Copy)]
+pub struct ModelLabel(usize);
+
+impl GatewayMetrics {
+    /// The series of a gateway whose groups are `limits`' models.
+    pub fn new(limits: &LimiterConfig) -> Self {
+        let mut registry = Registry::default();
+        let limiter = PrometheusMetrics::new(limits, &mut registry);
+        let models: Vec<Arc<str>> = limits
+            .models()
+            .iter()
+            .map(|m| m.name_arc().clone())
+            .chain([Arc::from("none"), Arc::from("other")])
+            .collect();
+        let counters = |name: &str, help: &str, registry: &mut Registry| {
+            let family = Family::<[(&'static str, Arc<str>); 1], Counter>::default();
+            let handles: Box<[Counter]> = models
+                .iter()
+                .map(|m| family.get_or_create(&[("model", m.clone())]).clone())
+                .collect();
+            registry.register(name, help, family);
+            handles
+        };
+        let attempts = counters(
+            "gateway_upstream_attempts",
+            "Upstream attempts (first tries and retries) of requests that reached a deployment",
+            &mut registry,
+        );
+        let retries = counters(
+            "gateway_upstream_retries",
+            "Retries on another (or the same) deployment",
+            &mut registry,
+        );
+        let fallbacks = counters(
+            "gateway_upstream_fallbacks",
+            "Requests passed on to a fallback group",
+            &mut registry,
+        );
+        let http = Arc::new(HttpSeries {
+            durations: (0..ROUTES.len() * models.len() * STATUSES.len())
+                .map(|_| OnceLock::new())
+                .collect(),
+            models,
+            attempts,
+            retries,
+            fallbacks,
+        });
+        registry.register_collector(Box::new(Durations(Arc::clone(&http))));
+        Self {
+            registry,
+            limiter,
+            http,
+        }
+    }
+
+    /// The limiter's series (the group limiter's observer).
+    pub fn limiter(&self) -> &Arc<PrometheusMetrics> {
+        &self.limiter
+    }
+
+    /// The label of model `name` (`None`: the request named none).
+    pub fn model(&self, limits: &LimiterConfig, name: Option<&str>) -> ModelLabel {
+        let n = self.http.models.len();
+        ModelLabel(match name {
+            None => n - 2,
+            Some(name) => limits.model_id(name).map_or(n - 1, |id| id.index()),
+        })
+    }
+
+    /// Records one answered request on `route` (an index into [`ROUTES`]).
+    pub fn request(
+        &self,
+        route: usize,
+        model: ModelLabel,
+        status: StatusCode,
+        headers: &HeaderMap,
+        elapsed: Duration,
+    ) {
+        let http = &self.http;
+        let models = http.models.len();
+        let route = route.min(ROUTES.len() - 1);
+        let i = (route * models + model.0) * STATUSES.len() + status_index(status);
+        http.durations[i]
+            .get_or_init(|| AtomicHistogram::exponential(0.001, 2.0, 16))
+            .observe(elapsed);
+        let count = |name| {
+            headers
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.parse::<u64>().ok())
+        };
+        if headers.contains_key(crate::routing::MODEL_ID) {
+            let retries = count(crate::routing::ATTEMPTED_RETRIES).unwrap_or(0);
+            http.attempts[model.0].inc_by(1 + retries);
+            if retries > 0 {
+                http.retries[model.0].inc_by(retries);
+            }
+        }
+        if let Some(fallbacks) = count(crate::routing::ATTEMPTED_FALLBACKS).filter(|n| *n > 0) {
+            http.fallbacks[model.0].inc_by(fallbacks);
+        }
+    }
+
+    /// The text exposition: every series, then `gauges` (read now), then `# EOF`.
+    pub fn encode(&self, gauges: ScrapeGauges) -> Result<String, std::fmt::Error> {
+        let mut text = String::with_capacity(16 * 1024);
+        prometheus_client::encoding::text::encode_registry(&mut text, &self.registry)?;
+        let mut scrape = Registry::default();
+        scrape.register_collector(Box::new(gauges));
+        prometheus_client::encoding::text::encode(&mut text, &scrape)?;
+        Ok(text)
+    }
+}
+
+#[derive(Debug)]
+struct Durations(Arc<HttpSeries>);
+
+impl Collector for Durations {
+    fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
+        let http = &self.0;
+        let mut family = encoder.encode_descriptor(
+            "gateway_request_duration_seconds",
+            "Time from a request's arrival to its response head, by route, model and status",
+            None,
+            MetricType::Histogram,
+        )?;
+        let models = http.models.len();
+        for (i, slot) in http.durations.iter().enumerate() {
+            let Some(histogram) = slot.get() else {
+                continue;
+            };
+            let status = i % STATUSES.len();
+            let model = (i / STATUSES.len()) % models;
+            let route = i / STATUSES.len() / models;
+            let labels = [
+                ("route", ROUTES[route]),
+                ("model", &*http.models[model]),
+                ("status", STATUSES[status]),
+            ];
+            histogram.encode(family.encode_family(&labels)?)?;
+        }
+        Ok(())
+    }
+}
+
+/// Gauges read at scrape from the router and the key store.
+#[derive(Debug, Default)]
+pub struct ScrapeGauges {
+    /// Per deployment: (group, id, in flight, parked or cooling down).
+    pub deployments: Vec<(String, String, u64, bool)>,
+    /// Keys in the key store, when it can count them without a round trip.
+    pub keys: Option<u64>,
+}
+
+impl Collector for ScrapeGauges {
+    fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
+        let gauge = |v: u64| prometheus_client::metrics::gauge::ConstGauge::new(v as i64);
+        let mut family = encoder.encode_descriptor(
+            "gateway_deployment_in_flight",
+            "Requests in flight on a deployment",
+            None,
+            MetricType::Gauge,
+        )?;
+        for (model, id, in_flight, _) in &self.deployments {
+            let labels = [("model", model.as_str()), ("deployment", id.as_str())];
+            gauge(*in_flight).encode(family.encode_family(&labels)?)?;
+        }
+        let mut family = encoder.encode_descriptor(
+            "gateway_deployment_cooldown",
+            "1 while a deployment sits out (cooldown after failures, or parked by an upstream's retry-after)",
+            None,
+            MetricType::Gauge,
+        )?;
+        for (model, id, _, parked) in &self.deployments {
+            let labels = [("model", model.as_str()), ("deployment", id.as_str())];
+            gauge(u64::from(*parked)).encode(family.encode_family(&labels)?)?;
+        }
+        if let Some(keys) = self.keys {
+            let family = encoder.encode_descriptor(
+                "gateway_keys",
+                "Keys in the key store",
+                None,
+                MetricType::Gauge,
+            )?;
+            gauge(keys).encode(family)?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,124 @@
+//! Reading the config file again while serving (`SIGHUP`, `POST /config/reload`), and showing
+//! the config in force (`GET /config`) with its secrets hidden.
+//!
+//! A reload applies what can change without a restart: the limits (`rpm`, `tpm` of each
+//! `model_list` entry, so both the groups' and the deployments' limits), the priorities' shares
+//! and every `priority_reservation_settings` value except the window and token accounting, plus
+//! the request limits of `general_settings` that are read per request (`max_request_size_mb`,
+//! `request_body_timeout_seconds`). The counters of the current windows are kept and requests in
+//! flight settle into them. Anything else (models or priorities added, removed or reordered, a
+//! deployment's target, the master key, Redis, router settings, the window) needs a restart: such
+//! a file is refused, naming what changed, and the running config stays.
+
+use std::path::Path;
+
+use serde_json::Value;
+use tower_priority_limit::redact::redact_url;
+use tower_priority_limit::store::memory::same_layout;
+use tower_priority_limit::LimiterConfig;
+
+use crate::config::{Deployment, GatewayConfig};
+
+/// Reads and validates the config file at `path`: the config and the document it came from.
+/// The error is the one the gateway starts with (`PATH: reason`).
+pub fn load_file(path: &Path) -> Result<(GatewayConfig, Value), String> {
+    let text =
+        std::fs::read_to_string(path).map_err(|e| format!("reading {}: {e}", path.display()))?;
+    let config =
+        GatewayConfig::from_yaml_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+    // The config parsed, so the document does.
+    let document = serde_yaml_ng::from_str(&text).unwrap_or(Value::Null);
+    Ok((config, document))
+}
+
+/// Why `new` cannot replace `old` while serving (what needs a restart), or `None`.
+pub fn restart_needed(old: &GatewayConfig, new: &GatewayConfig) -> Option<String> {
+    let without_limits = |d: &Deployment| Deployment {
+        rpm: None,
+        tpm: None,
+        ..d.clone()
+    };
+    let deployments =
+        |c: &GatewayConfig| c.deployments.iter().map(without_limits).collect::<Vec<_>>();
+    let changed = [
+        (
+            !same_layout(&old.limiter, &new.limiter),
+            "the models, the priorities or the window (length, kind, token_accounting)",
+        ),
+        (deployments(old) != deployments(new), "a deployment (other than its rpm/tpm)"),
+        (old.limiter_enabled != new.limiter_enabled, "litellm_settings.callbacks"),
+        (old.master_key != new.master_key, "general_settings.master_key"),
+        (
+            old.header_read_timeout != new.header_read_timeout
+                || old.max_connections != new.max_connections
+                || old.shutdown_grace != new.shutdown_grace
+                || old.metrics != new.metrics
+                || old.metrics_require_auth != new.metrics_require_auth,
+            "general_settings (max_connections, header_read_timeout_seconds, shutdown_grace_seconds, metrics, metrics_require_auth)",
+        ),
+        (
+            old.redis != new.redis || old.redis_key_prefix != new.redis_key_prefix,
+            "Redis",
+        ),
+        (old.router != new.router, "router_settings"),
+    ];
+    let what: Vec<&str> = changed
+        .iter()
+        .filter(|(changed, _)| *changed)
+        .map(|(_, what)| *what)
+        .collect();
+    (!what.is_empty()).then(|| format!("changed {}: restart to apply", what.join("; ")))
+}
+
+/// Whether two limiter configs set the same limits (to report what a reload changed).
+pub fn same_limits(a: &LimiterConfig, b: &LimiterConfig) -> bool {
+    a.models() == b.models() && a.settings() == b.settings()
+}
+
+/// `document` with its secrets hidden: keys, passwords and the master key become `***` (an
+/// `os.environ/NAME` reference is shown, it is not the secret), URLs lose their passwords and
+/// secret query parameters.
+pub fn redact(document: &Value) -> Value {
+    match document {
+        Value::Object(map) => Value::Object(
+            map.iter()
+                .map(|(k, v)| {
+                    let v = match (k.as_str(), v) {
+                        (_, Value::String(s)) if s.starts_with("os.environ/") => v.clone(),
+                        ("master_key" | "api_key" | "redis_password" | "password", _) => {
+                            Value::String("***".into())
+                        }
+                        _ => redact(v),
+                    };
+                    (k.clone(), v)
+                })
+                .collect(),
+        ),
+        Value::Array(items) => Value::Array(items.iter().map(redact).collect()),
+        Value::String(s) => Value::String(redact_url(s)),
+        other => other.clone(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn secrets_are_hidden_and_references_shown() {
+        let doc = json!({
+            "general_settings": {"master_key": "sk-secret"},
+            "model_list": [{"litellm_params": {"api_key": "sk-up", "api_base": "http://u:pw@h/v1?key=k"}}],
+            "router_settings": {"redis_password": "os.environ/REDIS_PW", "redis_url": "redis://:pw@r:6379"}
+        });
+        assert_eq!(
+            redact(&doc),
+            json!({
+                "general_settings": {"master_key": "***"},
+                "model_list": [{"litellm_params": {"api_key": "***", "api_base": "http://u:***@h/v1?key=***"}}],
+                "router_settings": {"redis_password": "os.environ/REDIS_PW", "redis_url": "redis://:***@r:6379"}
+            })
+        );
+    }
+}

@@ -1,0 +1,263 @@
+//! `GET /metrics`: the limiter's and the gateway's series, scraped by a real Prometheus and read
+//! back through its query API, and the text itself.
+
+use integration_tests::gateway::{Gw, MASTER};
+use integration_tests::prometheus::PrometheusServer;
+use serde_json::json;
+
+/// `m` has 10 RPM; prod and the default pool reserve half each, and strict mode is always on, so
+/// prod gets exactly 5 requests a window.
+fn config(general: &str) -> String {
+    config_with(general, "")
+}
+
+fn config_with(general: &str, settings: &str) -> String {
+    format!(
+        r#"
+model_list:
+  - model_name: m
+    litellm_params: {{model: openai/m, mock_response: "hi", rpm: 10}}
+litellm_settings:
+  callbacks: ["dynamic_rate_limiter_v3"]
+  priority_reservation: {{"prod": 0.5}}
+  priority_reservation_settings: {{default_priority: 0.5, saturation_threshold: 0{settings}}}
+general_settings:
+  master_key: {MASTER}
+{general}
+"#
+    )
+}
+
+/// 7 prod requests (5 served, 2 refused by prod's pool) and 2 without a priority (served).
+async fn traffic(gw: &Gw) {
+    let prod = gw.new_key(json!({"metadata": {"priority": "prod"}})).await;
+    let plain = gw.new_key(json!({})).await;
+    assert_eq!(gw.served(&prod, "m", 7).await, 5);
+    assert_eq!(gw.served(&plain, "m", 2).await, 2);
+}
+
+/// The value of the series `name{labels}` in the exposition `text` (labels in their order).
+fn sample(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+        .map(|v| v.parse().unwrap())
+}
+
+#[tokio::test]
+async fn metrics_count_outcomes_refusals_tokens_and_durations() {
+    let gw = Gw::start(&config(""), None).await;
+    traffic(&gw).await;
+    let reply = gw.get("/metrics", None).await;
+    assert_eq!(reply.status, 200, "open by default");
+    let text = reply.text();
+    let requests = |priority: &str, outcome: &str| {
+        sample(
+            text,
+            &format!(
+                r#"priority_limit_requests_total{{model="m",priority="{priority}",outcome="{outcome}"}}"#
+            ),
+        )
+    };
+    assert_eq!(requests("prod", "admitted"), Some(5.0), "{text}");
+    assert_eq!(requests("prod", "refused"), Some(2.0));
+    assert_eq!(requests("default", "admitted"), Some(2.0));
+    assert_eq!(requests("default", "refused"), Some(0.0));
+    assert_eq!(requests("prod", "shadow_refused"), Some(0.0));
+    assert_eq!(
+        sample(
+            text,
+            r#"priority_limit_refusals_total{model="m",priority="prod",limit="pool_requests"}"#
+        ),
+        Some(2.0)
+    );
+    // Every mock answer reports 10 prompt and 20 completion tokens.
+    assert_eq!(
+        sample(
+            text,
+            r#"priority_limit_tokens_total{model="m",priority="prod",kind="completion"}"#
+        ),
+        Some(100.0)
+    );
+    assert_eq!(
+        sample(
+            text,
+            r#"priority_limit_tokens_total{model="m",priority="default",kind="prompt"}"#
+        ),
+        Some(20.0)
+    );
+    // Read at scrape from the embedded counters: 7 of 10 requests.
+    assert_eq!(
+        sample(text, r#"priority_limit_saturation{model="m"}"#),
+        Some(0.7)
+    );
+    assert_eq!(
+        sample(
+            text,
+            r#"priority_limit_pool_usage{model="m",priority="prod",dimension="requests"}"#
+        ),
+        Some(1.0)
+    );
+    assert_eq!(
+        sample(
+            text,
+            r#"gateway_request_duration_seconds_count{route="/v1/chat/completions",model="m",status="429"}"#
+        ),
+        Some(2.0)
+    );
+    assert_eq!(
+        sample(
+            text,
+            r#"gateway_request_duration_seconds_count{route="/v1/chat/completions",model="m",status="200"}"#
+        ),
+        Some(7.0)
+    );
+    assert_eq!(
+        sample(text, r#"gateway_upstream_attempts_total{model="m"}"#),
+        Some(7.0)
+    );
+    assert_eq!(
+        sample(
+            text,
+            r#"gateway_deployment_in_flight{model="m",deployment=""#
+        )
+        .or(Some(0.0)),
+        Some(0.0)
+    );
+    assert!(
+        text.contains("gateway_deployment_in_flight{model=\"m\",deployment="),
+        "{text}"
+    );
+    assert_eq!(sample(text, "gateway_keys"), Some(2.0));
+    assert!(text.ends_with("# EOF\n"));
+}
+
+/// Shadow enforcement through the gateway: the 2 requests prod's pool would refuse are served,
+/// carry the shadow header and count as `shadow_refused`.
+#[tokio::test]
+async fn shadow_refusals_are_served_and_counted() {
+    let gw = Gw::start(&config_with("", ", enforcement: shadow"), None).await;
+    let prod = gw.new_key(json!({"metadata": {"priority": "prod"}})).await;
+    let mut shadowed = 0;
+    for _ in 0..7 {
+        let reply = gw.chat(&prod, "m", false).await;
+        assert_eq!(reply.status, 200);
+        if let Some(by) = reply.headers.get("x-priority-limit-shadow-refused-by") {
+            assert_eq!(by, "pool_requests");
+            shadowed += 1;
+        }
+    }
+    assert_eq!(shadowed, 2);
+    let text = gw.get("/metrics", None).await;
+    let text = text.text();
+    let requests = |outcome: &str| {
+        sample(
+            text,
+            &format!(
+                r#"priority_limit_requests_total{{model="m",priority="prod",outcome="{outcome}"}}"#
+            ),
+        )
+    };
+    assert_eq!(requests("admitted"), Some(5.0));
+    assert_eq!(requests("shadow_refused"), Some(2.0));
+    assert_eq!(requests("refused"), Some(0.0));
+}
+
+#[tokio::test]
+async fn metrics_can_require_the_master_key() {
+    let gw = Gw::start(&config("  metrics_require_auth: true"), None).await;
+    assert_eq!(gw.get("/metrics", None).await.status, 401);
+    let reply = gw.get("/metrics", Some(MASTER)).await;
+    assert_eq!(reply.status, 200);
+    assert!(reply.text().contains("priority_limit_requests_total"));
+}
+
+/// A real Prometheus scrapes the gateway; its query API returns the counts this test generated.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prometheus_scrapes_the_counts_the_test_generated() {
+    let gw = Gw::start(&config(""), None).await;
+    let target = gw.base.trim_start_matches("http://").to_owned();
+    let Some(prometheus) = PrometheusServer::start(
+        "prometheus_scrapes_the_counts_the_test_generated",
+        &target,
+        "/metrics",
+    )
+    .await
+    else {
+        return;
+    };
+    assert!(
+        prometheus.target_up().await,
+        "Prometheus never scraped the gateway"
+    );
+    traffic(&gw).await;
+    let expect = |expr: &'static str, value: f64| {
+        let prometheus = &prometheus;
+        async move {
+            assert_eq!(
+                prometheus.wait_for(expr, value).await,
+                Some(value),
+                "{expr}"
+            );
+        }
+    };
+    expect(
+        r#"priority_limit_requests_total{model="m",priority="prod",outcome="admitted"}"#,
+        5.0,
+    )
+    .await;
+    expect(
+        r#"priority_limit_requests_total{model="m",priority="prod",outcome="refused"}"#,
+        2.0,
+    )
+    .await;
+    expect(
+        r#"priority_limit_requests_total{model="m",priority="default",outcome="admitted"}"#,
+        2.0,
+    )
+    .await;
+    expect(
+        r#"sum(priority_limit_refusals_total{model="m",limit="pool_requests"})"#,
+        2.0,
+    )
+    .await;
+    expect(r#"sum(priority_limit_tokens_total{model="m"})"#, 210.0).await;
+    expect(r#"priority_limit_saturation{model="m"}"#, 0.7).await;
+    expect(
+        r#"sum(gateway_request_duration_seconds_count{route="/v1/chat/completions",status="429"})"#,
+        2.0,
+    )
+    .await;
+
+    // Every query of the shipped Grafana dashboard is valid PromQL over these series (the query
+    // API answers 400 otherwise) and all but the queue's and the store's find series.
+    let dashboard: serde_json::Value =
+        serde_json::from_str(include_str!("../../docs/grafana-dashboard.json")).unwrap();
+    let mut found = 0;
+    let mut queries = 0;
+    for panel in dashboard["panels"].as_array().unwrap() {
+        for target in panel["targets"].as_array().unwrap() {
+            let expr = target["expr"]
+                .as_str()
+                .unwrap()
+                .replace("$model", ".*")
+                .replace("$__rate_interval", "1m");
+            queries += 1;
+            if prometheus.query(&expr).await.is_some() {
+                found += 1;
+            }
+        }
+    }
+    assert!(
+        queries >= 12 && found >= queries - 3,
+        "{found} of {queries} queries found series"
+    );
+}
+
+/// `general_settings.metrics: false`: no route, and the requests are served as before.
+#[tokio::test]
+async fn metrics_can_be_turned_off() {
+    let gw = Gw::start(&config("  metrics: false"), None).await;
+    traffic(&gw).await;
+    assert_eq!(gw.get("/metrics", None).await.status, 404);
+    assert_eq!(gw.get("/metrics", Some(MASTER)).await.status, 404);
+}

@@ -1,0 +1,47 @@
+//! Hot reload with the counters on Redis: the new limits read the same keys, so the window's
+//! count survives, and a second gateway on the same Redis (not reloaded) sees the same counts.
+
+use integration_tests::gateway::{with_master, Gw, TempDir, MASTER};
+use integration_tests::redis::RedisServer;
+use serde_json::json;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_on_redis_keeps_the_window_counters() {
+    let Some(redis) = RedisServer::start("a_reload_on_redis_keeps_the_window_counters") else {
+        return;
+    };
+    let yaml = |rpm: u64| {
+        with_master(&format!(
+            r#"
+model_list:
+  - model_name: m
+    litellm_params: {{model: openai/m, mock_response: "hi", rpm: {rpm}}}
+litellm_settings:
+  callbacks: ["dynamic_rate_limiter_v3"]
+  priority_reservation_settings: {{redis_timeout_ms: 2000}}
+router_settings:
+  redis_url: "{}"
+"#,
+            redis.url()
+        ))
+    };
+    let dir = TempDir::new();
+    std::fs::create_dir_all(&dir.0).unwrap();
+    let path = dir.0.join("gw.yaml");
+    std::fs::write(&path, yaml(3)).unwrap();
+    let gw = Gw::connect_file(&path, Some(&dir.0.join("data"))).await;
+    assert_eq!(gw.served(MASTER, "m", 2).await, 2);
+
+    std::fs::write(&path, yaml(5)).unwrap();
+    let reply = gw.post("/config/reload", Some(MASTER), json!({})).await;
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    let reply = gw.chat(MASTER, "m", false).await;
+    assert_eq!(reply.headers["x-ratelimit-limit-requests"], "5");
+    assert_eq!(
+        reply.headers["x-ratelimit-remaining-requests"], "2",
+        "the 2 requests before the reload still count"
+    );
+    assert_eq!(gw.served(MASTER, "m", 4).await, 2);
+    let shown = gw.get("/config", Some(MASTER)).await.json();
+    assert_eq!(shown["config"]["model_list"][0]["litellm_params"]["rpm"], 5);
+}

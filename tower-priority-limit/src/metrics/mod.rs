@@ -1,0 +1,238 @@
+//! Seeing the limiter at work: the [`Observer`] hook the limiter calls on every admission,
+//! settlement and store call, and (with the `prometheus` feature) `PrometheusMetrics`, the
+//! Prometheus series any tower user can export.
+//!
+//! An observer is optional and set once ([`Limiter::with_observer`](crate::Limiter::with_observer)).
+//! Its methods run on the request path: they must not block or allocate. The Prometheus one
+//! indexes pre-built counters by (model, pool, outcome), so a call is one atomic add.
+//!
+//! Label values are bounded by the config: a model is a [`ModelId`] of the config, a pool one of
+//! its priorities or the default pool (labels the config does not reserve for already fold into
+//! it).
+
+#[cfg(feature = "prometheus")]
+mod histogram;
+#[cfg(feature = "prometheus")]
+mod prometheus;
+
+use std::fmt;
+use std::time::Duration;
+
+use crate::config::{ModelId, PoolRef};
+use crate::decision::{Decision, Dimension, Refused, Scope, Usage};
+use crate::meter::Tokens;
+
+#[cfg(feature = "prometheus")]
+pub use self::histogram::AtomicHistogram;
+#[cfg(feature = "prometheus")]
+pub use self::prometheus::{PoolSnapshot, PrometheusMetrics};
+
+/// What became of one request at admission.
+#[derive(Debug, Clone, Copy)]
+pub enum Outcome<'a> {
+    /// The limiter decided: admitted, refused, or admitted though it would have refused
+    /// (shadow enforcement: [`Admitted::shadow`](crate::decision::Admitted::shadow)).
+    Decided(&'a Decision),
+    /// The store could not answer (the failure mode then served or refused it).
+    StoreFailure,
+    /// The request waited in a queue for longer than it may.
+    QueueTimeout,
+}
+
+/// The label of an outcome, as in `priority_limit_requests_total{outcome}`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum OutcomeLabel {
+    /// Admitted and served.
+    Admitted,
+    /// Refused with a 429.
+    Refused,
+    /// Would have been refused; served because the model's enforcement is `shadow`.
+    ShadowRefused,
+    /// Gave up waiting in the queue.
+    QueueTimeout,
+    /// The store could not answer.
+    StoreFailure,
+}
+
+impl OutcomeLabel {
+    /// Every outcome, in label order.
+    pub const ALL: [OutcomeLabel; 5] = [
+        OutcomeLabel::Admitted,
+        OutcomeLabel::Refused,
+        OutcomeLabel::ShadowRefused,
+        OutcomeLabel::QueueTimeout,
+        OutcomeLabel::StoreFailure,
+    ];
+
+    /// `admitted`, `refused`, `shadow_refused`, `queue_timeout` or `store_failure`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OutcomeLabel::Admitted => "admitted",
+            OutcomeLabel::Refused => "refused",
+            OutcomeLabel::ShadowRefused => "shadow_refused",
+            OutcomeLabel::QueueTimeout => "queue_timeout",
+            OutcomeLabel::StoreFailure => "store_failure",
+        }
+    }
+}
+
+impl Outcome<'_> {
+    /// The outcome's label.
+    pub fn label(&self) -> OutcomeLabel {
+        match self {
+            Outcome::Decided(Decision::Admit(a)) if a.shadow.is_some() => {
+                OutcomeLabel::ShadowRefused
+            }
+            Outcome::Decided(Decision::Admit(_)) => OutcomeLabel::Admitted,
+            Outcome::Decided(Decision::Refuse(_)) => OutcomeLabel::Refused,
+            Outcome::StoreFailure => OutcomeLabel::StoreFailure,
+            Outcome::QueueTimeout => OutcomeLabel::QueueTimeout,
+        }
+    }
+
+    /// The refusal, real or shadow, if there was one.
+    pub fn refusal(&self) -> Option<&Refused> {
+        match self {
+            Outcome::Decided(Decision::Refuse(r)) => Some(r),
+            Outcome::Decided(Decision::Admit(a)) => a.shadow.as_ref(),
+            _ => None,
+        }
+    }
+}
+
+/// Which counter refused: the model-wide one or the pool's, in requests or tokens
+/// (`priority_limit_refusals_total{limit}` and the `x-priority-limit-refused-by` header).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum RefusedBy {
+    /// The model-wide requests per window.
+    ModelRequests,
+    /// The model-wide tokens per window.
+    ModelTokens,
+    /// The priority's reserved requests (strict mode).
+    PoolRequests,
+    /// The priority's reserved tokens (strict mode).
+    PoolTokens,
+}
+
+impl RefusedBy {
+    /// Every counter, in label order.
+    pub const ALL: [RefusedBy; 4] = [
+        RefusedBy::ModelRequests,
+        RefusedBy::ModelTokens,
+        RefusedBy::PoolRequests,
+        RefusedBy::PoolTokens,
+    ];
+
+    /// The counter that refused `refused`.
+    pub fn of(refused: &Refused) -> Self {
+        match (refused.scope, refused.dimension) {
+            (Scope::Model, Dimension::Requests) => RefusedBy::ModelRequests,
+            (Scope::Model, Dimension::Tokens) => RefusedBy::ModelTokens,
+            (Scope::Priority, Dimension::Requests) => RefusedBy::PoolRequests,
+            (Scope::Priority, Dimension::Tokens) => RefusedBy::PoolTokens,
+        }
+    }
+
+    /// `model_requests`, `model_tokens`, `pool_requests` or `pool_tokens`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RefusedBy::ModelRequests => "model_requests",
+            RefusedBy::ModelTokens => "model_tokens",
+            RefusedBy::PoolRequests => "pool_requests",
+            RefusedBy::PoolTokens => "pool_tokens",
+        }
+    }
+}
+
+/// How a settled response's tokens were known (`priority_limit_tokens_total{kind}`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum TokenKind {
+    /// Prompt (input) tokens the response reported.
+    Prompt,
+    /// Completion (output) tokens the response reported.
+    Completion,
+    /// Tokens estimated from the text, the response reporting no usage.
+    Estimated,
+}
+
+impl TokenKind {
+    /// Every kind, in label order.
+    pub const ALL: [TokenKind; 3] = [
+        TokenKind::Prompt,
+        TokenKind::Completion,
+        TokenKind::Estimated,
+    ];
+
+    /// `prompt`, `completion` or `estimated`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TokenKind::Prompt => "prompt",
+            TokenKind::Completion => "completion",
+            TokenKind::Estimated => "estimated",
+        }
+    }
+
+    /// A settlement's tokens by kind: reported usage split into prompt and completion (all
+    /// prompt when the output is not known), or all estimated.
+    pub fn split(tokens: Tokens, output: Option<u64>) -> [(TokenKind, u64); 2] {
+        match tokens {
+            Tokens::Reported(total) => {
+                let completion = output.unwrap_or(0).min(total);
+                [
+                    (TokenKind::Prompt, total - completion),
+                    (TokenKind::Completion, completion),
+                ]
+            }
+            Tokens::Estimated(n) => [(TokenKind::Estimated, n), (TokenKind::Completion, 0)],
+        }
+    }
+}
+
+/// What the limiter reports as it works. Every method has an empty default, so an observer
+/// implements only what it records.
+pub trait Observer: Send + Sync + fmt::Debug + 'static {
+    /// One admission of a request on `model` under `pool`.
+    fn admission(&self, model: ModelId, pool: PoolRef, outcome: Outcome<'_>) {
+        let _ = (model, pool, outcome);
+    }
+
+    /// An admitted request's response settled: `tokens` of `kind`.
+    fn tokens(&self, model: ModelId, pool: PoolRef, kind: TokenKind, tokens: u64) {
+        let _ = (model, pool, kind, tokens);
+    }
+
+    /// One call to a remote store (Redis) took `elapsed`; `ok` is false when it failed or timed
+    /// out.
+    fn store_call(&self, elapsed: Duration, ok: bool) {
+        let _ = (elapsed, ok);
+    }
+
+    /// The number of requests waiting in `model`'s queue for `pool` is now `depth`.
+    fn queue_depth(&self, model: ModelId, pool: PoolRef, depth: u64) {
+        let _ = (model, pool, depth);
+    }
+
+    /// A request waited `waited` in `model`'s queue for `pool` before it was admitted or gave up.
+    fn queue_wait(&self, model: ModelId, pool: PoolRef, waited: Duration) {
+        let _ = (model, pool, waited);
+    }
+}
+
+/// Where scrape-time gauges and dashboards read the counters as they are now, with the limits in
+/// force (a [`Limiter`](crate::Limiter)).
+pub trait UsageSource: Send + Sync + 'static {
+    /// `model`'s saturation and `pool`'s usage and reserved limits in the current window;
+    /// `None` when the store cannot say without a round trip (Redis).
+    fn usage_now(&self, model: ModelId, pool: PoolRef) -> Option<UsageNow>;
+}
+
+/// What [`UsageSource::usage_now`] reads.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct UsageNow {
+    /// Model saturation now.
+    pub saturation: f64,
+    /// The pool's usage now (`None` without reservations).
+    pub pool: Option<Usage>,
+    /// The pool's reserved limits (`None` without reservations).
+    pub reserved: Option<crate::config::PoolLimits>,
+}
