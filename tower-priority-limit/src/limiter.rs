@@ -200,6 +200,16 @@ impl<St: Store> Limiter<St> {
                 })
                 .collect(),
         };
+        // Settlements a store records later (Redis) wake the queue again once they count: a
+        // refund that lands after the lease's own wake-up is not lost to the waiters.
+        if !queues.is_empty() {
+            let weak: Box<[std::sync::Weak<ModelQueue>]> = queues.iter().map(Arc::downgrade).collect();
+            store.on_settled(Box::new(move |model: ModelId| {
+                if let Some(queue) = weak.get(model.index()).and_then(std::sync::Weak::upgrade) {
+                    queue.notify();
+                }
+            }));
+        }
         let targets = (0..store.config().models().len())
             .map(|i| {
                 Arc::new(SettleTarget {
@@ -501,7 +511,7 @@ impl<St: Store> Limiter<St> {
             };
         };
         if let Some(refused) = refused {
-            queue.record_refusal(refused, start);
+            queue.record_refusal(pool, refused, start);
         }
         let Some(ticket) = queue.enter(pool, flow) else {
             // Full: answered at once.
@@ -531,7 +541,7 @@ impl<St: Store> Limiter<St> {
                 let now = self.clock.now_ms();
                 if now >= deadline {
                     drop(ticket);
-                    let decision = match queue.last_refusal(now) {
+                    let decision = match queue.last_refusal(pool, now) {
                         Some(refused) => Ok(Decision::Refuse(refused)),
                         // Nothing refused yet (it never tried, nor did anyone): ask the store.
                         None => self.admit(model, pool, estimate).await,
@@ -552,7 +562,7 @@ impl<St: Store> Limiter<St> {
             match decision {
                 Ok(Decision::Refuse(refused)) => {
                     let now = self.clock.now_ms();
-                    queue.record_refusal(refused, now);
+                    queue.record_refusal(pool, refused, now);
                     ticket.refused();
                     retry_at = Some(now.saturating_add(refused.retry_after_ms.max(1)));
                 }

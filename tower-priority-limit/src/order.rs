@@ -153,7 +153,15 @@ pub struct FlowClock {
     virtual_time: u64,
     /// Arrival sequence, for ties.
     sequence: u64,
+    /// Remembered flows past which the idle ones are looked at again (doubles after each look,
+    /// so forgetting costs O(1) amortised per request).
+    prune_at: usize,
 }
+
+/// The most idle flows remembered: past it, those with the lowest counts are forgotten (they lose
+/// the least by starting again from the least waiting counter), so callers that each send one
+/// request (random keys, say) cannot grow the map without bound.
+pub const MAX_IDLE_FLOWS: usize = 4096;
 
 impl FlowClock {
     /// A request of `flow` starts waiting. A flow that was not waiting is lifted to the least
@@ -244,10 +252,11 @@ impl FlowClock {
     }
 
     /// Forgets idle flows that a new arrival would lift anyway (counter at or below the least
-    /// waiting counter, or the virtual time): remembering them changes nothing, so memory stays
-    /// bounded by the flows that are waiting or were recently served more than the rest.
+    /// waiting counter, or the virtual time): remembering them changes nothing. Past
+    /// [`MAX_IDLE_FLOWS`] idle flows, the least served are forgotten too. So memory is bounded by
+    /// the waiting flows plus [`MAX_IDLE_FLOWS`].
     fn forget_idle(&mut self) {
-        if self.flows.len() <= 2 * self.waiting.len() + 64 {
+        if self.flows.len() <= self.prune_at.max(2 * self.waiting.len() + 64) {
             return;
         }
         let floor = self
@@ -256,6 +265,19 @@ impl FlowClock {
             .map_or(self.virtual_time, |&(c, _, _)| c)
             .min(self.virtual_time);
         self.flows.retain(|_, s| s.waiting > 0 || s.counter > floor);
+        let idle = self.flows.len() - self.waiting.len();
+        if idle > MAX_IDLE_FLOWS {
+            let mut counters: Vec<u64> = self
+                .flows
+                .values()
+                .filter(|s| s.waiting == 0)
+                .map(|s| s.counter)
+                .collect();
+            let forget = counters.len() - MAX_IDLE_FLOWS / 2;
+            let (_, &mut cut, _) = counters.select_nth_unstable(forget - 1);
+            self.flows.retain(|_, s| s.waiting > 0 || s.counter > cut);
+        }
+        self.prune_at = 2 * self.flows.len();
     }
 }
 
@@ -263,6 +285,26 @@ impl FlowClock {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn one_shot_flows_do_not_grow_the_map_without_bound() {
+        let mut clock = FlowClock::default();
+        // A steady waiter, and a new caller for every request served beside it.
+        clock.arrive(0);
+        for flow in 1..50_000u64 {
+            clock.arrive(flow);
+            let next = clock.next().unwrap();
+            clock.serve(next, 1 + flow % 7);
+            if next == 0 {
+                clock.arrive(0);
+            }
+        }
+        assert!(
+            clock.flows.len() <= MAX_IDLE_FLOWS + 2 * clock.waiting.len() + 64,
+            "{} flows remembered",
+            clock.flows.len()
+        );
+    }
 
     fn limits(rpm: Option<u64>, tpm: Option<u64>) -> PoolLimits {
         PoolLimits { rpm, tpm }

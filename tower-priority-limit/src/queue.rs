@@ -61,6 +61,10 @@ struct State {
     waiters: HashMap<u64, Entry, foldhash::fast::RandomState>,
     /// The waiter allowed to try admission now.
     turn: Option<u64>,
+    /// Capacity may have freed while the turn was held (a settlement's `notify` came during the
+    /// holder's try): if that try is refused, the turn goes on at once instead of waiting for the
+    /// store's `retry-after`.
+    pending: bool,
     /// The last refusal a waiter of this model got, and when: what a waiter at its deadline
     /// answers.
     last_refused: Option<(Refused, Millis)>,
@@ -72,6 +76,8 @@ struct PoolWaiters {
     /// Per flow, its waiters first come first served.
     lines: HashMap<FlowId, VecDeque<u64>, foldhash::fast::RandomState>,
     len: usize,
+    /// The last refusal one of this pool's waiters got, and when.
+    last_refused: Option<(Refused, Millis)>,
 }
 
 struct Entry {
@@ -96,6 +102,7 @@ impl ModelQueue {
                 pools: (0..pools).map(|_| PoolWaiters::default()).collect(),
                 waiters: HashMap::default(),
                 turn: None,
+                pending: false,
                 last_refused: None,
             }),
             max_queued: max_queued as usize,
@@ -122,10 +129,11 @@ impl ModelQueue {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// The slot of `pool`; a pool of another config (out of range) waits in the default pool's.
     fn pool_slot(&self, pool: PoolRef) -> usize {
         match self.limits.pool_count() {
             0 => 0,
-            n => pool_index(pool, n),
+            n => pool_index(pool, n).min(n - 1),
         }
     }
 
@@ -166,15 +174,31 @@ impl ModelQueue {
         }
     }
 
-    /// Remembers a refusal at `at` (queue mode refuses by the model's limits only, so any
-    /// waiter's refusal is every waiter's).
-    pub(crate) fn record_refusal(&self, refused: Refused, at: Millis) {
-        self.lock().last_refused = Some((refused, at));
+    /// Remembers a refusal of a `pool` waiter at `at` (queue mode refuses by the model's limits
+    /// only, so any waiter's refusal is every waiter's; its pool's figures are that pool's).
+    pub(crate) fn record_refusal(&self, pool: PoolRef, refused: Refused, at: Millis) {
+        let slot = self.pool_slot(pool);
+        let mut state = self.lock();
+        state.last_refused = Some((refused, at));
+        if let Some(p) = state.pools.get_mut(slot) {
+            p.last_refused = Some((refused, at));
+        }
     }
 
-    /// The last refusal, its `retry_after_ms` counted from `now`.
-    pub(crate) fn last_refusal(&self, now: Millis) -> Option<Refused> {
-        let (mut refused, at) = self.lock().last_refused?;
+    /// The last refusal for a `pool` waiter, its `retry_after_ms` counted from `now`: its pool's
+    /// own if it has one, else the model's last without another pool's figures.
+    pub(crate) fn last_refusal(&self, pool: PoolRef, now: Millis) -> Option<Refused> {
+        let slot = self.pool_slot(pool);
+        let state = self.lock();
+        let own = state.pools.get(slot).and_then(|p| p.last_refused);
+        let (mut refused, at) = match own {
+            Some(own) => own,
+            None => {
+                let (mut other, at) = state.last_refused?;
+                other.pool = None;
+                (other, at)
+            }
+        };
         refused.retry_after_ms = (at + refused.retry_after_ms).saturating_sub(now);
         Some(refused)
     }
@@ -219,12 +243,14 @@ impl ModelQueue {
         let waker = {
             let mut state = self.lock();
             if state.turn.is_some() {
+                state.pending = true;
                 return;
             }
             let Some(id) = self.head(&state) else {
                 return;
             };
             state.turn = Some(id);
+            state.pending = false;
             state.waiters.get_mut(&id).and_then(|e| e.waker.take())
         };
         if let Some(waker) = waker {
@@ -310,11 +336,19 @@ impl Ticket {
         self.queue.notify();
     }
 
-    /// Refused on its turn: keeps its place and gives the turn back (until capacity frees).
+    /// Refused on its turn: keeps its place and gives the turn back (until capacity frees). If
+    /// capacity may have freed during its try, the turn goes on at once (nothing else would wake
+    /// the queue for it).
     pub(crate) fn refused(&self) {
-        let mut state = self.queue.lock();
-        if state.turn == Some(self.id) {
-            state.turn = None;
+        let again = {
+            let mut state = self.queue.lock();
+            if state.turn == Some(self.id) {
+                state.turn = None;
+            }
+            std::mem::take(&mut state.pending)
+        };
+        if again {
+            self.queue.notify();
         }
     }
 }
@@ -371,6 +405,46 @@ mod tests {
     }
 
     #[test]
+    fn capacity_freed_during_a_try_is_not_lost() {
+        let q = queue(10);
+        let a = q.enter(PoolRef::Default, 1).unwrap();
+        let b = q.enter(PoolRef::Default, 2).unwrap();
+        q.notify();
+        assert_eq!(q.lock().turn, Some(a.id));
+        // A settlement frees capacity while `a` is trying (its answer was already decided).
+        q.notify();
+        a.refused();
+        let next = q.lock().turn;
+        assert!(next.is_some(), "the turn goes on at once, not at the store's retry-after");
+        // Without a settlement in between, a refusal just gives the turn back.
+        let holder = if next == Some(a.id) { &a } else { &b };
+        holder.refused();
+        assert_eq!(q.lock().turn, None);
+    }
+
+    #[test]
+    fn a_pool_of_another_config_waits_in_the_default_pool() {
+        let config = LimiterConfig::builder()
+            .model(ModelLimits::new("m").rpm(10))
+            .reserve("prod", crate::config::Reservation::Percent(0.5))
+            .build()
+            .unwrap();
+        let store: Arc<dyn PoolUsage> = Arc::new(MemoryStore::new(&config));
+        let limits = config.models()[0].clone();
+        assert_eq!(limits.pool_count(), 2);
+        let q = Arc::new(ModelQueue::new(
+            ModelId(0),
+            limits,
+            10,
+            ServiceWeights::default(),
+            store,
+        ));
+        let _t = q.enter(PoolRef::Named(99), 1).unwrap();
+        assert_eq!(q.waiting_in(PoolRef::Default), 1);
+        assert_eq!(q.waiting_in(PoolRef::Named(0)), 0);
+    }
+
+    #[test]
     fn a_served_flow_is_charged_and_its_charge_corrected_at_settlement() {
         let q = queue(10);
         let a = q.enter(PoolRef::Default, 7).unwrap();
@@ -385,7 +459,7 @@ mod tests {
     #[test]
     fn the_last_refusal_counts_its_retry_after_from_now() {
         let q = queue(10);
-        assert!(q.last_refusal(0).is_none());
+        assert!(q.last_refusal(PoolRef::Default, 0).is_none());
         let refused = Refused {
             scope: crate::decision::Scope::Model,
             dimension: crate::decision::Dimension::Requests,
@@ -395,8 +469,11 @@ mod tests {
             retry_after_ms: 5_000,
             pool: None,
         };
-        q.record_refusal(refused, 1_000);
-        assert_eq!(q.last_refusal(4_000).unwrap().retry_after_ms, 2_000);
-        assert_eq!(q.last_refusal(9_000).unwrap().retry_after_ms, 0);
+        q.record_refusal(PoolRef::Default, refused, 1_000);
+        assert_eq!(
+            q.last_refusal(PoolRef::Default, 4_000).unwrap().retry_after_ms,
+            2_000
+        );
+        assert_eq!(q.last_refusal(PoolRef::Default, 9_000).unwrap().retry_after_ms, 0);
     }
 }

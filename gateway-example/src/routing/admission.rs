@@ -53,8 +53,11 @@ pub(super) async fn admit(
         max_wait_ms: max_wait,
         refused,
     };
-    let waited = |waited: Waited| {
+    // Admitted in turn: its flow's charge (an estimate) is corrected when the response ends.
+    let mut flow_charge = None;
+    let mut waited = |waited: Waited| {
         limiter.observe_waited(id, pool, &waited);
+        flow_charge = waited.flow_charge;
         waited.decision
     };
     let decision = if max_wait > 0 && limiter.queue_ahead(id) {
@@ -80,7 +83,7 @@ pub(super) async fn admit(
     Ok(match decision {
         Decision::Admit(admitted) => {
             let lease = limiter
-                .lease(id, pool, &admitted)
+                .lease_waited(id, pool, &admitted, flow_charge)
                 .with_output_limit(chat.max_output_tokens);
             Admission::Admitted(lease, admitted)
         }

@@ -133,12 +133,24 @@ pub trait Store: Send + Sync + 'static {
         self.usage_now(model, pool)?.1
     }
 
+    /// Asks a store that records settlements after [`Settler::settle`] returns (Redis: in
+    /// batches, in the background) to call `hook` with the model once they count, so the queue
+    /// wakes after a refund has landed rather than before. A store that records them at once
+    /// (the embedded one) ignores it: the lease wakes the queue itself. A later hook replaces an
+    /// earlier one.
+    fn on_settled(&self, hook: SettledHook) {
+        let _ = hook;
+    }
+
     /// Waits until every settlement handed to this store so far is recorded (graceful shutdown).
     /// The embedded store records synchronously, so by default there is nothing to wait for.
     fn flush(&self) -> Pin<Box<dyn Future<Output = ()> + Send + '_>> {
         Box::pin(std::future::ready(()))
     }
 }
+
+/// What [`Store::on_settled`] calls with a model whose settlements now count.
+pub type SettledHook = Box<dyn Fn(ModelId) + Send + Sync>;
 
 /// Records finished requests' tokens.
 pub trait Settler: Send + Sync + 'static {

@@ -63,7 +63,7 @@ use self::deadline::RedisTimeOffset;
 use self::script::{LuaScript, SCRIPT_LOAD_WAIT};
 use self::settle::{flush_settlements, process_id, Queued, RedisSettler};
 pub use self::target::RedisTarget;
-use super::{AdmitRequest, MemoryStore, Settler, Store, StoreError};
+use super::{AdmitRequest, MemoryStore, SettledHook, Settler, Store, StoreError};
 use crate::config::WindowKind;
 use crate::config::{pool_index, Enforcement, FailureMode, LimiterConfig, ModelId, PoolRef};
 use crate::decision::{
@@ -260,6 +260,7 @@ impl RedisStoreBuilder {
                 .map(|m| (0..m.pool_count()).map(|_| SeenUsage::default()).collect())
                 .collect(),
             observer: self.observer,
+            settled_hook: std::sync::RwLock::new(None),
         });
         // Load both scripts now, so the first admissions are one round trip each, and learn
         // Redis's clock, so the first admissions carry a deadline; best effort (Redis may be
@@ -285,7 +286,7 @@ impl RedisStoreBuilder {
             tracing::warn!(%e, "rate-limit scripts not loaded at start; loading on first use");
         }
         tokio::spawn(flush_settlements(
-            Arc::downgrade(&inner),
+            Arc::clone(&inner),
             receiver,
             self.settle_queue,
         ));
@@ -384,6 +385,8 @@ struct Inner {
     /// is its last word, good for the window it was said in.
     pool_seen: Box<[Box<[SeenUsage]>]>,
     observer: Option<Arc<dyn Observer>>,
+    /// Called with a model once settlements of it count in Redis ([`Store::on_settled`]).
+    settled_hook: std::sync::RwLock<Option<SettledHook>>,
 }
 
 /// A pool's usage as last seen in a reply. Three relaxed atomics: a reader may mix two replies'
@@ -686,6 +689,14 @@ impl Inner {
 type BoxedAdmit = Pin<Box<dyn Future<Output = Result<Decision, StoreError>> + Send>>;
 
 impl Store for RedisStore {
+    fn on_settled(&self, hook: SettledHook) {
+        *self
+            .inner
+            .settled_hook
+            .write()
+            .unwrap_or_else(|e| e.into_inner()) = Some(hook);
+    }
+
     type AdmitFuture = BoxedAdmit;
 
     fn config(&self) -> &LimiterConfig {

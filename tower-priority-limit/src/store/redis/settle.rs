@@ -21,7 +21,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::connection::bounded;
 use super::{Inner, MAX_EXACT, RETRY_INTERVAL};
-use crate::config::TokenAccounting;
+use crate::config::{ModelId, TokenAccounting};
 use crate::decision::slot_ms;
 use crate::store::{Settlement, Settler, StoreError};
 
@@ -112,8 +112,11 @@ pub(super) enum Queued {
 /// the one multiplexed connection. Settlements Redis could not take are kept (up to the queue's
 /// capacity, the oldest dropped and counted beyond it) and sent again every [`RETRY_INTERVAL`], so
 /// tokens recorded during an outage reach the shared counters when Redis is back.
+///
+/// It holds the store's state to the end: settlements queued by the last leases of a store that is
+/// otherwise gone (replaced by a config reload) are still sent. It ends when every sender has.
 pub(super) async fn flush_settlements(
-    inner: std::sync::Weak<Inner>,
+    inner: Arc<Inner>,
     mut receiver: mpsc::Receiver<Queued>,
     capacity: usize,
 ) {
@@ -135,9 +138,6 @@ pub(super) async fn flush_settlements(
                 () = tokio::time::sleep_until(next_retry) => retry_due = true,
             }
         }
-        let Some(inner) = inner.upgrade() else {
-            return;
-        };
         let retried = if retry_due {
             retry.len().min(SETTLE_BATCH)
         } else {
@@ -154,7 +154,11 @@ pub(super) async fn flush_settlements(
         let results =
             futures_util::future::join_all(settlements.iter().map(|s| inner.settle(*s))).await;
         let mut failed = 0;
+        let mut settled_models: Vec<ModelId> = Vec::new();
         for (s, result) in settlements.into_iter().zip(results) {
+            if result.is_ok() && !settled_models.contains(&s.settlement.model) {
+                settled_models.push(s.settlement.model);
+            }
             if let Err(e) = result {
                 if failed == 0 && retry.is_empty() {
                     tracing::warn!(%e, "rate-limit settlements not recorded in Redis; retrying");
@@ -178,6 +182,13 @@ pub(super) async fn flush_settlements(
             .stats
             .settlements_retried
             .fetch_add(failed, Ordering::Relaxed);
+        // Now that Redis counts them, refunds may let waiters in (`Store::on_settled`).
+        if !settled_models.is_empty() {
+            let hook = inner.settled_hook.read().unwrap_or_else(|e| e.into_inner());
+            if let Some(hook) = hook.as_ref() {
+                settled_models.iter().for_each(|&model| hook(model));
+            }
+        }
         for done in flushed {
             let _ = done.send(());
         }
