@@ -321,6 +321,16 @@ impl Gateway {
         }
         let changed = !crate::reload::same_limits(&old.limiter, &config.limiter)
             || old.deployments != config.deployments;
+        if !changed {
+            // Same limits (a SIGHUP from log rotation, say): the limiters stay as they are, with
+            // their learned output estimates, their queues and their Redis connections.
+            self.config.store(Arc::new(config));
+            self.document.store(document.map(Arc::new));
+            tracing::info!(limits_changed = false, "config reloaded");
+            return Ok(Reloaded {
+                limits_changed: false,
+            });
+        }
         let groups = self
             .reconfigured(
                 self.limiter().store(),

@@ -75,19 +75,38 @@ pub fn same_limits(a: &LimiterConfig, b: &LimiterConfig) -> bool {
     a.models() == b.models() && a.settings() == b.settings()
 }
 
-/// `document` with its secrets hidden: keys, passwords and the master key become `***` (an
-/// `os.environ/NAME` reference is shown, it is not the secret), URLs lose their passwords and
-/// secret query parameters.
+/// Whether a key names a secret: any key containing `key`, `secret`, `token`, `password`,
+/// `credential` or `authorization`, in any case (`master_key`, `OPENAI_API_KEY`,
+/// `aws_secret_access_key`, `vertex_credentials`, a header's `Authorization`, ...). Errs on the
+/// side of hiding: `GET /config` may show `***` for a value that was not secret.
+fn is_secret_key(key: &str) -> bool {
+    const SECRET: [&str; 7] = [
+        "key",
+        "secret",
+        "token",
+        "password",
+        "credential",
+        "authorization",
+        "passwd",
+    ];
+    let key = key.to_ascii_lowercase();
+    SECRET.iter().any(|s| key.contains(s))
+}
+
+/// `document` with its secrets hidden: the values of keys that name a secret
+/// ([`is_secret_key`]) become `***` (an `os.environ/NAME` reference is shown, it is not the
+/// secret), URLs lose their passwords and secret query parameters.
 pub fn redact(document: &Value) -> Value {
     match document {
         Value::Object(map) => Value::Object(
             map.iter()
                 .map(|(k, v)| {
-                    let v = match (k.as_str(), v) {
-                        (_, Value::String(s)) if s.starts_with("os.environ/") => v.clone(),
-                        ("master_key" | "api_key" | "redis_password" | "password", _) => {
+                    let v = match v {
+                        Value::String(s) if s.starts_with("os.environ/") => v.clone(),
+                        Value::String(_) | Value::Number(_) if is_secret_key(k) => {
                             Value::String("***".into())
                         }
+                        Value::Object(_) | Value::Array(_) if is_secret_key(k) => secret_values(v),
                         _ => redact(v),
                     };
                     (k.clone(), v)
@@ -96,6 +115,22 @@ pub fn redact(document: &Value) -> Value {
         ),
         Value::Array(items) => Value::Array(items.iter().map(redact).collect()),
         Value::String(s) => Value::String(redact_url(s)),
+        other => other.clone(),
+    }
+}
+
+/// Every string or number under a secret's key hidden (`vertex_credentials: {...}`), keeping the
+/// shape and `os.environ/` references.
+fn secret_values(value: &Value) -> Value {
+    match value {
+        Value::String(s) if s.starts_with("os.environ/") => value.clone(),
+        Value::String(_) | Value::Number(_) => Value::String("***".into()),
+        Value::Object(map) => Value::Object(
+            map.iter()
+                .map(|(k, v)| (k.clone(), secret_values(v)))
+                .collect(),
+        ),
+        Value::Array(items) => Value::Array(items.iter().map(secret_values).collect()),
         other => other.clone(),
     }
 }
@@ -112,6 +147,24 @@ mod tests {
             "model_list": [{"litellm_params": {"api_key": "sk-up", "api_base": "http://u:pw@h/v1?key=k"}}],
             "router_settings": {"redis_password": "os.environ/REDIS_PW", "redis_url": "redis://:pw@r:6379"}
         });
+        // Secrets under any name that says so, in any case, at any depth.
+        let more = json!({
+            "environment_variables": {"OPENAI_API_KEY": "sk-env", "LOG_LEVEL": "debug"},
+            "model_list": [{"litellm_params": {
+                "aws_secret_access_key": "aws", "vertex_credentials": {"private": "pem"},
+                "headers": {"Authorization": "Bearer sk-h"}, "rpm": 10}}],
+            "litellm_settings": {"callbacks": ["dynamic_rate_limiter_v3"]}
+        });
+        assert_eq!(
+            redact(&more),
+            json!({
+                "environment_variables": {"OPENAI_API_KEY": "***", "LOG_LEVEL": "debug"},
+                "model_list": [{"litellm_params": {
+                    "aws_secret_access_key": "***", "vertex_credentials": {"private": "***"},
+                    "headers": {"Authorization": "***"}, "rpm": 10}}],
+                "litellm_settings": {"callbacks": ["dynamic_rate_limiter_v3"]}
+            })
+        );
         assert_eq!(
             redact(&doc),
             json!({

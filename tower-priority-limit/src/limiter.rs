@@ -203,7 +203,8 @@ impl<St: Store> Limiter<St> {
         // Settlements a store records later (Redis) wake the queue again once they count: a
         // refund that lands after the lease's own wake-up is not lost to the waiters.
         if !queues.is_empty() {
-            let weak: Box<[std::sync::Weak<ModelQueue>]> = queues.iter().map(Arc::downgrade).collect();
+            let weak: Box<[std::sync::Weak<ModelQueue>]> =
+                queues.iter().map(Arc::downgrade).collect();
             store.on_settled(Box::new(move |model: ModelId| {
                 if let Some(queue) = weak.get(model.index()).and_then(std::sync::Weak::upgrade) {
                     queue.notify();

@@ -415,7 +415,10 @@ mod tests {
         q.notify();
         a.refused();
         let next = q.lock().turn;
-        assert!(next.is_some(), "the turn goes on at once, not at the store's retry-after");
+        assert!(
+            next.is_some(),
+            "the turn goes on at once, not at the store's retry-after"
+        );
         // Without a settlement in between, a refusal just gives the turn back.
         let holder = if next == Some(a.id) { &a } else { &b };
         holder.refused();
@@ -471,9 +474,16 @@ mod tests {
         };
         q.record_refusal(PoolRef::Default, refused, 1_000);
         assert_eq!(
-            q.last_refusal(PoolRef::Default, 4_000).unwrap().retry_after_ms,
+            q.last_refusal(PoolRef::Default, 4_000)
+                .unwrap()
+                .retry_after_ms,
             2_000
         );
-        assert_eq!(q.last_refusal(PoolRef::Default, 9_000).unwrap().retry_after_ms, 0);
+        assert_eq!(
+            q.last_refusal(PoolRef::Default, 9_000)
+                .unwrap()
+                .retry_after_ms,
+            0
+        );
     }
 }

@@ -98,7 +98,14 @@ pub(super) fn deployment(
         None => None,
     };
     let id = match item.get("model_info")? {
-        Some(info) => info.get("id")?.map(|n| n.string()).transpose()?,
+        Some(info) => match info.get("id")? {
+            Some(node) => {
+                let id = node.string()?;
+                tower_priority_limit::config::check_name(&id, &node.path())?;
+                Some(id)
+            }
+            None => None,
+        },
         None => None,
     }
     .unwrap_or_else(|| derived_id(position, &model_name, &model, &target));

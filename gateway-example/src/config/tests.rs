@@ -139,6 +139,14 @@ fn errors_name_the_yaml_path() {
                 "model_list[1].litellm_params.model: model_name \"m\" mixes API formats: this deployment speaks Anthropic's Messages API and model_list[0] does not (the gateway does not translate between formats; give them different model_names)",
             ),
             (
+                "model_list: [{model_name: \"a\\\"b\", litellm_params: {model: openai/x, api_key: k}}]",
+                "model_list[0].model_name: \"a\\\"b\" contains '\"': names must not hold quotes, backslashes or control characters",
+            ),
+            (
+                "model_list: [{model_name: m, litellm_params: {model: openai/x, api_key: k}, model_info: {id: \"x\\ny\"}}]",
+                "model_list[0].model_info.id: \"x\\ny\" contains '\\n': names must not hold quotes, backslashes or control characters",
+            ),
+            (
                 "general_settings: {max_request_size_mb: 0}",
                 "general_settings.max_request_size_mb: expected megabytes > 0, got 0",
             ),

@@ -48,6 +48,7 @@ impl LimiterConfig {
             if priority_index.contains_key(name.as_str()) {
                 return Err(ConfigError::new(path, "priority is listed twice"));
             }
+            check_name(name, &path)?;
             if u16::try_from(priorities.len()).is_err() {
                 return Err(ConfigError::new(
                     path,
@@ -80,6 +81,7 @@ impl LimiterConfig {
                     "must not be empty",
                 ));
             }
+            check_name(&entry.name, &entry.name_path)?;
             for (dim, v) in [("rpm", entry.rpm), ("tpm", entry.tpm)] {
                 if v == Some(0) {
                     return Err(ConfigError::new(
@@ -140,6 +142,19 @@ impl LimiterConfig {
                 enforcement: b.enforcement,
             },
         })
+    }
+}
+
+/// A model or priority name goes into headers, log lines and metric labels as it is: no control
+/// characters, quotes or backslashes, which would break the Prometheus text format (and a header
+/// cannot carry control characters).
+pub fn check_name(name: &str, path: &str) -> Result<(), ConfigError> {
+    match name.chars().find(|c| c.is_control() || matches!(c, '"' | '\\')) {
+        Some(c) => Err(ConfigError::new(
+            path,
+            format!("{name:?} contains {c:?}: names must not hold quotes, backslashes or control characters"),
+        )),
+        None => Ok(()),
     }
 }
 

@@ -20,6 +20,7 @@ use std::time::Duration;
 use serde_json::Value;
 
 pub use self::builder::LimiterConfigBuilder;
+pub use self::compile::check_name;
 use self::compile::{pool_limits, window_ms};
 pub use self::error::ConfigError;
 #[cfg(feature = "gateway-helpers")]
