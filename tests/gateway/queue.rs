@@ -66,4 +66,34 @@ async fn the_router_waits_for_capacity_and_answers_the_429_at_the_deadline() {
         refused.text()
     );
     assert_eq!(refused.headers["retry-after"], "20");
+
+    // The metrics count each request's final answer once: 3 admitted without waiting or after,
+    // 1 gave up waiting; waits observed 3 times; nobody waits now.
+    let metrics = gw.get("/metrics", None).await;
+    let text = metrics.text();
+    let sample = |series: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+            .map(|v| v.parse::<f64>().unwrap())
+    };
+    let outcome = |o: &str| {
+        sample(&format!(
+            r#"priority_limit_requests_total{{model="{M}",priority="default",outcome="{o}"}}"#
+        ))
+    };
+    assert_eq!(outcome("admitted"), Some(3.0), "{text}");
+    assert_eq!(outcome("queue_timeout"), Some(1.0), "{text}");
+    assert_eq!(outcome("refused"), Some(0.0), "{text}");
+    assert_eq!(
+        sample("priority_limit_queue_wait_seconds_count"),
+        Some(3.0),
+        "{text}"
+    );
+    assert_eq!(
+        sample(&format!(
+            r#"priority_limit_queue_depth{{model="{M}",priority="default"}}"#
+        )),
+        Some(0.0),
+        "{text}"
+    );
 }

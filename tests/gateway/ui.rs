@@ -89,7 +89,7 @@ async fn the_dashboard_shows_saturation_shares_outcomes_and_deployments() {
         .unwrap_or_else(|_| {
             std::env::temp_dir().join(format!("tpl-ui-{}.png", std::process::id()))
         });
-    chromium.screenshot(&url, &png, (1100, 560), 3_000).await;
+    chromium.screenshot(&url, &png, (1400, 560), 3_000).await;
     let bytes = std::fs::read(&png).expect("a screenshot");
     assert!(bytes.starts_with(b"\x89PNG"), "a PNG");
     if std::env::var("UI_SCREENSHOT").is_err() {
