@@ -55,10 +55,11 @@ async fn identify(gw: &Gateway, key: Option<&str>) -> Result<(Caller, Option<Arc
             ))
         }
     };
-    if hashes_match(&hash_key(key), master_hash) {
+    let token = hash_key(key);
+    if hashes_match(&token, master_hash) {
         return Ok((Caller::Master, None));
     }
-    match gw.keys().resolve(key).await.map_err(store_error)? {
+    match gw.keys().resolve_token(&token).await.map_err(store_error)? {
         Some(resolved) => Ok((Caller::Key(resolved.key), resolved.priority)),
         None => Err(ApiError::unauthorized(
             "Authentication Error, Invalid proxy server token passed.",

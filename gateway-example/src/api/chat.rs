@@ -173,6 +173,7 @@ async fn validate(gw: &Gateway, caller: &Caller, request: Request) -> Result<Req
         prompt_tokens: tower_priority_limit::estimate::prompt_tokens(&bytes),
         max_output_tokens,
         body: Arc::new(body),
+        raw: bytes,
         pass_on,
     });
     Ok(Request::from_parts(parts, Body::empty()))
