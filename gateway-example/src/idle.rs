@@ -10,7 +10,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -49,6 +49,9 @@ pin_project! {
         streams_end: StreamsEnd,
         // Made at the first wait: a body read in one go needs no watch of its own.
         ending: Option<Pin<Box<dyn Future<Output = ()> + Send>>>,
+        // The waker `ending` was last polled with: while the body is polled with the same one,
+        // that registration stands and reading `streams_end` is enough.
+        ending_waker: Option<Waker>,
         sse: bool,
         // Waiting for `inner` since `wait_began` (the timer runs from when the wait began, so
         // time the client took to read the previous chunk does not count as the upstream's
@@ -90,6 +93,7 @@ impl<B> IdleBody<B> {
             timer: tokio::time::sleep(idle),
             streams_end,
             ending: None,
+            ending_waker: None,
             sse,
             waiting: false,
             wait_began: Instant::now(),
@@ -163,10 +167,17 @@ where
             Poll::Pending => {}
         }
         let streams_end = &*this.streams_end;
-        let ending = this
-            .ending
-            .get_or_insert_with(|| Box::pin(streams_end.clone().ended()));
-        let why = if ending.as_mut().poll(cx).is_ready() {
+        let shutdown = match this.ending_waker {
+            Some(waker) if waker.will_wake(cx.waker()) => streams_end.is_ended(),
+            _ => {
+                let ending = this
+                    .ending
+                    .get_or_insert_with(|| Box::pin(streams_end.clone().ended()));
+                *this.ending_waker = Some(cx.waker().clone());
+                ending.as_mut().poll(cx).is_ready()
+            }
+        };
+        let why = if shutdown {
             Ending::Shutdown
         } else {
             if !*this.waiting {

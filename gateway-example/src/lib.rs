@@ -57,21 +57,23 @@ pub fn router(gw: Arc<Gateway>) -> Router {
         .fold(Router::new(), |r, path| {
             r.route(&path, post(api::chat::completions))
         });
-    // One stack per route (outermost first), not one boxed route layer each.
-    let prepare = ServiceBuilder::new()
-        .layer(from_fn_with_state(gw.clone(), api::chat::prepare))
-        .layer(from_fn(api::chat::strip_usage));
-    // A chat route called with another method than POST is answered 405 before its body is
-    // read or anything is counted.
-    let chat = chat
-        .route_layer(prepare)
-        .route_layer(from_fn(api::chat::post_only));
+    // One stack per route (outermost first), not one boxed route layer each: every route layer
+    // is a boxed service cloned, and a boxed future, per request. The key is checked first; a
+    // chat route called with another method than POST is answered 405 before its body is read
+    // or anything is counted.
+    let chat = chat.route_layer(
+        ServiceBuilder::new()
+            .layer(from_fn_with_state(gw.clone(), api::auth::require_key))
+            .layer(from_fn(api::chat::post_only))
+            .layer(from_fn_with_state(gw.clone(), api::chat::prepare))
+            .layer(from_fn(api::chat::strip_usage)),
+    );
 
     let keyed = Router::new()
         .route("/models", get(api::models::list))
         .route("/v1/models", get(api::models::list))
-        .merge(chat)
-        .route_layer(from_fn_with_state(gw.clone(), api::auth::require_key));
+        .route_layer(from_fn_with_state(gw.clone(), api::auth::require_key))
+        .merge(chat);
 
     let admin = Router::new()
         .route("/key/generate", post(api::keys::generate))
