@@ -18,6 +18,7 @@
 # them alike; figures are medians over rounds. Then at a fixed RATE (default 2000 req/s,
 # non-streamed) the median latency of each target, and what a proxy adds over going direct.
 # Only loopback addresses are used. Installs oha and nginx when missing (as root: no sudo).
+# GATEWAY_BIN=path runs that gateway binary instead of this tree's (to compare two builds).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SECS=${1:-6}
@@ -83,7 +84,7 @@ litellm_settings:
 general_settings:
   master_key: sk-load-master
 YAML
-RUST_LOG=error taskset -c "$PROXY_CPU" "$BIN/gateway-example" --config "$TMP/gateway.yaml" --host 127.0.0.1 --port "$GW_PORT" --data-dir "$TMP/gw-data" >/dev/null &
+RUST_LOG=error taskset -c "$PROXY_CPU" "${GATEWAY_BIN:-$BIN/gateway-example}" --config "$TMP/gateway.yaml" --host 127.0.0.1 --port "$GW_PORT" --data-dir "$TMP/gw-data" >/dev/null &
 wait_up "http://127.0.0.1:$GW_PORT/health/liveliness"
 KEY=$(curl -sf "http://127.0.0.1:$GW_PORT/key/generate" -H 'authorization: Bearer sk-load-master' \
       -d '{"metadata": {"priority": "prod"}}' | sed -E 's/.*"key":"([^"]+)".*/\1/')

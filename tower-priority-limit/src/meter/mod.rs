@@ -218,10 +218,25 @@ impl UsageMeter {
     ///
     /// For a JSON body this parses the kept bytes on every call.
     pub fn tokens(&self) -> Tokens {
-        let seen: Result<Usage, u64> = match &self.body {
+        self.tokens_of(self.inspect())
+    }
+
+    /// [`tokens`](Self::tokens) and [`output_tokens`](Self::output_tokens) from one look at the
+    /// body (a JSON body is parsed once, not twice): what a lease is settled with.
+    pub(crate) fn tokens_and_output(&self) -> (Tokens, Option<u64>) {
+        let seen = self.inspect();
+        let output = seen.as_ref().ok().and_then(Usage::output);
+        (self.tokens_of(seen), output.map(|n| self.clamp(n)))
+    }
+
+    fn inspect(&self) -> Result<Usage, u64> {
+        match &self.body {
             Body::Sse(m) => m.inspect(),
             Body::Json(m) => m.inspect(),
-        };
+        }
+    }
+
+    fn tokens_of(&self, seen: Result<Usage, u64>) -> Tokens {
         match seen {
             Ok(usage) => Tokens::Reported(self.clamp(usage.total())),
             Err(content_bytes) => Tokens::Estimated(
@@ -236,11 +251,7 @@ impl UsageMeter {
     /// The output (completion) tokens the body reported, if it reported them (clamped like
     /// [`tokens`](Self::tokens)); `None` when it reported no usage, e.g. a stream cut short.
     pub fn output_tokens(&self) -> Option<u64> {
-        let seen = match &self.body {
-            Body::Sse(m) => m.inspect(),
-            Body::Json(m) => m.inspect(),
-        };
-        seen.ok()?.output().map(|n| self.clamp(n))
+        self.inspect().ok()?.output().map(|n| self.clamp(n))
     }
 
     /// `reported`, or the cap if it is above it (logged at most once a second).
