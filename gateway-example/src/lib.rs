@@ -7,7 +7,9 @@
 //! The request path of a completion: [`api::auth::require_key`] (who is calling, and their
 //! priority) → [`api::chat::prepare`] (read the body once, validate, pick the group) →
 //! [`api::chat::strip_usage`] → [`api::chat::completions`] → [`routing::serve`] (admit the group
-//! on the limiter, choose a deployment, retry, fall back, meter the response).
+//! on the limiter, choose a deployment, retry, fall back, meter the response). The chat routes run
+//! the middle three (and the 405 of [`api::chat::post_only`]) as one middleware,
+//! [`api::chat::chat_stack`].
 //!
 //! Modules import downward only, each from those before it:
 //!
@@ -40,7 +42,7 @@ pub mod upstream;
 
 use std::sync::Arc;
 
-use axum::middleware::{from_fn, from_fn_with_state};
+use axum::middleware::from_fn_with_state;
 use axum::routing::{get, post};
 use axum::Router;
 use tower::ServiceBuilder;
@@ -64,9 +66,7 @@ pub fn router(gw: Arc<Gateway>) -> Router {
     let chat = chat.route_layer(
         ServiceBuilder::new()
             .layer(from_fn_with_state(gw.clone(), api::auth::require_key))
-            .layer(from_fn(api::chat::post_only))
-            .layer(from_fn_with_state(gw.clone(), api::chat::prepare))
-            .layer(from_fn(api::chat::strip_usage)),
+            .layer(from_fn_with_state(gw.clone(), api::chat::chat_stack)),
     );
 
     let keyed = Router::new()
