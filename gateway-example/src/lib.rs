@@ -8,7 +8,7 @@
 //! priority) → [`api::chat::prepare`] (read the body once, validate, pick the group) →
 //! [`api::chat::strip_usage`] → [`api::chat::completions`] → [`routing::serve`] (admit the group
 //! on the limiter, choose a deployment, retry, fall back, meter the response). The chat routes run
-//! the middle three (and the 405 of [`api::chat::post_only`]) as one middleware,
+//! the first three (and the 405 of [`api::chat::post_only`]) as one middleware,
 //! [`api::chat::chat_stack`].
 //!
 //! Modules import downward only, each from those before it:
@@ -45,7 +45,6 @@ use std::sync::Arc;
 use axum::middleware::from_fn_with_state;
 use axum::routing::{get, post};
 use axum::Router;
-use tower::ServiceBuilder;
 
 pub use crate::gateway::{Gateway, GatewayBuilder};
 
@@ -59,15 +58,11 @@ pub fn router(gw: Arc<Gateway>) -> Router {
         .fold(Router::new(), |r, path| {
             r.route(&path, post(api::chat::completions))
         });
-    // One stack per route (outermost first), not one boxed route layer each: every route layer
-    // is a boxed service cloned, and a boxed future, per request. The key is checked first; a
-    // chat route called with another method than POST is answered 405 before its body is read
-    // or anything is counted.
-    let chat = chat.route_layer(
-        ServiceBuilder::new()
-            .layer(from_fn_with_state(gw.clone(), api::auth::require_key))
-            .layer(from_fn_with_state(gw.clone(), api::chat::chat_stack)),
-    );
+    // One middleware for the chat routes, not one route layer each: every layer is a boxed
+    // service cloned, and a boxed future, per request. The key is checked first; a chat route
+    // called with another method than POST is answered 405 before its body is read or anything
+    // is counted.
+    let chat = chat.route_layer(from_fn_with_state(gw.clone(), api::chat::chat_stack));
 
     let keyed = Router::new()
         .route("/models", get(api::models::list))

@@ -91,16 +91,23 @@ pub async fn require_key(
     mut request: Request,
     next: Next,
 ) -> Response {
-    match identify(&gw, api_key(&request)).await {
-        Ok((caller, priority)) => {
-            if let Some(p) = priority {
-                request.extensions_mut().insert(Priority(p));
-            }
+    match authenticate(&gw, &mut request).await {
+        Ok(caller) => {
             request.extensions_mut().insert(caller);
             next.run(request).await
         }
         Err(e) => e.into_response(),
     }
+}
+
+/// What [`require_key`] checks: the caller of `request`, its key's priority (if it has one) left
+/// in the request.
+pub async fn authenticate(gw: &Gateway, request: &mut Request) -> Result<Caller, ApiError> {
+    let (caller, priority) = identify(gw, api_key(request)).await?;
+    if let Some(p) = priority {
+        request.extensions_mut().insert(Priority(p));
+    }
+    Ok(caller)
 }
 
 /// Requires the master key.

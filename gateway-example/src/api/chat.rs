@@ -19,7 +19,7 @@ use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
 use serde_json::Value;
 use tower_priority_limit::priority::Priority;
 
-use super::auth::Caller;
+use super::auth::{authenticate, Caller};
 use super::body::read_bounded;
 use crate::chat::ChatRequest;
 use crate::endpoint::Endpoint;
@@ -188,17 +188,23 @@ pub async fn post_only(request: Request, next: Next) -> Response {
     not_post(request.method())
 }
 
-/// [`post_only`], [`prepare`] and [`strip_usage`] as one middleware, in that order (the chat
-/// routes run it): one boxed service and one boxed future per request instead of three.
+/// [`require_key`](super::auth::require_key), [`post_only`], [`prepare`] and [`strip_usage`] as
+/// one middleware, in that order (the chat routes run it): one boxed service and one boxed future
+/// per request instead of four.
 ///
 /// [`prepare`]: fn@prepare
-pub async fn chat_stack(State(gw): State<Arc<Gateway>>, request: Request, next: Next) -> Response {
+pub async fn chat_stack(
+    State(gw): State<Arc<Gateway>>,
+    mut request: Request,
+    next: Next,
+) -> Response {
+    let caller = match authenticate(&gw, &mut request).await {
+        Ok(caller) => caller,
+        Err(e) => return e.into_response(),
+    };
     if request.method() != Method::POST {
         return not_post(request.method());
     }
-    let Some(caller) = request.extensions().get::<Caller>().cloned() else {
-        return ApiError::internal("the key is checked before a chat route").into_response();
-    };
     let request = match validate(&gw, &caller, request).await {
         Ok(request) => request,
         Err(e) => return e.into_response(),
