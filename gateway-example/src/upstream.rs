@@ -631,6 +631,69 @@ mod tests {
         assert_eq!(sent, upstream_body(&deployment, &chat));
     }
 
+    fn json() -> impl proptest::strategy::Strategy<Value = serde_json::Value> {
+        use proptest::prelude::*;
+        let text = "[a-z\"\\\\{}\\[\\],: é\n]{0,8}";
+        let leaf = prop_oneof![
+            Just(serde_json::Value::Null),
+            any::<bool>().prop_map(serde_json::Value::from),
+            any::<i64>().prop_map(serde_json::Value::from),
+            text.prop_map(serde_json::Value::from),
+        ];
+        leaf.prop_recursive(3, 24, 4, move |inner| {
+            prop_oneof![
+                proptest::collection::vec(inner.clone(), 0..4).prop_map(serde_json::Value::from),
+                proptest::collection::vec(
+                    (
+                        prop_oneof![
+                            Just("model".to_owned()),
+                            Just("stream_options".to_owned()),
+                            text.prop_map(|s| s)
+                        ],
+                        inner
+                    ),
+                    0..4
+                )
+                .prop_map(|members| serde_json::Value::Object(members.into_iter().collect())),
+            ]
+        })
+    }
+
+    proptest::proptest! {
+        /// Any object with any members (nested `model` and `stream_options` keys, strings with
+        /// quotes, braces and escapes), compact or pretty: the bytes edited in place say what the
+        /// reserialized tree says.
+        #[test]
+        fn any_body_edited_in_place_says_what_the_tree_says(
+            members in proptest::collection::vec(
+                (proptest::prop_oneof![
+                    proptest::strategy::Just("model".to_owned()),
+                    proptest::strategy::Just("stream_options".to_owned()),
+                    "[a-z_]{1,6}",
+                ], json()),
+                0..6,
+            ),
+            pretty: bool,
+            stream: bool,
+            upstream_model in "[a-z\"\\\\é]{1,6}",
+        ) {
+            let mut body: serde_json::Map<String, serde_json::Value> = members.into_iter().collect();
+            body.insert("model".into(), "m".into());
+            let body = serde_json::Value::Object(body);
+            let raw = if pretty {
+                serde_json::to_string_pretty(&body).unwrap()
+            } else {
+                body.to_string()
+            };
+            let mut deployment = with_key("sk");
+            deployment.upstream_model = upstream_model;
+            let chat = chat_of(&raw, stream);
+            let sent: serde_json::Value =
+                serde_json::from_slice(&upstream_bytes(&deployment, &chat).unwrap()).unwrap();
+            proptest::prop_assert_eq!(sent, upstream_body(&deployment, &chat));
+        }
+    }
+
     #[test]
     fn every_key_is_scrubbed_whole_and_debug_shows_none() {
         let up =
