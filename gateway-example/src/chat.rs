@@ -30,6 +30,9 @@ pub struct ChatRequest {
     pub include_usage: bool,
     /// The parsed body.
     pub body: Arc<Value>,
+    /// The body as the client sent it (a valid JSON object): forwarded as it is, or edited in
+    /// place, rather than serialized again from [`body`](Self::body).
+    pub raw: Bytes,
     /// The prompt's estimated tokens (the crate's rule,
     /// [`prompt_tokens`](tower_priority_limit::estimate::prompt_tokens) of the body): reserved with
     /// `reserve` accounting, and charged for a response that never reports usage.

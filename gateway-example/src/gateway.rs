@@ -518,6 +518,7 @@ router_settings: {{redis_url: "redis://127.0.0.1:{port}"}}
                 body.to_string().as_bytes(),
             ),
             max_output_tokens: None,
+            raw: body.to_string().into(),
             body: Arc::new(body),
             flow: 0,
         }

@@ -10,7 +10,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -42,13 +42,22 @@ pin_project! {
         inner: B,
         first: Option<Frame<Bytes>>,
         idle: Duration,
+        // Never later than `wait_began + idle`: re-armed only when it fires early, so a frame
+        // costs no timer-wheel update.
         #[pin]
         timer: Sleep,
-        streams_end: Pin<Box<dyn Future<Output = ()> + Send>>,
+        streams_end: StreamsEnd,
+        // Made at the first wait: a body read in one go needs no watch of its own.
+        ending: Option<Pin<Box<dyn Future<Output = ()> + Send>>>,
+        // The waker `ending` was last polled with: while the body is polled with the same one,
+        // that registration stands and reading `streams_end` is enough.
+        ending_waker: Option<Waker>,
         sse: bool,
-        // Waiting for `inner` (the timer runs from when the wait began, so time the client
-        // took to read the previous chunk does not count as the upstream's silence).
+        // Waiting for `inner` since `wait_began` (the timer runs from when the wait began, so
+        // time the client took to read the previous chunk does not count as the upstream's
+        // silence).
         waiting: bool,
+        wait_began: Instant,
         ended: bool,
         model: String,
     }
@@ -80,11 +89,14 @@ impl<B> IdleBody<B> {
             inner,
             first,
             idle,
-            // Set when a wait begins.
+            // Re-armed when it fires before a wait has lasted `idle`.
             timer: tokio::time::sleep(idle),
-            streams_end: Box::pin(streams_end.ended()),
+            streams_end,
+            ending: None,
+            ending_waker: None,
             sse,
             waiting: false,
+            wait_began: Instant::now(),
             ended: false,
             model: model.to_owned(),
         }
@@ -137,32 +149,51 @@ where
         if let Some(frame) = this.first.take() {
             return Poll::Ready(Some(Ok(frame)));
         }
-        let why = if this.streams_end.as_mut().poll(cx).is_ready() {
+        // The upstream first: a frame ready now is passed on without touching the shutdown
+        // watch or the timer; they are looked at only while it has nothing.
+        match this.inner.poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => {
+                *this.waiting = false;
+                return Poll::Ready(Some(Ok(frame)));
+            }
+            Poll::Ready(Some(Err(e))) => {
+                *this.ended = true;
+                return Poll::Ready(Some(Err(e.into())));
+            }
+            Poll::Ready(None) => {
+                *this.ended = true;
+                return Poll::Ready(None);
+            }
+            Poll::Pending => {}
+        }
+        let streams_end = &*this.streams_end;
+        let shutdown = match this.ending_waker {
+            Some(waker) if waker.will_wake(cx.waker()) => streams_end.is_ended(),
+            _ => {
+                let ending = this
+                    .ending
+                    .get_or_insert_with(|| Box::pin(streams_end.clone().ended()));
+                *this.ending_waker = Some(cx.waker().clone());
+                ending.as_mut().poll(cx).is_ready()
+            }
+        };
+        let why = if shutdown {
             Ending::Shutdown
         } else {
-            match this.inner.poll_frame(cx) {
-                Poll::Ready(Some(Ok(frame))) => {
-                    *this.waiting = false;
-                    return Poll::Ready(Some(Ok(frame)));
+            if !*this.waiting {
+                *this.waiting = true;
+                *this.wait_began = Instant::now();
+            }
+            let deadline = *this.wait_began + *this.idle;
+            loop {
+                if this.timer.as_mut().poll(cx).is_pending() {
+                    return Poll::Pending;
                 }
-                Poll::Ready(Some(Err(e))) => {
-                    *this.ended = true;
-                    return Poll::Ready(Some(Err(e.into())));
+                // Fired for an earlier wait: armed again for this one.
+                if Instant::now() >= deadline {
+                    break Ending::Idle;
                 }
-                Poll::Ready(None) => {
-                    *this.ended = true;
-                    return Poll::Ready(None);
-                }
-                Poll::Pending => {
-                    if !*this.waiting {
-                        *this.waiting = true;
-                        this.timer.as_mut().reset(Instant::now() + *this.idle);
-                    }
-                    if this.timer.as_mut().poll(cx).is_pending() {
-                        return Poll::Pending;
-                    }
-                    Ending::Idle
-                }
+                this.timer.as_mut().reset(deadline);
             }
         };
         *this.ended = true;

@@ -7,7 +7,9 @@
 //! The request path of a completion: [`api::auth::require_key`] (who is calling, and their
 //! priority) → [`api::chat::prepare`] (read the body once, validate, pick the group) →
 //! [`api::chat::strip_usage`] → [`api::chat::completions`] → [`routing::serve`] (admit the group
-//! on the limiter, choose a deployment, retry, fall back, meter the response).
+//! on the limiter, choose a deployment, retry, fall back, meter the response). The chat routes run
+//! the first three (and the 405 of [`api::chat::post_only`]) as one middleware,
+//! [`api::chat::chat_stack`].
 //!
 //! Modules import downward only, each from those before it:
 //!
@@ -43,7 +45,7 @@ pub mod upstream;
 
 use std::sync::Arc;
 
-use axum::middleware::{from_fn, from_fn_with_state};
+use axum::middleware::from_fn_with_state;
 use axum::routing::{get, post};
 use axum::Router;
 use tower::ServiceBuilder;
@@ -66,25 +68,25 @@ pub fn router(gw: Arc<Gateway>) -> Router {
     let chat = endpoint::Endpoint::served_paths().fold(Router::new(), |r, path| {
         r.route(&path, post(api::chat::completions))
     });
-    // One stack per route (outermost first), not one boxed route layer each.
-    let prepare = ServiceBuilder::new()
-        .layer(from_fn_with_state(gw.clone(), api::chat::prepare))
-        .layer(from_fn(api::chat::strip_usage));
-    // A chat route called with another method than POST is answered 405 before its body is
-    // read or anything is counted.
-    let chat = chat
-        .route_layer(prepare)
-        .route_layer(from_fn(api::chat::post_only));
+    // One middleware for the chat routes (inside the timing layer), not one route layer each:
+    // every layer is a boxed service cloned, and a boxed future, per request. The key is checked
+    // first; a chat route called with another method than POST is answered 405 before its body
+    // is read or anything is counted.
+    let chat = chat.route_layer(
+        ServiceBuilder::new()
+            .option_layer(track.clone())
+            .layer(from_fn_with_state(gw.clone(), api::chat::chat_stack)),
+    );
 
     let keyed = Router::new()
         .route("/models", get(api::models::list))
         .route("/v1/models", get(api::models::list))
-        .merge(chat)
         .route_layer(
             ServiceBuilder::new()
                 .option_layer(track.clone())
                 .layer(from_fn_with_state(gw.clone(), api::auth::require_key)),
-        );
+        )
+        .merge(chat);
 
     let admin = Router::new()
         .route("/key/generate", post(api::keys::generate))

@@ -89,7 +89,7 @@ use tokio::time::Instant;
 use tower::ServiceExt as _;
 use tower_priority_limit::response::error_json;
 
-/// What every successful answer says (split into words for streams).
+/// What every successful answer says by default (split into words for streams).
 pub const CONTENT: &str = "Hello from the mock upstream.";
 
 /// Request bodies up to this size are read (the gateway's own default bound is 10 MiB).
@@ -164,6 +164,9 @@ pub struct MockUpstreamConfig {
     /// Send `retry-after` and `x-ratelimit-*` headers (default true). Off, a 429 says nothing of
     /// when to come back: how the source product's router sees many providers, for comparisons.
     pub rate_limit_headers: bool,
+    /// What every successful answer says (default [`CONTENT`]); a stream sends one chunk per
+    /// word, so its length sets how many chunks a stream has.
+    pub content: String,
 }
 
 impl Default for MockUpstreamConfig {
@@ -177,6 +180,7 @@ impl Default for MockUpstreamConfig {
             seed: 0,
             model: "mock-model".to_owned(),
             rate_limit_headers: true,
+            content: CONTENT.to_owned(),
         }
     }
 }
@@ -351,6 +355,7 @@ struct Shared {
     window_len: Duration,
     failure_status: StatusCode,
     rate_limit_headers: bool,
+    content: String,
     /// `f64` bits: read on every request without a lock.
     failure_rate: AtomicU64,
     window: Mutex<Window>,
@@ -365,6 +370,7 @@ impl Shared {
             window_len: config.window,
             failure_status,
             rate_limit_headers: config.rate_limit_headers,
+            content: config.content.clone(),
             failure_rate: AtomicU64::new(config.failure_rate.to_bits()),
             window: Mutex::new(Window {
                 rpm: config.rpm,
@@ -638,7 +644,13 @@ async fn chat(
     }
 
     shared.stats.ok.fetch_add(1, Relaxed);
-    let answer = answer(endpoint, &shared.model, CONTENT, &request, include_usage);
+    let answer = answer(
+        endpoint,
+        &shared.model,
+        &shared.content,
+        &request,
+        include_usage,
+    );
     let content_type = HeaderValue::from_static(answer.content_type());
     let mut response = if answer.sse {
         // The guard rides in the body, so a stream is in flight until it is sent or dropped.

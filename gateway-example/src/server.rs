@@ -107,6 +107,9 @@ pub async fn serve(
                 }
             },
         };
+        // Each response part (a head, a stream's event) goes out when written: with Nagle's
+        // algorithm a small write waits for the client's (delayed) ACK of the previous one.
+        let _ = stream.set_nodelay(true);
         let service = TowerToHyperService::new(app.clone());
         let header_read_timeout = limits.header_read_timeout;
         let mut stop = stop_rx.clone();

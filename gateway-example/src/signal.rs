@@ -69,6 +69,11 @@ impl EndStreams {
 }
 
 impl StreamsEnd {
+    /// Whether the streams are to end now (a read, no waiting and no wake-up registered).
+    pub fn is_ended(&self) -> bool {
+        *self.0.borrow()
+    }
+
     /// Resolves once the streams are to end.
     pub async fn ended(mut self) {
         if self.0.wait_for(|ended| *ended).await.is_err() {

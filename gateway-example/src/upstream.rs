@@ -156,6 +156,140 @@ pub fn upstream_body(deployment: &Deployment, chat: &ChatRequest) -> Value {
     body
 }
 
+/// [`upstream_body`] as bytes, made from the client's own bytes ([`ChatRequest::raw`]) without
+/// building and serializing a tree: sent as they are when the model name is the upstream's
+/// already and no usage is to be asked for, else edited in place (the `model` value swapped,
+/// `stream_options` added or its `include_usage` set). Falls back to serializing
+/// [`upstream_body`] for what the in-place edit does not handle (an escaped key at the top level).
+pub fn upstream_bytes(deployment: &Deployment, chat: &ChatRequest) -> Result<Bytes, String> {
+    let ask_usage = chat.stream && chat.endpoint.asks_stream_usage();
+    if let Some(bytes) = edit_in_place(&chat.raw, &deployment.upstream_model, ask_usage) {
+        return Ok(bytes);
+    }
+    serde_json::to_vec(&upstream_body(deployment, chat))
+        .map(Bytes::from)
+        .map_err(|e| e.to_string())
+}
+
+/// The top-level members of the JSON object `raw` (valid JSON, as the gateway parsed it):
+/// each key's bytes between its quotes and its value's byte range. `None` when a key holds an
+/// escape (its raw bytes are then not its name) or `raw` is not an object.
+fn top_level_members(raw: &[u8]) -> Option<Vec<(&[u8], std::ops::Range<usize>)>> {
+    let skip_ws = |mut i: usize| {
+        while raw.get(i).is_some_and(|b| b.is_ascii_whitespace()) {
+            i += 1;
+        }
+        i
+    };
+    // The index just past the string whose opening quote is at `i`.
+    let string_end = |mut i: usize| {
+        i += 1;
+        loop {
+            match raw.get(i)? {
+                b'"' => return Some(i + 1),
+                b'\\' => i += 2,
+                _ => i += 1,
+            }
+        }
+    };
+    let mut i = skip_ws(0);
+    if raw.get(i) != Some(&b'{') {
+        return None;
+    }
+    i = skip_ws(i + 1);
+    let mut members = Vec::with_capacity(8);
+    if raw.get(i) == Some(&b'}') {
+        return Some(members);
+    }
+    loop {
+        if raw.get(i) != Some(&b'"') {
+            return None;
+        }
+        let key_end = string_end(i)?;
+        let key = &raw[i + 1..key_end - 1];
+        if key.contains(&b'\\') {
+            return None;
+        }
+        i = skip_ws(key_end);
+        if raw.get(i) != Some(&b':') {
+            return None;
+        }
+        let start = skip_ws(i + 1);
+        // The value: a string, or anything up to the `,` or `}` that ends it at depth 0.
+        let mut j = start;
+        let mut depth = 0usize;
+        loop {
+            match *raw.get(j)? {
+                b'"' => {
+                    j = string_end(j)?;
+                    continue;
+                }
+                b'{' | b'[' => depth += 1,
+                b'}' | b']' if depth > 0 => depth -= 1,
+                b',' | b'}' if depth == 0 => break,
+                _ => {}
+            }
+            j += 1;
+        }
+        let mut end = j;
+        while end > start && raw[end - 1].is_ascii_whitespace() {
+            end -= 1;
+        }
+        members.push((key, start..end));
+        if raw[j] == b'}' {
+            return Some(members);
+        }
+        i = skip_ws(j + 1);
+    }
+}
+
+/// `raw` with every top-level `model` set to `model` and, when `ask_usage`, usage asked for in
+/// `stream_options` (see [`upstream_bytes`]); `None` when [`top_level_members`] cannot read it.
+fn edit_in_place(raw: &Bytes, model: &str, ask_usage: bool) -> Option<Bytes> {
+    let members = top_level_members(raw)?;
+    let model_json = Value::String(model.to_owned()).to_string();
+    // (range, replacement), in order of position.
+    let mut edits: Vec<(std::ops::Range<usize>, Vec<u8>)> = Vec::new();
+    let mut has_options = false;
+    for (key, range) in members.iter().cloned() {
+        match key {
+            b"model" if raw[range.clone()] != *model_json.as_bytes() => {
+                edits.push((range, model_json.clone().into_bytes()));
+            }
+            b"stream_options" if ask_usage => {
+                has_options = true;
+                let mut options = match serde_json::from_slice::<Value>(&raw[range.clone()]) {
+                    Ok(v @ Value::Object(_)) => v,
+                    _ => Value::Object(Default::default()),
+                };
+                if options.get("include_usage") != Some(&Value::Bool(true)) {
+                    options["include_usage"] = Value::Bool(true);
+                    edits.push((range, options.to_string().into_bytes()));
+                }
+            }
+            _ => {}
+        }
+    }
+    let closing = raw.len() - raw.iter().rev().position(|&b| b == b'}')? - 1;
+    if ask_usage && !has_options {
+        let comma = if members.is_empty() { "" } else { "," };
+        let added = format!(r#"{comma}"stream_options":{{"include_usage":true}}"#);
+        edits.push((closing..closing, added.into_bytes()));
+    }
+    if edits.is_empty() {
+        return Some(raw.clone());
+    }
+    let mut out = Vec::with_capacity(raw.len() + model.len() + 48);
+    let mut at = 0;
+    for (range, replacement) in edits {
+        out.extend_from_slice(&raw[at..range.start]);
+        out.extend_from_slice(&replacement);
+        at = range.end;
+    }
+    out.extend_from_slice(&raw[at..]);
+    Some(out.into())
+}
+
 impl Upstream {
     /// The client for `deployments`: every upstream key among them (resolved, as sent) is
     /// replaced by `***` in upstream error text before it reaches a client or a log line.
@@ -216,8 +350,8 @@ impl Upstream {
             )));
         };
         let url = upstream_url(api_base, *api, chat);
-        let body = serde_json::to_vec(&upstream_body(deployment, chat))
-            .map_err(|e| UpstreamFailure::without_response(ApiError::internal(e.to_string())))?;
+        let body = upstream_bytes(deployment, chat)
+            .map_err(|e| UpstreamFailure::without_response(ApiError::internal(e)))?;
         let mut request = Request::post(&url)
             .header(CONTENT_TYPE, "application/json")
             // Compressed bytes could not be metered.
@@ -240,7 +374,7 @@ impl Upstream {
                 }
             }
         }
-        let request = request.body(Full::new(Bytes::from(body))).map_err(|e| {
+        let request = request.body(Full::new(body)).map_err(|e| {
             UpstreamFailure::without_response(ApiError::internal(format!(
                 "bad upstream URL {}: {e}",
                 redact_url(&url)
@@ -420,7 +554,7 @@ async fn upstream_error(
 
 #[cfg(test)]
 mod tests {
-    use super::Upstream;
+    use super::{top_level_members, upstream_body, upstream_bytes, Upstream};
     use crate::config::{Deployment, Target};
 
     fn with_key(key: &str) -> Deployment {
@@ -438,6 +572,126 @@ mod tests {
             rpm: None,
             tpm: None,
             weight: None,
+        }
+    }
+
+    fn chat_of(raw: &str, stream: bool) -> crate::chat::ChatRequest {
+        let body: serde_json::Value = serde_json::from_str(raw).unwrap();
+        crate::chat::ChatRequest {
+            endpoint: crate::endpoint::Endpoint::ChatCompletions,
+            model: "m".into(),
+            stream,
+            include_usage: false,
+            body: std::sync::Arc::new(body),
+            raw: bytes::Bytes::copy_from_slice(raw.as_bytes()),
+            prompt_tokens: 1,
+            max_output_tokens: None,
+            pass_on: Default::default(),
+            flow: 0,
+        }
+    }
+
+    #[test]
+    fn the_body_edited_in_place_says_what_the_reserialized_one_says() {
+        let bodies = [
+            r#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#,
+            r#" { "messages" : [ {"model": "inner", "content": "a \"}\" ] ,{"} ] , "model" : "m" } "#,
+            r#"{"model":"up","stream":true}"#,
+            r#"{"model":"m","stream":true,"stream_options":{"include_usage":false,"x":[1,{"y":"}"}]}}"#,
+            r#"{"model":"m","stream":true,"stream_options":{"include_usage":true}}"#,
+            r#"{"model":"m","stream":true,"stream_options":null,"n":-1.5e3,"ok":false}"#,
+            r#"{"model":"m","model":"other","stream":true}"#,
+            r#"{"model":"m\u00e9","temperature":0}"#,
+        ];
+        for upstream_model in ["up", "m", "quote\"d é"] {
+            let mut deployment = with_key("sk");
+            deployment.upstream_model = upstream_model.into();
+            for raw in bodies {
+                for stream in [false, true] {
+                    let chat = chat_of(raw, stream);
+                    let edited = upstream_bytes(&deployment, &chat).unwrap();
+                    let edited: serde_json::Value = serde_json::from_slice(&edited)
+                        .unwrap_or_else(|e| panic!("{raw} for {upstream_model}: {e}"));
+                    assert_eq!(edited, upstream_body(&deployment, &chat), "{raw}");
+                }
+            }
+        }
+        // Nothing to change: the client's bytes go as they are.
+        let mut deployment = with_key("sk");
+        deployment.upstream_model = "m".into();
+        let raw = r#"{ "model": "m", "messages": [] }"#;
+        assert_eq!(
+            upstream_bytes(&deployment, &chat_of(raw, false)).unwrap(),
+            raw
+        );
+        // An escaped top-level key is not read in place (its bytes are not its name).
+        assert!(top_level_members(br#"{"mod\u0065l":"m"}"#).is_none());
+        let chat = chat_of(r#"{"mod\u0065l":"m"}"#, false);
+        let sent: serde_json::Value =
+            serde_json::from_slice(&upstream_bytes(&deployment, &chat).unwrap()).unwrap();
+        assert_eq!(sent, upstream_body(&deployment, &chat));
+    }
+
+    fn json() -> impl proptest::strategy::Strategy<Value = serde_json::Value> {
+        use proptest::prelude::*;
+        let text = "[a-z\"\\\\{}\\[\\],: é\n]{0,8}";
+        let leaf = prop_oneof![
+            Just(serde_json::Value::Null),
+            any::<bool>().prop_map(serde_json::Value::from),
+            any::<i64>().prop_map(serde_json::Value::from),
+            text.prop_map(serde_json::Value::from),
+        ];
+        leaf.prop_recursive(3, 24, 4, move |inner| {
+            prop_oneof![
+                proptest::collection::vec(inner.clone(), 0..4).prop_map(serde_json::Value::from),
+                proptest::collection::vec(
+                    (
+                        prop_oneof![
+                            Just("model".to_owned()),
+                            Just("stream_options".to_owned()),
+                            text.prop_map(|s| s)
+                        ],
+                        inner
+                    ),
+                    0..4
+                )
+                .prop_map(|members| serde_json::Value::Object(members.into_iter().collect())),
+            ]
+        })
+    }
+
+    proptest::proptest! {
+        /// Any object with any members (nested `model` and `stream_options` keys, strings with
+        /// quotes, braces and escapes), compact or pretty: the bytes edited in place say what the
+        /// reserialized tree says.
+        #[test]
+        fn any_body_edited_in_place_says_what_the_tree_says(
+            members in proptest::collection::vec(
+                (proptest::prop_oneof![
+                    proptest::strategy::Just("model".to_owned()),
+                    proptest::strategy::Just("stream_options".to_owned()),
+                    "[a-z_]{1,6}",
+                ], json()),
+                0..6,
+            ),
+            pretty: bool,
+            stream: bool,
+            upstream_model in "[a-z\"\\\\é]{1,6}",
+        ) {
+            let mut body: serde_json::Map<String, serde_json::Value> = members.into_iter().collect();
+            body.insert("model".into(), "m".into());
+            let body = serde_json::Value::Object(body);
+            let raw = if pretty {
+                serde_json::to_string_pretty(&body).unwrap()
+            } else {
+                body.to_string()
+            };
+            let mut deployment = with_key("sk");
+            deployment.upstream_model = upstream_model;
+            let chat = chat_of(&raw, stream);
+            let sent: serde_json::Value =
+                serde_json::from_slice(&upstream_bytes(&deployment, &chat).unwrap()).unwrap();
+            proptest::prop_assert_eq!(sent, upstream_body(&deployment, &chat));
         }
     }
 

@@ -38,7 +38,8 @@ struct SettleGuard {
 impl SettleGuard {
     fn settle(&mut self) {
         if let Some(lease) = self.lease.take() {
-            lease.settle_metered(self.meter.tokens(), self.meter.output_tokens());
+            let (tokens, output) = self.meter.tokens_and_output();
+            lease.settle_metered(tokens, output);
         }
     }
 }

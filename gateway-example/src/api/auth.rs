@@ -55,10 +55,11 @@ async fn identify(gw: &Gateway, key: Option<&str>) -> Result<(Caller, Option<Arc
             ))
         }
     };
-    if hashes_match(&hash_key(key), master_hash) {
+    let token = hash_key(key);
+    if hashes_match(&token, master_hash) {
         return Ok((Caller::Master, None));
     }
-    match gw.keys().resolve(key).await.map_err(store_error)? {
+    match gw.keys().resolve_token(&token).await.map_err(store_error)? {
         Some(resolved) => Ok((Caller::Key(resolved.key), resolved.priority)),
         None => Err(ApiError::unauthorized(
             "Authentication Error, Invalid proxy server token passed.",
@@ -90,16 +91,23 @@ pub async fn require_key(
     mut request: Request,
     next: Next,
 ) -> Response {
-    match identify(&gw, api_key(&request)).await {
-        Ok((caller, priority)) => {
-            if let Some(p) = priority {
-                request.extensions_mut().insert(Priority(p));
-            }
+    match authenticate(&gw, &mut request).await {
+        Ok(caller) => {
             request.extensions_mut().insert(caller);
             next.run(request).await
         }
         Err(e) => e.into_response(),
     }
+}
+
+/// What [`require_key`] checks: the caller of `request`, its key's priority (if it has one) left
+/// in the request.
+pub async fn authenticate(gw: &Gateway, request: &mut Request) -> Result<Caller, ApiError> {
+    let (caller, priority) = identify(gw, api_key(request)).await?;
+    if let Some(p) = priority {
+        request.extensions_mut().insert(Priority(p));
+    }
+    Ok(caller)
 }
 
 /// Requires the master key.

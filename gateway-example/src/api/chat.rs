@@ -19,7 +19,7 @@ use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
 use serde_json::Value;
 use tower_priority_limit::priority::Priority;
 
-use super::auth::Caller;
+use super::auth::{authenticate, Caller};
 use super::body::read_bounded;
 use crate::chat::ChatRequest;
 use crate::endpoint::Endpoint;
@@ -175,6 +175,7 @@ async fn validate(gw: &Gateway, caller: &Caller, request: Request) -> Result<Req
         prompt_tokens: tower_priority_limit::estimate::prompt_tokens(&bytes),
         max_output_tokens,
         body: Arc::new(body),
+        raw: bytes,
         pass_on,
         flow,
     });
@@ -184,10 +185,40 @@ async fn validate(gw: &Gateway, caller: &Caller, request: Request) -> Result<Req
 /// Answers 405 in the OpenAI error shape, with `allow: POST`, to a chat completion called with
 /// any other method than POST (a HEAD gets no body), before anything else looks at the request.
 pub async fn post_only(request: Request, next: Next) -> Response {
-    let method = request.method().clone();
-    if method == Method::POST {
+    if request.method() == Method::POST {
         return next.run(request).await;
     }
+    not_post(request.method())
+}
+
+/// [`require_key`](super::auth::require_key), [`post_only`], [`prepare`] and [`strip_usage`] as
+/// one middleware, in that order (the chat routes run it): one boxed service and one boxed future
+/// per request instead of four.
+///
+/// [`prepare`]: fn@prepare
+pub async fn chat_stack(
+    State(gw): State<Arc<Gateway>>,
+    mut request: Request,
+    next: Next,
+) -> Response {
+    let caller = match authenticate(&gw, &mut request).await {
+        Ok(caller) => caller,
+        Err(e) => return e.into_response(),
+    };
+    if request.method() != Method::POST {
+        return not_post(request.method());
+    }
+    let request = match validate(&gw, &caller, request).await {
+        Ok(request) => request,
+        Err(e) => return e.into_response(),
+    };
+    let client_wants_usage = wants_usage(&request);
+    without_unwanted_usage(client_wants_usage, next.run(request).await)
+}
+
+/// The 405 of [`post_only`] for `method`.
+fn not_post(method: &Method) -> Response {
+    let method = method.clone();
     let mut response = ApiError::new(
         StatusCode::METHOD_NOT_ALLOWED,
         "invalid_request_error",
@@ -207,11 +238,20 @@ pub async fn post_only(request: Request, next: Next) -> Response {
 /// Removes the usage chunk from streams whose client did not ask for it. It sits outside the
 /// limiter, so the limiter still counts the usage the gateway asked the upstream for.
 pub async fn strip_usage(request: Request, next: Next) -> Response {
-    let client_wants_usage = request
+    let client_wants_usage = wants_usage(&request);
+    without_unwanted_usage(client_wants_usage, next.run(request).await)
+}
+
+/// Whether the client of `request` gets a stream's usage chunk (see [`strip_usage`]).
+fn wants_usage(request: &Request) -> bool {
+    request
         .extensions()
         .get::<ChatRequest>()
-        .is_none_or(ChatRequest::wants_stream_usage);
-    let response = next.run(request).await;
+        .is_none_or(ChatRequest::wants_stream_usage)
+}
+
+/// `response`, its stream's usage chunk removed unless `client_wants_usage`.
+fn without_unwanted_usage(client_wants_usage: bool, response: Response) -> Response {
     let is_sse = response
         .headers()
         .get(CONTENT_TYPE)

@@ -70,6 +70,10 @@ struct Args {
     /// back (for comparing with routers that ignore them).
     #[arg(long)]
     no_rate_limit_headers: bool,
+    /// Answer with N words instead of the default sentence, so a stream has N content chunks
+    /// (plus its role, finish and usage chunks): e.g. 50 for a realistic stream in benches.
+    #[arg(long, value_name = "N")]
+    stream_chunks: Option<usize>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -159,6 +163,10 @@ async fn run(args: Args) -> Result<(), String> {
             seed: args.seed.wrapping_add(i as u64),
             model: args.model.clone(),
             rate_limit_headers: !args.no_rate_limit_headers,
+            content: match args.stream_chunks {
+                Some(n) => "word ".repeat(n),
+                None => gateway_example::mock_upstream::CONTENT.to_owned(),
+            },
         };
         let addr = SocketAddr::new(args.host, port);
         let deployment = MockUpstream::start_on(addr, config)

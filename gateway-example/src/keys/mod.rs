@@ -326,10 +326,15 @@ impl KeyStore {
     /// Resolves a presented key (generated keys only; the master key is checked by the caller).
     /// `Ok(None)`: no such key. `Err`: the store could not say (see the module docs).
     pub async fn resolve(&self, key: &str) -> Result<Option<Resolved>, KeyStoreError> {
-        let token = hash_key(key);
+        self.resolve_token(&hash_key(key)).await
+    }
+
+    /// [`resolve`](Self::resolve) by the key's [`hash_key`], for a caller that hashed it already
+    /// (authentication compares it with the master key's first: one hash per request).
+    pub async fn resolve_token(&self, token: &str) -> Result<Option<Resolved>, KeyStoreError> {
         match &self.backend {
-            Backend::Local(l) => Ok(l.resolve(&token)),
-            Backend::Redis(r) => r.resolve(&token).await,
+            Backend::Local(l) => Ok(l.resolve(token)),
+            Backend::Redis(r) => r.resolve(token).await,
         }
     }
 

@@ -93,6 +93,7 @@ use crate::throttle::LogThrottle;
 use json::JsonMeter;
 use sse::SseMeter;
 pub use usage::is_usage_only_chunk;
+use usage::Usage;
 
 /// What a finished (or abandoned) response cost.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -223,14 +224,18 @@ impl UsageMeter {
     ///
     /// For a JSON body this parses the kept bytes on every call.
     pub fn tokens(&self) -> Tokens {
-        let (usage, content_bytes) = match &self.body {
-            Body::Sse(m) => m.seen(),
-            Body::Json(m) => match m.inspect() {
-                Ok(usage) => (Some(usage), 0),
-                Err(content_bytes) => (None, content_bytes),
-            },
-        };
-        match usage {
+        self.tokens_and_output().0
+    }
+
+    /// [`tokens`](Self::tokens) and [`output_tokens`](Self::output_tokens) from one look at the
+    /// body (a JSON body is parsed once, not twice): what a lease is settled with.
+    pub(crate) fn tokens_and_output(&self) -> (Tokens, Option<u64>) {
+        let (usage, content_bytes) = self.seen();
+        let output = usage
+            .as_ref()
+            .and_then(Usage::output)
+            .map(|n| self.clamp(n));
+        let tokens = match usage {
             // Reported input alone (an Anthropic stream cut before its `message_delta`): the
             // text that went by estimates the output.
             Some(usage) if !usage.reports_output() => Tokens::Reported(
@@ -241,6 +246,19 @@ impl UsageMeter {
                 self.prompt_estimate
                     .saturating_add(content_bytes.div_ceil(4)),
             ),
+        };
+        (tokens, output)
+    }
+
+    /// The usage seen (merged), and the generated-text bytes seen: both for a stream, whose
+    /// usage may report the input alone; for a JSON body, the usage or else its text.
+    fn seen(&self) -> (Option<Usage>, u64) {
+        match &self.body {
+            Body::Sse(m) => m.seen(),
+            Body::Json(m) => match m.inspect() {
+                Ok(usage) => (Some(usage), 0),
+                Err(content_bytes) => (None, content_bytes),
+            },
         }
     }
 }
@@ -249,11 +267,7 @@ impl UsageMeter {
     /// The output (completion) tokens the body reported, if it reported them (clamped like
     /// [`tokens`](Self::tokens)); `None` when it reported no usage, e.g. a stream cut short.
     pub fn output_tokens(&self) -> Option<u64> {
-        let seen = match &self.body {
-            Body::Sse(m) => m.inspect(),
-            Body::Json(m) => m.inspect(),
-        };
-        seen.ok()?.output().map(|n| self.clamp(n))
+        self.tokens_and_output().1
     }
 
     /// `reported`, or the cap if it is above it (logged at most once a second).

@@ -159,6 +159,7 @@ impl SseMeter {
     /// Usage merged over everything seen (including a complete event not yet
     /// dispatched, see [`SseMeter::pending`]), or the generated-text bytes plus
     /// the bytes of data skipped for being past the bounds.
+    #[cfg(test)]
     pub(crate) fn inspect(&self) -> Result<Usage, u64> {
         let (usage, content) = self.seen();
         usage.ok_or(content)

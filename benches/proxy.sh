@@ -1,0 +1,152 @@
+#!/usr/bin/env bash
+# What forwarding to an upstream costs: the gateway against nginx, both in front of the same
+# `mock-upstream`, and the upstream alone.
+#
+#   benches/proxy.sh [seconds per run, default 6] [concurrency, default 64] [rounds, default 3]
+#
+# Three targets, each loaded with oha pinned to CPU $OHA_CPU (default 0) while the proxy and the
+# mock upstream share CPU $PROXY_CPU (default 1):
+#   direct   mock-upstream alone;
+#   nginx    nginx (Debian's package, installed when missing): proxy_pass to an upstream block
+#            with keepalive 64, limit_req with a rate far above the load, proxy_buffering off;
+#   gateway  gateway-example with the limiter on and every rate-limit header (rpm and tpm, two
+#            priorities: the CONFIG=full setup of benches/load.sh), one upstream deployment.
+# The mock answers with STREAM_CHUNKS (default 50) words, so a stream is a role chunk, 50
+# content chunks, a finish chunk and a usage chunk (every client asks for it with
+# stream_options.include_usage, so the gateway strips nothing and all targets send the same bytes).
+# Each round runs every target non-streamed then streamed, in turn, so machine noise hits all of
+# them alike; figures are medians over rounds. Then at a fixed RATE (default 2000 req/s,
+# non-streamed) the median latency of each target, and what a proxy adds over going direct.
+# Only loopback addresses are used. Installs oha and nginx when missing (as root: no sudo).
+# GATEWAY_BIN=path runs that gateway binary instead of this tree's (to compare two builds).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+SECS=${1:-6}
+CONC=${2:-64}
+ROUNDS=${3:-3}
+PROXY_CPU=${PROXY_CPU:-1}
+OHA_CPU=${OHA_CPU:-0}
+RATE=${RATE:-2000}
+STREAM_CHUNKS=${STREAM_CHUNKS:-50}
+command -v oha >/dev/null || cargo install --locked oha
+if ! command -v nginx >/dev/null && [ ! -x /usr/sbin/nginx ]; then
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q nginx >/dev/null
+fi
+NGINX=$(command -v nginx || echo /usr/sbin/nginx)
+cargo build --release -q -p gateway-example --bins
+BIN=${CARGO_TARGET_DIR:-target}/release
+TMP=$(mktemp -d)
+trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$TMP"' EXIT
+
+UP_PORT=4201 NGINX_PORT=4202 GW_PORT=4203
+wait_up() { for _ in $(seq 100); do curl -s -o /dev/null "$1" && return; sleep 0.1; done; echo "$1 did not come up" >&2; exit 1; }
+
+RUST_LOG=error taskset -c "$PROXY_CPU" "$BIN/mock-upstream" --port "$UP_PORT" --stream-chunks "$STREAM_CHUNKS" >/dev/null 2>&1 &
+wait_up "http://127.0.0.1:$UP_PORT/stats"
+
+mkdir -p "$TMP/nginx"
+cat > "$TMP/nginx.conf" <<NGINX
+daemon off;
+user root;
+worker_processes 1;
+pid $TMP/nginx.pid;
+error_log $TMP/nginx/error.log error;
+events { worker_connections 4096; }
+http {
+  access_log off;
+  client_body_temp_path $TMP/nginx/body;
+  proxy_temp_path $TMP/nginx/proxy;
+  limit_req_zone \$binary_remote_addr zone=all:1m rate=100000000r/s;
+  upstream mock { server 127.0.0.1:$UP_PORT; keepalive 64; }
+  server {
+    listen 127.0.0.1:$NGINX_PORT;
+    location / {
+      limit_req zone=all burst=100000 nodelay;
+      proxy_pass http://mock;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+      proxy_buffering off;
+    }
+  }
+}
+NGINX
+taskset -c "$PROXY_CPU" "$NGINX" -c "$TMP/nginx.conf" -e "$TMP/nginx/error.log" &
+wait_up "http://127.0.0.1:$NGINX_PORT/stats"
+
+cat > "$TMP/gateway.yaml" <<YAML
+model_list:
+  - model_name: load-model
+    litellm_params: {model: openai/load-model, api_base: "http://127.0.0.1:$UP_PORT/v1", rpm: 1000000000, tpm: 1000000000000}
+litellm_settings:
+  callbacks: ["dynamic_rate_limiter_v3"]
+  priority_reservation: {prod: 0.9, dev: 0.1}
+  priority_reservation_settings: {default_priority: 0.25, saturation_threshold: 0.5}
+general_settings:
+  master_key: sk-load-master
+YAML
+RUST_LOG=error taskset -c "$PROXY_CPU" "${GATEWAY_BIN:-$BIN/gateway-example}" --config "$TMP/gateway.yaml" --host 127.0.0.1 --port "$GW_PORT" --data-dir "$TMP/gw-data" >/dev/null &
+wait_up "http://127.0.0.1:$GW_PORT/health/liveliness"
+KEY=$(curl -sf "http://127.0.0.1:$GW_PORT/key/generate" -H 'authorization: Bearer sk-load-master' \
+      -d '{"metadata": {"priority": "prod"}}' | sed -E 's/.*"key":"([^"]+)".*/\1/')
+
+declare -A URL=([direct]="http://127.0.0.1:$UP_PORT/v1/chat/completions"
+                [nginx]="http://127.0.0.1:$NGINX_PORT/v1/chat/completions"
+                [gateway]="http://127.0.0.1:$GW_PORT/v1/chat/completions")
+body() { # $1 = stream
+  local opts=''
+  [ "$1" = true ] && opts=',"stream_options":{"include_usage":true}'
+  echo "{\"model\":\"load-model\",\"stream\":$1$opts,\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}"
+}
+load() { # $1 target, $2 stream, $3 output file, then extra oha flags
+  local target=$1 stream=$2 out=$3; shift 3
+  taskset -c "$OHA_CPU" oha --no-tui "$@" -m POST -T application/json -H "authorization: Bearer $KEY" \
+      -d "$(body "$stream")" --output-format json "${URL[$target]}" > "$out"
+}
+# A stream through the gateway carries the chunks the upstream sent (checked once, not timed).
+chunks=$(curl -sN "${URL[gateway]}" -H "authorization: Bearer $KEY" -H 'content-type: application/json' \
+          -d "$(body true)" | grep -c '^data: ')
+echo "gateway stream: $chunks SSE events (data lines, [DONE] included)"
+
+echo "oha -z ${SECS}s -c $CONC, $ROUNDS rounds; oha on CPU $OHA_CPU; upstream and proxy on CPU $PROXY_CPU; stream of $STREAM_CHUNKS words"
+for round in $(seq "$ROUNDS"); do
+  for stream in false true; do
+    for target in direct nginx gateway; do
+      load "$target" "$stream" "$TMP/$target-$stream-$round.json" -z "${SECS}s" -c "$CONC"
+    done
+  done
+done
+echo "fixed rate: oha -q $RATE -z ${SECS}s -c $CONC, $ROUNDS rounds, not streamed"
+for round in $(seq "$ROUNDS"); do
+  for target in direct nginx gateway; do
+    load "$target" false "$TMP/$target-rate-$round.json" -q "$RATE" -z "${SECS}s" -c "$CONC"
+  done
+done
+
+python3 - "$TMP" "$ROUNDS" <<'PY'
+import json, statistics, sys
+d, rounds = sys.argv[1], int(sys.argv[2])
+def runs(name):
+    return [json.load(open(f"{d}/{name}-{r}.json")) for r in range(1, rounds + 1)]
+def all_ok(rs):
+    return all(set(r.get("statusCodeDistribution", {})) == {"200"} for r in rs)
+for stream in ("false", "true"):
+    med = {}
+    for target in ("direct", "nginx", "gateway"):
+        rs = runs(f"{target}-{stream}")
+        rps = [r["summary"]["requestsPerSec"] for r in rs]
+        med[target] = statistics.median(rps)
+        p50 = statistics.median(r["latencyPercentiles"]["p50"] * 1000 for r in rs)
+        print(f"{target:>7} stream={stream:<5} rps median={med[target]:8.0f} "
+              f"(runs {', '.join(f'{x:.0f}' for x in rps)}) p50={p50:5.2f}ms all-200={all_ok(rs)}")
+    print(f"        stream={stream:<5} gateway / nginx = {med['gateway'] / med['nginx']:.3f}")
+p50 = {}
+for target in ("direct", "nginx", "gateway"):
+    rs = runs(f"{target}-rate")
+    each = [r["latencyPercentiles"]["p50"] * 1e6 for r in rs]
+    p50[target] = statistics.median(each)
+    rps = statistics.median(r["summary"]["requestsPerSec"] for r in rs)
+    print(f"{target:>7} fixed rate {rps:6.0f} req/s: p50 median={p50[target]:6.0f} µs "
+          f"(runs {', '.join(f'{x:.0f}' for x in each)}) all-200={all_ok(rs)}")
+for target in ("nginx", "gateway"):
+    print(f"        {target} adds {p50[target] - p50['direct']:5.0f} µs to the median at the fixed rate")
+PY

@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# What one proxied request costs the gateway, counted rather than timed (so a busy machine does
+# not move it): instructions (valgrind's callgrind) and heap allocations (calls to the Rust
+# global allocator, from the same callgrind run) per request, non-streamed or streamed.
+#
+#   benches/proxy_callgrind.sh [stream: false|true, default false] [requests, default 2000]
+#
+# The gateway (limiter on, two priorities, rpm and tpm: every rate-limit header; the setup of
+# benches/proxy.sh) runs under callgrind with instrumentation off until 200 warm-up requests are
+# done; `mock-upstream --stream-chunks 50` runs natively. Only the gateway's own process is
+# counted, user space only (the kernel's networking is not). A counting global allocator in a
+# bench binary is not possible here: the workspace forbids `unsafe` code.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+STREAM=${1:-false}
+N=${2:-2000}
+command -v valgrind >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -q valgrind >/dev/null
+command -v oha >/dev/null || cargo install --locked oha
+cargo build --release -q -p gateway-example --bins
+BIN=${CARGO_TARGET_DIR:-target}/release
+TMP=$(mktemp -d)
+trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$TMP"' EXIT
+UP_PORT=4211 GW_PORT=4212
+
+"$BIN/mock-upstream" --port "$UP_PORT" --stream-chunks 50 >/dev/null 2>&1 &
+cat > "$TMP/gateway.yaml" <<YAML
+model_list:
+  - model_name: load-model
+    litellm_params: {model: openai/load-model, api_base: "http://127.0.0.1:$UP_PORT/v1", rpm: 1000000000, tpm: 1000000000000}
+litellm_settings:
+  callbacks: ["dynamic_rate_limiter_v3"]
+  priority_reservation: {prod: 0.9, dev: 0.1}
+  priority_reservation_settings: {default_priority: 0.25, saturation_threshold: 0.5}
+general_settings:
+  master_key: sk-load-master
+YAML
+RUST_LOG=error valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file="$TMP/callgrind.%p" \
+  "$BIN/gateway-example" --config "$TMP/gateway.yaml" --host 127.0.0.1 --port "$GW_PORT" \
+  --data-dir "$TMP/data" >/dev/null 2>"$TMP/valgrind.log" &
+GW=$!
+for _ in $(seq 300); do curl -s -o /dev/null "http://127.0.0.1:$GW_PORT/health/liveliness" && break; sleep 0.2; done
+KEY=$(curl -sf "http://127.0.0.1:$GW_PORT/key/generate" -H 'authorization: Bearer sk-load-master' \
+      -d '{"metadata": {"priority": "prod"}}' | sed -E 's/.*"key":"([^"]+)".*/\1/')
+opts=''
+[ "$STREAM" = true ] && opts=',"stream_options":{"include_usage":true}'
+BODY="{\"model\":\"load-model\",\"stream\":$STREAM$opts,\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}"
+load() {
+  oha --no-tui -n "$1" -c 16 -m POST -T application/json -H "authorization: Bearer $KEY" -d "$BODY" \
+      "http://127.0.0.1:$GW_PORT/v1/chat/completions"
+}
+load 200 >/dev/null
+callgrind_control -i on "$GW" >/dev/null 2>&1
+load "$N" > "$TMP/oha.txt"
+callgrind_control -d "$GW" >/dev/null 2>&1
+grep -q "\[200\] $N responses" "$TMP/oha.txt" || { echo "not every request answered 200:" >&2; cat "$TMP/oha.txt" >&2; exit 1; }
+
+python3 - "$N" "$STREAM" "$TMP"/callgrind.*.1 <<'PY'
+import re, sys
+n, stream, paths = int(sys.argv[1]), sys.argv[2], sys.argv[3:]
+instructions, allocs = 0, 0
+for path in paths:
+    names, current = {}, None
+    for line in open(path, errors="replace"):
+        if line.startswith("summary:") or line.startswith("totals:"):
+            instructions = max(instructions, int(line.split()[1]))
+        elif line.startswith(("fn=", "cfn=")):
+            # Names are compressed: "(id) name" the first time (after fn= or cfn=), "(id)" later.
+            m = re.match(r"c?fn=\((\d+)\)(?: (.*))?", line.strip())
+            if m:
+                if m.group(2):
+                    names[m.group(1)] = m.group(2)
+                current = names.get(m.group(1), "") if line.startswith("cfn=") else None
+        elif line.startswith("calls=") and current is not None:
+            if current.endswith(("__rust_alloc", "__rust_alloc_zeroed", "__rust_realloc")):
+                allocs += int(line.split("=")[1].split()[0])
+            current = None
+print(f"stream={stream}: {instructions / n:,.0f} instructions and {allocs / n:.1f} allocations "
+      f"per request in the gateway's process ({n} requests, user space)")
+PY
