@@ -94,7 +94,7 @@ fn is_secret_key(key: &str) -> bool {
 }
 
 /// `document` with its secrets hidden: the values of keys that name a secret
-/// ([`is_secret_key`]) become `***` (an `os.environ/NAME` reference is shown, it is not the
+/// (`is_secret_key`) become `***` (an `os.environ/NAME` reference is shown, it is not the
 /// secret), URLs lose their passwords and secret query parameters.
 pub fn redact(document: &Value) -> Value {
     match document {
