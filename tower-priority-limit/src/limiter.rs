@@ -454,23 +454,6 @@ impl<St: Store> Limiter<St> {
         .service(prompt_tokens, output)
     }
 
-    /// Waits in its model's queue, for at most `request.max_wait_ms`, until admitted. Its turn
-    /// comes in the queue's order, when capacity may have freed. At the deadline it leaves with
-    /// the last refusal the model's queue saw (this request's own, or a later one of whoever
-    /// held the turn), its `retry_after_ms` counted from now: the 429 it would get now, without
-    /// trying the store out of turn. A full queue answers at once with a fresh admission's answer.
-    ///
-    /// Dropping the future leaves the queue: nothing is charged.
-    pub async fn admit_waiting(&self, request: WaitRequest) -> Waited {
-        let (model, pool) = (request.model, request.pool);
-        let waited = self.wait_in_queue(request).await;
-        if let Some(observer) = &self.observer {
-            observer.queue_wait(model, pool, Duration::from_millis(waited.waited_ms));
-        }
-        self.report_queue_depth(model, pool);
-        waited
-    }
-
     /// Tells the observer how many wait in `model`'s queue for `pool` now.
     fn report_queue_depth(&self, model: ModelId, pool: PoolRef) {
         if let Some(observer) = &self.observer {
@@ -490,7 +473,25 @@ impl<St: Store> Limiter<St> {
         }
     }
 
-    async fn wait_in_queue(&self, request: WaitRequest) -> Waited {
+    /// Tells the observer how long a request waited, and how many wait now (at each answer of
+    /// [`admit_waiting`](Self::admit_waiting) that went through the queue).
+    fn report_wait(&self, model: ModelId, pool: PoolRef, waited: Waited) -> Waited {
+        if let Some(observer) = &self.observer {
+            observer.queue_wait(model, pool, Duration::from_millis(waited.waited_ms));
+        }
+        self.report_queue_depth(model, pool);
+        waited
+    }
+
+    /// Waits in its model's queue, for at most `request.max_wait_ms`, until admitted. Its turn
+    /// comes in the queue's order, when capacity may have freed. At the deadline it leaves with
+    /// the last refusal the model's queue saw (this request's own, or a later one of whoever
+    /// held the turn), its `retry_after_ms` counted from now: the 429 it would get now, without
+    /// trying the store out of turn. A full queue answers at once with the refusal the waiters ahead
+    /// got (a fresh admission's answer only when none was refused yet).
+    ///
+    /// Dropping the future leaves the queue: nothing is charged.
+    pub async fn admit_waiting(&self, request: WaitRequest) -> Waited {
         let WaitRequest {
             model,
             pool,
@@ -515,14 +516,23 @@ impl<St: Store> Limiter<St> {
             queue.record_refusal(pool, refused, start);
         }
         let Some(ticket) = queue.enter(pool, flow) else {
-            // Full: answered at once.
-            let decision = self.admit(model, pool, estimate).await;
-            return Waited {
-                decision,
-                waited_ms: 0,
-                flow_charge: None,
-                gave_up: true,
+            // Full: refused at once, with the refusal the waiters ahead of it got (trying the
+            // store would let it in ahead of them); asking the store only when none was refused
+            // yet.
+            let decision = match refused.or_else(|| queue.last_refusal(pool, start)) {
+                Some(refused) => Ok(Decision::Refuse(refused)),
+                None => self.admit(model, pool, estimate).await,
             };
+            return self.report_wait(
+                model,
+                pool,
+                Waited {
+                    decision,
+                    waited_ms: 0,
+                    flow_charge: None,
+                    gave_up: true,
+                },
+            );
         };
         self.report_queue_depth(model, pool);
         queue.notify();
@@ -547,12 +557,16 @@ impl<St: Store> Limiter<St> {
                         // Nothing refused yet (it never tried, nor did anyone): ask the store.
                         None => self.admit(model, pool, estimate).await,
                     };
-                    return Waited {
-                        decision,
-                        waited_ms: waited(&self.clock),
-                        flow_charge: None,
-                        gave_up: true,
-                    };
+                    return self.report_wait(
+                        model,
+                        pool,
+                        Waited {
+                            decision,
+                            waited_ms: waited(&self.clock),
+                            flow_charge: None,
+                            gave_up: true,
+                        },
+                    );
                 }
                 // The store said room appears now: whoever is first tries.
                 retry_at = None;
@@ -569,21 +583,29 @@ impl<St: Store> Limiter<St> {
                 }
                 Ok(Decision::Admit(_)) => {
                     ticket.served(service);
-                    return Waited {
-                        decision,
-                        waited_ms: waited(&self.clock),
-                        flow_charge: Some((flow, service)),
-                        gave_up: false,
-                    };
+                    return self.report_wait(
+                        model,
+                        pool,
+                        Waited {
+                            decision,
+                            waited_ms: waited(&self.clock),
+                            flow_charge: Some((flow, service)),
+                            gave_up: false,
+                        },
+                    );
                 }
                 Err(_) => {
                     drop(ticket);
-                    return Waited {
-                        decision,
-                        waited_ms: waited(&self.clock),
-                        flow_charge: None,
-                        gave_up: false,
-                    };
+                    return self.report_wait(
+                        model,
+                        pool,
+                        Waited {
+                            decision,
+                            waited_ms: waited(&self.clock),
+                            flow_charge: None,
+                            gave_up: false,
+                        },
+                    );
                 }
             }
         }
