@@ -473,14 +473,27 @@ impl<St: Store> Limiter<St> {
         }
     }
 
-    /// Tells the observer how long a request waited, and how many wait now (at each answer of
-    /// [`admit_waiting`](Self::admit_waiting) that went through the queue).
-    fn report_wait(&self, model: ModelId, pool: PoolRef, waited: Waited) -> Waited {
+    /// An answer of [`admit_waiting`](Self::admit_waiting) that went through the queue; the
+    /// observer hears how long it waited and how many wait now.
+    fn answer_waited(
+        &self,
+        model: ModelId,
+        pool: PoolRef,
+        decision: Result<Decision, StoreError>,
+        waited_ms: Millis,
+        flow_charge: Option<(FlowId, u64)>,
+        gave_up: bool,
+    ) -> Waited {
         if let Some(observer) = &self.observer {
-            observer.queue_wait(model, pool, Duration::from_millis(waited.waited_ms));
+            observer.queue_wait(model, pool, Duration::from_millis(waited_ms));
         }
         self.report_queue_depth(model, pool);
-        waited
+        Waited {
+            decision,
+            waited_ms,
+            flow_charge,
+            gave_up,
+        }
     }
 
     /// Waits in its model's queue, for at most `request.max_wait_ms`, until admitted. Its turn
@@ -523,16 +536,7 @@ impl<St: Store> Limiter<St> {
                 Some(refused) => Ok(Decision::Refuse(refused)),
                 None => self.admit(model, pool, estimate).await,
             };
-            return self.report_wait(
-                model,
-                pool,
-                Waited {
-                    decision,
-                    waited_ms: 0,
-                    flow_charge: None,
-                    gave_up: true,
-                },
-            );
+            return self.answer_waited(model, pool, decision, 0, None, true);
         };
         self.report_queue_depth(model, pool);
         queue.notify();
@@ -557,15 +561,13 @@ impl<St: Store> Limiter<St> {
                         // Nothing refused yet (it never tried, nor did anyone): ask the store.
                         None => self.admit(model, pool, estimate).await,
                     };
-                    return self.report_wait(
+                    return self.answer_waited(
                         model,
                         pool,
-                        Waited {
-                            decision,
-                            waited_ms: waited(&self.clock),
-                            flow_charge: None,
-                            gave_up: true,
-                        },
+                        decision,
+                        waited(&self.clock),
+                        None,
+                        true,
                     );
                 }
                 // The store said room appears now: whoever is first tries.
@@ -583,28 +585,24 @@ impl<St: Store> Limiter<St> {
                 }
                 Ok(Decision::Admit(_)) => {
                     ticket.served(service);
-                    return self.report_wait(
+                    return self.answer_waited(
                         model,
                         pool,
-                        Waited {
-                            decision,
-                            waited_ms: waited(&self.clock),
-                            flow_charge: Some((flow, service)),
-                            gave_up: false,
-                        },
+                        decision,
+                        waited(&self.clock),
+                        Some((flow, service)),
+                        false,
                     );
                 }
                 Err(_) => {
                     drop(ticket);
-                    return self.report_wait(
+                    return self.answer_waited(
                         model,
                         pool,
-                        Waited {
-                            decision,
-                            waited_ms: waited(&self.clock),
-                            flow_charge: None,
-                            gave_up: false,
-                        },
+                        decision,
+                        waited(&self.clock),
+                        None,
+                        false,
                     );
                 }
             }
