@@ -27,23 +27,15 @@ OHA_CPU=${OHA_CPU:-0}
 command -v oha >/dev/null || cargo install --locked oha
 cargo build --release -q -p gateway-example
 BIN=${CARGO_TARGET_DIR:-target}/release/gateway-example
+# shellcheck source=benches/common.sh
+. benches/common.sh
 TMP=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$TMP"' EXIT
 
 CONFIG=${CONFIG:-quickstart}
 config() { # $1 = callbacks list
   if [ "$CONFIG" = full ]; then
-    cat <<YAML
-model_list:
-  - model_name: load-model
-    litellm_params: {model: openai/load-model, mock_response: "hello from the load test", rpm: 1000000000, tpm: 1000000000000}
-litellm_settings:
-  callbacks: $1
-  priority_reservation: {prod: 0.9, dev: 0.1}
-  priority_reservation_settings: {default_priority: 0.25, saturation_threshold: 0.5}
-general_settings:
-  master_key: sk-load-master
-YAML
+    full_config 'mock_response: "hello from the load test"' "$1"
   else
     sed -e 's/tpm: 60$/tpm: 1000000000000/' -e "s/callbacks: .*/callbacks: $1/" \
       -e '/^  # Once the model is half used/d' -e '/^  priority_reservation:/,/^    saturation_threshold:/d' \
@@ -62,9 +54,8 @@ for mode in on off; do
   fi
   RUST_LOG=error taskset -c "$GW_CPU" "$BIN" --config "$TMP/$mode.yaml" --host 127.0.0.1 --port "${PORT[$mode]}" --data-dir "$TMP/$mode-data" &
   PID[$mode]=$!
-  for _ in $(seq 100); do curl -sf "http://127.0.0.1:${PORT[$mode]}/health/liveliness" >/dev/null && break; sleep 0.1; done
-  KEY[$mode]=$(curl -sf "http://127.0.0.1:${PORT[$mode]}/key/generate" -H 'authorization: Bearer sk-load-master' \
-        -d '{"metadata": {"priority": "prod"}}' | sed -E 's/.*"key":"([^"]+)".*/\1/')
+  wait_up "http://127.0.0.1:${PORT[$mode]}/health/liveliness"
+  KEY[$mode]=$(prod_key "${PORT[$mode]}")
 done
 
 ENDPOINT=${ENDPOINT:-chat}

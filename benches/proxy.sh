@@ -39,7 +39,8 @@ TMP=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$TMP"' EXIT
 
 UP_PORT=4201 NGINX_PORT=4202 GW_PORT=4203
-wait_up() { for _ in $(seq 100); do curl -s -o /dev/null "$1" && return; sleep 0.1; done; echo "$1 did not come up" >&2; exit 1; }
+# shellcheck source=benches/common.sh
+. benches/common.sh
 
 RUST_LOG=error taskset -c "$PROXY_CPU" "$BIN/mock-upstream" --port "$UP_PORT" --stream-chunks "$STREAM_CHUNKS" >/dev/null 2>&1 &
 wait_up "http://127.0.0.1:$UP_PORT/stats"
@@ -73,21 +74,10 @@ NGINX
 taskset -c "$PROXY_CPU" "$NGINX" -c "$TMP/nginx.conf" -e "$TMP/nginx/error.log" &
 wait_up "http://127.0.0.1:$NGINX_PORT/stats"
 
-cat > "$TMP/gateway.yaml" <<YAML
-model_list:
-  - model_name: load-model
-    litellm_params: {model: openai/load-model, api_base: "http://127.0.0.1:$UP_PORT/v1", rpm: 1000000000, tpm: 1000000000000}
-litellm_settings:
-  callbacks: ["dynamic_rate_limiter_v3"]
-  priority_reservation: {prod: 0.9, dev: 0.1}
-  priority_reservation_settings: {default_priority: 0.25, saturation_threshold: 0.5}
-general_settings:
-  master_key: sk-load-master
-YAML
+full_config "api_base: \"http://127.0.0.1:$UP_PORT/v1\"" '["dynamic_rate_limiter_v3"]' > "$TMP/gateway.yaml"
 RUST_LOG=error taskset -c "$PROXY_CPU" "${GATEWAY_BIN:-$BIN/gateway-example}" --config "$TMP/gateway.yaml" --host 127.0.0.1 --port "$GW_PORT" --data-dir "$TMP/gw-data" >/dev/null &
 wait_up "http://127.0.0.1:$GW_PORT/health/liveliness"
-KEY=$(curl -sf "http://127.0.0.1:$GW_PORT/key/generate" -H 'authorization: Bearer sk-load-master' \
-      -d '{"metadata": {"priority": "prod"}}' | sed -E 's/.*"key":"([^"]+)".*/\1/')
+KEY=$(prod_key "$GW_PORT")
 
 declare -A URL=([direct]="http://127.0.0.1:$UP_PORT/v1/chat/completions"
                 [nginx]="http://127.0.0.1:$NGINX_PORT/v1/chat/completions"

@@ -18,29 +18,20 @@ command -v valgrind >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install
 command -v oha >/dev/null || cargo install --locked oha
 cargo build --release -q -p gateway-example --bins
 BIN=${CARGO_TARGET_DIR:-target}/release
+# shellcheck source=benches/common.sh
+. benches/common.sh
 TMP=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$TMP"' EXIT
 UP_PORT=4211 GW_PORT=4212
 
 "$BIN/mock-upstream" --port "$UP_PORT" --stream-chunks 50 >/dev/null 2>&1 &
-cat > "$TMP/gateway.yaml" <<YAML
-model_list:
-  - model_name: load-model
-    litellm_params: {model: openai/load-model, api_base: "http://127.0.0.1:$UP_PORT/v1", rpm: 1000000000, tpm: 1000000000000}
-litellm_settings:
-  callbacks: ["dynamic_rate_limiter_v3"]
-  priority_reservation: {prod: 0.9, dev: 0.1}
-  priority_reservation_settings: {default_priority: 0.25, saturation_threshold: 0.5}
-general_settings:
-  master_key: sk-load-master
-YAML
+full_config "api_base: \"http://127.0.0.1:$UP_PORT/v1\"" '["dynamic_rate_limiter_v3"]' > "$TMP/gateway.yaml"
 RUST_LOG=error valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file="$TMP/callgrind.%p" \
   "$BIN/gateway-example" --config "$TMP/gateway.yaml" --host 127.0.0.1 --port "$GW_PORT" \
   --data-dir "$TMP/data" >/dev/null 2>"$TMP/valgrind.log" &
 GW=$!
-for _ in $(seq 300); do curl -s -o /dev/null "http://127.0.0.1:$GW_PORT/health/liveliness" && break; sleep 0.2; done
-KEY=$(curl -sf "http://127.0.0.1:$GW_PORT/key/generate" -H 'authorization: Bearer sk-load-master' \
-      -d '{"metadata": {"priority": "prod"}}' | sed -E 's/.*"key":"([^"]+)".*/\1/')
+wait_up "http://127.0.0.1:$GW_PORT/health/liveliness"
+KEY=$(prod_key "$GW_PORT")
 opts=''
 [ "$STREAM" = true ] && opts=',"stream_options":{"include_usage":true}'
 BODY="{\"model\":\"load-model\",\"stream\":$STREAM$opts,\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}"
