@@ -51,16 +51,8 @@ impl Chromium {
     pub async fn dump_dom(&self, url: &str, budget_ms: u64) -> String {
         let mut command = self.command(budget_ms);
         command.arg("--dump-dom").arg(url);
-        let out = tokio::task::spawn_blocking(move || command.output())
-            .await
-            .unwrap()
-            .expect("run chromium");
-        assert!(
-            out.status.success(),
-            "chromium failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
+        let stdout = run(command).await;
+        String::from_utf8_lossy(&stdout).into_owned()
     }
 
     /// A PNG of the page at `url`, `width`×`height`, after `budget_ms`, written to `path`.
@@ -77,16 +69,22 @@ impl Chromium {
             .arg(format!("--window-size={width},{height}"))
             .arg(url)
             .stdout(Stdio::null());
-        let out = tokio::task::spawn_blocking(move || command.output())
-            .await
-            .unwrap()
-            .expect("run chromium");
-        assert!(
-            out.status.success(),
-            "chromium failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        run(command).await;
     }
+}
+
+/// Runs chromium to its end off the async threads; its stdout, or a panic with its stderr.
+async fn run(mut command: Command) -> Vec<u8> {
+    let out = tokio::task::spawn_blocking(move || command.output())
+        .await
+        .unwrap()
+        .expect("run chromium");
+    assert!(
+        out.status.success(),
+        "chromium failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out.stdout
 }
 
 impl Drop for Chromium {
