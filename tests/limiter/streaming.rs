@@ -411,3 +411,47 @@ async fn a_huge_reported_usage_is_clamped_to_max_reported_tokens() {
         assert_eq!(settles(&limiter), 2);
     }
 }
+
+/// One meter, two leases (a gateway's model group and the deployment that served): both are
+/// charged what the one meter read, once each, whether the stream ends or is dropped midway.
+#[tokio::test]
+async fn a_second_lease_is_settled_from_the_same_meter() {
+    use tower_priority_limit::meter::UsageMeter;
+    use tower_priority_limit::Acquired;
+    let events = sse_events(true);
+    for cut in [events.len(), 2] {
+        let (group, deployment) = (limiter(), limiter());
+        let lease = |limiter: &Arc<TestLimiter>| {
+            let limiter = Arc::clone(limiter);
+            async move {
+                match limiter.acquire("m", None, 0).await.unwrap() {
+                    Acquired::Admitted { lease, .. } => lease,
+                    other => panic!("not admitted: {other:?}"),
+                }
+            }
+        };
+        let chunks: Chunks = events[..cut]
+            .iter()
+            .map(|e| Ok(Bytes::from(e.clone())))
+            .collect();
+        let meter = UsageMeter::for_content_type(Some(b"text/event-stream"));
+        let mut body = tower_priority_limit::ResponseBody::metered(
+            sse_body(chunks, true),
+            meter,
+            lease(&group).await,
+        )
+        .also_settling(lease(&deployment).await);
+        for _ in 0..cut {
+            body.frame().await.unwrap().unwrap();
+        }
+        drop(body);
+        let want = if cut == events.len() {
+            30
+        } else {
+            "Hello".len().div_ceil(4) as u64
+        };
+        assert_eq!(tokens(&group), want, "cut after {cut} events");
+        assert_eq!(tokens(&deployment), want, "cut after {cut} events");
+        assert_eq!((settles(&group), settles(&deployment)), (1, 1));
+    }
+}

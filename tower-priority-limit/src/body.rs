@@ -33,6 +33,9 @@ pin_project! {
 struct SettleGuard {
     meter: UsageMeter,
     lease: Option<Lease>,
+    /// A second lease charged the same tokens (a gateway's deployment beside its model group),
+    /// so one meter reads the body for both.
+    also: Option<Lease>,
 }
 
 impl SettleGuard {
@@ -40,6 +43,9 @@ impl SettleGuard {
         if let Some(lease) = self.lease.take() {
             let (tokens, output) = self.meter.tokens_and_output();
             lease.settle_metered(tokens, output);
+            if let Some(also) = self.also.take() {
+                also.settle_metered(tokens, output);
+            }
         }
     }
 }
@@ -62,9 +68,23 @@ impl<B> ResponseBody<B> {
                 guard: SettleGuard {
                     meter,
                     lease: Some(lease),
+                    also: None,
                 },
             },
         }
+    }
+
+    /// The body also settles `lease`, with the same tokens, when it settles its own: one meter
+    /// for two leases of one response (a gateway charges both the model group that admitted the
+    /// request and the deployment that served it). On a body that is not metered, or has
+    /// settled already, `lease` is dropped, which settles nothing.
+    pub fn also_settling(mut self, lease: Lease) -> Self {
+        if let Kind::Metered { guard, .. } = &mut self.kind {
+            if guard.lease.is_some() {
+                guard.also = Some(lease);
+            }
+        }
+        self
     }
 
     pub(crate) fn plain(inner: B) -> Self {

@@ -5,11 +5,15 @@
 
 use axum::body::Body;
 use axum::response::Response;
+use http::header::CONTENT_TYPE;
+use http::HeaderValue;
 use tower_priority_limit::config::PoolRef;
 use tower_priority_limit::decision::{Admitted, Decision};
+use tower_priority_limit::meter::UsageMeter;
 use tower_priority_limit::store::StoreError;
-use tower_priority_limit::{Lease, Limiter, WaitRequest, Waited};
+use tower_priority_limit::{Lease, Limiter, ResponseBody, WaitRequest, Waited};
 
+use super::Router;
 use crate::chat::ChatRequest;
 use crate::store::GatewayStore;
 
@@ -106,17 +110,37 @@ pub(super) fn store_failure(
 }
 
 /// `response` with the rate-limit headers of the group that admitted it and its body metered
-/// into that group's lease; unchanged when no group limited it.
+/// into that group's lease and `deployment`'s (the lease of the deployment that served it, when
+/// its tokens are kept): one meter for both. Unchanged when neither is to be charged.
 pub(super) fn charge(
     limiter: Option<&Limiter<GatewayStore>>,
     response: Response,
     lease: Option<(Lease, Admitted)>,
     chat: &ChatRequest,
+    deployment: Option<Lease>,
+    router: &Router,
 ) -> Response {
-    match (limiter, lease) {
-        (Some(limiter), Some((lease, admitted))) => limiter
+    match (limiter, lease, deployment) {
+        (Some(limiter), Some((lease, admitted)), deployment) => limiter
             .meter_response(response, lease, &admitted, chat.prompt_tokens)
-            .map(Body::new),
-        _ => response,
+            .map(|body| match deployment {
+                Some(also) => Body::new(body.also_settling(also)),
+                None => Body::new(body),
+            }),
+        // No group charged (its limiter off, or the model unlimited): the deployment's own meter,
+        // reported usage capped as the group limiter's is (`max_reported_tokens`).
+        (_, _, Some(deployment)) => {
+            let cap = router.limits.load().config().settings().max_reported_tokens;
+            let (parts, body) = response.into_parts();
+            let meter = UsageMeter::for_content_type(
+                parts.headers.get(CONTENT_TYPE).map(HeaderValue::as_bytes),
+            )
+            .with_max_reported_tokens(cap);
+            Response::from_parts(
+                parts,
+                Body::new(ResponseBody::metered(body, meter, deployment)),
+            )
+        }
+        (_, _, None) => response,
     }
 }

@@ -9,8 +9,7 @@ use http::{HeaderName, HeaderValue, StatusCode};
 use rand::rngs::SmallRng;
 use rand::{RngExt, SeedableRng};
 use tower_priority_limit::decision::Admitted;
-use tower_priority_limit::meter::UsageMeter;
-use tower_priority_limit::{Lease, Limiter, ResponseBody};
+use tower_priority_limit::{Lease, Limiter};
 
 use super::admission::{admit, charge, store_failure, Admission};
 use super::attempts::{Attempts, GiveUp, Step};
@@ -200,7 +199,8 @@ pub async fn serve(
                 match result {
                     Ok(mut response) => {
                         router.observe(index, response.headers_mut());
-                        let response = track(response, chosen, in_flight, deployment, router);
+                        let (response, deployment_lease) =
+                            track(response, chosen, in_flight, deployment, router);
                         let id = router.states[index].id_header.as_ref();
                         let response = with_headers(
                             response,
@@ -217,7 +217,7 @@ pub async fn serve(
                             }
                             None => first_lease,
                         };
-                        return charge(limiter, response, lease, chat);
+                        return charge(limiter, response, lease, chat, deployment_lease, router);
                     }
                     Err(failure) => {
                         drop(in_flight);
@@ -288,7 +288,7 @@ pub async fn serve(
         }
     }
     if first_called {
-        charge(limiter, response, first_lease, chat)
+        charge(limiter, response, first_lease, chat, None, router)
     } else {
         // No deployment of its own group was called (all parked or full, say): the group's
         // admission is taken back, so the refusal uses none of its requests.
@@ -331,37 +331,22 @@ fn unavailable_response(group: &str, u: Unavailable) -> Response {
     response
 }
 
-/// Counts the response as load until its body ends, and settles the deployment's lease with its
-/// tokens (metered only when the deployment has a `tpm` to keep), reported usage capped as the
-/// group limiter's is (`max_reported_tokens`).
+/// Counts the response as load until its body ends; hands back the deployment's lease when its
+/// tokens are to be metered (it has a `tpm` to keep, or routing goes by usage), for [`charge`]
+/// to settle it from the same meter as the group's.
 fn track(
     response: Response,
     chosen: Chosen,
     in_flight: InFlight,
     deployment: &Deployment,
     router: &Router,
-) -> Response {
-    let (parts, body) = response.into_parts();
-    let body = match chosen.lease {
-        Some(lease)
-            if deployment.tpm.is_some() || router.settings().strategy == Strategy::UsageBased =>
-        {
-            let cap = router.limits.load().config().settings().max_reported_tokens;
-            let meter = UsageMeter::for_content_type(
-                parts
-                    .headers
-                    .get(http::header::CONTENT_TYPE)
-                    .map(HeaderValue::as_bytes),
-            )
-            .with_max_reported_tokens(cap);
-            Body::new(InFlightBody::new(
-                ResponseBody::metered(body, meter, lease),
-                in_flight,
-            ))
-        }
-        _ => Body::new(InFlightBody::new(body, in_flight)),
-    };
-    Response::from_parts(parts, body)
+) -> (Response, Option<Lease>) {
+    let metered = deployment.tpm.is_some() || router.settings().strategy == Strategy::UsageBased;
+    let lease = chosen.lease.filter(|_| metered);
+    (
+        response.map(|body| Body::new(InFlightBody::new(body, in_flight))),
+        lease,
+    )
 }
 
 fn with_headers(
