@@ -10,6 +10,7 @@
 # done; `mock-upstream --stream-chunks 50` runs natively. Only the gateway's own process is
 # counted, user space only (the kernel's networking is not). A counting global allocator in a
 # bench binary is not possible here: the workspace forbids `unsafe` code.
+# KEEP_PROFILE=path keeps the callgrind output there, for `callgrind_annotate --inclusive=yes path`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 STREAM=${1:-false}
@@ -43,6 +44,7 @@ load 200 >/dev/null
 callgrind_control -i on "$GW" >/dev/null 2>&1
 load "$N" > "$TMP/oha.txt"
 callgrind_control -d "$GW" >/dev/null 2>&1
+[ -n "${KEEP_PROFILE:-}" ] && cp "$TMP"/callgrind.*.1 "$KEEP_PROFILE"
 grep -q "\[200\] $N responses" "$TMP/oha.txt" || { echo "not every request answered 200:" >&2; cat "$TMP/oha.txt" >&2; exit 1; }
 
 python3 - "$N" "$STREAM" "$TMP"/callgrind.*.1 <<'PY'

@@ -214,3 +214,93 @@ async fn upstream_errors_echoing_a_key_reach_the_client_without_it() {
         }
     }
 }
+
+/// Connections to an upstream are kept: requests one after another, streamed or not, all go over
+/// one connection.
+#[tokio::test]
+async fn connections_to_an_upstream_are_kept_and_reused() {
+    let (gw, up) = start().await;
+    for i in 0..6 {
+        let r = gw.chat(MASTER, "luna", i % 2 == 1).await;
+        assert_eq!(r.status, 200, "{}", r.text());
+    }
+    assert_eq!(up.count(), 6);
+    assert_eq!(up.connections(), 1);
+}
+
+/// An upstream that closes a connection some time after answering on it (without having said so
+/// with `connection: close`, as a server closing idle connections does): the gateway notices the
+/// kept connection was closed before it reuses it, and opens a new one, so no request fails, with
+/// no retries to hide a failure.
+#[tokio::test]
+async fn a_kept_connection_the_upstream_closed_is_not_reused() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::sync::{mpsc, Notify};
+
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let accepted = Arc::new(AtomicUsize::new(0));
+    // The test says when the upstream closes its connections; the upstream says when it has.
+    let close = Arc::new(Notify::new());
+    let (closed_tx, mut closed) = mpsc::unbounded_channel::<()>();
+    let counter = Arc::clone(&accepted);
+    let close_all = Arc::clone(&close);
+    tokio::spawn(async move {
+        loop {
+            let (mut stream, _) = listener.accept().await.unwrap();
+            counter.fetch_add(1, Ordering::SeqCst);
+            let (close, closed_tx) = (Arc::clone(&close_all), closed_tx.clone());
+            tokio::spawn(async move {
+                // The request: its head, then as many bytes as its content-length says.
+                let mut got = Vec::new();
+                let mut buf = [0u8; 4096];
+                loop {
+                    let n = stream.read(&mut buf).await.unwrap();
+                    assert!(n > 0, "the request was cut short");
+                    got.extend_from_slice(&buf[..n]);
+                    let text = String::from_utf8_lossy(&got).to_lowercase();
+                    if let Some(end) = text.find("\r\n\r\n") {
+                        let length: usize = text
+                            .lines()
+                            .find_map(|l| l.strip_prefix("content-length:"))
+                            .map_or(0, |v| v.trim().parse().unwrap());
+                        if got.len() >= end + 4 + length {
+                            break;
+                        }
+                    }
+                }
+                let body =
+                    gateway_example::mock::chat_completion("gpt-x", "Hello there").to_string();
+                let answer = format!(
+                    "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n\
+                     content-length: {}\r\n\r\n{body}",
+                    body.len()
+                );
+                stream.write_all(answer.as_bytes()).await.unwrap();
+                close.notified().await;
+                drop(stream);
+                let _ = closed_tx.send(());
+            });
+        }
+    });
+    let yaml = with_master(&format!(
+        r#"
+model_list:
+  - model_name: once
+    litellm_params: {{model: openai/gpt-x, api_base: "http://{addr}/v1"}}
+router_settings: {{num_retries: 0}}
+"#
+    ));
+    let gw = Gw::start(&yaml, None).await;
+    for _ in 0..3 {
+        let r = gw.chat(MASTER, "once", false).await;
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert_eq!(r.json()["choices"][0]["message"]["content"], "Hello there");
+        // The connection it came over is closed by the upstream, idle in the gateway's pool.
+        close.notify_waiters();
+        closed.recv().await.unwrap();
+    }
+    assert_eq!(accepted.load(Ordering::SeqCst), 3);
+}

@@ -11,7 +11,7 @@
 //! responses, and Anthropic's messages), each in its own format; chat streams its [`PIECES`],
 //! the others say "Hello there".
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -43,6 +43,8 @@ pub struct Upstream {
     pub received: Arc<Mutex<Vec<Received>>>,
     /// `gated` requests wait here until [`Upstream::open_gate`].
     gate: Arc<Gate>,
+    /// Connections accepted so far.
+    connections: Arc<AtomicUsize>,
 }
 
 #[derive(Debug, Default)]
@@ -197,6 +199,10 @@ impl Upstream {
             .with_state(up.clone());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let base = format!("http://{}/v1", listener.local_addr().unwrap());
+        let connections = Arc::clone(&up.connections);
+        let listener = axum::serve::ListenerExt::tap_io(listener, move |_| {
+            connections.fetch_add(1, Ordering::SeqCst);
+        });
         tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
         (up, base)
     }
@@ -215,6 +221,11 @@ impl Upstream {
             .iter()
             .map(|r| r.body["model"].clone())
             .collect()
+    }
+
+    /// How many connections it has accepted.
+    pub fn connections(&self) -> usize {
+        self.connections.load(Ordering::SeqCst)
     }
 
     /// How many requests it has received.

@@ -20,10 +20,8 @@ use bytes::Bytes;
 use http::header::{ACCEPT_ENCODING, AUTHORIZATION, CONTENT_TYPE};
 use http::{HeaderValue, Request, StatusCode};
 use http_body_util::{BodyExt, Full, Limited};
-use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
+use hyper_rustls::HttpsConnectorBuilder;
 use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
 use serde_json::Value;
 use tower_priority_limit::redact::redact_url;
 
@@ -32,6 +30,10 @@ use crate::config::{Api, Deployment, Target};
 use crate::error::ApiError;
 use crate::idle::IdleBody;
 use crate::signal::{streams_end, StreamsEnd};
+
+pub mod client;
+
+use client::{Client, UpstreamBody};
 
 /// The `anthropic-version` sent to Anthropic deployments when the client sends none.
 pub const ANTHROPIC_VERSION: &str = "2023-06-01";
@@ -92,7 +94,7 @@ pub fn retry_after(headers: &http::HeaderMap) -> Option<Duration> {
 /// the upstream keys to scrub from what upstreams answer.
 #[derive(Debug, Clone)]
 pub struct Upstream {
-    client: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
+    client: Client,
     secrets: Secrets,
     /// Ends the bodies still streaming when the shutdown grace period is over.
     streams_end: StreamsEnd,
@@ -133,7 +135,7 @@ impl Default for Upstream {
             .enable_http1()
             .wrap_connector(http);
         Self {
-            client: Client::builder(TokioExecutor::new()).build(connector),
+            client: Client::new(connector),
             secrets: Secrets::default(),
             // Never told to end; see `with_streams_end`.
             streams_end: streams_end().1,
@@ -500,7 +502,7 @@ fn upstream_url(api_base: &str, api: Api, chat: &ChatRequest) -> String {
 /// that says what came back.
 async fn upstream_error(
     status: StatusCode,
-    body: hyper::body::Incoming,
+    body: UpstreamBody,
     deployment: &Deployment,
     within: Duration,
     secrets: &Secrets,

@@ -1,0 +1,335 @@
+//! The HTTP client to upstreams: HTTP/1.1 connections kept per upstream (scheme and authority),
+//! each driven by the task of the request that uses it rather than by a task of its own.
+//!
+//! Why not hyper-util's pooled client: it runs every connection in a spawned task and hands the
+//! request, the response head and each body frame across to the request's task through channels,
+//! a task wake-up each; and as its body channel holds one frame, the gateway wrote one frame to its
+//! client per wake-up: one `writev` per SSE event. Here the request's task polls the connection
+//! itself before each poll of the body, so the events an upstream sent together are decoded in
+//! one go and go out to the client in one write.
+//!
+//! A connection goes back to its upstream's idle list when a response body has been read to its
+//! end and the connection can take another request; one dropped before (a client that hung up, a
+//! timeout) is closed, as HTTP/1.1 cannot abandon a response and reuse the connection. Idle
+//! connections are reused newest first, dropped once idle for [`IDLE_TIMEOUT`], and checked
+//! before reuse: one the upstream closed is discarded. A request that a reused connection could
+//! not send (closed under it before the request was written) is sent again on a new connection;
+//! one already written is not (the router's retries decide).
+
+use std::collections::HashMap;
+use std::future::{poll_fn, Future};
+use std::pin::{pin, Pin};
+use std::sync::{Arc, Mutex};
+use std::task::{ready, Context, Poll};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::uri::{Authority, PathAndQuery, Scheme};
+use http::{HeaderValue, Request, Response, Uri};
+use http_body::{Body, Frame, SizeHint};
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::client::conn::http1;
+use hyper_rustls::{HttpsConnector, MaybeHttpsStream};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpStream;
+use tower::Service;
+
+/// How long a connection may sit idle before it is dropped rather than reused (servers close
+/// idle keep-alive connections after a minute or more; hyper-util's client also keeps them 90 s).
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
+/// Idle connections kept per upstream; more are closed when their responses end.
+const MAX_IDLE_PER_UPSTREAM: usize = 1024;
+
+type Io = MaybeHttpsStream<TokioIo<TcpStream>>;
+type Connection = http1::Connection<Io, Full<Bytes>>;
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Why a request got no response.
+#[derive(Debug)]
+pub enum ClientError {
+    /// The URL has no scheme or host.
+    BadUrl,
+    /// No connection could be opened (DNS, refused, TLS, or the connect timeout).
+    Connect(BoxError),
+    /// The connection failed while sending the request or reading the response head.
+    Http(hyper::Error),
+}
+
+impl std::fmt::Display for ClientError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ClientError::BadUrl => f.write_str("the URL has no scheme or host"),
+            ClientError::Connect(e) => write!(f, "client error (Connect): {e}"),
+            ClientError::Http(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+impl std::error::Error for ClientError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            ClientError::BadUrl => None,
+            ClientError::Connect(e) => Some(&**e),
+            ClientError::Http(e) => Some(e),
+        }
+    }
+}
+
+/// Which idle list a connection belongs to.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct Key {
+    scheme: Scheme,
+    authority: Authority,
+}
+
+/// One open connection: where requests go in, and the connection itself, to be polled by
+/// whoever is using it.
+struct Conn {
+    sender: http1::SendRequest<Full<Bytes>>,
+    /// `None` once it has finished (closed by either side): not to be polled again. Boxed: it
+    /// holds the connection's buffers, and a `Conn` is moved with every request that uses it.
+    connection: Option<Box<Connection>>,
+    idle_since: Instant,
+}
+
+impl Conn {
+    /// Drives the connection as far as it goes now; false once it has finished.
+    fn poll_connection(&mut self, cx: &mut Context<'_>) -> bool {
+        if let Some(connection) = &mut self.connection {
+            if Pin::new(&mut **connection).poll(cx).is_ready() {
+                self.connection = None;
+            }
+        }
+        self.connection.is_some()
+    }
+
+    /// Whether it can take a request now.
+    fn reusable(&mut self, cx: &mut Context<'_>) -> bool {
+        self.poll_connection(cx) && self.sender.is_ready() && !self.sender.is_closed()
+    }
+}
+
+#[derive(Default)]
+struct Pool {
+    idle: Mutex<HashMap<Key, Vec<Conn>>>,
+}
+
+impl Pool {
+    /// The newest idle connection to `key`, dropping the expired ones.
+    fn take(&self, key: &Key) -> Option<Conn> {
+        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        let list = idle.get_mut(key)?;
+        let conn = list.pop()?;
+        if conn.idle_since.elapsed() < IDLE_TIMEOUT {
+            return Some(conn);
+        }
+        // This one was the newest, so all are expired.
+        list.clear();
+        None
+    }
+
+    fn put(&self, key: Key, mut conn: Conn) {
+        conn.idle_since = Instant::now();
+        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        let list = idle.entry(key).or_default();
+        // The oldest are at the front: drop the expired ones while here.
+        let expired = list
+            .iter()
+            .take_while(|c| c.idle_since.elapsed() >= IDLE_TIMEOUT)
+            .count();
+        list.drain(..expired);
+        if list.len() < MAX_IDLE_PER_UPSTREAM {
+            list.push(conn);
+        }
+    }
+}
+
+/// The client: cheap to clone (the connector and the idle lists are shared).
+#[derive(Clone)]
+pub struct Client {
+    connector: HttpsConnector<HttpConnector>,
+    pool: Arc<Pool>,
+}
+
+impl std::fmt::Debug for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Client").finish_non_exhaustive()
+    }
+}
+
+impl Client {
+    /// A client that opens its connections with `connector`.
+    pub fn new(connector: HttpsConnector<HttpConnector>) -> Self {
+        Self {
+            connector,
+            pool: Arc::default(),
+        }
+    }
+
+    /// Sends `request` (its URI absolute: `http[s]://host[:port]/path`) and returns the response,
+    /// its body still to come. The request goes out in origin form with a `Host` header.
+    pub async fn request(
+        &self,
+        request: Request<Full<Bytes>>,
+    ) -> Result<Response<UpstreamBody>, ClientError> {
+        let (mut parts, body) = request.into_parts();
+        let (Some(scheme), Some(authority)) = (parts.uri.scheme(), parts.uri.authority()) else {
+            return Err(ClientError::BadUrl);
+        };
+        let key = Key {
+            scheme: scheme.clone(),
+            authority: authority.clone(),
+        };
+        let target = parts.uri.clone();
+        if !parts.headers.contains_key(http::header::HOST) {
+            let host = HeaderValue::from_str(host_of(&key)).map_err(|_| ClientError::BadUrl)?;
+            parts.headers.insert(http::header::HOST, host);
+        }
+        parts.uri = Uri::from(
+            parts
+                .uri
+                .path_and_query()
+                .cloned()
+                .unwrap_or_else(|| PathAndQuery::from_static("/")),
+        );
+        let mut request = Request::from_parts(parts, body);
+        loop {
+            let (mut conn, reused) = match self.checkout(&key).await {
+                Some(conn) => (conn, true),
+                None => (self.connect(&target).await?, false),
+            };
+            let sent = conn.sender.try_send_request(request);
+            match drive(&mut conn, sent).await {
+                Ok(response) => {
+                    let pool = Arc::clone(&self.pool);
+                    return Ok(response.map(|body| UpstreamBody {
+                        body,
+                        conn: Some(conn),
+                        pool,
+                        key,
+                    }));
+                }
+                // The upstream closed a kept connection before the request went out on it: it
+                // saw nothing, so a new connection is tried.
+                Err(mut e) if reused && e.message().is_some() => {
+                    request = e.take_message().expect("checked above");
+                }
+                Err(e) => return Err(ClientError::Http(e.into_error())),
+            }
+        }
+    }
+
+    /// An idle connection to `key` that can take a request, if there is one.
+    async fn checkout(&self, key: &Key) -> Option<Conn> {
+        loop {
+            let mut conn = self.pool.take(key)?;
+            // Polling it reads what the upstream did meanwhile (a close, say).
+            if poll_fn(|cx| Poll::Ready(conn.reusable(cx))).await {
+                return Some(conn);
+            }
+        }
+    }
+
+    async fn connect(&self, target: &Uri) -> Result<Conn, ClientError> {
+        let io = self
+            .connector
+            .clone()
+            .call(target.clone())
+            .await
+            .map_err(ClientError::Connect)?;
+        let (sender, connection) = http1::handshake(io).await.map_err(ClientError::Http)?;
+        Ok(Conn {
+            sender,
+            connection: Some(Box::new(connection)),
+            idle_since: Instant::now(),
+        })
+    }
+}
+
+/// `host[:port]` of `key`, the port left out when it is the scheme's default.
+fn host_of(key: &Key) -> &str {
+    let default = if key.scheme == Scheme::HTTPS { 443 } else { 80 };
+    match key.authority.port_u16() {
+        Some(port) if port == default => key.authority.host(),
+        _ => key.authority.as_str(),
+    }
+}
+
+/// Polls `conn`'s connection beside `response` until the response head is in.
+async fn drive<F, T>(conn: &mut Conn, response: F) -> T
+where
+    F: Future<Output = T>,
+{
+    let mut response = pin!(response);
+    poll_fn(|cx| {
+        conn.poll_connection(cx);
+        response.as_mut().poll(cx)
+    })
+    .await
+}
+
+/// A response body from an upstream. Polling it drives its connection; at its end the
+/// connection goes back to the pool, if the connection can take another request.
+pub struct UpstreamBody {
+    body: Incoming,
+    /// `None` once given back (or finished).
+    conn: Option<Conn>,
+    pool: Arc<Pool>,
+    key: Key,
+}
+
+impl std::fmt::Debug for UpstreamBody {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UpstreamBody")
+            .field("key", &self.key)
+            .finish_non_exhaustive()
+    }
+}
+
+impl UpstreamBody {
+    /// Gives the connection back to the pool if it can take another request.
+    fn release(&mut self, cx: &mut Context<'_>) {
+        if let Some(mut conn) = self.conn.take() {
+            // One more poll lets the connection see the response is done and ask for the next.
+            if conn.reusable(cx) {
+                self.pool.put(self.key.clone(), conn);
+            }
+        }
+    }
+}
+
+impl Body for UpstreamBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        let this = &mut *self;
+        if let Some(conn) = &mut this.conn {
+            if !conn.poll_connection(cx) {
+                // Finished: what it read is in the body's channel; nothing to give back.
+                this.conn = None;
+            }
+        }
+        let frame = ready!(Pin::new(&mut this.body).poll_frame(cx));
+        match &frame {
+            Some(Ok(_)) if this.body.is_end_stream() => this.release(cx),
+            None => this.release(cx),
+            Some(Err(_)) => this.conn = None,
+            Some(Ok(_)) => {}
+        }
+        Poll::Ready(frame)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
+}
