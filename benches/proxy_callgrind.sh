@@ -10,6 +10,8 @@
 # done; `mock-upstream --stream-chunks 50` runs natively. Only the gateway's own process is
 # counted, user space only (the kernel's networking is not). A counting global allocator in a
 # bench binary is not possible here: the workspace forbids `unsafe` code.
+# TARGET=mock counts the gateway answering from its own `mock_response` instead (no upstream), and
+# CALLBACKS='[]' with the limiter off: the two together give what the limiter costs per request.
 # KEEP_PROFILE=path keeps the callgrind output there, for `callgrind_annotate --inclusive=yes path`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -26,7 +28,12 @@ trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$TMP"' EXIT
 UP_PORT=4211 GW_PORT=4212
 
 "$BIN/mock-upstream" --port "$UP_PORT" --stream-chunks 50 >/dev/null 2>&1 &
-full_config "api_base: \"http://127.0.0.1:$UP_PORT/v1\"" '["dynamic_rate_limiter_v3"]' > "$TMP/gateway.yaml"
+if [ "${TARGET:-upstream}" = mock ]; then
+  params='mock_response: "hi"'
+else
+  params="api_base: \"http://127.0.0.1:$UP_PORT/v1\""
+fi
+full_config "$params" "${CALLBACKS:-[\"dynamic_rate_limiter_v3\"]}" > "$TMP/gateway.yaml"
 RUST_LOG=error valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file="$TMP/callgrind.%p" \
   "$BIN/gateway-example" --config "$TMP/gateway.yaml" --host 127.0.0.1 --port "$GW_PORT" \
   --data-dir "$TMP/data" >/dev/null 2>"$TMP/valgrind.log" &

@@ -194,7 +194,9 @@ pub async fn serve(
                 first_called |= !in_fallback;
                 let result = match &deployment.target {
                     Target::Mock { content } => Ok(mock_answer(chat, group.name.as_str(), content)),
-                    Target::Upstream { .. } => upstream.forward(deployment, chat, time).await,
+                    Target::Upstream { .. } => {
+                        upstream.forward(index, deployment, chat, time).await
+                    }
                 };
                 match result {
                     Ok(mut response) => {

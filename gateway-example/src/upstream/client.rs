@@ -84,6 +84,47 @@ struct Key {
     authority: Authority,
 }
 
+/// Where requests to one URL go, worked out once (the gateway keeps one per deployment and
+/// endpoint): the idle list of its connections, its `Host` header, its path in origin form, and
+/// the URL to connect to.
+#[derive(Debug, Clone)]
+pub struct Route {
+    key: Key,
+    host: HeaderValue,
+    path: Uri,
+    url: Uri,
+}
+
+impl Route {
+    /// The URL it goes to.
+    pub fn url(&self) -> &Uri {
+        &self.url
+    }
+
+    /// The route of `url`, which must be absolute (`http[s]://host[:port]/path`).
+    pub fn new(url: Uri) -> Result<Self, ClientError> {
+        let (Some(scheme), Some(authority)) = (url.scheme(), url.authority()) else {
+            return Err(ClientError::BadUrl);
+        };
+        let key = Key {
+            scheme: scheme.clone(),
+            authority: authority.clone(),
+        };
+        let host = HeaderValue::from_str(host_of(&key)).map_err(|_| ClientError::BadUrl)?;
+        let path = Uri::from(
+            url.path_and_query()
+                .cloned()
+                .unwrap_or_else(|| PathAndQuery::from_static("/")),
+        );
+        Ok(Self {
+            key,
+            host,
+            path,
+            url,
+        })
+    }
+}
+
 /// One open connection: where requests go in, and the connection itself, to be polled by
 /// whoever is using it.
 struct Conn {
@@ -169,41 +210,39 @@ impl Client {
     }
 
     /// Sends `request` (its URI absolute: `http[s]://host[:port]/path`) and returns the response,
-    /// its body still to come. The request goes out in origin form with a `Host` header.
+    /// its body still to come: [`send`](Self::send) on the request's [`Route`], worked out here.
     pub async fn request(
         &self,
         request: Request<Full<Bytes>>,
     ) -> Result<Response<UpstreamBody>, ClientError> {
+        let route = Route::new(request.uri().clone())?;
+        self.send(&route, request).await
+    }
+
+    /// Sends `request` to `route` (the request's own URI is replaced by the route's path) and
+    /// returns the response, its body still to come. It goes out in origin form with the route's
+    /// `Host` header unless the request has one.
+    pub async fn send(
+        &self,
+        route: &Route,
+        request: Request<Full<Bytes>>,
+    ) -> Result<Response<UpstreamBody>, ClientError> {
         let (mut parts, body) = request.into_parts();
-        let (Some(scheme), Some(authority)) = (parts.uri.scheme(), parts.uri.authority()) else {
-            return Err(ClientError::BadUrl);
-        };
-        let key = Key {
-            scheme: scheme.clone(),
-            authority: authority.clone(),
-        };
-        let target = parts.uri.clone();
         if !parts.headers.contains_key(http::header::HOST) {
-            let host = HeaderValue::from_str(host_of(&key)).map_err(|_| ClientError::BadUrl)?;
-            parts.headers.insert(http::header::HOST, host);
+            parts.headers.insert(http::header::HOST, route.host.clone());
         }
-        parts.uri = Uri::from(
-            parts
-                .uri
-                .path_and_query()
-                .cloned()
-                .unwrap_or_else(|| PathAndQuery::from_static("/")),
-        );
+        parts.uri = route.path.clone();
         let mut request = Request::from_parts(parts, body);
         loop {
-            let (mut conn, reused) = match self.checkout(&key).await {
+            let (mut conn, reused) = match self.checkout(&route.key).await {
                 Some(conn) => (conn, true),
-                None => (self.connect(&target).await?, false),
+                None => (self.connect(&route.url).await?, false),
             };
             let sent = conn.sender.try_send_request(request);
             match drive(&mut conn, sent).await {
                 Ok(response) => {
                     let pool = Arc::clone(&self.pool);
+                    let key = route.key.clone();
                     return Ok(response.map(|body| UpstreamBody {
                         body,
                         conn: Some(conn),

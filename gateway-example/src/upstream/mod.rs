@@ -18,7 +18,7 @@ use axum::body::Body;
 use axum::response::Response;
 use bytes::Bytes;
 use http::header::{ACCEPT_ENCODING, AUTHORIZATION, CONTENT_TYPE};
-use http::{HeaderValue, Request, StatusCode};
+use http::{HeaderValue, Method, Request, StatusCode};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper_rustls::HttpsConnectorBuilder;
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -33,7 +33,61 @@ use crate::signal::{streams_end, StreamsEnd};
 
 pub mod client;
 
-use client::{Client, UpstreamBody};
+use client::{Client, Route, UpstreamBody};
+use http::HeaderName;
+
+/// What [`Upstream::forward`] sends to one deployment that is the same for every request, worked
+/// out once when the gateway starts (a deployment's target cannot change without a restart): the
+/// route of each endpoint and the deployment's key as a header. `Debug` shows nothing of it.
+struct Prepared {
+    /// The deployment's id, checked on use.
+    id: String,
+    /// By the endpoint's position in [`Endpoint::ALL`](crate::endpoint::Endpoint::ALL); `None`
+    /// when its URL does not parse (the request then gets the error, made as it goes).
+    routes: Vec<Option<Route>>,
+    /// `Authorization: Bearer …` or `x-api-key: …`, marked sensitive.
+    key: Option<(HeaderName, HeaderValue)>,
+}
+
+impl std::fmt::Debug for Prepared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Prepared").finish_non_exhaustive()
+    }
+}
+
+impl Prepared {
+    fn new(deployment: &Deployment) -> Option<Self> {
+        let Target::Upstream {
+            api_base,
+            api_key,
+            api,
+        } = &deployment.target
+        else {
+            return None;
+        };
+        let routes = crate::endpoint::Endpoint::ALL
+            .iter()
+            .map(|&e| {
+                let url = upstream_url(api_base, *api, e);
+                Route::new(url.parse().ok()?).ok()
+            })
+            .collect();
+        let key = api_key.as_ref().and_then(|key| {
+            let (name, value) = match api {
+                Api::OpenAi => (AUTHORIZATION, format!("Bearer {key}")),
+                Api::Anthropic => (HeaderName::from_static("x-api-key"), key.clone()),
+            };
+            let mut value = HeaderValue::try_from(value).ok()?;
+            value.set_sensitive(true);
+            Some((name, value))
+        });
+        Some(Self {
+            id: deployment.id.clone(),
+            routes,
+            key,
+        })
+    }
+}
 
 /// The `anthropic-version` sent to Anthropic deployments when the client sends none.
 pub const ANTHROPIC_VERSION: &str = "2023-06-01";
@@ -95,6 +149,8 @@ pub fn retry_after(headers: &http::HeaderMap) -> Option<Duration> {
 #[derive(Debug, Clone)]
 pub struct Upstream {
     client: Client,
+    /// By deployment index (see [`Upstream::for_deployments`]).
+    prepared: std::sync::Arc<[Option<Prepared>]>,
     secrets: Secrets,
     /// Ends the bodies still streaming when the shutdown grace period is over.
     streams_end: StreamsEnd,
@@ -136,6 +192,7 @@ impl Default for Upstream {
             .wrap_connector(http);
         Self {
             client: Client::new(connector),
+            prepared: std::sync::Arc::new([]),
             secrets: Secrets::default(),
             // Never told to end; see `with_streams_end`.
             streams_end: streams_end().1,
@@ -294,7 +351,9 @@ fn edit_in_place(raw: &Bytes, model: &str, ask_usage: bool) -> Option<Bytes> {
 
 impl Upstream {
     /// The client for `deployments`: every upstream key among them (resolved, as sent) is
-    /// replaced by `***` in upstream error text before it reaches a client or a log line.
+    /// replaced by `***` in upstream error text before it reaches a client or a log line, and
+    /// each one's routes and key header are worked out once ([`forward`](Self::forward) takes
+    /// the deployment's index in `deployments`).
     pub fn for_deployments(deployments: &[Deployment]) -> Self {
         let mut keys: Vec<String> = deployments
             .iter()
@@ -309,6 +368,7 @@ impl Upstream {
         keys.dedup();
         Self {
             secrets: Secrets(keys.into()),
+            prepared: deployments.iter().map(Prepared::new).collect(),
             ..Self::default()
         }
     }
@@ -332,63 +392,89 @@ impl Upstream {
         ))
     }
 
-    /// Sends `chat` to `deployment` and returns its response, streaming; the attempt has `time`
-    /// for the response head and first body bytes (see the module's doc).
+    /// Sends `chat` to `deployment` (number `index` of the deployments the client was made for)
+    /// and returns its response, streaming; the attempt has `time` for the response head and
+    /// first body bytes (see the module's doc).
     pub async fn forward(
         &self,
+        index: usize,
         deployment: &Deployment,
         chat: &ChatRequest,
         time: Duration,
     ) -> Result<Response, UpstreamFailure> {
         let started = Instant::now();
-        let Target::Upstream {
-            api_base,
-            api_key,
-            api,
-        } = &deployment.target
-        else {
+        let Target::Upstream { api_base, api, .. } = &deployment.target else {
             return Err(UpstreamFailure::without_response(ApiError::internal(
                 "deployment has no upstream",
             )));
         };
-        let url = upstream_url(api_base, *api, chat);
+        let prepared = self
+            .prepared
+            .get(index)
+            .and_then(Option::as_ref)
+            .filter(|p| p.id == deployment.id);
+        let endpoint = crate::endpoint::Endpoint::ALL
+            .iter()
+            .position(|&e| e == chat.endpoint)
+            .unwrap_or_default();
+        // A client made without this deployment (or a URL that does not parse): worked out now.
+        let made;
+        let route = match prepared.and_then(|p| p.routes[endpoint].as_ref()) {
+            Some(route) => route,
+            None => {
+                let url = upstream_url(api_base, *api, chat.endpoint);
+                made = url
+                    .parse()
+                    .ok()
+                    .and_then(|u| Route::new(u).ok())
+                    .ok_or_else(|| {
+                        UpstreamFailure::without_response(ApiError::internal(format!(
+                            "bad upstream URL {}",
+                            redact_url(&url)
+                        )))
+                    })?;
+                &made
+            }
+        };
+        let url = || redact_url(&route.url().to_string());
         let body = upstream_bytes(deployment, chat)
             .map_err(|e| UpstreamFailure::without_response(ApiError::internal(e)))?;
-        let mut request = Request::post(&url)
-            .header(CONTENT_TYPE, "application/json")
-            // Compressed bytes could not be metered.
-            .header(ACCEPT_ENCODING, "identity");
-        match api {
-            Api::OpenAi => {
-                if let Some(key) = api_key {
-                    request = request.header(AUTHORIZATION, format!("Bearer {key}"));
+        let mut request = Request::new(Full::new(body));
+        *request.method_mut() = Method::POST;
+        let headers = request.headers_mut();
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        // Compressed bytes could not be metered.
+        headers.insert(ACCEPT_ENCODING, HeaderValue::from_static("identity"));
+        match prepared {
+            Some(p) => {
+                if let Some((name, value)) = &p.key {
+                    headers.insert(name.clone(), value.clone());
                 }
             }
-            Api::Anthropic => {
-                if let Some(key) = api_key {
-                    request = request.header("x-api-key", key.as_str());
-                }
-                for (name, value) in &chat.pass_on {
-                    request = request.header(name, value);
-                }
-                if !chat.pass_on.contains_key("anthropic-version") {
-                    request = request.header("anthropic-version", ANTHROPIC_VERSION);
+            None => {
+                if let Some((name, value)) = Prepared::new(deployment).and_then(|p| p.key) {
+                    headers.insert(name, value);
                 }
             }
         }
-        let request = request.body(Full::new(body)).map_err(|e| {
-            UpstreamFailure::without_response(ApiError::internal(format!(
-                "bad upstream URL {}: {e}",
-                redact_url(&url)
-            )))
-        })?;
+        if *api == Api::Anthropic {
+            for (name, value) in &chat.pass_on {
+                headers.append(name, value.clone());
+            }
+            if !chat.pass_on.contains_key("anthropic-version") {
+                headers.insert(
+                    HeaderName::from_static("anthropic-version"),
+                    HeaderValue::from_static(ANTHROPIC_VERSION),
+                );
+            }
+        }
 
-        let sent = tokio::time::timeout(time, self.client.request(request)).await;
+        let sent = tokio::time::timeout(time, self.client.send(route, request)).await;
         let response = match sent {
             Err(_) => return Err(Self::timed_out(deployment, time)),
             Ok(Err(e)) => {
                 tracing::warn!(
-                    upstream = %redact_url(&url),
+                    upstream = %url(),
                     error = %e,
                     "upstream request failed"
                 );
@@ -438,7 +524,7 @@ impl Upstream {
             Ok(None) => None,
             Ok(Some(Err(e))) => {
                 tracing::warn!(
-                    upstream = %redact_url(&url),
+                    upstream = %url(),
                     error = %e,
                     "upstream response broke off before its first bytes"
                 );
@@ -489,9 +575,9 @@ impl Upstream {
 /// Where `chat` goes on an upstream at `api_base` speaking `api`: `{api_base}/chat/completions` and
 /// the like for OpenAI; `{api_base}/v1/messages` for Anthropic (an `api_base` already ending in
 /// `/v1` or `/v1/messages` is not given them twice).
-fn upstream_url(api_base: &str, api: Api, chat: &ChatRequest) -> String {
+fn upstream_url(api_base: &str, api: Api, endpoint: crate::endpoint::Endpoint) -> String {
     match api {
-        Api::OpenAi => format!("{api_base}{}", chat.endpoint.path()),
+        Api::OpenAi => format!("{api_base}{}", endpoint.path()),
         Api::Anthropic if api_base.ends_with("/v1/messages") => api_base.to_owned(),
         Api::Anthropic if api_base.ends_with("/v1") => format!("{api_base}/messages"),
         Api::Anthropic => format!("{api_base}/v1/messages"),
