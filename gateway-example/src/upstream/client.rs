@@ -278,7 +278,12 @@ impl Client {
             .call(target.clone())
             .await
             .map_err(ClientError::Connect)?;
-        let (sender, connection) = http1::handshake(io).await.map_err(ClientError::Http)?;
+        // Small requests: one buffer and one `write`, as the server side does (see server.rs).
+        let (sender, connection) = http1::Builder::new()
+            .writev(false)
+            .handshake(io)
+            .await
+            .map_err(ClientError::Http)?;
         Ok(Conn {
             sender,
             connection: Some(Box::new(connection)),
