@@ -2,8 +2,6 @@
 //! validated once by [`crate::api::chat::prepare`]) and the answer of a `mock_response`
 //! deployment.
 
-use std::sync::Arc;
-
 use axum::body::Body;
 use axum::response::Response;
 use bytes::Bytes;
@@ -28,10 +26,8 @@ pub struct ChatRequest {
     pub stream: bool,
     /// The client asked for the usage chunk (`stream_options.include_usage`).
     pub include_usage: bool,
-    /// The parsed body.
-    pub body: Arc<Value>,
     /// The body as the client sent it (a valid JSON object): forwarded as it is, or edited in
-    /// place, rather than serialized again from [`body`](Self::body).
+    /// place, never parsed whole on the way (see [`body`](Self::body)).
     pub raw: Bytes,
     /// The prompt's estimated tokens (the crate's rule,
     /// [`prompt_tokens`](tower_priority_limit::estimate::prompt_tokens) of the body): reserved with
@@ -48,6 +44,13 @@ pub struct ChatRequest {
 }
 
 impl ChatRequest {
+    /// The body parsed whole: for what reads all of it (`mock_response`'s answers, a body the
+    /// upstream edit cannot change in place); the request path reads only the members it needs
+    /// ([`crate::api::fields`]).
+    pub fn body(&self) -> Value {
+        serde_json::from_slice(&self.raw).unwrap_or(Value::Null)
+    }
+
     /// Whether the client gets the stream's usage chunk: it asked for it, or the endpoint always
     /// sends it (see [`Endpoint::asks_stream_usage`]).
     pub fn wants_stream_usage(&self) -> bool {
@@ -60,7 +63,7 @@ impl ChatRequest {
 /// streams is always sent (as the gateway asks real upstreams for it);
 /// [`crate::api::chat::strip_usage`] removes it for clients that did not ask.
 pub fn mock_answer(chat: &ChatRequest, model: &str, content: &str) -> Response {
-    let answer = answer(chat.endpoint, model, content, &chat.body, true);
+    let answer = answer(chat.endpoint, model, content, &chat.body(), true);
     let content_type = HeaderValue::from_static(answer.content_type());
     let mut response = if answer.sse {
         let body = futures_util::stream::iter(

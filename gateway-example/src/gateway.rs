@@ -475,7 +475,6 @@ fn with_data_dir(builder: GatewayBuilder, data_dir: Option<&Path>) -> GatewayBui
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
 
     use http::StatusCode;
     use http_body_util::BodyExt;
@@ -519,7 +518,6 @@ router_settings: {{redis_url: "redis://127.0.0.1:{port}"}}
             ),
             max_output_tokens: None,
             raw: body.to_string().into(),
-            body: Arc::new(body),
             flow: 0,
         }
     }

@@ -17,6 +17,8 @@ use axum::Extension;
 use http::header::{ALLOW, CONTENT_LENGTH, CONTENT_TYPE};
 use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
 use serde_json::Value;
+
+use super::fields::{Fields, Shape};
 use tower_priority_limit::priority::Priority;
 
 use super::auth::{authenticate, Caller};
@@ -66,13 +68,12 @@ async fn validate(gw: &Gateway, caller: &Caller, request: Request) -> Result<Req
         .ok_or_else(|| ApiError::internal("prepare is routed only on the endpoints' paths"))?;
     let flow = tower_priority_limit::flow::flow_id(super::auth::api_key(&request).unwrap_or(""));
     let (mut parts, bytes) = read_bounded(gw, request).await?;
-    let body: Value = serde_json::from_slice(&bytes)
-        .map_err(|e| ApiError::bad_request(format!("Invalid JSON in request body: {e}")))?;
-    if !body.is_object() {
-        return Err(ApiError::bad_request("Request body must be a JSON object."));
-    }
-    let model = match body.get("model") {
-        Some(Value::String(m)) if !m.is_empty() => m.clone(),
+    // The members read here, not the whole body: the messages are only forwarded.
+    let mut fields = Fields::read(&bytes, endpoint.required_field().map(|(field, _)| field))
+        .map_err(|e| ApiError::bad_request(format!("Invalid JSON in request body: {e}")))?
+        .ok_or_else(|| ApiError::bad_request("Request body must be a JSON object."))?;
+    let model = match fields.model.take() {
+        Some(Value::String(m)) if !m.is_empty() => m,
         Some(Value::String(_)) | None | Some(Value::Null) => {
             return Err(
                 ApiError::bad_request("Missing required parameter: 'model'.").param("model"),
@@ -86,10 +87,10 @@ async fn validate(gw: &Gateway, caller: &Caller, request: Request) -> Result<Req
         }
     };
     if let Some((field, list)) = endpoint.required_field() {
-        let present = match body.get(field) {
-            Some(Value::Array(_)) => true,
-            Some(Value::Null) | None => false,
-            Some(_) => !list,
+        let present = match fields.required {
+            Some(Shape::Array) => true,
+            Some(Shape::Null) | None => false,
+            Some(Shape::Other) => !list,
         };
         if !present {
             let what = if list { " (a list)" } else { "" };
@@ -149,16 +150,18 @@ async fn validate(gw: &Gateway, caller: &Caller, request: Request) -> Result<Req
         ))
         .param("model"));
     }
-    let stream = endpoint.streams() && body.get("stream").and_then(Value::as_bool) == Some(true);
-    let include_usage = body
-        .get("stream_options")
+    let stream =
+        endpoint.streams() && fields.stream.as_ref().and_then(Value::as_bool) == Some(true);
+    let include_usage = fields
+        .stream_options
+        .as_ref()
         .and_then(|o| o.get("include_usage"))
         .and_then(Value::as_bool)
         == Some(true);
     // Embeddings produce no output: a reservation is their prompt alone.
     let max_output_tokens = match endpoint {
         Endpoint::Embeddings => Some(0),
-        _ => tower_priority_limit::estimate::output_limit(&body),
+        _ => fields.output_limit(),
     };
     let mut pass_on = HeaderMap::new();
     // Every value: a client may send `anthropic-beta` more than once.
@@ -174,7 +177,6 @@ async fn validate(gw: &Gateway, caller: &Caller, request: Request) -> Result<Req
         include_usage,
         prompt_tokens: tower_priority_limit::estimate::prompt_tokens(&bytes),
         max_output_tokens,
-        body: Arc::new(body),
         raw: bytes,
         pass_on,
         flow,

@@ -204,7 +204,7 @@ impl Default for Upstream {
 /// chat and completions streams (so tokens can be counted; the gateway strips it again if the
 /// client did not ask).
 pub fn upstream_body(deployment: &Deployment, chat: &ChatRequest) -> Value {
-    let mut body = (*chat.body).clone();
+    let mut body = chat.body();
     body["model"] = Value::String(deployment.upstream_model.clone());
     if chat.stream && chat.endpoint.asks_stream_usage() {
         if !body.get("stream_options").is_some_and(Value::is_object) {
@@ -664,13 +664,11 @@ mod tests {
     }
 
     fn chat_of(raw: &str, stream: bool) -> crate::chat::ChatRequest {
-        let body: serde_json::Value = serde_json::from_str(raw).unwrap();
         crate::chat::ChatRequest {
             endpoint: crate::endpoint::Endpoint::ChatCompletions,
             model: "m".into(),
             stream,
             include_usage: false,
-            body: std::sync::Arc::new(body),
             raw: bytes::Bytes::copy_from_slice(raw.as_bytes()),
             prompt_tokens: 1,
             max_output_tokens: None,
