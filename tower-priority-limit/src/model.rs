@@ -198,26 +198,55 @@ impl<'de: 'a, 'a> Deserialize<'de> for Peek<'a> {
                     model: None,
                     output_limits: [Count(None); OUTPUT_LIMITS.len()],
                 };
-                while let Some(key) = map.next_key::<Cow<'de, str>>()? {
-                    match &*key {
-                        "model" => {
+                while let Some(key) = map.next_key::<PeekKey>()? {
+                    match key {
+                        PeekKey::Model => {
                             if peek.model.is_some() {
                                 return Err(serde::de::Error::duplicate_field("model"));
                             }
                             peek.model = Some(map.next_value::<Borrowed<'a>>()?.0);
                         }
-                        name => match OUTPUT_LIMITS.iter().position(|n| *n == name) {
-                            Some(i) => peek.output_limits[i] = map.next_value()?,
-                            None => {
-                                map.next_value::<serde::de::IgnoredAny>()?;
-                            }
-                        },
+                        PeekKey::OutputLimit(i) => peek.output_limits[i] = map.next_value()?,
+                        PeekKey::Other => {
+                            map.next_value::<serde::de::IgnoredAny>()?;
+                        }
                     }
                 }
                 Ok(peek)
             }
         }
         deserializer.deserialize_map(Visit(std::marker::PhantomData))
+    }
+}
+
+/// A member name [`Peek`] reads, told apart without being copied (serde's `Cow<str>` is always
+/// an owned copy: an allocation per member).
+enum PeekKey {
+    Model,
+    /// Its position in [`OUTPUT_LIMITS`].
+    OutputLimit(usize),
+    Other,
+}
+
+impl<'de> Deserialize<'de> for PeekKey {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visit;
+        impl serde::de::Visitor<'_> for Visit {
+            type Value = PeekKey;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a member name")
+            }
+            fn visit_str<E>(self, name: &str) -> Result<PeekKey, E> {
+                Ok(match name {
+                    "model" => PeekKey::Model,
+                    _ => match OUTPUT_LIMITS.iter().position(|n| *n == name) {
+                        Some(i) => PeekKey::OutputLimit(i),
+                        None => PeekKey::Other,
+                    },
+                })
+            }
+        }
+        deserializer.deserialize_str(Visit)
     }
 }
 
