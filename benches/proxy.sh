@@ -15,7 +15,8 @@
 # content chunks, a finish chunk and a usage chunk (every client asks for it with
 # stream_options.include_usage, so the gateway strips nothing and all targets send the same bytes).
 # Each round runs every target non-streamed then streamed, in turn, so machine noise hits all of
-# them alike; figures are medians over rounds. Then at a fixed RATE (default 2000 req/s,
+# them alike; figures are medians over rounds, and the gateway / nginx ratio is also given per
+# round (runs of one round are adjacent in time) with the median of those. Then at a fixed RATE (default 2000 req/s,
 # non-streamed) the median latency of each target, and what a proxy adds over going direct.
 # Only loopback addresses are used. Installs oha and nginx when missing (as root: no sudo).
 # GATEWAY_BIN=path runs that gateway binary instead of this tree's (to compare two builds).
@@ -128,7 +129,11 @@ for stream in ("false", "true"):
         p50 = statistics.median(r["latencyPercentiles"]["p50"] * 1000 for r in rs)
         print(f"{target:>7} stream={stream:<5} rps median={med[target]:8.0f} "
               f"(runs {', '.join(f'{x:.0f}' for x in rps)}) p50={p50:5.2f}ms all-200={all_ok(rs)}")
-    print(f"        stream={stream:<5} gateway / nginx = {med['gateway'] / med['nginx']:.3f}")
+    # The same round's runs are minutes apart at most: their ratio shares the machine's drift.
+    paired = [g["summary"]["requestsPerSec"] / n["summary"]["requestsPerSec"]
+              for g, n in zip(runs(f"gateway-{stream}"), runs(f"nginx-{stream}"))]
+    print(f"        stream={stream:<5} gateway / nginx = {med['gateway'] / med['nginx']:.3f} (medians); "
+          f"per round {', '.join(f'{x:.3f}' for x in paired)}, median {statistics.median(paired):.3f}")
 p50 = {}
 for target in ("direct", "nginx", "gateway"):
     rs = runs(f"{target}-rate")

@@ -2,6 +2,7 @@
 //! the request body (`prompt.rs`); output tokens from `max_tokens` when the request sets it, else
 //! from a per-model estimate learned from the responses (`output.rs`).
 
+mod count;
 mod output;
 mod prompt;
 #[cfg(feature = "tokenizer")]

@@ -72,11 +72,7 @@ fn estimate<C: Count>(body: &[u8], c: &C) -> Option<u64> {
     Some(tokens)
 }
 
-/// How text becomes tokens.
-pub(super) trait Count: Copy {
-    /// Tokens of `text`.
-    fn count(&self, text: &str) -> u64;
-}
+use super::count::Count;
 
 #[cfg(any(not(feature = "tokenizer"), test))]
 use self::heuristic::Heuristic;

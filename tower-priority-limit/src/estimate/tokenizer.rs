@@ -3,7 +3,7 @@
 //! `bpe-openai`'s vocabulary is built into the binary at compile time and deserialised on first
 //! use (once per process); counting is linear in the text.
 
-use super::prompt::Count;
+use super::count::Count;
 
 /// Counts tokens with `o200k_base`.
 #[derive(Debug, Clone, Copy)]
