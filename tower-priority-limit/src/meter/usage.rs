@@ -167,6 +167,23 @@ pub(crate) fn parse_with(bytes: &[u8], shape: Shape) -> Option<DocInfo> {
         Shape::Chunk => event_kind(bytes),
         Shape::Body => Kind::Other,
     };
+    parse_of_kind(bytes, shape, kind)
+}
+
+/// Whether a stream event's data is an OpenAI chat or completions chunk (it has a `"choices"`
+/// key) that is not a Responses API event: a stream that starts with one is not a Responses
+/// stream, so its later events need not be searched for their kind.
+pub(crate) fn is_choices_chunk(bytes: &[u8]) -> bool {
+    event_kind(bytes) == Kind::Other
+        && CHOICES_KEY
+            .find_iter(bytes)
+            .any(|at| skip_ws(&bytes[at + 9..]).starts_with(b":"))
+}
+
+static CHOICES_KEY: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(b"\"choices\""));
+
+/// [`parse_with`] for a document whose [`Kind`] is known.
+pub(crate) fn parse_of_kind(bytes: &[u8], shape: Shape, kind: Kind) -> Option<DocInfo> {
     // Most stream chunks carry text and no usage: count their text with a scan instead of a parse
     // (several times cheaper). Anything carrying a usage object is parsed properly.
     if !has_usage_object(bytes) {
