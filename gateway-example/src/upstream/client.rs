@@ -19,7 +19,7 @@
 use std::collections::HashMap;
 use std::future::{poll_fn, Future};
 use std::pin::{pin, Pin};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::task::{ready, Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -93,6 +93,9 @@ pub struct Route {
     host: HeaderValue,
     path: Uri,
     url: Uri,
+    /// The idle list of `key` in the pool of the client this route is first sent through (the
+    /// gateway has one client).
+    idle: OnceLock<Arc<Idle>>,
 }
 
 impl Route {
@@ -121,6 +124,7 @@ impl Route {
             host,
             path,
             url,
+            idle: OnceLock::new(),
         })
     }
 }
@@ -152,16 +156,20 @@ impl Conn {
     }
 }
 
+/// The idle connections to one upstream, newest last.
 #[derive(Default)]
-struct Pool {
-    idle: Mutex<HashMap<Key, Vec<Conn>>>,
+struct Idle(Mutex<Vec<Conn>>);
+
+impl std::fmt::Debug for Idle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Idle").finish_non_exhaustive()
+    }
 }
 
-impl Pool {
-    /// The newest idle connection to `key`, dropping the expired ones.
-    fn take(&self, key: &Key) -> Option<Conn> {
-        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
-        let list = idle.get_mut(key)?;
+impl Idle {
+    /// The newest idle connection, dropping the expired ones.
+    fn take(&self) -> Option<Conn> {
+        let mut list = self.0.lock().unwrap_or_else(|e| e.into_inner());
         let conn = list.pop()?;
         if conn.idle_since.elapsed() < IDLE_TIMEOUT {
             return Some(conn);
@@ -171,10 +179,9 @@ impl Pool {
         None
     }
 
-    fn put(&self, key: Key, mut conn: Conn) {
+    fn put(&self, mut conn: Conn) {
         conn.idle_since = Instant::now();
-        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
-        let list = idle.entry(key).or_default();
+        let mut list = self.0.lock().unwrap_or_else(|e| e.into_inner());
         // The oldest are at the front: drop the expired ones while here.
         let expired = list
             .iter()
@@ -184,6 +191,20 @@ impl Pool {
         if list.len() < MAX_IDLE_PER_UPSTREAM {
             list.push(conn);
         }
+    }
+}
+
+/// Every upstream's idle list, by [`Key`]. Looked up once per [`Route`], which then keeps its
+/// list: no hashing per request.
+#[derive(Default)]
+struct Pool {
+    idle: Mutex<HashMap<Key, Arc<Idle>>>,
+}
+
+impl Pool {
+    fn idle(&self, key: &Key) -> Arc<Idle> {
+        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        Arc::clone(idle.entry(key.clone()).or_default())
     }
 }
 
@@ -233,21 +254,20 @@ impl Client {
         }
         parts.uri = route.path.clone();
         let mut request = Request::from_parts(parts, body);
+        let idle = route.idle.get_or_init(|| self.pool.idle(&route.key));
         loop {
-            let (mut conn, reused) = match self.checkout(&route.key).await {
+            let (mut conn, reused) = match checkout(idle).await {
                 Some(conn) => (conn, true),
                 None => (self.connect(&route.url).await?, false),
             };
             let sent = conn.sender.try_send_request(request);
             match drive(&mut conn, sent).await {
                 Ok(response) => {
-                    let pool = Arc::clone(&self.pool);
-                    let key = route.key.clone();
+                    let idle = Arc::clone(idle);
                     return Ok(response.map(|body| UpstreamBody {
                         body,
                         conn: Some(conn),
-                        pool,
-                        key,
+                        idle,
                     }));
                 }
                 // The upstream closed a kept connection before the request went out on it: it
@@ -256,17 +276,6 @@ impl Client {
                     request = e.take_message().expect("checked above");
                 }
                 Err(e) => return Err(ClientError::Http(e.into_error())),
-            }
-        }
-    }
-
-    /// An idle connection to `key` that can take a request, if there is one.
-    async fn checkout(&self, key: &Key) -> Option<Conn> {
-        loop {
-            let mut conn = self.pool.take(key)?;
-            // Polling it reads what the upstream did meanwhile (a close, say).
-            if poll_fn(|cx| Poll::Ready(conn.reusable(cx))).await {
-                return Some(conn);
             }
         }
     }
@@ -289,6 +298,17 @@ impl Client {
             connection: Some(Box::new(connection)),
             idle_since: Instant::now(),
         })
+    }
+}
+
+/// An idle connection from `idle` that can take a request, if there is one.
+async fn checkout(idle: &Idle) -> Option<Conn> {
+    loop {
+        let mut conn = idle.take()?;
+        // Polling it reads what the upstream did meanwhile (a close, say).
+        if poll_fn(|cx| Poll::Ready(conn.reusable(cx))).await {
+            return Some(conn);
+        }
     }
 }
 
@@ -320,15 +340,13 @@ pub struct UpstreamBody {
     body: Incoming,
     /// `None` once given back (or finished).
     conn: Option<Conn>,
-    pool: Arc<Pool>,
-    key: Key,
+    /// Where the connection goes back to.
+    idle: Arc<Idle>,
 }
 
 impl std::fmt::Debug for UpstreamBody {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("UpstreamBody")
-            .field("key", &self.key)
-            .finish_non_exhaustive()
+        f.debug_struct("UpstreamBody").finish_non_exhaustive()
     }
 }
 
@@ -338,7 +356,7 @@ impl UpstreamBody {
         if let Some(mut conn) = self.conn.take() {
             // One more poll lets the connection see the response is done and ask for the next.
             if conn.reusable(cx) {
-                self.pool.put(self.key.clone(), conn);
+                self.idle.put(conn);
             }
         }
     }
