@@ -3,7 +3,7 @@
 //! deployment.
 
 use axum::body::Body;
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use http::header::CONTENT_TYPE;
 use http::{HeaderMap, HeaderValue};
@@ -11,6 +11,7 @@ use serde_json::Value;
 use tower_priority_limit::model::ModelName;
 
 use crate::endpoint::Endpoint;
+use crate::error::ApiError;
 use crate::mock::answer;
 
 /// A validated request to any of the endpoints (chat completions, embeddings, completions, the
@@ -47,8 +48,8 @@ impl ChatRequest {
     /// The body parsed whole: for what reads all of it (`mock_response`'s answers, a body the
     /// upstream edit cannot change in place); the request path reads only the members it needs
     /// ([`crate::api::fields`]).
-    pub fn body(&self) -> Value {
-        serde_json::from_slice(&self.raw).unwrap_or(Value::Null)
+    pub fn body(&self) -> Result<Value, serde_json::Error> {
+        serde_json::from_slice(&self.raw)
     }
 
     /// Whether the client gets the stream's usage chunk: it asked for it, or the endpoint always
@@ -63,7 +64,14 @@ impl ChatRequest {
 /// streams is always sent (as the gateway asks real upstreams for it);
 /// [`crate::api::chat::strip_usage`] removes it for clients that did not ask.
 pub fn mock_answer(chat: &ChatRequest, model: &str, content: &str) -> Response {
-    let answer = answer(chat.endpoint, model, content, &chat.body(), true);
+    let body = match chat.body() {
+        Ok(body) => body,
+        Err(e) => {
+            return ApiError::bad_request(format!("Invalid JSON in request body: {e}"))
+                .into_response()
+        }
+    };
+    let answer = answer(chat.endpoint, model, content, &body, true);
     let content_type = HeaderValue::from_static(answer.content_type());
     let mut response = if answer.sse {
         let body = futures_util::stream::iter(

@@ -51,6 +51,14 @@ async fn every_bad_input_gets_its_status_and_shape() {
             400,
             "Request body must be a JSON object.",
         ),
+        // A top-level key with an escape (the upstream's body is then made from the parsed body)
+        // and a lone surrogate in the messages: refused, not sent on without its messages.
+        (
+            Some(&key),
+            r#"{"mod\u0065l":"m","messages":[{"role":"user","content":"\ud800"}]}"#.into(),
+            400,
+            "Invalid JSON in request body",
+        ),
         (
             Some(&key),
             json!({"messages": []}).to_string(),
@@ -96,6 +104,19 @@ async fn every_bad_input_gets_its_status_and_shape() {
         // Still serving after each.
         assert_eq!(gw.chat(&key, "m", false).await.status, 200);
     }
+    // Not UTF-8, in a member the gateway does not read itself: still refused.
+    let r = gw
+        .send(
+            "POST",
+            "/v1/chat/completions",
+            Some(&key),
+            &b"{\"model\":\"m\",\"messages\":[],\"user\":\"\xff\"}"[..],
+        )
+        .await;
+    assert_eq!(r.status, 400);
+    assert!(r
+        .error_message()
+        .starts_with("Invalid JSON in request body"));
     let r = gw.get("/no/such/path", Some(MASTER)).await;
     assert_eq!(r.status, 404);
     r.error_message();

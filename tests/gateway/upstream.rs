@@ -304,3 +304,28 @@ router_settings: {{num_retries: 0}}
     }
     assert_eq!(accepted.load(Ordering::SeqCst), 3);
 }
+
+/// A body the gateway must parse whole to send on (a top-level key with an escape: it cannot be
+/// edited in place) that is not valid JSON beyond the members the gateway reads (a lone
+/// surrogate in the messages) is refused with a 400, and nothing reaches the upstream.
+#[tokio::test]
+async fn a_body_that_cannot_be_sent_on_whole_is_refused_before_the_upstream() {
+    let (gw, up) = start().await;
+    let body = r#"{"mod\u0065l":"luna","messages":[{"role":"user","content":"\ud800"}]}"#;
+    let r = gw
+        .send("POST", "/v1/chat/completions", Some(MASTER), body)
+        .await;
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert!(r
+        .error_message()
+        .starts_with("Invalid JSON in request body"));
+    assert_eq!(up.count(), 0);
+    // The same body with a valid string is sent on, messages and all.
+    let body = body.replace(r"\ud800", "hi");
+    let r = gw
+        .send("POST", "/v1/chat/completions", Some(MASTER), body)
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(up.last().body["messages"][0]["content"], "hi");
+    assert_eq!(up.last().body["model"], "gpt-x");
+}

@@ -72,6 +72,13 @@ async fn validate(gw: &Gateway, caller: &Caller, request: Request) -> Result<Req
     let mut fields = Fields::read(&bytes, endpoint.required_field().map(|(field, _)| field))
         .map_err(|e| ApiError::bad_request(format!("Invalid JSON in request body: {e}")))?
         .ok_or_else(|| ApiError::bad_request("Request body must be a JSON object."))?;
+    // The members not read were skipped unchecked. The whole body is parsed (for its error) when
+    // it is not UTF-8, as the JSON it is forwarded as must be, or when the upstream's body will
+    // be made from the parsed body rather than edited in place (a top-level key with an escape).
+    if std::str::from_utf8(&bytes).is_err() || !crate::upstream::edits_in_place(&bytes) {
+        serde_json::from_slice::<Value>(&bytes)
+            .map_err(|e| ApiError::bad_request(format!("Invalid JSON in request body: {e}")))?;
+    }
     let model = match fields.model.take() {
         Some(Value::String(m)) if !m.is_empty() => m,
         Some(Value::String(_)) | None | Some(Value::Null) => {

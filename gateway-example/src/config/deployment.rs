@@ -76,7 +76,21 @@ pub(super) fn deployment(
                 ))
             }
         };
-        let api_key = params.get("api_key")?.map(|k| k.string()).transpose()?;
+        let api_key = match params.get("api_key")? {
+            Some(node) => {
+                let key = node.string()?;
+                // Sent as a header: refused here rather than failing every request (the key
+                // itself is not shown).
+                if http::HeaderValue::from_str(&key).is_err() {
+                    return Err(node.error(
+                        "not usable in a header: it holds a control character (a trailing \
+                         newline?)",
+                    ));
+                }
+                Some(key)
+            }
+            None => None,
+        };
         Target::Upstream {
             api_base,
             api_key,

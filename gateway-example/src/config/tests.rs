@@ -461,3 +461,18 @@ router_settings: {redis_url: "redis://:redis-secret@127.0.0.1:6379"}
     }
     assert!(debug.contains("master_key: Some(\"***\")"), "{debug}");
 }
+
+/// An upstream key that cannot be sent as a header (a trailing newline from a secrets file, say)
+/// is refused at load, naming its path and not showing the key.
+#[test]
+fn an_api_key_unusable_in_a_header_is_refused_at_load() {
+    for key in ["\"sk-secret\\n\"", "\"sk-s\\aecret\""] {
+        let yaml = format!(
+            "model_list:\n  - model_name: m\n    litellm_params: {{model: openai/x, api_key: {key}}}\n"
+        );
+        let e = GatewayConfig::from_yaml_str(&yaml).unwrap_err().to_string();
+        assert!(e.contains("model_list[0].litellm_params.api_key"), "{e}");
+        assert!(e.contains("not usable in a header"), "{e}");
+        assert!(!e.contains("sk-s"), "{e}");
+    }
+}

@@ -128,14 +128,19 @@ pub(super) fn charge(
                 None => Body::new(body),
             }),
         // No group charged (its limiter off, or the model unlimited): the deployment's own meter,
-        // reported usage capped as the group limiter's is (`max_reported_tokens`).
+        // counting as the group limiter's does (reported usage capped at `max_reported_tokens`; a
+        // successful response that reports none, its text and the prompt estimate), so a
+        // deployment is charged the same with the limiter on or off.
         (_, _, Some(deployment)) => {
             let cap = router.limits.load().config().settings().max_reported_tokens;
             let (parts, body) = response.into_parts();
-            let meter = UsageMeter::for_content_type(
+            let mut meter = UsageMeter::for_content_type(
                 parts.headers.get(CONTENT_TYPE).map(HeaderValue::as_bytes),
             )
             .with_max_reported_tokens(cap);
+            if parts.status.is_success() {
+                meter = meter.with_prompt_estimate(chat.prompt_tokens);
+            }
             Response::from_parts(
                 parts,
                 Body::new(ResponseBody::metered(body, meter, deployment)),

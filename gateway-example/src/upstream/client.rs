@@ -30,7 +30,7 @@ use http_body::{Body, Frame, SizeHint};
 use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::client::conn::http1;
-use hyper_rustls::{HttpsConnector, MaybeHttpsStream};
+use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder, MaybeHttpsStream};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
@@ -113,7 +113,7 @@ impl Route {
             scheme: scheme.clone(),
             authority: authority.clone(),
         };
-        let host = HeaderValue::from_str(host_of(&key)).map_err(|_| ClientError::BadUrl)?;
+        let host = HeaderValue::try_from(host_of(&key)).map_err(|_| ClientError::BadUrl)?;
         let path = Uri::from(
             url.path_and_query()
                 .cloned()
@@ -202,10 +202,52 @@ struct Pool {
 }
 
 impl Pool {
-    fn idle(&self, key: &Key) -> Arc<Idle> {
+    /// The idle list of `key`; the first one made starts the sweep.
+    fn idle(self: &Arc<Self>, key: &Key) -> Arc<Idle> {
         let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        if idle.is_empty() {
+            sweep(Arc::downgrade(self));
+        }
         Arc::clone(idle.entry(key.clone()).or_default())
     }
+
+    /// Drops the idle connections the upstream closed or that have been idle too long.
+    fn sweep(&self) {
+        let lists: Vec<Arc<Idle>> = {
+            let idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+            idle.values().cloned().collect()
+        };
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        for list in lists {
+            let mut list = list.0.lock().unwrap_or_else(|e| e.into_inner());
+            list.retain_mut(|c| c.idle_since.elapsed() < IDLE_TIMEOUT && c.reusable(&mut cx));
+        }
+    }
+}
+
+/// How often idle connections are looked at for ones the upstream closed.
+const SWEEP_EVERY: Duration = Duration::from_secs(10);
+
+/// Every [`SWEEP_EVERY`], while the pool lives, drops its idle connections the upstream closed
+/// (so their sockets do not linger half-closed until the next request to that upstream) or that
+/// are past [`IDLE_TIMEOUT`]. Outside a Tokio runtime (not the gateway's case) nothing sweeps and
+/// such connections are dropped when next taken.
+fn sweep(pool: std::sync::Weak<Pool>) {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    runtime.spawn(async move {
+        let mut every = tokio::time::interval(SWEEP_EVERY);
+        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        every.tick().await;
+        loop {
+            every.tick().await;
+            let Some(pool) = pool.upgrade() else {
+                return;
+            };
+            pool.sweep();
+        }
+    });
 }
 
 /// The client: cheap to clone (the connector and the idle lists are shared).
@@ -218,6 +260,24 @@ pub struct Client {
 impl std::fmt::Debug for Client {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Client").finish_non_exhaustive()
+    }
+}
+
+impl Default for Client {
+    /// Connections opened within [`CONNECT_TIMEOUT`](super::CONNECT_TIMEOUT), with
+    /// `TCP_NODELAY`, to `http://` and `https://` URLs (TLS with the Mozilla root store bundled,
+    /// so no system certificates are needed).
+    fn default() -> Self {
+        let mut http = HttpConnector::new();
+        http.set_connect_timeout(Some(super::CONNECT_TIMEOUT));
+        http.set_nodelay(true);
+        http.enforce_http(false);
+        let connector = HttpsConnectorBuilder::new()
+            .with_webpki_roots()
+            .https_or_http()
+            .enable_http1()
+            .wrap_connector(http);
+        Self::new(connector)
     }
 }
 
@@ -313,11 +373,13 @@ async fn checkout(idle: &Idle) -> Option<Conn> {
 }
 
 /// `host[:port]` of `key`, the port left out when it is the scheme's default.
-fn host_of(key: &Key) -> &str {
+/// Never a URL's `user:password@` (that is for the connection's credentials, not the header).
+fn host_of(key: &Key) -> String {
     let default = if key.scheme == Scheme::HTTPS { 443 } else { 80 };
+    let host = key.authority.host();
     match key.authority.port_u16() {
-        Some(port) if port == default => key.authority.host(),
-        _ => key.authority.as_str(),
+        Some(port) if port != default => format!("{host}:{port}"),
+        _ => host.to_owned(),
     }
 }
 
@@ -393,5 +455,83 @@ impl Body for UpstreamBody {
 
     fn size_hint(&self) -> SizeHint {
         self.body.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{host_of, Client, Key, Route};
+    use bytes::Bytes;
+    use http::Request;
+    use http_body_util::{BodyExt, Full};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    fn idle_connections(client: &Client) -> usize {
+        let lists = client.pool.idle.lock().unwrap();
+        lists.values().map(|l| l.0.lock().unwrap().len()).sum()
+    }
+
+    /// A kept connection the upstream then closes is dropped by the sweep, without a request to
+    /// that upstream: its socket does not linger.
+    #[tokio::test]
+    async fn the_sweep_drops_kept_connections_the_upstream_closed() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (close, closed) = tokio::sync::oneshot::channel::<()>();
+        tokio::spawn(async move {
+            let (mut stream, _) = listener.accept().await.unwrap();
+            let mut got = Vec::new();
+            let mut buf = [0u8; 1024];
+            while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+                let n = stream.read(&mut buf).await.unwrap();
+                assert!(n > 0);
+                got.extend_from_slice(&buf[..n]);
+            }
+            let head = String::from_utf8_lossy(&got).to_lowercase();
+            assert!(head.starts_with("post /x http/1.1\r\n"), "{head}");
+            assert!(head.contains(&format!("host: {addr}\r\n")), "{head}");
+            stream
+                .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+                .await
+                .unwrap();
+            let _ = closed.await;
+        });
+        let client = Client::default();
+        let request = Request::post(format!("http://{addr}/x"))
+            .body(Full::new(Bytes::new()))
+            .unwrap();
+        let response = client.request(request).await.unwrap();
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(body, "ok");
+        assert_eq!(idle_connections(&client), 1, "kept after its response");
+        client.pool.sweep();
+        assert_eq!(idle_connections(&client), 1, "kept while open");
+        close.send(()).unwrap();
+        // Until the close reaches this side (bounded; not a timing assertion).
+        for _ in 0..1000 {
+            client.pool.sweep();
+            if idle_connections(&client) == 0 {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        assert_eq!(idle_connections(&client), 0, "dropped once closed");
+    }
+
+    /// `Host` is the URL's host and non-default port, never its `user:password@`.
+    #[test]
+    fn the_host_header_carries_no_credentials() {
+        for (url, host) in [
+            ("http://user:pw@h:8080/v1", "h:8080"),
+            ("http://user:pw@h/v1", "h"),
+            ("https://h:443/v1", "h"),
+            ("http://h:80/v1", "h"),
+            ("https://h:8443", "h:8443"),
+        ] {
+            let route = Route::new(url.parse().unwrap()).unwrap();
+            assert_eq!(route.host, host, "{url}");
+            let key: &Key = &route.key;
+            assert_eq!(host_of(key), host);
+        }
     }
 }

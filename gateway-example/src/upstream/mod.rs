@@ -20,8 +20,6 @@ use bytes::Bytes;
 use http::header::{ACCEPT_ENCODING, AUTHORIZATION, CONTENT_TYPE};
 use http::{HeaderValue, Method, Request, StatusCode};
 use http_body_util::{BodyExt, Full, Limited};
-use hyper_rustls::HttpsConnectorBuilder;
-use hyper_util::client::legacy::connect::HttpConnector;
 use serde_json::Value;
 use tower_priority_limit::redact::redact_url;
 
@@ -181,17 +179,8 @@ impl Secrets {
 
 impl Default for Upstream {
     fn default() -> Self {
-        let mut http = HttpConnector::new();
-        http.set_connect_timeout(Some(CONNECT_TIMEOUT));
-        http.set_nodelay(true);
-        http.enforce_http(false);
-        let connector = HttpsConnectorBuilder::new()
-            .with_webpki_roots()
-            .https_or_http()
-            .enable_http1()
-            .wrap_connector(http);
         Self {
-            client: Client::new(connector),
+            client: Client::default(),
             prepared: std::sync::Arc::new([]),
             secrets: Secrets::default(),
             // Never told to end; see `with_streams_end`.
@@ -203,8 +192,11 @@ impl Default for Upstream {
 /// The body sent upstream: the client's, with the upstream's model name, and usage requested on
 /// chat and completions streams (so tokens can be counted; the gateway strips it again if the
 /// client did not ask).
-pub fn upstream_body(deployment: &Deployment, chat: &ChatRequest) -> Value {
-    let mut body = chat.body();
+pub fn upstream_body(
+    deployment: &Deployment,
+    chat: &ChatRequest,
+) -> Result<Value, serde_json::Error> {
+    let mut body = chat.body()?;
     body["model"] = Value::String(deployment.upstream_model.clone());
     if chat.stream && chat.endpoint.asks_stream_usage() {
         if !body.get("stream_options").is_some_and(Value::is_object) {
@@ -212,7 +204,7 @@ pub fn upstream_body(deployment: &Deployment, chat: &ChatRequest) -> Value {
         }
         body["stream_options"]["include_usage"] = Value::Bool(true);
     }
-    body
+    Ok(body)
 }
 
 /// [`upstream_body`] as bytes, made from the client's own bytes ([`ChatRequest::raw`]) without
@@ -225,9 +217,15 @@ pub fn upstream_bytes(deployment: &Deployment, chat: &ChatRequest) -> Result<Byt
     if let Some(bytes) = edit_in_place(&chat.raw, &deployment.upstream_model, ask_usage) {
         return Ok(bytes);
     }
-    serde_json::to_vec(&upstream_body(deployment, chat))
+    let body = upstream_body(deployment, chat).map_err(|e| e.to_string())?;
+    serde_json::to_vec(&body)
         .map(Bytes::from)
         .map_err(|e| e.to_string())
+}
+
+/// Whether [`upstream_bytes`] edits `raw` in place (else it parses and serializes it whole).
+pub fn edits_in_place(raw: &[u8]) -> bool {
+    top_level_members(raw).is_some()
 }
 
 /// The top-level members of the JSON object `raw` (valid JSON, as the gateway parsed it):
@@ -698,7 +696,7 @@ mod tests {
                     let edited = upstream_bytes(&deployment, &chat).unwrap();
                     let edited: serde_json::Value = serde_json::from_slice(&edited)
                         .unwrap_or_else(|e| panic!("{raw} for {upstream_model}: {e}"));
-                    assert_eq!(edited, upstream_body(&deployment, &chat), "{raw}");
+                    assert_eq!(edited, upstream_body(&deployment, &chat).unwrap(), "{raw}");
                 }
             }
         }
@@ -715,7 +713,7 @@ mod tests {
         let chat = chat_of(r#"{"mod\u0065l":"m"}"#, false);
         let sent: serde_json::Value =
             serde_json::from_slice(&upstream_bytes(&deployment, &chat).unwrap()).unwrap();
-        assert_eq!(sent, upstream_body(&deployment, &chat));
+        assert_eq!(sent, upstream_body(&deployment, &chat).unwrap());
     }
 
     fn json() -> impl proptest::strategy::Strategy<Value = serde_json::Value> {
@@ -777,7 +775,7 @@ mod tests {
             let chat = chat_of(&raw, stream);
             let sent: serde_json::Value =
                 serde_json::from_slice(&upstream_bytes(&deployment, &chat).unwrap()).unwrap();
-            proptest::prop_assert_eq!(sent, upstream_body(&deployment, &chat));
+            proptest::prop_assert_eq!(sent, upstream_body(&deployment, &chat).unwrap());
         }
     }
 
