@@ -328,6 +328,7 @@ impl Client {
                         body,
                         conn: Some(conn),
                         idle,
+                        after: None,
                     }));
                 }
                 // The upstream closed a kept connection before the request went out on it: it
@@ -404,6 +405,9 @@ pub struct UpstreamBody {
     conn: Option<Conn>,
     /// Where the connection goes back to.
     idle: Arc<Idle>,
+    /// What the body said after the data gathered into the last frame (its end, an error,
+    /// trailers): answered at the next poll.
+    after: Option<Option<Result<Frame<Bytes>, hyper::Error>>>,
 }
 
 impl std::fmt::Debug for UpstreamBody {
@@ -424,33 +428,99 @@ impl UpstreamBody {
     }
 }
 
+/// The most data one frame gathers (see [`UpstreamBody`]'s `poll_frame`).
+const MAX_GATHERED: usize = 64 * 1024;
+
+impl UpstreamBody {
+    /// Drives the connection and polls the body for its next frame, giving the connection back
+    /// at the body's end (or dropping it on an error).
+    fn poll_next(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        if let Some(conn) = &mut self.conn {
+            if !conn.poll_connection(cx) {
+                // Finished: what it read is in the body's channel; nothing to give back.
+                self.conn = None;
+            }
+        }
+        let frame = ready!(Pin::new(&mut self.body).poll_frame(cx));
+        match &frame {
+            Some(Ok(_)) if self.body.is_end_stream() => self.release(cx),
+            None => self.release(cx),
+            Some(Err(_)) => self.conn = None,
+            Some(Ok(_)) => {}
+        }
+        Poll::Ready(frame)
+    }
+}
+
 impl Body for UpstreamBody {
     type Data = Bytes;
     type Error = hyper::Error;
 
+    /// The next data, gathered: after a data frame, the frames already read from the upstream
+    /// (an SSE burst decoded from one read) are joined to it, up to [`MAX_GATHERED`] bytes,
+    /// without waiting for more. Every layer above, the meter and the chunked encoding to the
+    /// client then handle one frame per read of the upstream instead of one per event.
     fn poll_frame(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
         let this = &mut *self;
-        if let Some(conn) = &mut this.conn {
-            if !conn.poll_connection(cx) {
-                // Finished: what it read is in the body's channel; nothing to give back.
-                this.conn = None;
+        if let Some(after) = this.after.take() {
+            return Poll::Ready(after);
+        }
+        let first = match ready!(this.poll_next(cx)) {
+            Some(Ok(frame)) => match frame.into_data() {
+                Ok(data) => data,
+                Err(trailers) => return Poll::Ready(Some(Ok(trailers))),
+            },
+            other => return Poll::Ready(other),
+        };
+        if this.body.is_end_stream() {
+            return Poll::Ready(Some(Ok(Frame::data(first))));
+        }
+        let mut gathered: Option<bytes::BytesMut> = None;
+        while gathered.as_ref().map_or(first.len(), |g| g.len()) < MAX_GATHERED {
+            let Poll::Ready(next) = this.poll_next(cx) else {
+                break;
+            };
+            let data = match next {
+                Some(Ok(frame)) => match frame.into_data() {
+                    Ok(data) => data,
+                    Err(trailers) => {
+                        this.after = Some(Some(Ok(trailers)));
+                        break;
+                    }
+                },
+                other => {
+                    this.after = Some(other);
+                    break;
+                }
+            };
+            gathered
+                .get_or_insert_with(|| {
+                    let mut joined = bytes::BytesMut::with_capacity(first.len() * 8);
+                    joined.extend_from_slice(&first);
+                    joined
+                })
+                .extend_from_slice(&data);
+            if this.body.is_end_stream() {
+                break;
             }
         }
-        let frame = ready!(Pin::new(&mut this.body).poll_frame(cx));
-        match &frame {
-            Some(Ok(_)) if this.body.is_end_stream() => this.release(cx),
-            None => this.release(cx),
-            Some(Err(_)) => this.conn = None,
-            Some(Ok(_)) => {}
-        }
-        Poll::Ready(frame)
+        Poll::Ready(Some(Ok(Frame::data(
+            gathered.map_or(first, bytes::BytesMut::freeze),
+        ))))
     }
 
     fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream()
+        match &self.after {
+            Some(None) => true,
+            Some(Some(_)) => false,
+            None => self.body.is_end_stream(),
+        }
     }
 
     fn size_hint(&self) -> SizeHint {
@@ -516,6 +586,57 @@ mod tests {
             tokio::time::sleep(std::time::Duration::from_millis(5)).await;
         }
         assert_eq!(idle_connections(&client), 0, "dropped once closed");
+    }
+
+    /// Chunks the upstream sent together come out as one frame, in order; what comes later is a
+    /// frame of its own; an error after gathered data comes after that data.
+    #[tokio::test]
+    async fn chunks_read_together_come_out_as_one_frame() {
+        use http_body::Body as _;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (more, wait_more) = tokio::sync::oneshot::channel::<()>();
+        tokio::spawn(async move {
+            let (mut stream, _) = listener.accept().await.unwrap();
+            let mut buf = [0u8; 1024];
+            let mut got = Vec::new();
+            while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+                let n = stream.read(&mut buf).await.unwrap();
+                got.extend_from_slice(&buf[..n]);
+            }
+            stream
+                .write_all(
+                    b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n\
+                      3\r\none\r\n3\r\ntwo\r\n5\r\nthree\r\n",
+                )
+                .await
+                .unwrap();
+            let _ = wait_more.await;
+            // Then a chunk and a connection cut mid-chunk: an error after the data.
+            stream.write_all(b"4\r\nfour\r\n9\r\nfi").await.unwrap();
+        });
+        let client = Client::default();
+        let request = Request::post(format!("http://{addr}/s"))
+            .body(Full::new(Bytes::new()))
+            .unwrap();
+        let mut body = client.request(request).await.unwrap().into_body();
+        let first = body.frame().await.unwrap().unwrap().into_data().unwrap();
+        assert_eq!(
+            first, "onetwothree",
+            "the three chunks read together, as one frame"
+        );
+        assert!(!body.is_end_stream());
+        more.send(()).unwrap();
+        let mut rest = Vec::new();
+        let error = loop {
+            match body.frame().await {
+                Some(Ok(frame)) => rest.extend_from_slice(&frame.into_data().unwrap()),
+                Some(Err(e)) => break e,
+                None => panic!("a cut chunked body ends in an error"),
+            }
+        };
+        assert!(rest.starts_with(b"four"), "{rest:?}");
+        assert!(error.to_string().contains("body"), "{error}");
     }
 
     /// `Host` is the URL's host and non-default port, never its `user:password@`.
