@@ -223,9 +223,10 @@ pub fn upstream_bytes(deployment: &Deployment, chat: &ChatRequest) -> Result<Byt
         .map_err(|e| e.to_string())
 }
 
-/// Whether [`upstream_bytes`] edits `raw` in place (else it parses and serializes it whole).
+/// Whether [`upstream_bytes`] edits `raw`, a JSON object, in place (else it parses and
+/// serializes it whole): a body without a backslash has no escaped key, so needs no closer look.
 pub fn edits_in_place(raw: &[u8]) -> bool {
-    top_level_members(raw).is_some()
+    memchr::memchr(b'\\', raw).is_none() || top_level_members(raw).is_some()
 }
 
 /// The top-level members of the JSON object `raw` (valid JSON, as the gateway parsed it):
