@@ -460,7 +460,7 @@ impl Body for UpstreamBody {
     type Error = hyper::Error;
 
     /// The next data, gathered: after a data frame, the frames already read from the upstream
-    /// (an SSE burst decoded from one read) are joined to it, up to [`MAX_GATHERED`] bytes,
+    /// (an SSE burst decoded from one read) are joined to it, up to 64 KiB,
     /// without waiting for more. Every layer above, the meter and the chunked encoding to the
     /// client then handle one frame per read of the upstream instead of one per event.
     fn poll_frame(
