@@ -15,7 +15,7 @@ use http_body::Body;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use serde::Deserialize;
 
-use crate::estimate::OUTPUT_LIMITS;
+use crate::estimate::OutputLimits;
 use crate::response::error_response;
 
 /// A model name, UTF-8, usually a zero-copy slice of the request body.
@@ -178,8 +178,7 @@ pub type BoxExtractFuture<B> =
 /// limits may repeat (the last wins) and may be of any type.
 struct Peek<'a> {
     model: Option<Cow<'a, str>>,
-    /// Per name in [`OUTPUT_LIMITS`], its value.
-    output_limits: [Count; OUTPUT_LIMITS.len()],
+    output_limits: OutputLimits,
 }
 
 impl<'de: 'a, 'a> Deserialize<'de> for Peek<'a> {
@@ -196,7 +195,7 @@ impl<'de: 'a, 'a> Deserialize<'de> for Peek<'a> {
             ) -> Result<Peek<'a>, A::Error> {
                 let mut peek = Peek {
                     model: None,
-                    output_limits: [Count(None); OUTPUT_LIMITS.len()],
+                    output_limits: OutputLimits::default(),
                 };
                 while let Some(key) = map.next_key::<PeekKey>()? {
                     match key {
@@ -206,7 +205,7 @@ impl<'de: 'a, 'a> Deserialize<'de> for Peek<'a> {
                             }
                             peek.model = Some(map.next_value::<Borrowed<'a>>()?.0);
                         }
-                        PeekKey::OutputLimit(i) => peek.output_limits[i] = map.next_value()?,
+                        PeekKey::OutputLimit(i) => peek.output_limits.set(i, map.next_value()?),
                         PeekKey::Other => {
                             map.next_value::<serde::de::IgnoredAny>()?;
                         }
@@ -223,7 +222,7 @@ impl<'de: 'a, 'a> Deserialize<'de> for Peek<'a> {
 /// an owned copy: an allocation per member).
 enum PeekKey {
     Model,
-    /// Its position in [`OUTPUT_LIMITS`].
+    /// Its position among the output limits ([`OutputLimits::slot`]).
     OutputLimit(usize),
     Other,
 }
@@ -239,7 +238,7 @@ impl<'de> Deserialize<'de> for PeekKey {
             fn visit_str<E>(self, name: &str) -> Result<PeekKey, E> {
                 Ok(match name {
                     "model" => PeekKey::Model,
-                    _ => match OUTPUT_LIMITS.iter().position(|n| *n == name) {
+                    _ => match OutputLimits::slot(name) {
                         Some(i) => PeekKey::OutputLimit(i),
                         None => PeekKey::Other,
                     },
@@ -275,62 +274,6 @@ impl<'de: 'a, 'a> Deserialize<'de> for Borrowed<'a> {
     }
 }
 
-/// A token count as a client may write it: a non-negative integer is one; anything else (a
-/// string, a float, null, an object) is none, and never fails the parse.
-#[derive(Debug, Default, Clone, Copy)]
-struct Count(Option<u64>);
-
-impl<'de> Deserialize<'de> for Count {
-    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct Visit;
-        impl<'de> serde::de::Visitor<'de> for Visit {
-            type Value = Count;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a token count")
-            }
-            fn visit_u64<E>(self, v: u64) -> Result<Count, E> {
-                Ok(Count(Some(v)))
-            }
-            fn visit_i64<E>(self, _: i64) -> Result<Count, E> {
-                Ok(Count(None))
-            }
-            fn visit_f64<E>(self, _: f64) -> Result<Count, E> {
-                Ok(Count(None))
-            }
-            fn visit_str<E>(self, _: &str) -> Result<Count, E> {
-                Ok(Count(None))
-            }
-            fn visit_bool<E>(self, _: bool) -> Result<Count, E> {
-                Ok(Count(None))
-            }
-            fn visit_unit<E>(self) -> Result<Count, E> {
-                Ok(Count(None))
-            }
-            fn visit_none<E>(self) -> Result<Count, E> {
-                Ok(Count(None))
-            }
-            fn visit_seq<A: serde::de::SeqAccess<'de>>(
-                self,
-                mut seq: A,
-            ) -> Result<Count, A::Error> {
-                while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {}
-                Ok(Count(None))
-            }
-            fn visit_map<A: serde::de::MapAccess<'de>>(
-                self,
-                mut map: A,
-            ) -> Result<Count, A::Error> {
-                while map
-                    .next_entry::<serde::de::IgnoredAny, serde::de::IgnoredAny>()?
-                    .is_some()
-                {}
-                Ok(Count(None))
-            }
-        }
-        deserializer.deserialize_any(Visit)
-    }
-}
-
 /// What the layer reads from a JSON body: the model, and the most output tokens the request
 /// allows (`max_tokens`, `max_completion_tokens` or the Responses API's `max_output_tokens`).
 #[derive(Debug)]
@@ -356,8 +299,7 @@ pub(crate) fn model_from_json(body: &Bytes) -> Result<Peeked, BadRequest> {
                 Cow::Borrowed(s) => ModelName::from_slice_of(body, s),
                 Cow::Owned(s) => ModelName::from(s),
             };
-            // The first one the request sets, in `OUTPUT_LIMITS`' order.
-            let max_output_tokens = output_limits.iter().find_map(|c| c.0);
+            let max_output_tokens = output_limits.get();
             return Ok(Peeked {
                 model,
                 max_output_tokens,

@@ -6,7 +6,7 @@ use std::fmt;
 
 use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde_json::Value;
-use tower_priority_limit::estimate::OUTPUT_LIMITS;
+use tower_priority_limit::estimate::OutputLimits;
 
 /// What a member holds, where only its kind matters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -33,8 +33,8 @@ pub struct Fields {
     ///
     /// [`Endpoint::required_field`]: crate::endpoint::Endpoint::required_field
     pub required: Option<Shape>,
-    /// Per name in [`OUTPUT_LIMITS`], its value.
-    pub output_limits: [Option<Value>; OUTPUT_LIMITS.len()],
+    /// The output limits (`max_tokens` and the like), read by the crate's rule.
+    pub output_limits: OutputLimits,
 }
 
 impl Fields {
@@ -49,11 +49,9 @@ impl Fields {
 
     /// The most output tokens the body allows, as
     /// [`output_limit`](tower_priority_limit::estimate::output_limit) reads it from a parsed
-    /// body: the first of [`OUTPUT_LIMITS`] that holds an unsigned integer.
+    /// body.
     pub fn output_limit(&self) -> Option<u64> {
-        self.output_limits
-            .iter()
-            .find_map(|v| v.as_ref().and_then(Value::as_u64))
+        self.output_limits.get()
     }
 }
 
@@ -87,7 +85,7 @@ impl<'de> Visitor<'de> for Body<'_> {
                 Key::Stream => fields.stream = Some(map.next_value()?),
                 Key::StreamOptions => fields.stream_options = Some(map.next_value()?),
                 Key::Required => fields.required = Some(map.next_value_seed(ShapeOf)?),
-                Key::OutputLimit(i) => fields.output_limits[i] = Some(map.next_value()?),
+                Key::OutputLimit(i) => fields.output_limits.set(i, map.next_value()?),
                 Key::Other => {
                     map.next_value::<IgnoredAny>()?;
                 }
@@ -156,7 +154,7 @@ impl<'de> Visitor<'de> for Name<'_> {
             "stream" => Key::Stream,
             "stream_options" => Key::StreamOptions,
             _ if self.required == Some(name) => Key::Required,
-            _ => match OUTPUT_LIMITS.iter().position(|n| *n == name) {
+            _ => match OutputLimits::slot(name) {
                 Some(i) => Key::OutputLimit(i),
                 None => Key::Other,
             },

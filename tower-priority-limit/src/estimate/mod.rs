@@ -9,6 +9,7 @@ mod prompt;
 mod tokenizer;
 
 pub use self::output::{
-    output_limit, EstimateStats, OutputEstimate, OUTPUT_LIMITS, OUTPUT_QUANTILE,
+    output_limit, EstimateStats, OutputEstimate, OutputLimits, TokenCount, OUTPUT_LIMITS,
+    OUTPUT_QUANTILE,
 };
 pub use self::prompt::prompt_tokens;

@@ -17,6 +17,88 @@ pub fn output_limit(body: &serde_json::Value) -> Option<u64> {
         .find_map(|name| body.get(name).and_then(serde_json::Value::as_u64))
 }
 
+/// [`output_limit`]'s rule for a reader that meets a body's members one by one, building no tree
+/// (the layer's body extractor, the gateway's): each member named in [`OUTPUT_LIMITS`] is
+/// [`set`](Self::set) as it comes, the last one given winning, and [`get`](Self::get) gives the
+/// first, in that order, that is a whole number.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct OutputLimits([Option<u64>; OUTPUT_LIMITS.len()]);
+
+impl OutputLimits {
+    /// The slot of member `name`, if it is one of [`OUTPUT_LIMITS`].
+    pub fn slot(name: &str) -> Option<usize> {
+        OUTPUT_LIMITS.iter().position(|n| *n == name)
+    }
+
+    /// Records the value of the member in `slot` (from [`slot`](Self::slot)).
+    pub fn set(&mut self, slot: usize, value: TokenCount) {
+        if let Some(s) = self.0.get_mut(slot) {
+            *s = value.0;
+        }
+    }
+
+    /// The output limit the members set.
+    pub fn get(&self) -> Option<u64> {
+        self.0.iter().find_map(|c| *c)
+    }
+}
+
+/// A token count as a client may write it: a non-negative integer is one; anything else (a
+/// string, a float, null, an object) is none, and never fails the parse.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct TokenCount(pub Option<u64>);
+
+impl<'de> serde::Deserialize<'de> for TokenCount {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visit;
+        impl<'de> serde::de::Visitor<'de> for Visit {
+            type Value = TokenCount;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a token count")
+            }
+            fn visit_u64<E>(self, v: u64) -> Result<TokenCount, E> {
+                Ok(TokenCount(Some(v)))
+            }
+            fn visit_i64<E>(self, _: i64) -> Result<TokenCount, E> {
+                Ok(TokenCount(None))
+            }
+            fn visit_f64<E>(self, _: f64) -> Result<TokenCount, E> {
+                Ok(TokenCount(None))
+            }
+            fn visit_str<E>(self, _: &str) -> Result<TokenCount, E> {
+                Ok(TokenCount(None))
+            }
+            fn visit_bool<E>(self, _: bool) -> Result<TokenCount, E> {
+                Ok(TokenCount(None))
+            }
+            fn visit_unit<E>(self) -> Result<TokenCount, E> {
+                Ok(TokenCount(None))
+            }
+            fn visit_none<E>(self) -> Result<TokenCount, E> {
+                Ok(TokenCount(None))
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<TokenCount, A::Error> {
+                while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {}
+                Ok(TokenCount(None))
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<TokenCount, A::Error> {
+                while map
+                    .next_entry::<serde::de::IgnoredAny, serde::de::IgnoredAny>()?
+                    .is_some()
+                {}
+                Ok(TokenCount(None))
+            }
+        }
+        deserializer.deserialize_any(Visit)
+    }
+}
+
 /// The quantile of observed completion lengths a request without `max_tokens` reserves.
 pub const OUTPUT_QUANTILE: f64 = 0.9;
 
