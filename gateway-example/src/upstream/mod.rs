@@ -40,9 +40,11 @@ use http::HeaderName;
 struct Prepared {
     /// The deployment's id, checked on use.
     id: String,
-    /// By the endpoint's position in [`Endpoint::ALL`](crate::endpoint::Endpoint::ALL); `None`
-    /// when its URL does not parse (the request then gets the error, made as it goes).
-    routes: Vec<Option<Route>>,
+    /// The format it speaks.
+    api: Api,
+    /// By the endpoint's position in [`Endpoint::ALL`](crate::endpoint::Endpoint::ALL); the URL
+    /// (redacted) when it does not parse, for the error its requests get.
+    routes: Vec<Result<Route, String>>,
     /// `Authorization: Bearer …` or `x-api-key: …`, marked sensitive.
     key: Option<(HeaderName, HeaderValue)>,
 }
@@ -54,6 +56,7 @@ impl std::fmt::Debug for Prepared {
 }
 
 impl Prepared {
+    /// `None` for a deployment without an upstream (`mock_response`).
     fn new(deployment: &Deployment) -> Option<Self> {
         let Target::Upstream {
             api_base,
@@ -67,9 +70,13 @@ impl Prepared {
             .iter()
             .map(|&e| {
                 let url = upstream_url(api_base, *api, e);
-                Route::new(url.parse().ok()?).ok()
+                url.parse()
+                    .ok()
+                    .and_then(|u| Route::new(u).ok())
+                    .ok_or_else(|| redact_url(&url))
             })
             .collect();
+        // Keys that cannot be a header value are refused when the config is loaded.
         let key = api_key.as_ref().and_then(|key| {
             let (name, value) = match api {
                 Api::OpenAi => (AUTHORIZATION, format!("Bearer {key}")),
@@ -81,6 +88,7 @@ impl Prepared {
         });
         Some(Self {
             id: deployment.id.clone(),
+            api: *api,
             routes,
             key,
         })
@@ -402,39 +410,31 @@ impl Upstream {
         time: Duration,
     ) -> Result<Response, UpstreamFailure> {
         let started = Instant::now();
-        let Target::Upstream { api_base, api, .. } = &deployment.target else {
-            return Err(UpstreamFailure::without_response(ApiError::internal(
-                "deployment has no upstream",
-            )));
-        };
-        let prepared = self
+        // Made now when the client was made without this deployment.
+        let made;
+        let prepared = match self
             .prepared
             .get(index)
             .and_then(Option::as_ref)
-            .filter(|p| p.id == deployment.id);
+            .filter(|p| p.id == deployment.id)
+        {
+            Some(prepared) => prepared,
+            None => {
+                made = Prepared::new(deployment).ok_or_else(|| {
+                    UpstreamFailure::without_response(ApiError::internal(
+                        "deployment has no upstream",
+                    ))
+                })?;
+                &made
+            }
+        };
         let endpoint = crate::endpoint::Endpoint::ALL
             .iter()
             .position(|&e| e == chat.endpoint)
             .unwrap_or_default();
-        // A client made without this deployment (or a URL that does not parse): worked out now.
-        let made;
-        let route = match prepared.and_then(|p| p.routes[endpoint].as_ref()) {
-            Some(route) => route,
-            None => {
-                let url = upstream_url(api_base, *api, chat.endpoint);
-                made = url
-                    .parse()
-                    .ok()
-                    .and_then(|u| Route::new(u).ok())
-                    .ok_or_else(|| {
-                        UpstreamFailure::without_response(ApiError::internal(format!(
-                            "bad upstream URL {}",
-                            redact_url(&url)
-                        )))
-                    })?;
-                &made
-            }
-        };
+        let route = prepared.routes[endpoint].as_ref().map_err(|url| {
+            UpstreamFailure::without_response(ApiError::internal(format!("bad upstream URL {url}")))
+        })?;
         let url = || redact_url(&route.url().to_string());
         let body = upstream_bytes(deployment, chat)
             .map_err(|e| UpstreamFailure::without_response(ApiError::internal(e)))?;
@@ -444,19 +444,10 @@ impl Upstream {
         headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
         // Compressed bytes could not be metered.
         headers.insert(ACCEPT_ENCODING, HeaderValue::from_static("identity"));
-        match prepared {
-            Some(p) => {
-                if let Some((name, value)) = &p.key {
-                    headers.insert(name.clone(), value.clone());
-                }
-            }
-            None => {
-                if let Some((name, value)) = Prepared::new(deployment).and_then(|p| p.key) {
-                    headers.insert(name, value);
-                }
-            }
+        if let Some((name, value)) = &prepared.key {
+            headers.insert(name.clone(), value.clone());
         }
-        if *api == Api::Anthropic {
+        if prepared.api == Api::Anthropic {
             for (name, value) in &chat.pass_on {
                 headers.append(name, value.clone());
             }
