@@ -182,12 +182,7 @@ impl Idle {
     fn put(&self, mut conn: Conn) {
         conn.idle_since = Instant::now();
         let mut list = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        // The oldest are at the front: drop the expired ones while here.
-        let expired = list
-            .iter()
-            .take_while(|c| c.idle_since.elapsed() >= IDLE_TIMEOUT)
-            .count();
-        list.drain(..expired);
+        // Expired ones are dropped by the sweep, or when taken.
         if list.len() < MAX_IDLE_PER_UPSTREAM {
             list.push(conn);
         }
