@@ -531,6 +531,18 @@ mod tests {
     use http_body_util::{BodyExt, Full};
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+    /// Reads a request's head (these requests have no body), lower-cased.
+    async fn read_head(stream: &mut tokio::net::TcpStream) -> String {
+        let mut got = Vec::new();
+        let mut buf = [0u8; 1024];
+        while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+            let n = stream.read(&mut buf).await.unwrap();
+            assert!(n > 0, "the request was cut short");
+            got.extend_from_slice(&buf[..n]);
+        }
+        String::from_utf8_lossy(&got).to_lowercase()
+    }
+
     fn idle_connections(client: &Client) -> usize {
         let lists = client.pool.idle.lock().unwrap();
         lists.values().map(|l| l.0.lock().unwrap().len()).sum()
@@ -545,14 +557,7 @@ mod tests {
         let (close, closed) = tokio::sync::oneshot::channel::<()>();
         tokio::spawn(async move {
             let (mut stream, _) = listener.accept().await.unwrap();
-            let mut got = Vec::new();
-            let mut buf = [0u8; 1024];
-            while !got.windows(4).any(|w| w == b"\r\n\r\n") {
-                let n = stream.read(&mut buf).await.unwrap();
-                assert!(n > 0);
-                got.extend_from_slice(&buf[..n]);
-            }
-            let head = String::from_utf8_lossy(&got).to_lowercase();
+            let head = read_head(&mut stream).await;
             assert!(head.starts_with("post /x http/1.1\r\n"), "{head}");
             assert!(head.contains(&format!("host: {addr}\r\n")), "{head}");
             stream
@@ -593,12 +598,7 @@ mod tests {
         let (more, wait_more) = tokio::sync::oneshot::channel::<()>();
         tokio::spawn(async move {
             let (mut stream, _) = listener.accept().await.unwrap();
-            let mut buf = [0u8; 1024];
-            let mut got = Vec::new();
-            while !got.windows(4).any(|w| w == b"\r\n\r\n") {
-                let n = stream.read(&mut buf).await.unwrap();
-                got.extend_from_slice(&buf[..n]);
-            }
+            read_head(&mut stream).await;
             stream
                 .write_all(
                     b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n\
