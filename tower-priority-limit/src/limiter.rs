@@ -8,7 +8,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::header::CONTENT_TYPE;
 use http::Response;
 
 use crate::body::ResponseBody;
@@ -366,12 +365,11 @@ impl<St: Store> Limiter<St> {
             lease.pool(),
             admitted,
         );
-        let mut meter =
-            UsageMeter::for_content_type(parts.headers.get(CONTENT_TYPE).map(|v| v.as_bytes()))
-                .with_max_reported_tokens(self.config().settings().max_reported_tokens);
-        if parts.status.is_success() {
-            meter = meter.with_prompt_estimate(prompt_estimate);
-        }
+        let meter = UsageMeter::for_response(
+            &parts,
+            self.config().settings().max_reported_tokens,
+            prompt_estimate,
+        );
         Response::from_parts(parts, ResponseBody::metered(body, meter, lease))
     }
 

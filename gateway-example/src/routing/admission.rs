@@ -5,8 +5,6 @@
 
 use axum::body::Body;
 use axum::response::Response;
-use http::header::CONTENT_TYPE;
-use http::HeaderValue;
 use tower_priority_limit::config::PoolRef;
 use tower_priority_limit::decision::{Admitted, Decision};
 use tower_priority_limit::meter::UsageMeter;
@@ -134,13 +132,7 @@ pub(super) fn charge(
         (_, _, Some(deployment)) => {
             let cap = router.limits.load().config().settings().max_reported_tokens;
             let (parts, body) = response.into_parts();
-            let mut meter = UsageMeter::for_content_type(
-                parts.headers.get(CONTENT_TYPE).map(HeaderValue::as_bytes),
-            )
-            .with_max_reported_tokens(cap);
-            if parts.status.is_success() {
-                meter = meter.with_prompt_estimate(chat.prompt_tokens);
-            }
+            let meter = UsageMeter::for_response(&parts, cap, chat.prompt_tokens);
             Response::from_parts(
                 parts,
                 Body::new(ResponseBody::metered(body, meter, deployment)),

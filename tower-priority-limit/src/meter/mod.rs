@@ -152,6 +152,29 @@ impl UsageMeter {
         }
     }
 
+    /// The meter of a response with head `parts`, counting as the limiter's layer does: its
+    /// body read by its content type, reported usage capped at `max_reported_tokens` and, for a
+    /// successful response that reports none, its text plus `prompt_estimate` (a failed one is
+    /// charged only what it reports).
+    pub fn for_response(
+        parts: &http::response::Parts,
+        max_reported_tokens: u64,
+        prompt_estimate: u64,
+    ) -> Self {
+        let meter = Self::for_content_type(
+            parts
+                .headers
+                .get(http::header::CONTENT_TYPE)
+                .map(|v| v.as_bytes()),
+        )
+        .with_max_reported_tokens(max_reported_tokens);
+        if parts.status.is_success() {
+            meter.with_prompt_estimate(prompt_estimate)
+        } else {
+            meter
+        }
+    }
+
     /// A meter for a `text/event-stream` body.
     pub fn sse() -> Self {
         UsageMeter {
