@@ -6,7 +6,6 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::external::available;
 
@@ -20,12 +19,7 @@ impl Chromium {
     /// The browser, or `None` (test skipped, loudly) where it is not installed.
     pub fn find(test: &str) -> Option<Self> {
         available(test, &["chromium"], "REQUIRE_CHROMIUM", "chromium")?;
-        static N: AtomicU64 = AtomicU64::new(0);
-        let profile = std::env::temp_dir().join(format!(
-            "tpl-chromium-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        ));
+        let profile = crate::external::unique_temp_path("tpl-chromium");
         std::fs::create_dir_all(&profile).expect("profile dir");
         Some(Self { profile })
     }

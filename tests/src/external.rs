@@ -3,7 +3,9 @@
 //! (set by `.ci/run`, which installs them) makes that a failure.
 
 use std::net::TcpListener;
+use std::path::PathBuf;
 use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Whether `binary --version` runs.
 pub fn have(binary: &str) -> bool {
@@ -43,4 +45,15 @@ pub fn free_port() -> u16 {
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
         .expect("a free loopback port")
+}
+
+/// A path under the system temp dir no other test of any process uses: `{prefix}-{pid}-{n}`.
+/// Not created.
+pub fn unique_temp_path(prefix: &str) -> PathBuf {
+    static N: AtomicU64 = AtomicU64::new(0);
+    std::env::temp_dir().join(format!(
+        "{prefix}-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ))
 }

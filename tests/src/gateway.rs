@@ -33,12 +33,7 @@ impl Default for TempDir {
 impl TempDir {
     /// A fresh path under the system temp dir (not created: the gateway creates its data dir).
     pub fn new() -> Self {
-        static N: AtomicUsize = AtomicUsize::new(0);
-        let dir = std::env::temp_dir().join(format!(
-            "gw-test-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        ));
+        let dir = crate::external::unique_temp_path("gw-test");
         let _ = std::fs::remove_dir_all(&dir);
         Self(dir)
     }

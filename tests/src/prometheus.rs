@@ -6,7 +6,6 @@
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -30,12 +29,7 @@ impl PrometheusServer {
     /// loudly) where Prometheus is not installed.
     pub async fn start(test: &str, target: &str, metrics_path: &str) -> Option<Self> {
         available(test, &["prometheus"], "REQUIRE_PROMETHEUS", "prometheus")?;
-        static N: AtomicU64 = AtomicU64::new(0);
-        let dir = std::env::temp_dir().join(format!(
-            "tpl-prometheus-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        ));
+        let dir = crate::external::unique_temp_path("tpl-prometheus");
         std::fs::create_dir_all(&dir).expect("scratch dir");
         let config = dir.join("prometheus.yml");
         std::fs::write(

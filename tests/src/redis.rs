@@ -11,7 +11,6 @@ use std::net::TcpStream;
 use crate::external::{available, free_port, required};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 /// Is `REQUIRE_REDIS=1` set?
@@ -30,12 +29,7 @@ fn check_available(test: &str) -> Option<()> {
 }
 
 fn scratch_dir() -> PathBuf {
-    static N: AtomicU64 = AtomicU64::new(0);
-    let dir = std::env::temp_dir().join(format!(
-        "tpl-redis-{}-{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    ));
+    let dir = crate::external::unique_temp_path("tpl-redis");
     std::fs::create_dir_all(&dir).expect("scratch dir");
     dir
 }
