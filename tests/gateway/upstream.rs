@@ -329,3 +329,49 @@ async fn a_body_that_cannot_be_sent_on_whole_is_refused_before_the_upstream() {
     assert_eq!(up.last().body["messages"][0]["content"], "hi");
     assert_eq!(up.last().body["model"], "gpt-x");
 }
+
+/// An upstream that answers with something that is not HTTP/1.1 (here a status line without a
+/// status) gets the client a 502 in the OpenAI shape that says the response was broken, and the
+/// gateway goes on serving.
+#[tokio::test]
+async fn an_upstream_answering_broken_http_is_a_502_that_says_so() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let (mut stream, _) = listener.accept().await.unwrap();
+            tokio::spawn(async move {
+                let mut buf = [0u8; 4096];
+                let mut got = Vec::new();
+                while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+                    let n = stream.read(&mut buf).await.unwrap();
+                    if n == 0 {
+                        return;
+                    }
+                    got.extend_from_slice(&buf[..n]);
+                }
+                let _ = stream.write_all(b"HTTP/1.1 OK\r\n\r\n{}").await;
+            });
+        }
+    });
+    let yaml = with_master(&format!(
+        r#"
+model_list:
+  - model_name: broken
+    litellm_params: {{model: openai/gpt-x, api_base: "http://{addr}/v1"}}
+  - model_name: luna
+    litellm_params: {{model: openai/luna, mock_response: "hi"}}
+router_settings: {{num_retries: 0}}
+"#
+    ));
+    let gw = Gw::start(&yaml, None).await;
+    let r = gw.chat(MASTER, "broken", false).await;
+    assert_eq!(r.status, 502, "{}", r.text());
+    assert_eq!(r.json()["error"]["type"], "api_connection_error");
+    assert_eq!(
+        r.error_message(),
+        "Upstream for broken sent a broken response: the response head is not valid HTTP/1.1"
+    );
+    assert_eq!(gw.chat(MASTER, "luna", false).await.status, 200);
+}

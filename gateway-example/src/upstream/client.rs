@@ -18,32 +18,35 @@
 
 use std::collections::HashMap;
 use std::future::{poll_fn, Future};
+use std::io;
 use std::pin::{pin, Pin};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::task::{ready, Context, Poll};
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use http::uri::{Authority, PathAndQuery, Scheme};
-use http::{HeaderValue, Request, Response, Uri};
+use http::{HeaderValue, Method, Request, Response, Uri, Version};
 use http_body::{Body, Frame, SizeHint};
-use http_body_util::Full;
-use hyper::body::Incoming;
-use hyper::client::conn::http1;
 use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder, MaybeHttpsStream};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tower::Service;
+
+use super::http1::{parse_head, write_request_head, Decoder, Gathered, ProtocolError};
 
 /// How long a connection may sit idle before it is dropped rather than reused (servers close
 /// idle keep-alive connections after a minute or more; hyper-util's client also keeps them 90 s).
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 /// Idle connections kept per upstream; more are closed when their responses end.
 const MAX_IDLE_PER_UPSTREAM: usize = 1024;
+/// Room made in a connection's read buffer before each read.
+const READ_SIZE: usize = 16 * 1024;
 
-type Io = MaybeHttpsStream<TokioIo<TcpStream>>;
-type Connection = http1::Connection<Io, Full<Bytes>>;
+/// A connection's byte stream: TCP, or TLS over TCP, as tokio reads and writes it.
+type Io = TokioIo<MaybeHttpsStream<TokioIo<TcpStream>>>;
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// Why a request got no response.
@@ -54,7 +57,9 @@ pub enum ClientError {
     /// No connection could be opened (DNS, refused, TLS, or the connect timeout).
     Connect(BoxError),
     /// The connection failed while sending the request or reading the response head.
-    Http(hyper::Error),
+    Io(io::Error),
+    /// The upstream's response head is not HTTP/1.1 as the client reads it, or did not come.
+    Protocol(ProtocolError),
 }
 
 impl std::fmt::Display for ClientError {
@@ -62,7 +67,8 @@ impl std::fmt::Display for ClientError {
         match self {
             ClientError::BadUrl => f.write_str("the URL has no scheme or host"),
             ClientError::Connect(e) => write!(f, "client error (Connect): {e}"),
-            ClientError::Http(e) => write!(f, "{e}"),
+            ClientError::Io(e) => write!(f, "connection error: {e}"),
+            ClientError::Protocol(e) => write!(f, "{e}"),
         }
     }
 }
@@ -72,7 +78,35 @@ impl std::error::Error for ClientError {
         match self {
             ClientError::BadUrl => None,
             ClientError::Connect(e) => Some(&**e),
-            ClientError::Http(e) => Some(e),
+            ClientError::Io(e) => Some(e),
+            ClientError::Protocol(e) => Some(e),
+        }
+    }
+}
+
+/// Why a response body broke off.
+#[derive(Debug)]
+pub enum BodyError {
+    /// Reading the connection failed.
+    Io(io::Error),
+    /// The body's framing is broken, or the connection closed before its end.
+    Protocol(ProtocolError),
+}
+
+impl std::fmt::Display for BodyError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            BodyError::Io(e) => write!(f, "error reading the response body: {e}"),
+            BodyError::Protocol(e) => write!(f, "error reading the response body: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for BodyError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            BodyError::Io(e) => Some(e),
+            BodyError::Protocol(e) => Some(e),
         }
     }
 }
@@ -91,7 +125,7 @@ struct Key {
 pub struct Route {
     key: Key,
     host: HeaderValue,
-    path: Uri,
+    path: PathAndQuery,
     url: Uri,
     /// The idle list of `key` in the pool of the client this route is first sent through (the
     /// gateway has one client).
@@ -114,11 +148,10 @@ impl Route {
             authority: authority.clone(),
         };
         let host = HeaderValue::try_from(host_of(&key)).map_err(|_| ClientError::BadUrl)?;
-        let path = Uri::from(
-            url.path_and_query()
-                .cloned()
-                .unwrap_or_else(|| PathAndQuery::from_static("/")),
-        );
+        let path = url
+            .path_and_query()
+            .cloned()
+            .unwrap_or_else(|| PathAndQuery::from_static("/"));
         Ok(Self {
             key,
             host,
@@ -129,30 +162,62 @@ impl Route {
     }
 }
 
-/// One open connection: where requests go in, and the connection itself, to be polled by
-/// whoever is using it.
+/// One open connection and the bytes read from it not yet used. Polled only by the request
+/// using it (or, idle, by the sweep).
 struct Conn {
-    sender: http1::SendRequest<Full<Bytes>>,
-    /// `None` once it has finished (closed by either side): not to be polled again. Boxed: it
-    /// holds the connection's buffers, and a `Conn` is moved with every request that uses it.
-    connection: Option<Box<Connection>>,
+    /// Boxed: TLS state is large, and a `Conn` is moved with every request that uses it.
+    io: Box<Io>,
+    read: BytesMut,
     idle_since: Instant,
 }
 
 impl Conn {
-    /// Drives the connection as far as it goes now; false once it has finished.
-    fn poll_connection(&mut self, cx: &mut Context<'_>) -> bool {
-        if let Some(connection) = &mut self.connection {
-            if Pin::new(&mut **connection).poll(cx).is_ready() {
-                self.connection = None;
-            }
+    /// Reads what the connection has into `read`; `Ok(0)` at its end.
+    fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
+        if self.read.capacity() - self.read.len() < READ_SIZE / 4 {
+            self.read.reserve(READ_SIZE);
         }
-        self.connection.is_some()
+        pin!(self.io.read_buf(&mut self.read)).poll(cx)
     }
 
-    /// Whether it can take a request now.
-    fn reusable(&mut self, cx: &mut Context<'_>) -> bool {
-        self.poll_connection(cx) && self.sender.is_ready() && !self.sender.is_closed()
+    /// Whether it can take a request: still open, and the upstream sent nothing unasked.
+    fn is_open(&mut self, cx: &mut Context<'_>) -> bool {
+        self.read.is_empty() && self.poll_fill(cx).is_pending()
+    }
+
+    /// Writes all of `bytes`. The error says whether any of them went out.
+    async fn write_all(&mut self, mut bytes: &[u8]) -> Result<(), (bool, io::Error)> {
+        let mut written = false;
+        while !bytes.is_empty() {
+            match self.io.write(bytes).await {
+                Ok(0) => return Err((written, io::ErrorKind::WriteZero.into())),
+                Ok(n) => {
+                    written = true;
+                    bytes = &bytes[n..];
+                }
+                Err(e) => return Err((written, e)),
+            }
+        }
+        self.io.flush().await.map_err(|e| (true, e))
+    }
+
+    /// Reads the response head (to a request of `method`).
+    async fn read_head(&mut self, method: &Method) -> Result<super::http1::Head, ClientError> {
+        poll_fn(|cx| loop {
+            if !self.read.is_empty() {
+                if let Some(head) =
+                    parse_head(&mut self.read, method).map_err(ClientError::Protocol)?
+                {
+                    return Poll::Ready(Ok(head));
+                }
+            }
+            match ready!(self.poll_fill(cx)) {
+                Ok(0) => return Poll::Ready(Err(ClientError::Protocol(ProtocolError::Incomplete))),
+                Ok(_) => {}
+                Err(e) => return Poll::Ready(Err(ClientError::Io(e))),
+            }
+        })
+        .await
     }
 }
 
@@ -215,7 +280,7 @@ impl Pool {
         let mut cx = Context::from_waker(std::task::Waker::noop());
         for list in lists {
             let mut list = list.0.lock().unwrap_or_else(|e| e.into_inner());
-            list.retain_mut(|c| c.idle_since.elapsed() < IDLE_TIMEOUT && c.reusable(&mut cx));
+            list.retain_mut(|c| c.idle_since.elapsed() < IDLE_TIMEOUT && c.is_open(&mut cx));
         }
     }
 }
@@ -289,7 +354,7 @@ impl Client {
     /// its body still to come: [`send`](Self::send) on the request's [`Route`], worked out here.
     pub async fn request(
         &self,
-        request: Request<Full<Bytes>>,
+        request: Request<Bytes>,
     ) -> Result<Response<UpstreamBody>, ClientError> {
         let route = Route::new(request.uri().clone())?;
         self.send(&route, request).await
@@ -297,42 +362,50 @@ impl Client {
 
     /// Sends `request` to `route` (the request's own URI is replaced by the route's path) and
     /// returns the response, its body still to come. It goes out in origin form with the route's
-    /// `Host` header unless the request has one.
+    /// `Host` header unless the request has one, and with its `content-length`.
     pub async fn send(
         &self,
         route: &Route,
-        request: Request<Full<Bytes>>,
+        request: Request<Bytes>,
     ) -> Result<Response<UpstreamBody>, ClientError> {
-        let (mut parts, body) = request.into_parts();
-        if !parts.headers.contains_key(http::header::HOST) {
-            parts.headers.insert(http::header::HOST, route.host.clone());
-        }
-        parts.uri = route.path.clone();
-        let mut request = Request::from_parts(parts, body);
+        let (parts, body) = request.into_parts();
+        // Head and body in one buffer: one write (as the server side does, see server.rs).
+        let mut wire = Vec::with_capacity(512 + body.len());
+        let host = (!parts.headers.contains_key(http::header::HOST)).then_some(&route.host);
+        write_request_head(
+            &mut wire,
+            &parts.method,
+            route.path.as_str(),
+            host,
+            &parts.headers,
+            body.len(),
+        );
+        wire.extend_from_slice(&body);
         let idle = route.idle.get_or_init(|| self.pool.idle(&route.key));
         loop {
             let (mut conn, reused) = match checkout(idle).await {
                 Some(conn) => (conn, true),
                 None => (self.connect(&route.url).await?, false),
             };
-            let sent = conn.sender.try_send_request(request);
-            match drive(&mut conn, sent).await {
-                Ok(response) => {
-                    let idle = Arc::clone(idle);
-                    return Ok(response.map(|body| UpstreamBody {
-                        body,
-                        conn: Some(conn),
-                        idle,
-                        after: None,
-                    }));
-                }
-                // The upstream closed a kept connection before the request went out on it: it
-                // saw nothing, so a new connection is tried.
-                Err(mut e) if reused && e.message().is_some() => {
-                    request = e.take_message().expect("checked above");
-                }
-                Err(e) => return Err(ClientError::Http(e.into_error())),
+            match conn.write_all(&wire).await {
+                Ok(()) => {}
+                // The upstream closed a kept connection before any of the request went out on
+                // it: it saw nothing, so a new connection is tried.
+                Err((false, _)) if reused => continue,
+                Err((_, e)) => return Err(ClientError::Io(e)),
             }
+            let head = conn.read_head(&parts.method).await?;
+            let mut response = Response::new(UpstreamBody {
+                conn: Some(conn),
+                decoder: head.framing,
+                keep_alive: head.keep_alive,
+                idle: Arc::clone(idle),
+                error: None,
+            });
+            *response.status_mut() = head.status;
+            *response.headers_mut() = head.headers;
+            *response.version_mut() = Version::HTTP_11;
+            return Ok(response);
         }
     }
 
@@ -343,15 +416,9 @@ impl Client {
             .call(target.clone())
             .await
             .map_err(ClientError::Connect)?;
-        // Small requests: one buffer and one `write`, as the server side does (see server.rs).
-        let (sender, connection) = http1::Builder::new()
-            .writev(false)
-            .handshake(io)
-            .await
-            .map_err(ClientError::Http)?;
         Ok(Conn {
-            sender,
-            connection: Some(Box::new(connection)),
+            io: Box::new(TokioIo::new(io)),
+            read: BytesMut::with_capacity(READ_SIZE),
             idle_since: Instant::now(),
         })
     }
@@ -361,8 +428,8 @@ impl Client {
 async fn checkout(idle: &Idle) -> Option<Conn> {
     loop {
         let mut conn = idle.take()?;
-        // Polling it reads what the upstream did meanwhile (a close, say).
-        if poll_fn(|cx| Poll::Ready(conn.reusable(cx))).await {
+        // Reading it shows what the upstream did meanwhile (a close, say).
+        if poll_fn(|cx| Poll::Ready(conn.is_open(cx))).await {
             return Some(conn);
         }
     }
@@ -379,30 +446,18 @@ fn host_of(key: &Key) -> String {
     }
 }
 
-/// Polls `conn`'s connection beside `response` until the response head is in.
-async fn drive<F, T>(conn: &mut Conn, response: F) -> T
-where
-    F: Future<Output = T>,
-{
-    let mut response = pin!(response);
-    poll_fn(|cx| {
-        conn.poll_connection(cx);
-        response.as_mut().poll(cx)
-    })
-    .await
-}
-
-/// A response body from an upstream. Polling it drives its connection; at its end the
-/// connection goes back to the pool, if the connection can take another request.
+/// A response body from an upstream, read from its connection by whoever polls it. At its end
+/// the connection goes back to the pool, if it can take another request.
 pub struct UpstreamBody {
-    body: Incoming,
-    /// `None` once given back (or finished).
+    /// `None` once given back, or after an error.
     conn: Option<Conn>,
+    decoder: Decoder,
+    /// The response lets the connection carry another request.
+    keep_alive: bool,
     /// Where the connection goes back to.
     idle: Arc<Idle>,
-    /// What the body said after the data gathered into the last frame (its end, an error,
-    /// trailers): answered at the next poll.
-    after: Option<Option<Result<Frame<Bytes>, hyper::Error>>>,
+    /// An error met after the data gathered into the last frame: answered at the next poll.
+    error: Option<BodyError>,
 }
 
 impl std::fmt::Debug for UpstreamBody {
@@ -411,115 +466,83 @@ impl std::fmt::Debug for UpstreamBody {
     }
 }
 
+/// The most data one frame gathers (see [`UpstreamBody`]'s `poll_frame`).
+const MAX_GATHERED: usize = 64 * 1024;
+
 impl UpstreamBody {
-    /// Gives the connection back to the pool if it can take another request.
-    fn release(&mut self, cx: &mut Context<'_>) {
-        if let Some(mut conn) = self.conn.take() {
-            // One more poll lets the connection see the response is done and ask for the next.
-            if conn.reusable(cx) {
+    /// The body has ended: its connection goes back to the pool if the response allows and
+    /// nothing more was read (bytes after a response are not a next one's: the connection is
+    /// dropped).
+    fn release(&mut self) {
+        if let Some(conn) = self.conn.take() {
+            if self.keep_alive && conn.read.is_empty() {
                 self.idle.put(conn);
             }
         }
     }
 }
 
-/// The most data one frame gathers (see [`UpstreamBody`]'s `poll_frame`).
-const MAX_GATHERED: usize = 64 * 1024;
-
-impl UpstreamBody {
-    /// Drives the connection and polls the body for its next frame, giving the connection back
-    /// at the body's end (or dropping it on an error).
-    fn poll_next(
-        &mut self,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
-        if let Some(conn) = &mut self.conn {
-            if !conn.poll_connection(cx) {
-                // Finished: what it read is in the body's channel; nothing to give back.
-                self.conn = None;
-            }
-        }
-        let frame = ready!(Pin::new(&mut self.body).poll_frame(cx));
-        match &frame {
-            Some(Ok(_)) if self.body.is_end_stream() => self.release(cx),
-            None => self.release(cx),
-            Some(Err(_)) => self.conn = None,
-            Some(Ok(_)) => {}
-        }
-        Poll::Ready(frame)
-    }
-}
-
 impl Body for UpstreamBody {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = BodyError;
 
-    /// The next data, gathered: after a data frame, the frames already read from the upstream
-    /// (an SSE burst decoded from one read) are joined to it, up to 64 KiB,
-    /// without waiting for more. Every layer above, the meter and the chunked encoding to the
-    /// client then handle one frame per read of the upstream instead of one per event.
+    /// The next data, gathered: everything already read from the upstream is decoded into one
+    /// frame (an SSE burst that came in one read, up to 64 KiB), without waiting for more. Every
+    /// layer above, the meter and the chunked encoding to the client then handle one frame per
+    /// read of the upstream instead of one per event. Trailers are read past and dropped.
     fn poll_frame(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
         let this = &mut *self;
-        if let Some(after) = this.after.take() {
-            return Poll::Ready(after);
+        if let Some(e) = this.error.take() {
+            return Poll::Ready(Some(Err(e)));
         }
-        let first = match ready!(this.poll_next(cx)) {
-            Some(Ok(frame)) => match frame.into_data() {
-                Ok(data) => data,
-                Err(trailers) => return Poll::Ready(Some(Ok(trailers))),
-            },
-            other => return Poll::Ready(other),
+        let Some(conn) = this.conn.as_mut() else {
+            return Poll::Ready(None);
         };
-        if this.body.is_end_stream() {
-            return Poll::Ready(Some(Ok(Frame::data(first))));
-        }
-        let mut gathered: Option<bytes::BytesMut> = None;
-        while gathered.as_ref().map_or(first.len(), |g| g.len()) < MAX_GATHERED {
-            let Poll::Ready(next) = this.poll_next(cx) else {
-                break;
-            };
-            let data = match next {
-                Some(Ok(frame)) => match frame.into_data() {
-                    Ok(data) => data,
-                    Err(trailers) => {
-                        this.after = Some(Some(Ok(trailers)));
-                        break;
-                    }
-                },
-                other => {
-                    this.after = Some(other);
-                    break;
+        let mut out = Gathered::default();
+        let ended = loop {
+            match this.decoder.decode(&mut conn.read, &mut out) {
+                Ok(true) => break Ok(()),
+                Ok(false) => {}
+                Err(e) => break Err(BodyError::Protocol(e)),
+            }
+            if out.len() >= MAX_GATHERED {
+                return Poll::Ready(out.take().map(|d| Ok(Frame::data(d))));
+            }
+            match conn.poll_fill(cx) {
+                Poll::Pending if out.is_empty() => return Poll::Pending,
+                Poll::Pending => return Poll::Ready(out.take().map(|d| Ok(Frame::data(d)))),
+                Poll::Ready(Ok(0)) => {
+                    break this.decoder.end_of_input().map_err(BodyError::Protocol);
                 }
-            };
-            gathered
-                .get_or_insert_with(|| {
-                    let mut joined = bytes::BytesMut::with_capacity(first.len() * 8);
-                    joined.extend_from_slice(&first);
-                    joined
-                })
-                .extend_from_slice(&data);
-            if this.body.is_end_stream() {
-                break;
+                Poll::Ready(Ok(_)) => {}
+                Poll::Ready(Err(e)) => break Err(BodyError::Io(e)),
+            }
+        };
+        match ended {
+            Ok(()) => this.release(),
+            Err(e) => {
+                this.conn = None;
+                if out.is_empty() {
+                    return Poll::Ready(Some(Err(e)));
+                }
+                this.error = Some(e);
             }
         }
-        Poll::Ready(Some(Ok(Frame::data(
-            gathered.map_or(first, bytes::BytesMut::freeze),
-        ))))
+        Poll::Ready(out.take().map(|d| Ok(Frame::data(d))))
     }
 
     fn is_end_stream(&self) -> bool {
-        match &self.after {
-            Some(None) => true,
-            Some(Some(_)) => false,
-            None => self.body.is_end_stream(),
-        }
+        self.error.is_none() && (self.conn.is_none() || self.decoder.is_done())
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.body.size_hint()
+        match self.decoder.remaining() {
+            Some(n) => SizeHint::with_exact(n),
+            None => SizeHint::default(),
+        }
     }
 }
 
@@ -528,7 +551,8 @@ mod tests {
     use super::{host_of, Client, Key, Route};
     use bytes::Bytes;
     use http::Request;
-    use http_body_util::{BodyExt, Full};
+    use http_body_util::BodyExt;
+    use std::sync::{Arc, Mutex};
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     /// Reads a request's head (these requests have no body), lower-cased.
@@ -568,7 +592,7 @@ mod tests {
         });
         let client = Client::default();
         let request = Request::post(format!("http://{addr}/x"))
-            .body(Full::new(Bytes::new()))
+            .body(Bytes::new())
             .unwrap();
         let response = client.request(request).await.unwrap();
         let body = response.into_body().collect().await.unwrap().to_bytes();
@@ -612,7 +636,7 @@ mod tests {
         });
         let client = Client::default();
         let request = Request::post(format!("http://{addr}/s"))
-            .body(Full::new(Bytes::new()))
+            .body(Bytes::new())
             .unwrap();
         let mut body = client.request(request).await.unwrap().into_body();
         let first = body.frame().await.unwrap().unwrap().into_data().unwrap();
@@ -632,6 +656,119 @@ mod tests {
         };
         assert!(rest.starts_with(b"four"), "{rest:?}");
         assert!(error.to_string().contains("body"), "{error}");
+    }
+
+    /// An upstream answering each request with the next of `answers` (raw bytes), on whatever
+    /// connection it came, and closing that connection after an answer marked so. Returns its
+    /// address and how many connections it accepted.
+    async fn raw_upstream(
+        answers: Vec<(Vec<u8>, bool)>,
+    ) -> (std::net::SocketAddr, Arc<std::sync::atomic::AtomicUsize>) {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let answers = Arc::new(Mutex::new(std::collections::VecDeque::from(answers)));
+        let counter = Arc::clone(&accepted);
+        tokio::spawn(async move {
+            loop {
+                let (mut stream, _) = listener.accept().await.unwrap();
+                counter.fetch_add(1, Ordering::SeqCst);
+                let answers = Arc::clone(&answers);
+                tokio::spawn(async move {
+                    loop {
+                        read_head(&mut stream).await;
+                        let next = answers.lock().unwrap().pop_front();
+                        let Some((answer, close)) = next else { return };
+                        stream.write_all(&answer).await.unwrap();
+                        if close {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        (addr, accepted)
+    }
+
+    async fn get(client: &Client, addr: std::net::SocketAddr) -> Result<(u16, Bytes), String> {
+        let request = Request::post(format!("http://{addr}/x"))
+            .body(Bytes::new())
+            .unwrap();
+        let response = client.request(request).await.map_err(|e| e.to_string())?;
+        let status = response.status().as_u16();
+        let body = response
+            .into_body()
+            .collect()
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok((status, body.to_bytes()))
+    }
+
+    /// How a response is delimited decides whether its connection is kept: `1xx` heads are read
+    /// past, `connection: close`, a body that runs to the close and bytes after a body each
+    /// mean a new connection for the next request, trailers are dropped.
+    #[tokio::test]
+    async fn the_framing_of_each_response_decides_whether_its_connection_is_kept() {
+        use std::sync::atomic::Ordering;
+        let answers: Vec<(&[u8], bool)> = vec![
+            (b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok", false),
+            (b"HTTP/1.1 200 OK\r\nconnection: close\r\ncontent-length: 2\r\n\r\nok", true),
+            (b"HTTP/1.1 200 OK\r\n\r\nto the close", true),
+            (b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nokEXTRA", false),
+            (b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n2\r\nok\r\n0\r\nx-t: 1\r\n\r\n", false),
+            (b"HTTP/1.1 204 No Content\r\n\r\n", false),
+        ];
+        let (addr, accepted) =
+            raw_upstream(answers.iter().map(|(a, c)| (a.to_vec(), *c)).collect()).await;
+        let client = Client::default();
+        // (status, body, kept after it, connections accepted so far)
+        let expected: [(u16, &str, usize, usize); 6] = [
+            (200, "ok", 1, 1),
+            (200, "ok", 0, 1),
+            (200, "to the close", 0, 2),
+            (200, "ok", 0, 3),
+            (200, "ok", 1, 4),
+            (204, "", 1, 4),
+        ];
+        for (i, (status, body, kept, connections)) in expected.into_iter().enumerate() {
+            let (got_status, got_body) = get(&client, addr).await.unwrap();
+            assert_eq!(
+                (got_status, &got_body[..]),
+                (status, body.as_bytes()),
+                "answer {i}"
+            );
+            assert_eq!(idle_connections(&client), kept, "answer {i}");
+            assert_eq!(accepted.load(Ordering::SeqCst), connections, "answer {i}");
+        }
+    }
+
+    /// A broken answer is an error that says what broke, for the head and for the body.
+    #[tokio::test]
+    async fn broken_answers_are_errors_that_say_what_broke() {
+        let huge = format!("HTTP/1.1 200 OK\r\nx: {}", "a".repeat(70 * 1024));
+        let cases: [(&[u8], &str); 5] = [
+            (
+                b"HTTP/1.1 abc\r\n\r\n",
+                "the response head is not valid HTTP/1.1",
+            ),
+            (b"", "the connection closed before the response ended"),
+            (huge.as_bytes(), "the response head is too large"),
+            (
+                b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nabc",
+                "error reading the response body: the connection closed before the response ended",
+            ),
+            (
+                b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\nzz\r\n",
+                "error reading the response body: the response body has an invalid chunk size line",
+            ),
+        ];
+        for (answer, error) in cases {
+            let (addr, _) = raw_upstream(vec![(answer.to_vec(), true)]).await;
+            let client = Client::default();
+            assert_eq!(get(&client, addr).await.unwrap_err(), error);
+            assert_eq!(idle_connections(&client), 0);
+        }
     }
 
     /// `Host` is the URL's host and non-default port, never its `user:password@`.

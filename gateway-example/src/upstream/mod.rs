@@ -19,7 +19,7 @@ use axum::response::Response;
 use bytes::Bytes;
 use http::header::{ACCEPT_ENCODING, AUTHORIZATION, CONTENT_TYPE};
 use http::{HeaderValue, Method, Request, StatusCode};
-use http_body_util::{BodyExt, Full, Limited};
+use http_body_util::{BodyExt, Limited};
 use serde_json::Value;
 use tower_priority_limit::redact::redact_url;
 
@@ -30,8 +30,9 @@ use crate::idle::IdleBody;
 use crate::signal::{streams_end, StreamsEnd};
 
 pub mod client;
+mod http1;
 
-use client::{Client, Route, UpstreamBody};
+use client::{Client, ClientError, Route, UpstreamBody};
 use http::HeaderName;
 
 /// What [`Upstream::forward`] sends to one deployment that is the same for every request, worked
@@ -438,7 +439,7 @@ impl Upstream {
         let url = || redact_url(&route.url().to_string());
         let body = upstream_bytes(deployment, chat)
             .map_err(|e| UpstreamFailure::without_response(ApiError::internal(e)))?;
-        let mut request = Request::new(Full::new(body));
+        let mut request = Request::new(body);
         *request.method_mut() = Method::POST;
         let headers = request.headers_mut();
         headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
@@ -468,10 +469,14 @@ impl Upstream {
                     error = %e,
                     "upstream request failed"
                 );
+                let what = match e {
+                    ClientError::Protocol(_) => "sent a broken response",
+                    _ => "is unreachable",
+                };
                 return Err(UpstreamFailure::without_response(ApiError::new(
                     StatusCode::BAD_GATEWAY,
                     "api_connection_error",
-                    format!("Upstream for {} is unreachable: {e}", deployment.model_name),
+                    format!("Upstream for {} {what}: {e}", deployment.model_name),
                 )));
             }
             Ok(Ok(response)) => response,

@@ -1,0 +1,735 @@
+//! HTTP/1.1 as the client to upstreams speaks it, as pure functions over bytes: the request head
+//! written, the response head parsed (by `httparse`, hyper's own parser), the body's framing read
+//! from that head, and the body decoded.
+//!
+//! Why not hyper's client connection: it hands each body frame from its connection state machine
+//! to the response body through a channel (a want/wake handshake per frame), and its chunked
+//! decoder reads every chunk-size line byte by byte: together about a third of what a streamed
+//! response cost the gateway. Here a chunk's size line is found with one `memchr`, the chunks
+//! already read are decoded in one call, and data is sliced out of the read buffer, not copied.
+//!
+//! What the decoder accepts is strict where the framing is at stake (chunk sizes, the CRLF after a
+//! chunk's data, a bounded size line and trailer section) and ignores what does not change it:
+//! chunk extensions and trailers are read past and dropped.
+
+use bytes::{Bytes, BytesMut};
+use http::header::{HeaderName, CONNECTION, CONTENT_LENGTH, TRANSFER_ENCODING};
+use http::{HeaderMap, HeaderValue, Method, StatusCode};
+
+/// The longest response head read; a longer one is an error.
+pub(super) const MAX_HEAD: usize = 64 * 1024;
+/// The most header lines a response head may have.
+const MAX_HEADERS: usize = 128;
+/// The longest chunk-size line (the size and any extensions).
+const MAX_CHUNK_LINE: usize = 4 * 1024;
+/// The most bytes of trailers read (and dropped) after the last chunk.
+const MAX_TRAILERS: usize = 16 * 1024;
+
+/// What the upstream sent that is not HTTP/1.1 as this client reads it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProtocolError {
+    /// The response head does not parse.
+    BadHead,
+    /// The response head is longer than [`MAX_HEAD`] bytes or has too many headers.
+    HeadTooLarge,
+    /// A `101 Switching Protocols` the client did not ask for.
+    UnaskedUpgrade,
+    /// `Content-Length` is not one number (or several that differ).
+    BadContentLength,
+    /// A chunk's size line is not a hexadecimal size, is too long, or the size overflows.
+    BadChunkSize,
+    /// A chunk's data is not followed by CRLF.
+    BadChunkEnd,
+    /// The trailers after the last chunk are longer than allowed.
+    TrailersTooLarge,
+    /// The connection ended before the response did.
+    Incomplete,
+}
+
+impl std::fmt::Display for ProtocolError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            ProtocolError::BadHead => "the response head is not valid HTTP/1.1",
+            ProtocolError::HeadTooLarge => "the response head is too large",
+            ProtocolError::UnaskedUpgrade => "the upstream switched protocols unasked",
+            ProtocolError::BadContentLength => "the response has an invalid content-length",
+            ProtocolError::BadChunkSize => "the response body has an invalid chunk size line",
+            ProtocolError::BadChunkEnd => "the response body has a chunk not ended by CRLF",
+            ProtocolError::TrailersTooLarge => "the response body's trailers are too large",
+            ProtocolError::Incomplete => "the connection closed before the response ended",
+        })
+    }
+}
+
+impl std::error::Error for ProtocolError {}
+
+/// Appends the head of a request with a body of `body_len` bytes: `method path HTTP/1.1`, `host`
+/// if given, the headers as they are (lower-case names) and a `content-length` (one in `headers`,
+/// or a `transfer-encoding`, is left out: the body is sent whole).
+pub(super) fn write_request_head(
+    out: &mut Vec<u8>,
+    method: &Method,
+    path: &str,
+    host: Option<&HeaderValue>,
+    headers: &HeaderMap,
+    body_len: usize,
+) {
+    out.extend_from_slice(method.as_str().as_bytes());
+    out.push(b' ');
+    out.extend_from_slice(path.as_bytes());
+    out.extend_from_slice(b" HTTP/1.1\r\n");
+    if let Some(host) = host {
+        out.extend_from_slice(b"host: ");
+        out.extend_from_slice(host.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    for (name, value) in headers {
+        if name == CONTENT_LENGTH || name == TRANSFER_ENCODING {
+            continue;
+        }
+        out.extend_from_slice(name.as_str().as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(value.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    out.extend_from_slice(b"content-length: ");
+    out.extend_from_slice(itoa_usize(body_len, &mut [0u8; 20]));
+    out.extend_from_slice(b"\r\n\r\n");
+}
+
+/// `n` in decimal, written at the end of `buf`.
+fn itoa_usize(mut n: usize, buf: &mut [u8; 20]) -> &[u8] {
+    let mut at = buf.len();
+    loop {
+        at -= 1;
+        buf[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            return &buf[at..];
+        }
+    }
+}
+
+/// A parsed response head.
+#[derive(Debug)]
+pub(super) struct Head {
+    pub(super) status: StatusCode,
+    pub(super) headers: HeaderMap,
+    /// How the body that follows is delimited.
+    pub(super) framing: Decoder,
+    /// Whether the connection may carry another request once the body has been read.
+    pub(super) keep_alive: bool,
+}
+
+/// Parses the response head at the start of `buf`, answering a request of `method`. `Ok(None)`:
+/// not all of it is in yet. A `1xx` head (other than `101`) is consumed and the next one read;
+/// the head is taken out of `buf`, which then starts with the body.
+pub(super) fn parse_head(
+    buf: &mut BytesMut,
+    method: &Method,
+) -> Result<Option<Head>, ProtocolError> {
+    loop {
+        let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+        let mut response = httparse::Response::new(&mut headers);
+        let len = match response.parse(buf) {
+            Ok(httparse::Status::Complete(len)) => len,
+            Ok(httparse::Status::Partial) if buf.len() > MAX_HEAD => {
+                return Err(ProtocolError::HeadTooLarge)
+            }
+            Ok(httparse::Status::Partial) => return Ok(None),
+            Err(httparse::Error::TooManyHeaders) => return Err(ProtocolError::HeadTooLarge),
+            Err(_) => return Err(ProtocolError::BadHead),
+        };
+        if len > MAX_HEAD {
+            return Err(ProtocolError::HeadTooLarge);
+        }
+        let code = response.code.ok_or(ProtocolError::BadHead)?;
+        let status = StatusCode::from_u16(code).map_err(|_| ProtocolError::BadHead)?;
+        let version_1_1 = response.version == Some(1);
+        if status == StatusCode::SWITCHING_PROTOCOLS {
+            return Err(ProtocolError::UnaskedUpgrade);
+        }
+        if status.is_informational() {
+            // `100 Continue`, `103 Early Hints`: the real answer follows.
+            let _ = buf.split_to(len);
+            continue;
+        }
+        // The values are slices of the head's bytes, not copies.
+        let names: Vec<(HeaderName, std::ops::Range<usize>)> = {
+            let base = buf.as_ptr() as usize;
+            let mut names = Vec::with_capacity(response.headers.len());
+            for h in response.headers.iter() {
+                let name = HeaderName::from_bytes(h.name.as_bytes())
+                    .map_err(|_| ProtocolError::BadHead)?;
+                let start = h.value.as_ptr() as usize - base;
+                names.push((name, start..start + h.value.len()));
+            }
+            names
+        };
+        let bytes = buf.split_to(len).freeze();
+        let mut headers = HeaderMap::with_capacity(names.len());
+        for (name, range) in names {
+            let value = HeaderValue::from_maybe_shared(bytes.slice(range))
+                .map_err(|_| ProtocolError::BadHead)?;
+            headers.append(name, value);
+        }
+        let framing = framing(status, method, &headers)?;
+        let keep_alive = version_1_1
+            && !matches!(framing, Decoder::Close)
+            && !has_token(&headers, &CONNECTION, b"close");
+        return Ok(Some(Head {
+            status,
+            headers,
+            framing,
+            keep_alive,
+        }));
+    }
+}
+
+/// How the body after a head is delimited (RFC 9112, section 6.3).
+fn framing(
+    status: StatusCode,
+    method: &Method,
+    headers: &HeaderMap,
+) -> Result<Decoder, ProtocolError> {
+    if method == Method::HEAD
+        || status == StatusCode::NO_CONTENT
+        || status == StatusCode::NOT_MODIFIED
+    {
+        return Ok(Decoder::Length(0));
+    }
+    if headers.contains_key(TRANSFER_ENCODING) {
+        // Chunked only when it is the last coding; anything else runs to the connection's close.
+        let last = headers
+            .get_all(TRANSFER_ENCODING)
+            .iter()
+            .next_back()
+            .and_then(|v| v.as_bytes().rsplit(|&b| b == b',').next())
+            .map(<[u8]>::trim_ascii);
+        return Ok(match last {
+            Some(coding) if coding.eq_ignore_ascii_case(b"chunked") => {
+                Decoder::Chunked(Chunk::Size)
+            }
+            _ => Decoder::Close,
+        });
+    }
+    let mut length = None;
+    for value in headers.get_all(CONTENT_LENGTH) {
+        for part in value.as_bytes().split(|&b| b == b',') {
+            let n = parse_decimal(part.trim_ascii()).ok_or(ProtocolError::BadContentLength)?;
+            if length.is_some_and(|l| l != n) {
+                return Err(ProtocolError::BadContentLength);
+            }
+            length = Some(n);
+        }
+    }
+    Ok(length.map_or(Decoder::Close, Decoder::Length))
+}
+
+fn parse_decimal(digits: &[u8]) -> Option<u64> {
+    if digits.is_empty() || digits.len() > 19 {
+        return None;
+    }
+    digits.iter().try_fold(0u64, |n, &d| {
+        d.is_ascii_digit().then(|| n * 10 + u64::from(d - b'0'))
+    })
+}
+
+/// Whether a comma-separated header has `token` (case-insensitive).
+fn has_token(headers: &HeaderMap, name: &HeaderName, token: &[u8]) -> bool {
+    headers.get_all(name).iter().any(|v| {
+        v.as_bytes()
+            .split(|&b| b == b',')
+            .any(|t| t.trim_ascii().eq_ignore_ascii_case(token))
+    })
+}
+
+/// Decodes a response body, from bytes as they are read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Decoder {
+    /// `Content-Length`: this many bytes still to come.
+    Length(u64),
+    /// `Transfer-Encoding: chunked`, at this point of the chunk framing.
+    Chunked(Chunk),
+    /// No length: the body runs until the upstream closes the connection.
+    Close,
+    /// The body has ended.
+    Done,
+}
+
+/// Where a chunked body's decoding is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Chunk {
+    /// At a chunk-size line.
+    Size,
+    /// Inside a chunk's data: this many bytes still to come.
+    Data(u64),
+    /// After a chunk's data: its CRLF.
+    DataEnd,
+    /// After the last (empty) chunk: trailer lines up to an empty one, this many bytes so far.
+    Trailers(usize),
+}
+
+impl Decoder {
+    /// Whether the body has ended.
+    pub(super) fn is_done(&self) -> bool {
+        matches!(self, Decoder::Done | Decoder::Length(0))
+    }
+
+    /// Data bytes still to come, when the framing says.
+    pub(super) fn remaining(&self) -> Option<u64> {
+        match self {
+            Decoder::Length(n) => Some(*n),
+            Decoder::Done => Some(0),
+            _ => None,
+        }
+    }
+
+    /// Decodes as much of `buf` as it can, taking the body's data out of it into `out` (the
+    /// framing bytes are dropped); what belongs to no complete piece stays in `buf` for the next
+    /// call. True when the body has ended (what is left in `buf` then is not the body's).
+    pub(super) fn decode(
+        &mut self,
+        buf: &mut BytesMut,
+        out: &mut Gathered,
+    ) -> Result<bool, ProtocolError> {
+        loop {
+            match self {
+                Decoder::Done => return Ok(true),
+                Decoder::Length(0) => {
+                    *self = Decoder::Done;
+                    return Ok(true);
+                }
+                Decoder::Length(n) => {
+                    let take = (*n).min(buf.len() as u64) as usize;
+                    if take == 0 {
+                        return Ok(false);
+                    }
+                    out.push(buf.split_to(take).freeze());
+                    *n -= take as u64;
+                }
+                Decoder::Close => {
+                    if !buf.is_empty() {
+                        out.push(buf.split().freeze());
+                    }
+                    return Ok(false);
+                }
+                Decoder::Chunked(chunk) => match decode_chunked(chunk, buf, out)? {
+                    true => *self = Decoder::Done,
+                    false => return Ok(false),
+                },
+            }
+        }
+    }
+
+    /// The connection ended: fine for a body that runs to the close (now done), an error for
+    /// any other that has not ended.
+    pub(super) fn end_of_input(&mut self) -> Result<(), ProtocolError> {
+        match self {
+            Decoder::Close => {
+                *self = Decoder::Done;
+                Ok(())
+            }
+            d if d.is_done() => Ok(()),
+            _ => Err(ProtocolError::Incomplete),
+        }
+    }
+}
+
+/// [`Decoder::decode`] for a chunked body; true at its end.
+fn decode_chunked(
+    chunk: &mut Chunk,
+    buf: &mut BytesMut,
+    out: &mut Gathered,
+) -> Result<bool, ProtocolError> {
+    loop {
+        match chunk {
+            Chunk::Size => {
+                let Some(end) = memchr::memchr(b'\n', buf) else {
+                    return if buf.len() > MAX_CHUNK_LINE {
+                        Err(ProtocolError::BadChunkSize)
+                    } else {
+                        Ok(false)
+                    };
+                };
+                if end > MAX_CHUNK_LINE {
+                    return Err(ProtocolError::BadChunkSize);
+                }
+                let size = chunk_size(&buf[..end])?;
+                let _ = buf.split_to(end + 1);
+                *chunk = if size == 0 {
+                    Chunk::Trailers(0)
+                } else {
+                    Chunk::Data(size)
+                };
+            }
+            Chunk::Data(n) => {
+                let take = (*n).min(buf.len() as u64) as usize;
+                if take == 0 {
+                    return Ok(false);
+                }
+                out.push(buf.split_to(take).freeze());
+                *n -= take as u64;
+                if *n == 0 {
+                    *chunk = Chunk::DataEnd;
+                }
+            }
+            Chunk::DataEnd => match &buf[..buf.len().min(2)] {
+                b"\r\n" => {
+                    let _ = buf.split_to(2);
+                    *chunk = Chunk::Size;
+                }
+                b"" | b"\r" => return Ok(false),
+                _ => return Err(ProtocolError::BadChunkEnd),
+            },
+            Chunk::Trailers(read) => {
+                let Some(end) = memchr::memchr(b'\n', buf) else {
+                    return if *read + buf.len() > MAX_TRAILERS {
+                        Err(ProtocolError::TrailersTooLarge)
+                    } else {
+                        Ok(false)
+                    };
+                };
+                let line = buf.split_to(end + 1);
+                let blank = matches!(&line[..], b"\r\n" | b"\n");
+                if blank {
+                    return Ok(true);
+                }
+                *read += line.len();
+                if *read > MAX_TRAILERS {
+                    return Err(ProtocolError::TrailersTooLarge);
+                }
+            }
+        }
+    }
+}
+
+/// The size of a chunk-size line (without its `\n`): hexadecimal digits, then optionally
+/// whitespace and `;` extensions, and a `\r`.
+fn chunk_size(line: &[u8]) -> Result<u64, ProtocolError> {
+    let line = line.strip_suffix(b"\r").unwrap_or(line);
+    let digits = line.iter().take_while(|b| b.is_ascii_hexdigit()).count();
+    if digits == 0 || digits > 16 {
+        return Err(ProtocolError::BadChunkSize);
+    }
+    let rest = line[digits..].trim_ascii_start();
+    if !rest.is_empty() && rest[0] != b';' {
+        return Err(ProtocolError::BadChunkSize);
+    }
+    let hex = std::str::from_utf8(&line[..digits]).map_err(|_| ProtocolError::BadChunkSize)?;
+    u64::from_str_radix(hex, 16).map_err(|_| ProtocolError::BadChunkSize)
+}
+
+/// Data decoded in one go, as one piece: the first slice kept as it is (no copy when it is the
+/// only one), later ones joined to it.
+#[derive(Debug, Default)]
+pub(super) struct Gathered {
+    first: Option<Bytes>,
+    joined: Option<BytesMut>,
+}
+
+impl Gathered {
+    fn push(&mut self, data: Bytes) {
+        if data.is_empty() {
+            return;
+        }
+        match (&mut self.first, &mut self.joined) {
+            (None, _) => self.first = Some(data),
+            (Some(_), Some(joined)) => joined.extend_from_slice(&data),
+            (Some(first), None) => {
+                let mut joined = BytesMut::with_capacity((first.len() + data.len()) * 4);
+                joined.extend_from_slice(first);
+                joined.extend_from_slice(&data);
+                self.joined = Some(joined);
+            }
+        }
+    }
+
+    pub(super) fn len(&self) -> usize {
+        match (&self.first, &self.joined) {
+            (_, Some(joined)) => joined.len(),
+            (Some(first), None) => first.len(),
+            (None, None) => 0,
+        }
+    }
+
+    pub(super) fn is_empty(&self) -> bool {
+        self.first.is_none()
+    }
+
+    /// The data gathered, leaving this empty.
+    pub(super) fn take(&mut self) -> Option<Bytes> {
+        match (self.first.take(), self.joined.take()) {
+            (_, Some(joined)) => Some(joined.freeze()),
+            (first, None) => first,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn head(text: &str) -> Result<Option<Head>, ProtocolError> {
+        parse_head(&mut BytesMut::from(text), &Method::POST)
+    }
+
+    fn decode_all(
+        decoder: &mut Decoder,
+        pieces: &[&[u8]],
+    ) -> Result<(Vec<u8>, bool), ProtocolError> {
+        let mut buf = BytesMut::new();
+        let mut data = Vec::new();
+        let mut done = false;
+        for piece in pieces {
+            buf.extend_from_slice(piece);
+            let mut out = Gathered::default();
+            done = decoder.decode(&mut buf, &mut out)?;
+            data.extend_from_slice(&out.take().unwrap_or_default());
+        }
+        Ok((data, done))
+    }
+
+    #[test]
+    fn the_request_head_has_the_headers_and_a_length() {
+        let mut headers = HeaderMap::new();
+        headers.insert("host", HeaderValue::from_static("up:8080"));
+        headers.insert("content-length", HeaderValue::from_static("999"));
+        headers.insert("authorization", HeaderValue::from_static("Bearer k"));
+        let mut out = Vec::new();
+        write_request_head(
+            &mut out,
+            &Method::POST,
+            "/v1/chat/completions",
+            None,
+            &headers,
+            1234,
+        );
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "POST /v1/chat/completions HTTP/1.1\r\nhost: up:8080\r\n\
+             authorization: Bearer k\r\ncontent-length: 1234\r\n\r\n"
+        );
+        let mut out = Vec::new();
+        let host = HeaderValue::from_static("h");
+        write_request_head(
+            &mut out,
+            &Method::GET,
+            "/",
+            Some(&host),
+            &HeaderMap::new(),
+            0,
+        );
+        assert_eq!(
+            out,
+            b"GET / HTTP/1.1\r\nhost: h\r\ncontent-length: 0\r\n\r\n"
+        );
+    }
+
+    #[test]
+    fn heads_give_status_headers_framing_and_keep_alive() {
+        let h = head("HTTP/1.1 200 OK\r\nContent-Length: 12\r\nX-A: b\r\n\r\nbody")
+            .unwrap()
+            .unwrap();
+        assert_eq!(h.status, StatusCode::OK);
+        assert_eq!(h.headers["x-a"], "b");
+        assert_eq!(h.framing, Decoder::Length(12));
+        assert!(h.keep_alive);
+
+        let h = head("HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, Chunked\r\n\r\n")
+            .unwrap()
+            .unwrap();
+        assert_eq!(h.framing, Decoder::Chunked(Chunk::Size));
+        // Transfer-Encoding wins over Content-Length.
+        let h = head("HTTP/1.1 200 OK\r\ncontent-length: 5\r\ntransfer-encoding: chunked\r\n\r\n")
+            .unwrap()
+            .unwrap();
+        assert_eq!(h.framing, Decoder::Chunked(Chunk::Size));
+        // A coding other than chunked last, or no length: to the close, never reused.
+        for text in [
+            "HTTP/1.1 200 OK\r\ntransfer-encoding: gzip\r\n\r\n",
+            "HTTP/1.1 200 OK\r\n\r\n",
+        ] {
+            let h = head(text).unwrap().unwrap();
+            assert_eq!(h.framing, Decoder::Close, "{text}");
+            assert!(!h.keep_alive, "{text}");
+        }
+        let h =
+            head("HTTP/1.1 200 OK\r\nconnection: keep-alive, Close\r\ncontent-length: 0\r\n\r\n")
+                .unwrap()
+                .unwrap();
+        assert!(!h.keep_alive);
+        let h = head("HTTP/1.0 200 OK\r\ncontent-length: 0\r\n\r\n")
+            .unwrap()
+            .unwrap();
+        assert!(!h.keep_alive, "HTTP/1.0 closes");
+        let h = head("HTTP/1.1 204 No Content\r\n\r\n").unwrap().unwrap();
+        assert!(h.framing.is_done() && h.keep_alive);
+        let h = head("HTTP/1.1 200 OK\r\ncontent-length: 7, 7\r\n\r\n")
+            .unwrap()
+            .unwrap();
+        assert_eq!(h.framing, Decoder::Length(7));
+    }
+
+    #[test]
+    fn informational_heads_are_skipped_and_the_head_taken_out() {
+        let mut buf = BytesMut::from(
+            "HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nlink: x\r\n\r\n\
+             HTTP/1.1 201 Created\r\ncontent-length: 2\r\n\r\nok",
+        );
+        let h = parse_head(&mut buf, &Method::POST).unwrap().unwrap();
+        assert_eq!(h.status, StatusCode::CREATED);
+        assert!(!h.headers.contains_key("link"));
+        assert_eq!(&buf[..], b"ok");
+    }
+
+    #[test]
+    fn bad_heads_are_errors_and_partial_ones_wait() {
+        assert!(head("HTTP/1.1 200 OK\r\ncontent-le").unwrap().is_none());
+        assert_eq!(
+            head("HTTP/1.1 2000 OK\r\n\r\n").unwrap_err(),
+            ProtocolError::BadHead
+        );
+        assert_eq!(head("hello\r\n\r\n").unwrap_err(), ProtocolError::BadHead);
+        assert_eq!(
+            head("HTTP/1.1 101 Switching Protocols\r\n\r\n").unwrap_err(),
+            ProtocolError::UnaskedUpgrade
+        );
+        for bad in ["x", "-1", "5, 6", "99999999999999999999", ""] {
+            let text = format!("HTTP/1.1 200 OK\r\ncontent-length: {bad}\r\n\r\n");
+            assert_eq!(
+                head(&text).unwrap_err(),
+                ProtocolError::BadContentLength,
+                "{bad}"
+            );
+        }
+        let long = format!("HTTP/1.1 200 OK\r\nx: {}", "a".repeat(MAX_HEAD + 1));
+        assert_eq!(head(&long).unwrap_err(), ProtocolError::HeadTooLarge);
+        let many: String = (0..MAX_HEADERS + 1)
+            .map(|i| format!("x{i}: y\r\n"))
+            .collect();
+        let text = format!("HTTP/1.1 200 OK\r\n{many}\r\n");
+        assert_eq!(head(&text).unwrap_err(), ProtocolError::HeadTooLarge);
+    }
+
+    #[test]
+    fn chunked_bodies_decode_with_extensions_and_trailers() {
+        let mut d = Decoder::Chunked(Chunk::Size);
+        let (data, done) = decode_all(
+            &mut d,
+            &[b"3;name=v\r\none\r\nA \r\n0123456789\r\n0\r\nx-trailer: t\r\n\r\nnext"],
+        )
+        .unwrap();
+        assert_eq!(data, b"one0123456789");
+        assert!(done && d.is_done());
+    }
+
+    #[test]
+    fn bad_chunked_bodies_are_errors() {
+        for bad in [
+            &b"g\r\n"[..],
+            b"\r\n",
+            b"3 x\r\n",
+            b"11111111111111111\r\n",
+            b"3\r\nabcX\r\n",
+        ] {
+            let mut d = Decoder::Chunked(Chunk::Size);
+            assert!(
+                decode_all(&mut d, &[bad]).is_err(),
+                "{}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+        let mut d = Decoder::Chunked(Chunk::Size);
+        let long = vec![b'1'; MAX_CHUNK_LINE + 1];
+        assert_eq!(
+            decode_all(&mut d, &[&long]).unwrap_err(),
+            ProtocolError::BadChunkSize
+        );
+        let mut d = Decoder::Chunked(Chunk::Size);
+        let trailers = format!("0\r\n{}", "x: y\r\n".repeat(MAX_TRAILERS / 6 + 1));
+        assert_eq!(
+            decode_all(&mut d, &[trailers.as_bytes()]).unwrap_err(),
+            ProtocolError::TrailersTooLarge
+        );
+        let mut d = Decoder::Chunked(Chunk::Size);
+        decode_all(&mut d, &[b"5\r\nab"]).unwrap();
+        assert_eq!(d.end_of_input().unwrap_err(), ProtocolError::Incomplete);
+    }
+
+    #[test]
+    fn lengths_and_close_delimited_bodies() {
+        let mut d = Decoder::Length(5);
+        let (data, done) = decode_all(&mut d, &[b"ab", b"cdeEXTRA"]).unwrap();
+        assert_eq!(data, b"abcde");
+        assert!(done);
+        let mut d = Decoder::Length(5);
+        decode_all(&mut d, &[b"ab"]).unwrap();
+        assert_eq!(d.end_of_input().unwrap_err(), ProtocolError::Incomplete);
+        let mut d = Decoder::Close;
+        let (data, done) = decode_all(&mut d, &[b"ab", b"cd"]).unwrap();
+        assert_eq!((data.as_slice(), done), (&b"abcd"[..], false));
+        d.end_of_input().unwrap();
+        assert!(d.is_done());
+    }
+
+    /// Chunked encoding of `chunks`, with an extension on every other size line.
+    fn encode(chunks: &[Vec<u8>]) -> Vec<u8> {
+        let mut out = Vec::new();
+        for (i, c) in chunks.iter().filter(|c| !c.is_empty()).enumerate() {
+            let ext = if i % 2 == 0 { "" } else { ";a=b" };
+            out.extend_from_slice(format!("{:x}{ext}\r\n", c.len()).as_bytes());
+            out.extend_from_slice(c);
+            out.extend_from_slice(b"\r\n");
+        }
+        out.extend_from_slice(b"0\r\n\r\n");
+        out
+    }
+
+    proptest! {
+        /// However the bytes are split into reads, the data comes out whole and in order, and the
+        /// body ends exactly at its last CRLF.
+        #[test]
+        fn chunked_decoding_does_not_depend_on_read_boundaries(
+            chunks in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..300), 0..8),
+            cuts in proptest::collection::vec(any::<prop::sample::Index>(), 0..12),
+        ) {
+            let mut wire = encode(&chunks);
+            wire.extend_from_slice(b"HTTP/1.1");
+            let mut at: Vec<usize> = cuts.iter().map(|i| i.index(wire.len() + 1)).collect();
+            at.sort_unstable();
+            let mut pieces = Vec::new();
+            let mut last = 0;
+            for a in at.into_iter().chain([wire.len()]) {
+                pieces.push(&wire[last..a]);
+                last = a;
+            }
+            let mut d = Decoder::Chunked(Chunk::Size);
+            let mut buf = BytesMut::new();
+            let mut data = Vec::new();
+            let mut done = false;
+            for piece in pieces {
+                buf.extend_from_slice(piece);
+                let mut out = Gathered::default();
+                done = d.decode(&mut buf, &mut out).unwrap();
+                data.extend_from_slice(&out.take().unwrap_or_default());
+                if done {
+                    break;
+                }
+            }
+            prop_assert!(done);
+            prop_assert_eq!(data, chunks.concat());
+        }
+
+        /// Any bytes at all: an answer or an error, never a panic.
+        #[test]
+        fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..400)) {
+            let mut d = Decoder::Chunked(Chunk::Size);
+            let _ = decode_all(&mut d, &[&bytes]);
+            let mut buf = BytesMut::from(&b"HTTP/1.1 200 OK\r\n"[..]);
+            buf.extend_from_slice(&bytes);
+            let _ = parse_head(&mut buf, &Method::POST);
+        }
+    }
+}
