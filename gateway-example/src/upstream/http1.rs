@@ -12,7 +12,7 @@
 //! chunk's data, a bounded size line and trailer section) and ignores what does not change it:
 //! chunk extensions and trailers are read past and dropped.
 
-use bytes::{Bytes, BytesMut};
+use bytes::{Buf, Bytes, BytesMut};
 use http::header::{HeaderName, CONNECTION, CONTENT_LENGTH, TRANSFER_ENCODING};
 use http::{HeaderMap, HeaderValue, Method, StatusCode};
 
@@ -305,13 +305,11 @@ impl Decoder {
                     if take == 0 {
                         return Ok(false);
                     }
-                    out.push(buf.split_to(take).freeze());
+                    out.take_from(buf, take);
                     *n -= take as u64;
                 }
                 Decoder::Close => {
-                    if !buf.is_empty() {
-                        out.push(buf.split().freeze());
-                    }
+                    out.take_from(buf, buf.len());
                     return Ok(false);
                 }
                 Decoder::Chunked(chunk) => match decode_chunked(chunk, buf, out)? {
@@ -356,7 +354,7 @@ fn decode_chunked(
                     return Err(ProtocolError::BadChunkSize);
                 }
                 let size = chunk_size(&buf[..end])?;
-                let _ = buf.split_to(end + 1);
+                buf.advance(end + 1);
                 *chunk = if size == 0 {
                     Chunk::Trailers(0)
                 } else {
@@ -368,7 +366,7 @@ fn decode_chunked(
                 if take == 0 {
                     return Ok(false);
                 }
-                out.push(buf.split_to(take).freeze());
+                out.take_from(buf, take);
                 *n -= take as u64;
                 if *n == 0 {
                     *chunk = Chunk::DataEnd;
@@ -376,7 +374,7 @@ fn decode_chunked(
             }
             Chunk::DataEnd => match &buf[..buf.len().min(2)] {
                 b"\r\n" => {
-                    let _ = buf.split_to(2);
+                    buf.advance(2);
                     *chunk = Chunk::Size;
                 }
                 b"" | b"\r" => return Ok(false),
@@ -390,12 +388,12 @@ fn decode_chunked(
                         Ok(false)
                     };
                 };
-                let line = buf.split_to(end + 1);
-                let blank = matches!(&line[..], b"\r\n" | b"\n");
+                let blank = matches!(&buf[..=end], b"\r\n" | b"\n");
+                buf.advance(end + 1);
                 if blank {
                     return Ok(true);
                 }
-                *read += line.len();
+                *read += end + 1;
                 if *read > MAX_TRAILERS {
                     return Err(ProtocolError::TrailersTooLarge);
                 }
@@ -429,19 +427,24 @@ pub(super) struct Gathered {
 }
 
 impl Gathered {
-    fn push(&mut self, data: Bytes) {
-        if data.is_empty() {
+    /// Takes the first `n` bytes of `buf`: sliced out when they are the first piece (no copy),
+    /// else copied onto what is gathered.
+    fn take_from(&mut self, buf: &mut BytesMut, n: usize) {
+        if n == 0 {
             return;
         }
-        match (&mut self.first, &mut self.joined) {
-            (None, _) => self.first = Some(data),
-            (Some(_), Some(joined)) => joined.extend_from_slice(&data),
-            (Some(first), None) => {
-                let mut joined = BytesMut::with_capacity((first.len() + data.len()) * 4);
-                joined.extend_from_slice(first);
-                joined.extend_from_slice(&data);
+        match (&self.first, &mut self.joined) {
+            (None, _) => self.first = Some(buf.split_to(n).freeze()),
+            (Some(_), Some(joined)) => joined.extend_from_slice(&buf[..n]),
+            (Some(held), None) => {
+                let mut joined = BytesMut::with_capacity((held.len() + n) * 4);
+                joined.extend_from_slice(held);
+                joined.extend_from_slice(&buf[..n]);
                 self.joined = Some(joined);
             }
+        }
+        if self.joined.is_some() {
+            buf.advance(n);
         }
     }
 
