@@ -13,5 +13,6 @@ mod quickstart;
 mod reload;
 mod routing;
 mod timeouts;
+mod tls;
 mod ui;
 mod upstream;
