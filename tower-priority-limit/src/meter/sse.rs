@@ -29,8 +29,8 @@
 use std::fmt;
 
 use super::usage::{
-    event_kind, is_choices_chunk, merge_usage, parse_of_kind, parse_with, DocInfo, Kind, Shape,
-    Usage,
+    event_kind, is_choices_chunk, merge_usage, parse_of_kind, parse_with, DocInfo, Found, Kind,
+    Shape, Usage, USAGE_KEY,
 };
 
 /// Longest line (without its terminator), and longest joined event data, that
@@ -72,6 +72,65 @@ pub struct SseMeter {
     /// completions chunks, whose later events are then not searched for a Responses API type
     /// (a search per event, ~4 % of a stream's metering).
     choices_stream: Option<bool>,
+    /// Where `"usage"` occurs in the chunk being fed, searched once over the whole chunk (a
+    /// gathered read holds dozens of events, and only a stream's last has usage): its lines are
+    /// then not searched for it one by one.
+    usage_hits: KeyHits,
+}
+
+/// The offsets of a key in the chunk being fed, and the chunk's address range, to place its
+/// lines: a line is a slice of the chunk (found by its address) or of the carry buffer (a line
+/// that began in an earlier chunk, which the search did not cover).
+#[derive(Debug)]
+struct KeyHits {
+    key: &'static memchr::memmem::Finder<'static>,
+    start: usize,
+    end: usize,
+    at: Vec<usize>,
+    /// Hits before this index lie before the lines still to come.
+    next: usize,
+}
+
+impl KeyHits {
+    fn new(key: &'static memchr::memmem::Finder<'static>) -> Self {
+        KeyHits {
+            key,
+            start: 0,
+            end: 0,
+            at: Vec::new(),
+            next: 0,
+        }
+    }
+
+    fn search(&mut self, chunk: &[u8]) {
+        self.start = chunk.as_ptr() as usize;
+        self.end = self.start + chunk.len();
+        self.at.clear();
+        self.at.extend(self.key.find_iter(chunk));
+        self.next = 0;
+    }
+
+    /// The hits wholly inside `line`; `None` when `line` is not part of the chunk. Lines are
+    /// asked about in order.
+    fn in_line(&mut self, line: &[u8]) -> Option<Found<'_>> {
+        let from = line.as_ptr() as usize;
+        if from < self.start || from + line.len() > self.end {
+            return None;
+        }
+        let (from, to) = (from - self.start, from - self.start + line.len());
+        while self.at.get(self.next).is_some_and(|&at| at < from) {
+            self.next += 1;
+        }
+        let len = self.key.needle().len();
+        let inside = self.at[self.next..]
+            .iter()
+            .take_while(|&&at| at + len <= to)
+            .count();
+        Some(Found {
+            hits: &self.at[self.next..self.next + inside],
+            base: from,
+        })
+    }
 }
 
 /// The state of the event being gathered (its data lines so far).
@@ -127,11 +186,13 @@ impl SseMeter {
             count_skipped: true,
             finished: false,
             choices_stream: None,
+            usage_hits: KeyHits::new(&USAGE_KEY),
         }
     }
 
     /// Feeds the next bytes of the stream. Never panics.
     pub fn feed(&mut self, mut chunk: &[u8]) {
+        self.usage_hits.search(chunk);
         if self.skip_lf {
             match chunk.first() {
                 None => return,
@@ -214,7 +275,8 @@ impl SseMeter {
     /// One data line's document (the common case: one line per event).
     fn parse_line(&mut self, value: &[u8]) -> Option<DocInfo> {
         if self.choices_stream == Some(true) {
-            return parse_of_kind(value, Shape::Chunk, Kind::Other);
+            let usage = self.usage_hits.in_line(value);
+            return parse_of_kind(value, Shape::Chunk, Kind::Other, usage);
         }
         let info = parse_with(value, Shape::Chunk);
         if info.is_some() && self.choices_stream.is_none() {
@@ -546,6 +608,29 @@ pub(crate) mod tests {
             for (n, r) in all_ways(s.as_bytes()).into_iter().enumerate() {
                 assert_eq!(r, Ok(30), "way {n} of {s:?}");
             }
+        }
+    }
+
+    /// The chunk's one search for `"usage"` places each hit in its own line: a null usage in one
+    /// event and the usage object in a later one, in one chunk and carried across two.
+    #[test]
+    fn usage_found_by_the_chunk_search_is_placed_in_its_line() {
+        let events = concat!(
+            "data: {\"choices\":[{\"delta\":{\"content\":\"ab\"}}],\"usage\":null}\n\n",
+            "data: {\"choices\":[{\"delta\":{\"content\":\"usage\"}}]}\n\n",
+            "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":1,\"completion_tokens\":2}}\n\n",
+            "data: [DONE]\n\n",
+        );
+        let mut whole = SseMeter::new();
+        whole.feed(events.as_bytes());
+        let (usage, content) = whole.seen();
+        assert_eq!(usage.map(|u| u.total()), Some(3));
+        assert_eq!(content, 7, "\"ab\" and \"usage\" as text");
+        for cut in 1..events.len() {
+            let mut split = SseMeter::new();
+            split.feed(&events.as_bytes()[..cut]);
+            split.feed(&events.as_bytes()[cut..]);
+            assert_eq!(split.seen(), whole.seen(), "cut at {cut}");
         }
     }
 

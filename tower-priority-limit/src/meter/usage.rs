@@ -167,7 +167,7 @@ pub(crate) fn parse_with(bytes: &[u8], shape: Shape) -> Option<DocInfo> {
         Shape::Chunk => event_kind(bytes),
         Shape::Body => Kind::Other,
     };
-    parse_of_kind(bytes, shape, kind)
+    parse_of_kind(bytes, shape, kind, None)
 }
 
 /// Whether a stream event's data is an OpenAI chat or completions chunk (it has a `"choices"`
@@ -182,11 +182,37 @@ pub(crate) fn is_choices_chunk(bytes: &[u8]) -> bool {
 
 static CHOICES_KEY: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(b"\"choices\""));
 
-/// [`parse_with`] for a document whose [`Kind`] is known.
-pub(crate) fn parse_of_kind(bytes: &[u8], shape: Shape, kind: Kind) -> Option<DocInfo> {
+/// Where a key occurs in a document, found by a search over a larger buffer holding it (a gathered
+/// read of a stream): the hits that lie wholly inside the document, as offsets into that buffer,
+/// and the document's own offset there.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Found<'a> {
+    pub(crate) hits: &'a [usize],
+    pub(crate) base: usize,
+}
+
+impl<'a> Found<'a> {
+    /// The hits as offsets into the document.
+    fn offsets(self) -> impl Iterator<Item = usize> + 'a {
+        self.hits.iter().map(move |&at| at - self.base)
+    }
+}
+
+/// [`parse_with`] for a document whose [`Kind`] is known; `usage`, when given, is where
+/// `"usage"` occurs in it (not searched again).
+pub(crate) fn parse_of_kind(
+    bytes: &[u8],
+    shape: Shape,
+    kind: Kind,
+    usage: Option<Found<'_>>,
+) -> Option<DocInfo> {
     // Most stream chunks carry text and no usage: count their text with a scan instead of a parse
     // (several times cheaper). Anything carrying a usage object is parsed properly.
-    if !has_usage_object(bytes) {
+    let usage = match usage {
+        Some(found) => usage_object_at(bytes, found.offsets()),
+        None => has_usage_object(bytes),
+    };
+    if !usage {
         if let Some(content_bytes) = scan_text_bytes(bytes, shape, kind) {
             return Some(DocInfo {
                 usage: None,
@@ -253,7 +279,8 @@ static TEXT_KEYS: LazyLock<[Finder<'static>; 5]> = LazyLock::new(|| {
 /// The key of a Responses API event's text (`response.output_text.delta` and the like); a string
 /// `delta` nowhere else (chat and Anthropic deltas are objects).
 const DELTA: &[u8] = b"\"delta\"";
-static USAGE_KEY: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(b"\"usage\""));
+pub(crate) static USAGE_KEY: LazyLock<Finder<'static>> =
+    LazyLock::new(|| Finder::new(b"\"usage\""));
 
 /// Whether one SSE event's data is the usage-only chunk of an OpenAI stream (empty `choices`, a
 /// `usage` object), the chunk `stream_options.include_usage` adds. Cheap for every other chunk:
@@ -271,7 +298,12 @@ pub fn is_usage_only_chunk(data: &[u8]) -> bool {
 
 /// Whether `"usage"` is followed by `:` and an object anywhere in `bytes`.
 fn has_usage_object(bytes: &[u8]) -> bool {
-    USAGE_KEY.find_iter(bytes).any(|at| {
+    usage_object_at(bytes, USAGE_KEY.find_iter(bytes))
+}
+
+/// [`has_usage_object`], given where `"usage"` occurs in `bytes`.
+fn usage_object_at(bytes: &[u8], mut hits: impl Iterator<Item = usize>) -> bool {
+    hits.any(|at| {
         let rest = skip_ws(&bytes[at + 7..]);
         rest.strip_prefix(b":")
             .is_some_and(|r| skip_ws(r).starts_with(b"{"))
