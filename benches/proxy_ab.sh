@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# Two gateway builds side by side in front of one `mock-upstream`: the CPU time each spends per
+# proxied request, in alternating rounds, so machine noise hits both alike (a throughput ratio
+# against nginx moves by ±10 % between runs on this VM; CPU per request of two builds measured in
+# the same minute moves much less).
+#
+#   BASELINE_BIN=path/to/gateway-example benches/proxy_ab.sh [stream: false|true] [requests] [rounds]
+#
+# The builds are this tree's release `gateway-example` ("new") and BASELINE_BIN ("base"), both
+# with the setup of benches/proxy.sh (limiter on, every rate-limit header), both pinned with the
+# upstream to CPU $PROXY_CPU (default 1), oha on CPU $OHA_CPU (default 0), 64 connections. Each
+# round loads base then new with N requests (default 60000 non-streamed, 6000 streamed) and
+# reads each process's user and kernel CPU time (/proc/PID/stat) around its load. Prints the
+# per-round figures, then medians and the new / base ratio.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+STREAM=${1:-false}
+N=${2:-$([ "$STREAM" = true ] && echo 6000 || echo 60000)}
+ROUNDS=${3:-5}
+PROXY_CPU=${PROXY_CPU:-1}
+OHA_CPU=${OHA_CPU:-0}
+: "${BASELINE_BIN:?set BASELINE_BIN to the gateway-example binary to compare against}"
+command -v oha >/dev/null || cargo install --locked oha
+cargo build --release -q -p gateway-example --bins
+BIN=${CARGO_TARGET_DIR:-target}/release
+# shellcheck source=benches/common.sh
+. benches/common.sh
+TMP=$(mktemp -d)
+trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$TMP"' EXIT
+UP_PORT=4231
+
+taskset -c "$PROXY_CPU" "$BIN/mock-upstream" --port "$UP_PORT" --stream-chunks 50 >/dev/null 2>&1 &
+full_config "api_base: \"http://127.0.0.1:$UP_PORT/v1\"" '["dynamic_rate_limiter_v3"]' > "$TMP/gateway.yaml"
+declare -A PID PORT KEY
+PORT[base]=4232 PORT[new]=4233
+for build in base new; do
+  bin=$BIN/gateway-example
+  [ "$build" = base ] && bin=$BASELINE_BIN
+  RUST_LOG=error taskset -c "$PROXY_CPU" "$bin" --config "$TMP/gateway.yaml" --host 127.0.0.1 \
+    --port "${PORT[$build]}" --data-dir "$TMP/data-$build" >/dev/null &
+  PID[$build]=$!
+  wait_up "http://127.0.0.1:${PORT[$build]}/health/liveliness"
+  KEY[$build]=$(prod_key "${PORT[$build]}")
+done
+BODY="{\"model\":\"load-model\",\"stream\":$STREAM,\"stream_options\":{\"include_usage\":true},\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}"
+load() { # build requests
+  taskset -c "$OHA_CPU" oha --no-tui -n "$2" -c 64 -m POST -T application/json \
+    -H "authorization: Bearer ${KEY[$1]}" -d "$BODY" \
+    "http://127.0.0.1:${PORT[$1]}/v1/chat/completions" > "$TMP/oha.txt"
+  grep -q "\[200\] $2 responses" "$TMP/oha.txt" || { echo "not every request answered 200" >&2; cat "$TMP/oha.txt" >&2; exit 1; }
+}
+ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+for build in base new; do load "$build" 500; done # warm up
+echo "stream=$STREAM, $N requests per load, $ROUNDS rounds: CPU µs per request (user + kernel)"
+for round in $(seq "$ROUNDS"); do
+  line="round $round:"
+  for build in base new; do
+    before=$(ticks "${PID[$build]}")
+    load "$build" "$N"
+    after=$(ticks "${PID[$build]}")
+    us=$(( (after - before) * 10000 / N ))
+    echo "$build $us" >> "$TMP/figures.txt"
+    line="$line $build $us"
+  done
+  echo "$line"
+done
+python3 - "$TMP/figures.txt" <<'PY'
+import statistics, sys
+figures = {}
+for line in open(sys.argv[1]):
+    build, us = line.split()
+    figures.setdefault(build, []).append(int(us))
+base, new = statistics.median(figures["base"]), statistics.median(figures["new"])
+ratios = [n / b for b, n in zip(figures["base"], figures["new"]) if b]
+print(f"median: base {base:.0f} µs, new {new:.0f} µs; new / base {new / base:.3f} "
+      f"(per round {', '.join(f'{r:.3f}' for r in ratios)}; median {statistics.median(ratios):.3f})")
+PY
