@@ -13,6 +13,8 @@
 # TARGET=mock counts the gateway answering from its own `mock_response` instead (no upstream), and
 # CALLBACKS='[]' with the limiter off: the two together give what the limiter costs per request.
 # KEEP_PROFILE=path keeps the callgrind output there, for `callgrind_annotate --inclusive=yes path`.
+# PROMPT_BYTES=N makes the user message N bytes of words (default: "hi"), for what a prompt's
+# size costs (the body is read, estimated and edited on its way upstream).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 STREAM=${1:-false}
@@ -42,7 +44,11 @@ wait_up "http://127.0.0.1:$GW_PORT/health/liveliness"
 KEY=$(prod_key "$GW_PORT")
 opts=''
 [ "$STREAM" = true ] && opts=',"stream_options":{"include_usage":true}'
-BODY="{\"model\":\"load-model\",\"stream\":$STREAM$opts,\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}"
+PROMPT=hi
+if [ -n "${PROMPT_BYTES:-}" ]; then
+  PROMPT=$(python3 -c "import sys; print(('the quick brown fox jumps over the lazy dog ' * (int(sys.argv[1]) // 44 + 1))[:int(sys.argv[1])])" "$PROMPT_BYTES")
+fi
+BODY="{\"model\":\"load-model\",\"stream\":$STREAM$opts,\"messages\":[{\"role\":\"user\",\"content\":\"$PROMPT\"}]}"
 load() {
   oha --no-tui -n "$1" -c 16 -m POST -T application/json -H "authorization: Bearer $KEY" -d "$BODY" \
       "http://127.0.0.1:$GW_PORT/v1/chat/completions"

@@ -248,14 +248,15 @@ fn top_level_members(raw: &[u8]) -> Option<Vec<(&[u8], std::ops::Range<usize>)>>
         }
         i
     };
-    // The index just past the string whose opening quote is at `i`.
+    // The index just past the string whose opening quote is at `i`. Long strings (a prompt's
+    // messages) are crossed a vector at a time, not byte by byte.
     let string_end = |mut i: usize| {
         i += 1;
         loop {
-            match raw.get(i)? {
+            i += memchr::memchr2(b'"', b'\\', raw.get(i..)?)?;
+            match raw[i] {
                 b'"' => return Some(i + 1),
-                b'\\' => i += 2,
-                _ => i += 1,
+                _ => i += 2,
             }
         }
     };
