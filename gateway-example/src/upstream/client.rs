@@ -26,16 +26,16 @@ use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use http::uri::{Authority, PathAndQuery, Scheme};
-use http::{HeaderValue, Method, Request, Response, Uri, Version};
+use http::{HeaderValue, Method, Request, Response, Uri};
 use http_body::{Body, Frame, SizeHint};
 use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder, MaybeHttpsStream};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioIo;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncReadExt, AsyncWrite};
 use tokio::net::TcpStream;
 use tower::Service;
 
-use super::http1::{parse_head, write_request_head, Decoder, Gathered, ProtocolError};
+use super::http1::{parse_head, write_request_head, Decoder, Gathered, Head, ProtocolError};
 
 /// How long a connection may sit idle before it is dropped rather than reused (servers close
 /// idle keep-alive connections after a minute or more; hyper-util's client also keeps them 90 s).
@@ -58,7 +58,9 @@ pub enum ClientError {
     Connect(BoxError),
     /// The connection failed while sending the request or reading the response head.
     Io(io::Error),
-    /// The upstream's response head is not HTTP/1.1 as the client reads it, or did not come.
+    /// The upstream closed the connection without a byte of an answer.
+    Closed,
+    /// The upstream's response head is not HTTP/1.1 as the client reads it, or broke off.
     Protocol(ProtocolError),
 }
 
@@ -68,6 +70,7 @@ impl std::fmt::Display for ClientError {
             ClientError::BadUrl => f.write_str("the URL has no scheme or host"),
             ClientError::Connect(e) => write!(f, "client error (Connect): {e}"),
             ClientError::Io(e) => write!(f, "connection error: {e}"),
+            ClientError::Closed => f.write_str("the connection closed without an answer"),
             ClientError::Protocol(e) => write!(f, "{e}"),
         }
     }
@@ -76,7 +79,7 @@ impl std::fmt::Display for ClientError {
 impl std::error::Error for ClientError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
-            ClientError::BadUrl => None,
+            ClientError::BadUrl | ClientError::Closed => None,
             ClientError::Connect(e) => Some(&**e),
             ClientError::Io(e) => Some(e),
             ClientError::Protocol(e) => Some(e),
@@ -185,24 +188,72 @@ impl Conn {
         self.read.is_empty() && self.poll_fill(cx).is_pending()
     }
 
-    /// Writes all of `bytes`. The error says whether any of them went out.
-    async fn write_all(&mut self, mut bytes: &[u8]) -> Result<(), (bool, io::Error)> {
-        let mut written = false;
-        while !bytes.is_empty() {
-            match self.io.write(bytes).await {
-                Ok(0) => return Err((written, io::ErrorKind::WriteZero.into())),
-                Ok(n) => {
-                    written = true;
-                    bytes = &bytes[n..];
+    /// Writes the request `bytes`, reading meanwhile: an upstream may answer (a 401, a 413) and
+    /// stop reading, or close, before it has taken a large body, and that answer is the
+    /// response. `Ok(Some(head))` is such an early answer (the request was not all written, so
+    /// the connection is not kept). The error says whether any of the bytes went out.
+    async fn write_request(
+        &mut self,
+        bytes: &[u8],
+        method: &Method,
+    ) -> Result<Option<Head>, (bool, ClientError)> {
+        let mut written = 0;
+        poll_fn(|cx| loop {
+            let wrote = if written < bytes.len() {
+                match Pin::new(&mut *self.io).poll_write(cx, &bytes[written..]) {
+                    Poll::Ready(Ok(0)) => Poll::Ready(Err(io::ErrorKind::WriteZero.into())),
+                    Poll::Ready(Ok(n)) => {
+                        written += n;
+                        Poll::Ready(Ok(()))
+                    }
+                    other => other.map_ok(|_| ()),
                 }
-                Err(e) => return Err((written, e)),
+            } else {
+                match Pin::new(&mut *self.io).poll_flush(cx) {
+                    Poll::Ready(Ok(())) => return Poll::Ready(Ok(None)),
+                    other => other,
+                }
+            };
+            match wrote {
+                Poll::Ready(Ok(())) => continue,
+                Poll::Ready(Err(e)) => {
+                    // The upstream may have answered, then closed: its answer is what counts.
+                    return Poll::Ready(match self.poll_early_head(cx, method) {
+                        Ok(Some(head)) => Ok(Some(head)),
+                        _ => Err((written > 0, ClientError::Io(e))),
+                    });
+                }
+                Poll::Pending => {
+                    return match self.poll_early_head(cx, method) {
+                        Ok(Some(head)) => Poll::Ready(Ok(Some(head))),
+                        Ok(None) => Poll::Pending,
+                        Err(e) => Poll::Ready(Err((true, e))),
+                    };
+                }
+            }
+        })
+        .await
+    }
+
+    /// Reads what the upstream has sent (registering for more) and parses a head from it if it
+    /// is all in. `Ok(None)` until then, and when the upstream closed without one (the write
+    /// then fails).
+    fn poll_early_head(
+        &mut self,
+        cx: &mut Context<'_>,
+        method: &Method,
+    ) -> Result<Option<Head>, ClientError> {
+        // Parsed after every read, so a head that never ends is refused at its bound.
+        while let Poll::Ready(Ok(1..)) = self.poll_fill(cx) {
+            if let Some(head) = parse_head(&mut self.read, method).map_err(ClientError::Protocol)? {
+                return Ok(Some(head));
             }
         }
-        self.io.flush().await.map_err(|e| (true, e))
+        Ok(None)
     }
 
     /// Reads the response head (to a request of `method`).
-    async fn read_head(&mut self, method: &Method) -> Result<super::http1::Head, ClientError> {
+    async fn read_head(&mut self, method: &Method) -> Result<Head, ClientError> {
         poll_fn(|cx| loop {
             if !self.read.is_empty() {
                 if let Some(head) =
@@ -212,6 +263,9 @@ impl Conn {
                 }
             }
             match ready!(self.poll_fill(cx)) {
+                // Nothing of an answer: as good as unreachable (an upstream closing a kept
+                // connection as the request went out, say); part of one: a broken answer.
+                Ok(0) if self.read.is_empty() => return Poll::Ready(Err(ClientError::Closed)),
                 Ok(0) => return Poll::Ready(Err(ClientError::Protocol(ProtocolError::Incomplete))),
                 Ok(_) => {}
                 Err(e) => return Poll::Ready(Err(ClientError::Io(e))),
@@ -387,24 +441,24 @@ impl Client {
                 Some(conn) => (conn, true),
                 None => (self.connect(&route.url).await?, false),
             };
-            match conn.write_all(&wire).await {
-                Ok(()) => {}
+            let (head, whole) = match conn.write_request(&wire, &parts.method).await {
+                Ok(None) => (conn.read_head(&parts.method).await?, true),
+                Ok(Some(early)) => (early, false),
                 // The upstream closed a kept connection before any of the request went out on
                 // it: it saw nothing, so a new connection is tried.
                 Err((false, _)) if reused => continue,
-                Err((_, e)) => return Err(ClientError::Io(e)),
-            }
-            let head = conn.read_head(&parts.method).await?;
+                Err((_, e)) => return Err(e),
+            };
             let mut response = Response::new(UpstreamBody {
                 conn: Some(conn),
                 decoder: head.framing,
-                keep_alive: head.keep_alive,
+                keep_alive: head.keep_alive && whole,
                 idle: Arc::clone(idle),
                 error: None,
             });
             *response.status_mut() = head.status;
             *response.headers_mut() = head.headers;
-            *response.version_mut() = Version::HTTP_11;
+            *response.version_mut() = head.version;
             return Ok(response);
         }
     }
@@ -747,12 +801,13 @@ mod tests {
     #[tokio::test]
     async fn broken_answers_are_errors_that_say_what_broke() {
         let huge = format!("HTTP/1.1 200 OK\r\nx: {}", "a".repeat(70 * 1024));
-        let cases: [(&[u8], &str); 5] = [
+        let cases: [(&[u8], &str); 6] = [
             (
                 b"HTTP/1.1 abc\r\n\r\n",
                 "the response head is not valid HTTP/1.1",
             ),
-            (b"", "the connection closed before the response ended"),
+            (b"", "the connection closed without an answer"),
+            (b"HTTP/1.1 200", "the connection closed before the response ended"),
             (huge.as_bytes(), "the response head is too large"),
             (
                 b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nabc",
@@ -769,6 +824,73 @@ mod tests {
             assert_eq!(get(&client, addr).await.unwrap_err(), error);
             assert_eq!(idle_connections(&client), 0);
         }
+    }
+
+    /// An upstream that answers after reading only the head of a large request (a 401, say)
+    /// and closes: its answer is the response, not a connection error, and the connection is
+    /// not kept. One that closes without answering is "closed without an answer".
+    #[tokio::test]
+    async fn an_answer_before_the_whole_request_is_taken_is_the_response() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            loop {
+                let (mut stream, _) = listener.accept().await.unwrap();
+                read_head(&mut stream).await;
+                stream
+                    .write_all(b"HTTP/1.1 401 Unauthorized\r\ncontent-length: 6\r\n\r\nnokey!")
+                    .await
+                    .unwrap();
+                // Gone, with most of the body unread (the kernel answers the rest with a reset).
+            }
+        });
+        let client = Client::default();
+        let body = Bytes::from(vec![b'x'; 8 * 1024 * 1024]);
+        for _ in 0..2 {
+            let request = Request::post(format!("http://{addr}/x"))
+                .body(body.clone())
+                .unwrap();
+            let response = client.request(request).await.unwrap();
+            assert_eq!(response.status(), 401);
+            let got = response.into_body().collect().await.unwrap().to_bytes();
+            assert_eq!(got, "nokey!");
+            assert_eq!(
+                idle_connections(&client),
+                0,
+                "not kept: the request was cut short"
+            );
+        }
+
+        let (addr, _) = raw_upstream(vec![]).await;
+        assert_eq!(
+            get(&client, addr).await.unwrap_err(),
+            "the connection closed without an answer"
+        );
+    }
+
+    /// A response with both a length and chunked encoding is read as chunked, but its connection
+    /// is not kept; HTTP/1.0 with chunked encoding is refused (RFC 9112, 6.1 and 6.3).
+    #[tokio::test]
+    async fn conflicting_framing_is_not_trusted() {
+        let answers = vec![
+            (
+                b"HTTP/1.1 200 OK\r\ncontent-length: 50\r\ntransfer-encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n".to_vec(),
+                false,
+            ),
+        ];
+        let (addr, _) = raw_upstream(answers).await;
+        let client = Client::default();
+        assert_eq!(get(&client, addr).await.unwrap(), (200, Bytes::from("ok")));
+        assert_eq!(idle_connections(&client), 0);
+        let answers = vec![(
+            b"HTTP/1.0 200 OK\r\ntransfer-encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n".to_vec(),
+            true,
+        )];
+        let (addr, _) = raw_upstream(answers).await;
+        assert_eq!(
+            get(&client, addr).await.unwrap_err(),
+            "the response head is not valid HTTP/1.1"
+        );
     }
 
     /// `Host` is the URL's host and non-default port, never its `user:password@`.

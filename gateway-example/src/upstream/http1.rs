@@ -14,7 +14,7 @@
 
 use bytes::{Buf, Bytes, BytesMut};
 use http::header::{HeaderName, CONNECTION, CONTENT_LENGTH, TRANSFER_ENCODING};
-use http::{HeaderMap, HeaderValue, Method, StatusCode};
+use http::{HeaderMap, HeaderValue, Method, StatusCode, Version};
 
 /// The longest response head read; a longer one is an error.
 pub(super) const MAX_HEAD: usize = 64 * 1024;
@@ -22,6 +22,9 @@ pub(super) const MAX_HEAD: usize = 64 * 1024;
 const MAX_HEADERS: usize = 128;
 /// The longest chunk-size line (the size and any extensions).
 const MAX_CHUNK_LINE: usize = 4 * 1024;
+/// The most bytes of chunk extensions read (and dropped) over a whole body, so that framing
+/// cannot outweigh data without bound.
+const MAX_EXTENSIONS: usize = 16 * 1024;
 /// The most bytes of trailers read (and dropped) after the last chunk.
 const MAX_TRAILERS: usize = 16 * 1024;
 
@@ -36,7 +39,8 @@ pub enum ProtocolError {
     UnaskedUpgrade,
     /// `Content-Length` is not one number (or several that differ).
     BadContentLength,
-    /// A chunk's size line is not a hexadecimal size, is too long, or the size overflows.
+    /// A chunk's size line is not a hexadecimal size, is too long, or the size overflows; or
+    /// the body's chunk extensions together are too long.
     BadChunkSize,
     /// A chunk's data is not followed by CRLF.
     BadChunkEnd,
@@ -114,6 +118,7 @@ fn itoa_usize(mut n: usize, buf: &mut [u8; 20]) -> &[u8] {
 #[derive(Debug)]
 pub(super) struct Head {
     pub(super) status: StatusCode,
+    pub(super) version: Version,
     pub(super) headers: HeaderMap,
     /// How the body that follows is delimited.
     pub(super) framing: Decoder,
@@ -173,12 +178,26 @@ pub(super) fn parse_head(
                 .map_err(|_| ProtocolError::BadHead)?;
             headers.append(name, value);
         }
+        let chunked_and_sized =
+            headers.contains_key(TRANSFER_ENCODING) && headers.contains_key(CONTENT_LENGTH);
+        if !version_1_1 && headers.contains_key(TRANSFER_ENCODING) {
+            // RFC 9112 §6.1: such framing is to be treated as faulty.
+            return Err(ProtocolError::BadHead);
+        }
         let framing = framing(status, method, &headers)?;
+        // Both a length and chunked encoding (§6.3: "ought to be handled as an error"): read as
+        // chunked, but the connection is not trusted with another request.
         let keep_alive = version_1_1
+            && !chunked_and_sized
             && !matches!(framing, Decoder::Close)
             && !has_token(&headers, &CONNECTION, b"close");
         return Ok(Some(Head {
             status,
+            version: if version_1_1 {
+                Version::HTTP_11
+            } else {
+                Version::HTTP_10
+            },
             headers,
             framing,
             keep_alive,
@@ -207,9 +226,7 @@ fn framing(
             .and_then(|v| v.as_bytes().rsplit(|&b| b == b',').next())
             .map(<[u8]>::trim_ascii);
         return Ok(match last {
-            Some(coding) if coding.eq_ignore_ascii_case(b"chunked") => {
-                Decoder::Chunked(Chunk::Size)
-            }
+            Some(coding) if coding.eq_ignore_ascii_case(b"chunked") => Decoder::chunked(),
             _ => Decoder::Close,
         });
     }
@@ -250,16 +267,23 @@ pub(super) enum Decoder {
     /// `Content-Length`: this many bytes still to come.
     Length(u64),
     /// `Transfer-Encoding: chunked`, at this point of the chunk framing.
-    Chunked(Chunk),
+    Chunked(Chunked),
     /// No length: the body runs until the upstream closes the connection.
     Close,
     /// The body has ended.
     Done,
 }
 
-/// Where a chunked body's decoding is.
+/// Where a chunked body's decoding is, and the extension bytes read so far.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Chunk {
+pub(super) struct Chunked {
+    at: Chunk,
+    extensions: usize,
+}
+
+/// A point of the chunk framing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Chunk {
     /// At a chunk-size line.
     Size,
     /// Inside a chunk's data: this many bytes still to come.
@@ -271,6 +295,14 @@ pub(super) enum Chunk {
 }
 
 impl Decoder {
+    /// A chunked body's decoder, at its start.
+    pub(super) fn chunked() -> Self {
+        Decoder::Chunked(Chunked {
+            at: Chunk::Size,
+            extensions: 0,
+        })
+    }
+
     /// Whether the body has ended.
     pub(super) fn is_done(&self) -> bool {
         matches!(self, Decoder::Done | Decoder::Length(0))
@@ -336,10 +368,11 @@ impl Decoder {
 
 /// [`Decoder::decode`] for a chunked body; true at its end.
 fn decode_chunked(
-    chunk: &mut Chunk,
+    state: &mut Chunked,
     buf: &mut BytesMut,
     out: &mut Gathered,
 ) -> Result<bool, ProtocolError> {
+    let chunk = &mut state.at;
     loop {
         match chunk {
             Chunk::Size => {
@@ -353,7 +386,11 @@ fn decode_chunked(
                 if end > MAX_CHUNK_LINE {
                     return Err(ProtocolError::BadChunkSize);
                 }
-                let size = chunk_size(&buf[..end])?;
+                let (size, extensions) = chunk_size(&buf[..end])?;
+                state.extensions += extensions;
+                if state.extensions > MAX_EXTENSIONS {
+                    return Err(ProtocolError::BadChunkSize);
+                }
                 buf.advance(end + 1);
                 *chunk = if size == 0 {
                     Chunk::Trailers(0)
@@ -402,9 +439,10 @@ fn decode_chunked(
     }
 }
 
-/// The size of a chunk-size line (without its `\n`): hexadecimal digits, then optionally
-/// whitespace and `;` extensions, and a `\r`.
-fn chunk_size(line: &[u8]) -> Result<u64, ProtocolError> {
+/// The size of a chunk-size line (without its `\n`), and the length of its extensions:
+/// hexadecimal digits, then optionally whitespace and `;` extensions (no control bytes but tabs),
+/// and a `\r`.
+fn chunk_size(line: &[u8]) -> Result<(u64, usize), ProtocolError> {
     let line = line.strip_suffix(b"\r").unwrap_or(line);
     let digits = line.iter().take_while(|b| b.is_ascii_hexdigit()).count();
     if digits == 0 || digits > 16 {
@@ -414,8 +452,12 @@ fn chunk_size(line: &[u8]) -> Result<u64, ProtocolError> {
     if !rest.is_empty() && rest[0] != b';' {
         return Err(ProtocolError::BadChunkSize);
     }
+    if rest.iter().any(|&b| (b < 0x20 && b != b'\t') || b == 0x7f) {
+        return Err(ProtocolError::BadChunkSize);
+    }
     let hex = std::str::from_utf8(&line[..digits]).map_err(|_| ProtocolError::BadChunkSize)?;
-    u64::from_str_radix(hex, 16).map_err(|_| ProtocolError::BadChunkSize)
+    let size = u64::from_str_radix(hex, 16).map_err(|_| ProtocolError::BadChunkSize)?;
+    Ok((size, rest.len()))
 }
 
 /// Data decoded in one go, as one piece: the first slice kept as it is (no copy when it is the
@@ -543,12 +585,12 @@ mod tests {
         let h = head("HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, Chunked\r\n\r\n")
             .unwrap()
             .unwrap();
-        assert_eq!(h.framing, Decoder::Chunked(Chunk::Size));
+        assert_eq!(h.framing, Decoder::chunked());
         // Transfer-Encoding wins over Content-Length.
         let h = head("HTTP/1.1 200 OK\r\ncontent-length: 5\r\ntransfer-encoding: chunked\r\n\r\n")
             .unwrap()
             .unwrap();
-        assert_eq!(h.framing, Decoder::Chunked(Chunk::Size));
+        assert_eq!(h.framing, Decoder::chunked());
         // A coding other than chunked last, or no length: to the close, never reused.
         for text in [
             "HTTP/1.1 200 OK\r\ntransfer-encoding: gzip\r\n\r\n",
@@ -618,7 +660,7 @@ mod tests {
 
     #[test]
     fn chunked_bodies_decode_with_extensions_and_trailers() {
-        let mut d = Decoder::Chunked(Chunk::Size);
+        let mut d = Decoder::chunked();
         let (data, done) = decode_all(
             &mut d,
             &[b"3;name=v\r\none\r\nA \r\n0123456789\r\n0\r\nx-trailer: t\r\n\r\nnext"],
@@ -637,28 +679,48 @@ mod tests {
             b"11111111111111111\r\n",
             b"3\r\nabcX\r\n",
         ] {
-            let mut d = Decoder::Chunked(Chunk::Size);
+            let mut d = Decoder::chunked();
             assert!(
                 decode_all(&mut d, &[bad]).is_err(),
                 "{}",
                 String::from_utf8_lossy(bad)
             );
         }
-        let mut d = Decoder::Chunked(Chunk::Size);
+        let mut d = Decoder::chunked();
         let long = vec![b'1'; MAX_CHUNK_LINE + 1];
         assert_eq!(
             decode_all(&mut d, &[&long]).unwrap_err(),
             ProtocolError::BadChunkSize
         );
-        let mut d = Decoder::Chunked(Chunk::Size);
+        let mut d = Decoder::chunked();
         let trailers = format!("0\r\n{}", "x: y\r\n".repeat(MAX_TRAILERS / 6 + 1));
         assert_eq!(
             decode_all(&mut d, &[trailers.as_bytes()]).unwrap_err(),
             ProtocolError::TrailersTooLarge
         );
-        let mut d = Decoder::Chunked(Chunk::Size);
+        let mut d = Decoder::chunked();
         decode_all(&mut d, &[b"5\r\nab"]).unwrap();
         assert_eq!(d.end_of_input().unwrap_err(), ProtocolError::Incomplete);
+    }
+
+    #[test]
+    fn chunk_extensions_are_bounded_and_hold_no_control_bytes() {
+        let mut d = Decoder::chunked();
+        assert_eq!(
+            decode_all(&mut d, &[b"5;\rX\r\nhello\r\n"]).unwrap_err(),
+            ProtocolError::BadChunkSize
+        );
+        let mut d = Decoder::chunked();
+        let (data, _) = decode_all(&mut d, &[b"5;a=\"b\tc\"\r\nhello\r\n"]).unwrap();
+        assert_eq!(data, b"hello");
+        // 1 data byte per ~1 KiB of extensions: refused once the body's extensions pass 16 KiB.
+        let ext = "e".repeat(1000);
+        let body: String = (0..20).map(|_| format!("1;{ext}\r\nx\r\n")).collect();
+        let mut d = Decoder::chunked();
+        assert_eq!(
+            decode_all(&mut d, &[body.as_bytes()]).unwrap_err(),
+            ProtocolError::BadChunkSize
+        );
     }
 
     #[test]
@@ -708,7 +770,7 @@ mod tests {
                 pieces.push(&wire[last..a]);
                 last = a;
             }
-            let mut d = Decoder::Chunked(Chunk::Size);
+            let mut d = Decoder::chunked();
             let mut buf = BytesMut::new();
             let mut data = Vec::new();
             let mut done = false;
@@ -728,7 +790,7 @@ mod tests {
         /// Any bytes at all: an answer or an error, never a panic.
         #[test]
         fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..400)) {
-            let mut d = Decoder::Chunked(Chunk::Size);
+            let mut d = Decoder::chunked();
             let _ = decode_all(&mut d, &[&bytes]);
             let mut buf = BytesMut::from(&b"HTTP/1.1 200 OK\r\n"[..]);
             buf.extend_from_slice(&bytes);
