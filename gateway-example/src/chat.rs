@@ -1,5 +1,5 @@
 //! A request to one of the LLM endpoints as the gateway carries it ([`ChatRequest`], read and
-//! validated once by [`crate::api::chat::prepare`]) and the answer of a `mock_response`
+//! validated once by [`crate::api::chat::completions`]) and the answer of a `mock_response`
 //! deployment.
 
 use axum::body::Body;
@@ -62,7 +62,8 @@ impl ChatRequest {
 /// `mock_response` for `chat` from model group `model`: 30 tokens (embeddings 10), in the
 /// endpoint's format, streamed as real SSE when asked. The usage chunk of chat and completions
 /// streams is always sent (as the gateway asks real upstreams for it);
-/// [`crate::api::chat::strip_usage`] removes it for clients that did not ask.
+/// [`crate::api::chat::completions`] removes it (with [`crate::strip::StripUsage`]) for clients
+/// that did not ask.
 pub fn mock_answer(chat: &ChatRequest, model: &str, content: &str) -> Response {
     let body = match chat.body() {
         Ok(body) => body,

@@ -4,12 +4,10 @@
 //! product's shape, keys and teams, mock and real upstreams, and the priority limiter in front of
 //! every chat completion, embedding, completion, Responses API call and Anthropic message.
 //!
-//! The request path of a completion: [`api::auth::require_key`] (who is calling, and their
-//! priority) → [`api::chat::prepare`] (read the body once, validate, pick the group) →
-//! [`api::chat::strip_usage`] → [`api::chat::completions`] → [`routing::serve`] (admit the group
-//! on the limiter, choose a deployment, retry, fall back, meter the response). The chat routes run
-//! the first three (and the 405 of [`api::chat::post_only`]) as one middleware,
-//! [`api::chat::chat_stack`].
+//! The request path of a completion: [`api::chat::completions`] (who is calling and their
+//! priority, a 405 to any method but POST, the body read once and validated, the group picked)
+//! → [`routing::serve`] (admit the group on the limiter, choose a deployment, retry, fall back,
+//! meter the response) → the usage chunk removed when the client did not ask for it.
 //!
 //! Modules import downward only, each from those before it:
 //!
@@ -46,7 +44,7 @@ pub mod upstream;
 use std::sync::Arc;
 
 use axum::middleware::from_fn_with_state;
-use axum::routing::{get, post};
+use axum::routing::{any, get, post};
 use axum::Router;
 use tower::ServiceBuilder;
 
@@ -63,20 +61,17 @@ pub fn router(gw: Arc<Gateway>) -> Router {
         .metrics
         .then(|| api::metrics::TrackLayer(gw.clone()));
 
-    // Every endpoint, with and without `/v1`, takes the same path: `prepare` reads which one it is
-    // from the path.
+    // Every endpoint, with and without `/v1`, takes the same path: `completions` reads which one
+    // it is from the path. Every method is routed to it, so a chat route called with another
+    // method than POST gets the gateway's 405 (after the key check, before its body is read or
+    // anything is counted).
     let chat = endpoint::Endpoint::served_paths().fold(Router::new(), |r, path| {
-        r.route(&path, post(api::chat::completions))
+        r.route(&path, any(api::chat::completions))
     });
-    // One middleware for the chat routes (inside the timing layer), not one route layer each:
-    // every layer is a boxed service cloned, and a boxed future, per request. The key is checked
-    // first; a chat route called with another method than POST is answered 405 before its body
-    // is read or anything is counted.
-    let chat = chat.route_layer(
-        ServiceBuilder::new()
-            .option_layer(track.clone())
-            .layer(from_fn_with_state(gw.clone(), api::chat::chat_stack)),
-    );
+    let chat = match track.clone() {
+        Some(track) => chat.route_layer(track),
+        None => chat,
+    };
 
     let keyed = Router::new()
         .route("/models", get(api::models::list))

@@ -1,4 +1,4 @@
-//! The gateway's request parsing (`api::chat::prepare`, and behind it the limiter, the router, a
+//! The gateway's request parsing (`api::chat::completions`, and behind it the limiter, the router, a
 //! `mock_response` deployment and `StripUsage`), in process through `gateway_example::router`,
 //! fed the body extractor's inputs as `POST` bodies to any of the five endpoints (chat
 //! completions, embeddings, completions, responses, messages) with the master key.

@@ -42,7 +42,10 @@ impl Caller {
 
 /// `key` is the presented key (borrowed from the headers: the request itself is not `Sync`, so it
 /// is not held across the store lookup).
-async fn identify(gw: &Gateway, key: Option<&str>) -> Result<(Caller, Option<Arc<str>>), ApiError> {
+pub(crate) async fn identify(
+    gw: &Gateway,
+    key: Option<&str>,
+) -> Result<(Caller, Option<Arc<str>>), ApiError> {
     let Some(master_hash) = gw.master_key_hash() else {
         // No master key configured: the gateway is open, as in the source product.
         return Ok((Caller::Master, None));

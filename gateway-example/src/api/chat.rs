@@ -1,28 +1,22 @@
 //! `POST /chat/completions`, `/embeddings`, `/completions`, `/responses` and `/messages`, each with
 //! and without `/v1`: one path for every endpoint.
 //!
-//! [`prepare`] reads the body once (bounded), validates it (the endpoint from the path, its
-//! required field, a model whose deployments speak its format), and leaves a [`ChatRequest`] in
-//! the request for the handler, which hands it to the router ([`crate::routing::serve`]).
-//!
-//! [`prepare`]: fn@prepare
+//! [`completions`] checks the key, reads the body once (bounded), validates it (the endpoint from
+//! the path, its required field, a model whose deployments speak its format) into a
+//! [`ChatRequest`], and hands that to the router ([`crate::routing::serve`]).
 
 use std::sync::Arc;
 
 use axum::body::Body;
 use axum::extract::{Request, State};
-use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use axum::Extension;
 use http::header::{ALLOW, CONTENT_LENGTH, CONTENT_TYPE};
 use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
 use serde_json::Value;
 
-use super::fields::{Fields, Shape};
-use tower_priority_limit::priority::Priority;
-
-use super::auth::{authenticate, Caller};
+use super::auth::{api_key, identify, Caller};
 use super::body::read_bounded;
+use super::fields::{Fields, Shape};
 use crate::chat::ChatRequest;
 use crate::endpoint::Endpoint;
 use crate::error::ApiError;
@@ -50,24 +44,16 @@ const PASSED_ON: [HeaderName; 2] = [
     HeaderName::from_static("anthropic-beta"),
 ];
 
-/// Validates a request to any endpoint and leaves a [`ChatRequest`] for the handler.
-pub async fn prepare(
-    State(gw): State<Arc<Gateway>>,
-    Extension(caller): Extension<Caller>,
+/// The [`ChatRequest`] of a request to any endpoint, or why it is not one.
+async fn validate(
+    gw: &Gateway,
+    caller: &Caller,
     request: Request,
-    next: Next,
-) -> Response {
-    match validate(&gw, &caller, request).await {
-        Ok(request) => next.run(request).await,
-        Err(e) => e.into_response(),
-    }
-}
-
-async fn validate(gw: &Gateway, caller: &Caller, request: Request) -> Result<Request, ApiError> {
+) -> Result<ChatRequest, ApiError> {
     let endpoint = Endpoint::from_path(request.uri().path())
         .ok_or_else(|| ApiError::internal("prepare is routed only on the endpoints' paths"))?;
     let flow = tower_priority_limit::flow::flow_id(super::auth::api_key(&request).unwrap_or(""));
-    let (mut parts, bytes) = read_bounded(gw, request).await?;
+    let (parts, bytes) = read_bounded(gw, request).await?;
     // The members read here, not the whole body: the messages are only forwarded.
     let mut fields = Fields::read(&bytes, endpoint.required_field().map(|(field, _)| field))
         .map_err(|e| ApiError::bad_request(format!("Invalid JSON in request body: {e}")))?
@@ -177,7 +163,7 @@ async fn validate(gw: &Gateway, caller: &Caller, request: Request) -> Result<Req
             pass_on.append(name.clone(), value.clone());
         }
     }
-    parts.extensions.insert(ChatRequest {
+    Ok(ChatRequest {
         endpoint,
         model: group.name.clone(),
         stream,
@@ -187,45 +173,36 @@ async fn validate(gw: &Gateway, caller: &Caller, request: Request) -> Result<Req
         raw: bytes,
         pass_on,
         flow,
-    });
-    Ok(Request::from_parts(parts, Body::empty()))
+    })
 }
 
-/// Answers 405 in the OpenAI error shape, with `allow: POST`, to a chat completion called with
-/// any other method than POST (a HEAD gets no body), before anything else looks at the request.
-pub async fn post_only(request: Request, next: Next) -> Response {
-    if request.method() == Method::POST {
-        return next.run(request).await;
-    }
-    not_post(request.method())
-}
-
-/// [`require_key`](super::auth::require_key), [`post_only`], [`prepare`] and [`strip_usage`] as
-/// one middleware, in that order (the chat routes run it): one boxed service and one boxed future
-/// per request instead of four.
+/// Answers a request to any endpoint, routed here for every method: the key checked first (a 401
+/// before anything else), then a method other than POST answered 405 before the body is read or
+/// anything is counted; the body read and validated once; the group served (admitted on the
+/// limiter when it is on, see [`crate::routing::serve`]); a stream's usage chunk removed when the
+/// client did not ask for it (after the limiter, which counts it).
 ///
-/// [`prepare`]: fn@prepare
-pub async fn chat_stack(
-    State(gw): State<Arc<Gateway>>,
-    mut request: Request,
-    next: Next,
-) -> Response {
-    let caller = match authenticate(&gw, &mut request).await {
-        Ok(caller) => caller,
+/// One handler, not middleware in front of one: nothing travels in request extensions (a boxed
+/// value each, cloned out again by the handler's extractor), and there is no boxed service and
+/// future per layer.
+pub async fn completions(State(gw): State<Arc<Gateway>>, request: Request) -> Response {
+    let (caller, priority) = match identify(&gw, api_key(&request)).await {
+        Ok(found) => found,
         Err(e) => return e.into_response(),
     };
     if request.method() != Method::POST {
         return not_post(request.method());
     }
-    let request = match validate(&gw, &caller, request).await {
-        Ok(request) => request,
+    let chat = match validate(&gw, &caller, request).await {
+        Ok(chat) => chat,
         Err(e) => return e.into_response(),
     };
-    let client_wants_usage = wants_usage(&request);
-    without_unwanted_usage(client_wants_usage, next.run(request).await)
+    let response = gw.serve(&chat, priority.as_deref()).await;
+    without_unwanted_usage(chat.wants_stream_usage(), response)
 }
 
-/// The 405 of [`post_only`] for `method`.
+/// The 405 of [`completions`] for `method`, in the OpenAI error shape with `allow: POST` (a HEAD
+/// gets no body).
 fn not_post(method: &Method) -> Response {
     let method = method.clone();
     let mut response = ApiError::new(
@@ -244,21 +221,6 @@ fn not_post(method: &Method) -> Response {
     response
 }
 
-/// Removes the usage chunk from streams whose client did not ask for it. It sits outside the
-/// limiter, so the limiter still counts the usage the gateway asked the upstream for.
-pub async fn strip_usage(request: Request, next: Next) -> Response {
-    let client_wants_usage = wants_usage(&request);
-    without_unwanted_usage(client_wants_usage, next.run(request).await)
-}
-
-/// Whether the client of `request` gets a stream's usage chunk (see [`strip_usage`]).
-fn wants_usage(request: &Request) -> bool {
-    request
-        .extensions()
-        .get::<ChatRequest>()
-        .is_none_or(ChatRequest::wants_stream_usage)
-}
-
 /// `response`, its stream's usage chunk removed unless `client_wants_usage`.
 fn without_unwanted_usage(client_wants_usage: bool, response: Response) -> Response {
     let is_sse = response
@@ -269,17 +231,6 @@ fn without_unwanted_usage(client_wants_usage: bool, response: Response) -> Respo
         return response;
     }
     response.map(|body| Body::new(StripUsage::new(body)))
-}
-
-/// Answers a request to any endpoint from a deployment of its group, admitted on the limiter when
-/// it is on (see [`crate::routing::serve`]).
-pub async fn completions(
-    State(gw): State<Arc<Gateway>>,
-    Extension(chat): Extension<ChatRequest>,
-    priority: Option<Extension<Priority>>,
-) -> Response {
-    let priority = priority.as_ref().map(|Extension(p)| &*p.0);
-    gw.serve(&chat, priority).await
 }
 
 #[cfg(test)]

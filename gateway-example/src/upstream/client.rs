@@ -807,7 +807,10 @@ mod tests {
                 "the response head is not valid HTTP/1.1",
             ),
             (b"", "the connection closed without an answer"),
-            (b"HTTP/1.1 200", "the connection closed before the response ended"),
+            (
+                b"HTTP/1.1 200",
+                "the connection closed before the response ended",
+            ),
             (huge.as_bytes(), "the response head is too large"),
             (
                 b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nabc",
