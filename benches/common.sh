@@ -31,3 +31,12 @@ prod_key() {
   curl -sf "http://127.0.0.1:$1/key/generate" -H 'authorization: Bearer sk-load-master' \
     -d '{"metadata": {"priority": "prod"}}' | sed -E 's/.*"key":"([^"]+)".*/\1/'
 }
+
+# Builds the gateway's release binaries; sets BIN (their directory) and TMP (a scratch directory,
+# removed at exit, when every background job of the script is killed too).
+build_and_scratch() {
+  cargo build --release -q -p gateway-example --bins
+  BIN=${CARGO_TARGET_DIR:-target}/release
+  TMP=$(mktemp -d)
+  trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$TMP"' EXIT
+}

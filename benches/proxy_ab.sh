@@ -21,12 +21,9 @@ PROXY_CPU=${PROXY_CPU:-1}
 OHA_CPU=${OHA_CPU:-0}
 : "${BASELINE_BIN:?set BASELINE_BIN to the gateway-example binary to compare against}"
 command -v oha >/dev/null || cargo install --locked oha
-cargo build --release -q -p gateway-example --bins
-BIN=${CARGO_TARGET_DIR:-target}/release
 # shellcheck source=benches/common.sh
 . benches/common.sh
-TMP=$(mktemp -d)
-trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$TMP"' EXIT
+build_and_scratch
 UP_PORT=4231
 
 taskset -c "$PROXY_CPU" "$BIN/mock-upstream" --port "$UP_PORT" --stream-chunks 50 >/dev/null 2>&1 &

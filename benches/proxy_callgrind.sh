@@ -21,12 +21,9 @@ STREAM=${1:-false}
 N=${2:-2000}
 command -v valgrind >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -q valgrind >/dev/null
 command -v oha >/dev/null || cargo install --locked oha
-cargo build --release -q -p gateway-example --bins
-BIN=${CARGO_TARGET_DIR:-target}/release
 # shellcheck source=benches/common.sh
 . benches/common.sh
-TMP=$(mktemp -d)
-trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$TMP"' EXIT
+build_and_scratch
 UP_PORT=4211 GW_PORT=4212
 
 "$BIN/mock-upstream" --port "$UP_PORT" --stream-chunks 50 >/dev/null 2>&1 &

@@ -22,13 +22,10 @@ OHA_CPU=${OHA_CPU:-0}
 command -v perf >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -q linux-perf >/dev/null
 command -v strace >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -q strace >/dev/null
 command -v oha >/dev/null || cargo install --locked oha
-cargo build --release -q -p gateway-example --bins
-BIN=${CARGO_TARGET_DIR:-target}/release
 # shellcheck source=benches/common.sh
 . benches/common.sh
-TMP=$(mktemp -d)
+build_and_scratch
 OUT=${OUT:-$TMP}
-trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$TMP"' EXIT
 UP_PORT=4221 GW_PORT=4222
 
 taskset -c "$PROXY_CPU" "$BIN/mock-upstream" --port "$UP_PORT" --stream-chunks 50 >/dev/null 2>&1 &

@@ -532,6 +532,9 @@ mod tests {
             let mut out = Gathered::default();
             done = decoder.decode(&mut buf, &mut out)?;
             data.extend_from_slice(&out.take().unwrap_or_default());
+            if done {
+                break;
+            }
         }
         Ok((data, done))
     }
@@ -770,19 +773,7 @@ mod tests {
                 pieces.push(&wire[last..a]);
                 last = a;
             }
-            let mut d = Decoder::chunked();
-            let mut buf = BytesMut::new();
-            let mut data = Vec::new();
-            let mut done = false;
-            for piece in pieces {
-                buf.extend_from_slice(piece);
-                let mut out = Gathered::default();
-                done = d.decode(&mut buf, &mut out).unwrap();
-                data.extend_from_slice(&out.take().unwrap_or_default());
-                if done {
-                    break;
-                }
-            }
+            let (data, done) = decode_all(&mut Decoder::chunked(), &pieces).unwrap();
             prop_assert!(done);
             prop_assert_eq!(data, chunks.concat());
         }
