@@ -227,7 +227,7 @@ impl Conn {
                     return match self.poll_early_head(cx, method) {
                         Ok(Some(head)) => Poll::Ready(Ok(Some(head))),
                         Ok(None) => Poll::Pending,
-                        Err(e) => Poll::Ready(Err((true, e))),
+                        Err(e) => Poll::Ready(Err((written > 0, e))),
                     };
                 }
             }
