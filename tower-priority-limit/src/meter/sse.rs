@@ -72,18 +72,17 @@ pub struct SseMeter {
     /// completions chunks, whose later events are then not searched for a Responses API type
     /// (a search per event, ~4 % of a stream's metering).
     choices_stream: Option<bool>,
-    /// Where `"usage"` occurs in the chunk being fed, searched once over the whole chunk (a
-    /// gathered read holds dozens of events, and only a stream's last has usage): its lines are
-    /// then not searched for it one by one.
-    usage_hits: KeyHits,
+    /// Where `"usage"` occurs in the chunk being fed, in a chat or completions stream: searched
+    /// once over the whole chunk (a gathered read holds dozens of events, and only a stream's
+    /// last has usage), so its lines are not searched for it one by one.
+    usage_hits: UsageHits,
 }
 
-/// The offsets of a key in the chunk being fed, and the chunk's address range, to place its
+/// The offsets of `"usage"` in the chunk being fed, and the chunk's address range, to place its
 /// lines: a line is a slice of the chunk (found by its address) or of the carry buffer (a line
 /// that began in an earlier chunk, which the search did not cover).
-#[derive(Debug)]
-struct KeyHits {
-    key: &'static memchr::memmem::Finder<'static>,
+#[derive(Debug, Default)]
+struct UsageHits {
     start: usize,
     end: usize,
     at: Vec<usize>,
@@ -91,22 +90,20 @@ struct KeyHits {
     next: usize,
 }
 
-impl KeyHits {
-    fn new(key: &'static memchr::memmem::Finder<'static>) -> Self {
-        KeyHits {
-            key,
-            start: 0,
-            end: 0,
-            at: Vec::new(),
-            next: 0,
-        }
-    }
-
+impl UsageHits {
+    /// Searches `chunk`.
     fn search(&mut self, chunk: &[u8]) {
         self.start = chunk.as_ptr() as usize;
         self.end = self.start + chunk.len();
         self.at.clear();
-        self.at.extend(self.key.find_iter(chunk));
+        self.at.extend(USAGE_KEY.find_iter(chunk));
+        self.next = 0;
+    }
+
+    /// Covers no chunk: every line is searched on its own.
+    fn clear(&mut self) {
+        (self.start, self.end) = (0, 0);
+        self.at.clear();
         self.next = 0;
     }
 
@@ -121,7 +118,7 @@ impl KeyHits {
         while self.at.get(self.next).is_some_and(|&at| at < from) {
             self.next += 1;
         }
-        let len = self.key.needle().len();
+        let len = USAGE_KEY.needle().len();
         let inside = self.at[self.next..]
             .iter()
             .take_while(|&&at| at + len <= to)
@@ -186,13 +183,19 @@ impl SseMeter {
             count_skipped: true,
             finished: false,
             choices_stream: None,
-            usage_hits: KeyHits::new(&USAGE_KEY),
+            usage_hits: UsageHits::default(),
         }
     }
 
     /// Feeds the next bytes of the stream. Never panics.
     pub fn feed(&mut self, mut chunk: &[u8]) {
-        self.usage_hits.search(chunk);
+        // Only a chat or completions stream's lines use the hits (see `parse_line`): once a
+        // stream shows it is another kind, its events are searched one by one, not the chunk too.
+        if self.choices_stream != Some(false) {
+            self.usage_hits.search(chunk);
+        } else {
+            self.usage_hits.clear();
+        }
         if self.skip_lf {
             match chunk.first() {
                 None => return,
