@@ -44,15 +44,16 @@ const PASSED_ON: [HeaderName; 2] = [
     HeaderName::from_static("anthropic-beta"),
 ];
 
-/// The [`ChatRequest`] of a request to any endpoint, or why it is not one.
+/// The [`ChatRequest`] of a request to any endpoint from `caller` (its fairness `flow`), or why it
+/// is not one.
 async fn validate(
     gw: &Gateway,
     caller: &Caller,
+    flow: u64,
     request: Request,
 ) -> Result<ChatRequest, ApiError> {
     let endpoint = Endpoint::from_path(request.uri().path())
-        .ok_or_else(|| ApiError::internal("prepare is routed only on the endpoints' paths"))?;
-    let flow = tower_priority_limit::flow::flow_id(super::auth::api_key(&request).unwrap_or(""));
+        .ok_or_else(|| ApiError::internal("completions is routed only on the endpoints' paths"))?;
     let (parts, bytes) = read_bounded(gw, request).await?;
     // The members read here, not the whole body: the messages are only forwarded.
     let mut fields = Fields::read(&bytes, endpoint.required_field().map(|(field, _)| field))
@@ -186,14 +187,16 @@ async fn validate(
 /// value each, cloned out again by the handler's extractor), and there is no boxed service and
 /// future per layer.
 pub async fn completions(State(gw): State<Arc<Gateway>>, request: Request) -> Response {
-    let (caller, priority) = match identify(&gw, api_key(&request)).await {
+    let key = api_key(&request);
+    let flow = tower_priority_limit::flow::flow_id(key.unwrap_or(""));
+    let (caller, priority) = match identify(&gw, key).await {
         Ok(found) => found,
         Err(e) => return e.into_response(),
     };
     if request.method() != Method::POST {
         return not_post(request.method());
     }
-    let chat = match validate(&gw, &caller, request).await {
+    let chat = match validate(&gw, &caller, flow, request).await {
         Ok(chat) => chat,
         Err(e) => return e.into_response(),
     };
