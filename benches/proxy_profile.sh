@@ -12,6 +12,8 @@
 #   - its syscalls per request by kind (`strace -c -f`, a second, smaller load: strace slows it);
 #   - its hottest functions (`perf record -g`, `perf report --no-children`, top 25), the whole
 #     report kept in $OUT (default: a temporary directory, removed at exit) as perf.data.
+#     A flamegraph of it (the pictures are not committed): `cargo install --locked inferno`, then
+#     `perf script -i $OUT/perf.data | inferno-collapse-perf | inferno-flamegraph > flame.svg`.
 # Installs linux-perf, strace and oha when missing (Debian's packages; as root, no sudo).
 set -euo pipefail
 cd "$(dirname "$0")/.."
