@@ -10,7 +10,11 @@
 #   nginx    nginx (Debian's package, installed when missing): proxy_pass to an upstream block
 #            with keepalive 64, limit_req with a rate far above the load, proxy_buffering off;
 #   gateway  gateway-example with the limiter on and every rate-limit header (rpm and tpm, two
-#            priorities: the CONFIG=full setup of benches/load.sh), one upstream deployment.
+#            priorities: the CONFIG=full setup of benches/load.sh), one upstream deployment;
+#   floor    benches/examples/proxy_floor.rs: the gateway's server settings and upstream client
+#            and nothing else (no key, JSON, limiter, router or metering), the least a proxy on
+#            this stack costs: gateway / floor is what the gateway's own work costs, floor / nginx
+#            what the stack does.
 # The mock answers with STREAM_CHUNKS (default 50) words, so a stream is a role chunk, 50
 # content chunks, a finish chunk and a usage chunk (every client asks for it with
 # stream_options.include_usage, so the gateway strips nothing and all targets send the same bytes).
@@ -35,11 +39,12 @@ if ! command -v nginx >/dev/null && [ ! -x /usr/sbin/nginx ]; then
 fi
 NGINX=$(command -v nginx || echo /usr/sbin/nginx)
 cargo build --release -q -p gateway-example --bins
+cargo build --release -q -p benches --example proxy_floor
 BIN=${CARGO_TARGET_DIR:-target}/release
 TMP=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$TMP"' EXIT
 
-UP_PORT=4201 NGINX_PORT=4202 GW_PORT=4203
+UP_PORT=4201 NGINX_PORT=4202 GW_PORT=4203 FLOOR_PORT=4204
 # shellcheck source=benches/common.sh
 . benches/common.sh
 
@@ -79,10 +84,13 @@ full_config "api_base: \"http://127.0.0.1:$UP_PORT/v1\"" '["dynamic_rate_limiter
 RUST_LOG=error taskset -c "$PROXY_CPU" "${GATEWAY_BIN:-$BIN/gateway-example}" --config "$TMP/gateway.yaml" --host 127.0.0.1 --port "$GW_PORT" --data-dir "$TMP/gw-data" >/dev/null &
 wait_up "http://127.0.0.1:$GW_PORT/health/liveliness"
 KEY=$(prod_key "$GW_PORT")
+taskset -c "$PROXY_CPU" "$BIN/examples/proxy_floor" "$FLOOR_PORT" "http://127.0.0.1:$UP_PORT/v1/chat/completions" &
+wait_up "http://127.0.0.1:$FLOOR_PORT/stats"
 
 declare -A URL=([direct]="http://127.0.0.1:$UP_PORT/v1/chat/completions"
                 [nginx]="http://127.0.0.1:$NGINX_PORT/v1/chat/completions"
-                [gateway]="http://127.0.0.1:$GW_PORT/v1/chat/completions")
+                [gateway]="http://127.0.0.1:$GW_PORT/v1/chat/completions"
+                [floor]="http://127.0.0.1:$FLOOR_PORT/v1/chat/completions")
 body() { # $1 = stream
   local opts=''
   [ "$1" = true ] && opts=',"stream_options":{"include_usage":true}'
@@ -101,14 +109,14 @@ echo "gateway stream: $chunks SSE events (data lines, [DONE] included)"
 echo "oha -z ${SECS}s -c $CONC, $ROUNDS rounds; oha on CPU $OHA_CPU; upstream and proxy on CPU $PROXY_CPU; stream of $STREAM_CHUNKS words"
 for round in $(seq "$ROUNDS"); do
   for stream in false true; do
-    for target in direct nginx gateway; do
+    for target in direct nginx gateway floor; do
       load "$target" "$stream" "$TMP/$target-$stream-$round.json" -z "${SECS}s" -c "$CONC"
     done
   done
 done
 echo "fixed rate: oha -q $RATE -z ${SECS}s -c $CONC, $ROUNDS rounds, not streamed"
 for round in $(seq "$ROUNDS"); do
-  for target in direct nginx gateway; do
+  for target in direct nginx gateway floor; do
     load "$target" false "$TMP/$target-rate-$round.json" -q "$RATE" -z "${SECS}s" -c "$CONC"
   done
 done
@@ -122,7 +130,7 @@ def all_ok(rs):
     return all(set(r.get("statusCodeDistribution", {})) == {"200"} for r in rs)
 for stream in ("false", "true"):
     med = {}
-    for target in ("direct", "nginx", "gateway"):
+    for target in ("direct", "nginx", "gateway", "floor"):
         rs = runs(f"{target}-{stream}")
         rps = [r["summary"]["requestsPerSec"] for r in rs]
         med[target] = statistics.median(rps)
@@ -130,18 +138,19 @@ for stream in ("false", "true"):
         print(f"{target:>7} stream={stream:<5} rps median={med[target]:8.0f} "
               f"(runs {', '.join(f'{x:.0f}' for x in rps)}) p50={p50:5.2f}ms all-200={all_ok(rs)}")
     # The same round's runs are minutes apart at most: their ratio shares the machine's drift.
-    paired = [g["summary"]["requestsPerSec"] / n["summary"]["requestsPerSec"]
-              for g, n in zip(runs(f"gateway-{stream}"), runs(f"nginx-{stream}"))]
-    print(f"        stream={stream:<5} gateway / nginx = {med['gateway'] / med['nginx']:.3f} (medians); "
-          f"per round {', '.join(f'{x:.3f}' for x in paired)}, median {statistics.median(paired):.3f}")
+    for a, b in (("gateway", "nginx"), ("floor", "nginx"), ("gateway", "floor")):
+        paired = [x["summary"]["requestsPerSec"] / y["summary"]["requestsPerSec"]
+                  for x, y in zip(runs(f"{a}-{stream}"), runs(f"{b}-{stream}"))]
+        print(f"        stream={stream:<5} {a} / {b} = {med[a] / med[b]:.3f} (medians); "
+              f"per round {', '.join(f'{x:.3f}' for x in paired)}, median {statistics.median(paired):.3f}")
 p50 = {}
-for target in ("direct", "nginx", "gateway"):
+for target in ("direct", "nginx", "gateway", "floor"):
     rs = runs(f"{target}-rate")
     each = [r["latencyPercentiles"]["p50"] * 1e6 for r in rs]
     p50[target] = statistics.median(each)
     rps = statistics.median(r["summary"]["requestsPerSec"] for r in rs)
     print(f"{target:>7} fixed rate {rps:6.0f} req/s: p50 median={p50[target]:6.0f} µs "
           f"(runs {', '.join(f'{x:.0f}' for x in each)}) all-200={all_ok(rs)}")
-for target in ("nginx", "gateway"):
+for target in ("nginx", "gateway", "floor"):
     print(f"        {target} adds {p50[target] - p50['direct']:5.0f} µs to the median at the fixed rate")
 PY

@@ -12,6 +12,8 @@
 # bench binary is not possible here: the workspace forbids `unsafe` code.
 # TARGET=mock counts the gateway answering from its own `mock_response` instead (no upstream), and
 # CALLBACKS='[]' with the limiter off: the two together give what the limiter costs per request.
+# TARGET=floor counts benches/examples/proxy_floor.rs instead: the gateway's server settings and
+# upstream client with nothing else (what the stack costs; the gateway's own work is the rest).
 # KEEP_PROFILE=path keeps the callgrind output there, for `callgrind_annotate --inclusive=yes path`.
 # PROMPT_BYTES=N makes the user message N bytes of words (default: "hi"), for what a prompt's
 # size costs (the body is read, estimated and edited on its way upstream).
@@ -33,12 +35,22 @@ else
   params="api_base: \"http://127.0.0.1:$UP_PORT/v1\""
 fi
 full_config "$params" "${CALLBACKS:-[\"dynamic_rate_limiter_v3\"]}" > "$TMP/gateway.yaml"
-RUST_LOG=error valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file="$TMP/callgrind.%p" \
-  "$BIN/gateway-example" --config "$TMP/gateway.yaml" --host 127.0.0.1 --port "$GW_PORT" \
-  --data-dir "$TMP/data" >/dev/null 2>"$TMP/valgrind.log" &
-GW=$!
-wait_up "http://127.0.0.1:$GW_PORT/health/liveliness"
-KEY=$(prod_key "$GW_PORT")
+if [ "${TARGET:-upstream}" = floor ]; then
+  cargo build --release -q -p benches --example proxy_floor
+  valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file="$TMP/callgrind.%p" \
+    "$BIN/examples/proxy_floor" "$GW_PORT" "http://127.0.0.1:$UP_PORT/v1/chat/completions" \
+    >/dev/null 2>"$TMP/valgrind.log" &
+  GW=$!
+  wait_up "http://127.0.0.1:$GW_PORT/"
+  KEY=none
+else
+  RUST_LOG=error valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file="$TMP/callgrind.%p" \
+    "$BIN/gateway-example" --config "$TMP/gateway.yaml" --host 127.0.0.1 --port "$GW_PORT" \
+    --data-dir "$TMP/data" >/dev/null 2>"$TMP/valgrind.log" &
+  GW=$!
+  wait_up "http://127.0.0.1:$GW_PORT/health/liveliness"
+  KEY=$(prod_key "$GW_PORT")
+fi
 opts=''
 [ "$STREAM" = true ] && opts=',"stream_options":{"include_usage":true}'
 PROMPT=hi
