@@ -8,7 +8,7 @@ use clap::Parser;
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use gateway_example::signal::shutdown_signal;
-use gateway_example::{router, Gateway};
+use gateway_example::{app, Gateway};
 
 /// An OpenAI-compatible gateway with priority-aware RPM/TPM limits.
 #[derive(Debug, Parser)]
@@ -93,7 +93,7 @@ async fn run(args: Args) -> Result<(), String> {
         "starting"
     );
     let gateway = Arc::new(gateway);
-    let app = router(gateway.clone());
+    let app = app(gateway.clone());
     tracing::info!("listening on http://{local}");
     let limits = gateway_example::server::ServerLimits::from_config(&gateway.config());
     // SIGHUP: read the config file again, as `POST /config/reload` does.

@@ -18,7 +18,10 @@ use std::io;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use axum::Router;
+use std::convert::Infallible;
+
+use axum::response::Response;
+use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
@@ -67,13 +70,19 @@ impl ServerLimits {
 /// connections' in-flight requests finish (idle connections are closed) for up to
 /// `limits.shutdown_grace`, then calls `end_streams` and, [`FORCE_CLOSE_AFTER`] later, closes
 /// the connections still open; returns when every connection is closed.
-pub async fn serve(
+pub async fn serve<S>(
     listener: TcpListener,
-    app: Router,
+    app: S,
     limits: ServerLimits,
     shutdown: impl Future<Output = ()>,
     end_streams: impl FnOnce(),
-) {
+) where
+    S: tower::Service<http::Request<Incoming>, Response = Response, Error = Infallible>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+{
     let max = limits
         .max_connections
         .clamp(1, Semaphore::MAX_PERMITS.min(u32::MAX as usize));

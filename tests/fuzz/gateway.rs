@@ -1,5 +1,5 @@
 //! The gateway's request parsing (`api::chat::completions`, and behind it the limiter, the router, a
-//! `mock_response` deployment and `StripUsage`), in process through `gateway_example::router`,
+//! `mock_response` deployment and `StripUsage`), in process through `gateway_example::app`,
 //! fed the body extractor's inputs as `POST` bodies to any of the five endpoints (chat
 //! completions, embeddings, completions, responses, messages) with the master key.
 //!
@@ -22,7 +22,7 @@ use axum::body::Body;
 use bytes::Bytes;
 use gateway_example::config::GatewayConfig;
 use gateway_example::endpoint::Endpoint;
-use gateway_example::{router, Gateway};
+use gateway_example::{app, Gateway};
 use http::{Request, StatusCode};
 use http_body_util::BodyExt as _;
 use proptest::prelude::*;
@@ -92,7 +92,7 @@ fn gateway_chat_body() {
         let _in = rt.enter();
         Arc::new(Gateway::with_clock(config, None, ManualClock::new()).unwrap())
     };
-    let app = router(gateway);
+    let app = app(gateway);
     let corpus = corpus();
     let input = prop_oneof![
         1 => proptest::collection::vec(any::<u8>(), 0..256).prop_map(Input::Random),

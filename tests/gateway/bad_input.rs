@@ -187,6 +187,46 @@ async fn other_methods_on_chat_get_405_and_are_not_counted() {
     );
 }
 
+/// The completion endpoints are served before the router, on their exact paths (a query string
+/// aside); a path that only looks like one gets the router's 404 and uses nothing.
+#[tokio::test]
+async fn only_exact_completion_paths_reach_the_completion_handler() {
+    let gw = Gw::start(&config(), None).await;
+    let key = gw.new_key(json!({"models": ["m"]})).await;
+    let body = json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).to_string();
+    for path in [
+        "/v1/chat/completions/",
+        "/v1/v1/chat/completions",
+        "/V1/chat/completions",
+        "/v1chat/completions",
+        "/v1/chat",
+        "/v2/chat/completions",
+        "/v1/embeddings/x",
+    ] {
+        let r = gw.send("POST", path, Some(&key), body.clone()).await;
+        assert_eq!(r.status, 404, "{path}: {}", r.text());
+        assert_eq!(r.json()["error"]["type"], "not_found_error", "{path}");
+    }
+    for path in [
+        "/v1/chat/completions?x=1",
+        "/chat/completions",
+        "/v1/embeddings",
+    ] {
+        let body = if path.contains("embeddings") {
+            json!({"model": "m", "input": "hi"}).to_string()
+        } else {
+            body.clone()
+        };
+        let r = gw.send("POST", path, Some(&key), body).await;
+        assert_eq!(r.status, 200, "{path}: {}", r.text());
+    }
+    let r = gw.chat(&key, "m", false).await;
+    assert_eq!(
+        r.headers["x-ratelimit-remaining-requests"], "996",
+        "only the three served requests and this one used a request"
+    );
+}
+
 /// The unknown-model 400 lists only the models the caller's key may use (all of them for the
 /// master key).
 #[tokio::test]

@@ -1,4 +1,4 @@
-//! The gateway's router on an ephemeral port, a temporary data dir, a manual clock for the limiter,
+//! The gateway's service on an ephemeral port, a temporary data dir, a manual clock for the limiter,
 //! and an HTTP client.
 
 use std::path::{Path, PathBuf};
@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use gateway_example::config::GatewayConfig;
-use gateway_example::{router, Gateway};
+use gateway_example::{app, Gateway};
 use http::{HeaderMap, StatusCode};
 use http_body_util::Full;
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
@@ -49,7 +49,7 @@ impl Drop for TempDir {
 pub struct Gw {
     /// `http://127.0.0.1:PORT`.
     pub base: String,
-    /// The gateway behind the router.
+    /// The gateway behind the service.
     pub gateway: Arc<Gateway>,
     /// The limiter's clock (a fresh, unused one for [`Gw::connect`]).
     pub clock: ManualClock,
@@ -148,7 +148,7 @@ impl Gw {
     }
 
     async fn serve(gateway: Arc<Gateway>, clock: ManualClock) -> Gw {
-        let app = router(gateway.clone());
+        let app = tower::make::Shared::new(app(gateway.clone()));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let base = format!("http://{}", listener.local_addr().unwrap());
         let server = tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });

@@ -69,10 +69,15 @@ where
     }
 
     fn call(&mut self, request: http::Request<B>) -> Self::Future {
-        let route = request
-            .extensions()
-            .get::<MatchedPath>()
-            .and_then(|p| ROUTES.iter().position(|r| *r == p.as_str()))
+        // The router's matched path; the path itself where no router matched it (the completion
+        // endpoints, served without one). Routes have no parameters, so the two are the same.
+        let path = match request.extensions().get::<MatchedPath>() {
+            Some(matched) => matched.as_str(),
+            None => request.uri().path(),
+        };
+        let route = ROUTES
+            .iter()
+            .position(|r| *r == path)
             .unwrap_or(ROUTES.len() - 1);
         TrackFuture {
             inner: self.inner.call(request),
