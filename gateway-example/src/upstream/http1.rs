@@ -444,8 +444,23 @@ fn decode_chunked(
 /// and a `\r`.
 fn chunk_size(line: &[u8]) -> Result<(u64, usize), ProtocolError> {
     let line = line.strip_suffix(b"\r").unwrap_or(line);
-    let digits = line.iter().take_while(|b| b.is_ascii_hexdigit()).count();
-    if digits == 0 || digits > 16 {
+    // The digits read as they are counted (at most 16, so no overflow).
+    let mut size = 0u64;
+    let mut digits = 0;
+    for &b in line {
+        let value = match b {
+            b'0'..=b'9' => b - b'0',
+            b'a'..=b'f' => b - b'a' + 10,
+            b'A'..=b'F' => b - b'A' + 10,
+            _ => break,
+        };
+        digits += 1;
+        if digits > 16 {
+            return Err(ProtocolError::BadChunkSize);
+        }
+        size = size << 4 | u64::from(value);
+    }
+    if digits == 0 {
         return Err(ProtocolError::BadChunkSize);
     }
     let rest = line[digits..].trim_ascii_start();
@@ -455,8 +470,6 @@ fn chunk_size(line: &[u8]) -> Result<(u64, usize), ProtocolError> {
     if rest.iter().any(|&b| (b < 0x20 && b != b'\t') || b == 0x7f) {
         return Err(ProtocolError::BadChunkSize);
     }
-    let hex = std::str::from_utf8(&line[..digits]).map_err(|_| ProtocolError::BadChunkSize)?;
-    let size = u64::from_str_radix(hex, 16).map_err(|_| ProtocolError::BadChunkSize)?;
     Ok((size, rest.len()))
 }
 
@@ -671,6 +684,23 @@ mod tests {
         .unwrap();
         assert_eq!(data, b"one0123456789");
         assert!(done && d.is_done());
+    }
+
+    #[test]
+    fn chunk_size_lines_read_every_hex_digit_up_to_sixteen() {
+        assert_eq!(chunk_size(b"0"), Ok((0, 0)));
+        assert_eq!(chunk_size(b"1f\r"), Ok((31, 0)));
+        assert_eq!(chunk_size(b"Ab09;x=y"), Ok((0xab09, 4)));
+        assert_eq!(chunk_size(b"ffffffffffffffff"), Ok((u64::MAX, 0)));
+        assert_eq!(chunk_size(b"0000000000000010 \r"), Ok((16, 0)));
+        for bad in [&b""[..], b";x", b"00000000000000001", b"1g", b"-1", b"+1", b"0x10"] {
+            assert_eq!(
+                chunk_size(bad),
+                Err(ProtocolError::BadChunkSize),
+                "{}",
+                String::from_utf8_lossy(bad)
+            );
+        }
     }
 
     #[test]
