@@ -693,7 +693,15 @@ mod tests {
         assert_eq!(chunk_size(b"Ab09;x=y"), Ok((0xab09, 4)));
         assert_eq!(chunk_size(b"ffffffffffffffff"), Ok((u64::MAX, 0)));
         assert_eq!(chunk_size(b"0000000000000010 \r"), Ok((16, 0)));
-        for bad in [&b""[..], b";x", b"00000000000000001", b"1g", b"-1", b"+1", b"0x10"] {
+        for bad in [
+            &b""[..],
+            b";x",
+            b"00000000000000001",
+            b"1g",
+            b"-1",
+            b"+1",
+            b"0x10",
+        ] {
             assert_eq!(
                 chunk_size(bad),
                 Err(ProtocolError::BadChunkSize),
