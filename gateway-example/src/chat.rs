@@ -59,6 +59,10 @@ impl ChatRequest {
     }
 }
 
+/// Room for the headers of a deployment's answer (real or mock) and those the router and the
+/// limiter add to it (up to 19), so its header map is made once and never grows.
+pub const ANSWER_HEADERS: usize = 24;
+
 /// `mock_response` for `chat` from model group `model`: 30 tokens (embeddings 10), in the
 /// endpoint's format, streamed as real SSE when asked. The usage chunk of chat and completions
 /// streams is always sent (as the gateway asks real upstreams for it);
@@ -85,6 +89,7 @@ pub fn mock_answer(chat: &ChatRequest, model: &str, content: &str) -> Response {
     } else {
         Response::new(Body::from(answer.chunks.concat()))
     };
+    *response.headers_mut() = HeaderMap::with_capacity(ANSWER_HEADERS);
     response.headers_mut().insert(CONTENT_TYPE, content_type);
     response
 }

@@ -557,8 +557,7 @@ impl Upstream {
         );
         let mut out = Response::new(Body::new(body));
         *out.status_mut() = parts.status;
-        // Room for what the router and the limiter add (up to 19), so the map does not grow.
-        *out.headers_mut() = http::HeaderMap::with_capacity(24);
+        *out.headers_mut() = http::HeaderMap::with_capacity(crate::chat::ANSWER_HEADERS);
         out.headers_mut().insert(CONTENT_TYPE, content_type);
         // The router learns the deployment's real remaining capacity from these.
         for (name, value) in &parts.headers {
