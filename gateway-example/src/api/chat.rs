@@ -53,7 +53,7 @@ async fn validate(
     request: Request,
 ) -> Result<ChatRequest, ApiError> {
     let endpoint = Endpoint::from_path(request.uri().path())
-        .ok_or_else(|| ApiError::internal("completions is routed only on the endpoints' paths"))?;
+        .ok_or_else(|| ApiError::internal("completions is called only on the endpoints' paths"))?;
     let (parts, bytes) = read_bounded(gw, request).await?;
     // The members read here, not the whole body: the messages are only forwarded.
     let mut fields = Fields::read(&bytes, endpoint.required_field().map(|(field, _)| field))
@@ -177,9 +177,9 @@ async fn validate(
     })
 }
 
-/// Answers a request to any endpoint, routed here for every method: the key checked first (a 401
-/// before anything else), then a method other than POST answered 405 before the body is read or
-/// anything is counted; the body read and validated once; the group served (admitted on the
+/// Answers a request to any endpoint, sent here for every method by [`crate::app`]: the key
+/// checked first (a 401 before anything else), then a method other than POST answered 405 before
+/// the body is read or anything is counted; the body read and validated once; the group served (admitted on the
 /// limiter when it is on, see [`crate::routing::serve`]); a stream's usage chunk removed when the
 /// client did not ask for it (after the limiter, which counts it).
 ///
