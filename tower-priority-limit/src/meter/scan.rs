@@ -21,11 +21,12 @@ pub(crate) fn find_last_usage(buf: &[u8]) -> Option<Usage> {
         if !rest.starts_with(b"{") {
             continue;
         }
-        let mut stream = serde_json::Deserializer::from_slice(rest).into_iter::<Usage>();
-        if let Some(Ok(usage)) = stream.next() {
-            if usage.is_meaningful() {
-                return Some(usage);
-            }
+        let usage = Usage::read_plain(rest).or_else(|| {
+            let mut stream = serde_json::Deserializer::from_slice(rest).into_iter::<Usage>();
+            stream.next().and_then(Result::ok)
+        });
+        if let Some(usage) = usage.filter(Usage::is_meaningful) {
+            return Some(usage);
         }
     }
     None
@@ -183,10 +184,10 @@ impl UsageScan {
                         depth -= 1;
                         if depth == 0 {
                             self.object.extend_from_slice(&window[..=i]);
-                            if let Ok(usage) = serde_json::from_slice::<Usage>(&self.object) {
-                                if usage.is_meaningful() {
-                                    self.last = Some(usage);
-                                }
+                            let usage = Usage::read_plain(&self.object)
+                                .or_else(|| serde_json::from_slice::<Usage>(&self.object).ok());
+                            if let Some(usage) = usage.filter(Usage::is_meaningful) {
+                                self.last = Some(usage);
                             }
                             self.end_object();
                             return &input[i + 1..];
