@@ -41,9 +41,8 @@ pub mod store;
 pub mod strip;
 pub mod upstream;
 
-use std::sync::Arc;
-
 use std::convert::Infallible;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use axum::extract::{Request, State};

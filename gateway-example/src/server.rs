@@ -13,12 +13,11 @@
 //! accepted, or idle after a response), so the same timeout closes a client that sends its head
 //! slowly and a keep-alive connection left idle.
 
+use std::convert::Infallible;
 use std::future::Future;
 use std::io;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-use std::convert::Infallible;
 
 use axum::response::Response;
 use hyper::body::Incoming;

@@ -21,11 +21,7 @@ pub(crate) fn find_last_usage(buf: &[u8]) -> Option<Usage> {
         if !rest.starts_with(b"{") {
             continue;
         }
-        let usage = Usage::read_plain(rest).or_else(|| {
-            let mut stream = serde_json::Deserializer::from_slice(rest).into_iter::<Usage>();
-            stream.next().and_then(Result::ok)
-        });
-        if let Some(usage) = usage.filter(Usage::is_meaningful) {
+        if let Some(usage) = Usage::read_object(rest).filter(Usage::is_meaningful) {
             return Some(usage);
         }
     }
@@ -184,8 +180,7 @@ impl UsageScan {
                         depth -= 1;
                         if depth == 0 {
                             self.object.extend_from_slice(&window[..=i]);
-                            let usage = Usage::read_plain(&self.object)
-                                .or_else(|| serde_json::from_slice::<Usage>(&self.object).ok());
+                            let usage = Usage::read_object(&self.object);
                             if let Some(usage) = usage.filter(Usage::is_meaningful) {
                                 self.last = Some(usage);
                             }

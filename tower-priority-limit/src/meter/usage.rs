@@ -78,6 +78,15 @@ pub(crate) struct Usage {
 }
 
 impl Usage {
+    /// The usage object at the start of `bytes` (its `{` first; whatever follows it is ignored),
+    /// or `None` when it is not one: [`read_plain`](Self::read_plain), else serde.
+    pub(crate) fn read_object(bytes: &[u8]) -> Option<Usage> {
+        Usage::read_plain(bytes).or_else(|| {
+            let mut stream = serde_json::Deserializer::from_slice(bytes).into_iter::<Usage>();
+            stream.next().and_then(Result::ok)
+        })
+    }
+
     /// The usage object at the start of `bytes` (its `{` first), read as serde reads it, or
     /// `None` when serde has to decide: the common shape alone is read here, several times
     /// faster than serde, which costs ~1.8 k instructions for a three-member object. That shape
