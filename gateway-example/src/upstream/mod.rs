@@ -12,6 +12,7 @@
 //! back from. After it the body goes to the client as it comes, and is ended when it is silent
 //! for `stream_timeout` (a stream) or `timeout` (any other body): see [`crate::idle`].
 
+use std::borrow::Cow;
 use std::time::{Duration, Instant};
 
 use axum::body::Body;
@@ -315,14 +316,15 @@ fn top_level_members(raw: &[u8]) -> Option<Vec<(&[u8], std::ops::Range<usize>)>>
 /// `stream_options` (see [`upstream_bytes`]); `None` when [`top_level_members`] cannot read it.
 fn edit_in_place(raw: &Bytes, model: &str, ask_usage: bool) -> Option<Bytes> {
     let members = top_level_members(raw)?;
-    let model_json = Value::String(model.to_owned()).to_string();
+    // The name as a JSON string, written straight into bytes (not through a `Value` and `fmt`).
+    let model_json = serde_json::to_vec(model).ok()?;
     // (range, replacement), in order of position.
-    let mut edits: Vec<(std::ops::Range<usize>, Vec<u8>)> = Vec::new();
+    let mut edits: Vec<(std::ops::Range<usize>, Cow<'_, [u8]>)> = Vec::new();
     let mut has_options = false;
     for (key, range) in members.iter().cloned() {
         match key {
-            b"model" if raw[range.clone()] != *model_json.as_bytes() => {
-                edits.push((range, model_json.clone().into_bytes()));
+            b"model" if raw[range.clone()] != *model_json => {
+                edits.push((range, Cow::Borrowed(&model_json)));
             }
             b"stream_options" if ask_usage => {
                 has_options = true;
@@ -332,7 +334,7 @@ fn edit_in_place(raw: &Bytes, model: &str, ask_usage: bool) -> Option<Bytes> {
                 };
                 if options.get("include_usage") != Some(&Value::Bool(true)) {
                     options["include_usage"] = Value::Bool(true);
-                    edits.push((range, options.to_string().into_bytes()));
+                    edits.push((range, Cow::Owned(options.to_string().into_bytes())));
                 }
             }
             _ => {}
@@ -342,7 +344,7 @@ fn edit_in_place(raw: &Bytes, model: &str, ask_usage: bool) -> Option<Bytes> {
     if ask_usage && !has_options {
         let comma = if members.is_empty() { "" } else { "," };
         let added = format!(r#"{comma}"stream_options":{{"include_usage":true}}"#);
-        edits.push((closing..closing, added.into_bytes()));
+        edits.push((closing..closing, Cow::Owned(added.into_bytes())));
     }
     if edits.is_empty() {
         return Some(raw.clone());
