@@ -3,29 +3,19 @@
 
 use std::sync::LazyLock;
 
-use memchr::memmem::{Finder, FinderRev};
+use memchr::memmem::FinderRev;
 
-use super::usage::{skip_ws, Usage};
+use super::usage::{skip_ws, usage_object_after, Usage, USAGE, USAGE_KEY};
 
 /// Finds the last `"usage"` key followed by `:` and an object with a
 /// meaningful usage, tolerating whatever follows that object.
 pub(crate) fn find_last_usage(buf: &[u8]) -> Option<Usage> {
-    const KEY: &[u8] = b"\"usage\"";
-    static REVERSE: LazyLock<FinderRev<'static>> = LazyLock::new(|| FinderRev::new(KEY));
-    for at in REVERSE.rfind_iter(buf) {
-        let rest = skip_ws(&buf[at + KEY.len()..]);
-        let Some(rest) = rest.strip_prefix(b":") else {
-            continue;
-        };
-        let rest = skip_ws(rest);
-        if !rest.starts_with(b"{") {
-            continue;
-        }
-        if let Some(usage) = Usage::read_object(rest).filter(Usage::is_meaningful) {
-            return Some(usage);
-        }
-    }
-    None
+    static REVERSE: LazyLock<FinderRev<'static>> = LazyLock::new(|| FinderRev::new(USAGE));
+    REVERSE.rfind_iter(buf).find_map(|at| {
+        usage_object_after(buf, at)
+            .and_then(Usage::read_object)
+            .filter(Usage::is_meaningful)
+    })
 }
 
 /// The longest usage object the forward scan keeps while reading it; a longer one is skipped.
@@ -91,15 +81,14 @@ impl UsageScan {
     }
 
     fn key<'a>(&mut self, mut matched: usize, input: &'a [u8]) -> &'a [u8] {
-        const KEY: &[u8] = b"\"usage\"";
-        static FORWARD: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(KEY));
         let mut i = 0;
         // A key begun at the end of the last chunk.
-        while matched > 0 && matched < KEY.len() && i < input.len() && input[i] == KEY[matched] {
+        while matched > 0 && matched < USAGE.len() && i < input.len() && input[i] == USAGE[matched]
+        {
             matched += 1;
             i += 1;
         }
-        if matched == KEY.len() {
+        if matched == USAGE.len() {
             self.state = ScanState::Colon;
             return &input[i..];
         }
@@ -110,15 +99,15 @@ impl UsageScan {
         // No partial match (left): `"usage"` has no proper border but `"`, so the byte that broke
         // it is looked at afresh.
         let rest = &input[i..];
-        match FORWARD.find(rest) {
+        match USAGE_KEY.find(rest) {
             Some(at) => {
                 self.state = ScanState::Colon;
-                &rest[at + KEY.len()..]
+                &rest[at + USAGE.len()..]
             }
             None => {
-                let matched = (1..KEY.len())
+                let matched = (1..USAGE.len())
                     .rev()
-                    .find(|&k| rest.ends_with(&KEY[..k]))
+                    .find(|&k| rest.ends_with(&USAGE[..k]))
                     .unwrap_or(0);
                 self.state = ScanState::Key { matched };
                 &[]

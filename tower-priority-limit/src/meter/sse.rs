@@ -30,7 +30,7 @@ use std::fmt;
 
 use super::usage::{
     event_kind, is_choices_chunk, merge_usage, parse_of_kind, parse_with, DocInfo, Found, Kind,
-    Shape, Usage, USAGE_KEY,
+    Shape, Usage, USAGE, USAGE_KEY,
 };
 
 /// Longest line (without its terminator), and longest joined event data, that
@@ -118,7 +118,7 @@ impl UsageHits {
         while self.at.get(self.next).is_some_and(|&at| at < from) {
             self.next += 1;
         }
-        let len = USAGE_KEY.needle().len();
+        let len = USAGE.len();
         let inside = self.at[self.next..]
             .iter()
             .take_while(|&&at| at + len <= to)

@@ -357,8 +357,10 @@ static TEXT_KEYS: LazyLock<[Finder<'static>; 5]> = LazyLock::new(|| {
 /// The key of a Responses API event's text (`response.output_text.delta` and the like); a string
 /// `delta` nowhere else (chat and Anthropic deltas are objects).
 const DELTA: &[u8] = b"\"delta\"";
-pub(crate) static USAGE_KEY: LazyLock<Finder<'static>> =
-    LazyLock::new(|| json_key_finder(b"\"usage\""));
+/// The key of a usage object, in every API.
+pub(crate) const USAGE: &[u8] = b"\"usage\"";
+/// The searcher for [`USAGE`].
+pub(crate) static USAGE_KEY: LazyLock<Finder<'static>> = LazyLock::new(|| json_key_finder(USAGE));
 
 /// Whether one SSE event's data is the usage-only chunk of an OpenAI stream (empty `choices`, a
 /// `usage` object), the chunk `stream_options.include_usage` adds. Cheap for every other chunk:
@@ -381,11 +383,16 @@ fn has_usage_object(bytes: &[u8]) -> bool {
 
 /// [`has_usage_object`], given where `"usage"` occurs in `bytes`.
 fn usage_object_at(bytes: &[u8], mut hits: impl Iterator<Item = usize>) -> bool {
-    hits.any(|at| {
-        let rest = skip_ws(&bytes[at + 7..]);
-        rest.strip_prefix(b":")
-            .is_some_and(|r| skip_ws(r).starts_with(b"{"))
-    })
+    hits.any(|at| usage_object_after(bytes, at).is_some())
+}
+
+/// The object that the `"usage"` key at `at` in `bytes` holds, from its `{` to the end of
+/// `bytes`; `None` when the key is not followed by `:` and an object (a string `"usage"`, a
+/// `null` usage).
+pub(crate) fn usage_object_after(bytes: &[u8], at: usize) -> Option<&[u8]> {
+    let rest = skip_ws(bytes.get(at + USAGE.len()..)?);
+    let rest = skip_ws(rest.strip_prefix(b":")?);
+    rest.starts_with(b"{").then_some(rest)
 }
 
 /// Sum of the unescaped UTF-8 lengths of the string values of [`TEXT_KEYS`] (of `delta` alone in a
