@@ -65,11 +65,14 @@ pub fn app(gw: Arc<Gateway>) -> App {
         .then(|| api::metrics::TrackLayer(gw.clone()));
     App {
         completions: ServiceBuilder::new()
-            .option_layer(track)
+            .option_layer(track.clone())
             .service(Completions(gw.clone())),
-        others: router(gw),
+        others: router(gw, track),
     }
 }
+
+/// [`Completions`], timed unless metrics are off.
+type TimedCompletions = Either<api::metrics::Track<Completions>, Completions>;
 
 /// The service [`app`] makes. The completion endpoints (every [`Endpoint`], with and without
 /// `/v1`), the hot path, go to [`api::chat::completions`] directly, every method (so another
@@ -82,7 +85,7 @@ pub fn app(gw: Arc<Gateway>) -> App {
 /// [`Endpoint`]: endpoint::Endpoint
 #[derive(Clone)]
 pub struct App {
-    completions: Either<api::metrics::Track<Completions>, Completions>,
+    completions: TimedCompletions,
     others: Router,
 }
 
@@ -100,7 +103,7 @@ where
     type Response = Response;
     type Error = Infallible;
     type Future = future::Either<
-        <Either<api::metrics::Track<Completions>, Completions> as tower::Service<Request>>::Future,
+        <TimedCompletions as tower::Service<Request>>::Future,
         axum::routing::future::RouteFuture<Infallible>,
     >;
 
@@ -137,17 +140,10 @@ impl tower::Service<Request> for Completions {
     }
 }
 
-/// Every route but the completion endpoints'.
-fn router(gw: Arc<Gateway>) -> Router {
-    // Every request is timed for `gateway_request_duration_seconds` unless
-    // `general_settings.metrics: false`. The timing layer goes into each route's existing layer
-    // stack (outermost), never as a route layer of its own, which would box every request once
-    // more.
-    let track = gw
-        .config()
-        .metrics
-        .then(|| api::metrics::TrackLayer(gw.clone()));
-
+/// Every route but the completion endpoints', each timed by `track` (when metrics are on). The
+/// timing layer goes into each route's existing layer stack (outermost), never as a route layer of
+/// its own, which would box every request once more.
+fn router(gw: Arc<Gateway>, track: Option<api::metrics::TrackLayer>) -> Router {
     let keyed = Router::new()
         .route("/models", get(api::models::list))
         .route("/v1/models", get(api::models::list))

@@ -179,9 +179,9 @@ async fn validate(
 
 /// Answers a request to any endpoint, sent here for every method by [`crate::app`]: the key
 /// checked first (a 401 before anything else), then a method other than POST answered 405 before
-/// the body is read or anything is counted; the body read and validated once; the group served (admitted on the
-/// limiter when it is on, see [`crate::routing::serve`]); a stream's usage chunk removed when the
-/// client did not ask for it (after the limiter, which counts it).
+/// the body is read or anything is counted; the body read and validated once; the group served
+/// (admitted on the limiter when it is on, see [`crate::routing::serve`]); a stream's usage chunk
+/// removed when the client did not ask for it (after the limiter, which counts it).
 ///
 /// One handler, not middleware in front of one: nothing travels in request extensions (a boxed
 /// value each, cloned out again by the handler's extractor), and there is no boxed service and
