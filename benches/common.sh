@@ -1,4 +1,5 @@
-# Shared by the HTTP load scripts (load.sh, proxy.sh, proxy_callgrind.sh): sourced, not run.
+# Shared by the HTTP load scripts (load.sh, proxy.sh, proxy_ab.sh, proxy_callgrind.sh,
+# proxy_profile.sh, rate_cpu.sh): sourced, not run.
 
 # The "full" gateway config: model `load-model` with rpm and tpm far above any run, two
 # priorities, so every admitted response carries all 15 rate-limit headers.
@@ -40,3 +41,7 @@ build_and_scratch() {
   TMP=$(mktemp -d)
   trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$TMP"' EXIT
 }
+
+# CPU time of process PID so far, user + kernel, in clock ticks (10 ms here): read before and
+# after a load, the difference per request is what machine noise disturbs least.
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }

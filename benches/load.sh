@@ -75,10 +75,10 @@ for round in $(seq "$ROUNDS"); do
       body="{\"model\":\"load-model\",\"stream\":$stream,$fields}"
       # The gateway's CPU time (user + system, clock ticks) around the run: CPU per request is
       # what machine noise (other processes on the gateway's core) disturbs least.
-      before=$(awk '{print $14 + $15}' "/proc/${PID[$mode]}/stat")
+      before=$(cpu_ticks "${PID[$mode]}")
       taskset -c "$OHA_CPU" oha --no-tui -z "${SECS}s" -c "$CONC" -m POST -T application/json -H "authorization: Bearer ${KEY[$mode]}" \
           -d "$body" --output-format json "http://127.0.0.1:${PORT[$mode]}/v1/$path" > "$TMP/$mode-$stream-$round.json"
-      echo $(( $(awk '{print $14 + $15}' "/proc/${PID[$mode]}/stat") - before )) > "$TMP/$mode-$stream-$round.cpu"
+      echo $(( $(cpu_ticks "${PID[$mode]}") - before )) > "$TMP/$mode-$stream-$round.cpu"
     done
   done
 done

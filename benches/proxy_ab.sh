@@ -46,15 +46,14 @@ load() { # build requests
     "http://127.0.0.1:${PORT[$1]}/v1/chat/completions" > "$TMP/oha.txt"
   grep -q "\[200\] $2 responses" "$TMP/oha.txt" || { echo "not every request answered 200" >&2; cat "$TMP/oha.txt" >&2; exit 1; }
 }
-ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 for build in base new; do load "$build" 500; done # warm up
 echo "stream=$STREAM, $N requests per load, $ROUNDS rounds: CPU µs per request (user + kernel)"
 for round in $(seq "$ROUNDS"); do
   line="round $round:"
   for build in base new; do
-    before=$(ticks "${PID[$build]}")
+    before=$(cpu_ticks "${PID[$build]}")
     load "$build" "$N"
-    after=$(ticks "${PID[$build]}")
+    after=$(cpu_ticks "${PID[$build]}")
     us=$(( (after - before) * 10000 / N ))
     echo "$build $us" >> "$TMP/figures.txt"
     line="$line $build $us"

@@ -42,7 +42,7 @@ usage() {
     v=$((v + $(awk '/^voluntary_ctxt/{print $2}' "$s")))
     n=$((n + $(awk '/^nonvoluntary_ctxt/{print $2}' "$s")))
   done
-  echo "$(awk '{print $14 + $15}' /proc/"$1"/stat) $v $n"
+  echo "$(cpu_ticks "$1") $v $n"
 }
 echo "oha -q $RATE -z ${SECS}s -c 64, $ROUNDS rounds; proxies and upstream on CPU $PROXY_CPU"
 for _ in $(seq "$ROUNDS"); do
