@@ -159,13 +159,16 @@ pub(super) fn parse_head(
             let _ = buf.split_to(len);
             continue;
         }
-        // The values are slices of the head's bytes, not copies.
+        // One pass over the lines: each name, where its value lies (values are slices of the
+        // head's bytes, not copies), and what the framing needs.
+        let mut lines = HeadLines::new();
         let names: Vec<(HeaderName, std::ops::Range<usize>)> = {
             let base = buf.as_ptr() as usize;
             let mut names = Vec::with_capacity(response.headers.len());
             for h in response.headers.iter() {
                 let name = HeaderName::from_bytes(h.name.as_bytes())
                     .map_err(|_| ProtocolError::BadHead)?;
+                lines.read(&name, h.value);
                 let start = h.value.as_ptr() as usize - base;
                 names.push((name, start..start + h.value.len()));
             }
@@ -178,19 +181,16 @@ pub(super) fn parse_head(
                 .map_err(|_| ProtocolError::BadHead)?;
             headers.append(name, value);
         }
-        let chunked_and_sized =
-            headers.contains_key(TRANSFER_ENCODING) && headers.contains_key(CONTENT_LENGTH);
-        if !version_1_1 && headers.contains_key(TRANSFER_ENCODING) {
+        let chunked_and_sized = lines.transfer_encoding.is_some() && lines.content_length_lines;
+        if !version_1_1 && lines.transfer_encoding.is_some() {
             // RFC 9112 §6.1: such framing is to be treated as faulty.
             return Err(ProtocolError::BadHead);
         }
-        let framing = framing(status, method, &headers)?;
+        let framing = framing(status, method, &lines)?;
         // Both a length and chunked encoding (§6.3: "ought to be handled as an error"): read as
         // chunked, but the connection is not trusted with another request.
-        let keep_alive = version_1_1
-            && !chunked_and_sized
-            && !matches!(framing, Decoder::Close)
-            && !has_token(&headers, &CONNECTION, b"close");
+        let keep_alive =
+            version_1_1 && !chunked_and_sized && !matches!(framing, Decoder::Close) && !lines.close;
         return Ok(Some(Head {
             status,
             version: if version_1_1 {
@@ -205,11 +205,63 @@ pub(super) fn parse_head(
     }
 }
 
+/// What a head's lines say about the body's framing and the connection, gathered as the lines
+/// are parsed (not looked up again in the header map).
+#[derive(Debug)]
+struct HeadLines {
+    /// Whether the last `Transfer-Encoding` line's last coding is `chunked`.
+    transfer_encoding: Option<bool>,
+    /// A `Content-Length` line was seen (valid or not).
+    content_length_lines: bool,
+    /// The length all `Content-Length` lines agree on; an error if one is not a number or two
+    /// differ (read only when the framing depends on it).
+    content_length: Result<Option<u64>, ProtocolError>,
+    /// A `Connection` line has the `close` token.
+    close: bool,
+}
+
+impl HeadLines {
+    /// No line read yet.
+    fn new() -> Self {
+        HeadLines {
+            transfer_encoding: None,
+            content_length_lines: false,
+            content_length: Ok(None),
+            close: false,
+        }
+    }
+
+    /// Takes in the line `name: value`.
+    fn read(&mut self, name: &HeaderName, value: &[u8]) {
+        if *name == TRANSFER_ENCODING {
+            let last = value.rsplit(|&b| b == b',').next().unwrap_or_default();
+            self.transfer_encoding = Some(last.trim_ascii().eq_ignore_ascii_case(b"chunked"));
+        } else if *name == CONTENT_LENGTH {
+            self.content_length_lines = true;
+            if let Ok(length) = &mut self.content_length {
+                for part in value.split(|&b| b == b',') {
+                    match parse_decimal(part.trim_ascii()) {
+                        Some(n) if length.is_none_or(|l| l == n) => *length = Some(n),
+                        _ => {
+                            self.content_length = Err(ProtocolError::BadContentLength);
+                            break;
+                        }
+                    }
+                }
+            }
+        } else if *name == CONNECTION {
+            self.close |= value
+                .split(|&b| b == b',')
+                .any(|t| t.trim_ascii().eq_ignore_ascii_case(b"close"));
+        }
+    }
+}
+
 /// How the body after a head is delimited (RFC 9112, section 6.3).
 fn framing(
     status: StatusCode,
     method: &Method,
-    headers: &HeaderMap,
+    lines: &HeadLines,
 ) -> Result<Decoder, ProtocolError> {
     if method == Method::HEAD
         || status == StatusCode::NO_CONTENT
@@ -217,30 +269,17 @@ fn framing(
     {
         return Ok(Decoder::Length(0));
     }
-    if headers.contains_key(TRANSFER_ENCODING) {
+    if let Some(chunked) = lines.transfer_encoding {
         // Chunked only when it is the last coding; anything else runs to the connection's close.
-        let last = headers
-            .get_all(TRANSFER_ENCODING)
-            .iter()
-            .next_back()
-            .and_then(|v| v.as_bytes().rsplit(|&b| b == b',').next())
-            .map(<[u8]>::trim_ascii);
-        return Ok(match last {
-            Some(coding) if coding.eq_ignore_ascii_case(b"chunked") => Decoder::chunked(),
-            _ => Decoder::Close,
+        return Ok(if chunked {
+            Decoder::chunked()
+        } else {
+            Decoder::Close
         });
     }
-    let mut length = None;
-    for value in headers.get_all(CONTENT_LENGTH) {
-        for part in value.as_bytes().split(|&b| b == b',') {
-            let n = parse_decimal(part.trim_ascii()).ok_or(ProtocolError::BadContentLength)?;
-            if length.is_some_and(|l| l != n) {
-                return Err(ProtocolError::BadContentLength);
-            }
-            length = Some(n);
-        }
-    }
-    Ok(length.map_or(Decoder::Close, Decoder::Length))
+    Ok(lines
+        .content_length?
+        .map_or(Decoder::Close, Decoder::Length))
 }
 
 fn parse_decimal(digits: &[u8]) -> Option<u64> {
@@ -249,15 +288,6 @@ fn parse_decimal(digits: &[u8]) -> Option<u64> {
     }
     digits.iter().try_fold(0u64, |n, &d| {
         d.is_ascii_digit().then(|| n * 10 + u64::from(d - b'0'))
-    })
-}
-
-/// Whether a comma-separated header has `token` (case-insensitive).
-fn has_token(headers: &HeaderMap, name: &HeaderName, token: &[u8]) -> bool {
-    headers.get_all(name).iter().any(|v| {
-        v.as_bytes()
-            .split(|&b| b == b',')
-            .any(|t| t.trim_ascii().eq_ignore_ascii_case(token))
     })
 }
 
@@ -631,6 +661,34 @@ mod tests {
             .unwrap()
             .unwrap();
         assert_eq!(h.framing, Decoder::Length(7));
+    }
+
+    #[test]
+    fn framing_reads_every_line_of_a_repeated_header() {
+        // The last Transfer-Encoding line decides; every Content-Length line must agree.
+        let h = head(
+            "HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\ntransfer-encoding: gzip\r\n\r\n",
+        );
+        assert_eq!(h.unwrap().unwrap().framing, Decoder::Close);
+        let h = head(
+            "HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\nTRANSFER-ENCODING: chunked\r\n\r\n",
+        );
+        assert_eq!(h.unwrap().unwrap().framing, Decoder::chunked());
+        let h = head("HTTP/1.1 200 OK\r\ncontent-length: 5\r\nContent-Length: 5\r\n\r\n");
+        assert_eq!(h.unwrap().unwrap().framing, Decoder::Length(5));
+        let h = head("HTTP/1.1 200 OK\r\ncontent-length: 5\r\ncontent-length: 6\r\n\r\n");
+        assert_eq!(h.unwrap_err(), ProtocolError::BadContentLength);
+        // A length that does not delimit anything is not read.
+        let h = head("HTTP/1.1 204 No Content\r\ncontent-length: x\r\n\r\n");
+        assert!(h.unwrap().unwrap().framing.is_done());
+        let h = head("HTTP/1.1 200 OK\r\ncontent-length: x\r\ntransfer-encoding: chunked\r\n\r\n");
+        let h = h.unwrap().unwrap();
+        assert_eq!(h.framing, Decoder::chunked());
+        assert!(!h.keep_alive, "a length beside chunked: not reused");
+        let h = head("HTTP/1.0 200 OK\r\ntransfer-encoding: chunked\r\n\r\n");
+        assert_eq!(h.unwrap_err(), ProtocolError::BadHead);
+        let h = head("HTTP/1.1 200 OK\r\nconnection: keep-alive\r\nConnection: upgrade,close \r\ncontent-length: 0\r\n\r\n");
+        assert!(!h.unwrap().unwrap().keep_alive);
     }
 
     #[test]
