@@ -12,4 +12,4 @@ pub use self::output::{
     output_limit, EstimateStats, OutputEstimate, OutputLimits, TokenCount, OUTPUT_LIMITS,
     OUTPUT_QUANTILE,
 };
-pub use self::prompt::prompt_tokens;
+pub use self::prompt::{prompt_tokens, MemberName, MemberSeed, PromptMembers};

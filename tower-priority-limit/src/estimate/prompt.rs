@@ -141,7 +141,7 @@ mod heuristic {
 }
 
 /// The object keys the estimate looks at; everything else is skipped.
-#[derive(Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Key {
     Messages,
     System,
@@ -233,46 +233,220 @@ impl<'de, C: Count> Visitor<'de> for BodySeed<'_, C> {
         f.write_str("a JSON object")
     }
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-        let c = self.0;
-        let mut tokens = 0u64;
-        let mut found = false;
-        let mut conversation = false;
-        let mut tools = Tools::default();
-        while let Some(key) = map.next_key::<Key>()? {
-            let t = match key {
-                Key::Messages => {
-                    conversation = true;
-                    map.next_value_seed(ListSeed(MessageSeed(c)))?.1
-                }
-                // Anthropic's `system`, the Responses API's `instructions`: a system message.
-                Key::System | Key::Instructions => {
-                    conversation = true;
-                    PER_MESSAGE
-                        .saturating_add(c.count("system"))
-                        .saturating_add(map.next_value_seed(ContentSeed(c))?)
-                }
-                Key::Input | Key::Prompt => map.next_value_seed(InputSeed(c))?,
-                Key::Tools | Key::Functions => {
-                    tools.add(map.next_value_seed(ListSeed(FunctionSeed(c)))?);
-                    0
-                }
-                _ => {
-                    skip(&mut map)?;
-                    continue;
-                }
-            };
-            found = true;
-            tokens = tokens.saturating_add(t);
+        let mut members = Members::new(*self.0);
+        while let Some(name) = map.next_key::<TopLevel>()? {
+            match name.0 {
+                Some(name) => map.next_value_seed(ReadMember {
+                    members: &mut members,
+                    name,
+                })?,
+                None => skip(&mut map)?,
+            }
         }
-        if conversation {
-            tokens = tokens.saturating_add(REPLY_PRIMING);
+        Ok(members.total())
+    }
+}
+
+/// The prompt estimate taken member by member, for a caller that reads a body's other members
+/// in the same pass over it: one walk over the body instead of two ([`prompt_tokens`]'s and the
+/// caller's).
+///
+/// The result is [`prompt_tokens`]'s when the body is an object whose every [`MemberName`] was
+/// given to [`member`](Self::member), each read without error. A seed's error is the walk's
+/// error: the caller then falls back to [`prompt_tokens`], which counts such a body as bytes / 4.
+///
+/// ```
+/// use serde::de::DeserializeSeed;
+/// use tower_priority_limit::estimate::{prompt_tokens, MemberName, PromptMembers};
+///
+/// let body = br#"{"model": "m", "messages": [{"role": "user", "content": "hi"}]}"#;
+/// let mut members = PromptMembers::new();
+/// // A caller's own walk over the body gives each member here; a parsed map, for brevity.
+/// let value: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(body).unwrap();
+/// for (name, value) in &value {
+///     match MemberName::of(name) {
+///         Some(name) => members.member(name).deserialize(value).unwrap(),
+///         None => {} // the caller's member
+///     }
+/// }
+/// assert_eq!(members.tokens(body), prompt_tokens(body));
+/// ```
+#[derive(Debug)]
+pub struct PromptMembers {
+    members: Members<Counter>,
+}
+
+#[cfg(feature = "tokenizer")]
+type Counter = super::tokenizer::O200k;
+#[cfg(not(feature = "tokenizer"))]
+type Counter = Heuristic;
+
+impl Default for PromptMembers {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl PromptMembers {
+    /// No member read yet.
+    pub fn new() -> Self {
+        PromptMembers {
+            members: Members::new(counter()),
         }
-        Ok(found.then(|| tokens.saturating_add(tools.total())))
+    }
+
+    /// A seed that reads the value of top-level member `name` into the estimate.
+    pub fn member(&mut self, name: MemberName) -> MemberSeed<'_> {
+        MemberSeed(ReadMember {
+            name: name.0,
+            members: &mut self.members,
+        })
+    }
+
+    /// The estimate for `body`, whose members were given to [`member`](Self::member): as
+    /// [`prompt_tokens`] counts it, including its fallback to 4 bytes per token when none was
+    /// one the estimate reads.
+    pub fn tokens(self, body: &[u8]) -> u64 {
+        self.members.total().unwrap_or_else(|| bytes_div_4(body))
+    }
+}
+
+/// A top-level member of a request body that the prompt estimate reads (`messages`, `input`,
+/// `tools` and the like).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MemberName(Key);
+
+impl MemberName {
+    /// Member `name`, if the estimate reads it (the others are the caller's, to read or skip).
+    pub fn of(name: &str) -> Option<MemberName> {
+        TopLevel::of(name).map(MemberName)
+    }
+}
+
+/// Reads one top-level member's value into a [`PromptMembers`] (see
+/// [`PromptMembers::member`]).
+#[derive(Debug)]
+pub struct MemberSeed<'a>(ReadMember<'a, Counter>);
+
+impl<'de> DeserializeSeed<'de> for MemberSeed<'_> {
+    type Value = ();
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        self.0.deserialize(d)
+    }
+}
+
+/// Reads member `name`'s value into `members`.
+#[derive(Debug)]
+struct ReadMember<'a, C> {
+    members: &'a mut Members<C>,
+    name: Key,
+}
+
+impl<'de, C: Count> DeserializeSeed<'de> for ReadMember<'_, C> {
+    type Value = ();
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        self.members.read(self.name, d)
+    }
+}
+
+/// The top-level members read so far.
+#[derive(Debug)]
+struct Members<C> {
+    c: C,
+    tokens: u64,
+    found: bool,
+    conversation: bool,
+    tools: Tools,
+}
+
+impl<C: Count> Members<C> {
+    fn new(c: C) -> Self {
+        Members {
+            c,
+            tokens: 0,
+            found: false,
+            conversation: false,
+            tools: Tools::default(),
+        }
+    }
+
+    /// Reads the value of member `name`, one [`TopLevel::of`] gives.
+    fn read<'de, D: Deserializer<'de>>(&mut self, name: Key, d: D) -> Result<(), D::Error> {
+        let c = &self.c;
+        let t = match name {
+            Key::Messages => {
+                self.conversation = true;
+                ListSeed(MessageSeed(c)).deserialize(d)?.1
+            }
+            // Anthropic's `system`, the Responses API's `instructions`: a system message.
+            Key::System | Key::Instructions => {
+                self.conversation = true;
+                PER_MESSAGE
+                    .saturating_add(c.count("system"))
+                    .saturating_add(ContentSeed(c).deserialize(d)?)
+            }
+            Key::Input | Key::Prompt => InputSeed(c).deserialize(d)?,
+            Key::Tools | Key::Functions => {
+                self.tools.add(ListSeed(FunctionSeed(c)).deserialize(d)?);
+                0
+            }
+            _ => {
+                <IgnoredAny as de::Deserialize>::deserialize(d)?;
+                return Ok(());
+            }
+        };
+        self.found = true;
+        self.tokens = self.tokens.saturating_add(t);
+        Ok(())
+    }
+
+    /// The estimate, or `None` when no member was one the estimate reads.
+    fn total(&self) -> Option<u64> {
+        let priming = if self.conversation { REPLY_PRIMING } else { 0 };
+        self.found.then(|| {
+            self.tokens
+                .saturating_add(priming)
+                .saturating_add(self.tools.total())
+        })
+    }
+}
+
+/// A top-level member's name: `Some` for those the estimate reads.
+struct TopLevel(Option<Key>);
+
+impl TopLevel {
+    fn of(name: &str) -> Option<Key> {
+        Some(match name {
+            "messages" => Key::Messages,
+            "system" => Key::System,
+            "instructions" => Key::Instructions,
+            "input" => Key::Input,
+            "prompt" => Key::Prompt,
+            "tools" => Key::Tools,
+            "functions" => Key::Functions,
+            _ => return None,
+        })
+    }
+}
+
+impl<'de> de::Deserialize<'de> for TopLevel {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct NameVisitor;
+        impl Visitor<'_> for NameVisitor {
+            type Value = TopLevel;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("an object key")
+            }
+            fn visit_str<E: de::Error>(self, k: &str) -> Result<TopLevel, E> {
+                Ok(TopLevel(TopLevel::of(k)))
+            }
+        }
+        d.deserialize_identifier(NameVisitor)
     }
 }
 
 /// Tool definitions seen so far.
-#[derive(Default)]
+#[derive(Debug, Default)]
 struct Tools {
     any: bool,
     tokens: u64,
@@ -984,6 +1158,48 @@ mod tests {
                 r#"{"system":[{"type":"text","text":"sys"}],"messages":[{"role":"user","content":[{"type":"tool_result","tool_use_id":"t","content":[{"type":"text","text":"res"}]}]}]}"#
             ),
             Some((3 + 6 + 3) + (3 + 4 + 3) + 3)
+        );
+    }
+
+    /// Member by member (as a caller's own walk gives them), the estimate is the whole body's.
+    #[test]
+    fn member_by_member_is_the_whole_bodys_estimate() {
+        for body in [
+            r#"{"model":"m","messages":[{"role":"user","content":"hi","name":"n"}],"max_tokens":3}"#,
+            r#"{"model":"e","input":[[1,2,3],[4]]}"#,
+            r#"{"model":"c","prompt":"abc","stream":true}"#,
+            r#"{"instructions":"be brief","input":[{"role":"user","content":"hi"}]}"#,
+            r#"{"system":"s","messages":[],"tools":[{"name":"f","input_schema":{"type":"object"}}]}"#,
+            r#"{"functions":[{"name":"f","parameters":{"properties":{"a":{"enum":["x","y"]}}}}]}"#,
+            r#"{"model":"m","temperature":0.2}"#,
+            r#"{}"#,
+        ] {
+            let parsed: serde_json::Map<String, serde_json::Value> =
+                serde_json::from_str(body).unwrap();
+            let mut members = PromptMembers::new();
+            for (name, value) in &parsed {
+                if let Some(name) = MemberName::of(name) {
+                    members.member(name).deserialize(value).unwrap();
+                }
+            }
+            assert_eq!(
+                members.tokens(body.as_bytes()),
+                prompt_tokens(body.as_bytes()),
+                "{body}"
+            );
+        }
+        // A value the estimate cannot read is the seed's error.
+        let mut members = PromptMembers::new();
+        let name = MemberName::of("messages").unwrap();
+        assert!(members
+            .member(name)
+            .deserialize(&serde_json::json!("hi"))
+            .is_err());
+        assert_eq!(MemberName::of("model"), None);
+        assert_eq!(
+            MemberName::of("role"),
+            None,
+            "a message's member, not the body's"
         );
     }
 
