@@ -55,10 +55,22 @@ async fn validate(
     let endpoint = Endpoint::from_path(request.uri().path())
         .ok_or_else(|| ApiError::internal("completions is called only on the endpoints' paths"))?;
     let (parts, bytes) = read_bounded(gw, request).await?;
-    // The members read here, not the whole body: the messages are only forwarded.
-    let mut fields = Fields::read(&bytes, endpoint.required_field().map(|(field, _)| field))
-        .map_err(|e| ApiError::bad_request(format!("Invalid JSON in request body: {e}")))?
-        .ok_or_else(|| ApiError::bad_request("Request body must be a JSON object."))?;
+    // The members read here, not the whole body (the messages are only forwarded), with the
+    // prompt estimate in the same pass. A body that is not an object whose members both read
+    // is read again by each on its own, for the error or the estimate's fallback.
+    let required = endpoint.required_field().map(|(field, _)| field);
+    let (mut fields, prompt_tokens) = match Fields::read_with_prompt(&bytes, required) {
+        Some(both) => both,
+        None => {
+            let fields = Fields::read(&bytes, required)
+                .map_err(|e| ApiError::bad_request(format!("Invalid JSON in request body: {e}")))?
+                .ok_or_else(|| ApiError::bad_request("Request body must be a JSON object."))?;
+            (
+                fields,
+                tower_priority_limit::estimate::prompt_tokens(&bytes),
+            )
+        }
+    };
     // The members not read were skipped unchecked. The whole body is parsed (for its error) when
     // it is not UTF-8, as the JSON it is forwarded as must be, or when the upstream's body will
     // be made from the parsed body rather than edited in place (a top-level key with an escape).
@@ -169,7 +181,7 @@ async fn validate(
         model: group.name.clone(),
         stream,
         include_usage,
-        prompt_tokens: tower_priority_limit::estimate::prompt_tokens(&bytes),
+        prompt_tokens,
         max_output_tokens,
         raw: bytes,
         pass_on,

@@ -6,7 +6,7 @@ use std::fmt;
 
 use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde_json::Value;
-use tower_priority_limit::estimate::OutputLimits;
+use tower_priority_limit::estimate::{MemberName, OutputLimits, PromptMembers};
 
 /// What a member holds, where only its kind matters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,9 +42,30 @@ impl Fields {
     /// when it is JSON but not an object; the parser's error when it is not JSON.
     pub fn read(body: &[u8], required: Option<&str>) -> Result<Option<Self>, serde_json::Error> {
         let mut parser = serde_json::Deserializer::from_slice(body);
-        let fields = Body { required }.deserialize(&mut parser)?;
+        let fields = Body {
+            required,
+            prompt: None,
+        }
+        .deserialize(&mut parser)?;
         parser.end()?;
         Ok(fields)
+    }
+
+    /// [`read`](Self::read) and the crate's prompt estimate
+    /// ([`prompt_tokens`](tower_priority_limit::estimate::prompt_tokens)) in one pass over
+    /// `body`, for an object body whose members both read without error; `None` for any other
+    /// body (then the two, each on its own, give the error or the fallback).
+    pub fn read_with_prompt(body: &[u8], required: Option<&str>) -> Option<(Self, u64)> {
+        let mut prompt = PromptMembers::new();
+        let mut parser = serde_json::Deserializer::from_slice(body);
+        let fields = Body {
+            required,
+            prompt: Some(&mut prompt),
+        }
+        .deserialize(&mut parser)
+        .ok()??;
+        parser.end().ok()?;
+        Some((fields, prompt.tokens(body)))
     }
 
     /// The most output tokens the body allows, as
@@ -55,9 +76,11 @@ impl Fields {
     }
 }
 
-/// The body: an object is read into [`Fields`]; anything else is skipped.
+/// The body: an object is read into [`Fields`] (and, given `prompt`, the members the prompt
+/// estimate reads into it); anything else is skipped.
 struct Body<'a> {
     required: Option<&'a str>,
+    prompt: Option<&'a mut PromptMembers>,
 }
 
 impl<'de> DeserializeSeed<'de> for Body<'_> {
@@ -77,16 +100,30 @@ impl<'de> Visitor<'de> for Body<'_> {
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
         let mut fields = Fields::default();
-        while let Some(key) = map.next_key_seed(Name {
+        let mut prompt = self.prompt;
+        let name = Name {
             required: self.required,
-        })? {
-            match key {
-                Key::Model => fields.model = Some(map.next_value()?),
-                Key::Stream => fields.stream = Some(map.next_value()?),
-                Key::StreamOptions => fields.stream_options = Some(map.next_value()?),
-                Key::Required => fields.required = Some(map.next_value_seed(ShapeOf)?),
-                Key::OutputLimit(i) => fields.output_limits.set(i, map.next_value()?),
-                Key::Other => {
+            prompt: prompt.is_some(),
+        };
+        while let Some(key) = map.next_key_seed(name)? {
+            match (key, prompt.as_deref_mut()) {
+                (Key::Model, _) => fields.model = Some(map.next_value()?),
+                (Key::Stream, _) => fields.stream = Some(map.next_value()?),
+                (Key::StreamOptions, _) => fields.stream_options = Some(map.next_value()?),
+                (Key::Required(Some(member)), Some(prompt)) => {
+                    let mut shape = None;
+                    map.next_value_seed(Noting {
+                        seed: prompt.member(member),
+                        shape: &mut shape,
+                    })?;
+                    fields.required = shape;
+                }
+                (Key::Required(_), _) => fields.required = Some(map.next_value_seed(ShapeOf)?),
+                (Key::OutputLimit(i), _) => fields.output_limits.set(i, map.next_value()?),
+                (Key::Prompt(member), Some(prompt)) => {
+                    map.next_value_seed(prompt.member(member))?
+                }
+                (Key::Prompt(_) | Key::Other, _) => {
                     map.next_value::<IgnoredAny>()?;
                 }
             }
@@ -124,13 +161,19 @@ enum Key {
     Model,
     Stream,
     StreamOptions,
-    Required,
+    /// The endpoint's required member, and its name for the prompt estimate if it reads it.
+    Required(Option<MemberName>),
     OutputLimit(usize),
+    /// A member the prompt estimate reads.
+    Prompt(MemberName),
     Other,
 }
 
+#[derive(Clone, Copy)]
 struct Name<'a> {
     required: Option<&'a str>,
+    /// Whether the members the prompt estimate reads are told apart.
+    prompt: bool,
 }
 
 impl<'de> DeserializeSeed<'de> for Name<'_> {
@@ -149,14 +192,15 @@ impl<'de> Visitor<'de> for Name<'_> {
     }
 
     fn visit_str<E: de::Error>(self, name: &str) -> Result<Key, E> {
+        let member = || MemberName::of(name).filter(|_| self.prompt);
         Ok(match name {
             "model" => Key::Model,
             "stream" => Key::Stream,
             "stream_options" => Key::StreamOptions,
-            _ if self.required == Some(name) => Key::Required,
+            _ if self.required == Some(name) => Key::Required(member()),
             _ => match OutputLimits::slot(name) {
                 Some(i) => Key::OutputLimit(i),
-                None => Key::Other,
+                None => member().map_or(Key::Other, Key::Prompt),
             },
         })
     }
@@ -208,11 +252,207 @@ impl<'de> Visitor<'de> for ShapeOf {
     }
 }
 
+/// Reads a value with `seed` and notes its [`Shape`] in `shape`: the required member, when the
+/// prompt estimate reads it too (one pass for both).
+struct Noting<'s, S> {
+    seed: S,
+    shape: &'s mut Option<Shape>,
+}
+
+impl<'de, S: DeserializeSeed<'de>> DeserializeSeed<'de> for Noting<'_, S> {
+    type Value = S::Value;
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<S::Value, D::Error> {
+        self.seed.deserialize(NotingDeserializer {
+            inner: d,
+            shape: self.shape,
+        })
+    }
+}
+
+/// A deserializer that notes the [`Shape`] of the value its visitor is shown. JSON says what each
+/// value is, so every request is served as `deserialize_any`.
+struct NotingDeserializer<'s, D> {
+    inner: D,
+    shape: &'s mut Option<Shape>,
+}
+
+impl<'de, D: Deserializer<'de>> Deserializer<'de> for NotingDeserializer<'_, D> {
+    type Error = D::Error;
+
+    fn deserialize_any<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, D::Error> {
+        self.inner.deserialize_any(NotingVisitor {
+            inner: visitor,
+            shape: self.shape,
+        })
+    }
+
+    serde::forward_to_deserialize_any! {
+        bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes byte_buf option
+        unit unit_struct newtype_struct seq tuple tuple_struct map struct enum identifier
+        ignored_any
+    }
+}
+
+/// A visitor that notes the [`Shape`] of what it visits, then hands it to `inner`.
+struct NotingVisitor<'s, V> {
+    inner: V,
+    shape: &'s mut Option<Shape>,
+}
+
+impl<'de, V: Visitor<'de>> NotingVisitor<'_, V> {
+    fn note(self, shape: Shape) -> V {
+        *self.shape = Some(shape);
+        self.inner
+    }
+}
+
+impl<'de, V: Visitor<'de>> Visitor<'de> for NotingVisitor<'_, V> {
+    type Value = V::Value;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.inner.expecting(f)
+    }
+    fn visit_unit<E: de::Error>(self) -> Result<V::Value, E> {
+        self.note(Shape::Null).visit_unit()
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<V::Value, A::Error> {
+        self.note(Shape::Array).visit_seq(seq)
+    }
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<V::Value, A::Error> {
+        self.note(Shape::Other).visit_map(map)
+    }
+    fn visit_bool<E: de::Error>(self, v: bool) -> Result<V::Value, E> {
+        self.note(Shape::Other).visit_bool(v)
+    }
+    fn visit_i64<E: de::Error>(self, v: i64) -> Result<V::Value, E> {
+        self.note(Shape::Other).visit_i64(v)
+    }
+    fn visit_u64<E: de::Error>(self, v: u64) -> Result<V::Value, E> {
+        self.note(Shape::Other).visit_u64(v)
+    }
+    fn visit_f64<E: de::Error>(self, v: f64) -> Result<V::Value, E> {
+        self.note(Shape::Other).visit_f64(v)
+    }
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<V::Value, E> {
+        self.note(Shape::Other).visit_str(v)
+    }
+    fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> Result<V::Value, E> {
+        self.note(Shape::Other).visit_borrowed_str(v)
+    }
+    fn visit_string<E: de::Error>(self, v: String) -> Result<V::Value, E> {
+        self.note(Shape::Other).visit_string(v)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::{Fields, Shape};
     use crate::endpoint::Endpoint;
+    use proptest::prelude::*;
     use serde_json::Value;
+    use tower_priority_limit::estimate::prompt_tokens;
+
+    /// Whether `read_with_prompt` gives what `read` and `prompt_tokens` give when it answers, for
+    /// every endpoint's required member; whether it answered for all of them.
+    fn one_pass_agrees(raw: &[u8]) -> bool {
+        let mut answered = true;
+        for endpoint in Endpoint::ALL {
+            let required = endpoint.required_field().map(|(f, _)| f);
+            let Some((both, tokens)) = Fields::read_with_prompt(raw, required) else {
+                answered = false;
+                continue;
+            };
+            let alone = Fields::read(raw, required).unwrap().unwrap();
+            let text = String::from_utf8_lossy(raw);
+            assert_eq!(both.model, alone.model, "{text}");
+            assert_eq!(both.stream, alone.stream, "{text}");
+            assert_eq!(both.stream_options, alone.stream_options, "{text}");
+            assert_eq!(both.required, alone.required, "{text} {endpoint:?}");
+            assert_eq!(both.output_limit(), alone.output_limit(), "{text}");
+            assert_eq!(tokens, prompt_tokens(raw), "{text}");
+        }
+        answered
+    }
+
+    /// The one pass answers for the bodies the APIs send, and agrees with the two passes.
+    #[test]
+    fn one_pass_reads_what_two_passes_read() {
+        let answered = [
+            r#"{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true}"#,
+            r#"{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"a"}]}],"max_tokens":9}"#,
+            r#"{"model":"m","system":"be brief","messages":[{"role":"user","content":"hi"}],"max_tokens":5}"#,
+            r#"{"model":"m","input":["a","b"],"encoding_format":"float"}"#,
+            r#"{"model":"m","prompt":"once upon","max_tokens":3,"stream":false}"#,
+            r#"{"model":"m","input":"hi","instructions":"x","max_output_tokens":8}"#,
+            r#"{"model":"m","messages":[],"tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object","properties":{"a":{"type":"string"}}}}}]}"#,
+            r#"{"model":"m","messages":null}"#,
+            r#"{"model":"m","input":{"role":"user","content":"hi"}}"#,
+            r#"{"model":"a","model":"b","max_tokens":5,"max_tokens":"x","max_completion_tokens":7}"#,
+            r#"{"messages":[{"role":"user","content":"a"}],"messages":[{"role":"user","content":"b"}]}"#,
+            r#"{}"#,
+        ];
+        for raw in answered {
+            assert!(one_pass_agrees(raw.as_bytes()), "{raw}");
+        }
+        // Not objects, not JSON, or a member the estimate cannot read: left to the two passes.
+        for raw in ["[1]", "3", "{", "{} x", r#"{"model":"m","messages":"hi"}"#] {
+            assert!(
+                Fields::read_with_prompt(raw.as_bytes(), Some("messages")).is_none(),
+                "{raw}"
+            );
+        }
+    }
+
+    fn json() -> impl Strategy<Value = Value> {
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::Bool),
+            any::<i64>().prop_map(Value::from),
+            "[a-z ]{0,8}".prop_map(Value::from),
+        ];
+        leaf.prop_recursive(4, 32, 4, |inner| {
+            let key = prop_oneof![
+                Just("role".to_owned()),
+                Just("content".to_owned()),
+                Just("type".to_owned()),
+                Just("text".to_owned()),
+                Just("name".to_owned()),
+                "[a-z]{1,4}",
+            ];
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..4).prop_map(Value::Array),
+                prop::collection::vec((key, inner), 0..4)
+                    .prop_map(|m| Value::Object(m.into_iter().collect())),
+            ]
+        })
+    }
+
+    proptest! {
+        /// Bodies whose members are anything: the one pass agrees whenever it answers.
+        #[test]
+        fn one_pass_agrees_on_any_members(
+            members in prop::collection::vec(
+                (
+                    prop_oneof![
+                        Just("model"), Just("stream"), Just("stream_options"), Just("messages"),
+                        Just("input"), Just("prompt"), Just("system"), Just("instructions"),
+                        Just("tools"), Just("functions"), Just("max_tokens"), Just("other"),
+                    ],
+                    json(),
+                ),
+                0..6,
+            )
+        ) {
+            // Written out member by member, so a name may come twice.
+            let members: Vec<String> = members
+                .iter()
+                .map(|(k, v)| format!("{}:{v}", Value::from(*k)))
+                .collect();
+            let raw = format!("{{{}}}", members.join(","));
+            one_pass_agrees(raw.as_bytes());
+        }
+    }
 
     /// What [`Fields`] reads is what the parsed body says, for bodies of every kind.
     #[test]
