@@ -13,9 +13,10 @@ use http::header::{HeaderName, CONTENT_LENGTH};
 use http::{Method, Request, Response, StatusCode};
 use http_body::Body;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
+use serde::de::DeserializeSeed;
 use serde::Deserialize;
 
-use crate::estimate::OutputLimits;
+use crate::estimate::{MemberName, OutputLimits, PromptMembers};
 use crate::response::error_response;
 
 /// A model name, UTF-8, usually a zero-copy slice of the request body.
@@ -183,38 +184,61 @@ struct Peek<'a> {
 
 impl<'de: 'a, 'a> Deserialize<'de> for Peek<'a> {
     fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct Visit<'a>(std::marker::PhantomData<&'a ()>);
-        impl<'de: 'a, 'a> serde::de::Visitor<'de> for Visit<'a> {
-            type Value = Peek<'a>;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a JSON object")
-            }
-            fn visit_map<A: serde::de::MapAccess<'de>>(
-                self,
-                mut map: A,
-            ) -> Result<Peek<'a>, A::Error> {
-                let mut peek = Peek {
-                    model: None,
-                    output_limits: OutputLimits::default(),
-                };
-                while let Some(key) = map.next_key::<PeekKey>()? {
-                    match key {
-                        PeekKey::Model => {
-                            if peek.model.is_some() {
-                                return Err(serde::de::Error::duplicate_field("model"));
-                            }
-                            peek.model = Some(map.next_value::<Borrowed<'a>>()?.0);
-                        }
-                        PeekKey::OutputLimit(i) => peek.output_limits.set(i, map.next_value()?),
-                        PeekKey::Other => {
-                            map.next_value::<serde::de::IgnoredAny>()?;
-                        }
+        PeekSeed {
+            prompt: None,
+            body: std::marker::PhantomData,
+        }
+        .deserialize(deserializer)
+    }
+}
+
+/// Reads a [`Peek`] and, given `prompt`, the members the prompt estimate reads into it (one pass
+/// over the body for both).
+struct PeekSeed<'p, 'a> {
+    prompt: Option<&'p mut PromptMembers>,
+    body: std::marker::PhantomData<&'a ()>,
+}
+
+impl<'de: 'a, 'a> DeserializeSeed<'de> for PeekSeed<'_, 'a> {
+    type Value = Peek<'a>;
+
+    fn deserialize<D: serde::Deserializer<'de>>(
+        self,
+        deserializer: D,
+    ) -> Result<Peek<'a>, D::Error> {
+        deserializer.deserialize_map(self)
+    }
+}
+
+impl<'de: 'a, 'a> serde::de::Visitor<'de> for PeekSeed<'_, 'a> {
+    type Value = Peek<'a>;
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a JSON object")
+    }
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Peek<'a>, A::Error> {
+        let mut prompt = self.prompt;
+        let mut peek = Peek {
+            model: None,
+            output_limits: OutputLimits::default(),
+        };
+        while let Some(key) = map.next_key::<PeekKey>()? {
+            match (key, prompt.as_deref_mut()) {
+                (PeekKey::Model, _) => {
+                    if peek.model.is_some() {
+                        return Err(serde::de::Error::duplicate_field("model"));
                     }
+                    peek.model = Some(map.next_value::<Borrowed<'a>>()?.0);
                 }
-                Ok(peek)
+                (PeekKey::OutputLimit(i), _) => peek.output_limits.set(i, map.next_value()?),
+                (PeekKey::Prompt(name), Some(prompt)) => {
+                    map.next_value_seed(prompt.member(name))?;
+                }
+                (PeekKey::Prompt(_) | PeekKey::Other, _) => {
+                    map.next_value::<serde::de::IgnoredAny>()?;
+                }
             }
         }
-        deserializer.deserialize_map(Visit(std::marker::PhantomData))
+        Ok(peek)
     }
 }
 
@@ -224,6 +248,8 @@ enum PeekKey {
     Model,
     /// Its position among the output limits ([`OutputLimits::slot`]).
     OutputLimit(usize),
+    /// A member the prompt estimate reads.
+    Prompt(MemberName),
     Other,
 }
 
@@ -240,7 +266,7 @@ impl<'de> Deserialize<'de> for PeekKey {
                     "model" => PeekKey::Model,
                     _ => match OutputLimits::slot(name) {
                         Some(i) => PeekKey::OutputLimit(i),
-                        None => PeekKey::Other,
+                        None => MemberName::of(name).map_or(PeekKey::Other, PeekKey::Prompt),
                     },
                 })
             }
@@ -282,6 +308,20 @@ pub(crate) struct Peeked {
     pub(crate) max_output_tokens: Option<u64>,
 }
 
+impl Peeked {
+    /// The model `name` read from `body` (a slice of it when borrowed), and the output limit.
+    fn new(body: &Bytes, name: Cow<'_, str>, output_limits: &OutputLimits) -> Self {
+        let model = match name {
+            Cow::Borrowed(s) => ModelName::from_slice_of(body, s),
+            Cow::Owned(s) => ModelName::from(s),
+        };
+        Peeked {
+            model,
+            max_output_tokens: output_limits.get(),
+        }
+    }
+}
+
 /// Parses `body`, returning its model name (zero-copy when unescaped) and output limit.
 pub(crate) fn model_from_json(body: &Bytes) -> Result<Peeked, BadRequest> {
     let bad = |message: String| BadRequest::new(StatusCode::BAD_REQUEST, message);
@@ -294,17 +334,7 @@ pub(crate) fn model_from_json(body: &Bytes) -> Result<Peeked, BadRequest> {
         Ok(Peek {
             model: Some(name),
             output_limits,
-        }) if !name.trim().is_empty() => {
-            let model = match name {
-                Cow::Borrowed(s) => ModelName::from_slice_of(body, s),
-                Cow::Owned(s) => ModelName::from(s),
-            };
-            let max_output_tokens = output_limits.get();
-            return Ok(Peeked {
-                model,
-                max_output_tokens,
-            });
-        }
+        }) if !name.trim().is_empty() => return Ok(Peeked::new(body, name, &output_limits)),
         Ok(_) => serde_json::Value::Null,
         Err(e) if e.is_syntax() || e.is_eof() => {
             return Err(bad(format!("Invalid JSON in request body: {e}")));
@@ -323,6 +353,26 @@ pub(crate) fn model_from_json(body: &Bytes) -> Result<Peeked, BadRequest> {
     };
     rejection.param = Some("model");
     Err(rejection)
+}
+
+/// [`model_from_json`] and the prompt estimate in one pass over `body`, for a body with a model
+/// whose members both read without error; `None` for any other (then the two, each on its own,
+/// give the rejection or the estimate's fallback).
+fn peek_with_prompt(body: &Bytes) -> Option<(Peeked, u64)> {
+    let mut prompt = PromptMembers::new();
+    let mut parser = serde_json::Deserializer::from_slice(body);
+    let peek = PeekSeed {
+        prompt: Some(&mut prompt),
+        body: std::marker::PhantomData,
+    }
+    .deserialize(&mut parser)
+    .ok()?;
+    parser.end().ok()?;
+    let name = peek.model.filter(|name| !name.trim().is_empty())?;
+    Some((
+        Peeked::new(body, name, &peek.output_limits),
+        prompt.tokens(body),
+    ))
 }
 
 #[cfg(feature = "gateway-helpers")]
@@ -390,8 +440,13 @@ where
         }
         Box::pin(async move {
             let (parts, bytes) = read_body(request, limit).await?;
-            let peeked = model_from_json(&bytes)?;
-            let prompt_estimate = crate::estimate::prompt_tokens(&bytes);
+            let (peeked, prompt_estimate) = match peek_with_prompt(&bytes) {
+                Some(both) => both,
+                None => (
+                    model_from_json(&bytes)?,
+                    crate::estimate::prompt_tokens(&bytes),
+                ),
+            };
             Ok(Extracted {
                 request: Request::from_parts(parts, B::from(bytes)),
                 model: Some(peeked.model),
@@ -504,6 +559,12 @@ mod tests {
             Some(6)
         );
         assert!(peek(r#"{"model":"m","model":"n"}"#).is_err());
+        let twice = Bytes::from_static(br#"{"model":"m","model":"n"}"#);
+        assert!(peek_with_prompt(&twice).is_none());
+        // The estimate cannot read these messages: the one pass leaves them to the two.
+        let odd = Bytes::from_static(br#"{"model":"m","messages":"hi"}"#);
+        assert!(peek_with_prompt(&odd).is_none());
+        assert_eq!(model_from_json(&odd).unwrap().model.as_str(), "m");
     }
 
     /// The four other endpoints' bodies, as their clients send them: the model and the output
@@ -534,6 +595,11 @@ mod tests {
             assert_eq!(peeked.model.as_str(), "e", "{body}");
             assert_eq!(peeked.max_output_tokens, limit, "{body}");
             let prompt = crate::estimate::prompt_tokens(body.as_bytes());
+            // Read in one pass, the same.
+            let (both, estimate) = peek_with_prompt(&Bytes::from_static(body.as_bytes())).unwrap();
+            assert_eq!(both.model.as_str(), "e", "{body}");
+            assert_eq!(both.max_output_tokens, limit, "{body}");
+            assert_eq!(estimate, prompt, "{body}");
             // Each holds at least 2 words of text; none is counted as its bytes / 4.
             assert!(
                 (2..body.len() as u64 / 4).contains(&prompt),
@@ -568,6 +634,8 @@ mod tests {
             (b"  ", "Request body is empty"),
         ];
         for (body, want) in cases {
+            // Not read in one pass: the rejection comes from `model_from_json` alone.
+            assert!(peek_with_prompt(&Bytes::copy_from_slice(body)).is_none());
             let e = model_from_json(&Bytes::copy_from_slice(body)).unwrap_err();
             assert_eq!(e.status, StatusCode::BAD_REQUEST);
             assert!(
