@@ -45,3 +45,12 @@ build_and_scratch() {
 # CPU time of process PID so far, user + kernel, in clock ticks (10 ms here): read before and
 # after a load, the difference per request is what machine noise disturbs least.
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+# The user message of a load's requests: "hi", or $PROMPT_BYTES bytes of words when set (what a
+# prompt's size costs: the body is read, estimated and edited on its way upstream).
+prompt_text() {
+  if [ -n "${PROMPT_BYTES:-}" ]; then
+    python3 -c "import sys; n = int(sys.argv[1]); print(('the quick brown fox jumps over the lazy dog ' * (n // 44 + 1))[:n])" "$PROMPT_BYTES"
+  else
+    echo hi
+  fi
+}

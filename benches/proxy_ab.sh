@@ -11,7 +11,8 @@
 # upstream to CPU $PROXY_CPU (default 1), oha on CPU $OHA_CPU (default 0), 64 connections. Each
 # round loads base then new with N requests (default 60000 non-streamed, 6000 streamed) and
 # reads each process's user and kernel CPU time (/proc/PID/stat) around its load. Prints the
-# per-round figures, then medians and the new / base ratio.
+# per-round figures, then medians and the new / base ratio. PROMPT_BYTES=N makes the user message
+# N bytes of words (default: "hi").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 STREAM=${1:-false}
@@ -39,7 +40,7 @@ for build in base new; do
   wait_up "http://127.0.0.1:${PORT[$build]}/health/liveliness"
   KEY[$build]=$(prod_key "${PORT[$build]}")
 done
-BODY="{\"model\":\"load-model\",\"stream\":$STREAM,\"stream_options\":{\"include_usage\":true},\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}"
+BODY="{\"model\":\"load-model\",\"stream\":$STREAM,\"stream_options\":{\"include_usage\":true},\"messages\":[{\"role\":\"user\",\"content\":\"$(prompt_text)\"}]}"
 load() { # build requests
   taskset -c "$OHA_CPU" oha --no-tui -n "$2" -c 64 -m POST -T application/json \
     -H "authorization: Bearer ${KEY[$1]}" -d "$BODY" \

@@ -53,10 +53,7 @@ else
 fi
 opts=''
 [ "$STREAM" = true ] && opts=',"stream_options":{"include_usage":true}'
-PROMPT=hi
-if [ -n "${PROMPT_BYTES:-}" ]; then
-  PROMPT=$(python3 -c "import sys; print(('the quick brown fox jumps over the lazy dog ' * (int(sys.argv[1]) // 44 + 1))[:int(sys.argv[1])])" "$PROMPT_BYTES")
-fi
+PROMPT=$(prompt_text)
 BODY="{\"model\":\"load-model\",\"stream\":$STREAM$opts,\"messages\":[{\"role\":\"user\",\"content\":\"$PROMPT\"}]}"
 load() {
   oha --no-tui -n "$1" -c 16 -m POST -T application/json -H "authorization: Bearer $KEY" -d "$BODY" \
