@@ -170,6 +170,52 @@ enum Key {
     Other,
 }
 
+impl Key {
+    fn of(k: &str) -> Key {
+        match k {
+            "messages" => Key::Messages,
+            "system" => Key::System,
+            "instructions" => Key::Instructions,
+            "input" => Key::Input,
+            "prompt" => Key::Prompt,
+            "tools" => Key::Tools,
+            "functions" => Key::Functions,
+            "role" => Key::Role,
+            "name" => Key::Name,
+            "content" => Key::Content,
+            "text" => Key::Text,
+            "refusal" => Key::Refusal,
+            "tool_calls" => Key::ToolCalls,
+            "function_call" => Key::FunctionCall,
+            "function" => Key::Function,
+            "arguments" => Key::Arguments,
+            "output" => Key::Output,
+            "type" => Key::Type,
+            "description" => Key::Description,
+            "parameters" => Key::Parameters,
+            "input_schema" => Key::InputSchema,
+            "properties" => Key::Properties,
+            "items" => Key::Items,
+            "enum" => Key::Enum,
+            _ => Key::Other,
+        }
+    }
+
+    /// Whether the estimate reads this key at a body's top level.
+    fn top_level(self) -> bool {
+        matches!(
+            self,
+            Key::Messages
+                | Key::System
+                | Key::Instructions
+                | Key::Input
+                | Key::Prompt
+                | Key::Tools
+                | Key::Functions
+        )
+    }
+}
+
 impl<'de> de::Deserialize<'de> for Key {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         struct KeyVisitor;
@@ -179,33 +225,7 @@ impl<'de> de::Deserialize<'de> for Key {
                 f.write_str("an object key")
             }
             fn visit_str<E: de::Error>(self, k: &str) -> Result<Key, E> {
-                Ok(match k {
-                    "messages" => Key::Messages,
-                    "system" => Key::System,
-                    "instructions" => Key::Instructions,
-                    "input" => Key::Input,
-                    "prompt" => Key::Prompt,
-                    "tools" => Key::Tools,
-                    "functions" => Key::Functions,
-                    "role" => Key::Role,
-                    "name" => Key::Name,
-                    "content" => Key::Content,
-                    "text" => Key::Text,
-                    "refusal" => Key::Refusal,
-                    "tool_calls" => Key::ToolCalls,
-                    "function_call" => Key::FunctionCall,
-                    "function" => Key::Function,
-                    "arguments" => Key::Arguments,
-                    "output" => Key::Output,
-                    "type" => Key::Type,
-                    "description" => Key::Description,
-                    "parameters" => Key::Parameters,
-                    "input_schema" => Key::InputSchema,
-                    "properties" => Key::Properties,
-                    "items" => Key::Items,
-                    "enum" => Key::Enum,
-                    _ => Key::Other,
-                })
+                Ok(Key::of(k))
             }
         }
         d.deserialize_identifier(KeyVisitor)
@@ -234,13 +254,14 @@ impl<'de, C: Count> Visitor<'de> for BodySeed<'_, C> {
     }
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
         let mut members = Members::new(*self.0);
-        while let Some(name) = map.next_key::<TopLevel>()? {
-            match name.0 {
-                Some(name) => map.next_value_seed(ReadMember {
+        while let Some(name) = map.next_key::<Key>()? {
+            if name.top_level() {
+                map.next_value_seed(ReadMember {
                     members: &mut members,
                     name,
-                })?,
-                None => skip(&mut map)?,
+                })?;
+            } else {
+                skip(&mut map)?;
             }
         }
         Ok(members.total())
@@ -319,7 +340,9 @@ pub struct MemberName(Key);
 impl MemberName {
     /// Member `name`, if the estimate reads it (the others are the caller's, to read or skip).
     pub fn of(name: &str) -> Option<MemberName> {
-        TopLevel::of(name).map(MemberName)
+        Some(Key::of(name))
+            .filter(|key| key.top_level())
+            .map(MemberName)
     }
 }
 
@@ -370,7 +393,7 @@ impl<C: Count> Members<C> {
         }
     }
 
-    /// Reads the value of member `name`, one [`TopLevel::of`] gives.
+    /// Reads the value of member `name`, one of the [`Key::top_level`] keys.
     fn read<'de, D: Deserializer<'de>>(&mut self, name: Key, d: D) -> Result<(), D::Error> {
         let c = &self.c;
         let t = match name {
@@ -408,40 +431,6 @@ impl<C: Count> Members<C> {
                 .saturating_add(priming)
                 .saturating_add(self.tools.total())
         })
-    }
-}
-
-/// A top-level member's name: `Some` for those the estimate reads.
-struct TopLevel(Option<Key>);
-
-impl TopLevel {
-    fn of(name: &str) -> Option<Key> {
-        Some(match name {
-            "messages" => Key::Messages,
-            "system" => Key::System,
-            "instructions" => Key::Instructions,
-            "input" => Key::Input,
-            "prompt" => Key::Prompt,
-            "tools" => Key::Tools,
-            "functions" => Key::Functions,
-            _ => return None,
-        })
-    }
-}
-
-impl<'de> de::Deserialize<'de> for TopLevel {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct NameVisitor;
-        impl Visitor<'_> for NameVisitor {
-            type Value = TopLevel;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("an object key")
-            }
-            fn visit_str<E: de::Error>(self, k: &str) -> Result<TopLevel, E> {
-                Ok(TopLevel(TopLevel::of(k)))
-            }
-        }
-        d.deserialize_identifier(NameVisitor)
     }
 }
 
