@@ -54,3 +54,8 @@ prompt_text() {
     echo hi
   fi
 }
+# The mock upstream's flags for what it sends besides its answer: with PROVIDER_HEADERS=1, the
+# other headers OpenAI sends on an answer (a real head's size).
+upstream_flags() {
+  if [ "${PROVIDER_HEADERS:-}" = 1 ]; then echo --provider-headers; fi
+}

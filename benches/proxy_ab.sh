@@ -12,7 +12,8 @@
 # round loads base then new with N requests (default 60000 non-streamed, 6000 streamed) and
 # reads each process's user and kernel CPU time (/proc/PID/stat) around its load. Prints the
 # per-round figures, then medians and the new / base ratio. PROMPT_BYTES=N makes the user message
-# N bytes of words (default: "hi").
+# N bytes of words (default: "hi"); PROVIDER_HEADERS=1 has the mock send the other headers OpenAI
+# sends on an answer.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 STREAM=${1:-false}
@@ -27,7 +28,7 @@ command -v oha >/dev/null || cargo install --locked oha
 build_and_scratch
 UP_PORT=4231
 
-taskset -c "$PROXY_CPU" "$BIN/mock-upstream" --port "$UP_PORT" --stream-chunks 50 >/dev/null 2>&1 &
+taskset -c "$PROXY_CPU" "$BIN/mock-upstream" --port "$UP_PORT" --stream-chunks 50 $(upstream_flags) >/dev/null 2>&1 &
 full_config "api_base: \"http://127.0.0.1:$UP_PORT/v1\"" '["dynamic_rate_limiter_v3"]' > "$TMP/gateway.yaml"
 declare -A PID PORT KEY
 PORT[base]=4232 PORT[new]=4233

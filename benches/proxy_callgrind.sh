@@ -16,7 +16,9 @@
 # upstream client with nothing else (what the stack costs; the gateway's own work is the rest).
 # KEEP_PROFILE=path keeps the callgrind output there, for `callgrind_annotate --inclusive=yes path`.
 # PROMPT_BYTES=N makes the user message N bytes of words (default: "hi"), for what a prompt's
-# size costs (the body is read, estimated and edited on its way upstream).
+# size costs (the body is read, estimated and edited on its way upstream). PROVIDER_HEADERS=1 has
+# the mock send the other headers OpenAI sends on an answer (14 of them), for what reading a real
+# answer's head costs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 STREAM=${1:-false}
@@ -28,7 +30,7 @@ command -v oha >/dev/null || cargo install --locked oha
 build_and_scratch
 UP_PORT=4211 GW_PORT=4212
 
-"$BIN/mock-upstream" --port "$UP_PORT" --stream-chunks 50 >/dev/null 2>&1 &
+"$BIN/mock-upstream" --port "$UP_PORT" --stream-chunks 50 $(upstream_flags) >/dev/null 2>&1 &
 if [ "${TARGET:-upstream}" = mock ]; then
   params='mock_response: "hi"'
 else

@@ -167,6 +167,10 @@ pub struct MockUpstreamConfig {
     /// What every successful answer says (default [`CONTENT`]); a stream sends one chunk per
     /// word, so its length sets how many chunks a stream has.
     pub content: String,
+    /// Send, on every successful answer, the other headers OpenAI sends on one (its request id,
+    /// processing time, organization, Cloudflare's; default false): what a real answer's head
+    /// costs a client to read, for benches.
+    pub provider_headers: bool,
 }
 
 impl Default for MockUpstreamConfig {
@@ -181,6 +185,7 @@ impl Default for MockUpstreamConfig {
             model: "mock-model".to_owned(),
             rate_limit_headers: true,
             content: CONTENT.to_owned(),
+            provider_headers: false,
         }
     }
 }
@@ -355,6 +360,7 @@ struct Shared {
     window_len: Duration,
     failure_status: StatusCode,
     rate_limit_headers: bool,
+    provider_headers: bool,
     content: String,
     /// `f64` bits: read on every request without a lock.
     failure_rate: AtomicU64,
@@ -370,6 +376,7 @@ impl Shared {
             window_len: config.window,
             failure_status,
             rate_limit_headers: config.rate_limit_headers,
+            provider_headers: config.provider_headers,
             content: config.content.clone(),
             failure_rate: AtomicU64::new(config.failure_rate.to_bits()),
             window: Mutex::new(Window {
@@ -663,6 +670,13 @@ async fn chat(
         Response::new(Body::from(answer.chunks.concat()))
     };
     response.headers_mut().insert(CONTENT_TYPE, content_type);
+    if shared.provider_headers {
+        for (name, value) in PROVIDER_HEADERS {
+            response
+                .headers_mut()
+                .append(name, HeaderValue::from_static(value));
+        }
+    }
     if let Admission::Allowed {
         limit,
         remaining,
@@ -675,6 +689,33 @@ async fn chat(
     }
     response
 }
+
+/// The headers besides the rate-limit ones that OpenAI sends on an answer (values of the same
+/// shape and length; [`MockUpstreamConfig::provider_headers`]).
+const PROVIDER_HEADERS: [(&str, &str); 14] = [
+    ("access-control-expose-headers", "X-Request-ID"),
+    ("openai-organization", "user-mock0000000000000000000"),
+    ("openai-processing-ms", "431"),
+    ("openai-project", "proj_mock000000000000000000"),
+    ("openai-version", "2020-10-01"),
+    ("x-envoy-upstream-service-time", "434"),
+    ("x-request-id", "req_0123456789abcdef0123456789abcdef"),
+    (
+        "strict-transport-security",
+        "max-age=31536000; includeSubDomains; preload",
+    ),
+    ("cf-cache-status", "DYNAMIC"),
+    (
+        "set-cookie",
+        "__cf_bm=mock0000000000000000000000000000000000000000-1700000000-1.0.1.1-mock; \
+         path=/; expires=Tue, 14-Nov-23 22:43:20 GMT; domain=.api.openai.com; HttpOnly; Secure; \
+         SameSite=None",
+    ),
+    ("x-content-type-options", "nosniff"),
+    ("server", "cloudflare"),
+    ("cf-ray", "8c1f0e2a3b4c5d6e-SJC"),
+    ("alt-svc", "h3=\":443\"; ma=86400"),
+];
 
 fn rate_headers(headers: &mut HeaderMap, limit: u64, remaining: u64, reset: u64) {
     headers.insert(LIMIT_REQUESTS, HeaderValue::from(limit));

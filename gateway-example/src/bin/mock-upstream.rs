@@ -74,6 +74,10 @@ struct Args {
     /// (plus its role, finish and usage chunks): e.g. 50 for a realistic stream in benches.
     #[arg(long, value_name = "N")]
     stream_chunks: Option<usize>,
+    /// Send, on every successful answer, the other headers OpenAI sends on one (request id,
+    /// processing time, organization, Cloudflare's): a real answer's head, for benches.
+    #[arg(long)]
+    provider_headers: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -163,6 +167,7 @@ async fn run(args: Args) -> Result<(), String> {
             seed: args.seed.wrapping_add(i as u64),
             model: args.model.clone(),
             rate_limit_headers: !args.no_rate_limit_headers,
+            provider_headers: args.provider_headers,
             content: match args.stream_chunks {
                 Some(n) => "word ".repeat(n),
                 None => gateway_example::mock_upstream::CONTENT.to_owned(),
