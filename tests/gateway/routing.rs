@@ -115,13 +115,19 @@ async fn an_upstream_429_parks_for_its_retry_after_then_lets_it_back() {
 }
 
 /// The router learns an upstream's remaining capacity from `x-ratelimit-remaining-requests`:
-/// at 0 it parks the deployment until `x-ratelimit-reset-requests`, before any 429.
+/// at 0 it parks the deployment until `x-ratelimit-reset-requests`, before any 429. The
+/// upstreams send the rest of a real provider's head too (request id, cookies, timings): the
+/// gateway reads what it needs among them and passes none of them on.
 #[tokio::test]
 async fn remaining_capacity_headers_park_before_a_429() {
-    let (a, c) = (healthy(), healthy());
+    let provider = || MockUpstreamConfig {
+        provider_headers: true,
+        ..Default::default()
+    };
+    let (a, c) = (mock(provider()), mock(provider()));
     let limited = mock(MockUpstreamConfig {
         rpm: Some(2),
-        ..Default::default()
+        ..provider()
     });
     let gw = gateway(&[&a, &limited, &c], &[], "  routing_strategy: round-robin").await;
     for _ in 0..30 {
@@ -132,6 +138,16 @@ async fn remaining_capacity_headers_park_before_a_429() {
                 && r.headers.get("x-ratelimit-limit-requests").is_none(),
             "the upstream's own rate-limit headers are not passed on"
         );
+        for name in [
+            "x-request-id",
+            "set-cookie",
+            "openai-processing-ms",
+            "cf-ray",
+            "server",
+        ] {
+            assert!(r.headers.get(name).is_none(), "{name} passed on");
+        }
+        assert_eq!(r.headers["content-type"], "application/json");
     }
     let s = limited.stats();
     assert_eq!(

@@ -35,7 +35,10 @@ use tokio::io::{AsyncReadExt, AsyncWrite};
 use tokio::net::TcpStream;
 use tower::Service;
 
-use super::http1::{parse_head, write_request_head, Decoder, Gathered, Head, ProtocolError};
+use super::http1::{
+    every_header, parse_head, write_request_head, Decoder, Gathered, Head, KeepHeader,
+    ProtocolError,
+};
 
 /// How long a connection may sit idle before it is dropped rather than reused (servers close
 /// idle keep-alive connections after a minute or more; hyper-util's client also keeps them 90 s).
@@ -196,6 +199,7 @@ impl Conn {
         &mut self,
         bytes: &[u8],
         method: &Method,
+        keep: KeepHeader,
     ) -> Result<Option<Head>, (bool, ClientError)> {
         let mut written = 0;
         poll_fn(|cx| loop {
@@ -218,13 +222,13 @@ impl Conn {
                 Poll::Ready(Ok(())) => continue,
                 Poll::Ready(Err(e)) => {
                     // The upstream may have answered, then closed: its answer is what counts.
-                    return Poll::Ready(match self.poll_early_head(cx, method) {
+                    return Poll::Ready(match self.poll_early_head(cx, method, keep) {
                         Ok(Some(head)) => Ok(Some(head)),
                         _ => Err((written > 0, ClientError::Io(e))),
                     });
                 }
                 Poll::Pending => {
-                    return match self.poll_early_head(cx, method) {
+                    return match self.poll_early_head(cx, method, keep) {
                         Ok(Some(head)) => Poll::Ready(Ok(Some(head))),
                         Ok(None) => Poll::Pending,
                         Err(e) => Poll::Ready(Err((written > 0, e))),
@@ -242,22 +246,25 @@ impl Conn {
         &mut self,
         cx: &mut Context<'_>,
         method: &Method,
+        keep: KeepHeader,
     ) -> Result<Option<Head>, ClientError> {
         // Parsed after every read, so a head that never ends is refused at its bound.
         while let Poll::Ready(Ok(1..)) = self.poll_fill(cx) {
-            if let Some(head) = parse_head(&mut self.read, method).map_err(ClientError::Protocol)? {
+            if let Some(head) =
+                parse_head(&mut self.read, method, keep).map_err(ClientError::Protocol)?
+            {
                 return Ok(Some(head));
             }
         }
         Ok(None)
     }
 
-    /// Reads the response head (to a request of `method`).
-    async fn read_head(&mut self, method: &Method) -> Result<Head, ClientError> {
+    /// Reads the response head (to a request of `method`), with the header lines `keep` wants.
+    async fn read_head(&mut self, method: &Method, keep: KeepHeader) -> Result<Head, ClientError> {
         poll_fn(|cx| loop {
             if !self.read.is_empty() {
                 if let Some(head) =
-                    parse_head(&mut self.read, method).map_err(ClientError::Protocol)?
+                    parse_head(&mut self.read, method, keep).map_err(ClientError::Protocol)?
                 {
                     return Poll::Ready(Ok(head));
                 }
@@ -422,6 +429,17 @@ impl Client {
         route: &Route,
         request: Request<Bytes>,
     ) -> Result<Response<UpstreamBody>, ClientError> {
+        self.send_keeping(route, request, every_header).await
+    }
+
+    /// [`send`](Self::send), the response's header map holding only the lines `keep` wants (the
+    /// others are not built; the body's framing is read from them all).
+    pub async fn send_keeping(
+        &self,
+        route: &Route,
+        request: Request<Bytes>,
+        keep: KeepHeader,
+    ) -> Result<Response<UpstreamBody>, ClientError> {
         let (parts, body) = request.into_parts();
         // Head and body in one buffer: one write (as the server side does, see server.rs).
         let mut wire = Vec::with_capacity(512 + body.len());
@@ -441,8 +459,8 @@ impl Client {
                 Some(conn) => (conn, true),
                 None => (self.connect(&route.url).await?, false),
             };
-            let (head, whole) = match conn.write_request(&wire, &parts.method).await {
-                Ok(None) => (conn.read_head(&parts.method).await?, true),
+            let (head, whole) = match conn.write_request(&wire, &parts.method, keep).await {
+                Ok(None) => (conn.read_head(&parts.method, keep).await?, true),
                 Ok(Some(early)) => (early, false),
                 // The upstream closed a kept connection before any of the request went out on
                 // it: it saw nothing, so a new connection is tried.

@@ -13,7 +13,7 @@
 //! chunk extensions and trailers are read past and dropped.
 
 use bytes::{Buf, Bytes, BytesMut};
-use http::header::{HeaderName, CONNECTION, CONTENT_LENGTH, TRANSFER_ENCODING};
+use http::header::{HeaderName, CONTENT_LENGTH, TRANSFER_ENCODING};
 use http::{HeaderMap, HeaderValue, Method, StatusCode, Version};
 
 /// The longest response head read; a longer one is an error.
@@ -126,12 +126,24 @@ pub(super) struct Head {
     pub(super) keep_alive: bool,
 }
 
-/// Parses the response head at the start of `buf`, answering a request of `method`. `Ok(None)`:
-/// not all of it is in yet. A `1xx` head (other than `101`) is consumed and the next one read;
-/// the head is taken out of `buf`, which then starts with the body.
+/// Which header lines of a response head go into its header map, by name (any case); the framing
+/// is read from them all. A caller that reads few of an answer's headers saves building the rest
+/// (a real provider's answer has twenty, most of them custom names, each parsed and copied).
+pub type KeepHeader = fn(&[u8]) -> bool;
+
+/// Every header line: the [`KeepHeader`] of [`Client::send`](super::client::Client::send).
+pub fn every_header(_: &[u8]) -> bool {
+    true
+}
+
+/// Parses the response head at the start of `buf`, answering a request of `method`, with the
+/// header lines `keep` wants in its header map. `Ok(None)`: not all of it is in yet. A `1xx`
+/// head (other than `101`) is consumed and the next one read; the head is taken out of `buf`,
+/// which then starts with the body.
 pub(super) fn parse_head(
     buf: &mut BytesMut,
     method: &Method,
+    keep: KeepHeader,
 ) -> Result<Option<Head>, ProtocolError> {
     loop {
         let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
@@ -166,9 +178,12 @@ pub(super) fn parse_head(
             let base = buf.as_ptr() as usize;
             let mut names = Vec::with_capacity(response.headers.len());
             for h in response.headers.iter() {
+                lines.read(h.name.as_bytes(), h.value);
+                if !keep(h.name.as_bytes()) {
+                    continue;
+                }
                 let name = HeaderName::from_bytes(h.name.as_bytes())
                     .map_err(|_| ProtocolError::BadHead)?;
-                lines.read(&name, h.value);
                 let start = h.value.as_ptr() as usize - base;
                 names.push((name, start..start + h.value.len()));
             }
@@ -231,12 +246,12 @@ impl HeadLines {
         }
     }
 
-    /// Takes in the line `name: value`.
-    fn read(&mut self, name: &HeaderName, value: &[u8]) {
-        if *name == TRANSFER_ENCODING {
+    /// Takes in the line `name: value` (the name in any case).
+    fn read(&mut self, name: &[u8], value: &[u8]) {
+        if name.eq_ignore_ascii_case(b"transfer-encoding") {
             let last = value.rsplit(|&b| b == b',').next().unwrap_or_default();
             self.transfer_encoding = Some(last.trim_ascii().eq_ignore_ascii_case(b"chunked"));
-        } else if *name == CONTENT_LENGTH {
+        } else if name.eq_ignore_ascii_case(b"content-length") {
             self.content_length_lines = true;
             if let Ok(length) = &mut self.content_length {
                 for part in value.split(|&b| b == b',') {
@@ -249,7 +264,7 @@ impl HeadLines {
                     }
                 }
             }
-        } else if *name == CONNECTION {
+        } else if name.eq_ignore_ascii_case(b"connection") {
             self.close |= value
                 .split(|&b| b == b',')
                 .any(|t| t.trim_ascii().eq_ignore_ascii_case(b"close"));
@@ -560,7 +575,7 @@ mod tests {
     use proptest::prelude::*;
 
     fn head(text: &str) -> Result<Option<Head>, ProtocolError> {
-        parse_head(&mut BytesMut::from(text), &Method::POST)
+        parse_head(&mut BytesMut::from(text), &Method::POST, every_header)
     }
 
     fn decode_all(
@@ -692,12 +707,35 @@ mod tests {
     }
 
     #[test]
+    fn lines_not_kept_are_not_in_the_map_but_still_frame_the_body() {
+        fn content_type_only(name: &[u8]) -> bool {
+            name.eq_ignore_ascii_case(b"content-type")
+        }
+        let text = "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nX-Request-Id: r\r\n\
+                    Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n";
+        let h = parse_head(&mut BytesMut::from(text), &Method::POST, content_type_only)
+            .unwrap()
+            .unwrap();
+        assert_eq!(h.headers.len(), 1);
+        assert_eq!(h.headers["content-type"], "text/plain");
+        assert_eq!(h.framing, Decoder::chunked());
+        assert!(!h.keep_alive, "Connection: close, though not kept");
+        let text = "HTTP/1.1 200 OK\r\nContent-Length: 3\r\nCONTENT-LENGTH: 4\r\n\r\n";
+        assert_eq!(
+            parse_head(&mut BytesMut::from(text), &Method::POST, content_type_only).unwrap_err(),
+            ProtocolError::BadContentLength
+        );
+    }
+
+    #[test]
     fn informational_heads_are_skipped_and_the_head_taken_out() {
         let mut buf = BytesMut::from(
             "HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nlink: x\r\n\r\n\
              HTTP/1.1 201 Created\r\ncontent-length: 2\r\n\r\nok",
         );
-        let h = parse_head(&mut buf, &Method::POST).unwrap().unwrap();
+        let h = parse_head(&mut buf, &Method::POST, every_header)
+            .unwrap()
+            .unwrap();
         assert_eq!(h.status, StatusCode::CREATED);
         assert!(!h.headers.contains_key("link"));
         assert_eq!(&buf[..], b"ok");
@@ -881,7 +919,7 @@ mod tests {
             let _ = decode_all(&mut d, &[&bytes]);
             let mut buf = BytesMut::from(&b"HTTP/1.1 200 OK\r\n"[..]);
             buf.extend_from_slice(&bytes);
-            let _ = parse_head(&mut buf, &Method::POST);
+            let _ = parse_head(&mut buf, &Method::POST, every_header);
         }
     }
 }

@@ -463,7 +463,8 @@ impl Upstream {
             }
         }
 
-        let sent = tokio::time::timeout(time, self.client.send(route, request)).await;
+        let sent =
+            tokio::time::timeout(time, self.client.send_keeping(route, request, read_here)).await;
         let response = match sent {
             Err(_) => return Err(Self::timed_out(deployment, time)),
             Ok(Err(e)) => {
@@ -571,6 +572,17 @@ impl Upstream {
     }
 }
 
+/// The headers of an upstream's answer read here: its content type, `retry-after` on a refusal,
+/// and the `x-ratelimit-*` the router learns from. The others (a provider's request id, timings,
+/// cookies, ...) are not passed on, so the client does not build them.
+fn read_here(name: &[u8]) -> bool {
+    name.eq_ignore_ascii_case(b"content-type")
+        || name.eq_ignore_ascii_case(b"retry-after")
+        || name
+            .get(..12)
+            .is_some_and(|prefix| prefix.eq_ignore_ascii_case(b"x-ratelimit-"))
+}
+
 /// Where `chat` goes on an upstream at `api_base` speaking `api`: `{api_base}/chat/completions` and
 /// the like for OpenAI; `{api_base}/v1/messages` for Anthropic (an `api_base` already ending in
 /// `/v1` or `/v1/messages` is not given them twice).
@@ -641,7 +653,7 @@ async fn upstream_error(
 
 #[cfg(test)]
 mod tests {
-    use super::{top_level_members, upstream_body, upstream_bytes, Upstream};
+    use super::{read_here, top_level_members, upstream_body, upstream_bytes, Upstream};
     use crate::config::{Deployment, Target};
 
     fn with_key(key: &str) -> Deployment {
@@ -673,6 +685,27 @@ mod tests {
             max_output_tokens: None,
             pass_on: Default::default(),
             flow: 0,
+        }
+    }
+
+    #[test]
+    fn the_headers_read_here_are_kept_in_any_case() {
+        for name in [
+            "content-type",
+            "Content-Type",
+            "retry-after",
+            "x-ratelimit-remaining-requests",
+            "X-RateLimit-Reset-Tokens",
+        ] {
+            assert!(read_here(name.as_bytes()), "{name}");
+        }
+        for name in [
+            "x-request-id",
+            "set-cookie",
+            "x-ratelimit",
+            "content-length",
+        ] {
+            assert!(!read_here(name.as_bytes()), "{name}");
         }
     }
 
