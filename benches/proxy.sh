@@ -24,6 +24,8 @@
 # non-streamed) the median latency of each target, and what a proxy adds over going direct.
 # Only loopback addresses are used. Installs oha and nginx when missing (as root: no sudo).
 # GATEWAY_BIN=path runs that gateway binary instead of this tree's (to compare two builds).
+# PROVIDER_HEADERS=1 has the mock send the other headers OpenAI sends on an answer (14 of them):
+# nginx and the floor pass them on, the gateway reads the few it needs and drops the rest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SECS=${1:-6}
@@ -48,7 +50,7 @@ UP_PORT=4201 NGINX_PORT=4202 GW_PORT=4203 FLOOR_PORT=4204
 # shellcheck source=benches/common.sh
 . benches/common.sh
 
-RUST_LOG=error taskset -c "$PROXY_CPU" "$BIN/mock-upstream" --port "$UP_PORT" --stream-chunks "$STREAM_CHUNKS" >/dev/null 2>&1 &
+RUST_LOG=error taskset -c "$PROXY_CPU" "$BIN/mock-upstream" --port "$UP_PORT" --stream-chunks "$STREAM_CHUNKS" $(upstream_flags) >/dev/null 2>&1 &
 wait_up "http://127.0.0.1:$UP_PORT/stats"
 
 mkdir -p "$TMP/nginx"
