@@ -113,7 +113,7 @@ impl<'de> Visitor<'de> for Body<'_> {
                 (Key::Required(Some(member)), Some(prompt)) => {
                     let mut shape = None;
                     map.next_value_seed(Noting {
-                        seed: prompt.member(member),
+                        inner: prompt.member(member),
                         shape: &mut shape,
                     })?;
                     fields.required = shape;
@@ -252,39 +252,48 @@ impl<'de> Visitor<'de> for ShapeOf {
     }
 }
 
-/// Reads a value with `seed` and notes its [`Shape`] in `shape`: the required member, when the
-/// prompt estimate reads it too (one pass for both).
-struct Noting<'s, S> {
-    seed: S,
+/// Notes in `shape` the [`Shape`] of the value it reads: the required member, when the prompt
+/// estimate reads it too (one pass for both). One wrapper in three roles: around the estimate's
+/// seed, it hands that seed a wrapped deserializer, which hands the parser a wrapped visitor,
+/// which notes what it is shown (JSON says what each value is, so every request to the
+/// deserializer is served as `deserialize_any`).
+struct Noting<'s, T> {
+    inner: T,
     shape: &'s mut Option<Shape>,
+}
+
+impl<'s, T> Noting<'s, T> {
+    fn around<U>(self, inner: U) -> (T, Noting<'s, U>) {
+        (
+            self.inner,
+            Noting {
+                inner,
+                shape: self.shape,
+            },
+        )
+    }
+
+    fn note(self, shape: Shape) -> T {
+        *self.shape = Some(shape);
+        self.inner
+    }
 }
 
 impl<'de, S: DeserializeSeed<'de>> DeserializeSeed<'de> for Noting<'_, S> {
     type Value = S::Value;
 
     fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<S::Value, D::Error> {
-        self.seed.deserialize(NotingDeserializer {
-            inner: d,
-            shape: self.shape,
-        })
+        let (seed, d) = self.around(d);
+        seed.deserialize(d)
     }
 }
 
-/// A deserializer that notes the [`Shape`] of the value its visitor is shown. JSON says what each
-/// value is, so every request is served as `deserialize_any`.
-struct NotingDeserializer<'s, D> {
-    inner: D,
-    shape: &'s mut Option<Shape>,
-}
-
-impl<'de, D: Deserializer<'de>> Deserializer<'de> for NotingDeserializer<'_, D> {
+impl<'de, D: Deserializer<'de>> Deserializer<'de> for Noting<'_, D> {
     type Error = D::Error;
 
     fn deserialize_any<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, D::Error> {
-        self.inner.deserialize_any(NotingVisitor {
-            inner: visitor,
-            shape: self.shape,
-        })
+        let (d, visitor) = self.around(visitor);
+        d.deserialize_any(visitor)
     }
 
     serde::forward_to_deserialize_any! {
@@ -294,20 +303,7 @@ impl<'de, D: Deserializer<'de>> Deserializer<'de> for NotingDeserializer<'_, D> 
     }
 }
 
-/// A visitor that notes the [`Shape`] of what it visits, then hands it to `inner`.
-struct NotingVisitor<'s, V> {
-    inner: V,
-    shape: &'s mut Option<Shape>,
-}
-
-impl<'de, V: Visitor<'de>> NotingVisitor<'_, V> {
-    fn note(self, shape: Shape) -> V {
-        *self.shape = Some(shape);
-        self.inner
-    }
-}
-
-impl<'de, V: Visitor<'de>> Visitor<'de> for NotingVisitor<'_, V> {
+impl<'de, V: Visitor<'de>> Visitor<'de> for Noting<'_, V> {
     type Value = V::Value;
 
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
