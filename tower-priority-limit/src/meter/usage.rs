@@ -81,10 +81,13 @@ impl Usage {
     /// The usage object at the start of `bytes` (its `{` first; whatever follows it is ignored),
     /// or `None` when it is not one: [`read_plain`](Self::read_plain), else serde.
     pub(crate) fn read_object(bytes: &[u8]) -> Option<Usage> {
-        Usage::read_plain(bytes).or_else(|| {
-            let mut stream = serde_json::Deserializer::from_slice(bytes).into_iter::<Usage>();
-            stream.next().and_then(Result::ok)
-        })
+        Usage::read_plain(bytes).or_else(|| Usage::read_serde(bytes))
+    }
+
+    /// The usage object at the start of `bytes`, read by serde (whatever follows it is ignored).
+    fn read_serde(bytes: &[u8]) -> Option<Usage> {
+        let mut stream = serde_json::Deserializer::from_slice(bytes).into_iter::<Usage>();
+        stream.next().and_then(Result::ok)
     }
 
     /// The usage object at the start of `bytes` (its `{` first), read as serde reads it, or
@@ -859,7 +862,6 @@ fn drain_seq<'de, A: SeqAccess<'de>>(mut seq: A) -> Result<(), A::Error> {
     Ok(())
 }
 
-/// `b` without leading JSON white space.
 /// Reads the object at the start of `bytes` in the plain shape of [`Usage::read_plain`], calling
 /// `member(key, integer value)` for each member at depth 0: `Some(true)` when it took the member
 /// (whose value must then be an integer), `Some(false)` when the member is not one it reads,
@@ -955,6 +957,7 @@ fn plain_integer(bytes: &[u8]) -> Option<(u64, &[u8])> {
     Some((value, after))
 }
 
+/// `b` without leading JSON white space.
 pub(super) fn skip_ws(mut b: &[u8]) -> &[u8] {
     while let [b' ' | b'\t' | b'\n' | b'\r', rest @ ..] = b {
         b = rest;
@@ -1053,11 +1056,6 @@ mod plain_tests {
     use super::*;
     use proptest::prelude::*;
 
-    fn serde(bytes: &[u8]) -> Option<Usage> {
-        let mut stream = serde_json::Deserializer::from_slice(bytes).into_iter::<Usage>();
-        stream.next().and_then(Result::ok)
-    }
-
     /// The objects OpenAI and Anthropic send are read without serde, as serde reads them.
     #[test]
     fn real_usage_objects_take_the_fast_path() {
@@ -1076,7 +1074,7 @@ mod plain_tests {
         ] {
             let fast = Usage::read_plain(object);
             assert!(fast.is_some(), "{}", String::from_utf8_lossy(object));
-            assert_eq!(fast, serde(object), "{}", String::from_utf8_lossy(object));
+            assert_eq!(fast, Usage::read_serde(object), "{}", String::from_utf8_lossy(object));
         }
     }
 
@@ -1167,7 +1165,7 @@ mod plain_tests {
         ) {
             let text = format!("{}{tail}", object(&members));
             if let Some(fast) = Usage::read_plain(text.as_bytes()) {
-                prop_assert_eq!(Some(fast), serde(text.as_bytes()), "{}", text);
+                prop_assert_eq!(Some(fast), Usage::read_serde(text.as_bytes()), "{}", text);
             }
         }
 
@@ -1177,7 +1175,7 @@ mod plain_tests {
             let mut bytes = bytes;
             bytes.insert(0, b'{');
             if let Some(fast) = Usage::read_plain(&bytes) {
-                prop_assert_eq!(Some(fast), serde(&bytes));
+                prop_assert_eq!(Some(fast), Usage::read_serde(&bytes));
             }
         }
     }
