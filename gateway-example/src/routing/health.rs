@@ -8,7 +8,7 @@ use http::{HeaderMap, HeaderName};
 use tower_priority_limit::decision::Millis;
 
 use super::Router;
-use crate::upstream::UpstreamFailure;
+use crate::upstream::{UpstreamFailure, RATE_LIMIT_PREFIX};
 
 /// The cap on any park or cooldown (beyond `cooldown_time` if that is longer).
 const MAX_PARK: Duration = Duration::from_secs(60);
@@ -89,7 +89,7 @@ impl Router {
         // Most responses carry none: look at the names before hashing any.
         if !headers
             .keys()
-            .any(|k| k.as_str().starts_with("x-ratelimit-"))
+            .any(|k| k.as_str().starts_with(RATE_LIMIT_PREFIX))
         {
             return;
         }
@@ -133,7 +133,7 @@ impl Router {
         }
         let upstream: Vec<HeaderName> = headers
             .keys()
-            .filter(|k| k.as_str().starts_with("x-ratelimit-"))
+            .filter(|k| k.as_str().starts_with(RATE_LIMIT_PREFIX))
             .cloned()
             .collect();
         for name in upstream {

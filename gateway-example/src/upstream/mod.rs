@@ -564,7 +564,7 @@ impl Upstream {
         out.headers_mut().insert(CONTENT_TYPE, content_type);
         // The router learns the deployment's real remaining capacity from these.
         for (name, value) in &parts.headers {
-            if name.as_str().starts_with("x-ratelimit-") {
+            if name.as_str().starts_with(RATE_LIMIT_PREFIX) {
                 out.headers_mut().append(name.clone(), value.clone());
             }
         }
@@ -572,15 +572,19 @@ impl Upstream {
     }
 }
 
+/// The start of the names of an upstream's rate-limit headers (`x-ratelimit-remaining-requests`
+/// and the like), which the router learns a deployment's remaining capacity from.
+pub const RATE_LIMIT_PREFIX: &str = "x-ratelimit-";
+
 /// The headers of an upstream's answer read here: its content type, `retry-after` on a refusal,
-/// and the `x-ratelimit-*` the router learns from. The others (a provider's request id, timings,
-/// cookies, ...) are not passed on, so the client does not build them.
+/// and the [`RATE_LIMIT_PREFIX`] ones the router learns from. The others (a provider's request
+/// id, timings, cookies, ...) are not passed on, so the client does not build them.
 fn read_here(name: &[u8]) -> bool {
     name.eq_ignore_ascii_case(b"content-type")
         || name.eq_ignore_ascii_case(b"retry-after")
         || name
-            .get(..12)
-            .is_some_and(|prefix| prefix.eq_ignore_ascii_case(b"x-ratelimit-"))
+            .get(..RATE_LIMIT_PREFIX.len())
+            .is_some_and(|prefix| prefix.eq_ignore_ascii_case(RATE_LIMIT_PREFIX.as_bytes()))
 }
 
 /// Where `chat` goes on an upstream at `api_base` speaking `api`: `{api_base}/chat/completions` and
