@@ -35,10 +35,8 @@ use tokio::io::{AsyncReadExt, AsyncWrite};
 use tokio::net::TcpStream;
 use tower::Service;
 
-use super::http1::{
-    every_header, parse_head, write_request_head, Decoder, Gathered, Head, KeepHeader,
-    ProtocolError,
-};
+pub use super::http1::{every_header, KeepHeader};
+use super::http1::{parse_head, write_request_head, Decoder, Gathered, Head, ProtocolError};
 
 /// How long a connection may sit idle before it is dropped rather than reused (servers close
 /// idle keep-alive connections after a minute or more; hyper-util's client also keeps them 90 s).
