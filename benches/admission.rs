@@ -204,8 +204,9 @@ criterion_main!(benches, headers);
 
 /// An admitted response as the layer hands it on: the rate-limit headers (quick-start shape, tpm
 /// only, 6 headers; the full shape, rpm + tpm + priorities, 15 headers) added to a response that
-/// already holds its own `content-type`, and the body wrapped in its meter and lease (settled on
-/// drop, with nothing to record).
+/// already holds its own `content-type` (and, `_gateway`, the four `x-litellm-*` headers the
+/// gateway's router adds), and the body wrapped in its meter and lease (settled on drop, with
+/// nothing to record).
 fn response_headers(c: &mut Criterion) {
     use http::{HeaderValue, Response};
     let mut group = c.benchmark_group("admitted_response");
@@ -213,7 +214,17 @@ fn response_headers(c: &mut Criterion) {
         .model(ModelLimits::new("m").tpm(u64::MAX / 2))
         .build()
         .unwrap();
-    for (name, config) in [("quickstart_6", quickstart), ("full_15", config(1))] {
+    let gateway = [
+        ("x-litellm-model-id", "0a1b2c3d"),
+        ("x-litellm-model-group", "load-model"),
+        ("x-litellm-attempted-retries", "0"),
+        ("x-litellm-attempted-fallbacks", "0"),
+    ];
+    for (name, config, own) in [
+        ("quickstart_6", quickstart, &gateway[..0]),
+        ("full_15", config(1), &gateway[..0]),
+        ("full_15_gateway", config(1), &gateway[..]),
+    ] {
         let limiter = Limiter::with_clock(config, ManualClock::new());
         let id = limiter.config().models()[0].name().to_owned();
         let id = limiter.config().model_id(&id).unwrap();
@@ -228,6 +239,11 @@ fn response_headers(c: &mut Criterion) {
                     http::header::CONTENT_TYPE,
                     HeaderValue::from_static("application/json"),
                 );
+                for &(header, value) in own {
+                    response
+                        .headers_mut()
+                        .insert(header, HeaderValue::from_static(value));
+                }
                 let lease = limiter.lease(id, pool, &admitted);
                 black_box(limiter.meter_response(response, lease, &admitted, 0))
             })

@@ -6,10 +6,11 @@
 #
 #   BASELINE_BIN=path/to/gateway-example benches/proxy_ab.sh [stream: false|true] [requests] [rounds]
 #
-# The builds are this tree's release `gateway-example` ("new") and BASELINE_BIN ("base"), both
+# The builds are this tree's release `gateway-example` ("new"; NEW_BIN=path for another, e.g. the
+# baseline again, to see the harness's own spread) and BASELINE_BIN ("base"), both
 # with the setup of benches/proxy.sh (limiter on, every rate-limit header), both pinned with the
 # upstream to CPU $PROXY_CPU (default 1), oha on CPU $OHA_CPU (default 0), 64 connections. Each
-# round loads base then new with N requests (default 60000 non-streamed, 6000 streamed) and
+# round loads base then new (new then base in even rounds) with N requests (default 60000 non-streamed, 6000 streamed) and
 # reads each process's user and kernel CPU time (/proc/PID/stat) around its load. Prints the
 # per-round figures, then medians and the new / base ratio. PROMPT_BYTES=N makes the user message
 # N bytes of words (default: "hi"); PROVIDER_HEADERS=1 has the mock send the other headers OpenAI
@@ -33,7 +34,7 @@ full_config "api_base: \"http://127.0.0.1:$UP_PORT/v1\"" '["dynamic_rate_limiter
 declare -A PID PORT KEY
 PORT[base]=4232 PORT[new]=4233
 for build in base new; do
-  bin=$BIN/gateway-example
+  bin=${NEW_BIN:-$BIN/gateway-example}
   [ "$build" = base ] && bin=$BASELINE_BIN
   RUST_LOG=error taskset -c "$PROXY_CPU" "$bin" --config "$TMP/gateway.yaml" --host 127.0.0.1 \
     --port "${PORT[$build]}" --data-dir "$TMP/data-$build" >/dev/null &
@@ -52,11 +53,14 @@ for build in base new; do load "$build" 500; done # warm up
 echo "stream=$STREAM, $N requests per load, $ROUNDS rounds: CPU µs per request (user + kernel)"
 for round in $(seq "$ROUNDS"); do
   line="round $round:"
-  for build in base new; do
+  # The order alternates, so whatever the first or second load of a round pays hits both builds.
+  order="base new"
+  [ $((round % 2)) = 0 ] && order="new base"
+  for build in $order; do
     before=$(cpu_ticks "${PID[$build]}")
     load "$build" "$N"
     after=$(cpu_ticks "${PID[$build]}")
-    us=$(( (after - before) * 10000 / N ))
+    us=$(python3 -c "print(f'{($after - $before) * 10000 / $N:.1f}')")
     echo "$build $us" >> "$TMP/figures.txt"
     line="$line $build $us"
   done
@@ -67,9 +71,9 @@ import statistics, sys
 figures = {}
 for line in open(sys.argv[1]):
     build, us = line.split()
-    figures.setdefault(build, []).append(int(us))
+    figures.setdefault(build, []).append(float(us))
 base, new = statistics.median(figures["base"]), statistics.median(figures["new"])
 ratios = [n / b for b, n in zip(figures["base"], figures["new"]) if b]
-print(f"median: base {base:.0f} µs, new {new:.0f} µs; new / base {new / base:.3f} "
+print(f"median: base {base:.1f} µs, new {new:.1f} µs; new / base {new / base:.3f} "
       f"(per round {', '.join(f'{r:.3f}' for r in ratios)}; median {statistics.median(ratios):.3f})")
 PY
