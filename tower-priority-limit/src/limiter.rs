@@ -20,9 +20,7 @@ use crate::meter::UsageMeter;
 use crate::metrics::{Observer, Outcome, RefusedBy, UsageNow, UsageSource};
 use crate::order::{FlowId, ServiceWeights};
 use crate::queue::{ModelQueue, PoolUsage};
-use crate::response::{
-    insert_admitted_headers, refusal_response, store_failure_response, LimitHeaderValues,
-};
+use crate::response::{refusal_response, store_failure_response, AdmittedHeaders};
 use crate::store::{AdmitRequest, MemoryStore, Store, StoreError};
 
 /// A config and the store that holds its counters. Share it in an [`Arc`](std::sync::Arc): every clone of the
@@ -52,8 +50,9 @@ pub struct Limiter<St = MemoryStore> {
     /// from clients, so this is a fixed, lock-free table: a label already seen costs one hash and
     /// one atomic load; a colliding label may be logged again, never more memory.
     unknown_labels: Box<[AtomicU64]>,
-    /// The config's limits as response header values, formatted once.
-    limit_header_values: LimitHeaderValues,
+    /// The rate-limit headers of admitted responses: the config's limits formatted once, and
+    /// templates.
+    admitted_headers: AdmittedHeaders,
     /// Per model: where its leases settle (the store's settler and, with `reserve` accounting,
     /// the learned output estimate and its errors).
     targets: Box<[Arc<SettleTarget>]>,
@@ -222,7 +221,7 @@ impl<St: Store> Limiter<St> {
             })
             .collect();
         Self {
-            limit_header_values: LimitHeaderValues::new(store.config()),
+            admitted_headers: AdmittedHeaders::new(store.config()),
             targets,
             clock: store.clock(),
             queues,
@@ -357,9 +356,8 @@ impl<St: Store> Limiter<St> {
         prompt_estimate: u64,
     ) -> Response<ResponseBody<B>> {
         let (mut parts, body) = response.into_parts();
-        insert_admitted_headers(
+        self.admitted_headers.write(
             &mut parts.headers,
-            &self.limit_header_values,
             self.config(),
             lease.model(),
             lease.pool(),

@@ -1,0 +1,95 @@
+//! The names of the headers the layer reads and writes, and the small ones it adds: the
+//! priority label, the time a request waited, and what explains a refusal.
+
+use http::header::{HeaderName, HeaderValue};
+use http::HeaderMap;
+
+use crate::decision::Refused;
+use crate::metrics::RefusedBy;
+
+/// `x-litellm-priority`: the resolved priority label, `default` for the default pool.
+pub const X_LITELLM_PRIORITY: HeaderName = HeaderName::from_static("x-litellm-priority");
+/// `x-litellm-saturation` on priority rejections, e.g. `52.80%`.
+pub const X_LITELLM_SATURATION: HeaderName = HeaderName::from_static("x-litellm-saturation");
+/// `x-priority-limit-max-wait` on a request: the longest it will wait for capacity, in seconds
+/// (a decimal number; `0` refuses at once). Capped by the config's `queue.max_wait_seconds`.
+pub const X_PRIORITY_LIMIT_MAX_WAIT: HeaderName =
+    HeaderName::from_static("x-priority-limit-max-wait");
+/// `x-priority-limit-queued-ms` on an admitted response that waited: how long, in milliseconds.
+pub const X_PRIORITY_LIMIT_QUEUED_MS: HeaderName =
+    HeaderName::from_static("x-priority-limit-queued-ms");
+
+/// Adds `x-priority-limit-queued-ms` to a response that waited.
+pub(crate) fn insert_queued_header(headers: &mut HeaderMap, waited_ms: u64) {
+    headers.insert(X_PRIORITY_LIMIT_QUEUED_MS, HeaderValue::from(waited_ms));
+}
+
+/// `rate_limit_type` on 429s: `requests` or `tokens`.
+pub const RATE_LIMIT_TYPE: HeaderName = HeaderName::from_static("rate_limit_type");
+/// On a 429: the counter that refused, `model_requests`, `model_tokens`, `pool_requests` or
+/// `pool_tokens`.
+pub const X_REFUSED_BY: HeaderName = HeaderName::from_static("x-priority-limit-refused-by");
+/// On a response served under `shadow` enforcement that the limits would have refused: the
+/// counter that would have refused it (as [`X_REFUSED_BY`]).
+pub const X_SHADOW_REFUSED_BY: HeaderName =
+    HeaderName::from_static("x-priority-limit-shadow-refused-by");
+/// With a refusal (real or shadow): the limit that tripped.
+pub const X_REFUSED_LIMIT: HeaderName = HeaderName::from_static("x-priority-limit-limit");
+/// With a refusal (real or shadow): that limit's use before the request.
+pub const X_REFUSED_USED: HeaderName = HeaderName::from_static("x-priority-limit-used");
+/// With a refusal (real or shadow): the model's saturation before the request, as a ratio
+/// (`0.7500`).
+pub const X_SATURATION: HeaderName = HeaderName::from_static("x-priority-limit-saturation");
+/// With a refusal (real or shadow), when the config reserves: the caller's pool's reserved
+/// requests per window.
+pub const X_POOL_RESERVED_REQUESTS: HeaderName =
+    HeaderName::from_static("x-priority-limit-pool-reserved-requests");
+/// As [`X_POOL_RESERVED_REQUESTS`], in tokens.
+pub const X_POOL_RESERVED_TOKENS: HeaderName =
+    HeaderName::from_static("x-priority-limit-pool-reserved-tokens");
+/// With a refusal (real or shadow), when the config reserves: the requests the caller's pool
+/// used in the window before the request.
+pub const X_POOL_USED_REQUESTS: HeaderName =
+    HeaderName::from_static("x-priority-limit-pool-used-requests");
+/// As [`X_POOL_USED_REQUESTS`], in tokens.
+pub const X_POOL_USED_TOKENS: HeaderName =
+    HeaderName::from_static("x-priority-limit-pool-used-tokens");
+
+/// The headers that explain a refusal, real (`by` = [`X_REFUSED_BY`]) or shadow
+/// ([`X_SHADOW_REFUSED_BY`]): which counter, its limit and use, the saturation, and the caller's
+/// pool's reserved and used amounts.
+pub(crate) fn explain_refusal(h: &mut HeaderMap, by: HeaderName, r: &Refused) {
+    h.insert(by, HeaderValue::from_static(RefusedBy::of(r).as_str()));
+    h.insert(X_REFUSED_LIMIT, HeaderValue::from(r.limit));
+    h.insert(X_REFUSED_USED, HeaderValue::from(r.used));
+    if let Ok(v) = HeaderValue::from_str(&format!("{:.4}", r.saturation)) {
+        h.insert(X_SATURATION, v);
+    }
+    if let Some(pool) = &r.pool {
+        let pairs = [
+            (X_POOL_RESERVED_REQUESTS, pool.reserved.rpm),
+            (X_POOL_RESERVED_TOKENS, pool.reserved.tpm),
+            (
+                X_POOL_USED_REQUESTS,
+                pool.reserved.rpm.map(|_| pool.used.requests),
+            ),
+            (
+                X_POOL_USED_TOKENS,
+                pool.reserved.tpm.map(|_| pool.used.tokens),
+            ),
+        ];
+        for (name, value) in pairs {
+            if let Some(value) = value {
+                h.insert(name, HeaderValue::from(value));
+            }
+        }
+    }
+}
+
+/// The label as `x-litellm-priority` says it: `default` for the default pool.
+pub(crate) fn priority_value(label: Option<&str>) -> HeaderValue {
+    // from_bytes, not from_str: UTF-8 labels are valid (obs-text) header bytes.
+    label
+        .and_then(|l| HeaderValue::from_bytes(l.as_bytes()).ok())
+        .unwrap_or_else(|| HeaderValue::from_static("default"))
+}
