@@ -269,8 +269,9 @@ struct ModelHeaders {
 
 /// The templates of one model, priority and mode: for the first [`KINDS`] sets of the service's
 /// header names seen (e.g. a JSON answer's and a stream's); `None` where the first response of a
-/// kind could not make one.
-type Templates = [OnceLock<Option<Template>>; KINDS];
+/// kind could not make one. Boxed: a config of many models and priorities pays 16 bytes a cell
+/// until its responses come.
+type Templates = [OnceLock<Option<Box<Template>>>; KINDS];
 
 /// Templates per model, priority and mode: one per set of the service's header names.
 const KINDS: usize = 2;
@@ -393,8 +394,8 @@ impl AdmittedHeaders {
             return false;
         };
         let template = cells[usize::from(said.strict)].iter().find_map(|cell| {
-            cell.get_or_init(|| self.template(headers, values, pool, said))
-                .as_ref()
+            cell.get_or_init(|| self.template(headers, values, pool, said).map(Box::new))
+                .as_deref()
                 .filter(|t| t.fits(headers, said))
         });
         let Some(template) = template else {
