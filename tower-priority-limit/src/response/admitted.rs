@@ -81,7 +81,7 @@ fn kind(slot: usize) -> Kind {
 }
 
 /// What one admission's headers say: which slots it has and, for count and reset slots, their
-/// numbers. The rule of docs/behaviour.md ("Headers"): the OpenAI-style
+/// numbers. The rule of docs/behaviour.md ("Headers on admitted responses"): the OpenAI-style
 /// `x-ratelimit-{limit,remaining,reset}-*` describe the caller's effective limit, the model-wide
 /// capacity in generous mode and its pool's (bounded by what the model has left) in strict mode.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -176,14 +176,18 @@ impl Said {
             text.push_decimal(self.numbers[slot]);
             spans[slot] = (start as u8, text.len as u8);
         }
-        Numbers {
-            text: Bytes::from_owner(text),
-            spans,
-        }
+        // A model without limits has no counts: nothing to allocate.
+        let text = if text.len == 0 {
+            Bytes::new()
+        } else {
+            Bytes::from_owner(text)
+        };
+        Numbers { text, spans }
     }
 }
 
-/// Room for the decimal text of every count slot.
+/// Room for the decimal text of every count slot: two dimensions, three counts each, at most 20
+/// digits a count.
 const COUNT_TEXT: usize = 2 * 3 * 20;
 
 /// The decimal text of one response's counts, shared by their header values: one allocation for
