@@ -11,7 +11,8 @@
 //! inserted, with the same result: the service's headers first, then these, any of the service's
 //! with one of these names replaced.
 
-use std::sync::OnceLock;
+use std::collections::BTreeSet;
+use std::sync::{Mutex, OnceLock};
 
 use bytes::Bytes;
 use http::header::{HeaderName, HeaderValue};
@@ -252,6 +253,33 @@ static RESET_SECONDS: [&str; 61] = [
     "54s", "55s", "56s", "57s", "58s", "59s", "60s",
 ];
 
+/// `value` as one that lives as long as the process, when it is visible ASCII: cloning and
+/// dropping it then costs no reference count, and every response clones the fixed values (a
+/// config's limits and labels). Each distinct text is kept once, so reloading a config keeps
+/// nothing more unless its limits or labels are new.
+fn lasting(value: HeaderValue) -> HeaderValue {
+    static KEPT: Mutex<BTreeSet<&'static str>> = Mutex::new(BTreeSet::new());
+    let Ok(text) = value.to_str() else {
+        return value;
+    };
+    if !text
+        .bytes()
+        .all(|b| b == b'\t' || (b' '..0x7f).contains(&b))
+    {
+        return value;
+    }
+    let mut kept = KEPT.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let text = match kept.get(text) {
+        Some(&text) => text,
+        None => {
+            let text: &'static str = Box::leak(text.into());
+            kept.insert(text);
+            text
+        }
+    };
+    HeaderValue::from_static(text)
+}
+
 /// The rate-limit headers of a config's admitted responses: every fixed value formatted once when
 /// the limiter is built, and templates, each built by the first response of its kind.
 #[derive(Debug)]
@@ -308,11 +336,11 @@ impl Template {
 impl AdmittedHeaders {
     /// Formats every limit and label of `config`.
     pub(crate) fn new(config: &LimiterConfig) -> Self {
-        let value = |n: Option<u64>| n.map(HeaderValue::from);
+        let value = |n: Option<u64>| n.map(|n| lasting(HeaderValue::from(n)));
         let mut labels: Vec<HeaderValue> = config
             .priorities()
             .iter()
-            .map(|l| priority_value(Some(l)))
+            .map(|l| lasting(priority_value(Some(l))))
             .collect();
         labels.push(priority_value(None));
         let models = config
@@ -648,6 +676,17 @@ mod tests {
                 prop_assert_eq!(seen(&written), seen(&inserted));
             }
         }
+    }
+
+    #[test]
+    fn fixed_values_last_once_per_text() {
+        let a = lasting(HeaderValue::from(1_000_u64));
+        let b = lasting(HeaderValue::from(1_000_u64));
+        assert_eq!(a, "1000");
+        assert_eq!(a.as_bytes().as_ptr(), b.as_bytes().as_ptr(), "kept once");
+        // A UTF-8 label is a valid value but not a static one: it stays as it is.
+        let label = priority_value(Some("équipe"));
+        assert_eq!(lasting(label.clone()), label);
     }
 
     #[test]
