@@ -300,10 +300,9 @@ struct ModelHeaders {
 }
 
 /// The templates of one model, priority and mode: for the first [`KINDS`] sets of the service's
-/// header names seen (e.g. a JSON answer's and a stream's); `None` where the first response of a
-/// kind could not make one. Boxed: a config of many models and priorities pays 16 bytes a cell
-/// until its responses come.
-type Templates = [OnceLock<Option<Box<Template>>>; KINDS];
+/// header names seen that can make one (e.g. a JSON answer's and a stream's). Boxed: a config of
+/// many models and priorities pays 16 bytes a cell until its responses come.
+type Templates = [OnceLock<Box<Template>>; KINDS];
 
 /// Templates per model, priority and mode: one per set of the service's header names.
 const KINDS: usize = 2;
@@ -414,7 +413,7 @@ impl AdmittedHeaders {
 
     /// Replaces `headers` with a clone of the template for them and `said`, their values moved in
     /// and `said`'s numbers set: no header name is hashed. `false`, and `headers` untouched, when
-    /// no template fits (and none is left to build).
+    /// no template fits and none is left to build or they cannot make one.
     fn write_from_template(
         &self,
         headers: &mut HeaderMap,
@@ -426,9 +425,16 @@ impl AdmittedHeaders {
             return false;
         };
         let template = cells[usize::from(said.strict)].iter().find_map(|cell| {
-            cell.get_or_init(|| self.template(headers, values, pool, said).map(Box::new))
-                .as_deref()
-                .filter(|t| t.fits(headers, said))
+            match cell.get() {
+                Some(template) => Some(template),
+                // A response that cannot make a template takes no cell: an odd first response
+                // must not keep the usual ones from theirs.
+                None => {
+                    let built = self.template(headers, values, pool, said)?;
+                    Some(cell.get_or_init(|| Box::new(built)))
+                }
+            }
+            .filter(|t| t.fits(headers, said))
         });
         let Some(template) = template else {
             return false;
@@ -687,6 +693,49 @@ mod tests {
         // A UTF-8 label is a valid value but not a static one: it stays as it is.
         let label = priority_value(Some("équipe"));
         assert_eq!(lasting(label.clone()), label);
+    }
+
+    #[test]
+    fn a_response_that_cannot_make_a_template_takes_no_cell() {
+        let config = config(Some(100), Some(10_000), false).unwrap();
+        let headers = AdmittedHeaders::new(&config);
+        let (model, pool) = (ModelId(0), PoolRef::Default);
+        let a = Admitted {
+            saturation: 0.1,
+            strict: false,
+            model: Usage {
+                requests: 1,
+                tokens: 10,
+            },
+            pool: None,
+            model_resets_in: 1_000,
+            pool_resets_in: 1_000,
+            reserved: 0,
+            model_window: 0,
+            pool_window: 0,
+            shadow: None,
+        };
+        let said = Said::of(config.model(model), pool, &a);
+        let values = &headers.models[0];
+        let odd = |name: &'static str| {
+            let mut h = HeaderMap::new();
+            h.append(name, HeaderValue::from_static("a"));
+            h.append(name, HeaderValue::from_static("b"));
+            h
+        };
+        // Two odd responses first (a repeated name): neither takes a cell.
+        for name in ["set-cookie", "x-ratelimit-limit-requests"] {
+            let mut service = odd(name);
+            assert!(!headers.write_from_template(&mut service, values, pool, &said));
+        }
+        // So both cells are left for the usual kinds.
+        for name in ["content-type", "cache-control"] {
+            let mut service = HeaderMap::new();
+            service.insert(name, HeaderValue::from_static("x"));
+            assert!(headers.write_from_template(&mut service, values, pool, &said));
+            assert_eq!(service[name], "x");
+            assert_eq!(service["x-ratelimit-remaining-requests"], "99");
+        }
     }
 
     #[test]
