@@ -259,15 +259,10 @@ static RESET_SECONDS: [&str; 61] = [
 /// nothing more unless its limits or labels are new.
 fn lasting(value: HeaderValue) -> HeaderValue {
     static KEPT: Mutex<BTreeSet<&'static str>> = Mutex::new(BTreeSet::new());
+    // `to_str` answers only for visible ASCII, which is what `from_static` takes.
     let Ok(text) = value.to_str() else {
         return value;
     };
-    if !text
-        .bytes()
-        .all(|b| b == b'\t' || (b' '..0x7f).contains(&b))
-    {
-        return value;
-    }
     let mut kept = KEPT.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
     let text = match kept.get(text) {
         Some(&text) => text,
@@ -466,10 +461,12 @@ impl AdmittedHeaders {
         pool: PoolRef,
         said: &Said,
     ) -> Option<Template> {
-        let service: Box<[HeaderName]> = headers.keys().cloned().collect();
-        if headers.len() != service.len() || SLOT_NAMES.iter().any(|n| headers.contains_key(n)) {
+        // Checked before anything is built: while a cell is free, every response no template fits
+        // comes here. Names are compared, not hashed.
+        if headers.len() != headers.keys_len() || headers.keys().any(|k| SLOT_NAMES.contains(k)) {
             return None;
         }
+        let service: Box<[HeaderName]> = headers.keys().cloned().collect();
         let mut map = HeaderMap::with_capacity(service.len() + said.count());
         for name in service.iter() {
             map.insert(name.clone(), HeaderValue::from_static(""));

@@ -17,8 +17,8 @@ use crate::throttle::LogThrottle;
 
 pub(crate) use admitted::AdmittedHeaders;
 pub(crate) use headers::{explain_refusal, insert_queued_header, priority_value};
-// Public with `gateway-helpers`; the crate itself uses a few.
-#[allow(unused_imports)]
+// Public with `gateway-helpers`; without it the crate itself uses only a few.
+#[cfg_attr(not(feature = "gateway-helpers"), allow(unused_imports))]
 pub use headers::{
     RATE_LIMIT_TYPE, X_LITELLM_PRIORITY, X_LITELLM_SATURATION, X_POOL_RESERVED_REQUESTS,
     X_POOL_RESERVED_TOKENS, X_POOL_USED_REQUESTS, X_POOL_USED_TOKENS, X_PRIORITY_LIMIT_MAX_WAIT,
