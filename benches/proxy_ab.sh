@@ -7,11 +7,11 @@
 #   BASELINE_BIN=path/to/gateway-example benches/proxy_ab.sh [stream: false|true] [requests] [rounds]
 #
 # The builds are this tree's release `gateway-example` ("new"; NEW_BIN=path for another, e.g. the
-# baseline again, to see the harness's own spread) and BASELINE_BIN ("base"), both
-# with the setup of benches/proxy.sh (limiter on, every rate-limit header), both pinned with the
-# upstream to CPU $PROXY_CPU (default 1), oha on CPU $OHA_CPU (default 0), 64 connections. Each
-# round loads base then new (new then base in even rounds) with N requests (default 60000 non-streamed, 6000 streamed) and
-# reads each process's user and kernel CPU time (/proc/PID/stat) around its load. Prints the
+# baseline again, to see the harness's own spread) and BASELINE_BIN ("base"), both with the setup
+# of benches/proxy.sh (limiter on, every rate-limit header), both pinned with the upstream to CPU
+# $PROXY_CPU (default 1), oha on CPU $OHA_CPU (default 0), 64 connections. Each round loads base
+# then new (new then base in even rounds) with N requests (default 60000 non-streamed, 6000
+# streamed) and reads each process's user and kernel CPU time (/proc/PID/stat) around its load. Prints the
 # per-round figures, then medians and the new / base ratio. PROMPT_BYTES=N makes the user message
 # N bytes of words (default: "hi"); PROVIDER_HEADERS=1 has the mock send the other headers OpenAI
 # sends on an answer.
