@@ -10,6 +10,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
@@ -43,9 +44,10 @@ pin_project! {
         first: Option<Frame<Bytes>>,
         idle: Duration,
         // Never later than `wait_began + idle`: re-armed only when it fires early, so a frame
-        // costs no timer-wheel update.
+        // costs no timer-wheel update. Made at the first wait, as `ending` is: a body read in
+        // one go reads no clock and makes no timer entry.
         #[pin]
-        timer: Sleep,
+        timer: Option<Sleep>,
         streams_end: StreamsEnd,
         // Made at the first wait: a body read in one go needs no watch of its own.
         ending: Option<Pin<Box<dyn Future<Output = ()> + Send>>>,
@@ -55,11 +57,10 @@ pin_project! {
         sse: bool,
         // Waiting for `inner` since `wait_began` (the timer runs from when the wait began, so
         // time the client took to read the previous chunk does not count as the upstream's
-        // silence).
-        waiting: bool,
-        wait_began: Instant,
+        // silence); `None` while not waiting.
+        wait_began: Option<Instant>,
         ended: bool,
-        model: String,
+        model: Arc<str>,
     }
 }
 
@@ -83,22 +84,20 @@ impl<B> IdleBody<B> {
         idle: Duration,
         streams_end: StreamsEnd,
         sse: bool,
-        model: &str,
+        model: Arc<str>,
     ) -> Self {
         Self {
             inner,
             first,
             idle,
-            // Re-armed when it fires before a wait has lasted `idle`.
-            timer: tokio::time::sleep(idle),
+            timer: None,
             streams_end,
             ending: None,
             ending_waker: None,
             sse,
-            waiting: false,
-            wait_began: Instant::now(),
+            wait_began: None,
             ended: false,
-            model: model.to_owned(),
+            model,
         }
     }
 }
@@ -153,7 +152,7 @@ where
         // watch or the timer; they are looked at only while it has nothing.
         match this.inner.poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {
-                *this.waiting = false;
+                *this.wait_began = None;
                 return Poll::Ready(Some(Ok(frame)));
             }
             Poll::Ready(Some(Err(e))) => {
@@ -180,20 +179,21 @@ where
         let why = if shutdown {
             Ending::Shutdown
         } else {
-            if !*this.waiting {
-                *this.waiting = true;
-                *this.wait_began = Instant::now();
-            }
-            let deadline = *this.wait_began + *this.idle;
+            let deadline = *this.wait_began.get_or_insert_with(Instant::now) + *this.idle;
             loop {
-                if this.timer.as_mut().poll(cx).is_pending() {
-                    return Poll::Pending;
+                match this.timer.as_mut().as_pin_mut() {
+                    None => this.timer.set(Some(tokio::time::sleep_until(deadline))),
+                    Some(mut timer) => {
+                        if timer.as_mut().poll(cx).is_pending() {
+                            return Poll::Pending;
+                        }
+                        // Fired for an earlier wait: armed again for this one.
+                        if Instant::now() >= deadline {
+                            break Ending::Idle;
+                        }
+                        timer.reset(deadline);
+                    }
                 }
-                // Fired for an earlier wait: armed again for this one.
-                if Instant::now() >= deadline {
-                    break Ending::Idle;
-                }
-                this.timer.as_mut().reset(deadline);
             }
         };
         *this.ended = true;
@@ -258,7 +258,7 @@ mod tests {
             Duration::from_secs(5),
             end,
             true,
-            "m",
+            "m".into(),
         );
         let bytes = body.collect().await.unwrap().to_bytes();
         let text = std::str::from_utf8(&bytes).unwrap();
@@ -280,7 +280,7 @@ mod tests {
             Duration::from_secs(5),
             end,
             false,
-            "m",
+            "m".into(),
         );
         assert!(body.collect().await.is_err());
     }
@@ -294,7 +294,7 @@ mod tests {
             Duration::from_secs(3600),
             end,
             true,
-            "m",
+            "m".into(),
         ));
         let first = body.frame().await.unwrap().unwrap();
         assert_eq!(first.into_data().unwrap(), "data: 1\n\n");
@@ -329,7 +329,7 @@ mod tests {
             Duration::from_secs(5),
             end,
             true,
-            "m",
+            "m".into(),
         ));
         assert_eq!(
             body.frame().await.unwrap().unwrap().into_data().unwrap(),
@@ -361,7 +361,7 @@ mod tests {
             Duration::from_secs(5),
             end,
             true,
-            "m",
+            "m".into(),
         );
         let bytes = body.collect().await.unwrap().to_bytes();
         assert!(!std::str::from_utf8(&bytes).unwrap().contains("error"));

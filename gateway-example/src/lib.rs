@@ -11,7 +11,8 @@
 //!
 //! Modules import downward only, each from those before it:
 //!
-//! `endpoint` (the endpoints and the formats deployments speak) ← `error`, `logging`, `signal`,
+//! `endpoint` (the endpoints and the formats deployments speak), `deadline` (time bounds that
+//! cost nothing until their future waits) ← `error`, `logging`, `signal`,
 //! `store`, `mock` (mock answers in every format) ← `strip`,
 //! `mock_upstream` ← `config` ← `keys` ← `chat` (request types) ← `idle` (ending silent
 //! upstream bodies) ← `upstream` (real and mock deployments) ← `routing` (router, health, attempts, admission, serve) ← `metrics`
@@ -24,6 +25,7 @@
 pub mod api;
 pub mod chat;
 pub mod config;
+pub mod deadline;
 pub mod endpoint;
 pub mod error;
 mod gateway;

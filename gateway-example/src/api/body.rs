@@ -15,7 +15,8 @@ pub async fn read_bounded(
     request: Request,
 ) -> Result<(http::request::Parts, bytes::Bytes), ApiError> {
     let timeout = gw.config().request_body_timeout;
-    tokio::time::timeout(timeout, read_body(request, gw.config().max_request_bytes))
+    // Bounded from the first wait: a body that came with its head arms no timer.
+    crate::deadline::within(timeout, read_body(request, gw.config().max_request_bytes))
         .await
         .map_err(|_| {
             ApiError::new(

@@ -13,7 +13,8 @@
 //! for `stream_timeout` (a stream) or `timeout` (any other body): see [`crate::idle`].
 
 use std::borrow::Cow;
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
 use axum::body::Body;
 use axum::response::Response;
@@ -49,6 +50,9 @@ struct Prepared {
     routes: Vec<Result<Route, String>>,
     /// `Authorization: Bearer …` or `x-api-key: …`, marked sensitive.
     key: Option<(HeaderName, HeaderValue)>,
+    /// The deployment's group, for the messages of the bodies it answers (shared, not copied
+    /// into each).
+    model_name: Arc<str>,
 }
 
 impl std::fmt::Debug for Prepared {
@@ -89,6 +93,7 @@ impl Prepared {
             Some((name, value))
         });
         Some(Self {
+            model_name: deployment.model_name.as_str().into(),
             id: deployment.id.clone(),
             api: *api,
             routes,
@@ -104,6 +109,8 @@ pub const ANTHROPIC_VERSION: &str = "2023-06-01";
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Error bodies from upstreams are read up to this size.
 const MAX_ERROR_BODY: usize = 1024 * 1024;
+/// The deadline of a time too long to add to now: about 30 years, as tokio's timeouts take it.
+const FAR_FUTURE: Duration = Duration::from_secs(86_400 * 365 * 30);
 
 /// Why an upstream call did not produce a response to pass on, with what the router needs to
 /// decide on a retry and on the deployment's health.
@@ -413,7 +420,8 @@ impl Upstream {
         chat: &ChatRequest,
         time: Duration,
     ) -> Result<Response, UpstreamFailure> {
-        let started = Instant::now();
+        // The attempt's bounds all run from here: one clock read for them.
+        let started = tokio::time::Instant::now();
         // Made now when the client was made without this deployment.
         let made;
         let prepared = match self
@@ -463,8 +471,15 @@ impl Upstream {
             }
         }
 
-        let sent =
-            tokio::time::timeout(time, self.client.send_keeping(route, request, read_here)).await;
+        // As `tokio::time::timeout` does, a time too long to add is as good as none.
+        let deadline = started
+            .checked_add(time)
+            .unwrap_or_else(|| started + FAR_FUTURE);
+        let sent = tokio::time::timeout_at(
+            deadline,
+            self.client.send_keeping(route, request, read_here),
+        )
+        .await;
         let response = match sent {
             Err(_) => return Err(Self::timed_out(deployment, time)),
             Ok(Err(e)) => {
@@ -517,8 +532,18 @@ impl Upstream {
         };
         // The first bytes are waited for here, before anything goes to the client, so an
         // upstream that sends a head and then nothing is a failure that can be retried.
-        let left = time.saturating_sub(started.elapsed());
-        let first = match tokio::time::timeout(left.min(idle), body.frame()).await {
+        // What is left of the attempt's time, worked out only if the first bytes are not there
+        // yet (they usually came with the head).
+        let mut left = time;
+        let first = crate::deadline::within_lazily(
+            || {
+                left = time.saturating_sub(started.elapsed());
+                left.min(idle)
+            },
+            body.frame(),
+        )
+        .await;
+        let first = match first {
             Ok(Some(Ok(frame))) => Some(frame),
             Ok(None) => None,
             Ok(Some(Err(e))) => {
@@ -556,7 +581,7 @@ impl Upstream {
             idle,
             self.streams_end.clone(),
             sse,
-            &deployment.model_name,
+            prepared.model_name.clone(),
         );
         let mut out = Response::new(Body::new(body));
         *out.status_mut() = parts.status;
