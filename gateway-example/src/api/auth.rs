@@ -19,7 +19,7 @@ use tower_priority_limit::priority::Priority;
 use crate::api::keys::store_error;
 use crate::error::ApiError;
 use crate::gateway::Gateway;
-use crate::keys::{hash_key, hashes_match, KeyRecord};
+use crate::keys::{hashes_match, key_hash, KeyRecord};
 
 /// The authenticated caller, as a request extension.
 #[derive(Debug, Clone)]
@@ -58,11 +58,12 @@ pub(crate) async fn identify(
             ))
         }
     };
-    let token = hash_key(key);
-    if hashes_match(&token, master_hash) {
+    let token = key_hash(key);
+    let token = token.as_str();
+    if hashes_match(token, master_hash) {
         return Ok((Caller::Master, None));
     }
-    match gw.keys().resolve_token(&token).await.map_err(store_error)? {
+    match gw.keys().resolve_token(token).await.map_err(store_error)? {
         Some(resolved) => Ok((Caller::Key(resolved.key), resolved.priority)),
         None => Err(ApiError::unauthorized(
             "Authentication Error, Invalid proxy server token passed.",

@@ -150,20 +150,48 @@ fn now_secs() -> u64 {
         .unwrap_or(0)
 }
 
-/// Lower-case hex of `bytes` into `out` (runs on every request: no formatting machinery).
+const HEX_DIGITS: &[u8; 16] = b"0123456789abcdef";
+
+/// Lower-case hex of `bytes` into `out` (no formatting machinery).
 fn push_hex(out: &mut String, bytes: &[u8]) {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
     for &b in bytes {
-        out.push(DIGITS[(b >> 4) as usize] as char);
-        out.push(DIGITS[(b & 0xf) as usize] as char);
+        out.push(HEX_DIGITS[(b >> 4) as usize] as char);
+        out.push(HEX_DIGITS[(b & 0xf) as usize] as char);
     }
 }
 
 /// SHA-256 of `key`, hex.
 pub fn hash_key(key: &str) -> String {
-    let mut out = String::with_capacity(64);
-    push_hex(&mut out, &Sha256::digest(key.as_bytes()));
-    out
+    key_hash(key).as_str().to_owned()
+}
+
+/// [`hash_key`] on the stack: every request hashes its key, to look it up and drop the hash.
+pub fn key_hash(key: &str) -> KeyHash {
+    let digest = Sha256::digest(key.as_bytes());
+    let mut hex = [0u8; 64];
+    for (pair, &b) in hex.chunks_exact_mut(2).zip(digest.iter()) {
+        pair[0] = HEX_DIGITS[(b >> 4) as usize];
+        pair[1] = HEX_DIGITS[(b & 0xf) as usize];
+    }
+    KeyHash(hex)
+}
+
+/// A key's SHA-256 in lower-case hex ([`key_hash`]).
+#[derive(Clone, Copy)]
+pub struct KeyHash([u8; 64]);
+
+impl KeyHash {
+    /// The hex text.
+    pub fn as_str(&self) -> &str {
+        // Only hex digits are ever written: the fallback cannot be taken.
+        std::str::from_utf8(&self.0).unwrap_or_default()
+    }
+}
+
+impl std::fmt::Debug for KeyHash {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("KeyHash(..)")
+    }
 }
 
 /// `sk-` followed by 48 hex characters (24 bytes) from the OS's random source.
@@ -339,7 +367,7 @@ impl KeyStore {
     /// Resolves a presented key (generated keys only; the master key is checked by the caller).
     /// `Ok(None)`: no such key. `Err`: the store could not say (see the module docs).
     pub async fn resolve(&self, key: &str) -> Result<Option<Resolved>, KeyStoreError> {
-        self.resolve_token(&hash_key(key)).await
+        self.resolve_token(key_hash(key).as_str()).await
     }
 
     /// [`resolve`](Self::resolve) by the key's [`hash_key`], for a caller that hashed it already
@@ -419,6 +447,14 @@ mod tests {
             .as_object()
             .cloned()
             .unwrap_or_default()
+    }
+
+    #[test]
+    fn a_key_hash_is_its_sha256_in_lower_case_hex() {
+        // FIPS 180-2's example for "abc".
+        let abc = "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad";
+        assert_eq!(key_hash("abc").as_str(), abc);
+        assert_eq!(hash_key("abc"), abc);
     }
 
     #[test]
