@@ -2,6 +2,7 @@
 //! without building it: a body is mostly its messages, which only the upstream reads (as the
 //! client's bytes; see [`crate::upstream::upstream_bytes`]).
 
+use std::borrow::Cow;
 use std::fmt;
 
 use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
@@ -19,12 +20,34 @@ pub enum Shape {
     Other,
 }
 
+/// A member read for its string, borrowed from the body unless it has escapes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Text<'a> {
+    /// A string.
+    String(Cow<'a, str>),
+    /// `null`.
+    Null,
+    /// Anything else (skipped).
+    Other,
+}
+
+impl<'a> Text<'a> {
+    /// What `value` is, as a [`Text`].
+    pub fn of(value: &'a Value) -> Self {
+        match value {
+            Value::String(s) => Text::String(Cow::Borrowed(s)),
+            Value::Null => Text::Null,
+            _ => Text::Other,
+        }
+    }
+}
+
 /// The members the gateway reads. A member given twice counts as its last value, as in a parsed
 /// JSON object.
 #[derive(Debug, Default)]
-pub struct Fields {
-    /// `model`.
-    pub model: Option<Value>,
+pub struct Fields<'a> {
+    /// `model` (read without copying: it is only looked up).
+    pub model: Option<Text<'a>>,
     /// `stream`.
     pub stream: Option<Value>,
     /// `stream_options`.
@@ -37,10 +60,10 @@ pub struct Fields {
     pub output_limits: OutputLimits,
 }
 
-impl Fields {
+impl<'a> Fields<'a> {
     /// Reads `body`, whose member `required` (if any) is looked at for its [`Shape`]: `Ok(None)`
     /// when it is JSON but not an object; the parser's error when it is not JSON.
-    pub fn read(body: &[u8], required: Option<&str>) -> Result<Option<Self>, serde_json::Error> {
+    pub fn read(body: &'a [u8], required: Option<&str>) -> Result<Option<Self>, serde_json::Error> {
         let mut parser = serde_json::Deserializer::from_slice(body);
         let fields = Body {
             required,
@@ -55,7 +78,7 @@ impl Fields {
     /// ([`prompt_tokens`](tower_priority_limit::estimate::prompt_tokens)) in one pass over
     /// `body`, for an object body whose members both read without error; `None` for any other
     /// body (then the two, each on its own, give the error or the fallback).
-    pub fn read_with_prompt(body: &[u8], required: Option<&str>) -> Option<(Self, u64)> {
+    pub fn read_with_prompt(body: &'a [u8], required: Option<&str>) -> Option<(Self, u64)> {
         let mut prompt = PromptMembers::new();
         let mut parser = serde_json::Deserializer::from_slice(body);
         let fields = Body {
@@ -84,7 +107,7 @@ struct Body<'a> {
 }
 
 impl<'de> DeserializeSeed<'de> for Body<'_> {
-    type Value = Option<Fields>;
+    type Value = Option<Fields<'de>>;
 
     fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
         d.deserialize_any(self)
@@ -92,7 +115,7 @@ impl<'de> DeserializeSeed<'de> for Body<'_> {
 }
 
 impl<'de> Visitor<'de> for Body<'_> {
-    type Value = Option<Fields>;
+    type Value = Option<Fields<'de>>;
 
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("a JSON value")
@@ -107,7 +130,7 @@ impl<'de> Visitor<'de> for Body<'_> {
         };
         while let Some(key) = map.next_key_seed(name)? {
             match (key, prompt.as_deref_mut()) {
-                (Key::Model, _) => fields.model = Some(map.next_value()?),
+                (Key::Model, _) => fields.model = Some(map.next_value_seed(TextOf)?),
                 (Key::Stream, _) => fields.stream = Some(map.next_value()?),
                 (Key::StreamOptions, _) => fields.stream_options = Some(map.next_value()?),
                 (Key::Required(Some(member)), Some(prompt)) => {
@@ -203,6 +226,53 @@ impl<'de> Visitor<'de> for Name<'_> {
                 None => member().map_or(Key::Other, Key::Prompt),
             },
         })
+    }
+}
+
+/// A value as a [`Text`]: a string borrowed where it can be, anything else skipped.
+struct TextOf;
+
+impl<'de> DeserializeSeed<'de> for TextOf {
+    type Value = Text<'de>;
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Text<'de>, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for TextOf {
+    type Value = Text<'de>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a JSON value")
+    }
+
+    fn visit_borrowed_str<E: de::Error>(self, s: &'de str) -> Result<Text<'de>, E> {
+        Ok(Text::String(Cow::Borrowed(s)))
+    }
+    fn visit_str<E: de::Error>(self, s: &str) -> Result<Text<'de>, E> {
+        Ok(Text::String(Cow::Owned(s.to_owned())))
+    }
+    fn visit_unit<E: de::Error>(self) -> Result<Text<'de>, E> {
+        Ok(Text::Null)
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Text<'de>, A::Error> {
+        ShapeOf.visit_seq(seq).map(|_| Text::Other)
+    }
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Text<'de>, A::Error> {
+        ShapeOf.visit_map(map).map(|_| Text::Other)
+    }
+    fn visit_bool<E: de::Error>(self, _: bool) -> Result<Text<'de>, E> {
+        Ok(Text::Other)
+    }
+    fn visit_i64<E: de::Error>(self, _: i64) -> Result<Text<'de>, E> {
+        Ok(Text::Other)
+    }
+    fn visit_u64<E: de::Error>(self, _: u64) -> Result<Text<'de>, E> {
+        Ok(Text::Other)
+    }
+    fn visit_f64<E: de::Error>(self, _: f64) -> Result<Text<'de>, E> {
+        Ok(Text::Other)
     }
 }
 
@@ -343,7 +413,7 @@ impl<'de, V: Visitor<'de>> Visitor<'de> for Noting<'_, V> {
 
 #[cfg(test)]
 mod tests {
-    use super::{Fields, Shape};
+    use super::{Fields, Shape, Text};
     use crate::endpoint::Endpoint;
     use proptest::prelude::*;
     use serde_json::Value;
@@ -466,7 +536,7 @@ mod tests {
             for endpoint in Endpoint::ALL {
                 let required = endpoint.required_field().map(|(f, _)| f);
                 let fields = Fields::read(raw.as_bytes(), required).unwrap().unwrap();
-                assert_eq!(fields.model.as_ref(), value.get("model"), "{raw}");
+                assert_eq!(fields.model, value.get("model").map(Text::of), "{raw}");
                 assert_eq!(fields.stream.as_ref(), value.get("stream"), "{raw}");
                 assert_eq!(
                     fields.stream_options.as_ref(),
