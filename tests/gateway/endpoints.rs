@@ -298,6 +298,11 @@ async fn anthropic_headers_are_passed_on() {
     assert_eq!(response.status(), 200);
     let last = up.last();
     assert_eq!(last.headers["anthropic-version"], "2024-01-01");
+    assert_eq!(
+        last.headers.get_all("anthropic-version").iter().count(),
+        1,
+        "the client's replaces the default"
+    );
     let betas: Vec<_> = last.headers.get_all("anthropic-beta").iter().collect();
     assert_eq!(betas, ["tools-2024-04-04", "prompt-caching-2024-07-31"]);
     // The deployment's key, once: the client's (the gateway's master key) never goes upstream.

@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use http::uri::{Authority, PathAndQuery, Scheme};
-use http::{HeaderValue, Method, Request, Response, Uri};
+use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, Uri};
 use http_body::{Body, Frame, SizeHint};
 use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder, MaybeHttpsStream};
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -36,7 +36,9 @@ use tokio::net::TcpStream;
 use tower::Service;
 
 pub use super::http1::{every_header, KeepHeader};
-use super::http1::{parse_head, write_request_head, Decoder, Gathered, Head, ProtocolError};
+use super::http1::{
+    parse_head, write_header_line, write_request_head, Decoder, Gathered, Head, ProtocolError,
+};
 
 /// How long a connection may sit idle before it is dropped rather than reused (servers close
 /// idle keep-alive connections after a minute or more; hyper-util's client also keeps them 90 s).
@@ -123,14 +125,15 @@ struct Key {
 }
 
 /// Where requests to one URL go, worked out once (the gateway keeps one per deployment and
-/// endpoint): the idle list of its connections, its `Host` header, its path in origin form, and
-/// the URL to connect to.
+/// endpoint): the idle list of its connections, its `Host` header, its path in origin form, the
+/// URL to connect to, and the header lines every request to it carries.
 #[derive(Debug, Clone)]
 pub struct Route {
     key: Key,
     host: HeaderValue,
     path: PathAndQuery,
     url: Uri,
+    headers: RouteHeaders,
     /// The idle list of `key` in the pool of the client this route is first sent through (the
     /// gateway has one client).
     idle: OnceLock<Arc<Idle>>,
@@ -161,8 +164,66 @@ impl Route {
             host,
             path,
             url,
+            headers: RouteHeaders::default(),
             idle: OnceLock::new(),
         })
+    }
+
+    /// This route with `headers` on every request sent through it, their lines written once
+    /// here rather than per request (a request's own header of the same name replaces one).
+    pub fn with_headers(mut self, headers: &HeaderMap) -> Self {
+        self.headers = RouteHeaders::new(headers);
+        self
+    }
+}
+
+/// A route's header lines, written out (`name: value\r\n` each), with each line's name and end.
+/// Its `Debug` shows only the names: a line may hold an upstream's key.
+#[derive(Clone, Default)]
+struct RouteHeaders {
+    text: Arc<[u8]>,
+    lines: Arc<[(HeaderName, usize)]>,
+}
+
+impl RouteHeaders {
+    fn new(headers: &HeaderMap) -> Self {
+        let mut text = Vec::new();
+        let mut lines = Vec::new();
+        for (name, value) in headers {
+            // The body's length is the request's own (see `write_request_head`).
+            if name == http::header::CONTENT_LENGTH || name == http::header::TRANSFER_ENCODING {
+                continue;
+            }
+            write_header_line(&mut text, name, value);
+            lines.push((name.clone(), text.len()));
+        }
+        Self {
+            text: text.into(),
+            lines: lines.into(),
+        }
+    }
+
+    /// Appends the lines to `out`, but those `request` has a header of the same name for.
+    fn write(&self, out: &mut Vec<u8>, request: &HeaderMap) {
+        if request.is_empty() {
+            out.extend_from_slice(&self.text);
+            return;
+        }
+        let mut start = 0;
+        for (name, end) in self.lines.iter() {
+            if !request.contains_key(name) {
+                out.extend_from_slice(&self.text[start..*end]);
+            }
+            start = *end;
+        }
+    }
+}
+
+impl std::fmt::Debug for RouteHeaders {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list()
+            .entries(self.lines.iter().map(|(name, _)| name))
+            .finish()
     }
 }
 
@@ -447,6 +508,7 @@ impl Client {
             &parts.method,
             route.path.as_str(),
             host,
+            |out| route.headers.write(out, &parts.headers),
             &parts.headers,
             body.len(),
         );
@@ -618,9 +680,9 @@ impl Body for UpstreamBody {
 
 #[cfg(test)]
 mod tests {
-    use super::{host_of, Client, Key, Route};
+    use super::{host_of, write_request_head, Client, Key, Route};
     use bytes::Bytes;
-    use http::Request;
+    use http::{HeaderMap, HeaderValue, Method, Request};
     use http_body_util::BodyExt;
     use std::sync::{Arc, Mutex};
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -909,6 +971,53 @@ mod tests {
         assert_eq!(
             get(&client, addr).await.unwrap_err(),
             "the response head is not valid HTTP/1.1"
+        );
+    }
+
+    /// A route's headers go on every request, once, in order; a request's header of the same
+    /// name replaces one; their values are not in the route's `Debug`.
+    #[test]
+    fn route_headers_are_written_unless_the_request_has_its_own() {
+        let mut fixed = HeaderMap::new();
+        fixed.insert("content-type", HeaderValue::from_static("application/json"));
+        fixed.insert("content-length", HeaderValue::from_static("5"));
+        fixed.insert("authorization", HeaderValue::from_static("Bearer secret"));
+        fixed.insert("anthropic-version", HeaderValue::from_static("2023-06-01"));
+        let route = Route::new("http://h/v1".parse().unwrap())
+            .unwrap()
+            .with_headers(&fixed);
+        let head = |request: &HeaderMap| {
+            let mut out = Vec::new();
+            write_request_head(
+                &mut out,
+                &Method::POST,
+                route.path.as_str(),
+                Some(&route.host),
+                |out| route.headers.write(out, request),
+                request,
+                2,
+            );
+            String::from_utf8(out).unwrap()
+        };
+        assert_eq!(
+            head(&HeaderMap::new()),
+            "POST /v1 HTTP/1.1\r\nhost: h\r\ncontent-type: application/json\r\n\
+             authorization: Bearer secret\r\nanthropic-version: 2023-06-01\r\n\
+             content-length: 2\r\n\r\n"
+        );
+        let mut own = HeaderMap::new();
+        own.insert("anthropic-version", HeaderValue::from_static("2024-01-01"));
+        own.append("anthropic-beta", HeaderValue::from_static("b"));
+        assert_eq!(
+            head(&own),
+            "POST /v1 HTTP/1.1\r\nhost: h\r\ncontent-type: application/json\r\n\
+             authorization: Bearer secret\r\nanthropic-version: 2024-01-01\r\n\
+             anthropic-beta: b\r\ncontent-length: 2\r\n\r\n"
+        );
+        let debug = format!("{route:?}");
+        assert!(
+            debug.contains("authorization") && !debug.contains("secret"),
+            "{debug}"
         );
     }
 

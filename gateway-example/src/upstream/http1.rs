@@ -68,13 +68,15 @@ impl std::fmt::Display for ProtocolError {
 impl std::error::Error for ProtocolError {}
 
 /// Appends the head of a request with a body of `body_len` bytes: `method path HTTP/1.1`, `host`
-/// if given, the headers as they are (lower-case names) and a `content-length` (one in `headers`,
-/// or a `transfer-encoding`, is left out: the body is sent whole).
+/// if given, what `route_headers` writes (lines worked out once for every request to a URL), the
+/// headers as they are (lower-case names) and a `content-length` (one in `headers`, or a
+/// `transfer-encoding`, is left out: the body is sent whole).
 pub(super) fn write_request_head(
     out: &mut Vec<u8>,
     method: &Method,
     path: &str,
     host: Option<&HeaderValue>,
+    route_headers: impl FnOnce(&mut Vec<u8>),
     headers: &HeaderMap,
     body_len: usize,
 ) {
@@ -83,22 +85,26 @@ pub(super) fn write_request_head(
     out.extend_from_slice(path.as_bytes());
     out.extend_from_slice(b" HTTP/1.1\r\n");
     if let Some(host) = host {
-        out.extend_from_slice(b"host: ");
-        out.extend_from_slice(host.as_bytes());
-        out.extend_from_slice(b"\r\n");
+        write_header_line(out, &http::header::HOST, host);
     }
+    route_headers(out);
     for (name, value) in headers {
         if name == CONTENT_LENGTH || name == TRANSFER_ENCODING {
             continue;
         }
-        out.extend_from_slice(name.as_str().as_bytes());
-        out.extend_from_slice(b": ");
-        out.extend_from_slice(value.as_bytes());
-        out.extend_from_slice(b"\r\n");
+        write_header_line(out, name, value);
     }
     out.extend_from_slice(b"content-length: ");
     out.extend_from_slice(itoa_usize(body_len, &mut [0u8; 20]));
     out.extend_from_slice(b"\r\n\r\n");
+}
+
+/// Appends `name: value\r\n`.
+pub(super) fn write_header_line(out: &mut Vec<u8>, name: &HeaderName, value: &HeaderValue) {
+    out.extend_from_slice(name.as_str().as_bytes());
+    out.extend_from_slice(b": ");
+    out.extend_from_slice(value.as_bytes());
+    out.extend_from_slice(b"\r\n");
 }
 
 /// `n` in decimal, written at the end of `buf`.
@@ -609,6 +615,7 @@ mod tests {
             &Method::POST,
             "/v1/chat/completions",
             None,
+            |_| {},
             &headers,
             1234,
         );
@@ -624,12 +631,13 @@ mod tests {
             &Method::GET,
             "/",
             Some(&host),
+            |out| out.extend_from_slice(b"x-route: r\r\n"),
             &HeaderMap::new(),
             0,
         );
         assert_eq!(
             out,
-            b"GET / HTTP/1.1\r\nhost: h\r\ncontent-length: 0\r\n\r\n"
+            b"GET / HTTP/1.1\r\nhost: h\r\nx-route: r\r\ncontent-length: 0\r\n\r\n"
         );
     }
 

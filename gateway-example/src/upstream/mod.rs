@@ -20,7 +20,7 @@ use axum::body::Body;
 use axum::response::Response;
 use bytes::Bytes;
 use http::header::{ACCEPT_ENCODING, AUTHORIZATION, CONTENT_TYPE};
-use http::{HeaderValue, Method, Request, StatusCode};
+use http::{HeaderMap, HeaderValue, Method, Request, StatusCode};
 use http_body_util::{BodyExt, Limited};
 use serde_json::Value;
 use tower_priority_limit::redact::redact_url;
@@ -48,8 +48,6 @@ struct Prepared {
     /// By the endpoint's position in [`Endpoint::ALL`](crate::endpoint::Endpoint::ALL); the URL
     /// (redacted) when it does not parse, for the error its requests get.
     routes: Vec<Result<Route, String>>,
-    /// `Authorization: Bearer …` or `x-api-key: …`, marked sensitive.
-    key: Option<(HeaderName, HeaderValue)>,
     /// The deployment's group, for the messages of the bodies it answers (shared, not copied
     /// into each).
     model_name: Arc<str>,
@@ -72,16 +70,11 @@ impl Prepared {
         else {
             return None;
         };
-        let routes = crate::endpoint::Endpoint::ALL
-            .iter()
-            .map(|&e| {
-                let url = upstream_url(api_base, *api, e);
-                url.parse()
-                    .ok()
-                    .and_then(|u| Route::new(u).ok())
-                    .ok_or_else(|| redact_url(&url))
-            })
-            .collect();
+        // What every request to the deployment carries, written once into each route.
+        let mut headers = HeaderMap::with_capacity(4);
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        // Compressed bytes could not be metered.
+        headers.insert(ACCEPT_ENCODING, HeaderValue::from_static("identity"));
         // Keys that cannot be a header value are refused when the config is loaded.
         let key = api_key.as_ref().and_then(|key| {
             let (name, value) = match api {
@@ -92,12 +85,31 @@ impl Prepared {
             value.set_sensitive(true);
             Some((name, value))
         });
+        if let Some((name, value)) = key {
+            headers.insert(name, value);
+        }
+        if *api == Api::Anthropic {
+            headers.insert(
+                HeaderName::from_static("anthropic-version"),
+                HeaderValue::from_static(ANTHROPIC_VERSION),
+            );
+        }
+        let routes = crate::endpoint::Endpoint::ALL
+            .iter()
+            .map(|&e| {
+                let url = upstream_url(api_base, *api, e);
+                url.parse()
+                    .ok()
+                    .and_then(|u| Route::new(u).ok())
+                    .map(|route| route.with_headers(&headers))
+                    .ok_or_else(|| redact_url(&url))
+            })
+            .collect();
         Some(Self {
             model_name: deployment.model_name.as_str().into(),
             id: deployment.id.clone(),
             api: *api,
             routes,
-            key,
         })
     }
 }
@@ -452,22 +464,12 @@ impl Upstream {
             .map_err(|e| UpstreamFailure::without_response(ApiError::internal(e)))?;
         let mut request = Request::new(body);
         *request.method_mut() = Method::POST;
-        let headers = request.headers_mut();
-        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-        // Compressed bytes could not be metered.
-        headers.insert(ACCEPT_ENCODING, HeaderValue::from_static("identity"));
-        if let Some((name, value)) = &prepared.key {
-            headers.insert(name.clone(), value.clone());
-        }
+        // The route carries the content type, encoding, key and default `anthropic-version`
+        // (see `Prepared::new`); a client's `anthropic-version` replaces the default.
         if prepared.api == Api::Anthropic {
+            let headers = request.headers_mut();
             for (name, value) in &chat.pass_on {
                 headers.append(name, value.clone());
-            }
-            if !chat.pass_on.contains_key("anthropic-version") {
-                headers.insert(
-                    HeaderName::from_static("anthropic-version"),
-                    HeaderValue::from_static(ANTHROPIC_VERSION),
-                );
             }
         }
 
