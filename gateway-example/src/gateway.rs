@@ -427,9 +427,12 @@ impl Gateway {
     /// Serves a validated chat request of priority `priority` (see [`routing::serve`]); the group
     /// limiter applies only when the config turns it on.
     pub async fn serve(&self, chat: &ChatRequest, priority: Option<&str>) -> Response {
-        let config = self.config.load();
-        let limiter = self.limiter.load();
-        let limiter = config.limiter_enabled.then_some(&**limiter);
+        // Held for the whole request, across its waits: as `Arc`s, not `arc_swap` guards. A
+        // thread has 8 fast guard slots; the guards of dozens of requests in flight took them all,
+        // and every load on the thread then went the slow way.
+        let config = self.config.load_full();
+        let limiter = self.limiter.load_full();
+        let limiter = config.limiter_enabled.then_some(&*limiter);
         let mut response = routing::serve(
             &self.router,
             &config.deployments,
