@@ -156,14 +156,8 @@ async fn validate(
         ))
         .param("model"));
     }
-    let stream =
-        endpoint.streams() && fields.stream.as_ref().and_then(Value::as_bool) == Some(true);
-    let include_usage = fields
-        .stream_options
-        .as_ref()
-        .and_then(|o| o.get("include_usage"))
-        .and_then(Value::as_bool)
-        == Some(true);
+    let stream = endpoint.streams() && fields.stream;
+    let include_usage = fields.include_usage;
     // Embeddings produce no output: a reservation is their prompt alone.
     let max_output_tokens = match endpoint {
         Endpoint::Embeddings => Some(0),

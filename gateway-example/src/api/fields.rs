@@ -48,10 +48,10 @@ impl<'a> Text<'a> {
 pub struct Fields<'a> {
     /// `model` (read without copying: it is only looked up).
     pub model: Option<Text<'a>>,
-    /// `stream`.
-    pub stream: Option<Value>,
-    /// `stream_options`.
-    pub stream_options: Option<Value>,
+    /// `stream` is `true`.
+    pub stream: bool,
+    /// `stream_options` is an object whose `include_usage` is `true`.
+    pub include_usage: bool,
     /// The endpoint's required member ([`Endpoint::required_field`]), if present.
     ///
     /// [`Endpoint::required_field`]: crate::endpoint::Endpoint::required_field
@@ -131,8 +131,10 @@ impl<'de> Visitor<'de> for Body<'_> {
         while let Some(key) = map.next_key_seed(name)? {
             match (key, prompt.as_deref_mut()) {
                 (Key::Model, _) => fields.model = Some(map.next_value_seed(TextOf)?),
-                (Key::Stream, _) => fields.stream = Some(map.next_value()?),
-                (Key::StreamOptions, _) => fields.stream_options = Some(map.next_value()?),
+                (Key::Stream, _) => fields.stream = map.next_value_seed(IsTrue)?,
+                (Key::StreamOptions, _) => {
+                    fields.include_usage = map.next_value_seed(IncludesUsage)?
+                }
                 (Key::Required(Some(member)), Some(prompt)) => {
                     let mut shape = None;
                     map.next_value_seed(Noting {
@@ -273,6 +275,127 @@ impl<'de> Visitor<'de> for TextOf {
     }
     fn visit_f64<E: de::Error>(self, _: f64) -> Result<Text<'de>, E> {
         Ok(Text::Other)
+    }
+}
+
+/// Whether a value is `true`; anything else is skipped.
+struct IsTrue;
+
+impl<'de> DeserializeSeed<'de> for IsTrue {
+    type Value = bool;
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<bool, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for IsTrue {
+    type Value = bool;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a JSON value")
+    }
+
+    fn visit_bool<E: de::Error>(self, v: bool) -> Result<bool, E> {
+        Ok(v)
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<bool, A::Error> {
+        ShapeOf.visit_seq(seq).map(|_| false)
+    }
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<bool, A::Error> {
+        ShapeOf.visit_map(map).map(|_| false)
+    }
+    fn visit_unit<E: de::Error>(self) -> Result<bool, E> {
+        Ok(false)
+    }
+    fn visit_i64<E: de::Error>(self, _: i64) -> Result<bool, E> {
+        Ok(false)
+    }
+    fn visit_u64<E: de::Error>(self, _: u64) -> Result<bool, E> {
+        Ok(false)
+    }
+    fn visit_f64<E: de::Error>(self, _: f64) -> Result<bool, E> {
+        Ok(false)
+    }
+    fn visit_str<E: de::Error>(self, _: &str) -> Result<bool, E> {
+        Ok(false)
+    }
+}
+
+/// Whether a value is an object whose `include_usage` is `true` (its last, if given twice);
+/// anything else is skipped.
+struct IncludesUsage;
+
+impl<'de> DeserializeSeed<'de> for IncludesUsage {
+    type Value = bool;
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<bool, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for IncludesUsage {
+    type Value = bool;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a JSON value")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<bool, A::Error> {
+        let mut include = false;
+        while let Some(is_include_usage) = map.next_key_seed(NameIs("include_usage"))? {
+            if is_include_usage {
+                include = map.next_value_seed(IsTrue)?;
+            } else {
+                map.next_value::<IgnoredAny>()?;
+            }
+        }
+        Ok(include)
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<bool, A::Error> {
+        ShapeOf.visit_seq(seq).map(|_| false)
+    }
+    fn visit_unit<E: de::Error>(self) -> Result<bool, E> {
+        Ok(false)
+    }
+    fn visit_bool<E: de::Error>(self, _: bool) -> Result<bool, E> {
+        Ok(false)
+    }
+    fn visit_i64<E: de::Error>(self, _: i64) -> Result<bool, E> {
+        Ok(false)
+    }
+    fn visit_u64<E: de::Error>(self, _: u64) -> Result<bool, E> {
+        Ok(false)
+    }
+    fn visit_f64<E: de::Error>(self, _: f64) -> Result<bool, E> {
+        Ok(false)
+    }
+    fn visit_str<E: de::Error>(self, _: &str) -> Result<bool, E> {
+        Ok(false)
+    }
+}
+
+/// Whether a member's name is this one (escaped or not), without copying it.
+#[derive(Clone, Copy)]
+struct NameIs(&'static str);
+
+impl<'de> DeserializeSeed<'de> for NameIs {
+    type Value = bool;
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<bool, D::Error> {
+        d.deserialize_str(self)
+    }
+}
+
+impl<'de> Visitor<'de> for NameIs {
+    type Value = bool;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a member name")
+    }
+
+    fn visit_str<E: de::Error>(self, name: &str) -> Result<bool, E> {
+        Ok(name == self.0)
     }
 }
 
@@ -433,7 +556,7 @@ mod tests {
             let text = String::from_utf8_lossy(raw);
             assert_eq!(both.model, alone.model, "{text}");
             assert_eq!(both.stream, alone.stream, "{text}");
-            assert_eq!(both.stream_options, alone.stream_options, "{text}");
+            assert_eq!(both.include_usage, alone.include_usage, "{text}");
             assert_eq!(both.required, alone.required, "{text} {endpoint:?}");
             assert_eq!(both.output_limit(), alone.output_limit(), "{text}");
             assert_eq!(tokens, prompt_tokens(raw), "{text}");
@@ -527,6 +650,9 @@ mod tests {
             r#"{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true}"#,
             r#"{"model":"a","model":"b","max_tokens":5,"max_tokens":"x","max_completion_tokens":7}"#,
             r#"{"mod\u0065l":"m","stream_options":{"include_usage":true},"messages":null}"#,
+            r#"{"model":"m","stream":true,"stream_options":{"include\u005fusage":true,"x":[{}]}}"#,
+            r#"{"model":"m","stream":[true],"stream_options":{"include_usage":true,"include_usage":0}}"#,
+            r#"{"model":"m","stream":true,"stream":false,"stream_options":[{"include_usage":true}]}"#,
             r#"{"model":3,"input":"text","prompt":["a"],"max_output_tokens":-1}"#,
             r#"{"model":"","messages":{"a":[1,{"b":null}]},"stream":"yes","temperature":0.5}"#,
             r#"{}"#,
@@ -537,10 +663,15 @@ mod tests {
                 let required = endpoint.required_field().map(|(f, _)| f);
                 let fields = Fields::read(raw.as_bytes(), required).unwrap().unwrap();
                 assert_eq!(fields.model, value.get("model").map(Text::of), "{raw}");
-                assert_eq!(fields.stream.as_ref(), value.get("stream"), "{raw}");
+                let is_true = |v: Option<&Value>| v.and_then(Value::as_bool) == Some(true);
+                assert_eq!(fields.stream, is_true(value.get("stream")), "{raw}");
                 assert_eq!(
-                    fields.stream_options.as_ref(),
-                    value.get("stream_options"),
+                    fields.include_usage,
+                    is_true(
+                        value
+                            .get("stream_options")
+                            .and_then(|o| o.get("include_usage"))
+                    ),
                     "{raw}"
                 );
                 let shape = required.and_then(|f| value.get(f)).map(|v| match v {
