@@ -16,7 +16,9 @@
 use std::convert::Infallible;
 use std::future::Future;
 use std::io;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 use axum::response::Response;
@@ -24,6 +26,7 @@ use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
+use pin_project_lite::pin_project;
 use tokio::net::TcpListener;
 use tokio::sync::{watch, Semaphore};
 
@@ -131,14 +134,13 @@ pub async fn serve<S>(
                 .header_read_timeout(header_read_timeout)
                 .serve_connection(TokioIo::new(stream), service);
             tokio::pin!(conn);
-            tokio::select! {
-                result = conn.as_mut() => return log_connection_end(result),
-                _ = stop.wait_for(|s| *s >= FINISH) => conn.as_mut().graceful_shutdown(),
+            match UntilStop::new(conn.as_mut(), &mut stop, FINISH).await {
+                Some(result) => return log_connection_end(result),
+                None => conn.as_mut().graceful_shutdown(),
             }
-            tokio::select! {
-                result = conn.as_mut() => log_connection_end(result),
-                // Dropped, with the response it was sending (its lease settles on drop).
-                _ = stop.wait_for(|s| *s >= CLOSE) => {}
+            // Else dropped, with the response it was sending (its lease settles on drop).
+            if let Some(result) = UntilStop::new(conn.as_mut(), &mut stop, CLOSE).await {
+                log_connection_end(result);
             }
         });
     }
@@ -165,6 +167,74 @@ pub async fn serve<S>(
     {
         let _ = stop_tx.send(CLOSE);
         let _ = all_closed().await;
+    }
+}
+
+pin_project! {
+    /// `conn`, until the server's instruction reaches `at` (or the server is gone): `Some` with
+    /// its output if it ends first, else `None`.
+    ///
+    /// Why not `select!` on `stop.wait_for(..)`: that polls the watch on every wake-up of the
+    /// connection (a lock, the runtime's budget), two or three a request. Here a wake-up pays one
+    /// atomic load (`has_changed`); the watch is polled only to register this task's waker, again
+    /// when the waker changes or after the instruction changed.
+    struct UntilStop<'a, C> {
+        #[pin]
+        conn: C,
+        stop: &'a mut watch::Receiver<u8>,
+        at: u8,
+        // Resolves at the next change of the instruction; polled with `waker`.
+        registration: Option<(Pin<Box<dyn Future<Output = ()> + Send>>, Waker)>,
+    }
+}
+
+impl<'a, C: Future> UntilStop<'a, C> {
+    fn new(conn: C, stop: &'a mut watch::Receiver<u8>, at: u8) -> Self {
+        Self {
+            conn,
+            stop,
+            at,
+            registration: None,
+        }
+    }
+}
+
+impl<C: Future> Future for UntilStop<'_, C> {
+    type Output = Option<C::Output>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        if let Poll::Ready(output) = this.conn.poll(cx) {
+            return Poll::Ready(Some(output));
+        }
+        loop {
+            match this.stop.has_changed() {
+                // The server is gone: nothing will say more.
+                Err(_) => return Poll::Ready(None),
+                Ok(true) => {
+                    if *this.stop.borrow_and_update() >= *this.at {
+                        return Poll::Ready(None);
+                    }
+                    // That change woke the registration: a new one is needed.
+                    *this.registration = None;
+                }
+                Ok(false) => {}
+            }
+            if let Some((_, waker)) = this.registration {
+                if waker.will_wake(cx.waker()) {
+                    return Poll::Pending;
+                }
+            }
+            let mut stop = this.stop.clone();
+            let mut next: Pin<Box<dyn Future<Output = ()> + Send>> = Box::pin(async move {
+                let _ = stop.changed().await;
+            });
+            if next.as_mut().poll(cx).is_pending() {
+                *this.registration = Some((next, cx.waker().clone()));
+                return Poll::Pending;
+            }
+            // Changed (or closed) since the load above: looked at again.
+        }
     }
 }
 
@@ -253,6 +323,56 @@ fn is_out_of_files(e: &io::Error) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A connection runs until the instruction reaches its stage (a lower one does not end
+    /// it), ends with its own output when it finishes first, and stops when the server is gone;
+    /// a wake-up that is not the watch's leaves the registration in place.
+    #[tokio::test(start_paused = true)]
+    async fn a_connection_runs_until_the_instruction_reaches_its_stage() {
+        use std::future::poll_fn;
+
+        let (tx, mut rx) = watch::channel(SERVE);
+        let mut polls = 0;
+        let conn = poll_fn(|_| {
+            polls += 1;
+            Poll::<()>::Pending
+        });
+        let mut until = std::pin::pin!(UntilStop::new(conn, &mut rx, CLOSE));
+        let waker = std::task::Waker::noop();
+        let mut cx = Context::from_waker(waker);
+        assert!(until.as_mut().poll(&mut cx).is_pending());
+        assert!(until.registration.is_some(), "registered at the first wait");
+        assert!(until.as_mut().poll(&mut cx).is_pending());
+        tx.send(FINISH).unwrap();
+        assert!(
+            until.as_mut().poll(&mut cx).is_pending(),
+            "FINISH is not CLOSE"
+        );
+        tx.send(CLOSE).unwrap();
+        assert_eq!(until.as_mut().poll(&mut cx), Poll::Ready(None));
+        assert_eq!(polls, 4);
+
+        let (tx, mut rx) = watch::channel(SERVE);
+        let done = UntilStop::new(std::future::ready(7), &mut rx, FINISH).await;
+        assert_eq!(done, Some(7));
+        let gone = UntilStop::new(std::future::pending::<()>(), &mut rx, FINISH);
+        drop(tx);
+        assert_eq!(gone.await, None);
+
+        // Woken by the watch: each change after the task went to sleep wakes it, the one
+        // after a lower stage too.
+        let (tx, mut rx) = watch::channel(SERVE);
+        let waiting = tokio::spawn(async move {
+            UntilStop::new(std::future::pending::<()>(), &mut rx, CLOSE).await
+        });
+        tokio::task::yield_now().await;
+        tx.send(FINISH).unwrap();
+        tokio::task::yield_now().await;
+        assert!(!waiting.is_finished());
+        tx.send(CLOSE).unwrap();
+        let woken = tokio::time::timeout(Duration::from_secs(10), waiting).await;
+        assert_eq!(woken.expect("woken by the change").unwrap(), None);
+    }
 
     #[test]
     fn out_of_files_is_emfile_or_enfile() {
