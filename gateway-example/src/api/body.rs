@@ -14,9 +14,13 @@ pub async fn read_bounded(
     gw: &Gateway,
     request: Request,
 ) -> Result<(http::request::Parts, bytes::Bytes), ApiError> {
-    let timeout = gw.config().request_body_timeout;
+    // Read out of the config first: a guard must not be held across the read's waits.
+    let (timeout, max) = {
+        let config = gw.config();
+        (config.request_body_timeout, config.max_request_bytes)
+    };
     // Bounded from the first wait: a body that came with its head arms no timer.
-    crate::deadline::within(timeout, read_body(request, gw.config().max_request_bytes))
+    crate::deadline::within(timeout, read_body(request, max))
         .await
         .map_err(|_| {
             ApiError::new(
