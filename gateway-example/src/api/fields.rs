@@ -6,7 +6,6 @@ use std::borrow::Cow;
 use std::fmt;
 
 use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
-use serde_json::Value;
 use tower_priority_limit::estimate::{MemberName, OutputLimits, PromptMembers};
 
 /// What a member holds, where only its kind matters.
@@ -29,17 +28,6 @@ pub enum Text<'a> {
     Null,
     /// Anything else (skipped).
     Other,
-}
-
-impl<'a> Text<'a> {
-    /// What `value` is, as a [`Text`].
-    pub fn of(value: &'a Value) -> Self {
-        match value {
-            Value::String(s) => Text::String(Cow::Borrowed(s)),
-            Value::Null => Text::Null,
-            _ => Text::Other,
-        }
-    }
 }
 
 /// The members the gateway reads. A member given twice counts as its last value, as in a parsed
@@ -130,10 +118,19 @@ impl<'de> Visitor<'de> for Body<'_> {
         };
         while let Some(key) = map.next_key_seed(name)? {
             match (key, prompt.as_deref_mut()) {
-                (Key::Model, _) => fields.model = Some(map.next_value_seed(TextOf)?),
-                (Key::Stream, _) => fields.stream = map.next_value_seed(IsTrue)?,
+                (Key::Model, _) => {
+                    fields.model = Some(map.next_value_seed(MemberOf { text: true })?.text())
+                }
+                (Key::Stream, _) => {
+                    fields.stream = map.next_value_seed(KIND)? == Member::Bool(true)
+                }
                 (Key::StreamOptions, _) => {
-                    fields.include_usage = map.next_value_seed(IncludesUsage)?
+                    fields.include_usage = matches!(
+                        map.next_value_seed(KIND)?,
+                        Member::Object {
+                            include_usage: true
+                        }
+                    )
                 }
                 (Key::Required(Some(member)), Some(prompt)) => {
                     let mut shape = None;
@@ -143,7 +140,7 @@ impl<'de> Visitor<'de> for Body<'_> {
                     })?;
                     fields.required = shape;
                 }
-                (Key::Required(_), _) => fields.required = Some(map.next_value_seed(ShapeOf)?),
+                (Key::Required(_), _) => fields.required = Some(map.next_value_seed(KIND)?.shape()),
                 (Key::OutputLimit(i), _) => fields.output_limits.set(i, map.next_value()?),
                 (Key::Prompt(member), Some(prompt)) => {
                     map.next_value_seed(prompt.member(member))?
@@ -231,147 +228,103 @@ impl<'de> Visitor<'de> for Name<'_> {
     }
 }
 
-/// A value as a [`Text`]: a string borrowed where it can be, anything else skipped.
-struct TextOf;
+/// What the gateway reads of a member's value: a string (borrowed from the body unless it has
+/// escapes), a boolean, `null`, an array, an object and whether its `include_usage` is `true`
+/// (the one nested member read), or another value. What is not read is skipped unchecked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Member<'de> {
+    Str(Cow<'de, str>),
+    Bool(bool),
+    Null,
+    Array,
+    Object { include_usage: bool },
+    Other,
+}
 
-impl<'de> DeserializeSeed<'de> for TextOf {
-    type Value = Text<'de>;
+impl<'de> Member<'de> {
+    fn text(self) -> Text<'de> {
+        match self {
+            Member::Str(s) => Text::String(s),
+            Member::Null => Text::Null,
+            _ => Text::Other,
+        }
+    }
 
-    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Text<'de>, D::Error> {
+    fn shape(&self) -> Shape {
+        match self {
+            Member::Null => Shape::Null,
+            Member::Array => Shape::Array,
+            _ => Shape::Other,
+        }
+    }
+}
+
+/// Reads a value as a [`Member`]; a string with escapes is copied only when `text` says it is
+/// read for its text (the model), else it is `Other` (a long prompt is not copied to learn its
+/// shape).
+#[derive(Clone, Copy)]
+struct MemberOf {
+    text: bool,
+}
+
+/// [`MemberOf`] for a member's kind, not its text.
+const KIND: MemberOf = MemberOf { text: false };
+
+impl<'de> DeserializeSeed<'de> for MemberOf {
+    type Value = Member<'de>;
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Member<'de>, D::Error> {
         d.deserialize_any(self)
     }
 }
 
-impl<'de> Visitor<'de> for TextOf {
-    type Value = Text<'de>;
+impl<'de> Visitor<'de> for MemberOf {
+    type Value = Member<'de>;
 
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("a JSON value")
     }
 
-    fn visit_borrowed_str<E: de::Error>(self, s: &'de str) -> Result<Text<'de>, E> {
-        Ok(Text::String(Cow::Borrowed(s)))
+    fn visit_borrowed_str<E: de::Error>(self, s: &'de str) -> Result<Member<'de>, E> {
+        Ok(Member::Str(Cow::Borrowed(s)))
     }
-    fn visit_str<E: de::Error>(self, s: &str) -> Result<Text<'de>, E> {
-        Ok(Text::String(Cow::Owned(s.to_owned())))
+    fn visit_str<E: de::Error>(self, s: &str) -> Result<Member<'de>, E> {
+        Ok(if self.text {
+            Member::Str(Cow::Owned(s.to_owned()))
+        } else {
+            Member::Other
+        })
     }
-    fn visit_unit<E: de::Error>(self) -> Result<Text<'de>, E> {
-        Ok(Text::Null)
+    fn visit_bool<E: de::Error>(self, v: bool) -> Result<Member<'de>, E> {
+        Ok(Member::Bool(v))
     }
-    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Text<'de>, A::Error> {
-        ShapeOf.visit_seq(seq).map(|_| Text::Other)
+    fn visit_unit<E: de::Error>(self) -> Result<Member<'de>, E> {
+        Ok(Member::Null)
     }
-    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Text<'de>, A::Error> {
-        ShapeOf.visit_map(map).map(|_| Text::Other)
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Member<'de>, A::Error> {
+        while seq.next_element::<IgnoredAny>()?.is_some() {}
+        Ok(Member::Array)
     }
-    fn visit_bool<E: de::Error>(self, _: bool) -> Result<Text<'de>, E> {
-        Ok(Text::Other)
-    }
-    fn visit_i64<E: de::Error>(self, _: i64) -> Result<Text<'de>, E> {
-        Ok(Text::Other)
-    }
-    fn visit_u64<E: de::Error>(self, _: u64) -> Result<Text<'de>, E> {
-        Ok(Text::Other)
-    }
-    fn visit_f64<E: de::Error>(self, _: f64) -> Result<Text<'de>, E> {
-        Ok(Text::Other)
-    }
-}
-
-/// Whether a value is `true`; anything else is skipped.
-struct IsTrue;
-
-impl<'de> DeserializeSeed<'de> for IsTrue {
-    type Value = bool;
-
-    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<bool, D::Error> {
-        d.deserialize_any(self)
-    }
-}
-
-impl<'de> Visitor<'de> for IsTrue {
-    type Value = bool;
-
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("a JSON value")
-    }
-
-    fn visit_bool<E: de::Error>(self, v: bool) -> Result<bool, E> {
-        Ok(v)
-    }
-    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<bool, A::Error> {
-        ShapeOf.visit_seq(seq).map(|_| false)
-    }
-    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<bool, A::Error> {
-        ShapeOf.visit_map(map).map(|_| false)
-    }
-    fn visit_unit<E: de::Error>(self) -> Result<bool, E> {
-        Ok(false)
-    }
-    fn visit_i64<E: de::Error>(self, _: i64) -> Result<bool, E> {
-        Ok(false)
-    }
-    fn visit_u64<E: de::Error>(self, _: u64) -> Result<bool, E> {
-        Ok(false)
-    }
-    fn visit_f64<E: de::Error>(self, _: f64) -> Result<bool, E> {
-        Ok(false)
-    }
-    fn visit_str<E: de::Error>(self, _: &str) -> Result<bool, E> {
-        Ok(false)
-    }
-}
-
-/// Whether a value is an object whose `include_usage` is `true` (its last, if given twice);
-/// anything else is skipped.
-struct IncludesUsage;
-
-impl<'de> DeserializeSeed<'de> for IncludesUsage {
-    type Value = bool;
-
-    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<bool, D::Error> {
-        d.deserialize_any(self)
-    }
-}
-
-impl<'de> Visitor<'de> for IncludesUsage {
-    type Value = bool;
-
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("a JSON value")
-    }
-
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<bool, A::Error> {
-        let mut include = false;
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Member<'de>, A::Error> {
+        // The last `include_usage` counts, as in a parsed object.
+        let mut include_usage = false;
         while let Some(is_include_usage) = map.next_key_seed(NameIs("include_usage"))? {
             if is_include_usage {
-                include = map.next_value_seed(IsTrue)?;
+                include_usage = map.next_value_seed(KIND)? == Member::Bool(true);
             } else {
                 map.next_value::<IgnoredAny>()?;
             }
         }
-        Ok(include)
+        Ok(Member::Object { include_usage })
     }
-    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<bool, A::Error> {
-        ShapeOf.visit_seq(seq).map(|_| false)
+    fn visit_i64<E: de::Error>(self, _: i64) -> Result<Member<'de>, E> {
+        Ok(Member::Other)
     }
-    fn visit_unit<E: de::Error>(self) -> Result<bool, E> {
-        Ok(false)
+    fn visit_u64<E: de::Error>(self, _: u64) -> Result<Member<'de>, E> {
+        Ok(Member::Other)
     }
-    fn visit_bool<E: de::Error>(self, _: bool) -> Result<bool, E> {
-        Ok(false)
-    }
-    fn visit_i64<E: de::Error>(self, _: i64) -> Result<bool, E> {
-        Ok(false)
-    }
-    fn visit_u64<E: de::Error>(self, _: u64) -> Result<bool, E> {
-        Ok(false)
-    }
-    fn visit_f64<E: de::Error>(self, _: f64) -> Result<bool, E> {
-        Ok(false)
-    }
-    fn visit_str<E: de::Error>(self, _: &str) -> Result<bool, E> {
-        Ok(false)
+    fn visit_f64<E: de::Error>(self, _: f64) -> Result<Member<'de>, E> {
+        Ok(Member::Other)
     }
 }
 
@@ -396,52 +349,6 @@ impl<'de> Visitor<'de> for NameIs {
 
     fn visit_str<E: de::Error>(self, name: &str) -> Result<bool, E> {
         Ok(name == self.0)
-    }
-}
-
-/// The [`Shape`] of a value, which is skipped.
-struct ShapeOf;
-
-impl<'de> DeserializeSeed<'de> for ShapeOf {
-    type Value = Shape;
-
-    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Shape, D::Error> {
-        d.deserialize_any(self)
-    }
-}
-
-impl<'de> Visitor<'de> for ShapeOf {
-    type Value = Shape;
-
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("a JSON value")
-    }
-
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Shape, A::Error> {
-        while seq.next_element::<IgnoredAny>()?.is_some() {}
-        Ok(Shape::Array)
-    }
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Shape, A::Error> {
-        while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
-        Ok(Shape::Other)
-    }
-    fn visit_unit<E: de::Error>(self) -> Result<Shape, E> {
-        Ok(Shape::Null)
-    }
-    fn visit_bool<E: de::Error>(self, _: bool) -> Result<Shape, E> {
-        Ok(Shape::Other)
-    }
-    fn visit_i64<E: de::Error>(self, _: i64) -> Result<Shape, E> {
-        Ok(Shape::Other)
-    }
-    fn visit_u64<E: de::Error>(self, _: u64) -> Result<Shape, E> {
-        Ok(Shape::Other)
-    }
-    fn visit_f64<E: de::Error>(self, _: f64) -> Result<Shape, E> {
-        Ok(Shape::Other)
-    }
-    fn visit_str<E: de::Error>(self, _: &str) -> Result<Shape, E> {
-        Ok(Shape::Other)
     }
 }
 
@@ -662,7 +569,12 @@ mod tests {
             for endpoint in Endpoint::ALL {
                 let required = endpoint.required_field().map(|(f, _)| f);
                 let fields = Fields::read(raw.as_bytes(), required).unwrap().unwrap();
-                assert_eq!(fields.model, value.get("model").map(Text::of), "{raw}");
+                let model = value.get("model").map(|m| match m {
+                    Value::String(s) => Text::String(s.as_str().into()),
+                    Value::Null => Text::Null,
+                    _ => Text::Other,
+                });
+                assert_eq!(fields.model, model, "{raw}");
                 let is_true = |v: Option<&Value>| v.and_then(Value::as_bool) == Some(true);
                 assert_eq!(fields.stream, is_true(value.get("stream")), "{raw}");
                 assert_eq!(
