@@ -434,6 +434,10 @@ impl Upstream {
     ) -> Result<Response, UpstreamFailure> {
         // The attempt's bounds all run from here: one clock read for them.
         let started = tokio::time::Instant::now();
+        // As `tokio::time::timeout` does, a time too long to add is as good as none.
+        let deadline = started
+            .checked_add(time)
+            .unwrap_or_else(|| started + FAR_FUTURE);
         // Made now when the client was made without this deployment.
         let made;
         let prepared = match self
@@ -473,10 +477,6 @@ impl Upstream {
             }
         }
 
-        // As `tokio::time::timeout` does, a time too long to add is as good as none.
-        let deadline = started
-            .checked_add(time)
-            .unwrap_or_else(|| started + FAR_FUTURE);
         let sent = tokio::time::timeout_at(
             deadline,
             self.client.send_keeping(route, request, read_here),
@@ -513,7 +513,7 @@ impl Upstream {
                     parts.status,
                     body,
                     deployment,
-                    time.saturating_sub(started.elapsed()),
+                    deadline.saturating_duration_since(tokio::time::Instant::now()),
                     &self.secrets,
                 )
                 .await,
@@ -539,7 +539,7 @@ impl Upstream {
         let mut left = time;
         let first = crate::deadline::within_lazily(
             || {
-                left = time.saturating_sub(started.elapsed());
+                left = deadline.saturating_duration_since(tokio::time::Instant::now());
                 left.min(idle)
             },
             body.frame(),
