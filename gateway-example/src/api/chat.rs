@@ -16,7 +16,7 @@ use serde_json::Value;
 
 use super::auth::{api_key, identify, Caller};
 use super::body::read_bounded;
-use super::fields::{Fields, Shape, Text};
+use super::fields::{Fields, Member, Shape};
 use crate::chat::ChatRequest;
 use crate::endpoint::Endpoint;
 use crate::error::ApiError;
@@ -79,8 +79,8 @@ async fn validate(
             .map_err(|e| ApiError::bad_request(format!("Invalid JSON in request body: {e}")))?;
     }
     let model = match fields.model.take() {
-        Some(Text::String(m)) if !m.is_empty() => m,
-        Some(Text::String(_)) | None | Some(Text::Null) => {
+        Some(Member::Str(m)) if !m.is_empty() => m,
+        Some(Member::Str(_)) | None | Some(Member::Null) => {
             return Err(
                 ApiError::bad_request("Missing required parameter: 'model'.").param("model"),
             )

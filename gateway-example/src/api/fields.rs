@@ -19,23 +19,12 @@ pub enum Shape {
     Other,
 }
 
-/// A member read for its string, borrowed from the body unless it has escapes.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Text<'a> {
-    /// A string.
-    String(Cow<'a, str>),
-    /// `null`.
-    Null,
-    /// Anything else (skipped).
-    Other,
-}
-
 /// The members the gateway reads. A member given twice counts as its last value, as in a parsed
 /// JSON object.
 #[derive(Debug, Default)]
 pub struct Fields<'a> {
-    /// `model` (read without copying: it is only looked up).
-    pub model: Option<Text<'a>>,
+    /// `model` (its string borrowed from the body: it is only looked up).
+    pub model: Option<Member<'a>>,
     /// `stream` is `true`.
     pub stream: bool,
     /// `stream_options` is an object whose `include_usage` is `true`.
@@ -119,7 +108,7 @@ impl<'de> Visitor<'de> for Body<'_> {
         while let Some(key) = map.next_key_seed(name)? {
             match (key, prompt.as_deref_mut()) {
                 (Key::Model, _) => {
-                    fields.model = Some(map.next_value_seed(MemberOf { text: true })?.text())
+                    fields.model = Some(map.next_value_seed(MemberOf { text: true })?)
                 }
                 (Key::Stream, _) => {
                     fields.stream = map.next_value_seed(KIND)? == Member::Bool(true)
@@ -228,28 +217,28 @@ impl<'de> Visitor<'de> for Name<'_> {
     }
 }
 
-/// What the gateway reads of a member's value: a string (borrowed from the body unless it has
-/// escapes), a boolean, `null`, an array, an object and whether its `include_usage` is `true`
-/// (the one nested member read), or another value. What is not read is skipped unchecked.
+/// What the gateway reads of a member's value. What is not read is skipped unchecked.
 #[derive(Debug, Clone, PartialEq, Eq)]
-enum Member<'de> {
+pub enum Member<'de> {
+    /// A string, borrowed from the body unless it has escapes (and then kept only where its
+    /// text is read: see [`Fields::model`]).
     Str(Cow<'de, str>),
+    /// `true` or `false`.
     Bool(bool),
+    /// `null`.
     Null,
+    /// An array.
     Array,
-    Object { include_usage: bool },
+    /// An object, and whether its `include_usage` is `true` (the one nested member read).
+    Object {
+        /// Its last `include_usage` is `true`.
+        include_usage: bool,
+    },
+    /// A number, or a string whose text is not read.
     Other,
 }
 
-impl<'de> Member<'de> {
-    fn text(self) -> Text<'de> {
-        match self {
-            Member::Str(s) => Text::String(s),
-            Member::Null => Text::Null,
-            _ => Text::Other,
-        }
-    }
-
+impl Member<'_> {
     fn shape(&self) -> Shape {
         match self {
             Member::Null => Shape::Null,
@@ -443,7 +432,7 @@ impl<'de, V: Visitor<'de>> Visitor<'de> for Noting<'_, V> {
 
 #[cfg(test)]
 mod tests {
-    use super::{Fields, Shape, Text};
+    use super::{Fields, Member, Shape};
     use crate::endpoint::Endpoint;
     use proptest::prelude::*;
     use serde_json::Value;
@@ -570,9 +559,14 @@ mod tests {
                 let required = endpoint.required_field().map(|(f, _)| f);
                 let fields = Fields::read(raw.as_bytes(), required).unwrap().unwrap();
                 let model = value.get("model").map(|m| match m {
-                    Value::String(s) => Text::String(s.as_str().into()),
-                    Value::Null => Text::Null,
-                    _ => Text::Other,
+                    Value::String(s) => Member::Str(s.as_str().into()),
+                    Value::Bool(b) => Member::Bool(*b),
+                    Value::Null => Member::Null,
+                    Value::Array(_) => Member::Array,
+                    Value::Object(o) => Member::Object {
+                        include_usage: o.get("include_usage") == Some(&Value::Bool(true)),
+                    },
+                    Value::Number(_) => Member::Other,
                 });
                 assert_eq!(fields.model, model, "{raw}");
                 let is_true = |v: Option<&Value>| v.and_then(Value::as_bool) == Some(true);
