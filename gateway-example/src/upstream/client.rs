@@ -37,7 +37,8 @@ use tower::Service;
 
 pub use super::http1::{every_header, KeepHeader};
 use super::http1::{
-    parse_head, write_header_line, write_request_head, Decoder, Gathered, Head, ProtocolError,
+    is_framing, parse_head, write_header_line, write_request_head, Decoder, Gathered, Head,
+    ProtocolError,
 };
 
 /// How long a connection may sit idle before it is dropped rather than reused (servers close
@@ -189,11 +190,8 @@ impl RouteHeaders {
     fn new(headers: &HeaderMap) -> Self {
         let mut text = Vec::new();
         let mut lines = Vec::new();
-        for (name, value) in headers {
-            // The body's length is the request's own (see `write_request_head`).
-            if name == http::header::CONTENT_LENGTH || name == http::header::TRANSFER_ENCODING {
-                continue;
-            }
+        // The body's length is the request's own.
+        for (name, value) in headers.iter().filter(|(name, _)| !is_framing(name)) {
             write_header_line(&mut text, name, value);
             lines.push((name.clone(), text.len()));
         }

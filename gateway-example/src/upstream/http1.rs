@@ -88,15 +88,18 @@ pub(super) fn write_request_head(
         write_header_line(out, &http::header::HOST, host);
     }
     route_headers(out);
-    for (name, value) in headers {
-        if name == CONTENT_LENGTH || name == TRANSFER_ENCODING {
-            continue;
-        }
+    for (name, value) in headers.iter().filter(|(name, _)| !is_framing(name)) {
         write_header_line(out, name, value);
     }
     out.extend_from_slice(b"content-length: ");
     out.extend_from_slice(itoa_usize(body_len, &mut [0u8; 20]));
     out.extend_from_slice(b"\r\n\r\n");
+}
+
+/// Whether `name` says how a body is framed (`content-length`, `transfer-encoding`): the head
+/// writes the body's own length instead.
+pub(super) fn is_framing(name: &HeaderName) -> bool {
+    name == CONTENT_LENGTH || name == TRANSFER_ENCODING
 }
 
 /// Appends `name: value\r\n`.
