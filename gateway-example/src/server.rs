@@ -211,14 +211,17 @@ impl<C: Future> Future for UntilStop<'_, C> {
             match this.stop.has_changed() {
                 // The server is gone: nothing will say more.
                 Err(_) => return Poll::Ready(None),
-                Ok(true) => {
-                    if *this.stop.borrow_and_update() >= *this.at {
-                        return Poll::Ready(None);
+                // A change, or the first look: as with `wait_for`, the instruction in force
+                // counts, even one already seen (both stages' may come before a poll).
+                Ok(changed) => {
+                    if changed || this.registration.is_none() {
+                        if *this.stop.borrow_and_update() >= *this.at {
+                            return Poll::Ready(None);
+                        }
+                        // A change woke the registration: a new one is needed.
+                        *this.registration = None;
                     }
-                    // That change woke the registration: a new one is needed.
-                    *this.registration = None;
                 }
-                Ok(false) => {}
             }
             if let Some((_, waker)) = this.registration {
                 if waker.will_wake(cx.waker()) {
@@ -351,6 +354,14 @@ mod tests {
         tx.send(CLOSE).unwrap();
         assert_eq!(until.as_mut().poll(&mut cx), Poll::Ready(None));
         assert_eq!(polls, 4);
+
+        // An instruction already seen counts: both stages' sent before the first stage looked.
+        let (tx, mut rx) = watch::channel(SERVE);
+        tx.send(CLOSE).unwrap();
+        let first = UntilStop::new(std::future::pending::<()>(), &mut rx, FINISH).await;
+        let second = UntilStop::new(std::future::pending::<()>(), &mut rx, CLOSE);
+        let second = tokio::time::timeout(Duration::from_secs(10), second).await;
+        assert_eq!((first, second), (None, Ok(None)));
 
         let (tx, mut rx) = watch::channel(SERVE);
         let done = UntilStop::new(std::future::ready(7), &mut rx, FINISH).await;
