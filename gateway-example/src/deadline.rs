@@ -3,8 +3,9 @@
 //! Why not `tokio::time::timeout`: it reads the clock and makes a timer entry (the runtime's
 //! handle cloned, the entry dropped after) as it is built, even when the future is ready on its
 //! first poll, as a request body that came with its head or an upstream answer read with its head
-//! is. On the request path those were three clock reads and three timer entries a request for
-//! bounds that never ran. Here the bound starts at the future's first wait.
+//! is: on the request path, two clock reads and two timer entries a request for bounds that
+//! never ran (`IdleBody` arms its own timer at its first wait the same way). Here the bound
+//! starts at the future's first wait.
 
 use std::future::Future;
 use std::pin::Pin;
