@@ -1,6 +1,6 @@
 //! Request bodies as every route reads them: bounded in size and in time.
 
-use axum::extract::Request;
+use http::Request;
 use http::StatusCode;
 use tower_priority_limit::model::read_body;
 
@@ -10,10 +10,14 @@ use crate::gateway::Gateway;
 /// Reads a request's whole body, bounded in size (`max_request_size_mb`: 413) and in time
 /// (`request_body_timeout_seconds`: a body that trickles, or never ends, is answered 408). Chat
 /// and admin routes read their bodies through it.
-pub async fn read_bounded(
+pub async fn read_bounded<B>(
     gw: &Gateway,
-    request: Request,
-) -> Result<(http::request::Parts, bytes::Bytes), ApiError> {
+    request: Request<B>,
+) -> Result<(http::request::Parts, bytes::Bytes), ApiError>
+where
+    B: http_body::Body,
+    B::Error: Into<axum::BoxError>,
+{
     // Read out of the config first: a guard must not be held across the read's waits.
     let (timeout, max) = {
         let config = gw.config();

@@ -8,10 +8,10 @@
 use std::sync::Arc;
 
 use axum::body::Body;
-use axum::extract::{Request, State};
+use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use http::header::{ALLOW, CONTENT_LENGTH, CONTENT_TYPE};
-use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
+use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, StatusCode};
 use serde_json::Value;
 
 use super::auth::{api_key, identify, Caller};
@@ -46,12 +46,16 @@ const PASSED_ON: [HeaderName; 2] = [
 
 /// The [`ChatRequest`] of a request to any endpoint from `caller` (its fairness `flow`), or why it
 /// is not one.
-async fn validate(
+async fn validate<B>(
     gw: &Gateway,
     caller: &Caller,
     flow: u64,
-    request: Request,
-) -> Result<ChatRequest, ApiError> {
+    request: Request<B>,
+) -> Result<ChatRequest, ApiError>
+where
+    B: http_body::Body,
+    B::Error: Into<axum::BoxError>,
+{
     let endpoint = Endpoint::from_path(request.uri().path())
         .ok_or_else(|| ApiError::internal("completions is called only on the endpoints' paths"))?;
     let (parts, bytes) = read_bounded(gw, request).await?;
@@ -192,7 +196,11 @@ async fn validate(
 /// One handler, not middleware in front of one: nothing travels in request extensions (a boxed
 /// value each, cloned out again by the handler's extractor), and there is no boxed service and
 /// future per layer.
-pub async fn completions(State(gw): State<Arc<Gateway>>, request: Request) -> Response {
+pub async fn completions<B>(State(gw): State<Arc<Gateway>>, request: Request<B>) -> Response
+where
+    B: http_body::Body,
+    B::Error: Into<axum::BoxError>,
+{
     let key = api_key(&request);
     let flow = tower_priority_limit::flow::flow_id(key.unwrap_or(""));
     let (caller, priority) = match identify(&gw, key).await {
