@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # What one proxied request costs the gateway, counted rather than timed (so a busy machine does
-# not move it): instructions (valgrind's callgrind) and heap allocations (calls to the Rust
-# global allocator, from the same callgrind run) per request, non-streamed or streamed.
+# not move it): instructions (valgrind's callgrind) and heap allocations (calls into mimalloc,
+# the global allocator of the gateway and the floor, from the same callgrind run) per request,
+# non-streamed or streamed. Counted at mimalloc's entry points, not at Rust's `__rust_alloc`: the
+# compiler inlines that shim into some callers, whose allocations it would then miss.
 #
 #   benches/proxy_callgrind.sh [stream: false|true, default false] [requests, default 2000]
 #
@@ -85,7 +87,7 @@ for path in paths:
                     names[m.group(1)] = m.group(2)
                 current = names.get(m.group(1), "") if line.startswith("cfn=") else None
         elif line.startswith("calls=") and current is not None:
-            if current.endswith(("__rust_alloc", "__rust_alloc_zeroed", "__rust_realloc")):
+            if current in ("mi_malloc_aligned", "mi_zalloc_aligned", "mi_realloc_aligned"):
                 allocs += int(line.split("=")[1].split()[0])
             current = None
 print(f"stream={stream}: {instructions / n:,.0f} instructions and {allocs / n:.1f} allocations "
