@@ -35,11 +35,11 @@ use tokio::io::{AsyncReadExt, AsyncWrite};
 use tokio::net::TcpStream;
 use tower::Service;
 
-pub use super::http1::{every_header, KeepHeader};
 use super::http1::{
     is_framing, parse_head, write_header_line, write_request_head, Decoder, Gathered, Head,
     ProtocolError,
 };
+pub use super::http1::{KeepHeaders, EVERY_HEADER};
 
 /// How long a connection may sit idle before it is dropped rather than reused (servers close
 /// idle keep-alive connections after a minute or more; hyper-util's client also keeps them 90 s).
@@ -256,7 +256,7 @@ impl Conn {
         &mut self,
         bytes: &[u8],
         method: &Method,
-        keep: KeepHeader,
+        keep: KeepHeaders,
     ) -> Result<Option<Head>, (bool, ClientError)> {
         let mut written = 0;
         poll_fn(|cx| loop {
@@ -303,7 +303,7 @@ impl Conn {
         &mut self,
         cx: &mut Context<'_>,
         method: &Method,
-        keep: KeepHeader,
+        keep: KeepHeaders,
     ) -> Result<Option<Head>, ClientError> {
         // Parsed after every read, so a head that never ends is refused at its bound.
         while let Poll::Ready(Ok(1..)) = self.poll_fill(cx) {
@@ -317,7 +317,7 @@ impl Conn {
     }
 
     /// Reads the response head (to a request of `method`), with the header lines `keep` wants.
-    async fn read_head(&mut self, method: &Method, keep: KeepHeader) -> Result<Head, ClientError> {
+    async fn read_head(&mut self, method: &Method, keep: KeepHeaders) -> Result<Head, ClientError> {
         poll_fn(|cx| loop {
             if !self.read.is_empty() {
                 if let Some(head) =
@@ -486,7 +486,7 @@ impl Client {
         route: &Route,
         request: Request<Bytes>,
     ) -> Result<Response<UpstreamBody>, ClientError> {
-        self.send_keeping(route, request, every_header).await
+        self.send_keeping(route, request, EVERY_HEADER).await
     }
 
     /// [`send`](Self::send), the response's header map holding only the lines `keep` wants (the
@@ -495,7 +495,7 @@ impl Client {
         &self,
         route: &Route,
         request: Request<Bytes>,
-        keep: KeepHeader,
+        keep: KeepHeaders,
     ) -> Result<Response<UpstreamBody>, ClientError> {
         let (parts, body) = request.into_parts();
         // Head and body in one buffer: one write (as the server side does, see server.rs).

@@ -135,24 +135,37 @@ pub(super) struct Head {
     pub(super) keep_alive: bool,
 }
 
-/// Which header lines of a response head go into its header map, by name (any case); the framing
-/// is read from them all. A caller that reads few of an answer's headers saves building the rest
-/// (a real provider's answer has twenty, most of them custom names, each parsed and copied).
-pub type KeepHeader = fn(&[u8]) -> bool;
+/// What of a response head goes into its header map: the lines [`lines`](Self::lines) wants, in
+/// a map with room for [`room`](Self::room) headers more. A caller that reads few of an answer's
+/// headers saves building the rest (a real provider's answer has twenty, most of them custom
+/// names, each parsed and copied); one that adds headers to the map saves its growing.
+#[derive(Debug, Clone, Copy)]
+pub struct KeepHeaders {
+    /// Whether a line goes into the map, by its name (any case). The framing is read from them
+    /// all.
+    pub lines: fn(&[u8]) -> bool,
+    /// Headers the caller will add to the map.
+    pub room: usize,
+}
 
-/// Every header line: the [`KeepHeader`] of [`Client::send`](super::client::Client::send).
-pub fn every_header(_: &[u8]) -> bool {
+/// Every header line, no room: what [`Client::send`](super::client::Client::send) keeps.
+pub const EVERY_HEADER: KeepHeaders = KeepHeaders {
+    lines: every_line,
+    room: 0,
+};
+
+fn every_line(_: &[u8]) -> bool {
     true
 }
 
 /// Parses the response head at the start of `buf`, answering a request of `method`, with the
-/// header lines `keep` wants in its header map. `Ok(None)`: not all of it is in yet. A `1xx`
+/// header lines `keep` wants in its header map (made with `keep`'s room). `Ok(None)`: not all of it is in yet. A `1xx`
 /// head (other than `101`) is consumed and the next one read; the head is taken out of `buf`,
 /// which then starts with the body.
 pub(super) fn parse_head(
     buf: &mut BytesMut,
     method: &Method,
-    keep: KeepHeader,
+    keep: KeepHeaders,
 ) -> Result<Option<Head>, ProtocolError> {
     loop {
         let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
@@ -188,7 +201,7 @@ pub(super) fn parse_head(
             let mut names = Vec::with_capacity(response.headers.len());
             for h in response.headers.iter() {
                 lines.read(h.name.as_bytes(), h.value);
-                if !keep(h.name.as_bytes()) {
+                if !(keep.lines)(h.name.as_bytes()) {
                     continue;
                 }
                 let name = HeaderName::from_bytes(h.name.as_bytes())
@@ -199,7 +212,7 @@ pub(super) fn parse_head(
             names
         };
         let bytes = buf.split_to(len).freeze();
-        let mut headers = HeaderMap::with_capacity(names.len());
+        let mut headers = HeaderMap::with_capacity(names.len() + keep.room);
         for (name, range) in names {
             let value = HeaderValue::from_maybe_shared(bytes.slice(range))
                 .map_err(|_| ProtocolError::BadHead)?;
@@ -584,7 +597,7 @@ mod tests {
     use proptest::prelude::*;
 
     fn head(text: &str) -> Result<Option<Head>, ProtocolError> {
-        parse_head(&mut BytesMut::from(text), &Method::POST, every_header)
+        parse_head(&mut BytesMut::from(text), &Method::POST, EVERY_HEADER)
     }
 
     fn decode_all(
@@ -719,21 +732,27 @@ mod tests {
 
     #[test]
     fn lines_not_kept_are_not_in_the_map_but_still_frame_the_body() {
-        fn content_type_only(name: &[u8]) -> bool {
-            name.eq_ignore_ascii_case(b"content-type")
-        }
+        // Room for three headers more: the map takes them without growing.
+        const CONTENT_TYPE_ONLY: KeepHeaders = KeepHeaders {
+            lines: |name| name.eq_ignore_ascii_case(b"content-type"),
+            room: 3,
+        };
         let text = "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nX-Request-Id: r\r\n\
                     Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n";
-        let h = parse_head(&mut BytesMut::from(text), &Method::POST, content_type_only)
+        let h = parse_head(&mut BytesMut::from(text), &Method::POST, CONTENT_TYPE_ONLY)
             .unwrap()
             .unwrap();
         assert_eq!(h.headers.len(), 1);
         assert_eq!(h.headers["content-type"], "text/plain");
+        assert!(
+            h.headers.capacity() >= 4,
+            "room for the caller's three beside the one kept"
+        );
         assert_eq!(h.framing, Decoder::chunked());
         assert!(!h.keep_alive, "Connection: close, though not kept");
         let text = "HTTP/1.1 200 OK\r\nContent-Length: 3\r\nCONTENT-LENGTH: 4\r\n\r\n";
         assert_eq!(
-            parse_head(&mut BytesMut::from(text), &Method::POST, content_type_only).unwrap_err(),
+            parse_head(&mut BytesMut::from(text), &Method::POST, CONTENT_TYPE_ONLY).unwrap_err(),
             ProtocolError::BadContentLength
         );
     }
@@ -744,7 +763,7 @@ mod tests {
             "HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nlink: x\r\n\r\n\
              HTTP/1.1 201 Created\r\ncontent-length: 2\r\n\r\nok",
         );
-        let h = parse_head(&mut buf, &Method::POST, every_header)
+        let h = parse_head(&mut buf, &Method::POST, EVERY_HEADER)
             .unwrap()
             .unwrap();
         assert_eq!(h.status, StatusCode::CREATED);
@@ -930,7 +949,7 @@ mod tests {
             let _ = decode_all(&mut d, &[&bytes]);
             let mut buf = BytesMut::from(&b"HTTP/1.1 200 OK\r\n"[..]);
             buf.extend_from_slice(&bytes);
-            let _ = parse_head(&mut buf, &Method::POST, every_header);
+            let _ = parse_head(&mut buf, &Method::POST, EVERY_HEADER);
         }
     }
 }

@@ -19,7 +19,7 @@ use std::time::Duration;
 use axum::body::Body;
 use axum::response::Response;
 use bytes::Bytes;
-use http::header::{ACCEPT_ENCODING, AUTHORIZATION, CONTENT_TYPE};
+use http::header::{Entry, ACCEPT_ENCODING, AUTHORIZATION, CONTENT_TYPE, RETRY_AFTER};
 use http::{HeaderMap, HeaderValue, Method, Request, StatusCode};
 use http_body_util::{BodyExt, Limited};
 use serde_json::Value;
@@ -34,7 +34,7 @@ use crate::signal::{streams_end, StreamsEnd};
 pub mod client;
 mod http1;
 
-use client::{Client, ClientError, Route, UpstreamBody};
+use client::{Client, ClientError, KeepHeaders, Route, UpstreamBody};
 use http::HeaderName;
 
 /// What [`Upstream::forward`] sends to one deployment that is the same for every request, worked
@@ -479,7 +479,7 @@ impl Upstream {
 
         let sent = tokio::time::timeout_at(
             deadline,
-            self.client.send_keeping(route, request, read_here),
+            self.client.send_keeping(route, request, ANSWER_HEADERS),
         )
         .await;
         let response = match sent {
@@ -503,7 +503,7 @@ impl Upstream {
             Ok(Ok(response)) => response,
         };
 
-        let (parts, mut body) = response.into_parts();
+        let (mut parts, mut body) = response.into_parts();
         if !parts.status.is_success() {
             return Err(UpstreamFailure {
                 status: Some(parts.status),
@@ -519,12 +519,17 @@ impl Upstream {
                 .await,
             });
         }
-        let content_type = parts
-            .headers
-            .get(CONTENT_TYPE)
-            .cloned()
-            .unwrap_or(HeaderValue::from_static("application/json"));
-        let sse = content_type.as_bytes().starts_with(b"text/event-stream");
+        // The head's map is the answer's: it holds only what `ANSWER_HEADERS` keeps, with room
+        // for what the router and the limiter add. A success's `retry-after` is not passed on.
+        let mut headers = std::mem::take(&mut parts.headers);
+        headers.remove(RETRY_AFTER);
+        let sse = match headers.entry(CONTENT_TYPE) {
+            Entry::Occupied(kept) => kept.get().as_bytes().starts_with(b"text/event-stream"),
+            Entry::Vacant(none) => {
+                none.insert(HeaderValue::from_static("application/json"));
+                false
+            }
+        };
         // The longest silence of the body: between chunks of a stream `stream_timeout`, else
         // `timeout`.
         let idle = if chat.stream || sse {
@@ -587,14 +592,7 @@ impl Upstream {
         );
         let mut out = Response::new(Body::new(body));
         *out.status_mut() = parts.status;
-        *out.headers_mut() = http::HeaderMap::with_capacity(crate::chat::ANSWER_HEADERS);
-        out.headers_mut().insert(CONTENT_TYPE, content_type);
-        // The router learns the deployment's real remaining capacity from these.
-        for (name, value) in &parts.headers {
-            if name.as_str().starts_with(RATE_LIMIT_PREFIX) {
-                out.headers_mut().append(name.clone(), value.clone());
-            }
-        }
+        *out.headers_mut() = headers;
         Ok(out)
     }
 }
@@ -602,6 +600,13 @@ impl Upstream {
 /// The start of the names of an upstream's rate-limit headers (`x-ratelimit-remaining-requests`
 /// and the like), which the router learns a deployment's remaining capacity from.
 pub const RATE_LIMIT_PREFIX: &str = "x-ratelimit-";
+
+/// What of an answer's head is read into its map: `read_here`'s lines, with room for the headers
+/// the router and the limiter add, so the map is made once.
+const ANSWER_HEADERS: KeepHeaders = KeepHeaders {
+    lines: read_here,
+    room: crate::chat::ANSWER_HEADERS,
+};
 
 /// The headers of an upstream's answer read here: its content type, `retry-after` on a refusal,
 /// and the [`RATE_LIMIT_PREFIX`] ones the router learns from. The others (a provider's request
