@@ -11,12 +11,12 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, RwLock};
 
 use super::sqlite::{self, Db};
-use super::{hashes_match, KeyRecord, KeyStoreError, Resolved, TeamRecord};
+use super::{hashes_match, KeyRecord, KeyStoreError, PriorityOf, Resolved, TeamRecord};
 
 #[derive(Debug, Default)]
 struct Index {
-    keys: BTreeMap<String, Arc<KeyRecord>>,
-    teams: BTreeMap<String, TeamRecord>,
+    keys: BTreeMap<String, PriorityOf<Arc<KeyRecord>>>,
+    teams: BTreeMap<String, PriorityOf<TeamRecord>>,
 }
 
 /// Keys (by hash) and teams in memory, written through to `data_dir/keys.db`.
@@ -46,10 +46,14 @@ impl LocalStore {
         let (db, contents) = sqlite::open(data_dir)?;
         let mut index = Index::default();
         for key in contents.keys {
-            index.keys.insert(key.token.clone(), Arc::new(key));
+            index
+                .keys
+                .insert(key.token.clone(), PriorityOf::key(Arc::new(key)));
         }
         for team in contents.teams {
-            index.teams.insert(team.team_id.clone(), team);
+            index
+                .teams
+                .insert(team.team_id.clone(), PriorityOf::team(team));
         }
         Ok(Self {
             path: Some(db.path().to_owned()),
@@ -102,19 +106,21 @@ impl LocalStore {
         if let Some(db) = writer.as_mut() {
             db.insert_key(&record)?;
         }
-        self.index_mut().keys.insert(record.token.clone(), record);
+        self.index_mut()
+            .keys
+            .insert(record.token.clone(), PriorityOf::key(record));
         Ok(())
     }
 
     /// Resolves a key by its hash (from memory: never waits on a write).
     pub fn resolve(&self, token: &str) -> Option<Resolved> {
         let index = self.read();
-        let (stored_token, record) = index.keys.get_key_value(token)?;
+        let (stored_token, key) = index.keys.get_key_value(token)?;
         if !hashes_match(stored_token, token) {
             return None;
         }
-        let team = record.team_id.as_ref().and_then(|t| index.teams.get(t));
-        Some(Resolved::new(record.clone(), team))
+        let team = key.record.team_id.as_ref().and_then(|t| index.teams.get(t));
+        Some(Resolved::of(key, team))
     }
 
     /// Deletes keys by hash; returns, per hash, whether it existed. Blocks on the disk, unless
@@ -154,13 +160,15 @@ impl LocalStore {
         if let Some(db) = writer.as_mut() {
             db.insert_team(&team)?;
         }
-        self.index_mut().teams.insert(team.team_id.clone(), team);
+        self.index_mut()
+            .teams
+            .insert(team.team_id.clone(), PriorityOf::team(team));
         Ok(())
     }
 
     /// A team by id.
     pub fn team(&self, team_id: &str) -> Option<TeamRecord> {
-        self.read().teams.get(team_id).cloned()
+        self.read().teams.get(team_id).map(|t| t.record.clone())
     }
 
     /// Caps the database at about `bytes` (never below its current size), or lifts the cap with

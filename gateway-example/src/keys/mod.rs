@@ -140,6 +140,39 @@ impl Resolved {
             .map(Arc::from);
         Self { key, priority }
     }
+
+    /// The same, from the two records' priorities made already ([`PriorityOf`]).
+    fn of(key: &PriorityOf<Arc<KeyRecord>>, team: Option<&PriorityOf<TeamRecord>>) -> Self {
+        let priority = team
+            .and_then(|t| t.priority.as_ref())
+            .or(key.priority.as_ref());
+        Self {
+            key: key.record.clone(),
+            priority: priority.cloned(),
+        }
+    }
+}
+
+/// A record with its `metadata.priority` made once: every request of a key carries its priority,
+/// which would otherwise be copied out of the metadata each time.
+#[derive(Debug)]
+struct PriorityOf<R> {
+    record: R,
+    priority: Option<Arc<str>>,
+}
+
+impl PriorityOf<Arc<KeyRecord>> {
+    fn key(record: Arc<KeyRecord>) -> Self {
+        let priority = priority_of(&record.metadata).map(Arc::from);
+        Self { record, priority }
+    }
+}
+
+impl PriorityOf<TeamRecord> {
+    fn team(record: TeamRecord) -> Self {
+        let priority = priority_of(&record.metadata).map(Arc::from);
+        Self { record, priority }
+    }
 }
 
 fn now_secs() -> u64 {
@@ -519,6 +552,22 @@ mod tests {
             .unwrap();
         let resolved = store.resolve(&k).await.unwrap().unwrap();
         assert_eq!(resolved.priority.as_deref(), Some("dev"));
+        // A team without a priority leaves the key's.
+        let quiet = store
+            .new_team(None, Some("q".into()), Map::new())
+            .await
+            .unwrap();
+        let (k, _) = store
+            .generate_key(None, meta("dev"), Some(quiet.team_id.clone()), vec![])
+            .await
+            .unwrap();
+        let resolved = store.resolve(&k).await.unwrap().unwrap();
+        assert_eq!(resolved.priority.as_deref(), Some("dev"));
+        let (k, _) = store
+            .generate_key(None, Map::new(), Some(quiet.team_id), vec![])
+            .await
+            .unwrap();
+        assert_eq!(store.resolve(&k).await.unwrap().unwrap().priority, None);
         let e = store
             .generate_key(None, Map::new(), Some("no-such-team".into()), vec![])
             .await
