@@ -109,15 +109,20 @@ pub(super) fn store_failure(
 
 /// `response` with the rate-limit headers of the group that admitted it and its body metered
 /// into that group's lease and `deployment`'s (the lease of the deployment that served it, when
-/// its tokens are kept): one meter for both. Unchanged when neither is to be charged.
-pub(super) fn charge(
+/// its tokens are kept): one meter for both. Unchanged when neither is to be charged. The body is
+/// boxed here, once, whatever wraps it.
+pub(super) fn charge<B>(
     limiter: Option<&Limiter<GatewayStore>>,
-    response: Response,
+    response: http::Response<B>,
     lease: Option<(Lease, Admitted)>,
     chat: &ChatRequest,
     deployment: Option<Lease>,
     router: &Router,
-) -> Response {
+) -> Response
+where
+    B: http_body::Body<Data = bytes::Bytes> + Send + 'static,
+    B::Error: Into<axum::BoxError>,
+{
     match (limiter, lease, deployment) {
         (Some(limiter), Some((lease, admitted)), deployment) => limiter
             .meter_response(response, lease, &admitted, chat.prompt_tokens)
@@ -138,6 +143,6 @@ pub(super) fn charge(
                 Body::new(ResponseBody::metered(body, meter, deployment)),
             )
         }
-        (_, _, None) => response,
+        (_, _, None) => response.map(Body::new),
     }
 }

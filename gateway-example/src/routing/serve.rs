@@ -336,28 +336,29 @@ fn unavailable_response(group: &str, u: Unavailable) -> Response {
 /// Counts the response as load until its body ends; hands back the deployment's lease when its
 /// tokens are to be metered (it has a `tpm` to keep, or routing goes by usage), for [`charge`]
 /// to settle it from the same meter as the group's.
+/// The body is boxed once, by [`charge`], with the meter's around it.
 fn track(
     response: Response,
     chosen: Chosen,
     in_flight: InFlight,
     deployment: &Deployment,
     router: &Router,
-) -> (Response, Option<Lease>) {
+) -> (http::Response<InFlightBody<Body>>, Option<Lease>) {
     let metered = deployment.tpm.is_some() || router.settings().strategy == Strategy::UsageBased;
     let lease = chosen.lease.filter(|_| metered);
     (
-        response.map(|body| Body::new(InFlightBody::new(body, in_flight))),
+        response.map(|body| InFlightBody::new(body, in_flight)),
         lease,
     )
 }
 
-fn with_headers(
-    mut response: Response,
+fn with_headers<B>(
+    mut response: http::Response<B>,
     deployment_id: Option<&HeaderValue>,
     group: Option<&Group>,
     retries: u32,
     fallbacks: u32,
-) -> Response {
+) -> http::Response<B> {
     let headers = response.headers_mut();
     if let Some(id) = deployment_id {
         headers.insert(MODEL_ID, id.clone());
