@@ -12,7 +12,6 @@
 //! back from. After it the body goes to the client as it comes, and is ended when it is silent
 //! for `stream_timeout` (a stream) or `timeout` (any other body): see [`crate::idle`].
 
-use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -255,13 +254,17 @@ pub fn upstream_bytes(deployment: &Deployment, chat: &ChatRequest) -> Result<Byt
 /// Whether [`upstream_bytes`] edits `raw`, a JSON object, in place (else it parses and
 /// serializes it whole): a body without a backslash has no escaped key, so needs no closer look.
 pub fn edits_in_place(raw: &[u8]) -> bool {
-    memchr::memchr(b'\\', raw).is_none() || top_level_members(raw).is_some()
+    memchr::memchr(b'\\', raw).is_none() || top_level_members(raw, |_, _| {}).is_some()
 }
 
-/// The top-level members of the JSON object `raw` (valid JSON, as the gateway parsed it):
-/// each key's bytes between its quotes and its value's byte range. `None` when a key holds an
-/// escape (its raw bytes are then not its name) or `raw` is not an object.
-fn top_level_members(raw: &[u8]) -> Option<Vec<(&[u8], std::ops::Range<usize>)>> {
+/// Visits the top-level members of the JSON object `raw` (valid JSON, as the gateway parsed it)
+/// in order: each key's bytes between its quotes and its value's byte range. Their number, or
+/// `None` (after visiting those before) when a key holds an escape (its raw bytes are then not its
+/// name) or `raw` is not an object.
+fn top_level_members<'r>(
+    raw: &'r [u8],
+    mut visit: impl FnMut(&'r [u8], std::ops::Range<usize>),
+) -> Option<usize> {
     let skip_ws = |mut i: usize| {
         while raw.get(i).is_some_and(|b| b.is_ascii_whitespace()) {
             i += 1;
@@ -285,7 +288,7 @@ fn top_level_members(raw: &[u8]) -> Option<Vec<(&[u8], std::ops::Range<usize>)>>
         return None;
     }
     i = skip_ws(i + 1);
-    let mut members = Vec::with_capacity(8);
+    let mut members = 0;
     if raw.get(i) == Some(&b'}') {
         return Some(members);
     }
@@ -323,7 +326,8 @@ fn top_level_members(raw: &[u8]) -> Option<Vec<(&[u8], std::ops::Range<usize>)>>
         while end > start && raw[end - 1].is_ascii_whitespace() {
             end -= 1;
         }
-        members.push((key, start..end));
+        visit(key, start..end);
+        members += 1;
         if raw[j] == b'}' {
             return Some(members);
         }
@@ -334,36 +338,33 @@ fn top_level_members(raw: &[u8]) -> Option<Vec<(&[u8], std::ops::Range<usize>)>>
 /// `raw` with every top-level `model` set to `model` and, when `ask_usage`, usage asked for in
 /// `stream_options` (see [`upstream_bytes`]); `None` when [`top_level_members`] cannot read it.
 fn edit_in_place(raw: &Bytes, model: &str, ask_usage: bool) -> Option<Bytes> {
-    let members = top_level_members(raw)?;
-    // The name as a JSON string, written straight into bytes (not through a `Value` and `fmt`).
-    let model_json = serde_json::to_vec(model).ok()?;
     // (range, replacement), in order of position.
-    let mut edits: Vec<(std::ops::Range<usize>, Cow<'_, [u8]>)> = Vec::new();
+    let mut edits: Vec<(std::ops::Range<usize>, Vec<u8>)> = Vec::new();
     let mut has_options = false;
-    for (key, range) in members.iter().cloned() {
-        match key {
-            b"model" if raw[range.clone()] != *model_json => {
-                edits.push((range, Cow::Borrowed(&model_json)));
-            }
-            b"stream_options" if ask_usage => {
-                has_options = true;
-                let mut options = match serde_json::from_slice::<Value>(&raw[range.clone()]) {
-                    Ok(v @ Value::Object(_)) => v,
-                    _ => Value::Object(Default::default()),
-                };
-                if options.get("include_usage") != Some(&Value::Bool(true)) {
-                    options["include_usage"] = Value::Bool(true);
-                    edits.push((range, Cow::Owned(options.to_string().into_bytes())));
-                }
-            }
-            _ => {}
+    let members = top_level_members(raw, |key, range| match key {
+        b"model" if !is_json_string(&raw[range.clone()], model) => {
+            // The name as a JSON string, written straight into bytes (not through a `Value`).
+            let json = serde_json::Value::from(model).to_string();
+            edits.push((range, json.into_bytes()));
         }
-    }
+        b"stream_options" if ask_usage => {
+            has_options = true;
+            let mut options = match serde_json::from_slice::<Value>(&raw[range.clone()]) {
+                Ok(v @ Value::Object(_)) => v,
+                _ => Value::Object(Default::default()),
+            };
+            if options.get("include_usage") != Some(&Value::Bool(true)) {
+                options["include_usage"] = Value::Bool(true);
+                edits.push((range, options.to_string().into_bytes()));
+            }
+        }
+        _ => {}
+    })?;
     let closing = raw.len() - raw.iter().rev().position(|&b| b == b'}')? - 1;
     if ask_usage && !has_options {
-        let comma = if members.is_empty() { "" } else { "," };
+        let comma = if members == 0 { "" } else { "," };
         let added = format!(r#"{comma}"stream_options":{{"include_usage":true}}"#);
-        edits.push((closing..closing, Cow::Owned(added.into_bytes())));
+        edits.push((closing..closing, added.into_bytes()));
     }
     if edits.is_empty() {
         return Some(raw.clone());
@@ -377,6 +378,17 @@ fn edit_in_place(raw: &Bytes, model: &str, ask_usage: bool) -> Option<Bytes> {
     }
     out.extend_from_slice(&raw[at..]);
     Some(out.into())
+}
+
+/// Whether `value`, a JSON value's text, is the string `text` as serde_json writes it: `"text"`,
+/// for a text without a character JSON escapes (one with is compared as not equal, and rewritten).
+fn is_json_string(value: &[u8], text: &str) -> bool {
+    let needs_escape = |b: &u8| *b == b'"' || *b == b'\\' || *b < 0x20;
+    value.len() == text.len() + 2
+        && value.first() == Some(&b'"')
+        && value.last() == Some(&b'"')
+        && &value[1..value.len() - 1] == text.as_bytes()
+        && !text.as_bytes().iter().any(needs_escape)
 }
 
 impl Upstream {
@@ -689,7 +701,9 @@ async fn upstream_error(
 
 #[cfg(test)]
 mod tests {
-    use super::{read_here, top_level_members, upstream_body, upstream_bytes, Upstream};
+    use super::{
+        is_json_string, read_here, top_level_members, upstream_body, upstream_bytes, Upstream,
+    };
     use crate::config::{Deployment, Target};
 
     fn with_key(key: &str) -> Deployment {
@@ -779,7 +793,24 @@ mod tests {
             raw
         );
         // An escaped top-level key is not read in place (its bytes are not its name).
-        assert!(top_level_members(br#"{"mod\u0065l":"m"}"#).is_none());
+        assert!(top_level_members(br#"{"mod\u0065l":"m"}"#, |_, _| {}).is_none());
+        // The members are visited in order, each key with its value's bytes.
+        let raw = br#"{ "a" : [1, {"b": "}"}] ,"model":"m\"" }"#;
+        let mut seen = Vec::new();
+        let members = top_level_members(raw, |key, range| seen.push((key, &raw[range])));
+        assert_eq!(members, Some(2));
+        let expected: [(&[u8], &[u8]); 2] =
+            [(b"a", br#"[1, {"b": "}"}]"#), (b"model", br#""m\"""#)];
+        assert_eq!(seen, expected);
+        // A model name is the body's as it is only when its text needs no escape.
+        assert!(is_json_string(r#""gpt-4o é""#.as_bytes(), "gpt-4o é"));
+        assert!(!is_json_string(br#""gpt-4o""#, "gpt-4"));
+        assert!(!is_json_string(br#""a\b""#, "a\\b"), "\\b is a backspace");
+        assert!(
+            !is_json_string(b"\"a\tb\"", "a\tb"),
+            "a raw tab is not JSON"
+        );
+        assert!(!is_json_string(b"null", "null"));
         let chat = chat_of(r#"{"mod\u0065l":"m"}"#, false);
         let sent: serde_json::Value =
             serde_json::from_slice(&upstream_bytes(&deployment, &chat).unwrap()).unwrap();
