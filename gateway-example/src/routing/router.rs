@@ -9,6 +9,7 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 use http::HeaderValue;
 use rand::rngs::SmallRng;
+use smallvec::SmallVec;
 use tower_priority_limit::clock::Clock;
 use tower_priority_limit::config::{LimiterConfig, ModelId, PoolRef};
 use tower_priority_limit::decision::{Decision, Millis};
@@ -250,8 +251,9 @@ impl Router {
     ) -> Result<Chosen, Unavailable> {
         let now = self.clock.now_ms();
         let untried_exists = group.members.iter().any(|i| !tried.contains(i));
-        let mut candidates: Vec<Candidate> = Vec::with_capacity(group.members.len());
-        let mut cooling_down: Vec<Candidate> = Vec::new();
+        // Inline for groups of one or two deployments, the usual ones: no allocation.
+        let mut candidates: SmallVec<[Candidate; 2]> = SmallVec::with_capacity(group.members.len());
+        let mut cooling_down: SmallVec<[Candidate; 2]> = SmallVec::new();
         let mut earliest: Option<Millis> = None;
         for (slot, &index) in group.members.iter().enumerate() {
             if untried_exists && tried.contains(&index) {

@@ -15,6 +15,7 @@
 use bytes::{Buf, Bytes, BytesMut};
 use http::header::{HeaderName, CONTENT_LENGTH, TRANSFER_ENCODING};
 use http::{HeaderMap, HeaderValue, Method, StatusCode, Version};
+use smallvec::SmallVec;
 
 /// The longest response head read; a longer one is an error.
 pub(super) const MAX_HEAD: usize = 64 * 1024;
@@ -196,9 +197,10 @@ pub(super) fn parse_head(
         // One pass over the lines: each name, where its value lies (values are slices of the
         // head's bytes, not copies), and what the framing needs.
         let mut lines = HeadLines::new();
-        let names: Vec<(HeaderName, std::ops::Range<usize>)> = {
+        // On the stack: an answer keeps a few of its lines, rarely more than 16.
+        let names: SmallVec<[(HeaderName, std::ops::Range<usize>); 16]> = {
             let base = buf.as_ptr() as usize;
-            let mut names = Vec::with_capacity(response.headers.len());
+            let mut names = SmallVec::new();
             for h in response.headers.iter() {
                 lines.read(h.name.as_bytes(), h.value);
                 if !(keep.lines)(h.name.as_bytes()) {
