@@ -18,7 +18,7 @@
 
 use std::collections::HashMap;
 use std::future::{poll_fn, Future};
-use std::io;
+use std::io::{self, IoSlice};
 use std::pin::{pin, Pin};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::task::{ready, Context, Poll};
@@ -48,6 +48,8 @@ pub const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 const MAX_IDLE_PER_UPSTREAM: usize = 1024;
 /// Room made in a connection's read buffer before each read.
 const READ_SIZE: usize = 16 * 1024;
+/// Room for a request head: a connection's head buffer starts with it (and keeps what it grows to).
+const HEAD_SIZE: usize = 512;
 
 /// A connection's byte stream: TCP, or TLS over TCP, as tokio reads and writes it.
 type Io = TokioIo<MaybeHttpsStream<TokioIo<TcpStream>>>;
@@ -231,6 +233,8 @@ struct Conn {
     /// Boxed: TLS state is large, and a `Conn` is moved with every request that uses it.
     io: Box<Io>,
     read: BytesMut,
+    /// The head of the request being written, kept so each request's head reuses its room.
+    head: Vec<u8>,
     idle_since: Instant,
 }
 
@@ -248,20 +252,28 @@ impl Conn {
         self.read.is_empty() && self.poll_fill(cx).is_pending()
     }
 
-    /// Writes the request `bytes`, reading meanwhile: an upstream may answer (a 401, a 413) and
+    /// Writes the request, its head (`self.head`) and `body` in one vectored write (the body is
+    /// not copied next to the head), reading meanwhile: an upstream may answer (a 401, a 413) and
     /// stop reading, or close, before it has taken a large body, and that answer is the
     /// response. `Ok(Some(head))` is such an early answer (the request was not all written, so
     /// the connection is not kept). The error says whether any of the bytes went out.
     async fn write_request(
         &mut self,
-        bytes: &[u8],
+        body: &[u8],
         method: &Method,
         keep: KeepHeaders,
     ) -> Result<Option<Head>, (bool, ClientError)> {
+        let total = self.head.len() + body.len();
         let mut written = 0;
         poll_fn(|cx| loop {
-            let wrote = if written < bytes.len() {
-                match Pin::new(&mut *self.io).poll_write(cx, &bytes[written..]) {
+            let wrote = if written < total {
+                // What is left of the head (perhaps nothing), then of the body.
+                let (head, body) = match written.checked_sub(self.head.len()) {
+                    None => (&self.head[written..], body),
+                    Some(into_body) => (&[][..], &body[into_body..]),
+                };
+                let left = [IoSlice::new(head), IoSlice::new(body)];
+                match Pin::new(&mut *self.io).poll_write_vectored(cx, &left) {
                     Poll::Ready(Ok(0)) => Poll::Ready(Err(io::ErrorKind::WriteZero.into())),
                     Poll::Ready(Ok(n)) => {
                         written += n;
@@ -498,26 +510,26 @@ impl Client {
         keep: KeepHeaders,
     ) -> Result<Response<UpstreamBody>, ClientError> {
         let (parts, body) = request.into_parts();
-        // Head and body in one buffer: one write (as the server side does, see server.rs).
-        let mut wire = Vec::with_capacity(512 + body.len());
         let host = (!parts.headers.contains_key(http::header::HOST)).then_some(&route.host);
-        write_request_head(
-            &mut wire,
-            &parts.method,
-            route.path.as_str(),
-            host,
-            |out| route.headers.write(out, &parts.headers),
-            &parts.headers,
-            body.len(),
-        );
-        wire.extend_from_slice(&body);
         let idle = route.idle.get_or_init(|| self.pool.idle(&route.key));
         loop {
             let (mut conn, reused) = match checkout(idle).await {
                 Some(conn) => (conn, true),
                 None => (self.connect(&route.url).await?, false),
             };
-            let (head, whole) = match conn.write_request(&wire, &parts.method, keep).await {
+            // The head into the connection's own buffer; head and body go in one write (as the
+            // server side does, see server.rs).
+            conn.head.clear();
+            write_request_head(
+                &mut conn.head,
+                &parts.method,
+                route.path.as_str(),
+                host,
+                |out| route.headers.write(out, &parts.headers),
+                &parts.headers,
+                body.len(),
+            );
+            let (head, whole) = match conn.write_request(&body, &parts.method, keep).await {
                 Ok(None) => (conn.read_head(&parts.method, keep).await?, true),
                 Ok(Some(early)) => (early, false),
                 // The upstream closed a kept connection before any of the request went out on
@@ -549,6 +561,7 @@ impl Client {
         Ok(Conn {
             io: Box::new(TokioIo::new(io)),
             read: BytesMut::with_capacity(READ_SIZE),
+            head: Vec::with_capacity(HEAD_SIZE),
             idle_since: Instant::now(),
         })
     }
@@ -903,6 +916,75 @@ mod tests {
             assert_eq!(get(&client, addr).await.unwrap_err(), error);
             assert_eq!(idle_connections(&client), 0);
         }
+    }
+
+    /// A request goes out whole and in order, its head then its body, however the writes of
+    /// a body larger than the socket's buffers are split; and the next request on the kept
+    /// connection writes its own head, not what is left of the first's.
+    #[tokio::test]
+    async fn a_large_body_goes_out_whole_after_its_head() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (got_tx, mut got_rx) = tokio::sync::mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            let (mut stream, _) = listener.accept().await.unwrap();
+            // What came after the last request, as it came (the body's bytes are not text).
+            let mut got: Vec<u8> = Vec::new();
+            let mut buf = [0u8; 4096];
+            loop {
+                let end = loop {
+                    if let Some(at) = got.windows(4).position(|w| w == b"\r\n\r\n") {
+                        break at + 4;
+                    }
+                    let n = stream.read(&mut buf).await.unwrap();
+                    assert!(n > 0, "the head was cut short");
+                    got.extend_from_slice(&buf[..n]);
+                };
+                let head = String::from_utf8(got[..end].to_vec())
+                    .unwrap()
+                    .to_lowercase();
+                let length: usize = head
+                    .lines()
+                    .find_map(|l| l.strip_prefix("content-length: "))
+                    .unwrap()
+                    .parse()
+                    .unwrap();
+                let mut body = got.split_off(end);
+                got.clear();
+                // Small reads, so the client's writes stall and resume mid-body.
+                while body.len() < length {
+                    let n = stream.read(&mut buf).await.unwrap();
+                    assert!(n > 0, "the body was cut short");
+                    body.extend_from_slice(&buf[..n]);
+                }
+                got = body.split_off(length);
+                got_tx.send((head, body)).unwrap();
+                stream
+                    .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+                    .await
+                    .unwrap();
+            }
+        });
+        let client = Client::default();
+        let big: Vec<u8> = (0..4 * 1024 * 1024u32).map(|i| (i % 251) as u8).collect();
+        for (path, body) in [
+            ("/first", Bytes::from(big)),
+            ("/second", Bytes::from("small")),
+        ] {
+            let request = Request::post(format!("http://{addr}{path}"))
+                .body(body.clone())
+                .unwrap();
+            let response = client.request(request).await.unwrap();
+            assert_eq!(response.status(), 200);
+            let (head, got) = got_rx.recv().await.unwrap();
+            assert!(head.starts_with(&format!("post {path} http/1.1")), "{head}");
+            assert!(got == body, "{path}: the body arrived changed");
+            assert_eq!(
+                response.into_body().collect().await.unwrap().to_bytes(),
+                "ok"
+            );
+        }
+        assert_eq!(idle_connections(&client), 1, "one connection, kept");
     }
 
     /// An upstream that answers after reading only the head of a large request (a 401, say)
