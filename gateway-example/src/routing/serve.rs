@@ -3,9 +3,9 @@
 
 use std::time::Duration;
 
+use axum::body::Body;
 use axum::response::{IntoResponse, Response};
 use http::{HeaderName, HeaderValue, StatusCode};
-use http_body_util::Either;
 use rand::rngs::SmallRng;
 use rand::{RngExt, SeedableRng};
 use tower_priority_limit::decision::Admitted;
@@ -192,15 +192,11 @@ pub async fn serve(
                 let in_flight = router.begin(index);
                 current_called = true;
                 first_called |= !in_fallback;
-                // Each kind of answer's body as it is, boxed once by `charge`.
                 let result = match &deployment.target {
-                    Target::Mock { content } => {
-                        Ok(mock_answer(chat, group.name.as_str(), content).map(Either::Right))
+                    Target::Mock { content } => Ok(mock_answer(chat, group.name.as_str(), content)),
+                    Target::Upstream { .. } => {
+                        upstream.forward(index, deployment, chat, time).await
                     }
-                    Target::Upstream { .. } => upstream
-                        .forward(index, deployment, chat, time)
-                        .await
-                        .map(|response| response.map(Either::Left)),
                 };
                 match result {
                     Ok(mut response) => {
@@ -341,13 +337,13 @@ fn unavailable_response(group: &str, u: Unavailable) -> Response {
 /// tokens are to be metered (it has a `tpm` to keep, or routing goes by usage), for [`charge`]
 /// to settle it from the same meter as the group's.
 /// The body is boxed once, by [`charge`], with the meter's around it.
-fn track<B>(
-    response: http::Response<B>,
+fn track(
+    response: Response,
     chosen: Chosen,
     in_flight: InFlight,
     deployment: &Deployment,
     router: &Router,
-) -> (http::Response<InFlightBody<B>>, Option<Lease>) {
+) -> (http::Response<InFlightBody<Body>>, Option<Lease>) {
     let metered = deployment.tpm.is_some() || router.settings().strategy == Strategy::UsageBased;
     let lease = chosen.lease.filter(|_| metered);
     (

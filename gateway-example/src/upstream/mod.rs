@@ -15,6 +15,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use axum::body::Body;
+use axum::response::Response;
 use bytes::Bytes;
 use http::header::{Entry, ACCEPT_ENCODING, AUTHORIZATION, CONTENT_TYPE, RETRY_AFTER};
 use http::{HeaderMap, HeaderValue, Method, Request, StatusCode};
@@ -441,7 +443,7 @@ impl Upstream {
         deployment: &Deployment,
         chat: &ChatRequest,
         time: Duration,
-    ) -> Result<http::Response<IdleBody<UpstreamBody>>, UpstreamFailure> {
+    ) -> Result<Response, UpstreamFailure> {
         // The attempt's bounds all run from here: one clock read for them.
         let started = tokio::time::Instant::now();
         // As `tokio::time::timeout` does, a time too long to add is as good as none.
@@ -600,8 +602,7 @@ impl Upstream {
             sse,
             prepared.model_name.clone(),
         );
-        // Not boxed: the router boxes the body once, with what it wraps it in.
-        let mut out = http::Response::new(body);
+        let mut out = Response::new(Body::new(body));
         *out.status_mut() = parts.status;
         *out.headers_mut() = headers;
         Ok(out)
