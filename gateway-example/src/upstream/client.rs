@@ -256,9 +256,9 @@ impl Conn {
         self.read.is_empty() && self.poll_fill(cx).is_pending()
     }
 
-    /// Writes the request, `self.head` then `body` (the rest of it, if any) in one vectored
-    /// write, reading meanwhile: an upstream may answer (a 401, a 413) and
-    /// stop reading, or close, before it has taken a large body, and that answer is the
+    /// Writes the request, `self.head` then `body` (the rest of it, if any: a vectored write
+    /// only while both have bytes left), reading meanwhile: an upstream may answer (a 401, a 413)
+    /// and stop reading, or close, before it has taken a large body, and that answer is the
     /// response. `Ok(Some(head))` is such an early answer (the request was not all written, so
     /// the connection is not kept). The error says whether any of the bytes went out.
     async fn write_request(
@@ -276,8 +276,15 @@ impl Conn {
                     None => (&self.head[written..], body),
                     Some(into_body) => (&[][..], &body[into_body..]),
                 };
-                let left = [IoSlice::new(head), IoSlice::new(body)];
-                match Pin::new(&mut *self.io).poll_write_vectored(cx, &left) {
+                let io = Pin::new(&mut *self.io);
+                let polled = match (head.is_empty(), body.is_empty()) {
+                    (false, true) => io.poll_write(cx, head),
+                    (true, _) => io.poll_write(cx, body),
+                    (false, false) => {
+                        io.poll_write_vectored(cx, &[IoSlice::new(head), IoSlice::new(body)])
+                    }
+                };
+                match polled {
                     Poll::Ready(Ok(0)) => Poll::Ready(Err(io::ErrorKind::WriteZero.into())),
                     Poll::Ready(Ok(n)) => {
                         written += n;
