@@ -335,8 +335,8 @@ fn unavailable_response(group: &str, u: Unavailable) -> Response {
 
 /// Counts the response as load until its body ends; hands back the deployment's lease when its
 /// tokens are to be metered (it has a `tpm` to keep, or routing goes by usage), for [`charge`]
-/// to settle it from the same meter as the group's.
-/// The body is boxed once, by [`charge`], with the meter's around it.
+/// to settle it from the same meter as the group's. The body is not boxed again here: [`charge`]
+/// boxes it once, with the meter around it.
 fn track(
     response: Response,
     chosen: Chosen,

@@ -160,9 +160,9 @@ fn every_line(_: &[u8]) -> bool {
 }
 
 /// Parses the response head at the start of `buf`, answering a request of `method`, with the
-/// header lines `keep` wants in its header map (made with `keep`'s room). `Ok(None)`: not all of it is in yet. A `1xx`
-/// head (other than `101`) is consumed and the next one read; the head is taken out of `buf`,
-/// which then starts with the body.
+/// header lines `keep` wants in its header map (made with `keep`'s room). `Ok(None)`: not all of
+/// it is in yet. A `1xx` head (other than `101`) is consumed and the next one read; the head is
+/// taken out of `buf`, which then starts with the body.
 pub(super) fn parse_head(
     buf: &mut BytesMut,
     method: &Method,

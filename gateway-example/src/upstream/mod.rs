@@ -343,7 +343,8 @@ fn edit_in_place(raw: &Bytes, model: &str, ask_usage: bool) -> Option<Bytes> {
     let mut has_options = false;
     let members = top_level_members(raw, |key, range| match key {
         b"model" if !is_json_string(&raw[range.clone()], model) => {
-            // The name as a JSON string, written straight into bytes (not through a `Value`).
+            // The name as a JSON string (a `Value`'s text: unlike `to_vec`, it cannot fail, and
+            // this closure has no way to say it did). Only when the body's name differs.
             let json = serde_json::Value::from(model).to_string();
             edits.push((range, json.into_bytes()));
         }
