@@ -4,7 +4,7 @@
 #
 #   benches/proxy.sh [seconds per run, default 6] [concurrency, default 64] [rounds, default 3]
 #
-# Three targets, each loaded with oha pinned to CPU $OHA_CPU (default 0) while the proxy and the
+# The targets, each loaded with oha pinned to CPU $OHA_CPU (default 0) while the proxy and the
 # mock upstream share CPU $PROXY_CPU (default 1):
 #   direct   mock-upstream alone;
 #   nginx    nginx (Debian's package, installed when missing): proxy_pass to an upstream block
@@ -14,7 +14,12 @@
 #   floor    benches/examples/proxy_floor.rs: the gateway's server settings and upstream client
 #            and nothing else (no key, JSON, limiter, router or metering), the least a proxy on
 #            this stack costs: gateway / floor is what the gateway's own work costs, floor / nginx
-#            what the stack does.
+#            what the stack does;
+#   own      (only when TARGETS names it) the floor with FLOOR_SERVER=own: the same client behind
+#            a server side written for this path instead of hyper's, what replacing hyper's server
+#            could save (own / floor).
+# TARGETS="direct nginx gateway floor own" picks the targets (default: all but own; direct and
+# nginx are always run, the ratios are against them).
 # The mock answers with STREAM_CHUNKS (default 50) words, so a stream is a role chunk, 50
 # content chunks, a finish chunk and a usage chunk (every client asks for it with
 # stream_options.include_usage, so the gateway strips nothing and all targets send the same bytes).
@@ -46,7 +51,9 @@ BIN=${CARGO_TARGET_DIR:-target}/release
 TMP=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$TMP"' EXIT
 
-UP_PORT=4201 NGINX_PORT=4202 GW_PORT=4203 FLOOR_PORT=4204
+UP_PORT=4201 NGINX_PORT=4202 GW_PORT=4203 FLOOR_PORT=4204 OWN_PORT=4205
+TARGETS=${TARGETS:-direct nginx gateway floor}
+case "$TARGETS" in "direct nginx "*) ;; *) echo "TARGETS must start with direct nginx" >&2; exit 2 ;; esac
 # shellcheck source=benches/common.sh
 . benches/common.sh
 
@@ -88,11 +95,16 @@ wait_up "http://127.0.0.1:$GW_PORT/health/liveliness"
 KEY=$(prod_key "$GW_PORT")
 taskset -c "$PROXY_CPU" "$BIN/examples/proxy_floor" "$FLOOR_PORT" "http://127.0.0.1:$UP_PORT/v1/chat/completions" &
 wait_up "http://127.0.0.1:$FLOOR_PORT/stats"
+if [[ " $TARGETS " == *" own "* ]]; then
+  FLOOR_SERVER=own taskset -c "$PROXY_CPU" "$BIN/examples/proxy_floor" "$OWN_PORT" "http://127.0.0.1:$UP_PORT/v1/chat/completions" &
+  wait_up "http://127.0.0.1:$OWN_PORT/stats"
+fi
 
 declare -A URL=([direct]="http://127.0.0.1:$UP_PORT/v1/chat/completions"
                 [nginx]="http://127.0.0.1:$NGINX_PORT/v1/chat/completions"
                 [gateway]="http://127.0.0.1:$GW_PORT/v1/chat/completions"
-                [floor]="http://127.0.0.1:$FLOOR_PORT/v1/chat/completions")
+                [floor]="http://127.0.0.1:$FLOOR_PORT/v1/chat/completions"
+                [own]="http://127.0.0.1:$OWN_PORT/v1/chat/completions")
 body() { # $1 = stream
   local opts=''
   [ "$1" = true ] && opts=',"stream_options":{"include_usage":true}'
@@ -111,28 +123,30 @@ echo "gateway stream: $chunks SSE events (data lines, [DONE] included)"
 echo "oha -z ${SECS}s -c $CONC, $ROUNDS rounds; oha on CPU $OHA_CPU; upstream and proxy on CPU $PROXY_CPU; stream of $STREAM_CHUNKS words"
 for round in $(seq "$ROUNDS"); do
   for stream in false true; do
-    for target in direct nginx gateway floor; do
+    for target in $TARGETS; do
       load "$target" "$stream" "$TMP/$target-$stream-$round.json" -z "${SECS}s" -c "$CONC"
     done
   done
 done
 echo "fixed rate: oha -q $RATE -z ${SECS}s -c $CONC, $ROUNDS rounds, not streamed"
 for round in $(seq "$ROUNDS"); do
-  for target in direct nginx gateway floor; do
+  for target in $TARGETS; do
     load "$target" false "$TMP/$target-rate-$round.json" -q "$RATE" -z "${SECS}s" -c "$CONC"
   done
 done
 
-python3 - "$TMP" "$ROUNDS" <<'PY'
+python3 - "$TMP" "$ROUNDS" $TARGETS <<'PY'
 import json, statistics, sys
-d, rounds = sys.argv[1], int(sys.argv[2])
+d, rounds, targets = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+pairs = [(a, b) for a, b in (("gateway", "nginx"), ("floor", "nginx"), ("gateway", "floor"),
+                             ("own", "nginx"), ("own", "floor")) if a in targets and b in targets]
 def runs(name):
     return [json.load(open(f"{d}/{name}-{r}.json")) for r in range(1, rounds + 1)]
 def all_ok(rs):
     return all(set(r.get("statusCodeDistribution", {})) == {"200"} for r in rs)
 for stream in ("false", "true"):
     med = {}
-    for target in ("direct", "nginx", "gateway", "floor"):
+    for target in targets:
         rs = runs(f"{target}-{stream}")
         rps = [r["summary"]["requestsPerSec"] for r in rs]
         med[target] = statistics.median(rps)
@@ -140,19 +154,19 @@ for stream in ("false", "true"):
         print(f"{target:>7} stream={stream:<5} rps median={med[target]:8.0f} "
               f"(runs {', '.join(f'{x:.0f}' for x in rps)}) p50={p50:5.2f}ms all-200={all_ok(rs)}")
     # The same round's runs are minutes apart at most: their ratio shares the machine's drift.
-    for a, b in (("gateway", "nginx"), ("floor", "nginx"), ("gateway", "floor")):
+    for a, b in pairs:
         paired = [x["summary"]["requestsPerSec"] / y["summary"]["requestsPerSec"]
                   for x, y in zip(runs(f"{a}-{stream}"), runs(f"{b}-{stream}"))]
         print(f"        stream={stream:<5} {a} / {b} = {med[a] / med[b]:.3f} (medians); "
               f"per round {', '.join(f'{x:.3f}' for x in paired)}, median {statistics.median(paired):.3f}")
 p50 = {}
-for target in ("direct", "nginx", "gateway", "floor"):
+for target in targets:
     rs = runs(f"{target}-rate")
     each = [r["latencyPercentiles"]["p50"] * 1e6 for r in rs]
     p50[target] = statistics.median(each)
     rps = statistics.median(r["summary"]["requestsPerSec"] for r in rs)
     print(f"{target:>7} fixed rate {rps:6.0f} req/s: p50 median={p50[target]:6.0f} µs "
           f"(runs {', '.join(f'{x:.0f}' for x in each)}) all-200={all_ok(rs)}")
-for target in ("nginx", "gateway", "floor"):
+for target in targets[1:]:
     print(f"        {target} adds {p50[target] - p50['direct']:5.0f} µs to the median at the fixed rate")
 PY

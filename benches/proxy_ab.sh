@@ -15,6 +15,8 @@
 # per-round figures, then medians and the new / base ratio. PROMPT_BYTES=N makes the user message
 # N bytes of words (default: "hi"); PROVIDER_HEADERS=1 has the mock send the other headers OpenAI
 # sends on an answer.
+# FLOOR_AB=1 compares the two servers of benches/examples/proxy_floor.rs instead: hyper's ("base")
+# against the one written for the path (FLOOR_SERVER=own, "new"); BASELINE_BIN is not needed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 STREAM=${1:-false}
@@ -22,7 +24,8 @@ N=${2:-$([ "$STREAM" = true ] && echo 6000 || echo 60000)}
 ROUNDS=${3:-5}
 PROXY_CPU=${PROXY_CPU:-1}
 OHA_CPU=${OHA_CPU:-0}
-: "${BASELINE_BIN:?set BASELINE_BIN to the gateway-example binary to compare against}"
+[ -n "${FLOOR_AB:-}" ] ||
+  : "${BASELINE_BIN:?set BASELINE_BIN to the gateway-example binary to compare against}"
 command -v oha >/dev/null || cargo install --locked oha
 # shellcheck source=benches/common.sh
 . benches/common.sh
@@ -33,7 +36,18 @@ taskset -c "$PROXY_CPU" "$BIN/mock-upstream" --port "$UP_PORT" --stream-chunks 5
 full_config "api_base: \"http://127.0.0.1:$UP_PORT/v1\"" '["dynamic_rate_limiter_v3"]' > "$TMP/gateway.yaml"
 declare -A PID PORT KEY
 PORT[base]=4232 PORT[new]=4233
+[ -n "${FLOOR_AB:-}" ] && cargo build --release -q -p benches --example proxy_floor
 for build in base new; do
+  if [ -n "${FLOOR_AB:-}" ]; then
+    server=hyper
+    [ "$build" = new ] && server=own
+    FLOOR_SERVER=$server taskset -c "$PROXY_CPU" "$BIN/examples/proxy_floor" "${PORT[$build]}" \
+      "http://127.0.0.1:$UP_PORT/v1/chat/completions" &
+    PID[$build]=$!
+    wait_up "http://127.0.0.1:${PORT[$build]}/stats"
+    KEY[$build]=none
+    continue
+  fi
   bin=${NEW_BIN:-$BIN/gateway-example}
   [ "$build" = base ] && bin=$BASELINE_BIN
   RUST_LOG=error taskset -c "$PROXY_CPU" "$bin" --config "$TMP/gateway.yaml" --host 127.0.0.1 \

@@ -16,6 +16,8 @@
 # CALLBACKS='[]' with the limiter off: the two together give what the limiter costs per request.
 # TARGET=floor counts benches/examples/proxy_floor.rs instead: the gateway's server settings and
 # upstream client with nothing else (what the stack costs; the gateway's own work is the rest).
+# With FLOOR_SERVER=own as well, the floor's server side is the one written for the path, not
+# hyper's (benches/examples/proxy_floor.rs): what hyper's server side costs is the difference.
 # KEEP_PROFILE=path keeps the callgrind output there, for `callgrind_annotate --inclusive=yes path`.
 # PROMPT_BYTES=N makes the user message N bytes of words (default: "hi"), for what a prompt's
 # size costs (the body is read, estimated and edited on its way upstream). PROVIDER_HEADERS=1 has
