@@ -53,7 +53,7 @@ trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$TMP"' EXIT
 
 UP_PORT=4201 NGINX_PORT=4202 GW_PORT=4203 FLOOR_PORT=4204 OWN_PORT=4205
 TARGETS=${TARGETS:-direct nginx gateway floor}
-case "$TARGETS" in "direct nginx "*) ;; *) echo "TARGETS must start with direct nginx" >&2; exit 2 ;; esac
+case "$TARGETS" in "direct nginx" | "direct nginx "*) ;; *) echo "TARGETS must start with direct nginx" >&2; exit 2 ;; esac
 # shellcheck source=benches/common.sh
 . benches/common.sh
 
