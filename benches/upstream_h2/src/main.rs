@@ -86,6 +86,15 @@ fn ticks() -> (u64, u64) {
     (fields[11].parse().unwrap(), fields[12].parse().unwrap())
 }
 
+/// A client of either version, cheap to clone.
+#[derive(Clone)]
+enum Sender {
+    /// The gateway's client and the route to the server.
+    H1(Client, Arc<Route>),
+    /// A stream sender on the one HTTP/2 connection.
+    H2(hyper::client::conn::http2::SendRequest<Full<Bytes>>),
+}
+
 async fn client(version: &str, url: &str, n: usize, conc: usize) {
     let uri: http::Uri = url.parse().expect("URL is a URL");
     let request = |uri: &http::Uri| {
@@ -98,54 +107,63 @@ async fn client(version: &str, url: &str, n: usize, conc: usize) {
         );
         r
     };
+    // One client for the warm-up and the measured run: connections made once, then kept.
+    let sender = match version {
+        "h1" => Sender::H1(
+            Client::default(),
+            Arc::new(Route::new(uri.clone()).expect("an absolute URL")),
+        ),
+        "h2" => {
+            let authority = uri.authority().expect("a host").as_str().to_owned();
+            let stream = tokio::net::TcpStream::connect(&authority)
+                .await
+                .expect("connect");
+            let _ = stream.set_nodelay(true);
+            let (sender, conn) =
+                hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
+                    .await
+                    .expect("an HTTP/2 connection");
+            tokio::spawn(conn);
+            Sender::H2(sender)
+        }
+        _ => panic!("the version is h1 or h2"),
+    };
     let run = |count: usize| {
-        let uri = uri.clone();
+        let (uri, sender) = (uri.clone(), sender.clone());
         async move {
             let permits = Arc::new(Semaphore::new(conc));
             let mut tasks = tokio::task::JoinSet::new();
-            match version {
-                "h1" => {
-                    let client = Client::default();
-                    let route = Route::new(uri.clone()).expect("an absolute URL");
-                    for _ in 0..count {
-                        let permit = permits.clone().acquire_owned().await.unwrap();
-                        let (client, route, r) = (client.clone(), route.clone(), request(&uri));
-                        tasks.spawn(async move {
+            for _ in 0..count {
+                let permit = permits.clone().acquire_owned().await.unwrap();
+                let (sender, r) = (sender.clone(), request(&uri));
+                tasks.spawn(async move {
+                    let body = match sender {
+                        Sender::H1(client, route) => {
                             let response = client.send(&route, r).await.expect("an answer");
-                            let body = response.into_body().collect().await.expect("a body");
-                            assert_eq!(body.to_bytes().len(), ANSWER.len());
-                            drop(permit);
-                        });
-                        while tasks.try_join_next().is_some() {}
-                    }
-                }
-                "h2" => {
-                    let authority = uri.authority().expect("a host").as_str().to_owned();
-                    let stream = tokio::net::TcpStream::connect(&authority)
-                        .await
-                        .expect("connect");
-                    let _ = stream.set_nodelay(true);
-                    let (sender, conn) = hyper::client::conn::http2::handshake(
-                        TokioExecutor::new(),
-                        TokioIo::new(stream),
-                    )
-                    .await
-                    .expect("an HTTP/2 connection");
-                    tokio::spawn(conn);
-                    for _ in 0..count {
-                        let permit = permits.clone().acquire_owned().await.unwrap();
-                        let mut sender = sender.clone();
-                        let r = request(&uri).map(Full::new);
-                        tasks.spawn(async move {
-                            let response = sender.send_request(r).await.expect("an answer");
-                            let body = response.into_body().collect().await.expect("a body");
-                            assert_eq!(body.to_bytes().len(), ANSWER.len());
-                            drop(permit);
-                        });
-                        while tasks.try_join_next().is_some() {}
-                    }
-                }
-                _ => panic!("the version is h1 or h2"),
+                            response
+                                .into_body()
+                                .collect()
+                                .await
+                                .expect("a body")
+                                .to_bytes()
+                        }
+                        Sender::H2(mut sender) => {
+                            let response = sender
+                                .send_request(r.map(Full::new))
+                                .await
+                                .expect("an answer");
+                            response
+                                .into_body()
+                                .collect()
+                                .await
+                                .expect("a body")
+                                .to_bytes()
+                        }
+                    };
+                    assert_eq!(body.len(), ANSWER.len());
+                    drop(permit);
+                });
+                while tasks.try_join_next().is_some() {}
             }
             while tasks.join_next().await.is_some() {}
         }
