@@ -95,6 +95,15 @@ enum Sender {
     H2(hyper::client::conn::http2::SendRequest<Full<Bytes>>),
 }
 
+/// An answer's whole body.
+async fn whole<B: hyper::body::Body>(response: Response<B>) -> Bytes
+where
+    B::Error: std::fmt::Debug,
+{
+    let collected = response.into_body().collect().await.expect("a body");
+    collected.to_bytes()
+}
+
 async fn client(version: &str, url: &str, n: usize, conc: usize) {
     let uri: http::Uri = url.parse().expect("URL is a URL");
     let request = |uri: &http::Uri| {
@@ -139,25 +148,11 @@ async fn client(version: &str, url: &str, n: usize, conc: usize) {
                 tasks.spawn(async move {
                     let body = match sender {
                         Sender::H1(client, route) => {
-                            let response = client.send(&route, r).await.expect("an answer");
-                            response
-                                .into_body()
-                                .collect()
-                                .await
-                                .expect("a body")
-                                .to_bytes()
+                            whole(client.send(&route, r).await.expect("an answer")).await
                         }
                         Sender::H2(mut sender) => {
-                            let response = sender
-                                .send_request(r.map(Full::new))
-                                .await
-                                .expect("an answer");
-                            response
-                                .into_body()
-                                .collect()
-                                .await
-                                .expect("a body")
-                                .to_bytes()
+                            let sent = sender.send_request(r.map(Full::new)).await;
+                            whole(sent.expect("an answer")).await
                         }
                     };
                     assert_eq!(body.len(), ANSWER.len());
