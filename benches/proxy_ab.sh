@@ -6,6 +6,8 @@
 #
 #   BASELINE_BIN=path/to/gateway-example benches/proxy_ab.sh [stream: false|true] [requests] [rounds]
 #
+# Build the baseline with the tree's release profile (root Cargo.toml: fat LTO, one codegen unit);
+# one built with another profile makes the ratio measure the profile, not the change.
 # The builds are this tree's release `gateway-example` ("new"; NEW_BIN=path for another, e.g. the
 # baseline again, to see the harness's own spread) and BASELINE_BIN ("base"), both with the setup
 # of benches/proxy.sh (limiter on, every rate-limit header), both pinned with the upstream to CPU
