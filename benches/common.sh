@@ -1,5 +1,5 @@
 # Shared by the HTTP load scripts (load.sh, proxy.sh, proxy_ab.sh, proxy_callgrind.sh,
-# proxy_profile.sh, rate_cpu.sh): sourced, not run.
+# proxy_cpu.sh, proxy_profile.sh, rate_cpu.sh): sourced, not run.
 
 # The "full" gateway config: model `load-model` with rpm and tpm far above any run, two
 # priorities, so every admitted response carries all 15 rate-limit headers.
@@ -45,6 +45,18 @@ build_and_scratch() {
 # CPU time of process PID so far, user + kernel, in clock ticks (10 ms here): read before and
 # after a load, the difference per request is what machine noise disturbs least.
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+# The same, user and kernel apart: "user kernel".
+user_kernel_ticks() { awk '{print $14, $15}' "/proc/$1/stat"; }
+# Context switches of process PID so far, its threads summed: "voluntary involuntary". Voluntary
+# ones are waits (each a sleep and a wake-up), involuntary ones the kernel's preemptions.
+context_switches() {
+  local v=0 n=0 s
+  for s in /proc/"$1"/task/*/status; do
+    v=$((v + $(awk '/^voluntary_ctxt/{print $2}' "$s")))
+    n=$((n + $(awk '/^nonvoluntary_ctxt/{print $2}' "$s")))
+  done
+  echo "$v $n"
+}
 # The user message of a load's requests: "hi", or $PROMPT_BYTES bytes of words when set (what a
 # prompt's size costs: the body is read, estimated and edited on its way upstream).
 prompt_text() {
@@ -58,4 +70,74 @@ prompt_text() {
 # other headers OpenAI sends on an answer (a real head's size).
 upstream_flags() {
   if [ "${PROVIDER_HEADERS:-}" = 1 ]; then echo --provider-headers; fi
+}
+
+# The targets of the proxy benches (proxy.sh, proxy_cpu.sh), each on 127.0.0.1:PORT in front of
+# the `mock-upstream` on 127.0.0.1:UP_PORT and pinned to CPU $PROXY_CPU with it. Each waits until
+# its target answers and leaves its process id in PID_OF[PORT]. They need BIN and TMP
+# (build_and_scratch) and the floor's binary (cargo build --release -p benches --example proxy_floor).
+declare -A PID_OF
+# mock-upstream with STREAM_CHUNKS (default 50) words to a stream.
+start_upstream() { # PORT
+  RUST_LOG=error taskset -c "$PROXY_CPU" "$BIN/mock-upstream" --port "$1" \
+    --stream-chunks "${STREAM_CHUNKS:-50}" $(upstream_flags) >/dev/null 2>&1 &
+  PID_OF[$1]=$!
+  wait_up "http://127.0.0.1:$1/stats"
+}
+# nginx (Debian's package, installed when missing), one worker: proxy_pass to an upstream block
+# with keepalive 64, limit_req at a rate far above any load, proxy_buffering off. Its process id is
+# the master's; its worker is the master's child (nginx_worker).
+start_nginx() { # PORT UP_PORT
+  if ! command -v nginx >/dev/null && [ ! -x /usr/sbin/nginx ]; then
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q nginx >/dev/null
+  fi
+  local dir=$TMP/nginx-$1
+  mkdir -p "$dir"
+  cat > "$dir/nginx.conf" <<NGINX
+daemon off;
+user root;
+worker_processes 1;
+pid $dir/nginx.pid;
+error_log $dir/error.log error;
+events { worker_connections 4096; }
+http {
+  access_log off;
+  client_body_temp_path $dir/body;
+  proxy_temp_path $dir/proxy;
+  limit_req_zone \$binary_remote_addr zone=all:1m rate=100000000r/s;
+  upstream mock { server 127.0.0.1:$2; keepalive 64; }
+  server {
+    listen 127.0.0.1:$1;
+    location / {
+      limit_req zone=all burst=100000 nodelay;
+      proxy_pass http://mock;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+      proxy_buffering off;
+    }
+  }
+}
+NGINX
+  taskset -c "$PROXY_CPU" "$(command -v nginx || echo /usr/sbin/nginx)" -c "$dir/nginx.conf" -e "$dir/error.log" &
+  PID_OF[$1]=$!
+  wait_up "http://127.0.0.1:$1/stats"
+}
+# The worker process of the nginx whose master is PID.
+nginx_worker() { pgrep -P "$1" | head -1; }
+# gateway-example (GATEWAY_BIN, default this tree's) with the full config: limiter on, every
+# rate-limit header. Sets KEY to a `prod` key of it.
+start_gateway() { # PORT UP_PORT
+  full_config "api_base: \"http://127.0.0.1:$2/v1\"" '["dynamic_rate_limiter_v3"]' > "$TMP/gateway-$1.yaml"
+  RUST_LOG=error taskset -c "$PROXY_CPU" "${GATEWAY_BIN:-$BIN/gateway-example}" --config "$TMP/gateway-$1.yaml" \
+    --host 127.0.0.1 --port "$1" --data-dir "$TMP/gateway-data-$1" >/dev/null &
+  PID_OF[$1]=$!
+  wait_up "http://127.0.0.1:$1/health/liveliness"
+  KEY=$(prod_key "$1")
+}
+# benches/examples/proxy_floor.rs, with hyper's server side or (own) the one written for the path.
+start_floor() { # PORT UP_PORT [hyper|own]
+  FLOOR_SERVER=${3:-hyper} taskset -c "$PROXY_CPU" "$BIN/examples/proxy_floor" "$1" \
+    "http://127.0.0.1:$2/v1/chat/completions" &
+  PID_OF[$1]=$!
+  wait_up "http://127.0.0.1:$1/stats"
 }

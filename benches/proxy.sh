@@ -41,64 +41,20 @@ OHA_CPU=${OHA_CPU:-0}
 RATE=${RATE:-2000}
 STREAM_CHUNKS=${STREAM_CHUNKS:-50}
 command -v oha >/dev/null || cargo install --locked oha
-if ! command -v nginx >/dev/null && [ ! -x /usr/sbin/nginx ]; then
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -q nginx >/dev/null
-fi
-NGINX=$(command -v nginx || echo /usr/sbin/nginx)
-cargo build --release -q -p gateway-example --bins
+# shellcheck source=benches/common.sh
+. benches/common.sh
+build_and_scratch
 cargo build --release -q -p benches --example proxy_floor
-BIN=${CARGO_TARGET_DIR:-target}/release
-TMP=$(mktemp -d)
-trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$TMP"' EXIT
 
 UP_PORT=4201 NGINX_PORT=4202 GW_PORT=4203 FLOOR_PORT=4204 OWN_PORT=4205
 TARGETS=${TARGETS:-direct nginx gateway floor}
 case "$TARGETS" in "direct nginx" | "direct nginx "*) ;; *) echo "TARGETS must start with direct nginx" >&2; exit 2 ;; esac
-# shellcheck source=benches/common.sh
-. benches/common.sh
 
-RUST_LOG=error taskset -c "$PROXY_CPU" "$BIN/mock-upstream" --port "$UP_PORT" --stream-chunks "$STREAM_CHUNKS" $(upstream_flags) >/dev/null 2>&1 &
-wait_up "http://127.0.0.1:$UP_PORT/stats"
-
-mkdir -p "$TMP/nginx"
-cat > "$TMP/nginx.conf" <<NGINX
-daemon off;
-user root;
-worker_processes 1;
-pid $TMP/nginx.pid;
-error_log $TMP/nginx/error.log error;
-events { worker_connections 4096; }
-http {
-  access_log off;
-  client_body_temp_path $TMP/nginx/body;
-  proxy_temp_path $TMP/nginx/proxy;
-  limit_req_zone \$binary_remote_addr zone=all:1m rate=100000000r/s;
-  upstream mock { server 127.0.0.1:$UP_PORT; keepalive 64; }
-  server {
-    listen 127.0.0.1:$NGINX_PORT;
-    location / {
-      limit_req zone=all burst=100000 nodelay;
-      proxy_pass http://mock;
-      proxy_http_version 1.1;
-      proxy_set_header Connection "";
-      proxy_buffering off;
-    }
-  }
-}
-NGINX
-taskset -c "$PROXY_CPU" "$NGINX" -c "$TMP/nginx.conf" -e "$TMP/nginx/error.log" &
-wait_up "http://127.0.0.1:$NGINX_PORT/stats"
-
-full_config "api_base: \"http://127.0.0.1:$UP_PORT/v1\"" '["dynamic_rate_limiter_v3"]' > "$TMP/gateway.yaml"
-RUST_LOG=error taskset -c "$PROXY_CPU" "${GATEWAY_BIN:-$BIN/gateway-example}" --config "$TMP/gateway.yaml" --host 127.0.0.1 --port "$GW_PORT" --data-dir "$TMP/gw-data" >/dev/null &
-wait_up "http://127.0.0.1:$GW_PORT/health/liveliness"
-KEY=$(prod_key "$GW_PORT")
-taskset -c "$PROXY_CPU" "$BIN/examples/proxy_floor" "$FLOOR_PORT" "http://127.0.0.1:$UP_PORT/v1/chat/completions" &
-wait_up "http://127.0.0.1:$FLOOR_PORT/stats"
-if [[ " $TARGETS " == *" own "* ]]; then
-  FLOOR_SERVER=own taskset -c "$PROXY_CPU" "$BIN/examples/proxy_floor" "$OWN_PORT" "http://127.0.0.1:$UP_PORT/v1/chat/completions" &
-  wait_up "http://127.0.0.1:$OWN_PORT/stats"
-fi
+start_upstream "$UP_PORT"
+start_nginx "$NGINX_PORT" "$UP_PORT"
+start_gateway "$GW_PORT" "$UP_PORT"
+start_floor "$FLOOR_PORT" "$UP_PORT"
+if [[ " $TARGETS " == *" own "* ]]; then start_floor "$OWN_PORT" "$UP_PORT" own; fi
 
 declare -A URL=([direct]="http://127.0.0.1:$UP_PORT/v1/chat/completions"
                 [nginx]="http://127.0.0.1:$NGINX_PORT/v1/chat/completions"

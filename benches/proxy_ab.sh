@@ -34,8 +34,7 @@ command -v oha >/dev/null || cargo install --locked oha
 build_and_scratch
 UP_PORT=4231
 
-taskset -c "$PROXY_CPU" "$BIN/mock-upstream" --port "$UP_PORT" --stream-chunks 50 $(upstream_flags) >/dev/null 2>&1 &
-full_config "api_base: \"http://127.0.0.1:$UP_PORT/v1\"" '["dynamic_rate_limiter_v3"]' > "$TMP/gateway.yaml"
+start_upstream "$UP_PORT"
 declare -A PID PORT KEY
 PORT[base]=4232 PORT[new]=4233
 [ -n "${FLOOR_AB:-}" ] && cargo build --release -q -p benches --example proxy_floor
@@ -43,20 +42,15 @@ for build in base new; do
   if [ -n "${FLOOR_AB:-}" ]; then
     server=hyper
     [ "$build" = new ] && server=own
-    FLOOR_SERVER=$server taskset -c "$PROXY_CPU" "$BIN/examples/proxy_floor" "${PORT[$build]}" \
-      "http://127.0.0.1:$UP_PORT/v1/chat/completions" &
-    PID[$build]=$!
-    wait_up "http://127.0.0.1:${PORT[$build]}/stats"
+    start_floor "${PORT[$build]}" "$UP_PORT" "$server"
     KEY[$build]=none
-    continue
+  else
+    bin=${NEW_BIN:-$BIN/gateway-example}
+    [ "$build" = base ] && bin=$BASELINE_BIN
+    GATEWAY_BIN=$bin start_gateway "${PORT[$build]}" "$UP_PORT"
+    KEY[$build]=$KEY
   fi
-  bin=${NEW_BIN:-$BIN/gateway-example}
-  [ "$build" = base ] && bin=$BASELINE_BIN
-  RUST_LOG=error taskset -c "$PROXY_CPU" "$bin" --config "$TMP/gateway.yaml" --host 127.0.0.1 \
-    --port "${PORT[$build]}" --data-dir "$TMP/data-$build" >/dev/null &
-  PID[$build]=$!
-  wait_up "http://127.0.0.1:${PORT[$build]}/health/liveliness"
-  KEY[$build]=$(prod_key "${PORT[$build]}")
+  PID[$build]=${PID_OF[${PORT[$build]}]}
 done
 BODY="{\"model\":\"load-model\",\"stream\":$STREAM,\"stream_options\":{\"include_usage\":true},\"messages\":[{\"role\":\"user\",\"content\":\"$(prompt_text)\"}]}"
 load() { # build requests

@@ -30,30 +30,24 @@ build_and_scratch
 OUT=${OUT:-$TMP}
 UP_PORT=4221 GW_PORT=4222
 
-taskset -c "$PROXY_CPU" "$BIN/mock-upstream" --port "$UP_PORT" --stream-chunks 50 >/dev/null 2>&1 &
-UP=$!
-full_config "api_base: \"http://127.0.0.1:$UP_PORT/v1\"" '["dynamic_rate_limiter_v3"]' > "$TMP/gateway.yaml"
-RUST_LOG=error taskset -c "$PROXY_CPU" "$BIN/gateway-example" --config "$TMP/gateway.yaml" \
-  --host 127.0.0.1 --port "$GW_PORT" --data-dir "$TMP/data" >/dev/null &
-GW=$!
-wait_up "http://127.0.0.1:$GW_PORT/health/liveliness"
-KEY=$(prod_key "$GW_PORT")
+start_upstream "$UP_PORT"
+start_gateway "$GW_PORT" "$UP_PORT"
+UP=${PID_OF[$UP_PORT]} GW=${PID_OF[$GW_PORT]}
 BODY="{\"model\":\"load-model\",\"stream\":$STREAM,\"stream_options\":{\"include_usage\":true},\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}"
 load() {
   taskset -c "$OHA_CPU" oha --no-tui -n "$1" -c 64 -m POST -T application/json \
     -H "authorization: Bearer $KEY" -d "$BODY" "http://127.0.0.1:$GW_PORT/v1/chat/completions" |
     grep -E "Requests/sec|\[[0-9]{3}\]"
 }
-ticks() { awk '{print $14, $15}' "/proc/$1/stat"; }
 load 500 >/dev/null # warm up
 
 echo "== stream=$STREAM, $N requests: CPU per request (/proc/PID/stat, 10 ms ticks)"
-read -r gu gs < <(ticks $GW); read -r uu us < <(ticks $UP)
+read -r gu gs < <(user_kernel_ticks $GW); read -r uu us < <(user_kernel_ticks $UP)
 perf stat -e task-clock,context-switches -p $GW -o "$TMP/stat.txt" & STAT=$!
 sleep 0.2
 load "$N"
 kill -INT $STAT; wait $STAT 2>/dev/null || true
-read -r gu2 gs2 < <(ticks $GW); read -r uu2 us2 < <(ticks $UP)
+read -r gu2 gs2 < <(user_kernel_ticks $GW); read -r uu2 us2 < <(user_kernel_ticks $UP)
 us_per() { echo "$(( ($2 - $1) * 10000 / N ))"; }
 echo "gateway: user $(us_per "$gu" "$gu2") µs, kernel $(us_per "$gs" "$gs2") µs; upstream: user $(us_per "$uu" "$uu2") µs, kernel $(us_per "$us" "$us2") µs"
 grep -E "task-clock|context-switches" "$TMP/stat.txt"

@@ -23,27 +23,13 @@ command -v oha >/dev/null || cargo install --locked oha
 build_and_scratch
 cargo build --release -q -p benches --example proxy_floor
 UP=4501 GW=4502 FL=4503
-taskset -c "$PROXY_CPU" "$BIN/mock-upstream" --port $UP --stream-chunks 50 >/dev/null 2>&1 &
-wait_up "http://127.0.0.1:$UP/stats"
-full_config "api_base: \"http://127.0.0.1:$UP/v1\"" '["dynamic_rate_limiter_v3"]' > "$TMP/g.yaml"
-RUST_LOG=error taskset -c "$PROXY_CPU" "$BIN/gateway-example" --config "$TMP/g.yaml" \
-  --host 127.0.0.1 --port $GW --data-dir "$TMP/d" >/dev/null &
-GWP=$!
-wait_up "http://127.0.0.1:$GW/health/liveliness"
-KEY=$(prod_key $GW)
-taskset -c "$PROXY_CPU" "$BIN/examples/proxy_floor" $FL "http://127.0.0.1:$UP/v1/chat/completions" &
-FLP=$!
-wait_up "http://127.0.0.1:$FL/"
+start_upstream $UP
+start_gateway $GW $UP
+start_floor $FL $UP
+GWP=${PID_OF[$GW]} FLP=${PID_OF[$FL]}
 BODY='{"model":"load-model","stream":false,"messages":[{"role":"user","content":"hi"}]}'
 # "cpu-ticks voluntary involuntary" of process $1, its threads summed.
-usage() {
-  local v=0 n=0 s
-  for s in /proc/"$1"/task/*/status; do
-    v=$((v + $(awk '/^voluntary_ctxt/{print $2}' "$s")))
-    n=$((n + $(awk '/^nonvoluntary_ctxt/{print $2}' "$s")))
-  done
-  echo "$(cpu_ticks "$1") $v $n"
-}
+usage() { echo "$(cpu_ticks "$1") $(context_switches "$1")"; }
 echo "oha -q $RATE -z ${SECS}s -c 64, $ROUNDS rounds; proxies and upstream on CPU $PROXY_CPU"
 for _ in $(seq "$ROUNDS"); do
   for target in gateway floor; do
