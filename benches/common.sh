@@ -72,7 +72,8 @@ upstream_flags() {
   if [ "${PROVIDER_HEADERS:-}" = 1 ]; then echo --provider-headers; fi
 }
 
-# The targets of the proxy benches (proxy.sh, proxy_cpu.sh), each on 127.0.0.1:PORT in front of
+# The targets of the proxy benches (proxy.sh, proxy_cpu.sh, proxy_ab.sh, proxy_profile.sh,
+# rate_cpu.sh; proxy_callgrind.sh starts its own under valgrind), each on 127.0.0.1:PORT in front of
 # the `mock-upstream` on 127.0.0.1:UP_PORT and pinned to CPU $PROXY_CPU with it. Each waits until
 # its target answers and leaves its process id in PID_OF[PORT]. They need BIN and TMP
 # (build_and_scratch) and the floor's binary (cargo build --release -p benches --example proxy_floor).

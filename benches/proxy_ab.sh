@@ -35,7 +35,7 @@ build_and_scratch
 UP_PORT=4231
 
 start_upstream "$UP_PORT"
-declare -A PID PORT KEY
+declare -A PID PORT KEYS
 PORT[base]=4232 PORT[new]=4233
 [ -n "${FLOOR_AB:-}" ] && cargo build --release -q -p benches --example proxy_floor
 for build in base new; do
@@ -43,19 +43,19 @@ for build in base new; do
     server=hyper
     [ "$build" = new ] && server=own
     start_floor "${PORT[$build]}" "$UP_PORT" "$server"
-    KEY[$build]=none
+    KEYS[$build]=none
   else
     bin=${NEW_BIN:-$BIN/gateway-example}
     [ "$build" = base ] && bin=$BASELINE_BIN
     GATEWAY_BIN=$bin start_gateway "${PORT[$build]}" "$UP_PORT"
-    KEY[$build]=$KEY
+    KEYS[$build]=$KEY
   fi
   PID[$build]=${PID_OF[${PORT[$build]}]}
 done
 BODY="{\"model\":\"load-model\",\"stream\":$STREAM,\"stream_options\":{\"include_usage\":true},\"messages\":[{\"role\":\"user\",\"content\":\"$(prompt_text)\"}]}"
 load() { # build requests
   taskset -c "$OHA_CPU" oha --no-tui -n "$2" -c 64 -m POST -T application/json \
-    -H "authorization: Bearer ${KEY[$1]}" -d "$BODY" \
+    -H "authorization: Bearer ${KEYS[$1]}" -d "$BODY" \
     "http://127.0.0.1:${PORT[$1]}/v1/chat/completions" > "$TMP/oha.txt"
   grep -q "\[200\] $2 responses" "$TMP/oha.txt" || { echo "not every request answered 200" >&2; cat "$TMP/oha.txt" >&2; exit 1; }
 }

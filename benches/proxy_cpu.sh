@@ -14,9 +14,9 @@
 #
 # On a core that the proxy and the upstream share, a target's throughput is about 1 / (P + U),
 # P the proxy's CPU time per request and U the upstream's. So the gateway reaches RATIO × nginx's
-# throughput only while G + U(gateway) ≤ (N + U(nginx)) / RATIO. The script prints that budget for
-# G beside what the gateway and the floor spend, and, as a check of the model, the throughput
-# ratio that the CPU times predict beside the one oha measured.
+# throughput only while P(gateway) + U(gateway) ≤ (P(nginx) + U(nginx)) / RATIO. The script prints
+# that budget for P(gateway) beside what the gateway and the floor spend and, as a check of the
+# model, the throughput ratio that the CPU times predict beside the one oha measured.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 STREAM=${1:-false}
