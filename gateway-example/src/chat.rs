@@ -12,6 +12,7 @@ use tower_priority_limit::model::ModelName;
 
 use crate::endpoint::Endpoint;
 use crate::error::ApiError;
+use crate::keys::ModelAccess;
 use crate::mock::answer;
 
 /// A validated request to any of the endpoints (chat completions, embeddings, completions, the
@@ -42,6 +43,8 @@ pub struct ChatRequest {
     /// The caller's flow (its key's [`flow_id`](tower_priority_limit::flow::flow_id)): with the
     /// limiter's queue on, the callers of one priority take turns by their service.
     pub flow: u64,
+    /// The model groups the caller may use: the router enters no other, fallbacks included.
+    pub access: ModelAccess,
 }
 
 impl ChatRequest {

@@ -522,6 +522,7 @@ router_settings: {{redis_url: "redis://127.0.0.1:{port}"}}
             max_output_tokens: None,
             raw: body.to_string().into(),
             flow: 0,
+            access: Default::default(),
         }
     }
 

@@ -3,6 +3,7 @@
 //! area; the rig is [`integration_tests::gateway`] and [`integration_tests::upstream`]. (The tests that run
 //! the gateway's own binaries are in `gateway-example/tests/`, where Cargo builds them.)
 
+mod access;
 mod accounting;
 mod bad_input;
 mod endpoints;

@@ -166,6 +166,53 @@ async fn team_priority_set_on_one_gateway_applies_on_the_other() {
     );
 }
 
+/// A team's `models` made on A hold on B, through a fallback too: `cheap` (one request a minute,
+/// shared in Redis) falls back to `dear`, which the team may not use.
+#[tokio::test]
+async fn a_teams_models_hold_through_fallbacks_on_every_gateway() {
+    let Some(redis) = RedisServer::start("a_teams_models_hold_through_fallbacks") else {
+        return;
+    };
+    let yaml = with_master(&format!(
+        r#"
+model_list:
+  - model_name: cheap
+    litellm_params: {{model: openai/cheap, mock_response: "hello", rpm: 1}}
+  - model_name: dear
+    litellm_params: {{model: openai/dear, mock_response: "hello", rpm: 1000}}
+litellm_settings:
+  callbacks: ["dynamic_rate_limiter_v3"]
+router_settings:
+  redis_url: "{}"
+  fallbacks: [{{"cheap": ["dear"]}}]
+"#,
+        redis.url()
+    ));
+    // As `main` builds them: the limiter's counters are in Redis too.
+    let dirs = (TempDir::new(), TempDir::new());
+    let gw = Pair {
+        a: Gw::connect(&yaml, Some(&dirs.0 .0)).await,
+        b: Gw::connect(&yaml, Some(&dirs.1 .0)).await,
+        _dirs: dirs,
+    };
+    let team = gw.a.new_team(json!({"models": ["cheap"]})).await;
+    let kept_off = gw.a.new_key(json!({"team_id": team})).await;
+    let open = gw.a.new_key(json!({})).await;
+    let r = gw.b.chat(&kept_off, "cheap", false).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    for stream in [false, true] {
+        for g in [&gw.a, &gw.b] {
+            let r = g.chat(&kept_off, "cheap", stream).await;
+            assert_eq!(r.status, 429, "not served by `dear`: {}", r.text());
+            assert_eq!(r.headers["x-litellm-model-group"], "cheap");
+            assert_eq!(g.chat(&kept_off, "dear", stream).await.status, 403);
+            let r = g.chat(&open, "cheap", stream).await;
+            assert_eq!(r.status, 200, "{}", r.text());
+            assert_eq!(r.headers["x-litellm-model-group"], "dear");
+        }
+    }
+}
+
 #[tokio::test]
 async fn a_deleted_key_is_refused_here_at_once_and_elsewhere_within_the_ttl() {
     let Some(redis) = RedisServer::start("a_deleted_key_is_refused_here_at_once") else {

@@ -19,15 +19,15 @@ use tower_priority_limit::priority::Priority;
 use crate::api::keys::store_error;
 use crate::error::ApiError;
 use crate::gateway::Gateway;
-use crate::keys::{hashes_match, key_hash, KeyRecord};
+use crate::keys::{hashes_match, key_hash, ModelAccess};
 
 /// The authenticated caller, as a request extension.
 #[derive(Debug, Clone)]
 pub enum Caller {
     /// The master key (or any caller when no master key is configured).
     Master,
-    /// A generated key.
-    Key(Arc<KeyRecord>),
+    /// A generated key, with the models it and its team may use.
+    Key(ModelAccess),
 }
 
 impl Caller {
@@ -35,7 +35,15 @@ impl Caller {
     pub fn allows(&self, model: &str) -> bool {
         match self {
             Caller::Master => true,
-            Caller::Key(k) => k.allows(model),
+            Caller::Key(access) => access.allows(model),
+        }
+    }
+
+    /// The models the caller may use, for the router to hold every group it enters to.
+    pub fn into_access(self) -> ModelAccess {
+        match self {
+            Caller::Master => ModelAccess::any(),
+            Caller::Key(access) => access,
         }
     }
 }
@@ -64,7 +72,10 @@ pub(crate) async fn identify(
         return Ok((Caller::Master, None));
     }
     match gw.keys().resolve_token(token).await.map_err(store_error)? {
-        Some(resolved) => Ok((Caller::Key(resolved.key), resolved.priority)),
+        Some(resolved) => Ok((
+            Caller::Key(ModelAccess::of_key(resolved.key, resolved.team_models)),
+            resolved.priority,
+        )),
         None => Err(ApiError::unauthorized(
             "Authentication Error, Invalid proxy server token passed.",
         )),

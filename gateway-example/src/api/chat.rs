@@ -48,7 +48,7 @@ const PASSED_ON: [HeaderName; 2] = [
 /// is not one.
 async fn validate<B>(
     gw: &Gateway,
-    caller: &Caller,
+    caller: Caller,
     flow: u64,
     request: Request<B>,
 ) -> Result<ChatRequest, ApiError>
@@ -126,11 +126,9 @@ where
         ))
         .param("model"));
     };
-    if !caller.allows(&model) {
-        let allowed = match caller {
-            Caller::Key(k) => k.models.join(", "),
-            Caller::Master => String::new(),
-        };
+    let access = caller.into_access();
+    if !access.allows(&model) {
+        let allowed = access.allowed(gw.config().model_names()).join(", ");
         return Err(ApiError::new(
             StatusCode::FORBIDDEN,
             "permission_error",
@@ -184,6 +182,7 @@ where
         raw: bytes,
         pass_on,
         flow,
+        access,
     })
 }
 
@@ -210,7 +209,7 @@ where
     if request.method() != Method::POST {
         return not_post(request.method());
     }
-    let chat = match validate(&gw, &caller, flow, request).await {
+    let chat = match validate(&gw, caller, flow, request).await {
         Ok(chat) => chat,
         Err(e) => return e.into_response(),
     };

@@ -69,6 +69,21 @@ fn metadata(body: &Map<String, Value>) -> Result<Map<String, Value>, ApiError> {
     }
 }
 
+/// A key's or team's `models`: a list of model names (absent or null: every model).
+fn models(body: &Map<String, Value>) -> Result<Vec<String>, ApiError> {
+    let invalid =
+        || ApiError::bad_request("'models' must be a list of model names.").param("models");
+    match body.get("models") {
+        None | Some(Value::Null) => Ok(Vec::new()),
+        Some(Value::Array(items)) => items
+            .iter()
+            .map(|m| m.as_str().map(str::to_owned))
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(invalid),
+        Some(_) => Err(invalid()),
+    }
+}
+
 /// A key-store failure as the client sees it: Redis unreachable or a full disk is a 503 (try
 /// again), not a 500; an embedded store's file names stay in the log.
 pub fn store_error(e: KeyStoreError) -> ApiError {
@@ -119,6 +134,7 @@ fn team_json(team: &TeamRecord) -> Value {
         "team_id": team.team_id,
         "team_alias": team.team_alias,
         "metadata": team.metadata,
+        "models": team.models,
         "created_at": team.created_at,
     })
 }
@@ -128,21 +144,7 @@ pub async fn generate(
     State(gw): State<Arc<Gateway>>,
     JsonBody(body): JsonBody,
 ) -> Result<Json<Value>, ApiError> {
-    let models = match body.get("models") {
-        None | Some(Value::Null) => Vec::new(),
-        Some(Value::Array(items)) => items
-            .iter()
-            .map(|m| m.as_str().map(str::to_owned))
-            .collect::<Option<Vec<_>>>()
-            .ok_or_else(|| {
-                ApiError::bad_request("'models' must be a list of model names.").param("models")
-            })?,
-        Some(_) => {
-            return Err(
-                ApiError::bad_request("'models' must be a list of model names.").param("models"),
-            )
-        }
-    };
+    let models = models(&body)?;
     let (key, record) = gw
         .keys()
         .generate_key(
@@ -196,7 +198,7 @@ pub async fn delete(
     Ok(Json(json!({"deleted_keys": deleted})))
 }
 
-/// `POST /team/new {"team_alias", "metadata"}` → `{"team_id", ...}`.
+/// `POST /team/new {"team_id", "team_alias", "metadata", "models"}` → `{"team_id", ...}`.
 pub async fn new_team(
     State(gw): State<Arc<Gateway>>,
     JsonBody(body): JsonBody,
@@ -207,6 +209,7 @@ pub async fn new_team(
             opt_string(&body, "team_id")?,
             opt_string(&body, "team_alias")?,
             metadata(&body)?,
+            models(&body)?,
         )
         .await
         .map_err(store_error)?;

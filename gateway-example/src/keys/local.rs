@@ -206,6 +206,7 @@ mod tests {
             team_id: id.into(),
             team_alias: None,
             metadata: Map::new(),
+            models: Vec::new(),
             created_at: 0,
         }
     }

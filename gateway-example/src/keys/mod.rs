@@ -83,6 +83,10 @@ pub struct TeamRecord {
     pub team_alias: Option<String>,
     /// Free-form metadata; `metadata.priority` beats its keys' own.
     pub metadata: Map<String, Value>,
+    /// Models the team's keys may use; empty = all. A key of the team is held to both lists.
+    /// (Records stored before teams had models read as empty.)
+    #[serde(default)]
+    pub models: Vec<String>,
     /// Unix seconds.
     pub created_at: u64,
 }
@@ -127,51 +131,126 @@ impl std::error::Error for KeyStoreError {}
 pub struct Resolved {
     /// The key's record.
     pub key: Arc<KeyRecord>,
+    /// Its team's `models`, when the team has a list (the key is held to it too).
+    pub team_models: Option<Arc<[String]>>,
     /// The priority: the team's `metadata.priority`, else the key's, else none.
     pub priority: Option<Arc<str>>,
 }
 
 impl Resolved {
-    /// Resolves `key`'s priority through its team (if it has one and it exists).
+    /// Resolves `key`'s priority and models through its team (if it has one and it exists).
     pub fn new(key: Arc<KeyRecord>, team: Option<&TeamRecord>) -> Self {
         let priority = team
             .and_then(|t| priority_of(&t.metadata))
             .or_else(|| priority_of(&key.metadata))
             .map(Arc::from);
-        Self { key, priority }
+        let team_models = team.and_then(|t| team_models(&t.models));
+        Self {
+            key,
+            team_models,
+            priority,
+        }
     }
 
-    /// The same, from the two records' priorities made already ([`PriorityOf`]).
+    /// The same, from the two records' priorities and lists made already ([`PriorityOf`]).
     fn of(key: &PriorityOf<Arc<KeyRecord>>, team: Option<&PriorityOf<TeamRecord>>) -> Self {
         let priority = team
             .and_then(|t| t.priority.as_ref())
             .or(key.priority.as_ref());
         Self {
             key: key.record.clone(),
+            team_models: team.and_then(|t| t.team_models.clone()),
             priority: priority.cloned(),
         }
     }
+
+    /// The models the key may use.
+    pub fn access(&self) -> ModelAccess {
+        ModelAccess::of_key(self.key.clone(), self.team_models.clone())
+    }
 }
 
-/// A record with its `metadata.priority` made once: every request of a key carries its priority,
-/// which would otherwise be copied out of the metadata each time.
+/// A team's model list as shared by its keys' lookups: `None` when it allows every model.
+fn team_models(models: &[String]) -> Option<Arc<[String]>> {
+    (!models.is_empty()).then(|| Arc::from(models))
+}
+
+/// The model groups a caller may use: every one (the master key), or those its key's `models`
+/// and its team's `models` both allow (an empty list allows all). Checked for the group asked
+/// for and for every fallback group the router would enter, so a fallback never serves a key a
+/// model it may not use.
+#[derive(Debug, Clone, Default)]
+pub struct ModelAccess {
+    /// The key, for its `models`; `None`: the master key.
+    key: Option<Arc<KeyRecord>>,
+    /// Its team's `models`, when the team has a list.
+    team: Option<Arc<[String]>>,
+}
+
+impl ModelAccess {
+    /// Every model (the master key).
+    pub fn any() -> Self {
+        Self::default()
+    }
+
+    /// What `key` may use, held to `team_models` too when its team has a list.
+    pub fn of_key(key: Arc<KeyRecord>, team_models: Option<Arc<[String]>>) -> Self {
+        Self {
+            key: Some(key),
+            team: team_models,
+        }
+    }
+
+    /// The key, unless this is the master key's access.
+    pub fn key(&self) -> Option<&Arc<KeyRecord>> {
+        self.key.as_ref()
+    }
+
+    /// Whether model group `model` may be used.
+    pub fn allows(&self, model: &str) -> bool {
+        self.key.as_ref().is_none_or(|k| k.allows(model))
+            && self
+                .team
+                .as_ref()
+                .is_none_or(|t| t.iter().any(|m| m == model))
+    }
+
+    /// The models of `configured` that may be used, in their order.
+    pub fn allowed<'a>(&self, configured: impl IntoIterator<Item = &'a str>) -> Vec<&'a str> {
+        configured.into_iter().filter(|m| self.allows(m)).collect()
+    }
+}
+
+/// A record with what every request of it needs made once (its `metadata.priority`, a team's
+/// model list), which would otherwise be copied out of the record each time.
 #[derive(Debug)]
 struct PriorityOf<R> {
     record: R,
     priority: Option<Arc<str>>,
+    /// A team's `models` (`None` for a key, or a team that allows all).
+    team_models: Option<Arc<[String]>>,
 }
 
 impl PriorityOf<Arc<KeyRecord>> {
     fn key(record: Arc<KeyRecord>) -> Self {
         let priority = priority_of(&record.metadata).map(Arc::from);
-        Self { record, priority }
+        Self {
+            record,
+            priority,
+            team_models: None,
+        }
     }
 }
 
 impl PriorityOf<TeamRecord> {
     fn team(record: TeamRecord) -> Self {
         let priority = priority_of(&record.metadata).map(Arc::from);
-        Self { record, priority }
+        let team_models = team_models(&record.models);
+        Self {
+            record,
+            priority,
+            team_models,
+        }
     }
 }
 
@@ -442,6 +521,7 @@ impl KeyStore {
         team_id: Option<String>,
         team_alias: Option<String>,
         metadata: Map<String, Value>,
+        models: Vec<String>,
     ) -> Result<TeamRecord, KeyStoreError> {
         let team = TeamRecord {
             team_id: match team_id {
@@ -450,6 +530,7 @@ impl KeyStore {
             },
             team_alias,
             metadata,
+            models,
             created_at: now_secs(),
         };
         match &self.backend {
@@ -537,7 +618,7 @@ mod tests {
     async fn team_priority_beats_key_priority() {
         let store = KeyStore::in_memory();
         let team = store
-            .new_team(None, Some("t".into()), meta("prod"))
+            .new_team(None, Some("t".into()), meta("prod"), vec![])
             .await
             .unwrap();
         let (k, _) = store
@@ -554,7 +635,7 @@ mod tests {
         assert_eq!(resolved.priority.as_deref(), Some("dev"));
         // A team without a priority leaves the key's.
         let quiet = store
-            .new_team(None, Some("q".into()), Map::new())
+            .new_team(None, Some("q".into()), Map::new(), vec![])
             .await
             .unwrap();
         let (k, _) = store
@@ -573,5 +654,44 @@ mod tests {
             .await
             .unwrap_err();
         assert!(e.to_string().contains("does not exist"));
+    }
+
+    #[tokio::test]
+    async fn a_key_is_held_to_its_own_models_and_its_teams() {
+        let store = KeyStore::in_memory();
+        let team = store
+            .new_team(None, None, Map::new(), vec!["a".into(), "b".into()])
+            .await
+            .unwrap();
+        let names = ["a", "b", "c"];
+        for (key_models, allowed) in [
+            (vec![], vec!["a", "b"]),
+            (vec!["b".to_owned(), "c".to_owned()], vec!["b"]),
+            (vec!["c".to_owned()], vec![]),
+        ] {
+            let (k, _) = store
+                .generate_key(None, Map::new(), Some(team.team_id.clone()), key_models)
+                .await
+                .unwrap();
+            let access = store.resolve(&k).await.unwrap().unwrap().access();
+            assert_eq!(access.allowed(names), allowed);
+        }
+        // Without a team, the key's list alone; the master key, every model.
+        let (k, _) = store
+            .generate_key(None, Map::new(), None, vec!["c".into()])
+            .await
+            .unwrap();
+        let access = store.resolve(&k).await.unwrap().unwrap().access();
+        assert_eq!(access.allowed(names), ["c"]);
+        assert_eq!(ModelAccess::any().allowed(names), names);
+    }
+
+    #[test]
+    fn a_team_stored_before_teams_had_models_allows_every_model() {
+        let team: TeamRecord = serde_json::from_str(
+            r#"{"team_id": "t", "team_alias": null, "metadata": {}, "created_at": 1}"#,
+        )
+        .unwrap();
+        assert!(team.models.is_empty());
     }
 }

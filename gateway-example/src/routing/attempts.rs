@@ -12,6 +12,8 @@
 //! - every retry, and every fallback after upstream failures, must be granted by the retry
 //!   budget; moving on from a group that was full (its limiter refused, or no deployment had
 //!   room) calls no upstream twice and is free;
+//! - a fallback group the caller may not use ([`Attempts::allowing`]: its key's or team's
+//!   `models`) is never entered: it is passed over as if it were not listed, for free;
 //! - with a time limit ([`Attempts::with_time_limit`]: the request's `timeout`), all attempts
 //!   together, back-offs included, fit in it: each attempt gets what is left
 //!   ([`Attempts::time_left`]), a back-off that would end past it is not waited, and once
@@ -95,6 +97,18 @@ pub struct Attempts<'a, B> {
     previous: Option<GroupOutcome>,
     /// The time all attempts have together, from the request's arrival (`None`: unbounded).
     time_limit: Option<Duration>,
+    /// Which fallback groups the caller may use (`None`: all).
+    allowed: Option<Allowed<'a>>,
+}
+
+/// The caller's test for a fallback group (see [`Attempts::allowing`]).
+#[derive(Clone, Copy)]
+struct Allowed<'a>(&'a (dyn Fn(&str) -> bool + Sync));
+
+impl std::fmt::Debug for Allowed<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Allowed(..)")
+    }
 }
 
 impl<'a, B: Budget> Attempts<'a, B> {
@@ -121,7 +135,16 @@ impl<'a, B: Budget> Attempts<'a, B> {
             fallbacks_entered: 0,
             previous: None,
             time_limit: None,
+            allowed: None,
         }
+    }
+
+    /// Enters only the fallback groups for which `allowed` is true: the others are passed over
+    /// as if not listed (not counted as fallbacks, no retry budget spent on them). The group
+    /// asked for is the caller's to check before.
+    pub fn allowing(mut self, allowed: &'a (dyn Fn(&str) -> bool + Sync)) -> Self {
+        self.allowed = Some(Allowed(allowed));
+        self
     }
 
     /// Bounds the time of all attempts together, back-offs included, to `limit` from the
@@ -238,6 +261,12 @@ impl<'a, B: Budget> Attempts<'a, B> {
     }
 
     fn next_group(&mut self) -> Step<'a> {
+        while let Some(group) = self.fallbacks.get(self.group) {
+            if self.allowed.is_none_or(|allowed| allowed.0(group)) {
+                break;
+            }
+            self.group += 1;
+        }
         let Some(group) = self.fallbacks.get(self.group) else {
             return Step::GiveUp(GiveUp::Exhausted);
         };
@@ -378,6 +407,40 @@ mod tests {
             wait <= s.max_retry_wait,
             "capped at max_retry_wait: {wait:?}"
         );
+    }
+
+    #[test]
+    fn fallbacks_the_caller_may_not_use_are_passed_over_for_free() {
+        let s = settings(0);
+        let fallbacks = ["dear".to_owned(), "ok".to_owned(), "dearer".to_owned()];
+        let allowed = |g: &str| !g.starts_with("dear");
+        // After a failure, the one fallback allowed costs one withdrawal, the others none.
+        let b = Counted::with(10);
+        let mut a = Attempts::new(&s, &b, "g", &fallbacks).allowing(&allowed);
+        a.start();
+        a.entered(1);
+        assert_eq!(a.failed(0, true, None, &mut rng()), enter("ok", true));
+        assert_eq!(a.fallbacks(), 1, "the group passed over is not counted");
+        assert_eq!(b.withdrawals.get(), 1);
+        a.entered(1);
+        assert_eq!(
+            a.failed(0, true, None, &mut rng()),
+            Step::GiveUp(GiveUp::Exhausted),
+            "`dearer` is never entered"
+        );
+        assert_eq!(b.withdrawals.get(), 1);
+        // Refused for its own group: the same, nothing allowed after `ok`.
+        let b = Counted::with(10);
+        let mut a = Attempts::new(&s, &b, "g", &fallbacks).allowing(&allowed);
+        a.start();
+        assert_eq!(a.group_full(), enter("ok", true));
+        assert_eq!(a.group_full(), Step::GiveUp(GiveUp::Exhausted));
+        // Allowing nothing: no fallback at all.
+        let none = |_: &str| false;
+        let mut a = Attempts::new(&s, &b, "g", &fallbacks).allowing(&none);
+        a.start();
+        assert_eq!(a.group_full(), Step::GiveUp(GiveUp::Exhausted));
+        assert_eq!(a.fallbacks(), 0);
     }
 
     #[test]

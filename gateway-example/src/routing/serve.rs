@@ -69,9 +69,14 @@ pub async fn serve(
     let pool = limiter.map(|l| l.resolve_pool(priority));
     let mut first_lease = None;
     let mut refusal: Option<Response> = None;
+    // Only the fallbacks the caller's key and team may use count: a key kept off a model must not
+    // reach it through a fallback either ([`Attempts::allowing`] passes the others over).
+    let allowed = |group: &str| chat.access.allows(group);
+    let fallback_groups = router.settings().fallbacks_of(first);
+    let has_fallbacks = fallback_groups.iter().any(|g| allowed(g));
     // With the limiter's queue on, a request without fallbacks waits for its group's capacity; one
     // with fallbacks tries them at once instead.
-    let may_wait = router.settings().fallbacks_of(first).is_empty();
+    let may_wait = !has_fallbacks;
     if let (Some(limiter), Some(pool)) = (limiter, pool) {
         match admit(limiter, first, pool, chat, may_wait).await {
             Ok(Admission::Admitted(lease, admitted)) => first_lease = Some((lease, admitted)),
@@ -84,8 +89,7 @@ pub async fn serve(
             }
         }
     }
-    let fallback_groups = router.settings().fallbacks_of(first);
-    if fallback_groups.is_empty() {
+    if !has_fallbacks {
         if let Some(response) = refusal {
             return response;
         }
@@ -93,7 +97,8 @@ pub async fn serve(
 
     let total = request_timeout(router, deployments, first);
     let mut attempts = Attempts::new(router.settings(), router.budget(), first, fallback_groups)
-        .with_time_limit(total);
+        .with_time_limit(total)
+        .allowing(&allowed);
     let mut out_of_time = false;
     let mut rng = fresh_rng();
     let mut last_error: Option<ApiError> = None;

@@ -736,6 +736,7 @@ mod tests {
             max_output_tokens: None,
             pass_on: Default::default(),
             flow: 0,
+            access: Default::default(),
         }
     }
 

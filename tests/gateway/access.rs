@@ -1,0 +1,220 @@
+//! A key's `models` (and its team's) hold through fallbacks: a key kept off a model group is never
+//! served by it, not when its own group's limiter refuses it and not when its own group's upstream
+//! fails, on every endpoint, streamed or not. A caller that may use the fallback is served by it
+//! under the same load (so each check can fail).
+
+use gateway_example::endpoint::Endpoint;
+use gateway_example::mock_upstream::{MockUpstream, MockUpstreamConfig};
+use integration_tests::gateway::{with_master, Gw, Reply, MASTER};
+use serde_json::{json, Value};
+
+/// `cheap` (one request a minute) falls back to `dear`; both answer with `mock_response`.
+fn limited() -> String {
+    with_master(
+        r#"
+model_list:
+  - model_name: cheap
+    litellm_params: {model: openai/cheap, mock_response: "hello", rpm: 1}
+  - model_name: dear
+    litellm_params: {model: openai/dear, mock_response: "hello", rpm: 1000}
+litellm_settings:
+  callbacks: ["dynamic_rate_limiter_v3"]
+router_settings:
+  fallbacks: [{"cheap": ["dear"]}]
+"#,
+    )
+}
+
+/// A request body for `endpoint` on `model`, as its clients send it.
+fn body(endpoint: Endpoint, model: &str, stream: bool) -> Value {
+    let mut body = match endpoint {
+        Endpoint::Embeddings => json!({"input": "The food was delicious."}),
+        Endpoint::Completions => json!({"prompt": "Say hello.", "max_tokens": 20}),
+        Endpoint::Responses => json!({"input": "Say hello.", "max_output_tokens": 20}),
+        Endpoint::Messages => {
+            json!({"messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 20})
+        }
+        Endpoint::ChatCompletions => json!({"messages": [{"role": "user", "content": "hi"}]}),
+    };
+    body["model"] = json!(model);
+    if stream {
+        body["stream"] = json!(true);
+    }
+    body
+}
+
+/// Every endpoint, streamed and not (embeddings never stream).
+fn every_call() -> Vec<(Endpoint, bool)> {
+    Endpoint::ALL
+        .into_iter()
+        .flat_map(|e| [(e, false), (e, true)])
+        .filter(|(e, stream)| !stream || e.streams())
+        .collect()
+}
+
+async fn call(gw: &Gw, key: &str, endpoint: Endpoint, model: &str, stream: bool) -> Reply {
+    let path = format!("/v1{}", endpoint.path());
+    gw.post(&path, Some(key), body(endpoint, model, stream))
+        .await
+}
+
+/// No fallback was entered: the header says 0, or is absent (a refusal answered as for a group
+/// without fallbacks).
+fn assert_no_fallback(r: &Reply) {
+    let fallbacks = r.headers.get("x-litellm-attempted-fallbacks");
+    assert!(fallbacks.is_none_or(|n| n == "0"), "{fallbacks:?}");
+}
+
+fn group(r: &Reply) -> &str {
+    r.headers["x-litellm-model-group"].to_str().unwrap()
+}
+
+/// Every endpoint, streamed too, after the key's own group refused it: the key limited to `cheap`
+/// gets `cheap`'s 429 and `dear` is charged nothing; a key that may use both is served by `dear`.
+async fn refused_group_never_falls_back_to_a_model_the_caller_may_not_use(
+    gw: &Gw,
+    kept_off: &str,
+    may_use_both: &str,
+) {
+    // The one request `cheap` admits this minute.
+    let r = gw.chat(kept_off, "cheap", false).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(group(&r), "cheap");
+
+    for (endpoint, stream) in every_call() {
+        let r = call(gw, kept_off, endpoint, "cheap", stream).await;
+        assert_eq!(
+            r.status,
+            429,
+            "{endpoint:?} stream={stream}: kept off `dear`, so `cheap`'s refusal: {}",
+            r.text()
+        );
+        assert_eq!(group(&r), "cheap", "{endpoint:?} stream={stream}");
+        assert_no_fallback(&r);
+        assert!(
+            r.error_message()
+                .starts_with("Model capacity reached for cheap."),
+            "{endpoint:?}: {}",
+            r.error_message()
+        );
+        // The direct call is refused too (it always was).
+        let r = call(gw, kept_off, endpoint, "dear", stream).await;
+        assert_eq!(r.status, 403, "{endpoint:?}: {}", r.text());
+    }
+    assert_eq!(gw.tokens("dear"), 0, "nothing was served by `dear`");
+
+    for (endpoint, stream) in every_call() {
+        let r = call(gw, may_use_both, endpoint, "cheap", stream).await;
+        assert_eq!(r.status, 200, "{endpoint:?} stream={stream}: {}", r.text());
+        assert_eq!(group(&r), "dear", "{endpoint:?} stream={stream}");
+        assert_eq!(r.headers["x-litellm-attempted-fallbacks"], "1");
+    }
+    assert!(
+        gw.tokens("dear") > 0,
+        "the fallback served the key that may use it"
+    );
+}
+
+#[tokio::test]
+async fn a_keys_models_hold_through_fallbacks_after_a_refusal() {
+    let gw = Gw::start(&limited(), None).await;
+    let kept_off = gw.new_key(json!({"models": ["cheap"]})).await;
+    let both = gw.new_key(json!({"models": ["cheap", "dear"]})).await;
+    refused_group_never_falls_back_to_a_model_the_caller_may_not_use(&gw, &kept_off, &both).await;
+}
+
+#[tokio::test]
+async fn a_teams_models_hold_through_fallbacks_after_a_refusal() {
+    let gw = Gw::start(&limited(), None).await;
+    let team = gw.new_team(json!({"models": ["cheap"]})).await;
+    // The key allows every model, or lists both: its team's list holds it all the same.
+    let kept_off = gw.new_key(json!({"team_id": team})).await;
+    let also_kept_off = gw
+        .new_key(json!({"team_id": team, "models": ["cheap", "dear"]}))
+        .await;
+    let open_team = gw.new_team(json!({})).await;
+    let both = gw.new_key(json!({"team_id": open_team})).await;
+    refused_group_never_falls_back_to_a_model_the_caller_may_not_use(&gw, &kept_off, &both).await;
+    let r = gw.chat(&also_kept_off, "cheap", false).await;
+    assert_eq!(r.status, 429, "{}", r.text());
+    let r = gw.chat(&also_kept_off, "dear", false).await;
+    assert_eq!(r.status, 403, "{}", r.text());
+    // The team's list is shown, and `/v1/models` lists only what both allow.
+    let info = gw
+        .get(&format!("/team/info?team_id={team}"), Some(MASTER))
+        .await;
+    assert_eq!(info.json()["team_info"]["models"], json!(["cheap"]));
+    let models = gw.get("/v1/models", Some(&also_kept_off)).await;
+    let ids: Vec<Value> = models.json()["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].clone())
+        .collect();
+    assert_eq!(ids, [json!("cheap")]);
+}
+
+/// The key's own group fails upstream: the key kept off the fallback gets the upstream's error,
+/// never the fallback's answer; a key that may use both is served by the fallback.
+#[tokio::test]
+async fn a_keys_models_hold_through_fallbacks_after_an_upstream_failure() {
+    let failing = MockUpstream::start(MockUpstreamConfig {
+        failure_rate: 1.0,
+        ..Default::default()
+    })
+    .expect("mock upstream");
+    let yaml = with_master(&format!(
+        r#"
+model_list:
+  - model_name: cheap
+    litellm_params: {{model: openai/cheap, api_base: "{base}"}}
+  - model_name: cheap-claude
+    litellm_params: {{model: anthropic/cheap, api_base: "{root}"}}
+  - model_name: dear
+    litellm_params: {{model: openai/dear, mock_response: "hello", rpm: 1000}}
+litellm_settings:
+  callbacks: ["dynamic_rate_limiter_v3"]
+router_settings:
+  num_retries: 0
+  allowed_fails: 1000
+  fallbacks: [{{"cheap": ["dear"]}}, {{"cheap-claude": ["dear"]}}]
+"#,
+        base = failing.url(),
+        root = failing.url().trim_end_matches("/v1"),
+    ));
+    let gw = Gw::start(&yaml, None).await;
+    let team = gw
+        .new_team(json!({"models": ["cheap", "cheap-claude"]}))
+        .await;
+    let by_key = gw
+        .new_key(json!({"models": ["cheap", "cheap-claude"]}))
+        .await;
+    let by_team = gw.new_key(json!({"team_id": team})).await;
+    let both = gw.new_key(json!({})).await;
+    for (endpoint, stream) in every_call() {
+        // Anthropic's format is spoken by the Anthropic deployment only.
+        let own = match endpoint {
+            Endpoint::Messages => "cheap-claude",
+            _ => "cheap",
+        };
+        for kept_off in [&by_key, &by_team] {
+            let r = call(&gw, kept_off, endpoint, own, stream).await;
+            assert_eq!(
+                r.status,
+                500,
+                "{endpoint:?} stream={stream}: the upstream's failure, not `dear`: {}",
+                r.text()
+            );
+            assert_no_fallback(&r);
+        }
+        let r = call(&gw, &both, endpoint, own, stream).await;
+        assert_eq!(r.status, 200, "{endpoint:?} stream={stream}: {}", r.text());
+        assert_eq!(group(&r), "dear");
+    }
+    let calls = every_call().len() as u64;
+    assert_eq!(
+        failing.stats().received,
+        3 * calls,
+        "every caller's request reached its own group first"
+    );
+}
