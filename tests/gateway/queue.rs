@@ -97,3 +97,91 @@ async fn the_router_waits_for_capacity_and_answers_the_429_at_the_deadline() {
         "{text}"
     );
 }
+
+/// Waiters that hang up leave the queue, and the queue-depth gauge and the dashboard's state count
+/// exactly who waits: 40 clients wait and go away, then 3 wait; the gauge says 40, then 0, then 3.
+#[tokio::test]
+async fn the_queue_depth_counts_exactly_who_waits_after_clients_hang_up() {
+    let yaml = with_master(
+        r#"
+model_list:
+  - model_name: gpt-5.6-luna
+    litellm_params: {model: openai/gpt-5.6-luna, mock_response: "hi", rpm: 1}
+litellm_settings:
+  callbacks: ["dynamic_rate_limiter_v3"]
+  priority_reservation_settings: {queue: {max_wait_seconds: 100, max_queued: 100}}
+"#,
+    );
+    let gw = Gw::start(&yaml, None).await;
+    let key = gw.new_key(json!({})).await;
+    assert_eq!(gw.chat(&key, M, false).await.status, 200);
+    let depth = || async {
+        let text = gw.get("/metrics", None).await.text().to_owned();
+        let series = format!(r#"priority_limit_queue_depth{{model="{M}",priority="default"}} "#);
+        let gauge: f64 = text
+            .lines()
+            .find_map(|l| l.strip_prefix(series.as_str()))
+            .expect("the gauge is exported")
+            .parse()
+            .unwrap();
+        let ui = gw
+            .get("/ui/state", Some(integration_tests::gateway::MASTER))
+            .await
+            .json();
+        assert_eq!(
+            ui["models"][0]["priorities"][0]["queue_depth"], gauge,
+            "{ui}"
+        );
+        (gauge, ui)
+    };
+    // Each waiter is a raw connection with a chat request on it; aborting its task closes it.
+    let addr = gw.base.trim_start_matches("http://").to_owned();
+    let body = json!({"model": M, "messages": [{"role": "user", "content": "hi"}]}).to_string();
+    let request = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {key}\r\n\
+         content-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    let waiters: Vec<_> = (0..40)
+        .map(|_| {
+            let (addr, request) = (addr.clone(), request.clone());
+            tokio::spawn(async move {
+                use tokio::io::{AsyncReadExt, AsyncWriteExt};
+                let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+                stream.write_all(request.as_bytes()).await.unwrap();
+                let mut answer = Vec::new();
+                let _ = stream.read_to_end(&mut answer).await;
+            })
+        })
+        .collect();
+    until_waiting(&gw, 40).await;
+    assert_eq!(depth().await.0, 40.0);
+    for w in &waiters {
+        w.abort();
+    }
+    until_waiting(&gw, 0).await;
+    let (gauge, ui) = depth().await;
+    assert_eq!(gauge, 0.0, "nobody waits: {ui}");
+    assert_eq!(
+        ui["models"][0]["priorities"][0]["queue_depth"], 0,
+        "the dashboard too: {ui}"
+    );
+    let (a, b, c, ()) = tokio::join!(
+        gw.chat(&key, M, false),
+        gw.chat(&key, M, false),
+        gw.chat(&key, M, false),
+        async {
+            until_waiting(&gw, 3).await;
+            assert_eq!(depth().await.0, 3.0);
+            gw.clock.advance(Duration::from_secs(101));
+        }
+    );
+    let mut statuses = [a.status, b.status, c.status];
+    statuses.sort_unstable();
+    assert_eq!(
+        statuses,
+        [200, 429, 429],
+        "one served at the roll, two at their deadline"
+    );
+    assert_eq!(depth().await.0, 0.0);
+}

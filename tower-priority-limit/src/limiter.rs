@@ -681,6 +681,12 @@ impl<St: Store> UsageSource for Limiter<St> {
             reserved: limits.pool(pool).copied(),
         })
     }
+
+    fn queue_depth_now(&self, model: ModelId, pool: PoolRef) -> Option<u64> {
+        self.queues
+            .get(model.index())
+            .map(|q| q.waiting_in(pool) as u64)
+    }
 }
 
 /// The debug line of a refusal, real or shadow: which counter refused, the pool's reserved and

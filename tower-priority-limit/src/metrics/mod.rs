@@ -224,6 +224,13 @@ pub trait UsageSource: Send + Sync + 'static {
     /// `model`'s saturation and `pool`'s usage and reserved limits in the current window;
     /// `None` when the store cannot say without a round trip (Redis).
     fn usage_now(&self, model: ModelId, pool: PoolRef) -> Option<UsageNow>;
+
+    /// Requests of `pool` waiting in `model`'s queue now (`None`: the source has no queue). Read
+    /// at scrape, so the gauge counts exactly who waits, whoever left and however.
+    fn queue_depth_now(&self, model: ModelId, pool: PoolRef) -> Option<u64> {
+        let _ = (model, pool);
+        None
+    }
 }
 
 /// What [`UsageSource::usage_now`] reads.

@@ -139,11 +139,9 @@ impl PrometheusMetrics {
                         );
                     }
                 }
-                registry.register(
-                    "priority_limit_queue_depth",
-                    "Requests waiting in a model's queue, by priority",
-                    family,
-                );
+                // Not registered: encoded at scrape from the source's queues when it has them
+                // (`ScrapeGauges`); these hold what the limiter last pushed, for other sources.
+                drop(family);
                 out.into_boxed_slice()
             },
             queue_wait: AtomicHistogram::exponential(0.005, 2.0, 14),
@@ -203,16 +201,27 @@ impl PrometheusMetrics {
         model.index() * self.pools + pool_index(pool, self.pools)
     }
 
-    /// `model`'s saturation and `pool`'s usage and reserved limits now, else (`None` saturation)
-    /// the pool's usage as the last admission saw it, against the limits it was built with.
-    fn usage(&self, model: ModelId, pool: PoolRef) -> UsageNow {
-        let source = self
-            .source
+    /// The source, while it lives.
+    fn source(&self) -> Option<Arc<dyn UsageSource>> {
+        self.source
             .read()
             .unwrap_or_else(|e| e.into_inner())
             .as_ref()
-            .and_then(Weak::upgrade);
-        if let Some(now) = source.and_then(|s| s.usage_now(model, pool)) {
+            .and_then(Weak::upgrade)
+    }
+
+    /// Requests of `pool` waiting in `model`'s queue: counted now when the source has queues,
+    /// else what the limiter last pushed.
+    fn queue_depth_of(&self, model: ModelId, pool: PoolRef) -> u64 {
+        self.source()
+            .and_then(|s| s.queue_depth_now(model, pool))
+            .unwrap_or_else(|| self.queue_depth[self.slot(model, pool)].get().max(0) as u64)
+    }
+
+    /// `model`'s saturation and `pool`'s usage and reserved limits now, else (`None` saturation)
+    /// the pool's usage as the last admission saw it, against the limits it was built with.
+    fn usage(&self, model: ModelId, pool: PoolRef) -> UsageNow {
+        if let Some(now) = self.source().and_then(|s| s.usage_now(model, pool)) {
             return now;
         }
         let [r, t] = &self.last_pool[self.slot(model, pool)];
@@ -262,7 +271,7 @@ impl PrometheusMetrics {
         };
         Some(PoolSnapshot {
             requests,
-            queue_depth: self.queue_depth[slot].get().max(0) as u64,
+            queue_depth: self.queue_depth_of(model, pool),
             used: now.pool,
             reserved: now.reserved,
             saturation,
@@ -331,6 +340,7 @@ impl Collector for ScrapeGauges {
         let config = &metrics.config;
         let mut saturations = Vec::with_capacity(config.models().len());
         let mut usages = Vec::with_capacity(config.models().len() * metrics.pools);
+        let mut depths = Vec::with_capacity(config.models().len() * metrics.pools);
         for (i, limits) in config.models().iter().enumerate() {
             let model = ModelId(i as u32);
             let mut saturation = None;
@@ -341,6 +351,16 @@ impl Collector for ScrapeGauges {
                     PoolRef::Named(p as u16)
                 };
                 let now = metrics.usage(model, pool);
+                depths.push((
+                    [
+                        ("model", limits.name().to_owned()),
+                        (
+                            "priority",
+                            config.pool_label(pool).unwrap_or("default").to_owned(),
+                        ),
+                    ],
+                    metrics.queue_depth_of(model, pool),
+                ));
                 if !now.saturation.is_nan() {
                     saturation = Some(now.saturation);
                 }
@@ -394,6 +414,15 @@ impl Collector for ScrapeGauges {
         )?;
         for (labels, value) in &usages {
             ConstGauge::new(*value).encode(family.encode_family(labels)?)?;
+        }
+        let mut family = encoder.encode_descriptor(
+            "priority_limit_queue_depth",
+            "Requests waiting in a model's queue, by priority",
+            None,
+            MetricType::Gauge,
+        )?;
+        for (labels, value) in &depths {
+            ConstGauge::new(*value as i64).encode(family.encode_family(labels)?)?;
         }
         Ok(())
     }
