@@ -185,3 +185,39 @@ litellm_settings:
     );
     assert_eq!(depth().await.0, 0.0);
 }
+
+/// With `reserve` accounting the queue waits for reservations in flight to settle, not only for
+/// the window: `tpm: 3000`, 20 chats at once each reserving about 264 tokens (so 11 fit) and
+/// really using 30, the upstream answering in 1 s: all 20 are served, the 9 that did not fit
+/// after waiting for the first answers to settle (`priority_limit_queue_wait_seconds` counts them),
+/// with the window never rolled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_reserve_the_queue_waits_for_reservations_in_flight() {
+    let up = gateway_example::mock_upstream::MockUpstream::start(
+        gateway_example::mock_upstream::MockUpstreamConfig {
+            latency: gateway_example::mock_upstream::Latency::Fixed(Duration::from_secs(1)),
+            ..Default::default()
+        },
+    )
+    .expect("mock upstream");
+    let gw = std::sync::Arc::new(
+        Gw::start(
+            &integration_tests::gateway::reserve_queue_config(&up.url(), None),
+            None,
+        )
+        .await,
+    );
+    let key = gw.new_key(json!({})).await;
+    let replies = integration_tests::gateway::chats_at_once(&gw, 20, &key).await;
+    let served = replies.iter().filter(|r| r.status == 200).count();
+    let waited = integration_tests::gateway::queue_waits(&gw).await;
+    for r in &replies {
+        assert_eq!(r.status, 200, "{}", r.text());
+    }
+    assert_eq!(served, 20);
+    assert!(
+        waited >= 9,
+        "{waited} waited for the first answers to settle"
+    );
+    assert_eq!(gw.tokens("m"), 20 * 30, "each charged what it used");
+}

@@ -72,7 +72,7 @@ async fn three_limiters_wait_on_shared_counters_and_every_deadline_holds() {
                 panic!("the fleet's limit is used up");
             };
             let max_wait = MAX_WAIT.as_millis() as u64;
-            assert!(limiter.should_wait(Some(refused.retry_after_ms), max_wait));
+            assert!(limiter.should_wait(id, Some(&refused), max_wait));
             let waited = limiter
                 .admit_waiting(WaitRequest {
                     model: id,
@@ -175,4 +175,36 @@ async fn the_redis_store_reports_pool_usage_from_its_replies() {
         assert!(matches!(d, Decision::Admit(_)), "{d:?}");
     }
     assert_eq!(used(a).unwrap().requests, RPM);
+}
+
+/// The queue waits for reservations in flight to settle on Redis as on the embedded store
+/// (`tests/gateway/queue.rs`): 20 chats at once against `tpm: 3000` under `reserve`, 11 fit, the
+/// 9 others wait for the first answers (1 s) to settle and are served; none refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_reserve_the_queue_waits_for_reservations_in_flight_on_redis() {
+    let Some(redis) = RedisServer::start("with_reserve_the_queue_waits_on_redis") else {
+        return;
+    };
+    let up = gateway_example::mock_upstream::MockUpstream::start(
+        gateway_example::mock_upstream::MockUpstreamConfig {
+            latency: gateway_example::mock_upstream::Latency::Fixed(Duration::from_secs(1)),
+            ..Default::default()
+        },
+    )
+    .expect("mock upstream");
+    let dir = integration_tests::gateway::TempDir::new();
+    let yaml = integration_tests::gateway::reserve_queue_config(&up.url(), Some(&redis.url()));
+    let gw = Arc::new(integration_tests::gateway::Gw::connect(&yaml, Some(&dir.0)).await);
+    let health = gw.get("/health/readiness", None).await.json();
+    assert_eq!(health["limiter_store"], "redis");
+    let key = gw.new_key(serde_json::json!({})).await;
+    let replies = integration_tests::gateway::chats_at_once(&gw, 20, &key).await;
+    for r in &replies {
+        assert_eq!(r.status, 200, "{}", r.text());
+    }
+    let waited = integration_tests::gateway::queue_waits(&gw).await;
+    assert!(
+        waited >= 9,
+        "{waited} waited for the first answers to settle"
+    );
 }

@@ -336,3 +336,52 @@ pub fn sse_data(body: &str) -> Vec<String> {
         .map(str::to_owned)
         .collect()
 }
+
+/// The config of the queue-with-`reserve` case: one group `m` (`tpm: 3000`) on the upstream at
+/// `base`, `reserve` accounting (the default output estimate, 256), the queue on
+/// (`max_wait_seconds: 10`), on Redis at `redis_url` when given.
+pub fn reserve_queue_config(base: &str, redis_url: Option<&str>) -> String {
+    let router = redis_url.map_or(String::new(), |url| {
+        format!("router_settings:\n  redis_url: \"{url}\"\n")
+    });
+    accounting_config(
+        base,
+        "token_accounting: reserve, redis_timeout_ms: 2000, \
+         queue: {max_wait_seconds: 10, max_queued: 100}",
+        &router,
+    )
+}
+
+/// Sends `n` chats (no `max_tokens`, so each reserves its prompt and the default output estimate
+/// of 256) as `key` at once; returns every reply.
+pub async fn chats_at_once(gw: &Arc<Gw>, n: usize, key: &str) -> Vec<Reply> {
+    let tasks: Vec<_> = (0..n)
+        .map(|_| {
+            let gw = Arc::clone(gw);
+            let key = key.to_owned();
+            tokio::spawn(async move {
+                gw.chat_with(
+                    &key,
+                    json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]}),
+                )
+                .await
+            })
+        })
+        .collect();
+    let mut replies = Vec::with_capacity(n);
+    for task in tasks {
+        replies.push(task.await.expect("the request task"));
+    }
+    replies
+}
+
+/// How many requests waited in a queue (`priority_limit_queue_wait_seconds_count`) on `gw`.
+pub async fn queue_waits(gw: &Gw) -> u64 {
+    let metrics = gw.get("/metrics", None).await;
+    metrics
+        .text()
+        .lines()
+        .find_map(|l| l.strip_prefix("priority_limit_queue_wait_seconds_count "))
+        .and_then(|v| v.parse::<f64>().ok())
+        .expect("the queue's wait histogram is exported") as u64
+}

@@ -275,7 +275,7 @@ impl<St: Store> Admission<'_, St> {
         };
         if !self
             .limiter
-            .should_wait(refused.map(|r| r.retry_after_ms), max_wait)
+            .should_wait(self.model, refused.as_ref(), max_wait)
         {
             return Ok(None);
         }

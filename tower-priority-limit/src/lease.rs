@@ -52,6 +52,11 @@ impl Lease {
         pool: PoolRef,
         admitted: &Admitted,
     ) -> Self {
+        // With the queue on, a request refused for tokens waits for in-flight reservations to
+        // settle (`Limiter::should_wait`): they are counted while the lease lives.
+        if let (Some(queue), true) = (&target.queue, admitted.reserved > 0) {
+            queue.reservation_made(admitted.reserved);
+        }
         Self {
             target: Some(target),
             teaches: true,
@@ -134,6 +139,7 @@ impl Lease {
             settler.settle(self.settlement);
         }
         if let Some(queue) = &target.queue {
+            self.end_reservation(queue);
             queue.notify();
         }
     }
@@ -164,7 +170,17 @@ impl Lease {
         }
         // A refund (a reservation replaced by less) or a later window may let a waiter in.
         if let Some(queue) = &target.queue {
+            self.end_reservation(queue);
             queue.notify();
+        }
+    }
+
+    /// The reservation counted by [`Lease::new`] is no longer in flight (the settlement was
+    /// handed to the store: the counters show it, or will as soon as a remote store applies it,
+    /// which wakes the queue again).
+    fn end_reservation(&self, queue: &ModelQueue) {
+        if self.settlement.reserved > 0 {
+            queue.reservation_ended(self.settlement.reserved);
         }
     }
 }

@@ -416,13 +416,30 @@ impl<St: Store> Limiter<St> {
         Some(wait.as_millis() as Millis)
     }
 
-    /// Whether a request refused with `retry_after_ms` waits, given its `max_wait_ms`
-    /// ([`max_wait_ms`](Self::max_wait_ms)): iff the queue is on, it may wait at all, and the
-    /// store says room appears before its deadline.
-    pub fn should_wait(&self, retry_after_ms: Option<Millis>, max_wait_ms: Millis) -> bool {
-        self.config().settings().queue.is_some()
-            && max_wait_ms > 0
-            && retry_after_ms.is_none_or(|r| r <= max_wait_ms)
+    /// Whether a request on `model` `refused` (or not tried: `None`) waits, given its
+    /// `max_wait_ms` ([`max_wait_ms`](Self::max_wait_ms)): iff the queue is on, it may wait at
+    /// all, and room may appear before its deadline: the store says the window frees enough by
+    /// then, or it was refused for tokens while reservations of this process on the model are in
+    /// flight (`reserve` accounting: settling them replaces each reservation by what the response
+    /// used, which usually frees room long before the window does).
+    pub fn should_wait(
+        &self,
+        model: ModelId,
+        refused: Option<&Refused>,
+        max_wait_ms: Millis,
+    ) -> bool {
+        if self.config().settings().queue.is_none() || max_wait_ms == 0 {
+            return false;
+        }
+        let Some(refused) = refused else {
+            return true;
+        };
+        refused.retry_after_ms <= max_wait_ms
+            || (refused.dimension == crate::decision::Dimension::Tokens
+                && self
+                    .queues
+                    .get(model.index())
+                    .is_some_and(|q| q.reserved_in_flight() > 0))
     }
 
     /// The weighted service a request counts for its flow (see
@@ -833,5 +850,56 @@ mod tests {
             plain.resolve_pool(None);
         });
         assert_eq!(log.matches("priorities change nothing").count(), 1, "{log}");
+    }
+
+    /// A request refused for tokens waits while reservations of this process are in flight on
+    /// the model (settling them may free room before the window does), and not once they settled;
+    /// a refusal for requests waits only for the window.
+    #[test]
+    fn a_token_refusal_waits_for_reservations_in_flight() {
+        use crate::config::{QueueSettings, TokenAccounting};
+        let limiter = Limiter::new(
+            LimiterConfig::builder()
+                .model(ModelLimits::new("m").tpm(100).rpm(1_000))
+                .token_accounting(TokenAccounting::Reserve)
+                .queue(QueueSettings::new(Duration::from_secs(10), 10))
+                .build()
+                .unwrap(),
+        );
+        let id = limiter.config().model_id("m").unwrap();
+        let pool = PoolRef::Default;
+        let Ok(Decision::Admit(admitted)) = limiter.admit_now(id, pool, 50).unwrap() else {
+            panic!("an idle model admits");
+        };
+        let lease = limiter.lease(id, pool, &admitted);
+        let Ok(Decision::Admit(second)) = limiter.admit_now(id, pool, 40).unwrap() else {
+            panic!("50 + 40 fit in 100");
+        };
+        let second = limiter.lease(id, pool, &second);
+        let Ok(Decision::Refuse(refused)) = limiter.admit_now(id, pool, 20).unwrap() else {
+            panic!("90 + 20 is over 100");
+        };
+        assert_eq!(refused.dimension, crate::decision::Dimension::Tokens);
+        assert!(refused.retry_after_ms > 10_000, "the window frees too late");
+        assert!(limiter.should_wait(id, Some(&refused), 10_000));
+        assert!(
+            !limiter.should_wait(id, Some(&refused), 0),
+            "asked not to wait"
+        );
+        let by_requests = Refused {
+            dimension: crate::decision::Dimension::Requests,
+            ..refused
+        };
+        assert!(!limiter.should_wait(id, Some(&by_requests), 10_000));
+        lease.settle(10);
+        assert!(
+            limiter.should_wait(id, Some(&refused), 10_000),
+            "one still in flight"
+        );
+        drop(second);
+        assert!(
+            !limiter.should_wait(id, Some(&refused), 10_000),
+            "nothing in flight to wait for"
+        );
     }
 }

@@ -12,7 +12,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
 
@@ -37,6 +37,9 @@ impl<St: Store> PoolUsage for St {
 pub(crate) struct ModelQueue {
     /// Waiters now: the only thing the admission fast path reads.
     waiting: AtomicUsize,
+    /// Tokens reserved by this process's admitted requests on the model whose leases have not
+    /// settled yet (`reserve` accounting): settling them may free room before the window does.
+    reserved_in_flight: AtomicU64,
     state: Mutex<State>,
     max_queued: usize,
     weights: ServiceWeights,
@@ -97,6 +100,7 @@ impl ModelQueue {
         let pools = limits.pool_count().max(1);
         Self {
             waiting: AtomicUsize::new(0),
+            reserved_in_flight: AtomicU64::new(0),
             state: Mutex::new(State {
                 next_id: 0,
                 pools: (0..pools).map(|_| PoolWaiters::default()).collect(),
@@ -116,6 +120,21 @@ impl ModelQueue {
     /// Requests waiting now.
     pub(crate) fn waiting(&self) -> usize {
         self.waiting.load(Ordering::Acquire)
+    }
+
+    /// A lease reserving `tokens` on the model was made.
+    pub(crate) fn reservation_made(&self, tokens: u64) {
+        self.reserved_in_flight.fetch_add(tokens, Ordering::Relaxed);
+    }
+
+    /// A lease reserving `tokens` settled or was cancelled.
+    pub(crate) fn reservation_ended(&self, tokens: u64) {
+        self.reserved_in_flight.fetch_sub(tokens, Ordering::Relaxed);
+    }
+
+    /// Tokens reserved on the model by leases of this process not settled yet.
+    pub(crate) fn reserved_in_flight(&self) -> u64 {
+        self.reserved_in_flight.load(Ordering::Relaxed)
     }
 
     /// Requests of `pool` waiting now.

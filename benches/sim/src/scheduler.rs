@@ -317,7 +317,7 @@ async fn admit_as_the_layer(
         match limiter.admit_now(model, s.pool, 0) {
             Some(Ok(Decision::Admit(_))) => return true,
             Some(Ok(Decision::Refuse(r))) => {
-                if !limiter.should_wait(Some(r.retry_after_ms), wait) {
+                if !limiter.should_wait(model, Some(&r), wait) {
                     return false;
                 }
                 refused = Some(r);

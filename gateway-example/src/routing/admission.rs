@@ -71,9 +71,7 @@ pub(super) async fn admit(
             None => limiter.admit(id, pool, estimate).await,
         };
         match decision {
-            Ok(Decision::Refuse(refused))
-                if limiter.should_wait(Some(refused.retry_after_ms), max_wait) =>
-            {
+            Ok(Decision::Refuse(refused)) if limiter.should_wait(id, Some(&refused), max_wait) => {
                 waited(limiter.admit_waiting(wait(Some(refused))).await)
             }
             other => {
