@@ -213,6 +213,11 @@ impl Upstream {
         self.gate.opened.notify_waiters();
     }
 
+    /// Holds `gated` requests again, from now until the next [`open_gate`](Self::open_gate).
+    pub fn close_gate(&self) {
+        self.gate.open.store(false, Ordering::SeqCst);
+    }
+
     /// The `model` of every request it received, in order.
     pub fn models(&self) -> Vec<Value> {
         self.received

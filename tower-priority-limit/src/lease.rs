@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use crate::config::{ModelId, PoolRef};
 use crate::decision::Admitted;
-use crate::estimate::OutputEstimate;
+use crate::estimate::{OutputEstimate, PromptBias};
 use crate::meter::Tokens;
 use crate::metrics::{Observer, TokenKind};
 use crate::queue::ModelQueue;
@@ -17,6 +17,8 @@ use crate::store::{Settlement, Settler};
 pub(crate) struct SettleTarget {
     pub(crate) settler: Option<Arc<dyn Settler>>,
     pub(crate) estimate: Option<OutputEstimate>,
+    /// With `reserve` accounting, the model's learned prompt bias.
+    pub(crate) prompt_bias: Option<PromptBias>,
     /// The model's waiting room (with the queue on): a settlement may free capacity for it.
     pub(crate) queue: Option<Arc<ModelQueue>>,
     pub(crate) observer: Option<Arc<dyn Observer>>,
@@ -43,6 +45,9 @@ pub struct Lease {
     /// Admitted from the queue: its flow and the service charged to it then (an estimate), to be
     /// replaced by the response's real weighted tokens.
     flow_charge: Option<(u64, u64)>,
+    /// The request's prompt estimate as its caller made it (before the learned bias), when known:
+    /// with the prompt tokens the response reports, it teaches the model's prompt bias.
+    prompt_estimate: u64,
 }
 
 impl Lease {
@@ -61,6 +66,7 @@ impl Lease {
             target: Some(target),
             teaches: true,
             flow_charge: None,
+            prompt_estimate: 0,
             settlement: Settlement {
                 model,
                 pool,
@@ -90,6 +96,13 @@ impl Lease {
         if max_output_tokens.is_some() {
             self.teaches = false;
         }
+        self
+    }
+
+    /// Says the request's prompt was estimated at `prompt_estimate` tokens (before the learned
+    /// bias): settling with reported usage then teaches the model's prompt bias.
+    pub(crate) fn with_prompt_estimate(mut self, prompt_estimate: u64) -> Self {
+        self.prompt_estimate = prompt_estimate;
         self
     }
 
@@ -159,6 +172,11 @@ impl Lease {
             if let (true, Some(output)) = (self.teaches, output_tokens) {
                 estimate.observe(output);
             }
+        }
+        if let (Some(bias), Some(output), true) =
+            (&target.prompt_bias, output_tokens, self.prompt_estimate > 0)
+        {
+            bias.observe(self.prompt_estimate, tokens.saturating_sub(output));
         }
         // Nothing to record: skip the store (a remote one would pay a round trip for nothing).
         if tokens == 0 && self.settlement.reserved == 0 {

@@ -14,7 +14,7 @@ use crate::body::ResponseBody;
 use crate::clock::{Clock, Millis};
 use crate::config::{LimiterConfig, ModelId, PoolRef, TokenAccounting};
 use crate::decision::{Admitted, Decision, Refused};
-use crate::estimate::{EstimateStats, OutputEstimate};
+use crate::estimate::{EstimateStats, OutputEstimate, PromptBias};
 use crate::lease::{Lease, SettleTarget};
 use crate::meter::UsageMeter;
 use crate::metrics::{Observer, Outcome, RefusedBy, UsageNow, UsageSource};
@@ -215,6 +215,7 @@ impl<St: Store> Limiter<St> {
                     settler: store.settler(ModelId(i as u32)),
                     estimate: reserve
                         .then(|| OutputEstimate::new(settings.default_estimated_output_tokens)),
+                    prompt_bias: reserve.then(PromptBias::new),
                     queue: queues.get(i).cloned(),
                     observer: observer.clone(),
                 })
@@ -282,8 +283,9 @@ impl<St: Store> Limiter<St> {
     }
 
     /// The tokens a request on `model` is expected to cost, to reserve at admission: with
-    /// `reserve` accounting its prompt estimate plus `max_output_tokens` when it sets one, else
-    /// plus the model's learned output estimate; 0 with `post_hoc` accounting (nothing is reserved).
+    /// `reserve` accounting its prompt estimate (corrected by the model's learned prompt bias)
+    /// plus `max_output_tokens` when it sets one, else plus the model's learned output estimate;
+    /// 0 with `post_hoc` accounting (nothing is reserved).
     pub fn estimate(
         &self,
         model: ModelId,
@@ -293,12 +295,16 @@ impl<St: Store> Limiter<St> {
         match self.config().settings().token_accounting {
             TokenAccounting::PostHoc => 0,
             TokenAccounting::Reserve => {
+                let target = self.target(model);
                 let output = max_output_tokens.unwrap_or_else(|| {
-                    self.target(model)
+                    target
                         .and_then(|t| t.estimate.as_ref())
                         .map_or(0, |e| e.tokens())
                 });
-                prompt_tokens.saturating_add(output)
+                let prompt = target
+                    .and_then(|t| t.prompt_bias.as_ref())
+                    .map_or(prompt_tokens, |b| b.correct(prompt_tokens));
+                prompt.saturating_add(output)
             }
         }
     }
@@ -368,6 +374,7 @@ impl<St: Store> Limiter<St> {
             self.config().settings().max_reported_tokens,
             prompt_estimate,
         );
+        let lease = lease.with_prompt_estimate(prompt_estimate);
         Response::from_parts(parts, ResponseBody::metered(body, meter, lease))
     }
 
@@ -379,6 +386,7 @@ impl<St: Store> Limiter<St> {
             None => Arc::new(SettleTarget {
                 settler: None,
                 estimate: None,
+                prompt_bias: None,
                 queue: None,
                 observer: None,
             }),
