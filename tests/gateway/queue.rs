@@ -221,3 +221,81 @@ async fn with_reserve_the_queue_waits_for_reservations_in_flight() {
     );
     assert_eq!(gw.tokens("m"), 20 * 30, "each charged what it used");
 }
+
+/// No caller can fill the queue for others: one dev key fills a 20-place queue (`rpm: 2`, dev
+/// over its floor); a prod request (its floor unused) and another key's request still find
+/// room, each in the place of the dev key's newest waiter, which gets its 429 at once. At the
+/// roll prod is served first; the queue never holds more than 20.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_caller_can_fill_the_queue_for_others() {
+    let yaml = with_master(
+        r#"
+model_list:
+  - model_name: gpt-5.6-luna
+    litellm_params: {model: openai/gpt-5.6-luna, mock_response: "hi", rpm: 2}
+litellm_settings:
+  callbacks: ["dynamic_rate_limiter_v3"]
+  priority_reservation: {"prod": 0.5, "dev": 0.5}
+  priority_reservation_settings: {queue: {max_wait_seconds: 100, max_queued: 20}}
+"#,
+    );
+    let gw = std::sync::Arc::new(Gw::start(&yaml, None).await);
+    let dev = gw.new_key(json!({"metadata": {"priority": "dev"}})).await;
+    let other_dev = gw.new_key(json!({"metadata": {"priority": "dev"}})).await;
+    let prod = gw.new_key(json!({"metadata": {"priority": "prod"}})).await;
+    // dev takes the whole window (2 of 2; its floor is 1).
+    assert_eq!(gw.served(&dev, M, 2).await, 2);
+    let send = |key: &str| {
+        let (gw, key) = (std::sync::Arc::clone(&gw), key.to_owned());
+        tokio::spawn(async move { gw.chat(&key, M, false).await })
+    };
+    let flood: Vec<_> = (0..20).map(|_| send(&dev)).collect();
+    until_waiting(&gw, 20).await;
+    // One more from the same key finds the queue full: its 429 at once.
+    let r = gw.chat(&dev, M, false).await;
+    assert_eq!(r.status, 429, "{}", r.text());
+    let prod_reply = send(&prod);
+    let other_reply = send(&other_dev);
+    // Each newcomer took a dev waiter's place: two of the flood are answered at once.
+    let limiter = gw.gateway.limiter();
+    let id = limiter.config().model_id(M).unwrap();
+    let (p, d) = (
+        limiter.resolve_pool(Some("prod")),
+        limiter.resolve_pool(Some("dev")),
+    );
+    for _ in 0..5_000 {
+        if limiter.queue_depth(id, p) == 1 && flood.iter().filter(|t| t.is_finished()).count() == 2
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    assert_eq!(limiter.queue_depth(id, p), 1, "prod waits");
+    assert_eq!(
+        limiter.queue_depth(id, d),
+        19,
+        "the other dev key's and 18 of the flood"
+    );
+    assert_eq!(limiter.queue_len(id), 20, "never more than max_queued");
+    // The roll frees 2: prod first (0 of its floor), then one dev request: the flood's (its flow
+    // and the other key's have had the same service while waiting, and it waited first).
+    gw.clock.advance(Duration::from_secs(60));
+    let r = prod_reply.await.unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    until_waiting(&gw, 18).await;
+    // Past every deadline: the rest get their 429.
+    gw.clock.advance(Duration::from_secs(50));
+    let r = other_reply.await.unwrap();
+    assert_eq!(r.status, 429, "{}", r.text());
+    let mut statuses = std::collections::BTreeMap::new();
+    for task in flood {
+        *statuses
+            .entry(task.await.unwrap().status.as_u16())
+            .or_insert(0) += 1;
+    }
+    assert_eq!(
+        statuses,
+        [(200, 1), (429, 19)].into_iter().collect(),
+        "one served at the roll; two displaced, 17 past their deadline"
+    );
+}

@@ -19,7 +19,7 @@ use crate::lease::{Lease, SettleTarget};
 use crate::meter::UsageMeter;
 use crate::metrics::{Observer, Outcome, RefusedBy, UsageNow, UsageSource};
 use crate::order::{FlowId, ServiceWeights};
-use crate::queue::{ModelQueue, PoolUsage};
+use crate::queue::{ModelQueue, PoolUsage, Turn};
 use crate::response::{refusal_response, store_failure_response, AdmittedHeaders};
 use crate::store::{AdmitRequest, MemoryStore, Store, StoreError};
 
@@ -567,13 +567,24 @@ impl<St: Store> Limiter<St> {
             let wake_at = retry_at.map_or(deadline, |r| r.min(deadline));
             let mut sleep = self.clock.sleep_until(wake_at);
             let turn = std::future::poll_fn(|cx| {
-                if ticket.poll_turn(cx).is_ready() {
-                    return std::task::Poll::Ready(true);
+                if let std::task::Poll::Ready(turn) = ticket.poll_turn(cx) {
+                    return std::task::Poll::Ready(Some(turn));
                 }
-                sleep.as_mut().poll(cx).map(|()| false)
+                sleep.as_mut().poll(cx).map(|()| None)
             })
             .await;
-            if !turn {
+            if turn == Some(Turn::Displaced) {
+                // It gave its place to a newcomer that needed it more: answered as a request
+                // that finds the queue full.
+                drop(ticket);
+                let now = self.clock.now_ms();
+                let decision = match queue.last_refusal(pool, now) {
+                    Some(refused) => Ok(Decision::Refuse(refused)),
+                    None => self.admit(model, pool, estimate).await,
+                };
+                return self.answer_waited(model, pool, decision, waited(&self.clock), None, true);
+            }
+            if turn.is_none() {
                 let now = self.clock.now_ms();
                 if now >= deadline {
                     drop(ticket);

@@ -116,6 +116,69 @@ pub fn first_pool(candidates: impl IntoIterator<Item = (usize, Fill)>) -> Option
         .map(|(pool, _)| pool)
 }
 
+/// One pool's waiters as [`displaced`] sees them: its [`fill`], and how many requests each of
+/// its flows has waiting (flows with none left out).
+#[derive(Debug, Clone, Copy)]
+pub struct PoolSeats<'a> {
+    /// The pool's fill.
+    pub fill: Fill,
+    /// `(flow, requests waiting)` for each flow of the pool with some.
+    pub flows: &'a [(FlowId, usize)],
+}
+
+/// Who gives up a place in a full queue of `capacity` to a newcomer of pool `slot` and `flow`
+/// (`None`: nobody; the newcomer is refused as the queue is full). So no caller can fill the
+/// queue for others:
+///
+/// 1. **A priority below its floor always finds room**: it takes the place of the newest waiter
+///    of the pool at or above its floor with the highest fill, from its flow with the most waiting.
+/// 2. **A flow holds at most its fair part of a full queue**: `capacity ÷ flows waiting` (the
+///    newcomer's counted, at least 1). A newcomer whose flow holds less takes the place of the
+///    newest waiter of the flow holding the most, if that one holds more than its fair part.
+///
+/// Ties go to the later pool (the default pool last in the config's order) and the larger flow
+/// id, so the choice is the same on every call.
+pub fn displaced(
+    pools: &[PoolSeats<'_>],
+    slot: usize,
+    flow: FlowId,
+    capacity: usize,
+) -> Option<(usize, FlowId)> {
+    let most = |flows: &[(FlowId, usize)]| {
+        flows
+            .iter()
+            .copied()
+            .max_by_key(|&(flow, seats)| (seats, flow))
+    };
+    if pools.get(slot).is_some_and(|p| p.fill.below_floor()) {
+        let over = pools
+            .iter()
+            .enumerate()
+            .filter(|&(i, p)| i != slot && !p.fill.below_floor() && !p.flows.is_empty())
+            .max_by(|a, b| a.1.fill.cmp(&b.1.fill).then(a.0.cmp(&b.0)));
+        if let Some((victim_pool, p)) = over {
+            if let Some((victim_flow, _)) = most(p.flows) {
+                return Some((victim_pool, victim_flow));
+            }
+        }
+    }
+    let own = pools
+        .get(slot)
+        .and_then(|p| p.flows.iter().find(|&&(f, _)| f == flow))
+        .map_or(0, |&(_, seats)| seats);
+    let flows = pools.iter().map(|p| p.flows.len()).sum::<usize>() + usize::from(own == 0);
+    let fair = (capacity / flows.max(1)).max(1);
+    if own >= fair {
+        return None;
+    }
+    let (victim_pool, (victim_flow, seats)) = pools
+        .iter()
+        .enumerate()
+        .filter_map(|(i, p)| most(p.flows).map(|m| (i, m)))
+        .max_by_key(|&(i, (flow, seats))| (seats, i, flow))?;
+    (seats > fair).then_some((victim_pool, victim_flow))
+}
+
 /// A flow: one caller inside a priority, named by a hash of its key.
 pub type FlowId = u64;
 
@@ -283,6 +346,93 @@ impl FlowClock {
 
 #[cfg(test)]
 mod tests {
+
+    proptest::proptest! {
+        /// Whoever is displaced holds a place, is never the newcomer's own flow, and either sits
+        /// in a pool at or above its floor (for a newcomer below its own) or holds more than its
+        /// fair part.
+        #[test]
+        fn the_displaced_hold_more_than_they_should(
+            seats in proptest::collection::vec(
+                (0.0f64..3.0, proptest::collection::vec((0u64..6, 1usize..50), 0..5)),
+                1..4,
+            ),
+            slot in 0usize..4,
+            flow in 0u64..6,
+            capacity in 1usize..200,
+        ) {
+            let flows: Vec<Vec<(FlowId, usize)>> = seats
+                .iter()
+                .map(|(_, f)| {
+                    let mut f = f.clone();
+                    f.sort_unstable();
+                    f.dedup_by_key(|x| x.0);
+                    f
+                })
+                .collect();
+            let pools: Vec<PoolSeats<'_>> = seats
+                .iter()
+                .zip(&flows)
+                .map(|((fill, _), flows)| PoolSeats { fill: fill_of(*fill), flows })
+                .collect();
+            let slot = slot % pools.len();
+            if let Some((pool, victim)) = displaced(&pools, slot, flow, capacity) {
+                let held = flows[pool].iter().find(|f| f.0 == victim).map_or(0, |f| f.1);
+                proptest::prop_assert!(held > 0);
+                proptest::prop_assert!(pool != slot || victim != flow);
+                let by_floor = pools[slot].fill.below_floor() && !pools[pool].fill.below_floor();
+                let total: usize = flows.iter().map(Vec::len).sum();
+                let own = flows[slot].iter().any(|f| f.0 == flow);
+                let fair = (capacity / (total + usize::from(!own)).max(1)).max(1);
+                proptest::prop_assert!(by_floor || held > fair);
+            }
+        }
+    }
+
+    fn fill_of(ratio: f64) -> Fill {
+        Fill(ratio)
+    }
+
+    #[test]
+    fn a_priority_below_its_floor_displaces_the_fullest_pool() {
+        let dev = [(1, 8), (2, 2)];
+        let pools = [
+            PoolSeats {
+                fill: fill_of(0.2),
+                flows: &[],
+            },
+            PoolSeats {
+                fill: fill_of(3.0),
+                flows: &dev,
+            },
+        ];
+        // prod (pool 0) is below its floor: dev's heaviest flow gives up a place.
+        assert_eq!(displaced(&pools, 0, 9, 10), Some((1, 1)));
+        // A dev newcomer is not below its floor; its flow 2 holds under its fair part (10 ÷ 2
+        // = 5), so flow 1, over it, makes room.
+        assert_eq!(displaced(&pools, 1, 2, 10), Some((1, 1)));
+        // Flow 1 itself gets nothing.
+        assert_eq!(displaced(&pools, 1, 1, 10), None);
+    }
+
+    #[test]
+    fn one_flow_cannot_hold_more_than_its_fair_part_of_a_full_queue() {
+        let one = [(7, 2000)];
+        let pools = [PoolSeats {
+            fill: fill_of(f64::INFINITY),
+            flows: &one,
+        }];
+        // A new flow makes two: its fair part is 1000, flow 7 holds 2000.
+        assert_eq!(displaced(&pools, 0, 8, 2000), Some((0, 7)));
+        let even = [(7, 1000), (8, 1000)];
+        let pools = [PoolSeats {
+            fill: fill_of(f64::INFINITY),
+            flows: &even,
+        }];
+        assert_eq!(displaced(&pools, 0, 8, 2000), None, "at its fair part");
+        // A third flow: 666 each; both hold more.
+        assert_eq!(displaced(&pools, 0, 9, 2000), Some((0, 8)));
+    }
     use super::*;
     use proptest::prelude::*;
 

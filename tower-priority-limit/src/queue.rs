@@ -10,7 +10,7 @@
 //! The fast path reads one atomic ([`ModelQueue::waiting`]): with nobody waiting, admission
 //! costs what it cost without the queue.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::fmt;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -19,7 +19,9 @@ use std::task::{Context, Poll, Waker};
 use crate::clock::Millis;
 use crate::config::{pool_index, ModelId, ModelLimits, PoolRef};
 use crate::decision::{Refused, Usage};
-use crate::order::{fill, first_pool, Fill, FlowClock, FlowId, ServiceWeights};
+use crate::order::{
+    displaced, fill, first_pool, Fill, FlowClock, FlowId, PoolSeats, ServiceWeights,
+};
 use crate::store::Store;
 
 /// What the queue asks of the store: how far each pool is through its floor.
@@ -71,6 +73,19 @@ struct State {
     /// The last refusal a waiter of this model got, and when: what a waiter at its deadline
     /// answers.
     last_refused: Option<(Refused, Millis)>,
+    /// Waiters that gave their place to a newcomer in a full queue ([`displaced`]), until their
+    /// ticket sees it.
+    displaced: HashSet<u64, foldhash::fast::RandomState>,
+}
+
+/// What a waiter's [`Ticket::poll_turn`] says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Turn {
+    /// It may try admission now.
+    Yours,
+    /// It gave its place to a newcomer in a full queue ([`displaced`]): it is answered at once,
+    /// as a request that finds the queue full.
+    Displaced,
 }
 
 #[derive(Default)]
@@ -108,6 +123,7 @@ impl ModelQueue {
                 turn: None,
                 pending: false,
                 last_refused: None,
+                displaced: HashSet::default(),
             }),
             max_queued: max_queued as usize,
             weights,
@@ -222,13 +238,17 @@ impl ModelQueue {
         Some(refused)
     }
 
-    /// Joins the queue as a request of `pool` from `flow`; `None` when it is full.
+    /// Joins the queue as a request of `pool` from `flow`; `None` when it is full and nobody
+    /// gives up a place to it ([`displaced`]: a priority below its floor, or a flow under its fair
+    /// part, takes the place of the newest waiter of one that holds more).
     pub(crate) fn enter(self: &Arc<Self>, pool: PoolRef, flow: FlowId) -> Option<Ticket> {
         let slot = self.pool_slot(pool);
+        let mut woken = None;
         let id = {
             let mut state = self.lock();
             if state.waiters.len() >= self.max_queued {
-                return None;
+                let (victim_slot, victim_flow) = self.displaced_by(&state, slot, flow)?;
+                woken = self.displace(&mut state, victim_slot, victim_flow);
             }
             let id = state.next_id;
             state.next_id += 1;
@@ -247,11 +267,43 @@ impl ModelQueue {
             self.waiting.fetch_add(1, Ordering::AcqRel);
             id
         };
+        // The displaced waiter learns it at once (its answer is its ticket's to give).
+        if let Some(waker) = woken {
+            waker.wake();
+        }
         Some(Ticket {
             queue: Arc::clone(self),
             id,
             done: false,
         })
+    }
+
+    /// Who gives up a place to a newcomer of `slot` and `flow` in the full queue.
+    fn displaced_by(&self, state: &State, slot: usize, flow: FlowId) -> Option<(usize, FlowId)> {
+        let flows: Vec<Vec<(FlowId, usize)>> = state
+            .pools
+            .iter()
+            .map(|p| p.lines.iter().map(|(&f, line)| (f, line.len())).collect())
+            .collect();
+        let seats: Vec<PoolSeats<'_>> = flows
+            .iter()
+            .enumerate()
+            .map(|(i, flows)| PoolSeats {
+                fill: self.fill_of(i),
+                flows,
+            })
+            .collect();
+        displaced(&seats, slot, flow, self.max_queued)
+    }
+
+    /// Takes the newest waiter of `flow` in `slot` out of the queue, marked displaced; its waker,
+    /// to be woken once the lock is let go.
+    fn displace(&self, state: &mut State, slot: usize, flow: FlowId) -> Option<Waker> {
+        let id = *state.pools.get(slot)?.lines.get(&flow)?.back()?;
+        let waker = state.waiters.get_mut(&id).and_then(|e| e.waker.take());
+        self.remove(state, id, None);
+        state.displaced.insert(id);
+        waker
     }
 
     /// Capacity may have freed: if nobody holds the turn, the waiter the order puts first gets it.
@@ -330,11 +382,14 @@ impl fmt::Debug for Ticket {
 }
 
 impl Ticket {
-    /// Ready once this waiter holds the turn.
-    pub(crate) fn poll_turn(&self, cx: &mut Context<'_>) -> Poll<()> {
+    /// Ready once this waiter holds the turn, or has given its place to a newcomer.
+    pub(crate) fn poll_turn(&self, cx: &mut Context<'_>) -> Poll<Turn> {
         let mut state = self.queue.lock();
         if state.turn == Some(self.id) {
-            return Poll::Ready(());
+            return Poll::Ready(Turn::Yours);
+        }
+        if state.displaced.remove(&self.id) {
+            return Poll::Ready(Turn::Displaced);
         }
         if let Some(entry) = state.waiters.get_mut(&self.id) {
             match &entry.waker {
@@ -380,6 +435,7 @@ impl Drop for Ticket {
         {
             let mut state = self.queue.lock();
             self.queue.remove(&mut state, self.id, None);
+            state.displaced.remove(&self.id);
         }
         // Whoever is first now gets a try (this one may have held the turn, or its timer).
         self.queue.notify();
@@ -421,6 +477,93 @@ mod tests {
         drop(b);
         assert_eq!(q.waiting(), 0);
         assert_eq!(q.lock().turn, None, "a dropped turn holder gives it back");
+    }
+
+    fn turn_of(ticket: &Ticket) -> Poll<Turn> {
+        let waker = std::task::Waker::noop();
+        ticket.poll_turn(&mut Context::from_waker(waker))
+    }
+
+    /// One flow fills the queue: a newcomer of another flow takes the place of its newest
+    /// waiter, which learns it was displaced; the flow itself cannot add more.
+    #[test]
+    fn a_full_queue_makes_room_for_a_flow_under_its_fair_part() {
+        let q = queue(4);
+        let heavy: Vec<Ticket> = (0..4)
+            .map(|_| q.enter(PoolRef::Default, 1).unwrap())
+            .collect();
+        assert!(
+            q.enter(PoolRef::Default, 1).is_none(),
+            "its own flow finds no room"
+        );
+        let light = q.enter(PoolRef::Default, 2).expect("a new flow finds room");
+        assert_eq!(q.waiting(), 4, "still at most max_queued");
+        assert_eq!(
+            turn_of(&heavy[3]),
+            Poll::Ready(Turn::Displaced),
+            "the newest gave way"
+        );
+        assert_eq!(turn_of(&heavy[0]), Poll::Pending);
+        // Fair parts are now 2 each: flow 1 holds 3, so a third flow displaces it again, flow 2
+        // (1 place) is left alone.
+        let third = q.enter(PoolRef::Default, 3).expect("room for a third flow");
+        assert_eq!(turn_of(&heavy[2]), Poll::Ready(Turn::Displaced));
+        assert_eq!(q.waiting(), 4);
+        drop((heavy, light, third));
+        assert_eq!(q.waiting(), 0);
+        assert!(q.lock().displaced.is_empty(), "nothing left behind");
+    }
+
+    /// A priority below its floor always finds room in a full queue: the pool over its floor
+    /// gives up its newest waiter.
+    #[test]
+    fn a_priority_below_its_floor_always_finds_room() {
+        let config = LimiterConfig::builder()
+            .model(ModelLimits::new("m").rpm(10))
+            .reserve("prod", crate::config::Reservation::Percent(0.5))
+            .reserve("dev", crate::config::Reservation::Percent(0.5))
+            .queue(crate::config::QueueSettings::new(
+                std::time::Duration::from_secs(10),
+                3,
+            ))
+            .build()
+            .unwrap();
+        let store = Arc::new(MemoryStore::new(&config));
+        let (prod, dev) = (config.pool_of(Some("prod")), config.pool_of(Some("dev")));
+        // dev uses its floor (5 of 10) and more: it is over it.
+        for _ in 0..6 {
+            let d = crate::store::Store::admit_now(
+                &*store,
+                crate::store::AdmitRequest {
+                    model: ModelId(0),
+                    pool: dev,
+                    reserve: 0,
+                },
+            );
+            assert!(matches!(d, Some(Ok(crate::decision::Decision::Admit(_)))));
+        }
+        let usage: Arc<dyn PoolUsage> = store;
+        let q = Arc::new(ModelQueue::new(
+            ModelId(0),
+            config.models()[0].clone(),
+            3,
+            ServiceWeights::default(),
+            usage,
+        ));
+        let devs: Vec<Ticket> = (1..=3).map(|f| q.enter(dev, f).unwrap()).collect();
+        assert!(
+            q.enter(dev, 4).is_none(),
+            "dev's flows hold their fair parts"
+        );
+        let p = q.enter(prod, 9).expect("prod, below its floor, finds room");
+        assert_eq!(q.waiting_in(prod), 1);
+        assert_eq!(q.waiting_in(dev), 2);
+        let displaced = devs
+            .iter()
+            .filter(|t| turn_of(t) == Poll::Ready(Turn::Displaced))
+            .count();
+        assert_eq!(displaced, 1);
+        drop(p);
     }
 
     #[test]
