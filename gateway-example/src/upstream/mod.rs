@@ -203,6 +203,25 @@ impl Secrets {
         }
         text
     }
+
+    /// `value` with every key replaced by `***` in each of its strings and member names.
+    fn scrub_value(&self, value: &mut Value) {
+        match value {
+            Value::String(text) => *text = self.scrub(std::mem::take(text)),
+            Value::Array(items) => items.iter_mut().for_each(|v| self.scrub_value(v)),
+            Value::Object(members) => {
+                let named = std::mem::take(members);
+                *members = named
+                    .into_iter()
+                    .map(|(name, mut v)| {
+                        self.scrub_value(&mut v);
+                        (self.scrub(name), v)
+                    })
+                    .collect();
+            }
+            Value::Null | Value::Bool(_) | Value::Number(_) => {}
+        }
+    }
 }
 
 impl Default for Upstream {
@@ -644,8 +663,10 @@ fn upstream_url(api_base: &str, api: Api, endpoint: crate::endpoint::Endpoint) -
     }
 }
 
-/// An upstream's error, in the OpenAI shape: its own error object when it sent one, else one
-/// that says what came back.
+/// An upstream's error: its own body when it is a JSON object with an `error` object (OpenAI's
+/// `{"error": {"message", "type", ...}}`, Anthropic's `{"type": "error", "error": {...}}`),
+/// passed on with its status, else one in the OpenAI shape that says what came back. Either way
+/// no configured upstream key is left in it.
 async fn upstream_error(
     status: StatusCode,
     body: UpstreamBody,
@@ -658,19 +679,6 @@ async fn upstream_error(
             Ok(Ok(c)) => c.to_bytes(),
             _ => Bytes::new(),
         };
-    // An upstream may echo the key it was sent (or another deployment's): none reaches the
-    // client. Scrubbed before the cut to 500 characters, so no part of a key is left either.
-    let message = match serde_json::from_slice::<Value>(&bytes)
-        .ok()
-        .and_then(|v| v["error"]["message"].as_str().map(str::to_owned))
-    {
-        Some(message) => secrets.scrub(message),
-        None => secrets
-            .scrub(String::from_utf8_lossy(&bytes).into_owned())
-            .chars()
-            .take(500)
-            .collect(),
-    };
     let kind = match status.as_u16() {
         400 => "invalid_request_error",
         401 | 403 => "upstream_auth_error",
@@ -678,6 +686,29 @@ async fn upstream_error(
         429 => "rate_limit_error",
         _ => "upstream_error",
     };
+    let is_error = status.is_client_error() || status.is_server_error();
+    if is_error {
+        if let Some(mut own) = serde_json::from_slice::<Value>(&bytes)
+            .ok()
+            .filter(|v| v["error"].is_object())
+        {
+            // An upstream may echo the key it was sent (or another deployment's): every string
+            // of the object is scrubbed, as parsed, so an escaped key is found too.
+            secrets.scrub_value(&mut own);
+            let message = own["error"]["message"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned();
+            let passed_on = Bytes::from(serde_json::to_vec(&own).unwrap_or_default());
+            return ApiError::new(status, kind, message).passing_on(passed_on);
+        }
+    }
+    // Scrubbed before the cut to 500 characters, so no part of a key is left either.
+    let message: String = secrets
+        .scrub(String::from_utf8_lossy(&bytes).into_owned())
+        .chars()
+        .take(500)
+        .collect();
     // What the upstream answered is reported as it is; the client's status is a 502 when it is
     // not an error status itself (a redirect, which the gateway does not follow, say).
     let answered = status.as_u16();
@@ -686,7 +717,7 @@ async fn upstream_error(
     } else {
         answered.to_string()
     };
-    let status = if status.is_client_error() || status.is_server_error() {
+    let status = if is_error {
         status
     } else {
         StatusCode::BAD_GATEWAY
