@@ -156,6 +156,10 @@ fn router(gw: Arc<Gateway>, track: Option<api::metrics::TrackLayer>) -> Router {
     let keyed = Router::new()
         .route("/models", get(api::models::list))
         .route("/v1/models", get(api::models::list))
+        .route("/models/{*id}", get(api::models::retrieve))
+        .route("/v1/models/{*id}", get(api::models::retrieve))
+        .route("/messages/count_tokens", post(api::count_tokens::count))
+        .route("/v1/messages/count_tokens", post(api::count_tokens::count))
         .route_layer(
             ServiceBuilder::new()
                 .option_layer(track.clone())
