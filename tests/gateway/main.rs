@@ -7,6 +7,7 @@ mod accounting;
 mod bad_input;
 mod endpoints;
 mod keys;
+mod litellm;
 mod metrics;
 mod queue;
 mod quickstart;

@@ -157,7 +157,7 @@ async fn chat(
             None => chat_completion_stream(&model, &PIECES, include_usage),
         };
         let events = if model == "litellm" {
-            events.iter().map(|e| litellm_shaped(e)).collect()
+            events.iter().map(litellm_shaped).collect()
         } else {
             events
         };

@@ -97,10 +97,9 @@ pub(super) fn deployment(
             api,
         }
     };
-    let limit = |key: &str| -> Result<Option<u64>, ConfigError> {
-        params.get(key)?.map(|n| n.count()).transpose()
-    };
-    let (rpm, tpm) = (limit("rpm")?, limit("tpm")?);
+    // Read as the limiter reads the group's: wherever LiteLLM reads them.
+    let rpm = tower_priority_limit::config::deployment_limit(item, "rpm")?;
+    let tpm = tower_priority_limit::config::deployment_limit(item, "tpm")?;
     let weight = match params.get("weight")? {
         Some(w) => {
             let v = w.number()?;

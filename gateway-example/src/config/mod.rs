@@ -125,9 +125,10 @@ pub struct Deployment {
     pub stream_timeout: Duration,
     /// Stable id (`model_info.id`, else derived from the entry), shown in `x-litellm-model-id`.
     pub id: String,
-    /// `litellm_params.rpm`: this deployment's requests per window.
+    /// `rpm` (on the entry, in `litellm_params` or `model_info`): this deployment's requests per
+    /// window.
     pub rpm: Option<u64>,
-    /// `litellm_params.tpm`: this deployment's tokens per window.
+    /// `tpm` (wherever `rpm` may be): this deployment's tokens per window.
     pub tpm: Option<u64>,
     /// `litellm_params.weight`, for `simple-shuffle`.
     pub weight: Option<f64>,

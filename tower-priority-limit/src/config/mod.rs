@@ -26,6 +26,8 @@ pub use self::error::ConfigError;
 #[cfg(feature = "gateway-helpers")]
 pub use self::node::{resolve_env, Node, ENV_PREFIX};
 use self::yaml::parse_document;
+#[cfg(feature = "gateway-helpers")]
+pub use self::yaml::{deployment_limit, LIMIT_PLACES};
 
 type FastHash = foldhash::fast::RandomState;
 
