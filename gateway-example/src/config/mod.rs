@@ -168,12 +168,24 @@ pub struct GatewayConfig {
     pub redis_key_prefix: String,
     /// `router_settings`: strategy, retries, cooldowns, fallbacks.
     pub router: RouterSettings,
-    /// `general_settings.metrics_require_auth` (default false): `GET /metrics` asks for the
-    /// master key. Open by default, like other Prometheus exporters.
-    pub metrics_require_auth: bool,
+    /// Who may read `GET /metrics`: anyone (the default, like other Prometheus exporters), any
+    /// key (`litellm_settings.require_auth_for_metrics_endpoint`, LiteLLM's setting) or the
+    /// master key (`general_settings.metrics_require_auth`, the stricter one when both are set).
+    pub metrics_auth: MetricsAuth,
     /// `general_settings.metrics` (default true): the Prometheus series are kept and served at
     /// `GET /metrics`. `false` turns every series off (nothing is observed, no route).
     pub metrics: bool,
+}
+
+/// Who may read `GET /metrics`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MetricsAuth {
+    /// Anyone.
+    Open,
+    /// Any key (a generated one or the master key).
+    Key,
+    /// The master key only.
+    Master,
 }
 
 impl Deployment {
@@ -203,7 +215,7 @@ impl std::fmt::Debug for GatewayConfig {
             .field("redis", &self.redis.as_ref().map(RedisTarget::redacted))
             .field("redis_key_prefix", &self.redis_key_prefix)
             .field("router", &self.router)
-            .field("metrics_require_auth", &self.metrics_require_auth)
+            .field("metrics_auth", &self.metrics_auth)
             .field("metrics", &self.metrics)
             .finish()
     }
@@ -292,10 +304,16 @@ impl GatewayConfig {
         }
 
         let mut limiter_enabled = false;
+        let mut metrics_auth = MetricsAuth::Open;
         if let Some(settings) = root.get("litellm_settings")? {
             if let Some(callbacks) = settings.get("callbacks")? {
                 for cb in callbacks.items()? {
                     limiter_enabled |= cb.string()? == LIMITER_CALLBACK;
+                }
+            }
+            if let Some(flag) = settings.get("require_auth_for_metrics_endpoint")? {
+                if boolean(&flag)? {
+                    metrics_auth = MetricsAuth::Key;
                 }
             }
             if !limiter_enabled && settings.get("priority_reservation")?.is_some() {
@@ -312,11 +330,12 @@ impl GatewayConfig {
         let mut request_body_timeout = DEFAULT_REQUEST_BODY_TIMEOUT;
         let mut max_connections = DEFAULT_MAX_CONNECTIONS;
         let mut shutdown_grace = DEFAULT_SHUTDOWN_GRACE;
-        let mut metrics_require_auth = false;
         let mut metrics = true;
         if let Some(general) = root.get("general_settings")? {
             if let Some(flag) = general.get("metrics_require_auth")? {
-                metrics_require_auth = boolean(&flag)?;
+                if boolean(&flag)? {
+                    metrics_auth = MetricsAuth::Master;
+                }
             }
             if let Some(flag) = general.get("metrics")? {
                 metrics = boolean(&flag)?;
@@ -388,7 +407,7 @@ impl GatewayConfig {
             redis,
             redis_key_prefix,
             router,
-            metrics_require_auth,
+            metrics_auth,
             metrics,
         })
     }
