@@ -294,3 +294,196 @@ fn yaml_numbers_as_pyyaml_reads_them() {
     // The ones the list says PyYAML reads as strings, and no more.
     assert_eq!(strings, 13, "{out}");
 }
+
+/// What a config of the corpus does at start.
+enum Expect {
+    /// Starts, honouring every key.
+    Start,
+    /// Starts, with the one warning line naming these keys (as shown: a path, a callback's item
+    /// with its name).
+    Warn(&'static [&'static str]),
+    /// Refuses to start, naming these keys (as shown) and the `--ignore-unsupported` list.
+    Refuse(&'static [&'static str], &'static str),
+}
+
+/// LiteLLM configs in the forms its documentation gives them (its proxy quick start,
+/// `load_balancer.yaml`, guardrails, tag routing, budgets, callbacks, caching, auth), every setting
+/// of issue 33 in each place LiteLLM accepts it, and what each does here.
+fn corpus() -> Vec<(&'static str, String, Expect)> {
+    let model = "model_list:\n  - model_name: gpt-4o\n    litellm_params: {model: openai/gpt-4o, api_key: sk-up, mock_response: hi}\n";
+    let with = |rest: &str| format!("{model}{rest}");
+    vec![
+        (
+            "quick start with the limiter",
+            with("litellm_settings:\n  callbacks: [\"dynamic_rate_limiter_v3\"]\n  priority_reservation: {prod: 0.9}\ngeneral_settings:\n  master_key: sk-1234\n"),
+            Expect::Start,
+        ),
+        (
+            "load_balancer.yaml: limits on the entry, in model_info, and prometheus",
+            "model_list:\n  - model_name: gpt-4o\n    litellm_params: {model: openai/gpt-4o, mock_response: hi}\n    rpm: 6\n    tpm: 80_000\n  - model_name: gpt-4o\n    litellm_params: {model: openai/gpt-4o-mini, mock_response: hi}\n    model_info: {id: second, rpm: 3}\nlitellm_settings:\n  callbacks: [\"prometheus\"]\n  require_auth_for_metrics_endpoint: true\nrouter_settings:\n  routing_strategy: usage-based-routing-v2\n  num_retries: 2\n".into(),
+            Expect::Start,
+        ),
+        (
+            "guardrails (v2, top level)",
+            with("guardrails:\n  - guardrail_name: aporia-pre-guard\n    litellm_params: {guardrail: aporia, mode: during_call, default_on: true}\n"),
+            Expect::Refuse(&["guardrails"], "guardrails"),
+        ),
+        (
+            "guardrails (v1, litellm_settings) and checking callbacks",
+            with("litellm_settings:\n  guardrails:\n    - prompt_injection: {callbacks: [lakera_prompt_injection], default_on: true}\n  callbacks: [\"presidio\", \"custom_callbacks.proxy_handler_instance\", \"dynamic_rate_limiter_v3\"]\n"),
+            Expect::Refuse(
+                &["litellm_settings.guardrails", "litellm_settings.callbacks[0] (presidio)", "litellm_settings.callbacks[1] (custom_callbacks.proxy_handler_instance)"],
+                "guardrails,presidio,custom_callbacks.proxy_handler_instance",
+            ),
+        ),
+        (
+            "tag routing",
+            "model_list:\n  - model_name: gpt-4\n    litellm_params: {model: openai/gpt-4o, mock_response: hi, tags: [teamA]}\n  - model_name: gpt-4\n    litellm_params: {model: openai/gpt-4o-mini, mock_response: hi, tags: [teamB]}\nrouter_settings:\n  enable_tag_filtering: true\n".into(),
+            Expect::Refuse(
+                &["model_list[0].litellm_params.tags", "model_list[1].litellm_params.tags", "router_settings.enable_tag_filtering"],
+                "tags,enable_tag_filtering",
+            ),
+        ),
+        (
+            "budgets in every place",
+            "model_list:\n  - model_name: gpt-4o\n    litellm_params: {model: openai/gpt-4o, mock_response: hi, max_budget: 10, budget_duration: 1d}\nlitellm_settings:\n  max_budget: 100\n  budget_duration: 30d\n  max_end_user_budget: 1\nrouter_settings:\n  provider_budget_config: {openai: {budget_limit: 100, time_period: 1d}}\n".into(),
+            Expect::Refuse(
+                &["model_list[0].litellm_params.max_budget", "model_list[0].litellm_params.budget_duration", "litellm_settings.max_budget", "litellm_settings.budget_duration", "litellm_settings.max_end_user_budget", "router_settings.provider_budget_config"],
+                "max_budget,budget_duration,max_end_user_budget,provider_budget_config",
+            ),
+        ),
+        (
+            "auth: custom_auth, JWT, routes, pass-through, a database, a secret manager",
+            with("general_settings:\n  master_key: sk-1234\n  custom_auth: custom_auth.user_api_key_auth\n  enable_jwt_auth: true\n  allowed_routes: [\"/chat/completions\"]\n  pass_through_endpoints:\n    - path: /v1/rerank\n      target: https://api.cohere.com/v1/rerank\n  database_url: postgresql://u:p@db:5432/litellm\n  key_management_system: aws_secret_manager\n"),
+            Expect::Refuse(
+                &["general_settings.custom_auth", "general_settings.enable_jwt_auth", "general_settings.allowed_routes", "general_settings.pass_through_endpoints", "general_settings.database_url", "general_settings.key_management_system"],
+                "custom_auth,enable_jwt_auth,allowed_routes,pass_through_endpoints,database_url,key_management_system",
+            ),
+        ),
+        (
+            "access groups and concurrency limits",
+            "model_list:\n  - model_name: gpt-4o\n    litellm_params: {model: openai/gpt-4o, mock_response: hi, max_parallel_requests: 5}\n    model_info: {access_groups: [beta]}\ngeneral_settings:\n  global_max_parallel_requests: 100\n".into(),
+            Expect::Refuse(
+                &["model_list[0].litellm_params.max_parallel_requests", "model_list[0].model_info.access_groups", "general_settings.global_max_parallel_requests"],
+                "max_parallel_requests,access_groups,global_max_parallel_requests",
+            ),
+        ),
+        (
+            "logging callbacks, caching, environment variables, alerting",
+            with("environment_variables:\n  LANGFUSE_PUBLIC_KEY: pk\nlitellm_settings:\n  callbacks: [\"langfuse\", \"dynamic_rate_limiter_v3\"]\n  success_callback: [\"langfuse\"]\n  failure_callback: [\"sentry\"]\n  cache: true\n  cache_params: {type: redis}\n  drop_params: true\n  set_verbose: false\ngeneral_settings:\n  alerting: [\"slack\"]\n"),
+            Expect::Warn(&[
+                "environment_variables",
+                "litellm_settings.callbacks[0] (langfuse)",
+                "litellm_settings.success_callback",
+                "litellm_settings.failure_callback",
+                "litellm_settings.cache",
+                "litellm_settings.cache_params",
+                "litellm_settings.drop_params",
+                "litellm_settings.set_verbose",
+                "general_settings.alerting",
+            ]),
+        ),
+        (
+            "per-deployment defaults, model_info metadata, router settings not read",
+            "model_list:\n  - model_name: gpt-4o\n    litellm_params: {model: openai/gpt-4o, mock_response: hi, temperature: 0.2, max_tokens: 100}\n    model_info: {mode: chat, base_model: gpt-4o}\nrouter_settings:\n  model_group_alias: {gpt-4: gpt-4o}\n  routing_strategy_args: {ttl: 60}\n  enable_pre_call_checks: true\n".into(),
+            Expect::Warn(&[
+                "model_list[0].litellm_params.temperature",
+                "model_list[0].litellm_params.max_tokens",
+                "model_list[0].model_info.mode",
+                "model_list[0].model_info.base_model",
+                "router_settings.model_group_alias",
+                "router_settings.routing_strategy_args",
+                "router_settings.enable_pre_call_checks",
+            ]),
+        ),
+    ]
+}
+
+/// Each config of the corpus starts, starts with one warning naming what is not honoured, or is
+/// refused with a message naming each key that decides who may do what, with its path.
+#[test]
+fn litellm_configs_start_warn_or_refuse_as_the_table_says() {
+    for (name, yaml, expect) in corpus() {
+        let loaded = GatewayConfig::from_yaml_str_with_env(&yaml, |_| None);
+        match expect {
+            Expect::Start => {
+                let config = loaded.unwrap_or_else(|e| panic!("{name}: {e}"));
+                assert_eq!(config.unsupported_warning(), None, "{name}");
+            }
+            Expect::Warn(named) => {
+                let config = loaded.unwrap_or_else(|e| panic!("{name}: {e}"));
+                assert_eq!(
+                    config.unsupported_warning().as_deref(),
+                    Some(
+                        format!(
+                            "config keys this gateway does not honour: not supported, ignored: {}",
+                            named.join(", ")
+                        )
+                        .as_str()
+                    ),
+                    "{name}"
+                );
+            }
+            Expect::Refuse(named, flag) => {
+                let err = loaded.map(|_| ()).unwrap_err().to_string();
+                assert!(
+                    err.starts_with("the config sets what this gateway does not do, where it decides who may do what or what is enforced: "),
+                    "{name}: {err}"
+                );
+                let listed = err
+                    .split_once("enforced: ")
+                    .unwrap()
+                    .1
+                    .split_once(". Remove them")
+                    .unwrap()
+                    .0;
+                let shown: Vec<&str> = listed
+                    .split("; ")
+                    .map(|each| each.split_once(": ").unwrap().0)
+                    .collect();
+                assert_eq!(shown, named, "{name}: {err}");
+                assert!(
+                    err.ends_with(&format!(
+                        "start with --ignore-unsupported {flag} to run without them"
+                    )),
+                    "{name}: {err}"
+                );
+            }
+        }
+    }
+}
+
+/// `--ignore-unsupported` by key or by path starts without the refused keys it names, which the
+/// warning then names; one it does not name is still refused; one naming nothing refused is named.
+#[test]
+fn ignore_unsupported_names_keys_or_paths() {
+    let yaml = "model_list:\n  - model_name: a\n    litellm_params: {model: openai/a, mock_response: hi, tags: [x]}\n  - model_name: b\n    litellm_params: {model: openai/b, mock_response: hi, tags: [y]}\nguardrails: []\n";
+    let load = |ignore: &[&str]| {
+        let ignore: Vec<String> = ignore.iter().map(|s| s.to_string()).collect();
+        GatewayConfig::from_yaml_str_ignoring(yaml, |_| None, &ignore)
+    };
+    let config = load(&["tags", "guardrails"]).unwrap();
+    assert_eq!(
+        config.unsupported_warning().unwrap(),
+        "config keys this gateway does not honour: not enforced (--ignore-unsupported): \
+         model_list[0].litellm_params.tags, model_list[1].litellm_params.tags, guardrails"
+    );
+    let err = load(&["model_list[0].litellm_params.tags", "guardrails"])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("model_list[1].litellm_params.tags: tag routing is not done")
+            && !err.contains("model_list[0]")
+            && err.ends_with("--ignore-unsupported tags to run without them"),
+        "{err}"
+    );
+    let config = load(&["tags", "guardrails", "custom_auth"]).unwrap();
+    assert!(
+        config
+            .unsupported_warning()
+            .unwrap()
+            .ends_with("; --ignore-unsupported names what the config does not refuse: custom_auth"),
+        "{:?}",
+        config.unsupported_warning()
+    );
+}

@@ -61,6 +61,7 @@ mod redis;
 pub mod router;
 #[cfg(test)]
 mod tests;
+pub mod unsupported;
 
 /// Where a deployment's answers come from. `Debug` hides the key and the `api_base`'s password,
 /// so a deployment can be logged (and so can a [`GatewayConfig`], which hides its master key).
@@ -172,6 +173,12 @@ pub struct GatewayConfig {
     /// key (`litellm_settings.require_auth_for_metrics_endpoint`, LiteLLM's setting) or the
     /// master key (`general_settings.metrics_require_auth`, the stricter one when both are set).
     pub metrics_auth: MetricsAuth,
+    /// The config's keys this gateway does not honour (see [`unsupported`]): refused ones are
+    /// here only when `ignore_unsupported` names them.
+    pub unsupported: Vec<unsupported::Unsupported>,
+    /// `--ignore-unsupported`: the refused keys (by key or path) to start without; a reload
+    /// reads the file with the same list.
+    pub ignore_unsupported: Vec<String>,
     /// `general_settings.metrics` (default true): the Prometheus series are kept and served at
     /// `GET /metrics`. `false` turns every series off (nothing is observed, no route).
     pub metrics: bool,
@@ -217,6 +224,8 @@ impl std::fmt::Debug for GatewayConfig {
             .field("router", &self.router)
             .field("metrics_auth", &self.metrics_auth)
             .field("metrics", &self.metrics)
+            .field("unsupported", &self.unsupported)
+            .field("ignore_unsupported", &self.ignore_unsupported)
             .finish()
     }
 }
@@ -250,6 +259,17 @@ impl GatewayConfig {
     pub fn from_yaml_str_with_env(
         yaml: &str,
         env: impl Fn(&str) -> Option<String>,
+    ) -> Result<Self, ConfigError> {
+        Self::from_yaml_str_ignoring(yaml, env, &[])
+    }
+
+    /// [`Self::from_yaml_str_with_env`], starting without the refused keys `ignore` names (by
+    /// key, `guardrails`, or by path, `model_list[0].litellm_params.tags`): they are named in
+    /// the warning instead ([`Self::unsupported_warning`]).
+    pub fn from_yaml_str_ignoring(
+        yaml: &str,
+        env: impl Fn(&str) -> Option<String>,
+        ignore: &[String],
     ) -> Result<Self, ConfigError> {
         let doc: Value = serde_yaml_ng::from_str(yaml)
             .map_err(|e| ConfigError::new("", format!("invalid YAML: {e}")))?;
@@ -394,7 +414,18 @@ impl GatewayConfig {
             }
         }
 
+        // After the keys read here are known valid: a refusal is about what is left unread.
+        let unsupported = unsupported::find(&doc)?;
+        if let Some(refusal) = unsupported::refusal(&unsupported, ignore) {
+            return Err(refusal);
+        }
+        if let Some(warning) = unsupported::warning(&unsupported, ignore) {
+            tracing::warn!("{warning}");
+        }
+
         Ok(Self {
+            unsupported,
+            ignore_unsupported: ignore.to_vec(),
             limiter,
             limiter_enabled,
             deployments,
@@ -418,6 +449,12 @@ impl GatewayConfig {
         self.master_key
             .as_deref()
             .is_some_and(|key| KNOWN_MASTER_KEYS.contains(&key))
+    }
+
+    /// The one warning line naming the config's keys this gateway does not honour (logged when
+    /// the config is read), or `None` when it honours them all.
+    pub fn unsupported_warning(&self) -> Option<String> {
+        unsupported::warning(&self.unsupported, &self.ignore_unsupported)
     }
 
     /// The distinct model names clients may ask for, in file order.
