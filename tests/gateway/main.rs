@@ -4,6 +4,7 @@
 //! the gateway's own binaries are in `gateway-example/tests/`, where Cargo builds them.)
 
 mod accounting;
+mod azure;
 mod bad_input;
 mod endpoints;
 mod keys;

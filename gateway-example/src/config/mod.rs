@@ -82,7 +82,32 @@ pub enum Target {
         /// The format it speaks: [`Api::Anthropic`] for `anthropic/` models, else
         /// [`Api::OpenAi`].
         api: Api,
+        /// How an Azure OpenAI deployment (`azure/<deployment>`) is addressed and keyed; `None`
+        /// for every other upstream.
+        azure: Option<Azure>,
     },
+}
+
+/// An Azure OpenAI deployment (`model: azure/<deployment>`): it speaks the OpenAI format, at
+/// `{api_base}/openai/deployments/{deployment}/chat/completions?api-version={api_version}` (and
+/// `/completions`, `/embeddings`; the Responses API at `{api_base}/openai/responses?api-version=…`),
+/// keyed with `api-key: {api_key}`, or with `Authorization: Bearer {azure_ad_token}` (Entra ID).
+#[derive(Clone, PartialEq, Eq)]
+pub struct Azure {
+    /// `litellm_params.api_version`, the `api-version` of every request.
+    pub api_version: String,
+    /// `litellm_params.azure_ad_token`: an Entra ID access token, for a deployment without an
+    /// `api_key`.
+    pub ad_token: Option<String>,
+}
+
+impl std::fmt::Debug for Azure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Azure")
+            .field("api_version", &self.api_version)
+            .field("ad_token", &self.ad_token.as_ref().map(|_| "***"))
+            .finish()
+    }
 }
 
 impl std::fmt::Debug for Target {
@@ -93,9 +118,11 @@ impl std::fmt::Debug for Target {
                 api_base,
                 api_key,
                 api,
+                azure,
             } => f
                 .debug_struct("Upstream")
                 .field("api", api)
+                .field("azure", azure)
                 .field(
                     "api_base",
                     &tower_priority_limit::redact::redact_url(api_base),

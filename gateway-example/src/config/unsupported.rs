@@ -16,6 +16,8 @@ enum Level {
     Entry,
     /// An entry's `litellm_params`.
     Params,
+    /// The `litellm_params` of an `azure/` entry: [`Level::Params`]'s keys, and Azure's.
+    AzureParams,
     /// An entry's `model_info`.
     ModelInfo,
     /// `litellm_settings`.
@@ -46,6 +48,19 @@ fn honoured(level: Level) -> &'static [&'static str] {
             "timeout",
             "stream_timeout",
             "weight",
+        ],
+        Level::AzureParams => &[
+            "model",
+            "api_base",
+            "api_key",
+            "mock_response",
+            "rpm",
+            "tpm",
+            "timeout",
+            "stream_timeout",
+            "weight",
+            "api_version",
+            "azure_ad_token",
         ],
         Level::ModelInfo => &["id", "rpm", "tpm"],
         Level::Litellm => &[
@@ -110,14 +125,14 @@ fn refused(level: Level, key: &str) -> Option<&'static str> {
             | "internal_user_budget_duration"
             | "max_end_user_budget",
         )
-        | (Level::Params, "max_budget" | "budget_duration")
+        | (Level::Params | Level::AzureParams, "max_budget" | "budget_duration")
         | (Level::Router, "provider_budget_config") => BUDGETS,
-        (Level::Litellm | Level::Params, "max_parallel_requests")
+        (Level::Litellm | Level::Params | Level::AzureParams, "max_parallel_requests")
         | (Level::General, "max_parallel_requests" | "global_max_parallel_requests")
         | (Level::Router, "max_parallel_requests" | "default_max_parallel_requests") => {
             CONCURRENCY
         }
-        (Level::Params, "tags") | (Level::Router, "enable_tag_filtering" | "tag_filtering_match_any") => TAGS,
+        (Level::Params | Level::AzureParams, "tags") | (Level::Router, "enable_tag_filtering" | "tag_filtering_match_any") => TAGS,
         (Level::ModelInfo, "access_groups") => {
             "model access groups are not applied (a key's models name model_names only)"
         }
@@ -240,7 +255,18 @@ fn walk(node: &Node<'_>, level: Level, found: &mut Vec<Unsupported>) -> Result<(
             (Level::Top, "litellm_settings") => Some(Level::Litellm),
             (Level::Top, "general_settings") => Some(Level::General),
             (Level::Top, "router_settings") => Some(Level::Router),
-            (Level::Entry, "litellm_params") => Some(Level::Params),
+            (Level::Entry, "litellm_params") => {
+                let azure = value
+                    .value()
+                    .get("model")
+                    .and_then(Value::as_str)
+                    .is_some_and(|m| m.starts_with("azure/"));
+                Some(if azure {
+                    Level::AzureParams
+                } else {
+                    Level::Params
+                })
+            }
             (Level::Entry, "model_info") => Some(Level::ModelInfo),
             (Level::Litellm, "callbacks") => {
                 callbacks(&value, found)?;
