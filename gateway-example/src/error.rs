@@ -16,6 +16,9 @@ pub struct ApiError {
     pub message: String,
     /// The request parameter at fault.
     pub param: Option<&'static str>,
+    /// The upstream's own error body (JSON, its keys scrubbed), answered as it is instead of one
+    /// built from the fields above, which then only describe it (for logs and retries).
+    pub passed_on: Option<bytes::Bytes>,
 }
 
 impl ApiError {
@@ -26,7 +29,14 @@ impl ApiError {
             kind,
             message: message.into(),
             param: None,
+            passed_on: None,
         }
+    }
+
+    /// Answers `body`, an upstream's own error object, instead of the one built from the fields.
+    pub fn passing_on(mut self, body: bytes::Bytes) -> Self {
+        self.passed_on = Some(body);
+        self
     }
 
     /// Names the parameter at fault.
@@ -71,12 +81,22 @@ impl From<tower_priority_limit::model::BadRequest> for ApiError {
             kind: "invalid_request_error",
             message: r.message,
             param: r.param,
+            passed_on: None,
         }
     }
 }
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
+        if let Some(body) = self.passed_on {
+            let mut response = Response::new(Body::from(body));
+            *response.status_mut() = self.status;
+            response.headers_mut().insert(
+                http::header::CONTENT_TYPE,
+                http::HeaderValue::from_static("application/json"),
+            );
+            return response;
+        }
         error_response(self.status, self.kind, &self.message, self.param).map(Body::from)
     }
 }

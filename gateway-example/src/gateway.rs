@@ -303,7 +303,9 @@ impl Gateway {
             return Err("the gateway was not started from a config file: nothing to reload".into());
         };
         let _one_at_a_time = self.reloading.lock().await;
-        let (config, document) = crate::reload::load_file(path)?;
+        // With the list the gateway started with.
+        let ignore = self.config.load().ignore_unsupported.clone();
+        let (config, document) = crate::reload::load_file(path, &ignore)?;
         self.apply(config, Some(document))
             .await
             .map_err(|e| format!("{}: {e}", path.display()))

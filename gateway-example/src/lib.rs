@@ -156,6 +156,10 @@ fn router(gw: Arc<Gateway>, track: Option<api::metrics::TrackLayer>) -> Router {
     let keyed = Router::new()
         .route("/models", get(api::models::list))
         .route("/v1/models", get(api::models::list))
+        .route("/models/{*id}", get(api::models::retrieve))
+        .route("/v1/models/{*id}", get(api::models::retrieve))
+        .route("/messages/count_tokens", post(api::count_tokens::count))
+        .route("/v1/messages/count_tokens", post(api::count_tokens::count))
         .route_layer(
             ServiceBuilder::new()
                 .option_layer(track.clone())
@@ -191,13 +195,18 @@ fn router(gw: Arc<Gateway>, track: Option<api::metrics::TrackLayer>) -> Router {
         });
     let open = match &track {
         Some(track) => {
-            // Open by default, like other exporters; `general_settings.metrics_require_auth`
-            // asks for the master key.
+            // Open by default, like other exporters; `litellm_settings.
+            // require_auth_for_metrics_endpoint` asks for a key, `general_settings.
+            // metrics_require_auth` for the master key.
             let metrics = Router::new().route("/metrics", get(api::metrics::scrape));
-            let metrics = if gw.config().metrics_require_auth {
-                metrics.route_layer(from_fn_with_state(gw.clone(), api::auth::require_master))
-            } else {
-                metrics
+            let metrics = match gw.config().metrics_auth {
+                config::MetricsAuth::Open => metrics,
+                config::MetricsAuth::Key => {
+                    metrics.route_layer(from_fn_with_state(gw.clone(), api::auth::require_key))
+                }
+                config::MetricsAuth::Master => {
+                    metrics.route_layer(from_fn_with_state(gw.clone(), api::auth::require_master))
+                }
             };
             open.merge(metrics).layer(track.clone())
         }

@@ -1,4 +1,5 @@
-//! `gateway-example --config PATH [--host H] [--port P] [--data-dir DIR] [--allow-known-master-key]`
+//! `gateway-example --config PATH [--host H] [--port P] [--data-dir DIR] [--allow-known-master-key]
+//! [--ignore-unsupported KEY,...]`
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -34,6 +35,11 @@ struct Args {
     /// quick start's `sk-1234`), which lets anyone who can reach the address manage keys.
     #[arg(long)]
     allow_known_master_key: bool,
+    /// Start even though the config sets these keys, which decide who may do what or what is
+    /// enforced and which this gateway does not honour (by key, `guardrails`, or by YAML path,
+    /// `model_list[0].litellm_params.tags`); they are named in a warning instead.
+    #[arg(long, value_delimiter = ',', value_name = "KEY,...")]
+    ignore_unsupported: Vec<String>,
 }
 
 #[tokio::main]
@@ -51,7 +57,8 @@ async fn main() -> std::process::ExitCode {
 
 async fn run(args: Args) -> Result<(), String> {
     // The same reading and error as a reload's (`SIGHUP`, `POST /config/reload`).
-    let (config, document) = gateway_example::reload::load_file(&args.config)?;
+    let (config, document) =
+        gateway_example::reload::load_file(&args.config, &args.ignore_unsupported)?;
     if config.master_key.is_none() {
         tracing::warn!(
             "no general_settings.master_key: the gateway is open to anyone who can reach it"

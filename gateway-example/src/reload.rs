@@ -19,13 +19,15 @@ use tower_priority_limit::LimiterConfig;
 
 use crate::config::{Deployment, GatewayConfig};
 
-/// Reads and validates the config file at `path`: the config and the document it came from.
-/// The error is the one the gateway starts with (`PATH: reason`).
-pub fn load_file(path: &Path) -> Result<(GatewayConfig, Value), String> {
+/// Reads and validates the config file at `path`, starting without the refused keys `ignore`
+/// names (`--ignore-unsupported`): the config and the document it came from. The error is the
+/// one the gateway starts with (`PATH: reason`).
+pub fn load_file(path: &Path, ignore: &[String]) -> Result<(GatewayConfig, Value), String> {
     let text =
         std::fs::read_to_string(path).map_err(|e| format!("reading {}: {e}", path.display()))?;
     let config =
-        GatewayConfig::from_yaml_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+        GatewayConfig::from_yaml_str_ignoring(&text, |name| std::env::var(name).ok(), ignore)
+            .map_err(|e| format!("{}: {e}", path.display()))?;
     // The config parsed, so the document does.
     let document = serde_yaml_ng::from_str(&text).unwrap_or(Value::Null);
     Ok((config, document))
@@ -53,8 +55,8 @@ pub fn restart_needed(old: &GatewayConfig, new: &GatewayConfig) -> Option<String
                 || old.max_connections != new.max_connections
                 || old.shutdown_grace != new.shutdown_grace
                 || old.metrics != new.metrics
-                || old.metrics_require_auth != new.metrics_require_auth,
-            "general_settings (max_connections, header_read_timeout_seconds, shutdown_grace_seconds, metrics, metrics_require_auth)",
+                || old.metrics_auth != new.metrics_auth,
+            "general_settings (max_connections, header_read_timeout_seconds, shutdown_grace_seconds, metrics, metrics_require_auth) or litellm_settings.require_auth_for_metrics_endpoint",
         ),
         (
             old.redis != new.redis || old.redis_key_prefix != new.redis_key_prefix,

@@ -412,3 +412,102 @@ litellm_settings:
         "the embeddings' 10, then this one's prompt and 256 output tokens reserved"
     );
 }
+
+/// A gateway with `mock`, `claude` and a model whose name has a slash, and a key for `mock` alone.
+async fn start_with_a_key() -> (Gw, String) {
+    let yaml = with_master(&format!(
+        r#"
+model_list:
+  - model_name: mock
+    litellm_params: {{model: m, mock_response: "Hello there", rpm: 1, tpm: {TPM}}}
+  - model_name: claude
+    litellm_params: {{model: m, mock_response: "Hello there"}}
+  - model_name: openai/gpt-4o
+    litellm_params: {{model: m, mock_response: "Hello there"}}
+"#
+    ));
+    let gw = Gw::start(&yaml, None).await;
+    let key = gw.new_key(json!({"models": ["mock"]})).await;
+    (gw, key)
+}
+
+/// `GET /v1/models/{id}` (and `/models/{id}`), as the OpenAI SDKs' `models.retrieve` asks for it:
+/// the model object, or a 404 in OpenAI's error shape for a model that does not exist or that the
+/// key may not use (it learns nothing of it); a key is needed.
+#[tokio::test]
+async fn models_retrieve_answers_one_model_or_a_404() {
+    let (gw, key) = start_with_a_key().await;
+    for path in ["/v1/models/mock", "/models/mock"] {
+        let r = gw.get(path, Some(&key)).await;
+        assert_eq!(r.status, 200, "{path}: {}", r.text());
+        assert_eq!(
+            r.json(),
+            json!({"id": "mock", "object": "model", "created": 1_677_610_602, "owned_by": "openai"})
+        );
+    }
+    // A name with a slash, as the SDKs put it in the path, and percent-encoded.
+    for path in ["/v1/models/openai/gpt-4o", "/v1/models/openai%2Fgpt-4o"] {
+        let r = gw.get(path, Some(MASTER)).await;
+        assert_eq!(r.status, 200, "{path}: {}", r.text());
+        assert_eq!(r.json()["id"], "openai/gpt-4o");
+    }
+    for (path, caller) in [
+        ("/v1/models/nope", MASTER),
+        ("/v1/models/claude", key.as_str()),
+        ("/models/claude", key.as_str()),
+    ] {
+        let r = gw.get(path, Some(caller)).await;
+        assert_eq!(r.status, 404, "{path}: {}", r.text());
+        let model = path.rsplit('/').next().unwrap();
+        assert_eq!(
+            r.json(),
+            json!({"error": {"message": format!("The model `{model}` does not exist or you do not have access to it."),
+                "type": "invalid_request_error", "param": "model", "code": "404"}})
+        );
+    }
+    assert_eq!(gw.get("/v1/models/mock", None).await.status, 401);
+}
+
+/// `POST /v1/messages/count_tokens` (and without `/v1`): `{"input_tokens": N}`, N the prompt
+/// estimate the limiter charges the same body; nothing counted (the model's `rpm: 1` still lets
+/// the next message through). A model the key may not use is a 404, a body without `messages` a
+/// 400.
+#[tokio::test]
+async fn messages_count_tokens_answers_the_prompt_estimate() {
+    let (gw, key) = start_with_a_key().await;
+    let request = body(Endpoint::Messages, "mock", false);
+    let want = prompt_tokens(request.to_string().as_bytes());
+    assert!(want > 5, "{want}");
+    for path in ["/v1/messages/count_tokens", "/messages/count_tokens"] {
+        for _ in 0..2 {
+            let r = gw.post(path, Some(&key), request.clone()).await;
+            assert_eq!(r.status, 200, "{path}: {}", r.text());
+            assert_eq!(r.json(), json!({"input_tokens": want}));
+        }
+    }
+    let r = gw.post("/v1/messages", Some(&key), request.clone()).await;
+    assert_eq!(r.status, 200, "nothing counted: {}", r.text());
+
+    let r = gw
+        .post(
+            "/v1/messages/count_tokens",
+            Some(&key),
+            body(Endpoint::Messages, "claude", false),
+        )
+        .await;
+    assert_eq!(r.status, 404, "{}", r.text());
+    assert_eq!(r.json()["error"]["type"], "not_found_error");
+    let r = gw
+        .post(
+            "/v1/messages/count_tokens",
+            Some(&key),
+            json!({"model": "mock", "system": "x"}),
+        )
+        .await;
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert_eq!(r.json()["error"]["param"], "messages");
+    let r = gw
+        .post("/v1/messages/count_tokens", None, request.clone())
+        .await;
+    assert_eq!(r.status, 401);
+}

@@ -5,9 +5,11 @@
 
 mod access;
 mod accounting;
+mod azure;
 mod bad_input;
 mod endpoints;
 mod keys;
+mod litellm;
 mod metrics;
 mod queue;
 mod quickstart;

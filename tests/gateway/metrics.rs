@@ -169,6 +169,41 @@ async fn metrics_can_require_the_master_key() {
     assert!(reply.text().contains("priority_limit_requests_total"));
 }
 
+/// LiteLLM's `litellm_settings.require_auth_for_metrics_endpoint: true`: `GET /metrics` needs a
+/// key, a generated one or the master key (a wrong one is a 401); with `metrics_require_auth` as
+/// well, the master key (the stricter one wins).
+#[tokio::test]
+async fn metrics_can_require_a_key_as_litellm_does() {
+    let litellm = |general: &str| {
+        config(general).replace(
+            "  callbacks: [\"dynamic_rate_limiter_v3\"]\n",
+            "  callbacks: [\"dynamic_rate_limiter_v3\"]\n  require_auth_for_metrics_endpoint: true\n",
+        )
+    };
+    let gw = Gw::start(&litellm(""), None).await;
+    let key = gw.new_key(json!({})).await;
+    assert_eq!(gw.get("/metrics", None).await.status, 401);
+    assert_eq!(gw.get("/metrics", Some("sk-not-a-key")).await.status, 401);
+    for caller in [key.as_str(), MASTER] {
+        let reply = gw.get("/metrics", Some(caller)).await;
+        assert_eq!(reply.status, 200);
+        assert!(reply.text().contains("priority_limit_requests_total"));
+    }
+
+    let gw = Gw::start(&litellm("  metrics_require_auth: true"), None).await;
+    let key = gw.new_key(json!({})).await;
+    assert_eq!(gw.get("/metrics", Some(&key)).await.status, 401);
+    assert_eq!(gw.get("/metrics", Some(MASTER)).await.status, 200);
+
+    let open = config("").replace(
+        "  callbacks: [\"dynamic_rate_limiter_v3\"]\n",
+        "  callbacks: [\"dynamic_rate_limiter_v3\"]\n  require_auth_for_metrics_endpoint: false\n",
+    );
+    assert!(open.contains("require_auth_for_metrics_endpoint: false"));
+    let gw = Gw::start(&open, None).await;
+    assert_eq!(gw.get("/metrics", None).await.status, 200);
+}
+
 /// A real Prometheus scrapes the gateway; its query API returns the counts this test generated.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn prometheus_scrapes_the_counts_the_test_generated() {

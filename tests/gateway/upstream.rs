@@ -1,5 +1,6 @@
 //! Proxying to a real local HTTP upstream: name mapping, upstream auth, usage requested on streams
-//! and stripped when the client did not ask, upstream errors and timeouts in the OpenAI shape, and
+//! and stripped when the client did not ask, upstream errors passed on (their own error object) or
+//! said in the OpenAI shape, timeouts in the OpenAI shape, and
 //! an upstream that resets mid-stream (the client gets an error, the tokens seen are charged once).
 
 use integration_tests::gateway::{sse_data, with_master, Gw, MASTER};
@@ -28,6 +29,10 @@ model_list:
     litellm_params: {{model: openai/fail, api_base: "{base}"}}
   - model_name: html
     litellm_params: {{model: openai/html, api_base: "{base}"}}
+  - model_name: bad-request
+    litellm_params: {{model: openai/bad-request, api_base: "{base}"}}
+  - model_name: litellm
+    litellm_params: {{model: openai/litellm, api_base: "{base}", tpm: 100000}}
   - model_name: redirect
     litellm_params: {{model: openai/redirect, api_base: "{base}"}}
   - model_name: down
@@ -108,6 +113,64 @@ async fn streams_ask_for_usage_and_strip_it_when_the_client_did_not() {
     assert_eq!(gw.tokens("luna"), 60);
 }
 
+/// LiteLLM as the upstream: its usage chunk (`choices: [{"index": 0, "delta": {}}]`) is removed
+/// for a client that did not ask for usage and kept for one that did, charged either way; its
+/// embeddings' `total_tokens: 0` is charged the `prompt_tokens`.
+#[tokio::test]
+async fn litellm_shaped_usage_is_charged_and_its_usage_chunk_stripped() {
+    let (gw, _up) = start().await;
+    let usage_chunks = |text: &str| {
+        sse_data(text)
+            .iter()
+            .filter_map(|d| serde_json::from_str::<Value>(d).ok())
+            .filter(|c| c["usage"].is_object())
+            .collect::<Vec<_>>()
+    };
+    let r = gw.chat(MASTER, "litellm", true).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert!(usage_chunks(r.text()).is_empty(), "{}", r.text());
+    assert!(r.text().ends_with("data: [DONE]\n\n"), "{}", r.text());
+    assert_eq!(gw.tokens("litellm"), 30);
+
+    let r = gw
+        .post(
+            "/v1/completions",
+            Some(MASTER),
+            json!({"model": "litellm", "prompt": "hi", "stream": true}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert!(r.text().contains("Hello"), "{}", r.text());
+    assert!(usage_chunks(r.text()).is_empty(), "{}", r.text());
+    assert_eq!(gw.tokens("litellm"), 60);
+
+    let r = gw
+        .chat_with(
+            MASTER,
+            json!({"model": "litellm", "stream": true, "stream_options": {"include_usage": true},
+            "messages": [{"role": "user", "content": "hi"}]}),
+        )
+        .await;
+    let kept = usage_chunks(r.text());
+    assert_eq!(kept.len(), 1, "kept when asked: {}", r.text());
+    assert_eq!(kept[0]["choices"], json!([{"index": 0, "delta": {}}]));
+    assert_eq!(gw.tokens("litellm"), 90);
+
+    let r = gw
+        .post(
+            "/v1/embeddings",
+            Some(MASTER),
+            json!({"model": "litellm", "input": "The food was delicious."}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(
+        r.json()["usage"],
+        json!({"prompt_tokens": 10, "total_tokens": 0})
+    );
+    assert_eq!(gw.tokens("litellm"), 100, "the prompt's 10 tokens");
+}
+
 #[tokio::test]
 async fn an_upstream_reset_mid_stream_errors_and_charges_what_was_seen_once() {
     let (gw, _up) = start().await;
@@ -139,12 +202,22 @@ async fn an_upstream_reset_mid_stream_errors_and_charges_what_was_seen_once() {
 #[tokio::test]
 async fn upstream_errors_and_timeouts_in_the_openai_shape() {
     let (gw, _up) = start().await;
+    // An upstream's own error object is passed on as it is, with its status.
     let r = gw.chat(MASTER, "fail", false).await;
     assert_eq!(r.status, 500);
     assert_eq!(
-        r.error_message(),
-        "Upstream for fail answered 500: the model is on fire"
+        r.json(),
+        json!({"error": {"message": "the model is on fire", "type": "server_error", "param": null, "code": null}})
     );
+    let r = gw.chat(MASTER, "bad-request", false).await;
+    assert_eq!(r.status, 400);
+    assert_eq!(r.headers["content-type"], "application/json");
+    assert_eq!(
+        r.json(),
+        json!({"error": {"message": "Invalid value for 'temperature': 7 is greater than the maximum of 2.",
+            "type": "invalid_request_error", "param": "temperature", "code": "decimal_above_max_value"}})
+    );
+    // Without one, the gateway says what came back.
     let r = gw.chat(MASTER, "html", false).await;
     assert_eq!(r.status, 502);
     assert_eq!(
@@ -193,9 +266,11 @@ async fn upstream_errors_echoing_a_key_reach_the_client_without_it() {
     let (gw, _up) = start().await;
     let r = gw.chat(MASTER, "echo401", false).await;
     assert_eq!(r.status, 401, "{}", r.text());
+    // The upstream's object, passed on, with the key scrubbed wherever it is (also escaped).
     assert_eq!(
-        r.error_message(),
-        "Upstream for echo401 answered 401: Incorrect API key provided: Bearer ***"
+        r.json(),
+        json!({"error": {"message": "Incorrect API key provided: Bearer ***", "type": "invalid_request_error",
+            "param": null, "code": "invalid_api_key", "detail": {"sent": "Bearer ***"}}})
     );
     let r = gw.chat(MASTER, "echo500", false).await;
     assert_eq!(r.status, 500, "{}", r.text());

@@ -117,7 +117,7 @@ impl Gw {
     /// it), the limiter on a manual clock, keys in memory.
     pub async fn start_file(path: &Path) -> Gw {
         let (config, document) =
-            gateway_example::reload::load_file(path).expect("valid test config");
+            gateway_example::reload::load_file(path, &[]).expect("valid test config");
         let clock = ManualClock::new();
         let gateway = Gateway::builder(config)
             .config_file(path, document)
@@ -130,7 +130,7 @@ impl Gw {
     /// As [`connect`](Self::connect), from the config file at `path` (so it can reload it).
     pub async fn connect_file(path: &Path, data_dir: Option<&Path>) -> Gw {
         let (config, document) =
-            gateway_example::reload::load_file(path).expect("valid test config");
+            gateway_example::reload::load_file(path, &[]).expect("valid test config");
         let mut builder = Gateway::builder(config).config_file(path, document);
         if let Some(dir) = data_dir {
             builder = builder.data_dir(dir);

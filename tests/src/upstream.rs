@@ -5,6 +5,9 @@
 //! and `echo-key-500` 500 with a plain-text page, both echoing the `authorization` header they
 //! were sent (and `echo-key-500` the text of [`OTHER_KEY`]); on a stream, `silent` sends two chunks
 //! then nothing, and `mute` its response head then nothing (both keep the connection open);
+//! `bad-request` answers 400 with a whole OpenAI error (`param`, `code`); `litellm` answers as
+//! LiteLLM does: embeddings' usage `{"prompt_tokens": 10, "total_tokens": 0}`, and a stream's
+//! usage chunk with `choices: [{"index": 0, "delta": {}}]`;
 //! anything else answers normally (30 tokens; embeddings 10), streaming when asked.
 //!
 //! It serves every endpoint at `/v1/<endpoint>` (chat completions, embeddings, completions,
@@ -98,10 +101,20 @@ async fn chat(
                 .unwrap()
         }
         "echo-key-401" => {
+            // The key also in a nested member, its first letter escaped as JSON allows.
+            let escaped = auth.replacen("sk-", "\\u0073k-", 1);
             return Response::builder()
                 .status(StatusCode::UNAUTHORIZED)
                 .header("content-type", "application/json")
-                .body(Body::from(json!({"error": {"message": format!("Incorrect API key provided: {auth}"), "type": "invalid_request_error", "param": null, "code": "invalid_api_key"}}).to_string()))
+                .body(Body::from(json!({"error": {"message": format!("Incorrect API key provided: {auth}"), "type": "invalid_request_error", "param": null, "code": "invalid_api_key"}}).to_string()
+                    .replacen("}}", &format!(r#","detail":{{"sent":"{escaped}"}}}}}}"#), 1)))
+                .unwrap()
+        }
+        "bad-request" => {
+            return Response::builder()
+                .status(StatusCode::BAD_REQUEST)
+                .header("content-type", "application/json")
+                .body(Body::from(json!({"error": {"message": "Invalid value for 'temperature': 7 is greater than the maximum of 2.", "type": "invalid_request_error", "param": "temperature", "code": "decimal_above_max_value"}}).to_string()))
                 .unwrap()
         }
         "echo-key-500" => {
@@ -129,12 +142,24 @@ async fn chat(
         }
         _ => {}
     }
-    let other = (endpoint != Endpoint::ChatCompletions)
+    let mut other = (endpoint != Endpoint::ChatCompletions)
         .then(|| answer(endpoint, &model, "Hello there", &v, include_usage));
+    if model == "litellm" {
+        if let Some(a) = other.as_mut() {
+            for chunk in &mut a.chunks {
+                *chunk = litellm_shaped(chunk);
+            }
+        }
+    }
     if stream && other.as_ref().is_none_or(|a| a.sse) {
         let events = match other {
             Some(a) => a.chunks,
             None => chat_completion_stream(&model, &PIECES, include_usage),
+        };
+        let events = if model == "litellm" {
+            events.iter().map(litellm_shaped).collect()
+        } else {
+            events
         };
         let body = if model == "silent" || model == "mute" {
             // The role chunk and the first content chunk (of the other endpoints, the events up to
@@ -185,6 +210,18 @@ async fn chat(
             .body(Body::from(body))
             .unwrap()
     }
+}
+
+/// `chunk` as LiteLLM shapes it: a usage chunk's empty `choices` hold one choice that says
+/// nothing, and an embeddings usage's `total_tokens` is 0.
+fn litellm_shaped(chunk: &Bytes) -> Bytes {
+    let text = String::from_utf8_lossy(chunk)
+        .replace(r#""choices":[],"#, r#""choices":[{"index":0,"delta":{}}],"#)
+        .replace(
+            r#""prompt_tokens":10,"total_tokens":10"#,
+            r#""prompt_tokens":10,"total_tokens":0"#,
+        );
+    Bytes::from(text)
 }
 
 impl Upstream {

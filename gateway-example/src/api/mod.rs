@@ -4,6 +4,7 @@ pub mod auth;
 pub mod body;
 pub mod chat;
 pub mod config;
+pub mod count_tokens;
 pub mod fields;
 pub mod health;
 pub mod keys;

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use tower_priority_limit::config::{ConfigError, Node};
 
-use super::{seconds, Api, Deployment, Target, ANTHROPIC_API_BASE, OPENAI_API_BASE};
+use super::{seconds, Api, Azure, Deployment, Target, ANTHROPIC_API_BASE, OPENAI_API_BASE};
 
 /// The timeouts a deployment without its own takes: `router_settings.timeout` (else
 /// `litellm_settings.request_timeout`, else [`DEFAULT_TIMEOUT`](super::DEFAULT_TIMEOUT)) and
@@ -91,16 +91,20 @@ pub(super) fn deployment(
             }
             None => None,
         };
+        let azure = match provider.as_deref() {
+            Some("azure") => Some(azure(&params, &upstream_model, api_key.is_some())?),
+            _ => None,
+        };
         Target::Upstream {
             api_base,
             api_key,
             api,
+            azure,
         }
     };
-    let limit = |key: &str| -> Result<Option<u64>, ConfigError> {
-        params.get(key)?.map(|n| n.count()).transpose()
-    };
-    let (rpm, tpm) = (limit("rpm")?, limit("tpm")?);
+    // Read as the limiter reads the group's: wherever LiteLLM reads them.
+    let rpm = tower_priority_limit::config::deployment_limit(item, "rpm")?;
+    let tpm = tower_priority_limit::config::deployment_limit(item, "tpm")?;
     let weight = match params.get("weight")? {
         Some(w) => {
             let v = w.number()?;
@@ -133,6 +137,57 @@ pub(super) fn deployment(
         rpm,
         tpm,
         weight,
+    })
+}
+
+/// Whether `text` can go into a URL's path or query as it is: Azure's deployment names and API
+/// versions are letters, digits, `-`, `_` and `.`.
+fn url_safe(text: &str) -> bool {
+    !text.is_empty()
+        && text
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+}
+
+/// An `azure/<deployment>` entry's Azure settings: `api_version` required, the key as `api_key`
+/// or `azure_ad_token` (not both: which one would be sent is not obvious).
+fn azure(params: &Node<'_>, deployment: &str, has_key: bool) -> Result<Azure, ConfigError> {
+    if !url_safe(deployment) {
+        return Err(ConfigError::new(
+            format!("{}.model", params.path()),
+            format!(
+                "the Azure deployment name \"{deployment}\" may hold only letters, digits, -, _ and ."
+            ),
+        ));
+    }
+    let version = params.get("api_version")?.ok_or_else(|| {
+        params.error("missing api_version, which azure/ models need (e.g. \"2024-10-21\")")
+    })?;
+    let api_version = version.string()?;
+    if !url_safe(&api_version) {
+        return Err(version.error(format!(
+            "expected an Azure API version such as \"2024-10-21\", got \"{api_version}\""
+        )));
+    }
+    let ad_token = match params.get("azure_ad_token")? {
+        Some(node) => {
+            let token = node.string()?;
+            if has_key {
+                return Err(node.error("give api_key or azure_ad_token, not both"));
+            }
+            if token.starts_with("oidc/") || http::HeaderValue::from_str(&token).is_err() {
+                return Err(node.error(
+                    "expected the token itself (or os.environ/NAME); oidc/ tokens are not \
+                     supported",
+                ));
+            }
+            Some(token)
+        }
+        None => None,
+    };
+    Ok(Azure {
+        api_version,
+        ad_token,
     })
 }
 

@@ -61,6 +61,7 @@ mod redis;
 pub mod router;
 #[cfg(test)]
 mod tests;
+pub mod unsupported;
 
 /// Where a deployment's answers come from. `Debug` hides the key and the `api_base`'s password,
 /// so a deployment can be logged (and so can a [`GatewayConfig`], which hides its master key).
@@ -81,7 +82,32 @@ pub enum Target {
         /// The format it speaks: [`Api::Anthropic`] for `anthropic/` models, else
         /// [`Api::OpenAi`].
         api: Api,
+        /// How an Azure OpenAI deployment (`azure/<deployment>`) is addressed and keyed; `None`
+        /// for every other upstream.
+        azure: Option<Azure>,
     },
+}
+
+/// An Azure OpenAI deployment (`model: azure/<deployment>`): it speaks the OpenAI format, at
+/// `{api_base}/openai/deployments/{deployment}/chat/completions?api-version={api_version}` (and
+/// `/completions`, `/embeddings`; the Responses API at `{api_base}/openai/responses?api-version=…`),
+/// keyed with `api-key: {api_key}`, or with `Authorization: Bearer {azure_ad_token}` (Entra ID).
+#[derive(Clone, PartialEq, Eq)]
+pub struct Azure {
+    /// `litellm_params.api_version`, the `api-version` of every request.
+    pub api_version: String,
+    /// `litellm_params.azure_ad_token`: an Entra ID access token, for a deployment without an
+    /// `api_key`.
+    pub ad_token: Option<String>,
+}
+
+impl std::fmt::Debug for Azure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Azure")
+            .field("api_version", &self.api_version)
+            .field("ad_token", &self.ad_token.as_ref().map(|_| "***"))
+            .finish()
+    }
 }
 
 impl std::fmt::Debug for Target {
@@ -92,9 +118,11 @@ impl std::fmt::Debug for Target {
                 api_base,
                 api_key,
                 api,
+                azure,
             } => f
                 .debug_struct("Upstream")
                 .field("api", api)
+                .field("azure", azure)
                 .field(
                     "api_base",
                     &tower_priority_limit::redact::redact_url(api_base),
@@ -125,9 +153,10 @@ pub struct Deployment {
     pub stream_timeout: Duration,
     /// Stable id (`model_info.id`, else derived from the entry), shown in `x-litellm-model-id`.
     pub id: String,
-    /// `litellm_params.rpm`: this deployment's requests per window.
+    /// `rpm` (on the entry, in `litellm_params` or `model_info`): this deployment's requests per
+    /// window.
     pub rpm: Option<u64>,
-    /// `litellm_params.tpm`: this deployment's tokens per window.
+    /// `tpm` (wherever `rpm` may be): this deployment's tokens per window.
     pub tpm: Option<u64>,
     /// `litellm_params.weight`, for `simple-shuffle`.
     pub weight: Option<f64>,
@@ -167,12 +196,30 @@ pub struct GatewayConfig {
     pub redis_key_prefix: String,
     /// `router_settings`: strategy, retries, cooldowns, fallbacks.
     pub router: RouterSettings,
-    /// `general_settings.metrics_require_auth` (default false): `GET /metrics` asks for the
-    /// master key. Open by default, like other Prometheus exporters.
-    pub metrics_require_auth: bool,
+    /// Who may read `GET /metrics`: anyone (the default, like other Prometheus exporters), any
+    /// key (`litellm_settings.require_auth_for_metrics_endpoint`, LiteLLM's setting) or the
+    /// master key (`general_settings.metrics_require_auth`, the stricter one when both are set).
+    pub metrics_auth: MetricsAuth,
+    /// The config's keys this gateway does not honour (see [`unsupported`]): refused ones are
+    /// here only when `ignore_unsupported` names them.
+    pub unsupported: Vec<unsupported::Unsupported>,
+    /// `--ignore-unsupported`: the refused keys (by key or path) to start without; a reload
+    /// reads the file with the same list.
+    pub ignore_unsupported: Vec<String>,
     /// `general_settings.metrics` (default true): the Prometheus series are kept and served at
     /// `GET /metrics`. `false` turns every series off (nothing is observed, no route).
     pub metrics: bool,
+}
+
+/// Who may read `GET /metrics`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MetricsAuth {
+    /// Anyone.
+    Open,
+    /// Any key (a generated one or the master key).
+    Key,
+    /// The master key only.
+    Master,
 }
 
 impl Deployment {
@@ -202,8 +249,10 @@ impl std::fmt::Debug for GatewayConfig {
             .field("redis", &self.redis.as_ref().map(RedisTarget::redacted))
             .field("redis_key_prefix", &self.redis_key_prefix)
             .field("router", &self.router)
-            .field("metrics_require_auth", &self.metrics_require_auth)
+            .field("metrics_auth", &self.metrics_auth)
             .field("metrics", &self.metrics)
+            .field("unsupported", &self.unsupported)
+            .field("ignore_unsupported", &self.ignore_unsupported)
             .finish()
     }
 }
@@ -237,6 +286,17 @@ impl GatewayConfig {
     pub fn from_yaml_str_with_env(
         yaml: &str,
         env: impl Fn(&str) -> Option<String>,
+    ) -> Result<Self, ConfigError> {
+        Self::from_yaml_str_ignoring(yaml, env, &[])
+    }
+
+    /// [`Self::from_yaml_str_with_env`], starting without the refused keys `ignore` names (by
+    /// key, `guardrails`, or by path, `model_list[0].litellm_params.tags`): they are named in
+    /// the warning instead ([`Self::unsupported_warning`]).
+    pub fn from_yaml_str_ignoring(
+        yaml: &str,
+        env: impl Fn(&str) -> Option<String>,
+        ignore: &[String],
     ) -> Result<Self, ConfigError> {
         let doc: Value = serde_yaml_ng::from_str(yaml)
             .map_err(|e| ConfigError::new("", format!("invalid YAML: {e}")))?;
@@ -291,10 +351,16 @@ impl GatewayConfig {
         }
 
         let mut limiter_enabled = false;
+        let mut metrics_auth = MetricsAuth::Open;
         if let Some(settings) = root.get("litellm_settings")? {
             if let Some(callbacks) = settings.get("callbacks")? {
                 for cb in callbacks.items()? {
                     limiter_enabled |= cb.string()? == LIMITER_CALLBACK;
+                }
+            }
+            if let Some(flag) = settings.get("require_auth_for_metrics_endpoint")? {
+                if boolean(&flag)? {
+                    metrics_auth = MetricsAuth::Key;
                 }
             }
             if !limiter_enabled && settings.get("priority_reservation")?.is_some() {
@@ -311,11 +377,12 @@ impl GatewayConfig {
         let mut request_body_timeout = DEFAULT_REQUEST_BODY_TIMEOUT;
         let mut max_connections = DEFAULT_MAX_CONNECTIONS;
         let mut shutdown_grace = DEFAULT_SHUTDOWN_GRACE;
-        let mut metrics_require_auth = false;
         let mut metrics = true;
         if let Some(general) = root.get("general_settings")? {
             if let Some(flag) = general.get("metrics_require_auth")? {
-                metrics_require_auth = boolean(&flag)?;
+                if boolean(&flag)? {
+                    metrics_auth = MetricsAuth::Master;
+                }
             }
             if let Some(flag) = general.get("metrics")? {
                 metrics = boolean(&flag)?;
@@ -374,7 +441,18 @@ impl GatewayConfig {
             }
         }
 
+        // After the keys read here are known valid: a refusal is about what is left unread.
+        let unsupported = unsupported::find(&doc)?;
+        if let Some(refusal) = unsupported::refusal(&unsupported, ignore) {
+            return Err(refusal);
+        }
+        if let Some(warning) = unsupported::warning(&unsupported, ignore) {
+            tracing::warn!("{warning}");
+        }
+
         Ok(Self {
+            unsupported,
+            ignore_unsupported: ignore.to_vec(),
             limiter,
             limiter_enabled,
             deployments,
@@ -387,7 +465,7 @@ impl GatewayConfig {
             redis,
             redis_key_prefix,
             router,
-            metrics_require_auth,
+            metrics_auth,
             metrics,
         })
     }
@@ -398,6 +476,12 @@ impl GatewayConfig {
         self.master_key
             .as_deref()
             .is_some_and(|key| KNOWN_MASTER_KEYS.contains(&key))
+    }
+
+    /// The one warning line naming the config's keys this gateway does not honour (logged when
+    /// the config is read), or `None` when it honours them all.
+    pub fn unsupported_warning(&self) -> Option<String> {
+        unsupported::warning(&self.unsupported, &self.ignore_unsupported)
     }
 
     /// The distinct model names clients may ask for, in file order.

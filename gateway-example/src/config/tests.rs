@@ -71,6 +71,7 @@ general_settings: {max_request_size_mb: 1}
             api_base: "http://127.0.0.1:9001/v1".into(),
             api_key: Some("sk-upstream".into()),
             api: Api::OpenAi,
+            azure: None,
         }
     );
     assert_eq!(d.timeout, Duration::from_millis(2500));
@@ -104,6 +105,7 @@ model_list:
             api_base: ANTHROPIC_API_BASE.into(),
             api_key: Some("sk-ant".into()),
             api: Api::Anthropic,
+            azure: None,
         }
     );
     assert_eq!(c.deployments[0].upstream_model, "claude-sonnet-4-5");

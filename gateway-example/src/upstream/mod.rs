@@ -65,6 +65,7 @@ impl Prepared {
             api_base,
             api_key,
             api,
+            azure,
         } = &deployment.target
         else {
             return None;
@@ -75,10 +76,18 @@ impl Prepared {
         // Compressed bytes could not be metered.
         headers.insert(ACCEPT_ENCODING, HeaderValue::from_static("identity"));
         // Keys that cannot be a header value are refused when the config is loaded.
-        let key = api_key.as_ref().and_then(|key| {
-            let (name, value) = match api {
-                Api::OpenAi => (AUTHORIZATION, format!("Bearer {key}")),
-                Api::Anthropic => (HeaderName::from_static("x-api-key"), key.clone()),
+        let azure_token = azure.as_ref().and_then(|a| a.ad_token.as_ref());
+        let key = match (api_key, azure_token) {
+            (Some(key), _) => Some((key, false)),
+            // Azure's Entra ID token, as a bearer token.
+            (None, Some(token)) => Some((token, true)),
+            (None, None) => None,
+        };
+        let key = key.and_then(|(key, token)| {
+            let (name, value) = match (api, azure.is_some() && !token) {
+                (_, true) => (HeaderName::from_static("api-key"), key.clone()),
+                (Api::OpenAi, false) => (AUTHORIZATION, format!("Bearer {key}")),
+                (Api::Anthropic, false) => (HeaderName::from_static("x-api-key"), key.clone()),
             };
             let mut value = HeaderValue::try_from(value).ok()?;
             value.set_sensitive(true);
@@ -96,7 +105,10 @@ impl Prepared {
         let routes = crate::endpoint::Endpoint::ALL
             .iter()
             .map(|&e| {
-                let url = upstream_url(api_base, *api, e);
+                let url = match azure {
+                    Some(azure) => azure_url(api_base, azure, &deployment.upstream_model, e),
+                    None => upstream_url(api_base, *api, e),
+                };
                 url.parse()
                     .ok()
                     .and_then(|u| Route::new(u).ok())
@@ -202,6 +214,25 @@ impl Secrets {
             }
         }
         text
+    }
+
+    /// `value` with every key replaced by `***` in each of its strings and member names.
+    fn scrub_value(&self, value: &mut Value) {
+        match value {
+            Value::String(text) => *text = self.scrub(std::mem::take(text)),
+            Value::Array(items) => items.iter_mut().for_each(|v| self.scrub_value(v)),
+            Value::Object(members) => {
+                let named = std::mem::take(members);
+                *members = named
+                    .into_iter()
+                    .map(|(name, mut v)| {
+                        self.scrub_value(&mut v);
+                        (self.scrub(name), v)
+                    })
+                    .collect();
+            }
+            Value::Null | Value::Bool(_) | Value::Number(_) => {}
+        }
     }
 }
 
@@ -398,14 +429,18 @@ impl Upstream {
     /// each one's routes and key header are worked out once ([`forward`](Self::forward) takes
     /// the deployment's index in `deployments`).
     pub fn for_deployments(deployments: &[Deployment]) -> Self {
+        // Azure's Entra ID tokens are keys too.
         let mut keys: Vec<String> = deployments
             .iter()
-            .filter_map(|d| match &d.target {
-                Target::Upstream {
-                    api_key: Some(key), ..
-                } if !key.is_empty() => Some(key.clone()),
-                _ => None,
+            .flat_map(|d| match &d.target {
+                Target::Upstream { api_key, azure, .. } => [
+                    api_key.clone(),
+                    azure.as_ref().and_then(|a| a.ad_token.clone()),
+                ],
+                Target::Mock { .. } => [None, None],
             })
+            .flatten()
+            .filter(|key| !key.is_empty())
             .collect();
         keys.sort_by(|a, b| b.len().cmp(&a.len()).then_with(|| a.cmp(b)));
         keys.dedup();
@@ -644,8 +679,33 @@ fn upstream_url(api_base: &str, api: Api, endpoint: crate::endpoint::Endpoint) -
     }
 }
 
-/// An upstream's error, in the OpenAI shape: its own error object when it sent one, else one
-/// that says what came back.
+/// Where `endpoint` goes on the Azure OpenAI deployment `deployment` at `api_base`, as Azure's
+/// REST reference has it: `{api_base}/openai/deployments/{deployment}/chat/completions` (and
+/// `/completions`, `/embeddings`), the Responses API at `{api_base}/openai/responses` (its
+/// deployment is the body's `model`), each with `?api-version=`. (Config checks both names are
+/// URL-safe.)
+fn azure_url(
+    api_base: &str,
+    azure: &crate::config::Azure,
+    deployment: &str,
+    endpoint: crate::endpoint::Endpoint,
+) -> String {
+    let version = &azure.api_version;
+    match endpoint {
+        crate::endpoint::Endpoint::Responses => {
+            format!("{api_base}/openai/responses?api-version={version}")
+        }
+        _ => format!(
+            "{api_base}/openai/deployments/{deployment}{}?api-version={version}",
+            endpoint.path()
+        ),
+    }
+}
+
+/// An upstream's error: its own body when it is a JSON object with an `error` object (OpenAI's
+/// `{"error": {"message", "type", ...}}`, Anthropic's `{"type": "error", "error": {...}}`),
+/// passed on with its status, else one in the OpenAI shape that says what came back. Either way
+/// no configured upstream key is left in it.
 async fn upstream_error(
     status: StatusCode,
     body: UpstreamBody,
@@ -658,19 +718,6 @@ async fn upstream_error(
             Ok(Ok(c)) => c.to_bytes(),
             _ => Bytes::new(),
         };
-    // An upstream may echo the key it was sent (or another deployment's): none reaches the
-    // client. Scrubbed before the cut to 500 characters, so no part of a key is left either.
-    let message = match serde_json::from_slice::<Value>(&bytes)
-        .ok()
-        .and_then(|v| v["error"]["message"].as_str().map(str::to_owned))
-    {
-        Some(message) => secrets.scrub(message),
-        None => secrets
-            .scrub(String::from_utf8_lossy(&bytes).into_owned())
-            .chars()
-            .take(500)
-            .collect(),
-    };
     let kind = match status.as_u16() {
         400 => "invalid_request_error",
         401 | 403 => "upstream_auth_error",
@@ -678,6 +725,29 @@ async fn upstream_error(
         429 => "rate_limit_error",
         _ => "upstream_error",
     };
+    let is_error = status.is_client_error() || status.is_server_error();
+    if is_error {
+        if let Some(mut own) = serde_json::from_slice::<Value>(&bytes)
+            .ok()
+            .filter(|v| v["error"].is_object())
+        {
+            // An upstream may echo the key it was sent (or another deployment's): every string
+            // of the object is scrubbed, as parsed, so an escaped key is found too.
+            secrets.scrub_value(&mut own);
+            let message = own["error"]["message"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned();
+            let passed_on = Bytes::from(serde_json::to_vec(&own).unwrap_or_default());
+            return ApiError::new(status, kind, message).passing_on(passed_on);
+        }
+    }
+    // Scrubbed before the cut to 500 characters, so no part of a key is left either.
+    let message: String = secrets
+        .scrub(String::from_utf8_lossy(&bytes).into_owned())
+        .chars()
+        .take(500)
+        .collect();
     // What the upstream answered is reported as it is; the client's status is a 502 when it is
     // not an error status itself (a redirect, which the gateway does not follow, say).
     let answered = status.as_u16();
@@ -686,7 +756,7 @@ async fn upstream_error(
     } else {
         answered.to_string()
     };
-    let status = if status.is_client_error() || status.is_server_error() {
+    let status = if is_error {
         status
     } else {
         StatusCode::BAD_GATEWAY
@@ -715,6 +785,7 @@ mod tests {
                 api_base: "http://h/v1".into(),
                 api_key: Some(key.into()),
                 api: crate::config::Api::OpenAi,
+                azure: None,
             },
             timeout: std::time::Duration::from_secs(1),
             stream_timeout: std::time::Duration::from_secs(1),

@@ -27,6 +27,7 @@ fn help_explains_every_option() {
         "--port",
         "--data-dir",
         "--allow-known-master-key",
+        "--ignore-unsupported",
     ] {
         assert!(help.contains(option), "{option} missing from:\n{help}");
     }
@@ -253,10 +254,12 @@ fn gateway_args(dir: &std::path::Path, args: &[&str]) -> Vec<std::ffi::OsString>
     all
 }
 
-/// A started gateway: the process, the address it logs it listens on, and the rest of its log.
+/// A started gateway: the process, the address it logs it listens on, its log up to that line,
+/// and the rest of its log.
 struct Launched {
     child: std::process::Child,
     addr: String,
+    before: Vec<String>,
     log: std::io::Lines<BufReader<std::process::ChildStdout>>,
 }
 
@@ -290,11 +293,18 @@ fn start(mut command: Command) -> Result<Launched, (std::process::ExitStatus, St
         .spawn()
         .unwrap();
     let mut log = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut before = Vec::new();
     for line in log.by_ref().map_while(Result::ok) {
         if let Some((_, addr)) = line.split_once("listening on http://") {
             let addr = addr.trim().to_owned();
-            return Ok(Launched { child, addr, log });
+            return Ok(Launched {
+                child,
+                addr,
+                before,
+                log,
+            });
         }
+        before.push(line);
     }
     let out = child.wait_with_output().unwrap();
     Err((
@@ -459,6 +469,66 @@ fn a_known_master_key_is_refused_beyond_loopback_unless_allowed() {
     stop(child);
     std::fs::remove_dir_all(&dir).unwrap();
     std::fs::remove_dir_all(&own).unwrap();
+}
+
+/// A config with keys that decide what is enforced (a guardrail, tag routing) does not start:
+/// the error names each with its YAML path and the flag. With `--ignore-unsupported` naming them
+/// it starts, and one warning line names them and the keys it does not honour (a logging
+/// callback, a cache).
+#[test]
+fn unsupported_config_keys_are_refused_or_named_at_start() {
+    let dir = config_dir(
+        "unsupported",
+        "model_list:\n\
+         \x20 - model_name: m\n\
+         \x20   litellm_params: {model: openai/m, mock_response: hi, tags: [teamA]}\n\
+         guardrails:\n\
+         \x20 - guardrail_name: pii\n\
+         \x20   litellm_params: {guardrail: presidio, mode: pre_call, default_on: true}\n\
+         litellm_settings:\n\
+         \x20 success_callback: [langfuse]\n\
+         \x20 cache: true\n\
+         general_settings: {master_key: sk-a-secret-of-my-own}\n",
+    );
+    let port = free_port().to_string();
+    let (status, err) = match launch(&dir, &["--port", &port]) {
+        Err(exited) => exited,
+        Ok(Launched { child, .. }) => {
+            stop(child);
+            panic!("started with a guardrail it does not run");
+        }
+    };
+    assert!(!status.success());
+    assert!(
+        err.contains("model_list[0].litellm_params.tags: tag routing is not done")
+            && err.contains("guardrails: guardrails (checks that block or change requests")
+            && err.contains("--ignore-unsupported tags,guardrails"),
+        "{err}"
+    );
+    assert!(!dir.join("data").exists(), "nothing was written");
+
+    let Launched {
+        child, before: log, ..
+    } = launch(
+        &dir,
+        &["--port", &port, "--ignore-unsupported", "tags,guardrails"],
+    )
+    .expect("started without them");
+    stop(child);
+    let warning: Vec<&String> = log
+        .iter()
+        .filter(|l| l.contains("config keys this gateway does not honour"))
+        .collect();
+    assert_eq!(warning.len(), 1, "{log:?}");
+    assert!(
+        warning[0].contains(
+            "not supported, ignored: litellm_settings.success_callback, litellm_settings.cache; \
+             not enforced (--ignore-unsupported): model_list[0].litellm_params.tags, guardrails"
+        ),
+        "{}",
+        warning[0]
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// A deployment whose `api_base` carries a password (and a `key=` parameter) fails to connect:

@@ -143,15 +143,21 @@ impl<'a> Node<'a> {
         }
     }
 
-    /// A number (a string holding one, e.g. from `os.environ/NAME`, is accepted).
+    /// A number. A string is read as PyYAML, which reads LiteLLM's configs, reads a plain
+    /// scalar ([`yaml11_number`]: `80_000`, `010` (octal), `1:30`, which the YAML 1.2 loader
+    /// here leaves as strings), else as Rust reads a number (`1e5`); so is the value of an
+    /// `os.environ/NAME` string, as Rust reads it only.
     pub fn number(&self) -> Result<f64, ConfigError> {
         match self.value {
             Value::Number(n) => n.as_f64().ok_or_else(|| self.error("expected a number")),
-            Value::String(_) => {
+            Value::String(written) => {
                 let s = self.string()?;
-                s.trim()
-                    .parse::<f64>()
-                    .map_err(|_| self.error(format!("expected a number, got \"{s}\"")))
+                let from_env = written.starts_with(ENV_PREFIX);
+                (!from_env)
+                    .then(|| yaml11_number(&s))
+                    .flatten()
+                    .or_else(|| s.trim().parse::<f64>().ok())
+                    .ok_or_else(|| self.error(format!("expected a number, got \"{s}\"")))
             }
             other => Err(self.error(format!("expected a number, got {}", kind(other)))),
         }
@@ -168,6 +174,145 @@ impl<'a> Node<'a> {
     }
 }
 
+/// The number PyYAML (YAML 1.1, the loader LiteLLM reads its config with) reads the plain scalar
+/// `text` as, or `None` when it reads a string. Its int resolver: an optional sign, then `0b`
+/// binary, `0x` hexadecimal, a leading `0` octal, decimal, or base-60 parts after `:` (`1:30` is
+/// 90), `_` anywhere after the first digit ignored; its float resolver: digits with a `.`, an
+/// exponent only after a `.` and with its sign (`1.0e+5`; `1e5` is a string to PyYAML), `.5`,
+/// base 60 with a `.`, `.inf` and `.nan`.
+pub fn yaml11_number(text: &str) -> Option<f64> {
+    yaml11_int(text).or_else(|| yaml11_float(text))
+}
+
+/// `text` without its sign, and whether it was `-`.
+fn unsigned(text: &str) -> (bool, &str) {
+    match text.as_bytes().first() {
+        Some(b'-') => (true, &text[1..]),
+        Some(b'+') => (false, &text[1..]),
+        _ => (false, text),
+    }
+}
+
+fn signed(negative: bool, v: f64) -> f64 {
+    if negative {
+        -v
+    } else {
+        v
+    }
+}
+
+/// Whether `s` is made of `allowed` bytes and `_`.
+fn all_of(s: &str, allowed: impl Fn(u8) -> bool) -> bool {
+    s.bytes().all(|b| b == b'_' || allowed(b))
+}
+
+/// `digits` (no `_`) in `radix`, as a float (exact up to 2^53, as every limit is).
+fn in_radix(digits: &str, radix: u32) -> Option<f64> {
+    u128::from_str_radix(digits, radix).ok().map(|v| v as f64)
+}
+
+/// Base-60 parts `a:b:c`, the first already checked; every later one `[0-5]?[0-9]`.
+fn sexagesimal_tail(parts: &[&str]) -> bool {
+    parts.iter().all(|p| match p.as_bytes() {
+        [d] => d.is_ascii_digit(),
+        [t, d] => (b'0'..=b'5').contains(t) && d.is_ascii_digit(),
+        _ => false,
+    })
+}
+
+fn yaml11_int(text: &str) -> Option<f64> {
+    let (negative, body) = unsigned(text);
+    let v = if let Some(rest) = body.strip_prefix("0b") {
+        if rest.is_empty() || !all_of(rest, |b| b == b'0' || b == b'1') {
+            return None;
+        }
+        in_radix(&rest.replace('_', ""), 2)?
+    } else if let Some(rest) = body.strip_prefix("0x") {
+        if rest.is_empty() || !all_of(rest, |b| b.is_ascii_hexdigit()) {
+            return None;
+        }
+        in_radix(&rest.replace('_', ""), 16)?
+    } else if body == "0" {
+        0.0
+    } else if let Some(rest) = body.strip_prefix('0') {
+        if rest.is_empty() || !all_of(rest, |b| (b'0'..=b'7').contains(&b)) {
+            return None;
+        }
+        in_radix(&body.replace('_', ""), 8)?
+    } else if body.starts_with(|c: char| c.is_ascii_digit()) {
+        let parts: Vec<&str> = body.split(':').collect();
+        if !all_of(parts[0], |b| b.is_ascii_digit()) || !sexagesimal_tail(&parts[1..]) {
+            return None;
+        }
+        let mut v = 0.0;
+        for part in parts {
+            v = v * 60.0 + in_radix(&part.replace('_', ""), 10)?;
+        }
+        v
+    } else {
+        return None;
+    };
+    Some(signed(negative, v))
+}
+
+fn yaml11_float(text: &str) -> Option<f64> {
+    match text {
+        ".inf" | ".Inf" | ".INF" | "+.inf" | "+.Inf" | "+.INF" => return Some(f64::INFINITY),
+        "-.inf" | "-.Inf" | "-.INF" => return Some(f64::NEG_INFINITY),
+        ".nan" | ".NaN" | ".NAN" => return Some(f64::NAN),
+        _ => {}
+    }
+    // `.5` takes no sign; the other forms may have one.
+    let (negative, body) = if text.starts_with('.') {
+        (false, text)
+    } else {
+        unsigned(text)
+    };
+    let (whole, fraction) = body.split_once('.')?;
+    let whole_ok = if whole.is_empty() {
+        // `\.[0-9_]+`: at least one digit or `_` after the dot.
+        !fraction.is_empty() && !text.starts_with(['-', '+'])
+    } else {
+        let parts: Vec<&str> = whole.split(':').collect();
+        parts[0].starts_with(|c: char| c.is_ascii_digit())
+            && all_of(parts[0], |b| b.is_ascii_digit())
+            && sexagesimal_tail(&parts[1..])
+    };
+    if !whole_ok {
+        return None;
+    }
+    // The fraction, then an exponent with its sign (not after a base-60 number).
+    let (digits, exponent) = match fraction.find(['e', 'E']) {
+        Some(at) => (&fraction[..at], Some(&fraction[at + 1..])),
+        None => (fraction, None),
+    };
+    if !all_of(digits, |b| b.is_ascii_digit()) {
+        return None;
+    }
+    if let Some(exponent) = exponent {
+        let ok = whole.split(':').count() == 1
+            && exponent.len() > 1
+            && exponent.starts_with(['-', '+'])
+            && exponent[1..].bytes().all(|b| b.is_ascii_digit());
+        if !ok {
+            return None;
+        }
+    }
+    let cleaned = body.replace('_', "");
+    let v = if whole.contains(':') {
+        let (parts, fraction) = cleaned.split_once('.')?;
+        let mut v = 0.0;
+        for part in parts.split(':') {
+            v = v * 60.0 + part.parse::<f64>().ok()?;
+        }
+        v + format!("0.{fraction}").parse::<f64>().ok()?
+    } else {
+        // Python's `float` reads `1.` and `.5`, as Rust's does; `.` alone is an error to both.
+        cleaned.parse::<f64>().ok()?
+    };
+    Some(signed(negative, v))
+}
+
 pub(super) fn kind(v: &Value) -> &'static str {
     match v {
         Value::Null => "nothing",
@@ -176,5 +321,92 @@ pub(super) fn kind(v: &Value) -> &'static str {
         Value::String(_) => "a string",
         Value::Array(_) => "a list",
         Value::Object(_) => "a mapping",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What PyYAML 6.0 reads each plain scalar as (`yaml.safe_load`), written down; the
+    /// integration test `litellm::yaml_numbers_as_pyyaml_reads_them` checks the same against
+    /// PyYAML itself.
+    #[test]
+    fn numbers_as_pyyaml_reads_them() {
+        for (text, want) in [
+            ("80_000", Some(80_000.0)),
+            ("1_000_000", Some(1_000_000.0)),
+            ("1__0", Some(10.0)),
+            ("0", Some(0.0)),
+            ("00", Some(0.0)),
+            ("0_", Some(0.0)),
+            ("010", Some(8.0)),
+            ("0777", Some(511.0)),
+            ("0x1F", Some(31.0)),
+            ("0x_1", Some(1.0)),
+            ("+0x10", Some(16.0)),
+            ("0b101", Some(5.0)),
+            ("-5", Some(-5.0)),
+            ("+5", Some(5.0)),
+            ("1:30", Some(90.0)),
+            ("190:20:30", Some(685_230.0)),
+            ("1_0.5", Some(10.5)),
+            (".5", Some(0.5)),
+            ("1.", Some(1.0)),
+            ("1.5", Some(1.5)),
+            ("1.0e+5", Some(100_000.0)),
+            ("1:30.5", Some(90.5)),
+            ("-.inf", Some(f64::NEG_INFINITY)),
+            // Strings to PyYAML.
+            ("1e5", None),
+            ("1.0e5", None),
+            ("1e+5", None),
+            ("6e7", None),
+            ("0o10", None),
+            ("09", None),
+            ("_1", None),
+            ("0b", None),
+            ("1,000", None),
+            ("100k", None),
+            ("inf", None),
+            ("nan", None),
+            ("-.5", None),
+            ("1:60", None),
+            ("", None),
+        ] {
+            assert_eq!(yaml11_number(text), want, "{text:?}");
+        }
+        assert!(yaml11_number(".nan").unwrap().is_nan());
+    }
+
+    fn number(yaml: &str) -> Result<f64, ConfigError> {
+        let doc: Value = serde_yaml_ng::from_str(&format!("n: {yaml}")).unwrap();
+        let root = Node::root(&doc);
+        root.get("n")?.unwrap().number()
+    }
+
+    /// A number field reads what PyYAML reads as a number the same, the YAML 1.2 loader's
+    /// strings (`80_000`, `010`) included; what PyYAML leaves a string (`1e5`) is read as Rust
+    /// reads a number; an `os.environ/` value as Rust reads it only.
+    #[test]
+    fn number_fields_read_yaml_1_1_numbers() {
+        for (yaml, want) in [
+            ("80_000", 80_000.0),
+            ("010", 8.0),
+            ("1:30", 90.0),
+            ("100", 100.0),
+            ("1e5", 100_000.0),
+            ("0o10", 8.0),
+            ("'80_000'", 80_000.0),
+            ("\"1.5\"", 1.5),
+        ] {
+            assert_eq!(number(yaml).unwrap(), want, "{yaml}");
+        }
+        assert_eq!(
+            number("1,000").unwrap_err().to_string(),
+            "n: expected a number, got \"1,000\""
+        );
+        std::env::set_var("NODE_TEST_OCTAL_LOOKING", "010");
+        assert_eq!(number("os.environ/NODE_TEST_OCTAL_LOOKING").unwrap(), 10.0);
     }
 }

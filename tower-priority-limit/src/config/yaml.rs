@@ -1,5 +1,5 @@
-//! Reading the limiter's part of a proxy config file: `model_list[].model_name` and
-//! `litellm_params.{rpm,tpm}`, `litellm_settings.priority_reservation` and
+//! Reading the limiter's part of a proxy config file: `model_list[].model_name` and its
+//! `rpm` and `tpm` (on the entry, in `litellm_params` or in `model_info`), `litellm_settings.priority_reservation` and
 //! `priority_reservation_settings`. Everything else in the file is left to whoever reads it.
 
 use std::time::Duration;
@@ -37,16 +37,8 @@ pub(super) fn parse_document(doc: &Value) -> Result<LimiterConfigBuilder, Config
                 .get("model_name")?
                 .ok_or_else(|| item.error("missing model_name"))?
                 .string()?;
-            let mut rpm = None;
-            let mut tpm = None;
-            if let Some(params) = item.get("litellm_params")? {
-                if let Some(n) = params.get("rpm")? {
-                    rpm = Some(positive(&n)?);
-                }
-                if let Some(n) = params.get("tpm")? {
-                    tpm = Some(positive(&n)?);
-                }
-            }
+            let rpm = deployment_limit(&item, "rpm")?;
+            let tpm = deployment_limit(&item, "tpm")?;
             // Path as in the document, so errors found while compiling point at the entry.
             b.models.push(ModelEntry {
                 name,
@@ -188,6 +180,40 @@ fn queue(node: &Node<'_>) -> Result<QueueSettings, ConfigError> {
         return Err(node.error("missing max_queued"));
     }
     Ok(queue)
+}
+
+/// The places of a `model_list` entry LiteLLM reads its `rpm` and `tpm` from, in the order it
+/// reads them: the entry itself (`load_balancer.yaml`'s form), `litellm_params`, `model_info`.
+pub const LIMIT_PLACES: [Option<&str>; 3] = [None, Some("litellm_params"), Some("model_info")];
+
+/// The `key` limit (`rpm` or `tpm`, a whole number > 0) of the `model_list` entry `item`,
+/// wherever LiteLLM reads it ([`LIMIT_PLACES`]). Written in several places with one value, it is
+/// that value; with different values the entry is refused, naming both paths: LiteLLM would take
+/// the first and leave the other unread, which is seldom what its author meant.
+pub fn deployment_limit(item: &Node<'_>, key: &str) -> Result<Option<u64>, ConfigError> {
+    let mut found: Option<(u64, String)> = None;
+    for place in LIMIT_PLACES {
+        let holder = match place {
+            None => Some(*item),
+            Some(field) => item.get(field)?,
+        };
+        let Some(holder) = holder else { continue };
+        let Some(node) = holder.get(key)? else {
+            continue;
+        };
+        let value = positive(&node)?;
+        match &found {
+            Some((first, path)) if *first != value => {
+                return Err(node.error(format!(
+                    "{value} disagrees with {path}: {first} (LiteLLM reads {key} from the entry, \
+                     litellm_params and model_info, the first it finds; write it once)"
+                )))
+            }
+            Some(_) => {}
+            None => found = Some((value, node.path())),
+        }
+    }
+    Ok(found.map(|(value, _)| value))
 }
 
 fn positive(node: &Node<'_>) -> Result<u64, ConfigError> {

@@ -147,13 +147,13 @@ impl Usage {
             || self.output_tokens.0.is_some()
     }
 
-    /// `total_tokens`, else `prompt_tokens + completion_tokens`, else
+    /// The larger of `total_tokens` and the parts: `prompt_tokens + completion_tokens`, else
     /// `input_tokens + cache_creation_input_tokens + cache_read_input_tokens + output_tokens`; a
-    /// missing part counts 0.
+    /// missing part counts 0. The larger, because a total below its own parts is a broken count
+    /// (LiteLLM answers embeddings with `prompt_tokens: 10, total_tokens: 0`), and the parts
+    /// were still spent.
     pub(crate) fn total(&self) -> u64 {
-        if let Some(t) = self.total_tokens.0 {
-            t
-        } else if self.prompt_tokens.0.is_some() || self.completion_tokens.0.is_some() {
+        let parts = if self.prompt_tokens.0.is_some() || self.completion_tokens.0.is_some() {
             self.prompt_tokens
                 .get()
                 .saturating_add(self.completion_tokens.get())
@@ -163,7 +163,8 @@ impl Usage {
                 .saturating_add(self.cache_creation_input_tokens.get())
                 .saturating_add(self.cache_read_input_tokens.get())
                 .saturating_add(self.output_tokens.get())
-        }
+        };
+        self.total_tokens.get().max(parts)
     }
 
     /// The output tokens reported (`completion_tokens`, else `output_tokens`), if any.
@@ -365,18 +366,56 @@ pub(crate) const USAGE: &[u8] = b"\"usage\"";
 /// The searcher for [`USAGE`].
 pub(crate) static USAGE_KEY: LazyLock<Finder<'static>> = LazyLock::new(|| json_key_finder(USAGE));
 
-/// Whether one SSE event's data is the usage-only chunk of an OpenAI stream (empty `choices`, a
-/// `usage` object), the chunk `stream_options.include_usage` adds. Cheap for every other chunk:
-/// only data holding a usage object is parsed.
+/// Whether one SSE event's data is the usage-only chunk of an OpenAI stream: a `usage` object,
+/// and `choices` either empty (OpenAI's, the chunk `stream_options.include_usage` adds) or
+/// choices that say nothing (LiteLLM's `[{"index": 0, "delta": {}}]`: no text, no
+/// `finish_reason`, no `logprobs`, every delta member `null`). Cheap for every other chunk: only
+/// data holding a usage object is parsed.
 pub fn is_usage_only_chunk(data: &[u8]) -> bool {
     #[derive(Deserialize)]
-    struct Choices {
+    struct Chunk {
         #[serde(default)]
-        choices: Option<Vec<IgnoredAny>>,
+        choices: Option<Vec<SilentChoice>>,
     }
     has_usage_object(data)
-        && serde_json::from_slice::<Choices>(data)
-            .is_ok_and(|c| c.choices.is_some_and(|c| c.is_empty()))
+        && serde_json::from_slice::<Chunk>(data).is_ok_and(|c| c.choices.is_some())
+}
+
+/// A choice that says nothing: only `index`, and `delta`, `finish_reason` and `logprobs` when
+/// they are `null` (a delta may be an object whose members are all `null`). Any other member
+/// fails it.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+#[allow(dead_code)] // The fields are read only to be checked.
+struct SilentChoice {
+    #[serde(default)]
+    index: IgnoredAny,
+    #[serde(default)]
+    delta: Option<NullMembers>,
+    #[serde(default)]
+    finish_reason: Option<()>,
+    #[serde(default)]
+    logprobs: Option<()>,
+}
+
+/// An object whose members are all `null`.
+struct NullMembers;
+
+impl<'de> Deserialize<'de> for NullMembers {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = NullMembers;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("an object of nulls")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<NullMembers, A::Error> {
+                while map.next_entry::<IgnoredAny, ()>()?.is_some() {}
+                Ok(NullMembers)
+            }
+        }
+        d.deserialize_map(V)
+    }
 }
 
 /// Whether `"usage"` is followed by `:` and an object anywhere in `bytes`.
@@ -1003,9 +1042,32 @@ mod scan_tests {
         assert!(is_usage_only_chunk(
             br#"{"id":"x","choices":[],"usage":{"total_tokens":30}}"#
         ));
-        assert!(!is_usage_only_chunk(
-            br#"{"choices":[{"delta":{}}],"usage":{"total_tokens":30}}"#
+        // LiteLLM's usage chunk: choices that say nothing.
+        assert!(is_usage_only_chunk(
+            br#"{"id":"x","choices":[{"index":0,"delta":{}}],"usage":{"total_tokens":30}}"#
         ));
+        assert!(is_usage_only_chunk(
+            br#"{"choices":[{"index":0,"delta":{"content":null,"role":null},"finish_reason":null,"logprobs":null}],"usage":{"total_tokens":30}}"#
+        ));
+        // A choice that says something is kept, usage or not.
+        for said in [
+            r#"{"index":0,"delta":{"content":""}}"#,
+            r#"{"index":0,"delta":{"content":"hi"}}"#,
+            r#"{"index":0,"delta":{},"finish_reason":"stop"}"#,
+            r#"{"index":0,"delta":{},"logprobs":{"content":[]}}"#,
+            r#"{"index":0,"delta":{"tool_calls":[]}}"#,
+            r#"{"index":0,"text":"legacy"}"#,
+            r#"{"index":0,"delta":"text"}"#,
+        ] {
+            let chunk = format!(
+                r#"{{"choices":[{{"index":0,"delta":{{}}}},{said}],"usage":{{"total_tokens":30}}}}"#
+            );
+            assert!(!is_usage_only_chunk(chunk.as_bytes()), "{chunk}");
+        }
+        assert!(!is_usage_only_chunk(
+            br#"{"choices":[{"index":0,"delta":{}}],"usage":null}"#
+        ));
+        assert!(!is_usage_only_chunk(br#"{"usage":{"total_tokens":30}}"#));
         assert!(!is_usage_only_chunk(br#"{"choices":[],"usage":null}"#));
         assert!(!is_usage_only_chunk(
             br#"{"choices":[{"delta":{"content":"usage"}}],"usage":null}"#
@@ -1048,6 +1110,38 @@ mod scan_tests {
             None,
             "invalid UTF-8"
         );
+    }
+}
+
+#[cfg(test)]
+mod total_tests {
+    use super::*;
+
+    fn total(object: &str) -> u64 {
+        Usage::read_object(object.as_bytes()).unwrap().total()
+    }
+
+    /// A total below its parts is a broken count; the parts are charged.
+    #[test]
+    fn the_total_is_never_below_its_parts() {
+        // LiteLLM's embeddings answer.
+        assert_eq!(total(r#"{"prompt_tokens":10,"total_tokens":0}"#), 10);
+        assert_eq!(
+            total(r#"{"prompt_tokens":10,"completion_tokens":5,"total_tokens":7}"#),
+            15
+        );
+        assert_eq!(
+            total(r#"{"input_tokens":9,"output_tokens":3,"total_tokens":0}"#),
+            12
+        );
+        // A consistent or larger total stands.
+        assert_eq!(
+            total(r#"{"prompt_tokens":10,"completion_tokens":20,"total_tokens":30}"#),
+            30
+        );
+        assert_eq!(total(r#"{"prompt_tokens":10,"total_tokens":12}"#), 12);
+        assert_eq!(total(r#"{"total_tokens":30}"#), 30);
+        assert_eq!(total(r#"{"prompt_tokens":8}"#), 8);
     }
 }
 

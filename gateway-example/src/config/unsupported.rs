@@ -1,0 +1,392 @@
+//! Every key of a LiteLLM config is honoured or named: the keys this gateway reads are listed
+//! here level by level, beside LiteLLM's keys it refuses (they decide who may do what or what is
+//! enforced: run without them, and the gateway would let through what the config means to stop).
+//! Any other key is named in one warning line at start. `--ignore-unsupported KEY,…` turns a
+//! refusal into a warning.
+
+use serde_json::Value;
+use tower_priority_limit::config::{ConfigError, Node};
+
+/// A mapping of the config whose keys are checked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Level {
+    /// The document.
+    Top,
+    /// A `model_list` entry.
+    Entry,
+    /// An entry's `litellm_params`.
+    Params,
+    /// The `litellm_params` of an `azure/` entry: [`Level::Params`]'s keys, and Azure's.
+    AzureParams,
+    /// An entry's `model_info`.
+    ModelInfo,
+    /// `litellm_settings`.
+    Litellm,
+    /// `general_settings`.
+    General,
+    /// `router_settings`.
+    Router,
+}
+
+/// The keys the gateway reads at `level` (their values are checked by their readers).
+fn honoured(level: Level) -> &'static [&'static str] {
+    match level {
+        Level::Top => &[
+            "model_list",
+            "litellm_settings",
+            "general_settings",
+            "router_settings",
+        ],
+        Level::Entry => &["model_name", "litellm_params", "model_info", "rpm", "tpm"],
+        Level::Params => &[
+            "model",
+            "api_base",
+            "api_key",
+            "mock_response",
+            "rpm",
+            "tpm",
+            "timeout",
+            "stream_timeout",
+            "weight",
+        ],
+        Level::AzureParams => &[
+            "model",
+            "api_base",
+            "api_key",
+            "mock_response",
+            "rpm",
+            "tpm",
+            "timeout",
+            "stream_timeout",
+            "weight",
+            "api_version",
+            "azure_ad_token",
+        ],
+        Level::ModelInfo => &["id", "rpm", "tpm"],
+        Level::Litellm => &[
+            "callbacks",
+            "request_timeout",
+            "priority_reservation",
+            "priority_reservation_settings",
+            "require_auth_for_metrics_endpoint",
+        ],
+        Level::General => &[
+            "master_key",
+            "max_request_size_mb",
+            "header_read_timeout_seconds",
+            "request_body_timeout_seconds",
+            "max_connections",
+            "shutdown_grace_seconds",
+            "metrics",
+            "metrics_require_auth",
+        ],
+        Level::Router => &[
+            "routing_strategy",
+            "num_retries",
+            "cooldown_time",
+            "allowed_fails",
+            "retry_budget",
+            "max_retry_wait",
+            "timeout",
+            "stream_timeout",
+            "fallbacks",
+            "redis_url",
+            "redis_host",
+            "redis_port",
+            "redis_password",
+            "redis_startup_nodes",
+            "redis_key_prefix",
+        ],
+    }
+}
+
+const GUARDRAILS: &str =
+    "guardrails (checks that block or change requests and responses) are not run";
+const BUDGETS: &str = "budgets are not kept or enforced";
+const CONCURRENCY: &str = "a limit on requests in flight is not enforced (rpm/tpm are)";
+const TAGS: &str =
+    "tag routing is not done: a request could go to a deployment its tags should exclude";
+const AUTH: &str = "this way of authenticating callers is not supported (keys are the master key \
+                    and the gateway's own generated keys)";
+const ROUTES: &str = "restrictions on which routes or callers are allowed are not enforced";
+const SECRETS: &str =
+    "secrets are not read from a secret manager (os.environ/ reads the process environment)";
+
+/// LiteLLM's keys at `level` that decide who may do what or what is enforced, with why they are
+/// refused.
+fn refused(level: Level, key: &str) -> Option<&'static str> {
+    Some(match (level, key) {
+        (Level::Top | Level::Litellm, "guardrails") => GUARDRAILS,
+        (
+            Level::Litellm,
+            "max_budget"
+            | "budget_duration"
+            | "max_internal_user_budget"
+            | "internal_user_budget_duration"
+            | "max_end_user_budget",
+        )
+        | (Level::Params | Level::AzureParams, "max_budget" | "budget_duration")
+        | (Level::Router, "provider_budget_config") => BUDGETS,
+        (Level::Litellm | Level::Params | Level::AzureParams, "max_parallel_requests")
+        | (Level::General, "max_parallel_requests" | "global_max_parallel_requests")
+        | (Level::Router, "max_parallel_requests" | "default_max_parallel_requests") => {
+            CONCURRENCY
+        }
+        (Level::Params | Level::AzureParams, "tags") | (Level::Router, "enable_tag_filtering" | "tag_filtering_match_any") => TAGS,
+        (Level::ModelInfo, "access_groups") => {
+            "model access groups are not applied (a key's models name model_names only)"
+        }
+        (Level::ModelInfo, "team_id") => "team-only models are not restricted to their team",
+        (Level::Litellm, "default_team_settings") => "per-team settings are not applied",
+        (
+            Level::Litellm,
+            "default_key_generate_params"
+            | "upperbound_key_generate_params"
+            | "key_generation_settings"
+            | "default_internal_user_params",
+        ) => "rules for generated keys are not applied",
+        (
+            Level::General,
+            "custom_auth" | "enable_jwt_auth" | "litellm_jwtauth" | "enable_oauth2_auth"
+            | "enable_oauth2_proxy_auth" | "custom_sso" | "custom_key_generate",
+        ) => AUTH,
+        (
+            Level::General,
+            "allowed_routes" | "admin_only_routes" | "public_routes" | "allowed_ips"
+            | "enforce_user_param" | "enforced_params" | "service_account_settings",
+        ) => ROUTES,
+        (Level::General, "pass_through_endpoints") => {
+            "pass-through routes are not served, nor their auth applied"
+        }
+        (Level::General, "database_url") => {
+            "keys and teams are not read from a database (the gateway keeps its own: SQLite, or Redis)"
+        }
+        (
+            Level::General,
+            "key_management_system" | "key_management_settings" | "use_google_kms"
+            | "use_azure_key_vault",
+        ) => SECRETS,
+        _ => return None,
+    })
+}
+
+/// Callbacks that check requests (and refuse or change them): refused as guardrails are.
+const CHECKING_CALLBACKS: &[&str] = &[
+    "detect_prompt_injection",
+    "llmguard_moderations",
+    "llamaguard_moderations",
+    "google_text_moderation",
+    "openai_moderations",
+    "azure_content_safety",
+    "presidio",
+    "hide_secrets",
+    "lakera_prompt_injection",
+    "aporia",
+    "bedrock_guardrails",
+    "max_budget_limiter",
+    "parallel_request_limiter",
+];
+
+/// Callbacks the gateway honours: the limiter's, and `prometheus` (`GET /metrics` is served
+/// unless `general_settings.metrics: false`).
+const HONOURED_CALLBACKS: &[&str] = &[super::LIMITER_CALLBACK, "prometheus"];
+
+/// A key found that the gateway does not honour.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unsupported {
+    /// Its YAML path (`model_list[1].litellm_params.tags`; a callback's item,
+    /// `litellm_settings.callbacks[0]`).
+    pub path: String,
+    /// Its key (`tags`), or for a callback its name (`langfuse`): what
+    /// `--ignore-unsupported` may name.
+    pub key: String,
+    /// Why it is refused; `None` for one that is only warned about.
+    pub refused: Option<&'static str>,
+}
+
+impl Unsupported {
+    /// Whether `--ignore-unsupported` item `name` names it: its key or its path.
+    fn named_by(&self, name: &str) -> bool {
+        name == self.key || name == self.path
+    }
+
+    /// `path`, with a callback's name.
+    fn shown(&self) -> String {
+        if self.path.ends_with(']') {
+            format!("{} ({})", self.path, self.key)
+        } else {
+            self.path.clone()
+        }
+    }
+}
+
+/// Every key of `doc` the gateway does not honour, in document order.
+pub fn find(doc: &Value) -> Result<Vec<Unsupported>, ConfigError> {
+    let mut found = Vec::new();
+    let root = Node::root(doc);
+    if !matches!(doc, Value::Object(_)) {
+        return Ok(found);
+    }
+    walk(&root, Level::Top, &mut found)?;
+    Ok(found)
+}
+
+fn walk(node: &Node<'_>, level: Level, found: &mut Vec<Unsupported>) -> Result<(), ConfigError> {
+    for (key, value) in node.entries()? {
+        if !honoured(level).contains(&key) {
+            found.push(Unsupported {
+                path: value.path(),
+                key: key.to_owned(),
+                refused: refused(level, key),
+            });
+            continue;
+        }
+        let nested = match (level, key) {
+            (Level::Top, "model_list") => {
+                if let Value::Array(_) = value.value() {
+                    for item in value.items()? {
+                        if let Value::Object(_) = item.value() {
+                            walk(&item, Level::Entry, found)?;
+                        }
+                    }
+                }
+                None
+            }
+            (Level::Top, "litellm_settings") => Some(Level::Litellm),
+            (Level::Top, "general_settings") => Some(Level::General),
+            (Level::Top, "router_settings") => Some(Level::Router),
+            (Level::Entry, "litellm_params") => {
+                let azure = value
+                    .value()
+                    .get("model")
+                    .and_then(Value::as_str)
+                    .is_some_and(|m| m.starts_with("azure/"));
+                Some(if azure {
+                    Level::AzureParams
+                } else {
+                    Level::Params
+                })
+            }
+            (Level::Entry, "model_info") => Some(Level::ModelInfo),
+            (Level::Litellm, "callbacks") => {
+                callbacks(&value, found)?;
+                None
+            }
+            _ => None,
+        };
+        // A value of the wrong shape is left to its reader, whose error names it.
+        if let (Some(level), Value::Object(_)) = (nested, value.value()) {
+            walk(&value, level, found)?;
+        }
+    }
+    Ok(())
+}
+
+/// `litellm_settings.callbacks`: the limiter's and `prometheus` are honoured, checking ones
+/// refused, the rest (logging) named.
+fn callbacks(list: &Node<'_>, found: &mut Vec<Unsupported>) -> Result<(), ConfigError> {
+    let Value::Array(_) = list.value() else {
+        return Ok(());
+    };
+    for item in list.items()? {
+        let Value::String(name) = item.value() else {
+            continue;
+        };
+        if HONOURED_CALLBACKS.contains(&name.as_str()) {
+            continue;
+        }
+        // A Python path (`custom_callbacks.proxy_handler_instance`) is code of the user's own,
+        // which may refuse or change requests.
+        let refused = if CHECKING_CALLBACKS.contains(&name.as_str()) {
+            Some(GUARDRAILS)
+        } else if name.contains('.') {
+            Some("custom callback code (which may check, refuse or change requests) is not run")
+        } else {
+            None
+        };
+        found.push(Unsupported {
+            path: item.path(),
+            key: name.clone(),
+            refused,
+        });
+    }
+    Ok(())
+}
+
+/// The start-up error for the refused keys of `found` that `ignore` does not name, or `None`.
+pub fn refusal(found: &[Unsupported], ignore: &[String]) -> Option<ConfigError> {
+    let refused: Vec<&Unsupported> = found
+        .iter()
+        .filter(|u| u.refused.is_some() && !ignore.iter().any(|name| u.named_by(name)))
+        .collect();
+    if refused.is_empty() {
+        return None;
+    }
+    let each: Vec<String> = refused
+        .iter()
+        .map(|u| format!("{}: {}", u.shown(), u.refused.unwrap_or_default()))
+        .collect();
+    let mut keys: Vec<&str> = Vec::new();
+    for u in &refused {
+        if !keys.contains(&u.key.as_str()) {
+            keys.push(&u.key);
+        }
+    }
+    Some(ConfigError::new(
+        "",
+        format!(
+            "the config sets what this gateway does not do, where it decides who may do what or \
+             what is enforced: {}. Remove them, or start with --ignore-unsupported {} to run \
+             without them",
+            each.join("; "),
+            keys.join(",")
+        ),
+    ))
+}
+
+/// The one warning line naming every key of `found` that is not honoured and not refused
+/// (refused ones `ignore` names included), and any `ignore` item that names nothing refused;
+/// `None` when there is none.
+pub fn warning(found: &[Unsupported], ignore: &[String]) -> Option<String> {
+    let mut parts = Vec::new();
+    let unread: Vec<String> = found
+        .iter()
+        .filter(|u| u.refused.is_none())
+        .map(Unsupported::shown)
+        .collect();
+    if !unread.is_empty() {
+        parts.push(format!("not supported, ignored: {}", unread.join(", ")));
+    }
+    let ignored: Vec<String> = found
+        .iter()
+        .filter(|u| u.refused.is_some())
+        .map(Unsupported::shown)
+        .collect();
+    if !ignored.is_empty() {
+        parts.push(format!(
+            "not enforced (--ignore-unsupported): {}",
+            ignored.join(", ")
+        ));
+    }
+    let stray: Vec<&str> = ignore
+        .iter()
+        .filter(|name| {
+            !found
+                .iter()
+                .any(|u| u.refused.is_some() && u.named_by(name))
+        })
+        .map(String::as_str)
+        .collect();
+    if !stray.is_empty() {
+        parts.push(format!(
+            "--ignore-unsupported names what the config does not refuse: {}",
+            stray.join(", ")
+        ));
+    }
+    (!parts.is_empty()).then(|| {
+        format!(
+            "config keys this gateway does not honour: {}",
+            parts.join("; ")
+        )
+    })
+}
