@@ -188,27 +188,21 @@ litellm_settings:
 
 /// With `reserve` accounting the queue waits for reservations in flight to settle, not only for
 /// the window: `tpm: 3000`, 20 chats at once each reserving about 264 tokens (so 11 fit) and
-/// really using 30, the upstream answering in 1 s: all 20 are served, the 9 that did not fit
+/// really using 30, held at the upstream until the 9 others wait: all 20 are served, the 9 that did not fit
 /// after waiting for the first answers to settle (`priority_limit_queue_wait_seconds` counts them),
 /// with the window never rolled.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_reserve_the_queue_waits_for_reservations_in_flight() {
-    let up = gateway_example::mock_upstream::MockUpstream::start(
-        gateway_example::mock_upstream::MockUpstreamConfig {
-            latency: gateway_example::mock_upstream::Latency::Fixed(Duration::from_secs(1)),
-            ..Default::default()
-        },
-    )
-    .expect("mock upstream");
+    let (up, base) = integration_tests::upstream::Upstream::start().await;
     let gw = std::sync::Arc::new(
         Gw::start(
-            &integration_tests::gateway::reserve_queue_config(&up.url(), None),
+            &integration_tests::gateway::reserve_queue_config(&base, None),
             None,
         )
         .await,
     );
     let key = gw.new_key(json!({})).await;
-    let replies = integration_tests::gateway::chats_at_once(&gw, 20, &key).await;
+    let replies = integration_tests::gateway::chats_while_reserved(&gw, &up, 20, 11, &key).await;
     let served = replies.iter().filter(|r| r.status == 200).count();
     let waited = integration_tests::gateway::queue_waits(&gw).await;
     for r in &replies {

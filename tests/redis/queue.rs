@@ -179,26 +179,21 @@ async fn the_redis_store_reports_pool_usage_from_its_replies() {
 
 /// The queue waits for reservations in flight to settle on Redis as on the embedded store
 /// (`tests/gateway/queue.rs`): 20 chats at once against `tpm: 3000` under `reserve`, 11 fit, the
-/// 9 others wait for the first answers (1 s) to settle and are served; none refused.
+/// 9 others wait (the first answers are held at the upstream until they do) for those to settle
+/// and are served; none refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_reserve_the_queue_waits_for_reservations_in_flight_on_redis() {
     let Some(redis) = RedisServer::start("with_reserve_the_queue_waits_on_redis") else {
         return;
     };
-    let up = gateway_example::mock_upstream::MockUpstream::start(
-        gateway_example::mock_upstream::MockUpstreamConfig {
-            latency: gateway_example::mock_upstream::Latency::Fixed(Duration::from_secs(1)),
-            ..Default::default()
-        },
-    )
-    .expect("mock upstream");
+    let (up, base) = integration_tests::upstream::Upstream::start().await;
     let dir = integration_tests::gateway::TempDir::new();
-    let yaml = integration_tests::gateway::reserve_queue_config(&up.url(), Some(&redis.url()));
+    let yaml = integration_tests::gateway::reserve_queue_config(&base, Some(&redis.url()));
     let gw = Arc::new(integration_tests::gateway::Gw::connect(&yaml, Some(&dir.0)).await);
     let health = gw.get("/health/readiness", None).await.json();
     assert_eq!(health["limiter_store"], "redis");
     let key = gw.new_key(serde_json::json!({})).await;
-    let replies = integration_tests::gateway::chats_at_once(&gw, 20, &key).await;
+    let replies = integration_tests::gateway::chats_while_reserved(&gw, &up, 20, 11, &key).await;
     for r in &replies {
         assert_eq!(r.status, 200, "{}", r.text());
     }

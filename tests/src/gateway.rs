@@ -339,8 +339,8 @@ pub fn sse_data(body: &str) -> Vec<String> {
         .collect()
 }
 
-/// The config of the queue-with-`reserve` case: one group `m` (`tpm: 3000`) on the upstream at
-/// `base`, `reserve` accounting (the default output estimate, 256), the queue on
+/// The config of the queue-with-`reserve` case: one group `m` (`tpm: 3000`) on the gated
+/// upstream at `base`, `reserve` accounting (the default output estimate, 256), the queue on
 /// (`max_wait_seconds: 10`), on Redis at `redis_url` when given.
 pub fn reserve_queue_config(base: &str, redis_url: Option<&str>) -> String {
     let router = redis_url.map_or(String::new(), |url| {
@@ -355,8 +355,17 @@ pub fn reserve_queue_config(base: &str, redis_url: Option<&str>) -> String {
 }
 
 /// Sends `n` chats (no `max_tokens`, so each reserves its prompt and the default output estimate
-/// of 256) as `key` at once; returns every reply.
-pub async fn chats_at_once(gw: &Arc<Gw>, n: usize, key: &str) -> Vec<Reply> {
+/// of 256) as `key` at once to group `m` on `up`'s `gated` model; holds the admitted ones at the
+/// upstream until `admitted` are there and the other `n - admitted` wait in the group's queue,
+/// then lets the upstream answer; returns every reply.
+pub async fn chats_while_reserved(
+    gw: &Arc<Gw>,
+    up: &crate::upstream::Upstream,
+    n: usize,
+    admitted: usize,
+    key: &str,
+) -> Vec<Reply> {
+    let before = up.count();
     let tasks: Vec<_> = (0..n)
         .map(|_| {
             let gw = Arc::clone(gw);
@@ -370,6 +379,19 @@ pub async fn chats_at_once(gw: &Arc<Gw>, n: usize, key: &str) -> Vec<Reply> {
             })
         })
         .collect();
+    let limiter = gw.gateway.limiter();
+    let id = limiter.config().model_id("m").expect("group m is limited");
+    let since = std::time::Instant::now();
+    while up.count() - before < admitted || limiter.queue_len(id) < n - admitted {
+        assert!(
+            since.elapsed() < std::time::Duration::from_secs(120),
+            "{} at the upstream, {} waiting, of {n}",
+            up.count() - before,
+            limiter.queue_len(id)
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    up.open_gate();
     let mut replies = Vec::with_capacity(n);
     for task in tasks {
         replies.push(task.await.expect("the request task"));
