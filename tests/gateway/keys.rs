@@ -339,3 +339,58 @@ async fn an_admin_body_that_never_ends_is_answered_408() {
         );
     }
 }
+
+/// Nothing on a key or team request is accepted and then ignored: LiteLLM's limit, budget and
+/// lifecycle fields the gateway does not honour are a 400 naming them (and nothing is created),
+/// and a priority the config does not list is a 400 naming the configured ones.
+#[tokio::test]
+async fn unhonoured_key_and_team_fields_are_refused_by_name() {
+    let gw = Gw::start(&rpm10(), None).await;
+    for (path, body, named) in [
+        ("/key/generate", json!({"rpm_limit": 1}), "rpm_limit"),
+        (
+            "/key/generate",
+            json!({"max_budget": 0.000001, "duration": "2s"}),
+            "duration, max_budget",
+        ),
+        ("/key/generate", json!({"blocked": true}), "blocked"),
+        ("/key/generate", json!({"key": "sk-chosen"}), "key"),
+        ("/team/new", json!({"tpm_limit": 30}), "tpm_limit"),
+        (
+            "/team/new",
+            json!({"team_alias": "t", "max_budget": 1}),
+            "max_budget",
+        ),
+    ] {
+        let r = gw.post(path, Some(MASTER), body.clone()).await;
+        assert_eq!(r.status, 400, "{path} {body}: {}", r.text());
+        let message = r.error_message();
+        assert!(message.contains(&format!(": {named}.")), "{message}");
+        assert!(message.contains("It honours: "), "{message}");
+    }
+    // Nothing was created: the chosen key does not authenticate.
+    assert_eq!(gw.chat("sk-chosen", M, false).await.status, 401);
+
+    for path in ["/key/generate", "/team/new"] {
+        let r = gw
+            .post(
+                path,
+                Some(MASTER),
+                json!({"metadata": {"priority": "prdo"}}),
+            )
+            .await;
+        assert_eq!(r.status, 400, "{}", r.text());
+        assert_eq!(
+            r.error_message(),
+            r#"Unknown priority "prdo" in 'metadata.priority': the configured priorities are: prod, dev."#
+        );
+        let ok = gw
+            .post(
+                path,
+                Some(MASTER),
+                json!({"metadata": {"priority": "dev", "owner": "x"}}),
+            )
+            .await;
+        assert_eq!(ok.status, 200, "{}", ok.text());
+    }
+}

@@ -51,17 +51,74 @@ fn opt_string(body: &Map<String, Value>, field: &'static str) -> Result<Option<S
     }
 }
 
-fn metadata(body: &Map<String, Value>) -> Result<Map<String, Value>, ApiError> {
+/// The fields `/key/generate` honours; any other is refused by name ([`only_honoured`]).
+pub const KEY_FIELDS: [&str; 4] = ["key_alias", "metadata", "team_id", "models"];
+
+/// The fields `/team/new` honours.
+pub const TEAM_FIELDS: [&str; 4] = ["team_id", "team_alias", "metadata", "models"];
+
+/// Refuses a body with a field `endpoint` does not honour, naming every such field and the ones
+/// it honours: a limit, budget or expiry accepted and then not enforced would be believed to hold.
+fn only_honoured(
+    body: &Map<String, Value>,
+    endpoint: &str,
+    honoured: &[&str],
+) -> Result<(), ApiError> {
+    let mut unknown: Vec<&str> = body
+        .keys()
+        .map(String::as_str)
+        .filter(|k| !honoured.contains(k))
+        .collect();
+    if unknown.is_empty() {
+        return Ok(());
+    }
+    unknown.sort_unstable();
+    Err(ApiError::bad_request(format!(
+        "{endpoint} does not support {}: {}. It honours: {} (docs/gateway.md, \"Keys, teams and \
+         priorities\"); nothing was created.",
+        if unknown.len() == 1 {
+            "this field"
+        } else {
+            "these fields"
+        },
+        unknown.join(", "),
+        honoured.join(", "),
+    )))
+}
+
+/// The body's `metadata`; its `priority`, when set, must be one of `priorities` (the config's).
+fn metadata(
+    body: &Map<String, Value>,
+    priorities: &[std::sync::Arc<str>],
+) -> Result<Map<String, Value>, ApiError> {
     match body.get("metadata") {
         None | Some(Value::Null) => Ok(Map::new()),
         Some(Value::Object(m)) => {
-            if m.get("priority")
-                .is_some_and(|p| !p.is_string() && !p.is_null())
-            {
-                return Err(
-                    ApiError::bad_request("'metadata.priority' must be a string.")
-                        .param("metadata"),
-                );
+            match m.get("priority") {
+                None | Some(Value::Null) => {}
+                Some(Value::String(p)) if priorities.iter().any(|c| **c == **p) => {}
+                Some(Value::String(p)) => {
+                    let configured = if priorities.is_empty() {
+                        "the config reserves nothing for any priority (no \
+                         litellm_settings.priority_reservation), so a priority would change \
+                         nothing"
+                            .to_owned()
+                    } else {
+                        let names: Vec<&str> = priorities.iter().map(|p| &**p).collect();
+                        format!("the configured priorities are: {}", names.join(", "))
+                    };
+                    return Err(ApiError::bad_request(format!(
+                        "Unknown priority {:?} in 'metadata.priority': {configured}.",
+                        p.chars().take(64).collect::<String>()
+                    ))
+                    .param("metadata"));
+                }
+                Some(_) => {
+                    return Err(
+                        ApiError::bad_request("'metadata.priority' must be a string.")
+                            .param("metadata"),
+                    );
+                }
             }
             Ok(m.clone())
         }
@@ -144,12 +201,14 @@ pub async fn generate(
     State(gw): State<Arc<Gateway>>,
     JsonBody(body): JsonBody,
 ) -> Result<Json<Value>, ApiError> {
+    only_honoured(&body, "/key/generate", &KEY_FIELDS)?;
     let models = models(&body)?;
+    let priorities = gw.limiter().config().priorities().to_vec();
     let (key, record) = gw
         .keys()
         .generate_key(
             opt_string(&body, "key_alias")?,
-            metadata(&body)?,
+            metadata(&body, &priorities)?,
             opt_string(&body, "team_id")?,
             models,
         )
@@ -203,12 +262,14 @@ pub async fn new_team(
     State(gw): State<Arc<Gateway>>,
     JsonBody(body): JsonBody,
 ) -> Result<Json<Value>, ApiError> {
+    only_honoured(&body, "/team/new", &TEAM_FIELDS)?;
+    let priorities = gw.limiter().config().priorities().to_vec();
     let team = gw
         .keys()
         .new_team(
             opt_string(&body, "team_id")?,
             opt_string(&body, "team_alias")?,
-            metadata(&body)?,
+            metadata(&body, &priorities)?,
             models(&body)?,
         )
         .await
