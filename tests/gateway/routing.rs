@@ -575,3 +575,58 @@ async fn a_request_no_deployment_takes_is_refunded() {
         "the upstream's 429 and this one used a request; the five refusals did not"
     );
 }
+
+/// Shadow enforcement covers a deployment's own limits: `rpm: 2` in `litellm_params` (the usual
+/// LiteLLM form) under `enforcement: shadow` serves all 5 requests, and the 3rd to the 5th say
+/// the deployment's limit (and the group's) would have refused them. A model left enforced by
+/// `model_enforcement` still refuses by its deployment.
+#[tokio::test]
+async fn shadow_enforcement_covers_the_deployments_own_limits() {
+    let yaml = format!(
+        r#"
+model_list:
+  - model_name: tried
+    litellm_params: {{model: openai/m, mock_response: "hi", rpm: 2}}
+  - model_name: kept
+    litellm_params: {{model: openai/m, mock_response: "hi", rpm: 2}}
+litellm_settings:
+  callbacks: ["dynamic_rate_limiter_v3"]
+  priority_reservation_settings:
+    enforcement: shadow
+    model_enforcement: {{kept: enforce}}
+general_settings:
+  master_key: {MASTER}
+"#
+    );
+    let gw = Gw::start(&yaml, None).await;
+    for i in 1..=5 {
+        let r = gw.chat(MASTER, "tried", false).await;
+        assert_eq!(r.status, 200, "request {i}: {}", r.text());
+        let said: Vec<&str> = r
+            .headers
+            .get_all("x-priority-limit-shadow-refused-by")
+            .iter()
+            .map(|v| v.to_str().unwrap())
+            .collect();
+        if i <= 2 {
+            assert!(said.is_empty(), "request {i}: {said:?}");
+        } else {
+            assert!(
+                said.contains(&format!("deployment_requests; limit=2; used={}", i - 1).as_str()),
+                "request {i}: {said:?}"
+            );
+            assert!(
+                said.contains(&"model_requests"),
+                "the group's too: {said:?}"
+            );
+        }
+    }
+    let statuses: Vec<u16> = {
+        let mut out = Vec::new();
+        for _ in 0..3 {
+            out.push(gw.chat(MASTER, "kept", false).await.status.as_u16());
+        }
+        out
+    };
+    assert_eq!(statuses, [200, 200, 429], "enforced: refused");
+}

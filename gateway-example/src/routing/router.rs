@@ -12,7 +12,7 @@ use rand::rngs::SmallRng;
 use smallvec::SmallVec;
 use tower_priority_limit::clock::Clock;
 use tower_priority_limit::config::{LimiterConfig, ModelId, PoolRef};
-use tower_priority_limit::decision::{Decision, Millis};
+use tower_priority_limit::decision::{Decision, Millis, Refused};
 use tower_priority_limit::model::ModelName;
 use tower_priority_limit::{Lease, Limiter, ModelLimits};
 
@@ -82,6 +82,9 @@ pub struct Chosen {
     /// Index of the deployment in the config.
     pub index: usize,
     pub(super) lease: Option<Lease>,
+    /// Under shadow enforcement, the deployment's own limit this request went over: it is served
+    /// all the same, and its answer says so.
+    pub(super) shadow: Option<Refused>,
 }
 
 /// No deployment of a group can take the request now.
@@ -104,11 +107,17 @@ pub fn deployment_limits(deployments: &[Deployment], groups: &LimiterConfig) -> 
         .expected_nodes(settings.shared.expected_nodes)
         .store_timeout(settings.shared.timeout)
         .max_reported_tokens(settings.max_reported_tokens);
+    // Shadow enforcement covers a deployment's own limits too: its group's (`model_enforcement`,
+    // else the global `enforcement`), so trying a policy in shadow never refuses by a deployment.
+    builder = builder.enforcement(settings.enforcement);
     for d in deployments {
         let mut limits = ModelLimits::new(d.id.as_str());
         limits.rpm = d.rpm;
         limits.tpm = d.tpm;
         builder = builder.model(limits);
+        if let Some(group) = groups.model_id(&d.model_name) {
+            builder = builder.model_enforcement(d.id.as_str(), groups.model(group).enforcement());
+        }
     }
     // Ids are unique and limits validated with the deployment, so this cannot fail; an empty
     // config is the fallback that limits nothing.
@@ -289,7 +298,11 @@ impl Router {
             let index = group.members[candidates[at].slot];
             let state = &self.states[index];
             let Some(limit_id) = state.limit_id else {
-                return Ok(Chosen { index, lease: None });
+                return Ok(Chosen {
+                    index,
+                    lease: None,
+                    shadow: None,
+                });
             };
             let admission = self.limits.load().admit(limit_id, PoolRef::Default, 0);
             match admission.await {
@@ -311,6 +324,7 @@ impl Router {
                     return Ok(Chosen {
                         index,
                         lease: Some(lease),
+                        shadow: admitted.shadow,
                     });
                 }
                 Ok(Decision::Refuse(rejected)) => {
@@ -323,7 +337,13 @@ impl Router {
                 }
                 // The per-deployment counters could not be asked (Redis in open/closed mode):
                 // route without them rather than fail the request for the router's sake.
-                Err(_) => return Ok(Chosen { index, lease: None }),
+                Err(_) => {
+                    return Ok(Chosen {
+                        index,
+                        lease: None,
+                        shadow: None,
+                    })
+                }
             }
         }
         let retry_after_ms = earliest.map_or(1_000, |e| e.saturating_sub(now));

@@ -8,7 +8,7 @@ use axum::response::{IntoResponse, Response};
 use http::{HeaderName, HeaderValue, StatusCode};
 use rand::rngs::SmallRng;
 use rand::{RngExt, SeedableRng};
-use tower_priority_limit::decision::Admitted;
+use tower_priority_limit::decision::{Admitted, Refused};
 use tower_priority_limit::{Lease, Limiter};
 
 use super::admission::{admit, charge, store_failure, Admission};
@@ -206,6 +206,7 @@ pub async fn serve(
                 match result {
                     Ok(mut response) => {
                         router.observe(index, response.headers_mut());
+                        let shadow = chosen.shadow;
                         let (response, deployment_lease) =
                             track(response, chosen, in_flight, deployment, router);
                         let id = router.states[index].id_header.as_ref();
@@ -224,7 +225,12 @@ pub async fn serve(
                             }
                             None => first_lease,
                         };
-                        return charge(limiter, response, lease, chat, deployment_lease, router);
+                        let mut response =
+                            charge(limiter, response, lease, chat, deployment_lease, router);
+                        if let Some(refused) = shadow {
+                            shadow_refused_by_deployment(response.headers_mut(), &refused);
+                        }
+                        return response;
                     }
                     Err(failure) => {
                         drop(in_flight);
@@ -301,6 +307,25 @@ pub async fn serve(
         // admission is taken back, so the refusal uses none of its requests.
         refund_unless(false, first_lease);
         response
+    }
+}
+
+/// Header naming what would have refused a request under shadow enforcement (the group limiter
+/// writes its own value; a deployment's limit adds one more).
+pub const SHADOW_REFUSED_BY: HeaderName =
+    HeaderName::from_static("x-priority-limit-shadow-refused-by");
+
+/// Says, on a response served under shadow enforcement, that the deployment's own limit would
+/// have refused it: `deployment_requests` or `deployment_tokens`, with its limit and use.
+fn shadow_refused_by_deployment(headers: &mut http::HeaderMap, refused: &Refused) {
+    let value = format!(
+        "deployment_{}; limit={}; used={}",
+        refused.dimension.as_str(),
+        refused.limit,
+        refused.used
+    );
+    if let Ok(value) = HeaderValue::from_str(&value) {
+        headers.append(SHADOW_REFUSED_BY, value);
     }
 }
 
