@@ -132,7 +132,7 @@ pub use config::{FailureMode, LimiterConfig, ModelLimits};
 pub use future::ResponseFuture;
 pub use layer::PriorityLimitLayer;
 pub use lease::Lease;
-pub use limiter::{Acquired, Limiter, WaitRequest, Waited};
+pub use limiter::{Acquired, AdmissionOutcome, Limiter, RequestAdmission, WaitRequest, Waited};
 pub use options::UnknownModel;
 pub use response::{X_PRIORITY_LIMIT_MAX_WAIT, X_PRIORITY_LIMIT_QUEUED_MS};
 pub use service::PriorityLimit;

@@ -97,6 +97,45 @@ pub struct Waited {
     pub gave_up: bool,
 }
 
+/// One request to admit, the whole way ([`Limiter::admit_request`]).
+#[derive(Debug, Clone, Copy)]
+pub struct RequestAdmission {
+    /// The model.
+    pub model: ModelId,
+    /// The caller's pool ([`Limiter::resolve_pool`]).
+    pub pool: PoolRef,
+    /// The caller's flow ([`flow`](crate::flow)), for fairness while waiting.
+    pub flow: FlowId,
+    /// The request's prompt estimate ([`estimate`](crate::estimate)).
+    pub prompt_tokens: u64,
+    /// The most output tokens it allows, if it says (`max_tokens` and its like).
+    pub max_output_tokens: Option<u64>,
+    /// How long it may wait with the queue on: `None` for the config's `max_wait`, else at most
+    /// that (the request's `x-priority-limit-max-wait`; 0 never waits).
+    pub max_wait: Option<Duration>,
+}
+
+/// The final answer of [`Limiter::admit_request`].
+// Moved once per request and matched at once: boxing the admitted side would allocate on the
+// request path for nothing.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug)]
+pub enum AdmissionOutcome {
+    /// Admitted (at once or after waiting): settle the lease with the response's tokens
+    /// ([`Limiter::meter_response`] does it from the body).
+    Admitted {
+        /// Settles the request's tokens exactly once.
+        lease: Lease,
+        /// Saturation, mode and usage, for headers.
+        admitted: Admitted,
+        /// How long it waited in the queue, if it did.
+        waited_ms: Option<Millis>,
+    },
+    /// Refused, at once or at its deadline; no counter changed.
+    /// [`Limiter::refusal_response`] makes its 429.
+    Refused(Refused),
+}
+
 /// The outcome of [`Limiter::acquire`].
 #[derive(Debug)]
 pub enum Acquired {
@@ -680,6 +719,103 @@ impl<St: Store> Limiter<St> {
     /// is one it could not absorb). Logged at most once a second.
     pub fn store_failure_response(&self, error: &StoreError) -> Option<Response<Bytes>> {
         store_failure_response(self.config().settings().shared.failure_mode, error)
+    }
+
+    /// Admits one request the whole way, as the layer does: the estimate reserved (with
+    /// `reserve` accounting), behind those already waiting when the queue is on, waiting for
+    /// capacity when refused and room may appear before its deadline
+    /// ([`should_wait`](Self::should_wait)), the final answer told to the observer once, and the
+    /// lease made (with its flow's charge when it waited). The gateway's router and the simulator
+    /// admit through this; the layer runs the same steps without a boxed future.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// use tower_priority_limit::config::PoolRef;
+    /// use tower_priority_limit::{AdmissionOutcome, Limiter, LimiterConfig, ModelLimits, RequestAdmission};
+    ///
+    /// let config = LimiterConfig::builder().model(ModelLimits::new("m").rpm(1)).build().unwrap();
+    /// let limiter = Limiter::new(config);
+    /// let request = RequestAdmission {
+    ///     model: limiter.config().model_id("m").unwrap(),
+    ///     pool: limiter.resolve_pool(None),
+    ///     flow: 0,
+    ///     prompt_tokens: 10,
+    ///     max_output_tokens: Some(20),
+    ///     max_wait: None,
+    /// };
+    /// let AdmissionOutcome::Admitted { lease, .. } = limiter.admit_request(request).await.unwrap()
+    /// else {
+    ///     panic!("an idle model admits");
+    /// };
+    /// lease.settle(30);
+    /// // No queue in this config: the second request this minute is refused at once.
+    /// assert!(matches!(
+    ///     limiter.admit_request(request).await.unwrap(),
+    ///     AdmissionOutcome::Refused(_)
+    /// ));
+    /// # }
+    /// ```
+    pub async fn admit_request(
+        &self,
+        request: RequestAdmission,
+    ) -> Result<AdmissionOutcome, StoreError> {
+        let RequestAdmission {
+            model,
+            pool,
+            flow,
+            prompt_tokens,
+            max_output_tokens,
+            max_wait,
+        } = request;
+        let estimate = self.estimate(model, prompt_tokens, max_output_tokens);
+        let max_wait_ms = self.max_wait_ms(max_wait).unwrap_or(0);
+        let wait = |refused| WaitRequest {
+            model,
+            pool,
+            flow,
+            estimate,
+            service: self.flow_service(model, prompt_tokens, max_output_tokens),
+            max_wait_ms,
+            refused,
+        };
+        let mut waited_for = None;
+        let decision = if max_wait_ms > 0 && self.queue_ahead(model) {
+            let waited = self.admit_waiting(wait(None)).await;
+            self.observe_waited(model, pool, &waited);
+            waited_for = Some(waited.waited_ms);
+            (waited.decision, waited.flow_charge)
+        } else {
+            // The embedded store answers in place: no future to poll.
+            let decision = match self.admit_now(model, pool, estimate) {
+                Some(decision) => decision,
+                None => self.admit(model, pool, estimate).await,
+            };
+            match decision {
+                Ok(Decision::Refuse(refused))
+                    if self.should_wait(model, Some(&refused), max_wait_ms) =>
+                {
+                    let waited = self.admit_waiting(wait(Some(refused))).await;
+                    self.observe_waited(model, pool, &waited);
+                    waited_for = Some(waited.waited_ms);
+                    (waited.decision, waited.flow_charge)
+                }
+                other => {
+                    self.observe_result(model, pool, &other);
+                    (other, None)
+                }
+            }
+        };
+        let (decision, flow_charge) = decision;
+        Ok(match decision? {
+            Decision::Admit(admitted) => AdmissionOutcome::Admitted {
+                lease: self
+                    .lease_waited(model, pool, &admitted, flow_charge)
+                    .with_output_limit(max_output_tokens),
+                admitted,
+                waited_ms: waited_for,
+            },
+            Decision::Refuse(refused) => AdmissionOutcome::Refused(refused),
+        })
     }
 
     /// Resolves `model` and `priority`, admits a request expected to cost `estimate` tokens (see

@@ -35,7 +35,7 @@ use tower_priority_limit::config::{
     LimiterConfig, ModelId, ModelLimits, PoolRef, QueueSettings, Reservation, WindowKind,
 };
 use tower_priority_limit::decision::{Decision, Refused};
-use tower_priority_limit::{Limiter, WaitRequest};
+use tower_priority_limit::{AdmissionOutcome, Limiter, RequestAdmission, WaitRequest};
 
 use crate::report::Table;
 use crate::time::{block_on, exponential, rng};
@@ -265,7 +265,7 @@ fn run_queue(
                 let clock = clock.clone();
                 tokio::spawn(async move {
                     let service = limiter.flow_service(model, prompt, Some(output));
-                    let admitted = admit_as_the_layer(&limiter, model, s, service).await;
+                    let admitted = admit_as_the_layer(&limiter, model, s, (prompt, output)).await;
                     let admitted_ms = admitted.then(|| clock.now_ms());
                     if let (Some(at), true) = (admitted_ms, admitted) {
                         served_log.lock().unwrap().push((at, s.flow, service));
@@ -303,32 +303,25 @@ async fn settle_runtime(progress: &AtomicU64) {
     }
 }
 
-/// The layer's path: admit at once unless others wait; refused → wait if room appears before
-/// the deadline.
+/// The layer's path, through the limiter's one admission call ([`Limiter::admit_request`]):
+/// admit at once unless others wait; refused → wait if room may appear before the deadline.
 async fn admit_as_the_layer(
     limiter: &Arc<Limiter>,
     model: ModelId,
     s: Source,
-    service: u64,
+    (prompt, output): (u64, u64),
 ) -> bool {
-    let wait = limiter.max_wait_ms(None).unwrap_or(0);
-    let mut refused = None;
-    if !limiter.queue_ahead(model) {
-        match limiter.admit_now(model, s.pool, 0) {
-            Some(Ok(Decision::Admit(_))) => return true,
-            Some(Ok(Decision::Refuse(r))) => {
-                if !limiter.should_wait(model, Some(&r), wait) {
-                    return false;
-                }
-                refused = Some(r);
-            }
-            _ => {}
-        }
-    }
-    let waited = limiter
-        .admit_waiting(wait_request(model, s.pool, s.flow, service, wait, refused))
+    let outcome = limiter
+        .admit_request(RequestAdmission {
+            model,
+            pool: s.pool,
+            flow: s.flow,
+            prompt_tokens: prompt,
+            max_output_tokens: Some(output),
+            max_wait: None,
+        })
         .await;
-    matches!(waited.decision, Ok(Decision::Admit(_)))
+    matches!(outcome, Ok(AdmissionOutcome::Admitted { .. }))
 }
 
 fn wait_request(

@@ -6,10 +6,10 @@
 use axum::body::Body;
 use axum::response::Response;
 use tower_priority_limit::config::PoolRef;
-use tower_priority_limit::decision::{Admitted, Decision};
+use tower_priority_limit::decision::Admitted;
 use tower_priority_limit::meter::UsageMeter;
 use tower_priority_limit::store::StoreError;
-use tower_priority_limit::{Lease, Limiter, ResponseBody, WaitRequest, Waited};
+use tower_priority_limit::{AdmissionOutcome, Lease, Limiter, RequestAdmission, ResponseBody};
 
 use super::Router;
 use crate::chat::ChatRequest;
@@ -28,11 +28,11 @@ pub(super) enum Admission {
 /// Admits `group` for `chat` of priority `pool` (reserving its estimate with `reserve`
 /// accounting); no counter moves unless it is admitted.
 ///
-/// With the limiter's queue on and `may_wait`, a refusal for capacity that frees before the
-/// deadline waits for it in the group's queue, as the layer's requests do (the same
-/// [`Limiter::should_wait`] and [`Limiter::admit_waiting`]); so does a request that finds others
-/// already waiting. The caller's flow is its key ([`ChatRequest::flow`]), so inside a priority
-/// callers take turns by their service.
+/// With the limiter's queue on and `may_wait`, a refusal for capacity that may free before the
+/// deadline waits for it in the group's queue, as the layer's requests do; so does a request that
+/// finds others already waiting: the limiter's one admission call,
+/// [`Limiter::admit_request`]. The caller's flow is its key ([`ChatRequest::flow`]), so inside a
+/// priority callers take turns by their service.
 pub(super) async fn admit(
     limiter: &Limiter<GatewayStore>,
     group: &str,
@@ -40,54 +40,24 @@ pub(super) async fn admit(
     chat: &ChatRequest,
     may_wait: bool,
 ) -> Result<Admission, StoreError> {
-    let config = limiter.config();
-    let Some(id) = config.model_id(group) else {
+    let Some(id) = limiter.config().model_id(group) else {
         return Ok(Admission::Unlimited);
     };
-    let estimate = limiter.estimate(id, chat.prompt_tokens, chat.max_output_tokens);
-    let max_wait = limiter.max_wait_ms(None).filter(|_| may_wait).unwrap_or(0);
-    let wait = |refused| WaitRequest {
-        model: id,
-        pool,
-        flow: chat.flow,
-        estimate,
-        service: limiter.flow_service(id, chat.prompt_tokens, chat.max_output_tokens),
-        max_wait_ms: max_wait,
-        refused,
-    };
-    // Admitted in turn: its flow's charge (an estimate) is corrected when the response ends.
-    let mut flow_charge = None;
-    let mut waited = |waited: Waited| {
-        limiter.observe_waited(id, pool, &waited);
-        flow_charge = waited.flow_charge;
-        waited.decision
-    };
-    let decision = if max_wait > 0 && limiter.queue_ahead(id) {
-        waited(limiter.admit_waiting(wait(None)).await)
-    } else {
-        // The embedded store answers in place: no future to poll.
-        let decision = match limiter.admit_now(id, pool, estimate) {
-            Some(decision) => decision,
-            None => limiter.admit(id, pool, estimate).await,
-        };
-        match decision {
-            Ok(Decision::Refuse(refused)) if limiter.should_wait(id, Some(&refused), max_wait) => {
-                waited(limiter.admit_waiting(wait(Some(refused))).await)
-            }
-            other => {
-                limiter.observe_result(id, pool, &other);
-                other
-            }
-        }
-    }?;
-    Ok(match decision {
-        Decision::Admit(admitted) => {
-            let lease = limiter
-                .lease_waited(id, pool, &admitted, flow_charge)
-                .with_output_limit(chat.max_output_tokens);
-            Admission::Admitted(lease, admitted)
-        }
-        Decision::Refuse(refused) => {
+    let outcome = limiter
+        .admit_request(RequestAdmission {
+            model: id,
+            pool,
+            flow: chat.flow,
+            prompt_tokens: chat.prompt_tokens,
+            max_output_tokens: chat.max_output_tokens,
+            max_wait: (!may_wait).then_some(std::time::Duration::ZERO),
+        })
+        .await?;
+    Ok(match outcome {
+        AdmissionOutcome::Admitted {
+            lease, admitted, ..
+        } => Admission::Admitted(lease, admitted),
+        AdmissionOutcome::Refused(refused) => {
             Admission::Refused(limiter.refusal_response(id, pool, &refused).map(Body::from))
         }
     })
