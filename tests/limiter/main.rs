@@ -7,6 +7,7 @@ mod bad_input;
 mod concurrency;
 mod enforcement;
 mod layer;
+mod layering;
 mod priority;
 mod queue;
 mod quickstart;
