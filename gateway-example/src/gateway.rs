@@ -45,6 +45,32 @@ pub struct Gateway {
     end_streams: EndStreams,
     /// The Prometheus series (`GET /metrics`).
     metrics: GatewayMetrics,
+    /// The wall clock keys expire on: Unix time when built, moved on by the gateway's clock (so a
+    /// test's manual clock moves it too).
+    wall: WallClock,
+}
+
+/// Unix time read as the Unix time at a start plus the gateway's (monotonic, injectable) clock.
+#[derive(Debug)]
+struct WallClock {
+    unix_ms_at_origin: u64,
+    clock: Arc<dyn Clock>,
+}
+
+impl WallClock {
+    fn new(clock: Arc<dyn Clock>) -> Self {
+        let unix_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        Self {
+            unix_ms_at_origin: unix_ms.saturating_sub(clock.now_ms()),
+            clock,
+        }
+    }
+
+    fn unix_secs(&self) -> u64 {
+        (self.unix_ms_at_origin + self.clock.now_ms()) / 1000
+    }
 }
 
 /// What [`Gateway::reload`] did.
@@ -216,6 +242,7 @@ impl Gateway {
         metrics: GatewayMetrics,
     ) -> Self {
         let limiter = observed_limiter(&config, &metrics, groups);
+        let wall = WallClock::new(clock.clone());
         let router = Router::new(
             &config.deployments,
             config.router.clone(),
@@ -240,7 +267,13 @@ impl Gateway {
             upstream,
             router,
             metrics,
+            wall,
         }
+    }
+
+    /// Unix seconds now, on the gateway's clock (what keys expire by).
+    pub fn unix_secs(&self) -> u64 {
+        self.wall.unix_secs()
     }
 
     /// The Prometheus series.

@@ -350,11 +350,19 @@ async fn unhonoured_key_and_team_fields_are_refused_by_name() {
         ("/key/generate", json!({"rpm_limit": 1}), "rpm_limit"),
         (
             "/key/generate",
-            json!({"max_budget": 0.000001, "duration": "2s"}),
-            "duration, max_budget",
+            json!({"max_budget": 0.000001, "tpm_limit": 2}),
+            "max_budget, tpm_limit",
         ),
-        ("/key/generate", json!({"blocked": true}), "blocked"),
-        ("/key/generate", json!({"key": "sk-chosen"}), "key"),
+        (
+            "/key/generate",
+            json!({"blocked": true, "duration": "1h"}),
+            "blocked",
+        ),
+        (
+            "/key/generate",
+            json!({"key": "sk-chosen-0123456789ab", "rpm_limit": 1}),
+            "rpm_limit",
+        ),
         ("/team/new", json!({"tpm_limit": 30}), "tpm_limit"),
         (
             "/team/new",
@@ -369,7 +377,10 @@ async fn unhonoured_key_and_team_fields_are_refused_by_name() {
         assert!(message.contains("It honours: "), "{message}");
     }
     // Nothing was created: the chosen key does not authenticate.
-    assert_eq!(gw.chat("sk-chosen", M, false).await.status, 401);
+    assert_eq!(
+        gw.chat("sk-chosen-0123456789ab", M, false).await.status,
+        401
+    );
 
     for path in ["/key/generate", "/team/new"] {
         let r = gw
@@ -392,5 +403,78 @@ async fn unhonoured_key_and_team_fields_are_refused_by_name() {
             )
             .await;
         assert_eq!(ok.status, 200, "{}", ok.text());
+    }
+}
+
+/// A caller may choose its key (`sk-…`; a taken one, the master key or a malformed one is a 400)
+/// and when it expires: `duration` from now or `expires` at a date. An expired key gets a 401
+/// that says so; the gateway's clock is moved, nothing is slept through.
+#[tokio::test]
+async fn chosen_keys_and_expiry() {
+    let gw = Gw::start(&rpm10(), None).await;
+    let chosen = "sk-my-own-key-0123456789";
+    let r = gw
+        .post("/key/generate", Some(MASTER), json!({"key": chosen}))
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["key"], chosen);
+    assert_eq!(gw.chat(chosen, M, false).await.status, 200);
+    for (key, says) in [
+        (chosen, "already in use"),
+        (MASTER, "already in use"),
+        ("sk-short", "must start with 'sk-'"),
+        ("my-own-key-0123456789xx", "must start with 'sk-'"),
+        ("sk-with space 0123456789", "must start with 'sk-'"),
+    ] {
+        let r = gw
+            .post("/key/generate", Some(MASTER), json!({"key": key}))
+            .await;
+        assert_eq!(r.status, 400, "{key}: {}", r.text());
+        assert!(
+            r.error_message().contains(says),
+            "{key}: {}",
+            r.error_message()
+        );
+    }
+
+    let short = gw.new_key(json!({"duration": "30s"})).await;
+    let long = gw.new_key(json!({"duration": "1mo"})).await;
+    assert_eq!(gw.chat(&short, M, false).await.status, 200);
+    let info = gw
+        .get(&format!("/key/info?key={short}"), Some(MASTER))
+        .await;
+    let expires = info.json()["info"]["expires"].as_str().unwrap().to_owned();
+    assert!(expires.ends_with('Z'), "{expires}");
+    gw.clock.advance(std::time::Duration::from_secs(31));
+    let r = gw.chat(&short, M, false).await;
+    assert_eq!(r.status, 401, "{}", r.text());
+    let said = r.error_message();
+    assert!(
+        said.starts_with(&format!(
+            "Authentication Error - Expired Key. Key Expiry time {expires} and current time "
+        )),
+        "{said}"
+    );
+    assert_eq!(
+        gw.chat(&long, M, false).await.status,
+        200,
+        "a month is not over"
+    );
+
+    let past = gw.new_key(json!({"expires": "2020-01-01T00:00:00Z"})).await;
+    assert_eq!(gw.chat(&past, M, false).await.status, 401);
+    let future = gw.new_key(json!({"expires": "2999-01-01 00:00:00"})).await;
+    assert_eq!(gw.chat(&future, M, false).await.status, 200);
+    for (body, param) in [
+        (json!({"duration": "soon"}), "duration"),
+        (json!({"expires": "tomorrow"}), "expires"),
+        (
+            json!({"duration": "1h", "expires": "2999-01-01"}),
+            "duration",
+        ),
+    ] {
+        let r = gw.post("/key/generate", Some(MASTER), body.clone()).await;
+        assert_eq!(r.status, 400, "{body}: {}", r.text());
+        assert_eq!(r.json()["error"]["param"], param, "{body}");
     }
 }

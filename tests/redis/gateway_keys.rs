@@ -166,6 +166,43 @@ async fn team_priority_set_on_one_gateway_applies_on_the_other() {
     );
 }
 
+/// A chosen key and an expiry made on A hold on B: the key works there, is taken there too, and
+/// a key past its `expires` gets B's 401.
+#[tokio::test]
+async fn chosen_keys_and_expiry_hold_on_every_gateway() {
+    let Some(redis) = RedisServer::start("chosen_keys_and_expiry_hold_on_every_gateway") else {
+        return;
+    };
+    let gw = pair(&single(&redis)).await;
+    let chosen = "sk-fleet-chosen-0123456789";
+    let r =
+        gw.a.post("/key/generate", Some(MASTER), json!({"key": chosen}))
+            .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(gw.b.chat(chosen, M, false).await.status, 200);
+    let r =
+        gw.b.post("/key/generate", Some(MASTER), json!({"key": chosen}))
+            .await;
+    assert_eq!(
+        r.status,
+        400,
+        "taken, on the other gateway too: {}",
+        r.text()
+    );
+    let past =
+        gw.a.new_key(json!({"expires": "2020-01-01T00:00:00Z"}))
+            .await;
+    let r = gw.b.chat(&past, M, false).await;
+    assert_eq!(r.status, 401, "{}", r.text());
+    assert!(
+        r.error_message().contains("Expired Key"),
+        "{}",
+        r.error_message()
+    );
+    let later = gw.a.new_key(json!({"duration": "1h"})).await;
+    assert_eq!(gw.b.chat(&later, M, false).await.status, 200);
+}
+
 /// A team's `models` made on A hold on B, through a fallback too: `cheap` (one request a minute,
 /// shared in Redis) falls back to `dear`, which the team may not use.
 #[tokio::test]

@@ -19,7 +19,7 @@ use tower_priority_limit::priority::Priority;
 use crate::api::keys::store_error;
 use crate::error::ApiError;
 use crate::gateway::Gateway;
-use crate::keys::{hashes_match, key_hash, ModelAccess};
+use crate::keys::{expiry, hashes_match, key_hash, ModelAccess};
 
 /// The authenticated caller, as a request extension.
 #[derive(Debug, Clone)]
@@ -72,6 +72,19 @@ pub(crate) async fn identify(
         return Ok((Caller::Master, None));
     }
     match gw.keys().resolve_token(token).await.map_err(store_error)? {
+        Some(resolved)
+            if resolved
+                .key
+                .expires_at
+                .is_some_and(|at| at <= gw.unix_secs()) =>
+        {
+            let at = resolved.key.expires_at.unwrap_or_default();
+            Err(ApiError::unauthorized(format!(
+                "Authentication Error - Expired Key. Key Expiry time {} and current time {}",
+                expiry::format_iso(at),
+                expiry::format_iso(gw.unix_secs())
+            )))
+        }
         Some(resolved) => Ok((
             Caller::Key(ModelAccess::of_key(resolved.key, resolved.team_models)),
             resolved.priority,

@@ -13,7 +13,7 @@ use serde_json::{json, Map, Value};
 use super::body::read_bounded;
 use crate::error::ApiError;
 use crate::gateway::Gateway;
-use crate::keys::{KeyRecord, KeyStoreError, TeamRecord};
+use crate::keys::{expiry, hashes_match, key_hash, KeyRecord, KeyStoreError, NewKey, TeamRecord};
 
 /// Parses a JSON object body (an empty body is an empty object).
 pub fn json_object(body: &Bytes) -> Result<Map<String, Value>, ApiError> {
@@ -52,7 +52,15 @@ fn opt_string(body: &Map<String, Value>, field: &'static str) -> Result<Option<S
 }
 
 /// The fields `/key/generate` honours; any other is refused by name ([`only_honoured`]).
-pub const KEY_FIELDS: [&str; 4] = ["key_alias", "metadata", "team_id", "models"];
+pub const KEY_FIELDS: [&str; 7] = [
+    "key",
+    "key_alias",
+    "metadata",
+    "team_id",
+    "models",
+    "duration",
+    "expires",
+];
 
 /// The fields `/team/new` honours.
 pub const TEAM_FIELDS: [&str; 4] = ["team_id", "team_alias", "metadata", "models"];
@@ -84,6 +92,48 @@ fn only_honoured(
         unknown.join(", "),
         honoured.join(", "),
     )))
+}
+
+/// A caller's own `key`: `sk-` and at least 16 more visible ASCII characters, not the master key.
+fn chosen_key(gw: &Gateway, body: &Map<String, Value>) -> Result<Option<String>, ApiError> {
+    let Some(key) = opt_string(body, "key")? else {
+        return Ok(None);
+    };
+    if gw
+        .master_key_hash()
+        .is_some_and(|master| hashes_match(key_hash(&key).as_str(), master))
+    {
+        return Err(
+            ApiError::bad_request("Unable to create key: the key is already in use.").param("key"),
+        );
+    }
+    let rest = key.strip_prefix("sk-").unwrap_or_default();
+    if rest.len() < 16 || key.len() > 256 || !rest.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(ApiError::bad_request(
+            "'key' must start with 'sk-' and have 16 to 253 more visible ASCII characters.",
+        )
+        .param("key"));
+    }
+    Ok(Some(key))
+}
+
+/// When the key expires: `duration` from now, or `expires` (an ISO 8601 date and time); not both.
+fn expires_at(body: &Map<String, Value>, now: u64) -> Result<Option<u64>, ApiError> {
+    let duration = opt_string(body, "duration")?;
+    let expires = opt_string(body, "expires")?;
+    match (duration, expires) {
+        (None, None) => Ok(None),
+        (Some(_), Some(_)) => Err(ApiError::bad_request(
+            "Give 'duration' or 'expires', not both: they say when the key expires.",
+        )
+        .param("duration")),
+        (Some(d), None) => expiry::after_duration(now, &d)
+            .map(Some)
+            .map_err(|e| ApiError::bad_request(e.to_string()).param("duration")),
+        (None, Some(e)) => expiry::parse_iso(&e)
+            .map(Some)
+            .map_err(|e| ApiError::bad_request(e.to_string()).param("expires")),
+    }
 }
 
 /// The body's `metadata`; its `priority`, when set, must be one of `priorities` (the config's).
@@ -183,6 +233,7 @@ fn key_json(record: &KeyRecord) -> Value {
         "team_id": record.team_id,
         "models": record.models,
         "created_at": record.created_at,
+        "expires": record.expires_at.map(expiry::format_iso),
     })
 }
 
@@ -204,16 +255,27 @@ pub async fn generate(
     only_honoured(&body, "/key/generate", &KEY_FIELDS)?;
     let models = models(&body)?;
     let priorities = gw.limiter().config().priorities().to_vec();
+    let chosen = chosen_key(&gw, &body)?;
+    let expires_at = expires_at(&body, gw.unix_secs())?;
     let (key, record) = gw
         .keys()
-        .generate_key(
-            opt_string(&body, "key_alias")?,
-            metadata(&body, &priorities)?,
-            opt_string(&body, "team_id")?,
+        .create_key(NewKey {
+            key: chosen,
+            key_alias: opt_string(&body, "key_alias")?,
+            metadata: metadata(&body, &priorities)?,
+            team_id: opt_string(&body, "team_id")?,
             models,
-        )
+            expires_at,
+        })
         .await
-        .map_err(store_error)?;
+        .map_err(|e| match e {
+            // A chosen key that exists already: the caller's mistake, said as LiteLLM does.
+            KeyStoreError::Exists(_) => {
+                ApiError::bad_request("Unable to create key: the key is already in use.")
+                    .param("key")
+            }
+            e => store_error(e),
+        })?;
     let mut out = key_json(&record);
     out["key"] = Value::String(key);
     Ok(Json(out))

@@ -198,6 +198,7 @@ mod tests {
             team_id: None,
             models: vec![],
             created_at: 0,
+            expires_at: None,
         })
     }
 

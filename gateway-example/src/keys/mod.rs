@@ -30,6 +30,7 @@
 //!   the price of keeping active keys working through an outage; shorten the constant to pay less.
 
 pub(crate) mod cache;
+pub mod expiry;
 pub mod local;
 pub mod redis;
 pub mod sqlite;
@@ -65,6 +66,10 @@ pub struct KeyRecord {
     pub models: Vec<String>,
     /// Unix seconds.
     pub created_at: u64,
+    /// When it stops working, in Unix seconds (`duration` or `expires` at creation); `None`:
+    /// never. (Records stored before keys could expire read as `None`.)
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_at: Option<u64>,
 }
 
 impl KeyRecord {
@@ -346,6 +351,23 @@ pub fn hashes_match(a: &str, b: &str) -> bool {
     bool::from(equal)
 }
 
+/// A key to create ([`KeyStore::create_key`]).
+#[derive(Debug, Clone, Default)]
+pub struct NewKey {
+    /// The key itself, when the caller chose it (checked by the caller: `sk-…`); else random.
+    pub key: Option<String>,
+    /// A human name.
+    pub key_alias: Option<String>,
+    /// Free-form metadata; `metadata.priority` is the key's priority.
+    pub metadata: Map<String, Value>,
+    /// The team it belongs to (which must exist).
+    pub team_id: Option<String>,
+    /// Models it may use; empty = all.
+    pub models: Vec<String>,
+    /// When it stops working, in Unix seconds.
+    pub expires_at: Option<u64>,
+}
+
 /// Keys and teams, on the embedded store or on Redis (see the module docs).
 #[derive(Debug)]
 pub struct KeyStore {
@@ -457,14 +479,32 @@ impl KeyStore {
         team_id: Option<String>,
         models: Vec<String>,
     ) -> Result<(String, Arc<KeyRecord>), KeyStoreError> {
-        let key = new_key()?;
-        let record = Arc::new(KeyRecord {
-            token: hash_key(&key),
+        self.create_key(NewKey {
+            key: None,
             key_alias,
             metadata,
             team_id,
             models,
+            expires_at: None,
+        })
+        .await
+    }
+
+    /// Creates the key `new` describes (a random one unless it names its own); returns the key
+    /// itself (shown once) and its record. A key that exists already is [`KeyStoreError::Exists`].
+    pub async fn create_key(&self, new: NewKey) -> Result<(String, Arc<KeyRecord>), KeyStoreError> {
+        let key = match new.key {
+            Some(key) => key,
+            None => new_key()?,
+        };
+        let record = Arc::new(KeyRecord {
+            token: hash_key(&key),
+            key_alias: new.key_alias,
+            metadata: new.metadata,
+            team_id: new.team_id,
+            models: new.models,
             created_at: now_secs(),
+            expires_at: new.expires_at,
         });
         match &self.backend {
             Backend::Local(l) => {
