@@ -355,8 +355,8 @@ async fn unhonoured_key_and_team_fields_are_refused_by_name() {
         ),
         (
             "/key/generate",
-            json!({"blocked": true, "duration": "1h"}),
-            "blocked",
+            json!({"blocked": true, "allowed_routes": ["/v1/embeddings"]}),
+            "allowed_routes",
         ),
         (
             "/key/generate",
@@ -477,4 +477,83 @@ async fn chosen_keys_and_expiry() {
         assert_eq!(r.status, 400, "{body}: {}", r.text());
         assert_eq!(r.json()["error"]["param"], param, "{body}");
     }
+}
+
+/// `/key/block`, `/key/unblock` and `/key/update` change a key in place: a blocked key gets a 401
+/// that says so until unblocked; an update changes only the fields it gives (models, expiry,
+/// alias), refuses the fields it does not honour, and is a 404 for a key that does not exist.
+#[tokio::test]
+async fn keys_are_blocked_unblocked_and_updated() {
+    let gw = Gw::start(&rpm10(), None).await;
+    let key = gw
+        .new_key(json!({"key_alias": "ci", "models": [M], "metadata": {"priority": "dev"}}))
+        .await;
+    let r = gw
+        .post("/key/block", Some(MASTER), json!({"key": key}))
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["blocked"], true);
+    let r = gw.chat(&key, M, false).await;
+    assert_eq!(r.status, 401);
+    assert!(
+        r.error_message().contains("Key is blocked"),
+        "{}",
+        r.error_message()
+    );
+    let r = gw
+        .post("/key/unblock", Some(MASTER), json!({"key": key}))
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(gw.chat(&key, M, false).await.status, 200);
+
+    // Kept off every model, then back; the alias and priority stay.
+    let r = gw
+        .post(
+            "/key/update",
+            Some(MASTER),
+            json!({"key": key, "models": ["other"]}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["key_alias"], "ci");
+    assert_eq!(r.json()["metadata"]["priority"], "dev");
+    assert_eq!(gw.chat(&key, M, false).await.status, 403);
+    let r = gw
+        .post(
+            "/key/update",
+            Some(MASTER),
+            json!({"key": key, "models": null, "duration": "10s"}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(gw.chat(&key, M, false).await.status, 200);
+    gw.clock.advance(std::time::Duration::from_secs(11));
+    assert_eq!(
+        gw.chat(&key, M, false).await.status,
+        401,
+        "expired by the update"
+    );
+
+    for (body, status) in [
+        (json!({"key": key, "rpm_limit": 1}), 400),
+        (json!({"key": key, "metadata": {"priority": "prdo"}}), 400),
+        (json!({"rpm": 1}), 400),
+        (json!({"key": "sk-no-such-key-0123456789"}), 404),
+    ] {
+        let r = gw.post("/key/update", Some(MASTER), body.clone()).await;
+        assert_eq!(r.status, status, "{body}: {}", r.text());
+    }
+    assert_eq!(
+        gw.post("/key/block", Some(MASTER), json!({"key": "sk-nope"}))
+            .await
+            .status,
+        404
+    );
+    // Master key only.
+    assert_eq!(
+        gw.post("/key/block", Some(&key), json!({"key": key}))
+            .await
+            .status,
+        401
+    );
 }

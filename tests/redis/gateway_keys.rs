@@ -203,6 +203,52 @@ async fn chosen_keys_and_expiry_hold_on_every_gateway() {
     assert_eq!(gw.b.chat(&later, M, false).await.status, 200);
 }
 
+/// A key blocked or updated on A is refused, or changed, on B within the cache TTL.
+#[tokio::test]
+async fn a_key_blocked_or_updated_on_one_gateway_changes_on_the_other_within_a_second() {
+    let Some(redis) = RedisServer::start("a_key_blocked_or_updated_on_one_gateway") else {
+        return;
+    };
+    let gw = pair(&single(&redis)).await;
+    let key = gw.a.new_key(json!({})).await;
+    assert_eq!(gw.b.chat(&key, M, false).await.status, 200, "cached on B");
+    let r =
+        gw.a.post("/key/block", Some(MASTER), json!({"key": key}))
+            .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(
+        gw.a.chat(&key, M, false).await.status,
+        401,
+        "at once where it was blocked"
+    );
+    let took = within(KEY_CACHE_TTL * 3, "B refuses the blocked key", || async {
+        gw.b.chat(&key, M, false).await.status == 401
+    })
+    .await;
+    assert!(
+        took <= KEY_CACHE_TTL + Duration::from_millis(500),
+        "{took:?}"
+    );
+    let r =
+        gw.b.post("/key/unblock", Some(MASTER), json!({"key": key}))
+            .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let r =
+        gw.b.post(
+            "/key/update",
+            Some(MASTER),
+            json!({"key": key, "models": ["other"]}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    within(
+        KEY_CACHE_TTL * 3,
+        "A holds the key to its new models",
+        || async { gw.a.chat(&key, M, false).await.status == 403 },
+    )
+    .await;
+}
+
 /// A team's `models` made on A hold on B, through a fallback too: `cheap` (one request a minute,
 /// shared in Redis) falls back to `dear`, which the team may not use.
 #[tokio::test]

@@ -72,6 +72,9 @@ pub(crate) async fn identify(
         return Ok((Caller::Master, None));
     }
     match gw.keys().resolve_token(token).await.map_err(store_error)? {
+        Some(resolved) if resolved.key.blocked => Err(ApiError::unauthorized(
+            "Authentication Error - Key is blocked. Update via `/key/unblock` if you're admin.",
+        )),
         Some(resolved)
             if resolved
                 .key

@@ -52,7 +52,7 @@ fn opt_string(body: &Map<String, Value>, field: &'static str) -> Result<Option<S
 }
 
 /// The fields `/key/generate` honours; any other is refused by name ([`only_honoured`]).
-pub const KEY_FIELDS: [&str; 7] = [
+pub const KEY_FIELDS: [&str; 8] = [
     "key",
     "key_alias",
     "metadata",
@@ -60,6 +60,18 @@ pub const KEY_FIELDS: [&str; 7] = [
     "models",
     "duration",
     "expires",
+    "blocked",
+];
+
+/// The fields `/key/update` honours (`key` names the key to change).
+pub const KEY_UPDATE_FIELDS: [&str; 7] = [
+    "key",
+    "key_alias",
+    "metadata",
+    "models",
+    "duration",
+    "expires",
+    "blocked",
 ];
 
 /// The fields `/team/new` honours.
@@ -137,6 +149,16 @@ fn expires_at(body: &Map<String, Value>, now: u64) -> Result<Option<u64>, ApiErr
 }
 
 /// The body's `metadata`; its `priority`, when set, must be one of `priorities` (the config's).
+fn opt_bool(body: &Map<String, Value>, field: &'static str) -> Result<Option<bool>, ApiError> {
+    match body.get(field) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Bool(b)) => Ok(Some(*b)),
+        Some(_) => {
+            Err(ApiError::bad_request(format!("'{field}' must be true or false.")).param(field))
+        }
+    }
+}
+
 fn metadata(
     body: &Map<String, Value>,
     priorities: &[std::sync::Arc<str>],
@@ -234,6 +256,7 @@ fn key_json(record: &KeyRecord) -> Value {
         "models": record.models,
         "created_at": record.created_at,
         "expires": record.expires_at.map(expiry::format_iso),
+        "blocked": record.blocked,
     })
 }
 
@@ -266,6 +289,7 @@ pub async fn generate(
             team_id: opt_string(&body, "team_id")?,
             models,
             expires_at,
+            blocked: opt_bool(&body, "blocked")?.unwrap_or(false),
         })
         .await
         .map_err(|e| match e {
@@ -358,4 +382,107 @@ pub async fn team_info(
     Ok(Json(
         json!({"team_id": team.team_id, "team_info": team_json(&team)}),
     ))
+}
+
+/// The key a `/key/update`, `/key/block` or `/key/unblock` body names.
+fn named_key(body: &Map<String, Value>) -> Result<String, ApiError> {
+    opt_string(body, "key")?
+        .ok_or_else(|| ApiError::bad_request("Missing required field 'key'.").param("key"))
+}
+
+/// Applies `change` to the key `key`: its new record, or a 404.
+async fn change_key(
+    gw: &Gateway,
+    key: &str,
+    change: impl Fn(&KeyRecord) -> Result<KeyRecord, KeyStoreError> + Send + Sync + 'static,
+) -> Result<Json<Value>, ApiError> {
+    let record = gw
+        .keys()
+        .update_key(key, change)
+        .await
+        .map_err(store_error)?
+        .ok_or_else(|| ApiError::new(StatusCode::NOT_FOUND, "not_found_error", "Key not found."))?;
+    let mut out = key_json(&record);
+    out["key"] = Value::String(key.to_owned());
+    Ok(Json(out))
+}
+
+/// `POST /key/update {"key", ...}`: changes the fields given (those of [`KEY_UPDATE_FIELDS`]);
+/// the others stay. Every gateway of a fleet sees it within a second.
+pub async fn update(
+    State(gw): State<Arc<Gateway>>,
+    JsonBody(body): JsonBody,
+) -> Result<Json<Value>, ApiError> {
+    only_honoured(&body, "/key/update", &KEY_UPDATE_FIELDS)?;
+    let key = named_key(&body)?;
+    let priorities = gw.limiter().config().priorities().to_vec();
+    let key_alias = body
+        .contains_key("key_alias")
+        .then(|| opt_string(&body, "key_alias"))
+        .transpose()?;
+    let metadata = body
+        .contains_key("metadata")
+        .then(|| metadata(&body, &priorities))
+        .transpose()?;
+    let models = body
+        .contains_key("models")
+        .then(|| models(&body))
+        .transpose()?;
+    let expires = (body.contains_key("duration") || body.contains_key("expires"))
+        .then(|| expires_at(&body, gw.unix_secs()))
+        .transpose()?;
+    let blocked = opt_bool(&body, "blocked")?;
+    change_key(&gw, &key, move |current| {
+        let mut record = current.clone();
+        if let Some(alias) = &key_alias {
+            record.key_alias.clone_from(alias);
+        }
+        if let Some(metadata) = &metadata {
+            record.metadata.clone_from(metadata);
+        }
+        if let Some(models) = &models {
+            record.models.clone_from(models);
+        }
+        if let Some(expires) = expires {
+            record.expires_at = expires;
+        }
+        if let Some(blocked) = blocked {
+            record.blocked = blocked;
+        }
+        Ok(record)
+    })
+    .await
+}
+
+/// `POST /key/block {"key"}`: the key is refused (401) until unblocked, on every gateway within
+/// a second.
+pub async fn block(
+    State(gw): State<Arc<Gateway>>,
+    JsonBody(body): JsonBody,
+) -> Result<Json<Value>, ApiError> {
+    only_honoured(&body, "/key/block", &["key"])?;
+    let key = named_key(&body)?;
+    change_key(&gw, &key, |current| {
+        Ok(KeyRecord {
+            blocked: true,
+            ..current.clone()
+        })
+    })
+    .await
+}
+
+/// `POST /key/unblock {"key"}`: serves the key again.
+pub async fn unblock(
+    State(gw): State<Arc<Gateway>>,
+    JsonBody(body): JsonBody,
+) -> Result<Json<Value>, ApiError> {
+    only_honoured(&body, "/key/unblock", &["key"])?;
+    let key = named_key(&body)?;
+    change_key(&gw, &key, |current| {
+        Ok(KeyRecord {
+            blocked: false,
+            ..current.clone()
+        })
+    })
+    .await
 }

@@ -123,6 +123,7 @@ mod tests {
                 models: vec![],
                 created_at: 0,
                 expires_at: None,
+                blocked: false,
             }),
             None,
         )

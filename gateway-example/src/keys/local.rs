@@ -112,6 +112,27 @@ impl LocalStore {
         Ok(())
     }
 
+    /// Replaces the record of the key with hash `token` by what `change` makes of it; `None` when
+    /// there is no such key. Blocks on the disk.
+    pub fn update_key(
+        &self,
+        token: &str,
+        change: impl FnOnce(&KeyRecord) -> Result<KeyRecord, KeyStoreError>,
+    ) -> Result<Option<Arc<KeyRecord>>, KeyStoreError> {
+        let mut writer = self.writer();
+        let Some(current) = self.read().keys.get(token).map(|k| k.record.clone()) else {
+            return Ok(None);
+        };
+        let record = Arc::new(change(&current)?);
+        if let Some(db) = writer.as_mut() {
+            db.replace_key(&record)?;
+        }
+        self.index_mut()
+            .keys
+            .insert(record.token.clone(), PriorityOf::key(record.clone()));
+        Ok(Some(record))
+    }
+
     /// Resolves a key by its hash (from memory: never waits on a write).
     pub fn resolve(&self, token: &str) -> Option<Resolved> {
         let index = self.read();
@@ -199,6 +220,7 @@ mod tests {
             models: vec![],
             created_at: 0,
             expires_at: None,
+            blocked: false,
         })
     }
 

@@ -66,10 +66,13 @@ pub struct KeyRecord {
     pub models: Vec<String>,
     /// Unix seconds.
     pub created_at: u64,
-    /// When it stops working, in Unix seconds (`duration` or `expires` at creation); `None`:
-    /// never. (Records stored before keys could expire read as `None`.)
+    /// When it stops working, in Unix seconds (`duration` or `expires`); `None`: never. (Records
+    /// stored before keys could expire read as `None`.)
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expires_at: Option<u64>,
+    /// Blocked (`/key/block`): refused until unblocked.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub blocked: bool,
 }
 
 impl KeyRecord {
@@ -366,6 +369,8 @@ pub struct NewKey {
     pub models: Vec<String>,
     /// When it stops working, in Unix seconds.
     pub expires_at: Option<u64>,
+    /// Made blocked.
+    pub blocked: bool,
 }
 
 /// Keys and teams, on the embedded store or on Redis (see the module docs).
@@ -486,6 +491,7 @@ impl KeyStore {
             team_id,
             models,
             expires_at: None,
+            blocked: false,
         })
         .await
     }
@@ -505,6 +511,7 @@ impl KeyStore {
             models: new.models,
             created_at: now_secs(),
             expires_at: new.expires_at,
+            blocked: new.blocked,
         });
         match &self.backend {
             Backend::Local(l) => {
@@ -537,6 +544,22 @@ impl KeyStore {
         match &self.backend {
             Backend::Local(l) => Ok(l.resolve(&token).map(|r| r.key)),
             Backend::Redis(r) => r.key(&token).await,
+        }
+    }
+
+    /// Changes the record of `key` (given as the key itself) with `change`; `None` when there is
+    /// no such key. On Redis every gateway sees it within [`KEY_CACHE_TTL`].
+    pub async fn update_key(
+        &self,
+        key: &str,
+        change: impl Fn(&KeyRecord) -> Result<KeyRecord, KeyStoreError> + Send + Sync + 'static,
+    ) -> Result<Option<Arc<KeyRecord>>, KeyStoreError> {
+        let token = hash_key(key);
+        match &self.backend {
+            Backend::Local(l) => {
+                write(&self.write_turn, l, move |l| l.update_key(&token, change)).await
+            }
+            Backend::Redis(r) => r.update_key(&token, change).await,
         }
     }
 

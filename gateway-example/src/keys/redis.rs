@@ -254,6 +254,55 @@ impl RedisKeys {
         }
     }
 
+    /// Replaces the record of the key with hash `token` by what `change` makes of it, unless it
+    /// changed (or was deleted) meanwhile on another gateway: the write is a compare-and-set, tried
+    /// again on a fresh read a few times. `None` when there is no such key. Other gateways see the
+    /// change within [`super::KEY_CACHE_TTL`], this one at once.
+    pub async fn update_key(
+        &self,
+        token: &str,
+        change: impl Fn(&KeyRecord) -> Result<KeyRecord, KeyStoreError>,
+    ) -> Result<Option<Arc<KeyRecord>>, KeyStoreError> {
+        const TRIES: usize = 5;
+        let swap = ::redis::Script::new(
+            "if redis.call('HGET', KEYS[1], ARGV[1]) == ARGV[2] then \
+               redis.call('HSET', KEYS[1], ARGV[1], ARGV[3]) return 1 \
+             end return 0",
+        );
+        for _ in 0..TRIES {
+            let old: Option<String> = self
+                .query(::redis::cmd("HGET").arg(&self.keys_hash).arg(token))
+                .await?;
+            let Some(old) = old else {
+                return Ok(None);
+            };
+            let current: KeyRecord = serde_json::from_str(&old).map_err(|e| {
+                KeyStoreError::Corrupt(format!("{} field {token}: {e}", self.keys_hash))
+            })?;
+            if !hashes_match(&current.token, token) {
+                return Ok(None);
+            }
+            let record = change(&current)?;
+            let json = serde_json::to_string(&record)
+                .map_err(|e| KeyStoreError::Corrupt(format!("encoding a key record: {e}")))?;
+            let mut invocation = swap.key(&self.keys_hash);
+            invocation.arg(token).arg(&old).arg(&json);
+            let swapped: i64 = self
+                .bounded(|mut conn| {
+                    let invocation = &invocation;
+                    async move { invocation.invoke_async(&mut conn).await }
+                })
+                .await?;
+            if swapped == 1 {
+                self.cache.delete(&[token.to_owned()]);
+                return Ok(Some(Arc::new(record)));
+            }
+        }
+        Err(KeyStoreError::Unavailable(format!(
+            "the key changed on another gateway during each of {TRIES} tries to update it"
+        )))
+    }
+
     /// The key and its team from Redis.
     async fn load(&self, token: &str) -> Result<Option<Resolved>, KeyStoreError> {
         let Some(key) = self.key(token).await? else {

@@ -343,6 +343,16 @@ impl Db {
         }
     }
 
+    /// Replaces a key's record (the key exists: the caller checked); committed when this returns.
+    pub(crate) fn replace_key(&mut self, record: &KeyRecord) -> Result<(), KeyStoreError> {
+        let json = to_json(record).map_err(|e| self.write_error("updating a key", &e))?;
+        self.conn
+            .prepare_cached("UPDATE keys SET record = ?2 WHERE token = ?1")
+            .and_then(|mut update| update.execute((&record.token, json)))
+            .map(|_| ())
+            .map_err(|e| self.write_error("updating a key", &e))
+    }
+
     /// Deletes keys by hash, all in one transaction.
     pub(crate) fn delete_keys(&mut self, tokens: &[&str]) -> Result<(), KeyStoreError> {
         let result = (|| {
