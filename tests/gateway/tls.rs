@@ -7,13 +7,13 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use bytes::Bytes;
-use gateway_example::upstream::client::Client;
 use http_body_util::BodyExt;
 use integration_tests::external::{available, unique_temp_path};
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::Notify;
+use upstream_client::Client;
 
 /// A certificate for `127.0.0.1` and its key, made by `openssl` in a scratch directory.
 fn certificate() -> (CertificateDer<'static>, PrivateKeyDer<'static>) {

@@ -30,11 +30,8 @@ use crate::error::ApiError;
 use crate::idle::IdleBody;
 use crate::signal::{streams_end, StreamsEnd};
 
-pub mod client;
-mod http1;
-
-use client::{Client, ClientError, KeepHeaders, Route, UpstreamBody};
 use http::HeaderName;
+use upstream_client::{Client, ClientError, KeepHeaders, Route, UpstreamBody};
 
 /// What [`Upstream::forward`] sends to one deployment that is the same for every request, worked
 /// out once when the gateway starts (a deployment's target cannot change without a restart): the
@@ -116,8 +113,6 @@ impl Prepared {
 /// The `anthropic-version` sent to Anthropic deployments when the client sends none.
 pub const ANTHROPIC_VERSION: &str = "2023-06-01";
 
-/// Time allowed to open a TCP connection to an upstream.
-pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Error bodies from upstreams are read up to this size.
 const MAX_ERROR_BODY: usize = 1024 * 1024;
 /// The deadline of a time too long to add to now: about 30 years, as tokio's timeouts take it.

@@ -1,0 +1,183 @@
+//! The client: a request sent on a kept connection or a new one, its response head read, its
+//! body handed back to be read by whoever polls it.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+use http::{Request, Response, Uri};
+use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioIo;
+use tower::Service;
+
+use crate::body::UpstreamBody;
+use crate::conn::{Conn, HEAD_SIZE, READ_SIZE};
+use crate::error::ClientError;
+use crate::pool::{checkout, Pool};
+use crate::route::Route;
+use crate::wire::{write_request_head, KeepHeaders, EVERY_HEADER};
+
+/// The longest body copied after its head into one buffer for a plain write; a longer one goes
+/// beside it in a vectored write. Copying a few KiB costs less than the kernel's walk of a second
+/// piece, and the buffer, kept by its connection, stays small.
+/// Time allowed to open a TCP connection to an upstream.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+const COPIED_BODY: usize = 4 * 1024;
+
+/// The client: cheap to clone (the connector and the idle lists are shared).
+#[derive(Clone)]
+pub struct Client {
+    connector: HttpsConnector<HttpConnector>,
+    pub(crate) pool: Arc<Pool>,
+}
+
+impl std::fmt::Debug for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Client").finish_non_exhaustive()
+    }
+}
+
+impl Default for Client {
+    /// Connections opened within [`CONNECT_TIMEOUT`], with
+    /// `TCP_NODELAY`, to `http://` and `https://` URLs (TLS with the Mozilla root store bundled,
+    /// so no system certificates are needed).
+    fn default() -> Self {
+        let mut http = HttpConnector::new();
+        http.set_connect_timeout(Some(CONNECT_TIMEOUT));
+        http.set_nodelay(true);
+        http.enforce_http(false);
+        let connector = HttpsConnectorBuilder::new()
+            .with_webpki_roots()
+            .https_or_http()
+            .enable_http1()
+            .wrap_connector(http);
+        Self::new(connector)
+    }
+}
+
+impl Client {
+    /// A client that opens its connections with `connector`.
+    pub fn new(connector: HttpsConnector<HttpConnector>) -> Self {
+        Self {
+            connector,
+            pool: Arc::default(),
+        }
+    }
+
+    /// Sends `request` (its URI absolute: `http[s]://host[:port]/path`) and returns the response,
+    /// its body still to come: [`send`](Self::send) on the request's [`Route`], worked out here.
+    pub async fn request(
+        &self,
+        request: Request<Bytes>,
+    ) -> Result<Response<UpstreamBody>, ClientError> {
+        let route = Route::new(request.uri().clone())?;
+        self.send(&route, request).await
+    }
+
+    /// Sends `request` to `route` (the request's own URI is replaced by the route's path) and
+    /// returns the response, its body still to come. It goes out in origin form with the route's
+    /// `Host` header unless the request has one, and with its `content-length`.
+    pub async fn send(
+        &self,
+        route: &Route,
+        request: Request<Bytes>,
+    ) -> Result<Response<UpstreamBody>, ClientError> {
+        self.send_keeping(route, request, EVERY_HEADER).await
+    }
+
+    /// [`send`](Self::send), the response's header map holding only the lines `keep` wants (the
+    /// others are not built; the body's framing is read from them all).
+    pub async fn send_keeping(
+        &self,
+        route: &Route,
+        request: Request<Bytes>,
+        keep: KeepHeaders,
+    ) -> Result<Response<UpstreamBody>, ClientError> {
+        let (parts, body) = request.into_parts();
+        let host = (!parts.headers.contains_key(http::header::HOST)).then_some(&route.host);
+        let idle = route.idle.get_or_init(|| self.pool.idle(&route.key));
+        loop {
+            let (mut conn, reused) = match checkout(idle).await {
+                Some(conn) => (conn, true),
+                None => (self.connect(&route.url).await?, false),
+            };
+            // The head into the connection's own buffer, and a small body after it: one plain
+            // write (as the server side does, see server.rs). A larger body is not copied: it
+            // goes beside the head in one vectored write.
+            conn.head.clear();
+            write_request_head(
+                &mut conn.head,
+                &parts.method,
+                route.path.as_str(),
+                host,
+                |out| route.headers.write(out, &parts.headers),
+                &parts.headers,
+                body.len(),
+            );
+            let rest = if body.len() <= COPIED_BODY {
+                conn.head.extend_from_slice(&body);
+                &[][..]
+            } else {
+                &body[..]
+            };
+            let (head, whole) = match conn.write_request(rest, &parts.method, keep).await {
+                Ok(None) => (conn.read_head(&parts.method, keep).await?, true),
+                Ok(Some(early)) => (early, false),
+                // The upstream closed a kept connection before any of the request went out on
+                // it: it saw nothing, so a new connection is tried.
+                Err((false, _)) if reused => continue,
+                Err((_, e)) => return Err(e),
+            };
+            let mut response = Response::new(UpstreamBody::new(
+                conn,
+                head.framing,
+                head.keep_alive && whole,
+                Arc::clone(idle),
+            ));
+            *response.status_mut() = head.status;
+            *response.headers_mut() = head.headers;
+            *response.version_mut() = head.version;
+            return Ok(response);
+        }
+    }
+
+    async fn connect(&self, target: &Uri) -> Result<Conn, ClientError> {
+        let io = self
+            .connector
+            .clone()
+            .call(target.clone())
+            .await
+            .map_err(ClientError::Connect)?;
+        Ok(Conn {
+            io: Box::new(TokioIo::new(io)),
+            read: BytesMut::with_capacity(READ_SIZE),
+            head: Vec::with_capacity(HEAD_SIZE),
+            idle_since: Instant::now(),
+        })
+    }
+}
+
+/// The client as a `tower` service: [`Client::request`], its URI absolute. Always ready (the
+/// pool has no bound to wait for); each call boxes its future, so the gateway's own path calls
+/// [`Client::send_keeping`] on a kept [`Route`] instead.
+impl Service<Request<Bytes>> for Client {
+    type Response = Response<UpstreamBody>;
+    type Error = ClientError;
+    type Future = std::pin::Pin<
+        Box<dyn std::future::Future<Output = Result<Response<UpstreamBody>, ClientError>> + Send>,
+    >;
+
+    fn poll_ready(
+        &mut self,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), ClientError>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: Request<Bytes>) -> Self::Future {
+        let client = self.clone();
+        Box::pin(async move { client.request(request).await })
+    }
+}
