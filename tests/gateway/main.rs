@@ -5,6 +5,7 @@
 
 mod accounting;
 mod bad_input;
+mod compression;
 mod endpoints;
 mod keys;
 mod metrics;

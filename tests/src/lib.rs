@@ -24,6 +24,7 @@ pub mod external;
 pub mod gateway;
 pub mod http;
 pub mod keys;
+pub mod nginx;
 pub mod prometheus;
 pub mod redis;
 pub mod upstream;

@@ -52,6 +52,9 @@ pub enum BodyError {
     Io(io::Error),
     /// The body's framing is broken, or the connection closed before its end.
     Protocol(ProtocolError),
+    /// The body does not decode from its `Content-Encoding` (see
+    /// [`DecodedBody`](crate::DecodedBody)), or ends before its encoding does.
+    Decode(io::Error),
 }
 
 impl std::fmt::Display for BodyError {
@@ -59,6 +62,7 @@ impl std::fmt::Display for BodyError {
         match self {
             BodyError::Io(e) => write!(f, "error reading the response body: {e}"),
             BodyError::Protocol(e) => write!(f, "error reading the response body: {e}"),
+            BodyError::Decode(e) => write!(f, "error decoding the response body: {e}"),
         }
     }
 }
@@ -66,7 +70,7 @@ impl std::fmt::Display for BodyError {
 impl std::error::Error for BodyError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
-            BodyError::Io(e) => Some(e),
+            BodyError::Io(e) | BodyError::Decode(e) => Some(e),
             BodyError::Protocol(e) => Some(e),
         }
     }

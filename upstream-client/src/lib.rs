@@ -24,7 +24,7 @@
 //! | level | module | what it holds |
 //! |---|---|---|
 //! | 1 | `client` | [`Client`]: a request on a kept or new connection, its head written and its answer's read; `tower::Service` |
-//! | 2 | `route` | [`Route`]: a URL worked out once (its idle list, `Host`, path, header lines) |
+//! | 2 | `route`, `decode` | [`Route`]: a URL worked out once (its idle list, `Host`, path, header lines); [`ContentCoding`] and [`DecodedBody`]: a body in gzip, deflate or brotli decoded as it is read, an identity body passed through |
 //! | 3 | `body` | [`UpstreamBody`]: a response body decoded from its connection as it is polled; the connection given back at its end |
 //! | 4 | `pool` | the idle connections per upstream, their checkout and the sweep |
 //! | 5 | `conn` | one connection: its stream, read buffer, request writing and head reading |
@@ -55,6 +55,7 @@
 mod body;
 mod client;
 mod conn;
+mod decode;
 mod error;
 mod pool;
 mod route;
@@ -65,6 +66,7 @@ mod tests;
 
 pub use body::UpstreamBody;
 pub use client::{Client, CONNECT_TIMEOUT};
+pub use decode::{ContentCoding, DecodedBody, UnsupportedCoding, MAX_DECODED_FRAME};
 pub use error::{BodyError, ClientError};
 pub use pool::IDLE_TIMEOUT;
 pub use route::Route;

@@ -3,7 +3,10 @@
 //! `Authorization: Bearer`; Anthropic deployments get messages at `{api_base}/v1/messages` with
 //! `x-api-key` and `anthropic-version` (the client's, else [`ANTHROPIC_VERSION`]). Model name
 //! mapping, usage requested on streams that report it only when asked, bodies streamed through
-//! chunk by chunk, timeouts, and upstream errors in the OpenAI shape.
+//! chunk by chunk, timeouts, and upstream errors in the OpenAI shape. Upstreams are asked for
+//! `identity`; an answer in gzip, deflate or brotli anyway is decoded on its way (so the meter reads
+//! its text and the client gets it without a `Content-Encoding`), one in another coding is a
+//! failure (502).
 //!
 //! Timeouts of one attempt: its response head and first body bytes must come within the time the
 //! attempt was given (the deployment's `timeout`, or less when the request's attempts have less
@@ -18,7 +21,9 @@ use std::time::Duration;
 use axum::body::Body;
 use axum::response::Response;
 use bytes::Bytes;
-use http::header::{Entry, ACCEPT_ENCODING, AUTHORIZATION, CONTENT_TYPE, RETRY_AFTER};
+use http::header::{
+    Entry, ACCEPT_ENCODING, AUTHORIZATION, CONTENT_ENCODING, CONTENT_TYPE, RETRY_AFTER,
+};
 use http::{HeaderMap, HeaderValue, Method, Request, StatusCode};
 use http_body_util::{BodyExt, Limited};
 use serde_json::Value;
@@ -31,7 +36,7 @@ use crate::idle::IdleBody;
 use crate::signal::{streams_end, StreamsEnd};
 
 use http::HeaderName;
-use upstream_client::{Client, ClientError, KeepHeaders, Route, UpstreamBody};
+use upstream_client::{Client, ClientError, ContentCoding, DecodedBody, KeepHeaders, Route};
 
 /// What [`Upstream::forward`] sends to one deployment that is the same for every request, worked
 /// out once when the gateway starts (a deployment's target cannot change without a restart): the
@@ -69,7 +74,7 @@ impl Prepared {
         // What every request to the deployment carries, written once into each route.
         let mut headers = HeaderMap::with_capacity(4);
         headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-        // Compressed bytes could not be metered.
+        // Compressed bytes could not be metered; one that answers encoded anyway is decoded.
         headers.insert(ACCEPT_ENCODING, HeaderValue::from_static("identity"));
         // Keys that cannot be a header value are refused when the config is loaded.
         let key = api_key.as_ref().and_then(|key| {
@@ -511,7 +516,29 @@ impl Upstream {
             Ok(Ok(response)) => response,
         };
 
-        let (mut parts, mut body) = response.into_parts();
+        let (mut parts, body) = response.into_parts();
+        // An upstream may encode its answer although asked for `identity`: the body is decoded
+        // here (the meter reads text, and the client gets what the head now says, no coding).
+        let coding = match ContentCoding::of(&parts.headers) {
+            Ok(ContentCoding::Identity) => ContentCoding::Identity,
+            Ok(coding) => {
+                parts.headers.remove(CONTENT_ENCODING);
+                coding
+            }
+            Err(e) => {
+                tracing::warn!(upstream = %url(), error = %e, "upstream answer cannot be decoded");
+                return Err(UpstreamFailure::without_response(ApiError::new(
+                    StatusCode::BAD_GATEWAY,
+                    "api_connection_error",
+                    format!(
+                        "Upstream for {} answered {}, but {e}.",
+                        deployment.model_name,
+                        parts.status.as_u16()
+                    ),
+                )));
+            }
+        };
+        let mut body = DecodedBody::new(body, coding);
         if !parts.status.is_success() {
             return Err(UpstreamFailure {
                 status: Some(parts.status),
@@ -616,11 +643,13 @@ const ANSWER_HEADERS: KeepHeaders = KeepHeaders {
     room: crate::chat::ANSWER_HEADERS,
 };
 
-/// The headers of an upstream's answer read here: its content type, `retry-after` on a refusal,
-/// and the [`RATE_LIMIT_PREFIX`] ones the router learns from. The others (a provider's request
+/// The headers of an upstream's answer read here: its content type, its content encoding (to
+/// decode it), `retry-after` on a refusal, and the [`RATE_LIMIT_PREFIX`] ones the router learns
+/// from. The others (a provider's request
 /// id, timings, cookies, ...) are not passed on, so the client does not build them.
 fn read_here(name: &[u8]) -> bool {
     name.eq_ignore_ascii_case(b"content-type")
+        || name.eq_ignore_ascii_case(b"content-encoding")
         || name.eq_ignore_ascii_case(b"retry-after")
         || name
             .get(..RATE_LIMIT_PREFIX.len())
@@ -643,7 +672,7 @@ fn upstream_url(api_base: &str, api: Api, endpoint: crate::endpoint::Endpoint) -
 /// that says what came back.
 async fn upstream_error(
     status: StatusCode,
-    body: UpstreamBody,
+    body: DecodedBody,
     deployment: &Deployment,
     within: Duration,
     secrets: &Secrets,
@@ -739,6 +768,7 @@ mod tests {
         for name in [
             "content-type",
             "Content-Type",
+            "Content-Encoding",
             "retry-after",
             "x-ratelimit-remaining-requests",
             "X-RateLimit-Reset-Tokens",
