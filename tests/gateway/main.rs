@@ -6,6 +6,7 @@
 mod accounting;
 mod bad_input;
 mod compression;
+mod connection_errors;
 mod endpoints;
 mod keys;
 mod metrics;

@@ -138,14 +138,7 @@ async fn an_https_upstream_streams_and_its_connection_is_kept_then_replaced() {
         .unwrap()
         .with_root_certificates(roots)
         .with_no_client_auth();
-    let mut http = hyper_util::client::legacy::connect::HttpConnector::new();
-    http.enforce_http(false);
-    let connector = hyper_rustls::HttpsConnectorBuilder::new()
-        .with_tls_config(tls)
-        .https_only()
-        .enable_http1()
-        .wrap_connector(http);
-    let client = Client::new(connector);
+    let client = Client::with_tls(tls);
     let send = |path: &str| {
         let request = http::Request::post(format!("https://{addr}{path}"))
             .body(Bytes::new())

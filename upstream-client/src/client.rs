@@ -5,31 +5,30 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
-use http::{Request, Response, Uri};
-use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioIo;
+use http::{Request, Response};
 use tower::Service;
 
 use crate::body::UpstreamBody;
 use crate::conn::{Conn, HEAD_SIZE, READ_SIZE};
+use crate::connect::{default_tls, Connector};
 use crate::error::ClientError;
-use crate::pool::{checkout, Pool};
+use crate::pool::{checkout, Key, Pool};
 use crate::route::Route;
 use crate::wire::{write_request_head, KeepHeaders, EVERY_HEADER};
+
+/// Time allowed to open a connection to an upstream (TCP, and the TLS handshake for `https`),
+/// unless [`Client::with_connect_timeout`] says otherwise.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The longest body copied after its head into one buffer for a plain write; a longer one goes
 /// beside it in a vectored write. Copying a few KiB costs less than the kernel's walk of a second
 /// piece, and the buffer, kept by its connection, stays small.
-/// Time allowed to open a TCP connection to an upstream.
-pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
-
 const COPIED_BODY: usize = 4 * 1024;
 
 /// The client: cheap to clone (the connector and the idle lists are shared).
 #[derive(Clone)]
 pub struct Client {
-    connector: HttpsConnector<HttpConnector>,
+    connector: Connector,
     pub(crate) pool: Arc<Pool>,
 }
 
@@ -40,30 +39,35 @@ impl std::fmt::Debug for Client {
 }
 
 impl Default for Client {
-    /// Connections opened within [`CONNECT_TIMEOUT`], with
-    /// `TCP_NODELAY`, to `http://` and `https://` URLs (TLS with the Mozilla root store bundled,
-    /// so no system certificates are needed).
+    /// Connections opened within [`CONNECT_TIMEOUT`], with `TCP_NODELAY`, to `http://` and
+    /// `https://` URLs (TLS 1.2 and 1.3 with the Mozilla root store bundled, so no system
+    /// certificates are needed).
     fn default() -> Self {
-        let mut http = HttpConnector::new();
-        http.set_connect_timeout(Some(CONNECT_TIMEOUT));
-        http.set_nodelay(true);
-        http.enforce_http(false);
-        let connector = HttpsConnectorBuilder::new()
-            .with_webpki_roots()
-            .https_or_http()
-            .enable_http1()
-            .wrap_connector(http);
-        Self::new(connector)
+        Self::with_tls(default_tls())
     }
 }
 
 impl Client {
-    /// A client that opens its connections with `connector`.
-    pub fn new(connector: HttpsConnector<HttpConnector>) -> Self {
+    /// A client whose `https` connections use `tls` (its own roots, a client certificate); its
+    /// ALPN is set to HTTP/1.1 when it offers nothing.
+    pub fn with_tls(mut tls: rustls::ClientConfig) -> Self {
+        if tls.alpn_protocols.is_empty() {
+            tls.alpn_protocols = vec![b"http/1.1".to_vec()];
+        }
         Self {
-            connector,
+            connector: Connector {
+                timeout: CONNECT_TIMEOUT,
+                tls: Arc::new(tls).into(),
+            },
             pool: Arc::default(),
         }
+    }
+
+    /// This client with connections (TCP and the TLS handshake) opened within `timeout`, not
+    /// [`CONNECT_TIMEOUT`].
+    pub fn with_connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connector.timeout = timeout;
+        self
     }
 
     /// Sends `request` (its URI absolute: `http[s]://host[:port]/path`) and returns the response,
@@ -101,7 +105,7 @@ impl Client {
         loop {
             let (mut conn, reused) = match checkout(idle).await {
                 Some(conn) => (conn, true),
-                None => (self.connect(&route.url).await?, false),
+                None => (self.connect(&route.key).await?, false),
             };
             // The head into the connection's own buffer, and a small body after it: one plain
             // write (as the server side does, see server.rs). A larger body is not copied: it
@@ -123,11 +127,16 @@ impl Client {
                 &body[..]
             };
             let (head, whole) = match conn.write_request(rest, &parts.method, keep).await {
-                Ok(None) => (conn.read_head(&parts.method, keep).await?, true),
+                Ok(None) => match conn.read_head(&parts.method, keep).await {
+                    Ok(head) => (head, true),
+                    Err(e) if reused => return Err(reset(e)),
+                    Err(e) => return Err(e),
+                },
                 Ok(Some(early)) => (early, false),
                 // The upstream closed a kept connection before any of the request went out on
                 // it: it saw nothing, so a new connection is tried.
                 Err((false, _)) if reused => continue,
+                Err((_, e)) if reused => return Err(reset(e)),
                 Err((_, e)) => return Err(e),
             };
             let mut response = Response::new(UpstreamBody::new(
@@ -143,19 +152,38 @@ impl Client {
         }
     }
 
-    async fn connect(&self, target: &Uri) -> Result<Conn, ClientError> {
-        let io = self
-            .connector
-            .clone()
-            .call(target.clone())
-            .await
-            .map_err(ClientError::Connect)?;
+    async fn connect(&self, key: &Key) -> Result<Conn, ClientError> {
+        let io = self.connector.connect(key).await?;
         Ok(Conn {
-            io: Box::new(TokioIo::new(io)),
+            io,
             read: BytesMut::with_capacity(READ_SIZE),
             head: Vec::with_capacity(HEAD_SIZE),
             idle_since: Instant::now(),
         })
+    }
+}
+
+/// What `error`, met on a reused connection after the request was written, is: a
+/// [`ClientError::Reset`] when the connection was closed or reset under it, else itself (a
+/// broken answer is the upstream's, whichever connection it came on).
+fn reset(error: ClientError) -> ClientError {
+    match error {
+        ClientError::Closed => ClientError::Reset(std::io::Error::new(
+            std::io::ErrorKind::UnexpectedEof,
+            "closed by the upstream without an answer",
+        )),
+        ClientError::Io(e)
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::ConnectionReset
+                    | std::io::ErrorKind::ConnectionAborted
+                    | std::io::ErrorKind::BrokenPipe
+                    | std::io::ErrorKind::UnexpectedEof
+            ) =>
+        {
+            ClientError::Reset(e)
+        }
+        other => other,
     }
 }
 

@@ -9,11 +9,9 @@ use std::time::Instant;
 
 use bytes::BytesMut;
 use http::Method;
-use hyper_rustls::MaybeHttpsStream;
-use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncReadExt, AsyncWrite};
-use tokio::net::TcpStream;
 
+use crate::connect::Stream;
 use crate::error::ClientError;
 use crate::wire::{parse_head, Head, KeepHeaders, ProtocolError};
 
@@ -22,14 +20,11 @@ pub(crate) const READ_SIZE: usize = 16 * 1024;
 /// Room for a request head: a connection's head buffer starts with it (and keeps what it grows to).
 pub(crate) const HEAD_SIZE: usize = 512;
 
-/// A connection's byte stream: TCP, or TLS over TCP, as tokio reads and writes it.
-pub(crate) type Io = TokioIo<MaybeHttpsStream<TokioIo<TcpStream>>>;
-
 /// One open connection and the bytes read from it not yet used. Polled only by the request
 /// using it (or, idle, by the sweep).
 pub(crate) struct Conn {
-    /// Boxed: TLS state is large, and a `Conn` is moved with every request that uses it.
-    pub(crate) io: Box<Io>,
+    /// Small (its TLS state is boxed): a `Conn` is moved with every request that uses it.
+    pub(crate) io: Stream,
     pub(crate) read: BytesMut,
     /// The head of the request being written, kept so each request's head reuses its room.
     pub(crate) head: Vec<u8>,
@@ -70,7 +65,7 @@ impl Conn {
                     None => (&self.head[written..], body),
                     Some(into_body) => (&[][..], &body[into_body..]),
                 };
-                let io = Pin::new(&mut *self.io);
+                let io = Pin::new(&mut self.io);
                 let polled = match (head.is_empty(), body.is_empty()) {
                     (false, true) => io.poll_write(cx, head),
                     (true, _) => io.poll_write(cx, body),
@@ -87,7 +82,7 @@ impl Conn {
                     other => other.map_ok(|_| ()),
                 }
             } else {
-                match Pin::new(&mut *self.io).poll_flush(cx) {
+                match Pin::new(&mut self.io).poll_flush(cx) {
                     Poll::Ready(Ok(())) => return Poll::Ready(Ok(None)),
                     other => other,
                 }

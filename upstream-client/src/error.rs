@@ -1,32 +1,73 @@
 //! Why a request got no response, and why a response body broke off.
 
 use std::io;
+use std::time::Duration;
 
 use crate::wire::ProtocolError;
 
-/// A boxed error of the connector.
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
-
-/// Why a request got no response.
+/// Why a request got no response. The connect failures are told apart (the host did not
+/// resolve, nothing listens, no connection in time, TLS failed), and so is a kept connection
+/// that broke under a request already sent ([`Reset`](Self::Reset)): a caller may retry each
+/// differently.
 #[derive(Debug)]
 pub enum ClientError {
     /// The URL has no scheme or host.
     BadUrl,
-    /// No connection could be opened (DNS, refused, TLS, or the connect timeout).
-    Connect(BoxError),
-    /// The connection failed while sending the request or reading the response head.
+    /// The upstream's host name did not resolve.
+    Dns(io::Error),
+    /// The upstream refused the connection: nothing listens at its address and port.
+    Refused(io::Error),
+    /// No connection (and, for `https`, no TLS handshake) within the connect timeout.
+    ConnectTimeout(Duration),
+    /// The TLS handshake failed: a certificate not trusted or not for the host, no protocol
+    /// version or cipher in common, or the server closed during it.
+    Tls(io::Error),
+    /// Opening the connection failed otherwise (no route to the host, say).
+    Connect(io::Error),
+    /// A kept connection, reused for this request, was closed or reset by the upstream after
+    /// the request (or some of it) was written and before a byte of an answer: most often the
+    /// upstream closing it as idle while the request was on its way. The request may have
+    /// reached the upstream. (One that broke before a byte was written is not an error: the
+    /// request is sent again on a new connection.)
+    Reset(io::Error),
+    /// A new connection failed while sending the request or reading the response head.
     Io(io::Error),
-    /// The upstream closed the connection without a byte of an answer.
+    /// A new connection was closed by the upstream without a byte of an answer.
     Closed,
     /// The upstream's response head is not HTTP/1.1 as the client reads it, or broke off.
     Protocol(ProtocolError),
+}
+
+impl ClientError {
+    /// Whether no connection could be opened (DNS, refused, timeout, TLS, other): the upstream
+    /// got nothing of the request.
+    pub fn is_connect(&self) -> bool {
+        matches!(
+            self,
+            ClientError::Dns(_)
+                | ClientError::Refused(_)
+                | ClientError::ConnectTimeout(_)
+                | ClientError::Tls(_)
+                | ClientError::Connect(_)
+        )
+    }
 }
 
 impl std::fmt::Display for ClientError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             ClientError::BadUrl => f.write_str("the URL has no scheme or host"),
-            ClientError::Connect(e) => write!(f, "client error (Connect): {e}"),
+            ClientError::Dns(e) => write!(f, "the host name did not resolve: {e}"),
+            ClientError::Refused(e) => write!(f, "the connection was refused: {e}"),
+            ClientError::ConnectTimeout(t) => {
+                write!(f, "no connection within {:.1} s", t.as_secs_f64())
+            }
+            ClientError::Tls(e) => write!(f, "the TLS handshake failed: {e}"),
+            ClientError::Connect(e) => write!(f, "the connection could not be opened: {e}"),
+            ClientError::Reset(e) => write!(
+                f,
+                "the kept connection was closed after the request was sent: {e}"
+            ),
             ClientError::Io(e) => write!(f, "connection error: {e}"),
             ClientError::Closed => f.write_str("the connection closed without an answer"),
             ClientError::Protocol(e) => write!(f, "{e}"),
@@ -37,9 +78,13 @@ impl std::fmt::Display for ClientError {
 impl std::error::Error for ClientError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
-            ClientError::BadUrl | ClientError::Closed => None,
-            ClientError::Connect(e) => Some(&**e),
-            ClientError::Io(e) => Some(e),
+            ClientError::BadUrl | ClientError::Closed | ClientError::ConnectTimeout(_) => None,
+            ClientError::Dns(e)
+            | ClientError::Refused(e)
+            | ClientError::Tls(e)
+            | ClientError::Connect(e)
+            | ClientError::Reset(e)
+            | ClientError::Io(e) => Some(e),
             ClientError::Protocol(e) => Some(e),
         }
     }

@@ -28,8 +28,9 @@
 //! | 3 | `body` | [`UpstreamBody`]: a response body decoded from its connection as it is polled; the connection given back at its end |
 //! | 4 | `pool` | the idle connections per upstream, their checkout and the sweep |
 //! | 5 | `conn` | one connection: its stream, read buffer, request writing and head reading |
-//! | 6 | `error` | [`ClientError`], [`BodyError`] |
-//! | 7 | `wire` | HTTP/1.1 as pure functions over bytes: the request head, the response head and its framing, the body decoder; [`ProtocolError`] |
+//! | 6 | `connect` | opening a connection: DNS, TCP to each address within the connect timeout, TLS (rustls); each failure its own [`ClientError`] |
+//! | 7 | `error` | [`ClientError`], [`BodyError`] |
+//! | 8 | `wire` | HTTP/1.1 as pure functions over bytes: the request head, the response head and its framing, the body decoder; [`ProtocolError`] |
 //!
 //! # Example
 //!
@@ -55,6 +56,7 @@
 mod body;
 mod client;
 mod conn;
+mod connect;
 mod decode;
 mod error;
 mod pool;

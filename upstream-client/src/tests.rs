@@ -374,3 +374,137 @@ async fn conflicting_framing_is_not_trusted() {
         "the response head is not valid HTTP/1.1"
     );
 }
+
+/// Each way a connection can fail to open is its own error: refused, a name that does not
+/// resolve, no TLS handshake in time, a TLS handshake that fails.
+#[tokio::test]
+async fn each_connect_failure_is_its_own_kind() {
+    use crate::ClientError;
+    // Refused: nothing listens on a port just freed.
+    let port = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.local_addr().unwrap().port()
+    };
+    let client = Client::default();
+    let send = |url: String| {
+        let client = client.clone();
+        async move {
+            let request = Request::post(url).body(Bytes::new()).unwrap();
+            client.request(request).await.map(|_| ())
+        }
+    };
+    let refused = send(format!("http://127.0.0.1:{port}/x"))
+        .await
+        .unwrap_err();
+    assert!(matches!(refused, ClientError::Refused(_)), "{refused:?}");
+    assert!(refused.is_connect());
+    assert!(
+        refused
+            .to_string()
+            .starts_with("the connection was refused"),
+        "{refused}"
+    );
+
+    // A name under `.invalid` (RFC 6761) never resolves.
+    let dns = send("http://upstream.invalid/x".into()).await.unwrap_err();
+    assert!(matches!(dns, ClientError::Dns(_)), "{dns:?}");
+
+    // TLS to a plain HTTP server: it answers the ClientHello with an HTTP error.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let (mut stream, _) = listener.accept().await.unwrap();
+            let mut buf = [0u8; 1024];
+            let _ = stream.read(&mut buf).await;
+            let _ = stream
+                .write_all(b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\n\r\n")
+                .await;
+        }
+    });
+    let tls = send(format!("https://{addr}/x")).await.unwrap_err();
+    assert!(matches!(tls, ClientError::Tls(_)), "{tls:?}");
+    assert!(
+        tls.to_string().starts_with("the TLS handshake failed"),
+        "{tls}"
+    );
+}
+
+/// A server that accepts and then says nothing: the TLS handshake does not finish within the
+/// connect timeout (the test's clock is paused and moves only when everything waits).
+#[tokio::test(start_paused = true)]
+async fn a_handshake_that_does_not_finish_is_a_connect_timeout() {
+    use crate::ClientError;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        loop {
+            let (stream, _) = listener.accept().await.unwrap();
+            held.push(stream);
+        }
+    });
+    let client = Client::default().with_connect_timeout(std::time::Duration::from_secs(3));
+    let request = Request::post(format!("https://{addr}/x"))
+        .body(Bytes::new())
+        .unwrap();
+    let error = client.request(request).await.unwrap_err();
+    assert!(matches!(error, ClientError::ConnectTimeout(_)), "{error:?}");
+    assert_eq!(error.to_string(), "no connection within 3.0 s");
+}
+
+/// A kept connection that the upstream closes (or resets) after reading the next request,
+/// without answering, is a [`Reset`](crate::ClientError::Reset), not "closed without an
+/// answer" as on a new connection; the next request opens a new connection and is answered.
+#[tokio::test]
+async fn a_kept_connection_broken_under_a_sent_request_is_a_reset() {
+    use crate::ClientError;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let counter = Arc::clone(&accepted);
+    tokio::spawn(async move {
+        loop {
+            let (mut stream, _) = listener.accept().await.unwrap();
+            let n = counter.fetch_add(1, Ordering::SeqCst);
+            tokio::spawn(async move {
+                read_head(&mut stream).await;
+                stream
+                    .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+                    .await
+                    .unwrap();
+                // The next request is read, then the connection closed (the first) or reset
+                // (the second) without an answer.
+                read_head(&mut stream).await;
+                if n == 1 {
+                    // A zero linger resets at once: the drop does not block.
+                    #[allow(deprecated)]
+                    stream.set_linger(Some(std::time::Duration::ZERO)).unwrap();
+                }
+            });
+        }
+    });
+    let client = Client::default();
+    for round in 0..2 {
+        assert_eq!(get(&client, addr).await.unwrap(), (200, Bytes::from("ok")));
+        assert_eq!(idle_connections(&client), 1, "kept");
+        let request = Request::post(format!("http://{addr}/x"))
+            .body(Bytes::new())
+            .unwrap();
+        let error = client.request(request).await.unwrap_err();
+        assert!(
+            matches!(error, ClientError::Reset(_)),
+            "round {round}: {error:?}"
+        );
+        assert!(!error.is_connect());
+        assert!(
+            error
+                .to_string()
+                .starts_with("the kept connection was closed after the request was sent"),
+            "{error}"
+        );
+        assert_eq!(idle_connections(&client), 0, "not kept");
+    }
+    assert_eq!(accepted.load(Ordering::SeqCst), 2);
+}

@@ -503,13 +503,29 @@ impl Upstream {
                     error = %e,
                     "upstream request failed"
                 );
-                let what = match e {
-                    ClientError::Protocol(_) => "sent a broken response",
-                    _ => "is unreachable",
+                // Every kind is a failure without a response (retried as docs/routing.md says);
+                // each says what happened.
+                let (status, kind, what) = match e {
+                    ClientError::Protocol(_) => (
+                        StatusCode::BAD_GATEWAY,
+                        "api_connection_error",
+                        "sent a broken response",
+                    ),
+                    ClientError::Reset(_) => {
+                        (StatusCode::BAD_GATEWAY, "api_connection_error", "broke off")
+                    }
+                    ClientError::ConnectTimeout(_) => {
+                        (StatusCode::GATEWAY_TIMEOUT, "timeout", "is unreachable")
+                    }
+                    _ => (
+                        StatusCode::BAD_GATEWAY,
+                        "api_connection_error",
+                        "is unreachable",
+                    ),
                 };
                 return Err(UpstreamFailure::without_response(ApiError::new(
-                    StatusCode::BAD_GATEWAY,
-                    "api_connection_error",
+                    status,
+                    kind,
                     format!("Upstream for {} {what}: {e}", deployment.model_name),
                 )));
             }
