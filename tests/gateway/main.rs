@@ -10,6 +10,7 @@ mod connection_errors;
 mod endpoints;
 mod keys;
 mod metrics;
+mod proxy;
 mod queue;
 mod quickstart;
 mod reload;

@@ -16,7 +16,7 @@ use tokio::sync::Notify;
 use upstream_client::Client;
 
 /// A certificate for `127.0.0.1` and its key, made by `openssl` in a scratch directory.
-fn certificate() -> (CertificateDer<'static>, PrivateKeyDer<'static>) {
+pub(crate) fn certificate() -> (CertificateDer<'static>, PrivateKeyDer<'static>) {
     let dir = unique_temp_path("tpl-tls");
     std::fs::create_dir_all(&dir).unwrap();
     let (cert, key) = (dir.join("cert.pem"), dir.join("key.pem"));
@@ -50,7 +50,7 @@ fn certificate() -> (CertificateDer<'static>, PrivateKeyDer<'static>) {
     pair
 }
 
-fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+pub(crate) fn provider() -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
 

@@ -27,4 +27,5 @@ pub mod keys;
 pub mod nginx;
 pub mod prometheus;
 pub mod redis;
+pub mod tinyproxy;
 pub mod upstream;

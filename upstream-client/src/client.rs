@@ -10,11 +10,12 @@ use tower::Service;
 
 use crate::body::UpstreamBody;
 use crate::conn::{Conn, HEAD_SIZE, READ_SIZE};
-use crate::connect::{default_tls, Connector};
+use crate::connect::{default_port, default_tls, Connector, Key, Via};
 use crate::error::ClientError;
-use crate::pool::{checkout, Key, Pool};
-use crate::route::Route;
-use crate::wire::{write_request_head, KeepHeaders, EVERY_HEADER};
+use crate::pool::{checkout, Pool};
+use crate::proxy::Proxies;
+use crate::route::{Bound, ProxyChoice, Route};
+use crate::wire::{write_header_line, write_request_head, KeepHeaders, EVERY_HEADER};
 
 /// Time allowed to open a connection to an upstream (TCP, and the TLS handshake for `https`),
 /// unless [`Client::with_connect_timeout`] says otherwise.
@@ -29,6 +30,7 @@ const COPIED_BODY: usize = 4 * 1024;
 #[derive(Clone)]
 pub struct Client {
     connector: Connector,
+    proxies: Arc<Proxies>,
     pub(crate) pool: Arc<Pool>,
 }
 
@@ -59,8 +61,16 @@ impl Client {
                 timeout: CONNECT_TIMEOUT,
                 tls: Arc::new(tls).into(),
             },
+            proxies: Arc::default(),
             pool: Arc::default(),
         }
+    }
+
+    /// This client with its requests sent through `proxies` (see [`Proxies::from_env`]); by
+    /// default, none. A [`Route`] may choose its own ([`Route::with_proxy`]).
+    pub fn with_proxies(mut self, proxies: Proxies) -> Self {
+        self.proxies = Arc::new(proxies);
+        self
     }
 
     /// This client with connections (TCP and the TLS handshake) opened within `timeout`, not
@@ -101,11 +111,12 @@ impl Client {
     ) -> Result<Response<UpstreamBody>, ClientError> {
         let (parts, body) = request.into_parts();
         let host = (!parts.headers.contains_key(http::header::HOST)).then_some(&route.host);
-        let idle = route.idle.get_or_init(|| self.pool.idle(&route.key));
+        let bound = route.bound.get_or_init(|| self.bind(route));
+        let idle = &bound.idle;
         loop {
             let (mut conn, reused) = match checkout(idle).await {
                 Some(conn) => (conn, true),
-                None => (self.connect(&route.key).await?, false),
+                None => (self.connect(&route.key, &bound.via).await?, false),
             };
             // The head into the connection's own buffer, and a small body after it: one plain
             // write (as the server side does, see server.rs). A larger body is not copied: it
@@ -114,9 +125,14 @@ impl Client {
             write_request_head(
                 &mut conn.head,
                 &parts.method,
-                route.path.as_str(),
+                bound.target(route),
                 host,
-                |out| route.headers.write(out, &parts.headers),
+                |out| {
+                    route.headers.write(out, &parts.headers);
+                    if let Some(authorization) = bound.proxy_authorization() {
+                        write_header_line(out, &http::header::PROXY_AUTHORIZATION, authorization);
+                    }
+                },
                 &parts.headers,
                 body.len(),
             );
@@ -152,8 +168,48 @@ impl Client {
         }
     }
 
-    async fn connect(&self, key: &Key) -> Result<Conn, ClientError> {
-        let io = self.connector.connect(key).await?;
+    /// How `route` is sent by this client: through which proxy, if any, and so on which idle
+    /// list.
+    fn bind(&self, route: &Route) -> Bound {
+        let key = &route.key;
+        let proxy = match &route.proxy {
+            ProxyChoice::Client => {
+                let port = key
+                    .authority
+                    .port_u16()
+                    .unwrap_or(default_port(&key.scheme));
+                self.proxies
+                    .for_target(&key.scheme, key.authority.host(), port)
+            }
+            ProxyChoice::Direct => None,
+            ProxyChoice::Via(proxy) => Some(Arc::clone(proxy)),
+        };
+        let via = match proxy {
+            None => Via::Direct,
+            Some(proxy) if key.scheme == http::uri::Scheme::HTTPS => Via::Tunnel(proxy),
+            // The absolute form without the URL's credentials (they are not the proxy's).
+            Some(proxy) => Via::Forward {
+                proxy,
+                target: format!(
+                    "{}://{}{}",
+                    key.scheme,
+                    String::from_utf8_lossy(route.host.as_bytes()),
+                    route.path
+                ),
+            },
+        };
+        let key = Key {
+            proxy: via.proxy().cloned(),
+            ..key.clone()
+        };
+        Bound {
+            idle: self.pool.idle(&key),
+            via,
+        }
+    }
+
+    async fn connect(&self, key: &Key, via: &Via) -> Result<Conn, ClientError> {
+        let io = self.connector.connect(key, via).await?;
         Ok(Conn {
             io,
             read: BytesMut::with_capacity(READ_SIZE),

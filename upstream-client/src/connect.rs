@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use http::uri::Scheme;
+use http::uri::{Authority, Scheme};
 use rustls::pki_types::ServerName;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
@@ -16,7 +16,8 @@ use tokio_rustls::client::TlsStream;
 use tokio_rustls::TlsConnector;
 
 use crate::error::ClientError;
-use crate::pool::Key;
+use crate::proxy::Proxy;
+use crate::wire::MAX_HEAD;
 
 /// A connection's byte stream: TCP, or TLS over TCP.
 #[derive(Debug)]
@@ -85,6 +86,45 @@ impl AsyncWrite for Stream {
     }
 }
 
+/// Where a connection goes, and so which idle list it belongs to: its upstream, and the proxy it goes through (a
+/// tunnel or a proxy's connection is not a direct one).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(crate) struct Key {
+    pub(crate) scheme: Scheme,
+    pub(crate) authority: Authority,
+    pub(crate) proxy: Option<Arc<Proxy>>,
+}
+
+/// How a route's connections reach its upstream.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Via {
+    /// Straight to it.
+    Direct,
+    /// Through a `CONNECT` tunnel of this proxy (`https` upstreams).
+    Tunnel(Arc<Proxy>),
+    /// To this proxy, each request in absolute form, `target` (`http` upstreams).
+    Forward { proxy: Arc<Proxy>, target: String },
+}
+
+impl Via {
+    /// The proxy, if any.
+    pub(crate) fn proxy(&self) -> Option<&Arc<Proxy>> {
+        match self {
+            Via::Direct => None,
+            Via::Tunnel(proxy) | Via::Forward { proxy, .. } => Some(proxy),
+        }
+    }
+}
+
+/// The port of a URL of `scheme` without one.
+pub(crate) fn default_port(scheme: &Scheme) -> u16 {
+    if *scheme == Scheme::HTTPS {
+        443
+    } else {
+        80
+    }
+}
+
 /// How connections are opened: the connect timeout and the TLS settings.
 #[derive(Clone)]
 pub(crate) struct Connector {
@@ -117,25 +157,49 @@ pub(crate) fn default_tls() -> rustls::ClientConfig {
 }
 
 impl Connector {
-    /// A connection to `key`'s host and port (the scheme's default port when it has none).
-    pub(crate) async fn connect(&self, key: &Key) -> Result<Stream, ClientError> {
+    /// A connection to `key`'s host and port (the scheme's default port when it has none),
+    /// `via` a proxy or not.
+    pub(crate) async fn connect(&self, key: &Key, via: &Via) -> Result<Stream, ClientError> {
         let tls = key.scheme == Scheme::HTTPS;
         let port = key
             .authority
             .port_u16()
-            .unwrap_or(if tls { 443 } else { 80 });
+            .unwrap_or(default_port(&key.scheme));
         // `[::1]` in a URL is `::1` to the resolver and to TLS.
         let host = key
             .authority
             .host()
             .trim_start_matches('[')
             .trim_end_matches(']');
-        // One bound for the whole of it: TCP, then the TLS handshake (a server that accepts and
-        // then says nothing is a timeout too).
+        // One bound for the whole of it: TCP, the proxy's tunnel, then the TLS handshake (a
+        // server that accepts and then says nothing is a timeout too).
         let deadline = tokio::time::Instant::now() + self.timeout;
-        let tcp = tokio::time::timeout_at(deadline, tcp(host, port))
-            .await
-            .map_err(|_| ClientError::ConnectTimeout(self.timeout))??;
+        let timed_out = |_| ClientError::ConnectTimeout(self.timeout);
+        let tcp = match via {
+            Via::Direct => tokio::time::timeout_at(deadline, tcp(host, port))
+                .await
+                .map_err(timed_out)??,
+            Via::Tunnel(proxy) | Via::Forward { proxy, .. } => {
+                let through = |e: ClientError| ClientError::Proxy(proxy.to_string(), Box::new(e));
+                let (proxy_host, proxy_port) = proxy.address();
+                let mut tcp = tokio::time::timeout_at(deadline, tcp(proxy_host, proxy_port))
+                    .await
+                    .map_err(timed_out)
+                    .and_then(|c| c)
+                    .map_err(through)?;
+                if let Via::Tunnel(_) = via {
+                    tokio::time::timeout_at(
+                        deadline,
+                        tunnel(&mut tcp, proxy, &key.authority, port),
+                    )
+                    .await
+                    .map_err(timed_out)
+                    .and_then(|c| c)
+                    .map_err(through)?;
+                }
+                tcp
+            }
+        };
         if !tls {
             return Ok(Stream::Plain(tcp));
         }
@@ -174,4 +238,54 @@ async fn tcp(host: &str, port: u16) -> Result<TcpStream, ClientError> {
             format!("{host} resolved to no address"),
         )),
     })
+}
+
+/// Asks `proxy`, on `tcp`, for a tunnel to `authority` (at `port`): `CONNECT host:port`, with its
+/// credentials; its `2xx` answer opens the tunnel, any other is [`ClientError::Tunnel`].
+async fn tunnel(
+    tcp: &mut TcpStream,
+    proxy: &Proxy,
+    authority: &Authority,
+    port: u16,
+) -> Result<(), ClientError> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let target = format!("{}:{port}", authority.host());
+    let mut request = format!("CONNECT {target} HTTP/1.1\r\nhost: {target}\r\n").into_bytes();
+    if let Some(authorization) = proxy.authorization() {
+        request.extend_from_slice(b"proxy-authorization: ");
+        request.extend_from_slice(authorization.as_bytes());
+        request.extend_from_slice(b"\r\n");
+    }
+    request.extend_from_slice(b"\r\n");
+    tcp.write_all(&request).await.map_err(ClientError::Io)?;
+    // The answer's head, read a byte at a time: nothing after it may be taken from the stream
+    // (it is the tunnel's, the upstream's TLS).
+    let mut head = Vec::with_capacity(256);
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        if head.len() > MAX_HEAD {
+            return Err(ClientError::Protocol(crate::ProtocolError::HeadTooLarge));
+        }
+        match tcp.read(&mut byte).await.map_err(ClientError::Io)? {
+            0 => return Err(ClientError::Closed),
+            _ => head.push(byte[0]),
+        }
+    }
+    let mut headers = [httparse::EMPTY_HEADER; 64];
+    let mut response = httparse::Response::new(&mut headers);
+    match response.parse(&head) {
+        Ok(httparse::Status::Complete(_)) => {}
+        _ => return Err(ClientError::Protocol(crate::ProtocolError::BadHead)),
+    }
+    match response.code {
+        Some(code @ 200..=299) => {
+            let _ = code;
+            Ok(())
+        }
+        Some(code) => Err(ClientError::Tunnel(
+            code,
+            response.reason.unwrap_or_default().to_owned(),
+        )),
+        None => Err(ClientError::Protocol(crate::ProtocolError::BadHead)),
+    }
 }

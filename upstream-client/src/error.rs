@@ -36,11 +36,16 @@ pub enum ClientError {
     Closed,
     /// The upstream's response head is not HTTP/1.1 as the client reads it, or broke off.
     Protocol(ProtocolError),
+    /// The way to the proxy (shown with its password hidden) failed: the error says how.
+    Proxy(String, Box<ClientError>),
+    /// The proxy answered the `CONNECT` for an `https` upstream with this status and reason,
+    /// not a `2xx` (`407 Proxy Authentication Required`, `403 Forbidden`).
+    Tunnel(u16, String),
 }
 
 impl ClientError {
-    /// Whether no connection could be opened (DNS, refused, timeout, TLS, other): the upstream
-    /// got nothing of the request.
+    /// Whether no connection could be opened (DNS, refused, timeout, TLS, the proxy, other):
+    /// the upstream got nothing of the request.
     pub fn is_connect(&self) -> bool {
         matches!(
             self,
@@ -49,6 +54,8 @@ impl ClientError {
                 | ClientError::ConnectTimeout(_)
                 | ClientError::Tls(_)
                 | ClientError::Connect(_)
+                | ClientError::Tunnel(..)
+                | ClientError::Proxy(..)
         )
     }
 }
@@ -71,6 +78,10 @@ impl std::fmt::Display for ClientError {
             ClientError::Io(e) => write!(f, "connection error: {e}"),
             ClientError::Closed => f.write_str("the connection closed without an answer"),
             ClientError::Protocol(e) => write!(f, "{e}"),
+            ClientError::Proxy(proxy, e) => write!(f, "through the proxy {proxy}: {e}"),
+            ClientError::Tunnel(status, reason) => {
+                write!(f, "the proxy refused the tunnel: {status} {reason}")
+            }
         }
     }
 }
@@ -78,7 +89,11 @@ impl std::fmt::Display for ClientError {
 impl std::error::Error for ClientError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
-            ClientError::BadUrl | ClientError::Closed | ClientError::ConnectTimeout(_) => None,
+            ClientError::BadUrl
+            | ClientError::Closed
+            | ClientError::ConnectTimeout(_)
+            | ClientError::Tunnel(..) => None,
+            ClientError::Proxy(_, e) => Some(&**e),
             ClientError::Dns(e)
             | ClientError::Refused(e)
             | ClientError::Tls(e)

@@ -28,9 +28,10 @@
 //! | 3 | `body` | [`UpstreamBody`]: a response body decoded from its connection as it is polled; the connection given back at its end |
 //! | 4 | `pool` | the idle connections per upstream, their checkout and the sweep |
 //! | 5 | `conn` | one connection: its stream, read buffer, request writing and head reading |
-//! | 6 | `connect` | opening a connection: DNS, TCP to each address within the connect timeout, TLS (rustls); each failure its own [`ClientError`] |
-//! | 7 | `error` | [`ClientError`], [`BodyError`] |
-//! | 8 | `wire` | HTTP/1.1 as pure functions over bytes: the request head, the response head and its framing, the body decoder; [`ProtocolError`] |
+//! | 6 | `connect` | where a connection goes (its upstream, and the proxy on the way) and opening it: DNS, TCP to each address, a proxy's `CONNECT` tunnel, TLS (rustls), within the connect timeout; each failure its own [`ClientError`] |
+//! | 7 | `proxy` | [`Proxies`] from `HTTPS_PROXY`, `HTTP_PROXY`, `ALL_PROXY` and [`NoProxy`] as curl and httpx read them; [`Proxy`] and its credentials, hidden when shown |
+//! | 8 | `error` | [`ClientError`], [`BodyError`] |
+//! | 9 | `wire` | HTTP/1.1 as pure functions over bytes: the request head, the response head and its framing, the body decoder; [`ProtocolError`] |
 //!
 //! # Example
 //!
@@ -60,6 +61,7 @@ mod connect;
 mod decode;
 mod error;
 mod pool;
+mod proxy;
 mod route;
 mod wire;
 
@@ -71,5 +73,6 @@ pub use client::{Client, CONNECT_TIMEOUT};
 pub use decode::{ContentCoding, DecodedBody, UnsupportedCoding, MAX_DECODED_FRAME};
 pub use error::{BodyError, ClientError};
 pub use pool::IDLE_TIMEOUT;
+pub use proxy::{NoProxy, Proxies, Proxy, ProxyError};
 pub use route::Route;
 pub use wire::{KeepHeaders, ProtocolError, EVERY_HEADER, MAX_HEAD};

@@ -7,22 +7,14 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use http::uri::{Authority, Scheme};
-
 use crate::conn::Conn;
+use crate::connect::Key;
 
 /// How long a connection may sit idle before it is dropped rather than reused (servers close
 /// idle keep-alive connections after a minute or more; hyper-util's client also keeps them 90 s).
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 /// Idle connections kept per upstream; more are closed when their responses end.
 const MAX_IDLE_PER_UPSTREAM: usize = 1024;
-
-/// Which idle list a connection belongs to.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub(crate) struct Key {
-    pub(crate) scheme: Scheme,
-    pub(crate) authority: Authority,
-}
 
 /// The idle connections to one upstream, newest last.
 #[derive(Default)]

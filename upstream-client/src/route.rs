@@ -5,8 +5,10 @@ use std::sync::{Arc, OnceLock};
 use http::uri::{PathAndQuery, Scheme};
 use http::{HeaderMap, HeaderName, HeaderValue, Uri};
 
+use crate::connect::{Key, Via};
 use crate::error::ClientError;
-use crate::pool::{Idle, Key};
+use crate::pool::Idle;
+use crate::proxy::Proxy;
 use crate::wire::{is_framing, write_header_line};
 
 /// Where requests to one URL go, worked out once (the gateway keeps one per deployment and
@@ -19,9 +21,47 @@ pub struct Route {
     pub(crate) path: PathAndQuery,
     pub(crate) url: Uri,
     pub(crate) headers: RouteHeaders,
-    /// The idle list of `key` in the pool of the client this route is first sent through (the
-    /// gateway has one client).
-    pub(crate) idle: OnceLock<Arc<Idle>>,
+    /// Whether it goes through a proxy: the client's choice, or the route's own.
+    pub(crate) proxy: ProxyChoice,
+    /// Its idle list and proxy in the client this route is first sent through (the gateway
+    /// has one client), worked out then.
+    pub(crate) bound: OnceLock<Bound>,
+}
+
+/// Who decides whether a route goes through a proxy.
+#[derive(Debug, Clone)]
+pub(crate) enum ProxyChoice {
+    /// The client's [`Proxies`](crate::Proxies) (from the environment, say).
+    Client,
+    /// No proxy, whatever the client's say.
+    Direct,
+    /// This proxy, whatever the client's say.
+    Via(Arc<Proxy>),
+}
+
+/// A route as one client sends it: the idle list of its connections and how they are made.
+#[derive(Debug, Clone)]
+pub(crate) struct Bound {
+    pub(crate) idle: Arc<Idle>,
+    pub(crate) via: Via,
+}
+
+impl Bound {
+    /// The request line's target: the route's path, or the whole URL to a forward proxy.
+    pub(crate) fn target<'r>(&'r self, route: &'r Route) -> &'r str {
+        match &self.via {
+            Via::Forward { target, .. } => target,
+            _ => route.path.as_str(),
+        }
+    }
+
+    /// The `Proxy-Authorization` every request carries (to a forward proxy with credentials).
+    pub(crate) fn proxy_authorization(&self) -> Option<&HeaderValue> {
+        match &self.via {
+            Via::Forward { proxy, .. } => proxy.authorization(),
+            _ => None,
+        }
+    }
 }
 
 impl Route {
@@ -38,6 +78,7 @@ impl Route {
         let key = Key {
             scheme: scheme.clone(),
             authority: authority.clone(),
+            proxy: None,
         };
         let host = HeaderValue::try_from(host_of(&key)).map_err(|_| ClientError::BadUrl)?;
         let path = url
@@ -50,8 +91,19 @@ impl Route {
             path,
             url,
             headers: RouteHeaders::default(),
-            idle: OnceLock::new(),
+            proxy: ProxyChoice::Client,
+            bound: OnceLock::new(),
         })
+    }
+
+    /// This route through `proxy`, or (`None`) directly, whatever the client's
+    /// [`Proxies`](crate::Proxies) say for its URL.
+    pub fn with_proxy(mut self, proxy: Option<Proxy>) -> Self {
+        self.proxy = match proxy {
+            Some(proxy) => ProxyChoice::Via(Arc::new(proxy)),
+            None => ProxyChoice::Direct,
+        };
+        self
     }
 
     /// This route with `headers` on every request sent through it, their lines written once

@@ -30,13 +30,15 @@ use serde_json::Value;
 use tower_priority_limit::redact::redact_url;
 
 use crate::chat::ChatRequest;
-use crate::config::{Api, Deployment, Target};
+use crate::config::{Api, Deployment, ProxySetting, Target};
 use crate::error::ApiError;
 use crate::idle::IdleBody;
 use crate::signal::{streams_end, StreamsEnd};
 
 use http::HeaderName;
-use upstream_client::{Client, ClientError, ContentCoding, DecodedBody, KeepHeaders, Route};
+use upstream_client::{
+    Client, ClientError, ContentCoding, DecodedBody, KeepHeaders, Proxies, Route,
+};
 
 /// What [`Upstream::forward`] sends to one deployment that is the same for every request, worked
 /// out once when the gateway starts (a deployment's target cannot change without a restart): the
@@ -102,7 +104,14 @@ impl Prepared {
                 url.parse()
                     .ok()
                     .and_then(|u| Route::new(u).ok())
-                    .map(|route| route.with_headers(&headers))
+                    .map(|route| {
+                        let route = route.with_headers(&headers);
+                        match &deployment.proxy {
+                            ProxySetting::FromEnvironment => route,
+                            ProxySetting::Direct => route.with_proxy(None),
+                            ProxySetting::Via(proxy) => route.with_proxy(Some(proxy.clone())),
+                        }
+                    })
                     .ok_or_else(|| redact_url(&url))
             })
             .collect();
@@ -180,6 +189,9 @@ pub struct Upstream {
     secrets: Secrets,
     /// Ends the bodies still streaming when the shutdown grace period is over.
     streams_end: StreamsEnd,
+    /// Why the environment's proxy variables cannot be used, if they cannot: the requests of
+    /// deployments that take them fail with it (never sent around the proxy).
+    proxy_error: Option<Arc<str>>,
 }
 
 /// Every configured upstream key, longest first (so a key that contains another is hidden
@@ -213,6 +225,7 @@ impl Default for Upstream {
             secrets: Secrets::default(),
             // Never told to end; see `with_streams_end`.
             streams_end: streams_end().1,
+            proxy_error: None,
         }
     }
 }
@@ -409,7 +422,23 @@ impl Upstream {
             .collect();
         keys.sort_by(|a, b| b.len().cmp(&a.len()).then_with(|| a.cmp(b)));
         keys.dedup();
+        // The environment's forward proxies (HTTPS_PROXY, HTTP_PROXY, NO_PROXY), read once.
+        let (client, proxy_error) = match Proxies::from_env() {
+            Ok(proxies) => {
+                if proxies != Proxies::none() {
+                    // The proxies' passwords are hidden in their `Debug`.
+                    tracing::info!(?proxies, "upstreams are reached through forward proxies");
+                }
+                (Client::default().with_proxies(proxies), None)
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "the proxy environment cannot be used");
+                (Client::default(), Some(e.to_string().into()))
+            }
+        };
         Self {
+            client,
+            proxy_error,
             secrets: Secrets(keys.into()),
             prepared: deployments.iter().map(Prepared::new).collect(),
             ..Self::default()
@@ -477,6 +506,16 @@ impl Upstream {
             UpstreamFailure::without_response(ApiError::internal(format!("bad upstream URL {url}")))
         })?;
         let url = || redact_url(&route.url().to_string());
+        if let (Some(e), ProxySetting::FromEnvironment) = (&self.proxy_error, &deployment.proxy) {
+            return Err(UpstreamFailure::without_response(ApiError::new(
+                StatusCode::BAD_GATEWAY,
+                "api_connection_error",
+                format!(
+                    "Upstream for {} is not reached: {e}.",
+                    deployment.model_name
+                ),
+            )));
+        }
         let body = upstream_bytes(deployment, chat)
             .map_err(|e| UpstreamFailure::without_response(ApiError::internal(e)))?;
         let mut request = Request::new(body);
@@ -762,6 +801,7 @@ mod tests {
             rpm: None,
             tpm: None,
             weight: None,
+            proxy: Default::default(),
         }
     }
 
