@@ -8,13 +8,13 @@
 //! about [`MAX_DECODED_FRAME`] bytes of decoded data: a small encoded body that expands a
 //! thousandfold comes out a piece at a time, never as one allocation.
 
-use std::io::{self, Write};
+use std::io;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use brotli_decompressor::{BrotliDecompressStream, BrotliResult, BrotliState, StandardAlloc};
 use bytes::{Buf, Bytes};
-use flate2::{Decompress, FlushDecompress, Status};
+use flate2::{Crc, Decompress, FlushDecompress, Status};
 use http::header::CONTENT_ENCODING;
 use http::HeaderMap;
 use http_body::{Body, Frame, SizeHint};
@@ -25,10 +25,8 @@ use crate::error::BodyError;
 /// Decoded data gathered into one frame before it is handed on (the decoders stop at it and go
 /// on at the next poll).
 pub const MAX_DECODED_FRAME: usize = 64 * 1024;
-/// Encoded bytes fed to the gzip decoder at a time: deflate expands at most about 1,032 to 1, so
-/// one step adds at most about 1 MiB past [`MAX_DECODED_FRAME`].
-const GZIP_STEP: usize = 1024;
-/// Room made for output before each step of the deflate and brotli decoders.
+/// The most output of one step of a decoder (a frame gathers steps up to
+/// [`MAX_DECODED_FRAME`]).
 const OUTPUT_STEP: usize = 16 * 1024;
 
 /// A response's `Content-Encoding`, as this client decodes it.
@@ -112,7 +110,7 @@ impl<B> DecodedBody<B> {
                     decoding: None,
                 }
             }
-            ContentCoding::Gzip => Decoder::Gzip(flate2::write::GzDecoder::new(Vec::new())),
+            ContentCoding::Gzip => Decoder::Gzip(Gzip::Header(Vec::new())),
             ContentCoding::Deflate => Decoder::Deflate(None),
             ContentCoding::Brotli => Decoder::Brotli(Box::new(BrotliState::new(
                 StandardAlloc::default(),
@@ -125,7 +123,10 @@ impl<B> DecodedBody<B> {
             decoding: Some(Box::new(Decoding {
                 decoder,
                 pending: Bytes::new(),
+                // Made once, written over by every step: only what a step produced is copied.
+                buffer: vec![0; OUTPUT_STEP].into_boxed_slice(),
                 input_ended: false,
+                more_output: false,
                 any_input: false,
                 finished: false,
             })),
@@ -137,8 +138,12 @@ impl<B> DecodedBody<B> {
 struct Decoding {
     decoder: Decoder,
     pending: Bytes,
+    /// Where each step of the decoder writes.
+    buffer: Box<[u8]>,
     /// The encoded body has ended.
     input_ended: bool,
+    /// The last step filled `buffer`: the decoder may hold more output without more input.
+    more_output: bool,
     /// A byte of it came: an encoded body of none is an empty body, not a broken encoding.
     any_input: bool,
     /// The encoding has ended (and with it the decoded body).
@@ -154,15 +159,26 @@ impl std::fmt::Debug for Decoding {
     }
 }
 
-// Held in a boxed `Decoding`: the variants' sizes do not matter to the body.
-#[allow(clippy::large_enum_variant)]
 enum Decoder {
-    /// Its output gathers in its `Vec`.
-    Gzip(flate2::write::GzDecoder<Vec<u8>>),
+    /// gzip (RFC 1952): its header, the raw deflate data, its trailer.
+    Gzip(Gzip),
     /// Made from the first two bytes (zlib's header, or raw deflate without one).
     Deflate(Option<Decompress>),
     Brotli(Box<BrotliState<StandardAlloc, StandardAlloc, StandardAlloc>>),
 }
+
+/// Where a gzip body's decoding is.
+enum Gzip {
+    /// The header's bytes so far.
+    Header(Vec<u8>),
+    /// The deflate data, and the CRC of what it decoded to.
+    Data(Box<Decompress>, Crc),
+    /// The trailer's bytes so far (CRC-32 and length, 8 bytes), and what they are checked against.
+    Trailer(Vec<u8>, Crc),
+}
+
+/// The longest gzip header read (its optional name and comment are not bounded by the format).
+const MAX_GZIP_HEADER: usize = 16 * 1024;
 
 fn corrupt(what: &str) -> BodyError {
     BodyError::Decode(io::Error::new(io::ErrorKind::InvalidData, what.to_owned()))
@@ -173,80 +189,160 @@ fn is_zlib_header(b0: u8, b1: u8) -> bool {
     b0 & 0x0f == 8 && (u16::from(b0) << 8 | u16::from(b1)) % 31 == 0
 }
 
+/// The length of the gzip header at the start of `bytes` (RFC 1952, 2.3), `Ok(None)` when it is
+/// not all there yet.
+fn gzip_header(bytes: &[u8]) -> Result<Option<usize>, BodyError> {
+    const FHCRC: u8 = 2;
+    const FEXTRA: u8 = 4;
+    const FNAME: u8 = 8;
+    const FCOMMENT: u8 = 16;
+    if bytes.len() < 10 {
+        return Ok(None);
+    }
+    if bytes[..3] != [0x1f, 0x8b, 8] || bytes[3] & 0xe0 != 0 {
+        return Err(corrupt("the gzip body has no gzip header"));
+    }
+    let flags = bytes[3];
+    let mut at = 10;
+    if flags & FEXTRA != 0 {
+        let Some(len) = bytes.get(at..at + 2) else {
+            return Ok(None);
+        };
+        at += 2 + usize::from(u16::from_le_bytes([len[0], len[1]]));
+    }
+    for flag in [FNAME, FCOMMENT] {
+        if flags & flag != 0 {
+            match bytes.get(at..).and_then(|rest| memchr::memchr(0, rest)) {
+                Some(end) => at += end + 1,
+                None => return Ok(None),
+            }
+        }
+    }
+    if flags & FHCRC != 0 {
+        at += 2;
+    }
+    Ok((bytes.len() >= at).then_some(at))
+}
+
+/// Inflates what of `pending` it can into `buffer`, appending the output to `out`; the output
+/// also goes into `crc` when given. True at the end of the deflate data.
+fn inflate(
+    inflate: &mut Decompress,
+    pending: &mut Bytes,
+    buffer: &mut [u8],
+    out: &mut Vec<u8>,
+    crc: Option<&mut Crc>,
+) -> Result<bool, BodyError> {
+    let (in_before, out_before) = (inflate.total_in(), inflate.total_out());
+    let status = inflate
+        .decompress(pending, buffer, FlushDecompress::None)
+        .map_err(|e| BodyError::Decode(io::Error::new(io::ErrorKind::InvalidData, e)))?;
+    pending.advance((inflate.total_in() - in_before) as usize);
+    let produced = &buffer[..(inflate.total_out() - out_before) as usize];
+    if let Some(crc) = crc {
+        crc.update(produced);
+    }
+    out.extend_from_slice(produced);
+    Ok(status == Status::StreamEnd)
+}
+
 impl Decoding {
     /// Decodes what is pending, up to about [`MAX_DECODED_FRAME`] bytes of output.
     fn step(&mut self) -> Result<Vec<u8>, BodyError> {
         let mut out = Vec::new();
-        while out.len() < MAX_DECODED_FRAME && !self.finished {
+        while out.len() < MAX_DECODED_FRAME
+            && !self.finished
+            && (!self.pending.is_empty() || self.more_output)
+        {
             let before = (self.pending.len(), out.len());
             match &mut self.decoder {
-                Decoder::Gzip(gzip) => {
-                    if self.pending.is_empty() {
-                        break;
+                Decoder::Gzip(gzip) => match gzip {
+                    Gzip::Header(header) => {
+                        let had = header.len();
+                        header.extend_from_slice(&self.pending);
+                        match gzip_header(header)? {
+                            Some(len) => {
+                                self.pending.advance(len - had);
+                                *gzip = Gzip::Data(Box::new(Decompress::new(false)), Crc::new());
+                            }
+                            None if header.len() > MAX_GZIP_HEADER => {
+                                return Err(corrupt("the gzip header is too long"))
+                            }
+                            None => self.pending.clear(),
+                        }
                     }
-                    let take = self.pending.len().min(GZIP_STEP);
-                    let n = gzip
-                        .write(&self.pending[..take])
-                        .map_err(BodyError::Decode)?;
-                    if n == 0 {
-                        return Err(corrupt("bytes after the end of the gzip body"));
+                    Gzip::Data(deflate, crc) => {
+                        if inflate(
+                            deflate,
+                            &mut self.pending,
+                            &mut self.buffer,
+                            &mut out,
+                            Some(crc),
+                        )? {
+                            *gzip = Gzip::Trailer(
+                                Vec::with_capacity(8),
+                                std::mem::replace(crc, Crc::new()),
+                            );
+                        }
                     }
-                    self.pending.advance(n);
-                    out.append(gzip.get_mut());
-                }
-                Decoder::Deflate(inflate) => {
-                    if self.pending.is_empty() {
-                        break;
+                    Gzip::Trailer(trailer, crc) => {
+                        let take = self.pending.len().min(8 - trailer.len());
+                        trailer.extend_from_slice(&self.pending[..take]);
+                        self.pending.advance(take);
+                        if trailer.len() == 8 {
+                            let sum = u32::from_le_bytes([
+                                trailer[0], trailer[1], trailer[2], trailer[3],
+                            ]);
+                            let len = u32::from_le_bytes([
+                                trailer[4], trailer[5], trailer[6], trailer[7],
+                            ]);
+                            if sum != crc.sum() || len != crc.amount() {
+                                return Err(corrupt("the gzip body fails its CRC check"));
+                            }
+                            self.finished = true;
+                        }
                     }
-                    let inflate = match inflate {
-                        Some(inflate) => inflate,
+                },
+                Decoder::Deflate(deflate) => {
+                    let deflate = match deflate {
+                        Some(deflate) => deflate,
                         None if self.pending.len() < 2 && !self.input_ended => break,
                         None => {
                             let zlib = self.pending.len() >= 2
                                 && is_zlib_header(self.pending[0], self.pending[1]);
-                            inflate.insert(Decompress::new(zlib))
+                            deflate.insert(Decompress::new(zlib))
                         }
                     };
-                    out.reserve(OUTPUT_STEP);
-                    let in_before = inflate.total_in();
-                    let status = inflate
-                        .decompress_vec(&self.pending, &mut out, FlushDecompress::None)
-                        .map_err(|e| {
-                            BodyError::Decode(io::Error::new(io::ErrorKind::InvalidData, e))
-                        })?;
-                    let consumed = (inflate.total_in() - in_before) as usize;
-                    self.pending.advance(consumed);
-                    if status == Status::StreamEnd {
+                    if inflate(deflate, &mut self.pending, &mut self.buffer, &mut out, None)? {
                         self.finished = true;
                     }
                 }
                 Decoder::Brotli(state) => {
-                    let start = out.len();
-                    out.resize(start + OUTPUT_STEP, 0);
                     let (mut available_in, mut input_offset) = (self.pending.len(), 0);
-                    let (mut available_out, mut output_offset, mut total) = (OUTPUT_STEP, 0, 0);
+                    let (mut available_out, mut output_offset, mut total) =
+                        (self.buffer.len(), 0, 0);
                     let result = BrotliDecompressStream(
                         &mut available_in,
                         &mut input_offset,
                         &self.pending,
                         &mut available_out,
                         &mut output_offset,
-                        &mut out[start..],
+                        &mut self.buffer,
                         &mut total,
                         state,
                     );
-                    out.truncate(start + output_offset);
+                    out.extend_from_slice(&self.buffer[..output_offset]);
                     self.pending.advance(input_offset);
                     match result {
                         BrotliResult::ResultSuccess => self.finished = true,
                         BrotliResult::ResultFailure => {
                             return Err(corrupt("the brotli body does not decode"))
                         }
-                        BrotliResult::NeedsMoreInput => break,
-                        BrotliResult::NeedsMoreOutput => {}
+                        BrotliResult::NeedsMoreInput | BrotliResult::NeedsMoreOutput => {}
                     }
                 }
             }
+            self.more_output = out.len() - before.1 == self.buffer.len();
             if (self.pending.len(), out.len()) == before && !self.finished {
                 // No progress: it needs more input than there is.
                 break;
@@ -258,23 +354,17 @@ impl Decoding {
         Ok(out)
     }
 
-    /// The encoded body ended: the rest of the output, or an error if its encoding did not end.
-    fn finish(&mut self) -> Result<Vec<u8>, BodyError> {
-        if !self.any_input {
+    /// The encoded body ended: an error if its encoding did not.
+    fn finish(&mut self) -> Result<(), BodyError> {
+        if self.finished || !self.any_input {
             self.finished = true;
-            return Ok(Vec::new());
+            return Ok(());
         }
-        match &mut self.decoder {
-            Decoder::Gzip(gzip) => {
-                gzip.try_finish()
-                    .map_err(|_| corrupt("the gzip body ended before its end"))?;
-                self.finished = true;
-                Ok(std::mem::take(gzip.get_mut()))
-            }
-            _ if self.finished => Ok(Vec::new()),
-            Decoder::Deflate(_) => Err(corrupt("the deflate body ended before its end")),
-            Decoder::Brotli(_) => Err(corrupt("the brotli body ended before its end")),
-        }
+        Err(corrupt(match self.decoder {
+            Decoder::Gzip(_) => "the gzip body ended before its end",
+            Decoder::Deflate(_) => "the deflate body ended before its end",
+            Decoder::Brotli(_) => "the brotli body ended before its end",
+        }))
     }
 }
 
@@ -300,8 +390,7 @@ where
             let out = match decoding.step() {
                 Ok(out) if !out.is_empty() => out,
                 Ok(_) if decoding.input_ended => match decoding.finish() {
-                    Ok(out) if !out.is_empty() => out,
-                    Ok(_) => return Poll::Ready(None),
+                    Ok(()) => return Poll::Ready(None),
                     Err(e) => {
                         decoding.finished = true;
                         return Poll::Ready(Some(Err(e)));
@@ -359,6 +448,7 @@ mod tests {
     use http_body_util::BodyExt;
     use proptest::prelude::*;
     use std::collections::VecDeque;
+    use std::io::Write;
 
     /// A body of the given pieces, then perhaps an error.
     struct Pieces(VecDeque<Result<Bytes, BodyError>>);
@@ -505,10 +595,36 @@ mod tests {
             let (got, largest) = block_on(decode(*coding, &wire, &[])).unwrap();
             assert!(got == data, "{coding:?}");
             assert!(
-                largest <= MAX_DECODED_FRAME + 1100 * GZIP_STEP,
+                largest < MAX_DECODED_FRAME + OUTPUT_STEP,
                 "{coding:?}: {largest}"
             );
         }
+    }
+
+    /// A gzip header with a name, a comment and extra fields is read past, split anywhere; a body whose CRC or length does not match is an error.
+    #[test]
+    fn gzip_headers_with_every_field_decode_and_a_bad_crc_does_not() {
+        let data = b"{\"usage\":{\"total_tokens\":30}}".repeat(10);
+        let mut e = flate2::GzBuilder::new()
+            .filename("answer.json")
+            .comment("from the upstream")
+            .extra(vec![1, 2, 3, 4])
+            .write(Vec::new(), flate2::Compression::default());
+        e.write_all(&data).unwrap();
+        let mut wire = e.finish().unwrap();
+        for cut in 0..wire.len() {
+            let (got, _) = block_on(decode(ContentCoding::Gzip, &wire, &[cut])).unwrap();
+            assert_eq!(got, data, "cut at {cut}");
+        }
+        let at = wire.len() - 6;
+        wire[at] ^= 1;
+        let e = block_on(decode(ContentCoding::Gzip, &wire, &[])).unwrap_err();
+        assert!(e.contains("CRC"), "{e}");
+        assert!(
+            gzip_header(b"\x1f\x8b\x08\x00").unwrap().is_none(),
+            "not all there"
+        );
+        assert!(gzip_header(b"PK\x03\x04 not gzip at all").is_err());
     }
 
     #[test]
