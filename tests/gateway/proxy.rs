@@ -28,6 +28,9 @@ model_list:
     litellm_params: {{model: openai/x, api_base: "{base}", proxy: "http://alice:s3cret@127.0.0.1:{port}"}}
   - model_name: direct
     litellm_params: {{model: openai/x, api_base: "{base}", proxy: ""}}
+  - model_name: noauth
+    litellm_params: {{model: openai/x, api_base: "{base}", proxy: "http://127.0.0.1:{port}"}}
+router_settings: {{num_retries: 0}}
 "#,
         port = proxy.port
     ));
@@ -56,6 +59,19 @@ model_list:
     assert!(
         !up.last().headers.contains_key("via"),
         "proxy: \"\" is direct"
+    );
+    // The proxy's 407 (no credentials) is not passed on as the upstream's answer. (tinyproxy
+    // answers wrong credentials with a 401, which cannot be told from an upstream's.)
+    let r = gw.chat(MASTER, "noauth", false).await;
+    assert_eq!(r.status, 502, "{}", r.text());
+    let message = r.error_message();
+    assert!(
+        message.starts_with(&format!(
+            "Upstream for noauth is unreachable: through the proxy http://127.0.0.1:{}: the proxy \
+             answered 407",
+            proxy.port
+        )),
+        "{message}"
     );
     // The config as served hides the proxy's password.
     let config = gw.get("/config", Some(MASTER)).await;

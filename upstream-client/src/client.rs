@@ -155,6 +155,13 @@ impl Client {
                 Err((_, e)) if reused => return Err(reset(e)),
                 Err((_, e)) => return Err(e),
             };
+            if let (Via::Forward { proxy, .. }, 407) = (&bound.via, head.status.as_u16()) {
+                // The proxy's answer, not the upstream's: the connection is not kept.
+                return Err(ClientError::Proxy(
+                    proxy.to_string(),
+                    Box::new(ClientError::ProxyAuthentication),
+                ));
+            }
             let mut response = Response::new(UpstreamBody::new(
                 conn,
                 head.framing,

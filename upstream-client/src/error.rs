@@ -41,6 +41,10 @@ pub enum ClientError {
     /// The proxy answered the `CONNECT` for an `https` upstream with this status and reason,
     /// not a `2xx` (`407 Proxy Authentication Required`, `403 Forbidden`).
     Tunnel(u16, String),
+    /// A forward proxy answered an `http` upstream's request with `407 Proxy Authentication
+    /// Required`: no credentials, or not the ones it takes (the answer is the proxy's, not the
+    /// upstream's).
+    ProxyAuthentication,
 }
 
 impl ClientError {
@@ -55,6 +59,7 @@ impl ClientError {
                 | ClientError::Tls(_)
                 | ClientError::Connect(_)
                 | ClientError::Tunnel(..)
+                | ClientError::ProxyAuthentication
                 | ClientError::Proxy(..)
         )
     }
@@ -82,6 +87,9 @@ impl std::fmt::Display for ClientError {
             ClientError::Tunnel(status, reason) => {
                 write!(f, "the proxy refused the tunnel: {status} {reason}")
             }
+            ClientError::ProxyAuthentication => f.write_str(
+                "the proxy answered 407 Proxy Authentication Required (no credentials, or not its)",
+            ),
         }
     }
 }
@@ -92,7 +100,8 @@ impl std::error::Error for ClientError {
             ClientError::BadUrl
             | ClientError::Closed
             | ClientError::ConnectTimeout(_)
-            | ClientError::Tunnel(..) => None,
+            | ClientError::Tunnel(..)
+            | ClientError::ProxyAuthentication => None,
             ClientError::Proxy(_, e) => Some(&**e),
             ClientError::Dns(e)
             | ClientError::Refused(e)
