@@ -66,6 +66,8 @@ mod route;
 mod wire;
 
 #[cfg(test)]
+mod differential;
+#[cfg(test)]
 mod tests;
 
 pub use body::UpstreamBody;
