@@ -1,4 +1,4 @@
-//! A real nginx (Debian's `nginx`) started by a test from `PATH` with its own config, pid file,
+//! A real nginx (Debian's `nginx`) started by a test from `PATH` (or `/usr/sbin`) with its own config, pid file,
 //! logs and temp dirs in a scratch directory, listening on free loopback ports; killed on drop.
 //! Skipped loudly where nginx is missing, unless `REQUIRE_NGINX=1`.
 
@@ -7,7 +7,10 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::external::{available, free_port};
+use crate::external::{available, free_port, have};
+
+/// Debian installs nginx in `/usr/sbin`, which a user's `PATH` may not hold.
+const SBIN_NGINX: &str = "/usr/sbin/nginx";
 
 /// A running nginx.
 #[derive(Debug)]
@@ -27,7 +30,12 @@ impl Nginx {
         listen: usize,
         servers: impl Fn(&str, &[u16]) -> String,
     ) -> Option<Self> {
-        available(test, &["nginx"], "REQUIRE_NGINX", "nginx")?;
+        let binary = if !have("nginx") && std::path::Path::new(SBIN_NGINX).exists() {
+            SBIN_NGINX
+        } else {
+            available(test, &["nginx"], "REQUIRE_NGINX", "nginx")?;
+            "nginx"
+        };
         let dir = crate::external::unique_temp_path("tpl-nginx");
         std::fs::create_dir_all(&dir).expect("scratch dir");
         let d = dir.display().to_string();
@@ -42,7 +50,7 @@ impl Nginx {
                 servers(&d, &ports)
             );
             std::fs::write(dir.join("nginx.conf"), config).expect("nginx.conf");
-            let child = Command::new("nginx")
+            let child = Command::new(binary)
                 .arg("-p")
                 .arg(&dir)
                 .arg("-c")
