@@ -13,7 +13,8 @@
 //! left); on a stream the first bytes must also come within `stream_timeout` of the head. Until
 //! then nothing went to the client, so a timeout is a failure like any other, retried or fallen
 //! back from. After it the body goes to the client as it comes, and is ended when it is silent
-//! for `stream_timeout` (a stream) or `timeout` (any other body): see [`crate::idle`].
+//! for `stream_timeout` (a stream) or `timeout` (any other body), or, for a body that is not a
+//! stream, when the whole of it has not come within the attempt's time: see [`crate::idle`].
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -680,6 +681,14 @@ impl Upstream {
             sse,
             prepared.model_name.clone(),
         );
+        // A body that is not a stream has the attempt's time for the whole of it, so an
+        // upstream that sends a byte now and then cannot hold the request forever. A stream may
+        // be long: only its silences are bounded.
+        let body = if chat.stream || sse {
+            body
+        } else {
+            body.with_deadline(deadline, time)
+        };
         let mut out = Response::new(Body::new(body));
         *out.status_mut() = parts.status;
         *out.headers_mut() = headers;
