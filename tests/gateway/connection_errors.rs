@@ -1,7 +1,7 @@
 //! How the upstream client's failures reach the client and the router, over real sockets: a
 //! kept connection the upstream closes under a request already sent is a reset, retried on a
 //! new connection (not "unreachable"); a refused connection and a failed TLS handshake each say
-//! what they were.
+//! what they were; the pool's connections are in `/metrics`.
 
 use integration_tests::gateway::{with_master, Gw, MASTER};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -140,4 +140,24 @@ async fn a_refused_connection_and_a_failed_handshake_each_say_what_they_were() {
         message.starts_with("Upstream for r is unreachable: the TLS handshake failed"),
         "{message}"
     );
+}
+
+/// The pool's connections are in `/metrics`, by upstream: one opened, kept idle between
+/// requests and reused for every one.
+#[tokio::test]
+async fn the_pool_s_connections_are_in_the_metrics() {
+    let base = integration_tests::upstream::Upstream::start().await.1;
+    let upstream = base.trim_end_matches("/v1");
+    let gw = Gw::start(&config(&base, 0), None).await;
+    for _ in 0..3 {
+        assert_eq!(gw.chat(MASTER, "r", false).await.status, 200);
+    }
+    let text = gw.get("/metrics", None).await.text().to_owned();
+    for line in [
+        format!("gateway_upstream_connections{{upstream=\"{upstream}\",state=\"idle\"}} 1"),
+        format!("gateway_upstream_connections{{upstream=\"{upstream}\",state=\"in_use\"}} 0"),
+        format!("gateway_upstream_connects_total{{upstream=\"{upstream}\"}} 1"),
+    ] {
+        assert!(text.lines().any(|l| l == line), "{line} in:\n{text}");
+    }
 }

@@ -12,7 +12,7 @@ use crate::body::UpstreamBody;
 use crate::conn::{Conn, HEAD_SIZE, READ_SIZE};
 use crate::connect::{default_port, default_tls, Connector, Key, Via};
 use crate::error::ClientError;
-use crate::pool::{checkout, Pool};
+use crate::pool::{checkout, Counted, Pool};
 use crate::proxy::Proxies;
 use crate::route::{Bound, ProxyChoice, Route};
 use crate::wire::{write_header_line, write_request_head, KeepHeaders, EVERY_HEADER};
@@ -116,7 +116,7 @@ impl Client {
         loop {
             let (mut conn, reused) = match checkout(idle).await {
                 Some(conn) => (conn, true),
-                None => (self.connect(&route.key, &bound.via).await?, false),
+                None => (self.connect(&route.key, bound).await?, false),
             };
             // The head into the connection's own buffer, and a small body after it: one plain
             // write (as the server side does, see server.rs). A larger body is not copied: it
@@ -215,13 +215,14 @@ impl Client {
         }
     }
 
-    async fn connect(&self, key: &Key, via: &Via) -> Result<Conn, ClientError> {
-        let io = self.connector.connect(key, via).await?;
+    async fn connect(&self, key: &Key, bound: &Bound) -> Result<Conn, ClientError> {
+        let io = self.connector.connect(key, &bound.via).await?;
         Ok(Conn {
             io,
             read: BytesMut::with_capacity(READ_SIZE),
             head: Vec::with_capacity(HEAD_SIZE),
             idle_since: Instant::now(),
+            _counted: Counted::new(&bound.idle.1),
         })
     }
 }

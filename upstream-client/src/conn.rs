@@ -13,6 +13,7 @@ use tokio::io::{AsyncReadExt, AsyncWrite};
 
 use crate::connect::Stream;
 use crate::error::ClientError;
+use crate::pool::Counted;
 use crate::wire::{parse_head, Head, KeepHeaders, ProtocolError};
 
 /// Room made in a connection's read buffer before each read.
@@ -29,6 +30,8 @@ pub(crate) struct Conn {
     /// The head of the request being written, kept so each request's head reuses its room.
     pub(crate) head: Vec<u8>,
     pub(crate) idle_since: Instant,
+    /// Counted open (in its upstream's metrics) while it lives.
+    pub(crate) _counted: Counted,
 }
 
 impl Conn {

@@ -74,7 +74,7 @@ pub use body::UpstreamBody;
 pub use client::{Client, CONNECT_TIMEOUT};
 pub use decode::{ContentCoding, DecodedBody, UnsupportedCoding, MAX_DECODED_FRAME};
 pub use error::{BodyError, ClientError};
-pub use pool::IDLE_TIMEOUT;
+pub use pool::{Connections, IDLE_TIMEOUT};
 pub use proxy::{NoProxy, Proxies, Proxy, ProxyError};
 pub use route::Route;
 pub use wire::{KeepHeaders, ProtocolError, EVERY_HEADER, MAX_HEAD};

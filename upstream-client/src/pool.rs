@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 use std::future::poll_fn;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -18,7 +19,47 @@ const MAX_IDLE_PER_UPSTREAM: usize = 1024;
 
 /// The idle connections to one upstream, newest last.
 #[derive(Default)]
-pub(crate) struct Idle(pub(crate) Mutex<Vec<Conn>>);
+pub(crate) struct Idle(pub(crate) Mutex<Vec<Conn>>, pub(crate) Arc<Counts>);
+
+/// How many connections to one upstream were opened, and are open now (idle or in use):
+/// counted as connections open and close, never per request.
+#[derive(Debug, Default)]
+pub(crate) struct Counts {
+    opened: AtomicU64,
+    open: AtomicUsize,
+}
+
+/// A connection's place in its upstream's [`Counts`]: counted open while it lives.
+#[derive(Debug)]
+pub(crate) struct Counted(Arc<Counts>);
+
+impl Counted {
+    /// A connection just opened to the upstream of `counts`.
+    pub(crate) fn new(counts: &Arc<Counts>) -> Self {
+        counts.opened.fetch_add(1, Ordering::Relaxed);
+        counts.open.fetch_add(1, Ordering::Relaxed);
+        Self(Arc::clone(counts))
+    }
+}
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        self.0.open.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// The connections of one upstream (and proxy, if any) at one moment, for metrics.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Connections {
+    /// `scheme://host[:port]`, and ` via http://proxy:port` through a proxy (no credentials).
+    pub upstream: String,
+    /// Connections opened since the client was made.
+    pub opened: u64,
+    /// Open now, waiting in the pool for a request.
+    pub idle: usize,
+    /// Open now, carrying a request or its response.
+    pub in_use: usize,
+}
 
 impl std::fmt::Debug for Idle {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -27,6 +68,20 @@ impl std::fmt::Debug for Idle {
 }
 
 impl Idle {
+    /// Its connections now, under the name `upstream`.
+    pub(crate) fn connections(&self, upstream: String) -> Connections {
+        let idle = self.0.lock().unwrap_or_else(|e| e.into_inner()).len();
+        let open = self.1.open.load(Ordering::Relaxed);
+        Connections {
+            upstream,
+            opened: self.1.opened.load(Ordering::Relaxed),
+            idle,
+            // Read apart from the list, so a connection may be counted on both sides for an
+            // instant: never below 0.
+            in_use: open.saturating_sub(idle),
+        }
+    }
+
     /// The newest idle connection, dropping the expired ones.
     pub(crate) fn take(&self) -> Option<Conn> {
         let mut list = self.0.lock().unwrap_or_else(|e| e.into_inner());

@@ -7,7 +7,7 @@ use http::{HeaderMap, HeaderName, HeaderValue, Uri};
 
 use crate::connect::{Key, Via};
 use crate::error::ClientError;
-use crate::pool::Idle;
+use crate::pool::{Connections, Idle};
 use crate::proxy::Proxy;
 use crate::wire::{is_framing, write_header_line};
 
@@ -94,6 +94,28 @@ impl Route {
             proxy: ProxyChoice::Client,
             bound: OnceLock::new(),
         })
+    }
+
+    /// The connections of its upstream (and proxy) in the client it was first sent through;
+    /// `None` before its first request. Routes to one upstream share its connections, so they
+    /// report the same.
+    pub fn connections(&self) -> Option<Connections> {
+        let bound = self.bound.get()?;
+        let mut upstream = format!(
+            "{}://{}",
+            self.key.scheme,
+            String::from_utf8_lossy(self.host.as_bytes())
+        );
+        if let Some(proxy) = bound.via.proxy() {
+            let (host, port) = proxy.address();
+            let host = if host.contains(':') {
+                format!("[{host}]")
+            } else {
+                host.to_owned()
+            };
+            upstream.push_str(&format!(" via http://{host}:{port}"));
+        }
+        Some(bound.idle.connections(upstream))
     }
 
     /// This route through `proxy`, or (`None`) directly, whatever the client's

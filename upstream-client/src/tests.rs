@@ -508,3 +508,46 @@ async fn a_kept_connection_broken_under_a_sent_request_is_a_reset() {
     }
     assert_eq!(accepted.load(Ordering::SeqCst), 2);
 }
+
+/// A route reports its upstream's connections: opened so far, idle, in use (a response being
+/// read), and none open once an answer closed its connection.
+#[tokio::test]
+async fn a_route_reports_its_upstream_s_connections() {
+    use crate::{Connections, Route};
+    let answers = vec![
+        (
+            b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok".to_vec(),
+            false,
+        ),
+        (
+            b"HTTP/1.1 200 OK\r\nconnection: close\r\ncontent-length: 2\r\n\r\nok".to_vec(),
+            true,
+        ),
+    ];
+    let (addr, _) = raw_upstream(answers).await;
+    let client = Client::default();
+    let route = Route::new(format!("http://user:pw@{addr}/x").parse().unwrap()).unwrap();
+    assert_eq!(route.connections(), None, "not sent yet");
+    let send = || client.send(&route, Request::post("/").body(Bytes::new()).unwrap());
+    let stats = |opened, idle, in_use| Connections {
+        upstream: format!("http://{addr}"),
+        opened,
+        idle,
+        in_use,
+    };
+    let response = send().await.unwrap();
+    assert_eq!(
+        route.connections(),
+        Some(stats(1, 0, 1)),
+        "its response is being read"
+    );
+    response.into_body().collect().await.unwrap();
+    assert_eq!(
+        route.connections(),
+        Some(stats(1, 1, 0)),
+        "kept, no credentials shown"
+    );
+    // The second answer closes the connection after it: not kept, no longer open.
+    send().await.unwrap().into_body().collect().await.unwrap();
+    assert_eq!(route.connections(), Some(stats(1, 0, 0)));
+}

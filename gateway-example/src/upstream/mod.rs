@@ -446,6 +446,21 @@ impl Upstream {
         }
     }
 
+    /// The connections of every upstream its deployments' routes have sent to, one entry per
+    /// upstream (routes to one upstream share its connections), by name.
+    pub fn connections(&self) -> Vec<upstream_client::Connections> {
+        let mut all: Vec<upstream_client::Connections> = self
+            .prepared
+            .iter()
+            .flatten()
+            .flat_map(|p| p.routes.iter().flatten())
+            .filter_map(Route::connections)
+            .collect();
+        all.sort_by(|a, b| a.upstream.cmp(&b.upstream));
+        all.dedup_by(|a, b| a.upstream == b.upstream);
+        all
+    }
+
     /// The client whose response bodies end when `streams_end` says so.
     pub fn with_streams_end(mut self, streams_end: StreamsEnd) -> Self {
         self.streams_end = streams_end;
