@@ -1,6 +1,8 @@
-//! A real nginx (Debian's `nginx`) started by a test from `PATH` (or `/usr/sbin`) with its own config, pid file,
-//! logs and temp dirs in a scratch directory, listening on free loopback ports; killed on drop.
-//! Skipped loudly where nginx is missing, unless `REQUIRE_NGINX=1`.
+//! A real nginx (Debian's `nginx`) started by a test from `PATH` (or `/usr/sbin`) with its own
+//! config, pid file, logs and temp dirs in a scratch directory, listening on free loopback
+//! ports; killed on drop. It runs as one process (`master_process off`): killing a master would
+//! leave its workers running, holding their ports. Skipped loudly where nginx is missing,
+//! unless `REQUIRE_NGINX=1`.
 
 use std::net::TcpStream;
 use std::path::PathBuf;
@@ -42,7 +44,7 @@ impl Nginx {
         for _ in 0..5 {
             let ports: Vec<u16> = (0..listen).map(|_| free_port()).collect();
             let config = format!(
-                "daemon off;\nworker_processes 1;\npid {d}/nginx.pid;\nerror_log {d}/error.log info;\n\
+                "daemon off;\nmaster_process off;\npid {d}/nginx.pid;\nerror_log {d}/error.log info;\n\
                  events {{ worker_connections 256; }}\n\
                  http {{\n  access_log {d}/access.log;\n  client_body_temp_path {d}/body;\n  \
                  proxy_temp_path {d}/proxy;\n  fastcgi_temp_path {d}/fastcgi;\n  \
