@@ -21,13 +21,13 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use bytes::Bytes;
-use gateway_example::upstream::client::{Client, Route, UpstreamBody};
 use http::{HeaderMap, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Either, Full};
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
+use upstream_client::{Client, Route, UpstreamBody};
 
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -116,7 +116,6 @@ mod own {
     use std::time::Duration;
 
     use bytes::{Bytes, BytesMut};
-    use gateway_example::upstream::client::{Client, Route};
     use http::header::HeaderName;
     use http::header::{CONNECTION, CONTENT_LENGTH, CONTENT_TYPE, TRANSFER_ENCODING};
     use http::{HeaderMap, HeaderValue, Method, Request};
@@ -124,6 +123,7 @@ mod own {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio::net::TcpStream;
     use tokio::time::{sleep, Instant};
+    use upstream_client::{Client, Route};
 
     const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
     const MAX_HEAD: usize = 16 * 1024;

@@ -299,7 +299,12 @@ impl Gateway {
             })
             .collect();
         let keys = self.keys.as_local().map(|k| k.key_count() as u64);
-        self.metrics.encode(ScrapeGauges { deployments, keys })
+        let connections = self.upstream.connections();
+        self.metrics.encode(ScrapeGauges {
+            deployments,
+            connections,
+            keys,
+        })
     }
 
     /// The validated config in force.

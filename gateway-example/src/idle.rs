@@ -1,5 +1,7 @@
 //! [`IdleBody`]: an upstream response body that ends when the upstream goes silent for too long
-//! (`stream_timeout`), or when the shutdown grace period is over.
+//! (`stream_timeout`), when the whole body has not come by its deadline (a body that is not a
+//! stream: `timeout`, however often the upstream sends a little), or when the shutdown grace
+//! period is over.
 //!
 //! How it ends: a server-sent-events stream gets one last event, an error in the OpenAI shape
 //! (`data: {"error": {"message", "type", "param", "code"}}`, which the OpenAI clients raise as an
@@ -30,6 +32,9 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 enum Ending {
     /// No data for `stream_timeout`.
     Idle,
+    /// The whole body did not come within its time (`timeout`, for a body that is not a
+    /// stream), however often the upstream sent a little.
+    TooLong(Duration),
     /// The shutdown grace period is over.
     Shutdown,
 }
@@ -61,6 +66,8 @@ pin_project! {
         wait_began: Option<Instant>,
         ended: bool,
         model: Arc<str>,
+        // When the whole body must have come, and the time that was (`None`: no bound).
+        total: Option<(Instant, Duration)>,
     }
 }
 
@@ -98,7 +105,15 @@ impl<B> IdleBody<B> {
             wait_began: None,
             ended: false,
             model,
+            total: None,
         }
+    }
+
+    /// This body ended at `deadline` if it has not ended by then, however often the upstream
+    /// sends a little (`time` is what the deadline allowed, for the message).
+    pub fn with_deadline(mut self, deadline: Instant, time: Duration) -> Self {
+        self.total = Some((deadline, time));
+        self
     }
 }
 
@@ -112,6 +127,15 @@ fn message(why: Ending, model: &str, idle: Duration) -> (u16, &'static str, Stri
                 "Upstream for {model} sent nothing for {:.1} s (stream_timeout); the response \
                  was ended.",
                 idle.as_secs_f64()
+            ),
+        ),
+        Ending::TooLong(time) => (
+            504,
+            "timeout",
+            format!(
+                "Upstream for {model} did not finish its response within {:.1} s (timeout); \
+                 the response was ended.",
+                time.as_secs_f64()
             ),
         ),
         Ending::Shutdown => (
@@ -179,7 +203,11 @@ where
         let why = if shutdown {
             Ending::Shutdown
         } else {
-            let deadline = *this.wait_began.get_or_insert_with(Instant::now) + *this.idle;
+            let silence = *this.wait_began.get_or_insert_with(Instant::now) + *this.idle;
+            let deadline = match this.total {
+                Some((total, _)) => silence.min(*total),
+                None => silence,
+            };
             loop {
                 match this.timer.as_mut().as_pin_mut() {
                     None => this.timer.set(Some(tokio::time::sleep_until(deadline))),
@@ -188,8 +216,12 @@ where
                             return Poll::Pending;
                         }
                         // Fired for an earlier wait: armed again for this one.
-                        if Instant::now() >= deadline {
-                            break Ending::Idle;
+                        let now = Instant::now();
+                        if now >= deadline {
+                            break match this.total {
+                                Some((total, time)) if now >= *total => Ending::TooLong(*time),
+                                _ => Ending::Idle,
+                            };
                         }
                         timer.reset(deadline);
                     }
@@ -283,6 +315,52 @@ mod tests {
             "m".into(),
         );
         assert!(body.collect().await.is_err());
+    }
+
+    /// An upstream that sends a byte every 4 s is never silent for 5 s, but the whole body has
+    /// 10 s: it is ended then, with an error that says so.
+    #[tokio::test(start_paused = true)]
+    async fn a_dripping_body_is_ended_at_its_deadline() {
+        use futures_util::StreamExt;
+        let (_keep, end) = streams_end();
+        let drip = futures_util::stream::iter(0..)
+            .then(|_| async {
+                tokio::time::sleep(Duration::from_secs(4)).await;
+                Ok::<_, BoxError>(Frame::data(Bytes::from_static(b" ")))
+            })
+            .boxed();
+        let started = Instant::now();
+        let body = IdleBody::new(
+            StreamBody::new(drip),
+            None,
+            Duration::from_secs(5),
+            end,
+            false,
+            "m".into(),
+        )
+        .with_deadline(started + Duration::from_secs(10), Duration::from_secs(10));
+        let error = body.collect().await.unwrap_err().to_string();
+        assert_eq!(
+            error,
+            "Upstream for m did not finish its response within 10.0 s (timeout); the response \
+             was ended."
+        );
+        assert_eq!(Instant::now() - started, Duration::from_secs(10));
+        // A body that comes whole in time is not touched by its deadline.
+        let (_keep, end) = streams_end();
+        let body = IdleBody::new(
+            http_body_util::Full::new(Bytes::from_static(b"{}")),
+            None,
+            Duration::from_secs(5),
+            end,
+            false,
+            "m".into(),
+        )
+        .with_deadline(
+            Instant::now() + Duration::from_secs(1),
+            Duration::from_secs(1),
+        );
+        assert_eq!(body.collect().await.unwrap().to_bytes(), "{}");
     }
 
     #[tokio::test(start_paused = true)]

@@ -7,7 +7,8 @@
 //!   `gateway_upstream_fallbacks_total{model}`;
 //! - read at scrape: `gateway_deployment_in_flight{model,deployment}`,
 //!   `gateway_deployment_cooldown{model,deployment}` (1 while parked or cooling down),
-//!   `gateway_keys` (embedded key store only).
+//!   `gateway_upstream_connections{upstream,state}` (idle, in use),
+//!   `gateway_upstream_connects_total{upstream}`, `gateway_keys` (embedded key store only).
 //!
 //! Labels are bounded: routes are the router's, models the config's groups (`other` for any
 //! other name, `none` where no model was involved), statuses a fixed list or their class.
@@ -241,11 +242,13 @@ impl Collector for Durations {
     }
 }
 
-/// Gauges read at scrape from the router and the key store.
+/// Gauges read at scrape from the router, the upstream client and the key store.
 #[derive(Debug, Default)]
 pub struct ScrapeGauges {
     /// Per deployment: (group, id, in flight, parked or cooling down).
     pub deployments: Vec<(String, String, u64, bool)>,
+    /// Per upstream the client has sent to: its connections.
+    pub connections: Vec<upstream_client::Connections>,
     /// Keys in the key store, when it can count them without a round trip.
     pub keys: Option<u64>,
 }
@@ -272,6 +275,29 @@ impl Collector for ScrapeGauges {
         for (model, id, _, parked) in &self.deployments {
             let labels = [("model", model.as_str()), ("deployment", id.as_str())];
             gauge(u64::from(*parked)).encode(family.encode_family(&labels)?)?;
+        }
+        let mut family = encoder.encode_descriptor(
+            "gateway_upstream_connections",
+            "Connections open to an upstream, idle (in the pool) or in use",
+            None,
+            MetricType::Gauge,
+        )?;
+        for c in &self.connections {
+            for (state, n) in [("idle", c.idle), ("in_use", c.in_use)] {
+                let labels = [("upstream", c.upstream.as_str()), ("state", state)];
+                gauge(n as u64).encode(family.encode_family(&labels)?)?;
+            }
+        }
+        let mut family = encoder.encode_descriptor(
+            "gateway_upstream_connects",
+            "Connections opened to an upstream (each one a TCP connect, and a TLS handshake for https)",
+            None,
+            MetricType::Counter,
+        )?;
+        for c in &self.connections {
+            let labels = [("upstream", c.upstream.as_str())];
+            prometheus_client::metrics::counter::ConstCounter::new(c.opened)
+                .encode(family.encode_family(&labels)?)?;
         }
         if let Some(keys) = self.keys {
             let family = encoder.encode_descriptor(

@@ -7,16 +7,16 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use bytes::Bytes;
-use gateway_example::upstream::client::Client;
 use http_body_util::BodyExt;
 use integration_tests::external::{available, unique_temp_path};
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::Notify;
+use upstream_client::Client;
 
 /// A certificate for `127.0.0.1` and its key, made by `openssl` in a scratch directory.
-fn certificate() -> (CertificateDer<'static>, PrivateKeyDer<'static>) {
+pub(crate) fn certificate() -> (CertificateDer<'static>, PrivateKeyDer<'static>) {
     let dir = unique_temp_path("tpl-tls");
     std::fs::create_dir_all(&dir).unwrap();
     let (cert, key) = (dir.join("cert.pem"), dir.join("key.pem"));
@@ -50,7 +50,7 @@ fn certificate() -> (CertificateDer<'static>, PrivateKeyDer<'static>) {
     pair
 }
 
-fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+pub(crate) fn provider() -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
 
@@ -138,14 +138,7 @@ async fn an_https_upstream_streams_and_its_connection_is_kept_then_replaced() {
         .unwrap()
         .with_root_certificates(roots)
         .with_no_client_auth();
-    let mut http = hyper_util::client::legacy::connect::HttpConnector::new();
-    http.enforce_http(false);
-    let connector = hyper_rustls::HttpsConnectorBuilder::new()
-        .with_tls_config(tls)
-        .https_only()
-        .enable_http1()
-        .wrap_connector(http);
-    let client = Client::new(connector);
+    let client = Client::with_tls(tls);
     let send = |path: &str| {
         let request = http::Request::post(format!("https://{addr}{path}"))
             .body(Bytes::new())

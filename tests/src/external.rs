@@ -1,4 +1,5 @@
-//! External programs the tests start from `PATH` (`redis-server`, `prometheus`, `chromium`, `openssl`):
+//! External programs the tests start from `PATH` (`redis-server`, `prometheus`, `chromium`, `openssl`,
+//! `nginx`, `tinyproxy`):
 //! each test that needs one skips loudly where it is missing, unless its `REQUIRE_*=1` variable
 //! (set by `.ci/run`, which installs them) makes that a failure.
 

@@ -24,6 +24,8 @@ pub mod external;
 pub mod gateway;
 pub mod http;
 pub mod keys;
+pub mod nginx;
 pub mod prometheus;
 pub mod redis;
+pub mod tinyproxy;
 pub mod upstream;

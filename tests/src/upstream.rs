@@ -1,6 +1,7 @@
 //! A small OpenAI-shaped upstream for gateway tests, on an ephemeral port. It records what it was
 //! sent. The model name picks a behaviour: `reset` streams two chunks then drops the connection,
-//! `slow` waits 2 s, `fail` answers 500 with an OpenAI error, `html` answers 502 with a non-JSON
+//! `slow` waits 2 s, `fail` answers 500 with an OpenAI error, `missing` 404 with OpenAI's error for
+//! a model that does not exist, `html` answers 502 with a non-JSON
 //! page, `redirect` answers 302 with an empty body, `echo-key-401` answers 401 with an OpenAI error
 //! and `echo-key-500` 500 with a plain-text page, both echoing the `authorization` header they
 //! were sent (and `echo-key-500` the text of [`OTHER_KEY`]); on a stream, `silent` sends two chunks
@@ -98,6 +99,13 @@ async fn chat(
                 .status(StatusCode::INTERNAL_SERVER_ERROR)
                 .header("content-type", "application/json")
                 .body(Body::from(json!({"error": {"message": "the model is on fire", "type": "server_error", "param": null, "code": null}}).to_string()))
+                .unwrap()
+        }
+        "missing" => {
+            return Response::builder()
+                .status(StatusCode::NOT_FOUND)
+                .header("content-type", "application/json")
+                .body(Body::from(json!({"error": {"message": "The model `missing` does not exist or you do not have access to it.", "type": "invalid_request_error", "param": null, "code": "model_not_found"}}).to_string()))
                 .unwrap()
         }
         "echo-key-401" => {

@@ -7,7 +7,7 @@
 //! ```
 //!
 //! `server` answers every request with the non-streamed chat completion `mock-upstream` sends.
-//! `client h1` sends through the gateway's own client (`gateway_example::upstream::client`), a
+//! `client h1` sends through the gateway's own client (`upstream_client`), a
 //! kept-alive connection per request in flight; `client h2` through hyper's HTTP/2 client, every
 //! request a stream on one connection (the least an HTTP/2 client does: no pool). Each reads
 //! the whole answer. The client prints its own CPU time per request (user and kernel, from
@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::Bytes;
-use gateway_example::upstream::client::{Client, Route};
+use upstream_client::{Client, Route};
 use http::{Request, Response};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;

@@ -4,7 +4,9 @@ use std::time::Duration;
 
 use tower_priority_limit::config::{ConfigError, Node};
 
-use super::{seconds, Api, Azure, Deployment, Target, ANTHROPIC_API_BASE, OPENAI_API_BASE};
+use super::{
+    seconds, Api, Azure, Deployment, ProxySetting, Target, ANTHROPIC_API_BASE, OPENAI_API_BASE,
+};
 
 /// The timeouts a deployment without its own takes: `router_settings.timeout` (else
 /// `litellm_settings.request_timeout`, else [`DEFAULT_TIMEOUT`](super::DEFAULT_TIMEOUT)) and
@@ -115,6 +117,16 @@ pub(super) fn deployment(
         }
         None => None,
     };
+    let proxy = match params.get("proxy")? {
+        None => ProxySetting::FromEnvironment,
+        Some(node) => match node.string()?.trim() {
+            "" => ProxySetting::Direct,
+            url => ProxySetting::Via(
+                upstream_client::Proxy::parse(url, &node.path())
+                    .map_err(|e| node.error(e.reason))?,
+            ),
+        },
+    };
     let id = match item.get("model_info")? {
         Some(info) => match info.get("id")? {
             Some(node) => {
@@ -137,6 +149,7 @@ pub(super) fn deployment(
         rpm,
         tpm,
         weight,
+        proxy,
     })
 }
 

@@ -160,6 +160,22 @@ pub struct Deployment {
     pub tpm: Option<u64>,
     /// `litellm_params.weight`, for `simple-shuffle`.
     pub weight: Option<f64>,
+    /// `litellm_params.proxy`: the forward proxy to its upstream.
+    pub proxy: ProxySetting,
+}
+
+/// How a deployment's upstream is reached: as the environment's `HTTPS_PROXY`, `HTTP_PROXY` and
+/// `NO_PROXY` say (no `proxy` key), directly (`proxy: ""`), or through the given proxy
+/// (`proxy: http://[user:password@]host:port`). `Debug` hides the proxy's password.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum ProxySetting {
+    /// The environment's.
+    #[default]
+    FromEnvironment,
+    /// No proxy.
+    Direct,
+    /// This one.
+    Via(upstream_client::Proxy),
 }
 
 /// A validated gateway config. `Debug` shows no secret: the master key, upstream keys and

@@ -3,14 +3,18 @@
 //! `Authorization: Bearer`; Anthropic deployments get messages at `{api_base}/v1/messages` with
 //! `x-api-key` and `anthropic-version` (the client's, else [`ANTHROPIC_VERSION`]). Model name
 //! mapping, usage requested on streams that report it only when asked, bodies streamed through
-//! chunk by chunk, timeouts, and upstream errors in the OpenAI shape.
+//! chunk by chunk, timeouts, and upstream errors in the OpenAI shape. Upstreams are asked for
+//! `identity`; an answer in gzip, deflate or brotli anyway is decoded on its way (so the meter reads
+//! its text and the client gets it without a `Content-Encoding`), one in another coding is a
+//! failure (502).
 //!
 //! Timeouts of one attempt: its response head and first body bytes must come within the time the
 //! attempt was given (the deployment's `timeout`, or less when the request's attempts have less
 //! left); on a stream the first bytes must also come within `stream_timeout` of the head. Until
 //! then nothing went to the client, so a timeout is a failure like any other, retried or fallen
 //! back from. After it the body goes to the client as it comes, and is ended when it is silent
-//! for `stream_timeout` (a stream) or `timeout` (any other body): see [`crate::idle`].
+//! for `stream_timeout` (a stream) or `timeout` (any other body), or, for a body that is not a
+//! stream, when the whole of it has not come within the attempt's time: see [`crate::idle`].
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,23 +22,24 @@ use std::time::Duration;
 use axum::body::Body;
 use axum::response::Response;
 use bytes::Bytes;
-use http::header::{Entry, ACCEPT_ENCODING, AUTHORIZATION, CONTENT_TYPE, RETRY_AFTER};
+use http::header::{
+    Entry, ACCEPT_ENCODING, AUTHORIZATION, CONTENT_ENCODING, CONTENT_TYPE, RETRY_AFTER,
+};
 use http::{HeaderMap, HeaderValue, Method, Request, StatusCode};
 use http_body_util::{BodyExt, Limited};
 use serde_json::Value;
 use tower_priority_limit::redact::redact_url;
 
 use crate::chat::ChatRequest;
-use crate::config::{Api, Deployment, Target};
+use crate::config::{Api, Deployment, ProxySetting, Target};
 use crate::error::ApiError;
 use crate::idle::IdleBody;
 use crate::signal::{streams_end, StreamsEnd};
 
-pub mod client;
-mod http1;
-
-use client::{Client, ClientError, KeepHeaders, Route, UpstreamBody};
 use http::HeaderName;
+use upstream_client::{
+    Client, ClientError, ContentCoding, DecodedBody, KeepHeaders, Proxies, Route,
+};
 
 /// What [`Upstream::forward`] sends to one deployment that is the same for every request, worked
 /// out once when the gateway starts (a deployment's target cannot change without a restart): the
@@ -73,7 +78,7 @@ impl Prepared {
         // What every request to the deployment carries, written once into each route.
         let mut headers = HeaderMap::with_capacity(4);
         headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-        // Compressed bytes could not be metered.
+        // Compressed bytes could not be metered; one that answers encoded anyway is decoded.
         headers.insert(ACCEPT_ENCODING, HeaderValue::from_static("identity"));
         // Keys that cannot be a header value are refused when the config is loaded.
         let azure_token = azure.as_ref().and_then(|a| a.ad_token.as_ref());
@@ -112,7 +117,14 @@ impl Prepared {
                 url.parse()
                     .ok()
                     .and_then(|u| Route::new(u).ok())
-                    .map(|route| route.with_headers(&headers))
+                    .map(|route| {
+                        let route = route.with_headers(&headers);
+                        match &deployment.proxy {
+                            ProxySetting::FromEnvironment => route,
+                            ProxySetting::Direct => route.with_proxy(None),
+                            ProxySetting::Via(proxy) => route.with_proxy(Some(proxy.clone())),
+                        }
+                    })
                     .ok_or_else(|| redact_url(&url))
             })
             .collect();
@@ -128,8 +140,6 @@ impl Prepared {
 /// The `anthropic-version` sent to Anthropic deployments when the client sends none.
 pub const ANTHROPIC_VERSION: &str = "2023-06-01";
 
-/// Time allowed to open a TCP connection to an upstream.
-pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Error bodies from upstreams are read up to this size.
 const MAX_ERROR_BODY: usize = 1024 * 1024;
 /// The deadline of a time too long to add to now: about 30 years, as tokio's timeouts take it.
@@ -192,6 +202,9 @@ pub struct Upstream {
     secrets: Secrets,
     /// Ends the bodies still streaming when the shutdown grace period is over.
     streams_end: StreamsEnd,
+    /// Why the environment's proxy variables cannot be used, if they cannot: the requests of
+    /// deployments that take them fail with it (never sent around the proxy).
+    proxy_error: Option<Arc<str>>,
 }
 
 /// Every configured upstream key, longest first (so a key that contains another is hidden
@@ -244,6 +257,7 @@ impl Default for Upstream {
             secrets: Secrets::default(),
             // Never told to end; see `with_streams_end`.
             streams_end: streams_end().1,
+            proxy_error: None,
         }
     }
 }
@@ -444,11 +458,42 @@ impl Upstream {
             .collect();
         keys.sort_by(|a, b| b.len().cmp(&a.len()).then_with(|| a.cmp(b)));
         keys.dedup();
+        // The environment's forward proxies (HTTPS_PROXY, HTTP_PROXY, NO_PROXY), read once.
+        let (client, proxy_error) = match Proxies::from_env() {
+            Ok(proxies) => {
+                if proxies != Proxies::none() {
+                    // The proxies' passwords are hidden in their `Debug`.
+                    tracing::info!(?proxies, "upstreams are reached through forward proxies");
+                }
+                (Client::default().with_proxies(proxies), None)
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "the proxy environment cannot be used");
+                (Client::default(), Some(e.to_string().into()))
+            }
+        };
         Self {
+            client,
+            proxy_error,
             secrets: Secrets(keys.into()),
             prepared: deployments.iter().map(Prepared::new).collect(),
             ..Self::default()
         }
+    }
+
+    /// The connections of every upstream its deployments' routes have sent to, one entry per
+    /// upstream (routes to one upstream share its connections), by name.
+    pub fn connections(&self) -> Vec<upstream_client::Connections> {
+        let mut all: Vec<upstream_client::Connections> = self
+            .prepared
+            .iter()
+            .flatten()
+            .flat_map(|p| p.routes.iter().flatten())
+            .filter_map(Route::connections)
+            .collect();
+        all.sort_by(|a, b| a.upstream.cmp(&b.upstream));
+        all.dedup_by(|a, b| a.upstream == b.upstream);
+        all
     }
 
     /// The client whose response bodies end when `streams_end` says so.
@@ -512,6 +557,16 @@ impl Upstream {
             UpstreamFailure::without_response(ApiError::internal(format!("bad upstream URL {url}")))
         })?;
         let url = || redact_url(&route.url().to_string());
+        if let (Some(e), ProxySetting::FromEnvironment) = (&self.proxy_error, &deployment.proxy) {
+            return Err(UpstreamFailure::without_response(ApiError::new(
+                StatusCode::BAD_GATEWAY,
+                "api_connection_error",
+                format!(
+                    "Upstream for {} is not reached: {e}.",
+                    deployment.model_name
+                ),
+            )));
+        }
         let body = upstream_bytes(deployment, chat)
             .map_err(|e| UpstreamFailure::without_response(ApiError::internal(e)))?;
         let mut request = Request::new(body);
@@ -538,20 +593,58 @@ impl Upstream {
                     error = %e,
                     "upstream request failed"
                 );
-                let what = match e {
-                    ClientError::Protocol(_) => "sent a broken response",
-                    _ => "is unreachable",
+                // Every kind is a failure without a response (retried as docs/routing.md says);
+                // each says what happened.
+                let (status, kind, what) = match e {
+                    ClientError::Protocol(_) => (
+                        StatusCode::BAD_GATEWAY,
+                        "api_connection_error",
+                        "sent a broken response",
+                    ),
+                    ClientError::Reset(_) => {
+                        (StatusCode::BAD_GATEWAY, "api_connection_error", "broke off")
+                    }
+                    ClientError::ConnectTimeout(_) => {
+                        (StatusCode::GATEWAY_TIMEOUT, "timeout", "is unreachable")
+                    }
+                    _ => (
+                        StatusCode::BAD_GATEWAY,
+                        "api_connection_error",
+                        "is unreachable",
+                    ),
                 };
                 return Err(UpstreamFailure::without_response(ApiError::new(
-                    StatusCode::BAD_GATEWAY,
-                    "api_connection_error",
+                    status,
+                    kind,
                     format!("Upstream for {} {what}: {e}", deployment.model_name),
                 )));
             }
             Ok(Ok(response)) => response,
         };
 
-        let (mut parts, mut body) = response.into_parts();
+        let (mut parts, body) = response.into_parts();
+        // An upstream may encode its answer although asked for `identity`: the body is decoded
+        // here (the meter reads text, and the client gets what the head now says, no coding).
+        let coding = match ContentCoding::of(&parts.headers) {
+            Ok(ContentCoding::Identity) => ContentCoding::Identity,
+            Ok(coding) => {
+                parts.headers.remove(CONTENT_ENCODING);
+                coding
+            }
+            Err(e) => {
+                tracing::warn!(upstream = %url(), error = %e, "upstream answer cannot be decoded");
+                return Err(UpstreamFailure::without_response(ApiError::new(
+                    StatusCode::BAD_GATEWAY,
+                    "api_connection_error",
+                    format!(
+                        "Upstream for {} answered {}, but {e}.",
+                        deployment.model_name,
+                        parts.status.as_u16()
+                    ),
+                )));
+            }
+        };
+        let mut body = DecodedBody::new(body, coding);
         if !parts.status.is_success() {
             return Err(UpstreamFailure {
                 status: Some(parts.status),
@@ -638,6 +731,14 @@ impl Upstream {
             sse,
             prepared.model_name.clone(),
         );
+        // A body that is not a stream has the attempt's time for the whole of it, so an
+        // upstream that sends a byte now and then cannot hold the request forever. A stream may
+        // be long: only its silences are bounded.
+        let body = if chat.stream || sse {
+            body
+        } else {
+            body.with_deadline(deadline, time)
+        };
         let mut out = Response::new(Body::new(body));
         *out.status_mut() = parts.status;
         *out.headers_mut() = headers;
@@ -656,11 +757,13 @@ const ANSWER_HEADERS: KeepHeaders = KeepHeaders {
     room: crate::chat::ANSWER_HEADERS,
 };
 
-/// The headers of an upstream's answer read here: its content type, `retry-after` on a refusal,
-/// and the [`RATE_LIMIT_PREFIX`] ones the router learns from. The others (a provider's request
+/// The headers of an upstream's answer read here: its content type, its content encoding (to
+/// decode it), `retry-after` on a refusal, and the [`RATE_LIMIT_PREFIX`] ones the router learns
+/// from. The others (a provider's request
 /// id, timings, cookies, ...) are not passed on, so the client does not build them.
 fn read_here(name: &[u8]) -> bool {
     name.eq_ignore_ascii_case(b"content-type")
+        || name.eq_ignore_ascii_case(b"content-encoding")
         || name.eq_ignore_ascii_case(b"retry-after")
         || name
             .get(..RATE_LIMIT_PREFIX.len())
@@ -708,7 +811,7 @@ fn azure_url(
 /// no configured upstream key is left in it.
 async fn upstream_error(
     status: StatusCode,
-    body: UpstreamBody,
+    body: DecodedBody,
     deployment: &Deployment,
     within: Duration,
     secrets: &Secrets,
@@ -793,6 +896,7 @@ mod tests {
             rpm: None,
             tpm: None,
             weight: None,
+            proxy: Default::default(),
         }
     }
 
@@ -816,6 +920,7 @@ mod tests {
         for name in [
             "content-type",
             "Content-Type",
+            "Content-Encoding",
             "retry-after",
             "x-ratelimit-remaining-requests",
             "X-RateLimit-Reset-Tokens",
