@@ -178,7 +178,10 @@ async fn a_gzip_error_answer_is_read_decoded() {
         "gzip",
         "asked by nginx"
     );
-    let message = r.error_message();
+    // The upstream's own error object, passed on as it sent it (its `code` too).
+    let error = &r.json()["error"];
+    assert_eq!(error["code"], "model_not_found", "{error}");
+    let message = error["message"].as_str().unwrap_or_default();
     assert!(message.contains("`missing` does not exist"), "{message}");
 }
 
