@@ -9,16 +9,23 @@ use serde_json::json;
 const M: &str = "gpt-5.6-luna";
 
 fn config() -> String {
-    with_master(
+    queue_config(1, "", 10)
+}
+
+/// The model with `rpm`, `reservation` (a `priority_reservation:` line, or none) and a queue of
+/// `max_queued` waiting at most 100 s.
+fn queue_config(rpm: u64, reservation: &str, max_queued: u32) -> String {
+    with_master(&format!(
         r#"
 model_list:
   - model_name: gpt-5.6-luna
-    litellm_params: {model: openai/gpt-5.6-luna, mock_response: "hi", rpm: 1}
+    litellm_params: {{model: openai/gpt-5.6-luna, mock_response: "hi", rpm: {rpm}}}
 litellm_settings:
   callbacks: ["dynamic_rate_limiter_v3"]
-  priority_reservation_settings: {queue: {max_wait_seconds: 100, max_queued: 10}}
-"#,
-    )
+  {reservation}
+  priority_reservation_settings: {{queue: {{max_wait_seconds: 100, max_queued: {max_queued}}}}}
+"#
+    ))
 }
 
 async fn until_waiting(gw: &Gw, n: usize) {
@@ -102,17 +109,7 @@ async fn the_router_waits_for_capacity_and_answers_the_429_at_the_deadline() {
 /// exactly who waits: 40 clients wait and go away, then 3 wait; the gauge says 40, then 0, then 3.
 #[tokio::test]
 async fn the_queue_depth_counts_exactly_who_waits_after_clients_hang_up() {
-    let yaml = with_master(
-        r#"
-model_list:
-  - model_name: gpt-5.6-luna
-    litellm_params: {model: openai/gpt-5.6-luna, mock_response: "hi", rpm: 1}
-litellm_settings:
-  callbacks: ["dynamic_rate_limiter_v3"]
-  priority_reservation_settings: {queue: {max_wait_seconds: 100, max_queued: 100}}
-"#,
-    );
-    let gw = Gw::start(&yaml, None).await;
+    let gw = Gw::start(&queue_config(1, "", 100), None).await;
     let key = gw.new_key(json!({})).await;
     assert_eq!(gw.chat(&key, M, false).await.status, 200);
     let depth = || async {
@@ -222,17 +219,7 @@ async fn with_reserve_the_queue_waits_for_reservations_in_flight() {
 /// roll prod is served first; the queue never holds more than 20.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_caller_can_fill_the_queue_for_others() {
-    let yaml = with_master(
-        r#"
-model_list:
-  - model_name: gpt-5.6-luna
-    litellm_params: {model: openai/gpt-5.6-luna, mock_response: "hi", rpm: 2}
-litellm_settings:
-  callbacks: ["dynamic_rate_limiter_v3"]
-  priority_reservation: {"prod": 0.5, "dev": 0.5}
-  priority_reservation_settings: {queue: {max_wait_seconds: 100, max_queued: 20}}
-"#,
-    );
+    let yaml = queue_config(2, r#"priority_reservation: {"prod": 0.5, "dev": 0.5}"#, 20);
     let gw = std::sync::Arc::new(Gw::start(&yaml, None).await);
     let dev = gw.new_key(json!({"metadata": {"priority": "dev"}})).await;
     let other_dev = gw.new_key(json!({"metadata": {"priority": "dev"}})).await;

@@ -460,15 +460,7 @@ pub async fn block(
     State(gw): State<Arc<Gateway>>,
     JsonBody(body): JsonBody,
 ) -> Result<Json<Value>, ApiError> {
-    only_honoured(&body, "/key/block", &["key"])?;
-    let key = named_key(&body)?;
-    change_key(&gw, &key, |current| {
-        Ok(KeyRecord {
-            blocked: true,
-            ..current.clone()
-        })
-    })
-    .await
+    set_blocked(&gw, &body, "/key/block", true).await
 }
 
 /// `POST /key/unblock {"key"}`: serves the key again.
@@ -476,11 +468,21 @@ pub async fn unblock(
     State(gw): State<Arc<Gateway>>,
     JsonBody(body): JsonBody,
 ) -> Result<Json<Value>, ApiError> {
-    only_honoured(&body, "/key/unblock", &["key"])?;
-    let key = named_key(&body)?;
-    change_key(&gw, &key, |current| {
+    set_blocked(&gw, &body, "/key/unblock", false).await
+}
+
+/// Blocks or unblocks the key `body` names.
+async fn set_blocked(
+    gw: &Gateway,
+    body: &Map<String, Value>,
+    endpoint: &str,
+    blocked: bool,
+) -> Result<Json<Value>, ApiError> {
+    only_honoured(body, endpoint, &["key"])?;
+    let key = named_key(body)?;
+    change_key(gw, &key, move |current| {
         Ok(KeyRecord {
-            blocked: false,
+            blocked,
             ..current.clone()
         })
     })

@@ -270,18 +270,9 @@ impl RedisKeys {
              end return 0",
         );
         for _ in 0..TRIES {
-            let old: Option<String> = self
-                .query(::redis::cmd("HGET").arg(&self.keys_hash).arg(token))
-                .await?;
-            let Some(old) = old else {
+            let Some((old, current)) = self.stored_key(token).await? else {
                 return Ok(None);
             };
-            let current: KeyRecord = serde_json::from_str(&old).map_err(|e| {
-                KeyStoreError::Corrupt(format!("{} field {token}: {e}", self.keys_hash))
-            })?;
-            if !hashes_match(&current.token, token) {
-                return Ok(None);
-            }
             let record = change(&current)?;
             let json = serde_json::to_string(&record)
                 .map_err(|e| KeyStoreError::Corrupt(format!("encoding a key record: {e}")))?;
@@ -317,6 +308,15 @@ impl RedisKeys {
 
     /// A key's record by its hash, from Redis (not the cache).
     pub async fn key(&self, token: &str) -> Result<Option<Arc<KeyRecord>>, KeyStoreError> {
+        Ok(self
+            .stored_key(token)
+            .await?
+            .map(|(_, record)| Arc::new(record)))
+    }
+
+    /// A key's record by its hash, with the JSON it is stored as (what a compare-and-set
+    /// compares).
+    async fn stored_key(&self, token: &str) -> Result<Option<(String, KeyRecord)>, KeyStoreError> {
         let json: Option<String> = self
             .query(::redis::cmd("HGET").arg(&self.keys_hash).arg(token))
             .await?;
@@ -327,7 +327,7 @@ impl RedisKeys {
             KeyStoreError::Corrupt(format!("{} field {token}: {e}", self.keys_hash))
         })?;
         // A record filed under another hash is not this key's.
-        Ok(hashes_match(&record.token, token).then(|| Arc::new(record)))
+        Ok(hashes_match(&record.token, token).then_some((json, record)))
     }
 
     /// Deletes keys by hash; returns, per hash, whether it existed. They stop working here at
