@@ -9,10 +9,11 @@ use http::{Request, Response};
 use tower::Service;
 
 use crate::body::UpstreamBody;
+use crate::conn::Counted;
 use crate::conn::{Conn, HEAD_SIZE, READ_SIZE};
 use crate::connect::{default_port, default_tls, Connector, Key, Via};
 use crate::error::ClientError;
-use crate::pool::{checkout, Counted, Pool};
+use crate::pool::{checkout, Pool};
 use crate::proxy::Proxies;
 use crate::route::{Bound, ProxyChoice, Route};
 use crate::wire::{write_header_line, write_request_head, KeepHeaders, EVERY_HEADER};

@@ -4,6 +4,8 @@
 use std::future::{poll_fn, Future};
 use std::io::{self, IoSlice};
 use std::pin::{pin, Pin};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 use std::time::Instant;
 
@@ -13,13 +15,51 @@ use tokio::io::{AsyncReadExt, AsyncWrite};
 
 use crate::connect::Stream;
 use crate::error::ClientError;
-use crate::pool::Counted;
 use crate::wire::{parse_head, Head, KeepHeaders, ProtocolError};
 
 /// Room made in a connection's read buffer before each read.
 pub(crate) const READ_SIZE: usize = 16 * 1024;
 /// Room for a request head: a connection's head buffer starts with it (and keeps what it grows to).
 pub(crate) const HEAD_SIZE: usize = 512;
+
+/// How many connections to one upstream were opened, and are open now (idle or in use):
+/// counted as connections open and close, never per request.
+#[derive(Debug, Default)]
+pub(crate) struct Counts {
+    opened: AtomicU64,
+    open: AtomicUsize,
+}
+
+impl Counts {
+    /// Connections opened so far.
+    pub(crate) fn opened(&self) -> u64 {
+        self.opened.load(Ordering::Relaxed)
+    }
+
+    /// Connections open now.
+    pub(crate) fn open(&self) -> usize {
+        self.open.load(Ordering::Relaxed)
+    }
+}
+
+/// A connection's place in its upstream's [`Counts`]: counted open while it lives.
+#[derive(Debug)]
+pub(crate) struct Counted(Arc<Counts>);
+
+impl Counted {
+    /// A connection just opened to the upstream of `counts`.
+    pub(crate) fn new(counts: &Arc<Counts>) -> Self {
+        counts.opened.fetch_add(1, Ordering::Relaxed);
+        counts.open.fetch_add(1, Ordering::Relaxed);
+        Self(Arc::clone(counts))
+    }
+}
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        self.0.open.fetch_sub(1, Ordering::Relaxed);
+    }
+}
 
 /// One open connection and the bytes read from it not yet used. Polled only by the request
 /// using it (or, idle, by the sweep).

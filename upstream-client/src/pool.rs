@@ -3,12 +3,11 @@
 
 use std::collections::HashMap;
 use std::future::poll_fn;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use crate::conn::Conn;
+use crate::conn::{Conn, Counts};
 use crate::connect::Key;
 
 /// How long a connection may sit idle before it is dropped rather than reused (servers close
@@ -20,33 +19,6 @@ const MAX_IDLE_PER_UPSTREAM: usize = 1024;
 /// The idle connections to one upstream, newest last.
 #[derive(Default)]
 pub(crate) struct Idle(pub(crate) Mutex<Vec<Conn>>, pub(crate) Arc<Counts>);
-
-/// How many connections to one upstream were opened, and are open now (idle or in use):
-/// counted as connections open and close, never per request.
-#[derive(Debug, Default)]
-pub(crate) struct Counts {
-    opened: AtomicU64,
-    open: AtomicUsize,
-}
-
-/// A connection's place in its upstream's [`Counts`]: counted open while it lives.
-#[derive(Debug)]
-pub(crate) struct Counted(Arc<Counts>);
-
-impl Counted {
-    /// A connection just opened to the upstream of `counts`.
-    pub(crate) fn new(counts: &Arc<Counts>) -> Self {
-        counts.opened.fetch_add(1, Ordering::Relaxed);
-        counts.open.fetch_add(1, Ordering::Relaxed);
-        Self(Arc::clone(counts))
-    }
-}
-
-impl Drop for Counted {
-    fn drop(&mut self) {
-        self.0.open.fetch_sub(1, Ordering::Relaxed);
-    }
-}
 
 /// The connections of one upstream (and proxy, if any) at one moment, for metrics.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -71,10 +43,10 @@ impl Idle {
     /// Its connections now, under the name `upstream`.
     pub(crate) fn connections(&self, upstream: String) -> Connections {
         let idle = self.0.lock().unwrap_or_else(|e| e.into_inner()).len();
-        let open = self.1.open.load(Ordering::Relaxed);
+        let open = self.1.open();
         Connections {
             upstream,
-            opened: self.1.opened.load(Ordering::Relaxed),
+            opened: self.1.opened(),
             idle,
             // Read apart from the list, so a connection may be counted on both sides for an
             // instant: never below 0.
