@@ -22,17 +22,27 @@ pub(super) fn deployment(
     position: usize,
     defaults: TimeoutDefaults,
 ) -> Result<Deployment, ConfigError> {
-    let model_name = item
+    let name_node = item
         .get("model_name")?
-        .ok_or_else(|| item.error("missing model_name"))?
-        .string()?;
+        .ok_or_else(|| item.error("missing model_name"))?;
+    let model_name = name_node.string()?;
     let params = item
         .get("litellm_params")?
         .ok_or_else(|| item.error("missing litellm_params"))?;
-    let model = params
+    let model_node = params
         .get("model")?
-        .ok_or_else(|| params.error("missing model (e.g. openai/gpt-4o)"))?
-        .string()?;
+        .ok_or_else(|| params.error("missing model (e.g. openai/gpt-4o)"))?;
+    let model = model_node.string()?;
+    // LiteLLM's wildcard routes (`openai/*`) would be taken as a literal name: refused, not
+    // served wrong.
+    for (node, value) in [(&name_node, &model_name), (&model_node, &model)] {
+        if value.contains('*') {
+            return Err(node.error(format!(
+                "wildcard routes ({value:?}) are not supported yet: list each model the \
+                 deployment serves as its own model_list entry"
+            )));
+        }
+    }
     let (provider, upstream_model) = match model.split_once('/') {
         Some((provider, rest)) if !rest.is_empty() => (Some(provider.to_owned()), rest.to_owned()),
         _ => (None, model.clone()),

@@ -478,3 +478,22 @@ fn an_api_key_unusable_in_a_header_is_refused_at_load() {
         assert!(!e.contains("sk-s"), "{e}");
     }
 }
+
+/// LiteLLM's wildcard routes are refused at start, naming the path, not served as a literal
+/// model name.
+#[test]
+fn wildcard_routes_are_refused_by_path() {
+    for (yaml, want) in [
+        (
+            "model_list:\n  - model_name: openai/*\n    litellm_params: {model: openai/*, api_base: \"http://127.0.0.1:1/v1\"}\n",
+            "model_list[0].model_name: wildcard routes (\"openai/*\") are not supported yet",
+        ),
+        (
+            "model_list:\n  - model_name: any\n    litellm_params: {model: \"openai/gpt-*\", api_base: \"http://127.0.0.1:1/v1\"}\n",
+            "model_list[0].litellm_params.model: wildcard routes (\"openai/gpt-*\")",
+        ),
+    ] {
+        let e = GatewayConfig::from_yaml_str(yaml).unwrap_err().to_string();
+        assert!(e.starts_with(want), "{e}");
+    }
+}
