@@ -51,7 +51,7 @@ fn opt_string(body: &Map<String, Value>, field: &'static str) -> Result<Option<S
     }
 }
 
-/// The fields `/key/generate` honours; any other is refused by name ([`only_honoured`]).
+/// The fields `/key/generate` honours; any other is refused by name.
 pub const KEY_FIELDS: [&str; 8] = [
     "key",
     "key_alias",
