@@ -557,3 +557,90 @@ async fn keys_are_blocked_unblocked_and_updated() {
         401
     );
 }
+
+/// `/team/update` changes a team's priority and models for every key of it at once; `/team/block`
+/// refuses every key of the team (401 that says so) until `/team/unblock`.
+#[tokio::test]
+async fn teams_are_updated_blocked_and_unblocked() {
+    let gw = Gw::start(&rpm10(), None).await;
+    let team = gw
+        .new_team(json!({"team_alias": "search", "metadata": {"priority": "dev"}}))
+        .await;
+    let key = gw.new_key(json!({"team_id": team})).await;
+    let other = gw.new_key(json!({})).await;
+    assert_eq!(
+        gw.chat(&key, M, false).await.headers["x-litellm-priority"],
+        "dev"
+    );
+    let r = gw
+        .post(
+            "/team/update",
+            Some(MASTER),
+            json!({"team_id": team, "metadata": {"priority": "prod"}}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["team_alias"], "search", "what was not given stays");
+    assert_eq!(
+        gw.chat(&key, M, false).await.headers["x-litellm-priority"],
+        "prod"
+    );
+    let r = gw
+        .post(
+            "/team/update",
+            Some(MASTER),
+            json!({"team_id": team, "models": ["other"]}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(
+        gw.chat(&key, M, false).await.status,
+        403,
+        "held to the team's new list"
+    );
+
+    let r = gw
+        .post("/team/block", Some(MASTER), json!({"team_id": team}))
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let r = gw.chat(&key, M, false).await;
+    assert_eq!(r.status, 401);
+    assert!(
+        r.error_message().contains("Team is blocked"),
+        "{}",
+        r.error_message()
+    );
+    assert_eq!(
+        gw.chat(&other, M, false).await.status,
+        200,
+        "other keys are not"
+    );
+    let r = gw
+        .post("/team/unblock", Some(MASTER), json!({"team_id": team}))
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(
+        gw.chat(&key, M, false).await.status,
+        403,
+        "back, still on its list"
+    );
+
+    for (path, body, status) in [
+        (
+            "/team/update",
+            json!({"team_id": team, "tpm_limit": 1}),
+            400,
+        ),
+        (
+            "/team/update",
+            json!({"team_id": team, "metadata": {"priority": "prdo"}}),
+            400,
+        ),
+        ("/team/update", json!({"team_alias": "x"}), 400),
+        ("/team/update", json!({"team_id": "no-such-team"}), 404),
+        ("/team/block", json!({"team_id": "no-such-team"}), 404),
+    ] {
+        let r = gw.post(path, Some(MASTER), body.clone()).await;
+        assert_eq!(r.status, status, "{path} {body}: {}", r.text());
+    }
+}

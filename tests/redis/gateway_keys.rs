@@ -249,6 +249,45 @@ async fn a_key_blocked_or_updated_on_one_gateway_changes_on_the_other_within_a_s
     .await;
 }
 
+/// A team blocked on A refuses its keys on B within the cache TTL; unblocked on B, A serves them.
+#[tokio::test]
+async fn a_team_blocked_on_one_gateway_is_refused_on_the_other_within_a_second() {
+    let Some(redis) = RedisServer::start("a_team_blocked_on_one_gateway") else {
+        return;
+    };
+    let gw = pair(&single(&redis)).await;
+    let team = gw.a.new_team(json!({})).await;
+    let key = gw.a.new_key(json!({"team_id": team})).await;
+    assert_eq!(gw.b.chat(&key, M, false).await.status, 200, "cached on B");
+    let r =
+        gw.a.post("/team/block", Some(MASTER), json!({"team_id": team}))
+            .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(
+        gw.a.chat(&key, M, false).await.status,
+        401,
+        "at once where it was blocked"
+    );
+    let took = within(
+        KEY_CACHE_TTL * 3,
+        "B refuses the blocked team's key",
+        || async { gw.b.chat(&key, M, false).await.status == 401 },
+    )
+    .await;
+    assert!(
+        took <= KEY_CACHE_TTL + Duration::from_millis(500),
+        "{took:?}"
+    );
+    let r =
+        gw.b.post("/team/unblock", Some(MASTER), json!({"team_id": team}))
+            .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    within(KEY_CACHE_TTL * 3, "A serves the key again", || async {
+        gw.a.chat(&key, M, false).await.status == 200
+    })
+    .await;
+}
+
 /// A team's `models` made on A hold on B, through a fallback too: `cheap` (one request a minute,
 /// shared in Redis) falls back to `dear`, which the team may not use.
 #[tokio::test]

@@ -266,6 +266,7 @@ fn team_json(team: &TeamRecord) -> Value {
         "team_alias": team.team_alias,
         "metadata": team.metadata,
         "models": team.models,
+        "blocked": team.blocked,
         "created_at": team.created_at,
     })
 }
@@ -482,6 +483,108 @@ async fn set_blocked(
     let key = named_key(body)?;
     change_key(gw, &key, move |current| {
         Ok(KeyRecord {
+            blocked,
+            ..current.clone()
+        })
+    })
+    .await
+}
+
+/// The fields `/team/update` honours (`team_id` names the team to change).
+pub const TEAM_UPDATE_FIELDS: [&str; 5] =
+    ["team_id", "team_alias", "metadata", "models", "blocked"];
+
+/// The team a `/team/update`, `/team/block` or `/team/unblock` body names.
+fn named_team(body: &Map<String, Value>) -> Result<String, ApiError> {
+    opt_string(body, "team_id")?
+        .ok_or_else(|| ApiError::bad_request("Missing required field 'team_id'.").param("team_id"))
+}
+
+/// Applies `change` to team `team_id`: its new record, or a 404.
+async fn change_team(
+    gw: &Gateway,
+    team_id: &str,
+    change: impl Fn(&TeamRecord) -> Result<TeamRecord, KeyStoreError> + Send + Sync + 'static,
+) -> Result<Json<Value>, ApiError> {
+    let team = gw
+        .keys()
+        .update_team(team_id, change)
+        .await
+        .map_err(store_error)?
+        .ok_or_else(|| {
+            ApiError::new(StatusCode::NOT_FOUND, "not_found_error", "Team not found.")
+        })?;
+    Ok(Json(team_json(&team)))
+}
+
+/// `POST /team/update {"team_id", ...}`: changes the fields given (those of
+/// [`TEAM_UPDATE_FIELDS`]); the others stay. Its keys follow on every gateway within a second.
+pub async fn update_team(
+    State(gw): State<Arc<Gateway>>,
+    JsonBody(body): JsonBody,
+) -> Result<Json<Value>, ApiError> {
+    only_honoured(&body, "/team/update", &TEAM_UPDATE_FIELDS)?;
+    let team_id = named_team(&body)?;
+    let priorities = gw.limiter().config().priorities().to_vec();
+    let team_alias = body
+        .contains_key("team_alias")
+        .then(|| opt_string(&body, "team_alias"))
+        .transpose()?;
+    let metadata = body
+        .contains_key("metadata")
+        .then(|| metadata(&body, &priorities))
+        .transpose()?;
+    let models = body
+        .contains_key("models")
+        .then(|| models(&body))
+        .transpose()?;
+    let blocked = opt_bool(&body, "blocked")?;
+    change_team(&gw, &team_id, move |current| {
+        let mut team = current.clone();
+        if let Some(alias) = &team_alias {
+            team.team_alias.clone_from(alias);
+        }
+        if let Some(metadata) = &metadata {
+            team.metadata.clone_from(metadata);
+        }
+        if let Some(models) = &models {
+            team.models.clone_from(models);
+        }
+        if let Some(blocked) = blocked {
+            team.blocked = blocked;
+        }
+        Ok(team)
+    })
+    .await
+}
+
+/// `POST /team/block {"team_id"}`: every key of the team is refused (401) until it is unblocked.
+pub async fn block_team(
+    State(gw): State<Arc<Gateway>>,
+    JsonBody(body): JsonBody,
+) -> Result<Json<Value>, ApiError> {
+    set_team_blocked(&gw, &body, "/team/block", true).await
+}
+
+/// `POST /team/unblock {"team_id"}`: serves the team's keys again.
+pub async fn unblock_team(
+    State(gw): State<Arc<Gateway>>,
+    JsonBody(body): JsonBody,
+) -> Result<Json<Value>, ApiError> {
+    set_team_blocked(&gw, &body, "/team/unblock", false).await
+}
+
+/// Blocks or unblocks the team `body` names.
+async fn set_team_blocked(
+    gw: &Gateway,
+    body: &Map<String, Value>,
+    endpoint: &str,
+    blocked: bool,
+) -> Result<Json<Value>, ApiError> {
+    only_honoured(body, endpoint, &["team_id"])?;
+    let team_id = named_team(body)?;
+    change_team(gw, &team_id, move |current| {
+        Ok(TeamRecord {
             blocked,
             ..current.clone()
         })

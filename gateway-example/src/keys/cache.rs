@@ -95,6 +95,13 @@ impl KeyCache {
     }
 
     /// Keys deleted here: gone at once, and no lookup in flight may cache them again.
+    /// Forgets every entry (a team changed: the lookups of its keys hold its old record).
+    pub(crate) fn clear(&self) {
+        let mut inner = self.write();
+        inner.generation += 1;
+        inner.entries.clear();
+    }
+
     pub(crate) fn delete(&self, tokens: &[String]) {
         let mut inner = self.write();
         inner.generation += 1;

@@ -187,6 +187,27 @@ impl LocalStore {
         Ok(())
     }
 
+    /// Replaces team `team_id`'s record by what `change` makes of it; `None` when there is no such
+    /// team. Its keys follow at once. Blocks on the disk.
+    pub fn update_team(
+        &self,
+        team_id: &str,
+        change: impl FnOnce(&TeamRecord) -> Result<TeamRecord, KeyStoreError>,
+    ) -> Result<Option<TeamRecord>, KeyStoreError> {
+        let mut writer = self.writer();
+        let Some(current) = self.read().teams.get(team_id).map(|t| t.record.clone()) else {
+            return Ok(None);
+        };
+        let team = change(&current)?;
+        if let Some(db) = writer.as_mut() {
+            db.replace_team(&team)?;
+        }
+        self.index_mut()
+            .teams
+            .insert(team.team_id.clone(), PriorityOf::team(team.clone()));
+        Ok(Some(team))
+    }
+
     /// A team by id.
     pub fn team(&self, team_id: &str) -> Option<TeamRecord> {
         self.read().teams.get(team_id).map(|t| t.record.clone())
@@ -230,6 +251,7 @@ mod tests {
             team_alias: None,
             metadata: Map::new(),
             models: Vec::new(),
+            blocked: false,
             created_at: 0,
         }
     }

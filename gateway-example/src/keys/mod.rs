@@ -95,6 +95,9 @@ pub struct TeamRecord {
     /// (Records stored before teams had models read as empty.)
     #[serde(default)]
     pub models: Vec<String>,
+    /// Blocked (`/team/block`): every key of the team is refused until it is unblocked.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub blocked: bool,
     /// Unix seconds.
     pub created_at: u64,
 }
@@ -141,6 +144,8 @@ pub struct Resolved {
     pub key: Arc<KeyRecord>,
     /// Its team's `models`, when the team has a list (the key is held to it too).
     pub team_models: Option<Arc<[String]>>,
+    /// Its team is blocked: the key is refused.
+    pub team_blocked: bool,
     /// The priority: the team's `metadata.priority`, else the key's, else none.
     pub priority: Option<Arc<str>>,
 }
@@ -156,6 +161,7 @@ impl Resolved {
         Self {
             key,
             team_models,
+            team_blocked: team.is_some_and(|t| t.blocked),
             priority,
         }
     }
@@ -168,6 +174,7 @@ impl Resolved {
         Self {
             key: key.record.clone(),
             team_models: team.and_then(|t| t.team_models.clone()),
+            team_blocked: team.is_some_and(|t| t.record.blocked),
             priority: priority.cloned(),
         }
     }
@@ -563,6 +570,25 @@ impl KeyStore {
         }
     }
 
+    /// Changes team `team_id`'s record with `change`; `None` when there is no such team. On
+    /// Redis its keys follow on every gateway within [`KEY_CACHE_TTL`].
+    pub async fn update_team(
+        &self,
+        team_id: &str,
+        change: impl Fn(&TeamRecord) -> Result<TeamRecord, KeyStoreError> + Send + Sync + 'static,
+    ) -> Result<Option<TeamRecord>, KeyStoreError> {
+        match &self.backend {
+            Backend::Local(l) => {
+                let team_id = team_id.to_owned();
+                write(&self.write_turn, l, move |l| {
+                    l.update_team(&team_id, change)
+                })
+                .await
+            }
+            Backend::Redis(r) => r.update_team(team_id, change).await,
+        }
+    }
+
     /// Deletes keys (given as the keys themselves); returns the ones that existed.
     pub async fn delete_keys(&self, keys: &[String]) -> Result<Vec<String>, KeyStoreError> {
         let tokens: Vec<String> = keys.iter().map(|k| hash_key(k)).collect();
@@ -594,6 +620,7 @@ impl KeyStore {
             team_alias,
             metadata,
             models,
+            blocked: false,
             created_at: now_secs(),
         };
         match &self.backend {

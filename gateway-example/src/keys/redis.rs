@@ -255,14 +255,61 @@ impl RedisKeys {
     }
 
     /// Replaces the record of the key with hash `token` by what `change` makes of it, unless it
-    /// changed (or was deleted) meanwhile on another gateway: the write is a compare-and-set, tried
-    /// again on a fresh read a few times. `None` when there is no such key. Other gateways see the
-    /// change within [`super::KEY_CACHE_TTL`], this one at once.
+    /// changed (or was deleted) meanwhile on another gateway ([`Self::update_record`]). `None`
+    /// when there is no such key. Other gateways see the change within
+    /// [`super::KEY_CACHE_TTL`], this one at once.
     pub async fn update_key(
         &self,
         token: &str,
         change: impl Fn(&KeyRecord) -> Result<KeyRecord, KeyStoreError>,
     ) -> Result<Option<Arc<KeyRecord>>, KeyStoreError> {
+        let updated = self
+            .update_record(&self.keys_hash, token, |current: &KeyRecord| {
+                // A record filed under another hash is not this key's.
+                if !hashes_match(&current.token, token) {
+                    return Ok(None);
+                }
+                change(current).map(Some)
+            })
+            .await?;
+        if updated.is_some() {
+            self.cache.delete(&[token.to_owned()]);
+        }
+        Ok(updated.map(Arc::new))
+    }
+
+    /// Replaces team `team_id`'s record by what `change` makes of it ([`Self::update_record`]);
+    /// `None` when there is no such team. Its keys follow here at once, on every other gateway
+    /// within [`super::KEY_CACHE_TTL`] (their cached lookups hold the team's record).
+    pub async fn update_team(
+        &self,
+        team_id: &str,
+        change: impl Fn(&TeamRecord) -> Result<TeamRecord, KeyStoreError>,
+    ) -> Result<Option<TeamRecord>, KeyStoreError> {
+        let updated = self
+            .update_record(&self.teams_hash, team_id, |current: &TeamRecord| {
+                change(current).map(Some)
+            })
+            .await?;
+        if updated.is_some() {
+            // Here at once: the cached lookups of its keys hold the team's old record.
+            self.cache.clear();
+        }
+        Ok(updated)
+    }
+
+    /// Field `field` of hash `hash` replaced by what `change` makes of the record there (`None`
+    /// from `change`: leave it), as a compare-and-set on the stored JSON, tried again on a fresh
+    /// read a few times when another gateway changed it meanwhile. `None` when there is none.
+    async fn update_record<R>(
+        &self,
+        hash: &str,
+        field: &str,
+        change: impl Fn(&R) -> Result<Option<R>, KeyStoreError>,
+    ) -> Result<Option<R>, KeyStoreError>
+    where
+        R: serde::Serialize + serde::de::DeserializeOwned,
+    {
         const TRIES: usize = 5;
         let swap = ::redis::Script::new(
             "if redis.call('HGET', KEYS[1], ARGV[1]) == ARGV[2] then \
@@ -270,14 +317,21 @@ impl RedisKeys {
              end return 0",
         );
         for _ in 0..TRIES {
-            let Some((old, current)) = self.stored_key(token).await? else {
+            let old: Option<String> = self
+                .query(::redis::cmd("HGET").arg(hash).arg(field))
+                .await?;
+            let Some(old) = old else {
                 return Ok(None);
             };
-            let record = change(&current)?;
+            let current: R = serde_json::from_str(&old)
+                .map_err(|e| KeyStoreError::Corrupt(format!("{hash} field {field:?}: {e}")))?;
+            let Some(record) = change(&current)? else {
+                return Ok(None);
+            };
             let json = serde_json::to_string(&record)
-                .map_err(|e| KeyStoreError::Corrupt(format!("encoding a key record: {e}")))?;
-            let mut invocation = swap.key(&self.keys_hash);
-            invocation.arg(token).arg(&old).arg(&json);
+                .map_err(|e| KeyStoreError::Corrupt(format!("encoding a record: {e}")))?;
+            let mut invocation = swap.key(hash);
+            invocation.arg(field).arg(&old).arg(&json);
             let swapped: i64 = self
                 .bounded(|mut conn| {
                     let invocation = &invocation;
@@ -285,12 +339,12 @@ impl RedisKeys {
                 })
                 .await?;
             if swapped == 1 {
-                self.cache.delete(&[token.to_owned()]);
-                return Ok(Some(Arc::new(record)));
+                return Ok(Some(record));
             }
         }
         Err(KeyStoreError::Unavailable(format!(
-            "the key changed on another gateway during each of {TRIES} tries to update it"
+            "{hash} field {field:?} changed on another gateway during each of {TRIES} tries to \
+             update it"
         )))
     }
 
@@ -308,15 +362,6 @@ impl RedisKeys {
 
     /// A key's record by its hash, from Redis (not the cache).
     pub async fn key(&self, token: &str) -> Result<Option<Arc<KeyRecord>>, KeyStoreError> {
-        Ok(self
-            .stored_key(token)
-            .await?
-            .map(|(_, record)| Arc::new(record)))
-    }
-
-    /// A key's record by its hash, with the JSON it is stored as (what a compare-and-set
-    /// compares).
-    async fn stored_key(&self, token: &str) -> Result<Option<(String, KeyRecord)>, KeyStoreError> {
         let json: Option<String> = self
             .query(::redis::cmd("HGET").arg(&self.keys_hash).arg(token))
             .await?;
@@ -327,7 +372,7 @@ impl RedisKeys {
             KeyStoreError::Corrupt(format!("{} field {token}: {e}", self.keys_hash))
         })?;
         // A record filed under another hash is not this key's.
-        Ok(hashes_match(&record.token, token).then_some((json, record)))
+        Ok(hashes_match(&record.token, token).then(|| Arc::new(record)))
     }
 
     /// Deletes keys by hash; returns, per hash, whether it existed. They stop working here at

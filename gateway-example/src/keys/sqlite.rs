@@ -353,6 +353,16 @@ impl Db {
             .map_err(|e| self.write_error("updating a key", &e))
     }
 
+    /// Replaces a team's record (the team exists: the caller checked); committed when this returns.
+    pub(crate) fn replace_team(&mut self, team: &TeamRecord) -> Result<(), KeyStoreError> {
+        let json = to_json(team).map_err(|e| self.write_error("updating a team", &e))?;
+        self.conn
+            .prepare_cached("UPDATE teams SET record = ?2 WHERE team_id = ?1")
+            .and_then(|mut update| update.execute((&team.team_id, json)))
+            .map(|_| ())
+            .map_err(|e| self.write_error("updating a team", &e))
+    }
+
     /// Deletes keys by hash, all in one transaction.
     pub(crate) fn delete_keys(&mut self, tokens: &[&str]) -> Result<(), KeyStoreError> {
         let result = (|| {
