@@ -416,43 +416,82 @@ pub async fn update(
 ) -> Result<Json<Value>, ApiError> {
     only_honoured(&body, "/key/update", &KEY_UPDATE_FIELDS)?;
     let key = named_key(&body)?;
-    let priorities = gw.limiter().config().priorities().to_vec();
-    let key_alias = body
-        .contains_key("key_alias")
-        .then(|| opt_string(&body, "key_alias"))
-        .transpose()?;
-    let metadata = body
-        .contains_key("metadata")
-        .then(|| metadata(&body, &priorities))
-        .transpose()?;
-    let models = body
-        .contains_key("models")
-        .then(|| models(&body))
-        .transpose()?;
+    let changes = Changes::read(&gw, &body, "key_alias")?;
     let expires = (body.contains_key("duration") || body.contains_key("expires"))
         .then(|| expires_at(&body, gw.unix_secs()))
         .transpose()?;
-    let blocked = opt_bool(&body, "blocked")?;
     change_key(&gw, &key, move |current| {
         let mut record = current.clone();
-        if let Some(alias) = &key_alias {
-            record.key_alias.clone_from(alias);
-        }
-        if let Some(metadata) = &metadata {
-            record.metadata.clone_from(metadata);
-        }
-        if let Some(models) = &models {
-            record.models.clone_from(models);
-        }
+        changes.apply(
+            &mut record.key_alias,
+            &mut record.metadata,
+            &mut record.models,
+            &mut record.blocked,
+        );
         if let Some(expires) = expires {
             record.expires_at = expires;
-        }
-        if let Some(blocked) = blocked {
-            record.blocked = blocked;
         }
         Ok(record)
     })
     .await
+}
+
+/// What an update body gives of the fields keys and teams share, each `None` when absent (so it
+/// stays as it is).
+#[derive(Debug)]
+struct Changes {
+    alias: Option<Option<String>>,
+    metadata: Option<Map<String, Value>>,
+    models: Option<Vec<String>>,
+    blocked: Option<bool>,
+}
+
+impl Changes {
+    /// Reads them from `body`, the alias from `alias_field` (`key_alias` or `team_alias`).
+    fn read(
+        gw: &Gateway,
+        body: &Map<String, Value>,
+        alias_field: &'static str,
+    ) -> Result<Self, ApiError> {
+        let priorities = gw.limiter().config().priorities().to_vec();
+        Ok(Self {
+            alias: body
+                .contains_key(alias_field)
+                .then(|| opt_string(body, alias_field))
+                .transpose()?,
+            metadata: body
+                .contains_key("metadata")
+                .then(|| metadata(body, &priorities))
+                .transpose()?,
+            models: body
+                .contains_key("models")
+                .then(|| models(body))
+                .transpose()?,
+            blocked: opt_bool(body, "blocked")?,
+        })
+    }
+
+    /// Writes what was given over a record's fields.
+    fn apply(
+        &self,
+        alias: &mut Option<String>,
+        metadata: &mut Map<String, Value>,
+        models: &mut Vec<String>,
+        blocked: &mut bool,
+    ) {
+        if let Some(new) = &self.alias {
+            alias.clone_from(new);
+        }
+        if let Some(new) = &self.metadata {
+            metadata.clone_from(new);
+        }
+        if let Some(new) = &self.models {
+            models.clone_from(new);
+        }
+        if let Some(new) = self.blocked {
+            *blocked = new;
+        }
+    }
 }
 
 /// `POST /key/block {"key"}`: the key is refused (401) until unblocked, on every gateway within
@@ -525,34 +564,15 @@ pub async fn update_team(
 ) -> Result<Json<Value>, ApiError> {
     only_honoured(&body, "/team/update", &TEAM_UPDATE_FIELDS)?;
     let team_id = named_team(&body)?;
-    let priorities = gw.limiter().config().priorities().to_vec();
-    let team_alias = body
-        .contains_key("team_alias")
-        .then(|| opt_string(&body, "team_alias"))
-        .transpose()?;
-    let metadata = body
-        .contains_key("metadata")
-        .then(|| metadata(&body, &priorities))
-        .transpose()?;
-    let models = body
-        .contains_key("models")
-        .then(|| models(&body))
-        .transpose()?;
-    let blocked = opt_bool(&body, "blocked")?;
+    let changes = Changes::read(&gw, &body, "team_alias")?;
     change_team(&gw, &team_id, move |current| {
         let mut team = current.clone();
-        if let Some(alias) = &team_alias {
-            team.team_alias.clone_from(alias);
-        }
-        if let Some(metadata) = &metadata {
-            team.metadata.clone_from(metadata);
-        }
-        if let Some(models) = &models {
-            team.models.clone_from(models);
-        }
-        if let Some(blocked) = blocked {
-            team.blocked = blocked;
-        }
+        changes.apply(
+            &mut team.team_alias,
+            &mut team.metadata,
+            &mut team.models,
+            &mut team.blocked,
+        );
         Ok(team)
     })
     .await
