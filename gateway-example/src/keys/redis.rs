@@ -255,7 +255,7 @@ impl RedisKeys {
     }
 
     /// Replaces the record of the key with hash `token` by what `change` makes of it, unless it
-    /// changed (or was deleted) meanwhile on another gateway ([`Self::update_record`]). `None`
+    /// changed (or was deleted) meanwhile on another gateway. `None`
     /// when there is no such key. Other gateways see the change within
     /// [`super::KEY_CACHE_TTL`], this one at once.
     pub async fn update_key(
@@ -278,7 +278,7 @@ impl RedisKeys {
         Ok(updated.map(Arc::new))
     }
 
-    /// Replaces team `team_id`'s record by what `change` makes of it ([`Self::update_record`]);
+    /// Replaces team `team_id`'s record by what `change` makes of it;
     /// `None` when there is no such team. Its keys follow here at once, on every other gateway
     /// within [`super::KEY_CACHE_TTL`] (their cached lookups hold the team's record).
     pub async fn update_team(
