@@ -173,6 +173,8 @@ fn router(gw: Arc<Gateway>, track: Option<api::metrics::TrackLayer>) -> Router {
         .route("/key/update", post(api::keys::update))
         .route("/key/block", post(api::keys::block))
         .route("/key/unblock", post(api::keys::unblock))
+        .route("/key/regenerate", post(api::keys::regenerate))
+        .route("/key/list", get(api::keys::list))
         .route("/team/new", post(api::keys::new_team))
         .route("/team/info", get(api::keys::team_info))
         .route("/team/update", post(api::keys::update_team))

@@ -644,3 +644,71 @@ async fn teams_are_updated_blocked_and_unblocked() {
         assert_eq!(r.status, status, "{path} {body}: {}", r.text());
     }
 }
+
+/// `/key/regenerate` gives a key a new value and keeps its record (the old value gets a 401);
+/// `/key/list` pages through the keys' records, never showing a key.
+#[tokio::test]
+async fn keys_are_regenerated_and_listed() {
+    let gw = Gw::start(&rpm10(), None).await;
+    let old = gw
+        .new_key(json!({"key_alias": "ci", "models": [M], "metadata": {"priority": "prod"}}))
+        .await;
+    let r = gw
+        .post("/key/regenerate", Some(MASTER), json!({"key": old}))
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let new = r.json()["key"].as_str().unwrap().to_owned();
+    assert_ne!(new, old);
+    assert_eq!(r.json()["key_alias"], "ci");
+    assert_eq!(
+        gw.chat(&old, M, false).await.status,
+        401,
+        "the old value stops"
+    );
+    let r = gw.chat(&new, M, false).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.headers["x-litellm-priority"], "prod", "the record kept");
+    assert_eq!(
+        gw.post("/key/regenerate", Some(MASTER), json!({"key": old}))
+            .await
+            .status,
+        404
+    );
+
+    for _ in 0..4 {
+        gw.new_key(json!({})).await;
+    }
+    let mut seen = Vec::new();
+    for page in 1..=3 {
+        let r = gw
+            .get(&format!("/key/list?page={page}&size=2"), Some(MASTER))
+            .await;
+        assert_eq!(r.status, 200, "{}", r.text());
+        let v = r.json();
+        assert_eq!(
+            (v["total_count"].as_u64(), v["total_pages"].as_u64()),
+            (Some(5), Some(3))
+        );
+        for k in v["keys"].as_array().unwrap() {
+            assert!(k.get("key").is_none(), "never the key itself: {k}");
+            seen.push(k["token"].as_str().unwrap().to_owned());
+        }
+    }
+    let mut sorted = seen.clone();
+    sorted.sort();
+    sorted.dedup();
+    assert_eq!(seen.len(), 5, "every key once");
+    assert_eq!(sorted, seen, "ordered by hash");
+    for bad in [
+        "/key/list?page=0",
+        "/key/list?size=x",
+        "/key/list?return_full_object=true",
+    ] {
+        assert_eq!(gw.get(bad, Some(MASTER)).await.status, 400, "{bad}");
+    }
+    assert_eq!(
+        gw.get("/key/list", Some(&new)).await.status,
+        401,
+        "master key only"
+    );
+}

@@ -288,6 +288,40 @@ async fn a_team_blocked_on_one_gateway_is_refused_on_the_other_within_a_second()
     .await;
 }
 
+/// A key regenerated on A: the new value works on B, the old one stops there within the TTL; B
+/// lists the keys A made.
+#[tokio::test]
+async fn a_key_regenerated_on_one_gateway_and_listed_on_the_other() {
+    let Some(redis) = RedisServer::start("a_key_regenerated_on_one_gateway") else {
+        return;
+    };
+    let gw = pair(&single(&redis)).await;
+    let old = gw.a.new_key(json!({"key_alias": "ci"})).await;
+    assert_eq!(gw.b.chat(&old, M, false).await.status, 200, "cached on B");
+    let r =
+        gw.a.post("/key/regenerate", Some(MASTER), json!({"key": old}))
+            .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let new = r.json()["key"].as_str().unwrap().to_owned();
+    assert_eq!(gw.b.chat(&new, M, false).await.status, 200);
+    assert_eq!(gw.a.chat(&old, M, false).await.status, 401);
+    within(KEY_CACHE_TTL * 3, "B refuses the old value", || async {
+        gw.b.chat(&old, M, false).await.status == 401
+    })
+    .await;
+    gw.a.new_key(json!({})).await;
+    let v = gw.b.get("/key/list?size=10", Some(MASTER)).await.json();
+    assert_eq!(v["total_count"], 2, "{v}");
+    assert!(
+        v["keys"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|k| k["key_alias"] == "ci"),
+        "{v}"
+    );
+}
+
 /// A team's `models` made on A hold on B, through a fallback too: `cheap` (one request a minute,
 /// shared in Redis) falls back to `dear`, which the team may not use.
 #[tokio::test]

@@ -611,3 +611,65 @@ async fn set_team_blocked(
     })
     .await
 }
+
+/// `POST /key/regenerate {"key"}`: the key gets a new random value, keeping everything else; the
+/// old value stops working (here at once, on other gateways within a second) → the new key
+/// (shown once) and its record.
+pub async fn regenerate(
+    State(gw): State<Arc<Gateway>>,
+    JsonBody(body): JsonBody,
+) -> Result<Json<Value>, ApiError> {
+    only_honoured(&body, "/key/regenerate", &["key"])?;
+    let key = named_key(&body)?;
+    let (new, record) = gw
+        .keys()
+        .regenerate_key(&key)
+        .await
+        .map_err(store_error)?
+        .ok_or_else(|| ApiError::new(StatusCode::NOT_FOUND, "not_found_error", "Key not found."))?;
+    let mut out = key_json(&record);
+    out["key"] = Value::String(new);
+    Ok(Json(out))
+}
+
+/// The most keys one `/key/list` page holds.
+const MAX_PAGE_SIZE: usize = 100;
+
+/// `GET /key/list?page=1&size=10`: the keys' records (their hashes, never the keys), ordered by
+/// hash, a page at a time (`size` at most 100) → `{"keys", "total_count", "current_page",
+/// "total_pages"}`.
+pub async fn list(
+    State(gw): State<Arc<Gateway>>,
+    Query(q): Query<HashMap<String, String>>,
+) -> Result<Json<Value>, ApiError> {
+    let number = |name: &'static str, default: usize| -> Result<usize, ApiError> {
+        match q.get(name) {
+            None => Ok(default),
+            Some(v) => v.parse::<usize>().ok().filter(|n| *n >= 1).ok_or_else(|| {
+                ApiError::bad_request(format!("'{name}' must be a whole number of at least 1."))
+                    .param(name)
+            }),
+        }
+    };
+    for name in q.keys() {
+        if name != "page" && name != "size" {
+            return Err(ApiError::bad_request(format!(
+                "/key/list does not support the query parameter '{}'; it takes page and size.",
+                name.chars().take(64).collect::<String>()
+            )));
+        }
+    }
+    let page = number("page", 1)?;
+    let size = number("size", 10)?.min(MAX_PAGE_SIZE);
+    let (keys, total) = gw
+        .keys()
+        .list_keys((page - 1).saturating_mul(size), size)
+        .await
+        .map_err(store_error)?;
+    Ok(Json(json!({
+        "keys": keys.iter().map(|k| key_json(k)).collect::<Vec<_>>(),
+        "total_count": total,
+        "current_page": page,
+        "total_pages": total.div_ceil(size),
+    })))
+}

@@ -133,6 +133,42 @@ impl LocalStore {
         Ok(Some(record))
     }
 
+    /// Puts `record` (a new key) in place of the key with hash `old`; `None` when there is no
+    /// such key. Blocks on the disk.
+    pub fn swap_key(
+        &self,
+        old: &str,
+        record: impl FnOnce(&KeyRecord) -> KeyRecord,
+    ) -> Result<Option<Arc<KeyRecord>>, KeyStoreError> {
+        let mut writer = self.writer();
+        let Some(current) = self.read().keys.get(old).map(|k| k.record.clone()) else {
+            return Ok(None);
+        };
+        let record = Arc::new(record(&current));
+        if let Some(db) = writer.as_mut() {
+            db.swap_key(old, &record)?;
+        }
+        let mut index = self.index_mut();
+        index.keys.remove(old);
+        index
+            .keys
+            .insert(record.token.clone(), PriorityOf::key(record.clone()));
+        Ok(Some(record))
+    }
+
+    /// The hashes of the keys, in order, from `offset`, at most `limit`; and how many there are.
+    pub fn list(&self, offset: usize, limit: usize) -> (Vec<Arc<KeyRecord>>, usize) {
+        let index = self.read();
+        let page = index
+            .keys
+            .values()
+            .skip(offset)
+            .take(limit)
+            .map(|k| k.record.clone())
+            .collect();
+        (page, index.keys.len())
+    }
+
     /// Resolves a key by its hash (from memory: never waits on a write).
     pub fn resolve(&self, token: &str) -> Option<Resolved> {
         let index = self.read();

@@ -589,6 +589,41 @@ impl KeyStore {
         }
     }
 
+    /// Gives key `key` a new random value, keeping its record: returns the new key (shown once)
+    /// and its record; `None` when there is no such key. The old key stops working here at once,
+    /// on other gateways within [`KEY_CACHE_TTL`].
+    pub async fn regenerate_key(
+        &self,
+        key: &str,
+    ) -> Result<Option<(String, Arc<KeyRecord>)>, KeyStoreError> {
+        let old = hash_key(key);
+        let new = new_key()?;
+        let token = hash_key(&new);
+        let record = move |current: &KeyRecord| KeyRecord {
+            token: token.clone(),
+            ..current.clone()
+        };
+        let record = match &self.backend {
+            Backend::Local(l) => {
+                write(&self.write_turn, l, move |l| l.swap_key(&old, record)).await?
+            }
+            Backend::Redis(r) => r.swap_key(&old, record).await?,
+        };
+        Ok(record.map(|r| (new, r)))
+    }
+
+    /// The keys' records ordered by hash, from `offset`, at most `limit`; and how many there are.
+    pub async fn list_keys(
+        &self,
+        offset: usize,
+        limit: usize,
+    ) -> Result<(Vec<Arc<KeyRecord>>, usize), KeyStoreError> {
+        match &self.backend {
+            Backend::Local(l) => Ok(l.list(offset, limit)),
+            Backend::Redis(r) => r.list(offset, limit).await,
+        }
+    }
+
     /// Deletes keys (given as the keys themselves); returns the ones that existed.
     pub async fn delete_keys(&self, keys: &[String]) -> Result<Vec<String>, KeyStoreError> {
         let tokens: Vec<String> = keys.iter().map(|k| hash_key(k)).collect();

@@ -348,6 +348,70 @@ impl RedisKeys {
         )))
     }
 
+    /// Puts `record` (a new key) in place of the key with hash `old` in one script call, so the
+    /// old one stops working as the new one starts; `None` when there is no such key (or it
+    /// changed meanwhile). Other gateways stop serving the old key within [`super::KEY_CACHE_TTL`].
+    pub async fn swap_key(
+        &self,
+        old: &str,
+        record: impl Fn(&KeyRecord) -> KeyRecord,
+    ) -> Result<Option<Arc<KeyRecord>>, KeyStoreError> {
+        let swap = ::redis::Script::new(
+            "if redis.call('HGET', KEYS[1], ARGV[1]) ~= ARGV[2] then return 0 end \
+             if redis.call('HSETNX', KEYS[1], ARGV[3], ARGV[4]) == 0 then return 0 end \
+             redis.call('HDEL', KEYS[1], ARGV[1]) return 1",
+        );
+        let json: Option<String> = self
+            .query(::redis::cmd("HGET").arg(&self.keys_hash).arg(old))
+            .await?;
+        let Some(json) = json else {
+            return Ok(None);
+        };
+        let current: KeyRecord = serde_json::from_str(&json)
+            .map_err(|e| KeyStoreError::Corrupt(format!("{} field {old}: {e}", self.keys_hash)))?;
+        if !hashes_match(&current.token, old) {
+            return Ok(None);
+        }
+        let record = record(&current);
+        let new_json = serde_json::to_string(&record)
+            .map_err(|e| KeyStoreError::Corrupt(format!("encoding a key record: {e}")))?;
+        let mut invocation = swap.key(&self.keys_hash);
+        invocation
+            .arg(old)
+            .arg(&json)
+            .arg(&record.token)
+            .arg(&new_json);
+        let swapped: i64 = self
+            .bounded(|mut conn| {
+                let invocation = &invocation;
+                async move { invocation.invoke_async(&mut conn).await }
+            })
+            .await?;
+        self.cache.delete(&[old.to_owned()]);
+        Ok((swapped == 1).then(|| Arc::new(record)))
+    }
+
+    /// The keys, ordered by hash, from `offset`, at most `limit`; and how many there are. Reads
+    /// every hash (`HKEYS`) and the page's records: for an operator's listing, not the request path.
+    pub async fn list(
+        &self,
+        offset: usize,
+        limit: usize,
+    ) -> Result<(Vec<Arc<KeyRecord>>, usize), KeyStoreError> {
+        let mut tokens: Vec<String> = self
+            .query(::redis::cmd("HKEYS").arg(&self.keys_hash))
+            .await?;
+        tokens.sort_unstable();
+        let total = tokens.len();
+        let mut page = Vec::new();
+        for token in tokens.iter().skip(offset).take(limit) {
+            if let Some(record) = self.key(token).await? {
+                page.push(record);
+            }
+        }
+        Ok((page, total))
+    }
+
     /// The key and its team from Redis.
     async fn load(&self, token: &str) -> Result<Option<Resolved>, KeyStoreError> {
         let Some(key) = self.key(token).await? else {

@@ -363,6 +363,21 @@ impl Db {
             .map_err(|e| self.write_error("updating a team", &e))
     }
 
+    /// Puts `record` in place of the key with hash `old`, in one transaction: the old key stops
+    /// working as the new one starts.
+    pub(crate) fn swap_key(&mut self, old: &str, record: &KeyRecord) -> Result<(), KeyStoreError> {
+        let json = to_json(record).map_err(|e| self.write_error("regenerating a key", &e))?;
+        let result = (|| {
+            let tx = self.conn.transaction()?;
+            tx.prepare_cached("DELETE FROM keys WHERE token = ?1")?
+                .execute([old])?;
+            tx.prepare_cached("INSERT INTO keys (token, record) VALUES (?1, ?2)")?
+                .execute((&record.token, json))?;
+            tx.commit()
+        })();
+        result.map_err(|e| self.write_error("regenerating a key", &e))
+    }
+
     /// Deletes keys by hash, all in one transaction.
     pub(crate) fn delete_keys(&mut self, tokens: &[&str]) -> Result<(), KeyStoreError> {
         let result = (|| {
