@@ -612,35 +612,24 @@ impl<St: Store> Limiter<St> {
                 sleep.as_mut().poll(cx).map(|()| None)
             })
             .await;
-            if turn == Some(Turn::Displaced) {
-                // It gave its place to a newcomer that needed it more: answered as a request
-                // that finds the queue full.
+            // It gives up at its deadline, or when it gave its place to a newcomer that needed
+            // it more (answered as a request that finds the queue full): with the last refusal,
+            // not tried out of turn.
+            let gives_up = match turn {
+                Some(Turn::Yours) => false,
+                Some(Turn::Displaced) => true,
+                None => self.clock.now_ms() >= deadline,
+            };
+            if gives_up {
                 drop(ticket);
-                let now = self.clock.now_ms();
-                let decision = match queue.last_refusal(pool, now) {
+                let decision = match queue.last_refusal(pool, self.clock.now_ms()) {
                     Some(refused) => Ok(Decision::Refuse(refused)),
+                    // Nothing refused yet (it never tried, nor did anyone): ask the store.
                     None => self.admit(model, pool, estimate).await,
                 };
                 return self.answer_waited(model, pool, decision, waited(&self.clock), None, true);
             }
             if turn.is_none() {
-                let now = self.clock.now_ms();
-                if now >= deadline {
-                    drop(ticket);
-                    let decision = match queue.last_refusal(pool, now) {
-                        Some(refused) => Ok(Decision::Refuse(refused)),
-                        // Nothing refused yet (it never tried, nor did anyone): ask the store.
-                        None => self.admit(model, pool, estimate).await,
-                    };
-                    return self.answer_waited(
-                        model,
-                        pool,
-                        decision,
-                        waited(&self.clock),
-                        None,
-                        true,
-                    );
-                }
                 // The store said room appears now: whoever is first tries.
                 retry_at = None;
                 queue.notify();
@@ -778,12 +767,14 @@ impl<St: Store> Limiter<St> {
             max_wait_ms,
             refused,
         };
-        let mut waited_for = None;
-        let decision = if max_wait_ms > 0 && self.queue_ahead(model) {
-            let waited = self.admit_waiting(wait(None)).await;
-            self.observe_waited(model, pool, &waited);
-            waited_for = Some(waited.waited_ms);
-            (waited.decision, waited.flow_charge)
+        // Behind those already waiting, without a try; else a try, and a wait if it is refused
+        // and room may appear in time.
+        enum Next {
+            Wait(Option<Refused>),
+            Answer(Result<Decision, StoreError>),
+        }
+        let next = if max_wait_ms > 0 && self.queue_ahead(model) {
+            Next::Wait(None)
         } else {
             // The embedded store answers in place: no future to poll.
             let decision = match self.admit_now(model, pool, estimate) {
@@ -794,18 +785,22 @@ impl<St: Store> Limiter<St> {
                 Ok(Decision::Refuse(refused))
                     if self.should_wait(model, Some(&refused), max_wait_ms) =>
                 {
-                    let waited = self.admit_waiting(wait(Some(refused))).await;
-                    self.observe_waited(model, pool, &waited);
-                    waited_for = Some(waited.waited_ms);
-                    (waited.decision, waited.flow_charge)
+                    Next::Wait(Some(refused))
                 }
-                other => {
-                    self.observe_result(model, pool, &other);
-                    (other, None)
-                }
+                other => Next::Answer(other),
             }
         };
-        let (decision, flow_charge) = decision;
+        let (decision, flow_charge, waited_for) = match next {
+            Next::Wait(refused) => {
+                let waited = self.admit_waiting(wait(refused)).await;
+                self.observe_waited(model, pool, &waited);
+                (waited.decision, waited.flow_charge, Some(waited.waited_ms))
+            }
+            Next::Answer(decision) => {
+                self.observe_result(model, pool, &decision);
+                (decision, None, None)
+            }
+        };
         Ok(match decision? {
             Decision::Admit(admitted) => AdmissionOutcome::Admitted {
                 lease: self
