@@ -216,11 +216,6 @@ impl ModelAccess {
         }
     }
 
-    /// The key, unless this is the master key's access.
-    pub fn key(&self) -> Option<&Arc<KeyRecord>> {
-        self.key.as_ref()
-    }
-
     /// Whether model group `model` may be used.
     pub fn allows(&self, model: &str) -> bool {
         self.key.as_ref().is_none_or(|k| k.allows(model))

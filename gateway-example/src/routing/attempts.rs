@@ -12,8 +12,9 @@
 //! - every retry, and every fallback after upstream failures, must be granted by the retry
 //!   budget; moving on from a group that was full (its limiter refused, or no deployment had
 //!   room) calls no upstream twice and is free;
-//! - a fallback group the caller may not use ([`Attempts::allowing`]: its key's or team's
-//!   `models`) is never entered: it is passed over as if it were not listed, for free;
+//! - a fallback group the request may not use ([`Attempts::allowing`]: its key's or team's
+//!   `models`, or deployments that do not speak the endpoint's format) is never entered: it is
+//!   passed over as if it were not listed, for free;
 //! - with a time limit ([`Attempts::with_time_limit`]: the request's `timeout`), all attempts
 //!   together, back-offs included, fit in it: each attempt gets what is left
 //!   ([`Attempts::time_left`]), a back-off that would end past it is not waited, and once

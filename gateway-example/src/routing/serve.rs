@@ -9,6 +9,7 @@ use http::{HeaderName, HeaderValue, StatusCode};
 use rand::rngs::SmallRng;
 use rand::{RngExt, SeedableRng};
 use tower_priority_limit::decision::{Admitted, Refused};
+use tower_priority_limit::response::X_SHADOW_REFUSED_BY;
 use tower_priority_limit::{Lease, Limiter};
 
 use super::admission::{admit, charge, store_failure, Admission};
@@ -69,9 +70,16 @@ pub async fn serve(
     let pool = limiter.map(|l| l.resolve_pool(priority));
     let mut first_lease = None;
     let mut refusal: Option<Response> = None;
-    // Only the fallbacks the caller's key and team may use count: a key kept off a model must not
-    // reach it through a fallback either ([`Attempts::allowing`] passes the others over).
-    let allowed = |group: &str| chat.access.allows(group);
+    // Only the fallbacks the caller's key and team may use, and whose deployments all speak the
+    // endpoint's format, count: [`Attempts::allowing`] passes the others over (a key kept off a
+    // model must not reach it through a fallback either; no format is translated).
+    let api = chat.endpoint.api();
+    let allowed = |group: &str| {
+        chat.access.allows(group)
+            && router
+                .group(group)
+                .is_some_and(|g| g.members.iter().all(|&i| deployments[i].speaks(api)))
+    };
     let fallback_groups = router.settings().fallbacks_of(first);
     let has_fallbacks = fallback_groups.iter().any(|g| allowed(g));
     // With the limiter's queue on, a request without fallbacks waits for its group's capacity; one
@@ -135,13 +143,6 @@ pub async fn serve(
                     continue;
                 };
                 if !fallback && refusal.is_some() {
-                    step = attempts.group_full();
-                    continue;
-                }
-                // A fallback group that cannot speak the endpoint's format is passed over (the
-                // request's own group was checked before it got here).
-                let api = chat.endpoint.api();
-                if fallback && !group.members.iter().all(|&i| deployments[i].speaks(api)) {
                     step = attempts.group_full();
                     continue;
                 }
@@ -310,11 +311,6 @@ pub async fn serve(
     }
 }
 
-/// Header naming what would have refused a request under shadow enforcement (the group limiter
-/// writes its own value; a deployment's limit adds one more).
-pub const SHADOW_REFUSED_BY: HeaderName =
-    HeaderName::from_static("x-priority-limit-shadow-refused-by");
-
 /// Says, on a response served under shadow enforcement, that the deployment's own limit would
 /// have refused it: `deployment_requests` or `deployment_tokens`, with its limit and use.
 fn shadow_refused_by_deployment(headers: &mut http::HeaderMap, refused: &Refused) {
@@ -325,7 +321,8 @@ fn shadow_refused_by_deployment(headers: &mut http::HeaderMap, refused: &Refused
         refused.used
     );
     if let Ok(value) = HeaderValue::from_str(&value) {
-        headers.append(SHADOW_REFUSED_BY, value);
+        // The group limiter writes its own value; a deployment's limit adds one more.
+        headers.append(X_SHADOW_REFUSED_BY, value);
     }
 }
 
