@@ -64,6 +64,19 @@ where
     }
 }
 
+/// Waits until `gw` answers `key`'s chats with `status`: a change made on another gateway, which
+/// must reach this one within the key cache's TTL (and a margin for a loaded machine).
+async fn answers_within_the_ttl(gw: &Gw, key: &str, status: u16, what: &str) {
+    let took = within(KEY_CACHE_TTL * 3, what, || async {
+        gw.chat(key, M, false).await.status == status
+    })
+    .await;
+    assert!(
+        took <= KEY_CACHE_TTL + Duration::from_millis(500),
+        "{what}: {took:?}"
+    );
+}
+
 /// The exact 503 of an unreachable key store, in the OpenAI error shape.
 fn assert_store_unavailable(r: &Reply) {
     assert_eq!(r.status, 503, "{}", r.text());
@@ -221,14 +234,7 @@ async fn a_key_blocked_or_updated_on_one_gateway_changes_on_the_other_within_a_s
         401,
         "at once where it was blocked"
     );
-    let took = within(KEY_CACHE_TTL * 3, "B refuses the blocked key", || async {
-        gw.b.chat(&key, M, false).await.status == 401
-    })
-    .await;
-    assert!(
-        took <= KEY_CACHE_TTL + Duration::from_millis(500),
-        "{took:?}"
-    );
+    answers_within_the_ttl(&gw.b, &key, 401, "B refuses the blocked key").await;
     let r =
         gw.b.post("/key/unblock", Some(MASTER), json!({"key": key}))
             .await;
@@ -241,12 +247,7 @@ async fn a_key_blocked_or_updated_on_one_gateway_changes_on_the_other_within_a_s
         )
         .await;
     assert_eq!(r.status, 200, "{}", r.text());
-    within(
-        KEY_CACHE_TTL * 3,
-        "A holds the key to its new models",
-        || async { gw.a.chat(&key, M, false).await.status == 403 },
-    )
-    .await;
+    answers_within_the_ttl(&gw.a, &key, 403, "A holds the key to its new models").await;
 }
 
 /// A team blocked on A refuses its keys on B within the cache TTL; unblocked on B, A serves them.
@@ -268,24 +269,12 @@ async fn a_team_blocked_on_one_gateway_is_refused_on_the_other_within_a_second()
         401,
         "at once where it was blocked"
     );
-    let took = within(
-        KEY_CACHE_TTL * 3,
-        "B refuses the blocked team's key",
-        || async { gw.b.chat(&key, M, false).await.status == 401 },
-    )
-    .await;
-    assert!(
-        took <= KEY_CACHE_TTL + Duration::from_millis(500),
-        "{took:?}"
-    );
+    answers_within_the_ttl(&gw.b, &key, 401, "B refuses the blocked team's key").await;
     let r =
         gw.b.post("/team/unblock", Some(MASTER), json!({"team_id": team}))
             .await;
     assert_eq!(r.status, 200, "{}", r.text());
-    within(KEY_CACHE_TTL * 3, "A serves the key again", || async {
-        gw.a.chat(&key, M, false).await.status == 200
-    })
-    .await;
+    answers_within_the_ttl(&gw.a, &key, 200, "A serves the key again").await;
 }
 
 /// A key regenerated on A: the new value works on B, the old one stops there within the TTL; B
@@ -305,10 +294,7 @@ async fn a_key_regenerated_on_one_gateway_and_listed_on_the_other() {
     let new = r.json()["key"].as_str().unwrap().to_owned();
     assert_eq!(gw.b.chat(&new, M, false).await.status, 200);
     assert_eq!(gw.a.chat(&old, M, false).await.status, 401);
-    within(KEY_CACHE_TTL * 3, "B refuses the old value", || async {
-        gw.b.chat(&old, M, false).await.status == 401
-    })
-    .await;
+    answers_within_the_ttl(&gw.b, &old, 401, "B refuses the old value").await;
     gw.a.new_key(json!({})).await;
     let v = gw.b.get("/key/list?size=10", Some(MASTER)).await.json();
     assert_eq!(v["total_count"], 2, "{v}");
