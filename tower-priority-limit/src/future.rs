@@ -22,6 +22,7 @@ use crate::lease::Lease;
 use crate::limiter::{Limiter, WaitRequest, Waited};
 use crate::model::{BadRequest, Extracted};
 use crate::options::{Options, UnknownModel};
+use crate::queue::Deciding;
 use crate::response::{
     error_response, insert_queued_header, refusal_response, requested_max_wait,
     store_failure_response, BadMaxWait,
@@ -60,7 +61,8 @@ pin_project! {
     #[project = StateProj]
     enum State<E, A, F> {
         Extract { #[pin] fut: E },
-        Admit { #[pin] fut: A },
+        // The admission, counted as being decided until its lease or refusal is made.
+        Admit { #[pin] fut: A, deciding: Option<Deciding> },
         Wait { fut: WaitFuture },
         Call { #[pin] fut: F },
         // Answered without the inner service (a refusal or a bad request decided in `call`).
@@ -139,7 +141,7 @@ where
         options: Options,
     ) -> Self {
         let state = match next {
-            Pending::Admit(fut) => State::Admit { fut },
+            Pending::Admit(fut, deciding) => State::Admit { fut, deciding },
             Pending::Wait(fut) => State::Wait { fut },
         };
         Self {
@@ -216,8 +218,9 @@ pub(crate) fn after_extract<St: Store, B>(
 
 /// What must be awaited before the inner service is called.
 pub(crate) enum Pending<A> {
-    /// The store's answer.
-    Admit(A),
+    /// The store's answer, and the admission counted as being decided meanwhile
+    /// ([`Limiter::deciding`]).
+    Admit(A, Option<Deciding>),
     /// A turn in the queue.
     Wait(WaitFuture),
 }
@@ -244,18 +247,21 @@ impl<St: Store> Admission<'_, St> {
         request: &Request<B>,
     ) -> Result<Pending<St::AdmitFuture>, BadMaxWait> {
         if self.limiter.queue_ahead(self.model) {
-            return self.wait(request, None).map(|wait| {
-                wait.map_or_else(
-                    || Pending::Admit(self.limiter.admit(self.model, self.pool, self.estimate())),
-                    Pending::Wait,
-                )
-            });
+            return self
+                .wait(request, None)
+                .map(|wait| wait.map_or_else(|| self.admit(), Pending::Wait));
         }
-        Ok(Pending::Admit(self.limiter.admit(
-            self.model,
-            self.pool,
-            self.estimate(),
-        )))
+        Ok(self.admit())
+    }
+
+    /// The store's answer to await, counted as being decided meanwhile.
+    fn admit(&self) -> Pending<St::AdmitFuture> {
+        let estimate = self.estimate();
+        let deciding = self.limiter.deciding(self.model, estimate);
+        Pending::Admit(
+            self.limiter.admit(self.model, self.pool, estimate),
+            deciding,
+        )
     }
 
     /// The wait for a request `refused` (or not tried: `None`), if it should
@@ -311,7 +317,9 @@ pub(crate) enum AfterAdmit {
 
 /// The step after admission (shared by the synchronous path in `call` and the future). `waiting`
 /// says whether a refusal may still wait (`Some`, with the request) or is the answer (`None`: it
-/// already waited).
+/// already waited). `deciding` counted the admission while it was decided: it ends once the
+/// lease is made, or before a refusal asks whether it waits.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn after_admit<St: Store, B>(
     limiter: &Limiter<St>,
     model: ModelId,
@@ -320,7 +328,11 @@ pub(crate) fn after_admit<St: Store, B>(
     store_failure: FailureMode,
     max_output_tokens: Option<u64>,
     waiting: Option<(&Admission<'_, St>, &Request<B>)>,
+    mut deciding: Option<Deciding>,
 ) -> AfterAdmit {
+    if !matches!(decision, Ok(Decision::Admit(_))) {
+        drop(deciding.take());
+    }
     if let (Ok(Decision::Refuse(refused)), Some((admission, request))) = (&decision, waiting) {
         match admission.wait(request, Some(*refused)) {
             Ok(Some(wait)) => return AfterAdmit::Wait(wait),
@@ -338,6 +350,8 @@ pub(crate) fn after_admit<St: Store, B>(
             let lease = limiter
                 .lease(model, pool, &admitted)
                 .with_output_limit(max_output_tokens);
+            // Only now that the lease counts its reservation.
+            drop(deciding);
             AfterAdmit::Call(Some((lease, admitted)))
         }
         Ok(Decision::Refuse(refused)) => {
@@ -431,7 +445,9 @@ where
                             let next = admission.start(&extracted.request);
                             *this.request = Some(extracted.request);
                             match next {
-                                Ok(Pending::Admit(fut)) => this.state.set(State::Admit { fut }),
+                                Ok(Pending::Admit(fut, deciding)) => {
+                                    this.state.set(State::Admit { fut, deciding })
+                                }
                                 Ok(Pending::Wait(fut)) => this.state.set(State::Wait { fut }),
                                 Err(bad_header) => {
                                     this.state.set(State::Done);
@@ -452,8 +468,9 @@ where
                         }
                     }
                 }
-                StateProj::Admit { fut } => {
+                StateProj::Admit { fut, deciding } => {
                     let decision = ready!(fut.poll(cx));
+                    let deciding = deciding.take();
                     let (Some(model), Some(request)) = (*this.model, this.request.as_ref()) else {
                         panic!("ResponseFuture polled after completion");
                     };
@@ -473,6 +490,7 @@ where
                         this.options.store_failure,
                         *this.max_output_tokens,
                         Some((&admission, request)),
+                        deciding,
                     );
                     proceed!(after);
                 }
@@ -491,6 +509,7 @@ where
                         waited.decision,
                         this.options.store_failure,
                         *this.max_output_tokens,
+                        None,
                         None,
                     );
                     // Its flow's count gets the response's real weighted tokens at settlement.

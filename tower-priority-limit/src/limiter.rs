@@ -19,7 +19,7 @@ use crate::lease::{Lease, SettleTarget};
 use crate::meter::UsageMeter;
 use crate::metrics::{Observer, Outcome, RefusedBy, UsageNow, UsageSource};
 use crate::order::{FlowId, ServiceWeights};
-use crate::queue::{ModelQueue, PoolUsage, Turn};
+use crate::queue::{Deciding, ModelQueue, PoolUsage, Turn};
 use crate::response::{refusal_response, store_failure_response, AdmittedHeaders};
 use crate::store::{AdmitRequest, MemoryStore, Store, StoreError};
 
@@ -466,9 +466,10 @@ impl<St: Store> Limiter<St> {
     /// Whether a request on `model` `refused` (or not tried: `None`) waits, given its
     /// `max_wait_ms` ([`max_wait_ms`](Self::max_wait_ms)): iff the queue is on, it may wait at
     /// all, and room may appear before its deadline: the store says the window frees enough by
-    /// then, or it was refused for tokens while reservations of this process on the model are in
-    /// flight (`reserve` accounting: settling them replaces each reservation by what the response
-    /// used, which usually frees room long before the window does).
+    /// then, or it was refused for tokens while reservations of this process on the model may be
+    /// in flight (`reserve` accounting: settling them replaces each reservation by what the
+    /// response used, which usually frees room long before the window does; an admission still
+    /// being decided counts, as it may become such a reservation).
     pub fn should_wait(
         &self,
         model: ModelId,
@@ -478,15 +479,27 @@ impl<St: Store> Limiter<St> {
         if self.config().settings().queue.is_none() || max_wait_ms == 0 {
             return false;
         }
-        let Some(refused) = refused else {
-            return true;
-        };
-        refused.retry_after_ms <= max_wait_ms
+        refused.is_none_or(|refused| self.room_may_appear(model, refused, max_wait_ms))
+    }
+
+    /// Whether room for a request `refused` on `model` may appear within `within_ms`: the
+    /// window frees enough by then, or reservations in flight may settle (a token refusal).
+    fn room_may_appear(&self, model: ModelId, refused: &Refused, within_ms: Millis) -> bool {
+        refused.retry_after_ms <= within_ms
             || (refused.dimension == crate::decision::Dimension::Tokens
                 && self
                     .queues
                     .get(model.index())
-                    .is_some_and(|q| q.reserved_in_flight() > 0))
+                    .is_some_and(|q| q.reservations_may_be_in_flight()))
+    }
+
+    /// Counts an admission reserving `estimate` tokens on `model` as being decided, until the
+    /// guard is dropped (see [`ModelQueue::deciding`]); `None` without the queue or a reservation.
+    pub(crate) fn deciding(&self, model: ModelId, estimate: u64) -> Option<Deciding> {
+        if estimate == 0 {
+            return None;
+        }
+        self.queues.get(model.index()).map(|q| q.deciding())
     }
 
     /// The weighted service a request counts for its flow (see
@@ -588,6 +601,11 @@ impl<St: Store> Limiter<St> {
         if let Some(refused) = refused {
             queue.record_refusal(pool, refused, start);
         }
+        // Sent here only because other admissions were still being decided: once a try in turn
+        // shows no room can appear before its deadline, it leaves with that refusal.
+        let tentative = refused.is_some_and(|r| {
+            r.retry_after_ms > max_wait_ms && r.dimension == crate::decision::Dimension::Tokens
+        }) && queue.reserved_in_flight() == 0;
         let Some(ticket) = queue.enter(pool, flow) else {
             // Full: refused at once, with the refusal the waiters ahead of it got (trying the
             // store would let it in ahead of them); asking the store only when none was refused
@@ -640,6 +658,19 @@ impl<St: Store> Limiter<St> {
                 Ok(Decision::Refuse(refused)) => {
                     let now = self.clock.now_ms();
                     queue.record_refusal(pool, refused, now);
+                    if tentative
+                        && !self.room_may_appear(model, &refused, deadline.saturating_sub(now))
+                    {
+                        drop(ticket);
+                        return self.answer_waited(
+                            model,
+                            pool,
+                            Ok(Decision::Refuse(refused)),
+                            waited(&self.clock),
+                            None,
+                            true,
+                        );
+                    }
                     ticket.refused();
                     retry_at = Some(now.saturating_add(refused.retry_after_ms.max(1)));
                 }
@@ -773,19 +804,25 @@ impl<St: Store> Limiter<St> {
             Wait(Option<Refused>),
             Answer(Result<Decision, StoreError>),
         }
+        let mut deciding = None;
         let next = if max_wait_ms > 0 && self.queue_ahead(model) {
             Next::Wait(None)
         } else {
+            deciding = self.deciding(model, estimate);
             // The embedded store answers in place: no future to poll.
             let decision = match self.admit_now(model, pool, estimate) {
                 Some(decision) => decision,
                 None => self.admit(model, pool, estimate).await,
             };
             match decision {
-                Ok(Decision::Refuse(refused))
-                    if self.should_wait(model, Some(&refused), max_wait_ms) =>
-                {
-                    Next::Wait(Some(refused))
+                Ok(Decision::Refuse(refused)) => {
+                    // Its own admission is over, and no reason to wait.
+                    drop(deciding.take());
+                    if self.should_wait(model, Some(&refused), max_wait_ms) {
+                        Next::Wait(Some(refused))
+                    } else {
+                        Next::Answer(Ok(Decision::Refuse(refused)))
+                    }
                 }
                 other => Next::Answer(other),
             }
@@ -801,7 +838,7 @@ impl<St: Store> Limiter<St> {
                 (decision, None, None)
             }
         };
-        Ok(match decision? {
+        let outcome = match decision? {
             Decision::Admit(admitted) => AdmissionOutcome::Admitted {
                 lease: self
                     .lease_waited(model, pool, &admitted, flow_charge)
@@ -810,7 +847,10 @@ impl<St: Store> Limiter<St> {
                 waited_ms: waited_for,
             },
             Decision::Refuse(refused) => AdmissionOutcome::Refused(refused),
-        })
+        };
+        // Only now that its lease counts its reservation.
+        drop(deciding);
+        Ok(outcome)
     }
 
     /// Resolves `model` and `priority`, admits a request expected to cost `estimate` tokens (see
@@ -1051,5 +1091,73 @@ mod tests {
             !limiter.should_wait(id, Some(&refused), 10_000),
             "nothing in flight to wait for"
         );
+    }
+
+    /// A request refused for tokens while another admission reserving tokens is still being
+    /// decided waits (that admission may become a reservation: on Redis a burst's replies arrive
+    /// together, and the refused one may be read first); once the other turns out refused too,
+    /// the waiter leaves with its refusal at its first try, without waiting for its deadline.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_token_refusal_waits_while_another_admission_is_decided() {
+        use crate::config::{QueueSettings, TokenAccounting};
+        let clock = crate::clock::ManualClock::new();
+        let limiter = Limiter::with_clock(
+            LimiterConfig::builder()
+                .model(ModelLimits::new("m").tpm(100).rpm(1_000))
+                .token_accounting(TokenAccounting::Reserve)
+                .queue(QueueSettings::new(Duration::from_secs(10), 10))
+                .build()
+                .unwrap(),
+            clock.clone(),
+        );
+        let id = limiter.config().model_id("m").unwrap();
+        let pool = PoolRef::Default;
+        let Ok(Decision::Admit(used)) = limiter.admit_now(id, pool, 90).unwrap() else {
+            panic!("an idle model admits");
+        };
+        limiter.lease(id, pool, &used).settle(90);
+        // Another admission is sent and not answered yet.
+        let other = limiter.deciding(id, 20);
+        let Ok(Decision::Refuse(refused)) = limiter.admit_now(id, pool, 20).unwrap() else {
+            panic!("90 + 20 is over 100");
+        };
+        assert!(refused.retry_after_ms > 10_000, "the window frees too late");
+        assert!(
+            limiter.should_wait(id, Some(&refused), 10_000),
+            "the other may be admitted and reserve"
+        );
+        let waiting = limiter.admit_waiting(WaitRequest {
+            model: id,
+            pool,
+            flow: 1,
+            estimate: 20,
+            service: 20,
+            max_wait_ms: 10_000,
+            refused: Some(refused),
+        });
+        tokio::pin!(waiting);
+        // Its first try in turn is refused while the other is still decided: it keeps waiting.
+        assert!(futures_poll(&mut waiting).is_none());
+        assert_eq!(limiter.queue_len(id), 1);
+        // The other was refused as well: nothing can free room before the deadline.
+        drop(other);
+        assert!(!limiter.should_wait(id, Some(&refused), 10_000));
+        let waited = futures_poll(&mut waiting).expect("answered without the clock moving");
+        assert!(waited.gave_up);
+        assert!(matches!(waited.decision, Ok(Decision::Refuse(_))));
+        assert_eq!(waited.waited_ms, 0);
+        assert_eq!(limiter.queue_len(id), 0);
+    }
+
+    /// Polls `fut` until it is pending with nothing left to run on this thread.
+    fn futures_poll<F: std::future::Future + Unpin>(fut: &mut F) -> Option<F::Output> {
+        let waker = std::task::Waker::noop();
+        let mut cx = std::task::Context::from_waker(waker);
+        for _ in 0..8 {
+            if let std::task::Poll::Ready(out) = std::pin::Pin::new(&mut *fut).poll(&mut cx) {
+                return Some(out);
+            }
+        }
+        None
     }
 }

@@ -42,6 +42,9 @@ pub(crate) struct ModelQueue {
     /// Tokens reserved by this process's admitted requests on the model whose leases have not
     /// settled yet (`reserve` accounting): settling them may free room before the window does.
     reserved_in_flight: AtomicU64,
+    /// Admissions reserving tokens on the model that this process sent and has not turned into
+    /// a lease or a refusal yet: any of them may be admitted and reserve (see [`Deciding`]).
+    deciding: AtomicUsize,
     state: Mutex<State>,
     max_queued: usize,
     weights: ServiceWeights,
@@ -116,6 +119,7 @@ impl ModelQueue {
         Self {
             waiting: AtomicUsize::new(0),
             reserved_in_flight: AtomicU64::new(0),
+            deciding: AtomicUsize::new(0),
             state: Mutex::new(State {
                 next_id: 0,
                 pools: (0..pools).map(|_| PoolWaiters::default()).collect(),
@@ -140,17 +144,35 @@ impl ModelQueue {
 
     /// A lease reserving `tokens` on the model was made.
     pub(crate) fn reservation_made(&self, tokens: u64) {
-        self.reserved_in_flight.fetch_add(tokens, Ordering::Relaxed);
+        self.reserved_in_flight.fetch_add(tokens, Ordering::SeqCst);
     }
 
     /// A lease reserving `tokens` settled or was cancelled.
     pub(crate) fn reservation_ended(&self, tokens: u64) {
-        self.reserved_in_flight.fetch_sub(tokens, Ordering::Relaxed);
+        self.reserved_in_flight.fetch_sub(tokens, Ordering::SeqCst);
     }
 
     /// Tokens reserved on the model by leases of this process not settled yet.
     pub(crate) fn reserved_in_flight(&self) -> u64 {
-        self.reserved_in_flight.load(Ordering::Relaxed)
+        self.reserved_in_flight.load(Ordering::SeqCst)
+    }
+
+    /// Whether reservations of this process on the model may be in flight: leases not settled
+    /// yet, or admissions still being decided (which may become such leases). Read in that
+    /// order: a decision ends (its [`Deciding`] dropped) only after its lease counted its
+    /// reservation, so a reader that sees the decision over sees the lease.
+    pub(crate) fn reservations_may_be_in_flight(&self) -> bool {
+        self.deciding.load(Ordering::SeqCst) > 0 || self.reserved_in_flight() > 0
+    }
+
+    /// An admission reserving tokens on the model starts: counted until the guard is dropped,
+    /// which its caller does after the lease is made, or before it asks whether a refusal
+    /// waits (its own admission is no reason to wait).
+    pub(crate) fn deciding(self: &Arc<Self>) -> Deciding {
+        self.deciding.fetch_add(1, Ordering::SeqCst);
+        Deciding {
+            queue: Arc::clone(self),
+        }
     }
 
     /// Requests of `pool` waiting now.
@@ -364,6 +386,29 @@ impl ModelQueue {
             state.turn = None;
         }
         self.waiting.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// An admission reserving tokens being decided ([`ModelQueue::deciding`]). A request refused for
+/// tokens while another is being decided waits: on Redis the replies of a burst arrive
+/// together, and one may be read before the admitted ones made their leases.
+pub(crate) struct Deciding {
+    queue: Arc<ModelQueue>,
+}
+
+impl fmt::Debug for Deciding {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Deciding").finish_non_exhaustive()
+    }
+}
+
+impl Drop for Deciding {
+    fn drop(&mut self) {
+        // The last decision over: a waiter that waits only because decisions were pending
+        // gets a try, and leaves if nothing is in flight after all.
+        if self.queue.deciding.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.queue.notify();
+        }
     }
 }
 

@@ -202,9 +202,11 @@ where
                         let estimate =
                             self.limiter
                                 .estimate(id, extracted.prompt_estimate, max_output);
+                        let mut deciding = None;
                         let decision = if self.limiter.queue_ahead(id) {
                             None
                         } else {
+                            deciding = self.limiter.deciding(id, estimate);
                             self.limiter.admit_now(id, pool, estimate)
                         };
                         let Some(decision) = decision else {
@@ -235,6 +237,7 @@ where
                             store_failure,
                             max_output,
                             Some((&admission, &extracted.request)),
+                            deciding,
                         ) {
                             AfterAdmit::Answer(response) => return self.answered(response, pool),
                             AfterAdmit::Call(admitted) => {
