@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use integration_tests::gateway::{with_master, Gw};
 use serde_json::json;
+use tower_priority_limit::clock::Clock;
 
 const M: &str = "gpt-5.6-luna";
 
@@ -224,8 +225,11 @@ async fn no_caller_can_fill_the_queue_for_others() {
     let dev = gw.new_key(json!({"metadata": {"priority": "dev"}})).await;
     let other_dev = gw.new_key(json!({"metadata": {"priority": "dev"}})).await;
     let prod = gw.new_key(json!({"metadata": {"priority": "prod"}})).await;
-    // dev takes the whole window (2 of 2; its floor is 1).
-    assert_eq!(gw.served(&dev, M, 2).await, 2);
+    // dev takes the whole window (2 of 2; its floor is 1): the second half way through it, once
+    // prod's unused floor is lent (its kept part, round(1 × 29 s ÷ 60 s), is 0).
+    assert_eq!(gw.served(&dev, M, 1).await, 1);
+    gw.clock.advance(Duration::from_secs(31));
+    assert_eq!(gw.served(&dev, M, 1).await, 1);
     let send = |key: &str| {
         let (gw, key) = (std::sync::Arc::clone(&gw), key.to_owned());
         tokio::spawn(async move { gw.chat(&key, M, false).await })
@@ -279,4 +283,99 @@ async fn no_caller_can_fill_the_queue_for_others() {
         [(200, 1), (429, 19)].into_iter().collect(),
         "one served at the roll; two displaced, 17 past their deadline"
     );
+}
+
+/// Floors hold with the queue on (the floors rule), over real HTTP on the manual clock: `rpm:
+/// 120` on a sliding window, prod 0.75 and dev 0.25, threshold 0.5; 4 prod and 12 dev clients
+/// each send again as soon as they have an answer. In every full window after the first prod is
+/// served at least 95 % of its floor (90), and the model at least 95 % of its limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn floors_hold_with_the_queue_on_under_contention() {
+    const WINDOWS: u64 = 4;
+    let yaml = with_master(
+        r#"
+model_list:
+  - model_name: gpt-5.6-luna
+    litellm_params: {model: openai/gpt-5.6-luna, mock_response: "hi", rpm: 120}
+litellm_settings:
+  callbacks: ["dynamic_rate_limiter_v3"]
+  priority_reservation: {"prod": 0.75, "dev": 0.25}
+  priority_reservation_settings:
+    default_priority: 0
+    saturation_threshold: 0.5
+    window: sliding
+    queue: {max_wait_seconds: 20, max_queued: 1000}
+"#,
+    );
+    let gw = std::sync::Arc::new(Gw::start(&yaml, None).await);
+    let prod = gw.new_key(json!({"metadata": {"priority": "prod"}})).await;
+    let dev = gw.new_key(json!({"metadata": {"priority": "dev"}})).await;
+    let start_ms = gw.clock.now_ms();
+    let end_ms = start_ms + WINDOWS * 60_000;
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    // Each client: (is prod, the clock at each 200).
+    let clients: Vec<_> = (0..16)
+        .map(|i| {
+            let (gw, stop) = (std::sync::Arc::clone(&gw), std::sync::Arc::clone(&stop));
+            let key = if i < 4 { prod.clone() } else { dev.clone() };
+            tokio::spawn(async move {
+                let mut served = Vec::new();
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let r = gw.chat(&key, M, false).await;
+                    if r.status == 200 {
+                        served.push(gw.clock.now_ms());
+                    }
+                }
+                (i < 4, served)
+            })
+        })
+        .collect();
+    // Virtual time moves in 250 ms steps once every client has waited in the queue for a few
+    // milliseconds in a row (nothing else can happen until it moves).
+    let limiter = gw.gateway.limiter();
+    let id = limiter.config().model_id(M).unwrap();
+    while gw.clock.now_ms() < end_ms {
+        let (mut spins, mut still) = (0, 0);
+        while still < 5 {
+            still = if limiter.queue_len(id) == 16 {
+                still + 1
+            } else {
+                0
+            };
+            spins += 1;
+            assert!(spins < 20_000, "clients never all waited");
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        gw.clock.advance(Duration::from_millis(250));
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    // Let every waiter out: their deadlines pass.
+    let mut results = Vec::new();
+    for client in clients {
+        while !client.is_finished() {
+            gw.clock.advance(Duration::from_secs(1));
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        results.push(client.await.unwrap());
+    }
+    for window in 1..WINDOWS {
+        let range = start_ms + window * 60_000..start_ms + (window + 1) * 60_000;
+        let count = |prod_only: bool| {
+            results
+                .iter()
+                .filter(|(is_prod, _)| *is_prod || !prod_only)
+                .flat_map(|(_, served)| served.iter())
+                .filter(|t| range.contains(t))
+                .count()
+        };
+        let (prod_served, all) = (count(true), count(false));
+        assert!(
+            prod_served * 100 >= 95 * 90,
+            "window {window}: prod {prod_served} of its floor 90 ({all} served)"
+        );
+        assert!(
+            all * 100 >= 95 * 120,
+            "window {window}: {all} of 120 served"
+        );
+    }
 }

@@ -201,10 +201,12 @@ async fn a_priority_below_its_floor_goes_before_one_above_it_that_waited_longer(
     .await;
     app.keys.insert_key("sk-dev", Some("dev"), None);
     app.keys.insert_key("sk-prod", Some("prod"), None);
-    // A lone priority uses the whole model: shares are floors, not caps.
+    // A lone priority uses the whole model: shares are floors, not caps (paced: a slot's
+    // budget is ceil(4 ÷ 30) = 1 request, so dev's two at 1 s are a slot apart).
     assert_eq!(answer(send(&app, "sk-dev", &[])).await.0, 200);
     app.advance(Duration::from_secs(1));
     assert_eq!(answer(send(&app, "sk-dev", &[])).await.0, 200);
+    app.advance(Duration::from_millis(100));
     assert_eq!(answer(send(&app, "sk-dev", &[])).await.0, 200);
     app.advance(Duration::from_millis(500));
     assert_eq!(answer(send(&app, "sk-prod", &[])).await.0, 200);
@@ -215,13 +217,13 @@ async fn a_priority_below_its_floor_goes_before_one_above_it_that_waited_longer(
     until_waiting(&app, 2).await;
     // At 3.1 s (a sliding window holds 31 slots of 100 ms) the request admitted at 0 leaves: one
     // place, and prod (below its floor) gets it.
-    app.advance(Duration::from_millis(1_599));
+    app.advance(Duration::from_millis(1_499));
     tokio::time::sleep(Duration::from_millis(20)).await;
     assert!(!prod.is_finished() && !dev.is_finished());
     app.advance(Duration::from_millis(1));
     let (status, headers, _) = answer(prod).await;
     assert_eq!(status, 200);
-    assert_eq!(headers["x-priority-limit-queued-ms"], "1600");
+    assert_eq!(headers["x-priority-limit-queued-ms"], "1500");
     until_waiting(&app, 1).await;
     assert!(!dev.is_finished());
     // The next places (at 4.1 s, the requests admitted at 1 s leave) are dev's.

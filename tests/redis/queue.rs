@@ -8,7 +8,9 @@ use std::time::Duration;
 use integration_tests::app::shift_redis_windows;
 use integration_tests::redis::RedisServer;
 use tower_priority_limit::clock::{Clock, ManualClock};
-use tower_priority_limit::config::{LimiterConfig, ModelId, ModelLimits, PoolRef, QueueSettings};
+use tower_priority_limit::config::{
+    LimiterConfig, ModelId, ModelLimits, PoolRef, QueueSettings, Reservation,
+};
 use tower_priority_limit::decision::Decision;
 use tower_priority_limit::store::{RedisStore, RedisTarget};
 use tower_priority_limit::{Limiter, WaitRequest};
@@ -134,7 +136,6 @@ async fn three_limiters_wait_on_shared_counters_and_every_deadline_holds() {
 /// priorities by their floors), and nothing for a pool it has not seen admitted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_redis_store_reports_pool_usage_from_its_replies() {
-    use tower_priority_limit::config::Reservation;
     use tower_priority_limit::decision::Usage;
     use tower_priority_limit::store::Store;
     let Some(redis) = RedisServer::start("the_redis_store_reports_pool_usage") else {
@@ -144,6 +145,7 @@ async fn the_redis_store_reports_pool_usage_from_its_replies() {
         .model(ModelLimits::new("m").rpm(RPM))
         .reserve("a", Reservation::Percent(0.5))
         .reserve("b", Reservation::Percent(0.5))
+        .default_priority(0.0)
         .store_timeout(Duration::from_secs(2))
         .queue(QueueSettings::new(MAX_WAIT, 100))
         .build()
@@ -169,12 +171,26 @@ async fn the_redis_store_reports_pool_usage_from_its_replies() {
         })
     );
     assert_eq!(used(b), Some(Usage::default()));
-    // Shares are floors, not caps, with the queue on: a takes the whole model.
-    for _ in 3..RPM {
-        let d = limiter.admit(id, a, 0).await.unwrap();
-        assert!(matches!(d, Decision::Admit(_)), "{d:?}");
+    // With the queue on shares are floors: a borrows b's unused floor only at b's floor rate
+    // (the floors rule, in the script), so at the window's start b's floor is kept whole
+    // (rounded to the nearest request).
+    let d = limiter.admit(id, a, 0).await.unwrap();
+    let Decision::Refuse(refused) = d else {
+        panic!("b's floor is kept: {d:?}");
+    };
+    assert_eq!(
+        refused.scope,
+        tower_priority_limit::decision::Scope::Priority
+    );
+    assert!(
+        refused.retry_after_ms < WINDOW.as_millis() as u64,
+        "{refused:?}"
+    );
+    for _ in 0..RPM / 2 {
+        let d = limiter.admit(id, b, 0).await.unwrap();
+        assert!(matches!(d, Decision::Admit(_)), "b finds its floor: {d:?}");
     }
-    assert_eq!(used(a).unwrap().requests, RPM);
+    assert_eq!(used(b).unwrap().requests, RPM / 2);
 }
 
 /// The queue waits for reservations in flight to settle on Redis as on the embedded store
@@ -201,5 +217,73 @@ async fn with_reserve_the_queue_waits_for_reservations_in_flight_on_redis() {
     assert!(
         waited >= 9,
         "{waited} waited for the first answers to settle"
+    );
+}
+
+/// One floor across a fleet with skewed ingress: three limiters (three stores, one Redis), dev
+/// entering only through A and C, prod only through B, the queue on (threshold 0: strict from
+/// the first request). dev floods first; the floors rule in the script keeps prod's unused
+/// floor whichever process dev comes through, so prod, arriving later through B, still gets its
+/// whole floor (90 of `rpm: 120`) in the same window, and the shared limit holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_floor_holds_across_a_fleet_with_skewed_ingress() {
+    let Some(redis) = RedisServer::start("a_floor_holds_across_a_fleet") else {
+        return;
+    };
+    let config = LimiterConfig::builder()
+        .model(ModelLimits::new("m").rpm(120))
+        .reserve("prod", Reservation::Percent(0.75))
+        .reserve("dev", Reservation::Percent(0.25))
+        .default_priority(0.0)
+        .saturation_threshold(0.0)
+        .store_timeout(Duration::from_secs(2))
+        .queue(QueueSettings::new(MAX_WAIT, 1_000))
+        .build()
+        .unwrap();
+    let mut limiters = Vec::new();
+    for _ in 0..3 {
+        let store = RedisStore::builder(RedisTarget::Single(redis.url()))
+            .key_prefix("skewed:")
+            .connect(&config)
+            .await
+            .expect("redis store");
+        limiters.push(Arc::new(Limiter::with_store(store)));
+    }
+    let id = config.model_id("m").unwrap();
+    let (prod, dev) = (config.pool_of(Some("prod")), config.pool_of(Some("dev")));
+    let admit_all = |limiter: Arc<Limiter<RedisStore>>, pool, n: usize| {
+        tokio::spawn(async move {
+            let mut admitted = 0;
+            for _ in 0..n {
+                if matches!(limiter.admit(id, pool, 0).await, Ok(Decision::Admit(_))) {
+                    admitted += 1;
+                }
+            }
+            admitted
+        })
+    };
+    // dev: 200 tries through A and 200 through C, at once.
+    let (a, c) = (
+        admit_all(Arc::clone(&limiters[0]), dev, 200),
+        admit_all(Arc::clone(&limiters[2]), dev, 200),
+    );
+    let dev_admitted = a.await.unwrap() + c.await.unwrap();
+    // Its floor (30), and no more than what prod's floor rate has lent since the window began
+    // (the test runs in well under a second of the 60 s window: at most a request or two).
+    assert!(
+        (30..=32).contains(&dev_admitted),
+        "dev got {dev_admitted} through A and C"
+    );
+    let prod_admitted = admit_all(Arc::clone(&limiters[1]), prod, 200)
+        .await
+        .unwrap();
+    assert!(
+        prod_admitted >= 90 - (dev_admitted - 30),
+        "prod got {prod_admitted} through B"
+    );
+    assert_eq!(
+        dev_admitted + prod_admitted,
+        120,
+        "the shared limit is used, not passed"
     );
 }

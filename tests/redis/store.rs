@@ -11,9 +11,10 @@ use integration_tests::app::{json_body, shift_redis_rings, shift_redis_windows, 
 use integration_tests::redis::{RedisCluster, RedisServer};
 use tower_priority_limit::clock::ManualClock;
 use tower_priority_limit::config::{
-    FailureMode, LimiterConfig, LimiterConfigBuilder, Reservation, TokenAccounting, WindowKind,
+    FailureMode, LimiterConfig, LimiterConfigBuilder, QueueSettings, Reservation, TokenAccounting,
+    WindowKind,
 };
-use tower_priority_limit::decision::{slot_ms, Admitted, Refused};
+use tower_priority_limit::decision::{slot_ms, Admitted, Refused, Scope};
 use tower_priority_limit::store::{RedisStore, RedisTarget, Store};
 use tower_priority_limit::{Acquired, Limiter, ModelLimits};
 
@@ -87,7 +88,7 @@ async fn lua_script_and_decide_agree_step_by_step() {
     let Some(redis) = RedisServer::start("lua_script_and_decide_agree_step_by_step") else {
         return;
     };
-    agree_step_by_step(&redis, lockstep_config(), "agree:", Shift::Fixed).await;
+    let _ = agree_step_by_step(&redis, lockstep_config(), "agree:", Shift::SECONDS).await;
 }
 
 /// The same with `reserve` accounting on fixed windows.
@@ -97,7 +98,7 @@ async fn lua_script_and_decide_agree_with_reservations() {
         return;
     };
     let config = lockstep_config().token_accounting(TokenAccounting::Reserve);
-    agree_step_by_step(&redis, config, "agree-reserve:", Shift::Fixed).await;
+    let _ = agree_step_by_step(&redis, config, "agree-reserve:", Shift::SECONDS).await;
 }
 
 /// The same with `reserve` accounting on sliding windows, retry-after included. Redis's clock
@@ -109,21 +110,71 @@ async fn lua_script_and_decide_agree_on_sliding_windows() {
     let Some(redis) = RedisServer::start("lua_script_and_decide_agree_on_sliding_windows") else {
         return;
     };
+    let (now, window) = early_in_a_slot(&redis);
+    let config = lockstep_config()
+        .token_accounting(TokenAccounting::Reserve)
+        .window_kind(WindowKind::Sliding)
+        .window(Duration::from_millis(window));
+    let _ = agree_step_by_step(&redis, config, "agree-sliding:", Shift::Sliding { now }).await;
+}
+
+/// The floors rule (queue on) in lock-step on fixed windows: the script weighs every other
+/// pool's unused floor as `decide` does, and some refusals come from it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lua_script_and_decide_agree_on_floors() {
+    let Some(redis) = RedisServer::start("lua_script_and_decide_agree_on_floors") else {
+        return;
+    };
+    // A day's window: the kept parts change every window ÷ floor (minutes), so the milliseconds
+    // by which Redis's clock runs ahead of the manual one never round them differently.
+    let config = lockstep_config()
+        .token_accounting(TokenAccounting::Reserve)
+        .window(Duration::from_secs(86_400))
+        .queue(QueueSettings::new(Duration::from_secs(5), 100));
+    // Not a divisor of the window: time never lands on a kept part's rounding edge (where the
+    // drift of Redis's clock would decide).
+    let shift = Shift::Fixed {
+        unit: Duration::from_secs(2_161),
+    };
+    let floors = agree_step_by_step(&redis, config, "agree-floors:", shift).await;
+    assert!(floors > 5, "{floors} refusals by the floors rule");
+}
+
+/// The same on sliding windows (the paced form of the rule).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lua_script_and_decide_agree_on_floors_on_sliding_windows() {
+    let Some(redis) = RedisServer::start("lua_script_and_decide_agree_on_floors_sliding") else {
+        return;
+    };
+    let (now, window) = early_in_a_slot(&redis);
+    let config = lockstep_config()
+        .token_accounting(TokenAccounting::Reserve)
+        .window_kind(WindowKind::Sliding)
+        .window(Duration::from_millis(window))
+        .queue(QueueSettings::new(Duration::from_secs(5), 100));
+    let floors = agree_step_by_step(
+        &redis,
+        config,
+        "agree-floors-sliding:",
+        Shift::Sliding { now },
+    )
+    .await;
+    assert!(floors > 5, "{floors} refusals by the floors rule");
+}
+
+/// Redis's time (ms) and a window between 20 h and 24 h whose slot (window / 30) began less than
+/// half a slot ago: real time cannot cross a slot boundary during a test.
+fn early_in_a_slot(redis: &RedisServer) -> (u64, u64) {
     let client = ::redis::Client::open(redis.url()).unwrap();
     let (seconds, _): (u64, u64) = ::redis::cmd("TIME")
         .query(&mut client.get_connection().unwrap())
         .unwrap();
     let now = seconds * 1000;
-    // A window between 20 h and 24 h whose slot (window / 30) began less than half a slot ago.
     let window = (20 * 3_600_000..=24 * 3_600_000u64)
         .step_by(30 * 1000)
         .find(|w| now % slot_ms(*w) < slot_ms(*w) / 2)
         .expect("some window puts now early in its slot");
-    let config = lockstep_config()
-        .token_accounting(TokenAccounting::Reserve)
-        .window_kind(WindowKind::Sliding)
-        .window(Duration::from_millis(window));
-    agree_step_by_step(&redis, config, "agree-sliding:", Shift::Sliding { now }).await;
+    (now, window)
 }
 
 fn lockstep_config() -> LimiterConfigBuilder {
@@ -136,11 +187,18 @@ fn lockstep_config() -> LimiterConfigBuilder {
         .saturation_threshold(0.5)
 }
 
+impl Shift {
+    /// Fixed windows moved by 1 to 40 s (against a 60 s window).
+    const SECONDS: Shift = Shift::Fixed {
+        unit: Duration::from_secs(1),
+    };
+}
+
 /// How the lock-step test moves time.
 #[derive(Debug, Clone, Copy)]
 enum Shift {
-    /// Whole seconds: fixed windows' starts move back in Redis.
-    Fixed,
+    /// Whole `unit`s (1 to 40 of them): fixed windows' starts move back in Redis.
+    Fixed { unit: Duration },
     /// Whole slots: the rings move back in Redis. `now` is Redis's time (ms) at the start, which
     /// the manual clock starts at.
     Sliding { now: u64 },
@@ -151,7 +209,7 @@ async fn agree_step_by_step(
     config: LimiterConfigBuilder,
     prefix: &str,
     shift: Shift,
-) {
+) -> usize {
     let config = config.build().unwrap();
     let window = config.settings().window_ms;
     let clock = ManualClock::new();
@@ -167,6 +225,8 @@ async fn agree_step_by_step(
     let models = ["m", "tokens-only"];
     let mut leases = Vec::new();
     let (mut admitted, mut rejected, mut cancelled) = (0, 0, 0);
+    // Refusals of a priority's pool (with the queue on: the floors rule).
+    let mut by_pool = 0;
     for step in 0..400 {
         match rng.next(10) {
             // Every lease settled first (a shifted window would not match the lease's mark); see
@@ -176,14 +236,14 @@ async fn agree_step_by_step(
                     settle_both(a, b, tokens, &shared).await;
                 }
                 let by = match shift {
-                    Shift::Fixed => Duration::from_secs(1 + rng.next(40)),
+                    Shift::Fixed { unit } => unit * (1 + rng.next(40)) as u32,
                     Shift::Sliding { .. } => {
                         Duration::from_millis(slot_ms(window) * (1 + rng.next(12)))
                     }
                 };
                 clock.advance(by);
                 match shift {
-                    Shift::Fixed => shift_redis_windows(&client, prefix, by),
+                    Shift::Fixed { .. } => shift_redis_windows(&client, prefix, by),
                     Shift::Sliding { .. } => shift_redis_rings(&client, prefix, by, window),
                 }
             }
@@ -223,6 +283,9 @@ async fn agree_step_by_step(
                 let (want, a) = outcome(a);
                 let (got, b) = outcome(b);
                 assert_eq!(got, want, "step {step}: {model} as {priority:?}");
+                if let Outcome::Refused(r) = &want {
+                    by_pool += usize::from(r.scope == Scope::Priority);
+                }
                 // Redis's clock ran on by the test's own milliseconds: retry-after may differ by
                 // that much, never by a slot or window.
                 if let (Some(a), Some(b)) = (a_retry, b_retry) {
@@ -254,6 +317,7 @@ async fn agree_step_by_step(
         0
     );
     assert_eq!(shared.store().stats().failures.load(Ordering::Relaxed), 0);
+    by_pool
 }
 
 /// A refusal's retry-after, taken out before the outcomes are compared.

@@ -650,6 +650,7 @@ impl<St: Store> Limiter<St> {
             if turn.is_none() {
                 // The store said room appears now: whoever is first tries.
                 retry_at = None;
+                queue.unblock_due(self.clock.now_ms());
                 queue.notify();
                 continue;
             }
@@ -671,8 +672,11 @@ impl<St: Store> Limiter<St> {
                             true,
                         );
                     }
-                    ticket.refused();
-                    retry_at = Some(now.saturating_add(refused.retry_after_ms.max(1)));
+                    let until = now.saturating_add(refused.retry_after_ms.max(1));
+                    ticket.refused(
+                        (refused.scope == crate::decision::Scope::Priority).then_some(until),
+                    );
+                    retry_at = Some(until);
                 }
                 Ok(Decision::Admit(_)) => {
                     ticket.served(service);

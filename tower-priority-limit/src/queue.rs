@@ -99,6 +99,10 @@ struct PoolWaiters {
     len: usize,
     /// The last refusal one of this pool's waiters got, and when.
     last_refused: Option<(Refused, Millis)>,
+    /// The waiter whose try was refused by this pool's own rule (the floors rule), and when room
+    /// may appear: until then (or until that waiter leaves) the turn passes over the pool, so
+    /// one pool out of room does not hold up another's waiters.
+    blocked: Option<(u64, Millis)>,
 }
 
 struct Entry {
@@ -231,12 +235,14 @@ impl ModelQueue {
         }
     }
 
-    /// Remembers a refusal of a `pool` waiter at `at` (queue mode refuses by the model's limits
-    /// only, so any waiter's refusal is every waiter's; its pool's figures are that pool's).
+    /// Remembers a refusal of a `pool` waiter at `at`: its pool's, and the model's when the
+    /// model's limits refused it (every waiter's refusal then; the floors rule refuses one pool).
     pub(crate) fn record_refusal(&self, pool: PoolRef, refused: Refused, at: Millis) {
         let slot = self.pool_slot(pool);
         let mut state = self.lock();
-        state.last_refused = Some((refused, at));
+        if refused.scope == crate::decision::Scope::Model {
+            state.last_refused = Some((refused, at));
+        }
         if let Some(p) = state.pools.get_mut(slot) {
             p.last_refused = Some((refused, at));
         }
@@ -328,6 +334,17 @@ impl ModelQueue {
         waker
     }
 
+    /// A waiter's timer fired at `now`: every pool refused by its own rule until then is tried
+    /// again, all at once (so the order, not the timers' order, says who goes first).
+    pub(crate) fn unblock_due(&self, now: Millis) {
+        let mut state = self.lock();
+        for p in state.pools.iter_mut() {
+            if p.blocked.is_some_and(|(_, until)| until <= now) {
+                p.blocked = None;
+            }
+        }
+    }
+
     /// Capacity may have freed: if nobody holds the turn, the waiter the order puts first gets it.
     pub(crate) fn notify(&self) {
         if self.waiting() == 0 {
@@ -358,7 +375,7 @@ impl ModelQueue {
             .pools
             .iter()
             .enumerate()
-            .filter(|(_, p)| p.len > 0)
+            .filter(|(_, p)| p.len > 0 && p.blocked.is_none())
             .map(|(slot, _)| (slot, self.fill_of(slot)));
         let slot = first_pool(candidates)?;
         let pool = &state.pools[slot];
@@ -382,6 +399,9 @@ impl ModelQueue {
             None => pool.flows.leave(entry.flow),
         }
         pool.len -= 1;
+        if pool.blocked.is_some_and(|(by, _)| by == id) {
+            pool.blocked = None;
+        }
         if state.turn == Some(id) {
             state.turn = None;
         }
@@ -457,14 +477,22 @@ impl Ticket {
 
     /// Refused on its turn: keeps its place and gives the turn back (until capacity frees). If
     /// capacity may have freed during its try, the turn goes on at once (nothing else would wake
-    /// the queue for it).
-    pub(crate) fn refused(&self) {
+    /// the queue for it). Refused by its pool's own rule until `by_pool_until`, its pool is
+    /// passed over until then ([`ModelQueue::unblock_due`]) and the turn goes on at once to
+    /// another pool's waiter.
+    pub(crate) fn refused(&self, by_pool_until: Option<Millis>) {
         let again = {
             let mut state = self.queue.lock();
             if state.turn == Some(self.id) {
                 state.turn = None;
             }
-            std::mem::take(&mut state.pending)
+            if let Some(until) = by_pool_until {
+                let slot = state.waiters.get(&self.id).map(|e| e.pool);
+                if let Some(p) = slot.and_then(|slot| state.pools.get_mut(slot)) {
+                    p.blocked = Some((self.id, until));
+                }
+            }
+            std::mem::take(&mut state.pending) || by_pool_until.is_some()
         };
         if again {
             self.queue.notify();
@@ -573,10 +601,15 @@ mod tests {
             ))
             .build()
             .unwrap();
-        let store = Arc::new(MemoryStore::new(&config));
+        let clock = crate::clock::ManualClock::new();
+        let store = Arc::new(MemoryStore::with_clock(&config, clock.clone()));
         let (prod, dev) = (config.pool_of(Some("prod")), config.pool_of(Some("dev")));
-        // dev uses its floor (5 of 10) and more: it is over it.
-        for _ in 0..6 {
+        // dev uses its floor (5 of 10) and more, late in the window (prod's unused floor is lent
+        // at prod's floor rate): it is over it.
+        for i in 0..6 {
+            if i == 5 {
+                clock.set(55_000);
+            }
             let d = crate::store::Store::admit_now(
                 &*store,
                 crate::store::AdmitRequest {
@@ -620,7 +653,7 @@ mod tests {
         assert_eq!(q.lock().turn, Some(a.id));
         // A settlement frees capacity while `a` is trying (its answer was already decided).
         q.notify();
-        a.refused();
+        a.refused(None);
         let next = q.lock().turn;
         assert!(
             next.is_some(),
@@ -628,7 +661,7 @@ mod tests {
         );
         // Without a settlement in between, a refusal just gives the turn back.
         let holder = if next == Some(a.id) { &a } else { &b };
-        holder.refused();
+        holder.refused(None);
         assert_eq!(q.lock().turn, None);
     }
 

@@ -20,7 +20,9 @@
 //!    (what it uses of the model, once the window is full); at 300 s `b` starts offering its
 //!    reserved rate × 2: how long until its rate (over the trailing 5 s) reaches 95 % of its
 //!    reserved rate.
-//! 4. **Memory per waiting request**: the process's resident memory with 100,000 waiting, and the
+//! 4. **Contention**: `prod` (0.75) offers 1.2 × its floor and `dev` (0.25) 3 × rpm from the
+//!    start: `prod`'s share of its floor in each full window, and the model's use.
+//! 5. **Memory per waiting request**: the process's resident memory with 100,000 waiting, and the
 //!    wait future's own size.
 
 use std::collections::VecDeque;
@@ -97,6 +99,17 @@ pub struct FloorRow {
     pub recovery_s: Option<f64>,
 }
 
+/// Floors under steady contention.
+#[derive(Debug, Clone, Serialize)]
+pub struct ContentionRow {
+    /// `queue` or `429 + 2 retries`.
+    pub policy: String,
+    /// Per full window after the first, what `prod` was served as a share of its floor.
+    pub prod_of_floor: Vec<f64>,
+    /// The same for the whole model: what was served of `rpm`.
+    pub model_use: Vec<f64>,
+}
+
 /// Memory per waiting request.
 #[derive(Debug, Clone, Serialize)]
 pub struct MemoryRow {
@@ -117,7 +130,9 @@ pub struct Report {
     pub fairness: Vec<FairnessRow>,
     /// Row 3.
     pub floors: Vec<FloorRow>,
-    /// Row 4 (absent where the process's resident memory cannot be read).
+    /// Row 4.
+    pub contention: Vec<ContentionRow>,
+    /// Row 5 (absent where the process's resident memory cannot be read).
     pub memory: Option<MemoryRow>,
 }
 
@@ -555,6 +570,45 @@ pub fn floors(seed: u64) -> Vec<FloorRow> {
     ]
 }
 
+/// `prod`'s reserved share in the contention row.
+pub const PROD_SHARE: f64 = 0.75;
+
+fn contention_row(policy: &str, outcomes: &[Outcome], windows: u64) -> ContentionRow {
+    let served = |source: Option<usize>, k: u64| {
+        outcomes
+            .iter()
+            .filter(|o| source.is_none_or(|s| o.source == s))
+            .filter_map(|o| o.admitted_ms)
+            .filter(|&t| t >= k * WINDOW_MS && t < (k + 1) * WINDOW_MS)
+            .count() as f64
+    };
+    let floor = (PROD_SHARE * RPM as f64).floor();
+    ContentionRow {
+        policy: policy.to_owned(),
+        prod_of_floor: (1..windows).map(|k| served(Some(0), k) / floor).collect(),
+        model_use: (1..windows).map(|k| served(None, k) / RPM as f64).collect(),
+    }
+}
+
+/// Row 4: `prod` (0.75) offers 1.2 × its floor and `dev` (0.25) 3 × the whole model, Poisson,
+/// from the start, no warm-up: what each full window gives `prod`, with the queue (floors hold
+/// by the borrowing rule) and without it (shares cap in strict mode; refused clients retry).
+pub fn contention(seed: u64, windows: u64) -> Vec<ContentionRow> {
+    let per_s = RPM as f64 / 60.0;
+    let sources = [
+        Source::poisson(PoolRef::Named(0), 1, 1.2 * PROD_SHARE * per_s, 0),
+        Source::poisson(PoolRef::Named(1), 2, 3.0 * per_s, 0),
+    ];
+    let pools = [("prod", PROD_SHARE), ("dev", 1.0 - PROD_SHARE)];
+    let end = windows * WINDOW_MS;
+    let (queued, _) = run_queue(config(&pools, true), &sources, seed, "contention", end);
+    let retried = run_retrying(config(&pools, false), &sources, seed, "contention", end);
+    vec![
+        contention_row("queue", &queued, windows),
+        contention_row("429 + 2 retries", &retried, windows),
+    ]
+}
+
 /// The process's resident memory, bytes (Linux; `None` elsewhere).
 fn resident_bytes() -> Option<u64> {
     let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
@@ -562,7 +616,7 @@ fn resident_bytes() -> Option<u64> {
     Some(pages * 4096)
 }
 
-/// Row 4: 100,000 requests waiting, each a boxed wait (as the layer holds it) polled once so it
+/// Row 5: 100,000 requests waiting, each a boxed wait (as the layer holds it) polled once so it
 /// is in the queue; the process's resident memory before and after.
 pub fn memory() -> Option<MemoryRow> {
     const WAITING: u64 = 100_000;
@@ -605,6 +659,7 @@ pub fn run(seed: u64, quick: bool) -> Report {
         load: load(seed, windows),
         fairness: fairness(seed, windows),
         floors: floors(seed),
+        contention: contention(seed, windows.min(6)),
         memory: memory(),
     }
 }
@@ -668,6 +723,26 @@ pub fn render(r: &Report) -> String {
             format!("{:.1} %", row.lone_use * 100.0),
             row.recovery_s
                 .map_or("never (120 s)".into(), |s| format!("{s:.0} s")),
+        ]);
+    }
+    out.push_str(&t.render());
+    out.push('\n');
+    let mut t = Table::new([
+        "contention (prod 0.75 offers 1.2 × its floor, dev 3 × rpm)",
+        "prod's share of its floor, per full window",
+        "model use per window",
+    ]);
+    let list = |v: &[f64]| {
+        v.iter()
+            .map(|x| format!("{:.0} %", x * 100.0))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    for row in &r.contention {
+        t.row(vec![
+            row.policy.clone(),
+            list(&row.prod_of_floor),
+            list(&row.model_use),
         ]);
     }
     out.push_str(&t.render());

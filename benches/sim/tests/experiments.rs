@@ -258,6 +258,18 @@ fn the_queue_holds_its_bounds() {
         "{fair:?}"
     );
 
+    // Floors hold under contention with the queue on: prod ≥ 95 % of its floor in every full
+    // window while dev saturates the model, and nothing sits idle.
+    let contention = scheduler::contention(SEED, 4);
+    let queued = &contention[0];
+    assert!(
+        queued.prod_of_floor.iter().all(|&x| x >= 0.95),
+        "{contention:?}"
+    );
+    assert!(
+        queued.model_use.iter().all(|&x| x >= 0.95),
+        "{contention:?}"
+    );
     let floors = scheduler::floors(SEED);
     assert!(floors[0].lone_use >= 0.95, "{floors:?}");
     assert!(

@@ -218,6 +218,11 @@ impl ModelLimits {
         &self.name
     }
 
+    /// Every pool's limits, in pool order (empty when the config reserves nothing).
+    pub(crate) fn pool_limits(&self) -> &[PoolLimits] {
+        &self.pools
+    }
+
     /// The limits of `pool`, or `None` when the config reserves nothing.
     pub fn pool(&self, pool: PoolRef) -> Option<&PoolLimits> {
         self.pools.get(pool_index(pool, self.pools.len()))

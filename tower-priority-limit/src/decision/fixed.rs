@@ -43,6 +43,17 @@ impl FixedWindow {
 }
 
 impl Window for FixedWindow {
+    const PERIODS: u64 = 1;
+
+    /// The open window is the period.
+    fn period_usage(&self, now: Millis, window: Millis) -> Usage {
+        self.usage(now, window)
+    }
+
+    fn period_left(&self, now: Millis, window: Millis) -> (Millis, Millis) {
+        (window, self.resets_in(now, window))
+    }
+
     /// The stored counts while the window is open, zero after it.
     fn usage(&self, now: Millis, window: Millis) -> Usage {
         if self.is_current(now, window) {

@@ -66,7 +66,33 @@ pub trait Window: Clone + Default + Send + 'static {
     /// Takes back a request counted at mark `admitted_in`, with its `reserved` tokens, if that mark
     /// still counts at `now` (the request was not served). Never opens a window.
     fn cancel(&mut self, reserved: u64, admitted_in: Millis, now: Millis, window: Millis);
+
+    /// Periods per window for the floors rule ([`FloorPeriod`]): 1 for a fixed window, its
+    /// slots for a sliding one.
+    const PERIODS: u64;
+
+    /// The floors rule's period at `now` ([`FloorPeriod`]): what this counter holds in it.
+    fn period_usage(&self, now: Millis, window: Millis) -> Usage;
+
+    /// The floors rule's period at `now`: its length and what is left of it, in ms.
+    fn period_left(&self, now: Millis, window: Millis) -> (Millis, Millis);
 }
+
+/// The floors rule with the queue on, in strict mode (docs/behaviour.md, "Floors with the
+/// queue on"), is one rule over a **period**: the model's window when windows are fixed, the
+/// current slot (window ÷ [`SLOTS`]) when they slide. A period's budget is the model's limit ÷
+/// periods per window (rounded up); each pool's floor in it is its floor ÷ periods (rounded
+/// down). A request is admitted only if, after it, the period keeps for every other pool what
+/// it has not used of its floor, up to its floor × the fraction of the period left. So capacity
+/// another pool does not use is lent, but never faster than that pool's floor rate: a pool that
+/// starts sending finds its floor rate at once, and a pool alone fills the model.
+///
+/// On a sliding window the period is a slot because capacity taken is held a whole window: a
+/// model filled early in a window would free nothing until the same time in the next. Pacing
+/// every slot to its budget keeps room coming back slot by slot. A slot admits at least one
+/// request, so a request bigger than a slot's budget is not refused for ever.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FloorPeriod;
 
 /// Which limit refused a request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -283,18 +309,116 @@ fn check(rpm: Option<u64>, tpm: Option<u64>, usage: Usage, reserve: u64) -> Opti
     None
 }
 
+/// The floors rule's inputs: one request of `pool` on a model in strict mode with the queue on.
+/// `others` gives each pool's usage in the period ([`Window::period_usage`]) by pool index.
+struct Floors<'a, W, F> {
+    limits: &'a ModelLimits,
+    pool: PoolRef,
+    model_counter: &'a W,
+    pool_counter: &'a W,
+    others: &'a F,
+    reserve: u64,
+    now: Millis,
+    window: Millis,
+}
+
+impl<W: Window, F: Fn(usize) -> Usage> Floors<'_, W, F> {
+    /// The first dimension whose floors the request would break ([`FloorPeriod`]), with when
+    /// room may appear.
+    fn check(&self) -> Option<(Over, Millis)> {
+        let floors = self.limits.pool_limits();
+        let me = crate::config::pool_index(self.pool, floors.len());
+        let (period, left) = self.model_counter.period_left(self.now, self.window);
+        let model_used = self.model_counter.period_usage(self.now, self.window);
+        [Dimension::Requests, Dimension::Tokens]
+            .into_iter()
+            .find_map(|dimension| {
+                let pick = |u: Usage| match dimension {
+                    Dimension::Requests => u.requests,
+                    Dimension::Tokens => u.tokens,
+                };
+                let (cap, cost) = match dimension {
+                    Dimension::Requests => (self.limits.rpm?, 1),
+                    Dimension::Tokens => (self.limits.tpm?, self.reserve.max(1)),
+                };
+                let budget = cap.div_ceil(W::PERIODS);
+                let used = pick(model_used);
+                // A period admits one request at least.
+                if used == 0 {
+                    return None;
+                }
+                let (mut protected, mut decaying) = (0u64, 0u64);
+                for (i, p) in floors.iter().enumerate().filter(|(i, _)| *i != me) {
+                    let floor = match dimension {
+                        Dimension::Requests => p.rpm,
+                        Dimension::Tokens => p.tpm,
+                    }
+                    .unwrap_or(0)
+                        / W::PERIODS;
+                    let unused = floor.saturating_sub(pick((self.others)(i)));
+                    // Rounded to the nearest (half up): whole at the period's start, the last
+                    // unit lent before its end.
+                    let period2 = 2 * period.max(1) as u128;
+                    let share =
+                        (2 * floor as u128 * left as u128 + period.max(1) as u128) / period2;
+                    let share = u64::try_from(share).unwrap_or(u64::MAX);
+                    if share <= unused {
+                        decaying = decaying.saturating_add(floor);
+                    }
+                    protected = protected.saturating_add(share.min(unused));
+                }
+                let room = budget.saturating_sub(used).saturating_sub(protected);
+                if cost <= room {
+                    return None;
+                }
+                // How far over: what the protected parts must shrink by.
+                let excess = used
+                    .saturating_add(protected)
+                    .saturating_add(cost)
+                    .saturating_sub(budget);
+                // The protected parts shrink at their floors' rate; the period's end brings a
+                // new budget (a fixed window's end frees everything).
+                let retry = match decaying {
+                    0 => left,
+                    rate => {
+                        // Kept parts are rounded to the nearest: the last unit goes just after
+                        // (excess − ½) units' time.
+                        let ms = (2 * excess as u128 - 1) * period as u128 / (2 * rate as u128) + 1;
+                        u64::try_from(ms).unwrap_or(u64::MAX).min(left)
+                    }
+                };
+                let pool_used = pick(self.pool_counter.period_usage(self.now, self.window));
+                Some((
+                    Over {
+                        dimension,
+                        limit: pool_used.saturating_add(room),
+                        used: pool_used,
+                        excess,
+                    },
+                    retry.max(1),
+                ))
+            })
+    }
+}
+
 /// Decides one request for `pool` on a model with `limits`, from the counters as stored.
 ///
 /// `pool_counter` is the pool's pair (`None` when the config reserves nothing). `estimate` is the
 /// request's estimated tokens with `reserve` accounting (0 with `post_hoc`); it reserves
 /// [`reservation`] of them. The saturation that selects the mode is read before this request
 /// counts; strict mode is on iff it is ≥ the threshold.
+///
+/// `others` gives each pool's usage in the floors rule's period ([`Window::period_usage`]) by
+/// pool index (the request's own is not read): with the queue on, the rule keeps room for what
+/// the other pools have not used of their floors ([`FloorPeriod`]).
+#[allow(clippy::too_many_arguments)]
 pub fn decide<W: Window>(
     limits: &ModelLimits,
     settings: &Settings,
     pool: PoolRef,
     model_counter: &W,
     pool_counter: Option<&W>,
+    others: impl Fn(usize) -> Usage,
     estimate: u64,
     now: Millis,
 ) -> Decision {
@@ -329,6 +453,31 @@ pub fn decide<W: Window>(
         if let (Some(pl), Some(pu), Some(pc)) = (pool_limits, pool_usage, pool_counter) {
             refused =
                 check(pl.rpm, pl.tpm, pu, reserve).map(|over| refusal(Scope::Priority, over, pc));
+        }
+    }
+    // With the queue on, shares are floors: borrowing beyond one's floor is bounded so that
+    // every other pool can still reach its floor rate.
+    if refused.is_none() && strict && !settings.pools_cap() {
+        if let Some(pc) = pool_counter {
+            let floors = Floors {
+                limits,
+                pool,
+                model_counter,
+                pool_counter: pc,
+                others: &others,
+                reserve,
+                now,
+                window,
+            };
+            refused = floors.check().map(|(over, retry_after_ms)| Refused {
+                scope: Scope::Priority,
+                dimension: over.dimension,
+                limit: over.limit,
+                used: over.used,
+                saturation,
+                retry_after_ms,
+                pool: pool_state,
+            });
         }
     }
     if let Some(refused) = refused {
@@ -406,6 +555,7 @@ mod tests {
                 pool,
                 &self.model,
                 slot.map(|i| &self.pools[i]),
+                |j| self.pools[j].period_usage(now, W),
                 0,
                 now,
             );
@@ -669,12 +819,47 @@ mod tests {
             ))
             .build()
             .unwrap();
-        let mut s = Sim::new(config);
-        assert_eq!(s.run(DEV, 20, 0), 10, "shares are floors, not caps");
-        let Decision::Refuse(r) = s.try_admit(PROD, 0) else {
-            panic!()
+        // Below the threshold anyone takes what is free; above it, prod's unused floor (9) is
+        // kept in proportion to the window left, so dev borrows it at prod's floor rate.
+        let mut s = Sim::new(config.clone());
+        assert_eq!(s.run(DEV, 20, 0), 5, "generous up to the threshold");
+        let Decision::Refuse(r) = s.try_admit(DEV, 0) else {
+            panic!("prod's floor is kept")
         };
-        assert_eq!(r.scope, Scope::Model);
+        assert_eq!(r.scope, Scope::Priority);
+        assert_eq!(
+            r.retry_after_ms,
+            9 * W / 18 + 1,
+            "prod's kept part shrinks by one every W / 9, from W / 18: 5 over (5 + 9 + 1 − 10)"
+        );
+        assert!(matches!(
+            s.try_admit(DEV, r.retry_after_ms),
+            Decision::Admit(_)
+        ));
+        assert!(matches!(
+            s.try_admit(DEV, r.retry_after_ms),
+            Decision::Refuse(_)
+        ));
+        let mut s = Sim::new(config.clone());
+        s.run(DEV, 20, 0);
+        let mut by_then = Vec::new();
+        for t in (0..W).step_by(1_000) {
+            s.run(DEV, 20, t);
+            by_then.push(s.model.requests);
+        }
+        assert_eq!(
+            s.model.requests, 10,
+            "shares are floors, not caps: dev fills the model"
+        );
+        // Half way, dev holds 5 + what prod's floor rate lent it: prod still finds its floor for
+        // the half window left.
+        assert_eq!(by_then[30], 10 - 5, "prod keeps 4.5, rounded up");
+        let mut s = Sim::new(config);
+        s.run(DEV, 20, 0);
+        for t in (0..W / 2).step_by(1_000) {
+            s.run(DEV, 20, t);
+        }
+        assert_eq!(s.run(PROD, 20, W / 2), 5, "prod's floor rate, at once");
     }
 
     #[test]

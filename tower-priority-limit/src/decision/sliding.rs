@@ -106,6 +106,22 @@ impl SlidingWindow {
 }
 
 impl Window for SlidingWindow {
+    const PERIODS: u64 = SLOTS;
+
+    /// The slot an admission at `now` is counted in: the newest slot when it is `now`'s (or
+    /// later, if the clock stepped back); else empty.
+    fn period_usage(&self, now: Millis, window: Millis) -> Usage {
+        match self.head {
+            Some(head) if head >= slot_at(now, window) => self.slots[place_of(head)],
+            _ => Usage::default(),
+        }
+    }
+
+    fn period_left(&self, now: Millis, window: Millis) -> (Millis, Millis) {
+        let slot = slot_ms(window);
+        (slot, slot - now % slot)
+    }
+
     fn usage(&self, now: Millis, window: Millis) -> Usage {
         let mut usage = self.total;
         for s in self.expired(slot_at(now, window)) {

@@ -143,6 +143,11 @@ impl<W: Window> ModelCounters<W> {
             request.pool,
             &self.model,
             i.map(|i| &self.pools[i].0),
+            |j| {
+                self.pools.get(j).map_or_else(Usage::default, |p| {
+                    p.0.period_usage(now, settings.window_ms)
+                })
+            },
             request.reserve,
             now,
         );

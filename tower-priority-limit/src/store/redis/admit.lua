@@ -12,7 +12,12 @@
 --          capped as `reservation()` does), key TTL in ms, deadline: the caller's deadline on
 --          this server's TIME in ms (-1 = none), window kind ("f" fixed, "s" sliding), slot
 --          length in ms, tokens to reserve in strict mode, enforcement ("s" shadow: a request
---          the limits refuse is counted and admitted all the same; anything else enforces).
+--          the limits refuse is counted and admitted all the same; anything else enforces),
+--          then the floors rule (queue on; `Floors` in decision/mod.rs): the number of pools n
+--          (0 = off), the request's pool index (0-based), and per pool its prefix, floor rpm and
+--          floor tpm (-1 = none).
+--          With n > 0 the reply has, after the first eight values, each pool's (requests, tokens)
+--          at `now` (zeros where the rule did not need them), and only then the rings.
 -- Returns  fixed:   {now, model start (-1 = none), model requests, model tokens,
 --                    pool start (-1 = none), pool requests, pool tokens, verdict}
 --          sliding: {now, model head (-1 = none), model requests, model tokens, pool head, pool
@@ -130,15 +135,97 @@ local function over(lr, lt, c)
   return (lr >= 0 and c.r + 1 > lr) or (lt >= 0 and c.k + math.max(reserve, 1) > lt)
 end
 
+-- Integer ceil(a / b) for a >= 0, b > 0, exact in doubles below 2^53.
+local function div_ceil(a, b)
+  local r = a % b
+  local quotient = (a - r) / b
+  if r > 0 then quotient = quotient + 1 end
+  return quotient
+end
+
+-- The floors rule (queue on, strict mode; `FloorPeriod` in decision/mod.rs): over a period (the
+-- model's window when fixed, the current slot when sliding), after this request the period
+-- keeps for every other pool what it has not used of its floor, up to its floor x the fraction
+-- of the period left (rounded to the nearest, half up). Mirrors `Floors::check`.
+local n = tonumber(ARGV[15]) or 0
+local me = tonumber(ARGV[16]) or 0
+local periods, period, left = 1, window, window
+if sliding then
+  periods, period = RING - 1, slot_ms
+  left = slot_ms - now % slot_ms
+elseif m.start ~= nil and now < m.start + window then
+  left = m.start + window - now
+end
+-- Each pool's usage in the period: the open window (fixed) or the current slot (sliding).
+local pools_used = {}
+local function period_used(c)
+  if sliding then return {r = c.cur_r, k = c.cur_k} end
+  return {r = c.r, k = c.k}
+end
+local function floor_of(j, d)
+  local v = tonumber(ARGV[17 + 3 * j + (d == 'r' and 1 or 2)])
+  if v == nil or v < 0 then return 0 end
+  return v
+end
+local function floors_refuse()
+  for j = 0, n - 1 do
+    if j ~= me then
+      local p = ARGV[17 + 3 * j]
+      local names
+      if sliding then
+        names = {p .. 'h', p .. 'R', p .. 'T', p .. 'r' .. place_now, p .. 't' .. place_now}
+      else
+        names = {p .. 's', p .. 'r', p .. 't'}
+      end
+      pools_used[j] = period_used(read(p, redis.call('HMGET', key, unpack(names))))
+    end
+  end
+  local model_used = period_used(m)
+  for _, d in ipairs({'r', 'k'}) do
+    local cap = rpm
+    if d == 'k' then cap = tpm end
+    if cap >= 0 and model_used[d] > 0 then
+      local cost = 1
+      if d == 'k' then cost = math.max(reserve, 1) end
+      local protected = 0
+      for j = 0, n - 1 do
+        if j ~= me then
+          local f = floor_of(j, d)
+          f = (f - f % periods) / periods
+          local unused = math.max(f - pools_used[j][d], 0)
+          local num, den = 2 * f * left + math.max(period, 1), 2 * math.max(period, 1)
+          local share = (num - num % den) / den
+          protected = protected + math.min(share, unused)
+        end
+      end
+      if cost > math.max(div_ceil(cap, periods) - model_used[d] - protected, 0) then
+        return true
+      end
+    end
+  end
+  return false
+end
+
 local verdict = 0
 if over(rpm, tpm, m) then
   verdict = 1
 elseif strict and over(prpm, ptpm, q) then
   verdict = 2
+elseif strict and n > 0 and floors_refuse() then
+  verdict = 2
 end
 -- Shadow enforcement: the refusal is only reported (the Rust side re-derives it), the request
 -- counts like any admission.
 if ARGV[14] == 's' then verdict = 0 end
+
+-- What the floors rule read of each pool, for the Rust side to re-derive the decision.
+local function add_pools_used(reply)
+  for j = 0, n - 1 do
+    local u = pools_used[j] or {r = 0, k = 0}
+    reply[#reply + 1] = u.r
+    reply[#reply + 1] = u.k
+  end
+end
 
 if not sliding then
   if verdict == 0 then
@@ -155,7 +242,9 @@ if not sliding then
     -- Every window in this hash ends by now + window, so nothing outlives its use.
     redis.call('PEXPIRE', key, tonumber(ARGV[9]))
   end
-  return {now, m.start or -1, m.raw_r, m.raw_k, q.start or -1, q.raw_r, q.raw_k, verdict}
+  local reply = {now, m.start or -1, m.raw_r, m.raw_k, q.start or -1, q.raw_r, q.raw_k, verdict}
+  add_pools_used(reply)
+  return reply
 end
 
 if verdict == 0 then
@@ -177,11 +266,14 @@ if verdict == 0 then
   -- + a margin of at least a slot) is renewed when the model's newest slot changes, which is
   -- often enough.
   if m.start ~= m.head then redis.call('PEXPIRE', key, tonumber(ARGV[9])) end
-  return {now, m.head, m.r, m.k, q.head or -1, q.r, q.k, verdict}
+  local reply = {now, m.head, m.r, m.k, q.head or -1, q.r, q.k, verdict}
+  add_pools_used(reply)
+  return reply
 end
 
 -- Refused: the rings too, as they count at `now`, so retry-after can be computed from them.
 local reply = {now, m.head, m.r, m.k, q.head or -1, q.r, q.k, verdict}
+add_pools_used(reply)
 local function ring(p, c)
   local names = {}
   for place = 0, RING - 1 do

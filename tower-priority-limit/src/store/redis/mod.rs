@@ -541,6 +541,15 @@ impl Inner {
                     Enforcement::Enforce => "e",
                     Enforcement::Shadow => "s",
                 });
+            // The floors rule's pools (none with the queue off: shares cap instead).
+            let floors = self.floors(request.model);
+            cmd.arg(floors.len())
+                .arg(pool_index(request.pool, floors.len().max(1)));
+            for (prefix, limits) in self.pool_prefixes.iter().zip(floors) {
+                cmd.arg(prefix.as_str())
+                    .arg(limit(limits.rpm))
+                    .arg(limit(limits.tpm));
+            }
         });
         let reply: Result<Vec<i64>, StoreError> = self.timed(bounded(self.timeout, call)).await;
         match reply {
@@ -597,22 +606,32 @@ impl Inner {
         }
     }
 
+    /// The pools the floors rule weighs on `model`: all of them with the queue on, none without.
+    fn floors(&self, model: ModelId) -> &[crate::config::PoolLimits] {
+        if self.config.settings().pools_cap() {
+            return &[];
+        }
+        self.config.model(model).pool_limits()
+    }
+
     /// The full decision from the counters the script saw before it acted.
     fn decision(&self, request: AdmitRequest, reply: &[i64]) -> Decision {
         let limits = self.config.model(request.model);
         let (now, verdict) = (reply[0].max(0) as Millis, reply[7]);
         let count = |v: i64| v.max(0) as u64;
+        let pools = self.floors(request.model).len();
         // Each pair from its three values (start or head, requests, tokens) at `at` in the reply.
         let decision = match self.config.settings().window_kind {
-            WindowKind::Fixed => self.decide_on(request, now, |at| FixedWindow {
+            WindowKind::Fixed => self.decide_on(request, now, reply, |at| FixedWindow {
                 window_start: u64::try_from(reply[at]).ok(),
                 requests: count(reply[at + 1]),
                 tokens: count(reply[at + 2]),
             }),
             // The totals count at `now`; the rings come with a refusal only, after the eight
             // values (an admission's headers need the totals alone).
-            WindowKind::Sliding => self.decide_on(request, now, |at| {
-                let ring_at = if at == 1 { 8 } else { 8 + 2 * RING };
+            WindowKind::Sliding => self.decide_on(request, now, reply, |at| {
+                let rings = 8 + 2 * pools;
+                let ring_at = if at == 1 { rings } else { rings + 2 * RING };
                 let mut slots = [Usage::default(); RING];
                 if let Some(values) = reply.get(ring_at..ring_at + 2 * RING) {
                     for (place, pair) in slots.iter_mut().zip(values.chunks_exact(2)) {
@@ -648,21 +667,27 @@ impl Inner {
     }
 
     /// [`decide`] on the pairs `pair` builds from the reply: the model-wide one at 1, the pool's
-    /// at 4.
+    /// at 4; each pool's usage for the floors rule after the first eight values.
     fn decide_on<W: Window>(
         &self,
         request: AdmitRequest,
         now: Millis,
+        reply: &[i64],
         pair: impl Fn(usize) -> W,
     ) -> Decision {
         let limits = self.config.model(request.model);
         let pool = (limits.pool_count() > 0).then(|| pair(4));
+        let count = |at: usize| reply.get(at).map_or(0, |&v| v.max(0) as u64);
         decide(
             limits,
             self.config.settings(),
             request.pool,
             &pair(1),
             pool.as_ref(),
+            |j| Usage {
+                requests: count(8 + 2 * j),
+                tokens: count(9 + 2 * j),
+            },
             request.reserve.min(MAX_EXACT),
             now,
         )
