@@ -17,9 +17,17 @@ use tower_priority_limit::decision::Decision;
 use tower_priority_limit::store::{RedisStore, RedisTarget, Store};
 use tower_priority_limit::{Limiter, ModelLimits};
 
-fn config(accounting: TokenAccounting, window: WindowKind) -> LimiterConfig {
-    LimiterConfig::builder()
-        .token_accounting(accounting)
+/// The bench's config; `queue`: the queue on, so every admission also runs the floors rule
+/// (the script reads the model's other pools' counters).
+fn config(accounting: TokenAccounting, window: WindowKind, queue: bool) -> LimiterConfig {
+    let mut b = LimiterConfig::builder();
+    if queue {
+        b = b.queue(tower_priority_limit::config::QueueSettings::new(
+            Duration::from_secs(10),
+            1_000,
+        ));
+    }
+    b.token_accounting(accounting)
         .window_kind(window)
         .model(
             ModelLimits::new("model-0")
@@ -130,16 +138,18 @@ fn main() {
         .build()
         .unwrap();
     runtime.block_on(async {
-        for (accounting, window) in [
-            (TokenAccounting::PostHoc, WindowKind::Fixed),
-            (TokenAccounting::Reserve, WindowKind::Fixed),
-            (TokenAccounting::PostHoc, WindowKind::Sliding),
-            (TokenAccounting::Reserve, WindowKind::Sliding),
+        for (accounting, window, queue) in [
+            (TokenAccounting::PostHoc, WindowKind::Fixed, false),
+            (TokenAccounting::PostHoc, WindowKind::Fixed, true),
+            (TokenAccounting::Reserve, WindowKind::Fixed, false),
+            (TokenAccounting::PostHoc, WindowKind::Sliding, false),
+            (TokenAccounting::PostHoc, WindowKind::Sliding, true),
+            (TokenAccounting::Reserve, WindowKind::Sliding, false),
         ] {
-            let config = config(accounting, window);
+            let config = config(accounting, window, queue);
             let store = RedisStore::builder(RedisTarget::Single(redis.url()))
                 .key_prefix(format!(
-                    "bench-{}-{}:",
+                    "bench-{}-{}-{queue}:",
                     accounting.as_str(),
                     window.as_str()
                 ))
@@ -149,10 +159,11 @@ fn main() {
             let limiter = Arc::new(Limiter::with_store(store));
             println!(
                 "redis-server on port {}, {threads} client runtime thread(s), {secs} s per row, \
-                 token_accounting {}, window {}",
+                 token_accounting {}, window {}, queue {}",
                 redis.port(),
                 accounting.as_str(),
-                window.as_str()
+                window.as_str(),
+                if queue { "on (floors rule)" } else { "off" }
             );
             for in_flight in [1, 16, 64] {
                 admissions(limiter.clone(), in_flight, secs).await;
