@@ -1,0 +1,140 @@
+//! `general_settings.record`: one JSON line per request the router saw, written off the request
+//! path, read back from the file over real traffic.
+
+use std::path::Path;
+use std::time::Duration;
+
+use gateway_example::config::GatewayConfig;
+use gateway_example::record::{Outcome, RecordLine};
+use integration_tests::gateway::{Gw, TempDir, MASTER};
+use serde_json::json;
+
+/// The lines of the record at `path` once there are `n` of them (the writer is a thread of its
+/// own: the file is polled until they are there, for at most 10 s).
+pub async fn record_lines(path: &Path, n: usize) -> Vec<RecordLine> {
+    for _ in 0..1000 {
+        let text = std::fs::read_to_string(path).unwrap_or_default();
+        let lines: Vec<RecordLine> = text
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+            .collect();
+        if lines.len() >= n {
+            assert_eq!(lines.len(), n, "no more lines than requests");
+            return lines;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("the record at {} never had {n} lines", path.display());
+}
+
+/// `m` has 8 RPM, prod and the default pool half each (strict: prod gets exactly 4).
+fn config(record: &str) -> String {
+    format!(
+        r#"
+model_list:
+  - model_name: m
+    litellm_params: {{model: openai/m, mock_response: "hello there", rpm: 8}}
+litellm_settings:
+  callbacks: ["dynamic_rate_limiter_v3"]
+  priority_reservation: {{"prod": 0.5}}
+  priority_reservation_settings: {{default_priority: 0.5, saturation_threshold: 0}}
+general_settings:
+  master_key: {MASTER}
+  record: {record}
+"#
+    )
+}
+
+/// Served and refused requests, streamed and not, each leave one line with the caller's hash
+/// (never the key), team, priority, estimate, limit, outcome and the tokens the limiter charged.
+#[tokio::test]
+async fn every_request_leaves_one_line_without_its_key() {
+    let dir = TempDir::new();
+    let path = dir.0.join("record.jsonl");
+    let gw = Gw::start(&config(&format!("{{path: {}}}", path.display())), None).await;
+    let team = gw.new_team(json!({"metadata": {"priority": "prod"}})).await;
+    let key = gw.new_key(json!({"team_id": team})).await;
+    let mut statuses = Vec::new();
+    for i in 0..6 {
+        let body = json!({"model": "m", "stream": i == 0, "max_tokens": 20 + i,
+            "messages": [{"role": "user", "content": "a prompt that is not recorded"}]});
+        statuses.push(gw.chat_with(&key, body).await.status.as_u16());
+    }
+    assert_eq!(statuses, [200, 200, 200, 200, 429, 429]);
+    // A 401 is not traffic the router saw: no line.
+    assert_eq!(gw.chat("sk-wrong", "m", false).await.status, 401);
+    let lines = record_lines(&path, 6).await;
+    let text = std::fs::read_to_string(&path).unwrap();
+    assert!(!text.contains(&key), "no key in the record");
+    assert!(
+        !text.contains("a prompt that is not recorded"),
+        "no prompt text"
+    );
+    for (i, line) in lines.iter().enumerate() {
+        assert_eq!(line.model, "m");
+        assert_eq!(line.endpoint, "/chat/completions");
+        assert_eq!(line.key, lines[0].key, "one caller, one hash");
+        assert_eq!(line.key.len(), 16);
+        assert_eq!(line.team.as_deref(), Some(team.as_str()));
+        assert_eq!(line.priority.as_deref(), Some("prod"));
+        assert_eq!(line.max_tokens, Some(20 + i as u64));
+        assert_eq!(line.stream, i == 0);
+        assert!(line.prompt_tokens > 0);
+        assert!(line.latency_ms >= line.head_ms);
+        if i < 4 {
+            assert_eq!(
+                (line.status, line.outcome),
+                (200, Outcome::Served),
+                "{line:?}"
+            );
+            assert!(line.reported && line.tokens > 0, "{line:?}");
+        } else {
+            assert_eq!((line.status, line.outcome), (429, Outcome::Refused));
+            assert_eq!(line.limits, ["pool_requests"], "prod's half of 8");
+            assert_eq!(line.tokens, 0);
+        }
+    }
+    let charged: u64 = lines.iter().map(|l| l.tokens).sum();
+    assert_eq!(charged, gw.tokens("m"), "the tokens the limiter charged");
+    let metrics = gw.get("/metrics", None).await;
+    assert!(
+        metrics.text().contains("gateway_record_lines_total 6\n"),
+        "{}",
+        metrics.text()
+    );
+    assert!(metrics.text().contains("gateway_record_dropped_total 0\n"));
+}
+
+/// `sample: 0.5` records every other request.
+#[tokio::test]
+async fn sample_records_its_share() {
+    let dir = TempDir::new();
+    let path = dir.0.join("r.jsonl");
+    let gw = Gw::start(
+        &config(&format!("{{path: {}, sample: 0.5}}", path.display())),
+        None,
+    )
+    .await;
+    assert_eq!(gw.served(MASTER, "m", 4).await, 4);
+    let lines = record_lines(&path, 2).await;
+    assert!(lines.iter().all(|l| l.outcome == Outcome::Served));
+}
+
+/// An unknown key under `record` is refused, naming its YAML path; `record` itself is honoured
+/// (no warning naming it).
+#[test]
+fn the_record_s_keys_are_checked() {
+    let e = GatewayConfig::from_yaml_str(&config("{path: r.jsonl, rotate: daily}")).unwrap_err();
+    assert!(
+        e.to_string()
+            .starts_with("general_settings.record.rotate: unknown key \"rotate\""),
+        "{e}"
+    );
+    let c = GatewayConfig::from_yaml_str(&config("{path: r.jsonl}")).unwrap();
+    assert!(
+        c.unsupported_warning().is_none(),
+        "{:?}",
+        c.unsupported_warning()
+    );
+    assert_eq!(c.record.unwrap().sample, 1.0);
+}
