@@ -138,3 +138,145 @@ fn the_record_s_keys_are_checked() {
     );
     assert_eq!(c.record.unwrap().sample, 1.0);
 }
+
+/// [`sim::replay::replay`] on a thread of its own (it runs a runtime of its own, in virtual time).
+fn replayed(
+    trace: &[RecordLine],
+    limits: Option<&tower_priority_limit::LimiterConfig>,
+) -> sim::replay::Replayed {
+    std::thread::scope(|s| {
+        s.spawn(|| sim::replay::replay(trace, limits))
+            .join()
+            .unwrap()
+    })
+}
+
+/// The config a run is recorded under and replayed against: `m` with `rpm`, prod and the default
+/// pool half each, strict (each pool gets exactly its half a window).
+fn policy(rpm: u64, record: &Path) -> String {
+    format!(
+        r#"
+model_list:
+  - model_name: m
+    litellm_params: {{model: openai/m, mock_response: "hello there", rpm: {rpm}}}
+litellm_settings:
+  callbacks: ["dynamic_rate_limiter_v3"]
+  priority_reservation: {{"prod": 0.5}}
+  priority_reservation_settings: {{default_priority: 0.5, saturation_threshold: 0}}
+general_settings:
+  master_key: {MASTER}
+  record: {{path: {}}}
+"#,
+        record.display()
+    )
+}
+
+/// Requests per window of each caller in [`a_recorded_run_replays_as_it_ran_and_as_a_candidate_would`].
+const PROD_PER_WINDOW: u64 = 7;
+const PLAIN_PER_WINDOW: u64 = 5;
+const WINDOWS: u64 = 3;
+
+/// A real run through the gateway, recorded, replayed through the simulator against the config it
+/// ran under and against a candidate with more capacity: each replay serves per priority what its
+/// config's reserved share allows a window (`min(sent, floor(rpm × share))`), and the one under
+/// the recording's own config serves exactly what the gateway served, with its tokens.
+#[tokio::test]
+async fn a_recorded_run_replays_as_it_ran_and_as_a_candidate_would() {
+    let dir = TempDir::new();
+    std::fs::create_dir_all(&dir.0).unwrap();
+    let record = dir.0.join("record.jsonl");
+    let current_file = dir.0.join("current.yaml");
+    let candidate_file = dir.0.join("candidate.yaml");
+    std::fs::write(&current_file, policy(8, &record)).unwrap();
+    std::fs::write(&candidate_file, policy(12, &record)).unwrap();
+    let gw = Gw::start(&policy(8, &record), None).await;
+    let prod = gw.new_key(json!({"metadata": {"priority": "prod"}})).await;
+    let plain = gw.new_key(json!({})).await;
+    let mut real_served = [0u64; 2];
+    for _ in 0..WINDOWS {
+        for _ in 0..PROD_PER_WINDOW {
+            real_served[0] += u64::from(gw.chat(&prod, "m", false).await.status == 200);
+        }
+        for _ in 0..PLAIN_PER_WINDOW {
+            real_served[1] += u64::from(gw.chat(&plain, "m", false).await.status == 200);
+        }
+        // Two windows on: the next burst starts a window of its own.
+        gw.clock.advance(Duration::from_secs(120));
+    }
+    let total = WINDOWS * (PROD_PER_WINDOW + PLAIN_PER_WINDOW);
+    let trace = record_lines(&record, total as usize).await;
+    let recorded_tokens: u64 = trace.iter().map(|l| l.tokens).sum();
+    let recorded = sim::replay::recorded(&trace);
+
+    for (file, real) in [(&current_file, Some(real_served)), (&candidate_file, None)] {
+        let limits = sim::replay::read_policy(file)
+            .unwrap()
+            .expect("the limiter is on");
+        let replayed = replayed(&trace, Some(&limits));
+        let model = limits.model(limits.model_id("m").unwrap());
+        let by_priority = |priority: &str| {
+            let rows: Vec<_> = replayed
+                .report
+                .iter()
+                .filter(|(k, _)| k.model == "m" && k.priority == priority)
+                .map(|(_, r)| r.clone())
+                .collect();
+            assert_eq!(rows.len(), 1, "one caller per priority: {rows:?}");
+            rows.into_iter().next().unwrap()
+        };
+        for (i, (priority, sent, pool)) in [
+            ("prod", PROD_PER_WINDOW, limits.pool_of(Some("prod"))),
+            ("default", PLAIN_PER_WINDOW, limits.pool_of(None)),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let reserved = model.pool(pool).and_then(|p| p.rpm).unwrap();
+            let allowed = WINDOWS * sent.min(reserved);
+            let row = by_priority(priority);
+            assert_eq!(row.requests, WINDOWS * sent, "{file:?} {priority}");
+            assert_eq!(row.served, allowed, "{file:?} {priority}: {row:?}");
+            // The rest refused by the pool's share or, once both pools' shares fill the model,
+            // by the model's rpm.
+            assert_eq!(row.refused_total(), WINDOWS * sent - allowed, "{row:?}");
+            assert!(
+                row.refused
+                    .keys()
+                    .all(|l| l == "pool_requests" || l == "model_requests"),
+                "{row:?}"
+            );
+            if let Some(real) = real {
+                assert_eq!(row.served, real[i], "{priority}: as the gateway served");
+                let recorded = recorded
+                    .iter()
+                    .find(|(k, _)| k.priority == priority)
+                    .map(|(_, r)| r.refused.clone());
+                assert_eq!(
+                    Some(row.refused),
+                    recorded,
+                    "{priority}: refused as recorded"
+                );
+            }
+        }
+        if real.is_some() {
+            let tokens: u64 = replayed.report.values().map(|r| r.tokens).sum();
+            assert_eq!(
+                tokens, recorded_tokens,
+                "the recorded tokens, charged as recorded"
+            );
+            assert_eq!(replayed.stand_in_costs, 0);
+        } else {
+            assert!(
+                replayed.stand_in_costs > 0,
+                "the candidate serves what was refused"
+            );
+        }
+    }
+    // The two side by side, as `sim replay` prints them.
+    let current = replayed(
+        &trace,
+        sim::replay::read_policy(&current_file).unwrap().as_ref(),
+    );
+    let table = sim::replay::render(&recorded, &[("current", &current)]);
+    assert!(table.contains("| m | prod |"), "{table}");
+}

@@ -23,6 +23,7 @@ pub mod accounting;
 pub mod cascade;
 pub mod fleet;
 pub mod plot;
+pub mod replay;
 pub mod report;
 pub mod retries;
 pub mod routing;
