@@ -464,3 +464,53 @@ impl Collector for ScrapeGauges {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::ModelLimits;
+    use crate::Limiter;
+
+    /// A request its model admitted and its deployment would have refused: `admitted` in the
+    /// requests series (told before), `deployment_requests` in the refusals series, and
+    /// `shadow_refused`, once, in the snapshot.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_deployment_shadow_refusal_moves_the_request_in_the_snapshot_only() {
+        let config = LimiterConfig::builder()
+            .model(ModelLimits::new("m").rpm(10))
+            .build()
+            .unwrap();
+        let mut registry = Registry::default();
+        let metrics = PrometheusMetrics::new(&config, &mut registry);
+        let limiter = Limiter::new(config).with_observer(metrics.clone());
+        for _ in 0..3 {
+            limiter.acquire("m", None, 0).await.unwrap();
+        }
+        let model = limiter.config().model_id("m").unwrap();
+        metrics.deployment_shadow_refusal(
+            model,
+            PoolRef::Default,
+            Dimension::Requests,
+            OutcomeLabel::Admitted,
+        );
+        // One its model shadow-refused already stays where it is.
+        metrics.deployment_shadow_refusal(
+            model,
+            PoolRef::Default,
+            Dimension::Tokens,
+            OutcomeLabel::ShadowRefused,
+        );
+        let s = metrics.snapshot(model, PoolRef::Default).unwrap();
+        assert_eq!(s.requests[OutcomeLabel::Admitted as usize], 2);
+        assert_eq!(s.requests[OutcomeLabel::ShadowRefused as usize], 1);
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        for line in [
+            r#"priority_limit_requests_total{model="m",priority="default",outcome="admitted"} 3"#,
+            r#"priority_limit_refusals_total{model="m",priority="default",limit="deployment_requests"} 1"#,
+            r#"priority_limit_refusals_total{model="m",priority="default",limit="deployment_tokens"} 1"#,
+        ] {
+            assert!(text.contains(line), "{line} in {text}");
+        }
+    }
+}
