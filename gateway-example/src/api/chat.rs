@@ -203,12 +203,13 @@ where
     B: http_body::Body,
     B::Error: Into<axum::BoxError>,
 {
-    let arrived = Instant::now();
-    let arrived_unix_ms = gw.unix_ms();
     let key = api_key(&request);
     let flow = tower_priority_limit::flow::flow_id(key.unwrap_or(""));
-    // Hashed only when recording, before the request (which the key borrows) is read.
-    let caller = gw.recorder().map(|_| caller_hash(key.unwrap_or("")));
+    // Only when recording (no clock read otherwise): the arrival, and the caller hashed before
+    // the request (which the key borrows) is read.
+    let arrival = gw
+        .recorder()
+        .map(|_| (Instant::now(), gw.unix_ms(), caller_hash(key.unwrap_or(""))));
     let (access, priority) = match identify(&gw, key).await {
         Ok(found) => found,
         Err(e) => return e.into_response(),
@@ -223,8 +224,8 @@ where
     let response = gw.serve(&chat, priority.as_deref()).await;
     // Requests the router saw are recorded (sampled among them); a 401 or 400 is not traffic
     // a policy decides on.
-    let response = match (gw.recorder(), caller) {
-        (Some(recorder), Some(caller)) if recorder.sample() => {
+    let response = match (gw.recorder(), arrival) {
+        (Some(recorder), Some((arrived, arrived_unix_ms, caller))) if recorder.sample() => {
             let request = Recorded {
                 recorder,
                 arrived,
