@@ -280,3 +280,28 @@ async fn a_recorded_run_replays_as_it_ran_and_as_a_candidate_would() {
     let table = sim::replay::render(&recorded, &[("current", &current)]);
     assert!(table.contains("| m | prod |"), "{table}");
 }
+
+/// The record is opened at start: a reload that changes it is refused, naming it, and the
+/// recording goes on to its file.
+#[tokio::test]
+async fn a_reload_that_changes_the_record_is_refused() {
+    let dir = TempDir::new();
+    std::fs::create_dir_all(&dir.0).unwrap();
+    let (first, second) = (dir.0.join("a.jsonl"), dir.0.join("b.jsonl"));
+    let file = dir.0.join("config.yaml");
+    std::fs::write(&file, policy(8, &first)).unwrap();
+    let gw = Gw::start_file(&file).await;
+    std::fs::write(&file, policy(8, &second)).unwrap();
+    let reply = gw.post("/config/reload", Some(MASTER), json!({})).await;
+    assert_eq!(reply.status, 400);
+    assert!(
+        reply
+            .error_message()
+            .contains("general_settings.record: restart to apply"),
+        "{}",
+        reply.text()
+    );
+    assert_eq!(gw.served(MASTER, "m", 1).await, 1);
+    assert_eq!(record_lines(&first, 1).await.len(), 1);
+    assert!(!second.exists());
+}
