@@ -9,7 +9,7 @@ use std::time::Instant;
 use axum::body::Body;
 use bytes::Bytes;
 use http_body::{Frame, SizeHint};
-use tower_priority_limit::meter::{Tokens, UsageMeter};
+use tower_priority_limit::meter::UsageMeter;
 
 use super::line::RecordLine;
 use super::writer::Recorder;
@@ -59,12 +59,9 @@ impl RecordBody {
             recorder,
         }) = self.pending.take()
         {
-            let tokens = meter.tokens();
-            line.tokens = tokens.get();
-            line.reported = matches!(tokens, Tokens::Reported(_));
-            line.output_tokens = meter.output_tokens();
             line.latency_ms = arrived.elapsed().as_millis() as u64;
-            recorder.submit(line);
+            // The meter goes with the line: the writer reads its tokens.
+            recorder.submit_metered(line, meter);
         }
     }
 }

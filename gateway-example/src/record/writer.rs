@@ -1,6 +1,7 @@
 //! [`Recorder`]: the request path's side of the record. A sampled request's line is handed to a
-//! bounded channel (`try_send`: never a wait); a thread of its own serialises and writes the
-//! lines ([`RotatingFile`]). When the channel is full the line is dropped and counted
+//! bounded channel (`try_send`: never a wait) with its body's meter; a thread of its own reads
+//! the meter's tokens into the line (a JSON body is parsed there, not on the request path),
+//! serialises and writes the lines ([`RotatingFile`]). When the channel is full the line is dropped and counted
 //! (`gateway_record_dropped_total`), so a slow disk costs lines, never requests.
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -8,6 +9,7 @@ use std::sync::Arc;
 
 use prometheus_client::metrics::counter::Counter;
 use tokio::sync::mpsc;
+use tower_priority_limit::meter::{Tokens, UsageMeter};
 
 use super::file::RotatingFile;
 use super::line::RecordLine;
@@ -16,11 +18,33 @@ use super::settings::{sampled, RecordSettings};
 /// Lines waiting for the writer at most: a second of a busy gateway's traffic.
 pub const CHANNEL_LINES: usize = 16 * 1024;
 
+/// A line on its way to the writer, with the meter its tokens are read from (`None`: the line
+/// is complete).
+#[derive(Debug)]
+struct Submitted {
+    line: RecordLine,
+    meter: Option<UsageMeter>,
+}
+
+impl Submitted {
+    /// The line, its tokens read from the meter.
+    fn into_line(self) -> RecordLine {
+        let mut line = self.line;
+        if let Some(meter) = self.meter {
+            let tokens = meter.tokens();
+            line.tokens = tokens.get();
+            line.reported = matches!(tokens, Tokens::Reported(_));
+            line.output_tokens = meter.output_tokens();
+        }
+        line
+    }
+}
+
 /// Hands sampled requests' lines to the writer thread.
 #[derive(Debug)]
 pub struct Recorder {
     settings: RecordSettings,
-    lines: mpsc::Sender<RecordLine>,
+    lines: mpsc::Sender<Submitted>,
     /// Requests seen (for sampling).
     seen: AtomicU64,
     /// Lines written (counted by the writer).
@@ -39,7 +63,7 @@ impl Recorder {
     /// [`start`](Self::start) with a channel of `capacity` lines.
     pub fn with_capacity(settings: RecordSettings, capacity: usize) -> std::io::Result<Arc<Self>> {
         let mut file = RotatingFile::open(&settings.path, settings.max_file_bytes, settings.keep)?;
-        let (tx, mut rx) = mpsc::channel::<RecordLine>(capacity.max(1));
+        let (tx, mut rx) = mpsc::channel::<Submitted>(capacity.max(1));
         let written: Counter = Counter::default();
         let dropped: Counter = Counter::default();
         let (w, d) = (written.clone(), dropped.clone());
@@ -52,7 +76,8 @@ impl Recorder {
                 while let Some(line) = rx.blocking_recv() {
                     let mut next = Some(line);
                     // Everything waiting, then one flush: lines reach the file within a batch.
-                    while let Some(line) = next {
+                    while let Some(submitted) = next {
+                        let line = submitted.into_line();
                         buf.clear();
                         let result = serde_json::to_writer(&mut buf, &line)
                             .map_err(std::io::Error::from)
@@ -99,7 +124,20 @@ impl Recorder {
 
     /// Hands `line` to the writer, or drops and counts it when the writer is behind.
     pub fn submit(&self, line: RecordLine) {
-        if self.lines.try_send(line).is_err() {
+        self.send(Submitted { line, meter: None });
+    }
+
+    /// [`submit`](Self::submit) with the meter of the line's body: the writer reads its tokens,
+    /// output tokens and whether they were reported into the line.
+    pub fn submit_metered(&self, line: RecordLine, meter: UsageMeter) {
+        self.send(Submitted {
+            line,
+            meter: Some(meter),
+        });
+    }
+
+    fn send(&self, submitted: Submitted) {
+        if self.lines.try_send(submitted).is_err() {
             self.dropped.inc();
         }
     }
