@@ -140,9 +140,11 @@ pub fn caller_hash(key: &str) -> String {
         .chain_update(b"record:")
         .chain_update(key.as_bytes())
         .finalize();
+    const HEX: &[u8; 16] = b"0123456789abcdef";
     let mut out = String::with_capacity(16);
-    for byte in &digest[..8] {
-        out.push_str(&format!("{byte:02x}"));
+    for &byte in &digest[..8] {
+        out.push(char::from(HEX[usize::from(byte >> 4)]));
+        out.push(char::from(HEX[usize::from(byte & 0xf)]));
     }
     out
 }

@@ -18,4 +18,4 @@ pub use self::body::RecordBody;
 pub use self::file::RotatingFile;
 pub use self::line::{caller_hash, queued_ms, Outcome, RecordLine};
 pub use self::settings::{sampled, RecordSettings, DEFAULT_KEEP, DEFAULT_MAX_FILE_MB, MAX_KEEP};
-pub use self::writer::{Recorder, CHANNEL_LINES};
+pub use self::writer::{Recorder, CHANNEL_LINES, WRITE_INTERVAL};
