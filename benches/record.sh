@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # What the request record (general_settings.record) costs: two gateways of this tree's release
 # build side by side in front of one `mock-upstream`, "off" (benches/proxy.sh's full config) and
-# "on" (the same with `record: {path: …}`, every request recorded), loaded in alternating rounds
+# "on" (the same with `record: {path: …, sample: $SAMPLE}`), loaded in alternating rounds
 # so machine noise hits both alike. Prints per round each one's throughput (oha's requests/s)
 # and CPU time per request, then the on / off throughput ratio (median of the rounds' ratios; the
 # goal is ≥ 0.97) and the lines written and dropped.
 #
 #   benches/record.sh [stream: false|true] [requests] [rounds]
 #
+# SAMPLE=0.1 records a tenth of the requests (default 1: all).
 # Pinning as benches/proxy_ab.sh: the gateways (with the record's writer thread) and the upstream
 # on CPU $PROXY_CPU (default 1), oha on CPU $OHA_CPU (default 0), 64 connections.
 set -euo pipefail
@@ -28,7 +29,7 @@ PORT[off]=4242 PORT[on]=4243
 for build in off on; do
   port=${PORT[$build]}
   full_config "api_base: \"http://127.0.0.1:$UP_PORT/v1\"" '["dynamic_rate_limiter_v3"]' > "$TMP/gateway-$port.yaml"
-  [ "$build" = on ] && echo "  record: {path: $TMP/record.jsonl}" >> "$TMP/gateway-$port.yaml"
+  [ "$build" = on ] && echo "  record: {path: $TMP/record.jsonl, sample: ${SAMPLE:-1}}" >> "$TMP/gateway-$port.yaml"
   RUST_LOG=error taskset -c "$PROXY_CPU" "$BIN/gateway-example" --config "$TMP/gateway-$port.yaml" \
     --host 127.0.0.1 --port "$port" --data-dir "$TMP/gateway-data-$port" >/dev/null &
   PID[$build]=$!

@@ -205,10 +205,11 @@ where
 {
     let key = api_key(&request);
     let flow = tower_priority_limit::flow::flow_id(key.unwrap_or(""));
-    // Only when recording (no clock read otherwise): the arrival, and the caller hashed before
-    // the request (which the key borrows) is read.
+    // Only for a request sampled for the record (no clock read, no hash otherwise): its
+    // arrival, and its caller hashed before the request (which the key borrows) is read.
     let arrival = gw
         .recorder()
+        .filter(|r| r.sample())
         .map(|_| (Instant::now(), gw.unix_ms(), caller_hash(key.unwrap_or(""))));
     let (access, priority) = match identify(&gw, key).await {
         Ok(found) => found,
@@ -222,10 +223,10 @@ where
         Err(e) => return e.into_response(),
     };
     let response = gw.serve(&chat, priority.as_deref()).await;
-    // Requests the router saw are recorded (sampled among them); a 401 or 400 is not traffic
-    // a policy decides on.
+    // Only requests the router saw are recorded; a 401 or 400 is not traffic a policy decides
+    // on.
     let response = match (gw.recorder(), arrival) {
-        (Some(recorder), Some((arrived, arrived_unix_ms, caller))) if recorder.sample() => {
+        (Some(recorder), Some((arrived, arrived_unix_ms, caller))) => {
             let request = Recorded {
                 recorder,
                 arrived,

@@ -19,7 +19,8 @@ pub struct RecordSettings {
     /// `path.{keep}`.
     pub path: PathBuf,
     /// `sample` (default 1): the share of requests recorded, in (0, 1]; every `1/sample`-th
-    /// request, not a random draw, so a run records the same requests each time.
+    /// request to a completion endpoint, not a random draw, so a run records the same requests
+    /// each time (one of them refused before the router, a 401 or a 400, leaves no line).
     pub sample: f64,
     /// `max_file_mb` (default [`DEFAULT_MAX_FILE_MB`]), in bytes: a line that takes the file to
     /// this size or beyond is its last.
