@@ -16,6 +16,7 @@ use crate::chat::ChatRequest;
 use crate::config::{Deployment, GatewayConfig};
 use crate::keys::{hash_key, KeyStore, KeyStoreError};
 use crate::metrics::{GatewayMetrics, ScrapeGauges};
+use crate::record::Recorder;
 use crate::routing::{self, Router};
 use crate::signal::{streams_end, EndStreams};
 use crate::store::GatewayStore;
@@ -45,6 +46,8 @@ pub struct Gateway {
     end_streams: EndStreams,
     /// The Prometheus series (`GET /metrics`).
     metrics: GatewayMetrics,
+    /// The request record (`general_settings.record`), when on: a restart changes it.
+    recorder: Option<Arc<Recorder>>,
     /// The wall clock keys expire on: Unix time when built, moved on by the gateway's clock (so a
     /// test's manual clock moves it too).
     wall: WallClock,
@@ -69,7 +72,11 @@ impl WallClock {
     }
 
     fn unix_secs(&self) -> u64 {
-        (self.unix_ms_at_origin + self.clock.now_ms()) / 1000
+        self.unix_ms() / 1000
+    }
+
+    fn unix_ms(&self) -> u64 {
+        self.unix_ms_at_origin + self.clock.now_ms()
     }
 }
 
@@ -120,7 +127,7 @@ impl GatewayBuilder {
             routing::deployment_limits(&self.config.deployments, &self.config.limiter);
         let groups = MemoryStore::with_clock(&self.config.limiter, clock.clone());
         let deployments = MemoryStore::with_clock(&deployment_limits, clock.clone());
-        let metrics = GatewayMetrics::new(&self.config.limiter);
+        let (metrics, recorder) = record_metrics(&self.config)?;
         Ok(Gateway::assemble(
             self.config,
             self.file,
@@ -129,6 +136,7 @@ impl GatewayBuilder {
             GatewayStore::Embedded(deployments),
             clock,
             metrics,
+            recorder,
         ))
     }
 
@@ -154,7 +162,7 @@ impl GatewayBuilder {
         }
         let config = &self.config;
         let limits = &config.limiter;
-        let metrics = GatewayMetrics::new(limits);
+        let (metrics, recorder) = record_metrics(config)?;
         let observed = |builder: RedisStoreBuilder| match config.metrics {
             true => builder.observer(metrics.limiter().clone()),
             false => builder,
@@ -184,8 +192,29 @@ impl GatewayBuilder {
             GatewayStore::Redis(deployments),
             clock,
             metrics,
+            recorder,
         ))
     }
+}
+
+/// The series for `config`'s groups and, when `general_settings.record` is set, its recorder
+/// (its file opened, its writer started) with its counters among them. A record file that cannot
+/// be opened stops the start: a config that asks for a record gets one.
+fn record_metrics(
+    config: &GatewayConfig,
+) -> Result<(GatewayMetrics, Option<Arc<Recorder>>), KeyStoreError> {
+    let mut metrics = GatewayMetrics::new(&config.limiter);
+    let Some(settings) = &config.record else {
+        return Ok((metrics, None));
+    };
+    let recorder = Recorder::start(settings.clone()).map_err(|e| {
+        KeyStoreError::Io(format!(
+            "general_settings.record.path {}: {e}",
+            settings.path.display()
+        ))
+    })?;
+    metrics.register_record(&recorder);
+    Ok((metrics, Some(recorder)))
 }
 
 /// A Redis store's builder; both stores' Redis calls are timed into `priority_limit_store_seconds`.
@@ -240,6 +269,7 @@ impl Gateway {
         deployments: GatewayStore,
         clock: Arc<dyn Clock>,
         metrics: GatewayMetrics,
+        recorder: Option<Arc<Recorder>>,
     ) -> Self {
         let limiter = observed_limiter(&config, &metrics, groups);
         let wall = WallClock::new(clock.clone());
@@ -267,6 +297,7 @@ impl Gateway {
             upstream,
             router,
             metrics,
+            recorder,
             wall,
         }
     }
@@ -274,6 +305,16 @@ impl Gateway {
     /// Unix seconds now, on the gateway's clock (what keys expire by).
     pub fn unix_secs(&self) -> u64 {
         self.wall.unix_secs()
+    }
+
+    /// Unix milliseconds now, on the gateway's clock (what the record's lines are stamped with).
+    pub fn unix_ms(&self) -> u64 {
+        self.wall.unix_ms()
+    }
+
+    /// The request record, when `general_settings.record` is set.
+    pub fn recorder(&self) -> Option<&Arc<Recorder>> {
+        self.recorder.as_ref()
     }
 
     /// The Prometheus series.

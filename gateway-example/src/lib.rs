@@ -14,7 +14,7 @@
 //! `endpoint` (the endpoints and the formats deployments speak), `deadline` (time bounds that
 //! cost nothing until their future waits) ← `error`, `logging`, `signal`,
 //! `store`, `mock` (mock answers in every format) ← `strip`,
-//! `mock_upstream` ← `config` ← `keys` ← `chat` (request types) ← `idle` (ending silent
+//! `mock_upstream`, `record` (the request record: its settings, lines, file and writer) ← `config` ← `keys` ← `chat` (request types) ← `idle` (ending silent
 //! upstream bodies) ← `upstream` (real and mock deployments) ← `routing` (router, health, attempts, admission, serve) ← `metrics`
 //! (the Prometheus series), `reload` (reading the config file, what a reload may change) ← `gateway`
 //! ([`Gateway`] and its builder) ← `api` (axum handlers, auth) ← `server` (the accept loop,
@@ -35,6 +35,7 @@ pub mod logging;
 pub mod metrics;
 pub mod mock;
 pub mod mock_upstream;
+pub mod record;
 pub mod reload;
 pub mod routing;
 pub mod server;

@@ -152,6 +152,21 @@ impl GatewayMetrics {
         }
     }
 
+    /// Registers the record's counters: `gateway_record_lines_total` (lines written) and
+    /// `gateway_record_dropped_total` (lines dropped: the writer behind, or the file failing).
+    pub fn register_record(&mut self, recorder: &crate::record::Recorder) {
+        self.registry.register(
+            "gateway_record_lines",
+            "Lines written to the request record (general_settings.record)",
+            recorder.written().clone(),
+        );
+        self.registry.register(
+            "gateway_record_dropped",
+            "Lines of the request record dropped: its writer was behind, or its file failed",
+            recorder.dropped().clone(),
+        );
+    }
+
     /// The limiter's series (the group limiter's observer).
     pub fn limiter(&self) -> &Arc<PrometheusMetrics> {
         &self.limiter

@@ -63,6 +63,7 @@ pub fn restart_needed(old: &GatewayConfig, new: &GatewayConfig) -> Option<String
             "Redis",
         ),
         (old.router != new.router, "router_settings"),
+        (old.record != new.record, "general_settings.record"),
     ];
     let what: Vec<&str> = changed
         .iter()

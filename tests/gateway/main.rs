@@ -16,6 +16,7 @@ mod metrics;
 mod proxy;
 mod queue;
 mod quickstart;
+mod record;
 mod reload;
 mod routing;
 mod timeouts;

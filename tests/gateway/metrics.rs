@@ -294,3 +294,70 @@ async fn metrics_can_be_turned_off() {
     assert_eq!(gw.get("/metrics", None).await.status, 404);
     assert_eq!(gw.get("/metrics", Some(MASTER)).await.status, 404);
 }
+
+/// A deployment's own limit under shadow enforcement is counted as the group's limits are: `a`
+/// (`rpm: 1`) and `b` (`rpm: 5`) take turns (round-robin) while their group's 6 requests a
+/// minute never fill, so the requests `a` would have refused are served with the shadow header,
+/// counted in `priority_limit_refusals_total{limit="deployment_requests"}`, and counted
+/// `shadow_refused` (not `admitted`) on the dashboard.
+#[tokio::test]
+async fn deployment_shadow_refusals_are_counted_like_the_groups() {
+    let yaml = format!(
+        r#"
+model_list:
+  - model_name: m
+    litellm_params: {{model: openai/m, mock_response: "hi", rpm: 1}}
+    model_info: {{id: a}}
+  - model_name: m
+    litellm_params: {{model: openai/m, mock_response: "hi", rpm: 5}}
+    model_info: {{id: b}}
+router_settings: {{routing_strategy: round-robin}}
+litellm_settings:
+  callbacks: ["dynamic_rate_limiter_v3"]
+  priority_reservation_settings: {{enforcement: shadow}}
+general_settings:
+  master_key: {MASTER}
+"#
+    );
+    let gw = Gw::start(&yaml, None).await;
+    let key = gw.new_key(json!({})).await;
+    let (mut by_a, mut by_group, mut to_a) = (0, 0, 0);
+    for _ in 0..6 {
+        let reply = gw.chat(&key, "m", false).await;
+        assert_eq!(reply.status, 200, "{}", reply.text());
+        to_a += usize::from(reply.headers["x-litellm-model-id"] == "a");
+        for said in reply.headers.get_all("x-priority-limit-shadow-refused-by") {
+            let said = said.to_str().unwrap();
+            if said.starts_with("deployment_requests; limit=1") {
+                by_a += 1;
+            } else {
+                by_group += 1;
+            }
+        }
+    }
+    assert_eq!(by_group, 0, "the group's 6 a minute never fill");
+    assert_eq!(to_a, 3, "round-robin: every other request");
+    assert_eq!(by_a, to_a - 1, "all but a's first are over its rpm of 1");
+    let text = gw.get("/metrics", None).await;
+    let text = text.text();
+    let series = |name: &str, label: &str| {
+        sample(
+            text,
+            &format!(r#"priority_limit_{name}_total{{model="m",priority="default",{label}"}}"#),
+        )
+    };
+    assert_eq!(
+        series("refusals", "limit=\"deployment_requests"),
+        Some(by_a as f64)
+    );
+    let state = gw.get("/ui/state", Some(MASTER)).await.json();
+    let default = state["models"][0]["priorities"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["priority"] == "default")
+        .unwrap()
+        .clone();
+    assert_eq!(default["shadow_refused"], by_a, "{default}");
+    assert_eq!(default["admitted"], 6 - by_a, "{default}");
+}

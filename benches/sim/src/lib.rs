@@ -16,6 +16,13 @@
 //! ```sh
 //! cargo run --release -p sim -- all --seed 1
 //! ```
+//!
+//! [`replay`] runs recorded traffic (the gateway's `general_settings.record`) instead of modelled
+//! arrivals, against one config or two side by side:
+//!
+//! ```sh
+//! cargo run --release -p sim -- replay record.jsonl --config candidate.yaml --against config.yaml
+//! ```
 
 #![deny(missing_docs)]
 
@@ -23,6 +30,7 @@ pub mod accounting;
 pub mod cascade;
 pub mod fleet;
 pub mod plot;
+pub mod replay;
 pub mod report;
 pub mod retries;
 pub mod routing;

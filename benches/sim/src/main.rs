@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use clap::{Parser, ValueEnum};
 use serde_json::{json, Map, Value};
-use sim::{accounting, cascade, plot, retries, routing, scheduler, worked_example};
+use sim::{accounting, cascade, plot, replay, retries, routing, scheduler, worked_example};
 
 /// Which experiment to run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -28,7 +28,8 @@ enum Experiment {
 }
 
 /// Runs the source study and the worked example (docs/behaviour.md, "A worked example") on the
-/// real limiter and router.
+/// real limiter and router. `sim replay TRACE --config C.yaml [--against D.yaml]` replays a
+/// request record instead (`sim replay --help`).
 #[derive(Debug, Parser)]
 #[command(name = "sim", version)]
 struct Args {
@@ -52,7 +53,80 @@ struct Args {
     no_plots: bool,
 }
 
+/// `sim replay`: a request record (`general_settings.record`) run through the group limiter of
+/// one or two gateway configs in virtual time (see `sim::replay`).
+#[derive(Debug, Parser)]
+#[command(name = "sim replay", version)]
+struct ReplayArgs {
+    /// The record: one JSON line a request.
+    trace: PathBuf,
+    /// The gateway config to try (a LiteLLM `config.yaml`, read as the gateway reads it).
+    #[arg(long)]
+    config: PathBuf,
+    /// A second config (the one in force) to show beside it.
+    #[arg(long)]
+    against: Option<PathBuf>,
+    /// Print JSON instead of the table.
+    #[arg(long)]
+    json: bool,
+}
+
+fn run_replay(args: ReplayArgs) -> Result<(), String> {
+    let trace = replay::read_trace(&args.trace)?;
+    let started = Instant::now();
+    let candidate = replay::read_policy(&args.config)?;
+    let mut runs = vec![(
+        args.config.display().to_string(),
+        replay::replay(&trace, candidate.as_ref()),
+    )];
+    if let Some(against) = &args.against {
+        let current = replay::read_policy(against)?;
+        runs.push((
+            against.display().to_string(),
+            replay::replay(&trace, current.as_ref()),
+        ));
+    }
+    let recording = replay::recorded(&trace);
+    if args.json {
+        let rows = |report: &replay::Report| -> Vec<Value> {
+            report
+                .iter()
+                .map(|(k, r)| json!({"key": k, "row": r}))
+                .collect()
+        };
+        let mut out = Map::new();
+        out.insert("recorded".into(), Value::Array(rows(&recording)));
+        for (name, run) in &runs {
+            out.insert(
+                name.clone(),
+                json!({"rows": rows(&run.report), "stand_in_costs": run.stand_in_costs}),
+            );
+        }
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&Value::Object(out)).expect("JSON of plain data")
+        );
+    } else {
+        let named: Vec<(&str, &replay::Replayed)> =
+            runs.iter().map(|(n, r)| (n.as_str(), r)).collect();
+        println!("{} requests from {}\n", trace.len(), args.trace.display());
+        print!("{}", replay::render(&recording, &named));
+    }
+    eprintln!("replayed in {:.1} s", started.elapsed().as_secs_f64());
+    Ok(())
+}
+
 fn main() {
+    if std::env::args().nth(1).as_deref() == Some("replay") {
+        let args = ReplayArgs::parse_from(
+            std::iter::once("sim replay".to_owned()).chain(std::env::args().skip(2)),
+        );
+        if let Err(e) = run_replay(args) {
+            eprintln!("{e}");
+            std::process::exit(1);
+        }
+        return;
+    }
     let args = Args::parse();
     let plots = if args.no_plots {
         None

@@ -6,6 +6,7 @@
 //! [`ChatRequest`], and hands that to the router ([`crate::routing::serve`]).
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use axum::body::Body;
 use axum::extract::State;
@@ -13,6 +14,7 @@ use axum::response::{IntoResponse, Response};
 use http::header::{ALLOW, CONTENT_LENGTH, CONTENT_TYPE};
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, StatusCode};
 use serde_json::Value;
+use tower_priority_limit::meter::UsageMeter;
 
 use super::auth::{api_key, identify, Caller};
 use super::body::read_bounded;
@@ -21,6 +23,7 @@ use crate::chat::ChatRequest;
 use crate::endpoint::Endpoint;
 use crate::error::ApiError;
 use crate::gateway::Gateway;
+use crate::record::{caller_hash, queued_ms, Outcome, RecordBody, RecordLine, Recorder};
 use crate::strip::StripUsage;
 
 /// The most bytes of a client's model name an error message repeats.
@@ -202,19 +205,92 @@ where
 {
     let key = api_key(&request);
     let flow = tower_priority_limit::flow::flow_id(key.unwrap_or(""));
-    let (caller, priority) = match identify(&gw, key).await {
+    // Only for a request sampled for the record (no clock read, no hash otherwise): its
+    // arrival, and its caller hashed before the request (which the key borrows) is read.
+    let arrival = gw
+        .recorder()
+        .filter(|r| r.sample())
+        .map(|_| (Instant::now(), gw.unix_ms(), caller_hash(key.unwrap_or(""))));
+    let (access, priority) = match identify(&gw, key).await {
         Ok(found) => found,
         Err(e) => return e.into_response(),
     };
     if request.method() != Method::POST {
         return not_post(request.method());
     }
-    let chat = match validate(&gw, caller, flow, request).await {
+    let chat = match validate(&gw, access, flow, request).await {
         Ok(chat) => chat,
         Err(e) => return e.into_response(),
     };
     let response = gw.serve(&chat, priority.as_deref()).await;
+    // Only requests the router saw are recorded; a 401 or 400 is not traffic a policy decides
+    // on.
+    let response = match (gw.recorder(), arrival) {
+        (Some(recorder), Some((arrived, arrived_unix_ms, caller))) => {
+            let request = Recorded {
+                recorder,
+                arrived,
+                arrived_unix_ms,
+                caller,
+                priority: priority.as_deref(),
+            };
+            recorded(&gw, &chat, request, response)
+        }
+        _ => response,
+    };
     without_unwanted_usage(chat.wants_stream_usage(), response)
+}
+
+/// What [`recorded`] needs of a request besides its [`ChatRequest`].
+struct Recorded<'a> {
+    recorder: &'a Arc<Recorder>,
+    arrived: Instant,
+    arrived_unix_ms: u64,
+    caller: String,
+    priority: Option<&'a str>,
+}
+
+/// `response` with its body wrapped to complete `chat`'s record line when it ends (before the
+/// usage chunk is stripped: the line counts what the limiter counts).
+fn recorded(
+    gw: &Gateway,
+    chat: &ChatRequest,
+    request: Recorded<'_>,
+    response: Response,
+) -> Response {
+    let (parts, body) = response.into_parts();
+    let (outcome, limits) = Outcome::of(parts.status, &parts.headers);
+    let line = RecordLine {
+        time_ms: request.arrived_unix_ms,
+        model: chat.model.as_str().to_owned(),
+        endpoint: chat.endpoint.path().to_owned(),
+        key: request.caller,
+        team: chat.access.team_id().map(str::to_owned),
+        priority: request.priority.map(str::to_owned),
+        flow: chat.flow,
+        prompt_tokens: chat.prompt_tokens,
+        max_tokens: chat.max_output_tokens,
+        stream: chat.stream,
+        status: parts.status.as_u16(),
+        outcome,
+        limits,
+        queued_ms: queued_ms(&parts.headers),
+        tokens: 0,
+        reported: false,
+        output_tokens: None,
+        head_ms: request.arrived.elapsed().as_millis() as u64,
+        latency_ms: 0,
+    };
+    let cap = gw.config().limiter.settings().max_reported_tokens;
+    let meter = UsageMeter::for_response(&parts, cap, chat.prompt_tokens);
+    let body = RecordBody::new(
+        body,
+        line,
+        meter,
+        request.arrived,
+        Arc::clone(request.recorder),
+    );
+    Response::from_parts(parts, Body::new(body))
 }
 
 /// The 405 of [`completions`] for `method`, in the OpenAI error shape with `allow: POST` (a HEAD

@@ -2,7 +2,8 @@
 //! deployments, the master key, request limits, where Redis is and `router_settings`, validated
 //! with errors that name the YAML path.
 //!
-//! The bottom of the gateway: it imports no other gateway module. `deployment` reads one
+//! Near the bottom of the gateway: it imports only `endpoint` and `record` (the record's
+//! settings are read here, with the rest of `general_settings`). `deployment` reads one
 //! `model_list` entry, `redis` where Redis is, [`router`] the routing part of
 //! `router_settings`.
 
@@ -11,6 +12,8 @@ use std::time::Duration;
 use serde_json::Value;
 use tower_priority_limit::config::{ConfigError, Node};
 use tower_priority_limit::LimiterConfig;
+
+use crate::record::RecordSettings;
 
 pub use crate::endpoint::Api;
 
@@ -225,6 +228,9 @@ pub struct GatewayConfig {
     /// `general_settings.metrics` (default true): the Prometheus series are kept and served at
     /// `GET /metrics`. `false` turns every series off (nothing is observed, no route).
     pub metrics: bool,
+    /// `general_settings.record` (ours): where and how much of the traffic is recorded, one
+    /// line a request ([`crate::record`]); `None`: nothing is recorded.
+    pub record: Option<RecordSettings>,
 }
 
 /// Who may read `GET /metrics`.
@@ -267,6 +273,7 @@ impl std::fmt::Debug for GatewayConfig {
             .field("router", &self.router)
             .field("metrics_auth", &self.metrics_auth)
             .field("metrics", &self.metrics)
+            .field("record", &self.record)
             .field("unsupported", &self.unsupported)
             .field("ignore_unsupported", &self.ignore_unsupported)
             .finish()
@@ -394,7 +401,11 @@ impl GatewayConfig {
         let mut max_connections = DEFAULT_MAX_CONNECTIONS;
         let mut shutdown_grace = DEFAULT_SHUTDOWN_GRACE;
         let mut metrics = true;
+        let mut record = None;
         if let Some(general) = root.get("general_settings")? {
+            if let Some(node) = general.get("record")? {
+                record = Some(RecordSettings::from_node(&node)?);
+            }
             if let Some(flag) = general.get("metrics_require_auth")? {
                 if boolean(&flag)? {
                     metrics_auth = MetricsAuth::Master;
@@ -483,6 +494,7 @@ impl GatewayConfig {
             router,
             metrics_auth,
             metrics,
+            record,
         })
     }
 

@@ -79,6 +79,8 @@ fn honoured(level: Level) -> &'static [&'static str] {
             "shutdown_grace_seconds",
             "metrics",
             "metrics_require_auth",
+            // Ours: its sub-keys are checked by its reader (`RecordSettings`).
+            "record",
         ],
         Level::Router => &[
             "routing_strategy",

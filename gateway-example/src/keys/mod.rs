@@ -216,6 +216,11 @@ impl ModelAccess {
         }
     }
 
+    /// The key's team, if it has one (`None` for the master key).
+    pub fn team_id(&self) -> Option<&str> {
+        self.key.as_ref().and_then(|k| k.team_id.as_deref())
+    }
+
     /// Whether model group `model` may be used.
     pub fn allows(&self, model: &str) -> bool {
         self.key.as_ref().is_none_or(|k| k.allows(model))

@@ -8,7 +8,9 @@ use axum::response::{IntoResponse, Response};
 use http::{HeaderName, HeaderValue, StatusCode};
 use rand::rngs::SmallRng;
 use rand::{RngExt, SeedableRng};
+use tower_priority_limit::config::PoolRef;
 use tower_priority_limit::decision::{Admitted, Refused};
+use tower_priority_limit::metrics::{OutcomeLabel, RefusedBy};
 use tower_priority_limit::response::X_SHADOW_REFUSED_BY;
 use tower_priority_limit::{Lease, Limiter};
 
@@ -226,6 +228,11 @@ pub async fn serve(
                             }
                             None => first_lease,
                         };
+                        if let (Some(refused), Some(limiter), Some(pool), Some((_, admitted))) =
+                            (&shadow, limiter, pool, &lease)
+                        {
+                            observe_deployment_shadow(limiter, group, pool, admitted, refused);
+                        }
                         let mut response =
                             charge(limiter, response, lease, chat, deployment_lease, router);
                         if let Some(refused) = shadow {
@@ -315,8 +322,8 @@ pub async fn serve(
 /// have refused it: `deployment_requests` or `deployment_tokens`, with its limit and use.
 fn shadow_refused_by_deployment(headers: &mut http::HeaderMap, refused: &Refused) {
     let value = format!(
-        "deployment_{}; limit={}; used={}",
-        refused.dimension.as_str(),
+        "{}; limit={}; used={}",
+        RefusedBy::deployment(refused.dimension).as_str(),
         refused.limit,
         refused.used
     );
@@ -324,6 +331,29 @@ fn shadow_refused_by_deployment(headers: &mut http::HeaderMap, refused: &Refused
         // The group limiter writes its own value; a deployment's limit adds one more.
         headers.append(X_SHADOW_REFUSED_BY, value);
     }
+}
+
+/// Tells `limiter`'s observer that a request `group` admitted under `pool` (as `admitted` says)
+/// was served by a deployment whose own limit would have refused it, so the metrics and the
+/// dashboard count it as shadow-refused like a refusal by the group's own limits.
+fn observe_deployment_shadow(
+    limiter: &Limiter<GatewayStore>,
+    group: &Group,
+    pool: PoolRef,
+    admitted: &Admitted,
+    refused: &Refused,
+) {
+    let (Some(observer), Some(model)) = (
+        limiter.observer(),
+        limiter.config().model_id(group.name.as_str()),
+    ) else {
+        return;
+    };
+    let admitted_as = match admitted.shadow {
+        Some(_) => OutcomeLabel::ShadowRefused,
+        None => OutcomeLabel::Admitted,
+    };
+    observer.deployment_shadow_refusal(model, pool, refused.dimension, admitted_as);
 }
 
 /// The time all attempts of a request to group `first` have together: `router_settings.timeout`

@@ -252,7 +252,7 @@ impl UsageMeter {
 
     /// [`tokens`](Self::tokens) and [`output_tokens`](Self::output_tokens) from one look at the
     /// body (a JSON body is parsed once, not twice): what a lease is settled with.
-    pub(crate) fn tokens_and_output(&self) -> (Tokens, Option<u64>) {
+    pub fn tokens_and_output(&self) -> (Tokens, Option<u64>) {
         let (usage, content_bytes) = self.seen();
         let output = usage
             .as_ref()

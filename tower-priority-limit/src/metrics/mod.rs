@@ -101,7 +101,9 @@ impl Outcome<'_> {
 }
 
 /// Which counter refused: the model-wide one or the pool's, in requests or tokens
-/// (`priority_limit_refusals_total{limit}` and the `x-priority-limit-refused-by` header).
+/// (`priority_limit_refusals_total{limit}` and the `x-priority-limit-refused-by` header), or,
+/// reported by a router through [`Observer::deployment_shadow_refusal`], the chosen deployment's
+/// own limit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum RefusedBy {
     /// The model-wide requests per window.
@@ -112,15 +114,22 @@ pub enum RefusedBy {
     PoolRequests,
     /// The priority's reserved tokens (strict mode).
     PoolTokens,
+    /// The chosen deployment's own requests per window (shadow refusals only: a router that
+    /// enforces it routes elsewhere).
+    DeploymentRequests,
+    /// The chosen deployment's own tokens per window (shadow refusals only).
+    DeploymentTokens,
 }
 
 impl RefusedBy {
     /// Every counter, in label order.
-    pub const ALL: [RefusedBy; 4] = [
+    pub const ALL: [RefusedBy; 6] = [
         RefusedBy::ModelRequests,
         RefusedBy::ModelTokens,
         RefusedBy::PoolRequests,
         RefusedBy::PoolTokens,
+        RefusedBy::DeploymentRequests,
+        RefusedBy::DeploymentTokens,
     ];
 
     /// The counter that refused `refused`.
@@ -133,13 +142,24 @@ impl RefusedBy {
         }
     }
 
-    /// `model_requests`, `model_tokens`, `pool_requests` or `pool_tokens`.
+    /// The deployment counter of `dimension`.
+    pub fn deployment(dimension: Dimension) -> Self {
+        match dimension {
+            Dimension::Requests => RefusedBy::DeploymentRequests,
+            Dimension::Tokens => RefusedBy::DeploymentTokens,
+        }
+    }
+
+    /// `model_requests`, `model_tokens`, `pool_requests`, `pool_tokens`,
+    /// `deployment_requests` or `deployment_tokens`.
     pub fn as_str(self) -> &'static str {
         match self {
             RefusedBy::ModelRequests => "model_requests",
             RefusedBy::ModelTokens => "model_tokens",
             RefusedBy::PoolRequests => "pool_requests",
             RefusedBy::PoolTokens => "pool_tokens",
+            RefusedBy::DeploymentRequests => "deployment_requests",
+            RefusedBy::DeploymentTokens => "deployment_tokens",
         }
     }
 }
@@ -194,6 +214,21 @@ pub trait Observer: Send + Sync + fmt::Debug + 'static {
     /// One admission of a request on `model` under `pool`.
     fn admission(&self, model: ModelId, pool: PoolRef, outcome: Outcome<'_>) {
         let _ = (model, pool, outcome);
+    }
+
+    /// A request admitted on `model` under `pool`, its admission already told as `admitted_as`
+    /// ([`OutcomeLabel::Admitted`] or [`OutcomeLabel::ShadowRefused`]), went to a deployment
+    /// whose own limit would have refused it in `dimension` (shadow enforcement): it was served
+    /// all the same. A router with per-deployment limits calls this once per such request, so
+    /// the request counts as shadow-refused however its group's admission went.
+    fn deployment_shadow_refusal(
+        &self,
+        model: ModelId,
+        pool: PoolRef,
+        dimension: Dimension,
+        admitted_as: OutcomeLabel,
+    ) {
+        let _ = (model, pool, dimension, admitted_as);
     }
 
     /// An admitted request's response settled: `tokens` of `kind`.

@@ -16,16 +16,22 @@ use super::{
     AtomicHistogram, Observer, Outcome, OutcomeLabel, RefusedBy, TokenKind, UsageNow, UsageSource,
 };
 use crate::config::{pool_index, LimiterConfig, ModelId, PoolRef};
-use crate::decision::{Decision, Usage};
+use crate::decision::{Decision, Dimension, Usage};
 
 type Labels<const N: usize> = [(&'static str, Arc<str>); N];
 
 /// The limiter's Prometheus series, registered once in a [`Registry`] for one config:
 ///
 /// - `priority_limit_requests_total{model,priority,outcome}` (outcome `admitted`, `refused`,
-///   `shadow_refused`, `queue_timeout`, `store_failure`);
+///   `shadow_refused`, `queue_timeout`, `store_failure`), as the model's admission decided; a
+///   request a deployment's own limit would have refused after its model admitted it is told
+///   later ([`Observer::deployment_shadow_refusal`]): it stays `admitted` here (a counter cannot
+///   move a request from one outcome to another) and counts in `refusals_total` by its
+///   deployment limit, and [`PrometheusMetrics::snapshot`] counts it `shadow_refused`;
 /// - `priority_limit_refusals_total{model,priority,limit}` (limit `model_requests`,
-///   `model_tokens`, `pool_requests`, `pool_tokens`; shadow refusals included);
+///   `model_tokens`, `pool_requests`, `pool_tokens`; shadow refusals included; and
+///   `deployment_requests`, `deployment_tokens`: shadow refusals by the chosen deployment's own
+///   limit, [`Observer::deployment_shadow_refusal`]);
 /// - `priority_limit_tokens_total{model,priority,kind}` (kind `prompt`, `completion`,
 ///   `estimated`);
 /// - `priority_limit_saturation{model}` and `priority_limit_pool_usage{model,priority,dimension}`
@@ -67,6 +73,9 @@ pub struct PrometheusMetrics {
     /// read at scrape.
     last_saturation: Box<[AtomicU64]>,
     last_pool: Box<[[AtomicU64; 2]]>,
+    /// Per (model, pool): requests admitted as `admitted` that a deployment's own limit would
+    /// have refused, which [`snapshot`](Self::snapshot) counts as `shadow_refused`.
+    deployment_shadowed: Box<[AtomicU64]>,
     /// Read at scrape only: a lock here costs the request path nothing.
     source: RwLock<Option<Weak<dyn UsageSource>>>,
 }
@@ -150,6 +159,9 @@ impl PrometheusMetrics {
             last_saturation: models.iter().map(|_| AtomicU64::new(0)).collect(),
             last_pool: (0..models.len() * pools)
                 .map(|_| [AtomicU64::new(0), AtomicU64::new(0)])
+                .collect(),
+            deployment_shadowed: (0..models.len() * pools)
+                .map(|_| AtomicU64::new(0))
                 .collect(),
             source: RwLock::new(None),
         };
@@ -239,7 +251,8 @@ impl PrometheusMetrics {
 /// One pool of one model as [`PrometheusMetrics::snapshot`] reads it, for dashboards.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct PoolSnapshot {
-    /// Requests admitted since start, by outcome ([`OutcomeLabel::ALL`] order).
+    /// Requests admitted since start, by outcome ([`OutcomeLabel::ALL`] order), each once: one
+    /// its model admitted and a deployment's own limit would have refused is `shadow_refused`.
     pub requests: [u64; 5],
     /// Requests waiting in the queue now.
     pub queue_depth: u64,
@@ -263,6 +276,12 @@ impl PrometheusMetrics {
         for (i, count) in requests.iter_mut().enumerate() {
             *count = self.requests[slot * OutcomeLabel::ALL.len() + i].get();
         }
+        // Told after its admission was counted, so never more than those admitted.
+        let moved = self.deployment_shadowed[slot]
+            .load(Ordering::Relaxed)
+            .min(requests[OutcomeLabel::Admitted as usize]);
+        requests[OutcomeLabel::Admitted as usize] -= moved;
+        requests[OutcomeLabel::ShadowRefused as usize] += moved;
         let now = self.usage(model, pool);
         let saturation = if now.saturation.is_nan() {
             f64::from_bits(self.last_saturation[model.index()].load(Ordering::Relaxed))
@@ -300,6 +319,24 @@ impl Observer for PrometheusMetrics {
             let [r, t] = &self.last_pool[slot];
             r.store(u.requests, Ordering::Relaxed);
             t.store(u.tokens, Ordering::Relaxed);
+        }
+    }
+
+    fn deployment_shadow_refusal(
+        &self,
+        model: ModelId,
+        pool: PoolRef,
+        dimension: Dimension,
+        admitted_as: OutcomeLabel,
+    ) {
+        if model.index() >= self.last_saturation.len() {
+            return;
+        }
+        let slot = self.slot(model, pool);
+        let by = RefusedBy::deployment(dimension);
+        self.refusals[slot * RefusedBy::ALL.len() + by as usize].inc();
+        if admitted_as == OutcomeLabel::Admitted {
+            self.deployment_shadowed[slot].fetch_add(1, Ordering::Relaxed);
         }
     }
 
@@ -425,5 +462,55 @@ impl Collector for ScrapeGauges {
             ConstGauge::new(*value as i64).encode(family.encode_family(labels)?)?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::ModelLimits;
+    use crate::Limiter;
+
+    /// A request its model admitted and its deployment would have refused: `admitted` in the
+    /// requests series (told before), `deployment_requests` in the refusals series, and
+    /// `shadow_refused`, once, in the snapshot.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_deployment_shadow_refusal_moves_the_request_in_the_snapshot_only() {
+        let config = LimiterConfig::builder()
+            .model(ModelLimits::new("m").rpm(10))
+            .build()
+            .unwrap();
+        let mut registry = Registry::default();
+        let metrics = PrometheusMetrics::new(&config, &mut registry);
+        let limiter = Limiter::new(config).with_observer(metrics.clone());
+        for _ in 0..3 {
+            limiter.acquire("m", None, 0).await.unwrap();
+        }
+        let model = limiter.config().model_id("m").unwrap();
+        metrics.deployment_shadow_refusal(
+            model,
+            PoolRef::Default,
+            Dimension::Requests,
+            OutcomeLabel::Admitted,
+        );
+        // One its model shadow-refused already stays where it is.
+        metrics.deployment_shadow_refusal(
+            model,
+            PoolRef::Default,
+            Dimension::Tokens,
+            OutcomeLabel::ShadowRefused,
+        );
+        let s = metrics.snapshot(model, PoolRef::Default).unwrap();
+        assert_eq!(s.requests[OutcomeLabel::Admitted as usize], 2);
+        assert_eq!(s.requests[OutcomeLabel::ShadowRefused as usize], 1);
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        for line in [
+            r#"priority_limit_requests_total{model="m",priority="default",outcome="admitted"} 3"#,
+            r#"priority_limit_refusals_total{model="m",priority="default",limit="deployment_requests"} 1"#,
+            r#"priority_limit_refusals_total{model="m",priority="default",limit="deployment_tokens"} 1"#,
+        ] {
+            assert!(text.contains(line), "{line} in {text}");
+        }
     }
 }
