@@ -85,7 +85,9 @@ pub trait Window: Clone + Default + Send + 'static {
 /// down). A request is admitted only if, after it, the period keeps for every other pool what
 /// it has not used of its floor, up to its floor × the fraction of the period left. So capacity
 /// another pool does not use is lent, but never faster than that pool's floor rate: a pool that
-/// starts sending finds its floor rate at once, and a pool alone fills the model.
+/// starts sending finds its floor rate at once, and a pool alone fills the model. A request
+/// that keeps its own pool within its floor in the period is not borrowing and is held by the
+/// model's limits only.
 ///
 /// On a sliding window the period is a slot because capacity taken is held a whole window: a
 /// model filled early in a window would free nothing until the same time in the next. Pacing
@@ -343,8 +345,19 @@ impl<W: Window, F: Fn(usize) -> Usage> Floors<'_, W, F> {
                 };
                 let budget = cap.div_ceil(W::PERIODS);
                 let used = pick(model_used);
-                // A period admits one request at least.
-                if used == 0 {
+                let pool_used = pick(self.pool_counter.period_usage(self.now, self.window));
+                let own_floor = floors
+                    .get(me)
+                    .and_then(|p| match dimension {
+                        Dimension::Requests => p.rpm,
+                        Dimension::Tokens => p.tpm,
+                    })
+                    .unwrap_or(0)
+                    / W::PERIODS;
+                // A period admits one request at least, and a pool within its own floor is not
+                // borrowing: only the model's limits hold it (floors that add up to more than
+                // the model cannot all be kept; none is kept from its owner).
+                if used == 0 || pool_used.saturating_add(cost) <= own_floor {
                     return None;
                 }
                 let (mut protected, mut decaying) = (0u64, 0u64);
@@ -387,7 +400,6 @@ impl<W: Window, F: Fn(usize) -> Usage> Floors<'_, W, F> {
                         u64::try_from(ms).unwrap_or(u64::MAX).min(left)
                     }
                 };
-                let pool_used = pick(self.pool_counter.period_usage(self.now, self.window));
                 Some((
                     Over {
                         dimension,

@@ -180,13 +180,16 @@ local function floors_refuse()
       pools_used[j] = period_used(read(p, redis.call('HMGET', key, unpack(names))))
     end
   end
-  local model_used = period_used(m)
+  local model_used, own_used = period_used(m), period_used(q)
   for _, d in ipairs({'r', 'k'}) do
     local cap = rpm
     if d == 'k' then cap = tpm end
-    if cap >= 0 and model_used[d] > 0 then
-      local cost = 1
-      if d == 'k' then cost = math.max(reserve, 1) end
+    local cost = 1
+    if d == 'k' then cost = math.max(reserve, 1) end
+    local own_floor = floor_of(me, d)
+    own_floor = (own_floor - own_floor % periods) / periods
+    -- A period admits one request at least; a pool within its own floor is not borrowing.
+    if cap >= 0 and model_used[d] > 0 and own_used[d] + cost > own_floor then
       local protected = 0
       for j = 0, n - 1 do
         if j ~= me then
