@@ -62,6 +62,7 @@ pub fn restart_needed(old: &GatewayConfig, new: &GatewayConfig) -> Option<String
             old.redis != new.redis || old.redis_key_prefix != new.redis_key_prefix,
             "Redis",
         ),
+        (old.database_url != new.database_url, "general_settings.database_url"),
         (old.router != new.router, "router_settings"),
     ];
     let what: Vec<&str> = changed

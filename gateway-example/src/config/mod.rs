@@ -210,6 +210,9 @@ pub struct GatewayConfig {
     /// `router_settings.redis_key_prefix` (default [`DEFAULT_REDIS_KEY_PREFIX`]): the start of
     /// every Redis key the gateway writes, so several deployments can share one Redis.
     pub redis_key_prefix: String,
+    /// `general_settings.database_url`, else the `DATABASE_URL` environment (as LiteLLM reads
+    /// it): keys and teams then live in this Postgres database, whatever Redis holds.
+    pub database_url: Option<DatabaseUrl>,
     /// `router_settings`: strategy, retries, cooldowns, fallbacks.
     pub router: RouterSettings,
     /// Who may read `GET /metrics`: anyone (the default, like other Prometheus exporters), any
@@ -225,6 +228,54 @@ pub struct GatewayConfig {
     /// `general_settings.metrics` (default true): the Prometheus series are kept and served at
     /// `GET /metrics`. `false` turns every series off (nothing is observed, no route).
     pub metrics: bool,
+}
+
+/// A Postgres connection URL (`postgres://user:password@host:port/database`), checked for its
+/// scheme when the config is read and parsed whole when the gateway connects.
+#[derive(Clone, PartialEq, Eq)]
+pub struct DatabaseUrl(String);
+
+impl DatabaseUrl {
+    /// `url`, which must start with `postgres://` or `postgresql://` (`path` names where it was
+    /// read, for the error).
+    pub fn parse(url: &str, path: &str) -> Result<Self, ConfigError> {
+        if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
+            return Err(ConfigError::new(
+                path,
+                "expected a Postgres URL (postgres://user:password@host:port/database)",
+            ));
+        }
+        Ok(Self(url.to_owned()))
+    }
+
+    /// The URL itself (with its password: for the driver only).
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The URL with its password hidden, for logs and errors.
+    pub fn redacted(&self) -> String {
+        let url = &self.0;
+        let Some(start) = url.find("://").map(|i| i + 3) else {
+            return url.clone();
+        };
+        let authority_end = url[start..].find('/').map_or(url.len(), |i| start + i);
+        match url[start..authority_end].rfind('@') {
+            Some(at) => {
+                let userinfo = &url[start..start + at];
+                let user = userinfo.split(':').next().unwrap_or_default();
+                let hidden = if userinfo.contains(':') { ":***" } else { "" };
+                format!("{}{user}{hidden}{}", &url[..start], &url[start + at..])
+            }
+            None => url.clone(),
+        }
+    }
+}
+
+impl std::fmt::Debug for DatabaseUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.redacted())
+    }
 }
 
 /// Who may read `GET /metrics`.
@@ -264,6 +315,7 @@ impl std::fmt::Debug for GatewayConfig {
             .field("shutdown_grace", &self.shutdown_grace)
             .field("redis", &self.redis.as_ref().map(RedisTarget::redacted))
             .field("redis_key_prefix", &self.redis_key_prefix)
+            .field("database_url", &self.database_url)
             .field("router", &self.router)
             .field("metrics_auth", &self.metrics_auth)
             .field("metrics", &self.metrics)
@@ -394,7 +446,11 @@ impl GatewayConfig {
         let mut max_connections = DEFAULT_MAX_CONNECTIONS;
         let mut shutdown_grace = DEFAULT_SHUTDOWN_GRACE;
         let mut metrics = true;
+        let mut database_url = None;
         if let Some(general) = root.get("general_settings")? {
+            if let Some(url) = general.get("database_url")? {
+                database_url = Some(DatabaseUrl::parse(&url.string()?, &url.path())?);
+            }
             if let Some(flag) = general.get("metrics_require_auth")? {
                 if boolean(&flag)? {
                     metrics_auth = MetricsAuth::Master;
@@ -446,6 +502,11 @@ impl GatewayConfig {
         }
 
         let (redis, redis_key_prefix) = redis_settings(&root, &env)?;
+        if database_url.is_none() {
+            if let Some(url) = env("DATABASE_URL").filter(|v| !v.trim().is_empty()) {
+                database_url = Some(DatabaseUrl::parse(url.trim(), "DATABASE_URL")?);
+            }
+        }
         for (group, targets) in &router.fallbacks {
             for name in std::iter::once(group).chain(targets) {
                 if !deployments.iter().any(|d| &d.model_name == name) {
@@ -480,6 +541,7 @@ impl GatewayConfig {
             shutdown_grace,
             redis,
             redis_key_prefix,
+            database_url,
             router,
             metrics_auth,
             metrics,
