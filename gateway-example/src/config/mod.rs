@@ -253,22 +253,9 @@ impl DatabaseUrl {
         &self.0
     }
 
-    /// The URL with its password hidden, for logs and errors.
+    /// The URL with its password (and a `password=` parameter) hidden, for logs and errors.
     pub fn redacted(&self) -> String {
-        let url = &self.0;
-        let Some(start) = url.find("://").map(|i| i + 3) else {
-            return url.clone();
-        };
-        let authority_end = url[start..].find('/').map_or(url.len(), |i| start + i);
-        match url[start..authority_end].rfind('@') {
-            Some(at) => {
-                let userinfo = &url[start..start + at];
-                let user = userinfo.split(':').next().unwrap_or_default();
-                let hidden = if userinfo.contains(':') { ":***" } else { "" };
-                format!("{}{user}{hidden}{}", &url[..start], &url[start + at..])
-            }
-            None => url.clone(),
-        }
+        tower_priority_limit::redact::redact_url(&self.0)
     }
 }
 

@@ -528,9 +528,13 @@ fn database_url_from_general_settings_else_the_environment() {
     assert_eq!(url.as_str(), "postgres://gw@db/keys");
     assert_eq!(
         url.redacted(),
-        "postgres://gw@db/keys",
-        "no password to hide"
+        "postgres://***@db/keys",
+        "a bare user-info may be a token"
     );
+    let url = read(base, Some("postgres://db/keys?user=gw&password=pw"))
+        .unwrap()
+        .unwrap();
+    assert_eq!(url.redacted(), "postgres://db/keys?user=gw&password=***");
     let e = read(
         &in_file.replace("postgresql://u:pw@db:5432/litellm", "mysql://db"),
         None,
