@@ -619,3 +619,38 @@ async fn keys_issued_by_litellm_are_imported_and_served_unchanged() {
     assert_eq!(info["info"]["key_alias"], "in-team", "{info}");
     assert_eq!(info["info"]["team_id"], "team-search", "{info}");
 }
+
+/// An import while gateways run on the database: they serve the imported keys within a second,
+/// a large one (more rows than are read back one by one) included.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn running_gateways_serve_imported_keys_within_a_second() {
+    let Some(postgres) = PostgresServer::start("running_gateways_serve_imported_keys") else {
+        return;
+    };
+    let db = sql(&postgres).await;
+    db.batch_execute(LITELLM_TABLES).await.unwrap();
+    let (gw, _dirs) = gateways(&config(&postgres, None), 2).await;
+    let url = DatabaseUrl::parse(&postgres.url(), "test").unwrap();
+    for (from, to) in [(0, 10), (10, 6_000)] {
+        db.batch_execute(&format!(
+            r#"INSERT INTO "LiteLLM_VerificationToken" (token, key_alias, models)
+               SELECT encode(sha256(('sk-seeded-' || i)::bytea), 'hex'), 'seeded-' || i, '{{}}'
+               FROM generate_series({from}, {} - 1) AS i"#,
+            to
+        ))
+        .await
+        .unwrap();
+        let report = gateway_example::keys::litellm::import(&url, &url)
+            .await
+            .unwrap();
+        assert_eq!(report.new_keys, to - from);
+        for g in &gw {
+            within(PROPAGATION, "the imported keys are served", || async {
+                g.get("/key/list?size=1", Some(MASTER)).await.json()["total_count"] == to
+            })
+            .await;
+            let last = format!("sk-seeded-{}", to - 1);
+            assert_eq!(g.chat(&last, M, false).await.status, 200);
+        }
+    }
+}

@@ -64,6 +64,9 @@ const POOL_SIZE: usize = 4;
 /// How long the listener may take to read changed rows before its connection is made again.
 const LISTENER_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// More rows than this notified at once are not read one by one: everything is read again.
+const MAX_ROWS_READ_BACK: usize = 4_096;
+
 /// Between attempts to make the listening connection again.
 const RECONNECT_MIN_DELAY: Duration = Duration::from_millis(50);
 const RECONNECT_MAX_DELAY: Duration = Duration::from_secs(1);
@@ -420,12 +423,22 @@ impl PgKeys {
             let client = shared.pool.get().await.map_err(|e| {
                 KeyStoreError::Unavailable(format!("Postgres at {}: {e}", shared.target))
             })?;
-            let (value, changed, client) = op(client).await?;
-            shared.read_back(&client, &changed).await;
-            Ok(value)
+            op(client).await
         };
         let result = match tokio::time::timeout(shared.timeout, attempt).await {
-            Ok(result) => result,
+            // Committed: read back on its own bound, never failing the write (the listener reads
+            // it too), so a slow read-back cannot turn a committed change into a 503.
+            Ok(Ok((value, changed, client))) => {
+                let read_back = shared.read_back(&client, &changed);
+                if tokio::time::timeout(shared.timeout, read_back)
+                    .await
+                    .is_err()
+                {
+                    tracing::warn!("key store: reading a change back from Postgres timed out");
+                }
+                Ok(value)
+            }
+            Ok(Err(e)) => Err(e),
             Err(_) => Err(KeyStoreError::Unavailable(format!(
                 "Postgres at {} did not answer within {} ms",
                 shared.target,
@@ -852,10 +865,13 @@ async fn listen_once(
             _ => everything = true,
         };
         note(first);
-        // Whatever else arrived meanwhile is read in the same queries.
+        // Whatever else arrived meanwhile is read in the same queries; past a few thousand rows
+        // (an import), reading everything is cheaper.
         while let Ok(more) = notified.try_recv() {
             note(more);
         }
+        let everything =
+            everything || changed.keys.len() + changed.teams.len() > MAX_ROWS_READ_BACK;
         if everything {
             tokio::time::timeout(LISTENER_TIMEOUT, shared.resync(&mut client))
                 .await
