@@ -893,3 +893,40 @@ impl Drop for AbortOnDrop {
         self.0.abort();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_statement_timeout_follows_the_urls_own_options() {
+        let url = DatabaseUrl::parse(
+            "postgres://gw:pw@db:5432/keys?options=-c%20search_path%3Dgw",
+            "test",
+        )
+        .unwrap();
+        let config = with_statement_timeout(driver_config(&url).unwrap(), Duration::from_secs(2));
+        assert_eq!(
+            config.get_options(),
+            Some("-c search_path=gw -c statement_timeout=2000")
+        );
+        let url = DatabaseUrl::parse("postgres://db/keys", "test").unwrap();
+        let config = with_statement_timeout(driver_config(&url).unwrap(), Duration::ZERO);
+        assert_eq!(
+            config.get_options(),
+            Some("-c statement_timeout=1"),
+            "never 0 (off)"
+        );
+    }
+
+    #[test]
+    fn a_url_the_driver_cannot_read_is_named_without_its_password() {
+        let url = DatabaseUrl::parse("postgres://gw:pw@db:notaport/keys", "test").unwrap();
+        let e = driver_config(&url).unwrap_err().to_string();
+        assert!(
+            e.contains("general_settings.database_url") && e.contains("gw:***@"),
+            "{e}"
+        );
+        assert!(!e.contains(":pw@"), "{e}");
+    }
+}
