@@ -40,6 +40,10 @@ cat > "$TMP/gw.yaml" <<'YAML'
 model_list:
   - model_name: m
     litellm_params: {model: openai/m, mock_response: "hello from the key bench"}
+# The seeded keys' and teams' priorities must be configured ones (an unknown one is a 400).
+litellm_settings:
+  callbacks: ["dynamic_rate_limiter_v3"]
+  priority_reservation: {"prod": 0.5, "dev": 0.3, "batch": 0.2}
 general_settings:
   master_key: sk-bench-master
 YAML
@@ -127,7 +131,7 @@ if [ "${POSTGRES:-0}" = 1 ]; then
              '{\"priority\": \"dev\"}', CASE WHEN i % 2 = 1 THEN 'team-' || (i % 3) END
       FROM generate_series(0, $N - 1) AS i;"
   t0=$(date +%s.%N)
-  "$NEW_BIN" import-litellm --database-url "$DB" | head -1
+  "$NEW_BIN" import-litellm --database-url "$DB" | grep '^read ' 
   echo "postgres: import-litellm of $N keys took $(python3 -c "print(f'{$(date +%s.%N) - $t0:.2f}')") s"
   printf 'general_settings:\n  master_key: sk-bench-master\n  database_url: "%s"\n' "$DB" > "$TMP/pg.yaml"
   grep -v -e '^general_settings:' -e 'master_key:' "$TMP/gw.yaml" >> "$TMP/pg.yaml"

@@ -97,8 +97,15 @@ async fn import_litellm(args: ImportArgs) -> Result<(), String> {
     let report = gateway_example::keys::litellm::import(&from, &into)
         .await
         .map_err(|e| e.to_string())?;
-    print!("{report}");
-    Ok(())
+    // Not `print!`: a reader that stops early (`| head`) must not make it panic.
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    match write!(out, "{report}").and_then(|()| out.flush()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(format!(
+            "the import is done; writing its report failed: {e}"
+        )),
+        _ => Ok(()),
+    }
 }
 
 async fn run(args: Args) -> Result<(), String> {
