@@ -64,6 +64,9 @@ const POOL_SIZE: usize = 4;
 /// How long the listener may take to read changed rows before its connection is made again.
 const LISTENER_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// Rows written per statement by an import.
+const IMPORT_CHUNK: usize = 2_000;
+
 /// More rows than this notified at once are not read one by one: everything is read again.
 const MAX_ROWS_READ_BACK: usize = 4_096;
 
@@ -670,31 +673,33 @@ pub(crate) async fn import_rows(
 ) -> Result<(usize, usize), KeyStoreError> {
     let err = |e: tokio_postgres::Error| unavailable(target, &e);
     let tx = client.transaction().await.map_err(err)?;
-    let team = tx
-        .prepare(
-            "INSERT INTO tpl_teams (team_id, record) VALUES ($1, $2) \
-             ON CONFLICT (team_id) DO NOTHING",
-        )
-        .await
-        .map_err(err)?;
+    // A few thousand rows per statement, as arrays: one round trip each, not one per row.
     let mut new_teams = 0;
-    for t in teams {
+    for chunk in teams.chunks(IMPORT_CHUNK) {
+        let ids: Vec<&str> = chunk.iter().map(|t| t.team_id.as_str()).collect();
+        let records = chunk.iter().map(encode).collect::<Result<Vec<_>, _>>()?;
         new_teams += tx
-            .execute(&team, &[&t.team_id, &encode(t)?])
+            .execute(
+                "INSERT INTO tpl_teams (team_id, record) \
+                 SELECT * FROM unnest($1::text[], $2::text[]) \
+                 ON CONFLICT (team_id) DO NOTHING",
+                &[&ids, &records],
+            )
             .await
             .map_err(err)? as usize;
     }
-    let key = tx
-        .prepare(
-            "INSERT INTO tpl_keys (token, team_id, record) VALUES ($1, $2, $3) \
-             ON CONFLICT (token) DO NOTHING",
-        )
-        .await
-        .map_err(err)?;
     let mut new_keys = 0;
-    for k in keys {
+    for chunk in keys.chunks(IMPORT_CHUNK) {
+        let tokens: Vec<&str> = chunk.iter().map(|k| k.token.as_str()).collect();
+        let team_ids: Vec<Option<&str>> = chunk.iter().map(|k| k.team_id.as_deref()).collect();
+        let records = chunk.iter().map(encode).collect::<Result<Vec<_>, _>>()?;
         new_keys += tx
-            .execute(&key, &[&k.token, &k.team_id, &encode(k)?])
+            .execute(
+                "INSERT INTO tpl_keys (token, team_id, record) \
+                 SELECT * FROM unnest($1::text[], $2::text[], $3::text[]) \
+                 ON CONFLICT (token) DO NOTHING",
+                &[&tokens, &team_ids, &records],
+            )
             .await
             .map_err(err)? as usize;
     }
