@@ -368,7 +368,13 @@ async fn postgres_down_known_keys_are_served_and_writes_get_503() {
     let key = a.new_key(json!({"team_id": team})).await;
     answers_within_a_second(b, &key, 200, "B serves the key").await;
 
+    let following = |g: &Gw| g.gateway.keys().as_postgres().unwrap().is_listening();
+    assert!(following(a) && following(b));
     postgres.kill();
+    within(PROPAGATION, "the gateways see Postgres gone", || async {
+        !following(a) && !following(b)
+    })
+    .await;
     for g in [a, b] {
         assert_eq!(
             g.chat(&key, M, false).await.status,
@@ -404,6 +410,12 @@ async fn postgres_down_known_keys_are_served_and_writes_get_503() {
     })
     .await;
     println!("first write served {made:?} after Postgres was back");
+    within(
+        Duration::from_secs(5),
+        "the gateways follow Postgres again",
+        || async { following(a) && following(b) },
+    )
+    .await;
     let after = a.new_key(json!({})).await;
     answers_within_a_second(b, &after, 200, "B follows again after the outage").await;
 }
@@ -651,6 +663,38 @@ async fn running_gateways_serve_imported_keys_within_a_second() {
             .await;
             let last = format!("sk-seeded-{}", to - 1);
             assert_eq!(g.chat(&last, M, false).await.status, 200);
+        }
+    }
+}
+
+/// Many changes to one key notified together (each its own transaction, read back as one batch
+/// that names the key many times): the key stays known on every gateway, with its last state.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_changed_many_times_at_once_stays_known_everywhere() {
+    let Some(postgres) = PostgresServer::start("a_key_changed_many_times_at_once") else {
+        return;
+    };
+    let (gw, _dirs) = gateways(&config(&postgres, None), 2).await;
+    let key = gw[0].new_key(json!({"key_alias": "busy"})).await;
+    answers_within_a_second(&gw[1], &key, 200, "B serves the key").await;
+    let db = sql(&postgres).await;
+    let token = hash_key(&key);
+    let params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&token];
+    for round in 0..5 {
+        // 50 transactions at once on one connection: their notifications arrive together.
+        let updates = (0..50).map(|_| {
+            db.execute(
+                "UPDATE tpl_keys SET record = record WHERE token = $1",
+                &params,
+            )
+        });
+        for done in futures_util::future::join_all(updates).await {
+            assert_eq!(done.unwrap(), 1);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        for g in &gw {
+            let r = g.chat(&key, M, false).await;
+            assert_eq!(r.status, 200, "round {round}: {}", r.text());
         }
     }
 }

@@ -32,6 +32,7 @@
 //!   connection's `statement_timeout` on the server, so a stuck write ends as a 503 and frees its
 //!   connection; lookups are unaffected.
 
+use std::collections::HashSet;
 use std::str::FromStr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -648,19 +649,6 @@ impl PgKeys {
         })
         .await
     }
-
-    /// Writes `keys` and `teams` (an import), leaving any that exist already as they are, in
-    /// one transaction; returns how many keys and teams were new. Every gateway follows.
-    pub async fn import(
-        &self,
-        keys: &[KeyRecord],
-        teams: &[TeamRecord],
-    ) -> Result<(usize, usize), KeyStoreError> {
-        let mut client = self.shared.pool.get().await.map_err(|e| {
-            KeyStoreError::Unavailable(format!("Postgres at {}: {e}", self.target()))
-        })?;
-        import_rows(&mut client, self.target(), keys, teams).await
-    }
 }
 
 /// Writes `keys` and `teams` on `client` in one transaction, leaving those that exist; returns
@@ -743,7 +731,7 @@ impl Shared {
     async fn refresh(&self, client: &Client, changed: &Changed) -> Result<(), KeyStoreError> {
         let _turn = self.apply.lock().await;
         let err = |e: tokio_postgres::Error| unavailable(&self.target, &e);
-        let (mut keys, mut teams) = (Vec::new(), Vec::new());
+        let (mut keys, mut teams) = (Vec::<KeyRecord>::new(), Vec::<TeamRecord>::new());
         if !changed.keys.is_empty() {
             for row in client
                 .query(
@@ -768,17 +756,27 @@ impl Shared {
                 teams.push(decode_team(row.get(0), row.get(1))?);
             }
         }
+        // A row named more than once (several changes notified together) is put once; only
+        // the rows not found are removed.
+        let found: HashSet<&str> = keys.iter().map(|k| k.token.as_str()).collect();
         for token in &changed.keys {
-            match keys.iter().position(|k| &k.token == token) {
-                Some(i) => self.memory.put_key(Arc::new(keys.swap_remove(i)), None),
-                None => self.memory.forget_key(token),
+            if !found.contains(token.as_str()) {
+                self.memory.forget_key(token);
             }
         }
+        drop(found);
+        for key in keys {
+            self.memory.put_key(Arc::new(key), None);
+        }
+        let found: HashSet<&str> = teams.iter().map(|t| t.team_id.as_str()).collect();
         for team_id in &changed.teams {
-            match teams.iter().position(|t| &t.team_id == team_id) {
-                Some(i) => self.memory.put_team(teams.swap_remove(i)),
-                None => self.memory.forget_team(team_id),
+            if !found.contains(team_id.as_str()) {
+                self.memory.forget_team(team_id);
             }
+        }
+        drop(found);
+        for team in teams {
+            self.memory.put_team(team);
         }
         Ok(())
     }
