@@ -1,4 +1,4 @@
-//! A real Postgres per test: `initdb` into a temporary directory (once per test process, then
+//! A real Postgres per test: `initdb` into a temporary directory (once per machine, then
 //! copied), `postgres` on a free loopback port, stopped on drop. Never a mock: fault tests kill and
 //! restart it, or hold a lock that makes writes wait.
 //!
@@ -74,17 +74,29 @@ fn give_to_server_user(dir: &Path) {
     }
 }
 
-/// One `initdb` per test process; each server copies it.
+/// The cluster every server copies: made by `initdb` once per machine and Postgres install (in the
+/// temp dir, named after the binaries' directory), reused by later test processes. Built aside and
+/// renamed into place, so one that exists is complete; a process that loses the race to rename
+/// removes its own.
 fn template(bin: &Path) -> &'static Path {
     static TEMPLATE: OnceLock<PathBuf> = OnceLock::new();
     TEMPLATE.get_or_init(|| {
-        let root = unique_temp_path("tpl-pg-template");
-        std::fs::create_dir_all(&root).expect("template dir");
-        give_to_server_user(&root);
+        let name: String = bin
+            .to_string_lossy()
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+            .collect();
+        let root = std::env::temp_dir().join(format!("tpl-pg-template{name}"));
         let data = root.join("data");
+        if data.join("PG_VERSION").is_file() {
+            return data;
+        }
+        let building = unique_temp_path("tpl-pg-template-building");
+        std::fs::create_dir_all(&building).expect("template dir");
+        give_to_server_user(&building);
         let out = as_server_user(&bin.join("initdb"))
             .arg("-D")
-            .arg(&data)
+            .arg(building.join("data"))
             .args(["-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-sync"])
             .output()
             .expect("run initdb");
@@ -93,6 +105,15 @@ fn template(bin: &Path) -> &'static Path {
             "initdb failed: {}{}",
             String::from_utf8_lossy(&out.stdout),
             String::from_utf8_lossy(&out.stderr)
+        );
+        if std::fs::rename(&building, &root).is_err() {
+            // Another process put its template there first.
+            let _ = std::fs::remove_dir_all(&building);
+        }
+        assert!(
+            data.join("PG_VERSION").is_file(),
+            "no template at {}",
+            root.display()
         );
         data
     })
