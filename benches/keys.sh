@@ -2,7 +2,7 @@
 # The embedded key store at scale: /key/generate latency, and chat latency with a generated key
 # while keys are being generated, with N keys already stored (default 100,000).
 #
-#   [OLD_BIN=path/to/an/older/gateway-example] benches/keys.sh [keys, default 100000] [seconds per run, default 10]
+#   [OLD_BIN=path/to/an/older/gateway-example] [POSTGRES=1] benches/keys.sh [keys, default 100000] [seconds per run, default 10]
 #
 # The N keys are seeded, not made through the API (100,000 calls on the old file store would take
 # hours): a keys.json of N random records (the format of the file store, which the SQLite store
@@ -18,6 +18,10 @@
 #   3. the same chat load while a second oha calls /key/generate back to back (one at a time)
 #      for the same SECS: the generate latencies and the chat latencies under it;
 #   4. (SQLite store) restart on the same data dir: time to open N+ keys from keys.db.
+# With POSTGRES=1, the same runs on keys in Postgres (general_settings.database_url) follow: a
+# fresh cluster (initdb from PATH or /usr/lib/postgresql/*/bin, as nobody under root, fsync on)
+# whose LiteLLM tables are seeded with the same number of keys in SQL, brought over with
+# `import-litellm` (timed), then the gateway started on it (time to read them all).
 # The gateway runs on CPU $GW_CPU, the two ohas on CPU $OHA_CPU. Only loopback addresses are used.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -36,6 +40,10 @@ cat > "$TMP/gw.yaml" <<'YAML'
 model_list:
   - model_name: m
     litellm_params: {model: openai/m, mock_response: "hello from the key bench"}
+# The seeded keys' and teams' priorities must be configured ones (an unknown one is a 400).
+litellm_settings:
+  callbacks: ["dynamic_rate_limiter_v3"]
+  priority_reservation: {"prod": 0.5, "dev": 0.3, "batch": 0.2}
 general_settings:
   master_key: sk-bench-master
 YAML
@@ -104,6 +112,45 @@ run() { # $1 = name, $2 = binary
 run new "$NEW_BIN"
 [ -n "${OLD_BIN:-}" ] && run old "$OLD_BIN"
 
+if [ "${POSTGRES:-0}" = 1 ]; then
+  PGBIN=$(dirname "$(readlink -f "$(command -v postgres 2>/dev/null || find /usr/lib/postgresql -path '*/bin/postgres' | sort -V | tail -1)")")
+  AS=""
+  if [ "$(id -u)" = 0 ]; then AS="setpriv --reuid=nobody --regid=nogroup --clear-groups"; chown nobody "$TMP"; fi
+  $AS "$PGBIN/initdb" -D "$TMP/pg" -U postgres --auth=trust -E UTF8 > "$TMP/initdb.log"
+  PGPORT=4182
+  $AS "$PGBIN/postgres" -D "$TMP/pg" -p $PGPORT -k "$TMP" -c listen_addresses=127.0.0.1 > "$TMP/pg.log" 2>&1 &
+  for _ in $(seq 200); do grep -q "ready to accept connections" "$TMP/pg.log" && break; sleep 0.05; done
+  DB="postgres://postgres@127.0.0.1:$PGPORT/postgres"
+  "$PGBIN/psql" -q "$DB" -f tests/src/litellm_tables.sql
+  "$PGBIN/psql" -q "$DB" -c "
+    INSERT INTO \"LiteLLM_TeamTable\" (team_id, team_alias, admins, members, metadata, models)
+      SELECT 'team-' || i, 'team ' || i, '{}', '{}', jsonb_build_object('priority', p), '{}'
+      FROM (VALUES (0, 'prod'), (1, 'dev'), (2, 'batch')) AS t (i, p);
+    INSERT INTO \"LiteLLM_VerificationToken\" (token, key_alias, models, metadata, team_id)
+      SELECT encode(sha256(('sk-seeded-' || i)::bytea), 'hex'), 'seeded-' || i, '{}',
+             '{\"priority\": \"dev\"}', CASE WHEN i % 2 = 1 THEN 'team-' || (i % 3) END
+      FROM generate_series(0, $N - 1) AS i;"
+  t0=$(date +%s.%N)
+  "$NEW_BIN" import-litellm --database-url "$DB" | grep '^read ' 
+  echo "postgres: import-litellm of $N keys took $(python3 -c "print(f'{$(date +%s.%N) - $t0:.2f}')") s"
+  printf 'general_settings:\n  master_key: sk-bench-master\n  database_url: "%s"\n' "$DB" > "$TMP/pg.yaml"
+  grep -v -e '^general_settings:' -e 'master_key:' "$TMP/gw.yaml" >> "$TMP/pg.yaml"
+  cp "$TMP/gw.yaml" "$TMP/gw-embedded.yaml"
+  cp "$TMP/pg.yaml" "$TMP/gw.yaml"
+  mkdir -p "$TMP/postgres-data"
+  start "$NEW_BIN" "$TMP/postgres-data"
+  echo "postgres: start (reading $N keys from Postgres) answered after $STARTED s"
+  key=$(curl -sf "http://127.0.0.1:$PORT/key/generate" -H 'authorization: Bearer sk-bench-master' \
+        -d '{"metadata": {"priority": "prod"}}' | sed -E 's/.*"key":"([^"]+)".*/\1/')
+  chat "$key" "$TMP/postgres-chat-alone.json"
+  chat "$key" "$TMP/postgres-chat-busy.json" &
+  chat_pid=$!
+  generate "$TMP/postgres-generate.json"
+  wait $chat_pid
+  stop
+  cp "$TMP/gw-embedded.yaml" "$TMP/gw.yaml"
+fi
+
 python3 - "$TMP" <<'PY'
 import json, os, sys
 d = sys.argv[1]
@@ -115,10 +162,10 @@ def row(name, what, f):
     print(f"| {name} | {what} | {n} | {codes.get('200', 0)} | {p['p50']*1000:.2f} | {p['p99']*1000:.2f} | {s['slowest']*1000:.1f} |")
 print("| store | run | requests | 200s | p50 ms | p99 ms | max ms |")
 print("|---|---|---:|---:|---:|---:|---:|")
-for name in ("old", "new"):
+for name in ("old", "new", "postgres"):
     if not os.path.exists(f"{d}/{name}-generate.json"):
         continue
-    label = {"old": "file (keys.json)", "new": "SQLite (keys.db)"}[name]
+    label = {"old": "file (keys.json)", "new": "SQLite (keys.db)", "postgres": "Postgres (database_url)"}[name]
     row(label, "/key/generate, back to back", f"{d}/{name}-generate.json")
     row(label, "chat alone", f"{d}/{name}-chat-alone.json")
     row(label, "chat while generating", f"{d}/{name}-chat-busy.json")

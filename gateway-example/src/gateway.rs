@@ -122,6 +122,11 @@ impl GatewayBuilder {
     /// `config.redis` is set (that needs a tokio runtime: prefer [`connect`](Self::connect)).
     pub fn build(self) -> Result<Gateway, KeyStoreError> {
         let keys = KeyStore::from_config(&self.config, self.data_dir.as_deref())?;
+        self.build_with(keys)
+    }
+
+    /// [`build`](Self::build) on a key store made already.
+    fn build_with(self, keys: KeyStore) -> Result<Gateway, KeyStoreError> {
         let clock = self.clock.unwrap_or_else(|| Arc::new(CoarseClock::new()));
         let deployment_limits =
             routing::deployment_limits(&self.config.deployments, &self.config.limiter);
@@ -146,10 +151,11 @@ impl GatewayBuilder {
     /// not fatal: the master key works, other keys get 503 until it is back, and the limiter
     /// applies `redis_failure_mode` until Redis (or the cluster) answers.
     pub async fn connect(self) -> Result<Gateway, KeyStoreError> {
+        // Postgres (`database_url`) unusable at start is fatal: see `keys::postgres`.
+        let keys = KeyStore::connect(&self.config, self.data_dir.as_deref()).await?;
         let Some(target) = self.config.redis.clone() else {
-            return self.build();
+            return self.build_with(keys);
         };
-        let keys = KeyStore::from_config(&self.config, self.data_dir.as_deref())?;
         if let Some(redis) = keys.as_redis() {
             match redis.ping(Duration::from_secs(2)).await {
                 Ok(()) => tracing::info!(redis = redis.target(), "keys and teams on Redis"),

@@ -1,5 +1,6 @@
 //! `gateway-example --config PATH [--host H] [--port P] [--data-dir DIR] [--allow-known-master-key]
-//! [--ignore-unsupported KEY,...]`
+//! [--ignore-unsupported KEY,...]`, or
+//! `gateway-example import-litellm --database-url URL [--into URL]`.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -13,7 +14,13 @@ use gateway_example::{app, Gateway};
 
 /// An OpenAI-compatible gateway with priority-aware RPM/TPM limits.
 #[derive(Debug, Parser)]
-#[command(version, about, long_about = None)]
+#[command(
+    version,
+    about,
+    long_about = None,
+    after_help = "To bring a LiteLLM deployment's keys and teams over: \
+                  gateway-example import-litellm --help"
+)]
 struct Args {
     /// Config file (the source product's config.yaml shape: model_list, litellm_settings,
     /// general_settings, router_settings).
@@ -42,16 +49,62 @@ struct Args {
     ignore_unsupported: Vec<String>,
 }
 
+/// Reads a LiteLLM deployment's virtual keys and teams from its own tables
+/// (LiteLLM_VerificationToken, LiteLLM_TeamTable) and writes them to the gateway's tables in
+/// Postgres, so the keys LiteLLM issued work here unchanged. Settings the gateway does not honour
+/// are listed by name; keys already there are left as they are (running it again is safe).
+#[derive(Debug, Parser)]
+#[command(name = "gateway-example import-litellm", version)]
+struct ImportArgs {
+    /// LiteLLM's database (its DATABASE_URL): postgres://user:password@host:port/database.
+    #[arg(long, env = "DATABASE_URL")]
+    database_url: String,
+    /// The gateway's database (its general_settings.database_url); default: the same database,
+    /// where the gateway's own tables (tpl_*) sit beside LiteLLM's.
+    #[arg(long)]
+    into: Option<String>,
+}
+
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
     gateway_example::logging::init("info", gateway_example::logging::Output::Stdout);
-    match run(Args::parse()).await {
+    let result = if std::env::args_os()
+        .nth(1)
+        .is_some_and(|a| a == "import-litellm")
+    {
+        import_litellm(ImportArgs::parse_from(std::env::args_os().skip(1))).await
+    } else {
+        run(Args::parse()).await
+    };
+    match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!("{e}");
             eprintln!("gateway-example: {e}");
             std::process::ExitCode::FAILURE
         }
+    }
+}
+
+async fn import_litellm(args: ImportArgs) -> Result<(), String> {
+    use gateway_example::config::DatabaseUrl;
+    let from =
+        DatabaseUrl::parse(&args.database_url, "--database-url").map_err(|e| e.to_string())?;
+    let into = match &args.into {
+        Some(url) => DatabaseUrl::parse(url, "--into").map_err(|e| e.to_string())?,
+        None => from.clone(),
+    };
+    let report = gateway_example::keys::litellm::import(&from, &into)
+        .await
+        .map_err(|e| e.to_string())?;
+    // Not `print!`: a reader that stops early (`| head`) must not make it panic.
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    match write!(out, "{report}").and_then(|()| out.flush()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(format!(
+            "the import is done; writing its report failed: {e}"
+        )),
+        _ => Ok(()),
     }
 }
 

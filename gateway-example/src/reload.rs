@@ -62,6 +62,7 @@ pub fn restart_needed(old: &GatewayConfig, new: &GatewayConfig) -> Option<String
             old.redis != new.redis || old.redis_key_prefix != new.redis_key_prefix,
             "Redis",
         ),
+        (old.database_url != new.database_url, "general_settings.database_url"),
         (old.router != new.router, "router_settings"),
         (old.record != new.record, "general_settings.record"),
     ];
@@ -146,7 +147,7 @@ mod tests {
     #[test]
     fn secrets_are_hidden_and_references_shown() {
         let doc = json!({
-            "general_settings": {"master_key": "sk-secret"},
+            "general_settings": {"master_key": "sk-secret", "database_url": "postgresql://u:pw@db:5432/litellm"},
             "model_list": [{"litellm_params": {"api_key": "sk-up", "api_base": "http://u:pw@h/v1?key=k"}}],
             "router_settings": {"redis_password": "os.environ/REDIS_PW", "redis_url": "redis://:pw@r:6379"}
         });
@@ -171,7 +172,7 @@ mod tests {
         assert_eq!(
             redact(&doc),
             json!({
-                "general_settings": {"master_key": "***"},
+                "general_settings": {"master_key": "***", "database_url": "postgresql://u:***@db:5432/litellm"},
                 "model_list": [{"litellm_params": {"api_key": "***", "api_base": "http://u:***@h/v1?key=***"}}],
                 "router_settings": {"redis_password": "os.environ/REDIS_PW", "redis_url": "redis://:***@r:6379"}
             })

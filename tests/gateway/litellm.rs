@@ -353,11 +353,11 @@ fn corpus() -> Vec<(&'static str, String, Expect)> {
             ),
         ),
         (
-            "auth: custom_auth, JWT, routes, pass-through, a database, a secret manager",
-            with("general_settings:\n  master_key: sk-1234\n  custom_auth: custom_auth.user_api_key_auth\n  enable_jwt_auth: true\n  allowed_routes: [\"/chat/completions\"]\n  pass_through_endpoints:\n    - path: /v1/rerank\n      target: https://api.cohere.com/v1/rerank\n  database_url: postgresql://u:p@db:5432/litellm\n  key_management_system: aws_secret_manager\n"),
+            "auth: custom_auth, JWT, routes, pass-through, a secret manager",
+            with("general_settings:\n  master_key: sk-1234\n  custom_auth: custom_auth.user_api_key_auth\n  enable_jwt_auth: true\n  allowed_routes: [\"/chat/completions\"]\n  pass_through_endpoints:\n    - path: /v1/rerank\n      target: https://api.cohere.com/v1/rerank\n  key_management_system: aws_secret_manager\n"),
             Expect::Refuse(
-                &["general_settings.custom_auth", "general_settings.enable_jwt_auth", "general_settings.allowed_routes", "general_settings.pass_through_endpoints", "general_settings.database_url", "general_settings.key_management_system"],
-                "custom_auth,enable_jwt_auth,allowed_routes,pass_through_endpoints,database_url,key_management_system",
+                &["general_settings.custom_auth", "general_settings.enable_jwt_auth", "general_settings.allowed_routes", "general_settings.pass_through_endpoints", "general_settings.key_management_system"],
+                "custom_auth,enable_jwt_auth,allowed_routes,pass_through_endpoints,key_management_system",
             ),
         ),
         (

@@ -49,7 +49,7 @@ async fn pair(yaml: &str) -> Pair {
 }
 
 /// Calls `check` every 20 ms until it holds; returns how long that took, or panics after `limit`.
-async fn within<F, Fut>(limit: Duration, what: &str, mut check: F) -> Duration
+pub(super) async fn within<F, Fut>(limit: Duration, what: &str, mut check: F) -> Duration
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = bool>,

@@ -6,6 +6,8 @@
 //! - [`upstream`]: a small OpenAI-shaped upstream for the gateway to proxy to;
 //! - [`redis`]: a real `redis-server` (or a cluster) per test, skipping loudly where none is
 //!   installed unless `REQUIRE_REDIS=1`;
+//! - [`postgres`]: a real Postgres per test (`initdb` into a temporary directory), skipping loudly
+//!   where none is installed unless `REQUIRE_POSTGRES=1`;
 //! - [`chromium`]: a real headless Chromium, for the dashboard's page;
 //! - [`prometheus`]: a real `prometheus` server scraping a gateway, queried through its HTTP API;
 //! - [`external`]: finding those programs on `PATH`, skipping loudly where they are missing
@@ -25,6 +27,7 @@ pub mod gateway;
 pub mod http;
 pub mod keys;
 pub mod nginx;
+pub mod postgres;
 pub mod prometheus;
 pub mod redis;
 pub mod tinyproxy;

@@ -213,6 +213,9 @@ pub struct GatewayConfig {
     /// `router_settings.redis_key_prefix` (default [`DEFAULT_REDIS_KEY_PREFIX`]): the start of
     /// every Redis key the gateway writes, so several deployments can share one Redis.
     pub redis_key_prefix: String,
+    /// `general_settings.database_url`, else the `DATABASE_URL` environment (as LiteLLM reads
+    /// it): keys and teams then live in this Postgres database, whatever Redis holds.
+    pub database_url: Option<DatabaseUrl>,
     /// `router_settings`: strategy, retries, cooldowns, fallbacks.
     pub router: RouterSettings,
     /// Who may read `GET /metrics`: anyone (the default, like other Prometheus exporters), any
@@ -231,6 +234,41 @@ pub struct GatewayConfig {
     /// `general_settings.record` (ours): where and how much of the traffic is recorded, one
     /// line a request ([`crate::record`]); `None`: nothing is recorded.
     pub record: Option<RecordSettings>,
+}
+
+/// A Postgres connection URL (`postgres://user:password@host:port/database`), checked for its
+/// scheme when the config is read and parsed whole when the gateway connects.
+#[derive(Clone, PartialEq, Eq)]
+pub struct DatabaseUrl(String);
+
+impl DatabaseUrl {
+    /// `url`, which must start with `postgres://` or `postgresql://` (`path` names where it was
+    /// read, for the error).
+    pub fn parse(url: &str, path: &str) -> Result<Self, ConfigError> {
+        if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
+            return Err(ConfigError::new(
+                path,
+                "expected a Postgres URL (postgres://user:password@host:port/database)",
+            ));
+        }
+        Ok(Self(url.to_owned()))
+    }
+
+    /// The URL itself (with its password: for the driver only).
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The URL with its password (and a `password=` parameter) hidden, for logs and errors.
+    pub fn redacted(&self) -> String {
+        tower_priority_limit::redact::redact_url(&self.0)
+    }
+}
+
+impl std::fmt::Debug for DatabaseUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.redacted())
+    }
 }
 
 /// Who may read `GET /metrics`.
@@ -270,6 +308,7 @@ impl std::fmt::Debug for GatewayConfig {
             .field("shutdown_grace", &self.shutdown_grace)
             .field("redis", &self.redis.as_ref().map(RedisTarget::redacted))
             .field("redis_key_prefix", &self.redis_key_prefix)
+            .field("database_url", &self.database_url)
             .field("router", &self.router)
             .field("metrics_auth", &self.metrics_auth)
             .field("metrics", &self.metrics)
@@ -402,9 +441,13 @@ impl GatewayConfig {
         let mut shutdown_grace = DEFAULT_SHUTDOWN_GRACE;
         let mut metrics = true;
         let mut record = None;
+        let mut database_url = None;
         if let Some(general) = root.get("general_settings")? {
             if let Some(node) = general.get("record")? {
                 record = Some(RecordSettings::from_node(&node)?);
+            }
+            if let Some(url) = general.get("database_url")? {
+                database_url = Some(DatabaseUrl::parse(&url.string()?, &url.path())?);
             }
             if let Some(flag) = general.get("metrics_require_auth")? {
                 if boolean(&flag)? {
@@ -457,6 +500,11 @@ impl GatewayConfig {
         }
 
         let (redis, redis_key_prefix) = redis_settings(&root, &env)?;
+        if database_url.is_none() {
+            if let Some(url) = env("DATABASE_URL").filter(|v| !v.trim().is_empty()) {
+                database_url = Some(DatabaseUrl::parse(url.trim(), "DATABASE_URL")?);
+            }
+        }
         for (group, targets) in &router.fallbacks {
             for name in std::iter::once(group).chain(targets) {
                 if !deployments.iter().any(|d| &d.model_name == name) {
@@ -491,6 +539,7 @@ impl GatewayConfig {
             shutdown_grace,
             redis,
             redis_key_prefix,
+            database_url,
             router,
             metrics_auth,
             metrics,

@@ -497,3 +497,53 @@ fn wildcard_routes_are_refused_by_path() {
         assert!(e.starts_with(want), "{e}");
     }
 }
+
+#[test]
+fn database_url_from_general_settings_else_the_environment() {
+    let base =
+        "model_list: [{model_name: m, litellm_params: {model: openai/m, mock_response: hi}}]\n";
+    let read = |yaml: &str, env: Option<&str>| {
+        let env = env.map(str::to_owned);
+        GatewayConfig::from_yaml_str_with_env(yaml, move |name| {
+            (name == "DATABASE_URL").then(|| env.clone()).flatten()
+        })
+        .map(|c| c.database_url)
+        .map_err(|e| e.to_string())
+    };
+    assert_eq!(read(base, None).unwrap(), None);
+    let in_file = format!(
+        "{base}general_settings: {{database_url: \"postgresql://u:pw@db:5432/litellm\"}}\n"
+    );
+    let url = read(&in_file, Some("postgres://other/x")).unwrap().unwrap();
+    assert_eq!(
+        url.as_str(),
+        "postgresql://u:pw@db:5432/litellm",
+        "the file wins"
+    );
+    assert_eq!(url.redacted(), "postgresql://u:***@db:5432/litellm");
+    assert_eq!(format!("{url:?}"), "postgresql://u:***@db:5432/litellm");
+    let url = read(base, Some(" postgres://gw@db/keys "))
+        .unwrap()
+        .unwrap();
+    assert_eq!(url.as_str(), "postgres://gw@db/keys");
+    assert_eq!(
+        url.redacted(),
+        "postgres://***@db/keys",
+        "a bare user-info may be a token"
+    );
+    let url = read(base, Some("postgres://db/keys?user=gw&password=pw"))
+        .unwrap()
+        .unwrap();
+    assert_eq!(url.redacted(), "postgres://db/keys?user=gw&password=***");
+    let e = read(
+        &in_file.replace("postgresql://u:pw@db:5432/litellm", "mysql://db"),
+        None,
+    )
+    .unwrap_err();
+    assert!(
+        e.contains("general_settings.database_url") && e.contains("Postgres URL"),
+        "{e}"
+    );
+    let e = read(base, Some("sqlite:///keys.db")).unwrap_err();
+    assert!(e.contains("DATABASE_URL"), "{e}");
+}

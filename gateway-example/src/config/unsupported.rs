@@ -81,6 +81,7 @@ fn honoured(level: Level) -> &'static [&'static str] {
             "metrics_require_auth",
             // Ours: its sub-keys are checked by its reader (`RecordSettings`).
             "record",
+            "database_url",
         ],
         Level::Router => &[
             "routing_strategy",
@@ -131,10 +132,9 @@ fn refused(level: Level, key: &str) -> Option<&'static str> {
         | (Level::Router, "provider_budget_config") => BUDGETS,
         (Level::Litellm | Level::Params | Level::AzureParams, "max_parallel_requests")
         | (Level::General, "max_parallel_requests" | "global_max_parallel_requests")
-        | (Level::Router, "max_parallel_requests" | "default_max_parallel_requests") => {
-            CONCURRENCY
-        }
-        (Level::Params | Level::AzureParams, "tags") | (Level::Router, "enable_tag_filtering" | "tag_filtering_match_any") => TAGS,
+        | (Level::Router, "max_parallel_requests" | "default_max_parallel_requests") => CONCURRENCY,
+        (Level::Params | Level::AzureParams, "tags")
+        | (Level::Router, "enable_tag_filtering" | "tag_filtering_match_any") => TAGS,
         (Level::ModelInfo, "access_groups") => {
             "model access groups are not applied (a key's models name model_names only)"
         }
@@ -149,23 +149,32 @@ fn refused(level: Level, key: &str) -> Option<&'static str> {
         ) => "rules for generated keys are not applied",
         (
             Level::General,
-            "custom_auth" | "enable_jwt_auth" | "litellm_jwtauth" | "enable_oauth2_auth"
-            | "enable_oauth2_proxy_auth" | "custom_sso" | "custom_key_generate",
+            "custom_auth"
+            | "enable_jwt_auth"
+            | "litellm_jwtauth"
+            | "enable_oauth2_auth"
+            | "enable_oauth2_proxy_auth"
+            | "custom_sso"
+            | "custom_key_generate",
         ) => AUTH,
         (
             Level::General,
-            "allowed_routes" | "admin_only_routes" | "public_routes" | "allowed_ips"
-            | "enforce_user_param" | "enforced_params" | "service_account_settings",
+            "allowed_routes"
+            | "admin_only_routes"
+            | "public_routes"
+            | "allowed_ips"
+            | "enforce_user_param"
+            | "enforced_params"
+            | "service_account_settings",
         ) => ROUTES,
         (Level::General, "pass_through_endpoints") => {
             "pass-through routes are not served, nor their auth applied"
         }
-        (Level::General, "database_url") => {
-            "keys and teams are not read from a database (the gateway keeps its own: SQLite, or Redis)"
-        }
         (
             Level::General,
-            "key_management_system" | "key_management_settings" | "use_google_kms"
+            "key_management_system"
+            | "key_management_settings"
+            | "use_google_kms"
             | "use_azure_key_vault",
         ) => SECRETS,
         _ => return None,

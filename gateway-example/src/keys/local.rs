@@ -249,6 +249,52 @@ impl LocalStore {
         self.read().teams.get(team_id).map(|t| t.record.clone())
     }
 
+    /// Puts `record` in memory only (a replica's copy of a change made in the shared database:
+    /// [`super::postgres`]), in place of the key with hash `replaces` if given.
+    pub(crate) fn put_key(&self, record: Arc<KeyRecord>, replaces: Option<&str>) {
+        let mut index = self.index_mut();
+        if let Some(old) = replaces {
+            index.keys.remove(old);
+        }
+        index
+            .keys
+            .insert(record.token.clone(), PriorityOf::key(record));
+    }
+
+    /// Removes the key with hash `token` from memory only (a replica's copy of a delete).
+    pub(crate) fn forget_key(&self, token: &str) {
+        self.index_mut().keys.remove(token);
+    }
+
+    /// Puts `team` in memory only (a replica's copy of a change).
+    pub(crate) fn put_team(&self, team: TeamRecord) {
+        self.index_mut()
+            .teams
+            .insert(team.team_id.clone(), PriorityOf::team(team));
+    }
+
+    /// Removes team `team_id` from memory only (a replica's copy of a delete).
+    pub(crate) fn forget_team(&self, team_id: &str) {
+        self.index_mut().teams.remove(team_id);
+    }
+
+    /// Replaces everything in memory by `keys` and `teams` at once (a replica's resync): a lookup
+    /// sees the old set or the new one, never a mix.
+    pub(crate) fn replace_all(&self, keys: Vec<KeyRecord>, teams: Vec<TeamRecord>) {
+        let mut index = Index::default();
+        for key in keys {
+            index
+                .keys
+                .insert(key.token.clone(), PriorityOf::key(Arc::new(key)));
+        }
+        for team in teams {
+            index
+                .teams
+                .insert(team.team_id.clone(), PriorityOf::team(team));
+        }
+        *self.index_mut() = index;
+    }
+
     /// Caps the database at about `bytes` (never below its current size), or lifts the cap with
     /// `None`: a change that would grow it further fails as on a full disk (SQLite's
     /// `max_page_count`). For operators who want a bound, and for tests of the full-disk path.

@@ -8,6 +8,10 @@
 //!   `DATA_DIR/keys.json` is imported once. A write never holds up a lookup.
 //! - [`redis::RedisKeys`], when Redis is configured: every gateway pointed at the same Redis (or
 //!   Redis Cluster) shares the same keys and teams.
+//! - [`postgres::PgKeys`], when `general_settings.database_url` (or `DATABASE_URL`) is set,
+//!   whether or not Redis is: keys and teams live in Postgres, every gateway holds all of them in
+//!   memory and follows changes within a second (`LISTEN/NOTIFY`); an empty Redis loses none.
+//!   Its failure policy is in [`postgres`].
 //!
 //! The raw key never reaches a backend: the front hashes it first, so neither the database, nor
 //! Redis, nor the local cache, nor a log line ever holds one.
@@ -31,7 +35,9 @@
 
 pub(crate) mod cache;
 pub mod expiry;
+pub mod litellm;
 pub mod local;
+pub mod postgres;
 pub mod redis;
 pub mod sqlite;
 
@@ -48,6 +54,7 @@ use crate::config::GatewayConfig;
 
 pub use self::cache::{KEY_CACHE_STALE_IF_ERROR, KEY_CACHE_TTL};
 pub use self::local::LocalStore;
+pub use self::postgres::{PgKeys, DEFAULT_POSTGRES_TIMEOUT};
 pub use self::redis::{RedisKeys, DEFAULT_REDIS_TIMEOUT};
 pub use self::sqlite::{DB_FILE, IMPORTED_FILE, LEGACY_FILE};
 
@@ -396,6 +403,7 @@ enum Backend {
     Local(Arc<LocalStore>),
     // Boxed: the Redis client is large.
     Redis(Box<RedisKeys>),
+    Postgres(Box<PgKeys>),
 }
 
 /// Runs a change on the embedded store: on a blocking thread when it writes to disk (an fsync
@@ -441,6 +449,26 @@ impl KeyStore {
         }
     }
 
+    /// A store on Postgres.
+    pub fn postgres(store: PgKeys) -> Self {
+        Self {
+            backend: Backend::Postgres(Box::new(store)),
+            write_turn: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    /// Postgres when `config.database_url` is set (connected, migrated and read here: an error
+    /// means the gateway must not start), else as [`from_config`](Self::from_config).
+    pub async fn connect(
+        config: &GatewayConfig,
+        data_dir: Option<&Path>,
+    ) -> Result<Self, KeyStoreError> {
+        match &config.database_url {
+            Some(url) => Ok(Self::postgres(PgKeys::connect(url).await?)),
+            None => Self::from_config(config, data_dir),
+        }
+    }
+
     /// Redis when `config.redis` is set (`data_dir` unused: Redis holds the truth), else the
     /// embedded store in `data_dir`, else memory. Redis needs a tokio runtime; it is not contacted
     /// here, so this succeeds while Redis is down.
@@ -448,6 +476,13 @@ impl KeyStore {
         config: &GatewayConfig,
         data_dir: Option<&Path>,
     ) -> Result<Self, KeyStoreError> {
+        if let Some(url) = &config.database_url {
+            return Err(KeyStoreError::Unavailable(format!(
+                "keys are in Postgres at {}: connect to it first (KeyStore::connect, \
+                 Gateway::connect)",
+                url.redacted()
+            )));
+        }
         match (&config.redis, data_dir) {
             (Some(target), _) => Ok(Self::redis(RedisKeys::new(
                 target,
@@ -458,12 +493,13 @@ impl KeyStore {
         }
     }
 
-    /// `"memory"`, `"sqlite"` or `"redis"`.
+    /// `"memory"`, `"sqlite"`, `"redis"` or `"postgres"`.
     pub fn kind(&self) -> &'static str {
         match &self.backend {
             Backend::Local(l) if l.is_persistent() => "sqlite",
             Backend::Local(_) => "memory",
             Backend::Redis(_) => "redis",
+            Backend::Postgres(_) => "postgres",
         }
     }
 
@@ -471,7 +507,7 @@ impl KeyStore {
     pub fn as_redis(&self) -> Option<&RedisKeys> {
         match &self.backend {
             Backend::Redis(r) => Some(r),
-            Backend::Local(_) => None,
+            _ => None,
         }
     }
 
@@ -479,7 +515,15 @@ impl KeyStore {
     pub fn as_local(&self) -> Option<&LocalStore> {
         match &self.backend {
             Backend::Local(l) => Some(l),
-            Backend::Redis(_) => None,
+            _ => None,
+        }
+    }
+
+    /// The Postgres backend, if that is where keys live.
+    pub fn as_postgres(&self) -> Option<&PgKeys> {
+        match &self.backend {
+            Backend::Postgres(p) => Some(p),
+            _ => None,
         }
     }
 
@@ -526,6 +570,7 @@ impl KeyStore {
                 write(&self.write_turn, l, move |l| l.insert_key(record)).await?;
             }
             Backend::Redis(r) => r.insert_key(&record).await?,
+            Backend::Postgres(p) => p.insert_key(&record).await?,
         }
         Ok((key, record))
     }
@@ -542,6 +587,7 @@ impl KeyStore {
         match &self.backend {
             Backend::Local(l) => Ok(l.resolve(token)),
             Backend::Redis(r) => r.resolve(token).await,
+            Backend::Postgres(p) => Ok(p.resolve(token)),
         }
     }
 
@@ -551,6 +597,7 @@ impl KeyStore {
         match &self.backend {
             Backend::Local(l) => Ok(l.resolve(&token).map(|r| r.key)),
             Backend::Redis(r) => r.key(&token).await,
+            Backend::Postgres(p) => Ok(p.resolve(&token).map(|r| r.key)),
         }
     }
 
@@ -567,6 +614,7 @@ impl KeyStore {
                 write(&self.write_turn, l, move |l| l.update_key(&token, change)).await
             }
             Backend::Redis(r) => r.update_key(&token, change).await,
+            Backend::Postgres(p) => p.update_key(&token, change).await,
         }
     }
 
@@ -586,6 +634,7 @@ impl KeyStore {
                 .await
             }
             Backend::Redis(r) => r.update_team(team_id, change).await,
+            Backend::Postgres(p) => p.update_team(team_id, change).await,
         }
     }
 
@@ -608,6 +657,7 @@ impl KeyStore {
                 write(&self.write_turn, l, move |l| l.swap_key(&old, record)).await?
             }
             Backend::Redis(r) => r.swap_key(&old, record).await?,
+            Backend::Postgres(p) => p.swap_key(&old, record).await?,
         };
         Ok(record.map(|r| (new, r)))
     }
@@ -621,6 +671,7 @@ impl KeyStore {
         match &self.backend {
             Backend::Local(l) => Ok(l.list(offset, limit)),
             Backend::Redis(r) => r.list(offset, limit).await,
+            Backend::Postgres(p) => Ok(p.list(offset, limit)),
         }
     }
 
@@ -630,6 +681,7 @@ impl KeyStore {
         let existed = match &self.backend {
             Backend::Local(l) => write(&self.write_turn, l, move |l| l.delete(&tokens)).await?,
             Backend::Redis(r) => r.delete(&tokens).await?,
+            Backend::Postgres(p) => p.delete(&tokens).await?,
         };
         Ok(keys
             .iter()
@@ -664,6 +716,7 @@ impl KeyStore {
                 write(&self.write_turn, l, move |l| l.insert_team(team)).await?;
             }
             Backend::Redis(r) => r.insert_team(&team).await?,
+            Backend::Postgres(p) => p.insert_team(&team).await?,
         }
         Ok(team)
     }
@@ -673,6 +726,7 @@ impl KeyStore {
         match &self.backend {
             Backend::Local(l) => Ok(l.team(team_id)),
             Backend::Redis(r) => r.team(team_id).await,
+            Backend::Postgres(p) => Ok(p.team(team_id)),
         }
     }
 }

@@ -587,21 +587,21 @@ impl ConnectionLike for Conn {
 }
 
 /// Lets one event through per [`WARN_EVERY`].
-struct Throttle {
+pub(super) struct Throttle {
     start: Instant,
     /// Milliseconds since `start` of the last event let through, plus one (0: none yet).
     last: AtomicU64,
 }
 
 impl Throttle {
-    fn new() -> Self {
+    pub(super) fn new() -> Self {
         Self {
             start: Instant::now(),
             last: AtomicU64::new(0),
         }
     }
 
-    fn ready(&self) -> bool {
+    pub(super) fn ready(&self) -> bool {
         let now = self.start.elapsed().as_millis() as u64 + 1;
         let last = self.last.load(Ordering::Relaxed);
         if last != 0 && now.saturating_sub(last) < WARN_EVERY.as_millis() as u64 {

@@ -16,7 +16,7 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
 
 const BIN: &str = env!("CARGO_BIN_EXE_gateway-example");
-const MASTER: &str = "sk-test-master";
+pub(crate) const MASTER: &str = "sk-test-master";
 
 /// A fresh dir with `gw.yaml` (one mock model, [`MASTER`]); its `data/` is the data dir.
 fn setup(name: &str) -> PathBuf {
@@ -34,7 +34,7 @@ fn setup(name: &str) -> PathBuf {
     dir
 }
 
-fn command(dir: &Path, wrapper: Option<&str>) -> Command {
+pub(crate) fn command(dir: &Path, wrapper: Option<&str>) -> Command {
     let args: [std::ffi::OsString; 6] = [
         "--config".into(),
         dir.join("gw.yaml").into(),
@@ -60,7 +60,9 @@ fn command(dir: &Path, wrapper: Option<&str>) -> Command {
 
 /// Starts the gateway and waits until it listens: the process and its address; or, if it exits
 /// first, its exit status and everything it printed.
-fn start(mut command: Command) -> Result<(Child, String), (std::process::ExitStatus, String)> {
+pub(crate) fn start(
+    mut command: Command,
+) -> Result<(Child, String), (std::process::ExitStatus, String)> {
     let mut child = command
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -83,13 +85,13 @@ fn start(mut command: Command) -> Result<(Child, String), (std::process::ExitSta
     Err((rest.status, log))
 }
 
-fn client() -> Client<HttpConnector, Full<Bytes>> {
+pub(crate) fn client() -> Client<HttpConnector, Full<Bytes>> {
     Client::builder(hyper_util::rt::TokioExecutor::new()).build_http()
 }
 
 /// `POST`s (with a body) or `GET`s (without) `path` as the master key: status and body, or `None`
 /// when the connection failed.
-async fn call(
+pub(crate) async fn call(
     client: &Client<HttpConnector, Full<Bytes>>,
     addr: &str,
     path: &str,
@@ -107,7 +109,7 @@ async fn call(
     Some((status, String::from_utf8_lossy(&body).into_owned()))
 }
 
-fn new_key_of(body: &str) -> String {
+pub(crate) fn new_key_of(body: &str) -> String {
     let v: serde_json::Value = serde_json::from_str(body).unwrap();
     v["key"].as_str().unwrap().to_owned()
 }

@@ -2,8 +2,22 @@
 //! in-process mock deployment next to its binary. They stay in this package, as one test binary,
 //! because Cargo builds a package's binaries for, and gives their paths
 //! (`CARGO_BIN_EXE_<name>`) to, that package's integration tests only. The in-process gateway
-//! tests are in the workspace's `tests/gateway/`.
+//! tests are in the workspace's `tests/gateway/`. `postgres` runs three gateway processes on one
+//! real Postgres and one real `redis-server`.
 
 mod gateway;
 mod keys;
 mod mock_upstream;
+mod postgres;
+
+// The rig's Postgres and Redis starters: the very files of `tests/src` (this package cannot depend
+// on the rig's crate, which depends on it), so both kinds of test start servers one way.
+#[allow(dead_code)]
+#[path = "../../../tests/src/external.rs"]
+mod external;
+#[allow(dead_code)]
+#[path = "../../../tests/src/postgres.rs"]
+mod postgres_server;
+#[allow(dead_code)]
+#[path = "../../../tests/src/redis.rs"]
+mod redis_server;

@@ -1,0 +1,363 @@
+//! `gateway-example import-litellm`: a LiteLLM deployment's virtual keys and teams, read from its
+//! own tables (`LiteLLM_VerificationToken`, `LiteLLM_TeamTable`, as LiteLLM's `schema.prisma`
+//! defines them) and written to the gateway's Postgres tables ([`super::postgres`]), so a key
+//! LiteLLM issued authenticates here unchanged.
+//!
+//! - **Tokens**: LiteLLM stores the SHA-256 of a key in hex, as this gateway does, so the hash
+//!   is copied as it is; a row still holding a raw `sk-…` key (LiteLLM hashes those when it reads
+//!   them) is hashed here the same way.
+//! - **Honoured**: a key's `token`, `key_alias`, `models`, `team_id`, `metadata` (its `priority`
+//!   included), `expires`, `blocked`, `created_at`; a team's `team_id`, `team_alias`, `models`,
+//!   `metadata`, `blocked`, `created_at`. LiteLLM's `all-proxy-models` (and, on a key,
+//!   `all-team-models`) is an empty list here: every model, held to the team's list.
+//! - **Not honoured**: every other column that holds something other than its default (null,
+//!   false, 0, empty) is named in the report, with the rows that set it, never dropped silently
+//!   (limits, budgets and spend until this gateway has them; users, organisations, aliases,
+//!   permissions). Bookkeeping columns ([`BOOKKEEPING`]) are not settings and are not reported.
+//! - **Not imported**: a key whose team is not in `LiteLLM_TeamTable` (it would lose its team's
+//!   restrictions) is named in the report instead.
+//! - **Idempotent**: keys and teams that exist already are left as they are, so running it again
+//!   adds only what is new. Everything is written in one transaction; gateways running on the
+//!   database see the imported keys within a second.
+//!
+//! The rows are read as `to_jsonb(row)`, so any version of LiteLLM's schema is read (a column it
+//! lacks is absent, one added later is reported if set).
+
+use std::collections::BTreeMap;
+
+use serde_json::{Map, Value};
+use tokio_postgres::Client;
+
+use super::postgres::{connect_one, import_rows, migrate};
+use super::{expiry, hash_key, now_secs, KeyRecord, KeyStoreError, TeamRecord};
+use crate::config::DatabaseUrl;
+
+/// LiteLLM's key table.
+pub const KEY_TABLE: &str = "LiteLLM_VerificationToken";
+/// LiteLLM's team table.
+pub const TEAM_TABLE: &str = "LiteLLM_TeamTable";
+
+/// Columns that record what happened (names, who changed what when, rotation counters), not
+/// what a key may do: not reported.
+pub const BOOKKEEPING: &[&str] = &[
+    "key_name",
+    "created_by",
+    "updated_at",
+    "updated_by",
+    "last_active",
+    "soft_budget_cooldown",
+    "budget_reset_at",
+    "rotation_count",
+    "last_rotation_at",
+    "key_rotation_at",
+];
+
+const KEY_COLUMNS: &[&str] = &[
+    "token",
+    "key_alias",
+    "models",
+    "team_id",
+    "metadata",
+    "expires",
+    "blocked",
+    "created_at",
+];
+
+const TEAM_COLUMNS: &[&str] = &[
+    "team_id",
+    "team_alias",
+    "models",
+    "metadata",
+    "blocked",
+    "created_at",
+];
+
+/// A column not honoured, and the rows (key aliases or hash prefixes, team ids) that set it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unhonoured {
+    /// `Table.column`.
+    pub field: String,
+    /// The rows that set it.
+    pub rows: Vec<String>,
+}
+
+/// What was read from LiteLLM's tables, mapped to this gateway's records.
+#[derive(Debug, Default)]
+pub struct LiteLlmData {
+    /// The keys to import.
+    pub keys: Vec<KeyRecord>,
+    /// The teams to import.
+    pub teams: Vec<TeamRecord>,
+    /// Columns set that are not honoured, by `Table.column`.
+    pub unhonoured: Vec<Unhonoured>,
+    /// Keys not imported, and why.
+    pub skipped: Vec<String>,
+}
+
+/// What an import did.
+#[derive(Debug, Default)]
+pub struct ImportReport {
+    /// Keys and teams read from LiteLLM.
+    pub read: LiteLlmData,
+    /// How many keys were new (the rest existed already and were left as they are).
+    pub new_keys: usize,
+    /// How many teams were new.
+    pub new_teams: usize,
+}
+
+impl std::fmt::Display for ImportReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let read = &self.read;
+        writeln!(
+            f,
+            "read {} keys and {} teams from {KEY_TABLE} and {TEAM_TABLE}; imported {} new keys \
+             and {} new teams (the rest were there already and are unchanged)",
+            read.keys.len(),
+            read.teams.len(),
+            self.new_keys,
+            self.new_teams
+        )?;
+        for skipped in &read.skipped {
+            writeln!(f, "not imported: {skipped}")?;
+        }
+        if !read.unhonoured.is_empty() {
+            writeln!(f, "not honoured by this gateway (imported without them):")?;
+            for u in &read.unhonoured {
+                writeln!(
+                    f,
+                    "  {} set on {}: {}",
+                    u.field,
+                    u.rows.len(),
+                    u.rows.join(", ")
+                )?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Reads LiteLLM's tables at `from` and writes what they hold to the gateway's tables at
+/// `into` (created first if need be).
+pub async fn import(from: &DatabaseUrl, into: &DatabaseUrl) -> Result<ImportReport, KeyStoreError> {
+    let source = connect_one(from).await?;
+    let read = read(&source, &from.redacted()).await?;
+    let mut target = connect_one(into).await?;
+    let target_name = into.redacted();
+    migrate(&mut target, &target_name).await?;
+    let (new_keys, new_teams) =
+        import_rows(&mut target, &target_name, &read.keys, &read.teams).await?;
+    Ok(ImportReport {
+        read,
+        new_keys,
+        new_teams,
+    })
+}
+
+/// Reads LiteLLM's key and team tables through `client` (`name` is the database, for errors).
+pub async fn read(client: &Client, name: &str) -> Result<LiteLlmData, KeyStoreError> {
+    let rows = |table: &'static str| {
+        let query = format!("SELECT to_jsonb(t)::text FROM \"{table}\" t");
+        async move {
+            let rows = client.query(&query, &[]).await.map_err(|e| {
+                KeyStoreError::Unavailable(format!("reading {table} in {name}: {e}"))
+            })?;
+            rows.iter()
+                .map(|r| {
+                    serde_json::from_str::<Map<String, Value>>(r.get(0))
+                        .map_err(|e| KeyStoreError::Corrupt(format!("a row of {table}: {e}")))
+                })
+                .collect::<Result<Vec<_>, _>>()
+        }
+    };
+    let team_rows = rows(TEAM_TABLE).await?;
+    let key_rows = rows(KEY_TABLE).await?;
+    let mut data = LiteLlmData::default();
+    let mut unhonoured: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for row in &team_rows {
+        let team = team(row)?;
+        note_unhonoured(
+            &mut unhonoured,
+            TEAM_TABLE,
+            row,
+            TEAM_COLUMNS,
+            &team.team_id,
+        );
+        data.teams.push(team);
+    }
+    for row in &key_rows {
+        let key = key(row)?;
+        let name = key
+            .key_alias
+            .clone()
+            .unwrap_or_else(|| format!("key {:.12}…", key.token));
+        if let Some(team_id) = &key.team_id {
+            if !data.teams.iter().any(|t| &t.team_id == team_id) {
+                data.skipped.push(format!(
+                    "{name}: its team_id {team_id:?} is not in {TEAM_TABLE} (without its team \
+                     the key would lose the team's restrictions)"
+                ));
+                continue;
+            }
+        }
+        note_unhonoured(&mut unhonoured, KEY_TABLE, row, KEY_COLUMNS, &name);
+        data.keys.push(key);
+    }
+    data.unhonoured = unhonoured
+        .into_iter()
+        .map(|(field, rows)| Unhonoured { field, rows })
+        .collect();
+    Ok(data)
+}
+
+/// Whether a column holds its default: nothing to honour.
+fn is_default(value: &Value) -> bool {
+    match value {
+        Value::Null => true,
+        Value::Bool(b) => !b,
+        Value::Number(n) => n.as_f64() == Some(0.0),
+        Value::String(s) => s.is_empty(),
+        Value::Array(a) => a.is_empty(),
+        Value::Object(o) => o.is_empty(),
+    }
+}
+
+fn note_unhonoured(
+    out: &mut BTreeMap<String, Vec<String>>,
+    table: &str,
+    row: &Map<String, Value>,
+    honoured: &[&str],
+    name: &str,
+) {
+    for (column, value) in row {
+        if honoured.contains(&column.as_str())
+            || BOOKKEEPING.contains(&column.as_str())
+            || is_default(value)
+        {
+            continue;
+        }
+        out.entry(format!("{table}.{column}"))
+            .or_default()
+            .push(name.to_owned());
+    }
+}
+
+fn text(row: &Map<String, Value>, column: &str) -> Option<String> {
+    row.get(column).and_then(Value::as_str).map(str::to_owned)
+}
+
+/// A `String[]` column, with LiteLLM's "every model" names read as the empty list.
+fn models(row: &Map<String, Value>, every: &[&str]) -> Vec<String> {
+    let models: Vec<String> = row
+        .get("models")
+        .and_then(Value::as_array)
+        .map(|a| {
+            a.iter()
+                .filter_map(Value::as_str)
+                .map(str::to_owned)
+                .collect()
+        })
+        .unwrap_or_default();
+    if models.iter().any(|m| every.contains(&m.as_str())) {
+        return Vec::new();
+    }
+    models
+}
+
+fn metadata(row: &Map<String, Value>) -> Map<String, Value> {
+    match row.get("metadata") {
+        Some(Value::Object(m)) => m.clone(),
+        _ => Map::new(),
+    }
+}
+
+/// A `DateTime` column (Prisma writes UTC without a zone) as Unix seconds.
+fn time(row: &Map<String, Value>, table: &str, column: &str) -> Result<Option<u64>, KeyStoreError> {
+    match row.get(column).and_then(Value::as_str) {
+        None => Ok(None),
+        Some(t) => expiry::parse_iso(t)
+            .map(Some)
+            .map_err(|e| KeyStoreError::Corrupt(format!("{table}.{column} {t:?}: {e}"))),
+    }
+}
+
+fn key(row: &Map<String, Value>) -> Result<KeyRecord, KeyStoreError> {
+    let stored = text(row, "token")
+        .filter(|t| !t.is_empty())
+        .ok_or_else(|| KeyStoreError::Corrupt(format!("a row of {KEY_TABLE} has no token")))?;
+    // LiteLLM hashes a raw `sk-` key when it reads it; anything else is its hash already.
+    let token = if stored.starts_with("sk-") {
+        hash_key(&stored)
+    } else {
+        stored.to_ascii_lowercase()
+    };
+    Ok(KeyRecord {
+        token,
+        key_alias: text(row, "key_alias"),
+        metadata: metadata(row),
+        team_id: text(row, "team_id"),
+        models: models(row, &["all-proxy-models", "all-team-models"]),
+        created_at: time(row, KEY_TABLE, "created_at")?.unwrap_or_else(now_secs),
+        expires_at: time(row, KEY_TABLE, "expires")?,
+        blocked: row.get("blocked").and_then(Value::as_bool).unwrap_or(false),
+    })
+}
+
+fn team(row: &Map<String, Value>) -> Result<TeamRecord, KeyStoreError> {
+    let team_id = text(row, "team_id")
+        .ok_or_else(|| KeyStoreError::Corrupt(format!("a row of {TEAM_TABLE} has no team_id")))?;
+    Ok(TeamRecord {
+        team_id,
+        team_alias: text(row, "team_alias"),
+        metadata: metadata(row),
+        models: models(row, &["all-proxy-models"]),
+        blocked: row.get("blocked").and_then(Value::as_bool).unwrap_or(false),
+        created_at: time(row, TEAM_TABLE, "created_at")?.unwrap_or_else(now_secs),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn row(v: Value) -> Map<String, Value> {
+        v.as_object().cloned().unwrap()
+    }
+
+    #[test]
+    fn a_litellm_key_row_maps_to_a_record_and_its_other_settings_are_named() {
+        let r = row(json!({
+            "token": "ab".repeat(32), "key_name": "sk-...abcd", "key_alias": "ci",
+            "models": ["all-proxy-models"], "team_id": null, "metadata": {"priority": "prod"},
+            "expires": "2030-01-01T00:00:00", "blocked": null, "created_at": "2026-12-01T10:00:00.123",
+            "rpm_limit": 10, "spend": 0.0, "max_budget": 5.5, "aliases": {}, "allowed_routes": [],
+            "updated_at": "2026-12-01T10:00:00"
+        }));
+        let k = key(&r).unwrap();
+        assert_eq!(k.token, "ab".repeat(32));
+        assert_eq!(k.key_alias.as_deref(), Some("ci"));
+        assert!(k.models.is_empty(), "all-proxy-models is every model");
+        assert_eq!(k.metadata["priority"], "prod");
+        assert_eq!(k.expires_at, Some(1_893_456_000));
+        assert_eq!(k.created_at, 1_796_119_200);
+        assert!(!k.blocked);
+        let mut out = BTreeMap::new();
+        note_unhonoured(&mut out, KEY_TABLE, &r, KEY_COLUMNS, "ci");
+        let fields: Vec<&str> = out.keys().map(String::as_str).collect();
+        assert_eq!(
+            fields,
+            [
+                "LiteLLM_VerificationToken.max_budget",
+                "LiteLLM_VerificationToken.rpm_limit"
+            ]
+        );
+    }
+
+    #[test]
+    fn a_raw_key_left_in_the_table_is_hashed_as_litellm_does() {
+        let k = key(&row(json!({"token": "sk-raw"}))).unwrap();
+        assert_eq!(k.token, hash_key("sk-raw"));
+        assert!(key(&row(json!({"token": ""}))).is_err());
+    }
+}

@@ -1,0 +1,932 @@
+//! Keys and teams in Postgres (`general_settings.database_url`, or `DATABASE_URL`), shared by
+//! every gateway pointed at the same database.
+//!
+//! - **Tables** (created by the migrations in [`MIGRATIONS`], applied at start under an advisory
+//!   lock so gateways starting together apply each once): `tpl_keys` (the key's SHA-256, its team,
+//!   its [`KeyRecord`] as JSON text), `tpl_teams` (the team id, its [`TeamRecord`]), and
+//!   `tpl_migrations` (what was applied). Their own names, beside LiteLLM's tables if the database
+//!   is LiteLLM's.
+//! - **Lookups never wait on Postgres**: each gateway holds every key and team in memory (the
+//!   same index as the embedded store, [`LocalStore`]) and answers from it alone.
+//! - **Changes reach every gateway** through `LISTEN/NOTIFY`: a trigger on each table notifies
+//!   channel [`CHANNEL`] with the changed row's id when a write commits, and every gateway's
+//!   listener reads that row again and puts it in memory. Measured in `tests/redis/postgres.rs`
+//!   (milliseconds on one machine; the bound tested is 1 s). Chosen over Redis pub/sub because
+//!   the notification is part of the write's transaction (sent if and only if it commits, in
+//!   commit order) and needs nothing but the database that holds the truth: no message is lost
+//!   between a write and its publication, and an empty Redis changes nothing.
+//! - **Ordering**: memory is changed only by reading rows again, under one lock per gateway, so
+//!   a later read never puts back an older state. A write returns after this gateway has read its
+//!   change back: it is seen here at once.
+//! - **Missed notifications**: whenever the listening connection is (re)made, everything is read
+//!   again in one snapshot and replaces memory at once (a `TRUNCATE` does the same).
+//!
+//! # Failure policy
+//!
+//! - Unreachable at start, or its schema newer than this gateway's: the gateway does not start
+//!   ([`PgKeys::connect`] fails, naming the database without its password).
+//! - Down later: known keys keep working from memory (a change made elsewhere meanwhile is
+//!   seen when the listener is back: it reads everything again); writes are
+//!   [`KeyStoreError::Unavailable`] (503).
+//! - Slow: every write is bounded by [`DEFAULT_POSTGRES_TIMEOUT`], on the client and as the
+//!   connection's `statement_timeout` on the server, so a stuck write ends as a 503 and frees its
+//!   connection; lookups are unaffected.
+
+use std::collections::HashSet;
+use std::str::FromStr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod, Runtime};
+use futures_util::StreamExt;
+use tokio::sync::{mpsc, oneshot, Mutex};
+use tokio_postgres::error::SqlState;
+use tokio_postgres::{AsyncMessage, Client, Config, IsolationLevel, NoTls};
+
+use super::local::LocalStore;
+use super::redis::Throttle;
+use super::{hashes_match, KeyRecord, KeyStoreError, Resolved, TeamRecord};
+use crate::config::DatabaseUrl;
+
+/// How long one write (and getting a connection for it) may take before it counts as
+/// unavailable (a 503).
+pub const DEFAULT_POSTGRES_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// How long connecting, migrating and reading every key may take at start.
+pub const START_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The `NOTIFY` channel: payload `k<token>` (a key), `t<team id>` (a team) or `*` (read all).
+pub const CHANNEL: &str = "tpl_keys";
+
+/// Connections for writes (each gateway's writes are few: `/key/*`, `/team/*`).
+const POOL_SIZE: usize = 4;
+
+/// How long the listener may take to read changed rows before its connection is made again.
+const LISTENER_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Rows written per statement by an import.
+const IMPORT_CHUNK: usize = 2_000;
+
+/// More rows than this notified at once are not read one by one: everything is read again.
+const MAX_ROWS_READ_BACK: usize = 4_096;
+
+/// Between attempts to make the listening connection again.
+const RECONNECT_MIN_DELAY: Duration = Duration::from_millis(50);
+const RECONNECT_MAX_DELAY: Duration = Duration::from_secs(1);
+
+/// The schema, in order; the `n`-th is version `n` (`tpl_migrations.version`). Never edit one
+/// that has shipped: add the next.
+pub const MIGRATIONS: &[&str] = &[r#"
+CREATE TABLE tpl_teams (
+    team_id TEXT PRIMARY KEY,
+    record TEXT NOT NULL
+);
+CREATE TABLE tpl_keys (
+    token TEXT PRIMARY KEY,
+    team_id TEXT REFERENCES tpl_teams (team_id),
+    record TEXT NOT NULL
+);
+CREATE INDEX tpl_keys_team_id ON tpl_keys (team_id);
+CREATE FUNCTION tpl_keys_changed() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF TG_OP <> 'INSERT' THEN PERFORM pg_notify('tpl_keys', 'k' || OLD.token); END IF;
+    IF TG_OP <> 'DELETE' THEN PERFORM pg_notify('tpl_keys', 'k' || NEW.token); END IF;
+    RETURN NULL;
+END $$;
+CREATE TRIGGER tpl_keys_changed AFTER INSERT OR UPDATE OR DELETE ON tpl_keys
+    FOR EACH ROW EXECUTE FUNCTION tpl_keys_changed();
+CREATE FUNCTION tpl_teams_changed() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF TG_OP <> 'INSERT' THEN PERFORM pg_notify('tpl_keys', 't' || OLD.team_id); END IF;
+    IF TG_OP <> 'DELETE' THEN PERFORM pg_notify('tpl_keys', 't' || NEW.team_id); END IF;
+    RETURN NULL;
+END $$;
+CREATE TRIGGER tpl_teams_changed AFTER INSERT OR UPDATE OR DELETE ON tpl_teams
+    FOR EACH ROW EXECUTE FUNCTION tpl_teams_changed();
+CREATE FUNCTION tpl_truncated() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_notify('tpl_keys', '*');
+    RETURN NULL;
+END $$;
+CREATE TRIGGER tpl_keys_truncated AFTER TRUNCATE ON tpl_keys
+    FOR EACH STATEMENT EXECUTE FUNCTION tpl_truncated();
+CREATE TRIGGER tpl_teams_truncated AFTER TRUNCATE ON tpl_teams
+    FOR EACH STATEMENT EXECUTE FUNCTION tpl_truncated();
+"#];
+
+/// Keys and teams in Postgres, every one of them also in this gateway's memory.
+pub struct PgKeys {
+    shared: Arc<Shared>,
+    listener: tokio::task::JoinHandle<()>,
+}
+
+struct Shared {
+    pool: Pool,
+    /// The listener's connection settings (no `statement_timeout`: reading everything may be long).
+    listen_config: Config,
+    memory: LocalStore,
+    /// Held while rows read from Postgres are put in memory, so a later read is never
+    /// overwritten by an earlier one.
+    apply: Mutex<()>,
+    /// Whether the listener is connected (and memory follows the database).
+    listening: AtomicBool,
+    target: String,
+    timeout: Duration,
+    warned: Throttle,
+}
+
+impl std::fmt::Debug for PgKeys {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgKeys")
+            .field("target", &self.shared.target)
+            .field("timeout", &self.shared.timeout)
+            .field("keys", &self.shared.memory.key_count())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for PgKeys {
+    fn drop(&mut self) {
+        self.listener.abort();
+    }
+}
+
+/// `url` parsed for the driver, or the reason it cannot be.
+fn driver_config(url: &DatabaseUrl) -> Result<Config, KeyStoreError> {
+    Config::from_str(url.as_str()).map_err(|e| {
+        KeyStoreError::Unavailable(format!(
+            "the Postgres URL {} cannot be read: {e}",
+            url.redacted()
+        ))
+    })
+}
+
+/// `config` with `statement_timeout` (and the same bound on waiting for a lock) set for its
+/// sessions, after whatever options the URL gave.
+fn with_statement_timeout(mut config: Config, timeout: Duration) -> Config {
+    let ms = timeout.as_millis().max(1);
+    let mut options = config.get_options().unwrap_or_default().to_owned();
+    if !options.is_empty() {
+        options.push(' ');
+    }
+    options.push_str(&format!("-c statement_timeout={ms}"));
+    config.options(&options);
+    config
+}
+
+/// Opens one connection (its driver runs in a task of its own).
+pub(crate) async fn connect_one(url: &DatabaseUrl) -> Result<Client, KeyStoreError> {
+    let config = driver_config(url)?;
+    let target = url.redacted();
+    let (client, connection) = config
+        .connect(NoTls)
+        .await
+        .map_err(|e| unavailable(&target, &e))?;
+    tokio::spawn(async move {
+        if let Err(e) = connection.await {
+            tracing::debug!(error = %e, "Postgres connection ended");
+        }
+    });
+    Ok(client)
+}
+
+/// A driver error as the store reports it: "unavailable", naming the database.
+fn unavailable(target: &str, e: &tokio_postgres::Error) -> KeyStoreError {
+    let message = match e.as_db_error() {
+        Some(db) if e.code() == Some(&SqlState::QUERY_CANCELED) => {
+            format!("Postgres did not answer in time ({})", db.message())
+        }
+        Some(db) => format!("{} ({})", db.message(), db.code().code()),
+        None => e.to_string(),
+    };
+    KeyStoreError::Unavailable(format!("Postgres at {target}: {message}"))
+}
+
+/// Applies the [`MIGRATIONS`] not applied yet, in one transaction, one gateway at a time.
+pub(crate) async fn migrate(client: &mut Client, target: &str) -> Result<(), KeyStoreError> {
+    let err = |e: tokio_postgres::Error| unavailable(target, &e);
+    let tx = client.transaction().await.map_err(err)?;
+    // Any constant: the gateways' own lock, taken by each one's migration.
+    tx.execute("SELECT pg_advisory_xact_lock(7336848025)", &[])
+        .await
+        .map_err(err)?;
+    tx.batch_execute(
+        "CREATE TABLE IF NOT EXISTS tpl_migrations (
+             version INTEGER PRIMARY KEY,
+             applied_at TIMESTAMPTZ NOT NULL DEFAULT now()
+         )",
+    )
+    .await
+    .map_err(err)?;
+    let applied: i32 = tx
+        .query_one("SELECT COALESCE(MAX(version), 0) FROM tpl_migrations", &[])
+        .await
+        .map_err(err)?
+        .get(0);
+    let known = MIGRATIONS.len() as i32;
+    if applied > known {
+        return Err(KeyStoreError::Corrupt(format!(
+            "the key tables in Postgres at {target} are at schema version {applied}, newer than \
+             this gateway's {known}: run the newer gateway (nothing was changed)"
+        )));
+    }
+    for (version, migration) in MIGRATIONS.iter().enumerate().skip(applied as usize) {
+        tx.batch_execute(migration).await.map_err(err)?;
+        tx.execute(
+            "INSERT INTO tpl_migrations (version) VALUES ($1)",
+            &[&(version as i32 + 1)],
+        )
+        .await
+        .map_err(err)?;
+        tracing::info!(
+            postgres = target,
+            version = version + 1,
+            "key store: migration applied"
+        );
+    }
+    tx.commit().await.map_err(err)
+}
+
+fn decode_key(token: &str, json: &str) -> Result<KeyRecord, KeyStoreError> {
+    let record: KeyRecord = serde_json::from_str(json)
+        .map_err(|e| KeyStoreError::Corrupt(format!("tpl_keys row {token:.12}…: {e}")))?;
+    if !hashes_match(&record.token, token) {
+        return Err(KeyStoreError::Corrupt(format!(
+            "tpl_keys row {token:.12}… holds the record of another key"
+        )));
+    }
+    Ok(record)
+}
+
+fn decode_team(team_id: &str, json: &str) -> Result<TeamRecord, KeyStoreError> {
+    serde_json::from_str(json)
+        .map_err(|e| KeyStoreError::Corrupt(format!("tpl_teams row {team_id:?}: {e}")))
+}
+
+fn encode<R: serde::Serialize>(record: &R) -> Result<String, KeyStoreError> {
+    serde_json::to_string(record)
+        .map_err(|e| KeyStoreError::Corrupt(format!("encoding a record: {e}")))
+}
+
+/// Every key and team, read in one snapshot.
+async fn read_all(
+    client: &mut Client,
+    target: &str,
+) -> Result<(Vec<KeyRecord>, Vec<TeamRecord>), KeyStoreError> {
+    let err = |e: tokio_postgres::Error| unavailable(target, &e);
+    let tx = client
+        .build_transaction()
+        .isolation_level(IsolationLevel::RepeatableRead)
+        .read_only(true)
+        .start()
+        .await
+        .map_err(err)?;
+    let mut keys = Vec::new();
+    for row in tx
+        .query("SELECT token, record FROM tpl_keys", &[])
+        .await
+        .map_err(err)?
+    {
+        keys.push(decode_key(row.get(0), row.get(1))?);
+    }
+    let mut teams = Vec::new();
+    for row in tx
+        .query("SELECT team_id, record FROM tpl_teams", &[])
+        .await
+        .map_err(err)?
+    {
+        teams.push(decode_team(row.get(0), row.get(1))?);
+    }
+    tx.commit().await.map_err(err)?;
+    Ok((keys, teams))
+}
+
+impl PgKeys {
+    /// Connects to `url`, applies the migrations, reads every key and team, and starts
+    /// listening for changes; fails (the gateway must not start) if any of that does not
+    /// succeed within [`START_TIMEOUT`]. Needs a tokio runtime.
+    pub async fn connect(url: &DatabaseUrl) -> Result<Self, KeyStoreError> {
+        Self::connect_with_timeout(url, DEFAULT_POSTGRES_TIMEOUT).await
+    }
+
+    /// [`connect`](Self::connect), bounding each write by `timeout` instead of
+    /// [`DEFAULT_POSTGRES_TIMEOUT`].
+    pub async fn connect_with_timeout(
+        url: &DatabaseUrl,
+        timeout: Duration,
+    ) -> Result<Self, KeyStoreError> {
+        let target = url.redacted();
+        let refused = |e: KeyStoreError| {
+            KeyStoreError::Unavailable(format!(
+                "keys and teams are in Postgres (general_settings.database_url) and it cannot be \
+                 used, so the gateway does not start: {e}"
+            ))
+        };
+        let start = async {
+            let listen_config = driver_config(url)?;
+            let mut client = connect_one(url).await?;
+            migrate(&mut client, &target).await?;
+            drop(client);
+            let manager = Manager::from_config(
+                with_statement_timeout(listen_config.clone(), timeout),
+                NoTls,
+                ManagerConfig {
+                    recycling_method: RecyclingMethod::Fast,
+                },
+            );
+            let pool = Pool::builder(manager)
+                .max_size(POOL_SIZE)
+                .runtime(Runtime::Tokio1)
+                .wait_timeout(Some(timeout))
+                .create_timeout(Some(timeout))
+                .recycle_timeout(Some(timeout))
+                .build()
+                .map_err(|e| KeyStoreError::Unavailable(format!("Postgres pool: {e}")))?;
+            let shared = Arc::new(Shared {
+                pool,
+                listen_config,
+                memory: LocalStore::in_memory(),
+                apply: Mutex::new(()),
+                listening: AtomicBool::new(false),
+                target: target.clone(),
+                timeout,
+                warned: Throttle::new(),
+            });
+            let (ready, first_sync) = oneshot::channel();
+            let listener = tokio::spawn(listen(shared.clone(), ready));
+            let keys = Self { shared, listener };
+            match first_sync.await {
+                Ok(Ok(())) => Ok(keys),
+                Ok(Err(e)) => Err(e),
+                Err(_) => Err(KeyStoreError::Unavailable(
+                    "the Postgres listener stopped".into(),
+                )),
+            }
+        };
+        match tokio::time::timeout(START_TIMEOUT, start).await {
+            Ok(Ok(keys)) => {
+                tracing::info!(
+                    postgres = %target,
+                    keys = keys.shared.memory.key_count(),
+                    "keys and teams in Postgres"
+                );
+                Ok(keys)
+            }
+            Ok(Err(e)) => Err(refused(e)),
+            Err(_) => Err(refused(KeyStoreError::Unavailable(format!(
+                "Postgres at {target} did not answer within {} s",
+                START_TIMEOUT.as_secs()
+            )))),
+        }
+    }
+
+    /// Where the keys are, password hidden.
+    pub fn target(&self) -> &str {
+        &self.shared.target
+    }
+
+    /// Whether this gateway is following the database's changes now (false while the
+    /// listening connection is down: known keys are still served).
+    pub fn is_listening(&self) -> bool {
+        self.shared.listening.load(Ordering::Relaxed)
+    }
+
+    /// How many keys this gateway holds.
+    pub fn key_count(&self) -> usize {
+        self.shared.memory.key_count()
+    }
+
+    /// Resolves a key by its hash, from memory.
+    pub fn resolve(&self, token: &str) -> Option<Resolved> {
+        self.shared.memory.resolve(token)
+    }
+
+    /// A team by id, from memory.
+    pub fn team(&self, team_id: &str) -> Option<TeamRecord> {
+        self.shared.memory.team(team_id)
+    }
+
+    /// The keys ordered by hash, from `offset`, at most `limit`; and how many there are.
+    pub fn list(&self, offset: usize, limit: usize) -> (Vec<Arc<KeyRecord>>, usize) {
+        self.shared.memory.list(offset, limit)
+    }
+
+    /// Runs a write on a pooled connection within the timeout (`op` gets the connection and
+    /// gives it back with what it changed), then reads the changed rows back into memory.
+    async fn write<T, Fut>(
+        &self,
+        what: &str,
+        op: impl FnOnce(Object) -> Fut,
+    ) -> Result<T, KeyStoreError>
+    where
+        Fut: std::future::Future<Output = Result<(T, Changed, Object), KeyStoreError>>,
+    {
+        let shared = &self.shared;
+        let attempt = async {
+            let client = shared.pool.get().await.map_err(|e| {
+                KeyStoreError::Unavailable(format!("Postgres at {}: {e}", shared.target))
+            })?;
+            op(client).await
+        };
+        let result = match tokio::time::timeout(shared.timeout, attempt).await {
+            // Committed: read back on its own bound, never failing the write (the listener reads
+            // it too), so a slow read-back cannot turn a committed change into a 503.
+            Ok(Ok((value, changed, client))) => {
+                let read_back = shared.read_back(&client, &changed);
+                if tokio::time::timeout(shared.timeout, read_back)
+                    .await
+                    .is_err()
+                {
+                    tracing::warn!("key store: reading a change back from Postgres timed out");
+                }
+                Ok(value)
+            }
+            Ok(Err(e)) => Err(e),
+            Err(_) => Err(KeyStoreError::Unavailable(format!(
+                "Postgres at {} did not answer within {} ms",
+                shared.target,
+                shared.timeout.as_millis()
+            ))),
+        };
+        if let Err(KeyStoreError::Unavailable(e)) = &result {
+            if shared.warned.ready() {
+                tracing::warn!(error = %e, "key store: {what} failed");
+            }
+        }
+        result
+    }
+
+    /// Stores a new key record (its team, if any, must exist).
+    pub async fn insert_key(&self, record: &KeyRecord) -> Result<(), KeyStoreError> {
+        let json = encode(record)?;
+        let target = self.target();
+        self.write("creating a key", |client| async move {
+            client
+                .execute(
+                    "INSERT INTO tpl_keys (token, team_id, record) VALUES ($1, $2, $3)",
+                    &[&record.token, &record.team_id, &json],
+                )
+                .await
+                .map_err(|e| match e.code() {
+                    Some(c) if *c == SqlState::UNIQUE_VIOLATION => {
+                        KeyStoreError::Exists("key".into())
+                    }
+                    Some(c) if *c == SqlState::FOREIGN_KEY_VIOLATION => {
+                        KeyStoreError::UnknownTeam(record.team_id.clone().unwrap_or_default())
+                    }
+                    _ => unavailable(target, &e),
+                })?;
+            Ok(((), Changed::key(&record.token), client))
+        })
+        .await
+    }
+
+    /// Replaces the record of the key with hash `token` by what `change` makes of it, in one
+    /// transaction (the row locked); `None` when there is no such key.
+    pub async fn update_key(
+        &self,
+        token: &str,
+        change: impl Fn(&KeyRecord) -> Result<KeyRecord, KeyStoreError>,
+    ) -> Result<Option<Arc<KeyRecord>>, KeyStoreError> {
+        let target = self.target();
+        self.write("updating a key", |mut client| async move {
+            let err = |e: tokio_postgres::Error| match e.code() {
+                Some(c) if *c == SqlState::FOREIGN_KEY_VIOLATION => {
+                    KeyStoreError::UnknownTeam("the key's team_id".into())
+                }
+                _ => unavailable(target, &e),
+            };
+            let tx = client.transaction().await.map_err(err)?;
+            let row = tx
+                .query_opt(
+                    "SELECT record FROM tpl_keys WHERE token = $1 FOR UPDATE",
+                    &[&token],
+                )
+                .await
+                .map_err(err)?;
+            let updated = match row {
+                None => None,
+                Some(row) => {
+                    let record = change(&decode_key(token, row.get(0))?)?;
+                    tx.execute(
+                        "UPDATE tpl_keys SET record = $2, team_id = $3 WHERE token = $1",
+                        &[&token, &encode(&record)?, &record.team_id],
+                    )
+                    .await
+                    .map_err(err)?;
+                    Some(Arc::new(record))
+                }
+            };
+            tx.commit().await.map_err(err)?;
+            Ok((updated, Changed::key(token), client))
+        })
+        .await
+    }
+
+    /// Puts `record` (a new key) in place of the key with hash `old` in one transaction, so the
+    /// old one stops working as the new one starts; `None` when there is no such key.
+    pub async fn swap_key(
+        &self,
+        old: &str,
+        record: impl Fn(&KeyRecord) -> KeyRecord,
+    ) -> Result<Option<Arc<KeyRecord>>, KeyStoreError> {
+        let target = self.target();
+        self.write("regenerating a key", |mut client| async move {
+            let err = |e: tokio_postgres::Error| unavailable(target, &e);
+            let tx = client.transaction().await.map_err(err)?;
+            let row = tx
+                .query_opt(
+                    "SELECT record FROM tpl_keys WHERE token = $1 FOR UPDATE",
+                    &[&old],
+                )
+                .await
+                .map_err(err)?;
+            let mut changed = Changed::key(old);
+            let swapped = match row {
+                None => None,
+                Some(row) => {
+                    let new = record(&decode_key(old, row.get(0))?);
+                    tx.execute(
+                        "INSERT INTO tpl_keys (token, team_id, record) VALUES ($1, $2, $3)",
+                        &[&new.token, &new.team_id, &encode(&new)?],
+                    )
+                    .await
+                    .map_err(err)?;
+                    tx.execute("DELETE FROM tpl_keys WHERE token = $1", &[&old])
+                        .await
+                        .map_err(err)?;
+                    changed.keys.push(new.token.clone());
+                    Some(Arc::new(new))
+                }
+            };
+            tx.commit().await.map_err(err)?;
+            Ok((swapped, changed, client))
+        })
+        .await
+    }
+
+    /// Deletes keys by hash; returns, per hash, whether it existed.
+    pub async fn delete(&self, tokens: &[String]) -> Result<Vec<bool>, KeyStoreError> {
+        if tokens.is_empty() {
+            return Ok(Vec::new());
+        }
+        let target = self.target();
+        self.write("deleting keys", |client| async move {
+            let rows = client
+                .query(
+                    "DELETE FROM tpl_keys WHERE token = ANY($1) RETURNING token",
+                    &[&tokens],
+                )
+                .await
+                .map_err(|e| unavailable(target, &e))?;
+            let gone: Vec<String> = rows.iter().map(|r| r.get(0)).collect();
+            let existed = tokens.iter().map(|t| gone.contains(t)).collect();
+            let changed = Changed {
+                keys: tokens.to_vec(),
+                teams: Vec::new(),
+            };
+            Ok((existed, changed, client))
+        })
+        .await
+    }
+
+    /// Stores a new team.
+    pub async fn insert_team(&self, team: &TeamRecord) -> Result<(), KeyStoreError> {
+        let json = encode(team)?;
+        let target = self.target();
+        self.write("creating a team", |client| async move {
+            client
+                .execute(
+                    "INSERT INTO tpl_teams (team_id, record) VALUES ($1, $2)",
+                    &[&team.team_id, &json],
+                )
+                .await
+                .map_err(|e| match e.code() {
+                    Some(c) if *c == SqlState::UNIQUE_VIOLATION => {
+                        KeyStoreError::Exists(format!("team {:?}", team.team_id))
+                    }
+                    _ => unavailable(target, &e),
+                })?;
+            Ok(((), Changed::team(&team.team_id), client))
+        })
+        .await
+    }
+
+    /// Replaces team `team_id`'s record by what `change` makes of it, in one transaction;
+    /// `None` when there is no such team. Its keys follow on every gateway.
+    pub async fn update_team(
+        &self,
+        team_id: &str,
+        change: impl Fn(&TeamRecord) -> Result<TeamRecord, KeyStoreError>,
+    ) -> Result<Option<TeamRecord>, KeyStoreError> {
+        let target = self.target();
+        self.write("updating a team", |mut client| async move {
+            let err = |e: tokio_postgres::Error| unavailable(target, &e);
+            let tx = client.transaction().await.map_err(err)?;
+            let row = tx
+                .query_opt(
+                    "SELECT record FROM tpl_teams WHERE team_id = $1 FOR UPDATE",
+                    &[&team_id],
+                )
+                .await
+                .map_err(err)?;
+            let updated = match row {
+                None => None,
+                Some(row) => {
+                    let team = change(&decode_team(team_id, row.get(0))?)?;
+                    tx.execute(
+                        "UPDATE tpl_teams SET record = $2 WHERE team_id = $1",
+                        &[&team_id, &encode(&team)?],
+                    )
+                    .await
+                    .map_err(err)?;
+                    Some(team)
+                }
+            };
+            tx.commit().await.map_err(err)?;
+            Ok((updated, Changed::team(team_id), client))
+        })
+        .await
+    }
+}
+
+/// Writes `keys` and `teams` on `client` in one transaction, leaving those that exist; returns
+/// how many of each were new.
+pub(crate) async fn import_rows(
+    client: &mut Client,
+    target: &str,
+    keys: &[KeyRecord],
+    teams: &[TeamRecord],
+) -> Result<(usize, usize), KeyStoreError> {
+    let err = |e: tokio_postgres::Error| unavailable(target, &e);
+    let tx = client.transaction().await.map_err(err)?;
+    // A few thousand rows per statement, as arrays: one round trip each, not one per row.
+    let mut new_teams = 0;
+    for chunk in teams.chunks(IMPORT_CHUNK) {
+        let ids: Vec<&str> = chunk.iter().map(|t| t.team_id.as_str()).collect();
+        let records = chunk.iter().map(encode).collect::<Result<Vec<_>, _>>()?;
+        new_teams += tx
+            .execute(
+                "INSERT INTO tpl_teams (team_id, record) \
+                 SELECT * FROM unnest($1::text[], $2::text[]) \
+                 ON CONFLICT (team_id) DO NOTHING",
+                &[&ids, &records],
+            )
+            .await
+            .map_err(err)? as usize;
+    }
+    let mut new_keys = 0;
+    for chunk in keys.chunks(IMPORT_CHUNK) {
+        let tokens: Vec<&str> = chunk.iter().map(|k| k.token.as_str()).collect();
+        let team_ids: Vec<Option<&str>> = chunk.iter().map(|k| k.team_id.as_deref()).collect();
+        let records = chunk.iter().map(encode).collect::<Result<Vec<_>, _>>()?;
+        new_keys += tx
+            .execute(
+                "INSERT INTO tpl_keys (token, team_id, record) \
+                 SELECT * FROM unnest($1::text[], $2::text[], $3::text[]) \
+                 ON CONFLICT (token) DO NOTHING",
+                &[&tokens, &team_ids, &records],
+            )
+            .await
+            .map_err(err)? as usize;
+    }
+    tx.commit().await.map_err(err)?;
+    Ok((new_keys, new_teams))
+}
+
+/// What a write changed: the rows to read back into memory.
+#[derive(Debug, Default)]
+struct Changed {
+    keys: Vec<String>,
+    teams: Vec<String>,
+}
+
+impl Changed {
+    fn key(token: &str) -> Self {
+        Self {
+            keys: vec![token.to_owned()],
+            teams: Vec::new(),
+        }
+    }
+
+    fn team(team_id: &str) -> Self {
+        Self {
+            keys: Vec::new(),
+            teams: vec![team_id.to_owned()],
+        }
+    }
+}
+
+impl Shared {
+    /// Reads the rows `changed` names again and puts them in memory (removes the ones gone),
+    /// under [`Shared::apply`]. A write's caller does not fail when this does (the write is
+    /// committed): the listener reads it anyway, and reads everything when it reconnects.
+    async fn read_back(&self, client: &Client, changed: &Changed) {
+        if let Err(e) = self.refresh(client, changed).await {
+            tracing::warn!(error = %e, "key store: reading a change back from Postgres failed");
+        }
+    }
+
+    async fn refresh(&self, client: &Client, changed: &Changed) -> Result<(), KeyStoreError> {
+        let _turn = self.apply.lock().await;
+        let err = |e: tokio_postgres::Error| unavailable(&self.target, &e);
+        let (mut keys, mut teams) = (Vec::<KeyRecord>::new(), Vec::<TeamRecord>::new());
+        if !changed.keys.is_empty() {
+            for row in client
+                .query(
+                    "SELECT token, record FROM tpl_keys WHERE token = ANY($1)",
+                    &[&changed.keys],
+                )
+                .await
+                .map_err(err)?
+            {
+                keys.push(decode_key(row.get(0), row.get(1))?);
+            }
+        }
+        if !changed.teams.is_empty() {
+            for row in client
+                .query(
+                    "SELECT team_id, record FROM tpl_teams WHERE team_id = ANY($1)",
+                    &[&changed.teams],
+                )
+                .await
+                .map_err(err)?
+            {
+                teams.push(decode_team(row.get(0), row.get(1))?);
+            }
+        }
+        // A row named more than once (several changes notified together) is put once; only
+        // the rows not found are removed.
+        let found: HashSet<&str> = keys.iter().map(|k| k.token.as_str()).collect();
+        for token in &changed.keys {
+            if !found.contains(token.as_str()) {
+                self.memory.forget_key(token);
+            }
+        }
+        drop(found);
+        for key in keys {
+            self.memory.put_key(Arc::new(key), None);
+        }
+        let found: HashSet<&str> = teams.iter().map(|t| t.team_id.as_str()).collect();
+        for team_id in &changed.teams {
+            if !found.contains(team_id.as_str()) {
+                self.memory.forget_team(team_id);
+            }
+        }
+        drop(found);
+        for team in teams {
+            self.memory.put_team(team);
+        }
+        Ok(())
+    }
+
+    /// Reads everything again and replaces memory with it at once.
+    async fn resync(&self, client: &mut Client) -> Result<(), KeyStoreError> {
+        let _turn = self.apply.lock().await;
+        let (keys, teams) = read_all(client, &self.target).await?;
+        self.memory.replace_all(keys, teams);
+        Ok(())
+    }
+}
+
+/// The listener: keeps a connection `LISTEN`ing on [`CHANNEL`], reads every notified row back
+/// into memory, and reads everything whenever the connection is made (again). Tells `ready` how
+/// its first connection and read went; after that, it retries for as long as it runs.
+async fn listen(shared: Arc<Shared>, ready: oneshot::Sender<Result<(), KeyStoreError>>) {
+    let mut ready = Some(ready);
+    let mut delay = RECONNECT_MIN_DELAY;
+    loop {
+        let result = listen_once(&shared, &mut ready).await;
+        shared.listening.store(false, Ordering::Relaxed);
+        match (result, ready.take()) {
+            (Err(e), Some(ready)) => {
+                let _ = ready.send(Err(e));
+                return;
+            }
+            (Err(e), None) => {
+                if shared.warned.ready() {
+                    tracing::warn!(
+                        error = %e,
+                        "key store: not following Postgres (known keys are still served); retrying"
+                    );
+                }
+            }
+            // Synced once, then the connection ended: start again quickly.
+            (Ok(()), _) => delay = RECONNECT_MIN_DELAY,
+        }
+        tokio::time::sleep(delay).await;
+        delay = (delay * 2).min(RECONNECT_MAX_DELAY);
+    }
+}
+
+/// One listening connection, for as long as it lasts. `Ok` once it had synced and then ended.
+async fn listen_once(
+    shared: &Shared,
+    ready: &mut Option<oneshot::Sender<Result<(), KeyStoreError>>>,
+) -> Result<(), KeyStoreError> {
+    let target = &shared.target;
+    let (mut client, mut connection) = shared
+        .listen_config
+        .connect(NoTls)
+        .await
+        .map_err(|e| unavailable(target, &e))?;
+    let (tx, mut notified) = mpsc::unbounded_channel::<String>();
+    // Polling the connection both runs the client's queries and yields the notifications.
+    let driver = tokio::spawn(async move {
+        let mut messages = futures_util::stream::poll_fn(move |cx| connection.poll_message(cx));
+        while let Some(Ok(message)) = messages.next().await {
+            if let AsyncMessage::Notification(n) = message {
+                if tx.send(n.payload().to_owned()).is_err() {
+                    break;
+                }
+            }
+        }
+    });
+    let _stop_driver = AbortOnDrop(driver);
+    let bounded = |what: &'static str| {
+        move |_| KeyStoreError::Unavailable(format!("Postgres at {target}: {what} timed out"))
+    };
+    client
+        .batch_execute(&format!("LISTEN {CHANNEL}"))
+        .await
+        .map_err(|e| unavailable(target, &e))?;
+    // After LISTEN: a change committed from here on is notified, one before is in this read.
+    tokio::time::timeout(LISTENER_TIMEOUT, shared.resync(&mut client))
+        .await
+        .map_err(bounded("reading every key"))??;
+    shared.listening.store(true, Ordering::Relaxed);
+    if let Some(ready) = ready.take() {
+        let _ = ready.send(Ok(()));
+    }
+    while let Some(first) = notified.recv().await {
+        let mut changed = Changed::default();
+        let mut everything = false;
+        let mut note = |payload: String| match payload.split_at_checked(1) {
+            Some(("k", token)) => changed.keys.push(token.to_owned()),
+            Some(("t", team)) => changed.teams.push(team.to_owned()),
+            _ => everything = true,
+        };
+        note(first);
+        // Whatever else arrived meanwhile is read in the same queries; past a few thousand rows
+        // (an import), reading everything is cheaper.
+        while let Ok(more) = notified.try_recv() {
+            note(more);
+        }
+        let everything =
+            everything || changed.keys.len() + changed.teams.len() > MAX_ROWS_READ_BACK;
+        if everything {
+            tokio::time::timeout(LISTENER_TIMEOUT, shared.resync(&mut client))
+                .await
+                .map_err(bounded("reading every key"))??;
+        } else {
+            tokio::time::timeout(LISTENER_TIMEOUT, shared.refresh(&client, &changed))
+                .await
+                .map_err(bounded("reading changed keys"))??;
+        }
+    }
+    Ok(())
+}
+
+/// Aborts a task when dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_statement_timeout_follows_the_urls_own_options() {
+        let url = DatabaseUrl::parse(
+            "postgres://gw:pw@db:5432/keys?options=-c%20search_path%3Dgw",
+            "test",
+        )
+        .unwrap();
+        let config = with_statement_timeout(driver_config(&url).unwrap(), Duration::from_secs(2));
+        assert_eq!(
+            config.get_options(),
+            Some("-c search_path=gw -c statement_timeout=2000")
+        );
+        let url = DatabaseUrl::parse("postgres://db/keys", "test").unwrap();
+        let config = with_statement_timeout(driver_config(&url).unwrap(), Duration::ZERO);
+        assert_eq!(
+            config.get_options(),
+            Some("-c statement_timeout=1"),
+            "never 0 (off)"
+        );
+    }
+
+    #[test]
+    fn a_url_the_driver_cannot_read_is_named_without_its_password() {
+        let url = DatabaseUrl::parse("postgres://gw:pw@db:notaport/keys", "test").unwrap();
+        let e = driver_config(&url).unwrap_err().to_string();
+        assert!(e.contains("cannot be read") && e.contains("gw:***@"), "{e}");
+        assert!(!e.contains(":pw@"), "{e}");
+    }
+}

@@ -1,0 +1,201 @@
+//! The binary with keys and teams in Postgres (`general_settings.database_url`): three gateway
+//! processes on one real Postgres and one real `redis-server` share every key, a `FLUSHALL` loses
+//! none; Postgres down at start stops the start with a clear message; `import-litellm` brings
+//! LiteLLM's keys over and a gateway process serves them. Skipped loudly without Postgres (or
+//! Redis) unless `REQUIRE_POSTGRES=1` (`REQUIRE_REDIS=1`).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::{connect::HttpConnector, Client};
+
+use super::gateway::kill;
+use super::keys::{call, client, command, new_key_of, start, MASTER};
+use super::postgres_server::PostgresServer;
+use super::redis_server::RedisServer;
+
+const BIN: &str = env!("CARGO_BIN_EXE_gateway-example");
+
+/// A fresh dir with `gw.yaml` (one mock model, [`MASTER`], keys in `database_url`, Redis if
+/// given); its `data/` is the (unused) data dir.
+fn setup(name: &str, database_url: &str, redis: Option<&RedisServer>) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("gw-bin-pg-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join("data")).unwrap();
+    let router = redis.map_or(String::new(), |r| {
+        format!("router_settings: {{redis_url: \"{}\"}}\n", r.url())
+    });
+    std::fs::write(
+        dir.join("gw.yaml"),
+        format!(
+            "model_list: [{{model_name: m, litellm_params: {{model: openai/m, mock_response: hi, rpm: 100000}}}}]\n\
+             litellm_settings: {{callbacks: [\"dynamic_rate_limiter_v3\"]}}\n\
+             general_settings: {{master_key: {MASTER}, database_url: \"{database_url}\"}}\n{router}"
+        ),
+    )
+    .unwrap();
+    dir
+}
+
+/// A chat as `key`: its status, or `None` when the connection failed.
+async fn chat(client: &Client<HttpConnector, Full<Bytes>>, addr: &str, key: &str) -> Option<u16> {
+    let request = http::Request::builder()
+        .method("POST")
+        .uri(format!("http://{addr}/v1/chat/completions"))
+        .header("authorization", format!("Bearer {key}"))
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from_static(
+            br#"{"model": "m", "messages": [{"role": "user", "content": "hi"}]}"#,
+        )))
+        .unwrap();
+    let response = client.request(request).await.ok()?;
+    let status = response.status().as_u16();
+    let _ = response.into_body().collect().await;
+    Some(status)
+}
+
+/// Three processes on one Redis and one Postgres: a key made on any one is served by all three
+/// within a second; `FLUSHALL` mid-run loses none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_gateway_processes_share_keys_through_postgres_and_flushall_loses_none() {
+    let Some(postgres) = PostgresServer::start("three_gateway_processes_share_keys") else {
+        return;
+    };
+    let Some(redis) = RedisServer::start("three_gateway_processes_share_keys") else {
+        return;
+    };
+    let dir = setup("fleet", &postgres.url(), Some(&redis));
+    let mut fleet = Vec::new();
+    for _ in 0..3 {
+        fleet.push(start(command(&dir, None)).expect("a gateway process starts"));
+    }
+    let client = client();
+    let mut keys = Vec::new();
+    let mut slowest = Duration::ZERO;
+    for i in 0..12 {
+        let (_, maker) = &fleet[i % 3];
+        let started = Instant::now();
+        let (status, body) = call(&client, maker, "/key/generate", Some("{}"))
+            .await
+            .unwrap();
+        assert_eq!(status, 200, "{body}");
+        let key = new_key_of(&body);
+        for (_, addr) in &fleet {
+            loop {
+                if chat(&client, addr, &key).await == Some(200) {
+                    break;
+                }
+                assert!(
+                    started.elapsed() < Duration::from_secs(1),
+                    "key {i} not served by {addr} within 1 s"
+                );
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
+        slowest = slowest.max(started.elapsed());
+        keys.push(key);
+        if i == 5 {
+            assert_eq!(redis.cli(&["FLUSHALL"]).trim(), "OK");
+        }
+    }
+    println!("slowest key served by all 3 processes after {slowest:?} (from its request)");
+    for key in &keys {
+        for (_, addr) in &fleet {
+            assert_eq!(chat(&client, addr, key).await, Some(200), "after FLUSHALL");
+        }
+    }
+    for (mut child, _) in fleet {
+        kill(&mut child, "-TERM");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Postgres down: the binary exits non-zero at once, saying why, the password hidden.
+#[test]
+fn the_binary_does_not_start_without_its_postgres() {
+    let Some(mut postgres) = PostgresServer::start("the_binary_does_not_start") else {
+        return;
+    };
+    postgres.kill();
+    let url = format!(
+        "postgres://gw:secret-pw@127.0.0.1:{}/postgres",
+        postgres.port()
+    );
+    let dir = setup("down", &url, None);
+    let started = Instant::now();
+    let e = start(command(&dir, None)).expect_err("must not start");
+    assert!(!e.0.success());
+    assert!(started.elapsed() < Duration::from_secs(15));
+    assert!(e.1.contains("so the gateway does not start"), "{}", e.1);
+    assert!(e.1.contains("gw:***@127.0.0.1"), "{}", e.1);
+    assert!(!e.1.contains("secret-pw"), "{}", e.1);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+fn import(database_url: &str) -> std::process::Output {
+    Command::new(BIN)
+        .args(["import-litellm", "--database-url", database_url])
+        .output()
+        .unwrap()
+}
+
+/// `import-litellm` on a LiteLLM database (its tables from its schema, a key as LiteLLM writes
+/// it): the report names what it cannot honour, and a gateway process on the same database
+/// serves the LiteLLM key unchanged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn import_litellm_brings_litellm_keys_to_a_gateway_process() {
+    let Some(postgres) = PostgresServer::start("import_litellm_brings_litellm_keys") else {
+        return;
+    };
+    let (db, connection) = tokio_postgres::connect(&postgres.url(), tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    db.batch_execute(include_str!("../../../tests/src/litellm_tables.sql"))
+        .await
+        .unwrap();
+    let litellm_key = "sk-issuedByLiteLLM000000000001";
+    let token = gateway_example::keys::hash_key(litellm_key);
+    db.batch_execute(&format!(
+        "INSERT INTO \"LiteLLM_VerificationToken\" (token, key_name, key_alias, models, metadata, tpm_limit) \
+         VALUES ('{token}', 'sk-...0001', 'from-litellm', '{{m}}', '{{\"team\": \"x\"}}', 500)"
+    ))
+    .await
+    .unwrap();
+
+    let out = import(&postgres.url());
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("imported 1 new keys and 0 new teams"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("LiteLLM_VerificationToken.tpm_limit set on 1: from-litellm"),
+        "{stdout}"
+    );
+
+    let dir = setup("import", &postgres.url(), None);
+    let (mut child, addr) = start(command(&dir, None)).expect("starts");
+    let client = client();
+    assert_eq!(chat(&client, &addr, litellm_key).await, Some(200));
+    assert_eq!(chat(&client, &addr, "sk-notIssued").await, Some(401));
+    kill(&mut child, "-TERM");
+
+    // Not a Postgres URL: a clear refusal, nothing done.
+    let out = import("mysql://db/litellm");
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("--database-url") && stderr.contains("Postgres URL"),
+        "{stderr}"
+    );
+    let _ = std::fs::remove_dir_all(Path::new(&dir));
+}

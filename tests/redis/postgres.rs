@@ -1,0 +1,700 @@
+//! Keys and teams in Postgres (`general_settings.database_url`): gateways built as `main` builds
+//! them (`Gateway::connect`, each with its own pool and listening connection) on one real
+//! Postgres and, for the fleet, one real `redis-server` holding the limiter's counters. Each test
+//! starts its own servers ([`integration_tests::postgres`]) and skips loudly where Postgres is not
+//! installed, unless `REQUIRE_POSTGRES=1`.
+//!
+//! - every key and team operation made on one gateway reaches the others within a second (the
+//!   same scenarios as the Redis key tests in `gateway_keys.rs`);
+//! - a fleet of 3 on one Redis and one Postgres: keys made on any work on all (the propagation
+//!   time is measured and printed), and `FLUSHALL` loses none;
+//! - the failure policy: Postgres down at start stops the start; down later, known keys are
+//!   served and writes get a 503; slow (a lock held), writes time out and lookups are unaffected;
+//! - `import-litellm`: LiteLLM's tables made from its schema, filled as LiteLLM fills them,
+//!   imported, and its keys served.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use gateway_example::config::{DatabaseUrl, GatewayConfig};
+use gateway_example::keys::{hash_key, DEFAULT_POSTGRES_TIMEOUT};
+use gateway_example::Gateway;
+use integration_tests::gateway::{Gw, Reply, TempDir, MASTER};
+use integration_tests::postgres::PostgresServer;
+use integration_tests::redis::RedisServer;
+use serde_json::{json, Value};
+
+use super::gateway_keys::within;
+
+/// The quick-start mock model (30 tokens per answer).
+const M: &str = "my-fake-model";
+
+/// How long a change may take to reach another gateway.
+const PROPAGATION: Duration = Duration::from_secs(1);
+
+fn config(postgres: &PostgresServer, redis: Option<&RedisServer>) -> String {
+    let router = match redis {
+        Some(r) => format!("router_settings:\n  redis_url: \"{}\"\n", r.url()),
+        None => String::new(),
+    };
+    format!(
+        r#"
+model_list:
+  - model_name: my-fake-model
+    litellm_params: {{model: openai/my-fake-model, mock_response: "hello-world", tpm: 600000}}
+  - model_name: other
+    litellm_params: {{model: openai/other, mock_response: "hello-world"}}
+litellm_settings:
+  callbacks: ["dynamic_rate_limiter_v3"]
+  priority_reservation: {{"prod": 0.9, "dev": 0.1}}
+  priority_reservation_settings: {{redis_timeout_ms: 2000}}
+general_settings:
+  master_key: {MASTER}
+  database_url: "{}"
+{router}"#,
+        postgres.url()
+    )
+}
+
+async fn gateways(yaml: &str, n: usize) -> (Vec<Arc<Gw>>, Vec<TempDir>) {
+    let mut gateways = Vec::new();
+    let mut dirs = Vec::new();
+    for _ in 0..n {
+        let dir = TempDir::new();
+        gateways.push(Arc::new(Gw::connect(yaml, Some(&dir.0)).await));
+        dirs.push(dir);
+    }
+    for gw in &gateways {
+        let health = gw.get("/health/readiness", None).await.json();
+        assert_eq!(health["key_store"], "postgres", "{health}");
+    }
+    (gateways, dirs)
+}
+
+/// Waits until `gw` answers `key`'s chats with `status`; returns how long that took, failing
+/// past [`PROPAGATION`].
+async fn answers_within_a_second(gw: &Gw, key: &str, status: u16, what: &str) -> Duration {
+    let took = within(PROPAGATION * 3, what, || async {
+        gw.chat(key, M, false).await.status == status
+    })
+    .await;
+    assert!(took <= PROPAGATION, "{what}: {took:?}");
+    took
+}
+
+fn assert_store_unavailable(r: &Reply) {
+    assert_eq!(r.status, 503, "{}", r.text());
+    let v = r.json();
+    let message = v["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.starts_with("key store unavailable: Postgres at "),
+        "{v}"
+    );
+    assert_eq!(v["error"]["type"], "service_unavailable", "{v}");
+}
+
+/// A client of the test's Postgres, its connection driven in the background.
+async fn sql(postgres: &PostgresServer) -> tokio_postgres::Client {
+    let (client, connection) = tokio_postgres::connect(&postgres.url(), tokio_postgres::NoTls)
+        .await
+        .expect("connect to the test's Postgres");
+    tokio::spawn(connection);
+    client
+}
+
+/// Every operation made on one gateway reaches the other within a second, with the semantics
+/// of the embedded and Redis stores: keys (chosen, expiring, blocked, updated, regenerated,
+/// listed, deleted) and teams (priority, models, blocked); the database holds hashes only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_key_and_team_change_on_one_gateway_reaches_the_other_within_a_second() {
+    let Some(postgres) = PostgresServer::start("every_key_and_team_change_on_one_gateway") else {
+        return;
+    };
+    let (gw, _dirs) = gateways(&config(&postgres, None), 2).await;
+    let (a, b) = (&gw[0], &gw[1]);
+
+    // A key: on A at once, on B within a second.
+    let key = a.new_key(json!({"key_alias": "shared"})).await;
+    assert_eq!(a.chat(&key, M, false).await.status, 200, "at once on A");
+    answers_within_a_second(b, &key, 200, "B serves a key made on A").await;
+    let info = b.get(&format!("/key/info?key={key}"), Some(MASTER)).await;
+    assert_eq!(info.json()["info"]["key_alias"], "shared");
+    assert_eq!(b.chat("sk-not-a-key", M, false).await.status, 401);
+
+    // A chosen key is taken on B too; an expired one is refused there.
+    let chosen = "sk-fleet-chosen-0123456789";
+    let r = a
+        .post("/key/generate", Some(MASTER), json!({"key": chosen}))
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    answers_within_a_second(b, chosen, 200, "B serves the chosen key").await;
+    let r = b
+        .post("/key/generate", Some(MASTER), json!({"key": chosen}))
+        .await;
+    assert_eq!(
+        r.status,
+        400,
+        "taken, on the other gateway too: {}",
+        r.text()
+    );
+    let past = a.new_key(json!({"expires": "2020-01-01T00:00:00Z"})).await;
+    within(PROPAGATION, "B knows the expired key", || async {
+        b.get(&format!("/key/info?key={past}"), Some(MASTER))
+            .await
+            .status
+            == 200
+    })
+    .await;
+    let r = b.chat(&past, M, false).await;
+    assert_eq!(r.status, 401, "{}", r.text());
+    assert!(
+        r.error_message().contains("Expired Key"),
+        "{}",
+        r.error_message()
+    );
+
+    // Blocked on A, refused on B; unblocked on B, then held to new models on A.
+    let r = a
+        .post("/key/block", Some(MASTER), json!({"key": key}))
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(a.chat(&key, M, false).await.status, 401, "at once on A");
+    answers_within_a_second(b, &key, 401, "B refuses the blocked key").await;
+    let r = b
+        .post("/key/unblock", Some(MASTER), json!({"key": key}))
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let r = b
+        .post(
+            "/key/update",
+            Some(MASTER),
+            json!({"key": key, "models": ["other"]}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    answers_within_a_second(a, &key, 403, "A holds the key to its new models").await;
+
+    // Teams: the team's priority beats the key's; a change and a block follow on B.
+    let team = a
+        .new_team(json!({"team_alias": "search", "metadata": {"priority": "prod"}}))
+        .await;
+    let in_team = a
+        .new_key(json!({"metadata": {"priority": "dev"}, "team_id": team}))
+        .await;
+    answers_within_a_second(b, &in_team, 200, "B serves the team's key").await;
+    assert_eq!(
+        b.chat(&in_team, M, false).await.headers["x-litellm-priority"],
+        "prod"
+    );
+    let r = b
+        .post(
+            "/key/generate",
+            Some(MASTER),
+            json!({"team_id": "no-such-team"}),
+        )
+        .await;
+    assert_eq!(r.status, 400, "{}", r.text());
+    let r = a
+        .post(
+            "/team/update",
+            Some(MASTER),
+            json!({"team_id": team, "metadata": {"priority": "dev"}}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    within(PROPAGATION, "B follows the team's new priority", || async {
+        b.chat(&in_team, M, false).await.headers["x-litellm-priority"] == "dev"
+    })
+    .await;
+    let r = a
+        .post("/team/block", Some(MASTER), json!({"team_id": team}))
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    answers_within_a_second(b, &in_team, 401, "B refuses the blocked team's key").await;
+    let r = b
+        .post("/team/unblock", Some(MASTER), json!({"team_id": team}))
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    answers_within_a_second(a, &in_team, 200, "A serves the key again").await;
+    let info = b
+        .get(&format!("/team/info?team_id={team}"), Some(MASTER))
+        .await;
+    assert_eq!(info.json()["team_info"]["team_alias"], "search");
+
+    // Regenerated on A: the new value works on B, the old one stops there; B lists A's keys.
+    let r = a
+        .post("/key/regenerate", Some(MASTER), json!({"key": in_team}))
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let new = r.json()["key"].as_str().unwrap().to_owned();
+    assert_eq!(a.chat(&in_team, M, false).await.status, 401, "at once on A");
+    answers_within_a_second(b, &new, 200, "B serves the new value").await;
+    answers_within_a_second(b, &in_team, 401, "B refuses the old value").await;
+    let v = b.get("/key/list?size=10", Some(MASTER)).await.json();
+    assert_eq!(v["total_count"], 4, "{v}");
+
+    // Deleted on A: refused there at once, on B within a second.
+    let r = a
+        .post("/key/delete", Some(MASTER), json!({"keys": [key]}))
+        .await;
+    assert_eq!(r.json()["deleted_keys"][0], key.as_str(), "{}", r.text());
+    assert_eq!(a.chat(&key, M, false).await.status, 401, "at once on A");
+    answers_within_a_second(b, &key, 401, "B refuses the deleted key").await;
+
+    // Postgres holds hashes, never a key.
+    let db = sql(&postgres).await;
+    let rows = db
+        .query("SELECT token || record FROM tpl_keys", &[])
+        .await
+        .unwrap();
+    let stored: String = rows.iter().map(|r| r.get::<_, String>(0)).collect();
+    assert!(stored.contains(&hash_key(&new)), "{stored}");
+    for k in [&new, chosen, &past] {
+        assert!(
+            !stored.contains(&k["sk-".len()..]),
+            "a raw key reached Postgres"
+        );
+    }
+}
+
+/// Three gateways on one Redis (the limiter's counters) and one Postgres (keys and teams): a
+/// key made on any one works on all within a second (each time measured, the figures printed);
+/// `FLUSHALL` on Redis mid-run loses no key, and a gateway started after it has them all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_gateways_share_keys_through_postgres_and_flushall_loses_none() {
+    let Some(postgres) = PostgresServer::start("three_gateways_share_keys_through_postgres") else {
+        return;
+    };
+    let Some(redis) = RedisServer::start("three_gateways_share_keys_through_postgres") else {
+        return;
+    };
+    let yaml = config(&postgres, Some(&redis));
+    let (fleet, _dirs) = gateways(&yaml, 3).await;
+    for gw in &fleet {
+        let health = gw.get("/health/readiness", None).await.json();
+        assert_eq!(health["limiter_store"], "redis", "{health}");
+    }
+    let mut keys = Vec::new();
+    let mut took = Vec::new();
+    for i in 0..30 {
+        let maker = &fleet[i % 3];
+        // From the request: the write, its commit, and every gateway's reading it back.
+        let made = Instant::now();
+        let key = maker.new_key(json!({"key_alias": format!("k{i}")})).await;
+        for gw in &fleet {
+            within(PROPAGATION, "every gateway serves the new key", || async {
+                gw.gateway.keys().resolve(&key).await.unwrap().is_some()
+            })
+            .await;
+        }
+        took.push(made.elapsed());
+        keys.push(key);
+        if i == 15 {
+            assert_eq!(redis.cli(&["FLUSHALL"]).trim(), "OK");
+        }
+    }
+    took.sort();
+    println!(
+        "a key made on one gateway served by all 3, from the /key/generate request (n = {}): \
+         p50 {:?}, max {:?}",
+        took.len(),
+        took[took.len() / 2],
+        took[took.len() - 1]
+    );
+    assert!(took[took.len() - 1] <= PROPAGATION, "{took:?}");
+    // After the FLUSHALL, every key still works on every gateway, over HTTP.
+    for (i, key) in keys.iter().enumerate() {
+        let r = fleet[(i + 1) % 3].chat(key, M, false).await;
+        assert_eq!(r.status, 200, "key {i}: {}", r.text());
+    }
+    let fresh = TempDir::new();
+    let late = Gw::connect(&yaml, Some(&fresh.0)).await;
+    for key in &keys {
+        assert_eq!(late.chat(key, M, false).await.status, 200);
+    }
+    let v = late.get("/key/list?size=100", Some(MASTER)).await.json();
+    assert_eq!(v["total_count"], 30, "{v}");
+}
+
+/// Postgres unreachable at start: the gateway does not start, and says why, naming the database
+/// without its password.
+#[tokio::test]
+async fn a_gateway_does_not_start_when_postgres_is_unreachable() {
+    let Some(mut postgres) = PostgresServer::start("a_gateway_does_not_start_when_postgres") else {
+        return;
+    };
+    postgres.kill();
+    let url = format!(
+        "postgres://gw:secret-pw@127.0.0.1:{}/postgres",
+        postgres.port()
+    );
+    let yaml = format!(
+        "model_list: [{{model_name: m, litellm_params: {{model: openai/m, mock_response: hi}}}}]\n\
+         general_settings: {{master_key: {MASTER}, database_url: \"{url}\"}}\n"
+    );
+    let config = GatewayConfig::from_yaml_str(&yaml).unwrap();
+    let started = Instant::now();
+    let e = Gateway::connect(config, None)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        started.elapsed() < Duration::from_secs(15),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(e.contains("the gateway does not start"), "{e}");
+    assert!(
+        e.contains(&format!("gw:***@127.0.0.1:{}", postgres.port())),
+        "{e}"
+    );
+    assert!(!e.contains("secret-pw"), "{e}");
+    // Not a Postgres URL at all: the config names the setting.
+    let bad = yaml.replace(&url, "mysql://db/keys");
+    let e = GatewayConfig::from_yaml_str(&bad).unwrap_err().to_string();
+    assert!(e.contains("general_settings.database_url"), "{e}");
+}
+
+/// Postgres down while the gateways run: known keys keep working, every write gets a 503 (never
+/// a 401 or a lost change); back up, writes work and the other gateway follows again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_down_known_keys_are_served_and_writes_get_503() {
+    let Some(mut postgres) = PostgresServer::start("postgres_down_known_keys_are_served") else {
+        return;
+    };
+    let (gw, _dirs) = gateways(&config(&postgres, None), 2).await;
+    let (a, b) = (&gw[0], &gw[1]);
+    let team = a.new_team(json!({})).await;
+    let key = a.new_key(json!({"team_id": team})).await;
+    answers_within_a_second(b, &key, 200, "B serves the key").await;
+
+    let following = |g: &Gw| g.gateway.keys().as_postgres().unwrap().is_listening();
+    assert!(following(a) && following(b));
+    postgres.kill();
+    within(PROPAGATION, "the gateways see Postgres gone", || async {
+        !following(a) && !following(b)
+    })
+    .await;
+    for g in [a, b] {
+        assert_eq!(
+            g.chat(&key, M, false).await.status,
+            200,
+            "known keys are served"
+        );
+        assert_eq!(g.chat("sk-unknown", M, false).await.status, 401);
+        assert_eq!(g.chat(MASTER, M, false).await.status, 200);
+    }
+    for (path, body) in [
+        ("/key/generate", json!({})),
+        ("/key/block", json!({"key": key})),
+        ("/key/update", json!({"key": key, "models": ["other"]})),
+        ("/key/regenerate", json!({"key": key})),
+        ("/key/delete", json!({"keys": [key]})),
+        ("/team/new", json!({})),
+        ("/team/block", json!({"team_id": team})),
+    ] {
+        let r = a.post(path, Some(MASTER), body).await;
+        assert_store_unavailable(&r);
+    }
+    assert_eq!(a.chat(&key, M, false).await.status, 200, "no write landed");
+    // Reads are served from memory meanwhile.
+    let info = a.get(&format!("/key/info?key={key}"), Some(MASTER)).await;
+    assert_eq!(info.status, 200, "{}", info.text());
+
+    postgres.restart();
+    let made = within(Duration::from_secs(10), "writes work again", || async {
+        a.post("/key/generate", Some(MASTER), json!({}))
+            .await
+            .status
+            == 200
+    })
+    .await;
+    println!("first write served {made:?} after Postgres was back");
+    within(
+        Duration::from_secs(5),
+        "the gateways follow Postgres again",
+        || async { following(a) && following(b) },
+    )
+    .await;
+    let after = a.new_key(json!({})).await;
+    answers_within_a_second(b, &after, 200, "B follows again after the outage").await;
+}
+
+/// A slow Postgres (a lock held on the keys table by another session, so writes wait): a write
+/// gets its 503 at the timeout, and keys are served meanwhile without waiting; once the lock is
+/// gone, writes work.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_postgres_times_writes_out_and_lookups_do_not_wait() {
+    let Some(postgres) = PostgresServer::start("a_slow_postgres_times_writes_out") else {
+        return;
+    };
+    let (gw, _dirs) = gateways(&config(&postgres, None), 1).await;
+    let gw = gw[0].clone();
+    let key = gw.new_key(json!({})).await;
+    let mut locker = sql(&postgres).await;
+    let lock = locker.transaction().await.unwrap();
+    lock.batch_execute("LOCK TABLE tpl_keys IN EXCLUSIVE MODE")
+        .await
+        .unwrap();
+
+    let write = {
+        let gw = gw.clone();
+        tokio::spawn(async move {
+            let started = Instant::now();
+            let r = gw.post("/key/generate", Some(MASTER), json!({})).await;
+            (r, started.elapsed())
+        })
+    };
+    // While the write waits, lookups answer: each within a fraction of the write's timeout.
+    let mut served = 0;
+    while !write.is_finished() {
+        let started = Instant::now();
+        assert_eq!(gw.chat(&key, M, false).await.status, 200);
+        assert!(
+            started.elapsed() < DEFAULT_POSTGRES_TIMEOUT / 4,
+            "a lookup waited {:?}",
+            started.elapsed()
+        );
+        served += 1;
+    }
+    let (r, took) = write.await.unwrap();
+    assert_store_unavailable(&r);
+    assert!(took >= DEFAULT_POSTGRES_TIMEOUT, "{took:?}");
+    assert!(took < DEFAULT_POSTGRES_TIMEOUT * 3, "{took:?}");
+    assert!(served > 0);
+    lock.rollback().await.unwrap();
+    let r = gw.post("/key/generate", Some(MASTER), json!({})).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    // The timed-out write left nothing: the one key and the new one.
+    let v = gw.get("/key/list?size=10", Some(MASTER)).await.json();
+    assert_eq!(v["total_count"], 2, "{v}");
+}
+
+/// LiteLLM's two tables, as its `schema.prisma` defines them (shared with the binary's test).
+const LITELLM_TABLES: &str = include_str!("../src/litellm_tables.sql");
+
+/// A key as LiteLLM's `/key/generate` writes it: the SHA-256 hex of the key as `token`, its
+/// abbreviated form as `key_name`.
+async fn litellm_key(db: &tokio_postgres::Client, key: &str, columns: &str, values: &str) {
+    let token = hash_key(key);
+    let name = format!("sk-...{}", &key[key.len() - 4..]);
+    let sql = format!(
+        "INSERT INTO \"LiteLLM_VerificationToken\" (token, key_name, created_by, updated_by{columns}) \
+         VALUES ('{token}', '{name}', 'default_user_id', 'default_user_id'{values})"
+    );
+    db.batch_execute(&sql).await.expect(&sql);
+}
+
+/// LiteLLM's tables filled as LiteLLM fills them, imported with `import-litellm`'s function,
+/// then served by a gateway on the same database: its keys authenticate unchanged, with their
+/// team, priority, models, expiry and block; what the gateway does not honour is named.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_issued_by_litellm_are_imported_and_served_unchanged() {
+    let Some(postgres) = PostgresServer::start("keys_issued_by_litellm_are_imported") else {
+        return;
+    };
+    let db = sql(&postgres).await;
+    db.batch_execute(LITELLM_TABLES).await.unwrap();
+    db.batch_execute(
+        r#"INSERT INTO "LiteLLM_TeamTable" (team_id, team_alias, admins, members, metadata, models, tpm_limit)
+           VALUES ('team-search', 'search', '{}', '{}', '{"priority": "prod"}', '{my-fake-model}', 1000),
+                  ('team-open', NULL, '{}', '{}', '{}', '{all-proxy-models}', NULL)"#,
+    )
+    .await
+    .unwrap();
+    let (in_team, plain, expired, blocked, limited) = (
+        "sk-litellmInTeam0000000001",
+        "sk-litellmPlain00000000002",
+        "sk-litellmExpired000000003",
+        "sk-litellmBlocked000000004",
+        "sk-litellmLimited000000005",
+    );
+    litellm_key(
+        &db,
+        in_team,
+        ", key_alias, team_id, models, metadata",
+        ", 'in-team', 'team-search', '{}', '{\"priority\": \"dev\"}'",
+    )
+    .await;
+    litellm_key(
+        &db,
+        plain,
+        ", models, metadata, expires",
+        ", '{other}', '{\"priority\": \"dev\"}', now() + interval '1 day'",
+    )
+    .await;
+    litellm_key(
+        &db,
+        expired,
+        ", models, expires",
+        ", '{}', now() - interval '1 day'",
+    )
+    .await;
+    litellm_key(&db, blocked, ", models, blocked", ", '{}', true").await;
+    litellm_key(
+        &db,
+        limited,
+        ", key_alias, models, rpm_limit, max_budget, spend, team_id",
+        ", 'limited', '{all-team-models}', 10, 5.0, 1.25, 'team-open'",
+    )
+    .await;
+    litellm_key(
+        &db,
+        "sk-litellmOrphan0000000006",
+        ", team_id",
+        ", 'team-gone'",
+    )
+    .await;
+
+    let url = DatabaseUrl::parse(&postgres.url(), "test").unwrap();
+    let report = gateway_example::keys::litellm::import(&url, &url)
+        .await
+        .unwrap();
+    let text = report.to_string();
+    println!("{text}");
+    assert_eq!((report.new_keys, report.new_teams), (5, 2), "{text}");
+    assert!(
+        text.contains("LiteLLM_VerificationToken.rpm_limit set on 1: limited"),
+        "{text}"
+    );
+    assert!(
+        text.contains("LiteLLM_VerificationToken.max_budget set on 1: limited"),
+        "{text}"
+    );
+    assert!(
+        text.contains("LiteLLM_VerificationToken.spend set on 1: limited"),
+        "{text}"
+    );
+    assert!(
+        text.contains("LiteLLM_TeamTable.tpm_limit set on 1: team-search"),
+        "{text}"
+    );
+    assert!(
+        text.contains("not imported: key ") && text.contains("team-gone"),
+        "{text}"
+    );
+    // Bookkeeping columns are not reported.
+    assert!(
+        !text.contains("key_name") && !text.contains("created_by"),
+        "{text}"
+    );
+    // Again: nothing new, nothing changed.
+    let again = gateway_example::keys::litellm::import(&url, &url)
+        .await
+        .unwrap();
+    assert_eq!((again.new_keys, again.new_teams), (0, 0));
+
+    let (gw, _dirs) = gateways(&config(&postgres, None), 1).await;
+    let gw = &gw[0];
+    let r = gw.chat(in_team, M, false).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(
+        r.headers["x-litellm-priority"], "prod",
+        "the team's priority"
+    );
+    assert_eq!(
+        gw.chat(in_team, "other", false).await.status,
+        403,
+        "the team's models"
+    );
+    let r = gw.chat(plain, "other", false).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.headers["x-litellm-priority"], "dev");
+    assert_eq!(
+        gw.chat(plain, M, false).await.status,
+        403,
+        "the key's models"
+    );
+    let r = gw.chat(expired, M, false).await;
+    assert_eq!(r.status, 401);
+    assert!(
+        r.error_message().contains("Expired Key"),
+        "{}",
+        r.error_message()
+    );
+    assert_eq!(gw.chat(blocked, M, false).await.status, 401);
+    for model in [M, "other"] {
+        assert_eq!(
+            gw.chat(limited, model, false).await.status,
+            200,
+            "every model"
+        );
+    }
+    assert_eq!(
+        gw.chat("sk-litellmOrphan0000000006", M, false).await.status,
+        401
+    );
+    let info: Value = gw
+        .get(&format!("/key/info?key={in_team}"), Some(MASTER))
+        .await
+        .json();
+    assert_eq!(info["info"]["key_alias"], "in-team", "{info}");
+    assert_eq!(info["info"]["team_id"], "team-search", "{info}");
+}
+
+/// An import while gateways run on the database: they serve the imported keys within a second,
+/// a large one (more rows than are read back one by one) included.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn running_gateways_serve_imported_keys_within_a_second() {
+    let Some(postgres) = PostgresServer::start("running_gateways_serve_imported_keys") else {
+        return;
+    };
+    let db = sql(&postgres).await;
+    db.batch_execute(LITELLM_TABLES).await.unwrap();
+    let (gw, _dirs) = gateways(&config(&postgres, None), 2).await;
+    let url = DatabaseUrl::parse(&postgres.url(), "test").unwrap();
+    for (from, to) in [(0, 10), (10, 6_000)] {
+        db.batch_execute(&format!(
+            r#"INSERT INTO "LiteLLM_VerificationToken" (token, key_alias, models)
+               SELECT encode(sha256(('sk-seeded-' || i)::bytea), 'hex'), 'seeded-' || i, '{{}}'
+               FROM generate_series({from}, {} - 1) AS i"#,
+            to
+        ))
+        .await
+        .unwrap();
+        let report = gateway_example::keys::litellm::import(&url, &url)
+            .await
+            .unwrap();
+        assert_eq!(report.new_keys, to - from);
+        for g in &gw {
+            within(PROPAGATION, "the imported keys are served", || async {
+                g.get("/key/list?size=1", Some(MASTER)).await.json()["total_count"] == to
+            })
+            .await;
+            let last = format!("sk-seeded-{}", to - 1);
+            assert_eq!(g.chat(&last, M, false).await.status, 200);
+        }
+    }
+}
+
+/// Many changes to one key notified together (each its own transaction, read back as one batch
+/// that names the key many times): the key stays known on every gateway, with its last state.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_changed_many_times_at_once_stays_known_everywhere() {
+    let Some(postgres) = PostgresServer::start("a_key_changed_many_times_at_once") else {
+        return;
+    };
+    let (gw, _dirs) = gateways(&config(&postgres, None), 2).await;
+    let key = gw[0].new_key(json!({"key_alias": "busy"})).await;
+    answers_within_a_second(&gw[1], &key, 200, "B serves the key").await;
+    let db = sql(&postgres).await;
+    let token = hash_key(&key);
+    let params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&token];
+    for round in 0..5 {
+        // 50 transactions at once on one connection: their notifications arrive together.
+        let updates = (0..50).map(|_| {
+            db.execute(
+                "UPDATE tpl_keys SET record = record WHERE token = $1",
+                &params,
+            )
+        });
+        for done in futures_util::future::join_all(updates).await {
+            assert_eq!(done.unwrap(), 1);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        for g in &gw {
+            let r = g.chat(&key, M, false).await;
+            assert_eq!(r.status, 200, "round {round}: {}", r.text());
+        }
+    }
+}
