@@ -168,17 +168,42 @@ local function floor_of(j, d)
   return v
 end
 local function floors_refuse()
+  -- The other pools' period usage, in one read: a fixed window's start and counts, or a sliding
+  -- window's head and the current slot's place (counted iff the head is this slot).
+  local names, others = {}, {}
   for j = 0, n - 1 do
     if j ~= me then
       local p = ARGV[17 + 3 * j]
-      local names
+      others[#others + 1] = j
       if sliding then
-        names = {p .. 'h', p .. 'R', p .. 'T', p .. 'r' .. place_now, p .. 't' .. place_now}
+        names[#names + 1] = p .. 'h'
+        names[#names + 1] = p .. 'r' .. place_now
+        names[#names + 1] = p .. 't' .. place_now
       else
-        names = {p .. 's', p .. 'r', p .. 't'}
+        names[#names + 1] = p .. 's'
+        names[#names + 1] = p .. 'r'
+        names[#names + 1] = p .. 't'
       end
-      pools_used[j] = period_used(read(p, redis.call('HMGET', key, unpack(names))))
     end
+  end
+  local v = {}
+  if #names > 0 then v = redis.call('HMGET', key, unpack(names)) end
+  for i, j in ipairs(others) do
+    local a = tonumber(v[3 * i - 2])
+    local r, k = tonumber(v[3 * i - 1]) or 0, tonumber(v[3 * i]) or 0
+    local counts
+    if sliding then
+      counts = a ~= nil and a >= slot
+      if counts and a > slot then
+        -- The clock stepped back: the head's own place (rare; one more read).
+        local p = ARGV[17 + 3 * j]
+        local w = redis.call('HMGET', key, p .. 'r' .. (a % RING), p .. 't' .. (a % RING))
+        r, k = tonumber(w[1]) or 0, tonumber(w[2]) or 0
+      end
+    else
+      counts = a ~= nil and now < a + window
+    end
+    if counts then pools_used[j] = {r = r, k = k} else pools_used[j] = {r = 0, k = 0} end
   end
   local model_used, own_used = period_used(m), period_used(q)
   for _, d in ipairs({'r', 'k'}) do
