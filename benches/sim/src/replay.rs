@@ -34,7 +34,7 @@ use tower_priority_limit::config::LimiterConfig;
 use tower_priority_limit::metrics::RefusedBy;
 use tower_priority_limit::{AdmissionOutcome, Lease, Limiter, RequestAdmission};
 
-use crate::time::block_on;
+use crate::time::{block_on, settle_runtime};
 
 /// The time step while requests wait in a queue (the scheduler experiment's).
 const STEP_MS: u64 = 10;
@@ -372,19 +372,6 @@ pub fn replay(trace: &[RecordLine], limits: Option<&LimiterConfig>) -> Replayed 
     out
 }
 
-/// Runs the runtime's tasks until a few rounds pass with no admission finishing.
-async fn settle_runtime(progress: &AtomicU64) {
-    let mut quiet = 0;
-    while quiet < 3 {
-        let before = progress.load(Ordering::Relaxed);
-        tokio::task::yield_now().await;
-        if progress.load(Ordering::Relaxed) == before {
-            quiet += 1;
-        } else {
-            quiet = 0;
-        }
-    }
-}
 
 /// The side-by-side table: per (model, priority, caller), what the recording saw and what each
 /// config's replay gives.

@@ -40,7 +40,7 @@ use tower_priority_limit::decision::{Decision, Refused};
 use tower_priority_limit::{AdmissionOutcome, Limiter, RequestAdmission, WaitRequest};
 
 use crate::report::Table;
-use crate::time::{block_on, exponential, rng};
+use crate::time::{block_on, exponential, rng, settle_runtime};
 
 /// The model's requests per window.
 pub const RPM: u64 = 600;
@@ -304,19 +304,6 @@ fn run_queue(
     (outcomes, log)
 }
 
-/// Runs the runtime's tasks until a few rounds pass with no request finishing.
-async fn settle_runtime(progress: &AtomicU64) {
-    let mut quiet = 0;
-    while quiet < 3 {
-        let before = progress.load(Ordering::Relaxed);
-        tokio::task::yield_now().await;
-        if progress.load(Ordering::Relaxed) == before {
-            quiet += 1;
-        } else {
-            quiet = 0;
-        }
-    }
-}
 
 /// The layer's path, through the limiter's one admission call ([`Limiter::admit_request`]):
 /// admit at once unless others wait; refused → wait if room may appear before the deadline.

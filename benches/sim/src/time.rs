@@ -37,6 +37,22 @@ impl VirtualTime {
     }
 }
 
+/// Runs the runtime's tasks until a few rounds pass with `progress` (a count of finished
+/// requests) unchanged: what moving virtual time may set off has run.
+pub async fn settle_runtime(progress: &std::sync::atomic::AtomicU64) {
+    use std::sync::atomic::Ordering;
+    let mut quiet = 0;
+    while quiet < 3 {
+        let before = progress.load(Ordering::Relaxed);
+        tokio::task::yield_now().await;
+        if progress.load(Ordering::Relaxed) == before {
+            quiet += 1;
+        } else {
+            quiet = 0;
+        }
+    }
+}
+
 /// Runs `future` on a current-thread tokio runtime (the real code's futures are async; none of
 /// them waits for real time).
 pub fn block_on<F: Future>(future: F) -> F::Output {
