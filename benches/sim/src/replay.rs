@@ -372,7 +372,6 @@ pub fn replay(trace: &[RecordLine], limits: Option<&LimiterConfig>) -> Replayed 
     out
 }
 
-
 /// The side-by-side table: per (model, priority, caller), what the recording saw and what each
 /// config's replay gives.
 pub fn render(recording: &Report, runs: &[(&str, &Replayed)]) -> String {

@@ -304,7 +304,6 @@ fn run_queue(
     (outcomes, log)
 }
 
-
 /// The layer's path, through the limiter's one admission call ([`Limiter::admit_request`]):
 /// admit at once unless others wait; refused → wait if room may appear before the deadline.
 async fn admit_as_the_layer(
