@@ -28,6 +28,13 @@ enum Level {
     Router,
 }
 
+/// Whether the gateway reads `key` at `level` (an Azure entry's params: every entry's, and
+/// Azure's own).
+fn is_honoured(level: Level, key: &str) -> bool {
+    honoured(level).contains(&key)
+        || (level == Level::AzureParams && honoured(Level::Params).contains(&key))
+}
+
 /// The keys the gateway reads at `level` (their values are checked by their readers).
 fn honoured(level: Level) -> &'static [&'static str] {
     match level {
@@ -49,19 +56,8 @@ fn honoured(level: Level) -> &'static [&'static str] {
             "stream_timeout",
             "weight",
         ],
-        Level::AzureParams => &[
-            "model",
-            "api_base",
-            "api_key",
-            "mock_response",
-            "rpm",
-            "tpm",
-            "timeout",
-            "stream_timeout",
-            "weight",
-            "api_version",
-            "azure_ad_token",
-        ],
+        // Azure's own keys; the rest are `Level::Params`' (see `is_honoured`).
+        Level::AzureParams => &["api_version", "azure_ad_token"],
         Level::ModelInfo => &["id", "rpm", "tpm"],
         Level::Litellm => &[
             "callbacks",
@@ -244,7 +240,7 @@ pub fn find(doc: &Value) -> Result<Vec<Unsupported>, ConfigError> {
 
 fn walk(node: &Node<'_>, level: Level, found: &mut Vec<Unsupported>) -> Result<(), ConfigError> {
     for (key, value) in node.entries()? {
-        if !honoured(level).contains(&key) {
+        if !is_honoured(level, key) {
             found.push(Unsupported {
                 path: value.path(),
                 key: key.to_owned(),
