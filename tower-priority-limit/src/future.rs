@@ -242,22 +242,25 @@ impl<St: Store> Admission<'_, St> {
     }
 
     /// Admits, or joins the queue without trying when others already wait there (they go first).
+    /// `deciding`: the admission's count as being decided, if the caller made it already (the
+    /// synchronous path, whose store turned out to need awaiting).
     pub(crate) fn start<B>(
         &self,
         request: &Request<B>,
+        deciding: Option<Deciding>,
     ) -> Result<Pending<St::AdmitFuture>, BadMaxWait> {
         if self.limiter.queue_ahead(self.model) {
             return self
                 .wait(request, None)
-                .map(|wait| wait.map_or_else(|| self.admit(), Pending::Wait));
+                .map(|wait| wait.map_or_else(|| self.admit(deciding), Pending::Wait));
         }
-        Ok(self.admit())
+        Ok(self.admit(deciding))
     }
 
     /// The store's answer to await, counted as being decided meanwhile.
-    fn admit(&self) -> Pending<St::AdmitFuture> {
+    fn admit(&self, deciding: Option<Deciding>) -> Pending<St::AdmitFuture> {
         let estimate = self.estimate();
-        let deciding = self.limiter.deciding(self.model, estimate);
+        let deciding = deciding.or_else(|| self.limiter.deciding(self.model, estimate));
         Pending::Admit(
             self.limiter.admit(self.model, self.pool, estimate),
             deciding,
@@ -442,7 +445,7 @@ where
                                 prompt_estimate: extracted.prompt_estimate,
                                 max_output_tokens: extracted.max_output_tokens,
                             };
-                            let next = admission.start(&extracted.request);
+                            let next = admission.start(&extracted.request, None);
                             *this.request = Some(extracted.request);
                             match next {
                                 Ok(Pending::Admit(fut, deciding)) => {

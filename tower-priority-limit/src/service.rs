@@ -212,7 +212,7 @@ where
                         let Some(decision) = decision else {
                             // The store must be awaited (Redis), or others wait ahead: in the
                             // future.
-                            let next = match admission.start(&extracted.request) {
+                            let next = match admission.start(&extracted.request, deciding) {
                                 Ok(next) => next,
                                 Err(bad) => return self.answered(bad.into_response(), pool),
                             };

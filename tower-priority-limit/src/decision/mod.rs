@@ -25,6 +25,16 @@ pub struct Usage {
     pub tokens: u64,
 }
 
+impl Usage {
+    /// The count of `dimension`.
+    pub fn of(self, dimension: Dimension) -> u64 {
+        match dimension {
+            Dimension::Requests => self.requests,
+            Dimension::Tokens => self.tokens,
+        }
+    }
+}
+
 /// One counter pair (requests, tokens) over its window, fixed ([`FixedWindow`]) or sliding
 /// ([`SlidingWindow`]). `window` is the window's length in every method; a `mark` is where an
 /// admission was counted (the fixed window's start, or the sliding window's slot), which
@@ -115,6 +125,14 @@ pub enum Dimension {
 }
 
 impl Dimension {
+    /// A pool's limit of this dimension (`rpm` or `tpm`), if set.
+    fn limit_of(self, pool: &PoolLimits) -> Option<u64> {
+        match self {
+            Dimension::Requests => pool.rpm,
+            Dimension::Tokens => pool.tpm,
+        }
+    }
+
     /// `requests` or `tokens`, as in messages and the `rate_limit_type` header.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -335,25 +353,19 @@ impl<W: Window, F: Fn(usize) -> Usage> Floors<'_, W, F> {
         [Dimension::Requests, Dimension::Tokens]
             .into_iter()
             .find_map(|dimension| {
-                let pick = |u: Usage| match dimension {
-                    Dimension::Requests => u.requests,
-                    Dimension::Tokens => u.tokens,
-                };
                 let (cap, cost) = match dimension {
                     Dimension::Requests => (self.limits.rpm?, 1),
                     Dimension::Tokens => (self.limits.tpm?, self.reserve.max(1)),
                 };
                 let budget = cap.div_ceil(W::PERIODS);
-                let used = pick(model_used);
-                let pool_used = pick(self.pool_counter.period_usage(self.now, self.window));
-                let own_floor = floors
-                    .get(me)
-                    .and_then(|p| match dimension {
-                        Dimension::Requests => p.rpm,
-                        Dimension::Tokens => p.tpm,
-                    })
-                    .unwrap_or(0)
-                    / W::PERIODS;
+                // A pool's floor in one period.
+                let floor_of = |p: &PoolLimits| dimension.limit_of(p).unwrap_or(0) / W::PERIODS;
+                let used = model_used.of(dimension);
+                let pool_used = self
+                    .pool_counter
+                    .period_usage(self.now, self.window)
+                    .of(dimension);
+                let own_floor = floors.get(me).map_or(0, floor_of);
                 // A period admits one request at least, and a pool within its own floor is not
                 // borrowing: only the model's limits hold it (floors that add up to more than
                 // the model cannot all be kept; none is kept from its owner).
@@ -362,13 +374,8 @@ impl<W: Window, F: Fn(usize) -> Usage> Floors<'_, W, F> {
                 }
                 let (mut protected, mut decaying) = (0u64, 0u64);
                 for (i, p) in floors.iter().enumerate().filter(|(i, _)| *i != me) {
-                    let floor = match dimension {
-                        Dimension::Requests => p.rpm,
-                        Dimension::Tokens => p.tpm,
-                    }
-                    .unwrap_or(0)
-                        / W::PERIODS;
-                    let unused = floor.saturating_sub(pick((self.others)(i)));
+                    let floor = floor_of(p);
+                    let unused = floor.saturating_sub((self.others)(i).of(dimension));
                     // Rounded to the nearest (half up): whole at the period's start, the last
                     // unit lent before its end.
                     let period2 = 2 * period.max(1) as u128;

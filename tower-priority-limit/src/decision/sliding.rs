@@ -152,10 +152,7 @@ impl Window for SlidingWindow {
         let mut freed = 0u64;
         for s in oldest..=head {
             let place = self.slots[place_of(s)];
-            freed = freed.saturating_add(match dimension {
-                Dimension::Requests => place.requests,
-                Dimension::Tokens => place.tokens,
-            });
+            freed = freed.saturating_add(place.of(dimension));
             if freed >= excess {
                 return (s + RING as u64)
                     .saturating_mul(slot_ms(window))
