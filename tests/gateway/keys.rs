@@ -347,11 +347,11 @@ async fn an_admin_body_that_never_ends_is_answered_408() {
 async fn unhonoured_key_and_team_fields_are_refused_by_name() {
     let gw = Gw::start(&rpm10(), None).await;
     for (path, body, named) in [
-        ("/key/generate", json!({"rpm_limit": 1}), "rpm_limit"),
+        ("/key/generate", json!({"max_budget": 1}), "max_budget"),
         (
             "/key/generate",
-            json!({"max_budget": 0.000001, "tpm_limit": 2}),
-            "max_budget, tpm_limit",
+            json!({"max_budget": 0.000001, "soft_budget": 2}),
+            "max_budget, soft_budget",
         ),
         (
             "/key/generate",
@@ -360,14 +360,14 @@ async fn unhonoured_key_and_team_fields_are_refused_by_name() {
         ),
         (
             "/key/generate",
-            json!({"key": "sk-chosen-0123456789ab", "rpm_limit": 1}),
-            "rpm_limit",
+            json!({"key": "sk-chosen-0123456789ab", "budget_duration": "1d"}),
+            "budget_duration",
         ),
-        ("/team/new", json!({"tpm_limit": 30}), "tpm_limit"),
+        ("/team/new", json!({"max_budget": 30}), "max_budget"),
         (
             "/team/new",
-            json!({"team_alias": "t", "max_budget": 1}),
-            "max_budget",
+            json!({"team_alias": "t", "members": []}),
+            "members",
         ),
     ] {
         let r = gw.post(path, Some(MASTER), body.clone()).await;
@@ -535,7 +535,7 @@ async fn keys_are_blocked_unblocked_and_updated() {
     );
 
     for (body, status) in [
-        (json!({"key": key, "rpm_limit": 1}), 400),
+        (json!({"key": key, "max_budget": 1}), 400),
         (json!({"key": key, "metadata": {"priority": "prdo"}}), 400),
         (json!({"rpm": 1}), 400),
         (json!({"key": "sk-no-such-key-0123456789"}), 404),
@@ -628,7 +628,7 @@ async fn teams_are_updated_blocked_and_unblocked() {
     for (path, body, status) in [
         (
             "/team/update",
-            json!({"team_id": team, "tpm_limit": 1}),
+            json!({"team_id": team, "max_budget": 1}),
             400,
         ),
         (

@@ -10,6 +10,7 @@ mod bad_input;
 mod compression;
 mod connection_errors;
 mod endpoints;
+mod key_limits;
 mod keys;
 mod litellm;
 mod metrics;

@@ -54,6 +54,14 @@ impl Settler for CountingSettler {
         self.settles.fetch_add(1, Ordering::SeqCst);
         self.inner.settle(settlement);
     }
+    fn settle_callers(
+        &self,
+        settlement: Settlement,
+        callers: &Arc<tower_priority_limit::caller::Callers>,
+    ) {
+        self.settles.fetch_add(1, Ordering::SeqCst);
+        self.inner.settle_callers(settlement, callers);
+    }
 }
 
 type TestLimiter = Limiter<CountingStore>;

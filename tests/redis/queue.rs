@@ -86,6 +86,7 @@ async fn three_limiters_wait_on_shared_counters_and_every_deadline_holds() {
                     service: 1,
                     max_wait_ms: max_wait,
                     refused: Some(refused),
+                    callers: None,
                 })
                 .await;
             (waited.decision.unwrap(), clock.now_ms())

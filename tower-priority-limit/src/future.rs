@@ -299,6 +299,8 @@ impl<St: Store> Admission<'_, St> {
             service,
             max_wait_ms: max_wait,
             refused,
+            // The layer knows no keys: only the model's and pool's limits.
+            callers: None,
         };
         let limiter = Arc::clone(self.limiter);
         Ok(Some(Box::pin(async move {

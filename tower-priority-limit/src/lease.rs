@@ -3,6 +3,7 @@
 use std::fmt;
 use std::sync::Arc;
 
+use crate::caller::Callers;
 use crate::config::{ModelId, PoolRef};
 use crate::decision::Admitted;
 use crate::estimate::{OutputEstimate, PromptBias};
@@ -48,6 +49,8 @@ pub struct Lease {
     /// The request's prompt estimate as its caller made it (before the learned bias), when known:
     /// with the prompt tokens the response reports, it teaches the model's prompt bias.
     prompt_estimate: u64,
+    /// Its callers with limits (key, team): they settle with it, and free their parallel slots.
+    callers: Option<Arc<Callers>>,
 }
 
 impl Lease {
@@ -67,6 +70,7 @@ impl Lease {
             teaches: true,
             flow_charge: None,
             prompt_estimate: 0,
+            callers: None,
             settlement: Settlement {
                 model,
                 pool,
@@ -76,6 +80,21 @@ impl Lease {
                 pool_window: admitted.pool_window,
                 cancel: false,
             },
+        }
+    }
+
+    /// Says the request was admitted with `callers` (their limits counted it): it settles on
+    /// their counters too, whatever its tokens, so their parallel slots are always freed.
+    pub(crate) fn with_callers(mut self, callers: Option<Arc<Callers>>) -> Self {
+        self.callers = callers;
+        self
+    }
+
+    /// Records the settlement on the store: with callers, on theirs too.
+    fn record(&self, settler: &dyn Settler) {
+        match &self.callers {
+            Some(callers) => settler.settle_callers(self.settlement, callers),
+            None => settler.settle(self.settlement),
         }
     }
 
@@ -149,7 +168,7 @@ impl Lease {
         if let Some(settler) = &target.settler {
             self.settlement.tokens = 0;
             self.settlement.cancel = true;
-            settler.settle(self.settlement);
+            self.record(&**settler);
         }
         if let Some(queue) = &target.queue {
             self.end_reservation(queue);
@@ -178,13 +197,14 @@ impl Lease {
         {
             bias.observe(self.prompt_estimate, tokens.saturating_sub(output));
         }
-        // Nothing to record: skip the store (a remote one would pay a round trip for nothing).
-        if tokens == 0 && self.settlement.reserved == 0 {
+        // Nothing to record: skip the store (a remote one would pay a round trip for nothing);
+        // callers always settle, to free their parallel slots.
+        if tokens == 0 && self.settlement.reserved == 0 && self.callers.is_none() {
             return;
         }
         if let Some(settler) = &target.settler {
             self.settlement.tokens = tokens;
-            settler.settle(self.settlement);
+            self.record(&**settler);
         }
         // A refund (a reservation replaced by less) or a later window may let a waiter in.
         if let Some(queue) = &target.queue {

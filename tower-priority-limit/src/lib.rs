@@ -97,6 +97,7 @@
 
 #![deny(missing_docs)]
 
+pub mod caller;
 pub mod clock;
 pub mod config;
 pub mod decision;

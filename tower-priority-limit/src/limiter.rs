@@ -11,6 +11,7 @@ use bytes::Bytes;
 use http::Response;
 
 use crate::body::ResponseBody;
+use crate::caller::Callers;
 use crate::clock::{Clock, Millis};
 use crate::config::{LimiterConfig, ModelId, PoolRef, TokenAccounting};
 use crate::decision::{Admitted, Decision, Refused};
@@ -63,7 +64,7 @@ pub struct Limiter<St = MemoryStore> {
 const UNKNOWN_LABEL_SLOTS: usize = 256;
 
 /// A request to wait for capacity ([`Limiter::admit_waiting`]).
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct WaitRequest {
     /// The model.
     pub model: ModelId,
@@ -79,6 +80,8 @@ pub struct WaitRequest {
     pub max_wait_ms: Millis,
     /// The refusal that sent it to wait; `None` when it waits without trying, behind others.
     pub refused: Option<Refused>,
+    /// The caller's own limits ([`Limiter::admit_as`]); a refusal by them is answered at once.
+    pub callers: Option<Arc<Callers>>,
 }
 
 /// The outcome of [`Limiter::admit_waiting`].
@@ -98,7 +101,7 @@ pub struct Waited {
 }
 
 /// One request to admit, the whole way ([`Limiter::admit_request`]).
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct RequestAdmission {
     /// The model.
     pub model: ModelId,
@@ -113,6 +116,9 @@ pub struct RequestAdmission {
     /// How long it may wait with the queue on: `None` for the config's `max_wait`, else at most
     /// that (the request's `x-priority-limit-max-wait`; 0 never waits).
     pub max_wait: Option<Duration>,
+    /// The caller's own limits, its key's and team's ([`crate::caller`]), admitted in the same
+    /// atomic step as the model's; `None` when it has none.
+    pub callers: Option<Arc<Callers>>,
 }
 
 /// The final answer of [`Limiter::admit_request`].
@@ -368,10 +374,23 @@ impl<St: Store> Limiter<St> {
     /// tokens ([`estimate`](Self::estimate); 0 reserves nothing). Pair an admitted decision with
     /// [`lease`](Self::lease).
     pub fn admit(&self, model: ModelId, pool: PoolRef, estimate: u64) -> St::AdmitFuture {
+        self.admit_as(model, pool, estimate, None)
+    }
+
+    /// [`admit`](Self::admit) for a caller with limits of its own ([`crate::caller`]): the
+    /// key's, the team's, the model's and the pool's, all in the store's one atomic step.
+    pub fn admit_as(
+        &self,
+        model: ModelId,
+        pool: PoolRef,
+        estimate: u64,
+        callers: Option<Arc<Callers>>,
+    ) -> St::AdmitFuture {
         self.store.admit(AdmitRequest {
             model,
             pool,
             reserve: estimate,
+            callers,
         })
     }
 
@@ -383,10 +402,23 @@ impl<St: Store> Limiter<St> {
         pool: PoolRef,
         estimate: u64,
     ) -> Option<Result<Decision, StoreError>> {
+        self.admit_now_as(model, pool, estimate, None)
+    }
+
+    /// [`admit_now`](Self::admit_now) for a caller with limits of its own
+    /// ([`admit_as`](Self::admit_as)).
+    pub fn admit_now_as(
+        &self,
+        model: ModelId,
+        pool: PoolRef,
+        estimate: u64,
+        callers: Option<Arc<Callers>>,
+    ) -> Option<Result<Decision, StoreError>> {
         self.store.admit_now(AdmitRequest {
             model,
             pool,
             reserve: estimate,
+            callers,
         })
     }
 
@@ -485,6 +517,10 @@ impl<St: Store> Limiter<St> {
     /// Whether room for a request `refused` on `model` may appear within `within_ms`: the
     /// window frees enough by then, or reservations in flight may settle (a token refusal).
     fn room_may_appear(&self, model: ModelId, refused: &Refused, within_ms: Millis) -> bool {
+        // The queue waits for shared capacity; a caller over its own limit is answered at once.
+        if matches!(refused.scope, crate::decision::Scope::Caller(..)) {
+            return false;
+        }
         refused.retry_after_ms <= within_ms
             || (refused.dimension == crate::decision::Dimension::Tokens
                 && self
@@ -586,11 +622,13 @@ impl<St: Store> Limiter<St> {
             service,
             max_wait_ms,
             refused,
+            callers,
         } = request;
         let start = self.clock.now_ms();
         let waited = |clock: &Arc<dyn Clock>| clock.now_ms().saturating_sub(start);
+        let admit = || self.admit_as(model, pool, estimate, callers.clone());
         let Some(queue) = self.queues.get(model.index()) else {
-            let decision = self.admit(model, pool, estimate).await;
+            let decision = admit().await;
             return Waited {
                 decision,
                 waited_ms: 0,
@@ -612,7 +650,7 @@ impl<St: Store> Limiter<St> {
             // yet.
             let decision = match refused.or_else(|| queue.last_refusal(pool, start)) {
                 Some(refused) => Ok(Decision::Refuse(refused)),
-                None => self.admit(model, pool, estimate).await,
+                None => admit().await,
             };
             return self.answer_waited(model, pool, decision, 0, None, true);
         };
@@ -643,7 +681,7 @@ impl<St: Store> Limiter<St> {
                 let decision = match queue.last_refusal(pool, self.clock.now_ms()) {
                     Some(refused) => Ok(Decision::Refuse(refused)),
                     // Nothing refused yet (it never tried, nor did anyone): ask the store.
-                    None => self.admit(model, pool, estimate).await,
+                    None => admit().await,
                 };
                 return self.answer_waited(model, pool, decision, waited(&self.clock), None, true);
             }
@@ -654,8 +692,23 @@ impl<St: Store> Limiter<St> {
                 queue.notify();
                 continue;
             }
-            let decision = self.admit(model, pool, estimate).await;
+            let decision = admit().await;
             match decision {
+                // Its own key's or team's limit: answered at once, and not the model's refusal
+                // for the others waiting.
+                Ok(Decision::Refuse(refused))
+                    if matches!(refused.scope, crate::decision::Scope::Caller(..)) =>
+                {
+                    drop(ticket);
+                    return self.answer_waited(
+                        model,
+                        pool,
+                        decision,
+                        waited(&self.clock),
+                        None,
+                        false,
+                    );
+                }
                 Ok(Decision::Refuse(refused)) => {
                     let now = self.clock.now_ms();
                     queue.record_refusal(pool, refused, now);
@@ -766,8 +819,9 @@ impl<St: Store> Limiter<St> {
     ///     prompt_tokens: 10,
     ///     max_output_tokens: Some(20),
     ///     max_wait: None,
+    ///     callers: None,
     /// };
-    /// let AdmissionOutcome::Admitted { lease, .. } = limiter.admit_request(request).await.unwrap()
+    /// let AdmissionOutcome::Admitted { lease, .. } = limiter.admit_request(request.clone()).await.unwrap()
     /// else {
     ///     panic!("an idle model admits");
     /// };
@@ -790,6 +844,7 @@ impl<St: Store> Limiter<St> {
             prompt_tokens,
             max_output_tokens,
             max_wait,
+            callers,
         } = request;
         let estimate = self.estimate(model, prompt_tokens, max_output_tokens);
         let max_wait_ms = self.max_wait_ms(max_wait).unwrap_or(0);
@@ -801,6 +856,7 @@ impl<St: Store> Limiter<St> {
             service: self.flow_service(model, prompt_tokens, max_output_tokens),
             max_wait_ms,
             refused,
+            callers: callers.clone(),
         };
         // Behind those already waiting, without a try; else a try, and a wait if it is refused
         // and room may appear in time.
@@ -814,9 +870,9 @@ impl<St: Store> Limiter<St> {
         } else {
             deciding = self.deciding(model, estimate);
             // The embedded store answers in place: no future to poll.
-            let decision = match self.admit_now(model, pool, estimate) {
+            let decision = match self.admit_now_as(model, pool, estimate, callers.clone()) {
                 Some(decision) => decision,
-                None => self.admit(model, pool, estimate).await,
+                None => self.admit_as(model, pool, estimate, callers.clone()).await,
             };
             match decision {
                 Ok(Decision::Refuse(refused)) => {
@@ -846,7 +902,8 @@ impl<St: Store> Limiter<St> {
             Decision::Admit(admitted) => AdmissionOutcome::Admitted {
                 lease: self
                     .lease_waited(model, pool, &admitted, flow_charge)
-                    .with_output_limit(max_output_tokens),
+                    .with_output_limit(max_output_tokens)
+                    .with_callers(callers),
                 admitted,
                 waited_ms: waited_for,
             },
@@ -1138,6 +1195,7 @@ mod tests {
             service: 20,
             max_wait_ms: 10_000,
             refused: Some(refused),
+            callers: None,
         });
         tokio::pin!(waiting);
         // Its first try in turn is refused while the other is still decided: it keeps waiting.

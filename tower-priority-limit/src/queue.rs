@@ -616,6 +616,7 @@ mod tests {
                     model: ModelId(0),
                     pool: dev,
                     reserve: 0,
+                    callers: None,
                 },
             );
             assert!(matches!(d, Some(Ok(crate::decision::Decision::Admit(_)))));

@@ -311,6 +311,8 @@ pub fn replay(trace: &[RecordLine], limits: Option<&LimiterConfig>) -> Replayed 
                     prompt_tokens: line.prompt_tokens,
                     max_output_tokens: line.max_tokens,
                     max_wait: None,
+                    // Replay of key and team limits is not built yet (benches/sim's README).
+                    callers: None,
                 };
                 let (limiter, done, finished) = (
                     Arc::clone(&limiter),

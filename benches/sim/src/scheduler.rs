@@ -320,6 +320,7 @@ async fn admit_as_the_layer(
             prompt_tokens: prompt,
             max_output_tokens: Some(output),
             max_wait: None,
+            callers: None,
         })
         .await;
     matches!(outcome, Ok(AdmissionOutcome::Admitted { .. }))
@@ -341,6 +342,7 @@ fn wait_request(
         service,
         max_wait_ms,
         refused,
+        callers: None,
     }
 }
 

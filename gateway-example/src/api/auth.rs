@@ -91,10 +91,10 @@ pub(crate) async fn identify(
                 expiry::format_iso(gw.unix_secs())
             )))
         }
-        Some(resolved) => Ok((
-            Caller::Key(ModelAccess::of_key(resolved.key, resolved.team_models)),
-            resolved.priority,
-        )),
+        Some(resolved) => {
+            let access = resolved.access();
+            Ok((Caller::Key(access), resolved.priority))
+        }
         None => Err(ApiError::unauthorized(
             "Authentication Error, Invalid proxy server token passed.",
         )),

@@ -13,7 +13,9 @@ use serde_json::{json, Map, Value};
 use super::body::read_bounded;
 use crate::error::ApiError;
 use crate::gateway::Gateway;
-use crate::keys::{expiry, hashes_match, key_hash, KeyRecord, KeyStoreError, NewKey, TeamRecord};
+use crate::keys::{
+    expiry, hashes_match, key_hash, KeyRecord, KeyStoreError, Limits, NewKey, TeamRecord,
+};
 
 /// Parses a JSON object body (an empty body is an empty object).
 pub fn json_object(body: &Bytes) -> Result<Map<String, Value>, ApiError> {
@@ -52,7 +54,7 @@ fn opt_string(body: &Map<String, Value>, field: &'static str) -> Result<Option<S
 }
 
 /// The fields `/key/generate` honours; any other is refused by name.
-pub const KEY_FIELDS: [&str; 8] = [
+pub const KEY_FIELDS: &[&str] = &[
     "key",
     "key_alias",
     "metadata",
@@ -61,10 +63,16 @@ pub const KEY_FIELDS: [&str; 8] = [
     "duration",
     "expires",
     "blocked",
+    "rpm_limit",
+    "tpm_limit",
+    "tpd_limit",
+    "max_parallel_requests",
+    "model_rpm_limit",
+    "model_tpm_limit",
 ];
 
 /// The fields `/key/update` honours (`key` names the key to change).
-pub const KEY_UPDATE_FIELDS: [&str; 7] = [
+pub const KEY_UPDATE_FIELDS: &[&str] = &[
     "key",
     "key_alias",
     "metadata",
@@ -72,10 +80,109 @@ pub const KEY_UPDATE_FIELDS: [&str; 7] = [
     "duration",
     "expires",
     "blocked",
+    "rpm_limit",
+    "tpm_limit",
+    "tpd_limit",
+    "max_parallel_requests",
+    "model_rpm_limit",
+    "model_tpm_limit",
 ];
 
 /// The fields `/team/new` honours.
-pub const TEAM_FIELDS: [&str; 4] = ["team_id", "team_alias", "metadata", "models"];
+pub const TEAM_FIELDS: &[&str] = &[
+    "team_id",
+    "team_alias",
+    "metadata",
+    "models",
+    "rpm_limit",
+    "tpm_limit",
+    "tpd_limit",
+    "max_parallel_requests",
+    "model_rpm_limit",
+    "model_tpm_limit",
+];
+
+/// The limit fields a body gives, applied over `current` (absent: kept; `null`: removed): whole
+/// numbers ≥ 0, per-model ones as `{"<model group>": n}` naming configured groups.
+fn limits(gw: &Gateway, body: &Map<String, Value>, current: &Limits) -> Result<Limits, ApiError> {
+    let mut out = current.clone();
+    let number = |field: &'static str, v: &Value| {
+        v.as_u64().ok_or_else(|| {
+            ApiError::bad_request(format!("'{field}' must be a whole number ≥ 0, or null."))
+                .param(field)
+        })
+    };
+    for (field, place) in [
+        ("rpm_limit", &mut out.rpm_limit),
+        ("tpm_limit", &mut out.tpm_limit),
+        ("tpd_limit", &mut out.tpd_limit),
+        ("max_parallel_requests", &mut out.max_parallel_requests),
+    ] {
+        match body.get(field) {
+            None => {}
+            Some(Value::Null) => *place = None,
+            Some(v) => *place = Some(number(field, v)?),
+        }
+    }
+    let config = gw.config();
+    let groups: Vec<&str> = config.model_names();
+    for (field, place) in [
+        ("model_rpm_limit", &mut out.model_rpm_limit),
+        ("model_tpm_limit", &mut out.model_tpm_limit),
+    ] {
+        match body.get(field) {
+            None => {}
+            Some(Value::Null) => place.clear(),
+            Some(Value::Object(per_model)) => {
+                place.clear();
+                for (model, v) in per_model {
+                    if !groups.contains(&model.as_str()) {
+                        return Err(ApiError::bad_request(format!(
+                            "'{field}' names {model:?}, which is not a model_name of the config                              (they are: {}); a limit on it would never apply.",
+                            groups.join(", ")
+                        ))
+                        .param(field));
+                    }
+                    place.insert(model.clone(), number(field, v)?);
+                }
+            }
+            Some(_) => {
+                return Err(ApiError::bad_request(format!(
+                    "'{field}' must be an object of model names to whole numbers, e.g.                      {{\"gpt-4o\": 10}}."
+                ))
+                .param(field))
+            }
+        }
+    }
+    if !out.is_empty() && *current != out {
+        limits_enforced(gw)?;
+    }
+    Ok(out)
+}
+
+/// Refuses key and team limits the gateway would not enforce: with the limiter off (no
+/// admission runs) or on Redis Cluster (one admission script cannot reach a key's counters and
+/// its model's there).
+fn limits_enforced(gw: &Gateway) -> Result<(), ApiError> {
+    let config = gw.config();
+    if !config.limiter_enabled {
+        return Err(ApiError::bad_request(format!(
+            "key and team limits need the limiter on: add {} to litellm_settings.callbacks; \
+             nothing was changed.",
+            crate::config::LIMITER_CALLBACK
+        )));
+    }
+    if matches!(
+        config.redis,
+        Some(tower_priority_limit::store::RedisTarget::Cluster(_))
+    ) {
+        return Err(ApiError::bad_request(
+            "key and team limits need a single Redis server; they are not supported on Redis \
+             Cluster yet (docs/gateway.md, \"Key and team limits\"); nothing was changed.",
+        ));
+    }
+    Ok(())
+}
 
 /// Refuses a body with a field `endpoint` does not honour, naming every such field and the ones
 /// it honours: a limit, budget or expiry accepted and then not enforced would be believed to hold.
@@ -248,7 +355,7 @@ pub fn store_error(e: KeyStoreError) -> ApiError {
 }
 
 fn key_json(record: &KeyRecord) -> Value {
-    json!({
+    let mut out = json!({
         "token": record.token,
         "key_alias": record.key_alias,
         "metadata": record.metadata,
@@ -257,18 +364,39 @@ fn key_json(record: &KeyRecord) -> Value {
         "created_at": record.created_at,
         "expires": record.expires_at.map(expiry::format_iso),
         "blocked": record.blocked,
-    })
+    });
+    with_limits(&mut out, &record.limits);
+    out
+}
+
+/// `value` with the limit fields set (LiteLLM's names; `null` where unset).
+fn with_limits(value: &mut Value, limits: &Limits) {
+    let out = match value {
+        Value::Object(m) => m,
+        _ => return,
+    };
+    out.insert("rpm_limit".into(), json!(limits.rpm_limit));
+    out.insert("tpm_limit".into(), json!(limits.tpm_limit));
+    out.insert("tpd_limit".into(), json!(limits.tpd_limit));
+    out.insert(
+        "max_parallel_requests".into(),
+        json!(limits.max_parallel_requests),
+    );
+    out.insert("model_rpm_limit".into(), json!(limits.model_rpm_limit));
+    out.insert("model_tpm_limit".into(), json!(limits.model_tpm_limit));
 }
 
 fn team_json(team: &TeamRecord) -> Value {
-    json!({
+    let mut out = json!({
         "team_id": team.team_id,
         "team_alias": team.team_alias,
         "metadata": team.metadata,
         "models": team.models,
         "blocked": team.blocked,
         "created_at": team.created_at,
-    })
+    });
+    with_limits(&mut out, &team.limits);
+    out
 }
 
 /// `POST /key/generate` → `{"key", "key_alias", "metadata", "team_id", "models", "token", ...}`.
@@ -276,7 +404,7 @@ pub async fn generate(
     State(gw): State<Arc<Gateway>>,
     JsonBody(body): JsonBody,
 ) -> Result<Json<Value>, ApiError> {
-    only_honoured(&body, "/key/generate", &KEY_FIELDS)?;
+    only_honoured(&body, "/key/generate", KEY_FIELDS)?;
     let models = models(&body)?;
     let priorities = gw.limiter().config().priorities().to_vec();
     let chosen = chosen_key(&gw, &body)?;
@@ -291,6 +419,7 @@ pub async fn generate(
             models,
             expires_at,
             blocked: opt_bool(&body, "blocked")?.unwrap_or(false),
+            limits: limits(&gw, &body, &Limits::default())?,
         })
         .await
         .map_err(|e| match e {
@@ -349,7 +478,7 @@ pub async fn new_team(
     State(gw): State<Arc<Gateway>>,
     JsonBody(body): JsonBody,
 ) -> Result<Json<Value>, ApiError> {
-    only_honoured(&body, "/team/new", &TEAM_FIELDS)?;
+    only_honoured(&body, "/team/new", TEAM_FIELDS)?;
     let priorities = gw.limiter().config().priorities().to_vec();
     let team = gw
         .keys()
@@ -358,6 +487,7 @@ pub async fn new_team(
             opt_string(&body, "team_alias")?,
             metadata(&body, &priorities)?,
             models(&body)?,
+            limits(&gw, &body, &Limits::default())?,
         )
         .await
         .map_err(store_error)?;
@@ -414,12 +544,15 @@ pub async fn update(
     State(gw): State<Arc<Gateway>>,
     JsonBody(body): JsonBody,
 ) -> Result<Json<Value>, ApiError> {
-    only_honoured(&body, "/key/update", &KEY_UPDATE_FIELDS)?;
+    only_honoured(&body, "/key/update", KEY_UPDATE_FIELDS)?;
     let key = named_key(&body)?;
     let changes = Changes::read(&gw, &body, "key_alias")?;
     let expires = (body.contains_key("duration") || body.contains_key("expires"))
         .then(|| expires_at(&body, gw.unix_secs()))
         .transpose()?;
+    // Checked before the change, applied over the stored limits inside it.
+    limits(&gw, &body, &Limits::default())?;
+    let (gw2, body2) = (Arc::clone(&gw), body.clone());
     change_key(&gw, &key, move |current| {
         let mut record = current.clone();
         changes.apply(
@@ -431,6 +564,7 @@ pub async fn update(
         if let Some(expires) = expires {
             record.expires_at = expires;
         }
+        record.limits = limits(&gw2, &body2, &current.limits).map_err(invalid_change)?;
         Ok(record)
     })
     .await
@@ -530,8 +664,25 @@ async fn set_blocked(
 }
 
 /// The fields `/team/update` honours (`team_id` names the team to change).
-pub const TEAM_UPDATE_FIELDS: [&str; 5] =
-    ["team_id", "team_alias", "metadata", "models", "blocked"];
+pub const TEAM_UPDATE_FIELDS: &[&str] = &[
+    "team_id",
+    "team_alias",
+    "metadata",
+    "models",
+    "blocked",
+    "rpm_limit",
+    "tpm_limit",
+    "tpd_limit",
+    "max_parallel_requests",
+    "model_rpm_limit",
+    "model_tpm_limit",
+];
+
+/// A limit change that was valid before the update but not over the stored record cannot
+/// happen (the checks do not depend on the record); said as a store error all the same.
+fn invalid_change(e: ApiError) -> KeyStoreError {
+    KeyStoreError::Corrupt(format!("limits rejected inside an update: {e:?}"))
+}
 
 /// The team a `/team/update`, `/team/block` or `/team/unblock` body names.
 fn named_team(body: &Map<String, Value>) -> Result<String, ApiError> {
@@ -562,9 +713,11 @@ pub async fn update_team(
     State(gw): State<Arc<Gateway>>,
     JsonBody(body): JsonBody,
 ) -> Result<Json<Value>, ApiError> {
-    only_honoured(&body, "/team/update", &TEAM_UPDATE_FIELDS)?;
+    only_honoured(&body, "/team/update", TEAM_UPDATE_FIELDS)?;
     let team_id = named_team(&body)?;
     let changes = Changes::read(&gw, &body, "team_alias")?;
+    limits(&gw, &body, &Limits::default())?;
+    let (gw2, body2) = (Arc::clone(&gw), body.clone());
     change_team(&gw, &team_id, move |current| {
         let mut team = current.clone();
         changes.apply(
@@ -573,6 +726,7 @@ pub async fn update_team(
             &mut team.models,
             &mut team.blocked,
         );
+        team.limits = limits(&gw2, &body2, &current.limits).map_err(invalid_change)?;
         Ok(team)
     })
     .await

@@ -29,7 +29,7 @@ use serde_json::{Map, Value};
 use tokio_postgres::Client;
 
 use super::postgres::{connect_one, import_rows, migrate};
-use super::{expiry, hash_key, now_secs, KeyRecord, KeyStoreError, TeamRecord};
+use super::{expiry, hash_key, now_secs, KeyRecord, KeyStoreError, Limits, TeamRecord};
 use crate::config::DatabaseUrl;
 
 /// LiteLLM's key table.
@@ -61,6 +61,9 @@ const KEY_COLUMNS: &[&str] = &[
     "expires",
     "blocked",
     "created_at",
+    "rpm_limit",
+    "tpm_limit",
+    "max_parallel_requests",
 ];
 
 const TEAM_COLUMNS: &[&str] = &[
@@ -70,7 +73,26 @@ const TEAM_COLUMNS: &[&str] = &[
     "metadata",
     "blocked",
     "created_at",
+    "rpm_limit",
+    "tpm_limit",
+    "max_parallel_requests",
 ];
+
+/// The limit columns both tables have (`BigInt`s; a negative or fractional one is refused).
+fn limits(row: &Map<String, Value>, table: &str) -> Result<Limits, KeyStoreError> {
+    let number = |column: &str| match row.get(column) {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => v.as_u64().map(Some).ok_or_else(|| {
+            KeyStoreError::Corrupt(format!("{table}.{column} {v}: expected a whole number ≥ 0"))
+        }),
+    };
+    Ok(Limits {
+        rpm_limit: number("rpm_limit")?,
+        tpm_limit: number("tpm_limit")?,
+        max_parallel_requests: number("max_parallel_requests")?,
+        ..Limits::default()
+    })
+}
 
 /// A column not honoured, and the rows (key aliases or hash prefixes, team ids) that set it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -299,6 +321,7 @@ fn key(row: &Map<String, Value>) -> Result<KeyRecord, KeyStoreError> {
         created_at: time(row, KEY_TABLE, "created_at")?.unwrap_or_else(now_secs),
         expires_at: time(row, KEY_TABLE, "expires")?,
         blocked: row.get("blocked").and_then(Value::as_bool).unwrap_or(false),
+        limits: limits(row, KEY_TABLE)?,
     })
 }
 
@@ -312,6 +335,7 @@ fn team(row: &Map<String, Value>) -> Result<TeamRecord, KeyStoreError> {
         models: models(row, &["all-proxy-models"]),
         blocked: row.get("blocked").and_then(Value::as_bool).unwrap_or(false),
         created_at: time(row, TEAM_TABLE, "created_at")?.unwrap_or_else(now_secs),
+        limits: limits(row, TEAM_TABLE)?,
     })
 }
 
@@ -342,16 +366,15 @@ mod tests {
         assert_eq!(k.expires_at, Some(1_893_456_000));
         assert_eq!(k.created_at, 1_796_119_200);
         assert!(!k.blocked);
+        assert_eq!(
+            k.limits.rpm_limit,
+            Some(10),
+            "a limit LiteLLM set holds here too"
+        );
         let mut out = BTreeMap::new();
         note_unhonoured(&mut out, KEY_TABLE, &r, KEY_COLUMNS, "ci");
         let fields: Vec<&str> = out.keys().map(String::as_str).collect();
-        assert_eq!(
-            fields,
-            [
-                "LiteLLM_VerificationToken.max_budget",
-                "LiteLLM_VerificationToken.rpm_limit"
-            ]
-        );
+        assert_eq!(fields, ["LiteLLM_VerificationToken.max_budget"]);
     }
 
     #[test]

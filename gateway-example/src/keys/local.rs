@@ -324,6 +324,7 @@ mod tests {
             created_at: 0,
             expires_at: None,
             blocked: false,
+            limits: Default::default(),
         })
     }
 
@@ -335,6 +336,7 @@ mod tests {
             models: Vec::new(),
             blocked: false,
             created_at: 0,
+            limits: Default::default(),
         }
     }
 

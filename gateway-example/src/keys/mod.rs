@@ -35,6 +35,7 @@
 
 pub(crate) mod cache;
 pub mod expiry;
+pub mod limits;
 pub mod litellm;
 pub mod local;
 pub mod postgres;
@@ -50,9 +51,12 @@ use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
+use tower_priority_limit::caller::{CallerKind, Callers};
+
 use crate::config::GatewayConfig;
 
 pub use self::cache::{KEY_CACHE_STALE_IF_ERROR, KEY_CACHE_TTL};
+pub use self::limits::{Limits, TeamLimits};
 pub use self::local::LocalStore;
 pub use self::postgres::{PgKeys, DEFAULT_POSTGRES_TIMEOUT};
 pub use self::redis::{RedisKeys, DEFAULT_REDIS_TIMEOUT};
@@ -80,6 +84,9 @@ pub struct KeyRecord {
     /// Blocked (`/key/block`): refused until unblocked.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub blocked: bool,
+    /// Its own limits (`rpm_limit`, …), beside its team's and the model's.
+    #[serde(flatten, default)]
+    pub limits: Limits,
 }
 
 impl KeyRecord {
@@ -107,6 +114,9 @@ pub struct TeamRecord {
     pub blocked: bool,
     /// Unix seconds.
     pub created_at: u64,
+    /// Limits every key of the team shares (`rpm_limit`, …).
+    #[serde(flatten, default)]
+    pub limits: Limits,
 }
 
 /// Why a key-store operation failed.
@@ -155,6 +165,8 @@ pub struct Resolved {
     pub team_blocked: bool,
     /// The priority: the team's `metadata.priority`, else the key's, else none.
     pub priority: Option<Arc<str>>,
+    /// Its team's limits, when the team has any.
+    pub team_limits: Option<Arc<TeamLimits>>,
 }
 
 impl Resolved {
@@ -170,6 +182,7 @@ impl Resolved {
             team_models,
             team_blocked: team.is_some_and(|t| t.blocked),
             priority,
+            team_limits: team.and_then(team_limits),
         }
     }
 
@@ -183,13 +196,25 @@ impl Resolved {
             team_models: team.and_then(|t| t.team_models.clone()),
             team_blocked: team.is_some_and(|t| t.record.blocked),
             priority: priority.cloned(),
+            team_limits: team.and_then(|t| t.team_limits.clone()),
         }
     }
 
-    /// The models the key may use.
+    /// The models the key may use, and the limits it is held to.
     pub fn access(&self) -> ModelAccess {
         ModelAccess::of_key(self.key.clone(), self.team_models.clone())
+            .with_team_limits(self.team_limits.clone())
     }
+}
+
+/// A team's limits as its keys carry them: `None` when it has none.
+fn team_limits(team: &TeamRecord) -> Option<Arc<TeamLimits>> {
+    (!team.limits.is_empty()).then(|| {
+        Arc::new(TeamLimits {
+            team_id: Arc::from(team.team_id.as_str()),
+            limits: team.limits.clone(),
+        })
+    })
 }
 
 /// A team's model list as shared by its keys' lookups: `None` when it allows every model.
@@ -207,6 +232,8 @@ pub struct ModelAccess {
     key: Option<Arc<KeyRecord>>,
     /// Its team's `models`, when the team has a list.
     team: Option<Arc<[String]>>,
+    /// Its team's limits, when the team has any.
+    team_limits: Option<Arc<TeamLimits>>,
 }
 
 impl ModelAccess {
@@ -220,7 +247,32 @@ impl ModelAccess {
         Self {
             key: Some(key),
             team: team_models,
+            team_limits: None,
         }
+    }
+
+    /// The same, held to its team's `limits` too.
+    pub fn with_team_limits(mut self, limits: Option<Arc<TeamLimits>>) -> Self {
+        self.team_limits = limits;
+        self
+    }
+
+    /// The limits a request on model group `model` is held to beside the model's: its key's,
+    /// then its team's; `None` when neither has any that applies (the master key has none).
+    pub fn callers(&self, model: &str) -> Option<Arc<Callers>> {
+        let key = self
+            .key
+            .as_ref()
+            .filter(|k| !k.limits.is_empty())
+            .and_then(|k| limits::caller(CallerKind::Key, &k.token, &k.limits, model));
+        let team = self
+            .team_limits
+            .as_ref()
+            .and_then(|t| limits::caller(CallerKind::Team, &t.team_id, &t.limits, model));
+        if key.is_none() && team.is_none() {
+            return None;
+        }
+        Callers::new(key, team)
     }
 
     /// The key's team, if it has one (`None` for the master key).
@@ -251,6 +303,8 @@ struct PriorityOf<R> {
     priority: Option<Arc<str>>,
     /// A team's `models` (`None` for a key, or a team that allows all).
     team_models: Option<Arc<[String]>>,
+    /// A team's limits (`None` for a key, or a team without any).
+    team_limits: Option<Arc<TeamLimits>>,
 }
 
 impl PriorityOf<Arc<KeyRecord>> {
@@ -260,6 +314,7 @@ impl PriorityOf<Arc<KeyRecord>> {
             record,
             priority,
             team_models: None,
+            team_limits: None,
         }
     }
 }
@@ -268,10 +323,12 @@ impl PriorityOf<TeamRecord> {
     fn team(record: TeamRecord) -> Self {
         let priority = priority_of(&record.metadata).map(Arc::from);
         let team_models = team_models(&record.models);
+        let team_limits = team_limits(&record);
         Self {
             record,
             priority,
             team_models,
+            team_limits,
         }
     }
 }
@@ -385,6 +442,8 @@ pub struct NewKey {
     pub expires_at: Option<u64>,
     /// Made blocked.
     pub blocked: bool,
+    /// Its own limits.
+    pub limits: Limits,
 }
 
 /// Keys and teams, on the embedded store or on Redis (see the module docs).
@@ -543,6 +602,7 @@ impl KeyStore {
             models,
             expires_at: None,
             blocked: false,
+            limits: Limits::default(),
         })
         .await
     }
@@ -563,6 +623,7 @@ impl KeyStore {
             created_at: now_secs(),
             expires_at: new.expires_at,
             blocked: new.blocked,
+            limits: new.limits,
         });
         match &self.backend {
             Backend::Local(l) => {
@@ -698,6 +759,7 @@ impl KeyStore {
         team_alias: Option<String>,
         metadata: Map<String, Value>,
         models: Vec<String>,
+        limits: Limits,
     ) -> Result<TeamRecord, KeyStoreError> {
         let team = TeamRecord {
             team_id: match team_id {
@@ -709,6 +771,7 @@ impl KeyStore {
             models,
             blocked: false,
             created_at: now_secs(),
+            limits,
         };
         match &self.backend {
             Backend::Local(l) => {
@@ -797,7 +860,13 @@ mod tests {
     async fn team_priority_beats_key_priority() {
         let store = KeyStore::in_memory();
         let team = store
-            .new_team(None, Some("t".into()), meta("prod"), vec![])
+            .new_team(
+                None,
+                Some("t".into()),
+                meta("prod"),
+                vec![],
+                Limits::default(),
+            )
             .await
             .unwrap();
         let (k, _) = store
@@ -814,7 +883,13 @@ mod tests {
         assert_eq!(resolved.priority.as_deref(), Some("dev"));
         // A team without a priority leaves the key's.
         let quiet = store
-            .new_team(None, Some("q".into()), Map::new(), vec![])
+            .new_team(
+                None,
+                Some("q".into()),
+                Map::new(),
+                vec![],
+                Limits::default(),
+            )
             .await
             .unwrap();
         let (k, _) = store
@@ -839,7 +914,13 @@ mod tests {
     async fn a_key_is_held_to_its_own_models_and_its_teams() {
         let store = KeyStore::in_memory();
         let team = store
-            .new_team(None, None, Map::new(), vec!["a".into(), "b".into()])
+            .new_team(
+                None,
+                None,
+                Map::new(),
+                vec!["a".into(), "b".into()],
+                Limits::default(),
+            )
             .await
             .unwrap();
         let names = ["a", "b", "c"];

@@ -51,6 +51,7 @@ pub(super) async fn admit(
             prompt_tokens: chat.prompt_tokens,
             max_output_tokens: chat.max_output_tokens,
             max_wait: (!may_wait).then_some(std::time::Duration::ZERO),
+            callers: chat.access.callers(group),
         })
         .await?;
     Ok(match outcome {

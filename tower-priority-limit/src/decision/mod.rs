@@ -7,11 +7,13 @@
 //! ([`FixedWindow`]) or sliding ([`SlidingWindow`]) windows; the rules are the same for both. The
 //! simulator and every store use these same functions, so a rule lives in exactly one place.
 
+mod caller;
 mod fixed;
 mod sliding;
 
 use crate::config::{Enforcement, ModelLimits, PoolLimits, PoolRef, Settings, TokenAccounting};
 
+pub use self::caller::{admit_callers, check_caller, check_callers, CallerCounters, CallerView};
 pub use self::fixed::FixedWindow;
 pub use self::sliding::{slot_ms, SlidingWindow, RING, SLOTS};
 pub use crate::clock::Millis;
@@ -113,6 +115,8 @@ pub enum Scope {
     Model,
     /// The priority's reserved share, in strict mode.
     Priority,
+    /// A limit of the caller's own: its key's or its team's ([`crate::caller`]).
+    Caller(crate::caller::CallerKind, crate::caller::CallerLimit),
 }
 
 /// The dimension that tripped.

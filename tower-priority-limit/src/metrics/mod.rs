@@ -18,6 +18,7 @@ mod prometheus;
 use std::fmt;
 use std::time::Duration;
 
+use crate::caller::{CallerKind, CallerLimit};
 use crate::config::{ModelId, PoolRef};
 use crate::decision::{Decision, Dimension, Refused, Scope, Usage};
 use crate::meter::Tokens;
@@ -119,17 +120,53 @@ pub enum RefusedBy {
     DeploymentRequests,
     /// The chosen deployment's own tokens per window (shadow refusals only).
     DeploymentTokens,
+    /// The key's requests in flight (`max_parallel_requests`).
+    KeyParallel,
+    /// The key's requests per window (`rpm_limit`).
+    KeyRequests,
+    /// The key's tokens per window (`tpm_limit`).
+    KeyTokens,
+    /// The key's tokens per day (`tpd_limit`).
+    KeyDailyTokens,
+    /// The key's requests per window on the model (`model_rpm_limit`).
+    KeyModelRequests,
+    /// The key's tokens per window on the model (`model_tpm_limit`).
+    KeyModelTokens,
+    /// The team's requests in flight.
+    TeamParallel,
+    /// The team's requests per window.
+    TeamRequests,
+    /// The team's tokens per window.
+    TeamTokens,
+    /// The team's tokens per day.
+    TeamDailyTokens,
+    /// The team's requests per window on the model.
+    TeamModelRequests,
+    /// The team's tokens per window on the model.
+    TeamModelTokens,
 }
 
 impl RefusedBy {
     /// Every counter, in label order.
-    pub const ALL: [RefusedBy; 6] = [
+    pub const ALL: [RefusedBy; 18] = [
         RefusedBy::ModelRequests,
         RefusedBy::ModelTokens,
         RefusedBy::PoolRequests,
         RefusedBy::PoolTokens,
         RefusedBy::DeploymentRequests,
         RefusedBy::DeploymentTokens,
+        RefusedBy::KeyParallel,
+        RefusedBy::KeyRequests,
+        RefusedBy::KeyTokens,
+        RefusedBy::KeyDailyTokens,
+        RefusedBy::KeyModelRequests,
+        RefusedBy::KeyModelTokens,
+        RefusedBy::TeamParallel,
+        RefusedBy::TeamRequests,
+        RefusedBy::TeamTokens,
+        RefusedBy::TeamDailyTokens,
+        RefusedBy::TeamModelRequests,
+        RefusedBy::TeamModelTokens,
     ];
 
     /// The counter that refused `refused`.
@@ -139,7 +176,22 @@ impl RefusedBy {
             (Scope::Model, Dimension::Tokens) => RefusedBy::ModelTokens,
             (Scope::Priority, Dimension::Requests) => RefusedBy::PoolRequests,
             (Scope::Priority, Dimension::Tokens) => RefusedBy::PoolTokens,
+            (Scope::Caller(kind, limit), _) => Self::caller(kind, limit),
         }
+    }
+
+    /// The counter of a caller's `limit`.
+    pub fn caller(kind: CallerKind, limit: CallerLimit) -> Self {
+        // Key variants follow `CallerLimit::ALL`'s order from `KeyParallel`, team ones likewise.
+        let first = match kind {
+            CallerKind::Key => RefusedBy::KeyParallel as usize,
+            CallerKind::Team => RefusedBy::TeamParallel as usize,
+        };
+        let offset = CallerLimit::ALL
+            .iter()
+            .position(|&l| l == limit)
+            .unwrap_or(0);
+        Self::ALL[first + offset]
     }
 
     /// The deployment counter of `dimension`.
@@ -151,7 +203,8 @@ impl RefusedBy {
     }
 
     /// `model_requests`, `model_tokens`, `pool_requests`, `pool_tokens`,
-    /// `deployment_requests` or `deployment_tokens`.
+    /// `deployment_requests`, `deployment_tokens`, or a caller's: `key_` or `team_` with
+    /// `parallel`, `requests`, `tokens`, `daily_tokens`, `model_requests` or `model_tokens`.
     pub fn as_str(self) -> &'static str {
         match self {
             RefusedBy::ModelRequests => "model_requests",
@@ -160,6 +213,18 @@ impl RefusedBy {
             RefusedBy::PoolTokens => "pool_tokens",
             RefusedBy::DeploymentRequests => "deployment_requests",
             RefusedBy::DeploymentTokens => "deployment_tokens",
+            RefusedBy::KeyParallel => "key_parallel",
+            RefusedBy::KeyRequests => "key_requests",
+            RefusedBy::KeyTokens => "key_tokens",
+            RefusedBy::KeyDailyTokens => "key_daily_tokens",
+            RefusedBy::KeyModelRequests => "key_model_requests",
+            RefusedBy::KeyModelTokens => "key_model_tokens",
+            RefusedBy::TeamParallel => "team_parallel",
+            RefusedBy::TeamRequests => "team_requests",
+            RefusedBy::TeamTokens => "team_tokens",
+            RefusedBy::TeamDailyTokens => "team_daily_tokens",
+            RefusedBy::TeamModelRequests => "team_model_requests",
+            RefusedBy::TeamModelTokens => "team_model_tokens",
         }
     }
 }

@@ -102,6 +102,26 @@ pub(crate) fn refusal_message(model: &ModelLimits, label: Option<&str>, r: &Refu
     let mut m = String::with_capacity(200);
     let label = label.unwrap_or("None");
     match r.scope {
+        // LiteLLM's wording for a key's or team's limit.
+        Scope::Caller(kind, limit) => {
+            let who = match kind {
+                crate::caller::CallerKind::Key => "api_key",
+                crate::caller::CallerKind::Team => "team",
+            };
+            let what = match limit {
+                crate::caller::CallerLimit::Parallel => "max_parallel_requests",
+                other => other.as_str(),
+            };
+            let _ = write!(
+                m,
+                "Rate limit exceeded for {who}. Limit type: {what}. Model: {}. Current limit: {}, \
+                 Remaining: {}.",
+                model.name(),
+                r.limit,
+                r.remaining()
+            );
+            return m;
+        }
         Scope::Model => {
             let _ = write!(
                 m,

@@ -3,17 +3,27 @@
 //! One small mutex per model (never held across an await, never shared between models), padded to
 //! its own cache lines (each pool's counters too) so threads working on different models do not slow each other down. A lease
 //! settles through its model's slot alone, so nothing is shared between models on the hot path.
+//!
+//! A caller's own limits (its key's and team's, [`crate::caller`]) are counters of their own, one
+//! small mutex per caller in a sharded table. An admission with callers holds its model's, then
+//! its key's, then its team's mutex at once: one critical section, so all of them admit it or
+//! nothing is counted. Locks are always taken in that order and settlement holds one at a time,
+//! so they cannot deadlock.
 
+use std::collections::HashMap;
 use std::future::{ready, Ready};
+use std::hash::BuildHasher;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::{AdmitRequest, Settlement, Settler, Store, StoreError};
+use crate::caller::{CallerKind, Callers};
 use crate::clock::{Clock, CoarseClock};
 use crate::config::{
     pool_index, LimiterConfig, ModelId, ModelLimits, PoolRef, Settings, TokenAccounting, WindowKind,
 };
 use crate::decision::{
-    decide, settle, Decision, FixedWindow, Millis, SlidingWindow, Usage, Window,
+    admit_callers, check_callers, decide, saturation, settle, CallerCounters, Decision,
+    FixedWindow, Millis, SlidingWindow, Usage, Window,
 };
 
 /// In-process counters for every model of one config.
@@ -30,6 +40,7 @@ pub struct MemoryStore {
     config: LimiterConfig,
     models: Box<[Arc<Slot>]>,
     clock: Arc<dyn Clock>,
+    callers: Arc<CallerTable>,
 }
 
 /// One model's counters, alone on its cache lines, with what settling needs.
@@ -40,6 +51,170 @@ struct Slot {
     clock: Arc<dyn Clock>,
     window_ms: u64,
     accounting: TokenAccounting,
+    callers: Arc<CallerTable>,
+}
+
+/// Shards of the caller table: a lookup locks one of them, briefly.
+const CALLER_SHARDS: usize = 64;
+
+/// Callers idle in one shard beyond which a new caller first drops the idle ones (their windows
+/// are over and nothing is in flight), so the table follows the callers in use.
+const CALLER_PRUNE_AT: usize = 1_024;
+
+/// Every caller's counters, by kind and id, in shards.
+#[derive(Debug)]
+struct CallerTable {
+    shards: Box<[Mutex<CallerShard>]>,
+    hasher: foldhash::fast::RandomState,
+    kind: WindowKind,
+}
+
+/// One shard: keys' and teams' counters by id (looked up by `&str`, no allocation).
+#[derive(Debug, Default)]
+struct CallerShard {
+    keys: HashMap<Arc<str>, Arc<CallerSlot>>,
+    teams: HashMap<Arc<str>, Arc<CallerSlot>>,
+}
+
+/// One caller's counters, alone on its cache lines.
+#[derive(Debug)]
+#[repr(align(128))]
+struct CallerSlot {
+    counters: Mutex<AnyCallerCounters>,
+}
+
+// One per caller, behind its own `Arc`: as the model's counters, boxing would add a pointer
+// chase to every admission.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug)]
+enum AnyCallerCounters {
+    Fixed(CallerCounters<FixedWindow>),
+    Sliding(CallerCounters<SlidingWindow>),
+}
+
+/// The caller counters of one kind of window, out of [`AnyCallerCounters`].
+trait CallerWindow: Window {
+    fn counters(any: &mut AnyCallerCounters) -> &mut CallerCounters<Self>;
+}
+
+impl CallerWindow for FixedWindow {
+    fn counters(any: &mut AnyCallerCounters) -> &mut CallerCounters<Self> {
+        if !matches!(any, AnyCallerCounters::Fixed(_)) {
+            *any = AnyCallerCounters::Fixed(CallerCounters::default());
+        }
+        match any {
+            AnyCallerCounters::Fixed(c) => c,
+            AnyCallerCounters::Sliding(_) => unreachable!("replaced above"),
+        }
+    }
+}
+
+impl CallerWindow for SlidingWindow {
+    fn counters(any: &mut AnyCallerCounters) -> &mut CallerCounters<Self> {
+        if !matches!(any, AnyCallerCounters::Sliding(_)) {
+            *any = AnyCallerCounters::Sliding(CallerCounters::default());
+        }
+        match any {
+            AnyCallerCounters::Sliding(c) => c,
+            AnyCallerCounters::Fixed(_) => unreachable!("replaced above"),
+        }
+    }
+}
+
+impl CallerSlot {
+    fn lock(&self) -> MutexGuard<'_, AnyCallerCounters> {
+        // Integer arithmetic only, as the model's counters: a poisoned lock is still consistent.
+        self.counters.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl CallerTable {
+    fn new(kind: WindowKind) -> Self {
+        Self {
+            shards: (0..CALLER_SHARDS).map(|_| Mutex::default()).collect(),
+            hasher: foldhash::fast::RandomState::default(),
+            kind,
+        }
+    }
+
+    /// The counters of `kind` `id`, made on first use.
+    fn slot(&self, kind: CallerKind, id: &str, now: Millis, window: Millis) -> Arc<CallerSlot> {
+        let shard = (self.hasher.hash_one((kind, id)) as usize) % CALLER_SHARDS;
+        let mut shard = self.shards[shard].lock().unwrap_or_else(|e| e.into_inner());
+        let map = match kind {
+            CallerKind::Key => &mut shard.keys,
+            CallerKind::Team => &mut shard.teams,
+        };
+        if let Some(slot) = map.get(id) {
+            return Arc::clone(slot);
+        }
+        if map.len() >= CALLER_PRUNE_AT {
+            map.retain(|_, slot| {
+                // A slot a request holds (admitting or settling) is in use.
+                Arc::strong_count(slot) > 1 || !slot.is_idle(now, window)
+            });
+        }
+        let counters = match self.kind {
+            WindowKind::Fixed => AnyCallerCounters::Fixed(CallerCounters::default()),
+            WindowKind::Sliding => AnyCallerCounters::Sliding(CallerCounters::default()),
+        };
+        let slot = Arc::new(CallerSlot {
+            counters: Mutex::new(counters),
+        });
+        map.insert(Arc::from(id), Arc::clone(&slot));
+        slot
+    }
+
+    /// The slots of `callers`, by place (key, team).
+    fn slots(
+        &self,
+        callers: &Callers,
+        now: Millis,
+        window: Millis,
+    ) -> [Option<Arc<CallerSlot>>; 2] {
+        [0, 1].map(|place| {
+            callers
+                .get(place)
+                .map(|c| self.slot(c.kind(), c.id(), now, window))
+        })
+    }
+}
+
+impl CallerTable {
+    /// Records settlement `s` on the counters of `callers` and frees their parallel slots; one
+    /// caller at a time, so settlement never holds two locks.
+    fn settle(
+        &self,
+        s: Settlement,
+        callers: &Callers,
+        now: Millis,
+        window: Millis,
+        accounting: TokenAccounting,
+    ) {
+        let marks = callers.marks();
+        for (place, slot) in self.slots(callers, now, window).iter().enumerate() {
+            let Some(slot) = slot else { continue };
+            let (reserved, tokens) = (marks.reserved, s.tokens);
+            let marks = marks.marks[place];
+            match &mut *slot.lock() {
+                AnyCallerCounters::Fixed(c) => c.settle(
+                    s.model, marks, reserved, tokens, s.cancel, accounting, now, window,
+                ),
+                AnyCallerCounters::Sliding(c) => c.settle(
+                    s.model, marks, reserved, tokens, s.cancel, accounting, now, window,
+                ),
+            }
+        }
+    }
+}
+
+impl CallerSlot {
+    fn is_idle(&self, now: Millis, window: Millis) -> bool {
+        match &*self.lock() {
+            AnyCallerCounters::Fixed(c) => c.is_idle(now, window),
+            AnyCallerCounters::Sliding(c) => c.is_idle(now, window),
+        }
+    }
 }
 
 impl Slot {
@@ -79,6 +254,13 @@ impl Settler for Slot {
             Counters::Fixed(c) => apply(c, &s, accounting, now, window),
             Counters::Sliding(c) => apply(c, &s, accounting, now, window),
         }
+    }
+
+    fn settle_callers(&self, s: Settlement, callers: &Arc<Callers>) {
+        self.settle(s);
+        let now = self.clock.now_ms();
+        self.callers
+            .settle(s, callers, now, self.window_ms, self.accounting);
     }
 }
 
@@ -128,8 +310,58 @@ impl<W: Window> ModelCounters<W> {
         (self.model.usage(now, window), pool)
     }
 
-    /// Decides `request` and counts it if admitted.
+    /// Decides `request` and counts it if admitted, on its callers' counters too (`callers`, by
+    /// place, locked by the caller of this function): the key's and team's limits first, then
+    /// the model's and pool's.
     fn admit(
+        &mut self,
+        limits: &ModelLimits,
+        settings: &Settings,
+        request: &AdmitRequest,
+        now: Millis,
+        callers: [Option<&mut CallerCounters<W>>; 2],
+    ) -> Decision {
+        let Some(who) = &request.callers else {
+            return self.admit_model(limits, settings, request, now);
+        };
+        let window = settings.window_ms;
+        let saturation = saturation(limits, self.model.usage(now, window));
+        let [key, team] = callers;
+        let seen = [key.as_deref(), team.as_deref()];
+        let checked = check_callers(
+            who,
+            seen,
+            request.model,
+            request.reserve,
+            saturation,
+            now,
+            window,
+        );
+        let shadow = match checked {
+            Err(refused) if limits.enforcement() == crate::config::Enforcement::Enforce => {
+                return Decision::Refuse(refused)
+            }
+            Err(refused) => Some(refused),
+            Ok(_) => None,
+        };
+        let mut decision = self.admit_model(limits, settings, request, now);
+        if let Decision::Admit(admitted) = &mut decision {
+            let reserved = who.reservation(request.reserve);
+            who.set_marks(admit_callers(
+                [key, team],
+                request.model,
+                reserved,
+                now,
+                window,
+            ));
+            // The first limit in order that would have refused, under shadow enforcement.
+            admitted.shadow = shadow.or(admitted.shadow);
+        }
+        decision
+    }
+
+    /// Decides `request` on the model's and pool's counters and counts it if admitted.
+    fn admit_model(
         &mut self,
         limits: &ModelLimits,
         settings: &Settings,
@@ -168,6 +400,7 @@ impl MemoryStore {
     /// Counters for every model of `config`, on `clock`.
     pub fn with_clock(config: &LimiterConfig, clock: impl Clock) -> Self {
         let clock: Arc<dyn Clock> = Arc::new(clock);
+        let callers = Arc::new(CallerTable::new(config.settings().window_kind));
         let models = config
             .models()
             .iter()
@@ -181,6 +414,7 @@ impl MemoryStore {
                     clock: Arc::clone(&clock),
                     window_ms: config.settings().window_ms,
                     accounting: config.settings().token_accounting,
+                    callers: Arc::clone(&callers),
                 })
             })
             .collect();
@@ -188,6 +422,7 @@ impl MemoryStore {
             config: config.clone(),
             models,
             clock,
+            callers,
         }
     }
 
@@ -204,7 +439,22 @@ impl MemoryStore {
             config: config.clone(),
             models: self.models.clone(),
             clock: Arc::clone(&self.clock),
+            callers: Arc::clone(&self.callers),
         })
+    }
+
+    /// Records settlement `s` on the counters of `callers` only (not the model's): a request a
+    /// shared store admitted through this store as its fallback settles its callers here.
+    pub(crate) fn settle_callers_only(&self, s: Settlement, callers: &Callers) {
+        let settings = self.config.settings();
+        let now = self.clock.now_ms();
+        self.callers.settle(
+            s,
+            callers,
+            now,
+            settings.window_ms,
+            settings.token_accounting,
+        );
     }
 
     /// The clock windows are measured on.
@@ -263,9 +513,38 @@ impl Store for MemoryStore {
         };
         let now = self.clock.now_ms();
         let settings = config.settings();
+        let Some(callers) = &request.callers else {
+            return ready(Ok(match &mut *guard {
+                Counters::Fixed(c) => c.admit_model(limits, settings, &request, now),
+                Counters::Sliding(c) => c.admit_model(limits, settings, &request, now),
+            }));
+        };
+        // Model, key, then team: the one order every admission locks in (settlement holds one
+        // lock at a time), so no two admissions wait for each other.
+        let slots = self.callers.slots(callers, now, settings.window_ms);
+        let mut guards = slots.each_ref().map(|s| s.as_ref().map(|s| s.lock()));
+        let [key, team] = &mut guards;
         ready(Ok(match &mut *guard {
-            Counters::Fixed(c) => c.admit(limits, settings, &request, now),
-            Counters::Sliding(c) => c.admit(limits, settings, &request, now),
+            Counters::Fixed(c) => c.admit(
+                limits,
+                settings,
+                &request,
+                now,
+                [
+                    key.as_deref_mut().map(FixedWindow::counters),
+                    team.as_deref_mut().map(FixedWindow::counters),
+                ],
+            ),
+            Counters::Sliding(c) => c.admit(
+                limits,
+                settings,
+                &request,
+                now,
+                [
+                    key.as_deref_mut().map(SlidingWindow::counters),
+                    team.as_deref_mut().map(SlidingWindow::counters),
+                ],
+            ),
         }))
     }
 
@@ -296,6 +575,7 @@ mod tests {
             model,
             pool: PoolRef::Default,
             reserve,
+            callers: None,
         };
         match store.admit(request).into_inner().unwrap() {
             Decision::Admit(a) => Some(Settlement {

@@ -13,6 +13,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
+use crate::caller::Callers;
 use crate::clock::{Clock, CoarseClock};
 use crate::config::{LimiterConfig, ModelId, PoolRef};
 use crate::decision::{Decision, Millis, Usage};
@@ -26,7 +27,7 @@ pub use self::redis::{RedisStats, RedisStore, RedisStoreBuilder, RedisTarget};
 pub use memory::MemoryStore;
 
 /// One admission to decide.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct AdmitRequest {
     /// The model asked for.
     pub model: ModelId,
@@ -34,6 +35,9 @@ pub struct AdmitRequest {
     pub pool: PoolRef,
     /// Tokens to charge at admission (0 in the source-exact mode; the real count comes at settle).
     pub reserve: u64,
+    /// The caller's own limits (its key's and team's), checked in the same atomic step; `None`
+    /// when it has none.
+    pub callers: Option<Arc<Callers>>,
 }
 
 /// The admitted request's tokens, recorded once its response is done.
@@ -156,4 +160,9 @@ pub type SettledHook = Box<dyn Fn(ModelId) + Send + Sync>;
 pub trait Settler: Send + Sync + 'static {
     /// Records `settlement`. Must not block or fail loudly: it runs in `Drop`.
     fn settle(&self, settlement: Settlement);
+
+    /// Records `settlement` on the counters of `callers` too (its key's and team's, where the
+    /// admission counted it: [`Callers::marks`]), and frees their parallel slots. Always called
+    /// for a request admitted with callers, whatever its tokens, so no slot leaks.
+    fn settle_callers(&self, settlement: Settlement, callers: &Arc<Callers>);
 }

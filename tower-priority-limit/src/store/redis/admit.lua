@@ -18,6 +18,16 @@
 --          floor tpm (-1 = none).
 --          With n > 0 the reply has, after the first eight values, each pool's (requests, tokens)
 --          at `now` (zeros where the rule did not need them), and only then the rings.
+--          Then the callers (`decision/caller.rs`), at b = 17 + 3n: their number c (0..2), the
+--          tokens they reserve, the day's length and slot length in ms, their hashes' TTL in ms,
+--          this admission's parallel slot id and how long a slot is held at most (ms), the
+--          model's field prefix in their hashes; then per caller its max_parallel, rpm, tpm,
+--          tpd, model rpm, model tpm (-1 = none). KEYS[2 + 2i] is caller i's hash (pairs "w"
+--          window, "d" day, model prefix; fields as the model's), KEYS[3 + 2i] its sorted set of
+--          parallel slots (score: when the slot lapses).
+--          The callers are checked first, key then team; after everything else the reply has,
+--          per caller, its slots in use and the (start/head, requests, tokens) of its three
+--          pairs, and on a caller's refusal of sliding windows, their rings (three per caller).
 -- Returns  fixed:   {now, model start (-1 = none), model requests, model tokens,
 --                    pool start (-1 = none), pool requests, pool tokens, verdict}
 --          sliding: {now, model head (-1 = none), model requests, model tokens, pool head, pool
@@ -25,7 +35,8 @@
 --                    window at `now` are dropped, then on a refusal the 31 (requests, tokens)
 --                    places of the model's ring and then of the pool's (zeros without pools).
 --          verdict: 0 admitted and counted, 1 refused by the model cap, 2 refused by the pool,
---          3 expired: run after the caller's deadline (it has given up), nothing read or changed.
+--          3 expired: run after the caller's deadline (it has given up), nothing read or changed,
+--          4 refused by a caller's limit.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local deadline = tonumber(ARGV[10])
@@ -47,18 +58,20 @@ local RING = 31
 
 -- A counter pair as read: {start/head, requests, tokens} plus, for a sliding window, the places
 -- that left the window at `now` (to clear when writing).
-local function read_fixed(p, f)
+-- `hk` is the hash, `win` the window, `sl` the slot length (the model's, or a caller's day).
+local function read_fixed(hk, p, f, win)
   local s = tonumber(f[1])
   local r, k = tonumber(f[2]) or 0, tonumber(f[3]) or 0
   local c = {start = s, raw_r = r, raw_k = k, r = r, k = k}
-  if not (s ~= nil and now < s + window) then c.r, c.k = 0, 0 end
+  if not (s ~= nil and now < s + win) then c.r, c.k = 0, 0 end
   return c
 end
 
 local slot = math.floor(now / slot_ms)
 local place_now = slot % RING
 -- f: the pair's head, totals, and the requests and tokens at the current slot's place.
-local function read_sliding(p, f)
+local function read_sliding(hk, p, f, win, sl)
+  local slot = math.floor(now / sl)
   local h = tonumber(f[1])
   local r, k = tonumber(f[2]) or 0, tonumber(f[3]) or 0
   -- What the place an admission writes to holds now (the head's place: the current slot's, unless
@@ -79,7 +92,7 @@ local function read_sliding(p, f)
         fields[#fields + 1] = p .. 'r' .. place
         fields[#fields + 1] = p .. 't' .. place
       end
-      local v = redis.call('HMGET', key, unpack(fields))
+      local v = redis.call('HMGET', hk, unpack(fields))
       for i = 1, #v, 2 do
         r = r - math.min(tonumber(v[i]) or 0, r)
         k = k - math.min(tonumber(v[i + 1]) or 0, k)
@@ -90,7 +103,7 @@ local function read_sliding(p, f)
   if head == nil or slot > head then head = slot end
   if head ~= slot then
     -- The clock stepped back: the admission goes to the head's place (rare; one more read).
-    local v = redis.call('HMGET', key, p .. 'r' .. (head % RING), p .. 't' .. (head % RING))
+    local v = redis.call('HMGET', hk, p .. 'r' .. (head % RING), p .. 't' .. (head % RING))
     cur_r, cur_k = tonumber(v[1]) or 0, tonumber(v[2]) or 0
   end
   return {start = h, head = head, r = r, k = k, gone = gone, cur_r = cur_r, cur_k = cur_k}
@@ -115,10 +128,11 @@ local f = redis.call('HMGET', key, unpack(fields))
 local read = read_fixed
 local width = 3
 if sliding then read, width = read_sliding, 5 end
-local m = read('m', {f[1], f[2], f[3], f[4], f[5]})
+local m = read(key, 'm', {f[1], f[2], f[3], f[4], f[5]}, window, slot_ms)
 local q = {start = nil, head = nil, r = 0, k = 0, raw_r = 0, raw_k = 0, gone = {}}
 if pp ~= '' then
-  q = read(pp, {f[width + 1], f[width + 2], f[width + 3], f[width + 4], f[width + 5]})
+  q = read(key, pp, {f[width + 1], f[width + 2], f[width + 3], f[width + 4], f[width + 5]},
+    window, slot_ms)
 end
 
 -- Saturation, read before this request counts, picks the mode and so the reservation.
@@ -131,8 +145,55 @@ if strict then reserve = reserve_strict end
 
 -- RPM is exact (refused iff requests + 1 > limit); TPM refuses iff tokens >= limit or
 -- tokens + reserve > limit (reserve is 0 with post_hoc accounting).
-local function over(lr, lt, c)
-  return (lr >= 0 and c.r + 1 > lr) or (lt >= 0 and c.k + math.max(reserve, 1) > lt)
+local function over_by(lr, lt, c, res)
+  return (lr >= 0 and c.r + 1 > lr) or (lt >= 0 and c.k + math.max(res, 1) > lt)
+end
+local function over(lr, lt, c) return over_by(lr, lt, c, reserve) end
+
+-- The callers (`check_callers` in decision/caller.rs): each one's three pairs and slots in use,
+-- read before anything counts; refused iff a limit of the key, then of the team, is broken.
+local cb = 17 + 3 * n
+local nc = tonumber(ARGV[cb]) or 0
+local callers = {}
+local caller_refused = false
+if nc > 0 then
+  local creserve = tonumber(ARGV[cb + 1])
+  local day, day_slot = tonumber(ARGV[cb + 2]), tonumber(ARGV[cb + 3])
+  local mp = ARGV[cb + 7]
+  for i = 0, nc - 1 do
+    local hk, zk = KEYS[2 + 2 * i], KEYS[3 + 2 * i]
+    local lim = {}
+    for j = 0, 5 do lim[j] = tonumber(ARGV[cb + 8 + 6 * i + j]) end
+    local pairs_at = {{'w', window, slot_ms}, {'d', day, day_slot}, {mp, window, slot_ms}}
+    local names = {}
+    for _, pr in ipairs(pairs_at) do
+      local p, sl = pr[1], pr[3]
+      if sliding then
+        local place = math.floor(now / sl) % RING
+        for _, nm in ipairs({'h', 'R', 'T', 'r' .. place, 't' .. place}) do
+          names[#names + 1] = p .. nm
+        end
+      else
+        for _, nm in ipairs({'s', 'r', 't'}) do names[#names + 1] = p .. nm end
+      end
+    end
+    local v = redis.call('HMGET', hk, unpack(names))
+    local c = {hk = hk, zk = zk, pairs = {}}
+    for j, pr in ipairs(pairs_at) do
+      local o = (j - 1) * width
+      c.pairs[j] = read(hk, pr[1], {v[o + 1], v[o + 2], v[o + 3], v[o + 4], v[o + 5]}, pr[2], pr[3])
+      c.pairs[j].p, c.pairs[j].win, c.pairs[j].sl = pr[1], pr[2], pr[3]
+    end
+    redis.call('ZREMRANGEBYSCORE', zk, '-inf', now)
+    c.parallel = redis.call('ZCARD', zk)
+    callers[i] = c
+    if not caller_refused then
+      local w, d, mm = c.pairs[1], c.pairs[2], c.pairs[3]
+      caller_refused = (lim[0] >= 0 and c.parallel + 1 > lim[0])
+        or over_by(lim[1], lim[2], w, creserve) or over_by(-1, lim[3], d, creserve)
+        or over_by(lim[4], lim[5], mm, creserve)
+    end
+  end
 end
 
 -- Integer ceil(a / b) for a >= 0, b > 0, exact in doubles below 2^53.
@@ -235,7 +296,9 @@ local function floors_refuse()
 end
 
 local verdict = 0
-if over(rpm, tpm, m) then
+if caller_refused then
+  verdict = 4
+elseif over(rpm, tpm, m) then
   verdict = 1
 elseif strict and over(prpm, ptpm, q) then
   verdict = 2
@@ -255,47 +318,105 @@ local function add_pools_used(reply)
   end
 end
 
-if not sliding then
-  if verdict == 0 then
-    local function count(p, c)
-      if c.start ~= nil and now < c.start + window then
-        redis.call('HINCRBY', key, p .. 'r', 1)
-        if reserve > 0 then redis.call('HINCRBY', key, p .. 't', reserve) end
+-- Counts one admission reserving `res` tokens on pair `c` (prefix `p`) of hash `hk`.
+local function count_fixed(hk, p, c, win, res)
+  if c.start ~= nil and now < c.start + win then
+    redis.call('HINCRBY', hk, p .. 'r', 1)
+    if res > 0 then redis.call('HINCRBY', hk, p .. 't', res) end
+  else
+    redis.call('HSET', hk, p .. 's', now, p .. 'r', 1, p .. 't', res)
+  end
+end
+local function count_sliding(hk, p, c, res)
+  local cleared = {}
+  for _, place in ipairs(c.gone) do
+    cleared[#cleared + 1] = p .. 'r' .. place
+    cleared[#cleared + 1] = p .. 't' .. place
+  end
+  if #cleared > 0 then redis.call('HDEL', hk, unpack(cleared)) end
+  -- The newest slot: the current one, or the head if the clock stepped back. One write.
+  local place = c.head % RING
+  redis.call('HSET', hk, p .. 'h', c.head, p .. 'R', c.r + 1, p .. 'T', c.k + res,
+    p .. 'r' .. place, c.cur_r + 1, p .. 't' .. place, c.cur_k + res)
+end
+
+-- The callers' part of the reply, and on an admission their counts.
+local function callers_reply(reply)
+  if nc == 0 then return end
+  local creserve = tonumber(ARGV[cb + 1])
+  for i = 0, nc - 1 do
+    local c = callers[i]
+    reply[#reply + 1] = c.parallel
+    for _, pr in ipairs(c.pairs) do
+      if sliding then
+        reply[#reply + 1] = pr.head
+        reply[#reply + 1] = pr.r
+        reply[#reply + 1] = pr.k
       else
-        redis.call('HSET', key, p .. 's', now, p .. 'r', 1, p .. 't', reserve)
+        reply[#reply + 1] = pr.start or -1
+        reply[#reply + 1] = pr.raw_r
+        reply[#reply + 1] = pr.raw_k
       end
     end
-    count('m', m)
-    if pp ~= '' then count(pp, q) end
+    if verdict == 0 then
+      for _, pr in ipairs(c.pairs) do
+        if sliding then count_sliding(c.hk, pr.p, pr, creserve)
+        else count_fixed(c.hk, pr.p, pr, pr.win, creserve) end
+      end
+      redis.call('PEXPIRE', c.hk, tonumber(ARGV[cb + 4]))
+      local lease = tonumber(ARGV[cb + 6])
+      redis.call('ZADD', c.zk, now + lease, ARGV[cb + 5])
+      redis.call('PEXPIRE', c.zk, lease)
+    end
+  end
+  if verdict == 4 and sliding then
+    for i = 0, nc - 1 do
+      for _, pr in ipairs(callers[i].pairs) do
+        local names = {}
+        for place = 0, RING - 1 do
+          names[#names + 1] = pr.p .. 'r' .. place
+          names[#names + 1] = pr.p .. 't' .. place
+        end
+        local v = redis.call('HMGET', callers[i].hk, unpack(names))
+        local dropped = {}
+        for _, place in ipairs(pr.gone) do dropped[place] = true end
+        for place = 0, RING - 1 do
+          if dropped[place] then
+            reply[#reply + 1] = 0
+            reply[#reply + 1] = 0
+          else
+            reply[#reply + 1] = tonumber(v[2 * place + 1]) or 0
+            reply[#reply + 1] = tonumber(v[2 * place + 2]) or 0
+          end
+        end
+      end
+    end
+  end
+end
+
+if not sliding then
+  if verdict == 0 then
+    count_fixed(key, 'm', m, window, reserve)
+    if pp ~= '' then count_fixed(key, pp, q, window, reserve) end
     -- Every window in this hash ends by now + window, so nothing outlives its use.
     redis.call('PEXPIRE', key, tonumber(ARGV[9]))
   end
   local reply = {now, m.start or -1, m.raw_r, m.raw_k, q.start or -1, q.raw_r, q.raw_k, verdict}
   add_pools_used(reply)
+  callers_reply(reply)
   return reply
 end
 
 if verdict == 0 then
-  local function count(p, c)
-    local cleared = {}
-    for _, place in ipairs(c.gone) do
-      cleared[#cleared + 1] = p .. 'r' .. place
-      cleared[#cleared + 1] = p .. 't' .. place
-    end
-    if #cleared > 0 then redis.call('HDEL', key, unpack(cleared)) end
-    -- The newest slot: the current one, or the head if the clock stepped back. One write.
-    local place = c.head % RING
-    redis.call('HSET', key, p .. 'h', c.head, p .. 'R', c.r + 1, p .. 'T', c.k + reserve,
-      p .. 'r' .. place, c.cur_r + 1, p .. 't' .. place, c.cur_k + reserve)
-  end
-  count('m', m)
-  if pp ~= '' then count(pp, q) end
+  count_sliding(key, 'm', m, reserve)
+  if pp ~= '' then count_sliding(key, pp, q, reserve) end
   -- Every slot in this hash leaves the window by now + window + a slot; the TTL (window + a slot
   -- + a margin of at least a slot) is renewed when the model's newest slot changes, which is
   -- often enough.
   if m.start ~= m.head then redis.call('PEXPIRE', key, tonumber(ARGV[9])) end
   local reply = {now, m.head, m.r, m.k, q.head or -1, q.r, q.k, verdict}
   add_pools_used(reply)
+  callers_reply(reply)
   return reply
 end
 
@@ -327,4 +448,5 @@ if pp ~= '' then
 else
   for _ = 1, 2 * RING do reply[#reply + 1] = 0 end
 end
+callers_reply(reply)
 return reply

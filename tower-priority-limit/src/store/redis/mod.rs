@@ -64,10 +64,12 @@ use self::script::{LuaScript, SCRIPT_LOAD_WAIT};
 use self::settle::{flush_settlements, process_id, Queued, RedisSettler};
 pub use self::target::RedisTarget;
 use super::{AdmitRequest, MemoryStore, SettledHook, Settler, Store, StoreError};
+use crate::caller::{Caller, CallerMarks, DAY_MS};
 use crate::config::WindowKind;
 use crate::config::{pool_index, Enforcement, FailureMode, LimiterConfig, ModelId, PoolRef};
 use crate::decision::{
-    decide, reservation, slot_ms, Decision, FixedWindow, Millis, SlidingWindow, Usage, Window, RING,
+    check_callers, decide, reservation, saturation, slot_ms, CallerCounters, Decision, FixedWindow,
+    Millis, SlidingWindow, Usage, Window, RING,
 };
 use crate::metrics::Observer;
 
@@ -99,6 +101,32 @@ fn ttl_ms(settings: &crate::config::Settings) -> u64 {
 
 /// `admit.lua`'s verdict for a call run after its deadline: nothing counted.
 const EXPIRED: i64 = 3;
+
+/// The longest a caller's parallel slot is held in Redis (`max_parallel_requests`): a request
+/// still running after this stops holding it, and the slots of a gateway that died free by then.
+pub const PARALLEL_SLOT_MS: u64 = 600_000;
+
+/// How long a caller's hash lives after its last admission: the day (and two slots, for a sliding
+/// one) plus a margin, so no counter expires while it counts.
+fn caller_ttl_ms(kind: WindowKind) -> u64 {
+    let extra = match kind {
+        WindowKind::Fixed => 0,
+        WindowKind::Sliding => slot_ms(DAY_MS).saturating_mul(2),
+    };
+    DAY_MS.saturating_add(extra).saturating_add(TTL_MARGIN_MS)
+}
+
+/// A caller's hash key and its parallel slots' key: `PREFIX{c:KIND:ID}` (a tag of its own).
+fn caller_keys(prefix: &str, caller: &Caller) -> [String; 2] {
+    let hash = format!("{prefix}{{c:{}:{}}}", caller.kind().as_str(), caller.id());
+    let slots = format!("{hash}:inflight");
+    [hash, slots]
+}
+
+/// A caller's fields of `model` in its hash: `M<name>:` then the pair's own.
+fn caller_model_prefix(model: &str) -> String {
+    format!("M{model}:")
+}
 
 /// Counters of what the store did that an operator should know about.
 #[derive(Debug, Default)]
@@ -241,6 +269,7 @@ impl RedisStoreBuilder {
             admit_script: LuaScript::new(include_str!("admit.lua")),
             settle_script: LuaScript::new(include_str!("settle.lua")),
             keys,
+            key_prefix: self.key_prefix.clone(),
             pool_prefixes,
             ttl_ms: ttl_ms(config.settings()),
             failure_mode: shared.failure_mode,
@@ -361,6 +390,8 @@ struct Inner {
     settle_script: LuaScript,
     /// Per model: its hash key, `PREFIX{name}`.
     keys: Box<[String]>,
+    /// The prefix of every key (callers' hashes are `PREFIX{c:KIND:ID}`).
+    key_prefix: String,
     /// Per pool index: the field prefix of its counters (`p:LABEL:`, default pool `d:`).
     pool_prefixes: Vec<String>,
     ttl_ms: u64,
@@ -502,6 +533,13 @@ impl Inner {
         else {
             return Err(StoreError::NoCounters(request.model));
         };
+        if request.callers.is_some() && matches!(self.connection, RedisConnection::Cluster(_)) {
+            // One script may touch one cluster slot only, and a key's counters are not in its
+            // model's: refused loudly rather than counted apart (docs/gateway.md).
+            return Err(StoreError::Unavailable(
+                "key and team limits need a single Redis server, not a Redis Cluster".to_owned(),
+            ));
+        }
         if !self.should_try() {
             return self.fallback(request);
         }
@@ -517,7 +555,28 @@ impl Inner {
         let sent = self.local_ms();
         let timeout_ms = i64::try_from(self.timeout.as_millis()).unwrap_or(i64::MAX);
         let deadline = self.redis_time.deadline(sent, timeout_ms);
-        let keys = [key.as_str()];
+        let caller_keys: Vec<[String; 2]> = request
+            .callers
+            .iter()
+            .flat_map(|c| c.iter())
+            .map(|c| caller_keys(&self.key_prefix, c))
+            .collect();
+        let mut keys: Vec<&str> = Vec::with_capacity(1 + 2 * caller_keys.len());
+        keys.push(key.as_str());
+        keys.extend(
+            caller_keys
+                .iter()
+                .flat_map(|k| [k[0].as_str(), k[1].as_str()]),
+        );
+        // Never 0: a caller's slot id of 0 says "admitted on the local fallback".
+        let slot_id = match request.callers {
+            Some(_) => self.next_settlement.fetch_add(1, Ordering::Relaxed) + 1,
+            None => 0,
+        };
+        let model_prefix = request
+            .callers
+            .as_ref()
+            .map(|_| caller_model_prefix(limits.name()));
         // The script picks by the mode it finds: the pool's limit caps it in strict mode only.
         let reserve = |strict: bool| {
             let strict = strict && limits.pool_count() > 0 && settings.pools_cap();
@@ -550,6 +609,32 @@ impl Inner {
                     .arg(limit(limits.rpm))
                     .arg(limit(limits.tpm));
             }
+            // The callers, key then team.
+            let (Some(callers), Some(model_prefix)) = (&request.callers, &model_prefix) else {
+                cmd.arg(0);
+                return;
+            };
+            cmd.arg(callers.iter().count())
+                .arg(callers.reservation(request.reserve).min(MAX_EXACT))
+                .arg(DAY_MS)
+                .arg(slot_ms(DAY_MS))
+                .arg(caller_ttl_ms(settings.window_kind))
+                .arg(self.slot_member(slot_id))
+                .arg(PARALLEL_SLOT_MS)
+                .arg(model_prefix.as_str());
+            for c in callers.iter() {
+                let l = c.limits();
+                for v in [
+                    l.max_parallel,
+                    l.rpm,
+                    l.tpm,
+                    l.tpd,
+                    l.model_rpm,
+                    l.model_tpm,
+                ] {
+                    cmd.arg(limit(v));
+                }
+            }
         });
         let reply: Result<Vec<i64>, StoreError> = self.timed(bounded(self.timeout, call)).await;
         match reply {
@@ -565,7 +650,7 @@ impl Inner {
                         .fetch_add(1, Ordering::Relaxed);
                     return self.fallback(request);
                 }
-                let decision = self.decision(request, &reply);
+                let decision = self.decision(&request, &reply, slot_id);
                 self.see(&request, &decision);
                 Ok(decision)
             }
@@ -614,45 +699,75 @@ impl Inner {
         self.config.model(model).pool_limits()
     }
 
+    /// A parallel slot's member in a caller's sorted set: this process's prefix and the id.
+    fn slot_member(&self, id: u64) -> String {
+        format!("{:016x}-{id:x}", self.settlement_ids)
+    }
+
     /// The full decision from the counters the script saw before it acted.
-    fn decision(&self, request: AdmitRequest, reply: &[i64]) -> Decision {
+    fn decision(&self, request: &AdmitRequest, reply: &[i64], slot_id: u64) -> Decision {
         let limits = self.config.model(request.model);
         let (now, verdict) = (reply[0].max(0) as Millis, reply[7]);
         let count = |v: i64| v.max(0) as u64;
         let pools = self.floors(request.model).len();
-        // Each pair from its three values (start or head, requests, tokens) at `at` in the reply.
-        let decision = match self.config.settings().window_kind {
-            WindowKind::Fixed => self.decide_on(request, now, reply, |at| FixedWindow {
-                window_start: u64::try_from(reply[at]).ok(),
-                requests: count(reply[at + 1]),
-                tokens: count(reply[at + 2]),
-            }),
-            // The totals count at `now`; the rings come with a refusal only, after the eight
-            // values (an admission's headers need the totals alone).
-            WindowKind::Sliding => self.decide_on(request, now, reply, |at| {
-                let rings = 8 + 2 * pools;
-                let ring_at = if at == 1 { rings } else { rings + 2 * RING };
-                let mut slots = [Usage::default(); RING];
-                if let Some(values) = reply.get(ring_at..ring_at + 2 * RING) {
-                    for (place, pair) in slots.iter_mut().zip(values.chunks_exact(2)) {
-                        *place = Usage {
-                            requests: count(pair[0]),
-                            tokens: count(pair[1]),
-                        };
-                    }
+        let sliding_refused =
+            verdict != 0 && self.config.settings().window_kind == WindowKind::Sliding;
+        // After the model's part: each caller's slots and pairs, then (a caller's refusal of
+        // sliding windows) their rings.
+        let callers_at = 8 + 2 * pools + if sliding_refused { 4 * RING } else { 0 };
+        let n_callers = request.callers.as_ref().map_or(0, |c| c.iter().count());
+        let caller_rings_at = callers_at + 10 * n_callers;
+        let ring = |at: usize| {
+            let mut slots = [Usage::default(); RING];
+            if let Some(values) = reply.get(at..at + 2 * RING) {
+                for (place, pair) in slots.iter_mut().zip(values.chunks_exact(2)) {
+                    *place = Usage {
+                        requests: count(pair[0]),
+                        tokens: count(pair[1]),
+                    };
                 }
-                SlidingWindow {
-                    head: u64::try_from(reply[at]).ok(),
-                    slots,
-                    total: Usage {
+            }
+            slots
+        };
+        // Each pair from its three values (start or head, requests, tokens) at `at` in the reply,
+        // and the ring at `ring_at` (zeros where the reply has none).
+        let decision = match self.config.settings().window_kind {
+            WindowKind::Fixed => {
+                self.decide_on(request, now, reply, callers_at, slot_id, |at, _| {
+                    FixedWindow {
+                        window_start: u64::try_from(reply[at]).ok(),
                         requests: count(reply[at + 1]),
                         tokens: count(reply[at + 2]),
-                    },
-                }
-            }),
+                    }
+                })
+            }
+            // The totals count at `now`; the rings come with a refusal only, after the eight
+            // values (an admission's headers need the totals alone).
+            WindowKind::Sliding => {
+                let rings = 8 + 2 * pools;
+                self.decide_on(request, now, reply, callers_at, slot_id, |at, pair| {
+                    let ring_at = match pair {
+                        PairAt::Model => rings,
+                        PairAt::Pool => rings + 2 * RING,
+                        PairAt::Caller(i) => caller_rings_at + 2 * RING * i,
+                    };
+                    SlidingWindow {
+                        head: u64::try_from(reply[at]).ok(),
+                        slots: ring(ring_at),
+                        total: Usage {
+                            requests: count(reply[at + 1]),
+                            tokens: count(reply[at + 2]),
+                        },
+                    }
+                })
+            }
         };
         let admitted = matches!(decision, Decision::Admit(_));
-        if admitted != (verdict == 0) {
+        let caller_refused = matches!(
+            decision,
+            Decision::Refuse(r) if matches!(r.scope, crate::decision::Scope::Caller(..))
+        );
+        if admitted != (verdict == 0) || caller_refused != (verdict == 4) {
             self.stats
                 .verdict_mismatches
                 .fetch_add(1, Ordering::Relaxed);
@@ -667,37 +782,118 @@ impl Inner {
     }
 
     /// [`decide`] on the pairs `pair` builds from the reply: the model-wide one at 1, the pool's
-    /// at 4; each pool's usage for the floors rule after the first eight values.
+    /// at 4; each pool's usage for the floors rule after the first eight values; the callers'
+    /// at `callers_at` (checked first, as the script does).
     fn decide_on<W: Window>(
         &self,
-        request: AdmitRequest,
+        request: &AdmitRequest,
         now: Millis,
         reply: &[i64],
-        pair: impl Fn(usize) -> W,
+        callers_at: usize,
+        slot_id: u64,
+        pair: impl Fn(usize, PairAt) -> W,
     ) -> Decision {
         let limits = self.config.model(request.model);
-        let pool = (limits.pool_count() > 0).then(|| pair(4));
+        let settings = self.config.settings();
+        let model = pair(1, PairAt::Model);
+        let pool = (limits.pool_count() > 0).then(|| pair(4, PairAt::Pool));
         let count = |at: usize| reply.get(at).map_or(0, |&v| v.max(0) as u64);
-        decide(
-            limits,
-            self.config.settings(),
-            request.pool,
-            &pair(1),
-            pool.as_ref(),
-            |j| Usage {
-                requests: count(8 + 2 * j),
-                tokens: count(9 + 2 * j),
-            },
+        let decide_model = || {
+            decide(
+                limits,
+                settings,
+                request.pool,
+                &model,
+                pool.as_ref(),
+                |j| Usage {
+                    requests: count(8 + 2 * j),
+                    tokens: count(9 + 2 * j),
+                },
+                request.reserve.min(MAX_EXACT),
+                now,
+            )
+        };
+        let Some(callers) = &request.callers else {
+            return decide_model();
+        };
+        // Each caller's counters as the script read them: slots in use, then its window, day
+        // and model pairs (three values each), in the order of `Callers::iter`.
+        let mut seen: [Option<CallerCounters<W>>; 2] = [None, None];
+        let mut i = 0;
+        for (place, slot) in seen.iter_mut().enumerate() {
+            if callers.get(place).is_none() {
+                continue;
+            }
+            let at = callers_at + 10 * i;
+            let pair_at = |j: usize| pair(at + 1 + 3 * j, PairAt::Caller(3 * i + j));
+            *slot = Some(CallerCounters {
+                parallel: count(at),
+                window: pair_at(0),
+                day: pair_at(1),
+                models: vec![(request.model, pair_at(2))],
+            });
+            i += 1;
+        }
+        let window = settings.window_ms;
+        let checked = check_callers(
+            callers,
+            [seen[0].as_ref(), seen[1].as_ref()],
+            request.model,
             request.reserve.min(MAX_EXACT),
+            saturation(limits, model.usage(now, window)),
             now,
-        )
+            window,
+        );
+        let shadow = match checked {
+            Err(refused) if limits.enforcement() == Enforcement::Enforce => {
+                return Decision::Refuse(refused)
+            }
+            Err(refused) => Some(refused),
+            Ok(_) => None,
+        };
+        let mut decision = decide_model();
+        if let Decision::Admit(admitted) = &mut decision {
+            admitted.shadow = shadow.or(admitted.shadow);
+            let mut marks = CallerMarks {
+                reserved: callers.reservation(request.reserve.min(MAX_EXACT)),
+                slot: slot_id,
+                ..CallerMarks::default()
+            };
+            for (place, counters) in seen.iter().enumerate() {
+                if let Some(c) = counters {
+                    let model_pair = &c.models[0].1;
+                    marks.marks[place] = [
+                        c.window.mark(now, window),
+                        c.day.mark(now, DAY_MS),
+                        model_pair.mark(now, window),
+                    ];
+                }
+            }
+            callers.set_marks(marks);
+        }
+        decision
     }
 
     fn fallback(&self, request: AdmitRequest) -> Result<Decision, StoreError> {
         match self.failure_mode {
             FailureMode::Local => {
                 self.stats.local_admissions.fetch_add(1, Ordering::Relaxed);
-                self.local.admit(request).into_inner()
+                // The callers' limits are shared by the fleet too: this gateway's part of each.
+                let nodes = self.config.settings().shared.expected_nodes;
+                let original = request.callers.clone();
+                let callers = request.callers.as_ref().map(|c| c.divided_among(nodes));
+                let decision = self
+                    .local
+                    .admit(AdmitRequest {
+                        callers: callers.clone(),
+                        ..request
+                    })
+                    .into_inner();
+                // The lease holds the request's own callers: where the local store counted it.
+                if let (Some(original), Some(divided)) = (original, callers) {
+                    original.set_marks(divided.marks());
+                }
+                decision
             }
             FailureMode::Open | FailureMode::Closed => {
                 self.stats
@@ -709,6 +905,15 @@ impl Inner {
             }
         }
     }
+}
+
+/// Which pair of the reply a window is rebuilt from (for where its ring is).
+#[derive(Debug, Clone, Copy)]
+enum PairAt {
+    Model,
+    Pool,
+    /// A caller's pair, counted over the callers' pairs in the reply's order.
+    Caller(usize),
 }
 
 type BoxedAdmit = Pin<Box<dyn Future<Output = Result<Decision, StoreError>> + Send>>;

@@ -5,34 +5,44 @@
 --   reserve:  the tokens replace the reservation where it was made, if that still counts;
 --             once that window (or slot) has left, only tokens beyond the reservation count,
 --             recorded now.
---   cancel (ARGV[8] = 1): the request and its reservation are taken back where they were made,
+--   cancel (ARGV[4] = 1): the request and its reservation are taken back where they were made,
 --             if that still counts; nothing else moves.
 --
 -- Idempotent: a settlement sent again (its first send timed out but still ran, e.g. after Redis
--- was paused) is applied once. Its id is recorded in KEYS[2] for the key TTL (window + margin);
+-- was paused) is applied once. Its id is recorded in KEYS[2] for the model's window and a margin;
 -- a settlement whose id is there is skipped.
 --
--- KEYS[1]  the model's hash (see admit.lua for its fields).
--- KEYS[2]  the settlement's id key, PREFIX{model}:settled:ID (same hash tag: same cluster slot).
--- ARGV     window_ms, pool prefix ("" = no pools), tokens, reserved, model mark, pool mark (the
---          fixed window's start, or the sliding window's slot, the admission was counted at),
---          key TTL in ms, cancel (1 or 0), window kind ("f" or "s"), accounting ("p" post_hoc or
---          "r" reserve), slot length in ms.
+-- One script settles a model's hash (its model-wide and pool pairs) or a caller's (its window,
+-- day and model pairs, and its parallel slot): the pairs are listed, each with its window.
+--
+-- KEYS[1]  the hash (see admit.lua for its fields).
+-- KEYS[2]  the settlement's id key, HASH:settled:ID (same hash tag: same cluster slot).
+-- KEYS[3]  a caller's sorted set of parallel slots (absent for a model).
+-- ARGV     tokens, reserved, the hash's TTL in ms, cancel (1 or 0), window kind ("f" or "s"),
+--          accounting ("p" post_hoc or "r" reserve), the parallel slot to free ("" = none), the
+--          id key's TTL in ms (the model's window and a margin), the number of pairs, then per
+--          pair: its field prefix, its mark (the fixed window's start,
+--          or the sliding window's slot, the admission was counted at), its window and slot
+--          length in ms.
 -- Returns  1 applied, 0 skipped (already applied).
-if not redis.call('SET', KEYS[2], 1, 'NX', 'PX', tonumber(ARGV[7])) then
+if ARGV[7] ~= '' and KEYS[3] then
+  -- Freeing a slot is idempotent: it happens even for a settlement seen before.
+  redis.call('ZREM', KEYS[3], ARGV[7])
+end
+if not redis.call('SET', KEYS[2], 1, 'NX', 'PX', tonumber(ARGV[8])) then
   return 0
 end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local key = KEYS[1]
-local window = tonumber(ARGV[1])
-local tokens, reserved = tonumber(ARGV[3]), tonumber(ARGV[4])
-local cancel = ARGV[8] == '1'
-local sliding = ARGV[9] == 's'
-local reserve_mode = ARGV[10] == 'r'
-local slot_ms = tonumber(ARGV[11])
+local tokens, reserved = tonumber(ARGV[1]), tonumber(ARGV[2])
+local cancel = ARGV[4] == '1'
+local sliding = ARGV[5] == 's'
+local reserve_mode = ARGV[6] == 'r'
 local MAX = 9007199254740991
 local RING = 31
+-- The pair being settled: its window and slot length (set per pair below).
+local window, slot_ms, slot
 
 -- Fixed windows -----------------------------------------------------------------------------
 
@@ -61,8 +71,6 @@ local function fixed_record(p, amount)
 end
 
 -- Sliding windows ---------------------------------------------------------------------------
-
-local slot = math.floor(now / slot_ms)
 
 -- Changes the slot `mark` if it is held and still counts now.
 local function sliding_change(p, mark, dr, take, add)
@@ -130,7 +138,11 @@ local function apply(p, mark)
   end
 end
 
-apply('m', tonumber(ARGV[5]))
-if ARGV[2] ~= '' then apply(ARGV[2], tonumber(ARGV[6])) end
-redis.call('PEXPIRE', key, tonumber(ARGV[7]))
+for i = 0, tonumber(ARGV[9]) - 1 do
+  local at = 10 + 4 * i
+  window, slot_ms = tonumber(ARGV[at + 2]), tonumber(ARGV[at + 3])
+  slot = math.floor(now / slot_ms)
+  apply(ARGV[at], tonumber(ARGV[at + 1]))
+end
+redis.call('PEXPIRE', key, tonumber(ARGV[3]))
 return 1

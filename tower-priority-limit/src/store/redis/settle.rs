@@ -20,9 +20,11 @@ use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
 
 use super::connection::bounded;
+use super::{caller_keys, caller_model_prefix, caller_ttl_ms};
 use super::{Inner, MAX_EXACT, RETRY_INTERVAL};
+use crate::caller::{Callers, DAY_MS};
 use crate::config::{ModelId, TokenAccounting};
-use crate::decision::slot_ms;
+use crate::decision::{slot_ms, Millis};
 use crate::store::{Settlement, Settler, StoreError};
 
 /// Settlements sent to Redis at once by the flusher.
@@ -31,11 +33,13 @@ const SETTLE_BATCH: usize = 256;
 /// A settlement is not on any request's path, so it may wait longer than an admission.
 const SETTLE_TIMEOUT: Duration = Duration::from_secs(1);
 
-/// A settlement with the id it keeps across retries.
-#[derive(Debug, Clone, Copy)]
+/// A settlement with the id it keeps across retries, and its callers (their counters settle
+/// too, each in its own hash, by the same id).
+#[derive(Debug, Clone)]
 pub(super) struct Pending {
     id: u64,
     settlement: Settlement,
+    callers: Option<Arc<Callers>>,
 }
 
 /// This process's random prefix of settlement ids: std's `RandomState` is seeded from the OS's
@@ -62,33 +66,98 @@ impl Inner {
         }
     }
 
-    async fn settle(&self, pending: Pending) -> Result<(), StoreError> {
+    async fn settle(&self, pending: &Pending) -> Result<(), StoreError> {
         let s = pending.settlement;
         let Some(key) = self.keys.get(s.model.index()) else {
             return Ok(());
         };
         let window_ms = self.config.settings().window_ms;
+        let slot = slot_ms(window_ms);
         let pool_prefix = self.pool_prefix(s.model, s.pool);
-        let id_key = settled_key(key, self.settlement_ids, pending.id);
-        let keys = [key.as_str(), id_key.as_str()];
+        let mut pairs = vec![("m", s.model_window, window_ms, slot)];
+        if !pool_prefix.is_empty() {
+            pairs.push((pool_prefix, s.pool_window, window_ms, slot));
+        }
+        let (tokens, reserved) = (s.tokens.min(MAX_EXACT), s.reserved.min(MAX_EXACT));
+        self.settle_hash(
+            key,
+            pending.id,
+            tokens,
+            reserved,
+            self.ttl_ms,
+            &pairs,
+            None,
+            s.cancel,
+        )
+        .await?;
+        // A caller admitted on the local fallback settles there ([`RedisSettler`]), not here.
+        let Some(callers) = pending.callers.as_ref() else {
+            return Ok(());
+        };
+        let marks = callers.marks();
+        if marks.slot == 0 {
+            return Ok(());
+        }
+        let model_prefix = caller_model_prefix(self.config.model(s.model).name());
+        let member = self.slot_member(marks.slot);
+        let reserved = marks.reserved.min(MAX_EXACT);
+        for place in 0..2 {
+            let Some(caller) = callers.get(place) else {
+                continue;
+            };
+            let [hash, slots] = caller_keys(&self.key_prefix, caller);
+            let at = marks.marks[place];
+            let pairs = [
+                ("w", at[0], window_ms, slot),
+                ("d", at[1], DAY_MS, slot_ms(DAY_MS)),
+                (model_prefix.as_str(), at[2], window_ms, slot),
+            ];
+            let ttl = caller_ttl_ms(self.config.settings().window_kind);
+            let slot_set = Some((slots.as_str(), member.as_str()));
+            self.settle_hash(
+                &hash, pending.id, tokens, reserved, ttl, &pairs, slot_set, s.cancel,
+            )
+            .await?;
+        }
+        Ok(())
+    }
+
+    /// One `settle.lua` call: settlement `id` on `pairs` (prefix, mark, window, slot length) of
+    /// `hash`, freeing a parallel slot (its set and member) if given.
+    #[allow(clippy::too_many_arguments)]
+    async fn settle_hash(
+        &self,
+        hash: &str,
+        id: u64,
+        tokens: u64,
+        reserved: u64,
+        ttl_ms: u64,
+        pairs: &[(&str, Millis, Millis, Millis)],
+        slot_set: Option<(&str, &str)>,
+        cancel: bool,
+    ) -> Result<(), StoreError> {
+        let id_key = settled_key(hash, self.settlement_ids, id);
+        let mut keys = vec![hash, id_key.as_str()];
+        keys.extend(slot_set.map(|(set, _)| set));
         let mut connection = self.connection.clone();
         let call = self
             .settle_script
             .call::<i64>(&mut connection, &keys, |cmd| {
-                cmd.arg(window_ms)
-                    .arg(pool_prefix)
-                    .arg(s.tokens.min(MAX_EXACT))
-                    .arg(s.reserved.min(MAX_EXACT))
-                    .arg(s.model_window)
-                    .arg(s.pool_window)
-                    .arg(self.ttl_ms)
-                    .arg(u8::from(s.cancel))
+                cmd.arg(tokens)
+                    .arg(reserved)
+                    .arg(ttl_ms)
+                    .arg(u8::from(cancel))
                     .arg(self.window_kind_arg())
                     .arg(match self.config.settings().token_accounting {
                         TokenAccounting::PostHoc => "p",
                         TokenAccounting::Reserve => "r",
                     })
-                    .arg(slot_ms(window_ms));
+                    .arg(slot_set.map_or("", |(_, member)| member))
+                    .arg(self.ttl_ms)
+                    .arg(pairs.len());
+                for (prefix, mark, window, slot) in pairs {
+                    cmd.arg(*prefix).arg(*mark).arg(*window).arg(*slot);
+                }
             });
         let applied = self
             .timed(bounded(SETTLE_TIMEOUT.max(self.timeout), call))
@@ -152,7 +221,7 @@ pub(super) async fn flush_settlements(
             }
         }
         let results =
-            futures_util::future::join_all(settlements.iter().map(|s| inner.settle(*s))).await;
+            futures_util::future::join_all(settlements.iter().map(|s| inner.settle(s))).await;
         let mut failed = 0;
         let mut settled_models: Vec<ModelId> = Vec::new();
         for (s, result) in settlements.into_iter().zip(results) {
@@ -209,6 +278,22 @@ impl fmt::Debug for RedisSettler {
 
 impl Settler for RedisSettler {
     fn settle(&self, settlement: Settlement) {
+        self.send(settlement, None);
+    }
+
+    fn settle_callers(&self, settlement: Settlement, callers: &Arc<Callers>) {
+        // Admitted on the local fallback (no slot in Redis): its callers' counters, slots
+        // included, are the local store's alone.
+        if callers.marks().slot == 0 {
+            self.inner.local.settle_callers_only(settlement, callers);
+            return self.send(settlement, None);
+        }
+        self.send(settlement, Some(Arc::clone(callers)));
+    }
+}
+
+impl RedisSettler {
+    fn send(&self, settlement: Settlement, callers: Option<Arc<Callers>>) {
         // While admissions run on the local fallback, its counters need the tokens too, to keep
         // the local share honest; Redis still gets them (queued) when it answers again.
         if self.inner.is_down() {
@@ -216,10 +301,11 @@ impl Settler for RedisSettler {
         }
         // The id is fixed here, once per lease, and travels with every retry.
         let id = self.inner.next_settlement.fetch_add(1, Ordering::Relaxed);
-        match self
-            .queue
-            .try_send(Queued::Settle(Pending { id, settlement }))
-        {
+        match self.queue.try_send(Queued::Settle(Pending {
+            id,
+            settlement,
+            callers,
+        })) {
             Ok(()) | Err(mpsc::error::TrySendError::Closed(_)) => {}
             Err(mpsc::error::TrySendError::Full(_)) => {
                 let dropped = self

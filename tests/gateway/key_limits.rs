@@ -1,0 +1,283 @@
+//! A key's and a team's own limits (issue 31): `rpm_limit`, `tpm_limit`, `tpd_limit`,
+//! `max_parallel_requests`, `model_rpm_limit`, `model_tpm_limit`, admitted with the model's in
+//! one atomic step, over real HTTP on the embedded store and the manual clock. The Redis fleet's
+//! side is in `tests/redis/key_limits.rs`.
+
+use std::io::{Read, Write};
+use std::sync::Arc;
+use std::time::Duration;
+
+use integration_tests::gateway::{all_at_once, with_master, Gw, Reply, MASTER};
+use integration_tests::upstream::Upstream;
+use serde_json::json;
+
+/// Two mocked groups with room to spare (their own limits never refuse here), and `gated` on a
+/// local upstream that holds requests until its gate opens.
+fn config(upstream: &str) -> String {
+    with_master(&format!(
+        r#"
+model_list:
+  - model_name: a
+    litellm_params: {{model: openai/a, mock_response: "hi", rpm: 10000}}
+  - model_name: b
+    litellm_params: {{model: openai/b, mock_response: "hi", rpm: 10000}}
+  - model_name: gated
+    litellm_params: {{model: openai/gated, api_base: "{upstream}", api_key: sk-up, rpm: 10000}}
+  - model_name: silent
+    litellm_params: {{model: openai/silent, api_base: "{upstream}", api_key: sk-up, rpm: 10000}}
+litellm_settings:
+  callbacks: ["dynamic_rate_limiter_v3"]
+"#
+    ))
+}
+
+fn refused_by(r: &Reply) -> &str {
+    r.headers
+        .get("x-priority-limit-refused-by")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+}
+
+/// Each limit refuses once it is used up, says which one it was (header and LiteLLM's message
+/// wording), and lets requests through again when its window (or day) has passed.
+#[tokio::test]
+async fn each_key_limit_refuses_by_name_until_its_window_passes() {
+    let (_up, base) = Upstream::start().await;
+    let gw = Gw::start(&config(&base), None).await;
+
+    let key = gw.new_key(json!({"rpm_limit": 2})).await;
+    assert_eq!(gw.served(&key, "a", 2).await, 2);
+    let r = gw.chat(&key, "b", false).await;
+    assert_eq!(r.status, 429, "{}", r.text());
+    assert_eq!(refused_by(&r), "key_requests");
+    assert_eq!(
+        r.error_message(),
+        "Rate limit exceeded for api_key. Limit type: requests. Model: b. Current limit: 2, \
+         Remaining: 0."
+    );
+    assert!(r.headers.contains_key("retry-after"));
+    gw.clock.advance(Duration::from_secs(60));
+    assert_eq!(
+        gw.served(&key, "b", 3).await,
+        2,
+        "a new window, the same limit"
+    );
+
+    // Tokens: every mocked answer costs 30; a limit of 40 admits two (the second finds 30 < 40).
+    let key = gw.new_key(json!({"tpm_limit": 40})).await;
+    assert_eq!(gw.served(&key, "a", 2).await, 2);
+    let r = gw.chat(&key, "a", false).await;
+    assert_eq!((r.status.as_u16(), refused_by(&r)), (429, "key_tokens"));
+
+    // Per model: `a` once a window, `b` untouched.
+    let key = gw
+        .new_key(json!({"model_rpm_limit": {"a": 1}, "model_tpm_limit": {"b": 31}}))
+        .await;
+    assert_eq!(gw.served(&key, "a", 2).await, 1);
+    let r = gw.chat(&key, "a", false).await;
+    assert_eq!(refused_by(&r), "key_model_requests");
+    assert_eq!(
+        gw.served(&key, "b", 3).await,
+        2,
+        "31 tokens: two answers of 30"
+    );
+    assert_eq!(
+        refused_by(&gw.chat(&key, "b", false).await),
+        "key_model_tokens"
+    );
+
+    // Per day: past the window it still refuses; past the day it admits again.
+    let key = gw.new_key(json!({"tpd_limit": 50})).await;
+    assert_eq!(gw.served(&key, "a", 3).await, 2);
+    gw.clock.advance(Duration::from_secs(3_600));
+    let r = gw.chat(&key, "a", false).await;
+    assert_eq!(
+        (r.status.as_u16(), refused_by(&r)),
+        (429, "key_daily_tokens")
+    );
+    gw.clock.advance(Duration::from_secs(86_400));
+    assert_eq!(gw.served(&key, "a", 1).await, 1);
+}
+
+/// A team's limits hold for all its keys together, and a key is held to its own and its team's.
+#[tokio::test]
+async fn a_team_limit_is_shared_by_its_keys() {
+    let (_up, base) = Upstream::start().await;
+    let gw = Gw::start(&config(&base), None).await;
+    let team = gw.new_team(json!({"rpm_limit": 3})).await;
+    let k1 = gw.new_key(json!({"team_id": team})).await;
+    let k2 = gw.new_key(json!({"team_id": team, "rpm_limit": 1})).await;
+    assert_eq!(gw.served(&k2, "a", 2).await, 1, "the key's own limit first");
+    let r = gw.chat(&k2, "a", false).await;
+    assert_eq!(refused_by(&r), "key_requests");
+    assert_eq!(
+        gw.served(&k1, "a", 5).await,
+        2,
+        "the team's 3, one used by k2"
+    );
+    let r = gw.chat(&k1, "b", false).await;
+    assert_eq!((r.status.as_u16(), refused_by(&r)), (429, "team_requests"));
+    assert!(r
+        .error_message()
+        .starts_with("Rate limit exceeded for team."));
+
+    // `/team/update` raises it at once; `null` removes it.
+    let u = gw
+        .post(
+            "/team/update",
+            Some(MASTER),
+            json!({"team_id": team, "rpm_limit": 4}),
+        )
+        .await;
+    assert_eq!(u.status, 200, "{}", u.text());
+    assert_eq!(u.json()["rpm_limit"], 4);
+    assert_eq!(gw.served(&k1, "a", 3).await, 1);
+    let u = gw
+        .post(
+            "/team/update",
+            Some(MASTER),
+            json!({"team_id": team, "rpm_limit": null}),
+        )
+        .await;
+    assert_eq!(u.json()["rpm_limit"], json!(null));
+    assert_eq!(gw.served(&k1, "a", 3).await, 3);
+}
+
+/// `/key/update` changes a key's limits (others stay), `/key/info` shows them, and bad values are
+/// 400s that name the field; nothing is changed by a refused update.
+#[tokio::test]
+async fn key_limits_are_updated_shown_and_checked() {
+    let (_up, base) = Upstream::start().await;
+    let gw = Gw::start(&config(&base), None).await;
+    let key = gw
+        .new_key(json!({"rpm_limit": 1, "max_parallel_requests": 2}))
+        .await;
+    let info = gw.get(&format!("/key/info?key={key}"), Some(MASTER)).await;
+    assert_eq!(info.json()["info"]["rpm_limit"], 1);
+    assert_eq!(info.json()["info"]["max_parallel_requests"], 2);
+    assert_eq!(gw.served(&key, "a", 2).await, 1);
+    let u = gw
+        .post(
+            "/key/update",
+            Some(MASTER),
+            json!({"key": key, "rpm_limit": 3}),
+        )
+        .await;
+    assert_eq!(u.status, 200, "{}", u.text());
+    assert_eq!(u.json()["max_parallel_requests"], 2, "the others stay");
+    assert_eq!(gw.served(&key, "a", 3).await, 2);
+
+    for (body, param) in [
+        (json!({"rpm_limit": -1}), "rpm_limit"),
+        (json!({"tpm_limit": 1.5}), "tpm_limit"),
+        (
+            json!({"max_parallel_requests": "4"}),
+            "max_parallel_requests",
+        ),
+        (json!({"model_rpm_limit": {"nope": 1}}), "model_rpm_limit"),
+        (json!({"model_tpm_limit": [1]}), "model_tpm_limit"),
+    ] {
+        let r = gw.post("/key/generate", Some(MASTER), body.clone()).await;
+        assert_eq!(r.status, 400, "{body}: {}", r.text());
+        assert_eq!(r.json()["error"]["param"], param, "{body}");
+        let mut update = body.clone();
+        update["key"] = json!(key);
+        let r = gw.post("/key/update", Some(MASTER), update).await;
+        assert_eq!(r.status, 400, "{body}: {}", r.text());
+    }
+    let r = gw
+        .post(
+            "/key/generate",
+            Some(MASTER),
+            json!({"model_rpm_limit": {"nope": 1}}),
+        )
+        .await;
+    assert!(
+        r.error_message().contains("they are: a, b, gated, silent"),
+        "{}",
+        r.text()
+    );
+    let info = gw.get(&format!("/key/info?key={key}"), Some(MASTER)).await;
+    assert_eq!(
+        info.json()["info"]["rpm_limit"],
+        3,
+        "refused updates changed nothing"
+    );
+}
+
+/// 40 requests at once on one key with `rpm_limit: 10`, all held at the upstream while the
+/// others are decided: exactly 10 are served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_limit_is_exact_under_contention() {
+    let (up, base) = Upstream::start().await;
+    let gw = Arc::new(Gw::start(&config(&base), None).await);
+    let key = gw.new_key(json!({"rpm_limit": 10})).await;
+    let body = json!({"model": "gated", "messages": [{"role": "user", "content": "hi"}]});
+    let replies = all_at_once(&gw, &up, 40, &key, body).await;
+    let served = replies.iter().filter(|r| r.status == 200).count();
+    let by_key = replies
+        .iter()
+        .filter(|r| r.status == 429 && refused_by(r) == "key_requests")
+        .count();
+    assert_eq!((served, by_key), (10, 30));
+}
+
+/// `max_parallel_requests: 4`: with 10 at once, 4 are in flight and 6 refused; every slot comes
+/// back when the responses end, and when clients hang up mid-stream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parallel_slots_are_held_while_in_flight_and_never_leak() {
+    let (up, base) = Upstream::start().await;
+    let gw = Arc::new(Gw::start(&config(&base), None).await);
+    let key = gw.new_key(json!({"max_parallel_requests": 4})).await;
+    let body = json!({"model": "gated", "messages": [{"role": "user", "content": "hi"}]});
+    for round in 0..2 {
+        up.close_gate();
+        let replies = all_at_once(&gw, &up, 10, &key, body.clone()).await;
+        let served = replies.iter().filter(|r| r.status == 200).count();
+        let by_slots = replies
+            .iter()
+            .filter(|r| r.status == 429 && refused_by(r) == "key_parallel")
+            .count();
+        assert_eq!((served, by_slots), (4, 6), "round {round}");
+    }
+
+    // Four clients read the first chunk of a stream that then goes silent, and hang up.
+    let addr = gw.base.trim_start_matches("http://").to_owned();
+    for _ in 0..4 {
+        let mut s = std::net::TcpStream::connect(&addr).unwrap();
+        let body = json!({"model": "silent", "stream": true,
+                          "messages": [{"role": "user", "content": "hi"}]})
+        .to_string();
+        write!(
+            s,
+            "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {key}\r\n\
+             content-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .unwrap();
+        let mut seen = Vec::new();
+        let mut buf = [0u8; 4096];
+        while !String::from_utf8_lossy(&seen).contains("Hel") {
+            let n = s.read(&mut buf).unwrap();
+            assert!(n > 0, "{}", String::from_utf8_lossy(&seen));
+            seen.extend_from_slice(&buf[..n]);
+        }
+        drop(s);
+    }
+    // The gateway notices each hang-up and drops the stream, freeing its slot: four requests are
+    // in flight again right after.
+    let since = std::time::Instant::now();
+    loop {
+        up.close_gate();
+        let replies = all_at_once(&gw, &up, 4, &key, body.clone()).await;
+        if replies.iter().all(|r| r.status == 200) {
+            break;
+        }
+        assert!(
+            since.elapsed() < Duration::from_secs(30),
+            "slots still held after the clients left: {:?}",
+            replies.iter().map(|r| r.status).collect::<Vec<_>>()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
