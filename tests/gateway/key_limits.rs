@@ -243,6 +243,7 @@ async fn parallel_slots_are_held_while_in_flight_and_never_leak() {
 
     // Four clients read the first chunk of a stream that then goes silent, and hang up.
     let addr = gw.base.trim_start_matches("http://").to_owned();
+    let mut sockets = Vec::new();
     for _ in 0..4 {
         let mut s = std::net::TcpStream::connect(&addr).unwrap();
         let body = json!({"model": "silent", "stream": true,
@@ -262,8 +263,11 @@ async fn parallel_slots_are_held_while_in_flight_and_never_leak() {
             assert!(n > 0, "{}", String::from_utf8_lossy(&seen));
             seen.extend_from_slice(&buf[..n]);
         }
-        drop(s);
+        sockets.push(s);
     }
+    let r = gw.chat_with(&key, body.clone()).await;
+    assert_eq!(refused_by(&r), "key_parallel", "a fifth while four stream");
+    drop(sockets);
     // The gateway notices each hang-up and drops the stream, freeing its slot: four requests are
     // in flight again right after.
     let since = std::time::Instant::now();

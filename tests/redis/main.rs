@@ -9,6 +9,7 @@
 mod enforcement;
 mod fleet;
 mod gateway_keys;
+mod key_limits;
 mod metrics;
 mod postgres;
 mod queue;

@@ -935,3 +935,197 @@ async fn a_sliding_window_stays_whole_when_the_clock_steps_back() {
     assert_eq!((fields["mR"], fields["mT"]), (2, 30), "{fields:?}");
     assert_eq!((sum("mr"), sum("mt")), (2, 30), "{fields:?}");
 }
+
+/// Key and team limits in lock-step (issue 31): the same random admissions with callers (a key,
+/// a key and its team), settlements, cancels and window moves on the embedded store and on
+/// Redis give the same decisions, the same limit refusing, and the script never disagrees with
+/// the Rust rule. Every kind of caller limit refuses some requests.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lua_script_and_decide_agree_on_callers() {
+    let Some(redis) = RedisServer::start("lua_script_and_decide_agree_on_callers") else {
+        return;
+    };
+    let config = lockstep_config().token_accounting(TokenAccounting::Reserve);
+    let by = agree_with_callers(&redis, config, "agree-callers:", None).await;
+    for limit in [
+        "key_parallel",
+        "key_requests",
+        "key_tokens",
+        "key_daily_tokens",
+    ] {
+        assert!(by.get(limit).copied().unwrap_or(0) > 0, "{limit}: {by:?}");
+    }
+    for limit in ["key_model_requests", "team_requests", "team_model_tokens"] {
+        assert!(by.get(limit).copied().unwrap_or(0) > 0, "{limit}: {by:?}");
+    }
+}
+
+/// The same on sliding windows (in one slot: the day's slots are not the window's, so time is
+/// not moved), retry-after included.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lua_script_and_decide_agree_on_callers_on_sliding_windows() {
+    let Some(redis) = RedisServer::start("lua_script_and_decide_agree_on_callers_sliding") else {
+        return;
+    };
+    let (now, window) = early_in_a_slot(&redis);
+    let config = lockstep_config()
+        .token_accounting(TokenAccounting::Reserve)
+        .window_kind(WindowKind::Sliding)
+        .window(Duration::from_millis(window));
+    let by = agree_with_callers(&redis, config, "agree-callers-sliding:", Some(now)).await;
+    let by_callers: usize = by
+        .iter()
+        .filter(|(k, _)| k.starts_with("key_") || k.starts_with("team_"))
+        .map(|(_, n)| n)
+        .sum();
+    assert!(by_callers > 20, "refusals by callers' limits: {by:?}");
+}
+
+/// Runs the lock-step with callers; returns how many refusals each limit made.
+async fn agree_with_callers(
+    redis: &RedisServer,
+    config: LimiterConfigBuilder,
+    prefix: &str,
+    sliding_from: Option<u64>,
+) -> std::collections::BTreeMap<&'static str, usize> {
+    use tower_priority_limit::caller::{Caller, CallerKind, CallerLimits, Callers};
+    use tower_priority_limit::metrics::RefusedBy;
+    use tower_priority_limit::{AdmissionOutcome, RequestAdmission};
+
+    let config = config.build().unwrap();
+    let clock = ManualClock::new();
+    if let Some(now) = sliding_from {
+        clock.set(now);
+    }
+    let memory = Limiter::with_clock(config.clone(), clock.clone());
+    let shared = redis_limiter(config, single(redis), prefix).await;
+    let client = ::redis::Client::open(redis.url()).unwrap();
+    let key = |id: &str, limits| Caller::new(CallerKind::Key, id, limits);
+    let team = |limits| Caller::new(CallerKind::Team, "t", limits);
+    // The callers of a request on `model`, one set per store (a request's own).
+    let callers = |which: u64, model: &str| {
+        let on_m = model == "m";
+        match which {
+            0 => Callers::new(
+                Some(key(
+                    "k1",
+                    CallerLimits {
+                        max_parallel: Some(4),
+                        rpm: Some(5),
+                        model_rpm: on_m.then_some(3),
+                        ..CallerLimits::new()
+                    },
+                )),
+                None,
+            ),
+            1 => Callers::new(
+                Some(key("k2", CallerLimits::new().tpm(150).tpd(400))),
+                Some(team(CallerLimits {
+                    rpm: Some(9),
+                    model_tpm: (!on_m).then_some(120),
+                    ..CallerLimits::new()
+                })),
+            ),
+            _ => Callers::new(
+                None,
+                Some(team(CallerLimits {
+                    rpm: Some(9),
+                    model_tpm: (!on_m).then_some(120),
+                    ..CallerLimits::new()
+                })),
+            ),
+        }
+    };
+    let mut rng = Lcg(11);
+    let models = ["m", "tokens-only"];
+    let mut leases = Vec::new();
+    let mut by: std::collections::BTreeMap<&'static str, usize> = Default::default();
+    let (mut admitted, mut cancelled) = (0, 0);
+    for step in 0..500 {
+        match rng.next(10) {
+            0 => {
+                for (a, b, tokens) in leases.drain(..) {
+                    settle_both(a, b, tokens, &shared).await;
+                }
+                if sliding_from.is_none() {
+                    let by = Duration::from_secs(1 + rng.next(40));
+                    clock.advance(by);
+                    shift_redis_windows(&client, prefix, by);
+                }
+            }
+            1..=3 if !leases.is_empty() => {
+                let i = rng.next(leases.len() as u64) as usize;
+                let (a, b, tokens): (tower_priority_limit::Lease, _, u64) = leases.swap_remove(i);
+                if tokens % 4 == 0 {
+                    a.cancel();
+                    b.cancel();
+                    shared.store().flush().await;
+                    cancelled += 1;
+                } else {
+                    settle_both(a, b, tokens, &shared).await;
+                }
+            }
+            _ => {
+                let model = models[rng.next(2) as usize];
+                let which = rng.next(3);
+                let reserve = 1 + rng.next(60);
+                let request = |limiter_callers| RequestAdmission {
+                    model: memory.config().model_id(model).unwrap(),
+                    pool: memory.resolve_pool(Some("prod")),
+                    flow: 0,
+                    prompt_tokens: reserve,
+                    max_output_tokens: Some(0),
+                    max_wait: None,
+                    callers: limiter_callers,
+                };
+                let a = memory
+                    .admit_request(request(callers(which, model)))
+                    .await
+                    .unwrap();
+                let b = shared
+                    .admit_request(request(callers(which, model)))
+                    .await
+                    .unwrap();
+                match (a, b) {
+                    (
+                        AdmissionOutcome::Admitted { lease: a, .. },
+                        AdmissionOutcome::Admitted { lease: b, .. },
+                    ) => {
+                        admitted += 1;
+                        leases.push((a, b, 10 + rng.next(40)));
+                    }
+                    (AdmissionOutcome::Refused(a), AdmissionOutcome::Refused(b)) => {
+                        assert_eq!(
+                            (a.scope, a.dimension, a.limit, a.used),
+                            (b.scope, b.dimension, b.limit, b.used),
+                            "step {step}: {model}, callers {which}"
+                        );
+                        assert!(
+                            a.retry_after_ms.abs_diff(b.retry_after_ms) < 5_000,
+                            "step {step}: retry-after {} vs {} ({:?})",
+                            a.retry_after_ms,
+                            b.retry_after_ms,
+                            a.scope
+                        );
+                        *by.entry(RefusedBy::of(&a).as_str()).or_default() += 1;
+                    }
+                    (a, b) => panic!("step {step}: {model}, callers {which}: {a:?} vs {b:?}"),
+                }
+            }
+        }
+    }
+    // Without moving time (sliding), the limits are used up early: fewer admissions to see.
+    let (least, least_cancelled) = if sliding_from.is_none() {
+        (50, 5)
+    } else {
+        (10, 0)
+    };
+    assert!(
+        admitted > least && cancelled >= least_cancelled,
+        "{admitted} admitted, {cancelled} cancelled"
+    );
+    let stats = shared.store().stats();
+    assert_eq!(stats.verdict_mismatches.load(Ordering::Relaxed), 0);
+    assert_eq!(stats.failures.load(Ordering::Relaxed), 0);
+    by
+}

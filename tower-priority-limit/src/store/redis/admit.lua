@@ -22,8 +22,8 @@
 --          tokens they reserve, the day's length and slot length in ms, their hashes' TTL in ms,
 --          this admission's parallel slot id and how long a slot is held at most (ms), the
 --          model's field prefix in their hashes; then per caller its max_parallel, rpm, tpm,
---          tpd, model rpm, model tpm (-1 = none). KEYS[2 + 2i] is caller i's hash (pairs "w"
---          window, "d" day, model prefix; fields as the model's), KEYS[3 + 2i] its sorted set of
+--          tpd, model rpm, model tpm (-1 = none). KEYS[2 + 2i] is caller i's hash (pairs
+--          "win:" window, "day:" day, then the model's prefix; fields as the model's), KEYS[3 + 2i] its sorted set of
 --          parallel slots (score: when the slot lapses).
 --          The callers are checked first, key then team; after everything else the reply has,
 --          per caller, its slots in use and the (start/head, requests, tokens) of its three
@@ -152,7 +152,7 @@ local function over(lr, lt, c) return over_by(lr, lt, c, reserve) end
 
 -- The callers (`check_callers` in decision/caller.rs): each one's three pairs and slots in use,
 -- read before anything counts; refused iff a limit of the key, then of the team, is broken.
-local cb = 17 + 3 * n
+local cb = 17 + 3 * (tonumber(ARGV[15]) or 0)
 local nc = tonumber(ARGV[cb]) or 0
 local callers = {}
 local caller_refused = false
@@ -164,7 +164,7 @@ if nc > 0 then
     local hk, zk = KEYS[2 + 2 * i], KEYS[3 + 2 * i]
     local lim = {}
     for j = 0, 5 do lim[j] = tonumber(ARGV[cb + 8 + 6 * i + j]) end
-    local pairs_at = {{'w', window, slot_ms}, {'d', day, day_slot}, {mp, window, slot_ms}}
+    local pairs_at = {{'win:', window, slot_ms}, {'day:', day, day_slot}, {mp, window, slot_ms}}
     local names = {}
     for _, pr in ipairs(pairs_at) do
       local p, sl = pr[1], pr[3]

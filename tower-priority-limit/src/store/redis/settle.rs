@@ -108,8 +108,8 @@ impl Inner {
             let [hash, slots] = caller_keys(&self.key_prefix, caller);
             let at = marks.marks[place];
             let pairs = [
-                ("w", at[0], window_ms, slot),
-                ("d", at[1], DAY_MS, slot_ms(DAY_MS)),
+                ("win:", at[0], window_ms, slot),
+                ("day:", at[1], DAY_MS, slot_ms(DAY_MS)),
                 (model_prefix.as_str(), at[2], window_ms, slot),
             ];
             let ttl = caller_ttl_ms(self.config.settings().window_kind);

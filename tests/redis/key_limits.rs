@@ -1,0 +1,249 @@
+//! Key and team limits on a fleet (issue 31): three gateways built as `main` builds them
+//! (`Gateway::connect`) on one real `redis-server`, over real HTTP. A key's limit is the fleet's,
+//! exactly, under more demand than it allows; parallel slots hold across gateways and come back
+//! when responses end or clients hang up.
+
+use std::io::{Read, Write};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use gateway_example::store::GatewayStore;
+use integration_tests::gateway::{with_master, Gw, Reply, TempDir};
+use integration_tests::redis::RedisServer;
+use integration_tests::upstream::Upstream;
+use serde_json::{json, Value};
+use tower_priority_limit::store::Store;
+
+fn config(redis: &RedisServer, upstream: &str) -> String {
+    with_master(&format!(
+        r#"
+model_list:
+  - model_name: m
+    litellm_params: {{model: openai/m, mock_response: "hi", rpm: 100000}}
+  - model_name: gated
+    litellm_params: {{model: openai/gated, api_base: "{upstream}", api_key: sk-up, rpm: 100000}}
+  - model_name: silent
+    litellm_params: {{model: openai/silent, api_base: "{upstream}", api_key: sk-up, rpm: 100000}}
+litellm_settings:
+  callbacks: ["dynamic_rate_limiter_v3"]
+  # Hundreds of requests at once on a debug build on 2 cores may queue past the default 50 ms;
+  # these tests are about exact shared counting, so no call may fall back to the local share.
+  priority_reservation_settings: {{redis_timeout_ms: 2000}}
+router_settings:
+  redis_url: "{}"
+"#,
+        redis.url()
+    ))
+}
+
+async fn fleet(yaml: &str) -> (Vec<Arc<Gw>>, Vec<TempDir>) {
+    let mut gateways = Vec::new();
+    let mut dirs = Vec::new();
+    for _ in 0..3 {
+        let dir = TempDir::new();
+        gateways.push(Arc::new(Gw::connect(yaml, Some(&dir.0)).await));
+        dirs.push(dir);
+    }
+    (gateways, dirs)
+}
+
+fn refused_by(r: &Reply) -> &str {
+    r.headers
+        .get("x-priority-limit-refused-by")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+}
+
+/// No gateway fell back to its local share: every count was the fleet's.
+fn no_failures(gateways: &[Arc<Gw>]) {
+    for gw in gateways {
+        let limiter = gw.gateway.limiter();
+        let GatewayStore::Redis(store) = limiter.store() else {
+            panic!("on Redis");
+        };
+        assert_eq!(store.stats().failures.load(Ordering::Relaxed), 0);
+        assert_eq!(store.stats().verdict_mismatches.load(Ordering::Relaxed), 0);
+    }
+}
+
+/// Every gateway's settlements have reached Redis.
+async fn flush(gateways: &[Arc<Gw>]) {
+    for gw in gateways {
+        let limiter = gw.gateway.limiter();
+        limiter.store().flush().await;
+    }
+}
+
+/// 300 requests at once on one key with `rpm_limit: 50`, spread over three gateways: exactly 50
+/// served, every other one the key's 429.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_limit_is_exact_across_three_gateways() {
+    let Some(redis) = RedisServer::start("a_key_limit_is_exact_across_three_gateways") else {
+        return;
+    };
+    let (_up, base) = Upstream::start().await;
+    let (gateways, _dirs) = fleet(&config(&redis, &base)).await;
+    // 53: one request per gateway first puts the key in each one's cache, so the burst does not
+    // wait on 300 key lookups at once (the key store's own 50 ms bound, not this test's subject).
+    let key = gateways[0].new_key(json!({"rpm_limit": 53})).await;
+    for gw in &gateways {
+        assert_eq!(gw.chat(&key, "m", false).await.status, 200);
+    }
+    let tasks: Vec<_> = (0..300)
+        .map(|i| {
+            let (gw, key) = (gateways[i % 3].clone(), key.clone());
+            tokio::spawn(async move { gw.chat(&key, "m", false).await })
+        })
+        .collect();
+    let (mut served, mut refused) = (0, 0);
+    for t in tasks {
+        let r = t.await.unwrap();
+        match r.status.as_u16() {
+            200 => served += 1,
+            429 => {
+                assert_eq!(refused_by(&r), "key_requests", "{}", r.text());
+                refused += 1;
+            }
+            other => panic!("unexpected {other}: {}", r.text()),
+        }
+    }
+    assert_eq!((served, refused), (50, 250));
+    // A team's limit is the fleet's too, shared by its keys on every gateway.
+    let team = gateways[1].new_team(json!({"rpm_limit": 36})).await;
+    let keys = [
+        gateways[1].new_key(json!({"team_id": team})).await,
+        gateways[2].new_key(json!({"team_id": team})).await,
+    ];
+    // Warmed as above: 6 of the team's 36.
+    for gw in &gateways {
+        for key in &keys {
+            assert_eq!(gw.chat(key, "m", false).await.status, 200);
+        }
+    }
+    let tasks: Vec<_> = (0..120)
+        .map(|i| {
+            let (gw, key) = (gateways[i % 3].clone(), keys[i % 2].clone());
+            tokio::spawn(async move { gw.chat(&key, "m", false).await })
+        })
+        .collect();
+    let mut served = 0;
+    for t in tasks {
+        let r = t.await.unwrap();
+        if r.status == 200 {
+            served += 1;
+        } else {
+            assert_eq!(refused_by(&r), "team_requests", "{}", r.text());
+        }
+    }
+    assert_eq!(served, 30);
+    no_failures(&gateways);
+}
+
+/// Sends `n` chats with `body` as `key` at once, spread over the fleet, to `up`'s gated model:
+/// the admitted ones are held at the upstream until all `n` are either there or answered, so all
+/// admissions happen while every admitted one is in flight; then the gate opens.
+async fn at_once(
+    gateways: &[Arc<Gw>],
+    up: &Upstream,
+    n: usize,
+    key: &str,
+    body: &Value,
+) -> Vec<Reply> {
+    up.close_gate();
+    let before = up.count();
+    let answered = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let tasks: Vec<_> = (0..n)
+        .map(|i| {
+            let (gw, key, body) = (gateways[i % 3].clone(), key.to_owned(), body.clone());
+            let answered = answered.clone();
+            tokio::spawn(async move {
+                let r = gw.chat_with(&key, body).await;
+                answered.fetch_add(1, Ordering::SeqCst);
+                r
+            })
+        })
+        .collect();
+    let since = Instant::now();
+    while up.count() - before + answered.load(Ordering::SeqCst) < n {
+        assert!(since.elapsed() < Duration::from_secs(60), "stuck");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    up.open_gate();
+    let mut replies = Vec::new();
+    for t in tasks {
+        replies.push(t.await.unwrap());
+    }
+    replies
+}
+
+/// `max_parallel_requests: 4` on a key used through three gateways: never a fifth in flight
+/// (30 at once: 4 at the upstream, 26 refused); the slots come back when responses end and when
+/// clients hang up mid-stream, on any gateway.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parallel_slots_hold_across_the_fleet_and_never_leak() {
+    let Some(redis) = RedisServer::start("parallel_slots_hold_across_the_fleet") else {
+        return;
+    };
+    let (up, base) = Upstream::start().await;
+    let (gateways, _dirs) = fleet(&config(&redis, &base)).await;
+    let key = gateways[2]
+        .new_key(json!({"max_parallel_requests": 4}))
+        .await;
+    let body = json!({"model": "gated", "messages": [{"role": "user", "content": "hi"}]});
+    let replies = at_once(&gateways, &up, 30, &key, &body).await;
+    let served = replies.iter().filter(|r| r.status == 200).count();
+    let by_slots = replies
+        .iter()
+        .filter(|r| r.status == 429 && refused_by(r) == "key_parallel")
+        .count();
+    assert_eq!((served, by_slots), (4, 26));
+
+    // Hang-ups: four clients, on three gateways, read the first chunk of a stream that then goes
+    // silent, and leave.
+    let mut sockets = Vec::new();
+    for i in 0..4 {
+        let addr = gateways[i % 3]
+            .base
+            .trim_start_matches("http://")
+            .to_owned();
+        let mut s = std::net::TcpStream::connect(&addr).unwrap();
+        let body = json!({"model": "silent", "stream": true,
+                          "messages": [{"role": "user", "content": "hi"}]})
+        .to_string();
+        write!(
+            s,
+            "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {key}\r\n\
+             content-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .unwrap();
+        let (mut seen, mut buf) = (Vec::new(), [0u8; 4096]);
+        while !String::from_utf8_lossy(&seen).contains("Hel") {
+            let n = s.read(&mut buf).unwrap();
+            assert!(n > 0, "{}", String::from_utf8_lossy(&seen));
+            seen.extend_from_slice(&buf[..n]);
+        }
+        sockets.push(s);
+    }
+    // While they hold their slots, a fifth is refused.
+    let r = gateways[0].chat_with(&key, body.clone()).await;
+    assert_eq!(refused_by(&r), "key_parallel", "{}", r.text());
+    // They hang up: the gateways notice, drop the streams and free the slots in Redis.
+    drop(sockets);
+    let since = Instant::now();
+    loop {
+        flush(&gateways).await;
+        let replies = at_once(&gateways, &up, 4, &key, &body).await;
+        if replies.iter().all(|r| r.status == 200) {
+            break;
+        }
+        assert!(
+            since.elapsed() < Duration::from_secs(30),
+            "slots still held after the clients left: {:?}",
+            replies.iter().map(|r| r.status).collect::<Vec<_>>()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    no_failures(&gateways);
+}
