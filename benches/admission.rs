@@ -199,7 +199,79 @@ fn queue(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, single_thread, two_threads, accounting, queue);
+/// A key's and its team's own limits (issue 31) beside the model's, all in one critical section:
+/// the same admission through `admit_request` without callers, and with a key and a team that
+/// each have limits, the `Callers` made per request as the gateway makes them (two ids, one
+/// `Arc`). Interleaved twice, as `queue`.
+fn callers(c: &mut Criterion) {
+    use std::future::Future;
+    use std::task::{Context, Poll, Waker};
+    use tower_priority_limit::caller::{Caller, CallerKind, CallerLimits, Callers};
+    use tower_priority_limit::{AdmissionOutcome, RequestAdmission};
+
+    let mut g = c.benchmark_group("admit_settle/callers");
+    g.throughput(Throughput::Elements(1));
+    let limiter = Arc::new(Limiter::with_clock(config(1), CoarseClock::new()));
+    let id: ModelId = limiter.config().model_id("model-0").unwrap();
+    let many = u64::MAX / 4;
+    let key_hash = "9f".repeat(32);
+    let run = |with_callers: bool| {
+        let callers = with_callers.then(|| {
+            let limits = CallerLimits::new()
+                .rpm(many)
+                .tpm(many)
+                .tpd(many)
+                .max_parallel(many);
+            Callers::new(
+                Some(Caller::new(CallerKind::Key, key_hash.as_str(), limits)),
+                Some(Caller::new(
+                    CallerKind::Team,
+                    "team-a",
+                    limits.model_rpm(many),
+                )),
+            )
+            .expect("limits")
+        });
+        let request = RequestAdmission {
+            model: id,
+            pool: PoolRef::Named(0),
+            flow: 0,
+            prompt_tokens: 50,
+            max_output_tokens: Some(20),
+            max_wait: None,
+            callers,
+        };
+        // The embedded store answers in place: one poll.
+        let mut future = std::pin::pin!(limiter.admit_request(request));
+        match future
+            .as_mut()
+            .poll(&mut Context::from_waker(Waker::noop()))
+        {
+            Poll::Ready(Ok(AdmissionOutcome::Admitted { lease, .. })) => {
+                lease.settle_with_output(black_box(30), Some(20))
+            }
+            other => panic!("expected an admission, got {other:?}"),
+        }
+    };
+    for (name, with) in [
+        ("none", false),
+        ("key_and_team", true),
+        ("none_again", false),
+        ("key_and_team_again", true),
+    ] {
+        g.bench_function(name, |b| b.iter(|| run(with)));
+    }
+    g.finish();
+}
+
+criterion_group!(
+    benches,
+    single_thread,
+    two_threads,
+    accounting,
+    queue,
+    callers
+);
 criterion_main!(benches, headers);
 
 /// An admitted response as the layer hands it on: the rate-limit headers (quick-start shape, tpm

@@ -3,8 +3,9 @@
 //!
 //! `cargo bench -p benches --bench redis_admission` (starts its own redis-server from `PATH` on a
 //! free port; prints a notice and exits if there is none). `BENCH_SECS` sets seconds per row
-//! (default 5). A criterion harness measures one operation at a time, so this bench drives the
-//! concurrency itself and reports percentiles from every admission's own latency.
+//! (default 5); `BENCH_ROWS=callers` skips the queue's rows (the rows with and without key and
+//! team limits, issue 31, stay). A criterion harness measures one operation at a time, so this
+//! bench drives the concurrency itself and reports percentiles from every admission's own latency.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -50,7 +51,31 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
     sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
 }
 
-async fn admissions(limiter: Arc<Limiter<RedisStore>>, in_flight: usize, secs: u64) {
+/// The callers every admission carries in the rows with key and team limits (`None`: none).
+fn callers(with: bool) -> Option<Arc<tower_priority_limit::caller::Callers>> {
+    use tower_priority_limit::caller::{Caller, CallerKind, CallerLimits, Callers};
+    if !with {
+        return None;
+    }
+    let many = u64::MAX / 4;
+    // No max_parallel: these admissions are never settled, so slots would only pile up.
+    let limits = CallerLimits::new().rpm(many).tpm(many).tpd(many);
+    Callers::new(
+        Some(Caller::new(CallerKind::Key, "9f".repeat(32), limits)),
+        Some(Caller::new(
+            CallerKind::Team,
+            "team-a",
+            limits.model_rpm(many),
+        )),
+    )
+}
+
+async fn admissions(
+    limiter: Arc<Limiter<RedisStore>>,
+    in_flight: usize,
+    secs: u64,
+    with_callers: bool,
+) {
     let deadline = Instant::now() + Duration::from_secs(secs);
     let started = Instant::now();
     let tasks: Vec<_> = (0..in_flight)
@@ -67,7 +92,8 @@ async fn admissions(limiter: Arc<Limiter<RedisStore>>, in_flight: usize, secs: u
                     let t = Instant::now();
                     // 50 prompt tokens and max_tokens 20: reserved with `reserve`, 0 otherwise.
                     let estimate = limiter.estimate(model, 50, Some(20));
-                    match limiter.admit(model, pool, estimate).await {
+                    let callers = callers(with_callers);
+                    match limiter.admit_as(model, pool, estimate, callers).await {
                         Ok(Decision::Admit(_)) => latencies.push(t.elapsed()),
                         other => panic!("expected an admission, got {other:?}"),
                     }
@@ -138,18 +164,23 @@ fn main() {
         .build()
         .unwrap();
     runtime.block_on(async {
-        for (accounting, window, queue) in [
-            (TokenAccounting::PostHoc, WindowKind::Fixed, false),
-            (TokenAccounting::PostHoc, WindowKind::Fixed, true),
-            (TokenAccounting::Reserve, WindowKind::Fixed, false),
-            (TokenAccounting::PostHoc, WindowKind::Sliding, false),
-            (TokenAccounting::PostHoc, WindowKind::Sliding, true),
-            (TokenAccounting::Reserve, WindowKind::Sliding, false),
+        for (accounting, window, queue, with_callers) in [
+            (TokenAccounting::PostHoc, WindowKind::Fixed, false, false),
+            (TokenAccounting::PostHoc, WindowKind::Fixed, false, true),
+            (TokenAccounting::PostHoc, WindowKind::Fixed, true, false),
+            (TokenAccounting::Reserve, WindowKind::Fixed, false, false),
+            (TokenAccounting::PostHoc, WindowKind::Sliding, false, false),
+            (TokenAccounting::PostHoc, WindowKind::Sliding, false, true),
+            (TokenAccounting::PostHoc, WindowKind::Sliding, true, false),
+            (TokenAccounting::Reserve, WindowKind::Sliding, false, false),
         ] {
+            if std::env::var("BENCH_ROWS").is_ok_and(|r| r == "callers") && queue {
+                continue;
+            }
             let config = config(accounting, window, queue);
             let store = RedisStore::builder(RedisTarget::Single(redis.url()))
                 .key_prefix(format!(
-                    "bench-{}-{}-{queue}:",
+                    "bench-{}-{}-{queue}-{with_callers}:",
                     accounting.as_str(),
                     window.as_str()
                 ))
@@ -159,14 +190,15 @@ fn main() {
             let limiter = Arc::new(Limiter::with_store(store));
             println!(
                 "redis-server on port {}, {threads} client runtime thread(s), {secs} s per row, \
-                 token_accounting {}, window {}, queue {}",
+                 token_accounting {}, window {}, queue {}, key and team limits {}",
                 redis.port(),
                 accounting.as_str(),
                 window.as_str(),
-                if queue { "on (floors rule)" } else { "off" }
+                if queue { "on (floors rule)" } else { "off" },
+                if with_callers { "on" } else { "off" }
             );
             for in_flight in [1, 16, 64] {
-                admissions(limiter.clone(), in_flight, secs).await;
+                admissions(limiter.clone(), in_flight, secs, with_callers).await;
             }
             settlements(limiter, 50_000).await;
         }

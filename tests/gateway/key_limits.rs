@@ -285,3 +285,24 @@ async fn parallel_slots_are_held_while_in_flight_and_never_leak() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// Under `enforcement: shadow` a key's limit refuses nothing: the request is served and says
+/// which limit would have refused it (`x-priority-limit-shadow-refused-by`), so a new key limit
+/// can be tried before it is enforced.
+#[tokio::test]
+async fn shadow_enforcement_reports_a_key_limit_and_serves() {
+    let (_up, base) = Upstream::start().await;
+    let yaml = config(&base).replace(
+        "callbacks: [\"dynamic_rate_limiter_v3\"]",
+        "callbacks: [\"dynamic_rate_limiter_v3\"]\n  priority_reservation_settings: {enforcement: shadow}",
+    );
+    let gw = Gw::start(&yaml, None).await;
+    let key = gw.new_key(json!({"rpm_limit": 1})).await;
+    assert_eq!(gw.served(&key, "a", 3).await, 3);
+    let r = gw.chat(&key, "a", false).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(
+        r.headers["x-priority-limit-shadow-refused-by"],
+        "key_requests"
+    );
+}

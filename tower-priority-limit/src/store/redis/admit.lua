@@ -184,8 +184,12 @@ if nc > 0 then
       c.pairs[j] = read(hk, pr[1], {v[o + 1], v[o + 2], v[o + 3], v[o + 4], v[o + 5]}, pr[2], pr[3])
       c.pairs[j].p, c.pairs[j].win, c.pairs[j].sl = pr[1], pr[2], pr[3]
     end
-    redis.call('ZREMRANGEBYSCORE', zk, '-inf', now)
-    c.parallel = redis.call('ZCARD', zk)
+    -- Slots are kept only for a caller with a max_parallel (the others never read them).
+    c.parallel, c.slots = 0, lim[0] >= 0
+    if c.slots then
+      redis.call('ZREMRANGEBYSCORE', zk, '-inf', now)
+      c.parallel = redis.call('ZCARD', zk)
+    end
     callers[i] = c
     if not caller_refused then
       local w, d, mm = c.pairs[1], c.pairs[2], c.pairs[3]
@@ -364,9 +368,11 @@ local function callers_reply(reply)
         else count_fixed(c.hk, pr.p, pr, pr.win, creserve) end
       end
       redis.call('PEXPIRE', c.hk, tonumber(ARGV[cb + 4]))
-      local lease = tonumber(ARGV[cb + 6])
-      redis.call('ZADD', c.zk, now + lease, ARGV[cb + 5])
-      redis.call('PEXPIRE', c.zk, lease)
+      if c.slots then
+        local lease = tonumber(ARGV[cb + 6])
+        redis.call('ZADD', c.zk, now + lease, ARGV[cb + 5])
+        redis.call('PEXPIRE', c.zk, lease)
+      end
     end
   end
   if verdict == 4 and sliding then
