@@ -3,9 +3,10 @@
 //! because Cargo builds a package's binaries for, and gives their paths
 //! (`CARGO_BIN_EXE_<name>`) to, that package's integration tests only. The in-process gateway
 //! tests are in the workspace's `tests/gateway/`. `postgres` runs three gateway processes on one
-//! real Postgres and one real `redis-server`.
+//! real Postgres and one real `redis-server`; `key_limits` three on one `redis-server`.
 
 mod gateway;
+mod key_limits;
 mod keys;
 mod mock_upstream;
 mod postgres;
