@@ -214,24 +214,18 @@ fn callers(c: &mut Criterion) {
     let limiter = Arc::new(Limiter::with_clock(config(1), CoarseClock::new()));
     let id: ModelId = limiter.config().model_id("model-0").unwrap();
     let many = u64::MAX / 4;
-    let key_hash = "9f".repeat(32);
+    // As the gateway holds them for a key it resolved: the ids shared, the limits per model.
+    let limits = CallerLimits::new()
+        .rpm(many)
+        .tpm(many)
+        .tpd(many)
+        .max_parallel(many);
+    let key = Caller::new(CallerKind::Key, "9f".repeat(32), limits);
+    let team = Caller::new(CallerKind::Team, "team-a", limits.model_rpm(many));
     let run = |with_callers: bool| {
-        let callers = with_callers.then(|| {
-            let limits = CallerLimits::new()
-                .rpm(many)
-                .tpm(many)
-                .tpd(many)
-                .max_parallel(many);
-            Callers::new(
-                Some(Caller::new(CallerKind::Key, key_hash.as_str(), limits)),
-                Some(Caller::new(
-                    CallerKind::Team,
-                    "team-a",
-                    limits.model_rpm(many),
-                )),
-            )
-            .expect("limits")
-        });
+        // One per request: the store writes into it where it counted the request.
+        let callers = with_callers
+            .then(|| Callers::new(Some(key.clone()), Some(team.clone())).expect("limits"));
         let request = RequestAdmission {
             model: id,
             pool: PoolRef::Named(0),

@@ -553,8 +553,9 @@ async fn keys_issued_by_litellm_are_imported_and_served_unchanged() {
     let text = report.to_string();
     println!("{text}");
     assert_eq!((report.new_keys, report.new_teams), (5, 2), "{text}");
+    // Limits are brought over and honoured (docs/gateway.md, "Key and team limits").
     assert!(
-        text.contains("LiteLLM_VerificationToken.rpm_limit set on 1: limited"),
+        !text.contains("rpm_limit") && !text.contains("tpm_limit"),
         "{text}"
     );
     assert!(
@@ -563,10 +564,6 @@ async fn keys_issued_by_litellm_are_imported_and_served_unchanged() {
     );
     assert!(
         text.contains("LiteLLM_VerificationToken.spend set on 1: limited"),
-        "{text}"
-    );
-    assert!(
-        text.contains("LiteLLM_TeamTable.tpm_limit set on 1: team-search"),
         "{text}"
     );
     assert!(

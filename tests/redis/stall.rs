@@ -223,16 +223,18 @@ fn settle_script_applies_an_id_once() {
             .arg(2)
             .arg("ids:{m}")
             .arg(format!("ids:{{m}}:settled:{id}"))
-            .arg(2_000) // window
-            .arg("")
             .arg(tokens)
             .arg(0) // reserved
-            .arg(0)
-            .arg(0)
-            .arg(3_000) // ttl: window + 1 s
+            .arg(3_000) // the hash's ttl: window + 1 s
             .arg(0) // not a cancellation
             .arg("f") // fixed window
             .arg("p") // post_hoc
+            .arg("") // no parallel slot to free
+            .arg(3_000) // the id's ttl: window + 1 s
+            .arg(1) // one pair: the model-wide one
+            .arg("m")
+            .arg(0) // its mark
+            .arg(2_000) // window
             .arg(67) // slot (sliding windows only)
             .query(con)
             .unwrap()

@@ -20,9 +20,10 @@
 //! assert!(Callers::new(Some(none), None).is_none());
 //! ```
 
+use std::any::Any;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use crate::clock::Millis;
 
@@ -217,11 +218,22 @@ impl fmt::Debug for Caller {
 /// checked in). Made for one request: the store writes into it where the admission counted it
 /// ([`CallerMarks`]), which its lease hands back at settlement, so the decision and the
 /// settlement that every request carries stay as small as without callers.
-#[derive(Debug)]
 pub struct Callers {
     callers: [Option<Caller>; 2],
     /// [`CallerMarks`], as the last admission of this request wrote them.
     marks: [AtomicU64; 8],
+    /// What the store found the callers' counters under at admission, by place (the embedded
+    /// store: their slots), so settling does not look them up again.
+    handles: OnceLock<[Option<Arc<dyn Any + Send + Sync>>; 2]>,
+}
+
+impl fmt::Debug for Callers {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Callers")
+            .field("callers", &self.callers)
+            .field("marks", &self.marks())
+            .finish_non_exhaustive()
+    }
 }
 
 impl Callers {
@@ -239,7 +251,17 @@ impl Callers {
         Self {
             callers,
             marks: Default::default(),
+            handles: OnceLock::new(),
         }
+    }
+
+    /// The store's handles to these callers' counters, by place, made by `make` the first time
+    /// (shared pointers to the store's own, so keeping them allocates nothing).
+    pub(crate) fn handles(
+        &self,
+        make: impl FnOnce() -> [Option<Arc<dyn Any + Send + Sync>>; 2],
+    ) -> &[Option<Arc<dyn Any + Send + Sync>>; 2] {
+        self.handles.get_or_init(make)
     }
 
     /// Where the admission counted this request on its callers' counters (the store writes it

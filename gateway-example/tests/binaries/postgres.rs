@@ -160,8 +160,8 @@ async fn import_litellm_brings_litellm_keys_to_a_gateway_process() {
     let litellm_key = "sk-issuedByLiteLLM000000000001";
     let token = gateway_example::keys::hash_key(litellm_key);
     db.batch_execute(&format!(
-        "INSERT INTO \"LiteLLM_VerificationToken\" (token, key_name, key_alias, models, metadata, tpm_limit) \
-         VALUES ('{token}', 'sk-...0001', 'from-litellm', '{{m}}', '{{\"team\": \"x\"}}', 500)"
+        "INSERT INTO \"LiteLLM_VerificationToken\" (token, key_name, key_alias, models, metadata, max_budget) \
+         VALUES ('{token}', 'sk-...0001', 'from-litellm', '{{m}}', '{{\"team\": \"x\"}}', 5.0)"
     ))
     .await
     .unwrap();
@@ -178,7 +178,7 @@ async fn import_litellm_brings_litellm_keys_to_a_gateway_process() {
         "{stdout}"
     );
     assert!(
-        stdout.contains("LiteLLM_VerificationToken.tpm_limit set on 1: from-litellm"),
+        stdout.contains("LiteLLM_VerificationToken.max_budget set on 1: from-litellm"),
         "{stdout}"
     );
 

@@ -2,7 +2,7 @@
 //! functions both stores and the simulator use.
 
 use super::{check, settle, Dimension, Millis, Refused, Scope, Usage, Window};
-use crate::caller::{Caller, CallerLimit, CallerMarks, Callers, DAY_MS};
+use crate::caller::{Caller, CallerLimit, CallerLimits, CallerMarks, Callers, DAY_MS};
 use crate::config::{ModelId, TokenAccounting};
 
 /// One caller's counters: requests and tokens in the config's window and in a day, requests in
@@ -17,6 +17,25 @@ pub struct CallerCounters<W> {
     pub parallel: u64,
     /// Per model, in the config's window (few per caller: searched in order).
     pub models: Vec<(ModelId, W)>,
+}
+
+/// The mark of a pair an admission did not count (no limit of the caller reads it).
+pub const NOT_COUNTED: Millis = Millis::MAX;
+
+/// A caller's three pairs, in their order in marks and replies: its window, its day, its model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CallerPair;
+
+impl CallerPair {
+    /// Which of the three pairs (window, day, model) a limit of `limits` reads: only those are
+    /// counted, so a key with only `rpm_limit` keeps one pair.
+    pub fn of(limits: &CallerLimits) -> [bool; 3] {
+        [
+            limits.rpm.is_some() || limits.tpm.is_some(),
+            limits.tpd.is_some(),
+            limits.model_rpm.is_some() || limits.model_tpm.is_some(),
+        ]
+    }
 }
 
 /// What one caller's check reads: its counters as one admission sees them.
@@ -63,21 +82,33 @@ impl<W: Window> CallerCounters<W> {
 
     /// Counts one admitted request on `model` reserving `reserved` tokens at `now`; returns
     /// where it was counted (`[window, day, model]`), which its settlement hands back.
+    ///
+    /// Only the pairs a limit of `limits` reads are counted ([`CallerPair::of`]); the others'
+    /// marks are [`NOT_COUNTED`], and their settlement skips them. A limit set later counts from
+    /// then on.
     pub fn admit(
         &mut self,
         model: ModelId,
+        limits: &CallerLimits,
         reserved: u64,
         now: Millis,
         window: Millis,
     ) -> [Millis; 3] {
-        let marks = [
-            self.window.mark(now, window),
-            self.day.mark(now, DAY_MS),
-            self.model_mut(model).mark(now, window),
-        ];
-        self.window.admit(reserved, now, window);
-        self.day.admit(reserved, now, DAY_MS);
-        self.model_mut(model).admit(reserved, now, window);
+        let mut marks = [NOT_COUNTED; 3];
+        let counted = CallerPair::of(limits);
+        if counted[0] {
+            marks[0] = self.window.mark(now, window);
+            self.window.admit(reserved, now, window);
+        }
+        if counted[1] {
+            marks[1] = self.day.mark(now, DAY_MS);
+            self.day.admit(reserved, now, DAY_MS);
+        }
+        if counted[2] {
+            let pair = self.model_mut(model);
+            marks[2] = pair.mark(now, window);
+            pair.admit(reserved, now, window);
+        }
         self.parallel = self.parallel.saturating_add(1);
         marks
     }
@@ -105,9 +136,15 @@ impl<W: Window> CallerCounters<W> {
                 settle(counter, accounting, reserved, tokens, mark, now, window);
             }
         };
-        one(&mut self.window, marks[0], window);
-        one(&mut self.day, marks[1], DAY_MS);
-        one(self.model_mut(model), marks[2], window);
+        if marks[0] != NOT_COUNTED {
+            one(&mut self.window, marks[0], window);
+        }
+        if marks[1] != NOT_COUNTED {
+            one(&mut self.day, marks[1], DAY_MS);
+        }
+        if marks[2] != NOT_COUNTED {
+            one(self.model_mut(model), marks[2], window);
+        }
     }
 
     /// Whether nothing counts at `now` and nothing is in flight: the counters can be dropped.
@@ -211,6 +248,7 @@ pub fn check_callers<W: Window>(
 
 /// Counts an admitted request on its callers' counters (by place) and says where.
 pub fn admit_callers<W: Window>(
+    callers: &Callers,
     counters: [Option<&mut CallerCounters<W>>; 2],
     model: ModelId,
     reserved: u64,
@@ -222,8 +260,8 @@ pub fn admit_callers<W: Window>(
         ..CallerMarks::default()
     };
     for (place, counters) in counters.into_iter().enumerate() {
-        if let Some(c) = counters {
-            marks.marks[place] = c.admit(model, reserved, now, window);
+        if let (Some(c), Some(caller)) = (counters, callers.get(place)) {
+            marks.marks[place] = c.admit(model, caller.limits(), reserved, now, window);
         }
     }
     marks
@@ -239,6 +277,16 @@ mod tests {
     const W: Millis = 60_000;
     const M: ModelId = ModelId(0);
 
+    /// Limits reading every pair, so tests count all three.
+    const ALL: CallerLimits = CallerLimits {
+        rpm: Some(u64::MAX),
+        tpm: None,
+        tpd: Some(u64::MAX),
+        max_parallel: None,
+        model_rpm: Some(u64::MAX),
+        model_tpm: None,
+    };
+
     fn key(limits: CallerLimits) -> Caller {
         Caller::new(CallerKind::Key, "k", limits)
     }
@@ -249,8 +297,8 @@ mod tests {
         let limits = CallerLimits::new().max_parallel(2).rpm(3).tpm(100);
         let caller = key(limits);
         let empty = FixedWindow::default();
-        let first = c.admit(M, 0, 0, W);
-        c.admit(M, 0, 0, W);
+        let first = c.admit(M, &ALL, 0, 0, W);
+        c.admit(M, &ALL, 0, 0, W);
         let r = check_caller(&caller, &c.view(M, &empty), 0, 0.0, 0, W).unwrap();
         assert_eq!(
             r.scope,
@@ -259,7 +307,7 @@ mod tests {
         assert_eq!((r.limit, r.used), (2, 2));
         c.settle(M, first, 0, 90, false, TokenAccounting::PostHoc, 1, W);
         assert!(check_caller(&caller, &c.view(M, &empty), 0, 0.0, 1, W).is_none());
-        c.admit(M, 0, 2, W);
+        c.admit(M, &ALL, 0, 2, W);
         c.settle(M, first, 0, 0, false, TokenAccounting::PostHoc, 3, W);
         let r = check_caller(&caller, &c.view(M, &empty), 0, 0.0, 3, W).unwrap();
         assert_eq!(
@@ -274,7 +322,7 @@ mod tests {
         let mut c = CallerCounters::<SlidingWindow>::default();
         let caller = key(CallerLimits::new().model_rpm(1));
         let empty = SlidingWindow::default();
-        c.admit(M, 0, 0, W);
+        c.admit(M, &ALL, 0, 0, W);
         let r = check_caller(&caller, &c.view(M, &empty), 0, 0.0, 10, W).unwrap();
         assert_eq!(
             r.scope,
@@ -288,7 +336,7 @@ mod tests {
         let mut c = CallerCounters::<FixedWindow>::default();
         let caller = key(CallerLimits::new().tpd(100).tpm(1_000));
         let empty = FixedWindow::default();
-        let m = c.admit(M, 0, 0, W);
+        let m = c.admit(M, &ALL, 0, 0, W);
         c.settle(M, m, 0, 100, false, TokenAccounting::PostHoc, 5, W);
         let later = 5 * W;
         let r = check_caller(&caller, &c.view(M, &empty), 0, 0.0, later, W).unwrap();
@@ -302,7 +350,7 @@ mod tests {
     #[test]
     fn a_cancel_gives_the_request_back_and_frees_its_slot() {
         let mut c = CallerCounters::<FixedWindow>::default();
-        let m = c.admit(M, 40, 0, W);
+        let m = c.admit(M, &ALL, 40, 0, W);
         assert_eq!(
             c.window.usage(0, W),
             Usage {
@@ -391,7 +439,7 @@ mod tests {
                     });
                 prop_assert_eq!(got, expected);
                 if got.is_none() {
-                    in_flight.push((c.admit(M, 0, now, W), cost));
+                    in_flight.push((c.admit(M, &ALL, 0, now, W), cost));
                     count += 1;
                 }
                 if finish {

@@ -12,7 +12,7 @@
 
 use std::collections::HashMap;
 use std::future::{ready, Ready};
-use std::hash::BuildHasher;
+use std::hash::{BuildHasher, BuildHasherDefault};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::{AdmitRequest, Settlement, Settler, Store, StoreError};
@@ -69,18 +69,40 @@ struct CallerTable {
     kind: WindowKind,
 }
 
-/// One shard: keys' and teams' counters by id (looked up by `&str`, no allocation).
+/// One shard: callers' counters by the hash of their kind and id (computed once per lookup, for
+/// the shard and the map alike), each slot holding its id to tell the rare collision apart.
 #[derive(Debug, Default)]
 struct CallerShard {
-    keys: HashMap<Arc<str>, Arc<CallerSlot>>,
-    teams: HashMap<Arc<str>, Arc<CallerSlot>>,
+    slots: HashMap<u64, Vec<Arc<CallerSlot>>, BuildHasherDefault<PassThrough>>,
+    len: usize,
 }
 
-/// One caller's counters, alone on its cache lines.
+/// The map's hasher for keys that are hashes already.
+#[derive(Debug, Default, Clone, Copy)]
+struct PassThrough(u64);
+
+impl std::hash::Hasher for PassThrough {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        // Only `u64` keys are hashed (`write_u64`); anything else still hashes, by folding.
+        for &b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(b);
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+}
+
+/// One caller's counters, alone on its cache lines, with whose they are.
 #[derive(Debug)]
 #[repr(align(128))]
 struct CallerSlot {
     counters: Mutex<AnyCallerCounters>,
+    kind: CallerKind,
+    id: Arc<str>,
 }
 
 // One per caller, behind its own `Arc`: as the model's counters, boxing would add a pointer
@@ -139,20 +161,27 @@ impl CallerTable {
 
     /// The counters of `kind` `id`, made on first use.
     fn slot(&self, kind: CallerKind, id: &str, now: Millis, window: Millis) -> Arc<CallerSlot> {
-        let shard = (self.hasher.hash_one((kind, id)) as usize) % CALLER_SHARDS;
-        let mut shard = self.shards[shard].lock().unwrap_or_else(|e| e.into_inner());
-        let map = match kind {
-            CallerKind::Key => &mut shard.keys,
-            CallerKind::Team => &mut shard.teams,
-        };
-        if let Some(slot) = map.get(id) {
-            return Arc::clone(slot);
+        let hash = self.hasher.hash_one((kind, id));
+        let mut shard = self.shards[(hash as usize) % CALLER_SHARDS]
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let found = shard.slots.get(&hash).and_then(|same| {
+            same.iter()
+                .find(|s| s.kind == kind && &*s.id == id)
+                .map(Arc::clone)
+        });
+        if let Some(slot) = found {
+            return slot;
         }
-        if map.len() >= CALLER_PRUNE_AT {
-            map.retain(|_, slot| {
+        if shard.len >= CALLER_PRUNE_AT {
+            let mut len = 0;
+            shard.slots.retain(|_, same| {
                 // A slot a request holds (admitting or settling) is in use.
-                Arc::strong_count(slot) > 1 || !slot.is_idle(now, window)
+                same.retain(|slot| Arc::strong_count(slot) > 1 || !slot.is_idle(now, window));
+                len += same.len();
+                !same.is_empty()
             });
+            shard.len = len;
         }
         let counters = match self.kind {
             WindowKind::Fixed => AnyCallerCounters::Fixed(CallerCounters::default()),
@@ -160,9 +189,29 @@ impl CallerTable {
         };
         let slot = Arc::new(CallerSlot {
             counters: Mutex::new(counters),
+            kind,
+            id: Arc::from(id),
         });
-        map.insert(Arc::from(id), Arc::clone(&slot));
+        shard.slots.entry(hash).or_default().push(Arc::clone(&slot));
+        shard.len += 1;
         slot
+    }
+
+    /// The slots of `callers`, by place (key, team), looked up once per request: kept in the
+    /// request's `Callers` for its settlement.
+    fn slots_of<'a>(
+        &self,
+        callers: &'a Callers,
+        now: Millis,
+        window: Millis,
+    ) -> [Option<&'a CallerSlot>; 2] {
+        let handles = callers.handles(|| {
+            self.slots(callers, now, window)
+                .map(|s| s.map(|s| s as Arc<dyn std::any::Any + Send + Sync>))
+        });
+        handles
+            .each_ref()
+            .map(|h| h.as_deref().and_then(|h| h.downcast_ref::<CallerSlot>()))
     }
 
     /// The slots of `callers`, by place (key, team).
@@ -192,7 +241,7 @@ impl CallerTable {
         accounting: TokenAccounting,
     ) {
         let marks = callers.marks();
-        for (place, slot) in self.slots(callers, now, window).iter().enumerate() {
+        for (place, slot) in self.slots_of(callers, now, window).into_iter().enumerate() {
             let Some(slot) = slot else { continue };
             let (reserved, tokens) = (marks.reserved, s.tokens);
             let marks = marks.marks[place];
@@ -228,7 +277,20 @@ impl Slot {
 /// A lease settles on its model's slot alone.
 impl Settler for Slot {
     fn settle(&self, s: Settlement) {
+        self.settle_at(s, self.clock.now_ms());
+    }
+
+    fn settle_callers(&self, s: Settlement, callers: &Arc<Callers>) {
         let now = self.clock.now_ms();
+        self.settle_at(s, now);
+        self.callers
+            .settle(s, callers, now, self.window_ms, self.accounting);
+    }
+}
+
+impl Slot {
+    /// Records `s` on the model's counters at `now`.
+    fn settle_at(&self, s: Settlement, now: Millis) {
         let (window, accounting) = (self.window_ms, self.accounting);
         let mut guard = self.lock();
         fn apply<W: Window>(
@@ -254,13 +316,6 @@ impl Settler for Slot {
             Counters::Fixed(c) => apply(c, &s, accounting, now, window),
             Counters::Sliding(c) => apply(c, &s, accounting, now, window),
         }
-    }
-
-    fn settle_callers(&self, s: Settlement, callers: &Arc<Callers>) {
-        self.settle(s);
-        let now = self.clock.now_ms();
-        self.callers
-            .settle(s, callers, now, self.window_ms, self.accounting);
     }
 }
 
@@ -348,6 +403,7 @@ impl<W: Window> ModelCounters<W> {
         if let Decision::Admit(admitted) = &mut decision {
             let reserved = who.reservation(request.reserve);
             who.set_marks(admit_callers(
+                who,
                 [key, team],
                 request.model,
                 reserved,
@@ -445,6 +501,7 @@ impl MemoryStore {
 
     /// Records settlement `s` on the counters of `callers` only (not the model's): a request a
     /// shared store admitted through this store as its fallback settles its callers here.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn settle_callers_only(&self, s: Settlement, callers: &Callers) {
         let settings = self.config.settings();
         let now = self.clock.now_ms();
@@ -521,8 +578,8 @@ impl Store for MemoryStore {
         };
         // Model, key, then team: the one order every admission locks in (settlement holds one
         // lock at a time), so no two admissions wait for each other.
-        let slots = self.callers.slots(callers, now, settings.window_ms);
-        let mut guards = slots.each_ref().map(|s| s.as_ref().map(|s| s.lock()));
+        let slots = self.callers.slots_of(callers, now, settings.window_ms);
+        let mut guards = slots.map(|s| s.map(|s| s.lock()));
         let [key, team] = &mut guards;
         ready(Ok(match &mut *guard {
             Counters::Fixed(c) => c.admit(

@@ -165,23 +165,33 @@ if nc > 0 then
     local lim = {}
     for j = 0, 5 do lim[j] = tonumber(ARGV[cb + 8 + 6 * i + j]) end
     local pairs_at = {{'win:', window, slot_ms}, {'day:', day, day_slot}, {mp, window, slot_ms}}
+    -- Only the pairs a limit reads are read and counted (`CallerPair::of`).
+    local has = {lim[1] >= 0 or lim[2] >= 0, lim[3] >= 0, lim[4] >= 0 or lim[5] >= 0}
     local names = {}
-    for _, pr in ipairs(pairs_at) do
-      local p, sl = pr[1], pr[3]
-      if sliding then
-        local place = math.floor(now / sl) % RING
-        for _, nm in ipairs({'h', 'R', 'T', 'r' .. place, 't' .. place}) do
-          names[#names + 1] = p .. nm
+    for j, pr in ipairs(pairs_at) do
+      if has[j] then
+        local p, sl = pr[1], pr[3]
+        if sliding then
+          local place = math.floor(now / sl) % RING
+          for _, nm in ipairs({'h', 'R', 'T', 'r' .. place, 't' .. place}) do
+            names[#names + 1] = p .. nm
+          end
+        else
+          for _, nm in ipairs({'s', 'r', 't'}) do names[#names + 1] = p .. nm end
         end
-      else
-        for _, nm in ipairs({'s', 'r', 't'}) do names[#names + 1] = p .. nm end
       end
     end
-    local v = redis.call('HMGET', hk, unpack(names))
-    local c = {hk = hk, zk = zk, pairs = {}}
+    local v = {}
+    if #names > 0 then v = redis.call('HMGET', hk, unpack(names)) end
+    local c = {hk = hk, zk = zk, pairs = {}, has = has}
+    local o = 0
     for j, pr in ipairs(pairs_at) do
-      local o = (j - 1) * width
-      c.pairs[j] = read(hk, pr[1], {v[o + 1], v[o + 2], v[o + 3], v[o + 4], v[o + 5]}, pr[2], pr[3])
+      if has[j] then
+        c.pairs[j] = read(hk, pr[1], {v[o + 1], v[o + 2], v[o + 3], v[o + 4], v[o + 5]}, pr[2], pr[3])
+        o = o + width
+      else
+        c.pairs[j] = {r = 0, k = 0, raw_r = 0, raw_k = 0, gone = {}}
+      end
       c.pairs[j].p, c.pairs[j].win, c.pairs[j].sl = pr[1], pr[2], pr[3]
     end
     -- Slots are kept only for a caller with a max_parallel (the others never read them).
@@ -353,7 +363,7 @@ local function callers_reply(reply)
     reply[#reply + 1] = c.parallel
     for _, pr in ipairs(c.pairs) do
       if sliding then
-        reply[#reply + 1] = pr.head
+        reply[#reply + 1] = pr.head or -1
         reply[#reply + 1] = pr.r
         reply[#reply + 1] = pr.k
       else
@@ -363,9 +373,11 @@ local function callers_reply(reply)
       end
     end
     if verdict == 0 then
-      for _, pr in ipairs(c.pairs) do
-        if sliding then count_sliding(c.hk, pr.p, pr, creserve)
-        else count_fixed(c.hk, pr.p, pr, pr.win, creserve) end
+      for j, pr in ipairs(c.pairs) do
+        if c.has[j] then
+          if sliding then count_sliding(c.hk, pr.p, pr, creserve)
+          else count_fixed(c.hk, pr.p, pr, pr.win, creserve) end
+        end
       end
       redis.call('PEXPIRE', c.hk, tonumber(ARGV[cb + 4]))
       if c.slots then
@@ -377,13 +389,14 @@ local function callers_reply(reply)
   end
   if verdict == 4 and sliding then
     for i = 0, nc - 1 do
-      for _, pr in ipairs(callers[i].pairs) do
+      for j, pr in ipairs(callers[i].pairs) do
         local names = {}
         for place = 0, RING - 1 do
           names[#names + 1] = pr.p .. 'r' .. place
           names[#names + 1] = pr.p .. 't' .. place
         end
-        local v = redis.call('HMGET', callers[i].hk, unpack(names))
+        local v = {}
+        if callers[i].has[j] then v = redis.call('HMGET', callers[i].hk, unpack(names)) end
         local dropped = {}
         for _, place in ipairs(pr.gone) do dropped[place] = true end
         for place = 0, RING - 1 do

@@ -68,8 +68,8 @@ use crate::caller::{Caller, CallerMarks, DAY_MS};
 use crate::config::WindowKind;
 use crate::config::{pool_index, Enforcement, FailureMode, LimiterConfig, ModelId, PoolRef};
 use crate::decision::{
-    check_callers, decide, reservation, saturation, slot_ms, CallerCounters, Decision, FixedWindow,
-    Millis, SlidingWindow, Usage, Window, RING,
+    check_callers, decide, reservation, saturation, slot_ms, CallerCounters, CallerPair, Decision,
+    FixedWindow, Millis, SlidingWindow, Usage, Window, NOT_COUNTED, RING,
 };
 use crate::metrics::Observer;
 
@@ -860,12 +860,13 @@ impl Inner {
                 ..CallerMarks::default()
             };
             for (place, counters) in seen.iter().enumerate() {
-                if let Some(c) = counters {
-                    let model_pair = &c.models[0].1;
+                if let (Some(c), Some(caller)) = (counters, callers.get(place)) {
+                    let counted = CallerPair::of(caller.limits());
+                    let mark = |yes: bool, m: Millis| if yes { m } else { NOT_COUNTED };
                     marks.marks[place] = [
-                        c.window.mark(now, window),
-                        c.day.mark(now, DAY_MS),
-                        model_pair.mark(now, window),
+                        mark(counted[0], c.window.mark(now, window)),
+                        mark(counted[1], c.day.mark(now, DAY_MS)),
+                        mark(counted[2], c.models[0].1.mark(now, window)),
                     ];
                 }
             }

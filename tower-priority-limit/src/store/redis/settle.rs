@@ -24,7 +24,7 @@ use super::{caller_keys, caller_model_prefix, caller_ttl_ms};
 use super::{Inner, MAX_EXACT, RETRY_INTERVAL};
 use crate::caller::{Callers, DAY_MS};
 use crate::config::{ModelId, TokenAccounting};
-use crate::decision::{slot_ms, Millis};
+use crate::decision::{slot_ms, Millis, NOT_COUNTED};
 use crate::store::{Settlement, Settler, StoreError};
 
 /// Settlements sent to Redis at once by the flusher.
@@ -107,13 +107,25 @@ impl Inner {
             };
             let [hash, slots] = caller_keys(&self.key_prefix, caller);
             let at = marks.marks[place];
-            let pairs = [
+            // Only the pairs the admission counted.
+            let pairs: Vec<_> = [
                 ("win:", at[0], window_ms, slot),
                 ("day:", at[1], DAY_MS, slot_ms(DAY_MS)),
                 (model_prefix.as_str(), at[2], window_ms, slot),
-            ];
+            ]
+            .into_iter()
+            .filter(|pair| pair.1 != NOT_COUNTED)
+            .collect();
+            // A parallel slot only where the caller has a limit of them (admit.lua keeps none
+            // otherwise); nothing to send for a caller with neither.
+            let slot_set = caller
+                .limits()
+                .max_parallel
+                .map(|_| (slots.as_str(), member.as_str()));
+            if pairs.is_empty() && slot_set.is_none() {
+                continue;
+            }
             let ttl = caller_ttl_ms(self.config.settings().window_kind);
-            let slot_set = Some((slots.as_str(), member.as_str()));
             self.settle_hash(
                 &hash, pending.id, tokens, reserved, ttl, &pairs, slot_set, s.cancel,
             )
