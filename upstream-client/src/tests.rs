@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// Reads a request's head (these requests have no body), lower-cased.
-async fn read_head(stream: &mut tokio::net::TcpStream) -> String {
+pub(crate) async fn read_head(stream: &mut tokio::net::TcpStream) -> String {
     let mut got = Vec::new();
     let mut buf = [0u8; 1024];
     while !got.windows(4).any(|w| w == b"\r\n\r\n") {
@@ -113,7 +113,7 @@ async fn chunks_read_together_come_out_as_one_frame() {
 /// An upstream answering each request with the next of `answers` (raw bytes), on whatever
 /// connection it came, and closing that connection after an answer marked so. Returns its
 /// address and how many connections it accepted.
-async fn raw_upstream(
+pub(crate) async fn raw_upstream(
     answers: Vec<(Vec<u8>, bool)>,
 ) -> (std::net::SocketAddr, Arc<std::sync::atomic::AtomicUsize>) {
     use std::sync::atomic::{AtomicUsize, Ordering};
@@ -529,25 +529,29 @@ async fn a_route_reports_its_upstream_s_connections() {
     let route = Route::new(format!("http://user:pw@{addr}/x").parse().unwrap()).unwrap();
     assert_eq!(route.connections(), None, "not sent yet");
     let send = || client.send(&route, Request::post("/").body(Bytes::new()).unwrap());
-    let stats = |opened, idle, in_use| Connections {
+    let stats = |opened, reused, idle, in_use| Connections {
         upstream: format!("http://{addr}"),
+        name: None,
         opened,
+        handshakes: 0,
+        reused,
         idle,
         in_use,
+        waiting: 0,
     };
     let response = send().await.unwrap();
     assert_eq!(
         route.connections(),
-        Some(stats(1, 0, 1)),
+        Some(stats(1, 0, 0, 1)),
         "its response is being read"
     );
     response.into_body().collect().await.unwrap();
     assert_eq!(
         route.connections(),
-        Some(stats(1, 1, 0)),
+        Some(stats(1, 0, 1, 0)),
         "kept, no credentials shown"
     );
-    // The second answer closes the connection after it: not kept, no longer open.
+    // The second answer, on the kept connection, closes it after it: not kept, no longer open.
     send().await.unwrap().into_body().collect().await.unwrap();
-    assert_eq!(route.connections(), Some(stats(1, 0, 0)));
+    assert_eq!(route.connections(), Some(stats(1, 1, 0, 0)));
 }
