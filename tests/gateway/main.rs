@@ -23,3 +23,4 @@ mod timeouts;
 mod tls;
 mod ui;
 mod upstream;
+mod upstream_connections;
