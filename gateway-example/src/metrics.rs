@@ -260,6 +260,9 @@ impl Collector for Durations {
     }
 }
 
+/// One of a pool's counters, read from its [`upstream_client::Connections`].
+type PoolCount = fn(&upstream_client::Connections) -> u64;
+
 /// Gauges read at scrape from the router, the upstream client and the key store.
 #[derive(Debug, Default)]
 pub struct ScrapeGauges {
@@ -325,7 +328,7 @@ impl Collector for ScrapeGauges {
         for c in self.connections.iter().filter(|c| c.name.is_some()) {
             gauge(c.waiting as u64).encode(family.encode_family(&pool(c))?)?;
         }
-        let counters: [(&str, &str, fn(&upstream_client::Connections) -> u64); 3] = [
+        let counters: [(&str, &str, PoolCount); 3] = [
             (
                 "gateway_upstream_connects",
                 "Connections opened to an upstream (each one a TCP connect, and a TLS handshake for https)",
