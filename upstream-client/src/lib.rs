@@ -74,8 +74,6 @@ mod wire;
 #[cfg(test)]
 mod differential;
 #[cfg(test)]
-mod settings_tests;
-#[cfg(test)]
 mod tests;
 
 pub use body::UpstreamBody;

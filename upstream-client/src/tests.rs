@@ -1,5 +1,7 @@
 //! The client against real sockets: upstreams that answer with raw bytes, valid, odd and hostile.
 
+mod settings;
+
 use crate::Client;
 use bytes::Bytes;
 use http::Request;
@@ -8,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// Reads a request's head (these requests have no body), lower-cased.
-pub(crate) async fn read_head(stream: &mut tokio::net::TcpStream) -> String {
+async fn read_head(stream: &mut tokio::net::TcpStream) -> String {
     let mut got = Vec::new();
     let mut buf = [0u8; 1024];
     while !got.windows(4).any(|w| w == b"\r\n\r\n") {
@@ -113,7 +115,7 @@ async fn chunks_read_together_come_out_as_one_frame() {
 /// An upstream answering each request with the next of `answers` (raw bytes), on whatever
 /// connection it came, and closing that connection after an answer marked so. Returns its
 /// address and how many connections it accepted.
-pub(crate) async fn raw_upstream(
+async fn raw_upstream(
     answers: Vec<(Vec<u8>, bool)>,
 ) -> (std::net::SocketAddr, Arc<std::sync::atomic::AtomicUsize>) {
     use std::sync::atomic::{AtomicUsize, Ordering};

@@ -1,4 +1,4 @@
-//! A route's [`ConnectionSettings`] against real sockets: the bound on open connections (a burst
+//! A route's [`ConnectionSettings`](crate::ConnectionSettings) against real sockets: the bound on open connections (a burst
 //! waits for connections instead of opening more, within its caller's timeout), the bound on idle
 //! ones, and the route's own connect timeout.
 
@@ -10,7 +10,7 @@ use bytes::Bytes;
 use http::Request;
 use http_body_util::BodyExt;
 
-use crate::tests::raw_upstream;
+use super::raw_upstream;
 use crate::{Client, ClientError, ConnectionSettings, Route};
 
 const OK: &[u8] = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
