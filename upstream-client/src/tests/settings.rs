@@ -1,6 +1,6 @@
-//! A route's [`ConnectionSettings`](crate::ConnectionSettings) against real sockets: the bound on open connections (a burst
-//! waits for connections instead of opening more, within its caller's timeout), the bound on idle
-//! ones, and the route's own connect timeout.
+//! A route's [`ConnectionSettings`](crate::ConnectionSettings) against real sockets: the bound
+//! on open connections (a burst waits for connections instead of opening more, within its
+//! caller's timeout), the bound on idle ones, and the route's own connect timeout.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
