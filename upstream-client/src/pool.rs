@@ -203,14 +203,20 @@ pub(crate) enum Acquired {
 
 /// A kept connection from `idle`, else room for a new one; when the pool is at its bound and
 /// every connection is in use, waits until one comes back or closes (the caller's timeout
-/// bounds the wait). Never more connections than the bound: so a burst to a cold upstream
+/// bounds the wait), behind the requests already waiting (roughly in the order they came:
+/// `Notify` wakes the longest waiting first, but one woken may find its connection taken by a
+/// request that had just begun to wait, and wait again). Never more connections than the bound: so a burst to a cold upstream
 /// opens as many connections as the bound, and the rest of it takes them as they come back.
 pub(crate) async fn acquire(idle: &Idle) -> Acquired {
-    if let Some(conn) = checkout(idle).await {
-        return Acquired::Kept(conn);
-    }
-    if let Some(room) = Counted::reserve(&idle.1) {
-        return Acquired::Room(room);
+    // Requests already waiting go first (the pool wakes them in the order they came): a new
+    // one takes the short way only when none waits.
+    if idle.1.waiting() == 0 {
+        if let Some(conn) = checkout(idle).await {
+            return Acquired::Kept(conn);
+        }
+        if let Some(room) = Counted::reserve(&idle.1) {
+            return Acquired::Room(room);
+        }
     }
     let _waiting = idle.1.wait();
     loop {
