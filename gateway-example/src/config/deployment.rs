@@ -241,43 +241,47 @@ fn connections(
     let certificate_node = ssl_certificate
         .as_ref()
         .or(defaults.ssl_certificate.as_ref());
-    let tls = match (https, verify_node, certificate_node) {
-        (false, _, _) | (true, None, None) => None,
-        (true, verify_node, certificate_node) => {
-            let verify = match verify_node {
-                Some(node) => verify(node)?,
-                None => Verify::Mozilla,
-            };
-            let certificate = match certificate_node {
-                Some(node) => Some(std::path::PathBuf::from(node.string()?)),
-                None => None,
-            };
-            let ca = match &verify {
-                Verify::CaBundle(path) => Some(path.clone()),
-                _ => None,
-            };
-            Some(Tls::load(verify, certificate.clone()).map_err(|e| {
-                // Named at the key whose file is at fault.
-                let at = match &e {
-                    TlsError::Read(path, _) | TlsError::NoCertificate(path)
-                        if ca.as_ref() == Some(path) =>
-                    {
-                        verify_node
-                    }
-                    _ => certificate_node.or(verify_node),
-                };
-                match at {
-                    Some(node) => node.error(e.to_string()),
-                    None => params.error(e.to_string()),
-                }
-            })?)
-        }
+    let tls = match (https, verify_node.is_some() || certificate_node.is_some()) {
+        (true, true) => Some(tls(verify_node, certificate_node, params)?),
+        _ => None,
     };
     Ok(UpstreamConnections {
         max_connections: max_connections.map(|(n, _)| n),
         max_idle: max_idle.map(|(n, _)| n),
         connect_timeout: connect_timeout.map(|(t, _)| t),
         tls,
+    })
+}
+
+/// The TLS settings `ssl_verify` and `ssl_certificate` (either may be missing) say, their files
+/// read; an error is named at the key whose file is at fault (else at `parent`).
+pub(super) fn tls(
+    verify_node: Option<&Node<'_>>,
+    certificate_node: Option<&Node<'_>>,
+    parent: &Node<'_>,
+) -> Result<Tls, ConfigError> {
+    let verify = match verify_node {
+        Some(node) => verify(node)?,
+        None => Verify::Mozilla,
+    };
+    let certificate = match certificate_node {
+        Some(node) => Some(std::path::PathBuf::from(node.string()?)),
+        None => None,
+    };
+    let ca = match &verify {
+        Verify::CaBundle(path) => Some(path.clone()),
+        _ => None,
+    };
+    Tls::load(verify, certificate).map_err(|e| {
+        let at = match &e {
+            TlsError::Read(path, _) | TlsError::NoCertificate(path)
+                if ca.as_ref() == Some(path) =>
+            {
+                verify_node
+            }
+            _ => certificate_node.or(verify_node),
+        };
+        at.unwrap_or(parent).error(e.to_string())
     })
 }
 

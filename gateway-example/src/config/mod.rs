@@ -413,6 +413,16 @@ impl GatewayConfig {
             ssl_verify: setting("ssl_verify")?,
             ssl_certificate: setting("ssl_certificate")?,
         };
+        // Checked here too, so a bad one is refused even when no https deployment takes it.
+        if let Some(settings) = &litellm_settings {
+            if defaults.ssl_verify.is_some() || defaults.ssl_certificate.is_some() {
+                deployment::tls(
+                    defaults.ssl_verify.as_ref(),
+                    defaults.ssl_certificate.as_ref(),
+                    settings,
+                )?;
+            }
+        }
 
         let mut deployments = Vec::new();
         if let Some(list) = root.get("model_list")? {

@@ -640,6 +640,12 @@ fn connection_settings_are_read_and_bad_ones_refused_by_path() {
             "litellm_settings.ssl_verify",
             "cannot read",
         ),
+        // Checked without an https deployment to take it, too.
+        (
+            "litellm_settings: {ssl_certificate: /nonexistent/client.pem}".to_owned(),
+            "litellm_settings.ssl_certificate",
+            "cannot read /nonexistent/client.pem",
+        ),
     ] {
         let e = GatewayConfig::from_yaml_str(&yaml).unwrap_err().to_string();
         let at = if path.starts_with("litellm_settings") {
