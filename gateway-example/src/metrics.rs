@@ -7,8 +7,11 @@
 //!   `gateway_upstream_fallbacks_total{model}`;
 //! - read at scrape: `gateway_deployment_in_flight{model,deployment}`,
 //!   `gateway_deployment_cooldown{model,deployment}` (1 while parked or cooling down),
-//!   `gateway_upstream_connections{upstream,state}` (idle, in use),
-//!   `gateway_upstream_connects_total{upstream}`, `gateway_keys` (embedded key store only).
+//!   `gateway_upstream_connections{upstream,deployment,state}` (idle, in use; `deployment` only
+//!   for a deployment's own pool), `gateway_upstream_connection_waiters{upstream,deployment}`
+//!   (own pools only), `gateway_upstream_connects_total`, `gateway_upstream_handshakes_total`,
+//!   `gateway_upstream_reuses_total` (each `{upstream,deployment}`), `gateway_keys` (embedded
+//!   key store only).
 //!
 //! Labels are bounded: routes are the router's, models the config's groups (`other` for any
 //! other name, `none` where no model was involved), statuses a fixed list or their class.
@@ -257,6 +260,9 @@ impl Collector for Durations {
     }
 }
 
+/// One of a pool's counters, read from its [`upstream_client::Connections`].
+type PoolCount = fn(&upstream_client::Connections) -> u64;
+
 /// Gauges read at scrape from the router, the upstream client and the key store.
 #[derive(Debug, Default)]
 pub struct ScrapeGauges {
@@ -291,28 +297,60 @@ impl Collector for ScrapeGauges {
             let labels = [("model", model.as_str()), ("deployment", id.as_str())];
             gauge(u64::from(*parked)).encode(family.encode_family(&labels)?)?;
         }
+        // A deployment's own pool (connection settings of its own) is labelled with its id;
+        // the pool shared by an upstream's other deployments has no `deployment` label.
+        let pool = |c: &'_ upstream_client::Connections| {
+            let mut labels = vec![("upstream", c.upstream.clone())];
+            if let Some(name) = &c.name {
+                labels.push(("deployment", name.clone()));
+            }
+            labels
+        };
         let mut family = encoder.encode_descriptor(
             "gateway_upstream_connections",
-            "Connections open to an upstream, idle (in the pool) or in use",
+            "Connections open to an upstream, idle (in the pool) or in use (or being opened)",
             None,
             MetricType::Gauge,
         )?;
         for c in &self.connections {
             for (state, n) in [("idle", c.idle), ("in_use", c.in_use)] {
-                let labels = [("upstream", c.upstream.as_str()), ("state", state)];
+                let mut labels = pool(c);
+                labels.push(("state", state.to_owned()));
                 gauge(n as u64).encode(family.encode_family(&labels)?)?;
             }
         }
         let mut family = encoder.encode_descriptor(
-            "gateway_upstream_connects",
-            "Connections opened to an upstream (each one a TCP connect, and a TLS handshake for https)",
+            "gateway_upstream_connection_waiters",
+            "Requests waiting for a connection to an upstream whose max_upstream_connections are all in use",
             None,
-            MetricType::Counter,
+            MetricType::Gauge,
         )?;
-        for c in &self.connections {
-            let labels = [("upstream", c.upstream.as_str())];
-            prometheus_client::metrics::counter::ConstCounter::new(c.opened)
-                .encode(family.encode_family(&labels)?)?;
+        for c in self.connections.iter().filter(|c| c.name.is_some()) {
+            gauge(c.waiting as u64).encode(family.encode_family(&pool(c))?)?;
+        }
+        let counters: [(&str, &str, PoolCount); 3] = [
+            (
+                "gateway_upstream_connects",
+                "Connections opened to an upstream (each one a TCP connect, and a TLS handshake for https)",
+                |c| c.opened,
+            ),
+            (
+                "gateway_upstream_handshakes",
+                "TLS handshakes done with an upstream (one per https connection opened)",
+                |c| c.handshakes,
+            ),
+            (
+                "gateway_upstream_reuses",
+                "Requests sent to an upstream on a kept connection (no connect, no handshake)",
+                |c| c.reused,
+            ),
+        ];
+        for (name, help, value) in counters {
+            let mut family = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
+            for c in &self.connections {
+                prometheus_client::metrics::counter::ConstCounter::new(value(c))
+                    .encode(family.encode_family(&pool(c))?)?;
+            }
         }
         if let Some(keys) = self.keys {
             let family = encoder.encode_descriptor(

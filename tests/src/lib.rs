@@ -12,6 +12,7 @@
 //! - [`prometheus`]: a real `prometheus` server scraping a gateway, queried through its HTTP API;
 //! - [`external`]: finding those programs on `PATH`, skipping loudly where they are missing
 //!   unless `REQUIRE_REDIS`/`REQUIRE_PROMETHEUS`/`REQUIRE_CHROMIUM=1`;
+//! - [`pki`]: a certificate authority made by `openssl`, with server and client certificates;
 //! - [`http`]: the one HTTP call the rigs make;
 //! - [`keys`]: a key/team table with priorities and a priority extractor over it, standing in
 //!   for an auth layer.
@@ -27,6 +28,7 @@ pub mod gateway;
 pub mod http;
 pub mod keys;
 pub mod nginx;
+pub mod pki;
 pub mod postgres;
 pub mod prometheus;
 pub mod redis;

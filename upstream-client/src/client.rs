@@ -13,7 +13,7 @@ use crate::conn::Counted;
 use crate::conn::{Conn, HEAD_SIZE, READ_SIZE};
 use crate::connect::{default_port, default_tls, Connector, Key, Via};
 use crate::error::ClientError;
-use crate::pool::{checkout, Pool};
+use crate::pool::{acquire, Acquired, Pool};
 use crate::proxy::Proxies;
 use crate::route::{Bound, ProxyChoice, Route};
 use crate::wire::{write_header_line, write_request_head, KeepHeaders, EVERY_HEADER};
@@ -115,9 +115,9 @@ impl Client {
         let bound = route.bound.get_or_init(|| self.bind(route));
         let idle = &bound.idle;
         loop {
-            let (mut conn, reused) = match checkout(idle).await {
-                Some(conn) => (conn, true),
-                None => (self.connect(&route.key, bound).await?, false),
+            let (mut conn, reused) = match acquire(idle).await {
+                Acquired::Kept(conn) => (conn, true),
+                Acquired::Room(room) => (Self::connect(&route.key, bound, room).await?, false),
             };
             // The head into the connection's own buffer, and a small body after it: one plain
             // write (as the server side does, see server.rs). A larger body is not copied: it
@@ -210,20 +210,36 @@ impl Client {
             proxy: via.proxy().cloned(),
             ..key.clone()
         };
+        let settings = key.settings.as_ref().map(|s| &*s.0);
+        let connector = Connector {
+            timeout: settings
+                .and_then(|s| s.connect_timeout)
+                .unwrap_or(self.connector.timeout),
+            tls: match settings.and_then(|s| s.tls.as_ref()) {
+                Some(tls) => Arc::clone(&tls.config).into(),
+                None => self.connector.tls.clone(),
+            },
+        };
         Bound {
             idle: self.pool.idle(&key),
             via,
+            connector,
         }
     }
 
-    async fn connect(&self, key: &Key, bound: &Bound) -> Result<Conn, ClientError> {
-        let io = self.connector.connect(key, &bound.via).await?;
+    /// A new connection to `key` as `bound` makes them, in the `room` its pool made for it.
+    async fn connect(key: &Key, bound: &Bound, room: Counted) -> Result<Conn, ClientError> {
+        let io = bound.connector.connect(key, &bound.via).await?;
+        bound
+            .idle
+            .1
+            .count_open(key.scheme == http::uri::Scheme::HTTPS);
         Ok(Conn {
             io,
             read: BytesMut::with_capacity(READ_SIZE),
             head: Vec::with_capacity(HEAD_SIZE),
             idle_since: Instant::now(),
-            _counted: Counted::new(&bound.idle.1),
+            _counted: room,
         })
     }
 }
@@ -252,8 +268,9 @@ fn reset(error: ClientError) -> ClientError {
     }
 }
 
-/// The client as a `tower` service: [`Client::request`], its URI absolute. Always ready (the
-/// pool has no bound to wait for); each call boxes its future, so the gateway's own path calls
+/// The client as a `tower` service: [`Client::request`], its URI absolute. Always ready (a
+/// route's bound on its connections is waited for in the call, which a timeout around it
+/// bounds); each call boxes its future, so the gateway's own path calls
 /// [`Client::send_keeping`] on a kept [`Route`] instead.
 impl Service<Request<Bytes>> for Client {
     type Response = Response<UpstreamBody>;

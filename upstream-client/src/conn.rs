@@ -12,6 +12,7 @@ use std::time::Instant;
 use bytes::BytesMut;
 use http::Method;
 use tokio::io::{AsyncReadExt, AsyncWrite};
+use tokio::sync::Notify;
 
 use crate::connect::Stream;
 use crate::error::ClientError;
@@ -22,42 +23,140 @@ pub(crate) const READ_SIZE: usize = 16 * 1024;
 /// Room for a request head: a connection's head buffer starts with it (and keeps what it grows to).
 pub(crate) const HEAD_SIZE: usize = 512;
 
-/// How many connections to one upstream were opened, and are open now (idle or in use):
-/// counted as connections open and close, never per request.
-#[derive(Debug, Default)]
+/// How many connections to one pool were opened, are open now (idle, in use or being opened),
+/// and how many more may be: counted as connections open and close, and as kept ones are reused.
+#[derive(Debug)]
 pub(crate) struct Counts {
     opened: AtomicU64,
     open: AtomicUsize,
+    reused: AtomicU64,
+    handshakes: AtomicU64,
+    /// Requests waiting for a connection (all `max_open` in use).
+    waiting: AtomicUsize,
+    /// The most open at once; `usize::MAX`: no bound (nobody ever waits).
+    max_open: usize,
+    /// Wakes a waiter when a connection comes back idle or closes (only with a bound).
+    freed: Notify,
+}
+
+impl Default for Counts {
+    fn default() -> Self {
+        Self::new(usize::MAX)
+    }
 }
 
 impl Counts {
+    /// Counts for a pool of at most `max_open` connections open at once.
+    pub(crate) fn new(max_open: usize) -> Self {
+        Self {
+            opened: AtomicU64::new(0),
+            open: AtomicUsize::new(0),
+            reused: AtomicU64::new(0),
+            handshakes: AtomicU64::new(0),
+            waiting: AtomicUsize::new(0),
+            max_open,
+            freed: Notify::new(),
+        }
+    }
+
     /// Connections opened so far.
     pub(crate) fn opened(&self) -> u64 {
         self.opened.load(Ordering::Relaxed)
     }
 
-    /// Connections open now.
+    /// Connections open now (and being opened).
     pub(crate) fn open(&self) -> usize {
         self.open.load(Ordering::Relaxed)
     }
+
+    /// Requests sent on a kept connection so far.
+    pub(crate) fn reused(&self) -> u64 {
+        self.reused.load(Ordering::Relaxed)
+    }
+
+    /// TLS handshakes done so far.
+    pub(crate) fn handshakes(&self) -> u64 {
+        self.handshakes.load(Ordering::Relaxed)
+    }
+
+    /// Requests waiting for a connection now.
+    pub(crate) fn waiting(&self) -> usize {
+        self.waiting.load(Ordering::Relaxed)
+    }
+
+    /// Whether the pool has a bound (and so may have waiters to wake).
+    pub(crate) fn is_bounded(&self) -> bool {
+        self.max_open != usize::MAX
+    }
+
+    /// A kept connection taken for a request.
+    pub(crate) fn count_reuse(&self) {
+        self.reused.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A new connection opened (`tls`: with a handshake).
+    pub(crate) fn count_open(&self, tls: bool) {
+        self.opened.fetch_add(1, Ordering::Relaxed);
+        if tls {
+            self.handshakes.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Wakes one waiter, if the pool can have any: a connection came back or closed.
+    pub(crate) fn free(&self) {
+        if self.is_bounded() {
+            self.freed.notify_one();
+        }
+    }
+
+    /// Waits until a connection comes back or closes (registered by `enable` before the caller
+    /// looks again, so one freed in between is not missed).
+    pub(crate) fn freed(&self) -> tokio::sync::futures::Notified<'_> {
+        self.freed.notified()
+    }
+
+    /// Counts a request waiting while `_waiting` lives.
+    pub(crate) fn wait(&self) -> Waiting<'_> {
+        self.waiting.fetch_add(1, Ordering::Relaxed);
+        Waiting(self)
+    }
 }
 
-/// A connection's place in its upstream's [`Counts`]: counted open while it lives.
+/// A request counted as waiting for a connection.
+pub(crate) struct Waiting<'c>(&'c Counts);
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.waiting.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// A connection's place in its pool's [`Counts`]: taken before it is opened (so connections
+/// being opened count against the bound), held while it lives.
 #[derive(Debug)]
 pub(crate) struct Counted(Arc<Counts>);
 
 impl Counted {
-    /// A connection just opened to the upstream of `counts`.
-    pub(crate) fn new(counts: &Arc<Counts>) -> Self {
-        counts.opened.fetch_add(1, Ordering::Relaxed);
-        counts.open.fetch_add(1, Ordering::Relaxed);
-        Self(Arc::clone(counts))
+    /// A place for one more connection in `counts`, unless its bound is reached.
+    pub(crate) fn reserve(counts: &Arc<Counts>) -> Option<Self> {
+        if counts.is_bounded() {
+            counts
+                .open
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |open| {
+                    (open < counts.max_open).then_some(open + 1)
+                })
+                .ok()?;
+        } else {
+            counts.open.fetch_add(1, Ordering::Relaxed);
+        }
+        Some(Self(Arc::clone(counts)))
     }
 }
 
 impl Drop for Counted {
     fn drop(&mut self) {
-        self.0.open.fetch_sub(1, Ordering::Relaxed);
+        self.0.open.fetch_sub(1, Ordering::AcqRel);
+        self.0.free();
     }
 }
 

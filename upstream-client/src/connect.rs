@@ -17,6 +17,7 @@ use tokio_rustls::TlsConnector;
 
 use crate::error::ClientError;
 use crate::proxy::Proxy;
+use crate::settings::ConnectionSettings;
 use crate::wire::MAX_HEAD;
 
 /// A connection's byte stream: TCP, or TLS over TCP.
@@ -86,13 +87,34 @@ impl AsyncWrite for Stream {
     }
 }
 
-/// Where a connection goes, and so which idle list it belongs to: its upstream, and the proxy it goes through (a
-/// tunnel or a proxy's connection is not a direct one).
+/// Where a connection goes, and so which idle list it belongs to: its upstream, the proxy it
+/// goes through (a tunnel or a proxy's connection is not a direct one), and the settings of a
+/// pool of its own, if its route has them.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub(crate) struct Key {
     pub(crate) scheme: Scheme,
     pub(crate) authority: Authority,
     pub(crate) proxy: Option<Arc<Proxy>>,
+    pub(crate) settings: Option<SettingsKey>,
+}
+
+/// A route's [`ConnectionSettings`], one pool per `Arc`: compared and hashed by address (two
+/// routes given the same settings share a pool; equal settings made apart do not).
+#[derive(Debug, Clone)]
+pub(crate) struct SettingsKey(pub(crate) Arc<ConnectionSettings>);
+
+impl PartialEq for SettingsKey {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for SettingsKey {}
+
+impl std::hash::Hash for SettingsKey {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        std::ptr::hash(Arc::as_ptr(&self.0), state);
+    }
 }
 
 /// How a route's connections reach its upstream.

@@ -5,10 +5,11 @@ use std::sync::{Arc, OnceLock};
 use http::uri::{PathAndQuery, Scheme};
 use http::{HeaderMap, HeaderName, HeaderValue, Uri};
 
-use crate::connect::{Key, Via};
+use crate::connect::{Connector, Key, SettingsKey, Via};
 use crate::error::ClientError;
 use crate::pool::{Connections, Idle};
 use crate::proxy::Proxy;
+use crate::settings::ConnectionSettings;
 use crate::wire::{is_framing, write_header_line};
 
 /// Where requests to one URL go, worked out once (the gateway keeps one per deployment and
@@ -44,6 +45,8 @@ pub(crate) enum ProxyChoice {
 pub(crate) struct Bound {
     pub(crate) idle: Arc<Idle>,
     pub(crate) via: Via,
+    /// The client's, or the route's settings' own timeout and TLS.
+    pub(crate) connector: Connector,
 }
 
 impl Bound {
@@ -79,6 +82,7 @@ impl Route {
             scheme: scheme.clone(),
             authority: authority.clone(),
             proxy: None,
+            settings: None,
         };
         let host = HeaderValue::try_from(host_of(&key)).map_err(|_| ClientError::BadUrl)?;
         let path = url
@@ -115,7 +119,15 @@ impl Route {
             };
             upstream.push_str(&format!(" via http://{host}:{port}"));
         }
-        Some(bound.idle.connections(upstream))
+        let name = self.key.settings.as_ref().and_then(|s| s.0.name.clone());
+        Some(bound.idle.connections(upstream, name))
+    }
+
+    /// This route with its connections made and kept as `settings` say, in a pool of their own
+    /// shared by every route given the same `settings` (the same `Arc`).
+    pub fn with_settings(mut self, settings: Arc<ConnectionSettings>) -> Self {
+        self.key.settings = Some(SettingsKey(settings));
+        self
     }
 
     /// This route through `proxy`, or (`None`) directly, whatever the client's

@@ -1,5 +1,7 @@
 //! The client against real sockets: upstreams that answer with raw bytes, valid, odd and hostile.
 
+mod settings;
+
 use crate::Client;
 use bytes::Bytes;
 use http::Request;
@@ -529,25 +531,29 @@ async fn a_route_reports_its_upstream_s_connections() {
     let route = Route::new(format!("http://user:pw@{addr}/x").parse().unwrap()).unwrap();
     assert_eq!(route.connections(), None, "not sent yet");
     let send = || client.send(&route, Request::post("/").body(Bytes::new()).unwrap());
-    let stats = |opened, idle, in_use| Connections {
+    let stats = |opened, reused, idle, in_use| Connections {
         upstream: format!("http://{addr}"),
+        name: None,
         opened,
+        handshakes: 0,
+        reused,
         idle,
         in_use,
+        waiting: 0,
     };
     let response = send().await.unwrap();
     assert_eq!(
         route.connections(),
-        Some(stats(1, 0, 1)),
+        Some(stats(1, 0, 0, 1)),
         "its response is being read"
     );
     response.into_body().collect().await.unwrap();
     assert_eq!(
         route.connections(),
-        Some(stats(1, 1, 0)),
+        Some(stats(1, 0, 1, 0)),
         "kept, no credentials shown"
     );
-    // The second answer closes the connection after it: not kept, no longer open.
+    // The second answer, on the kept connection, closes it after it: not kept, no longer open.
     send().await.unwrap().into_body().collect().await.unwrap();
-    assert_eq!(route.connections(), Some(stats(1, 0, 0)));
+    assert_eq!(route.connections(), Some(stats(1, 1, 0, 0)));
 }

@@ -4,23 +4,30 @@ use std::time::Duration;
 
 use tower_priority_limit::config::{ConfigError, Node};
 
+use upstream_client::{Tls, TlsError, Verify};
+
 use super::{
-    seconds, Api, Azure, Deployment, ProxySetting, Target, ANTHROPIC_API_BASE, OPENAI_API_BASE,
+    seconds, Api, Azure, Deployment, ProxySetting, Target, UpstreamConnections, ANTHROPIC_API_BASE,
+    OPENAI_API_BASE,
 };
 
-/// The timeouts a deployment without its own takes: `router_settings.timeout` (else
+/// What a deployment without its own takes: the timeouts, `router_settings.timeout` (else
 /// `litellm_settings.request_timeout`, else [`DEFAULT_TIMEOUT`](super::DEFAULT_TIMEOUT)) and
-/// `router_settings.stream_timeout` (else the deployment's own `timeout`).
-#[derive(Debug, Clone, Copy)]
-pub(super) struct TimeoutDefaults {
+/// `router_settings.stream_timeout` (else the deployment's own `timeout`); and how its `https`
+/// upstream is verified, `litellm_settings.ssl_verify` and `ssl_certificate` (LiteLLM's
+/// proxy-wide settings), read where they are.
+#[derive(Debug, Clone)]
+pub(super) struct Defaults<'d> {
     pub(super) timeout: Duration,
     pub(super) stream_timeout: Option<Duration>,
+    pub(super) ssl_verify: Option<Node<'d>>,
+    pub(super) ssl_certificate: Option<Node<'d>>,
 }
 
 pub(super) fn deployment(
     item: &Node<'_>,
     position: usize,
-    defaults: TimeoutDefaults,
+    defaults: &Defaults<'_>,
 ) -> Result<Deployment, ConfigError> {
     let name_node = item
         .get("model_name")?
@@ -137,6 +144,7 @@ pub(super) fn deployment(
             ),
         },
     };
+    let connections = connections(&params, &target, defaults)?;
     let id = match item.get("model_info")? {
         Some(info) => match info.get("id")? {
             Some(node) => {
@@ -160,7 +168,143 @@ pub(super) fn deployment(
         tpm,
         weight,
         proxy,
+        connections,
     })
+}
+
+/// The most connections a deployment may bound its upstream's to (a guard against a typo's
+/// extra zeros, far above what one upstream takes).
+const MAX_UPSTREAM_CONNECTIONS: u64 = 100_000;
+
+/// `max_upstream_connections`, `max_idle_upstream_connections`, `connect_timeout`, `ssl_verify`
+/// and `ssl_certificate` of an entry's `litellm_params` (the last two else
+/// `litellm_settings`'); refused on an entry without an upstream, the TLS ones on an `http://`
+/// upstream (they would do nothing).
+fn connections(
+    params: &Node<'_>,
+    target: &Target,
+    defaults: &Defaults<'_>,
+) -> Result<UpstreamConnections, ConfigError> {
+    let bounded =
+        |key: &'static str, least: u64| -> Result<Option<(usize, Node<'_>)>, ConfigError> {
+            let Some(node) = params.get(key)? else {
+                return Ok(None);
+            };
+            let n = node.count()?;
+            if !(least..=MAX_UPSTREAM_CONNECTIONS).contains(&n) {
+                return Err(node.error(format!(
+                    "expected a whole number from {least} to {MAX_UPSTREAM_CONNECTIONS}, got {n}"
+                )));
+            }
+            Ok(Some((n as usize, node)))
+        };
+    let max_connections = bounded("max_upstream_connections", 1)?;
+    let max_idle = bounded("max_idle_upstream_connections", 0)?;
+    if let (Some((max, _)), Some((idle, node))) = (&max_connections, &max_idle) {
+        if idle > max {
+            return Err(node.error(format!(
+                "{idle} idle connections cannot be kept with max_upstream_connections {max}"
+            )));
+        }
+    }
+    let connect_timeout = match params.get("connect_timeout")? {
+        Some(node) => Some((seconds(&node)?, node)),
+        None => None,
+    };
+    let ssl_verify = params.get("ssl_verify")?;
+    let ssl_certificate = params.get("ssl_certificate")?;
+    let own = [
+        max_connections.as_ref().map(|(_, n)| n),
+        max_idle.as_ref().map(|(_, n)| n),
+        connect_timeout.as_ref().map(|(_, n)| n),
+        ssl_verify.as_ref(),
+        ssl_certificate.as_ref(),
+    ];
+    let https = match target {
+        Target::Upstream { api_base, .. } => api_base.starts_with("https://"),
+        Target::Mock { .. } => {
+            if let Some(node) = own.into_iter().flatten().next() {
+                return Err(node.error("a mock_response deployment has no upstream to connect to"));
+            }
+            return Ok(UpstreamConnections::default());
+        }
+    };
+    if !https {
+        if let Some(node) = ssl_verify.as_ref().or(ssl_certificate.as_ref()) {
+            return Err(node.error(
+                "TLS settings apply to an https:// api_base; this deployment's is http://",
+            ));
+        }
+    }
+    // The deployment's own, else the proxy-wide ones (for https upstreams only).
+    let verify_node = ssl_verify.as_ref().or(defaults.ssl_verify.as_ref());
+    let certificate_node = ssl_certificate
+        .as_ref()
+        .or(defaults.ssl_certificate.as_ref());
+    let tls = match (https, verify_node.is_some() || certificate_node.is_some()) {
+        (true, true) => Some(tls(verify_node, certificate_node, params)?),
+        _ => None,
+    };
+    Ok(UpstreamConnections {
+        max_connections: max_connections.map(|(n, _)| n),
+        max_idle: max_idle.map(|(n, _)| n),
+        connect_timeout: connect_timeout.map(|(t, _)| t),
+        tls,
+    })
+}
+
+/// The TLS settings `ssl_verify` and `ssl_certificate` (either may be missing) say, their files
+/// read; an error is named at the key whose file is at fault (else at `parent`).
+pub(super) fn tls(
+    verify_node: Option<&Node<'_>>,
+    certificate_node: Option<&Node<'_>>,
+    parent: &Node<'_>,
+) -> Result<Tls, ConfigError> {
+    let verify = match verify_node {
+        Some(node) => verify(node)?,
+        None => Verify::Mozilla,
+    };
+    let certificate = match certificate_node {
+        Some(node) => Some(std::path::PathBuf::from(node.string()?)),
+        None => None,
+    };
+    let ca = match &verify {
+        Verify::CaBundle(path) => Some(path.clone()),
+        _ => None,
+    };
+    Tls::load(verify, certificate).map_err(|e| {
+        let at = match &e {
+            TlsError::Read(path, _) | TlsError::NoCertificate(path)
+                if ca.as_ref() == Some(path) =>
+            {
+                verify_node
+            }
+            _ => certificate_node.or(verify_node),
+        };
+        at.unwrap_or(parent).error(e.to_string())
+    })
+}
+
+/// `ssl_verify` as LiteLLM reads it (httpx's `verify=`): `true` (the bundled Mozilla roots),
+/// `false` (no verification), or the path of a PEM CA bundle; a string `"true"` or `"false"`
+/// (from `os.environ/`, say) is the boolean.
+fn verify(node: &Node<'_>) -> Result<Verify, ConfigError> {
+    match node.value() {
+        serde_json::Value::Bool(true) => Ok(Verify::Mozilla),
+        serde_json::Value::Bool(false) => Ok(Verify::Off),
+        serde_json::Value::String(_) => {
+            let text = node.string()?;
+            match text.trim() {
+                t if t.eq_ignore_ascii_case("true") => Ok(Verify::Mozilla),
+                t if t.eq_ignore_ascii_case("false") => Ok(Verify::Off),
+                "" => Err(node.error("expected true, false or the path of a PEM CA bundle")),
+                path => Ok(Verify::CaBundle(path.into())),
+            }
+        }
+        other => Err(node.error(format!(
+            "expected true, false or the path of a PEM CA bundle, got {other}"
+        ))),
+    }
 }
 
 /// Whether `text` can go into a URL's path or query as it is: Azure's deployment names and API

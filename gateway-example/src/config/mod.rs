@@ -55,7 +55,7 @@ pub const DEFAULT_REDIS_KEY_PREFIX: &str = "tpl:";
 /// key store and the limiter's counters).
 pub use tower_priority_limit::store::RedisTarget;
 
-use self::deployment::{deployment, TimeoutDefaults};
+use self::deployment::{deployment, Defaults};
 use self::redis::redis_settings;
 pub use self::router::{RouterSettings, Strategy};
 
@@ -165,6 +165,34 @@ pub struct Deployment {
     pub weight: Option<f64>,
     /// `litellm_params.proxy`: the forward proxy to its upstream.
     pub proxy: ProxySetting,
+    /// How its connections to its upstream are made and kept.
+    pub connections: UpstreamConnections,
+}
+
+/// How a deployment's connections to its upstream are made and kept, when not as every
+/// deployment's (`litellm_params`; the TLS ones also `litellm_settings`). A deployment with any
+/// of them has a pool of its own (see [`upstream_client::ConnectionSettings`]); the others share
+/// one per upstream.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct UpstreamConnections {
+    /// `max_upstream_connections`: at most this many connections open at once (in use, idle or
+    /// being opened); a request finding them all in use waits for one within its attempt's time.
+    pub max_connections: Option<usize>,
+    /// `max_idle_upstream_connections`: at most this many kept idle (else 1,024).
+    pub max_idle: Option<usize>,
+    /// `connect_timeout`: the time to open a connection (TCP, a proxy's tunnel, the TLS
+    /// handshake), else 10 s.
+    pub connect_timeout: Option<Duration>,
+    /// `ssl_verify` and `ssl_certificate`: how an `https` upstream is verified (the bundled
+    /// Mozilla roots, a CA bundle, or not at all) and the client certificate presented.
+    pub tls: Option<upstream_client::Tls>,
+}
+
+impl UpstreamConnections {
+    /// Whether any is set (the deployment then has a pool of its own).
+    pub fn is_set(&self) -> bool {
+        *self != Self::default()
+    }
 }
 
 /// How a deployment's upstream is reached: as the environment's `HTTPS_PROXY`, `HTTP_PROXY` and
@@ -374,15 +402,32 @@ impl GatewayConfig {
                 }
             }
         }
-        let defaults = TimeoutDefaults {
+        let litellm_settings = root.get("litellm_settings")?;
+        let setting = |key| match &litellm_settings {
+            Some(settings) => settings.get(key),
+            None => Ok(None),
+        };
+        let defaults = Defaults {
             timeout: router.timeout.unwrap_or(DEFAULT_TIMEOUT),
             stream_timeout: router.stream_timeout,
+            ssl_verify: setting("ssl_verify")?,
+            ssl_certificate: setting("ssl_certificate")?,
         };
+        // Checked here too, so a bad one is refused even when no https deployment takes it.
+        if let Some(settings) = &litellm_settings {
+            if defaults.ssl_verify.is_some() || defaults.ssl_certificate.is_some() {
+                deployment::tls(
+                    defaults.ssl_verify.as_ref(),
+                    defaults.ssl_certificate.as_ref(),
+                    settings,
+                )?;
+            }
+        }
 
         let mut deployments = Vec::new();
         if let Some(list) = root.get("model_list")? {
             for (position, item) in list.items()?.iter().enumerate() {
-                let d = deployment(item, position, defaults)?;
+                let d = deployment(item, position, &defaults)?;
                 if deployments.iter().any(|o: &Deployment| o.id == d.id) {
                     return Err(ConfigError::new(
                         format!("model_list[{position}].model_info.id"),

@@ -547,3 +547,112 @@ fn database_url_from_general_settings_else_the_environment() {
     let e = read(base, Some("sqlite:///keys.db")).unwrap_err();
     assert!(e.contains("DATABASE_URL"), "{e}");
 }
+
+/// A deployment's connection settings are read where they are written; a bad one names its
+/// path and says what is expected.
+#[test]
+fn connection_settings_are_read_and_bad_ones_refused_by_path() {
+    let entry = |params: &str| {
+        format!(
+            "model_list: [{{model_name: a, litellm_params: {{model: openai/a, \
+             api_base: \"https://h/v1\", {params}}}}}]"
+        )
+    };
+    let c = GatewayConfig::from_yaml_str(&entry(
+        "max_upstream_connections: 8, max_idle_upstream_connections: 4, connect_timeout: 2.5, \
+         ssl_verify: true",
+    ))
+    .unwrap();
+    let own = &c.deployments[0].connections;
+    assert_eq!(
+        (own.max_connections, own.max_idle, own.connect_timeout),
+        (Some(8), Some(4), Some(Duration::from_millis(2500)))
+    );
+    assert!(own.tls.is_some() && own.is_set());
+    // Without any, nothing of its own: the upstream's shared pool.
+    let c = GatewayConfig::from_yaml_str(&entry("rpm: 1")).unwrap();
+    assert!(!c.deployments[0].connections.is_set());
+    // `ssl_verify: false` and `"False"` (from the environment, say) are the same.
+    for off in ["false", "\"False\""] {
+        let c = GatewayConfig::from_yaml_str(&entry(&format!("ssl_verify: {off}"))).unwrap();
+        assert_eq!(
+            c.deployments[0].connections.tls,
+            Some(upstream_client::Tls::load(upstream_client::Verify::Off, None).unwrap())
+        );
+    }
+
+    let params = "model_list[0].litellm_params";
+    for (yaml, path, says) in [
+        (
+            entry("max_upstream_connections: 0"),
+            "max_upstream_connections",
+            "from 1 to 100000, got 0",
+        ),
+        (
+            entry("max_upstream_connections: 2.5"),
+            "max_upstream_connections",
+            "whole number",
+        ),
+        (
+            entry("max_upstream_connections: 2, max_idle_upstream_connections: 3"),
+            "max_idle_upstream_connections",
+            "3 idle connections cannot be kept with max_upstream_connections 2",
+        ),
+        (
+            entry("connect_timeout: 0"),
+            "connect_timeout",
+            "seconds > 0",
+        ),
+        (
+            entry("ssl_verify: 5"),
+            "ssl_verify",
+            "expected true, false or the path of a PEM CA bundle",
+        ),
+        (
+            entry("ssl_verify: /nonexistent/ca.pem"),
+            "ssl_verify",
+            "cannot read /nonexistent/ca.pem",
+        ),
+        (
+            entry("ssl_certificate: /nonexistent/client.pem"),
+            "ssl_certificate",
+            "cannot read /nonexistent/client.pem",
+        ),
+        (
+            "model_list: [{model_name: a, litellm_params: {model: openai/a, \
+             api_base: \"http://h/v1\", ssl_verify: false}}]"
+                .to_owned(),
+            "ssl_verify",
+            "apply to an https:// api_base",
+        ),
+        (
+            "model_list: [{model_name: a, litellm_params: {model: openai/a, \
+             mock_response: hi, max_upstream_connections: 2}}]"
+                .to_owned(),
+            "max_upstream_connections",
+            "has no upstream",
+        ),
+        (
+            format!(
+                "{}\nlitellm_settings: {{ssl_verify: /nonexistent/ca.pem}}",
+                entry("rpm: 1")
+            ),
+            "litellm_settings.ssl_verify",
+            "cannot read",
+        ),
+        // Checked without an https deployment to take it, too.
+        (
+            "litellm_settings: {ssl_certificate: /nonexistent/client.pem}".to_owned(),
+            "litellm_settings.ssl_certificate",
+            "cannot read /nonexistent/client.pem",
+        ),
+    ] {
+        let e = GatewayConfig::from_yaml_str(&yaml).unwrap_err().to_string();
+        let at = if path.starts_with("litellm_settings") {
+            path.to_owned()
+        } else {
+            format!("{params}.{path}")
+        };
+        assert!(e.starts_with(&at) && e.contains(says), "{yaml}: {e}");
+    }
+}

@@ -55,6 +55,14 @@ fn honoured(level: Level) -> &'static [&'static str] {
             "timeout",
             "stream_timeout",
             "weight",
+            "proxy",
+            // Ours (LiteLLM has no per-deployment connection bounds): read by the deployment's
+            // reader, with `ssl_verify` and `ssl_certificate` (LiteLLM's names).
+            "max_upstream_connections",
+            "max_idle_upstream_connections",
+            "connect_timeout",
+            "ssl_verify",
+            "ssl_certificate",
         ],
         // Azure's own keys; the rest are `Level::Params`' (see `is_honoured`).
         Level::AzureParams => &["api_version", "azure_ad_token"],
@@ -65,6 +73,8 @@ fn honoured(level: Level) -> &'static [&'static str] {
             "priority_reservation",
             "priority_reservation_settings",
             "require_auth_for_metrics_endpoint",
+            "ssl_verify",
+            "ssl_certificate",
         ],
         Level::General => &[
             "master_key",

@@ -38,7 +38,8 @@ use crate::signal::{streams_end, StreamsEnd};
 
 use http::HeaderName;
 use upstream_client::{
-    Client, ClientError, ContentCoding, DecodedBody, KeepHeaders, Proxies, Route,
+    Client, ClientError, ConnectionSettings, ContentCoding, DecodedBody, KeepHeaders, Proxies,
+    Route,
 };
 
 /// What [`Upstream::forward`] sends to one deployment that is the same for every request, worked
@@ -107,6 +108,24 @@ impl Prepared {
                 HeaderValue::from_static(ANTHROPIC_VERSION),
             );
         }
+        // A deployment with settings of its own has a pool of its own, shared by its routes.
+        let settings = deployment.connections.is_set().then(|| {
+            let own = &deployment.connections;
+            let mut settings = ConnectionSettings::default().named(deployment.id.clone());
+            if let Some(n) = own.max_connections {
+                settings = settings.max_connections(n);
+            }
+            if let Some(n) = own.max_idle {
+                settings = settings.max_idle(n);
+            }
+            if let Some(timeout) = own.connect_timeout {
+                settings = settings.connect_timeout(timeout);
+            }
+            if let Some(tls) = &own.tls {
+                settings = settings.tls(tls.clone());
+            }
+            Arc::new(settings)
+        });
         let routes = crate::endpoint::Endpoint::ALL
             .iter()
             .map(|&e| {
@@ -118,7 +137,10 @@ impl Prepared {
                     .ok()
                     .and_then(|u| Route::new(u).ok())
                     .map(|route| {
-                        let route = route.with_headers(&headers);
+                        let mut route = route.with_headers(&headers);
+                        if let Some(settings) = &settings {
+                            route = route.with_settings(Arc::clone(settings));
+                        }
                         match &deployment.proxy {
                             ProxySetting::FromEnvironment => route,
                             ProxySetting::Direct => route.with_proxy(None),
@@ -482,7 +504,8 @@ impl Upstream {
     }
 
     /// The connections of every upstream its deployments' routes have sent to, one entry per
-    /// upstream (routes to one upstream share its connections), by name.
+    /// pool: per upstream for the deployments that share its connections, and one per
+    /// deployment with connection settings of its own.
     pub fn connections(&self) -> Vec<upstream_client::Connections> {
         let mut all: Vec<upstream_client::Connections> = self
             .prepared
@@ -491,8 +514,9 @@ impl Upstream {
             .flat_map(|p| p.routes.iter().flatten())
             .filter_map(Route::connections)
             .collect();
-        all.sort_by(|a, b| a.upstream.cmp(&b.upstream));
-        all.dedup_by(|a, b| a.upstream == b.upstream);
+        // A deployment's own pool is its own entry, by its name (the deployment's id).
+        all.sort_by(|a, b| (&a.upstream, &a.name).cmp(&(&b.upstream, &b.name)));
+        all.dedup_by(|a, b| a.upstream == b.upstream && a.name == b.name);
         all
     }
 
@@ -897,6 +921,7 @@ mod tests {
             tpm: None,
             weight: None,
             proxy: Default::default(),
+            connections: Default::default(),
         }
     }
 

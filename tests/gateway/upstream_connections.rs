@@ -1,0 +1,269 @@
+//! A deployment's own connection settings, over real sockets: `max_upstream_connections` (a
+//! burst opens no more connections than the bound, counted on the upstream's listener, and the
+//! pool's series say so), `connect_timeout`, and `ssl_verify` / `ssl_certificate` against an
+//! https upstream whose CA and client certificate `openssl` made for the test.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use integration_tests::gateway::{with_master, Gw, MASTER};
+use integration_tests::pki::Pki;
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
+/// A chat completion of 30 tokens.
+const ANSWER: &str = r#"{"id":"c","object":"chat.completion","created":1,"model":"x","choices":[{"index":0,"message":{"role":"assistant","content":"Hello there"},"finish_reason":"stop"}],"usage":{"prompt_tokens":10,"completion_tokens":20,"total_tokens":30}}"#;
+
+/// Reads one request, head and body (by its `content-length`); false at the connection's end.
+async fn read_request<S: AsyncRead + Unpin>(stream: &mut S) -> bool {
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    let end = loop {
+        if let Some(at) = got.windows(4).position(|w| w == b"\r\n\r\n") {
+            break at + 4;
+        }
+        match stream.read(&mut buf).await {
+            Ok(0) | Err(_) => return false,
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+        }
+    };
+    let head = String::from_utf8_lossy(&got[..end]).to_lowercase();
+    let length: usize = head
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length: "))
+        .and_then(|l| l.trim().parse().ok())
+        .unwrap_or(0);
+    while got.len() < end + length {
+        match stream.read(&mut buf).await {
+            Ok(0) | Err(_) => return false,
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+        }
+    }
+    true
+}
+
+/// Answers every request on `stream` with [`ANSWER`], keeping the connection.
+async fn answer_all<S: AsyncRead + AsyncWrite + Unpin>(mut stream: S) {
+    let answer = format!(
+        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{ANSWER}",
+        ANSWER.len()
+    );
+    while read_request(&mut stream).await {
+        if stream.write_all(answer.as_bytes()).await.is_err() {
+            return;
+        }
+        let _ = stream.flush().await;
+    }
+}
+
+/// A plain-HTTP upstream answering every request; its address and the connections it accepted.
+async fn counting_upstream() -> (std::net::SocketAddr, Arc<AtomicUsize>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let counter = Arc::clone(&accepted);
+    tokio::spawn(async move {
+        loop {
+            let (stream, _) = listener.accept().await.unwrap();
+            counter.fetch_add(1, Ordering::SeqCst);
+            tokio::spawn(answer_all(stream));
+        }
+    });
+    (addr, accepted)
+}
+
+/// 12 requests at once to a cold upstream through a deployment with
+/// `max_upstream_connections: 2` open 2 connections (the rest wait and take them); another
+/// deployment on the same upstream without the key shares the upstream's pool, not this one.
+#[tokio::test]
+async fn a_burst_opens_no_more_connections_than_max_upstream_connections() {
+    let (addr, accepted) = counting_upstream().await;
+    let gw = Gw::start(
+        &with_master(&format!(
+            r#"
+model_list:
+  - model_name: bounded
+    litellm_params: {{model: openai/x, api_base: "http://{addr}/v1", max_upstream_connections: 2, max_idle_upstream_connections: 2}}
+    model_info: {{id: b1}}
+  - model_name: shared
+    litellm_params: {{model: openai/x, api_base: "http://{addr}/v1"}}
+"#
+        )),
+        None,
+    )
+    .await;
+    let gw = Arc::new(gw);
+    let mut all = tokio::task::JoinSet::new();
+    for _ in 0..12 {
+        let gw = Arc::clone(&gw);
+        all.spawn(async move { gw.chat(MASTER, "bounded", false).await });
+    }
+    while let Some(reply) = all.join_next().await {
+        let reply = reply.unwrap();
+        assert_eq!(reply.status, 200, "{}", reply.text());
+    }
+    assert_eq!(accepted.load(Ordering::SeqCst), 2, "connections accepted");
+    assert_eq!(gw.chat(MASTER, "shared", false).await.status, 200);
+    assert_eq!(accepted.load(Ordering::SeqCst), 3, "the shared pool's own");
+
+    let text = gw.get("/metrics", None).await.text().to_owned();
+    let upstream = format!("http://{addr}");
+    for line in [
+        format!("gateway_upstream_connects_total{{upstream=\"{upstream}\",deployment=\"b1\"}} 2"),
+        format!("gateway_upstream_reuses_total{{upstream=\"{upstream}\",deployment=\"b1\"}} 10"),
+        format!(
+            "gateway_upstream_connections{{upstream=\"{upstream}\",deployment=\"b1\",state=\"idle\"}} 2"
+        ),
+        format!(
+            "gateway_upstream_connection_waiters{{upstream=\"{upstream}\",deployment=\"b1\"}} 0"
+        ),
+        format!("gateway_upstream_connects_total{{upstream=\"{upstream}\"}} 1"),
+        format!("gateway_upstream_handshakes_total{{upstream=\"{upstream}\"}} 0"),
+    ] {
+        assert!(text.lines().any(|l| l == line), "{line} in:\n{text}");
+    }
+}
+
+/// `connect_timeout`: an https upstream that accepts and never answers the handshake is a 504
+/// after the deployment's 0.3 s, well within its 60 s `timeout`.
+#[tokio::test]
+async fn connect_timeout_bounds_the_connect_of_its_deployment() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        loop {
+            let (stream, _) = listener.accept().await.unwrap();
+            held.push(stream);
+        }
+    });
+    let gw = Gw::start(
+        &with_master(&format!(
+            r#"
+model_list:
+  - model_name: r
+    litellm_params: {{model: openai/x, api_base: "https://{addr}/v1", connect_timeout: 0.3, timeout: 60}}
+router_settings: {{num_retries: 0}}
+"#
+        )),
+        None,
+    )
+    .await;
+    let r = gw.chat(MASTER, "r", false).await;
+    assert_eq!(r.status, 504, "{}", r.text());
+    let message = r.error_message();
+    assert!(message.contains("no connection within 0.3 s"), "{message}");
+}
+
+/// An https upstream with a certificate from the test's CA, asking every client for a
+/// certificate of that CA; returns its address.
+async fn mutual_tls_upstream(pki: &Pki) -> std::net::SocketAddr {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut roots = rustls::RootCertStore::empty();
+    roots
+        .add(CertificateDer::from_pem_file(&pki.ca).unwrap())
+        .unwrap();
+    let clients =
+        rustls::server::WebPkiClientVerifier::builder_with_provider(roots.into(), provider.clone())
+            .build()
+            .unwrap();
+    let server = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_client_cert_verifier(clients)
+        .with_single_cert(
+            vec![CertificateDer::from_pem_file(&pki.server_cert).unwrap()],
+            PrivateKeyDer::from_pem_file(&pki.server_key).unwrap(),
+        )
+        .unwrap();
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(server));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let (tcp, _) = listener.accept().await.unwrap();
+            let acceptor = acceptor.clone();
+            tokio::spawn(async move {
+                if let Ok(tls) = acceptor.accept(tcp).await {
+                    answer_all(tls).await;
+                }
+            });
+        }
+    });
+    addr
+}
+
+/// `ssl_verify` (a CA bundle, or `false`) and `ssl_certificate` (the client's certificate and
+/// key) per deployment, and as `litellm_settings`' defaults, against an upstream that takes only
+/// clients with a certificate of its CA.
+#[tokio::test]
+async fn ssl_verify_and_ssl_certificate_reach_an_upstream_of_a_private_ca() {
+    let Some(pki) = Pki::make("ssl_verify and ssl_certificate") else {
+        return;
+    };
+    let addr = mutual_tls_upstream(&pki).await;
+    let (ca, client, stranger) = (
+        pki.ca.display(),
+        pki.client.display(),
+        pki.stranger.display(),
+    );
+    let gw = Gw::start(
+        &with_master(&format!(
+            r#"
+model_list:
+  - model_name: trusted
+    litellm_params: {{model: openai/x, api_base: "https://{addr}/v1", ssl_verify: "{ca}", ssl_certificate: "{client}"}}
+  - model_name: unverified
+    litellm_params: {{model: openai/x, api_base: "https://{addr}/v1", ssl_verify: false, ssl_certificate: "{client}"}}
+  - model_name: no-client-certificate
+    litellm_params: {{model: openai/x, api_base: "https://{addr}/v1", ssl_verify: "{ca}"}}
+  - model_name: a-stranger-s-certificate
+    litellm_params: {{model: openai/x, api_base: "https://{addr}/v1", ssl_verify: "{ca}", ssl_certificate: "{stranger}"}}
+  - model_name: mozilla-roots
+    litellm_params: {{model: openai/x, api_base: "https://{addr}/v1", ssl_certificate: "{client}"}}
+router_settings: {{num_retries: 0}}
+"#
+        )),
+        None,
+    )
+    .await;
+    for model in ["trusted", "unverified"] {
+        let r = gw.chat(MASTER, model, false).await;
+        assert_eq!(r.status, 200, "{model}: {}", r.text());
+        assert_eq!(r.json()["choices"][0]["message"]["content"], "Hello there");
+    }
+    for model in ["no-client-certificate", "a-stranger-s-certificate"] {
+        let r = gw.chat(MASTER, model, false).await;
+        assert_eq!(r.status, 502, "{model}: {}", r.text());
+    }
+    let r = gw.chat(MASTER, "mozilla-roots", false).await;
+    assert_eq!(r.status, 502, "{}", r.text());
+    let message = r.error_message();
+    assert!(
+        message.contains("the TLS handshake failed") && message.contains("UnknownIssuer"),
+        "{message}"
+    );
+    let text = gw.get("/metrics", None).await.text().to_owned();
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("gateway_upstream_handshakes_total{") && l.ends_with(" 1")),
+        "a handshake counted:\n{text}"
+    );
+
+    // LiteLLM's proxy-wide settings, for every https deployment without its own.
+    let gw = Gw::start(
+        &with_master(&format!(
+            r#"
+model_list:
+  - model_name: r
+    litellm_params: {{model: openai/x, api_base: "https://{addr}/v1"}}
+litellm_settings: {{ssl_verify: "{ca}", ssl_certificate: "{client}"}}
+"#
+        )),
+        None,
+    )
+    .await;
+    let r = gw.chat(MASTER, "r", false).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+}
