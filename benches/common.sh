@@ -33,10 +33,12 @@ prod_key() {
     -d '{"metadata": {"priority": "prod"}}' | sed -E 's/.*"key":"([^"]+)".*/\1/'
 }
 
-# Builds the gateway's release binaries; sets BIN (their directory) and TMP (a scratch directory,
-# removed at exit, when every background job of the script is killed too).
+# Builds the gateway's release binaries (not when GATEWAY_BIN names another build: the scripts
+# that take one run it, and this tree's mock-upstream, as they are); sets BIN (their directory)
+# and TMP (a scratch directory, removed at exit, when every background job of the script is
+# killed too).
 build_and_scratch() {
-  cargo build --release -q -p gateway-example --bins
+  [ -n "${GATEWAY_BIN:-}" ] || cargo build --release -q -p gateway-example --bins
   BIN=${CARGO_TARGET_DIR:-target}/release
   TMP=$(mktemp -d)
   trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$TMP"' EXIT

@@ -31,7 +31,8 @@ OHA_CPU=${OHA_CPU:-0}
 command -v oha >/dev/null || cargo install --locked oha
 # shellcheck source=benches/common.sh
 . benches/common.sh
-build_and_scratch
+# Nothing is built when NEW_BIN names the new build.
+GATEWAY_BIN=${NEW_BIN:-} build_and_scratch
 UP_PORT=4231
 
 start_upstream "$UP_PORT"

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # What one proxied request costs the gateway, counted rather than timed (so a busy machine does
-# not move it): instructions (valgrind's callgrind) and heap allocations (calls into mimalloc,
-# the global allocator of the gateway and the floor, from the same callgrind run) per request,
-# non-streamed or streamed. Counted at mimalloc's entry points, not at Rust's `__rust_alloc`: the
-# compiler inlines that shim into some callers, whose allocations it would then miss.
+# not move it): instructions (valgrind's callgrind) and heap allocations (calls into the global
+# allocator: jemalloc in the gateway, mimalloc in the floor, from the same callgrind run) per
+# request, non-streamed or streamed. Counted at the allocator's entry points, not at Rust's
+# `__rust_alloc`: the compiler inlines that shim into some callers, whose allocations it would
+# then miss.
 #
 #   benches/proxy_callgrind.sh [stream: false|true, default false] [requests, default 2000]
 #
@@ -18,6 +19,8 @@
 # upstream client with nothing else (what the stack costs; the gateway's own work is the rest).
 # With FLOOR_SERVER=own as well, the floor's server side is the one written for the path, not
 # hyper's (benches/examples/proxy_floor.rs): what hyper's server side costs is the difference.
+# GATEWAY_BIN=path counts that gateway binary instead of this tree's (nothing is built then: e.g.
+# a build from before a change).
 # KEEP_PROFILE=path keeps the callgrind output there, for `callgrind_annotate --inclusive=yes path`.
 # PROMPT_BYTES=N makes the user message N bytes of words (default: "hi"), for what a prompt's
 # size costs (the body is read, estimated and edited on its way upstream). PROVIDER_HEADERS=1 has
@@ -51,7 +54,7 @@ if [ "${TARGET:-upstream}" = floor ]; then
   KEY=none
 else
   RUST_LOG=error valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file="$TMP/callgrind.%p" \
-    "$BIN/gateway-example" --config "$TMP/gateway.yaml" --host 127.0.0.1 --port "$GW_PORT" \
+    "${GATEWAY_BIN:-$BIN/gateway-example}" --config "$TMP/gateway.yaml" --host 127.0.0.1 --port "$GW_PORT" \
     --data-dir "$TMP/data" >/dev/null 2>"$TMP/valgrind.log" &
   GW=$!
   wait_up "http://127.0.0.1:$GW_PORT/health/liveliness"
@@ -89,7 +92,12 @@ for path in paths:
                     names[m.group(1)] = m.group(2)
                 current = names.get(m.group(1), "") if line.startswith("cfn=") else None
         elif line.startswith("calls=") and current is not None:
-            if current in ("mi_malloc_aligned", "mi_zalloc_aligned", "mi_realloc_aligned"):
+            # mimalloc's (the floor, and gateway builds with the `mimalloc` feature), then
+            # jemalloc's (tikv-jemallocator's prefixed symbols: `mallocx` when the alignment is
+            # above the size class's, else `malloc`).
+            if current in ("mi_malloc_aligned", "mi_zalloc_aligned", "mi_realloc_aligned",
+                           "_rjem_malloc", "_rjem_mallocx", "_rjem_calloc", "_rjem_realloc",
+                           "_rjem_rallocx"):
                 allocs += int(line.split("=")[1].split()[0])
             current = None
 print(f"stream={stream}: {instructions / n:,.0f} instructions and {allocs / n:.1f} allocations "

@@ -7,6 +7,15 @@ use std::sync::Arc;
 
 use clap::Parser;
 
+// The allocator: Cargo features `jemalloc` (default; not with MSVC), `mimalloc`, or neither (the
+// system's). jemalloc's background thread purges freed pages while the gateway is idle.
+#[cfg(all(feature = "jemalloc", not(target_env = "msvc")))]
+#[global_allocator]
+static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+#[cfg(all(
+    feature = "mimalloc",
+    not(all(feature = "jemalloc", not(target_env = "msvc")))
+))]
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use gateway_example::signal::shutdown_signal;

@@ -78,6 +78,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use bytes::Bytes;
+use futures_util::StreamExt as _;
 use http::header::{CONTENT_TYPE, RETRY_AFTER};
 use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use rand::rngs::SmallRng;
@@ -171,6 +172,9 @@ pub struct MockUpstreamConfig {
     /// processing time, organization, Cloudflare's; default false): what a real answer's head
     /// costs a client to read, for benches.
     pub provider_headers: bool,
+    /// The pause before each event of a stream after the first (default zero): a slow stream,
+    /// as a model generating, for benches of many open streams.
+    pub event_gap: Duration,
 }
 
 impl Default for MockUpstreamConfig {
@@ -186,6 +190,7 @@ impl Default for MockUpstreamConfig {
             rate_limit_headers: true,
             content: CONTENT.to_owned(),
             provider_headers: false,
+            event_gap: Duration::ZERO,
         }
     }
 }
@@ -362,6 +367,7 @@ struct Shared {
     rate_limit_headers: bool,
     provider_headers: bool,
     content: String,
+    event_gap: Duration,
     /// `f64` bits: read on every request without a lock.
     failure_rate: AtomicU64,
     window: Mutex<Window>,
@@ -378,6 +384,7 @@ impl Shared {
             rate_limit_headers: config.rate_limit_headers,
             provider_headers: config.provider_headers,
             content: config.content.clone(),
+            event_gap: config.event_gap,
             failure_rate: AtomicU64::new(config.failure_rate.to_bits()),
             window: Mutex::new(Window {
                 rpm: config.rpm,
@@ -661,11 +668,23 @@ async fn chat(
     let content_type = HeaderValue::from_static(answer.content_type());
     let mut response = if answer.sse {
         // The guard rides in the body, so a stream is in flight until it is sent or dropped.
-        let body = futures_util::stream::iter(answer.chunks.into_iter().map(move |event| {
+        let events = futures_util::stream::iter(answer.chunks.into_iter().map(move |event| {
             let _in_flight = &guard;
             Ok::<Bytes, Infallible>(event)
         }));
-        Response::new(Body::from_stream(body))
+        let gap = shared.event_gap;
+        if gap.is_zero() {
+            Response::new(Body::from_stream(events))
+        } else {
+            // The first event at once, each later one after the gap.
+            let paced = events.enumerate().then(move |(i, event)| async move {
+                if i > 0 {
+                    tokio::time::sleep(gap).await;
+                }
+                event
+            });
+            Response::new(Body::from_stream(paced))
+        }
     } else {
         Response::new(Body::from(answer.chunks.concat()))
     };

@@ -18,8 +18,11 @@ use crate::connect::Stream;
 use crate::error::ClientError;
 use crate::wire::{parse_head, Head, KeepHeaders, ProtocolError};
 
-/// Room made in a connection's read buffer before each read.
-pub(crate) const READ_SIZE: usize = 16 * 1024;
+/// Room made in a connection's read buffer before each read: a page. An open stream holds its
+/// connection's buffer between events of a few hundred bytes, so this is memory per open stream
+/// (16 KiB made 12 KiB more of it: benches/RESULTS.md, "Memory of open streams"); a larger
+/// answer is read a page at a time into a buffer that grows as `BytesMut` does.
+pub(crate) const READ_SIZE: usize = 4 * 1024;
 /// Room for a request head: a connection's head buffer starts with it (and keeps what it grows to).
 pub(crate) const HEAD_SIZE: usize = 512;
 

@@ -74,6 +74,10 @@ struct Args {
     /// (plus its role, finish and usage chunks): e.g. 50 for a realistic stream in benches.
     #[arg(long, value_name = "N")]
     stream_chunks: Option<usize>,
+    /// Milliseconds between a stream's events (the first is sent at once): slow streams, as a
+    /// model generating, for benches of many open streams (benches/streams.sh).
+    #[arg(long, value_name = "MS", default_value_t = 0)]
+    stream_event_gap_ms: u64,
     /// Send, on every successful answer, the other headers OpenAI sends on one (request id,
     /// processing time, organization, Cloudflare's): a real answer's head, for benches.
     #[arg(long)]
@@ -168,6 +172,7 @@ async fn run(args: Args) -> Result<(), String> {
             model: args.model.clone(),
             rate_limit_headers: !args.no_rate_limit_headers,
             provider_headers: args.provider_headers,
+            event_gap: Duration::from_millis(args.stream_event_gap_ms),
             content: match args.stream_chunks {
                 Some(n) => "word ".repeat(n),
                 None => gateway_example::mock_upstream::CONTENT.to_owned(),

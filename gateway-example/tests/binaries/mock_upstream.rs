@@ -278,6 +278,33 @@ async fn a_stream_ends_with_done_and_carries_usage_only_when_asked() {
     assert_eq!(up.stats().ok, 2);
 }
 
+/// With an event gap, a stream's events come that far apart (a slow stream, for benches of many
+/// open streams): the whole stream takes at least a gap per event after the first, and is whole.
+#[tokio::test]
+async fn an_event_gap_spaces_a_streams_events() {
+    let gap = Duration::from_millis(40);
+    let up = MockUpstream::start(MockUpstreamConfig {
+        content: "one two three ".into(),
+        event_gap: gap,
+        ..MockUpstreamConfig::default()
+    })
+    .unwrap();
+    let a = send(
+        &client(),
+        "POST",
+        format!("{}/chat/completions", up.url()),
+        r#"{"model":"m","messages":[],"stream":true,"stream_options":{"include_usage":true}}"#,
+    )
+    .await;
+    assert_eq!(a.status, 200);
+    let text = std::str::from_utf8(&a.body).unwrap();
+    assert!(text.ends_with("data: [DONE]\n\n"), "{text}");
+    // Role, three words, finish, usage, [DONE].
+    let events = text.matches("data: ").count() as u32;
+    assert_eq!(events, 7, "{text}");
+    assert!(a.elapsed >= gap * (events - 1), "{:?}", a.elapsed);
+}
+
 /// Embeddings, completions, the Responses API and Anthropic messages, with and without `/v1`,
 /// JSON and streamed, each in its own format and metered by the crate's meter as it reports:
 /// 30 tokens (embeddings 10, never streamed).
