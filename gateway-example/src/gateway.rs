@@ -374,6 +374,16 @@ impl Gateway {
         &self.router
     }
 
+    /// What serves the model `name`: its group, or a wildcard route with the name's own windows
+    /// (made now on first use, over the group limiter in force). See
+    /// [`Router::resolve`](crate::routing::Router::resolve).
+    pub fn resolve(
+        &self,
+        name: &str,
+    ) -> Result<Option<routing::Resolved<'_>>, routing::TooManyNames> {
+        self.router.resolve(name, &self.limiter.load())
+    }
+
     /// SHA-256 of the master key, if one is configured.
     pub fn master_key_hash(&self) -> Option<&str> {
         self.master_key_hash.as_deref()
@@ -439,6 +449,7 @@ impl Gateway {
         let limiter = observed_limiter(&config, &self.metrics, groups);
         self.router
             .set_limits(Arc::new(Limiter::with_store(deployments)));
+        self.router.reconfigure_wildcards(&config.limiter);
         self.limiter.store(limiter);
         self.config.store(Arc::new(config));
         self.document.store(document.map(Arc::new));
@@ -601,6 +612,7 @@ router_settings: {{redis_url: "redis://127.0.0.1:{port}"}}
             endpoint: crate::endpoint::Endpoint::ChatCompletions,
             pass_on: Default::default(),
             model: ModelName::from("m"),
+            concrete: None,
             stream: false,
             include_usage: false,
             prompt_tokens: tower_priority_limit::estimate::prompt_tokens(

@@ -24,3 +24,4 @@ mod timeouts;
 mod tls;
 mod ui;
 mod upstream;
+mod wildcard;
