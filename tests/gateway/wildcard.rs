@@ -322,3 +322,35 @@ async fn metrics_label_by_route_not_by_name() {
     assert!(!text.contains("made-up"), "{text}");
     assert!(text.contains("model=\"openai/*\""), "{text}");
 }
+
+/// A reload's new limits apply to the names a route already serves, their counters kept (the
+/// group's window and the deployment's own), and to the names it serves next.
+#[tokio::test]
+async fn a_reload_applies_new_limits_to_every_names_windows() {
+    let config = |rpm: u64| {
+        with_master(&format!(
+            r#"
+model_list:
+  - model_name: team/*
+    litellm_params: {{model: openai/x, mock_response: "hi", rpm: {rpm}}}
+litellm_settings:
+  callbacks: ["dynamic_rate_limiter_v3"]
+"#
+        ))
+    };
+    let dir = integration_tests::gateway::TempDir::new();
+    std::fs::create_dir_all(&dir.0).unwrap();
+    let path = dir.0.join("gw.yaml");
+    std::fs::write(&path, config(4)).unwrap();
+    let gw = Gw::start_file(&path).await;
+    assert_eq!(gw.served(MASTER, "team/a", 3).await, 3);
+    std::fs::write(&path, config(6)).unwrap();
+    let r = gw.post("/config/reload", Some(MASTER), json!({})).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let r = gw.chat(MASTER, "team/a", false).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.headers["x-ratelimit-limit-requests"], "6");
+    assert_eq!(r.headers["x-ratelimit-remaining-requests"], "2");
+    assert_eq!(gw.served(MASTER, "team/a", 5).await, 2, "3 + 1 + 2 = 6");
+    assert_eq!(gw.served(MASTER, "team/b", 8).await, 6);
+}
