@@ -347,7 +347,14 @@ impl Gateway {
             .collect();
         let keys = self.keys.as_local().map(|k| k.key_count() as u64);
         let connections = self.upstream.connections();
+        let wildcards = self
+            .router
+            .wildcard_names()
+            .into_iter()
+            .map(|(route, n)| (route.to_owned(), n as u64))
+            .collect();
         self.metrics.encode(ScrapeGauges {
+            wildcards,
             deployments,
             connections,
             keys,

@@ -321,6 +321,10 @@ async fn metrics_label_by_route_not_by_name() {
     let text = gw.get("/metrics", Some(MASTER)).await.text().to_owned();
     assert!(!text.contains("made-up"), "{text}");
     assert!(text.contains("model=\"openai/*\""), "{text}");
+    assert!(
+        text.contains("gateway_wildcard_models{route=\"openai/*\"} 5"),
+        "{text}"
+    );
 }
 
 /// A reload's new limits apply to the names a route already serves, their counters kept (the

@@ -274,6 +274,37 @@ mod tests {
         assert!(s("openai/*") > s("*"));
     }
 
+    /// A greedy regex's answer, by backtracking: each `*` tries its longest capture first.
+    fn reference(parts: &[&str], name: &str) -> Option<Vec<String>> {
+        let (first, rest) = parts.split_first()?;
+        let after = name.strip_prefix(first)?;
+        if rest.is_empty() {
+            return after.is_empty().then(Vec::new);
+        }
+        (0..=after.len()).rev().find_map(|len| {
+            let mut more = reference(rest, &after[len..])?;
+            more.insert(0, after[..len].to_owned());
+            Some(more)
+        })
+    }
+
+    proptest::proptest! {
+        /// Captures are a greedy regex's (`^p0(.*)p1(.*)…$`), filling the pattern's `*`s with
+        /// them gives the name back, and matching without captures agrees.
+        #[test]
+        fn captures_are_a_greedy_regexs(pattern in "[ab*-]{0,6}", name in "[ab-]{0,8}") {
+            let Some(p) = Pattern::parse(&pattern) else { return Ok(()) };
+            let parts: Vec<&str> = pattern.split('*').collect();
+            let got = p.captures(&name).map(|c| c.into_iter().map(str::to_owned).collect::<Vec<_>>());
+            proptest::prop_assert_eq!(&got, &reference(&parts, &name));
+            proptest::prop_assert_eq!(matches(&pattern, &name), got.is_some());
+            if let Some(c) = got {
+                let c: Vec<Box<str>> = c.into_iter().map(Box::from).collect();
+                proptest::prop_assert_eq!(substitute(&pattern, &c), name.as_str());
+            }
+        }
+    }
+
     #[test]
     fn templates_take_the_parts_in_order() {
         let c: Vec<Box<str>> = vec!["hi".into(), "there".into()];

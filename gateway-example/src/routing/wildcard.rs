@@ -162,3 +162,63 @@ impl Router {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use tower_priority_limit::clock::ManualClock;
+    use tower_priority_limit::store::MemoryStore;
+    use tower_priority_limit::Limiter;
+
+    use super::Resolved;
+    use crate::config::GatewayConfig;
+    use crate::routing::{deployment_limits, Router};
+    use crate::store::GatewayStore;
+
+    fn router(yaml: &str) -> (Router, Limiter<GatewayStore>) {
+        let c = GatewayConfig::from_yaml_str_with_env(yaml, |_| None).unwrap();
+        let clock = ManualClock::new();
+        let limits = deployment_limits(&c.deployments, &c.limiter);
+        let deployments = GatewayStore::Embedded(MemoryStore::with_clock(&limits, clock.clone()));
+        let groups = GatewayStore::Embedded(MemoryStore::with_clock(&c.limiter, clock.clone()));
+        let router = Router::new(
+            &c.deployments,
+            c.router.clone(),
+            Arc::new(Limiter::with_store(deployments)),
+            Arc::new(clock),
+        );
+        (router, Limiter::with_store(groups))
+    }
+
+    /// Threads asking for the same new name at once get one set of windows; the cap counts
+    /// names, not requests.
+    #[test]
+    fn a_new_name_asked_for_at_once_gets_one_set_of_windows() {
+        let (router, groups) = router(
+            "model_list: [{model_name: \"o/*\", litellm_params: {model: \"o/*\", mock_response: hi}}]\n\
+             router_settings: {max_wildcard_models: 2}\n",
+        );
+        let found: Vec<_> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..8)
+                .map(|_| {
+                    s.spawn(|| match router.resolve("o/a", &groups) {
+                        Ok(Some(Resolved::Wildcard(_, c))) => c,
+                        other => panic!("{other:?}"),
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        assert!(found.iter().all(|c| Arc::ptr_eq(c, &found[0])));
+        assert_eq!(&*found[0].captures, &["a".into()] as &[Box<str>]);
+        assert_eq!(router.wildcard_names(), [("o/*", 1)]);
+        assert!(matches!(router.resolve("o/b", &groups), Ok(Some(_))));
+        let full = router.resolve("o/c", &groups).unwrap_err();
+        assert_eq!((full.route.as_str(), full.max), ("o/*", 2));
+        // Names it serves go on; an exact group and an unmatched name are not counted.
+        assert!(matches!(router.resolve("o/a", &groups), Ok(Some(_))));
+        assert!(matches!(router.resolve("x", &groups), Ok(None)));
+        assert!(router.serves("o/zzz") && !router.serves("x"));
+    }
+}
