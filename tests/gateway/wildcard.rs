@@ -36,6 +36,8 @@ const ROUTES: &str = r#"
     litellm_params: {model: openai/exact-4o, api_base: "{base}"}
   - model_name: "fo::*::static::*"
     litellm_params: {model: "openai/fo::*::static::*", api_base: "{base}"}
+  - model_name: anthropic/*
+    litellm_params: {model: anthropic/*, api_base: "{base}"}
 "#;
 
 /// The requested name picks the upstream model; the exact name beats every pattern, the longer
@@ -64,6 +66,17 @@ async fn the_requested_name_selects_the_upstream_model_and_the_most_specific_rou
         assert_eq!(r.status, 200, "{asked}: {}", r.text());
         assert_eq!(up.last().body["model"], sent, "{asked}, streamed");
     }
+    // An Anthropic route serves Anthropic's Messages API the same way.
+    let r = gw
+        .post(
+            "/v1/messages",
+            Some(MASTER),
+            json!({"model": "anthropic/claude-x", "max_tokens": 20, "messages": [{"role": "user", "content": "hi"}]}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(up.last().body["model"], "claude-x");
+    assert_eq!(r.headers["x-litellm-model-group"], "anthropic/*");
     // A name holding `*` is not served through a route; the route's own name is not a model
     // either (it would send `*` upstream).
     let count = up.count();
@@ -93,7 +106,8 @@ async fn models_list_the_routes_and_retrieve_the_names_they_serve() {
             "openai/*",
             "openai/gpt-*",
             "openai/gpt-4o",
-            "fo::*::static::*"
+            "fo::*::static::*",
+            "anthropic/*"
         ]
     );
     let r = gw.get("/v1/models/openai/gpt-5", Some(MASTER)).await;
