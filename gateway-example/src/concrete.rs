@@ -35,18 +35,25 @@ pub struct Concrete {
 }
 
 impl Concrete {
-    /// `name`, matched with `captures`, with fresh windows under `groups` (the group limiter's
-    /// config; its admissions told to `observer`) and `deployments` (the per-deployment one), on
-    /// `clock`.
+    /// `name`, matched with `captures`, with fresh windows under the group limiter's config
+    /// (its admissions told to `observer`), its callers' counters those of `groups`' store (so
+    /// a key's or team's own limits count across every name), and under `deployments` (the
+    /// per-deployment config), on `clock`.
     pub fn new(
         name: &str,
         captures: Box<[Box<str>]>,
-        groups: &LimiterConfig,
+        groups: &GatewayStore,
         deployments: &LimiterConfig,
         observer: Option<Arc<dyn Observer>>,
         clock: Arc<dyn Clock>,
     ) -> Self {
-        let group_store = MemoryStore::with_clock(groups, clock.clone());
+        use tower_priority_limit::store::Store as _;
+        let group_store = match groups {
+            GatewayStore::Embedded(store) => store.sharing_callers(store.config()),
+            // Refused at start (config): wildcard routes keep their windows in the process.
+            GatewayStore::Redis(_) => None,
+        }
+        .unwrap_or_else(|| MemoryStore::with_clock(groups.config(), clock.clone()));
         let deployment_store = MemoryStore::with_clock(deployments, clock);
         Self {
             name: ModelName::from(name),

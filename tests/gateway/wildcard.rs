@@ -372,3 +372,27 @@ litellm_settings:
     assert_eq!(gw.served(MASTER, "team/a", 5).await, 2, "3 + 1 + 2 = 6");
     assert_eq!(gw.served(MASTER, "team/b", 8).await, 6);
 }
+
+/// A key's own limits count everything it does: its `rpm_limit` holds across the names a route
+/// serves (each with windows of its own) and the plain groups together.
+#[tokio::test]
+async fn a_keys_own_limits_hold_across_the_names_a_route_serves() {
+    let (gw, _up) = start(
+        r#"
+  - model_name: team/*
+    litellm_params: {model: openai/x, mock_response: "hi", rpm: 100}
+  - model_name: plain
+    litellm_params: {model: openai/x, mock_response: "hi", rpm: 100}
+"#,
+        "litellm_settings:\n  callbacks: [\"dynamic_rate_limiter_v3\"]\n",
+    )
+    .await;
+    let key = gw.new_key(json!({"rpm_limit": 5})).await;
+    assert_eq!(gw.served(&key, "team/a", 2).await, 2);
+    assert_eq!(gw.served(&key, "team/b", 2).await, 2);
+    assert_eq!(gw.served(&key, "plain", 3).await, 1, "5 in all");
+    assert_eq!(gw.served(&key, "team/c", 1).await, 0);
+    // Another key is not held to it.
+    let other = gw.new_key(json!({})).await;
+    assert_eq!(gw.served(&other, "team/a", 3).await, 3);
+}

@@ -120,7 +120,7 @@ impl Router {
         let concrete = Arc::new(Concrete::new(
             name,
             captures.into_iter().map(Box::from).collect(),
-            groups.config(),
+            groups.store(),
             self.limits.load().config(),
             groups.observer().cloned(),
             self.clock.clone(),
