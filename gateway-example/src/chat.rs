@@ -2,6 +2,8 @@
 //! validated once by [`crate::api::chat::completions`]) and the answer of a `mock_response`
 //! deployment.
 
+use std::sync::Arc;
+
 use axum::body::Body;
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
@@ -10,6 +12,7 @@ use http::{HeaderMap, HeaderValue};
 use serde_json::Value;
 use tower_priority_limit::model::ModelName;
 
+use crate::concrete::Concrete;
 use crate::endpoint::Endpoint;
 use crate::error::ApiError;
 use crate::keys::ModelAccess;
@@ -22,8 +25,11 @@ use crate::mock::answer;
 pub struct ChatRequest {
     /// The endpoint called.
     pub endpoint: Endpoint,
-    /// The model group asked for.
+    /// The model group asked for (a wildcard route's own name, `openai/*`, for a name it
+    /// matched).
     pub model: ModelName,
+    /// The name asked for, when a wildcard route serves it: its captured parts and its windows.
+    pub concrete: Option<Arc<Concrete>>,
     /// `"stream": true` (never for embeddings).
     pub stream: bool,
     /// The client asked for the usage chunk (`stream_options.include_usage`).
@@ -59,6 +65,18 @@ impl ChatRequest {
     /// sends it (see [`Endpoint::asks_stream_usage`]).
     pub fn wants_stream_usage(&self) -> bool {
         !self.stream || self.include_usage || !self.endpoint.asks_stream_usage()
+    }
+
+    /// What a wildcard route's `*`s matched in the name asked for (none for a plain group).
+    pub fn captures(&self) -> &[Box<str>] {
+        self.concrete.as_ref().map_or(&[], |c| &c.captures)
+    }
+
+    /// The name asked for: the concrete one through a wildcard route, else the group's.
+    pub fn requested(&self) -> &str {
+        self.concrete
+            .as_ref()
+            .map_or(self.model.as_str(), |c| c.name.as_str())
     }
 }
 

@@ -347,7 +347,14 @@ impl Gateway {
             .collect();
         let keys = self.keys.as_local().map(|k| k.key_count() as u64);
         let connections = self.upstream.connections();
+        let wildcards = self
+            .router
+            .wildcard_names()
+            .into_iter()
+            .map(|(route, n)| (route.to_owned(), n as u64))
+            .collect();
         self.metrics.encode(ScrapeGauges {
+            wildcards,
             deployments,
             connections,
             keys,
@@ -372,6 +379,16 @@ impl Gateway {
     /// The router: groups, deployment health and load, per-deployment limits.
     pub fn router(&self) -> &Router {
         &self.router
+    }
+
+    /// What serves the model `name`: its group, or a wildcard route with the name's own windows
+    /// (made now on first use, over the group limiter in force). See
+    /// [`Router::resolve`](crate::routing::Router::resolve).
+    pub fn resolve(
+        &self,
+        name: &str,
+    ) -> Result<Option<routing::Resolved<'_>>, routing::TooManyNames> {
+        self.router.resolve(name, &self.limiter.load())
     }
 
     /// SHA-256 of the master key, if one is configured.
@@ -439,6 +456,7 @@ impl Gateway {
         let limiter = observed_limiter(&config, &self.metrics, groups);
         self.router
             .set_limits(Arc::new(Limiter::with_store(deployments)));
+        self.router.reconfigure_wildcards(&config.limiter);
         self.limiter.store(limiter);
         self.config.store(Arc::new(config));
         self.document.store(document.map(Arc::new));
@@ -601,6 +619,7 @@ router_settings: {{redis_url: "redis://127.0.0.1:{port}"}}
             endpoint: crate::endpoint::Endpoint::ChatCompletions,
             pass_on: Default::default(),
             model: ModelName::from("m"),
+            concrete: None,
             stream: false,
             include_usage: false,
             prompt_tokens: tower_priority_limit::estimate::prompt_tokens(

@@ -24,6 +24,7 @@
 
 pub mod api;
 pub mod chat;
+pub mod concrete;
 pub mod config;
 pub mod deadline;
 pub mod endpoint;

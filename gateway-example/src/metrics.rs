@@ -272,6 +272,8 @@ pub struct ScrapeGauges {
     pub connections: Vec<upstream_client::Connections>,
     /// Keys in the key store, when it can count them without a round trip.
     pub keys: Option<u64>,
+    /// Per wildcard route: the concrete names it serves (each with windows of its own).
+    pub wildcards: Vec<(String, u64)>,
 }
 
 impl Collector for ScrapeGauges {
@@ -350,6 +352,18 @@ impl Collector for ScrapeGauges {
             for c in &self.connections {
                 prometheus_client::metrics::counter::ConstCounter::new(value(c))
                     .encode(family.encode_family(&pool(c))?)?;
+            }
+        }
+        if !self.wildcards.is_empty() {
+            let mut family = encoder.encode_descriptor(
+                "gateway_wildcard_models",
+                "Concrete model names a wildcard route serves, each with windows of its own (at most router_settings.max_wildcard_models)",
+                None,
+                MetricType::Gauge,
+            )?;
+            for (route, n) in &self.wildcards {
+                let labels = [("route", route.as_str())];
+                gauge(*n).encode(family.encode_family(&labels)?)?;
             }
         }
         if let Some(keys) = self.keys {

@@ -324,6 +324,11 @@ fn corpus() -> Vec<(&'static str, String, Expect)> {
             Expect::Start,
         ),
         (
+            "wildcard_routing: provider routes, a custom pattern, the catch-all",
+            "model_list:\n  - model_name: \"anthropic/*\"\n    litellm_params:\n      model: \"anthropic/*\"\n      api_key: sk-ant\n  - model_name: \"groq/*\"\n    litellm_params:\n      model: \"groq/*\"\n      api_base: https://api.groq.com/openai/v1\n      api_key: gsk\n  - model_name: \"fo::*:static::*\"\n    litellm_params:\n      model: \"openai/fo::*:static::*\"\n      api_key: sk-up\n  - model_name: \"*\"\n    litellm_params:\n      model: \"openai/*\"\n      api_key: sk-up\n".into(),
+            Expect::Start,
+        ),
+        (
             "guardrails (v2, top level)",
             with("guardrails:\n  - guardrail_name: aporia-pre-guard\n    litellm_params: {guardrail: aporia, mode: during_call, default_on: true}\n"),
             Expect::Refuse(&["guardrails"], "guardrails"),

@@ -25,3 +25,4 @@ mod tls;
 mod ui;
 mod upstream;
 mod upstream_connections;
+mod wildcard;

@@ -113,7 +113,11 @@ where
             .param(field));
         }
     }
-    let Some(group) = gw.router().group(&model) else {
+    let router = gw.router();
+    let Some(group) = router
+        .group(&model)
+        .or_else(|| router.wildcard_group(&model))
+    else {
         // Only the models this caller may use, and the name as sent cut short: a 1 MB name is
         // not echoed whole.
         let config = gw.config();
@@ -129,13 +133,26 @@ where
         ))
         .param("model"));
     };
+    // A wildcard route's own name is no model: `*` would be sent upstream.
+    if model.contains('*') {
+        return Err(ApiError::bad_request(format!(
+            "model={} is a wildcard route: ask for a model name it matches.",
+            clip(&model, MAX_ECHOED_NAME)
+        ))
+        .param("model"));
+    }
     let access = caller.into_access();
+    // The name asked for: through a wildcard route, a key allowed `openai/gpt-4o` (or
+    // `openai/*`) may call `openai/gpt-4o`, and not `openai/gpt-5`.
     if !access.allows(&model) {
         let allowed = access.allowed(gw.config().model_names()).join(", ");
         return Err(ApiError::new(
             StatusCode::FORBIDDEN,
             "permission_error",
-            format!("This key is not allowed to access model={model}. It can access: {allowed}."),
+            format!(
+                "This key is not allowed to access model={}. It can access: {allowed}.",
+                clip(&model, MAX_ECHOED_NAME)
+            ),
         )
         .param("model"));
     }
@@ -161,6 +178,26 @@ where
         ))
         .param("model"));
     }
+    // Its windows made only now, for a caller that may use it: no one else grows the route's
+    // list of names.
+    let concrete = match group.name.as_str() == model {
+        true => None,
+        false => match gw.resolve(&model) {
+            Ok(Some(crate::routing::Resolved::Wildcard(_, concrete))) => Some(concrete),
+            Ok(_) => None,
+            Err(full) => {
+                return Err(ApiError::bad_request(format!(
+                    "model={} would be a new model for wildcard route {}, which already serves \
+                     {} (router_settings.max_wildcard_models); ask for one it serves, or raise \
+                     the limit.",
+                    clip(&model, MAX_ECHOED_NAME),
+                    full.route,
+                    full.max
+                ))
+                .param("model"))
+            }
+        },
+    };
     let stream = endpoint.streams() && fields.stream;
     let include_usage = fields.include_usage;
     // Embeddings produce no output: a reservation is their prompt alone.
@@ -178,6 +215,7 @@ where
     Ok(ChatRequest {
         endpoint,
         model: group.name.clone(),
+        concrete,
         stream,
         include_usage,
         prompt_tokens,

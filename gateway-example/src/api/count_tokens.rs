@@ -48,7 +48,7 @@ pub async fn count(
                 .param("messages"),
         );
     }
-    let known = gw.config().model_names().contains(&model.as_str());
+    let known = gw.router().serves(model);
     if !known || !caller.allows(model) {
         let shown: String = model.chars().take(200).collect();
         return Err(ApiError::new(

@@ -39,7 +39,8 @@ pub async fn retrieve(
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
-    let known = gw.config().model_names().contains(&id.as_str());
+    // A name a wildcard route serves is a model too (`openai/gpt-4o` through `openai/*`).
+    let known = gw.router().serves(&id);
     if known && caller.allows(&id) {
         return Ok(Json(model_object(&id)));
     }

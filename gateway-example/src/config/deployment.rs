@@ -40,20 +40,11 @@ pub(super) fn deployment(
         .get("model")?
         .ok_or_else(|| params.error("missing model (e.g. openai/gpt-4o)"))?;
     let model = model_node.string()?;
-    // LiteLLM's wildcard routes (`openai/*`) would be taken as a literal name: refused, not
-    // served wrong.
-    for (node, value) in [(&name_node, &model_name), (&model_node, &model)] {
-        if value.contains('*') {
-            return Err(node.error(format!(
-                "wildcard routes ({value:?}) are not supported yet: list each model the \
-                 deployment serves as its own model_list entry"
-            )));
-        }
-    }
     let (provider, upstream_model) = match model.split_once('/') {
         Some((provider, rest)) if !rest.is_empty() => (Some(provider.to_owned()), rest.to_owned()),
         _ => (None, model.clone()),
     };
+    wildcard_forms(&model_name, &model, provider.as_deref(), &model_node)?;
     let timeout = match params.get("timeout")? {
         Some(t) => seconds(&t)?,
         None => defaults.timeout,
@@ -305,6 +296,54 @@ fn verify(node: &Node<'_>) -> Result<Verify, ConfigError> {
             "expected true, false or the path of a PEM CA bundle, got {other}"
         ))),
     }
+}
+
+/// Refuses the wildcard forms this gateway does not serve as LiteLLM would (see
+/// [`super::wildcard`]): a `*` in `litellm_params.model` fills from the `*` of `model_name` in
+/// the same place, so their counts must agree (or the model has none: every matched name goes
+/// to it); the provider is written out (a provider chosen per request is not); and an Azure
+/// deployment name is fixed (its URL is made once, at start).
+fn wildcard_forms(
+    model_name: &str,
+    model: &str,
+    provider: Option<&str>,
+    model_node: &Node<'_>,
+) -> Result<(), ConfigError> {
+    let in_model = model.matches('*').count();
+    if in_model == 0 {
+        return Ok(());
+    }
+    let in_name = model_name.matches('*').count();
+    if in_name == 0 {
+        return Err(model_node.error(format!(
+            "{model:?} has a * but model_name {model_name:?} has none: a * here is filled with \
+             the part of the requested name that the model_name's * matched (write model_name \
+             as a wildcard route, e.g. \"openai/*\")"
+        )));
+    }
+    if in_model != in_name {
+        return Err(model_node.error(format!(
+            "{model:?} has {in_model} * and model_name {model_name:?} has {in_name}: each * here \
+             takes what the model_name's * in the same place matched, so give both as many (or \
+             none here, to send every matched name to one model)"
+        )));
+    }
+    match provider {
+        Some(p) if !p.contains('*') => {}
+        _ => {
+            return Err(model_node.error(format!(
+                "{model:?}: write the provider out (e.g. \"openai/*\"); this gateway does not \
+                 choose a provider per request"
+            )))
+        }
+    }
+    if provider == Some("azure") {
+        return Err(model_node.error(format!(
+            "{model:?}: Azure deployment names cannot be wildcards (each Azure URL is made at \
+             start); list each deployment as its own model_list entry"
+        )));
+    }
+    Ok(())
 }
 
 /// Whether `text` can go into a URL's path or query as it is: Azure's deployment names and API

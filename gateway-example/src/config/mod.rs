@@ -65,6 +65,7 @@ pub mod router;
 #[cfg(test)]
 mod tests;
 pub mod unsupported;
+pub mod wildcard;
 
 /// Where a deployment's answers come from. `Debug` hides the key and the `api_base`'s password,
 /// so a deployment can be logged (and so can a [`GatewayConfig`], which hides its master key).
@@ -319,6 +320,13 @@ impl Deployment {
             Target::Upstream { api: own, .. } => *own == api,
         }
     }
+
+    /// The model sent upstream for a request whose name its wildcard route matched with
+    /// `captures` (none for a plain group): [`upstream_model`](Self::upstream_model) with its
+    /// `*`s filled in.
+    pub fn upstream_model_for(&self, captures: &[Box<str>]) -> std::borrow::Cow<'_, str> {
+        wildcard::substitute(&self.upstream_model, captures)
+    }
 }
 
 impl std::fmt::Debug for GatewayConfig {
@@ -558,6 +566,32 @@ impl GatewayConfig {
                         format!("\"{name}\" is not a model_name in model_list"),
                     ));
                 }
+            }
+            // A fallback is entered under its own name: a wildcard route has no concrete model
+            // to be entered as.
+            if let Some(pattern) = targets.iter().find(|t| t.contains('*')) {
+                return Err(ConfigError::new(
+                    "router_settings.fallbacks",
+                    format!(
+                        "\"{pattern}\" (a fallback of \"{group}\") is a wildcard route: a \
+                         fallback must name one model_name without *"
+                    ),
+                ));
+            }
+        }
+        // Each concrete name a wildcard route serves gets its own windows, made in this process
+        // on first use: on Redis they would not be shared, so the combination is refused.
+        if redis.is_some() {
+            if let Some(position) = deployments.iter().position(|d| d.model_name.contains('*')) {
+                return Err(ConfigError::new(
+                    format!("model_list[{position}].model_name"),
+                    format!(
+                        "wildcard route \"{}\" with Redis (router_settings.redis_*/REDIS_*): \
+                         the windows of the names it serves are kept in each process, not shared \
+                         yet; list the models as their own entries, or run without Redis",
+                        deployments[position].model_name
+                    ),
+                ));
             }
         }
 

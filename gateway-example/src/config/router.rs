@@ -17,6 +17,8 @@ pub const DEFAULT_RETRY_RATIO: f32 = 0.2;
 pub const DEFAULT_RETRY_FLOOR: u32 = 10;
 /// Longest upstream `retry-after` a retry waits for; a longer one fails the attempt instead.
 pub const DEFAULT_MAX_RETRY_WAIT: Duration = Duration::from_secs(2);
+/// Default `max_wildcard_models`: the most concrete names one wildcard route serves.
+pub const DEFAULT_MAX_WILDCARD_MODELS: usize = 100;
 
 /// The parsed `router_settings` (routing part; Redis settings are read beside it).
 #[derive(Debug, Clone, PartialEq)]
@@ -45,6 +47,10 @@ pub struct RouterSettings {
     /// `stream_timeout`: the `stream_timeout` of deployments without their own (unset: each
     /// deployment's `timeout`).
     pub stream_timeout: Option<Duration>,
+    /// `max_wildcard_models` (ours; default [`DEFAULT_MAX_WILDCARD_MODELS`]): the most concrete
+    /// names each wildcard route (`model_name: openai/*`) serves, each with its own windows; a
+    /// name past it is refused, so callers cannot grow memory without bound.
+    pub max_wildcard_models: usize,
 }
 
 impl Default for RouterSettings {
@@ -60,6 +66,7 @@ impl Default for RouterSettings {
             max_retry_wait: DEFAULT_MAX_RETRY_WAIT,
             timeout: None,
             stream_timeout: None,
+            max_wildcard_models: DEFAULT_MAX_WILDCARD_MODELS,
         }
     }
 }
@@ -101,6 +108,14 @@ impl RouterSettings {
                         u32::try_from(node.count()?).map_err(|_| node.error("too large"))?;
                 }
                 "max_retry_wait" => s.max_retry_wait = seconds(&node)?,
+                "max_wildcard_models" => {
+                    let n = node.count()?;
+                    if n == 0 || n > 100_000 {
+                        return Err(node
+                            .error(format!("expected a whole number from 1 to 100000, got {n}")));
+                    }
+                    s.max_wildcard_models = n as usize;
+                }
                 "timeout" => s.timeout = Some(super::seconds(&node)?),
                 "stream_timeout" => s.stream_timeout = Some(super::seconds(&node)?),
                 "retry_budget" => {

@@ -479,22 +479,137 @@ fn an_api_key_unusable_in_a_header_is_refused_at_load() {
     }
 }
 
-/// LiteLLM's wildcard routes are refused at start, naming the path, not served as a literal
-/// model name.
+/// LiteLLM's wildcard forms load: the provider's (`openai/*`), a prefix (`openai/gpt-*`), the
+/// catch-all (`*`), several `*`s, and a pattern sent to one fixed model; the model keeps its `*`s
+/// to fill per request.
 #[test]
-fn wildcard_routes_are_refused_by_path() {
-    for (yaml, want) in [
+fn wildcard_routes_load_in_litellms_forms() {
+    let c = GatewayConfig::from_yaml_str_with_env(
+        r#"
+model_list:
+  - model_name: openai/*
+    litellm_params: {model: openai/*, api_base: "http://127.0.0.1:1/v1", rpm: 5}
+  - model_name: openai/gpt-*
+    litellm_params: {model: openai/gpt-*, api_base: "http://127.0.0.1:1/v1"}
+  - model_name: "*"
+    litellm_params: {model: "openai/*", api_base: "http://127.0.0.1:1/v1"}
+  - model_name: "fo::*::static::*"
+    litellm_params: {model: "openai/fo::*::static::*", api_base: "http://127.0.0.1:1/v1"}
+  - model_name: "cheap/*"
+    litellm_params: {model: openai/gpt-4o-mini, api_base: "http://127.0.0.1:1/v1"}
+  - model_name: "claude/*"
+    litellm_params: {model: "anthropic/claude-*"}
+router_settings: {max_wildcard_models: 3}
+"#,
+        |_| None,
+    )
+    .unwrap();
+    let d = &c.deployments;
+    assert_eq!(d[0].upstream_model, "*");
+    assert_eq!(d[0].rpm, Some(5));
+    assert_eq!(d[0].upstream_model_for(&["gpt-4o".into()]), "gpt-4o");
+    assert_eq!(d[1].upstream_model_for(&["4o".into()]), "gpt-4o");
+    assert_eq!(
+        d[3].upstream_model_for(&["a".into(), "b".into()]),
+        "fo::a::static::b"
+    );
+    assert_eq!(d[4].upstream_model_for(&["x".into()]), "gpt-4o-mini");
+    assert_eq!(d[5].upstream_model_for(&["3".into()]), "claude-3");
+    assert_eq!(c.router.max_wildcard_models, 3);
+    assert_eq!(c.limiter.models()[0].name(), "openai/*");
+}
+
+/// The wildcard forms that would not be served as LiteLLM serves them are refused at start,
+/// naming the path.
+#[test]
+fn wildcard_routes_it_cannot_serve_are_refused_by_path() {
+    let base = "api_base: \"http://127.0.0.1:1/v1\"";
+    for (entry, want) in [
         (
-            "model_list:\n  - model_name: openai/*\n    litellm_params: {model: openai/*, api_base: \"http://127.0.0.1:1/v1\"}\n",
-            "model_list[0].model_name: wildcard routes (\"openai/*\") are not supported yet",
+            format!("{{model_name: any, litellm_params: {{model: \"openai/gpt-*\", {base}}}}}"),
+            "model_list[0].litellm_params.model: \"openai/gpt-*\" has a * but model_name \"any\" has none",
         ),
         (
-            "model_list:\n  - model_name: any\n    litellm_params: {model: \"openai/gpt-*\", api_base: \"http://127.0.0.1:1/v1\"}\n",
-            "model_list[0].litellm_params.model: wildcard routes (\"openai/gpt-*\")",
+            format!("{{model_name: \"a/*-*\", litellm_params: {{model: \"openai/*\", {base}}}}}"),
+            "model_list[0].litellm_params.model: \"openai/*\" has 1 * and model_name \"a/*-*\" has 2",
+        ),
+        (
+            format!("{{model_name: \"*\", litellm_params: {{model: \"*\", {base}}}}}"),
+            "model_list[0].litellm_params.model: \"*\": write the provider out",
+        ),
+        (
+            format!("{{model_name: \"x/*\", litellm_params: {{model: \"*/gpt\", {base}}}}}"),
+            "model_list[0].litellm_params.model: \"*/gpt\": write the provider out",
+        ),
+        (
+            format!(
+                "{{model_name: \"az/*\", litellm_params: {{model: \"azure/*\", {base}, api_version: \"2024-10-21\"}}}}"
+            ),
+            "model_list[0].litellm_params.model: \"azure/*\": Azure deployment names cannot be wildcards",
         ),
     ] {
-        let e = GatewayConfig::from_yaml_str(yaml).unwrap_err().to_string();
-        assert!(e.starts_with(want), "{e}");
+        let yaml = format!("model_list:\n  - {entry}\n");
+        let e = GatewayConfig::from_yaml_str_with_env(&yaml, |_| None)
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with(want), "{e}\nwanted: {want}");
+    }
+    // A fallback is entered by name: not a wildcard route.
+    let e = GatewayConfig::from_yaml_str_with_env(
+        r#"
+model_list:
+  - {model_name: m, litellm_params: {model: m, mock_response: hi}}
+  - {model_name: "openai/*", litellm_params: {model: "openai/*", mock_response: hi}}
+router_settings: {fallbacks: [{m: ["openai/*"]}]}
+"#,
+        |_| None,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.starts_with(
+            "router_settings.fallbacks: \"openai/*\" (a fallback of \"m\") is a wildcard route"
+        ),
+        "{e}"
+    );
+    // A wildcard route as the group that falls back is fine.
+    GatewayConfig::from_yaml_str_with_env(
+        r#"
+model_list:
+  - {model_name: m, litellm_params: {model: m, mock_response: hi}}
+  - {model_name: "openai/*", litellm_params: {model: "openai/*", mock_response: hi}}
+router_settings: {fallbacks: [{"openai/*": [m]}]}
+"#,
+        |_| None,
+    )
+    .unwrap();
+    // Its names' windows are per process: refused with Redis.
+    let e = GatewayConfig::from_yaml_str_with_env(
+        r#"
+model_list:
+  - {model_name: m, litellm_params: {model: m, mock_response: hi}}
+  - {model_name: "openai/*", litellm_params: {model: "openai/*", mock_response: hi}}
+router_settings: {redis_url: "redis://127.0.0.1:1"}
+"#,
+        |_| None,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.starts_with("model_list[1].model_name: wildcard route \"openai/*\" with Redis"),
+        "{e}"
+    );
+    for bad in ["0", "100001", "-1"] {
+        let yaml = format!(
+            "model_list: [{{model_name: m, litellm_params: {{model: m, mock_response: hi}}}}]\nrouter_settings: {{max_wildcard_models: {bad}}}\n"
+        );
+        let e = GatewayConfig::from_yaml_str_with_env(&yaml, |_| None)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("router_settings.max_wildcard_models: "),
+            "{e}"
+        );
     }
 }
 

@@ -96,6 +96,7 @@ fn honoured(level: Level) -> &'static [&'static str] {
             "allowed_fails",
             "retry_budget",
             "max_retry_wait",
+            "max_wildcard_models",
             "timeout",
             "stream_timeout",
             "fallbacks",

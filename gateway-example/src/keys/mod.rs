@@ -53,6 +53,7 @@ use subtle::ConstantTimeEq;
 
 use tower_priority_limit::caller::{CallerKind, Callers};
 
+use crate::config::wildcard::allows;
 use crate::config::GatewayConfig;
 
 pub use self::cache::{KEY_CACHE_STALE_IF_ERROR, KEY_CACHE_TTL};
@@ -90,9 +91,10 @@ pub struct KeyRecord {
 }
 
 impl KeyRecord {
-    /// Whether the key may call `model`.
+    /// Whether the key may call `model`: its list names it, or a wildcard in it matches it
+    /// (`openai/*` allows `openai/gpt-4o`, as LiteLLM's key checks do).
     pub fn allows(&self, model: &str) -> bool {
-        self.models.is_empty() || self.models.iter().any(|m| m == model)
+        self.models.is_empty() || self.models.iter().any(|m| allows(m, model))
     }
 }
 
@@ -286,7 +288,7 @@ impl ModelAccess {
             && self
                 .team
                 .as_ref()
-                .is_none_or(|t| t.iter().any(|m| m == model))
+                .is_none_or(|t| t.iter().any(|m| allows(m, model)))
     }
 
     /// The models of `configured` that may be used, in their order.

@@ -34,8 +34,10 @@ mod health;
 mod router;
 mod serve;
 pub mod strategy;
+mod wildcard;
 
 pub use self::attempts::{Attempts, GiveUp, Step};
 pub use self::health::parse_reset;
 pub use self::router::{deployment_limits, Chosen, Group, Router, Unavailable};
 pub use self::serve::{serve, ATTEMPTED_FALLBACKS, ATTEMPTED_RETRIES, MODEL_GROUP, MODEL_ID};
+pub use self::wildcard::{Resolved, TooManyNames};

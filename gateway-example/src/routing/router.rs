@@ -19,6 +19,7 @@ use tower_priority_limit::{Lease, Limiter, ModelLimits};
 use super::body::InFlight;
 use super::budget::RetryBudget;
 use super::strategy::{pick, Candidate};
+use super::wildcard::WildcardRoute;
 use crate::config::{Deployment, RouterSettings};
 use crate::store::GatewayStore;
 
@@ -74,6 +75,9 @@ pub struct Router {
     pub(super) limits: ArcSwap<Limiter<GatewayStore>>,
     pub(super) clock: Arc<dyn Clock>,
     pub(super) budget: RetryBudget,
+    /// The groups whose names are patterns, in the order they are tried
+    /// ([`wildcard`](super::wildcard)).
+    pub(super) wildcards: Box<[WildcardRoute]>,
 }
 
 /// An admitted choice: the deployment and its limiter lease.
@@ -137,8 +141,12 @@ impl Router {
         limits: Arc<Limiter<GatewayStore>>,
         clock: Arc<dyn Clock>,
     ) -> Self {
+        let mut names: Vec<&str> = Vec::new();
         let mut groups: HashMap<String, (ModelName, Vec<usize>)> = HashMap::new();
         for (i, d) in deployments.iter().enumerate() {
+            if !names.contains(&d.model_name.as_str()) {
+                names.push(&d.model_name);
+            }
             groups
                 .entry(d.model_name.clone())
                 .or_insert_with(|| (ModelName::from(d.model_name.as_str()), Vec::new()))
@@ -183,6 +191,7 @@ impl Router {
             limits: ArcSwap::new(limits),
             clock,
             budget,
+            wildcards: WildcardRoute::all(names),
         }
     }
 
@@ -258,6 +267,29 @@ impl Router {
         tried: &[usize],
         rng: &mut SmallRng,
     ) -> Result<Chosen, Unavailable> {
+        self.choose_within(deployments, group, tried, rng, None)
+            .await
+    }
+
+    /// [`choose`](Self::choose), admitting on `own` per-deployment windows instead of the
+    /// router's when given (a concrete name a wildcard route serves has its own). The load and
+    /// health it routes by are the deployment's, whatever name it serves.
+    pub async fn choose_within(
+        &self,
+        deployments: &[Deployment],
+        group: &Group,
+        tried: &[usize],
+        rng: &mut SmallRng,
+        own: Option<&Limiter<GatewayStore>>,
+    ) -> Result<Chosen, Unavailable> {
+        let router_limits;
+        let limits = match own {
+            Some(own) => own,
+            None => {
+                router_limits = self.limits.load();
+                &**router_limits
+            }
+        };
         let now = self.clock.now_ms();
         let untried_exists = group.members.iter().any(|i| !tried.contains(i));
         // Inline for groups of one or two deployments, the usual ones: no allocation.
@@ -304,7 +336,7 @@ impl Router {
                     shadow: None,
                 });
             };
-            let admission = self.limits.load().admit(limit_id, PoolRef::Default, 0);
+            let admission = limits.admit(limit_id, PoolRef::Default, 0);
             match admission.await {
                 Ok(Decision::Admit(admitted)) => {
                     state
@@ -317,10 +349,7 @@ impl Router {
                         now.saturating_add(admitted.model_resets_in),
                         Ordering::Relaxed,
                     );
-                    let lease = self
-                        .limits
-                        .load()
-                        .lease(limit_id, PoolRef::Default, &admitted);
+                    let lease = limits.lease(limit_id, PoolRef::Default, &admitted);
                     return Ok(Chosen {
                         index,
                         lease: Some(lease),

@@ -87,7 +87,11 @@ pub async fn serve(
     // With the limiter's queue on, a request without fallbacks waits for its group's capacity; one
     // with fallbacks tries them at once instead.
     let may_wait = !has_fallbacks;
-    if let (Some(limiter), Some(pool)) = (limiter, pool) {
+    // A name a wildcard route serves is admitted on its own windows, under the route's limits.
+    let own_groups = chat.concrete.as_ref().map(|c| c.groups());
+    let own_deployments = chat.concrete.as_ref().map(|c| c.deployments());
+    let first_limiter = limiter.map(|l| own_groups.as_deref().unwrap_or(l));
+    if let (Some(limiter), Some(pool)) = (first_limiter, pool) {
         match admit(limiter, first, pool, chat, may_wait).await {
             Ok(Admission::Admitted(lease, admitted)) => first_lease = Some((lease, admitted)),
             Ok(Admission::Unlimited) => {}
@@ -176,8 +180,9 @@ pub async fn serve(
                 if !wait.is_zero() {
                     tokio::time::sleep(wait).await;
                 }
+                let own = own_deployments.as_deref().filter(|_| !in_fallback);
                 let chosen = match router
-                    .choose(deployments, group, attempts.tried(), &mut rng)
+                    .choose_within(deployments, group, attempts.tried(), &mut rng, own)
                     .await
                 {
                     Ok(chosen) => chosen,
@@ -201,7 +206,13 @@ pub async fn serve(
                 current_called = true;
                 first_called |= !in_fallback;
                 let result = match &deployment.target {
-                    Target::Mock { content } => Ok(mock_answer(chat, group.name.as_str(), content)),
+                    Target::Mock { content } => {
+                        let model = match in_fallback {
+                            true => group.name.as_str(),
+                            false => chat.requested(),
+                        };
+                        Ok(mock_answer(chat, model, content))
+                    }
                     Target::Upstream { .. } => {
                         upstream.forward(index, deployment, chat, time).await
                     }

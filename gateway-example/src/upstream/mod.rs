@@ -292,7 +292,7 @@ pub fn upstream_body(
     chat: &ChatRequest,
 ) -> Result<Value, serde_json::Error> {
     let mut body = chat.body()?;
-    body["model"] = Value::String(deployment.upstream_model.clone());
+    body["model"] = Value::String(deployment.upstream_model_for(chat.captures()).into_owned());
     if chat.stream && chat.endpoint.asks_stream_usage() {
         if !body.get("stream_options").is_some_and(Value::is_object) {
             body["stream_options"] = Value::Object(Default::default());
@@ -309,7 +309,8 @@ pub fn upstream_body(
 /// [`upstream_body`] for what the in-place edit does not handle (an escaped key at the top level).
 pub fn upstream_bytes(deployment: &Deployment, chat: &ChatRequest) -> Result<Bytes, String> {
     let ask_usage = chat.stream && chat.endpoint.asks_stream_usage();
-    if let Some(bytes) = edit_in_place(&chat.raw, &deployment.upstream_model, ask_usage) {
+    let model = deployment.upstream_model_for(chat.captures());
+    if let Some(bytes) = edit_in_place(&chat.raw, &model, ask_usage) {
         return Ok(bytes);
     }
     let body = upstream_body(deployment, chat).map_err(|e| e.to_string())?;
@@ -929,6 +930,7 @@ mod tests {
         crate::chat::ChatRequest {
             endpoint: crate::endpoint::Endpoint::ChatCompletions,
             model: "m".into(),
+            concrete: None,
             stream,
             include_usage: false,
             raw: bytes::Bytes::copy_from_slice(raw.as_bytes()),

@@ -457,6 +457,24 @@ impl MemoryStore {
     pub fn with_clock(config: &LimiterConfig, clock: impl Clock) -> Self {
         let clock: Arc<dyn Clock> = Arc::new(clock);
         let callers = Arc::new(CallerTable::new(config.settings().window_kind));
+        Self::with_callers(config, clock, callers)
+    }
+
+    /// Fresh counters for every model of `config`, on this store's clock, that share this
+    /// store's callers' counters: windows of their own for the models (the gateway's per-name
+    /// windows of a wildcard route), under which a key's or team's own limits still count
+    /// everything it does. `None` when `config` counts in another kind of window.
+    pub fn sharing_callers(&self, config: &LimiterConfig) -> Option<MemoryStore> {
+        (config.settings().window_kind == self.config.settings().window_kind
+            && config.settings().window_ms == self.config.settings().window_ms)
+            .then(|| Self::with_callers(config, Arc::clone(&self.clock), Arc::clone(&self.callers)))
+    }
+
+    fn with_callers(
+        config: &LimiterConfig,
+        clock: Arc<dyn Clock>,
+        callers: Arc<CallerTable>,
+    ) -> Self {
         let models = config
             .models()
             .iter()
