@@ -40,6 +40,7 @@ pub mod litellm;
 pub mod local;
 pub mod postgres;
 pub mod redis;
+pub mod routes;
 pub mod sqlite;
 
 use std::path::Path;
@@ -84,6 +85,10 @@ pub struct KeyRecord {
     /// Blocked (`/key/block`): refused until unblocked.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub blocked: bool,
+    /// The routes it may call ([`routes`]); empty: every route a key may call. (Records stored
+    /// before keys had routes read as empty.)
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub allowed_routes: Vec<String>,
     /// Its own limits (`rpm_limit`, …), beside its team's and the model's.
     #[serde(flatten, default)]
     pub limits: Limits,
@@ -135,6 +140,8 @@ pub enum KeyStoreError {
     Unavailable(String),
     /// A stored record could not be read back.
     Corrupt(String),
+    /// Another key has this `key_alias` already.
+    AliasTaken(String),
 }
 
 impl std::fmt::Display for KeyStoreError {
@@ -148,6 +155,12 @@ impl std::fmt::Display for KeyStoreError {
             KeyStoreError::Full(e) => write!(f, "key store full: {e}"),
             KeyStoreError::Unavailable(e) => write!(f, "key store unavailable: {e}"),
             KeyStoreError::Corrupt(e) => write!(f, "key store: corrupt record: {e}"),
+            // LiteLLM's wording.
+            KeyStoreError::AliasTaken(alias) => write!(
+                f,
+                "Key with alias '{alias}' already exists. Unique key aliases across all keys are \
+                 required."
+            ),
         }
     }
 }
@@ -442,6 +455,8 @@ pub struct NewKey {
     pub expires_at: Option<u64>,
     /// Made blocked.
     pub blocked: bool,
+    /// The routes it may call; empty = every route a key may call.
+    pub allowed_routes: Vec<String>,
     /// Its own limits.
     pub limits: Limits,
 }
@@ -602,6 +617,7 @@ impl KeyStore {
             models,
             expires_at: None,
             blocked: false,
+            allowed_routes: Vec::new(),
             limits: Limits::default(),
         })
         .await
@@ -623,6 +639,7 @@ impl KeyStore {
             created_at: now_secs(),
             expires_at: new.expires_at,
             blocked: new.blocked,
+            allowed_routes: new.allowed_routes,
             limits: new.limits,
         });
         match &self.backend {
@@ -750,6 +767,21 @@ impl KeyStore {
             .filter(|(_, existed)| *existed)
             .map(|(k, _)| k.clone())
             .collect())
+    }
+
+    /// Deletes teams and every key of theirs, as LiteLLM's `/team/delete` does: all of them or,
+    /// when one does not exist, none ([`KeyStoreError::UnknownTeam`] names it). Returns how many
+    /// keys went with them. On Redis, other gateways stop serving those keys within
+    /// [`KEY_CACHE_TTL`]; on Postgres, as soon as they are notified.
+    pub async fn delete_teams(&self, team_ids: &[String]) -> Result<usize, KeyStoreError> {
+        match &self.backend {
+            Backend::Local(l) => {
+                let team_ids = team_ids.to_vec();
+                write(&self.write_turn, l, move |l| l.delete_teams(&team_ids)).await
+            }
+            Backend::Redis(r) => r.delete_teams(team_ids).await,
+            Backend::Postgres(p) => p.delete_teams(team_ids).await,
+        }
     }
 
     /// Creates a team (with a random id unless one is given).
