@@ -3,7 +3,7 @@
 //!
 //! - **Tables** (created by the migrations in [`MIGRATIONS`], applied at start under an advisory
 //!   lock so gateways starting together apply each once): `tpl_keys` (the key's SHA-256, its team,
-//!   its [`KeyRecord`] as JSON text), `tpl_teams` (the team id, its [`TeamRecord`]), and
+//!   its alias under a unique index, its [`KeyRecord`] as JSON text), `tpl_teams` (the team id, its [`TeamRecord`]), and
 //!   `tpl_migrations` (what was applied). Their own names, beside LiteLLM's tables if the database
 //!   is LiteLLM's.
 //! - **Lookups never wait on Postgres**: each gateway holds every key and team in memory (the
