@@ -77,6 +77,9 @@ pub(crate) async fn identify(
         Some(resolved) if resolved.key.blocked => Err(ApiError::unauthorized(
             "Authentication Error - Key is blocked. Update via `/key/unblock` if you're admin.",
         )),
+        Some(resolved) if resolved.team_missing => Err(ApiError::unauthorized(
+            "Authentication Error - the key's team no longer exists.",
+        )),
         Some(resolved) if resolved.team_blocked => Err(ApiError::unauthorized(
             "Authentication Error - Team is blocked. Update via `/team/unblock` if you're admin.",
         )),

@@ -537,15 +537,18 @@ impl RedisKeys {
     }
 
     /// Deletes teams and every key of theirs: all or, when one does not exist, none (checked
-    /// first). The teams go first, then a scan of the keys deletes theirs; a key made for one of
-    /// them meanwhile checks its team again after it is written and deletes itself
-    /// ([`Self::insert_key`]), so none survives its team. Returns how many keys went.
+    /// first). Their keys go first (so a failure midway leaves the teams, and the call can be
+    /// made again), then the teams, then a second scan takes any key made for them meanwhile;
+    /// a key made for one of them after that checks its team again once written and deletes
+    /// itself ([`Self::insert_key`]). A key left without its team is refused all the same
+    /// ([`Resolved::team_missing`]). Returns how many keys went.
     pub async fn delete_teams(&self, team_ids: &[String]) -> Result<usize, KeyStoreError> {
         for team_id in team_ids {
             if !self.team_exists(team_id).await? {
                 return Err(KeyStoreError::UnknownTeam(team_id.clone()));
             }
         }
+        let mut deleted = self.delete_keys_of(team_ids).await?;
         let mut pipe = ::redis::pipe();
         for team_id in team_ids {
             pipe.cmd("HDEL").arg(&self.teams_hash).arg(team_id);
@@ -553,6 +556,12 @@ impl RedisKeys {
         let _: Vec<i64> = self.query_pipeline(&pipe).await?;
         // Here at once: cached lookups of the teams' keys hold the teams' records.
         self.cache.clear();
+        deleted += self.delete_keys_of(team_ids).await?;
+        Ok(deleted)
+    }
+
+    /// Deletes every key of `team_ids` (a scan of `{prefix}keys`); returns how many went.
+    async fn delete_keys_of(&self, team_ids: &[String]) -> Result<usize, KeyStoreError> {
         let mut doomed = Vec::new();
         let mut cursor: u64 = 0;
         loop {
@@ -585,6 +594,7 @@ impl RedisKeys {
             }
             cursor = next;
         }
+        // HSCAN may return a field twice.
         doomed.sort_unstable();
         doomed.dedup();
         let mut deleted = 0;
