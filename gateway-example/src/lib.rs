@@ -182,6 +182,7 @@ fn router(gw: Arc<Gateway>, track: Option<api::metrics::TrackLayer>) -> Router {
         .route("/team/update", post(api::keys::update_team))
         .route("/team/block", post(api::keys::block_team))
         .route("/team/unblock", post(api::keys::unblock_team))
+        .route("/team/delete", post(api::keys::delete_team))
         .route("/config", get(api::config::show))
         .route("/config/reload", post(api::config::reload))
         .route("/ui/state", get(api::ui::state))

@@ -241,7 +241,8 @@ async fn a_full_disk_is_a_503_and_a_missing_key_still_a_404() {
             .post(
                 "/key/generate",
                 Some(MASTER),
-                json!({"key_alias": "x".repeat(200)}),
+                // Aliases are unique: each its own.
+                json!({"key_alias": format!("{}{}", made.len(), "x".repeat(200))}),
             )
             .await;
         if r.status != 200 {
@@ -355,8 +356,8 @@ async fn unhonoured_key_and_team_fields_are_refused_by_name() {
         ),
         (
             "/key/generate",
-            json!({"blocked": true, "allowed_routes": ["/v1/embeddings"]}),
-            "allowed_routes",
+            json!({"blocked": true, "tags": ["ci"]}),
+            "tags",
         ),
         (
             "/key/generate",
@@ -710,5 +711,268 @@ async fn keys_are_regenerated_and_listed() {
         gw.get("/key/list", Some(&new)).await.status,
         401,
         "master key only"
+    );
+}
+
+/// `/team/delete` deletes the teams and every key of theirs, as LiteLLM does (`{"deleted_teams":
+/// [...]}`); a team that does not exist is a 404 naming it and nothing is deleted; the deletion
+/// survives a restart.
+#[tokio::test]
+async fn teams_are_deleted_with_their_keys() {
+    let dir = TempDir::new();
+    let gw = Gw::start(&rpm10(), Some(&dir.0)).await;
+    let doomed = gw.new_team(json!({"team_alias": "doomed"})).await;
+    let kept = gw.new_team(json!({"team_alias": "kept"})).await;
+    let (a, b) = (
+        gw.new_key(json!({"team_id": doomed, "key_alias": "a"}))
+            .await,
+        gw.new_key(json!({"team_id": doomed})).await,
+    );
+    let in_kept = gw.new_key(json!({"team_id": kept})).await;
+    let alone = gw.new_key(json!({})).await;
+
+    let r = gw
+        .post(
+            "/team/delete",
+            Some(MASTER),
+            json!({"team_ids": [doomed, "no-such-team"]}),
+        )
+        .await;
+    assert_eq!(r.status, 404, "{}", r.text());
+    assert_eq!(
+        r.error_message(),
+        "Team not found, passed team_id=no-such-team"
+    );
+    assert_eq!(gw.chat(&a, M, false).await.status, 200, "nothing deleted");
+
+    for (body, status) in [
+        (json!({"team_ids": doomed}), 400),
+        (json!({}), 400),
+        (json!({"team_ids": [doomed], "keys": []}), 400),
+    ] {
+        let r = gw.post("/team/delete", Some(MASTER), body.clone()).await;
+        assert_eq!(r.status, status, "{body}: {}", r.text());
+    }
+    // Master key only.
+    let r = gw
+        .post("/team/delete", Some(&a), json!({"team_ids": [doomed]}))
+        .await;
+    assert_eq!(r.status, 401, "{}", r.text());
+
+    let r = gw
+        .post("/team/delete", Some(MASTER), json!({"team_ids": [doomed]}))
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json(), json!({"deleted_teams": [doomed]}));
+    for key in [&a, &b] {
+        let r = gw.chat(key, M, false).await;
+        assert_eq!(r.status, 401, "the team's keys went with it: {}", r.text());
+    }
+    let info = gw
+        .get(&format!("/team/info?team_id={doomed}"), Some(MASTER))
+        .await;
+    assert_eq!(info.status, 404);
+    for key in [&in_kept, &alone] {
+        assert_eq!(gw.chat(key, M, false).await.status, 200);
+    }
+    // Its alias is free again; no key can be made for it.
+    gw.new_key(json!({"key_alias": "a"})).await;
+    let r = gw
+        .post("/key/generate", Some(MASTER), json!({"team_id": doomed}))
+        .await;
+    assert_eq!(r.status, 400, "{}", r.text());
+    let r = gw
+        .post("/team/delete", Some(MASTER), json!({"team_ids": [doomed]}))
+        .await;
+    assert_eq!(r.status, 404, "deleted already: {}", r.text());
+    gw.stop();
+
+    let gw = Gw::start(&rpm10(), Some(&dir.0)).await;
+    assert_eq!(gw.chat(&a, M, false).await.status, 401, "still deleted");
+    assert_eq!(gw.chat(&in_kept, M, false).await.status, 200);
+    let info = gw
+        .get(&format!("/team/info?team_id={doomed}"), Some(MASTER))
+        .await;
+    assert_eq!(info.status, 404);
+}
+
+/// A `key_alias` names one key, as LiteLLM enforces: a second key with it is a 400 in LiteLLM's
+/// words, on `/key/generate` and `/key/update`; a key may keep its own; a deleted key's alias is
+/// free again; a regenerated key keeps it. Keys without an alias are unaffected.
+#[tokio::test]
+async fn key_aliases_are_unique() {
+    let gw = Gw::start(&rpm10(), None).await;
+    let first = gw.new_key(json!({"key_alias": "ci"})).await;
+    let taken = "Key with alias 'ci' already exists. Unique key aliases across all keys are \
+                 required.";
+    let r = gw
+        .post("/key/generate", Some(MASTER), json!({"key_alias": "ci"}))
+        .await;
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert_eq!(r.error_message(), taken);
+    assert_eq!(r.json()["error"]["param"], "key_alias");
+    let r = gw.get("/key/list?size=100", Some(MASTER)).await;
+    assert_eq!(r.json()["total_count"], 1, "nothing was created");
+    gw.new_key(json!({})).await;
+    let second = gw.new_key(json!({})).await;
+
+    let r = gw
+        .post(
+            "/key/update",
+            Some(MASTER),
+            json!({"key": second, "key_alias": "ci"}),
+        )
+        .await;
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert_eq!(r.error_message(), taken);
+    let r = gw
+        .post(
+            "/key/update",
+            Some(MASTER),
+            json!({"key": first, "key_alias": "ci", "models": [M]}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "its own alias: {}", r.text());
+    // Renamed: the old alias is free.
+    let r = gw
+        .post(
+            "/key/update",
+            Some(MASTER),
+            json!({"key": first, "key_alias": "ci-old"}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let r = gw
+        .post(
+            "/key/update",
+            Some(MASTER),
+            json!({"key": second, "key_alias": "ci"}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    // Regenerated: the new value keeps the alias, and it is still taken.
+    let r = gw
+        .post("/key/regenerate", Some(MASTER), json!({"key": second}))
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let second = r.json()["key"].as_str().unwrap().to_owned();
+    let r = gw
+        .post("/key/generate", Some(MASTER), json!({"key_alias": "ci"}))
+        .await;
+    assert_eq!(r.status, 400, "{}", r.text());
+    // Deleted: free.
+    let r = gw
+        .post("/key/delete", Some(MASTER), json!({"keys": [second]}))
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    gw.new_key(json!({"key_alias": "ci"})).await;
+}
+
+/// `allowed_routes` keeps a key to the routes it lists (exactly, by prefix, by `*` pattern or by
+/// LiteLLM's route groups): any other gets LiteLLM's 401; `/key/info` shows them, `/key/update`
+/// changes them, and an entry that matches no route a key may call is a 400 naming it.
+#[tokio::test]
+async fn allowed_routes_keep_a_key_to_its_routes() {
+    let gw = Gw::start(&rpm10(), None).await;
+    let embed = json!({"model": M, "input": "The food was delicious."});
+    let key = gw
+        .new_key(json!({"allowed_routes": ["/v1/embeddings"]}))
+        .await;
+    let r = gw.chat(&key, M, false).await;
+    assert_eq!(r.status, 401, "{}", r.text());
+    assert_eq!(
+        r.error_message(),
+        "Authentication Error, Virtual key is not allowed to call this route. Only allowed to \
+         call routes: ['/v1/embeddings']. Tried to call route: /v1/chat/completions"
+    );
+    let r = gw.post("/v1/embeddings", Some(&key), embed.clone()).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let r = gw.post("/embeddings", Some(&key), embed.clone()).await;
+    assert_eq!(r.status, 401, "another route: {}", r.text());
+    assert_eq!(gw.get("/v1/models", Some(&key)).await.status, 401);
+    let info = gw.get(&format!("/key/info?key={key}"), Some(MASTER)).await;
+    assert_eq!(
+        info.json()["info"]["allowed_routes"],
+        json!(["/v1/embeddings"])
+    );
+
+    // A group: every LLM route, the models list too.
+    let r = gw
+        .post(
+            "/key/update",
+            Some(MASTER),
+            json!({"key": key, "allowed_routes": ["llm_api_routes"]}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(gw.chat(&key, M, false).await.status, 200);
+    assert_eq!(gw.get("/v1/models", Some(&key)).await.status, 200);
+    // A prefix and a pattern.
+    let r = gw
+        .post(
+            "/key/update",
+            Some(MASTER),
+            json!({"key": key, "allowed_routes": ["/v1/models", "/chat/*"]}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(
+        gw.get(&format!("/v1/models/{M}"), Some(&key)).await.status,
+        200
+    );
+    let r = gw
+        .post(
+            "/chat/completions",
+            Some(&key),
+            json!({"model": M, "messages": [{"role": "user", "content": "hi"}]}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(
+        gw.chat(&key, M, false).await.status,
+        401,
+        "/v1/chat/… is not /chat/…"
+    );
+    // Removed: every route again.
+    let r = gw
+        .post(
+            "/key/update",
+            Some(MASTER),
+            json!({"key": key, "allowed_routes": null}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["allowed_routes"], json!([]));
+    assert_eq!(gw.chat(&key, M, false).await.status, 200);
+
+    for body in [
+        json!({"allowed_routes": ["/v1/embedding", "management_routes", "/v1/embeddings"]}),
+        json!({"key": key, "allowed_routes": ["/v1/embedding", "management_routes"]}),
+    ] {
+        let path = if body.get("key").is_some() {
+            "/key/update"
+        } else {
+            "/key/generate"
+        };
+        let r = gw.post(path, Some(MASTER), body.clone()).await;
+        assert_eq!(r.status, 400, "{body}: {}", r.text());
+        let message = r.error_message();
+        assert!(
+            message.contains(r#""/v1/embedding", "management_routes"."#),
+            "{message}"
+        );
+    }
+    let r = gw
+        .post(
+            "/key/generate",
+            Some(MASTER),
+            json!({"allowed_routes": "/v1/embeddings"}),
+        )
+        .await;
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert_eq!(
+        gw.chat(&key, M, false).await.status,
+        200,
+        "the refused update changed nothing"
     );
 }

@@ -529,3 +529,132 @@ async fn a_gateway_starts_and_serves_the_master_key_while_redis_is_down() {
         assert_store_unavailable(&gw.get("/team/info?team_id=t", Some(MASTER)).await);
     }
 }
+
+/// Two gateways racing to give one alias to 20 keys (10 each, all at once): exactly one gets it,
+/// the 19 others LiteLLM's 400, because the check and the write are one Redis script. A rename
+/// onto a taken alias is refused on the other gateway too; a deleted key's alias is free again,
+/// and a regenerated key keeps its own. The alias fields do not count as keys.
+#[tokio::test]
+async fn a_key_alias_is_unique_across_gateways() {
+    let Some(redis) = RedisServer::start("a_key_alias_is_unique_across_gateways") else {
+        return;
+    };
+    let gw = pair(&single(&redis)).await;
+    let calls = (0..20).map(|i| {
+        let side = if i % 2 == 0 { &gw.a } else { &gw.b };
+        side.post("/key/generate", Some(MASTER), json!({"key_alias": "race"}))
+    });
+    let replies = futures_util::future::join_all(calls).await;
+    let made: Vec<&Reply> = replies.iter().filter(|r| r.status == 200).collect();
+    assert_eq!(made.len(), 1, "one key has the alias");
+    for r in replies.iter().filter(|r| r.status != 200) {
+        assert_eq!(r.status, 400, "{}", r.text());
+        assert_eq!(
+            r.error_message(),
+            "Key with alias 'race' already exists. Unique key aliases across all keys are \
+             required."
+        );
+    }
+    let winner = made[0].json()["key"].as_str().unwrap().to_owned();
+    let other = gw.b.new_key(json!({})).await;
+    let r =
+        gw.b.post(
+            "/key/update",
+            Some(MASTER),
+            json!({"key": other, "key_alias": "race"}),
+        )
+        .await;
+    assert_eq!(r.status, 400, "{}", r.text());
+    let v = gw.b.get("/key/list?size=100", Some(MASTER)).await.json();
+    assert_eq!(v["total_count"], 2, "the alias is not a key: {v}");
+    // Regenerated on A: still held, by the new value.
+    let r =
+        gw.a.post("/key/regenerate", Some(MASTER), json!({"key": winner}))
+            .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let winner = r.json()["key"].as_str().unwrap().to_owned();
+    let r =
+        gw.b.post("/key/generate", Some(MASTER), json!({"key_alias": "race"}))
+            .await;
+    assert_eq!(r.status, 400, "{}", r.text());
+    // Deleted on A: B may give it again.
+    let r =
+        gw.a.post("/key/delete", Some(MASTER), json!({"keys": [winner]}))
+            .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let r =
+        gw.b.post(
+            "/key/update",
+            Some(MASTER),
+            json!({"key": other, "key_alias": "race"}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let r =
+        gw.a.post("/key/generate", Some(MASTER), json!({"key_alias": "race"}))
+            .await;
+    assert_eq!(r.status, 400, "{}", r.text());
+}
+
+/// A team deleted on A takes its keys with it on B within the cache's TTL; B can make no key for
+/// it; a team that does not exist is a 404 and deletes nothing. A key's `allowed_routes` made on
+/// A hold on B.
+#[tokio::test]
+async fn a_team_deleted_on_one_gateway_takes_its_keys_on_the_other() {
+    let Some(redis) = RedisServer::start("a_team_deleted_on_one_gateway") else {
+        return;
+    };
+    let gw = pair(&single(&redis)).await;
+    let team = gw.a.new_team(json!({"team_alias": "doomed"})).await;
+    let keys = [
+        gw.a.new_key(json!({"team_id": team, "key_alias": "t1"}))
+            .await,
+        gw.b.new_key(json!({"team_id": team})).await,
+    ];
+    let kept =
+        gw.b.new_key(json!({"allowed_routes": ["/v1/embeddings"]}))
+            .await;
+    for key in &keys {
+        assert_eq!(gw.b.chat(key, M, false).await.status, 200, "cached on B");
+    }
+    let r =
+        gw.b.post(
+            "/team/delete",
+            Some(MASTER),
+            json!({"team_ids": [team, "no-such-team"]}),
+        )
+        .await;
+    assert_eq!(r.status, 404, "{}", r.text());
+    assert_eq!(gw.a.chat(&keys[0], M, false).await.status, 200);
+    let r =
+        gw.a.post("/team/delete", Some(MASTER), json!({"team_ids": [team]}))
+            .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json(), json!({"deleted_teams": [team]}));
+    for key in &keys {
+        assert_eq!(gw.a.chat(key, M, false).await.status, 401);
+        answers_within_the_ttl(&gw.b, key, 401, "B stops serving the team's keys").await;
+    }
+    let r =
+        gw.b.post("/key/generate", Some(MASTER), json!({"team_id": team}))
+            .await;
+    assert_eq!(r.status, 400, "{}", r.text());
+    gw.b.new_key(json!({"key_alias": "t1"})).await;
+
+    // allowed_routes, made on B, hold on A.
+    let r = gw.a.chat(&kept, M, false).await;
+    assert_eq!(r.status, 401, "{}", r.text());
+    assert!(
+        r.error_message().contains("not allowed to call this route"),
+        "{}",
+        r.error_message()
+    );
+    let r =
+        gw.a.post(
+            "/v1/embeddings",
+            Some(&kept),
+            json!({"model": M, "input": "hello"}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+}

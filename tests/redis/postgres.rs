@@ -695,3 +695,141 @@ async fn a_key_changed_many_times_at_once_stays_known_everywhere() {
         }
     }
 }
+
+/// On Postgres: 20 keys given one alias at once on two gateways, one gets it (a unique index);
+/// a team deleted on A takes its keys on B within a second (a 404 for one that does not exist,
+/// deleting nothing); a key's `allowed_routes` made on A hold on B.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn aliases_team_deletes_and_routes_hold_across_gateways() {
+    let Some(postgres) = PostgresServer::start("aliases_team_deletes_and_routes") else {
+        return;
+    };
+    let (gw, _dirs) = gateways(&config(&postgres, None), 2).await;
+    let (a, b) = (&gw[0], &gw[1]);
+
+    let calls = (0..20).map(|i| {
+        let side = if i % 2 == 0 { a } else { b };
+        side.post("/key/generate", Some(MASTER), json!({"key_alias": "race"}))
+    });
+    let replies = futures_util::future::join_all(calls).await;
+    assert_eq!(replies.iter().filter(|r| r.status == 200).count(), 1);
+    for r in replies.iter().filter(|r| r.status != 200) {
+        assert_eq!(r.status, 400, "{}", r.text());
+        assert_eq!(
+            r.error_message(),
+            "Key with alias 'race' already exists. Unique key aliases across all keys are \
+             required."
+        );
+    }
+    let other = b.new_key(json!({})).await;
+    let r = b
+        .post(
+            "/key/update",
+            Some(MASTER),
+            json!({"key": other, "key_alias": "race"}),
+        )
+        .await;
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert_eq!(r.error_message().matches("'race'").count(), 1, "named");
+
+    let team = a.new_team(json!({"team_alias": "doomed"})).await;
+    let keys = [
+        a.new_key(json!({"team_id": team, "key_alias": "t1"})).await,
+        b.new_key(json!({"team_id": team})).await,
+    ];
+    for key in &keys {
+        answers_within_a_second(b, key, 200, "B serves the team's keys").await;
+    }
+    let r = b
+        .post(
+            "/team/delete",
+            Some(MASTER),
+            json!({"team_ids": [team, "no-such-team"]}),
+        )
+        .await;
+    assert_eq!(r.status, 404, "{}", r.text());
+    assert_eq!(a.chat(&keys[0], M, false).await.status, 200);
+    let r = a
+        .post("/team/delete", Some(MASTER), json!({"team_ids": [team]}))
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json(), json!({"deleted_teams": [team]}));
+    for key in &keys {
+        assert_eq!(a.chat(key, M, false).await.status, 401);
+        answers_within_a_second(b, key, 401, "B stops serving the team's keys").await;
+    }
+    let r = b
+        .post("/key/generate", Some(MASTER), json!({"team_id": team}))
+        .await;
+    assert_eq!(r.status, 400, "{}", r.text());
+    b.new_key(json!({"key_alias": "t1"})).await;
+
+    let routed = a
+        .new_key(json!({"allowed_routes": ["/v1/embeddings"]}))
+        .await;
+    answers_within_a_second(b, &routed, 401, "B holds the key to its routes").await;
+    let r = b
+        .post(
+            "/v1/embeddings",
+            Some(&routed),
+            json!({"model": M, "input": "hello"}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+}
+
+/// Keys that shared an alias before aliases were unique (schema version 1) keep working after
+/// the migration: the first holds the alias, the other can still be changed, and a new key with
+/// it is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_that_shared_an_alias_before_the_migration_keep_working() {
+    let Some(postgres) = PostgresServer::start("keys_that_shared_an_alias") else {
+        return;
+    };
+    let db = sql(&postgres).await;
+    db.batch_execute(
+        "CREATE TABLE tpl_migrations (version INTEGER PRIMARY KEY, \
+         applied_at TIMESTAMPTZ NOT NULL DEFAULT now())",
+    )
+    .await
+    .unwrap();
+    db.batch_execute(gateway_example::keys::postgres::MIGRATIONS[0])
+        .await
+        .unwrap();
+    db.execute("INSERT INTO tpl_migrations (version) VALUES (1)", &[])
+        .await
+        .unwrap();
+    let keys = [
+        "sk-shared-alias-one-0123456789",
+        "sk-shared-alias-two-0123456789",
+    ];
+    for key in keys {
+        let record = json!({"token": hash_key(key), "key_alias": "old", "metadata": {},
+            "team_id": null, "models": [], "created_at": 1});
+        db.execute(
+            "INSERT INTO tpl_keys (token, record) VALUES ($1, $2)",
+            &[&hash_key(key), &record.to_string()],
+        )
+        .await
+        .unwrap();
+    }
+    let (gw, _dirs) = gateways(&config(&postgres, None), 1).await;
+    let gw = &gw[0];
+    for key in keys {
+        assert_eq!(gw.chat(key, M, false).await.status, 200);
+        let r = gw
+            .post("/key/block", Some(MASTER), json!({"key": key}))
+            .await;
+        assert_eq!(r.status, 200, "{}", r.text());
+    }
+    let r = gw
+        .post("/key/generate", Some(MASTER), json!({"key_alias": "old"}))
+        .await;
+    assert_eq!(r.status, 400, "{}", r.text());
+    let held: i64 = db
+        .query_one("SELECT count(*) FROM tpl_keys WHERE key_alias = 'old'", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(held, 1);
+}

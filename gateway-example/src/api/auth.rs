@@ -19,7 +19,7 @@ use tower_priority_limit::priority::Priority;
 use crate::api::keys::store_error;
 use crate::error::ApiError;
 use crate::gateway::Gateway;
-use crate::keys::{expiry, hashes_match, key_hash, ModelAccess};
+use crate::keys::{expiry, hashes_match, key_hash, routes, ModelAccess};
 
 /// The authenticated caller, as a request extension.
 #[derive(Debug, Clone)]
@@ -49,10 +49,12 @@ impl Caller {
 }
 
 /// `key` is the presented key (borrowed from the headers: the request itself is not `Sync`, so it
-/// is not held across the store lookup).
+/// is not held across the store lookup); `route` the request's path, for a key's
+/// `allowed_routes` (a key without them pays nothing for the check).
 pub(crate) async fn identify(
     gw: &Gateway,
     key: Option<&str>,
+    route: &str,
 ) -> Result<(Caller, Option<Arc<str>>), ApiError> {
     let Some(master_hash) = gw.master_key_hash() else {
         // No master key configured: the gateway is open, as in the source product.
@@ -75,6 +77,9 @@ pub(crate) async fn identify(
         Some(resolved) if resolved.key.blocked => Err(ApiError::unauthorized(
             "Authentication Error - Key is blocked. Update via `/key/unblock` if you're admin.",
         )),
+        Some(resolved) if resolved.team_missing => Err(ApiError::unauthorized(
+            "Authentication Error - the key's team no longer exists.",
+        )),
         Some(resolved) if resolved.team_blocked => Err(ApiError::unauthorized(
             "Authentication Error - Team is blocked. Update via `/team/unblock` if you're admin.",
         )),
@@ -89,6 +94,24 @@ pub(crate) async fn identify(
                 "Authentication Error - Expired Key. Key Expiry time {} and current time {}",
                 expiry::format_iso(at),
                 expiry::format_iso(gw.unix_secs())
+            )))
+        }
+        Some(resolved)
+            if !resolved.key.allowed_routes.is_empty()
+                && !routes::allows(&resolved.key.allowed_routes, route) =>
+        {
+            // LiteLLM's wording (a 401, as its auth errors are).
+            let allowed: Vec<String> = resolved
+                .key
+                .allowed_routes
+                .iter()
+                .map(|r| format!("'{r}'"))
+                .collect();
+            Err(ApiError::unauthorized(format!(
+                "Authentication Error, Virtual key is not allowed to call this route. Only \
+                 allowed to call routes: [{}]. Tried to call route: {}",
+                allowed.join(", "),
+                route.chars().take(256).collect::<String>()
             )))
         }
         Some(resolved) => {
@@ -137,7 +160,7 @@ pub async fn require_key(
 /// What [`require_key`] checks: the caller of `request`, its key's priority (if it has one) left
 /// in the request.
 pub async fn authenticate(gw: &Gateway, request: &mut Request) -> Result<Caller, ApiError> {
-    let (caller, priority) = identify(gw, api_key(request)).await?;
+    let (caller, priority) = identify(gw, api_key(request), request.uri().path()).await?;
     if let Some(p) = priority {
         request.extensions_mut().insert(Priority(p));
     }
@@ -150,7 +173,7 @@ pub async fn require_master(
     request: Request,
     next: Next,
 ) -> Response {
-    match identify(&gw, api_key(&request)).await {
+    match identify(&gw, api_key(&request), request.uri().path()).await {
         Ok((Caller::Master, _)) => next.run(request).await,
         Ok((Caller::Key(_), _)) => ApiError::unauthorized(
             "Authentication Error, only the master key may call this endpoint.",

@@ -249,7 +249,7 @@ where
         .recorder()
         .filter(|r| r.sample())
         .map(|_| (Instant::now(), gw.unix_ms(), caller_hash(key.unwrap_or(""))));
-    let (access, priority) = match identify(&gw, key).await {
+    let (access, priority) = match identify(&gw, key, request.uri().path()).await {
         Ok(found) => found,
         Err(e) => return e.into_response(),
     };

@@ -1,5 +1,6 @@
 //! Key and team management (master key only): `/key/generate`, `/key/info`, `/key/delete`,
-//! `/team/new`, `/team/info`.
+//! `/key/update`, `/key/block`, `/key/unblock`, `/key/regenerate`, `/key/list`, `/team/new`,
+//! `/team/info`, `/team/update`, `/team/block`, `/team/unblock`, `/team/delete`.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -14,7 +15,7 @@ use super::body::read_bounded;
 use crate::error::ApiError;
 use crate::gateway::Gateway;
 use crate::keys::{
-    expiry, hashes_match, key_hash, KeyRecord, KeyStoreError, Limits, NewKey, TeamRecord,
+    expiry, hashes_match, key_hash, routes, KeyRecord, KeyStoreError, Limits, NewKey, TeamRecord,
 };
 
 /// Parses a JSON object body (an empty body is an empty object).
@@ -63,6 +64,7 @@ pub const KEY_FIELDS: &[&str] = &[
     "duration",
     "expires",
     "blocked",
+    "allowed_routes",
     "rpm_limit",
     "tpm_limit",
     "tpd_limit",
@@ -80,6 +82,7 @@ pub const KEY_UPDATE_FIELDS: &[&str] = &[
     "duration",
     "expires",
     "blocked",
+    "allowed_routes",
     "rpm_limit",
     "tpm_limit",
     "tpd_limit",
@@ -320,11 +323,49 @@ fn models(body: &Map<String, Value>) -> Result<Vec<String>, ApiError> {
     }
 }
 
+/// A key's `allowed_routes`: a list of routes, route prefixes, `*` patterns or LiteLLM route
+/// groups ([`routes`]); absent or null: every route. An entry that can match no route a key may
+/// call is refused by name.
+fn allowed_routes(body: &Map<String, Value>) -> Result<Vec<String>, ApiError> {
+    let invalid = || {
+        ApiError::bad_request(
+            "'allowed_routes' must be a list of routes, e.g. [\"/v1/embeddings\"].",
+        )
+        .param("allowed_routes")
+    };
+    let list: Vec<String> = match body.get("allowed_routes") {
+        None | Some(Value::Null) => return Ok(Vec::new()),
+        Some(Value::Array(items)) => items
+            .iter()
+            .map(|r| r.as_str().map(str::to_owned))
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(invalid)?,
+        Some(_) => return Err(invalid()),
+    };
+    let unknown = routes::not_understood(&list);
+    if !unknown.is_empty() {
+        return Err(ApiError::bad_request(format!(
+            "'allowed_routes' has entries that match no route a key may call: {}. Give routes \
+             (\"/v1/embeddings\"), prefixes of them (\"/v1/models\"), patterns ending in * \
+             (\"/v1/*\") or route groups ({}); nothing was changed.",
+            unknown
+                .iter()
+                .map(|r| format!("{:?}", r.chars().take(128).collect::<String>()))
+                .collect::<Vec<_>>()
+                .join(", "),
+            routes::GROUPS.join(", "),
+        ))
+        .param("allowed_routes"));
+    }
+    Ok(list)
+}
+
 /// A key-store failure as the client sees it: Redis unreachable or a full disk is a 503 (try
 /// again), not a 500; an embedded store's file names stay in the log.
 pub fn store_error(e: KeyStoreError) -> ApiError {
     match e {
         KeyStoreError::UnknownTeam(_) => ApiError::bad_request(e.to_string()).param("team_id"),
+        KeyStoreError::AliasTaken(_) => ApiError::bad_request(e.to_string()).param("key_alias"),
         KeyStoreError::Exists(_) => {
             ApiError::new(StatusCode::CONFLICT, "invalid_request_error", e.to_string())
         }
@@ -364,6 +405,7 @@ fn key_json(record: &KeyRecord) -> Value {
         "created_at": record.created_at,
         "expires": record.expires_at.map(expiry::format_iso),
         "blocked": record.blocked,
+        "allowed_routes": record.allowed_routes,
     });
     with_limits(&mut out, &record.limits);
     out
@@ -419,6 +461,7 @@ pub async fn generate(
             models,
             expires_at,
             blocked: opt_bool(&body, "blocked")?.unwrap_or(false),
+            allowed_routes: allowed_routes(&body)?,
             limits: limits(&gw, &body, &Limits::default())?,
         })
         .await
@@ -550,6 +593,10 @@ pub async fn update(
     let expires = (body.contains_key("duration") || body.contains_key("expires"))
         .then(|| expires_at(&body, gw.unix_secs()))
         .transpose()?;
+    let routes = body
+        .contains_key("allowed_routes")
+        .then(|| allowed_routes(&body))
+        .transpose()?;
     // Checked before the change, applied over the stored limits inside it.
     limits(&gw, &body, &Limits::default())?;
     let (gw2, body2) = (Arc::clone(&gw), body.clone());
@@ -563,6 +610,9 @@ pub async fn update(
         );
         if let Some(expires) = expires {
             record.expires_at = expires;
+        }
+        if let Some(routes) = &routes {
+            record.allowed_routes.clone_from(routes);
         }
         record.limits = limits(&gw2, &body2, &current.limits).map_err(invalid_change)?;
         Ok(record)
@@ -730,6 +780,37 @@ pub async fn update_team(
         Ok(team)
     })
     .await
+}
+
+/// `POST /team/delete {"team_ids": [...]}` → `{"deleted_teams": [...]}`, as LiteLLM has it: the
+/// teams and every key of theirs go (a key must not outlive the team whose limits and model list
+/// held it). All or nothing: a team that does not exist is a 404 naming it, and nothing is deleted.
+pub async fn delete_team(
+    State(gw): State<Arc<Gateway>>,
+    JsonBody(body): JsonBody,
+) -> Result<Json<Value>, ApiError> {
+    only_honoured(&body, "/team/delete", &["team_ids"])?;
+    let team_ids: Vec<String> = body
+        .get("team_ids")
+        .and_then(Value::as_array)
+        .and_then(|a| a.iter().map(|t| t.as_str().map(str::to_owned)).collect())
+        .ok_or_else(|| {
+            ApiError::bad_request("'team_ids' must be a list of team ids.").param("team_ids")
+        })?;
+    let mut unique = team_ids.clone();
+    unique.sort_unstable();
+    unique.dedup();
+    gw.keys().delete_teams(&unique).await.map_err(|e| match e {
+        KeyStoreError::UnknownTeam(id) => ApiError::new(
+            StatusCode::NOT_FOUND,
+            "not_found_error",
+            // LiteLLM's wording.
+            format!("Team not found, passed team_id={id}"),
+        )
+        .param("team_ids"),
+        e => store_error(e),
+    })?;
+    Ok(Json(json!({ "deleted_teams": team_ids })))
 }
 
 /// `POST /team/block {"team_id"}`: every key of the team is refused (401) until it is unblocked.

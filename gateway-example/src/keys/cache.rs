@@ -131,6 +131,7 @@ mod tests {
                 created_at: 0,
                 expires_at: None,
                 blocked: false,
+                allowed_routes: Vec::new(),
                 limits: Default::default(),
             }),
             None,

@@ -7,7 +7,7 @@
 //!   is copied as it is; a row still holding a raw `sk-…` key (LiteLLM hashes those when it reads
 //!   them) is hashed here the same way.
 //! - **Honoured**: a key's `token`, `key_alias`, `models`, `team_id`, `metadata` (its `priority`
-//!   included), `expires`, `blocked`, `created_at`; a team's `team_id`, `team_alias`, `models`,
+//!   included), `expires`, `blocked`, `allowed_routes`, `created_at`; a team's `team_id`, `team_alias`, `models`,
 //!   `metadata`, `blocked`, `created_at`. LiteLLM's `all-proxy-models` (and, on a key,
 //!   `all-team-models`) is an empty list here: every model, held to the team's list.
 //! - **Not honoured**: every other column that holds something other than its default (null,
@@ -60,6 +60,7 @@ const KEY_COLUMNS: &[&str] = &[
     "metadata",
     "expires",
     "blocked",
+    "allowed_routes",
     "created_at",
     "rpm_limit",
     "tpm_limit",
@@ -321,6 +322,18 @@ fn key(row: &Map<String, Value>) -> Result<KeyRecord, KeyStoreError> {
         created_at: time(row, KEY_TABLE, "created_at")?.unwrap_or_else(now_secs),
         expires_at: time(row, KEY_TABLE, "expires")?,
         blocked: row.get("blocked").and_then(Value::as_bool).unwrap_or(false),
+        // Kept as LiteLLM has them: an entry this gateway does not understand matches no
+        // route, so the key is held to less, never to more.
+        allowed_routes: row
+            .get("allowed_routes")
+            .and_then(Value::as_array)
+            .map(|a| {
+                a.iter()
+                    .filter_map(Value::as_str)
+                    .map(str::to_owned)
+                    .collect()
+            })
+            .unwrap_or_default(),
         limits: limits(row, KEY_TABLE)?,
     })
 }

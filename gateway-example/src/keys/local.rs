@@ -19,6 +19,24 @@ struct Index {
     teams: BTreeMap<String, PriorityOf<TeamRecord>>,
 }
 
+impl Index {
+    /// Refuses `record` when another key has its `key_alias`. A scan, under the writer's lock:
+    /// only `/key/generate` and `/key/update` pay it, never a lookup.
+    fn alias_free(&self, record: &KeyRecord) -> Result<(), KeyStoreError> {
+        let Some(alias) = &record.key_alias else {
+            return Ok(());
+        };
+        let taken = self
+            .keys
+            .values()
+            .any(|k| k.record.key_alias.as_ref() == Some(alias) && k.record.token != record.token);
+        if taken {
+            return Err(KeyStoreError::AliasTaken(alias.clone()));
+        }
+        Ok(())
+    }
+}
+
 /// Keys (by hash) and teams in memory, written through to `data_dir/keys.db`.
 #[derive(Debug)]
 pub struct LocalStore {
@@ -102,6 +120,7 @@ impl LocalStore {
             if index.keys.contains_key(&record.token) {
                 return Err(KeyStoreError::Exists("key".into()));
             }
+            index.alias_free(&record)?;
         }
         if let Some(db) = writer.as_mut() {
             db.insert_key(&record)?;
@@ -124,6 +143,10 @@ impl LocalStore {
             return Ok(None);
         };
         let record = Arc::new(change(&current)?);
+        // Only a new alias is checked: keys that shared one before aliases were unique keep it.
+        if record.key_alias != current.key_alias {
+            self.read().alias_free(&record)?;
+        }
         if let Some(db) = writer.as_mut() {
             db.replace_key(&record)?;
         }
@@ -244,6 +267,40 @@ impl LocalStore {
         Ok(Some(team))
     }
 
+    /// Deletes teams and their keys, all or (when one does not exist) none; returns how many
+    /// keys went. Blocks on the disk.
+    pub fn delete_teams(&self, team_ids: &[String]) -> Result<usize, KeyStoreError> {
+        let mut writer = self.writer();
+        let doomed: Vec<String> = {
+            let index = self.read();
+            if let Some(missing) = team_ids.iter().find(|t| !index.teams.contains_key(*t)) {
+                return Err(KeyStoreError::UnknownTeam(missing.clone()));
+            }
+            index
+                .keys
+                .values()
+                .filter(|k| {
+                    k.record
+                        .team_id
+                        .as_ref()
+                        .is_some_and(|t| team_ids.contains(t))
+                })
+                .map(|k| k.record.token.clone())
+                .collect()
+        };
+        if let Some(db) = writer.as_mut() {
+            db.delete_teams(team_ids, &doomed)?;
+        }
+        let mut index = self.index_mut();
+        for token in &doomed {
+            index.keys.remove(token);
+        }
+        for team_id in team_ids {
+            index.teams.remove(team_id);
+        }
+        Ok(doomed.len())
+    }
+
     /// A team by id.
     pub fn team(&self, team_id: &str) -> Option<TeamRecord> {
         self.read().teams.get(team_id).map(|t| t.record.clone())
@@ -324,6 +381,7 @@ mod tests {
             created_at: 0,
             expires_at: None,
             blocked: false,
+            allowed_routes: Vec::new(),
             limits: Default::default(),
         })
     }

@@ -40,6 +40,7 @@ pub mod litellm;
 pub mod local;
 pub mod postgres;
 pub mod redis;
+pub mod routes;
 pub mod sqlite;
 
 use std::path::Path;
@@ -85,6 +86,10 @@ pub struct KeyRecord {
     /// Blocked (`/key/block`): refused until unblocked.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub blocked: bool,
+    /// The routes it may call ([`routes`]); empty: every route a key may call. (Records stored
+    /// before keys had routes read as empty.)
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub allowed_routes: Vec<String>,
     /// Its own limits (`rpm_limit`, …), beside its team's and the model's.
     #[serde(flatten, default)]
     pub limits: Limits,
@@ -137,6 +142,8 @@ pub enum KeyStoreError {
     Unavailable(String),
     /// A stored record could not be read back.
     Corrupt(String),
+    /// Another key has this `key_alias` already.
+    AliasTaken(String),
 }
 
 impl std::fmt::Display for KeyStoreError {
@@ -150,6 +157,12 @@ impl std::fmt::Display for KeyStoreError {
             KeyStoreError::Full(e) => write!(f, "key store full: {e}"),
             KeyStoreError::Unavailable(e) => write!(f, "key store unavailable: {e}"),
             KeyStoreError::Corrupt(e) => write!(f, "key store: corrupt record: {e}"),
+            // LiteLLM's wording.
+            KeyStoreError::AliasTaken(alias) => write!(
+                f,
+                "Key with alias '{alias}' already exists. Unique key aliases across all keys are \
+                 required."
+            ),
         }
     }
 }
@@ -165,6 +178,9 @@ pub struct Resolved {
     pub team_models: Option<Arc<[String]>>,
     /// Its team is blocked: the key is refused.
     pub team_blocked: bool,
+    /// It names a team that does not exist (deleted, on Redis, while the key was being made or
+    /// its keys deleted): the key is refused, never served without its team's restrictions.
+    pub team_missing: bool,
     /// The priority: the team's `metadata.priority`, else the key's, else none.
     pub priority: Option<Arc<str>>,
     /// Its team's limits, when the team has any.
@@ -179,10 +195,12 @@ impl Resolved {
             .or_else(|| priority_of(&key.metadata))
             .map(Arc::from);
         let team_models = team.and_then(|t| team_models(&t.models));
+        let team_missing = key.team_id.is_some() && team.is_none();
         Self {
             key,
             team_models,
             team_blocked: team.is_some_and(|t| t.blocked),
+            team_missing,
             priority,
             team_limits: team.and_then(team_limits),
         }
@@ -197,6 +215,7 @@ impl Resolved {
             key: key.record.clone(),
             team_models: team.and_then(|t| t.team_models.clone()),
             team_blocked: team.is_some_and(|t| t.record.blocked),
+            team_missing: key.record.team_id.is_some() && team.is_none(),
             priority: priority.cloned(),
             team_limits: team.and_then(|t| t.team_limits.clone()),
         }
@@ -444,6 +463,8 @@ pub struct NewKey {
     pub expires_at: Option<u64>,
     /// Made blocked.
     pub blocked: bool,
+    /// The routes it may call; empty = every route a key may call.
+    pub allowed_routes: Vec<String>,
     /// Its own limits.
     pub limits: Limits,
 }
@@ -604,6 +625,7 @@ impl KeyStore {
             models,
             expires_at: None,
             blocked: false,
+            allowed_routes: Vec::new(),
             limits: Limits::default(),
         })
         .await
@@ -625,6 +647,7 @@ impl KeyStore {
             created_at: now_secs(),
             expires_at: new.expires_at,
             blocked: new.blocked,
+            allowed_routes: new.allowed_routes,
             limits: new.limits,
         });
         match &self.backend {
@@ -752,6 +775,21 @@ impl KeyStore {
             .filter(|(_, existed)| *existed)
             .map(|(k, _)| k.clone())
             .collect())
+    }
+
+    /// Deletes teams and every key of theirs, as LiteLLM's `/team/delete` does: all of them or,
+    /// when one does not exist, none ([`KeyStoreError::UnknownTeam`] names it). Returns how many
+    /// keys went with them. On Redis, other gateways stop serving those keys within
+    /// [`KEY_CACHE_TTL`]; on Postgres, as soon as they are notified.
+    pub async fn delete_teams(&self, team_ids: &[String]) -> Result<usize, KeyStoreError> {
+        match &self.backend {
+            Backend::Local(l) => {
+                let team_ids = team_ids.to_vec();
+                write(&self.write_turn, l, move |l| l.delete_teams(&team_ids)).await
+            }
+            Backend::Redis(r) => r.delete_teams(team_ids).await,
+            Backend::Postgres(p) => p.delete_teams(team_ids).await,
+        }
     }
 
     /// Creates a team (with a random id unless one is given).
@@ -946,6 +984,111 @@ mod tests {
         let access = store.resolve(&k).await.unwrap().unwrap().access();
         assert_eq!(access.allowed(names), ["c"]);
         assert_eq!(ModelAccess::any().allowed(names), names);
+    }
+
+    #[test]
+    fn a_key_stored_before_keys_had_routes_may_call_every_route() {
+        let key: KeyRecord = serde_json::from_str(
+            r#"{"token": "t", "key_alias": null, "metadata": {}, "team_id": null, "models": [],
+                "created_at": 1}"#,
+        )
+        .unwrap();
+        assert!(key.allowed_routes.is_empty());
+        assert!(routes::allows(&key.allowed_routes, "/v1/chat/completions"));
+        // And one without routes is written as before.
+        assert!(!serde_json::to_string(&key)
+            .unwrap()
+            .contains("allowed_routes"));
+    }
+
+    #[tokio::test]
+    async fn aliases_are_unique_and_a_deleted_team_takes_its_keys() {
+        let store = KeyStore::in_memory();
+        let new = |alias: Option<&str>, team: Option<&str>| NewKey {
+            key_alias: alias.map(str::to_owned),
+            team_id: team.map(str::to_owned),
+            ..NewKey::default()
+        };
+        store.create_key(new(Some("a"), None)).await.unwrap();
+        let e = store.create_key(new(Some("a"), None)).await.unwrap_err();
+        assert!(
+            matches!(&e, KeyStoreError::AliasTaken(a) if a == "a"),
+            "{e:?}"
+        );
+        let (plain, _) = store.create_key(new(None, None)).await.unwrap();
+        store.create_key(new(None, None)).await.unwrap();
+        let rename = |alias: &'static str| {
+            move |k: &KeyRecord| {
+                Ok(KeyRecord {
+                    key_alias: Some(alias.to_owned()),
+                    ..k.clone()
+                })
+            }
+        };
+        let e = store.update_key(&plain, rename("a")).await.unwrap_err();
+        assert!(matches!(e, KeyStoreError::AliasTaken(_)), "{e:?}");
+        store
+            .update_key(&plain, rename("b"))
+            .await
+            .unwrap()
+            .unwrap();
+
+        let team = store
+            .new_team(None, None, Map::new(), vec![], Limits::default())
+            .await
+            .unwrap();
+        let (k1, _) = store
+            .create_key(new(Some("c"), Some(&team.team_id)))
+            .await
+            .unwrap();
+        let (k2, _) = store
+            .create_key(new(None, Some(&team.team_id)))
+            .await
+            .unwrap();
+        let e = store
+            .delete_teams(&[team.team_id.clone(), "nope".into()])
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&e, KeyStoreError::UnknownTeam(t) if t == "nope"),
+            "{e:?}"
+        );
+        assert!(store.resolve(&k1).await.unwrap().is_some(), "none deleted");
+        assert_eq!(
+            store
+                .delete_teams(std::slice::from_ref(&team.team_id))
+                .await
+                .unwrap(),
+            2
+        );
+        for k in [&k1, &k2] {
+            assert!(store.resolve(k).await.unwrap().is_none());
+        }
+        assert!(store.team(&team.team_id).await.unwrap().is_none());
+        assert!(store.resolve(&plain).await.unwrap().is_some());
+        store.create_key(new(Some("c"), None)).await.unwrap();
+    }
+
+    #[test]
+    fn a_key_whose_team_is_gone_is_marked_so() {
+        let key = Arc::new(KeyRecord {
+            token: "t".into(),
+            key_alias: None,
+            metadata: Map::new(),
+            team_id: Some("gone".into()),
+            models: vec![],
+            created_at: 0,
+            expires_at: None,
+            blocked: false,
+            allowed_routes: vec![],
+            limits: Limits::default(),
+        });
+        assert!(Resolved::new(key.clone(), None).team_missing);
+        let alone = Arc::new(KeyRecord {
+            team_id: None,
+            ..(*key).clone()
+        });
+        assert!(!Resolved::new(alone, None).team_missing);
     }
 
     #[test]

@@ -3,7 +3,7 @@
 //!
 //! - **Tables** (created by the migrations in [`MIGRATIONS`], applied at start under an advisory
 //!   lock so gateways starting together apply each once): `tpl_keys` (the key's SHA-256, its team,
-//!   its [`KeyRecord`] as JSON text), `tpl_teams` (the team id, its [`TeamRecord`]), and
+//!   its alias under a unique index, its [`KeyRecord`] as JSON text), `tpl_teams` (the team id, its [`TeamRecord`]), and
 //!   `tpl_migrations` (what was applied). Their own names, beside LiteLLM's tables if the database
 //!   is LiteLLM's.
 //! - **Lookups never wait on Postgres**: each gateway holds every key and team in memory (the
@@ -77,7 +77,8 @@ const RECONNECT_MAX_DELAY: Duration = Duration::from_secs(1);
 
 /// The schema, in order; the `n`-th is version `n` (`tpl_migrations.version`). Never edit one
 /// that has shipped: add the next.
-pub const MIGRATIONS: &[&str] = &[r#"
+pub const MIGRATIONS: &[&str] = &[
+    r#"
 CREATE TABLE tpl_teams (
     team_id TEXT PRIMARY KEY,
     record TEXT NOT NULL
@@ -113,7 +114,35 @@ CREATE TRIGGER tpl_keys_truncated AFTER TRUNCATE ON tpl_keys
     FOR EACH STATEMENT EXECUTE FUNCTION tpl_truncated();
 CREATE TRIGGER tpl_teams_truncated AFTER TRUNCATE ON tpl_teams
     FOR EACH STATEMENT EXECUTE FUNCTION tpl_truncated();
-"#];
+"#,
+    // Version 2: a key's alias in a column of its own with a unique index, so two gateways can
+    // never give two keys one alias. Keys that shared one before keep it (the first by token
+    // holds it); only new duplicates are refused.
+    r#"
+ALTER TABLE tpl_keys ADD COLUMN key_alias TEXT;
+CREATE UNIQUE INDEX tpl_keys_key_alias ON tpl_keys (key_alias);
+"#,
+];
+
+/// Gives each key whose alias no key holds yet its alias column (the first by token when several
+/// share one): run by the migration that made the column and after an import.
+const CLAIM_ALIASES: &str = "
+UPDATE tpl_keys k SET key_alias = k.record::json->>'key_alias'
+WHERE k.key_alias IS NULL
+  AND k.record::json->>'key_alias' IS NOT NULL
+  AND NOT EXISTS (SELECT 1 FROM tpl_keys o WHERE o.key_alias = k.record::json->>'key_alias')
+  AND k.token = (SELECT min(f.token) FROM tpl_keys f
+                 WHERE f.key_alias IS NULL
+                   AND f.record::json->>'key_alias' = k.record::json->>'key_alias')";
+
+/// The unique index on `tpl_keys.key_alias`.
+const ALIAS_INDEX: &str = "tpl_keys_key_alias";
+
+/// Whether `e` is another key holding the alias.
+fn alias_taken(e: &tokio_postgres::Error) -> bool {
+    e.as_db_error()
+        .is_some_and(|db| db.constraint() == Some(ALIAS_INDEX))
+}
 
 /// Keys and teams in Postgres, every one of them also in this gateway's memory.
 pub struct PgKeys {
@@ -233,6 +262,9 @@ pub(crate) async fn migrate(client: &mut Client, target: &str) -> Result<(), Key
     }
     for (version, migration) in MIGRATIONS.iter().enumerate().skip(applied as usize) {
         tx.batch_execute(migration).await.map_err(err)?;
+        if version + 1 == 2 {
+            tx.execute(CLAIM_ALIASES, &[]).await.map_err(err)?;
+        }
         tx.execute(
             "INSERT INTO tpl_migrations (version) VALUES ($1)",
             &[&(version as i32 + 1)],
@@ -464,11 +496,15 @@ impl PgKeys {
         self.write("creating a key", |client| async move {
             client
                 .execute(
-                    "INSERT INTO tpl_keys (token, team_id, record) VALUES ($1, $2, $3)",
-                    &[&record.token, &record.team_id, &json],
+                    "INSERT INTO tpl_keys (token, team_id, key_alias, record) \
+                     VALUES ($1, $2, $3, $4)",
+                    &[&record.token, &record.team_id, &record.key_alias, &json],
                 )
                 .await
                 .map_err(|e| match e.code() {
+                    Some(_) if alias_taken(&e) => {
+                        KeyStoreError::AliasTaken(record.key_alias.clone().unwrap_or_default())
+                    }
                     Some(c) if *c == SqlState::UNIQUE_VIOLATION => {
                         KeyStoreError::Exists("key".into())
                     }
@@ -495,6 +531,13 @@ impl PgKeys {
                 Some(c) if *c == SqlState::FOREIGN_KEY_VIOLATION => {
                     KeyStoreError::UnknownTeam("the key's team_id".into())
                 }
+                Some(_) if alias_taken(&e) => KeyStoreError::AliasTaken(
+                    e.as_db_error()
+                        .and_then(|db| db.detail())
+                        .and_then(|d| d.split_once("=(")?.1.split_once(')'))
+                        .map(|(alias, _)| alias.to_owned())
+                        .unwrap_or_default(),
+                ),
                 _ => unavailable(target, &e),
             };
             let tx = client.transaction().await.map_err(err)?;
@@ -509,9 +552,16 @@ impl PgKeys {
                 None => None,
                 Some(row) => {
                     let record = change(&decode_key(token, row.get(0))?)?;
+                    // A key that shared its alias before the column existed keeps it, but
+                    // claims it only when no other key holds it.
                     tx.execute(
-                        "UPDATE tpl_keys SET record = $2, team_id = $3 WHERE token = $1",
-                        &[&token, &encode(&record)?, &record.team_id],
+                        "UPDATE tpl_keys SET record = $2, team_id = $3, key_alias = \
+                           CASE WHEN key_alias IS NULL AND $4::text IS NOT NULL \
+                                 AND record::json->>'key_alias' = $4::text \
+                                 AND EXISTS (SELECT 1 FROM tpl_keys o WHERE o.key_alias = $4::text) \
+                           THEN NULL ELSE $4::text END \
+                         WHERE token = $1",
+                        &[&token, &encode(&record)?, &record.team_id, &record.key_alias],
                     )
                     .await
                     .map_err(err)?;
@@ -547,15 +597,22 @@ impl PgKeys {
                 None => None,
                 Some(row) => {
                     let new = record(&decode_key(old, row.get(0))?);
+                    // The old one first: the new one takes over its alias.
+                    let alias: Option<String> = tx
+                        .query_one(
+                            "DELETE FROM tpl_keys WHERE token = $1 RETURNING key_alias",
+                            &[&old],
+                        )
+                        .await
+                        .map_err(err)?
+                        .get(0);
                     tx.execute(
-                        "INSERT INTO tpl_keys (token, team_id, record) VALUES ($1, $2, $3)",
-                        &[&new.token, &new.team_id, &encode(&new)?],
+                        "INSERT INTO tpl_keys (token, team_id, key_alias, record) \
+                         VALUES ($1, $2, $3, $4)",
+                        &[&new.token, &new.team_id, &alias, &encode(&new)?],
                     )
                     .await
                     .map_err(err)?;
-                    tx.execute("DELETE FROM tpl_keys WHERE token = $1", &[&old])
-                        .await
-                        .map_err(err)?;
                     changed.keys.push(new.token.clone());
                     Some(Arc::new(new))
                 }
@@ -609,6 +666,55 @@ impl PgKeys {
                     _ => unavailable(target, &e),
                 })?;
             Ok(((), Changed::team(&team.team_id), client))
+        })
+        .await
+    }
+
+    /// Deletes teams and every key of theirs in one transaction: all or, when one does not
+    /// exist, none. The teams' rows are locked first, so a key being made for one of them waits
+    /// and then fails on its foreign key, or was committed before and is deleted here. Returns
+    /// how many keys went.
+    pub async fn delete_teams(&self, team_ids: &[String]) -> Result<usize, KeyStoreError> {
+        let target = self.target();
+        self.write("deleting teams", |mut client| async move {
+            let err = |e: tokio_postgres::Error| unavailable(target, &e);
+            let tx = client.transaction().await.map_err(err)?;
+            let found: Vec<String> = tx
+                .query(
+                    "SELECT team_id FROM tpl_teams WHERE team_id = ANY($1) FOR UPDATE",
+                    &[&team_ids],
+                )
+                .await
+                .map_err(err)?
+                .iter()
+                .map(|r| r.get(0))
+                .collect();
+            if let Some(missing) = team_ids.iter().find(|t| !found.contains(t)) {
+                return Err(KeyStoreError::UnknownTeam(missing.clone()));
+            }
+            let keys: Vec<String> = tx
+                .query(
+                    "DELETE FROM tpl_keys WHERE team_id = ANY($1) RETURNING token",
+                    &[&team_ids],
+                )
+                .await
+                .map_err(err)?
+                .iter()
+                .map(|r| r.get(0))
+                .collect();
+            tx.execute(
+                "DELETE FROM tpl_teams WHERE team_id = ANY($1)",
+                &[&team_ids],
+            )
+            .await
+            .map_err(err)?;
+            tx.commit().await.map_err(err)?;
+            let deleted = keys.len();
+            let changed = Changed {
+                keys,
+                teams: team_ids.to_vec(),
+            };
+            Ok((deleted, changed, client))
         })
         .await
     }
@@ -691,6 +797,8 @@ pub(crate) async fn import_rows(
             .await
             .map_err(err)? as usize;
     }
+    // Imported keys hold their aliases where no key holds them yet.
+    tx.execute(CLAIM_ALIASES, &[]).await.map_err(err)?;
     tx.commit().await.map_err(err)?;
     Ok((new_keys, new_teams))
 }

@@ -3,6 +3,9 @@
 //! Layout, under the configured prefix (default `tpl:`):
 //!
 //! - hash `{prefix}keys`: field = the key's SHA-256 (hex), value = its [`KeyRecord`] as JSON;
+//!   and field `alias:<key_alias>` = the hash of the key that has that alias, written in the same
+//!   script as the record, so two gateways can never give two keys one alias. (In the same hash,
+//!   so in the same slot on a Redis Cluster; a hash in hex never starts with `alias:`.)
 //! - hash `{prefix}teams`: field = team id, value = its [`TeamRecord`] as JSON.
 //!
 //! Neither has a TTL: keys and teams are durable data that live until deleted. Redis itself must
@@ -205,33 +208,66 @@ impl RedisKeys {
             .await
     }
 
-    /// Stores a new key record (its team, if any, must exist).
+    /// Stores a new key record (its team, if any, must exist), with its alias in the same script.
     pub async fn insert_key(&self, record: &KeyRecord) -> Result<(), KeyStoreError> {
         if let Some(team) = &record.team_id {
-            let exists: bool = self
-                .query(::redis::cmd("HEXISTS").arg(&self.teams_hash).arg(team))
-                .await?;
-            if !exists {
+            if !self.team_exists(team).await? {
                 return Err(KeyStoreError::UnknownTeam(team.clone()));
             }
         }
         let json = serde_json::to_string(record)
             .map_err(|e| KeyStoreError::Corrupt(format!("encoding a key record: {e}")))?;
         // HSETNX: a write never replaces a record (a 192-bit random key does not collide; this
-        // just makes sure). A timed-out write may still land: an orphan hash nobody holds the key
-        // to, which is harmless.
-        let created: bool = self
-            .query(
-                ::redis::cmd("HSETNX")
-                    .arg(&self.keys_hash)
-                    .arg(&record.token)
-                    .arg(json),
-            )
-            .await?;
-        if !created {
-            return Err(KeyStoreError::Exists("key".into()));
+        // just makes sure). An alias held by a key that no longer exists is free. A timed-out
+        // write may still land: an orphan hash nobody holds the key to, which is harmless.
+        let insert = ::redis::Script::new(
+            "if ARGV[3] ~= '' then \
+               local held = redis.call('HGET', KEYS[1], ARGV[3]) \
+               if held and held ~= ARGV[1] and redis.call('HEXISTS', KEYS[1], held) == 1 then \
+                 return -1 end \
+             end \
+             if redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2]) == 0 then return 0 end \
+             if ARGV[3] ~= '' then redis.call('HSET', KEYS[1], ARGV[3], ARGV[1]) end \
+             return 1",
+        );
+        let mut invocation = insert.key(&self.keys_hash);
+        invocation
+            .arg(&record.token)
+            .arg(json)
+            .arg(alias_field(record.key_alias.as_deref()));
+        let created: i64 = self.invoke(&invocation).await?;
+        match created {
+            -1 => {
+                return Err(KeyStoreError::AliasTaken(
+                    record.key_alias.clone().unwrap_or_default(),
+                ))
+            }
+            0 => return Err(KeyStoreError::Exists("key".into())),
+            _ => {}
+        }
+        // The team may have been deleted (with its keys) between the check and the write: then
+        // this key goes too. Either the deletion's scan sees this key, or this check sees the
+        // team gone (see `delete_teams`).
+        if let Some(team) = &record.team_id {
+            if !self.team_exists(team).await? {
+                self.delete(std::slice::from_ref(&record.token)).await?;
+                return Err(KeyStoreError::UnknownTeam(team.clone()));
+            }
         }
         Ok(())
+    }
+
+    async fn team_exists(&self, team_id: &str) -> Result<bool, KeyStoreError> {
+        self.query(::redis::cmd("HEXISTS").arg(&self.teams_hash).arg(team_id))
+            .await
+    }
+
+    async fn invoke<T: FromRedisValue>(
+        &self,
+        invocation: &::redis::ScriptInvocation<'_>,
+    ) -> Result<T, KeyStoreError> {
+        self.bounded(|mut conn| async move { invocation.invoke_async(&mut conn).await })
+            .await
     }
 
     /// Resolves a key by its hash: from the cache when fresh, else from Redis (and cached). When
@@ -264,13 +300,18 @@ impl RedisKeys {
         change: impl Fn(&KeyRecord) -> Result<KeyRecord, KeyStoreError>,
     ) -> Result<Option<Arc<KeyRecord>>, KeyStoreError> {
         let updated = self
-            .update_record(&self.keys_hash, token, |current: &KeyRecord| {
-                // A record filed under another hash is not this key's.
-                if !hashes_match(&current.token, token) {
-                    return Ok(None);
-                }
-                change(current).map(Some)
-            })
+            .update_record(
+                &self.keys_hash,
+                token,
+                |current: &KeyRecord| {
+                    // A record filed under another hash is not this key's.
+                    if !hashes_match(&current.token, token) {
+                        return Ok(None);
+                    }
+                    change(current).map(Some)
+                },
+                |k: &KeyRecord| k.key_alias.clone(),
+            )
             .await?;
         if updated.is_some() {
             self.cache.delete(&[token.to_owned()]);
@@ -287,9 +328,12 @@ impl RedisKeys {
         change: impl Fn(&TeamRecord) -> Result<TeamRecord, KeyStoreError>,
     ) -> Result<Option<TeamRecord>, KeyStoreError> {
         let updated = self
-            .update_record(&self.teams_hash, team_id, |current: &TeamRecord| {
-                change(current).map(Some)
-            })
+            .update_record(
+                &self.teams_hash,
+                team_id,
+                |current: &TeamRecord| change(current).map(Some),
+                |_: &TeamRecord| None,
+            )
             .await?;
         if updated.is_some() {
             // Here at once: the cached lookups of its keys hold the team's old record.
@@ -301,20 +345,36 @@ impl RedisKeys {
     /// Field `field` of hash `hash` replaced by what `change` makes of the record there (`None`
     /// from `change`: leave it), as a compare-and-set on the stored JSON, tried again on a fresh
     /// read a few times when another gateway changed it meanwhile. `None` when there is none.
+    /// `alias` is a key's `key_alias` (always `None` for a team): moved in the same script, and
+    /// the change refused when another key has the new one.
     async fn update_record<R>(
         &self,
         hash: &str,
         field: &str,
         change: impl Fn(&R) -> Result<Option<R>, KeyStoreError>,
+        alias: impl Fn(&R) -> Option<String>,
     ) -> Result<Option<R>, KeyStoreError>
     where
         R: serde::Serialize + serde::de::DeserializeOwned,
     {
         const TRIES: usize = 5;
         let swap = ::redis::Script::new(
-            "if redis.call('HGET', KEYS[1], ARGV[1]) == ARGV[2] then \
-               redis.call('HSET', KEYS[1], ARGV[1], ARGV[3]) return 1 \
-             end return 0",
+            "if redis.call('HGET', KEYS[1], ARGV[1]) ~= ARGV[2] then return 0 end \
+             if ARGV[5] ~= '' and ARGV[5] ~= ARGV[4] then \
+               local held = redis.call('HGET', KEYS[1], ARGV[5]) \
+               if held and held ~= ARGV[1] and redis.call('HEXISTS', KEYS[1], held) == 1 then \
+                 return -1 end \
+             end \
+             redis.call('HSET', KEYS[1], ARGV[1], ARGV[3]) \
+             if ARGV[4] ~= '' and ARGV[4] ~= ARGV[5] \
+                and redis.call('HGET', KEYS[1], ARGV[4]) == ARGV[1] then \
+               redis.call('HDEL', KEYS[1], ARGV[4]) end \
+             if ARGV[5] ~= '' then \
+               local held = redis.call('HGET', KEYS[1], ARGV[5]) \
+               if not held or held == ARGV[1] or redis.call('HEXISTS', KEYS[1], held) == 0 then \
+                 redis.call('HSET', KEYS[1], ARGV[5], ARGV[1]) end \
+             end \
+             return 1",
         );
         for _ in 0..TRIES {
             let old: Option<String> = self
@@ -330,14 +390,18 @@ impl RedisKeys {
             };
             let json = serde_json::to_string(&record)
                 .map_err(|e| KeyStoreError::Corrupt(format!("encoding a record: {e}")))?;
+            let (old_alias, new_alias) = (alias(&current), alias(&record));
             let mut invocation = swap.key(hash);
-            invocation.arg(field).arg(&old).arg(&json);
-            let swapped: i64 = self
-                .bounded(|mut conn| {
-                    let invocation = &invocation;
-                    async move { invocation.invoke_async(&mut conn).await }
-                })
-                .await?;
+            invocation
+                .arg(field)
+                .arg(&old)
+                .arg(&json)
+                .arg(alias_field(old_alias.as_deref()))
+                .arg(alias_field(new_alias.as_deref()));
+            let swapped: i64 = self.invoke(&invocation).await?;
+            if swapped == -1 {
+                return Err(KeyStoreError::AliasTaken(new_alias.unwrap_or_default()));
+            }
             if swapped == 1 {
                 return Ok(Some(record));
             }
@@ -359,7 +423,9 @@ impl RedisKeys {
         let swap = ::redis::Script::new(
             "if redis.call('HGET', KEYS[1], ARGV[1]) ~= ARGV[2] then return 0 end \
              if redis.call('HSETNX', KEYS[1], ARGV[3], ARGV[4]) == 0 then return 0 end \
-             redis.call('HDEL', KEYS[1], ARGV[1]) return 1",
+             redis.call('HDEL', KEYS[1], ARGV[1]) \
+             if ARGV[5] ~= '' then redis.call('HSET', KEYS[1], ARGV[5], ARGV[3]) end \
+             return 1",
         );
         let json: Option<String> = self
             .query(::redis::cmd("HGET").arg(&self.keys_hash).arg(old))
@@ -380,13 +446,9 @@ impl RedisKeys {
             .arg(old)
             .arg(&json)
             .arg(&record.token)
-            .arg(&new_json);
-        let swapped: i64 = self
-            .bounded(|mut conn| {
-                let invocation = &invocation;
-                async move { invocation.invoke_async(&mut conn).await }
-            })
-            .await?;
+            .arg(&new_json)
+            .arg(alias_field(record.key_alias.as_deref()));
+        let swapped: i64 = self.invoke(&invocation).await?;
         self.cache.delete(&[old.to_owned()]);
         Ok((swapped == 1).then(|| Arc::new(record)))
     }
@@ -401,6 +463,7 @@ impl RedisKeys {
         let mut tokens: Vec<String> = self
             .query(::redis::cmd("HKEYS").arg(&self.keys_hash))
             .await?;
+        tokens.retain(|t| !t.starts_with(ALIAS_FIELD));
         tokens.sort_unstable();
         let total = tokens.len();
         let mut page = Vec::new();
@@ -439,20 +502,106 @@ impl RedisKeys {
         Ok(hashes_match(&record.token, token).then(|| Arc::new(record)))
     }
 
-    /// Deletes keys by hash; returns, per hash, whether it existed. They stop working here at
-    /// once, on other gateways within [`super::KEY_CACHE_TTL`].
+    /// Deletes keys by hash (and their aliases, in the same script); returns, per hash, whether
+    /// it existed. They stop working here at once, on other gateways within
+    /// [`super::KEY_CACHE_TTL`].
     pub async fn delete(&self, tokens: &[String]) -> Result<Vec<bool>, KeyStoreError> {
         if tokens.is_empty() {
             return Ok(Vec::new());
         }
-        let mut pipe = ::redis::pipe();
+        let delete = ::redis::Script::new(
+            "local out = {} \
+             for i, token in ipairs(ARGV) do \
+               local json = redis.call('HGET', KEYS[1], token) \
+               out[i] = 0 \
+               if json then \
+                 local ok, record = pcall(cjson.decode, json) \
+                 if ok and type(record.key_alias) == 'string' then \
+                   local field = 'alias:' .. record.key_alias \
+                   if redis.call('HGET', KEYS[1], field) == token then \
+                     redis.call('HDEL', KEYS[1], field) end \
+                 end \
+                 out[i] = redis.call('HDEL', KEYS[1], token) \
+               end \
+             end \
+             return out",
+        );
+        let mut invocation = delete.key(&self.keys_hash);
         for token in tokens {
-            pipe.cmd("HDEL").arg(&self.keys_hash).arg(token);
+            invocation.arg(token);
         }
-        let removed: Result<Vec<i64>, _> = self.query_pipeline(&pipe).await;
+        let removed: Result<Vec<i64>, _> = self.invoke(&invocation).await;
         // Even when the answer was lost the delete may have happened: stop trusting the cache.
         self.cache.delete(tokens);
         Ok(removed?.into_iter().map(|n| n > 0).collect())
+    }
+
+    /// Deletes teams and every key of theirs: all or, when one does not exist, none (checked
+    /// first). Their keys go first (so a failure midway leaves the teams, and the call can be
+    /// made again), then the teams, then a second scan takes any key made for them meanwhile;
+    /// a key made for one of them after that checks its team again once written and deletes
+    /// itself ([`Self::insert_key`]). A key left without its team is refused all the same
+    /// ([`Resolved::team_missing`]). Returns how many keys went.
+    pub async fn delete_teams(&self, team_ids: &[String]) -> Result<usize, KeyStoreError> {
+        for team_id in team_ids {
+            if !self.team_exists(team_id).await? {
+                return Err(KeyStoreError::UnknownTeam(team_id.clone()));
+            }
+        }
+        let mut deleted = self.delete_keys_of(team_ids).await?;
+        let mut pipe = ::redis::pipe();
+        for team_id in team_ids {
+            pipe.cmd("HDEL").arg(&self.teams_hash).arg(team_id);
+        }
+        let _: Vec<i64> = self.query_pipeline(&pipe).await?;
+        // Here at once: cached lookups of the teams' keys hold the teams' records.
+        self.cache.clear();
+        deleted += self.delete_keys_of(team_ids).await?;
+        Ok(deleted)
+    }
+
+    /// Deletes every key of `team_ids` (a scan of `{prefix}keys`); returns how many went.
+    async fn delete_keys_of(&self, team_ids: &[String]) -> Result<usize, KeyStoreError> {
+        let mut doomed = Vec::new();
+        let mut cursor: u64 = 0;
+        loop {
+            let (next, page): (u64, Vec<(String, String)>) = self
+                .query(
+                    ::redis::cmd("HSCAN")
+                        .arg(&self.keys_hash)
+                        .arg(cursor)
+                        .arg("COUNT")
+                        .arg(1_000),
+                )
+                .await?;
+            for (token, json) in page {
+                if token.starts_with(ALIAS_FIELD) {
+                    continue;
+                }
+                let record: KeyRecord = serde_json::from_str(&json).map_err(|e| {
+                    KeyStoreError::Corrupt(format!("{} field {token}: {e}", self.keys_hash))
+                })?;
+                if record
+                    .team_id
+                    .as_ref()
+                    .is_some_and(|t| team_ids.contains(t))
+                {
+                    doomed.push(token);
+                }
+            }
+            if next == 0 {
+                break;
+            }
+            cursor = next;
+        }
+        // HSCAN may return a field twice.
+        doomed.sort_unstable();
+        doomed.dedup();
+        let mut deleted = 0;
+        for chunk in doomed.chunks(500) {
+            deleted += self.delete(chunk).await?.into_iter().filter(|d| *d).count();
+        }
+        Ok(deleted)
     }
 
     /// Stores a new team.
@@ -485,6 +634,14 @@ impl RedisKeys {
         })
         .transpose()
     }
+}
+
+/// The start of a field of `{prefix}keys` that holds an alias's key (not a key's record).
+const ALIAS_FIELD: &str = "alias:";
+
+/// The field holding `alias`'s key, or `""` (no alias) for the scripts.
+fn alias_field(alias: Option<&str>) -> String {
+    alias.map_or_else(String::new, |a| format!("{ALIAS_FIELD}{a}"))
 }
 
 /// How to get a connection for one call.

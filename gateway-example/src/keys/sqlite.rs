@@ -393,6 +393,29 @@ impl Db {
         result.map_err(|e| self.write_error("deleting keys", &e))
     }
 
+    /// Deletes teams and the keys `tokens` (theirs), all in one transaction.
+    pub(crate) fn delete_teams(
+        &mut self,
+        team_ids: &[String],
+        tokens: &[String],
+    ) -> Result<(), KeyStoreError> {
+        let result = (|| {
+            let tx = self.conn.transaction()?;
+            {
+                let mut delete = tx.prepare_cached("DELETE FROM keys WHERE token = ?1")?;
+                for token in tokens {
+                    delete.execute([token])?;
+                }
+                let mut delete = tx.prepare_cached("DELETE FROM teams WHERE team_id = ?1")?;
+                for team_id in team_ids {
+                    delete.execute([team_id])?;
+                }
+            }
+            tx.commit()
+        })();
+        result.map_err(|e| self.write_error("deleting teams", &e))
+    }
+
     /// Stores a new team; committed (fsynced) when this returns `Ok`.
     pub(crate) fn insert_team(&mut self, team: &TeamRecord) -> Result<(), KeyStoreError> {
         let result = to_json(team).and_then(|json| {

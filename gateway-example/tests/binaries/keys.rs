@@ -187,7 +187,8 @@ async fn a_full_disk_is_a_5xx_without_the_path_and_loses_no_key() {
             answered.len() < 5_000,
             "the limit is reached within 5,000 keys"
         );
-        let alias = "x".repeat(300);
+        // Aliases are unique: each its own.
+        let alias = format!("{}{}", answered.len(), "x".repeat(300));
         let body = format!(r#"{{"key_alias": "{alias}"}}"#);
         match call(&client, &addr, "/key/generate", Some(&body)).await {
             Some((200, body)) => answered.push(new_key_of(&body)),
