@@ -694,4 +694,155 @@ mod tests {
         settler.settle(fourth);
         assert_eq!(usage(&store).requests, 0);
     }
+
+    /// Key + team + model + pool in one step, against a reference that applies the four checks
+    /// one after the other on plain counts: the same admissions, and the first limit broken is
+    /// the one named. One fixed window (the clock stands still), strict mode throughout, several
+    /// keys sharing a team, settlements in between.
+    mod against_checks_in_sequence {
+        use super::*;
+        use crate::caller::{Caller, CallerKind, CallerLimit, CallerLimits, Callers};
+        use crate::clock::ManualClock;
+        use crate::config::{ModelLimits, Reservation};
+        use crate::decision::Scope;
+        use proptest::prelude::*;
+
+        #[derive(Debug, Clone, Copy, PartialEq)]
+        enum Said {
+            Admit,
+            Refuse(Scope),
+        }
+
+        #[derive(Debug, Default, Clone, Copy)]
+        struct Count {
+            requests: u64,
+            tokens: u64,
+            in_flight: u64,
+        }
+
+        /// The first limit of `limits` that `count` breaks for one more request, in
+        /// `CallerLimit::ALL`'s order (one model: its per-model counts are the window's).
+        fn caller_breaks(limits: &CallerLimits, count: &Count) -> Option<CallerLimit> {
+            let over = |l: Option<u64>, used: u64| l.is_some_and(|l| used + 1 > l);
+            [
+                (CallerLimit::Parallel, limits.max_parallel, count.in_flight),
+                (CallerLimit::Requests, limits.rpm, count.requests),
+                (CallerLimit::Tokens, limits.tpm, count.tokens),
+                (CallerLimit::DailyTokens, limits.tpd, count.tokens),
+                (CallerLimit::ModelRequests, limits.model_rpm, count.requests),
+                (CallerLimit::ModelTokens, limits.model_tpm, count.tokens),
+            ]
+            .into_iter()
+            .find(|(_, l, used)| over(*l, *used))
+            .map(|(kind, _, _)| kind)
+        }
+
+        fn limits_of(seed: (Option<u64>, Option<u64>, Option<u64>, Option<u64>)) -> CallerLimits {
+            CallerLimits {
+                max_parallel: seed.0,
+                rpm: seed.1,
+                tpm: seed.2,
+                model_rpm: seed.3,
+                ..CallerLimits::new()
+            }
+        }
+
+        proptest! {
+            #[test]
+            fn the_four_checks_agree(
+                model_rpm in 2u64..30,
+                keys in proptest::collection::vec(
+                    (proptest::option::of(1u64..4), proptest::option::of(1u64..8),
+                     proptest::option::of(1u64..200), proptest::option::of(1u64..6)),
+                    3),
+                team in (proptest::option::of(1u64..6), proptest::option::of(1u64..12),
+                         proptest::option::of(1u64..300), proptest::option::of(1u64..10)),
+                steps in proptest::collection::vec((0usize..3, 0usize..2, any::<bool>(), 0u64..60), 1..60),
+            ) {
+                let config = LimiterConfig::builder()
+                    .model(ModelLimits::new("m").rpm(model_rpm))
+                    .reserve("prod", Reservation::Percent(0.6))
+                    .reserve("dev", Reservation::Percent(0.4))
+                    .default_priority(0.0)
+                    .saturation_threshold(0.0)
+                    .build()
+                    .unwrap();
+                let store = MemoryStore::with_clock(&config, ManualClock::new());
+                let id = config.model_id("m").unwrap();
+                let limits = config.model(id);
+                let pools = [config.pool_of(Some("prod")), config.pool_of(Some("dev"))];
+                let team_limits = limits_of(team);
+                let key_limits: Vec<CallerLimits> = keys.iter().copied().map(limits_of).collect();
+                let settler = store.settler(id).unwrap();
+                let (mut key_count, mut team_count) = ([Count::default(); 3], Count::default());
+                let (mut model_count, mut pool_count) = (0u64, [0u64; 2]);
+                // Admitted and not settled: (key, settlement, callers, tokens it will cost).
+                let mut open = Vec::new();
+                for (key, pool, settle_one, tokens) in steps {
+                    if settle_one && !open.is_empty() {
+                        let (k, settlement, callers, cost): (usize, Settlement, Arc<Callers>, u64) =
+                            open.remove(0);
+                        settler.settle_callers(Settlement { tokens: cost, ..settlement }, &callers);
+                        for count in [&mut key_count[k], &mut team_count] {
+                            count.in_flight -= 1;
+                            count.tokens += cost;
+                        }
+                        continue;
+                    }
+                    let callers = Callers::new(
+                        Some(Caller::new(CallerKind::Key, format!("k{key}"), key_limits[key])),
+                        Some(Caller::new(CallerKind::Team, "t", team_limits)),
+                    );
+                    let expected = if let Some(l) = caller_breaks(&key_limits[key], &key_count[key]) {
+                        Said::Refuse(Scope::Caller(CallerKind::Key, l))
+                    } else if let Some(l) = caller_breaks(&team_limits, &team_count) {
+                        Said::Refuse(Scope::Caller(CallerKind::Team, l))
+                    } else if model_count + 1 > model_rpm {
+                        Said::Refuse(Scope::Model)
+                    } else if limits
+                        .pool(pools[pool])
+                        .and_then(|p| p.rpm)
+                        .is_some_and(|l| pool_count[pool] + 1 > l)
+                    {
+                        Said::Refuse(Scope::Priority)
+                    } else {
+                        Said::Admit
+                    };
+                    let request = AdmitRequest {
+                        model: id,
+                        pool: pools[pool],
+                        reserve: 0,
+                        callers: callers.clone(),
+                    };
+                    let got = match store.admit(request).into_inner().unwrap() {
+                        Decision::Admit(a) => {
+                            let settlement = Settlement {
+                                model: id,
+                                pool: pools[pool],
+                                tokens: 0,
+                                reserved: a.reserved,
+                                model_window: a.model_window,
+                                pool_window: a.pool_window,
+                                cancel: false,
+                            };
+                            if let Some(callers) = callers {
+                                open.push((key, settlement, callers, tokens));
+                            }
+                            Said::Admit
+                        }
+                        Decision::Refuse(r) => Said::Refuse(r.scope),
+                    };
+                    prop_assert_eq!(got, expected);
+                    if got == Said::Admit {
+                        model_count += 1;
+                        pool_count[pool] += 1;
+                        for count in [&mut key_count[key], &mut team_count] {
+                            count.requests += 1;
+                            count.in_flight += 1;
+                        }
+                    }
+                }
+            }
+        }
+    }
 }
