@@ -3,11 +3,10 @@
 //! one atomic step, over real HTTP on the embedded store and the manual clock. The Redis fleet's
 //! side is in `tests/redis/key_limits.rs`.
 
-use std::io::{Read, Write};
 use std::sync::Arc;
 use std::time::Duration;
 
-use integration_tests::gateway::{all_at_once, with_master, Gw, Reply, MASTER};
+use integration_tests::gateway::{all_at_once, stream_then_hold, with_master, Gw, Reply, MASTER};
 use integration_tests::upstream::Upstream;
 use serde_json::json;
 
@@ -242,29 +241,9 @@ async fn parallel_slots_are_held_while_in_flight_and_never_leak() {
     }
 
     // Four clients read the first chunk of a stream that then goes silent, and hang up.
-    let addr = gw.base.trim_start_matches("http://").to_owned();
     let mut sockets = Vec::new();
     for _ in 0..4 {
-        let mut s = std::net::TcpStream::connect(&addr).unwrap();
-        // A refused request's 429 holds no stream: never wait on it for ever.
-        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-        let body = json!({"model": "silent", "stream": true,
-                          "messages": [{"role": "user", "content": "hi"}]})
-        .to_string();
-        write!(
-            s,
-            "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {key}\r\n\
-             content-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
-            body.len()
-        )
-        .unwrap();
-        let mut seen = Vec::new();
-        let mut buf = [0u8; 4096];
-        while !String::from_utf8_lossy(&seen).contains("Hel") {
-            let n = s.read(&mut buf).unwrap_or(0);
-            assert!(n > 0, "no stream: {}", String::from_utf8_lossy(&seen));
-            seen.extend_from_slice(&buf[..n]);
-        }
+        let s = stream_then_hold(&gw.base, &key, "silent");
         sockets.push(s);
     }
     let r = gw.chat_with(&key, body.clone()).await;

@@ -3,13 +3,12 @@
 //! exactly, under more demand than it allows; parallel slots hold across gateways and come back
 //! when responses end or clients hang up.
 
-use std::io::{Read, Write};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use gateway_example::store::GatewayStore;
-use integration_tests::gateway::{with_master, Gw, Reply, TempDir};
+use integration_tests::gateway::{stream_then_hold, with_master, Gw, Reply, TempDir};
 use integration_tests::redis::RedisServer;
 use integration_tests::upstream::Upstream;
 use serde_json::{json, Value};
@@ -205,29 +204,7 @@ async fn parallel_slots_hold_across_the_fleet_and_never_leak() {
     // silent, and leave.
     let mut sockets = Vec::new();
     for i in 0..4 {
-        let addr = gateways[i % 3]
-            .base
-            .trim_start_matches("http://")
-            .to_owned();
-        let mut s = std::net::TcpStream::connect(&addr).unwrap();
-        // A refused request's 429 holds no stream: never wait on it for ever.
-        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-        let body = json!({"model": "silent", "stream": true,
-                          "messages": [{"role": "user", "content": "hi"}]})
-        .to_string();
-        write!(
-            s,
-            "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {key}\r\n\
-             content-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
-            body.len()
-        )
-        .unwrap();
-        let (mut seen, mut buf) = (Vec::new(), [0u8; 4096]);
-        while !String::from_utf8_lossy(&seen).contains("Hel") {
-            let n = s.read(&mut buf).unwrap_or(0);
-            assert!(n > 0, "no stream: {}", String::from_utf8_lossy(&seen));
-            seen.extend_from_slice(&buf[..n]);
-        }
+        let s = stream_then_hold(&gateways[i % 3].base, &key, "silent");
         sockets.push(s);
     }
     // While they hold their slots, a fifth is refused.

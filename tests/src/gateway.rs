@@ -409,3 +409,32 @@ pub async fn queue_waits(gw: &Gw) -> u64 {
         .and_then(|v| v.parse::<f64>().ok())
         .expect("the queue's wait histogram is exported") as u64
 }
+
+/// A client that starts a stream of `model` on the gateway at `base` as `key` and reads it until
+/// its first piece of text (`Hel`), then stops reading: the socket, to hang up by dropping it.
+/// Blocking on purpose (no runtime needed) and bounded: a refused request (a 429 has no stream)
+/// fails the test instead of waiting for ever.
+pub fn stream_then_hold(base: &str, key: &str, model: &str) -> std::net::TcpStream {
+    use std::io::{Read, Write};
+    let addr = base.trim_start_matches("http://");
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(std::time::Duration::from_secs(20)))
+        .unwrap();
+    let body = json!({"model": model, "stream": true,
+                      "messages": [{"role": "user", "content": "hi"}]})
+    .to_string();
+    write!(
+        s,
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {key}\r\n\
+         content-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let (mut seen, mut buf) = (Vec::new(), [0u8; 4096]);
+    while !String::from_utf8_lossy(&seen).contains("Hel") {
+        let n = s.read(&mut buf).unwrap_or(0);
+        assert!(n > 0, "no stream: {}", String::from_utf8_lossy(&seen));
+        seen.extend_from_slice(&buf[..n]);
+    }
+    s
+}

@@ -54,7 +54,8 @@ fn opt_string(body: &Map<String, Value>, field: &'static str) -> Result<Option<S
     }
 }
 
-/// The fields `/key/generate` honours; any other is refused by name.
+/// The fields `/key/generate` honours beside the limits ([`Limits::FIELDS`]); any other is
+/// refused by name.
 pub const KEY_FIELDS: &[&str] = &[
     "key",
     "key_alias",
@@ -65,15 +66,9 @@ pub const KEY_FIELDS: &[&str] = &[
     "expires",
     "blocked",
     "allowed_routes",
-    "rpm_limit",
-    "tpm_limit",
-    "tpd_limit",
-    "max_parallel_requests",
-    "model_rpm_limit",
-    "model_tpm_limit",
 ];
 
-/// The fields `/key/update` honours (`key` names the key to change).
+/// The fields `/key/update` honours beside the limits (`key` names the key to change).
 pub const KEY_UPDATE_FIELDS: &[&str] = &[
     "key",
     "key_alias",
@@ -83,27 +78,10 @@ pub const KEY_UPDATE_FIELDS: &[&str] = &[
     "expires",
     "blocked",
     "allowed_routes",
-    "rpm_limit",
-    "tpm_limit",
-    "tpd_limit",
-    "max_parallel_requests",
-    "model_rpm_limit",
-    "model_tpm_limit",
 ];
 
-/// The fields `/team/new` honours.
-pub const TEAM_FIELDS: &[&str] = &[
-    "team_id",
-    "team_alias",
-    "metadata",
-    "models",
-    "rpm_limit",
-    "tpm_limit",
-    "tpd_limit",
-    "max_parallel_requests",
-    "model_rpm_limit",
-    "model_tpm_limit",
-];
+/// The fields `/team/new` honours beside the limits.
+pub const TEAM_FIELDS: &[&str] = &["team_id", "team_alias", "metadata", "models"];
 
 /// The limit fields a body gives, applied over `current` (absent: kept; `null`: removed): whole
 /// numbers ≥ 0, per-model ones as `{"<model group>": n}` naming configured groups.
@@ -192,8 +170,9 @@ fn limits_enforced(gw: &Gateway) -> Result<(), ApiError> {
 fn only_honoured(
     body: &Map<String, Value>,
     endpoint: &str,
-    honoured: &[&str],
+    honoured: &[&[&str]],
 ) -> Result<(), ApiError> {
+    let honoured: Vec<&str> = honoured.iter().flat_map(|h| h.iter().copied()).collect();
     let mut unknown: Vec<&str> = body
         .keys()
         .map(String::as_str)
@@ -446,7 +425,7 @@ pub async fn generate(
     State(gw): State<Arc<Gateway>>,
     JsonBody(body): JsonBody,
 ) -> Result<Json<Value>, ApiError> {
-    only_honoured(&body, "/key/generate", KEY_FIELDS)?;
+    only_honoured(&body, "/key/generate", &[KEY_FIELDS, &Limits::FIELDS])?;
     let models = models(&body)?;
     let priorities = gw.limiter().config().priorities().to_vec();
     let chosen = chosen_key(&gw, &body)?;
@@ -521,7 +500,7 @@ pub async fn new_team(
     State(gw): State<Arc<Gateway>>,
     JsonBody(body): JsonBody,
 ) -> Result<Json<Value>, ApiError> {
-    only_honoured(&body, "/team/new", TEAM_FIELDS)?;
+    only_honoured(&body, "/team/new", &[TEAM_FIELDS, &Limits::FIELDS])?;
     let priorities = gw.limiter().config().priorities().to_vec();
     let team = gw
         .keys()
@@ -587,7 +566,7 @@ pub async fn update(
     State(gw): State<Arc<Gateway>>,
     JsonBody(body): JsonBody,
 ) -> Result<Json<Value>, ApiError> {
-    only_honoured(&body, "/key/update", KEY_UPDATE_FIELDS)?;
+    only_honoured(&body, "/key/update", &[KEY_UPDATE_FIELDS, &Limits::FIELDS])?;
     let key = named_key(&body)?;
     let changes = Changes::read(&gw, &body, "key_alias")?;
     let expires = (body.contains_key("duration") || body.contains_key("expires"))
@@ -702,7 +681,7 @@ async fn set_blocked(
     endpoint: &str,
     blocked: bool,
 ) -> Result<Json<Value>, ApiError> {
-    only_honoured(body, endpoint, &["key"])?;
+    only_honoured(body, endpoint, &[&["key"]])?;
     let key = named_key(body)?;
     change_key(gw, &key, move |current| {
         Ok(KeyRecord {
@@ -713,20 +692,8 @@ async fn set_blocked(
     .await
 }
 
-/// The fields `/team/update` honours (`team_id` names the team to change).
-pub const TEAM_UPDATE_FIELDS: &[&str] = &[
-    "team_id",
-    "team_alias",
-    "metadata",
-    "models",
-    "blocked",
-    "rpm_limit",
-    "tpm_limit",
-    "tpd_limit",
-    "max_parallel_requests",
-    "model_rpm_limit",
-    "model_tpm_limit",
-];
+/// The fields `/team/update` honours beside the limits (`team_id` names the team to change).
+pub const TEAM_UPDATE_FIELDS: &[&str] = &["team_id", "team_alias", "metadata", "models", "blocked"];
 
 /// A limit change that was valid before the update but not over the stored record cannot
 /// happen (the checks do not depend on the record); said as a store error all the same.
@@ -763,7 +730,11 @@ pub async fn update_team(
     State(gw): State<Arc<Gateway>>,
     JsonBody(body): JsonBody,
 ) -> Result<Json<Value>, ApiError> {
-    only_honoured(&body, "/team/update", TEAM_UPDATE_FIELDS)?;
+    only_honoured(
+        &body,
+        "/team/update",
+        &[TEAM_UPDATE_FIELDS, &Limits::FIELDS],
+    )?;
     let team_id = named_team(&body)?;
     let changes = Changes::read(&gw, &body, "team_alias")?;
     limits(&gw, &body, &Limits::default())?;
@@ -789,7 +760,7 @@ pub async fn delete_team(
     State(gw): State<Arc<Gateway>>,
     JsonBody(body): JsonBody,
 ) -> Result<Json<Value>, ApiError> {
-    only_honoured(&body, "/team/delete", &["team_ids"])?;
+    only_honoured(&body, "/team/delete", &[&["team_ids"]])?;
     let team_ids: Vec<String> = body
         .get("team_ids")
         .and_then(Value::as_array)
@@ -836,7 +807,7 @@ async fn set_team_blocked(
     endpoint: &str,
     blocked: bool,
 ) -> Result<Json<Value>, ApiError> {
-    only_honoured(body, endpoint, &["team_id"])?;
+    only_honoured(body, endpoint, &[&["team_id"]])?;
     let team_id = named_team(body)?;
     change_team(gw, &team_id, move |current| {
         Ok(TeamRecord {
@@ -854,7 +825,7 @@ pub async fn regenerate(
     State(gw): State<Arc<Gateway>>,
     JsonBody(body): JsonBody,
 ) -> Result<Json<Value>, ApiError> {
-    only_honoured(&body, "/key/regenerate", &["key"])?;
+    only_honoured(&body, "/key/regenerate", &[&["key"]])?;
     let key = named_key(&body)?;
     let (new, record) = gw
         .keys()

@@ -354,6 +354,31 @@ local function count_sliding(hk, p, c, res)
     p .. 'r' .. place, c.cur_r + 1, p .. 't' .. place, c.cur_k + res)
 end
 
+-- Appends to `reply` the 31 (requests, tokens) places of pair `c` (prefix `p`) of hash `hk` as
+-- they count at `now` (the places that left the window as zeros); `read` false: zeros only.
+local function push_ring(reply, hk, p, c, read)
+  local v = {}
+  if read then
+    local names = {}
+    for place = 0, RING - 1 do
+      names[#names + 1] = p .. 'r' .. place
+      names[#names + 1] = p .. 't' .. place
+    end
+    v = redis.call('HMGET', hk, unpack(names))
+  end
+  local dropped = {}
+  for _, place in ipairs(c.gone) do dropped[place] = true end
+  for place = 0, RING - 1 do
+    if dropped[place] then
+      reply[#reply + 1] = 0
+      reply[#reply + 1] = 0
+    else
+      reply[#reply + 1] = tonumber(v[2 * place + 1]) or 0
+      reply[#reply + 1] = tonumber(v[2 * place + 2]) or 0
+    end
+  end
+end
+
 -- The callers' part of the reply, and on an admission their counts.
 local function callers_reply(reply)
   if nc == 0 then return end
@@ -413,24 +438,7 @@ local function callers_reply(reply)
   if verdict == 4 and sliding then
     for i = 0, nc - 1 do
       for j, pr in ipairs(callers[i].pairs) do
-        local names = {}
-        for place = 0, RING - 1 do
-          names[#names + 1] = pr.p .. 'r' .. place
-          names[#names + 1] = pr.p .. 't' .. place
-        end
-        local v = {}
-        if callers[i].has[j] then v = redis.call('HMGET', callers[i].hk, unpack(names)) end
-        local dropped = {}
-        for _, place in ipairs(pr.gone) do dropped[place] = true end
-        for place = 0, RING - 1 do
-          if dropped[place] then
-            reply[#reply + 1] = 0
-            reply[#reply + 1] = 0
-          else
-            reply[#reply + 1] = tonumber(v[2 * place + 1]) or 0
-            reply[#reply + 1] = tonumber(v[2 * place + 2]) or 0
-          end
-        end
+        push_ring(reply, callers[i].hk, pr.p, pr, callers[i].has[j])
       end
     end
   end
@@ -465,25 +473,7 @@ end
 -- Refused: the rings too, as they count at `now`, so retry-after can be computed from them.
 local reply = {now, m.head, m.r, m.k, q.head or -1, q.r, q.k, verdict}
 add_pools_used(reply)
-local function ring(p, c)
-  local names = {}
-  for place = 0, RING - 1 do
-    names[#names + 1] = p .. 'r' .. place
-    names[#names + 1] = p .. 't' .. place
-  end
-  local v = redis.call('HMGET', key, unpack(names))
-  local dropped = {}
-  for _, place in ipairs(c.gone) do dropped[place] = true end
-  for place = 0, RING - 1 do
-    if dropped[place] then
-      reply[#reply + 1] = 0
-      reply[#reply + 1] = 0
-    else
-      reply[#reply + 1] = tonumber(v[2 * place + 1]) or 0
-      reply[#reply + 1] = tonumber(v[2 * place + 2]) or 0
-    end
-  end
-end
+local function ring(p, c) push_ring(reply, key, p, c, true) end
 ring('m', m)
 if pp ~= '' then
   ring(pp, q)
