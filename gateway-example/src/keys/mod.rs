@@ -284,15 +284,11 @@ impl ModelAccess {
         let key = self
             .key
             .as_ref()
-            .filter(|k| !k.limits.is_empty())
             .and_then(|k| limits::caller(CallerKind::Key, &k.token, &k.limits, model));
         let team = self
             .team_limits
             .as_ref()
             .and_then(|t| limits::caller(CallerKind::Team, &t.team_id, &t.limits, model));
-        if key.is_none() && team.is_none() {
-            return None;
-        }
         Callers::new(key, team)
     }
 

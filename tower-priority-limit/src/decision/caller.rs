@@ -1,9 +1,9 @@
 //! The caller rule ([`crate::caller`]): a key's or team's limits against its counters, as pure
 //! functions both stores and the simulator use.
 
-use super::{check, settle, Dimension, Millis, Refused, Scope, Usage, Window};
+use super::{check, settle, Decision, Dimension, Millis, Refused, Scope, Usage, Window};
 use crate::caller::{Caller, CallerLimit, CallerLimits, CallerMarks, Callers, DAY_MS};
-use crate::config::{ModelId, TokenAccounting};
+use crate::config::{Enforcement, ModelId, TokenAccounting};
 
 /// One caller's counters: requests and tokens in the config's window and in a day, requests in
 /// flight, and a pair per model it used (for `model_rpm` / `model_tpm`).
@@ -219,20 +219,18 @@ pub fn check_caller<W: Window>(
         })
 }
 
-/// The callers' check for one request on `model`: the key's limits, then the team's
-/// (`counters` by place, as [`Callers::get`]), with the tokens it reserves on them
-/// ([`Callers::reservation`]). `Ok` with that reservation, or the first refusal.
-#[allow(clippy::too_many_arguments)]
+/// The callers' check for one request on `model` reserving `reserve` tokens on their counters
+/// ([`Callers::reservation`]): the key's limits, then the team's (`counters` by place, as
+/// [`Callers::get`]). The first refusal, if any.
 pub fn check_callers<W: Window>(
     callers: &Callers,
     counters: [Option<&CallerCounters<W>>; 2],
     model: ModelId,
-    estimate: u64,
+    reserve: u64,
     saturation: f64,
     now: Millis,
     window: Millis,
-) -> Result<u64, Refused> {
-    let reserve = callers.reservation(estimate);
+) -> Result<(), Refused> {
     let empty = W::default();
     for (place, counters) in counters.iter().enumerate() {
         let (Some(caller), Some(counters)) = (callers.get(place), counters) else {
@@ -243,7 +241,27 @@ pub fn check_callers<W: Window>(
             return Err(refused);
         }
     }
-    Ok(reserve)
+    Ok(())
+}
+
+/// The decision for a request with callers, one rule for both stores: their check (`checked`,
+/// [`check_callers`]) comes first; a refusal refuses, or under `shadow` enforcement is the
+/// refusal the admission reports; then the model's and pool's decision (`decide_model`).
+pub fn decide_with_callers(
+    checked: Result<(), Refused>,
+    enforcement: Enforcement,
+    decide_model: impl FnOnce() -> Decision,
+) -> Decision {
+    match checked {
+        Err(refused) if enforcement == Enforcement::Enforce => Decision::Refuse(refused),
+        checked => {
+            let mut decision = decide_model();
+            if let (Decision::Admit(admitted), Err(refused)) = (&mut decision, checked) {
+                admitted.shadow = Some(refused);
+            }
+            decision
+        }
+    }
 }
 
 /// Counts an admitted request on its callers' counters (by place) and says where.

@@ -14,7 +14,8 @@ mod sliding;
 use crate::config::{Enforcement, ModelLimits, PoolLimits, PoolRef, Settings, TokenAccounting};
 
 pub use self::caller::{
-    admit_callers, check_caller, check_callers, CallerCounters, CallerPair, CallerView, NOT_COUNTED,
+    admit_callers, check_caller, check_callers, decide_with_callers, CallerCounters, CallerPair,
+    CallerView, NOT_COUNTED,
 };
 pub use self::fixed::FixedWindow;
 pub use self::sliding::{slot_ms, SlidingWindow, RING, SLOTS};

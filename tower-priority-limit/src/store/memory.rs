@@ -22,8 +22,8 @@ use crate::config::{
     pool_index, LimiterConfig, ModelId, ModelLimits, PoolRef, Settings, TokenAccounting, WindowKind,
 };
 use crate::decision::{
-    admit_callers, check_callers, decide, saturation, settle, CallerCounters, Decision,
-    FixedWindow, Millis, SlidingWindow, Usage, Window,
+    admit_callers, check_callers, decide, decide_with_callers, saturation, settle, CallerCounters,
+    Decision, FixedWindow, Millis, SlidingWindow, Usage, Window,
 };
 
 /// In-process counters for every model of one config.
@@ -383,25 +383,12 @@ impl<W: Window> ModelCounters<W> {
         let saturation = saturation(limits, self.model.usage(now, window));
         let [key, team] = callers;
         let seen = [key.as_deref(), team.as_deref()];
-        let checked = check_callers(
-            who,
-            seen,
-            request.model,
-            request.reserve,
-            saturation,
-            now,
-            window,
-        );
-        let shadow = match checked {
-            Err(refused) if limits.enforcement() == crate::config::Enforcement::Enforce => {
-                return Decision::Refuse(refused)
-            }
-            Err(refused) => Some(refused),
-            Ok(_) => None,
-        };
-        let mut decision = self.admit_model(limits, settings, request, now);
-        if let Decision::Admit(admitted) = &mut decision {
-            let reserved = who.reservation(request.reserve);
+        let reserved = who.reservation(request.reserve);
+        let checked = check_callers(who, seen, request.model, reserved, saturation, now, window);
+        let decision = decide_with_callers(checked, limits.enforcement(), || {
+            self.admit_model(limits, settings, request, now)
+        });
+        if let Decision::Admit(_) = decision {
             who.set_marks(admit_callers(
                 who,
                 [key, team],
@@ -410,8 +397,6 @@ impl<W: Window> ModelCounters<W> {
                 now,
                 window,
             ));
-            // The first limit in order that would have refused, under shadow enforcement.
-            admitted.shadow = shadow.or(admitted.shadow);
         }
         decision
     }

@@ -68,8 +68,8 @@ use crate::caller::{Caller, CallerMarks, DAY_MS};
 use crate::config::WindowKind;
 use crate::config::{pool_index, Enforcement, FailureMode, LimiterConfig, ModelId, PoolRef};
 use crate::decision::{
-    check_callers, decide, reservation, saturation, slot_ms, CallerCounters, CallerPair, Decision,
-    FixedWindow, Millis, SlidingWindow, Usage, Window, NOT_COUNTED, RING,
+    check_callers, decide, decide_with_callers, reservation, saturation, slot_ms, CallerCounters,
+    CallerPair, Decision, FixedWindow, Millis, SlidingWindow, Usage, Window, NOT_COUNTED, RING,
 };
 use crate::metrics::Observer;
 
@@ -835,27 +835,20 @@ impl Inner {
             i += 1;
         }
         let window = settings.window_ms;
+        let reserved = callers.reservation(request.reserve.min(MAX_EXACT));
         let checked = check_callers(
             callers,
             [seen[0].as_ref(), seen[1].as_ref()],
             request.model,
-            request.reserve.min(MAX_EXACT),
+            reserved,
             saturation(limits, model.usage(now, window)),
             now,
             window,
         );
-        let shadow = match checked {
-            Err(refused) if limits.enforcement() == Enforcement::Enforce => {
-                return Decision::Refuse(refused)
-            }
-            Err(refused) => Some(refused),
-            Ok(_) => None,
-        };
-        let mut decision = decide_model();
-        if let Decision::Admit(admitted) = &mut decision {
-            admitted.shadow = shadow.or(admitted.shadow);
+        let decision = decide_with_callers(checked, limits.enforcement(), decide_model);
+        if let Decision::Admit(_) = decision {
             let mut marks = CallerMarks {
-                reserved: callers.reservation(request.reserve.min(MAX_EXACT)),
+                reserved,
                 slot: slot_id,
                 ..CallerMarks::default()
             };
