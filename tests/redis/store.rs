@@ -249,17 +249,7 @@ async fn agree_step_by_step(
             }
             1..=3 if !leases.is_empty() => {
                 let i = rng.next(leases.len() as u64) as usize;
-                let (a, b, tokens) = leases.swap_remove(i);
-                // A quarter of them are taken back (not served): the request and any
-                // reservation are refunded by both stores alike.
-                if tokens % 4 == 0 {
-                    a.cancel();
-                    b.cancel();
-                    shared.store().flush().await;
-                    cancelled += 1;
-                } else {
-                    settle_both(a, b, tokens, &shared).await;
-                }
+                cancelled += usize::from(settle_or_cancel(leases.swap_remove(i), &shared).await);
             }
             _ => {
                 let model = models[rng.next(2) as usize];
@@ -333,6 +323,26 @@ impl SplitRetry for Acquired {
         };
         (self, retry)
     }
+}
+
+/// Settles a lease of each store with its tokens or, for a quarter of them, takes both back (not
+/// served: the request and any reservation refunded by both stores alike); true if taken back.
+async fn settle_or_cancel(
+    (a, b, tokens): (
+        tower_priority_limit::Lease,
+        tower_priority_limit::Lease,
+        u64,
+    ),
+    shared: &Limiter<RedisStore>,
+) -> bool {
+    if tokens % 4 == 0 {
+        a.cancel();
+        b.cancel();
+        shared.store().flush().await;
+        return true;
+    }
+    settle_both(a, b, tokens, shared).await;
+    false
 }
 
 async fn settle_both(
@@ -1055,15 +1065,7 @@ async fn agree_with_callers(
             }
             1..=3 if !leases.is_empty() => {
                 let i = rng.next(leases.len() as u64) as usize;
-                let (a, b, tokens): (tower_priority_limit::Lease, _, u64) = leases.swap_remove(i);
-                if tokens % 4 == 0 {
-                    a.cancel();
-                    b.cancel();
-                    shared.store().flush().await;
-                    cancelled += 1;
-                } else {
-                    settle_both(a, b, tokens, &shared).await;
-                }
+                cancelled += usize::from(settle_or_cancel(leases.swap_remove(i), &shared).await);
             }
             _ => {
                 let model = models[rng.next(2) as usize];

@@ -36,7 +36,7 @@ fn setup(name: &str, redis: &RedisServer) -> PathBuf {
 
 /// A chat as `key`: its status and `x-priority-limit-refused-by`, or `None` when the connection
 /// failed.
-async fn chat(
+pub(crate) async fn chat(
     client: &Client<HttpConnector, Full<Bytes>>,
     addr: &str,
     key: &str,

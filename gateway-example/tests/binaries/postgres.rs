@@ -9,7 +9,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
+use http_body_util::Full;
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
 
 use super::gateway::kill;
@@ -42,19 +42,9 @@ fn setup(name: &str, database_url: &str, redis: Option<&RedisServer>) -> PathBuf
 
 /// A chat as `key`: its status, or `None` when the connection failed.
 async fn chat(client: &Client<HttpConnector, Full<Bytes>>, addr: &str, key: &str) -> Option<u16> {
-    let request = http::Request::builder()
-        .method("POST")
-        .uri(format!("http://{addr}/v1/chat/completions"))
-        .header("authorization", format!("Bearer {key}"))
-        .header("content-type", "application/json")
-        .body(Full::new(Bytes::from_static(
-            br#"{"model": "m", "messages": [{"role": "user", "content": "hi"}]}"#,
-        )))
-        .unwrap();
-    let response = client.request(request).await.ok()?;
-    let status = response.status().as_u16();
-    let _ = response.into_body().collect().await;
-    Some(status)
+    super::key_limits::chat(client, addr, key)
+        .await
+        .map(|(status, _)| status)
 }
 
 /// Three processes on one Redis and one Postgres: a key made on any one is served by all three
