@@ -8,6 +8,14 @@
 //! day ([`DAY_MS`]); `max_parallel` counts requests in flight, released when the lease settles
 //! (the response ended, failed or was dropped).
 //!
+//! A **budget** ([`Budget`]) caps a caller's spend in dollars over a budget period: the request
+//! is admitted while what the period has spent plus what admitted requests have reserved is
+//! below the budget (so the last request admitted may pass it by its own cost, as LiteLLM's
+//! check does). The cost comes from the request's model's [`Prices`]: under `reserve` the
+//! estimate is reserved at admission and replaced by the real cost at settlement; under
+//! `post_hoc` only the real cost counts, once the response ends. A request's cost counts in the
+//! budget period it was admitted in.
+//!
 //! ```
 //! use tower_priority_limit::caller::{Caller, CallerKind, CallerLimits, Callers};
 //!
@@ -64,20 +72,32 @@ pub enum CallerLimit {
     ModelRequests,
     /// Tokens per window on this request's model (`model_tpm_limit`).
     ModelTokens,
+    /// Dollars per budget period, all models (`max_budget`).
+    Budget,
+    /// Dollars per budget period on this request's model (`model_max_budget`).
+    ModelBudget,
 }
 
 impl CallerLimit {
     /// Every limit, in the order they are checked.
-    pub const ALL: [CallerLimit; 6] = [
+    pub const ALL: [CallerLimit; 8] = [
         CallerLimit::Parallel,
         CallerLimit::Requests,
         CallerLimit::Tokens,
         CallerLimit::DailyTokens,
         CallerLimit::ModelRequests,
         CallerLimit::ModelTokens,
+        CallerLimit::Budget,
+        CallerLimit::ModelBudget,
     ];
 
-    /// `parallel`, `requests`, `tokens`, `daily_tokens`, `model_requests` or `model_tokens`.
+    /// Whether this is a dollar budget (refused as a spent budget, not as a rate limit).
+    pub fn is_budget(self) -> bool {
+        matches!(self, CallerLimit::Budget | CallerLimit::ModelBudget)
+    }
+
+    /// `parallel`, `requests`, `tokens`, `daily_tokens`, `model_requests`, `model_tokens`,
+    /// `budget` or `model_budget`.
     pub fn as_str(self) -> &'static str {
         match self {
             CallerLimit::Parallel => "parallel",
@@ -86,12 +106,115 @@ impl CallerLimit {
             CallerLimit::DailyTokens => "daily_tokens",
             CallerLimit::ModelRequests => "model_requests",
             CallerLimit::ModelTokens => "model_tokens",
+            CallerLimit::Budget => "budget",
+            CallerLimit::ModelBudget => "model_budget",
         }
     }
 }
 
-/// A caller's limits for one request: the ones across models and, for `model_rpm` and
-/// `model_tpm`, the ones of the request's model. Every limit is optional; 0 admits nothing.
+/// An amount of US dollars, held as whole nano-dollars (10⁻⁹ $) so that counters add exactly.
+/// At most [`NanoUsd::MAX`] (about $9 million: what a double holds exactly, as Redis's scripts
+/// count).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct NanoUsd(u64);
+
+impl NanoUsd {
+    /// The largest amount: 2⁵³ − 1 nano-dollars, about $9,007,199.
+    pub const MAX: NanoUsd = NanoUsd((1 << 53) - 1);
+
+    /// `dollars`, rounded to the nearest nano-dollar, clamped to `0..=MAX` (`None` for a value
+    /// that is not a number).
+    pub fn from_dollars(dollars: f64) -> Option<Self> {
+        if dollars.is_nan() {
+            return None;
+        }
+        let nanos = (dollars * 1e9).round().clamp(0.0, Self::MAX.0 as f64);
+        Some(Self(nanos as u64))
+    }
+
+    /// `nanos` nano-dollars (clamped to [`MAX`](Self::MAX)).
+    pub fn from_nanos(nanos: u64) -> Self {
+        Self(nanos.min(Self::MAX.0))
+    }
+
+    /// In nano-dollars.
+    pub fn nanos(self) -> u64 {
+        self.0
+    }
+
+    /// In dollars.
+    pub fn dollars(self) -> f64 {
+        self.0 as f64 / 1e9
+    }
+}
+
+/// A dollar budget for one request: its cap, an optional soft cap (passing it is only
+/// reported), and the budget period the request falls in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Budget {
+    /// The cap: admitted while spent + reserved in the period is below it.
+    pub max: NanoUsd,
+    /// Passing it is reported ([`Callers::soft_budget_passed`]), nothing is refused.
+    pub soft: Option<NanoUsd>,
+    /// The period's start, in Unix ms (0 for a budget that never resets): counters of an older
+    /// period count nothing; a newer one, seen first by another gateway, is used as it is.
+    pub period: u64,
+    /// Milliseconds from the admission until the period ends (`None`: it never does): the
+    /// refusal's retry-after, and how long a shared store keeps the spend.
+    pub resets_in: Option<Millis>,
+}
+
+impl Budget {
+    /// A cap of `max` that never resets.
+    pub fn new(max: NanoUsd) -> Self {
+        Self {
+            max,
+            soft: None,
+            period: 0,
+            resets_in: None,
+        }
+    }
+
+    /// With a soft cap of `soft`.
+    pub fn soft(mut self, soft: NanoUsd) -> Self {
+        self.soft = Some(soft);
+        self
+    }
+
+    /// In the period that started at `period` (Unix ms) and ends `resets_in` ms from now.
+    pub fn in_period(mut self, period: u64, resets_in: Millis) -> Self {
+        self.period = period;
+        self.resets_in = Some(resets_in);
+        self
+    }
+}
+
+/// What one token of a model costs, in nano-dollars (LiteLLM's `input_cost_per_token` and
+/// `output_cost_per_token`, × 10⁹). Tokens a response reports as neither are priced as output.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Prices {
+    /// Per prompt (input) token.
+    pub input: f64,
+    /// Per completion (output) token.
+    pub output: f64,
+}
+
+impl Prices {
+    /// The cost of `prompt` input and `output` output tokens, rounded up to a nano-dollar.
+    pub fn cost(&self, prompt: u64, output: u64) -> NanoUsd {
+        let nanos = prompt as f64 * self.input + output as f64 * self.output;
+        NanoUsd::from_dollars(nanos.ceil() / 1e9).unwrap_or_default()
+    }
+
+    /// Whether every token is free (then there is nothing to count).
+    pub fn is_free(&self) -> bool {
+        self.input <= 0.0 && self.output <= 0.0
+    }
+}
+
+/// A caller's limits for one request: the ones across models and, for `model_rpm`,
+/// `model_tpm` and `model_budget`, the ones of the request's model. Every limit is optional; 0
+/// admits nothing.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct CallerLimits {
     /// Requests per window, all models.
@@ -106,6 +229,10 @@ pub struct CallerLimits {
     pub model_rpm: Option<u64>,
     /// Tokens per window on the request's model.
     pub model_tpm: Option<u64>,
+    /// Dollars per budget period, all models.
+    pub budget: Option<Budget>,
+    /// Dollars per budget period on the request's model.
+    pub model_budget: Option<Budget>,
 }
 
 impl CallerLimits {
@@ -150,7 +277,19 @@ impl CallerLimits {
         self
     }
 
-    /// The limit of `kind`, if set.
+    /// With a dollar `budget` across models.
+    pub fn budget(mut self, budget: Budget) -> Self {
+        self.budget = Some(budget);
+        self
+    }
+
+    /// With a dollar `budget` on the request's model.
+    pub fn model_budget(mut self, budget: Budget) -> Self {
+        self.model_budget = Some(budget);
+        self
+    }
+
+    /// The limit of `kind`, if set (a budget's in nano-dollars).
     pub fn of(&self, kind: CallerLimit) -> Option<u64> {
         match kind {
             CallerLimit::Parallel => self.max_parallel,
@@ -159,7 +298,23 @@ impl CallerLimits {
             CallerLimit::DailyTokens => self.tpd,
             CallerLimit::ModelRequests => self.model_rpm,
             CallerLimit::ModelTokens => self.model_tpm,
+            CallerLimit::Budget => self.budget.map(|b| b.max.nanos()),
+            CallerLimit::ModelBudget => self.model_budget.map(|b| b.max.nanos()),
         }
+    }
+
+    /// The budget of `kind` ([`CallerLimit::Budget`] or [`CallerLimit::ModelBudget`]).
+    pub fn budget_of(&self, kind: CallerLimit) -> Option<&Budget> {
+        match kind {
+            CallerLimit::Budget => self.budget.as_ref(),
+            CallerLimit::ModelBudget => self.model_budget.as_ref(),
+            _ => None,
+        }
+    }
+
+    /// Whether a dollar budget is set.
+    pub fn has_budget(&self) -> bool {
+        self.budget.is_some() || self.model_budget.is_some()
     }
 
     /// Whether no limit is set.
@@ -221,11 +376,25 @@ impl fmt::Debug for Caller {
 pub struct Callers {
     callers: [Option<Caller>; 2],
     /// [`CallerMarks`], as the last admission of this request wrote them.
-    marks: [AtomicU64; 8],
+    marks: [AtomicU64; MARKS],
     /// What the store found the callers' counters under at admission, by place (the embedded
     /// store: their slots), so settling does not look them up again.
     handles: OnceLock<[Option<Arc<dyn Any + Send + Sync>>; 2]>,
+    /// The request's model's prices (for budgets).
+    prices: Prices,
+    /// The request's prompt estimate: the prompt's part of its reservation, priced as input.
+    prompt_estimate: u64,
+    /// Whether a caller has a budget (else no cost is ever computed).
+    budgeted: bool,
+    /// The response's real cost in nano-dollars, set when the lease settles.
+    cost: AtomicU64,
+    /// Per place (bit 0 key, bit 1 team): its spend had reached its soft budget at admission.
+    soft_passed: AtomicU64,
 }
+
+/// Values in [`Callers::marks`]: six pair marks, the tokens reserved, the slot, four budget
+/// periods and the cost reserved.
+const MARKS: usize = 13;
 
 impl fmt::Debug for Callers {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -239,20 +408,90 @@ impl fmt::Debug for Callers {
 impl Callers {
     /// The key's and the team's limits, or `None` when neither has any (nothing to count).
     pub fn new(key: Option<Caller>, team: Option<Caller>) -> Option<Arc<Self>> {
+        Self::priced(key, team, Prices::default(), 0)
+    }
+
+    /// The same for a request whose model costs `prices` and whose prompt is estimated at
+    /// `prompt_estimate` tokens: what its budgets count.
+    pub fn priced(
+        key: Option<Caller>,
+        team: Option<Caller>,
+        prices: Prices,
+        prompt_estimate: u64,
+    ) -> Option<Arc<Self>> {
         let keep = |c: Option<Caller>| c.filter(|c| !c.limits.is_empty());
         let callers = [keep(key), keep(team)];
-        callers
-            .iter()
-            .any(Option::is_some)
-            .then(|| Arc::new(Self::of(callers)))
+        callers.iter().any(Option::is_some).then(|| {
+            let mut of = Self::of(callers);
+            of.prices = prices;
+            of.prompt_estimate = prompt_estimate;
+            Arc::new(of)
+        })
     }
 
     fn of(callers: [Option<Caller>; 2]) -> Self {
+        let budgeted = callers.iter().flatten().any(|c| c.limits.has_budget());
         Self {
             callers,
             marks: Default::default(),
             handles: OnceLock::new(),
+            prices: Prices::default(),
+            prompt_estimate: 0,
+            budgeted,
+            cost: AtomicU64::new(0),
+            soft_passed: AtomicU64::new(0),
         }
+    }
+
+    /// Whether a caller has a dollar budget.
+    pub fn has_budget(&self) -> bool {
+        self.budgeted
+    }
+
+    /// What a request reserving `reserve` tokens reserves on its callers' budgets: its prompt
+    /// estimate priced as input, the rest as output (0 without budgets or reservation).
+    pub fn cost_reservation(&self, reserve: u64) -> NanoUsd {
+        if !self.budgeted || reserve == 0 {
+            return NanoUsd::default();
+        }
+        let prompt = self.prompt_estimate.min(reserve);
+        self.prices.cost(prompt, reserve - prompt)
+    }
+
+    /// Records the response's real cost from its `tokens`, of which `output` were output when
+    /// the response said (else the prompt estimate is taken as the prompt): what settlement
+    /// counts on the budgets.
+    pub fn record_cost(&self, tokens: u64, output: Option<u64>) {
+        if !self.budgeted {
+            return;
+        }
+        let prompt = match output {
+            Some(output) => tokens.saturating_sub(output),
+            None => self.prompt_estimate.min(tokens),
+        };
+        let cost = self.prices.cost(prompt, tokens - prompt);
+        self.cost.store(cost.nanos(), Ordering::Relaxed);
+    }
+
+    /// The response's real cost ([`record_cost`](Self::record_cost); 0 before).
+    pub fn cost(&self) -> NanoUsd {
+        NanoUsd::from_nanos(self.cost.load(Ordering::Relaxed))
+    }
+
+    /// Records, by the store at admission, that the caller at `place` had spent its soft
+    /// budget.
+    pub fn set_soft_budget_passed(&self, place: usize) {
+        self.soft_passed.fetch_or(1 << place, Ordering::Relaxed);
+    }
+
+    /// The first caller (key, then team) whose spend had reached its soft budget when this
+    /// request was admitted: answers are still served, the gateway says so.
+    pub fn soft_budget_passed(&self) -> Option<CallerKind> {
+        let bits = self.soft_passed.load(Ordering::Relaxed);
+        (0..2)
+            .find(|place| bits & (1 << place) != 0)
+            .and_then(|place| self.get(place))
+            .map(Caller::kind)
     }
 
     /// The store's handles to these callers' counters, by place, made by `make` the first time
@@ -272,6 +511,8 @@ impl Callers {
             marks: [[m(0), m(1), m(2)], [m(3), m(4), m(5)]],
             reserved: m(6),
             slot: m(7),
+            budgets: [[m(8), m(9)], [m(10), m(11)]],
+            cost_reserved: m(12),
         }
     }
 
@@ -286,6 +527,11 @@ impl Callers {
             marks.marks[1][2],
             marks.reserved,
             marks.slot,
+            marks.budgets[0][0],
+            marks.budgets[0][1],
+            marks.budgets[1][0],
+            marks.budgets[1][1],
+            marks.cost_reserved,
         ];
         for (place, v) in self.marks.iter().zip(values) {
             place.store(v, Ordering::Relaxed);
@@ -316,10 +562,18 @@ impl Callers {
                 ] {
                     *v = part(*v);
                 }
+                for b in [&mut l.budget, &mut l.model_budget].into_iter().flatten() {
+                    let part = |v: NanoUsd| NanoUsd::from_nanos(part(Some(v.nanos())).unwrap_or(0));
+                    b.max = part(b.max);
+                    b.soft = b.soft.map(part);
+                }
                 c
             })
         });
-        Arc::new(Self::of(callers))
+        let mut of = Self::of(callers);
+        of.prices = self.prices;
+        of.prompt_estimate = self.prompt_estimate;
+        Arc::new(of)
     }
 
     /// The caller at `place` (0: key, 1: team), if it has limits.
@@ -354,4 +608,25 @@ pub struct CallerMarks {
     pub reserved: u64,
     /// The parallel slot's id on a shared store (0 on the embedded one).
     pub slot: u64,
+    /// `[budget, model budget]` per caller place: the period the admission reserved its cost in
+    /// ([`NOT_COUNTED`](crate::decision::NOT_COUNTED) where it has no such budget).
+    pub budgets: [[u64; 2]; 2],
+    /// Nano-dollars reserved on every budget (0 with `post_hoc`).
+    pub cost_reserved: u64,
+}
+
+/// What a caller has spent in a budget period (all models, or one model's budget), as a store
+/// reports it for display and as a gateway keeps it durable between restarts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Spent {
+    /// Key or team.
+    pub kind: CallerKind,
+    /// The id its counters are kept under.
+    pub id: Arc<str>,
+    /// The model of a model budget (`None`: all models).
+    pub model: Option<crate::config::ModelId>,
+    /// The period's start, in Unix ms (0 for a budget that never resets).
+    pub period: u64,
+    /// Settled cost in the period.
+    pub spent: NanoUsd,
 }

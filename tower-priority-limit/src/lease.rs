@@ -204,6 +204,9 @@ impl Lease {
         }
         if let Some(settler) = &target.settler {
             self.settlement.tokens = tokens;
+            if let Some(callers) = &self.callers {
+                callers.record_cost(tokens, output_tokens);
+            }
             self.record(&**settler);
         }
         // A refund (a reservation replaced by less) or a later window may let a waiter in.

@@ -2,7 +2,9 @@
 //! functions both stores and the simulator use.
 
 use super::{check, settle, Decision, Dimension, Millis, Refused, Scope, Usage, Window};
-use crate::caller::{Caller, CallerLimit, CallerLimits, CallerMarks, Callers, DAY_MS};
+use crate::caller::{
+    Budget, Caller, CallerLimit, CallerLimits, CallerMarks, Callers, NanoUsd, DAY_MS,
+};
 use crate::config::{Enforcement, ModelId, TokenAccounting};
 
 /// One caller's counters: requests and tokens in the config's window and in a day, requests in
@@ -17,6 +19,69 @@ pub struct CallerCounters<W> {
     pub parallel: u64,
     /// Per model, in the config's window (few per caller: searched in order).
     pub models: Vec<(ModelId, W)>,
+    /// Dollars in the budget period, all models.
+    pub budget: BudgetCounter,
+    /// Dollars in the budget period, per model with a model budget.
+    pub model_budgets: Vec<(ModelId, BudgetCounter)>,
+    /// A settlement changed the spend since it was last taken ([`take_spend_changed`]).
+    ///
+    /// [`take_spend_changed`]: Self::take_spend_changed
+    pub spend_changed: bool,
+}
+
+/// A caller's spend in one budget period: what settled requests cost and what admitted ones
+/// have reserved, in nano-dollars. The period is the newest one any admission named
+/// ([`Budget::period`]), so gateways whose clocks differ by a little agree on one counter.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BudgetCounter {
+    /// The period counted (its start, Unix ms; 0 for a budget that never resets).
+    pub period: u64,
+    /// Cost of the requests settled in it.
+    pub spent: u64,
+    /// Cost reserved by requests admitted in it and not yet settled.
+    pub reserved: u64,
+}
+
+impl BudgetCounter {
+    /// What counts against a budget in `period`: nothing if the counter is of an older period.
+    pub fn committed(&self, period: u64) -> u64 {
+        if period > self.period {
+            0
+        } else {
+            self.spent.saturating_add(self.reserved)
+        }
+    }
+
+    /// Reserves `cost` for a request admitted in `period`; returns the period it counted in.
+    pub fn admit(&mut self, period: u64, cost: u64) -> u64 {
+        if period > self.period {
+            *self = Self {
+                period,
+                ..Self::default()
+            };
+        }
+        self.reserved = self.reserved.saturating_add(cost);
+        self.period
+    }
+
+    /// Settles a request admitted in period `mark` with `reserved` of its cost: its real
+    /// `cost` replaces the reservation, or with `cancel` nothing is charged. Once its period is
+    /// over (another counts now), it changes nothing: a request counts in the period it was
+    /// admitted in.
+    pub fn settle(&mut self, mark: u64, reserved: u64, cost: u64, cancel: bool) {
+        if mark != self.period {
+            return;
+        }
+        self.reserved = self.reserved.saturating_sub(reserved);
+        if !cancel {
+            self.spent = self.spent.saturating_add(cost).min(NanoUsd::MAX.nanos());
+        }
+    }
+
+    /// Whether it holds nothing (its caller's counters may then be dropped).
+    pub fn is_empty(&self) -> bool {
+        self.spent == 0 && self.reserved == 0
+    }
 }
 
 /// The mark of a pair an admission did not count (no limit of the caller reads it).
@@ -49,6 +114,10 @@ pub struct CallerView<'a, W> {
     pub model: &'a W,
     /// Requests in flight.
     pub parallel: u64,
+    /// All models' spend in the budget period.
+    pub budget: BudgetCounter,
+    /// The request's model's spend in its budget period.
+    pub model_budget: BudgetCounter,
 }
 
 impl<W: Window> CallerCounters<W> {
@@ -59,6 +128,87 @@ impl<W: Window> CallerCounters<W> {
             day: &self.day,
             model: self.model(model).unwrap_or(empty),
             parallel: self.parallel,
+            budget: self.budget,
+            model_budget: self.model_budget(model).copied().unwrap_or_default(),
+        }
+    }
+
+    fn model_budget(&self, model: ModelId) -> Option<&BudgetCounter> {
+        self.model_budgets
+            .iter()
+            .find(|(m, _)| *m == model)
+            .map(|(_, b)| b)
+    }
+
+    fn model_budget_mut(&mut self, model: ModelId) -> &mut BudgetCounter {
+        match self.model_budgets.iter().position(|(m, _)| *m == model) {
+            Some(i) => &mut self.model_budgets[i].1,
+            None => {
+                self.model_budgets.push((model, BudgetCounter::default()));
+                let last = self.model_budgets.len() - 1;
+                &mut self.model_budgets[last].1
+            }
+        }
+    }
+
+    /// Reserves `cost` on the budgets of `limits` for a request on `model`; returns the periods
+    /// it counted in (`[budget, model budget]`, [`NOT_COUNTED`] where there is none).
+    pub fn admit_budgets(&mut self, model: ModelId, limits: &CallerLimits, cost: u64) -> [u64; 2] {
+        let mut marks = [NOT_COUNTED; 2];
+        if let Some(b) = &limits.budget {
+            marks[0] = self.budget.admit(b.period, cost);
+        }
+        if let Some(b) = &limits.model_budget {
+            marks[1] = self.model_budget_mut(model).admit(b.period, cost);
+        }
+        marks
+    }
+
+    /// Settles a request on `model` on the budgets it reserved on (`marks`, from
+    /// [`admit_budgets`](Self::admit_budgets)).
+    pub fn settle_budgets(
+        &mut self,
+        model: ModelId,
+        marks: [u64; 2],
+        reserved: u64,
+        cost: u64,
+        cancel: bool,
+    ) {
+        if marks[0] != NOT_COUNTED {
+            self.budget.settle(marks[0], reserved, cost, cancel);
+        }
+        if marks[1] != NOT_COUNTED {
+            self.model_budget_mut(model)
+                .settle(marks[1], reserved, cost, cancel);
+        }
+        self.spend_changed |= !cancel && cost > 0;
+    }
+
+    /// Whether a settlement changed the spend since the last call (which clears it).
+    pub fn take_spend_changed(&mut self) -> bool {
+        std::mem::take(&mut self.spend_changed)
+    }
+
+    /// Its budget counters: all models' (`None`), then each model's.
+    pub fn budgets(&self) -> impl Iterator<Item = (Option<ModelId>, &BudgetCounter)> {
+        std::iter::once((None, &self.budget))
+            .chain(self.model_budgets.iter().map(|(m, b)| (Some(*m), b)))
+            .filter(|(_, b)| !b.is_empty())
+    }
+
+    /// Sets the spend of a budget counter (all models' with `model` `None`) for `period`, as a
+    /// durable copy kept it: a restart starts from it.
+    pub fn restore_spend(&mut self, model: Option<ModelId>, period: u64, spent: u64) {
+        let counter = match model {
+            None => &mut self.budget,
+            Some(m) => self.model_budget_mut(m),
+        };
+        if period >= counter.period {
+            *counter = BudgetCounter {
+                period,
+                spent: spent.max(if period == counter.period { counter.spent } else { 0 }),
+                reserved: if period == counter.period { counter.reserved } else { 0 },
+            };
         }
     }
 
@@ -150,7 +300,10 @@ impl<W: Window> CallerCounters<W> {
     /// Whether nothing counts at `now` and nothing is in flight: the counters can be dropped.
     pub fn is_idle(&self, now: Millis, window: Millis) -> bool {
         let empty = |u: Usage| u == Usage::default();
+        // Spend counts until its period ends, which only the gateway knows: kept while any.
         self.parallel == 0
+            && self.budget.is_empty()
+            && self.model_budgets.iter().all(|(_, b)| b.is_empty())
             && empty(self.window.usage(now, window))
             && empty(self.day.usage(now, DAY_MS))
             && self.models.iter().all(|(_, w)| empty(w.usage(now, window)))
@@ -211,12 +364,51 @@ pub fn check_caller<W: Window>(
             window,
         ),
     ];
+    let budgets = [
+        (CallerLimit::Budget, &view.budget),
+        (CallerLimit::ModelBudget, &view.model_budget),
+    ];
     pairs
         .into_iter()
         .find_map(|(kind, rpm, tpm, counter, window)| {
             check(rpm, tpm, counter.usage(now, window), reserve)
                 .map(|over| refused(kind, over, counter, window))
         })
+        .or_else(|| {
+            budgets.into_iter().find_map(|(kind, counter)| {
+                let budget = limits.budget_of(kind)?;
+                check_budget(budget, counter).map(|used| Refused {
+                    scope: Scope::Caller(caller.kind(), kind),
+                    dimension: Dimension::Spend,
+                    limit: budget.max.nanos(),
+                    used,
+                    saturation,
+                    // A spent budget frees when its period ends; one that never resets, never:
+                    // a day is as good an answer as any.
+                    retry_after_ms: budget.resets_in.unwrap_or(DAY_MS),
+                    pool: None,
+                })
+            })
+        })
+}
+
+/// Whether `budget` refuses a request given its counter: iff what the period has spent and
+/// reserved has reached it (so the last request admitted may pass it by its own cost, as
+/// LiteLLM's check lets it). `Some(committed)` on a refusal.
+pub fn check_budget(budget: &Budget, counter: &BudgetCounter) -> Option<u64> {
+    let committed = counter.committed(budget.period);
+    (committed >= budget.max.nanos()).then_some(committed)
+}
+
+/// Whether the caller's spend has reached a soft budget of `limits` (reported, never refused).
+pub fn soft_budget_passed(limits: &CallerLimits, view: &CallerView<'_, impl Window>) -> bool {
+    let passed = |b: &Option<Budget>, counter: &BudgetCounter| {
+        b.as_ref().is_some_and(|b| {
+            b.soft
+                .is_some_and(|soft| counter.committed(b.period) >= soft.nanos())
+        })
+    };
+    passed(&limits.budget, &view.budget) || passed(&limits.model_budget, &view.model_budget)
 }
 
 /// The callers' check for one request on `model` reserving `reserve` tokens on their counters
@@ -264,25 +456,54 @@ pub fn decide_with_callers(
     }
 }
 
-/// Counts an admitted request on its callers' counters (by place) and says where.
+/// Counts an admitted request on its callers' counters (by place) and says where: `reserved`
+/// tokens ([`Callers::reservation`]) and `cost` nano-dollars on their budgets
+/// ([`Callers::cost_reservation`] of the request's own reservation).
+#[allow(clippy::too_many_arguments)]
 pub fn admit_callers<W: Window>(
     callers: &Callers,
     counters: [Option<&mut CallerCounters<W>>; 2],
     model: ModelId,
     reserved: u64,
+    cost: u64,
     now: Millis,
     window: Millis,
 ) -> CallerMarks {
     let mut marks = CallerMarks {
         reserved,
+        cost_reserved: cost,
+        budgets: [[NOT_COUNTED; 2]; 2],
         ..CallerMarks::default()
     };
     for (place, counters) in counters.into_iter().enumerate() {
         if let (Some(c), Some(caller)) = (counters, callers.get(place)) {
+            marks.budgets[place] = admit_budgets(callers, place, c, model, cost);
             marks.marks[place] = c.admit(model, caller.limits(), reserved, now, window);
         }
     }
     marks
+}
+
+/// Reserves `cost` on the budgets of the caller at `place` ([`CallerCounters::admit_budgets`])
+/// and records in `callers` whether its spend had reached a soft budget; returns the periods
+/// it counted in (both [`NOT_COUNTED`] for a caller without budgets).
+pub fn admit_budgets<W: Window>(
+    callers: &Callers,
+    place: usize,
+    c: &mut CallerCounters<W>,
+    model: ModelId,
+    cost: u64,
+) -> [u64; 2] {
+    let Some(limits) = callers.get(place).map(Caller::limits) else {
+        return [NOT_COUNTED; 2];
+    };
+    if !limits.has_budget() {
+        return [NOT_COUNTED; 2];
+    }
+    if soft_budget_passed(limits, &c.view(model, &W::default())) {
+        callers.set_soft_budget_passed(place);
+    }
+    c.admit_budgets(model, limits, cost)
 }
 
 #[cfg(test)]
@@ -290,6 +511,7 @@ mod tests {
     use super::*;
     use crate::caller::{CallerKind, CallerLimits};
     use crate::decision::{FixedWindow, SlidingWindow};
+    use std::sync::Arc;
     use proptest::prelude::*;
 
     const W: Millis = 60_000;
@@ -303,6 +525,8 @@ mod tests {
         max_parallel: None,
         model_rpm: Some(u64::MAX),
         model_tpm: None,
+        budget: None,
+        model_budget: None,
     };
 
     fn key(limits: CallerLimits) -> Caller {
@@ -397,6 +621,110 @@ mod tests {
         assert_eq!(callers.reservation(10), 10);
     }
 
+    fn budgeted(max: u64) -> Arc<Callers> {
+        let budget = Budget::new(NanoUsd::from_nanos(max)).soft(NanoUsd::from_nanos(max / 2));
+        Callers::priced(
+            Some(key(CallerLimits::new().budget(budget.in_period(1_000, 60_000)))),
+            None,
+            crate::caller::Prices {
+                input: 1.0,
+                output: 2.0,
+            },
+            10,
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn a_budget_refuses_once_spent_and_reserved_reach_it_and_names_itself() {
+        let callers = budgeted(100);
+        let mut c = CallerCounters::<FixedWindow>::default();
+        // 10 prompt + 20 output tokens reserved: 10 × 1 + 20 × 2 = 50 nano-dollars.
+        assert_eq!(callers.cost_reservation(30).nanos(), 50);
+        let first = admit_callers(&callers, [Some(&mut c), None], M, 0, 50, 0, W);
+        assert_eq!(first.budgets[0], [1_000, NOT_COUNTED]);
+        assert!(check_callers(&callers, [Some(&c), None], M, 0, 0.0, 0, W).is_ok());
+        admit_callers(&callers, [Some(&mut c), None], M, 0, 50, 0, W);
+        let r = check_callers(&callers, [Some(&c), None], M, 0, 0.0, 0, W).unwrap_err();
+        assert_eq!(r.scope, Scope::Caller(CallerKind::Key, CallerLimit::Budget));
+        assert_eq!((r.dimension, r.limit, r.used), (Dimension::Spend, 100, 100));
+        assert_eq!(r.retry_after_ms, 60_000, "until the period ends");
+        // The first costs 20 in truth: room again.
+        callers.record_cost(20, Some(5));
+        assert_eq!(callers.cost().nanos(), 15 + 10);
+        c.settle_budgets(M, first.budgets[0], 50, 25, false);
+        assert_eq!((c.budget.spent, c.budget.reserved), (25, 50));
+        assert!(check_callers(&callers, [Some(&c), None], M, 0, 0.0, 0, W).is_ok());
+        assert!(c.take_spend_changed() && !c.take_spend_changed());
+        assert!(!c.is_idle(10 * W, W), "spend is kept while it counts");
+    }
+
+    #[test]
+    fn a_new_period_starts_empty_and_old_settlements_leave_it_alone() {
+        let callers = budgeted(100);
+        let mut c = CallerCounters::<FixedWindow>::default();
+        let old = admit_callers(&callers, [Some(&mut c), None], M, 0, 100, 0, W);
+        assert!(check_callers(&callers, [Some(&c), None], M, 0, 0.0, 0, W).is_err());
+        let next = Budget::new(NanoUsd::from_nanos(100)).in_period(61_000, 60_000);
+        let later = Callers::new(Some(key(CallerLimits::new().budget(next))), None).unwrap();
+        assert!(check_callers(&later, [Some(&c), None], M, 0, 0.0, 0, W).is_ok());
+        let marks = admit_callers(&later, [Some(&mut c), None], M, 0, 30, 0, W);
+        assert_eq!(marks.budgets[0][0], 61_000);
+        c.settle_budgets(M, old.budgets[0], 100, 90, false);
+        assert_eq!((c.budget.period, c.budget.spent, c.budget.reserved), (61_000, 0, 30));
+        // An admission that still names the old period counts in the newer one.
+        assert_eq!(c.budget.committed(1_000), 30);
+    }
+
+    #[test]
+    fn the_soft_budget_is_reported_not_enforced() {
+        let callers = budgeted(100);
+        let mut c = CallerCounters::<FixedWindow>::default();
+        admit_callers(&callers, [Some(&mut c), None], M, 0, 50, 0, W);
+        assert_eq!(callers.soft_budget_passed(), None, "nothing spent before it");
+        let again = budgeted(100);
+        admit_callers(&again, [Some(&mut c), None], M, 0, 10, 0, W);
+        assert_eq!(again.soft_budget_passed(), Some(CallerKind::Key));
+    }
+
+    proptest! {
+        /// However many requests are in flight at once, a budget under `reserve` is overspent by
+        /// at most one request's cost when reservations cover the real costs, and never more
+        /// than the in-flight reservations' shortfall plus one request otherwise.
+        #[test]
+        fn a_reserved_budget_is_overspent_by_at_most_one_request(
+            max in 1u64..2_000,
+            requests in proptest::collection::vec((1u64..200, 0u64..200, any::<bool>()), 1..80),
+        ) {
+            let caller = key(CallerLimits::new().budget(Budget::new(NanoUsd::from_nanos(max))));
+            let callers = Callers::new(Some(caller), None).unwrap();
+            let mut c = CallerCounters::<FixedWindow>::default();
+            let mut open: Vec<([u64; 2], u64, u64)> = Vec::new();
+            let (mut spent, mut biggest) = (0u64, 0u64);
+            for (estimate, real, finish) in requests {
+                let real = real.min(estimate);
+                if check_callers(&callers, [Some(&c), None], M, 0, 0.0, 0, W).is_ok() {
+                    let marks = admit_callers(&callers, [Some(&mut c), None], M, 0, estimate, 0, W);
+                    open.push((marks.budgets[0], estimate, real));
+                    biggest = biggest.max(real);
+                }
+                if finish {
+                    if let Some((marks, estimate, real)) = open.pop() {
+                        c.settle_budgets(M, marks, estimate, real, false);
+                        spent += real;
+                    }
+                }
+            }
+            for (marks, estimate, real) in open.drain(..) {
+                c.settle_budgets(M, marks, estimate, real, false);
+                spent += real;
+            }
+            prop_assert_eq!(c.budget.spent, spent);
+            prop_assert_eq!(c.budget.reserved, 0);
+            prop_assert!(spent < max + biggest.max(1), "spent {} of {}", spent, max);
+        }
+    }
+
     /// A reference: the limits checked one after the other on plain counts.
     fn reference(
         limits: &CallerLimits,
@@ -441,7 +769,7 @@ mod tests {
         ) {
             let limits = CallerLimits {
                 max_parallel: limits.0, rpm: limits.1, tpm: limits.2, tpd: limits.3,
-                model_rpm: limits.4, model_tpm: limits.5,
+                model_rpm: limits.4, model_tpm: limits.5, budget: None, model_budget: None,
             };
             let caller = key(limits);
             let mut c = CallerCounters::<FixedWindow>::default();

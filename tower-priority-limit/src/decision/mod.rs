@@ -14,8 +14,8 @@ mod sliding;
 use crate::config::{Enforcement, ModelLimits, PoolLimits, PoolRef, Settings, TokenAccounting};
 
 pub use self::caller::{
-    admit_callers, check_caller, check_callers, decide_with_callers, CallerCounters, CallerPair,
-    CallerView, NOT_COUNTED,
+    admit_budgets, admit_callers, check_budget, check_caller, check_callers, decide_with_callers,
+    soft_budget_passed, BudgetCounter, CallerCounters, CallerPair, CallerView, NOT_COUNTED,
 };
 pub use self::fixed::FixedWindow;
 pub use self::sliding::{slot_ms, SlidingWindow, RING, SLOTS};
@@ -36,6 +36,8 @@ impl Usage {
         match dimension {
             Dimension::Requests => self.requests,
             Dimension::Tokens => self.tokens,
+            // Spend is counted by a caller's budget counter, never in a window's usage.
+            Dimension::Spend => 0,
         }
     }
 }
@@ -129,6 +131,8 @@ pub enum Dimension {
     Requests,
     /// Tokens per window.
     Tokens,
+    /// Dollars per budget period (a caller's budget; limit and use in nano-dollars).
+    Spend,
 }
 
 impl Dimension {
@@ -137,14 +141,16 @@ impl Dimension {
         match self {
             Dimension::Requests => pool.rpm,
             Dimension::Tokens => pool.tpm,
+            Dimension::Spend => None,
         }
     }
 
-    /// `requests` or `tokens`, as in messages and the `rate_limit_type` header.
+    /// `requests`, `tokens` or `budget`, as in messages and the `rate_limit_type` header.
     pub fn as_str(self) -> &'static str {
         match self {
             Dimension::Requests => "requests",
             Dimension::Tokens => "tokens",
+            Dimension::Spend => "budget",
         }
     }
 }
@@ -363,6 +369,7 @@ impl<W: Window, F: Fn(usize) -> Usage> Floors<'_, W, F> {
                 let (cap, cost) = match dimension {
                     Dimension::Requests => (self.limits.rpm?, 1),
                     Dimension::Tokens => (self.limits.tpm?, self.reserve.max(1)),
+                    Dimension::Spend => return None,
                 };
                 let budget = cap.div_ceil(W::PERIODS);
                 // A pool's floor in one period.

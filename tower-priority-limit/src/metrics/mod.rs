@@ -132,6 +132,10 @@ pub enum RefusedBy {
     KeyModelRequests,
     /// The key's tokens per window on the model (`model_tpm_limit`).
     KeyModelTokens,
+    /// The key's dollar budget (`max_budget`).
+    KeyBudget,
+    /// The key's dollar budget on the model (`model_max_budget`).
+    KeyModelBudget,
     /// The team's requests in flight.
     TeamParallel,
     /// The team's requests per window.
@@ -144,11 +148,15 @@ pub enum RefusedBy {
     TeamModelRequests,
     /// The team's tokens per window on the model.
     TeamModelTokens,
+    /// The team's dollar budget (`max_budget`).
+    TeamBudget,
+    /// The team's dollar budget on the model (`model_max_budget`).
+    TeamModelBudget,
 }
 
 impl RefusedBy {
     /// Every counter, in label order.
-    pub const ALL: [RefusedBy; 18] = [
+    pub const ALL: [RefusedBy; 22] = [
         RefusedBy::ModelRequests,
         RefusedBy::ModelTokens,
         RefusedBy::PoolRequests,
@@ -161,21 +169,26 @@ impl RefusedBy {
         RefusedBy::KeyDailyTokens,
         RefusedBy::KeyModelRequests,
         RefusedBy::KeyModelTokens,
+        RefusedBy::KeyBudget,
+        RefusedBy::KeyModelBudget,
         RefusedBy::TeamParallel,
         RefusedBy::TeamRequests,
         RefusedBy::TeamTokens,
         RefusedBy::TeamDailyTokens,
         RefusedBy::TeamModelRequests,
         RefusedBy::TeamModelTokens,
+        RefusedBy::TeamBudget,
+        RefusedBy::TeamModelBudget,
     ];
 
     /// The counter that refused `refused`.
     pub fn of(refused: &Refused) -> Self {
         match (refused.scope, refused.dimension) {
             (Scope::Model, Dimension::Requests) => RefusedBy::ModelRequests,
-            (Scope::Model, Dimension::Tokens) => RefusedBy::ModelTokens,
+            // Spend is only ever a caller's dimension.
+            (Scope::Model, Dimension::Tokens | Dimension::Spend) => RefusedBy::ModelTokens,
             (Scope::Priority, Dimension::Requests) => RefusedBy::PoolRequests,
-            (Scope::Priority, Dimension::Tokens) => RefusedBy::PoolTokens,
+            (Scope::Priority, Dimension::Tokens | Dimension::Spend) => RefusedBy::PoolTokens,
             (Scope::Caller(kind, limit), _) => Self::caller(kind, limit),
         }
     }
@@ -198,13 +211,14 @@ impl RefusedBy {
     pub fn deployment(dimension: Dimension) -> Self {
         match dimension {
             Dimension::Requests => RefusedBy::DeploymentRequests,
-            Dimension::Tokens => RefusedBy::DeploymentTokens,
+            Dimension::Tokens | Dimension::Spend => RefusedBy::DeploymentTokens,
         }
     }
 
     /// `model_requests`, `model_tokens`, `pool_requests`, `pool_tokens`,
     /// `deployment_requests`, `deployment_tokens`, or a caller's: `key_` or `team_` with
-    /// `parallel`, `requests`, `tokens`, `daily_tokens`, `model_requests` or `model_tokens`.
+    /// `parallel`, `requests`, `tokens`, `daily_tokens`, `model_requests`, `model_tokens`,
+    /// `budget` or `model_budget`.
     pub fn as_str(self) -> &'static str {
         match self {
             RefusedBy::ModelRequests => "model_requests",
@@ -219,12 +233,16 @@ impl RefusedBy {
             RefusedBy::KeyDailyTokens => "key_daily_tokens",
             RefusedBy::KeyModelRequests => "key_model_requests",
             RefusedBy::KeyModelTokens => "key_model_tokens",
+            RefusedBy::KeyBudget => "key_budget",
+            RefusedBy::KeyModelBudget => "key_model_budget",
             RefusedBy::TeamParallel => "team_parallel",
             RefusedBy::TeamRequests => "team_requests",
             RefusedBy::TeamTokens => "team_tokens",
             RefusedBy::TeamDailyTokens => "team_daily_tokens",
             RefusedBy::TeamModelRequests => "team_model_requests",
             RefusedBy::TeamModelTokens => "team_model_tokens",
+            RefusedBy::TeamBudget => "team_budget",
+            RefusedBy::TeamModelBudget => "team_model_budget",
         }
     }
 }

@@ -102,6 +102,19 @@ pub(crate) fn refusal_message(model: &ModelLimits, label: Option<&str>, r: &Refu
     let mut m = String::with_capacity(200);
     let label = label.unwrap_or("None");
     match r.scope {
+        // LiteLLM's wording for a spent budget.
+        Scope::Caller(kind, limit) if limit.is_budget() => {
+            let who = match kind {
+                crate::caller::CallerKind::Key => "",
+                crate::caller::CallerKind::Team => " Team",
+            };
+            let dollars = |n: u64| crate::caller::NanoUsd::from_nanos(n).dollars();
+            let _ = write!(m, "Budget has been exceeded!{who} Current cost: {}, Max budget: {}", dollars(r.used), dollars(r.limit));
+            if limit == crate::caller::CallerLimit::ModelBudget {
+                let _ = write!(m, " for model={}", model.name());
+            }
+            return m;
+        }
         // LiteLLM's wording for a key's or team's limit.
         Scope::Caller(kind, limit) => {
             let who = match kind {
@@ -157,12 +170,12 @@ pub(crate) fn refusal_response(
     r: &Refused,
 ) -> Response<Bytes> {
     let message = refusal_message(model, label, r);
-    let mut response = error_response(
-        StatusCode::TOO_MANY_REQUESTS,
-        "throttling_error",
-        &message,
-        None,
-    );
+    // A spent budget is LiteLLM's `budget_exceeded` 400, not a rate limit.
+    let (status, kind) = match r.scope {
+        Scope::Caller(_, limit) if limit.is_budget() => (StatusCode::BAD_REQUEST, "budget_exceeded"),
+        _ => (StatusCode::TOO_MANY_REQUESTS, "throttling_error"),
+    };
+    let mut response = error_response(status, kind, &message, None);
     let h = response.headers_mut();
     h.insert(RETRY_AFTER, HeaderValue::from(r.retry_after_secs()));
     h.insert(

@@ -16,7 +16,7 @@ use std::hash::{BuildHasher, BuildHasherDefault};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::{AdmitRequest, Settlement, Settler, Store, StoreError};
-use crate::caller::{CallerKind, Callers};
+use crate::caller::{CallerKind, Callers, NanoUsd, Spent};
 use crate::clock::{Clock, CoarseClock};
 use crate::config::{
     pool_index, LimiterConfig, ModelId, ModelLimits, PoolRef, Settings, TokenAccounting, WindowKind,
@@ -151,6 +151,29 @@ impl CallerSlot {
 }
 
 impl CallerTable {
+    /// The counters of `kind` `id`, if it has any.
+    fn find(&self, kind: CallerKind, id: &str) -> Option<Arc<CallerSlot>> {
+        let hash = self.hasher.hash_one((kind, id));
+        let shard = self.shards[(hash as usize) % CALLER_SHARDS]
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        shard.slots.get(&hash).and_then(|same| {
+            same.iter()
+                .find(|s| s.kind == kind && &*s.id == id)
+                .map(Arc::clone)
+        })
+    }
+
+    /// Every caller's slot (a shard locked at a time).
+    fn all(&self) -> Vec<Arc<CallerSlot>> {
+        let mut out = Vec::new();
+        for shard in self.shards.iter() {
+            let shard = shard.lock().unwrap_or_else(|e| e.into_inner());
+            out.extend(shard.slots.values().flatten().map(Arc::clone));
+        }
+        out
+    }
+
     fn new(kind: WindowKind) -> Self {
         Self {
             shards: (0..CALLER_SHARDS).map(|_| Mutex::default()).collect(),
@@ -240,24 +263,67 @@ impl CallerTable {
         window: Millis,
         accounting: TokenAccounting,
     ) {
-        let marks = callers.marks();
+        let all = callers.marks();
+        let cost = callers.cost().nanos();
         for (place, slot) in self.slots_of(callers, now, window).into_iter().enumerate() {
             let Some(slot) = slot else { continue };
-            let (reserved, tokens) = (marks.reserved, s.tokens);
-            let marks = marks.marks[place];
+            let (reserved, tokens) = (all.reserved, s.tokens);
+            let (marks, budgets) = (all.marks[place], all.budgets[place]);
+            let budgeted = callers.get(place).is_some_and(|c| c.limits().has_budget());
+            fn apply<W: Window>(
+                c: &mut CallerCounters<W>,
+                s: &Settlement,
+                (marks, reserved, tokens): ([Millis; 3], u64, u64),
+                budget: Option<([u64; 2], u64, u64)>,
+                accounting: TokenAccounting,
+                now: Millis,
+                window: Millis,
+            ) {
+                c.settle(
+                    s.model, marks, reserved, tokens, s.cancel, accounting, now, window,
+                );
+                if let Some((budgets, cost_reserved, cost)) = budget {
+                    c.settle_budgets(s.model, budgets, cost_reserved, cost, s.cancel);
+                }
+            }
+            let budget = budgeted.then_some((budgets, all.cost_reserved, cost));
+            let args = (marks, reserved, tokens);
             match &mut *slot.lock() {
-                AnyCallerCounters::Fixed(c) => c.settle(
-                    s.model, marks, reserved, tokens, s.cancel, accounting, now, window,
-                ),
-                AnyCallerCounters::Sliding(c) => c.settle(
-                    s.model, marks, reserved, tokens, s.cancel, accounting, now, window,
-                ),
+                AnyCallerCounters::Fixed(c) => {
+                    apply(c, &s, args, budget, accounting, now, window)
+                }
+                AnyCallerCounters::Sliding(c) => {
+                    apply(c, &s, args, budget, accounting, now, window)
+                }
             }
         }
     }
 }
 
 impl CallerSlot {
+    /// Its spend per budget; with `changed_only`, only if a settlement changed it since the
+    /// last such call (which clears the mark).
+    fn spent(&self, changed_only: bool) -> Vec<Spent> {
+        fn of<W: Window>(c: &mut CallerCounters<W>, changed_only: bool, slot: &CallerSlot) -> Vec<Spent> {
+            if changed_only && !c.take_spend_changed() {
+                return Vec::new();
+            }
+            c.budgets()
+                .map(|(model, b)| Spent {
+                    kind: slot.kind,
+                    id: Arc::clone(&slot.id),
+                    model,
+                    period: b.period,
+                    spent: NanoUsd::from_nanos(b.spent),
+                })
+                .collect()
+        }
+        match &mut *self.lock() {
+            AnyCallerCounters::Fixed(c) => of(c, changed_only, self),
+            AnyCallerCounters::Sliding(c) => of(c, changed_only, self),
+        }
+    }
+
     fn is_idle(&self, now: Millis, window: Millis) -> bool {
         match &*self.lock() {
             AnyCallerCounters::Fixed(c) => c.is_idle(now, window),
@@ -394,6 +460,7 @@ impl<W: Window> ModelCounters<W> {
                 [key, team],
                 request.model,
                 reserved,
+                who.cost_reservation(request.reserve).nanos(),
                 now,
                 window,
             ));
@@ -515,6 +582,40 @@ impl MemoryStore {
             settings.window_ms,
             settings.token_accounting,
         );
+    }
+
+    /// What `kind` `id` has spent, per budget (all models', then each model's), in the periods
+    /// its counters hold; empty if it has spent nothing.
+    pub fn spent(&self, kind: CallerKind, id: &str) -> Vec<Spent> {
+        self.callers
+            .find(kind, id)
+            .map_or_else(Vec::new, |slot| slot.spent(false))
+    }
+
+    /// The spend of every caller a settlement changed since the last call: what a gateway
+    /// writes to its durable copy ([`restore_spend`](Self::restore_spend) reads it back).
+    pub fn take_changed_spend(&self) -> Vec<Spent> {
+        self.callers
+            .all()
+            .iter()
+            .flat_map(|slot| slot.spent(true))
+            .collect()
+    }
+
+    /// Sets spend kept durably (after a restart): each record's counter starts from it, unless
+    /// it already counts a later period or more.
+    pub fn restore_spend(&self, spent: impl IntoIterator<Item = Spent>) {
+        let now = self.clock.now_ms();
+        let window = self.config.settings().window_ms;
+        for s in spent {
+            let slot = self.callers.slot(s.kind, &s.id, now, window);
+            match &mut *slot.lock() {
+                AnyCallerCounters::Fixed(c) => c.restore_spend(s.model, s.period, s.spent.nanos()),
+                AnyCallerCounters::Sliding(c) => {
+                    c.restore_spend(s.model, s.period, s.spent.nanos())
+                }
+            };
+        }
     }
 
     /// The clock windows are measured on.

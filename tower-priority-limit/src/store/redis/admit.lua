@@ -21,13 +21,18 @@
 --          Then the callers (`decision/caller.rs`), at b = 17 + 3n: their number c (0..2), the
 --          tokens they reserve, the day's length and slot length in ms, their hashes' TTL in ms,
 --          this admission's parallel slot id and how long a slot is held at most (ms), the
---          model's field prefix in their hashes; then per caller its max_parallel, rpm, tpm,
---          tpd, model rpm, model tpm (-1 = none). KEYS[2 + 2i] is caller i's hash (pairs
+--          model's field prefix in their hashes, the cost (nano-dollars) they reserve on their
+--          budgets; then per caller its max_parallel, rpm, tpm, tpd, model rpm, model tpm,
+--          budget, budget period, model budget, model budget period (-1 = none), and its hash's
+--          TTL in ms (-1: kept for good, for a budget that never resets). Budgets are fields
+--          b:p, b:s, b:r (the period's start, spent, reserved) and <model prefix>bp/bs/br.
+--          KEYS[2 + 2i] is caller i's hash (pairs
 --          "win:" window, "day:" day, then the model's prefix; fields as the model's), KEYS[3 + 2i] its sorted set of
 --          parallel slots (score: when the slot lapses).
 --          The callers are checked first, key then team; after everything else the reply has,
---          per caller, its slots in use and the (start/head, requests, tokens) of its three
---          pairs, and on a caller's refusal of sliding windows, their rings (three per caller).
+--          per caller, its slots in use, the (start/head, requests, tokens) of its three
+--          pairs and the (period, spent, reserved) of its two budgets (-1, 0, 0 where none), and on
+--          a caller's refusal of sliding windows, their rings (three per caller).
 -- Returns  fixed:   {now, model start (-1 = none), model requests, model tokens,
 --                    pool start (-1 = none), pool requests, pool tokens, verdict}
 --          sliding: {now, model head (-1 = none), model requests, model tokens, pool head, pool
@@ -163,7 +168,7 @@ if nc > 0 then
   for i = 0, nc - 1 do
     local hk, zk = KEYS[2 + 2 * i], KEYS[3 + 2 * i]
     local lim = {}
-    for j = 0, 5 do lim[j] = tonumber(ARGV[cb + 8 + 6 * i + j]) end
+    for j = 0, 10 do lim[j] = tonumber(ARGV[cb + 9 + 11 * i + j]) end
     local pairs_at = {{'win:', window, slot_ms}, {'day:', day, day_slot}, {mp, window, slot_ms}}
     -- Only the pairs a limit reads are read and counted (`CallerPair::of`).
     local has = {lim[1] >= 0 or lim[2] >= 0, lim[3] >= 0, lim[4] >= 0 or lim[5] >= 0}
@@ -194,6 +199,18 @@ if nc > 0 then
       end
       c.pairs[j].p, c.pairs[j].win, c.pairs[j].sl = pr[1], pr[2], pr[3]
     end
+    -- Budgets (`check_budget`): spent + reserved in the request's period (0 for an older one).
+    c.budgets, c.ttl = {}, lim[10]
+    for j, b in ipairs({{'b:', lim[6], lim[7]}, {mp .. 'b', lim[8], lim[9]}}) do
+      local e = {p = b[1], max = b[2], period = b[3], raw_p = -1, s = 0, r = 0}
+      if b[2] >= 0 then
+        local f = redis.call('HMGET', hk, b[1] .. 'p', b[1] .. 's', b[1] .. 'r')
+        e.raw_p, e.s, e.r = tonumber(f[1]) or -1, tonumber(f[2]) or 0, tonumber(f[3]) or 0
+      end
+      e.committed = e.s + e.r
+      if b[3] > e.raw_p then e.committed = 0 end
+      c.budgets[j] = e
+    end
     -- Slots are kept only for a caller with a max_parallel (the others never read them).
     c.parallel, c.slots = 0, lim[0] >= 0
     if c.slots then
@@ -206,6 +223,9 @@ if nc > 0 then
       caller_refused = (lim[0] >= 0 and c.parallel + 1 > lim[0])
         or over_by(lim[1], lim[2], w, creserve) or over_by(-1, lim[3], d, creserve)
         or over_by(lim[4], lim[5], mm, creserve)
+      for _, e in ipairs(c.budgets) do
+        caller_refused = caller_refused or (e.max >= 0 and e.committed >= e.max)
+      end
     end
   end
 end
@@ -397,6 +417,11 @@ local function callers_reply(reply)
         reply[#reply + 1] = pr.raw_k
       end
     end
+    for _, e in ipairs(c.budgets) do
+      reply[#reply + 1] = e.raw_p
+      reply[#reply + 1] = e.s
+      reply[#reply + 1] = e.r
+    end
     if verdict == 0 then
       -- Every counted pair of the caller in one HDEL and one HSET (the values are known from
       -- the read): the same writes as count_fixed / count_sliding, in two calls, not six.
@@ -425,9 +450,24 @@ local function callers_reply(reply)
           end
         end
       end
+      -- The cost reserved on each budget, in the request's period (a newer one starts empty).
+      local cost = tonumber(ARGV[cb + 8])
+      for _, e in ipairs(c.budgets) do
+        if e.max >= 0 then
+          local p, s, r = e.raw_p, e.s, e.r
+          if e.period > p then p, s, r = e.period, 0, 0 end
+          for _, v in ipairs({e.p .. 'p', p, e.p .. 's', s, e.p .. 'r', r + cost}) do
+            sets[#sets + 1] = v
+          end
+        end
+      end
       if #dels > 0 then redis.call('HDEL', c.hk, unpack(dels)) end
       if #sets > 0 then redis.call('HSET', c.hk, unpack(sets)) end
-      redis.call('PEXPIRE', c.hk, tonumber(ARGV[cb + 4]))
+      if c.ttl < 0 then
+        redis.call('PERSIST', c.hk)
+      else
+        redis.call('PEXPIRE', c.hk, c.ttl)
+      end
       if c.slots then
         local lease = tonumber(ARGV[cb + 6])
         redis.call('ZADD', c.zk, now + lease, ARGV[cb + 5])

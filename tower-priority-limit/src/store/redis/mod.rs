@@ -68,7 +68,8 @@ use crate::caller::{Caller, CallerMarks, DAY_MS};
 use crate::config::WindowKind;
 use crate::config::{pool_index, Enforcement, FailureMode, LimiterConfig, ModelId, PoolRef};
 use crate::decision::{
-    check_callers, decide, decide_with_callers, reservation, saturation, slot_ms, CallerCounters,
+    admit_budgets, check_callers, decide, decide_with_callers, reservation, saturation, slot_ms,
+    BudgetCounter, CallerCounters,
     CallerPair, Decision, FixedWindow, Millis, SlidingWindow, Usage, Window, NOT_COUNTED, RING,
 };
 use crate::metrics::Observer;
@@ -99,6 +100,10 @@ fn ttl_ms(settings: &crate::config::Settings) -> u64 {
         .saturating_add(TTL_MARGIN_MS)
 }
 
+/// Values per caller in `admit.lua`'s reply: slots in use, three pairs of three, two budgets
+/// of three.
+const CALLER_REPLY: usize = 16;
+
 /// `admit.lua`'s verdict for a call run after its deadline: nothing counted.
 const EXPIRED: i64 = 3;
 
@@ -114,6 +119,20 @@ fn caller_ttl_ms(kind: WindowKind) -> u64 {
         WindowKind::Sliding => slot_ms(DAY_MS).saturating_mul(2),
     };
     DAY_MS.saturating_add(extra).saturating_add(TTL_MARGIN_MS)
+}
+
+/// How long a caller's hash lives after an admission or settlement: [`caller_ttl_ms`], or long
+/// enough for its budgets' periods to end (and a margin); `-1` (kept for good) for a budget that
+/// never resets, whose spend must outlive any idle time.
+fn caller_hash_ttl(kind: WindowKind, limits: &crate::caller::CallerLimits) -> i64 {
+    let mut ttl = caller_ttl_ms(kind);
+    for budget in [&limits.budget, &limits.model_budget].into_iter().flatten() {
+        match budget.resets_in {
+            None => return -1,
+            Some(ms) => ttl = ttl.max(ms.saturating_add(TTL_MARGIN_MS)),
+        }
+    }
+    i64::try_from(ttl.min(MAX_EXACT)).unwrap_or(i64::MAX)
 }
 
 /// A caller's hash key and its parallel slots' key: `PREFIX{c:KIND:ID}` (a tag of its own).
@@ -381,6 +400,47 @@ impl RedisStore {
     pub fn key_of(&self, model: ModelId) -> Option<&str> {
         self.inner.keys.get(model.index()).map(String::as_str)
     }
+
+    /// What `kind` `id` has spent, per budget (all models', then each model's of this config),
+    /// in the periods Redis holds; one read, bounded by the store's timeout.
+    pub async fn spent(
+        &self,
+        kind: crate::caller::CallerKind,
+        id: &str,
+    ) -> Result<Vec<crate::caller::Spent>, StoreError> {
+        use crate::caller::{NanoUsd, Spent};
+        let inner = &self.inner;
+        let probe = Caller::new(kind, id, crate::caller::CallerLimits::new());
+        let [hash, _] = caller_keys(&inner.key_prefix, &probe);
+        let mut prefixes = vec![("b:".to_owned(), None)];
+        for (i, model) in inner.config.models().iter().enumerate() {
+            let prefix = format!("{}b", caller_model_prefix(model.name()));
+            prefixes.push((prefix, Some(ModelId(i as u32))));
+        }
+        let mut cmd = redis::cmd("HMGET");
+        cmd.arg(&hash);
+        for (prefix, _) in &prefixes {
+            cmd.arg(format!("{prefix}p")).arg(format!("{prefix}s"));
+        }
+        let mut connection = inner.connection.clone();
+        let values: Vec<Option<u64>> =
+            bounded(inner.timeout, cmd.query_async(&mut connection)).await?;
+        let id: Arc<str> = Arc::from(id);
+        Ok(prefixes
+            .into_iter()
+            .zip(values.chunks_exact(2))
+            .filter_map(|((_, model), v)| {
+                let (period, spent) = (v[0]?, v[1].unwrap_or(0));
+                (spent > 0).then(|| Spent {
+                    kind,
+                    id: Arc::clone(&id),
+                    model,
+                    period,
+                    spent: NanoUsd::from_nanos(spent),
+                })
+            })
+            .collect())
+    }
 }
 
 struct Inner {
@@ -621,9 +681,12 @@ impl Inner {
                 .arg(caller_ttl_ms(settings.window_kind))
                 .arg(self.slot_member(slot_id))
                 .arg(PARALLEL_SLOT_MS)
-                .arg(model_prefix.as_str());
+                .arg(model_prefix.as_str())
+                .arg(callers.cost_reservation(request.reserve).nanos());
             for c in callers.iter() {
                 let l = c.limits();
+                let max = |b: &Option<crate::caller::Budget>| b.map(|b| b.max.nanos());
+                let period = |b: &Option<crate::caller::Budget>| b.map(|b| b.period);
                 for v in [
                     l.max_parallel,
                     l.rpm,
@@ -631,9 +694,14 @@ impl Inner {
                     l.tpd,
                     l.model_rpm,
                     l.model_tpm,
+                    max(&l.budget),
+                    period(&l.budget),
+                    max(&l.model_budget),
+                    period(&l.model_budget),
                 ] {
                     cmd.arg(limit(v));
                 }
+                cmd.arg(caller_hash_ttl(settings.window_kind, l));
             }
         });
         let reply: Result<Vec<i64>, StoreError> = self.timed(bounded(self.timeout, call)).await;
@@ -716,7 +784,7 @@ impl Inner {
         // sliding windows) their rings.
         let callers_at = 8 + 2 * pools + if sliding_refused { 4 * RING } else { 0 };
         let n_callers = request.callers.as_ref().map_or(0, |c| c.iter().count());
-        let caller_rings_at = callers_at + 10 * n_callers;
+        let caller_rings_at = callers_at + CALLER_REPLY * n_callers;
         let ring = |at: usize| {
             let mut slots = [Usage::default(); RING];
             if let Some(values) = reply.get(at..at + 2 * RING) {
@@ -824,13 +892,25 @@ impl Inner {
             if callers.get(place).is_none() {
                 continue;
             }
-            let at = callers_at + 10 * i;
+            let at = callers_at + CALLER_REPLY * i;
             let pair_at = |j: usize| pair(at + 1 + 3 * j, PairAt::Caller(3 * i + j));
+            let budget_at = |j: usize| {
+                let b = at + 10 + 3 * j;
+                BudgetCounter {
+                    // No period yet reads as -1: older than any.
+                    period: u64::try_from(reply.get(b).copied().unwrap_or(-1)).unwrap_or(0),
+                    spent: count(b + 1),
+                    reserved: count(b + 2),
+                }
+            };
             *slot = Some(CallerCounters {
                 parallel: count(at),
                 window: pair_at(0),
                 day: pair_at(1),
                 models: vec![(request.model, pair_at(2))],
+                budget: budget_at(0),
+                model_budgets: vec![(request.model, budget_at(1))],
+                spend_changed: false,
             });
             i += 1;
         }
@@ -847,12 +927,19 @@ impl Inner {
         );
         let decision = decide_with_callers(checked, limits.enforcement(), decide_model);
         if let Decision::Admit(_) = decision {
+            let cost = callers.cost_reservation(request.reserve).nanos();
             let mut marks = CallerMarks {
                 reserved,
                 slot: slot_id,
+                cost_reserved: cost,
+                budgets: [[NOT_COUNTED; 2]; 2],
                 ..CallerMarks::default()
             };
-            for (place, counters) in seen.iter().enumerate() {
+            for (place, counters) in seen.iter_mut().enumerate() {
+                if let Some(c) = counters {
+                    // The periods the script reserved in, by the same rule.
+                    marks.budgets[place] = admit_budgets(callers, place, c, request.model, cost);
+                }
                 if let (Some(c), Some(caller)) = (counters, callers.get(place)) {
                     let counted = CallerPair::of(caller.limits());
                     let mark = |yes: bool, m: Millis| if yes { m } else { NOT_COUNTED };

@@ -23,7 +23,9 @@
 --          id key's TTL in ms (the model's window and a margin), the number of pairs, then per
 --          pair: its field prefix, its mark (the fixed window's start,
 --          or the sliding window's slot, the admission was counted at), its window and slot
---          length in ms.
+--          length in ms; then the number of budgets and per budget: its field prefix, the period
+--          the admission reserved in, the cost reserved and the real cost (nano-dollars).
+--          A hash TTL of -1 keeps the hash for good (a caller's budget that never resets).
 -- Returns  1 applied, 0 skipped (already applied).
 if ARGV[7] ~= '' and KEYS[3] then
   -- Freeing a slot is idempotent: it happens even for a settlement seen before.
@@ -138,11 +140,29 @@ local function apply(p, mark)
   end
 end
 
-for i = 0, tonumber(ARGV[9]) - 1 do
+local npairs = tonumber(ARGV[9])
+for i = 0, npairs - 1 do
   local at = 10 + 4 * i
   window, slot_ms = tonumber(ARGV[at + 2]), tonumber(ARGV[at + 3])
   slot = math.floor(now / slot_ms)
   apply(ARGV[at], tonumber(ARGV[at + 1]))
 end
-redis.call('PEXPIRE', key, tonumber(ARGV[3]))
+-- Budgets (`BudgetCounter::settle`): only in the period the admission reserved in.
+local bat = 10 + 4 * npairs
+for i = 0, (tonumber(ARGV[bat]) or 0) - 1 do
+  local at = bat + 1 + 4 * i
+  local p, mark = ARGV[at], tonumber(ARGV[at + 1])
+  local breserved, cost = tonumber(ARGV[at + 2]), tonumber(ARGV[at + 3])
+  local f = redis.call('HMGET', key, p .. 'p', p .. 's', p .. 'r')
+  if tonumber(f[1]) == mark then
+    local s, r = tonumber(f[2]) or 0, tonumber(f[3]) or 0
+    if not cancel then s = math.min(s + cost, MAX) end
+    redis.call('HSET', key, p .. 's', s, p .. 'r', math.max(0, r - breserved))
+  end
+end
+if tonumber(ARGV[3]) < 0 then
+  redis.call('PERSIST', key)
+else
+  redis.call('PEXPIRE', key, tonumber(ARGV[3]))
+end
 return 1

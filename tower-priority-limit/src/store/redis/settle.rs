@@ -20,8 +20,8 @@ use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
 
 use super::connection::bounded;
-use super::{caller_keys, caller_model_prefix, caller_ttl_ms};
-use super::{Inner, MAX_EXACT, RETRY_INTERVAL};
+use super::{caller_keys, caller_model_prefix};
+use super::{caller_hash_ttl, Inner, MAX_EXACT, RETRY_INTERVAL};
 use crate::caller::{Callers, DAY_MS};
 use crate::config::{ModelId, TokenAccounting};
 use crate::decision::{slot_ms, Millis, NOT_COUNTED};
@@ -79,13 +79,14 @@ impl Inner {
             pairs.push((pool_prefix, s.pool_window, window_ms, slot));
         }
         let (tokens, reserved) = (s.tokens.min(MAX_EXACT), s.reserved.min(MAX_EXACT));
+        let ttl = i64::try_from(self.ttl_ms).unwrap_or(i64::MAX);
         self.settle_hash(
             key,
             pending.id,
-            tokens,
-            reserved,
-            self.ttl_ms,
+            (tokens, reserved),
+            ttl,
             &pairs,
+            &[],
             None,
             s.cancel,
         )
@@ -101,6 +102,8 @@ impl Inner {
         let model_prefix = caller_model_prefix(self.config.model(s.model).name());
         let member = self.slot_member(marks.slot);
         let reserved = marks.reserved.min(MAX_EXACT);
+        let (cost_reserved, cost) = (marks.cost_reserved, callers.cost().nanos());
+        let model_budget = format!("{model_prefix}b");
         for place in 0..2 {
             let Some(caller) = callers.get(place) else {
                 continue;
@@ -122,29 +125,43 @@ impl Inner {
                 .limits()
                 .max_parallel
                 .map(|_| (slots.as_str(), member.as_str()));
-            if pairs.is_empty() && slot_set.is_none() {
+            // The budgets the admission reserved on: (prefix, period, reserved, cost).
+            let budgets: Vec<_> = [("b:", marks.budgets[place][0]), (model_budget.as_str(), marks.budgets[place][1])]
+                .into_iter()
+                .filter(|b| b.1 != NOT_COUNTED)
+                .map(|(prefix, period)| (prefix, period, cost_reserved, cost))
+                .collect();
+            if pairs.is_empty() && slot_set.is_none() && budgets.is_empty() {
                 continue;
             }
-            let ttl = caller_ttl_ms(self.config.settings().window_kind);
+            let ttl = caller_hash_ttl(self.config.settings().window_kind, caller.limits());
             self.settle_hash(
-                &hash, pending.id, tokens, reserved, ttl, &pairs, slot_set, s.cancel,
+                &hash,
+                pending.id,
+                (tokens, reserved),
+                ttl,
+                &pairs,
+                &budgets,
+                slot_set,
+                s.cancel,
             )
             .await?;
         }
         Ok(())
     }
 
-    /// One `settle.lua` call: settlement `id` on `pairs` (prefix, mark, window, slot length) of
-    /// `hash`, freeing a parallel slot (its set and member) if given.
+    /// One `settle.lua` call: settlement `id` of `(tokens, reserved)` on `pairs` (prefix, mark,
+    /// window, slot length) and `budgets` (prefix, period, cost reserved, cost) of `hash`,
+    /// freeing a parallel slot (its set and member) if given; `ttl_ms` -1 keeps the hash.
     #[allow(clippy::too_many_arguments)]
     async fn settle_hash(
         &self,
         hash: &str,
         id: u64,
-        tokens: u64,
-        reserved: u64,
-        ttl_ms: u64,
+        (tokens, reserved): (u64, u64),
+        ttl_ms: i64,
         pairs: &[(&str, Millis, Millis, Millis)],
+        budgets: &[(&str, u64, u64, u64)],
         slot_set: Option<(&str, &str)>,
         cancel: bool,
     ) -> Result<(), StoreError> {
@@ -169,6 +186,10 @@ impl Inner {
                     .arg(pairs.len());
                 for (prefix, mark, window, slot) in pairs {
                     cmd.arg(*prefix).arg(*mark).arg(*window).arg(*slot);
+                }
+                cmd.arg(budgets.len());
+                for (prefix, period, reserved, cost) in budgets {
+                    cmd.arg(*prefix).arg(*period).arg(*reserved).arg(*cost);
                 }
             });
         let applied = self
