@@ -14,6 +14,7 @@ use tower_priority_limit::Limiter;
 
 use crate::chat::ChatRequest;
 use crate::config::{Deployment, GatewayConfig};
+use crate::keys::spend::SpendBook;
 use crate::keys::{hash_key, KeyStore, KeyStoreError};
 use crate::metrics::{GatewayMetrics, ScrapeGauges};
 use crate::record::Recorder;
@@ -21,6 +22,8 @@ use crate::routing::{self, Router};
 use crate::signal::{streams_end, EndStreams};
 use crate::store::GatewayStore;
 use crate::upstream::Upstream;
+use tower_priority_limit::caller::{CallerKind, Spent};
+use tower_priority_limit::store::StoreError;
 
 /// Everything a request may need, shared by all of them.
 #[derive(Debug)]
@@ -48,6 +51,9 @@ pub struct Gateway {
     metrics: GatewayMetrics,
     /// The request record (`general_settings.record`), when on: a restart changes it.
     recorder: Option<Arc<Recorder>>,
+    /// Keys' and teams' spend kept across restarts, with embedded counters and a data
+    /// directory ([`crate::keys::spend`]).
+    spend: Option<SpendBook>,
     /// The wall clock keys expire on: Unix time when built, moved on by the gateway's clock (so a
     /// test's manual clock moves it too).
     wall: WallClock,
@@ -133,6 +139,10 @@ impl GatewayBuilder {
         let groups = MemoryStore::with_clock(&self.config.limiter, clock.clone());
         let deployments = MemoryStore::with_clock(&deployment_limits, clock.clone());
         let (metrics, recorder) = record_metrics(&self.config)?;
+        let spend = match &self.data_dir {
+            Some(dir) => Some(SpendBook::open(dir, &groups, &self.config.limiter)?),
+            None => None,
+        };
         Ok(Gateway::assemble(
             self.config,
             self.file,
@@ -142,7 +152,8 @@ impl GatewayBuilder {
             clock,
             metrics,
             recorder,
-        ))
+        )
+        .with_spend(spend))
     }
 
     /// The gateway as `main` runs it. With Redis configured, keys, teams and the limiter's
@@ -304,7 +315,22 @@ impl Gateway {
             router,
             metrics,
             recorder,
+            spend: None,
             wall,
+        }
+    }
+
+    fn with_spend(mut self, spend: Option<SpendBook>) -> Self {
+        self.spend = spend;
+        self
+    }
+
+    /// What the key or team `id` has spent in its budgets' current periods: per budget (all
+    /// models', then each model's), from the limiter's counters (embedded or Redis).
+    pub async fn spent(&self, kind: CallerKind, id: &str) -> Result<Vec<Spent>, StoreError> {
+        match self.limiter().store() {
+            GatewayStore::Embedded(s) => Ok(s.spent(kind, id)),
+            GatewayStore::Redis(s) => s.spent(kind, id).await,
         }
     }
 
@@ -522,6 +548,9 @@ impl Gateway {
         use tower_priority_limit::store::Store as _;
         self.limiter().store().flush().await;
         self.router.flush().await;
+        if let Some(spend) = &self.spend {
+            spend.write_now();
+        }
     }
 
     /// The deployment at `index`.

@@ -97,6 +97,8 @@ struct HttpSeries {
     attempts: Box<[Counter]>,
     retries: Box<[Counter]>,
     fallbacks: Box<[Counter]>,
+    /// Answers served past a soft budget, by caller: key, team.
+    soft_budget: [Counter; 2],
 }
 
 /// A request's model for the labels: one of the config's groups, none, or another name.
@@ -138,7 +140,15 @@ impl GatewayMetrics {
             "Requests passed on to a fallback group",
             &mut registry,
         );
+        let soft = Family::<[(&'static str, &'static str); 1], Counter>::default();
+        let soft_budget = ["key", "team"].map(|c| soft.get_or_create(&[("caller", c)]).clone());
+        registry.register(
+            "gateway_soft_budget_passed",
+            "Answers served to a key or team whose spend had reached its soft_budget",
+            soft,
+        );
         let http = Arc::new(HttpSeries {
+            soft_budget,
             durations: (0..ROUTES.len() * models.len() * STATUSES.len())
                 .map(|_| OnceLock::new())
                 .collect(),
@@ -215,6 +225,9 @@ impl GatewayMetrics {
         }
         if let Some(fallbacks) = count(crate::routing::ATTEMPTED_FALLBACKS).filter(|n| *n > 0) {
             http.fallbacks[model.0].inc_by(fallbacks);
+        }
+        if let Some(who) = headers.get(tower_priority_limit::response::X_SOFT_BUDGET_PASSED) {
+            http.soft_budget[usize::from(who.as_bytes() == b"team")].inc();
         }
     }
 

@@ -7,6 +7,7 @@ mod access;
 mod accounting;
 mod azure;
 mod bad_input;
+mod budgets;
 mod compression;
 mod connection_errors;
 mod endpoints;

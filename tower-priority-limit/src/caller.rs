@@ -563,9 +563,9 @@ impl Callers {
                     *v = part(*v);
                 }
                 for b in [&mut l.budget, &mut l.model_budget].into_iter().flatten() {
-                    let part = |v: NanoUsd| NanoUsd::from_nanos(part(Some(v.nanos())).unwrap_or(0));
-                    b.max = part(b.max);
-                    b.soft = b.soft.map(part);
+                    let share = |v: NanoUsd| part(Some(v.nanos())).map_or(v, NanoUsd::from_nanos);
+                    b.soft = b.soft.map(share);
+                    b.max = NanoUsd::from_nanos(part(Some(b.max.nanos())).unwrap_or(0));
                 }
                 c
             })

@@ -98,6 +98,11 @@ impl Lease {
         }
     }
 
+    /// The caller (key, then team) whose spend had reached its soft budget at admission.
+    pub fn soft_budget_passed(&self) -> Option<crate::caller::CallerKind> {
+        self.callers.as_ref()?.soft_budget_passed()
+    }
+
     /// The model this lease was admitted for.
     pub fn model(&self) -> ModelId {
         self.settlement.model

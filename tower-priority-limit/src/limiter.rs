@@ -440,6 +440,12 @@ impl<St: Store> Limiter<St> {
             lease.pool(),
             admitted,
         );
+        if let Some(kind) = lease.soft_budget_passed() {
+            parts.headers.insert(
+                crate::response::X_SOFT_BUDGET_PASSED,
+                http::HeaderValue::from_static(kind.as_str()),
+            );
+        }
         let meter = UsageMeter::for_response(
             &parts,
             self.config().settings().max_reported_tokens,

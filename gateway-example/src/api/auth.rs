@@ -115,7 +115,7 @@ pub(crate) async fn identify(
             )))
         }
         Some(resolved) => {
-            let access = resolved.access();
+            let access = resolved.access().at(gw.unix_ms());
             Ok((Caller::Key(access), resolved.priority))
         }
         None => Err(ApiError::unauthorized(

@@ -15,8 +15,10 @@ use super::body::read_bounded;
 use crate::error::ApiError;
 use crate::gateway::Gateway;
 use crate::keys::{
-    expiry, hashes_match, key_hash, routes, KeyRecord, KeyStoreError, Limits, NewKey, TeamRecord,
+    expiry, hashes_match, key_hash, routes, KeyRecord, KeyStoreError, Limits, ModelBudget, NewKey,
+    TeamRecord,
 };
+use tower_priority_limit::caller::CallerKind;
 
 /// Parses a JSON object body (an empty body is an empty object).
 pub fn json_object(body: &Bytes) -> Result<Map<String, Value>, ApiError> {
@@ -135,10 +137,164 @@ fn limits(gw: &Gateway, body: &Map<String, Value>, current: &Limits) -> Result<L
             }
         }
     }
+    budgets(gw, body, &mut out, &groups)?;
     if !out.is_empty() && *current != out {
         limits_enforced(gw)?;
     }
     Ok(out)
+}
+
+/// The largest budget: what the counters hold exactly ([`NanoUsd::MAX`]).
+const MAX_DOLLARS: f64 = 9_000_000.0;
+
+/// The budget fields of `body` applied over `out`: dollars ≥ 0, a `budget_duration` LiteLLM
+/// writes (`"30s"`, `"1h"`, `"1d"`, `"1mo"`; its periods then start now), per-model budgets as
+/// `{"<model group>": dollars or {"budget_limit": dollars, "time_period": "1d"}}`. A budget on
+/// models without prices would never fill: refused.
+fn budgets(
+    gw: &Gateway,
+    body: &Map<String, Value>,
+    out: &mut Limits,
+    groups: &[&str],
+) -> Result<(), ApiError> {
+    let dollars = |field: &'static str, v: &Value| {
+        v.as_f64()
+            .filter(|d| d.is_finite() && (0.0..=MAX_DOLLARS).contains(d))
+            .ok_or_else(|| {
+                ApiError::bad_request(format!(
+                    "'{field}' must be a number of dollars from 0 to {MAX_DOLLARS}, or null."
+                ))
+                .param(field)
+            })
+    };
+    let now = gw.unix_secs();
+    let duration = |field: &'static str, v: &Value| -> Result<String, ApiError> {
+        let text = v.as_str().unwrap_or_default();
+        match expiry::after_duration(now, text) {
+            Ok(end) if end > now => Ok(text.trim().to_owned()),
+            _ => Err(ApiError::bad_request(format!(
+                "'{field}' must be a duration such as \"30s\", \"10m\", \"1h\", \"1d\" or \"1mo\"."
+            ))
+            .param(field)),
+        }
+    };
+    for (field, place) in [
+        ("max_budget", &mut out.max_budget),
+        ("soft_budget", &mut out.soft_budget),
+    ] {
+        match body.get(field) {
+            None => {}
+            Some(Value::Null) => *place = None,
+            Some(v) => *place = Some(dollars(field, v)?),
+        }
+    }
+    match body.get("budget_duration") {
+        None => {}
+        Some(Value::Null) => {
+            out.budget_duration = None;
+            out.budget_start = None;
+        }
+        Some(v) => {
+            let d = duration("budget_duration", v)?;
+            // A new duration starts its periods now, as LiteLLM's `budget_reset_at` does.
+            if out.budget_duration.as_deref() != Some(d.as_str()) || out.budget_start.is_none() {
+                out.budget_start = Some(now);
+            }
+            out.budget_duration = Some(d);
+        }
+    }
+    let field = "model_max_budget";
+    match body.get(field) {
+        None => {}
+        Some(Value::Null) => out.model_max_budget.clear(),
+        Some(Value::Object(per_model)) => {
+            out.model_max_budget.clear();
+            for (model, v) in per_model {
+                if !groups.contains(&model.as_str()) {
+                    return Err(ApiError::bad_request(format!(
+                        "'{field}' names {model:?}, which is not a model_name of the config \
+                         (they are: {}); a budget on it would never apply.",
+                        groups.join(", ")
+                    ))
+                    .param(field));
+                }
+                let budget = match v {
+                    Value::Object(o) => {
+                        if let Some(other) = o
+                            .keys()
+                            .find(|k| !["budget_limit", "time_period"].contains(&k.as_str()))
+                        {
+                            return Err(ApiError::bad_request(format!(
+                                "'{field}.{model}' does not support {other:?}: it takes \
+                                 budget_limit and time_period."
+                            ))
+                            .param(field));
+                        }
+                        let limit = o.get("budget_limit").ok_or_else(|| {
+                            ApiError::bad_request(format!(
+                                "'{field}.{model}' needs a budget_limit (dollars)."
+                            ))
+                            .param(field)
+                        })?;
+                        ModelBudget {
+                            budget_limit: dollars(field, limit)?,
+                            time_period: match o.get("time_period") {
+                                None | Some(Value::Null) => None,
+                                Some(t) => Some(duration(field, t)?),
+                            },
+                        }
+                    }
+                    v => ModelBudget {
+                        budget_limit: dollars(field, v)?,
+                        time_period: None,
+                    },
+                };
+                out.model_max_budget.insert(model.clone(), budget);
+            }
+        }
+        Some(_) => {
+            return Err(ApiError::bad_request(format!(
+                "'{field}' must be an object of model names to dollars or to \
+                 {{\"budget_limit\": 1.0, \"time_period\": \"1d\"}}."
+            ))
+            .param(field))
+        }
+    }
+    if out
+        .model_max_budget
+        .values()
+        .any(|b| b.time_period.is_some())
+        && out.budget_start.is_none()
+    {
+        out.budget_start = Some(now);
+    }
+    // A budget must be able to fill: its models must have prices.
+    let router = gw.router();
+    let priced = |group: &str| router.group(group).is_some_and(|g| !g.prices.is_free());
+    if let Some(free) = out.model_max_budget.keys().find(|m| !priced(m)) {
+        return Err(ApiError::bad_request(format!(
+            "'{field}' names {free:?}, whose deployments have no input_cost_per_token or \
+             output_cost_per_token (model_info): its spend would stay 0 and the budget never \
+             apply; nothing was changed."
+        ))
+        .param(field));
+    }
+    if out.max_budget.is_some() && !groups.iter().any(|g| priced(g)) {
+        return Err(ApiError::bad_request(
+            "'max_budget' needs prices: no model of the config has input_cost_per_token or \
+             output_cost_per_token (model_info), so spend would stay 0 and the budget never \
+             apply; nothing was changed.",
+        )
+        .param("max_budget"));
+    }
+    if out.soft_budget.is_some() && out.max_budget.is_none() {
+        return Err(ApiError::bad_request(
+            "'soft_budget' needs a 'max_budget' beside it (the soft budget is reported against \
+             the same spend); nothing was changed.",
+        )
+        .param("soft_budget"));
+    }
+    Ok(())
 }
 
 /// Refuses key and team limits the gateway would not enforce: with the limiter off (no
@@ -405,6 +561,62 @@ fn with_limits(value: &mut Value, limits: &Limits) {
     );
     out.insert("model_rpm_limit".into(), json!(limits.model_rpm_limit));
     out.insert("model_tpm_limit".into(), json!(limits.model_tpm_limit));
+    out.insert("max_budget".into(), json!(limits.max_budget));
+    out.insert("soft_budget".into(), json!(limits.soft_budget));
+    out.insert("budget_duration".into(), json!(limits.budget_duration));
+    out.insert("model_max_budget".into(), json!(limits.model_max_budget));
+}
+
+/// `value` with what the caller has spent in its budgets' current periods (LiteLLM's `spend`,
+/// `budget_reset_at`, and `model_spend` per model), read from the limiter's counters.
+async fn with_spend(
+    gw: &Gateway,
+    value: &mut Value,
+    kind: CallerKind,
+    id: &str,
+    limits: &Limits,
+) -> Result<(), ApiError> {
+    let now_ms = gw.unix_ms();
+    let spent = gw.spent(kind, id).await.map_err(|e| {
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "service_unavailable",
+            format!("spend could not be read: {e}"),
+        )
+    })?;
+    let config = gw.limiter();
+    let config = config.config();
+    let current = |model: Option<&str>, period: u64| {
+        // Spend of an earlier period no longer counts.
+        let budget = match model {
+            None => limits.for_model("", now_ms).budget,
+            Some(m) => limits.for_model(m, now_ms).model_budget,
+        };
+        budget.is_none_or(|b| b.period <= period)
+    };
+    let mut total = 0.0;
+    let mut per_model = Map::new();
+    for s in &spent {
+        match s.model {
+            None if current(None, s.period) => total = s.spent.dollars(),
+            Some(id) => {
+                let name = config.models().get(id.index()).map(|m| m.name().to_owned());
+                if let Some(name) = name.filter(|n| current(Some(n), s.period)) {
+                    per_model.insert(name, json!(s.spent.dollars()));
+                }
+            }
+            None => {}
+        }
+    }
+    let reset_at = limits
+        .budget_period(now_ms)
+        .map(|(_, end)| expiry::format_iso(end));
+    if let Value::Object(out) = value {
+        out.insert("spend".into(), json!(total));
+        out.insert("model_spend".into(), Value::Object(per_model));
+        out.insert("budget_reset_at".into(), json!(reset_at));
+    }
+    Ok(())
 }
 
 fn team_json(team: &TeamRecord) -> Value {
@@ -471,7 +683,16 @@ pub async fn info(
         .await
         .map_err(store_error)?
         .ok_or_else(|| ApiError::new(StatusCode::NOT_FOUND, "not_found_error", "Key not found."))?;
-    Ok(Json(json!({"key": key, "info": key_json(&record)})))
+    let mut info = key_json(&record);
+    with_spend(
+        &gw,
+        &mut info,
+        CallerKind::Key,
+        &record.token,
+        &record.limits,
+    )
+    .await?;
+    Ok(Json(json!({"key": key, "info": info})))
 }
 
 /// `POST /key/delete {"keys": [...]}` → `{"deleted_keys": [...]}`.
@@ -532,9 +753,16 @@ pub async fn team_info(
         .ok_or_else(|| {
             ApiError::new(StatusCode::NOT_FOUND, "not_found_error", "Team not found.")
         })?;
-    Ok(Json(
-        json!({"team_id": team.team_id, "team_info": team_json(&team)}),
-    ))
+    let mut info = team_json(&team);
+    with_spend(
+        &gw,
+        &mut info,
+        CallerKind::Team,
+        &team.team_id,
+        &team.limits,
+    )
+    .await?;
+    Ok(Json(json!({"team_id": team.team_id, "team_info": info})))
 }
 
 /// The key a `/key/update`, `/key/block` or `/key/unblock` body names.

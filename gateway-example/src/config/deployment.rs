@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use tower_priority_limit::caller::Prices;
 use tower_priority_limit::config::{ConfigError, Node};
 
 use upstream_client::{Tls, TlsError, Verify};
@@ -115,6 +116,10 @@ pub(super) fn deployment(
     // Read as the limiter reads the group's: wherever LiteLLM reads them.
     let rpm = tower_priority_limit::config::deployment_limit(item, "rpm")?;
     let tpm = tower_priority_limit::config::deployment_limit(item, "tpm")?;
+    let prices = Prices {
+        input: price(item, "input_cost_per_token")?,
+        output: price(item, "output_cost_per_token")?,
+    };
     let weight = match params.get("weight")? {
         Some(w) => {
             let v = w.number()?;
@@ -160,7 +165,38 @@ pub(super) fn deployment(
         weight,
         proxy,
         connections,
+        prices,
     })
+}
+
+/// A price per token in dollars, `key` in `model_info` or `litellm_params` (LiteLLM reads both;
+/// written in both, they must agree), as nano-dollars; 0 where unset.
+fn price(item: &Node<'_>, key: &str) -> Result<f64, ConfigError> {
+    let mut found: Option<(f64, String)> = None;
+    for place in ["model_info", "litellm_params"] {
+        let Some(holder) = item.get(place)? else {
+            continue;
+        };
+        let Some(node) = holder.get(key)? else {
+            continue;
+        };
+        let dollars = node.number()?;
+        if !(dollars.is_finite() && (0.0..=1.0).contains(&dollars)) {
+            return Err(node.error(format!(
+                "expected a price per token in dollars between 0 and 1, got {dollars}"
+            )));
+        }
+        match &found {
+            Some((first, path)) if *first != dollars => {
+                return Err(node.error(format!(
+                    "{dollars} disagrees with {path}: {first} (write the price once)"
+                )))
+            }
+            Some(_) => {}
+            None => found = Some((dollars, node.path())),
+        }
+    }
+    Ok(found.map_or(0.0, |(dollars, _)| dollars * 1e9))
 }
 
 /// The most connections a deployment may bound its upstream's to (a guard against a typo's

@@ -168,6 +168,9 @@ pub struct Deployment {
     pub proxy: ProxySetting,
     /// How its connections to its upstream are made and kept.
     pub connections: UpstreamConnections,
+    /// `input_cost_per_token` and `output_cost_per_token` (in `model_info` or
+    /// `litellm_params`): what its tokens cost keys' and teams' budgets.
+    pub prices: tower_priority_limit::caller::Prices,
 }
 
 /// How a deployment's connections to its upstream are made and kept, when not as every

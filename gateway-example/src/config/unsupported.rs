@@ -63,10 +63,18 @@ fn honoured(level: Level) -> &'static [&'static str] {
             "connect_timeout",
             "ssl_verify",
             "ssl_certificate",
+            "input_cost_per_token",
+            "output_cost_per_token",
         ],
         // Azure's own keys; the rest are `Level::Params`' (see `is_honoured`).
         Level::AzureParams => &["api_version", "azure_ad_token"],
-        Level::ModelInfo => &["id", "rpm", "tpm"],
+        Level::ModelInfo => &[
+            "id",
+            "rpm",
+            "tpm",
+            "input_cost_per_token",
+            "output_cost_per_token",
+        ],
         Level::Litellm => &[
             "callbacks",
             "request_timeout",

@@ -40,6 +40,36 @@ pub fn after_duration(now: u64, duration: &str) -> Result<u64, BadTime> {
     seconds.and_then(|s| now.checked_add(s)).ok_or_else(bad)
 }
 
+/// The budget period of `duration` that `now` falls in, for periods laid end to end from
+/// `anchor` (when the budget was set; all Unix seconds): its start and end. `None` for a
+/// duration that cannot be read or a period of zero length.
+pub fn budget_period(anchor: u64, duration: &str, now: u64) -> Option<(u64, u64)> {
+    let first_end = after_duration(anchor, duration).ok()?;
+    if first_end <= anchor {
+        return None;
+    }
+    if now < first_end {
+        return Some((anchor, first_end));
+    }
+    if duration.trim().ends_with("mo") {
+        // Calendar months differ in length: step month by month (a few hundred steps at most for
+        // years of periods), each from the anchor so the day of the month never drifts.
+        let n: u64 = duration.trim().trim_end_matches("mo").parse().ok()?;
+        let mut k = 1u64;
+        loop {
+            let start = after_duration(anchor, &format!("{}mo", n.checked_mul(k)?)).ok()?;
+            let end = after_duration(anchor, &format!("{}mo", n.checked_mul(k + 1)?)).ok()?;
+            if now < end {
+                return Some((start, end));
+            }
+            k += 1;
+        }
+    }
+    let length = first_end - anchor;
+    let start = anchor + (now - anchor) / length * length;
+    Some((start, start + length))
+}
+
 /// `now` moved `months` calendar months on, keeping the time of day.
 fn add_months(now: u64, months: u64) -> Option<u64> {
     let (y, m, d) = civil(now / DAY);
@@ -184,6 +214,34 @@ mod tests {
         for bad in ["", "10", "m", "1.5h", "1y", "-1d", "99999999999999999999s"] {
             assert!(after_duration(NOW, bad).is_err(), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn budget_periods_follow_each_other_from_the_anchor() {
+        assert_eq!(budget_period(NOW, "1h", NOW), Some((NOW, NOW + 3_600)));
+        assert_eq!(
+            budget_period(NOW, "1h", NOW + 7_300),
+            Some((NOW + 7_200, NOW + 10_800))
+        );
+        assert_eq!(budget_period(NOW, "30s", NOW + 29), Some((NOW, NOW + 30)));
+        assert_eq!(
+            budget_period(NOW, "30s", NOW + 30),
+            Some((NOW + 30, NOW + 60))
+        );
+        let (start, end) = budget_period(NOW, "1mo", NOW + 40 * 86_400).unwrap();
+        assert_eq!(
+            (format_iso(start), format_iso(end)),
+            ("2027-01-01T21:00:00Z".into(), "2027-02-01T21:00:00Z".into())
+        );
+        let jan31 = parse_iso("2027-01-31T08:00:00Z").unwrap();
+        let (start, end) = budget_period(jan31, "1mo", jan31 + 60 * 86_400).unwrap();
+        assert_eq!(
+            (format_iso(start), format_iso(end)),
+            ("2027-03-31T08:00:00Z".into(), "2027-04-30T08:00:00Z".into()),
+            "each period counted from the anchor: the 31st comes back"
+        );
+        assert_eq!(budget_period(NOW, "0s", NOW), None);
+        assert_eq!(budget_period(NOW, "soon", NOW), None);
     }
 
     #[test]

@@ -6,12 +6,14 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
-use tower_priority_limit::caller::{Caller, CallerKind, CallerLimits};
+use tower_priority_limit::caller::{Budget, Caller, CallerKind, CallerLimits, NanoUsd};
+
+use super::expiry::budget_period;
 
 /// The limits a key or team may set (`/key/generate`, `/key/update`, `/team/new`,
 /// `/team/update`). Every one is optional; requests and tokens count in the config's window,
 /// `tpd_limit` in a day.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Limits {
     /// Requests per window, all models.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -31,17 +33,61 @@ pub struct Limits {
     /// Tokens per window, per model group.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub model_tpm_limit: BTreeMap<String, u64>,
+    /// Dollars per budget period, all models.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_budget: Option<f64>,
+    /// Dollars past which answers say the soft budget is passed (nothing is refused).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub soft_budget: Option<f64>,
+    /// How often the spend resets (`"30s"`, `"1d"`, `"1mo"`…); `None`: never.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget_duration: Option<String>,
+    /// When the budget periods start from (Unix seconds): when `budget_duration` was set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget_start: Option<u64>,
+    /// Dollars per period, per model group (LiteLLM's `model_max_budget`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub model_max_budget: BTreeMap<String, ModelBudget>,
+}
+
+/// One model's budget (`model_max_budget: {"gpt-4o": {"budget_limit": 1.5, "time_period":
+/// "1d"}}`; a bare number is a budget over the key's own `budget_duration`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ModelBudget {
+    /// Dollars per period.
+    pub budget_limit: f64,
+    /// How often it resets; `None`: as the key's `budget_duration`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time_period: Option<String>,
+}
+
+/// A budget's period at `now_ms` (Unix ms) for periods of `duration` from `anchor` (Unix s):
+/// its start in ms and the ms left; a budget without a duration never resets.
+fn in_period(budget: Budget, anchor: u64, duration: Option<&str>, now_ms: u64) -> Budget {
+    let Some(duration) = duration else {
+        return budget;
+    };
+    match budget_period(anchor, duration, now_ms / 1000) {
+        Some((start, end)) => {
+            budget.in_period(start * 1000, (end * 1000).saturating_sub(now_ms).max(1))
+        }
+        None => budget,
+    }
 }
 
 impl Limits {
     /// The fields, as the endpoints take them.
-    pub const FIELDS: [&'static str; 6] = [
+    pub const FIELDS: [&'static str; 10] = [
         "rpm_limit",
         "tpm_limit",
         "tpd_limit",
         "max_parallel_requests",
         "model_rpm_limit",
         "model_tpm_limit",
+        "max_budget",
+        "soft_budget",
+        "budget_duration",
+        "model_max_budget",
     ];
 
     /// Whether none is set.
@@ -49,8 +95,25 @@ impl Limits {
         *self == Self::default()
     }
 
-    /// What a request on model group `model` is held to.
-    pub fn for_model(&self, model: &str) -> CallerLimits {
+    /// What a request on model group `model` at `now_ms` (Unix ms) is held to.
+    pub fn for_model(&self, model: &str, now_ms: u64) -> CallerLimits {
+        let dollars = |d: f64| NanoUsd::from_dollars(d).unwrap_or_default();
+        let anchor = self.budget_start.unwrap_or(0);
+        let duration = self.budget_duration.as_deref();
+        let budget = self.max_budget.map(|max| {
+            let mut b = Budget::new(dollars(max));
+            b.soft = self.soft_budget.map(dollars);
+            in_period(b, anchor, duration, now_ms)
+        });
+        let model_budget = self.model_max_budget.get(model).map(|m| {
+            let duration = m.time_period.as_deref().or(duration);
+            in_period(
+                Budget::new(dollars(m.budget_limit)),
+                anchor,
+                duration,
+                now_ms,
+            )
+        });
         CallerLimits {
             rpm: self.rpm_limit,
             tpm: self.tpm_limit,
@@ -58,7 +121,16 @@ impl Limits {
             max_parallel: self.max_parallel_requests,
             model_rpm: self.model_rpm_limit.get(model).copied(),
             model_tpm: self.model_tpm_limit.get(model).copied(),
+            budget,
+            model_budget,
         }
+    }
+
+    /// The budget's current period at `now_ms` (Unix ms): its start and end in Unix seconds;
+    /// `None` without a budget that resets.
+    pub fn budget_period(&self, now_ms: u64) -> Option<(u64, u64)> {
+        let duration = self.budget_duration.as_deref()?;
+        budget_period(self.budget_start.unwrap_or(0), duration, now_ms / 1000)
     }
 
     /// The model groups the per-model limits name.
@@ -66,12 +138,13 @@ impl Limits {
         self.model_rpm_limit
             .keys()
             .chain(self.model_tpm_limit.keys())
+            .chain(self.model_max_budget.keys())
             .map(String::as_str)
     }
 }
 
 /// A team's limits as its keys' requests carry them: made once per team lookup.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct TeamLimits {
     /// The team's id (its counters are kept under it).
     pub team_id: Arc<str>,
@@ -79,9 +152,16 @@ pub struct TeamLimits {
     pub limits: Limits,
 }
 
-/// The caller of `kind` counted under `id` with `limits` on `model`, if any of them applies.
-pub(crate) fn caller(kind: CallerKind, id: &str, limits: &Limits, model: &str) -> Option<Caller> {
-    let limits = limits.for_model(model);
+/// The caller of `kind` counted under `id` with `limits` on `model` at `now_ms` (Unix ms), if
+/// any of them applies.
+pub(crate) fn caller(
+    kind: CallerKind,
+    id: &str,
+    limits: &Limits,
+    model: &str,
+    now_ms: u64,
+) -> Option<Caller> {
+    let limits = limits.for_model(model, now_ms);
     (!limits.is_empty()).then(|| Caller::new(kind, id, limits))
 }
 
@@ -96,18 +176,52 @@ mod tests {
             model_rpm_limit: [("a".to_owned(), 1)].into(),
             ..Limits::default()
         };
-        assert_eq!(limits.for_model("a").model_rpm, Some(1));
-        assert_eq!(limits.for_model("b").model_rpm, None);
-        assert_eq!(limits.for_model("b").rpm, Some(5));
+        assert_eq!(limits.for_model("a", 0).model_rpm, Some(1));
+        assert_eq!(limits.for_model("b", 0).model_rpm, None);
+        assert_eq!(limits.for_model("b", 0).rpm, Some(5));
         let only_a = Limits {
             model_tpm_limit: [("a".to_owned(), 10)].into(),
             ..Limits::default()
         };
         assert!(
-            caller(CallerKind::Key, "k", &only_a, "b").is_none(),
+            caller(CallerKind::Key, "k", &only_a, "b", 0).is_none(),
             "nothing to count"
         );
-        assert!(caller(CallerKind::Key, "k", &only_a, "a").is_some());
+        assert!(caller(CallerKind::Key, "k", &only_a, "a", 0).is_some());
+    }
+
+    #[test]
+    fn a_budget_counts_in_the_period_now_falls_in() {
+        let limits = Limits {
+            max_budget: Some(2.5),
+            soft_budget: Some(1.0),
+            budget_duration: Some("1h".into()),
+            budget_start: Some(1_000),
+            model_max_budget: [(
+                "a".to_owned(),
+                ModelBudget {
+                    budget_limit: 0.5,
+                    time_period: Some("1d".into()),
+                },
+            )]
+            .into(),
+            ..Limits::default()
+        };
+        let at = (1_000 + 3 * 3_600 + 10) * 1000;
+        let b = limits.for_model("a", at).budget.unwrap();
+        assert_eq!(b.max.nanos(), 2_500_000_000);
+        assert_eq!(b.soft.unwrap().nanos(), 1_000_000_000);
+        assert_eq!(b.period, (1_000 + 3 * 3_600) * 1000);
+        assert_eq!(b.resets_in, Some((3_600 - 10) * 1000));
+        let m = limits.for_model("a", at).model_budget.unwrap();
+        assert_eq!((m.max.nanos(), m.period), (500_000_000, 1_000_000));
+        assert!(limits.for_model("b", at).model_budget.is_none());
+        let forever = Limits {
+            max_budget: Some(1.0),
+            ..Limits::default()
+        };
+        let b = forever.for_model("a", at).budget.unwrap();
+        assert_eq!((b.period, b.resets_in), (0, None));
     }
 
     #[test]

@@ -41,6 +41,7 @@ pub mod local;
 pub mod postgres;
 pub mod redis;
 pub mod routes;
+pub mod spend;
 pub mod sqlite;
 
 use std::path::Path;
@@ -52,13 +53,13 @@ use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
-use tower_priority_limit::caller::{CallerKind, Callers};
+use tower_priority_limit::caller::{CallerKind, Callers, Prices};
 
 use crate::config::wildcard::allows;
 use crate::config::GatewayConfig;
 
 pub use self::cache::{KEY_CACHE_STALE_IF_ERROR, KEY_CACHE_TTL};
-pub use self::limits::{Limits, TeamLimits};
+pub use self::limits::{Limits, ModelBudget, TeamLimits};
 pub use self::local::LocalStore;
 pub use self::postgres::{PgKeys, DEFAULT_POSTGRES_TIMEOUT};
 pub use self::redis::{RedisKeys, DEFAULT_REDIS_TIMEOUT};
@@ -255,6 +256,9 @@ pub struct ModelAccess {
     team: Option<Arc<[String]>>,
     /// Its team's limits, when the team has any.
     team_limits: Option<Arc<TeamLimits>>,
+    /// The wall clock (Unix ms) when the request was authenticated: which budget period it
+    /// falls in.
+    unix_ms: u64,
 }
 
 impl ModelAccess {
@@ -269,7 +273,14 @@ impl ModelAccess {
             key: Some(key),
             team: team_models,
             team_limits: None,
+            unix_ms: 0,
         }
+    }
+
+    /// The same, for a request authenticated at `unix_ms` (its budgets' periods).
+    pub fn at(mut self, unix_ms: u64) -> Self {
+        self.unix_ms = unix_ms;
+        self
     }
 
     /// The same, held to its team's `limits` too.
@@ -279,17 +290,19 @@ impl ModelAccess {
     }
 
     /// The limits a request on model group `model` is held to beside the model's: its key's,
-    /// then its team's; `None` when neither has any that applies (the master key has none).
-    pub fn callers(&self, model: &str) -> Option<Arc<Callers>> {
+    /// then its team's; `None` when neither has any that applies (the master key has none). Its
+    /// budgets count the group's `prices` for a prompt estimated at `prompt_tokens`.
+    pub fn callers(&self, model: &str, prices: Prices, prompt_tokens: u64) -> Option<Arc<Callers>> {
+        let now = self.unix_ms;
         let key = self
             .key
             .as_ref()
-            .and_then(|k| limits::caller(CallerKind::Key, &k.token, &k.limits, model));
+            .and_then(|k| limits::caller(CallerKind::Key, &k.token, &k.limits, model, now));
         let team = self
             .team_limits
             .as_ref()
-            .and_then(|t| limits::caller(CallerKind::Team, &t.team_id, &t.limits, model));
-        Callers::new(key, team)
+            .and_then(|t| limits::caller(CallerKind::Team, &t.team_id, &t.limits, model, now));
+        Callers::priced(key, team, prices, prompt_tokens)
     }
 
     /// The key's team, if it has one (`None` for the master key).

@@ -5,6 +5,7 @@
 
 use axum::body::Body;
 use axum::response::Response;
+use tower_priority_limit::caller::Prices;
 use tower_priority_limit::config::PoolRef;
 use tower_priority_limit::decision::Admitted;
 use tower_priority_limit::meter::UsageMeter;
@@ -39,6 +40,7 @@ pub(super) async fn admit(
     pool: PoolRef,
     chat: &ChatRequest,
     may_wait: bool,
+    prices: Prices,
 ) -> Result<Admission, StoreError> {
     let Some(id) = limiter.config().model_id(group) else {
         return Ok(Admission::Unlimited);
@@ -51,7 +53,7 @@ pub(super) async fn admit(
             prompt_tokens: chat.prompt_tokens,
             max_output_tokens: chat.max_output_tokens,
             max_wait: (!may_wait).then_some(std::time::Duration::ZERO),
-            callers: chat.access.callers(group),
+            callers: chat.access.callers(group, prices, chat.prompt_tokens),
         })
         .await?;
     Ok(match outcome {

@@ -10,6 +10,7 @@ use arc_swap::ArcSwap;
 use http::HeaderValue;
 use rand::rngs::SmallRng;
 use smallvec::SmallVec;
+use tower_priority_limit::caller::Prices;
 use tower_priority_limit::clock::Clock;
 use tower_priority_limit::config::{LimiterConfig, ModelId, PoolRef};
 use tower_priority_limit::decision::{Decision, Millis, Refused};
@@ -33,6 +34,9 @@ pub struct Group {
     cursor: AtomicU64,
     /// `x-litellm-model-group`, formatted once.
     pub(super) name_header: Option<HeaderValue>,
+    /// What its tokens cost budgets: its dearest deployment's prices (which deployment serves
+    /// a request is chosen after its admission reserves the cost).
+    pub prices: Prices,
 }
 
 /// What the router knows of one deployment.
@@ -78,6 +82,14 @@ pub struct Router {
     /// The groups whose names are patterns, in the order they are tried
     /// ([`wildcard`](super::wildcard)).
     pub(super) wildcards: Box<[WildcardRoute]>,
+}
+
+/// Per token kind, the highest of `prices`.
+fn dearest(prices: impl Iterator<Item = Prices>) -> Prices {
+    prices.fold(Prices::default(), |a, b| Prices {
+        input: a.input.max(b.input),
+        output: a.output.max(b.output),
+    })
 }
 
 /// An admitted choice: the deployment and its limiter lease.
@@ -160,6 +172,7 @@ impl Router {
                     k,
                     Group {
                         name_header: HeaderValue::from_str(name.as_str()).ok(),
+                        prices: dearest(members.iter().map(|&i| deployments[i].prices)),
                         name,
                         members: members.into_boxed_slice(),
                         cursor: AtomicU64::new(0),

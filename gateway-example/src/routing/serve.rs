@@ -8,6 +8,7 @@ use axum::response::{IntoResponse, Response};
 use http::{HeaderName, HeaderValue, StatusCode};
 use rand::rngs::SmallRng;
 use rand::{RngExt, SeedableRng};
+use tower_priority_limit::caller::Prices;
 use tower_priority_limit::config::PoolRef;
 use tower_priority_limit::decision::{Admitted, Refused};
 use tower_priority_limit::metrics::{OutcomeLabel, RefusedBy};
@@ -92,7 +93,16 @@ pub async fn serve(
     let own_deployments = chat.concrete.as_ref().map(|c| c.deployments());
     let first_limiter = limiter.map(|l| own_groups.as_deref().unwrap_or(l));
     if let (Some(limiter), Some(pool)) = (first_limiter, pool) {
-        match admit(limiter, first, pool, chat, may_wait).await {
+        match admit(
+            limiter,
+            first,
+            pool,
+            chat,
+            may_wait,
+            prices_of(router, first),
+        )
+        .await
+        {
             Ok(Admission::Admitted(lease, admitted)) => first_lease = Some((lease, admitted)),
             Ok(Admission::Unlimited) => {}
             Ok(Admission::Refused(response)) => refusal = Some(response),
@@ -153,7 +163,7 @@ pub async fn serve(
                     continue;
                 }
                 if let (true, Some(limiter), Some(pool)) = (fallback, limiter, pool) {
-                    match admit(limiter, name, pool, chat, false).await {
+                    match admit(limiter, name, pool, chat, false, prices_of(router, name)).await {
                         Ok(Admission::Admitted(lease, admitted)) => {
                             group_lease = Some((lease, admitted));
                         }
@@ -376,6 +386,11 @@ fn request_timeout(router: &Router, deployments: &[Deployment], first: &str) -> 
             .and_then(|g| g.members.iter().map(|&i| deployments[i].timeout).max())
             .unwrap_or(crate::config::DEFAULT_TIMEOUT)
     })
+}
+
+/// What a token of `group` costs budgets.
+fn prices_of(router: &Router, group: &str) -> Prices {
+    router.group(group).map(|g| g.prices).unwrap_or_default()
 }
 
 /// Takes back `lease`'s admission unless a deployment of its group was `called`.

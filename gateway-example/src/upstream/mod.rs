@@ -923,6 +923,7 @@ mod tests {
             weight: None,
             proxy: Default::default(),
             connections: Default::default(),
+            prices: Default::default(),
         }
     }
 

@@ -206,8 +206,16 @@ impl<W: Window> CallerCounters<W> {
         if period >= counter.period {
             *counter = BudgetCounter {
                 period,
-                spent: spent.max(if period == counter.period { counter.spent } else { 0 }),
-                reserved: if period == counter.period { counter.reserved } else { 0 },
+                spent: spent.max(if period == counter.period {
+                    counter.spent
+                } else {
+                    0
+                }),
+                reserved: if period == counter.period {
+                    counter.reserved
+                } else {
+                    0
+                },
             };
         }
     }
@@ -511,8 +519,8 @@ mod tests {
     use super::*;
     use crate::caller::{CallerKind, CallerLimits};
     use crate::decision::{FixedWindow, SlidingWindow};
-    use std::sync::Arc;
     use proptest::prelude::*;
+    use std::sync::Arc;
 
     const W: Millis = 60_000;
     const M: ModelId = ModelId(0);
@@ -624,7 +632,9 @@ mod tests {
     fn budgeted(max: u64) -> Arc<Callers> {
         let budget = Budget::new(NanoUsd::from_nanos(max)).soft(NanoUsd::from_nanos(max / 2));
         Callers::priced(
-            Some(key(CallerLimits::new().budget(budget.in_period(1_000, 60_000)))),
+            Some(key(
+                CallerLimits::new().budget(budget.in_period(1_000, 60_000))
+            )),
             None,
             crate::caller::Prices {
                 input: 1.0,
@@ -671,7 +681,10 @@ mod tests {
         let marks = admit_callers(&later, [Some(&mut c), None], M, 0, 30, 0, W);
         assert_eq!(marks.budgets[0][0], 61_000);
         c.settle_budgets(M, old.budgets[0], 100, 90, false);
-        assert_eq!((c.budget.period, c.budget.spent, c.budget.reserved), (61_000, 0, 30));
+        assert_eq!(
+            (c.budget.period, c.budget.spent, c.budget.reserved),
+            (61_000, 0, 30)
+        );
         // An admission that still names the old period counts in the newer one.
         assert_eq!(c.budget.committed(1_000), 30);
     }
@@ -681,7 +694,11 @@ mod tests {
         let callers = budgeted(100);
         let mut c = CallerCounters::<FixedWindow>::default();
         admit_callers(&callers, [Some(&mut c), None], M, 0, 50, 0, W);
-        assert_eq!(callers.soft_budget_passed(), None, "nothing spent before it");
+        assert_eq!(
+            callers.soft_budget_passed(),
+            None,
+            "nothing spent before it"
+        );
         let again = budgeted(100);
         admit_callers(&again, [Some(&mut c), None], M, 0, 10, 0, W);
         assert_eq!(again.soft_budget_passed(), Some(CallerKind::Key));

@@ -23,7 +23,7 @@ pub use headers::{
     RATE_LIMIT_TYPE, X_LITELLM_PRIORITY, X_LITELLM_SATURATION, X_POOL_RESERVED_REQUESTS,
     X_POOL_RESERVED_TOKENS, X_POOL_USED_REQUESTS, X_POOL_USED_TOKENS, X_PRIORITY_LIMIT_MAX_WAIT,
     X_PRIORITY_LIMIT_QUEUED_MS, X_REFUSED_BY, X_REFUSED_LIMIT, X_REFUSED_USED, X_SATURATION,
-    X_SHADOW_REFUSED_BY,
+    X_SHADOW_REFUSED_BY, X_SOFT_BUDGET_PASSED,
 };
 
 /// A request's `x-priority-limit-max-wait` that is not seconds ≥ 0.
@@ -109,7 +109,12 @@ pub(crate) fn refusal_message(model: &ModelLimits, label: Option<&str>, r: &Refu
                 crate::caller::CallerKind::Team => " Team",
             };
             let dollars = |n: u64| crate::caller::NanoUsd::from_nanos(n).dollars();
-            let _ = write!(m, "Budget has been exceeded!{who} Current cost: {}, Max budget: {}", dollars(r.used), dollars(r.limit));
+            let _ = write!(
+                m,
+                "Budget has been exceeded!{who} Current cost: {}, Max budget: {}",
+                dollars(r.used),
+                dollars(r.limit)
+            );
             if limit == crate::caller::CallerLimit::ModelBudget {
                 let _ = write!(m, " for model={}", model.name());
             }
@@ -172,7 +177,9 @@ pub(crate) fn refusal_response(
     let message = refusal_message(model, label, r);
     // A spent budget is LiteLLM's `budget_exceeded` 400, not a rate limit.
     let (status, kind) = match r.scope {
-        Scope::Caller(_, limit) if limit.is_budget() => (StatusCode::BAD_REQUEST, "budget_exceeded"),
+        Scope::Caller(_, limit) if limit.is_budget() => {
+            (StatusCode::BAD_REQUEST, "budget_exceeded")
+        }
         _ => (StatusCode::TOO_MANY_REQUESTS, "throttling_error"),
     };
     let mut response = error_response(status, kind, &message, None);

@@ -289,9 +289,7 @@ impl CallerTable {
             let budget = budgeted.then_some((budgets, all.cost_reserved, cost));
             let args = (marks, reserved, tokens);
             match &mut *slot.lock() {
-                AnyCallerCounters::Fixed(c) => {
-                    apply(c, &s, args, budget, accounting, now, window)
-                }
+                AnyCallerCounters::Fixed(c) => apply(c, &s, args, budget, accounting, now, window),
                 AnyCallerCounters::Sliding(c) => {
                     apply(c, &s, args, budget, accounting, now, window)
                 }
@@ -304,7 +302,11 @@ impl CallerSlot {
     /// Its spend per budget; with `changed_only`, only if a settlement changed it since the
     /// last such call (which clears the mark).
     fn spent(&self, changed_only: bool) -> Vec<Spent> {
-        fn of<W: Window>(c: &mut CallerCounters<W>, changed_only: bool, slot: &CallerSlot) -> Vec<Spent> {
+        fn of<W: Window>(
+            c: &mut CallerCounters<W>,
+            changed_only: bool,
+            slot: &CallerSlot,
+        ) -> Vec<Spent> {
             if changed_only && !c.take_spend_changed() {
                 return Vec::new();
             }

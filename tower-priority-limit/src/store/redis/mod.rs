@@ -69,8 +69,8 @@ use crate::config::WindowKind;
 use crate::config::{pool_index, Enforcement, FailureMode, LimiterConfig, ModelId, PoolRef};
 use crate::decision::{
     admit_budgets, check_callers, decide, decide_with_callers, reservation, saturation, slot_ms,
-    BudgetCounter, CallerCounters,
-    CallerPair, Decision, FixedWindow, Millis, SlidingWindow, Usage, Window, NOT_COUNTED, RING,
+    BudgetCounter, CallerCounters, CallerPair, Decision, FixedWindow, Millis, SlidingWindow, Usage,
+    Window, NOT_COUNTED, RING,
 };
 use crate::metrics::Observer;
 

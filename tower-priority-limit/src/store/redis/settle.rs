@@ -20,8 +20,8 @@ use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
 
 use super::connection::bounded;
-use super::{caller_keys, caller_model_prefix};
 use super::{caller_hash_ttl, Inner, MAX_EXACT, RETRY_INTERVAL};
+use super::{caller_keys, caller_model_prefix};
 use crate::caller::{Callers, DAY_MS};
 use crate::config::{ModelId, TokenAccounting};
 use crate::decision::{slot_ms, Millis, NOT_COUNTED};
@@ -126,11 +126,14 @@ impl Inner {
                 .max_parallel
                 .map(|_| (slots.as_str(), member.as_str()));
             // The budgets the admission reserved on: (prefix, period, reserved, cost).
-            let budgets: Vec<_> = [("b:", marks.budgets[place][0]), (model_budget.as_str(), marks.budgets[place][1])]
-                .into_iter()
-                .filter(|b| b.1 != NOT_COUNTED)
-                .map(|(prefix, period)| (prefix, period, cost_reserved, cost))
-                .collect();
+            let budgets: Vec<_> = [
+                ("b:", marks.budgets[place][0]),
+                (model_budget.as_str(), marks.budgets[place][1]),
+            ]
+            .into_iter()
+            .filter(|b| b.1 != NOT_COUNTED)
+            .map(|(prefix, period)| (prefix, period, cost_reserved, cost))
+            .collect();
             if pairs.is_empty() && slot_set.is_none() && budgets.is_empty() {
                 continue;
             }

@@ -1,0 +1,320 @@
+//! Dollar budgets of keys and teams (issue 31): `max_budget`, `budget_duration`, `soft_budget`,
+//! `model_max_budget`, priced from the config's `input_cost_per_token` and
+//! `output_cost_per_token`, over real HTTP on the embedded store and the manual clock. The Redis
+//! fleet's side is in `tests/redis/budgets.rs`.
+//!
+//! Every mocked answer reports 10 prompt and 20 completion tokens; at $1 per million prompt
+//! tokens and $2 per million completion tokens, one answer costs 10 × 1e-6 + 20 × 2e-6 =
+//! $0.00005.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use integration_tests::gateway::{
+    all_at_once, stream_body, with_master, Gw, Reply, TempDir, MASTER,
+};
+use integration_tests::upstream::Upstream;
+use serde_json::{json, Value};
+
+/// One answer's cost in dollars.
+const COST: f64 = 0.00005;
+
+fn config(upstream: &str, settings: &str) -> String {
+    with_master(&format!(
+        r#"
+model_list:
+  - model_name: a
+    litellm_params: {{model: openai/a, mock_response: "hi", rpm: 100000}}
+    model_info: {{input_cost_per_token: 0.000001, output_cost_per_token: 0.000002}}
+  - model_name: b
+    litellm_params: {{model: openai/b, mock_response: "hi", rpm: 100000,
+                      input_cost_per_token: 0.000001, output_cost_per_token: 0.000002}}
+  - model_name: free
+    litellm_params: {{model: openai/free, mock_response: "hi", rpm: 100000}}
+  - model_name: m
+    litellm_params: {{model: openai/gated, api_base: "{upstream}", api_key: sk-up, rpm: 100000}}
+    model_info: {{input_cost_per_token: 0.000001, output_cost_per_token: 0.000002}}
+litellm_settings:
+  callbacks: ["dynamic_rate_limiter_v3"]
+  priority_reservation_settings: {{{settings}}}
+"#
+    ))
+}
+
+fn refused_by(r: &Reply) -> &str {
+    r.headers
+        .get("x-priority-limit-refused-by")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+}
+
+async fn key_info(gw: &Gw, key: &str) -> Value {
+    let r = gw.get(&format!("/key/info?key={key}"), Some(MASTER)).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    r.json()["info"].clone()
+}
+
+fn close(a: f64, b: f64) -> bool {
+    (a - b).abs() < 1e-12
+}
+
+/// A key's budget admits while its spend is below it, then answers LiteLLM's 400
+/// `budget_exceeded` (the key's message, the limit named in the header); `/key/info` shows the
+/// spend and when it resets, and the next period starts empty.
+#[tokio::test]
+async fn a_key_budget_refuses_once_spent_and_resets_with_its_period() {
+    let (_up, base) = Upstream::start().await;
+    let gw = Gw::start(&config(&base, ""), None).await;
+    let key = gw
+        .new_key(json!({"max_budget": 2.0 * COST, "budget_duration": "30s"}))
+        .await;
+    assert_eq!(gw.served(&key, "a", 2).await, 2);
+    // Spent 0.0001 of 0.0001: refused, on every model.
+    for model in ["a", "b", "free"] {
+        let r = gw.chat(&key, model, false).await;
+        assert_eq!(r.status, 400, "{}", r.text());
+        assert_eq!(refused_by(&r), "key_budget");
+        assert_eq!(r.json()["error"]["type"], "budget_exceeded");
+        assert_eq!(r.json()["error"]["code"], "400");
+        assert_eq!(
+            r.error_message(),
+            "Budget has been exceeded! Current cost: 0.0001, Max budget: 0.0001"
+        );
+        let retry: u64 = r.headers["retry-after"].to_str().unwrap().parse().unwrap();
+        assert!((1..=30).contains(&retry), "until the period ends: {retry}");
+    }
+    let info = key_info(&gw, &key).await;
+    assert!(close(info["spend"].as_f64().unwrap(), 2.0 * COST), "{info}");
+    assert_eq!(info["max_budget"], 2.0 * COST);
+    assert_eq!(info["budget_duration"], "30s");
+    assert!(info["budget_reset_at"].is_string(), "{info}");
+
+    // The free model's answers cost nothing, but the spent budget refuses them too.
+    gw.clock.advance(Duration::from_secs(30));
+    assert_eq!(key_info(&gw, &key).await["spend"], 0.0, "a new period");
+    assert_eq!(gw.served(&key, "free", 3).await, 3, "free answers cost 0");
+    assert_eq!(
+        gw.served(&key, "b", 3).await,
+        2,
+        "a new period, the same budget"
+    );
+
+    // Without a duration it never resets.
+    let key = gw.new_key(json!({"max_budget": COST})).await;
+    assert_eq!(gw.served(&key, "a", 2).await, 1);
+    gw.clock.advance(Duration::from_secs(86_400 * 40));
+    assert_eq!(gw.served(&key, "a", 1).await, 0);
+    assert!(key_info(&gw, &key).await["budget_reset_at"].is_null());
+}
+
+/// A team's budget is shared by its keys (named `team_budget`, with the team's message); a
+/// model's budget counts only its model; `null` removes a budget.
+#[tokio::test]
+async fn a_team_budget_is_shared_and_a_model_budget_counts_its_model() {
+    let (_up, base) = Upstream::start().await;
+    let gw = Gw::start(&config(&base, ""), None).await;
+    let team = gw.new_team(json!({"max_budget": 3.0 * COST})).await;
+    let k1 = gw.new_key(json!({"team_id": team})).await;
+    let k2 = gw.new_key(json!({"team_id": team})).await;
+    assert_eq!(gw.served(&k1, "a", 2).await, 2);
+    assert_eq!(gw.served(&k2, "b", 5).await, 1, "the team's third");
+    let r = gw.chat(&k1, "a", false).await;
+    assert_eq!((r.status.as_u16(), refused_by(&r)), (400, "team_budget"));
+    assert!(
+        r.error_message()
+            .starts_with("Budget has been exceeded! Team Current cost: 0.00015"),
+        "{}",
+        r.error_message()
+    );
+    let info = gw
+        .get(&format!("/team/info?team_id={team}"), Some(MASTER))
+        .await;
+    assert!(close(
+        info.json()["team_info"]["spend"].as_f64().unwrap(),
+        3.0 * COST
+    ));
+    let u = gw
+        .post(
+            "/team/update",
+            Some(MASTER),
+            json!({"team_id": team, "max_budget": null}),
+        )
+        .await;
+    assert_eq!(u.status, 200, "{}", u.text());
+    assert_eq!(gw.served(&k1, "a", 2).await, 2, "no budget any more");
+
+    // `a` once (a bare number: the key's own period), `b` twice per day.
+    let key = gw
+        .new_key(json!({"model_max_budget": {
+            "a": COST,
+            "b": {"budget_limit": 2.0 * COST, "time_period": "1d"}
+        }}))
+        .await;
+    assert_eq!(gw.served(&key, "a", 3).await, 1);
+    let r = gw.chat(&key, "a", false).await;
+    assert_eq!(
+        (r.status.as_u16(), refused_by(&r)),
+        (400, "key_model_budget")
+    );
+    assert!(
+        r.error_message().ends_with("for model=a"),
+        "{}",
+        r.error_message()
+    );
+    assert_eq!(gw.served(&key, "b", 3).await, 2, "b's own budget");
+    assert_eq!(gw.served(&key, "free", 2).await, 2, "no budget on free");
+    let info = key_info(&gw, &key).await;
+    assert!(
+        close(info["model_spend"]["b"].as_f64().unwrap(), 2.0 * COST),
+        "{info}"
+    );
+    gw.clock.advance(Duration::from_secs(86_400));
+    assert_eq!(gw.served(&key, "b", 3).await, 2, "b's day has passed");
+    assert_eq!(gw.served(&key, "a", 1).await, 0, "a's budget never resets");
+}
+
+/// Past its soft budget a key is still served; the answer says so and a metric counts it.
+#[tokio::test]
+async fn a_soft_budget_is_said_and_counted_not_enforced() {
+    let (_up, base) = Upstream::start().await;
+    let gw = Gw::start(&config(&base, ""), None).await;
+    let key = gw
+        .new_key(json!({"max_budget": 10.0 * COST, "soft_budget": 2.0 * COST}))
+        .await;
+    let mut said = Vec::new();
+    for _ in 0..4 {
+        let r = gw.chat(&key, "a", false).await;
+        assert_eq!(r.status, 200, "{}", r.text());
+        said.push(
+            r.headers
+                .get("x-priority-limit-soft-budget-passed")
+                .map(|v| v.to_str().unwrap().to_owned()),
+        );
+    }
+    assert_eq!(
+        said,
+        [None, None, Some("key".into()), Some("key".into())],
+        "said once the spend has reached it"
+    );
+    let metrics = gw.get("/metrics", Some(MASTER)).await;
+    assert!(
+        metrics
+            .text()
+            .contains("gateway_soft_budget_passed_total{caller=\"key\"} 2"),
+        "{}",
+        metrics.text()
+    );
+}
+
+/// Under `reserve`, 200 streams at once on one key's budget, all held at the upstream until
+/// every one is admitted or refused: the estimated cost is reserved at admission, so the spend
+/// passes the budget by less than one answer's cost. Under `post_hoc` nothing is reserved and
+/// every request in flight is served: the overshoot is what was in flight, as documented.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_reserve_concurrent_streams_overspend_a_budget_by_less_than_one_answer() {
+    for (settings, expected) in [("token_accounting: reserve", None), ("", Some(200))] {
+        let (up, base) = Upstream::start().await;
+        let gw = Arc::new(Gw::start(&config(&base, settings), None).await);
+        let max = 20.0 * COST;
+        let key = gw.new_key(json!({"max_budget": max})).await;
+        let replies = all_at_once(&gw, &up, 200, &key, stream_body(20)).await;
+        let mut served = 0;
+        for r in &replies {
+            match r.status.as_u16() {
+                200 => {
+                    assert!(r.text().contains("[DONE]"), "{}", r.text());
+                    served += 1;
+                }
+                400 => assert_eq!(refused_by(r), "key_budget", "{}", r.text()),
+                other => panic!("{other}: {}", r.text()),
+            }
+        }
+        let spend = key_info(&gw, &key).await["spend"].as_f64().unwrap();
+        assert!(close(spend, served as f64 * COST), "{spend} for {served}");
+        match expected {
+            None => {
+                assert!(
+                    served >= 1 && spend < max + COST,
+                    "{settings}: {served}, ${spend}"
+                );
+            }
+            Some(all) => assert_eq!(served, all, "{settings}"),
+        }
+    }
+}
+
+/// Spend outlives the process: a gateway on the same data directory starts from it.
+#[tokio::test]
+async fn spend_survives_a_restart() {
+    let (_up, base) = Upstream::start().await;
+    let dir = TempDir::new();
+    let yaml = config(&base, "");
+    let gw = Gw::start(&yaml, Some(&dir.0)).await;
+    let key = gw.new_key(json!({"max_budget": 3.0 * COST})).await;
+    assert_eq!(gw.served(&key, "a", 2).await, 2);
+    gw.gateway.flush().await;
+    gw.stop();
+    let gw = Gw::start(&yaml, Some(&dir.0)).await;
+    let info = key_info(&gw, &key).await;
+    assert!(close(info["spend"].as_f64().unwrap(), 2.0 * COST), "{info}");
+    assert_eq!(gw.served(&key, "a", 3).await, 1, "the third of three");
+}
+
+/// Budgets that could not hold are refused by name, and nothing is made.
+#[tokio::test]
+async fn bad_budgets_are_refused_by_name() {
+    let (_up, base) = Upstream::start().await;
+    let gw = Gw::start(&config(&base, ""), None).await;
+    for (body, param) in [
+        (json!({"max_budget": -1}), "max_budget"),
+        (json!({"max_budget": "5"}), "max_budget"),
+        (json!({"max_budget": 1e12}), "max_budget"),
+        (
+            json!({"max_budget": 1, "budget_duration": "soon"}),
+            "budget_duration",
+        ),
+        (json!({"soft_budget": 1}), "soft_budget"),
+        (json!({"model_max_budget": {"nope": 1}}), "model_max_budget"),
+        (json!({"model_max_budget": {"free": 1}}), "model_max_budget"),
+        (
+            json!({"model_max_budget": {"a": {"budget_limit": 1, "period": "1d"}}}),
+            "model_max_budget",
+        ),
+        (json!({"model_max_budget": [1]}), "model_max_budget"),
+    ] {
+        let r = gw.post("/key/generate", Some(MASTER), body.clone()).await;
+        assert_eq!(r.status, 400, "{body}: {}", r.text());
+        assert_eq!(r.json()["error"]["param"], param, "{body}: {}", r.text());
+        let r = gw.post("/team/new", Some(MASTER), body.clone()).await;
+        assert_eq!(r.status, 400, "{body}: {}", r.text());
+    }
+    let keys = gw.get("/key/list", Some(MASTER)).await;
+    assert_eq!(keys.json()["keys"], json!([]), "nothing was made");
+}
+
+/// A gateway whose models have no prices refuses `max_budget`: its spend would stay 0.
+#[tokio::test]
+async fn a_budget_without_prices_is_refused() {
+    let gw = Gw::start(
+        &with_master(
+            r#"
+model_list:
+  - model_name: free
+    litellm_params: {model: openai/free, mock_response: "hi", rpm: 100}
+litellm_settings:
+  callbacks: ["dynamic_rate_limiter_v3"]
+"#,
+        ),
+        None,
+    )
+    .await;
+    let r = gw
+        .post("/key/generate", Some(MASTER), json!({"max_budget": 1}))
+        .await;
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert!(
+        r.error_message().contains("input_cost_per_token"),
+        "{}",
+        r.text()
+    );
+}
