@@ -36,7 +36,7 @@ router_settings:
     ))
 }
 
-async fn fleet(yaml: &str) -> (Vec<Arc<Gw>>, Vec<TempDir>) {
+pub(crate) async fn fleet(yaml: &str) -> (Vec<Arc<Gw>>, Vec<TempDir>) {
     let mut gateways = Vec::new();
     let mut dirs = Vec::new();
     for _ in 0..3 {
@@ -55,7 +55,7 @@ fn refused_by(r: &Reply) -> &str {
 }
 
 /// No gateway fell back to its local share: every count was the fleet's.
-fn no_failures(gateways: &[Arc<Gw>]) {
+pub(crate) fn no_failures(gateways: &[Arc<Gw>]) {
     for gw in gateways {
         let limiter = gw.gateway.limiter();
         let GatewayStore::Redis(store) = limiter.store() else {
@@ -67,7 +67,7 @@ fn no_failures(gateways: &[Arc<Gw>]) {
 }
 
 /// Every gateway's settlements have reached Redis.
-async fn flush(gateways: &[Arc<Gw>]) {
+pub(crate) async fn flush(gateways: &[Arc<Gw>]) {
     for gw in gateways {
         let limiter = gw.gateway.limiter();
         limiter.store().flush().await;
@@ -142,7 +142,7 @@ async fn a_key_limit_is_exact_across_three_gateways() {
 /// Sends `n` chats with `body` as `key` at once, spread over the fleet, to `up`'s gated model:
 /// the admitted ones are held at the upstream until all `n` are either there or answered, so all
 /// admissions happen while every admitted one is in flight; then the gate opens.
-async fn at_once(
+pub(crate) async fn at_once(
     gateways: &[Arc<Gw>],
     up: &Upstream,
     n: usize,

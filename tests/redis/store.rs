@@ -220,7 +220,7 @@ async fn agree_step_by_step(
     let shared = redis_limiter(config, single(redis), prefix).await;
     let client = ::redis::Client::open(redis.url()).unwrap();
 
-    let mut rng = Lcg(7);
+    let mut rng = Lcg(11);
     let priorities = [Some("prod"), Some("dev"), None, Some("unknown")];
     let models = ["m", "tokens-only"];
     let mut leases = Vec::new();
@@ -970,6 +970,20 @@ async fn lua_script_and_decide_agree_on_callers() {
     }
 }
 
+/// The same with a key's dollar budgets among the callers (issue 31): reserved and settled
+/// cost, periods that roll, soft budgets reported alike. Both kinds of budget refuse.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lua_script_and_decide_agree_on_budgets() {
+    let Some(redis) = RedisServer::start("lua_script_and_decide_agree_on_budgets") else {
+        return;
+    };
+    let config = lockstep_config().token_accounting(TokenAccounting::Reserve);
+    let by = agree_with_callers_of(&redis, config, "agree-budgets:", None, 4).await;
+    for limit in ["key_budget", "key_model_budget"] {
+        assert!(by.get(limit).copied().unwrap_or(0) > 0, "{limit}: {by:?}");
+    }
+}
+
 /// The same on sliding windows (in one slot: the day's slots are not the window's, so time is
 /// not moved), retry-after included.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -998,7 +1012,22 @@ async fn agree_with_callers(
     prefix: &str,
     sliding_from: Option<u64>,
 ) -> std::collections::BTreeMap<&'static str, usize> {
-    use tower_priority_limit::caller::{Caller, CallerKind, CallerLimits, Callers};
+    agree_with_callers_of(redis, config, prefix, sliding_from, 3).await
+}
+
+/// [`agree_with_callers`] over the first `variants` sets of callers (the fourth: a key with
+/// budgets).
+async fn agree_with_callers_of(
+    redis: &RedisServer,
+    config: LimiterConfigBuilder,
+    prefix: &str,
+    sliding_from: Option<u64>,
+    variants: u64,
+) -> std::collections::BTreeMap<&'static str, usize> {
+    use tower_priority_limit::caller::{
+        Budget, Caller, CallerKind, CallerLimits, Callers, NanoUsd, Prices,
+    };
+    use tower_priority_limit::clock::Clock as _;
     use tower_priority_limit::metrics::RefusedBy;
     use tower_priority_limit::{AdmissionOutcome, RequestAdmission};
 
@@ -1012,10 +1041,33 @@ async fn agree_with_callers(
     let client = ::redis::Client::open(redis.url()).unwrap();
     let key = |id: &str, limits| Caller::new(CallerKind::Key, id, limits);
     let team = |limits| Caller::new(CallerKind::Team, "t", limits);
-    // The callers of a request on `model`, one set per store (a request's own).
-    let callers = |which: u64, model: &str| {
+    // The callers of a request on `model` with a prompt of `prompt` tokens, one set per store
+    // (a request's own); budgets count in periods of two minutes on the manual clock.
+    let callers = |which: u64, model: &str, prompt: u64| {
         let on_m = model == "m";
+        let period = clock.now_ms() / 120_000 * 120_000;
+        let budget = |nanos| {
+            Budget::new(NanoUsd::from_nanos(nanos))
+                .soft(NanoUsd::from_nanos(nanos / 2))
+                .in_period(period, period + 120_000 - clock.now_ms())
+        };
         match which {
+            3 => Callers::priced(
+                Some(key(
+                    "k3",
+                    CallerLimits {
+                        budget: Some(budget(1_200)),
+                        model_budget: (!on_m).then(|| budget(500)),
+                        ..CallerLimits::new()
+                    },
+                )),
+                None,
+                Prices {
+                    input: 10.0,
+                    output: 20.0,
+                },
+                prompt,
+            ),
             0 => Callers::new(
                 Some(key(
                     "k1",
@@ -1069,7 +1121,7 @@ async fn agree_with_callers(
             }
             _ => {
                 let model = models[rng.next(2) as usize];
-                let which = rng.next(3);
+                let which = rng.next(variants);
                 let reserve = 1 + rng.next(60);
                 let request = |limiter_callers| RequestAdmission {
                     model: memory.config().model_id(model).unwrap(),
@@ -1081,11 +1133,11 @@ async fn agree_with_callers(
                     callers: limiter_callers,
                 };
                 let a = memory
-                    .admit_request(request(callers(which, model)))
+                    .admit_request(request(callers(which, model, reserve)))
                     .await
                     .unwrap();
                 let b = shared
-                    .admit_request(request(callers(which, model)))
+                    .admit_request(request(callers(which, model, reserve)))
                     .await
                     .unwrap();
                 match (a, b) {
@@ -1093,6 +1145,11 @@ async fn agree_with_callers(
                         AdmissionOutcome::Admitted { lease: a, .. },
                         AdmissionOutcome::Admitted { lease: b, .. },
                     ) => {
+                        assert_eq!(
+                            a.soft_budget_passed(),
+                            b.soft_budget_passed(),
+                            "step {step}: soft budget"
+                        );
                         admitted += 1;
                         leases.push((a, b, 10 + rng.next(40)));
                     }

@@ -25,7 +25,7 @@
 --          budgets; then per caller its max_parallel, rpm, tpm, tpd, model rpm, model tpm,
 --          budget, budget period, model budget, model budget period (-1 = none), and its hash's
 --          TTL in ms (-1: kept for good, for a budget that never resets). Budgets are fields
---          b:p, b:s, b:r (the period's start, spent, reserved) and <model prefix>bp/bs/br.
+--          $p, $s, $r (the period's start, spent, reserved) and <model prefix>$p/$s/$r.
 --          KEYS[2 + 2i] is caller i's hash (pairs
 --          "win:" window, "day:" day, then the model's prefix; fields as the model's), KEYS[3 + 2i] its sorted set of
 --          parallel slots (score: when the slot lapses).
@@ -201,7 +201,7 @@ if nc > 0 then
     end
     -- Budgets (`check_budget`): spent + reserved in the request's period (0 for an older one).
     c.budgets, c.ttl = {}, lim[10]
-    for j, b in ipairs({{'b:', lim[6], lim[7]}, {mp .. 'b', lim[8], lim[9]}}) do
+    for j, b in ipairs({{'$', lim[6], lim[7]}, {mp .. '$', lim[8], lim[9]}}) do
       local e = {p = b[1], max = b[2], period = b[3], raw_p = -1, s = 0, r = 0}
       if b[2] >= 0 then
         local f = redis.call('HMGET', hk, b[1] .. 'p', b[1] .. 's', b[1] .. 'r')

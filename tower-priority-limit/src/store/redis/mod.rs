@@ -412,9 +412,9 @@ impl RedisStore {
         let inner = &self.inner;
         let probe = Caller::new(kind, id, crate::caller::CallerLimits::new());
         let [hash, _] = caller_keys(&inner.key_prefix, &probe);
-        let mut prefixes = vec![("b:".to_owned(), None)];
+        let mut prefixes = vec![("$".to_owned(), None)];
         for (i, model) in inner.config.models().iter().enumerate() {
-            let prefix = format!("{}b", caller_model_prefix(model.name()));
+            let prefix = format!("{}$", caller_model_prefix(model.name()));
             prefixes.push((prefix, Some(ModelId(i as u32))));
         }
         let mut cmd = redis::cmd("HMGET");

@@ -103,7 +103,7 @@ impl Inner {
         let member = self.slot_member(marks.slot);
         let reserved = marks.reserved.min(MAX_EXACT);
         let (cost_reserved, cost) = (marks.cost_reserved, callers.cost().nanos());
-        let model_budget = format!("{model_prefix}b");
+        let model_budget = format!("{model_prefix}$");
         for place in 0..2 {
             let Some(caller) = callers.get(place) else {
                 continue;
@@ -127,7 +127,7 @@ impl Inner {
                 .map(|_| (slots.as_str(), member.as_str()));
             // The budgets the admission reserved on: (prefix, period, reserved, cost).
             let budgets: Vec<_> = [
-                ("b:", marks.budgets[place][0]),
+                ("$", marks.budgets[place][0]),
                 (model_budget.as_str(), marks.budgets[place][1]),
             ]
             .into_iter()

@@ -1,0 +1,122 @@
+//! Dollar budgets on a fleet (issue 31): three gateways built as `main` builds them on one real
+//! `redis-server`. Under `reserve`, 200 streams at once on one key's budget, spread over the
+//! fleet, overspend it by less than one answer's cost; the spend is the fleet's, read by every
+//! gateway, and outlives a gateway that goes away.
+
+use std::sync::Arc;
+
+use integration_tests::gateway::{stream_body, with_master, Gw, Reply, TempDir, MASTER};
+use integration_tests::redis::RedisServer;
+use integration_tests::upstream::Upstream;
+use serde_json::{json, Value};
+
+use crate::key_limits::{at_once, fleet, flush, no_failures};
+
+/// One answer's cost: 10 prompt tokens at $1 per million, 20 completion tokens at $2 per
+/// million.
+const COST: f64 = 0.00005;
+
+fn config(redis: &RedisServer, upstream: &str) -> String {
+    with_master(&format!(
+        r#"
+model_list:
+  - model_name: m
+    litellm_params: {{model: openai/gated, api_base: "{upstream}", api_key: sk-up, rpm: 100000}}
+    model_info: {{input_cost_per_token: 0.000001, output_cost_per_token: 0.000002}}
+litellm_settings:
+  callbacks: ["dynamic_rate_limiter_v3"]
+  priority_reservation_settings: {{redis_timeout_ms: 2000, token_accounting: reserve}}
+router_settings:
+  redis_url: "{}"
+"#,
+        redis.url()
+    ))
+}
+
+async fn spend(gw: &Gw, key: &str) -> f64 {
+    let r = gw.get(&format!("/key/info?key={key}"), Some(MASTER)).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    r.json()["info"]["spend"].as_f64().unwrap()
+}
+
+fn refused_by(r: &Reply) -> &str {
+    r.headers
+        .get("x-priority-limit-refused-by")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_budget_holds_across_three_gateways_under_contention() {
+    let Some(redis) = RedisServer::start("a_budget_holds_across_three_gateways") else {
+        return;
+    };
+    let (up, base) = Upstream::start().await;
+    let yaml = config(&redis, &base);
+    let (gateways, _dirs) = fleet(&yaml).await;
+    let max = 20.0 * COST;
+    let key = gateways[0].new_key(json!({"max_budget": max})).await;
+    // Each gateway learns the key first (the key store's own bound is not this test's subject):
+    // three answers of the twenty.
+    let body: Value = stream_body(20);
+    up.open_gate();
+    for gw in &gateways {
+        let r = gw.chat_with(&key, body.clone()).await;
+        assert_eq!(r.status, 200, "{}", r.text());
+    }
+    let replies = at_once(&gateways, &up, 200, &key, &body).await;
+    let mut served = 3;
+    for r in &replies {
+        match r.status.as_u16() {
+            200 => {
+                assert!(r.text().contains("[DONE]"), "{}", r.text());
+                served += 1;
+            }
+            400 => assert_eq!(refused_by(r), "key_budget", "{}", r.text()),
+            other => panic!("{other}: {}", r.text()),
+        }
+    }
+    flush(&gateways).await;
+    let spent: Vec<f64> = {
+        let mut v = Vec::new();
+        for gw in &gateways {
+            v.push(spend(gw, &key).await);
+        }
+        v
+    };
+    let fleet_spend = served as f64 * COST;
+    for s in &spent {
+        assert!(
+            (s - fleet_spend).abs() < 1e-12,
+            "every gateway reads the fleet's: {spent:?}"
+        );
+    }
+    assert!(
+        served > 3 && fleet_spend < max + COST,
+        "{served} served, ${fleet_spend} of ${max}"
+    );
+    no_failures(&gateways);
+
+    // A gateway started afresh on the same Redis starts from the fleet's spend: it serves only
+    // what is left of the budget (the last one may pass it), then refuses.
+    let dir = TempDir::new();
+    let fresh = Arc::new(Gw::connect(&yaml, Some(&dir.0)).await);
+    assert!((spend(&fresh, &key).await - fleet_spend).abs() < 1e-12);
+    let mut more = 0;
+    loop {
+        let r = fresh.chat_with(&key, body.clone()).await;
+        if r.status == 400 {
+            assert_eq!(refused_by(&r), "key_budget");
+            break;
+        }
+        assert_eq!(r.status, 200, "{}", r.text());
+        more += 1;
+        // What is left of the budget, in answers (it would be 20 from a spend of 0).
+        let left = ((max - fleet_spend) / COST).ceil() as usize;
+        assert!(
+            more <= left,
+            "the fresh gateway starts from the fleet's spend"
+        );
+    }
+    assert!(fleet_spend + more as f64 * COST < max + COST);
+}
