@@ -17,12 +17,12 @@ use tower_priority_limit::{Lease, Limiter};
 use super::admission::{admit, charge, store_failure, Admission};
 use super::attempts::{Attempts, GiveUp, Step};
 use super::body::{InFlight, InFlightBody};
+use super::dispatch::{Dispatch, FailedAttempts};
 use super::{Chosen, Group, Router, Unavailable};
-use crate::chat::{mock_answer, ChatRequest};
-use crate::config::{Deployment, Strategy, Target};
+use crate::chat::ChatRequest;
+use crate::config::{Deployment, Strategy};
 use crate::error::ApiError;
 use crate::store::GatewayStore;
-use crate::upstream::Upstream;
 
 /// Header naming the deployment that answered.
 pub const MODEL_ID: HeaderName = HeaderName::from_static("x-litellm-model-id");
@@ -62,7 +62,7 @@ fn fresh_rng() -> SmallRng {
 pub async fn serve(
     router: &Router,
     deployments: &[Deployment],
-    upstream: &Upstream,
+    upstream: &impl Dispatch,
     limiter: Option<&Limiter<GatewayStore>>,
     chat: &ChatRequest,
     priority: Option<&str>,
@@ -127,6 +127,8 @@ pub async fn serve(
     let mut current_called = false;
     let mut first_called = false;
     let mut in_fallback = false;
+    // Attempts whose upstream failed (the record keeps the count: [`FailedAttempts`]).
+    let mut failed_attempts = 0u32;
     let mut step = attempts.start();
     loop {
         match step {
@@ -205,18 +207,11 @@ pub async fn serve(
                 let in_flight = router.begin(index);
                 current_called = true;
                 first_called |= !in_fallback;
-                let result = match &deployment.target {
-                    Target::Mock { content } => {
-                        let model = match in_fallback {
-                            true => group.name.as_str(),
-                            false => chat.requested(),
-                        };
-                        Ok(mock_answer(chat, model, content))
-                    }
-                    Target::Upstream { .. } => {
-                        upstream.forward(index, deployment, chat, time).await
-                    }
+                let model = match in_fallback {
+                    true => group.name.as_str(),
+                    false => chat.requested(),
                 };
+                let result = upstream.attempt(index, deployment, chat, model, time).await;
                 match result {
                     Ok(mut response) => {
                         router.observe(index, response.headers_mut());
@@ -249,10 +244,16 @@ pub async fn serve(
                         if let Some(refused) = shadow {
                             shadow_refused_by_deployment(response.headers_mut(), &refused);
                         }
+                        if failed_attempts > 0 {
+                            response
+                                .extensions_mut()
+                                .insert(FailedAttempts(failed_attempts));
+                        }
                         return response;
                     }
                     Err(failure) => {
                         drop(in_flight);
+                        failed_attempts += 1;
                         router.record_failure(index, &failure, group.members.len());
                         step = attempts.failed(
                             index,
@@ -307,13 +308,18 @@ pub async fn serve(
             ApiError::internal(format!("model group {first} has no deployments")).into_response()
         }
     };
-    let response = with_headers(
+    let mut response = with_headers(
         response,
         None,
         router.group(first),
         attempts.retries(),
         attempts.fallbacks(),
     );
+    if failed_attempts > 0 {
+        response
+            .extensions_mut()
+            .insert(FailedAttempts(failed_attempts));
+    }
     if let Some((lease, _)) = group_lease {
         if !current_called {
             lease.cancel();
