@@ -405,6 +405,45 @@ general_settings:
     );
 }
 
+/// A name a wildcard route serves is recorded as the route (`model`, what its limits are under)
+/// and the concrete name (`name`), with the deployment that answered.
+#[tokio::test]
+async fn a_wildcard_route_records_the_concrete_name() {
+    let (_up, base) = integration_tests::upstream::Upstream::start().await;
+    let dir = TempDir::new();
+    let path = dir.0.join("record.jsonl");
+    let yaml = format!(
+        r#"
+model_list:
+  - model_name: openai/*
+    litellm_params: {{model: openai/*, api_base: "{base}"}}
+    model_info: {{id: route}}
+  - model_name: plain
+    litellm_params: {{model: openai/plain, mock_response: "hi"}}
+    model_info: {{id: plain-1}}
+general_settings:
+  master_key: {MASTER}
+  record: {{path: {}}}
+"#,
+        path.display()
+    );
+    let gw = Gw::start(&yaml, None).await;
+    assert_eq!(gw.chat(MASTER, "openai/gpt-4o", false).await.status, 200);
+    assert_eq!(gw.chat(MASTER, "plain", false).await.status, 200);
+    let lines = record_lines(&path, 2).await;
+    let seen: Vec<_> = lines
+        .iter()
+        .map(|l| (l.model.as_str(), l.name.as_deref(), l.deployment.as_deref()))
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            ("openai/*", Some("openai/gpt-4o"), Some("route")),
+            ("plain", None, Some("plain-1"))
+        ]
+    );
+}
+
 /// The record is opened at start: a reload that changes it is refused, naming it, and the
 /// recording goes on to its file.
 #[tokio::test]

@@ -288,13 +288,13 @@ pub struct Replayed {
     pub timeline: Vec<Served>,
 }
 
-/// One answered request, for the plot: when it was answered (ms from the first arrival), its
-/// model and priority.
+/// One answered request, for the plot: when it was answered (ms from the first arrival), the
+/// group that answered it (a fallback's, after a fallback) and its priority.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Served {
     /// Answered at, ms from the first arrival.
     pub at_ms: u64,
-    /// Its model group.
+    /// The group that answered it.
     pub model: String,
     /// Its pool.
     pub priority: String,
@@ -354,17 +354,20 @@ pub struct Answers {
     failures_left: AtomicU32,
     /// The recording's error, when every attempt is to fail with it.
     always_fails: Option<StatusCode>,
+    /// The request's routing stream ([`Dispatch::rng`]): seeded by its place in the record.
+    seed: u64,
     tokens: u64,
     output: Option<u64>,
 }
 
 impl Answers {
-    fn of(line: &RecordLine, cost: &Cost) -> Self {
+    fn of(line: &RecordLine, cost: &Cost, index: usize) -> Self {
         let always_fails = (line.outcome == Outcome::Failed)
             .then(|| StatusCode::from_u16(line.status).unwrap_or(StatusCode::BAD_GATEWAY));
         Self {
             failures_left: AtomicU32::new(line.failed_attempts),
             always_fails,
+            seed: index as u64,
             tokens: cost.tokens,
             output: cost.output,
         }
@@ -380,6 +383,10 @@ impl Answers {
 }
 
 impl Dispatch for Answers {
+    fn rng(&self) -> rand::rngs::SmallRng {
+        crate::time::rng(0, "replay", self.seed)
+    }
+
     async fn attempt(
         &self,
         _index: usize,
@@ -445,6 +452,8 @@ struct Answered {
     outcome: Outcome,
     limits: Vec<String>,
     deployment: Option<String>,
+    /// The group that answered (`x-litellm-model-group`: a fallback's, after a fallback).
+    group: Option<String>,
     /// The answer, held for its service time when it succeeded.
     response: Option<Response>,
 }
@@ -522,7 +531,7 @@ pub fn replay(trace: &[RecordLine], config: &GatewayConfig, callers: &Callers) -
                 next += 1;
                 let line = &trace[index];
                 let chat = chat_request(line, callers.access(line));
-                let answers = Answers::of(line, &costs[index]);
+                let answers = Answers::of(line, &costs[index], index);
                 let priority = line.priority.clone();
                 let (router, groups, deployments, done, finished) = (
                     Arc::clone(&router),
@@ -550,6 +559,11 @@ pub fn replay(trace: &[RecordLine], config: &GatewayConfig, callers: &Callers) -
                         .get(routing::MODEL_ID)
                         .and_then(|v| v.to_str().ok())
                         .map(str::to_owned);
+                    let group = response
+                        .headers()
+                        .get(routing::MODEL_GROUP)
+                        .and_then(|v| v.to_str().ok())
+                        .map(str::to_owned);
                     let queued = queued_ms(response.headers());
                     let at_ms = clock.now_ms();
                     let answered = Answered {
@@ -559,6 +573,7 @@ pub fn replay(trace: &[RecordLine], config: &GatewayConfig, callers: &Callers) -
                         outcome,
                         limits,
                         deployment,
+                        group,
                         response: response.status().is_success().then_some(response),
                     };
                     done.lock()
@@ -594,7 +609,7 @@ pub fn replay(trace: &[RecordLine], config: &GatewayConfig, callers: &Callers) -
                         }
                         out.timeline.push(Served {
                             at_ms: a.at_ms,
-                            model: line.model.clone(),
+                            model: a.group.unwrap_or_else(|| line.model.clone()),
                             priority: pools[a.index].clone(),
                         });
                         held[a.index] = a.response;
@@ -630,6 +645,11 @@ pub struct Timeline {
 pub fn timeline(run: &Replayed, config: &GatewayConfig, span_ms: u64, buckets: u64) -> Timeline {
     let buckets = buckets.max(1);
     let bucket_ms = span_ms.div_ceil(buckets).max(1);
+    // Whole seconds once a bucket is a second or more, for the axis' sake.
+    let bucket_ms = match bucket_ms >= 1000 {
+        true => bucket_ms.div_ceil(1000) * 1000,
+        false => bucket_ms,
+    };
     let n = (span_ms / bucket_ms + 1) as usize;
     let window = config.limiter.window().as_millis() as u64;
     let mut out = Timeline {

@@ -6,6 +6,7 @@ use std::future::Future;
 use std::time::Duration;
 
 use axum::response::Response;
+use rand::rngs::SmallRng;
 
 use crate::chat::{mock_answer, ChatRequest};
 use crate::config::{Deployment, Target};
@@ -23,6 +24,13 @@ pub trait Dispatch: Sync {
         model: &str,
         time: Duration,
     ) -> impl Future<Output = Result<Response, UpstreamFailure>> + Send;
+
+    /// The request's randomness for routing (ties between deployments, back-off jitter): a
+    /// stream of its own from the thread's, seeded by the OS; a replay seeds it, so the same
+    /// record replays the same way.
+    fn rng(&self) -> SmallRng {
+        super::serve::fresh_rng()
+    }
 }
 
 impl Dispatch for Upstream {

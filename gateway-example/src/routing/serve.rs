@@ -43,7 +43,8 @@ thread_local! {
     });
 }
 
-fn fresh_rng() -> SmallRng {
+/// A routing stream of its own for one request, from the thread's.
+pub(super) fn fresh_rng() -> SmallRng {
     RNG.with(|r| SmallRng::seed_from_u64(r.borrow_mut().random()))
 }
 
@@ -114,7 +115,7 @@ pub async fn serve(
         .with_time_limit(total)
         .allowing(&allowed);
     let mut out_of_time = false;
-    let mut rng = fresh_rng();
+    let mut rng = upstream.rng();
     let mut last_error: Option<ApiError> = None;
     // The last upstream's retry-after, passed on with its error.
     let mut last_retry_after = None;
