@@ -801,6 +801,65 @@ mod tests {
         assert_eq!(percentile(&v, 0.99), 99);
     }
 
+    fn line(time_ms: u64, outcome: Outcome, status: u16, failed_attempts: u32) -> RecordLine {
+        RecordLine {
+            time_ms,
+            model: "m".into(),
+            name: None,
+            endpoint: "/chat/completions".into(),
+            key: "k".into(),
+            team: None,
+            priority: None,
+            flow: 1,
+            prompt_tokens: 10,
+            max_tokens: Some(20),
+            stream: false,
+            status,
+            outcome,
+            limits: vec![],
+            deployment: None,
+            failed_attempts,
+            queued_ms: None,
+            tokens: 30,
+            reported: true,
+            output_tokens: Some(20),
+            head_ms: 5,
+            latency_ms: 100,
+        }
+    }
+
+    /// One deployment, two retries: a retry on the only deployment backs off first (tokio's
+    /// paused clock, moved by the replay), so a recorded failure is retried in virtual time and
+    /// a request whose first attempt failed is answered by its retry; an error the recording
+    /// answered fails every attempt and is answered with it.
+    #[test]
+    fn recorded_failures_are_retried_in_virtual_time() {
+        let config = GatewayConfig::from_yaml_str(
+            "model_list: [{model_name: m, litellm_params: {model: openai/m, mock_response: hi, rpm: 100}}]\n\
+             router_settings: {num_retries: 2, allowed_fails: 100}\n",
+        )
+        .unwrap();
+        let trace = [
+            line(0, Outcome::Served, 200, 1),
+            line(1_000, Outcome::Failed, 503, 3),
+            line(2_000, Outcome::Served, 200, 0),
+        ];
+        let run = replay(&trace, &config, &Callers::default());
+        let row = &run.report.values().next().unwrap();
+        assert_eq!(row.requests, 3);
+        assert_eq!(row.served, 2, "{row:?}");
+        assert_eq!(row.refused, [("failed".to_owned(), 1)].into());
+        assert_eq!(row.tokens, 60);
+        assert_eq!(run.timeline.len(), 2);
+        // Answered after the back-off (50 ms × 2, jittered by 0.5–1.5), not at once.
+        assert!(
+            (50..=150).contains(&run.timeline[0].at_ms),
+            "{:?}",
+            run.timeline
+        );
+        assert_eq!(run.timeline[1].at_ms, 2_000);
+    }
+
     #[test]
     fn a_callers_file_takes_the_endpoints_limit_fields_only() {
         let c = Callers::from_json(

@@ -49,8 +49,9 @@ pub(super) fn fresh_rng() -> SmallRng {
 }
 
 /// Serves a chat request of priority `priority`: admits its group on `limiter` (`None`: the
-/// limiter is off), chooses a deployment of it, retries and falls back as the router's settings
-/// allow, and answers with the routing headers.
+/// limiter is off), chooses a deployment of it, has `upstream` make each attempt
+/// ([`Dispatch`]), retries and falls back as the router's settings allow, and answers with the
+/// routing headers.
 ///
 /// A request its group's limiter refuses gets the limiter's 429 at once when the group has no
 /// fallbacks; otherwise the fallback groups are tried, each admitted under its own limits, and
