@@ -5,6 +5,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use gateway_example::config::GatewayConfig;
+use gateway_example::mock_upstream::{Latency, MockUpstream, MockUpstreamConfig};
 use gateway_example::record::{Outcome, RecordLine};
 use integration_tests::gateway::{Gw, TempDir, MASTER};
 use serde_json::json;
@@ -142,10 +143,11 @@ fn the_record_s_keys_are_checked() {
 /// [`sim::replay::replay`] on a thread of its own (it runs a runtime of its own, in virtual time).
 fn replayed(
     trace: &[RecordLine],
-    limits: Option<&tower_priority_limit::LimiterConfig>,
+    config: &GatewayConfig,
+    callers: &sim::replay::Callers,
 ) -> sim::replay::Replayed {
     std::thread::scope(|s| {
-        s.spawn(|| sim::replay::replay(trace, limits))
+        s.spawn(|| sim::replay::replay(trace, config, callers))
             .join()
             .unwrap()
     })
@@ -209,10 +211,9 @@ async fn a_recorded_run_replays_as_it_ran_and_as_a_candidate_would() {
     let recorded = sim::replay::recorded(&trace);
 
     for (file, real) in [(&current_file, Some(real_served)), (&candidate_file, None)] {
-        let limits = sim::replay::read_policy(file)
-            .unwrap()
-            .expect("the limiter is on");
-        let replayed = replayed(&trace, Some(&limits));
+        let config = sim::replay::read_policy(file).unwrap();
+        let limits = &config.limiter;
+        let replayed = replayed(&trace, &config, &sim::replay::Callers::default());
         let model = limits.model(limits.model_id("m").unwrap());
         let by_priority = |priority: &str| {
             let rows: Vec<_> = replayed
@@ -275,10 +276,172 @@ async fn a_recorded_run_replays_as_it_ran_and_as_a_candidate_would() {
     // The two side by side, as `sim replay` prints them.
     let current = replayed(
         &trace,
-        sim::replay::read_policy(&current_file).unwrap().as_ref(),
+        &sim::replay::read_policy(&current_file).unwrap(),
+        &sim::replay::Callers::default(),
     );
     let table = sim::replay::render(&recorded, &[("current", &current)]);
     assert!(table.contains("| m | prod |"), "{table}");
+}
+
+/// Issue 37's check against reality: a real run through the gateway, to a mock upstream with
+/// latencies and failures, over two deployments with their own `rpm`, a fallback group and a
+/// key limit, recorded and replayed against the same config (the key's limit given as a callers
+/// file): the replay serves and refuses per priority what the gateway did.
+#[tokio::test]
+async fn a_routed_run_with_fallbacks_and_key_limits_replays_as_it_ran() {
+    let upstream = MockUpstream::start(MockUpstreamConfig {
+        latency: Latency::Exponential {
+            mean: Duration::from_millis(15),
+        },
+        failure_rate: 0.25,
+        seed: 7,
+        ..Default::default()
+    })
+    .expect("mock upstream");
+    let dir = TempDir::new();
+    std::fs::create_dir_all(&dir.0).unwrap();
+    let record = dir.0.join("record.jsonl");
+    let file = dir.0.join("config.yaml");
+    // `m`: two deployments of 3 RPM each, prod and the default pool half each, strict; `f`, its
+    // fallback, one of 2. One retry; no cooldowns (a failure is the upstream's draw, not health).
+    // Round-robin: the one strategy that breaks no tie at random, so the replay picks the same
+    // deployments (the others pick as the gateway would, not the same draw).
+    let yaml = format!(
+        r#"
+model_list:
+  - model_name: m
+    litellm_params: {{model: openai/m1, api_base: "{base}", rpm: 3}}
+    model_info: {{id: d1}}
+  - model_name: m
+    litellm_params: {{model: openai/m2, api_base: "{base}", rpm: 3}}
+    model_info: {{id: d2}}
+  - model_name: f
+    litellm_params: {{model: openai/f, mock_response: "fallback", rpm: 2}}
+    model_info: {{id: f1}}
+litellm_settings:
+  callbacks: ["dynamic_rate_limiter_v3"]
+  priority_reservation: {{"prod": 0.5}}
+  priority_reservation_settings: {{default_priority: 0.5, saturation_threshold: 0}}
+router_settings:
+  routing_strategy: round-robin
+  num_retries: 1
+  allowed_fails: 1000
+  fallbacks: [{{"m": ["f"]}}]
+general_settings:
+  master_key: {MASTER}
+  record: {{path: {record}}}
+"#,
+        base = upstream.url(),
+        record = record.display()
+    );
+    std::fs::write(&file, &yaml).unwrap();
+    let gw = Gw::start(&yaml, None).await;
+    let prod = gw.new_key(json!({"metadata": {"priority": "prod"}})).await;
+    let plain = gw.new_key(json!({"rpm_limit": 2})).await;
+    // [served, refused] per priority, as the clients saw them.
+    let mut real = [[0u64; 2]; 2];
+    let mut by_fallback = 0;
+    let windows = 3;
+    for _ in 0..windows {
+        for (i, key, n) in [(0, &prod, 6), (1, &plain, 4)] {
+            for _ in 0..n {
+                let reply = gw.chat(key, "m", false).await;
+                let ok = reply.status == 200;
+                real[i][usize::from(!ok)] += 1;
+                by_fallback += usize::from(
+                    ok && reply
+                        .headers
+                        .get("x-litellm-model-group")
+                        .is_some_and(|g| g == "f"),
+                );
+            }
+        }
+        gw.clock.advance(Duration::from_secs(120));
+    }
+    let total = real.iter().flatten().sum::<u64>() as usize;
+    let trace = record_lines(&record, total).await;
+    assert!(by_fallback > 0, "the fallback served some");
+    assert!(
+        trace.iter().any(|l| l.failed_attempts > 0),
+        "some attempts failed upstream"
+    );
+    let callers = sim::replay::Callers::from_json(&format!(
+        r#"{{"keys": {{"{}": {{"rpm_limit": 2}}}}}}"#,
+        gateway_example::record::caller_hash(&plain)
+    ))
+    .unwrap();
+    let config = sim::replay::read_policy(&file).unwrap();
+    let replayed = replayed(&trace, &config, &callers);
+    for (i, priority) in ["prod", "default"].into_iter().enumerate() {
+        let (served, refused) = replayed
+            .report
+            .iter()
+            .filter(|(k, _)| k.priority == priority)
+            .fold((0, 0), |(s, r), (_, row)| {
+                (s + row.served, r + row.refused_total())
+            });
+        assert_eq!(
+            [served, refused],
+            real[i],
+            "{priority}: served and refused as the gateway did: {:?}",
+            replayed.report
+        );
+    }
+    let refused_by: Vec<&String> = replayed
+        .report
+        .values()
+        .flat_map(|r| r.refused.keys())
+        .collect();
+    assert!(
+        refused_by.iter().any(|l| *l == "key_requests"),
+        "the key's limit refused some: {refused_by:?}"
+    );
+    assert!(
+        ["d1", "d2", "f1"]
+            .iter()
+            .all(|d| replayed.deployments.get(*d).is_some_and(|&n| n > 0)),
+        "every deployment answered: {:?}",
+        replayed.deployments
+    );
+}
+
+/// A name a wildcard route serves is recorded as the route (`model`, what its limits are under)
+/// and the concrete name (`name`), with the deployment that answered.
+#[tokio::test]
+async fn a_wildcard_route_records_the_concrete_name() {
+    let (_up, base) = integration_tests::upstream::Upstream::start().await;
+    let dir = TempDir::new();
+    let path = dir.0.join("record.jsonl");
+    let yaml = format!(
+        r#"
+model_list:
+  - model_name: openai/*
+    litellm_params: {{model: openai/*, api_base: "{base}"}}
+    model_info: {{id: route}}
+  - model_name: plain
+    litellm_params: {{model: openai/plain, mock_response: "hi"}}
+    model_info: {{id: plain-1}}
+general_settings:
+  master_key: {MASTER}
+  record: {{path: {}}}
+"#,
+        path.display()
+    );
+    let gw = Gw::start(&yaml, None).await;
+    assert_eq!(gw.chat(MASTER, "openai/gpt-4o", false).await.status, 200);
+    assert_eq!(gw.chat(MASTER, "plain", false).await.status, 200);
+    let lines = record_lines(&path, 2).await;
+    let seen: Vec<_> = lines
+        .iter()
+        .map(|l| (l.model.as_str(), l.name.as_deref(), l.deployment.as_deref()))
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            ("openai/*", Some("openai/gpt-4o"), Some("route")),
+            ("plain", None, Some("plain-1"))
+        ]
+    );
 }
 
 /// The record is opened at start: a reload that changes it is refused, naming it, and the

@@ -4,7 +4,8 @@
 //! and patterns go in LiteLLM's order; each concrete name has its own windows under the route's
 //! limits, under contention and after the window rolls; at most `max_wildcard_models` names per
 //! route; a key's `models` hold for concrete names and patterns, fallbacks included; `/v1/models`
-//! and `/metrics` name the route, not the names it served.
+//! and `/metrics` name the route, not the names it served (`/v1/models` adds the concrete names a
+//! key's or team's `models` list).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -121,6 +122,41 @@ async fn models_list_the_routes_and_retrieve_the_names_they_serve() {
         )
         .await;
     assert_eq!(r.status, 200, "{}", r.text());
+}
+
+/// `/v1/models` for a key held to concrete names a route serves lists those names, once, after
+/// the configured names it may use; a name nothing serves is not listed, and the master key sees
+/// the routes as before.
+#[tokio::test]
+async fn models_list_a_keys_concrete_names_served_through_a_route() {
+    let routes = "  - model_name: plain\n    litellm_params: {model: openai/plain, api_base: \"{base}\"}\n  - model_name: openai/*\n    litellm_params: {model: openai/*, api_base: \"{base}\"}";
+    let (gw, _up) = start(routes, "").await;
+    let ids = |r: Reply| -> Vec<String> {
+        r.json()["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["id"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    let key = gw
+        .new_key(json!({"models": ["openai/gpt-4o", "mistral/large", "plain", "openai/gpt-4o"]}))
+        .await;
+    assert_eq!(
+        ids(gw.get("/v1/models", Some(&key)).await),
+        ["plain", "openai/gpt-4o"]
+    );
+    assert_eq!(
+        ids(gw.get("/v1/models", Some(MASTER)).await),
+        ["plain", "openai/*"]
+    );
+    // A team's list counts too, held to the key's (here: every model).
+    let team = gw.new_team(json!({"models": ["openai/o1"]})).await;
+    let member = gw.new_key(json!({"team_id": team})).await;
+    assert_eq!(
+        ids(gw.get("/v1/models", Some(&member)).await),
+        ["openai/o1"]
+    );
 }
 
 /// Sends `per_name` chats for each of `names` at once to routes whose upstream model is the

@@ -53,8 +53,9 @@ struct Args {
     no_plots: bool,
 }
 
-/// `sim replay`: a request record (`general_settings.record`) run through the group limiter of
-/// one or two gateway configs in virtual time (see `sim::replay`).
+/// `sim replay`: a request record (`general_settings.record`) run through the gateway's routing
+/// (group limiter, router, retries, fallbacks, key and team limits) of one or two gateway configs
+/// in virtual time (see `sim::replay`).
 #[derive(Debug, Parser)]
 #[command(name = "sim replay", version)]
 struct ReplayArgs {
@@ -66,6 +67,13 @@ struct ReplayArgs {
     /// A second config (the one in force) to show beside it.
     #[arg(long)]
     against: Option<PathBuf>,
+    /// The keys' and teams' limits, by the record's key hash and team id (JSON; see
+    /// `sim::replay::Callers`). Without it no key or team has limits.
+    #[arg(long)]
+    callers: Option<PathBuf>,
+    /// Write the plot (saturation and per-priority use over time, each config) to this SVG.
+    #[arg(long)]
+    svg: Option<PathBuf>,
     /// Print JSON instead of the table.
     #[arg(long)]
     json: bool,
@@ -73,20 +81,41 @@ struct ReplayArgs {
 
 fn run_replay(args: ReplayArgs) -> Result<(), String> {
     let trace = replay::read_trace(&args.trace)?;
+    let callers = match &args.callers {
+        Some(path) => replay::Callers::read(path)?,
+        None => replay::Callers::default(),
+    };
     let started = Instant::now();
-    let candidate = replay::read_policy(&args.config)?;
-    let mut runs = vec![(
+    let mut configs = vec![(
         args.config.display().to_string(),
-        replay::replay(&trace, candidate.as_ref()),
+        replay::read_policy(&args.config)?,
     )];
     if let Some(against) = &args.against {
-        let current = replay::read_policy(against)?;
-        runs.push((
-            against.display().to_string(),
-            replay::replay(&trace, current.as_ref()),
-        ));
+        configs.push((against.display().to_string(), replay::read_policy(against)?));
     }
+    let runs: Vec<(String, replay::Replayed)> = configs
+        .iter()
+        .map(|(name, config)| (name.clone(), replay::replay(&trace, config, &callers)))
+        .collect();
     let recording = replay::recorded(&trace);
+    if let Some(svg) = &args.svg {
+        let span = match (trace.first(), trace.last()) {
+            (Some(a), Some(b)) => b.time_ms - a.time_ms + 1,
+            _ => 1,
+        };
+        let timelines: Vec<replay::Timeline> = runs
+            .iter()
+            .zip(&configs)
+            .map(|((_, run), (_, config))| replay::timeline(run, config, span, 120))
+            .collect();
+        let named: Vec<(&str, &replay::Timeline)> = runs
+            .iter()
+            .zip(&timelines)
+            .map(|((name, _), t)| (name.as_str(), t))
+            .collect();
+        let path = plot::replay(&named, svg).map_err(|e| format!("plot: {e}"))?;
+        eprintln!("wrote {}", path.display());
+    }
     if args.json {
         let rows = |report: &replay::Report| -> Vec<Value> {
             report
@@ -99,7 +128,8 @@ fn run_replay(args: ReplayArgs) -> Result<(), String> {
         for (name, run) in &runs {
             out.insert(
                 name.clone(),
-                json!({"rows": rows(&run.report), "stand_in_costs": run.stand_in_costs}),
+                json!({"rows": rows(&run.report), "deployments": run.deployments,
+                       "stand_in_costs": run.stand_in_costs}),
             );
         }
         println!(

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 
 use plotters::prelude::*;
 
-use crate::{cascade, routing, worked_example};
+use crate::{cascade, replay, routing, worked_example};
 
 /// A plot could not be written.
 pub type PlotResult = Result<PathBuf, Box<dyn Error>>;
@@ -273,6 +273,103 @@ fn draw_worked_example(report: &worked_example::Report, path: &Path) -> Result<(
         (60, SIZE.1 as i32 - 58),
         (FONT, 12),
     ))?;
+    root.present()?;
+    Ok(())
+}
+
+/// The replay's plot: for each config, its models' saturation over time (top) and the requests
+/// each priority was answered per bucket (bottom), written to `path`.
+pub fn replay(runs: &[(&str, &replay::Timeline)], path: &Path) -> PlotResult {
+    draw_replay(runs, path)?;
+    Ok(path.to_owned())
+}
+
+fn draw_replay(runs: &[(&str, &replay::Timeline)], path: &Path) -> Result<(), Box<dyn Error>> {
+    let height = 300 * 2 * runs.len().max(1) as u32;
+    let root = SVGBackend::new(path, (SIZE.0, height)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let areas = root.split_evenly((2 * runs.len().max(1), 1));
+    for (i, (name, t)) in runs.iter().enumerate() {
+        let secs = |b: usize| (b as u64 + 1) as f64 * t.bucket_ms as f64 / 1000.0;
+        let len = t
+            .saturation
+            .values()
+            .map(Vec::len)
+            .chain(t.by_priority.values().map(Vec::len))
+            .max()
+            .unwrap_or(1);
+        let x_max = secs(len.saturating_sub(1)).max(1.0);
+        let s_max = t
+            .saturation
+            .values()
+            .flatten()
+            .copied()
+            .fold(1.0_f64, f64::max)
+            * 1.1;
+        let mut chart = ChartBuilder::on(&areas[2 * i])
+            .caption(format!("{name}: saturation"), (FONT, 18))
+            .margin(10)
+            .x_label_area_size(30)
+            .y_label_area_size(50)
+            .build_cartesian_2d(0.0..x_max, 0.0..s_max)?;
+        chart
+            .configure_mesh()
+            .x_desc("seconds from the first arrival")
+            .y_desc("use of capacity")
+            .label_style((FONT, 12))
+            .draw()?;
+        for (k, (model, line)) in t.saturation.iter().enumerate() {
+            let color = PALETTE[k % PALETTE.len()];
+            chart
+                .draw_series(LineSeries::new(
+                    line.iter().enumerate().map(|(b, &v)| (secs(b), v)),
+                    color.stroke_width(2),
+                ))?
+                .label(model.clone())
+                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], color));
+        }
+        chart
+            .configure_series_labels()
+            .label_font((FONT, 12))
+            .border_style(BLACK)
+            .draw()?;
+        let u_max = t
+            .by_priority
+            .values()
+            .flatten()
+            .copied()
+            .max()
+            .unwrap_or(1)
+            .max(1) as f64
+            * 1.1;
+        let mut chart = ChartBuilder::on(&areas[2 * i + 1])
+            .caption(format!("{name}: answered per priority"), (FONT, 18))
+            .margin(10)
+            .x_label_area_size(30)
+            .y_label_area_size(50)
+            .build_cartesian_2d(0.0..x_max, 0.0..u_max)?;
+        chart
+            .configure_mesh()
+            .x_desc("seconds from the first arrival")
+            .y_desc(format!("requests per {} s", t.bucket_ms as f64 / 1000.0))
+            .label_style((FONT, 12))
+            .draw()?;
+        for (k, (priority, line)) in t.by_priority.iter().enumerate() {
+            let color = PALETTE[(k + 2) % PALETTE.len()];
+            chart
+                .draw_series(LineSeries::new(
+                    line.iter().enumerate().map(|(b, &v)| (secs(b), v as f64)),
+                    color.stroke_width(2),
+                ))?
+                .label(priority.clone())
+                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], color));
+        }
+        chart
+            .configure_series_labels()
+            .label_font((FONT, 12))
+            .border_style(BLACK)
+            .draw()?;
+    }
     root.present()?;
     Ok(())
 }

@@ -1,42 +1,66 @@
 //! Replay: the arrivals of a request record (`general_settings.record`, one
-//! [`RecordLine`] a request) run through the **real** group limiter and its queue of a config, in
-//! virtual time, so a candidate policy can be tried on real traffic before it is enforced.
+//! [`RecordLine`] a request) run through the gateway's **real** routing loop
+//! ([`gateway_example::routing::serve`]) of a config, in virtual time, so a candidate policy can
+//! be tried on real traffic before it is enforced.
 //!
 //! ```sh
-//! cargo run --release -p sim -- replay record.jsonl --config candidate.yaml --against current.yaml
+//! cargo run --release -p sim -- replay record.jsonl --config candidate.yaml --against current.yaml \
+//!     [--callers callers.json] [--svg replay.svg]
 //! ```
 //!
 //! What is replayed: each recorded request arrives at its recorded time (relative to the first
-//! one), with its model, priority (resolved by the config, as the gateway resolves a key's
-//! `metadata.priority`), flow, prompt estimate and `max_tokens`, and is admitted through
-//! [`Limiter::admit_request`] as the gateway's router admits its group (waiting in the queue when
-//! the config has one). An admitted request holds its lease for its recorded service time (its
-//! latency less its recorded queue wait) and settles it with its recorded tokens. A request the
-//! recording did not serve has no cost of its own: it is charged the mean tokens and service time
-//! of the served requests of its model (the estimate, prompt + `max_tokens`, when none was
-//! served), and the report says how many such requests there were.
+//! one), with its model, endpoint, priority (resolved by the config, as the gateway resolves a
+//! key's `metadata.priority`), flow, prompt estimate and `max_tokens`, and goes through the
+//! gateway's own `serve`: its group admitted on the group limiter (waiting in the queue when the
+//! config has one and the group no fallbacks), a deployment chosen by the router under its own
+//! `rpm`/`tpm`, retries and fallbacks by the router's settings (`num_retries`, `fallbacks`, the
+//! retry budget, back-offs and `timeout` in virtual time). The key's and team's limits are the
+//! ones `--callers` gives (see [`Callers`]); without it no caller has limits.
 //!
-//! Not replayed: a deployment's own `rpm`/`tpm` and the router's choice among deployments,
-//! retries and fallbacks (a request is admitted on its own group only), and key or team limits
-//! (the gateway does not enforce them). The window starts at the first arrival, where the
-//! recording gateway's window may have started elsewhere: a fixed window's edges can differ.
+//! The upstream is the recording's ([`Answers`]): a request whose recording saw `n` failed
+//! attempts fails its first `n` attempts here too (a 500), then is answered; one the recording
+//! answered with an error fails every attempt with its status. An answered request holds its
+//! deployment and leases for its recorded service time (its latency less its recorded queue
+//! wait; failed attempts take no time) and is charged its recorded tokens, through the limiter's
+//! own meter. A request the recording did not serve has no cost of its own: it is charged the
+//! mean tokens and service time of the served requests of its model (the estimate, prompt +
+//! `max_tokens`, when none was served), and the report says how many such requests there were.
+//!
+//! Not replayed: cost in money (prices are not in the record's config yet), several gateway
+//! processes (one router sees every request), and upstream 429s' `retry-after` (a failure is a
+//! 500). The window starts at the first arrival, where the recording gateway's window may have
+//! started elsewhere: a fixed window's edges can differ.
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap};
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
-use gateway_example::record::{Outcome, RecordLine};
+use axum::body::Body;
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use gateway_example::chat::ChatRequest;
+use gateway_example::config::{Deployment, GatewayConfig};
+use gateway_example::endpoint::Endpoint;
+use gateway_example::error::ApiError;
+use gateway_example::keys::{KeyRecord, Limits, ModelAccess, TeamLimits};
+use gateway_example::record::{queued_ms, Outcome, RecordLine};
+use gateway_example::routing::{self, deployment_limits, Dispatch, Router};
+use gateway_example::store::GatewayStore;
+use gateway_example::upstream::UpstreamFailure;
+use http::{HeaderMap, HeaderValue, StatusCode};
 use serde::Serialize;
+use serde_json::Value;
 use tower_priority_limit::clock::{Clock, ManualClock};
-use tower_priority_limit::config::LimiterConfig;
-use tower_priority_limit::metrics::RefusedBy;
-use tower_priority_limit::{AdmissionOutcome, Lease, Limiter, RequestAdmission};
+use tower_priority_limit::model::ModelName;
+use tower_priority_limit::store::MemoryStore;
+use tower_priority_limit::Limiter;
 
-use crate::time::{block_on, settle_runtime};
+use crate::time::settle_runtime;
 
-/// The time step while requests wait in a queue (the scheduler experiment's).
+/// The time step while requests wait (in a queue, or backing off before a retry).
 const STEP_MS: u64 = 10;
 
 /// Reads a record: one [`RecordLine`] a line (blank lines skipped), in arrival order (sorted by
@@ -57,11 +81,102 @@ pub fn read_trace(path: &Path) -> Result<Vec<RecordLine>, String> {
     Ok(lines)
 }
 
-/// The group limiter's config of the gateway config file at `path` (read as the gateway reads
-/// it), or why not. `None` inside: the file does not turn the limiter on (nothing is limited).
-pub fn read_policy(path: &Path) -> Result<Option<LimiterConfig>, String> {
+/// The gateway config file at `path`, read as the gateway reads it, or why not.
+pub fn read_policy(path: &Path) -> Result<GatewayConfig, String> {
     let (config, _) = gateway_example::reload::load_file(path, &[])?;
-    Ok(config.limiter_enabled.then_some(config.limiter))
+    Ok(config)
+}
+
+/// The keys' and teams' own limits a replay holds requests to, by the record's key hash and team
+/// id (the record has no key, and a candidate's limits are what is being tried):
+///
+/// ```json
+/// {"keys": {"0123456789abcdef": {"rpm_limit": 10}},
+///  "teams": {"team-a": {"tpm_limit": 50000, "max_parallel_requests": 4}}}
+/// ```
+///
+/// Each entry takes the fields `/key/generate` and `/team/new` take for limits
+/// ([`Limits::FIELDS`]); any other is an error naming it. A key or team not listed has no limits.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Callers {
+    /// By the record's key hash.
+    pub keys: BTreeMap<String, Limits>,
+    /// By team id.
+    pub teams: BTreeMap<String, Limits>,
+}
+
+impl Callers {
+    /// Reads a callers file (see [`Callers`]).
+    pub fn read(path: &Path) -> Result<Self, String> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| format!("reading {}: {e}", path.display()))?;
+        Self::from_json(&text).map_err(|e| format!("{}: {e}", path.display()))
+    }
+
+    /// Parses the JSON of a callers file.
+    pub fn from_json(text: &str) -> Result<Self, String> {
+        let doc: Value = serde_json::from_str(text).map_err(|e| e.to_string())?;
+        let Value::Object(doc) = doc else {
+            return Err("expected an object with \"keys\" and \"teams\"".into());
+        };
+        let mut callers = Self::default();
+        for (section, entries) in doc {
+            let into = match section.as_str() {
+                "keys" => &mut callers.keys,
+                "teams" => &mut callers.teams,
+                other => {
+                    return Err(format!(
+                        "unknown section \"{other}\" (expected keys, teams)"
+                    ))
+                }
+            };
+            let Value::Object(entries) = entries else {
+                return Err(format!("{section}: expected an object by id"));
+            };
+            for (id, limits) in entries {
+                if let Value::Object(fields) = &limits {
+                    if let Some(field) = fields
+                        .keys()
+                        .find(|f| !Limits::FIELDS.contains(&f.as_str()))
+                    {
+                        return Err(format!(
+                            "{section}.{id}.{field}: not a limit (expected {})",
+                            Limits::FIELDS.join(", ")
+                        ));
+                    }
+                }
+                let limits: Limits =
+                    serde_json::from_value(limits).map_err(|e| format!("{section}.{id}: {e}"))?;
+                into.insert(id, limits);
+            }
+        }
+        Ok(callers)
+    }
+
+    /// What `line`'s caller may use and is held to, as the gateway's key lookup makes it.
+    fn access(&self, line: &RecordLine) -> ModelAccess {
+        let key = KeyRecord {
+            token: line.key.clone(),
+            key_alias: None,
+            metadata: serde_json::Map::new(),
+            team_id: line.team.clone(),
+            models: Vec::new(),
+            created_at: 0,
+            expires_at: None,
+            blocked: false,
+            allowed_routes: Vec::new(),
+            limits: self.keys.get(&line.key).cloned().unwrap_or_default(),
+        };
+        let team = line.team.as_ref().and_then(|team| {
+            self.teams.get(team).map(|limits| {
+                Arc::new(TeamLimits {
+                    team_id: Arc::from(team.as_str()),
+                    limits: limits.clone(),
+                })
+            })
+        });
+        ModelAccess::of_key(Arc::new(key), None).with_team_limits(team)
+    }
 }
 
 /// Who a row is about: a model, a priority (as the config resolves it) and a caller.
@@ -159,14 +274,30 @@ pub fn recorded(trace: &[RecordLine]) -> Report {
     report
 }
 
-/// A replay's rows, and how many requests were charged a stand-in cost (the recording did not
-/// serve them).
+/// A replay's rows, what its deployments served, and how many requests were charged a stand-in
+/// cost (the recording did not serve them).
 #[derive(Debug, Clone, Default)]
 pub struct Replayed {
     /// By (model, priority, caller).
     pub report: Report,
+    /// Requests each deployment (by id) answered.
+    pub deployments: BTreeMap<String, u64>,
     /// Requests admitted here that the recording did not serve, charged their model's mean cost.
     pub stand_in_costs: u64,
+    /// What was served over time, for the plot ([`crate::plot::replay`]).
+    pub timeline: Vec<Served>,
+}
+
+/// One answered request, for the plot: when it was answered (ms from the first arrival), the
+/// group that answered it (a fallback's, after a fallback) and its priority.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Served {
+    /// Answered at, ms from the first arrival.
+    pub at_ms: u64,
+    /// The group that answered it.
+    pub model: String,
+    /// Its pool.
+    pub priority: String,
 }
 
 /// What a served request costs in the replay: tokens, output tokens, service time.
@@ -178,19 +309,22 @@ struct Cost {
     stand_in: bool,
 }
 
+fn recorded_served(l: &RecordLine) -> bool {
+    matches!(l.outcome, Outcome::Served | Outcome::ShadowRefused)
+}
+
 /// Each request's cost: its own when the recording served it, else its model's mean.
 fn costs(trace: &[RecordLine]) -> Vec<Cost> {
     let mut means: BTreeMap<&str, (u64, u64, u64)> = BTreeMap::new();
-    let served = |l: &RecordLine| matches!(l.outcome, Outcome::Served | Outcome::ShadowRefused);
     let service = |l: &RecordLine| l.latency_ms.saturating_sub(l.queued_ms.unwrap_or(0));
-    for l in trace.iter().filter(|l| served(l)) {
+    for l in trace.iter().filter(|l| recorded_served(l)) {
         let m = means.entry(&l.model).or_default();
         *m = (m.0 + l.tokens, m.1 + service(l), m.2 + 1);
     }
     trace
         .iter()
         .map(|l| {
-            if served(l) {
+            if recorded_served(l) {
                 return Cost {
                     tokens: l.tokens,
                     output: l.output_tokens,
@@ -212,59 +346,156 @@ fn costs(trace: &[RecordLine]) -> Vec<Cost> {
         .collect()
 }
 
-/// What one replayed request's admission came to.
+/// The upstream of one replayed request: answers as its recording says (see the module's
+/// documentation), through the gateway's own [`Dispatch`].
 #[derive(Debug)]
-struct Admission {
-    index: usize,
-    arrived_ms: u64,
-    result: Result<(Lease, Option<String>, u64), String>,
+pub struct Answers {
+    /// Attempts still to fail before one is answered.
+    failures_left: AtomicU32,
+    /// The recording's error, when every attempt is to fail with it.
+    always_fails: Option<StatusCode>,
+    /// The request's routing stream ([`Dispatch::rng`]): seeded by its place in the record.
+    seed: u64,
+    tokens: u64,
+    output: Option<u64>,
 }
 
-/// Replays `trace` against `limits` (`None`: the limiter off, every request served at once).
-pub fn replay(trace: &[RecordLine], limits: Option<&LimiterConfig>) -> Replayed {
+impl Answers {
+    fn of(line: &RecordLine, cost: &Cost, index: usize) -> Self {
+        let always_fails = (line.outcome == Outcome::Failed)
+            .then(|| StatusCode::from_u16(line.status).unwrap_or(StatusCode::BAD_GATEWAY));
+        Self {
+            failures_left: AtomicU32::new(line.failed_attempts),
+            always_fails,
+            seed: index as u64,
+            tokens: cost.tokens,
+            output: cost.output,
+        }
+    }
+
+    fn failure(status: StatusCode) -> UpstreamFailure {
+        UpstreamFailure {
+            error: ApiError::new(status, "api_error", "the recorded upstream failed"),
+            status: Some(status),
+            retry_after: None,
+        }
+    }
+}
+
+impl Dispatch for Answers {
+    fn rng(&self) -> rand::rngs::SmallRng {
+        crate::time::rng(0, "replay", self.seed)
+    }
+
+    async fn attempt(
+        &self,
+        _index: usize,
+        _deployment: &Deployment,
+        _chat: &ChatRequest,
+        model: &str,
+        _time: Duration,
+    ) -> Result<Response, UpstreamFailure> {
+        if let Some(status) = self.always_fails {
+            return Err(Self::failure(status));
+        }
+        let failed = self
+            .failures_left
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
+        if failed.is_ok() {
+            return Err(Self::failure(StatusCode::INTERNAL_SERVER_ERROR));
+        }
+        // The recorded usage, reported as an upstream reports it: the limiter's meter reads it.
+        let output = self.output.unwrap_or(0).min(self.tokens);
+        let body = serde_json::json!({
+            "object": "chat.completion",
+            "model": model,
+            "usage": {
+                "prompt_tokens": self.tokens - output,
+                "completion_tokens": output,
+                "total_tokens": self.tokens,
+            },
+        });
+        let mut response = Body::from(body.to_string()).into_response();
+        response.headers_mut().insert(
+            http::header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        Ok(response)
+    }
+}
+
+/// The request `line` as the gateway's handler hands it to `serve`.
+fn chat_request(line: &RecordLine, access: ModelAccess) -> ChatRequest {
+    ChatRequest {
+        endpoint: Endpoint::from_path(&line.endpoint).unwrap_or(Endpoint::ChatCompletions),
+        model: ModelName::from(line.model.as_str()),
+        concrete: None,
+        stream: line.stream,
+        include_usage: true,
+        raw: Bytes::from_static(b"{}"),
+        prompt_tokens: line.prompt_tokens,
+        max_output_tokens: line.max_tokens,
+        pass_on: HeaderMap::new(),
+        flow: line.flow,
+        access,
+    }
+}
+
+/// What one replayed request's answer came to.
+#[derive(Debug)]
+struct Answered {
+    index: usize,
+    /// Time waited in the limiter's queue (`x-priority-limit-queued-ms`), as the recording
+    /// reports it.
+    waited_ms: u64,
+    at_ms: u64,
+    outcome: Outcome,
+    limits: Vec<String>,
+    deployment: Option<String>,
+    /// The group that answered (`x-litellm-model-group`: a fallback's, after a fallback).
+    group: Option<String>,
+    /// The answer, held for its service time when it succeeded.
+    response: Option<Response>,
+}
+
+/// Replays `trace` against the gateway config `config`, its keys and teams held to `callers`.
+pub fn replay(trace: &[RecordLine], config: &GatewayConfig, callers: &Callers) -> Replayed {
     let costs = costs(trace);
     let start = trace.first().map_or(0, |l| l.time_ms);
     let arrival = |l: &RecordLine| l.time_ms.saturating_sub(start);
     let mut out = Replayed::default();
-    let key_of = |line: &RecordLine, priority: &str| RowKey {
-        model: line.model.clone(),
-        priority: priority.to_owned(),
-        caller: caller(line),
-    };
-    let Some(limits) = limits else {
-        for (line, cost) in trace.iter().zip(&costs) {
-            let row = out
-                .report
-                .entry(key_of(line, line.priority.as_deref().unwrap_or("default")))
-                .or_default();
-            row.requests += 1;
-            row.served += 1;
-            row.tokens += cost.tokens;
-            row.waits.push(0);
-            out.stand_in_costs += u64::from(cost.stand_in);
-        }
-        out.report.values_mut().for_each(Row::finish);
-        return out;
-    };
     let clock = ManualClock::new();
-    let limiter = Arc::new(Limiter::with_clock(limits.clone(), clock.clone()));
+    let groups = Arc::new(Limiter::with_store(GatewayStore::Embedded(
+        MemoryStore::with_clock(&config.limiter, clock.clone()),
+    )));
+    let per_deployment = deployment_limits(&config.deployments, &config.limiter);
+    let router = Arc::new(Router::new(
+        &config.deployments,
+        config.router.clone(),
+        Arc::new(Limiter::with_store(GatewayStore::Embedded(
+            MemoryStore::with_clock(&per_deployment, clock.clone()),
+        ))),
+        Arc::new(clock.clone()),
+    ));
+    let deployments: Arc<[Deployment]> = config.deployments.clone().into();
+    let enabled = config.limiter_enabled;
     let pools: Vec<String> = trace
         .iter()
-        .map(|l| {
-            let pool = limiter.resolve_pool(l.priority.as_deref());
-            limiter
+        .map(|l| match enabled {
+            true => groups
                 .config()
-                .pool_label(pool)
+                .pool_label(groups.resolve_pool(l.priority.as_deref()))
                 .unwrap_or("default")
-                .to_owned()
+                .to_owned(),
+            false => l.priority.clone().unwrap_or_else(|| "default".into()),
         })
         .collect();
-    let done = Arc::new(Mutex::new(Vec::<Admission>::new()));
+    let done = Arc::new(Mutex::new(Vec::<Answered>::new()));
     let finished = Arc::new(AtomicU64::new(0));
-    // (settle at, index) of admitted requests, and their leases by index.
-    let mut settlements: BinaryHeap<Reverse<(u64, usize)>> = BinaryHeap::new();
-    let mut leases: Vec<Option<Lease>> = (0..trace.len()).map(|_| None).collect();
-    block_on(async {
+    // (ends at, index) of answered requests, and their answers by index.
+    let mut ends: BinaryHeap<Reverse<(u64, usize)>> = BinaryHeap::new();
+    let mut held: Vec<Option<Response>> = (0..trace.len()).map(|_| None).collect();
+    block_on_paused(async {
         let mut next = 0;
         let mut spawned = 0u64;
         let mut t = 0u64;
@@ -272,106 +503,211 @@ pub fn replay(trace: &[RecordLine], limits: Option<&LimiterConfig>) -> Replayed 
             let waiting = spawned > finished.load(Ordering::Relaxed);
             let next_t = [
                 trace.get(next).map(arrival),
-                settlements.peek().map(|r| r.0 .0),
+                ends.peek().map(|r| r.0 .0),
                 waiting.then_some(t + STEP_MS),
             ]
             .into_iter()
             .flatten()
             .min();
             let Some(next_t) = next_t else { break };
-            t = next_t.max(t);
-            clock.set(t);
-            while let Some(&Reverse((at, index))) = settlements.peek() {
+            if next_t > t {
+                clock.set(next_t);
+                // The router's back-offs and deadlines are on tokio's (paused) clock.
+                tokio::time::advance(Duration::from_millis(next_t - t)).await;
+                t = next_t;
+            }
+            while let Some(&Reverse((at, index))) = ends.peek() {
                 if at > t {
                     break;
                 }
-                settlements.pop();
-                if let Some(lease) = leases[index].take() {
-                    lease.settle_with_output(costs[index].tokens, costs[index].output);
+                ends.pop();
+                if let Some(response) = held[index].take() {
+                    // Read to its end: the meter settles the leases, the deployment is free.
+                    let _ = axum::body::to_bytes(response.into_body(), usize::MAX).await;
                 }
             }
             while next < trace.len() && arrival(&trace[next]) <= t {
                 let index = next;
                 next += 1;
                 let line = &trace[index];
-                let Some(model) = limiter.config().model_id(&line.model) else {
-                    // A model the config does not limit: served at once.
-                    let row = out.report.entry(key_of(line, &pools[index])).or_default();
-                    row.requests += 1;
-                    row.served += 1;
-                    row.tokens += costs[index].tokens;
-                    row.waits.push(0);
-                    out.stand_in_costs += u64::from(costs[index].stand_in);
-                    continue;
-                };
-                let request = RequestAdmission {
-                    model,
-                    pool: limiter.resolve_pool(line.priority.as_deref()),
-                    flow: line.flow,
-                    prompt_tokens: line.prompt_tokens,
-                    max_output_tokens: line.max_tokens,
-                    max_wait: None,
-                    // Replay of key and team limits is not built yet (benches/sim's README).
-                    callers: None,
-                };
-                let (limiter, done, finished) = (
-                    Arc::clone(&limiter),
+                let chat = chat_request(line, callers.access(line));
+                let answers = Answers::of(line, &costs[index], index);
+                let priority = line.priority.clone();
+                let (router, groups, deployments, done, finished) = (
+                    Arc::clone(&router),
+                    Arc::clone(&groups),
+                    Arc::clone(&deployments),
                     Arc::clone(&done),
                     Arc::clone(&finished),
                 );
                 let clock = clock.clone();
-                let arrived_ms = t;
                 spawned += 1;
                 tokio::spawn(async move {
-                    let result = match limiter.admit_request(request).await {
-                        Ok(AdmissionOutcome::Admitted {
-                            lease, admitted, ..
-                        }) => Ok((
-                            lease,
-                            admitted
-                                .shadow
-                                .map(|r| RefusedBy::of(&r).as_str().to_owned()),
-                            clock.now_ms(),
-                        )),
-                        Ok(AdmissionOutcome::Refused(r)) => Err(RefusedBy::of(&r).as_str().into()),
-                        Err(e) => Err(format!("store: {e}")),
+                    let limiter = enabled.then_some(&*groups);
+                    let response = routing::serve(
+                        &router,
+                        &deployments,
+                        &answers,
+                        limiter,
+                        &chat,
+                        priority.as_deref(),
+                    )
+                    .await;
+                    let (outcome, limits) = Outcome::of(response.status(), response.headers());
+                    let deployment = response
+                        .headers()
+                        .get(routing::MODEL_ID)
+                        .and_then(|v| v.to_str().ok())
+                        .map(str::to_owned);
+                    let group = response
+                        .headers()
+                        .get(routing::MODEL_GROUP)
+                        .and_then(|v| v.to_str().ok())
+                        .map(str::to_owned);
+                    let queued = queued_ms(response.headers());
+                    let at_ms = clock.now_ms();
+                    let answered = Answered {
+                        index,
+                        waited_ms: queued.unwrap_or(0),
+                        at_ms,
+                        outcome,
+                        limits,
+                        deployment,
+                        group,
+                        response: response.status().is_success().then_some(response),
                     };
                     done.lock()
                         .unwrap_or_else(|e| e.into_inner())
-                        .push(Admission {
-                            index,
-                            arrived_ms,
-                            result,
-                        });
+                        .push(answered);
                     finished.fetch_add(1, Ordering::Relaxed);
                 });
             }
             settle_runtime(&finished).await;
-            let admitted: Vec<Admission> =
+            let answered: Vec<Answered> =
                 std::mem::take(&mut *done.lock().unwrap_or_else(|e| e.into_inner()));
-            for a in admitted {
+            for a in answered {
                 let line = &trace[a.index];
-                let row = out.report.entry(key_of(line, &pools[a.index])).or_default();
+                let key = RowKey {
+                    model: line.model.clone(),
+                    priority: pools[a.index].clone(),
+                    caller: caller(line),
+                };
+                let row = out.report.entry(key).or_default();
                 row.requests += 1;
-                match a.result {
-                    Ok((lease, shadow, at)) => {
+                let limit = || a.limits.first().cloned().unwrap_or_default();
+                match a.outcome {
+                    Outcome::Served | Outcome::ShadowRefused => {
                         row.served += 1;
                         row.tokens += costs[a.index].tokens;
-                        row.waits.push(at.saturating_sub(a.arrived_ms));
+                        row.waits.push(a.waited_ms);
                         out.stand_in_costs += u64::from(costs[a.index].stand_in);
-                        if let Some(limit) = shadow {
-                            *row.shadow_refused.entry(limit).or_default() += 1;
+                        if a.outcome == Outcome::ShadowRefused {
+                            *row.shadow_refused.entry(limit()).or_default() += 1;
                         }
-                        leases[a.index] = Some(lease);
-                        settlements.push(Reverse((at + costs[a.index].service_ms, a.index)));
+                        if let Some(d) = a.deployment {
+                            *out.deployments.entry(d).or_default() += 1;
+                        }
+                        out.timeline.push(Served {
+                            at_ms: a.at_ms,
+                            model: a.group.unwrap_or_else(|| line.model.clone()),
+                            priority: pools[a.index].clone(),
+                        });
+                        held[a.index] = a.response;
+                        ends.push(Reverse((a.at_ms + costs[a.index].service_ms, a.index)));
                     }
-                    Err(limit) => *row.refused.entry(limit).or_default() += 1,
+                    Outcome::Refused => *row.refused.entry(limit()).or_default() += 1,
+                    Outcome::Unavailable => {
+                        *row.refused.entry("unavailable".into()).or_default() += 1
+                    }
+                    Outcome::Failed => *row.refused.entry("failed".into()).or_default() += 1,
                 }
             }
         }
     });
     out.report.values_mut().for_each(Row::finish);
     out
+}
+
+/// One config's lines over time, for the plot: per model, its saturation (requests answered in
+/// the trailing window over its capacity: the group's `rpm`, else its deployments' together),
+/// and per priority, requests answered per bucket. Buckets are `bucket_ms` wide, from 0.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Timeline {
+    /// Bucket width, ms.
+    pub bucket_ms: u64,
+    /// By model: saturation at each bucket's end (1.0 = at capacity).
+    pub saturation: BTreeMap<String, Vec<f64>>,
+    /// By priority: requests answered in each bucket.
+    pub by_priority: BTreeMap<String, Vec<u64>>,
+}
+
+/// `run`'s [`Timeline`] under `config`, in `buckets` buckets over `span_ms`.
+pub fn timeline(run: &Replayed, config: &GatewayConfig, span_ms: u64, buckets: u64) -> Timeline {
+    let buckets = buckets.max(1);
+    let bucket_ms = span_ms.div_ceil(buckets).max(1);
+    // Whole seconds once a bucket is a second or more, for the axis' sake.
+    let bucket_ms = match bucket_ms >= 1000 {
+        true => bucket_ms.div_ceil(1000) * 1000,
+        false => bucket_ms,
+    };
+    let n = (span_ms / bucket_ms + 1) as usize;
+    let window = config.limiter.window().as_millis() as u64;
+    let mut out = Timeline {
+        bucket_ms,
+        ..Timeline::default()
+    };
+    for s in &run.timeline {
+        let slot = ((s.at_ms / bucket_ms) as usize).min(n - 1);
+        out.by_priority
+            .entry(s.priority.clone())
+            .or_insert_with(|| vec![0; n])[slot] += 1;
+    }
+    let mut models: Vec<&str> = run.timeline.iter().map(|s| s.model.as_str()).collect();
+    models.sort_unstable();
+    models.dedup();
+    for model in models {
+        let group = config
+            .limiter
+            .model_id(model)
+            .and_then(|id| config.limiter.model(id).rpm);
+        let deployments: Option<u64> = config
+            .deployments
+            .iter()
+            .filter(|d| d.model_name == model)
+            .map(|d| d.rpm)
+            .sum();
+        let Some(capacity) = group.or(deployments).filter(|&c| c > 0) else {
+            continue;
+        };
+        let mut times: Vec<u64> = run
+            .timeline
+            .iter()
+            .filter(|s| s.model == model)
+            .map(|s| s.at_ms)
+            .collect();
+        times.sort_unstable();
+        let line = (0..n as u64)
+            .map(|b| {
+                let end = (b + 1) * bucket_ms;
+                let from = times.partition_point(|&t| t < end.saturating_sub(window));
+                let to = times.partition_point(|&t| t < end);
+                (to - from) as f64 / capacity as f64
+            })
+            .collect();
+        out.saturation.insert(model.to_owned(), line);
+    }
+    out
+}
+
+/// Runs `future` on a current-thread runtime whose tokio clock is paused: it moves only when the
+/// replay moves it ([`tokio::time::advance`]), with the limiter's virtual clock.
+fn block_on_paused<F: std::future::Future>(future: F) -> F::Output {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .expect("a current-thread runtime")
+        .block_on(future)
 }
 
 /// The side-by-side table: per (model, priority, caller), what the recording saw and what each
@@ -431,6 +767,17 @@ pub fn render(recording: &Report, runs: &[(&str, &Replayed)]) -> String {
         out.push('\n');
     }
     for (name, run) in runs {
+        if !run.deployments.is_empty() {
+            let served: Vec<String> = run
+                .deployments
+                .iter()
+                .map(|(id, n)| format!("{id} {n}"))
+                .collect();
+            out.push_str(&format!(
+                "\n{name}: answered by deployment: {}.\n",
+                served.join(", ")
+            ));
+        }
         if run.stand_in_costs > 0 {
             out.push_str(&format!(
                 "\n{name}: {} requests the recording did not serve were served, each charged its model's mean cost.\n",
@@ -452,5 +799,78 @@ mod tests {
         let v: Vec<u64> = (1..=100).collect();
         assert_eq!(percentile(&v, 0.5), 50);
         assert_eq!(percentile(&v, 0.99), 99);
+    }
+
+    fn line(time_ms: u64, outcome: Outcome, status: u16, failed_attempts: u32) -> RecordLine {
+        RecordLine {
+            time_ms,
+            model: "m".into(),
+            name: None,
+            endpoint: "/chat/completions".into(),
+            key: "k".into(),
+            team: None,
+            priority: None,
+            flow: 1,
+            prompt_tokens: 10,
+            max_tokens: Some(20),
+            stream: false,
+            status,
+            outcome,
+            limits: vec![],
+            deployment: None,
+            failed_attempts,
+            queued_ms: None,
+            tokens: 30,
+            reported: true,
+            output_tokens: Some(20),
+            head_ms: 5,
+            latency_ms: 100,
+        }
+    }
+
+    /// One deployment, two retries: a retry on the only deployment backs off first (tokio's
+    /// paused clock, moved by the replay), so a recorded failure is retried in virtual time and
+    /// a request whose first attempt failed is answered by its retry; an error the recording
+    /// answered fails every attempt and is answered with it.
+    #[test]
+    fn recorded_failures_are_retried_in_virtual_time() {
+        let config = GatewayConfig::from_yaml_str(
+            "model_list: [{model_name: m, litellm_params: {model: openai/m, mock_response: hi, rpm: 100}}]\n\
+             router_settings: {num_retries: 2, allowed_fails: 100}\n",
+        )
+        .unwrap();
+        let trace = [
+            line(0, Outcome::Served, 200, 1),
+            line(1_000, Outcome::Failed, 503, 3),
+            line(2_000, Outcome::Served, 200, 0),
+        ];
+        let run = replay(&trace, &config, &Callers::default());
+        let row = &run.report.values().next().unwrap();
+        assert_eq!(row.requests, 3);
+        assert_eq!(row.served, 2, "{row:?}");
+        assert_eq!(row.refused, [("failed".to_owned(), 1)].into());
+        assert_eq!(row.tokens, 60);
+        assert_eq!(run.timeline.len(), 2);
+        // Answered after the back-off (50 ms × 2, jittered by 0.5–1.5), not at once.
+        assert!(
+            (50..=150).contains(&run.timeline[0].at_ms),
+            "{:?}",
+            run.timeline
+        );
+        assert_eq!(run.timeline[1].at_ms, 2_000);
+    }
+
+    #[test]
+    fn a_callers_file_takes_the_endpoints_limit_fields_only() {
+        let c = Callers::from_json(
+            r#"{"keys": {"abc": {"rpm_limit": 2}}, "teams": {"t": {"model_tpm_limit": {"m": 9}}}}"#,
+        )
+        .unwrap();
+        assert_eq!(c.keys["abc"].rpm_limit, Some(2));
+        assert_eq!(c.teams["t"].model_tpm_limit["m"], 9);
+        let e = Callers::from_json(r#"{"keys": {"abc": {"rpm": 2}}}"#).unwrap_err();
+        assert!(e.starts_with("keys.abc.rpm: not a limit"), "{e}");
+        let e = Callers::from_json(r#"{"users": {}}"#).unwrap_err();
+        assert!(e.contains("unknown section \"users\""), "{e}");
     }
 }

@@ -24,6 +24,7 @@ use crate::endpoint::Endpoint;
 use crate::error::ApiError;
 use crate::gateway::Gateway;
 use crate::record::{caller_hash, queued_ms, Outcome, RecordBody, RecordLine, Recorder};
+use crate::routing::{self, FailedAttempts};
 use crate::strip::StripUsage;
 
 /// The most bytes of a client's model name an error message repeats.
@@ -301,6 +302,7 @@ fn recorded(
     let line = RecordLine {
         time_ms: request.arrived_unix_ms,
         model: chat.model.as_str().to_owned(),
+        name: chat.concrete.as_ref().map(|c| c.name.as_str().to_owned()),
         endpoint: chat.endpoint.path().to_owned(),
         key: request.caller,
         team: chat.access.team_id().map(str::to_owned),
@@ -312,6 +314,12 @@ fn recorded(
         status: parts.status.as_u16(),
         outcome,
         limits,
+        deployment: parts
+            .headers
+            .get(routing::MODEL_ID)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned),
+        failed_attempts: parts.extensions.get().map_or(0, |f: &FailedAttempts| f.0),
         queued_ms: queued_ms(&parts.headers),
         tokens: 0,
         reported: false,

@@ -21,13 +21,23 @@ pub async fn list(
     State(gw): State<Arc<Gateway>>,
     Extension(caller): Extension<Caller>,
 ) -> Json<Value> {
-    let data: Vec<Value> = gw
-        .config()
+    let config = gw.config();
+    let mut names: Vec<&str> = config
         .model_names()
         .into_iter()
         .filter(|m| caller.allows(m))
-        .map(model_object)
         .collect();
+    // A key held to concrete names a wildcard route serves (`models: [openai/gpt-4o]` through
+    // `openai/*`) is shown those names too: they are what it may call.
+    if let Caller::Key(access) = &caller {
+        for name in access.listed() {
+            let concrete = !name.contains('*') && gw.router().serves(name);
+            if concrete && !names.contains(&name) && caller.allows(name) {
+                names.push(name);
+            }
+        }
+    }
+    let data: Vec<Value> = names.into_iter().map(model_object).collect();
     Json(json!({"object": "list", "data": data}))
 }
 

@@ -319,6 +319,13 @@ impl ModelAccess {
                 .is_none_or(|t| t.iter().any(|m| allows(m, model)))
     }
 
+    /// The names its key's `models` and then its team's list, in their order (patterns too).
+    pub fn listed(&self) -> impl Iterator<Item = &str> {
+        let key = self.key.iter().flat_map(|k| k.models.iter());
+        let team = self.team.iter().flat_map(|t| t.iter());
+        key.chain(team).map(String::as_str)
+    }
+
     /// The models of `configured` that may be used, in their order.
     pub fn allowed<'a>(&self, configured: impl IntoIterator<Item = &'a str>) -> Vec<&'a str> {
         configured.into_iter().filter(|m| self.allows(m)).collect()

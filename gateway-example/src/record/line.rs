@@ -14,8 +14,11 @@ use tower_priority_limit::response::{
 pub struct RecordLine {
     /// Arrival, in Unix milliseconds on the gateway's clock.
     pub time_ms: u64,
-    /// The model group asked for.
+    /// The model group asked for (a wildcard route's own name, `openai/*`, for a name it matched).
     pub model: String,
+    /// The name asked for, when a wildcard route served it (`openai/gpt-4o` through `openai/*`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
     /// The endpoint's path (`/chat/completions`, `/embeddings`, …).
     pub endpoint: String,
     /// The caller: the first 16 hex digits of SHA-256 of `record:` and the key (the master key
@@ -46,6 +49,13 @@ pub struct RecordLine {
     /// `pool_tokens`, `deployment_requests`, …
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub limits: Vec<String>,
+    /// The deployment that answered (`x-litellm-model-id`), when one did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deployment: Option<String>,
+    /// Attempts whose upstream failed before the answer (retried, fallen back from, or the last
+    /// one when the answer is its error): a replay fails as many.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub failed_attempts: u32,
     /// Time waited in the limiter's queue (`x-priority-limit-queued-ms`), when it waited.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub queued_ms: Option<u64>,
@@ -61,6 +71,10 @@ pub struct RecordLine {
     /// From arrival to the end of the answer's body (or the client leaving), in milliseconds:
     /// the time the request held its deployment.
     pub latency_ms: u64,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 /// What became of a recorded request.
@@ -205,6 +219,7 @@ mod tests {
         let line = RecordLine {
             time_ms: 1,
             model: "m".into(),
+            name: None,
             endpoint: "/chat/completions".into(),
             key: caller_hash("sk-secret"),
             team: None,
@@ -216,6 +231,8 @@ mod tests {
             status: 200,
             outcome: Outcome::Served,
             limits: vec![],
+            deployment: None,
+            failed_attempts: 0,
             queued_ms: None,
             tokens: 30,
             reported: true,

@@ -177,6 +177,7 @@ mod tests {
         RecordLine {
             time_ms: n,
             model: "m".into(),
+            name: None,
             endpoint: "/chat/completions".into(),
             key: "0123456789abcdef".into(),
             team: None,
@@ -188,6 +189,8 @@ mod tests {
             status: 200,
             outcome: Outcome::Served,
             limits: vec![],
+            deployment: None,
+            failed_attempts: 0,
             queued_ms: None,
             tokens: 1,
             reported: true,

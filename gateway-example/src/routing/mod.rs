@@ -24,12 +24,14 @@
 //!
 //! Files: [`router`](Router) (groups, deployment state, choice), `health` (cooldowns, parks,
 //! upstream rate-limit headers), `attempts` (the retry/fallback policy), `admission` (the group
-//! limiter), `serve` (the loop), [`body`], [`budget`], [`strategy`].
+//! limiter), `serve` (the loop), [`Dispatch`] (where an attempt goes: the upstream client, or a
+//! replay's recorded answers), [`body`], [`budget`], [`strategy`].
 
 mod admission;
 mod attempts;
 pub mod body;
 pub mod budget;
+mod dispatch;
 mod health;
 mod router;
 mod serve;
@@ -37,6 +39,7 @@ pub mod strategy;
 mod wildcard;
 
 pub use self::attempts::{Attempts, GiveUp, Step};
+pub use self::dispatch::{Dispatch, FailedAttempts};
 pub use self::health::parse_reset;
 pub use self::router::{deployment_limits, Chosen, Group, Router, Unavailable};
 pub use self::serve::{serve, ATTEMPTED_FALLBACKS, ATTEMPTED_RETRIES, MODEL_GROUP, MODEL_ID};

@@ -18,12 +18,12 @@ use tower_priority_limit::{Lease, Limiter};
 use super::admission::{admit, charge, store_failure, Admission};
 use super::attempts::{Attempts, GiveUp, Step};
 use super::body::{InFlight, InFlightBody};
+use super::dispatch::{Dispatch, FailedAttempts};
 use super::{Chosen, Group, Router, Unavailable};
-use crate::chat::{mock_answer, ChatRequest};
-use crate::config::{Deployment, Strategy, Target};
+use crate::chat::ChatRequest;
+use crate::config::{Deployment, Strategy};
 use crate::error::ApiError;
 use crate::store::GatewayStore;
-use crate::upstream::Upstream;
 
 /// Header naming the deployment that answered.
 pub const MODEL_ID: HeaderName = HeaderName::from_static("x-litellm-model-id");
@@ -44,13 +44,15 @@ thread_local! {
     });
 }
 
-fn fresh_rng() -> SmallRng {
+/// A routing stream of its own for one request, from the thread's.
+pub(super) fn fresh_rng() -> SmallRng {
     RNG.with(|r| SmallRng::seed_from_u64(r.borrow_mut().random()))
 }
 
 /// Serves a chat request of priority `priority`: admits its group on `limiter` (`None`: the
-/// limiter is off), chooses a deployment of it, retries and falls back as the router's settings
-/// allow, and answers with the routing headers.
+/// limiter is off), chooses a deployment of it, has `upstream` make each attempt
+/// ([`Dispatch`]), retries and falls back as the router's settings allow, and answers with the
+/// routing headers.
 ///
 /// A request its group's limiter refuses gets the limiter's 429 at once when the group has no
 /// fallbacks; otherwise the fallback groups are tried, each admitted under its own limits, and
@@ -63,7 +65,7 @@ fn fresh_rng() -> SmallRng {
 pub async fn serve(
     router: &Router,
     deployments: &[Deployment],
-    upstream: &Upstream,
+    upstream: &impl Dispatch,
     limiter: Option<&Limiter<GatewayStore>>,
     chat: &ChatRequest,
     priority: Option<&str>,
@@ -124,7 +126,7 @@ pub async fn serve(
         .with_time_limit(total)
         .allowing(&allowed);
     let mut out_of_time = false;
-    let mut rng = fresh_rng();
+    let mut rng = upstream.rng();
     let mut last_error: Option<ApiError> = None;
     // The last upstream's retry-after, passed on with its error.
     let mut last_retry_after = None;
@@ -137,6 +139,8 @@ pub async fn serve(
     let mut current_called = false;
     let mut first_called = false;
     let mut in_fallback = false;
+    // Attempts whose upstream failed (the record keeps the count: [`FailedAttempts`]).
+    let mut failed_attempts = 0u32;
     let mut step = attempts.start();
     loop {
         match step {
@@ -215,18 +219,11 @@ pub async fn serve(
                 let in_flight = router.begin(index);
                 current_called = true;
                 first_called |= !in_fallback;
-                let result = match &deployment.target {
-                    Target::Mock { content } => {
-                        let model = match in_fallback {
-                            true => group.name.as_str(),
-                            false => chat.requested(),
-                        };
-                        Ok(mock_answer(chat, model, content))
-                    }
-                    Target::Upstream { .. } => {
-                        upstream.forward(index, deployment, chat, time).await
-                    }
+                let model = match in_fallback {
+                    true => group.name.as_str(),
+                    false => chat.requested(),
                 };
+                let result = upstream.attempt(index, deployment, chat, model, time).await;
                 match result {
                     Ok(mut response) => {
                         router.observe(index, response.headers_mut());
@@ -259,10 +256,16 @@ pub async fn serve(
                         if let Some(refused) = shadow {
                             shadow_refused_by_deployment(response.headers_mut(), &refused);
                         }
+                        if failed_attempts > 0 {
+                            response
+                                .extensions_mut()
+                                .insert(FailedAttempts(failed_attempts));
+                        }
                         return response;
                     }
                     Err(failure) => {
                         drop(in_flight);
+                        failed_attempts += 1;
                         router.record_failure(index, &failure, group.members.len());
                         step = attempts.failed(
                             index,
@@ -317,13 +320,18 @@ pub async fn serve(
             ApiError::internal(format!("model group {first} has no deployments")).into_response()
         }
     };
-    let response = with_headers(
+    let mut response = with_headers(
         response,
         None,
         router.group(first),
         attempts.retries(),
         attempts.fallbacks(),
     );
+    if failed_attempts > 0 {
+        response
+            .extensions_mut()
+            .insert(FailedAttempts(failed_attempts));
+    }
     if let Some((lease, _)) = group_lease {
         if !current_called {
             lease.cancel();
