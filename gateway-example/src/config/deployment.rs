@@ -213,7 +213,7 @@ fn connections(
     // Each the deployment's own, else `router_settings`'.
     let [max, idle, timeout] = own;
     let [default_max, default_idle, default_timeout] = &defaults.pool;
-    let (max_connections, max_idle, connect_timeout) = pool_bounds(
+    let bounds = pool_bounds(
         max.as_ref().or(default_max.as_ref()),
         idle.as_ref().or(default_idle.as_ref()),
         timeout.as_ref().or(default_timeout.as_ref()),
@@ -234,21 +234,17 @@ fn connections(
         (true, true) => Some(tls(verify_node, certificate_node, params)?),
         _ => None,
     };
-    Ok(UpstreamConnections {
-        max_connections,
-        max_idle,
-        connect_timeout,
-        tls,
-    })
+    Ok(UpstreamConnections { tls, ..bounds })
 }
 
 /// The bounds `max_upstream_connections`, `max_idle_upstream_connections` and `connect_timeout`
-/// say (wherever each is written), checked: counts within range, no more idle than open.
+/// say (wherever each is written), checked: counts within range, no more idle than open (no TLS:
+/// that is read beside).
 pub(super) fn pool_bounds(
     max: Option<&Node<'_>>,
     idle: Option<&Node<'_>>,
     timeout: Option<&Node<'_>>,
-) -> Result<(Option<usize>, Option<usize>, Option<Duration>), ConfigError> {
+) -> Result<UpstreamConnections, ConfigError> {
     let bounded = |node: Option<&Node<'_>>, least: u64| -> Result<Option<usize>, ConfigError> {
         let Some(node) = node else {
             return Ok(None);
@@ -284,7 +280,12 @@ pub(super) fn pool_bounds(
         Some(node) => Some(seconds(node)?),
         None => None,
     };
-    Ok((max_connections, max_idle, connect_timeout))
+    Ok(UpstreamConnections {
+        max_connections,
+        max_idle,
+        connect_timeout,
+        tls: None,
+    })
 }
 
 /// The TLS settings `ssl_verify` and `ssl_certificate` (either may be missing) say, their files
