@@ -336,11 +336,11 @@ impl Collector for ScrapeGauges {
         }
         let mut family = encoder.encode_descriptor(
             "gateway_upstream_connection_waiters",
-            "Requests waiting for a connection to an upstream whose max_upstream_connections are all in use",
+            "Requests waiting for a connection to an upstream: none idle, and its max_upstream_connections all open or the connects begun for the waiting not done yet",
             None,
             MetricType::Gauge,
         )?;
-        for c in self.connections.iter().filter(|c| c.name.is_some()) {
+        for c in &self.connections {
             gauge(c.waiting as u64).encode(family.encode_family(&pool(c))?)?;
         }
         let counters: [(&str, &str, PoolCount); 3] = [

@@ -267,3 +267,172 @@ litellm_settings: {{ssl_verify: "{ca}", ssl_certificate: "{client}"}}
     let r = gw.chat(MASTER, "r", false).await;
     assert_eq!(r.status, 200, "{}", r.text());
 }
+
+/// An https upstream with the test CA's certificate, answering every request with [`ANSWER`]:
+/// each connection counted as accepted, its handshake begun only once `gate` is open, and never
+/// for the connections `held` picks by the order they came (0 first: their clients' connects
+/// hang, an upstream slow to accept). Returns its address and the connections accepted.
+async fn gated_tls_upstream(
+    pki: &Pki,
+    gate: tokio::sync::watch::Receiver<bool>,
+    held: fn(usize) -> bool,
+) -> (std::net::SocketAddr, Arc<AtomicUsize>) {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let server = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(
+            vec![CertificateDer::from_pem_file(&pki.server_cert).unwrap()],
+            PrivateKeyDer::from_pem_file(&pki.server_key).unwrap(),
+        )
+        .unwrap();
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(server));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let counter = Arc::clone(&accepted);
+    tokio::spawn(async move {
+        let mut holding = Vec::new();
+        loop {
+            let (tcp, _) = listener.accept().await.unwrap();
+            if held(counter.fetch_add(1, Ordering::SeqCst)) {
+                holding.push(tcp);
+                continue;
+            }
+            let (acceptor, mut gate) = (acceptor.clone(), gate.clone());
+            tokio::spawn(async move {
+                if gate.wait_for(|open| *open).await.is_err() {
+                    return;
+                }
+                if let Ok(tls) = acceptor.accept(tcp).await {
+                    answer_all(tls).await;
+                }
+            });
+        }
+    });
+    (addr, accepted)
+}
+
+/// `n` chat completions at once to `model`, each answered 200.
+async fn chats_at_once(gw: &Arc<Gw>, model: &'static str, n: usize) {
+    let mut all = tokio::task::JoinSet::new();
+    for _ in 0..n {
+        let gw = Arc::clone(gw);
+        all.spawn(async move { gw.chat(MASTER, model, false).await });
+    }
+    while let Some(reply) = all.join_next().await {
+        let reply = reply.unwrap();
+        assert_eq!(reply.status, 200, "{}", reply.text());
+    }
+}
+
+/// The value of the metric line that starts with `prefix` (labels and all), if there is one.
+fn metric(text: &str, prefix: &str) -> Option<u64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(prefix)?.trim().parse().ok())
+}
+
+/// A burst of 80 requests to a cold https upstream, without `max_upstream_connections`, makes
+/// far fewer connects and TLS handshakes than requests (counted at the upstream's accept):
+/// while all 80 wait, 4 connects are in progress (`FIRST_CONNECTS`); the upstream then answers
+/// those 4 handshakes and is slow with the rest (it holds them); the 4 connections serve all 80
+/// requests, each taking one as it is given back, and the connects begun meanwhile (the line
+/// still waiting when the first 4 came) are at most 8 more.
+#[tokio::test]
+async fn a_burst_to_a_cold_tls_upstream_makes_few_handshakes() {
+    let Some(pki) = Pki::make("a burst to a cold TLS upstream") else {
+        return;
+    };
+    let (open, gate) = tokio::sync::watch::channel(false);
+    let (addr, accepted) =
+        gated_tls_upstream(&pki, gate, |i| i >= upstream_client::FIRST_CONNECTS).await;
+    let ca = pki.ca.display();
+    let gw = Arc::new(
+        Gw::start(
+            &with_master(&format!(
+                r#"
+model_list:
+  - model_name: r
+    litellm_params: {{model: openai/x, api_base: "https://{addr}/v1", ssl_verify: "{ca}", connect_timeout: 600}}
+    model_info: {{id: d1}}
+"#
+            )),
+            None,
+        )
+        .await,
+    );
+    const N: usize = 80;
+    let burst = {
+        let gw = Arc::clone(&gw);
+        tokio::spawn(async move { chats_at_once(&gw, "r", N).await })
+    };
+    let upstream = format!("https://{addr}");
+    let waiters =
+        format!("gateway_upstream_connection_waiters{{upstream=\"{upstream}\",deployment=\"d1\"}}");
+    // Until all 80 wait and the upstream has accepted the connects begun for them (bounded).
+    for _ in 0..3000 {
+        let text = gw.get("/metrics", None).await.text().to_owned();
+        if metric(&text, &waiters) == Some(N as u64)
+            && accepted.load(Ordering::SeqCst) == upstream_client::FIRST_CONNECTS
+        {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    let text = gw.get("/metrics", None).await.text().to_owned();
+    assert_eq!(metric(&text, &waiters), Some(N as u64), "{text}");
+    assert_eq!(
+        accepted.load(Ordering::SeqCst),
+        upstream_client::FIRST_CONNECTS,
+        "connects in progress while every request waits"
+    );
+    open.send(true).unwrap();
+    burst.await.unwrap();
+    let connects = accepted.load(Ordering::SeqCst);
+    assert!(
+        connects <= 3 * upstream_client::FIRST_CONNECTS,
+        "{connects} connects for a burst of {N}"
+    );
+    let handshakes = upstream_client::FIRST_CONNECTS;
+    let text = gw.get("/metrics", None).await.text().to_owned();
+    let counted =
+        format!("gateway_upstream_handshakes_total{{upstream=\"{upstream}\",deployment=\"d1\"}}");
+    assert_eq!(metric(&text, &counted), Some(handshakes as u64), "{text}");
+    assert_eq!(metric(&text, &waiters), Some(0));
+}
+
+/// A connect that hangs (the upstream never answers its handshake) holds up no request: a burst
+/// takes the connections of the other connects as they come ready, and every request is
+/// answered while that one still hangs.
+#[tokio::test]
+async fn a_hanging_connect_holds_up_no_request() {
+    let Some(pki) = Pki::make("a hanging connect") else {
+        return;
+    };
+    let (_open, gate) = tokio::sync::watch::channel(true);
+    let (addr, accepted) = gated_tls_upstream(&pki, gate, |i| i == 0).await;
+    let ca = pki.ca.display();
+    let gw = Arc::new(
+        Gw::start(
+            &with_master(&format!(
+                r#"
+model_list:
+  - model_name: r
+    litellm_params: {{model: openai/x, api_base: "https://{addr}/v1", ssl_verify: "{ca}", connect_timeout: 600}}
+    model_info: {{id: d1}}
+router_settings: {{num_retries: 0}}
+"#
+            )),
+            None,
+        )
+        .await,
+    );
+    chats_at_once(&gw, "r", 20).await;
+    assert!(accepted.load(Ordering::SeqCst) >= 2);
+    let text = gw.get("/metrics", None).await.text().to_owned();
+    let upstream = format!("https://{addr}");
+    let waiters =
+        format!("gateway_upstream_connection_waiters{{upstream=\"{upstream}\",deployment=\"d1\"}}");
+    assert_eq!(metric(&text, &waiters), Some(0), "{text}");
+}

@@ -7,21 +7,20 @@ use std::task::{Context, Poll};
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 
-use crate::conn::Conn;
 use crate::error::BodyError;
-use crate::pool::Idle;
+use crate::pool::{Pool, Pooled};
 use crate::wire::{Decoder, Gathered};
 
 /// A response body from an upstream, read from its connection by whoever polls it. At its end
 /// the connection goes back to the pool, if it can take another request.
 pub struct UpstreamBody {
     /// `None` once given back, or after an error.
-    conn: Option<Conn>,
+    conn: Option<Pooled>,
     decoder: Decoder,
     /// The response lets the connection carry another request.
     keep_alive: bool,
     /// Where the connection goes back to.
-    idle: Arc<Idle>,
+    pool: Arc<Pool>,
     /// An error met after the data gathered into the last frame: answered at the next poll.
     error: Option<BodyError>,
 }
@@ -36,14 +35,14 @@ impl std::fmt::Debug for UpstreamBody {
 const MAX_GATHERED: usize = 64 * 1024;
 
 impl UpstreamBody {
-    /// The body read from `conn` by `decoder`, its connection given back to `idle` at its end
+    /// The body read from `conn` by `decoder`, its connection given back to `pool` at its end
     /// when `keep_alive`.
-    pub(crate) fn new(conn: Conn, decoder: Decoder, keep_alive: bool, idle: Arc<Idle>) -> Self {
+    pub(crate) fn new(conn: Pooled, decoder: Decoder, keep_alive: bool, pool: Arc<Pool>) -> Self {
         Self {
             conn: Some(conn),
             decoder,
             keep_alive,
-            idle,
+            pool,
             error: None,
         }
     }
@@ -54,7 +53,7 @@ impl UpstreamBody {
     fn release(&mut self) {
         if let Some(conn) = self.conn.take() {
             if self.keep_alive && conn.read.is_empty() {
-                self.idle.put(conn);
+                self.pool.put(conn);
             }
         }
     }

@@ -2,18 +2,16 @@
 //! body handed back to be read by whoever polls it.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use http::{Request, Response};
 use tower::Service;
 
 use crate::body::UpstreamBody;
-use crate::conn::Counted;
-use crate::conn::{Conn, HEAD_SIZE, READ_SIZE};
 use crate::connect::{default_port, default_tls, Connector, Key, Via};
 use crate::error::ClientError;
-use crate::pool::{acquire, Acquired, Pool};
+use crate::pool::{acquire, Acquired, Dial, Pools};
 use crate::proxy::Proxies;
 use crate::route::{Bound, ProxyChoice, Route};
 use crate::wire::{write_header_line, write_request_head, KeepHeaders, EVERY_HEADER};
@@ -27,12 +25,12 @@ pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// piece, and the buffer, kept by its connection, stays small.
 const COPIED_BODY: usize = 4 * 1024;
 
-/// The client: cheap to clone (the connector and the idle lists are shared).
+/// The client: cheap to clone (the connector and the pools are shared).
 #[derive(Clone)]
 pub struct Client {
     connector: Connector,
     proxies: Arc<Proxies>,
-    pub(crate) pool: Arc<Pool>,
+    pub(crate) pools: Arc<Pools>,
 }
 
 impl std::fmt::Debug for Client {
@@ -63,7 +61,7 @@ impl Client {
                 tls: Arc::new(tls).into(),
             },
             proxies: Arc::default(),
-            pool: Arc::default(),
+            pools: Arc::default(),
         }
     }
 
@@ -113,11 +111,11 @@ impl Client {
         let (parts, body) = request.into_parts();
         let host = (!parts.headers.contains_key(http::header::HOST)).then_some(&route.host);
         let bound = route.bound.get_or_init(|| self.bind(route));
-        let idle = &bound.idle;
+        let pool = &bound.pool;
         loop {
-            let (mut conn, reused) = match acquire(idle).await {
+            let (mut conn, reused) = match acquire(pool).await? {
                 Acquired::Kept(conn) => (conn, true),
-                Acquired::Room(room) => (Self::connect(&route.key, bound, room).await?, false),
+                Acquired::New(conn) => (conn, false),
             };
             // The head into the connection's own buffer, and a small body after it: one plain
             // write (as the server side does, see server.rs). A larger body is not copied: it
@@ -167,7 +165,7 @@ impl Client {
                 conn,
                 head.framing,
                 head.keep_alive && whole,
-                Arc::clone(idle),
+                Arc::clone(pool),
             ));
             *response.status_mut() = head.status;
             *response.headers_mut() = head.headers;
@@ -176,8 +174,7 @@ impl Client {
         }
     }
 
-    /// How `route` is sent by this client: through which proxy, if any, and so on which idle
-    /// list.
+    /// How `route` is sent by this client: through which proxy, if any, and so in which pool.
     fn bind(&self, route: &Route) -> Bound {
         let key = &route.key;
         let proxy = match &route.proxy {
@@ -221,26 +218,9 @@ impl Client {
             },
         };
         Bound {
-            idle: self.pool.idle(&key),
+            pool: self.pools.pool(Dial { key, connector }),
             via,
-            connector,
         }
-    }
-
-    /// A new connection to `key` as `bound` makes them, in the `room` its pool made for it.
-    async fn connect(key: &Key, bound: &Bound, room: Counted) -> Result<Conn, ClientError> {
-        let io = bound.connector.connect(key, &bound.via).await?;
-        bound
-            .idle
-            .1
-            .count_open(key.scheme == http::uri::Scheme::HTTPS);
-        Ok(Conn {
-            io,
-            read: BytesMut::with_capacity(READ_SIZE),
-            head: Vec::with_capacity(HEAD_SIZE),
-            idle_since: Instant::now(),
-            _counted: room,
-        })
     }
 }
 

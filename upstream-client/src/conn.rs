@@ -4,15 +4,12 @@
 use std::future::{poll_fn, Future};
 use std::io::{self, IoSlice};
 use std::pin::{pin, Pin};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 use std::time::Instant;
 
 use bytes::BytesMut;
 use http::Method;
 use tokio::io::{AsyncReadExt, AsyncWrite};
-use tokio::sync::Notify;
 
 use crate::connect::Stream;
 use crate::error::ClientError;
@@ -26,143 +23,6 @@ pub(crate) const READ_SIZE: usize = 4 * 1024;
 /// Room for a request head: a connection's head buffer starts with it (and keeps what it grows to).
 pub(crate) const HEAD_SIZE: usize = 512;
 
-/// How many connections to one pool were opened, are open now (idle, in use or being opened),
-/// and how many more may be: counted as connections open and close, and as kept ones are reused.
-#[derive(Debug)]
-pub(crate) struct Counts {
-    opened: AtomicU64,
-    open: AtomicUsize,
-    reused: AtomicU64,
-    handshakes: AtomicU64,
-    /// Requests waiting for a connection (all `max_open` in use).
-    waiting: AtomicUsize,
-    /// The most open at once; `usize::MAX`: no bound (nobody ever waits).
-    max_open: usize,
-    /// Wakes a waiter when a connection comes back idle or closes (only with a bound).
-    freed: Notify,
-}
-
-impl Default for Counts {
-    fn default() -> Self {
-        Self::new(usize::MAX)
-    }
-}
-
-impl Counts {
-    /// Counts for a pool of at most `max_open` connections open at once.
-    pub(crate) fn new(max_open: usize) -> Self {
-        Self {
-            opened: AtomicU64::new(0),
-            open: AtomicUsize::new(0),
-            reused: AtomicU64::new(0),
-            handshakes: AtomicU64::new(0),
-            waiting: AtomicUsize::new(0),
-            max_open,
-            freed: Notify::new(),
-        }
-    }
-
-    /// Connections opened so far.
-    pub(crate) fn opened(&self) -> u64 {
-        self.opened.load(Ordering::Relaxed)
-    }
-
-    /// Connections open now (and being opened).
-    pub(crate) fn open(&self) -> usize {
-        self.open.load(Ordering::Relaxed)
-    }
-
-    /// Requests sent on a kept connection so far.
-    pub(crate) fn reused(&self) -> u64 {
-        self.reused.load(Ordering::Relaxed)
-    }
-
-    /// TLS handshakes done so far.
-    pub(crate) fn handshakes(&self) -> u64 {
-        self.handshakes.load(Ordering::Relaxed)
-    }
-
-    /// Requests waiting for a connection now.
-    pub(crate) fn waiting(&self) -> usize {
-        self.waiting.load(Ordering::Relaxed)
-    }
-
-    /// Whether the pool has a bound (and so may have waiters to wake).
-    pub(crate) fn is_bounded(&self) -> bool {
-        self.max_open != usize::MAX
-    }
-
-    /// A kept connection taken for a request.
-    pub(crate) fn count_reuse(&self) {
-        self.reused.fetch_add(1, Ordering::Relaxed);
-    }
-
-    /// A new connection opened (`tls`: with a handshake).
-    pub(crate) fn count_open(&self, tls: bool) {
-        self.opened.fetch_add(1, Ordering::Relaxed);
-        if tls {
-            self.handshakes.fetch_add(1, Ordering::Relaxed);
-        }
-    }
-
-    /// Wakes one waiter, if the pool can have any: a connection came back or closed.
-    pub(crate) fn free(&self) {
-        if self.is_bounded() {
-            self.freed.notify_one();
-        }
-    }
-
-    /// Waits until a connection comes back or closes (registered by `enable` before the caller
-    /// looks again, so one freed in between is not missed).
-    pub(crate) fn freed(&self) -> tokio::sync::futures::Notified<'_> {
-        self.freed.notified()
-    }
-
-    /// Counts a request waiting while `_waiting` lives.
-    pub(crate) fn wait(&self) -> Waiting<'_> {
-        self.waiting.fetch_add(1, Ordering::Relaxed);
-        Waiting(self)
-    }
-}
-
-/// A request counted as waiting for a connection.
-pub(crate) struct Waiting<'c>(&'c Counts);
-
-impl Drop for Waiting<'_> {
-    fn drop(&mut self) {
-        self.0.waiting.fetch_sub(1, Ordering::Relaxed);
-    }
-}
-
-/// A connection's place in its pool's [`Counts`]: taken before it is opened (so connections
-/// being opened count against the bound), held while it lives.
-#[derive(Debug)]
-pub(crate) struct Counted(Arc<Counts>);
-
-impl Counted {
-    /// A place for one more connection in `counts`, unless its bound is reached.
-    pub(crate) fn reserve(counts: &Arc<Counts>) -> Option<Self> {
-        if counts.is_bounded() {
-            counts
-                .open
-                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |open| {
-                    (open < counts.max_open).then_some(open + 1)
-                })
-                .ok()?;
-        } else {
-            counts.open.fetch_add(1, Ordering::Relaxed);
-        }
-        Some(Self(Arc::clone(counts)))
-    }
-}
-
-impl Drop for Counted {
-    fn drop(&mut self) {
-        self.0.open.fetch_sub(1, Ordering::AcqRel);
-        self.0.free();
-    }
-}
-
 /// One open connection and the bytes read from it not yet used. Polled only by the request
 /// using it (or, idle, by the sweep).
 pub(crate) struct Conn {
@@ -172,11 +32,19 @@ pub(crate) struct Conn {
     /// The head of the request being written, kept so each request's head reuses its room.
     pub(crate) head: Vec<u8>,
     pub(crate) idle_since: Instant,
-    /// Counted open (in its upstream's metrics) while it lives.
-    pub(crate) _counted: Counted,
 }
 
 impl Conn {
+    /// A connection just opened on `io`.
+    pub(crate) fn new(io: Stream) -> Self {
+        Self {
+            io,
+            read: BytesMut::with_capacity(READ_SIZE),
+            head: Vec::with_capacity(HEAD_SIZE),
+            idle_since: Instant::now(),
+        }
+    }
+
     /// Reads what the connection has into `read`; `Ok(0)` at its end.
     pub(crate) fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
         if self.read.capacity() - self.read.len() < READ_SIZE / 4 {

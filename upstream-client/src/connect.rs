@@ -180,8 +180,8 @@ pub(crate) fn default_tls() -> rustls::ClientConfig {
 
 impl Connector {
     /// A connection to `key`'s host and port (the scheme's default port when it has none),
-    /// `via` a proxy or not.
-    pub(crate) async fn connect(&self, key: &Key, via: &Via) -> Result<Stream, ClientError> {
+    /// through its proxy if it has one (a tunnel for `https`, else the proxy's own connection).
+    pub(crate) async fn connect(&self, key: &Key) -> Result<Stream, ClientError> {
         let tls = key.scheme == Scheme::HTTPS;
         let port = key
             .authority
@@ -197,11 +197,11 @@ impl Connector {
         // server that accepts and then says nothing is a timeout too).
         let deadline = tokio::time::Instant::now() + self.timeout;
         let timed_out = |_| ClientError::ConnectTimeout(self.timeout);
-        let tcp = match via {
-            Via::Direct => tokio::time::timeout_at(deadline, tcp(host, port))
+        let tcp = match &key.proxy {
+            None => tokio::time::timeout_at(deadline, tcp(host, port))
                 .await
                 .map_err(timed_out)??,
-            Via::Tunnel(proxy) | Via::Forward { proxy, .. } => {
+            Some(proxy) => {
                 let through = |e: ClientError| ClientError::Proxy(proxy.to_string(), Box::new(e));
                 let (proxy_host, proxy_port) = proxy.address();
                 let mut tcp = tokio::time::timeout_at(deadline, tcp(proxy_host, proxy_port))
@@ -209,7 +209,7 @@ impl Connector {
                     .map_err(timed_out)
                     .and_then(|c| c)
                     .map_err(through)?;
-                if let Via::Tunnel(_) = via {
+                if tls {
                     tokio::time::timeout_at(
                         deadline,
                         tunnel(&mut tcp, proxy, &key.authority, port),

@@ -65,6 +65,29 @@ impl ClientError {
     }
 }
 
+impl ClientError {
+    /// The same error again, for another request that waited on the same failed connect (an
+    /// `io::Error` is not `Clone`: its kind and message are kept).
+    pub(crate) fn again(&self) -> Self {
+        let io = |e: &io::Error| io::Error::new(e.kind(), e.to_string());
+        match self {
+            ClientError::BadUrl => ClientError::BadUrl,
+            ClientError::Dns(e) => ClientError::Dns(io(e)),
+            ClientError::Refused(e) => ClientError::Refused(io(e)),
+            ClientError::ConnectTimeout(t) => ClientError::ConnectTimeout(*t),
+            ClientError::Tls(e) => ClientError::Tls(io(e)),
+            ClientError::Connect(e) => ClientError::Connect(io(e)),
+            ClientError::Reset(e) => ClientError::Reset(io(e)),
+            ClientError::Io(e) => ClientError::Io(io(e)),
+            ClientError::Closed => ClientError::Closed,
+            ClientError::Protocol(e) => ClientError::Protocol(*e),
+            ClientError::Proxy(proxy, e) => ClientError::Proxy(proxy.clone(), Box::new(e.again())),
+            ClientError::Tunnel(status, reason) => ClientError::Tunnel(*status, reason.clone()),
+            ClientError::ProxyAuthentication => ClientError::ProxyAuthentication,
+        }
+    }
+}
+
 impl std::fmt::Display for ClientError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {

@@ -8,10 +8,14 @@
 //! itself before each poll of the body, so the events an upstream sent together are decoded in
 //! one go and go out to the client in one write.
 //!
-//! Routes may bound their connections ([`ConnectionSettings`]): at most so many open at once (a
-//! request that finds them all in use waits for one, within its caller's timeout, rather than
-//! open another; so a burst to a cold upstream makes that many connects and TLS handshakes, not
-//! one per request), at most so many idle, their own connect timeout and TLS.
+//! A request that finds no idle connection waits in line, and the pool opens connections for
+//! the line, a few at a time ([`FIRST_CONNECTS`] at first, doubling while requests still wait
+//! and none comes back): each connection that comes ready, new or given back, goes to the
+//! request first in line. So a burst to a cold upstream makes a few connects and TLS
+//! handshakes, not one per request, and a slow connect holds up no request while another
+//! connection is ready. Routes may bound their connections ([`ConnectionSettings`]): at most so
+//! many open at once (a request that finds them all in use waits, within its caller's timeout,
+//! rather than open another), at most so many idle, their own connect timeout and TLS.
 //!
 //! A connection goes back to its upstream's idle list when a response body has been read to its
 //! end and the connection can take another request; one dropped before (a client that hung up, a
@@ -31,8 +35,8 @@
 //! | 1 | `client` | [`Client`]: a request on a kept or new connection, its head written and its answer's read; `tower::Service` |
 //! | 2 | `route`, `decode` | [`Route`]: a URL worked out once (its idle list, `Host`, path, header lines); [`ContentCoding`] and [`DecodedBody`]: a body in gzip, deflate or brotli decoded as it is read, an identity body passed through |
 //! | 3 | `body` | [`UpstreamBody`]: a response body decoded from its connection as it is polled; the connection given back at its end |
-//! | 4 | `pool` | the idle connections per pool (an upstream's shared one, or one of its own [`ConnectionSettings`]), a request's wait for a connection when the pool is at its bound, and the sweep |
-//! | 5 | `conn` | one connection: its stream, read buffer, request writing and head reading; a pool's counts (open, opened, reused, handshakes, waiting) and its bound |
+//! | 4 | `pool` | the connections per pool (an upstream's shared one, or one of its own [`ConnectionSettings`]): idle ones, the line of requests waiting (first come, first served), the connects it starts for them (`pool::dialing`: how many at once, a rule over counts), its counts and bound, and the sweep |
+//! | 5 | `conn` | one connection: its stream, read buffer, request writing and head reading |
 //! | 6 | `connect` | where a connection goes (its upstream, and the proxy on the way) and opening it: DNS, TCP to each address, a proxy's `CONNECT` tunnel, TLS (rustls), within the connect timeout; each failure its own [`ClientError`] |
 //! | 7 | `settings`, `proxy` | [`ConnectionSettings`] (a route's bound on connections open and idle, its connect timeout, its [`Tls`]: a CA bundle or no verification, a client certificate); [`Proxies`] from `HTTPS_PROXY`, `HTTP_PROXY`, `ALL_PROXY` and [`NoProxy`] as curl and httpx read them; [`Proxy`] and its credentials, hidden when shown |
 //! | 8 | `error` | [`ClientError`], [`BodyError`] |
@@ -80,7 +84,7 @@ pub use body::UpstreamBody;
 pub use client::{Client, CONNECT_TIMEOUT};
 pub use decode::{ContentCoding, DecodedBody, UnsupportedCoding, MAX_DECODED_FRAME};
 pub use error::{BodyError, ClientError};
-pub use pool::{Connections, IDLE_TIMEOUT};
+pub use pool::{Connections, FIRST_CONNECTS, IDLE_TIMEOUT};
 pub use proxy::{NoProxy, Proxies, Proxy, ProxyError};
 pub use route::Route;
 pub use settings::{ConnectionSettings, Tls, TlsError, Verify};

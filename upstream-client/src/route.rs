@@ -5,9 +5,9 @@ use std::sync::{Arc, OnceLock};
 use http::uri::{PathAndQuery, Scheme};
 use http::{HeaderMap, HeaderName, HeaderValue, Uri};
 
-use crate::connect::{Connector, Key, SettingsKey, Via};
+use crate::connect::{Key, SettingsKey, Via};
 use crate::error::ClientError;
-use crate::pool::{Connections, Idle};
+use crate::pool::{Connections, Pool};
 use crate::proxy::Proxy;
 use crate::settings::ConnectionSettings;
 use crate::wire::{is_framing, write_header_line};
@@ -40,13 +40,12 @@ pub(crate) enum ProxyChoice {
     Via(Arc<Proxy>),
 }
 
-/// A route as one client sends it: the idle list of its connections and how they are made.
+/// A route as one client sends it: the pool of its connections (which makes them), and how
+/// its requests go (through a proxy or not).
 #[derive(Debug, Clone)]
 pub(crate) struct Bound {
-    pub(crate) idle: Arc<Idle>,
+    pub(crate) pool: Arc<Pool>,
     pub(crate) via: Via,
-    /// The client's, or the route's settings' own timeout and TLS.
-    pub(crate) connector: Connector,
 }
 
 impl Bound {
@@ -120,7 +119,7 @@ impl Route {
             upstream.push_str(&format!(" via http://{host}:{port}"));
         }
         let name = self.key.settings.as_ref().and_then(|s| s.0.name.clone());
-        Some(bound.idle.connections(upstream, name))
+        Some(bound.pool.connections(upstream, name))
     }
 
     /// This route with its connections made and kept as `settings` say, in a pool of their own

@@ -22,8 +22,8 @@ async fn read_head(stream: &mut tokio::net::TcpStream) -> String {
 }
 
 fn idle_connections(client: &Client) -> usize {
-    let lists = client.pool.idle.lock().unwrap();
-    lists.values().map(|l| l.0.lock().unwrap().len()).sum()
+    let pools = client.pools.pools.lock().unwrap();
+    pools.values().map(|p| p.idle_count()).sum()
 }
 
 /// A kept connection the upstream then closes is dropped by the sweep, without a request to
@@ -52,12 +52,12 @@ async fn the_sweep_drops_kept_connections_the_upstream_closed() {
     let body = response.into_body().collect().await.unwrap().to_bytes();
     assert_eq!(body, "ok");
     assert_eq!(idle_connections(&client), 1, "kept after its response");
-    client.pool.sweep();
+    client.pools.sweep();
     assert_eq!(idle_connections(&client), 1, "kept while open");
     close.send(()).unwrap();
     // Until the close reaches this side (bounded; not a timing assertion).
     for _ in 0..1000 {
-        client.pool.sweep();
+        client.pools.sweep();
         if idle_connections(&client) == 0 {
             break;
         }
@@ -539,6 +539,7 @@ async fn a_route_reports_its_upstream_s_connections() {
         reused,
         idle,
         in_use,
+        connecting: 0,
         waiting: 0,
     };
     let response = send().await.unwrap();

@@ -16,14 +16,26 @@ use super::{
 /// `litellm_settings.request_timeout`, else [`DEFAULT_TIMEOUT`](super::DEFAULT_TIMEOUT)) and
 /// `router_settings.stream_timeout` (else the deployment's own `timeout`); and how its `https`
 /// upstream is verified, `litellm_settings.ssl_verify` and `ssl_certificate` (LiteLLM's
-/// proxy-wide settings), read where they are.
+/// proxy-wide settings); and its pool's bounds, `router_settings.max_upstream_connections`,
+/// `max_idle_upstream_connections` and `connect_timeout` (ours): read where they are, so an
+/// error names the key that holds the value.
 #[derive(Debug, Clone)]
 pub(super) struct Defaults<'d> {
     pub(super) timeout: Duration,
     pub(super) stream_timeout: Option<Duration>,
     pub(super) ssl_verify: Option<Node<'d>>,
     pub(super) ssl_certificate: Option<Node<'d>>,
+    /// `router_settings`' pool keys, each by its name in [`POOL_KEYS`].
+    pub(super) pool: [Option<Node<'d>>; 3],
 }
+
+/// The keys of a deployment's pool bounds, in `litellm_params` or as `router_settings`'
+/// defaults for every deployment with an upstream.
+pub(super) const POOL_KEYS: [&str; 3] = [
+    "max_upstream_connections",
+    "max_idle_upstream_connections",
+    "connect_timeout",
+];
 
 pub(super) fn deployment(
     item: &Node<'_>,
@@ -204,58 +216,44 @@ fn price(item: &Node<'_>, key: &str) -> Result<f64, ConfigError> {
 const MAX_UPSTREAM_CONNECTIONS: u64 = 100_000;
 
 /// `max_upstream_connections`, `max_idle_upstream_connections`, `connect_timeout`, `ssl_verify`
-/// and `ssl_certificate` of an entry's `litellm_params` (the last two else
-/// `litellm_settings`'); refused on an entry without an upstream, the TLS ones on an `http://`
-/// upstream (they would do nothing).
+/// and `ssl_certificate` of an entry's `litellm_params` (the first three else
+/// `router_settings`', the last two else `litellm_settings`'); refused on an entry without an
+/// upstream when it sets them itself (the defaults are for entries with one), the TLS ones on
+/// an `http://` upstream (they would do nothing).
 fn connections(
     params: &Node<'_>,
     target: &Target,
     defaults: &Defaults<'_>,
 ) -> Result<UpstreamConnections, ConfigError> {
-    let bounded =
-        |key: &'static str, least: u64| -> Result<Option<(usize, Node<'_>)>, ConfigError> {
-            let Some(node) = params.get(key)? else {
-                return Ok(None);
-            };
-            let n = node.count()?;
-            if !(least..=MAX_UPSTREAM_CONNECTIONS).contains(&n) {
-                return Err(node.error(format!(
-                    "expected a whole number from {least} to {MAX_UPSTREAM_CONNECTIONS}, got {n}"
-                )));
-            }
-            Ok(Some((n as usize, node)))
-        };
-    let max_connections = bounded("max_upstream_connections", 1)?;
-    let max_idle = bounded("max_idle_upstream_connections", 0)?;
-    if let (Some((max, _)), Some((idle, node))) = (&max_connections, &max_idle) {
-        if idle > max {
-            return Err(node.error(format!(
-                "{idle} idle connections cannot be kept with max_upstream_connections {max}"
-            )));
-        }
-    }
-    let connect_timeout = match params.get("connect_timeout")? {
-        Some(node) => Some((seconds(&node)?, node)),
-        None => None,
-    };
+    let own = [
+        params.get(POOL_KEYS[0])?,
+        params.get(POOL_KEYS[1])?,
+        params.get(POOL_KEYS[2])?,
+    ];
     let ssl_verify = params.get("ssl_verify")?;
     let ssl_certificate = params.get("ssl_certificate")?;
-    let own = [
-        max_connections.as_ref().map(|(_, n)| n),
-        max_idle.as_ref().map(|(_, n)| n),
-        connect_timeout.as_ref().map(|(_, n)| n),
-        ssl_verify.as_ref(),
-        ssl_certificate.as_ref(),
-    ];
     let https = match target {
         Target::Upstream { api_base, .. } => api_base.starts_with("https://"),
         Target::Mock { .. } => {
-            if let Some(node) = own.into_iter().flatten().next() {
+            let mut set = own
+                .iter()
+                .flatten()
+                .chain(&ssl_verify)
+                .chain(&ssl_certificate);
+            if let Some(node) = set.next() {
                 return Err(node.error("a mock_response deployment has no upstream to connect to"));
             }
             return Ok(UpstreamConnections::default());
         }
     };
+    // Each the deployment's own, else `router_settings`'.
+    let [max, idle, timeout] = own;
+    let [default_max, default_idle, default_timeout] = &defaults.pool;
+    let bounds = pool_bounds(
+        max.as_ref().or(default_max.as_ref()),
+        idle.as_ref().or(default_idle.as_ref()),
+        timeout.as_ref().or(default_timeout.as_ref()),
+    )?;
     if !https {
         if let Some(node) = ssl_verify.as_ref().or(ssl_certificate.as_ref()) {
             return Err(node.error(
@@ -272,11 +270,57 @@ fn connections(
         (true, true) => Some(tls(verify_node, certificate_node, params)?),
         _ => None,
     };
+    Ok(UpstreamConnections { tls, ..bounds })
+}
+
+/// The bounds `max_upstream_connections`, `max_idle_upstream_connections` and `connect_timeout`
+/// say (wherever each is written), checked: counts within range, no more idle than open (no TLS:
+/// that is read beside).
+pub(super) fn pool_bounds(
+    max: Option<&Node<'_>>,
+    idle: Option<&Node<'_>>,
+    timeout: Option<&Node<'_>>,
+) -> Result<UpstreamConnections, ConfigError> {
+    let bounded = |node: Option<&Node<'_>>, least: u64| -> Result<Option<usize>, ConfigError> {
+        let Some(node) = node else {
+            return Ok(None);
+        };
+        let n = node.count()?;
+        if !(least..=MAX_UPSTREAM_CONNECTIONS).contains(&n) {
+            return Err(node.error(format!(
+                "expected a whole number from {least} to {MAX_UPSTREAM_CONNECTIONS}, got {n}"
+            )));
+        }
+        Ok(Some(n as usize))
+    };
+    let max_connections = bounded(max, 1)?;
+    let max_idle = bounded(idle, 0)?;
+    if let (Some(max_n), Some(idle_n), Some(max), Some(idle)) =
+        (max_connections, max_idle, max, idle)
+    {
+        if idle_n > max_n {
+            // Named where the bound is when it is elsewhere (one a default, one the deployment's).
+            let elsewhere = match max.path().rsplit_once('.') {
+                Some((parent, _)) if !idle.path().starts_with(&format!("{parent}.")) => {
+                    format!(" ({})", max.path())
+                }
+                _ => String::new(),
+            };
+            return Err(idle.error(format!(
+                "{idle_n} idle connections cannot be kept with max_upstream_connections \
+                 {max_n}{elsewhere}"
+            )));
+        }
+    }
+    let connect_timeout = match timeout {
+        Some(node) => Some(seconds(node)?),
+        None => None,
+    };
     Ok(UpstreamConnections {
-        max_connections: max_connections.map(|(n, _)| n),
-        max_idle: max_idle.map(|(n, _)| n),
-        connect_timeout: connect_timeout.map(|(t, _)| t),
-        tls,
+        max_connections,
+        max_idle,
+        connect_timeout,
+        tls: None,
     })
 }
 

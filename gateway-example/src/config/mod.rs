@@ -55,7 +55,7 @@ pub const DEFAULT_REDIS_KEY_PREFIX: &str = "tpl:";
 /// key store and the limiter's counters).
 pub use tower_priority_limit::store::RedisTarget;
 
-use self::deployment::{deployment, Defaults};
+use self::deployment::{deployment, pool_bounds, Defaults, POOL_KEYS};
 use self::redis::redis_settings;
 pub use self::router::{RouterSettings, Strategy};
 
@@ -418,12 +418,25 @@ impl GatewayConfig {
             Some(settings) => settings.get(key),
             None => Ok(None),
         };
+        let router_settings = root.get("router_settings")?;
+        let router_setting = |key| match &router_settings {
+            Some(settings) => settings.get(key),
+            None => Ok(None),
+        };
         let defaults = Defaults {
             timeout: router.timeout.unwrap_or(DEFAULT_TIMEOUT),
             stream_timeout: router.stream_timeout,
             ssl_verify: setting("ssl_verify")?,
             ssl_certificate: setting("ssl_certificate")?,
+            pool: [
+                router_setting(POOL_KEYS[0])?,
+                router_setting(POOL_KEYS[1])?,
+                router_setting(POOL_KEYS[2])?,
+            ],
         };
+        // Checked here too, so a bad one is refused even when no deployment takes it.
+        let [max, idle, timeout] = &defaults.pool;
+        pool_bounds(max.as_ref(), idle.as_ref(), timeout.as_ref())?;
         // Checked here too, so a bad one is refused even when no https deployment takes it.
         if let Some(settings) = &litellm_settings {
             if defaults.ssl_verify.is_some() || defaults.ssl_certificate.is_some() {

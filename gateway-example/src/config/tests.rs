@@ -771,3 +771,70 @@ fn connection_settings_are_read_and_bad_ones_refused_by_path() {
         assert!(e.starts_with(&at) && e.contains(says), "{yaml}: {e}");
     }
 }
+
+/// `router_settings.max_upstream_connections`, `max_idle_upstream_connections` and
+/// `connect_timeout` are the defaults of every deployment with an upstream, each deployment's own
+/// winning key by key; not applied to a `mock_response` entry; a bad one is refused by its path,
+/// with no deployment to take it too; unknown keys beside them are still named.
+#[test]
+fn router_settings_give_every_deployment_its_pool_bounds() {
+    let yaml = "model_list:\n\
+        - {model_name: a, litellm_params: {model: openai/a, api_base: \"http://h/v1\"}}\n\
+        - {model_name: b, litellm_params: {model: openai/b, api_base: \"http://h/v1\", \
+           max_upstream_connections: 16, connect_timeout: 1}}\n\
+        - {model_name: m, litellm_params: {model: openai/m, mock_response: hi}}\n\
+        router_settings: {max_upstream_connections: 8, max_idle_upstream_connections: 4, \
+           connect_timeout: 2.5, max_upstream_conections: 3}\n";
+    let c = GatewayConfig::from_yaml_str(yaml).unwrap();
+    let bounds = |i: usize| {
+        let own = &c.deployments[i].connections;
+        (own.max_connections, own.max_idle, own.connect_timeout)
+    };
+    assert_eq!(
+        bounds(0),
+        (Some(8), Some(4), Some(Duration::from_millis(2500)))
+    );
+    assert_eq!(bounds(1), (Some(16), Some(4), Some(Duration::from_secs(1))));
+    assert!(c.deployments[0].connections.is_set());
+    assert!(!c.deployments[2].connections.is_set(), "a mock has no pool");
+    let warning = c.unsupported_warning().unwrap_or_default();
+    assert!(
+        warning.contains("router_settings.max_upstream_conections"),
+        "{warning}"
+    );
+    assert!(
+        !warning.contains("router_settings.connect_timeout"),
+        "{warning}"
+    );
+
+    for (yaml, at, says) in [
+        (
+            "router_settings: {max_upstream_connections: 0}".to_owned(),
+            "router_settings.max_upstream_connections",
+            "from 1 to 100000, got 0",
+        ),
+        (
+            "router_settings: {connect_timeout: 0}".to_owned(),
+            "router_settings.connect_timeout",
+            "seconds > 0",
+        ),
+        (
+            "router_settings: {max_upstream_connections: 2, max_idle_upstream_connections: 3}"
+                .to_owned(),
+            "router_settings.max_idle_upstream_connections",
+            "3 idle connections cannot be kept with max_upstream_connections 2",
+        ),
+        // The default's idle bound over a deployment's own: both named.
+        (
+            "model_list: [{model_name: a, litellm_params: {model: openai/a, \
+             api_base: \"http://h/v1\", max_upstream_connections: 2}}]\n\
+             router_settings: {max_idle_upstream_connections: 3}"
+                .to_owned(),
+            "router_settings.max_idle_upstream_connections",
+            "with max_upstream_connections 2 (model_list[0].litellm_params.max_upstream_connections)",
+        ),
+    ] {
+        let e = GatewayConfig::from_yaml_str(&yaml).unwrap_err().to_string();
+        assert!(e.starts_with(at) && e.contains(says), "{yaml}: {e}");
+    }
+}

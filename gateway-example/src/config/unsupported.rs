@@ -114,6 +114,11 @@ fn honoured(level: Level) -> &'static [&'static str] {
             "redis_password",
             "redis_startup_nodes",
             "redis_key_prefix",
+            // Ours: every deployment's pool bounds, unless its `litellm_params` say otherwise
+            // (read by the deployments' reader).
+            "max_upstream_connections",
+            "max_idle_upstream_connections",
+            "connect_timeout",
         ],
     }
 }

@@ -209,3 +209,148 @@ async fn routes_with_one_settings_share_a_pool_of_their_own() {
     );
     assert_eq!((shared.name, shared.opened, shared.reused), (None, 1, 0));
 }
+
+/// An upstream answering every request `ok` on whichever connection it comes, keeping them all;
+/// returns its address, each request's path in the order it read them, and how many
+/// connections it accepted.
+async fn recording_upstream() -> (
+    std::net::SocketAddr,
+    Arc<std::sync::Mutex<Vec<String>>>,
+    Arc<std::sync::atomic::AtomicUsize>,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let accepted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let (seen_by, counter) = (Arc::clone(&seen), Arc::clone(&accepted));
+    tokio::spawn(async move {
+        loop {
+            let (mut stream, _) = listener.accept().await.unwrap();
+            counter.fetch_add(1, Ordering::SeqCst);
+            let seen = Arc::clone(&seen_by);
+            tokio::spawn(async move {
+                let mut got = Vec::new();
+                let mut buf = [0u8; 1024];
+                loop {
+                    // These requests have no body: a request is its head.
+                    while let Some(end) = got.windows(4).position(|w| w == b"\r\n\r\n") {
+                        let head = String::from_utf8_lossy(&got[..end]).into_owned();
+                        got.drain(..end + 4);
+                        let path = head.split(' ').nth(1).unwrap_or_default().to_owned();
+                        seen.lock().unwrap().push(path);
+                        if stream.write_all(OK).await.is_err() {
+                            return;
+                        }
+                    }
+                    match stream.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => got.extend_from_slice(&buf[..n]),
+                    }
+                }
+            });
+        }
+    });
+    (addr, seen, accepted)
+}
+
+/// At the bound, requests are served in the order they came: with the one connection in use,
+/// 8 requests that begin to wait one after another, and one that comes as the connection comes
+/// back, get it in that order (as the upstream sees them on its one connection). One that gives
+/// up leaves the line, and the connection goes to the next.
+#[tokio::test]
+async fn requests_waiting_at_the_bound_are_served_in_the_order_they_came() {
+    let (addr, seen, accepted) = recording_upstream().await;
+    let client = Client::default();
+    let settings = Arc::new(ConnectionSettings::default().max_connections(1));
+    let route_to = |path: &str| {
+        Arc::new(
+            Route::new(format!("http://{addr}/{path}").parse().unwrap())
+                .unwrap()
+                .with_settings(Arc::clone(&settings)),
+        )
+    };
+    let held_route = route_to("held");
+    let held = client
+        .send(&held_route, Request::post("/").body(Bytes::new()).unwrap())
+        .await
+        .unwrap();
+    let waiting = || held_route.connections().unwrap().waiting;
+    let mut waiters = Vec::new();
+    for i in 0..9 {
+        let (client, route) = (client.clone(), route_to(&format!("w{i}")));
+        waiters.push(tokio::spawn(async move { send(&client, &route).await }));
+        while waiting() < i + 1 {
+            tokio::task::yield_now().await;
+        }
+    }
+    // The fifth gives up: it leaves the line.
+    let gave_up = waiters.remove(4);
+    gave_up.abort();
+    assert!(gave_up.await.unwrap_err().is_cancelled());
+    assert_eq!(waiting(), 8);
+
+    assert_eq!(held.into_body().collect().await.unwrap().to_bytes(), "ok");
+    // Given to the first in line as the body ended; one that comes now waits behind the rest.
+    let late = {
+        let (client, route) = (client.clone(), route_to("late"));
+        tokio::spawn(async move { send(&client, &route).await })
+    };
+    for waiter in waiters {
+        assert_eq!(waiter.await.unwrap().unwrap(), "ok");
+    }
+    assert_eq!(late.await.unwrap().unwrap(), "ok");
+    let expected: Vec<String> = [
+        "/held", "/w0", "/w1", "/w2", "/w3", "/w5", "/w6", "/w7", "/w8",
+    ]
+    .into_iter()
+    .chain(["/late"])
+    .map(String::from)
+    .collect();
+    assert_eq!(*seen.lock().unwrap(), expected);
+    assert_eq!(accepted.load(Ordering::SeqCst), 1);
+    let counts = held_route.connections().unwrap();
+    assert_eq!((counts.waiting, counts.idle, counts.reused), (0, 1, 9));
+}
+
+/// Without a bound, a request that waits for a connect in progress is not tied to it: a
+/// connection given back meanwhile serves the first in line, and the connect's connection,
+/// when it comes, goes idle (so the burst opens fewer than one per request).
+#[tokio::test]
+async fn a_connection_given_back_serves_the_line_before_a_connect_ends() {
+    let (addr, seen, accepted) = recording_upstream().await;
+    let client = Client::default();
+    let route = Arc::new(route(addr, None));
+    let first = client
+        .send(&route, Request::post("/").body(Bytes::new()).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(accepted.load(Ordering::SeqCst), 1);
+    // A second request finds none idle: it waits, a connect begun for it.
+    let second = {
+        let (client, route) = (client.clone(), Arc::clone(&route));
+        tokio::spawn(async move { send(&client, &route).await })
+    };
+    while route.connections().unwrap().waiting == 0 {
+        tokio::task::yield_now().await;
+    }
+    // The first's connection comes back before the connect is polled again (one thread).
+    assert_eq!(first.into_body().collect().await.unwrap().to_bytes(), "ok");
+    assert_eq!(second.await.unwrap().unwrap(), "ok");
+    assert_eq!(seen.lock().unwrap().len(), 2);
+    let counts = route.connections().unwrap();
+    assert_eq!(
+        counts.reused, 1,
+        "the second went on the first's connection: {counts:?}"
+    );
+    // The connect's connection, begun for it, is kept for the next request.
+    while route.connections().unwrap().connecting > 0 {
+        tokio::task::yield_now().await;
+    }
+    let counts = route.connections().unwrap();
+    assert_eq!(
+        (counts.opened, counts.idle, counts.in_use),
+        (2, 2, 0),
+        "{counts:?}"
+    );
+}
