@@ -6,6 +6,7 @@
 //! `REQUIRE_REDIS=1`. (The Redis halves of the limiter's quick-start and worked-example tests are
 //! in `limiter/`, next to their embedded halves.)
 
+mod cluster_failover;
 mod enforcement;
 mod fleet;
 mod gateway_keys;
