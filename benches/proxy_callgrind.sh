@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # What one proxied request costs the gateway, counted rather than timed (so a busy machine does
 # not move it): instructions (valgrind's callgrind) and heap allocations (calls into the global
-# allocator: jemalloc in the gateway, mimalloc in the floor, from the same callgrind run) per
+# allocator: jemalloc in the gateway and in the floor, from the same callgrind run) per
 # request, non-streamed or streamed. Counted at the allocator's entry points, not at Rust's
 # `__rust_alloc`: the compiler inlines that shim into some callers, whose allocations it would
 # then miss.
@@ -92,7 +92,7 @@ for path in paths:
                     names[m.group(1)] = m.group(2)
                 current = names.get(m.group(1), "") if line.startswith("cfn=") else None
         elif line.startswith("calls=") and current is not None:
-            # mimalloc's (the floor, and gateway builds with the `mimalloc` feature), then
+            # mimalloc's (gateway builds with the `mimalloc` feature), then
             # jemalloc's (tikv-jemallocator's prefixed symbols: `mallocx` when the alignment is
             # above the size class's, else `malloc`).
             if current in ("mi_malloc_aligned", "mi_zalloc_aligned", "mi_realloc_aligned",

@@ -1,8 +1,9 @@
 //! The least a proxy built on the gateway's stack can do per request, for `benches/proxy.sh`'s
 //! `floor` target: hyper's HTTP/1.1 server with the gateway's settings (flattened writes, the
-//! header-read timer, `TCP_NODELAY`, mimalloc, the multi-threaded runtime), the request body read
-//! whole, and the gateway's own upstream client sending it on and streaming the answer back. No
-//! key, no JSON, no limiter, no router, no metering.
+//! header-read timer, `TCP_NODELAY`, jemalloc with its background thread as in the gateway's
+//! binary, the multi-threaded runtime), the request body read whole, and the gateway's own
+//! upstream client sending it on and streaming the answer back. No key, no JSON, no limiter, no
+//! router, no metering.
 //!
 //! What separates the gateway from nginx splits into what this costs (the stack) and what the
 //! gateway adds on top of it (the difference between the two targets in the same run).
@@ -29,8 +30,11 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use upstream_client::{Client, Route, UpstreamBody};
 
+// The gateway binary's allocator (gateway-example's default `jemalloc` feature), so the floor and
+// the gateway are compared on the same one.
+#[cfg(not(target_env = "msvc"))]
 #[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 type Body = Either<UpstreamBody, Full<Bytes>>;
 

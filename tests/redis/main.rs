@@ -7,6 +7,7 @@
 //! in `limiter/`, next to their embedded halves.)
 
 mod budgets;
+mod cluster_failover;
 mod enforcement;
 mod fleet;
 mod gateway_keys;

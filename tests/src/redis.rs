@@ -186,7 +186,8 @@ impl Drop for RedisServer {
     }
 }
 
-/// A Redis Cluster of `masters` masters and no replicas, started from the same binary.
+/// A Redis Cluster of `masters` masters (and `replicas` replicas of each, with
+/// [`RedisCluster::start_with_replicas`]), started from the same binary.
 #[derive(Debug)]
 pub struct RedisCluster {
     nodes: Vec<RedisServer>,
@@ -195,8 +196,24 @@ pub struct RedisCluster {
 impl RedisCluster {
     /// Starts and joins the cluster, or `None` (skipped, loudly) where Redis is not installed.
     pub fn start(test: &str, masters: usize) -> Option<Self> {
+        Self::start_with_replicas(test, masters, 0, 2000, true)
+    }
+
+    /// `masters` masters with `replicas` replicas each (`redis-cli --cluster create` pairs them),
+    /// every node with `cluster-node-timeout` `node_timeout_ms` and `cluster-require-full-coverage`
+    /// as `full_coverage` says (`false`: a failed master takes only its own slots down, what
+    /// docs/gateway.md asks of a production cluster; `true`, Redis's default: every node refuses
+    /// every key until the failover is done). `None` (skipped, loudly) where Redis is not
+    /// installed.
+    pub fn start_with_replicas(
+        test: &str,
+        masters: usize,
+        replicas: usize,
+        node_timeout_ms: u64,
+        full_coverage: bool,
+    ) -> Option<Self> {
         check_available(test)?;
-        let nodes: Vec<RedisServer> = (0..masters)
+        let nodes: Vec<RedisServer> = (0..masters * (1 + replicas))
             .map(|i| {
                 RedisServer::spawn(vec![
                     "--cluster-enabled".into(),
@@ -204,7 +221,9 @@ impl RedisCluster {
                     "--cluster-config-file".into(),
                     format!("nodes-{i}.conf"),
                     "--cluster-node-timeout".into(),
-                    "2000".into(),
+                    node_timeout_ms.to_string(),
+                    "--cluster-require-full-coverage".into(),
+                    if full_coverage { "yes" } else { "no" }.into(),
                 ])
             })
             .collect();
@@ -215,7 +234,7 @@ impl RedisCluster {
         let out = Command::new("redis-cli")
             .args(["--cluster", "create"])
             .args(&addresses)
-            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"])
             .output()
             .expect("redis-cli --cluster create");
         assert!(
@@ -225,12 +244,25 @@ impl RedisCluster {
             String::from_utf8_lossy(&out.stderr)
         );
         let cluster = Self { nodes };
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while !cluster
-            .nodes
-            .iter()
-            .all(|n| n.cli(&["cluster", "info"]).contains("cluster_state:ok"))
-        {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let ok = cluster
+                .nodes
+                .iter()
+                .all(|n| n.cli(&["cluster", "info"]).contains("cluster_state:ok"));
+            // Every replica attached and in sync, so a failover has one to promote.
+            let replicas_up = cluster
+                .live_nodes()
+                .filter(|&i| cluster.nodes[i].cli(&["role"]).starts_with("slave"))
+                .filter(|&i| {
+                    cluster.nodes[i]
+                        .cli(&["info", "replication"])
+                        .contains("master_link_status:up")
+                })
+                .count();
+            if ok && replicas_up == masters * replicas {
+                break;
+            }
             assert!(Instant::now() < deadline, "cluster never reached state ok");
             std::thread::sleep(Duration::from_millis(50));
         }
@@ -245,5 +277,56 @@ impl RedisCluster {
     /// The nodes.
     pub fn nodes(&self) -> &[RedisServer] {
         &self.nodes
+    }
+
+    /// The indices of the nodes still running.
+    fn live_nodes(&self) -> impl Iterator<Item = usize> + '_ {
+        (0..self.nodes.len()).filter(|&i| self.nodes[i].child.is_some())
+    }
+
+    /// The hash slot of `key`, as the cluster computes it.
+    pub fn slot_of(&self, key: &str) -> u16 {
+        let i = self.live_nodes().next().expect("a live node");
+        self.nodes[i]
+            .cli(&["cluster", "keyslot", key])
+            .trim()
+            .parse()
+            .expect("a slot number")
+    }
+
+    /// The index of the node serving `slot` as master, as the live nodes see it now (`None` while
+    /// no live master claims it: a failover under way).
+    pub fn master_of(&self, slot: u16) -> Option<usize> {
+        let i = self.live_nodes().next()?;
+        let listing = self.nodes[i].cli(&["cluster", "nodes"]);
+        for line in listing.lines() {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            if fields.len() < 8 || !fields[2].contains("master") || fields[2].contains("fail") {
+                continue;
+            }
+            let serves = fields[8..].iter().any(|range| {
+                let mut ends = range.split('-');
+                let (Some(Ok(from)), to) = (ends.next().map(str::parse::<u16>), ends.next()) else {
+                    return false; // an importing/migrating marker
+                };
+                let to = to.and_then(|t| t.parse().ok()).unwrap_or(from);
+                (from..=to).contains(&slot)
+            });
+            if !serves {
+                continue;
+            }
+            let port: u16 = fields[1]
+                .split(['@', ','])
+                .next()
+                .and_then(|a| a.rsplit(':').next())
+                .and_then(|p| p.parse().ok())?;
+            return self.live_nodes().find(|&n| self.nodes[n].port() == port);
+        }
+        None
+    }
+
+    /// Kills node `index` with SIGKILL (no goodbye to the cluster, as a crash).
+    pub fn kill(&mut self, index: usize) {
+        self.nodes[index].kill();
     }
 }

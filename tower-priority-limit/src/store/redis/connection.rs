@@ -1,14 +1,14 @@
-//! One server (through the reconnecting manager) or a cluster (connected in the background),
-//! behind one connection type; every call bounded by a timeout.
+//! One server (through the reconnecting manager) or a cluster (one such manager per node, routed
+//! by `cluster.rs`), behind one connection type; every call bounded by a timeout.
 
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use redis::aio::{ConnectionLike, ConnectionManager};
-use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, ErrorKind, Pipeline, RedisFuture, Value};
+
+use super::cluster::Cluster;
 
 use crate::store::StoreError;
 
@@ -16,54 +16,17 @@ use crate::store::StoreError;
 #[derive(Clone)]
 pub(super) enum RedisConnection {
     Single(ConnectionManager),
-    Cluster(Arc<LazyCluster>),
+    Cluster(Arc<Cluster>),
 }
 
-/// How long `connect` waits for a cluster's topology before starting degraded.
+/// How long `connect` waits for a cluster's slot map before starting degraded.
 pub(super) const CLUSTER_START_WAIT: Duration = Duration::from_secs(2);
-
-/// A cluster connection made in the background, so a gateway starts while the cluster is down and
-/// no request's timeout ever cancels a half-made connection.
-pub(super) struct LazyCluster {
-    pub(super) client: redis::cluster::ClusterClient,
-    pub(super) connection: tokio::sync::OnceCell<ClusterConnection>,
-    pub(super) connecting: AtomicBool,
-}
-
-impl LazyCluster {
-    fn get(self: &Arc<Self>) -> redis::RedisResult<ClusterConnection> {
-        if let Some(connection) = self.connection.get() {
-            return Ok(connection.clone());
-        }
-        self.start_connecting();
-        Err((ErrorKind::Io, "connecting to the Redis Cluster").into())
-    }
-
-    pub(super) fn start_connecting(self: &Arc<Self>) {
-        if self.connecting.swap(true, Ordering::AcqRel) {
-            return;
-        }
-        let this = Arc::clone(self);
-        tokio::spawn(async move {
-            match this.client.get_async_connection().await {
-                Ok(connection) => {
-                    let _ = this.connection.set(connection);
-                }
-                Err(e) => tracing::warn!(%e, "Redis Cluster not reachable yet"),
-            }
-            this.connecting.store(false, Ordering::Release);
-        });
-    }
-}
 
 impl ConnectionLike for RedisConnection {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         match self {
             RedisConnection::Single(c) => c.req_packed_command(cmd),
-            RedisConnection::Cluster(lazy) => match lazy.get() {
-                Ok(mut c) => Box::pin(async move { c.req_packed_command(cmd).await }),
-                Err(e) => Box::pin(std::future::ready(Err(e))),
-            },
+            RedisConnection::Cluster(cluster) => Box::pin(async move { cluster.send(cmd).await }),
         }
     }
 
@@ -75,12 +38,12 @@ impl ConnectionLike for RedisConnection {
     ) -> RedisFuture<'a, Vec<Value>> {
         match self {
             RedisConnection::Single(c) => c.req_packed_commands(cmd, offset, count),
-            RedisConnection::Cluster(lazy) => match lazy.get() {
-                Ok(mut c) => {
-                    Box::pin(async move { c.req_packed_commands(cmd, offset, count).await })
-                }
-                Err(e) => Box::pin(std::future::ready(Err(e))),
-            },
+            // The store sends single commands only; a pipeline would need each command routed.
+            RedisConnection::Cluster(_) => Box::pin(std::future::ready(Err((
+                ErrorKind::Client,
+                "pipelines are not routed on the Redis Cluster connection",
+            )
+                .into()))),
         }
     }
 

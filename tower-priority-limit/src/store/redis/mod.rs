@@ -34,14 +34,19 @@
 //!   store stops asking Redis for [`RETRY_INTERVAL`], then tries again, so a dead Redis costs one
 //!   timeout per interval, not one per request, and admission is back on the shared counters within
 //!   a second of Redis answering. Settlements made while Redis is down go to the local counters.
+//!   On a cluster this is judged per model (its keys live on one master): a lost master sends
+//!   only its own models to the fallback. Admissions the fallback made are sent to Redis once it
+//!   answers again for their model (`repay`), so their window does not admit them twice.
 
 //!
 //! The files: `target.rs` (where to connect, passwords kept out of logs), `connection.rs` (one
-//! server or a cluster, timeouts), `script.rs` (`EVALSHA` with its `NOSCRIPT` fallback),
+//! server or a cluster, timeouts), `cluster.rs` (a connection per cluster node and our own slot
+//! map, so a lost master stalls only its own calls), `script.rs` (`EVALSHA` with its `NOSCRIPT` fallback),
 //! `deadline.rs` (Redis's clock as seen from here), `settle.rs` (the settlement queue, its ids and
 //! its background sender); this file holds the store, its builder and the admission path with its
 //! failover.
 
+mod cluster;
 mod connection;
 mod deadline;
 mod script;
@@ -58,7 +63,8 @@ use std::time::{Duration, Instant};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use tokio::sync::{mpsc, oneshot};
 
-use self::connection::{bounded, unavailable, LazyCluster, RedisConnection, CLUSTER_START_WAIT};
+use self::cluster::Cluster;
+use self::connection::{bounded, unavailable, RedisConnection, CLUSTER_START_WAIT};
 use self::deadline::RedisTimeOffset;
 use self::script::{LuaScript, SCRIPT_LOAD_WAIT};
 use self::settle::{flush_settlements, process_id, Queued, RedisSettler};
@@ -170,6 +176,9 @@ pub struct RedisStats {
     /// is early by at most about a round trip. (Calls run after their caller gave up change
     /// nothing and their answers are never read, so they are not counted here.)
     pub expired_admissions: AtomicU64,
+    /// Admissions the local fallback made that were sent to Redis once it answered again, so the
+    /// window they were made in counts them (see `docs/behaviour.md`, a failover).
+    pub local_repaid: AtomicU64,
     /// Admissions where the script's verdict and [`decide`] disagreed (a bug if ever non-zero).
     pub verdict_mismatches: AtomicU64,
 }
@@ -223,46 +232,38 @@ impl RedisStoreBuilder {
     /// learnt on the first call that reaches it).
     pub async fn connect(self, config: &LimiterConfig) -> Result<RedisStore, StoreError> {
         let shared = config.settings().shared;
+        // Reconnect quickly: admission should be back on shared counters within a second of
+        // Redis answering again.
+        let manager_config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(Duration::from_millis(500)))
+            .set_response_timeout(Some(Duration::from_secs(5)))
+            .set_min_delay(Duration::from_millis(10))
+            .set_max_delay(Duration::from_millis(200))
+            .set_number_of_retries(2);
         let connection = match &self.target {
             RedisTarget::Single(url) => {
                 let client = redis::Client::open(url.as_str()).map_err(unavailable)?;
-                // Reconnect quickly: admission should be back on shared counters within a second
-                // of Redis answering again.
-                let manager_config = ConnectionManagerConfig::new()
-                    .set_connection_timeout(Some(Duration::from_millis(500)))
-                    .set_response_timeout(Some(Duration::from_secs(5)))
-                    .set_min_delay(Duration::from_millis(10))
-                    .set_max_delay(Duration::from_millis(200))
-                    .set_number_of_retries(2);
                 RedisConnection::Single(
                     ConnectionManager::new_lazy_with_config(client, manager_config)
                         .map_err(unavailable)?,
                 )
             }
             RedisTarget::Cluster(nodes) => {
-                let client =
-                    redis::cluster::ClusterClient::builder(nodes.iter().map(String::as_str))
-                        .connection_timeout(Duration::from_millis(500))
-                        .response_timeout(Duration::from_secs(5))
-                        .build()
-                        .map_err(unavailable)?;
-                let lazy = Arc::new(LazyCluster {
-                    client,
-                    connection: tokio::sync::OnceCell::new(),
-                    connecting: AtomicBool::new(false),
-                });
-                // Learn the topology now if the cluster answers within a moment; otherwise start
-                // degraded and keep connecting in the background.
-                let first = lazy
-                    .connection
-                    .get_or_try_init(|| lazy.client.get_async_connection());
-                if tokio::time::timeout(CLUSTER_START_WAIT, first)
-                    .await
-                    .is_err()
-                {
-                    lazy.start_connecting();
+                let cluster = Cluster::new(nodes, manager_config).map_err(unavailable)?;
+                // Learn the slot map now if the cluster answers within a moment; otherwise start
+                // degraded: every call asks for the map until one arrives.
+                match tokio::time::timeout(CLUSTER_START_WAIT, cluster.refresh()).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => {
+                        tracing::warn!(%e, "Redis Cluster not reachable yet");
+                        cluster.request_refresh();
+                    }
+                    Err(_) => {
+                        tracing::warn!("Redis Cluster slot map not learnt at start");
+                        cluster.request_refresh();
+                    }
                 }
-                RedisConnection::Cluster(lazy)
+                RedisConnection::Cluster(cluster)
             }
         };
         let local_config = config.divided_among(shared.expected_nodes);
@@ -282,6 +283,10 @@ impl RedisStoreBuilder {
             .collect();
         pool_prefixes.push("d:".to_owned());
         let (queue, receiver) = mpsc::channel(self.settle_queue);
+        let connection_kind = match &connection {
+            RedisConnection::Single(_) => ConnectionKind::Single,
+            RedisConnection::Cluster(_) => ConnectionKind::Cluster,
+        };
         let inner = Arc::new(Inner {
             config: config.clone(),
             connection,
@@ -299,8 +304,15 @@ impl RedisStoreBuilder {
             redis_time: RedisTimeOffset::default(),
             settlement_ids: process_id(),
             next_settlement: AtomicU64::new(0),
-            retry_at_ms: AtomicU64::new(0),
-            healthy: AtomicBool::new(true),
+            health: Health::for_models(connection_kind, config.models().len()),
+            local_by_model: (0..config.models().len())
+                .map(|_| AtomicU64::new(0))
+                .collect(),
+            owed: config
+                .models()
+                .iter()
+                .map(|m| Owed::new(m.pool_count()))
+                .collect(),
             stats: RedisStats::default(),
             pool_seen: config
                 .models()
@@ -333,6 +345,9 @@ impl RedisStoreBuilder {
         if let Err(e) = bounded(SCRIPT_LOAD_WAIT, load).await {
             tracing::warn!(%e, "rate-limit scripts not loaded at start; loading on first use");
         }
+        if let RedisConnection::Cluster(_) = &inner.connection {
+            warn_if_full_coverage(&mut connection).await;
+        }
         tokio::spawn(flush_settlements(
             Arc::clone(&inner),
             receiver,
@@ -350,6 +365,28 @@ impl RedisStoreBuilder {
     }
 }
 
+/// Warns when the cluster refuses every key while any slot is down
+/// (`cluster-require-full-coverage yes`, Redis's default): then a failed master stops admissions
+/// of every model on shared counters until its replica is promoted, not only of its own
+/// (docs/gateway.md). Best effort: a cluster that does not allow `CONFIG GET` is not checked.
+async fn warn_if_full_coverage(connection: &mut RedisConnection) {
+    let mut get = redis::cmd("CONFIG");
+    get.arg("GET").arg("cluster-require-full-coverage");
+    let answer = bounded(SCRIPT_LOAD_WAIT, get.query_async::<Vec<String>>(connection)).await;
+    match answer {
+        Ok(values) if values.get(1).is_some_and(|v| v.eq_ignore_ascii_case("yes")) => {
+            tracing::warn!(
+                "Redis Cluster has cluster-require-full-coverage yes: while one master is down, \
+                 every node refuses every key, so every model's admissions fall back to \
+                 redis_failure_mode until the failover ends; set it to no to keep the other \
+                 masters' models on shared counters"
+            );
+        }
+        Ok(_) => {}
+        Err(e) => tracing::debug!(%e, "cluster-require-full-coverage not checked"),
+    }
+}
+
 /// Counters in Redis, shared by every process using the same Redis and key prefix.
 #[derive(Clone)]
 pub struct RedisStore {
@@ -363,7 +400,7 @@ impl fmt::Debug for RedisStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisStore")
             .field("failure_mode", &self.inner.failure_mode)
-            .field("healthy", &self.inner.healthy.load(Ordering::Relaxed))
+            .field("healthy", &self.is_healthy())
             .field("stats", &self.inner.stats)
             .finish_non_exhaustive()
     }
@@ -385,9 +422,29 @@ impl RedisStore {
         &self.inner.stats
     }
 
-    /// Did the last call to Redis succeed?
+    /// Did the last call to Redis succeed (on a cluster: for every model)?
     pub fn is_healthy(&self) -> bool {
-        self.inner.healthy.load(Ordering::Relaxed)
+        self.inner
+            .health
+            .iter()
+            .all(|h| h.healthy.load(Ordering::Relaxed))
+    }
+
+    /// Did the last call to Redis for `model` succeed? On one server all models share one answer;
+    /// on a cluster each model has its own, since its keys live on one master of several.
+    pub fn is_healthy_for(&self, model: ModelId) -> bool {
+        self.inner
+            .health_of(model)
+            .is_some_and(|h| h.healthy.load(Ordering::Relaxed))
+    }
+
+    /// Admissions of `model` decided by the local fallback so far (their sum over the models is
+    /// [`RedisStats::local_admissions`]).
+    pub fn local_admissions_of(&self, model: ModelId) -> u64 {
+        self.inner
+            .local_by_model
+            .get(model.index())
+            .map_or(0, |n| n.load(Ordering::Relaxed))
     }
 
     /// The local fallback's counters (capacity divided among `expected_nodes`; its
@@ -466,10 +523,13 @@ struct Inner {
     settlement_ids: u64,
     /// The counter of settlement ids.
     next_settlement: AtomicU64,
-    /// 0 while Redis answers; after a failure, the `started.elapsed()` (ms) at which one caller
-    /// may ask Redis again.
-    retry_at_ms: AtomicU64,
-    healthy: AtomicBool,
+    /// Whether Redis answers: one for every model on one server, one per model on a cluster (a
+    /// lost master must not send the models of the others to the fallback).
+    health: Box<[Health]>,
+    /// Per model: admissions decided by the local fallback.
+    local_by_model: Box<[AtomicU64]>,
+    /// Per model: the local fallback's admissions Redis has not been told of yet.
+    owed: Box<[Owed]>,
     stats: RedisStats,
     /// Per model, per pool: the pool's usage as the last admission's reply said, and when (local
     /// ms). What the queue orders priorities by (`Store::pool_usage`): Redis holds the truth, this
@@ -478,6 +538,71 @@ struct Inner {
     observer: Option<Arc<dyn Observer>>,
     /// Called with a model once settlements of it count in Redis ([`Store::on_settled`]).
     settled_hook: std::sync::RwLock<Option<SettledHook>>,
+}
+
+/// Which kind of connection the store has: one health for all models, or one per model.
+#[derive(Debug, Clone, Copy)]
+enum ConnectionKind {
+    Single,
+    Cluster,
+}
+
+/// Whether Redis answers for a group of models (all of them on one server, one model on a
+/// cluster), padded to its own cache line: it is read on every admission.
+#[derive(Debug)]
+#[repr(align(64))]
+struct Health {
+    /// 0 while Redis answers; after a failure, the `started.elapsed()` (ms) at which one caller
+    /// may ask Redis again.
+    retry_at_ms: AtomicU64,
+    healthy: AtomicBool,
+}
+
+impl Health {
+    fn for_models(kind: ConnectionKind, models: usize) -> Box<[Health]> {
+        let n = match kind {
+            ConnectionKind::Single => 1,
+            ConnectionKind::Cluster => models.max(1),
+        };
+        (0..n)
+            .map(|_| Health {
+                retry_at_ms: AtomicU64::new(0),
+                healthy: AtomicBool::new(true),
+            })
+            .collect()
+    }
+}
+
+/// A model's admissions made by the local fallback that Redis has not been told of.
+#[derive(Debug)]
+struct Owed {
+    total: AtomicU64,
+    /// Per pool index (one for a model without pools).
+    per_pool: Box<[AtomicU64]>,
+    /// `started.elapsed()` (ms) of the first one since Redis was last told (0: none).
+    since_ms: AtomicU64,
+}
+
+impl Owed {
+    fn new(pools: usize) -> Self {
+        Self {
+            total: AtomicU64::new(0),
+            per_pool: (0..pools.max(1)).map(|_| AtomicU64::new(0)).collect(),
+            since_ms: AtomicU64::new(0),
+        }
+    }
+
+    fn add(&self, pool: PoolRef, now_ms: u64) {
+        let i = match self.per_pool.len() {
+            1 => 0,
+            n => pool_index(pool, n).min(n - 1),
+        };
+        self.per_pool[i].fetch_add(1, Ordering::Relaxed);
+        let _ = self
+            .since_ms
+            .compare_exchange(0, now_ms, Ordering::Relaxed, Ordering::Relaxed);
+        self.total.fetch_add(1, Ordering::Release);
+    }
 }
 
 /// A pool's usage as last seen in a reply. Three relaxed atomics: a reader may mix two replies'
@@ -529,16 +654,27 @@ impl Inner {
         i64::try_from(self.elapsed_ms()).unwrap_or(i64::MAX)
     }
 
-    /// Is Redis to be asked? Always while it answers; after a failure, once per
+    /// The health that answers for `model`'s keys.
+    fn health_of(&self, model: ModelId) -> Option<&Health> {
+        match self.health.len() {
+            1 => self.health.first(),
+            _ => self.health.get(model.index()),
+        }
+    }
+
+    /// Is Redis to be asked about `model`? Always while it answers; after a failure, once per
     /// [`RETRY_INTERVAL`], by whichever caller claims the probe (the others use the fallback).
-    fn should_try(&self) -> bool {
-        let retry_at = self.retry_at_ms.load(Ordering::Relaxed);
+    fn should_try(&self, model: ModelId) -> bool {
+        let Some(health) = self.health_of(model) else {
+            return false;
+        };
+        let retry_at = health.retry_at_ms.load(Ordering::Relaxed);
         if retry_at == 0 {
             return true;
         }
         let now = self.elapsed_ms();
         now >= retry_at
-            && self
+            && health
                 .retry_at_ms
                 .compare_exchange(
                     retry_at,
@@ -549,33 +685,56 @@ impl Inner {
                 .is_ok()
     }
 
-    /// Has the last admission call failed (the fallback is in use)?
-    fn is_down(&self) -> bool {
-        self.retry_at_ms.load(Ordering::Relaxed) != 0
+    /// Has the last admission call for `model` failed (the fallback is in use for it)?
+    fn is_down(&self, model: ModelId) -> bool {
+        self.health_of(model)
+            .is_some_and(|h| h.retry_at_ms.load(Ordering::Relaxed) != 0)
     }
 
-    fn mark_down(&self, error: &StoreError) {
+    fn mark_down(&self, model: ModelId, error: &StoreError) {
         self.stats.failures.fetch_add(1, Ordering::Relaxed);
+        let Some(health) = self.health_of(model) else {
+            return;
+        };
         let retry_at = self
             .elapsed_ms()
             .saturating_add(RETRY_INTERVAL.as_millis() as u64);
-        self.retry_at_ms.store(retry_at, Ordering::Relaxed);
-        if self.healthy.swap(false, Ordering::Relaxed) {
-            tracing::error!(
-                %error,
-                mode = self.failure_mode.as_str(),
-                "rate-limit Redis unavailable; applying redis_failure_mode"
-            );
+        health.retry_at_ms.store(retry_at, Ordering::Relaxed);
+        if health.healthy.swap(false, Ordering::Relaxed) {
+            match self.health.len() {
+                1 => tracing::error!(
+                    %error,
+                    mode = self.failure_mode.as_str(),
+                    "rate-limit Redis unavailable; applying redis_failure_mode"
+                ),
+                _ => tracing::error!(
+                    %error,
+                    model = self.config.model(model).name(),
+                    mode = self.failure_mode.as_str(),
+                    "rate-limit Redis Cluster unavailable for this model's slot; applying \
+                     redis_failure_mode to it"
+                ),
+            }
         }
     }
 
-    fn mark_up(&self) {
+    fn mark_up(&self, model: ModelId) {
+        let Some(health) = self.health_of(model) else {
+            return;
+        };
         // Read first: on the hot path the line stays shared instead of written on every admission.
-        if self.retry_at_ms.load(Ordering::Relaxed) != 0 {
-            self.retry_at_ms.store(0, Ordering::Relaxed);
+        if health.retry_at_ms.load(Ordering::Relaxed) != 0 {
+            health.retry_at_ms.store(0, Ordering::Relaxed);
         }
-        if !self.healthy.load(Ordering::Relaxed) && !self.healthy.swap(true, Ordering::Relaxed) {
-            tracing::warn!("rate-limit Redis answers again; back on shared counters");
+        if !health.healthy.load(Ordering::Relaxed) && !health.healthy.swap(true, Ordering::Relaxed)
+        {
+            match self.health.len() {
+                1 => tracing::warn!("rate-limit Redis answers again; back on shared counters"),
+                _ => tracing::warn!(
+                    model = self.config.model(model).name(),
+                    "rate-limit Redis Cluster answers again for this model; back on shared counters"
+                ),
+            }
         }
     }
 
@@ -587,12 +746,11 @@ impl Inner {
         &self.pool_prefixes[pool_index(pool, n)]
     }
 
-    async fn admit(&self, request: AdmitRequest) -> Result<Decision, StoreError> {
+    async fn admit(self: &Arc<Self>, request: AdmitRequest) -> Result<Decision, StoreError> {
         let index = request.model.index();
-        let (Some(limits), Some(key)) = (self.config.models().get(index), self.keys.get(index))
-        else {
+        if index >= self.keys.len() {
             return Err(StoreError::NoCounters(request.model));
-        };
+        }
         if request.callers.is_some() && matches!(self.connection, RedisConnection::Cluster(_)) {
             // One script may touch one cluster slot only, and a key's counters are not in its
             // model's: refused loudly rather than counted apart (docs/gateway.md).
@@ -600,9 +758,59 @@ impl Inner {
                 "key and team limits need a single Redis server, not a Redis Cluster".to_owned(),
             ));
         }
-        if !self.should_try() {
+        if !self.should_try(request.model) {
             return self.fallback(request);
         }
+        // Never 0: a caller's slot id of 0 says "admitted on the local fallback".
+        let slot_id = match request.callers {
+            Some(_) => self.next_settlement.fetch_add(1, Ordering::Relaxed) + 1,
+            None => 0,
+        };
+        let (sent, reply) = self.run_script(&request, slot_id).await;
+        match reply {
+            Ok(reply) if reply.len() >= 8 => {
+                self.redis_time.observe(reply[0], sent, self.local_ms());
+                self.mark_up(request.model);
+                self.repay(request.model);
+                if reply[7] == EXPIRED {
+                    // Answered in time by our clock, late by Redis's (the clock estimate is early
+                    // by up to a round trip, or Redis's clock stepped forward): nothing was
+                    // counted, so decide as if Redis had not answered, without marking it down.
+                    self.stats
+                        .expired_admissions
+                        .fetch_add(1, Ordering::Relaxed);
+                    return self.fallback(request);
+                }
+                let decision = self.decision(&request, &reply, slot_id);
+                self.see(&request, &decision);
+                Ok(decision)
+            }
+            Ok(reply) => {
+                let e = StoreError::Unavailable(format!(
+                    "admit.lua answered {} values, expected at least 8",
+                    reply.len()
+                ));
+                self.mark_down(request.model, &e);
+                self.fallback(request)
+            }
+            Err(e) => {
+                self.mark_down(request.model, &e);
+                self.fallback(request)
+            }
+        }
+    }
+
+    /// One `admit.lua` call for `request`: its send time (local ms) and the reply.
+    async fn run_script(
+        &self,
+        request: &AdmitRequest,
+        slot_id: u64,
+    ) -> (i64, Result<Vec<i64>, StoreError>) {
+        let index = request.model.index();
+        let (Some(limits), Some(key)) = (self.config.models().get(index), self.keys.get(index))
+        else {
+            return (0, Err(StoreError::NoCounters(request.model)));
+        };
         let settings = self.config.settings();
         // With the queue on, shares order waiters and cap nothing (`Settings::pools_cap`): the
         // script is sent no pool limits, so it refuses by the model's alone, as `decide` does.
@@ -628,11 +836,6 @@ impl Inner {
                 .iter()
                 .flat_map(|k| [k[0].as_str(), k[1].as_str()]),
         );
-        // Never 0: a caller's slot id of 0 says "admitted on the local fallback".
-        let slot_id = match request.callers {
-            Some(_) => self.next_settlement.fetch_add(1, Ordering::Relaxed) + 1,
-            None => 0,
-        };
         let model_prefix = request
             .callers
             .as_ref()
@@ -705,36 +908,58 @@ impl Inner {
             }
         });
         let reply: Result<Vec<i64>, StoreError> = self.timed(bounded(self.timeout, call)).await;
-        match reply {
-            Ok(reply) if reply.len() >= 8 => {
-                self.redis_time.observe(reply[0], sent, self.local_ms());
-                self.mark_up();
-                if reply[7] == EXPIRED {
-                    // Answered in time by our clock, late by Redis's (the clock estimate is early
-                    // by up to a round trip, or Redis's clock stepped forward): nothing was
-                    // counted, so decide as if Redis had not answered, without marking it down.
-                    self.stats
-                        .expired_admissions
-                        .fetch_add(1, Ordering::Relaxed);
-                    return self.fallback(request);
-                }
-                let decision = self.decision(&request, &reply, slot_id);
-                self.see(&request, &decision);
-                Ok(decision)
-            }
-            Ok(reply) => {
-                let e = StoreError::Unavailable(format!(
-                    "admit.lua answered {} values, expected at least 8",
-                    reply.len()
-                ));
-                self.mark_down(&e);
-                self.fallback(request)
-            }
-            Err(e) => {
-                self.mark_down(&e);
-                self.fallback(request)
-            }
+        (sent, reply)
+    }
+
+    /// Tells Redis about the admissions the local fallback made for `model` while Redis could not
+    /// answer for it (once it answers again), so the window they were made in does not admit them
+    /// a second time: each is sent as an admission of its pool that reserves nothing, until one
+    /// is refused (the window is full). Admissions older than a window are dropped: their window
+    /// is over. In the background; the admission that found Redis back does not wait.
+    fn repay(self: &Arc<Self>, model: ModelId) {
+        let Some(owed) = self.owed.get(model.index()) else {
+            return;
+        };
+        // Read first: on the hot path the line stays shared.
+        if owed.total.load(Ordering::Relaxed) == 0 || owed.total.swap(0, Ordering::AcqRel) == 0 {
+            return;
         }
+        let since = owed.since_ms.swap(0, Ordering::AcqRel);
+        let counts: Vec<u64> = owed
+            .per_pool
+            .iter()
+            .map(|n| n.swap(0, Ordering::AcqRel))
+            .collect();
+        let window = self.config.settings().window_ms;
+        if since == 0 || self.elapsed_ms().saturating_sub(since) > window {
+            return;
+        }
+        let this = Arc::clone(self);
+        tokio::spawn(async move {
+            let pools = this.config.model(model).pool_count();
+            for (i, n) in counts.into_iter().enumerate() {
+                let pool = match pools {
+                    0 => PoolRef::Default,
+                    _ if i + 1 == pools => PoolRef::Default,
+                    _ => PoolRef::Named(i as u16),
+                };
+                let request = AdmitRequest {
+                    model,
+                    pool,
+                    reserve: 0,
+                    callers: None,
+                };
+                for _ in 0..n {
+                    match this.run_script(&request, 0).await {
+                        (_, Ok(reply)) if reply.get(7) == Some(&0) => {
+                            this.stats.local_repaid.fetch_add(1, Ordering::Relaxed);
+                        }
+                        // Refused (full), expired, or Redis failing again: the rest is dropped.
+                        _ => break,
+                    }
+                }
+            }
+        });
     }
 
     /// `call`, its duration and failure told to the observer.
@@ -959,6 +1184,9 @@ impl Inner {
         match self.failure_mode {
             FailureMode::Local => {
                 self.stats.local_admissions.fetch_add(1, Ordering::Relaxed);
+                if let Some(n) = self.local_by_model.get(request.model.index()) {
+                    n.fetch_add(1, Ordering::Relaxed);
+                }
                 // The callers' limits are shared by the fleet too: this gateway's part of each.
                 let nodes = self.config.settings().shared.expected_nodes;
                 let original = request.callers.clone();
@@ -973,6 +1201,11 @@ impl Inner {
                 // The lease holds the request's own callers: where the local store counted it.
                 if let (Some(original), Some(divided)) = (original, callers) {
                     original.set_marks(divided.marks());
+                }
+                if let (Ok(Decision::Admit(_)), Some(owed)) =
+                    (&decision, self.owed.get(request.model.index()))
+                {
+                    owed.add(request.pool, self.elapsed_ms().max(1));
                 }
                 decision
             }

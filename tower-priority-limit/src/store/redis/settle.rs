@@ -332,7 +332,7 @@ impl RedisSettler {
     fn send(&self, settlement: Settlement, callers: Option<Arc<Callers>>) {
         // While admissions run on the local fallback, its counters need the tokens too, to keep
         // the local share honest; Redis still gets them (queued) when it answers again.
-        if self.inner.is_down() {
+        if self.inner.is_down(settlement.model) {
             self.inner.settle_locally(settlement);
         }
         // The id is fixed here, once per lease, and travels with every retry.
