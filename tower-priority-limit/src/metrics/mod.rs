@@ -144,11 +144,14 @@ pub enum RefusedBy {
     TeamModelRequests,
     /// The team's tokens per window on the model.
     TeamModelTokens,
+    /// The fleet's order between waiters: others of the priority waiting with less service go
+    /// first (the queue on a shared store; answered only when a waiter gives up).
+    QueueOrder,
 }
 
 impl RefusedBy {
     /// Every counter, in label order.
-    pub const ALL: [RefusedBy; 18] = [
+    pub const ALL: [RefusedBy; 19] = [
         RefusedBy::ModelRequests,
         RefusedBy::ModelTokens,
         RefusedBy::PoolRequests,
@@ -167,6 +170,7 @@ impl RefusedBy {
         RefusedBy::TeamDailyTokens,
         RefusedBy::TeamModelRequests,
         RefusedBy::TeamModelTokens,
+        RefusedBy::QueueOrder,
     ];
 
     /// The counter that refused `refused`.
@@ -177,6 +181,7 @@ impl RefusedBy {
             (Scope::Priority, Dimension::Requests) => RefusedBy::PoolRequests,
             (Scope::Priority, Dimension::Tokens) => RefusedBy::PoolTokens,
             (Scope::Caller(kind, limit), _) => Self::caller(kind, limit),
+            (Scope::Order, _) => RefusedBy::QueueOrder,
         }
     }
 
@@ -204,7 +209,8 @@ impl RefusedBy {
 
     /// `model_requests`, `model_tokens`, `pool_requests`, `pool_tokens`,
     /// `deployment_requests`, `deployment_tokens`, or a caller's: `key_` or `team_` with
-    /// `parallel`, `requests`, `tokens`, `daily_tokens`, `model_requests` or `model_tokens`.
+    /// `parallel`, `requests`, `tokens`, `daily_tokens`, `model_requests` or `model_tokens`; or
+    /// `queue_order`.
     pub fn as_str(self) -> &'static str {
         match self {
             RefusedBy::ModelRequests => "model_requests",
@@ -225,6 +231,7 @@ impl RefusedBy {
             RefusedBy::TeamDailyTokens => "team_daily_tokens",
             RefusedBy::TeamModelRequests => "team_model_requests",
             RefusedBy::TeamModelTokens => "team_model_tokens",
+            RefusedBy::QueueOrder => "queue_order",
         }
     }
 }

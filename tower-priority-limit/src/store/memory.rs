@@ -636,6 +636,7 @@ mod tests {
             pool: PoolRef::Default,
             reserve,
             callers: None,
+            flow: None,
         };
         match store.admit(request).into_inner().unwrap() {
             Decision::Admit(a) => Some(Settlement {
@@ -798,6 +799,7 @@ mod tests {
                         pool: pools[pool],
                         reserve: 0,
                         callers: callers.clone(),
+                        flow: None,
                     };
                     let got = match store.admit(request).into_inner().unwrap() {
                         Decision::Admit(a) => {

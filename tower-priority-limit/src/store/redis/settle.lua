@@ -23,7 +23,7 @@
 --          id key's TTL in ms (the model's window and a margin), the number of pairs, then per
 --          pair: its field prefix, its mark (the fixed window's start,
 --          or the sliding window's slot, the admission was counted at), its window and slot
---          length in ms.
+--          length in ms; then, for a model's hash with the queue on, its wake-up channel.
 -- Returns  1 applied, 0 skipped (already applied).
 if ARGV[7] ~= '' and KEYS[3] then
   -- Freeing a slot is idempotent: it happens even for a settlement seen before.
@@ -138,11 +138,20 @@ local function apply(p, mark)
   end
 end
 
-for i = 0, tonumber(ARGV[9]) - 1 do
+local npairs = tonumber(ARGV[9])
+for i = 0, npairs - 1 do
   local at = 10 + 4 * i
   window, slot_ms = tonumber(ARGV[at + 2]), tonumber(ARGV[at + 3])
   slot = math.floor(now / slot_ms)
   apply(ARGV[at], tonumber(ARGV[at + 1]))
 end
 redis.call('PEXPIRE', key, tonumber(ARGV[3]))
+-- After the pairs, a model's wake-up channel: a settlement that frees room (a cancel, or tokens
+-- below the reservation) wakes every gateway's waiters while someone may wait (admit.lua's
+-- `wq`), so a waiter on one gateway is served when room frees on another.
+local wake = ARGV[10 + 4 * npairs]
+if wake and (cancel or tokens < reserved)
+    and (tonumber(redis.call('HGET', key, 'wq')) or 0) > now then
+  redis.call('PUBLISH', wake, '')
+end
 return 1

@@ -79,6 +79,11 @@ impl Inner {
             pairs.push((pool_prefix, s.pool_window, window_ms, slot));
         }
         let (tokens, reserved) = (s.tokens.min(MAX_EXACT), s.reserved.min(MAX_EXACT));
+        // A model's settlement wakes the fleet's waiters when it frees room (settle.lua).
+        let wake = self
+            .flow_keys
+            .get(s.model.index())
+            .map(|k| k.channel.as_str());
         self.settle_hash(
             key,
             pending.id,
@@ -88,6 +93,7 @@ impl Inner {
             &pairs,
             None,
             s.cancel,
+            wake,
         )
         .await?;
         // A caller admitted on the local fallback settles there ([`RedisSettler`]), not here.
@@ -127,7 +133,7 @@ impl Inner {
             }
             let ttl = caller_ttl_ms(self.config.settings().window_kind);
             self.settle_hash(
-                &hash, pending.id, tokens, reserved, ttl, &pairs, slot_set, s.cancel,
+                &hash, pending.id, tokens, reserved, ttl, &pairs, slot_set, s.cancel, None,
             )
             .await?;
         }
@@ -135,7 +141,8 @@ impl Inner {
     }
 
     /// One `settle.lua` call: settlement `id` on `pairs` (prefix, mark, window, slot length) of
-    /// `hash`, freeing a parallel slot (its set and member) if given.
+    /// `hash`, freeing a parallel slot (its set and member) if given, publishing on `wake` (a
+    /// model's channel) if it frees room while someone may wait.
     #[allow(clippy::too_many_arguments)]
     async fn settle_hash(
         &self,
@@ -147,6 +154,7 @@ impl Inner {
         pairs: &[(&str, Millis, Millis, Millis)],
         slot_set: Option<(&str, &str)>,
         cancel: bool,
+        wake: Option<&str>,
     ) -> Result<(), StoreError> {
         let id_key = settled_key(hash, self.settlement_ids, id);
         let mut keys = vec![hash, id_key.as_str()];
@@ -169,6 +177,9 @@ impl Inner {
                     .arg(pairs.len());
                 for (prefix, mark, window, slot) in pairs {
                     cmd.arg(*prefix).arg(*mark).arg(*window).arg(*slot);
+                }
+                if let Some(channel) = wake {
+                    cmd.arg(channel);
                 }
             });
         let applied = self
