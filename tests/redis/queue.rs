@@ -493,3 +493,73 @@ async fn a_settlement_on_one_gateway_wakes_a_waiter_on_another() {
     );
     assert_eq!(clock.now_ms(), 0);
 }
+
+/// Throughput after a roll: 1,000 waiters over three limiters (ten keys on each), a window that
+/// frees 1,000 requests: every one is admitted after the one roll, by turns and wake-ups alone
+/// (the clock does not move again), and nobody beyond the limit. How long it takes is printed
+/// (`roll_to_all_admitted_ms`) and recorded in benches/RESULTS.md, not asserted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_waiters_over_three_gateways_are_admitted_after_one_roll() {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use tower_priority_limit::{AdmissionOutcome, RequestAdmission};
+    let Some(redis) = RedisServer::start("a_thousand_waiters_after_one_roll") else {
+        return;
+    };
+    const N: u64 = 1_000;
+    let config = LimiterConfig::builder()
+        .model(ModelLimits::new("m").rpm(N))
+        .store_timeout(Duration::from_secs(10))
+        .queue(QueueSettings::new(MAX_WAIT, 2_000))
+        .build()
+        .unwrap();
+    let clock = ManualClock::new();
+    let prefix = "batch-fleet:";
+    let limiters = fleet(&redis, &config, prefix, &clock).await;
+    let model = config.model_id("m").unwrap();
+    for i in 0..N as usize {
+        let d = limiters[i % 3]
+            .admit(model, PoolRef::Default, 0)
+            .await
+            .unwrap();
+        assert!(matches!(d, Decision::Admit(_)), "{d:?}");
+    }
+    let admitted = Arc::new(AtomicU64::new(0));
+    let mut waiters = Vec::new();
+    for i in 0..N {
+        let limiter = Arc::clone(&limiters[(i % 3) as usize]);
+        let admitted = Arc::clone(&admitted);
+        waiters.push(tokio::spawn(async move {
+            let request = RequestAdmission {
+                model,
+                pool: PoolRef::Default,
+                flow: i % 30,
+                prompt_tokens: 0,
+                max_output_tokens: Some(1),
+                max_wait: None,
+                callers: None,
+            };
+            match limiter.admit_request(request).await.unwrap() {
+                AdmissionOutcome::Admitted { .. } => {
+                    admitted.fetch_add(1, Ordering::SeqCst);
+                }
+                other => panic!("admitted after the roll: {other:?}"),
+            }
+        }));
+    }
+    let waiting = || limiters.iter().map(|l| l.queue_len(model)).sum::<usize>();
+    until("1,000 waiters", || waiting() == N as usize).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let client = ::redis::Client::open(redis.url()).unwrap();
+    shift_redis_windows(&client, prefix, WINDOW);
+    let rolled = std::time::Instant::now();
+    clock.advance(WINDOW);
+    until("every waiter admitted", || {
+        admitted.load(Ordering::SeqCst) == N
+    })
+    .await;
+    eprintln!("roll_to_all_admitted_ms {}", rolled.elapsed().as_millis());
+    for w in waiters {
+        w.await.unwrap();
+    }
+    assert_eq!(waiting(), 0);
+}

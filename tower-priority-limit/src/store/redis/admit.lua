@@ -361,9 +361,10 @@ if ARGV[#ARGV] == 'F' and ARGV[14] ~= 's' and verdict ~= 4 then
   -- time spent idle is not saved up as credit.
   if waiting <= 0 then c = math.max(c or 0, head_c or vt) end
   c = c or vt
-  -- Only the head goes (ties by flow id, as the sorted set orders them): a newcomer lifted to
-  -- the head's counter goes behind it.
-  if verdict == 0 and head ~= nil and head ~= flow and c >= head_c then verdict = 5 end
+  -- A flow goes while it is less than one request ahead of the head (the least served waiting
+  -- flow): flows level with the head go together, each gateway without waiting for the
+  -- others' wake-ups, and no flow gets more than a request ahead of another that waits.
+  if verdict == 0 and head ~= nil and head ~= flow and c >= head_c + service then verdict = 5 end
   if verdict == 0 then
     local after = c + service
     redis.call('HSET', fh, 'c' .. flow, after, 'V', math.max(vt, c))
