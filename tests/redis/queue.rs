@@ -101,6 +101,10 @@ async fn three_limiters_wait_on_shared_counters_and_every_deadline_holds() {
         w.iter().filter(|h| h.is_finished()).count()
     };
     for (roll, left) in [(1, 9), (2, 3)] {
+        // The last tries answered before time moves (a reply read after the clock moved would
+        // count its retry-after from the new time, a window late, and the waiter the fleet's
+        // order puts first would sleep through the roll).
+        tokio::time::sleep(Duration::from_millis(200)).await;
         shift_redis_windows(&client, prefix, WINDOW);
         clock.advance(WINDOW);
         until("a roll's admissions", || waiting() == left).await;
