@@ -4,7 +4,9 @@
 //! `cargo bench -p benches --bench redis_admission` (starts its own redis-server from `PATH` on a
 //! free port; prints a notice and exits if there is none). `BENCH_SECS` sets seconds per row
 //! (default 5); `BENCH_ROWS=callers` skips the queue's rows (the rows with and without key and
-//! team limits, issue 31, stay). A criterion harness measures one operation at a time, so this
+//! team limits, issue 31, stay); `BENCH_ROWS=order` runs only the queue's fixed-window row twice,
+//! as today's script runs it and with the fleet's order of flows (admit.lua's flow section, eight
+//! flows, nobody waiting: the state every admission reads and writes), for their ratio. A criterion harness measures one operation at a time, so this
 //! bench drives the concurrency itself and reports percentiles from every admission's own latency.
 
 use std::sync::Arc;
@@ -75,6 +77,7 @@ async fn admissions(
     in_flight: usize,
     secs: u64,
     with_callers: bool,
+    flow_order: bool,
 ) {
     let deadline = Instant::now() + Duration::from_secs(secs);
     let started = Instant::now();
@@ -93,7 +96,23 @@ async fn admissions(
                     // 50 prompt tokens and max_tokens 20: reserved with `reserve`, 0 otherwise.
                     let estimate = limiter.estimate(model, 50, Some(20));
                     let callers = callers(with_callers);
-                    match limiter.admit_as(model, pool, estimate, callers).await {
+                    // The fleet's order as a waiting-capable request takes part in it (the
+                    // store's own request: the limiter's steps are private).
+                    let flow = flow_order.then_some(tower_priority_limit::store::FlowTry {
+                        flow: (i % 8) as u64,
+                        service: 90,
+                        registered: false,
+                        release: false,
+                        may_wait_ms: 10_000,
+                    });
+                    let request = tower_priority_limit::store::AdmitRequest {
+                        model,
+                        pool,
+                        reserve: estimate,
+                        callers,
+                        flow,
+                    };
+                    match limiter.store().admit(request).await {
                         Ok(Decision::Admit(_)) => latencies.push(t.elapsed()),
                         other => panic!("expected an admission, got {other:?}"),
                     }
@@ -164,6 +183,7 @@ fn main() {
         .build()
         .unwrap();
     runtime.block_on(async {
+        let order_only = std::env::var("BENCH_ROWS").is_ok_and(|r| r == "order");
         for (accounting, window, queue, with_callers) in [
             (TokenAccounting::PostHoc, WindowKind::Fixed, false, false),
             (TokenAccounting::PostHoc, WindowKind::Fixed, false, true),
@@ -175,6 +195,32 @@ fn main() {
             (TokenAccounting::Reserve, WindowKind::Sliding, false, false),
         ] {
             if std::env::var("BENCH_ROWS").is_ok_and(|r| r == "callers") && queue {
+                continue;
+            }
+            if order_only {
+                if !(queue && window == WindowKind::Fixed) {
+                    continue;
+                }
+                let config = config(accounting, window, queue);
+                for flow_order in [false, true] {
+                    let store = RedisStore::builder(RedisTarget::Single(redis.url()))
+                        .key_prefix(format!("bench-order-{flow_order}:"))
+                        .connect(&config)
+                        .await
+                        .expect("redis store");
+                    let limiter = Arc::new(Limiter::with_store(store));
+                    println!(
+                        "queue on, fixed window, post_hoc: {}",
+                        if flow_order {
+                            "the fleet's order of flows"
+                        } else {
+                            "today's script"
+                        }
+                    );
+                    for in_flight in [1, 16, 64] {
+                        admissions(limiter.clone(), in_flight, secs, false, flow_order).await;
+                    }
+                }
                 continue;
             }
             let config = config(accounting, window, queue);
@@ -198,7 +244,7 @@ fn main() {
                 if with_callers { "on" } else { "off" }
             );
             for in_flight in [1, 16, 64] {
-                admissions(limiter.clone(), in_flight, secs, with_callers).await;
+                admissions(limiter.clone(), in_flight, secs, with_callers, false).await;
             }
             settlements(limiter, 50_000).await;
         }

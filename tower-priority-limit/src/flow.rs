@@ -8,8 +8,9 @@ use http::header::{HeaderName, AUTHORIZATION};
 use http::Request;
 
 /// The flow named by `value` (a key, a team): what the extractors below return, for code that
-/// admits by itself ([`WaitRequest::flow`](crate::WaitRequest)). A fixed seed: flows only need to
-/// be told apart inside one process.
+/// admits by itself ([`WaitRequest::flow`](crate::WaitRequest)). A fixed seed: every gateway of a
+/// fleet names a key's flow alike, so the fleet's order on a shared store ([`FlowTry`](crate::store::FlowTry))
+/// sees one flow whichever gateway its requests enter by.
 pub fn flow_id(value: impl Hash) -> u64 {
     foldhash::fast::FixedState::with_seed(0x666c_6f77).hash_one(value)
 }

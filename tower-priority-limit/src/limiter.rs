@@ -22,7 +22,7 @@ use crate::metrics::{Observer, Outcome, RefusedBy, UsageNow, UsageSource};
 use crate::order::{FlowId, ServiceWeights};
 use crate::queue::{Deciding, ModelQueue, PoolUsage, Turn};
 use crate::response::{refusal_response, store_failure_response, AdmittedHeaders};
-use crate::store::{AdmitRequest, MemoryStore, Store, StoreError};
+use crate::store::{AdmitRequest, FlowTry, MemoryStore, Store, StoreError};
 
 /// A config and the store that holds its counters. Share it in an [`Arc`](std::sync::Arc): every clone of the
 /// layer, every route and every task then charges the same counters.
@@ -250,7 +250,7 @@ impl<St: Store> Limiter<St> {
                 queues.iter().map(Arc::downgrade).collect();
             store.on_settled(Box::new(move |model: ModelId| {
                 if let Some(queue) = weak.get(model.index()).and_then(std::sync::Weak::upgrade) {
-                    queue.notify();
+                    queue.wake();
                 }
             }));
         }
@@ -386,12 +386,79 @@ impl<St: Store> Limiter<St> {
         estimate: u64,
         callers: Option<Arc<Callers>>,
     ) -> St::AdmitFuture {
+        self.admit_flow(model, pool, estimate, callers, None)
+    }
+
+    /// [`admit_as`](Self::admit_as) taking part in a shared store's order of flows.
+    fn admit_flow(
+        &self,
+        model: ModelId,
+        pool: PoolRef,
+        estimate: u64,
+        callers: Option<Arc<Callers>>,
+        flow: Option<FlowTry>,
+    ) -> St::AdmitFuture {
         self.store.admit(AdmitRequest {
             model,
             pool,
             reserve: estimate,
             callers,
+            flow,
         })
+    }
+
+    /// A request's part in the fleet's order of flows, for a store that keeps one
+    /// ([`Store::shares_flow_order`]) and a request that may still wait; `queued` when it is
+    /// one of the queue's waiters.
+    fn flow_try(
+        &self,
+        model: ModelId,
+        pool: PoolRef,
+        flow: FlowId,
+        service: u64,
+        may_wait_ms: Millis,
+        queued: bool,
+    ) -> Option<FlowTry> {
+        if may_wait_ms == 0 || !self.store.shares_flow_order() {
+            return None;
+        }
+        let (registered, waiting) = self.queues.get(model.index())?.flow_state(pool, flow);
+        Some(FlowTry {
+            flow,
+            service,
+            registered,
+            release: queued && waiting <= 1,
+            may_wait_ms,
+        })
+    }
+
+    /// What a try in the fleet's order did to this process's registration of its flow: an
+    /// admission that ended it, a refusal that made it (kept while a request of the flow `waits`
+    /// here, else ended at once).
+    fn flow_tried(
+        &self,
+        model: ModelId,
+        pool: PoolRef,
+        tried: Option<FlowTry>,
+        decision: &Result<Decision, StoreError>,
+        waits: bool,
+    ) {
+        let (Some(tried), Some(queue)) = (tried, self.queues.get(model.index())) else {
+            return;
+        };
+        match decision {
+            Ok(Decision::Admit(_)) if tried.registered && tried.release => {
+                queue.flow_released(pool, tried.flow);
+            }
+            // Registered for its flow, and no request of the flow waits here after all.
+            Ok(Decision::Refuse(r))
+                if !matches!(r.scope, crate::decision::Scope::Caller(..))
+                    && !queue.flow_registered(pool, tried.flow, waits) =>
+            {
+                self.store.flow_left(model, pool, tried.flow);
+            }
+            _ => {}
+        }
     }
 
     /// The admission, when the store answers without waiting (the embedded store); `None` means
@@ -419,6 +486,7 @@ impl<St: Store> Limiter<St> {
             pool,
             reserve: estimate,
             callers,
+            flow: None,
         })
     }
 
@@ -524,8 +592,11 @@ impl<St: Store> Limiter<St> {
     /// window frees enough by then, or reservations in flight may settle (a token refusal).
     fn room_may_appear(&self, model: ModelId, refused: &Refused, within_ms: Millis) -> bool {
         // The queue waits for shared capacity; a caller over its own limit is answered at once.
-        if matches!(refused.scope, crate::decision::Scope::Caller(..)) {
-            return false;
+        match refused.scope {
+            crate::decision::Scope::Caller(..) => return false,
+            // The fleet's order moves as others are served.
+            crate::decision::Scope::Order => return within_ms > 0,
+            _ => {}
         }
         refused.retry_after_ms <= within_ms
             || (refused.dimension == crate::decision::Dimension::Tokens
@@ -633,6 +704,23 @@ impl<St: Store> Limiter<St> {
         let start = self.clock.now_ms();
         let waited = |clock: &Arc<dyn Clock>| clock.now_ms().saturating_sub(start);
         let admit = || self.admit_as(model, pool, estimate, callers.clone());
+        let deadline = start.saturating_add(max_wait_ms);
+        // A try in turn, in the fleet's order (its flow registered as waiting on a refusal).
+        let try_in_turn = || async {
+            let tried = self.flow_try(
+                model,
+                pool,
+                flow,
+                service,
+                deadline.saturating_sub(self.clock.now_ms()),
+                true,
+            );
+            let decision = self
+                .admit_flow(model, pool, estimate, callers.clone(), tried)
+                .await;
+            self.flow_tried(model, pool, tried, &decision, true);
+            decision
+        };
         let Some(queue) = self.queues.get(model.index()) else {
             let decision = admit().await;
             return Waited {
@@ -642,7 +730,9 @@ impl<St: Store> Limiter<St> {
                 gave_up: false,
             };
         };
-        if let Some(refused) = refused {
+        // The order's refusal says nothing of the capacity: not the answer others get at their
+        // deadline.
+        if let Some(refused) = refused.filter(|r| r.scope != crate::decision::Scope::Order) {
             queue.record_refusal(pool, refused, start);
         }
         // Sent here only because other admissions were still being decided: once a try in turn
@@ -651,6 +741,9 @@ impl<St: Store> Limiter<St> {
             r.retry_after_ms > max_wait_ms && r.dimension == crate::decision::Dimension::Tokens
         }) && queue.reserved_in_flight() == 0;
         let Some(ticket) = queue.enter(pool, flow) else {
+            if queue.flow_unused(pool, flow) {
+                self.store.flow_left(model, pool, flow);
+            }
             // Full: refused at once, with the refusal the waiters ahead of it got (trying the
             // store would let it in ahead of them); asking the store only when none was refused
             // yet.
@@ -662,7 +755,6 @@ impl<St: Store> Limiter<St> {
         };
         self.report_queue_depth(model, pool);
         queue.notify();
-        let deadline = start.saturating_add(max_wait_ms);
         let mut retry_at: Option<Millis> = None;
         loop {
             let wake_at = retry_at.map_or(deadline, |r| r.min(deadline));
@@ -692,14 +784,24 @@ impl<St: Store> Limiter<St> {
                 return self.answer_waited(model, pool, decision, waited(&self.clock), None, true);
             }
             if turn.is_none() {
-                // The store said room appears now: whoever is first tries.
+                // The store said room appears now: whoever is first tries (flows the fleet's
+                // order put behind too: the order may have moved without a wake-up reaching
+                // this process).
                 retry_at = None;
                 queue.unblock_due(self.clock.now_ms());
-                queue.notify();
+                queue.wake();
                 continue;
             }
-            let decision = admit().await;
+            let decision = try_in_turn().await;
             match decision {
+                // The fleet's order put it behind flows with less service: it looks again at
+                // the next wake-up from the store (its own flow passed over until then), or
+                // at its safety timer.
+                Ok(Decision::Refuse(refused)) if refused.scope == crate::decision::Scope::Order => {
+                    ticket.behind();
+                    let now = self.clock.now_ms();
+                    retry_at = Some(now.saturating_add(refused.retry_after_ms.max(1)));
+                }
                 // Its own key's or team's limit: answered at once, and not the model's refusal
                 // for the others waiting.
                 Ok(Decision::Refuse(refused))
@@ -871,6 +973,7 @@ impl<St: Store> Limiter<St> {
             Answer(Result<Decision, StoreError>),
         }
         let mut deciding = None;
+        let mut tried = None;
         let next = if max_wait_ms > 0 && self.queue_ahead(model) {
             Next::Wait(None)
         } else {
@@ -878,13 +981,20 @@ impl<St: Store> Limiter<St> {
             // The embedded store answers in place: no future to poll.
             let decision = match self.admit_now_as(model, pool, estimate, callers.clone()) {
                 Some(decision) => decision,
-                None => self.admit_as(model, pool, estimate, callers.clone()).await,
+                None => {
+                    let service = self.flow_service(model, prompt_tokens, max_output_tokens);
+                    tried = self.flow_try(model, pool, flow, service, max_wait_ms, false);
+                    self.admit_flow(model, pool, estimate, callers.clone(), tried)
+                        .await
+                }
             };
             match decision {
                 Ok(Decision::Refuse(refused)) => {
                     // Its own admission is over, and no reason to wait.
                     drop(deciding.take());
-                    if self.should_wait(model, Some(&refused), max_wait_ms) {
+                    let waits = self.should_wait(model, Some(&refused), max_wait_ms);
+                    self.flow_tried(model, pool, tried, &decision, waits);
+                    if waits {
                         Next::Wait(Some(refused))
                     } else {
                         Next::Answer(Ok(Decision::Refuse(refused)))

@@ -254,6 +254,11 @@ impl FlowClock {
         self.waiting.first().map(|&(_, _, flow)| flow)
     }
 
+    /// The waiting flows, the one to serve next first.
+    pub fn in_order(&self) -> impl Iterator<Item = FlowId> + '_ {
+        self.waiting.iter().map(|&(_, _, flow)| flow)
+    }
+
     /// A waiting request of `flow` was served, costing `service` (see [`ServiceWeights`]).
     pub fn serve(&mut self, flow: FlowId, service: u64) {
         let Some(state) = self.flows.get_mut(&flow) else {

@@ -25,13 +25,19 @@ use crate::order::{
 use crate::store::Store;
 
 /// What the queue asks of the store: how far each pool is through its floor.
+/// and that the last waiter of a flow registered in the fleet's order left.
 pub(crate) trait PoolUsage: Send + Sync + 'static {
     fn pool_usage(&self, model: ModelId, pool: PoolRef) -> Option<Usage>;
+    fn flow_left(&self, model: ModelId, pool: PoolRef, flow: FlowId);
 }
 
 impl<St: Store> PoolUsage for St {
     fn pool_usage(&self, model: ModelId, pool: PoolRef) -> Option<Usage> {
         Store::pool_usage(self, model, pool)
+    }
+
+    fn flow_left(&self, model: ModelId, pool: PoolRef, flow: FlowId) {
+        Store::flow_left(self, model, pool, flow);
     }
 }
 
@@ -79,6 +85,14 @@ struct State {
     /// Waiters that gave their place to a newcomer in a full queue ([`displaced`]), until their
     /// ticket sees it.
     displaced: HashSet<u64, foldhash::fast::RandomState>,
+    /// Flows (by pool slot) the fleet's order put behind others (a shared store's
+    /// [`Scope::Order`](crate::decision::Scope::Order) refusal): passed over until the next
+    /// wake-up from the store ([`ModelQueue::wake`]), so another local flow may go meanwhile.
+    behind: HashSet<(usize, FlowId), foldhash::fast::RandomState>,
+    /// Flows (by pool slot) this process holds a registration of in a shared store's order
+    /// ([`FlowTry`](crate::store::FlowTry)): from a refusal of one of its requests that waits
+    /// until its last waiter here is admitted (the store ends it) or leaves (`flow_left`).
+    registered: HashSet<(usize, FlowId), foldhash::fast::RandomState>,
 }
 
 /// What a waiter's [`Ticket::poll_turn`] says.
@@ -132,6 +146,8 @@ impl ModelQueue {
                 pending: false,
                 last_refused: None,
                 displaced: HashSet::default(),
+                behind: HashSet::default(),
+                registered: HashSet::default(),
             }),
             max_queued: max_queued as usize,
             weights,
@@ -177,6 +193,45 @@ impl ModelQueue {
         Deciding {
             queue: Arc::clone(self),
         }
+    }
+
+    /// Whether this process holds a registration of `flow` of `pool` in the fleet's order, and how
+    /// many of its requests wait here.
+    pub(crate) fn flow_state(&self, pool: PoolRef, flow: FlowId) -> (bool, usize) {
+        let slot = self.pool_slot(pool);
+        let state = self.lock();
+        let waiting = state.pools[slot].lines.get(&flow).map_or(0, VecDeque::len);
+        (state.registered.contains(&(slot, flow)), waiting)
+    }
+
+    /// The store registered `flow` of `pool` as waiting on this process (a refusal of a request
+    /// that waits, or of one that leaves while others of its flow wait here); `false` when
+    /// nothing of the flow waits here after all, so the registration is to end.
+    pub(crate) fn flow_registered(&self, pool: PoolRef, flow: FlowId, waits: bool) -> bool {
+        let slot = self.pool_slot(pool);
+        let mut state = self.lock();
+        if waits || state.pools[slot].lines.contains_key(&flow) {
+            state.registered.insert((slot, flow));
+            true
+        } else {
+            state.registered.remove(&(slot, flow));
+            false
+        }
+    }
+
+    /// Whether this process's registration of `flow` of `pool` is to end now, because nothing of
+    /// the flow waits here (a request that registered it found the queue full); forgotten if so.
+    pub(crate) fn flow_unused(&self, pool: PoolRef, flow: FlowId) -> bool {
+        let slot = self.pool_slot(pool);
+        let mut state = self.lock();
+        !state.pools[slot].lines.contains_key(&flow) && state.registered.remove(&(slot, flow))
+    }
+
+    /// The store ended this process's registration of `flow` of `pool` (its last waiter here
+    /// was admitted).
+    pub(crate) fn flow_released(&self, pool: PoolRef, flow: FlowId) {
+        let slot = self.pool_slot(pool);
+        self.lock().registered.remove(&(slot, flow));
     }
 
     /// Requests of `pool` waiting now.
@@ -272,11 +327,12 @@ impl ModelQueue {
     pub(crate) fn enter(self: &Arc<Self>, pool: PoolRef, flow: FlowId) -> Option<Ticket> {
         let slot = self.pool_slot(pool);
         let mut woken = None;
+        let mut left = None;
         let id = {
             let mut state = self.lock();
             if state.waiters.len() >= self.max_queued {
                 let (victim_slot, victim_flow) = self.displaced_by(&state, slot, flow)?;
-                woken = self.displace(&mut state, victim_slot, victim_flow);
+                (woken, left) = self.displace(&mut state, victim_slot, victim_flow);
             }
             let id = state.next_id;
             state.next_id += 1;
@@ -299,6 +355,7 @@ impl ModelQueue {
         if let Some(waker) = woken {
             waker.wake();
         }
+        self.flow_left(left);
         Some(Ticket {
             queue: Arc::clone(self),
             id,
@@ -325,13 +382,25 @@ impl ModelQueue {
     }
 
     /// Takes the newest waiter of `flow` in `slot` out of the queue, marked displaced; its waker,
-    /// to be woken once the lock is let go.
-    fn displace(&self, state: &mut State, slot: usize, flow: FlowId) -> Option<Waker> {
-        let id = *state.pools.get(slot)?.lines.get(&flow)?.back()?;
+    /// to be woken once the lock is let go, and the registration to end if it was its flow's last.
+    fn displace(
+        &self,
+        state: &mut State,
+        slot: usize,
+        flow: FlowId,
+    ) -> (Option<Waker>, Option<(usize, FlowId)>) {
+        let Some(&id) = state
+            .pools
+            .get(slot)
+            .and_then(|p| p.lines.get(&flow))
+            .and_then(VecDeque::back)
+        else {
+            return (None, None);
+        };
         let waker = state.waiters.get_mut(&id).and_then(|e| e.waker.take());
-        self.remove(state, id, None);
+        let left = self.remove(state, id, None);
         state.displaced.insert(id);
-        waker
+        (waker, left)
     }
 
     /// A waiter's timer fired at `now`: every pool refused by its own rule until then is tried
@@ -343,6 +412,17 @@ impl ModelQueue {
                 p.blocked = None;
             }
         }
+    }
+
+    /// The store says capacity, or the fleet's order, may have changed elsewhere (another
+    /// gateway's admission or settlement): flows put behind look again, and the first gets the
+    /// turn.
+    pub(crate) fn wake(&self) {
+        if self.waiting() == 0 {
+            return;
+        }
+        self.lock().behind.clear();
+        self.notify();
     }
 
     /// Capacity may have freed: if nobody holds the turn, the waiter the order puts first gets it.
@@ -371,27 +451,37 @@ impl ModelQueue {
     /// The waiter to serve first: the pool with the least fill, its least-served flow, that
     /// flow's oldest request.
     fn head(&self, state: &State) -> Option<u64> {
+        let ready = |slot: usize, pool: &PoolWaiters| {
+            pool.flows
+                .in_order()
+                .find(|&flow| !state.behind.contains(&(slot, flow)))
+        };
         let candidates = state
             .pools
             .iter()
             .enumerate()
-            .filter(|(_, p)| p.len > 0 && p.blocked.is_none())
+            .filter(|(slot, p)| p.len > 0 && p.blocked.is_none() && ready(*slot, p).is_some())
             .map(|(slot, _)| (slot, self.fill_of(slot)));
         let slot = first_pool(candidates)?;
         let pool = &state.pools[slot];
-        let flow = pool.flows.next()?;
+        let flow = ready(slot, pool)?;
         pool.lines.get(&flow)?.front().copied()
     }
 
-    fn remove(&self, state: &mut State, id: u64, service: Option<u64>) {
-        let Some(entry) = state.waiters.remove(&id) else {
-            return;
-        };
+    /// Takes waiter `id` out; `Some(flow)` when it was the last of its flow here and the
+    /// process's registration of the flow in the fleet's order is to end ([`Self::flow_left`]).
+    fn remove(&self, state: &mut State, id: u64, service: Option<u64>) -> Option<(usize, FlowId)> {
+        let entry = state.waiters.remove(&id)?;
+        let mut left = None;
         let pool = &mut state.pools[entry.pool];
         if let Some(line) = pool.lines.get_mut(&entry.flow) {
             line.retain(|&w| w != id);
             if line.is_empty() {
                 pool.lines.remove(&entry.flow);
+                state.behind.remove(&(entry.pool, entry.flow));
+                if state.registered.remove(&(entry.pool, entry.flow)) {
+                    left = Some((entry.pool, entry.flow));
+                }
             }
         }
         match service {
@@ -406,6 +496,15 @@ impl ModelQueue {
             state.turn = None;
         }
         self.waiting.fetch_sub(1, Ordering::AcqRel);
+        left
+    }
+
+    /// Ends this process's registration of a flow in the fleet's order (its last waiter here
+    /// left), once the queue's lock is let go.
+    fn flow_left(&self, left: Option<(usize, FlowId)>) {
+        if let Some((slot, flow)) = left {
+            self.usage.flow_left(self.model, self.pool_ref(slot), flow);
+        }
     }
 }
 
@@ -468,9 +567,31 @@ impl Ticket {
     /// Admitted: leaves the queue, charging its flow `service`, and hands the turn on.
     pub(crate) fn served(mut self, service: u64) {
         self.done = true;
+        let left = {
+            let mut state = self.queue.lock();
+            self.queue.remove(&mut state, self.id, Some(service))
+        };
+        // Admitted without ending its flow's registration (another waiter of the flow was here
+        // when it tried, and has left since): nothing of the flow waits here now.
+        self.queue.flow_left(left);
+        self.queue.notify();
+    }
+
+    /// Refused on its turn by the fleet's order: its flow is passed over until the store's next
+    /// wake-up ([`ModelQueue::wake`]), and the turn goes on at once to another local flow (or,
+    /// if a wake-up came during the try, back to this one).
+    pub(crate) fn behind(&self) {
         {
             let mut state = self.queue.lock();
-            self.queue.remove(&mut state, self.id, Some(service));
+            if state.turn == Some(self.id) {
+                state.turn = None;
+            }
+            if !std::mem::take(&mut state.pending) {
+                if let Some(entry) = state.waiters.get(&self.id) {
+                    let key = (entry.pool, entry.flow);
+                    state.behind.insert(key);
+                }
+            }
         }
         self.queue.notify();
     }
@@ -505,11 +626,13 @@ impl Drop for Ticket {
         if self.done {
             return;
         }
-        {
+        let left = {
             let mut state = self.queue.lock();
-            self.queue.remove(&mut state, self.id, None);
+            let left = self.queue.remove(&mut state, self.id, None);
             state.displaced.remove(&self.id);
-        }
+            left
+        };
+        self.queue.flow_left(left);
         // Whoever is first now gets a try (this one may have held the turn, or its timer).
         self.queue.notify();
     }
@@ -617,6 +740,7 @@ mod tests {
                     pool: dev,
                     reserve: 0,
                     callers: None,
+                    flow: None,
                 },
             );
             assert!(matches!(d, Some(Ok(crate::decision::Decision::Admit(_)))));

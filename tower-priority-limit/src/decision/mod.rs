@@ -122,6 +122,9 @@ pub enum Scope {
     Priority,
     /// A limit of the caller's own: its key's or its team's ([`crate::caller`]).
     Caller(crate::caller::CallerKind, crate::caller::CallerLimit),
+    /// The fleet's order between waiters (a shared store with the queue on): the capacity had
+    /// room, but flows of the same priority waiting with less service go first.
+    Order,
 }
 
 /// The dimension that tripped.

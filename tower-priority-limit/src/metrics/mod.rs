@@ -152,11 +152,14 @@ pub enum RefusedBy {
     TeamBudget,
     /// The team's dollar budget on the model (`model_max_budget`).
     TeamModelBudget,
+    /// The fleet's order between waiters: others of the priority waiting with less service go
+    /// first (the queue on a shared store; answered only when a waiter gives up).
+    QueueOrder,
 }
 
 impl RefusedBy {
     /// Every counter, in label order.
-    pub const ALL: [RefusedBy; 22] = [
+    pub const ALL: [RefusedBy; 23] = [
         RefusedBy::ModelRequests,
         RefusedBy::ModelTokens,
         RefusedBy::PoolRequests,
@@ -179,6 +182,7 @@ impl RefusedBy {
         RefusedBy::TeamModelTokens,
         RefusedBy::TeamBudget,
         RefusedBy::TeamModelBudget,
+        RefusedBy::QueueOrder,
     ];
 
     /// The counter that refused `refused`.
@@ -190,6 +194,7 @@ impl RefusedBy {
             (Scope::Priority, Dimension::Requests) => RefusedBy::PoolRequests,
             (Scope::Priority, Dimension::Tokens | Dimension::Spend) => RefusedBy::PoolTokens,
             (Scope::Caller(kind, limit), _) => Self::caller(kind, limit),
+            (Scope::Order, _) => RefusedBy::QueueOrder,
         }
     }
 
@@ -218,7 +223,7 @@ impl RefusedBy {
     /// `model_requests`, `model_tokens`, `pool_requests`, `pool_tokens`,
     /// `deployment_requests`, `deployment_tokens`, or a caller's: `key_` or `team_` with
     /// `parallel`, `requests`, `tokens`, `daily_tokens`, `model_requests`, `model_tokens`,
-    /// `budget` or `model_budget`.
+    /// `budget` or `model_budget`; or `queue_order`.
     pub fn as_str(self) -> &'static str {
         match self {
             RefusedBy::ModelRequests => "model_requests",
@@ -243,6 +248,7 @@ impl RefusedBy {
             RefusedBy::TeamModelTokens => "team_model_tokens",
             RefusedBy::TeamBudget => "team_budget",
             RefusedBy::TeamModelBudget => "team_model_budget",
+            RefusedBy::QueueOrder => "queue_order",
         }
     }
 }

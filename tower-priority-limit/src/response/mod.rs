@@ -148,6 +148,14 @@ pub(crate) fn refusal_message(model: &ModelLimits, label: Option<&str>, r: &Refu
                 r.dimension.as_str()
             );
         }
+        Scope::Order => {
+            let _ = write!(
+                m,
+                "Waiting for others' turn. Model: {}, Priority: {label}: callers of this priority \
+                 who were served less are waiting, and go first. Model TPM: ",
+                model.name(),
+            );
+        }
         Scope::Priority => {
             let _ = write!(
                 m,

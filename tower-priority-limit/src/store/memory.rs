@@ -739,6 +739,7 @@ mod tests {
             pool: PoolRef::Default,
             reserve,
             callers: None,
+            flow: None,
         };
         match store.admit(request).into_inner().unwrap() {
             Decision::Admit(a) => Some(Settlement {
@@ -901,6 +902,7 @@ mod tests {
                         pool: pools[pool],
                         reserve: 0,
                         callers: callers.clone(),
+                        flow: None,
                     };
                     let got = match store.admit(request).into_inner().unwrap() {
                         Decision::Admit(a) => {

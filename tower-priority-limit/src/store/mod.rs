@@ -38,6 +38,31 @@ pub struct AdmitRequest {
     /// The caller's own limits (its key's and team's), checked in the same atomic step; `None`
     /// when it has none.
     pub callers: Option<Arc<Callers>>,
+    /// With the queue on, the request's place in the order between flows, for a store whose
+    /// order is shared by the fleet (Redis; [`FlowTry`]). `None`: outside the queue's order (the
+    /// embedded store keeps that order in the process's queue, and ignores it).
+    pub flow: Option<FlowTry>,
+}
+
+/// A request's part in a shared store's order between the flows of its priority
+/// ([`crate::order::FlowClock`], kept in the store so every gateway goes by it): the admission is
+/// refused ([`Scope::Order`](crate::decision::Scope::Order)) while a flow of its priority with
+/// less service waits anywhere in the fleet, and a refused request that may wait registers its
+/// flow as waiting on this process, in the same atomic step. A process holds one registration per
+/// flow while it has waiters of it; it ends with the admission of its last one
+/// ([`release`](Self::release)), or with [`Store::flow_left`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FlowTry {
+    /// The caller's flow.
+    pub flow: crate::order::FlowId,
+    /// What it counts for its flow when admitted ([`crate::order::ServiceWeights`]).
+    pub service: u64,
+    /// This process holds a registration of the flow as waiting.
+    pub registered: bool,
+    /// An admission ends the registration: no other request of the flow waits here.
+    pub release: bool,
+    /// How long it may still wait, in ms: registered on a refusal when above 0.
+    pub may_wait_ms: Millis,
 }
 
 /// The admitted request's tokens, recorded once its response is done.
@@ -144,6 +169,19 @@ pub trait Store: Send + Sync + 'static {
     /// earlier one.
     fn on_settled(&self, hook: SettledHook) {
         let _ = hook;
+    }
+
+    /// The last waiter of `flow` on this process gave up without being admitted (its deadline,
+    /// its client went away, a full queue displaced it): the process's registration of the flow
+    /// in the store's order ([`FlowTry`]) ends. A store without a shared order (the embedded
+    /// one) has nothing to do.
+    fn flow_left(&self, model: ModelId, pool: PoolRef, flow: crate::order::FlowId) {
+        let _ = (model, pool, flow);
+    }
+
+    /// Whether the store keeps an order of flows for the fleet ([`FlowTry`]).
+    fn shares_flow_order(&self) -> bool {
+        false
     }
 
     /// Waits until every settlement handed to this store so far is recorded (graceful shutdown).

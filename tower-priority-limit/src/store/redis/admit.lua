@@ -41,7 +41,8 @@
 --                    places of the model's ring and then of the pool's (zeros without pools).
 --          verdict: 0 admitted and counted, 1 refused by the model cap, 2 refused by the pool,
 --          3 expired: run after the caller's deadline (it has given up), nothing read or changed,
---          4 refused by a caller's limit.
+--          4 refused by a caller's limit, 5 behind: the capacity allows it, but a flow of its
+--          pool with less service waits (the fleet's order, below; nothing counted).
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local deadline = tonumber(ARGV[10])
@@ -339,6 +340,88 @@ elseif strict and over(prpm, ptpm, q) then
 elseif strict and n > 0 and floors_refuse() then
   verdict = 2
 end
+-- The fleet's order between the flows of the request's pool (`order::FlowClock`, kept here so
+-- every gateway goes by one order): the last eight ARGV when the last is 'F' (flow id, its
+-- service, this gateway's id, '1' when an admission ends this gateway's registration of the
+-- flow (no other waiter of the flow here), how long it may wait in ms (0: it does not wait), the
+-- flow state's TTL in ms, the wake-up channel, 'F'), KEYS[#KEYS - 1] the pool's waiting flows (a
+-- sorted set, score: the flow's virtual service) and KEYS[#KEYS] its flow state (hash:
+-- c<flow> virtual service, n<flow> gateways holding a registration of it, h<flow>:<gateway> a
+-- gateway's registration (the flow's generation g<flow> when it was made), e<flow> when the
+-- last of its waiters gives up, V the virtual time). An admission the capacity allows is
+-- refused (verdict 5) unless its flow is the head of the order (the least served waiting
+-- flow); a refused request that may wait registers its flow for its gateway (once per
+-- gateway, however many of its requests race), so the others go by it too.
+if ARGV[#ARGV] == 'F' and ARGV[14] ~= 's' and verdict ~= 4 then
+  local fa = #ARGV - 7
+  local fz, fh = KEYS[#KEYS - 1], KEYS[#KEYS]
+  local flow, service = ARGV[fa], tonumber(ARGV[fa + 1])
+  local mine, release = 'h' .. flow .. ':' .. ARGV[fa + 2], ARGV[fa + 3] == '1'
+  local may_wait = tonumber(ARGV[fa + 4])
+  -- The least served flow still waiting; registrations past their deadline are dropped (a
+  -- gateway that died does not hold the order up for longer than its waiters could wait) and
+  -- the flow's generation moves on, so the gateways' registrations of it count no more.
+  local head, head_c
+  while true do
+    local h = redis.call('ZRANGE', fz, 0, 0, 'WITHSCORES')
+    if #h == 0 then break end
+    if (tonumber(redis.call('HGET', fh, 'e' .. h[1])) or 0) > now then
+      head, head_c = h[1], tonumber(h[2])
+      break
+    end
+    redis.call('ZREM', fz, h[1])
+    redis.call('HDEL', fh, 'n' .. h[1], 'e' .. h[1])
+    redis.call('HINCRBY', fh, 'g' .. h[1], 1)
+  end
+  local st = redis.call('HMGET', fh, 'c' .. flow, 'n' .. flow, 'V', 'g' .. flow, mine)
+  local c, waiting, vt = tonumber(st[1]), tonumber(st[2]) or 0, tonumber(st[3]) or 0
+  local gen = st[4] or '0'
+  local held = st[5] == gen and waiting > 0
+  -- A flow that was not waiting starts at the least waiting counter (or the virtual time):
+  -- time spent idle is not saved up as credit.
+  if waiting <= 0 then c = math.max(c or 0, head_c or vt) end
+  c = c or vt
+  -- A flow goes while it is less than one request ahead of the head (the least served waiting
+  -- flow): flows level with the head go together, each gateway without waiting for the
+  -- others' wake-ups, and no flow gets more than a request ahead of another that waits.
+  if verdict == 0 and head ~= nil and head ~= flow and c >= head_c + service then verdict = 5 end
+  if verdict == 0 then
+    local after = c + service
+    redis.call('HSET', fh, 'c' .. flow, after, 'V', math.max(vt, c))
+    if held and release then
+      redis.call('HDEL', fh, mine)
+      waiting = redis.call('HINCRBY', fh, 'n' .. flow, -1)
+      if waiting <= 0 then
+        redis.call('ZREM', fz, flow)
+        redis.call('HDEL', fh, 'n' .. flow, 'e' .. flow)
+      end
+    end
+    if waiting > 0 then redis.call('ZADD', fz, after, flow) end
+    -- The head may have changed: the other gateways' waiters look again.
+    if head ~= nil and redis.call('ZCARD', fz) > 0 then
+      redis.call('PUBLISH', ARGV[fa + 6], flow)
+    end
+  elseif may_wait > 0 then
+    if not held then
+      redis.call('HSET', fh, mine, gen)
+      redis.call('HINCRBY', fh, 'n' .. flow, 1)
+      redis.call('ZADD', fz, c, flow)
+    end
+    -- Kept at least until this waiter's deadline.
+    local e = tonumber(redis.call('HGET', fh, 'e' .. flow)) or 0
+    redis.call('HSET', fh, 'c' .. flow, c, 'e' .. flow, math.max(e, now + may_wait))
+    -- Settlements of the model publish a wake-up while someone may wait (settle.lua).
+    local wq = tonumber(redis.call('HGET', key, 'wq')) or 0
+    if now + may_wait > wq then
+      redis.call('HSET', key, 'wq', now + may_wait)
+      if redis.call('PTTL', key) < 0 then redis.call('PEXPIRE', key, tonumber(ARGV[9])) end
+    end
+  end
+  local ttl = tonumber(ARGV[fa + 5])
+  redis.call('PEXPIRE', fh, ttl)
+  redis.call('PEXPIRE', fz, ttl)
+end
+
 -- Shadow enforcement: the refusal is only reported (the Rust side re-derives it), the request
 -- counts like any admission.
 if ARGV[14] == 's' then verdict = 0 end

@@ -52,6 +52,7 @@ mod deadline;
 mod script;
 mod settle;
 mod target;
+mod wake;
 
 use std::fmt;
 use std::future::Future;
@@ -69,7 +70,7 @@ use self::deadline::RedisTimeOffset;
 use self::script::{LuaScript, SCRIPT_LOAD_WAIT};
 use self::settle::{flush_settlements, process_id, Queued, RedisSettler};
 pub use self::target::RedisTarget;
-use super::{AdmitRequest, MemoryStore, SettledHook, Settler, Store, StoreError};
+use super::{AdmitRequest, FlowTry, MemoryStore, SettledHook, Settler, Store, StoreError};
 use crate::caller::{Caller, CallerMarks, DAY_MS};
 use crate::config::WindowKind;
 use crate::config::{pool_index, Enforcement, FailureMode, LimiterConfig, ModelId, PoolRef};
@@ -112,6 +113,15 @@ const CALLER_REPLY: usize = 16;
 
 /// `admit.lua`'s verdict for a call run after its deadline: nothing counted.
 const EXPIRED: i64 = 3;
+
+/// `admit.lua`'s verdict for a request the capacity admits but the fleet's order puts behind
+/// flows of its priority with less service: nothing counted.
+const BEHIND: i64 = 5;
+
+/// The `retry-after` of a refusal by the fleet's order, and how long its waiter sleeps at most
+/// when no wake-up comes (a safety net: wake-ups are published by every admission that moves the
+/// order, and by every settlement that frees room, while someone waits).
+pub const ORDER_RETRY_MS: Millis = 1_000;
 
 /// The longest a caller's parallel slot is held in Redis (`max_parallel_requests`): a request
 /// still running after this stops holding it, and the slots of a gateway that died free by then.
@@ -321,6 +331,23 @@ impl RedisStoreBuilder {
                 .collect(),
             observer: self.observer,
             settled_hook: std::sync::RwLock::new(None),
+            flow_keys: match config.settings().queue {
+                None => Box::new([]),
+                Some(_) => config
+                    .models()
+                    .iter()
+                    .map(|m| {
+                        let key = format!("{}{{{}}}", self.key_prefix, m.name());
+                        FlowKeys {
+                            channel: format!("{key}:wake"),
+                            pools: (0..m.pool_count().max(1))
+                                .map(|i| [format!("{key}:fz:{i}"), format!("{key}:fs:{i}")])
+                                .collect(),
+                        }
+                    })
+                    .collect(),
+            },
+            leave_script: LuaScript::new(include_str!("leave.lua")),
         });
         // Load both scripts now, so the first admissions are one round trip each, and learn
         // Redis's clock, so the first admissions carry a deadline; best effort (Redis may be
@@ -328,7 +355,11 @@ impl RedisStoreBuilder {
         // reply teaches the clock too.
         let mut connection = inner.connection.clone();
         let load = async {
-            for script in [&inner.admit_script, &inner.settle_script] {
+            for script in [
+                &inner.admit_script,
+                &inner.settle_script,
+                &inner.leave_script,
+            ] {
                 redis::cmd("SCRIPT")
                     .arg("LOAD")
                     .arg(script.code)
@@ -353,6 +384,20 @@ impl RedisStoreBuilder {
             receiver,
             self.settle_queue,
         ));
+        if !inner.flow_keys.is_empty() {
+            match &self.target {
+                RedisTarget::Single(url) => {
+                    if let Ok(client) = redis::Client::open(url.as_str()) {
+                        tokio::spawn(wake::listen(client, Arc::downgrade(&inner)));
+                    }
+                }
+                RedisTarget::Cluster(_) => tracing::warn!(
+                    "on a Redis Cluster the queue's wake-ups between gateways are not received: \
+                     a waiter put behind by the fleet's order looks again after {ORDER_RETRY_MS} \
+                     ms, and one refused for capacity when its retry-after is due"
+                ),
+            }
+        }
         let settler = Arc::new(RedisSettler {
             inner: Arc::clone(&inner),
             queue: queue.clone(),
@@ -538,6 +583,29 @@ struct Inner {
     observer: Option<Arc<dyn Observer>>,
     /// Called with a model once settlements of it count in Redis ([`Store::on_settled`]).
     settled_hook: std::sync::RwLock<Option<SettledHook>>,
+    /// The fleet's order of flows (the queue on): per model, its wake-up channel and, per pool,
+    /// the keys of its waiting flows and flow state; empty with the queue off.
+    flow_keys: Box<[FlowKeys]>,
+    leave_script: LuaScript,
+}
+
+/// One model's keys of the fleet's order (admit.lua's flow section), all in the model's hash tag.
+struct FlowKeys {
+    /// `PREFIX{model}:wake`: published when the order moves or room frees while someone waits.
+    channel: String,
+    /// Per pool index: `PREFIX{model}:fz:<pool>` (waiting flows), `PREFIX{model}:fs:<pool>`
+    /// (their state).
+    pools: Box<[[String; 2]]>,
+}
+
+/// How long the fleet order's state of a pool lives after its last write: a flow's virtual
+/// service is forgotten after this much idleness (a flow that comes back starts at the least
+/// waiting counter anyway), and no registration outlives it.
+fn flow_state_ttl_ms(settings: &crate::config::Settings) -> u64 {
+    let wait = settings.queue.map_or(0, |q| {
+        u64::try_from(q.max_wait.as_millis()).unwrap_or(u64::MAX)
+    });
+    wait.max(settings.window_ms).saturating_add(TTL_MARGIN_MS)
 }
 
 /// Which kind of connection the store has: one health for all models, or one per model.
@@ -836,6 +904,14 @@ impl Inner {
                 .iter()
                 .flat_map(|k| [k[0].as_str(), k[1].as_str()]),
         );
+        // The fleet's order: the pool's waiting flows and their state, last.
+        let pool_keys = self
+            .flow_pool_keys(request.model, request.pool)
+            .filter(|_| request.flow.is_some());
+        if let Some(pool_keys) = pool_keys {
+            keys.extend(pool_keys.iter().map(String::as_str));
+        }
+        let flow = request.flow.filter(|_| pool_keys.is_some());
         let model_prefix = request
             .callers
             .as_ref()
@@ -875,6 +951,7 @@ impl Inner {
             // The callers, key then team.
             let (Some(callers), Some(model_prefix)) = (&request.callers, &model_prefix) else {
                 cmd.arg(0);
+                self.flow_args(cmd, request.model, flow);
                 return;
             };
             cmd.arg(callers.iter().count())
@@ -906,6 +983,7 @@ impl Inner {
                 }
                 cmd.arg(caller_hash_ttl(settings.window_kind, l));
             }
+            self.flow_args(cmd, request.model, flow);
         });
         let reply: Result<Vec<i64>, StoreError> = self.timed(bounded(self.timeout, call)).await;
         (sent, reply)
@@ -948,6 +1026,7 @@ impl Inner {
                     pool,
                     reserve: 0,
                     callers: None,
+                    flow: None,
                 };
                 for _ in 0..n {
                     match this.run_script(&request, 0).await {
@@ -958,6 +1037,66 @@ impl Inner {
                         _ => break,
                     }
                 }
+            }
+        });
+    }
+
+    /// Hands a wake-up for `model` to the queue (the settled hook: capacity or the order may have
+    /// moved elsewhere in the fleet).
+    fn wake(&self, model: ModelId) {
+        let hook = self.settled_hook.read().unwrap_or_else(|e| e.into_inner());
+        if let Some(hook) = hook.as_ref() {
+            hook(model);
+        }
+    }
+
+    /// The keys of the fleet's order for `pool` of `model` (`None` with the queue off).
+    fn flow_pool_keys(&self, model: ModelId, pool: PoolRef) -> Option<&[String; 2]> {
+        let keys = self.flow_keys.get(model.index())?;
+        keys.pools.get(pool_index(pool, keys.pools.len()))
+    }
+
+    /// admit.lua's flow section (the last eight values), when the request takes part in the
+    /// fleet's order.
+    fn flow_args(&self, cmd: &mut redis::Cmd, model: ModelId, flow: Option<FlowTry>) {
+        let (Some(flow), Some(keys)) = (flow, self.flow_keys.get(model.index())) else {
+            return;
+        };
+        cmd.arg(flow.flow)
+            .arg(flow.service.min(MAX_EXACT))
+            .arg(format!("{:016x}", self.settlement_ids))
+            .arg(if flow.release { "1" } else { "0" })
+            .arg(flow.may_wait_ms.min(MAX_EXACT))
+            .arg(flow_state_ttl_ms(self.config.settings()))
+            .arg(keys.channel.as_str())
+            .arg("F");
+    }
+
+    /// Ends a registration in the fleet's order ([`Store::flow_left`]), in the background.
+    fn leave(self: &Arc<Self>, model: ModelId, pool: PoolRef, flow: crate::order::FlowId) {
+        let (Some(keys), Some(pool_keys)) = (
+            self.flow_keys.get(model.index()),
+            self.flow_pool_keys(model, pool),
+        ) else {
+            return;
+        };
+        let inner = Arc::clone(self);
+        let pool_keys = pool_keys.clone();
+        let channel = keys.channel.clone();
+        tokio::spawn(async move {
+            let mut connection = inner.connection.clone();
+            let keys = [pool_keys[0].as_str(), pool_keys[1].as_str()];
+            let call = inner
+                .leave_script
+                .call::<i64>(&mut connection, &keys, |cmd| {
+                    cmd.arg(flow)
+                        .arg(format!("{:016x}", inner.settlement_ids))
+                        .arg(channel.as_str())
+                        .arg(flow_state_ttl_ms(inner.config.settings()));
+                });
+            // Lost (Redis down): the registration ends at its deadline instead.
+            if let Err(e) = inner.timed(bounded(inner.timeout, call)).await {
+                tracing::debug!(%e, "a waiter's leaving the fleet's order was not recorded");
             }
         });
     }
@@ -1055,6 +1194,20 @@ impl Inner {
                 })
             }
         };
+        if verdict == BEHIND {
+            // The capacity admits it (as decide says): the order alone refuses.
+            if let Decision::Admit(admitted) = &decision {
+                return Decision::Refuse(crate::decision::Refused {
+                    scope: crate::decision::Scope::Order,
+                    dimension: crate::decision::Dimension::Requests,
+                    limit: 0,
+                    used: 0,
+                    saturation: admitted.saturation,
+                    retry_after_ms: ORDER_RETRY_MS,
+                    pool: None,
+                });
+            }
+        }
         let admitted = matches!(decision, Decision::Admit(_));
         let caller_refused = matches!(
             decision,
@@ -1261,6 +1414,14 @@ impl Store for RedisStore {
     /// Redis), zero once a window old.
     fn pool_usage(&self, model: ModelId, pool: PoolRef) -> Option<Usage> {
         self.inner.seen(model, pool)
+    }
+
+    fn flow_left(&self, model: ModelId, pool: PoolRef, flow: crate::order::FlowId) {
+        self.inner.leave(model, pool, flow);
+    }
+
+    fn shares_flow_order(&self) -> bool {
+        !self.inner.flow_keys.is_empty()
     }
 
     fn flush(&self) -> Pin<Box<dyn Future<Output = ()> + Send + '_>> {

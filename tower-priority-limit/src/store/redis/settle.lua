@@ -23,8 +23,9 @@
 --          id key's TTL in ms (the model's window and a margin), the number of pairs, then per
 --          pair: its field prefix, its mark (the fixed window's start,
 --          or the sliding window's slot, the admission was counted at), its window and slot
---          length in ms; then the number of budgets and per budget: its field prefix, the period
---          the admission reserved in, the cost reserved and the real cost (nano-dollars).
+--          length in ms; then the wake-up channel of a model's hash with the queue on ("" for
+--          none); then the number of budgets and per budget: its field prefix, the period the
+--          admission reserved in, the cost reserved and the real cost (nano-dollars).
 --          A hash TTL of -1 keeps the hash for good (a caller's budget that never resets).
 -- Returns  1 applied, 0 skipped (already applied).
 if ARGV[7] ~= '' and KEYS[3] then
@@ -148,7 +149,7 @@ for i = 0, npairs - 1 do
   apply(ARGV[at], tonumber(ARGV[at + 1]))
 end
 -- Budgets (`BudgetCounter::settle`): only in the period the admission reserved in.
-local bat = 10 + 4 * npairs
+local bat = 11 + 4 * npairs
 for i = 0, (tonumber(ARGV[bat]) or 0) - 1 do
   local at = bat + 1 + 4 * i
   local p, mark = ARGV[at], tonumber(ARGV[at + 1])
@@ -164,5 +165,13 @@ if tonumber(ARGV[3]) < 0 then
   redis.call('PERSIST', key)
 else
   redis.call('PEXPIRE', key, tonumber(ARGV[3]))
+end
+-- After the pairs, a model's wake-up channel: a settlement that frees room (a cancel, or tokens
+-- below the reservation) wakes every gateway's waiters while someone may wait (admit.lua's
+-- `wq`), so a waiter on one gateway is served when room frees on another.
+local wake = ARGV[10 + 4 * npairs]
+if wake and wake ~= '' and (cancel or tokens < reserved)
+    and (tonumber(redis.call('HGET', key, 'wq')) or 0) > now then
+  redis.call('PUBLISH', wake, '')
 end
 return 1

@@ -80,6 +80,11 @@ impl Inner {
         }
         let (tokens, reserved) = (s.tokens.min(MAX_EXACT), s.reserved.min(MAX_EXACT));
         let ttl = i64::try_from(self.ttl_ms).unwrap_or(i64::MAX);
+        // A model's settlement wakes the fleet's waiters when it frees room (settle.lua).
+        let wake = self
+            .flow_keys
+            .get(s.model.index())
+            .map(|k| k.channel.as_str());
         self.settle_hash(
             key,
             pending.id,
@@ -89,6 +94,7 @@ impl Inner {
             &[],
             None,
             s.cancel,
+            wake,
         )
         .await?;
         // A caller admitted on the local fallback settles there ([`RedisSettler`]), not here.
@@ -147,6 +153,7 @@ impl Inner {
                 &budgets,
                 slot_set,
                 s.cancel,
+                None,
             )
             .await?;
         }
@@ -155,7 +162,8 @@ impl Inner {
 
     /// One `settle.lua` call: settlement `id` of `(tokens, reserved)` on `pairs` (prefix, mark,
     /// window, slot length) and `budgets` (prefix, period, cost reserved, cost) of `hash`,
-    /// freeing a parallel slot (its set and member) if given; `ttl_ms` -1 keeps the hash.
+    /// freeing a parallel slot (its set and member) if given, publishing on `wake` (a model's
+    /// channel) if it frees room while someone may wait; `ttl_ms` -1 keeps the hash.
     #[allow(clippy::too_many_arguments)]
     async fn settle_hash(
         &self,
@@ -167,6 +175,7 @@ impl Inner {
         budgets: &[(&str, u64, u64, u64)],
         slot_set: Option<(&str, &str)>,
         cancel: bool,
+        wake: Option<&str>,
     ) -> Result<(), StoreError> {
         let id_key = settled_key(hash, self.settlement_ids, id);
         let mut keys = vec![hash, id_key.as_str()];
@@ -190,6 +199,8 @@ impl Inner {
                 for (prefix, mark, window, slot) in pairs {
                     cmd.arg(*prefix).arg(*mark).arg(*window).arg(*slot);
                 }
+                // The wake-up channel ("" for none), then the budgets.
+                cmd.arg(wake.unwrap_or(""));
                 cmd.arg(budgets.len());
                 for (prefix, period, reserved, cost) in budgets {
                     cmd.arg(*prefix).arg(*period).arg(*reserved).arg(*cost);
