@@ -128,7 +128,7 @@ pub async fn serve<S>(
         tokio::spawn(async move {
             let _permit = permit;
             // Heads and body chunks are small: copied into one buffer and written with one
-            // `write` they cost less than a `writev` of their pieces (benches/RESULTS.md).
+            // `write` they cost less than a `writev` of their pieces (benches/notes/proxy-path.md).
             let conn = http1::Builder::new()
                 .writev(false)
                 .timer(TokioTimer::new())
