@@ -11,8 +11,9 @@
 //!
 //! Modules import downward only, each from those before it:
 //!
-//! `endpoint` (the endpoints and the formats deployments speak), `deadline` (time bounds that
-//! cost nothing until their future waits) ← `error`, `logging`, `signal`,
+//! `shared` (the limiter's YAML walker, bounded body read, OpenAI error shape and URL redaction,
+//! compiled from its source), `endpoint` (the endpoints and the formats deployments speak),
+//! `deadline` (time bounds that cost nothing until their future waits) ← `error`, `logging`, `signal`,
 //! `store`, `mock` (mock answers in every format) ← `strip`,
 //! `mock_upstream`, `record` (the request record: its settings, lines, file and writer) ← `config` ← `keys` ← `chat` (request types) ← `idle` (ending silent
 //! upstream bodies) ← `upstream` (real and mock deployments) ← `routing` (router, health, attempts, admission, serve) ← `metrics`
@@ -40,6 +41,7 @@ pub mod record;
 pub mod reload;
 pub mod routing;
 pub mod server;
+mod shared;
 pub mod signal;
 pub mod store;
 pub mod strip;

@@ -71,6 +71,7 @@ use std::time::Duration;
 
 use crate::endpoint::Endpoint;
 use crate::mock::answer;
+use crate::shared::openai_error::error_json;
 use axum::body::Body;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, State};
@@ -88,7 +89,6 @@ use serde_json::{json, Value};
 use tokio::task::{JoinHandle, JoinSet};
 use tokio::time::Instant;
 use tower::ServiceExt as _;
-use tower_priority_limit::response::error_json;
 
 /// What every successful answer says by default (split into words for streams).
 pub const CONTENT: &str = "Hello from the mock upstream.";
