@@ -24,14 +24,14 @@
 #![deny(missing_docs)]
 
 pub mod api;
-mod chat;
+pub mod chat;
 mod concrete;
 pub mod config;
 mod deadline;
 pub mod endpoint;
 pub mod error;
 mod gateway;
-mod idle;
+pub mod idle;
 pub mod keys;
 pub mod logging;
 mod metrics;

@@ -1,13 +1,13 @@
 //! HTTP endpoints and the middleware in front of them.
 
 pub mod auth;
-pub(crate) mod body;
-pub(crate) mod chat;
-pub(crate) mod config;
-pub(crate) mod count_tokens;
-pub(crate) mod fields;
-pub(crate) mod health;
-pub(crate) mod keys;
-pub(crate) mod metrics;
-pub(crate) mod models;
-pub(crate) mod ui;
+pub mod body;
+pub mod chat;
+pub mod config;
+pub mod count_tokens;
+pub mod fields;
+pub mod health;
+pub mod keys;
+pub mod metrics;
+pub mod models;
+pub mod ui;
