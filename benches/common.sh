@@ -33,12 +33,12 @@ prod_key() {
     -d '{"metadata": {"priority": "prod"}}' | sed -E 's/.*"key":"([^"]+)".*/\1/'
 }
 
-# Builds the gateway's release binaries (not when GATEWAY_BIN names another build: the scripts
+# Builds the gateway's and mock-upstream's release binaries (not when GATEWAY_BIN names another build: the scripts
 # that take one run it, and this tree's mock-upstream, as they are); sets BIN (their directory)
 # and TMP (a scratch directory, removed at exit, when every background job of the script is
 # killed too).
 build_and_scratch() {
-  [ -n "${GATEWAY_BIN:-}" ] || cargo build --release -q -p gateway-example --bins
+  [ -n "${GATEWAY_BIN:-}" ] || cargo build --release -q -p gateway-example -p mock-upstream
   BIN=${CARGO_TARGET_DIR:-target}/release
   TMP=$(mktemp -d)
   trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$TMP"' EXIT

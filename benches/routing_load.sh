@@ -22,7 +22,7 @@ RPM=${2:-600}
 POLICIES=${POLICIES:-source ours}
 LOADS=${LOADS:-90 100 120}
 command -v oha >/dev/null || cargo install --locked oha
-cargo build --release -q -p gateway-example --bins
+cargo build --release -q -p gateway-example -p mock-upstream
 GW=target/release/gateway-example
 MOCK=target/release/mock-upstream
 TMP=$(mktemp -d)

@@ -25,7 +25,7 @@ RATE_JSON=${RATE_JSON:-150}
 RATE_STREAM=${RATE_STREAM:-150}
 RATE_ABANDON=${RATE_ABANDON:-40}
 command -v oha >/dev/null || cargo install --locked oha
-cargo build --release -q -p gateway-example --bins
+cargo build --release -q -p gateway-example -p mock-upstream
 TARGET=${CARGO_TARGET_DIR:-target}
 GW=$TARGET/release/gateway-example
 MOCK=$TARGET/release/mock-upstream

@@ -3,7 +3,8 @@
 use axum::body::Body;
 use axum::response::{IntoResponse, Response};
 use http::StatusCode;
-use tower_priority_limit::response::error_response;
+
+use crate::shared::openai_error::error_response;
 
 /// An error answered to the client.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -4,17 +4,18 @@
 //! product's shape, keys and teams, mock and real upstreams, and the priority limiter in front of
 //! every chat completion, embedding, completion, Responses API call and Anthropic message.
 //!
-//! The request path of a completion: [`api::chat::completions`] (who is calling and their
+//! The request path of a completion: `api::chat::completions` (who is calling and their
 //! priority, a 405 to any method but POST, the body read once and validated, the group picked)
 //! → [`routing::serve`] (admit the group on the limiter, choose a deployment, retry, fall back,
 //! meter the response) → the usage chunk removed when the client did not ask for it.
 //!
 //! Modules import downward only, each from those before it:
 //!
-//! `endpoint` (the endpoints and the formats deployments speak), `deadline` (time bounds that
-//! cost nothing until their future waits) ← `error`, `logging`, `signal`,
+//! `shared` (the limiter's YAML walker, bounded body read, OpenAI error shape and URL redaction,
+//! compiled from its source), `endpoint` (the endpoints and the formats deployments speak),
+//! `deadline` (time bounds that cost nothing until their future waits) ← `error`, `logging`, `signal`,
 //! `store`, `mock` (mock answers in every format) ← `strip`,
-//! `mock_upstream`, `record` (the request record: its settings, lines, file and writer) ← `config` ← `keys` ← `chat` (request types) ← `idle` (ending silent
+//! `record` (the request record: its settings, lines, file and writer) ← `config` ← `keys` ← `chat` (request types) ← `idle` (ending silent
 //! upstream bodies) ← `upstream` (real and mock deployments) ← `routing` (router, health, attempts, admission, serve) ← `metrics`
 //! (the Prometheus series), `reload` (reading the config file, what a reload may change) ← `gateway`
 //! ([`Gateway`] and its builder) ← `api` (axum handlers, auth) ← `server` (the accept loop,
@@ -24,22 +25,22 @@
 
 pub mod api;
 pub mod chat;
-pub mod concrete;
+mod concrete;
 pub mod config;
-pub mod deadline;
+mod deadline;
 pub mod endpoint;
 pub mod error;
 mod gateway;
 pub mod idle;
 pub mod keys;
 pub mod logging;
-pub mod metrics;
+mod metrics;
 pub mod mock;
-pub mod mock_upstream;
 pub mod record;
 pub mod reload;
 pub mod routing;
 pub mod server;
+mod shared;
 pub mod signal;
 pub mod store;
 pub mod strip;
@@ -79,7 +80,7 @@ pub fn app(gw: Arc<Gateway>) -> App {
 type TimedCompletions = Either<api::metrics::Track<Completions>, Completions>;
 
 /// The service [`app`] makes. The completion endpoints (every [`Endpoint`], with and without
-/// `/v1`), the hot path, go to [`api::chat::completions`] directly, every method (so another
+/// `/v1`), the hot path, go to `api::chat::completions` directly, every method (so another
 /// method than POST gets the gateway's 405, after the key check, before the body is read or
 /// anything is counted); everything else goes through an axum router. Routing a completion
 /// through the router cost about 10 allocations per request (its matched path and parameters
@@ -127,7 +128,7 @@ where
     }
 }
 
-/// [`api::chat::completions`] as a service.
+/// `api::chat::completions` as a service.
 #[derive(Clone, Debug)]
 pub struct Completions(Arc<Gateway>);
 

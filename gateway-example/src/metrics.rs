@@ -226,7 +226,7 @@ impl GatewayMetrics {
         if let Some(fallbacks) = count(crate::routing::ATTEMPTED_FALLBACKS).filter(|n| *n > 0) {
             http.fallbacks[model.0].inc_by(fallbacks);
         }
-        if let Some(who) = headers.get(tower_priority_limit::response::X_SOFT_BUDGET_PASSED) {
+        if let Some(who) = headers.get(tower_priority_limit::headers::X_SOFT_BUDGET_PASSED) {
             http.soft_budget[usize::from(who.as_bytes() == b"team")].inc();
         }
     }

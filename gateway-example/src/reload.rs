@@ -13,11 +13,11 @@
 use std::path::Path;
 
 use serde_json::Value;
-use tower_priority_limit::redact::redact_url;
 use tower_priority_limit::store::memory::same_layout;
 use tower_priority_limit::LimiterConfig;
 
 use crate::config::{Deployment, GatewayConfig};
+use crate::shared::redact::redact_url;
 
 /// Reads and validates the config file at `path`, starting without the refused keys `ignore`
 /// names (`--ignore-unsupported`): the config and the document it came from. The error is the

@@ -41,10 +41,14 @@ const ACCEPT_LOG_EVERY: Duration = Duration::from_secs(1);
 /// before their connections are dropped.
 pub const FORCE_CLOSE_AFTER: Duration = Duration::from_secs(1);
 
-/// A connection's instructions: serve; finish what is in flight, then close; close now.
-const SERVE: u8 = 0;
-const FINISH: u8 = 1;
-const CLOSE: u8 = 2;
+/// A connection's instruction, in the order they are given: serve; finish what is in flight,
+/// then close; close now. A later one includes the earlier (a connection waits for `>=`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Stop {
+    Serve,
+    Finish,
+    Close,
+}
 
 /// The connection limits [`serve`] applies.
 #[derive(Debug, Clone, Copy)]
@@ -90,7 +94,7 @@ pub async fn serve<S>(
         .max_connections
         .clamp(1, Semaphore::MAX_PERMITS.min(u32::MAX as usize));
     let slots = Arc::new(Semaphore::new(max));
-    let (stop_tx, stop_rx) = watch::channel(SERVE);
+    let (stop_tx, stop_rx) = watch::channel(Stop::Serve);
     let mut last_log: Option<Instant> = None;
     tokio::pin!(shutdown);
     loop {
@@ -128,25 +132,25 @@ pub async fn serve<S>(
         tokio::spawn(async move {
             let _permit = permit;
             // Heads and body chunks are small: copied into one buffer and written with one
-            // `write` they cost less than a `writev` of their pieces (benches/RESULTS.md).
+            // `write` they cost less than a `writev` of their pieces (benches/notes/proxy-path.md).
             let conn = http1::Builder::new()
                 .writev(false)
                 .timer(TokioTimer::new())
                 .header_read_timeout(header_read_timeout)
                 .serve_connection(TokioIo::new(stream), service);
             tokio::pin!(conn);
-            match UntilStop::new(conn.as_mut(), &mut stop, FINISH).await {
+            match UntilStop::new(conn.as_mut(), &mut stop, Stop::Finish).await {
                 Some(result) => return log_connection_end(result),
                 None => conn.as_mut().graceful_shutdown(),
             }
             // Else dropped, with the response it was sending (its lease settles on drop).
-            if let Some(result) = UntilStop::new(conn.as_mut(), &mut stop, CLOSE).await {
+            if let Some(result) = UntilStop::new(conn.as_mut(), &mut stop, Stop::Close).await {
                 log_connection_end(result);
             }
         });
     }
     drop(listener);
-    let _ = stop_tx.send(FINISH);
+    let _ = stop_tx.send(Stop::Finish);
     // Every connection holds a slot until it ends: all slots back means all connections ended.
     let all_closed = || slots.acquire_many(max as u32);
     if tokio::time::timeout(limits.shutdown_grace, all_closed())
@@ -166,7 +170,7 @@ pub async fn serve<S>(
         .await
         .is_err()
     {
-        let _ = stop_tx.send(CLOSE);
+        let _ = stop_tx.send(Stop::Close);
         let _ = all_closed().await;
     }
 }
@@ -183,15 +187,15 @@ pin_project! {
     struct UntilStop<'a, C> {
         #[pin]
         conn: C,
-        stop: &'a mut watch::Receiver<u8>,
-        at: u8,
+        stop: &'a mut watch::Receiver<Stop>,
+        at: Stop,
         // Resolves at the next change of the instruction; polled with the `Fired` waker.
         registration: Option<(Pin<Box<dyn Future<Output = ()> + Send>>, Arc<Fired>, Waker)>,
     }
 }
 
 impl<'a, C: Future> UntilStop<'a, C> {
-    fn new(conn: C, stop: &'a mut watch::Receiver<u8>, at: u8) -> Self {
+    fn new(conn: C, stop: &'a mut watch::Receiver<Stop>, at: Stop) -> Self {
         Self {
             conn,
             stop,
@@ -380,53 +384,53 @@ mod tests {
     async fn a_connection_runs_until_the_instruction_reaches_its_stage() {
         use std::future::poll_fn;
 
-        let (tx, mut rx) = watch::channel(SERVE);
+        let (tx, mut rx) = watch::channel(Stop::Serve);
         let mut polls = 0;
         let conn = poll_fn(|_| {
             polls += 1;
             Poll::<()>::Pending
         });
-        let mut until = std::pin::pin!(UntilStop::new(conn, &mut rx, CLOSE));
+        let mut until = std::pin::pin!(UntilStop::new(conn, &mut rx, Stop::Close));
         let waker = std::task::Waker::noop();
         let mut cx = Context::from_waker(waker);
         assert!(until.as_mut().poll(&mut cx).is_pending());
         assert!(until.registration.is_some(), "registered at the first wait");
         assert!(until.as_mut().poll(&mut cx).is_pending());
-        tx.send(FINISH).unwrap();
+        tx.send(Stop::Finish).unwrap();
         assert!(
             until.as_mut().poll(&mut cx).is_pending(),
-            "FINISH is not CLOSE"
+            "Finish is not Close"
         );
-        tx.send(CLOSE).unwrap();
+        tx.send(Stop::Close).unwrap();
         assert_eq!(until.as_mut().poll(&mut cx), Poll::Ready(None));
         assert_eq!(polls, 4);
 
         // An instruction already seen counts: both stages' sent before the first stage looked.
-        let (tx, mut rx) = watch::channel(SERVE);
-        tx.send(CLOSE).unwrap();
-        let first = UntilStop::new(std::future::pending::<()>(), &mut rx, FINISH).await;
-        let second = UntilStop::new(std::future::pending::<()>(), &mut rx, CLOSE);
+        let (tx, mut rx) = watch::channel(Stop::Serve);
+        tx.send(Stop::Close).unwrap();
+        let first = UntilStop::new(std::future::pending::<()>(), &mut rx, Stop::Finish).await;
+        let second = UntilStop::new(std::future::pending::<()>(), &mut rx, Stop::Close);
         let second = tokio::time::timeout(Duration::from_secs(10), second).await;
         assert_eq!((first, second), (None, Ok(None)));
 
-        let (tx, mut rx) = watch::channel(SERVE);
-        let done = UntilStop::new(std::future::ready(7), &mut rx, FINISH).await;
+        let (tx, mut rx) = watch::channel(Stop::Serve);
+        let done = UntilStop::new(std::future::ready(7), &mut rx, Stop::Finish).await;
         assert_eq!(done, Some(7));
-        let gone = UntilStop::new(std::future::pending::<()>(), &mut rx, FINISH);
+        let gone = UntilStop::new(std::future::pending::<()>(), &mut rx, Stop::Finish);
         drop(tx);
         assert_eq!(gone.await, None);
 
         // Woken by the watch: each change after the task went to sleep wakes it, the one
         // after a lower stage too.
-        let (tx, mut rx) = watch::channel(SERVE);
+        let (tx, mut rx) = watch::channel(Stop::Serve);
         let waiting = tokio::spawn(async move {
-            UntilStop::new(std::future::pending::<()>(), &mut rx, CLOSE).await
+            UntilStop::new(std::future::pending::<()>(), &mut rx, Stop::Close).await
         });
         tokio::task::yield_now().await;
-        tx.send(FINISH).unwrap();
+        tx.send(Stop::Finish).unwrap();
         tokio::task::yield_now().await;
         assert!(!waiting.is_finished());
-        tx.send(CLOSE).unwrap();
+        tx.send(Stop::Close).unwrap();
         let woken = tokio::time::timeout(Duration::from_secs(10), waiting).await;
         assert_eq!(woken.expect("woken by the change").unwrap(), None);
     }
@@ -438,7 +442,7 @@ mod tests {
     /// ended in a poll that had spent the budget, so the second registered unarmed.)
     #[tokio::test(start_paused = true)]
     async fn a_registration_made_without_budget_is_armed_at_the_next_poll() {
-        let (tx, mut rx) = watch::channel(FINISH);
+        let (tx, mut rx) = watch::channel(Stop::Finish);
         let mut spent = false;
         // A connection whose first poll spends the task's whole budget, as a busy one can.
         let conn = std::future::poll_fn(move |cx| {
@@ -451,15 +455,15 @@ mod tests {
             }
             Poll::<()>::Pending
         });
-        let waiting = tokio::spawn(async move { UntilStop::new(conn, &mut rx, CLOSE).await });
+        let waiting = tokio::spawn(async move { UntilStop::new(conn, &mut rx, Stop::Close).await });
         // Polled again (the watch asked for it), then left waiting.
         for _ in 0..10 {
             tokio::task::yield_now().await;
         }
         assert!(!waiting.is_finished());
-        tx.send(CLOSE).unwrap();
+        tx.send(Stop::Close).unwrap();
         let woken = tokio::time::timeout(Duration::from_secs(10), waiting).await;
-        assert_eq!(woken.expect("woken by CLOSE").unwrap(), None);
+        assert_eq!(woken.expect("woken by Stop::Close").unwrap(), None);
     }
 
     #[test]

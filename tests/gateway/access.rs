@@ -4,8 +4,8 @@
 //! under the same load (so each check can fail).
 
 use gateway_example::endpoint::Endpoint;
-use gateway_example::mock_upstream::{MockUpstream, MockUpstreamConfig};
 use integration_tests::gateway::{with_master, Gw, Reply, MASTER};
+use mock_upstream::{MockUpstream, MockUpstreamConfig};
 use serde_json::{json, Value};
 
 /// `cheap` (one request a minute) falls back to `dear`; both answer with `mock_response`.

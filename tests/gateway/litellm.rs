@@ -9,7 +9,14 @@ use gateway_example::config::GatewayConfig;
 use integration_tests::external::required;
 use integration_tests::gateway::{with_master, Gw, MASTER};
 use serde_json::Value;
-use tower_priority_limit::config::Node;
+use tower_priority_limit::config::ConfigError;
+
+/// The gateway's YAML walker, which is the limiter's: compiled here from the same file, as the
+/// gateway compiles it (it is no public API of either).
+#[path = "../../tower-priority-limit/src/config/node.rs"]
+#[allow(dead_code)]
+mod node;
+use node::Node;
 
 /// How many of `n` chats to `model` are served (then the rest are 429s, checked).
 async fn served_of(gw: &Gw, model: &str, n: usize) -> usize {

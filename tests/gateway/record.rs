@@ -5,9 +5,9 @@ use std::path::Path;
 use std::time::Duration;
 
 use gateway_example::config::GatewayConfig;
-use gateway_example::mock_upstream::{Latency, MockUpstream, MockUpstreamConfig};
 use gateway_example::record::{Outcome, RecordLine};
 use integration_tests::gateway::{Gw, TempDir, MASTER};
+use mock_upstream::{Latency, MockUpstream, MockUpstreamConfig};
 use serde_json::json;
 
 /// The lines of the record at `path` once there are `n` of them (the writer is a thread of its

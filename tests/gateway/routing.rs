@@ -2,14 +2,14 @@
 //! deployment before dispatch, failing and rate-limited upstreams are routed around and come back,
 //! strategies match their definitions, retries stay inside the budget, a stream is never retried
 //! once it started, and fallbacks answer for a group that cannot. Real sockets throughout: the
-//! gateway router and mock OpenAI upstreams (`gateway_example::mock_upstream`) on ephemeral ports.
+//! gateway router and mock OpenAI upstreams (`mock_upstream`) on ephemeral ports.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use gateway_example::mock_upstream::{Latency, MockUpstream, MockUpstreamConfig};
 use integration_tests::gateway::{Gw, Reply, MASTER};
+use mock_upstream::{Latency, MockUpstream, MockUpstreamConfig};
 
 fn mock(config: MockUpstreamConfig) -> MockUpstream {
     MockUpstream::start(config).expect("mock upstream")

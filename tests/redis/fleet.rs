@@ -126,7 +126,7 @@ async fn quick_start_across_three_gateways() {
 /// request that reached the upstream and the next one served use the shared RPM.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_no_deployment_takes_is_refunded_on_redis() {
-    use gateway_example::mock_upstream::{MockUpstream, MockUpstreamConfig};
+    use mock_upstream::{MockUpstream, MockUpstreamConfig};
     let Some(redis) = RedisServer::start("a_request_no_deployment_takes_is_refunded_on_redis")
     else {
         return;

@@ -81,9 +81,6 @@
 //!
 //! - `tokio` (default): `clock::TokioClock`, which follows tokio's pausable clock.
 //! - `redis`: `store::RedisStore`.
-//! - `gateway-helpers`: what an OpenAI-compatible gateway shares with this crate (the YAML walker
-//!   whose errors name the path, a bounded body read, the OpenAI error shape, `redact::redact_url`
-//!   for URLs in logs). A tower user needs none of it.
 //! - `prometheus`: `metrics::PrometheusMetrics`, the limiter's Prometheus series (through
 //!   `prometheus-client`). Without it, [`metrics::Observer`] is still there for any other
 //!   exporter.
@@ -117,13 +114,8 @@ mod lease;
 mod limiter;
 mod options;
 mod queue;
-#[cfg(feature = "gateway-helpers")]
-pub mod redact;
-#[cfg(all(feature = "redis", not(feature = "gateway-helpers")))]
+#[cfg(feature = "redis")]
 mod redact;
-#[cfg(feature = "gateway-helpers")]
-pub mod response;
-#[cfg(not(feature = "gateway-helpers"))]
 mod response;
 mod service;
 mod throttle;
@@ -135,7 +127,8 @@ pub use layer::PriorityLimitLayer;
 pub use lease::Lease;
 pub use limiter::{Acquired, AdmissionOutcome, Limiter, RequestAdmission, WaitRequest, Waited};
 pub use options::UnknownModel;
-pub use response::{X_PRIORITY_LIMIT_MAX_WAIT, X_PRIORITY_LIMIT_QUEUED_MS};
+pub use response::headers;
+pub use response::headers::{X_PRIORITY_LIMIT_MAX_WAIT, X_PRIORITY_LIMIT_QUEUED_MS};
 pub use service::PriorityLimit;
 
 /// The README's example compiles and runs as a doctest.

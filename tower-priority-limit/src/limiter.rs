@@ -510,7 +510,7 @@ impl<St: Store> Limiter<St> {
         );
         if let Some(kind) = lease.soft_budget_passed() {
             parts.headers.insert(
-                crate::response::X_SOFT_BUDGET_PASSED,
+                crate::response::headers::X_SOFT_BUDGET_PASSED,
                 http::HeaderValue::from_static(kind.as_str()),
             );
         }

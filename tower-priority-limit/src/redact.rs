@@ -1,6 +1,6 @@
 //! [`redact_url`]: a URL with its secrets replaced by `***`, for logs and error messages. Used
-//! by the Redis store's targets; public with the `gateway-helpers` feature, for a gateway's
-//! upstream URLs.
+//! by the Redis store's targets, and by the gateway for its upstream URLs: it compiles this file
+//! as its own module (`#[path]`), so it imports nothing of this crate.
 
 /// Query parameters whose values are secrets (compared without regard to case).
 const SECRET_PARAMS: &[&str] = &[

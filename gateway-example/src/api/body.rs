@@ -2,10 +2,10 @@
 
 use http::Request;
 use http::StatusCode;
-use tower_priority_limit::model::read_body;
 
 use crate::error::ApiError;
 use crate::gateway::Gateway;
+use crate::shared::bounded::read_body;
 
 /// Reads a request's whole body, bounded in size (`max_request_size_mb`: 413) and in time
 /// (`request_body_timeout_seconds`: a body that trickles, or never ends, is answered 408). Chat

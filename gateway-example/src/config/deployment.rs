@@ -3,9 +3,10 @@
 use std::time::Duration;
 
 use tower_priority_limit::caller::Prices;
-use tower_priority_limit::config::{ConfigError, Node};
-
+use tower_priority_limit::config::ConfigError;
 use upstream_client::{Tls, TlsError, Verify};
+
+use crate::shared::node::Node;
 
 use super::{
     seconds, Api, Azure, Deployment, ProxySetting, Target, UpstreamConnections, ANTHROPIC_API_BASE,
@@ -126,8 +127,8 @@ pub(super) fn deployment(
         }
     };
     // Read as the limiter reads the group's: wherever LiteLLM reads them.
-    let rpm = tower_priority_limit::config::deployment_limit(item, "rpm")?;
-    let tpm = tower_priority_limit::config::deployment_limit(item, "tpm")?;
+    let rpm = crate::shared::node::deployment_limit(item, "rpm")?;
+    let tpm = crate::shared::node::deployment_limit(item, "tpm")?;
     let prices = Prices {
         input: price(item, "input_cost_per_token")?,
         output: price(item, "output_cost_per_token")?,

@@ -10,10 +10,11 @@
 use std::time::Duration;
 
 use serde_json::Value;
-use tower_priority_limit::config::{ConfigError, Node};
+use tower_priority_limit::config::ConfigError;
 use tower_priority_limit::LimiterConfig;
 
 use crate::record::RecordSettings;
+use crate::shared::node::Node;
 
 pub use crate::endpoint::Api;
 
@@ -127,10 +128,7 @@ impl std::fmt::Debug for Target {
                 .debug_struct("Upstream")
                 .field("api", api)
                 .field("azure", azure)
-                .field(
-                    "api_base",
-                    &tower_priority_limit::redact::redact_url(api_base),
-                )
+                .field("api_base", &crate::shared::redact::redact_url(api_base))
                 .field("api_key", &api_key.as_ref().map(|_| "***"))
                 .finish(),
         }
@@ -293,7 +291,7 @@ impl DatabaseUrl {
 
     /// The URL with its password (and a `password=` parameter) hidden, for logs and errors.
     pub fn redacted(&self) -> String {
-        tower_priority_limit::redact::redact_url(&self.0)
+        crate::shared::redact::redact_url(&self.0)
     }
 }
 

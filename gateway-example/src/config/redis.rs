@@ -1,7 +1,9 @@
 //! Where Redis is: `router_settings.redis_*`, else the `REDIS_*` environment.
 
 use serde_json::Value;
-use tower_priority_limit::config::{ConfigError, Node};
+use tower_priority_limit::config::ConfigError;
+
+use crate::shared::node::Node;
 
 use super::{RedisTarget, DEFAULT_REDIS_KEY_PREFIX, DEFAULT_REDIS_PORT};
 

@@ -3,7 +3,9 @@
 
 use std::time::Duration;
 
-use tower_priority_limit::config::{ConfigError, Node};
+use tower_priority_limit::config::ConfigError;
+
+use crate::shared::node::Node;
 
 /// Default `num_retries` (as the source product).
 pub const DEFAULT_NUM_RETRIES: u32 = 2;

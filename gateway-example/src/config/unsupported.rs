@@ -5,7 +5,9 @@
 //! refusal into a warning.
 
 use serde_json::Value;
-use tower_priority_limit::config::{ConfigError, Node};
+use tower_priority_limit::config::ConfigError;
+
+use crate::shared::node::Node;
 
 /// A mapping of the config whose keys are checked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

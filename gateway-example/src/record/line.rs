@@ -4,7 +4,7 @@
 use http::{HeaderMap, StatusCode};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
-use tower_priority_limit::response::{
+use tower_priority_limit::headers::{
     X_PRIORITY_LIMIT_QUEUED_MS, X_REFUSED_BY, X_SHADOW_REFUSED_BY,
 };
 

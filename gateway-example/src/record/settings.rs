@@ -2,7 +2,9 @@
 
 use std::path::PathBuf;
 
-use tower_priority_limit::config::{ConfigError, Node};
+use tower_priority_limit::config::ConfigError;
+
+use crate::shared::node::Node;
 
 /// Default `general_settings.record.max_file_mb`: the file is rotated once it reaches this size.
 pub const DEFAULT_MAX_FILE_MB: f64 = 100.0;

@@ -11,8 +11,8 @@ use rand::{RngExt, SeedableRng};
 use tower_priority_limit::caller::Prices;
 use tower_priority_limit::config::PoolRef;
 use tower_priority_limit::decision::{Admitted, Refused};
+use tower_priority_limit::headers::X_SHADOW_REFUSED_BY;
 use tower_priority_limit::metrics::{OutcomeLabel, RefusedBy};
-use tower_priority_limit::response::X_SHADOW_REFUSED_BY;
 use tower_priority_limit::{Lease, Limiter};
 
 use super::admission::{admit, charge, store_failure, Admission};

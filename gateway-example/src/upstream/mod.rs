@@ -28,12 +28,12 @@ use http::header::{
 use http::{HeaderMap, HeaderValue, Method, Request, StatusCode};
 use http_body_util::{BodyExt, Limited};
 use serde_json::Value;
-use tower_priority_limit::redact::redact_url;
 
 use crate::chat::ChatRequest;
 use crate::config::{Api, Deployment, ProxySetting, Target};
 use crate::error::ApiError;
 use crate::idle::IdleBody;
+use crate::shared::redact::redact_url;
 use crate::signal::{streams_end, StreamsEnd};
 
 use http::HeaderName;

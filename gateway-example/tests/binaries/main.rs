@@ -1,6 +1,5 @@
-//! The tests that run the package's own binaries (`gateway-example`, `mock-upstream`), with the
-//! in-process mock deployment next to its binary. They stay in this package, as one test binary,
-//! because Cargo builds a package's binaries for, and gives their paths
+//! The tests that run the package's own binary (`gateway-example`). They stay in this package,
+//! as one test binary, because Cargo builds a package's binaries for, and gives their paths
 //! (`CARGO_BIN_EXE_<name>`) to, that package's integration tests only. The in-process gateway
 //! tests are in the workspace's `tests/gateway/`. `postgres` runs three gateway processes on one
 //! real Postgres and one real `redis-server`; `key_limits` three on one `redis-server`.
@@ -8,7 +7,6 @@
 mod gateway;
 mod key_limits;
 mod keys;
-mod mock_upstream;
 mod postgres;
 
 // The rig's Postgres and Redis starters: the very files of `tests/src` (this package cannot depend

@@ -23,11 +23,7 @@ pub use self::builder::LimiterConfigBuilder;
 pub use self::compile::check_name;
 use self::compile::{pool_limits, window_ms};
 pub use self::error::ConfigError;
-#[cfg(feature = "gateway-helpers")]
-pub use self::node::{resolve_env, yaml11_number, Node, ENV_PREFIX};
 use self::yaml::parse_document;
-#[cfg(feature = "gateway-helpers")]
-pub use self::yaml::{deployment_limit, LIMIT_PLACES};
 
 type FastHash = foldhash::fast::RandomState;
 

@@ -1,6 +1,7 @@
 //! The YAML walker: a value with its path, so every error names where it is. The limiter's own
-//! config is read through it; with the `gateway-helpers` feature it is public, for programs that read
-//! more of the same file (the gateway reads its deployments and router settings with it).
+//! config is read through it, and the gateway's: it compiles this file as its own module
+//! (`#[path]`), so the walker is one source and no public API. Hence the only imports here are
+//! other crates' and the parent's `ConfigError`.
 
 use serde_json::Value;
 
@@ -311,6 +312,48 @@ fn yaml11_float(text: &str) -> Option<f64> {
         cleaned.parse::<f64>().ok()?
     };
     Some(signed(negative, v))
+}
+
+/// The places of a `model_list` entry LiteLLM reads its `rpm` and `tpm` from, in the order it
+/// reads them: the entry itself (`load_balancer.yaml`'s form), `litellm_params`, `model_info`.
+pub const LIMIT_PLACES: [Option<&str>; 3] = [None, Some("litellm_params"), Some("model_info")];
+
+/// The `key` limit (`rpm` or `tpm`, a whole number > 0) of the `model_list` entry `item`,
+/// wherever LiteLLM reads it ([`LIMIT_PLACES`]). Written in several places with one value, it is
+/// that value; with different values the entry is refused, naming both paths: LiteLLM would take
+/// the first and leave the other unread, which is seldom what its author meant.
+pub fn deployment_limit(item: &Node<'_>, key: &str) -> Result<Option<u64>, ConfigError> {
+    let mut found: Option<(u64, String)> = None;
+    for place in LIMIT_PLACES {
+        let holder = match place {
+            None => Some(*item),
+            Some(field) => item.get(field)?,
+        };
+        let Some(holder) = holder else { continue };
+        let Some(node) = holder.get(key)? else {
+            continue;
+        };
+        let value = positive(&node)?;
+        match &found {
+            Some((first, path)) if *first != value => {
+                return Err(node.error(format!(
+                    "{value} disagrees with {path}: {first} (LiteLLM reads {key} from the entry, \
+                     litellm_params and model_info, the first it finds; write it once)"
+                )))
+            }
+            Some(_) => {}
+            None => found = Some((value, node.path())),
+        }
+    }
+    Ok(found.map(|(value, _)| value))
+}
+
+pub(super) fn positive(node: &Node<'_>) -> Result<u64, ConfigError> {
+    let v = node.count()?;
+    if v == 0 {
+        return Err(node.error("must be > 0"));
+    }
+    Ok(v)
 }
 
 pub(super) fn kind(v: &Value) -> &'static str {

@@ -8,7 +8,7 @@ use serde_json::Value;
 
 use super::builder::{ModelEntry, Origin};
 use super::compile::check_unit;
-use super::node::{kind, Node};
+use super::node::{deployment_limit, kind, positive, Node};
 use super::{
     ConfigError, Enforcement, FailureMode, LimiterConfig, LimiterConfigBuilder, QueueSettings,
     Reservation, TokenAccounting, WindowKind,
@@ -180,48 +180,6 @@ fn queue(node: &Node<'_>) -> Result<QueueSettings, ConfigError> {
         return Err(node.error("missing max_queued"));
     }
     Ok(queue)
-}
-
-/// The places of a `model_list` entry LiteLLM reads its `rpm` and `tpm` from, in the order it
-/// reads them: the entry itself (`load_balancer.yaml`'s form), `litellm_params`, `model_info`.
-pub const LIMIT_PLACES: [Option<&str>; 3] = [None, Some("litellm_params"), Some("model_info")];
-
-/// The `key` limit (`rpm` or `tpm`, a whole number > 0) of the `model_list` entry `item`,
-/// wherever LiteLLM reads it ([`LIMIT_PLACES`]). Written in several places with one value, it is
-/// that value; with different values the entry is refused, naming both paths: LiteLLM would take
-/// the first and leave the other unread, which is seldom what its author meant.
-pub fn deployment_limit(item: &Node<'_>, key: &str) -> Result<Option<u64>, ConfigError> {
-    let mut found: Option<(u64, String)> = None;
-    for place in LIMIT_PLACES {
-        let holder = match place {
-            None => Some(*item),
-            Some(field) => item.get(field)?,
-        };
-        let Some(holder) = holder else { continue };
-        let Some(node) = holder.get(key)? else {
-            continue;
-        };
-        let value = positive(&node)?;
-        match &found {
-            Some((first, path)) if *first != value => {
-                return Err(node.error(format!(
-                    "{value} disagrees with {path}: {first} (LiteLLM reads {key} from the entry, \
-                     litellm_params and model_info, the first it finds; write it once)"
-                )))
-            }
-            Some(_) => {}
-            None => found = Some((value, node.path())),
-        }
-    }
-    Ok(found.map(|(value, _)| value))
-}
-
-fn positive(node: &Node<'_>) -> Result<u64, ConfigError> {
-    let v = node.count()?;
-    if v == 0 {
-        return Err(node.error("must be > 0"));
-    }
-    Ok(v)
 }
 
 fn enforcement(node: &Node<'_>) -> Result<Enforcement, ConfigError> {

@@ -2,12 +2,13 @@
 //! the same OpenAI shape, and the rate-limit headers on admitted responses (`admitted.rs`).
 
 mod admitted;
-mod headers;
+pub mod headers;
+mod openai_error;
 
 use std::fmt::Write as _;
 
 use bytes::Bytes;
-use http::header::{HeaderValue, CONTENT_TYPE, RETRY_AFTER};
+use http::header::{HeaderValue, RETRY_AFTER};
 use http::{HeaderMap, Response, StatusCode};
 
 use crate::config::{FailureMode, ModelLimits};
@@ -17,14 +18,11 @@ use crate::throttle::LogThrottle;
 
 pub(crate) use admitted::AdmittedHeaders;
 pub(crate) use headers::{explain_refusal, insert_queued_header, priority_value};
-// Public with `gateway-helpers`; without it the crate itself uses only a few.
-#[cfg_attr(not(feature = "gateway-helpers"), allow(unused_imports))]
-pub use headers::{
-    RATE_LIMIT_TYPE, X_LITELLM_PRIORITY, X_LITELLM_SATURATION, X_POOL_RESERVED_REQUESTS,
-    X_POOL_RESERVED_TOKENS, X_POOL_USED_REQUESTS, X_POOL_USED_TOKENS, X_PRIORITY_LIMIT_MAX_WAIT,
-    X_PRIORITY_LIMIT_QUEUED_MS, X_REFUSED_BY, X_REFUSED_LIMIT, X_REFUSED_USED, X_SATURATION,
-    X_SHADOW_REFUSED_BY, X_SOFT_BUDGET_PASSED,
+use headers::{
+    RATE_LIMIT_TYPE, X_LITELLM_PRIORITY, X_LITELLM_SATURATION, X_PRIORITY_LIMIT_MAX_WAIT,
+    X_REFUSED_BY,
 };
+pub(crate) use openai_error::error_response;
 
 /// A request's `x-priority-limit-max-wait` that is not seconds ≥ 0.
 #[derive(Debug, Clone, Copy)]
@@ -56,36 +54,6 @@ pub(crate) fn requested_max_wait(
         .and_then(|secs| std::time::Duration::try_from_secs_f64(secs).ok())
         .map(Some)
         .ok_or(BadMaxWait)
-}
-
-/// `{"error": {"message", "type", "param", "code"}}` as bytes, laid out exactly as the source
-/// product writes it (Python's `json.dumps` spacing), so byte-for-byte checks pass.
-pub fn error_json(message: &str, kind: &str, param: Option<&str>, code: &str) -> Bytes {
-    // Serializing a string cannot fail; `to_string` escapes it.
-    let quote = |s: &str| serde_json::to_string(s).unwrap_or_default();
-    let param = param.map_or_else(|| "null".to_owned(), quote);
-    Bytes::from(format!(
-        r#"{{"error": {{"message": {}, "type": {}, "param": {param}, "code": {}}}}}"#,
-        quote(message),
-        quote(kind),
-        quote(code)
-    ))
-}
-
-/// An error response in the OpenAI shape; `code` is the status as a string, as the source does.
-pub fn error_response(
-    status: StatusCode,
-    kind: &str,
-    message: &str,
-    param: Option<&str>,
-) -> Response<Bytes> {
-    let body = error_json(message, kind, param, status.as_str());
-    let mut response = Response::new(body);
-    *response.status_mut() = status;
-    response
-        .headers_mut()
-        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-    response
 }
 
 fn limit_or_missing(out: &mut String, limit: Option<u64>) {
@@ -244,6 +212,7 @@ fn log_slot() -> Option<u64> {
 
 #[cfg(test)]
 mod tests {
+    use super::openai_error::error_json;
     use super::*;
     use crate::config::{LimiterConfig, Reservation};
     use crate::decision::Dimension;

@@ -1,7 +1,7 @@
 //! A mock LLM deployment: `POST /v1/chat/completions`, `/v1/embeddings`, `/v1/completions`,
 //! `/v1/responses` and Anthropic's `/v1/messages` (each also without `/v1`), with a
 //! requests-per-minute limit, latency and injected failures, counting what it saw. It answers
-//! each endpoint in its own format (see [`crate::mock`]), so one mock serves as an OpenAI
+//! each endpoint in its own format (see [`gateway_example::mock`]), so one mock serves as an OpenAI
 //! deployment (`api_base: http://…/v1`) and as an Anthropic one (`anthropic/` model, same
 //! `api_base`).
 //!
@@ -19,7 +19,7 @@
 //!
 //! ```sh
 //! # four deployments of 600 requests/min each, ~140 ms exponential latency, 1% failures
-//! cargo run --release -p gateway-example --bin mock-upstream -- \
+//! cargo run --release -p mock-upstream -- \
 //!     --ports 9001,9002,9003,9004 --rpm 600 --latency exp --latency-ms 140 --failure-rate 0.01
 //! # prints one URL per deployment (http://127.0.0.1:9001/v1 ...); SIGINT/SIGTERM stop it.
 //! curl -s localhost:9001/stats
@@ -30,7 +30,7 @@
 //! ```no_run
 //! # async fn demo() -> std::io::Result<()> {
 //! use std::time::Duration;
-//! use gateway_example::mock_upstream::{Latency, MockUpstream, MockUpstreamConfig};
+//! use mock_upstream::{Latency, MockUpstream, MockUpstreamConfig};
 //!
 //! let deployment = MockUpstream::start(MockUpstreamConfig {
 //!     rpm: Some(3),
@@ -56,12 +56,14 @@
 //!    `rate_limit_exceeded` body; a refused request does not use up the window.
 //! 3. The latency is slept before the response head.
 //! 4. With probability `failure_rate` the answer is `failure_status` with an OpenAI error body.
-//! 5. Otherwise the answer of [`crate::mock`] in the endpoint's format: 10 prompt + 20 completion
+//! 5. Otherwise the answer of [`gateway_example::mock`] in the endpoint's format: 10 prompt + 20 completion
 //!    tokens (embeddings: 10 prompt tokens), as JSON or as a real SSE stream.
 //!
 //! Randomness (failures, latency) comes from RNGs seeded with `seed`: the n-th request a
 //! deployment handles draws the same numbers on every run, so sequential tests are repeatable.
 //! Time is monotonic only (tokio's `Instant`), so windows hold when the wall clock jumps.
+
+#![deny(missing_docs)]
 
 use std::convert::Infallible;
 use std::net::{Ipv4Addr, SocketAddr};
@@ -69,8 +71,6 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use crate::endpoint::Endpoint;
-use crate::mock::answer;
 use axum::body::Body;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, State};
@@ -88,7 +88,16 @@ use serde_json::{json, Value};
 use tokio::task::{JoinHandle, JoinSet};
 use tokio::time::Instant;
 use tower::ServiceExt as _;
-use tower_priority_limit::response::error_json;
+
+use gateway_example::endpoint::Endpoint;
+use gateway_example::mock::answer;
+
+/// The OpenAI error shape, from the limiter's own file (as the gateway compiles it: no public API
+/// of either), so the mock's errors are laid out byte for byte as the gateway's.
+#[path = "../../tower-priority-limit/src/response/openai_error.rs"]
+#[allow(dead_code)] // `error_response` too; the mock builds its responses itself.
+mod openai_error;
+use openai_error::error_json;
 
 /// What every successful answer says by default (split into words for streams).
 pub const CONTENT: &str = "Hello from the mock upstream.";

@@ -8,15 +8,15 @@
 //! Each port is an independent deployment (own window, counters and random stream) with the same
 //! settings; one URL per line is printed to stdout once all of them listen. `GET /stats` on a port
 //! reads its counters; on SIGINT/SIGTERM the final counters go to stderr and the process exits 0.
-//! See `gateway_example::mock_upstream` for what a deployment does.
+//! See `mock_upstream` for what a deployment does.
 
 use std::io::Write as _;
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
-use gateway_example::mock_upstream::{Latency, MockUpstream, MockUpstreamConfig};
 use gateway_example::signal::shutdown_signal;
+use mock_upstream::{Latency, MockUpstream, MockUpstreamConfig};
 
 /// Mock LLM deployments (`POST /v1/chat/completions`, `/v1/embeddings`, `/v1/completions`,
 /// `/v1/responses` and Anthropic's `/v1/messages`, each in its own format; `GET /v1/models`,
@@ -175,7 +175,7 @@ async fn run(args: Args) -> Result<(), String> {
             event_gap: Duration::from_millis(args.stream_event_gap_ms),
             content: match args.stream_chunks {
                 Some(n) => "word ".repeat(n),
-                None => gateway_example::mock_upstream::CONTENT.to_owned(),
+                None => mock_upstream::CONTENT.to_owned(),
             },
         };
         let addr = SocketAddr::new(args.host, port);

@@ -10,12 +10,10 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use gateway_example::mock_upstream::{
-    Latency, MockUpstream, MockUpstreamConfig, MockUpstreamStats,
-};
 use http::{HeaderMap, Request, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
+use mock_upstream::{Latency, MockUpstream, MockUpstreamConfig, MockUpstreamStats};
 use serde_json::{json, Value};
 
 const BIN: &str = env!("CARGO_BIN_EXE_mock-upstream");
@@ -263,7 +261,7 @@ async fn a_stream_ends_with_done_and_carries_usage_only_when_asked() {
         .iter()
         .filter_map(|e| e["choices"][0]["delta"]["content"].as_str())
         .collect();
-    assert_eq!(content, gateway_example::mock_upstream::CONTENT);
+    assert_eq!(content, mock_upstream::CONTENT);
 
     let without = send(
         &c,
