@@ -70,6 +70,8 @@ impl SpendBook {
         config: &LimiterConfig,
     ) -> Result<Self, KeyStoreError> {
         let path = data_dir.join(SPEND_FILE);
+        std::fs::create_dir_all(data_dir)
+            .map_err(|e| KeyStoreError::Io(format!("creating {}: {e}", data_dir.display())))?;
         let io = |e: rusqlite::Error| KeyStoreError::Io(format!("{}: {e}", path.display()));
         let conn = Connection::open(&path).map_err(io)?;
         conn.execute_batch("PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL;")

@@ -215,7 +215,18 @@ async fn a_full_disk_is_a_5xx_without_the_path_and_loses_no_key() {
     );
     let leftovers: Vec<String> = files(&dir.join("data"))
         .into_iter()
-        .filter(|f| !["keys.db", "keys.db-wal", "keys.db-shm"].contains(&f.as_str()))
+        .filter(|f| {
+            // The key database, and the spend database (keys::spend) beside it.
+            ![
+                "keys.db",
+                "keys.db-wal",
+                "keys.db-shm",
+                "spend.db",
+                "spend.db-wal",
+                "spend.db-shm",
+            ]
+            .contains(&f.as_str())
+        })
         .collect();
     assert!(leftovers.is_empty(), "left behind: {leftovers:?}");
     kill(&mut child, "-KILL");

@@ -4,6 +4,7 @@
 //! tests are in the workspace's `tests/gateway/`. `postgres` runs three gateway processes on one
 //! real Postgres and one real `redis-server`; `key_limits` three on one `redis-server`.
 
+mod budgets;
 mod gateway;
 mod key_limits;
 mod keys;
