@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use integration_tests::gateway::{
-    all_at_once, stream_body, with_master, Gw, Reply, TempDir, MASTER,
+    all_at_once, served_within_budget, stream_body, with_master, Gw, Reply, TempDir, MASTER,
 };
 use integration_tests::upstream::Upstream;
 use serde_json::{json, Value};
@@ -218,17 +218,7 @@ async fn under_reserve_concurrent_streams_overspend_a_budget_by_less_than_one_an
         let max = 20.0 * COST;
         let key = gw.new_key(json!({"max_budget": max})).await;
         let replies = all_at_once(&gw, &up, 200, &key, stream_body(20)).await;
-        let mut served = 0;
-        for r in &replies {
-            match r.status.as_u16() {
-                200 => {
-                    assert!(r.text().contains("[DONE]"), "{}", r.text());
-                    served += 1;
-                }
-                400 => assert_eq!(refused_by(r), "key_budget", "{}", r.text()),
-                other => panic!("{other}: {}", r.text()),
-            }
-        }
+        let served = 0 + served_within_budget(&replies);
         let spend = key_info(&gw, &key).await["spend"].as_f64().unwrap();
         assert!(close(spend, served as f64 * COST), "{spend} for {served}");
         match expected {

@@ -272,6 +272,30 @@ pub fn stream_body(max_tokens: u64) -> serde_json::Value {
                          "content": "Write a short greeting for the new members of our reading club."}]})
 }
 
+/// How many of `replies` were served (whole streams), checking every other one is a spent key
+/// budget's 400 (`x-priority-limit-refused-by: key_budget`).
+pub fn served_within_budget(replies: &[Reply]) -> usize {
+    let mut served = 0;
+    for r in replies {
+        match r.status.as_u16() {
+            200 => {
+                assert!(r.text().contains("[DONE]"), "a whole stream: {}", r.text());
+                served += 1;
+            }
+            400 => assert_eq!(
+                r.headers
+                    .get("x-priority-limit-refused-by")
+                    .and_then(|v| v.to_str().ok()),
+                Some("key_budget"),
+                "{}",
+                r.text()
+            ),
+            other => panic!("unexpected {other}: {}", r.text()),
+        }
+    }
+    served
+}
+
 /// How many of `replies` were served, checking every other one is the limiter's 429.
 pub fn served_streams(replies: &[Reply]) -> usize {
     let mut served = 0;
