@@ -218,7 +218,7 @@ async fn under_reserve_concurrent_streams_overspend_a_budget_by_less_than_one_an
         let max = 20.0 * COST;
         let key = gw.new_key(json!({"max_budget": max})).await;
         let replies = all_at_once(&gw, &up, 200, &key, stream_body(20)).await;
-        let served = 0 + served_within_budget(&replies);
+        let served = served_within_budget(&replies);
         let spend = key_info(&gw, &key).await["spend"].as_f64().unwrap();
         assert!(close(spend, served as f64 * COST), "{spend} for {served}");
         match expected {
