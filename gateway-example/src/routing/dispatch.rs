@@ -7,10 +7,25 @@ use std::time::Duration;
 
 use axum::response::Response;
 use rand::rngs::SmallRng;
+use rand::{RngExt, SeedableRng};
 
 use crate::chat::{mock_answer, ChatRequest};
 use crate::config::{Deployment, Target};
 use crate::upstream::{Upstream, UpstreamFailure};
+
+thread_local! {
+    /// Per-thread randomness for routing: no lock on the request path. Seeded from the OS.
+    static RNG: std::cell::RefCell<SmallRng> = std::cell::RefCell::new({
+        let mut seed = [0u8; 8];
+        let _ = getrandom::fill(&mut seed);
+        SmallRng::seed_from_u64(u64::from_le_bytes(seed))
+    });
+}
+
+/// A routing stream of its own for one request, from the thread's.
+fn fresh_rng() -> SmallRng {
+    RNG.with(|r| SmallRng::seed_from_u64(r.borrow_mut().random()))
+}
 
 /// One attempt's call: an answer to pass on, or why there is none.
 pub trait Dispatch: Sync {
@@ -29,7 +44,7 @@ pub trait Dispatch: Sync {
     /// stream of its own from the thread's, seeded by the OS; a replay seeds it, so the same
     /// record replays the same way.
     fn rng(&self) -> SmallRng {
-        super::serve::fresh_rng()
+        fresh_rng()
     }
 }
 

@@ -6,8 +6,6 @@ use std::time::Duration;
 use axum::body::Body;
 use axum::response::{IntoResponse, Response};
 use http::{HeaderName, HeaderValue, StatusCode};
-use rand::rngs::SmallRng;
-use rand::{RngExt, SeedableRng};
 use tower_priority_limit::caller::Prices;
 use tower_priority_limit::config::PoolRef;
 use tower_priority_limit::decision::{Admitted, Refused};
@@ -34,20 +32,6 @@ pub const ATTEMPTED_RETRIES: HeaderName = HeaderName::from_static("x-litellm-att
 /// Header with the number of fallback groups tried.
 pub const ATTEMPTED_FALLBACKS: HeaderName =
     HeaderName::from_static("x-litellm-attempted-fallbacks");
-
-thread_local! {
-    /// Per-thread randomness for routing: no lock on the request path. Seeded from the OS.
-    static RNG: std::cell::RefCell<SmallRng> = std::cell::RefCell::new({
-        let mut seed = [0u8; 8];
-        let _ = getrandom::fill(&mut seed);
-        SmallRng::seed_from_u64(u64::from_le_bytes(seed))
-    });
-}
-
-/// A routing stream of its own for one request, from the thread's.
-pub(super) fn fresh_rng() -> SmallRng {
-    RNG.with(|r| SmallRng::seed_from_u64(r.borrow_mut().random()))
-}
 
 /// Serves a chat request of priority `priority`: admits its group on `limiter` (`None`: the
 /// limiter is off), chooses a deployment of it, has `upstream` make each attempt
