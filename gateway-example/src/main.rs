@@ -163,7 +163,8 @@ async fn run(args: Args) -> Result<(), String> {
     );
     let gateway = Arc::new(gateway);
     let app = app(gateway.clone());
-    tracing::info!("listening on http://{local}");
+    // Listened for before "listening on" (what scripts and tests wait for), so none is lost.
+    let shutdown = shutdown_signal();
     let limits = gateway_example::server::ServerLimits::from_config(&gateway.config());
     // SIGHUP: read the config file again, as `POST /config/reload` does.
     tokio::spawn(gateway_example::signal::on_hangup({
@@ -183,6 +184,7 @@ async fn run(args: Args) -> Result<(), String> {
             }
         }
     }));
+    tracing::info!("listening on http://{local}");
     gateway_example::server::warn_if_file_limit_is_low(limits.max_connections);
     // SIGINT or SIGTERM: stop accepting, let in-flight requests and streams finish for up to
     // the grace period, then end them.
@@ -192,7 +194,7 @@ async fn run(args: Args) -> Result<(), String> {
         app,
         limits,
         async {
-            shutdown_signal().await;
+            shutdown.await;
             tracing::info!(
                 "shutting down: in-flight requests have {:.1} s to finish",
                 grace.as_secs_f64()

@@ -1,48 +1,63 @@
 //! Shutdown signals, shared by the gateway and the mock upstream binaries, and the one that ends
 //! the streams still running when the shutdown grace period is over.
 
-/// Resolves on SIGINT (Ctrl-C) or, on Unix, SIGTERM.
-pub async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
-    #[cfg(unix)]
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    #[cfg(not(unix))]
-    let terminate = std::future::pending::<()>();
-    tokio::select! {
-        () = ctrl_c => {},
-        () = terminate => {},
-    }
-}
-
-/// Runs `on_signal` at every SIGHUP, for as long as the process lives (on other platforms,
-/// never).
-pub async fn on_hangup<F, Fut>(on_signal: F)
-where
-    F: Fn() -> Fut,
-    Fut: std::future::Future<Output = ()>,
-{
+/// Listens for SIGINT (Ctrl-C) and, on Unix, SIGTERM from the moment it is called, and returns
+/// what resolves at the first of them. Called before the process says it is ready: a signal
+/// sent in between would otherwise be lost (tokio sees only signals after it listens).
+pub fn shutdown_signal() -> impl std::future::Future<Output = ()> + Send {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{signal, SignalKind};
-        let Ok(mut hangups) = signal(SignalKind::hangup()) else {
-            tracing::warn!("cannot listen for SIGHUP: reload with POST /config/reload");
-            return;
-        };
-        while hangups.recv().await.is_some() {
-            on_signal().await;
+        let mut terminate = signal(SignalKind::terminate()).ok();
+        let mut interrupt = signal(SignalKind::interrupt()).ok();
+        async move {
+            tokio::select! {
+                () = next(&mut terminate) => {},
+                () = next(&mut interrupt) => {},
+            }
         }
     }
     #[cfg(not(unix))]
-    let _ = on_signal;
+    async {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+/// The next delivery of `signal`; never if it could not be listened for.
+#[cfg(unix)]
+async fn next(signal: &mut Option<tokio::signal::unix::Signal>) {
+    match signal {
+        Some(s) => {
+            s.recv().await;
+        }
+        None => std::future::pending().await,
+    }
+}
+
+/// Listens for SIGHUP from the moment it is called (so one sent before the returned future runs
+/// is not lost, nor does it end the process), and returns what runs `on_signal` at every SIGHUP
+/// for as long as the process lives (on other platforms, never).
+pub fn on_hangup<F, Fut>(on_signal: F) -> impl std::future::Future<Output = ()> + Send
+where
+    F: Fn() -> Fut + Send,
+    Fut: std::future::Future<Output = ()> + Send,
+{
+    #[cfg(unix)]
+    let hangups = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup());
+    async move {
+        #[cfg(unix)]
+        {
+            let Ok(mut hangups) = hangups else {
+                tracing::warn!("cannot listen for SIGHUP: reload with POST /config/reload");
+                return;
+            };
+            while hangups.recv().await.is_some() {
+                on_signal().await;
+            }
+        }
+        #[cfg(not(unix))]
+        let _ = on_signal;
+    }
 }
 
 /// Ends every upstream stream still running when the shutdown grace period is over (see

@@ -183,6 +183,8 @@ async fn run(args: Args) -> Result<(), String> {
             .map_err(|e| format!("listening on {addr}: {e}"))?;
         deployments.push(deployment);
     }
+    // Listened for before the lines below (what scripts wait for), so no signal is lost.
+    let shutdown = shutdown_signal();
     // Printed only once every port listens, so a script may start sending after the last line.
     let mut out = std::io::stdout().lock();
     for d in &deployments {
@@ -193,7 +195,7 @@ async fn run(args: Args) -> Result<(), String> {
 
     // SIGINT or SIGTERM. Dropping the deployments afterwards cuts open connections: a mock has
     // no work worth finishing.
-    shutdown_signal().await;
+    shutdown.await;
     for d in &deployments {
         let s = d.stats();
         eprintln!(
