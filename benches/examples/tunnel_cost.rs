@@ -11,65 +11,22 @@
 //! tunnel FRESH=1|0 N=…` runs one kind only, for `valgrind --tool=callgrind` (the difference of
 //! two runs over the difference of their N).
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http_body_util::BodyExt;
+use integration_tests::https::{ok_server, provider};
 use integration_tests::pki::Pki;
 use integration_tests::tinyproxy::Tinyproxy;
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use upstream_client::{Client, Proxies};
 
-fn provider() -> Arc<rustls::crypto::CryptoProvider> {
-    Arc::new(rustls::crypto::ring::default_provider())
-}
-
-/// An https server answering `ok` to every request on every kept connection.
+/// The TLS server, its certificate signed by `pki`'s CA.
 async fn serve(pki: &Pki) -> std::net::SocketAddr {
     let cert = CertificateDer::from_pem_file(&pki.server_cert).expect("server cert");
     let key = PrivateKeyDer::from_pem_file(&pki.server_key).expect("server key");
-    let server = rustls::ServerConfig::builder_with_provider(provider())
-        .with_safe_default_protocol_versions()
-        .expect("protocols")
-        .with_no_client_auth()
-        .with_single_cert(vec![cert], key)
-        .expect("server config");
-    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(server));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    tokio::spawn(async move {
-        while let Ok((tcp, _)) = listener.accept().await {
-            // As a provider's server: without it, Nagle and delayed ACKs add 40 ms to a handshake.
-            let _ = tcp.set_nodelay(true);
-            let acceptor = acceptor.clone();
-            tokio::spawn(async move {
-                let Ok(mut tls) = acceptor.accept(tcp).await else {
-                    return;
-                };
-                let mut got = Vec::new();
-                let mut buf = [0u8; 2048];
-                loop {
-                    while !got.windows(4).any(|w| w == b"\r\n\r\n") {
-                        match tls.read(&mut buf).await {
-                            Ok(0) | Err(_) => return,
-                            Ok(n) => got.extend_from_slice(&buf[..n]),
-                        }
-                    }
-                    got.clear();
-                    let answer = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
-                    if tls.write_all(answer).await.is_err() {
-                        return;
-                    }
-                }
-            });
-        }
-    });
-    addr
+    ok_server(cert, key).await.0
 }
 
 /// Which way a request goes.

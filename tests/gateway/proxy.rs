@@ -12,7 +12,6 @@ use integration_tests::external::available;
 use integration_tests::gateway::{with_master, Gw, MASTER};
 use integration_tests::tinyproxy::Tinyproxy;
 use integration_tests::upstream::Upstream;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use upstream_client::{Client, ClientError, Proxies};
 
 #[tokio::test]
@@ -94,48 +93,12 @@ model_list:
     );
 }
 
-/// An https server with a certificate the test's client alone trusts, answering `ok` on one
+/// An https server with a certificate the test's client alone trusts, answering `ok` on every
 /// kept connection; returns its address, the client's TLS config and how many connections it
 /// accepted.
 async fn https_upstream() -> (std::net::SocketAddr, rustls::ClientConfig, Arc<AtomicUsize>) {
     let (cert, key) = crate::tls::certificate();
-    let server = rustls::ServerConfig::builder_with_provider(crate::tls::provider())
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_no_client_auth()
-        .with_single_cert(vec![cert.clone()], key)
-        .unwrap();
-    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(server));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let accepted = Arc::new(AtomicUsize::new(0));
-    let counter = Arc::clone(&accepted);
-    tokio::spawn(async move {
-        loop {
-            let (tcp, _) = listener.accept().await.unwrap();
-            counter.fetch_add(1, Ordering::SeqCst);
-            let acceptor = acceptor.clone();
-            tokio::spawn(async move {
-                let Ok(mut tls) = acceptor.accept(tcp).await else {
-                    return;
-                };
-                let mut got = Vec::new();
-                let mut buf = [0u8; 1024];
-                loop {
-                    while !got.windows(4).any(|w| w == b"\r\n\r\n") {
-                        match tls.read(&mut buf).await {
-                            Ok(0) | Err(_) => return,
-                            Ok(n) => got.extend_from_slice(&buf[..n]),
-                        }
-                    }
-                    got.clear();
-                    tls.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
-                        .await
-                        .unwrap();
-                }
-            });
-        }
-    });
+    let (addr, accepted) = integration_tests::https::ok_server(cert.clone(), key).await;
     let mut roots = rustls::RootCertStore::empty();
     roots.add(cert).unwrap();
     let tls = rustls::ClientConfig::builder_with_provider(crate::tls::provider())

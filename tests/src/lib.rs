@@ -26,6 +26,7 @@ pub mod enforcement;
 pub mod external;
 pub mod gateway;
 pub mod http;
+pub mod https;
 pub mod keys;
 pub mod nginx;
 pub mod pki;
