@@ -7,9 +7,7 @@
 //!
 //! Wall time per request, the fastest of interleaved batches (a busy machine only slows a batch),
 //! and this process's CPU time per request (client and TLS server: the server's work is the same
-//! either way, so the difference is the client's, tinyproxy's own work excluded). `ONLY=direct|
-//! tunnel FRESH=1|0 N=…` runs one kind only, for `valgrind --tool=callgrind` (the difference of
-//! two runs over the difference of their N).
+//! either way, so the difference is the client's, tinyproxy's own work excluded).
 
 use std::time::{Duration, Instant};
 
@@ -125,13 +123,6 @@ fn main() {
             tls,
             proxy_port: proxy.port,
         };
-        if let Ok(only) = std::env::var("ONLY") {
-            let way = if only == "tunnel" { Way::Tunnel } else { Way::Direct };
-            let fresh = std::env::var("FRESH").is_ok_and(|v| v == "1");
-            let n = std::env::var("N").ok().and_then(|v| v.parse().ok()).unwrap_or(1000);
-            rig.batch(way, fresh, n).await;
-            return;
-        }
         println!("| connection | way | wall per request (fastest batch) | CPU per request (this process) |");
         println!("|---|---|---|---|");
         for (fresh, n, rounds) in [(true, 50, 20), (false, 500, 20)] {

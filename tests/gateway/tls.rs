@@ -50,9 +50,7 @@ pub(crate) fn certificate() -> (CertificateDer<'static>, PrivateKeyDer<'static>)
     pair
 }
 
-pub(crate) fn provider() -> Arc<rustls::crypto::CryptoProvider> {
-    Arc::new(rustls::crypto::ring::default_provider())
-}
+pub(crate) use integration_tests::https::provider;
 
 /// Reads one request head (these requests have no body).
 async fn read_head<S: tokio::io::AsyncRead + Unpin>(stream: &mut S) -> bool {
