@@ -287,3 +287,18 @@ async fn shadow_enforcement_reports_a_key_limit_and_serves() {
         "key_requests"
     );
 }
+
+/// A key's or a team's own `enforcement: shadow` (issue 37) on the embedded store: its limits
+/// and budgets are counted and named, never refusing, while the other caller's and the model's
+/// are enforced ([`integration_tests::caller_shadow`]); the field survives a restart (SQLite).
+#[tokio::test]
+async fn a_key_or_team_in_shadow_counts_and_reports_its_own_limits_only() {
+    let dir = integration_tests::gateway::TempDir::new();
+    let yaml = integration_tests::caller_shadow::config(None);
+    let gw = Gw::start(&yaml, Some(&dir.0)).await;
+    let key = integration_tests::caller_shadow::callers_in_shadow(&[&gw]).await;
+    gw.stop();
+    let gw = Gw::start(&yaml, Some(&dir.0)).await;
+    let info = integration_tests::caller_shadow::info(&gw, &format!("/key/info?key={key}")).await;
+    assert_eq!(info["enforcement"], "shadow", "{info}");
+}

@@ -228,3 +228,19 @@ async fn parallel_slots_hold_across_the_fleet_and_never_leak() {
     }
     no_failures(&gateways);
 }
+
+/// A key's or a team's own `enforcement: shadow` (issue 37) on three gateways sharing one
+/// `redis-server`: requests spread over the fleet, the caller's limits and budgets counted and
+/// named, never refusing, the other caller's and the model's enforced
+/// ([`integration_tests::caller_shadow`]).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_or_team_in_shadow_counts_and_reports_its_own_limits_on_a_fleet() {
+    let Some(redis) = RedisServer::start("a_key_or_team_in_shadow_on_a_fleet") else {
+        return;
+    };
+    let yaml = integration_tests::caller_shadow::config(Some(&redis.url()));
+    let (gateways, _dirs) = fleet(&yaml).await;
+    let all: Vec<&Gw> = gateways.iter().map(|g| &**g).collect();
+    integration_tests::caller_shadow::callers_in_shadow(&all).await;
+    no_failures(&gateways);
+}

@@ -14,6 +14,7 @@
 //!   unless `REQUIRE_REDIS`/`REQUIRE_PROMETHEUS`/`REQUIRE_CHROMIUM=1`;
 //! - [`pki`]: a certificate authority made by `openssl`, with server and client certificates;
 //! - [`http`]: the one HTTP call the rigs make;
+//! - [`caller_shadow`]: a key's and a team's `enforcement: shadow`, one scenario for both stores;
 //! - [`keys`]: a key/team table with priorities and a priority extractor over it, standing in
 //!   for an auth layer.
 //!
@@ -21,6 +22,7 @@
 #![warn(missing_docs)]
 
 pub mod app;
+pub mod caller_shadow;
 pub mod chromium;
 pub mod enforcement;
 pub mod external;

@@ -330,6 +330,8 @@ pub struct Caller {
     kind: CallerKind,
     id: Arc<str>,
     limits: CallerLimits,
+    /// Its limits are tried, not enforced (a key's or team's `enforcement: shadow`).
+    shadow: bool,
 }
 
 impl Caller {
@@ -339,7 +341,21 @@ impl Caller {
             kind,
             id: id.into(),
             limits,
+            shadow: false,
         }
+    }
+
+    /// The same caller in shadow when `shadow`: its limits and budgets are counted and a
+    /// request they refuse is reported (the admission's shadow refusal) but served. Its own
+    /// only: the model's limits, and the other caller's, are enforced as they are configured.
+    pub fn in_shadow(mut self, shadow: bool) -> Self {
+        self.shadow = shadow;
+        self
+    }
+
+    /// Whether its limits are only tried ([`in_shadow`](Self::in_shadow)).
+    pub fn is_shadow(&self) -> bool {
+        self.shadow
     }
 
     /// Key or team.
@@ -365,6 +381,7 @@ impl fmt::Debug for Caller {
             .field("kind", &self.kind)
             .field("id", &self.id)
             .field("limits", &self.limits)
+            .field("shadow", &self.shadow)
             .finish()
     }
 }

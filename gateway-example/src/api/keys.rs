@@ -19,6 +19,7 @@ use crate::keys::{
     TeamRecord,
 };
 use tower_priority_limit::caller::CallerKind;
+use tower_priority_limit::config::Enforcement;
 
 /// Parses a JSON object body (an empty body is an empty object).
 pub fn json_object(body: &Bytes) -> Result<Map<String, Value>, ApiError> {
@@ -138,6 +139,20 @@ fn limits(gw: &Gateway, body: &Map<String, Value>, current: &Limits) -> Result<L
         }
     }
     budgets(gw, body, &mut out, &groups)?;
+    match body.get("enforcement") {
+        None => {}
+        Some(Value::Null) => out.enforcement = Enforcement::Enforce,
+        Some(v) => {
+            out.enforcement = v.as_str().and_then(Enforcement::from_name).ok_or_else(|| {
+                ApiError::bad_request(format!(
+                    "'enforcement' must be one of {} (or null: enforce), not {v}; nothing \
+                         was changed.",
+                    Enforcement::NAMES
+                ))
+                .param("enforcement")
+            })?
+        }
+    }
     if !out.is_empty() && *current != out {
         limits_enforced(gw)?;
     }
@@ -565,6 +580,7 @@ fn with_limits(value: &mut Value, limits: &Limits) {
     out.insert("soft_budget".into(), json!(limits.soft_budget));
     out.insert("budget_duration".into(), json!(limits.budget_duration));
     out.insert("model_max_budget".into(), json!(limits.model_max_budget));
+    out.insert("enforcement".into(), json!(limits.enforcement.as_str()));
 }
 
 /// `value` with what the caller has spent in its budgets' current periods (LiteLLM's `spend`,

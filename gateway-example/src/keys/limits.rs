@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 use tower_priority_limit::caller::{Budget, Caller, CallerKind, CallerLimits, NanoUsd};
+use tower_priority_limit::config::Enforcement;
 
 use super::expiry::budget_period;
 
@@ -48,6 +49,39 @@ pub struct Limits {
     /// Dollars per period, per model group (LiteLLM's `model_max_budget`).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub model_max_budget: BTreeMap<String, ModelBudget>,
+    /// Whether these limits refuse (`enforce`, the default) or are only tried (`shadow`):
+    /// counted and reported, never refusing. These limits' own: not the model's, nor the team's
+    /// of a key (nor a key's of a team).
+    #[serde(
+        default,
+        skip_serializing_if = "is_enforced",
+        with = "enforcement_name"
+    )]
+    pub enforcement: Enforcement,
+}
+
+fn is_enforced(e: &Enforcement) -> bool {
+    *e == Enforcement::Enforce
+}
+
+/// `enforcement` as stored: its config spelling (records written before it read as enforced).
+mod enforcement_name {
+    use serde::{Deserialize, Deserializer, Serializer};
+    use tower_priority_limit::config::Enforcement;
+
+    pub fn serialize<S: Serializer>(e: &Enforcement, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(e.as_str())
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Enforcement, D::Error> {
+        let name = String::deserialize(d)?;
+        Enforcement::from_name(&name).ok_or_else(|| {
+            serde::de::Error::custom(format!(
+                "unknown enforcement {name:?}, expected {}",
+                Enforcement::NAMES
+            ))
+        })
+    }
 }
 
 /// One model's budget (`model_max_budget: {"gpt-4o": {"budget_limit": 1.5, "time_period":
@@ -77,7 +111,7 @@ fn in_period(budget: Budget, anchor: u64, duration: Option<&str>, now_ms: u64) -
 
 impl Limits {
     /// The fields, as the endpoints take them.
-    pub const FIELDS: [&'static str; 10] = [
+    pub const FIELDS: [&'static str; 11] = [
         "rpm_limit",
         "tpm_limit",
         "tpd_limit",
@@ -88,6 +122,7 @@ impl Limits {
         "soft_budget",
         "budget_duration",
         "model_max_budget",
+        "enforcement",
     ];
 
     /// Whether none is set.
@@ -161,8 +196,9 @@ pub(crate) fn caller(
     model: &str,
     now_ms: u64,
 ) -> Option<Caller> {
+    let shadow = limits.enforcement == Enforcement::Shadow;
     let limits = limits.for_model(model, now_ms);
-    (!limits.is_empty()).then(|| Caller::new(kind, id, limits))
+    (!limits.is_empty()).then(|| Caller::new(kind, id, limits).in_shadow(shadow))
 }
 
 #[cfg(test)]

@@ -104,6 +104,16 @@ pub enum Enforcement {
 }
 
 impl Enforcement {
+    /// Its spellings, as errors list them.
+    pub const NAMES: &'static str = "enforce|shadow";
+
+    /// The enforcement spelt `name` ([`as_str`](Self::as_str)).
+    pub fn from_name(name: &str) -> Option<Self> {
+        [Enforcement::Enforce, Enforcement::Shadow]
+            .into_iter()
+            .find(|e| e.as_str() == name)
+    }
+
     /// The config spelling: `enforce` or `shadow`.
     pub fn as_str(self) -> &'static str {
         match self {

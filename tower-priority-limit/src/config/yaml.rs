@@ -183,13 +183,13 @@ fn queue(node: &Node<'_>) -> Result<QueueSettings, ConfigError> {
 }
 
 fn enforcement(node: &Node<'_>) -> Result<Enforcement, ConfigError> {
-    match node.string()?.as_str() {
-        "enforce" => Ok(Enforcement::Enforce),
-        "shadow" => Ok(Enforcement::Shadow),
-        other => Err(node.error(format!(
-            "unknown enforcement \"{other}\", expected enforce|shadow"
-        ))),
-    }
+    let name = node.string()?;
+    Enforcement::from_name(&name).ok_or_else(|| {
+        node.error(format!(
+            "unknown enforcement \"{name}\", expected {}",
+            Enforcement::NAMES
+        ))
+    })
 }
 
 fn unit(node: &Node<'_>) -> Result<f64, ConfigError> {

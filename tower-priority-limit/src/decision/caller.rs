@@ -421,7 +421,8 @@ pub fn soft_budget_passed(limits: &CallerLimits, view: &CallerView<'_, impl Wind
 
 /// The callers' check for one request on `model` reserving `reserve` tokens on their counters
 /// ([`Callers::reservation`]): the key's limits, then the team's (`counters` by place, as
-/// [`Callers::get`]). The first refusal, if any.
+/// [`Callers::get`]). `Err` with the first refusal of a caller that enforces; else `Ok` with the
+/// first refusal of a caller in shadow ([`Caller::in_shadow`]), if any, to report.
 pub fn check_callers<W: Window>(
     callers: &Callers,
     counters: [Option<&CallerCounters<W>>; 2],
@@ -430,38 +431,44 @@ pub fn check_callers<W: Window>(
     saturation: f64,
     now: Millis,
     window: Millis,
-) -> Result<(), Refused> {
+) -> Result<Option<Refused>, Refused> {
     let empty = W::default();
+    let mut shadow = None;
     for (place, counters) in counters.iter().enumerate() {
         let (Some(caller), Some(counters)) = (callers.get(place), counters) else {
             continue;
         };
         let view = counters.view(model, &empty);
         if let Some(refused) = check_caller(caller, &view, reserve, saturation, now, window) {
-            return Err(refused);
+            if !caller.is_shadow() {
+                return Err(refused);
+            }
+            shadow = shadow.or(Some(refused));
         }
     }
-    Ok(())
+    Ok(shadow)
 }
 
 /// The decision for a request with callers, one rule for both stores: their check (`checked`,
-/// [`check_callers`]) comes first; a refusal refuses, or under `shadow` enforcement is the
-/// refusal the admission reports; then the model's and pool's decision (`decide_model`).
+/// [`check_callers`]) comes first; a refusal refuses, or under the model's `shadow` enforcement
+/// is the refusal the admission reports; then the model's and pool's decision (`decide_model`),
+/// which a caller in shadow does not change (its refusal is reported on the admission).
 pub fn decide_with_callers(
-    checked: Result<(), Refused>,
+    checked: Result<Option<Refused>, Refused>,
     enforcement: Enforcement,
     decide_model: impl FnOnce() -> Decision,
 ) -> Decision {
-    match checked {
-        Err(refused) if enforcement == Enforcement::Enforce => Decision::Refuse(refused),
-        checked => {
-            let mut decision = decide_model();
-            if let (Decision::Admit(admitted), Err(refused)) = (&mut decision, checked) {
-                admitted.shadow = Some(refused);
-            }
-            decision
-        }
+    let shadow = match checked {
+        Err(refused) if enforcement == Enforcement::Enforce => return Decision::Refuse(refused),
+        Err(refused) => Some(refused),
+        Ok(shadow) => shadow,
+    };
+    let mut decision = decide_model();
+    if let (Decision::Admit(admitted), Some(refused)) = (&mut decision, shadow) {
+        // The callers are checked first: theirs is the refusal named.
+        admitted.shadow = Some(refused);
     }
+    decision
 }
 
 /// Counts an admitted request on its callers' counters (by place) and says where: `reserved`
@@ -518,7 +525,7 @@ pub fn admit_budgets<W: Window>(
 mod tests {
     use super::*;
     use crate::caller::{CallerKind, CallerLimits};
-    use crate::decision::{FixedWindow, SlidingWindow};
+    use crate::decision::{Admitted, FixedWindow, SlidingWindow};
     use proptest::prelude::*;
     use std::sync::Arc;
 
@@ -687,6 +694,75 @@ mod tests {
         );
         // An admission that still names the old period counts in the newer one.
         assert_eq!(c.budget.committed(1_000), 30);
+    }
+
+    /// A caller in shadow has its limits counted and reported, never enforced; the other
+    /// caller's and the model's refusals stay real, and the model's own shadow covers callers.
+    #[test]
+    fn a_caller_in_shadow_reports_its_refusal_and_leaves_the_others_enforced() {
+        let admitted = Admitted {
+            saturation: 0.0,
+            strict: false,
+            model: Usage::default(),
+            pool: None,
+            model_resets_in: 0,
+            pool_resets_in: 0,
+            reserved: 0,
+            model_window: 0,
+            pool_window: 0,
+            shadow: None,
+        };
+        let model_refusal = Refused {
+            scope: Scope::Model,
+            dimension: Dimension::Requests,
+            limit: 9,
+            used: 9,
+            saturation: 1.0,
+            retry_after_ms: 1,
+            pool: None,
+        };
+        let callers = Callers::new(
+            Some(key(CallerLimits::new().rpm(1)).in_shadow(true)),
+            Some(Caller::new(
+                CallerKind::Team,
+                "t",
+                CallerLimits::new().rpm(3),
+            )),
+        )
+        .unwrap();
+        let (mut k, mut t) = (
+            CallerCounters::<FixedWindow>::default(),
+            CallerCounters::<FixedWindow>::default(),
+        );
+        let mut outcomes = Vec::new();
+        for _ in 0..4 {
+            let checked = check_callers(&callers, [Some(&k), Some(&t)], M, 0, 0.0, 0, W);
+            let decision = decide_with_callers(checked.clone(), Enforcement::Enforce, || {
+                Decision::Admit(admitted)
+            });
+            match decision {
+                Decision::Admit(a) => {
+                    outcomes.push(Ok(a.shadow.map(|r| r.scope)));
+                    admit_callers(&callers, [Some(&mut k), Some(&mut t)], M, 0, 0, 0, W);
+                }
+                Decision::Refuse(r) => outcomes.push(Err(r.scope)),
+            }
+            // The model's refusal is enforced whatever the shadow key says (the team's comes
+            // first); under the model's own shadow, the team's refusal is reported too.
+            let first = checked.clone().err().map_or(Scope::Model, |r| r.scope);
+            let refused = decide_with_callers(checked.clone(), Enforcement::Enforce, || {
+                Decision::Refuse(model_refusal)
+            });
+            assert!(matches!(refused, Decision::Refuse(r) if r.scope == first));
+            let model_shadow =
+                decide_with_callers(checked, Enforcement::Shadow, || Decision::Admit(admitted));
+            assert!(matches!(model_shadow, Decision::Admit(_)));
+        }
+        let key_over = Ok(Some(Scope::Caller(CallerKind::Key, CallerLimit::Requests)));
+        let team_over = Err(Scope::Caller(CallerKind::Team, CallerLimit::Requests));
+        // Served while the team has room (the key named), then refused by the team.
+        assert_eq!(outcomes, [Ok(None), key_over, key_over, team_over]);
+        assert_eq!(k.window.usage(0, W).requests, 3, "the key in shadow counts");
     }
 
     #[test]

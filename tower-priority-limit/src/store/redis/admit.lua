@@ -23,8 +23,9 @@
 --          this admission's parallel slot id and how long a slot is held at most (ms), the
 --          model's field prefix in their hashes, the cost (nano-dollars) they reserve on their
 --          budgets; then per caller its max_parallel, rpm, tpm, tpd, model rpm, model tpm,
---          budget, budget period, model budget, model budget period (-1 = none), and its hash's
---          TTL in ms (-1: kept for good, for a budget that never resets). Budgets are fields
+--          budget, budget period, model budget, model budget period (-1 = none), its hash's
+--          TTL in ms (-1: kept for good, for a budget that never resets) and 1 when it is in
+--          shadow (its limits are counted, never refuse: the Rust side reports them), else 0. Budgets are fields
 --          $p, $s, $r (the period's start, spent, reserved) and <model prefix>$p/$s/$r.
 --          KEYS[2 + 2i] is caller i's hash (pairs
 --          "win:" window, "day:" day, then the model's prefix; fields as the model's), KEYS[3 + 2i] its sorted set of
@@ -169,7 +170,7 @@ if nc > 0 then
   for i = 0, nc - 1 do
     local hk, zk = KEYS[2 + 2 * i], KEYS[3 + 2 * i]
     local lim = {}
-    for j = 0, 10 do lim[j] = tonumber(ARGV[cb + 9 + 11 * i + j]) end
+    for j = 0, 11 do lim[j] = tonumber(ARGV[cb + 9 + 12 * i + j]) end
     local pairs_at = {{'win:', window, slot_ms}, {'day:', day, day_slot}, {mp, window, slot_ms}}
     -- Only the pairs a limit reads are read and counted (`CallerPair::of`).
     local has = {lim[1] >= 0 or lim[2] >= 0, lim[3] >= 0, lim[4] >= 0 or lim[5] >= 0}
@@ -219,7 +220,7 @@ if nc > 0 then
       c.parallel = redis.call('ZCARD', zk)
     end
     callers[i] = c
-    if not caller_refused then
+    if not caller_refused and lim[11] ~= 1 then
       local w, d, mm = c.pairs[1], c.pairs[2], c.pairs[3]
       caller_refused = (lim[0] >= 0 and c.parallel + 1 > lim[0])
         or over_by(lim[1], lim[2], w, creserve) or over_by(-1, lim[3], d, creserve)

@@ -981,7 +981,8 @@ impl Inner {
                 ] {
                     cmd.arg(limit(v));
                 }
-                cmd.arg(caller_hash_ttl(settings.window_kind, l));
+                cmd.arg(caller_hash_ttl(settings.window_kind, l))
+                    .arg(u8::from(c.is_shadow()));
             }
             self.flow_args(cmd, request.model, flow);
         });
