@@ -737,9 +737,8 @@ mod tests {
         let mut outcomes = Vec::new();
         for _ in 0..4 {
             let checked = check_callers(&callers, [Some(&k), Some(&t)], M, 0, 0.0, 0, W);
-            let decision = decide_with_callers(checked.clone(), Enforcement::Enforce, || {
-                Decision::Admit(admitted)
-            });
+            let decision =
+                decide_with_callers(checked, Enforcement::Enforce, || Decision::Admit(admitted));
             match decision {
                 Decision::Admit(a) => {
                     outcomes.push(Ok(a.shadow.map(|r| r.scope)));
@@ -749,8 +748,8 @@ mod tests {
             }
             // The model's refusal is enforced whatever the shadow key says (the team's comes
             // first); under the model's own shadow, the team's refusal is reported too.
-            let first = checked.clone().err().map_or(Scope::Model, |r| r.scope);
-            let refused = decide_with_callers(checked.clone(), Enforcement::Enforce, || {
+            let first = checked.err().map_or(Scope::Model, |r| r.scope);
+            let refused = decide_with_callers(checked, Enforcement::Enforce, || {
                 Decision::Refuse(model_refusal)
             });
             assert!(matches!(refused, Decision::Refuse(r) if r.scope == first));
