@@ -56,7 +56,7 @@ pub struct ChatRequest {
 impl ChatRequest {
     /// The body parsed whole: for what reads all of it (`mock_response`'s answers, a body the
     /// upstream edit cannot change in place); the request path reads only the members it needs
-    /// ([`crate::api::fields`]).
+    /// (`api::fields`).
     pub fn body(&self) -> Result<Value, serde_json::Error> {
         serde_json::from_slice(&self.raw)
     }

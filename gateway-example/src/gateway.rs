@@ -422,7 +422,7 @@ impl Gateway {
         self.master_key_hash.as_deref()
     }
 
-    /// Reads the config file again and applies it (see [`crate::reload`] for what a reload may
+    /// Reads the config file again and applies it (see `reload.rs` for what a reload may
     /// change): the limits apply to the next request, the current windows' counters are kept,
     /// requests in flight go on. An invalid file, or one that changes what needs a restart, is
     /// refused with the error the gateway would start with, and the running config stays.

@@ -23,28 +23,28 @@
 
 #![deny(missing_docs)]
 
-pub mod api;
-pub mod chat;
+mod api;
+mod chat;
 mod concrete;
 pub mod config;
 mod deadline;
-pub mod endpoint;
-pub mod error;
+mod endpoint;
+mod error;
 mod gateway;
-pub mod idle;
+mod idle;
 pub mod keys;
 pub mod logging;
 mod metrics;
 pub mod mock;
 pub mod record;
-pub mod reload;
+mod reload;
 pub mod routing;
 pub mod server;
 mod shared;
 pub mod signal;
-pub mod store;
-pub mod strip;
-pub mod upstream;
+mod store;
+mod strip;
+mod upstream;
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -59,7 +59,15 @@ use futures_util::future;
 use tower::util::Either;
 use tower::ServiceBuilder;
 
+pub use crate::api::auth::api_key;
+pub use crate::chat::ChatRequest;
+pub use crate::endpoint::Endpoint;
+pub use crate::error::ApiError;
 pub use crate::gateway::{Gateway, GatewayBuilder};
+pub use crate::reload::load_file;
+pub use crate::store::GatewayStore;
+pub use crate::strip::StripUsage;
+pub use crate::upstream::UpstreamFailure;
 
 /// The gateway's HTTP service: every route, each timed for `gateway_request_duration_seconds`
 /// unless `general_settings.metrics: false`.

@@ -119,8 +119,7 @@ async fn import_litellm(args: ImportArgs) -> Result<(), String> {
 
 async fn run(args: Args) -> Result<(), String> {
     // The same reading and error as a reload's (`SIGHUP`, `POST /config/reload`).
-    let (config, document) =
-        gateway_example::reload::load_file(&args.config, &args.ignore_unsupported)?;
+    let (config, document) = gateway_example::load_file(&args.config, &args.ignore_unsupported)?;
     if config.master_key.is_none() {
         tracing::warn!(
             "no general_settings.master_key: the gateway is open to anyone who can reach it"

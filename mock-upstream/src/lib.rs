@@ -89,8 +89,8 @@ use tokio::task::{JoinHandle, JoinSet};
 use tokio::time::Instant;
 use tower::ServiceExt as _;
 
-use gateway_example::endpoint::Endpoint;
 use gateway_example::mock::answer;
+use gateway_example::Endpoint;
 
 /// The OpenAI error shape, from the limiter's own file (as the gateway compiles it: no public API
 /// of either), so the mock's errors are laid out byte for byte as the gateway's.

@@ -12,7 +12,7 @@
 //! `stream_options.include_usage` did not ask for it (chat and completions streams end
 //! `data: [DONE]`).
 //!
-//! And `gateway_example::strip::StripUsage` (which takes the usage chunk out of streams whose
+//! And `gateway_example::StripUsage` (which takes the usage chunk out of streams whose
 //! client did not ask for it) on mutated SSE streams: no panic, the same output however the
 //! stream is split into frames, no byte added, and a stream without `"usage"` passes unchanged.
 
@@ -21,7 +21,7 @@ use std::sync::Arc;
 use axum::body::Body;
 use bytes::Bytes;
 use gateway_example::config::GatewayConfig;
-use gateway_example::endpoint::Endpoint;
+use gateway_example::Endpoint;
 use gateway_example::{app, Gateway};
 use http::{Request, StatusCode};
 use http_body_util::BodyExt as _;
@@ -179,7 +179,7 @@ fn gateway_chat_body() {
 #[test]
 fn strip_usage() {
     use futures_util::FutureExt as _;
-    use gateway_example::strip::StripUsage;
+    use gateway_example::StripUsage;
     use http_body::Frame;
     use http_body_util::StreamBody;
 

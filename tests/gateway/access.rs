@@ -3,7 +3,7 @@
 //! fails, on every endpoint, streamed or not. A caller that may use the fallback is served by it
 //! under the same load (so each check can fail).
 
-use gateway_example::endpoint::Endpoint;
+use gateway_example::Endpoint;
 use integration_tests::gateway::{with_master, Gw, Reply, MASTER};
 use mock_upstream::{MockUpstream, MockUpstreamConfig};
 use serde_json::{json, Value};

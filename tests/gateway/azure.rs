@@ -11,7 +11,7 @@ use axum::extract::State;
 use axum::http::{HeaderMap, Response, StatusCode, Uri};
 use axum::Router;
 use gateway_example::config::GatewayConfig;
-use gateway_example::endpoint::Endpoint;
+use gateway_example::Endpoint;
 use integration_tests::gateway::{sse_data, with_master, Gw, MASTER};
 use serde_json::{json, Value};
 

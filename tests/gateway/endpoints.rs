@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use gateway_example::endpoint::Endpoint;
+use gateway_example::Endpoint;
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;

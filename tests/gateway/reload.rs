@@ -74,7 +74,7 @@ async fn an_invalid_file_is_refused_with_the_start_up_error_and_the_config_stays
     assert_eq!(gw.served(&key, "m", 1).await, 1);
 
     std::fs::write(&path, config(0, "")).unwrap();
-    let start_up = gateway_example::reload::load_file(&path, &[]).unwrap_err();
+    let start_up = gateway_example::load_file(&path, &[]).unwrap_err();
     assert_eq!(
         start_up,
         format!(

@@ -5,7 +5,7 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use gateway_example::store::GatewayStore;
+use gateway_example::GatewayStore;
 use integration_tests::gateway::{
     accounting_config, all_at_once, served_streams, stream_body, with_master, Gw, TempDir, MASTER,
 };

@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use gateway_example::store::GatewayStore;
+use gateway_example::GatewayStore;
 use integration_tests::gateway::{stream_then_hold, with_master, Gw, Reply, TempDir};
 use integration_tests::redis::RedisServer;
 use integration_tests::upstream::Upstream;

@@ -116,8 +116,7 @@ impl Gw {
     /// Starts a gateway from the config file at `path` (as `main` reads it, so it can reload
     /// it), the limiter on a manual clock, keys in memory.
     pub async fn start_file(path: &Path) -> Gw {
-        let (config, document) =
-            gateway_example::reload::load_file(path, &[]).expect("valid test config");
+        let (config, document) = gateway_example::load_file(path, &[]).expect("valid test config");
         let clock = ManualClock::new();
         let gateway = Gateway::builder(config)
             .config_file(path, document)
@@ -129,8 +128,7 @@ impl Gw {
 
     /// As [`connect`](Self::connect), from the config file at `path` (so it can reload it).
     pub async fn connect_file(path: &Path, data_dir: Option<&Path>) -> Gw {
-        let (config, document) =
-            gateway_example::reload::load_file(path, &[]).expect("valid test config");
+        let (config, document) = gateway_example::load_file(path, &[]).expect("valid test config");
         let mut builder = Gateway::builder(config).config_file(path, document);
         if let Some(dir) = data_dir {
             builder = builder.data_dir(dir);
@@ -234,7 +232,7 @@ impl Gw {
     pub fn tokens(&self, model: &str) -> u64 {
         let limiter = self.gateway.limiter();
         let id = limiter.config().model_id(model).unwrap();
-        let gateway_example::store::GatewayStore::Embedded(store) = limiter.store() else {
+        let gateway_example::GatewayStore::Embedded(store) = limiter.store() else {
             panic!("tokens() reads the embedded store");
         };
         let (usage, _) = store

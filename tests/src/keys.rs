@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 
-use gateway_example::api::auth::api_key;
+use gateway_example::api_key;
 use http::Request;
 use tower_priority_limit::priority::PriorityExtractor;
 

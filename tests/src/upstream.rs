@@ -26,8 +26,8 @@ use axum::http::{HeaderMap, Response, StatusCode};
 use axum::routing::post;
 use axum::Router;
 use futures_util::StreamExt;
-use gateway_example::endpoint::Endpoint;
 use gateway_example::mock::{answer, chat_completion, chat_completion_stream};
+use gateway_example::Endpoint;
 use serde_json::{json, Value};
 use tokio::sync::Notify;
 

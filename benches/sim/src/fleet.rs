@@ -7,7 +7,7 @@ use std::sync::Arc;
 use gateway_example::config::RouterSettings;
 use gateway_example::config::{Deployment, GatewayConfig};
 use gateway_example::routing::{deployment_limits, Router};
-use gateway_example::store::GatewayStore;
+use gateway_example::GatewayStore;
 use tower_priority_limit::clock::ManualClock;
 use tower_priority_limit::store::MemoryStore;
 use tower_priority_limit::Limiter;

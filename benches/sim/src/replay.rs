@@ -41,15 +41,15 @@ use std::time::Duration;
 use axum::body::Body;
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
-use gateway_example::chat::ChatRequest;
 use gateway_example::config::{Deployment, GatewayConfig};
-use gateway_example::endpoint::Endpoint;
-use gateway_example::error::ApiError;
 use gateway_example::keys::{KeyRecord, Limits, ModelAccess, TeamLimits};
 use gateway_example::record::{queued_ms, Outcome, RecordLine};
 use gateway_example::routing::{self, deployment_limits, Dispatch, Router};
-use gateway_example::store::GatewayStore;
-use gateway_example::upstream::UpstreamFailure;
+use gateway_example::ApiError;
+use gateway_example::ChatRequest;
+use gateway_example::Endpoint;
+use gateway_example::GatewayStore;
+use gateway_example::UpstreamFailure;
 use http::{HeaderMap, HeaderValue, StatusCode};
 use serde::Serialize;
 use serde_json::Value;
@@ -83,7 +83,7 @@ pub fn read_trace(path: &Path) -> Result<Vec<RecordLine>, String> {
 
 /// The gateway config file at `path`, read as the gateway reads it, or why not.
 pub fn read_policy(path: &Path) -> Result<GatewayConfig, String> {
-    let (config, _) = gateway_example::reload::load_file(path, &[])?;
+    let (config, _) = gateway_example::load_file(path, &[])?;
     Ok(config)
 }
 
