@@ -181,16 +181,16 @@ pin_project! {
     ///
     /// Why not `select!` on `stop.wait_for(..)`: that polls the watch on every wake-up of the
     /// connection (a lock, the runtime's budget), two or three a request. Here a wake-up pays two
-    /// atomic loads (`has_changed`, the registration's `Fired`); the watch is polled only to
+    /// atomic loads (`has_changed`, the registration's `NotingWaker`); the watch is polled only to
     /// register this task's waker, again when the waker changes, after the instruction changed,
-    /// or when the registration fired without a change (see [`Fired`]).
+    /// or when the registration fired without a change (see [`NotingWaker`]).
     struct UntilStop<'a, C> {
         #[pin]
         conn: C,
         stop: &'a mut watch::Receiver<Stop>,
         at: Stop,
-        // Resolves at the next change of the instruction; polled with the `Fired` waker.
-        registration: Option<(Pin<Box<dyn Future<Output = ()> + Send>>, Arc<Fired>, Waker)>,
+        // Resolves at the next change of the instruction; polled with the `NotingWaker` waker.
+        registration: Option<(Pin<Box<dyn Future<Output = ()> + Send>>, Arc<NotingWaker>, Waker)>,
     }
 }
 
@@ -251,7 +251,7 @@ impl<C: Future> Future for UntilStop<'_, C> {
             let mut next: Pin<Box<dyn Future<Output = ()> + Send>> = Box::pin(async move {
                 let _ = stop.changed().await;
             });
-            let fired = Arc::new(Fired {
+            let fired = Arc::new(NotingWaker {
                 fired: AtomicBool::new(false),
                 task: cx.waker().clone(),
             });
@@ -275,12 +275,12 @@ impl<C: Future> Future for UntilStop<'_, C> {
 /// (tokio's cooperative scheduling), and a change's notice can reach a registration made just
 /// after it. Unpolled after either, the registration would wait for nothing, and the next
 /// instruction would never reach the connection.
-struct Fired {
+struct NotingWaker {
     fired: AtomicBool,
     task: Waker,
 }
 
-impl std::task::Wake for Fired {
+impl std::task::Wake for NotingWaker {
     fn wake(self: Arc<Self>) {
         self.wake_by_ref();
     }

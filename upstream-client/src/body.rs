@@ -9,7 +9,7 @@ use http_body::{Body, Frame, SizeHint};
 
 use crate::error::BodyError;
 use crate::pool::{Pool, Pooled};
-use crate::wire::{Decoder, Gathered};
+use crate::wire::{DecodedBytes, Decoder};
 
 /// A response body from an upstream, read from its connection by whoever polls it. At its end
 /// the connection goes back to the pool, if it can take another request.
@@ -78,7 +78,7 @@ impl Body for UpstreamBody {
         let Some(conn) = this.conn.as_mut() else {
             return Poll::Ready(None);
         };
-        let mut out = Gathered::default();
+        let mut out = DecodedBytes::default();
         let ended = loop {
             match this.decoder.decode(&mut conn.read, &mut out) {
                 Ok(true) => break Ok(()),

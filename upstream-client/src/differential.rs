@@ -8,7 +8,7 @@ use http::{HeaderMap, Method};
 use http_body_util::{BodyExt, Empty};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::wire::{parse_head, Gathered, EVERY_HEADER};
+use crate::wire::{parse_head, DecodedBytes, EVERY_HEADER};
 
 /// What a client made of an answer.
 #[derive(Debug, PartialEq)]
@@ -49,7 +49,7 @@ fn ours(pieces: &[&[u8]]) -> Outcome {
     let mut decoder = head.framing;
     let mut body = Vec::new();
     loop {
-        let mut out = Gathered::default();
+        let mut out = DecodedBytes::default();
         let done = match decoder.decode(&mut buf, &mut out) {
             Ok(done) => done,
             Err(_) => return Outcome::Refused,

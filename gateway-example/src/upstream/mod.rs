@@ -775,10 +775,10 @@ impl Upstream {
 /// and the like), which the router learns a deployment's remaining capacity from.
 pub const RATE_LIMIT_PREFIX: &str = "x-ratelimit-";
 
-/// What of an answer's head is read into its map: `read_here`'s lines, with room for the headers
+/// What of an answer's head is read into its map: `is_kept_header`'s lines, with room for the headers
 /// the router and the limiter add, so the map is made once.
 const ANSWER_HEADERS: KeepHeaders = KeepHeaders {
-    lines: read_here,
+    lines: is_kept_header,
     room: crate::chat::ANSWER_HEADERS,
 };
 
@@ -786,7 +786,7 @@ const ANSWER_HEADERS: KeepHeaders = KeepHeaders {
 /// decode it), `retry-after` on a refusal, and the [`RATE_LIMIT_PREFIX`] ones the router learns
 /// from. The others (a provider's request
 /// id, timings, cookies, ...) are not passed on, so the client does not build them.
-fn read_here(name: &[u8]) -> bool {
+fn is_kept_header(name: &[u8]) -> bool {
     name.eq_ignore_ascii_case(b"content-type")
         || name.eq_ignore_ascii_case(b"content-encoding")
         || name.eq_ignore_ascii_case(b"retry-after")
@@ -901,7 +901,7 @@ async fn upstream_error(
 #[cfg(test)]
 mod tests {
     use super::{
-        is_json_string, read_here, top_level_members, upstream_body, upstream_bytes, Upstream,
+        is_json_string, is_kept_header, top_level_members, upstream_body, upstream_bytes, Upstream,
     };
     use crate::config::{Deployment, Target};
 
@@ -944,7 +944,7 @@ mod tests {
     }
 
     #[test]
-    fn the_headers_read_here_are_kept_in_any_case() {
+    fn the_headers_kept_are_matched_in_any_case() {
         for name in [
             "content-type",
             "Content-Type",
@@ -953,7 +953,7 @@ mod tests {
             "x-ratelimit-remaining-requests",
             "X-RateLimit-Reset-Tokens",
         ] {
-            assert!(read_here(name.as_bytes()), "{name}");
+            assert!(is_kept_header(name.as_bytes()), "{name}");
         }
         for name in [
             "x-request-id",
@@ -961,7 +961,7 @@ mod tests {
             "x-ratelimit",
             "content-length",
         ] {
-            assert!(!read_here(name.as_bytes()), "{name}");
+            assert!(!is_kept_header(name.as_bytes()), "{name}");
         }
     }
 

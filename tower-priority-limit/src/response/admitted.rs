@@ -1,5 +1,5 @@
 //! The rate-limit headers of an admitted response: what they say, a rule over the admission
-//! ([`Said`]), and how they are written into the response ([`AdmittedHeaders`]).
+//! ([`HeaderNumbers`]), and how they are written into the response ([`AdmittedHeaders`]).
 //!
 //! They are most of what the layer adds to a response: up to 15 headers, each a long custom name
 //! that `http`'s map hashes byte by byte on insert (about 70 ns each here). But a model's
@@ -86,7 +86,7 @@ fn kind(slot: usize) -> Kind {
 /// `x-ratelimit-{limit,remaining,reset}-*` describe the caller's effective limit, the model-wide
 /// capacity in generous mode and its pool's (bounded by what the model has left) in strict mode.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Said {
+struct HeaderNumbers {
     /// Bit `slot` set: the header is sent.
     present: u16,
     /// Remaining counts and reset seconds by slot; 0 for the fixed ones.
@@ -95,7 +95,7 @@ struct Said {
     strict: bool,
 }
 
-impl Said {
+impl HeaderNumbers {
     fn of(limits: &ModelLimits, pool: PoolRef, a: &Admitted) -> Self {
         let pool_limits = limits.pool(pool);
         let strict = a.strict && pool_limits.is_some();
@@ -104,7 +104,7 @@ impl Said {
         } else {
             a.model_resets_in
         };
-        let mut said = Said {
+        let mut said = HeaderNumbers {
             present: 0,
             numbers: [0; SLOTS],
             strict,
@@ -214,7 +214,7 @@ impl AsRef<[u8]> for CountText {
     }
 }
 
-/// One response's count and reset values ([`Said::numbers`]).
+/// One response's count and reset values ([`HeaderNumbers::numbers`]).
 struct Numbers {
     text: Bytes,
     /// Each count slot's bytes in `text`.
@@ -223,7 +223,7 @@ struct Numbers {
 
 impl Numbers {
     /// A count or reset slot's value.
-    fn value(&self, said: &Said, slot: usize) -> HeaderValue {
+    fn value(&self, said: &HeaderNumbers, slot: usize) -> HeaderValue {
         let n = said.numbers[slot];
         if kind(slot) == Kind::Reset {
             return reset_value(n);
@@ -312,14 +312,14 @@ struct Template {
     /// The slot of each of `map`'s values after the service's, in the order `values_mut` yields
     /// them. A clone yields them in the same order: `HeaderMap`'s `Clone` copies its entries.
     slots: Box<[u8]>,
-    /// The slots it was built for ([`Said::present`]).
+    /// The slots it was built for ([`HeaderNumbers::present`]).
     present: u16,
 }
 
 impl Template {
     /// Whether it is the template for `said` on a service map of exactly `headers`' names, in
     /// the same order, one value each.
-    fn fits(&self, headers: &HeaderMap, said: &Said) -> bool {
+    fn fits(&self, headers: &HeaderMap, said: &HeaderNumbers) -> bool {
         self.present == said.present
             && headers.len() == self.service.len()
             && headers.keys_len() == self.service.len()
@@ -380,7 +380,7 @@ impl AdmittedHeaders {
             // A model of another config: nothing to say.
             return;
         };
-        let said = Said::of(limits, pool, a);
+        let said = HeaderNumbers::of(limits, pool, a);
         if !self.write_from_template(headers, values, pool, &said) {
             self.write_each(headers, values, pool, &said);
         }
@@ -395,7 +395,7 @@ impl AdmittedHeaders {
         headers: &mut HeaderMap,
         values: &ModelHeaders,
         pool: PoolRef,
-        said: &Said,
+        said: &HeaderNumbers,
     ) {
         headers.reserve(said.count());
         let numbers = said.numbers();
@@ -414,7 +414,7 @@ impl AdmittedHeaders {
         headers: &mut HeaderMap,
         values: &ModelHeaders,
         pool: PoolRef,
-        said: &Said,
+        said: &HeaderNumbers,
     ) -> bool {
         let Some(cells) = values.templates.get(self.label_index(pool)) else {
             return false;
@@ -459,7 +459,7 @@ impl AdmittedHeaders {
         headers: &HeaderMap,
         values: &ModelHeaders,
         pool: PoolRef,
-        said: &Said,
+        said: &HeaderNumbers,
     ) -> Option<Template> {
         // Checked before anything is built: while a cell is free, every response no template fits
         // comes here. Names are compared, not hashed.
@@ -500,7 +500,7 @@ impl AdmittedHeaders {
         &self,
         values: &ModelHeaders,
         pool: PoolRef,
-        said: &Said,
+        said: &HeaderNumbers,
         numbers: &Numbers,
         slot: usize,
     ) -> Option<HeaderValue> {
@@ -661,7 +661,7 @@ mod tests {
             let values = &headers.models[0];
             let known = values.templates.get(headers.label_index(pool)).is_some();
             for (i, (a, service)) in responses.into_iter().enumerate() {
-                let said = Said::of(config.model(model), pool, &a);
+                let said = HeaderNumbers::of(config.model(model), pool, &a);
                 let mut inserted = service.clone();
                 headers.write_each(&mut inserted, values, pool, &said);
                 let mut templated = service.clone();
@@ -712,7 +712,7 @@ mod tests {
             pool_window: 0,
             shadow: None,
         };
-        let said = Said::of(config.model(model), pool, &a);
+        let said = HeaderNumbers::of(config.model(model), pool, &a);
         let values = &headers.models[0];
         let odd = |name: &'static str| {
             let mut h = HeaderMap::new();
@@ -798,7 +798,7 @@ mod tests {
             ..with_pool
         };
         let values = &headers.models[0];
-        let said = Said::of(config.model(model), pool, &without_pool);
+        let said = HeaderNumbers::of(config.model(model), pool, &without_pool);
         let mut second = HeaderMap::new();
         assert!(headers.write_from_template(&mut second, values, pool, &said));
         assert!(second
@@ -813,7 +813,7 @@ mod tests {
             "90"
         );
         // A third kind of response: both templates are taken, so it is written header by header.
-        let said = Said::of(config.model(model), pool, &with_pool);
+        let said = HeaderNumbers::of(config.model(model), pool, &with_pool);
         let mut third = HeaderMap::new();
         third.insert("content-type", HeaderValue::from_static("text/plain"));
         assert!(!headers.write_from_template(&mut third, values, pool, &said));

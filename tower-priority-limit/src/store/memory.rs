@@ -797,7 +797,7 @@ mod tests {
         use proptest::prelude::*;
 
         #[derive(Debug, Clone, Copy, PartialEq)]
-        enum Said {
+        enum Verdict {
             Admit,
             Refuse(Scope),
         }
@@ -883,19 +883,19 @@ mod tests {
                         Some(Caller::new(CallerKind::Team, "t", team_limits)),
                     );
                     let expected = if let Some(l) = caller_breaks(&key_limits[key], &key_count[key]) {
-                        Said::Refuse(Scope::Caller(CallerKind::Key, l))
+                        Verdict::Refuse(Scope::Caller(CallerKind::Key, l))
                     } else if let Some(l) = caller_breaks(&team_limits, &team_count) {
-                        Said::Refuse(Scope::Caller(CallerKind::Team, l))
+                        Verdict::Refuse(Scope::Caller(CallerKind::Team, l))
                     } else if model_count + 1 > model_rpm {
-                        Said::Refuse(Scope::Model)
+                        Verdict::Refuse(Scope::Model)
                     } else if limits
                         .pool(pools[pool])
                         .and_then(|p| p.rpm)
                         .is_some_and(|l| pool_count[pool] + 1 > l)
                     {
-                        Said::Refuse(Scope::Priority)
+                        Verdict::Refuse(Scope::Priority)
                     } else {
-                        Said::Admit
+                        Verdict::Admit
                     };
                     let request = AdmitRequest {
                         model: id,
@@ -918,12 +918,12 @@ mod tests {
                             if let Some(callers) = callers {
                                 open.push((key, settlement, callers, tokens));
                             }
-                            Said::Admit
+                            Verdict::Admit
                         }
-                        Decision::Refuse(r) => Said::Refuse(r.scope),
+                        Decision::Refuse(r) => Verdict::Refuse(r.scope),
                     };
                     prop_assert_eq!(got, expected);
-                    if got == Said::Admit {
+                    if got == Verdict::Admit {
                         model_count += 1;
                         pool_count[pool] += 1;
                         for count in [&mut key_count[key], &mut team_count] {

@@ -74,7 +74,7 @@ impl Decoder {
     pub(crate) fn decode(
         &mut self,
         buf: &mut BytesMut,
-        out: &mut Gathered,
+        out: &mut DecodedBytes,
     ) -> Result<bool, ProtocolError> {
         loop {
             match self {
@@ -121,7 +121,7 @@ impl Decoder {
 fn decode_chunked(
     state: &mut Chunked,
     buf: &mut BytesMut,
-    out: &mut Gathered,
+    out: &mut DecodedBytes,
 ) -> Result<bool, ProtocolError> {
     let chunk = &mut state.at;
     loop {
@@ -227,12 +227,12 @@ fn chunk_size(line: &[u8]) -> Result<(u64, usize), ProtocolError> {
 /// Data decoded in one go, as one piece: the first slice kept as it is (no copy when it is the
 /// only one), later ones joined to it.
 #[derive(Debug, Default)]
-pub(crate) struct Gathered {
+pub(crate) struct DecodedBytes {
     first: Option<Bytes>,
     joined: Option<BytesMut>,
 }
 
-impl Gathered {
+impl DecodedBytes {
     /// Takes the first `n` bytes of `buf`: sliced out when they are the first piece (no copy),
     /// else copied onto what is gathered.
     fn take_from(&mut self, buf: &mut BytesMut, n: usize) {
@@ -291,7 +291,7 @@ mod tests {
         let mut done = false;
         for piece in pieces {
             buf.extend_from_slice(piece);
-            let mut out = Gathered::default();
+            let mut out = DecodedBytes::default();
             done = decoder.decode(&mut buf, &mut out)?;
             data.extend_from_slice(&out.take().unwrap_or_default());
             if done {

@@ -16,7 +16,7 @@ mod decoder;
 mod request;
 mod response;
 
-pub(crate) use decoder::{Decoder, Gathered};
+pub(crate) use decoder::{DecodedBytes, Decoder};
 pub(crate) use request::{is_framing, write_header_line, write_request_head};
 pub(crate) use response::{parse_head, Head};
 pub use response::{KeepHeaders, EVERY_HEADER, MAX_HEAD};
