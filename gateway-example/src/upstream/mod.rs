@@ -775,8 +775,8 @@ impl Upstream {
 /// and the like), which the router learns a deployment's remaining capacity from.
 pub const RATE_LIMIT_PREFIX: &str = "x-ratelimit-";
 
-/// What of an answer's head is read into its map: `is_kept_header`'s lines, with room for the headers
-/// the router and the limiter add, so the map is made once.
+/// What of an answer's head is read into its map: `is_kept_header`'s lines, with room for the
+/// headers the router and the limiter add, so the map is made once.
 const ANSWER_HEADERS: KeepHeaders = KeepHeaders {
     lines: is_kept_header,
     room: crate::chat::ANSWER_HEADERS,
