@@ -9,11 +9,14 @@ use arc_swap::{ArcSwap, ArcSwapOption, Guard};
 use axum::response::Response;
 use tower_priority_limit::clock::{Clock, CoarseClock};
 use tower_priority_limit::config::LimiterConfig;
-use tower_priority_limit::store::{MemoryStore, RedisStore, RedisStoreBuilder, RedisTarget};
+use tower_priority_limit::store::{
+    MemoryStore, RedisStore, RedisStoreBuilder, RedisTarget, SpendLog,
+};
 use tower_priority_limit::Limiter;
 
 use crate::chat::ChatRequest;
 use crate::config::{Deployment, GatewayConfig};
+use crate::keys::postgres_spend::PgSpend;
 use crate::keys::spend::SpendBook;
 use crate::keys::{hash_key, KeyStore, KeyStoreError};
 use crate::metrics::{GatewayMetrics, ScrapeGauges};
@@ -24,6 +27,15 @@ use crate::store::GatewayStore;
 use crate::upstream::Upstream;
 use tower_priority_limit::caller::{CallerKind, Spent};
 use tower_priority_limit::store::StoreError;
+
+/// Where keys' and teams' spend is kept durably.
+#[derive(Debug)]
+enum SpendCopy {
+    /// `DATA_DIR/spend.db`, embedded counters ([`crate::keys::spend`]).
+    Sqlite(SpendBook),
+    /// `tpl_spend`, keys in Postgres ([`crate::keys::postgres_spend`]).
+    Postgres(PgSpend),
+}
 
 /// Everything a request may need, shared by all of them.
 #[derive(Debug)]
@@ -51,9 +63,9 @@ pub struct Gateway {
     metrics: GatewayMetrics,
     /// The request record (`general_settings.record`), when on: a restart changes it.
     recorder: Option<Arc<Recorder>>,
-    /// Keys' and teams' spend kept across restarts, with embedded counters and a data
-    /// directory ([`crate::keys::spend`]).
-    spend: Option<SpendBook>,
+    /// Keys' and teams' spend kept across restarts (and, on Redis, an empty Redis): in
+    /// Postgres when keys are there, else in the data directory with embedded counters.
+    spend: Option<SpendCopy>,
     /// The wall clock keys expire on: Unix time when built, moved on by the gateway's clock (so a
     /// test's manual clock moves it too).
     wall: WallClock,
@@ -139,10 +151,14 @@ impl GatewayBuilder {
         let groups = MemoryStore::with_clock(&self.config.limiter, clock.clone());
         let deployments = MemoryStore::with_clock(&deployment_limits, clock.clone());
         let (metrics, recorder) = record_metrics(&self.config)?;
-        let spend = match &self.data_dir {
-            Some(dir) => Some(SpendBook::open(dir, &groups, &self.config.limiter)?),
-            None => None,
-        };
+        // With keys in Postgres, spend goes there too (`connect` adds it: it is async).
+        let spend =
+            match &self.data_dir {
+                Some(dir) if keys.as_postgres().is_none() => Some(SpendCopy::Sqlite(
+                    SpendBook::open(dir, &groups, &self.config.limiter)?,
+                )),
+                _ => None,
+            };
         Ok(Gateway::assemble(
             self.config,
             self.file,
@@ -165,7 +181,17 @@ impl GatewayBuilder {
         // Postgres (`database_url`) unusable at start is fatal: see `keys::postgres`.
         let keys = KeyStore::connect(&self.config, self.data_dir.as_deref()).await?;
         let Some(target) = self.config.redis.clone() else {
-            return self.build_with(keys);
+            let gateway = self.build_with(keys)?;
+            let limiter = gateway.limiter();
+            let (Some(pg), GatewayStore::Embedded(groups)) =
+                (gateway.keys.as_postgres(), limiter.store())
+            else {
+                drop(limiter);
+                return Ok(gateway);
+            };
+            let spend = PgSpend::embedded(pg, groups, &gateway.config().limiter).await?;
+            drop(limiter);
+            return Ok(gateway.with_spend(Some(SpendCopy::Postgres(spend))));
         };
         if let Some(redis) = keys.as_redis() {
             match redis.ping(Duration::from_secs(2)).await {
@@ -184,7 +210,10 @@ impl GatewayBuilder {
             true => builder.observer(metrics.limiter().clone()),
             false => builder,
         };
+        // With keys in Postgres, what settlements leave in budgets is copied there.
+        let spend_log = keys.as_postgres().map(|_| SpendLog::default());
         let groups = observed(redis_store(&target, config.redis_key_prefix.clone()))
+            .with_spend_log(spend_log.clone())
             .connect(limits)
             .await
             .map_err(|e| KeyStoreError::Unavailable(e.to_string()))?;
@@ -201,6 +230,12 @@ impl GatewayBuilder {
             .await
             .map_err(|e| KeyStoreError::Unavailable(e.to_string()))?;
         let clock = self.clock.unwrap_or_else(|| Arc::new(CoarseClock::new()));
+        let spend = match (keys.as_postgres(), spend_log) {
+            (Some(pg), Some(log)) => Some(SpendCopy::Postgres(
+                PgSpend::on_redis(pg, log, groups.clone()).await,
+            )),
+            _ => None,
+        };
         Ok(Gateway::assemble(
             self.config,
             self.file,
@@ -210,7 +245,8 @@ impl GatewayBuilder {
             clock,
             metrics,
             recorder,
-        ))
+        )
+        .with_spend(spend))
     }
 }
 
@@ -237,6 +273,20 @@ fn record_metrics(
 /// A Redis store's builder; both stores' Redis calls are timed into `priority_limit_store_seconds`.
 fn redis_store(target: &RedisTarget, prefix: String) -> RedisStoreBuilder {
     RedisStore::builder(target.clone()).key_prefix(prefix)
+}
+
+/// A builder's [`RedisStoreBuilder::spend_log`], when there is one.
+trait WithSpendLog {
+    fn with_spend_log(self, log: Option<SpendLog>) -> Self;
+}
+
+impl WithSpendLog for RedisStoreBuilder {
+    fn with_spend_log(self, log: Option<SpendLog>) -> Self {
+        match log {
+            Some(log) => self.spend_log(log),
+            None => self,
+        }
+    }
 }
 
 impl Gateway {
@@ -320,7 +370,7 @@ impl Gateway {
         }
     }
 
-    fn with_spend(mut self, spend: Option<SpendBook>) -> Self {
+    fn with_spend(mut self, spend: Option<SpendCopy>) -> Self {
         self.spend = spend;
         self
     }
@@ -467,6 +517,7 @@ impl Gateway {
                 &config,
                 &config.limiter,
                 &config.redis_key_prefix,
+                self.spend_log(),
             )
             .await?;
         let deployment_limits = routing::deployment_limits(&config.deployments, &config.limiter);
@@ -477,6 +528,7 @@ impl Gateway {
                 &config,
                 &deployment_limits,
                 &prefix,
+                None,
             )
             .await?;
         let limiter = observed_limiter(&config, &self.metrics, groups);
@@ -492,14 +544,23 @@ impl Gateway {
         })
     }
 
+    /// The log the groups' Redis stores record spend into, when spend is copied to Postgres.
+    fn spend_log(&self) -> Option<SpendLog> {
+        match &self.spend {
+            Some(SpendCopy::Postgres(pg)) => pg.redis_log().cloned(),
+            _ => None,
+        }
+    }
+
     /// `store`'s counters under `limits`: the same in-process counters, or a store on the same
-    /// Redis keys.
+    /// Redis keys (recording spend into `spend_log`, if given, as the store it replaces did).
     async fn reconfigured(
         &self,
         store: &GatewayStore,
         config: &GatewayConfig,
         limits: &LimiterConfig,
         prefix: &str,
+        spend_log: Option<SpendLog>,
     ) -> Result<GatewayStore, String> {
         match store {
             GatewayStore::Embedded(s) => s
@@ -510,7 +571,7 @@ impl Gateway {
                 let Some(target) = &config.redis else {
                     return Err("Redis: restart to apply".into());
                 };
-                let builder = redis_store(target, prefix.to_owned());
+                let builder = redis_store(target, prefix.to_owned()).with_spend_log(spend_log);
                 let builder = match config.metrics {
                     true => builder.observer(self.metrics.limiter().clone()),
                     false => builder,
@@ -548,8 +609,10 @@ impl Gateway {
         use tower_priority_limit::store::Store as _;
         self.limiter().store().flush().await;
         self.router.flush().await;
-        if let Some(spend) = &self.spend {
-            spend.write_now();
+        match &self.spend {
+            Some(SpendCopy::Sqlite(book)) => book.write_now(),
+            Some(SpendCopy::Postgres(pg)) => pg.write_now().await,
+            None => {}
         }
     }
 

@@ -833,3 +833,207 @@ async fn keys_that_shared_an_alias_before_the_migration_keep_working() {
         .get(0);
     assert_eq!(held, 1);
 }
+
+/// [`config`] with the quick-start model priced, so keys spend.
+fn priced(postgres: &PostgresServer, redis: Option<&RedisServer>) -> String {
+    config(postgres, redis).replace(
+        "mock_response: \"hello-world\", tpm: 600000}",
+        "mock_response: \"hello-world\", tpm: 600000}\n    model_info: \
+         {input_cost_per_token: 0.000001, output_cost_per_token: 0.000002}",
+    )
+}
+
+async fn key_spend(gw: &Gw, key: &str) -> f64 {
+    let r = gw.get(&format!("/key/info?key={key}"), Some(MASTER)).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    r.json()["info"]["spend"].as_f64().unwrap()
+}
+
+/// What `tpl_spend` holds for `key`'s budget of all models, in dollars (0 without a row).
+async fn copied_spend(db: &tokio_postgres::Client, key: &str) -> f64 {
+    let rows = db
+        .query(
+            "SELECT spent FROM tpl_spend WHERE kind = 'key' AND id = $1 AND model = ''",
+            &[&hash_key(key)],
+        )
+        .await
+        .unwrap();
+    rows.first()
+        .map_or(0.0, |r| r.get::<_, i64>(0) as f64 / 1e9)
+}
+
+/// `n` chats at once as `key`, spread over `fleet`; how many were served.
+async fn served_at_once(fleet: &[Arc<Gw>], key: &str, n: usize) -> usize {
+    let tasks: Vec<_> = (0..n)
+        .map(|i| {
+            let (gw, key) = (fleet[i % fleet.len()].clone(), key.to_owned());
+            tokio::spawn(async move { gw.chat(&key, M, false).await.status })
+        })
+        .collect();
+    let mut served = 0;
+    for t in tasks {
+        match t.await.unwrap().as_u16() {
+            200 => served += 1,
+            400 | 429 => {}
+            other => panic!("unexpected status {other}"),
+        }
+    }
+    served
+}
+
+async fn flush_all(fleet: &[Arc<Gw>]) {
+    for gw in fleet {
+        gw.gateway.flush().await;
+    }
+}
+
+fn same_dollars(a: f64, b: f64) -> bool {
+    (a - b).abs() < 1e-9
+}
+
+/// Three gateways on one Redis and one Postgres, keys spending at once on all of them: their
+/// spend reaches `tpl_spend`, and a `FLUSHALL` loses none of it. Every gateway restores at
+/// once and the spend comes back once (not three times); a key past its budget stays refused,
+/// and one within it goes on from what it had spent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spend_in_postgres_outlives_flushall_on_a_fleet_of_three() {
+    let Some(postgres) = PostgresServer::start("spend_in_postgres_outlives_flushall") else {
+        return;
+    };
+    let Some(redis) = RedisServer::start("spend_in_postgres_outlives_flushall") else {
+        return;
+    };
+    let (fleet, _dirs) = gateways(&priced(&postgres, Some(&redis)), 3).await;
+    let db = sql(&postgres).await;
+    // One answer's cost, as the gateway prices it (spend is counted where a budget is set).
+    let probe = fleet[0].new_key(json!({"max_budget": 1000.0})).await;
+    assert_eq!(fleet[0].chat(&probe, M, false).await.status, 200);
+    flush_all(&fleet).await;
+    let cost = key_spend(&fleet[0], &probe).await;
+    assert!(cost > 0.0, "the model is priced");
+
+    // A budget of 9.5 answers, and one that is far away.
+    let capped = fleet[0].new_key(json!({"max_budget": cost * 9.5})).await;
+    let open = fleet[1].new_key(json!({"max_budget": 1000.0})).await;
+    for gw in &fleet {
+        answers_within_a_second(gw, &open, 200, "every gateway serves the key").await;
+        within(
+            PROPAGATION,
+            "every gateway knows the capped key",
+            || async { gw.gateway.keys().resolve(&capped).await.unwrap().is_some() },
+        )
+        .await;
+    }
+    let mut served_capped = 0;
+    while key_spend(&fleet[0], &capped).await < cost * 9.5 {
+        served_capped += served_at_once(&fleet, &capped, 12).await;
+        flush_all(&fleet).await;
+    }
+    let served_open = 3 + served_at_once(&fleet, &open, 30).await;
+    assert_eq!(served_open, 33, "the open key is not limited");
+    flush_all(&fleet).await;
+    let capped_before = key_spend(&fleet[0], &capped).await;
+    let open_before = key_spend(&fleet[2], &open).await;
+    assert!(same_dollars(capped_before, served_capped as f64 * cost));
+    assert!(same_dollars(open_before, served_open as f64 * cost));
+    // The copy holds the fleet's spend once the writers have run (flush wrote it).
+    assert!(same_dollars(
+        copied_spend(&db, &capped).await,
+        capped_before
+    ));
+    assert!(same_dollars(copied_spend(&db, &open).await, open_before));
+
+    assert_eq!(redis.cli(&["FLUSHALL"]).trim(), "OK");
+    let took = within(
+        Duration::from_secs(5),
+        "every gateway reads the spend again",
+        || async {
+            let mut all = true;
+            for gw in &fleet {
+                all &= same_dollars(key_spend(gw, &capped).await, capped_before)
+                    && same_dollars(key_spend(gw, &open).await, open_before);
+            }
+            all
+        },
+    )
+    .await;
+    println!("spend back in Redis {took:?} after FLUSHALL (checked every second)");
+    // Restored once, though all three gateways restore: still exactly what it was.
+    assert!(same_dollars(key_spend(&fleet[1], &open).await, open_before));
+    for gw in &fleet {
+        let r = gw.chat(&capped, M, false).await;
+        assert_eq!(r.status, 400, "{}", r.text());
+    }
+    let more = served_at_once(&fleet, &open, 9).await;
+    assert_eq!(more, 9);
+    flush_all(&fleet).await;
+    let open_after = open_before + 9.0 * cost;
+    for gw in &fleet {
+        assert!(same_dollars(key_spend(gw, &open).await, open_after));
+    }
+    assert!(same_dollars(copied_spend(&db, &open).await, open_after));
+    // A second FLUSHALL starts another epoch, restored as well.
+    assert_eq!(redis.cli(&["FLUSHALL"]).trim(), "OK");
+    within(
+        Duration::from_secs(5),
+        "restored after a second FLUSHALL",
+        || async { same_dollars(key_spend(&fleet[0], &open).await, open_after) },
+    )
+    .await;
+}
+
+/// Embedded counters and keys in Postgres: spend is read back by a gateway started later (a
+/// restart), and spend settled while Postgres is down is kept and written once it is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spend_in_postgres_outlives_a_restart_and_a_postgres_outage() {
+    let Some(mut postgres) = PostgresServer::start("spend_in_postgres_outlives_a_restart") else {
+        return;
+    };
+    let yaml = priced(&postgres, None);
+    let db = sql(&postgres).await;
+    let (first, _dirs) = gateways(&yaml, 1).await;
+    let key = first[0].new_key(json!({"max_budget": 1000.0})).await;
+    assert_eq!(served_at_once(&first, &key, 6).await, 6);
+    flush_all(&first).await;
+    let spent = key_spend(&first[0], &key).await;
+    let cost = spent / 6.0;
+    assert!(cost > 0.0);
+    assert!(same_dollars(copied_spend(&db, &key).await, spent));
+    drop(first);
+
+    // A restart: a gateway on a fresh data directory starts from Postgres's spend.
+    let (second, _dirs) = gateways(&yaml, 1).await;
+    assert!(same_dollars(key_spend(&second[0], &key).await, spent));
+
+    postgres.kill();
+    assert_eq!(
+        served_at_once(&second, &key, 4).await,
+        4,
+        "known keys are served"
+    );
+    second[0].gateway.flush().await;
+    let during = key_spend(&second[0], &key).await;
+    assert!(
+        same_dollars(during, spent + 4.0 * cost),
+        "enforced from memory"
+    );
+    postgres.restart();
+    let took = within(
+        Duration::from_secs(10),
+        "the kept spend is written",
+        || async {
+            match tokio_postgres::connect(&postgres.url(), tokio_postgres::NoTls).await {
+                Ok((client, connection)) => {
+                    tokio::spawn(connection);
+                    same_dollars(copied_spend(&client, &key).await, during)
+                }
+                Err(_) => false,
+            }
+        },
+    )
+    .await;
+    println!("spend kept during the outage written {took:?} after Postgres was back");
+    drop(second);
+    let (third, _dirs) = gateways(&yaml, 1).await;
+    assert!(same_dollars(key_spend(&third[0], &key).await, during));
+}

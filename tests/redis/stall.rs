@@ -236,8 +236,8 @@ fn settle_script_applies_an_id_once() {
             .arg(0) // its mark
             .arg(2_000) // window
             .arg(67) // slot (sliding windows only)
-            .query(con)
-            .unwrap()
+            .query::<Vec<i64>>(con)
+            .unwrap()[0] // applied (then each budget's spend: none here)
     };
     assert_eq!(settle(&mut con, "p-1", 10), 1);
     assert_eq!(settle(&mut con, "p-1", 10), 0, "the same id again: skipped");

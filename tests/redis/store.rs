@@ -1188,3 +1188,102 @@ async fn agree_with_callers_of(
     assert_eq!(stats.failures.load(Ordering::Relaxed), 0);
     by
 }
+
+/// Spend given back after Redis lost it (`RedisStore::restore_spend`): two stores restoring the
+/// same epoch at once, and again, add it once; a later period in Redis wins over the copy's, the
+/// same period adds, an earlier one is replaced; an empty Redis starts a new epoch.
+#[tokio::test]
+async fn spend_is_restored_once_per_epoch_whoever_restores() {
+    use tower_priority_limit::caller::{CallerKind, NanoUsd};
+    use tower_priority_limit::store::SpendRow;
+    let Some(redis) = RedisServer::start("spend_is_restored_once_per_epoch") else {
+        return;
+    };
+    let config = LimiterConfig::builder()
+        .model(ModelLimits::new("m").rpm(10))
+        .build()
+        .unwrap();
+    let connect = || async {
+        RedisStore::builder(single(&redis))
+            .key_prefix("t:")
+            .connect(&config)
+            .await
+            .unwrap()
+    };
+    let (a, b) = (connect().await, connect().await);
+    let epoch = a.spend_epoch().await.unwrap();
+    assert!(!epoch.restored);
+    assert_eq!(b.spend_epoch().await.unwrap(), epoch, "one epoch for all");
+    let row = |id: &str, model: Option<&str>, period: u64, nanos: u64| SpendRow {
+        kind: CallerKind::Key,
+        id: Arc::from(id),
+        model: model.map(Arc::from),
+        period,
+        spent: NanoUsd::from_nanos(nanos),
+    };
+    // k2's hash already counts: all models in period 200 (7 spent), model m in period 50.
+    redis.cli(&[
+        "HSET",
+        "t:{c:key:k2}",
+        "$p",
+        "200",
+        "$s",
+        "7",
+        "Mm:$p",
+        "50",
+        "Mm:$s",
+        "9",
+    ]);
+    let rows = vec![
+        row("k1", None, 0, 5_000),
+        row("k1", Some("m"), 0, 2_000),
+        row("k2", None, 100, 50),
+        row("k2", Some("m"), 300, 4),
+        row("k3", None, 200, 11),
+    ];
+    let (ra, rb) = tokio::join!(
+        a.restore_spend(&epoch, &rows),
+        b.restore_spend(&epoch, &rows)
+    );
+    assert_eq!(
+        ra.unwrap() + rb.unwrap(),
+        3,
+        "each caller restored by one of the two"
+    );
+    assert_eq!(a.restore_spend(&epoch, &rows).await.unwrap(), 0);
+    assert!(a.spend_epoch().await.unwrap().restored);
+    let spent = |store: RedisStore, id: &'static str| async move {
+        let mut v: Vec<_> = store
+            .spent(CallerKind::Key, id)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|s| (s.model.is_some(), s.period, s.spent.nanos()))
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(
+        spent(a.clone(), "k1").await,
+        vec![(false, 0, 5_000), (true, 0, 2_000)]
+    );
+    // The copy's older period is skipped; its newer one replaces Redis's.
+    assert_eq!(
+        spent(b.clone(), "k2").await,
+        vec![(false, 200, 7), (true, 300, 4)]
+    );
+    assert_eq!(spent(a.clone(), "k3").await, vec![(false, 200, 11)]);
+    // A hash a restore made for budgets that reset expires; one that never resets is kept.
+    let ttl = |key: &str| redis.cli(&["PTTL", key]).trim().parse::<i64>().unwrap();
+    assert!(ttl("t:{c:key:k3}") > 0);
+    assert_eq!(ttl("t:{c:key:k1}"), -1);
+
+    // The same period adds to what was settled since Redis came back empty.
+    assert_eq!(redis.cli(&["FLUSHALL"]).trim(), "OK");
+    redis.cli(&["HSET", "t:{c:key:k3}", "$p", "200", "$s", "6"]);
+    let next = b.spend_epoch().await.unwrap();
+    assert_ne!(next.id, epoch.id, "an empty Redis starts a new epoch");
+    assert!(!next.restored);
+    assert_eq!(a.restore_spend(&next, &rows).await.unwrap(), 3);
+    assert_eq!(spent(a.clone(), "k3").await, vec![(false, 200, 17)]);
+}

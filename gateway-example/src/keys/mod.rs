@@ -39,6 +39,7 @@ pub mod limits;
 pub mod litellm;
 pub mod local;
 pub mod postgres;
+pub mod postgres_spend;
 pub mod redis;
 pub mod routes;
 pub mod spend;

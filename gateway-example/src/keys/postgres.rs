@@ -3,8 +3,9 @@
 //!
 //! - **Tables** (created by the migrations in [`MIGRATIONS`], applied at start under an advisory
 //!   lock so gateways starting together apply each once): `tpl_keys` (the key's SHA-256, its team,
-//!   its alias under a unique index, its [`KeyRecord`] as JSON text), `tpl_teams` (the team id, its [`TeamRecord`]), and
-//!   `tpl_migrations` (what was applied). Their own names, beside LiteLLM's tables if the database
+//!   its alias under a unique index, its [`KeyRecord`] as JSON text), `tpl_teams` (the team id, its [`TeamRecord`]),
+//!   `tpl_spend` (what each budget has spent: `keys::postgres_spend`) and `tpl_migrations`
+//!   (what was applied). Their own names, beside LiteLLM's tables if the database
 //!   is LiteLLM's.
 //! - **Lookups never wait on Postgres**: each gateway holds every key and team in memory (the
 //!   same index as the embedded store, [`LocalStore`]) and answers from it alone.
@@ -121,6 +122,19 @@ CREATE TRIGGER tpl_teams_truncated AFTER TRUNCATE ON tpl_teams
     r#"
 ALTER TABLE tpl_keys ADD COLUMN key_alias TEXT;
 CREATE UNIQUE INDEX tpl_keys_key_alias ON tpl_keys (key_alias);
+"#,
+    // Version 3: what keys and teams have spent, per budget (`keys::postgres_spend`): the copy
+    // that survives an empty Redis. `model` is '' for the budget of all models; `period` the
+    // period's start (Unix ms, 0 for a budget that never resets); `spent` nano-dollars.
+    r#"
+CREATE TABLE tpl_spend (
+    kind TEXT NOT NULL,
+    id TEXT NOT NULL,
+    model TEXT NOT NULL,
+    period BIGINT NOT NULL,
+    spent BIGINT NOT NULL,
+    PRIMARY KEY (kind, id, model)
+);
 "#,
 ];
 
@@ -416,6 +430,16 @@ impl PgKeys {
     /// Where the keys are, password hidden.
     pub fn target(&self) -> &str {
         &self.shared.target
+    }
+
+    /// The pool of connections for writes (the spend copy's writer shares it).
+    pub(crate) fn pool(&self) -> deadpool_postgres::Pool {
+        self.shared.pool.clone()
+    }
+
+    /// How long one write may take.
+    pub(crate) fn timeout(&self) -> Duration {
+        self.shared.timeout
     }
 
     /// Whether this gateway is following the database's changes now (false while the

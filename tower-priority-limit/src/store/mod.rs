@@ -21,10 +21,12 @@ use crate::decision::{Decision, Millis, Usage};
 pub mod memory;
 #[cfg(feature = "redis")]
 pub mod redis;
+mod spend;
 
 #[cfg(feature = "redis")]
 pub use self::redis::{RedisStats, RedisStore, RedisStoreBuilder, RedisTarget};
 pub use memory::MemoryStore;
+pub use spend::{SpendLog, SpendRow, DEFAULT_MAX_BUDGETS};
 
 /// One admission to decide.
 #[derive(Debug, Clone)]

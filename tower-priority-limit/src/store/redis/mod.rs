@@ -51,6 +51,7 @@ mod connection;
 mod deadline;
 mod script;
 mod settle;
+mod spend;
 mod target;
 mod wake;
 
@@ -69,8 +70,11 @@ use self::connection::{bounded, unavailable, RedisConnection, CLUSTER_START_WAIT
 use self::deadline::RedisTimeOffset;
 use self::script::{LuaScript, SCRIPT_LOAD_WAIT};
 use self::settle::{flush_settlements, process_id, Queued, RedisSettler};
+pub use self::spend::SpendEpoch;
 pub use self::target::RedisTarget;
-use super::{AdmitRequest, FlowTry, MemoryStore, SettledHook, Settler, Store, StoreError};
+use super::{
+    AdmitRequest, FlowTry, MemoryStore, SettledHook, Settler, SpendLog, Store, StoreError,
+};
 use crate::caller::{Caller, CallerMarks, DAY_MS};
 use crate::config::WindowKind;
 use crate::config::{pool_index, Enforcement, FailureMode, LimiterConfig, ModelId, PoolRef};
@@ -153,9 +157,14 @@ fn caller_hash_ttl(kind: WindowKind, limits: &crate::caller::CallerLimits) -> i6
 
 /// A caller's hash key and its parallel slots' key: `PREFIX{c:KIND:ID}` (a tag of its own).
 fn caller_keys(prefix: &str, caller: &Caller) -> [String; 2] {
-    let hash = format!("{prefix}{{c:{}:{}}}", caller.kind().as_str(), caller.id());
+    let hash = caller_hash(prefix, caller.kind(), caller.id());
     let slots = format!("{hash}:inflight");
     [hash, slots]
+}
+
+/// A caller's hash key, `PREFIX{c:KIND:ID}`.
+fn caller_hash(prefix: &str, kind: crate::caller::CallerKind, id: &str) -> String {
+    format!("{prefix}{{c:{}:{id}}}", kind.as_str())
 }
 
 /// A caller's fields of `model` in its hash: `M<name>:` then the pair's own.
@@ -215,6 +224,7 @@ pub struct RedisStoreBuilder {
     key_prefix: String,
     settle_queue: usize,
     observer: Option<Arc<dyn Observer>>,
+    spend_log: Option<SpendLog>,
 }
 
 impl RedisStoreBuilder {
@@ -234,6 +244,14 @@ impl RedisStoreBuilder {
     /// settlements; [`Observer::store_call`]).
     pub fn observer(mut self, observer: Arc<dyn Observer>) -> Self {
         self.observer = Some(observer);
+        self
+    }
+
+    /// Records in `log` what each settlement leaves in the budgets it settles, for a writer that
+    /// keeps a durable copy (a database: Redis may lose its data) and gives it back with
+    /// [`RedisStore::restore_spend`]. Off by default: nothing is recorded.
+    pub fn spend_log(mut self, log: SpendLog) -> Self {
+        self.spend_log = Some(log);
         self
     }
 
@@ -348,6 +366,14 @@ impl RedisStoreBuilder {
                     .collect(),
             },
             leave_script: LuaScript::new(include_str!("leave.lua")),
+            spend_log: self.spend_log,
+            epoch_script: LuaScript::new(spend::EPOCH),
+            restore_script: LuaScript::new(include_str!("restore.lua")),
+            model_names: config
+                .models()
+                .iter()
+                .map(|m| Arc::from(m.name()))
+                .collect(),
         });
         // Load both scripts now, so the first admissions are one round trip each, and learn
         // Redis's clock, so the first admissions carry a deadline; best effort (Redis may be
@@ -459,6 +485,7 @@ impl RedisStore {
             key_prefix: "tpl:".to_owned(),
             settle_queue: DEFAULT_SETTLE_QUEUE,
             observer: None,
+            spend_log: None,
         }
     }
 
@@ -512,8 +539,7 @@ impl RedisStore {
     ) -> Result<Vec<crate::caller::Spent>, StoreError> {
         use crate::caller::{NanoUsd, Spent};
         let inner = &self.inner;
-        let probe = Caller::new(kind, id, crate::caller::CallerLimits::new());
-        let [hash, _] = caller_keys(&inner.key_prefix, &probe);
+        let hash = caller_hash(&inner.key_prefix, kind, id);
         let mut prefixes = vec![("$".to_owned(), None)];
         for (i, model) in inner.config.models().iter().enumerate() {
             let prefix = format!("{}$", caller_model_prefix(model.name()));
@@ -587,6 +613,12 @@ struct Inner {
     /// the keys of its waiting flows and flow state; empty with the queue off.
     flow_keys: Box<[FlowKeys]>,
     leave_script: LuaScript,
+    /// Where settlements record the budgets' spend, if a durable copy is kept.
+    spend_log: Option<SpendLog>,
+    epoch_script: LuaScript,
+    restore_script: LuaScript,
+    /// Per model: its name (a [`SpendRow`](super::SpendRow)'s model).
+    model_names: Box<[Arc<str>]>,
 }
 
 /// One model's keys of the fleet's order (admit.lua's flow section), all in the model's hash tag.

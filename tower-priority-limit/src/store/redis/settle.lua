@@ -27,13 +27,14 @@
 --          none); then the number of budgets and per budget: its field prefix, the period the
 --          admission reserved in, the cost reserved and the real cost (nano-dollars).
 --          A hash TTL of -1 keeps the hash for good (a caller's budget that never resets).
--- Returns  1 applied, 0 skipped (already applied).
+-- Returns  {1, then per budget its spent after this settlement (-1 where the period it reserved
+--          in has ended)} when applied, {0} when skipped (already applied).
 if ARGV[7] ~= '' and KEYS[3] then
   -- Freeing a slot is idempotent: it happens even for a settlement seen before.
   redis.call('ZREM', KEYS[3], ARGV[7])
 end
 if not redis.call('SET', KEYS[2], 1, 'NX', 'PX', tonumber(ARGV[8])) then
-  return 0
+  return {0}
 end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -150,6 +151,7 @@ for i = 0, npairs - 1 do
 end
 -- Budgets (`BudgetCounter::settle`): only in the period the admission reserved in.
 local bat = 11 + 4 * npairs
+local result = {1}
 for i = 0, (tonumber(ARGV[bat]) or 0) - 1 do
   local at = bat + 1 + 4 * i
   local p, mark = ARGV[at], tonumber(ARGV[at + 1])
@@ -159,6 +161,9 @@ for i = 0, (tonumber(ARGV[bat]) or 0) - 1 do
     local s, r = tonumber(f[2]) or 0, tonumber(f[3]) or 0
     if not cancel then s = math.min(s + cost, MAX) end
     redis.call('HSET', key, p .. 's', s, p .. 'r', math.max(0, r - breserved))
+    result[#result + 1] = s
+  else
+    result[#result + 1] = -1
   end
 end
 if tonumber(ARGV[3]) < 0 then
@@ -174,4 +179,4 @@ if wake and wake ~= '' and (cancel or tokens < reserved)
     and (tonumber(redis.call('HGET', key, 'wq')) or 0) > now then
   redis.call('PUBLISH', wake, '')
 end
-return 1
+return result

@@ -22,10 +22,10 @@ use tokio::sync::{mpsc, oneshot};
 use super::connection::bounded;
 use super::{caller_hash_ttl, Inner, MAX_EXACT, RETRY_INTERVAL};
 use super::{caller_keys, caller_model_prefix};
-use crate::caller::{Callers, DAY_MS};
+use crate::caller::{Callers, NanoUsd, DAY_MS};
 use crate::config::{ModelId, TokenAccounting};
 use crate::decision::{slot_ms, Millis, NOT_COUNTED};
-use crate::store::{Settlement, Settler, StoreError};
+use crate::store::{Settlement, Settler, SpendRow, StoreError};
 
 /// Settlements sent to Redis at once by the flusher.
 const SETTLE_BATCH: usize = 256;
@@ -144,18 +144,35 @@ impl Inner {
                 continue;
             }
             let ttl = caller_hash_ttl(self.config.settings().window_kind, caller.limits());
-            self.settle_hash(
-                &hash,
-                pending.id,
-                (tokens, reserved),
-                ttl,
-                &pairs,
-                &budgets,
-                slot_set,
-                s.cancel,
-                None,
-            )
-            .await?;
+            let spent = self
+                .settle_hash(
+                    &hash,
+                    pending.id,
+                    (tokens, reserved),
+                    ttl,
+                    &pairs,
+                    &budgets,
+                    slot_set,
+                    s.cancel,
+                    None,
+                )
+                .await?;
+            // What the budgets hold now, for a durable copy (`RedisStoreBuilder::spend_log`).
+            if let Some(log) = &self.spend_log {
+                let model_name = self.model_names[s.model.index()].clone();
+                for ((prefix, period, _, _), after) in budgets.iter().zip(spent) {
+                    let Ok(after) = u64::try_from(after) else {
+                        continue;
+                    };
+                    log.record(SpendRow {
+                        kind: caller.kind(),
+                        id: Arc::from(caller.id()),
+                        model: (*prefix != "$").then(|| model_name.clone()),
+                        period: *period,
+                        spent: NanoUsd::from_nanos(after),
+                    });
+                }
+            }
         }
         Ok(())
     }
@@ -163,7 +180,9 @@ impl Inner {
     /// One `settle.lua` call: settlement `id` of `(tokens, reserved)` on `pairs` (prefix, mark,
     /// window, slot length) and `budgets` (prefix, period, cost reserved, cost) of `hash`,
     /// freeing a parallel slot (its set and member) if given, publishing on `wake` (a model's
-    /// channel) if it frees room while someone may wait; `ttl_ms` -1 keeps the hash.
+    /// channel) if it frees room while someone may wait; `ttl_ms` -1 keeps the hash. Returns
+    /// each budget's spend after it (-1 where its period has ended; none when the settlement had
+    /// been applied before).
     #[allow(clippy::too_many_arguments)]
     async fn settle_hash(
         &self,
@@ -176,14 +195,14 @@ impl Inner {
         slot_set: Option<(&str, &str)>,
         cancel: bool,
         wake: Option<&str>,
-    ) -> Result<(), StoreError> {
+    ) -> Result<Vec<i64>, StoreError> {
         let id_key = settled_key(hash, self.settlement_ids, id);
         let mut keys = vec![hash, id_key.as_str()];
         keys.extend(slot_set.map(|(set, _)| set));
         let mut connection = self.connection.clone();
         let call = self
             .settle_script
-            .call::<i64>(&mut connection, &keys, |cmd| {
+            .call::<Vec<i64>>(&mut connection, &keys, |cmd| {
                 cmd.arg(tokens)
                     .arg(reserved)
                     .arg(ttl_ms)
@@ -206,15 +225,17 @@ impl Inner {
                     cmd.arg(*prefix).arg(*period).arg(*reserved).arg(*cost);
                 }
             });
-        let applied = self
+        let mut result = self
             .timed(bounded(SETTLE_TIMEOUT.max(self.timeout), call))
             .await?;
-        if applied == 0 {
+        if result.first() != Some(&1) {
             self.stats
                 .settlements_duplicate
                 .fetch_add(1, Ordering::Relaxed);
+            return Ok(Vec::new());
         }
-        Ok(())
+        result.remove(0);
+        Ok(result)
     }
 }
 

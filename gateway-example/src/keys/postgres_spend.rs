@@ -1,0 +1,359 @@
+//! What keys and teams have spent, kept in Postgres (`tpl_spend`) when keys are there: the copy
+//! that survives a gateway's restart and an empty Redis.
+//!
+//! - **What is written**: every [`WRITE_EVERY`], the budgets that settlements changed since the
+//!   last write, as absolute values (the embedded counters' [`MemoryStore::take_changed_spend`],
+//!   or on Redis the values `settle.lua` left, collected in a [`SpendLog`]). An upsert replaces a
+//!   row only with a newer one (a later period, or more spent in the same): writing twice, or
+//!   two gateways writing the same budget, counts nothing twice, and the fleet's largest value,
+//!   Redis's own, wins.
+//! - **`kill -9`**: at most the last [`WRITE_EVERY`] of settlements, and those in flight, miss the
+//!   copy; a graceful stop ([`PgSpend::write_now`]) writes everything.
+//! - **Postgres down**: rows that could not be written are kept (the newest per budget) and sent
+//!   with the next write, up to [`DEFAULT_MAX_BUDGETS`] budgets; past that, rows of new budgets are
+//!   dropped and the log says so. Budgets are still enforced from the counters meanwhile.
+//! - **At start, embedded counters**: every row is read back into them (the gateway does not start
+//!   if Postgres cannot be read, like its keys).
+//! - **Redis emptied** (`FLUSHALL`, a restart without persistence): a new epoch starts
+//!   ([`RedisStore::spend_epoch`]); the first check after it (every [`EPOCH_EVERY`], and at start)
+//!   reads every row and adds it to the callers' hashes, each once however many gateways do it
+//!   ([`RedisStore::restore_spend`]). Spend settled in the moment between Redis emptying and the
+//!   restore is counted in Redis and reaches the copy with the caller's next settlement.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use deadpool_postgres::Pool;
+use tokio::sync::Mutex;
+use tower_priority_limit::caller::{CallerKind, NanoUsd, Spent};
+use tower_priority_limit::config::LimiterConfig;
+use tower_priority_limit::store::{
+    MemoryStore, RedisStore, SpendLog, SpendRow, DEFAULT_MAX_BUDGETS,
+};
+
+use super::postgres::PgKeys;
+use super::KeyStoreError;
+
+/// How often changed spend is written.
+pub const WRITE_EVERY: Duration = Duration::from_millis(200);
+
+/// How often a gateway on Redis checks that Redis still holds its epoch.
+pub const EPOCH_EVERY: Duration = Duration::from_secs(1);
+
+/// Rows per statement.
+const WRITE_CHUNK: usize = 5_000;
+
+/// Where the spend to write comes from.
+enum Source {
+    /// The embedded counters (a handle sharing the gateway's callers), and model names by id.
+    Embedded {
+        store: Box<MemoryStore>,
+        models: Vec<Arc<str>>,
+    },
+    /// What the Redis stores' settlements logged, and a store to restore through.
+    Redis { log: SpendLog, store: RedisStore },
+}
+
+/// The spend copy in Postgres and the task that writes it; dropping it stops the task (call
+/// [`write_now`](Self::write_now) first to lose nothing).
+pub struct PgSpend {
+    inner: Arc<Inner>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+struct Inner {
+    pool: Pool,
+    target: String,
+    timeout: Duration,
+    source: Source,
+    /// Rows a failed write did not store, sent with the next one.
+    unwritten: SpendLog,
+    /// One write at a time (the task's and a graceful stop's).
+    writing: Mutex<()>,
+    /// Whether the unwritten rows overflowed (said once per outage).
+    overflowed: AtomicBool,
+}
+
+impl std::fmt::Debug for PgSpend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgSpend")
+            .field("target", &self.inner.target)
+            .field("unwritten", &self.inner.unwritten.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for PgSpend {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl PgSpend {
+    /// Reads every row into `store`'s callers' counters (embedded), and starts writing their
+    /// changes. An error (Postgres cannot be read) stops the gateway's start.
+    pub async fn embedded(
+        keys: &PgKeys,
+        store: &MemoryStore,
+        config: &LimiterConfig,
+    ) -> Result<Self, KeyStoreError> {
+        let pool = keys.pool();
+        let rows = read_all(&pool, keys.target()).await?;
+        let restored: Vec<Spent> = rows
+            .into_iter()
+            .filter_map(|row| {
+                let model = match &row.model {
+                    None => None,
+                    // A model the config no longer has: its budget is gone.
+                    Some(name) => Some(config.model_id(name)?),
+                };
+                Some(Spent {
+                    kind: row.kind,
+                    id: row.id,
+                    model,
+                    period: row.period,
+                    spent: row.spent,
+                })
+            })
+            .collect();
+        tracing::info!(
+            postgres = keys.target(),
+            budgets = restored.len(),
+            "spend read from Postgres"
+        );
+        store.restore_spend(restored);
+        let store = store
+            .sharing_callers(config)
+            .ok_or_else(|| KeyStoreError::Io("the limiter's counters changed kind".into()))?;
+        let models = config
+            .models()
+            .iter()
+            .map(|m| Arc::from(m.name()))
+            .collect();
+        Ok(Self::start(
+            keys,
+            Source::Embedded {
+                store: Box::new(store),
+                models,
+            },
+        ))
+    }
+
+    /// Writes what `log` collects from `store`'s (and a reload's stores') settlements, and gives
+    /// spend back to Redis whenever it comes back empty; the first check runs before this
+    /// returns (a failure there is logged and retried: Redis may be down at start).
+    pub async fn on_redis(keys: &PgKeys, log: SpendLog, store: RedisStore) -> Self {
+        let spend = Self::start(keys, Source::Redis { log, store });
+        spend.inner.check_epoch().await;
+        spend
+    }
+
+    fn start(keys: &PgKeys, source: Source) -> Self {
+        let inner = Arc::new(Inner {
+            pool: keys.pool(),
+            target: keys.target().to_owned(),
+            timeout: keys.timeout(),
+            source,
+            unwritten: SpendLog::default(),
+            writing: Mutex::new(()),
+            overflowed: AtomicBool::new(false),
+        });
+        let task = tokio::spawn(run(Arc::clone(&inner)));
+        Self { inner, task }
+    }
+
+    /// Writes what changed now (a graceful stop).
+    pub async fn write_now(&self) {
+        self.inner.write_changed().await;
+    }
+
+    /// The log a Redis store's settlements record into (to build a reload's store with it).
+    pub fn redis_log(&self) -> Option<&SpendLog> {
+        match &self.inner.source {
+            Source::Redis { log, .. } => Some(log),
+            Source::Embedded { .. } => None,
+        }
+    }
+
+    /// Budgets whose rows wait to be written (Postgres down).
+    pub fn unwritten(&self) -> usize {
+        self.inner.unwritten.len()
+    }
+}
+
+async fn run(inner: Arc<Inner>) {
+    let mut write = tokio::time::interval(WRITE_EVERY);
+    let mut epoch = tokio::time::interval(EPOCH_EVERY);
+    write.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    epoch.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let on_redis = matches!(inner.source, Source::Redis { .. });
+    loop {
+        tokio::select! {
+            _ = write.tick() => inner.write_changed().await,
+            _ = epoch.tick(), if on_redis => inner.check_epoch().await,
+        }
+    }
+}
+
+impl Inner {
+    /// The rows changed since the last write, with those a failed write left.
+    fn changed(&self) -> Vec<SpendRow> {
+        let fresh = match &self.source {
+            Source::Embedded { store, models } => store
+                .take_changed_spend()
+                .into_iter()
+                .map(|s| SpendRow {
+                    kind: s.kind,
+                    id: s.id,
+                    model: s.model.and_then(|m| models.get(m.index()).cloned()),
+                    period: s.period,
+                    spent: s.spent,
+                })
+                .collect(),
+            Source::Redis { log, .. } => log.take(),
+        };
+        if self.unwritten.is_empty() {
+            return fresh;
+        }
+        self.unwritten.record_all(fresh);
+        self.unwritten.take()
+    }
+
+    async fn write_changed(&self) {
+        let _one = self.writing.lock().await;
+        let rows = self.changed();
+        if rows.is_empty() {
+            return;
+        }
+        let written = tokio::time::timeout(self.timeout, write(&self.pool, &rows)).await;
+        let error = match written {
+            Ok(Ok(())) => {
+                if self.overflowed.swap(false, Ordering::Relaxed) {
+                    tracing::info!(postgres = %self.target, "spend written to Postgres again");
+                }
+                return;
+            }
+            Ok(Err(e)) => e.to_string(),
+            Err(_) => format!("no answer within {} ms", self.timeout.as_millis()),
+        };
+        let dropped_before = self.unwritten.dropped();
+        let first = self.unwritten.is_empty();
+        self.unwritten.record_all(rows);
+        if first {
+            tracing::warn!(
+                postgres = %self.target,
+                error,
+                "spend not written to Postgres; kept in memory (up to {DEFAULT_MAX_BUDGETS} budgets) \
+                 and retried every {} ms",
+                WRITE_EVERY.as_millis()
+            );
+        }
+        if self.unwritten.dropped() > dropped_before
+            && !self.overflowed.swap(true, Ordering::Relaxed)
+        {
+            tracing::error!(
+                postgres = %self.target,
+                held = self.unwritten.len(),
+                "spend kept for Postgres reached its bound: rows of further budgets are dropped \
+                 until Postgres answers (the budgets are still enforced from the counters)"
+            );
+        }
+    }
+
+    /// On Redis: when Redis holds a new epoch (it came back empty), gives it the spend in
+    /// Postgres, written up to date first.
+    async fn check_epoch(&self) {
+        let Source::Redis { store, .. } = &self.source else {
+            return;
+        };
+        let epoch = match store.spend_epoch().await {
+            Ok(epoch) if epoch.restored => return,
+            Ok(epoch) => epoch,
+            Err(e) => {
+                tracing::debug!(error = %e, "Redis epoch not read; checked again");
+                return;
+            }
+        };
+        let rows = match read_all(&self.pool, &self.target).await {
+            Ok(rows) => rows,
+            Err(e) => {
+                tracing::warn!(error = %e, "spend not read from Postgres for Redis; retried");
+                return;
+            }
+        };
+        match store.restore_spend(&epoch, &rows).await {
+            Ok(callers) => tracing::info!(
+                epoch = epoch.id,
+                callers,
+                budgets = rows.len(),
+                "Redis held no spend (emptied or new): given back from Postgres"
+            ),
+            Err(e) => tracing::warn!(error = %e, "spend not given back to Redis yet; retried"),
+        }
+    }
+}
+
+/// Upserts `rows` (one per budget), each replacing its row only if newer.
+async fn write(pool: &Pool, rows: &[SpendRow]) -> Result<(), String> {
+    let client = pool.get().await.map_err(|e| e.to_string())?;
+    for chunk in rows.chunks(WRITE_CHUNK) {
+        let kinds: Vec<&str> = chunk.iter().map(|r| r.kind.as_str()).collect();
+        let ids: Vec<&str> = chunk.iter().map(|r| &*r.id).collect();
+        let models: Vec<&str> = chunk
+            .iter()
+            .map(|r| r.model.as_deref().unwrap_or(""))
+            .collect();
+        let periods: Vec<i64> = chunk
+            .iter()
+            .map(|r| i64::try_from(r.period).unwrap_or(i64::MAX))
+            .collect();
+        let spent: Vec<i64> = chunk
+            .iter()
+            .map(|r| i64::try_from(r.spent.nanos()).unwrap_or(i64::MAX))
+            .collect();
+        client
+            .execute(
+                "INSERT INTO tpl_spend (kind, id, model, period, spent)
+                 SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::int8[], $5::int8[])
+                 ON CONFLICT (kind, id, model) DO UPDATE
+                 SET period = EXCLUDED.period, spent = EXCLUDED.spent
+                 WHERE (EXCLUDED.period, EXCLUDED.spent) > (tpl_spend.period, tpl_spend.spent)",
+                &[&kinds, &ids, &models, &periods, &spent],
+            )
+            .await
+            .map_err(|e| e.to_string())?;
+    }
+    Ok(())
+}
+
+/// Every row of `tpl_spend`.
+async fn read_all(pool: &Pool, target: &str) -> Result<Vec<SpendRow>, KeyStoreError> {
+    let unavailable = |e: String| KeyStoreError::Unavailable(format!("Postgres at {target}: {e}"));
+    let client = pool.get().await.map_err(|e| unavailable(e.to_string()))?;
+    let rows = client
+        .query("SELECT kind, id, model, period, spent FROM tpl_spend", &[])
+        .await
+        .map_err(|e| unavailable(e.to_string()))?;
+    Ok(rows
+        .iter()
+        .filter_map(|row| {
+            let kind = match row.get::<_, &str>(0) {
+                "key" => CallerKind::Key,
+                "team" => CallerKind::Team,
+                _ => return None,
+            };
+            let model = match row.get::<_, &str>(2) {
+                "" => None,
+                name => Some(Arc::from(name)),
+            };
+            Some(SpendRow {
+                kind,
+                id: Arc::from(row.get::<_, &str>(1)),
+                model,
+                period: u64::try_from(row.get::<_, i64>(3)).unwrap_or(0),
+                spent: NanoUsd::from_nanos(u64::try_from(row.get::<_, i64>(4)).unwrap_or(0)),
+            })
+        })
+        .collect())
+}
