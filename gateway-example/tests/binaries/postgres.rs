@@ -19,7 +19,7 @@ use super::redis_server::RedisServer;
 
 const BIN: &str = env!("CARGO_BIN_EXE_gateway-example");
 
-/// A fresh dir with `gw.yaml` (one mock model, [`MASTER`], keys in `database_url`, Redis if
+/// A fresh dir with `gw.yaml` (one mock model, priced at $1 and $2 per million, [`MASTER`], keys in `database_url`, Redis if
 /// given); its `data/` is the (unused) data dir.
 fn setup(name: &str, database_url: &str, redis: Option<&RedisServer>) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("gw-bin-pg-{name}-{}", std::process::id()));
@@ -31,7 +31,8 @@ fn setup(name: &str, database_url: &str, redis: Option<&RedisServer>) -> PathBuf
     std::fs::write(
         dir.join("gw.yaml"),
         format!(
-            "model_list: [{{model_name: m, litellm_params: {{model: openai/m, mock_response: hi, rpm: 100000}}}}]\n\
+            "model_list: [{{model_name: m, litellm_params: {{model: openai/m, mock_response: hi, rpm: 100000}}, \
+             model_info: {{input_cost_per_token: 0.000001, output_cost_per_token: 0.000002}}}}]\n\
              litellm_settings: {{callbacks: [\"dynamic_rate_limiter_v3\"]}}\n\
              general_settings: {{master_key: {MASTER}, database_url: \"{database_url}\"}}\n{router}"
         ),
@@ -188,4 +189,153 @@ async fn import_litellm_brings_litellm_keys_to_a_gateway_process() {
         "{stderr}"
     );
     let _ = std::fs::remove_dir_all(Path::new(&dir));
+}
+
+/// One answer (10 prompt, 20 completion tokens) at $1 and $2 per million.
+const COST: f64 = 0.00005;
+
+/// A key's spend as `/key/info` shows it, in answers (`None` while the gateway does not answer).
+async fn spent_answers(
+    client: &Client<HttpConnector, Full<Bytes>>,
+    addr: &str,
+    key: &str,
+) -> Option<usize> {
+    let (status, body) = call(client, addr, &format!("/key/info?key={key}"), None).await?;
+    if status != 200 {
+        return None;
+    }
+    let info: serde_json::Value = serde_json::from_str(&body).ok()?;
+    Some((info["info"]["spend"].as_f64()? / COST).round() as usize)
+}
+
+/// Two gateway processes on one Redis and one Postgres, four clients spending on one key as fast
+/// as they are answered. One gateway is killed with SIGKILL under its clients; then Redis is
+/// emptied (`FLUSHALL`). The spend that comes back from Postgres is every answer's, less at most
+/// those the killed gateway answered in its last moments (its settlements not yet sent to
+/// Redis), and never more than was answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_and_flushall_on_a_fleet_lose_at_most_the_spend_in_flight() {
+    let Some(postgres) = PostgresServer::start("kill_9_and_flushall_on_a_fleet") else {
+        return;
+    };
+    let Some(redis) = RedisServer::start("kill_9_and_flushall_on_a_fleet") else {
+        return;
+    };
+    let dir = setup("spend", &postgres.url(), Some(&redis));
+    let (mut doomed, doomed_addr) = start(command(&dir, None)).expect("a gateway process starts");
+    let (mut survivor, survivor_addr) = start(command(&dir, None)).expect("a second one starts");
+    let http = client();
+    let (status, body) = call(
+        &http,
+        &doomed_addr,
+        "/key/generate",
+        Some(r#"{"max_budget": 1000}"#),
+    )
+    .await
+    .unwrap();
+    assert_eq!(status, 200, "{body}");
+    let key = new_key_of(&body);
+    let learnt = Instant::now();
+    while chat(&http, &survivor_addr, &key).await != Some(200) {
+        assert!(
+            learnt.elapsed() < Duration::from_secs(2),
+            "the second gateway serves the key"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Four clients, two per gateway; each answer's time is kept, by gateway.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let clients: Vec<_> = (0..4)
+        .map(|i| {
+            let addr = if i % 2 == 0 {
+                doomed_addr.clone()
+            } else {
+                survivor_addr.clone()
+            };
+            let (key, stop, http) = (key.clone(), stop.clone(), client());
+            tokio::spawn(async move {
+                let mut answered = Vec::new();
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    match chat(&http, &addr, &key).await {
+                        Some(200) => answered.push(Instant::now()),
+                        Some(other) => panic!("status {other}"),
+                        // The killed gateway: its client stops.
+                        None => break,
+                    }
+                }
+                (i % 2 == 0, answered)
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    kill(&mut doomed, "-KILL");
+    let killed = Instant::now();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (mut total, mut doomed_recent) = (1, 0); // the survivor's first answer
+    for c in clients {
+        let (on_doomed, answered) = c.await.unwrap();
+        total += answered.len();
+        if on_doomed {
+            doomed_recent += answered
+                .iter()
+                .filter(|&&t| killed.duration_since(t) < Duration::from_millis(400))
+                .count();
+        }
+    }
+    // The survivor's spend writer has run after its last settlement (every 200 ms) once Redis's
+    // spend and Postgres's copy agree.
+    let hash = gateway_example::keys::hash_key(&key);
+    let copied = || async {
+        let (db, connection) = tokio_postgres::connect(&postgres.url(), tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        tokio::spawn(connection);
+        db.query(
+            "SELECT spent FROM tpl_spend WHERE kind = 'key' AND id = $1 AND model = ''",
+            &[&hash],
+        )
+        .await
+        .unwrap()
+        .first()
+        .map_or(0, |r| {
+            (r.get::<_, i64>(0) as f64 / 1e9 / COST).round() as usize
+        })
+    };
+    let in_redis = spent_answers(&http, &survivor_addr, &key).await.unwrap();
+    let agreed = Instant::now();
+    while copied().await != in_redis {
+        assert!(
+            agreed.elapsed() < Duration::from_secs(2),
+            "the copy catches up with Redis"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(redis.cli(&["FLUSHALL"]).trim(), "OK");
+    let flushed = Instant::now();
+    let kept = loop {
+        match spent_answers(&http, &survivor_addr, &key).await {
+            Some(n) if n == in_redis => break n,
+            _ => {}
+        }
+        assert!(
+            flushed.elapsed() < Duration::from_secs(5),
+            "the spend comes back after FLUSHALL"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    eprintln!(
+        "{total} answered on 2 gateways, {kept} kept after kill -9 of one and FLUSHALL, {} lost \
+         ({doomed_recent} answered by the killed one in its last 400 ms); back {:?} after FLUSHALL",
+        total - kept.min(total),
+        flushed.elapsed()
+    );
+    assert!(kept <= total, "counted twice: {kept} of {total}");
+    assert!(
+        total - kept <= doomed_recent,
+        "lost {} of {total}, more than the killed gateway's last {doomed_recent}",
+        total - kept
+    );
+    kill(&mut survivor, "-TERM");
+    std::fs::remove_dir_all(&dir).unwrap();
 }
