@@ -538,6 +538,15 @@ async fn keys_issued_by_litellm_are_imported_and_served_unchanged() {
         ", 'limited', '{all-team-models}', 10, 5.0, 1.25, 'team-open'",
     )
     .await;
+    // Its whole budget spent in LiteLLM's current day (which ends in 6 hours).
+    let spent = "sk-litellmSpent00000000007";
+    litellm_key(
+        &db,
+        spent,
+        ", models, max_budget, spend, budget_duration, budget_reset_at",
+        ", '{}', 1.0, 1.0, '1d', now() at time zone 'utc' + interval '6 hours'",
+    )
+    .await;
     litellm_key(
         &db,
         "sk-litellmOrphan0000000006",
@@ -552,18 +561,19 @@ async fn keys_issued_by_litellm_are_imported_and_served_unchanged() {
         .unwrap();
     let text = report.to_string();
     println!("{text}");
-    assert_eq!((report.new_keys, report.new_teams), (5, 2), "{text}");
+    assert_eq!((report.new_keys, report.new_teams), (6, 2), "{text}");
     // Limits are brought over and honoured (docs/gateway.md, "Key and team limits").
     assert!(
         !text.contains("rpm_limit") && !text.contains("tpm_limit"),
         "{text}"
     );
+    // So are budgets and what was spent.
     assert!(
-        text.contains("LiteLLM_VerificationToken.max_budget set on 1: limited"),
+        !text.contains("max_budget") && !text.contains(".spend") && !text.contains("budget_"),
         "{text}"
     );
     assert!(
-        text.contains("LiteLLM_VerificationToken.spend set on 1: limited"),
+        text.contains("spend of 2 budgets written to tpl_spend"),
         "{text}"
     );
     assert!(
@@ -581,8 +591,29 @@ async fn keys_issued_by_litellm_are_imported_and_served_unchanged() {
         .unwrap();
     assert_eq!((again.new_keys, again.new_teams), (0, 0));
 
-    let (gw, _dirs) = gateways(&config(&postgres, None), 1).await;
+    let (gw, _dirs) = gateways(&priced(&postgres, None), 1).await;
     let gw = &gw[0];
+    let info = gw
+        .get(&format!("/key/info?key={limited}"), Some(MASTER))
+        .await
+        .json();
+    assert_eq!(info["info"]["max_budget"], 5.0, "{info}");
+    assert!(same_dollars(key_spend(gw, limited).await, 1.25), "{info}");
+    let r = gw.chat(spent, M, false).await;
+    assert_eq!(r.status, 400, "the budget LiteLLM saw spent: {}", r.text());
+    assert_eq!(r.headers["x-priority-limit-refused-by"], "key_budget");
+    let info = gw
+        .get(&format!("/key/info?key={spent}"), Some(MASTER))
+        .await
+        .json();
+    // LiteLLM's period kept: it ends when LiteLLM would have reset it.
+    let reset = info["info"]["budget_reset_at"].as_str().unwrap_or_default();
+    let reset = gateway_example::keys::expiry::parse_iso(reset).expect("a reset time") as i64;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64;
+    assert!((reset - now - 6 * 3_600).abs() < 120, "{info}");
     let r = gw.chat(in_team, M, false).await;
     assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(

@@ -8,12 +8,15 @@
 //!   them) is hashed here the same way.
 //! - **Honoured**: a key's `token`, `key_alias`, `models`, `team_id`, `metadata` (its `priority`
 //!   included), `expires`, `blocked`, `allowed_routes`, `created_at`; a team's `team_id`, `team_alias`, `models`,
-//!   `metadata`, `blocked`, `created_at`. LiteLLM's `all-proxy-models` (and, on a key,
+//!   `metadata`, `blocked`, `created_at`; on both, `rpm_limit`, `tpm_limit`,
+//!   `max_parallel_requests`, the budgets (`max_budget`, `soft_budget`, `budget_duration` with
+//!   its period ending at LiteLLM's `budget_reset_at`, `model_max_budget`) and what was spent
+//!   (`spend`, and `model_spend` on the models with a budget), written to `tpl_spend` unless the
+//!   period has passed (LiteLLM would reset it). LiteLLM's `all-proxy-models` (and, on a key,
 //!   `all-team-models`) is an empty list here: every model, held to the team's list.
 //! - **Not honoured**: every other column that holds something other than its default (null,
 //!   false, 0, empty) is named in the report, with the rows that set it, never dropped silently
-//!   (limits, budgets and spend until this gateway has them; users, organisations, aliases,
-//!   permissions). Bookkeeping columns ([`BOOKKEEPING`]) are not settings and are not reported.
+//!   (users, organisations, aliases, permissions, a `budget_id`'s shared budget). Bookkeeping columns ([`BOOKKEEPING`]) are not settings and are not reported.
 //! - **Not imported**: a key whose team is not in `LiteLLM_TeamTable` (it would lose its team's
 //!   restrictions) is named in the report instead.
 //! - **Idempotent**: keys and teams that exist already are left as they are, so running it again
@@ -28,8 +31,16 @@ use std::collections::BTreeMap;
 use serde_json::{Map, Value};
 use tokio_postgres::Client;
 
+use std::sync::Arc;
+
+use tower_priority_limit::caller::{CallerKind, NanoUsd};
+use tower_priority_limit::store::SpendRow;
+
 use super::postgres::{connect_one, import_rows, migrate};
-use super::{expiry, hash_key, now_secs, KeyRecord, KeyStoreError, Limits, TeamRecord};
+use super::postgres_spend::write_rows;
+use super::{
+    expiry, hash_key, now_secs, KeyRecord, KeyStoreError, Limits, ModelBudget, TeamRecord,
+};
 use crate::config::DatabaseUrl;
 
 /// LiteLLM's key table.
@@ -65,6 +76,12 @@ const KEY_COLUMNS: &[&str] = &[
     "rpm_limit",
     "tpm_limit",
     "max_parallel_requests",
+    "max_budget",
+    "soft_budget",
+    "budget_duration",
+    "model_max_budget",
+    "spend",
+    "model_spend",
 ];
 
 const TEAM_COLUMNS: &[&str] = &[
@@ -77,22 +94,154 @@ const TEAM_COLUMNS: &[&str] = &[
     "rpm_limit",
     "tpm_limit",
     "max_parallel_requests",
+    "max_budget",
+    "soft_budget",
+    "budget_duration",
+    "model_max_budget",
+    "spend",
+    "model_spend",
 ];
 
-/// The limit columns both tables have (`BigInt`s; a negative or fractional one is refused).
-fn limits(row: &Map<String, Value>, table: &str) -> Result<Limits, KeyStoreError> {
+/// The largest budget the counters hold exactly (as `/key/generate` takes them).
+const MAX_DOLLARS: f64 = 9_000_000.0;
+
+/// The limit and budget columns both tables have (`BigInt` limits, a negative or fractional
+/// one refused; `Float` dollars from 0 to [`MAX_DOLLARS`]; a `budget_duration` as LiteLLM writes
+/// it). The budget periods keep LiteLLM's: the current one ends at its `budget_reset_at` (for
+/// durations in months, within the days months differ by); one already past starts afresh at
+/// `now` (Unix s), as LiteLLM's reset would.
+fn limits(row: &Map<String, Value>, table: &str, now: u64) -> Result<Limits, KeyStoreError> {
+    let bad = |column: &str, v: &Value, expected: &str| {
+        KeyStoreError::Corrupt(format!("{table}.{column} {v}: expected {expected}"))
+    };
     let number = |column: &str| match row.get(column) {
         None | Some(Value::Null) => Ok(None),
-        Some(v) => v.as_u64().map(Some).ok_or_else(|| {
-            KeyStoreError::Corrupt(format!("{table}.{column} {v}: expected a whole number ≥ 0"))
-        }),
+        Some(v) => v
+            .as_u64()
+            .map(Some)
+            .ok_or_else(|| bad(column, v, "a whole number ≥ 0")),
     };
+    let dollars = |column: &str, v: &Value| {
+        v.as_f64()
+            .or_else(|| v.as_str().and_then(|t| t.trim().parse().ok()))
+            .filter(|d: &f64| d.is_finite() && (0.0..=MAX_DOLLARS).contains(d))
+            .ok_or_else(|| bad(column, v, "dollars from 0 to 9000000"))
+    };
+    let optional_dollars = |column: &str| match row.get(column) {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => dollars(column, v).map(Some),
+    };
+    let duration = |column: &str, v: &Value| match v.as_str().map(str::trim) {
+        Some(d) if expiry::after_duration(now, d).is_ok_and(|end| end > now) => Ok(d.to_owned()),
+        _ => Err(bad(
+            column,
+            v,
+            "a duration such as \"30s\", \"1h\", \"1d\" or \"1mo\"",
+        )),
+    };
+    let budget_duration = match row.get("budget_duration") {
+        None | Some(Value::Null) => None,
+        Some(v) => Some(duration("budget_duration", v)?),
+    };
+    let mut model_max_budget = BTreeMap::new();
+    if let Some(Value::Object(per_model)) = row.get("model_max_budget") {
+        let column = "model_max_budget";
+        for (model, v) in per_model {
+            let budget = match v {
+                Value::Object(o) => ModelBudget {
+                    budget_limit: dollars(column, o.get("budget_limit").unwrap_or(&Value::Null))?,
+                    time_period: match o.get("time_period") {
+                        None | Some(Value::Null) => None,
+                        Some(t) => Some(duration(column, t)?),
+                    },
+                },
+                v => ModelBudget {
+                    budget_limit: dollars(column, v)?,
+                    time_period: None,
+                },
+            };
+            model_max_budget.insert(model.clone(), budget);
+        }
+    }
+    let reset_at = time(row, table, "budget_reset_at")?;
+    let budget_start = budget_duration
+        .as_deref()
+        .map(|d| period_anchor(reset_at, d, now));
     Ok(Limits {
         rpm_limit: number("rpm_limit")?,
         tpm_limit: number("tpm_limit")?,
         max_parallel_requests: number("max_parallel_requests")?,
+        max_budget: optional_dollars("max_budget")?,
+        soft_budget: optional_dollars("soft_budget")?,
+        budget_duration,
+        budget_start,
+        model_max_budget,
         ..Limits::default()
     })
+}
+
+/// Where periods of `duration` start from so that the current one ends at LiteLLM's
+/// `reset_at`; `now` when there is none, or it has passed (LiteLLM resets then).
+fn period_anchor(reset_at: Option<u64>, duration: &str, now: u64) -> u64 {
+    match reset_at {
+        Some(reset) if reset > now => {
+            let length =
+                expiry::after_duration(reset, duration).map_or(0, |end| end.saturating_sub(reset));
+            reset.saturating_sub(length)
+        }
+        _ => now,
+    }
+}
+
+/// What a LiteLLM row had spent (`spend`, and `model_spend` for the models it has a budget on),
+/// as rows of the gateway's spend copy in the periods of `limits`; nothing of a period that
+/// LiteLLM would reset (its `budget_reset_at` passed). `id` is what the counters are kept
+/// under (a key's hash, a team's id).
+fn spend(
+    row: &Map<String, Value>,
+    kind: CallerKind,
+    id: &str,
+    limits: &Limits,
+    now: u64,
+) -> Vec<SpendRow> {
+    let reset_at = row
+        .get("budget_reset_at")
+        .and_then(Value::as_str)
+        .and_then(|t| expiry::parse_iso(t).ok());
+    if limits.budget_duration.is_some() && reset_at.is_some_and(|r| r <= now) {
+        return Vec::new();
+    }
+    let now_ms = now.saturating_mul(1000);
+    let dollars = |v: &Value| {
+        v.as_f64()
+            .filter(|d| d.is_finite() && *d > 0.0)
+            .and_then(NanoUsd::from_dollars)
+    };
+    let row_of = |model: Option<&str>, spent: NanoUsd, period: u64| SpendRow {
+        kind,
+        id: Arc::from(id),
+        model: model.map(Arc::from),
+        period,
+        spent,
+    };
+    let mut rows = Vec::new();
+    if let Some(spent) = row.get("spend").and_then(dollars) {
+        let period = limits
+            .budget_period(now_ms)
+            .map_or(0, |(start, _)| start * 1000);
+        rows.push(row_of(None, spent, period));
+    }
+    if let Some(Value::Object(per_model)) = row.get("model_spend") {
+        for (model, v) in per_model {
+            let (Some(spent), Some(budget)) =
+                (dollars(v), limits.for_model(model, now_ms).model_budget)
+            else {
+                continue;
+            };
+            rows.push(row_of(Some(model), spent, budget.period));
+        }
+    }
+    rows
 }
 
 /// A column not honoured, and the rows (key aliases or hash prefixes, team ids) that set it.
@@ -115,6 +264,8 @@ pub struct LiteLlmData {
     pub unhonoured: Vec<Unhonoured>,
     /// Keys not imported, and why.
     pub skipped: Vec<String>,
+    /// What the imported keys and teams had spent, by budget.
+    pub spend: Vec<SpendRow>,
 }
 
 /// What an import did.
@@ -140,6 +291,15 @@ impl std::fmt::Display for ImportReport {
             self.new_keys,
             self.new_teams
         )?;
+        if !read.spend.is_empty() {
+            writeln!(
+                f,
+                "spend of {} budgets written to tpl_spend (a row there that is newer is kept); \
+                 gateways on embedded counters read it at start, gateways on Redis when Redis \
+                 holds no spend yet: import before the fleet first starts on its Redis",
+                read.spend.len()
+            )?;
+        }
         for skipped in &read.skipped {
             writeln!(f, "not imported: {skipped}")?;
         }
@@ -169,6 +329,10 @@ pub async fn import(from: &DatabaseUrl, into: &DatabaseUrl) -> Result<ImportRepo
     migrate(&mut target, &target_name).await?;
     let (new_keys, new_teams) =
         import_rows(&mut target, &target_name, &read.keys, &read.teams).await?;
+    // Newer rows win, as the gateways' own writes: importing again changes nothing.
+    write_rows(&target, &read.spend)
+        .await
+        .map_err(|e| KeyStoreError::Unavailable(format!("writing spend to {target_name}: {e}")))?;
     Ok(ImportReport {
         read,
         new_keys,
@@ -196,8 +360,16 @@ pub async fn read(client: &Client, name: &str) -> Result<LiteLlmData, KeyStoreEr
     let key_rows = rows(KEY_TABLE).await?;
     let mut data = LiteLlmData::default();
     let mut unhonoured: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    let now = now_secs();
     for row in &team_rows {
-        let team = team(row)?;
+        let team = team(row, now)?;
+        data.spend.extend(spend(
+            row,
+            CallerKind::Team,
+            &team.team_id,
+            &team.limits,
+            now,
+        ));
         note_unhonoured(
             &mut unhonoured,
             TEAM_TABLE,
@@ -208,7 +380,7 @@ pub async fn read(client: &Client, name: &str) -> Result<LiteLlmData, KeyStoreEr
         data.teams.push(team);
     }
     for row in &key_rows {
-        let key = key(row)?;
+        let key = key(row, now)?;
         let name = key
             .key_alias
             .clone()
@@ -223,6 +395,8 @@ pub async fn read(client: &Client, name: &str) -> Result<LiteLlmData, KeyStoreEr
             }
         }
         note_unhonoured(&mut unhonoured, KEY_TABLE, row, KEY_COLUMNS, &name);
+        data.spend
+            .extend(spend(row, CallerKind::Key, &key.token, &key.limits, now));
         data.keys.push(key);
     }
     data.unhonoured = unhonoured
@@ -303,7 +477,7 @@ fn time(row: &Map<String, Value>, table: &str, column: &str) -> Result<Option<u6
     }
 }
 
-fn key(row: &Map<String, Value>) -> Result<KeyRecord, KeyStoreError> {
+fn key(row: &Map<String, Value>, now: u64) -> Result<KeyRecord, KeyStoreError> {
     let stored = text(row, "token")
         .filter(|t| !t.is_empty())
         .ok_or_else(|| KeyStoreError::Corrupt(format!("a row of {KEY_TABLE} has no token")))?;
@@ -334,11 +508,11 @@ fn key(row: &Map<String, Value>) -> Result<KeyRecord, KeyStoreError> {
                     .collect()
             })
             .unwrap_or_default(),
-        limits: limits(row, KEY_TABLE)?,
+        limits: limits(row, KEY_TABLE, now)?,
     })
 }
 
-fn team(row: &Map<String, Value>) -> Result<TeamRecord, KeyStoreError> {
+fn team(row: &Map<String, Value>, now: u64) -> Result<TeamRecord, KeyStoreError> {
     let team_id = text(row, "team_id")
         .ok_or_else(|| KeyStoreError::Corrupt(format!("a row of {TEAM_TABLE} has no team_id")))?;
     Ok(TeamRecord {
@@ -348,7 +522,7 @@ fn team(row: &Map<String, Value>) -> Result<TeamRecord, KeyStoreError> {
         models: models(row, &["all-proxy-models"]),
         blocked: row.get("blocked").and_then(Value::as_bool).unwrap_or(false),
         created_at: time(row, TEAM_TABLE, "created_at")?.unwrap_or_else(now_secs),
-        limits: limits(row, TEAM_TABLE)?,
+        limits: limits(row, TEAM_TABLE, now)?,
     })
 }
 
@@ -369,9 +543,10 @@ mod tests {
             "models": ["all-proxy-models"], "team_id": null, "metadata": {"priority": "prod"},
             "expires": "2030-01-01T00:00:00", "blocked": null, "created_at": "2026-12-01T10:00:00.123",
             "rpm_limit": 10, "spend": 0.0, "max_budget": 5.5, "aliases": {}, "allowed_routes": [],
+            "budget_id": "b1",
             "updated_at": "2026-12-01T10:00:00"
         }));
-        let k = key(&r).unwrap();
+        let k = key(&r, NOW).unwrap();
         assert_eq!(k.token, "ab".repeat(32));
         assert_eq!(k.key_alias.as_deref(), Some("ci"));
         assert!(k.models.is_empty(), "all-proxy-models is every model");
@@ -387,13 +562,71 @@ mod tests {
         let mut out = BTreeMap::new();
         note_unhonoured(&mut out, KEY_TABLE, &r, KEY_COLUMNS, "ci");
         let fields: Vec<&str> = out.keys().map(String::as_str).collect();
-        assert_eq!(fields, ["LiteLLM_VerificationToken.max_budget"]);
+        assert_eq!(fields, ["LiteLLM_VerificationToken.budget_id"]);
+        assert_eq!(
+            k.limits.max_budget,
+            Some(5.5),
+            "a budget LiteLLM set holds here too"
+        );
+    }
+
+    const NOW: u64 = 1_796_119_200; // 2026-12-01T10:00:00Z
+
+    #[test]
+    fn budgets_keep_litellms_period_and_its_spend() {
+        let r = row(json!({
+            "token": "cd".repeat(32), "max_budget": 10.0, "soft_budget": 8.0,
+            "budget_duration": "1d", "budget_reset_at": "2026-12-01T16:00:00",
+            "spend": 2.5, "model_spend": {"m": 1.25, "other": 0.5},
+            "model_max_budget": {"m": {"budget_limit": 3.0, "time_period": "1h"}}
+        }));
+        let k = key(&r, NOW).unwrap();
+        // The day ends when LiteLLM would have reset it.
+        assert_eq!(k.limits.budget_start, Some(NOW + 6 * 3_600 - 86_400));
+        assert_eq!(
+            k.limits.budget_period(NOW * 1000),
+            Some((NOW + 6 * 3_600 - 86_400, NOW + 6 * 3_600))
+        );
+        assert_eq!(k.limits.soft_budget, Some(8.0));
+        assert_eq!(k.limits.model_max_budget["m"].budget_limit, 3.0);
+        let rows = spend(&r, CallerKind::Key, &k.token, &k.limits, NOW);
+        assert_eq!(
+            rows.len(),
+            2,
+            "no budget on `other`: its spend is not counted"
+        );
+        assert_eq!(rows[0].spent, NanoUsd::from_dollars(2.5).unwrap());
+        assert_eq!(rows[0].period, (NOW + 6 * 3_600 - 86_400) * 1000);
+        assert_eq!(rows[1].model.as_deref(), Some("m"));
+        assert_eq!(rows[1].spent, NanoUsd::from_dollars(1.25).unwrap());
+
+        // A period LiteLLM would have reset: a new one starts now, with nothing spent.
+        let mut past = r.clone();
+        past.insert("budget_reset_at".into(), json!("2026-11-30T00:00:00"));
+        let k = key(&past, NOW).unwrap();
+        assert_eq!(k.limits.budget_start, Some(NOW));
+        assert!(spend(&past, CallerKind::Key, &k.token, &k.limits, NOW).is_empty());
+
+        // No duration: spend that never resets.
+        let once = row(json!({"token": "ef".repeat(32), "max_budget": 1.0, "spend": 0.25}));
+        let k = key(&once, NOW).unwrap();
+        let rows = spend(&once, CallerKind::Key, &k.token, &k.limits, NOW);
+        assert_eq!(rows[0].period, 0);
+
+        for bad in [
+            json!({"max_budget": -1.0}),
+            json!({"budget_duration": "soon"}),
+        ] {
+            let mut r = row(json!({"token": "ab".repeat(32)}));
+            r.extend(bad.as_object().unwrap().clone());
+            assert!(key(&r, NOW).is_err(), "{bad}");
+        }
     }
 
     #[test]
     fn a_raw_key_left_in_the_table_is_hashed_as_litellm_does() {
-        let k = key(&row(json!({"token": "sk-raw"}))).unwrap();
+        let k = key(&row(json!({"token": "sk-raw"})), NOW).unwrap();
         assert_eq!(k.token, hash_key("sk-raw"));
-        assert!(key(&row(json!({"token": ""}))).is_err());
+        assert!(key(&row(json!({"token": ""})), NOW).is_err());
     }
 }

@@ -294,9 +294,17 @@ impl Inner {
     }
 }
 
-/// Upserts `rows` (one per budget), each replacing its row only if newer.
+/// Upserts `rows` on a pooled connection.
 async fn write(pool: &Pool, rows: &[SpendRow]) -> Result<(), String> {
     let client = pool.get().await.map_err(|e| e.to_string())?;
+    write_rows(&client, rows).await.map_err(|e| e.to_string())
+}
+
+/// Upserts `rows` (one per budget), each replacing its row only if newer (also an import's).
+pub(crate) async fn write_rows(
+    client: &tokio_postgres::Client,
+    rows: &[SpendRow],
+) -> Result<(), tokio_postgres::Error> {
     for chunk in rows.chunks(WRITE_CHUNK) {
         let kinds: Vec<&str> = chunk.iter().map(|r| r.kind.as_str()).collect();
         let ids: Vec<&str> = chunk.iter().map(|r| &*r.id).collect();
@@ -321,8 +329,7 @@ async fn write(pool: &Pool, rows: &[SpendRow]) -> Result<(), String> {
                  WHERE (EXCLUDED.period, EXCLUDED.spent) > (tpl_spend.period, tpl_spend.spent)",
                 &[&kinds, &ids, &models, &periods, &spent],
             )
-            .await
-            .map_err(|e| e.to_string())?;
+            .await?;
     }
     Ok(())
 }
