@@ -236,7 +236,7 @@ async fn kill_9_and_flushall_on_a_fleet_lose_at_most_the_spend_in_flight() {
     let learnt = Instant::now();
     while chat(&http, &survivor_addr, &key).await != Some(200) {
         assert!(
-            learnt.elapsed() < Duration::from_secs(2),
+            learnt.elapsed() < Duration::from_secs(5),
             "the second gateway serves the key"
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -300,15 +300,19 @@ async fn kill_9_and_flushall_on_a_fleet_lose_at_most_the_spend_in_flight() {
             (r.get::<_, i64>(0) as f64 / 1e9 / COST).round() as usize
         })
     };
-    let in_redis = spent_answers(&http, &survivor_addr, &key).await.unwrap();
+    // Both read afresh each time: the survivor may still be sending its last settlements.
     let agreed = Instant::now();
-    while copied().await != in_redis {
+    let in_redis = loop {
+        let in_redis = spent_answers(&http, &survivor_addr, &key).await;
+        if in_redis.is_some_and(|n| n > 0) && in_redis == Some(copied().await) {
+            break in_redis.unwrap_or(0);
+        }
         assert!(
-            agreed.elapsed() < Duration::from_secs(2),
+            agreed.elapsed() < Duration::from_secs(10),
             "the copy catches up with Redis"
         );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
     assert_eq!(redis.cli(&["FLUSHALL"]).trim(), "OK");
     let flushed = Instant::now();
     let kept = loop {
@@ -317,7 +321,7 @@ async fn kill_9_and_flushall_on_a_fleet_lose_at_most_the_spend_in_flight() {
             _ => {}
         }
         assert!(
-            flushed.elapsed() < Duration::from_secs(5),
+            flushed.elapsed() < Duration::from_secs(10),
             "the spend comes back after FLUSHALL"
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
