@@ -1068,3 +1068,88 @@ async fn spend_in_postgres_outlives_a_restart_and_a_postgres_outage() {
     let (third, _dirs) = gateways(&yaml, 1).await;
     assert!(same_dollars(key_spend(&third[0], &key).await, during));
 }
+
+/// TLS to Postgres as the URL's `sslmode` says, against a server that refuses plain connections:
+/// `verify-full` with the server's CA serves keys (made and used over TLS); without the CA the
+/// certificate is refused and the start says so; `require` and the default `prefer` encrypt
+/// without verifying, as libpq does; `disable` is rejected by the server, and the start names it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_to_postgres_follows_sslmode() {
+    let Some((postgres, ca)) = PostgresServer::start_tls("tls_to_postgres_follows_sslmode") else {
+        return;
+    };
+    let with = |query: &str| {
+        config(&postgres, None).replace(&postgres.url(), &format!("{}?{query}", postgres.url()))
+    };
+    let start = |yaml: String| async move {
+        let config = GatewayConfig::from_yaml_str(&yaml).unwrap();
+        Gateway::connect(config, None)
+            .await
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    };
+    let verified = with(&format!("sslmode=verify-full&sslrootcert={}", ca.display()));
+    let (gw, _dirs) = gateways(&verified, 1).await;
+    let key = gw[0].new_key(json!({})).await;
+    assert_eq!(gw[0].chat(&key, M, false).await.status, 200);
+    // The server saw only encrypted sessions from the gateway.
+    let (db, connection) = tokio_postgres::connect(
+        &format!(
+            "host={} port={} user=postgres dbname=postgres",
+            postgres.socket_dir().display(),
+            postgres.port()
+        ),
+        tokio_postgres::NoTls,
+    )
+    .await
+    .expect("the test's own session, over the Unix socket");
+    tokio::spawn(connection);
+    let plain: i64 = db
+        .query_one(
+            "SELECT count(*) FROM pg_stat_activity a JOIN pg_stat_ssl s USING (pid) \
+             WHERE a.client_addr IS NOT NULL AND NOT s.ssl",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let encrypted: i64 = db
+        .query_one(
+            "SELECT count(*) FROM pg_stat_activity a JOIN pg_stat_ssl s USING (pid) \
+             WHERE a.client_addr IS NOT NULL AND s.ssl",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(plain, 0);
+    assert!(encrypted >= 1, "the listener at least");
+
+    let e = start(with("sslmode=verify-full")).await.unwrap_err();
+    assert!(
+        e.contains("the gateway does not start") && e.to_lowercase().contains("certificate"),
+        "{e}"
+    );
+    for encrypt_only in ["sslmode=require", "", "sslmode=prefer"] {
+        let yaml = if encrypt_only.is_empty() {
+            config(&postgres, None)
+        } else {
+            with(encrypt_only)
+        };
+        start(yaml)
+            .await
+            .unwrap_or_else(|e| panic!("{encrypt_only:?}: {e}"));
+    }
+    let e = start(with("sslmode=disable")).await.unwrap_err();
+    assert!(
+        e.contains("pg_hba.conf") || e.contains("no encryption"),
+        "{e}"
+    );
+    let e = start(with(&format!(
+        "sslmode=verify-ca&sslrootcert={}.missing",
+        ca.display()
+    )))
+    .await
+    .unwrap_err();
+    assert!(e.contains("sslrootcert") && e.contains(".missing"), "{e}");
+}

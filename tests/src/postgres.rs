@@ -127,11 +127,120 @@ pub struct PostgresServer {
     port: u16,
     dir: PathBuf,
     launches: usize,
+    /// More `postgres` arguments (TLS settings).
+    args: Vec<String>,
 }
 
 impl PostgresServer {
     /// Starts a fresh server, or `None` (test skipped, loudly) where Postgres is not installed.
     pub fn start(test: &str) -> Option<Self> {
+        Self::start_with(test, |_| Vec::new())
+    }
+
+    /// A fresh server that takes TLS connections only (`hostssl` in `pg_hba.conf`; a plain one
+    /// is rejected), its certificate for `127.0.0.1` signed by a CA made for it; and that CA's
+    /// PEM file. Certificates are made with `openssl`.
+    pub fn start_tls(test: &str) -> Option<(Self, PathBuf)> {
+        let server = Self::start_with(test, |dir| {
+            let run = |args: &[&str]| {
+                let out = Command::new("openssl")
+                    .args(args)
+                    .current_dir(dir)
+                    .output()
+                    .expect("openssl (apt-get install -y openssl)");
+                assert!(
+                    out.status.success(),
+                    "openssl {args:?}: {}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+            };
+            let ec = [
+                "-newkey",
+                "ec",
+                "-pkeyopt",
+                "ec_paramgen_curve:prime256v1",
+                "-nodes",
+            ];
+            run(&[
+                &["req", "-x509"],
+                &ec[..],
+                &[
+                    "-keyout",
+                    "ca.key",
+                    "-out",
+                    "ca.pem",
+                    "-days",
+                    "2",
+                    "-subj",
+                    "/CN=tpl test CA",
+                    "-addext",
+                    "basicConstraints=critical,CA:TRUE",
+                    "-addext",
+                    "keyUsage=critical,keyCertSign",
+                ],
+            ]
+            .concat());
+            run(&[
+                &["req"],
+                &ec[..],
+                &[
+                    "-keyout",
+                    "server.key",
+                    "-out",
+                    "server.csr",
+                    "-subj",
+                    "/CN=127.0.0.1",
+                ],
+            ]
+            .concat());
+            std::fs::write(
+                dir.join("server.ext"),
+                "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\n",
+            )
+            .unwrap();
+            run(&[
+                "x509",
+                "-req",
+                "-in",
+                "server.csr",
+                "-CA",
+                "ca.pem",
+                "-CAkey",
+                "ca.key",
+                "-CAcreateserial",
+                "-out",
+                "server.pem",
+                "-days",
+                "2",
+                "-extfile",
+                "server.ext",
+            ]);
+            std::fs::write(
+                dir.join("data/pg_hba.conf"),
+                "local all all trust\nhostssl all all 127.0.0.1/32 trust\n\
+                 hostnossl all all 0.0.0.0/0 reject\n",
+            )
+            .unwrap();
+            let _ = Command::new("chmod")
+                .arg("600")
+                .arg(dir.join("server.key"))
+                .status();
+            vec![
+                "-c".into(),
+                "ssl=on".into(),
+                "-c".into(),
+                format!("ssl_cert_file={}", dir.join("server.pem").display()),
+                "-c".into(),
+                format!("ssl_key_file={}", dir.join("server.key").display()),
+            ]
+        })?;
+        let ca = server.dir.join("ca.pem");
+        Some((server, ca))
+    }
+
+    /// A fresh server; `setup` may add files to its directory (the cluster is in `data/`)
+    /// before it is given to the server's user, and returns more `postgres` arguments.
+    fn start_with(test: &str, setup: impl FnOnce(&Path) -> Vec<String>) -> Option<Self> {
         let Some(bin) = bin_dir() else {
             if postgres_required() {
                 panic!(
@@ -155,6 +264,7 @@ impl PostgresServer {
             .status()
             .is_ok_and(|s| s.success());
         assert!(ok, "copying the template cluster");
+        let args = setup(&dir);
         give_to_server_user(&dir);
         let mut server = Self {
             child: None,
@@ -162,6 +272,7 @@ impl PostgresServer {
             port: 0,
             dir,
             launches: 0,
+            args,
         };
         // Another process may take the port between probing and binding: try a few.
         for _ in 0..5 {
@@ -188,6 +299,7 @@ impl PostgresServer {
             .arg(&self.dir)
             .args(["-c", "listen_addresses=127.0.0.1", "-c", "fsync=off"])
             .args(["-c", "max_connections=200"])
+            .args(&self.args)
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
@@ -207,6 +319,11 @@ impl PostgresServer {
         }
         self.kill();
         false
+    }
+
+    /// The directory of its Unix socket (`host=` of a local session).
+    pub fn socket_dir(&self) -> &Path {
+        &self.dir
     }
 
     /// The server's port.

@@ -182,6 +182,14 @@ fn certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
 }
 
 impl Tls {
+    /// Its rustls settings with `alpn` offered instead of HTTP/1.1: for another protocol's
+    /// client over the same roots and certificates (the gateway's Postgres connections).
+    pub fn client_config_for(&self, alpn: &[&[u8]]) -> rustls::ClientConfig {
+        let mut config = (*self.config).clone();
+        config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+        config
+    }
+
     /// TLS 1.2 and 1.3 (ring), verifying the server as `verify` says and, with
     /// `client_certificate` (a PEM file holding the certificate, its chain and its private key,
     /// as httpx's `cert=` takes it), presenting it; ALPN offers HTTP/1.1.

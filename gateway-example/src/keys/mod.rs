@@ -40,6 +40,7 @@ pub mod litellm;
 pub mod local;
 pub mod postgres;
 pub mod postgres_spend;
+mod postgres_tls;
 pub mod redis;
 pub mod routes;
 pub mod spend;

@@ -34,7 +34,6 @@
 //!   connection; lookups are unaffected.
 
 use std::collections::HashSet;
-use std::str::FromStr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -43,9 +42,10 @@ use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod, R
 use futures_util::StreamExt;
 use tokio::sync::{mpsc, oneshot, Mutex};
 use tokio_postgres::error::SqlState;
-use tokio_postgres::{AsyncMessage, Client, Config, IsolationLevel, NoTls};
+use tokio_postgres::{AsyncMessage, Client, Config, IsolationLevel};
 
 use super::local::LocalStore;
+use super::postgres_tls::{driver, Driver};
 use super::redis::Throttle;
 use super::{hashes_match, KeyRecord, KeyStoreError, Resolved, TeamRecord};
 use crate::config::DatabaseUrl;
@@ -166,8 +166,9 @@ pub struct PgKeys {
 
 struct Shared {
     pool: Pool,
-    /// The listener's connection settings (no `statement_timeout`: reading everything may be long).
-    listen_config: Config,
+    /// The listener's connection settings (no `statement_timeout`: reading everything may be
+    /// long) and TLS.
+    listen: Driver,
     memory: LocalStore,
     /// Held while rows read from Postgres are put in memory, so a later read is never
     /// overwritten by an earlier one.
@@ -195,16 +196,6 @@ impl Drop for PgKeys {
     }
 }
 
-/// `url` parsed for the driver, or the reason it cannot be.
-fn driver_config(url: &DatabaseUrl) -> Result<Config, KeyStoreError> {
-    Config::from_str(url.as_str()).map_err(|e| {
-        KeyStoreError::Unavailable(format!(
-            "the Postgres URL {} cannot be read: {e}",
-            url.redacted()
-        ))
-    })
-}
-
 /// `config` with `statement_timeout` (and the same bound on waiting for a lock) set for its
 /// sessions, after whatever options the URL gave.
 fn with_statement_timeout(mut config: Config, timeout: Duration) -> Config {
@@ -220,10 +211,10 @@ fn with_statement_timeout(mut config: Config, timeout: Duration) -> Config {
 
 /// Opens one connection (its driver runs in a task of its own).
 pub(crate) async fn connect_one(url: &DatabaseUrl) -> Result<Client, KeyStoreError> {
-    let config = driver_config(url)?;
+    let Driver { config, tls } = driver(url)?;
     let target = url.redacted();
     let (client, connection) = config
-        .connect(NoTls)
+        .connect(tls)
         .await
         .map_err(|e| unavailable(&target, &e))?;
     tokio::spawn(async move {
@@ -241,7 +232,16 @@ fn unavailable(target: &str, e: &tokio_postgres::Error) -> KeyStoreError {
             format!("Postgres did not answer in time ({})", db.message())
         }
         Some(db) => format!("{} ({})", db.message(), db.code().code()),
-        None => e.to_string(),
+        None => {
+            // The driver's own words, then why (a TLS handshake's certificate error, say).
+            let mut message = e.to_string();
+            let mut source = std::error::Error::source(e);
+            while let Some(cause) = source {
+                message.push_str(&format!(": {cause}"));
+                source = cause.source();
+            }
+            message
+        }
     };
     KeyStoreError::Unavailable(format!("Postgres at {target}: {message}"))
 }
@@ -370,13 +370,13 @@ impl PgKeys {
             ))
         };
         let start = async {
-            let listen_config = driver_config(url)?;
+            let listen_driver = driver(url)?;
             let mut client = connect_one(url).await?;
             migrate(&mut client, &target).await?;
             drop(client);
             let manager = Manager::from_config(
-                with_statement_timeout(listen_config.clone(), timeout),
-                NoTls,
+                with_statement_timeout(listen_driver.config.clone(), timeout),
+                listen_driver.tls.clone(),
                 ManagerConfig {
                     recycling_method: RecyclingMethod::Fast,
                 },
@@ -391,7 +391,7 @@ impl PgKeys {
                 .map_err(|e| KeyStoreError::Unavailable(format!("Postgres pool: {e}")))?;
             let shared = Arc::new(Shared {
                 pool,
-                listen_config,
+                listen: listen_driver,
                 memory: LocalStore::in_memory(),
                 apply: Mutex::new(()),
                 listening: AtomicBool::new(false),
@@ -959,8 +959,9 @@ async fn listen_once(
 ) -> Result<(), KeyStoreError> {
     let target = &shared.target;
     let (mut client, mut connection) = shared
-        .listen_config
-        .connect(NoTls)
+        .listen
+        .config
+        .connect(shared.listen.tls.clone())
         .await
         .map_err(|e| unavailable(target, &e))?;
     let (tx, mut notified) = mpsc::unbounded_channel::<String>();
@@ -1040,13 +1041,13 @@ mod tests {
             "test",
         )
         .unwrap();
-        let config = with_statement_timeout(driver_config(&url).unwrap(), Duration::from_secs(2));
+        let config = with_statement_timeout(driver(&url).unwrap().config, Duration::from_secs(2));
         assert_eq!(
             config.get_options(),
             Some("-c search_path=gw -c statement_timeout=2000")
         );
         let url = DatabaseUrl::parse("postgres://db/keys", "test").unwrap();
-        let config = with_statement_timeout(driver_config(&url).unwrap(), Duration::ZERO);
+        let config = with_statement_timeout(driver(&url).unwrap().config, Duration::ZERO);
         assert_eq!(
             config.get_options(),
             Some("-c statement_timeout=1"),
@@ -1057,7 +1058,7 @@ mod tests {
     #[test]
     fn a_url_the_driver_cannot_read_is_named_without_its_password() {
         let url = DatabaseUrl::parse("postgres://gw:pw@db:notaport/keys", "test").unwrap();
-        let e = driver_config(&url).unwrap_err().to_string();
+        let e = driver(&url).err().unwrap().to_string();
         assert!(e.contains("cannot be read") && e.contains("gw:***@"), "{e}");
         assert!(!e.contains(":pw@"), "{e}");
     }
