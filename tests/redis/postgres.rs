@@ -1075,9 +1075,17 @@ async fn spend_in_postgres_outlives_a_restart_and_a_postgres_outage() {
 /// without verifying, as libpq does; `disable` is rejected by the server, and the start names it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tls_to_postgres_follows_sslmode() {
-    let Some((postgres, ca)) = PostgresServer::start_tls("tls_to_postgres_follows_sslmode") else {
+    let Some(pki) = integration_tests::pki::Pki::make("tls_to_postgres_follows_sslmode") else {
         return;
     };
+    let Some(postgres) = PostgresServer::start_tls(
+        "tls_to_postgres_follows_sslmode",
+        &pki.server_cert,
+        &pki.server_key,
+    ) else {
+        return;
+    };
+    let ca = pki.ca.clone();
     let with = |query: &str| {
         config(&postgres, None).replace(&postgres.url(), &format!("{}?{query}", postgres.url()))
     };

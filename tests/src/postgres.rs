@@ -138,93 +138,23 @@ impl PostgresServer {
     }
 
     /// A fresh server that takes TLS connections only (`hostssl` in `pg_hba.conf`; a plain one
-    /// is rejected), its certificate for `127.0.0.1` signed by a CA made for it; and that CA's
-    /// PEM file. Certificates are made with `openssl`.
-    pub fn start_tls(test: &str) -> Option<(Self, PathBuf)> {
-        let server = Self::start_with(test, |dir| {
-            let run = |args: &[&str]| {
-                let out = Command::new("openssl")
-                    .args(args)
-                    .current_dir(dir)
-                    .output()
-                    .expect("openssl (apt-get install -y openssl)");
-                assert!(
-                    out.status.success(),
-                    "openssl {args:?}: {}",
-                    String::from_utf8_lossy(&out.stderr)
-                );
-            };
-            let ec = [
-                "-newkey",
-                "ec",
-                "-pkeyopt",
-                "ec_paramgen_curve:prime256v1",
-                "-nodes",
-            ];
-            run(&[
-                &["req", "-x509"],
-                &ec[..],
-                &[
-                    "-keyout",
-                    "ca.key",
-                    "-out",
-                    "ca.pem",
-                    "-days",
-                    "2",
-                    "-subj",
-                    "/CN=tpl test CA",
-                    "-addext",
-                    "basicConstraints=critical,CA:TRUE",
-                    "-addext",
-                    "keyUsage=critical,keyCertSign",
-                ],
-            ]
-            .concat());
-            run(&[
-                &["req"],
-                &ec[..],
-                &[
-                    "-keyout",
-                    "server.key",
-                    "-out",
-                    "server.csr",
-                    "-subj",
-                    "/CN=127.0.0.1",
-                ],
-            ]
-            .concat());
-            std::fs::write(
-                dir.join("server.ext"),
-                "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\n",
-            )
-            .unwrap();
-            run(&[
-                "x509",
-                "-req",
-                "-in",
-                "server.csr",
-                "-CA",
-                "ca.pem",
-                "-CAkey",
-                "ca.key",
-                "-CAcreateserial",
-                "-out",
-                "server.pem",
-                "-days",
-                "2",
-                "-extfile",
-                "server.ext",
-            ]);
+    /// is rejected), presenting `cert` with its private key `key` (PEM files, such as
+    /// `pki::Pki`'s server certificate for `127.0.0.1`).
+    pub fn start_tls(test: &str, cert: &Path, key: &Path) -> Option<Self> {
+        Self::start_with(test, |dir| {
+            // Copied beside the cluster: the server's user must own the key (and only it read it).
+            std::fs::copy(cert, dir.join("server.pem")).expect("the server certificate");
+            std::fs::copy(key, dir.join("server.key")).expect("the server key");
+            let _ = Command::new("chmod")
+                .arg("600")
+                .arg(dir.join("server.key"))
+                .status();
             std::fs::write(
                 dir.join("data/pg_hba.conf"),
                 "local all all trust\nhostssl all all 127.0.0.1/32 trust\n\
                  hostnossl all all 0.0.0.0/0 reject\n",
             )
             .unwrap();
-            let _ = Command::new("chmod")
-                .arg("600")
-                .arg(dir.join("server.key"))
-                .status();
             vec![
                 "-c".into(),
                 "ssl=on".into(),
@@ -233,9 +163,7 @@ impl PostgresServer {
                 "-c".into(),
                 format!("ssl_key_file={}", dir.join("server.key").display()),
             ]
-        })?;
-        let ca = server.dir.join("ca.pem");
-        Some((server, ca))
+        })
     }
 
     /// A fresh server; `setup` may add files to its directory (the cluster is in `data/`)

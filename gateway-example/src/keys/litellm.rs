@@ -73,15 +73,6 @@ const KEY_COLUMNS: &[&str] = &[
     "blocked",
     "allowed_routes",
     "created_at",
-    "rpm_limit",
-    "tpm_limit",
-    "max_parallel_requests",
-    "max_budget",
-    "soft_budget",
-    "budget_duration",
-    "model_max_budget",
-    "spend",
-    "model_spend",
 ];
 
 const TEAM_COLUMNS: &[&str] = &[
@@ -91,6 +82,10 @@ const TEAM_COLUMNS: &[&str] = &[
     "metadata",
     "blocked",
     "created_at",
+];
+
+/// The limit, budget and spend columns both tables have ([`limits`], [`spend`]).
+const LIMIT_COLUMNS: &[&str] = &[
     "rpm_limit",
     "tpm_limit",
     "max_parallel_requests",
@@ -427,6 +422,7 @@ fn note_unhonoured(
 ) {
     for (column, value) in row {
         if honoured.contains(&column.as_str())
+            || LIMIT_COLUMNS.contains(&column.as_str())
             || BOOKKEEPING.contains(&column.as_str())
             || is_default(value)
         {

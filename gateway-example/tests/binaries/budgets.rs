@@ -9,7 +9,7 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 
 use super::gateway::kill;
-use super::keys::{call, client, command, new_key_of, start, MASTER};
+use super::keys::{call, client, command, generate_key, start, MASTER};
 
 /// One answer (10 prompt, 20 completion tokens) at $1 and $2 per million.
 const COST: f64 = 0.00005;
@@ -33,16 +33,7 @@ async fn kill_9_loses_at_most_the_spend_not_yet_written() {
     .unwrap();
     let (mut child, addr) = start(command(&dir, None)).expect("starts");
     let http = client();
-    let (status, body) = call(
-        &http,
-        &addr,
-        "/key/generate",
-        Some(r#"{"max_budget": 1000}"#),
-    )
-    .await
-    .unwrap();
-    assert_eq!(status, 200, "{body}");
-    let key = new_key_of(&body);
+    let key = generate_key(&http, &addr, r#"{"max_budget": 1000}"#).await;
     // Answers one after another, as fast as they come; each one's time is kept.
     let mut answered = Vec::new();
     let until = Instant::now() + Duration::from_millis(1_500);

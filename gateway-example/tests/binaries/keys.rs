@@ -114,6 +114,19 @@ pub(crate) fn new_key_of(body: &str) -> String {
     v["key"].as_str().unwrap().to_owned()
 }
 
+/// `/key/generate` with `body` on the gateway at `addr`; the new key.
+pub(crate) async fn generate_key(
+    client: &Client<HttpConnector, Full<Bytes>>,
+    addr: &str,
+    body: &str,
+) -> String {
+    let (status, answer) = call(client, addr, "/key/generate", Some(body))
+        .await
+        .expect("the gateway answers");
+    assert_eq!(status, 200, "{answer}");
+    new_key_of(&answer)
+}
+
 /// Every key answers `/key/info` with a 200 on a fresh start of the gateway on `dir`.
 async fn all_valid_after_restart(dir: &Path, keys: &[String]) {
     let (mut child, addr) = start(command(dir, None)).expect("restarts");

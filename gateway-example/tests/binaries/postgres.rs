@@ -13,7 +13,7 @@ use http_body_util::Full;
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
 
 use super::gateway::kill;
-use super::keys::{call, client, command, new_key_of, start, MASTER};
+use super::keys::{call, client, command, generate_key, new_key_of, start, MASTER};
 use super::postgres_server::PostgresServer;
 use super::redis_server::RedisServer;
 
@@ -223,16 +223,7 @@ async fn kill_9_and_flushall_on_a_fleet_lose_at_most_the_spend_in_flight() {
     let (mut doomed, doomed_addr) = start(command(&dir, None)).expect("a gateway process starts");
     let (mut survivor, survivor_addr) = start(command(&dir, None)).expect("a second one starts");
     let http = client();
-    let (status, body) = call(
-        &http,
-        &doomed_addr,
-        "/key/generate",
-        Some(r#"{"max_budget": 1000}"#),
-    )
-    .await
-    .unwrap();
-    assert_eq!(status, 200, "{body}");
-    let key = new_key_of(&body);
+    let key = generate_key(&http, &doomed_addr, r#"{"max_budget": 1000}"#).await;
     let learnt = Instant::now();
     while chat(&http, &survivor_addr, &key).await != Some(200) {
         assert!(
