@@ -1,5 +1,4 @@
-# Shared by the HTTP load scripts (load.sh, proxy.sh, proxy_ab.sh, proxy_callgrind.sh,
-# proxy_cpu.sh, proxy_profile.sh, rate_cpu.sh): sourced, not run.
+# Shared by every bench script: sourced, not run.
 
 # The "full" gateway config: model `load-model` with rpm and tpm far above any run, two
 # priorities, so every admitted response carries all 15 rate-limit headers.
@@ -33,16 +32,33 @@ prod_key() {
     -d '{"metadata": {"priority": "prod"}}' | sed -E 's/.*"key":"([^"]+)".*/\1/'
 }
 
+# Sets TMP, a scratch directory (DIR when given, then kept), and at exit kills every background
+# job of the script and removes TMP (unless it was given).
+scratch() { # [DIR]
+  if [ -n "${1:-}" ]; then
+    mkdir -p "$1"
+    TMP=$1
+    trap 'kill $(jobs -p) 2>/dev/null || true' EXIT
+  else
+    TMP=$(mktemp -d)
+    trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$TMP"' EXIT
+  fi
+}
+
 # Builds the gateway's and mock-upstream's release binaries (not when GATEWAY_BIN names another build: the scripts
 # that take one run it, and this tree's mock-upstream, as they are); sets BIN (their directory)
-# and TMP (a scratch directory, removed at exit, when every background job of the script is
-# killed too).
+# and TMP ([`scratch`]).
 build_and_scratch() {
   [ -n "${GATEWAY_BIN:-}" ] || cargo build --release -q -p gateway-example -p mock-upstream
   BIN=${CARGO_TARGET_DIR:-target}/release
-  TMP=$(mktemp -d)
-  trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$TMP"' EXIT
+  scratch
 }
+
+# oha, installed if missing.
+need_oha() { command -v oha >/dev/null || cargo install --locked oha; }
+
+# A free TCP port on 127.0.0.1 (the kernel's choice).
+free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 
 # CPU time of process PID so far, user + kernel, in clock ticks (10 ms here): read before and
 # after a load, the difference per request is what machine noise disturbs least.

@@ -8,13 +8,13 @@
 #   benches/decode_callgrind.sh [stream: false|true, default false] [answers, default 2000]
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. benches/common.sh
 STREAM=${1:-false}
 N=${2:-2000}
 command -v valgrind >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -q valgrind >/dev/null
 cargo build --release -q -p benches --example decode_cost
 BIN=${CARGO_TARGET_DIR:-target}/release/examples/decode_cost
-TMP=$(mktemp -d)
-trap 'rm -rf "$TMP"' EXIT
+scratch
 count() { # CODING ANSWERS: instructions of the whole run
   valgrind --tool=callgrind --callgrind-out-file="$TMP/cg.$1.$2" "$BIN" "$1" "$STREAM" "$2" 2>/dev/null
   awk '/^(summary|totals):/ {print $2; exit}' "$TMP/cg.$1.$2"

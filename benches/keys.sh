@@ -25,16 +25,16 @@
 # The gateway runs on CPU $GW_CPU, the two ohas on CPU $OHA_CPU. Only loopback addresses are used.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. benches/common.sh
 N=${1:-100000}
 SECS=${2:-10}
 RATE=${RATE:-100}
 GW_CPU=${GW_CPU:-1}
 OHA_CPU=${OHA_CPU:-0}
-command -v oha >/dev/null || cargo install --locked oha
+need_oha
 cargo build --release -q -p gateway-example
 NEW_BIN=${CARGO_TARGET_DIR:-target}/release/gateway-example
-TMP=$(mktemp -d)
-trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$TMP"' EXIT
+scratch
 
 cat > "$TMP/gw.yaml" <<'YAML'
 model_list:
@@ -65,7 +65,7 @@ json.dump({"keys": keys, "teams": teams}, sys.stdout, indent=2)
 PY
 echo "seeded keys.json: $N keys, $(du -m "$TMP/keys.json" | cut -f1) MB; oha -q $RATE for chat, -c 1 for /key/generate, ${SECS}s each"
 
-PORT=4181
+PORT=$(free_port)
 start() { # $1 = binary, $2 = data dir: starts it (GW_PID), STARTED = seconds until it answers
   local t0
   t0=$(date +%s.%N)

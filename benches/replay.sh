@@ -7,12 +7,13 @@
 #   benches/replay.sh [hours] [rate] [seed]
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. benches/common.sh
 HOURS=${1:-1}
 RATE=${2:-15}
 SEED=${3:-1}
 SVG=${SVG:-$PWD/docs/replay-example.svg}
-TRACE=$(mktemp --suffix=.jsonl)
-trap 'rm -f "$TRACE"' EXIT
+scratch
+TRACE=$TMP/trace.jsonl
 python3 benches/replay_trace.py "$HOURS" "$RATE" "$SEED" > "$TRACE"
 PROFILE=${PROFILE:-release}
 cargo build --profile "$PROFILE" -p sim

@@ -17,16 +17,15 @@
 # p50/p99 latency. Capacity = 4 × rpm × seconds / 60. Only loopback addresses are used.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. benches/common.sh
 SECS=${1:-120}
 RPM=${2:-600}
 POLICIES=${POLICIES:-source ours}
 LOADS=${LOADS:-90 100 120}
-command -v oha >/dev/null || cargo install --locked oha
-cargo build --release -q -p gateway-example -p mock-upstream
-GW=target/release/gateway-example
-MOCK=target/release/mock-upstream
-TMP=$(mktemp -d)
-trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$TMP"' EXIT
+need_oha
+build_and_scratch
+GW=$BIN/gateway-example
+MOCK=$BIN/mock-upstream
 
 config() { # $1 = policy, $2 = first mock port
   echo "model_list:"
@@ -47,7 +46,8 @@ config() { # $1 = policy, $2 = first mock port
 }
 
 run() { # $1 = policy, $2 = offered percent
-  local policy=$1 pct=$2 mock_port=9101 gw_port=4201 headers=""
+  local policy=$1 pct=$2 mock_port=9101 gw_port headers=""
+  gw_port=$(free_port)
   [ "$policy" = source ] && headers="--no-rate-limit-headers"
   RUST_LOG=error "$MOCK" --ports $mock_port,$((mock_port + 1)),$((mock_port + 2)),$((mock_port + 3)) \
     --rpm "$RPM" --latency exp --latency-ms 50 $headers > "$TMP/mock.out" 2>/dev/null &
@@ -55,7 +55,7 @@ run() { # $1 = policy, $2 = offered percent
   config "$policy" $mock_port > "$TMP/gw.yaml"
   RUST_LOG=error "$GW" --config "$TMP/gw.yaml" --host 127.0.0.1 --port $gw_port --data-dir "$TMP/data" &
   local gw_pid=$!
-  for _ in $(seq 100); do curl -sf "http://127.0.0.1:$gw_port/health/liveliness" >/dev/null && break; sleep 0.1; done
+  wait_up "http://127.0.0.1:$gw_port/health/liveliness"
   local rate
   rate=$(python3 -c "print(4 * $RPM / 60 * $pct / 100)")
   oha --no-tui -z "${SECS}s" -q "$rate" -c 32 -m POST -T application/json \

@@ -19,26 +19,17 @@
 # reports stay in OUT (default: a temporary directory, removed at exit).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. benches/common.sh
 SOAK_SECS=${SOAK_SECS:-600}
 SAMPLE_SECS=${SAMPLE_SECS:-10}
 RATE_JSON=${RATE_JSON:-150}
 RATE_STREAM=${RATE_STREAM:-150}
 RATE_ABANDON=${RATE_ABANDON:-40}
-command -v oha >/dev/null || cargo install --locked oha
+need_oha
 cargo build --release -q -p gateway-example -p mock-upstream
-TARGET=${CARGO_TARGET_DIR:-target}
-GW=$TARGET/release/gateway-example
-MOCK=$TARGET/release/mock-upstream
-if [ -n "${OUT:-}" ]; then
-  mkdir -p "$OUT"
-  TMP=$OUT
-  trap 'kill $(jobs -p) 2>/dev/null || true' EXIT
-else
-  TMP=$(mktemp -d)
-  trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$TMP"' EXIT
-fi
-
-free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+GW=${CARGO_TARGET_DIR:-target}/release/gateway-example
+MOCK=${CARGO_TARGET_DIR:-target}/release/mock-upstream
+scratch "${OUT:-}"
 MOCK_PORT=$(free_port)
 GW_PORT=$(free_port)
 BASE=http://127.0.0.1:$GW_PORT
@@ -67,7 +58,7 @@ for _ in $(seq 100); do grep -q http "$TMP/mock.out" 2>/dev/null && break; sleep
 RUST_LOG=warn "$GW" --config "$TMP/gw.yaml" --host 127.0.0.1 --port "$GW_PORT" --data-dir "$TMP/data" \
   2> "$TMP/gw.err" &
 GW_PID=$!
-for _ in $(seq 100); do curl -sf "$BASE/health/liveliness" >/dev/null && break; sleep 0.1; done
+wait_up "$BASE/health/liveliness"
 key() { curl -sf "$BASE/key/generate" -H "authorization: Bearer $MASTER" -d "{\"metadata\": {\"priority\": \"$1\"}}" \
   | sed -E 's/.*"key":"([^"]+)".*/\1/'; }
 KEY_PROD=$(key prod)

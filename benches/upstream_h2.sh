@@ -11,6 +11,7 @@
 # over the rounds, and h2 / h1, at the end.
 set -euo pipefail
 cd "$(dirname "$0")/upstream_h2"
+. ../common.sh
 N=${1:-200000}
 ROUNDS=${2:-5}
 CONC=${3:-64}
@@ -19,14 +20,10 @@ CLIENT_CPU=${CLIENT_CPU:-1}
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-target}
 cargo build --release -q
 BIN=$CARGO_TARGET_DIR/release/upstream_h2
-TMP=$(mktemp -d)
-trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$TMP"' EXIT
-PORT=4251
+scratch
+PORT=$(free_port)
 taskset -c "$SERVER_CPU" "$BIN" server "$PORT" &
-for _ in $(seq 50); do
-  curl -s -o /dev/null "http://127.0.0.1:$PORT/" && break
-  sleep 0.1
-done
+wait_up "http://127.0.0.1:$PORT/"
 for round in $(seq "$ROUNDS"); do
   order="h1 h2"
   [ $((round % 2)) = 0 ] && order="h2 h1"
