@@ -212,11 +212,13 @@ impl GatewayBuilder {
         };
         // With keys in Postgres, what settlements leave in budgets is copied there.
         let spend_log = keys.as_postgres().map(|_| SpendLog::default());
-        let groups = observed(redis_store(&target, config.redis_key_prefix.clone()))
-            .with_spend_log(spend_log.clone())
-            .connect(limits)
-            .await
-            .map_err(|e| KeyStoreError::Unavailable(e.to_string()))?;
+        let groups = with_spend_log(
+            observed(redis_store(&target, config.redis_key_prefix.clone())),
+            spend_log.clone(),
+        )
+        .connect(limits)
+        .await
+        .map_err(|e| KeyStoreError::Unavailable(e.to_string()))?;
         tracing::info!(
             redis = %target.redacted(),
             failure_mode = limits.settings().shared.failure_mode.as_str(),
@@ -275,17 +277,11 @@ fn redis_store(target: &RedisTarget, prefix: String) -> RedisStoreBuilder {
     RedisStore::builder(target.clone()).key_prefix(prefix)
 }
 
-/// A builder's [`RedisStoreBuilder::spend_log`], when there is one.
-trait WithSpendLog {
-    fn with_spend_log(self, log: Option<SpendLog>) -> Self;
-}
-
-impl WithSpendLog for RedisStoreBuilder {
-    fn with_spend_log(self, log: Option<SpendLog>) -> Self {
-        match log {
-            Some(log) => self.spend_log(log),
-            None => self,
-        }
+/// `builder` recording spend into `log` ([`RedisStoreBuilder::spend_log`]), when there is one.
+fn with_spend_log(builder: RedisStoreBuilder, log: Option<SpendLog>) -> RedisStoreBuilder {
+    match log {
+        Some(log) => builder.spend_log(log),
+        None => builder,
     }
 }
 
@@ -571,7 +567,7 @@ impl Gateway {
                 let Some(target) = &config.redis else {
                     return Err("Redis: restart to apply".into());
                 };
-                let builder = redis_store(target, prefix.to_owned()).with_spend_log(spend_log);
+                let builder = with_spend_log(redis_store(target, prefix.to_owned()), spend_log);
                 let builder = match config.metrics {
                     true => builder.observer(self.metrics.limiter().clone()),
                     false => builder,

@@ -26,13 +26,14 @@ use std::time::Duration;
 
 use deadpool_postgres::Pool;
 use tokio::sync::Mutex;
-use tower_priority_limit::caller::{CallerKind, NanoUsd, Spent};
+use tower_priority_limit::caller::NanoUsd;
 use tower_priority_limit::config::LimiterConfig;
 use tower_priority_limit::store::{
     MemoryStore, RedisStore, SpendLog, SpendRow, DEFAULT_MAX_BUDGETS,
 };
 
 use super::postgres::PgKeys;
+use super::spend::{by_model_id, by_model_name, kind_named, model_names};
 use super::KeyStoreError;
 
 /// How often changed spend is written.
@@ -99,24 +100,7 @@ impl PgSpend {
         config: &LimiterConfig,
     ) -> Result<Self, KeyStoreError> {
         let pool = keys.pool();
-        let rows = read_all(&pool, keys.target()).await?;
-        let restored: Vec<Spent> = rows
-            .into_iter()
-            .filter_map(|row| {
-                let model = match &row.model {
-                    None => None,
-                    // A model the config no longer has: its budget is gone.
-                    Some(name) => Some(config.model_id(name)?),
-                };
-                Some(Spent {
-                    kind: row.kind,
-                    id: row.id,
-                    model,
-                    period: row.period,
-                    spent: row.spent,
-                })
-            })
-            .collect();
+        let restored = by_model_id(read_all(&pool, keys.target()).await?, config);
         tracing::info!(
             postgres = keys.target(),
             budgets = restored.len(),
@@ -126,16 +110,11 @@ impl PgSpend {
         let store = store
             .sharing_callers(config)
             .ok_or_else(|| KeyStoreError::Io("the limiter's counters changed kind".into()))?;
-        let models = config
-            .models()
-            .iter()
-            .map(|m| Arc::from(m.name()))
-            .collect();
         Ok(Self::start(
             keys,
             Source::Embedded {
                 store: Box::new(store),
-                models,
+                models: model_names(config),
             },
         ))
     }
@@ -175,11 +154,6 @@ impl PgSpend {
             Source::Embedded { .. } => None,
         }
     }
-
-    /// Budgets whose rows wait to be written (Postgres down).
-    pub fn unwritten(&self) -> usize {
-        self.inner.unwritten.len()
-    }
 }
 
 async fn run(inner: Arc<Inner>) {
@@ -200,17 +174,7 @@ impl Inner {
     /// The rows changed since the last write, with those a failed write left.
     fn changed(&self) -> Vec<SpendRow> {
         let fresh = match &self.source {
-            Source::Embedded { store, models } => store
-                .take_changed_spend()
-                .into_iter()
-                .map(|s| SpendRow {
-                    kind: s.kind,
-                    id: s.id,
-                    model: s.model.and_then(|m| models.get(m.index()).cloned()),
-                    period: s.period,
-                    spent: s.spent,
-                })
-                .collect(),
+            Source::Embedded { store, models } => by_model_name(store.take_changed_spend(), models),
             Source::Redis { log, .. } => log.take(),
         };
         if self.unwritten.is_empty() {
@@ -345,11 +309,7 @@ async fn read_all(pool: &Pool, target: &str) -> Result<Vec<SpendRow>, KeyStoreEr
     Ok(rows
         .iter()
         .filter_map(|row| {
-            let kind = match row.get::<_, &str>(0) {
-                "key" => CallerKind::Key,
-                "team" => CallerKind::Team,
-                _ => return None,
-            };
+            let kind = kind_named(row.get::<_, &str>(0))?;
             let model = match row.get::<_, &str>(2) {
                 "" => None,
                 name => Some(Arc::from(name)),

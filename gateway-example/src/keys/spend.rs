@@ -9,7 +9,8 @@
 //!   lost; a graceful stop ([`SpendBook::write_now`], from `Gateway::flush`) loses none.
 //! - **At start**: every row is read back into the counters ([`MemoryStore::restore_spend`]);
 //!   a row of a model the config no longer has is skipped.
-//! - **A write that fails** (disk full, say) is logged and retried with the next one: the
+//! - **A write that fails** (disk full, say) is logged and retried with the next one, its rows
+//!   kept as the Postgres copy keeps them (the newest per budget, bounded: [`SpendLog`]): the
 //!   counters in memory still enforce the budgets.
 //!
 //! With Redis, spend lives in the callers' Redis hashes instead, shared by the fleet (its
@@ -23,7 +24,7 @@ use std::time::Duration;
 use rusqlite::Connection;
 use tower_priority_limit::caller::{CallerKind, NanoUsd, Spent};
 use tower_priority_limit::config::LimiterConfig;
-use tower_priority_limit::store::MemoryStore;
+use tower_priority_limit::store::{MemoryStore, SpendLog, SpendRow};
 
 use super::KeyStoreError;
 
@@ -56,9 +57,10 @@ struct Inner {
     /// Shares the gateway's callers' counters (and so follows reloads that keep them).
     store: MemoryStore,
     /// Model names by id, for the rows' `model`.
-    models: Vec<String>,
-    /// Rows a failed write did not store: written with the next change.
-    unwritten: Mutex<Vec<Spent>>,
+    models: Vec<Arc<str>>,
+    /// Rows a failed write did not store (the newest per budget, bounded): written with the
+    /// next change.
+    unwritten: SpendLog,
 }
 
 impl SpendBook {
@@ -77,20 +79,15 @@ impl SpendBook {
         conn.execute_batch("PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL;")
             .map_err(io)?;
         conn.execute_batch(SCHEMA).map_err(io)?;
-        let models: Vec<String> = config
-            .models()
-            .iter()
-            .map(|m| m.name().to_owned())
-            .collect();
-        store.restore_spend(read(&conn, config).map_err(io)?);
+        store.restore_spend(by_model_id(read(&conn).map_err(io)?, config));
         let store = store
             .sharing_callers(config)
             .ok_or_else(|| KeyStoreError::Io("the limiter's counters changed kind".into()))?;
         let inner = Arc::new(Inner {
             conn: Mutex::new(conn),
             store,
-            models,
-            unwritten: Mutex::new(Vec::new()),
+            models: model_names(config),
+            unwritten: SpendLog::default(),
         });
         let (stop, stopped) = mpsc::channel::<()>();
         let writer = Arc::clone(&inner);
@@ -118,26 +115,74 @@ impl SpendBook {
 
 impl Inner {
     fn write_changed(&self) {
-        let mut rows =
-            std::mem::take(&mut *self.unwritten.lock().unwrap_or_else(|e| e.into_inner()));
-        // Newer rows after older ones: the last write of a budget wins.
-        rows.extend(self.store.take_changed_spend());
+        // The newest row per budget: a failed write's rows, then what changed since.
+        self.unwritten
+            .record_all(by_model_name(self.store.take_changed_spend(), &self.models));
+        let rows = self.unwritten.take();
         if rows.is_empty() {
             return;
         }
         let mut conn = self.conn.lock().unwrap_or_else(|e| e.into_inner());
-        if let Err(e) = write(&mut conn, &rows, &self.models) {
+        if let Err(e) = write(&mut conn, &rows) {
             tracing::error!(error = %e, "writing spend to {SPEND_FILE} failed; retried with the next write");
-            *self.unwritten.lock().unwrap_or_else(|e| e.into_inner()) = rows;
+            self.unwritten.record_all(rows);
         }
     }
 }
 
-fn kind_name(kind: CallerKind) -> &'static str {
-    kind.as_str()
+/// The config's model names by id (a row's `model`).
+pub(crate) fn model_names(config: &LimiterConfig) -> Vec<Arc<str>> {
+    config
+        .models()
+        .iter()
+        .map(|m| Arc::from(m.name()))
+        .collect()
 }
 
-fn write(conn: &mut Connection, rows: &[Spent], models: &[String]) -> rusqlite::Result<()> {
+/// The embedded counters' spend as a durable copy keeps it: by model name.
+pub(crate) fn by_model_name(spent: Vec<Spent>, models: &[Arc<str>]) -> Vec<SpendRow> {
+    spent
+        .into_iter()
+        .map(|s| SpendRow {
+            kind: s.kind,
+            id: s.id,
+            model: s.model.and_then(|m| models.get(m.index()).cloned()),
+            period: s.period,
+            spent: s.spent,
+        })
+        .collect()
+}
+
+/// A durable copy's rows as the embedded counters take them back; a row of a model the config
+/// no longer has is skipped (its budget is gone).
+pub(crate) fn by_model_id(rows: Vec<SpendRow>, config: &LimiterConfig) -> Vec<Spent> {
+    rows.into_iter()
+        .filter_map(|row| {
+            let model = match &row.model {
+                None => None,
+                Some(name) => Some(config.model_id(name)?),
+            };
+            Some(Spent {
+                kind: row.kind,
+                id: row.id,
+                model,
+                period: row.period,
+                spent: row.spent,
+            })
+        })
+        .collect()
+}
+
+/// A row's `kind` column read back (`None`: neither `key` nor `team`).
+pub(crate) fn kind_named(kind: &str) -> Option<CallerKind> {
+    match kind {
+        "key" => Some(CallerKind::Key),
+        "team" => Some(CallerKind::Team),
+        _ => None,
+    }
+}
+
+fn write(conn: &mut Connection, rows: &[SpendRow]) -> rusqlite::Result<()> {
     let tx = conn.transaction()?;
     {
         let mut upsert = tx.prepare_cached(
@@ -145,14 +190,10 @@ fn write(conn: &mut Connection, rows: &[Spent], models: &[String]) -> rusqlite::
              ON CONFLICT (kind, id, model) DO UPDATE SET period = ?4, spent = ?5",
         )?;
         for row in rows {
-            let model = row
-                .model
-                .and_then(|m| models.get(m.index()))
-                .map_or("", String::as_str);
             upsert.execute(rusqlite::params![
-                kind_name(row.kind),
+                row.kind.as_str(),
                 &*row.id,
-                model,
+                row.model.as_deref().unwrap_or(""),
                 row.period as i64,
                 row.spent.nanos() as i64
             ])?;
@@ -161,7 +202,7 @@ fn write(conn: &mut Connection, rows: &[Spent], models: &[String]) -> rusqlite::
     tx.commit()
 }
 
-fn read(conn: &Connection, config: &LimiterConfig) -> rusqlite::Result<Vec<Spent>> {
+fn read(conn: &Connection) -> rusqlite::Result<Vec<SpendRow>> {
     let mut select = conn.prepare("SELECT kind, id, model, period, spent FROM spend")?;
     let rows = select.query_map([], |row| {
         Ok((
@@ -175,22 +216,13 @@ fn read(conn: &Connection, config: &LimiterConfig) -> rusqlite::Result<Vec<Spent
     let mut out = Vec::new();
     for row in rows {
         let (kind, id, model, period, spent) = row?;
-        let kind = match kind.as_str() {
-            "key" => CallerKind::Key,
-            "team" => CallerKind::Team,
-            _ => continue,
+        let Some(kind) = kind_named(&kind) else {
+            continue;
         };
-        let model = match model.as_str() {
-            "" => None,
-            name => match config.model_id(name) {
-                Some(id) => Some(id),
-                None => continue,
-            },
-        };
-        out.push(Spent {
+        out.push(SpendRow {
             kind,
             id: Arc::from(id),
-            model,
+            model: (!model.is_empty()).then(|| Arc::from(model)),
             period: u64::try_from(period).unwrap_or(0),
             spent: NanoUsd::from_nanos(u64::try_from(spent).unwrap_or(0)),
         });

@@ -31,8 +31,13 @@ impl SpendRow {
     /// Whether this row is a later state of its budget than `other`'s: a later period, or the
     /// same one with more spent.
     pub fn is_newer_than(&self, other: &SpendRow) -> bool {
-        (self.period, self.spent) > (other.period, other.spent)
+        newer((self.period, self.spent), (other.period, other.spent))
     }
+}
+
+/// The rule: a later period, or the same one with more spent.
+fn newer(a: (u64, NanoUsd), b: (u64, NanoUsd)) -> bool {
+    a > b
 }
 
 type Budget = (CallerKind, Arc<str>, Option<Arc<str>>);
@@ -132,7 +137,7 @@ impl LogInner {
         let budget = (row.kind, row.id, row.model);
         match self.rows.get_mut(&budget) {
             Some(held) => {
-                if (row.period, row.spent) > *held {
+                if newer((row.period, row.spent), *held) {
                     *held = (row.period, row.spent);
                 }
                 true
