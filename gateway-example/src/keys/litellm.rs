@@ -16,12 +16,14 @@
 //!   `all-team-models`) is an empty list here: every model, held to the team's list.
 //! - **Not honoured**: every other column that holds something other than its default (null,
 //!   false, 0, empty) is named in the report, with the rows that set it, never dropped silently
-//!   (users, organisations, aliases, permissions, a `budget_id`'s shared budget). Bookkeeping columns ([`BOOKKEEPING`]) are not settings and are not reported.
+//!   (users, organisations, aliases, permissions, a `budget_id`'s shared budget). Bookkeeping
+//!   columns ([`BOOKKEEPING`]) are not settings and are not reported.
 //! - **Not imported**: a key whose team is not in `LiteLLM_TeamTable` (it would lose its team's
 //!   restrictions) is named in the report instead.
 //! - **Idempotent**: keys and teams that exist already are left as they are, so running it again
-//!   adds only what is new. Everything is written in one transaction; gateways running on the
-//!   database see the imported keys within a second.
+//!   adds only what is new; spend rows replace only older ones. Keys and teams are written in one
+//!   transaction, then the spend; gateways running on the database see the imported keys within
+//!   a second.
 //!
 //! The rows are read as `to_jsonb(row)`, so any version of LiteLLM's schema is read (a column it
 //! lacks is absent, one added later is reported if set).
@@ -199,10 +201,8 @@ fn spend(
     limits: &Limits,
     now: u64,
 ) -> Vec<SpendRow> {
-    let reset_at = row
-        .get("budget_reset_at")
-        .and_then(Value::as_str)
-        .and_then(|t| expiry::parse_iso(t).ok());
+    // Read (and refused if broken) by `limits` already.
+    let reset_at = time(row, "", "budget_reset_at").ok().flatten();
     if limits.budget_duration.is_some() && reset_at.is_some_and(|r| r <= now) {
         return Vec::new();
     }
