@@ -1,6 +1,6 @@
 //! The members of a request body the gateway reads, found in one pass that skips the rest
 //! without building it: a body is mostly its messages, which only the upstream reads (as the
-//! client's bytes; see [`crate::upstream::upstream_bytes`]).
+//! client's bytes; see `upstream::body_edit::upstream_bytes`).
 
 use std::borrow::Cow;
 use std::fmt;
