@@ -1,7 +1,7 @@
 //! Forwarding to an upstream in its own format: OpenAI-compatible deployments get chat
 //! completions, embeddings, completions and the Responses API at `{api_base}/<endpoint>` with
 //! `Authorization: Bearer`; Anthropic deployments get messages at `{api_base}/v1/messages` with
-//! `x-api-key` and `anthropic-version` (the client's, else [`ANTHROPIC_VERSION`]). Model name
+//! `x-api-key` and `anthropic-version` (the client's, else [`ANTHROPIC_VERSION`](prepare::ANTHROPIC_VERSION)). Model name
 //! mapping, usage requested on streams that report it only when asked, bodies streamed through
 //! chunk by chunk, timeouts, and upstream errors in the OpenAI shape. Upstreams are asked for
 //! `identity`; an answer in gzip, deflate or brotli anyway is decoded on its way (so the meter reads
@@ -17,6 +17,7 @@
 //! stream, when the whole of it has not come within the attempt's time: see [`crate::idle`].
 
 mod body_edit;
+mod prepare;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -24,9 +25,7 @@ use std::time::Duration;
 use axum::body::Body;
 use axum::response::Response;
 use bytes::Bytes;
-use http::header::{
-    Entry, ACCEPT_ENCODING, AUTHORIZATION, CONTENT_ENCODING, CONTENT_TYPE, RETRY_AFTER,
-};
+use http::header::{Entry, CONTENT_ENCODING, CONTENT_TYPE, RETRY_AFTER};
 use http::{HeaderMap, HeaderValue, Method, Request, StatusCode};
 use http_body_util::{BodyExt, Limited};
 use serde_json::Value;
@@ -39,132 +38,11 @@ use crate::shared::redact::redact_url;
 use crate::signal::{streams_end, StreamsEnd};
 pub use body_edit::edits_in_place;
 use body_edit::upstream_bytes;
+use prepare::Prepared;
 
-use http::HeaderName;
 use upstream_client::{
-    Client, ClientError, ConnectionSettings, ContentCoding, DecodedBody, KeepHeaders, Proxies,
-    Route,
+    Client, ClientError, ContentCoding, DecodedBody, KeepHeaders, Proxies, Route,
 };
-
-/// What [`Upstream::forward`] sends to one deployment that is the same for every request, worked
-/// out once when the gateway starts (a deployment's target cannot change without a restart): the
-/// route of each endpoint and the deployment's key as a header. `Debug` shows nothing of it.
-struct Prepared {
-    /// The deployment's id, checked on use.
-    id: String,
-    /// The format it speaks.
-    api: Api,
-    /// By the endpoint's position in [`Endpoint::ALL`](crate::endpoint::Endpoint::ALL); the URL
-    /// (redacted) when it does not parse, for the error its requests get.
-    routes: Vec<Result<Route, String>>,
-    /// The deployment's group, for the messages of the bodies it answers (shared, not copied
-    /// into each).
-    model_name: Arc<str>,
-}
-
-impl std::fmt::Debug for Prepared {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Prepared").finish_non_exhaustive()
-    }
-}
-
-impl Prepared {
-    /// `None` for a deployment without an upstream (`mock_response`).
-    fn new(deployment: &Deployment) -> Option<Self> {
-        let Target::Upstream {
-            api_base,
-            api_key,
-            api,
-            azure,
-        } = &deployment.target
-        else {
-            return None;
-        };
-        // What every request to the deployment carries, written once into each route.
-        let mut headers = HeaderMap::with_capacity(4);
-        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-        // Compressed bytes could not be metered; one that answers encoded anyway is decoded.
-        headers.insert(ACCEPT_ENCODING, HeaderValue::from_static("identity"));
-        // Keys that cannot be a header value are refused when the config is loaded.
-        let azure_token = azure.as_ref().and_then(|a| a.ad_token.as_ref());
-        let key = match (api_key, azure_token) {
-            (Some(key), _) => Some((key, false)),
-            // Azure's Entra ID token, as a bearer token.
-            (None, Some(token)) => Some((token, true)),
-            (None, None) => None,
-        };
-        let key = key.and_then(|(key, token)| {
-            let (name, value) = match (api, azure.is_some() && !token) {
-                (_, true) => (HeaderName::from_static("api-key"), key.clone()),
-                (Api::OpenAi, false) => (AUTHORIZATION, format!("Bearer {key}")),
-                (Api::Anthropic, false) => (HeaderName::from_static("x-api-key"), key.clone()),
-            };
-            let mut value = HeaderValue::try_from(value).ok()?;
-            value.set_sensitive(true);
-            Some((name, value))
-        });
-        if let Some((name, value)) = key {
-            headers.insert(name, value);
-        }
-        if *api == Api::Anthropic {
-            headers.insert(
-                HeaderName::from_static("anthropic-version"),
-                HeaderValue::from_static(ANTHROPIC_VERSION),
-            );
-        }
-        // A deployment with settings of its own has a pool of its own, shared by its routes.
-        let settings = deployment.connections.is_set().then(|| {
-            let own = &deployment.connections;
-            let mut settings = ConnectionSettings::default().named(deployment.id.clone());
-            if let Some(n) = own.max_connections {
-                settings = settings.max_connections(n);
-            }
-            if let Some(n) = own.max_idle {
-                settings = settings.max_idle(n);
-            }
-            if let Some(timeout) = own.connect_timeout {
-                settings = settings.connect_timeout(timeout);
-            }
-            if let Some(tls) = &own.tls {
-                settings = settings.tls(tls.clone());
-            }
-            Arc::new(settings)
-        });
-        let routes = crate::endpoint::Endpoint::ALL
-            .iter()
-            .map(|&e| {
-                let url = match azure {
-                    Some(azure) => azure_url(api_base, azure, &deployment.upstream_model, e),
-                    None => upstream_url(api_base, *api, e),
-                };
-                url.parse()
-                    .ok()
-                    .and_then(|u| Route::new(u).ok())
-                    .map(|route| {
-                        let mut route = route.with_headers(&headers);
-                        if let Some(settings) = &settings {
-                            route = route.with_settings(Arc::clone(settings));
-                        }
-                        match &deployment.proxy {
-                            ProxySetting::FromEnvironment => route,
-                            ProxySetting::Direct => route.with_proxy(None),
-                            ProxySetting::Via(proxy) => route.with_proxy(Some(proxy.clone())),
-                        }
-                    })
-                    .ok_or_else(|| redact_url(&url))
-            })
-            .collect();
-        Some(Self {
-            model_name: deployment.model_name.as_str().into(),
-            id: deployment.id.clone(),
-            api: *api,
-            routes,
-        })
-    }
-}
-
-/// The `anthropic-version` sent to Anthropic deployments when the client sends none.
-pub const ANTHROPIC_VERSION: &str = "2023-06-01";
 
 /// Error bodies from upstreams are read up to this size.
 const MAX_ERROR_BODY: usize = 1024 * 1024;
@@ -384,55 +262,23 @@ impl Upstream {
         let deadline = started
             .checked_add(time)
             .unwrap_or_else(|| started + FAR_FUTURE);
-        // Made now when the client was made without this deployment.
-        let made;
-        let prepared = match self
-            .prepared
-            .get(index)
-            .and_then(Option::as_ref)
-            .filter(|p| p.id == deployment.id)
-        {
-            Some(prepared) => prepared,
-            None => {
-                made = Prepared::new(deployment).ok_or_else(|| {
-                    UpstreamFailure::without_response(ApiError::internal(
-                        "deployment has no upstream",
-                    ))
-                })?;
-                &made
-            }
-        };
-        let endpoint = crate::endpoint::Endpoint::ALL
-            .iter()
-            .position(|&e| e == chat.endpoint)
-            .unwrap_or_default();
-        let route = prepared.routes[endpoint].as_ref().map_err(|url| {
+        let mut made = None;
+        let prepared = self.prepared(index, deployment, &mut made)?;
+        let route = prepared.route(chat.endpoint).map_err(|url| {
             UpstreamFailure::without_response(ApiError::internal(format!("bad upstream URL {url}")))
         })?;
         let url = || redact_url(&route.url().to_string());
         if let (Some(e), ProxySetting::FromEnvironment) = (&self.proxy_error, &deployment.proxy) {
-            return Err(UpstreamFailure::without_response(ApiError::new(
+            return Err(failure(
                 StatusCode::BAD_GATEWAY,
                 "api_connection_error",
                 format!(
                     "Upstream for {} is not reached: {e}.",
                     deployment.model_name
                 ),
-            )));
+            ));
         }
-        let body = upstream_bytes(deployment, chat)
-            .map_err(|e| UpstreamFailure::without_response(ApiError::internal(e)))?;
-        let mut request = Request::new(body);
-        *request.method_mut() = Method::POST;
-        // The route carries the content type, encoding, key and default `anthropic-version`
-        // (see `Prepared::new`); a client's `anthropic-version` replaces the default.
-        if prepared.api == Api::Anthropic {
-            let headers = request.headers_mut();
-            for (name, value) in &chat.pass_on {
-                headers.append(name, value.clone());
-            }
-        }
-
+        let request = upstream_request(deployment, chat, prepared.api)?;
         let sent = tokio::time::timeout_at(
             deadline,
             self.client.send_keeping(route, request, ANSWER_HEADERS),
@@ -441,62 +287,14 @@ impl Upstream {
         let response = match sent {
             Err(_) => return Err(Self::timed_out(deployment, time)),
             Ok(Err(e)) => {
-                tracing::warn!(
-                    upstream = %url(),
-                    error = %e,
-                    "upstream request failed"
-                );
-                // Every kind is a failure without a response (retried as docs/routing.md says);
-                // each says what happened.
-                let (status, kind, what) = match e {
-                    ClientError::Protocol(_) => (
-                        StatusCode::BAD_GATEWAY,
-                        "api_connection_error",
-                        "sent a broken response",
-                    ),
-                    ClientError::Reset(_) => {
-                        (StatusCode::BAD_GATEWAY, "api_connection_error", "broke off")
-                    }
-                    ClientError::ConnectTimeout(_) => {
-                        (StatusCode::GATEWAY_TIMEOUT, "timeout", "is unreachable")
-                    }
-                    _ => (
-                        StatusCode::BAD_GATEWAY,
-                        "api_connection_error",
-                        "is unreachable",
-                    ),
-                };
-                return Err(UpstreamFailure::without_response(ApiError::new(
-                    status,
-                    kind,
-                    format!("Upstream for {} {what}: {e}", deployment.model_name),
-                )));
+                tracing::warn!(upstream = %url(), error = %e, "upstream request failed");
+                return Err(send_failed(deployment, &e));
             }
             Ok(Ok(response)) => response,
         };
 
         let (mut parts, body) = response.into_parts();
-        // An upstream may encode its answer although asked for `identity`: the body is decoded
-        // here (the meter reads text, and the client gets what the head now says, no coding).
-        let coding = match ContentCoding::of(&parts.headers) {
-            Ok(ContentCoding::Identity) => ContentCoding::Identity,
-            Ok(coding) => {
-                parts.headers.remove(CONTENT_ENCODING);
-                coding
-            }
-            Err(e) => {
-                tracing::warn!(upstream = %url(), error = %e, "upstream answer cannot be decoded");
-                return Err(UpstreamFailure::without_response(ApiError::new(
-                    StatusCode::BAD_GATEWAY,
-                    "api_connection_error",
-                    format!(
-                        "Upstream for {} answered {}, but {e}.",
-                        deployment.model_name,
-                        parts.status.as_u16()
-                    ),
-                )));
-            }
-        };
+        let coding = decoding(&mut parts, deployment, route)?;
         let mut body = DecodedBody::new(body, coding);
         if !parts.status.is_success() {
             return Err(UpstreamFailure {
@@ -513,69 +311,16 @@ impl Upstream {
                 .await,
             });
         }
-        // The head's map is the answer's: it holds only what `ANSWER_HEADERS` keeps, with room
-        // for what the router and the limiter add. A success's `retry-after` is not passed on.
-        let mut headers = std::mem::take(&mut parts.headers);
-        headers.remove(RETRY_AFTER);
-        let sse = match headers.entry(CONTENT_TYPE) {
-            Entry::Occupied(kept) => kept.get().as_bytes().starts_with(b"text/event-stream"),
-            Entry::Vacant(none) => {
-                none.insert(HeaderValue::from_static("application/json"));
-                false
-            }
-        };
+        let (headers, sse) = answer_headers(&mut parts.headers);
+        let stream = chat.stream || sse;
         // The longest silence of the body: between chunks of a stream `stream_timeout`, else
         // `timeout`.
-        let idle = if chat.stream || sse {
+        let idle = if stream {
             deployment.stream_timeout
         } else {
             deployment.timeout
         };
-        // The first bytes are waited for here, before anything goes to the client, so an
-        // upstream that sends a head and then nothing is a failure that can be retried.
-        // What is left of the attempt's time, worked out only if the first bytes are not there
-        // yet (they usually came with the head).
-        let mut left = time;
-        let first = crate::deadline::within_lazily(
-            || {
-                left = deadline.saturating_duration_since(tokio::time::Instant::now());
-                left.min(idle)
-            },
-            body.frame(),
-        )
-        .await;
-        let first = match first {
-            Ok(Some(Ok(frame))) => Some(frame),
-            Ok(None) => None,
-            Ok(Some(Err(e))) => {
-                tracing::warn!(
-                    upstream = %url(),
-                    error = %e,
-                    "upstream response broke off before its first bytes"
-                );
-                return Err(UpstreamFailure::without_response(ApiError::new(
-                    StatusCode::BAD_GATEWAY,
-                    "api_connection_error",
-                    format!(
-                        "Upstream for {} broke off its response: {e}",
-                        deployment.model_name
-                    ),
-                )));
-            }
-            Err(_) if idle < left => {
-                return Err(UpstreamFailure::without_response(ApiError::new(
-                    StatusCode::GATEWAY_TIMEOUT,
-                    "timeout",
-                    format!(
-                        "Upstream for {} sent its response head, then nothing for {:.1} s \
-                         (stream_timeout).",
-                        deployment.model_name,
-                        idle.as_secs_f64()
-                    ),
-                )))
-            }
-            Err(_) => return Err(Self::timed_out(deployment, time)),
-        };
+        let first = first_bytes(&mut body, deployment, deadline, time, idle, route).await?;
         let body = IdleBody::new(
             body,
             first,
@@ -587,7 +332,7 @@ impl Upstream {
         // A body that is not a stream has the attempt's time for the whole of it, so an
         // upstream that sends a byte now and then cannot hold the request forever. A stream may
         // be long: only its silences are bounded.
-        let body = if chat.stream || sse {
+        let body = if stream {
             body
         } else {
             body.with_deadline(deadline, time)
@@ -596,6 +341,181 @@ impl Upstream {
         *out.status_mut() = parts.status;
         *out.headers_mut() = headers;
         Ok(out)
+    }
+
+    /// What is sent to `deployment`, worked out when the client was made, or now (into `made`)
+    /// when it was made without this deployment.
+    fn prepared<'a>(
+        &'a self,
+        index: usize,
+        deployment: &Deployment,
+        made: &'a mut Option<Prepared>,
+    ) -> Result<&'a Prepared, UpstreamFailure> {
+        if let Some(prepared) = self
+            .prepared
+            .get(index)
+            .and_then(Option::as_ref)
+            .filter(|p| p.id == deployment.id)
+        {
+            return Ok(prepared);
+        }
+        let prepared = Prepared::new(deployment).ok_or_else(|| {
+            UpstreamFailure::without_response(ApiError::internal("deployment has no upstream"))
+        })?;
+        Ok(made.insert(prepared))
+    }
+}
+
+/// A failure without a response (retried as docs/routing.md says).
+fn failure(status: StatusCode, kind: &'static str, message: String) -> UpstreamFailure {
+    UpstreamFailure::without_response(ApiError::new(status, kind, message))
+}
+
+/// The request for `chat` to a deployment speaking `api`: its body in the deployment's format.
+/// The route carries the content type, encoding, key and default `anthropic-version` (see
+/// `Prepared::new`); a client's `anthropic-version` replaces the default.
+fn upstream_request(
+    deployment: &Deployment,
+    chat: &ChatRequest,
+    api: Api,
+) -> Result<Request<Bytes>, UpstreamFailure> {
+    let body = upstream_bytes(deployment, chat)
+        .map_err(|e| UpstreamFailure::without_response(ApiError::internal(e)))?;
+    let mut request = Request::new(body);
+    *request.method_mut() = Method::POST;
+    if api == Api::Anthropic {
+        let headers = request.headers_mut();
+        for (name, value) in &chat.pass_on {
+            headers.append(name, value.clone());
+        }
+    }
+    Ok(request)
+}
+
+/// The failure of an attempt whose request got no answer: each kind says what happened.
+fn send_failed(deployment: &Deployment, e: &ClientError) -> UpstreamFailure {
+    let (status, kind, what) = match e {
+        ClientError::Protocol(_) => (
+            StatusCode::BAD_GATEWAY,
+            "api_connection_error",
+            "sent a broken response",
+        ),
+        ClientError::Reset(_) => (StatusCode::BAD_GATEWAY, "api_connection_error", "broke off"),
+        ClientError::ConnectTimeout(_) => {
+            (StatusCode::GATEWAY_TIMEOUT, "timeout", "is unreachable")
+        }
+        _ => (
+            StatusCode::BAD_GATEWAY,
+            "api_connection_error",
+            "is unreachable",
+        ),
+    };
+    failure(
+        status,
+        kind,
+        format!("Upstream for {} {what}: {e}", deployment.model_name),
+    )
+}
+
+/// How the answer's body is decoded. An upstream may encode its answer although asked for
+/// `identity`: the body is decoded here (the meter reads text, and the client gets what the head
+/// now says, no coding); a coding that cannot be decoded is a failure.
+fn decoding(
+    parts: &mut http::response::Parts,
+    deployment: &Deployment,
+    route: &Route,
+) -> Result<ContentCoding, UpstreamFailure> {
+    match ContentCoding::of(&parts.headers) {
+        Ok(ContentCoding::Identity) => Ok(ContentCoding::Identity),
+        Ok(coding) => {
+            parts.headers.remove(CONTENT_ENCODING);
+            Ok(coding)
+        }
+        Err(e) => {
+            tracing::warn!(
+                upstream = %redact_url(&route.url().to_string()),
+                error = %e,
+                "upstream answer cannot be decoded"
+            );
+            Err(failure(
+                StatusCode::BAD_GATEWAY,
+                "api_connection_error",
+                format!(
+                    "Upstream for {} answered {}, but {e}.",
+                    deployment.model_name,
+                    parts.status.as_u16()
+                ),
+            ))
+        }
+    }
+}
+
+/// The answer's headers, taken from the head's map (it holds only what `ANSWER_HEADERS` keeps,
+/// with room for what the router and the limiter add; a success's `retry-after` is not passed
+/// on), a content type set where the upstream sent none, and whether it is a stream.
+fn answer_headers(head: &mut HeaderMap) -> (HeaderMap, bool) {
+    let mut headers = std::mem::take(head);
+    headers.remove(RETRY_AFTER);
+    let sse = match headers.entry(CONTENT_TYPE) {
+        Entry::Occupied(kept) => kept.get().as_bytes().starts_with(b"text/event-stream"),
+        Entry::Vacant(none) => {
+            none.insert(HeaderValue::from_static("application/json"));
+            false
+        }
+    };
+    (headers, sse)
+}
+
+/// The body's first frame, waited for before anything goes to the client, so an upstream that
+/// sends a head and then nothing is a failure that can be retried: within what is left of the
+/// attempt's `time` (to `deadline`) and the body's longest silence `idle`. What is left is
+/// worked out only if the first bytes are not there yet (they usually came with the head).
+async fn first_bytes(
+    body: &mut DecodedBody,
+    deployment: &Deployment,
+    deadline: tokio::time::Instant,
+    time: Duration,
+    idle: Duration,
+    route: &Route,
+) -> Result<Option<http_body::Frame<Bytes>>, UpstreamFailure> {
+    let mut left = time;
+    let first = crate::deadline::within_lazily(
+        || {
+            left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            left.min(idle)
+        },
+        body.frame(),
+    )
+    .await;
+    match first {
+        Ok(Some(Ok(frame))) => Ok(Some(frame)),
+        Ok(None) => Ok(None),
+        Ok(Some(Err(e))) => {
+            tracing::warn!(
+                upstream = %redact_url(&route.url().to_string()),
+                error = %e,
+                "upstream response broke off before its first bytes"
+            );
+            Err(failure(
+                StatusCode::BAD_GATEWAY,
+                "api_connection_error",
+                format!(
+                    "Upstream for {} broke off its response: {e}",
+                    deployment.model_name
+                ),
+            ))
+        }
+        Err(_) if idle < left => Err(failure(
+            StatusCode::GATEWAY_TIMEOUT,
+            "timeout",
+            format!(
+                "Upstream for {} sent its response head, then nothing for {:.1} s \
+                 (stream_timeout).",
+                deployment.model_name,
+                idle.as_secs_f64()
+            ),
+        )),
+        Err(_) => Err(Upstream::timed_out(deployment, time)),
     }
 }
 
@@ -621,41 +541,6 @@ fn is_kept_header(name: &[u8]) -> bool {
         || name
             .get(..RATE_LIMIT_PREFIX.len())
             .is_some_and(|prefix| prefix.eq_ignore_ascii_case(RATE_LIMIT_PREFIX.as_bytes()))
-}
-
-/// Where `chat` goes on an upstream at `api_base` speaking `api`: `{api_base}/chat/completions` and
-/// the like for OpenAI; `{api_base}/v1/messages` for Anthropic (an `api_base` already ending in
-/// `/v1` or `/v1/messages` is not given them twice).
-fn upstream_url(api_base: &str, api: Api, endpoint: crate::endpoint::Endpoint) -> String {
-    match api {
-        Api::OpenAi => format!("{api_base}{}", endpoint.path()),
-        Api::Anthropic if api_base.ends_with("/v1/messages") => api_base.to_owned(),
-        Api::Anthropic if api_base.ends_with("/v1") => format!("{api_base}/messages"),
-        Api::Anthropic => format!("{api_base}/v1/messages"),
-    }
-}
-
-/// Where `endpoint` goes on the Azure OpenAI deployment `deployment` at `api_base`, as Azure's
-/// REST reference has it: `{api_base}/openai/deployments/{deployment}/chat/completions` (and
-/// `/completions`, `/embeddings`), the Responses API at `{api_base}/openai/responses` (its
-/// deployment is the body's `model`), each with `?api-version=`. (Config checks both names are
-/// URL-safe.)
-fn azure_url(
-    api_base: &str,
-    azure: &crate::config::Azure,
-    deployment: &str,
-    endpoint: crate::endpoint::Endpoint,
-) -> String {
-    let version = &azure.api_version;
-    match endpoint {
-        crate::endpoint::Endpoint::Responses => {
-            format!("{api_base}/openai/responses?api-version={version}")
-        }
-        _ => format!(
-            "{api_base}/openai/deployments/{deployment}{}?api-version={version}",
-            endpoint.path()
-        ),
-    }
 }
 
 /// An upstream's error: its own body when it is a JSON object with an `error` object (OpenAI's
