@@ -1,40 +1,13 @@
 //! Experiment 1, the cascade (the source study): 4 deployments × 600 requests/min, 600 minutes,
 //! offered 40/70/90/100/120 % of capacity, under the source's policy and under ours.
 //!
-//! # The source's model, as worked out from its table
+//! # The source's model
 //!
-//! The study gives only its outcome, so its model was reconstructed from the figures:
-//!
-//! - **Minute-granular.** At 120 % exactly 300 minutes serve exactly 2,400 (720,000 served) and
-//!   300 serve nothing: every deployment overflows in minute 1, all are removed in minute 2, all
-//!   come back in minute 3, and so on. Nothing happens inside a minute.
-//! - **Demand is split evenly over the deployments still in, and each one's share gets 0 or 1
-//!   extra request at random** (a fair coin per active deployment per minute). This is the
-//!   only noise, and it is what the numbers pin down:
-//!   - below capacity nothing overflows and served − offered-at-rate is +1,171 / +1,186 / +1,187
-//!     at 40/70/90 %: 4 coins × 600 minutes = +1,200 ± 24.5;
-//!   - at 100 %, **served = 721,800 = 2,400 + 300 × 1,800 + 299 × 600 exactly**: minute 1 serves the
-//!     full 2,400 (every share ≥ 600, so the noise is never negative) and exactly one deployment
-//!     overflows (its coin came up 1: 601 > 600); minute 2 the other three take 2,400 (800 + coin
-//!     each) and all overflow; minute 3 only the first is in and takes everything; from then on
-//!     the two sets alternate. Hence 599 minutes with a removed deployment and none with all
-//!     removed. Served + dropped is 2,400 × 600 + 610, and the coins drawn in that run number
-//!     4 + 300 × 3 + 299 × 1 = 1,203 (mean +601.5): coins are drawn only for deployments that are in;
-//!   - at 120 %, served + dropped = 2,880 × 600 + 575, and the coins drawn number 300 × 4 = 1,200
-//!     (mean +600): a minute with every deployment removed drops the bare 2,880.
-//! - **"Hits its limit" means receives more than its limit** (601 on a 600 limit): a deployment
-//!   given exactly 600 serves them all and stays in.
-//! - A deployment that hit its limit serves 600, drops the rest, and is out for the **next**
-//!   minute only; its share goes to the others. With every deployment out, the minute's whole
-//!   demand is dropped.
-//!
-//! With these rules the removed-minute counts are exact and every served/dropped figure lands
-//! within ±0.2 % of the study's (±0.01 % on seed 1, which overflows exactly one deployment in
-//! minute 1 as the source's run did and so reproduces 721,800 to the request; one, two or three
-//! overflowing give 721,800 / 721,200 / 720,600). The one draw that breaks it is all four coins
-//! coming up 1 in the first overflowing minute at 100 % (1 in 16 per such minute; none in seeds
-//! 1–32): the run then alternates all-in / all-out like the 120 % row. The source model is
-//! arithmetic on purpose: it is the source's hand-written model, not our code.
+//! The study gives only its outcome, so its model was reconstructed from the figures: minute
+//! granular; demand split evenly over the deployments still in, each share given 0 or 1 extra
+//! request by a fair coin; a deployment that receives more than its limit serves the limit and is
+//! out for the next minute. With these rules every served and dropped figure lands within ±0.2 %
+//! of the study's. How each rule was read from the table: `benches/notes/cascade-model.md`.
 //!
 //! # Ours
 //!

@@ -1,28 +1,12 @@
 //! Deadlines on Redis's clock, so an admission Redis runs after its caller gave up changes
 //! nothing.
 //!
-//! The gateway and Redis do not share a clock, so the store learns the offset between them from
-//! Redis's replies. Each reply carries Redis's `TIME` (milliseconds) read while the script ran, and
-//! the store notes its own monotonic time (milliseconds since the store started) before sending and
-//! after the reply arrived. The script ran somewhere in between, so
-//!
-//! ```text
-//! observed = redis_now - received   lies in   [offset - (received - sent), offset]
-//! ```
-//!
-//! where `offset` is the true `redis time - local time`. An observation is a lower bound of the
-//! offset with a slack of its own round trip. The estimate keeps the best (highest) lower bound
-//! seen; an observation that is more than its slack below the estimate proves that Redis's clock
-//! went back (or the store now talks to another server), and replaces it.
-//!
-//! A call sent at local time `t` with a per-call timeout `T` passes `t + estimate + T`: the
-//! caller's deadline in Redis time, early by at most the round trip of the best observation (the
-//! estimate never exceeds the true offset while Redis's clock runs forward). So the script may
-//! call a call "expired" up to a round trip too early, never later than the caller gave up (give
-//! or take the millisecond both clocks are read in). After Redis's clock
-//! steps back, one reply corrects the estimate; after it steps forward, the next call may be
-//! answered "expired" once (its reply corrects the estimate). Until the store has heard from
-//! Redis once, calls carry no deadline.
+//! The offset between Redis's clock and ours is learned from replies: each carries Redis's `TIME`,
+//! read while the script ran, between our send and our receive, so `redis_now - received` is a
+//! lower bound of the offset, loose by that call's round trip. The estimate keeps the highest
+//! bound seen, so a deadline is early by at most one round trip and never late; a bound more than
+//! its own slack below the estimate means Redis's clock went back (or another server answers),
+//! and replaces it. Until the first reply, calls carry no deadline.
 
 use std::sync::atomic::{AtomicI64, Ordering};
 
