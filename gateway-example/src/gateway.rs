@@ -530,7 +530,7 @@ impl Gateway {
         let limiter = observed_limiter(&config, &self.metrics, groups);
         self.router
             .set_limits(Arc::new(Limiter::with_store(deployments)));
-        self.router.reconfigure_wildcards(&config.limiter);
+        self.router.reconfigure_wildcards(limiter.store());
         self.limiter.store(limiter);
         self.config.store(Arc::new(config));
         self.document.store(document.map(Arc::new));

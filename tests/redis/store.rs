@@ -393,6 +393,67 @@ async fn three_processes_share_one_exact_limit() {
     }
 }
 
+/// A name's own windows (`RedisStore::windows_of`, what a wildcard route's names use): three
+/// stores' windows of one name share one exact limit, apart from the parent's counters and from
+/// another name's, in the parent's hash tag.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_windows_of_a_name_are_shared_and_apart() {
+    let Some(redis) = RedisServer::start("the_windows_of_a_name_are_shared_and_apart") else {
+        return;
+    };
+    let config = LimiterConfig::builder()
+        .model(ModelLimits::new("route/*").rpm(40))
+        .store_timeout(Duration::from_secs(2))
+        .build()
+        .unwrap();
+    let mut parents = Vec::new();
+    for _ in 0..3 {
+        parents.push(redis_limiter(config.clone(), single(&redis), "names:").await);
+    }
+    let of = |name: &str| -> Vec<Arc<Limiter<RedisStore>>> {
+        parents
+            .iter()
+            .map(|p| Arc::new(Limiter::with_store(p.store().windows_of(name))))
+            .collect()
+    };
+    let (a, b) = (of("route/a"), of("route/b"));
+    let key = a[0]
+        .store()
+        .key_of(config.model_id("route/*").unwrap())
+        .unwrap();
+    assert_eq!(key, "names:{route/*}:w:route/a");
+    let admitted = |limiters: Vec<Arc<Limiter<RedisStore>>>, n: usize| async move {
+        let tasks: Vec<_> = (0..n)
+            .map(|i| {
+                let node = limiters[i % limiters.len()].clone();
+                tokio::spawn(async move {
+                    matches!(
+                        node.acquire("route/*", None, 0).await.unwrap(),
+                        Acquired::Admitted { .. }
+                    )
+                })
+            })
+            .collect();
+        let mut admitted = 0;
+        for t in tasks {
+            admitted += usize::from(t.await.unwrap());
+        }
+        admitted
+    };
+    assert_eq!(
+        admitted(a.clone(), 100).await,
+        40,
+        "route/a: the fleet's 40"
+    );
+    assert_eq!(admitted(b, 100).await, 40, "route/b: its own 40");
+    assert_eq!(
+        admitted(parents.clone(), 50).await,
+        40,
+        "the parent's own 40"
+    );
+    assert_eq!(admitted(a, 3).await, 0, "route/a still full");
+}
+
 /// Windows roll on Redis time (a 300 ms window keeps the test short).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn window_rolls_over_on_redis_time() {

@@ -593,22 +593,6 @@ impl GatewayConfig {
                 ));
             }
         }
-        // Each concrete name a wildcard route serves gets its own windows, made in this process
-        // on first use: on Redis they would not be shared, so the combination is refused.
-        if redis.is_some() {
-            if let Some(position) = deployments.iter().position(|d| d.model_name.contains('*')) {
-                return Err(ConfigError::new(
-                    format!("model_list[{position}].model_name"),
-                    format!(
-                        "wildcard route \"{}\" with Redis (router_settings.redis_*/REDIS_*): \
-                         the windows of the names it serves are kept in each process, not shared \
-                         yet; list the models as their own entries, or run without Redis",
-                        deployments[position].model_name
-                    ),
-                ));
-            }
-        }
-
         // After the keys read here are known valid: a refusal is about what is left unread.
         let unsupported = unsupported::find(&doc)?;
         if let Some(refusal) = unsupported::refusal(&unsupported, ignore) {

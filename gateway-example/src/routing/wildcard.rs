@@ -121,7 +121,7 @@ impl Router {
             name,
             captures.into_iter().map(Box::from).collect(),
             groups.store(),
-            self.limits.load().config(),
+            self.limits.load().store(),
             groups.observer().cloned(),
             self.clock.clone(),
         ));
@@ -140,9 +140,9 @@ impl Router {
             .collect()
     }
 
-    /// Every concrete name's windows under a reloaded config's limits (`groups`, the group
-    /// limiter's; the per-deployment ones are the router's, already swapped), counters kept.
-    pub fn reconfigure_wildcards(&self, groups: &tower_priority_limit::LimiterConfig) {
+    /// Every concrete name's windows under a reloaded config's stores (`groups`, the group
+    /// limiter's; the per-deployment one is the router's, already swapped), counters kept.
+    pub fn reconfigure_wildcards(&self, groups: &GatewayStore) {
         let deployments = self.limits.load();
         for route in self.wildcards.iter() {
             for concrete in route
@@ -151,7 +151,7 @@ impl Router {
                 .unwrap_or_else(|e| e.into_inner())
                 .values()
             {
-                if !concrete.reconfigure(groups, deployments.config()) {
+                if !concrete.reconfigure(groups, deployments.store()) {
                     tracing::warn!(
                         route = route.pattern.as_str(),
                         model = concrete.name.as_str(),

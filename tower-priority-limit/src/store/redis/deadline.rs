@@ -53,6 +53,12 @@ impl RedisTimeOffset {
         }
     }
 
+    /// Starts from what `other` has learnt (a store on the same connection and local clock).
+    pub(super) fn copy_from(&self, other: &Self) {
+        self.offset
+            .store(other.offset.load(Ordering::Relaxed), Ordering::Relaxed);
+    }
+
     /// The deadline, in Redis milliseconds, of a call sent at local time `sent` that its caller
     /// abandons after `timeout_ms`; [`NO_DEADLINE`] before the first observation.
     pub(super) fn deadline(&self, sent: i64, timeout_ms: i64) -> i64 {

@@ -259,7 +259,6 @@ impl RedisStoreBuilder {
     /// degraded (per its [`FailureMode`]) and connects when Redis comes up (a cluster's topology is
     /// learnt on the first call that reaches it).
     pub async fn connect(self, config: &LimiterConfig) -> Result<RedisStore, StoreError> {
-        let shared = config.settings().shared;
         // Reconnect quickly: admission should be back on shared counters within a second of
         // Redis answering again.
         let manager_config = ConnectionManagerConfig::new()
@@ -294,87 +293,24 @@ impl RedisStoreBuilder {
                 RedisConnection::Cluster(cluster)
             }
         };
-        let local_config = config.divided_among(shared.expected_nodes);
-        let local = MemoryStore::new(&local_config);
-        let local_settlers = (0..config.models().len())
-            .filter_map(|i| local.settler(ModelId(i as u32)))
-            .collect();
         let keys = config
             .models()
             .iter()
             .map(|m| format!("{}{{{}}}", self.key_prefix, m.name()))
             .collect();
-        let mut pool_prefixes: Vec<String> = config
-            .priorities()
-            .iter()
-            .map(|p| format!("p:{p}:"))
-            .collect();
-        pool_prefixes.push("d:".to_owned());
-        let (queue, receiver) = mpsc::channel(self.settle_queue);
-        let connection_kind = match &connection {
-            RedisConnection::Single(_) => ConnectionKind::Single,
-            RedisConnection::Cluster(_) => ConnectionKind::Cluster,
-        };
-        let inner = Arc::new(Inner {
-            config: config.clone(),
+        let inner = Arc::new(Inner::new(
+            config,
             connection,
-            admit_script: LuaScript::new(include_str!("admit.lua")),
-            settle_script: LuaScript::new(include_str!("settle.lua")),
             keys,
-            key_prefix: self.key_prefix.clone(),
-            pool_prefixes,
-            ttl_ms: ttl_ms(config.settings()),
-            failure_mode: shared.failure_mode,
-            timeout: shared.timeout,
-            local,
-            local_settlers,
-            started: Instant::now(),
-            redis_time: RedisTimeOffset::default(),
-            settlement_ids: process_id(),
-            next_settlement: AtomicU64::new(0),
-            health: Health::for_models(connection_kind, config.models().len()),
-            local_by_model: (0..config.models().len())
-                .map(|_| AtomicU64::new(0))
-                .collect(),
-            owed: config
-                .models()
-                .iter()
-                .map(|m| Owed::new(m.pool_count()))
-                .collect(),
-            stats: RedisStats::default(),
-            pool_seen: config
-                .models()
-                .iter()
-                .map(|m| (0..m.pool_count()).map(|_| SeenUsage::default()).collect())
-                .collect(),
-            observer: self.observer,
-            settled_hook: std::sync::RwLock::new(None),
-            flow_keys: match config.settings().queue {
-                None => Box::new([]),
-                Some(_) => config
-                    .models()
-                    .iter()
-                    .map(|m| {
-                        let key = format!("{}{{{}}}", self.key_prefix, m.name());
-                        FlowKeys {
-                            channel: format!("{key}:wake"),
-                            pools: (0..m.pool_count().max(1))
-                                .map(|i| [format!("{key}:fz:{i}"), format!("{key}:fs:{i}")])
-                                .collect(),
-                        }
-                    })
-                    .collect(),
+            StoreParts {
+                key_prefix: self.key_prefix.clone(),
+                settle_queue: self.settle_queue,
+                observer: self.observer,
+                spend_log: self.spend_log,
+                started: Instant::now(),
             },
-            leave_script: LuaScript::new(include_str!("leave.lua")),
-            spend_log: self.spend_log,
-            epoch_script: LuaScript::new(spend::EPOCH),
-            restore_script: LuaScript::new(include_str!("restore.lua")),
-            model_names: config
-                .models()
-                .iter()
-                .map(|m| Arc::from(m.name()))
-                .collect(),
-        });
+        ));
+        let (queue, receiver) = mpsc::channel(self.settle_queue);
         // Load both scripts now, so the first admissions are one round trip each, and learn
         // Redis's clock, so the first admissions carry a deadline; best effort (Redis may be
         // down): `LuaScript::call` falls back to EVAL on NOSCRIPT anyway, and every admission's
@@ -525,6 +461,50 @@ impl RedisStore {
         &self.inner.local
     }
 
+    /// A store on the same connection whose counters are `name`'s own, under this store's
+    /// config: every model's key is this store's followed by `:w:NAME` (the same hash tag, so
+    /// the same slot on a cluster); callers' counters and the spend log are shared. For names
+    /// made at run time, such as the names a wildcard route serves: made without a round trip,
+    /// it needs a Tokio runtime (its settlements are sent by a task of its own). Other gateways'
+    /// wake-ups do not reach its waiters (there is no subscription per name): a waiter put
+    /// behind by the fleet's order looks again after [`ORDER_RETRY_MS`] ms.
+    pub fn windows_of(&self, name: &str) -> RedisStore {
+        let parent = &self.inner;
+        let keys = parent
+            .keys
+            .iter()
+            .map(|k| format!("{k}:w:{name}"))
+            .collect();
+        let inner = Arc::new(Inner::new(
+            &parent.config,
+            parent.connection.clone(),
+            keys,
+            StoreParts {
+                key_prefix: parent.key_prefix.clone(),
+                settle_queue: parent.settle_queue,
+                observer: parent.observer.clone(),
+                spend_log: parent.spend_log.clone(),
+                started: parent.started,
+            },
+        ));
+        inner.redis_time.copy_from(&parent.redis_time);
+        let (queue, receiver) = mpsc::channel(parent.settle_queue);
+        tokio::spawn(flush_settlements(
+            Arc::clone(&inner),
+            receiver,
+            parent.settle_queue,
+        ));
+        let settler = Arc::new(RedisSettler {
+            inner: Arc::clone(&inner),
+            queue: queue.clone(),
+        });
+        RedisStore {
+            inner,
+            queue,
+            settler,
+        }
+    }
+
     /// The Redis key holding `model`'s counters.
     pub fn key_of(&self, model: ModelId) -> Option<&str> {
         self.inner.keys.get(model.index()).map(String::as_str)
@@ -580,6 +560,8 @@ struct Inner {
     keys: Box<[String]>,
     /// The prefix of every key (callers' hashes are `PREFIX{c:KIND:ID}`).
     key_prefix: String,
+    /// Bound of the settlement queue.
+    settle_queue: usize,
     /// Per pool index: the field prefix of its counters (`p:LABEL:`, default pool `d:`).
     pool_prefixes: Vec<String>,
     ttl_ms: u64,
@@ -619,6 +601,101 @@ struct Inner {
     restore_script: LuaScript,
     /// Per model: its name (a [`SpendRow`](super::SpendRow)'s model).
     model_names: Box<[Arc<str>]>,
+}
+
+/// What a store shares with the stores of its names ([`RedisStore::windows_of`]).
+struct StoreParts {
+    key_prefix: String,
+    settle_queue: usize,
+    observer: Option<Arc<dyn Observer>>,
+    spend_log: Option<SpendLog>,
+    started: Instant,
+}
+
+impl Inner {
+    /// The state of a store for `config` on `connection`, each model's counters in `keys`.
+    fn new(
+        config: &LimiterConfig,
+        connection: RedisConnection,
+        keys: Box<[String]>,
+        parts: StoreParts,
+    ) -> Self {
+        let local_config = config.divided_among(config.settings().shared.expected_nodes);
+        let local = MemoryStore::new(&local_config);
+        let local_settlers = (0..config.models().len())
+            .filter_map(|i| local.settler(ModelId(i as u32)))
+            .collect();
+        let mut pool_prefixes: Vec<String> = config
+            .priorities()
+            .iter()
+            .map(|p| format!("p:{p}:"))
+            .collect();
+        pool_prefixes.push("d:".to_owned());
+        let connection_kind = match &connection {
+            RedisConnection::Single(_) => ConnectionKind::Single,
+            RedisConnection::Cluster(_) => ConnectionKind::Cluster,
+        };
+        let flow_keys: Box<[FlowKeys]> = match config.settings().queue {
+            None => Box::new([]),
+            Some(_) => config
+                .models()
+                .iter()
+                .zip(keys.iter())
+                .map(|(m, key)| FlowKeys {
+                    channel: format!("{key}:wake"),
+                    pools: (0..m.pool_count().max(1))
+                        .map(|i| [format!("{key}:fz:{i}"), format!("{key}:fs:{i}")])
+                        .collect(),
+                })
+                .collect(),
+        };
+        Inner {
+            config: config.clone(),
+            key_prefix: parts.key_prefix,
+            settle_queue: parts.settle_queue,
+            started: parts.started,
+            observer: parts.observer,
+            spend_log: parts.spend_log,
+            connection,
+            admit_script: LuaScript::new(include_str!("admit.lua")),
+            settle_script: LuaScript::new(include_str!("settle.lua")),
+            keys,
+            pool_prefixes,
+            ttl_ms: ttl_ms(config.settings()),
+            failure_mode: config.settings().shared.failure_mode,
+            timeout: config.settings().shared.timeout,
+            local,
+            local_settlers,
+            redis_time: RedisTimeOffset::default(),
+            settlement_ids: process_id(),
+            next_settlement: AtomicU64::new(0),
+            health: Health::for_models(connection_kind, config.models().len()),
+            local_by_model: (0..config.models().len())
+                .map(|_| AtomicU64::new(0))
+                .collect(),
+            owed: config
+                .models()
+                .iter()
+                .map(|m| Owed::new(m.pool_count()))
+                .collect(),
+            stats: RedisStats::default(),
+            pool_seen: config
+                .models()
+                .iter()
+                .map(|m| (0..m.pool_count()).map(|_| SeenUsage::default()).collect())
+                .collect(),
+            settled_hook: std::sync::RwLock::new(None),
+            flow_keys,
+            leave_script: LuaScript::new(include_str!("leave.lua")),
+            epoch_script: LuaScript::new(spend::EPOCH),
+            restore_script: LuaScript::new(include_str!("restore.lua")),
+            model_names: config
+                .models()
+                .iter()
+                .map(|m| Arc::from(m.name()))
+                .collect(),
+        }
+    }
 }
 
 /// One model's keys of the fleet's order (admit.lua's flow section), all in the model's hash tag.
