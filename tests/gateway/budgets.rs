@@ -308,3 +308,104 @@ litellm_settings:
         r.text()
     );
 }
+
+/// Prompt-cache prices (`cache_read_input_token_cost`, `cache_creation_input_token_cost`, as
+/// LiteLLM names them): cached prompt tokens cost the cache's prices, from OpenAI's
+/// `prompt_tokens_details.cached_tokens` (JSON and streamed) and Anthropic's
+/// `cache_read_input_tokens` and `cache_creation_input_tokens`; a deployment without them charges
+/// cached tokens at its input price.
+#[tokio::test]
+async fn cached_prompt_tokens_cost_the_cache_prices() {
+    use axum::routing::post;
+    // 100 prompt tokens, 80 of them read from the cache, 20 completion tokens.
+    let openai_usage = json!({"prompt_tokens": 100, "completion_tokens": 20, "total_tokens": 120,
+        "prompt_tokens_details": {"cached_tokens": 80, "audio_tokens": 0}});
+    let openai = {
+        let usage = openai_usage.clone();
+        move |body: axum::Json<Value>| async move {
+            if body["stream"] == true {
+                let chunk = json!({"id": "c", "object": "chat.completion.chunk", "model": "m",
+                    "choices": [{"index": 0, "delta": {"content": "hi"}, "finish_reason": "stop"}]});
+                let last = json!({"id": "c", "object": "chat.completion.chunk", "model": "m",
+                    "choices": [], "usage": usage});
+                (
+                    [("content-type", "text/event-stream")],
+                    format!("data: {chunk}\n\ndata: {last}\n\ndata: [DONE]\n\n"),
+                )
+            } else {
+                let mut answer = gateway_example::mock::chat_completion("m", "hi");
+                answer["usage"] = usage;
+                ([("content-type", "application/json")], answer.to_string())
+            }
+        }
+    };
+    // Anthropic: 10 plain input tokens, 80 read from the cache, 10 written to it, 20 output.
+    let anthropic = || async {
+        (
+            [("content-type", "application/json")],
+            json!({"id": "msg_1", "type": "message", "role": "assistant", "model": "c",
+                "content": [{"type": "text", "text": "hi"}], "stop_reason": "end_turn",
+                "usage": {"input_tokens": 10, "cache_read_input_tokens": 80,
+                          "cache_creation_input_tokens": 10, "output_tokens": 20}})
+            .to_string(),
+        )
+    };
+    let app = axum::Router::new()
+        .route("/v1/chat/completions", post(openai))
+        .route("/v1/messages", post(anthropic));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let prices = "input_cost_per_token: 0.000001, output_cost_per_token: 0.000002";
+    let cache =
+        "cache_read_input_token_cost: 0.0000001, cache_creation_input_token_cost: 0.00000125";
+    let gw = Gw::start(
+        &with_master(&format!(
+            r#"
+model_list:
+  - model_name: cached
+    litellm_params: {{model: openai/m, api_base: "{base}/v1"}}
+    model_info: {{{prices}, {cache}}}
+  - model_name: claude
+    litellm_params: {{model: anthropic/c, api_base: "{base}", {cache}}}
+    model_info: {{{prices}}}
+  - model_name: plain
+    litellm_params: {{model: openai/m, api_base: "{base}/v1"}}
+    model_info: {{{prices}}}
+litellm_settings:
+  callbacks: ["dynamic_rate_limiter_v3"]
+"#
+        )),
+        None,
+    )
+    .await;
+    let spend = |key: String| {
+        let gw = &gw;
+        async move { key_info(gw, &key).await["spend"].as_f64().unwrap() }
+    };
+    // 20 × $1e-6 + 80 × $1e-7 + 20 × $2e-6 = $0.000068, JSON and streamed alike.
+    for stream in [false, true] {
+        let key = gw.new_key(json!({"max_budget": 1.0})).await;
+        let r = gw.chat(&key, "cached", stream).await;
+        assert_eq!(r.status, 200, "{}", r.text());
+        let spent = spend(key).await;
+        assert!(close(spent, 0.000068), "stream {stream}: {spent}");
+    }
+    // 10 × $1e-6 + 80 × $1e-7 + 10 × $1.25e-6 + 20 × $2e-6 = $0.0000705.
+    let key = gw.new_key(json!({"max_budget": 1.0})).await;
+    let r = gw
+        .post(
+            "/v1/messages",
+            Some(&key),
+            json!({"model": "claude", "max_tokens": 20, "messages": [{"role": "user", "content": "hi"}]}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let spent = spend(key).await;
+    assert!(close(spent, 0.0000705), "{spent}");
+    // Without cache prices the cached tokens cost the input price: 100 × $1e-6 + 20 × $2e-6.
+    let key = gw.new_key(json!({"max_budget": 1.0})).await;
+    assert_eq!(gw.chat(&key, "plain", false).await.status, 200);
+    let spent = spend(key).await;
+    assert!(close(spent, 0.00014), "{spent}");
+}

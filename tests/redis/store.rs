@@ -1126,6 +1126,7 @@ async fn agree_with_callers_of(
                 Prices {
                     input: 10.0,
                     output: 20.0,
+                    ..Prices::default()
                 },
                 prompt,
             ),

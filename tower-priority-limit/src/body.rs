@@ -41,10 +41,10 @@ struct SettleGuard {
 impl SettleGuard {
     fn settle(&mut self) {
         if let Some(lease) = self.lease.take() {
-            let (tokens, output) = self.meter.tokens_and_output();
-            lease.settle_metered(tokens, output);
+            let metered = self.meter.metered();
+            lease.settle_metered(metered);
             if let Some(also) = self.also.take() {
-                also.settle_metered(tokens, output);
+                also.settle_metered(metered);
             }
         }
     }

@@ -189,26 +189,60 @@ impl Budget {
     }
 }
 
-/// What one token of a model costs, in nano-dollars (LiteLLM's `input_cost_per_token` and
-/// `output_cost_per_token`, × 10⁹). Tokens a response reports as neither are priced as output.
+/// What one token of a model costs, in nano-dollars (LiteLLM's `input_cost_per_token`,
+/// `output_cost_per_token`, `cache_read_input_token_cost` and `cache_creation_input_token_cost`,
+/// × 10⁹). Tokens a response reports as neither prompt nor output are priced as output; prompt
+/// tokens read from or written to a prompt cache at the cache's prices, the input price where
+/// those are unset.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct Prices {
     /// Per prompt (input) token.
     pub input: f64,
     /// Per completion (output) token.
     pub output: f64,
+    /// Per prompt token read from a prompt cache (`None`: the input price).
+    pub cache_read: Option<f64>,
+    /// Per prompt token written to a prompt cache (`None`: the input price).
+    pub cache_write: Option<f64>,
 }
 
 impl Prices {
     /// The cost of `prompt` input and `output` output tokens, rounded up to a nano-dollar.
     pub fn cost(&self, prompt: u64, output: u64) -> NanoUsd {
-        let nanos = prompt as f64 * self.input + output as f64 * self.output;
+        self.cost_with_cache(prompt, output, 0, 0)
+    }
+
+    /// The cost of `prompt` input tokens, `read` and `written` of which from and to a prompt
+    /// cache, and `output` output tokens, rounded up to a nano-dollar. The cache's tokens are
+    /// taken from the prompt's (they are part of it in every API's count), at most all of it.
+    ///
+    /// ```
+    /// use tower_priority_limit::caller::Prices;
+    ///
+    /// // $1 and $2 per million input and output tokens, cache reads at $0.10 per million.
+    /// let prices = Prices { input: 1000.0, output: 2000.0, cache_read: Some(100.0), cache_write: None };
+    /// // 100 prompt tokens, 80 of them cached, 20 output: 20 × 1000 + 80 × 100 + 20 × 2000 nano-dollars.
+    /// assert_eq!(prices.cost_with_cache(100, 20, 80, 0).nanos(), 68_000);
+    /// // A cache write without its own price costs the input price.
+    /// assert_eq!(prices.cost_with_cache(100, 20, 0, 10).nanos(), prices.cost(100, 20).nanos());
+    /// ```
+    pub fn cost_with_cache(&self, prompt: u64, output: u64, read: u64, written: u64) -> NanoUsd {
+        let read = read.min(prompt);
+        let written = written.min(prompt - read);
+        let plain = prompt - read - written;
+        let nanos = plain as f64 * self.input
+            + read as f64 * self.cache_read.unwrap_or(self.input)
+            + written as f64 * self.cache_write.unwrap_or(self.input)
+            + output as f64 * self.output;
         NanoUsd::from_dollars(nanos.ceil() / 1e9).unwrap_or_default()
     }
 
     /// Whether every token is free (then there is nothing to count).
     pub fn is_free(&self) -> bool {
-        self.input <= 0.0 && self.output <= 0.0
+        self.input <= 0.0
+            && self.output <= 0.0
+            && self.cache_read.is_none_or(|p| p <= 0.0)
+            && self.cache_write.is_none_or(|p| p <= 0.0)
     }
 }
 
@@ -476,9 +510,10 @@ impl Callers {
     }
 
     /// Records the response's real cost from its `tokens`, of which `output` were output when
-    /// the response said (else the prompt estimate is taken as the prompt): what settlement
-    /// counts on the budgets.
-    pub fn record_cost(&self, tokens: u64, output: Option<u64>) {
+    /// the response said (else the prompt estimate is taken as the prompt) and `cache` (read,
+    /// written) prompt tokens came from or went to a prompt cache: what settlement counts on the
+    /// budgets.
+    pub fn record_cost(&self, tokens: u64, output: Option<u64>, cache: (u64, u64)) {
         if !self.budgeted {
             return;
         }
@@ -486,7 +521,10 @@ impl Callers {
             Some(output) => tokens.saturating_sub(output),
             None => self.prompt_estimate.min(tokens),
         };
-        let cost = self.prices.cost(prompt, tokens - prompt);
+        let (read, written) = cache;
+        let cost = self
+            .prices
+            .cost_with_cache(prompt, tokens - prompt, read, written);
         self.cost.store(cost.nanos(), Ordering::Relaxed);
     }
 

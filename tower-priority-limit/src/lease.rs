@@ -7,7 +7,7 @@ use crate::caller::Callers;
 use crate::config::{ModelId, PoolRef};
 use crate::decision::Admitted;
 use crate::estimate::{OutputEstimate, PromptBias};
-use crate::meter::Tokens;
+use crate::meter::Metered;
 use crate::metrics::{Observer, TokenKind};
 use crate::queue::ModelQueue;
 use crate::store::{Settlement, Settler};
@@ -140,26 +140,31 @@ impl Lease {
 
     /// Records the response's tokens. Consumes the lease, so it happens once.
     pub fn settle(mut self, tokens: u64) {
-        self.settle_once(tokens, None);
+        self.settle_once(tokens, None, (0, 0));
     }
 
     /// Records the response's tokens, of which `output_tokens` were output (when the response
     /// reported them): with `reserve` accounting they teach the model's output estimate.
     pub fn settle_with_output(mut self, tokens: u64, output_tokens: Option<u64>) {
-        self.settle_once(tokens, output_tokens);
+        self.settle_once(tokens, output_tokens, (0, 0));
     }
 
     /// Records a metered response's tokens: settles them (as
-    /// [`settle_with_output`](Self::settle_with_output)) and tells the limiter's observer, if it
-    /// has one, how many were reported prompt, reported completion or estimated.
-    pub fn settle_metered(self, tokens: Tokens, output_tokens: Option<u64>) {
+    /// [`settle_with_output`](Self::settle_with_output), its prompt-cache tokens priced at the
+    /// cache's prices on budgets) and tells the limiter's observer, if it has one, how many were
+    /// reported prompt, reported completion or estimated.
+    pub fn settle_metered(mut self, metered: Metered) {
         if let Some(observer) = self.target.as_ref().and_then(|t| t.observer.as_ref()) {
             let (model, pool) = (self.settlement.model, self.settlement.pool);
-            for (kind, n) in TokenKind::split(tokens, output_tokens) {
+            for (kind, n) in TokenKind::split(metered.tokens, metered.output) {
                 observer.tokens(model, pool, kind, n);
             }
         }
-        self.settle_with_output(tokens.get(), output_tokens);
+        self.settle_once(
+            metered.tokens.get(),
+            metered.output,
+            (metered.cache_read, metered.cache_written),
+        );
     }
 
     /// Takes the admission back: the request was not served (the gateway's router found no
@@ -181,7 +186,8 @@ impl Lease {
         }
     }
 
-    fn settle_once(&mut self, tokens: u64, output_tokens: Option<u64>) {
+    /// `cache`: the prompt tokens read from and written to a prompt cache.
+    fn settle_once(&mut self, tokens: u64, output_tokens: Option<u64>, cache: (u64, u64)) {
         let Some(target) = self.target.take() else {
             return;
         };
@@ -210,7 +216,7 @@ impl Lease {
         if let Some(settler) = &target.settler {
             self.settlement.tokens = tokens;
             if let Some(callers) = &self.callers {
-                callers.record_cost(tokens, output_tokens);
+                callers.record_cost(tokens, output_tokens, cache);
             }
             self.record(&**settler);
         }
@@ -233,7 +239,7 @@ impl Lease {
 
 impl Drop for Lease {
     fn drop(&mut self) {
-        self.settle_once(0, None);
+        self.settle_once(0, None, (0, 0));
     }
 }
 

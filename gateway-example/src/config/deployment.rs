@@ -130,8 +130,12 @@ pub(super) fn deployment(
     let rpm = crate::shared::node::deployment_limit(item, "rpm")?;
     let tpm = crate::shared::node::deployment_limit(item, "tpm")?;
     let prices = Prices {
-        input: price(item, "input_cost_per_token")?,
-        output: price(item, "output_cost_per_token")?,
+        input: price(item, "input_cost_per_token")?.unwrap_or(0.0),
+        output: price(item, "output_cost_per_token")?.unwrap_or(0.0),
+        // LiteLLM's prompt-cache prices (Anthropic's and OpenAI's cached tokens); unset, such
+        // tokens cost the input price.
+        cache_read: price(item, "cache_read_input_token_cost")?,
+        cache_write: price(item, "cache_creation_input_token_cost")?,
     };
     let weight = match params.get("weight")? {
         Some(w) => {
@@ -183,8 +187,8 @@ pub(super) fn deployment(
 }
 
 /// A price per token in dollars, `key` in `model_info` or `litellm_params` (LiteLLM reads both;
-/// written in both, they must agree), as nano-dollars; 0 where unset.
-fn price(item: &Node<'_>, key: &str) -> Result<f64, ConfigError> {
+/// written in both, they must agree), as nano-dollars; `None` where unset.
+fn price(item: &Node<'_>, key: &str) -> Result<Option<f64>, ConfigError> {
     let mut found: Option<(f64, String)> = None;
     for place in ["model_info", "litellm_params"] {
         let Some(holder) = item.get(place)? else {
@@ -209,7 +213,7 @@ fn price(item: &Node<'_>, key: &str) -> Result<f64, ConfigError> {
             None => found = Some((dollars, node.path())),
         }
     }
-    Ok(found.map_or(0.0, |(dollars, _)| dollars * 1e9))
+    Ok(found.map(|(dollars, _)| dollars * 1e9))
 }
 
 /// The most connections a deployment may bound its upstream's to (a guard against a typo's

@@ -67,6 +67,8 @@ fn honoured(level: Level) -> &'static [&'static str] {
             "ssl_certificate",
             "input_cost_per_token",
             "output_cost_per_token",
+            "cache_read_input_token_cost",
+            "cache_creation_input_token_cost",
         ],
         // Azure's own keys; the rest are `Level::Params`' (see `is_honoured`).
         Level::AzureParams => &["api_version", "azure_ad_token"],
@@ -76,6 +78,8 @@ fn honoured(level: Level) -> &'static [&'static str] {
             "tpm",
             "input_cost_per_token",
             "output_cost_per_token",
+            "cache_read_input_token_cost",
+            "cache_creation_input_token_cost",
         ],
         Level::Litellm => &[
             "callbacks",

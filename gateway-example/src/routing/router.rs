@@ -86,9 +86,16 @@ pub struct Router {
 
 /// Per token kind, the highest of `prices`.
 fn dearest(prices: impl Iterator<Item = Prices>) -> Prices {
+    // An unset cache price is the deployment's input price.
+    let dearer = |a: Option<f64>, a_input: f64, b: Option<f64>, b_input: f64| match (a, b) {
+        (None, None) => None,
+        _ => Some(a.unwrap_or(a_input).max(b.unwrap_or(b_input))),
+    };
     prices.fold(Prices::default(), |a, b| Prices {
         input: a.input.max(b.input),
         output: a.output.max(b.output),
+        cache_read: dearer(a.cache_read, a.input, b.cache_read, b.input),
+        cache_write: dearer(a.cache_write, a.input, b.cache_write, b.input),
     })
 }
 

@@ -646,6 +646,7 @@ mod tests {
             crate::caller::Prices {
                 input: 1.0,
                 output: 2.0,
+                ..Default::default()
             },
             10,
         )
@@ -667,7 +668,7 @@ mod tests {
         assert_eq!((r.dimension, r.limit, r.used), (Dimension::Spend, 100, 100));
         assert_eq!(r.retry_after_ms, 60_000, "until the period ends");
         // The first costs 20 in truth: room again.
-        callers.record_cost(20, Some(5));
+        callers.record_cost(20, Some(5), (0, 0));
         assert_eq!(callers.cost().nanos(), 15 + 10);
         c.settle_budgets(M, first.budgets[0], 50, 25, false);
         assert_eq!((c.budget.spent, c.budget.reserved), (25, 50));

@@ -114,6 +114,36 @@ impl Tokens {
     }
 }
 
+/// What a response's body said it cost, read in one look: the tokens to charge and the parts of
+/// them the body reported (what a lease is settled with, [`Lease::settle_metered`]).
+///
+/// [`Lease::settle_metered`]: crate::Lease::settle_metered
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Metered {
+    /// The tokens to charge.
+    pub tokens: Tokens,
+    /// The output (completion) tokens it reported, if it did.
+    pub output: Option<u64>,
+    /// The prompt tokens it reported read from a prompt cache (OpenAI's
+    /// `prompt_tokens_details.cached_tokens`, Anthropic's `cache_read_input_tokens`); 0 if none.
+    pub cache_read: u64,
+    /// The prompt tokens it reported written to a prompt cache (Anthropic's
+    /// `cache_creation_input_tokens`); 0 if none.
+    pub cache_written: u64,
+}
+
+impl Metered {
+    /// `tokens`, of which `output` output, nothing from or to a prompt cache.
+    pub fn new(tokens: Tokens, output: Option<u64>) -> Self {
+        Self {
+            tokens,
+            output,
+            cache_read: 0,
+            cache_written: 0,
+        }
+    }
+}
+
 /// Reads the token usage of one response body from the chunks it is fed.
 ///
 /// ```
@@ -253,7 +283,17 @@ impl UsageMeter {
     /// [`tokens`](Self::tokens) and [`output_tokens`](Self::output_tokens) from one look at the
     /// body (a JSON body is parsed once, not twice): what a lease is settled with.
     pub fn tokens_and_output(&self) -> (Tokens, Option<u64>) {
+        let metered = self.metered();
+        (metered.tokens, metered.output)
+    }
+
+    /// Everything the body said it cost, from one look at it (a JSON body is parsed once): what
+    /// a lease is settled with.
+    pub fn metered(&self) -> Metered {
         let (usage, content_bytes) = self.seen();
+        let (cache_read, cache_written) = usage.as_ref().map_or((0, 0), |u| {
+            (self.clamp(u.cache_read()), self.clamp(u.cache_written()))
+        });
         let output = usage
             .as_ref()
             .and_then(Usage::output)
@@ -270,7 +310,12 @@ impl UsageMeter {
                     .saturating_add(content_bytes.div_ceil(4)),
             ),
         };
-        (tokens, output)
+        Metered {
+            tokens,
+            output,
+            cache_read,
+            cache_written,
+        }
     }
 
     /// The usage seen (merged), and the generated-text bytes seen: both for a stream, whose
@@ -367,6 +412,53 @@ mod tests {
         assert!(!sse(Some(b"text/event")));
         assert!(!sse(Some(b"")));
         assert!(!sse(None));
+    }
+
+    /// The prompt-cache tokens each API reports, in a body and across a stream's events.
+    #[test]
+    fn cache_tokens_are_read_from_every_format() {
+        let json = |body: &[u8]| {
+            let mut m = UsageMeter::for_content_type(Some(b"application/json"));
+            m.feed(body);
+            m.metered()
+        };
+        let openai = json(br#"{"choices":[],"usage":{"prompt_tokens":100,"completion_tokens":20,"total_tokens":120,"prompt_tokens_details":{"cached_tokens":80,"audio_tokens":0}}}"#);
+        assert_eq!(
+            (
+                openai.tokens,
+                openai.output,
+                openai.cache_read,
+                openai.cache_written
+            ),
+            (Tokens::Reported(120), Some(20), 80, 0)
+        );
+        let responses = json(br#"{"object":"response","usage":{"input_tokens":36,"input_tokens_details":{"cached_tokens":32},"output_tokens":8,"total_tokens":44}}"#);
+        assert_eq!((responses.cache_read, responses.output), (32, Some(8)));
+        let none = json(
+            br#"{"usage":{"prompt_tokens":5,"completion_tokens":1,"prompt_tokens_details":null}}"#,
+        );
+        assert_eq!((none.tokens, none.cache_read), (Tokens::Reported(6), 0));
+        // Anthropic's stream: the cache counts come with the input in `message_start`.
+        let mut m = UsageMeter::for_content_type(Some(b"text/event-stream"));
+        m.feed(br#"event: message_start
+data: {"type":"message_start","message":{"usage":{"input_tokens":10,"cache_read_input_tokens":80,"cache_creation_input_tokens":10,"output_tokens":1}}}
+
+"#);
+        m.feed(
+            br#"event: message_delta
+data: {"type":"message_delta","usage":{"output_tokens":20}}
+
+"#,
+        );
+        let anthropic = m.metered();
+        assert_eq!(
+            (
+                anthropic.tokens,
+                anthropic.cache_read,
+                anthropic.cache_written
+            ),
+            (Tokens::Reported(120), 80, 10)
+        );
     }
 
     #[test]

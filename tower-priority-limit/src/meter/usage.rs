@@ -75,6 +75,12 @@ pub(crate) struct Usage {
     /// cached prompt costs the same through either API.
     cache_creation_input_tokens: Num,
     cache_read_input_tokens: Num,
+    /// OpenAI's `prompt_tokens_details.cached_tokens` (the part of `prompt_tokens` read from its
+    /// prompt cache), or the Responses API's `input_tokens_details.cached_tokens` (the same for
+    /// `input_tokens`): one field for both, as no API sends both (given both, serde refuses the
+    /// object, and so does the fast path).
+    #[serde(alias = "input_tokens_details")]
+    prompt_tokens_details: Cached,
 }
 
 impl Usage {
@@ -100,23 +106,38 @@ impl Usage {
     /// refuses) is left to serde.
     pub(crate) fn read_plain(bytes: &[u8]) -> Option<Usage> {
         let mut usage = Usage::default();
-        let mut seen = 0u8;
-        let rest = plain_object(bytes, 0, &mut |key, value| {
-            let (bit, slot) = match key {
-                b"total_tokens" => (0, &mut usage.total_tokens),
-                b"prompt_tokens" => (1, &mut usage.prompt_tokens),
-                b"completion_tokens" => (2, &mut usage.completion_tokens),
-                b"input_tokens" => (3, &mut usage.input_tokens),
-                b"output_tokens" => (4, &mut usage.output_tokens),
-                b"cache_creation_input_tokens" => (5, &mut usage.cache_creation_input_tokens),
-                b"cache_read_input_tokens" => (6, &mut usage.cache_read_input_tokens),
+        let mut seen = 0u16;
+        let mut once = |bit: u16| {
+            let first = seen & (1 << bit) == 0;
+            seen |= 1 << bit;
+            first
+        };
+        let rest = plain_object(bytes, 0, None, &mut |parent, key, value| {
+            let (bit, slot) = match (parent, key) {
+                (None, b"total_tokens") => (0, &mut usage.total_tokens),
+                (None, b"prompt_tokens") => (1, &mut usage.prompt_tokens),
+                (None, b"completion_tokens") => (2, &mut usage.completion_tokens),
+                (None, b"input_tokens") => (3, &mut usage.input_tokens),
+                (None, b"output_tokens") => (4, &mut usage.output_tokens),
+                (None, b"cache_creation_input_tokens") => {
+                    (5, &mut usage.cache_creation_input_tokens)
+                }
+                (None, b"cache_read_input_tokens") => (6, &mut usage.cache_read_input_tokens),
+                // The details objects: read inside (their `cached_tokens`), any other value
+                // reads as none, as serde's `Cached` does; each once, as serde's struct wants.
+                // (The two names are one field: given both, serde refuses the object.)
+                (None, b"prompt_tokens_details" | b"input_tokens_details") => {
+                    return once(7).then_some(false)
+                }
+                (Some(b"prompt_tokens_details" | b"input_tokens_details"), b"cached_tokens") => {
+                    (8, &mut usage.prompt_tokens_details.0)
+                }
                 _ => return Some(false),
             };
-            if seen & (1 << bit) != 0 {
+            if !once(bit) {
                 return None;
             }
-            seen |= 1 << bit;
-            *slot = Num(Some(value?));
+            *slot = Num::of(Some(value?));
             Some(true)
         });
         rest.map(|_| usage)
@@ -135,16 +156,16 @@ impl Usage {
             self.cache_read_input_tokens,
         ]
         .iter()
-        .any(|n| n.0.is_some())
+        .any(|n| n.value().is_some())
     }
 
     /// Whether the output is reported (`total_tokens`, `completion_tokens` or `output_tokens`).
     /// Not so for Anthropic's `message_start` alone: a stream cut before its `message_delta`
     /// reported only its input, and the text that went by estimates the output.
     pub(crate) fn reports_output(&self) -> bool {
-        self.total_tokens.0.is_some()
-            || self.completion_tokens.0.is_some()
-            || self.output_tokens.0.is_some()
+        self.total_tokens.value().is_some()
+            || self.completion_tokens.value().is_some()
+            || self.output_tokens.value().is_some()
     }
 
     /// The larger of `total_tokens` and the parts: `prompt_tokens + completion_tokens`, else
@@ -153,23 +174,41 @@ impl Usage {
     /// (LiteLLM answers embeddings with `prompt_tokens: 10, total_tokens: 0`), and the parts
     /// were still spent.
     pub(crate) fn total(&self) -> u64 {
-        let parts = if self.prompt_tokens.0.is_some() || self.completion_tokens.0.is_some() {
-            self.prompt_tokens
-                .get()
-                .saturating_add(self.completion_tokens.get())
-        } else {
-            self.input_tokens
-                .get()
-                .saturating_add(self.cache_creation_input_tokens.get())
-                .saturating_add(self.cache_read_input_tokens.get())
-                .saturating_add(self.output_tokens.get())
-        };
+        let parts =
+            if self.prompt_tokens.value().is_some() || self.completion_tokens.value().is_some() {
+                self.prompt_tokens
+                    .get()
+                    .saturating_add(self.completion_tokens.get())
+            } else {
+                self.input_tokens
+                    .get()
+                    .saturating_add(self.cache_creation_input_tokens.get())
+                    .saturating_add(self.cache_read_input_tokens.get())
+                    .saturating_add(self.output_tokens.get())
+            };
         self.total_tokens.get().max(parts)
     }
 
     /// The output tokens reported (`completion_tokens`, else `output_tokens`), if any.
     pub(crate) fn output(&self) -> Option<u64> {
-        self.completion_tokens.0.or(self.output_tokens.0)
+        self.completion_tokens
+            .value()
+            .or(self.output_tokens.value())
+    }
+
+    /// The prompt tokens read from a prompt cache: Anthropic's `cache_read_input_tokens`, else
+    /// OpenAI's `prompt_tokens_details.cached_tokens` or the Responses API's
+    /// `input_tokens_details.cached_tokens` (0 when none is reported).
+    pub(crate) fn cache_read(&self) -> u64 {
+        self.cache_read_input_tokens
+            .value()
+            .or(self.prompt_tokens_details.0.value())
+            .unwrap_or(0)
+    }
+
+    /// The prompt tokens written to a prompt cache (Anthropic's `cache_creation_input_tokens`).
+    pub(crate) fn cache_written(&self) -> u64 {
+        self.cache_creation_input_tokens.get()
     }
 
     /// Folds a later usage object into this one: every counter present in
@@ -193,8 +232,12 @@ impl Usage {
                 &mut self.cache_read_input_tokens,
                 later.cache_read_input_tokens,
             ),
+            (
+                &mut self.prompt_tokens_details.0,
+                later.prompt_tokens_details.0,
+            ),
         ] {
-            if theirs.0.is_some() {
+            if theirs.value().is_some() {
                 *ours = theirs;
             }
         }
@@ -551,7 +594,7 @@ impl Doc {
         // `message_start`'s `output_tokens` is a placeholder (1) until `message_delta` counts the
         // answer: only its input is reported.
         let started = self.message.0.and_then(|n| n.usage.0).map(|mut u| {
-            u.output_tokens = Num(None);
+            u.output_tokens = Num::NONE;
             u
         });
         for u in [
@@ -686,13 +729,31 @@ trait Counted {
 }
 
 /// A non-negative integer; anything else (negative, float, string, object,
-/// null) reads as absent.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-struct Num(Option<u64>);
+/// null) reads as absent. Eight bytes, not an `Option`'s sixteen, so a usage object is moved
+/// (for every stream event) without a call to `memcpy`: absent is `u64::MAX`, and a count of
+/// `u64::MAX` reads as one less (far above any cap it is clamped to).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Num(u64);
+
+impl Default for Num {
+    fn default() -> Self {
+        Num::NONE
+    }
+}
 
 impl Num {
+    const NONE: Num = Num(u64::MAX);
+
+    fn of(value: Option<u64>) -> Num {
+        value.map_or(Num::NONE, |v| Num(v.min(u64::MAX - 1)))
+    }
+
+    fn value(self) -> Option<u64> {
+        (self != Num::NONE).then_some(self.0)
+    }
+
     fn get(self) -> u64 {
-        self.0.unwrap_or(0)
+        self.value().unwrap_or(0)
     }
 }
 
@@ -705,18 +766,64 @@ impl<'de> Deserialize<'de> for Num {
                 f.write_str("any JSON value")
             }
             fn visit_u64<E: de::Error>(self, v: u64) -> Result<Num, E> {
-                Ok(Num(Some(v)))
+                Ok(Num::of(Some(v)))
             }
             fn visit_i64<E: de::Error>(self, v: i64) -> Result<Num, E> {
-                Ok(Num(u64::try_from(v).ok()))
+                Ok(Num::of(u64::try_from(v).ok()))
             }
             fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Num, A::Error> {
-                drain_map(map).map(|()| Num(None))
+                drain_map(map).map(|()| Num::NONE)
             }
             fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Num, A::Error> {
-                drain_seq(seq).map(|()| Num(None))
+                drain_seq(seq).map(|()| Num::NONE)
             }
-            ignore_scalars!(Num(None));
+            ignore_scalars!(Num::NONE);
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// A details object's `cached_tokens` (OpenAI's `prompt_tokens_details`, the Responses API's
+/// `input_tokens_details`): a non-negative integer there, else absent, as is anything that is
+/// not an object.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+struct Cached(Num);
+
+impl<'de> Deserialize<'de> for Cached {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Cached;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("any JSON value")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Cached, A::Error> {
+                let mut cached = None;
+                while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
+                    if key == "cached_tokens" {
+                        if cached.is_some() {
+                            return Err(de::Error::duplicate_field("cached_tokens"));
+                        }
+                        cached = Some(map.next_value::<Num>()?);
+                    } else {
+                        map.next_value::<IgnoredAny>()?;
+                    }
+                }
+                Ok(Cached(cached.unwrap_or_default()))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Cached, A::Error> {
+                drain_seq(seq).map(|()| Cached::default())
+            }
+            fn visit_u64<E: de::Error>(self, _: u64) -> Result<Cached, E> {
+                Ok(Cached::default())
+            }
+            fn visit_i64<E: de::Error>(self, _: i64) -> Result<Cached, E> {
+                Ok(Cached::default())
+            }
+            fn visit_str<E: de::Error>(self, _: &str) -> Result<Cached, E> {
+                Ok(Cached::default())
+            }
+            ignore_scalars!(Cached::default());
         }
         d.deserialize_any(V)
     }
@@ -902,15 +1009,20 @@ fn drain_seq<'de, A: SeqAccess<'de>>(mut seq: A) -> Result<(), A::Error> {
 }
 
 /// Reads the object at the start of `bytes` in the plain shape of [`Usage::read_plain`], calling
-/// `member(key, integer value)` for each member at depth 0: `Some(true)` when it took the member
-/// (whose value must then be an integer), `Some(false)` when the member is not one it reads,
-/// `None` to give up. Returns what follows the object, or `None` when it is not in the plain
-/// shape.
-fn plain_object<'a>(
+/// `member(parent, key, integer value)` for each member at depth 0 (`parent` `None`) and for the
+/// integer members of an object at depth 1 (`parent` its key): `Some(true)` when it took the
+/// member (whose value must then be an integer), `Some(false)` when the member is not one it
+/// reads, `None` to give up. Returns what follows the object, or `None` when it is not in the
+/// plain shape.
+fn plain_object<'a, F>(
     bytes: &'a [u8],
     depth: u8,
-    member: &mut impl FnMut(&[u8], Option<u64>) -> Option<bool>,
-) -> Option<&'a [u8]> {
+    parent: Option<&[u8]>,
+    member: &mut F,
+) -> Option<&'a [u8]>
+where
+    F: FnMut(Option<&[u8]>, &[u8], Option<u64>) -> Option<bool>,
+{
     // serde_json's own limit is 128; usage objects nest once or twice.
     if depth > 4 {
         return None;
@@ -925,16 +1037,16 @@ fn plain_object<'a>(
         let integer = plain_integer(rest);
         rest = match integer {
             Some((value, after)) => {
-                if depth == 0 {
-                    member(key, Some(value))?;
+                if depth <= 1 {
+                    member(parent, key, Some(value))?;
                 }
                 after
             }
             None => {
-                if depth == 0 && member(key, None)? {
+                if depth <= 1 && member(parent, key, None)? {
                     return None;
                 }
-                plain_value(rest, depth)?
+                plain_value(rest, depth, key, member)?
             }
         };
         rest = skip_ws(rest);
@@ -947,11 +1059,14 @@ fn plain_object<'a>(
 }
 
 /// A value other than an integer in the plain shape: a string, `null`, `true`, `false` or an
-/// object; what follows it.
-fn plain_value(bytes: &[u8], depth: u8) -> Option<&[u8]> {
+/// object (member `key`'s: its members are read with that parent); what follows it.
+fn plain_value<'a, F>(bytes: &'a [u8], depth: u8, key: &[u8], member: &mut F) -> Option<&'a [u8]>
+where
+    F: FnMut(Option<&[u8]>, &[u8], Option<u64>) -> Option<bool>,
+{
     match bytes.first()? {
         b'"' => plain_string(bytes).map(|(_, after)| after),
-        b'{' => plain_object(bytes, depth + 1, &mut |_, _| Some(false)),
+        b'{' => plain_object(bytes, depth + 1, Some(key), member),
         _ => ["null", "true", "false"].iter().find_map(|word| {
             let after = bytes.strip_prefix(word.as_bytes())?;
             // `nullx` is not `null`.
@@ -1163,6 +1278,11 @@ mod plain_tests {
                  "cache_creation":{"ephemeral_5m_input_tokens":0,"ephemeral_1h_input_tokens":0},
                  "output_tokens":12,"service_tier":"standard"}"#,
             br#"{"input_tokens":5,"output_tokens":7,"total_tokens":12,"output_tokens_details":null}"#,
+            br#"{"prompt_tokens":100,"completion_tokens":20,"total_tokens":120,
+                 "prompt_tokens_details":{"cached_tokens":80,"audio_tokens":0}}"#,
+            br#"{"input_tokens":36,"input_tokens_details":{"cached_tokens":32},"output_tokens":8,
+                 "output_tokens_details":{"reasoning_tokens":0},"total_tokens":44}"#,
+            br#"{"prompt_tokens":1,"prompt_tokens_details":{"x":{"cached_tokens":5}}}"#,
             br#"{}"#,
             br#"{"total_tokens":30} and then more"#,
         ] {
@@ -1190,6 +1310,10 @@ mod plain_tests {
             br#"{"a":nullx}"#,
             br#"{"a":1,}"#,
             br#"{"a":{"b":{"c":{"d":{"e":{"f":1}}}}}}"#,
+            br#"{"prompt_tokens_details":{"cached_tokens":1,"cached_tokens":2}}"#,
+            br#"{"prompt_tokens_details":{},"prompt_tokens_details":{}}"#,
+            br#"{"prompt_tokens_details":{},"input_tokens_details":{}}"#,
+            br#"{"prompt_tokens_details":{"cached_tokens":"x"}}"#,
             br#"{"a" 1}"#,
             br#"{"a":1"#,
             br#"[]"#,
@@ -1236,6 +1360,8 @@ mod plain_tests {
             Just("cache_creation_input_tokens"),
             Just("cache_read_input_tokens"),
             Just("prompt_tokens_details"),
+            Just("input_tokens_details"),
+            Just("cached_tokens"),
             Just("service_tier"),
             Just("x"),
         ]
