@@ -96,3 +96,40 @@ async fn the_dashboard_shows_saturation_shares_outcomes_and_deployments() {
         let _ = std::fs::remove_file(&png);
     }
 }
+
+/// A key in shadow (`enforcement: shadow` on the key alone, issue 37): the requests its own
+/// limit would have refused are served, and the dashboard counts them as shadow refused in the
+/// key's pool, beside the ones admitted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dashboard_counts_a_shadowed_keys_refusals() {
+    let Some(chromium) = Chromium::find("the_dashboard_counts_a_shadowed_keys_refusals") else {
+        return;
+    };
+    let gw = Gw::start(CONFIG, None).await;
+    let key = gw
+        .new_key(json!({"rpm_limit": 2, "enforcement": "shadow"}))
+        .await;
+    // Below the model's threshold: all 4 served; the key's own limit would have refused 2.
+    let mut named = 0;
+    for _ in 0..4 {
+        let r = gw.chat(&key, "m", false).await;
+        assert_eq!(r.status, 200, "{}", r.text());
+        if r.headers
+            .get("x-priority-limit-shadow-refused-by")
+            .is_some()
+        {
+            named += 1;
+        }
+    }
+    assert_eq!(named, 2);
+    let url = format!("{}/ui#key={MASTER}", gw.base);
+    let dom = chromium.dump_dom(&url, 3_000).await;
+    let pool = |field: &str| {
+        let attributes = format!(r#"data-model="m" data-priority="default" data-field="{field}""#);
+        text_of(&dom, &attributes, "</td>").unwrap_or_else(|| panic!("no {attributes} in {dom}"))
+    };
+    assert_eq!(pool("shadow_refused"), "2");
+    assert_eq!(pool("admitted"), "2");
+    assert_eq!(pool("refused"), "0");
+    assert_eq!(pool("requests"), "4 / 5");
+}

@@ -5,16 +5,12 @@ use integration_tests::gateway::{with_master, Gw, TempDir, MASTER};
 use integration_tests::redis::RedisServer;
 use serde_json::json;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_reload_on_redis_keeps_the_window_counters() {
-    let Some(redis) = RedisServer::start("a_reload_on_redis_keeps_the_window_counters") else {
-        return;
-    };
-    let yaml = |rpm: u64| {
-        with_master(&format!(
-            r#"
+/// One mock model `name` with `rpm`, the limiter on, counters on `redis`.
+fn config(redis: &RedisServer, name: &str, rpm: u64) -> String {
+    with_master(&format!(
+        r#"
 model_list:
-  - model_name: m
+  - model_name: "{name}"
     litellm_params: {{model: openai/m, mock_response: "hi", rpm: {rpm}}}
 litellm_settings:
   callbacks: ["dynamic_rate_limiter_v3"]
@@ -22,9 +18,16 @@ litellm_settings:
 router_settings:
   redis_url: "{}"
 "#,
-            redis.url()
-        ))
+        redis.url()
+    ))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_on_redis_keeps_the_window_counters() {
+    let Some(redis) = RedisServer::start("a_reload_on_redis_keeps_the_window_counters") else {
+        return;
     };
+    let yaml = |rpm: u64| config(&redis, "m", rpm);
     let dir = TempDir::new();
     std::fs::create_dir_all(&dir.0).unwrap();
     let path = dir.0.join("gw.yaml");
@@ -53,21 +56,7 @@ async fn a_reload_on_redis_keeps_a_wildcard_names_window() {
     let Some(redis) = RedisServer::start("a_reload_on_redis_keeps_a_wildcard_names_window") else {
         return;
     };
-    let yaml = |rpm: u64| {
-        with_master(&format!(
-            r#"
-model_list:
-  - model_name: "team/*"
-    litellm_params: {{model: openai/x, mock_response: "hi", rpm: {rpm}}}
-litellm_settings:
-  callbacks: ["dynamic_rate_limiter_v3"]
-  priority_reservation_settings: {{redis_timeout_ms: 2000}}
-router_settings:
-  redis_url: "{}"
-"#,
-            redis.url()
-        ))
-    };
+    let yaml = |rpm: u64| config(&redis, "team/*", rpm);
     let dir = TempDir::new();
     std::fs::create_dir_all(&dir.0).unwrap();
     let path = dir.0.join("gw.yaml");

@@ -372,12 +372,20 @@ async fn three_processes_share_one_exact_limit() {
     for _ in 0..3 {
         nodes.push(redis_limiter(config.clone(), single(&redis), "fleet:").await);
     }
-    let tasks: Vec<_> = (0..300)
+    assert_eq!(admitted(&nodes, "m", 300).await, 100);
+    for node in &nodes {
+        assert_eq!(node.store().stats().failures.load(Ordering::Relaxed), 0);
+    }
+}
+
+/// `n` requests at once for `model`, spread over `nodes`: how many were admitted.
+async fn admitted(nodes: &[Arc<Limiter<RedisStore>>], model: &'static str, n: usize) -> usize {
+    let tasks: Vec<_> = (0..n)
         .map(|i| {
-            let node = nodes[i % 3].clone();
+            let node = nodes[i % nodes.len()].clone();
             tokio::spawn(async move {
                 matches!(
-                    node.acquire("m", None, 0).await.unwrap(),
+                    node.acquire(model, None, 0).await.unwrap(),
                     Acquired::Admitted { .. }
                 )
             })
@@ -387,10 +395,7 @@ async fn three_processes_share_one_exact_limit() {
     for t in tasks {
         admitted += usize::from(t.await.unwrap());
     }
-    assert_eq!(admitted, 100);
-    for node in &nodes {
-        assert_eq!(node.store().stats().failures.load(Ordering::Relaxed), 0);
-    }
+    admitted
 }
 
 /// A name's own windows (`RedisStore::windows_of`, what a wildcard route's names use): three
@@ -422,36 +427,11 @@ async fn the_windows_of_a_name_are_shared_and_apart() {
         .key_of(config.model_id("route/*").unwrap())
         .unwrap();
     assert_eq!(key, "names:{route/*}:w:route/a");
-    let admitted = |limiters: Vec<Arc<Limiter<RedisStore>>>, n: usize| async move {
-        let tasks: Vec<_> = (0..n)
-            .map(|i| {
-                let node = limiters[i % limiters.len()].clone();
-                tokio::spawn(async move {
-                    matches!(
-                        node.acquire("route/*", None, 0).await.unwrap(),
-                        Acquired::Admitted { .. }
-                    )
-                })
-            })
-            .collect();
-        let mut admitted = 0;
-        for t in tasks {
-            admitted += usize::from(t.await.unwrap());
-        }
-        admitted
-    };
-    assert_eq!(
-        admitted(a.clone(), 100).await,
-        40,
-        "route/a: the fleet's 40"
-    );
-    assert_eq!(admitted(b, 100).await, 40, "route/b: its own 40");
-    assert_eq!(
-        admitted(parents.clone(), 50).await,
-        40,
-        "the parent's own 40"
-    );
-    assert_eq!(admitted(a, 3).await, 0, "route/a still full");
+    let m = "route/*";
+    assert_eq!(admitted(&a, m, 100).await, 40, "route/a: the fleet's 40");
+    assert_eq!(admitted(&b, m, 100).await, 40, "route/b: its own 40");
+    assert_eq!(admitted(&parents, m, 50).await, 40, "the parent's own 40");
+    assert_eq!(admitted(&a, m, 3).await, 0, "route/a still full");
 }
 
 /// Windows roll on Redis time (a 300 ms window keeps the test short).

@@ -16,14 +16,26 @@ use super::redis_server::RedisServer;
 /// A fresh dir with `gw.yaml`: one mock model with room to spare, the limiter on, [`MASTER`],
 /// counters and keys on `redis`.
 fn setup(name: &str, redis: &RedisServer) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("gw-bin-limits-{name}-{}", std::process::id()));
+    fleet_dir(
+        &format!("limits-{name}"),
+        "{model_name: m, litellm_params: {model: openai/m, mock_response: hi, rpm: 100000}}",
+        "callbacks: [\"dynamic_rate_limiter_v3\"]",
+        redis,
+    )
+}
+
+/// A fresh dir named after `name` with `gw.yaml`: `model` the one `model_list` entry,
+/// `litellm` a line of `litellm_settings` (beside a Redis timeout long enough that no call falls
+/// back to the local share), [`MASTER`], counters and keys on `redis`.
+pub(crate) fn fleet_dir(name: &str, model: &str, litellm: &str, redis: &RedisServer) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("gw-bin-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(dir.join("data")).unwrap();
     std::fs::write(
         dir.join("gw.yaml"),
         format!(
-            "model_list: [{{model_name: m, litellm_params: {{model: openai/m, mock_response: hi, rpm: 100000}}}}]\n\
-             litellm_settings:\n  callbacks: [\"dynamic_rate_limiter_v3\"]\n  \
+            "model_list: [{model}]\n\
+             litellm_settings:\n  {litellm}\n  \
              priority_reservation_settings: {{redis_timeout_ms: 2000}}\n\
              general_settings: {{master_key: {MASTER}}}\n\
              router_settings: {{redis_url: \"{}\"}}\n",

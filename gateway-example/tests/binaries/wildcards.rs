@@ -12,28 +12,19 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
 
 use super::gateway::kill;
+use super::key_limits::fleet_dir;
 use super::keys::{client, command, start, MASTER};
 use super::redis_server::RedisServer;
 
 /// A fresh dir with `gw.yaml`: the route `team/*` (a mock answer, `rpm: 30`), [`MASTER`],
 /// counters and keys on `redis`, and `limiter` (the group limiter's callback, or nothing).
 fn setup(name: &str, redis: &RedisServer, limiter: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("gw-bin-wild-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(dir.join("data")).unwrap();
-    std::fs::write(
-        dir.join("gw.yaml"),
-        format!(
-            "model_list: [{{model_name: \"team/*\", litellm_params: {{model: openai/x, mock_response: hi, rpm: 30}}}}]\n\
-             litellm_settings:\n  {limiter}\n  \
-             priority_reservation_settings: {{redis_timeout_ms: 2000}}\n\
-             general_settings: {{master_key: {MASTER}}}\n\
-             router_settings: {{redis_url: \"{}\"}}\n",
-            redis.url()
-        ),
+    fleet_dir(
+        &format!("wild-{name}"),
+        "{model_name: \"team/*\", litellm_params: {model: openai/x, mock_response: hi, rpm: 30}}",
+        limiter,
+        redis,
     )
-    .unwrap();
-    dir
 }
 
 /// A chat for `model` as the master key: its status, or `None` when the connection failed.
