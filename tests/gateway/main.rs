@@ -21,6 +21,7 @@ mod quickstart;
 mod record;
 mod reload;
 mod routing;
+mod sdk;
 mod timeouts;
 mod tls;
 mod ui;
