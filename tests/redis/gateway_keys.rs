@@ -658,3 +658,25 @@ async fn a_team_deleted_on_one_gateway_takes_its_keys_on_the_other() {
         .await;
     assert_eq!(r.status, 200, "{}", r.text());
 }
+
+/// Keys' limits and refusals through the official `openai` SDK with keys and counters on Redis
+/// ([`integration_tests::sdk`]; expiry is on the clock, which a gateway on Redis does not take:
+/// it is checked on the embedded store).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn key_limits_on_redis_reach_the_openai_sdk_as_its_errors() {
+    use integration_tests::sdk::{config, have_sdk, keys_through_the_openai_sdk};
+    if !have_sdk("key_limits_on_redis_reach_the_openai_sdk_as_its_errors") {
+        return;
+    }
+    let Some(redis) = RedisServer::start("key_limits_on_redis_reach_the_openai_sdk_as_its_errors")
+    else {
+        return;
+    };
+    let dir = TempDir::new();
+    let gw = Gw::connect(&config(Some(&redis.url())), Some(&dir.0)).await;
+    assert_eq!(
+        gw.get("/health/readiness", None).await.json()["key_store"],
+        "redis"
+    );
+    keys_through_the_openai_sdk(&gw, false).await;
+}

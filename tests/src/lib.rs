@@ -35,5 +35,6 @@ pub mod pki;
 pub mod postgres;
 pub mod prometheus;
 pub mod redis;
+pub mod sdk;
 pub mod tinyproxy;
 pub mod upstream;
