@@ -26,9 +26,14 @@
 //! mean tokens and service time of the served requests of its model (the estimate, prompt +
 //! `max_tokens`, when none was served), and the report says how many such requests there were.
 //!
-//! Not replayed: cost in money (prices are not in the record's config yet), several gateway
-//! processes (one router sees every request), and upstream 429s' `retry-after` (a failure is a
-//! 500). The window starts at the first arrival, where the recording gateway's window may have
+//! Money: each served request is priced at the prices of the group that answered it in the
+//! replayed config (as budgets charge it), and the key's and team's budgets in `--callers`
+//! (`max_budget`, `budget_duration`, `model_max_budget`) are held by the real limiter: a
+//! candidate's budget refuses in the replay what it would refuse live. The recording's own
+//! rows have no cost (the record holds tokens, not the recording config's prices).
+//!
+//! Not replayed: several gateway processes (one router sees every request), and upstream 429s'
+//! `retry-after` (a failure is a 500). The window starts at the first arrival, where the recording gateway's window may have
 //! started elsewhere: a fixed window's edges can differ.
 
 use std::cmp::Reverse;
@@ -208,6 +213,12 @@ pub struct Row {
     pub waited_p99_ms: u64,
     /// Tokens of the served requests.
     pub tokens: u64,
+    /// What the served requests cost in dollars, at the prices of the group that answered each
+    /// (the config's `input_cost_per_token` and the like, the group's dearest deployment's, as
+    /// budgets charge them); 0 for the recording, whose prices the record does not hold.
+    pub cost_usd: f64,
+    #[serde(skip)]
+    cost_nanos: u64,
     #[serde(skip)]
     waits: Vec<u64>,
 }
@@ -219,6 +230,7 @@ impl Row {
     }
 
     fn finish(&mut self) {
+        self.cost_usd = self.cost_nanos as f64 / 1e9;
         self.waits.sort_unstable();
         self.waited_p50_ms = percentile(&self.waits, 0.50);
         self.waited_p99_ms = percentile(&self.waits, 0.99);
@@ -598,7 +610,17 @@ pub fn replay(trace: &[RecordLine], config: &GatewayConfig, callers: &Callers) -
                 match a.outcome {
                     Outcome::Served | Outcome::ShadowRefused => {
                         row.served += 1;
-                        row.tokens += costs[a.index].tokens;
+                        let cost = &costs[a.index];
+                        row.tokens += cost.tokens;
+                        // Priced as settlement prices it: the reported output as output, the
+                        // rest as prompt (all of it prompt when no output was reported).
+                        let answered_by = a.group.as_deref().unwrap_or(&line.model);
+                        if let Some(group) = router.group(answered_by) {
+                            let output = cost.output.unwrap_or(0).min(cost.tokens);
+                            row.cost_nanos = row.cost_nanos.saturating_add(
+                                group.prices.cost(cost.tokens - output, output).nanos(),
+                            );
+                        }
                         row.waits.push(a.waited_ms);
                         out.stand_in_costs += u64::from(costs[a.index].stand_in);
                         if a.outcome == Outcome::ShadowRefused {
@@ -737,6 +759,9 @@ pub fn render(recording: &Report, runs: &[(&str, &Replayed)]) -> String {
                 "; waited p50 {} ms, p99 {} ms; {} tokens",
                 r.waited_p50_ms, r.waited_p99_ms, r.tokens
             ));
+            if r.cost_nanos > 0 {
+                s.push_str(&format!("; ${:.6}", r.cost_usd));
+            }
             s
         }
     };
@@ -858,6 +883,37 @@ mod tests {
             run.timeline
         );
         assert_eq!(run.timeline[1].at_ms, 2_000);
+    }
+
+    /// Money in the replay: each served request costs its group's prices (10 prompt + 20
+    /// output tokens at $1 / $2 per million: $0.00005), and a key's budget from the callers file
+    /// is held by the real limiter: two served, then refused by the budget.
+    #[test]
+    fn served_requests_are_priced_and_a_keys_budget_holds() {
+        let config = GatewayConfig::from_yaml_str(
+            r#"
+model_list:
+  - model_name: m
+    litellm_params: {model: openai/m, mock_response: hi, rpm: 100}
+    model_info: {input_cost_per_token: 0.000001, output_cost_per_token: 0.000002}
+litellm_settings: {callbacks: ["dynamic_rate_limiter_v3"]}
+"#,
+        )
+        .unwrap();
+        let trace: Vec<RecordLine> = (0..5)
+            .map(|i| line(i * 1_000, Outcome::Served, 200, 0))
+            .collect();
+        let free = replay(&trace, &config, &Callers::default());
+        let row = free.report.values().next().unwrap();
+        assert_eq!(row.served, 5);
+        assert!((row.cost_usd - 5.0 * 0.00005).abs() < 1e-12, "{row:?}");
+        let callers = Callers::from_json(r#"{"keys": {"k": {"max_budget": 0.0001}}}"#).unwrap();
+        let held = replay(&trace, &config, &callers);
+        let row = held.report.values().next().unwrap();
+        assert_eq!(row.served, 2, "{row:?}");
+        assert_eq!(row.refused, [("key_budget".to_owned(), 3)].into());
+        assert!((row.cost_usd - 0.0001).abs() < 1e-12, "{row:?}");
+        assert!(render(&recorded(&trace), &[("held", &held)]).contains("$0.000100"));
     }
 
     #[test]

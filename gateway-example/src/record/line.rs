@@ -85,7 +85,7 @@ pub enum Outcome {
     Served,
     /// Answered with success, though a limit would have refused it (shadow enforcement).
     ShadowRefused,
-    /// A 429 from the limiter (`x-priority-limit-refused-by` names the limit).
+    /// Refused by a limit (`x-priority-limit-refused-by` names it): a 429, or a budget's 400.
     Refused,
     /// A 429 with no limit of ours named: every deployment of the group was at its own limit
     /// (or the upstream's 429 passed on).
@@ -115,14 +115,13 @@ impl Outcome {
             };
             return (outcome, shadow);
         }
+        // A limit's refusal names itself, whatever its status: a 429, or a budget's 400.
+        let refused = names(&X_REFUSED_BY);
+        if !refused.is_empty() {
+            return (Outcome::Refused, refused);
+        }
         if status == StatusCode::TOO_MANY_REQUESTS {
-            let refused = names(&X_REFUSED_BY);
-            let outcome = if refused.is_empty() {
-                Outcome::Unavailable
-            } else {
-                Outcome::Refused
-            };
-            return (outcome, refused);
+            return (Outcome::Unavailable, refused);
         }
         (Outcome::Failed, Vec::new())
     }
@@ -197,6 +196,14 @@ mod tests {
             Outcome::of(StatusCode::TOO_MANY_REQUESTS, &h),
             (Outcome::Refused, vec!["pool_tokens".into()])
         );
+        // A budget's refusal is a 400 that names its limit.
+        h.insert(&X_REFUSED_BY, HeaderValue::from_static("key_budget"));
+        assert_eq!(
+            Outcome::of(StatusCode::BAD_REQUEST, &h),
+            (Outcome::Refused, vec!["key_budget".into()])
+        );
+        let h = HeaderMap::new();
+        assert_eq!(Outcome::of(StatusCode::BAD_REQUEST, &h).0, Outcome::Failed);
         assert_eq!(Outcome::of(StatusCode::BAD_GATEWAY, &h).0, Outcome::Failed);
     }
 
