@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
-"""Calls a running gateway through the official `openai` SDK as each key the test made, and
-prints, one JSON object per line, what the SDK returned or raised: the test (tests/gateway/sdk.rs)
-asserts on them. It decides nothing itself.
+"""Calls a running gateway through the official `openai` SDK, one call per line of stdin, and
+prints, one JSON object per line, what the SDK returned or raised: the test (tests/src/sdk.rs)
+asserts on them, and between calls it may wait for the gateway (its settlements to reach Redis).
+It decides nothing itself.
 
-    python3 tests/sdk/openai_keys.py BASE_URL CASES_JSON
+    python3 tests/sdk/openai_keys.py BASE_URL < calls
 
-CASES_JSON: a list of {"name", "key", "model", "calls", "stream"}; each case makes `calls`
-chat completions as `key` on `model`, one after the other.
+Each line of stdin: {"key", "model", "stream"}; each answer line adds "call" (its line number).
 """
 
 import json
@@ -37,25 +37,25 @@ def one(client, model, stream):
 
 
 def main():
-    base_url, cases = sys.argv[1], json.loads(sys.argv[2])
-    for case in cases:
+    base_url = sys.argv[1]
+    for n, line in enumerate(sys.stdin):
+        call = json.loads(line)
         # No retries: the test counts what the gateway answers, not what the SDK retried.
-        client = openai.OpenAI(base_url=base_url, api_key=case["key"], max_retries=0)
-        for i in range(case["calls"]):
-            try:
-                seen = one(client, case["model"], case.get("stream", False))
-            except openai.APIStatusError as e:
-                body = e.body if isinstance(e.body, dict) else {}
-                seen = {
-                    "ok": False,
-                    "error": type(e).__name__,
-                    "status": e.status_code,
-                    "message": body.get("message") or str(e),
-                    "type": body.get("type"),
-                    "retry_after": e.response.headers.get("retry-after"),
-                }
-            seen.update({"case": case["name"], "call": i})
-            print(json.dumps(seen), flush=True)
+        client = openai.OpenAI(base_url=base_url, api_key=call["key"], max_retries=0)
+        try:
+            seen = one(client, call["model"], call.get("stream", False))
+        except openai.APIStatusError as e:
+            body = e.body if isinstance(e.body, dict) else {}
+            seen = {
+                "ok": False,
+                "error": type(e).__name__,
+                "status": e.status_code,
+                "message": body.get("message") or str(e),
+                "type": body.get("type"),
+                "retry_after": e.response.headers.get("retry-after"),
+            }
+        seen["call"] = n
+        print(json.dumps(seen), flush=True)
 
 
 if __name__ == "__main__":

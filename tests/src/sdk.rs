@@ -8,8 +8,11 @@
 //! `REQUIRE_OPENAI_SDK=1` (set by `.ci/run`, which installs it).
 
 use std::collections::HashMap;
-use std::process::Command;
-use std::time::Duration;
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use tower_priority_limit::store::Store as _;
 
 use crate::external::required;
 use crate::gateway::{with_master, Gw};
@@ -56,50 +59,104 @@ pub fn have_sdk(test: &str) -> bool {
     ok
 }
 
+/// Waits until every answer's body is done (no deployment has a request in flight) and its
+/// settlement reached the store: the next call sees what the last one used. On Redis a
+/// settlement is sent after its answer ends, not before the client has it.
+async fn settled(gw: &Gw) {
+    let deployments = gw.gateway.config().deployments.len();
+    let router = gw.gateway.router();
+    let since = Instant::now();
+    while (0..deployments).any(|i| router.in_flight(i) > 0) {
+        assert!(
+            since.elapsed() < Duration::from_secs(10),
+            "an answer's body is still in flight"
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    gw.gateway.limiter().store().flush().await;
+}
+
 /// Calls `gw` (made with [`config`]) through the SDK as keys with each limit and refusal, and
 /// checks what the SDK returned or raised. `clock`: the gateway runs on `gw.clock`, so a key's
 /// expiry is checked too (a gateway on Redis runs on the real clock: it is not).
 pub async fn keys_through_the_openai_sdk(gw: &Gw, clock: bool) {
     let expiring = gw.new_key(json!({"duration": "2s"})).await;
-    let mut cases = json!([
-        {"name": "rpm", "key": gw.new_key(json!({"rpm_limit": 2})).await, "model": "m", "calls": 3},
-        {"name": "tpm", "key": gw.new_key(json!({"tpm_limit": 30})).await, "model": "m", "calls": 2},
-        {"name": "budget", "key": gw.new_key(json!({"max_budget": 0.0001})).await, "model": "m", "calls": 3},
-        {"name": "parallel", "key": gw.new_key(json!({"max_parallel_requests": 1})).await,
-         "model": "m", "calls": 3, "stream": true},
-        {"name": "models", "key": gw.new_key(json!({"models": ["m"]})).await, "model": "other", "calls": 1},
-        {"name": "blocked", "key": gw.new_key(json!({"blocked": true})).await, "model": "m", "calls": 1},
-    ]);
+    let mut cases = vec![
+        (
+            "rpm",
+            gw.new_key(json!({"rpm_limit": 2})).await,
+            "m",
+            3,
+            false,
+        ),
+        (
+            "tpm",
+            gw.new_key(json!({"tpm_limit": 30})).await,
+            "m",
+            2,
+            false,
+        ),
+        (
+            "budget",
+            gw.new_key(json!({"max_budget": 0.0001})).await,
+            "m",
+            3,
+            false,
+        ),
+        // One slot, freed when each stream ends: three streams one after another.
+        (
+            "parallel",
+            gw.new_key(json!({"max_parallel_requests": 1})).await,
+            "m",
+            3,
+            true,
+        ),
+        (
+            "models",
+            gw.new_key(json!({"models": ["m"]})).await,
+            "other",
+            1,
+            false,
+        ),
+        (
+            "blocked",
+            gw.new_key(json!({"blocked": true})).await,
+            "m",
+            1,
+            false,
+        ),
+    ];
     if clock {
         // The key made with `duration: 2s` is past it on the gateway's clock.
-        cases
-            .as_array_mut()
-            .unwrap()
-            .push(json!({"name": "expired", "key": expiring, "model": "m", "calls": 1}));
+        cases.push(("expired", expiring, "m", 1, false));
         gw.clock.advance(Duration::from_secs(3));
     }
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/sdk/openai_keys.py");
-    let base = format!("{}/v1", gw.base);
-    let out = tokio::task::spawn_blocking(move || {
-        Command::new("python3")
-            .args([script, &base, &cases.to_string()])
-            .output()
-            .unwrap()
-    })
-    .await
-    .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let mut seen: HashMap<String, Vec<Value>> = HashMap::new();
-    for line in String::from_utf8(out.stdout).unwrap().lines() {
-        let v: Value = serde_json::from_str(line).unwrap();
-        seen.entry(v["case"].as_str().unwrap().to_owned())
-            .or_default()
-            .push(v);
+    let mut sdk = Command::new("python3")
+        .args([script, &format!("{}/v1", gw.base)])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut to_sdk = sdk.stdin.take().unwrap();
+    let mut from_sdk = BufReader::new(sdk.stdout.take().unwrap()).lines();
+    let mut seen: HashMap<&str, Vec<Value>> = HashMap::new();
+    for (name, key, model, calls, stream) in &cases {
+        for _ in 0..*calls {
+            settled(gw).await;
+            let line = json!({"key": key, "model": model, "stream": stream}).to_string();
+            let answer = tokio::task::block_in_place(|| {
+                writeln!(to_sdk, "{line}").unwrap();
+                from_sdk.next().expect("the SDK answers").unwrap()
+            });
+            seen.entry(name)
+                .or_default()
+                .push(serde_json::from_str(&answer).unwrap());
+        }
     }
+    drop(to_sdk);
+    let status = tokio::task::block_in_place(|| sdk.wait()).unwrap();
+    assert!(status.success(), "the SDK script failed: {status}");
     let served = |v: &Value| {
         assert_eq!(v["ok"], true, "{v}");
         assert_eq!(v["text"], "hi there", "{v}");
@@ -130,7 +187,6 @@ pub async fn keys_through_the_openai_sdk(gw: &Gw, clock: bool) {
         budget[2]["message"],
         "Budget has been exceeded! Current cost: 0.0001, Max budget: 0.0001"
     );
-    // One slot, freed when each stream ends: three streams one after another are all served.
     for v in &seen["parallel"] {
         served(v);
     }
