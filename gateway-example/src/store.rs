@@ -72,6 +72,13 @@ impl Store for GatewayStore {
         }
     }
 
+    fn settling(&self, model: ModelId) -> bool {
+        match self {
+            GatewayStore::Embedded(s) => s.settling(model),
+            GatewayStore::Redis(s) => s.settling(model),
+        }
+    }
+
     fn clock(&self) -> Arc<dyn Clock> {
         match self {
             GatewayStore::Embedded(s) => Store::clock(s),

@@ -575,7 +575,8 @@ impl<St: Store> Limiter<St> {
     /// then, or it was refused for tokens while reservations of this process on the model may be
     /// in flight (`reserve` accounting: settling them replaces each reservation by what the
     /// response used, which usually frees room long before the window does; an admission still
-    /// being decided counts, as it may become such a reservation).
+    /// being decided counts, as it may become such a reservation, and so does a settlement the
+    /// store has not recorded yet, [`Store::settling`]).
     pub fn should_wait(
         &self,
         model: ModelId,
@@ -598,12 +599,16 @@ impl<St: Store> Limiter<St> {
             crate::decision::Scope::Order => return within_ms > 0,
             _ => {}
         }
+        // Leases first, then the store: a lease settles into the store before it stops
+        // counting, so a reader that sees it over sees its settlement pending (a remote store
+        // records it after the lease ends; its refund may still free room).
         refused.retry_after_ms <= within_ms
             || (refused.dimension == crate::decision::Dimension::Tokens
-                && self
+                && (self
                     .queues
                     .get(model.index())
-                    .is_some_and(|q| q.reservations_may_be_in_flight()))
+                    .is_some_and(|q| q.reservations_may_be_in_flight())
+                    || self.store.settling(model)))
     }
 
     /// Counts an admission reserving `estimate` tokens on `model` as being decided, until the

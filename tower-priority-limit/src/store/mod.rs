@@ -173,6 +173,15 @@ pub trait Store: Send + Sync + 'static {
         let _ = hook;
     }
 
+    /// Whether settlements of `model` handed to this store are not recorded yet (Redis: queued
+    /// or on their way), so a refusal now may be undone by a refund soon: the queue waits for
+    /// them as for reservations in flight. A store that records them at once (the embedded one)
+    /// has none.
+    fn settling(&self, model: ModelId) -> bool {
+        let _ = model;
+        false
+    }
+
     /// The last waiter of `flow` on this process gave up without being admitted (its deadline,
     /// its client went away, a full queue displaced it): the process's registration of the flow
     /// in the store's order ([`FlowTry`]) ends. A store without a shared order (the embedded

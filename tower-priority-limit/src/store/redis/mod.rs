@@ -601,6 +601,9 @@ struct Inner {
     restore_script: LuaScript,
     /// Per model: its name (a [`SpendRow`](super::SpendRow)'s model).
     model_names: Box<[Arc<str>]>,
+    /// Per model: settlements handed to the settler and not yet recorded in Redis
+    /// ([`Store::settling`]).
+    settling: Box<[AtomicU64]>,
 }
 
 /// What a store shares with the stores of its names ([`RedisStore::windows_of`]).
@@ -693,6 +696,9 @@ impl Inner {
                 .models()
                 .iter()
                 .map(|m| Arc::from(m.name()))
+                .collect(),
+            settling: (0..config.models().len())
+                .map(|_| AtomicU64::new(0))
                 .collect(),
         }
     }
@@ -1496,6 +1502,13 @@ enum PairAt {
 type BoxedAdmit = Pin<Box<dyn Future<Output = Result<Decision, StoreError>> + Send>>;
 
 impl Store for RedisStore {
+    fn settling(&self, model: ModelId) -> bool {
+        self.inner
+            .settling
+            .get(model.index())
+            .is_some_and(|n| n.load(Ordering::SeqCst) > 0)
+    }
+
     fn on_settled(&self, hook: SettledHook) {
         *self
             .inner

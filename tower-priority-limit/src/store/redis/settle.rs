@@ -59,6 +59,13 @@ fn settled_key(model_key: &str, prefix: u64, id: u64) -> String {
 }
 
 impl Inner {
+    /// A settlement of `model` handed to the settler is now recorded (or dropped).
+    fn settled(&self, model: ModelId) {
+        if let Some(n) = self.settling.get(model.index()) {
+            n.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+
     fn settle_locally(&self, settlement: Settlement) {
         self.stats.settlements_local.fetch_add(1, Ordering::Relaxed);
         if let Some(settler) = self.local_settlers.get(settlement.model.index()) {
@@ -293,8 +300,12 @@ pub(super) async fn flush_settlements(
         let mut failed = 0;
         let mut settled_models: Vec<ModelId> = Vec::new();
         for (s, result) in settlements.into_iter().zip(results) {
-            if result.is_ok() && !settled_models.contains(&s.settlement.model) {
-                settled_models.push(s.settlement.model);
+            if result.is_ok() {
+                // Recorded: before the hook, so a waiter it wakes sees it.
+                inner.settled(s.settlement.model);
+                if !settled_models.contains(&s.settlement.model) {
+                    settled_models.push(s.settlement.model);
+                }
             }
             if let Err(e) = result {
                 if failed == 0 && retry.is_empty() {
@@ -309,7 +320,9 @@ pub(super) async fn flush_settlements(
         }
         if retry.len() > capacity {
             let excess = retry.len() - capacity;
-            retry.drain(..excess);
+            for dropped in retry.drain(..excess) {
+                inner.settled(dropped.settlement.model);
+            }
             inner
                 .stats
                 .settlements_dropped
@@ -369,13 +382,20 @@ impl RedisSettler {
         }
         // The id is fixed here, once per lease, and travels with every retry.
         let id = self.inner.next_settlement.fetch_add(1, Ordering::Relaxed);
+        let model = settlement.model;
+        // Counted before it is queued, so a waiter that sees the lease over sees it pending.
+        if let Some(n) = self.inner.settling.get(model.index()) {
+            n.fetch_add(1, Ordering::SeqCst);
+        }
         match self.queue.try_send(Queued::Settle(Pending {
             id,
             settlement,
             callers,
         })) {
-            Ok(()) | Err(mpsc::error::TrySendError::Closed(_)) => {}
+            Ok(()) => {}
+            Err(mpsc::error::TrySendError::Closed(_)) => self.inner.settled(model),
             Err(mpsc::error::TrySendError::Full(_)) => {
+                self.inner.settled(model);
                 let dropped = self
                     .inner
                     .stats
