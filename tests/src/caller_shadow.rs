@@ -7,28 +7,17 @@
 use serde_json::{json, Value};
 use tower_priority_limit::store::Store;
 
-use crate::gateway::{with_master, Gw, Reply, MASTER};
+use crate::gateway::{priced_config, Gw, Reply, MASTER};
 
 /// `m`: room to spare, priced at $1 / $2 per million prompt / completion tokens (every mocked
 /// answer reports 10 + 20 tokens: $0.00005); `tiny`: its deployment's own `rpm: 2`. With
 /// `redis_url`, on that Redis.
 pub fn config(redis_url: Option<&str>) -> String {
-    let redis = redis_url.map_or(String::new(), |url| {
-        format!("router_settings:\n  redis_url: \"{url}\"\n")
-    });
-    with_master(&format!(
-        r#"
-model_list:
-  - model_name: m
-    litellm_params: {{model: openai/m, mock_response: "hi", rpm: 100000}}
-    model_info: {{input_cost_per_token: 0.000001, output_cost_per_token: 0.000002}}
-  - model_name: tiny
-    litellm_params: {{model: openai/tiny, mock_response: "hi", rpm: 2}}
-litellm_settings:
-  callbacks: ["dynamic_rate_limiter_v3"]
-  priority_reservation_settings: {{redis_timeout_ms: 2000}}
-{redis}"#
-    ))
+    priced_config(
+        "hi",
+        "  - model_name: tiny\n    litellm_params: {model: openai/tiny, mock_response: \"hi\", rpm: 2}",
+        redis_url,
+    )
 }
 
 fn header<'a>(r: &'a Reply, name: &str) -> &'a str {

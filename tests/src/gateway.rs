@@ -103,6 +103,27 @@ pub fn with_master(yaml: &str) -> String {
     format!("{yaml}\ngeneral_settings:\n  master_key: {MASTER}\n")
 }
 
+/// Model `m` answered by the mock `content` (10 + 20 tokens, priced at $1 / $2 per million:
+/// $0.00005 an answer) beside `second` (one more `model_list` entry, indented as one), the
+/// limiter on with a Redis timeout no call outlasts; with `redis_url`, on that Redis.
+pub fn priced_config(content: &str, second: &str, redis_url: Option<&str>) -> String {
+    let redis = redis_url.map_or(String::new(), |url| {
+        format!("router_settings:\n  redis_url: \"{url}\"\n")
+    });
+    with_master(&format!(
+        r#"
+model_list:
+  - model_name: m
+    litellm_params: {{model: openai/m, mock_response: "{content}", rpm: 100000}}
+    model_info: {{input_cost_per_token: 0.000001, output_cost_per_token: 0.000002}}
+{second}
+litellm_settings:
+  callbacks: ["dynamic_rate_limiter_v3"]
+  priority_reservation_settings: {{redis_timeout_ms: 2000}}
+{redis}"#
+    ))
+}
+
 impl Gw {
     /// Starts a gateway from its YAML config, the limiter on a manual clock, keys in `data_dir`
     /// (or in memory).

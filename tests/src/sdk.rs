@@ -15,28 +15,17 @@ use std::time::{Duration, Instant};
 use tower_priority_limit::store::Store as _;
 
 use crate::external::required;
-use crate::gateway::{with_master, Gw};
+use crate::gateway::{priced_config, Gw};
 use serde_json::{json, Value};
 
 /// `m` served by a mock answer of 10 + 20 tokens at $1 / $2 per million ($0.00005 an answer);
 /// `other`, a second model. With `redis_url`, keys and counters on that Redis.
 pub fn config(redis_url: Option<&str>) -> String {
-    let redis = redis_url.map_or(String::new(), |url| {
-        format!("router_settings:\n  redis_url: \"{url}\"\n")
-    });
-    with_master(&format!(
-        r#"
-model_list:
-  - model_name: m
-    litellm_params: {{model: openai/m, mock_response: "hi there", rpm: 100000}}
-    model_info: {{input_cost_per_token: 0.000001, output_cost_per_token: 0.000002}}
-  - model_name: other
-    litellm_params: {{model: openai/other, mock_response: "hi", rpm: 100000}}
-litellm_settings:
-  callbacks: ["dynamic_rate_limiter_v3"]
-  priority_reservation_settings: {{redis_timeout_ms: 2000}}
-{redis}"#
-    ))
+    priced_config(
+        "hi there",
+        "  - model_name: other\n    litellm_params: {model: openai/other, mock_response: \"hi\", rpm: 100000}",
+        redis_url,
+    )
 }
 
 /// Whether python3 can import the SDK; a loud skip (or a panic under `REQUIRE_OPENAI_SDK=1`)

@@ -132,18 +132,6 @@ pub struct Metered {
     pub cache_written: u64,
 }
 
-impl Metered {
-    /// `tokens`, of which `output` output, nothing from or to a prompt cache.
-    pub fn new(tokens: Tokens, output: Option<u64>) -> Self {
-        Self {
-            tokens,
-            output,
-            cache_read: 0,
-            cache_written: 0,
-        }
-    }
-}
-
 /// Reads the token usage of one response body from the chunks it is fed.
 ///
 /// ```
