@@ -1,5 +1,5 @@
 //! The gateway's router waits in the limiter's queue as the layer does (the same
-//! `Limiter::should_wait` and `Limiter::admit_waiting`), over real HTTP, on the manual clock.
+//! `Limiter::admit_request`), over real HTTP, on the manual clock.
 
 use std::time::Duration;
 

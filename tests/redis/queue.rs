@@ -13,7 +13,7 @@ use tower_priority_limit::config::{
 };
 use tower_priority_limit::decision::Decision;
 use tower_priority_limit::store::{RedisStore, RedisTarget};
-use tower_priority_limit::{Limiter, WaitRequest};
+use tower_priority_limit::{AdmissionOutcome, Limiter, RequestAdmission};
 
 const RPM: u64 = 6;
 const MAX_WAIT: Duration = Duration::from_secs(150);
@@ -71,25 +71,21 @@ async fn three_limiters_wait_on_shared_counters_and_every_deadline_holds() {
         let limiter = Arc::clone(&limiters[(i % 3) as usize]);
         let clock = clock.clone();
         waiters.push(tokio::spawn(async move {
-            let Decision::Refuse(refused) = limiter.admit(id, PoolRef::Default, 0).await.unwrap()
-            else {
-                panic!("the fleet's limit is used up");
-            };
-            let max_wait = MAX_WAIT.as_millis() as u64;
-            assert!(limiter.should_wait(id, Some(&refused), max_wait));
-            let waited = limiter
-                .admit_waiting(WaitRequest {
+            // The limiter's one admission call: refused, it waits (room comes at the roll,
+            // before its deadline).
+            let outcome = limiter
+                .admit_request(RequestAdmission {
                     model: id,
                     pool: PoolRef::Default,
                     flow: i,
-                    estimate: 0,
-                    service: 1,
-                    max_wait_ms: max_wait,
-                    refused: Some(refused),
+                    prompt_tokens: 0,
+                    max_output_tokens: None,
+                    max_wait: None,
                     callers: None,
                 })
-                .await;
-            (waited.decision.unwrap(), clock.now_ms())
+                .await
+                .unwrap();
+            (outcome, clock.now_ms())
         }));
     }
     let waiting = || limiters.iter().map(|l| l.queue_len(id)).sum::<usize>();
@@ -97,7 +93,7 @@ async fn three_limiters_wait_on_shared_counters_and_every_deadline_holds() {
     assert!(limiters.iter().all(|l| l.queue_len(id) == 5));
 
     let client = ::redis::Client::open(redis.url()).unwrap();
-    let finished = |w: &[tokio::task::JoinHandle<(Decision, u64)>]| {
+    let finished = |w: &[tokio::task::JoinHandle<(AdmissionOutcome, u64)>]| {
         w.iter().filter(|h| h.is_finished()).count()
     };
     for (roll, left) in [(1, 9), (2, 3)] {
@@ -122,13 +118,13 @@ async fn three_limiters_wait_on_shared_counters_and_every_deadline_holds() {
     let mut admitted = 0;
     let mut refused = 0;
     for w in waiters {
-        let (decision, at) = tokio::time::timeout(Duration::from_secs(10), w)
+        let (outcome, at) = tokio::time::timeout(Duration::from_secs(10), w)
             .await
             .expect("answered")
             .unwrap();
-        match decision {
-            Decision::Admit(_) => admitted += 1,
-            Decision::Refuse(r) => {
+        match outcome {
+            AdmissionOutcome::Admitted { .. } => admitted += 1,
+            AdmissionOutcome::Refused(r) => {
                 refused += 1;
                 assert_eq!(at, MAX_WAIT.as_millis() as u64, "answered at its deadline");
                 assert!(r.retry_after_secs() >= 1);

@@ -8,7 +8,7 @@ use http::header::{HeaderName, AUTHORIZATION};
 use http::Request;
 
 /// The flow named by `value` (a key, a team): what the extractors below return, for code that
-/// admits by itself ([`WaitRequest::flow`](crate::WaitRequest)). A fixed seed: every gateway of a
+/// admits by itself ([`RequestAdmission::flow`](crate::RequestAdmission::flow)). A fixed seed: every gateway of a
 /// fleet names a key's flow alike, so the fleet's order on a shared store ([`FlowTry`](crate::store::FlowTry))
 /// sees one flow whichever gateway its requests enter by.
 pub fn flow_id(value: impl Hash) -> u64 {

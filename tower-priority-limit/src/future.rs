@@ -16,21 +16,22 @@ use crate::body::ResponseBody;
 use crate::clock::Millis;
 use crate::config::FailureMode;
 use crate::config::{ModelId, PoolRef};
-use crate::decision::Refused;
-use crate::decision::{Admitted, Decision};
+use crate::decision::Admitted;
 use crate::lease::Lease;
-use crate::limiter::{Limiter, WaitRequest, Waited};
+use crate::limiter::{AdmissionOutcome, Limiter, RequestAdmission, Started};
 use crate::model::{BadRequest, Extracted};
 use crate::options::{Options, UnknownModel};
-use crate::queue::Deciding;
 use crate::response::{
     error_response, insert_queued_header, refusal_response, requested_max_wait,
-    store_failure_response, BadMaxWait,
+    store_failure_response,
 };
 use crate::store::{Store, StoreError};
 
-/// A request waiting in the queue ([`Limiter::admit_waiting`]), boxed: only waiters pay for it.
-pub(crate) type WaitFuture = Pin<Box<dyn Future<Output = Waited> + Send + 'static>>;
+/// The rest of an admission that must be awaited ([`Limiter::finish_request`]: the store's
+/// answer, or a turn in the queue), boxed: the embedded store's requests, answered in place,
+/// never pay for it.
+pub(crate) type AdmissionFuture =
+    Pin<Box<dyn Future<Output = Result<AdmissionOutcome, StoreError>> + Send + 'static>>;
 
 pin_project! {
     /// The future of [`PriorityLimit`](crate::PriorityLimit).
@@ -40,14 +41,13 @@ pin_project! {
         St: Store,
     {
         #[pin]
-        state: State<E, St::AdmitFuture, S::Future>,
+        state: State<E, S::Future>,
         inner: Option<S>,
         request: Option<Request<ReqBody>>,
         limiter: Arc<Limiter<St>>,
         pool: PoolRef,
         model: Option<ModelId>,
         prompt_estimate: u64,
-        max_output_tokens: Option<u64>,
         admitted: Option<(Lease, Admitted)>,
         options: Options,
         // The caller's flow (0 without the queue).
@@ -59,11 +59,10 @@ pin_project! {
 
 pin_project! {
     #[project = StateProj]
-    enum State<E, A, F> {
+    enum State<E, F> {
         Extract { #[pin] fut: E },
-        // The admission, counted as being decided until its lease or refusal is made.
-        Admit { #[pin] fut: A, deciding: Option<Deciding> },
-        Wait { fut: WaitFuture },
+        // The rest of the admission: the store's answer, or a turn in the queue.
+        Admit { fut: AdmissionFuture },
         Call { #[pin] fut: F },
         // Answered without the inner service (a refusal or a bad request decided in `call`).
         Answer { response: Option<Response<Bytes>> },
@@ -78,7 +77,7 @@ where
 {
     /// A future in `state` holding nothing else yet; the constructors below fill in the rest.
     fn in_state(
-        state: State<E, St::AdmitFuture, S::Future>,
+        state: State<E, S::Future>,
         limiter: Arc<Limiter<St>>,
         pool: PoolRef,
         options: Options,
@@ -91,7 +90,6 @@ where
             pool,
             model: None,
             prompt_estimate: 0,
-            max_output_tokens: None,
             admitted: None,
             options,
             flow: 0,
@@ -132,7 +130,7 @@ where
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn admitting(
         inner: S,
-        next: Pending<St::AdmitFuture>,
+        fut: AdmissionFuture,
         extracted: Extracted<ReqBody>,
         model: ModelId,
         limiter: Arc<Limiter<St>>,
@@ -140,16 +138,12 @@ where
         flow: u64,
         options: Options,
     ) -> Self {
-        let state = match next {
-            Pending::Admit(fut, deciding) => State::Admit { fut, deciding },
-            Pending::Wait(fut) => State::Wait { fut },
-        };
+        let state = State::Admit { fut };
         Self {
             inner: Some(inner),
             request: Some(extracted.request),
             model: Some(model),
             prompt_estimate: extracted.prompt_estimate,
-            max_output_tokens: extracted.max_output_tokens,
             flow,
             ..Self::in_state(state, limiter, pool, options)
         }
@@ -216,150 +210,80 @@ pub(crate) fn after_extract<St: Store, B>(
     ))
 }
 
-/// What must be awaited before the inner service is called.
-pub(crate) enum Pending<A> {
-    /// The store's answer, and the admission counted as being decided meanwhile
-    /// ([`Limiter::deciding`]).
-    Admit(A, Option<Deciding>),
-    /// A turn in the queue.
-    Wait(WaitFuture),
+/// What follows the start of an admission.
+// Moved once per request and matched at once, as `AdmissionOutcome`.
+#[allow(clippy::large_enum_variant)]
+pub(crate) enum Begun {
+    /// Decided in place.
+    Done(AfterAdmit),
+    /// The store's answer or a turn in the queue must be awaited.
+    Pending(AdmissionFuture),
 }
 
-/// A limited request about to be admitted: what admitting and waiting need to know of it.
-pub(crate) struct Admission<'a, St> {
-    pub(crate) limiter: &'a Arc<Limiter<St>>,
-    pub(crate) model: ModelId,
-    pub(crate) pool: PoolRef,
-    pub(crate) flow: u64,
-    pub(crate) prompt_estimate: u64,
-    pub(crate) max_output_tokens: Option<u64>,
-}
-
-impl<St: Store> Admission<'_, St> {
-    fn estimate(&self) -> u64 {
-        self.limiter
-            .estimate(self.model, self.prompt_estimate, self.max_output_tokens)
-    }
-
-    /// Admits, or joins the queue without trying when others already wait there (they go first).
-    /// `deciding`: the admission's count as being decided, if the caller made it already (the
-    /// synchronous path, whose store turned out to need awaiting).
-    pub(crate) fn start<B>(
-        &self,
-        request: &Request<B>,
-        deciding: Option<Deciding>,
-    ) -> Result<Pending<St::AdmitFuture>, BadMaxWait> {
-        if self.limiter.queue_ahead(self.model) {
-            return self
-                .wait(request, None)
-                .map(|wait| wait.map_or_else(|| self.admit(deciding), Pending::Wait));
+/// Starts the admission of an extracted request on `model`: the limiter's one admission call,
+/// its synchronous part here ([`Limiter::start_request`]), the rest boxed only when it must be
+/// awaited. With the queue on, a bad `x-priority-limit-max-wait` is a 400 when it matters (the
+/// request would wait, or tries behind others).
+#[inline(always)]
+pub(crate) fn begin<St: Store, B>(
+    limiter: &Arc<Limiter<St>>,
+    model: ModelId,
+    pool: PoolRef,
+    flow: u64,
+    extracted: &Extracted<B>,
+    store_failure: FailureMode,
+) -> Begun {
+    let request = RequestAdmission {
+        model,
+        pool,
+        flow,
+        prompt_tokens: extracted.prompt_estimate,
+        max_output_tokens: extracted.max_output_tokens,
+        // Read from the header only when it matters (`Limiter::start_request`).
+        max_wait: None,
+        // The layer knows no keys: only the model's and pool's limits.
+        callers: None,
+    };
+    match limiter.start_request(request, || requested_max_wait(extracted.request.headers())) {
+        Err(bad_header) => Begun::Done(AfterAdmit::Answer(bad_header.into_response())),
+        Ok(Started::Answered(outcome)) => {
+            Begun::Done(after_admit(limiter, model, pool, outcome, store_failure))
         }
-        Ok(self.admit(deciding))
-    }
-
-    /// The store's answer to await, counted as being decided meanwhile.
-    fn admit(&self, deciding: Option<Deciding>) -> Pending<St::AdmitFuture> {
-        let estimate = self.estimate();
-        let deciding = deciding.or_else(|| self.limiter.deciding(self.model, estimate));
-        Pending::Admit(
-            self.limiter.admit(self.model, self.pool, estimate),
-            deciding,
-        )
-    }
-
-    /// The wait for a request `refused` (or not tried: `None`), if it should
-    /// wait: the queue is on, the request did not ask for no wait (`x-priority-limit-max-wait`),
-    /// and room appears before its deadline. A bad header is a 400.
-    pub(crate) fn wait<B>(
-        &self,
-        request: &Request<B>,
-        refused: Option<Refused>,
-    ) -> Result<Option<WaitFuture>, BadMaxWait> {
-        if self.limiter.config().settings().queue.is_none() {
-            return Ok(None);
+        Ok(Started::Pending(pending)) => {
+            let limiter = Arc::clone(limiter);
+            Begun::Pending(Box::pin(
+                async move { limiter.finish_request(pending).await },
+            ))
         }
-        let requested = requested_max_wait(request.headers())?;
-        let Some(max_wait) = self.limiter.max_wait_ms(requested) else {
-            return Ok(None);
-        };
-        if !self
-            .limiter
-            .should_wait(self.model, refused.as_ref(), max_wait)
-        {
-            return Ok(None);
-        }
-        let service =
-            self.limiter
-                .flow_service(self.model, self.prompt_estimate, self.max_output_tokens);
-        let request = WaitRequest {
-            model: self.model,
-            pool: self.pool,
-            flow: self.flow,
-            estimate: self.estimate(),
-            service,
-            max_wait_ms: max_wait,
-            refused,
-            // The layer knows no keys: only the model's and pool's limits.
-            callers: None,
-        };
-        let limiter = Arc::clone(self.limiter);
-        Ok(Some(Box::pin(async move {
-            limiter.admit_waiting(request).await
-        })))
     }
 }
 
 /// What follows admission.
 pub(crate) enum AfterAdmit {
     /// Call the inner service; meter and settle with the lease if there is one (a store failure
-    /// served open has none).
-    Call(Option<(Lease, Admitted)>),
+    /// served open has none); how long it waited in the queue, if it did.
+    Call(Option<(Lease, Admitted)>, Option<Millis>),
     /// Answer this instead (a refusal, or a store failure under fail-closed).
     Answer(Response<Bytes>),
-    /// Refused for capacity that frees before the request's deadline: wait for it.
-    Wait(WaitFuture),
 }
 
-/// The step after admission (shared by the synchronous path in `call` and the future). `waiting`
-/// says whether a refusal may still wait (`Some`, with the request) or is the answer (`None`: it
-/// already waited). `deciding` counted the admission while it was decided: it ends once the
-/// lease is made, or before a refusal asks whether it waits.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn after_admit<St: Store, B>(
+/// The step after the admission's final answer (shared by the synchronous path in `call` and
+/// the future): the inner call, the refusal's 429, or the store failure's policy.
+#[inline(always)]
+pub(crate) fn after_admit<St: Store>(
     limiter: &Limiter<St>,
     model: ModelId,
     pool: PoolRef,
-    decision: Result<Decision, StoreError>,
+    outcome: Result<AdmissionOutcome, StoreError>,
     store_failure: FailureMode,
-    max_output_tokens: Option<u64>,
-    waiting: Option<(&Admission<'_, St>, &Request<B>)>,
-    mut deciding: Option<Deciding>,
 ) -> AfterAdmit {
-    if !matches!(decision, Ok(Decision::Admit(_))) {
-        drop(deciding.take());
-    }
-    if let (Ok(Decision::Refuse(refused)), Some((admission, request))) = (&decision, waiting) {
-        match admission.wait(request, Some(*refused)) {
-            Ok(Some(wait)) => return AfterAdmit::Wait(wait),
-            Ok(None) => {}
-            Err(bad_header) => return AfterAdmit::Answer(bad_header.into_response()),
-        }
-    }
-    // Only the final answer is observed here: a refusal that waits is counted when its wait
-    // ends (`Limiter::observe_waited`, by the caller).
-    if waiting.is_some() {
-        limiter.observe_result(model, pool, &decision);
-    }
-    match decision {
-        Ok(Decision::Admit(admitted)) => {
-            let lease = limiter
-                .lease(model, pool, &admitted)
-                .with_output_limit(max_output_tokens);
-            // Only now that the lease counts its reservation.
-            drop(deciding);
-            AfterAdmit::Call(Some((lease, admitted)))
-        }
-        Ok(Decision::Refuse(refused)) => {
+    match outcome {
+        Ok(AdmissionOutcome::Admitted {
+            lease,
+            admitted,
+            waited_ms,
+        }) => AfterAdmit::Call(Some((lease, admitted)), waited_ms),
+        Ok(AdmissionOutcome::Refused(refused)) => {
             let config = limiter.config();
             AfterAdmit::Answer(refusal_response(
                 config.model(model),
@@ -369,7 +293,7 @@ pub(crate) fn after_admit<St: Store, B>(
         }
         Err(error) => match store_failure_response(store_failure, &error) {
             Some(response) => AfterAdmit::Answer(response),
-            None => AfterAdmit::Call(None),
+            None => AfterAdmit::Call(None, None),
         },
     }
 }
@@ -402,12 +326,13 @@ where
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
-        // After an admission's answer: call the inner service, answer, or wait in the queue.
+        // After an admission's final answer: call the inner service, or answer.
         macro_rules! proceed {
             ($after:expr) => {
                 match $after {
-                    AfterAdmit::Call(admitted) => {
+                    AfterAdmit::Call(admitted, waited_ms) => {
                         *this.admitted = admitted;
+                        *this.waited_ms = waited_ms;
                         let (Some(request), Some(mut inner)) =
                             (this.request.take(), this.inner.take())
                         else {
@@ -420,7 +345,6 @@ where
                         this.state.set(State::Done);
                         return Poll::Ready(Ok(own(response)));
                     }
-                    AfterAdmit::Wait(fut) => this.state.set(State::Wait { fut }),
                 }
             };
         }
@@ -438,26 +362,18 @@ where
                         AfterExtract::Admit(id) => {
                             *this.model = Some(id);
                             *this.prompt_estimate = extracted.prompt_estimate;
-                            *this.max_output_tokens = extracted.max_output_tokens;
-                            let admission = Admission {
-                                limiter: this.limiter,
-                                model: id,
-                                pool: *this.pool,
-                                flow: *this.flow,
-                                prompt_estimate: extracted.prompt_estimate,
-                                max_output_tokens: extracted.max_output_tokens,
-                            };
-                            let next = admission.start(&extracted.request, None);
+                            let begun = begin(
+                                this.limiter,
+                                id,
+                                *this.pool,
+                                *this.flow,
+                                &extracted,
+                                this.options.store_failure,
+                            );
                             *this.request = Some(extracted.request);
-                            match next {
-                                Ok(Pending::Admit(fut, deciding)) => {
-                                    this.state.set(State::Admit { fut, deciding })
-                                }
-                                Ok(Pending::Wait(fut)) => this.state.set(State::Wait { fut }),
-                                Err(bad_header) => {
-                                    this.state.set(State::Done);
-                                    return Poll::Ready(Ok(own(bad_header.into_response())));
-                                }
+                            match begun {
+                                Begun::Done(after) => proceed!(after),
+                                Begun::Pending(fut) => this.state.set(State::Admit { fut }),
                             }
                         }
                         AfterExtract::Answer(response) => {
@@ -473,60 +389,18 @@ where
                         }
                     }
                 }
-                StateProj::Admit { fut, deciding } => {
-                    let decision = ready!(fut.poll(cx));
-                    let deciding = deciding.take();
-                    let (Some(model), Some(request)) = (*this.model, this.request.as_ref()) else {
+                StateProj::Admit { fut } => {
+                    let outcome = ready!(fut.as_mut().poll(cx));
+                    let Some(model) = *this.model else {
                         panic!("ResponseFuture polled after completion");
-                    };
-                    let admission = Admission {
-                        limiter: this.limiter,
-                        model,
-                        pool: *this.pool,
-                        flow: *this.flow,
-                        prompt_estimate: *this.prompt_estimate,
-                        max_output_tokens: *this.max_output_tokens,
                     };
                     let after = after_admit(
                         this.limiter,
                         model,
                         *this.pool,
-                        decision,
+                        outcome,
                         this.options.store_failure,
-                        *this.max_output_tokens,
-                        Some((&admission, request)),
-                        deciding,
                     );
-                    proceed!(after);
-                }
-                StateProj::Wait { fut } => {
-                    let waited = ready!(fut.as_mut().poll(cx));
-                    let Some(model) = *this.model else {
-                        panic!("ResponseFuture polled after completion");
-                    };
-                    *this.waited_ms = Some(waited.waited_ms);
-                    this.limiter.observe_waited(model, *this.pool, &waited);
-                    let flow_charge = waited.flow_charge;
-                    let after = after_admit::<St, ReqBody>(
-                        this.limiter,
-                        model,
-                        *this.pool,
-                        waited.decision,
-                        this.options.store_failure,
-                        *this.max_output_tokens,
-                        None,
-                        None,
-                    );
-                    // Its flow's count gets the response's real weighted tokens at settlement.
-                    let after = match (after, flow_charge) {
-                        (AfterAdmit::Call(Some((lease, admitted))), Some((flow, service))) => {
-                            AfterAdmit::Call(Some((
-                                lease.with_flow_charge(flow, service),
-                                admitted,
-                            )))
-                        }
-                        (after, _) => after,
-                    };
                     proceed!(after);
                 }
                 StateProj::Answer { response } => {

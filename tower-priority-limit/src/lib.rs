@@ -125,7 +125,7 @@ pub use config::{FailureMode, LimiterConfig, ModelLimits};
 pub use future::ResponseFuture;
 pub use layer::PriorityLimitLayer;
 pub use lease::Lease;
-pub use limiter::{Acquired, AdmissionOutcome, Limiter, RequestAdmission, WaitRequest, Waited};
+pub use limiter::{Acquired, AdmissionOutcome, Limiter, RequestAdmission};
 pub use options::UnknownModel;
 pub use response::headers;
 pub use response::headers::{X_PRIORITY_LIMIT_MAX_WAIT, X_PRIORITY_LIMIT_QUEUED_MS};

@@ -23,7 +23,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 
-use crate::config::PoolLimits;
+use crate::config::{PoolLimits, QueueSettings};
 use crate::decision::Usage;
 
 /// How much one request's tokens count as service to its flow: `prompt × prompt weight +
@@ -42,6 +42,16 @@ impl Default for ServiceWeights {
         Self {
             prompt: 1,
             completion: 2,
+        }
+    }
+}
+
+impl From<QueueSettings> for ServiceWeights {
+    /// The queue's `prompt_weight` and `completion_weight`.
+    fn from(queue: QueueSettings) -> Self {
+        Self {
+            prompt: queue.prompt_weight,
+            completion: queue.completion_weight,
         }
     }
 }

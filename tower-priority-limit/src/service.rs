@@ -13,9 +13,7 @@ use crate::body::ResponseBody;
 use crate::config::PoolRef;
 use crate::decision::Admitted;
 use crate::flow::{FlowExtractor, KeyFlow};
-use crate::future::{
-    after_admit, after_extract, Admission, AfterAdmit, AfterExtract, Pending, ResponseFuture,
-};
+use crate::future::{after_extract, begin, AfterAdmit, AfterExtract, Begun, ResponseFuture};
 use crate::lease::Lease;
 use crate::limiter::Limiter;
 use crate::model::{ExtractNow, ModelExtractor};
@@ -190,66 +188,29 @@ where
                         return self.calling(fut, pool, None, 0);
                     }
                     AfterExtract::Admit(id) => {
-                        let max_output = extracted.max_output_tokens;
-                        let admission = Admission {
-                            limiter: &self.limiter,
-                            model: id,
-                            pool,
-                            flow,
-                            prompt_estimate: extracted.prompt_estimate,
-                            max_output_tokens: max_output,
-                        };
-                        let estimate =
-                            self.limiter
-                                .estimate(id, extracted.prompt_estimate, max_output);
-                        let mut deciding = None;
-                        let decision = if self.limiter.queue_ahead(id) {
-                            None
-                        } else {
-                            deciding = self.limiter.deciding(id, estimate);
-                            self.limiter.admit_now(id, pool, estimate)
-                        };
-                        let Some(decision) = decision else {
-                            // The store must be awaited (Redis), or others wait ahead: in the
-                            // future.
-                            let next = match admission.start(&extracted.request, deciding) {
-                                Ok(next) => next,
-                                Err(bad) => return self.answered(bad.into_response(), pool),
-                            };
-                            let inner = self.take_ready();
-                            return ResponseFuture::admitting(
-                                inner,
-                                next,
-                                extracted,
-                                id,
-                                Arc::clone(&self.limiter),
-                                pool,
-                                flow,
-                                self.options,
-                            );
-                        };
-                        let store_failure = self.options.store_failure;
-                        match after_admit(
+                        match begin(
                             &self.limiter,
                             id,
                             pool,
-                            decision,
-                            store_failure,
-                            max_output,
-                            Some((&admission, &extracted.request)),
-                            deciding,
+                            flow,
+                            &extracted,
+                            self.options.store_failure,
                         ) {
-                            AfterAdmit::Answer(response) => return self.answered(response, pool),
-                            AfterAdmit::Call(admitted) => {
+                            Begun::Done(AfterAdmit::Answer(response)) => {
+                                return self.answered(response, pool)
+                            }
+                            // Answered in place: it did not wait.
+                            Begun::Done(AfterAdmit::Call(admitted, _)) => {
                                 let estimate = extracted.prompt_estimate;
                                 let fut = self.inner.call(extracted.request);
                                 return self.calling(fut, pool, admitted, estimate);
                             }
-                            AfterAdmit::Wait(wait) => {
+                            // The store must be awaited (Redis), or the queue: in the future.
+                            Begun::Pending(fut) => {
                                 let inner = self.take_ready();
                                 return ResponseFuture::admitting(
                                     inner,
-                                    Pending::Wait(wait),
+                                    fut,
                                     extracted,
                                     id,
                                     Arc::clone(&self.limiter),

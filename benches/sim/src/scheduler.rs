@@ -3,8 +3,9 @@
 //! real limiter in virtual time.
 //!
 //! The queue's side runs the real code: every request is a task on a current-thread runtime
-//! that admits as the layer does ([`Limiter::admit_now`], then [`Limiter::admit_waiting`] when
-//! [`Limiter::should_wait`] says so); time moves in 10 ms steps of a [`ManualClock`], which wakes
+//! that admits through the limiter's one admission call, as the layer and the gateway do
+//! ([`Limiter::admit_request`]: at once, or waiting in the queue when room may appear before its
+//! deadline); time moves in 10 ms steps of a [`ManualClock`], which wakes
 //! the waiters' timers, and after each step the runtime runs until nothing moves. The model has
 //! an `rpm` on a 60 s sliding window (so room comes back slot by slot); requests are Poisson.
 //!
@@ -23,7 +24,7 @@
 //! 4. **Contention**: `prod` (0.75) offers 1.2 × its floor and `dev` (0.25) 3 × rpm from the
 //!    start: `prod`'s share of its floor in each full window, and the model's use.
 //! 5. **Memory per waiting request**: the process's resident memory with 100,000 waiting, and the
-//!    wait future's own size.
+//!    admission future's own size.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -36,8 +37,9 @@ use tower_priority_limit::clock::{Clock, ManualClock};
 use tower_priority_limit::config::{
     LimiterConfig, ModelId, ModelLimits, PoolRef, QueueSettings, Reservation, WindowKind,
 };
-use tower_priority_limit::decision::{Decision, Refused};
-use tower_priority_limit::{AdmissionOutcome, Limiter, RequestAdmission, WaitRequest};
+use tower_priority_limit::decision::Decision;
+use tower_priority_limit::order::ServiceWeights;
+use tower_priority_limit::{AdmissionOutcome, Limiter, RequestAdmission};
 
 use crate::report::Table;
 use crate::time::{block_on, exponential, rng, settle_runtime};
@@ -279,7 +281,7 @@ fn run_queue(
                 let served_log = Arc::clone(&served_log);
                 let clock = clock.clone();
                 tokio::spawn(async move {
-                    let service = limiter.flow_service(model, prompt, Some(output));
+                    let service = flow_service(limiter.config(), prompt, output);
                     let admitted = admit_as_the_layer(&limiter, model, s, (prompt, output)).await;
                     let admitted_ms = admitted.then(|| clock.now_ms());
                     if let (Some(at), true) = (admitted_ms, admitted) {
@@ -326,22 +328,23 @@ async fn admit_as_the_layer(
     matches!(outcome, Ok(AdmissionOutcome::Admitted { .. }))
 }
 
-fn wait_request(
-    model: ModelId,
-    pool: PoolRef,
-    flow: u64,
-    service: u64,
-    max_wait_ms: u64,
-    refused: Option<Refused>,
-) -> WaitRequest {
-    WaitRequest {
+/// What a request of `prompt` tokens allowing `output` counts for its flow: the queue's weights
+/// (1 without the queue).
+fn flow_service(config: &LimiterConfig, prompt: u64, output: u64) -> u64 {
+    config.settings().queue.map_or(1, |queue| {
+        ServiceWeights::from(queue).service(prompt, output)
+    })
+}
+
+/// A request of `flow` as the layer admits it, with the config's deadline.
+fn request(model: ModelId, flow: u64) -> RequestAdmission {
+    RequestAdmission {
         model,
-        pool,
+        pool: PoolRef::Default,
         flow,
-        estimate: 0,
-        service,
-        max_wait_ms,
-        refused,
+        prompt_tokens: 0,
+        max_output_tokens: Some(0),
+        max_wait: None,
         callers: None,
     }
 }
@@ -373,7 +376,7 @@ fn run_retrying(
             source,
             arrived_ms: t,
             admitted_ms: None,
-            service: limiter.flow_service(model, sizes[i].0, Some(sizes[i].1)),
+            service: flow_service(limiter.config(), sizes[i].0, sizes[i].1),
             attempts: 0,
         })
         .collect();
@@ -604,18 +607,20 @@ fn resident_bytes() -> Option<u64> {
     Some(pages * 4096)
 }
 
-/// Row 5: 100,000 requests waiting, each a boxed wait (as the layer holds it) polled once so it
-/// is in the queue; the process's resident memory before and after.
+/// Row 5: 100,000 requests waiting, each a boxed admission (as the layer holds one that must be
+/// awaited) polled once so it is in the queue; the process's resident memory before and after.
 pub fn memory() -> Option<MemoryRow> {
     const WAITING: u64 = 100_000;
     let clock = ManualClock::new();
     let limiter = Arc::new(Limiter::with_clock(config(&[], true), clock.clone()));
     let model = limiter.config().model_id("m").expect("model m");
     while let Some(Ok(Decision::Admit(_))) = limiter.admit_now(model, PoolRef::Default, 0) {}
+    // Room comes back before a deadline: the first request waits (the rest wait behind it).
+    clock.set(WINDOW_MS - DEADLINE_MS / 2);
     let future_bytes = {
         let limiter = Arc::clone(&limiter);
-        let request = wait_request(model, PoolRef::Default, 0, 1, DEADLINE_MS, None);
-        std::mem::size_of_val(&async move { limiter.admit_waiting(request).await })
+        let request = request(model, 0);
+        std::mem::size_of_val(&async move { limiter.admit_request(request).await })
     };
     let mut waiters: Vec<std::pin::Pin<Box<dyn std::future::Future<Output = _> + Send>>> =
         Vec::with_capacity(WAITING as usize);
@@ -623,10 +628,10 @@ pub fn memory() -> Option<MemoryRow> {
     let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
     for flow in 0..WAITING {
         let limiter = Arc::clone(&limiter);
-        let request = wait_request(model, PoolRef::Default, flow, 1, DEADLINE_MS, None);
+        let request = request(model, flow);
         // Boxed as the layer boxes it, owning its limiter.
         let mut fut: std::pin::Pin<Box<dyn std::future::Future<Output = _> + Send>> =
-            Box::pin(async move { limiter.admit_waiting(request).await });
+            Box::pin(async move { limiter.admit_request(request).await });
         assert!(fut.as_mut().poll(&mut cx).is_pending(), "the model is full");
         waiters.push(fut);
     }
@@ -736,7 +741,7 @@ pub fn render(r: &Report) -> String {
     out.push_str(&t.render());
     if let Some(m) = &r.memory {
         out.push_str(&format!(
-            "\nMemory: {} requests waiting cost {:.0} resident bytes each (the boxed wait future is {} bytes of that).\n",
+            "\nMemory: {} requests waiting cost {:.0} resident bytes each (the boxed admission future, `Limiter::admit_request`, is {} bytes of that).\n",
             m.waiting, m.resident_bytes_per_waiter, m.future_bytes
         ));
     }
