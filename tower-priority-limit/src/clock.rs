@@ -94,6 +94,23 @@ impl Clock for CoarseClock {
             .duration_since(self.origin)
             .as_millis()
     }
+
+    /// The coarse reading lags true time by up to a tick (a few ms), so a timer for the distance
+    /// can end before the reading reaches `at`; it sleeps again for what is left. (A waiter woken
+    /// early saw its pool still blocked and slept on to its deadline.)
+    #[cfg(feature = "tokio")]
+    fn sleep_until(&self, at: Millis) -> Sleep {
+        let clock = *self;
+        Box::pin(async move {
+            loop {
+                let now = clock.now_ms();
+                if now >= at {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(at - now)).await;
+            }
+        })
+    }
 }
 
 /// A clock that only moves when told to; clones share one time.
@@ -213,6 +230,21 @@ impl<C: Clock + ?Sized> Clock for std::sync::Arc<C> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// [`Clock::sleep_until`]'s promise on the coarse clock, whose reading lags true time: each
+    /// sleep ends only once the clock reads at least its instant (40 sleeps of 1–4 ms: a timer
+    /// for the bare distance ended early in most such runs).
+    #[cfg(feature = "tokio")]
+    #[tokio::test]
+    async fn a_coarse_sleep_ends_only_once_the_clock_reads_its_instant() {
+        let clock = CoarseClock::new();
+        for i in 0..40 {
+            let at = clock.now_ms() + 1 + i % 4;
+            clock.sleep_until(at).await;
+            let now = clock.now_ms();
+            assert!(now >= at, "woke at {now}, before {at}");
+        }
+    }
 
     #[tokio::test]
     async fn a_manual_sleep_ends_when_time_is_moved_past_it() {

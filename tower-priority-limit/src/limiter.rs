@@ -797,6 +797,75 @@ mod tests {
         assert_eq!(limiter.queue_len(id), 0);
     }
 
+    /// A waiter refused by its pool's cap while another priority's unused floor is lent out at
+    /// that floor's rate is admitted when the next lent request comes due, not left to its
+    /// deadline: `dev` (0.25 of `rpm: 120`) has used its floor and what was lent; `prod`'s
+    /// unused floor (90 a minute) lends one more every 2/3 s.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_waiter_gets_the_floor_lent_to_its_pool_as_it_comes_due() {
+        use crate::config::QueueSettings;
+        let clock = crate::clock::ManualClock::new();
+        let limiter = Arc::new(Limiter::with_clock(
+            LimiterConfig::builder()
+                .model(ModelLimits::new("m").rpm(120))
+                .reserve("prod", Reservation::Percent(0.75))
+                .reserve("dev", Reservation::Percent(0.25))
+                .default_priority(0.0)
+                .saturation_threshold(0.0)
+                .queue(QueueSettings::new(Duration::from_secs(20), 100))
+                .build()
+                .unwrap(),
+            clock.clone(),
+        ));
+        let id = limiter.config().model_id("m").unwrap();
+        let dev = limiter.config().pool_of(Some("dev"));
+        let request = RequestAdmission {
+            model: id,
+            pool: dev,
+            flow: 1,
+            prompt_tokens: 0,
+            max_output_tokens: None,
+            max_wait: None,
+            callers: None,
+        };
+        clock.set(100);
+        let mut admitted = 0;
+        while let Some(Ok(Decision::Admit(_))) = limiter.admit_now(id, dev, 0) {
+            admitted += 1;
+        }
+        assert!((30..=31).contains(&admitted), "dev's floor: {admitted}");
+        let waiter = {
+            let limiter = Arc::clone(&limiter);
+            tokio::spawn(async move { limiter.admit_request(request).await })
+        };
+        for _ in 0..20 {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(limiter.queue_len(id), 1, "it waits: lent room comes soon");
+        // 2 s of virtual time in 10 ms steps: a lent request comes due every 2/3 s.
+        for _ in 0..200 {
+            clock.advance(Duration::from_millis(10));
+            for _ in 0..5 {
+                tokio::task::yield_now().await;
+            }
+            if waiter.is_finished() {
+                break;
+            }
+        }
+        assert!(
+            waiter.is_finished(),
+            "still waiting after 2 s; dev could take {:?} now",
+            limiter
+                .admit_now(id, dev, 0)
+                .map(|d| d.map(|d| matches!(d, Decision::Admit(_))))
+        );
+        let outcome = waiter.await.unwrap().unwrap();
+        assert!(
+            matches!(outcome, AdmissionOutcome::Admitted { .. }),
+            "{outcome:?}"
+        );
+    }
+
     /// Polls `fut` until it is pending with nothing left to run on this thread.
     fn futures_poll<F: std::future::Future + Unpin>(fut: &mut F) -> Option<F::Output> {
         let waker = std::task::Waker::noop();
