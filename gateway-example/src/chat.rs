@@ -51,6 +51,9 @@ pub struct ChatRequest {
     pub flow: u64,
     /// The model groups the caller may use: the router enters no other, fallbacks included.
     pub access: ModelAccess,
+    /// The longest the request will wait for its group's capacity, when it says
+    /// (`x-priority-limit-max-wait`): at most the limiter's own `max_wait_seconds`.
+    pub max_wait: Option<std::time::Duration>,
 }
 
 impl ChatRequest {

@@ -717,6 +717,7 @@ router_settings: {{redis_url: "redis://127.0.0.1:{port}"}}
             raw: body.to_string().into(),
             flow: 0,
             access: Default::default(),
+            max_wait: None,
         }
     }
 

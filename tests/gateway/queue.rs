@@ -379,3 +379,65 @@ litellm_settings:
         );
     }
 }
+
+/// A chat with `x-priority-limit-max-wait: secs`.
+async fn chat_waiting_at_most(gw: &Gw, key: &str, secs: &str) -> integration_tests::gateway::Reply {
+    gw.post_with(
+        "/v1/chat/completions",
+        Some(key),
+        &[("x-priority-limit-max-wait", secs)],
+        json!({"model": M, "messages": [{"role": "user", "content": "hi"}]}),
+    )
+    .await
+}
+
+/// The router honours a request's own `x-priority-limit-max-wait` as the layer does (`0` is
+/// answered at once; `30` too, the window rolling only in 60 s, although the config waits 100 s;
+/// a malformed value is a 400 naming the header), and an answer that waited says how long in
+/// `x-priority-limit-queued-ms`; one admitted at once does not carry it.
+#[tokio::test]
+async fn the_router_honours_max_wait_and_says_how_long_a_request_waited() {
+    let gw = Gw::start(&config(), None).await;
+    let key = gw.new_key(json!({})).await;
+    let first = gw.chat(&key, M, false).await;
+    assert_eq!(first.status, 200);
+    assert!(first.headers.get("x-priority-limit-queued-ms").is_none());
+    for bad in ["soon", "-1", ""] {
+        let r = chat_waiting_at_most(&gw, &key, bad).await;
+        assert_eq!(r.status, 400, "{bad:?}: {}", r.text());
+        assert!(
+            r.error_message().contains("x-priority-limit-max-wait"),
+            "{}",
+            r.text()
+        );
+    }
+    // The clock does not move: only a request that does not wait can be answered.
+    let now = tokio::time::timeout(
+        Duration::from_secs(60),
+        chat_waiting_at_most(&gw, &key, "0"),
+    )
+    .await
+    .expect("answered without waiting");
+    assert_eq!(now.status, 429, "{}", now.text());
+    // Its own deadline, 30 s: the window rolls in 60 s, past it, so it is refused at once,
+    // where without the header (the config's 100 s) it waits for the roll and is served, saying
+    // how long it waited.
+    let short = tokio::time::timeout(
+        Duration::from_secs(60),
+        chat_waiting_at_most(&gw, &key, "30"),
+    )
+    .await
+    .expect("answered without waiting");
+    assert_eq!(short.status, 429, "{}", short.text());
+    let (waited, ()) = tokio::join!(gw.chat(&key, M, false), async {
+        until_waiting(&gw, 1).await;
+        gw.clock.advance(Duration::from_secs(60));
+    });
+    assert_eq!(waited.status, 200, "{}", waited.text());
+    let queued: u64 = waited.headers["x-priority-limit-queued-ms"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((59_000..=60_000).contains(&queued), "queued {queued} ms");
+}

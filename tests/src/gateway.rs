@@ -208,6 +208,31 @@ impl Gw {
         self.send("POST", path, key, body.to_string()).await
     }
 
+    /// POSTs JSON `body` to `path` as `key`, with extra request `headers`.
+    pub async fn post_with(
+        &self,
+        path: &str,
+        key: Option<&str>,
+        headers: &[(&str, &str)],
+        body: Value,
+    ) -> Reply {
+        let url = format!("{}{}", self.base, path);
+        let (status, headers, body) = http_client::send_with(
+            &self.client,
+            "POST",
+            url,
+            key,
+            headers,
+            body.to_string().into(),
+        )
+        .await;
+        Reply {
+            status,
+            headers,
+            body,
+        }
+    }
+
     /// GETs `path` as `key`.
     pub async fn get(&self, path: &str, key: Option<&str>) -> Reply {
         self.send("GET", path, key, Bytes::new()).await

@@ -330,3 +330,36 @@ impl RedisCluster {
         self.nodes[index].kill();
     }
 }
+
+/// Shifts every window start (`ms`, `…:s` fields) of the hashes under `prefix` back by `by`
+/// (the other keys there, settlement ids, are left alone).
+pub fn shift_redis_windows(client: &::redis::Client, prefix: &str, by: Duration) {
+    let mut con = client.get_connection().expect("redis connection");
+    for (key, fields) in hashes_under(&mut con, prefix) {
+        for field in fields.iter().filter(|f| *f == "ms" || f.ends_with(":s")) {
+            let _: i64 = ::redis::cmd("HINCRBY")
+                .arg(&key)
+                .arg(field)
+                .arg(-(by.as_millis() as i64))
+                .query(&mut con)
+                .unwrap();
+        }
+    }
+}
+
+/// Every hash under `prefix`, with its field names.
+pub fn hashes_under(con: &mut ::redis::Connection, prefix: &str) -> Vec<(String, Vec<String>)> {
+    let keys: Vec<String> = ::redis::cmd("KEYS")
+        .arg(format!("{prefix}*"))
+        .query(con)
+        .unwrap();
+    let mut hashes = Vec::new();
+    for key in keys {
+        let kind: String = ::redis::cmd("TYPE").arg(&key).query(con).unwrap();
+        if kind == "hash" {
+            let fields: Vec<String> = ::redis::cmd("HKEYS").arg(&key).query(con).unwrap();
+            hashes.push((key, fields));
+        }
+    }
+    hashes
+}

@@ -450,6 +450,8 @@ fn chat_request(line: &RecordLine, access: ModelAccess) -> ChatRequest {
         pass_on: HeaderMap::new(),
         flow: line.flow,
         access,
+        // The record keeps no `x-priority-limit-max-wait`: the config's `max_wait_seconds`.
+        max_wait: None,
     }
 }
 

@@ -63,6 +63,9 @@ where
     let endpoint = Endpoint::from_path(request.uri().path())
         .ok_or_else(|| ApiError::internal("completions is called only on the endpoints' paths"))?;
     let (parts, bytes) = read_bounded(gw, request).await?;
+    // A malformed value is a 400 whether or not the queue is on: it says what the caller expects.
+    let max_wait = tower_priority_limit::headers::requested_max_wait(&parts.headers)
+        .map_err(|bad| ApiError::bad_request(bad.to_string()))?;
     // The members read here, not the whole body (the messages are only forwarded), with the
     // prompt estimate in the same pass. A body that is not an object whose members both read
     // is read again by each on its own, for the error or the estimate's fallback.
@@ -225,6 +228,7 @@ where
         pass_on,
         flow,
         access,
+        max_wait,
     })
 }
 

@@ -18,8 +18,9 @@ use crate::store::GatewayStore;
 
 /// A group's answer for one request.
 pub(super) enum Admission {
-    /// Admitted: the response is metered into the lease, with the group's rate-limit headers.
-    Admitted(Lease, Admitted),
+    /// Admitted: the response is metered into the lease, with the group's rate-limit headers;
+    /// and how long it waited in the group's queue, if it did.
+    Admitted(Lease, Admitted, Option<u64>),
     /// The group is not in the limiter's config: nothing to limit.
     Unlimited,
     /// Refused: the limiter's own 429 for this group and priority.
@@ -52,14 +53,21 @@ pub(super) async fn admit(
             flow: chat.flow,
             prompt_tokens: chat.prompt_tokens,
             max_output_tokens: chat.max_output_tokens,
-            max_wait: (!may_wait).then_some(std::time::Duration::ZERO),
+            // The request's own deadline (the limiter caps it at `max_wait_seconds`) when it may
+            // wait; none when it has fallbacks to try instead.
+            max_wait: match may_wait {
+                true => chat.max_wait,
+                false => Some(std::time::Duration::ZERO),
+            },
             callers: chat.access.callers(group, prices, chat.prompt_tokens),
         })
         .await?;
     Ok(match outcome {
         AdmissionOutcome::Admitted {
-            lease, admitted, ..
-        } => Admission::Admitted(lease, admitted),
+            lease,
+            admitted,
+            waited_ms,
+        } => Admission::Admitted(lease, admitted, waited_ms),
         AdmissionOutcome::Refused(refused) => {
             Admission::Refused(limiter.refusal_response(id, pool, &refused).map(Body::from))
         }

@@ -58,6 +58,8 @@ pub async fn serve(
     let first = chat.model.as_str();
     let pool = limiter.map(|l| l.resolve_pool(priority));
     let mut first_lease = None;
+    // How long the request waited for its own group's capacity (fallbacks never wait).
+    let mut queued_ms = None;
     let mut refusal: Option<Response> = None;
     // Only the fallbacks the caller's key and team may use, and whose deployments all speak the
     // endpoint's format, count: [`Attempts::allowing`] passes the others over (a key kept off a
@@ -89,7 +91,10 @@ pub async fn serve(
         )
         .await
         {
-            Ok(Admission::Admitted(lease, admitted)) => first_lease = Some((lease, admitted)),
+            Ok(Admission::Admitted(lease, admitted, waited_ms)) => {
+                first_lease = Some((lease, admitted));
+                queued_ms = waited_ms;
+            }
             Ok(Admission::Unlimited) => {}
             Ok(Admission::Refused(response)) => refusal = Some(response),
             Err(error) => {
@@ -152,7 +157,7 @@ pub async fn serve(
                 }
                 if let (true, Some(limiter), Some(pool)) = (fallback, limiter, pool) {
                     match admit(limiter, name, pool, chat, false, prices_of(router, name)).await {
-                        Ok(Admission::Admitted(lease, admitted)) => {
+                        Ok(Admission::Admitted(lease, admitted, _)) => {
                             group_lease = Some((lease, admitted));
                         }
                         Ok(Admission::Refused(response)) => {
@@ -240,6 +245,7 @@ pub async fn serve(
                         if let Some(refused) = shadow {
                             shadow_refused_by_deployment(response.headers_mut(), &refused);
                         }
+                        insert_queued(&mut response, queued_ms);
                         if failed_attempts > 0 {
                             response
                                 .extensions_mut()
@@ -322,7 +328,9 @@ pub async fn serve(
         }
     }
     if first_called {
-        charge(limiter, response, first_lease, chat, None, router)
+        let mut response = charge(limiter, response, first_lease, chat, None, router);
+        insert_queued(&mut response, queued_ms);
+        response
     } else {
         // No deployment of its own group was called (all parked or full, say): the group's
         // admission is taken back, so the refusal uses none of its requests.
@@ -452,5 +460,16 @@ fn count_value(n: u32) -> HeaderValue {
     match SMALL.get(n as usize) {
         Some(s) => HeaderValue::from_static(s),
         None => HeaderValue::from(n),
+    }
+}
+
+/// `x-priority-limit-queued-ms` on a response whose request waited for its group's capacity, as
+/// the layer adds it.
+fn insert_queued(response: &mut Response, queued_ms: Option<u64>) {
+    if let Some(ms) = queued_ms {
+        response.headers_mut().insert(
+            tower_priority_limit::X_PRIORITY_LIMIT_QUEUED_MS,
+            HeaderValue::from(ms),
+        );
     }
 }

@@ -652,6 +652,7 @@ mod tests {
             pass_on: Default::default(),
             flow: 0,
             access: Default::default(),
+            max_wait: None,
         }
     }
 

@@ -28,6 +28,17 @@ fn setup(name: &str, redis: &RedisServer) -> PathBuf {
 /// `litellm` a line of `litellm_settings` (beside a Redis timeout long enough that no call falls
 /// back to the local share), [`MASTER`], counters and keys on `redis`.
 pub(crate) fn fleet_dir(name: &str, model: &str, litellm: &str, redis: &RedisServer) -> PathBuf {
+    fleet_dir_with(name, model, litellm, "redis_timeout_ms: 2000", redis)
+}
+
+/// As [`fleet_dir`], with `settings` the members of `priority_reservation_settings`.
+pub(crate) fn fleet_dir_with(
+    name: &str,
+    model: &str,
+    litellm: &str,
+    settings: &str,
+    redis: &RedisServer,
+) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("gw-bin-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(dir.join("data")).unwrap();
@@ -36,7 +47,7 @@ pub(crate) fn fleet_dir(name: &str, model: &str, litellm: &str, redis: &RedisSer
         format!(
             "model_list: [{model}]\n\
              litellm_settings:\n  {litellm}\n  \
-             priority_reservation_settings: {{redis_timeout_ms: 2000}}\n\
+             priority_reservation_settings: {{{settings}}}\n\
              general_settings: {{master_key: {MASTER}}}\n\
              router_settings: {{redis_url: \"{}\"}}\n",
             redis.url()

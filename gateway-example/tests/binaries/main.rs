@@ -2,14 +2,16 @@
 //! as one test binary, because Cargo builds a package's binaries for, and gives their paths
 //! (`CARGO_BIN_EXE_<name>`) to, that package's integration tests only. The in-process gateway
 //! tests are in the workspace's `tests/gateway/`. `postgres` runs three gateway processes on one
-//! real Postgres and one real `redis-server`; `key_limits` three on one `redis-server`, and
-//! `wildcards` three whose wildcard route's names share windows on one.
+//! real Postgres and one real `redis-server`; `key_limits` three on one `redis-server`, `queue`
+//! three whose queue keeps floors and fairness across them, and `wildcards` three whose wildcard
+//! route's names share windows on one.
 
 mod budgets;
 mod gateway;
 mod key_limits;
 mod keys;
 mod postgres;
+mod queue;
 mod wildcards;
 
 // The rig's Postgres and Redis starters: the very files of `tests/src` (this package cannot depend

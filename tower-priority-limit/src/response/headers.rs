@@ -24,6 +24,59 @@ pub(crate) fn insert_queued_header(headers: &mut HeaderMap, waited_ms: u64) {
     headers.insert(X_PRIORITY_LIMIT_QUEUED_MS, HeaderValue::from(waited_ms));
 }
 
+/// A request's [`X_PRIORITY_LIMIT_MAX_WAIT`] that is not a number of seconds ≥ 0.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BadMaxWait;
+
+impl std::fmt::Display for BadMaxWait {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("x-priority-limit-max-wait: expected seconds ≥ 0, e.g. 2.5")
+    }
+}
+
+impl std::error::Error for BadMaxWait {}
+
+impl BadMaxWait {
+    /// The 400 in the OpenAI error shape, naming the header.
+    pub(crate) fn into_response(self) -> http::Response<bytes::Bytes> {
+        super::openai_error::error_response(
+            http::StatusCode::BAD_REQUEST,
+            "invalid_request_error",
+            &self.to_string(),
+            None,
+        )
+    }
+}
+
+/// The request's [`X_PRIORITY_LIMIT_MAX_WAIT`], if it has one: what a service in front of
+/// [`Limiter::admit_request`](crate::Limiter::admit_request) passes as the request's own
+/// deadline, as the layer does.
+///
+/// ```
+/// use std::time::Duration;
+/// use http::HeaderMap;
+/// use tower_priority_limit::headers::{requested_max_wait, X_PRIORITY_LIMIT_MAX_WAIT};
+///
+/// let mut h = HeaderMap::new();
+/// assert_eq!(requested_max_wait(&h), Ok(None));
+/// h.insert(X_PRIORITY_LIMIT_MAX_WAIT, "2.5".parse().unwrap());
+/// assert_eq!(requested_max_wait(&h), Ok(Some(Duration::from_millis(2500))));
+/// h.insert(X_PRIORITY_LIMIT_MAX_WAIT, "soon".parse().unwrap());
+/// assert!(requested_max_wait(&h).is_err());
+/// ```
+pub fn requested_max_wait(headers: &HeaderMap) -> Result<Option<std::time::Duration>, BadMaxWait> {
+    let Some(value) = headers.get(&X_PRIORITY_LIMIT_MAX_WAIT) else {
+        return Ok(None);
+    };
+    value
+        .to_str()
+        .ok()
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .and_then(|secs| std::time::Duration::try_from_secs_f64(secs).ok())
+        .map(Some)
+        .ok_or(BadMaxWait)
+}
+
 /// `rate_limit_type` on 429s: `requests` or `tokens`.
 pub const RATE_LIMIT_TYPE: HeaderName = HeaderName::from_static("rate_limit_type");
 /// On an answer served to a key or team whose spend had reached its soft budget: `key` or

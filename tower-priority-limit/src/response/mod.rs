@@ -9,7 +9,7 @@ use std::fmt::Write as _;
 
 use bytes::Bytes;
 use http::header::{HeaderValue, RETRY_AFTER};
-use http::{HeaderMap, Response, StatusCode};
+use http::{Response, StatusCode};
 
 use crate::config::{FailureMode, ModelLimits};
 use crate::decision::{Refused, Scope};
@@ -17,44 +17,11 @@ use crate::store::StoreError;
 use crate::throttle::LogThrottle;
 
 pub(crate) use admitted::AdmittedHeaders;
-pub(crate) use headers::{explain_refusal, insert_queued_header, priority_value};
-use headers::{
-    RATE_LIMIT_TYPE, X_LITELLM_PRIORITY, X_LITELLM_SATURATION, X_PRIORITY_LIMIT_MAX_WAIT,
-    X_REFUSED_BY,
+pub(crate) use headers::{
+    explain_refusal, insert_queued_header, priority_value, requested_max_wait,
 };
+use headers::{RATE_LIMIT_TYPE, X_LITELLM_PRIORITY, X_LITELLM_SATURATION, X_REFUSED_BY};
 pub(crate) use openai_error::error_response;
-
-/// A request's `x-priority-limit-max-wait` that is not seconds ≥ 0.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct BadMaxWait;
-
-impl BadMaxWait {
-    /// The 400 in the OpenAI error shape, naming the header.
-    pub(crate) fn into_response(self) -> Response<Bytes> {
-        error_response(
-            StatusCode::BAD_REQUEST,
-            "invalid_request_error",
-            "x-priority-limit-max-wait: expected seconds ≥ 0, e.g. 2.5",
-            None,
-        )
-    }
-}
-
-/// The request's `x-priority-limit-max-wait`, if any.
-pub(crate) fn requested_max_wait(
-    headers: &HeaderMap,
-) -> Result<Option<std::time::Duration>, BadMaxWait> {
-    let Some(value) = headers.get(&X_PRIORITY_LIMIT_MAX_WAIT) else {
-        return Ok(None);
-    };
-    value
-        .to_str()
-        .ok()
-        .and_then(|v| v.trim().parse::<f64>().ok())
-        .and_then(|secs| std::time::Duration::try_from_secs_f64(secs).ok())
-        .map(Some)
-        .ok_or(BadMaxWait)
-}
 
 fn limit_or_missing(out: &mut String, limit: Option<u64>) {
     match limit {
