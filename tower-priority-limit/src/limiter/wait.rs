@@ -307,11 +307,13 @@ impl<St: Store> Limiter<St> {
                     let now = self.clock.now_ms();
                     retry_at = Some(now.saturating_add(refused.retry_after_ms.max(1)));
                 }
-                // Its own key's or team's limit: answered at once, and not the model's refusal
-                // for the others waiting.
-                Ok(Decision::Refuse(refused))
-                    if matches!(refused.scope, crate::decision::Scope::Caller(..)) =>
-                {
+                // Its own key's or team's limit, or the store failed: answered at once, and not
+                // the model's refusal for the others waiting.
+                Ok(Decision::Refuse(crate::decision::Refused {
+                    scope: crate::decision::Scope::Caller(..),
+                    ..
+                }))
+                | Err(_) => {
                     drop(ticket);
                     return self.answer_waited(
                         model,
@@ -352,17 +354,6 @@ impl<St: Store> Limiter<St> {
                         decision,
                         waited(&self.clock),
                         Some((flow, service)),
-                        false,
-                    );
-                }
-                Err(_) => {
-                    drop(ticket);
-                    return self.answer_waited(
-                        model,
-                        pool,
-                        decision,
-                        waited(&self.clock),
-                        None,
                         false,
                     );
                 }
