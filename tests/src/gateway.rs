@@ -193,9 +193,21 @@ impl Gw {
         key: Option<&str>,
         body: impl Into<Bytes>,
     ) -> Reply {
+        self.send_with(method, path, key, &[], body).await
+    }
+
+    /// As [`send`](Self::send), with extra request `headers`.
+    pub async fn send_with(
+        &self,
+        method: &str,
+        path: &str,
+        key: Option<&str>,
+        headers: &[(&str, &str)],
+        body: impl Into<Bytes>,
+    ) -> Reply {
         let url = format!("{}{}", self.base, path);
         let (status, headers, body) =
-            http_client::send(&self.client, method, url, key, body.into()).await;
+            http_client::send_with(&self.client, method, url, key, headers, body.into()).await;
         Reply {
             status,
             headers,
@@ -206,31 +218,6 @@ impl Gw {
     /// POSTs JSON `body` to `path` as `key`.
     pub async fn post(&self, path: &str, key: Option<&str>, body: Value) -> Reply {
         self.send("POST", path, key, body.to_string()).await
-    }
-
-    /// POSTs JSON `body` to `path` as `key`, with extra request `headers`.
-    pub async fn post_with(
-        &self,
-        path: &str,
-        key: Option<&str>,
-        headers: &[(&str, &str)],
-        body: Value,
-    ) -> Reply {
-        let url = format!("{}{}", self.base, path);
-        let (status, headers, body) = http_client::send_with(
-            &self.client,
-            "POST",
-            url,
-            key,
-            headers,
-            body.to_string().into(),
-        )
-        .await;
-        Reply {
-            status,
-            headers,
-            body,
-        }
     }
 
     /// GETs `path` as `key`.

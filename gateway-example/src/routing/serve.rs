@@ -9,7 +9,7 @@ use http::{HeaderName, HeaderValue, StatusCode};
 use tower_priority_limit::caller::Prices;
 use tower_priority_limit::config::PoolRef;
 use tower_priority_limit::decision::{Admitted, Refused};
-use tower_priority_limit::headers::X_SHADOW_REFUSED_BY;
+use tower_priority_limit::headers::{insert_queued_header, X_SHADOW_REFUSED_BY};
 use tower_priority_limit::metrics::{OutcomeLabel, RefusedBy};
 use tower_priority_limit::{Lease, Limiter};
 
@@ -245,7 +245,9 @@ pub async fn serve(
                         if let Some(refused) = shadow {
                             shadow_refused_by_deployment(response.headers_mut(), &refused);
                         }
-                        insert_queued(&mut response, queued_ms);
+                        if let Some(ms) = queued_ms {
+                            insert_queued_header(response.headers_mut(), ms);
+                        }
                         if failed_attempts > 0 {
                             response
                                 .extensions_mut()
@@ -329,7 +331,9 @@ pub async fn serve(
     }
     if first_called {
         let mut response = charge(limiter, response, first_lease, chat, None, router);
-        insert_queued(&mut response, queued_ms);
+        if let Some(ms) = queued_ms {
+            insert_queued_header(response.headers_mut(), ms);
+        }
         response
     } else {
         // No deployment of its own group was called (all parked or full, say): the group's
@@ -460,16 +464,5 @@ fn count_value(n: u32) -> HeaderValue {
     match SMALL.get(n as usize) {
         Some(s) => HeaderValue::from_static(s),
         None => HeaderValue::from(n),
-    }
-}
-
-/// `x-priority-limit-queued-ms` on a response whose request waited for its group's capacity, as
-/// the layer adds it.
-fn insert_queued(response: &mut Response, queued_ms: Option<u64>) {
-    if let Some(ms) = queued_ms {
-        response.headers_mut().insert(
-            tower_priority_limit::X_PRIORITY_LIMIT_QUEUED_MS,
-            HeaderValue::from(ms),
-        );
     }
 }

@@ -19,8 +19,9 @@ pub const X_PRIORITY_LIMIT_MAX_WAIT: HeaderName =
 pub const X_PRIORITY_LIMIT_QUEUED_MS: HeaderName =
     HeaderName::from_static("x-priority-limit-queued-ms");
 
-/// Adds `x-priority-limit-queued-ms` to a response that waited.
-pub(crate) fn insert_queued_header(headers: &mut HeaderMap, waited_ms: u64) {
+/// Adds `x-priority-limit-queued-ms` to a response that waited: the layer's, and the gateway
+/// router's for a request that waited for its group.
+pub fn insert_queued_header(headers: &mut HeaderMap, waited_ms: u64) {
     headers.insert(X_PRIORITY_LIMIT_QUEUED_MS, HeaderValue::from(waited_ms));
 }
 
