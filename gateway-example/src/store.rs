@@ -10,8 +10,9 @@ use futures_util::future::Either;
 use tower_priority_limit::clock::Clock;
 use tower_priority_limit::config::{LimiterConfig, ModelId, PoolRef};
 use tower_priority_limit::decision::{Decision, Usage};
+use tower_priority_limit::order::FlowId;
 use tower_priority_limit::store::{
-    AdmitRequest, MemoryStore, RedisStore, Settler, Store, StoreError,
+    AdmitRequest, MemoryStore, RedisStore, SettledHook, Settler, Store, StoreError,
 };
 
 /// The embedded store or the Redis store, chosen at start-up.
@@ -27,6 +28,8 @@ pub enum GatewayStore {
 
 type RedisAdmit = <RedisStore as Store>::AdmitFuture;
 
+// Every method is forwarded, the defaulted ones too: a default here silently turns off what the
+// Redis store does for the fleet (its order of flows and its wake-ups were lost that way).
 impl Store for GatewayStore {
     type AdmitFuture = Either<Ready<Result<Decision, StoreError>>, RedisAdmit>;
 
@@ -90,6 +93,27 @@ impl Store for GatewayStore {
         match self {
             GatewayStore::Embedded(s) => Store::pool_usage(s, model, pool),
             GatewayStore::Redis(s) => Store::pool_usage(s, model, pool),
+        }
+    }
+
+    fn on_settled(&self, hook: SettledHook) {
+        match self {
+            GatewayStore::Embedded(s) => s.on_settled(hook),
+            GatewayStore::Redis(s) => s.on_settled(hook),
+        }
+    }
+
+    fn flow_left(&self, model: ModelId, pool: PoolRef, flow: FlowId) {
+        match self {
+            GatewayStore::Embedded(s) => s.flow_left(model, pool, flow),
+            GatewayStore::Redis(s) => s.flow_left(model, pool, flow),
+        }
+    }
+
+    fn shares_flow_order(&self) -> bool {
+        match self {
+            GatewayStore::Embedded(s) => s.shares_flow_order(),
+            GatewayStore::Redis(s) => s.shares_flow_order(),
         }
     }
 }

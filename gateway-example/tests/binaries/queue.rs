@@ -197,11 +197,9 @@ fn closed_loop(
 /// the model's channel, as the first admission of a real roll publishes it (the gateways' own
 /// timers run on the real clock, a minute away).
 ///
-/// Open (issue 30): on real processes the light key gets 11–14 of 40 per roll (28–35 %), the
-/// heavy one the rest, although the same rig with three limiters in one process gives 20 of 40
-/// (`tests/redis/queue.rs`). Ignored until that is fixed; run it with `--ignored`.
+/// This failed (light 11–14 of 40) until the gateway's store forwarded the Redis store's fleet
+/// order and wake-ups: each process then admitted at the rate of its own tries.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "open: the light key gets 28-35 % on real processes (issue 30)"]
 async fn a_light_key_keeps_its_half_against_a_heavier_one_on_other_gateway_processes() {
     const RPM: u64 = 40;
     let Some(redis) = RedisServer::start("a_light_key_keeps_its_half_on_gateway_processes") else {

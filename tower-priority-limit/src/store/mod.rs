@@ -118,6 +118,9 @@ impl std::error::Error for StoreError {}
 
 /// A counter backend, built once for one [`LimiterConfig`]: it keeps what
 /// it needs of the config, so no call takes it again.
+///
+/// A store that wraps another forwards every method, the defaulted ones too: a default left in
+/// place turns off what the inner store does (the fleet's order of flows, its wake-ups).
 pub trait Store: Send + Sync + 'static {
     /// The future of one admission.
     type AdmitFuture: Future<Output = Result<Decision, StoreError>> + Send + 'static;
