@@ -139,6 +139,30 @@ async fn a_floor_holds_across_three_gateway_processes_with_skewed_ingress() {
     stop(fleet, &dir);
 }
 
+/// Three gateway processes on `redis` with one model `m` of `rpm` and the queue on (waits of up to
+/// 600 s, `max_queued`, one priority): the config's directory, the processes and their addresses.
+fn queue_fleet(
+    name: &str,
+    rpm: u64,
+    max_queued: u64,
+    redis: &RedisServer,
+) -> (std::path::PathBuf, Vec<(Child, String)>, Vec<String>) {
+    let dir = fleet_dir_with(
+        name,
+        &format!(
+            "{{model_name: m, litellm_params: {{model: openai/m, mock_response: hi, rpm: {rpm}}}}}"
+        ),
+        "callbacks: [\"dynamic_rate_limiter_v3\"]",
+        &format!(
+            "redis_timeout_ms: 2000, queue: {{max_wait_seconds: 600, max_queued: {max_queued}}}"
+        ),
+        redis,
+    );
+    let fleet = fleet(&dir);
+    let addrs = fleet.iter().map(|(_, a)| a.clone()).collect();
+    (dir, fleet, addrs)
+}
+
 /// Sums `priority_limit_queue_depth` over the fleet's `/metrics`.
 async fn waiting(client: &Client<HttpConnector, Full<Bytes>>, fleet: &[String]) -> u64 {
     let mut total = 0;
@@ -206,15 +230,7 @@ async fn a_light_key_keeps_its_half_against_a_heavier_one_on_other_gateway_proce
     let Some(redis) = RedisServer::start("a_light_key_keeps_its_half_on_gateway_processes") else {
         return;
     };
-    let dir = fleet_dir_with(
-        "queue-flows",
-        "{model_name: m, litellm_params: {model: openai/m, mock_response: hi, rpm: 40}}",
-        "callbacks: [\"dynamic_rate_limiter_v3\"]",
-        "redis_timeout_ms: 2000, queue: {max_wait_seconds: 600, max_queued: 1000}",
-        &redis,
-    );
-    let fleet = fleet(&dir);
-    let addrs: Vec<String> = fleet.iter().map(|(_, a)| a.clone()).collect();
+    let (dir, fleet, addrs) = queue_fleet("queue-flows", RPM, 1000, &redis);
     let client = Arc::new(client());
     let light_key = generate_key(&client, &addrs[0], "{}").await;
     let heavy_key = generate_key(&client, &addrs[0], "{}").await;
@@ -296,15 +312,7 @@ async fn one_roll_admits_a_thousand_waiters_over_three_gateway_processes() {
     let Some(redis) = RedisServer::start("one_roll_admits_a_thousand_waiters") else {
         return;
     };
-    let dir = fleet_dir_with(
-        "queue-roll",
-        "{model_name: m, litellm_params: {model: openai/m, mock_response: hi, rpm: 1000}}",
-        "callbacks: [\"dynamic_rate_limiter_v3\"]",
-        "redis_timeout_ms: 2000, queue: {max_wait_seconds: 600, max_queued: 2000}",
-        &redis,
-    );
-    let fleet = fleet(&dir);
-    let addrs: Vec<String> = fleet.iter().map(|(_, a)| a.clone()).collect();
+    let (dir, fleet, addrs) = queue_fleet("queue-roll", RPM, 2000, &redis);
     let client = Arc::new(client());
     let mut keys = Vec::new();
     for _ in 0..30 {
