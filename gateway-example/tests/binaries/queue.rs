@@ -163,6 +163,49 @@ fn queue_fleet(
     (dir, fleet, addrs)
 }
 
+/// A window roll: the windows' starts shifted in Redis and one wake-up on the model's `channel`,
+/// as the first admission of a real roll publishes it. Returns when the roll happened (after the
+/// shift, which a real roll does not take).
+fn roll_windows(
+    client: &::redis::Client,
+    con: &mut ::redis::Connection,
+    channel: &str,
+) -> std::time::Instant {
+    shift_redis_windows(client, PREFIX, WINDOW);
+    let rolled = std::time::Instant::now();
+    let _: i64 = ::redis::cmd("PUBLISH")
+        .arg(channel)
+        .arg("")
+        .query(con)
+        .unwrap();
+    rolled
+}
+
+/// `count` chats at once, the i-th as `keys[i % keys.len()]` through `addrs[i % addrs.len()]`,
+/// with `x-priority-limit-max-wait: max_wait` if given; each 200 counted in `served` if given.
+fn spread_chats(
+    client: &Arc<Client<HttpConnector, Full<Bytes>>>,
+    addrs: &[String],
+    keys: &[String],
+    count: u64,
+    max_wait: Option<&'static str>,
+    served: Option<&Arc<AtomicU64>>,
+) -> Vec<tokio::task::JoinHandle<Option<u16>>> {
+    (0..count as usize)
+        .map(|i| {
+            let (client, served) = (Arc::clone(client), served.cloned());
+            let (addr, key) = (addrs[i % addrs.len()].clone(), keys[i % keys.len()].clone());
+            tokio::spawn(async move {
+                let status = chat(&client, &addr, &key, max_wait).await;
+                if let (Some(200), Some(served)) = (status, served) {
+                    served.fetch_add(1, Ordering::SeqCst);
+                }
+                status
+            })
+        })
+        .collect()
+}
+
 /// Sums `priority_limit_queue_depth` over the fleet's `/metrics`.
 async fn waiting(client: &Client<HttpConnector, Full<Bytes>>, fleet: &[String]) -> u64 {
     let mut total = 0;
@@ -266,12 +309,7 @@ async fn a_light_key_keeps_its_half_against_a_heavier_one_on_other_gateway_proce
     let mut shares = Vec::new();
     for roll in 1..=4u64 {
         let before = (light.load(Ordering::SeqCst), heavy.load(Ordering::SeqCst));
-        shift_redis_windows(&redis_client, PREFIX, WINDOW);
-        let _: i64 = ::redis::cmd("PUBLISH")
-            .arg(&channels[0])
-            .arg("")
-            .query(&mut con)
-            .unwrap();
+        roll_windows(&redis_client, &mut con, &channels[0]);
         until("a roll's admissions", || async {
             total() == RPM * (roll + 1) && waiting(&client, &addrs).await == 220
         })
@@ -319,37 +357,11 @@ async fn one_roll_admits_a_thousand_waiters_over_three_gateway_processes() {
         keys.push(generate_key(&client, &addrs[0], "{}").await);
     }
     // The first window used up, without waiting.
-    let fill: Vec<_> = (0..RPM as usize)
-        .map(|i| {
-            let (client, addr, key) = (
-                Arc::clone(&client),
-                addrs[i % 3].clone(),
-                keys[i % 30].clone(),
-            );
-            tokio::spawn(async move { chat(&client, &addr, &key, Some("0")).await })
-        })
-        .collect();
-    for f in fill {
+    for f in spread_chats(&client, &addrs, &keys, RPM, Some("0"), None) {
         assert_eq!(f.await.unwrap(), Some(200));
     }
     let served = Arc::new(AtomicU64::new(0));
-    let waiters: Vec<_> = (0..RPM as usize)
-        .map(|i| {
-            let (client, addr, key) = (
-                Arc::clone(&client),
-                addrs[i % 3].clone(),
-                keys[i % 30].clone(),
-            );
-            let served = Arc::clone(&served);
-            tokio::spawn(async move {
-                let status = chat(&client, &addr, &key, None).await;
-                if status == Some(200) {
-                    served.fetch_add(1, Ordering::SeqCst);
-                }
-                status
-            })
-        })
-        .collect();
+    let waiters = spread_chats(&client, &addrs, &keys, RPM, None, Some(&served));
     until("a thousand waiting", || async {
         waiting(&client, &addrs).await == RPM
     })
@@ -357,13 +369,7 @@ async fn one_roll_admits_a_thousand_waiters_over_three_gateway_processes() {
     let redis_client = ::redis::Client::open(redis.url()).unwrap();
     let mut con = redis_client.get_connection().unwrap();
     let channel = format!("{PREFIX}{{m}}:wake");
-    shift_redis_windows(&redis_client, PREFIX, WINDOW);
-    let rolled = std::time::Instant::now();
-    let _: i64 = ::redis::cmd("PUBLISH")
-        .arg(&channel)
-        .arg("")
-        .query(&mut con)
-        .unwrap();
+    let rolled = roll_windows(&redis_client, &mut con, &channel);
     until("every waiter admitted", || async {
         served.load(Ordering::SeqCst) == RPM
     })
