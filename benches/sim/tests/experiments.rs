@@ -276,4 +276,28 @@ fn the_queue_holds_its_bounds() {
         floors[0].recovery_s.is_some_and(|s| s <= 10.0),
         "{floors:?}"
     );
+
+    // Skewed ingress: prod enters only through one of three gateways sharing one store and
+    // still gets ≥ 95 % of its floor in every full window, with the model used.
+    let skewed = scheduler::skewed(SEED, 4);
+    for fleet in &skewed[..2] {
+        assert!(fleet.prod_of_floor.iter().all(|&x| x >= 0.95), "{skewed:?}");
+        assert!(fleet.model_use.iter().all(|&x| x >= 0.95), "{skewed:?}");
+    }
+
+    // Waiting covers settlements: under `reserve` the queue serves every request within its
+    // deadline with no 429, never over the tokens limit, and beats 429 + retries.
+    let settled = scheduler::settlements(SEED, 3);
+    for pair in settled.chunks(2) {
+        let (queue, retried) = (&pair[0], &pair[1]);
+        assert_eq!(queue.policy, "queue", "{settled:?}");
+        assert_eq!(queue.served_in_deadline, 1.0, "{settled:?}");
+        assert_eq!(queue.refusals_per_request, 0.0, "{settled:?}");
+        assert_eq!((queue.over_tpm, retried.over_tpm), (0, 0), "{settled:?}");
+        assert!(
+            queue.served_in_deadline > retried.served_in_deadline,
+            "{settled:?}"
+        );
+        assert!(queue.p99_wait_s < retried.p99_wait_s, "{settled:?}");
+    }
 }

@@ -205,6 +205,61 @@ pub trait Store: Send + Sync + 'static {
     }
 }
 
+/// A store shared in an [`Arc`]: several limiters over one set of counters, as gateway processes
+/// over one Redis (the simulator's fleet on the embedded store). Forwards every method, the
+/// defaulted ones too.
+impl<S: Store> Store for Arc<S> {
+    type AdmitFuture = S::AdmitFuture;
+
+    fn config(&self) -> &LimiterConfig {
+        (**self).config()
+    }
+
+    fn admit(&self, request: AdmitRequest) -> Self::AdmitFuture {
+        (**self).admit(request)
+    }
+
+    fn settler(&self, model: ModelId) -> Option<Arc<dyn Settler>> {
+        (**self).settler(model)
+    }
+
+    fn admit_now(&self, request: AdmitRequest) -> Option<Result<Decision, StoreError>> {
+        (**self).admit_now(request)
+    }
+
+    fn clock(&self) -> Arc<dyn Clock> {
+        (**self).clock()
+    }
+
+    fn usage_now(&self, model: ModelId, pool: PoolRef) -> Option<(Usage, Option<Usage>)> {
+        (**self).usage_now(model, pool)
+    }
+
+    fn pool_usage(&self, model: ModelId, pool: PoolRef) -> Option<Usage> {
+        (**self).pool_usage(model, pool)
+    }
+
+    fn on_settled(&self, hook: SettledHook) {
+        (**self).on_settled(hook)
+    }
+
+    fn settling(&self, model: ModelId) -> bool {
+        (**self).settling(model)
+    }
+
+    fn flow_left(&self, model: ModelId, pool: PoolRef, flow: crate::order::FlowId) {
+        (**self).flow_left(model, pool, flow)
+    }
+
+    fn shares_flow_order(&self) -> bool {
+        (**self).shares_flow_order()
+    }
+
+    fn flush(&self) -> Pin<Box<dyn Future<Output = ()> + Send + '_>> {
+        (**self).flush()
+    }
+}
+
 /// What [`Store::on_settled`] calls with a model whose settlements now count.
 pub type SettledHook = Box<dyn Fn(ModelId) + Send + Sync>;
 
@@ -217,4 +272,111 @@ pub trait Settler: Send + Sync + 'static {
     /// admission counted it: [`Callers::marks`]), and frees their parallel slots. Always called
     /// for a request admitted with callers, whatever its tokens, so no slot leaks.
     fn settle_callers(&self, settlement: Settlement, callers: &Arc<Callers>);
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::*;
+    use crate::config::ModelLimits;
+
+    /// A store that counts the calls of every method it overrides (all of them).
+    #[derive(Debug)]
+    struct Probe {
+        inner: MemoryStore,
+        calls: AtomicUsize,
+    }
+
+    impl Probe {
+        fn hit(&self) {
+            self.calls.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    impl Store for Probe {
+        type AdmitFuture = <MemoryStore as Store>::AdmitFuture;
+        fn config(&self) -> &LimiterConfig {
+            self.hit();
+            self.inner.config()
+        }
+        fn admit(&self, request: AdmitRequest) -> Self::AdmitFuture {
+            self.hit();
+            self.inner.admit(request)
+        }
+        fn settler(&self, model: ModelId) -> Option<Arc<dyn Settler>> {
+            self.hit();
+            self.inner.settler(model)
+        }
+        fn admit_now(&self, request: AdmitRequest) -> Option<Result<Decision, StoreError>> {
+            self.hit();
+            self.inner.admit_now(request)
+        }
+        fn clock(&self) -> Arc<dyn Clock> {
+            self.hit();
+            Store::clock(&self.inner)
+        }
+        fn usage_now(&self, model: ModelId, pool: PoolRef) -> Option<(Usage, Option<Usage>)> {
+            self.hit();
+            self.inner.usage_now(model, pool)
+        }
+        fn pool_usage(&self, _model: ModelId, _pool: PoolRef) -> Option<Usage> {
+            self.hit();
+            None
+        }
+        fn on_settled(&self, _hook: SettledHook) {
+            self.hit();
+        }
+        fn settling(&self, _model: ModelId) -> bool {
+            self.hit();
+            true
+        }
+        fn flow_left(&self, _model: ModelId, _pool: PoolRef, _flow: crate::order::FlowId) {
+            self.hit();
+        }
+        fn shares_flow_order(&self) -> bool {
+            self.hit();
+            true
+        }
+        fn flush(&self) -> Pin<Box<dyn Future<Output = ()> + Send + '_>> {
+            self.hit();
+            Box::pin(std::future::ready(()))
+        }
+    }
+
+    /// Every method of a shared store reaches the store inside, the defaulted ones too (a
+    /// default left in place would turn off what the inner store does).
+    #[test]
+    fn a_shared_store_forwards_every_method() {
+        let config = LimiterConfig::builder()
+            .model(ModelLimits::new("m").rpm(1))
+            .build()
+            .unwrap();
+        let probe = Arc::new(Probe {
+            inner: MemoryStore::new(&config),
+            calls: AtomicUsize::new(0),
+        });
+        let store: Arc<Probe> = Arc::clone(&probe);
+        let model = config.model_id("m").unwrap();
+        let request = AdmitRequest {
+            model,
+            pool: PoolRef::Default,
+            reserve: 0,
+            callers: None,
+            flow: None,
+        };
+        let _ = Store::config(&store);
+        drop(Store::admit(&store, request.clone()));
+        let _ = Store::settler(&store, model);
+        let _ = Store::admit_now(&store, request);
+        let _ = Store::clock(&store);
+        let _ = Store::usage_now(&store, model, PoolRef::Default);
+        let _ = Store::pool_usage(&store, model, PoolRef::Default);
+        Store::on_settled(&store, Box::new(|_| {}));
+        assert!(Store::settling(&store, model));
+        Store::flow_left(&store, model, PoolRef::Default, 1);
+        assert!(Store::shares_flow_order(&store));
+        drop(Store::flush(&store));
+        assert_eq!(probe.calls.load(Ordering::Relaxed), 12);
+    }
 }
