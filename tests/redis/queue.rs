@@ -563,3 +563,100 @@ async fn a_thousand_waiters_over_three_gateways_are_admitted_after_one_roll() {
     }
     assert_eq!(waiting(), 0);
 }
+
+/// The order between priorities is the fleet's (admit.lua): `rpm: 24`, prod 0.75 (floor 18) and
+/// dev 0.25 (floor 6), threshold 0.5 (generous below 12), a fixed window. Five prod requests
+/// wait on gateway B behind a full window; in the next one seven dev requests arrive at once
+/// through gateway A. Dev's own floor (6) is admitted at once, but the 7th, which would borrow
+/// from prod's floor in generous mode (where neither a share nor the floors rule holds it), is
+/// admitted only after all five of prod's: the script puts it behind prod while prod waits
+/// anywhere (prod's fill even after one more request stays below dev's 6/6). The clock never
+/// moves: wake-ups alone carry the turns between the gateways.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_priority_waiting_on_one_gateway_goes_before_another_borrowing_on_another() {
+    let Some(redis) = RedisServer::start("a_priority_waiting_goes_before_a_borrower") else {
+        return;
+    };
+    let config = LimiterConfig::builder()
+        .model(ModelLimits::new("m").rpm(24))
+        .reserve("prod", Reservation::Percent(0.75))
+        .reserve("dev", Reservation::Percent(0.25))
+        .default_priority(0.0)
+        .saturation_threshold(0.5)
+        .store_timeout(Duration::from_secs(10))
+        .queue(QueueSettings::new(MAX_WAIT, 100))
+        .build()
+        .unwrap();
+    let clock = ManualClock::new();
+    let limiters = fleet(&redis, &config, "priority-order:", &clock).await;
+    let model = config.model_id("m").unwrap();
+    let (prod, dev) = (config.pool_of(Some("prod")), config.pool_of(Some("dev")));
+    let request = move |pool, flow, max_wait| RequestAdmission {
+        model,
+        pool,
+        flow,
+        prompt_tokens: 0,
+        max_output_tokens: None,
+        max_wait,
+        callers: None,
+    };
+    let admitted = |outcome: &AdmissionOutcome| match outcome {
+        AdmissionOutcome::Admitted { admitted, .. } => Some(admitted.model.requests),
+        AdmissionOutcome::Refused(_) => None,
+    };
+    // The window used up without waiting: 12 dev through A (generous mode), 12 prod through B.
+    for (limiter, pool, flow) in [(0, dev, 1), (1, prod, 2)] {
+        for _ in 0..12 {
+            let outcome = limiters[limiter]
+                .admit_request(request(pool, flow, Some(Duration::ZERO)))
+                .await
+                .unwrap();
+            assert!(admitted(&outcome).is_some(), "{outcome:?}");
+        }
+    }
+    // Five prod requests wait on B, registered in the fleet's order.
+    let prod_waiters: Vec<_> = (0..5)
+        .map(|_| {
+            let b = Arc::clone(&limiters[1]);
+            tokio::spawn(async move { b.admit_request(request(prod, 2, None)).await })
+        })
+        .collect();
+    until("prod waiting on B", || limiters[1].queue_len(model) == 5).await;
+    // The next window: seven dev requests at once through A.
+    let redis_client = ::redis::Client::open(redis.url()).unwrap();
+    shift_redis_windows(&redis_client, "priority-order:", WINDOW);
+    let dev_requests: Vec<_> = (0..7)
+        .map(|_| {
+            let a = Arc::clone(&limiters[0]);
+            tokio::spawn(async move { a.admit_request(request(dev, 1, None)).await })
+        })
+        .collect();
+    // The model's count in the window once each request was admitted (its own included).
+    type Waiter =
+        tokio::task::JoinHandle<Result<AdmissionOutcome, tower_priority_limit::store::StoreError>>;
+    async fn counts(waiters: Vec<Waiter>) -> Vec<u64> {
+        let mut counts = Vec::new();
+        for w in waiters {
+            let outcome = tokio::time::timeout(Duration::from_secs(10), w)
+                .await
+                .expect("admitted, the clock unmoved")
+                .unwrap()
+                .unwrap();
+            match outcome {
+                AdmissionOutcome::Admitted { admitted, .. } => counts.push(admitted.model.requests),
+                AdmissionOutcome::Refused(r) => panic!("waits until admitted: {r:?}"),
+            }
+        }
+        counts.sort_unstable();
+        counts
+    }
+    let dev_counts = counts(dev_requests).await;
+    let prod_counts = counts(prod_waiters).await;
+    // Dev's 7th saw dev's 6 and prod's 5 before it.
+    assert_eq!(
+        dev_counts.last(),
+        Some(&12),
+        "dev {dev_counts:?}, prod {prod_counts:?}"
+    );
+    assert_eq!(clock.now_ms(), 0);
+}

@@ -173,7 +173,7 @@ impl<St: Store> Limiter<St> {
                 queues.iter().map(Arc::downgrade).collect();
             store.on_settled(Box::new(move |model: ModelId| {
                 if let Some(queue) = weak.get(model.index()).and_then(std::sync::Weak::upgrade) {
-                    queue.wake();
+                    queue.fleet_moved();
                 }
             }));
         }

@@ -414,14 +414,31 @@ impl ModelQueue {
         }
     }
 
-    /// The store says capacity, or the fleet's order, may have changed elsewhere (another
-    /// gateway's admission or settlement): flows put behind look again, and the first gets the
-    /// turn.
+    /// A waiter's timer fired: flows the fleet's order put behind look again (the order may
+    /// have moved without a wake-up reaching this process), and the first gets the turn.
     pub(crate) fn wake(&self) {
         if self.waiting() == 0 {
             return;
         }
         self.lock().behind.clear();
+        self.notify();
+    }
+
+    /// The store says capacity, or the fleet's order, changed elsewhere (another gateway's
+    /// admission or settlement): flows put behind look again, and so do pools passed over for
+    /// their floors rule's `retry-after` (it was worked out from counters that have moved since),
+    /// and the first gets the turn.
+    pub(crate) fn fleet_moved(&self) {
+        if self.waiting() == 0 {
+            return;
+        }
+        {
+            let mut state = self.lock();
+            state.behind.clear();
+            for p in state.pools.iter_mut() {
+                p.blocked = None;
+            }
+        }
         self.notify();
     }
 
@@ -788,6 +805,23 @@ mod tests {
         let holder = if next == Some(a.id) { &a } else { &b };
         holder.refused(None);
         assert_eq!(q.lock().turn, None);
+    }
+
+    /// A pool passed over for its floors rule's `retry-after` stays passed over at a timer's
+    /// wake-up before that time, but a wake-up from the fleet (counters moved elsewhere) lets
+    /// its waiter try again.
+    #[test]
+    fn a_wake_up_from_the_fleet_ends_a_pools_pass_over() {
+        let q = queue(10);
+        let a = q.enter(PoolRef::Default, 1).unwrap();
+        q.notify();
+        assert_eq!(q.lock().turn, Some(a.id));
+        a.refused(Some(30_000));
+        q.wake();
+        q.unblock_due(1_000);
+        assert_eq!(q.lock().turn, None, "passed over until 30 s");
+        q.fleet_moved();
+        assert_eq!(q.lock().turn, Some(a.id), "tries again");
     }
 
     #[test]

@@ -386,3 +386,78 @@ async fn one_roll_admits_a_thousand_waiters_over_three_gateway_processes() {
     eprintln!("one roll admitted {RPM} waiters over 3 gateway processes in {took:?}");
     stop(fleet, &dir);
 }
+
+/// `rpm: 120`, prod 0.75 and dev 0.25, **threshold 0.5** (generous below half the model), the
+/// queue on, everyone waiting: prod's 30 clients through B against dev's 60 through A and 60
+/// through C. At each roll the generous half is open to whoever reaches Redis first; the fleet's
+/// order between priorities gives it to prod while prod is below its floor, so prod still gets
+/// its floor (≥ 95 % of 90) in every window, dev its 30, and the shared limit holds exactly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_floor_holds_across_three_gateway_processes_below_the_threshold_too() {
+    const RPM: u64 = 120;
+    let Some(redis) = RedisServer::start("a_floor_holds_below_the_threshold") else {
+        return;
+    };
+    let dir = fleet_dir_with(
+        "queue-floor-threshold",
+        "{model_name: m, litellm_params: {model: openai/m, mock_response: hi, rpm: 120}}",
+        "callbacks: [\"dynamic_rate_limiter_v3\"]\n  \
+         priority_reservation: {prod: 0.75, dev: 0.25}",
+        "redis_timeout_ms: 2000, default_priority: 0, saturation_threshold: 0.5, \
+         window: fixed, queue: {max_wait_seconds: 600, max_queued: 1000}",
+        &redis,
+    );
+    let fleet = fleet(&dir);
+    let addrs: Vec<String> = fleet.iter().map(|(_, a)| a.clone()).collect();
+    let client = Arc::new(client());
+    let prod = generate_key(&client, &addrs[0], r#"{"metadata": {"priority": "prod"}}"#).await;
+    let dev = generate_key(&client, &addrs[0], r#"{"metadata": {"priority": "dev"}}"#).await;
+    for (addr, key) in [(&addrs[1], &prod), (&addrs[0], &dev), (&addrs[2], &dev)] {
+        assert_eq!(chat(&client, addr, key, Some("0")).await, Some(200));
+    }
+    let redis_client = ::redis::Client::open(redis.url()).unwrap();
+    shift_redis_windows(&redis_client, PREFIX, WINDOW);
+    let (p, d) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let mut tasks = closed_loop(&client, &addrs[1], &prod, 30, &p);
+    tasks.extend(closed_loop(&client, &addrs[0], &dev, 60, &d));
+    tasks.extend(closed_loop(&client, &addrs[2], &dev, 60, &d));
+    let total = || p.load(Ordering::SeqCst) + d.load(Ordering::SeqCst);
+    until("the first window used up and everyone waiting", || async {
+        total() == RPM && waiting(&client, &addrs).await == 150
+    })
+    .await;
+    let mut con = redis_client.get_connection().unwrap();
+    let channel = format!("{PREFIX}{{m}}:wake");
+    let mut shares = Vec::new();
+    for roll in 1..=4u64 {
+        let before = (p.load(Ordering::SeqCst), d.load(Ordering::SeqCst));
+        roll_windows(&redis_client, &mut con, &channel);
+        until("a roll's admissions", || async {
+            total() == RPM * (roll + 1) && waiting(&client, &addrs).await == 150
+        })
+        .await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert_eq!(
+            total(),
+            RPM * (roll + 1),
+            "roll {roll}: the shared limit holds"
+        );
+        let got = (
+            p.load(Ordering::SeqCst) - before.0,
+            d.load(Ordering::SeqCst) - before.1,
+        );
+        eprintln!("roll {roll}: prod {}, dev {}", got.0, got.1);
+        shares.push(got);
+    }
+    for t in &tasks {
+        t.abort();
+    }
+    stop(fleet, &dir);
+    for (roll, &(prod_got, dev_got)) in shares.iter().enumerate() {
+        assert!(
+            prod_got * 100 >= 95 * 90 && dev_got * 100 >= 95 * 30,
+            "roll {}: prod {prod_got} of its floor 90, dev {dev_got} of its 30",
+            roll + 1
+        );
+    }
+}

@@ -131,7 +131,15 @@ if pp ~= '' then
     fields[4], fields[5], fields[6] = pp .. 's', pp .. 'r', pp .. 't'
   end
 end
+-- With the fleet's order between priorities (below), whether anyone of the model may wait at
+-- all (`wq`, the latest deadline of a waiter): read here, so nobody waiting costs nothing more.
+local wq_at = nil
+if ARGV[#ARGV] == 'F' and (tonumber(ARGV[15]) or 0) > 1 then
+  fields[#fields + 1] = 'wq'
+  wq_at = #fields
+end
 local f = redis.call('HMGET', key, unpack(fields))
+local anyone_waits = wq_at ~= nil and (tonumber(f[wq_at]) or 0) > now
 local read = read_fixed
 local width = 3
 if sliding then read, width = read_sliding, 5 end
@@ -264,6 +272,19 @@ local function floor_of(j, d)
   if v == nil or v < 0 then return 0 end
   return v
 end
+-- Whether this request takes more than its own pool's floor in the period in dimension `d`
+-- (`cost` of it): it borrows from the others' floors.
+local function borrows_in(d, cost)
+  local cap = rpm
+  if d == 'k' then cap = tpm end
+  local own_floor = floor_of(me, d)
+  own_floor = (own_floor - own_floor % periods) / periods
+  return cap >= 0 and period_used(q)[d] + cost > own_floor
+end
+-- In either dimension, `cost_k` tokens.
+local function borrows(cost_k)
+  return borrows_in('r', 1) or borrows_in('k', cost_k)
+end
 local function floors_refuse()
   -- The other pools' period usage, in one read: a fixed window's start and counts, or a sliding
   -- window's head and the current slot's place (counted iff the head is this slot).
@@ -302,16 +323,14 @@ local function floors_refuse()
     end
     if counts then pools_used[j] = {r = r, k = k} else pools_used[j] = {r = 0, k = 0} end
   end
-  local model_used, own_used = period_used(m), period_used(q)
+  local model_used = period_used(m)
   for _, d in ipairs({'r', 'k'}) do
     local cap = rpm
     if d == 'k' then cap = tpm end
     local cost = 1
     if d == 'k' then cost = math.max(reserve, 1) end
-    local own_floor = floor_of(me, d)
-    own_floor = (own_floor - own_floor % periods) / periods
     -- A period admits one request at least; a pool within its own floor is not borrowing.
-    if cap >= 0 and model_used[d] > 0 and own_used[d] + cost > own_floor then
+    if model_used[d] > 0 and borrows_in(d, cost) then
       local protected = 0
       for j = 0, n - 1 do
         if j ~= me then
@@ -345,17 +364,60 @@ end
 -- every gateway goes by one order): the last eight ARGV when the last is 'F' (flow id, its
 -- service, this gateway's id, '1' when an admission ends this gateway's registration of the
 -- flow (no other waiter of the flow here), how long it may wait in ms (0: it does not wait), the
--- flow state's TTL in ms, the wake-up channel, 'F'), KEYS[#KEYS - 1] the pool's waiting flows (a
--- sorted set, score: the flow's virtual service) and KEYS[#KEYS] its flow state (hash:
+-- flow state's TTL in ms, the wake-up channel, 'F'); the last 2 max(n, 1) KEYS are every pool's
+-- pair, in the pools' order: its waiting flows (a sorted set, score: the flow's virtual
+-- service) and its flow state (hash:
 -- c<flow> virtual service, n<flow> gateways holding a registration of it, h<flow>:<gateway> a
 -- gateway's registration (the flow's generation g<flow> when it was made), e<flow> when the
 -- last of its waiters gives up, V the virtual time). An admission the capacity allows is
 -- refused (verdict 5) unless its flow is the head of the order (the least served waiting
 -- flow); a refused request that may wait registers its flow for its gateway (once per
 -- gateway, however many of its requests race), so the others go by it too.
+-- Whether pool j has a flow waiting anywhere in the fleet (a registration not past its
+-- deadline among the first few of its order; a lapsed head is dropped by that pool's next try).
+local function pool_waits(fk, j)
+  local zk, hk = KEYS[fk + 2 * j], KEYS[fk + 2 * j + 1]
+  for _, f in ipairs(redis.call('ZRANGE', zk, 0, 3)) do
+    if (tonumber(redis.call('HGET', hk, 'e' .. f)) or 0) > now then return true end
+  end
+  return false
+end
+-- Pool j's usage over the window (as the window counts it at `now`).
+local function window_used(j)
+  local p = ARGV[17 + 3 * j]
+  local c
+  if sliding then
+    c = read_sliding(key, p, redis.call('HMGET', key, p .. 'h', p .. 'R', p .. 'T',
+      p .. 'r' .. place_now, p .. 't' .. place_now), window, slot_ms)
+  else
+    c = read_fixed(key, p, redis.call('HMGET', key, p .. 's', p .. 'r', p .. 't'), window)
+  end
+  return {r = c.r, k = c.k}
+end
+-- `order::fill`: pool j's used / floor, the larger over the model's limited dimensions, with
+-- `plus_r` requests and `plus_k` tokens more (a floor of 0: 1 while unused, else infinite).
+local function fill(j, u, plus_r, plus_k)
+  local best = 0
+  for _, d in ipairs({{'r', 1, plus_r}, {'k', 2, plus_k}}) do
+    local f = tonumber(ARGV[17 + 3 * j + d[2]]) or -1
+    local used = u[d[1]] + d[3]
+    local x = 0
+    if f == 0 and used == 0 then
+      x = 1
+    elseif f == 0 then
+      x = math.huge
+    elseif f > 0 then
+      x = used / f
+    end
+    if x > best then best = x end
+  end
+  return best
+end
+
 if ARGV[#ARGV] == 'F' and ARGV[14] ~= 's' and verdict ~= 4 then
   local fa = #ARGV - 7
-  local fz, fh = KEYS[#KEYS - 1], KEYS[#KEYS]
+  local fk = #KEYS - 2 * math.max(n, 1) + 1
+  local fz, fh = KEYS[fk + 2 * me], KEYS[fk + 2 * me + 1]
   local flow, service = ARGV[fa], tonumber(ARGV[fa + 1])
   local mine, release = 'h' .. flow .. ':' .. ARGV[fa + 2], ARGV[fa + 3] == '1'
   local may_wait = tonumber(ARGV[fa + 4])
@@ -386,6 +448,26 @@ if ARGV[#ARGV] == 'F' and ARGV[14] ~= 's' and verdict ~= 4 then
   -- flow): flows level with the head go together, each gateway without waiting for the
   -- others' wake-ups, and no flow gets more than a request ahead of another that waits.
   if verdict == 0 and head ~= nil and head ~= flow and c >= head_c + service then verdict = 5 end
+  -- The order between priorities (`order::first_pool`), fleet-wide: a request that borrows
+  -- (takes more than its own floor in the period) is refused while another priority waiting
+  -- anywhere would go first even after one more request of its own (its fill then below this
+  -- one's, or level and listed first). Within its floor a priority never waits for the order,
+  -- so no floor is held up by it.
+  local others_wait = false
+  if verdict == 0 and anyone_waits then
+    local cost_k = math.max(reserve, 1)
+    local own = nil
+    for j = 0, n - 1 do
+      if j ~= me and pool_waits(fk, j) then
+        others_wait = true
+        if verdict == 0 and borrows(cost_k) then
+          own = own or fill(me, {r = q.r, k = q.k}, 0, 0)
+          local theirs = fill(j, window_used(j), 1, cost_k)
+          if theirs < own or (theirs == own and j < me) then verdict = 5 end
+        end
+      end
+    end
+  end
   if verdict == 0 then
     local after = c + service
     redis.call('HSET', fh, 'c' .. flow, after, 'V', math.max(vt, c))
@@ -398,8 +480,9 @@ if ARGV[#ARGV] == 'F' and ARGV[14] ~= 's' and verdict ~= 4 then
       end
     end
     if waiting > 0 then redis.call('ZADD', fz, after, flow) end
-    -- The head may have changed: the other gateways' waiters look again.
-    if head ~= nil and redis.call('ZCARD', fz) > 0 then
+    -- The head, or the priorities' fills, may have changed: the other gateways' waiters look
+    -- again.
+    if others_wait or (head ~= nil and redis.call('ZCARD', fz) > 0) then
       redis.call('PUBLISH', ARGV[fa + 6], flow)
     end
   elseif may_wait > 0 then

@@ -1,7 +1,8 @@
 -- A gateway's last waiter of a flow gave up without being admitted (its deadline, its client
 -- went away, a full queue displaced it): the gateway's registration of the flow in the fleet's
 -- order (admit.lua, its flow section) ends, if it still counts; at none left the flow leaves the
--- order, and if it was the head, the other gateways' waiters look again.
+-- order, and if it was the head (the pool's order moved) or the last flow of its pool (the order
+-- between priorities moved), the other gateways' waiters look again.
 --
 -- KEYS[1]  the pool's waiting flows, KEYS[2] its flow state (see admit.lua).
 -- ARGV     the flow, the gateway's id, the wake-up channel, the flow state's TTL in ms.
@@ -18,7 +19,9 @@ if n <= 0 then
   local head = redis.call('ZRANGE', KEYS[1], 0, 0)
   redis.call('ZREM', KEYS[1], flow)
   redis.call('HDEL', KEYS[2], 'n' .. flow, 'e' .. flow)
-  if head[1] == flow then redis.call('PUBLISH', ARGV[3], flow) end
+  if head[1] == flow or redis.call('ZCARD', KEYS[1]) == 0 then
+    redis.call('PUBLISH', ARGV[3], flow)
+  end
 end
 redis.call('PEXPIRE', KEYS[2], tonumber(ARGV[4]))
 return 1

@@ -119,7 +119,8 @@ const CALLER_REPLY: usize = 16;
 const EXPIRED: i64 = 3;
 
 /// `admit.lua`'s verdict for a request the capacity admits but the fleet's order puts behind
-/// flows of its priority with less service: nothing counted.
+/// flows of its priority with less service, or (borrowing beyond its floor) behind another
+/// priority that waits and goes first: nothing counted.
 const BEHIND: i64 = 5;
 
 /// The `retry-after` of a refusal by the fleet's order, and how long its waiter sleeps at most
@@ -1012,19 +1013,23 @@ impl Inner {
             .flat_map(|c| c.iter())
             .map(|c| caller_keys(&self.key_prefix, c))
             .collect();
-        let mut keys: Vec<&str> = Vec::with_capacity(1 + 2 * caller_keys.len());
+        // The fleet's order: every pool's waiting flows and their state, in the pools' order,
+        // last (the request's own pool for the order between its flows, the others for the
+        // order between priorities).
+        let pool_keys = self
+            .flow_keys
+            .get(request.model.index())
+            .filter(|_| request.flow.is_some());
+        let order_keys = pool_keys.map_or(0, |k| 2 * k.pools.len());
+        let mut keys: Vec<&str> = Vec::with_capacity(1 + 2 * caller_keys.len() + order_keys);
         keys.push(key.as_str());
         keys.extend(
             caller_keys
                 .iter()
                 .flat_map(|k| [k[0].as_str(), k[1].as_str()]),
         );
-        // The fleet's order: the pool's waiting flows and their state, last.
-        let pool_keys = self
-            .flow_pool_keys(request.model, request.pool)
-            .filter(|_| request.flow.is_some());
         if let Some(pool_keys) = pool_keys {
-            keys.extend(pool_keys.iter().map(String::as_str));
+            keys.extend(pool_keys.pools.iter().flatten().map(String::as_str));
         }
         let flow = request.flow.filter(|_| pool_keys.is_some());
         let model_prefix = request
