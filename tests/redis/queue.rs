@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use integration_tests::app::shift_redis_windows;
-use integration_tests::redis::RedisServer;
+use integration_tests::redis::{RedisCluster, RedisServer};
 use tower_priority_limit::clock::{Clock, ManualClock};
 use tower_priority_limit::config::{
     LimiterConfig, ModelId, ModelLimits, PoolRef, QueueSettings, Reservation,
@@ -335,9 +335,19 @@ async fn fleet(
     prefix: &str,
     clock: &ManualClock,
 ) -> Vec<Arc<Limiter<RedisStore>>> {
+    fleet_on(RedisTarget::Single(redis.url()), config, prefix, clock).await
+}
+
+/// [`fleet`] on any target (one server or a cluster).
+async fn fleet_on(
+    target: RedisTarget,
+    config: &LimiterConfig,
+    prefix: &str,
+    clock: &ManualClock,
+) -> Vec<Arc<Limiter<RedisStore>>> {
     let mut limiters = Vec::new();
     for _ in 0..3 {
-        let store = RedisStore::builder(RedisTarget::Single(redis.url()))
+        let store = RedisStore::builder(target.clone())
             .key_prefix(prefix)
             .connect(config)
             .await
@@ -426,20 +436,44 @@ async fn a_light_key_keeps_its_half_against_a_heavier_one_on_other_gateways() {
 /// could have done it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_settlement_on_one_gateway_wakes_a_waiter_on_another() {
-    use tower_priority_limit::{AdmissionOutcome, RequestAdmission};
     let Some(redis) = RedisServer::start("a_settlement_on_one_gateway_wakes") else {
         return;
     };
+    settlement_wakes_across(RedisTarget::Single(redis.url()), "m", "wake-fleet:").await;
+}
+
+/// The same on a 3-master Redis Cluster, for a model whose keys live on a master other than the
+/// first startup node (the one each gateway subscribes to): the settlement's `PUBLISH` reaches
+/// the subscriber over the cluster bus.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_settlement_on_one_gateway_wakes_a_waiter_on_another_on_a_cluster() {
+    let Some(cluster) = RedisCluster::start("a_settlement_wakes_on_a_cluster", 3) else {
+        return;
+    };
+    let prefix = "wake-cluster:";
+    // Node 0 is the first startup node, the one each gateway subscribes to.
+    let model = (0..100)
+        .map(|i| format!("m{i}"))
+        .find(|m| {
+            let master = cluster.master_of(cluster.slot_of(&format!("{prefix}{{{m}}}")));
+            master.is_some_and(|n| n != 0)
+        })
+        .expect("a model on another master");
+    settlement_wakes_across(RedisTarget::Cluster(cluster.urls()), &model, prefix).await;
+}
+
+async fn settlement_wakes_across(target: RedisTarget, name: &str, prefix: &str) {
+    use tower_priority_limit::{AdmissionOutcome, RequestAdmission};
     let config = LimiterConfig::builder()
-        .model(ModelLimits::new("m").tpm(100))
+        .model(ModelLimits::new(name).tpm(100))
         .token_accounting(tower_priority_limit::config::TokenAccounting::Reserve)
         .store_timeout(Duration::from_secs(10))
         .queue(QueueSettings::new(MAX_WAIT, 100))
         .build()
         .unwrap();
     let clock = ManualClock::new();
-    let limiters = fleet(&redis, &config, "wake-fleet:", &clock).await;
-    let model = config.model_id("m").unwrap();
+    let limiters = fleet_on(target, &config, prefix, &clock).await;
+    let model = config.model_id(name).unwrap();
     let request = move |flow, tokens| RequestAdmission {
         model,
         pool: PoolRef::Default,

@@ -348,18 +348,15 @@ impl RedisStoreBuilder {
             self.settle_queue,
         ));
         if !inner.flow_keys.is_empty() {
-            match &self.target {
-                RedisTarget::Single(url) => {
-                    if let Ok(client) = redis::Client::open(url.as_str()) {
-                        tokio::spawn(wake::listen(client, Arc::downgrade(&inner)));
-                    }
-                }
-                RedisTarget::Cluster(_) => tracing::warn!(
-                    "on a Redis Cluster the queue's wake-ups between gateways are not received: \
-                     a waiter put behind by the fleet's order looks again after {ORDER_RETRY_MS} \
-                     ms, and one refused for capacity when its retry-after is due"
-                ),
-            }
+            let urls = match &self.target {
+                RedisTarget::Single(url) => std::slice::from_ref(url),
+                RedisTarget::Cluster(urls) => urls.as_slice(),
+            };
+            let clients = urls
+                .iter()
+                .filter_map(|url| redis::Client::open(url.as_str()).ok())
+                .collect();
+            tokio::spawn(wake::listen(clients, Arc::downgrade(&inner)));
         }
         let settler = Arc::new(RedisSettler {
             inner: Arc::clone(&inner),

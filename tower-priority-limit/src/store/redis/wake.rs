@@ -8,6 +8,11 @@
 //! the script that moved the order (no extra round trip), reaches every gateway at once, and
 //! costs nothing while nobody waits (nothing is published then). A message lost while the
 //! subscription reconnects costs a waiter at most its safety timer ([`super::ORDER_RETRY_MS`]).
+//!
+//! On a Redis Cluster a `PUBLISH` (not the sharded `SPUBLISH`) reaches the subscribers of every
+//! node over the cluster bus, so one subscription to any node hears every model: the store
+//! subscribes to the first of its startup nodes that answers, and to the next when that one
+//! fails.
 
 use std::sync::Weak;
 use std::time::Duration;
@@ -20,14 +25,19 @@ use crate::config::ModelId;
 /// How long to wait before subscribing again after the subscription failed.
 const RESUBSCRIBE_AFTER: Duration = Duration::from_millis(200);
 
-/// Listens until the store is gone, subscribing again whenever the connection drops.
-pub(super) async fn listen(client: redis::Client, inner: Weak<Inner>) {
+/// Listens until the store is gone, subscribing again whenever the connection drops: to
+/// `clients` in turn (one server, or a cluster's startup nodes), from the one that last worked.
+pub(super) async fn listen(clients: Vec<redis::Client>, inner: Weak<Inner>) {
+    if clients.is_empty() {
+        return;
+    }
+    let mut at = 0;
     loop {
         let channels: Vec<String> = match inner.upgrade() {
             Some(inner) => inner.flow_keys.iter().map(|k| k.channel.clone()).collect(),
             None => return,
         };
-        match subscribe(&client, &channels).await {
+        match subscribe(&clients[at % clients.len()], &channels).await {
             Ok(mut pubsub) => {
                 let mut messages = pubsub.on_message();
                 while let Some(message) = messages.next().await {
@@ -43,6 +53,8 @@ pub(super) async fn listen(client: redis::Client, inner: Weak<Inner>) {
             }
             Err(e) => tracing::debug!(%e, "queue wake-up subscription failed; retrying"),
         }
+        // The next node, in case this one is gone (a cluster's others carry the messages too).
+        at += 1;
         if inner.strong_count() == 0 {
             return;
         }
