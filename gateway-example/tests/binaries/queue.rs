@@ -208,6 +208,17 @@ fn spread_chats(
 
 /// Sums `priority_limit_queue_depth` over the fleet's `/metrics`.
 async fn waiting(client: &Client<HttpConnector, Full<Bytes>>, fleet: &[String]) -> u64 {
+    metric_sum(client, fleet, "priority_limit_queue_depth{", "").await
+}
+
+/// Sums the series of `/metrics` over `fleet` whose lines start with `series` and contain
+/// `labels`.
+async fn metric_sum(
+    client: &Client<HttpConnector, Full<Bytes>>,
+    fleet: &[String],
+    series: &str,
+    labels: &str,
+) -> u64 {
     let mut total = 0;
     for addr in fleet {
         let (status, body) = super::keys::call(client, addr, "/metrics", None)
@@ -216,7 +227,7 @@ async fn waiting(client: &Client<HttpConnector, Full<Bytes>>, fleet: &[String]) 
         assert_eq!(status, 200, "{body}");
         total += body
             .lines()
-            .filter(|l| l.starts_with("priority_limit_queue_depth{"))
+            .filter(|l| l.starts_with(series) && l.contains(labels))
             .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
             .sum::<f64>() as u64;
     }
@@ -452,7 +463,18 @@ async fn a_floor_holds_across_three_gateway_processes_below_the_threshold_too() 
     for t in &tasks {
         t.abort();
     }
+    // The order binds, and the metrics say so: dev's waiters on A and C were put behind prod.
+    let dev_gateways = [addrs[0].clone(), addrs[2].clone()];
+    let put_behind = metric_sum(
+        &client,
+        &dev_gateways,
+        "priority_limit_queue_tries_total{",
+        r#"priority="dev",result="queue_order""#,
+    )
+    .await;
+    eprintln!("dev's tries put behind by the fleet's order: {put_behind}");
     stop(fleet, &dir);
+    assert!(put_behind > 0, "the order's refusals show in /metrics");
     for (roll, &(prod_got, dev_got)) in shares.iter().enumerate() {
         assert!(
             prod_got * 100 >= 95 * 90 && dev_got * 100 >= 95 * 30,

@@ -298,6 +298,13 @@ impl<St: Store> Limiter<St> {
                 continue;
             }
             let decision = try_in_turn().await;
+            if let (Some(observer), Ok(decision)) = (&self.observer, &decision) {
+                let refused = match decision {
+                    Decision::Refuse(refused) => Some(refused),
+                    Decision::Admit(_) => None,
+                };
+                observer.queue_try(model, pool, refused);
+            }
             match decision {
                 // The fleet's order put it behind flows with less service: it looks again at
                 // the next wake-up from the store (its own flow passed over until then), or

@@ -152,8 +152,10 @@ pub enum RefusedBy {
     TeamBudget,
     /// The team's dollar budget on the model (`model_max_budget`).
     TeamModelBudget,
-    /// The fleet's order between waiters: others of the priority waiting with less service go
-    /// first (the queue on a shared store; answered only when a waiter gives up).
+    /// The fleet's order between waiters: others of the priority waiting with less service, or
+    /// of another priority below this one's fill while it borrows, go first (the queue on a
+    /// shared store; a waiter's try in its turn, [`Observer::queue_try`], or the answer of one
+    /// that gives up).
     QueueOrder,
 }
 
@@ -339,6 +341,14 @@ pub trait Observer: Send + Sync + fmt::Debug + 'static {
     /// A request waited `waited` in `model`'s queue for `pool` before it was admitted or gave up.
     fn queue_wait(&self, model: ModelId, pool: PoolRef, waited: Duration) {
         let _ = (model, pool, waited);
+    }
+
+    /// A waiter in `model`'s queue for `pool` tried admission in its turn: admitted (`None`)
+    /// or `refused`, by capacity, the floors rule, or the fleet's order
+    /// ([`RefusedBy::QueueOrder`]): what shows whether the order binds, since such refusals are
+    /// never a request's final answer. A try the store could not answer is not told here.
+    fn queue_try(&self, model: ModelId, pool: PoolRef, refused: Option<&Refused>) {
+        let _ = (model, pool, refused);
     }
 }
 

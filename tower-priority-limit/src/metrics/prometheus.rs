@@ -16,7 +16,7 @@ use super::{
     AtomicHistogram, Observer, Outcome, OutcomeLabel, RefusedBy, TokenKind, UsageNow, UsageSource,
 };
 use crate::config::{pool_index, LimiterConfig, ModelId, PoolRef};
-use crate::decision::{Decision, Dimension, Usage};
+use crate::decision::{Decision, Dimension, Refused, Usage};
 
 type Labels<const N: usize> = [(&'static str, Arc<str>); N];
 
@@ -32,6 +32,9 @@ type Labels<const N: usize> = [(&'static str, Arc<str>); N];
 ///   `model_tokens`, `pool_requests`, `pool_tokens`; shadow refusals included; and
 ///   `deployment_requests`, `deployment_tokens`: shadow refusals by the chosen deployment's own
 ///   limit, [`Observer::deployment_shadow_refusal`]);
+/// - `priority_limit_queue_tries_total{model,priority,result}`: each try a waiter makes in its
+///   turn, `admitted` or the limit that refused it (`queue_order` when the fleet's order put it
+///   behind: the share of those says whether the order binds; `Observer::queue_try`);
 /// - `priority_limit_tokens_total{model,priority,kind}` (kind `prompt`, `completion`,
 ///   `estimated`);
 /// - `priority_limit_saturation{model}` and `priority_limit_pool_usage{model,priority,dimension}`
@@ -64,6 +67,8 @@ pub struct PrometheusMetrics {
     config: LimiterConfig,
     requests: Box<[Counter]>,
     refusals: Box<[Counter]>,
+    /// Per (model, pool): `admitted`, then each [`RefusedBy`].
+    tries: Box<[Counter]>,
     tokens: Box<[Counter]>,
     queue_depth: Box<[Gauge]>,
     queue_wait: AtomicHistogram,
@@ -123,15 +128,20 @@ impl PrometheusMetrics {
         }
         let requests = Family::<Labels<3>, Counter>::default();
         let refusals = Family::<Labels<3>, Counter>::default();
+        let tries = Family::<Labels<3>, Counter>::default();
         let tokens = Family::<Labels<3>, Counter>::default();
         let outcomes: Vec<&str> = OutcomeLabel::ALL.iter().map(|o| o.as_str()).collect();
         let limits: Vec<&str> = RefusedBy::ALL.iter().map(|o| o.as_str()).collect();
+        let results: Vec<&str> = std::iter::once(OutcomeLabel::Admitted.as_str())
+            .chain(limits.iter().copied())
+            .collect();
         let kinds: Vec<&str> = TokenKind::ALL.iter().map(|o| o.as_str()).collect();
         let metrics = Self {
             pools,
             config: config.clone(),
             requests: handles(&requests, &models, &priorities, "outcome", &outcomes),
             refusals: handles(&refusals, &models, &priorities, "limit", &limits),
+            tries: handles(&tries, &models, &priorities, "result", &results),
             tokens: handles(&tokens, &models, &priorities, "kind", &kinds),
             queue_depth: {
                 let family = Family::<Labels<2>, Gauge>::default();
@@ -174,6 +184,11 @@ impl PrometheusMetrics {
             "priority_limit_refusals",
             "Refusals (shadow ones too) by the counter that refused: model or pool, requests or tokens",
             refusals,
+        );
+        registry.register(
+            "priority_limit_queue_tries",
+            "Tries of waiters in their turn: admitted, or the limit that refused (queue_order: the fleet's order)",
+            tries,
         );
         registry.register(
             "priority_limit_tokens",
@@ -364,6 +379,14 @@ impl Observer for PrometheusMetrics {
     fn queue_wait(&self, _model: ModelId, _pool: PoolRef, waited: Duration) {
         self.queue_wait.observe(waited);
     }
+
+    fn queue_try(&self, model: ModelId, pool: PoolRef, refused: Option<&Refused>) {
+        if model.index() >= self.last_saturation.len() {
+            return;
+        }
+        let result = refused.map_or(0, |r| 1 + RefusedBy::of(r) as usize);
+        self.tries[self.slot(model, pool) * (1 + RefusedBy::ALL.len()) + result].inc();
+    }
 }
 
 /// The gauges computed at scrape: saturation per model, and each pool's use of its reserved
@@ -509,6 +532,48 @@ mod tests {
             r#"priority_limit_requests_total{model="m",priority="default",outcome="admitted"} 3"#,
             r#"priority_limit_refusals_total{model="m",priority="default",limit="deployment_requests"} 1"#,
             r#"priority_limit_refusals_total{model="m",priority="default",limit="deployment_tokens"} 1"#,
+        ] {
+            assert!(text.contains(line), "{line} in {text}");
+        }
+    }
+
+    /// Waiters' tries in their turn, by result: the fleet's order's refusals are counted apart
+    /// from capacity's.
+    #[test]
+    fn queue_tries_count_by_result() {
+        let config = LimiterConfig::builder()
+            .model(ModelLimits::new("m").rpm(10))
+            .reserve("prod", crate::config::Reservation::Percent(0.5))
+            .build()
+            .unwrap();
+        let mut registry = Registry::default();
+        let metrics = PrometheusMetrics::new(&config, &mut registry);
+        let model = config.model_id("m").unwrap();
+        let prod = config.pool_of(Some("prod"));
+        let refused = |scope| Refused {
+            scope,
+            dimension: Dimension::Requests,
+            limit: 10,
+            used: 10,
+            saturation: 1.0,
+            retry_after_ms: 1_000,
+            pool: None,
+        };
+        metrics.queue_try(model, prod, None);
+        metrics.queue_try(model, prod, Some(&refused(crate::decision::Scope::Order)));
+        metrics.queue_try(model, prod, Some(&refused(crate::decision::Scope::Order)));
+        metrics.queue_try(
+            model,
+            PoolRef::Default,
+            Some(&refused(crate::decision::Scope::Model)),
+        );
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        for line in [
+            r#"priority_limit_queue_tries_total{model="m",priority="prod",result="admitted"} 1"#,
+            r#"priority_limit_queue_tries_total{model="m",priority="prod",result="queue_order"} 2"#,
+            r#"priority_limit_queue_tries_total{model="m",priority="default",result="model_requests"} 1"#,
+            r#"priority_limit_queue_tries_total{model="m",priority="default",result="admitted"} 0"#,
         ] {
             assert!(text.contains(line), "{line} in {text}");
         }
