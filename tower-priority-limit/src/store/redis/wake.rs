@@ -4,9 +4,12 @@
 //! admission moves the order while others wait, settle.lua when a settlement frees room while
 //! someone may wait, leave.lua when the head of the order leaves.
 //!
-//! Pub/sub rather than polling or blocking commands: a message costs Redis one `PUBLISH` inside
-//! the script that moved the order (no extra round trip), reaches every gateway at once, and
-//! costs nothing while nobody waits (nothing is published then). A message lost while the
+//! Pub/sub rather than polling, keyspace notifications or blocking commands (measured in
+//! benches/RESULTS.md: all three wake in the same ~0.1 ms): a message costs Redis one `PUBLISH`
+//! inside the script that moved the order (no extra round trip), reaches every gateway at once,
+//! and costs nothing while nobody waits (nothing is published then), where keyspace
+//! notifications send every write to every gateway and blocking commands hold a connection per
+//! gateway and model. A message lost while the
 //! subscription reconnects costs a waiter at most its safety timer ([`super::ORDER_RETRY_MS`]).
 //!
 //! On a Redis Cluster a `PUBLISH` (not the sharded `SPUBLISH`) reaches the subscribers of every
