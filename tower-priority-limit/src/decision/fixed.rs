@@ -115,10 +115,70 @@ impl Window for FixedWindow {
         }
     }
 
+    fn seed(&mut self, usage: Usage, resets_in: Millis, now: Millis, window: Millis) {
+        if !self.is_current(now, window) {
+            let opened = FixedWindow {
+                window_start: Some(
+                    now.saturating_add(resets_in.min(window))
+                        .saturating_sub(window),
+                ),
+                requests: 0,
+                tokens: 0,
+            };
+            if !opened.is_current(now, window) {
+                return; // the shared window is over
+            }
+            *self = opened;
+        }
+        self.requests = self.requests.max(usage.requests);
+        self.tokens = self.tokens.max(usage.tokens);
+    }
+
     fn cancel(&mut self, reserved: u64, admitted_in: Millis, now: Millis, window: Millis) {
         if self.holds(admitted_in, now, window) {
             self.requests = self.requests.saturating_sub(1);
             self.tokens = self.tokens.saturating_sub(reserved);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const W: Millis = 60_000;
+
+    /// A seed opens the window so it ends when the shared one does, and raises its counts to the
+    /// shared usage without lowering them.
+    #[test]
+    fn a_seed_ends_with_the_shared_window_and_never_lowers() {
+        let mut w = FixedWindow::default();
+        let shared = Usage {
+            requests: 10,
+            tokens: 300,
+        };
+        // The shared window frees everything in 20 s: it started 40 s ago.
+        w.seed(shared, 20_000, 100_000, W);
+        assert_eq!(w.window_start, Some(60_000));
+        assert_eq!(w.usage(100_000, W), shared);
+        w.admit(7, 100_000, W);
+        w.seed(shared, 20_000, 100_000, W);
+        assert_eq!(
+            w.usage(100_000, W),
+            Usage {
+                requests: 11,
+                tokens: 307
+            },
+            "never lowered"
+        );
+        assert_eq!(
+            w.usage(120_000, W),
+            Usage::default(),
+            "over with the shared one"
+        );
+        // A shared window already over leaves the counters alone.
+        let mut fresh = FixedWindow::default();
+        fresh.seed(shared, 0, 100_000, W);
+        assert_eq!(fresh, FixedWindow::default());
     }
 }

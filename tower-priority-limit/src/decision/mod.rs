@@ -84,6 +84,13 @@ pub trait Window: Clone + Default + Send + 'static {
     /// still counts at `now` (the request was not served). Never opens a window.
     fn cancel(&mut self, reserved: u64, admitted_in: Millis, now: Millis, window: Millis);
 
+    /// Raises what counts at `now` to at least `usage`, as a shared store last said its window
+    /// held (all of it freed `resets_in` from now): so a fallback starts from the fleet's usage,
+    /// not from zero. Never lowers a count. A fixed window that is not open opens so that it
+    /// ends when the shared one does; a sliding window counts the difference in its newest
+    /// slot (held a whole window: more than the shared one holds it, never less).
+    fn seed(&mut self, usage: Usage, resets_in: Millis, now: Millis, window: Millis);
+
     /// Periods per window for the floors rule ([`FloorPeriod`]): 1 for a fixed window, its
     /// slots for a sliding one.
     const PERIODS: u64;

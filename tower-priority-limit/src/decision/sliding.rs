@@ -205,6 +205,20 @@ impl Window for SlidingWindow {
         }
     }
 
+    fn seed(&mut self, usage: Usage, _resets_in: Millis, now: Millis, window: Millis) {
+        let slot = self.advance(now, window);
+        let more = Usage {
+            requests: usage.requests.saturating_sub(self.total.requests),
+            tokens: usage.tokens.saturating_sub(self.total.tokens),
+        };
+        let place = &mut self.slots[place_of(slot)];
+        let old = *place;
+        place.requests = place.requests.saturating_add(more.requests);
+        place.tokens = place.tokens.saturating_add(more.tokens);
+        let new = *place;
+        self.retotal(old, new);
+    }
+
     fn cancel(&mut self, reserved: u64, admitted_in: Millis, now: Millis, window: Millis) {
         if let Some(place) = self.held(admitted_in, now, window) {
             let old = *place;
@@ -223,6 +237,29 @@ mod tests {
 
     const W: Millis = 60_000;
     const SLOT: Millis = 2_000;
+
+    /// A seed raises the count to the shared window's, never lowers it, and is held a window.
+    #[test]
+    fn a_seed_raises_to_at_least_the_shared_usage_and_is_held_a_window() {
+        let mut w = SlidingWindow::default();
+        w.admit(5, 1_000, W);
+        let shared = Usage {
+            requests: 10,
+            tokens: 3,
+        };
+        w.seed(shared, 30_000, 4_000, W);
+        assert_eq!(
+            w.usage(4_000, W),
+            Usage {
+                requests: 10,
+                tokens: 5
+            }
+        );
+        w.seed(Usage::default(), 30_000, 4_000, W);
+        assert_eq!(w.usage(4_000, W).requests, 10, "never lowered");
+        assert_eq!(w.usage(4_000 + W, W).requests, 9, "the seed held a window");
+        assert_eq!(w.usage(4_000 + W + SLOT, W).requests, 0);
+    }
 
     /// The reference: every event kept with its slot, summed over the slots that count.
     fn reference(events: &[(u64, Usage)], now: Millis) -> Usage {

@@ -620,6 +620,42 @@ impl MemoryStore {
         }
     }
 
+    /// Raises `model`'s counters to at least `model_usage` and each pool's (by index, the
+    /// default pool last) to `pools`' figure, as a shared store last said its window held,
+    /// all of it freed `resets_in` from now ([`Window::seed`]): a fallback for a shared store
+    /// starts from the fleet's usage, not from zero.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(crate) fn seed(
+        &self,
+        model: ModelId,
+        model_usage: Usage,
+        pools: &[Usage],
+        resets_in: Millis,
+    ) {
+        let Some(mut guard) = self.lock(model.index()) else {
+            return;
+        };
+        let now = self.clock.now_ms();
+        let window = self.config.settings().window_ms;
+        fn seed_all<W: Window>(
+            c: &mut ModelCounters<W>,
+            model_usage: Usage,
+            pools: &[Usage],
+            at: [Millis; 3],
+        ) {
+            let [resets_in, now, window] = at;
+            c.model.seed(model_usage, resets_in, now, window);
+            for (pool, usage) in c.pools.iter_mut().zip(pools) {
+                pool.0.seed(*usage, resets_in, now, window);
+            }
+        }
+        let at = [resets_in, now, window];
+        match &mut *guard {
+            Counters::Fixed(c) => seed_all(c, model_usage, pools, at),
+            Counters::Sliding(c) => seed_all(c, model_usage, pools, at),
+        }
+    }
+
     /// The clock windows are measured on.
     pub fn clock(&self) -> &dyn Clock {
         &*self.clock

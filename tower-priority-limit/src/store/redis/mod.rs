@@ -178,8 +178,10 @@ fn caller_model_prefix(model: &str) -> String {
 pub struct RedisStats {
     /// Calls that failed or timed out.
     pub failures: AtomicU64,
-    /// Admissions decided by the local fallback ([`FailureMode::Local`]).
+    /// Admissions decided by the local fallback ([`FailureMode::Local`]), refusals included.
     pub local_admissions: AtomicU64,
+    /// Of those, the requests the local fallback admitted.
+    pub local_admitted: AtomicU64,
     /// Admissions answered with an error because Redis could not be asked (`open`/`closed`).
     pub unavailable_admissions: AtomicU64,
     /// Settlements dropped because the queue was full.
@@ -199,6 +201,9 @@ pub struct RedisStats {
     /// Admissions the local fallback made that were sent to Redis once it answered again, so the
     /// window they were made in counts them (see `docs/behaviour.md`, a failover).
     pub local_repaid: AtomicU64,
+    /// Outages of a model whose local fallback started from this gateway's part of the fleet's
+    /// usage as last seen (the shared window still open), not from zero.
+    pub fallback_seeds: AtomicU64,
     /// Admissions where the script's verdict and [`decide`] disagreed (a bug if ever non-zero).
     pub verdict_mismatches: AtomicU64,
 }
@@ -582,6 +587,12 @@ struct Inner {
     /// Per model: the local fallback's admissions Redis has not been told of yet.
     owed: Box<[Owed]>,
     stats: RedisStats,
+    /// Per model: the model's usage as the last reply said, and when its window frees it, so
+    /// the local fallback can start from it ([`Inner::seed_fallback`]).
+    model_seen: Box<[SeenWindow]>,
+    /// Per model: whether the local fallback was started from the fleet's usage in this outage
+    /// (cleared when Redis answers again).
+    seeded: Box<[AtomicBool]>,
     /// Per model, per pool: the pool's usage as the last admission's reply said, and when (local
     /// ms). What the queue orders priorities by (`Store::pool_usage`): Redis holds the truth, this
     /// is its last word, good for the window it was said in.
@@ -684,6 +695,16 @@ impl Inner {
                 .models()
                 .iter()
                 .map(|m| (0..m.pool_count()).map(|_| SeenUsage::default()).collect())
+                .collect(),
+            model_seen: config
+                .models()
+                .iter()
+                .map(|_| SeenWindow::default())
+                .collect(),
+            seeded: config
+                .models()
+                .iter()
+                .map(|_| AtomicBool::new(false))
                 .collect(),
             settled_hook: std::sync::RwLock::new(None),
             flow_keys,
@@ -795,9 +816,48 @@ struct SeenUsage {
     at_ms: AtomicU64,
 }
 
+/// A model's usage in the shared window as last seen in a reply, and when that window frees it
+/// all (`started.elapsed()` ms; 0: never seen). Relaxed atomics: a reader may mix two replies'
+/// figures, which only moves a fallback's starting point by a request.
+#[derive(Debug, Default)]
+struct SeenWindow {
+    requests: AtomicU64,
+    tokens: AtomicU64,
+    resets_at_ms: AtomicU64,
+}
+
 impl Inner {
-    /// Remembers an admitted request's pool usage.
+    /// Remembers what a reply said of the model's window (an admission's usage, or a refusal by
+    /// the model's own limit: full) and an admitted request's pool usage.
     fn see(&self, request: &AdmitRequest, decision: &Decision) {
+        if let Some(seen) = self.model_seen.get(request.model.index()) {
+            let limits = self.config.model(request.model);
+            let now = self.elapsed_ms();
+            let model = match decision {
+                Decision::Admit(a) => Some((a.model, a.model_resets_in)),
+                Decision::Refuse(r) if r.scope == crate::decision::Scope::Model => {
+                    let full = |limit: Option<u64>| limit.unwrap_or(0);
+                    let used = match r.dimension {
+                        crate::decision::Dimension::Requests => Usage {
+                            requests: full(limits.rpm),
+                            tokens: 0,
+                        },
+                        _ => Usage {
+                            requests: 0,
+                            tokens: full(limits.tpm),
+                        },
+                    };
+                    Some((used, r.retry_after_ms))
+                }
+                Decision::Refuse(_) => None,
+            };
+            if let Some((usage, resets_in)) = model {
+                seen.requests.store(usage.requests, Ordering::Relaxed);
+                seen.tokens.store(usage.tokens, Ordering::Relaxed);
+                seen.resets_at_ms
+                    .store(now.saturating_add(resets_in).max(1), Ordering::Relaxed);
+            }
+        }
         let (Decision::Admit(admitted), Some(pools)) =
             (decision, self.pool_seen.get(request.model.index()))
         else {
@@ -899,7 +959,57 @@ impl Inner {
         }
     }
 
+    /// Once per outage of `model`: its local fallback's counters start from this gateway's part
+    /// (`1 / expected_nodes`, rounded up) of the fleet's usage as last seen, until the shared
+    /// window that held it ends, so the fleet's local admissions together fit in what the window
+    /// had left instead of a fresh window each.
+    fn seed_fallback(&self, model: ModelId) {
+        let (Some(seen), Some(seeded)) = (
+            self.model_seen.get(model.index()),
+            self.seeded.get(model.index()),
+        ) else {
+            return;
+        };
+        if seeded.load(Ordering::Relaxed) || seeded.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let resets_in = seen
+            .resets_at_ms
+            .load(Ordering::Relaxed)
+            .saturating_sub(self.elapsed_ms());
+        if resets_in == 0 {
+            return; // never seen, or that window is over: the fallback starts afresh
+        }
+        let nodes = self.config.settings().shared.expected_nodes.max(1) as u64;
+        let part = |usage: Usage| Usage {
+            requests: usage.requests.div_ceil(nodes),
+            tokens: usage.tokens.div_ceil(nodes),
+        };
+        let model_usage = part(Usage {
+            requests: seen.requests.load(Ordering::Relaxed),
+            tokens: seen.tokens.load(Ordering::Relaxed),
+        });
+        let limits = self.config.model(model);
+        let pools: Vec<Usage> = (0..limits.pool_count())
+            .map(|i| {
+                let pool = if i + 1 == limits.pool_count() {
+                    PoolRef::Default
+                } else {
+                    PoolRef::Named(i as u16)
+                };
+                part(self.seen(model, pool).unwrap_or_default())
+            })
+            .collect();
+        self.local.seed(model, model_usage, &pools, resets_in);
+        self.stats.fallback_seeds.fetch_add(1, Ordering::Relaxed);
+    }
+
     fn mark_up(&self, model: ModelId) {
+        if let Some(seeded) = self.seeded.get(model.index()) {
+            if seeded.load(Ordering::Relaxed) {
+                seeded.store(false, Ordering::Relaxed);
+            }
+        }
         let Some(health) = self.health_of(model) else {
             return;
         };
@@ -941,6 +1051,16 @@ impl Inner {
         }
         if !self.should_try(request.model) {
             return self.fallback(request);
+        }
+        // A probe while the fallback is in use: Redis is told what the fallback admitted before
+        // it decides anything more, so no admission of the fleet's takes the room they used.
+        if self.is_down(request.model) {
+            if let Some(counts) = self.take_owed(request.model) {
+                if let Err(e) = self.send_owed(request.model, counts).await {
+                    self.mark_down(request.model, &e);
+                    return self.fallback(request);
+                }
+            }
         }
         // Never 0: a caller's slot id of 0 says "admitted on the local fallback".
         let slot_id = match request.callers {
@@ -1109,16 +1229,28 @@ impl Inner {
 
     /// Tells Redis about the admissions the local fallback made for `model` while Redis could not
     /// answer for it (once it answers again), so the window they were made in does not admit them
-    /// a second time: each is sent as an admission of its pool that reserves nothing, until one
-    /// is refused (the window is full). Admissions older than a window are dropped: their window
-    /// is over. In the background; the admission that found Redis back does not wait.
+    /// a second time ([`Self::send_owed`]). In the background: for admissions made by the
+    /// fallback while the probe that found Redis back was on its way (the probe itself sends
+    /// what was owed before it, [`Self::admit`]).
     fn repay(self: &Arc<Self>, model: ModelId) {
-        let Some(owed) = self.owed.get(model.index()) else {
+        let Some(counts) = self.take_owed(model) else {
             return;
         };
+        let this = Arc::clone(self);
+        tokio::spawn(async move {
+            // Failing again: owed again, sent by the next probe.
+            let _ = this.send_owed(model, counts).await;
+        });
+    }
+
+    /// What the fallback admitted for `model`, per pool, since Redis was last told, taken;
+    /// `None` when nothing, or when the first of them is older than a window (their window is
+    /// over).
+    fn take_owed(&self, model: ModelId) -> Option<Vec<u64>> {
+        let owed = self.owed.get(model.index())?;
         // Read first: on the hot path the line stays shared.
         if owed.total.load(Ordering::Relaxed) == 0 || owed.total.swap(0, Ordering::AcqRel) == 0 {
-            return;
+            return None;
         }
         let since = owed.since_ms.swap(0, Ordering::AcqRel);
         let counts: Vec<u64> = owed
@@ -1127,36 +1259,46 @@ impl Inner {
             .map(|n| n.swap(0, Ordering::AcqRel))
             .collect();
         let window = self.config.settings().window_ms;
-        if since == 0 || self.elapsed_ms().saturating_sub(since) > window {
-            return;
-        }
-        let this = Arc::clone(self);
-        tokio::spawn(async move {
-            let pools = this.config.model(model).pool_count();
-            for (i, n) in counts.into_iter().enumerate() {
-                let pool = match pools {
-                    0 => PoolRef::Default,
-                    _ if i + 1 == pools => PoolRef::Default,
-                    _ => PoolRef::Named(i as u16),
-                };
-                let request = AdmitRequest {
-                    model,
-                    pool,
-                    reserve: 0,
-                    callers: None,
-                    flow: None,
-                };
-                for _ in 0..n {
-                    match this.run_script(&request, 0).await {
-                        (_, Ok(reply)) if reply.get(7) == Some(&0) => {
-                            this.stats.local_repaid.fetch_add(1, Ordering::Relaxed);
-                        }
-                        // Refused (full), expired, or Redis failing again: the rest is dropped.
-                        _ => break,
+        (since != 0 && self.elapsed_ms().saturating_sub(since) <= window).then_some(counts)
+    }
+
+    /// Sends `counts` (per pool) of the fallback's admissions to Redis, each as an admission of
+    /// its pool that reserves nothing, until one is refused (the window is full: the rest is
+    /// dropped). An error when Redis did not answer: what was not sent is owed again.
+    async fn send_owed(&self, model: ModelId, counts: Vec<u64>) -> Result<(), StoreError> {
+        let pools = self.config.model(model).pool_count();
+        for (i, n) in counts.into_iter().enumerate() {
+            let pool = match pools {
+                0 => PoolRef::Default,
+                _ if i + 1 == pools => PoolRef::Default,
+                _ => PoolRef::Named(i as u16),
+            };
+            let request = AdmitRequest {
+                model,
+                pool,
+                reserve: 0,
+                callers: None,
+                flow: None,
+            };
+            for sent in 0..n {
+                match self.run_script(&request, 0).await {
+                    (_, Ok(reply)) if reply.get(7) == Some(&0) => {
+                        self.stats.local_repaid.fetch_add(1, Ordering::Relaxed);
                     }
+                    (_, Err(e)) => {
+                        if let Some(owed) = self.owed.get(model.index()) {
+                            for _ in sent..n {
+                                owed.add(pool, self.elapsed_ms().max(1));
+                            }
+                        }
+                        return Err(e);
+                    }
+                    // Refused (full) or expired: the rest is dropped.
+                    _ => break,
                 }
             }
-        });
+        }
+        Ok(())
     }
 
     /// Hands a wake-up for `model` to the queue (the settled hook: capacity or the order may have
@@ -1454,6 +1596,7 @@ impl Inner {
     fn fallback(&self, request: AdmitRequest) -> Result<Decision, StoreError> {
         match self.failure_mode {
             FailureMode::Local => {
+                self.seed_fallback(request.model);
                 self.stats.local_admissions.fetch_add(1, Ordering::Relaxed);
                 if let Some(n) = self.local_by_model.get(request.model.index()) {
                     n.fetch_add(1, Ordering::Relaxed);
@@ -1476,6 +1619,7 @@ impl Inner {
                 if let (Ok(Decision::Admit(_)), Some(owed)) =
                     (&decision, self.owed.get(request.model.index()))
                 {
+                    self.stats.local_admitted.fetch_add(1, Ordering::Relaxed);
                     owed.add(request.pool, self.elapsed_ms().max(1));
                 }
                 decision
