@@ -6,13 +6,17 @@
 //! (default 5); `BENCH_ROWS=callers` skips the queue's rows (the rows with and without key and
 //! team limits, issue 31, stay); `BENCH_ROWS=order` runs only the queue's fixed-window row twice,
 //! as today's script runs it and with the fleet's order of flows (admit.lua's flow section, eight
-//! flows, nobody waiting: the state every admission reads and writes), for their ratio. A criterion harness measures one operation at a time, so this
-//! bench drives the concurrency itself and reports percentiles from every admission's own latency.
+//! flows, nobody waiting: the state every admission reads and writes), for their ratio;
+//! `BENCH_ROWS=cluster` runs only one server against a Redis Cluster of three masters (issue 36:
+//! admissions per second, twelve models spread over the slots, and each server's CPU seconds, so
+//! a run on a machine with too few cores to feed three masters says so). A criterion harness
+//! measures one operation at a time, so this bench drives the concurrency itself and reports
+//! percentiles from every admission's own latency.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use integration_tests::redis::RedisServer;
+use integration_tests::redis::{RedisCluster, RedisServer};
 use tower_priority_limit::config::{
     LimiterConfig, ModelId, PoolRef, Reservation, TokenAccounting, WindowKind,
 };
@@ -165,7 +169,157 @@ async fn settlements(limiter: Arc<Limiter<RedisStore>>, n: usize) {
     );
 }
 
+/// Twelve models (each with its own hash slot on a cluster), no limits reached, fixed window.
+fn spread_config() -> LimiterConfig {
+    let mut b = LimiterConfig::builder()
+        .store_timeout(Duration::from_secs(5))
+        .saturation_threshold(1.0);
+    for i in 0..12 {
+        b = b.model(ModelLimits::new(format!("spread-{i}")).rpm(u64::MAX / 4));
+    }
+    b.build().unwrap()
+}
+
+/// Admissions per second with `in_flight` at once for `secs`, each task on its own model in turn.
+async fn spread_admissions(store: Arc<RedisStore>, in_flight: usize, secs: u64) -> f64 {
+    let models: Vec<ModelId> = (0..store.config().models().len())
+        .map(|i| store.config().model_id(&format!("spread-{i}")).unwrap())
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    let started = Instant::now();
+    let tasks: Vec<_> = (0..in_flight)
+        .map(|i| {
+            let (store, models) = (Arc::clone(&store), models.clone());
+            tokio::spawn(async move {
+                let mut n = 0u64;
+                while Instant::now() < deadline {
+                    let request = tower_priority_limit::store::AdmitRequest {
+                        model: models[(i + n as usize) % models.len()],
+                        pool: PoolRef::Default,
+                        reserve: 0,
+                        callers: None,
+                        flow: None,
+                    };
+                    match store.admit(request).await {
+                        Ok(Decision::Admit(_)) => n += 1,
+                        other => panic!("expected an admission, got {other:?}"),
+                    }
+                }
+                n
+            })
+        })
+        .collect();
+    let mut total = 0;
+    for t in tasks {
+        total += t.await.unwrap();
+    }
+    assert_eq!(
+        store
+            .stats()
+            .failures
+            .load(std::sync::atomic::Ordering::Relaxed),
+        0
+    );
+    total as f64 / started.elapsed().as_secs_f64()
+}
+
+/// A server's CPU seconds so far (`INFO cpu`: user + system, the main thread's and its others').
+fn cpu_seconds(server: &RedisServer) -> f64 {
+    server
+        .cli(&["info", "cpu"])
+        .lines()
+        .filter(|l| l.starts_with("used_cpu_sys:") || l.starts_with("used_cpu_user:"))
+        .filter_map(|l| l.split(':').nth(1)?.trim().parse::<f64>().ok())
+        .sum()
+}
+
+/// This process's CPU seconds so far (`/proc/self/stat`'s user + system ticks, at 100 a second;
+/// 0 where there is no procfs).
+fn own_cpu_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // After the command's closing parenthesis: fields 14 and 15 of the line are 12 and 13 here.
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|f| f.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    (ticks(11) + ticks(12)) / 100.0
+}
+
+/// One server against a 3-master cluster, alternating, twice (issue 36).
+async fn cluster_rows(secs: u64) {
+    let Some(single) = RedisServer::start("redis_admission bench, one server") else {
+        return;
+    };
+    let Some(cluster) = RedisCluster::start("redis_admission bench, cluster", 3) else {
+        return;
+    };
+    let config = spread_config();
+    let one = Arc::new(
+        RedisStore::builder(RedisTarget::Single(single.url()))
+            .key_prefix("spread:")
+            .connect(&config)
+            .await
+            .expect("redis store"),
+    );
+    let three = Arc::new(
+        RedisStore::builder(RedisTarget::Cluster(cluster.urls()))
+            .key_prefix("spread:")
+            .connect(&config)
+            .await
+            .expect("redis cluster store"),
+    );
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    println!("twelve models spread over the slots, {secs} s a row, {cores} cores on this machine");
+    for round in 1..=2 {
+        for in_flight in [64, 192] {
+            let before = (cpu_seconds(&single), own_cpu_seconds());
+            let rate_one = spread_admissions(Arc::clone(&one), in_flight, secs).await;
+            let busy_one = (cpu_seconds(&single) - before.0) / secs as f64;
+            let client_one = (own_cpu_seconds() - before.1) / secs as f64;
+            let before: Vec<f64> = cluster.nodes().iter().map(cpu_seconds).collect();
+            let client_before = own_cpu_seconds();
+            let rate_three = spread_admissions(Arc::clone(&three), in_flight, secs).await;
+            let client_three = (own_cpu_seconds() - client_before) / secs as f64;
+            let busy: Vec<String> = cluster
+                .nodes()
+                .iter()
+                .zip(before)
+                .map(|(n, b)| format!("{:.2}", (cpu_seconds(n) - b) / secs as f64))
+                .collect();
+            println!(
+                "| round {round} | {in_flight:>3} in flight | one server {rate_one:>8.0} adm/s \
+                 (its CPU {busy_one:.2}, the client's {client_one:.2}) | 3 masters \
+                 {rate_three:>8.0} adm/s (their CPU {}, the client's {client_three:.2}) | \
+                 ratio {:.2} |",
+                busy.join(" + "),
+                rate_three / rate_one
+            );
+        }
+    }
+}
+
 fn main() {
+    if std::env::var("BENCH_ROWS").is_ok_and(|r| r == "cluster") {
+        let secs: u64 = std::env::var("BENCH_SECS")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(5);
+        let threads: usize = std::env::var("BENCH_THREADS")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(1);
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(threads)
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(cluster_rows(secs));
+        return;
+    }
     let Some(redis) = RedisServer::start("redis_admission bench") else {
         return;
     };
