@@ -393,8 +393,14 @@ const UNSUPPORTED_REFUSAL: &str = "the config sets what this gateway does not do
 fn check_error(yaml: &str, path: &str, message: &str, display: &str) -> TestCaseResult {
     prop_assert!(!message.is_empty(), "empty message at {:?}", path);
     prop_assert!(display.ends_with(message) && display.starts_with(path));
+    // A mapping that repeats a key is invalid too (the JSON tree would keep the last).
+    let repeats_a_key = serde_yaml_ng::from_str::<serde_yaml_ng::Value>(yaml).is_err();
     match serde_yaml_ng::from_str::<Value>(yaml) {
         Err(_) => {
+            prop_assert_eq!(path, "", "{}", message);
+            prop_assert!(message.starts_with("invalid YAML"), "{}", message);
+        }
+        Ok(_) if repeats_a_key => {
             prop_assert_eq!(path, "", "{}", message);
             prop_assert!(message.starts_with("invalid YAML"), "{}", message);
         }

@@ -397,8 +397,7 @@ impl GatewayConfig {
         env: impl Fn(&str) -> Option<String>,
         ignore: &[String],
     ) -> Result<Self, ConfigError> {
-        let doc: Value = serde_yaml_ng::from_str(yaml)
-            .map_err(|e| ConfigError::new("", format!("invalid YAML: {e}")))?;
+        let doc = tower_priority_limit::config::yaml_document(yaml)?;
         let limiter = LimiterConfig::from_value(&doc)?;
         let root = Node::root(&doc);
 

@@ -248,6 +248,21 @@ impl ModelLimits {
 }
 
 /// Position of `pool` in a model's pool list of length `len` (the default pool is last).
+/// A config file's text as a document, or why not: invalid YAML, or a mapping that repeats a key
+/// (the tree would keep only the last, and the first's settings would be dropped without a word;
+/// the error names the key).
+pub fn yaml_document(yaml: &str) -> Result<Value, ConfigError> {
+    // serde_yaml_ng's own tree refuses a repeated key; the JSON tree would keep the last.
+    if let Err(e) = serde_yaml_ng::from_str::<serde_yaml_ng::Value>(yaml) {
+        let hint = match e.to_string().contains("duplicate entry") {
+            true => " (a mapping gives each key once: merge the two into one)",
+            false => "",
+        };
+        return Err(ConfigError::new("", format!("invalid YAML: {e}{hint}")));
+    }
+    serde_yaml_ng::from_str(yaml).map_err(|e| ConfigError::new("", format!("invalid YAML: {e}")))
+}
+
 pub(crate) fn pool_index(pool: PoolRef, len: usize) -> usize {
     match pool {
         PoolRef::Named(i) => i as usize,
@@ -432,9 +447,7 @@ impl LimiterConfig {
     /// );
     /// ```
     pub fn from_yaml_str(yaml: &str) -> Result<Self, ConfigError> {
-        let value: Value = serde_yaml_ng::from_str(yaml)
-            .map_err(|e| ConfigError::new("", format!("invalid YAML: {e}")))?;
-        Self::from_value(&value)
+        Self::from_value(&yaml_document(yaml)?)
     }
 
     /// Validates a config already parsed into a JSON-like tree.
@@ -506,6 +519,27 @@ mod tests {
 
     fn load(yaml: &str) -> Result<LimiterConfig, ConfigError> {
         LimiterConfig::from_yaml_str(yaml)
+    }
+
+    /// A key given twice in one mapping is an error naming it, at the top and deeper:
+    /// the tree would otherwise keep the last and drop the first's settings without a word.
+    #[test]
+    fn a_repeated_key_is_refused_by_name() {
+        for yaml in [
+            "model_list: []\ngeneral_settings: {a: 1}\ngeneral_settings: {b: 2}\n",
+            "model_list:\n  - model_name: m\n    litellm_params: {rpm: 1, rpm: 2}\n",
+        ] {
+            let err = load(yaml).unwrap_err().to_string();
+            assert!(err.contains("duplicate"), "{err}");
+            let key = if yaml.contains("general") {
+                "general_settings"
+            } else {
+                "rpm"
+            };
+            assert!(err.contains(key), "{err}");
+            assert!(err.contains("merge the two"), "{err}");
+        }
+        assert!(load("model_list: []\ngeneral_settings: {a: 1}\n").is_ok());
     }
 
     const WORKED_EXAMPLE_YAML: &str = r#"
