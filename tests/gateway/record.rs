@@ -6,27 +6,9 @@ use std::time::Duration;
 
 use gateway_example::config::GatewayConfig;
 use gateway_example::record::{Outcome, RecordLine};
-use integration_tests::gateway::{Gw, TempDir, MASTER};
+use integration_tests::gateway::{record_lines, Gw, TempDir, MASTER};
 use mock_upstream::{Latency, MockUpstream, MockUpstreamConfig};
 use serde_json::json;
-
-/// The lines of the record at `path` once there are `n` of them (the writer is a thread of its
-/// own: the file is polled until they are there, for at most 10 s).
-pub async fn record_lines(path: &Path, n: usize) -> Vec<RecordLine> {
-    for _ in 0..1000 {
-        let text = std::fs::read_to_string(path).unwrap_or_default();
-        let lines: Vec<RecordLine> = text
-            .lines()
-            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
-            .collect();
-        if lines.len() >= n {
-            assert_eq!(lines.len(), n, "no more lines than requests");
-            return lines;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    panic!("the record at {} never had {n} lines", path.display());
-}
 
 /// `m` has 8 RPM, prod and the default pool half each (strict: prod gets exactly 4).
 fn config(record: &str) -> String {
@@ -171,6 +153,83 @@ general_settings:
 "#,
         record.display()
     )
+}
+
+/// [`policy`] with the record's lines carrying `gateway: name`.
+fn policy_named(rpm: u64, record: &Path, name: &str) -> String {
+    policy(rpm, record).replace(
+        &format!("record: {{path: {}}}", record.display()),
+        &format!("record: {{path: {}, gateway: {name}}}", record.display()),
+    )
+}
+
+/// Two gateway processes on the embedded store (no Redis: each holds the limits on its own),
+/// each recording under its own `gateway` name, a prod key on each sending 7 a window for 3
+/// windows against prod's 4. Together they served twice what one would (each its 4 a window).
+/// The replay of the two records together runs each gateway's requests through a router of its
+/// own and serves what they served; the same lines without their names (one router sees every
+/// request) serve half of it.
+#[tokio::test]
+async fn two_gateways_records_replay_each_through_a_router_of_its_own() {
+    let dir = TempDir::new();
+    std::fs::create_dir_all(&dir.0).unwrap();
+    let records = [dir.0.join("a.jsonl"), dir.0.join("b.jsonl")];
+    let gateways = [
+        Gw::start(&policy_named(8, &records[0], "a"), None).await,
+        Gw::start(&policy_named(8, &records[1], "b"), None).await,
+    ];
+    let mut keys = Vec::new();
+    for gw in &gateways {
+        keys.push(gw.new_key(json!({"metadata": {"priority": "prod"}})).await);
+    }
+    let mut real_served = 0;
+    for _ in 0..WINDOWS {
+        for (gw, key) in gateways.iter().zip(&keys) {
+            for _ in 0..PROD_PER_WINDOW {
+                real_served += u64::from(gw.chat(key, "m", false).await.status == 200);
+            }
+            gw.clock.advance(Duration::from_secs(120));
+        }
+    }
+    assert_eq!(
+        real_served,
+        2 * WINDOWS * 4,
+        "each gateway its own 4 a window"
+    );
+    let n = (WINDOWS * PROD_PER_WINDOW) as usize;
+    let mut trace = record_lines(&records[0], n).await;
+    trace.extend(record_lines(&records[1], n).await);
+    trace.sort_by_key(|l| l.time_ms);
+    let config = GatewayConfig::from_yaml_str(&policy(8, &records[0])).unwrap();
+    let served = |replayed: &sim::replay::Replayed| -> u64 {
+        replayed
+            .report
+            .iter()
+            .filter(|(k, _)| k.priority == "prod")
+            .map(|(_, r)| r.served)
+            .sum()
+    };
+    let by_gateway = replayed(&trace, &config, &sim::replay::Callers::default());
+    assert_eq!(by_gateway.gateways, ["a", "b"]);
+    assert_eq!(
+        served(&by_gateway),
+        real_served,
+        "as the two gateways served"
+    );
+    let unnamed: Vec<RecordLine> = trace
+        .iter()
+        .cloned()
+        .map(|mut l| {
+            l.gateway = None;
+            l
+        })
+        .collect();
+    let one_router = replayed(&unnamed, &config, &sim::replay::Callers::default());
+    assert_eq!(
+        served(&one_router),
+        real_served / 2,
+        "one router holds one share"
+    );
 }
 
 /// Requests per window of each caller in [`a_recorded_run_replays_as_it_ran_and_as_a_candidate_would`].

@@ -210,3 +210,70 @@ async fn reserve_holds_tpm_under_concurrent_streams_on_redis() {
         "{served} served, {remaining} remaining: the next request reserved {reserved}"
     );
 }
+
+/// Two gateway processes on one Redis (the counters shared), each recording under its own
+/// `gateway` name; one prod key sends 5 requests through each in one window against prod's 4
+/// (strict half of `rpm: 8`): the fleet served 4. The replay of the two records together, under
+/// the same config (with Redis in it), runs the two gateways' requests over shared counters and
+/// serves what the fleet served, not 4 on each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fleets_records_replay_over_shared_counters() {
+    let Some(redis) = RedisServer::start("a_fleets_records_replay_over_shared_counters") else {
+        return;
+    };
+    let dir = TempDir::new();
+    std::fs::create_dir_all(&dir.0).unwrap();
+    let records = [dir.0.join("a.jsonl"), dir.0.join("b.jsonl")];
+    let yaml = |record: &std::path::Path, name: &str| {
+        format!(
+            r#"
+model_list:
+  - model_name: m
+    litellm_params: {{model: openai/m, mock_response: "hello there", rpm: 8}}
+litellm_settings:
+  callbacks: ["dynamic_rate_limiter_v3"]
+  priority_reservation: {{"prod": 0.5}}
+  priority_reservation_settings: {{default_priority: 0.5, saturation_threshold: 0, redis_timeout_ms: 2000}}
+router_settings:
+  redis_url: "{}"
+general_settings:
+  master_key: {MASTER}
+  record: {{path: {}, gateway: {name}}}
+"#,
+            redis.url(),
+            record.display()
+        )
+    };
+    let data = [TempDir::new(), TempDir::new()];
+    let a = Gw::connect(&yaml(&records[0], "a"), Some(&data[0].0)).await;
+    let b = Gw::connect(&yaml(&records[1], "b"), Some(&data[1].0)).await;
+    let key = a.new_key(json!({"metadata": {"priority": "prod"}})).await;
+    let mut served = 0;
+    for gw in [&a, &b] {
+        for _ in 0..5 {
+            served += u64::from(gw.chat(&key, "m", false).await.status == 200);
+        }
+    }
+    assert_eq!(served, 4, "the fleet holds prod's 4");
+    let mut trace = integration_tests::gateway::record_lines(&records[0], 5).await;
+    trace.extend(integration_tests::gateway::record_lines(&records[1], 5).await);
+    trace.sort_by_key(|l| l.time_ms);
+    let config =
+        gateway_example::config::GatewayConfig::from_yaml_str(&yaml(&records[0], "a")).unwrap();
+    let replayed = std::thread::scope(|s| {
+        s.spawn(|| sim::replay::replay(&trace, &config, &sim::replay::Callers::default()))
+            .join()
+            .unwrap()
+    });
+    assert_eq!(replayed.gateways, ["a", "b"]);
+    let replay_served: u64 = replayed
+        .report
+        .iter()
+        .filter(|(k, _)| k.priority == "prod")
+        .map(|(_, r)| r.served)
+        .sum();
+    assert_eq!(
+        replay_served, served,
+        "as the fleet served, over shared counters"
+    );
+}

@@ -493,3 +493,21 @@ pub fn stream_then_hold(base: &str, key: &str, model: &str) -> std::net::TcpStre
     }
     s
 }
+
+/// The lines of the record at `path` once there are `n` of them (the writer is a thread of its
+/// own: the file is polled until they are there, for at most 10 s).
+pub async fn record_lines(path: &Path, n: usize) -> Vec<gateway_example::record::RecordLine> {
+    for _ in 0..1000 {
+        let text = std::fs::read_to_string(path).unwrap_or_default();
+        let lines: Vec<gateway_example::record::RecordLine> = text
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+            .collect();
+        if lines.len() >= n {
+            assert_eq!(lines.len(), n, "no more lines than requests");
+            return lines;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    panic!("the record at {} never had {n} lines", path.display());
+}

@@ -32,8 +32,12 @@
 //! candidate's budget refuses in the replay what it would refuse live. The recording's own
 //! rows have no cost (the record holds tokens, not the recording config's prices).
 //!
-//! Not replayed: several gateway processes (one router sees every request), and upstream 429s'
-//! `retry-after` (a failure is a 500). The window starts at the first arrival, where the recording gateway's window may have
+//! Several gateway processes: each line names the process that answered it (`gateway`), and
+//! each process's requests go through a router and queue of its own ([`Fleet`]), sharing their
+//! counters when the config has Redis (a fleet on one Redis), each with its own otherwise. The
+//! fleet-wide order Redis keeps between waiting flows and priorities is not replayed: each
+//! replayed process orders its own waiters. Not replayed: upstream 429s' `retry-after` (a
+//! failure is a 500). The window starts at the first arrival, where the recording gateway's window may have
 //! started elsewhere: a fixed window's edges can differ.
 
 use std::cmp::Reverse;
@@ -298,6 +302,8 @@ pub struct Replayed {
     pub stand_in_costs: u64,
     /// What was served over time, for the plot ([`crate::plot::replay`]).
     pub timeline: Vec<Served>,
+    /// The recording's gateway processes, each replayed through a router of its own.
+    pub gateways: Vec<String>,
 }
 
 /// One answered request, for the plot: when it was answered (ms from the first arrival), the
@@ -450,8 +456,8 @@ fn chat_request(line: &RecordLine, access: ModelAccess) -> ChatRequest {
         pass_on: HeaderMap::new(),
         flow: line.flow,
         access,
-        // The record keeps no `x-priority-limit-max-wait`: the config's `max_wait_seconds`.
-        max_wait: None,
+        // The request's own `x-priority-limit-max-wait`, as recorded; else the config's.
+        max_wait: line.max_wait_ms.map(Duration::from_millis),
     }
 }
 
@@ -472,25 +478,93 @@ struct Answered {
     response: Option<Response>,
 }
 
-/// Replays `trace` against the gateway config `config`, its keys and teams held to `callers`.
+/// The gateway processes of a recording, in order of first appearance (by each line's
+/// `gateway`; lines without one are one gateway), and the place of each line's in that list.
+fn gateways(trace: &[RecordLine]) -> (Vec<usize>, Vec<String>) {
+    let mut names: Vec<Option<&str>> = Vec::new();
+    let of = trace
+        .iter()
+        .map(|l| {
+            let name = l.gateway.as_deref();
+            names.iter().position(|n| *n == name).unwrap_or_else(|| {
+                names.push(name);
+                names.len() - 1
+            })
+        })
+        .collect();
+    let names = names
+        .into_iter()
+        .map(|n| n.unwrap_or("(unnamed)").to_owned())
+        .collect();
+    (of, names)
+}
+
+/// One router and group limiter per replayed gateway process. With Redis in the config the
+/// processes share their counters, as a fleet on one Redis does (the group limiter's, the
+/// deployments', the keys' and teams'), each with its own queue and routing state; without it
+/// each keeps its own, as gateways on the embedded store do.
+struct Fleet {
+    groups: Vec<Arc<Limiter<GatewayStore>>>,
+    routers: Vec<Arc<Router>>,
+}
+
+impl Fleet {
+    fn new(config: &GatewayConfig, gateways: usize, clock: &ManualClock) -> Self {
+        let per_deployment = deployment_limits(&config.deployments, &config.limiter);
+        let first = (
+            MemoryStore::with_clock(&config.limiter, clock.clone()),
+            MemoryStore::with_clock(&per_deployment, clock.clone()),
+        );
+        let shared = config.redis.is_some();
+        let mut fleet = Fleet {
+            groups: Vec::with_capacity(gateways),
+            routers: Vec::with_capacity(gateways),
+        };
+        for g in 0..gateways.max(1) {
+            // The same counters under the same config (`reconfigured` shares them).
+            let share = |store: &MemoryStore, limits| {
+                store
+                    .reconfigured(limits)
+                    .expect("a store shares its counters under its own config")
+            };
+            let (groups, deployments) = match (g, shared) {
+                (0, _) | (_, true) => (
+                    share(&first.0, &config.limiter),
+                    share(&first.1, &per_deployment),
+                ),
+                (_, false) => (
+                    MemoryStore::with_clock(&config.limiter, clock.clone()),
+                    MemoryStore::with_clock(&per_deployment, clock.clone()),
+                ),
+            };
+            fleet
+                .groups
+                .push(Arc::new(Limiter::with_store(GatewayStore::Embedded(
+                    groups,
+                ))));
+            fleet.routers.push(Arc::new(Router::new(
+                &config.deployments,
+                config.router.clone(),
+                Arc::new(Limiter::with_store(GatewayStore::Embedded(deployments))),
+                Arc::new(clock.clone()),
+            )));
+        }
+        fleet
+    }
+}
+
+/// Replays `trace` against the gateway config `config`, its keys and teams held to `callers`:
+/// each recorded gateway process's requests through a router of its own ([`Fleet`]).
 pub fn replay(trace: &[RecordLine], config: &GatewayConfig, callers: &Callers) -> Replayed {
     let costs = costs(trace);
     let start = trace.first().map_or(0, |l| l.time_ms);
     let arrival = |l: &RecordLine| l.time_ms.saturating_sub(start);
     let mut out = Replayed::default();
     let clock = ManualClock::new();
-    let groups = Arc::new(Limiter::with_store(GatewayStore::Embedded(
-        MemoryStore::with_clock(&config.limiter, clock.clone()),
-    )));
-    let per_deployment = deployment_limits(&config.deployments, &config.limiter);
-    let router = Arc::new(Router::new(
-        &config.deployments,
-        config.router.clone(),
-        Arc::new(Limiter::with_store(GatewayStore::Embedded(
-            MemoryStore::with_clock(&per_deployment, clock.clone()),
-        ))),
-        Arc::new(clock.clone()),
-    ));
+    let (gateway_of, gateways) = gateways(trace);
+    let fleet = Fleet::new(config, gateways.len(), &clock);
+    out.gateways = gateways;
+    let groups = Arc::clone(&fleet.groups[0]);
     let deployments: Arc<[Deployment]> = config.deployments.clone().into();
     let enabled = config.limiter_enabled;
     let pools: Vec<String> = trace
@@ -547,9 +621,10 @@ pub fn replay(trace: &[RecordLine], config: &GatewayConfig, callers: &Callers) -
                 let chat = chat_request(line, callers.access(line));
                 let answers = Answers::of(line, &costs[index], index);
                 let priority = line.priority.clone();
+                let gateway = gateway_of[index];
                 let (router, groups, deployments, done, finished) = (
-                    Arc::clone(&router),
-                    Arc::clone(&groups),
+                    Arc::clone(&fleet.routers[gateway]),
+                    Arc::clone(&fleet.groups[gateway]),
                     Arc::clone(&deployments),
                     Arc::clone(&done),
                     Arc::clone(&finished),
@@ -617,7 +692,7 @@ pub fn replay(trace: &[RecordLine], config: &GatewayConfig, callers: &Callers) -
                         // Priced as settlement prices it: the reported output as output, the
                         // rest as prompt (all of it prompt when no output was reported).
                         let answered_by = a.group.as_deref().unwrap_or(&line.model);
-                        if let Some(group) = router.group(answered_by) {
+                        if let Some(group) = fleet.routers[0].group(answered_by) {
                             let output = cost.output.unwrap_or(0).min(cost.tokens);
                             row.cost_nanos = row.cost_nanos.saturating_add(
                                 group.prices.cost(cost.tokens - output, output).nanos(),
@@ -831,6 +906,7 @@ mod tests {
     fn line(time_ms: u64, outcome: Outcome, status: u16, failed_attempts: u32) -> RecordLine {
         RecordLine {
             time_ms,
+            gateway: None,
             model: "m".into(),
             name: None,
             endpoint: "/chat/completions".into(),
@@ -840,6 +916,7 @@ mod tests {
             flow: 1,
             prompt_tokens: 10,
             max_tokens: Some(20),
+            max_wait_ms: None,
             stream: false,
             status,
             outcome,

@@ -305,6 +305,7 @@ fn recorded(
     let (outcome, limits) = Outcome::of(parts.status, &parts.headers);
     let line = RecordLine {
         time_ms: request.arrived_unix_ms,
+        gateway: Some(request.recorder.gateway().to_string()),
         model: chat.model.as_str().to_owned(),
         name: chat.concrete.as_ref().map(|c| c.name.as_str().to_owned()),
         endpoint: chat.endpoint.path().to_owned(),
@@ -314,6 +315,7 @@ fn recorded(
         flow: chat.flow,
         prompt_tokens: chat.prompt_tokens,
         max_tokens: chat.max_output_tokens,
+        max_wait_ms: chat.max_wait.map(|w| w.as_millis() as u64),
         stream: chat.stream,
         status: parts.status.as_u16(),
         outcome,

@@ -14,6 +14,10 @@ use tower_priority_limit::headers::{
 pub struct RecordLine {
     /// Arrival, in Unix milliseconds on the gateway's clock.
     pub time_ms: u64,
+    /// The gateway process that answered (`general_settings.record.gateway`, else drawn at its
+    /// start): a replay runs each gateway's requests through a router of its own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gateway: Option<String>,
     /// The model group asked for (a wildcard route's own name, `openai/*`, for a name it matched).
     pub model: String,
     /// The name asked for, when a wildcard route served it (`openai/gpt-4o` through `openai/*`).
@@ -38,6 +42,10 @@ pub struct RecordLine {
     /// The request's output limit (`max_tokens` or its endpoint's equivalent).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_tokens: Option<u64>,
+    /// How long it asked to wait at most (`x-priority-limit-max-wait`), in milliseconds, when
+    /// it said.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_wait_ms: Option<u64>,
     /// Whether the response was streamed.
     pub stream: bool,
     /// The answer's status.
@@ -225,6 +233,7 @@ mod tests {
     fn a_line_reads_back_as_written_and_holds_no_key() {
         let line = RecordLine {
             time_ms: 1,
+            gateway: Some("a1b2c3d4".into()),
             model: "m".into(),
             name: None,
             endpoint: "/chat/completions".into(),
@@ -234,6 +243,7 @@ mod tests {
             flow: 7,
             prompt_tokens: 12,
             max_tokens: Some(20),
+            max_wait_ms: Some(1_500),
             stream: false,
             status: 200,
             outcome: Outcome::Served,

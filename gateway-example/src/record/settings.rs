@@ -13,8 +13,8 @@ pub const DEFAULT_KEEP: u32 = 3;
 /// The most rotated files `keep` may ask for.
 pub const MAX_KEEP: u32 = 100;
 
-/// `general_settings.record: {path, sample, max_file_mb, keep}` (ours; LiteLLM has no such key):
-/// one JSON line per sampled request to `path`, rotated by size.
+/// `general_settings.record: {path, sample, max_file_mb, keep, gateway}` (ours; LiteLLM has no
+/// such key): one JSON line per sampled request to `path`, rotated by size.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RecordSettings {
     /// `path` (required): the file written; rotated files are `path.1` (the newest) to
@@ -30,10 +30,14 @@ pub struct RecordSettings {
     /// `keep` (default [`DEFAULT_KEEP`], 0 to [`MAX_KEEP`]): the rotated files kept; older ones
     /// are deleted. With 0, a full file is deleted when it rotates.
     pub keep: u32,
+    /// `gateway` (default: drawn at random when the recorder starts): the name every line of
+    /// this process carries, so a replay of several gateways' records runs each process's
+    /// requests through a router of its own.
+    pub gateway: Option<String>,
 }
 
 /// The sub-keys of `general_settings.record`.
-const KEYS: [&str; 4] = ["path", "sample", "max_file_mb", "keep"];
+const KEYS: [&str; 5] = ["path", "sample", "max_file_mb", "keep", "gateway"];
 
 impl RecordSettings {
     /// Reads `node` (`general_settings.record`): a mapping with `path` and the optional keys;
@@ -43,6 +47,7 @@ impl RecordSettings {
         let mut sample = 1.0;
         let mut max_file_bytes = (DEFAULT_MAX_FILE_MB * 1024.0 * 1024.0) as u64;
         let mut keep = DEFAULT_KEEP;
+        let mut gateway = None;
         for (key, value) in node.entries()? {
             match key {
                 "path" => {
@@ -75,6 +80,16 @@ impl RecordSettings {
                     }
                     keep = v as u32;
                 }
+                "gateway" => {
+                    let name = value.string()?;
+                    if name.is_empty() || name.len() > 64 {
+                        return Err(value.error(format!(
+                            "expected a name of 1 to 64 characters, got {} characters",
+                            name.len()
+                        )));
+                    }
+                    gateway = Some(name.to_owned());
+                }
                 other => {
                     return Err(value.error(format!(
                         "unknown key \"{other}\" (general_settings.record takes {})",
@@ -89,6 +104,7 @@ impl RecordSettings {
             sample,
             max_file_bytes,
             keep,
+            gateway,
         })
     }
 }
@@ -128,6 +144,15 @@ mod tests {
         )
         .unwrap();
         assert_eq!((s.sample, s.max_file_bytes, s.keep), (0.25, 512 * 1024, 0));
+        assert_eq!(s.gateway, None, "drawn when the recorder starts");
+        let s = read("general_settings: {record: {path: r.jsonl, gateway: eu-1}}").unwrap();
+        assert_eq!(s.gateway.as_deref(), Some("eu-1"));
+        let long = "g".repeat(65);
+        let err = read(&format!(
+            "general_settings: {{record: {{path: r.jsonl, gateway: {long}}}}}"
+        ))
+        .unwrap_err();
+        assert_eq!(err.path(), "general_settings.record.gateway");
     }
 
     #[test]

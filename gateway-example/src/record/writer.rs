@@ -48,6 +48,8 @@ impl Submitted {
 #[derive(Debug)]
 pub struct Recorder {
     settings: RecordSettings,
+    /// The name on every line ([`RecordSettings::gateway`], else drawn at start).
+    gateway: Arc<str>,
     lines: mpsc::Sender<Submitted>,
     /// Requests seen (for sampling).
     seen: AtomicU64,
@@ -117,13 +119,23 @@ impl Recorder {
                     }
                 }
             })?;
+        let gateway: Arc<str> = match &settings.gateway {
+            Some(name) => Arc::from(name.as_str()),
+            None => Arc::from(format!("{:08x}", rand::random::<u32>())),
+        };
         Ok(Arc::new(Self {
             settings,
+            gateway,
             lines: tx,
             seen: AtomicU64::new(0),
             written,
             dropped,
         }))
+    }
+
+    /// The name this process's lines carry.
+    pub fn gateway(&self) -> &Arc<str> {
+        &self.gateway
     }
 
     /// Whether the next request is to be recorded (`sample`).
@@ -176,6 +188,7 @@ mod tests {
     fn line(n: u64) -> RecordLine {
         RecordLine {
             time_ms: n,
+            gateway: None,
             model: "m".into(),
             name: None,
             endpoint: "/chat/completions".into(),
@@ -185,6 +198,7 @@ mod tests {
             flow: 0,
             prompt_tokens: 1,
             max_tokens: None,
+            max_wait_ms: None,
             stream: false,
             status: 200,
             outcome: Outcome::Served,
@@ -211,6 +225,7 @@ mod tests {
             sample: 1.0,
             max_file_bytes: u64::MAX,
             keep: 0,
+            gateway: None,
         };
         let recorder = Recorder::with_capacity(settings.clone(), 1).unwrap();
         let n = 20_000;
