@@ -98,6 +98,14 @@ fn run_replay(args: ReplayArgs) -> Result<(), String> {
         .map(|(name, config)| (name.clone(), replay::replay(&trace, config, &callers)))
         .collect();
     let recording = replay::recorded(&trace);
+    if let Some((_, run)) = runs.first() {
+        eprintln!(
+            "{} request(s) from {} gateway process(es): {}",
+            trace.len(),
+            run.gateways.len(),
+            run.gateways.join(", ")
+        );
+    }
     if let Some(svg) = &args.svg {
         let span = match (trace.first(), trace.last()) {
             (Some(a), Some(b)) => b.time_ms - a.time_ms + 1,
@@ -129,7 +137,7 @@ fn run_replay(args: ReplayArgs) -> Result<(), String> {
             out.insert(
                 name.clone(),
                 json!({"rows": rows(&run.report), "deployments": run.deployments,
-                       "stand_in_costs": run.stand_in_costs}),
+                       "stand_in_costs": run.stand_in_costs, "gateways": run.gateways}),
             );
         }
         println!(
