@@ -25,7 +25,9 @@
 # PROMPT_BYTES=N makes the user message N bytes of words (default: "hi"), for what a prompt's
 # size costs (the body is read, estimated and edited on its way upstream). PROVIDER_HEADERS=1 has
 # the mock send the other headers OpenAI sends on an answer (14 of them), for what reading a real
-# answer's head costs.
+# answer's head costs. RECORD=1 turns the request record on (`general_settings.record`, every
+# request): what it costs per request, its writer thread included (the count waits for the
+# writer to drain before it is read).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 STREAM=${1:-false}
@@ -44,6 +46,7 @@ else
   params="api_base: \"http://127.0.0.1:$UP_PORT/v1\""
 fi
 full_config "$params" "${CALLBACKS:-[\"dynamic_rate_limiter_v3\"]}" > "$TMP/gateway.yaml"
+[ -n "${RECORD:-}" ] && echo "  record: {path: $TMP/record.jsonl}" >> "$TMP/gateway.yaml"
 if [ "${TARGET:-upstream}" = floor ]; then
   cargo build --release -q -p benches --example proxy_floor
   valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file="$TMP/callgrind.%p" \
@@ -71,6 +74,8 @@ load() {
 load 200 >/dev/null
 callgrind_control -i on "$GW" >/dev/null 2>&1
 load "$N" > "$TMP/oha.txt"
+# The record's writer takes what is waiting every 50 ms: let it drain before counting.
+[ -n "${RECORD:-}" ] && sleep 1
 callgrind_control -d "$GW" >/dev/null 2>&1
 [ -n "${KEEP_PROFILE:-}" ] && cp "$TMP"/callgrind.*.1 "$KEEP_PROFILE"
 grep -q "\[200\] $N responses" "$TMP/oha.txt" || { echo "not every request answered 200:" >&2; cat "$TMP/oha.txt" >&2; exit 1; }
