@@ -165,7 +165,7 @@ impl Callers {
     /// What `line`'s caller may use and is held to, as the gateway's key lookup makes it.
     fn access(&self, line: &RecordLine) -> ModelAccess {
         let key = KeyRecord {
-            token: line.key.clone(),
+            token: line.key.to_string(),
             key_alias: None,
             metadata: serde_json::Map::new(),
             team_id: line.team.clone(),
@@ -174,7 +174,7 @@ impl Callers {
             expires_at: None,
             blocked: false,
             allowed_routes: Vec::new(),
-            limits: self.keys.get(&line.key).cloned().unwrap_or_default(),
+            limits: self.keys.get(&*line.key).cloned().unwrap_or_default(),
         };
         let team = line.team.as_ref().and_then(|team| {
             self.teams.get(team).map(|limits| {

@@ -23,7 +23,7 @@ use crate::chat::ChatRequest;
 use crate::endpoint::Endpoint;
 use crate::error::ApiError;
 use crate::gateway::Gateway;
-use crate::record::{caller_hash, queued_ms, Outcome, RecordBody, RecordLine, Recorder};
+use crate::record::{queued_ms, Outcome, RecordBody, RecordLine, Recorder};
 use crate::routing::{self, FailedAttempts};
 use crate::strip::StripUsage;
 
@@ -253,7 +253,7 @@ where
     let arrival = gw
         .recorder()
         .filter(|r| r.sample())
-        .map(|_| (Instant::now(), gw.unix_ms(), caller_hash(key.unwrap_or(""))));
+        .map(|r| (Instant::now(), gw.unix_ms(), r.caller(key.unwrap_or(""))));
     let (access, priority) = match identify(&gw, key, request.uri().path()).await {
         Ok(found) => found,
         Err(e) => return e.into_response(),
@@ -289,7 +289,7 @@ struct Recorded<'a> {
     recorder: &'a Arc<Recorder>,
     arrived: Instant,
     arrived_unix_ms: u64,
-    caller: String,
+    caller: Arc<str>,
     priority: Option<&'a str>,
 }
 
@@ -305,10 +305,10 @@ fn recorded(
     let (outcome, limits) = Outcome::of(parts.status, &parts.headers);
     let line = RecordLine {
         time_ms: request.arrived_unix_ms,
-        gateway: Some(request.recorder.gateway().to_string()),
+        gateway: Some(Arc::clone(request.recorder.gateway())),
         model: chat.model.as_str().to_owned(),
         name: chat.concrete.as_ref().map(|c| c.name.as_str().to_owned()),
-        endpoint: chat.endpoint.path().to_owned(),
+        endpoint: chat.endpoint.path().into(),
         key: request.caller,
         team: chat.access.team_id().map(str::to_owned),
         priority: request.priority.map(str::to_owned),

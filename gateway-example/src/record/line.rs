@@ -1,6 +1,9 @@
 //! [`RecordLine`]: what one request leaves in the record, and [`Outcome`], read from its answer
 //! (pure).
 
+use std::borrow::Cow;
+use std::sync::Arc;
+
 use http::{HeaderMap, StatusCode};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -17,18 +20,18 @@ pub struct RecordLine {
     /// The gateway process that answered (`general_settings.record.gateway`, else drawn at its
     /// start): a replay runs each gateway's requests through a router of its own.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub gateway: Option<String>,
+    pub gateway: Option<Arc<str>>,
     /// The model group asked for (a wildcard route's own name, `openai/*`, for a name it matched).
     pub model: String,
     /// The name asked for, when a wildcard route served it (`openai/gpt-4o` through `openai/*`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
     /// The endpoint's path (`/chat/completions`, `/embeddings`, …).
-    pub endpoint: String,
+    pub endpoint: Cow<'static, str>,
     /// The caller: the first 16 hex digits of SHA-256 of `record:` and the key (the master key
     /// or an open gateway's callers included), so one caller's requests are told apart and the
     /// key cannot be read back.
-    pub key: String,
+    pub key: Arc<str>,
     /// The caller's team, when its key has one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub team: Option<String>,
@@ -237,7 +240,7 @@ mod tests {
             model: "m".into(),
             name: None,
             endpoint: "/chat/completions".into(),
-            key: caller_hash("sk-secret"),
+            key: caller_hash("sk-secret").into(),
             team: None,
             priority: Some("prod".into()),
             flow: 7,

@@ -10,6 +10,7 @@
 
 mod body;
 mod file;
+mod json;
 mod line;
 mod settings;
 mod writer;
@@ -18,4 +19,4 @@ pub use self::body::RecordBody;
 pub use self::file::RotatingFile;
 pub use self::line::{caller_hash, queued_ms, Outcome, RecordLine};
 pub use self::settings::{sampled, RecordSettings, DEFAULT_KEEP, DEFAULT_MAX_FILE_MB, MAX_KEEP};
-pub use self::writer::{Recorder, CHANNEL_LINES, WRITE_INTERVAL};
+pub use self::writer::{Recorder, CHANNEL_LINES, MAX_CALLERS, WRITE_INTERVAL};

@@ -4,20 +4,24 @@
 //! serialises and writes the lines ([`RotatingFile`]). When the channel is full the line is dropped and counted
 //! (`gateway_record_dropped_total`), so a slow disk costs lines, never requests.
 
+use std::collections::HashMap;
+use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use prometheus_client::metrics::counter::Counter;
 use tokio::sync::mpsc;
 use tower_priority_limit::meter::{Tokens, UsageMeter};
 
 use super::file::RotatingFile;
-use super::line::RecordLine;
+use super::line::{caller_hash, RecordLine};
 use super::settings::{sampled, RecordSettings};
 
 /// Lines waiting for the writer at most: with [`WRITE_INTERVAL`], up to 327,680 lines a second
 /// are written before any is dropped.
 pub const CHANNEL_LINES: usize = 16 * 1024;
+/// Callers whose record name a [`Recorder`] remembers at most.
+pub const MAX_CALLERS: usize = 100_000;
 /// How often the writer takes what is waiting: lines reach the file within this time (and one
 /// write call per interval, whatever the traffic).
 pub const WRITE_INTERVAL: std::time::Duration = std::time::Duration::from_millis(50);
@@ -50,6 +54,11 @@ pub struct Recorder {
     settings: RecordSettings,
     /// The name on every line ([`RecordSettings::gateway`], else drawn at start).
     gateway: Arc<str>,
+    /// Callers' hashes ([`caller_hash`]: a SHA-256 each, the record's largest cost per request)
+    /// by a keyed 64-bit hash of the key, so a caller's is computed once: no key is kept, and a
+    /// collision (about one in 2⁶⁴ per pair) would only name the wrong caller in a line.
+    callers: Mutex<HashMap<u64, Arc<str>>>,
+    hasher: std::collections::hash_map::RandomState,
     lines: mpsc::Sender<Submitted>,
     /// Requests seen (for sampling).
     seen: AtomicU64,
@@ -93,12 +102,9 @@ impl Recorder {
                             Ok(submitted) => {
                                 let line = submitted.into_line();
                                 buf.clear();
-                                let result = serde_json::to_writer(&mut buf, &line)
-                                    .map_err(std::io::Error::from)
-                                    .and_then(|()| {
-                                        buf.push(b'\n');
-                                        file.write_line(&buf)
-                                    });
+                                line.write_json(&mut buf);
+                                buf.push(b'\n');
+                                let result = file.write_line(&buf);
                                 if let Err(e) = result {
                                     d.inc();
                                     report(&e);
@@ -126,6 +132,8 @@ impl Recorder {
         Ok(Arc::new(Self {
             settings,
             gateway,
+            callers: Mutex::new(HashMap::new()),
+            hasher: std::collections::hash_map::RandomState::new(),
             lines: tx,
             seen: AtomicU64::new(0),
             written,
@@ -136,6 +144,22 @@ impl Recorder {
     /// The name this process's lines carry.
     pub fn gateway(&self) -> &Arc<str> {
         &self.gateway
+    }
+
+    /// The record's name for the caller with `key` ([`caller_hash`]), computed once per caller
+    /// (at most [`MAX_CALLERS`] remembered; past that the memory starts afresh).
+    pub fn caller(&self, key: &str) -> Arc<str> {
+        let id = self.hasher.hash_one(key);
+        let mut callers = self.callers.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(hash) = callers.get(&id) {
+            return Arc::clone(hash);
+        }
+        if callers.len() >= MAX_CALLERS {
+            callers.clear();
+        }
+        let hash: Arc<str> = Arc::from(caller_hash(key));
+        callers.insert(id, Arc::clone(&hash));
+        hash
     }
 
     /// Whether the next request is to be recorded (`sample`).
@@ -216,6 +240,29 @@ mod tests {
 
     /// A channel of one line, handed lines faster than a file takes them: every line is written
     /// or counted as dropped, none waits, and the file holds exactly the written ones.
+    #[test]
+    fn a_callers_name_is_computed_once_and_is_its_hash() {
+        let dir = std::env::temp_dir().join(format!("record-callers-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let settings = RecordSettings {
+            path: dir.join("r.jsonl"),
+            sample: 1.0,
+            max_file_bytes: u64::MAX,
+            keep: 0,
+            gateway: None,
+        };
+        let recorder = Recorder::start(settings).unwrap();
+        let first = recorder.caller("sk-one");
+        assert_eq!(&*first, caller_hash("sk-one"));
+        assert!(
+            Arc::ptr_eq(&first, &recorder.caller("sk-one")),
+            "remembered"
+        );
+        assert_eq!(&*recorder.caller("sk-two"), caller_hash("sk-two"));
+        drop(recorder);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
     #[test]
     fn a_full_channel_drops_and_counts_never_waits() {
         let dir = std::env::temp_dir().join(format!("record-writer-{}", std::process::id()));
