@@ -182,37 +182,19 @@ fn spread_config() -> LimiterConfig {
 
 /// Admissions per second with `in_flight` at once for `secs`, each task on its own model in turn.
 async fn spread_admissions(store: Arc<RedisStore>, in_flight: usize, secs: u64) -> f64 {
-    let models: Vec<ModelId> = (0..store.config().models().len())
+    let models: Arc<[ModelId]> = (0..store.config().models().len())
         .map(|i| store.config().model_id(&format!("spread-{i}")).unwrap())
         .collect();
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    let started = Instant::now();
-    let tasks: Vec<_> = (0..in_flight)
-        .map(|i| {
-            let (store, models) = (Arc::clone(&store), models.clone());
-            tokio::spawn(async move {
-                let mut n = 0u64;
-                while Instant::now() < deadline {
-                    let request = tower_priority_limit::store::AdmitRequest {
-                        model: models[(i + n as usize) % models.len()],
-                        pool: PoolRef::Default,
-                        reserve: 0,
-                        callers: None,
-                        flow: None,
-                    };
-                    match store.admit(request).await {
-                        Ok(Decision::Admit(_)) => n += 1,
-                        other => panic!("expected an admission, got {other:?}"),
-                    }
-                }
-                n
-            })
+    let admitting = Arc::clone(&store);
+    let (rate, _) =
+        benches::closed_loop_rate(in_flight, Duration::from_secs(secs), move |task, n| {
+            let (store, model) = (
+                Arc::clone(&admitting),
+                models[(task + n as usize) % models.len()],
+            );
+            async move { benches::admit_one(&*store, model).await }
         })
-        .collect();
-    let mut total = 0;
-    for t in tasks {
-        total += t.await.unwrap();
-    }
+        .await;
     assert_eq!(
         store
             .stats()
@@ -220,7 +202,7 @@ async fn spread_admissions(store: Arc<RedisStore>, in_flight: usize, secs: u64) 
             .load(std::sync::atomic::Ordering::Relaxed),
         0
     );
-    total as f64 / started.elapsed().as_secs_f64()
+    rate
 }
 
 /// A server's CPU seconds so far (`INFO cpu`: user + system, the main thread's and its others').

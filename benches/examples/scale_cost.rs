@@ -226,33 +226,23 @@ fn embedded() {
 }
 
 async fn redis_round(rig: &Arc<Rig<RedisStore>>, in_flight: usize, secs: Duration) -> f64 {
-    let deadline = Instant::now() + secs;
-    let started = Instant::now();
-    let tasks: Vec<_> = (0..in_flight)
-        .map(|_| {
-            let rig = Arc::clone(rig);
-            tokio::spawn(async move {
-                let mut n = 0u64;
-                while Instant::now() < deadline {
-                    let (model, callers) = rig.next();
-                    match rig
-                        .limiter
-                        .admit_as(model, PoolRef::Named(0), 0, callers)
-                        .await
-                    {
-                        Ok(Decision::Admit(_)) => n += 1,
-                        other => panic!("expected an admission, got {other:?}"),
-                    }
-                }
-                n
-            })
-        })
-        .collect();
-    let mut total = 0;
-    for t in tasks {
-        total += t.await.unwrap();
-    }
-    total as f64 / started.elapsed().as_secs_f64()
+    let rig = Arc::clone(rig);
+    let (rate, _) = benches::closed_loop_rate(in_flight, secs, move |_, _| {
+        let rig = Arc::clone(&rig);
+        async move {
+            let (model, callers) = rig.next();
+            match rig
+                .limiter
+                .admit_as(model, PoolRef::Named(0), 0, callers)
+                .await
+            {
+                Ok(Decision::Admit(_)) => {}
+                other => panic!("expected an admission, got {other:?}"),
+            }
+        }
+    })
+    .await;
+    rate
 }
 
 async fn redis(rounds: usize) {

@@ -26,9 +26,8 @@ use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 use integration_tests::redis::RedisServer;
-use tower_priority_limit::config::{LimiterConfig, ModelId, ModelLimits, PoolRef, QueueSettings};
-use tower_priority_limit::decision::Decision;
-use tower_priority_limit::store::{AdmitRequest, RedisStore, RedisTarget, Store};
+use tower_priority_limit::config::{LimiterConfig, ModelId, ModelLimits, QueueSettings};
+use tower_priority_limit::store::{RedisStore, RedisTarget};
 
 const KEY: &str = "wake:{m}";
 
@@ -57,61 +56,50 @@ fn row(name: &str, mut latencies: Vec<Duration>) {
     );
 }
 
+/// Sets `notify-keyspace-events` to `events` ("" turns them off).
+async fn notify_keyspace(con: &mut redis::aio::MultiplexedConnection, events: &str) {
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("notify-keyspace-events")
+        .arg(events)
+        .query_async(con)
+        .await
+        .unwrap();
+}
+
 async fn latencies(client: &redis::Client, wakes: usize) {
     let script = redis::Script::new(SIGNAL);
     let mut con = client.get_multiplexed_async_connection().await.unwrap();
     let pause = Duration::from_millis(1);
 
-    // pub/sub
-    let mut pubsub = client.get_async_pubsub().await.unwrap();
-    pubsub.subscribe(format!("{KEY}:wake")).await.unwrap();
-    let mut messages = pubsub.on_message();
-    let mut lat = Vec::with_capacity(wakes);
-    for _ in 0..wakes {
-        tokio::time::sleep(pause).await;
-        let t = Instant::now();
-        let mut invocation = script.key(KEY);
-        invocation.arg("publish");
-        let sent = invocation.invoke_async::<i64>(&mut con);
-        let (_, _) = tokio::join!(sent, messages.next());
-        lat.push(t.elapsed());
+    // pub/sub: the script publishes; then keyspace notifications: the script only writes.
+    for (name, channel, signal, events) in [
+        ("pub/sub", format!("{KEY}:wake"), "publish", ""),
+        (
+            "keyspace notifications",
+            format!("__keyspace@0__:{KEY}"),
+            "none",
+            "Kh",
+        ),
+    ] {
+        notify_keyspace(&mut con, events).await;
+        let mut pubsub = client.get_async_pubsub().await.unwrap();
+        pubsub.subscribe(channel).await.unwrap();
+        let mut messages = pubsub.on_message();
+        let mut lat = Vec::with_capacity(wakes);
+        for _ in 0..wakes {
+            tokio::time::sleep(pause).await;
+            let t = Instant::now();
+            let mut invocation = script.key(KEY);
+            invocation.arg(signal);
+            let sent = invocation.invoke_async::<i64>(&mut con);
+            let (_, _) = tokio::join!(sent, messages.next());
+            lat.push(t.elapsed());
+        }
+        drop(messages);
+        row(name, lat);
     }
-    drop(messages);
-    row("pub/sub", lat);
-
-    // keyspace notifications
-    let _: () = redis::cmd("CONFIG")
-        .arg("SET")
-        .arg("notify-keyspace-events")
-        .arg("Kh")
-        .query_async(&mut con)
-        .await
-        .unwrap();
-    let mut pubsub = client.get_async_pubsub().await.unwrap();
-    pubsub
-        .subscribe(format!("__keyspace@0__:{KEY}"))
-        .await
-        .unwrap();
-    let mut messages = pubsub.on_message();
-    let mut lat = Vec::with_capacity(wakes);
-    for _ in 0..wakes {
-        tokio::time::sleep(pause).await;
-        let t = Instant::now();
-        let mut invocation = script.key(KEY);
-        invocation.arg("none");
-        let sent = invocation.invoke_async::<i64>(&mut con);
-        let (_, _) = tokio::join!(sent, messages.next());
-        lat.push(t.elapsed());
-    }
-    drop(messages);
-    let _: () = redis::cmd("CONFIG")
-        .arg("SET")
-        .arg("notify-keyspace-events")
-        .arg("")
-        .query_async(&mut con)
-        .await
-        .unwrap();
-    row("keyspace notifications", lat);
+    notify_keyspace(&mut con, "").await;
 
     // blocking: the waiting gateway's own connection holds a BLPOP on its list.
     let mut blocked = client.get_multiplexed_async_connection().await.unwrap();
@@ -151,35 +139,11 @@ async fn latencies(client: &redis::Client, wakes: usize) {
 
 /// Admissions per second with 64 in flight for `secs`, none ever waiting, and how many.
 async fn admissions(store: Arc<RedisStore>, model: ModelId, secs: u64) -> (f64, u64) {
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    let started = Instant::now();
-    let tasks: Vec<_> = (0..64)
-        .map(|_| {
-            let store = Arc::clone(&store);
-            tokio::spawn(async move {
-                let mut n = 0u64;
-                while Instant::now() < deadline {
-                    let request = AdmitRequest {
-                        model,
-                        pool: PoolRef::Default,
-                        reserve: 0,
-                        callers: None,
-                        flow: None,
-                    };
-                    match store.admit(request).await {
-                        Ok(Decision::Admit(_)) => n += 1,
-                        other => panic!("expected an admission, got {other:?}"),
-                    }
-                }
-                n
-            })
-        })
-        .collect();
-    let mut total = 0;
-    for t in tasks {
-        total += t.await.unwrap();
-    }
-    (total as f64 / started.elapsed().as_secs_f64(), total)
+    benches::closed_loop_rate(64, Duration::from_secs(secs), move |_, _| {
+        let store = Arc::clone(&store);
+        async move { benches::admit_one(&*store, model).await }
+    })
+    .await
 }
 
 async fn admission_cost(client: &redis::Client, url: &str, secs: u64) {
@@ -214,13 +178,7 @@ async fn admission_cost(client: &redis::Client, url: &str, secs: u64) {
     }
     for round in 0..2 {
         for kinds in ["", "Kh"] {
-            let _: () = redis::cmd("CONFIG")
-                .arg("SET")
-                .arg("notify-keyspace-events")
-                .arg(kinds)
-                .query_async(&mut con)
-                .await
-                .unwrap();
+            notify_keyspace(&mut con, kinds).await;
             let before = events.load(std::sync::atomic::Ordering::Relaxed);
             let (rate, admitted) = admissions(Arc::clone(&store), model, secs).await;
             let received = events.load(std::sync::atomic::Ordering::Relaxed) - before;
@@ -236,13 +194,7 @@ async fn admission_cost(client: &redis::Client, url: &str, secs: u64) {
             );
         }
     }
-    let _: () = redis::cmd("CONFIG")
-        .arg("SET")
-        .arg("notify-keyspace-events")
-        .arg("")
-        .query_async(&mut con)
-        .await
-        .unwrap();
+    notify_keyspace(&mut con, "").await;
     for l in listeners {
         l.abort();
     }

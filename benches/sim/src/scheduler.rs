@@ -1056,40 +1056,38 @@ pub fn render(r: &Report) -> String {
     }
     out.push_str(&t.render());
     out.push('\n');
-    let mut t = Table::new([
-        "contention (prod 0.75 offers 1.2 × its floor, dev 3 × rpm)",
-        "prod's share of its floor, per full window",
-        "model use per window",
-    ]);
+    // The contention rows, and the same traffic with skewed ingress, in one shape.
     let list = |v: &[f64]| {
         v.iter()
             .map(|x| format!("{:.0} %", x * 100.0))
             .collect::<Vec<_>>()
             .join(", ")
     };
-    for row in &r.contention {
-        t.row(vec![
-            row.policy.clone(),
-            list(&row.prod_of_floor),
-            list(&row.model_use),
+    for (title, rows) in [
+        (
+            "contention (prod 0.75 offers 1.2 × its floor, dev 3 × rpm)",
+            &r.contention,
+        ),
+        (
+            "skewed ingress: the same traffic, prod only through B, dev through A and C",
+            &r.skewed,
+        ),
+    ] {
+        let mut t = Table::new([
+            title,
+            "prod's share of its floor, per full window",
+            "model use per window",
         ]);
+        for row in rows {
+            t.row(vec![
+                row.policy.clone(),
+                list(&row.prod_of_floor),
+                list(&row.model_use),
+            ]);
+        }
+        out.push_str(&t.render());
+        out.push('\n');
     }
-    out.push_str(&t.render());
-    out.push('\n');
-    let mut t = Table::new([
-        "skewed ingress: the same traffic, prod only through B, dev through A and C",
-        "prod's share of its floor, per full window",
-        "model use per window",
-    ]);
-    for row in &r.skewed {
-        t.row(vec![
-            row.policy.clone(),
-            list(&row.prod_of_floor),
-            list(&row.model_use),
-        ]);
-    }
-    out.push_str(&t.render());
-    out.push('\n');
     let mut t = Table::new([
         "reserve: reservations in flight that settle",
         "policy",

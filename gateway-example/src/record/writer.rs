@@ -238,11 +238,9 @@ mod tests {
         }
     }
 
-    /// A channel of one line, handed lines faster than a file takes them: every line is written
-    /// or counted as dropped, none waits, and the file holds exactly the written ones.
-    #[test]
-    fn a_callers_name_is_computed_once_and_is_its_hash() {
-        let dir = std::env::temp_dir().join(format!("record-callers-{}", std::process::id()));
+    /// A fresh directory named for `test`, and settings recording everything into it.
+    fn settings(test: &str) -> (std::path::PathBuf, RecordSettings) {
+        let dir = std::env::temp_dir().join(format!("{test}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         let settings = RecordSettings {
             path: dir.join("r.jsonl"),
@@ -251,6 +249,12 @@ mod tests {
             keep: 0,
             gateway: None,
         };
+        (dir, settings)
+    }
+
+    #[test]
+    fn a_callers_name_is_computed_once_and_is_its_hash() {
+        let (dir, settings) = settings("record-callers");
         let recorder = Recorder::start(settings).unwrap();
         let first = recorder.caller("sk-one");
         assert_eq!(&*first, caller_hash("sk-one"));
@@ -263,17 +267,11 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
     }
 
+    /// A channel of one line, handed lines faster than a file takes them: every line is written
+    /// or counted as dropped, none waits, and the file holds exactly the written ones.
     #[test]
     fn a_full_channel_drops_and_counts_never_waits() {
-        let dir = std::env::temp_dir().join(format!("record-writer-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        let settings = RecordSettings {
-            path: dir.join("r.jsonl"),
-            sample: 1.0,
-            max_file_bytes: u64::MAX,
-            keep: 0,
-            gateway: None,
-        };
+        let (dir, settings) = settings("record-writer");
         let recorder = Recorder::with_capacity(settings.clone(), 1).unwrap();
         let n = 20_000;
         for i in 0..n {

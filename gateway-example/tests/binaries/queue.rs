@@ -269,6 +269,51 @@ fn closed_loop(
         .collect()
 }
 
+/// Once the first window is used up (`limit` served over `served`) and `waiters` wait, rolls the
+/// fleet's windows four times (each a shift in Redis and one wake-up on `channel`), and returns
+/// what each of `served` got at each roll; asserts the shared limit holds at every one.
+async fn served_per_roll(
+    client: &Client<HttpConnector, Full<Bytes>>,
+    addrs: &[String],
+    redis_client: &::redis::Client,
+    channel: &str,
+    served: &[&Arc<AtomicU64>],
+    (limit, waiters): (u64, u64),
+) -> Vec<Vec<u64>> {
+    let now = || {
+        served
+            .iter()
+            .map(|s| s.load(Ordering::SeqCst))
+            .collect::<Vec<_>>()
+    };
+    let total = || now().iter().sum::<u64>();
+    until("the first window used up and everyone waiting", || async {
+        total() == limit && waiting(client, addrs).await == waiters
+    })
+    .await;
+    let mut con = redis_client.get_connection().unwrap();
+    let mut rolls = Vec::new();
+    for roll in 1..=4u64 {
+        let before = now();
+        roll_windows(redis_client, &mut con, channel);
+        until("a roll's admissions", || async {
+            total() == limit * (roll + 1) && waiting(client, addrs).await == waiters
+        })
+        .await;
+        // Any over-admission shows itself before counting.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert_eq!(
+            total(),
+            limit * (roll + 1),
+            "roll {roll}: the shared limit holds"
+        );
+        let got: Vec<u64> = now().iter().zip(&before).map(|(n, b)| n - b).collect();
+        eprintln!("roll {roll}: {got:?}");
+        rolls.push(got);
+    }
+    rolls
+}
+
 /// `rpm: 40`, one priority, the queue on: a light key's 20 clients through A against a heavy
 /// key's 200 (ten times as many) through B and C, all waiting. At each window roll the light key
 /// gets at least 45 % of the 40 and so does the heavy one (the fleet's order between flows), and
@@ -301,11 +346,6 @@ async fn a_light_key_keeps_its_half_against_a_heavier_one_on_other_gateway_proce
     let mut tasks = closed_loop(&client, &addrs[0], &light_key, 20, &light);
     tasks.extend(closed_loop(&client, &addrs[1], &heavy_key, 100, &heavy));
     tasks.extend(closed_loop(&client, &addrs[2], &heavy_key, 100, &heavy));
-    let total = || light.load(Ordering::SeqCst) + heavy.load(Ordering::SeqCst);
-    until("the first window used up and everyone waiting", || async {
-        total() == RPM && waiting(&client, &addrs).await == 220
-    })
-    .await;
     let mut con = redis_client.get_connection().unwrap();
     let channels: Vec<String> = ::redis::cmd("PUBSUB")
         .arg("CHANNELS")
@@ -317,32 +357,22 @@ async fn a_light_key_keeps_its_half_against_a_heavier_one_on_other_gateway_proce
         1,
         "the model's wake-up channel: {channels:?}"
     );
-    let mut shares = Vec::new();
-    for roll in 1..=4u64 {
-        let before = (light.load(Ordering::SeqCst), heavy.load(Ordering::SeqCst));
-        roll_windows(&redis_client, &mut con, &channels[0]);
-        until("a roll's admissions", || async {
-            total() == RPM * (roll + 1) && waiting(&client, &addrs).await == 220
-        })
-        .await;
-        // Any over-admission shows itself before counting.
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        assert_eq!(
-            total(),
-            RPM * (roll + 1),
-            "roll {roll}: the shared limit holds"
-        );
-        let got = light.load(Ordering::SeqCst) - before.0;
-        let heavy_got = heavy.load(Ordering::SeqCst) - before.1;
-        eprintln!("roll {roll}: light {got}, heavy {heavy_got}");
-        shares.push((got, heavy_got));
-    }
+    let shares = served_per_roll(
+        &client,
+        &addrs,
+        &redis_client,
+        &channels[0],
+        &[&light, &heavy],
+        (RPM, 220),
+    )
+    .await;
     for t in &tasks {
         t.abort();
     }
     stop(fleet, &dir);
     // The first roll may still even out the first window (served before anyone waited).
-    for (roll, &(got, heavy_got)) in shares.iter().enumerate().skip(1) {
+    for (roll, got) in shares.iter().enumerate().skip(1) {
+        let (got, heavy_got) = (got[0], got[1]);
         assert!(
             got * 100 >= 45 * RPM && heavy_got * 100 >= 45 * RPM,
             "roll {}: light {got}, heavy {heavy_got} of {RPM}",
@@ -432,34 +462,16 @@ async fn a_floor_holds_across_three_gateway_processes_below_the_threshold_too() 
     let mut tasks = closed_loop(&client, &addrs[1], &prod, 30, &p);
     tasks.extend(closed_loop(&client, &addrs[0], &dev, 60, &d));
     tasks.extend(closed_loop(&client, &addrs[2], &dev, 60, &d));
-    let total = || p.load(Ordering::SeqCst) + d.load(Ordering::SeqCst);
-    until("the first window used up and everyone waiting", || async {
-        total() == RPM && waiting(&client, &addrs).await == 150
-    })
-    .await;
-    let mut con = redis_client.get_connection().unwrap();
     let channel = format!("{PREFIX}{{m}}:wake");
-    let mut shares = Vec::new();
-    for roll in 1..=4u64 {
-        let before = (p.load(Ordering::SeqCst), d.load(Ordering::SeqCst));
-        roll_windows(&redis_client, &mut con, &channel);
-        until("a roll's admissions", || async {
-            total() == RPM * (roll + 1) && waiting(&client, &addrs).await == 150
-        })
-        .await;
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        assert_eq!(
-            total(),
-            RPM * (roll + 1),
-            "roll {roll}: the shared limit holds"
-        );
-        let got = (
-            p.load(Ordering::SeqCst) - before.0,
-            d.load(Ordering::SeqCst) - before.1,
-        );
-        eprintln!("roll {roll}: prod {}, dev {}", got.0, got.1);
-        shares.push(got);
-    }
+    let shares = served_per_roll(
+        &client,
+        &addrs,
+        &redis_client,
+        &channel,
+        &[&p, &d],
+        (RPM, 150),
+    )
+    .await;
     for t in &tasks {
         t.abort();
     }
@@ -475,7 +487,8 @@ async fn a_floor_holds_across_three_gateway_processes_below_the_threshold_too() 
     eprintln!("dev's tries put behind by the fleet's order: {put_behind}");
     stop(fleet, &dir);
     assert!(put_behind > 0, "the order's refusals show in /metrics");
-    for (roll, &(prod_got, dev_got)) in shares.iter().enumerate() {
+    for (roll, got) in shares.iter().enumerate() {
+        let (prod_got, dev_got) = (got[0], got[1]);
         assert!(
             prod_got * 100 >= 95 * 90 && dev_got * 100 >= 95 * 30,
             "roll {}: prod {prod_got} of its floor 90, dev {dev_got} of its 30",
