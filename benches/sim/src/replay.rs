@@ -33,7 +33,7 @@
 //! rows have no cost (the record holds tokens, not the recording config's prices).
 //!
 //! Several gateway processes: each line names the process that answered it (`gateway`), and
-//! each process's requests go through a router and queue of its own ([`Fleet`]), sharing their
+//! each process's requests go through a router and queue of its own (`Fleet`), sharing their
 //! counters when the config has Redis (a fleet on one Redis), each with its own otherwise. The
 //! fleet-wide order Redis keeps between waiting flows and priorities is not replayed: each
 //! replayed process orders its own waiters. Not replayed: upstream 429s' `retry-after` (a
@@ -554,7 +554,7 @@ impl Fleet {
 }
 
 /// Replays `trace` against the gateway config `config`, its keys and teams held to `callers`:
-/// each recorded gateway process's requests through a router of its own ([`Fleet`]).
+/// each recorded gateway process's requests through a router of its own (`Fleet`).
 pub fn replay(trace: &[RecordLine], config: &GatewayConfig, callers: &Callers) -> Replayed {
     let costs = costs(trace);
     let start = trace.first().map_or(0, |l| l.time_ms);
