@@ -455,6 +455,8 @@ impl<W: Window, F: Fn(usize) -> Usage> Floors<'_, W, F> {
 /// pool index (the request's own is not read): with the queue on, the rule keeps room for what
 /// the other pools have not used of their floors ([`FloorPeriod`]).
 #[allow(clippy::too_many_arguments)]
+// Inlined into each store's admission: returned from a call, the decision is copied out again.
+#[inline(always)]
 pub fn decide<W: Window>(
     limits: &ModelLimits,
     settings: &Settings,

@@ -361,7 +361,7 @@ impl Slot {
     fn settle_at(&self, s: Settlement, now: Millis) {
         let (window, accounting) = (self.window_ms, self.accounting);
         let mut guard = self.lock();
-        fn apply<W: Window>(
+        fn apply<W: SlotWindow>(
             counters: &mut ModelCounters<W>,
             s: &Settlement,
             accounting: TokenAccounting,
@@ -398,22 +398,77 @@ enum Counters {
 }
 
 #[derive(Debug, Clone)]
-struct ModelCounters<W> {
+struct ModelCounters<W: SlotWindow> {
     model: W,
-    /// Named pools then the default pool; empty without reservations. Each in its own cache
-    /// lines, so threads on different models never false-share.
-    pools: Box<[Padded<W>]>,
+    /// Named pools then the default pool; empty without reservations. Where [`SlotWindow`]
+    /// keeps them: a fixed window's (24 bytes each) in the model's own slot, under its lock and
+    /// on its cache lines, so a request on a model no recent request touched misses once for
+    /// its counters, not once more for its pools.
+    pools: W::Pools,
 }
 
-#[derive(Debug, Clone, Default)]
-#[repr(align(128))]
-struct Padded<W>(W);
+/// Pools kept in a model's slot; a model with more keeps them on the heap.
+const INLINE_POOLS: usize = 4;
 
-impl<W: Window> ModelCounters<W> {
+/// Where a model's pools of this kind of window are kept.
+trait SlotWindow: Window {
+    type Pools: std::ops::DerefMut<Target = [Self]> + Clone + std::fmt::Debug + Send;
+    fn pools(count: usize) -> Self::Pools;
+}
+
+/// A fixed window is small: up to [`INLINE_POOLS`] in the slot itself.
+impl SlotWindow for FixedWindow {
+    type Pools = InlinePools;
+    fn pools(count: usize) -> InlinePools {
+        match count {
+            0..=INLINE_POOLS => InlinePools::Inline(count, [FixedWindow::default(); INLINE_POOLS]),
+            _ => InlinePools::Heap(vec![FixedWindow::default(); count].into_boxed_slice()),
+        }
+    }
+}
+
+/// A sliding window is half a kilobyte of slots (touching it misses more than once anyway): on
+/// the heap, as many as there are.
+impl SlotWindow for SlidingWindow {
+    type Pools = Box<[SlidingWindow]>;
+    fn pools(count: usize) -> Box<[SlidingWindow]> {
+        (0..count).map(|_| SlidingWindow::default()).collect()
+    }
+}
+
+/// Fixed windows' pools, in the slot or (beyond [`INLINE_POOLS`]) on the heap.
+#[derive(Debug, Clone)]
+enum InlinePools {
+    Inline(usize, [FixedWindow; INLINE_POOLS]),
+    Heap(Box<[FixedWindow]>),
+}
+
+impl std::ops::Deref for InlinePools {
+    type Target = [FixedWindow];
+    #[inline]
+    fn deref(&self) -> &[FixedWindow] {
+        match self {
+            InlinePools::Inline(len, pools) => &pools[..*len],
+            InlinePools::Heap(pools) => pools,
+        }
+    }
+}
+
+impl std::ops::DerefMut for InlinePools {
+    #[inline]
+    fn deref_mut(&mut self) -> &mut [FixedWindow] {
+        match self {
+            InlinePools::Inline(len, pools) => &mut pools[..*len],
+            InlinePools::Heap(pools) => pools,
+        }
+    }
+}
+
+impl<W: SlotWindow> ModelCounters<W> {
     fn new(pools: usize) -> Self {
         Self {
             model: W::default(),
-            pools: (0..pools).map(|_| Padded(W::default())).collect(),
+            pools: W::pools(pools),
         }
     }
 
@@ -423,13 +478,13 @@ impl<W: Window> ModelCounters<W> {
 
     fn pool_mut(&mut self, pool: PoolRef) -> Option<&mut W> {
         let i = self.pool_index(pool)?;
-        Some(&mut self.pools[i].0)
+        Some(&mut self.pools[i])
     }
 
     fn usage(&self, pool: PoolRef, now: Millis, window: Millis) -> (Usage, Option<Usage>) {
         let pool = self
             .pool_index(pool)
-            .map(|i| self.pools[i].0.usage(now, window));
+            .map(|i| self.pools[i].usage(now, window));
         (self.model.usage(now, window), pool)
     }
 
@@ -484,17 +539,17 @@ impl<W: Window> ModelCounters<W> {
             settings,
             request.pool,
             &self.model,
-            i.map(|i| &self.pools[i].0),
+            i.map(|i| &self.pools[i]),
             |j| {
-                self.pools.get(j).map_or_else(Usage::default, |p| {
-                    p.0.period_usage(now, settings.window_ms)
-                })
+                self.pools
+                    .get(j)
+                    .map_or_else(Usage::default, |p| p.period_usage(now, settings.window_ms))
             },
             request.reserve,
             now,
         );
         if let Decision::Admit(admitted) = &decision {
-            let pool = i.map(|i| &mut self.pools[i].0);
+            let pool = i.map(|i| &mut self.pools[i]);
             admitted.apply(&mut self.model, pool, now, settings.window_ms);
         }
         decision
@@ -637,7 +692,7 @@ impl MemoryStore {
         };
         let now = self.clock.now_ms();
         let window = self.config.settings().window_ms;
-        fn seed_all<W: Window>(
+        fn seed_all<W: SlotWindow>(
             c: &mut ModelCounters<W>,
             model_usage: Usage,
             pools: &[Usage],
@@ -646,7 +701,7 @@ impl MemoryStore {
             let [resets_in, now, window] = at;
             c.model.seed(model_usage, resets_in, now, window);
             for (pool, usage) in c.pools.iter_mut().zip(pools) {
-                pool.0.seed(*usage, resets_in, now, window);
+                pool.seed(*usage, resets_in, now, window);
             }
         }
         let at = [resets_in, now, window];
