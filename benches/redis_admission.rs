@@ -256,27 +256,36 @@ async fn cluster_rows(secs: u64) {
     );
     let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
     println!("twelve models spread over the slots, {secs} s a row, {cores} cores on this machine");
+    // Admissions per second through `store`, the CPU each of `servers` and this process used
+    // (cores, over the row).
+    async fn row(
+        store: &Arc<RedisStore>,
+        servers: &[&RedisServer],
+        in_flight: usize,
+        secs: u64,
+    ) -> (f64, Vec<f64>, f64) {
+        let before: Vec<f64> = servers.iter().map(|s| cpu_seconds(s)).collect();
+        let client = own_cpu_seconds();
+        let rate = spread_admissions(Arc::clone(store), in_flight, secs).await;
+        let busy = servers
+            .iter()
+            .zip(before)
+            .map(|(s, b)| (cpu_seconds(s) - b) / secs as f64)
+            .collect();
+        (rate, busy, (own_cpu_seconds() - client) / secs as f64)
+    }
+    let masters: Vec<&RedisServer> = cluster.nodes().iter().collect();
     for round in 1..=2 {
         for in_flight in [64, 192] {
-            let before = (cpu_seconds(&single), own_cpu_seconds());
-            let rate_one = spread_admissions(Arc::clone(&one), in_flight, secs).await;
-            let busy_one = (cpu_seconds(&single) - before.0) / secs as f64;
-            let client_one = (own_cpu_seconds() - before.1) / secs as f64;
-            let before: Vec<f64> = cluster.nodes().iter().map(cpu_seconds).collect();
-            let client_before = own_cpu_seconds();
-            let rate_three = spread_admissions(Arc::clone(&three), in_flight, secs).await;
-            let client_three = (own_cpu_seconds() - client_before) / secs as f64;
-            let busy: Vec<String> = cluster
-                .nodes()
-                .iter()
-                .zip(before)
-                .map(|(n, b)| format!("{:.2}", (cpu_seconds(n) - b) / secs as f64))
-                .collect();
+            let (rate_one, busy_one, client_one) = row(&one, &[&single], in_flight, secs).await;
+            let (rate_three, busy, client_three) = row(&three, &masters, in_flight, secs).await;
+            let busy: Vec<String> = busy.iter().map(|b| format!("{b:.2}")).collect();
             println!(
                 "| round {round} | {in_flight:>3} in flight | one server {rate_one:>8.0} adm/s \
-                 (its CPU {busy_one:.2}, the client's {client_one:.2}) | 3 masters \
+                 (its CPU {:.2}, the client's {client_one:.2}) | 3 masters \
                  {rate_three:>8.0} adm/s (their CPU {}, the client's {client_three:.2}) | \
                  ratio {:.2} |",
+                busy_one[0],
                 busy.join(" + "),
                 rate_three / rate_one
             );
@@ -285,26 +294,6 @@ async fn cluster_rows(secs: u64) {
 }
 
 fn main() {
-    if std::env::var("BENCH_ROWS").is_ok_and(|r| r == "cluster") {
-        let secs: u64 = std::env::var("BENCH_SECS")
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .unwrap_or(5);
-        let threads: usize = std::env::var("BENCH_THREADS")
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .unwrap_or(1);
-        tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(threads)
-            .enable_all()
-            .build()
-            .unwrap()
-            .block_on(cluster_rows(secs));
-        return;
-    }
-    let Some(redis) = RedisServer::start("redis_admission bench") else {
-        return;
-    };
     let secs: u64 = std::env::var("BENCH_SECS")
         .ok()
         .and_then(|s| s.parse().ok())
@@ -318,6 +307,13 @@ fn main() {
         .enable_all()
         .build()
         .unwrap();
+    if std::env::var("BENCH_ROWS").is_ok_and(|r| r == "cluster") {
+        runtime.block_on(cluster_rows(secs));
+        return;
+    }
+    let Some(redis) = RedisServer::start("redis_admission bench") else {
+        return;
+    };
     runtime.block_on(async {
         let order_only = std::env::var("BENCH_ROWS").is_ok_and(|r| r == "order");
         for (accounting, window, queue, with_callers) in [

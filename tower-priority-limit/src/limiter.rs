@@ -378,7 +378,7 @@ impl<St: Store> Limiter<St> {
                 if !matches!(r.scope, crate::decision::Scope::Caller(..))
                     && !queue.flow_registered(pool, tried.flow, waits) =>
             {
-                Store::flow_left(&*self.store, model, pool, tried.flow);
+                self.store.flow_left(model, pool, tried.flow);
             }
             _ => {}
         }

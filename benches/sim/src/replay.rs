@@ -511,31 +511,32 @@ struct Fleet {
 impl Fleet {
     fn new(config: &GatewayConfig, gateways: usize, clock: &ManualClock) -> Self {
         let per_deployment = deployment_limits(&config.deployments, &config.limiter);
-        let first = (
-            MemoryStore::with_clock(&config.limiter, clock.clone()),
-            MemoryStore::with_clock(&per_deployment, clock.clone()),
-        );
+        let fresh = || {
+            (
+                MemoryStore::with_clock(&config.limiter, clock.clone()),
+                MemoryStore::with_clock(&per_deployment, clock.clone()),
+            )
+        };
+        // With Redis every gateway's stores share the first's counters (`reconfigured` under the
+        // same config shares them); without it each has stores of its own.
+        let first = fresh();
+        let share = |store: &MemoryStore, limits| {
+            store
+                .reconfigured(limits)
+                .expect("a store shares its counters under its own config")
+        };
         let shared = config.redis.is_some();
         let mut fleet = Fleet {
             groups: Vec::with_capacity(gateways),
             routers: Vec::with_capacity(gateways),
         };
         for g in 0..gateways.max(1) {
-            // The same counters under the same config (`reconfigured` shares them).
-            let share = |store: &MemoryStore, limits| {
-                store
-                    .reconfigured(limits)
-                    .expect("a store shares its counters under its own config")
-            };
-            let (groups, deployments) = match (g, shared) {
-                (0, _) | (_, true) => (
+            let (groups, deployments) = match g == 0 || shared {
+                true => (
                     share(&first.0, &config.limiter),
                     share(&first.1, &per_deployment),
                 ),
-                (_, false) => (
-                    MemoryStore::with_clock(&config.limiter, clock.clone()),
-                    MemoryStore::with_clock(&per_deployment, clock.clone()),
-                ),
+                false => fresh(),
             };
             fleet
                 .groups

@@ -327,16 +327,19 @@ fn sizes(seed: u64, name: &str, n: usize) -> Vec<(u64, u64)> {
 }
 
 /// The limiters of a fleet of `gateways` over one set of counters (as gateway processes over one
-/// Redis), each with its own queue, on `clock`.
-fn fleet(config: LimiterConfig, gateways: usize, clock: &ManualClock) -> Vec<Arc<Limiter<Shared>>> {
-    let store = Arc::new(MemoryStore::with_clock(&config, clock.clone()));
+/// Redis: each store `reconfigured` under the same config shares them), each with its own queue,
+/// on `clock`.
+fn fleet(config: LimiterConfig, gateways: usize, clock: &ManualClock) -> Vec<Arc<Limiter>> {
+    let store = MemoryStore::with_clock(&config, clock.clone());
     (0..gateways)
-        .map(|_| Arc::new(Limiter::with_store(Arc::clone(&store))))
+        .map(|_| {
+            let shared = store
+                .reconfigured(&config)
+                .expect("a store shares its counters under its own config");
+            Arc::new(Limiter::with_store(shared))
+        })
         .collect()
 }
-
-/// The counters every limiter of a [`fleet`] charges.
-type Shared = Arc<MemoryStore>;
 
 /// A request's prompt and output limit as it asks for admission (`sizes` for [`Work::Instant`]).
 fn asked(work: Work, size: (u64, u64)) -> (u64, Option<u64>) {
@@ -457,7 +460,7 @@ fn run_queue_on(
 /// The layer's path, through the limiter's one admission call ([`Limiter::admit_request`]):
 /// admit at once unless others wait; refused → wait if room may appear before the deadline.
 async fn admit_as_the_layer(
-    limiter: &Limiter<Shared>,
+    limiter: &Limiter,
     model: ModelId,
     s: Source,
     (prompt, output): (u64, Option<u64>),

@@ -247,7 +247,6 @@ impl ModelLimits {
     }
 }
 
-/// Position of `pool` in a model's pool list of length `len` (the default pool is last).
 /// A config file's text as a document, or why not: invalid YAML, or a mapping that repeats a key
 /// (the tree would keep only the last, and the first's settings would be dropped without a word;
 /// the error names the key).
@@ -263,6 +262,7 @@ pub fn yaml_document(yaml: &str) -> Result<Value, ConfigError> {
     serde_yaml_ng::from_str(yaml).map_err(|e| ConfigError::new("", format!("invalid YAML: {e}")))
 }
 
+/// Position of `pool` in a model's pool list of length `len` (the default pool is last).
 pub(crate) fn pool_index(pool: PoolRef, len: usize) -> usize {
     match pool {
         PoolRef::Named(i) => i as usize,

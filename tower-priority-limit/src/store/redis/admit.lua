@@ -456,12 +456,11 @@ if ARGV[#ARGV] == 'F' and ARGV[14] ~= 's' and verdict ~= 4 then
   local others_wait = false
   if verdict == 0 and anyone_waits then
     local cost_k = math.max(reserve, 1)
-    local own = nil
+    local own = borrows(cost_k) and fill(me, {r = q.r, k = q.k}, 0, 0)
     for j = 0, n - 1 do
       if j ~= me and pool_waits(fk, j) then
         others_wait = true
-        if verdict == 0 and borrows(cost_k) then
-          own = own or fill(me, {r = q.r, k = q.k}, 0, 0)
+        if verdict == 0 and own then
           local theirs = fill(j, window_used(j), 1, cost_k)
           if theirs < own or (theirs == own and j < me) then verdict = 5 end
         end

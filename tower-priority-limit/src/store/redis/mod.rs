@@ -794,16 +794,17 @@ impl Owed {
         }
     }
 
-    fn add(&self, pool: PoolRef, now_ms: u64) {
+    /// `count` more admissions of `pool`, made at `now_ms`.
+    fn add(&self, pool: PoolRef, count: u64, now_ms: u64) {
         let i = match self.per_pool.len() {
             1 => 0,
             n => pool_index(pool, n).min(n - 1),
         };
-        self.per_pool[i].fetch_add(1, Ordering::Relaxed);
+        self.per_pool[i].fetch_add(count, Ordering::Relaxed);
         let _ = self
             .since_ms
             .compare_exchange(0, now_ms, Ordering::Relaxed, Ordering::Relaxed);
-        self.total.fetch_add(1, Ordering::Release);
+        self.total.fetch_add(count, Ordering::Release);
     }
 }
 
@@ -877,14 +878,19 @@ impl Inner {
     fn seen(&self, model: ModelId, pool: PoolRef) -> Option<Usage> {
         let pools = self.pool_seen.get(model.index())?;
         let seen = pools.get(pool_index(pool, pools.len()))?;
+        Some(self.usage_seen(seen))
+    }
+
+    /// What `seen` says, if it was said within one window; zero when older.
+    fn usage_seen(&self, seen: &SeenUsage) -> Usage {
         let at = seen.at_ms.load(Ordering::Relaxed);
         if at == 0 || self.elapsed_ms().saturating_sub(at) >= self.config.settings().window_ms {
-            return Some(Usage::default());
+            return Usage::default();
         }
-        Some(Usage {
+        Usage {
             requests: seen.requests.load(Ordering::Relaxed),
             tokens: seen.tokens.load(Ordering::Relaxed),
-        })
+        }
     }
     fn elapsed_ms(&self) -> u64 {
         u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX)
@@ -989,16 +995,12 @@ impl Inner {
             requests: seen.requests.load(Ordering::Relaxed),
             tokens: seen.tokens.load(Ordering::Relaxed),
         });
-        let limits = self.config.model(model);
-        let pools: Vec<Usage> = (0..limits.pool_count())
-            .map(|i| {
-                let pool = if i + 1 == limits.pool_count() {
-                    PoolRef::Default
-                } else {
-                    PoolRef::Named(i as u16)
-                };
-                part(self.seen(model, pool).unwrap_or_default())
-            })
+        let pools: Vec<Usage> = self
+            .pool_seen
+            .get(model.index())
+            .map_or(&[][..], |p| &p[..])
+            .iter()
+            .map(|seen| part(self.usage_seen(seen)))
             .collect();
         self.local.seed(model, model_usage, &pools, resets_in);
         self.stats.fallback_seeds.fetch_add(1, Ordering::Relaxed);
@@ -1287,9 +1289,7 @@ impl Inner {
                     }
                     (_, Err(e)) => {
                         if let Some(owed) = self.owed.get(model.index()) {
-                            for _ in sent..n {
-                                owed.add(pool, self.elapsed_ms().max(1));
-                            }
+                            owed.add(pool, n - sent, self.elapsed_ms().max(1));
                         }
                         return Err(e);
                     }
@@ -1620,7 +1620,7 @@ impl Inner {
                     (&decision, self.owed.get(request.model.index()))
                 {
                     self.stats.local_admitted.fetch_add(1, Ordering::Relaxed);
-                    owed.add(request.pool, self.elapsed_ms().max(1));
+                    owed.add(request.pool, 1, self.elapsed_ms().max(1));
                 }
                 decision
             }

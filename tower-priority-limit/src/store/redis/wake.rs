@@ -28,8 +28,8 @@ use crate::config::ModelId;
 /// How long to wait before subscribing again after the subscription failed.
 const RESUBSCRIBE_AFTER: Duration = Duration::from_millis(200);
 
-/// Listens until the store is gone, subscribing again whenever the connection drops: to
-/// `clients` in turn (one server, or a cluster's startup nodes), from the one that last worked.
+/// Listens until the store is gone, subscribing again whenever the subscription ends or fails:
+/// to `clients` in turn (one server, or a cluster's startup nodes), the next one each time.
 pub(super) async fn listen(clients: Vec<redis::Client>, inner: Weak<Inner>) {
     if clients.is_empty() {
         return;
