@@ -357,23 +357,119 @@ impl CallerLimits {
     }
 }
 
-/// One caller with limits: its kind, a stable id its counters are kept under (a key's hash, a
-/// team's id; never a raw key), and its limits for this request.
-#[derive(Clone, PartialEq, Eq)]
-pub struct Caller {
+/// Who a caller is, made once per key or team and shared by all its requests (a clone is a
+/// pointer's): its kind, the stable id its counters are kept under (a key's hash, a team's id;
+/// never a raw key), and where the embedded store found those counters, so a request that
+/// carries it neither copies the id nor looks the counters up again.
+///
+/// ```
+/// use tower_priority_limit::caller::{Caller, CallerIdentity, CallerKind, CallerLimits};
+///
+/// // Made when the gateway resolves the key, kept with it:
+/// let key = CallerIdentity::new(CallerKind::Key, "hash-of-the-key");
+/// // Each request's limits for its model:
+/// let caller = Caller::with_identity(key.clone(), CallerLimits::new().rpm(50));
+/// assert_eq!(caller.id(), "hash-of-the-key");
+/// assert!(CallerIdentity::ptr_eq(caller.identity(), &key));
+/// // Equal, but not the same: its counters would be looked up again.
+/// let again = CallerIdentity::new(CallerKind::Key, "hash-of-the-key");
+/// assert!(again == key && !CallerIdentity::ptr_eq(&again, &key));
+/// ```
+#[derive(Clone)]
+pub struct CallerIdentity(Arc<Identity>);
+
+// In this order: what every request reads (the handle, beside the reference count) on the
+// allocation's first cache line, the id (read only to find the counters) after it.
+#[repr(C)]
+struct Identity {
+    /// The counters the first store that counted this caller keeps for it: that store's
+    /// table id and its handle to them.
+    counters: OnceLock<(u64, Arc<dyn Any + Send + Sync>)>,
     kind: CallerKind,
     id: Arc<str>,
+}
+
+impl CallerIdentity {
+    /// A caller of `kind` counted under `id`.
+    pub fn new(kind: CallerKind, id: impl Into<Arc<str>>) -> Self {
+        Self(Arc::new(Identity {
+            kind,
+            id: id.into(),
+            counters: OnceLock::new(),
+        }))
+    }
+
+    /// Key or team.
+    pub fn kind(&self) -> CallerKind {
+        self.0.kind
+    }
+
+    /// The id its counters are kept under.
+    pub fn id(&self) -> &str {
+        &self.0.id
+    }
+
+    /// Whether `a` and `b` are one identity (clones of one another), not only equal: whether
+    /// they share where their counters were found.
+    pub fn ptr_eq(a: &Self, b: &Self) -> bool {
+        Arc::ptr_eq(&a.0, &b.0)
+    }
+
+    /// The same id, shared.
+    pub(crate) fn shared_id(&self) -> &Arc<str> {
+        &self.0.id
+    }
+
+    /// The handle to its counters in the store table `table`, found by `find` the first time;
+    /// `None` when another table found them first (the caller looks them up itself then).
+    pub(crate) fn counters(
+        &self,
+        table: u64,
+        find: impl FnOnce() -> Arc<dyn Any + Send + Sync>,
+    ) -> Option<&(dyn Any + Send + Sync)> {
+        let (found_in, counters) = self.0.counters.get_or_init(|| (table, find()));
+        (*found_in == table).then_some(&**counters)
+    }
+}
+
+impl PartialEq for CallerIdentity {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.kind == other.0.kind && self.0.id == other.0.id
+    }
+}
+
+impl Eq for CallerIdentity {}
+
+impl fmt::Debug for CallerIdentity {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // The id is a hash or a team id: safe to log.
+        f.debug_struct("CallerIdentity")
+            .field("kind", &self.0.kind)
+            .field("id", &self.0.id)
+            .finish()
+    }
+}
+
+/// One caller with limits: who it is and its limits for this request.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Caller {
+    identity: CallerIdentity,
     limits: CallerLimits,
     /// Its limits are tried, not enforced (a key's or team's `enforcement: shadow`).
     shadow: bool,
 }
 
 impl Caller {
-    /// A caller of `kind` counted under `id`.
+    /// A caller of `kind` counted under `id`. A caller that makes many requests is cheaper
+    /// made [`with_identity`](Self::with_identity), its identity kept between them.
     pub fn new(kind: CallerKind, id: impl Into<Arc<str>>, limits: CallerLimits) -> Self {
+        Self::with_identity(CallerIdentity::new(kind, id), limits)
+    }
+
+    /// The caller `identity` with `limits` for this request.
+    pub fn with_identity(identity: CallerIdentity, limits: CallerLimits) -> Self {
         Self {
-            kind,
-            id: id.into(),
+            identity,
             limits,
             shadow: false,
         }
@@ -394,12 +490,17 @@ impl Caller {
 
     /// Key or team.
     pub fn kind(&self) -> CallerKind {
-        self.kind
+        self.identity.kind()
     }
 
     /// The id its counters are kept under.
     pub fn id(&self) -> &str {
-        &self.id
+        self.identity.id()
+    }
+
+    /// Who it is.
+    pub fn identity(&self) -> &CallerIdentity {
+        &self.identity
     }
 
     /// Its limits for this request.
@@ -410,10 +511,9 @@ impl Caller {
 
 impl fmt::Debug for Caller {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        // The id is a hash or a team id: safe to log.
         f.debug_struct("Caller")
-            .field("kind", &self.kind)
-            .field("id", &self.id)
+            .field("kind", &self.kind())
+            .field("id", &self.id())
             .field("limits", &self.limits)
             .field("shadow", &self.shadow)
             .finish()

@@ -62,6 +62,7 @@ use gateway_example::UpstreamFailure;
 use http::{HeaderMap, HeaderValue, StatusCode};
 use serde::Serialize;
 use serde_json::Value;
+use tower_priority_limit::caller::{CallerIdentity, CallerKind};
 use tower_priority_limit::clock::{Clock, ManualClock};
 use tower_priority_limit::model::ModelName;
 use tower_priority_limit::store::MemoryStore;
@@ -179,7 +180,7 @@ impl Callers {
         let team = line.team.as_ref().and_then(|team| {
             self.teams.get(team).map(|limits| {
                 Arc::new(TeamLimits {
-                    team_id: Arc::from(team.as_str()),
+                    identity: CallerIdentity::new(CallerKind::Team, team.as_str()),
                     limits: limits.clone(),
                 })
             })

@@ -3,10 +3,9 @@
 //! (docs/gateway.md, "Key and team limits").
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
-use tower_priority_limit::caller::{Budget, Caller, CallerKind, CallerLimits, NanoUsd};
+use tower_priority_limit::caller::{Budget, Caller, CallerIdentity, CallerLimits, NanoUsd};
 use tower_priority_limit::config::Enforcement;
 
 use super::expiry::budget_period;
@@ -181,28 +180,29 @@ impl Limits {
 /// A team's limits as its keys' requests carry them: made once per team lookup.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TeamLimits {
-    /// The team's id (its counters are kept under it).
-    pub team_id: Arc<str>,
+    /// The team, as its counters know it (its id; kept so its requests find them directly).
+    pub identity: CallerIdentity,
     /// Its limits.
     pub limits: Limits,
 }
 
-/// The caller of `kind` counted under `id` with `limits` on `model` at `now_ms` (Unix ms), if
-/// any of them applies.
+/// The caller `identity` with `limits` on `model` at `now_ms` (Unix ms), if any of them
+/// applies.
 pub(crate) fn caller(
-    kind: CallerKind,
-    id: &str,
+    identity: &CallerIdentity,
     limits: &Limits,
     model: &str,
     now_ms: u64,
 ) -> Option<Caller> {
     let shadow = limits.enforcement == Enforcement::Shadow;
     let limits = limits.for_model(model, now_ms);
-    (!limits.is_empty()).then(|| Caller::new(kind, id, limits).in_shadow(shadow))
+    (!limits.is_empty()).then(|| Caller::with_identity(identity.clone(), limits).in_shadow(shadow))
 }
 
 #[cfg(test)]
 mod tests {
+    use tower_priority_limit::caller::CallerKind;
+
     use super::*;
 
     #[test]
@@ -219,11 +219,9 @@ mod tests {
             model_tpm_limit: [("a".to_owned(), 10)].into(),
             ..Limits::default()
         };
-        assert!(
-            caller(CallerKind::Key, "k", &only_a, "b", 0).is_none(),
-            "nothing to count"
-        );
-        assert!(caller(CallerKind::Key, "k", &only_a, "a", 0).is_some());
+        let k = CallerIdentity::new(CallerKind::Key, "k");
+        assert!(caller(&k, &only_a, "b", 0).is_none(), "nothing to count");
+        assert!(caller(&k, &only_a, "a", 0).is_some());
     }
 
     #[test]

@@ -55,7 +55,7 @@ use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
-use tower_priority_limit::caller::{CallerKind, Callers, Prices};
+use tower_priority_limit::caller::{CallerIdentity, CallerKind, Callers, Prices};
 
 use crate::config::wildcard::allows;
 use crate::config::GatewayConfig;
@@ -188,6 +188,8 @@ pub struct Resolved {
     pub priority: Option<Arc<str>>,
     /// Its team's limits, when the team has any.
     pub team_limits: Option<Arc<TeamLimits>>,
+    /// The key as its counters know it, made once per record (not per request).
+    pub key_identity: CallerIdentity,
 }
 
 impl Resolved {
@@ -200,6 +202,7 @@ impl Resolved {
         let team_models = team.and_then(|t| team_models(&t.models));
         let team_missing = key.team_id.is_some() && team.is_none();
         Self {
+            key_identity: key_identity(&key),
             key,
             team_models,
             team_blocked: team.is_some_and(|t| t.blocked),
@@ -221,21 +224,34 @@ impl Resolved {
             team_missing: key.record.team_id.is_some() && team.is_none(),
             priority: priority.cloned(),
             team_limits: team.and_then(|t| t.team_limits.clone()),
+            key_identity: key
+                .key_identity
+                .clone()
+                .unwrap_or_else(|| key_identity(&key.record)),
         }
     }
 
     /// The models the key may use, and the limits it is held to.
     pub fn access(&self) -> ModelAccess {
-        ModelAccess::of_key(self.key.clone(), self.team_models.clone())
-            .with_team_limits(self.team_limits.clone())
+        ModelAccess {
+            key: Some((self.key.clone(), self.key_identity.clone())),
+            team: self.team_models.clone(),
+            team_limits: self.team_limits.clone(),
+            unix_ms: 0,
+        }
     }
+}
+
+/// A key as its counters know it (by its hash).
+fn key_identity(key: &KeyRecord) -> CallerIdentity {
+    CallerIdentity::new(CallerKind::Key, key.token.as_str())
 }
 
 /// A team's limits as its keys carry them: `None` when it has none.
 fn team_limits(team: &TeamRecord) -> Option<Arc<TeamLimits>> {
     (!team.limits.is_empty()).then(|| {
         Arc::new(TeamLimits {
-            team_id: Arc::from(team.team_id.as_str()),
+            identity: CallerIdentity::new(CallerKind::Team, team.team_id.as_str()),
             limits: team.limits.clone(),
         })
     })
@@ -252,8 +268,8 @@ fn team_models(models: &[String]) -> Option<Arc<[String]>> {
 /// model it may not use.
 #[derive(Debug, Clone, Default)]
 pub struct ModelAccess {
-    /// The key, for its `models`; `None`: the master key.
-    key: Option<Arc<KeyRecord>>,
+    /// The key, for its `models` and limits, with its identity; `None`: the master key.
+    key: Option<(Arc<KeyRecord>, CallerIdentity)>,
     /// Its team's `models`, when the team has a list.
     team: Option<Arc<[String]>>,
     /// Its team's limits, when the team has any.
@@ -271,8 +287,9 @@ impl ModelAccess {
 
     /// What `key` may use, held to `team_models` too when its team has a list.
     pub fn of_key(key: Arc<KeyRecord>, team_models: Option<Arc<[String]>>) -> Self {
+        let identity = key_identity(&key);
         Self {
-            key: Some(key),
+            key: Some((key, identity)),
             team: team_models,
             team_limits: None,
             unix_ms: 0,
@@ -299,22 +316,22 @@ impl ModelAccess {
         let key = self
             .key
             .as_ref()
-            .and_then(|k| limits::caller(CallerKind::Key, &k.token, &k.limits, model, now));
+            .and_then(|(k, identity)| limits::caller(identity, &k.limits, model, now));
         let team = self
             .team_limits
             .as_ref()
-            .and_then(|t| limits::caller(CallerKind::Team, &t.team_id, &t.limits, model, now));
+            .and_then(|t| limits::caller(&t.identity, &t.limits, model, now));
         Callers::priced(key, team, prices, prompt_tokens)
     }
 
     /// The key's team, if it has one (`None` for the master key).
     pub fn team_id(&self) -> Option<&str> {
-        self.key.as_ref().and_then(|k| k.team_id.as_deref())
+        self.key.as_ref().and_then(|(k, _)| k.team_id.as_deref())
     }
 
     /// Whether model group `model` may be used.
     pub fn allows(&self, model: &str) -> bool {
-        self.key.as_ref().is_none_or(|k| k.allows(model))
+        self.key.as_ref().is_none_or(|(k, _)| k.allows(model))
             && self
                 .team
                 .as_ref()
@@ -323,7 +340,7 @@ impl ModelAccess {
 
     /// The names its key's `models` and then its team's list, in their order (patterns too).
     pub fn listed(&self) -> impl Iterator<Item = &str> {
-        let key = self.key.iter().flat_map(|k| k.models.iter());
+        let key = self.key.iter().flat_map(|(k, _)| k.models.iter());
         let team = self.team.iter().flat_map(|t| t.iter());
         key.chain(team).map(String::as_str)
     }
@@ -344,12 +361,15 @@ struct PriorityOf<R> {
     team_models: Option<Arc<[String]>>,
     /// A team's limits (`None` for a key, or a team without any).
     team_limits: Option<Arc<TeamLimits>>,
+    /// A key's identity (`None` for a team).
+    key_identity: Option<CallerIdentity>,
 }
 
 impl PriorityOf<Arc<KeyRecord>> {
     fn key(record: Arc<KeyRecord>) -> Self {
         let priority = priority_of(&record.metadata).map(Arc::from);
         Self {
+            key_identity: Some(key_identity(&record)),
             record,
             priority,
             team_models: None,
@@ -368,6 +388,7 @@ impl PriorityOf<TeamRecord> {
             priority,
             team_models,
             team_limits,
+            key_identity: None,
         }
     }
 }
@@ -1085,6 +1106,42 @@ mod tests {
         assert!(store.team(&team.team_id).await.unwrap().is_none());
         assert!(store.resolve(&plain).await.unwrap().is_some());
         store.create_key(new(Some("c"), None)).await.unwrap();
+    }
+
+    /// A key's and its team's identities are made once per record, not per request: the
+    /// embedded store finds their counters once (a new identity each time would look them up
+    /// on every request).
+    #[tokio::test]
+    async fn requests_of_a_key_share_its_and_its_teams_identity() {
+        let store = KeyStore::in_memory();
+        let limits = Limits {
+            rpm_limit: Some(5),
+            ..Limits::default()
+        };
+        let team = store
+            .new_team(None, None, Map::new(), vec![], limits.clone())
+            .await
+            .unwrap();
+        let (key, _) = store
+            .create_key(NewKey {
+                team_id: Some(team.team_id.clone()),
+                limits,
+                ..NewKey::default()
+            })
+            .await
+            .unwrap();
+        let callers = || async {
+            let resolved = store.resolve(&key).await.unwrap().unwrap();
+            resolved
+                .access()
+                .callers("m", Prices::default(), 10)
+                .expect("both have limits")
+        };
+        let (first, second) = (callers().await, callers().await);
+        for place in [0, 1] {
+            let (a, b) = (first.get(place).unwrap(), second.get(place).unwrap());
+            assert!(CallerIdentity::ptr_eq(a.identity(), b.identity()), "{a:?}");
+        }
     }
 
     #[test]

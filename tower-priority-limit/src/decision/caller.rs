@@ -378,6 +378,8 @@ pub fn check_caller<W: Window>(
     ];
     pairs
         .into_iter()
+        // A pair no limit reads is not looked at (a key with `rpm_limit` alone reads one).
+        .filter(|(_, rpm, tpm, _, _)| rpm.is_some() || tpm.is_some())
         .find_map(|(kind, rpm, tpm, counter, window)| {
             check(rpm, tpm, counter.usage(now, window), reserve)
                 .map(|over| refused(kind, over, counter, window))
@@ -422,13 +424,14 @@ pub fn soft_budget_passed(limits: &CallerLimits, view: &CallerView<'_, impl Wind
 /// The callers' check for one request on `model` reserving `reserve` tokens on their counters
 /// ([`Callers::reservation`]): the key's limits, then the team's (`counters` by place, as
 /// [`Callers::get`]). `Err` with the first refusal of a caller that enforces; else `Ok` with the
-/// first refusal of a caller in shadow ([`Caller::in_shadow`]), if any, to report.
+/// first refusal of a caller in shadow ([`Caller::in_shadow`]), if any, to report; a refusal
+/// carries `saturation()`, the model's.
 pub fn check_callers<W: Window>(
     callers: &Callers,
     counters: [Option<&CallerCounters<W>>; 2],
     model: ModelId,
     reserve: u64,
-    saturation: f64,
+    saturation: impl Fn() -> f64,
     now: Millis,
     window: Millis,
 ) -> Result<Option<Refused>, Refused> {
@@ -439,7 +442,9 @@ pub fn check_callers<W: Window>(
             continue;
         };
         let view = counters.view(model, &empty);
-        if let Some(refused) = check_caller(caller, &view, reserve, saturation, now, window) {
+        // The model's saturation only goes into a refusal's headers: read only for one.
+        if let Some(mut refused) = check_caller(caller, &view, reserve, 0.0, now, window) {
+            refused.saturation = saturation();
             if !caller.is_shadow() {
                 return Err(refused);
             }
@@ -661,9 +666,9 @@ mod tests {
         assert_eq!(callers.cost_reservation(30).nanos(), 50);
         let first = admit_callers(&callers, [Some(&mut c), None], M, 0, 50, 0, W);
         assert_eq!(first.budgets[0], [1_000, NOT_COUNTED]);
-        assert!(check_callers(&callers, [Some(&c), None], M, 0, 0.0, 0, W).is_ok());
+        assert!(check_callers(&callers, [Some(&c), None], M, 0, || 0.0, 0, W).is_ok());
         admit_callers(&callers, [Some(&mut c), None], M, 0, 50, 0, W);
-        let r = check_callers(&callers, [Some(&c), None], M, 0, 0.0, 0, W).unwrap_err();
+        let r = check_callers(&callers, [Some(&c), None], M, 0, || 0.0, 0, W).unwrap_err();
         assert_eq!(r.scope, Scope::Caller(CallerKind::Key, CallerLimit::Budget));
         assert_eq!((r.dimension, r.limit, r.used), (Dimension::Spend, 100, 100));
         assert_eq!(r.retry_after_ms, 60_000, "until the period ends");
@@ -672,7 +677,7 @@ mod tests {
         assert_eq!(callers.cost().nanos(), 15 + 10);
         c.settle_budgets(M, first.budgets[0], 50, 25, false);
         assert_eq!((c.budget.spent, c.budget.reserved), (25, 50));
-        assert!(check_callers(&callers, [Some(&c), None], M, 0, 0.0, 0, W).is_ok());
+        assert!(check_callers(&callers, [Some(&c), None], M, 0, || 0.0, 0, W).is_ok());
         assert!(c.take_spend_changed() && !c.take_spend_changed());
         assert!(!c.is_idle(10 * W, W), "spend is kept while it counts");
     }
@@ -682,10 +687,10 @@ mod tests {
         let callers = budgeted(100);
         let mut c = CallerCounters::<FixedWindow>::default();
         let old = admit_callers(&callers, [Some(&mut c), None], M, 0, 100, 0, W);
-        assert!(check_callers(&callers, [Some(&c), None], M, 0, 0.0, 0, W).is_err());
+        assert!(check_callers(&callers, [Some(&c), None], M, 0, || 0.0, 0, W).is_err());
         let next = Budget::new(NanoUsd::from_nanos(100)).in_period(61_000, 60_000);
         let later = Callers::new(Some(key(CallerLimits::new().budget(next))), None).unwrap();
-        assert!(check_callers(&later, [Some(&c), None], M, 0, 0.0, 0, W).is_ok());
+        assert!(check_callers(&later, [Some(&c), None], M, 0, || 0.0, 0, W).is_ok());
         let marks = admit_callers(&later, [Some(&mut c), None], M, 0, 30, 0, W);
         assert_eq!(marks.budgets[0][0], 61_000);
         c.settle_budgets(M, old.budgets[0], 100, 90, false);
@@ -737,7 +742,7 @@ mod tests {
         );
         let mut outcomes = Vec::new();
         for _ in 0..4 {
-            let checked = check_callers(&callers, [Some(&k), Some(&t)], M, 0, 0.0, 0, W);
+            let checked = check_callers(&callers, [Some(&k), Some(&t)], M, 0, || 0.0, 0, W);
             let decision =
                 decide_with_callers(checked, Enforcement::Enforce, || Decision::Admit(admitted));
             match decision {
@@ -796,7 +801,7 @@ mod tests {
             let (mut spent, mut biggest) = (0u64, 0u64);
             for (estimate, real, finish) in requests {
                 let real = real.min(estimate);
-                if check_callers(&callers, [Some(&c), None], M, 0, 0.0, 0, W).is_ok() {
+                if check_callers(&callers, [Some(&c), None], M, 0, || 0.0, 0, W).is_ok() {
                     let marks = admit_callers(&callers, [Some(&mut c), None], M, 0, estimate, 0, W);
                     open.push((marks.budgets[0], estimate, real));
                     biggest = biggest.max(real);

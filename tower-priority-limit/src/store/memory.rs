@@ -13,6 +13,7 @@
 use std::collections::HashMap;
 use std::future::{ready, Ready};
 use std::hash::{BuildHasher, BuildHasherDefault};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::{AdmitRequest, Settlement, Settler, Store, StoreError};
@@ -64,6 +65,9 @@ const CALLER_PRUNE_AT: usize = 1_024;
 /// Every caller's counters, by kind and id, in shards.
 #[derive(Debug)]
 struct CallerTable {
+    /// Tells this table from any other in the process, for the handles callers keep
+    /// ([`CallerIdentity`](crate::caller::CallerIdentity)).
+    id: u64,
     shards: Box<[Mutex<CallerShard>]>,
     hasher: foldhash::fast::RandomState,
     kind: WindowKind,
@@ -75,6 +79,10 @@ struct CallerTable {
 struct CallerShard {
     slots: HashMap<u64, Vec<Arc<CallerSlot>>, BuildHasherDefault<PassThrough>>,
     len: usize,
+    /// The length at which a new caller prunes next: twice what the last pruning kept (at
+    /// least [`CALLER_PRUNE_AT`]), so callers that are all in use cost one pass per doubling,
+    /// not one per new caller.
+    prune_at: usize,
 }
 
 /// The map's hasher for keys that are hashes already.
@@ -175,7 +183,9 @@ impl CallerTable {
     }
 
     fn new(kind: WindowKind) -> Self {
+        static TABLES: AtomicU64 = AtomicU64::new(1);
         Self {
+            id: TABLES.fetch_add(1, Ordering::Relaxed),
             shards: (0..CALLER_SHARDS).map(|_| Mutex::default()).collect(),
             hasher: foldhash::fast::RandomState::default(),
             kind,
@@ -183,28 +193,36 @@ impl CallerTable {
     }
 
     /// The counters of `kind` `id`, made on first use.
-    fn slot(&self, kind: CallerKind, id: &str, now: Millis, window: Millis) -> Arc<CallerSlot> {
+    fn slot(
+        &self,
+        kind: CallerKind,
+        id: &Arc<str>,
+        now: Millis,
+        window: Millis,
+    ) -> Arc<CallerSlot> {
         let hash = self.hasher.hash_one((kind, id));
         let mut shard = self.shards[(hash as usize) % CALLER_SHARDS]
             .lock()
             .unwrap_or_else(|e| e.into_inner());
         let found = shard.slots.get(&hash).and_then(|same| {
             same.iter()
-                .find(|s| s.kind == kind && &*s.id == id)
+                .find(|s| s.kind == kind && s.id == *id)
                 .map(Arc::clone)
         });
         if let Some(slot) = found {
             return slot;
         }
-        if shard.len >= CALLER_PRUNE_AT {
+        if shard.len >= shard.prune_at.max(CALLER_PRUNE_AT) {
             let mut len = 0;
             shard.slots.retain(|_, same| {
-                // A slot a request holds (admitting or settling) is in use.
+                // A slot a request holds (admitting or settling), or a caller's identity
+                // (its key in a gateway's cache), is in use.
                 same.retain(|slot| Arc::strong_count(slot) > 1 || !slot.is_idle(now, window));
                 len += same.len();
                 !same.is_empty()
             });
             shard.len = len;
+            shard.prune_at = len * 2;
         }
         let counters = match self.kind {
             WindowKind::Fixed => AnyCallerCounters::Fixed(CallerCounters::default()),
@@ -213,21 +231,35 @@ impl CallerTable {
         let slot = Arc::new(CallerSlot {
             counters: Mutex::new(counters),
             kind,
-            id: Arc::from(id),
+            id: Arc::clone(id),
         });
         shard.slots.entry(hash).or_default().push(Arc::clone(&slot));
         shard.len += 1;
         slot
     }
 
-    /// The slots of `callers`, by place (key, team), looked up once per request: kept in the
-    /// request's `Callers` for its settlement.
+    /// The slots of `callers`, by place (key, team): those their identities keep, found in this
+    /// table once per identity; else (an identity another table counted first) looked up once
+    /// per request, kept in the request's `Callers` for its settlement.
     fn slots_of<'a>(
         &self,
         callers: &'a Callers,
         now: Millis,
         window: Millis,
     ) -> [Option<&'a CallerSlot>; 2] {
+        let mut elsewhere = false;
+        let kept = [0, 1].map(|place| {
+            let c = callers.get(place)?;
+            let found = c.identity().counters(self.id, || {
+                self.slot(c.kind(), c.identity().shared_id(), now, window)
+                    as Arc<dyn std::any::Any + Send + Sync>
+            });
+            elsewhere |= found.is_none();
+            found.and_then(|h| h.downcast_ref::<CallerSlot>())
+        });
+        if !elsewhere {
+            return kept;
+        }
         let handles = callers.handles(|| {
             self.slots(callers, now, window)
                 .map(|s| s.map(|s| s as Arc<dyn std::any::Any + Send + Sync>))
@@ -247,7 +279,7 @@ impl CallerTable {
         [0, 1].map(|place| {
             callers
                 .get(place)
-                .map(|c| self.slot(c.kind(), c.id(), now, window))
+                .map(|c| self.slot(c.kind(), c.identity().shared_id(), now, window))
         })
     }
 }
@@ -503,7 +535,7 @@ impl<W: SlotWindow> ModelCounters<W> {
             return self.admit_model(limits, settings, request, now);
         };
         let window = settings.window_ms;
-        let saturation = saturation(limits, self.model.usage(now, window));
+        let saturation = || saturation(limits, self.model.usage(now, window));
         let [key, team] = callers;
         let seen = [key.as_deref(), team.as_deref()];
         let reserved = who.reservation(request.reserve);
@@ -875,13 +907,95 @@ mod tests {
         assert_eq!(usage(&store).requests, 0);
     }
 
+    /// The caller table keeps every caller in use, however many, and drops idle ones once no
+    /// request or identity holds them, pruning a shard once per doubling of what it keeps (one
+    /// pass per new caller made a million keys in use quadratic).
+    #[test]
+    fn the_caller_table_keeps_callers_in_use_and_drops_idle_ones() {
+        let table = CallerTable::new(WindowKind::Fixed);
+        let id = |i: usize| -> Arc<str> { Arc::from(format!("k{i}")) };
+        let n = CALLER_SHARDS * CALLER_PRUNE_AT * 2;
+        let held: Vec<_> = (0..n)
+            .map(|i| table.slot(CallerKind::Key, &id(i), 0, 60_000))
+            .collect();
+        assert_eq!(table.all().len(), n, "every caller in use kept");
+        drop(held);
+        for i in n..2 * n {
+            drop(table.slot(CallerKind::Key, &id(i), 0, 60_000));
+        }
+        let kept = table.all().len();
+        assert!(
+            kept < 3 * n / 2,
+            "idle callers dropped: {kept} of {}",
+            2 * n
+        );
+    }
+
+    /// An identity counted first by one store still counts on another (each its own counters,
+    /// looked up per request there), and its settlement frees the slot of the store that
+    /// admitted it: as a key's counters when its gateway's Redis fails over to local ones.
+    #[test]
+    fn an_identity_counts_on_every_store_it_is_used_on() {
+        use crate::caller::{Caller, CallerIdentity, CallerKind, CallerLimits, Callers};
+        let config = LimiterConfig::builder()
+            .model(ModelLimits::new("m").rpm(100))
+            .build()
+            .unwrap();
+        let id = config.model_id("m").unwrap();
+        let key = CallerIdentity::new(CallerKind::Key, "k");
+        let limits = CallerLimits::new().rpm(3).max_parallel(1);
+        let request = |callers: &Option<Arc<Callers>>| AdmitRequest {
+            model: id,
+            pool: PoolRef::Default,
+            reserve: 0,
+            callers: callers.clone(),
+            flow: None,
+        };
+        for store in [
+            MemoryStore::with_clock(&config, ManualClock::new()),
+            MemoryStore::with_clock(&config, ManualClock::new()),
+        ] {
+            let settler = store.settler(id).unwrap();
+            let callers = || Callers::new(Some(Caller::with_identity(key.clone(), limits)), None);
+            let mut admitted = 0;
+            for _ in 0..5 {
+                let first = callers();
+                let Decision::Admit(a) = store.admit(request(&first)).into_inner().unwrap() else {
+                    continue;
+                };
+                admitted += 1;
+                let second = callers();
+                assert!(
+                    matches!(
+                        store.admit(request(&second)).into_inner().unwrap(),
+                        Decision::Refuse(_)
+                    ),
+                    "one in flight at most"
+                );
+                let settlement = Settlement {
+                    model: id,
+                    pool: PoolRef::Default,
+                    tokens: 0,
+                    reserved: a.reserved,
+                    model_window: a.model_window,
+                    pool_window: a.pool_window,
+                    cancel: false,
+                };
+                settler.settle_callers(settlement, first.as_ref().unwrap());
+            }
+            assert_eq!(admitted, 3, "rpm 3 on each store, its slot freed each time");
+        }
+    }
+
     /// Key + team + model + pool in one step, against a reference that applies the four checks
     /// one after the other on plain counts: the same admissions, and the first limit broken is
     /// the one named. One fixed window (the clock stands still), strict mode throughout, several
     /// keys sharing a team, settlements in between.
     mod against_checks_in_sequence {
         use super::*;
-        use crate::caller::{Caller, CallerKind, CallerLimit, CallerLimits, Callers};
+        use crate::caller::{
+            Caller, CallerIdentity, CallerKind, CallerLimit, CallerLimits, Callers,
+        };
         use crate::clock::ManualClock;
         use crate::config::{ModelLimits, Reservation};
         use crate::decision::Scope;
@@ -937,7 +1051,8 @@ mod tests {
                     3),
                 team in (proptest::option::of(1u64..6), proptest::option::of(1u64..12),
                          proptest::option::of(1u64..300), proptest::option::of(1u64..10)),
-                steps in proptest::collection::vec((0usize..3, 0usize..2, any::<bool>(), 0u64..60), 1..60),
+                steps in proptest::collection::vec(
+                    (0usize..3, 0usize..2, any::<bool>(), 0u64..60, any::<bool>()), 1..60),
             ) {
                 let config = LimiterConfig::builder()
                     .model(ModelLimits::new("m").rpm(model_rpm))
@@ -958,7 +1073,13 @@ mod tests {
                 let (mut model_count, mut pool_count) = (0u64, [0u64; 2]);
                 // Admitted and not settled: (key, settlement, callers, tokens it will cost).
                 let mut open = Vec::new();
-                for (key, pool, settle_one, tokens) in steps {
+                // Identities kept between requests, as the gateway keeps them with its keys
+                // (counters found once), or made anew per request (found every time).
+                let kept: Vec<CallerIdentity> = (0..3)
+                    .map(|k| CallerIdentity::new(CallerKind::Key, format!("k{k}")))
+                    .collect();
+                let kept_team = CallerIdentity::new(CallerKind::Team, "t");
+                for (key, pool, settle_one, tokens, keep) in steps {
                     if settle_one && !open.is_empty() {
                         let (k, settlement, callers, cost): (usize, Settlement, Arc<Callers>, u64) =
                             open.remove(0);
@@ -969,10 +1090,17 @@ mod tests {
                         }
                         continue;
                     }
-                    let callers = Callers::new(
-                        Some(Caller::new(CallerKind::Key, format!("k{key}"), key_limits[key])),
-                        Some(Caller::new(CallerKind::Team, "t", team_limits)),
-                    );
+                    let callers = if keep {
+                        Callers::new(
+                            Some(Caller::with_identity(kept[key].clone(), key_limits[key])),
+                            Some(Caller::with_identity(kept_team.clone(), team_limits)),
+                        )
+                    } else {
+                        Callers::new(
+                            Some(Caller::new(CallerKind::Key, format!("k{key}"), key_limits[key])),
+                            Some(Caller::new(CallerKind::Team, "t", team_limits)),
+                        )
+                    };
                     let expected = if let Some(l) = caller_breaks(&key_limits[key], &key_count[key]) {
                         Verdict::Refuse(Scope::Caller(CallerKind::Key, l))
                     } else if let Some(l) = caller_breaks(&team_limits, &team_count) {

@@ -1559,7 +1559,7 @@ impl Inner {
             [seen[0].as_ref(), seen[1].as_ref()],
             request.model,
             reserved,
-            saturation(limits, model.usage(now, window)),
+            || saturation(limits, model.usage(now, window)),
             now,
             window,
         );

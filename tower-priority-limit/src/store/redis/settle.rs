@@ -173,7 +173,7 @@ impl Inner {
                     };
                     log.record(SpendRow {
                         kind: caller.kind(),
-                        id: Arc::from(caller.id()),
+                        id: Arc::clone(caller.identity().shared_id()),
                         model: (*prefix != "$").then(|| model_name.clone()),
                         period: *period,
                         spent: NanoUsd::from_nanos(after),
