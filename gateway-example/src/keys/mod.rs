@@ -188,8 +188,9 @@ pub struct Resolved {
     pub priority: Option<Arc<str>>,
     /// Its team's limits, when the team has any.
     pub team_limits: Option<Arc<TeamLimits>>,
-    /// The key as its counters know it, made once per record (not per request).
-    pub key_identity: CallerIdentity,
+    /// The key as its counters know it, made once per record (not per request); `None` when
+    /// it has no limits of its own.
+    pub key_identity: Option<CallerIdentity>,
 }
 
 impl Resolved {
@@ -224,10 +225,7 @@ impl Resolved {
             team_missing: key.record.team_id.is_some() && team.is_none(),
             priority: priority.cloned(),
             team_limits: team.and_then(|t| t.team_limits.clone()),
-            key_identity: key
-                .key_identity
-                .clone()
-                .unwrap_or_else(|| key_identity(&key.record)),
+            key_identity: key.key_identity.clone(),
         }
     }
 
@@ -242,9 +240,10 @@ impl Resolved {
     }
 }
 
-/// A key as its counters know it (by its hash).
-fn key_identity(key: &KeyRecord) -> CallerIdentity {
-    CallerIdentity::new(CallerKind::Key, key.token.as_str())
+/// A key as its counters know it (by its hash), if it has limits of its own (else nothing is
+/// counted for it, and a request need not carry it).
+fn key_identity(key: &KeyRecord) -> Option<CallerIdentity> {
+    (!key.limits.is_empty()).then(|| CallerIdentity::new(CallerKind::Key, key.token.as_str()))
 }
 
 /// A team's limits as its keys carry them: `None` when it has none.
@@ -269,7 +268,7 @@ fn team_models(models: &[String]) -> Option<Arc<[String]>> {
 #[derive(Debug, Clone, Default)]
 pub struct ModelAccess {
     /// The key, for its `models` and limits, with its identity; `None`: the master key.
-    key: Option<(Arc<KeyRecord>, CallerIdentity)>,
+    key: Option<(Arc<KeyRecord>, Option<CallerIdentity>)>,
     /// Its team's `models`, when the team has a list.
     team: Option<Arc<[String]>>,
     /// Its team's limits, when the team has any.
@@ -316,7 +315,7 @@ impl ModelAccess {
         let key = self
             .key
             .as_ref()
-            .and_then(|(k, identity)| limits::caller(identity, &k.limits, model, now));
+            .and_then(|(k, identity)| limits::caller(identity.as_ref()?, &k.limits, model, now));
         let team = self
             .team_limits
             .as_ref()
@@ -361,7 +360,7 @@ struct PriorityOf<R> {
     team_models: Option<Arc<[String]>>,
     /// A team's limits (`None` for a key, or a team without any).
     team_limits: Option<Arc<TeamLimits>>,
-    /// A key's identity (`None` for a team).
+    /// A key's identity (`None` for a team, or a key without limits).
     key_identity: Option<CallerIdentity>,
 }
 
@@ -369,7 +368,7 @@ impl PriorityOf<Arc<KeyRecord>> {
     fn key(record: Arc<KeyRecord>) -> Self {
         let priority = priority_of(&record.metadata).map(Arc::from);
         Self {
-            key_identity: Some(key_identity(&record)),
+            key_identity: key_identity(&record),
             record,
             priority,
             team_models: None,
