@@ -16,6 +16,11 @@
 //! `post_hoc` only the real cost counts, once the response ends. A request's cost counts in the
 //! budget period it was admitted in.
 //!
+//! A caller is known by its [`CallerIdentity`]: keep one per key and team (as the gateway keeps it
+//! with the key's record) and make each request's [`Caller`] from it
+//! ([`Caller::with_identity`]): the embedded store finds the caller's counters once and keeps the
+//! handle in the identity, instead of looking them up for every request.
+//!
 //! ```
 //! use tower_priority_limit::caller::{Caller, CallerKind, CallerLimits, Callers};
 //!
