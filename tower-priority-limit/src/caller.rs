@@ -365,7 +365,9 @@ impl CallerLimits {
 /// Who a caller is, made once per key or team and shared by all its requests (a clone is a
 /// pointer's): its kind, the stable id its counters are kept under (a key's hash, a team's id;
 /// never a raw key), and where the embedded store found those counters, so a request that
-/// carries it neither copies the id nor looks the counters up again.
+/// carries it neither copies the id nor looks the counters up again. The first store that counts
+/// it keeps its handle there (and its counters while the identity lives); another store, one
+/// with counters of its own, looks them up per request as for a caller made anew.
 ///
 /// ```
 /// use tower_priority_limit::caller::{Caller, CallerIdentity, CallerKind, CallerLimits};

@@ -58,8 +58,9 @@ struct Slot {
 /// Shards of the caller table: a lookup locks one of them, briefly.
 const CALLER_SHARDS: usize = 64;
 
-/// Callers idle in one shard beyond which a new caller first drops the idle ones (their windows
-/// are over and nothing is in flight), so the table follows the callers in use.
+/// Callers in one shard beyond which a new caller first drops the idle ones nothing holds (their
+/// windows are over, nothing is in flight, no identity keeps them), so the table follows the
+/// callers in use; after a pruning the next waits until the shard has doubled (at least this).
 const CALLER_PRUNE_AT: usize = 1_024;
 
 /// Every caller's counters, by kind and id, in shards.
@@ -113,13 +114,13 @@ struct CallerSlot {
     id: Arc<str>,
 }
 
-// One per caller, behind its own `Arc`: as the model's counters, boxing would add a pointer
-// chase to every admission.
-#[allow(clippy::large_enum_variant)]
+// One per caller, behind its own `Arc`, kept as long as its key's identity is (the gateway's key
+// record): fixed windows inline (their slot is 256 bytes), sliding windows' half kilobyte a pair
+// boxed, so the fixed kind is not sized by the sliding one.
 #[derive(Debug)]
 enum AnyCallerCounters {
     Fixed(CallerCounters<FixedWindow>),
-    Sliding(CallerCounters<SlidingWindow>),
+    Sliding(Box<CallerCounters<SlidingWindow>>),
 }
 
 /// The caller counters of one kind of window, out of [`AnyCallerCounters`].
@@ -142,7 +143,7 @@ impl CallerWindow for FixedWindow {
 impl CallerWindow for SlidingWindow {
     fn counters(any: &mut AnyCallerCounters) -> &mut CallerCounters<Self> {
         if !matches!(any, AnyCallerCounters::Sliding(_)) {
-            *any = AnyCallerCounters::Sliding(CallerCounters::default());
+            *any = AnyCallerCounters::Sliding(Box::default());
         }
         match any {
             AnyCallerCounters::Sliding(c) => c,
@@ -216,7 +217,7 @@ impl CallerTable {
             let mut len = 0;
             shard.slots.retain(|_, same| {
                 // A slot a request holds (admitting or settling), or a caller's identity
-                // (its key in a gateway's cache), is in use.
+                // holds (a key's record the gateway keeps), is in use.
                 same.retain(|slot| Arc::strong_count(slot) > 1 || !slot.is_idle(now, window));
                 len += same.len();
                 !same.is_empty()
@@ -226,7 +227,7 @@ impl CallerTable {
         }
         let counters = match self.kind {
             WindowKind::Fixed => AnyCallerCounters::Fixed(CallerCounters::default()),
-            WindowKind::Sliding => AnyCallerCounters::Sliding(CallerCounters::default()),
+            WindowKind::Sliding => AnyCallerCounters::Sliding(Box::default()),
         };
         let slot = Arc::new(CallerSlot {
             counters: Mutex::new(counters),
@@ -255,7 +256,10 @@ impl CallerTable {
                     as Arc<dyn std::any::Any + Send + Sync>
             });
             elsewhere |= found.is_none();
-            found.and_then(|h| h.downcast_ref::<CallerSlot>())
+            let slot = found.and_then(|h| h.downcast_ref::<CallerSlot>());
+            // This table only ever keeps its own slots there.
+            debug_assert!(found.is_none() || slot.is_some());
+            slot
         });
         if !elsewhere {
             return kept;
@@ -929,6 +933,9 @@ mod tests {
             "idle callers dropped: {kept} of {}",
             2 * n
         );
+        // What a key with limits keeps while the gateway holds its record: two cache lines
+        // with fixed windows (sliding ones' pairs on the heap, not in every slot).
+        assert_eq!(std::mem::size_of::<CallerSlot>(), 256);
     }
 
     /// An identity counted first by one store still counts on another (each its own counters,
