@@ -1,9 +1,10 @@
 //! Does an admission cost more when the config has more models, or the store more keys? Issue 36:
 //! 1, 100 and 10,000 models (each request for the next model in turn, so the traffic touches all
 //! of them), and 1, 10,000 and 100,000 keys with `rpm_limit` (each request from the next key in
-//! turn; 1,000,000 too on the embedded store) on one model; all in one run, as ratios to 1 model
-//! without keys. Each key is one `Caller` made once and cloned per request, as the gateway keeps
-//! a key's identity with the key.
+//! turn; 1,000,000 too on the embedded store) on one model, and 2 and 20 priorities; all in one
+//! run, as ratios to 1 model without keys. Then, embedded: the start and reload of the largest
+//! config (10,000 models, 20 priorities) and a million keys' memory. Each key is one `Caller`
+//! made once and cloned per request, as the gateway keeps a key's identity with the key.
 //!
 //! - Embedded store: admit + lease + settle through `admit_request`, in batches interleaved over
 //!   the sizes, the fastest batch of each kept (a preempted batch only gets slower).
@@ -41,6 +42,8 @@ struct Size {
     models: usize,
     keys: usize,
     touched: usize,
+    /// Priorities the config reserves a share for (each its own pool).
+    priorities: usize,
 }
 
 const fn size(models: usize, keys: usize) -> Size {
@@ -48,13 +51,14 @@ const fn size(models: usize, keys: usize) -> Size {
         models,
         keys,
         touched: if models > keys { models } else { keys },
+        priorities: 2,
     }
 }
 
 /// The rows, in print order: models (1, 100, 10,000), then keys (1, 10,000, 100,000), then the
 /// two large sizes with the traffic on 100 of them (what the size costs when the traffic does not
 /// spread over all of it: the structures' size, not the memory the traffic touches).
-const ROWS: [Size; 8] = [
+const ROWS: [Size; 9] = [
     size(1, 0),
     size(100, 0),
     size(10_000, 0),
@@ -65,24 +69,35 @@ const ROWS: [Size; 8] = [
         models: 10_000,
         keys: 0,
         touched: 100,
+        priorities: 2,
     },
     Size {
         models: 1,
         keys: 100_000,
         touched: 100,
+        priorities: 2,
+    },
+    Size {
+        priorities: 20,
+        ..size(1, 0)
     },
 ];
 
 /// The row the key rows are compared with (1 key).
 const ONE_KEY: usize = 3;
 
-fn config(models: usize) -> LimiterConfig {
+fn config(models: usize, priorities: usize) -> LimiterConfig {
     // Long enough that a busy machine never sends a Redis admission to the local fallback (the
     // run asserts none failed): this measures Redis, not the fallback.
-    let mut builder = LimiterConfig::builder()
-        .store_timeout(Duration::from_secs(5))
-        .reserve("prod", Reservation::Percent(0.9))
-        .reserve("dev", Reservation::Percent(0.1));
+    let mut builder = LimiterConfig::builder().store_timeout(Duration::from_secs(5));
+    builder = match priorities {
+        2 => builder
+            .reserve("prod", Reservation::Percent(0.9))
+            .reserve("dev", Reservation::Percent(0.1)),
+        n => (0..n).fold(builder, |b, i| {
+            b.reserve(format!("p{i}"), Reservation::Percent(0.9 / n as f64))
+        }),
+    };
     for i in 0..models {
         builder = builder.model(
             ModelLimits::new(format!("model-{i}"))
@@ -137,7 +152,7 @@ impl<S: Store> Rig<S> {
 impl Rig<tower_priority_limit::store::MemoryStore> {
     fn embedded(size: Size) -> Self {
         Self::new(
-            Limiter::with_clock(config(size.models), CoarseClock::new()),
+            Limiter::with_clock(config(size.models, size.priorities), CoarseClock::new()),
             size,
         )
     }
@@ -183,7 +198,10 @@ fn label(size: Size) -> String {
     } else {
         String::new()
     };
-    format!("{} models, {} keys{traffic}", size.models, size.keys)
+    format!(
+        "{} models, {} keys, {} priorities{traffic}",
+        size.models, size.keys, size.priorities
+    )
 }
 
 /// After the warm-up: the traffic on as many as the row says.
@@ -258,7 +276,7 @@ async fn redis(rounds: usize) {
     let sizes = ROWS;
     let mut rigs = Vec::new();
     for (i, &size) in sizes.iter().enumerate() {
-        let config = config(size.models);
+        let config = config(size.models, size.priorities);
         let store = RedisStore::builder(RedisTarget::Single(server.url()))
             .key_prefix(format!("scale{i}:"))
             .connect(&config)
@@ -320,6 +338,55 @@ async fn redis(rounds: usize) {
     }
 }
 
+/// Resident bytes of this process (`/proc/self/statm`), 0 where it cannot be read.
+fn resident() -> u64 {
+    std::fs::read_to_string("/proc/self/statm")
+        .ok()
+        .and_then(|s| s.split_whitespace().nth(1)?.parse::<u64>().ok())
+        .map_or(0, |pages| pages * 4096)
+}
+
+/// The largest sizes' start and reload: a config of 10,000 models with 20 priorities built (the
+/// builder validates it), its embedded counters made and reloaded onto (`reconfigured`, what a
+/// reload that keeps the layout does), and the memory they hold; then a million keys' counters
+/// made (one admission each) and what they hold.
+fn start_and_reload() {
+    let before = resident();
+    let t = Instant::now();
+    let config = config(10_000, 20);
+    let built = t.elapsed();
+    let t = Instant::now();
+    let store = tower_priority_limit::store::MemoryStore::new(&config);
+    let made = t.elapsed();
+    let held = resident().saturating_sub(before);
+    let t = Instant::now();
+    let reloaded = store.reconfigured(&config).expect("the same layout");
+    let reload = t.elapsed();
+    drop((reloaded, store));
+    println!(
+        "10,000 models x 20 priorities: config built in {:.0} ms, counters made in {:.0} ms \
+         ({:.1} MiB resident for config and counters), reloaded onto in {:.1} ms",
+        built.as_secs_f64() * 1e3,
+        made.as_secs_f64() * 1e3,
+        held as f64 / (1 << 20) as f64,
+        reload.as_secs_f64() * 1e3
+    );
+    let before = resident();
+    let t = Instant::now();
+    let rig = Rig::embedded(MILLION_KEYS);
+    for _ in 0..rig.keys.len() {
+        rig.request();
+    }
+    let took = t.elapsed();
+    let per_key = resident().saturating_sub(before) as f64 / MILLION_KEYS.keys as f64;
+    println!(
+        "1,000,000 keys with rpm_limit: made and each admitted once in {:.2} s, {per_key:.0} \
+         resident bytes a key ({} of them this example's own Caller, as a gateway's key record)",
+        took.as_secs_f64(),
+        std::mem::size_of::<Caller>()
+    );
+}
+
 fn main() {
     let only = std::env::var("ONLY").unwrap_or_default();
     let rounds = std::env::var("ROUNDS")
@@ -327,6 +394,8 @@ fn main() {
         .and_then(|r| r.parse().ok())
         .unwrap_or(5);
     if only != "redis" {
+        // First, while the heap is fresh: memory freed by the rows would be reused, unseen.
+        start_and_reload();
         embedded();
     }
     if only != "embedded" {
