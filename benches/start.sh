@@ -8,8 +8,7 @@
 # Per run: the time from starting the process to /health/liveliness answering (polled every
 # 10 ms) and the gateway's RSS then; then every limit changed in the file and `POST
 # /config/reload` timed (the counters reloaded in place: same models and priorities), and the RSS
-# after. GATEWAY_BIN=path measures that build instead of this tree's; METRICS=false turns the
-# gateway's metrics off (`general_settings.metrics: false`).
+# after. GATEWAY_BIN=path measures that build instead of this tree's.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MODELS=${1:-10000}
@@ -36,8 +35,6 @@ print(f"  priority_reservation: {{{reserved}}}")
 print("  priority_reservation_settings: {default_priority: 0.1, saturation_threshold: 0.5}")
 print("general_settings:")
 print("  master_key: sk-load-master")
-if __import__("os").environ.get("METRICS") == "false":
-    print("  metrics: false")
 PY
 }
 
