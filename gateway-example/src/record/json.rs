@@ -89,18 +89,8 @@ fn member(out: &mut Vec<u8>, name: &[u8], value: &str) {
 }
 
 /// `value` in decimal.
-fn number(out: &mut Vec<u8>, mut value: u64) {
-    let mut digits = [0u8; 20];
-    let mut at = digits.len();
-    loop {
-        at -= 1;
-        digits[at] = b'0' + (value % 10) as u8;
-        value /= 10;
-        if value == 0 {
-            break;
-        }
-    }
-    out.extend_from_slice(&digits[at..]);
+fn number(out: &mut Vec<u8>, value: u64) {
+    out.extend_from_slice(itoa::Buffer::new().format(value).as_bytes());
 }
 
 /// `s` as a JSON string, escaped as serde_json escapes it: `"` and `\`, the control characters
