@@ -1,14 +1,13 @@
 //! [`PrometheusMetrics`]: the limiter's series in a `prometheus-client` registry.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, RwLock, Weak};
+use std::sync::{Arc, OnceLock, RwLock, Weak};
 use std::time::Duration;
 
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
-use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
+use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
 
@@ -17,8 +16,6 @@ use super::{
 };
 use crate::config::{pool_index, LimiterConfig, ModelId, PoolRef};
 use crate::decision::{Decision, Dimension, Refused, Usage};
-
-type Labels<const N: usize> = [(&'static str, Arc<str>); N];
 
 /// The limiter's Prometheus series, registered once in a [`Registry`] for one config:
 ///
@@ -42,8 +39,11 @@ type Labels<const N: usize> = [(&'static str, Arc<str>); N];
 /// - `priority_limit_queue_depth{model,priority}`, `priority_limit_queue_wait_seconds`;
 /// - `priority_limit_store_seconds`, `priority_limit_store_errors_total`.
 ///
-/// Every (model, priority, label) counter is made up front, so recording is indexing a slice and
-/// one atomic add: no lock, no allocation, no hashing on the request path.
+/// Every (model, priority, label) series is exported from the start and reads 0 until counted.
+/// Its counter is a plain atomic in a block per model, made on the model's first record (one
+/// allocation in the model's life): recording is then indexing and one atomic add, with no
+/// lock, no allocation and no hashing, and a config of 10,000 models with 20 priorities holds no
+/// per-series label sets (11.8 million series as `Family` entries took 3 GB and 20 s to make).
 ///
 /// ```
 /// use std::sync::Arc;
@@ -65,22 +65,14 @@ pub struct PrometheusMetrics {
     /// Pools per model in the indexes below: the named priorities, then the default pool.
     pools: usize,
     config: LimiterConfig,
-    requests: Box<[Counter]>,
-    refusals: Box<[Counter]>,
-    /// Per (model, pool): `admitted`, then each [`RefusedBy`].
-    tries: Box<[Counter]>,
-    tokens: Box<[Counter]>,
-    queue_depth: Box<[Gauge]>,
+    /// Per model: its pools' series, made on the model's first record; `None` reads as zeros.
+    series: Box<[OnceLock<Box<[PoolSeries]>>]>,
     queue_wait: AtomicHistogram,
     store_seconds: AtomicHistogram,
     store_errors: Counter,
-    /// Per model, then per (model, pool): what the last admission saw, for stores that cannot be
-    /// read at scrape.
+    /// Per model: the saturation the last admission saw, for stores that cannot be read at
+    /// scrape.
     last_saturation: Box<[AtomicU64]>,
-    last_pool: Box<[[AtomicU64; 2]]>,
-    /// Per (model, pool): requests admitted as `admitted` that a deployment's own limit would
-    /// have refused, which [`snapshot`](Self::snapshot) counts as `shadow_refused`.
-    deployment_shadowed: Box<[AtomicU64]>,
     /// Read at scrape only: a lock here costs the request path nothing.
     source: RwLock<Option<Weak<dyn UsageSource>>>,
 }
@@ -89,115 +81,16 @@ impl PrometheusMetrics {
     /// Registers the series of `config`'s models and priorities in `registry`.
     pub fn new(config: &LimiterConfig, registry: &mut Registry) -> Arc<Self> {
         let pools = config.priorities().len() + 1;
-        let models: Vec<Arc<str>> = config
-            .models()
-            .iter()
-            .map(|m| m.name_arc().clone())
-            .collect();
-        let priorities: Vec<Arc<str>> = config
-            .priorities()
-            .iter()
-            .cloned()
-            .chain([Arc::from("default")])
-            .collect();
-        // Every (model, priority, value) handle, in index order.
-        fn handles(
-            family: &Family<Labels<3>, Counter>,
-            models: &[Arc<str>],
-            priorities: &[Arc<str>],
-            key: &'static str,
-            values: &[&'static str],
-        ) -> Box<[Counter]> {
-            // Each label value made once and shared by its series (millions at 10,000 models
-            // with 20 priorities), as the model's and priority's are.
-            let values: Vec<Arc<str>> = values.iter().map(|v| Arc::from(*v)).collect();
-            let mut out = Vec::with_capacity(models.len() * priorities.len() * values.len());
-            for model in models {
-                for priority in priorities {
-                    for value in &values {
-                        out.push(
-                            family
-                                .get_or_create(&[
-                                    ("model", model.clone()),
-                                    ("priority", priority.clone()),
-                                    (key, value.clone()),
-                                ])
-                                .clone(),
-                        );
-                    }
-                }
-            }
-            out.into_boxed_slice()
-        }
-        let requests = Family::<Labels<3>, Counter>::default();
-        let refusals = Family::<Labels<3>, Counter>::default();
-        let tries = Family::<Labels<3>, Counter>::default();
-        let tokens = Family::<Labels<3>, Counter>::default();
-        let outcomes: Vec<&str> = OutcomeLabel::ALL.iter().map(|o| o.as_str()).collect();
-        let limits: Vec<&str> = RefusedBy::ALL.iter().map(|o| o.as_str()).collect();
-        let results: Vec<&str> = std::iter::once(OutcomeLabel::Admitted.as_str())
-            .chain(limits.iter().copied())
-            .collect();
-        let kinds: Vec<&str> = TokenKind::ALL.iter().map(|o| o.as_str()).collect();
         let metrics = Self {
             pools,
             config: config.clone(),
-            requests: handles(&requests, &models, &priorities, "outcome", &outcomes),
-            refusals: handles(&refusals, &models, &priorities, "limit", &limits),
-            tries: handles(&tries, &models, &priorities, "result", &results),
-            tokens: handles(&tokens, &models, &priorities, "kind", &kinds),
-            queue_depth: {
-                let family = Family::<Labels<2>, Gauge>::default();
-                let mut out = Vec::new();
-                for model in &models {
-                    for priority in &priorities {
-                        out.push(
-                            family
-                                .get_or_create(&[
-                                    ("model", model.clone()),
-                                    ("priority", priority.clone()),
-                                ])
-                                .clone(),
-                        );
-                    }
-                }
-                // Not registered: encoded at scrape from the source's queues when it has them
-                // (`ScrapeGauges`); these hold what the limiter last pushed, for other sources.
-                drop(family);
-                out.into_boxed_slice()
-            },
+            series: config.models().iter().map(|_| OnceLock::new()).collect(),
             queue_wait: AtomicHistogram::exponential(0.005, 2.0, 14),
             store_seconds: AtomicHistogram::exponential(0.0001, 2.0, 16),
             store_errors: Counter::default(),
-            last_saturation: models.iter().map(|_| AtomicU64::new(0)).collect(),
-            last_pool: (0..models.len() * pools)
-                .map(|_| [AtomicU64::new(0), AtomicU64::new(0)])
-                .collect(),
-            deployment_shadowed: (0..models.len() * pools)
-                .map(|_| AtomicU64::new(0))
-                .collect(),
+            last_saturation: config.models().iter().map(|_| AtomicU64::new(0)).collect(),
             source: RwLock::new(None),
         };
-        registry.register(
-            "priority_limit_requests",
-            "Admissions by model, priority and outcome",
-            requests,
-        );
-        registry.register(
-            "priority_limit_refusals",
-            "Refusals (shadow ones too) by the counter that refused: model or pool, requests or tokens",
-            refusals,
-        );
-        registry.register(
-            "priority_limit_queue_tries",
-            "Tries of waiters in their turn: admitted, or the limit that refused (queue_order: the fleet's order)",
-            tries,
-        );
-        registry.register(
-            "priority_limit_tokens",
-            "Tokens settled, by how they were known",
-            tokens,
-        );
         registry.register(
             "priority_limit_queue_wait_seconds",
             "Time requests waited in a queue",
@@ -227,8 +120,22 @@ impl PrometheusMetrics {
         *self.source.write().unwrap_or_else(|e| e.into_inner()) = Some(source);
     }
 
-    fn slot(&self, model: ModelId, pool: PoolRef) -> usize {
-        model.index() * self.pools + pool_index(pool, self.pools)
+    /// `model`'s series for `pool`, made with the rest of its model's on the first record.
+    /// `None` for a model of another config.
+    fn record(&self, model: ModelId, pool: PoolRef) -> Option<&PoolSeries> {
+        let block = self
+            .series
+            .get(model.index())?
+            .get_or_init(|| (0..self.pools).map(|_| PoolSeries::default()).collect());
+        block.get(pool_index(pool, self.pools))
+    }
+
+    /// `model`'s series for `pool` if anything was recorded there (`None` reads as zeros).
+    fn read(&self, model: ModelId, pool: PoolRef) -> Option<&PoolSeries> {
+        self.series
+            .get(model.index())?
+            .get()?
+            .get(pool_index(pool, self.pools))
     }
 
     /// The source, while it lives.
@@ -245,7 +152,10 @@ impl PrometheusMetrics {
     fn queue_depth_of(&self, model: ModelId, pool: PoolRef) -> u64 {
         self.source()
             .and_then(|s| s.queue_depth_now(model, pool))
-            .unwrap_or_else(|| self.queue_depth[self.slot(model, pool)].get().max(0) as u64)
+            .unwrap_or_else(|| {
+                self.read(model, pool)
+                    .map_or(0, |s| s.queue_depth.load(Ordering::Relaxed))
+            })
     }
 
     /// `model`'s saturation and `pool`'s usage and reserved limits now, else (`None` saturation)
@@ -254,16 +164,37 @@ impl PrometheusMetrics {
         if let Some(now) = self.source().and_then(|s| s.usage_now(model, pool)) {
             return now;
         }
-        let [r, t] = &self.last_pool[self.slot(model, pool)];
+        let (requests, tokens) = self.read(model, pool).map_or((0, 0), |s| {
+            let [r, t] = &s.last_pool;
+            (r.load(Ordering::Relaxed), t.load(Ordering::Relaxed))
+        });
         UsageNow {
             saturation: f64::NAN,
-            pool: Some(Usage {
-                requests: r.load(Ordering::Relaxed),
-                tokens: t.load(Ordering::Relaxed),
-            }),
+            pool: Some(Usage { requests, tokens }),
             reserved: self.config.model(model).pool(pool).copied(),
         }
     }
+}
+
+/// One (model, pool)'s counters: every series of the four counter families, and what the
+/// last admission saw.
+#[derive(Debug, Default)]
+struct PoolSeries {
+    /// By [`OutcomeLabel`].
+    requests: [AtomicU64; OutcomeLabel::ALL.len()],
+    /// By [`RefusedBy`].
+    refusals: [AtomicU64; RefusedBy::ALL.len()],
+    /// `admitted`, then by [`RefusedBy`].
+    tries: [AtomicU64; 1 + RefusedBy::ALL.len()],
+    /// By [`TokenKind`].
+    tokens: [AtomicU64; TokenKind::ALL.len()],
+    /// What the limiter last pushed, for sources without queues.
+    queue_depth: AtomicU64,
+    /// Requests and tokens the last admission saw, for stores that cannot be read at scrape.
+    last_pool: [AtomicU64; 2],
+    /// Requests admitted as `admitted` that a deployment's own limit would have refused, which
+    /// [`PrometheusMetrics::snapshot`] counts as `shadow_refused`.
+    deployment_shadowed: AtomicU64,
 }
 
 /// One pool of one model as [`PrometheusMetrics::snapshot`] reads it, for dashboards.
@@ -289,15 +220,17 @@ impl PrometheusMetrics {
         if model.index() >= self.last_saturation.len() {
             return None;
         }
-        let slot = self.slot(model, pool);
+        let series = self.read(model, pool);
         let mut requests = [0; 5];
-        for (i, count) in requests.iter_mut().enumerate() {
-            *count = self.requests[slot * OutcomeLabel::ALL.len() + i].get();
+        let mut moved = 0;
+        if let Some(s) = series {
+            for (count, atomic) in requests.iter_mut().zip(&s.requests) {
+                *count = atomic.load(Ordering::Relaxed);
+            }
+            moved = s.deployment_shadowed.load(Ordering::Relaxed);
         }
         // Told after its admission was counted, so never more than those admitted.
-        let moved = self.deployment_shadowed[slot]
-            .load(Ordering::Relaxed)
-            .min(requests[OutcomeLabel::Admitted as usize]);
+        let moved = moved.min(requests[OutcomeLabel::Admitted as usize]);
         requests[OutcomeLabel::Admitted as usize] -= moved;
         requests[OutcomeLabel::ShadowRefused as usize] += moved;
         let now = self.usage(model, pool);
@@ -318,13 +251,12 @@ impl PrometheusMetrics {
 
 impl Observer for PrometheusMetrics {
     fn admission(&self, model: ModelId, pool: PoolRef, outcome: Outcome<'_>) {
-        if model.index() >= self.last_saturation.len() {
+        let Some(series) = self.record(model, pool) else {
             return; // a model of another config
-        }
-        let slot = self.slot(model, pool);
-        self.requests[slot * OutcomeLabel::ALL.len() + outcome.label() as usize].inc();
+        };
+        series.requests[outcome.label() as usize].fetch_add(1, Ordering::Relaxed);
         if let Some(refused) = outcome.refusal() {
-            self.refusals[slot * RefusedBy::ALL.len() + RefusedBy::of(refused) as usize].inc();
+            series.refusals[RefusedBy::of(refused) as usize].fetch_add(1, Ordering::Relaxed);
         }
         // Remember what this admission saw, for stores the gauges cannot read at scrape.
         let (saturation, pool_usage) = match outcome {
@@ -334,7 +266,7 @@ impl Observer for PrometheusMetrics {
         };
         self.last_saturation[model.index()].store(saturation.to_bits(), Ordering::Relaxed);
         if let Some(u) = pool_usage {
-            let [r, t] = &self.last_pool[slot];
+            let [r, t] = &series.last_pool;
             r.store(u.requests, Ordering::Relaxed);
             t.store(u.tokens, Ordering::Relaxed);
         }
@@ -347,23 +279,23 @@ impl Observer for PrometheusMetrics {
         dimension: Dimension,
         admitted_as: OutcomeLabel,
     ) {
-        if model.index() >= self.last_saturation.len() {
+        let Some(series) = self.record(model, pool) else {
             return;
-        }
-        let slot = self.slot(model, pool);
+        };
         let by = RefusedBy::deployment(dimension);
-        self.refusals[slot * RefusedBy::ALL.len() + by as usize].inc();
+        series.refusals[by as usize].fetch_add(1, Ordering::Relaxed);
         if admitted_as == OutcomeLabel::Admitted {
-            self.deployment_shadowed[slot].fetch_add(1, Ordering::Relaxed);
+            series.deployment_shadowed.fetch_add(1, Ordering::Relaxed);
         }
     }
 
     fn tokens(&self, model: ModelId, pool: PoolRef, kind: TokenKind, tokens: u64) {
-        if tokens == 0 || model.index() >= self.last_saturation.len() {
+        if tokens == 0 {
             return;
         }
-        let i = self.slot(model, pool) * TokenKind::ALL.len() + kind as usize;
-        self.tokens[i].inc_by(tokens);
+        if let Some(series) = self.record(model, pool) {
+            series.tokens[kind as usize].fetch_add(tokens, Ordering::Relaxed);
+        }
     }
 
     fn store_call(&self, elapsed: Duration, ok: bool) {
@@ -374,8 +306,10 @@ impl Observer for PrometheusMetrics {
     }
 
     fn queue_depth(&self, model: ModelId, pool: PoolRef, depth: u64) {
-        if model.index() < self.last_saturation.len() {
-            self.queue_depth[self.slot(model, pool)].set(depth.min(i64::MAX as u64) as i64);
+        if let Some(series) = self.record(model, pool) {
+            series
+                .queue_depth
+                .store(depth.min(i64::MAX as u64), Ordering::Relaxed);
         }
     }
 
@@ -384,81 +318,158 @@ impl Observer for PrometheusMetrics {
     }
 
     fn queue_try(&self, model: ModelId, pool: PoolRef, refused: Option<&Refused>) {
-        if model.index() >= self.last_saturation.len() {
-            return;
+        if let Some(series) = self.record(model, pool) {
+            let result = refused.map_or(0, |r| 1 + RefusedBy::of(r) as usize);
+            series.tries[result].fetch_add(1, Ordering::Relaxed);
         }
-        let result = refused.map_or(0, |r| 1 + RefusedBy::of(r) as usize);
-        self.tries[self.slot(model, pool) * (1 + RefusedBy::ALL.len()) + result].inc();
     }
 }
 
-/// The gauges computed at scrape: saturation per model, and each pool's use of its reserved
-/// limits.
+/// The series encoded at scrape: the four counter families from the per-model blocks (zeros for
+/// a model nothing was recorded for), and the gauges: saturation per model, each pool's use of
+/// its reserved limits, and queue depths.
 #[derive(Debug)]
 struct ScrapeGauges(Arc<PrometheusMetrics>);
+
+/// A counter family's name, help (ending in a full stop, as `Registry::register` writes it), label name and values, and where its counts sit in a
+/// [`PoolSeries`].
+struct CounterFamily {
+    name: &'static str,
+    help: &'static str,
+    label: &'static str,
+    values: fn() -> Vec<&'static str>,
+    counts: fn(&PoolSeries) -> &[AtomicU64],
+}
+
+const COUNTER_FAMILIES: [CounterFamily; 4] = [
+    CounterFamily {
+        name: "priority_limit_requests",
+        help: "Admissions by model, priority and outcome.",
+        label: "outcome",
+        values: || OutcomeLabel::ALL.iter().map(|o| o.as_str()).collect(),
+        counts: |s| &s.requests,
+    },
+    CounterFamily {
+        name: "priority_limit_refusals",
+        help: "Refusals (shadow ones too) by the counter that refused: model or pool, requests or tokens.",
+        label: "limit",
+        values: || RefusedBy::ALL.iter().map(|o| o.as_str()).collect(),
+        counts: |s| &s.refusals,
+    },
+    CounterFamily {
+        name: "priority_limit_queue_tries",
+        help: "Tries of waiters in their turn: admitted, or the limit that refused (queue_order: the fleet's order).",
+        label: "result",
+        values: || {
+            std::iter::once(OutcomeLabel::Admitted.as_str())
+                .chain(RefusedBy::ALL.iter().map(|o| o.as_str()))
+                .collect()
+        },
+        counts: |s| &s.tries,
+    },
+    CounterFamily {
+        name: "priority_limit_tokens",
+        help: "Tokens settled, by how they were known.",
+        label: "kind",
+        values: || TokenKind::ALL.iter().map(|o| o.as_str()).collect(),
+        counts: |s| &s.tokens,
+    },
+];
+
+impl ScrapeGauges {
+    /// Every pool of the config, with its model and its priority's label.
+    fn pools(&self) -> impl Iterator<Item = (ModelId, &str, PoolRef, &str)> + '_ {
+        let metrics = &self.0;
+        let config = &metrics.config;
+        config
+            .models()
+            .iter()
+            .enumerate()
+            .flat_map(move |(i, limits)| {
+                (0..metrics.pools).map(move |p| {
+                    let pool = if p + 1 == metrics.pools {
+                        PoolRef::Default
+                    } else {
+                        PoolRef::Named(p as u16)
+                    };
+                    let label = config.pool_label(pool).unwrap_or("default");
+                    (ModelId(i as u32), limits.name(), pool, label)
+                })
+            })
+    }
+}
 
 impl Collector for ScrapeGauges {
     fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
         let metrics = &self.0;
         let config = &metrics.config;
+        for counters in &COUNTER_FAMILIES {
+            let mut family = encoder.encode_descriptor(
+                counters.name,
+                counters.help,
+                None,
+                MetricType::Counter,
+            )?;
+            let values = (counters.values)();
+            for (model, model_name, pool, priority) in self.pools() {
+                let counts = metrics.read(model, pool).map(counters.counts);
+                for (i, value) in values.iter().enumerate() {
+                    let count = counts.map_or(0, |c| c[i].load(Ordering::Relaxed));
+                    ConstCounter::new(count).encode(family.encode_family(&[
+                        ("model", model_name),
+                        ("priority", priority),
+                        (counters.label, value),
+                    ])?)?;
+                }
+            }
+        }
         let mut saturations = Vec::with_capacity(config.models().len());
         let mut usages = Vec::with_capacity(config.models().len() * metrics.pools);
         let mut depths = Vec::with_capacity(config.models().len() * metrics.pools);
-        for (i, limits) in config.models().iter().enumerate() {
-            let model = ModelId(i as u32);
-            let mut saturation = None;
-            for p in 0..metrics.pools {
-                let pool = if p + 1 == metrics.pools {
-                    PoolRef::Default
-                } else {
-                    PoolRef::Named(p as u16)
-                };
-                let now = metrics.usage(model, pool);
-                depths.push((
-                    [
-                        ("model", limits.name().to_owned()),
-                        (
-                            "priority",
-                            config.pool_label(pool).unwrap_or("default").to_owned(),
-                        ),
-                    ],
-                    metrics.queue_depth_of(model, pool),
-                ));
-                if !now.saturation.is_nan() {
-                    saturation = Some(now.saturation);
-                }
-                if let (Some(reserved), Some(used)) = (now.reserved, now.pool) {
-                    let label = config.pool_label(pool).unwrap_or("default");
-                    for (dimension, limit, used) in [
-                        ("requests", reserved.rpm, used.requests),
-                        ("tokens", reserved.tpm, used.tokens),
-                    ] {
-                        if let Some(limit) = limit {
-                            let ratio = if limit == 0 {
-                                if used == 0 {
-                                    0.0
-                                } else {
-                                    f64::INFINITY
-                                }
+        let mut saturation = None;
+        for (model, model_name, pool, priority) in self.pools() {
+            let now = metrics.usage(model, pool);
+            depths.push((
+                [("model", model_name), ("priority", priority)],
+                metrics.queue_depth_of(model, pool),
+            ));
+            if !now.saturation.is_nan() {
+                saturation = Some(now.saturation);
+            }
+            if let (Some(reserved), Some(used)) = (now.reserved, now.pool) {
+                for (dimension, limit, used) in [
+                    ("requests", reserved.rpm, used.requests),
+                    ("tokens", reserved.tpm, used.tokens),
+                ] {
+                    if let Some(limit) = limit {
+                        let ratio = if limit == 0 {
+                            if used == 0 {
+                                0.0
                             } else {
-                                used as f64 / limit as f64
-                            };
-                            usages.push((
-                                [
-                                    ("model", limits.name().to_owned()),
-                                    ("priority", label.to_owned()),
-                                    ("dimension", dimension.to_owned()),
-                                ],
-                                ratio,
-                            ));
-                        }
+                                f64::INFINITY
+                            }
+                        } else {
+                            used as f64 / limit as f64
+                        };
+                        usages.push((
+                            [
+                                ("model", model_name),
+                                ("priority", priority),
+                                ("dimension", dimension),
+                            ],
+                            ratio,
+                        ));
                     }
                 }
             }
-            let saturation = saturation.unwrap_or_else(|| {
-                f64::from_bits(metrics.last_saturation[i].load(Ordering::Relaxed))
-            });
-            saturations.push(([("model", limits.name().to_owned())], saturation));
+            if pool == PoolRef::Default {
+                // The model's last pool: its saturation as any pool read it, else the last
+                // admission's.
+                let saturation = saturation.take().unwrap_or_else(|| {
+                    f64::from_bits(metrics.last_saturation[model.index()].load(Ordering::Relaxed))
+                });
+                saturations.push(([("model", model_name)], saturation));
+            }
         }
         let mut family = encoder.encode_descriptor(
             "priority_limit_saturation",
@@ -538,6 +549,64 @@ mod tests {
         ] {
             assert!(text.contains(line), "{line} in {text}");
         }
+    }
+
+    /// Every series is exported from the start and reads 0, while a model's counters are made
+    /// only on its first record: a config of many models holds nothing for the idle ones.
+    #[test]
+    fn every_series_reads_zero_until_counted_and_idle_models_hold_no_counters() {
+        let config = LimiterConfig::builder()
+            .model(ModelLimits::new("a").rpm(10))
+            .model(ModelLimits::new("b").rpm(10))
+            .reserve("prod", crate::config::Reservation::Percent(0.5))
+            .build()
+            .unwrap();
+        let mut registry = Registry::default();
+        let metrics = PrometheusMetrics::new(&config, &mut registry);
+        let encode = || {
+            let mut text = String::new();
+            prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+            text
+        };
+        let series = |text: &str, prefix: &str| {
+            text.lines()
+                .filter(|l| l.starts_with(prefix))
+                .map(|l| l.rsplit(' ').next().unwrap().to_owned())
+                .collect::<Vec<_>>()
+        };
+        let text = encode();
+        // 2 models x 2 pools, each with every label value.
+        for (family, per_pool) in [
+            ("priority_limit_requests_total{", OutcomeLabel::ALL.len()),
+            ("priority_limit_refusals_total{", RefusedBy::ALL.len()),
+            (
+                "priority_limit_queue_tries_total{",
+                1 + RefusedBy::ALL.len(),
+            ),
+            ("priority_limit_tokens_total{", TokenKind::ALL.len()),
+        ] {
+            let values = series(&text, family);
+            assert_eq!(values.len(), 4 * per_pool, "{family} in {text}");
+            assert!(values.iter().all(|v| v == "0"), "{family} in {text}");
+        }
+        assert!(metrics.series.iter().all(|m| m.get().is_none()));
+
+        let a = config.model_id("a").unwrap();
+        metrics.tokens(a, PoolRef::Default, TokenKind::Prompt, 7);
+        assert!(metrics.series[a.index()].get().is_some());
+        assert!(metrics.series[config.model_id("b").unwrap().index()]
+            .get()
+            .is_none());
+        let text = encode();
+        assert!(text.contains(
+            r#"priority_limit_tokens_total{model="a",priority="default",kind="prompt"} 7"#
+        ));
+        assert!(text.contains(
+            r#"priority_limit_tokens_total{model="b",priority="default",kind="prompt"} 0"#
+        ));
+        assert!(
+            text.contains("# HELP priority_limit_tokens Tokens settled, by how they were known.")
+        );
     }
 
     /// Waiters' tries in their turn, by result: the fleet's order's refusals are counted apart
