@@ -445,11 +445,16 @@ impl GatewayConfig {
             }
         }
 
-        let mut deployments = Vec::new();
+        let mut deployments: Vec<Deployment> = Vec::new();
+        // Ids taken, and each group's deployments by position: the checks below look up, not
+        // scan, so a list of 10,000 deployments is read in linear time.
+        let mut ids = std::collections::HashSet::new();
+        let mut groups: std::collections::HashMap<String, Vec<usize>> =
+            std::collections::HashMap::new();
         if let Some(list) = root.get("model_list")? {
             for (position, item) in list.items()?.iter().enumerate() {
                 let d = deployment(item, position, &defaults)?;
-                if deployments.iter().any(|o: &Deployment| o.id == d.id) {
+                if !ids.insert(d.id.clone()) {
                     return Err(ConfigError::new(
                         format!("model_list[{position}].model_info.id"),
                         format!("id \"{}\" is used by another deployment", d.id),
@@ -458,9 +463,12 @@ impl GatewayConfig {
                 // A group answers an endpoint only if all its deployments speak its format, so
                 // a group of an OpenAI and an Anthropic upstream could serve nothing.
                 if let Target::Upstream { api, .. } = &d.target {
-                    let mixed = deployments
-                        .iter()
-                        .position(|o: &Deployment| o.model_name == d.model_name && !o.speaks(*api));
+                    let mixed = groups.get(&d.model_name).and_then(|members| {
+                        members
+                            .iter()
+                            .copied()
+                            .find(|&o| !deployments[o].speaks(*api))
+                    });
                     if let Some(other) = mixed {
                         return Err(ConfigError::new(
                             format!("model_list[{position}].litellm_params.model"),
@@ -474,6 +482,10 @@ impl GatewayConfig {
                         ));
                     }
                 }
+                groups
+                    .entry(d.model_name.clone())
+                    .or_default()
+                    .push(deployments.len());
                 deployments.push(d);
             }
         }
@@ -573,7 +585,7 @@ impl GatewayConfig {
         }
         for (group, targets) in &router.fallbacks {
             for name in std::iter::once(group).chain(targets) {
-                if !deployments.iter().any(|d| &d.model_name == name) {
+                if !groups.contains_key(name.as_str()) {
                     return Err(ConfigError::new(
                         "router_settings.fallbacks",
                         format!("\"{name}\" is not a model_name in model_list"),

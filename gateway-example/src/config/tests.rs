@@ -141,6 +141,14 @@ fn errors_name_the_yaml_path() {
                 "model_list[1].litellm_params.model: model_name \"m\" mixes API formats: this deployment speaks Anthropic's Messages API and model_list[0] does not (the gateway does not translate between formats; give them different model_names)",
             ),
             (
+                "model_list: [{model_name: m, litellm_params: {model: openai/x, api_key: k}}, {model_name: n, litellm_params: {model: openai/y, api_key: k}}, {model_name: m, litellm_params: {model: openai/x, api_key: k}, model_info: {id: d1}}, {model_name: n, litellm_params: {model: openai/z, api_key: k}, model_info: {id: d1}}]",
+                "model_list[3].model_info.id: id \"d1\" is used by another deployment",
+            ),
+            (
+                "model_list: [{model_name: m, litellm_params: {model: openai/x, api_key: k}}]\nrouter_settings: {fallbacks: [{m: [nope]}]}",
+                "router_settings.fallbacks: \"nope\" is not a model_name in model_list",
+            ),
+            (
                 "model_list: [{model_name: \"a\\\"b\", litellm_params: {model: openai/x, api_key: k}}]",
                 "model_list[0].model_name: \"a\\\"b\" contains '\"': names must not hold quotes, backslashes or control characters",
             ),

@@ -163,12 +163,13 @@ impl Router {
         let mut names: Vec<&str> = Vec::new();
         let mut groups: HashMap<String, (ModelName, Vec<usize>)> = HashMap::new();
         for (i, d) in deployments.iter().enumerate() {
-            if !names.contains(&d.model_name.as_str()) {
-                names.push(&d.model_name);
-            }
             groups
                 .entry(d.model_name.clone())
-                .or_insert_with(|| (ModelName::from(d.model_name.as_str()), Vec::new()))
+                .or_insert_with(|| {
+                    // Each name once, in the config's order (a lookup, not a scan of the names).
+                    names.push(&d.model_name);
+                    (ModelName::from(d.model_name.as_str()), Vec::new())
+                })
                 .1
                 .push(i);
         }
