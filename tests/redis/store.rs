@@ -1003,7 +1003,7 @@ async fn lua_script_and_decide_agree_on_callers() {
         return;
     };
     let config = lockstep_config().token_accounting(TokenAccounting::Reserve);
-    let by = agree_with_callers(&redis, config, "agree-callers:", None).await;
+    let by = agree_with_callers(&Lockstep::on(&redis), config, "agree-callers:", None).await;
     for limit in [
         "key_parallel",
         "key_requests",
@@ -1025,7 +1025,7 @@ async fn lua_script_and_decide_agree_on_budgets() {
         return;
     };
     let config = lockstep_config().token_accounting(TokenAccounting::Reserve);
-    let by = agree_with_callers_of(&redis, config, "agree-budgets:", None, 4).await;
+    let by = agree_with_callers_of(&Lockstep::on(&redis), config, "agree-budgets:", None, 4).await;
     for limit in ["key_budget", "key_model_budget"] {
         assert!(by.get(limit).copied().unwrap_or(0) > 0, "{limit}: {by:?}");
     }
@@ -1043,7 +1043,13 @@ async fn lua_script_and_decide_agree_on_callers_on_sliding_windows() {
         .token_accounting(TokenAccounting::Reserve)
         .window_kind(WindowKind::Sliding)
         .window(Duration::from_millis(window));
-    let by = agree_with_callers(&redis, config, "agree-callers-sliding:", Some(now)).await;
+    let by = agree_with_callers(
+        &Lockstep::on(&redis),
+        config,
+        "agree-callers-sliding:",
+        Some(now),
+    )
+    .await;
     let by_callers: usize = by
         .iter()
         .filter(|(k, _)| k.starts_with("key_") || k.starts_with("team_"))
@@ -1052,9 +1058,164 @@ async fn lua_script_and_decide_agree_on_callers_on_sliding_windows() {
     assert!(by_callers > 20, "refusals by callers' limits: {by:?}");
 }
 
+/// Key and team limits in lock-step on a Redis Cluster (3 masters), where the callers' hashes
+/// (one slot) and each model's are on different masters, so an admission with callers is two
+/// calls and a model's refusal takes the callers' counts back: the same decisions as the
+/// embedded store's, every kind of caller limit and both budgets refusing, the script never
+/// disagreeing with the Rust rule; fixed windows, then sliding ones.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lua_script_and_decide_agree_on_callers_on_a_redis_cluster() {
+    let Some(cluster) = RedisCluster::start("lua_script_and_decide_agree_on_callers_cluster", 3)
+    else {
+        return;
+    };
+    let callers = cluster.master_of(cluster.slot_of("x{c}"));
+    for model in ["m", "tokens-only"] {
+        assert_ne!(
+            callers,
+            cluster.master_of(cluster.slot_of(&format!("x{{{model}}}"))),
+            "{model}'s slot and the callers' on different masters"
+        );
+    }
+    let lockstep = Lockstep {
+        urls: cluster.urls(),
+        target: RedisTarget::Cluster(cluster.urls()),
+    };
+    let config = lockstep_config().token_accounting(TokenAccounting::Reserve);
+    let by = agree_with_callers(&lockstep, config, "agree-cluster:", None).await;
+    for limit in [
+        "key_parallel",
+        "key_requests",
+        "key_tokens",
+        "key_daily_tokens",
+        "key_model_requests",
+        "team_requests",
+        "team_model_tokens",
+    ] {
+        assert!(by.get(limit).copied().unwrap_or(0) > 0, "{limit}: {by:?}");
+    }
+    let by_model: usize = by
+        .iter()
+        .filter(|(k, _)| k.starts_with("model_") || k.starts_with("pool_"))
+        .map(|(_, n)| n)
+        .sum();
+    assert!(
+        by_model > 0,
+        "refused by the model after the callers admitted: {by:?}"
+    );
+    let config = lockstep_config().token_accounting(TokenAccounting::Reserve);
+    let by = agree_with_callers_of(&lockstep, config, "agree-cluster-budgets:", None, 4).await;
+    for limit in ["key_budget", "key_model_budget"] {
+        assert!(by.get(limit).copied().unwrap_or(0) > 0, "{limit}: {by:?}");
+    }
+
+    let (now, window) = early_in_a_slot(&cluster.nodes()[0]);
+    let config = lockstep_config()
+        .token_accounting(TokenAccounting::Reserve)
+        .window_kind(WindowKind::Sliding)
+        .window(Duration::from_millis(window));
+    let by = agree_with_callers(&lockstep, config, "agree-cluster-sliding:", Some(now)).await;
+    let by_callers: usize = by
+        .iter()
+        .filter(|(k, _)| k.starts_with("key_") || k.starts_with("team_"))
+        .map(|(_, n)| n)
+        .sum();
+    assert!(by_callers > 20, "refusals by callers' limits: {by:?}");
+}
+
+/// A lost master holding the callers' slot on a Redis Cluster sends only requests with key or
+/// team limits to the fallback: the model's requests without them stay on the shared counters,
+/// and the model is not marked down.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_callers_master_sends_only_requests_with_callers_to_the_fallback() {
+    use tower_priority_limit::caller::{Caller, CallerKind, CallerLimits, Callers};
+    use tower_priority_limit::{AdmissionOutcome, RequestAdmission};
+    let Some(mut cluster) =
+        RedisCluster::start_with_replicas("a_lost_callers_master_sends_only", 3, 0, 2000, false)
+    else {
+        return;
+    };
+    let callers_master = cluster.master_of(cluster.slot_of("x{c}")).unwrap();
+    assert_ne!(
+        Some(callers_master),
+        cluster.master_of(cluster.slot_of("x{m}"))
+    );
+    let config = LimiterConfig::builder()
+        .model(ModelLimits::new("m").rpm(1_000))
+        .build()
+        .unwrap();
+    let limiter = redis_limiter(config, RedisTarget::Cluster(cluster.urls()), "lost-c:").await;
+    let admit = |with_callers: bool| {
+        let limiter = limiter.clone();
+        async move {
+            let callers = with_callers.then_some(()).and_then(|()| {
+                Callers::new(
+                    Some(Caller::new(
+                        CallerKind::Key,
+                        "k",
+                        CallerLimits::new().rpm(100),
+                    )),
+                    None,
+                )
+            });
+            let outcome = limiter
+                .admit_request(RequestAdmission {
+                    model: limiter.config().model_id("m").unwrap(),
+                    pool: limiter.resolve_pool(None),
+                    flow: 0,
+                    prompt_tokens: 1,
+                    max_output_tokens: Some(0),
+                    max_wait: None,
+                    callers,
+                })
+                .await
+                .unwrap();
+            assert!(matches!(outcome, AdmissionOutcome::Admitted { .. }));
+        }
+    };
+    let local = || {
+        limiter
+            .store()
+            .stats()
+            .local_admissions
+            .load(Ordering::Relaxed)
+    };
+    for _ in 0..3 {
+        admit(true).await;
+        admit(false).await;
+    }
+    assert_eq!(local(), 0);
+    cluster.kill(callers_master);
+    for _ in 0..5 {
+        admit(true).await;
+    }
+    assert_eq!(local(), 5, "requests with callers on the fallback");
+    for _ in 0..5 {
+        admit(false).await;
+    }
+    assert_eq!(local(), 5, "the model's other requests still on Redis");
+    // One failure found it (the first keyed request's call), and the model never failed.
+    assert_eq!(limiter.store().stats().failures.load(Ordering::Relaxed), 1);
+}
+
+/// Where a lock-step runs: every node's URL (to move time on each) and the store's target.
+struct Lockstep {
+    urls: Vec<String>,
+    target: RedisTarget,
+}
+
+impl Lockstep {
+    fn on(redis: &RedisServer) -> Self {
+        Lockstep {
+            urls: vec![redis.url()],
+            target: single(redis),
+        }
+    }
+}
+
 /// Runs the lock-step with callers; returns how many refusals each limit made.
 async fn agree_with_callers(
-    redis: &RedisServer,
+    redis: &Lockstep,
     config: LimiterConfigBuilder,
     prefix: &str,
     sliding_from: Option<u64>,
@@ -1065,7 +1226,7 @@ async fn agree_with_callers(
 /// [`agree_with_callers`] over the first `variants` sets of callers (the fourth: a key with
 /// budgets).
 async fn agree_with_callers_of(
-    redis: &RedisServer,
+    redis: &Lockstep,
     config: LimiterConfigBuilder,
     prefix: &str,
     sliding_from: Option<u64>,
@@ -1084,8 +1245,12 @@ async fn agree_with_callers_of(
         clock.set(now);
     }
     let memory = Limiter::with_clock(config.clone(), clock.clone());
-    let shared = redis_limiter(config, single(redis), prefix).await;
-    let client = ::redis::Client::open(redis.url()).unwrap();
+    let shared = redis_limiter(config, redis.target.clone(), prefix).await;
+    let clients: Vec<_> = redis
+        .urls
+        .iter()
+        .map(|url| ::redis::Client::open(url.as_str()).unwrap())
+        .collect();
     let key = |id: &str, limits| Caller::new(CallerKind::Key, id, limits);
     let team = |limits| Caller::new(CallerKind::Team, "t", limits);
     // The callers of a request on `model` with a prompt of `prompt` tokens, one set per store
@@ -1160,7 +1325,9 @@ async fn agree_with_callers_of(
                 if sliding_from.is_none() {
                     let by = Duration::from_secs(1 + rng.next(40));
                     clock.advance(by);
-                    shift_redis_windows(&client, prefix, by);
+                    for client in &clients {
+                        shift_redis_windows(client, prefix, by);
+                    }
                 }
             }
             1..=3 if !leases.is_empty() => {

@@ -313,8 +313,7 @@ fn budgets(
 }
 
 /// Refuses key and team limits the gateway would not enforce: with the limiter off (no
-/// admission runs) or on Redis Cluster (one admission script cannot reach a key's counters and
-/// its model's there).
+/// admission runs).
 fn limits_enforced(gw: &Gateway) -> Result<(), ApiError> {
     let config = gw.config();
     if !config.limiter_enabled {
@@ -323,15 +322,6 @@ fn limits_enforced(gw: &Gateway) -> Result<(), ApiError> {
              nothing was changed.",
             crate::config::LIMITER_CALLBACK
         )));
-    }
-    if matches!(
-        config.redis,
-        Some(tower_priority_limit::store::RedisTarget::Cluster(_))
-    ) {
-        return Err(ApiError::bad_request(
-            "key and team limits need a single Redis server; they are not supported on Redis \
-             Cluster yet (docs/gateway.md, \"Key and team limits\"); nothing was changed.",
-        ));
     }
     Ok(())
 }

@@ -40,6 +40,11 @@
 --                    requests, pool tokens, verdict}, the totals after the slots that left the
 --                    window at `now` are dropped, then on a refusal the 31 (requests, tokens)
 --                    places of the model's ring and then of the pool's (zeros without pools).
+--          With 'C' as the last ARGV (a Redis Cluster, where a model's keys and its callers'
+--          live in different slots), only the callers are counted: KEYS[1] is the first
+--          caller's hash, the model's limits are -1, no pools and no floors, and the model's
+--          fields are neither read from it nor written (the model's part comes from a second
+--          call, and the callers' counts are taken back if it refuses).
 --          verdict: 0 admitted and counted, 1 refused by the model cap, 2 refused by the pool,
 --          3 expired: run after the caller's deadline (it has given up), nothing read or changed,
 --          4 refused by a caller's limit, 5 behind: the capacity allows it, but a flow of its
@@ -138,7 +143,9 @@ if ARGV[#ARGV] == 'F' and (tonumber(ARGV[15]) or 0) > 1 then
   fields[#fields + 1] = 'wq'
   wq_at = #fields
 end
-local f = redis.call('HMGET', key, unpack(fields))
+local callers_only = ARGV[#ARGV] == 'C'
+local f = {}
+if not callers_only then f = redis.call('HMGET', key, unpack(fields)) end
 local anyone_waits = wq_at ~= nil and (tonumber(f[wq_at]) or 0) > now
 local read = read_fixed
 local width = 3
@@ -651,7 +658,7 @@ local function callers_reply(reply)
 end
 
 if not sliding then
-  if verdict == 0 then
+  if verdict == 0 and not callers_only then
     count_fixed(key, 'm', m, window, reserve)
     if pp ~= '' then count_fixed(key, pp, q, window, reserve) end
     -- Every window in this hash ends by now + window, so nothing outlives its use.
@@ -664,6 +671,11 @@ if not sliding then
 end
 
 if verdict == 0 then
+  if callers_only then
+    local reply = {now, m.head, m.r, m.k, q.head or -1, q.r, q.k, verdict}
+    callers_reply(reply)
+    return reply
+  end
   count_sliding(key, 'm', m, reserve)
   if pp ~= '' then count_sliding(key, pp, q, reserve) end
   -- Every slot in this hash leaves the window by now + window + a slot; the TTL (window + a slot
@@ -679,7 +691,7 @@ end
 -- Refused: the rings too, as they count at `now`, so retry-after can be computed from them.
 local reply = {now, m.head, m.r, m.k, q.head or -1, q.r, q.k, verdict}
 add_pools_used(reply)
-local function ring(p, c) push_ring(reply, key, p, c, true) end
+local function ring(p, c) push_ring(reply, key, p, c, not callers_only) end
 ring('m', m)
 if pp ~= '' then
   ring(pp, q)

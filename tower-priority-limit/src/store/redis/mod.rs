@@ -69,7 +69,7 @@ use self::cluster::Cluster;
 use self::connection::{bounded, unavailable, RedisConnection, CLUSTER_START_WAIT};
 use self::deadline::RedisTimeOffset;
 use self::script::{LuaScript, SCRIPT_LOAD_WAIT};
-use self::settle::{flush_settlements, process_id, Queued, RedisSettler};
+use self::settle::{flush_settlements, process_id, Pending, Queued, RedisSettler};
 pub use self::spend::SpendEpoch;
 pub use self::target::RedisTarget;
 use super::{
@@ -156,16 +156,66 @@ fn caller_hash_ttl(kind: WindowKind, limits: &crate::caller::CallerLimits) -> i6
     i64::try_from(ttl.min(MAX_EXACT)).unwrap_or(i64::MAX)
 }
 
-/// A caller's hash key and its parallel slots' key: `PREFIX{c:KIND:ID}` (a tag of its own).
-fn caller_keys(prefix: &str, caller: &Caller) -> [String; 2] {
-    let hash = caller_hash(prefix, caller.kind(), caller.id());
+/// A caller's hash key and its parallel slots' key ([`caller_hash`], then `:inflight`).
+fn caller_keys(prefix: &str, layout: CallerLayout, caller: &Caller) -> [String; 2] {
+    let hash = caller_hash(prefix, layout, caller.kind(), caller.id());
     let slots = format!("{hash}:inflight");
     [hash, slots]
 }
 
-/// A caller's hash key, `PREFIX{c:KIND:ID}`.
-fn caller_hash(prefix: &str, kind: crate::caller::CallerKind, id: &str) -> String {
-    format!("{prefix}{{c:{}:{id}}}", kind.as_str())
+/// How to read a reply: the clocks it was read on (the model's master's, and its callers':
+/// another master's on a cluster, the same server's otherwise) and where its callers' part is.
+#[derive(Debug, Clone, Copy)]
+struct ReplyReading {
+    model_now: Millis,
+    callers_now: Millis,
+    callers_at: usize,
+}
+
+/// Which part of an admission one `admit.lua` call decides.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ScriptPart {
+    /// The model, its pool and its callers, in one call (one server).
+    Whole,
+    /// The model and its pool alone: a cluster's second call for a request with callers.
+    Model,
+    /// The callers alone, in their slot: a cluster's first call.
+    Callers,
+}
+
+/// When [`Inner::decision`] sets the callers' marks (what their settlement or undo takes back).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Marks {
+    /// On an admission only: the reply is one call's, everything counted or nothing.
+    OnAdmission,
+    /// Also on a refusal: the callers were counted by their own call, and are taken back.
+    Always,
+    /// Marks only, for taking the callers' counts back; the model's part of the reply is not
+    /// Redis's (it did not answer), so the decision is not checked against the script's.
+    Only,
+}
+
+/// Where callers' hashes live.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum CallerLayout {
+    /// One server: `PREFIX{c:KIND:ID}`, a tag each (a cluster would spread them).
+    OwnTag,
+    /// A Redis Cluster: `PREFIX{c}:KIND:ID`, every caller in one slot, so that a key and its
+    /// team are checked and counted in one script call (the model's part is a second call).
+    OneSlot,
+}
+
+/// A caller's hash key.
+fn caller_hash(
+    prefix: &str,
+    layout: CallerLayout,
+    kind: crate::caller::CallerKind,
+    id: &str,
+) -> String {
+    match layout {
+        CallerLayout::OwnTag => format!("{prefix}{{c:{}:{id}}}", kind.as_str()),
+        CallerLayout::OneSlot => format!("{prefix}{{c}}:{}:{id}", kind.as_str()),
+    }
 }
 
 /// A caller's fields of `model` in its hash: `M<name>:` then the pair's own.
@@ -193,6 +243,9 @@ pub struct RedisStats {
     /// Settlements Redis skipped because it had already applied them (a retried settlement whose
     /// earlier send timed out here but still ran in Redis).
     pub settlements_duplicate: AtomicU64,
+    /// On a Redis Cluster: admissions whose callers were counted in their slot and then taken
+    /// back because the model refused or could not answer.
+    pub callers_undone: AtomicU64,
     /// Admissions answered "expired" (run after their deadline on Redis's clock, nothing counted)
     /// while this process still waited, decided by the failure mode instead. Rare: the deadline
     /// is early by at most about a round trip. (Calls run after their caller gave up change
@@ -317,6 +370,7 @@ impl RedisStoreBuilder {
             },
         ));
         let (queue, receiver) = mpsc::channel(self.settle_queue);
+        let _ = inner.undo_queue.set(queue.downgrade());
         // Load both scripts now, so the first admissions are one round trip each, and learn
         // Redis's clock, so the first admissions carry a deadline; best effort (Redis may be
         // down): `LuaScript::call` falls back to EVAL on NOSCRIPT anyway, and every admission's
@@ -522,7 +576,7 @@ impl RedisStore {
     ) -> Result<Vec<crate::caller::Spent>, StoreError> {
         use crate::caller::{NanoUsd, Spent};
         let inner = &self.inner;
-        let hash = caller_hash(&inner.key_prefix, kind, id);
+        let hash = caller_hash(&inner.key_prefix, inner.caller_layout(), kind, id);
         let mut prefixes = vec![("$".to_owned(), None)];
         for (i, model) in inner.config.models().iter().enumerate() {
             let prefix = format!("{}$", caller_model_prefix(model.name()));
@@ -561,7 +615,8 @@ struct Inner {
     settle_script: LuaScript,
     /// Per model: its hash key, `PREFIX{name}`.
     keys: Box<[String]>,
-    /// The prefix of every key (callers' hashes are `PREFIX{c:KIND:ID}`).
+    /// The prefix of every key (callers' hashes are `PREFIX{c:KIND:ID}`, on a cluster
+    /// `PREFIX{c}:KIND:ID`: [`CallerLayout`]).
     key_prefix: String,
     /// Bound of the settlement queue.
     settle_queue: usize,
@@ -582,6 +637,13 @@ struct Inner {
     /// Whether Redis answers: one for every model on one server, one per model on a cluster (a
     /// lost master must not send the models of the others to the fallback).
     health: Box<[Health]>,
+    /// On a Redis Cluster, the health of the one slot every caller's hash is in
+    /// ([`CallerLayout::OneSlot`]): a lost master there sends requests with key or team limits
+    /// to the fallback, not the models.
+    callers_health: Health,
+    /// The settlement queue, for callers' counts taken back after their model refused on a
+    /// cluster when the call taking them back failed (weak: the queue ends with the store).
+    undo_queue: std::sync::OnceLock<mpsc::WeakSender<Queued>>,
     /// Per model: admissions decided by the local fallback.
     local_by_model: Box<[AtomicU64]>,
     /// Per model: the local fallback's admissions Redis has not been told of yet.
@@ -682,6 +744,8 @@ impl Inner {
             settlement_ids: process_id(),
             next_settlement: AtomicU64::new(0),
             health: Health::for_models(connection_kind, config.models().len()),
+            callers_health: Health::new(),
+            undo_queue: std::sync::OnceLock::new(),
             local_by_model: (0..config.models().len())
                 .map(|_| AtomicU64::new(0))
                 .collect(),
@@ -766,12 +830,14 @@ impl Health {
             ConnectionKind::Single => 1,
             ConnectionKind::Cluster => models.max(1),
         };
-        (0..n)
-            .map(|_| Health {
-                retry_at_ms: AtomicU64::new(0),
-                healthy: AtomicBool::new(true),
-            })
-            .collect()
+        (0..n).map(|_| Health::new()).collect()
+    }
+
+    fn new() -> Self {
+        Health {
+            retry_at_ms: AtomicU64::new(0),
+            healthy: AtomicBool::new(true),
+        }
     }
 }
 
@@ -912,9 +978,12 @@ impl Inner {
     /// Is Redis to be asked about `model`? Always while it answers; after a failure, once per
     /// [`RETRY_INTERVAL`], by whichever caller claims the probe (the others use the fallback).
     fn should_try(&self, model: ModelId) -> bool {
-        let Some(health) = self.health_of(model) else {
-            return false;
-        };
+        self.health_of(model)
+            .is_some_and(|health| self.should_probe(health))
+    }
+
+    /// [`Self::should_try`] for the keys `health` answers for.
+    fn should_probe(&self, health: &Health) -> bool {
         let retry_at = health.retry_at_ms.load(Ordering::Relaxed);
         if retry_at == 0 {
             return true;
@@ -1031,6 +1100,14 @@ impl Inner {
         }
     }
 
+    /// Where the callers' hashes live: one slot on a cluster, a tag each on one server.
+    fn caller_layout(&self) -> CallerLayout {
+        match self.connection {
+            RedisConnection::Cluster(_) => CallerLayout::OneSlot,
+            RedisConnection::Single(_) => CallerLayout::OwnTag,
+        }
+    }
+
     fn pool_prefix(&self, model: ModelId, pool: PoolRef) -> &str {
         let n = self.config.model(model).pool_count();
         if n == 0 {
@@ -1043,13 +1120,6 @@ impl Inner {
         let index = request.model.index();
         if index >= self.keys.len() {
             return Err(StoreError::NoCounters(request.model));
-        }
-        if request.callers.is_some() && matches!(self.connection, RedisConnection::Cluster(_)) {
-            // One script may touch one cluster slot only, and a key's counters are not in its
-            // model's: refused loudly rather than counted apart (docs/gateway.md).
-            return Err(StoreError::Unavailable(
-                "key and team limits need a single Redis server, not a Redis Cluster".to_owned(),
-            ));
         }
         if !self.should_try(request.model) {
             return self.fallback(request);
@@ -1069,7 +1139,10 @@ impl Inner {
             Some(_) => self.next_settlement.fetch_add(1, Ordering::Relaxed) + 1,
             None => 0,
         };
-        let (sent, reply) = self.run_script(&request, slot_id).await;
+        if request.callers.is_some() && self.caller_layout() == CallerLayout::OneSlot {
+            return self.admit_split(request, slot_id).await;
+        }
+        let (sent, reply) = self.run_script(&request, slot_id, ScriptPart::Whole).await;
         match reply {
             Ok(reply) if reply.len() >= 8 => {
                 self.redis_time.observe(reply[0], sent, self.local_ms());
@@ -1084,7 +1157,7 @@ impl Inner {
                         .fetch_add(1, Ordering::Relaxed);
                     return self.fallback(request);
                 }
-                let decision = self.decision(&request, &reply, slot_id);
+                let decision = self.decision(&request, &reply, slot_id, Marks::OnAdmission, None);
                 self.see(&request, &decision);
                 Ok(decision)
             }
@@ -1103,11 +1176,182 @@ impl Inner {
         }
     }
 
-    /// One `admit.lua` call for `request`: its send time (local ms) and the reply.
+    /// A request with key or team limits on a Redis Cluster, where its callers' hashes (one
+    /// slot, [`CallerLayout::OneSlot`]) and its model's are apart: the callers' call first,
+    /// which checks and counts them all or nothing, then the model's; when the model refuses or
+    /// cannot answer, the callers' counts are taken back ([`Self::undo_callers`]), so a refused
+    /// request is counted nowhere. Between the two calls another request may see the callers'
+    /// counts of one the model then refuses: it can be refused for room given back a moment
+    /// later, never admitted past a limit.
+    async fn admit_split(
+        self: &Arc<Self>,
+        request: AdmitRequest,
+        slot_id: u64,
+    ) -> Result<Decision, StoreError> {
+        if !self.should_probe(&self.callers_health) {
+            return self.fallback(request);
+        }
+        let (sent, reply) = self
+            .run_script(&request, slot_id, ScriptPart::Callers)
+            .await;
+        let callers_reply = match reply {
+            Ok(reply) if reply.len() >= 8 => reply,
+            Ok(reply) => {
+                self.mark_callers_down(&StoreError::Unavailable(format!(
+                    "admit.lua answered {} values, expected at least 8",
+                    reply.len()
+                )));
+                return self.fallback(request);
+            }
+            Err(e) => {
+                self.mark_callers_down(&e);
+                return self.fallback(request);
+            }
+        };
+        self.redis_time
+            .observe(callers_reply[0], sent, self.local_ms());
+        self.mark_callers_up();
+        let sliding = self.config.settings().window_kind == WindowKind::Sliding;
+        let verdict = callers_reply[7];
+        // The callers' part of their reply: after the eight values, and the (empty) model's
+        // rings a refusal of sliding windows carries.
+        let skip = 8 + if sliding && verdict != 0 { 4 * RING } else { 0 };
+        let callers_part = callers_reply.get(skip..).unwrap_or_default();
+        // A model part of zeros (not read) with `verdict`, the callers' after it: what
+        // `decision` reads when the model was not asked.
+        let unread_model = |verdict: i64| {
+            let pools = self.floors(request.model).len();
+            let mut reply = vec![callers_reply[0], -1, 0, 0, -1, 0, 0, verdict];
+            reply.resize(
+                8 + 2 * pools + if sliding && verdict != 0 { 4 * RING } else { 0 },
+                0,
+            );
+            reply.extend_from_slice(callers_part);
+            reply
+        };
+        match verdict {
+            0 => {}
+            EXPIRED => {
+                self.stats
+                    .expired_admissions
+                    .fetch_add(1, Ordering::Relaxed);
+                return self.fallback(request);
+            }
+            // Refused by a caller: nothing counted, the model not asked.
+            _ => {
+                let reply = unread_model(verdict);
+                return Ok(self.decision(&request, &reply, slot_id, Marks::OnAdmission, None));
+            }
+        }
+        let (sent, reply) = self.run_script(&request, slot_id, ScriptPart::Model).await;
+        match reply {
+            Ok(mut reply) if reply.len() >= 8 => {
+                self.redis_time.observe(reply[0], sent, self.local_ms());
+                self.mark_up(request.model);
+                self.repay(request.model);
+                if reply[7] == EXPIRED {
+                    self.stats
+                        .expired_admissions
+                        .fetch_add(1, Ordering::Relaxed);
+                    let reply = unread_model(0);
+                    self.decision(&request, &reply, slot_id, Marks::Only, None);
+                    self.undo_callers(&request).await;
+                    return self.fallback(request);
+                }
+                reply.extend_from_slice(callers_part);
+                let decision = self.decision(
+                    &request,
+                    &reply,
+                    slot_id,
+                    Marks::Always,
+                    Some(callers_reply[0]),
+                );
+                self.see(&request, &decision);
+                if !matches!(decision, Decision::Admit(_)) {
+                    self.undo_callers(&request).await;
+                }
+                Ok(decision)
+            }
+            reply => {
+                let e = match reply {
+                    Err(e) => e,
+                    Ok(reply) => StoreError::Unavailable(format!(
+                        "admit.lua answered {} values, expected at least 8",
+                        reply.len()
+                    )),
+                };
+                let reply = unread_model(0);
+                self.decision(&request, &reply, slot_id, Marks::Only, None);
+                self.undo_callers(&request).await;
+                self.mark_down(request.model, &e);
+                self.fallback(request)
+            }
+        }
+    }
+
+    /// Takes back what the callers' call of a split admission counted (their marks): a
+    /// cancelled settlement of the callers alone, by an id of its own; queued to be sent again
+    /// when this call fails, as settlements are.
+    async fn undo_callers(&self, request: &AdmitRequest) {
+        let Some(callers) = &request.callers else {
+            return;
+        };
+        let id = self.next_settlement.fetch_add(1, Ordering::Relaxed);
+        let pending = Pending::undo(id, request.model, request.pool, Arc::clone(callers));
+        self.stats.callers_undone.fetch_add(1, Ordering::Relaxed);
+        if self.settle(&pending).await.is_ok() {
+            return;
+        }
+        let Some(queue) = self.undo_queue.get().and_then(mpsc::WeakSender::upgrade) else {
+            return;
+        };
+        if let Some(n) = self.settling.get(pending.model().index()) {
+            n.fetch_add(1, Ordering::SeqCst);
+        }
+        if queue.try_send(Queued::Settle(pending)).is_err() {
+            self.settled(request.model);
+            self.stats
+                .settlements_dropped
+                .fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    fn mark_callers_down(&self, error: &StoreError) {
+        self.stats.failures.fetch_add(1, Ordering::Relaxed);
+        let health = &self.callers_health;
+        let retry_at = self
+            .elapsed_ms()
+            .saturating_add(RETRY_INTERVAL.as_millis() as u64);
+        health.retry_at_ms.store(retry_at, Ordering::Relaxed);
+        if health.healthy.swap(false, Ordering::Relaxed) {
+            tracing::error!(
+                %error,
+                mode = self.failure_mode.as_str(),
+                "rate-limit Redis Cluster unavailable for the key and team counters' slot; \
+                 applying redis_failure_mode to requests with key or team limits"
+            );
+        }
+    }
+
+    fn mark_callers_up(&self) {
+        let health = &self.callers_health;
+        if health.retry_at_ms.load(Ordering::Relaxed) != 0 {
+            health.retry_at_ms.store(0, Ordering::Relaxed);
+        }
+        if !health.healthy.load(Ordering::Relaxed) && !health.healthy.swap(true, Ordering::Relaxed)
+        {
+            tracing::warn!(
+                "rate-limit Redis Cluster answers again for the key and team counters' slot"
+            );
+        }
+    }
+
+    /// One `admit.lua` call for `part` of `request`: its send time (local ms) and the reply.
     async fn run_script(
         &self,
         request: &AdmitRequest,
         slot_id: u64,
+        part: ScriptPart,
     ) -> (i64, Result<Vec<i64>, StoreError>) {
         let index = request.model.index();
         let (Some(limits), Some(key)) = (self.config.models().get(index), self.keys.get(index))
@@ -1117,20 +1361,31 @@ impl Inner {
         let settings = self.config.settings();
         // With the queue on, shares order waiters and cap nothing (`Settings::pools_cap`): the
         // script is sent no pool limits, so it refuses by the model's alone, as `decide` does.
-        let pool_limits = limits.pool(request.pool).filter(|_| settings.pools_cap());
+        let callers_only = part == ScriptPart::Callers;
+        let pool_limits = limits
+            .pool(request.pool)
+            .filter(|_| settings.pools_cap() && !callers_only);
         let limit = |v: Option<u64>| v.map_or(-1, |v| v.min(MAX_EXACT) as i64);
-        let pool_prefix = self.pool_prefix(request.model, request.pool);
+        // The callers' call sends no model limits: the model's part is the second call.
+        let model_limit = |v: Option<u64>| if callers_only { -1 } else { limit(v) };
+        let pool_prefix = match part {
+            ScriptPart::Callers => "",
+            _ => self.pool_prefix(request.model, request.pool),
+        };
+        let request_callers = request
+            .callers
+            .as_ref()
+            .filter(|_| part != ScriptPart::Model);
         let mut connection = self.connection.clone();
         // The caller gives up after `timeout`: past that, on Redis's clock, the script must change
         // nothing (see `deadline.rs` for how the clocks are matched and how far off they can be).
         let sent = self.local_ms();
         let timeout_ms = i64::try_from(self.timeout.as_millis()).unwrap_or(i64::MAX);
         let deadline = self.redis_time.deadline(sent, timeout_ms);
-        let caller_keys: Vec<[String; 2]> = request
-            .callers
+        let caller_keys: Vec<[String; 2]> = request_callers
             .iter()
             .flat_map(|c| c.iter())
-            .map(|c| caller_keys(&self.key_prefix, c))
+            .map(|c| caller_keys(&self.key_prefix, self.caller_layout(), c))
             .collect();
         // The fleet's order: every pool's waiting flows and their state, in the pools' order,
         // last (the request's own pool for the order between its flows, the others for the
@@ -1138,10 +1393,15 @@ impl Inner {
         let pool_keys = self
             .flow_keys
             .get(request.model.index())
-            .filter(|_| request.flow.is_some());
+            .filter(|_| request.flow.is_some() && !callers_only);
         let order_keys = pool_keys.map_or(0, |k| 2 * k.pools.len());
         let mut keys: Vec<&str> = Vec::with_capacity(1 + 2 * caller_keys.len() + order_keys);
-        keys.push(key.as_str());
+        // The callers' call runs in their slot: its first key is the first caller's hash (the
+        // script reads and writes no model field there).
+        keys.push(match (part, caller_keys.first()) {
+            (ScriptPart::Callers, Some(first)) => first[0].as_str(),
+            _ => key.as_str(),
+        });
         keys.extend(
             caller_keys
                 .iter()
@@ -1151,10 +1411,7 @@ impl Inner {
             keys.extend(pool_keys.pools.iter().flatten().map(String::as_str));
         }
         let flow = request.flow.filter(|_| pool_keys.is_some());
-        let model_prefix = request
-            .callers
-            .as_ref()
-            .map(|_| caller_model_prefix(limits.name()));
+        let model_prefix = request_callers.map(|_| caller_model_prefix(limits.name()));
         // The script picks by the mode it finds: the pool's limit caps it in strict mode only.
         let reserve = |strict: bool| {
             let strict = strict && limits.pool_count() > 0 && settings.pools_cap();
@@ -1162,8 +1419,8 @@ impl Inner {
         };
         let call = self.admit_script.call(&mut connection, &keys, |cmd| {
             cmd.arg(settings.window_ms)
-                .arg(limit(limits.rpm))
-                .arg(limit(limits.tpm))
+                .arg(model_limit(limits.rpm))
+                .arg(model_limit(limits.tpm))
                 .arg(pool_prefix)
                 .arg(limit(pool_limits.and_then(|p| p.rpm)))
                 .arg(limit(pool_limits.and_then(|p| p.tpm)))
@@ -1179,7 +1436,10 @@ impl Inner {
                     Enforcement::Shadow => "s",
                 });
             // The floors rule's pools (none with the queue off: shares cap instead).
-            let floors = self.floors(request.model);
+            let floors = match part {
+                ScriptPart::Callers => &[][..],
+                _ => self.floors(request.model),
+            };
             cmd.arg(floors.len())
                 .arg(pool_index(request.pool, floors.len().max(1)));
             for (prefix, limits) in self.pool_prefixes.iter().zip(floors) {
@@ -1188,7 +1448,7 @@ impl Inner {
                     .arg(limit(limits.tpm));
             }
             // The callers, key then team.
-            let (Some(callers), Some(model_prefix)) = (&request.callers, &model_prefix) else {
+            let (Some(callers), Some(model_prefix)) = (request_callers, &model_prefix) else {
                 cmd.arg(0);
                 self.flow_args(cmd, request.model, flow);
                 return;
@@ -1223,7 +1483,11 @@ impl Inner {
                 cmd.arg(caller_hash_ttl(settings.window_kind, l))
                     .arg(u8::from(c.is_shadow()));
             }
-            self.flow_args(cmd, request.model, flow);
+            if callers_only {
+                cmd.arg("C");
+            } else {
+                self.flow_args(cmd, request.model, flow);
+            }
         });
         let reply: Result<Vec<i64>, StoreError> = self.timed(bounded(self.timeout, call)).await;
         (sent, reply)
@@ -1283,7 +1547,7 @@ impl Inner {
                 flow: None,
             };
             for sent in 0..n {
-                match self.run_script(&request, 0).await {
+                match self.run_script(&request, 0, ScriptPart::Model).await {
                     (_, Ok(reply)) if reply.get(7) == Some(&0) => {
                         self.stats.local_repaid.fetch_add(1, Ordering::Relaxed);
                     }
@@ -1397,9 +1661,17 @@ impl Inner {
     }
 
     /// The full decision from the counters the script saw before it acted.
-    fn decision(&self, request: &AdmitRequest, reply: &[i64], slot_id: u64) -> Decision {
+    fn decision(
+        &self,
+        request: &AdmitRequest,
+        reply: &[i64],
+        slot_id: u64,
+        marks: Marks,
+        callers_now: Option<i64>,
+    ) -> Decision {
         let limits = self.config.model(request.model);
         let (now, verdict) = (reply[0].max(0) as Millis, reply[7]);
+        let model_now = now;
         let count = |v: i64| v.max(0) as u64;
         let pools = self.floors(request.model).len();
         let sliding_refused =
@@ -1409,6 +1681,12 @@ impl Inner {
         let callers_at = 8 + 2 * pools + if sliding_refused { 4 * RING } else { 0 };
         let n_callers = request.callers.as_ref().map_or(0, |c| c.iter().count());
         let caller_rings_at = callers_at + CALLER_REPLY * n_callers;
+        let now = ReplyReading {
+            model_now,
+            // A split admission's callers were read on their own master's clock.
+            callers_now: callers_now.map_or(model_now, |n| n.max(0) as Millis),
+            callers_at,
+        };
         let ring = |at: usize| {
             let mut slots = [Usage::default(); RING];
             if let Some(values) = reply.get(at..at + 2 * RING) {
@@ -1425,19 +1703,17 @@ impl Inner {
         // and the ring at `ring_at` (zeros where the reply has none).
         let decision = match self.config.settings().window_kind {
             WindowKind::Fixed => {
-                self.decide_on(request, now, reply, callers_at, slot_id, |at, _| {
-                    FixedWindow {
-                        window_start: u64::try_from(reply[at]).ok(),
-                        requests: count(reply[at + 1]),
-                        tokens: count(reply[at + 2]),
-                    }
+                self.decide_on(request, now, reply, slot_id, marks, |at, _| FixedWindow {
+                    window_start: u64::try_from(reply[at]).ok(),
+                    requests: count(reply[at + 1]),
+                    tokens: count(reply[at + 2]),
                 })
             }
             // The totals count at `now`; the rings come with a refusal only, after the eight
             // values (an admission's headers need the totals alone).
             WindowKind::Sliding => {
                 let rings = 8 + 2 * pools;
-                self.decide_on(request, now, reply, callers_at, slot_id, |at, pair| {
+                self.decide_on(request, now, reply, slot_id, marks, |at, pair| {
                     let ring_at = match pair {
                         PairAt::Model => rings,
                         PairAt::Pool => rings + 2 * RING,
@@ -1473,7 +1749,8 @@ impl Inner {
             decision,
             Decision::Refuse(r) if matches!(r.scope, crate::decision::Scope::Caller(..))
         );
-        if admitted != (verdict == 0) || caller_refused != (verdict == 4) {
+        if marks != Marks::Only && (admitted != (verdict == 0) || caller_refused != (verdict == 4))
+        {
             self.stats
                 .verdict_mismatches
                 .fetch_add(1, Ordering::Relaxed);
@@ -1489,14 +1766,14 @@ impl Inner {
 
     /// [`decide`] on the pairs `pair` builds from the reply: the model-wide one at 1, the pool's
     /// at 4; each pool's usage for the floors rule after the first eight values; the callers'
-    /// at `callers_at` (checked first, as the script does).
+    /// at `now.callers_at` (checked first, as the script does).
     fn decide_on<W: Window>(
         &self,
         request: &AdmitRequest,
-        now: Millis,
+        now: ReplyReading,
         reply: &[i64],
-        callers_at: usize,
         slot_id: u64,
+        marks_when: Marks,
         pair: impl Fn(usize, PairAt) -> W,
     ) -> Decision {
         let limits = self.config.model(request.model);
@@ -1516,9 +1793,10 @@ impl Inner {
                     tokens: count(9 + 2 * j),
                 },
                 request.reserve.min(MAX_EXACT),
-                now,
+                now.model_now,
             )
         };
+        let (model_now, now, callers_at) = (now.model_now, now.callers_now, now.callers_at);
         let Some(callers) = &request.callers else {
             return decide_model();
         };
@@ -1559,12 +1837,12 @@ impl Inner {
             [seen[0].as_ref(), seen[1].as_ref()],
             request.model,
             reserved,
-            || saturation(limits, model.usage(now, window)),
+            || saturation(limits, model.usage(model_now, window)),
             now,
             window,
         );
         let decision = decide_with_callers(checked, limits.enforcement(), decide_model);
-        if let Decision::Admit(_) = decision {
+        if matches!(decision, Decision::Admit(_)) || marks_when != Marks::OnAdmission {
             let cost = callers.cost_reservation(request.reserve).nanos();
             let mut marks = CallerMarks {
                 reserved,

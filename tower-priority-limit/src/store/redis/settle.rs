@@ -40,6 +40,39 @@ pub(super) struct Pending {
     id: u64,
     settlement: Settlement,
     callers: Option<Arc<Callers>>,
+    /// The callers' counts of an admission their model refused on a Redis Cluster, taken back
+    /// (`Inner::undo_callers`): the model's hash is not touched and no spend is logged.
+    callers_only: bool,
+}
+
+impl Pending {
+    /// Takes back what the callers' call of a split admission counted (`callers`' marks).
+    pub(super) fn undo(
+        id: u64,
+        model: ModelId,
+        pool: crate::config::PoolRef,
+        callers: Arc<Callers>,
+    ) -> Self {
+        Pending {
+            id,
+            settlement: Settlement {
+                model,
+                pool,
+                tokens: 0,
+                reserved: 0,
+                model_window: NOT_COUNTED,
+                pool_window: NOT_COUNTED,
+                cancel: true,
+            },
+            callers: Some(callers),
+            callers_only: true,
+        }
+    }
+
+    /// The model this settlement is of.
+    pub(super) fn model(&self) -> ModelId {
+        self.settlement.model
+    }
 }
 
 /// This process's random prefix of settlement ids: std's `RandomState` is seeded from the OS's
@@ -60,7 +93,7 @@ fn settled_key(model_key: &str, prefix: u64, id: u64) -> String {
 
 impl Inner {
     /// A settlement of `model` handed to the settler is now recorded (or dropped).
-    fn settled(&self, model: ModelId) {
+    pub(super) fn settled(&self, model: ModelId) {
         if let Some(n) = self.settling.get(model.index()) {
             n.fetch_sub(1, Ordering::SeqCst);
         }
@@ -73,7 +106,7 @@ impl Inner {
         }
     }
 
-    async fn settle(&self, pending: &Pending) -> Result<(), StoreError> {
+    pub(super) async fn settle(&self, pending: &Pending) -> Result<(), StoreError> {
         let s = pending.settlement;
         let Some(key) = self.keys.get(s.model.index()) else {
             return Ok(());
@@ -92,18 +125,20 @@ impl Inner {
             .flow_keys
             .get(s.model.index())
             .map(|k| k.channel.as_str());
-        self.settle_hash(
-            key,
-            pending.id,
-            (tokens, reserved),
-            ttl,
-            &pairs,
-            &[],
-            None,
-            s.cancel,
-            wake,
-        )
-        .await?;
+        if !pending.callers_only {
+            self.settle_hash(
+                key,
+                pending.id,
+                (tokens, reserved),
+                ttl,
+                &pairs,
+                &[],
+                None,
+                s.cancel,
+                wake,
+            )
+            .await?;
+        }
         // A caller admitted on the local fallback settles there ([`RedisSettler`]), not here.
         let Some(callers) = pending.callers.as_ref() else {
             return Ok(());
@@ -121,7 +156,7 @@ impl Inner {
             let Some(caller) = callers.get(place) else {
                 continue;
             };
-            let [hash, slots] = caller_keys(&self.key_prefix, caller);
+            let [hash, slots] = caller_keys(&self.key_prefix, self.caller_layout(), caller);
             let at = marks.marks[place];
             // Only the pairs the admission counted.
             let pairs: Vec<_> = [
@@ -165,7 +200,7 @@ impl Inner {
                 )
                 .await?;
             // What the budgets hold now, for a durable copy (`RedisStoreBuilder::spend_log`).
-            if let Some(log) = &self.spend_log {
+            if let Some(log) = self.spend_log.as_ref().filter(|_| !pending.callers_only) {
                 let model_name = self.model_names[s.model.index()].clone();
                 for ((prefix, period, _, _), after) in budgets.iter().zip(spent) {
                     let Ok(after) = u64::try_from(after) else {
@@ -391,6 +426,7 @@ impl RedisSettler {
             id,
             settlement,
             callers,
+            callers_only: false,
         })) {
             Ok(()) => {}
             Err(mpsc::error::TrySendError::Closed(_)) => self.inner.settled(model),

@@ -83,7 +83,7 @@ impl RedisStore {
         let mut restored = 0;
         for batch in callers.chunks(RESTORE_BATCH) {
             let calls = batch.iter().map(|((kind, id), rows)| {
-                let hash = caller_hash(&inner.key_prefix, *kind, id);
+                let hash = caller_hash(&inner.key_prefix, inner.caller_layout(), *kind, id);
                 let ttl = match rows.iter().all(|r| r.period > 0) {
                     true => i64::try_from(RESTORED_TTL.as_millis()).unwrap_or(i64::MAX),
                     false => -1,
