@@ -9,7 +9,9 @@
 //! flows, nobody waiting: the state every admission reads and writes), for their ratio;
 //! `BENCH_ROWS=cluster` runs only one server against a Redis Cluster of three masters (issue 36:
 //! admissions per second, twelve models spread over the slots, and each server's CPU seconds, so
-//! a run on a machine with too few cores to feed three masters says so). A criterion harness
+//! a run on a machine with too few cores to feed three masters says so), after two rounds of
+//! admissions with and without key and team limits on each (`BENCH_CALLERS_ONLY=1`: only those).
+//! A criterion harness
 //! measures one operation at a time, so this bench drives the concurrency itself and reports
 //! percentiles from every admission's own latency.
 
@@ -182,6 +184,17 @@ fn spread_config() -> LimiterConfig {
 
 /// Admissions per second with `in_flight` at once for `secs`, each task on its own model in turn.
 async fn spread_admissions(store: Arc<RedisStore>, in_flight: usize, secs: u64) -> f64 {
+    spread_admissions_of(store, in_flight, secs, false).await
+}
+
+/// [`spread_admissions`], each admission with the key and team limits of [`callers`] when
+/// `with_callers` (on a cluster: their slot's call, then the model's).
+async fn spread_admissions_of(
+    store: Arc<RedisStore>,
+    in_flight: usize,
+    secs: u64,
+    with_callers: bool,
+) -> f64 {
     let models: Arc<[ModelId]> = (0..store.config().models().len())
         .map(|i| store.config().model_id(&format!("spread-{i}")).unwrap())
         .collect();
@@ -192,7 +205,19 @@ async fn spread_admissions(store: Arc<RedisStore>, in_flight: usize, secs: u64) 
                 Arc::clone(&admitting),
                 models[(task + n as usize) % models.len()],
             );
-            async move { benches::admit_one(&*store, model).await }
+            async move {
+                let request = tower_priority_limit::store::AdmitRequest {
+                    model,
+                    pool: PoolRef::Default,
+                    reserve: 0,
+                    callers: callers(with_callers),
+                    flow: None,
+                };
+                match store.admit(request).await {
+                    Ok(Decision::Admit(_)) => {}
+                    other => panic!("expected an admission, got {other:?}"),
+                }
+            }
         })
         .await;
     assert_eq!(
@@ -275,6 +300,27 @@ async fn cluster_rows(secs: u64) {
         (rate, busy, (own_cpu_seconds() - client) / secs as f64)
     }
     let masters: Vec<&RedisServer> = cluster.nodes().iter().collect();
+    // Key and team limits (issue 31): one call on one server; on the cluster the callers'
+    // slot's call, then the model's. Each beside the same target without them.
+    for round in 1..=2 {
+        let mut rates = Vec::new();
+        for (store, with) in [(&one, false), (&one, true), (&three, false), (&three, true)] {
+            rates.push(spread_admissions_of(Arc::clone(store), 64, secs, with).await);
+        }
+        println!(
+            "| round {round} | 64 in flight | one server {:.0} / with key and team limits {:.0} \
+             adm/s ({:.2}) | 3 masters {:.0} / with them {:.0} adm/s ({:.2}) |",
+            rates[0],
+            rates[1],
+            rates[1] / rates[0],
+            rates[2],
+            rates[3],
+            rates[3] / rates[2]
+        );
+    }
+    if std::env::var("BENCH_CALLERS_ONLY").is_ok() {
+        return;
+    }
     for round in 1..=2 {
         for in_flight in [64, 192] {
             let (rate_one, busy_one, client_one) = row(&one, &[&single], in_flight, secs).await;
