@@ -345,6 +345,8 @@ async fn key_and_team_limits_hold_on_a_redis_cluster() {
     let (small, refused) = burst(&gateways, 100, &key, "small", &limits).await;
     assert!((1..=20).contains(&small), "{small} served");
     assert_eq!(refused, 100 - small);
+    // The counts taken back go through each gateway's settlement queue.
+    flush(&gateways).await;
     assert_eq!(
         burst(&gateways, 100, &key, "m", &["key_requests"]).await,
         (57 - small, 43 + small)

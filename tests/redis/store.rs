@@ -1198,6 +1198,73 @@ async fn a_lost_callers_master_sends_only_requests_with_callers_to_the_fallback(
     assert_eq!(limiter.store().stats().failures.load(Ordering::Relaxed), 1);
 }
 
+/// On a Redis Cluster, a keyed admission whose model does not answer, or that is abandoned while
+/// its model's call is under way (its client went away), gives back what its callers' call
+/// counted (a parallel slot, the window's request, the day's tokens), with the marks that call
+/// wrote, though its fallback wrote the request's marks again since.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_split_admission_gives_its_callers_counts_back_when_its_model_does_not_answer() {
+    use tower_priority_limit::caller::{Caller, CallerKind, CallerLimits, Callers};
+    use tower_priority_limit::{AdmissionOutcome, RequestAdmission};
+    let Some(cluster) =
+        RedisCluster::start_with_replicas("a_split_admission_gives_back", 3, 0, 2000, false)
+    else {
+        return;
+    };
+    let model_master = cluster.master_of(cluster.slot_of("x{m}")).unwrap();
+    assert_ne!(
+        Some(model_master),
+        cluster.master_of(cluster.slot_of("x{c}"))
+    );
+    let config = LimiterConfig::builder()
+        .model(ModelLimits::new("m").rpm(1_000))
+        .store_timeout(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    let limiter = redis_limiter(config, RedisTarget::Cluster(cluster.urls()), "undo:").await;
+    let limits = CallerLimits::new().rpm(100).tpd(10_000).max_parallel(1);
+    let request = || RequestAdmission {
+        model: limiter.config().model_id("m").unwrap(),
+        pool: limiter.resolve_pool(None),
+        flow: 0,
+        prompt_tokens: 7,
+        max_output_tokens: Some(0),
+        max_wait: None,
+        callers: Callers::new(Some(Caller::new(CallerKind::Key, "k", limits)), None),
+    };
+    let key_counts = || {
+        let node = &cluster.nodes()[cluster.master_of(cluster.slot_of("x{c}")).unwrap()];
+        let r = node.cli(&["hget", "undo:{c}:key:k", "win:r"]);
+        let slots = node.cli(&["zcard", "undo:{c}:key:k:inflight"]);
+        (r.trim().to_owned(), slots.trim().to_owned())
+    };
+    // The model's master hangs: the first admission is abandoned after 100 ms, mid-call.
+    cluster.nodes()[model_master].pause();
+    let abandoned =
+        tokio::time::timeout(Duration::from_millis(100), limiter.admit_request(request())).await;
+    assert!(abandoned.is_err(), "abandoned while its model's call waits");
+    limiter.store().flush().await;
+    assert_eq!(key_counts(), ("0".to_owned(), "0".to_owned()));
+    // The next waits out the store's timeout and is decided by the fallback (`local`), which
+    // writes the request's marks again; its callers' counts in Redis are given back all the same.
+    let outcome = limiter.admit_request(request()).await.unwrap();
+    let AdmissionOutcome::Admitted { lease, .. } = outcome else {
+        panic!("the fallback admits it: {outcome:?}");
+    };
+    limiter.store().flush().await;
+    assert_eq!(key_counts(), ("0".to_owned(), "0".to_owned()));
+    assert_eq!(
+        limiter
+            .store()
+            .stats()
+            .callers_undone
+            .load(Ordering::Relaxed),
+        2
+    );
+    drop(lease);
+    cluster.nodes()[model_master].resume();
+}
+
 /// Where a lock-step runs: every node's URL (to move time on each) and the store's target.
 struct Lockstep {
     urls: Vec<String>,
@@ -1374,6 +1441,9 @@ async fn agree_with_callers_of(
                             (b.scope, b.dimension, b.limit, b.used),
                             "step {step}: {model}, callers {which}"
                         );
+                        // On a cluster, callers counted before their model refused are taken
+                        // back through the settlement queue: applied before the next step.
+                        shared.store().flush().await;
                         assert!(
                             a.retry_after_ms.abs_diff(b.retry_after_ms) < 5_000,
                             "step {step}: retry-after {} vs {} ({:?})",

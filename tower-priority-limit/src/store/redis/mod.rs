@@ -186,13 +186,48 @@ enum ScriptPart {
 /// When [`Inner::decision`] sets the callers' marks (what their settlement or undo takes back).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Marks {
-    /// On an admission only: the reply is one call's, everything counted or nothing.
+    /// On an admission only (a split admission's were set before its model's call).
     OnAdmission,
-    /// Also on a refusal: the callers were counted by their own call, and are taken back.
-    Always,
     /// Marks only, for taking the callers' counts back; the model's part of the reply is not
     /// Redis's (it did not answer), so the decision is not checked against the script's.
     Only,
+}
+
+/// A split admission's callers, counted by their own call: taken back when dropped unless
+/// [`kept`](Self::kept) (the model admitted the request too).
+struct CallersCounted<'a> {
+    inner: &'a Inner,
+    undo: Option<Pending>,
+}
+
+impl<'a> CallersCounted<'a> {
+    /// `request`'s callers, with the marks their call wrote.
+    fn new(inner: &'a Inner, request: &AdmitRequest) -> Self {
+        let undo = request.callers.as_ref().map(|callers| {
+            let id = inner.next_settlement.fetch_add(1, Ordering::Relaxed);
+            Pending::undo(
+                id,
+                request.model,
+                request.pool,
+                Arc::clone(callers),
+                callers.marks(),
+            )
+        });
+        CallersCounted { inner, undo }
+    }
+
+    /// The request was admitted: its lease settles the callers.
+    fn kept(mut self) {
+        self.undo = None;
+    }
+}
+
+impl Drop for CallersCounted<'_> {
+    fn drop(&mut self) {
+        if let Some(undo) = self.undo.take() {
+            self.inner.queue_undo(undo);
+        }
+    }
 }
 
 /// Where callers' hashes live.
@@ -1121,6 +1156,12 @@ impl Inner {
         if index >= self.keys.len() {
             return Err(StoreError::NoCounters(request.model));
         }
+        let split = request.callers.is_some() && self.caller_layout() == CallerLayout::OneSlot;
+        // A split admission asks the callers' slot first: while it is away, the model's probe
+        // is not claimed for a request that would not reach the model.
+        if split && !self.should_probe(&self.callers_health) {
+            return self.fallback(request);
+        }
         if !self.should_try(request.model) {
             return self.fallback(request);
         }
@@ -1139,7 +1180,7 @@ impl Inner {
             Some(_) => self.next_settlement.fetch_add(1, Ordering::Relaxed) + 1,
             None => 0,
         };
-        if request.callers.is_some() && self.caller_layout() == CallerLayout::OneSlot {
+        if split {
             return self.admit_split(request, slot_id).await;
         }
         let (sent, reply) = self.run_script(&request, slot_id, ScriptPart::Whole).await;
@@ -1188,9 +1229,6 @@ impl Inner {
         request: AdmitRequest,
         slot_id: u64,
     ) -> Result<Decision, StoreError> {
-        if !self.should_probe(&self.callers_health) {
-            return self.fallback(request);
-        }
         let (sent, reply) = self
             .run_script(&request, slot_id, ScriptPart::Callers)
             .await;
@@ -1243,6 +1281,10 @@ impl Inner {
                 return Ok(self.decision(&request, &reply, slot_id, Marks::OnAdmission, None));
             }
         }
+        // Counted in the callers' slot: their marks now, and taken back unless the model admits
+        // too, even if this admission is abandoned before it knows (its client went away).
+        self.decision(&request, &unread_model(0), slot_id, Marks::Only, None);
+        let counted = CallersCounted::new(self, &request);
         let (sent, reply) = self.run_script(&request, slot_id, ScriptPart::Model).await;
         match reply {
             Ok(mut reply) if reply.len() >= 8 => {
@@ -1253,9 +1295,7 @@ impl Inner {
                     self.stats
                         .expired_admissions
                         .fetch_add(1, Ordering::Relaxed);
-                    let reply = unread_model(0);
-                    self.decision(&request, &reply, slot_id, Marks::Only, None);
-                    self.undo_callers(&request).await;
+                    drop(counted);
                     return self.fallback(request);
                 }
                 reply.extend_from_slice(callers_part);
@@ -1263,16 +1303,17 @@ impl Inner {
                     &request,
                     &reply,
                     slot_id,
-                    Marks::Always,
+                    Marks::OnAdmission,
                     Some(callers_reply[0]),
                 );
                 self.see(&request, &decision);
-                if !matches!(decision, Decision::Admit(_)) {
-                    self.undo_callers(&request).await;
+                if matches!(decision, Decision::Admit(_)) {
+                    counted.kept();
                 }
                 Ok(decision)
             }
             reply => {
+                drop(counted);
                 let e = match reply {
                     Err(e) => e,
                     Ok(reply) => StoreError::Unavailable(format!(
@@ -1280,36 +1321,22 @@ impl Inner {
                         reply.len()
                     )),
                 };
-                let reply = unread_model(0);
-                self.decision(&request, &reply, slot_id, Marks::Only, None);
-                self.undo_callers(&request).await;
                 self.mark_down(request.model, &e);
                 self.fallback(request)
             }
         }
     }
 
-    /// Takes back what the callers' call of a split admission counted (their marks): a
-    /// cancelled settlement of the callers alone, by an id of its own; queued to be sent again
-    /// when this call fails, as settlements are.
-    async fn undo_callers(&self, request: &AdmitRequest) {
-        let Some(callers) = &request.callers else {
-            return;
-        };
-        let id = self.next_settlement.fetch_add(1, Ordering::Relaxed);
-        let pending = Pending::undo(id, request.model, request.pool, Arc::clone(callers));
+    /// Queues `undo` (a split admission's callers' counts, taken back) with the settlements:
+    /// sent at once while the queue is idle, again after a failure.
+    fn queue_undo(&self, undo: Pending) {
         self.stats.callers_undone.fetch_add(1, Ordering::Relaxed);
-        if self.settle(&pending).await.is_ok() {
-            return;
-        }
-        let Some(queue) = self.undo_queue.get().and_then(mpsc::WeakSender::upgrade) else {
-            return;
-        };
-        if let Some(n) = self.settling.get(pending.model().index()) {
-            n.fetch_add(1, Ordering::SeqCst);
-        }
-        if queue.try_send(Queued::Settle(pending)).is_err() {
-            self.settled(request.model);
+        let sent = self
+            .undo_queue
+            .get()
+            .and_then(mpsc::WeakSender::upgrade)
+            .is_some_and(|queue| queue.try_send(Queued::Settle(undo)).is_ok());
+        if !sent {
             self.stats
                 .settlements_dropped
                 .fetch_add(1, Ordering::Relaxed);

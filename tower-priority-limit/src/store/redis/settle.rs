@@ -22,7 +22,7 @@ use tokio::sync::{mpsc, oneshot};
 use super::connection::bounded;
 use super::{caller_hash_ttl, Inner, MAX_EXACT, RETRY_INTERVAL};
 use super::{caller_keys, caller_model_prefix};
-use crate::caller::{Callers, NanoUsd, DAY_MS};
+use crate::caller::{CallerMarks, Callers, NanoUsd, DAY_MS};
 use crate::config::{ModelId, TokenAccounting};
 use crate::decision::{slot_ms, Millis, NOT_COUNTED};
 use crate::store::{Settlement, Settler, SpendRow, StoreError};
@@ -41,8 +41,10 @@ pub(super) struct Pending {
     settlement: Settlement,
     callers: Option<Arc<Callers>>,
     /// The callers' counts of an admission their model refused on a Redis Cluster, taken back
-    /// (`Inner::undo_callers`): the model's hash is not touched and no spend is logged.
-    callers_only: bool,
+    /// with the marks that admission wrote (`Inner::undo_callers`; the request's own marks may
+    /// be written again by its fallback or its next try): the model's hash is not touched, no
+    /// spend is logged, and the model's `settling` count is not moved.
+    undo: Option<CallerMarks>,
 }
 
 impl Pending {
@@ -52,6 +54,7 @@ impl Pending {
         model: ModelId,
         pool: crate::config::PoolRef,
         callers: Arc<Callers>,
+        marks: CallerMarks,
     ) -> Self {
         Pending {
             id,
@@ -65,13 +68,8 @@ impl Pending {
                 cancel: true,
             },
             callers: Some(callers),
-            callers_only: true,
+            undo: Some(marks),
         }
-    }
-
-    /// The model this settlement is of.
-    pub(super) fn model(&self) -> ModelId {
-        self.settlement.model
     }
 }
 
@@ -93,7 +91,7 @@ fn settled_key(model_key: &str, prefix: u64, id: u64) -> String {
 
 impl Inner {
     /// A settlement of `model` handed to the settler is now recorded (or dropped).
-    pub(super) fn settled(&self, model: ModelId) {
+    fn settled(&self, model: ModelId) {
         if let Some(n) = self.settling.get(model.index()) {
             n.fetch_sub(1, Ordering::SeqCst);
         }
@@ -106,7 +104,7 @@ impl Inner {
         }
     }
 
-    pub(super) async fn settle(&self, pending: &Pending) -> Result<(), StoreError> {
+    async fn settle(&self, pending: &Pending) -> Result<(), StoreError> {
         let s = pending.settlement;
         let Some(key) = self.keys.get(s.model.index()) else {
             return Ok(());
@@ -125,7 +123,7 @@ impl Inner {
             .flow_keys
             .get(s.model.index())
             .map(|k| k.channel.as_str());
-        if !pending.callers_only {
+        if pending.undo.is_none() {
             self.settle_hash(
                 key,
                 pending.id,
@@ -143,7 +141,7 @@ impl Inner {
         let Some(callers) = pending.callers.as_ref() else {
             return Ok(());
         };
-        let marks = callers.marks();
+        let marks = pending.undo.unwrap_or_else(|| callers.marks());
         if marks.slot == 0 {
             return Ok(());
         }
@@ -200,7 +198,7 @@ impl Inner {
                 )
                 .await?;
             // What the budgets hold now, for a durable copy (`RedisStoreBuilder::spend_log`).
-            if let Some(log) = self.spend_log.as_ref().filter(|_| !pending.callers_only) {
+            if let Some(log) = self.spend_log.as_ref().filter(|_| pending.undo.is_none()) {
                 let model_name = self.model_names[s.model.index()].clone();
                 for ((prefix, period, _, _), after) in budgets.iter().zip(spent) {
                     let Ok(after) = u64::try_from(after) else {
@@ -335,7 +333,7 @@ pub(super) async fn flush_settlements(
         let mut failed = 0;
         let mut settled_models: Vec<ModelId> = Vec::new();
         for (s, result) in settlements.into_iter().zip(results) {
-            if result.is_ok() {
+            if result.is_ok() && s.undo.is_none() {
                 // Recorded: before the hook, so a waiter it wakes sees it.
                 inner.settled(s.settlement.model);
                 if !settled_models.contains(&s.settlement.model) {
@@ -356,7 +354,9 @@ pub(super) async fn flush_settlements(
         if retry.len() > capacity {
             let excess = retry.len() - capacity;
             for dropped in retry.drain(..excess) {
-                inner.settled(dropped.settlement.model);
+                if dropped.undo.is_none() {
+                    inner.settled(dropped.settlement.model);
+                }
             }
             inner
                 .stats
@@ -402,6 +402,11 @@ impl Settler for RedisSettler {
         // included, are the local store's alone.
         if callers.marks().slot == 0 {
             self.inner.local.settle_callers_only(settlement, callers);
+            // Admitted locally while its model answered (a cluster whose callers' slot was
+            // away): its model's local counters take the settlement too, as during an outage.
+            if !self.inner.is_down(settlement.model) {
+                self.inner.settle_locally(settlement);
+            }
             return self.send(settlement, None);
         }
         self.send(settlement, Some(Arc::clone(callers)));
@@ -426,7 +431,7 @@ impl RedisSettler {
             id,
             settlement,
             callers,
-            callers_only: false,
+            undo: None,
         })) {
             Ok(()) => {}
             Err(mpsc::error::TrySendError::Closed(_)) => self.inner.settled(model),
