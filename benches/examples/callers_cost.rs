@@ -19,9 +19,10 @@ use tower_priority_limit::clock::CoarseClock;
 use tower_priority_limit::config::{LimiterConfig, ModelId, PoolRef, Reservation};
 use tower_priority_limit::{AdmissionOutcome, Limiter, ModelLimits, RequestAdmission};
 
-// The gateway's allocator: the per-request `Callers` is one allocation.
+// The gateway's allocator (its default feature, `jemalloc`): the per-request `Callers` is one
+// allocation.
 #[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 struct Rig {
     limiter: Arc<Limiter>,
