@@ -8,7 +8,7 @@ use std::sync::Arc;
 use integration_tests::gateway::{
     served_within_budget, stream_body, with_master, Gw, Reply, TempDir, MASTER,
 };
-use integration_tests::redis::RedisServer;
+use integration_tests::redis::{RedisCluster, RedisServer};
 use integration_tests::upstream::Upstream;
 use serde_json::{json, Value};
 
@@ -19,6 +19,11 @@ use crate::key_limits::{at_once, fleet, flush, no_failures};
 const COST: f64 = 0.00005;
 
 fn config(redis: &RedisServer, upstream: &str) -> String {
+    config_on(&format!("  redis_url: \"{}\"", redis.url()), upstream)
+}
+
+/// The fleet's config with `router` (its Redis) as `router_settings`.
+fn config_on(router: &str, upstream: &str) -> String {
     with_master(&format!(
         r#"
 model_list:
@@ -29,9 +34,8 @@ litellm_settings:
   callbacks: ["dynamic_rate_limiter_v3"]
   priority_reservation_settings: {{redis_timeout_ms: 2000, token_accounting: reserve}}
 router_settings:
-  redis_url: "{}"
-"#,
-        redis.url()
+{router}
+"#
     ))
 }
 
@@ -48,30 +52,29 @@ fn refused_by(r: &Reply) -> &str {
         .unwrap_or("")
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_budget_holds_across_three_gateways_under_contention() {
-    let Some(redis) = RedisServer::start("a_budget_holds_across_three_gateways") else {
-        return;
-    };
-    let (up, base) = Upstream::start().await;
-    let yaml = config(&redis, &base);
-    let (gateways, _dirs) = fleet(&yaml).await;
+/// 200 streams at once on a key with 20 answers' budget over three gateways: at most one
+/// answer's cost over it, every gateway reading the fleet's spend. Returns the key, what was
+/// spent and what the budget was.
+async fn two_hundred_at_once_on_a_budget(
+    gateways: &[Arc<Gw>],
+    up: &Upstream,
+) -> (String, f64, f64) {
     let max = 20.0 * COST;
     let key = gateways[0].new_key(json!({"max_budget": max})).await;
     // Each gateway learns the key first (the key store's own bound is not this test's subject):
     // three answers of the twenty.
     let body: Value = stream_body(20);
     up.open_gate();
-    for gw in &gateways {
+    for gw in gateways {
         let r = gw.chat_with(&key, body.clone()).await;
         assert_eq!(r.status, 200, "{}", r.text());
     }
-    let replies = at_once(&gateways, &up, 200, &key, &body).await;
+    let replies = at_once(gateways, up, 200, &key, &body).await;
     let served = 3 + served_within_budget(&replies);
-    flush(&gateways).await;
+    flush(gateways).await;
     let spent: Vec<f64> = {
         let mut v = Vec::new();
-        for gw in &gateways {
+        for gw in gateways {
             v.push(spend(gw, &key).await);
         }
         v
@@ -87,7 +90,20 @@ async fn a_budget_holds_across_three_gateways_under_contention() {
         served > 3 && fleet_spend < max + COST,
         "{served} served, ${fleet_spend} of ${max}"
     );
-    no_failures(&gateways);
+    no_failures(gateways);
+    (key, fleet_spend, max)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_budget_holds_across_three_gateways_under_contention() {
+    let Some(redis) = RedisServer::start("a_budget_holds_across_three_gateways") else {
+        return;
+    };
+    let (up, base) = Upstream::start().await;
+    let yaml = config(&redis, &base);
+    let (gateways, _dirs) = fleet(&yaml).await;
+    let (key, fleet_spend, max) = two_hundred_at_once_on_a_budget(&gateways, &up).await;
+    let body: Value = stream_body(20);
 
     // A gateway started afresh on the same Redis starts from the fleet's spend: it serves only
     // what is left of the budget (the last one may pass it), then refuses.
@@ -111,4 +127,30 @@ async fn a_budget_holds_across_three_gateways_under_contention() {
         );
     }
     assert!(fleet_spend + more as f64 * COST < max + COST);
+}
+
+/// The same on a Redis Cluster of three masters, where the key's budget (the callers' slot) and
+/// its model's counters are on different masters: each admission is two calls, and the
+/// reservation is still made in one step with the key's other counts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_budget_holds_across_three_gateways_on_a_redis_cluster() {
+    let Some(cluster) = RedisCluster::start("a_budget_holds_on_a_redis_cluster", 3) else {
+        return;
+    };
+    assert_ne!(
+        cluster.master_of(cluster.slot_of("tpl:{c}:key:x")),
+        cluster.master_of(cluster.slot_of("tpl:{m}"))
+    );
+    let nodes: Vec<String> = cluster
+        .urls()
+        .iter()
+        .map(|u| {
+            let addr = u.trim_start_matches("redis://").trim_end_matches('/');
+            format!("\"{addr}\"")
+        })
+        .collect();
+    let (up, base) = Upstream::start().await;
+    let router = format!("  redis_startup_nodes: [{}]", nodes.join(", "));
+    let (gateways, _dirs) = fleet(&config_on(&router, &base)).await;
+    two_hundred_at_once_on_a_budget(&gateways, &up).await;
 }

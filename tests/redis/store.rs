@@ -1265,6 +1265,61 @@ async fn a_split_admission_gives_its_callers_counts_back_when_its_model_does_not
     cluster.nodes()[model_master].resume();
 }
 
+/// The spend epoch, a durable copy's spend restored, and a caller's spend read, on a Redis
+/// Cluster: each goes to the master of its key's slot (a plain command to another master would
+/// be answered `MOVED`).
+#[tokio::test]
+async fn spend_is_restored_and_read_on_a_redis_cluster() {
+    use tower_priority_limit::caller::{CallerKind, NanoUsd};
+    use tower_priority_limit::store::SpendRow;
+    let Some(cluster) = RedisCluster::start("spend_is_restored_and_read_on_a_cluster", 3) else {
+        return;
+    };
+    let config = LimiterConfig::builder()
+        .model(ModelLimits::new("m").rpm(10))
+        .build()
+        .unwrap();
+    let store = RedisStore::builder(RedisTarget::Cluster(cluster.urls()))
+        .key_prefix("t:")
+        .connect(&config)
+        .await
+        .unwrap();
+    let epoch = store.spend_epoch().await.unwrap();
+    assert!(!epoch.restored);
+    let rows = vec![
+        SpendRow {
+            kind: CallerKind::Key,
+            id: Arc::from("k1"),
+            model: None,
+            period: 0,
+            spent: NanoUsd::from_nanos(5_000),
+        },
+        SpendRow {
+            kind: CallerKind::Team,
+            id: Arc::from("t1"),
+            model: Some(Arc::from("m")),
+            period: 0,
+            spent: NanoUsd::from_nanos(700),
+        },
+    ];
+    assert_eq!(store.restore_spend(&epoch, &rows).await.unwrap(), 2);
+    assert!(store.spend_epoch().await.unwrap().restored);
+    let read = |kind, id: &'static str| {
+        let store = store.clone();
+        async move {
+            store
+                .spent(kind, id)
+                .await
+                .unwrap()
+                .into_iter()
+                .map(|s| (s.model.is_some(), s.spent.nanos()))
+                .collect::<Vec<_>>()
+        }
+    };
+    assert_eq!(read(CallerKind::Key, "k1").await, vec![(false, 5_000)]);
+    assert_eq!(read(CallerKind::Team, "t1").await, vec![(true, 700)]);
+}
+
 /// Where a lock-step runs: every node's URL (to move time on each) and the store's target.
 struct Lockstep {
     urls: Vec<String>,

@@ -367,9 +367,18 @@ fn route(cmd: &Cmd) -> Route {
         }
     } else if name.eq_ignore_ascii_case(b"SCRIPT") {
         return Route::AllMasters;
+    } else if KEYED.iter().any(|k| name.eq_ignore_ascii_case(k)) {
+        // A caller's spend read, a spend epoch's mark: by their one key.
+        if let Some(key) = args.get(1) {
+            return Route::Slot(key_slot(key));
+        }
     }
     Route::Any(0)
 }
+
+/// The commands the store sends outside scripts whose first argument is a key (a command not
+/// listed here goes to any master, which answers `MOVED` for a key it does not serve).
+const KEYED: [&[u8]; 4] = [b"HMGET", b"HGET", b"HSET", b"HGETALL"];
 
 /// The hash slot of `key`: CRC16 (XMODEM) of its hash tag (the part between the first `{` and
 /// the next `}`, if not empty) or of the whole key, modulo 16,384.
@@ -473,7 +482,7 @@ mod tests {
     }
 
     #[test]
-    fn scripts_go_by_their_first_key_others_anywhere() {
+    fn scripts_and_keyed_commands_go_by_their_first_key_others_anywhere() {
         let mut evalsha = redis::cmd("EVALSHA");
         evalsha
             .arg("abc")
@@ -489,6 +498,12 @@ mod tests {
         let mut keyless = redis::cmd("EVAL");
         keyless.arg("return 1").arg(0);
         assert_eq!(route(&keyless), Route::Any(0));
+        let mut spent = redis::cmd("HMGET");
+        spent.arg("tpl:{c}:key:k").arg("$p").arg("$s");
+        assert_eq!(route(&spent), Route::Slot(key_slot(b"c")));
+        let mut mark = redis::cmd("hset");
+        mark.arg("tpl:{spend}").arg("restored").arg("e");
+        assert_eq!(route(&mark), Route::Slot(key_slot(b"spend")));
     }
 
     #[test]
