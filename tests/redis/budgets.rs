@@ -141,16 +141,8 @@ async fn a_budget_holds_across_three_gateways_on_a_redis_cluster() {
         cluster.master_of(cluster.slot_of("tpl:{c}:key:x")),
         cluster.master_of(cluster.slot_of("tpl:{m}"))
     );
-    let nodes: Vec<String> = cluster
-        .urls()
-        .iter()
-        .map(|u| {
-            let addr = u.trim_start_matches("redis://").trim_end_matches('/');
-            format!("\"{addr}\"")
-        })
-        .collect();
     let (up, base) = Upstream::start().await;
-    let router = format!("  redis_startup_nodes: [{}]", nodes.join(", "));
+    let router = cluster.startup_nodes_yaml();
     let (gateways, _dirs) = fleet(&config_on(&router, &base)).await;
     two_hundred_at_once_on_a_budget(&gateways, &up).await;
 }

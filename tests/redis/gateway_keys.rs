@@ -471,17 +471,9 @@ async fn keys_and_teams_work_across_gateways_on_a_redis_cluster() {
     let Some(cluster) = RedisCluster::start("keys_and_teams_work_on_a_redis_cluster", 3) else {
         return;
     };
-    let nodes: Vec<String> = cluster
-        .urls()
-        .iter()
-        .map(|u| {
-            let addr = u.trim_start_matches("redis://").trim_end_matches('/');
-            format!("\"{addr}\"")
-        })
-        .collect();
     let yaml = config(&format!(
-        "  redis_startup_nodes: [{}]\n  redis_key_prefix: \"gw-test:\"",
-        nodes.join(", ")
+        "{}\n  redis_key_prefix: \"gw-test:\"",
+        cluster.startup_nodes_yaml()
     ));
     let gw = pair(&yaml).await;
     let team =

@@ -80,6 +80,39 @@ pub(crate) async fn flush(gateways: &[Arc<Gw>]) {
     }
 }
 
+/// 300 requests at once on one key with 50 left of its `rpm_limit`, spread over the fleet:
+/// exactly 50 served, every other one the key's 429; then a team's limit, shared by two of its
+/// keys on every gateway: exactly what is left of it.
+async fn key_and_team_limits_are_exact(gateways: &[Arc<Gw>]) {
+    // 53: one request per gateway first puts the key in each one's cache, so the burst does not
+    // wait on 300 key lookups at once (the key store's own 50 ms bound, not this test's subject).
+    let key = gateways[0].new_key(json!({"rpm_limit": 53})).await;
+    for gw in gateways {
+        assert_eq!(gw.chat(&key, "m", false).await.status, 200);
+    }
+    assert_eq!(
+        burst(gateways, 300, &key, "m", &["key_requests"]).await,
+        (50, 250)
+    );
+
+    // A team's limit, shared by two keys on every gateway: 30 left of 36.
+    let team = gateways[1].new_team(json!({"rpm_limit": 36})).await;
+    let keys = [
+        gateways[1].new_key(json!({"team_id": team})).await,
+        gateways[2].new_key(json!({"team_id": team})).await,
+    ];
+    for gw in gateways {
+        for key in &keys {
+            assert_eq!(gw.chat(key, "m", false).await.status, 200);
+        }
+    }
+    let (a, b) = tokio::join!(
+        burst(gateways, 60, &keys[0], "m", &["team_requests"]),
+        burst(gateways, 60, &keys[1], "m", &["team_requests"]),
+    );
+    assert_eq!(a.0 + b.0, 30, "{a:?} {b:?}");
+}
+
 /// 300 requests at once on one key with `rpm_limit: 50`, spread over three gateways: exactly 50
 /// served, every other one the key's 429.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -89,59 +122,7 @@ async fn a_key_limit_is_exact_across_three_gateways() {
     };
     let (_up, base) = Upstream::start().await;
     let (gateways, _dirs) = fleet(&config(&redis, &base)).await;
-    // 53: one request per gateway first puts the key in each one's cache, so the burst does not
-    // wait on 300 key lookups at once (the key store's own 50 ms bound, not this test's subject).
-    let key = gateways[0].new_key(json!({"rpm_limit": 53})).await;
-    for gw in &gateways {
-        assert_eq!(gw.chat(&key, "m", false).await.status, 200);
-    }
-    let tasks: Vec<_> = (0..300)
-        .map(|i| {
-            let (gw, key) = (gateways[i % 3].clone(), key.clone());
-            tokio::spawn(async move { gw.chat(&key, "m", false).await })
-        })
-        .collect();
-    let (mut served, mut refused) = (0, 0);
-    for t in tasks {
-        let r = t.await.unwrap();
-        match r.status.as_u16() {
-            200 => served += 1,
-            429 => {
-                assert_eq!(refused_by(&r), "key_requests", "{}", r.text());
-                refused += 1;
-            }
-            other => panic!("unexpected {other}: {}", r.text()),
-        }
-    }
-    assert_eq!((served, refused), (50, 250));
-    // A team's limit is the fleet's too, shared by its keys on every gateway.
-    let team = gateways[1].new_team(json!({"rpm_limit": 36})).await;
-    let keys = [
-        gateways[1].new_key(json!({"team_id": team})).await,
-        gateways[2].new_key(json!({"team_id": team})).await,
-    ];
-    // Warmed as above: 6 of the team's 36.
-    for gw in &gateways {
-        for key in &keys {
-            assert_eq!(gw.chat(key, "m", false).await.status, 200);
-        }
-    }
-    let tasks: Vec<_> = (0..120)
-        .map(|i| {
-            let (gw, key) = (gateways[i % 3].clone(), keys[i % 2].clone());
-            tokio::spawn(async move { gw.chat(&key, "m", false).await })
-        })
-        .collect();
-    let mut served = 0;
-    for t in tasks {
-        let r = t.await.unwrap();
-        if r.status == 200 {
-            served += 1;
-        } else {
-            assert_eq!(refused_by(&r), "team_requests", "{}", r.text());
-        }
-    }
-    assert_eq!(served, 30);
+    key_and_team_limits_are_exact(&gateways).await;
     no_failures(&gateways);
 }
 
@@ -182,6 +163,25 @@ pub(crate) async fn at_once(
     replies
 }
 
+/// A new key with `max_parallel_requests: 4` sent 30 requests at once to the gated model over
+/// the fleet: 4 at the upstream, 26 refused by its slots; then every gateway's settlements are
+/// sent (the slots freed). Returns the key and the request's body.
+async fn thirty_at_once_on_four_slots(gateways: &[Arc<Gw>], up: &Upstream) -> (String, Value) {
+    let key = gateways[2]
+        .new_key(json!({"max_parallel_requests": 4}))
+        .await;
+    let body = json!({"model": "gated", "messages": [{"role": "user", "content": "hi"}]});
+    let replies = at_once(gateways, up, 30, &key, &body).await;
+    let served = replies.iter().filter(|r| r.status == 200).count();
+    let by_slots = replies
+        .iter()
+        .filter(|r| r.status == 429 && refused_by(r) == "key_parallel")
+        .count();
+    assert_eq!((served, by_slots), (4, 26));
+    flush(gateways).await;
+    (key, body)
+}
+
 /// `max_parallel_requests: 4` on a key used through three gateways: never a fifth in flight
 /// (30 at once: 4 at the upstream, 26 refused); the slots come back when responses end and when
 /// clients hang up mid-stream, on any gateway.
@@ -192,19 +192,7 @@ async fn parallel_slots_hold_across_the_fleet_and_never_leak() {
     };
     let (up, base) = Upstream::start().await;
     let (gateways, _dirs) = fleet(&config(&redis, &base)).await;
-    let key = gateways[2]
-        .new_key(json!({"max_parallel_requests": 4}))
-        .await;
-    let body = json!({"model": "gated", "messages": [{"role": "user", "content": "hi"}]});
-    let replies = at_once(&gateways, &up, 30, &key, &body).await;
-    let served = replies.iter().filter(|r| r.status == 200).count();
-    let by_slots = replies
-        .iter()
-        .filter(|r| r.status == 429 && refused_by(r) == "key_parallel")
-        .count();
-    assert_eq!((served, by_slots), (4, 26));
-    // Their slots are freed by settlements each gateway sends in the background.
-    flush(&gateways).await;
+    let (key, body) = thirty_at_once_on_four_slots(&gateways, &up).await;
 
     // Hang-ups: four clients, on three gateways, read the first chunk of a stream that then goes
     // silent, and leave.
@@ -294,44 +282,11 @@ async fn key_and_team_limits_hold_on_a_redis_cluster() {
         cluster.master_of(cluster.slot_of("tpl:{m}")),
         "the callers' slot and the model's on different masters"
     );
-    let nodes: Vec<String> = cluster
-        .urls()
-        .iter()
-        .map(|u| {
-            let addr = u.trim_start_matches("redis://").trim_end_matches('/');
-            format!("\"{addr}\"")
-        })
-        .collect();
     let (up, base) = Upstream::start().await;
-    let router = format!("  redis_startup_nodes: [{}]", nodes.join(", "));
+    let router = cluster.startup_nodes_yaml();
     let (gateways, _dirs) = fleet(&config_on(&router, &base)).await;
 
-    // 300 at once on one key with 50 left: exactly 50.
-    let key = gateways[0].new_key(json!({"rpm_limit": 53})).await;
-    for gw in &gateways {
-        assert_eq!(gw.chat(&key, "m", false).await.status, 200);
-    }
-    assert_eq!(
-        burst(&gateways, 300, &key, "m", &["key_requests"]).await,
-        (50, 250)
-    );
-
-    // A team's limit, shared by two keys on every gateway: 30 left of 36.
-    let team = gateways[1].new_team(json!({"rpm_limit": 36})).await;
-    let keys = [
-        gateways[1].new_key(json!({"team_id": team})).await,
-        gateways[2].new_key(json!({"team_id": team})).await,
-    ];
-    for gw in &gateways {
-        for key in &keys {
-            assert_eq!(gw.chat(key, "m", false).await.status, 200);
-        }
-    }
-    let (a, b) = tokio::join!(
-        burst(&gateways, 60, &keys[0], "m", &["team_requests"]),
-        burst(&gateways, 60, &keys[1], "m", &["team_requests"]),
-    );
-    assert_eq!(a.0 + b.0, 30, "{a:?} {b:?}");
+    key_and_team_limits_are_exact(&gateways).await;
 
     // The model refuses after the key was counted: taken back. 100 at once on `small` (rpm 20)
     // with a key of 60 (3 used): at most 20 served, the rest refused by the model or, while
@@ -361,18 +316,7 @@ async fn key_and_team_limits_hold_on_a_redis_cluster() {
     assert!(undone > 0 && undone <= 100 - small as u64, "{undone}");
 
     // `max_parallel_requests: 4`: 30 at once, 4 at the upstream; the slots come back.
-    let key = gateways[0]
-        .new_key(json!({"max_parallel_requests": 4}))
-        .await;
-    let body = json!({"model": "gated", "messages": [{"role": "user", "content": "hi"}]});
-    let replies = at_once(&gateways, &up, 30, &key, &body).await;
-    let served = replies.iter().filter(|r| r.status == 200).count();
-    let by_slots = replies
-        .iter()
-        .filter(|r| r.status == 429 && refused_by(r) == "key_parallel")
-        .count();
-    assert_eq!((served, by_slots), (4, 26));
-    flush(&gateways).await;
+    let (key, body) = thirty_at_once_on_four_slots(&gateways, &up).await;
     let replies = at_once(&gateways, &up, 4, &key, &body).await;
     assert!(replies.iter().all(|r| r.status == 200));
     no_failures(&gateways);

@@ -1050,12 +1050,7 @@ async fn lua_script_and_decide_agree_on_callers_on_sliding_windows() {
         Some(now),
     )
     .await;
-    let by_callers: usize = by
-        .iter()
-        .filter(|(k, _)| k.starts_with("key_") || k.starts_with("team_"))
-        .map(|(_, n)| n)
-        .sum();
-    assert!(by_callers > 20, "refusals by callers' limits: {by:?}");
+    assert!(by_callers(&by) > 20, "refusals by callers' limits: {by:?}");
 }
 
 /// Key and team limits in lock-step on a Redis Cluster (3 masters), where the callers' hashes
@@ -1115,12 +1110,7 @@ async fn lua_script_and_decide_agree_on_callers_on_a_redis_cluster() {
         .window_kind(WindowKind::Sliding)
         .window(Duration::from_millis(window));
     let by = agree_with_callers(&lockstep, config, "agree-cluster-sliding:", Some(now)).await;
-    let by_callers: usize = by
-        .iter()
-        .filter(|(k, _)| k.starts_with("key_") || k.starts_with("team_"))
-        .map(|(_, n)| n)
-        .sum();
-    assert!(by_callers > 20, "refusals by callers' limits: {by:?}");
+    assert!(by_callers(&by) > 20, "refusals by callers' limits: {by:?}");
 }
 
 /// A lost master holding the callers' slot on a Redis Cluster sends only requests with key or
@@ -1333,6 +1323,14 @@ impl Lockstep {
             target: single(redis),
         }
     }
+}
+
+/// Refusals by the callers' limits (key and team) in a lock-step's counts.
+fn by_callers(by: &std::collections::BTreeMap<&'static str, usize>) -> usize {
+    by.iter()
+        .filter(|(k, _)| k.starts_with("key_") || k.starts_with("team_"))
+        .map(|(_, n)| n)
+        .sum()
 }
 
 /// Runs the lock-step with callers; returns how many refusals each limit made.

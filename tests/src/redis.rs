@@ -274,6 +274,19 @@ impl RedisCluster {
         self.nodes.iter().map(RedisServer::url).collect()
     }
 
+    /// The gateway's `router_settings` line naming every node: `  redis_startup_nodes: [...]`.
+    pub fn startup_nodes_yaml(&self) -> String {
+        let nodes: Vec<String> = self
+            .urls()
+            .iter()
+            .map(|u| {
+                let addr = u.trim_start_matches("redis://").trim_end_matches('/');
+                format!("\"{addr}\"")
+            })
+            .collect();
+        format!("  redis_startup_nodes: [{}]", nodes.join(", "))
+    }
+
     /// The nodes.
     pub fn nodes(&self) -> &[RedisServer] {
         &self.nodes

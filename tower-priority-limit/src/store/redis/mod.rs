@@ -874,6 +874,21 @@ impl Health {
             healthy: AtomicBool::new(true),
         }
     }
+
+    /// A call failed: asked again at `retry_at` (ms). True if it was healthy until now.
+    fn down(&self, retry_at: u64) -> bool {
+        self.retry_at_ms.store(retry_at, Ordering::Relaxed);
+        self.healthy.swap(false, Ordering::Relaxed)
+    }
+
+    /// A call was answered. True if it was failing until now.
+    fn up(&self) -> bool {
+        // Read first: on the hot path the line stays shared instead of written on every admission.
+        if self.retry_at_ms.load(Ordering::Relaxed) != 0 {
+            self.retry_at_ms.store(0, Ordering::Relaxed);
+        }
+        !self.healthy.load(Ordering::Relaxed) && !self.healthy.swap(true, Ordering::Relaxed)
+    }
 }
 
 /// A model's admissions made by the local fallback that Redis has not been told of.
@@ -1047,11 +1062,7 @@ impl Inner {
         let Some(health) = self.health_of(model) else {
             return;
         };
-        let retry_at = self
-            .elapsed_ms()
-            .saturating_add(RETRY_INTERVAL.as_millis() as u64);
-        health.retry_at_ms.store(retry_at, Ordering::Relaxed);
-        if health.healthy.swap(false, Ordering::Relaxed) {
+        if health.down(self.retry_at()) {
             match self.health.len() {
                 1 => tracing::error!(
                     %error,
@@ -1119,12 +1130,7 @@ impl Inner {
         let Some(health) = self.health_of(model) else {
             return;
         };
-        // Read first: on the hot path the line stays shared instead of written on every admission.
-        if health.retry_at_ms.load(Ordering::Relaxed) != 0 {
-            health.retry_at_ms.store(0, Ordering::Relaxed);
-        }
-        if !health.healthy.load(Ordering::Relaxed) && !health.healthy.swap(true, Ordering::Relaxed)
-        {
+        if health.up() {
             match self.health.len() {
                 1 => tracing::warn!("rate-limit Redis answers again; back on shared counters"),
                 _ => tracing::warn!(
@@ -1186,16 +1192,7 @@ impl Inner {
         let (sent, reply) = self.run_script(&request, slot_id, ScriptPart::Whole).await;
         match reply {
             Ok(reply) if reply.len() >= 8 => {
-                self.redis_time.observe(reply[0], sent, self.local_ms());
-                self.mark_up(request.model);
-                self.repay(request.model);
-                if reply[7] == EXPIRED {
-                    // Answered in time by our clock, late by Redis's (the clock estimate is early
-                    // by up to a round trip, or Redis's clock stepped forward): nothing was
-                    // counted, so decide as if Redis had not answered, without marking it down.
-                    self.stats
-                        .expired_admissions
-                        .fetch_add(1, Ordering::Relaxed);
+                if self.model_answered(request.model, &reply, sent) {
                     return self.fallback(request);
                 }
                 let decision = self.decision(&request, &reply, slot_id, Marks::OnAdmission, None);
@@ -1215,6 +1212,24 @@ impl Inner {
                 self.fallback(request)
             }
         }
+    }
+
+    /// `model`'s admission call (sent at `sent`) answered `reply`: Redis's clock learnt, the
+    /// model back on shared counters, what its fallback admitted told. True when the answer is
+    /// "expired": answered in time by our clock, late by Redis's (the clock estimate is early by
+    /// up to a round trip, or Redis's clock stepped forward); nothing was counted, so the
+    /// request is decided as if Redis had not answered, without marking it down.
+    fn model_answered(self: &Arc<Self>, model: ModelId, reply: &[i64], sent: i64) -> bool {
+        self.redis_time.observe(reply[0], sent, self.local_ms());
+        self.mark_up(model);
+        self.repay(model);
+        let expired = reply[7] == EXPIRED;
+        if expired {
+            self.stats
+                .expired_admissions
+                .fetch_add(1, Ordering::Relaxed);
+        }
+        expired
     }
 
     /// A request with key or team limits on a Redis Cluster, where its callers' hashes (one
@@ -1288,13 +1303,7 @@ impl Inner {
         let (sent, reply) = self.run_script(&request, slot_id, ScriptPart::Model).await;
         match reply {
             Ok(mut reply) if reply.len() >= 8 => {
-                self.redis_time.observe(reply[0], sent, self.local_ms());
-                self.mark_up(request.model);
-                self.repay(request.model);
-                if reply[7] == EXPIRED {
-                    self.stats
-                        .expired_admissions
-                        .fetch_add(1, Ordering::Relaxed);
+                if self.model_answered(request.model, &reply, sent) {
                     drop(counted);
                     return self.fallback(request);
                 }
@@ -1345,12 +1354,7 @@ impl Inner {
 
     fn mark_callers_down(&self, error: &StoreError) {
         self.stats.failures.fetch_add(1, Ordering::Relaxed);
-        let health = &self.callers_health;
-        let retry_at = self
-            .elapsed_ms()
-            .saturating_add(RETRY_INTERVAL.as_millis() as u64);
-        health.retry_at_ms.store(retry_at, Ordering::Relaxed);
-        if health.healthy.swap(false, Ordering::Relaxed) {
+        if self.callers_health.down(self.retry_at()) {
             tracing::error!(
                 %error,
                 mode = self.failure_mode.as_str(),
@@ -1360,13 +1364,14 @@ impl Inner {
         }
     }
 
+    /// When a failed call's keys are asked again: one [`RETRY_INTERVAL`] from now.
+    fn retry_at(&self) -> u64 {
+        self.elapsed_ms()
+            .saturating_add(RETRY_INTERVAL.as_millis() as u64)
+    }
+
     fn mark_callers_up(&self) {
-        let health = &self.callers_health;
-        if health.retry_at_ms.load(Ordering::Relaxed) != 0 {
-            health.retry_at_ms.store(0, Ordering::Relaxed);
-        }
-        if !health.healthy.load(Ordering::Relaxed) && !health.healthy.swap(true, Ordering::Relaxed)
-        {
+        if self.callers_health.up() {
             tracing::warn!(
                 "rate-limit Redis Cluster answers again for the key and team counters' slot"
             );
