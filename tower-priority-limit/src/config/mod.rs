@@ -270,6 +270,16 @@ pub(crate) fn pool_index(pool: PoolRef, len: usize) -> usize {
     }
 }
 
+/// The pool at position `index` of a model's pool list of length `len` ([`pool_index`]'s
+/// inverse; the last position, and any with no named pools, is the default pool).
+pub(crate) fn pool_at(index: usize, len: usize) -> PoolRef {
+    if index + 1 >= len {
+        PoolRef::Default
+    } else {
+        PoolRef::Named(index as u16)
+    }
+}
+
 /// Settings shared by every model.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Settings {
@@ -516,6 +526,21 @@ impl LimiterConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pool_at_is_pool_index_inverse() {
+        for len in 1..5 {
+            for i in 0..len {
+                assert_eq!(pool_index(pool_at(i, len), len), i);
+            }
+        }
+        assert_eq!(
+            pool_at(0, 0),
+            PoolRef::Default,
+            "no named pools: the default"
+        );
+        assert_eq!(pool_at(1, 3), PoolRef::Named(1));
+    }
 
     fn load(yaml: &str) -> Result<LimiterConfig, ConfigError> {
         LimiterConfig::from_yaml_str(yaml)

@@ -14,7 +14,7 @@ use prometheus_client::registry::Registry;
 use super::{
     AtomicHistogram, Observer, Outcome, OutcomeLabel, RefusedBy, TokenKind, UsageNow, UsageSource,
 };
-use crate::config::{pool_index, LimiterConfig, ModelId, PoolRef};
+use crate::config::{pool_at, pool_index, LimiterConfig, ModelId, PoolRef};
 use crate::decision::{Decision, Dimension, Refused, Usage};
 
 /// The limiter's Prometheus series, registered once in a [`Registry`] for one config:
@@ -331,8 +331,8 @@ impl Observer for PrometheusMetrics {
 #[derive(Debug)]
 struct ScrapeGauges(Arc<PrometheusMetrics>);
 
-/// A counter family's name, help (ending in a full stop, as `Registry::register` writes it), label name and values, and where its counts sit in a
-/// [`PoolSeries`].
+/// A counter family's name, help (ending in a full stop, as `Registry::register` writes it),
+/// label name and values, and where its counts sit in a [`PoolSeries`].
 struct CounterFamily {
     name: &'static str,
     help: &'static str,
@@ -387,11 +387,7 @@ impl ScrapeGauges {
             .enumerate()
             .flat_map(move |(i, limits)| {
                 (0..metrics.pools).map(move |p| {
-                    let pool = if p + 1 == metrics.pools {
-                        PoolRef::Default
-                    } else {
-                        PoolRef::Named(p as u16)
-                    };
+                    let pool = pool_at(p, metrics.pools);
                     let label = config.pool_label(pool).unwrap_or("default");
                     (ModelId(i as u32), limits.name(), pool, label)
                 })

@@ -19,7 +19,7 @@ use http::header::{HeaderName, HeaderValue};
 use http::HeaderMap;
 
 use super::headers::{explain_refusal, priority_value, X_LITELLM_PRIORITY, X_SHADOW_REFUSED_BY};
-use crate::config::{pool_index, LimiterConfig, ModelId, ModelLimits, PoolRef};
+use crate::config::{pool_at, pool_index, LimiterConfig, ModelId, ModelLimits, PoolRef};
 use crate::decision::Admitted;
 
 /// Headers per dimension (requests, then tokens): the model's limit and remaining, the pool's,
@@ -344,11 +344,7 @@ impl AdmittedHeaders {
                 model: [value(m.rpm), value(m.tpm)],
                 pools: (0..m.pool_count())
                     .map(|i| {
-                        let pool = if i + 1 == m.pool_count() {
-                            PoolRef::Default
-                        } else {
-                            PoolRef::Named(i as u16)
-                        };
+                        let pool = pool_at(i, m.pool_count());
                         let p = m.pool(pool);
                         [value(p.and_then(|p| p.rpm)), value(p.and_then(|p| p.tpm))]
                     })

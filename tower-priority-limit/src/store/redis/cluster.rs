@@ -378,7 +378,7 @@ fn route(cmd: &Cmd) -> Route {
 
 /// The commands the store sends outside scripts whose first argument is a key (a command not
 /// listed here goes to any master, which answers `MOVED` for a key it does not serve).
-const KEYED: [&[u8]; 4] = [b"HMGET", b"HGET", b"HSET", b"HGETALL"];
+const KEYED: [&[u8]; 2] = [b"HMGET", b"HSET"];
 
 /// The hash slot of `key`: CRC16 (XMODEM) of its hash tag (the part between the first `{` and
 /// the next `}`, if not empty) or of the whole key, modulo 16,384.

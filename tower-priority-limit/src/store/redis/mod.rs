@@ -77,7 +77,9 @@ use super::{
 };
 use crate::caller::{Caller, CallerMarks, DAY_MS};
 use crate::config::WindowKind;
-use crate::config::{pool_index, Enforcement, FailureMode, LimiterConfig, ModelId, PoolRef};
+use crate::config::{
+    pool_at, pool_index, Enforcement, FailureMode, LimiterConfig, ModelId, PoolRef,
+};
 use crate::decision::{
     admit_budgets, check_callers, decide, decide_with_callers, reservation, saturation, slot_ms,
     BudgetCounter, CallerCounters, CallerPair, Decision, FixedWindow, Millis, SlidingWindow, Usage,
@@ -186,8 +188,10 @@ enum ScriptPart {
 /// When [`Inner::decision`] sets the callers' marks (what their settlement or undo takes back).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Marks {
-    /// On an admission only (a split admission's were set before its model's call).
+    /// On an admission only: the reply is one call's.
     OnAdmission,
+    /// Never: a split admission's were set from its callers' reply before its model's call.
+    SetBefore,
     /// Marks only, for taking the callers' counts back; the model's part of the reply is not
     /// Redis's (it did not answer), so the decision is not checked against the script's.
     Only,
@@ -1235,7 +1239,7 @@ impl Inner {
     /// A request with key or team limits on a Redis Cluster, where its callers' hashes (one
     /// slot, [`CallerLayout::OneSlot`]) and its model's are apart: the callers' call first,
     /// which checks and counts them all or nothing, then the model's; when the model refuses or
-    /// cannot answer, the callers' counts are taken back ([`Self::undo_callers`]), so a refused
+    /// cannot answer, the callers' counts are taken back ([`CallersCounted`]), so a refused
     /// request is counted nowhere. Between the two calls another request may see the callers'
     /// counts of one the model then refuses: it can be refused for room given back a moment
     /// later, never admitted past a limit.
@@ -1312,7 +1316,7 @@ impl Inner {
                     &request,
                     &reply,
                     slot_id,
-                    Marks::OnAdmission,
+                    Marks::SetBefore,
                     Some(callers_reply[0]),
                 );
                 self.see(&request, &decision);
@@ -1566,11 +1570,7 @@ impl Inner {
     async fn send_owed(&self, model: ModelId, counts: Vec<u64>) -> Result<(), StoreError> {
         let pools = self.config.model(model).pool_count();
         for (i, n) in counts.into_iter().enumerate() {
-            let pool = match pools {
-                0 => PoolRef::Default,
-                _ if i + 1 == pools => PoolRef::Default,
-                _ => PoolRef::Named(i as u16),
-            };
+            let pool = pool_at(i, pools);
             let request = AdmitRequest {
                 model,
                 pool,
@@ -1874,7 +1874,12 @@ impl Inner {
             window,
         );
         let decision = decide_with_callers(checked, limits.enforcement(), decide_model);
-        if matches!(decision, Decision::Admit(_)) || marks_when != Marks::OnAdmission {
+        let set = match marks_when {
+            Marks::OnAdmission => matches!(decision, Decision::Admit(_)),
+            Marks::SetBefore => false,
+            Marks::Only => true,
+        };
+        if set {
             let cost = callers.cost_reservation(request.reserve).nanos();
             let mut marks = CallerMarks {
                 reserved,

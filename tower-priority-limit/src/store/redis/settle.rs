@@ -41,7 +41,7 @@ pub(super) struct Pending {
     settlement: Settlement,
     callers: Option<Arc<Callers>>,
     /// The callers' counts of an admission their model refused on a Redis Cluster, taken back
-    /// with the marks that admission wrote (`Inner::undo_callers`; the request's own marks may
+    /// with the marks that admission wrote (`CallersCounted`; the request's own marks may
     /// be written again by its fallback or its next try): the model's hash is not touched, no
     /// spend is logged, and the model's `settling` count is not moved.
     undo: Option<CallerMarks>,
@@ -402,12 +402,10 @@ impl Settler for RedisSettler {
         // included, are the local store's alone.
         if callers.marks().slot == 0 {
             self.inner.local.settle_callers_only(settlement, callers);
-            // Admitted locally while its model answered (a cluster whose callers' slot was
-            // away): its model's local counters take the settlement too, as during an outage.
-            if !self.inner.is_down(settlement.model) {
-                self.inner.settle_locally(settlement);
-            }
-            return self.send(settlement, None);
+            // Its model's local counters too, also while its model answers (a cluster whose
+            // callers' slot was away).
+            self.inner.settle_locally(settlement);
+            return self.queue(settlement, None);
         }
         self.send(settlement, Some(Arc::clone(callers)));
     }
@@ -420,6 +418,11 @@ impl RedisSettler {
         if self.inner.is_down(settlement.model) {
             self.inner.settle_locally(settlement);
         }
+        self.queue(settlement, callers);
+    }
+
+    /// Queues `settlement` for Redis.
+    fn queue(&self, settlement: Settlement, callers: Option<Arc<Callers>>) {
         // The id is fixed here, once per lease, and travels with every retry.
         let id = self.inner.next_settlement.fetch_add(1, Ordering::Relaxed);
         let model = settlement.model;
