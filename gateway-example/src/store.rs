@@ -47,7 +47,7 @@ impl Store for GatewayStore {
         }
     }
 
-    fn admit_now(&self, request: AdmitRequest) -> Option<Result<Decision, StoreError>> {
+    fn admit_now(&self, request: &AdmitRequest) -> Option<Result<Decision, StoreError>> {
         match self {
             GatewayStore::Embedded(s) => s.admit_now(request),
             GatewayStore::Redis(_) => None,

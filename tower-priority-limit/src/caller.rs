@@ -358,7 +358,22 @@ impl CallerLimits {
 
     /// Whether no limit is set.
     pub fn is_empty(&self) -> bool {
-        CallerLimit::ALL.iter().all(|&k| self.of(k).is_none())
+        // Field by field, not through `of`: asked of every request's callers.
+        let Self {
+            rpm,
+            tpm,
+            tpd,
+            max_parallel,
+            model_rpm,
+            model_tpm,
+            budget,
+            model_budget,
+        } = self;
+        [rpm, tpm, tpd, max_parallel, model_rpm, model_tpm]
+            .iter()
+            .all(|v| v.is_none())
+            && budget.is_none()
+            && model_budget.is_none()
     }
 }
 
@@ -535,15 +550,15 @@ pub struct Callers {
     callers: [Option<Caller>; 2],
     /// [`CallerMarks`], as the last admission of this request wrote them.
     marks: [AtomicU64; MARKS],
-    /// What the store found the callers' counters under at admission, by place (the embedded
-    /// store: their slots), so settling does not look them up again.
-    handles: OnceLock<[Option<Arc<dyn Any + Send + Sync>>; 2]>,
     /// The request's model's prices (for budgets).
     prices: Prices,
     /// The request's prompt estimate: the prompt's part of its reservation, priced as input.
     prompt_estimate: u64,
     /// Whether a caller has a budget (else no cost is ever computed).
     budgeted: bool,
+    /// The most tokens a request reserves on these callers ([`reservation`](Self::reservation)),
+    /// worked out once.
+    token_cap: u64,
     /// The response's real cost in nano-dollars, set when the lease settles.
     cost: AtomicU64,
     /// Per place (bit 0 key, bit 1 team): its spend had reached its soft budget at admission.
@@ -589,10 +604,17 @@ impl Callers {
 
     fn of(callers: [Option<Caller>; 2]) -> Self {
         let budgeted = callers.iter().flatten().any(|c| c.limits.has_budget());
+        let token_cap = callers
+            .iter()
+            .flatten()
+            .flat_map(|c| [c.limits.tpm, c.limits.tpd, c.limits.model_tpm])
+            .flatten()
+            .map(|limit| (limit / 2).max(1))
+            .fold(u64::MAX, u64::min);
         Self {
+            token_cap,
             callers,
             marks: Default::default(),
-            handles: OnceLock::new(),
             prices: Prices::default(),
             prompt_estimate: 0,
             budgeted,
@@ -654,15 +676,6 @@ impl Callers {
             .find(|place| bits & (1 << place) != 0)
             .and_then(|place| self.get(place))
             .map(Caller::kind)
-    }
-
-    /// The store's handles to these callers' counters, by place, made by `make` the first time
-    /// (shared pointers to the store's own, so keeping them allocates nothing).
-    pub(crate) fn handles(
-        &self,
-        make: impl FnOnce() -> [Option<Arc<dyn Any + Send + Sync>>; 2],
-    ) -> &[Option<Arc<dyn Any + Send + Sync>>; 2] {
-        self.handles.get_or_init(make)
     }
 
     /// Where the admission counted this request on its callers' counters (the store writes it
@@ -750,11 +763,7 @@ impl Callers {
     ///
     /// [`reservation`]: crate::decision::reservation
     pub fn reservation(&self, estimate: u64) -> u64 {
-        self.iter()
-            .flat_map(|c| [c.limits.tpm, c.limits.tpd, c.limits.model_tpm])
-            .flatten()
-            .map(|limit| (limit / 2).max(1))
-            .fold(estimate, u64::min)
+        estimate.min(self.token_cap)
     }
 }
 

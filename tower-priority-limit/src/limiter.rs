@@ -404,7 +404,7 @@ impl<St: Store> Limiter<St> {
         estimate: u64,
         callers: Option<Arc<Callers>>,
     ) -> Option<Result<Decision, StoreError>> {
-        self.store.admit_now(AdmitRequest {
+        self.store.admit_now(&AdmitRequest {
             model,
             pool,
             reserve: estimate,

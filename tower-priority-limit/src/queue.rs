@@ -752,7 +752,7 @@ mod tests {
             }
             let d = crate::store::Store::admit_now(
                 &*store,
-                crate::store::AdmitRequest {
+                &crate::store::AdmitRequest {
                     model: ModelId(0),
                     pool: dev,
                     reserve: 0,

@@ -331,19 +331,11 @@ pub fn check_caller<W: Window>(
     window: Millis,
 ) -> Option<Refused> {
     let limits = caller.limits();
-    let refused = |limit: CallerLimit, over: super::Over, counter: &W, window: Millis| Refused {
-        scope: Scope::Caller(caller.kind(), limit),
-        dimension: over.dimension,
-        limit: over.limit,
-        used: over.used,
-        saturation,
-        retry_after_ms: counter.room_in(now, window, over.dimension, over.excess),
-        pool: None,
-    };
+    let kind = caller.kind();
     if let Some(max) = limits.max_parallel {
         if view.parallel.saturating_add(1) > max {
             return Some(Refused {
-                scope: Scope::Caller(caller.kind(), CallerLimit::Parallel),
+                scope: Scope::Caller(kind, CallerLimit::Parallel),
                 dimension: Dimension::Requests,
                 limit: max,
                 used: view.parallel,
@@ -353,53 +345,65 @@ pub fn check_caller<W: Window>(
             });
         }
     }
-    let pairs = [
-        (CallerLimit::Requests, limits.rpm, None, view.window, window),
-        (CallerLimit::Tokens, None, limits.tpm, view.window, window),
-        (CallerLimit::DailyTokens, None, limits.tpd, view.day, DAY_MS),
-        (
-            CallerLimit::ModelRequests,
-            limits.model_rpm,
-            None,
-            view.model,
-            window,
-        ),
-        (
-            CallerLimit::ModelTokens,
-            None,
-            limits.model_tpm,
-            view.model,
-            window,
-        ),
-    ];
+    // One pair of limits on one counter, read only when a limit reads it (a key with
+    // `rpm_limit` alone reads one): its requests' limit first, then its tokens'.
+    let pair = |[by_requests, by_tokens]: [CallerLimit; 2],
+                (rpm, tpm): (Option<u64>, Option<u64>),
+                counter: &W,
+                window: Millis| {
+        if rpm.is_none() && tpm.is_none() {
+            return None;
+        }
+        let over = check(rpm, tpm, counter.usage(now, window), reserve)?;
+        let limit = match over.dimension {
+            Dimension::Requests => by_requests,
+            _ => by_tokens,
+        };
+        Some(Refused {
+            scope: Scope::Caller(kind, limit),
+            dimension: over.dimension,
+            limit: over.limit,
+            used: over.used,
+            saturation,
+            retry_after_ms: counter.room_in(now, window, over.dimension, over.excess),
+            pool: None,
+        })
+    };
+    use CallerLimit::{DailyTokens, ModelRequests, ModelTokens, Requests, Tokens};
+    if let Some(refused) = pair(
+        [Requests, Tokens],
+        (limits.rpm, limits.tpm),
+        view.window,
+        window,
+    )
+    .or_else(|| pair([DailyTokens; 2], (None, limits.tpd), view.day, DAY_MS))
+    .or_else(|| {
+        let model = (limits.model_rpm, limits.model_tpm);
+        pair([ModelRequests, ModelTokens], model, view.model, window)
+    }) {
+        return Some(refused);
+    }
+    if !limits.has_budget() {
+        return None;
+    }
     let budgets = [
         (CallerLimit::Budget, &view.budget),
         (CallerLimit::ModelBudget, &view.model_budget),
     ];
-    pairs
-        .into_iter()
-        // A pair no limit reads is not looked at (a key with `rpm_limit` alone reads one).
-        .filter(|(_, rpm, tpm, _, _)| rpm.is_some() || tpm.is_some())
-        .find_map(|(kind, rpm, tpm, counter, window)| {
-            check(rpm, tpm, counter.usage(now, window), reserve)
-                .map(|over| refused(kind, over, counter, window))
+    budgets.into_iter().find_map(|(limit, counter)| {
+        let budget = limits.budget_of(limit)?;
+        check_budget(budget, counter).map(|used| Refused {
+            scope: Scope::Caller(kind, limit),
+            dimension: Dimension::Spend,
+            limit: budget.max.nanos(),
+            used,
+            saturation,
+            // A spent budget frees when its period ends; one that never resets, never: a day
+            // is as good an answer as any.
+            retry_after_ms: budget.resets_in.unwrap_or(DAY_MS),
+            pool: None,
         })
-        .or_else(|| {
-            budgets.into_iter().find_map(|(kind, counter)| {
-                let budget = limits.budget_of(kind)?;
-                check_budget(budget, counter).map(|used| Refused {
-                    scope: Scope::Caller(caller.kind(), kind),
-                    dimension: Dimension::Spend,
-                    limit: budget.max.nanos(),
-                    used,
-                    saturation,
-                    // A spent budget frees when its period ends; one that never resets, never:
-                    // a day is as good an answer as any.
-                    retry_after_ms: budget.resets_in.unwrap_or(DAY_MS),
-                    pool: None,
-                })
-            })
-        })
+    })
 }
 
 /// Whether `budget` refuses a request given its counter: iff what the period has spent and
@@ -458,6 +462,7 @@ pub fn check_callers<W: Window>(
 /// [`check_callers`]) comes first; a refusal refuses, or under the model's `shadow` enforcement
 /// is the refusal the admission reports; then the model's and pool's decision (`decide_model`),
 /// which a caller in shadow does not change (its refusal is reported on the admission).
+#[inline(always)]
 pub fn decide_with_callers(
     checked: Result<Option<Refused>, Refused>,
     enforcement: Enforcement,
@@ -469,9 +474,11 @@ pub fn decide_with_callers(
         Ok(shadow) => shadow,
     };
     let mut decision = decide_model();
-    if let (Decision::Admit(admitted), Some(refused)) = (&mut decision, shadow) {
-        // The callers are checked first: theirs is the refusal named.
-        admitted.shadow = Some(refused);
+    if let Some(refused) = shadow {
+        if let Decision::Admit(admitted) = &mut decision {
+            // The callers are checked first: theirs is the refusal named.
+            admitted.shadow = Some(refused);
+        }
     }
     decision
 }

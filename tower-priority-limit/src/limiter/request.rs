@@ -14,7 +14,7 @@ use crate::decision::{Admitted, Decision, Refused};
 use crate::lease::Lease;
 use crate::order::FlowId;
 use crate::queue::Deciding;
-use crate::store::{FlowTry, Store, StoreError};
+use crate::store::{AdmitRequest, FlowTry, Store, StoreError};
 
 use super::wait::WaitRequest;
 use super::Limiter;
@@ -189,28 +189,35 @@ impl<St: Store> Limiter<St> {
             }
         }
         let deciding = self.deciding(request.model, estimate);
-        let (model, pool) = (request.model, request.pool);
-        Ok(
-            match self.admit_now_as(model, pool, estimate, request.callers.clone()) {
-                Some(decision) => {
-                    // Only a refusal asks how long it may wait.
-                    let wait_ms = match decision {
-                        Ok(Decision::Refuse(_)) => max_wait_ms(&mut request)?,
-                        _ => 0,
-                    };
-                    match self.after_try(request, wait_ms, decision, None, deciding) {
-                        AfterTry::Answer(outcome) => Started::Answered(outcome),
-                        AfterTry::Wait(request, refused) => {
-                            pending(request, wait_ms, Next::Wait(Some(refused)), None)
-                        }
+        // The callers move into the try and back, not cloned: no reference counted twice.
+        let now = AdmitRequest {
+            model: request.model,
+            pool: request.pool,
+            reserve: estimate,
+            callers: request.callers.take(),
+            flow: None,
+        };
+        let answered = self.store.admit_now(&now);
+        request.callers = now.callers;
+        Ok(match answered {
+            Some(decision) => {
+                // Only a refusal asks how long it may wait.
+                let wait_ms = match decision {
+                    Ok(Decision::Refuse(_)) => max_wait_ms(&mut request)?,
+                    _ => 0,
+                };
+                match self.after_try(request, wait_ms, decision, None, deciding) {
+                    AfterTry::Answer(outcome) => Started::Answered(outcome),
+                    AfterTry::Wait(request, refused) => {
+                        pending(request, wait_ms, Next::Wait(Some(refused)), None)
                     }
                 }
-                None => {
-                    let wait_ms = max_wait_ms(&mut request)?;
-                    pending(request, wait_ms, Next::Try, deciding)
-                }
-            },
-        )
+            }
+            None => {
+                let wait_ms = max_wait_ms(&mut request)?;
+                pending(request, wait_ms, Next::Try, deciding)
+            }
+        })
     }
 
     /// The rest of [`admit_request`](Self::admit_request) after

@@ -239,52 +239,43 @@ impl CallerTable {
         slot
     }
 
-    /// The slots of `callers`, by place (key, team): those their identities keep, found in this
-    /// table once per identity; else (an identity another table counted first) looked up once
-    /// per request, kept in the request's `Callers` for its settlement.
-    fn slots_of<'a>(
+    /// The slot of the caller at `place` (key 0, team 1) of `callers`: the one its identity
+    /// keeps, found in this table once per identity; else (an identity another table counted
+    /// first: a fallback store's) looked up in the table, at admission and again at settlement.
+    #[inline]
+    fn slot_of<'a>(
         &self,
         callers: &'a Callers,
+        place: usize,
         now: Millis,
         window: Millis,
-    ) -> [Option<&'a CallerSlot>; 2] {
-        let mut elsewhere = false;
-        let kept = [0, 1].map(|place| {
-            let c = callers.get(place)?;
-            let found = c.identity().counters(self.id, || {
-                self.slot(c.kind(), c.identity().shared_id(), now, window)
-                    as Arc<dyn std::any::Any + Send + Sync>
-            });
-            elsewhere |= found.is_none();
-            let slot = found.and_then(|h| h.downcast_ref::<CallerSlot>());
-            // This table only ever keeps its own slots there.
-            debug_assert!(found.is_none() || slot.is_some());
-            slot
+    ) -> Option<SlotRef<'a>> {
+        let c = callers.get(place)?;
+        let (kind, id) = (c.kind(), c.identity().shared_id());
+        let found = c.identity().counters(self.id, || {
+            self.slot(kind, id, now, window) as Arc<dyn std::any::Any + Send + Sync>
         });
-        if !elsewhere {
-            return kept;
-        }
-        let handles = callers.handles(|| {
-            self.slots(callers, now, window)
-                .map(|s| s.map(|s| s as Arc<dyn std::any::Any + Send + Sync>))
-        });
-        handles
-            .each_ref()
-            .map(|h| h.as_deref().and_then(|h| h.downcast_ref::<CallerSlot>()))
-    }
-
-    /// The slots of `callers`, by place (key, team).
-    fn slots(
-        &self,
-        callers: &Callers,
-        now: Millis,
-        window: Millis,
-    ) -> [Option<Arc<CallerSlot>>; 2] {
-        [0, 1].map(|place| {
-            callers
-                .get(place)
-                .map(|c| self.slot(c.kind(), c.identity().shared_id(), now, window))
+        Some(match found.and_then(|h| h.downcast_ref::<CallerSlot>()) {
+            Some(kept) => SlotRef::Kept(kept),
+            None => SlotRef::Found(self.slot(kind, id, now, window)),
         })
+    }
+}
+
+/// A caller's slot as one admission or settlement holds it: kept by its identity, or looked up.
+enum SlotRef<'a> {
+    Kept(&'a CallerSlot),
+    Found(Arc<CallerSlot>),
+}
+
+impl std::ops::Deref for SlotRef<'_> {
+    type Target = CallerSlot;
+
+    fn deref(&self) -> &CallerSlot {
+        match self {
+            SlotRef::Kept(slot) => slot,
+            SlotRef::Found(slot) => slot,
+        }
     }
 }
 
@@ -301,8 +292,10 @@ impl CallerTable {
     ) {
         let all = callers.marks();
         let cost = callers.cost().nanos();
-        for (place, slot) in self.slots_of(callers, now, window).into_iter().enumerate() {
-            let Some(slot) = slot else { continue };
+        for place in 0..2 {
+            let Some(slot) = self.slot_of(callers, place, now, window) else {
+                continue;
+            };
             let (reserved, tokens) = (all.reserved, s.tokens);
             let (marks, budgets) = (all.marks[place], all.budgets[place]);
             let budgeted = callers.get(place).is_some_and(|c| c.limits().has_budget());
@@ -324,7 +317,8 @@ impl CallerTable {
             }
             let budget = budgeted.then_some((budgets, all.cost_reserved, cost));
             let args = (marks, reserved, tokens);
-            match &mut *slot.lock() {
+            let mut counters = slot.lock();
+            match &mut *counters {
                 AnyCallerCounters::Fixed(c) => apply(c, &s, args, budget, accounting, now, window),
                 AnyCallerCounters::Sliding(c) => {
                     apply(c, &s, args, budget, accounting, now, window)
@@ -763,6 +757,57 @@ impl MemoryStore {
         })
     }
 
+    /// Decides `request` and counts it if admitted: [`Store::admit`], answered in place.
+    fn decide(&self, request: &AdmitRequest) -> Result<Decision, StoreError> {
+        let config = &self.config;
+        let index = request.model.index();
+        let (Some(limits), Some(mut guard)) = (config.models().get(index), self.lock(index)) else {
+            return Err(StoreError::NoCounters(request.model));
+        };
+        let now = self.clock.now_ms();
+        let settings = config.settings();
+        let Some(callers) = &request.callers else {
+            return Ok(match &mut *guard {
+                Counters::Fixed(c) => c.admit_model(limits, settings, request, now),
+                Counters::Sliding(c) => c.admit_model(limits, settings, request, now),
+            });
+        };
+        // Model, key, then team: the one order every admission locks in (settlement holds one
+        // lock at a time), so no two admissions wait for each other.
+        let window = settings.window_ms;
+        let (key, team) = (
+            self.callers.slot_of(callers, 0, now, window),
+            self.callers.slot_of(callers, 1, now, window),
+        );
+        let mut guards = [
+            key.as_deref().map(CallerSlot::lock),
+            team.as_deref().map(CallerSlot::lock),
+        ];
+        let [key, team] = &mut guards;
+        Ok(match &mut *guard {
+            Counters::Fixed(c) => c.admit(
+                limits,
+                settings,
+                request,
+                now,
+                [
+                    key.as_deref_mut().map(FixedWindow::counters),
+                    team.as_deref_mut().map(FixedWindow::counters),
+                ],
+            ),
+            Counters::Sliding(c) => c.admit(
+                limits,
+                settings,
+                request,
+                now,
+                [
+                    key.as_deref_mut().map(SlidingWindow::counters),
+                    team.as_deref_mut().map(SlidingWindow::counters),
+                ],
+            ),
+        })
+    }
+
     fn lock(&self, index: usize) -> Option<MutexGuard<'_, Counters>> {
         self.models.get(index).map(|slot| slot.lock())
     }
@@ -796,50 +841,11 @@ impl Store for MemoryStore {
     }
 
     fn admit(&self, request: AdmitRequest) -> Self::AdmitFuture {
-        let config = &self.config;
-        let index = request.model.index();
-        let (Some(limits), Some(mut guard)) = (config.models().get(index), self.lock(index)) else {
-            return ready(Err(StoreError::NoCounters(request.model)));
-        };
-        let now = self.clock.now_ms();
-        let settings = config.settings();
-        let Some(callers) = &request.callers else {
-            return ready(Ok(match &mut *guard {
-                Counters::Fixed(c) => c.admit_model(limits, settings, &request, now),
-                Counters::Sliding(c) => c.admit_model(limits, settings, &request, now),
-            }));
-        };
-        // Model, key, then team: the one order every admission locks in (settlement holds one
-        // lock at a time), so no two admissions wait for each other.
-        let slots = self.callers.slots_of(callers, now, settings.window_ms);
-        let mut guards = slots.map(|s| s.map(|s| s.lock()));
-        let [key, team] = &mut guards;
-        ready(Ok(match &mut *guard {
-            Counters::Fixed(c) => c.admit(
-                limits,
-                settings,
-                &request,
-                now,
-                [
-                    key.as_deref_mut().map(FixedWindow::counters),
-                    team.as_deref_mut().map(FixedWindow::counters),
-                ],
-            ),
-            Counters::Sliding(c) => c.admit(
-                limits,
-                settings,
-                &request,
-                now,
-                [
-                    key.as_deref_mut().map(SlidingWindow::counters),
-                    team.as_deref_mut().map(SlidingWindow::counters),
-                ],
-            ),
-        }))
+        ready(self.decide(&request))
     }
 
-    fn admit_now(&self, request: AdmitRequest) -> Option<Result<Decision, StoreError>> {
-        Some(self.admit(request).into_inner())
+    fn admit_now(&self, request: &AdmitRequest) -> Option<Result<Decision, StoreError>> {
+        Some(self.decide(request))
     }
 
     fn settler(&self, model: ModelId) -> Option<Arc<dyn Settler>> {

@@ -140,7 +140,10 @@ pub trait Store: Send + Sync + 'static {
 
     /// The admission, when the store can answer without waiting (the embedded store): the layer
     /// then decides in `call`. `None` (the default) means "await [`admit`](Self::admit)".
-    fn admit_now(&self, request: AdmitRequest) -> Option<Result<Decision, StoreError>> {
+    ///
+    /// It borrows the request, so a caller that keeps it (its callers, for the lease) moves
+    /// nothing and counts no reference.
+    fn admit_now(&self, request: &AdmitRequest) -> Option<Result<Decision, StoreError>> {
         let _ = request;
         None
     }
