@@ -473,9 +473,19 @@ impl fmt::Debug for CallerIdentity {
 }
 
 /// One caller with limits: who it is and its limits for this request.
+///
+/// Two pointers: a clone counts two references and copies nothing, so a caller whose limits do
+/// not change from one request to the next (no budget period, no per-model limit) is made once
+/// and cloned per request, and a request's [`Callers`] is built without copying limits.
 #[derive(Clone, PartialEq, Eq)]
 pub struct Caller {
     identity: CallerIdentity,
+    spec: Arc<Spec>,
+}
+
+/// A caller's limits and how they are enforced, shared by its clones.
+#[derive(Clone, PartialEq, Eq)]
+struct Spec {
     limits: CallerLimits,
     /// Its limits are tried, not enforced (a key's or team's `enforcement: shadow`).
     shadow: bool,
@@ -488,12 +498,14 @@ impl Caller {
         Self::with_identity(CallerIdentity::new(kind, id), limits)
     }
 
-    /// The caller `identity` with `limits` for this request.
+    /// The caller `identity` with `limits` (one allocation, which its clones share).
     pub fn with_identity(identity: CallerIdentity, limits: CallerLimits) -> Self {
         Self {
             identity,
-            limits,
-            shadow: false,
+            spec: Arc::new(Spec {
+                limits,
+                shadow: false,
+            }),
         }
     }
 
@@ -501,13 +513,15 @@ impl Caller {
     /// request they refuse is reported (the admission's shadow refusal) but served. Its own
     /// only: the model's limits, and the other caller's, are enforced as they are configured.
     pub fn in_shadow(mut self, shadow: bool) -> Self {
-        self.shadow = shadow;
+        if self.spec.shadow != shadow {
+            Arc::make_mut(&mut self.spec).shadow = shadow;
+        }
         self
     }
 
     /// Whether its limits are only tried ([`in_shadow`](Self::in_shadow)).
     pub fn is_shadow(&self) -> bool {
-        self.shadow
+        self.spec.shadow
     }
 
     /// Key or team.
@@ -525,9 +539,20 @@ impl Caller {
         &self.identity
     }
 
-    /// Its limits for this request.
+    /// Its limits.
     pub fn limits(&self) -> &CallerLimits {
-        &self.limits
+        &self.spec.limits
+    }
+
+    /// Whether `a` and `b` are clones of one caller: one identity and one allocation of limits
+    /// (what a caller made once and cloned per request gives).
+    pub fn ptr_eq(a: &Self, b: &Self) -> bool {
+        CallerIdentity::ptr_eq(&a.identity, &b.identity) && Arc::ptr_eq(&a.spec, &b.spec)
+    }
+
+    /// The same caller with `limits` instead.
+    fn with_limits(&self, limits: CallerLimits) -> Self {
+        Self::with_identity(self.identity.clone(), limits).in_shadow(self.is_shadow())
     }
 }
 
@@ -536,8 +561,8 @@ impl fmt::Debug for Caller {
         f.debug_struct("Caller")
             .field("kind", &self.kind())
             .field("id", &self.id())
-            .field("limits", &self.limits)
-            .field("shadow", &self.shadow)
+            .field("limits", self.limits())
+            .field("shadow", &self.is_shadow())
             .finish()
     }
 }
@@ -592,7 +617,7 @@ impl Callers {
         prices: Prices,
         prompt_estimate: u64,
     ) -> Option<Arc<Self>> {
-        let keep = |c: Option<Caller>| c.filter(|c| !c.limits.is_empty());
+        let keep = |c: Option<Caller>| c.filter(|c| !c.limits().is_empty());
         let callers = [keep(key), keep(team)];
         callers.iter().any(Option::is_some).then(|| {
             let mut of = Self::of(callers);
@@ -603,11 +628,12 @@ impl Callers {
     }
 
     fn of(callers: [Option<Caller>; 2]) -> Self {
-        let budgeted = callers.iter().flatten().any(|c| c.limits.has_budget());
+        let budgeted = callers.iter().flatten().any(|c| c.limits().has_budget());
         let token_cap = callers
             .iter()
             .flatten()
-            .flat_map(|c| [c.limits.tpm, c.limits.tpd, c.limits.model_tpm])
+            .map(Caller::limits)
+            .flat_map(|l| [l.tpm, l.tpd, l.model_tpm])
             .flatten()
             .map(|limit| (limit / 2).max(1))
             .fold(u64::MAX, u64::min);
@@ -691,6 +717,22 @@ impl Callers {
         }
     }
 
+    /// The part of [`marks`](Self::marks) one caller's settlement reads: the marks of the
+    /// caller at `place` (`[window, day, model]`) and the tokens reserved.
+    pub(crate) fn place_marks(&self, place: usize) -> ([Millis; 3], u64) {
+        let m = |i: usize| self.marks[i].load(Ordering::Relaxed);
+        let first = 3 * place.min(1);
+        ([m(first), m(first + 1), m(first + 2)], m(6))
+    }
+
+    /// The budgets' part of [`marks`](Self::marks) for the caller at `place`: the periods its
+    /// budgets counted in, and the cost reserved.
+    pub(crate) fn place_budget_marks(&self, place: usize) -> ([u64; 2], u64) {
+        let m = |i: usize| self.marks[i].load(Ordering::Relaxed);
+        let first = 8 + 2 * place.min(1);
+        ([m(first), m(first + 1)], m(12))
+    }
+
     /// Records where the admission counted it (by the store, when it admits).
     pub fn set_marks(&self, marks: CallerMarks) {
         let values = [
@@ -724,9 +766,9 @@ impl Callers {
     pub fn divided_among(&self, nodes: u32) -> Arc<Self> {
         let n = u64::from(nodes.max(1));
         let part = |v: Option<u64>| v.map(|v| if v == 0 { 0 } else { (v / n).max(1) });
-        let callers = self.callers.clone().map(|c| {
-            c.map(|mut c| {
-                let l = &mut c.limits;
+        let callers = self.callers.each_ref().map(|c| {
+            c.as_ref().map(|c| {
+                let mut l = *c.limits();
                 for v in [
                     &mut l.rpm,
                     &mut l.tpm,
@@ -742,7 +784,7 @@ impl Callers {
                     b.soft = b.soft.map(share);
                     b.max = NanoUsd::from_nanos(part(Some(b.max.nanos())).unwrap_or(0));
                 }
-                c
+                c.with_limits(l)
             })
         });
         let mut of = Self::of(callers);
@@ -800,4 +842,44 @@ pub struct Spent {
     pub period: u64,
     /// Settled cost in the period.
     pub spent: NanoUsd,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_clone_shares_its_limits_and_putting_it_in_shadow_does_not_change_the_others() {
+        let key = Caller::new(CallerKind::Key, "k", CallerLimits::new().rpm(5).tpm(100));
+        let clone = key.clone();
+        assert!(Caller::ptr_eq(&key, &clone));
+        let shadow = clone.in_shadow(true);
+        assert!(shadow.is_shadow() && !key.is_shadow());
+        assert!(!Caller::ptr_eq(&key, &shadow));
+        assert_eq!(shadow.limits(), key.limits());
+        assert!(CallerIdentity::ptr_eq(shadow.identity(), key.identity()));
+        // Already as asked: nothing is copied.
+        let same = key.clone().in_shadow(false);
+        assert!(Caller::ptr_eq(&key, &same));
+    }
+
+    #[test]
+    fn divided_callers_keep_who_they_are_and_whether_they_are_in_shadow() {
+        let key = Caller::new(CallerKind::Key, "k", CallerLimits::new().rpm(9).tpm(90));
+        let team =
+            Caller::new(CallerKind::Team, "t", CallerLimits::new().max_parallel(6)).in_shadow(true);
+        let callers = Callers::new(Some(key.clone()), Some(team.clone())).unwrap();
+        assert_eq!(callers.reservation(1_000), 45);
+        let divided = callers.divided_among(3);
+        let (k, t) = (divided.get(0).unwrap(), divided.get(1).unwrap());
+        assert_eq!((k.limits().rpm, k.limits().tpm), (Some(3), Some(30)));
+        assert_eq!(t.limits().max_parallel, Some(2));
+        assert!(!k.is_shadow() && t.is_shadow());
+        assert!(CallerIdentity::ptr_eq(k.identity(), key.identity()));
+        assert!(CallerIdentity::ptr_eq(t.identity(), team.identity()));
+        // The reservation's cap follows the divided limits.
+        assert_eq!(divided.reservation(1_000), 15);
+        // The originals are untouched.
+        assert_eq!(callers.get(0).unwrap().limits().rpm, Some(9));
+    }
 }

@@ -179,10 +179,8 @@ impl Callers {
         };
         let team = line.team.as_ref().and_then(|team| {
             self.teams.get(team).map(|limits| {
-                Arc::new(TeamLimits {
-                    identity: CallerIdentity::new(CallerKind::Team, team.as_str()),
-                    limits: limits.clone(),
-                })
+                let identity = CallerIdentity::new(CallerKind::Team, team.as_str());
+                Arc::new(TeamLimits::new(identity, limits.clone()))
             })
         });
         ModelAccess::of_key(Arc::new(key), None).with_team_limits(team)

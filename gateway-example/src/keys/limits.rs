@@ -129,6 +129,15 @@ impl Limits {
         *self == Self::default()
     }
 
+    /// Whether a request is held to the same limits on every model at every moment: no
+    /// per-model limit and no budget (whose period moves).
+    pub fn is_fixed(&self) -> bool {
+        self.model_rpm_limit.is_empty()
+            && self.model_tpm_limit.is_empty()
+            && self.model_max_budget.is_empty()
+            && self.max_budget.is_none()
+    }
+
     /// What a request on model group `model` at `now_ms` (Unix ms) is held to.
     pub fn for_model(&self, model: &str, now_ms: u64) -> CallerLimits {
         let dollars = |d: f64| NanoUsd::from_dollars(d).unwrap_or_default();
@@ -181,19 +190,59 @@ impl Limits {
 #[derive(Debug, Clone, PartialEq)]
 pub struct TeamLimits {
     /// The team, as its counters know it (its id; kept so its requests find them directly).
-    pub identity: CallerIdentity,
+    pub caller: CallerOf,
     /// Its limits.
     pub limits: Limits,
 }
 
+impl TeamLimits {
+    /// The team `identity`, whose limits are `limits`.
+    pub fn new(identity: CallerIdentity, limits: Limits) -> Self {
+        Self {
+            caller: CallerOf::new(identity, &limits),
+            limits,
+        }
+    }
+}
+
+/// A key or team as its requests' limits name it, made once with its record: its identity and,
+/// when its limits are the same on every model at every moment (no per-model limit, no
+/// budget), the [`Caller`] each request clones (two references counted, nothing copied or
+/// allocated); else each request makes its own for its model and budget period.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CallerOf {
+    identity: CallerIdentity,
+    fixed: Option<Caller>,
+}
+
+impl CallerOf {
+    /// `identity`, whose limits are `limits`.
+    pub fn new(identity: CallerIdentity, limits: &Limits) -> Self {
+        let fixed = limits
+            .is_fixed()
+            .then(|| caller(&identity, limits, "", 0))
+            .flatten();
+        Self { identity, fixed }
+    }
+
+    /// As its counters know it.
+    pub fn identity(&self) -> &CallerIdentity {
+        &self.identity
+    }
+
+    /// The caller with `limits` (the ones it was made with) on `model` at `now_ms` (Unix ms),
+    /// if any of them applies.
+    pub fn caller(&self, limits: &Limits, model: &str, now_ms: u64) -> Option<Caller> {
+        match &self.fixed {
+            Some(fixed) => Some(fixed.clone()),
+            None => caller(&self.identity, limits, model, now_ms),
+        }
+    }
+}
+
 /// The caller `identity` with `limits` on `model` at `now_ms` (Unix ms), if any of them
 /// applies.
-pub(crate) fn caller(
-    identity: &CallerIdentity,
-    limits: &Limits,
-    model: &str,
-    now_ms: u64,
-) -> Option<Caller> {
+fn caller(identity: &CallerIdentity, limits: &Limits, model: &str, now_ms: u64) -> Option<Caller> {
     let shadow = limits.enforcement == Enforcement::Shadow;
     let limits = limits.for_model(model, now_ms);
     (!limits.is_empty()).then(|| Caller::with_identity(identity.clone(), limits).in_shadow(shadow))
@@ -204,6 +253,52 @@ mod tests {
     use tower_priority_limit::caller::CallerKind;
 
     use super::*;
+
+    #[test]
+    fn a_caller_whose_limits_never_change_is_made_once_and_shared_by_its_requests() {
+        let identity = CallerIdentity::new(CallerKind::Key, "k");
+        let fixed = Limits {
+            rpm_limit: Some(5),
+            tpm_limit: Some(500),
+            ..Limits::default()
+        };
+        let of = CallerOf::new(identity.clone(), &fixed);
+        let (a, b) = (
+            of.caller(&fixed, "a", 0).unwrap(),
+            of.caller(&fixed, "b", 86_400_000).unwrap(),
+        );
+        assert!(Caller::ptr_eq(&a, &b), "{a:?} {b:?}");
+        assert_eq!(a.limits().rpm, Some(5));
+        // A per-model limit or a budget makes each request's own, for its model and period.
+        for changing in [
+            Limits {
+                model_rpm_limit: [("a".to_owned(), 1)].into(),
+                ..fixed.clone()
+            },
+            Limits {
+                max_budget: Some(1.0),
+                budget_duration: Some("1d".into()),
+                ..fixed.clone()
+            },
+        ] {
+            let of = CallerOf::new(identity.clone(), &changing);
+            let (a, b) = (
+                of.caller(&changing, "a", 0).unwrap(),
+                of.caller(&changing, "b", 0).unwrap(),
+            );
+            assert!(!Caller::ptr_eq(&a, &b));
+            assert!(CallerIdentity::ptr_eq(a.identity(), &identity));
+            assert_eq!(a.limits(), &changing.for_model("a", 0));
+            assert_eq!(b.limits(), &changing.for_model("b", 0));
+        }
+        // Shadow enforcement is part of what is made once.
+        let shadow = Limits {
+            enforcement: Enforcement::Shadow,
+            ..fixed.clone()
+        };
+        let of = CallerOf::new(identity, &shadow);
+        assert!(of.caller(&shadow, "a", 0).unwrap().is_shadow());
+    }
 
     #[test]
     fn a_model_limit_applies_to_its_model_only() {

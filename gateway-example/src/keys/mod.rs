@@ -61,7 +61,7 @@ use crate::config::wildcard::allows;
 use crate::config::GatewayConfig;
 
 pub use self::cache::{KEY_CACHE_STALE_IF_ERROR, KEY_CACHE_TTL};
-pub use self::limits::{Limits, ModelBudget, TeamLimits};
+pub use self::limits::{CallerOf, Limits, ModelBudget, TeamLimits};
 pub use self::local::LocalStore;
 pub use self::postgres::{PgKeys, DEFAULT_POSTGRES_TIMEOUT};
 pub use self::redis::{RedisKeys, DEFAULT_REDIS_TIMEOUT};
@@ -190,7 +190,7 @@ pub struct Resolved {
     pub team_limits: Option<Arc<TeamLimits>>,
     /// The key as its counters know it, made once per record (not per request); `None` when
     /// it has no limits of its own.
-    pub key_identity: Option<CallerIdentity>,
+    pub key_identity: Option<CallerOf>,
 }
 
 impl Resolved {
@@ -242,17 +242,18 @@ impl Resolved {
 
 /// A key as its counters know it (by its hash), if it has limits of its own (else nothing is
 /// counted for it, and a request need not carry it).
-fn key_identity(key: &KeyRecord) -> Option<CallerIdentity> {
-    (!key.limits.is_empty()).then(|| CallerIdentity::new(CallerKind::Key, key.token.as_str()))
+fn key_identity(key: &KeyRecord) -> Option<CallerOf> {
+    (!key.limits.is_empty()).then(|| {
+        let identity = CallerIdentity::new(CallerKind::Key, key.token.as_str());
+        CallerOf::new(identity, &key.limits)
+    })
 }
 
 /// A team's limits as its keys carry them: `None` when it has none.
 fn team_limits(team: &TeamRecord) -> Option<Arc<TeamLimits>> {
     (!team.limits.is_empty()).then(|| {
-        Arc::new(TeamLimits {
-            identity: CallerIdentity::new(CallerKind::Team, team.team_id.as_str()),
-            limits: team.limits.clone(),
-        })
+        let identity = CallerIdentity::new(CallerKind::Team, team.team_id.as_str());
+        Arc::new(TeamLimits::new(identity, team.limits.clone()))
     })
 }
 
@@ -268,7 +269,7 @@ fn team_models(models: &[String]) -> Option<Arc<[String]>> {
 #[derive(Debug, Clone, Default)]
 pub struct ModelAccess {
     /// The key, for its `models` and limits, with its identity; `None`: the master key.
-    key: Option<(Arc<KeyRecord>, Option<CallerIdentity>)>,
+    key: Option<(Arc<KeyRecord>, Option<CallerOf>)>,
     /// Its team's `models`, when the team has a list.
     team: Option<Arc<[String]>>,
     /// Its team's limits, when the team has any.
@@ -315,11 +316,11 @@ impl ModelAccess {
         let key = self
             .key
             .as_ref()
-            .and_then(|(k, identity)| limits::caller(identity.as_ref()?, &k.limits, model, now));
+            .and_then(|(k, of)| of.as_ref()?.caller(&k.limits, model, now));
         let team = self
             .team_limits
             .as_ref()
-            .and_then(|t| limits::caller(&t.identity, &t.limits, model, now));
+            .and_then(|t| t.caller.caller(&t.limits, model, now));
         Callers::priced(key, team, prices, prompt_tokens)
     }
 
@@ -361,7 +362,7 @@ struct PriorityOf<R> {
     /// A team's limits (`None` for a key, or a team without any).
     team_limits: Option<Arc<TeamLimits>>,
     /// A key's identity (`None` for a team, or a key without limits).
-    key_identity: Option<CallerIdentity>,
+    key_identity: Option<CallerOf>,
 }
 
 impl PriorityOf<Arc<KeyRecord>> {

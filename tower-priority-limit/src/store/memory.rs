@@ -290,15 +290,15 @@ impl CallerTable {
         window: Millis,
         accounting: TokenAccounting,
     ) {
-        let all = callers.marks();
-        let cost = callers.cost().nanos();
         for place in 0..2 {
+            let Some(caller) = callers.get(place) else {
+                continue;
+            };
             let Some(slot) = self.slot_of(callers, place, now, window) else {
                 continue;
             };
-            let (reserved, tokens) = (all.reserved, s.tokens);
-            let (marks, budgets) = (all.marks[place], all.budgets[place]);
-            let budgeted = callers.get(place).is_some_and(|c| c.limits().has_budget());
+            // Only the marks this caller's settlement reads (a key alone: four of thirteen).
+            let ((marks, reserved), tokens) = (callers.place_marks(place), s.tokens);
             fn apply<W: Window>(
                 c: &mut CallerCounters<W>,
                 s: &Settlement,
@@ -315,7 +315,10 @@ impl CallerTable {
                     c.settle_budgets(s.model, budgets, cost_reserved, cost, s.cancel);
                 }
             }
-            let budget = budgeted.then_some((budgets, all.cost_reserved, cost));
+            let budget = caller.limits().has_budget().then(|| {
+                let (budgets, cost_reserved) = callers.place_budget_marks(place);
+                (budgets, cost_reserved, callers.cost().nanos())
+            });
             let args = (marks, reserved, tokens);
             let mut counters = slot.lock();
             match &mut *counters {
