@@ -474,18 +474,16 @@ impl fmt::Debug for CallerIdentity {
 
 /// One caller with limits: who it is and its limits for this request.
 ///
-/// Two pointers: a clone counts two references and copies nothing, so a caller whose limits do
+/// One pointer: a clone counts one reference and copies nothing, so a caller whose limits do
 /// not change from one request to the next (no budget period, no per-model limit) is made once
 /// and cloned per request, and a request's [`Callers`] is built without copying limits.
 #[derive(Clone, PartialEq, Eq)]
-pub struct Caller {
-    identity: CallerIdentity,
-    spec: Arc<Spec>,
-}
+pub struct Caller(Arc<Spec>);
 
-/// A caller's limits and how they are enforced, shared by its clones.
+/// Who a caller is, its limits and how they are enforced, shared by its clones.
 #[derive(Clone, PartialEq, Eq)]
 struct Spec {
+    identity: CallerIdentity,
     limits: CallerLimits,
     /// Its limits are tried, not enforced (a key's or team's `enforcement: shadow`).
     shadow: bool,
@@ -500,59 +498,57 @@ impl Caller {
 
     /// The caller `identity` with `limits` (one allocation, which its clones share).
     pub fn with_identity(identity: CallerIdentity, limits: CallerLimits) -> Self {
-        Self {
+        Self(Arc::new(Spec {
             identity,
-            spec: Arc::new(Spec {
-                limits,
-                shadow: false,
-            }),
-        }
+            limits,
+            shadow: false,
+        }))
     }
 
     /// The same caller in shadow when `shadow`: its limits and budgets are counted and a
     /// request they refuse is reported (the admission's shadow refusal) but served. Its own
     /// only: the model's limits, and the other caller's, are enforced as they are configured.
     pub fn in_shadow(mut self, shadow: bool) -> Self {
-        if self.spec.shadow != shadow {
-            Arc::make_mut(&mut self.spec).shadow = shadow;
+        if self.0.shadow != shadow {
+            Arc::make_mut(&mut self.0).shadow = shadow;
         }
         self
     }
 
     /// Whether its limits are only tried ([`in_shadow`](Self::in_shadow)).
     pub fn is_shadow(&self) -> bool {
-        self.spec.shadow
+        self.0.shadow
     }
 
     /// Key or team.
     pub fn kind(&self) -> CallerKind {
-        self.identity.kind()
+        self.0.identity.kind()
     }
 
     /// The id its counters are kept under.
     pub fn id(&self) -> &str {
-        self.identity.id()
+        self.0.identity.id()
     }
 
     /// Who it is.
     pub fn identity(&self) -> &CallerIdentity {
-        &self.identity
+        &self.0.identity
     }
 
     /// Its limits.
     pub fn limits(&self) -> &CallerLimits {
-        &self.spec.limits
+        &self.0.limits
     }
 
     /// Whether `a` and `b` are clones of one caller: one identity and one allocation of limits
     /// (what a caller made once and cloned per request gives).
     pub fn ptr_eq(a: &Self, b: &Self) -> bool {
-        CallerIdentity::ptr_eq(&a.identity, &b.identity) && Arc::ptr_eq(&a.spec, &b.spec)
+        Arc::ptr_eq(&a.0, &b.0)
     }
 
     /// The same caller with `limits` instead.
     fn with_limits(&self, limits: CallerLimits) -> Self {
-        Self::with_identity(self.identity.clone(), limits).in_shadow(self.is_shadow())
+        Self::with_identity(self.identity().clone(), limits).in_shadow(self.is_shadow())
     }
 }
 
