@@ -110,8 +110,8 @@ pub struct CallerView<'a, W> {
     pub window: &'a W,
     /// All models, in a day.
     pub day: &'a W,
-    /// The request's model, in the config's window.
-    pub model: &'a W,
+    /// The request's model, in the config's window (`None`: not used yet, nothing counted).
+    pub model: Option<&'a W>,
     /// Requests in flight.
     pub parallel: u64,
     /// All models' spend in the budget period.
@@ -121,12 +121,12 @@ pub struct CallerView<'a, W> {
 }
 
 impl<W: Window> CallerCounters<W> {
-    /// The counters one admission on `model` reads (`empty` stands for a model not used yet).
-    pub fn view<'a>(&'a self, model: ModelId, empty: &'a W) -> CallerView<'a, W> {
+    /// The counters one admission on `model` reads.
+    pub fn view(&self, model: ModelId) -> CallerView<'_, W> {
         CallerView {
             window: &self.window,
             day: &self.day,
-            model: self.model(model).unwrap_or(empty),
+            model: self.model(model),
             parallel: self.parallel,
             budget: self.budget,
             model_budget: self.model_budget(model).copied().unwrap_or_default(),
@@ -379,7 +379,14 @@ pub fn check_caller<W: Window>(
     .or_else(|| pair([DailyTokens; 2], (None, limits.tpd), view.day, DAY_MS))
     .or_else(|| {
         let model = (limits.model_rpm, limits.model_tpm);
-        pair([ModelRequests, ModelTokens], model, view.model, window)
+        let checked = |counter: &W| pair([ModelRequests, ModelTokens], model, counter, window);
+        // A model not used yet counts nothing: an empty window, made only then (a sliding one
+        // is half a kilobyte).
+        match view.model {
+            Some(counter) => checked(counter),
+            None if model.0.is_none() && model.1.is_none() => None,
+            None => checked(&W::default()),
+        }
     }) {
         return Some(refused);
     }
@@ -439,13 +446,12 @@ pub fn check_callers<W: Window>(
     now: Millis,
     window: Millis,
 ) -> Result<Option<Refused>, Refused> {
-    let empty = W::default();
     let mut shadow = None;
     for (place, counters) in counters.iter().enumerate() {
         let (Some(caller), Some(counters)) = (callers.get(place), counters) else {
             continue;
         };
-        let view = counters.view(model, &empty);
+        let view = counters.view(model);
         // The model's saturation only goes into a refusal's headers: read only for one.
         if let Some(mut refused) = check_caller(caller, &view, reserve, 0.0, now, window) {
             refused.saturation = saturation();
@@ -527,7 +533,7 @@ pub fn admit_budgets<W: Window>(
     if !limits.has_budget() {
         return [NOT_COUNTED; 2];
     }
-    if soft_budget_passed(limits, &c.view(model, &W::default())) {
+    if soft_budget_passed(limits, &c.view(model)) {
         callers.set_soft_budget_passed(place);
     }
     c.admit_budgets(model, limits, cost)
@@ -565,20 +571,19 @@ mod tests {
         let mut c = CallerCounters::<FixedWindow>::default();
         let limits = CallerLimits::new().max_parallel(2).rpm(3).tpm(100);
         let caller = key(limits);
-        let empty = FixedWindow::default();
         let first = c.admit(M, &ALL, 0, 0, W);
         c.admit(M, &ALL, 0, 0, W);
-        let r = check_caller(&caller, &c.view(M, &empty), 0, 0.0, 0, W).unwrap();
+        let r = check_caller(&caller, &c.view(M), 0, 0.0, 0, W).unwrap();
         assert_eq!(
             r.scope,
             Scope::Caller(CallerKind::Key, CallerLimit::Parallel)
         );
         assert_eq!((r.limit, r.used), (2, 2));
         c.settle(M, first, 0, 90, false, TokenAccounting::PostHoc, 1, W);
-        assert!(check_caller(&caller, &c.view(M, &empty), 0, 0.0, 1, W).is_none());
+        assert!(check_caller(&caller, &c.view(M), 0, 0.0, 1, W).is_none());
         c.admit(M, &ALL, 0, 2, W);
         c.settle(M, first, 0, 0, false, TokenAccounting::PostHoc, 3, W);
-        let r = check_caller(&caller, &c.view(M, &empty), 0, 0.0, 3, W).unwrap();
+        let r = check_caller(&caller, &c.view(M), 0, 0.0, 3, W).unwrap();
         assert_eq!(
             r.scope,
             Scope::Caller(CallerKind::Key, CallerLimit::Requests)
@@ -590,30 +595,28 @@ mod tests {
     fn a_model_limit_counts_that_model_only() {
         let mut c = CallerCounters::<SlidingWindow>::default();
         let caller = key(CallerLimits::new().model_rpm(1));
-        let empty = SlidingWindow::default();
         c.admit(M, &ALL, 0, 0, W);
-        let r = check_caller(&caller, &c.view(M, &empty), 0, 0.0, 10, W).unwrap();
+        let r = check_caller(&caller, &c.view(M), 0, 0.0, 10, W).unwrap();
         assert_eq!(
             r.scope,
             Scope::Caller(CallerKind::Key, CallerLimit::ModelRequests)
         );
-        assert!(check_caller(&caller, &c.view(ModelId(1), &empty), 0, 0.0, 10, W).is_none());
+        assert!(check_caller(&caller, &c.view(ModelId(1)), 0, 0.0, 10, W).is_none());
     }
 
     #[test]
     fn a_day_limit_outlives_the_window() {
         let mut c = CallerCounters::<FixedWindow>::default();
         let caller = key(CallerLimits::new().tpd(100).tpm(1_000));
-        let empty = FixedWindow::default();
         let m = c.admit(M, &ALL, 0, 0, W);
         c.settle(M, m, 0, 100, false, TokenAccounting::PostHoc, 5, W);
         let later = 5 * W;
-        let r = check_caller(&caller, &c.view(M, &empty), 0, 0.0, later, W).unwrap();
+        let r = check_caller(&caller, &c.view(M), 0, 0.0, later, W).unwrap();
         assert_eq!(
             r.scope,
             Scope::Caller(CallerKind::Key, CallerLimit::DailyTokens)
         );
-        assert!(check_caller(&caller, &c.view(M, &empty), 0, 0.0, DAY_MS + 1, W).is_none());
+        assert!(check_caller(&caller, &c.view(M), 0, 0.0, DAY_MS + 1, W).is_none());
     }
 
     #[test]
@@ -878,12 +881,11 @@ mod tests {
             };
             let caller = key(limits);
             let mut c = CallerCounters::<FixedWindow>::default();
-            let empty = FixedWindow::default();
             let (mut in_flight, mut count, mut tokens) = (Vec::new(), 0u64, 0u64);
             for (i, (cost, finish)) in requests.into_iter().enumerate() {
                 let now = i as Millis;
                 let expected = reference(&limits, in_flight.len() as u64, count, tokens);
-                let got = check_caller(&caller, &c.view(M, &empty), 0, 0.0, now, W)
+                let got = check_caller(&caller, &c.view(M), 0, 0.0, now, W)
                     .map(|r| match r.scope {
                         Scope::Caller(_, kind) => kind,
                         _ => unreachable!(),
