@@ -786,28 +786,23 @@ impl MemoryStore {
             key.as_deref().map(CallerSlot::lock),
             team.as_deref().map(CallerSlot::lock),
         ];
-        let [key, team] = &mut guards;
+        // The callers' counters in the model's kind of window.
+        #[inline(always)]
+        fn admit<W: SlotWindow + CallerWindow>(
+            c: &mut ModelCounters<W>,
+            (limits, settings, request, now): (&ModelLimits, &Settings, &AdmitRequest, Millis),
+            [key, team]: &mut [Option<MutexGuard<'_, AnyCallerCounters>>; 2],
+        ) -> Decision {
+            let callers = [
+                key.as_deref_mut().map(W::counters),
+                team.as_deref_mut().map(W::counters),
+            ];
+            c.admit(limits, settings, request, now, callers)
+        }
+        let args = (limits, settings, request, now);
         Ok(match &mut *guard {
-            Counters::Fixed(c) => c.admit(
-                limits,
-                settings,
-                request,
-                now,
-                [
-                    key.as_deref_mut().map(FixedWindow::counters),
-                    team.as_deref_mut().map(FixedWindow::counters),
-                ],
-            ),
-            Counters::Sliding(c) => c.admit(
-                limits,
-                settings,
-                request,
-                now,
-                [
-                    key.as_deref_mut().map(SlidingWindow::counters),
-                    team.as_deref_mut().map(SlidingWindow::counters),
-                ],
-            ),
+            Counters::Fixed(c) => admit(c, args, &mut guards),
+            Counters::Sliding(c) => admit(c, args, &mut guards),
         })
     }
 
