@@ -587,8 +587,20 @@ pub struct Callers {
 }
 
 /// Values in [`Callers::marks`]: six pair marks, the tokens reserved, the slot, four budget
-/// periods and the cost reserved.
+/// periods and the cost reserved, at the places below (the one layout every reader and the
+/// writer go by).
 const MARKS: usize = 13;
+/// The first of the three pair marks (`[window, day, model]`) of the caller at `place`.
+const fn pair_marks_at(place: usize) -> usize {
+    3 * place
+}
+const RESERVED: usize = 6;
+const SLOT: usize = 7;
+/// The first of the two budget periods of the caller at `place`.
+const fn budget_marks_at(place: usize) -> usize {
+    8 + 2 * place
+}
+const COST_RESERVED: usize = 12;
 
 impl fmt::Debug for Callers {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -703,13 +715,16 @@ impl Callers {
     /// Where the admission counted this request on its callers' counters (the store writes it
     /// while admitting; zeros before).
     pub fn marks(&self) -> CallerMarks {
-        let m = |i: usize| self.marks[i].load(Ordering::Relaxed);
+        let (key, reserved) = self.place_marks(0);
+        let (team, _) = self.place_marks(1);
+        let (key_budgets, cost_reserved) = self.place_budget_marks(0);
+        let (team_budgets, _) = self.place_budget_marks(1);
         CallerMarks {
-            marks: [[m(0), m(1), m(2)], [m(3), m(4), m(5)]],
-            reserved: m(6),
-            slot: m(7),
-            budgets: [[m(8), m(9)], [m(10), m(11)]],
-            cost_reserved: m(12),
+            marks: [key, team],
+            reserved,
+            slot: self.marks[SLOT].load(Ordering::Relaxed),
+            budgets: [key_budgets, team_budgets],
+            cost_reserved,
         }
     }
 
@@ -717,38 +732,32 @@ impl Callers {
     /// caller at `place` (`[window, day, model]`) and the tokens reserved.
     pub(crate) fn place_marks(&self, place: usize) -> ([Millis; 3], u64) {
         let m = |i: usize| self.marks[i].load(Ordering::Relaxed);
-        let first = 3 * place.min(1);
-        ([m(first), m(first + 1), m(first + 2)], m(6))
+        let first = pair_marks_at(place.min(1));
+        ([m(first), m(first + 1), m(first + 2)], m(RESERVED))
     }
 
     /// The budgets' part of [`marks`](Self::marks) for the caller at `place`: the periods its
     /// budgets counted in, and the cost reserved.
     pub(crate) fn place_budget_marks(&self, place: usize) -> ([u64; 2], u64) {
         let m = |i: usize| self.marks[i].load(Ordering::Relaxed);
-        let first = 8 + 2 * place.min(1);
-        ([m(first), m(first + 1)], m(12))
+        let first = budget_marks_at(place.min(1));
+        ([m(first), m(first + 1)], m(COST_RESERVED))
     }
 
     /// Records where the admission counted it (by the store, when it admits).
     pub fn set_marks(&self, marks: CallerMarks) {
-        let values = [
-            marks.marks[0][0],
-            marks.marks[0][1],
-            marks.marks[0][2],
-            marks.marks[1][0],
-            marks.marks[1][1],
-            marks.marks[1][2],
-            marks.reserved,
-            marks.slot,
-            marks.budgets[0][0],
-            marks.budgets[0][1],
-            marks.budgets[1][0],
-            marks.budgets[1][1],
-            marks.cost_reserved,
-        ];
-        for (place, v) in self.marks.iter().zip(values) {
-            place.store(v, Ordering::Relaxed);
+        let set = |i: usize, v: u64| self.marks[i].store(v, Ordering::Relaxed);
+        for place in 0..2 {
+            for (i, v) in marks.marks[place].into_iter().enumerate() {
+                set(pair_marks_at(place) + i, v);
+            }
+            for (i, v) in marks.budgets[place].into_iter().enumerate() {
+                set(budget_marks_at(place) + i, v);
+            }
         }
+        set(RESERVED, marks.reserved);
+        set(SLOT, marks.slot);
+        set(COST_RESERVED, marks.cost_reserved);
     }
 
     /// The callers with limits, key first.

@@ -190,15 +190,15 @@ impl<St: Store> Limiter<St> {
         }
         let deciding = self.deciding(request.model, estimate);
         // The callers move into the try and back, not cloned: no reference counted twice.
-        let now = AdmitRequest {
+        let attempt = AdmitRequest {
             model: request.model,
             pool: request.pool,
             reserve: estimate,
             callers: request.callers.take(),
             flow: None,
         };
-        let answered = self.store.admit_now(&now);
-        request.callers = now.callers;
+        let answered = self.store.admit_now(&attempt);
+        request.callers = attempt.callers;
         Ok(match answered {
             Some(decision) => {
                 // Only a refusal asks how long it may wait.

@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::{AdmitRequest, Settlement, Settler, Store, StoreError};
-use crate::caller::{CallerKind, Callers, NanoUsd, Spent};
+use crate::caller::{Caller, CallerKind, Callers, NanoUsd, Spent};
 use crate::clock::{Clock, CoarseClock};
 use crate::config::{
     pool_index, LimiterConfig, ModelId, ModelLimits, PoolRef, Settings, TokenAccounting, WindowKind,
@@ -239,26 +239,19 @@ impl CallerTable {
         slot
     }
 
-    /// The slot of the caller at `place` (key 0, team 1) of `callers`: the one its identity
-    /// keeps, found in this table once per identity; else (an identity another table counted
-    /// first: a fallback store's) looked up in the table, at admission and again at settlement.
+    /// The slot of `caller`: the one its identity keeps, found in this table once per identity;
+    /// else (an identity another table counted first: a fallback store's) looked up in the
+    /// table, at admission and again at settlement.
     #[inline]
-    fn slot_of<'a>(
-        &self,
-        callers: &'a Callers,
-        place: usize,
-        now: Millis,
-        window: Millis,
-    ) -> Option<SlotRef<'a>> {
-        let c = callers.get(place)?;
-        let (kind, id) = (c.kind(), c.identity().shared_id());
-        let found = c.identity().counters(self.id, || {
+    fn slot_of<'a>(&self, caller: &'a Caller, now: Millis, window: Millis) -> SlotRef<'a> {
+        let (kind, id) = (caller.kind(), caller.identity().shared_id());
+        let found = caller.identity().counters(self.id, || {
             self.slot(kind, id, now, window) as Arc<dyn std::any::Any + Send + Sync>
         });
-        Some(match found.and_then(|h| h.downcast_ref::<CallerSlot>()) {
+        match found.and_then(|h| h.downcast_ref::<CallerSlot>()) {
             Some(kept) => SlotRef::Kept(kept),
             None => SlotRef::Found(self.slot(kind, id, now, window)),
-        })
+        }
     }
 }
 
@@ -294,9 +287,7 @@ impl CallerTable {
             let Some(caller) = callers.get(place) else {
                 continue;
             };
-            let Some(slot) = self.slot_of(callers, place, now, window) else {
-                continue;
-            };
+            let slot = self.slot_of(caller, now, window);
             // Only the marks this caller's settlement reads (a key alone: four of thirteen).
             let ((marks, reserved), tokens) = (callers.place_marks(place), s.tokens);
             fn apply<W: Window>(
@@ -778,10 +769,12 @@ impl MemoryStore {
         // Model, key, then team: the one order every admission locks in (settlement holds one
         // lock at a time), so no two admissions wait for each other.
         let window = settings.window_ms;
-        let (key, team) = (
-            self.callers.slot_of(callers, 0, now, window),
-            self.callers.slot_of(callers, 1, now, window),
-        );
+        let slot = |place| {
+            callers
+                .get(place)
+                .map(|c| self.callers.slot_of(c, now, window))
+        };
+        let (key, team) = (slot(0), slot(1));
         let mut guards = [
             key.as_deref().map(CallerSlot::lock),
             team.as_deref().map(CallerSlot::lock),
