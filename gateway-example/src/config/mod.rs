@@ -446,10 +446,12 @@ impl GatewayConfig {
         }
 
         let mut deployments: Vec<Deployment> = Vec::new();
-        // Ids taken, and each group's deployments by position: the checks below look up, not
-        // scan, so a list of 10,000 deployments is read in linear time.
+        // Ids taken, and per group its first upstream deployment (position and format): the
+        // checks below look up, not scan, so a list of 10,000 deployments is read in linear
+        // time. Every upstream a group accepts speaks its first one's format, so that one is
+        // the only one a new deployment can disagree with.
         let mut ids = std::collections::HashSet::new();
-        let mut groups: std::collections::HashMap<String, Vec<usize>> =
+        let mut groups: std::collections::HashMap<String, Option<(usize, Api)>> =
             std::collections::HashMap::new();
         if let Some(list) = root.get("model_list")? {
             for (position, item) in list.items()?.iter().enumerate() {
@@ -462,14 +464,11 @@ impl GatewayConfig {
                 }
                 // A group answers an endpoint only if all its deployments speak its format, so
                 // a group of an OpenAI and an Anthropic upstream could serve nothing.
+                let first = groups.entry(d.model_name.clone()).or_default();
                 if let Target::Upstream { api, .. } = &d.target {
-                    let mixed = groups.get(&d.model_name).and_then(|members| {
-                        members
-                            .iter()
-                            .copied()
-                            .find(|&o| !deployments[o].speaks(*api))
-                    });
-                    if let Some(other) = mixed {
+                    let mixed = first.filter(|&(_, theirs)| theirs != *api);
+                    first.get_or_insert((deployments.len(), *api));
+                    if let Some((other, _)) = mixed {
                         return Err(ConfigError::new(
                             format!("model_list[{position}].litellm_params.model"),
                             format!(
@@ -482,10 +481,6 @@ impl GatewayConfig {
                         ));
                     }
                 }
-                groups
-                    .entry(d.model_name.clone())
-                    .or_default()
-                    .push(deployments.len());
                 deployments.push(d);
             }
         }

@@ -212,16 +212,15 @@ impl TeamLimits {
 #[derive(Debug, Clone, PartialEq)]
 pub struct CallerOf {
     identity: CallerIdentity,
-    fixed: Option<Caller>,
+    /// Its requests' caller when its limits are fixed (`None` inside: they hold it to nothing,
+    /// e.g. only `enforcement` is set); `None`: made per request.
+    fixed: Option<Option<Caller>>,
 }
 
 impl CallerOf {
     /// `identity`, whose limits are `limits`.
     pub fn new(identity: CallerIdentity, limits: &Limits) -> Self {
-        let fixed = limits
-            .is_fixed()
-            .then(|| caller(&identity, limits, "", 0))
-            .flatten();
+        let fixed = limits.is_fixed().then(|| caller(&identity, limits, "", 0));
         Self { identity, fixed }
     }
 
@@ -234,7 +233,7 @@ impl CallerOf {
     /// if any of them applies.
     pub fn caller(&self, limits: &Limits, model: &str, now_ms: u64) -> Option<Caller> {
         match &self.fixed {
-            Some(fixed) => Some(fixed.clone()),
+            Some(fixed) => fixed.clone(),
             None => caller(&self.identity, limits, model, now_ms),
         }
     }
@@ -291,6 +290,15 @@ mod tests {
             assert_eq!(a.limits(), &changing.for_model("a", 0));
             assert_eq!(b.limits(), &changing.for_model("b", 0));
         }
+        // Fixed limits that hold a request to nothing give no caller, without making one.
+        let nothing = Limits {
+            enforcement: Enforcement::Shadow,
+            ..Limits::default()
+        };
+        assert_eq!(
+            CallerOf::new(identity.clone(), &nothing).caller(&nothing, "a", 0),
+            None
+        );
         // Shadow enforcement is part of what is made once.
         let shadow = Limits {
             enforcement: Enforcement::Shadow,
