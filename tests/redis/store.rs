@@ -1504,6 +1504,12 @@ async fn agree_with_callers_of(
                             b.retry_after_ms,
                             a.scope
                         );
+                        // A caller's refusal reports the model's saturation: on a cluster,
+                        // where the model was not asked, as last seen (never 0 for a model in
+                        // use).
+                        if matches!(a.scope, Scope::Caller(..)) && a.saturation > 0.0 {
+                            assert!(b.saturation > 0.0, "step {step}: saturation {a:?} {b:?}");
+                        }
                         *by.entry(RefusedBy::of(&a).as_str()).or_default() += 1;
                     }
                     (a, b) => panic!("step {step}: {model}, callers {which}: {a:?} vs {b:?}"),

@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
 
 use crate::clock::Millis;
-use crate::config::{pool_index, ModelId, ModelLimits, PoolRef};
+use crate::config::{pool_at, pool_index, ModelId, ModelLimits, PoolRef};
 use crate::decision::{Refused, Usage};
 use crate::order::{
     displaced, fill, first_pool, Fill, FlowClock, FlowId, PoolSeats, ServiceWeights,
@@ -254,11 +254,7 @@ impl ModelQueue {
     }
 
     fn pool_ref(&self, slot: usize) -> PoolRef {
-        if slot + 1 >= self.limits.pool_count() {
-            PoolRef::Default
-        } else {
-            PoolRef::Named(slot as u16)
-        }
+        pool_at(slot, self.limits.pool_count())
     }
 
     fn fill_of(&self, slot: usize) -> Fill {

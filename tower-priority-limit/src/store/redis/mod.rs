@@ -8,14 +8,20 @@
 //!   the full [`Decision`] (headers, retry-after) is then computed by the same
 //!   [`decide`] the embedded store uses, and a disagreement with the
 //!   script's verdict is logged and counted ([`RedisStats::verdict_mismatches`]), never silent.
+//!   The one exception: on a Redis Cluster, an admission with key or team limits is two calls,
+//!   the callers' slot first, then the model's (`ScriptPart`); the callers' counts are taken
+//!   back through the settlement queue when the model refuses or the admission is dropped
+//!   between them (`CallersCounted`). Each call has its own `redis_timeout_ms`, so such an
+//!   admission may wait up to twice that before its failure policy applies.
 //! - **Redis time**: windows are measured on `TIME` inside the script, so nodes with skewed clocks agree.
 //! - **Deadlines**: each admission carries its caller's deadline (send time + `redis_timeout_ms`)
 //!   translated to Redis's clock (`deadline.rs`); a script run later, e.g. when a paused Redis
 //!   resumes and runs the calls buffered meanwhile, answers "expired" and changes nothing, so an
 //!   admission its caller gave up on (and decided by the failure mode) is never counted twice.
 //! - **Layout**: one hash per model, `PREFIX{model}`, and the ids of recent settlements beside it,
-//!   `PREFIX{model}:settled:ID`; a script touches only keys of one hash tag, so it works on Redis
-//!   Cluster. Every write sets the key's TTL to the window (plus a margin): nothing outlives its
+//!   `PREFIX{model}:settled:ID`; a key's or team's hash is `PREFIX{c:KIND:ID}` on one server and
+//!   `PREFIX{c}:KIND:ID` on a cluster (`CallerLayout`: every caller in one slot). A script call
+//!   touches only keys of one hash tag, so it works on Redis Cluster. Every write sets the key's TTL to the window (plus a margin): nothing outlives its
 //!   window, nothing grows without bound.
 //! - **Settlement** never blocks a response: the settler queues into a bounded channel
 //!   that a background task drains, several calls in flight at once on the multiplexed connection.
@@ -948,6 +954,22 @@ struct SeenWindow {
 }
 
 impl Inner {
+    /// The model's saturation as last seen in a reply (0 once that window is over, or never
+    /// seen): what a refusal reports when the model was not asked.
+    fn seen_saturation(&self, model: ModelId) -> f64 {
+        let Some(seen) = self.model_seen.get(model.index()) else {
+            return 0.0;
+        };
+        if seen.resets_at_ms.load(Ordering::Relaxed) <= self.elapsed_ms() {
+            return 0.0;
+        }
+        let usage = Usage {
+            requests: seen.requests.load(Ordering::Relaxed),
+            tokens: seen.tokens.load(Ordering::Relaxed),
+        };
+        saturation(self.config.model(model), usage)
+    }
+
     /// Remembers what a reply said of the model's window (an admission's usage, or a refusal by
     /// the model's own limit: full) and an admitted request's pool usage.
     fn see(&self, request: &AdmitRequest, decision: &Decision) {
@@ -1294,10 +1316,16 @@ impl Inner {
                     .fetch_add(1, Ordering::Relaxed);
                 return self.fallback(request);
             }
-            // Refused by a caller: nothing counted, the model not asked.
+            // Refused by a caller: nothing counted, the model not asked (its saturation, which
+            // the refusal reports, as last seen).
             _ => {
                 let reply = unread_model(verdict);
-                return Ok(self.decision(&request, &reply, slot_id, Marks::OnAdmission, None));
+                let mut decision =
+                    self.decision(&request, &reply, slot_id, Marks::OnAdmission, None);
+                if let Decision::Refuse(refused) = &mut decision {
+                    refused.saturation = self.seen_saturation(request.model);
+                }
+                return Ok(decision);
             }
         }
         // Counted in the callers' slot: their marks now, and taken back unless the model admits
