@@ -1255,6 +1255,83 @@ async fn a_split_admission_gives_its_callers_counts_back_when_its_model_does_not
     cluster.nodes()[model_master].resume();
 }
 
+/// On a Redis Cluster, a keyed settlement whose callers' master is down while its model's
+/// answers records the model's part at once (the model is not left `settling`, which would hold
+/// its token refusals in the queue) and retries only its callers' part: nothing counts as a
+/// duplicate, and the key's tokens arrive once its master is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_settlement_retries_only_the_part_whose_master_is_down() {
+    use tower_priority_limit::caller::{Caller, CallerKind, CallerLimits, Callers};
+    use tower_priority_limit::{AdmissionOutcome, RequestAdmission};
+    let Some(cluster) =
+        RedisCluster::start_with_replicas("a_settlement_retries_only_part", 3, 0, 2000, false)
+    else {
+        return;
+    };
+    let callers_master = cluster.master_of(cluster.slot_of("x{c}")).unwrap();
+    assert_ne!(
+        Some(callers_master),
+        cluster.master_of(cluster.slot_of("x{m}"))
+    );
+    let config = LimiterConfig::builder()
+        .model(ModelLimits::new("m").rpm(1_000).tpm(1_000_000))
+        .store_timeout(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    let limiter = redis_limiter(config, RedisTarget::Cluster(cluster.urls()), "part:").await;
+    let model = limiter.config().model_id("m").unwrap();
+    let request = RequestAdmission {
+        model,
+        pool: limiter.resolve_pool(None),
+        flow: 0,
+        prompt_tokens: 7,
+        max_output_tokens: Some(0),
+        max_wait: None,
+        callers: Callers::new(
+            Some(Caller::new(
+                CallerKind::Key,
+                "k",
+                CallerLimits::new().tpm(100_000),
+            )),
+            None,
+        ),
+    };
+    let AdmissionOutcome::Admitted { lease, .. } = limiter.admit_request(request).await.unwrap()
+    else {
+        panic!("admitted");
+    };
+    let key_field = |field: &str| {
+        let node = &cluster.nodes()[callers_master];
+        node.cli(&["hget", "part:{c}:key:k", field])
+            .trim()
+            .to_owned()
+    };
+    let key_tokens = || key_field("win:t");
+    assert_eq!(key_field("win:r"), "1", "the key counted the request");
+    assert_eq!(key_tokens(), "0", "post_hoc: nothing reserved");
+    let stats = || limiter.store().stats();
+    cluster.nodes()[callers_master].pause();
+    lease.settle(50);
+    // The batch is sent: the model's part taken, the callers' timed out.
+    limiter.store().flush().await;
+    assert!(
+        !limiter.store().settling(model),
+        "the model's part is recorded while its callers' master is down"
+    );
+    assert!(stats().settlements_retried.load(Ordering::Relaxed) >= 1);
+    cluster.nodes()[callers_master].resume();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while key_tokens() != "50" {
+        assert!(Instant::now() < deadline, "the key's part retried");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        stats().settlements_duplicate.load(Ordering::Relaxed),
+        0,
+        "the model's part is not sent again"
+    );
+}
+
 /// The spend epoch, a durable copy's spend restored, and a caller's spend read, on a Redis
 /// Cluster: each goes to the master of its key's slot (a plain command to another master would
 /// be answered `MOVED`).

@@ -40,11 +40,24 @@ pub(super) struct Pending {
     id: u64,
     settlement: Settlement,
     callers: Option<Arc<Callers>>,
+    /// The hashes that took it already: a retry sends only the others.
+    taken: Taken,
     /// The callers' counts of an admission their model refused on a Redis Cluster, taken back
     /// with the marks that admission wrote (`CallersCounted`; the request's own marks may
     /// be written again by its fallback or its next try): the model's hash is not touched, no
     /// spend is logged, and the model's `settling` count is not moved.
     undo: Option<CallerMarks>,
+}
+
+/// Which hashes of a settlement Redis has taken. On a Redis Cluster the model's hash and its
+/// callers' may be on two masters, one of them down: the model's part, once taken, is not sent
+/// again (it would only count as a duplicate) and its `settling` count is released at once, so
+/// the model's waiters do not wait on its callers' master.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Taken {
+    model: bool,
+    /// By caller place (key, team).
+    callers: [bool; 2],
 }
 
 impl Pending {
@@ -68,6 +81,11 @@ impl Pending {
                 cancel: true,
             },
             callers: Some(callers),
+            // Nothing of it goes to the model's hash, nor moves its `settling` count.
+            taken: Taken {
+                model: true,
+                callers: [false; 2],
+            },
             undo: Some(marks),
         }
     }
@@ -104,7 +122,8 @@ impl Inner {
         }
     }
 
-    async fn settle(&self, pending: &Pending) -> Result<(), StoreError> {
+    /// Sends what of `pending` Redis has not taken yet, marking each part as it is taken.
+    async fn settle(&self, pending: &mut Pending) -> Result<(), StoreError> {
         let s = pending.settlement;
         let Some(key) = self.keys.get(s.model.index()) else {
             return Ok(());
@@ -123,7 +142,7 @@ impl Inner {
             .flow_keys
             .get(s.model.index())
             .map(|k| k.channel.as_str());
-        if pending.undo.is_none() {
+        if !pending.taken.model {
             self.settle_hash(
                 key,
                 pending.id,
@@ -136,6 +155,7 @@ impl Inner {
                 wake,
             )
             .await?;
+            pending.taken.model = true;
         }
         // A caller admitted on the local fallback settles there ([`RedisSettler`]), not here.
         let Some(callers) = pending.callers.as_ref() else {
@@ -151,7 +171,7 @@ impl Inner {
         let (cost_reserved, cost) = (marks.cost_reserved, callers.cost().nanos());
         let model_budget = format!("{model_prefix}$");
         for place in 0..2 {
-            let Some(caller) = callers.get(place) else {
+            let Some(caller) = callers.get(place).filter(|_| !pending.taken.callers[place]) else {
                 continue;
             };
             let [hash, slots] = caller_keys(&self.key_prefix, self.caller_layout(), caller);
@@ -197,6 +217,7 @@ impl Inner {
                     None,
                 )
                 .await?;
+            pending.taken.callers[place] = true;
             // What the budgets hold now, for a durable copy (`RedisStoreBuilder::spend_log`).
             if let Some(log) = self.spend_log.as_ref().filter(|_| pending.undo.is_none()) {
                 let model_name = self.model_names[s.model.index()].clone();
@@ -328,13 +349,15 @@ pub(super) async fn flush_settlements(
                 Queued::Flush(done) => flushed.push(done),
             }
         }
+        let model_taken: Vec<bool> = settlements.iter().map(|s| s.taken.model).collect();
         let results =
-            futures_util::future::join_all(settlements.iter().map(|s| inner.settle(s))).await;
+            futures_util::future::join_all(settlements.iter_mut().map(|s| inner.settle(s))).await;
         let mut failed = 0;
         let mut settled_models: Vec<ModelId> = Vec::new();
-        for (s, result) in settlements.into_iter().zip(results) {
-            if result.is_ok() && s.undo.is_none() {
-                // Recorded: before the hook, so a waiter it wakes sees it.
+        for ((s, result), taken_before) in settlements.into_iter().zip(results).zip(model_taken) {
+            if s.taken.model && !taken_before {
+                // The model's part recorded (its callers' may still be retried): before the
+                // hook, so a waiter it wakes sees it.
                 inner.settled(s.settlement.model);
                 if !settled_models.contains(&s.settlement.model) {
                     settled_models.push(s.settlement.model);
@@ -354,7 +377,7 @@ pub(super) async fn flush_settlements(
         if retry.len() > capacity {
             let excess = retry.len() - capacity;
             for dropped in retry.drain(..excess) {
-                if dropped.undo.is_none() {
+                if !dropped.taken.model {
                     inner.settled(dropped.settlement.model);
                 }
             }
@@ -434,6 +457,7 @@ impl RedisSettler {
             id,
             settlement,
             callers,
+            taken: Taken::default(),
             undo: None,
         })) {
             Ok(()) => {}
