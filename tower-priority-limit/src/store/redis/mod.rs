@@ -191,52 +191,41 @@ enum ScriptPart {
     Callers,
 }
 
-/// When [`Inner::decision`] sets the callers' marks (what their settlement or undo takes back).
+/// When [`Inner::decision`] sets the callers' marks (what their settlement takes back).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Marks {
     /// On an admission only: the reply is one call's.
     OnAdmission,
-    /// Never: a split admission's were set from its callers' reply before its model's call.
+    /// Never: a split admission's were set from its callers' reply
+    /// ([`Inner::caller_marks`]) before its model's call.
     SetBefore,
-    /// Marks only, for taking the callers' counts back; the model's part of the reply is not
-    /// Redis's (it did not answer), so the decision is not checked against the script's.
-    Only,
 }
 
-/// A split admission's callers, counted by their own call: taken back when dropped unless
-/// [`kept`](Self::kept) (the model admitted the request too).
+/// A split admission's callers, counted by their own call with `marks`: taken back when dropped
+/// unless [`kept`](Self::kept) (the model admitted the request too).
 struct CallersCounted<'a> {
     inner: &'a Inner,
-    undo: Option<Pending>,
+    request: &'a AdmitRequest,
+    marks: CallerMarks,
+    kept: bool,
 }
 
-impl<'a> CallersCounted<'a> {
-    /// `request`'s callers, with the marks their call wrote.
-    fn new(inner: &'a Inner, request: &AdmitRequest) -> Self {
-        let undo = request.callers.as_ref().map(|callers| {
-            let id = inner.next_settlement.fetch_add(1, Ordering::Relaxed);
-            Pending::undo(
-                id,
-                request.model,
-                request.pool,
-                Arc::clone(callers),
-                callers.marks(),
-            )
-        });
-        CallersCounted { inner, undo }
-    }
-
+impl CallersCounted<'_> {
     /// The request was admitted: its lease settles the callers.
     fn kept(mut self) {
-        self.undo = None;
+        self.kept = true;
     }
 }
 
 impl Drop for CallersCounted<'_> {
     fn drop(&mut self) {
-        if let Some(undo) = self.undo.take() {
-            self.inner.queue_undo(undo);
-        }
+        let (Some(callers), false) = (&self.request.callers, self.kept) else {
+            return;
+        };
+        let id = self.inner.next_settlement.fetch_add(1, Ordering::Relaxed);
+        let (model, pool) = (self.request.model, self.request.pool);
+        let undo = Pending::undo(id, model, pool, Arc::clone(callers), self.marks);
+        self.inner.queue_undo(undo);
     }
 }
 
@@ -1296,18 +1285,6 @@ impl Inner {
         // rings a refusal of sliding windows carries.
         let skip = 8 + if sliding && verdict != 0 { 4 * RING } else { 0 };
         let callers_part = callers_reply.get(skip..).unwrap_or_default();
-        // A model part of zeros (not read) with `verdict`, the callers' after it: what
-        // `decision` reads when the model was not asked.
-        let unread_model = |verdict: i64| {
-            let pools = self.floors(request.model).len();
-            let mut reply = vec![callers_reply[0], -1, 0, 0, -1, 0, 0, verdict];
-            reply.resize(
-                8 + 2 * pools + if sliding && verdict != 0 { 4 * RING } else { 0 },
-                0,
-            );
-            reply.extend_from_slice(callers_part);
-            reply
-        };
         match verdict {
             0 => {}
             EXPIRED => {
@@ -1319,7 +1296,11 @@ impl Inner {
             // Refused by a caller: nothing counted, the model not asked (its saturation, which
             // the refusal reports, as last seen).
             _ => {
-                let reply = unread_model(verdict);
+                // A model part of zeros (not read) with `verdict`, the callers' after it.
+                let pools = self.floors(request.model).len();
+                let mut reply = vec![callers_reply[0], -1, 0, 0, -1, 0, 0, verdict];
+                reply.resize(8 + 2 * pools + if sliding { 4 * RING } else { 0 }, 0);
+                reply.extend_from_slice(callers_part);
                 let mut decision =
                     self.decision(&request, &reply, slot_id, Marks::OnAdmission, None);
                 if let Decision::Refuse(refused) = &mut decision {
@@ -1330,8 +1311,16 @@ impl Inner {
         }
         // Counted in the callers' slot: their marks now, and taken back unless the model admits
         // too, even if this admission is abandoned before it knows (its client went away).
-        self.decision(&request, &unread_model(0), slot_id, Marks::Only, None);
-        let counted = CallersCounted::new(self, &request);
+        let marks = self.caller_marks(&request, &callers_reply, slot_id);
+        if let Some(callers) = &request.callers {
+            callers.set_marks(marks);
+        }
+        let counted = CallersCounted {
+            inner: self,
+            request: &request,
+            marks,
+            kept: false,
+        };
         let (sent, reply) = self.run_script(&request, slot_id, ScriptPart::Model).await;
         match reply {
             Ok(mut reply) if reply.len() >= 8 => {
@@ -1732,62 +1721,31 @@ impl Inner {
         let limits = self.config.model(request.model);
         let (now, verdict) = (reply[0].max(0) as Millis, reply[7]);
         let model_now = now;
-        let count = |v: i64| v.max(0) as u64;
         let pools = self.floors(request.model).len();
         let sliding_refused =
             verdict != 0 && self.config.settings().window_kind == WindowKind::Sliding;
         // After the model's part: each caller's slots and pairs, then (a caller's refusal of
         // sliding windows) their rings.
         let callers_at = 8 + 2 * pools + if sliding_refused { 4 * RING } else { 0 };
-        let n_callers = request.callers.as_ref().map_or(0, |c| c.iter().count());
-        let caller_rings_at = callers_at + CALLER_REPLY * n_callers;
         let now = ReplyReading {
             model_now,
             // A split admission's callers were read on their own master's clock.
             callers_now: callers_now.map_or(model_now, |n| n.max(0) as Millis),
             callers_at,
         };
-        let ring = |at: usize| {
-            let mut slots = [Usage::default(); RING];
-            if let Some(values) = reply.get(at..at + 2 * RING) {
-                for (place, pair) in slots.iter_mut().zip(values.chunks_exact(2)) {
-                    *place = Usage {
-                        requests: count(pair[0]),
-                        tokens: count(pair[1]),
-                    };
-                }
-            }
-            slots
+        // The rings come with a refusal only, after the eight values (an admission's headers
+        // need the totals alone): the model's and pool's, then the callers'.
+        let rings = RingsAt {
+            model: 8 + 2 * pools,
+            callers: callers_at + CALLER_REPLY * caller_count(request),
         };
-        // Each pair from its three values (start or head, requests, tokens) at `at` in the reply,
-        // and the ring at `ring_at` (zeros where the reply has none).
         let decision = match self.config.settings().window_kind {
             WindowKind::Fixed => {
-                self.decide_on(request, now, reply, slot_id, marks, |at, _| FixedWindow {
-                    window_start: u64::try_from(reply[at]).ok(),
-                    requests: count(reply[at + 1]),
-                    tokens: count(reply[at + 2]),
-                })
+                self.decide_on(request, now, reply, slot_id, marks, fixed_pair(reply))
             }
-            // The totals count at `now`; the rings come with a refusal only, after the eight
-            // values (an admission's headers need the totals alone).
             WindowKind::Sliding => {
-                let rings = 8 + 2 * pools;
-                self.decide_on(request, now, reply, slot_id, marks, |at, pair| {
-                    let ring_at = match pair {
-                        PairAt::Model => rings,
-                        PairAt::Pool => rings + 2 * RING,
-                        PairAt::Caller(i) => caller_rings_at + 2 * RING * i,
-                    };
-                    SlidingWindow {
-                        head: u64::try_from(reply[at]).ok(),
-                        slots: ring(ring_at),
-                        total: Usage {
-                            requests: count(reply[at + 1]),
-                            tokens: count(reply[at + 2]),
-                        },
-                    }
-                })
+                let pair = sliding_pair(reply, rings);
+                self.decide_on(request, now, reply, slot_id, marks, pair)
             }
         };
         if verdict == BEHIND {
@@ -1809,8 +1767,7 @@ impl Inner {
             decision,
             Decision::Refuse(r) if matches!(r.scope, crate::decision::Scope::Caller(..))
         );
-        if marks != Marks::Only && (admitted != (verdict == 0) || caller_refused != (verdict == 4))
-        {
+        if admitted != (verdict == 0) || caller_refused != (verdict == 4) {
             self.stats
                 .verdict_mismatches
                 .fetch_add(1, Ordering::Relaxed);
@@ -1822,6 +1779,28 @@ impl Inner {
             );
         }
         decision
+    }
+
+    /// Where a split admission counted its callers, read off their call's reply (`reply`, which
+    /// admitted them: the eight values, then the callers' part), by the rule the script counted
+    /// them by: what their settlement, or their undo, takes back.
+    fn caller_marks(&self, request: &AdmitRequest, reply: &[i64], slot_id: u64) -> CallerMarks {
+        let now = reply[0].max(0) as Millis;
+        // An admission's reply carries no rings: every one reads as zeros.
+        let rings = RingsAt {
+            model: reply.len(),
+            callers: reply.len(),
+        };
+        match self.config.settings().window_kind {
+            WindowKind::Fixed => {
+                let mut seen = callers_on(request, reply, 8, fixed_pair(reply));
+                self.marks_on(request, &mut seen, now, slot_id)
+            }
+            WindowKind::Sliding => {
+                let mut seen = callers_on(request, reply, 8, sliding_pair(reply, rings));
+                self.marks_on(request, &mut seen, now, slot_id)
+            }
+        }
     }
 
     /// [`decide`] on the pairs `pair` builds from the reply: the model-wide one at 1, the pool's
@@ -1860,36 +1839,7 @@ impl Inner {
         let Some(callers) = &request.callers else {
             return decide_model();
         };
-        // Each caller's counters as the script read them: slots in use, then its window, day
-        // and model pairs (three values each), in the order of `Callers::iter`.
-        let mut seen: [Option<CallerCounters<W>>; 2] = [None, None];
-        let mut i = 0;
-        for (place, slot) in seen.iter_mut().enumerate() {
-            if callers.get(place).is_none() {
-                continue;
-            }
-            let at = callers_at + CALLER_REPLY * i;
-            let pair_at = |j: usize| pair(at + 1 + 3 * j, PairAt::Caller(3 * i + j));
-            let budget_at = |j: usize| {
-                let b = at + 10 + 3 * j;
-                BudgetCounter {
-                    // No period yet reads as -1: older than any.
-                    period: u64::try_from(reply.get(b).copied().unwrap_or(-1)).unwrap_or(0),
-                    spent: count(b + 1),
-                    reserved: count(b + 2),
-                }
-            };
-            *slot = Some(CallerCounters {
-                parallel: count(at),
-                window: pair_at(0),
-                day: pair_at(1),
-                models: vec![(request.model, pair_at(2))],
-                budget: budget_at(0),
-                model_budgets: vec![(request.model, budget_at(1))],
-                spend_changed: false,
-            });
-            i += 1;
-        }
+        let mut seen = callers_on(request, reply, callers_at, pair);
         let window = settings.window_ms;
         let reserved = callers.reservation(request.reserve.min(MAX_EXACT));
         let checked = check_callers(
@@ -1902,38 +1852,50 @@ impl Inner {
             window,
         );
         let decision = decide_with_callers(checked, limits.enforcement(), decide_model);
-        let set = match marks_when {
-            Marks::OnAdmission => matches!(decision, Decision::Admit(_)),
-            Marks::SetBefore => false,
-            Marks::Only => true,
-        };
-        if set {
-            let cost = callers.cost_reservation(request.reserve).nanos();
-            let mut marks = CallerMarks {
-                reserved,
-                slot: slot_id,
-                cost_reserved: cost,
-                budgets: [[NOT_COUNTED; 2]; 2],
-                ..CallerMarks::default()
-            };
-            for (place, counters) in seen.iter_mut().enumerate() {
-                if let Some(c) = counters {
-                    // The periods the script reserved in, by the same rule.
-                    marks.budgets[place] = admit_budgets(callers, place, c, request.model, cost);
-                }
-                if let (Some(c), Some(caller)) = (counters, callers.get(place)) {
-                    let counted = CallerPair::of(caller.limits());
-                    let mark = |yes: bool, m: Millis| if yes { m } else { NOT_COUNTED };
-                    marks.marks[place] = [
-                        mark(counted[0], c.window.mark(now, window)),
-                        mark(counted[1], c.day.mark(now, DAY_MS)),
-                        mark(counted[2], c.models[0].1.mark(now, window)),
-                    ];
-                }
-            }
-            callers.set_marks(marks);
+        if marks_when == Marks::OnAdmission && matches!(decision, Decision::Admit(_)) {
+            callers.set_marks(self.marks_on(request, &mut seen, now, slot_id));
         }
         decision
+    }
+
+    /// Where an admission counted `request`'s callers (`seen`, their counters as the script
+    /// read them before counting, at `now`, their clock), in its parallel slot `slot_id`.
+    fn marks_on<W: Window>(
+        &self,
+        request: &AdmitRequest,
+        seen: &mut [Option<CallerCounters<W>>; 2],
+        now: Millis,
+        slot_id: u64,
+    ) -> CallerMarks {
+        let Some(callers) = &request.callers else {
+            return CallerMarks::default();
+        };
+        let window = self.config.settings().window_ms;
+        let reserved = callers.reservation(request.reserve.min(MAX_EXACT));
+        let cost = callers.cost_reservation(request.reserve).nanos();
+        let mut marks = CallerMarks {
+            reserved,
+            slot: slot_id,
+            cost_reserved: cost,
+            budgets: [[NOT_COUNTED; 2]; 2],
+            ..CallerMarks::default()
+        };
+        for (place, counters) in seen.iter_mut().enumerate() {
+            if let Some(c) = counters {
+                // The periods the script reserved in, by the same rule.
+                marks.budgets[place] = admit_budgets(callers, place, c, request.model, cost);
+            }
+            if let (Some(c), Some(caller)) = (counters, callers.get(place)) {
+                let counted = CallerPair::of(caller.limits());
+                let mark = |yes: bool, m: Millis| if yes { m } else { NOT_COUNTED };
+                marks.marks[place] = [
+                    mark(counted[0], c.window.mark(now, window)),
+                    mark(counted[1], c.day.mark(now, DAY_MS)),
+                    mark(counted[2], c.models[0].1.mark(now, window)),
+                ];
+            }
+        }
+        marks
     }
 
     fn fallback(&self, request: AdmitRequest) -> Result<Decision, StoreError> {
@@ -1975,6 +1937,106 @@ impl Inner {
                     "Redis is not answering; retrying shortly".to_owned(),
                 ))
             }
+        }
+    }
+}
+
+/// How many of a request's callers have limits (each has its part in a reply).
+fn caller_count(request: &AdmitRequest) -> usize {
+    request.callers.as_ref().map_or(0, |c| c.iter().count())
+}
+
+/// Each caller's counters as the script read them, from its part of `reply` at `at` on: slots
+/// in use, then its window, day and model pairs (three values each, built by `pair`) and its
+/// budgets, in the order of [`Callers::iter`](crate::caller::Callers::iter).
+fn callers_on<W: Window>(
+    request: &AdmitRequest,
+    reply: &[i64],
+    at: usize,
+    pair: impl Fn(usize, PairAt) -> W,
+) -> [Option<CallerCounters<W>>; 2] {
+    let count = |at: usize| reply.get(at).map_or(0, |&v| v.max(0) as u64);
+    let mut seen: [Option<CallerCounters<W>>; 2] = [None, None];
+    let Some(callers) = &request.callers else {
+        return seen;
+    };
+    let mut i = 0;
+    for (place, slot) in seen.iter_mut().enumerate() {
+        if callers.get(place).is_none() {
+            continue;
+        }
+        let at = at + CALLER_REPLY * i;
+        let pair_at = |j: usize| pair(at + 1 + 3 * j, PairAt::Caller(3 * i + j));
+        let budget_at = |j: usize| {
+            let b = at + 10 + 3 * j;
+            BudgetCounter {
+                // No period yet reads as -1: older than any.
+                period: u64::try_from(reply.get(b).copied().unwrap_or(-1)).unwrap_or(0),
+                spent: count(b + 1),
+                reserved: count(b + 2),
+            }
+        };
+        *slot = Some(CallerCounters {
+            parallel: count(at),
+            window: pair_at(0),
+            day: pair_at(1),
+            models: vec![(request.model, pair_at(2))],
+            budget: budget_at(0),
+            model_budgets: vec![(request.model, budget_at(1))],
+            spend_changed: false,
+        });
+        i += 1;
+    }
+    seen
+}
+
+/// Where a reply's rings start: the model's (then the pool's), and the callers'.
+#[derive(Debug, Clone, Copy)]
+struct RingsAt {
+    model: usize,
+    callers: usize,
+}
+
+/// A fixed window from its three values at `at` in `reply` (start, requests, tokens).
+fn fixed_pair(reply: &[i64]) -> impl Fn(usize, PairAt) -> FixedWindow + '_ {
+    let count = |v: i64| v.max(0) as u64;
+    move |at, _| FixedWindow {
+        window_start: u64::try_from(reply[at]).ok(),
+        requests: count(reply[at + 1]),
+        tokens: count(reply[at + 2]),
+    }
+}
+
+/// A sliding window from its three values at `at` in `reply` (head, requests, tokens: the
+/// totals count at the reply's time) and its ring where `rings` says (zeros where the reply
+/// has none).
+fn sliding_pair(reply: &[i64], rings: RingsAt) -> impl Fn(usize, PairAt) -> SlidingWindow + '_ {
+    let count = |v: i64| v.max(0) as u64;
+    let ring = move |at: usize| {
+        let mut slots = [Usage::default(); RING];
+        if let Some(values) = reply.get(at..at + 2 * RING) {
+            for (place, pair) in slots.iter_mut().zip(values.chunks_exact(2)) {
+                *place = Usage {
+                    requests: count(pair[0]),
+                    tokens: count(pair[1]),
+                };
+            }
+        }
+        slots
+    };
+    move |at, pair| {
+        let ring_at = match pair {
+            PairAt::Model => rings.model,
+            PairAt::Pool => rings.model + 2 * RING,
+            PairAt::Caller(i) => rings.callers + 2 * RING * i,
+        };
+        SlidingWindow {
+            head: u64::try_from(reply[at]).ok(),
+            slots: ring(ring_at),
+            total: Usage {
+                requests: count(reply[at + 1]),
+                tokens: count(reply[at + 2]),
+            },
         }
     }
 }
