@@ -1206,21 +1206,13 @@ impl Inner {
         }
         let (sent, reply) = self.run_script(&request, slot_id, ScriptPart::Whole).await;
         match reply {
-            Ok(reply) if reply.len() >= 8 => {
+            Ok(reply) => {
                 if self.model_answered(request.model, &reply, sent) {
                     return self.fallback(request);
                 }
                 let decision = self.decision(&request, &reply, slot_id, Marks::OnAdmission, None);
                 self.see(&request, &decision);
                 Ok(decision)
-            }
-            Ok(reply) => {
-                let e = StoreError::Unavailable(format!(
-                    "admit.lua answered {} values, expected at least 8",
-                    reply.len()
-                ));
-                self.mark_down(request.model, &e);
-                self.fallback(request)
             }
             Err(e) => {
                 self.mark_down(request.model, &e);
@@ -1263,14 +1255,7 @@ impl Inner {
             .run_script(&request, slot_id, ScriptPart::Callers)
             .await;
         let callers_reply = match reply {
-            Ok(reply) if reply.len() >= 8 => reply,
-            Ok(reply) => {
-                self.mark_callers_down(&StoreError::Unavailable(format!(
-                    "admit.lua answered {} values, expected at least 8",
-                    reply.len()
-                )));
-                return self.fallback(request);
-            }
+            Ok(reply) => reply,
             Err(e) => {
                 self.mark_callers_down(&e);
                 return self.fallback(request);
@@ -1323,7 +1308,7 @@ impl Inner {
         };
         let (sent, reply) = self.run_script(&request, slot_id, ScriptPart::Model).await;
         match reply {
-            Ok(mut reply) if reply.len() >= 8 => {
+            Ok(mut reply) => {
                 if self.model_answered(request.model, &reply, sent) {
                     drop(counted);
                     return self.fallback(request);
@@ -1342,15 +1327,8 @@ impl Inner {
                 }
                 Ok(decision)
             }
-            reply => {
+            Err(e) => {
                 drop(counted);
-                let e = match reply {
-                    Err(e) => e,
-                    Ok(reply) => StoreError::Unavailable(format!(
-                        "admit.lua answered {} values, expected at least 8",
-                        reply.len()
-                    )),
-                };
                 self.mark_down(request.model, &e);
                 self.fallback(request)
             }
@@ -1399,7 +1377,8 @@ impl Inner {
         }
     }
 
-    /// One `admit.lua` call for `part` of `request`: its send time (local ms) and the reply.
+    /// One `admit.lua` call for `part` of `request`: its send time (local ms) and the reply (at
+    /// least eight values, else an error).
     async fn run_script(
         &self,
         request: &AdmitRequest,
@@ -1543,6 +1522,13 @@ impl Inner {
             }
         });
         let reply: Result<Vec<i64>, StoreError> = self.timed(bounded(self.timeout, call)).await;
+        // Every reply starts with eight values; fewer is a failure like any other.
+        let reply = reply.and_then(|reply| match reply.len() {
+            8.. => Ok(reply),
+            n => Err(StoreError::Unavailable(format!(
+                "admit.lua answered {n} values, expected at least 8"
+            ))),
+        });
         (sent, reply)
     }
 
