@@ -44,7 +44,8 @@
 --          live in different slots), only the callers are counted: KEYS[1] is the first
 --          caller's hash, the model's limits are -1, no pools and no floors, and the model's
 --          fields are neither read from it nor written (the model's part comes from a second
---          call, and the callers' counts are taken back if it refuses).
+--          call, and the callers' counts are taken back if it refuses); nor are the model's
+--          rings sent with a refusal (the callers' follow the eight values at once).
 --          verdict: 0 admitted and counted, 1 refused by the model cap, 2 refused by the pool,
 --          3 expired: run after the caller's deadline (it has given up), nothing read or changed,
 --          4 refused by a caller's limit, 5 behind: the capacity allows it, but a flow of its
@@ -670,33 +671,24 @@ if not sliding then
   return reply
 end
 
-if verdict == 0 then
-  if callers_only then
-    local reply = {now, m.head, m.r, m.k, q.head or -1, q.r, q.k, verdict}
-    callers_reply(reply)
-    return reply
-  end
+if verdict == 0 and not callers_only then
   count_sliding(key, 'm', m, reserve)
   if pp ~= '' then count_sliding(key, pp, q, reserve) end
   -- Every slot in this hash leaves the window by now + window + a slot; the TTL (window + a slot
   -- + a margin of at least a slot) is renewed when the model's newest slot changes, which is
   -- often enough.
   if m.start ~= m.head then redis.call('PEXPIRE', key, tonumber(ARGV[9])) end
-  local reply = {now, m.head, m.r, m.k, q.head or -1, q.r, q.k, verdict}
-  add_pools_used(reply)
-  callers_reply(reply)
-  return reply
 end
-
--- Refused: the rings too, as they count at `now`, so retry-after can be computed from them.
 local reply = {now, m.head, m.r, m.k, q.head or -1, q.r, q.k, verdict}
 add_pools_used(reply)
-local function ring(p, c) push_ring(reply, key, p, c, not callers_only) end
-ring('m', m)
-if pp ~= '' then
-  ring(pp, q)
-else
-  for _ = 1, 2 * RING do reply[#reply + 1] = 0 end
+-- Refused: the rings too, as they count at `now`, so retry-after can be computed from them.
+if verdict ~= 0 and not callers_only then
+  push_ring(reply, key, 'm', m, true)
+  if pp ~= '' then
+    push_ring(reply, key, pp, q, true)
+  else
+    for _ = 1, 2 * RING do reply[#reply + 1] = 0 end
+  end
 end
 callers_reply(reply)
 return reply

@@ -1266,10 +1266,9 @@ impl Inner {
         self.mark_callers_up();
         let sliding = self.config.settings().window_kind == WindowKind::Sliding;
         let verdict = callers_reply[7];
-        // The callers' part of their reply: after the eight values, and the (empty) model's
-        // rings a refusal of sliding windows carries.
-        let skip = 8 + if sliding && verdict != 0 { 4 * RING } else { 0 };
-        let callers_part = callers_reply.get(skip..).unwrap_or_default();
+        // The callers' part of their reply: after the eight values (the callers' call reads no
+        // model rings, and sends none).
+        let callers_part = callers_reply.get(8..).unwrap_or_default();
         match verdict {
             0 => {}
             EXPIRED => {
