@@ -391,6 +391,7 @@ impl RedisStoreBuilder {
             .iter()
             .map(|m| format!("{}{{{}}}", self.key_prefix, m.name()))
             .collect();
+        let (queue, receiver) = mpsc::channel(self.settle_queue);
         let inner = Arc::new(Inner::new(
             config,
             connection,
@@ -398,13 +399,12 @@ impl RedisStoreBuilder {
             StoreParts {
                 key_prefix: self.key_prefix.clone(),
                 settle_queue: self.settle_queue,
+                undo_queue: queue.downgrade(),
                 observer: self.observer,
                 spend_log: self.spend_log,
                 started: Instant::now(),
             },
         ));
-        let (queue, receiver) = mpsc::channel(self.settle_queue);
-        let _ = inner.undo_queue.set(queue.downgrade());
         // Load both scripts now, so the first admissions are one round trip each, and learn
         // Redis's clock, so the first admissions carry a deadline; best effort (Redis may be
         // down): `LuaScript::call` falls back to EVAL on NOSCRIPT anyway, and every admission's
@@ -566,6 +566,7 @@ impl RedisStore {
             .iter()
             .map(|k| format!("{k}:w:{name}"))
             .collect();
+        let (queue, receiver) = mpsc::channel(parent.settle_queue);
         let inner = Arc::new(Inner::new(
             &parent.config,
             parent.connection.clone(),
@@ -573,13 +574,13 @@ impl RedisStore {
             StoreParts {
                 key_prefix: parent.key_prefix.clone(),
                 settle_queue: parent.settle_queue,
+                undo_queue: queue.downgrade(),
                 observer: parent.observer.clone(),
                 spend_log: parent.spend_log.clone(),
                 started: parent.started,
             },
         ));
         inner.redis_time.copy_from(&parent.redis_time);
-        let (queue, receiver) = mpsc::channel(parent.settle_queue);
         tokio::spawn(flush_settlements(
             Arc::clone(&inner),
             receiver,
@@ -677,7 +678,7 @@ struct Inner {
     callers_health: Health,
     /// The settlement queue, for callers' counts taken back after their model refused on a
     /// cluster when the call taking them back failed (weak: the queue ends with the store).
-    undo_queue: std::sync::OnceLock<mpsc::WeakSender<Queued>>,
+    undo_queue: mpsc::WeakSender<Queued>,
     /// Per model: admissions decided by the local fallback.
     local_by_model: Box<[AtomicU64]>,
     /// Per model: the local fallback's admissions Redis has not been told of yet.
@@ -715,6 +716,8 @@ struct Inner {
 struct StoreParts {
     key_prefix: String,
     settle_queue: usize,
+    /// The store's settlement queue (weak: it ends with the store).
+    undo_queue: mpsc::WeakSender<Queued>,
     observer: Option<Arc<dyn Observer>>,
     spend_log: Option<SpendLog>,
     started: Instant,
@@ -779,7 +782,7 @@ impl Inner {
             next_settlement: AtomicU64::new(0),
             health: Health::for_models(connection_kind, config.models().len()),
             callers_health: Health::new(),
-            undo_queue: std::sync::OnceLock::new(),
+            undo_queue: parts.undo_queue,
             local_by_model: (0..config.models().len())
                 .map(|_| AtomicU64::new(0))
                 .collect(),
@@ -1340,8 +1343,7 @@ impl Inner {
         self.stats.callers_undone.fetch_add(1, Ordering::Relaxed);
         let sent = self
             .undo_queue
-            .get()
-            .and_then(mpsc::WeakSender::upgrade)
+            .upgrade()
             .is_some_and(|queue| queue.try_send(Queued::Settle(undo)).is_ok());
         if !sent {
             self.stats
