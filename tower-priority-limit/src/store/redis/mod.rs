@@ -677,7 +677,7 @@ struct Inner {
     /// to the fallback, not the models.
     callers_health: Health,
     /// The settlement queue, for callers' counts taken back after their model refused on a
-    /// cluster when the call taking them back failed (weak: the queue ends with the store).
+    /// cluster, or could not answer (weak: the queue ends with the store).
     undo_queue: mpsc::WeakSender<Queued>,
     /// Per model: admissions decided by the local fallback.
     local_by_model: Box<[AtomicU64]>,
@@ -707,8 +707,8 @@ struct Inner {
     restore_script: LuaScript,
     /// Per model: its name (a [`SpendRow`](super::SpendRow)'s model).
     model_names: Box<[Arc<str>]>,
-    /// Per model: settlements handed to the settler and not yet recorded in Redis
-    /// ([`Store::settling`]).
+    /// Per model: settlements handed to the settler whose model part Redis has not recorded yet
+    /// ([`Store::settling`]; their callers' part may still be on its way).
     settling: Box<[AtomicU64]>,
 }
 

@@ -51,8 +51,8 @@ pub(super) struct Pending {
 
 /// Which hashes of a settlement Redis has taken. On a Redis Cluster the model's hash and its
 /// callers' may be on two masters, one of them down: the model's part, once taken, is not sent
-/// again (it would only count as a duplicate) and its `settling` count is released at once, so
-/// the model's waiters do not wait on its callers' master.
+/// again (it would only count as a duplicate) and its `settling` count is released as soon as
+/// it is taken, so the model's waiters do not wait on its callers' master.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 struct Taken {
     model: bool,
@@ -108,6 +108,15 @@ fn settled_key(model_key: &str, prefix: u64, id: u64) -> String {
 }
 
 impl Inner {
+    /// `pending`'s model part is recorded: its `settling` count released at once, before its
+    /// callers' part is sent (their master may be away) and before the settled hook runs.
+    fn model_part_taken(&self, pending: &mut Pending) {
+        if !pending.taken.model {
+            pending.taken.model = true;
+            self.settled(pending.settlement.model);
+        }
+    }
+
     /// A settlement of `model` handed to the settler is now recorded (or dropped).
     fn settled(&self, model: ModelId) {
         if let Some(n) = self.settling.get(model.index()) {
@@ -126,6 +135,8 @@ impl Inner {
     async fn settle(&self, pending: &mut Pending) -> Result<(), StoreError> {
         let s = pending.settlement;
         let Some(key) = self.keys.get(s.model.index()) else {
+            // No such model here: nothing to record, and nothing left settling.
+            self.model_part_taken(pending);
             return Ok(());
         };
         let window_ms = self.config.settings().window_ms;
@@ -155,7 +166,7 @@ impl Inner {
                 wake,
             )
             .await?;
-            pending.taken.model = true;
+            self.model_part_taken(pending);
         }
         // A caller admitted on the local fallback settles there ([`RedisSettler`]), not here.
         let Some(callers) = pending.callers.as_ref() else {
@@ -356,9 +367,8 @@ pub(super) async fn flush_settlements(
         let mut settled_models: Vec<ModelId> = Vec::new();
         for ((s, result), taken_before) in settlements.into_iter().zip(results).zip(model_taken) {
             if s.taken.model && !taken_before {
-                // The model's part recorded (its callers' may still be retried): before the
-                // hook, so a waiter it wakes sees it.
-                inner.settled(s.settlement.model);
+                // The model's part recorded (its callers' may still be retried), its count
+                // released already: the hook's waiters see it.
                 if !settled_models.contains(&s.settlement.model) {
                     settled_models.push(s.settlement.model);
                 }
