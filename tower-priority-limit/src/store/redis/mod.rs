@@ -1050,6 +1050,13 @@ impl Inner {
             .is_some_and(|health| self.should_probe(health))
     }
 
+    /// Whether the keys `health` answers for may be asked now (they answer, or their probe is
+    /// due), without claiming the probe.
+    fn may_probe(&self, health: &Health) -> bool {
+        let retry_at = health.retry_at_ms.load(Ordering::Relaxed);
+        retry_at == 0 || self.elapsed_ms() >= retry_at
+    }
+
     /// [`Self::should_try`] for the keys `health` answers for.
     fn should_probe(&self, health: &Health) -> bool {
         let retry_at = health.retry_at_ms.load(Ordering::Relaxed);
@@ -1182,8 +1189,14 @@ impl Inner {
         }
         let split = request.callers.is_some() && self.caller_layout() == CallerLayout::OneSlot;
         // A split admission asks the callers' slot first: while it is away, the model's probe
-        // is not claimed for a request that would not reach the model.
-        if split && !self.should_probe(&self.callers_health) {
+        // is not claimed for a request that would not reach the model; nor is the callers'
+        // probe claimed while the model is away and not due a probe itself.
+        if split
+            && !(self
+                .health_of(request.model)
+                .is_some_and(|h| self.may_probe(h))
+                && self.should_probe(&self.callers_health))
+        {
             return self.fallback(request);
         }
         if !self.should_try(request.model) {
