@@ -1188,32 +1188,32 @@ async fn a_lost_callers_master_sends_only_requests_with_callers_to_the_fallback(
     assert_eq!(limiter.store().stats().failures.load(Ordering::Relaxed), 1);
 }
 
-/// On a Redis Cluster, a keyed admission whose model does not answer, or that is abandoned while
-/// its model's call is under way (its client went away), gives back what its callers' call
-/// counted (a parallel slot, the window's request, the day's tokens), with the marks that call
-/// wrote, though its fallback wrote the request's marks again since.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_split_admission_gives_its_callers_counts_back_when_its_model_does_not_answer() {
-    use tower_priority_limit::caller::{Caller, CallerKind, CallerLimits, Callers};
-    use tower_priority_limit::{AdmissionOutcome, RequestAdmission};
-    let Some(cluster) =
-        RedisCluster::start_with_replicas("a_split_admission_gives_back", 3, 0, 2000, false)
-    else {
-        return;
-    };
-    let model_master = cluster.master_of(cluster.slot_of("x{m}")).unwrap();
-    assert_ne!(
-        Some(model_master),
-        cluster.master_of(cluster.slot_of("x{c}"))
-    );
+/// A cluster of three masters without replicas where model `m`'s slot and the callers' are on
+/// two masters (`[model's, callers']`), and a limiter on it whose calls time out after 300 ms,
+/// its keys under `prefix`.
+async fn split_cluster(
+    name: &str,
+    prefix: &str,
+) -> Option<(RedisCluster, Arc<Limiter<RedisStore>>, [usize; 2])> {
+    let cluster = RedisCluster::start_with_replicas(name, 3, 0, 2000, false)?;
+    let masters = ["x{m}", "x{c}"].map(|key| cluster.master_of(cluster.slot_of(key)).unwrap());
+    assert_ne!(masters[0], masters[1]);
     let config = LimiterConfig::builder()
-        .model(ModelLimits::new("m").rpm(1_000))
+        .model(ModelLimits::new("m").rpm(1_000).tpm(1_000_000))
         .store_timeout(Duration::from_millis(300))
         .build()
         .unwrap();
-    let limiter = redis_limiter(config, RedisTarget::Cluster(cluster.urls()), "undo:").await;
-    let limits = CallerLimits::new().rpm(100).tpd(10_000).max_parallel(1);
-    let request = || RequestAdmission {
+    let limiter = redis_limiter(config, RedisTarget::Cluster(cluster.urls()), prefix).await;
+    Some((cluster, limiter, masters))
+}
+
+/// A request for `m` of 7 prompt tokens by key `k` with `limits`.
+fn keyed(
+    limiter: &Limiter<RedisStore>,
+    limits: tower_priority_limit::caller::CallerLimits,
+) -> tower_priority_limit::RequestAdmission {
+    use tower_priority_limit::caller::{Caller, CallerKind, Callers};
+    tower_priority_limit::RequestAdmission {
         model: limiter.config().model_id("m").unwrap(),
         pool: limiter.resolve_pool(None),
         flow: 0,
@@ -1221,9 +1221,26 @@ async fn a_split_admission_gives_its_callers_counts_back_when_its_model_does_not
         max_output_tokens: Some(0),
         max_wait: None,
         callers: Callers::new(Some(Caller::new(CallerKind::Key, "k", limits)), None),
+    }
+}
+
+/// On a Redis Cluster, a keyed admission whose model does not answer, or that is abandoned while
+/// its model's call is under way (its client went away), gives back what its callers' call
+/// counted (a parallel slot, the window's request, the day's tokens), with the marks that call
+/// wrote, though its fallback wrote the request's marks again since.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_split_admission_gives_its_callers_counts_back_when_its_model_does_not_answer() {
+    use tower_priority_limit::caller::CallerLimits;
+    use tower_priority_limit::AdmissionOutcome;
+    let Some((cluster, limiter, [model_master, callers_master])) =
+        split_cluster("a_split_admission_gives_back", "undo:").await
+    else {
+        return;
     };
+    let limits = CallerLimits::new().rpm(100).tpd(10_000).max_parallel(1);
+    let request = || keyed(&limiter, limits);
     let key_counts = || {
-        let node = &cluster.nodes()[cluster.master_of(cluster.slot_of("x{c}")).unwrap()];
+        let node = &cluster.nodes()[callers_master];
         let r = node.cli(&["hget", "undo:{c}:key:k", "win:r"]);
         let slots = node.cli(&["zcard", "undo:{c}:key:k:inflight"]);
         (r.trim().to_owned(), slots.trim().to_owned())
@@ -1262,41 +1279,15 @@ async fn a_split_admission_gives_its_callers_counts_back_when_its_model_does_not
 /// key's tokens arrive once its master is back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_settlement_retries_only_the_part_whose_master_is_down() {
-    use tower_priority_limit::caller::{Caller, CallerKind, CallerLimits, Callers};
-    use tower_priority_limit::{AdmissionOutcome, RequestAdmission};
-    let Some(cluster) =
-        RedisCluster::start_with_replicas("a_settlement_retries_only_part", 3, 0, 2000, false)
+    use tower_priority_limit::caller::CallerLimits;
+    use tower_priority_limit::AdmissionOutcome;
+    let Some((cluster, limiter, [_, callers_master])) =
+        split_cluster("a_settlement_retries_only_part", "part:").await
     else {
         return;
     };
-    let callers_master = cluster.master_of(cluster.slot_of("x{c}")).unwrap();
-    assert_ne!(
-        Some(callers_master),
-        cluster.master_of(cluster.slot_of("x{m}"))
-    );
-    let config = LimiterConfig::builder()
-        .model(ModelLimits::new("m").rpm(1_000).tpm(1_000_000))
-        .store_timeout(Duration::from_millis(300))
-        .build()
-        .unwrap();
-    let limiter = redis_limiter(config, RedisTarget::Cluster(cluster.urls()), "part:").await;
     let model = limiter.config().model_id("m").unwrap();
-    let request = RequestAdmission {
-        model,
-        pool: limiter.resolve_pool(None),
-        flow: 0,
-        prompt_tokens: 7,
-        max_output_tokens: Some(0),
-        max_wait: None,
-        callers: Callers::new(
-            Some(Caller::new(
-                CallerKind::Key,
-                "k",
-                CallerLimits::new().tpm(100_000),
-            )),
-            None,
-        ),
-    };
+    let request = keyed(&limiter, CallerLimits::new().tpm(100_000));
     let AdmissionOutcome::Admitted { lease, .. } = limiter.admit_request(request).await.unwrap()
     else {
         panic!("admitted");
