@@ -565,17 +565,10 @@ impl PgKeys {
                 _ => unavailable(target, &e),
             };
             let tx = client.transaction().await.map_err(err)?;
-            let row = tx
-                .query_opt(
-                    "SELECT record FROM tpl_keys WHERE token = $1 FOR UPDATE",
-                    &[&token],
-                )
-                .await
-                .map_err(err)?;
-            let updated = match row {
+            let updated = match locked_record::<Keys>(&tx, token, err).await? {
                 None => None,
-                Some(row) => {
-                    let record = change(&decode_key(token, row.get(0))?)?;
+                Some(old) => {
+                    let record = change(&old)?;
                     // A key that shared its alias before the column existed keeps it, but
                     // claims it only when no other key holds it.
                     tx.execute(
@@ -609,18 +602,11 @@ impl PgKeys {
         self.write("regenerating a key", |mut client| async move {
             let err = |e: tokio_postgres::Error| unavailable(target, &e);
             let tx = client.transaction().await.map_err(err)?;
-            let row = tx
-                .query_opt(
-                    "SELECT record FROM tpl_keys WHERE token = $1 FOR UPDATE",
-                    &[&old],
-                )
-                .await
-                .map_err(err)?;
             let mut changed = Changed::key(old);
-            let swapped = match row {
+            let swapped = match locked_record::<Keys>(&tx, old, err).await? {
                 None => None,
-                Some(row) => {
-                    let new = record(&decode_key(old, row.get(0))?);
+                Some(current) => {
+                    let new = record(&current);
                     // The old one first: the new one takes over its alias.
                     let alias: Option<String> = tx
                         .query_one(
@@ -754,17 +740,10 @@ impl PgKeys {
         self.write("updating a team", |mut client| async move {
             let err = |e: tokio_postgres::Error| unavailable(target, &e);
             let tx = client.transaction().await.map_err(err)?;
-            let row = tx
-                .query_opt(
-                    "SELECT record FROM tpl_teams WHERE team_id = $1 FOR UPDATE",
-                    &[&team_id],
-                )
-                .await
-                .map_err(err)?;
-            let updated = match row {
+            let updated = match locked_record::<Teams>(&tx, team_id, err).await? {
                 None => None,
-                Some(row) => {
-                    let team = change(&decode_team(team_id, row.get(0))?)?;
+                Some(old) => {
+                    let team = change(&old)?;
                     tx.execute(
                         "UPDATE tpl_teams SET record = $2 WHERE team_id = $1",
                         &[&team_id, &encode(&team)?],
@@ -779,6 +758,52 @@ impl PgKeys {
         })
         .await
     }
+}
+
+/// A table of records, and how one of its rows is read for a change.
+trait RecordTable {
+    type Record;
+    /// Its row's record by id, locked until the transaction ends.
+    const SELECT_FOR_UPDATE: &'static str;
+    fn decode(id: &str, json: &str) -> Result<Self::Record, KeyStoreError>;
+}
+
+/// `tpl_keys`, by the key's hash.
+struct Keys;
+
+impl RecordTable for Keys {
+    type Record = KeyRecord;
+    const SELECT_FOR_UPDATE: &'static str =
+        "SELECT record FROM tpl_keys WHERE token = $1 FOR UPDATE";
+    fn decode(token: &str, json: &str) -> Result<KeyRecord, KeyStoreError> {
+        decode_key(token, json)
+    }
+}
+
+/// `tpl_teams`, by team id.
+struct Teams;
+
+impl RecordTable for Teams {
+    type Record = TeamRecord;
+    const SELECT_FOR_UPDATE: &'static str =
+        "SELECT record FROM tpl_teams WHERE team_id = $1 FOR UPDATE";
+    fn decode(team_id: &str, json: &str) -> Result<TeamRecord, KeyStoreError> {
+        decode_team(team_id, json)
+    }
+}
+
+/// The record of row `id` of table `T`, locked until `tx` ends (so a change made of it is not
+/// lost to another gateway's); `None` when there is no such row.
+async fn locked_record<T: RecordTable>(
+    tx: &tokio_postgres::Transaction<'_>,
+    id: &str,
+    err: impl Fn(tokio_postgres::Error) -> KeyStoreError,
+) -> Result<Option<T::Record>, KeyStoreError> {
+    let row = tx
+        .query_opt(T::SELECT_FOR_UPDATE, &[&id])
+        .await
+        .map_err(err)?;
+    row.map(|row| T::decode(id, row.get(0))).transpose()
 }
 
 /// Writes `keys` and `teams` on `client` in one transaction, leaving those that exist; returns
