@@ -115,27 +115,11 @@ impl KeyCache {
 mod tests {
     use std::sync::Arc;
 
-    use serde_json::Map;
-
     use super::super::KeyRecord;
     use super::*;
 
     fn resolved() -> Resolved {
-        Resolved::new(
-            Arc::new(KeyRecord {
-                token: "t".into(),
-                key_alias: None,
-                metadata: Map::new(),
-                team_id: None,
-                models: vec![],
-                created_at: 0,
-                expires_at: None,
-                blocked: false,
-                allowed_routes: Vec::new(),
-                limits: Default::default(),
-            }),
-            None,
-        )
+        Resolved::new(Arc::new(KeyRecord::bare("t")), None)
     }
 
     #[tokio::test(start_paused = true)]

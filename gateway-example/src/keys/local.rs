@@ -372,18 +372,7 @@ mod tests {
     use super::*;
 
     fn record(key: &str) -> Arc<KeyRecord> {
-        Arc::new(KeyRecord {
-            token: hash_key(key),
-            key_alias: None,
-            metadata: Map::new(),
-            team_id: None,
-            models: vec![],
-            created_at: 0,
-            expires_at: None,
-            blocked: false,
-            allowed_routes: Vec::new(),
-            limits: Default::default(),
-        })
+        Arc::new(KeyRecord::bare(hash_key(key)))
     }
 
     fn team(id: &str) -> TeamRecord {

@@ -98,6 +98,25 @@ pub struct KeyRecord {
     pub limits: Limits,
 }
 
+#[cfg(test)]
+impl KeyRecord {
+    /// A key with hash `token` and nothing else set: no team, no limit, never expiring.
+    pub(crate) fn bare(token: impl Into<String>) -> Self {
+        KeyRecord {
+            token: token.into(),
+            key_alias: None,
+            metadata: Map::new(),
+            team_id: None,
+            models: vec![],
+            created_at: 0,
+            expires_at: None,
+            blocked: false,
+            allowed_routes: Vec::new(),
+            limits: Limits::default(),
+        }
+    }
+}
+
 impl KeyRecord {
     /// Whether the key may call `model`: its list names it, or a wildcard in it matches it
     /// (`openai/*` allows `openai/gpt-4o`, as LiteLLM's key checks do).
@@ -1147,16 +1166,8 @@ mod tests {
     #[test]
     fn a_key_whose_team_is_gone_is_marked_so() {
         let key = Arc::new(KeyRecord {
-            token: "t".into(),
-            key_alias: None,
-            metadata: Map::new(),
             team_id: Some("gone".into()),
-            models: vec![],
-            created_at: 0,
-            expires_at: None,
-            blocked: false,
-            allowed_routes: vec![],
-            limits: Limits::default(),
+            ..KeyRecord::bare("t")
         });
         assert!(Resolved::new(key.clone(), None).team_missing);
         let alone = Arc::new(KeyRecord {
