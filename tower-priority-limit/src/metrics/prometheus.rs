@@ -147,10 +147,15 @@ impl PrometheusMetrics {
             .and_then(Weak::upgrade)
     }
 
-    /// Requests of `pool` waiting in `model`'s queue: counted now when the source has queues,
-    /// else what the limiter last pushed.
-    fn queue_depth_of(&self, model: ModelId, pool: PoolRef) -> u64 {
-        self.source()
+    /// Requests of `pool` waiting in `model`'s queue: counted now when `source` (the source,
+    /// read once per scrape) has queues, else what the limiter last pushed.
+    fn queue_depth_of(
+        &self,
+        source: Option<&dyn UsageSource>,
+        model: ModelId,
+        pool: PoolRef,
+    ) -> u64 {
+        source
             .and_then(|s| s.queue_depth_now(model, pool))
             .unwrap_or_else(|| {
                 self.read(model, pool)
@@ -158,10 +163,11 @@ impl PrometheusMetrics {
             })
     }
 
-    /// `model`'s saturation and `pool`'s usage and reserved limits now, else (`None` saturation)
-    /// the pool's usage as the last admission saw it, against the limits it was built with.
-    fn usage(&self, model: ModelId, pool: PoolRef) -> UsageNow {
-        if let Some(now) = self.source().and_then(|s| s.usage_now(model, pool)) {
+    /// `model`'s saturation and `pool`'s usage and reserved limits now (from `source`), else
+    /// (`None` saturation) the pool's usage as the last admission saw it, against the limits it
+    /// was built with.
+    fn usage(&self, source: Option<&dyn UsageSource>, model: ModelId, pool: PoolRef) -> UsageNow {
+        if let Some(now) = source.and_then(|s| s.usage_now(model, pool)) {
             return now;
         }
         let (requests, tokens) = self.read(model, pool).map_or((0, 0), |s| {
@@ -233,7 +239,8 @@ impl PrometheusMetrics {
         let moved = moved.min(requests[OutcomeLabel::Admitted as usize]);
         requests[OutcomeLabel::Admitted as usize] -= moved;
         requests[OutcomeLabel::ShadowRefused as usize] += moved;
-        let now = self.usage(model, pool);
+        let source = self.source();
+        let now = self.usage(source.as_deref(), model, pool);
         let saturation = if now.saturation.is_nan() {
             f64::from_bits(self.last_saturation[model.index()].load(Ordering::Relaxed))
         } else {
@@ -241,7 +248,7 @@ impl PrometheusMetrics {
         };
         Some(PoolSnapshot {
             requests,
-            queue_depth: self.queue_depth_of(model, pool),
+            queue_depth: self.queue_depth_of(source.as_deref(), model, pool),
             used: now.pool,
             reserved: now.reserved,
             saturation,
@@ -423,11 +430,13 @@ impl Collector for ScrapeGauges {
         let mut usages = Vec::with_capacity(config.models().len() * metrics.pools);
         let mut depths = Vec::with_capacity(config.models().len() * metrics.pools);
         let mut saturation = None;
+        // The source once per scrape (a lock and a reference count), not per pool.
+        let source = metrics.source();
         for (model, model_name, pool, priority) in self.pools() {
-            let now = metrics.usage(model, pool);
+            let now = metrics.usage(source.as_deref(), model, pool);
             depths.push((
                 [("model", model_name), ("priority", priority)],
-                metrics.queue_depth_of(model, pool),
+                metrics.queue_depth_of(source.as_deref(), model, pool),
             ));
             if !now.saturation.is_nan() {
                 saturation = Some(now.saturation);
