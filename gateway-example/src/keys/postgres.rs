@@ -565,7 +565,7 @@ impl PgKeys {
                 _ => unavailable(target, &e),
             };
             let tx = client.transaction().await.map_err(err)?;
-            let updated = match locked_record::<Keys>(&tx, token, err).await? {
+            let updated = match locked_record(&tx, KEY_FOR_UPDATE, token, decode_key, err).await? {
                 None => None,
                 Some(old) => {
                     let record = change(&old)?;
@@ -603,7 +603,7 @@ impl PgKeys {
             let err = |e: tokio_postgres::Error| unavailable(target, &e);
             let tx = client.transaction().await.map_err(err)?;
             let mut changed = Changed::key(old);
-            let swapped = match locked_record::<Keys>(&tx, old, err).await? {
+            let swapped = match locked_record(&tx, KEY_FOR_UPDATE, old, decode_key, err).await? {
                 None => None,
                 Some(current) => {
                     let new = record(&current);
@@ -740,19 +740,20 @@ impl PgKeys {
         self.write("updating a team", |mut client| async move {
             let err = |e: tokio_postgres::Error| unavailable(target, &e);
             let tx = client.transaction().await.map_err(err)?;
-            let updated = match locked_record::<Teams>(&tx, team_id, err).await? {
-                None => None,
-                Some(old) => {
-                    let team = change(&old)?;
-                    tx.execute(
-                        "UPDATE tpl_teams SET record = $2 WHERE team_id = $1",
-                        &[&team_id, &encode(&team)?],
-                    )
-                    .await
-                    .map_err(err)?;
-                    Some(team)
-                }
-            };
+            let updated =
+                match locked_record(&tx, TEAM_FOR_UPDATE, team_id, decode_team, err).await? {
+                    None => None,
+                    Some(old) => {
+                        let team = change(&old)?;
+                        tx.execute(
+                            "UPDATE tpl_teams SET record = $2 WHERE team_id = $1",
+                            &[&team_id, &encode(&team)?],
+                        )
+                        .await
+                        .map_err(err)?;
+                        Some(team)
+                    }
+                };
             tx.commit().await.map_err(err)?;
             Ok((updated, Changed::team(team_id), client))
         })
@@ -760,50 +761,23 @@ impl PgKeys {
     }
 }
 
-/// A table of records, and how one of its rows is read for a change.
-trait RecordTable {
-    type Record;
-    /// Its row's record by id, locked until the transaction ends.
-    const SELECT_FOR_UPDATE: &'static str;
-    fn decode(id: &str, json: &str) -> Result<Self::Record, KeyStoreError>;
-}
+/// A key's record by its hash, its row locked until the transaction ends.
+const KEY_FOR_UPDATE: &str = "SELECT record FROM tpl_keys WHERE token = $1 FOR UPDATE";
+/// A team's record by its id, its row locked until the transaction ends.
+const TEAM_FOR_UPDATE: &str = "SELECT record FROM tpl_teams WHERE team_id = $1 FOR UPDATE";
 
-/// `tpl_keys`, by the key's hash.
-struct Keys;
-
-impl RecordTable for Keys {
-    type Record = KeyRecord;
-    const SELECT_FOR_UPDATE: &'static str =
-        "SELECT record FROM tpl_keys WHERE token = $1 FOR UPDATE";
-    fn decode(token: &str, json: &str) -> Result<KeyRecord, KeyStoreError> {
-        decode_key(token, json)
-    }
-}
-
-/// `tpl_teams`, by team id.
-struct Teams;
-
-impl RecordTable for Teams {
-    type Record = TeamRecord;
-    const SELECT_FOR_UPDATE: &'static str =
-        "SELECT record FROM tpl_teams WHERE team_id = $1 FOR UPDATE";
-    fn decode(team_id: &str, json: &str) -> Result<TeamRecord, KeyStoreError> {
-        decode_team(team_id, json)
-    }
-}
-
-/// The record of row `id` of table `T`, locked until `tx` ends (so a change made of it is not
-/// lost to another gateway's); `None` when there is no such row.
-async fn locked_record<T: RecordTable>(
+/// The record of row `id` read by `select` ([`KEY_FOR_UPDATE`], [`TEAM_FOR_UPDATE`]) and
+/// `decode`, locked until `tx` ends (so a change made of it is not lost to another gateway's);
+/// `None` when there is no such row.
+async fn locked_record<R>(
     tx: &tokio_postgres::Transaction<'_>,
+    select: &str,
     id: &str,
+    decode: fn(&str, &str) -> Result<R, KeyStoreError>,
     err: impl Fn(tokio_postgres::Error) -> KeyStoreError,
-) -> Result<Option<T::Record>, KeyStoreError> {
-    let row = tx
-        .query_opt(T::SELECT_FOR_UPDATE, &[&id])
-        .await
-        .map_err(err)?;
-    row.map(|row| T::decode(id, row.get(0))).transpose()
+) -> Result<Option<R>, KeyStoreError> {
+    let row = tx.query_opt(select, &[&id]).await.map_err(err)?;
+    row.map(|row| decode(id, row.get(0))).transpose()
 }
 
 /// Writes `keys` and `teams` on `client` in one transaction, leaving those that exist; returns
