@@ -945,21 +945,32 @@ struct SeenWindow {
     resets_at_ms: AtomicU64,
 }
 
+impl SeenWindow {
+    /// The usage seen and how long until its window frees it, at `now_ms`
+    /// (`started.elapsed()`); `None` once that window is over, or never seen.
+    fn current(&self, now_ms: u64) -> Option<(Usage, Millis)> {
+        let resets_in = self
+            .resets_at_ms
+            .load(Ordering::Relaxed)
+            .saturating_sub(now_ms);
+        let usage = Usage {
+            requests: self.requests.load(Ordering::Relaxed),
+            tokens: self.tokens.load(Ordering::Relaxed),
+        };
+        (resets_in > 0).then_some((usage, resets_in))
+    }
+}
+
 impl Inner {
     /// The model's saturation as last seen in a reply (0 once that window is over, or never
     /// seen): what a refusal reports when the model was not asked.
     fn seen_saturation(&self, model: ModelId) -> f64 {
-        let Some(seen) = self.model_seen.get(model.index()) else {
-            return 0.0;
-        };
-        if seen.resets_at_ms.load(Ordering::Relaxed) <= self.elapsed_ms() {
-            return 0.0;
-        }
-        let usage = Usage {
-            requests: seen.requests.load(Ordering::Relaxed),
-            tokens: seen.tokens.load(Ordering::Relaxed),
-        };
-        saturation(self.config.model(model), usage)
+        self.model_seen
+            .get(model.index())
+            .and_then(|seen| seen.current(self.elapsed_ms()))
+            .map_or(0.0, |(usage, _)| {
+                saturation(self.config.model(model), usage)
+            })
     }
 
     /// Remembers what a reply said of the model's window (an admission's usage, or a refusal by
@@ -1119,22 +1130,16 @@ impl Inner {
         if seeded.load(Ordering::Relaxed) || seeded.swap(true, Ordering::AcqRel) {
             return;
         }
-        let resets_in = seen
-            .resets_at_ms
-            .load(Ordering::Relaxed)
-            .saturating_sub(self.elapsed_ms());
-        if resets_in == 0 {
-            return; // never seen, or that window is over: the fallback starts afresh
-        }
+        // Never seen, or that window is over: the fallback starts afresh.
+        let Some((usage, resets_in)) = seen.current(self.elapsed_ms()) else {
+            return;
+        };
         let nodes = self.config.settings().shared.expected_nodes.max(1) as u64;
         let part = |usage: Usage| Usage {
             requests: usage.requests.div_ceil(nodes),
             tokens: usage.tokens.div_ceil(nodes),
         };
-        let model_usage = part(Usage {
-            requests: seen.requests.load(Ordering::Relaxed),
-            tokens: seen.tokens.load(Ordering::Relaxed),
-        });
+        let model_usage = part(usage);
         let pools: Vec<Usage> = self
             .pool_seen
             .get(model.index())
