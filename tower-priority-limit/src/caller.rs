@@ -382,7 +382,8 @@ impl CallerLimits {
 /// never a raw key), and where the embedded store found those counters, so a request that
 /// carries it neither copies the id nor looks the counters up again. The first store that counts
 /// it keeps its handle there (and its counters while the identity lives); another store, one
-/// with counters of its own, looks them up per request as for a caller made anew.
+/// with counters of its own, looks them up at each admission and settlement, as for a caller
+/// made anew.
 ///
 /// ```
 /// use tower_priority_limit::caller::{Caller, CallerIdentity, CallerKind, CallerLimits};
@@ -472,7 +473,7 @@ impl fmt::Debug for CallerIdentity {
     }
 }
 
-/// One caller with limits: who it is and its limits for this request.
+/// One caller with limits: who it is, its limits and whether it enforces them.
 ///
 /// One pointer: a clone counts one reference and copies nothing, so a caller whose limits do
 /// not change from one request to the next (no budget period, no per-model limit) is made once

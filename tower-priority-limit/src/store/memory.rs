@@ -512,20 +512,15 @@ impl<W: SlotWindow> ModelCounters<W> {
         (self.model.usage(now, window), pool)
     }
 
-    /// Decides `request` and counts it if admitted, on its callers' counters too (`callers`, by
-    /// place, locked by the caller of this function): the key's and team's limits first, then
-    /// the model's and pool's.
+    /// Decides `request` of callers `who` and counts it if admitted, on their counters too
+    /// (`callers`, by place, locked by the caller of this function): the key's and team's limits
+    /// first, then the model's and pool's.
     fn admit(
         &mut self,
-        limits: &ModelLimits,
-        settings: &Settings,
-        request: &AdmitRequest,
-        now: Millis,
+        (limits, settings, request, now): (&ModelLimits, &Settings, &AdmitRequest, Millis),
+        who: &Callers,
         callers: [Option<&mut CallerCounters<W>>; 2],
     ) -> Decision {
-        let Some(who) = &request.callers else {
-            return self.admit_model(limits, settings, request, now);
-        };
         let window = settings.window_ms;
         let saturation = || saturation(limits, self.model.usage(now, window));
         let [key, team] = callers;
@@ -783,19 +778,20 @@ impl MemoryStore {
         #[inline(always)]
         fn admit<W: SlotWindow + CallerWindow>(
             c: &mut ModelCounters<W>,
-            (limits, settings, request, now): (&ModelLimits, &Settings, &AdmitRequest, Millis),
+            args: (&ModelLimits, &Settings, &AdmitRequest, Millis),
+            who: &Callers,
             [key, team]: &mut [Option<MutexGuard<'_, AnyCallerCounters>>; 2],
         ) -> Decision {
             let callers = [
                 key.as_deref_mut().map(W::counters),
                 team.as_deref_mut().map(W::counters),
             ];
-            c.admit(limits, settings, request, now, callers)
+            c.admit(args, who, callers)
         }
         let args = (limits, settings, request, now);
         Ok(match &mut *guard {
-            Counters::Fixed(c) => admit(c, args, &mut guards),
-            Counters::Sliding(c) => admit(c, args, &mut guards),
+            Counters::Fixed(c) => admit(c, args, callers, &mut guards),
+            Counters::Sliding(c) => admit(c, args, callers, &mut guards),
         })
     }
 
@@ -936,7 +932,7 @@ mod tests {
     }
 
     /// An identity counted first by one store still counts on another (each its own counters,
-    /// looked up per request there), and its settlement frees the slot of the store that
+    /// looked up at each admission and settlement there), and its settlement frees the slot of the store that
     /// admitted it: as a key's counters when its gateway's Redis fails over to local ones.
     #[test]
     fn an_identity_counts_on_every_store_it_is_used_on() {
