@@ -446,12 +446,12 @@ impl GatewayConfig {
         }
 
         let mut deployments: Vec<Deployment> = Vec::new();
-        // Ids taken, and per group its first upstream deployment (position and format): the
-        // checks below look up, not scan, so a list of 10,000 deployments is read in linear
-        // time. Every upstream a group accepts speaks its first one's format, so that one is
-        // the only one a new deployment can disagree with.
+        // Ids taken, and per group the position of its first upstream deployment: the checks
+        // below look up, not scan, so a list of 10,000 deployments is read in linear time.
+        // Every upstream a group accepts speaks its first one's format, so that one is the only
+        // one a new deployment can disagree with.
         let mut ids = std::collections::HashSet::new();
-        let mut groups: std::collections::HashMap<String, Option<(usize, Api)>> =
+        let mut groups: std::collections::HashMap<String, Option<usize>> =
             std::collections::HashMap::new();
         if let Some(list) = root.get("model_list")? {
             for (position, item) in list.items()?.iter().enumerate() {
@@ -466,9 +466,9 @@ impl GatewayConfig {
                 // a group of an OpenAI and an Anthropic upstream could serve nothing.
                 let first = groups.entry(d.model_name.clone()).or_default();
                 if let Target::Upstream { api, .. } = &d.target {
-                    let mixed = first.filter(|&(_, theirs)| theirs != *api);
-                    first.get_or_insert((deployments.len(), *api));
-                    if let Some((other, _)) = mixed {
+                    let mixed = first.filter(|&other| !deployments[other].speaks(*api));
+                    first.get_or_insert(position);
+                    if let Some(other) = mixed {
                         return Err(ConfigError::new(
                             format!("model_list[{position}].litellm_params.model"),
                             format!(

@@ -189,7 +189,7 @@ impl Limits {
 /// A team's limits as its keys' requests carry them: made once per team lookup.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TeamLimits {
-    /// The team, as its counters know it (its id; kept so its requests find them directly).
+    /// The team as its requests' limits name it, made once with these limits.
     pub caller: CallerOf,
     /// Its limits.
     pub limits: Limits,
@@ -205,36 +205,33 @@ impl TeamLimits {
     }
 }
 
-/// A key or team as its requests' limits name it, made once with its record: its identity and,
-/// when its limits are the same on every model at every moment (no per-model limit, no
-/// budget), the [`Caller`] each request clones (two references counted, nothing copied or
-/// allocated); else each request makes its own for its model and budget period.
+/// A key or team as its requests' limits name it, made once with its record.
 #[derive(Debug, Clone, PartialEq)]
-pub struct CallerOf {
-    identity: CallerIdentity,
-    /// Its requests' caller when its limits are fixed (`None` inside: they hold it to nothing,
-    /// e.g. only `enforcement` is set); `None`: made per request.
-    fixed: Option<Option<Caller>>,
+pub enum CallerOf {
+    /// Its limits are the same on every model at every moment (no per-model limit, no budget):
+    /// the [`Caller`] each request clones (one reference counted, nothing copied or allocated);
+    /// `None` when they hold a request to nothing (only `enforcement` set, say).
+    Fixed(Option<Caller>),
+    /// Each request makes its own for its model and budget period, under this identity.
+    PerRequest(CallerIdentity),
 }
 
 impl CallerOf {
     /// `identity`, whose limits are `limits`.
     pub fn new(identity: CallerIdentity, limits: &Limits) -> Self {
-        let fixed = limits.is_fixed().then(|| caller(&identity, limits, "", 0));
-        Self { identity, fixed }
-    }
-
-    /// As its counters know it.
-    pub fn identity(&self) -> &CallerIdentity {
-        &self.identity
+        if limits.is_fixed() {
+            CallerOf::Fixed(caller(&identity, limits, "", 0))
+        } else {
+            CallerOf::PerRequest(identity)
+        }
     }
 
     /// The caller with `limits` (the ones it was made with) on `model` at `now_ms` (Unix ms),
     /// if any of them applies.
     pub fn caller(&self, limits: &Limits, model: &str, now_ms: u64) -> Option<Caller> {
-        match &self.fixed {
-            Some(fixed) => fixed.clone(),
-            None => caller(&self.identity, limits, model, now_ms),
+        match self {
+            CallerOf::Fixed(fixed) => fixed.clone(),
+            CallerOf::PerRequest(identity) => caller(identity, limits, model, now_ms),
         }
     }
 }

@@ -207,9 +207,9 @@ pub struct Resolved {
     pub priority: Option<Arc<str>>,
     /// Its team's limits, when the team has any.
     pub team_limits: Option<Arc<TeamLimits>>,
-    /// The key as its counters know it, made once per record (not per request); `None` when
-    /// it has no limits of its own.
-    pub key_identity: Option<CallerOf>,
+    /// The key as its requests' limits name it, made once per record (not per request);
+    /// `None` when it has no limits of its own.
+    pub key_caller: Option<CallerOf>,
 }
 
 impl Resolved {
@@ -222,7 +222,7 @@ impl Resolved {
         let team_models = team.and_then(|t| team_models(&t.models));
         let team_missing = key.team_id.is_some() && team.is_none();
         Self {
-            key_identity: key_identity(&key),
+            key_caller: key_caller(&key),
             key,
             team_models,
             team_blocked: team.is_some_and(|t| t.blocked),
@@ -244,14 +244,14 @@ impl Resolved {
             team_missing: key.record.team_id.is_some() && team.is_none(),
             priority: priority.cloned(),
             team_limits: team.and_then(|t| t.team_limits.clone()),
-            key_identity: key.key_identity.clone(),
+            key_caller: key.key_caller.clone(),
         }
     }
 
     /// The models the key may use, and the limits it is held to.
     pub fn access(&self) -> ModelAccess {
         ModelAccess {
-            key: Some((self.key.clone(), self.key_identity.clone())),
+            key: Some((self.key.clone(), self.key_caller.clone())),
             team: self.team_models.clone(),
             team_limits: self.team_limits.clone(),
             unix_ms: 0,
@@ -259,9 +259,9 @@ impl Resolved {
     }
 }
 
-/// A key as its counters know it (by its hash), if it has limits of its own (else nothing is
-/// counted for it, and a request need not carry it).
-fn key_identity(key: &KeyRecord) -> Option<CallerOf> {
+/// A key as its requests' limits name it (counted by its hash), if it has limits of its own
+/// (else nothing is counted for it, and a request need not carry it).
+fn key_caller(key: &KeyRecord) -> Option<CallerOf> {
     (!key.limits.is_empty()).then(|| {
         let identity = CallerIdentity::new(CallerKind::Key, key.token.as_str());
         CallerOf::new(identity, &key.limits)
@@ -287,7 +287,7 @@ fn team_models(models: &[String]) -> Option<Arc<[String]>> {
 /// model it may not use.
 #[derive(Debug, Clone, Default)]
 pub struct ModelAccess {
-    /// The key, for its `models` and limits, with its identity; `None`: the master key.
+    /// The key, for its `models` and limits, with its [`CallerOf`]; `None`: the master key.
     key: Option<(Arc<KeyRecord>, Option<CallerOf>)>,
     /// Its team's `models`, when the team has a list.
     team: Option<Arc<[String]>>,
@@ -306,9 +306,9 @@ impl ModelAccess {
 
     /// What `key` may use, held to `team_models` too when its team has a list.
     pub fn of_key(key: Arc<KeyRecord>, team_models: Option<Arc<[String]>>) -> Self {
-        let identity = key_identity(&key);
+        let caller = key_caller(&key);
         Self {
-            key: Some((key, identity)),
+            key: Some((key, caller)),
             team: team_models,
             team_limits: None,
             unix_ms: 0,
@@ -380,15 +380,15 @@ struct PriorityOf<R> {
     team_models: Option<Arc<[String]>>,
     /// A team's limits (`None` for a key, or a team without any).
     team_limits: Option<Arc<TeamLimits>>,
-    /// A key's identity (`None` for a team, or a key without limits).
-    key_identity: Option<CallerOf>,
+    /// A key as its requests' limits name it (`None` for a team, or a key without limits).
+    key_caller: Option<CallerOf>,
 }
 
 impl PriorityOf<Arc<KeyRecord>> {
     fn key(record: Arc<KeyRecord>) -> Self {
         let priority = priority_of(&record.metadata).map(Arc::from);
         Self {
-            key_identity: key_identity(&record),
+            key_caller: key_caller(&record),
             record,
             priority,
             team_models: None,
@@ -407,7 +407,7 @@ impl PriorityOf<TeamRecord> {
             priority,
             team_models,
             team_limits,
-            key_identity: None,
+            key_caller: None,
         }
     }
 }
