@@ -1118,46 +1118,20 @@ async fn lua_script_and_decide_agree_on_callers_on_a_redis_cluster() {
 /// and the model is not marked down.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_callers_master_sends_only_requests_with_callers_to_the_fallback() {
-    use tower_priority_limit::caller::{Caller, CallerKind, CallerLimits, Callers};
+    use tower_priority_limit::caller::CallerLimits;
     use tower_priority_limit::{AdmissionOutcome, RequestAdmission};
-    let Some(mut cluster) =
-        RedisCluster::start_with_replicas("a_lost_callers_master_sends_only", 3, 0, 2000, false)
+    let Some((mut cluster, limiter, [_, callers_master])) =
+        split_cluster("a_lost_callers_master_sends_only", "lost-c:").await
     else {
         return;
     };
-    let callers_master = cluster.master_of(cluster.slot_of("x{c}")).unwrap();
-    assert_ne!(
-        Some(callers_master),
-        cluster.master_of(cluster.slot_of("x{m}"))
-    );
-    let config = LimiterConfig::builder()
-        .model(ModelLimits::new("m").rpm(1_000))
-        .build()
-        .unwrap();
-    let limiter = redis_limiter(config, RedisTarget::Cluster(cluster.urls()), "lost-c:").await;
     let admit = |with_callers: bool| {
         let limiter = limiter.clone();
         async move {
-            let callers = with_callers.then_some(()).and_then(|()| {
-                Callers::new(
-                    Some(Caller::new(
-                        CallerKind::Key,
-                        "k",
-                        CallerLimits::new().rpm(100),
-                    )),
-                    None,
-                )
-            });
+            let request = keyed(&limiter, CallerLimits::new().rpm(100));
+            let callers = request.callers.clone().filter(|_| with_callers);
             let outcome = limiter
-                .admit_request(RequestAdmission {
-                    model: limiter.config().model_id("m").unwrap(),
-                    pool: limiter.resolve_pool(None),
-                    flow: 0,
-                    prompt_tokens: 1,
-                    max_output_tokens: Some(0),
-                    max_wait: None,
-                    callers,
-                })
+                .admit_request(RequestAdmission { callers, ..request })
                 .await
                 .unwrap();
             assert!(matches!(outcome, AdmissionOutcome::Admitted { .. }));
