@@ -250,6 +250,106 @@ async fn spend_survives_a_restart() {
     assert_eq!(gw.served(&key, "a", 3).await, 1, "the third of three");
 }
 
+/// A key's limits and spend are counted under an id made with the key, not under its value: a
+/// regenerated key keeps its spend and its window's requests (rotating a key is no fresh
+/// allowance), while a key or team deleted and made again under its old value or id starts
+/// from nothing.
+#[tokio::test]
+async fn a_regenerated_key_keeps_its_counts_and_a_remade_key_or_team_starts_afresh() {
+    let (_up, base) = Upstream::start().await;
+    let gw = Gw::start(&config(&base, ""), None).await;
+    let old = gw
+        .new_key(json!({"rpm_limit": 2, "max_budget": 3.0 * COST}))
+        .await;
+    assert_eq!(gw.served(&old, "a", 3).await, 2);
+    let r = gw
+        .post("/key/regenerate", Some(MASTER), json!({"key": old}))
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let new = r.json()["key"].as_str().unwrap().to_owned();
+    let r = gw.chat(&new, "a", false).await;
+    assert_eq!(r.status, 429, "the window's two are used: {}", r.text());
+    assert_eq!(refused_by(&r), "key_requests");
+    let info = key_info(&gw, &new).await;
+    assert!(close(info["spend"].as_f64().unwrap(), 2.0 * COST), "{info}");
+    gw.clock.advance(Duration::from_secs(60));
+    assert_eq!(
+        gw.served(&new, "a", 2).await,
+        1,
+        "the budget's third answer"
+    );
+    let r = gw.chat(&new, "a", false).await;
+    assert_eq!(refused_by(&r), "key_budget", "{}", r.text());
+
+    // Deleted and made again with the same value: nothing of the old key's counts.
+    let chosen = "sk-remade-0123456789abcdef";
+    let body = json!({"key": chosen, "max_budget": 2.0 * COST});
+    assert_eq!(gw.new_key(body.clone()).await, chosen);
+    assert_eq!(gw.served(chosen, "a", 3).await, 2);
+    let r = gw
+        .post("/key/delete", Some(MASTER), json!({"keys": [chosen]}))
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(gw.new_key(body).await, chosen);
+    assert_eq!(key_info(&gw, chosen).await["spend"], 0.0);
+    assert_eq!(gw.served(chosen, "a", 3).await, 2);
+
+    // The same for a team.
+    let team = json!({"team_id": "t", "max_budget": 2.0 * COST});
+    gw.new_team(team.clone()).await;
+    let member = gw.new_key(json!({"team_id": "t"})).await;
+    assert_eq!(gw.served(&member, "a", 3).await, 2);
+    let r = gw
+        .post("/team/delete", Some(MASTER), json!({"team_ids": ["t"]}))
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    gw.new_team(team).await;
+    let r = gw.get("/team/info?team_id=t", Some(MASTER)).await;
+    assert_eq!(r.json()["team_info"]["spend"], 0.0, "{}", r.text());
+    let member = gw.new_key(json!({"team_id": "t"})).await;
+    assert_eq!(gw.served(&member, "a", 3).await, 2);
+}
+
+/// An update whose result could not hold is a 400 naming the field, and changes nothing: a
+/// `soft_budget` left without its `max_budget`, on a key and on a team.
+#[tokio::test]
+async fn an_update_that_would_leave_a_budget_invalid_is_refused_by_name() {
+    let (_up, base) = Upstream::start().await;
+    let gw = Gw::start(&config(&base, ""), None).await;
+    let key = gw
+        .new_key(json!({"max_budget": 1.0, "soft_budget": 0.5}))
+        .await;
+    let team = gw
+        .new_team(json!({"max_budget": 1.0, "soft_budget": 0.5}))
+        .await;
+    for (path, body) in [
+        ("/key/update", json!({"key": key, "max_budget": null})),
+        ("/team/update", json!({"team_id": team, "max_budget": null})),
+    ] {
+        let r = gw.post(path, Some(MASTER), body).await;
+        assert_eq!(r.status, 400, "{path}: {}", r.text());
+        assert_eq!(r.json()["error"]["param"], "soft_budget", "{}", r.text());
+        assert!(r
+            .error_message()
+            .contains("'soft_budget' needs a 'max_budget'"));
+    }
+    assert_eq!(key_info(&gw, &key).await["max_budget"], 1.0, "unchanged");
+    let r = gw
+        .get(&format!("/team/info?team_id={team}"), Some(MASTER))
+        .await;
+    assert_eq!(r.json()["team_info"]["max_budget"], 1.0, "{}", r.text());
+    // Both at once is a valid change.
+    let r = gw
+        .post(
+            "/key/update",
+            Some(MASTER),
+            json!({"key": key, "max_budget": null, "soft_budget": null}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert!(r.json()["max_budget"].is_null());
+}
+
 /// Budgets that could not hold are refused by name, and nothing is made.
 #[tokio::test]
 async fn bad_budgets_are_refused_by_name() {

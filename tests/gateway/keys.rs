@@ -538,12 +538,36 @@ async fn keys_are_blocked_unblocked_and_updated() {
         .await;
     assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(gw.chat(&key, M, false).await.status, 200);
+    // A null `duration` changes nothing (as LiteLLM's update): clients that send every field,
+    // null where unset, must not make an expiring key permanent.
+    let expires = r.json()["expires"].clone();
+    assert!(expires.is_string(), "{}", r.text());
+    let r = gw
+        .post(
+            "/key/update",
+            Some(MASTER),
+            json!({"key": key, "duration": null, "key_alias": "ci"}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["expires"], expires, "kept");
     gw.clock.advance(std::time::Duration::from_secs(11));
     assert_eq!(
         gw.chat(&key, M, false).await.status,
         401,
         "expired by the update"
     );
+    // `expires: null` is what lifts an expiry.
+    let r = gw
+        .post(
+            "/key/update",
+            Some(MASTER),
+            json!({"key": key, "expires": null}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert!(r.json()["expires"].is_null(), "{}", r.text());
+    assert_eq!(gw.chat(&key, M, false).await.status, 200);
 
     for (body, status) in [
         (json!({"key": key, "max_budget": 1}), 400),

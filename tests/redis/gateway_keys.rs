@@ -277,22 +277,35 @@ async fn a_team_blocked_on_one_gateway_is_refused_on_the_other_within_a_second()
     answers_within_the_ttl(&gw.a, &key, 200, "A serves the key again").await;
 }
 
-/// A key regenerated on A: the new value works on B, the old one stops there within the TTL; B
-/// lists the keys A made.
+/// A key regenerated on A: the new value works on B, the old one stops there within the TTL, and
+/// its limit's window goes on where the old value left it (counted under the key's id, not its
+/// value); B lists the keys A made.
 #[tokio::test]
 async fn a_key_regenerated_on_one_gateway_and_listed_on_the_other() {
     let Some(redis) = RedisServer::start("a_key_regenerated_on_one_gateway") else {
         return;
     };
-    let gw = pair(&single(&redis)).await;
-    let old = gw.a.new_key(json!({"key_alias": "ci"})).await;
+    // Built as `main` builds them: the limiter's counters in Redis too.
+    let yaml = single(&redis);
+    let gw = Pair {
+        a: Gw::connect(&yaml, None).await,
+        b: Gw::connect(&yaml, None).await,
+        _dirs: (TempDir::new(), TempDir::new()),
+    };
+    let old =
+        gw.a.new_key(json!({"key_alias": "ci", "rpm_limit": 3}))
+            .await;
     assert_eq!(gw.b.chat(&old, M, false).await.status, 200, "cached on B");
+    assert_eq!(gw.a.chat(&old, M, false).await.status, 200);
     let r =
         gw.a.post("/key/regenerate", Some(MASTER), json!({"key": old}))
             .await;
     assert_eq!(r.status, 200, "{}", r.text());
     let new = r.json()["key"].as_str().unwrap().to_owned();
-    assert_eq!(gw.b.chat(&new, M, false).await.status, 200);
+    assert_eq!(gw.b.chat(&new, M, false).await.status, 200, "the third");
+    let r = gw.a.chat(&new, M, false).await;
+    assert_eq!(r.status, 429, "no fresh allowance: {}", r.text());
+    assert_eq!(r.headers["x-priority-limit-refused-by"], "key_requests");
     assert_eq!(gw.a.chat(&old, M, false).await.status, 401);
     answers_within_the_ttl(&gw.b, &old, 401, "B refuses the old value").await;
     gw.a.new_key(json!({})).await;

@@ -175,6 +175,8 @@ impl Callers {
             expires_at: None,
             blocked: false,
             allowed_routes: Vec::new(),
+            // Counted under the recorded key's hash, as the record names it.
+            counter_id: None,
             limits: self.keys.get(&*line.key).cloned().unwrap_or_default(),
         };
         let team = line.team.as_ref().and_then(|team| {

@@ -122,17 +122,26 @@ fn limits(gw: &Gateway, body: &Map<String, Value>, current: &Limits) -> Result<L
                 for (model, v) in per_model {
                     if !groups.contains(&model.as_str()) {
                         return Err(ApiError::bad_request(format!(
-                            "'{field}' names {model:?}, which is not a model_name of the config                              (they are: {}); a limit on it would never apply.",
+                            "'{field}' names {model:?}, which is not a model_name of the config \
+                             (they are: {}); a limit on it would never apply.",
                             groups.join(", ")
                         ))
                         .param(field));
                     }
-                    place.insert(model.clone(), number(field, v)?);
+                    let limit = v.as_u64().ok_or_else(|| {
+                        ApiError::bad_request(format!(
+                            "'{field}.{model}' must be a whole number ≥ 0 (leave the model out \
+                             for no limit on it)."
+                        ))
+                        .param(field)
+                    })?;
+                    place.insert(model.clone(), limit);
                 }
             }
             Some(_) => {
                 return Err(ApiError::bad_request(format!(
-                    "'{field}' must be an object of model names to whole numbers, e.g.                      {{\"gpt-4o\": 10}}."
+                    "'{field}' must be an object of model names to whole numbers, e.g. \
+                     {{\"gpt-4o\": 10}}."
                 ))
                 .param(field))
             }
@@ -506,6 +515,13 @@ pub fn store_error(e: KeyStoreError) -> ApiError {
     match e {
         KeyStoreError::UnknownTeam(_) => ApiError::bad_request(e.to_string()).param("team_id"),
         KeyStoreError::AliasTaken(_) => ApiError::bad_request(e.to_string()).param("key_alias"),
+        KeyStoreError::Rejected { message, field } => {
+            let e = ApiError::bad_request(message);
+            match field {
+                Some(field) => e.param(field),
+                None => e,
+            }
+        }
         KeyStoreError::Exists(_) => {
             ApiError::new(StatusCode::CONFLICT, "invalid_request_error", e.to_string())
         }
@@ -694,7 +710,7 @@ pub async fn info(
         &gw,
         &mut info,
         CallerKind::Key,
-        &record.token,
+        record.counted_under(),
         &record.limits,
     )
     .await?;
@@ -764,7 +780,7 @@ pub async fn team_info(
         &gw,
         &mut info,
         CallerKind::Team,
-        &team.team_id,
+        team.counted_under(),
         &team.limits,
     )
     .await?;
@@ -803,9 +819,14 @@ pub async fn update(
     only_honoured(&body, "/key/update", &[KEY_UPDATE_FIELDS, &Limits::FIELDS])?;
     let key = named_key(&body)?;
     let changes = Changes::read(&gw, &body, "key_alias")?;
-    let expires = (body.contains_key("duration") || body.contains_key("expires"))
-        .then(|| expires_at(&body, gw.unix_secs()))
-        .transpose()?;
+    // A null `duration` changes nothing, as LiteLLM's update has it (clients that send every
+    // field, null where unset, must not make an expiring key permanent); `expires: null` does.
+    let given = |field| body.get(field).is_some_and(|v| !v.is_null());
+    let expires = if given("duration") || given("expires") {
+        Some(expires_at(&body, gw.unix_secs())?)
+    } else {
+        body.contains_key("expires").then_some(None)
+    };
     let routes = body
         .contains_key("allowed_routes")
         .then(|| allowed_routes(&body))
@@ -929,10 +950,14 @@ async fn set_blocked(
 /// The fields `/team/update` honours beside the limits (`team_id` names the team to change).
 pub const TEAM_UPDATE_FIELDS: &[&str] = &["team_id", "team_alias", "metadata", "models", "blocked"];
 
-/// A limit change that was valid before the update but not over the stored record cannot
-/// happen (the checks do not depend on the record); said as a store error all the same.
+/// A limit change that is not valid over the stored record (it was checked over none before
+/// the update: a `soft_budget` whose `max_budget` the stored record then loses, a model budget
+/// the stored record keeps on a model whose prices the config dropped): a 400 naming the field.
 fn invalid_change(e: ApiError) -> KeyStoreError {
-    KeyStoreError::Corrupt(format!("limits rejected inside an update: {e:?}"))
+    KeyStoreError::Rejected {
+        message: e.message,
+        field: e.param,
+    }
 }
 
 /// The team a `/team/update`, `/team/block` or `/team/unblock` body names.

@@ -504,6 +504,8 @@ fn key(row: &Map<String, Value>, now: u64) -> Result<KeyRecord, KeyStoreError> {
                     .collect()
             })
             .unwrap_or_default(),
+        // Counted under its token, where its imported spend is put.
+        counter_id: None,
         limits: limits(row, KEY_TABLE, now)?,
     })
 }
@@ -518,6 +520,8 @@ fn team(row: &Map<String, Value>, now: u64) -> Result<TeamRecord, KeyStoreError>
         models: models(row, &["all-proxy-models"]),
         blocked: row.get("blocked").and_then(Value::as_bool).unwrap_or(false),
         created_at: time(row, TEAM_TABLE, "created_at")?.unwrap_or_else(now_secs),
+        // Counted under its team_id, where its imported spend is put.
+        counter_id: None,
         limits: limits(row, TEAM_TABLE, now)?,
     })
 }

@@ -383,6 +383,7 @@ mod tests {
             models: Vec::new(),
             blocked: false,
             created_at: 0,
+            counter_id: None,
             limits: Default::default(),
         }
     }

@@ -93,6 +93,14 @@ pub struct KeyRecord {
     /// before keys had routes read as empty.)
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub allowed_routes: Vec<String>,
+    /// The id its limits' counters and spend are kept under ([`counted_under`]): made fresh
+    /// with the key and kept when it is regenerated, so rotating a key resets neither its
+    /// limits nor its spend, while a key deleted and made again starts from nothing. `None`
+    /// (records stored before, keys imported from LiteLLM): its token.
+    ///
+    /// [`counted_under`]: Self::counted_under
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub counter_id: Option<String>,
     /// Its own limits (`rpm_limit`, …), beside its team's and the model's.
     #[serde(flatten, default)]
     pub limits: Limits,
@@ -112,6 +120,7 @@ impl KeyRecord {
             expires_at: None,
             blocked: false,
             allowed_routes: Vec::new(),
+            counter_id: None,
             limits: Limits::default(),
         }
     }
@@ -122,6 +131,12 @@ impl KeyRecord {
     /// (`openai/*` allows `openai/gpt-4o`, as LiteLLM's key checks do).
     pub fn allows(&self, model: &str) -> bool {
         self.models.is_empty() || self.models.iter().any(|m| allows(m, model))
+    }
+
+    /// The id its counters and spend are kept under: its [`counter_id`](Self::counter_id),
+    /// else its token.
+    pub fn counted_under(&self) -> &str {
+        self.counter_id.as_deref().unwrap_or(&self.token)
     }
 }
 
@@ -143,9 +158,24 @@ pub struct TeamRecord {
     pub blocked: bool,
     /// Unix seconds.
     pub created_at: u64,
+    /// The id its limits' counters and spend are kept under ([`counted_under`]): made fresh
+    /// with the team, so a team deleted and made again under its old id starts from nothing.
+    /// `None` (records stored before, teams imported from LiteLLM): its `team_id`.
+    ///
+    /// [`counted_under`]: Self::counted_under
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub counter_id: Option<String>,
     /// Limits every key of the team shares (`rpm_limit`, …).
     #[serde(flatten, default)]
     pub limits: Limits,
+}
+
+impl TeamRecord {
+    /// The id its counters and spend are kept under: its [`counter_id`](Self::counter_id),
+    /// else its `team_id`.
+    pub fn counted_under(&self) -> &str {
+        self.counter_id.as_deref().unwrap_or(&self.team_id)
+    }
 }
 
 /// Why a key-store operation failed.
@@ -166,6 +196,15 @@ pub enum KeyStoreError {
     Corrupt(String),
     /// Another key has this `key_alias` already.
     AliasTaken(String),
+    /// The change asked for is not valid over the record as stored (a `soft_budget` left
+    /// without its `max_budget`, a model budget on a model that lost its prices): `message`
+    /// says why, `field` names the field; nothing was changed.
+    Rejected {
+        /// Why, for the client.
+        message: String,
+        /// The field at fault.
+        field: Option<&'static str>,
+    },
 }
 
 impl std::fmt::Display for KeyStoreError {
@@ -185,6 +224,7 @@ impl std::fmt::Display for KeyStoreError {
                 "Key with alias '{alias}' already exists. Unique key aliases across all keys are \
                  required."
             ),
+            KeyStoreError::Rejected { message, .. } => f.write_str(message),
         }
     }
 }
@@ -259,11 +299,11 @@ impl Resolved {
     }
 }
 
-/// A key as its requests' limits name it (counted by its hash), if it has limits of its own
+/// A key as its requests' limits name it ([`KeyRecord::counted_under`]), if it has limits of its own
 /// (else nothing is counted for it, and a request need not carry it).
 fn key_caller(key: &KeyRecord) -> Option<CallerOf> {
     (!key.limits.is_empty()).then(|| {
-        let identity = CallerIdentity::new(CallerKind::Key, key.token.as_str());
+        let identity = CallerIdentity::new(CallerKind::Key, key.counted_under());
         CallerOf::new(identity, &key.limits)
     })
 }
@@ -271,7 +311,7 @@ fn key_caller(key: &KeyRecord) -> Option<CallerOf> {
 /// A team's limits as its keys carry them: `None` when it has none.
 fn team_limits(team: &TeamRecord) -> Option<Arc<TeamLimits>> {
     (!team.limits.is_empty()).then(|| {
-        let identity = CallerIdentity::new(CallerKind::Team, team.team_id.as_str());
+        let identity = CallerIdentity::new(CallerKind::Team, team.counted_under());
         Arc::new(TeamLimits::new(identity, team.limits.clone()))
     })
 }
@@ -706,6 +746,7 @@ impl KeyStore {
             expires_at: new.expires_at,
             blocked: new.blocked,
             allowed_routes: new.allowed_routes,
+            counter_id: Some(random_id()?),
             limits: new.limits,
         });
         match &self.backend {
@@ -792,8 +833,10 @@ impl KeyStore {
         let old = hash_key(key);
         let new = new_key()?;
         let token = hash_key(&new);
+        // Counted where it was: a rotation is not a fresh allowance.
         let record = move |current: &KeyRecord| KeyRecord {
             token: token.clone(),
+            counter_id: Some(current.counted_under().to_owned()),
             ..current.clone()
         };
         let record = match &self.backend {
@@ -869,6 +912,7 @@ impl KeyStore {
             models,
             blocked: false,
             created_at: now_secs(),
+            counter_id: Some(random_id()?),
             limits,
         };
         match &self.backend {
