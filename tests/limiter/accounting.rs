@@ -55,3 +55,32 @@ async fn the_layer_reserves_the_estimate_and_settles_the_truth() {
     let (status, _, _) = app.post_raw(None, body).await;
     assert_eq!(status, 200, "room came back when the first slot left");
 }
+
+/// A request without `max_tokens` reserves the model's learned output estimate: the default
+/// (256) until its first 20 answers are in, then their 90th percentile at once (the mock's 20
+/// completion tokens), not a thousand answers later.
+#[tokio::test]
+async fn the_output_estimate_is_the_first_answers_percentile() {
+    let app = App::start(
+        r#"
+model_list:
+  - model_name: m
+    litellm_params: {model: openai/m, rpm: 1000, tpm: 100000}
+litellm_settings:
+  priority_reservation_settings:
+    token_accounting: reserve
+"#,
+    )
+    .await;
+    let body = json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).to_string();
+    let mut reserved = Vec::new();
+    for answered in 0..22u64 {
+        let (status, headers, _) = app.post_raw(None, body.clone()).await;
+        assert_eq!(status, 200);
+        // Every earlier answer settled at 30 tokens: the rest of what is used is this one's.
+        reserved.push(100_000 - 30 * answered - remaining_tokens(&headers));
+    }
+    assert!(reserved[0] > 256, "the default: {reserved:?}");
+    assert!(reserved[19] > 256, "still the default: {reserved:?}");
+    assert!(reserved[20] < 50, "the 20 answers' 20 tokens: {reserved:?}");
+}
