@@ -380,6 +380,7 @@ async fn unhonoured_key_and_team_fields_are_refused_by_name() {
             json!({"team_alias": "t", "members": []}),
             "members",
         ),
+        ("/key/delete", json!({"key_aliases": ["ci"]}), "key_aliases"),
     ] {
         let r = gw.post(path, Some(MASTER), body.clone()).await;
         assert_eq!(r.status, 400, "{path} {body}: {}", r.text());
@@ -391,6 +392,16 @@ async fn unhonoured_key_and_team_fields_are_refused_by_name() {
     assert_eq!(
         gw.chat("sk-chosen-0123456789ab", M, false).await.status,
         401
+    );
+    // A team id in use: LiteLLM's 400 and words, which clients match to create idempotently.
+    gw.new_team(json!({"team_id": "t1"})).await;
+    let r = gw
+        .post("/team/new", Some(MASTER), json!({"team_id": "t1"}))
+        .await;
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert_eq!(
+        r.error_message(),
+        "Team id = t1 already exists. Please use a different team id."
     );
 
     for path in ["/key/generate", "/team/new"] {
@@ -724,11 +735,46 @@ async fn keys_are_regenerated_and_listed() {
             (v["total_count"].as_u64(), v["total_pages"].as_u64()),
             (Some(5), Some(3))
         );
-        for k in v["keys"].as_array().unwrap() {
+        // As LiteLLM: the keys' tokens, or their records when asked for.
+        let full = gw
+            .get(
+                &format!("/key/list?page={page}&size=2&return_full_object=true"),
+                Some(MASTER),
+            )
+            .await
+            .json();
+        let tokens = v["keys"].as_array().unwrap();
+        assert_eq!(tokens.len(), full["keys"].as_array().unwrap().len());
+        for (token, k) in tokens.iter().zip(full["keys"].as_array().unwrap()) {
             assert!(k.get("key").is_none(), "never the key itself: {k}");
-            seen.push(k["token"].as_str().unwrap().to_owned());
+            assert_eq!(k["token"], *token);
+            seen.push(token.as_str().unwrap().to_owned());
         }
     }
+    // A key is managed by its token too (a lost key can still be blocked and deleted); a
+    // request must still present the key itself.
+    let token = &seen[0];
+    let r = gw
+        .get(&format!("/key/info?key={token}"), Some(MASTER))
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["info"]["token"], *token);
+    let r = gw
+        .post(
+            "/key/block",
+            Some(MASTER),
+            json!({"key": token.to_uppercase()}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["blocked"], true);
+    assert_eq!(gw.chat(token, M, false).await.status, 401, "not a key");
+    let r = gw
+        .post("/key/delete", Some(MASTER), json!({"keys": [token]}))
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let r = gw.get("/key/list", Some(MASTER)).await;
+    assert_eq!(r.json()["total_count"], 4, "{}", r.text());
     let mut sorted = seen.clone();
     sorted.sort();
     sorted.dedup();
@@ -737,7 +783,9 @@ async fn keys_are_regenerated_and_listed() {
     for bad in [
         "/key/list?page=0",
         "/key/list?size=x",
-        "/key/list?return_full_object=true",
+        "/key/list?size=101",
+        "/key/list?return_full_object=yes",
+        "/key/list?team_id=t",
     ] {
         assert_eq!(gw.get(bad, Some(MASTER)).await.status, 400, "{bad}");
     }

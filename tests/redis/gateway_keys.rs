@@ -309,7 +309,10 @@ async fn a_key_regenerated_on_one_gateway_and_listed_on_the_other() {
     assert_eq!(gw.a.chat(&old, M, false).await.status, 401);
     answers_within_the_ttl(&gw.b, &old, 401, "B refuses the old value").await;
     gw.a.new_key(json!({})).await;
-    let v = gw.b.get("/key/list?size=10", Some(MASTER)).await.json();
+    let v =
+        gw.b.get("/key/list?size=10&return_full_object=true", Some(MASTER))
+            .await
+            .json();
     assert_eq!(v["total_count"], 2, "{v}");
     assert!(
         v["keys"]

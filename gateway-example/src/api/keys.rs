@@ -354,7 +354,7 @@ fn only_honoured(
     unknown.sort_unstable();
     Err(ApiError::bad_request(format!(
         "{endpoint} does not support {}: {}. It honours: {} (docs/gateway.md, \"Keys, teams and \
-         priorities\"); nothing was created.",
+         priorities\"); nothing was {}.",
         if unknown.len() == 1 {
             "this field"
         } else {
@@ -362,6 +362,11 @@ fn only_honoured(
         },
         unknown.join(", "),
         honoured.join(", "),
+        if endpoint.ends_with("/new") || endpoint.ends_with("/generate") {
+            "created"
+        } else {
+            "changed"
+        },
     )))
 }
 
@@ -722,6 +727,7 @@ pub async fn delete(
     State(gw): State<Arc<Gateway>>,
     JsonBody(body): JsonBody,
 ) -> Result<Json<Value>, ApiError> {
+    only_honoured(&body, "/key/delete", &[&["keys"]])?;
     let keys: Vec<String> = body
         .get("keys")
         .and_then(Value::as_array)
@@ -755,7 +761,18 @@ pub async fn new_team(
             limits(&gw, &body, &Limits::default())?,
         )
         .await
-        .map_err(store_error)?;
+        .map_err(|e| match e {
+            // LiteLLM's status and wording: clients match them to make creation idempotent.
+            KeyStoreError::Exists(_) => ApiError::bad_request(format!(
+                "Team id = {} already exists. Please use a different team id.",
+                opt_string(&body, "team_id")
+                    .ok()
+                    .flatten()
+                    .unwrap_or_default()
+            ))
+            .param("team_id"),
+            e => store_error(e),
+        })?;
     Ok(Json(team_json(&team)))
 }
 
@@ -1117,22 +1134,44 @@ pub async fn list(
         }
     };
     for name in q.keys() {
-        if name != "page" && name != "size" {
+        if !["page", "size", "return_full_object"].contains(&name.as_str()) {
             return Err(ApiError::bad_request(format!(
-                "/key/list does not support the query parameter '{}'; it takes page and size.",
+                "/key/list does not support the query parameter '{}'; it takes page, size and \
+                 return_full_object.",
                 name.chars().take(64).collect::<String>()
             )));
         }
     }
     let page = number("page", 1)?;
-    let size = number("size", 10)?.min(MAX_PAGE_SIZE);
+    // Refused rather than cut to the most: a client would believe it had every key.
+    let size = number("size", 10)?;
+    if size > MAX_PAGE_SIZE {
+        return Err(ApiError::bad_request(format!(
+            "'size' must be at most {MAX_PAGE_SIZE}; page through the rest with 'page'."
+        ))
+        .param("size"));
+    }
+    // As LiteLLM: the keys' tokens, or with `return_full_object=true` their records.
+    let full = match q.get("return_full_object").map(String::as_str) {
+        None | Some("false") => false,
+        Some("true") => true,
+        Some(_) => {
+            return Err(
+                ApiError::bad_request("'return_full_object' must be true or false.")
+                    .param("return_full_object"),
+            )
+        }
+    };
     let (keys, total) = gw
         .keys()
         .list_keys((page - 1).saturating_mul(size), size)
         .await
         .map_err(store_error)?;
     Ok(Json(json!({
-        "keys": keys.iter().map(|k| key_json(k)).collect::<Vec<_>>(),
+        "keys": keys
+            .iter()
+            .map(|k| if full { key_json(k) } else { Value::String(k.token.clone()) })
+            .collect::<Vec<_>>(),
         "total_count": total,
         "current_page": page,
         "total_pages": total.div_ceil(size),

@@ -41,7 +41,7 @@ use tower_priority_limit::store::SpendRow;
 use super::postgres::{connect_one, import_rows, migrate};
 use super::postgres_spend::write_rows;
 use super::{
-    expiry, hash_key, now_secs, KeyRecord, KeyStoreError, Limits, ModelBudget, TeamRecord,
+    expiry, now_secs, token_of, KeyRecord, KeyStoreError, Limits, ModelBudget, TeamRecord,
 };
 use crate::config::DatabaseUrl;
 
@@ -478,11 +478,7 @@ fn key(row: &Map<String, Value>, now: u64) -> Result<KeyRecord, KeyStoreError> {
         .filter(|t| !t.is_empty())
         .ok_or_else(|| KeyStoreError::Corrupt(format!("a row of {KEY_TABLE} has no token")))?;
     // LiteLLM hashes a raw `sk-` key when it reads it; anything else is its hash already.
-    let token = if stored.starts_with("sk-") {
-        hash_key(&stored)
-    } else {
-        stored.to_ascii_lowercase()
-    };
+    let token = token_of(&stored);
     Ok(KeyRecord {
         token,
         key_alias: text(row, "key_alias"),
@@ -626,7 +622,7 @@ mod tests {
     #[test]
     fn a_raw_key_left_in_the_table_is_hashed_as_litellm_does() {
         let k = key(&row(json!({"token": "sk-raw"})), NOW).unwrap();
-        assert_eq!(k.token, hash_key("sk-raw"));
+        assert_eq!(k.token, super::super::hash_key("sk-raw"));
         assert!(key(&row(json!({"token": ""})), NOW).is_err());
     }
 }

@@ -475,6 +475,18 @@ pub fn hash_key(key: &str) -> String {
     key_hash(key).as_str().to_owned()
 }
 
+/// The token (hash) of a key a management call names: a key (`sk-…`) is hashed; anything else
+/// is taken as the token itself, as `/key/list` shows it (lower-cased), as LiteLLM's endpoints
+/// take it, so a key whose value is lost can still be looked at, blocked or deleted. Never for
+/// authentication: a request must present the key itself.
+pub fn token_of(key: &str) -> String {
+    if key.starts_with("sk-") {
+        hash_key(key)
+    } else {
+        key.to_ascii_lowercase()
+    }
+}
+
 /// [`hash_key`] on the stack: every request hashes its key, to look it up and drop the hash.
 pub fn key_hash(key: &str) -> KeyHash {
     let digest = Sha256::digest(key.as_bytes());
@@ -776,9 +788,10 @@ impl KeyStore {
         }
     }
 
-    /// The record of a key, by the key itself (read from the store, not the cache).
+    /// The record of a key, by the key itself or its token ([`token_of`]; read from the store, not
+    /// the cache).
     pub async fn key_info(&self, key: &str) -> Result<Option<Arc<KeyRecord>>, KeyStoreError> {
-        let token = hash_key(key);
+        let token = token_of(key);
         match &self.backend {
             Backend::Local(l) => Ok(l.resolve(&token).map(|r| r.key)),
             Backend::Redis(r) => r.key(&token).await,
@@ -786,14 +799,14 @@ impl KeyStore {
         }
     }
 
-    /// Changes the record of `key` (given as the key itself) with `change`; `None` when there is
+    /// Changes the record of `key` (the key itself or its token: [`token_of`]) with `change`; `None` when there is
     /// no such key. On Redis every gateway sees it within [`KEY_CACHE_TTL`].
     pub async fn update_key(
         &self,
         key: &str,
         change: impl Fn(&KeyRecord) -> Result<KeyRecord, KeyStoreError> + Send + Sync + 'static,
     ) -> Result<Option<Arc<KeyRecord>>, KeyStoreError> {
-        let token = hash_key(key);
+        let token = token_of(key);
         match &self.backend {
             Backend::Local(l) => {
                 write(&self.write_turn, l, move |l| l.update_key(&token, change)).await
@@ -830,7 +843,7 @@ impl KeyStore {
         &self,
         key: &str,
     ) -> Result<Option<(String, Arc<KeyRecord>)>, KeyStoreError> {
-        let old = hash_key(key);
+        let old = token_of(key);
         let new = new_key()?;
         let token = hash_key(&new);
         // Counted where it was: a rotation is not a fresh allowance.
@@ -862,9 +875,9 @@ impl KeyStore {
         }
     }
 
-    /// Deletes keys (given as the keys themselves); returns the ones that existed.
+    /// Deletes keys (each the key itself or its token: [`token_of`]); returns the ones that existed.
     pub async fn delete_keys(&self, keys: &[String]) -> Result<Vec<String>, KeyStoreError> {
-        let tokens: Vec<String> = keys.iter().map(|k| hash_key(k)).collect();
+        let tokens: Vec<String> = keys.iter().map(|k| token_of(k)).collect();
         let existed = match &self.backend {
             Backend::Local(l) => write(&self.write_turn, l, move |l| l.delete(&tokens)).await?,
             Backend::Redis(r) => r.delete(&tokens).await?,
