@@ -398,6 +398,31 @@ async fn a_deleted_key_is_refused_here_at_once_and_elsewhere_within_the_ttl() {
     assert_eq!(redis.cli(&["HLEN", "tpl:keys"]).trim(), "0");
 }
 
+/// Readiness says whether the limiter's Redis answered its last call, and stays a 200 while the
+/// gateway serves on its own counters.
+#[tokio::test]
+async fn readiness_says_when_the_limiters_redis_is_away() {
+    let Some(mut redis) = RedisServer::start("readiness_says_when_the_limiters_redis") else {
+        return;
+    };
+    let gw = Gw::connect(&single(&redis), None).await;
+    assert_eq!(gw.chat(MASTER, M, false).await.status, 200);
+    let ready = gw.get("/health/readiness", None).await.json();
+    assert_eq!(ready["limiter_store"], "redis", "{ready}");
+    assert_eq!(ready["limiter_store_reachable"], true, "{ready}");
+    redis.kill();
+    let r = gw.chat(MASTER, M, false).await;
+    assert_eq!(r.status, 200, "served on its own counters: {}", r.text());
+    let ready = gw.get("/health/readiness", None).await;
+    assert_eq!(ready.status, 200);
+    let v = ready.json();
+    assert_eq!(
+        (&v["status"], &v["limiter_store_reachable"]),
+        (&json!("degraded"), &json!(false)),
+        "{v}"
+    );
+}
+
 #[tokio::test]
 async fn redis_down_uncached_keys_get_503_the_master_key_still_works() {
     let Some(mut redis) = RedisServer::start("redis_down_uncached_keys_get_503") else {
@@ -407,8 +432,26 @@ async fn redis_down_uncached_keys_get_503_the_master_key_still_works() {
     let cached = gw.a.new_key(json!({})).await;
     assert_eq!(gw.b.chat(&cached, M, false).await.status, 200);
     let uncached = gw.a.new_key(json!({})).await;
+    let ready = gw.b.get("/health/readiness", None).await.json();
+    assert_eq!(
+        (&ready["status"], &ready["key_store_reachable"]),
+        (&json!("healthy"), &json!(true)),
+        "{ready}"
+    );
 
     redis.kill();
+    // Still serving, so still ready (a 503 would take every gateway out at once), but said.
+    let ready = gw.b.get("/health/readiness", None).await;
+    assert_eq!(ready.status, 200);
+    assert_eq!(
+        (
+            &ready.json()["status"],
+            &ready.json()["key_store_reachable"]
+        ),
+        (&json!("degraded"), &json!(false)),
+        "{}",
+        ready.text()
+    );
     // A key B cannot check is unknown, not invalid: 503, never 401.
     assert_store_unavailable(&gw.b.chat(&uncached, M, false).await);
     assert_store_unavailable(&gw.b.chat("sk-never-made", M, false).await);

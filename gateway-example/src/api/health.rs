@@ -1,6 +1,7 @@
 //! `GET /health/liveliness` and `/health/readiness` (no auth).
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::extract::State;
 use axum::Json;
@@ -14,16 +15,39 @@ pub async fn liveliness() -> Json<&'static str> {
     Json("I'm alive!")
 }
 
-/// The gateway can serve: config loaded, key store open.
+/// How long readiness waits for Redis to answer a `PING` (the key store's).
+const PING_TIMEOUT: Duration = Duration::from_millis(200);
+
+/// The gateway can serve: config loaded, key store open; and whether its shared stores answer.
+///
+/// Always a 200: through a Redis or Postgres outage the gateway still serves (known keys from
+/// its cache, limits on its own counters: the failure policies in docs/gateway.md), and a 503
+/// would take every gateway of a fleet out of its load balancer at once, a full outage for a
+/// partial one. `status` says `degraded` instead, and the two `*_reachable` fields say which.
 pub async fn readiness(State(gw): State<Arc<Gateway>>) -> Json<Value> {
+    let keys = gw.keys();
+    let key_store_reachable = if let Some(redis) = keys.as_redis() {
+        redis.ping(PING_TIMEOUT).await.is_ok()
+    } else if let Some(postgres) = keys.as_postgres() {
+        postgres.is_listening()
+    } else {
+        true
+    };
+    // Its last call: the limiter's Redis is called by every admission.
+    let limiter_store_reachable = match gw.limiter().store() {
+        GatewayStore::Embedded(_) => true,
+        GatewayStore::Redis(redis) => redis.is_healthy(),
+    };
     Json(json!({
-        "status": "healthy",
+        "status": if key_store_reachable && limiter_store_reachable { "healthy" } else { "degraded" },
         "limiter": if gw.config().limiter_enabled { "enabled" } else { "disabled" },
         "limiter_store": match gw.limiter().store() {
             GatewayStore::Embedded(_) => "embedded",
             GatewayStore::Redis(_) => "redis",
         },
-        "key_store": gw.keys().kind(),
+        "limiter_store_reachable": limiter_store_reachable,
+        "key_store": keys.kind(),
+        "key_store_reachable": key_store_reachable,
         "models": gw.config().model_names(),
     }))
 }
