@@ -902,7 +902,9 @@ async fn key_spend(gw: &Gw, key: &str) -> f64 {
 async fn copied_spend(db: &tokio_postgres::Client, key: &str) -> f64 {
     let rows = db
         .query(
-            "SELECT spent FROM tpl_spend WHERE kind = 'key' AND id = $1 AND model = ''",
+            // Under the key's counter id, which its record holds.
+            "SELECT spent FROM tpl_spend WHERE kind = 'key' AND model = '' AND id = \
+             (SELECT COALESCE(record::json->>'counter_id', token) FROM tpl_keys WHERE token = $1)",
             &[&hash_key(key)],
         )
         .await

@@ -281,7 +281,9 @@ async fn kill_9_and_flushall_on_a_fleet_lose_at_most_the_spend_in_flight() {
             .unwrap();
         tokio::spawn(connection);
         db.query(
-            "SELECT spent FROM tpl_spend WHERE kind = 'key' AND id = $1 AND model = ''",
+            // Under the key's counter id, which its record holds.
+            "SELECT spent FROM tpl_spend WHERE kind = 'key' AND model = '' AND id = \
+             (SELECT COALESCE(record::json->>'counter_id', token) FROM tpl_keys WHERE token = $1)",
             &[&hash],
         )
         .await
