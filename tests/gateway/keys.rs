@@ -393,6 +393,33 @@ async fn unhonoured_key_and_team_fields_are_refused_by_name() {
         gw.chat("sk-chosen-0123456789ab", M, false).await.status,
         401
     );
+    // What LiteLLM reads in `metadata` as settings: a per-model limit is a field of its own
+    // here, the others are not honoured; both refused by name, nothing made or changed.
+    let key = gw.new_key(json!({"metadata": {"note": "kept"}})).await;
+    for (path, body, named) in [
+        (
+            "/key/generate",
+            json!({"metadata": {"model_rpm_limit": {M: 1}}}),
+            "'metadata.model_rpm_limit' is where LiteLLM keeps 'model_rpm_limit'",
+        ),
+        (
+            "/key/update",
+            json!({"key": key, "metadata": {"tags": ["a"], "guardrails": ["pii"]}}),
+            "'metadata.guardrails', 'metadata.tags'",
+        ),
+        (
+            "/team/new",
+            json!({"metadata": {"model_tpm_limit": {M: 1}}}),
+            "'model_tpm_limit'",
+        ),
+    ] {
+        let r = gw.post(path, Some(MASTER), body.clone()).await;
+        assert_eq!(r.status, 400, "{path} {body}: {}", r.text());
+        assert!(r.error_message().contains(named), "{}", r.text());
+        assert_eq!(r.json()["error"]["param"], "metadata");
+    }
+    let r = gw.get(&format!("/key/info?key={key}"), Some(MASTER)).await;
+    assert_eq!(r.json()["info"]["metadata"], json!({"note": "kept"}));
     // A team id in use: LiteLLM's 400 and words, which clients match to create idempotently.
     gw.new_team(json!({"team_id": "t1"})).await;
     let r = gw

@@ -533,7 +533,9 @@ async fn keys_issued_by_litellm_are_imported_and_served_unchanged() {
         &db,
         plain,
         ", models, metadata, expires",
-        ", '{other}', '{\"priority\": \"dev\"}', now() + interval '1 day'",
+        // LiteLLM keeps per-model limits (and other settings) in `metadata`.
+        ", '{other}', '{\"priority\": \"dev\", \"model_rpm_limit\": {\"other\": 1}, \
+         \"tags\": [\"t\"]}', now() + interval '1 day'",
     )
     .await;
     litellm_key(
@@ -593,6 +595,11 @@ async fn keys_issued_by_litellm_are_imported_and_served_unchanged() {
         text.contains("not imported: key ") && text.contains("team-gone"),
         "{text}"
     );
+    // A setting LiteLLM reads in `metadata` and this gateway does not honour is named.
+    assert!(
+        text.contains("LiteLLM_VerificationToken.metadata.tags"),
+        "{text}"
+    );
     // Bookkeeping columns are not reported.
     assert!(
         !text.contains("key_name") && !text.contains("created_by"),
@@ -641,6 +648,17 @@ async fn keys_issued_by_litellm_are_imported_and_served_unchanged() {
     let r = gw.chat(plain, "other", false).await;
     assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(r.headers["x-litellm-priority"], "dev");
+    let r = gw.chat(plain, "other", false).await;
+    assert_eq!(
+        r.status,
+        429,
+        "its metadata's model_rpm_limit: {}",
+        r.text()
+    );
+    assert_eq!(
+        r.headers["x-priority-limit-refused-by"],
+        "key_model_requests"
+    );
     assert_eq!(
         gw.chat(plain, M, false).await.status,
         403,

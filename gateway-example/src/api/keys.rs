@@ -14,6 +14,7 @@ use serde_json::{json, Map, Value};
 use super::body::read_bounded;
 use crate::error::ApiError;
 use crate::gateway::Gateway;
+use crate::keys::litellm::{METADATA_LIMITS, METADATA_SETTINGS};
 use crate::keys::{
     expiry, hashes_match, key_hash, routes, KeyRecord, KeyStoreError, Limits, ModelBudget, NewKey,
     TeamRecord,
@@ -426,10 +427,40 @@ fn opt_bool(body: &Map<String, Value>, field: &'static str) -> Result<Option<boo
 fn metadata(
     body: &Map<String, Value>,
     priorities: &[std::sync::Arc<str>],
+    creating: bool,
 ) -> Result<Map<String, Value>, ApiError> {
     match body.get("metadata") {
         None | Some(Value::Null) => Ok(Map::new()),
         Some(Value::Object(m)) => {
+            // What LiteLLM reads in `metadata` as settings: taken here as fields, or not at all.
+            if let Some(member) = m.keys().find(|k| METADATA_LIMITS.contains(&k.as_str())) {
+                return Err(ApiError::bad_request(format!(
+                    "'metadata.{member}' is where LiteLLM keeps '{member}'; give it as a field of \
+                     its own ({{\"{member}\": {{\"<model>\": n}}}}), which is enforced; \
+                     nothing was {}.",
+                    if creating { "created" } else { "changed" }
+                ))
+                .param("metadata"));
+            }
+            let mut settings: Vec<&str> = m
+                .keys()
+                .map(String::as_str)
+                .filter(|k| METADATA_SETTINGS.contains(k))
+                .collect();
+            if !settings.is_empty() {
+                settings.sort_unstable();
+                return Err(ApiError::bad_request(format!(
+                    "This gateway does not honour LiteLLM's metadata settings {}: they would be \
+                     kept and believed to hold; nothing was {}.",
+                    settings
+                        .iter()
+                        .map(|s| format!("'metadata.{s}'"))
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                    if creating { "created" } else { "changed" }
+                ))
+                .param("metadata"));
+            }
             match m.get("priority") {
                 None | Some(Value::Null) => {}
                 Some(Value::String(p)) if priorities.iter().any(|c| **c == **p) => {}
@@ -674,7 +705,7 @@ pub async fn generate(
         .create_key(NewKey {
             key: chosen,
             key_alias: opt_string(&body, "key_alias")?,
-            metadata: metadata(&body, &priorities)?,
+            metadata: metadata(&body, &priorities, true)?,
             team_id: opt_string(&body, "team_id")?,
             models,
             expires_at,
@@ -756,7 +787,7 @@ pub async fn new_team(
         .new_team(
             opt_string(&body, "team_id")?,
             opt_string(&body, "team_alias")?,
-            metadata(&body, &priorities)?,
+            metadata(&body, &priorities, true)?,
             models(&body)?,
             limits(&gw, &body, &Limits::default())?,
         )
@@ -896,7 +927,7 @@ impl Changes {
                 .transpose()?,
             metadata: body
                 .contains_key("metadata")
-                .then(|| metadata(body, &priorities))
+                .then(|| metadata(body, &priorities, false))
                 .transpose()?,
             models: body
                 .contains_key("models")

@@ -65,6 +65,27 @@ pub const BOOKKEEPING: &[&str] = &[
     "key_rotation_at",
 ];
 
+/// Members of a key's or team's `metadata` that LiteLLM reads as settings and this gateway does
+/// not honour: a key's guardrails, tags, logging and the like. `/key/generate`, `/team/new` and
+/// their updates refuse them by name; an import names them (they would be believed to hold).
+pub const METADATA_SETTINGS: &[&str] = &[
+    "guardrails",
+    "disable_global_guardrails",
+    "tags",
+    "logging",
+    "enforced_params",
+    "temp_budget_increase",
+    "temp_budget_expiry",
+    "team_member_key_duration",
+    "prompts",
+    "allowed_passthrough_routes",
+];
+
+/// Members of `metadata` where LiteLLM keeps the per-model limits this gateway takes as fields
+/// of their own (`model_rpm_limit`, `model_tpm_limit`): an import moves them there; the API
+/// refuses them in `metadata`, naming the field.
+pub const METADATA_LIMITS: &[&str] = &["model_rpm_limit", "model_tpm_limit"];
+
 const KEY_COLUMNS: &[&str] = &[
     "token",
     "key_alias",
@@ -160,6 +181,22 @@ fn limits(row: &Map<String, Value>, table: &str, now: u64) -> Result<Limits, Key
             model_max_budget.insert(model.clone(), budget);
         }
     }
+    // LiteLLM keeps the per-model limits in `metadata`: `{"<model group>": n}`.
+    let per_model = |name: &str| -> Result<BTreeMap<String, u64>, KeyStoreError> {
+        let column = format!("metadata.{name}");
+        match row.get("metadata").and_then(|m| m.get(name)) {
+            None | Some(Value::Null) => Ok(BTreeMap::new()),
+            Some(Value::Object(o)) => o
+                .iter()
+                .map(|(model, v)| {
+                    v.as_u64()
+                        .map(|n| (model.clone(), n))
+                        .ok_or_else(|| bad(&column, v, "a whole number ≥ 0 per model"))
+                })
+                .collect(),
+            Some(v) => Err(bad(&column, v, "an object of model names to whole numbers")),
+        }
+    };
     let reset_at = time(row, table, "budget_reset_at")?;
     let budget_start = budget_duration
         .as_deref()
@@ -173,6 +210,8 @@ fn limits(row: &Map<String, Value>, table: &str, now: u64) -> Result<Limits, Key
         budget_duration,
         budget_start,
         model_max_budget,
+        model_rpm_limit: per_model("model_rpm_limit")?,
+        model_tpm_limit: per_model("model_tpm_limit")?,
         ..Limits::default()
     })
 }
@@ -432,6 +471,15 @@ fn note_unhonoured(
             .or_default()
             .push(name.to_owned());
     }
+    if let Some(Value::Object(metadata)) = row.get("metadata") {
+        for (member, value) in metadata {
+            if METADATA_SETTINGS.contains(&member.as_str()) && !is_default(value) {
+                out.entry(format!("{table}.metadata.{member}"))
+                    .or_default()
+                    .push(name.to_owned());
+            }
+        }
+    }
 }
 
 fn text(row: &Map<String, Value>, column: &str) -> Option<String> {
@@ -456,9 +504,15 @@ fn models(row: &Map<String, Value>, every: &[&str]) -> Vec<String> {
     models
 }
 
+/// The row's `metadata`, without the per-model limits ([`METADATA_LIMITS`]), which [`limits`]
+/// takes.
 fn metadata(row: &Map<String, Value>) -> Map<String, Value> {
     match row.get("metadata") {
-        Some(Value::Object(m)) => m.clone(),
+        Some(Value::Object(m)) => m
+            .iter()
+            .filter(|(k, _)| !METADATA_LIMITS.contains(&k.as_str()))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect(),
         _ => Map::new(),
     }
 }
@@ -542,6 +596,35 @@ mod tests {
             "budget_id": "b1",
             "updated_at": "2026-12-01T10:00:00"
         }));
+        // LiteLLM keeps per-model limits and other settings in `metadata`: the limits are
+        // taken as limits, the settings named.
+        let mut with_settings = r.clone();
+        with_settings.insert(
+            "metadata".into(),
+            json!({"priority": "prod", "model_rpm_limit": {"m1": 2}, "model_tpm_limit": {"m1": 90},
+                   "tags": ["a"], "guardrails": [], "note": "kept"}),
+        );
+        let k = key(&with_settings, NOW).unwrap();
+        assert_eq!(k.limits.model_rpm_limit, BTreeMap::from([("m1".into(), 2)]));
+        assert_eq!(
+            k.limits.model_tpm_limit,
+            BTreeMap::from([("m1".into(), 90)])
+        );
+        assert_eq!(
+            k.metadata,
+            row(json!({"priority": "prod", "tags": ["a"], "guardrails": [], "note": "kept"}))
+        );
+        let mut out = BTreeMap::new();
+        note_unhonoured(&mut out, KEY_TABLE, &with_settings, KEY_COLUMNS, "ci");
+        let fields: Vec<&str> = out.keys().map(String::as_str).collect();
+        assert_eq!(
+            fields,
+            [
+                "LiteLLM_VerificationToken.budget_id",
+                "LiteLLM_VerificationToken.metadata.tags"
+            ],
+            "an empty guardrails list sets nothing"
+        );
         let k = key(&r, NOW).unwrap();
         assert_eq!(k.token, "ab".repeat(32));
         assert_eq!(k.key_alias.as_deref(), Some("ci"));
