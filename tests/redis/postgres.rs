@@ -1199,3 +1199,37 @@ async fn tls_to_postgres_follows_sslmode() {
     .unwrap_err();
     assert!(e.contains("sslrootcert") && e.contains(".missing"), "{e}");
 }
+
+/// Keys in Postgres, the limiter's counters in Redis: while Redis is away, `/key/info` still
+/// answers for a key without a budget (it has no spend to read: `0`), and a key with one is the
+/// documented 503 (its spend cannot be read), never a record with a made-up spend.
+#[tokio::test]
+async fn key_info_needs_redis_only_for_a_budgets_spend() {
+    let Some(postgres) = PostgresServer::start("key_info_needs_redis_only") else {
+        return;
+    };
+    let Some(mut redis) = RedisServer::start("key_info_needs_redis_only") else {
+        return;
+    };
+    let (gw, _dirs) = gateways(&priced(&postgres, Some(&redis)), 1).await;
+    let gw = &gw[0];
+    let plain = gw.new_key(json!({"rpm_limit": 100})).await;
+    let budgeted = gw.new_key(json!({"max_budget": 1.0})).await;
+    assert_eq!(gw.chat(&budgeted, M, false).await.status, 200);
+    redis.kill();
+    let r = gw
+        .get(&format!("/key/info?key={plain}"), Some(MASTER))
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["info"]["spend"], 0.0);
+    assert_eq!(r.json()["info"]["rpm_limit"], 100);
+    let r = gw
+        .get(&format!("/key/info?key={budgeted}"), Some(MASTER))
+        .await;
+    assert_eq!(r.status, 503, "{}", r.text());
+    assert!(
+        r.error_message().starts_with("spend could not be read"),
+        "{}",
+        r.text()
+    );
+}

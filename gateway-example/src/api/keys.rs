@@ -635,6 +635,19 @@ async fn with_spend(
     limits: &Limits,
 ) -> Result<(), ApiError> {
     let now_ms = gw.unix_ms();
+    // Spend is counted only where a budget reads it: none to read (so the limiter's Redis
+    // being away does not fail the record's answer).
+    let reset_at = limits
+        .budget_period(now_ms)
+        .map(|(_, end)| expiry::format_iso(end));
+    if limits.max_budget.is_none() && limits.model_max_budget.is_empty() {
+        if let Value::Object(out) = value {
+            out.insert("spend".into(), json!(0.0));
+            out.insert("model_spend".into(), json!({}));
+            out.insert("budget_reset_at".into(), json!(reset_at));
+        }
+        return Ok(());
+    }
     let spent = gw.spent(kind, id).await.map_err(|e| {
         ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -666,9 +679,6 @@ async fn with_spend(
             None => {}
         }
     }
-    let reset_at = limits
-        .budget_period(now_ms)
-        .map(|(_, end)| expiry::format_iso(end));
     if let Value::Object(out) = value {
         out.insert("spend".into(), json!(total));
         out.insert("model_spend".into(), Value::Object(per_model));
