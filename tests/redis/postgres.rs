@@ -381,6 +381,22 @@ async fn postgres_down_known_keys_are_served_and_writes_get_503() {
 
     let following = |g: &Gw| g.gateway.keys().as_postgres().unwrap().is_listening();
     assert!(following(a) && following(b));
+    assert_eq!(readiness(a).await["status"], "healthy");
+    // Hung: its connections stay open (still "following"), but nothing answers.
+    postgres.pause();
+    let v = readiness(a).await;
+    assert_eq!(
+        (&v["status"], &v["key_store_reachable"]),
+        (&json!("degraded"), &json!(false)),
+        "{v}"
+    );
+    postgres.resume();
+    within(
+        PROPAGATION,
+        "readiness sees Postgres answer again",
+        || async { readiness(a).await["status"] == "healthy" },
+    )
+    .await;
     postgres.kill();
     within(PROPAGATION, "the gateways see Postgres gone", || async {
         !following(a) && !following(b)
@@ -411,6 +427,7 @@ async fn postgres_down_known_keys_are_served_and_writes_get_503() {
     // Reads are served from memory meanwhile.
     let info = a.get(&format!("/key/info?key={key}"), Some(MASTER)).await;
     assert_eq!(info.status, 200, "{}", info.text());
+    assert_eq!(readiness(a).await["key_store_reachable"], false);
 
     postgres.restart();
     let made = within(Duration::from_secs(10), "writes work again", || async {
@@ -429,6 +446,12 @@ async fn postgres_down_known_keys_are_served_and_writes_get_503() {
     .await;
     let after = a.new_key(json!({})).await;
     answers_within_a_second(b, &after, 200, "B follows again after the outage").await;
+}
+
+async fn readiness(g: &Gw) -> Value {
+    let r = g.get("/health/readiness", None).await;
+    assert_eq!(r.status, 200, "always a 200: {}", r.text());
+    r.json()
 }
 
 /// A slow Postgres (a lock held on the keys table by another session, so writes wait): a write

@@ -283,6 +283,25 @@ impl PostgresServer {
         }
     }
 
+    /// Hangs the server (SIGSTOP to it and every backend it forked): connections stay open and
+    /// nothing answers, as a stalled host would.
+    pub fn pause(&self) {
+        self.signal("-STOP");
+    }
+
+    /// Resumes a paused server (SIGCONT, the backends first).
+    pub fn resume(&self) {
+        self.signal("-CONT");
+    }
+
+    fn signal(&self, signal: &str) {
+        if let Some(child) = &self.child {
+            let pid = child.id().to_string();
+            let _ = Command::new("pkill").args([signal, "-P", &pid]).status();
+            let _ = Command::new("kill").args([signal, &pid]).status();
+        }
+    }
+
     /// Starts the server again on the same port with the same data.
     pub fn restart(&mut self) {
         self.kill();

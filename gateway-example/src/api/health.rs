@@ -15,7 +15,7 @@ pub async fn liveliness() -> Json<&'static str> {
     Json("I'm alive!")
 }
 
-/// How long readiness waits for Redis to answer a `PING` (the key store's).
+/// How long readiness waits for the key store's Redis or Postgres to answer.
 const PING_TIMEOUT: Duration = Duration::from_millis(200);
 
 /// The gateway can serve: config loaded, key store open; and whether its shared stores answer.
@@ -29,14 +29,14 @@ pub async fn readiness(State(gw): State<Arc<Gateway>>) -> Json<Value> {
     let key_store_reachable = if let Some(redis) = keys.as_redis() {
         redis.ping(PING_TIMEOUT).await.is_ok()
     } else if let Some(postgres) = keys.as_postgres() {
-        postgres.is_listening()
+        postgres.ping(PING_TIMEOUT).await
     } else {
         true
     };
-    // Its last call: the limiter's Redis is called by every admission.
+    // Asked now: its admissions' own health only changes when one runs.
     let limiter_store_reachable = match gw.limiter().store() {
         GatewayStore::Embedded(_) => true,
-        GatewayStore::Redis(redis) => redis.is_healthy(),
+        GatewayStore::Redis(redis) => redis.ping().await.is_ok(),
     };
     Json(json!({
         "status": if key_store_reachable && limiter_store_reachable { "healthy" } else { "degraded" },

@@ -448,6 +448,18 @@ impl PgKeys {
         self.shared.listening.load(Ordering::Relaxed)
     }
 
+    /// Whether Postgres answers a `SELECT 1` on a pooled connection within `timeout`, and this
+    /// gateway follows its changes: what a readiness check asks (a hung server keeps its
+    /// listening connection open).
+    pub async fn ping(&self, timeout: Duration) -> bool {
+        let shared = &self.shared;
+        let ping = async {
+            let client = shared.pool.get().await.ok()?;
+            client.simple_query("SELECT 1").await.ok()
+        };
+        self.is_listening() && matches!(tokio::time::timeout(timeout, ping).await, Ok(Some(_)))
+    }
+
     /// How many keys this gateway holds.
     pub fn key_count(&self) -> usize {
         self.shared.memory.key_count()

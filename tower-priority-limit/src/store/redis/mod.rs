@@ -529,6 +529,21 @@ impl RedisStore {
             .all(|h| h.healthy.load(Ordering::Relaxed))
     }
 
+    /// Whether Redis answers a `PING` now, within the store's timeout: what a readiness check
+    /// asks, which must not wait for an admission to find Redis gone or back. It changes
+    /// nothing: the admissions' own health ([`is_healthy`](Self::is_healthy)) and probes go on
+    /// as they are.
+    pub async fn ping(&self) -> Result<(), StoreError> {
+        let mut connection = self.inner.connection.clone();
+        let pong: String = bounded(
+            self.inner.timeout,
+            redis::cmd("PING").query_async(&mut connection),
+        )
+        .await?;
+        debug_assert_eq!(pong, "PONG");
+        Ok(())
+    }
+
     /// Did the last call to Redis for `model` succeed? On one server all models share one answer;
     /// on a cluster each model has its own, since its keys live on one master of several.
     pub fn is_healthy_for(&self, model: ModelId) -> bool {
