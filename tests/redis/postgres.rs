@@ -356,6 +356,10 @@ async fn a_gateway_does_not_start_when_postgres_is_unreachable() {
     );
     assert!(e.contains("the gateway does not start"), "{e}");
     assert!(
+        e.contains("in Postgres (general_settings.database_url)"),
+        "where the URL was read: {e}"
+    );
+    assert!(
         e.contains(&format!("gw:***@127.0.0.1:{}", postgres.port())),
         "{e}"
     );
@@ -866,6 +870,56 @@ async fn aliases_team_deletes_and_routes_hold_across_gateways() {
         )
         .await;
     assert_eq!(r.status, 200, "{}", r.text());
+}
+
+/// Connections the server ended (`pg_terminate_backend`, as a restart or a pooler does) are
+/// replaced before a write uses them: the write right after succeeds, every time.
+#[tokio::test]
+async fn a_write_after_the_server_ended_its_connections_succeeds() {
+    let Some(postgres) = PostgresServer::start("a_write_after_the_server_ended") else {
+        return;
+    };
+    let (gw, _dirs) = gateways(&config(&postgres, None), 1).await;
+    let db = sql(&postgres).await;
+    for round in 0..20 {
+        db.batch_execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+             WHERE pid <> pg_backend_pid() AND datname = current_database()",
+        )
+        .await
+        .unwrap();
+        let r = gw[0].post("/key/generate", Some(MASTER), json!({})).await;
+        assert_eq!(r.status, 200, "round {round}: {}", r.text());
+    }
+}
+
+/// Key tables of a newer gateway: this one does not start, and says so plainly (not a corrupt
+/// record), naming where the URL came from, once.
+#[tokio::test]
+async fn tables_of_a_newer_gateway_stop_the_start_and_say_why() {
+    let Some(postgres) = PostgresServer::start("tables_of_a_newer_gateway") else {
+        return;
+    };
+    let db = sql(&postgres).await;
+    db.batch_execute(
+        "CREATE TABLE tpl_migrations (version INTEGER PRIMARY KEY, \
+         applied_at TIMESTAMPTZ NOT NULL DEFAULT now()); \
+         INSERT INTO tpl_migrations (version) VALUES (99)",
+    )
+    .await
+    .unwrap();
+    let config = GatewayConfig::from_yaml_str(&config(&postgres, None)).unwrap();
+    let e = Gateway::connect(config, None)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("schema version 99, newer than this gateway's"),
+        "{e}"
+    );
+    assert!(!e.contains("corrupt"), "{e}");
+    assert_eq!(e.matches("key store unavailable").count(), 1, "{e}");
+    assert!(e.contains("(general_settings.database_url)"), "{e}");
 }
 
 /// Keys that shared an alias before aliases were unique (schema version 1) keep working after

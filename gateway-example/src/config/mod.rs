@@ -269,7 +269,12 @@ pub struct GatewayConfig {
 /// A Postgres connection URL (`postgres://user:password@host:port/database`), checked for its
 /// scheme when the config is read and parsed whole when the gateway connects.
 #[derive(Clone, PartialEq, Eq)]
-pub struct DatabaseUrl(String);
+pub struct DatabaseUrl {
+    url: String,
+    /// Where it was read (`general_settings.database_url`, `DATABASE_URL`, a flag): what an
+    /// error about it names.
+    source: String,
+}
 
 impl DatabaseUrl {
     /// `url`, which must start with `postgres://` or `postgresql://` (`path` names where it was
@@ -281,17 +286,25 @@ impl DatabaseUrl {
                 "expected a Postgres URL (postgres://user:password@host:port/database)",
             ));
         }
-        Ok(Self(url.to_owned()))
+        Ok(Self {
+            url: url.to_owned(),
+            source: path.to_owned(),
+        })
     }
 
     /// The URL itself (with its password: for the driver only).
     pub fn as_str(&self) -> &str {
-        &self.0
+        &self.url
+    }
+
+    /// Where it was read: the setting or environment variable an error about it names.
+    pub fn source(&self) -> &str {
+        &self.source
     }
 
     /// The URL with its password (and a `password=` parameter) hidden, for logs and errors.
     pub fn redacted(&self) -> String {
-        crate::shared::redact::redact_url(&self.0)
+        crate::shared::redact::redact_url(&self.url)
     }
 }
 

@@ -639,12 +639,14 @@ fn database_url_from_general_settings_else_the_environment() {
         "postgresql://u:pw@db:5432/litellm",
         "the file wins"
     );
+    assert_eq!(url.source(), "general_settings.database_url");
     assert_eq!(url.redacted(), "postgresql://u:***@db:5432/litellm");
     assert_eq!(format!("{url:?}"), "postgresql://u:***@db:5432/litellm");
     let url = read(base, Some(" postgres://gw@db/keys "))
         .unwrap()
         .unwrap();
     assert_eq!(url.as_str(), "postgres://gw@db/keys");
+    assert_eq!(url.source(), "DATABASE_URL", "what an error about it names");
     assert_eq!(
         url.redacted(),
         "postgres://***@db/keys",

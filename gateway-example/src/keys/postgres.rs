@@ -269,7 +269,8 @@ pub(crate) async fn migrate(client: &mut Client, target: &str) -> Result<(), Key
         .get(0);
     let known = MIGRATIONS.len() as i32;
     if applied > known {
-        return Err(KeyStoreError::Corrupt(format!(
+        // Not corrupt, not usable by this build either.
+        return Err(KeyStoreError::Unavailable(format!(
             "the key tables in Postgres at {target} are at schema version {applied}, newer than \
              this gateway's {known}: run the newer gateway (nothing was changed)"
         )));
@@ -364,9 +365,15 @@ impl PgKeys {
     ) -> Result<Self, KeyStoreError> {
         let target = url.redacted();
         let refused = |e: KeyStoreError| {
+            // Said once: the inner error's own "key store unavailable" would repeat it.
+            let why = match e {
+                KeyStoreError::Unavailable(why) => why,
+                e => e.to_string(),
+            };
             KeyStoreError::Unavailable(format!(
-                "keys and teams are in Postgres (general_settings.database_url) and it cannot be \
-                 used, so the gateway does not start: {e}"
+                "keys and teams are in Postgres ({}) and it cannot be used, so the gateway does \
+                 not start: {why}",
+                url.source()
             ))
         };
         let start = async {
@@ -378,7 +385,11 @@ impl PgKeys {
                 with_statement_timeout(listen_driver.config.clone(), timeout),
                 listen_driver.tls.clone(),
                 ManagerConfig {
-                    recycling_method: RecyclingMethod::Fast,
+                    // A pooled connection is checked with a round trip before a write uses
+                    // it: one the server ended (a restart, `pg_terminate_backend`, a pooler
+                    // recycling it) is replaced instead of failing the write with a 503. Writes
+                    // are management calls and the spend copy's, never a request's lookup.
+                    recycling_method: RecyclingMethod::Verified,
                 },
             );
             let pool = Pool::builder(manager)

@@ -74,6 +74,8 @@ struct Inner {
     writing: Mutex<()>,
     /// Whether the unwritten rows overflowed (said once per outage).
     overflowed: AtomicBool,
+    /// Whether the last write failed (the failure is said once per outage, not per retry).
+    failing: AtomicBool,
 }
 
 impl std::fmt::Debug for PgSpend {
@@ -137,6 +139,7 @@ impl PgSpend {
             unwritten: SpendLog::default(),
             writing: Mutex::new(()),
             overflowed: AtomicBool::new(false),
+            failing: AtomicBool::new(false),
         });
         let task = tokio::spawn(run(Arc::clone(&inner)));
         Self { inner, task }
@@ -193,7 +196,8 @@ impl Inner {
         let written = tokio::time::timeout(self.timeout, write(&self.pool, &rows)).await;
         let error = match written {
             Ok(Ok(())) => {
-                if self.overflowed.swap(false, Ordering::Relaxed) {
+                let overflowed = self.overflowed.swap(false, Ordering::Relaxed);
+                if self.failing.swap(false, Ordering::Relaxed) || overflowed {
                     tracing::info!(postgres = %self.target, "spend written to Postgres again");
                 }
                 return;
@@ -202,9 +206,9 @@ impl Inner {
             Err(_) => format!("no answer within {} ms", self.timeout.as_millis()),
         };
         let dropped_before = self.unwritten.dropped();
-        let first = self.unwritten.is_empty();
         self.unwritten.record_all(rows);
-        if first {
+        // The retries' rows were taken out to be sent: only the flag knows it kept failing.
+        if !self.failing.swap(true, Ordering::Relaxed) {
             tracing::warn!(
                 postgres = %self.target,
                 error,
