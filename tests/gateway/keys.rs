@@ -182,7 +182,21 @@ model_list:
     );
     let r = gw.chat(&key, "b", false).await;
     assert_eq!(r.status, 403);
-    assert!(r.error_message().contains("not allowed to access model=b"));
+    assert_eq!(
+        r.error_message(),
+        "This key is not allowed to access model=b. It can access: a."
+    );
+    // A key whose list and its team's share nothing is told so, not given an empty list.
+    let team = gw.new_team(json!({"models": ["b"]})).await;
+    let none = gw.new_key(json!({"models": ["a"], "team_id": team})).await;
+    let r = gw.chat(&none, "a", false).await;
+    assert_eq!(r.status, 403);
+    assert!(
+        r.error_message()
+            .ends_with("It can access: no model (its models and its team's have none in common)."),
+        "{}",
+        r.text()
+    );
     // x-api-key works as well as Authorization.
     let req = http::Request::post(format!("{}/chat/completions", gw.base))
         .header("x-api-key", &key)
@@ -516,7 +530,9 @@ async fn chosen_keys_and_expiry() {
     assert_eq!(gw.chat(&future, M, false).await.status, 200);
     for (body, param) in [
         (json!({"duration": "soon"}), "duration"),
+        (json!({"duration": "99999999999999d"}), "duration"),
         (json!({"expires": "tomorrow"}), "expires"),
+        (json!({"key_alias": "a".repeat(1_025)}), "key_alias"),
         (
             json!({"duration": "1h", "expires": "2999-01-01"}),
             "duration",

@@ -149,7 +149,14 @@ where
     // The name asked for: through a wildcard route, a key allowed `openai/gpt-4o` (or
     // `openai/*`) may call `openai/gpt-4o`, and not `openai/gpt-5`.
     if !access.allows(&model) {
-        let allowed = access.allowed(gw.config().model_names()).join(", ");
+        let config = gw.config();
+        let allowed = access.allowed(config.model_names());
+        // A key's and its team's lists may have nothing in common.
+        let allowed = if allowed.is_empty() {
+            "no model (its models and its team's have none in common)".to_owned()
+        } else {
+            allowed.join(", ")
+        };
         return Err(ApiError::new(
             StatusCode::FORBIDDEN,
             "permission_error",

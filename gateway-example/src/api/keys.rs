@@ -58,6 +58,22 @@ fn opt_string(body: &Map<String, Value>, field: &'static str) -> Result<Option<S
     }
 }
 
+/// The longest `key_alias` or `team_alias`, in bytes: a name, shown in every listing.
+const MAX_ALIAS_BYTES: usize = 1_024;
+
+/// A `key_alias` or `team_alias`: a string of at most [`MAX_ALIAS_BYTES`].
+fn alias(body: &Map<String, Value>, field: &'static str) -> Result<Option<String>, ApiError> {
+    let alias = opt_string(body, field)?;
+    if alias.as_ref().is_some_and(|a| a.len() > MAX_ALIAS_BYTES) {
+        return Err(ApiError::bad_request(format!(
+            "'{field}' must be at most {MAX_ALIAS_BYTES} bytes: it is a name, shown in every \
+             listing."
+        ))
+        .param(field));
+    }
+    Ok(alias)
+}
+
 /// The fields `/key/generate` honours beside the limits ([`Limits::FIELDS`]); any other is
 /// refused by name.
 pub const KEY_FIELDS: &[&str] = &[
@@ -714,7 +730,7 @@ pub async fn generate(
         .keys()
         .create_key(NewKey {
             key: chosen,
-            key_alias: opt_string(&body, "key_alias")?,
+            key_alias: alias(&body, "key_alias")?,
             metadata: metadata(&body, &priorities, true)?,
             team_id: opt_string(&body, "team_id")?,
             models,
@@ -796,7 +812,7 @@ pub async fn new_team(
         .keys()
         .new_team(
             opt_string(&body, "team_id")?,
-            opt_string(&body, "team_alias")?,
+            alias(&body, "team_alias")?,
             metadata(&body, &priorities, true)?,
             models(&body)?,
             limits(&gw, &body, &Limits::default())?,
@@ -933,7 +949,7 @@ impl Changes {
         Ok(Self {
             alias: body
                 .contains_key(alias_field)
-                .then(|| opt_string(body, alias_field))
+                .then(|| alias(body, alias_field))
                 .transpose()?,
             metadata: body
                 .contains_key("metadata")

@@ -28,17 +28,29 @@ pub fn after_duration(now: u64, duration: &str) -> Result<u64, BadTime> {
     let split = text.find(|c: char| !c.is_ascii_digit()).ok_or_else(bad)?;
     let (number, unit) = text.split_at(split);
     let n: u64 = number.parse().map_err(|_| bad())?;
-    let seconds = match unit {
-        "s" => Some(n),
-        "m" => n.checked_mul(60),
-        "h" => n.checked_mul(3_600),
-        "d" => n.checked_mul(DAY),
-        "w" => n.checked_mul(7 * DAY),
-        "mo" => return add_months(now, n).ok_or_else(bad),
+    let seconds = |s: Option<u64>| s.and_then(|s| now.checked_add(s));
+    let end = match unit {
+        "s" => seconds(Some(n)),
+        "m" => seconds(n.checked_mul(60)),
+        "h" => seconds(n.checked_mul(3_600)),
+        "d" => seconds(n.checked_mul(DAY)),
+        "w" => seconds(n.checked_mul(7 * DAY)),
+        "mo" => add_months(now, n),
         _ => return Err(bad()),
-    };
-    seconds.and_then(|s| now.checked_add(s)).ok_or_else(bad)
+    }
+    .ok_or_else(bad)?;
+    if end > LAST {
+        // Shown as an ISO date, which has four digits of year: one past them reads back as
+        // nothing (this gateway's `expires`, and clients').
+        return Err(BadTime(format!(
+            "'duration' {duration:?} ends after the year 9999; leave it out for no end"
+        )));
+    }
+    Ok(end)
 }
+
+/// 9999-12-31T23:59:59Z: the last moment an ISO date with four digits of year names.
+pub const LAST: u64 = 253_402_300_799;
 
 /// The budget period of `duration` that `now` falls in, for periods laid end to end from
 /// `anchor` (when the budget was set; all Unix seconds): its start and end. `None` for a
@@ -186,6 +198,17 @@ mod tests {
 
     /// 2026-12-01T21:00:00Z.
     const NOW: u64 = 1_796_158_800;
+
+    #[test]
+    fn a_duration_ends_by_the_year_9999() {
+        assert_eq!(format_iso(LAST), "9999-12-31T23:59:59Z");
+        assert_eq!(parse_iso("9999-12-31T23:59:59Z").unwrap(), LAST);
+        let e = after_duration(NOW, "99999999999999d").unwrap_err();
+        assert!(e.to_string().contains("after the year 9999"), "{e}");
+        assert!(after_duration(NOW, "7000y").is_err());
+        assert!(after_duration(NOW, "100000mo").is_err(), "8,333 years");
+        assert!(after_duration(NOW, "2500000d").is_ok(), "about 6,800 years");
+    }
 
     #[test]
     fn durations_in_every_unit() {
