@@ -604,6 +604,11 @@ async fn keys_issued_by_litellm_are_imported_and_served_unchanged() {
     let text = report.to_string();
     println!("{text}");
     assert_eq!((report.new_keys, report.new_teams), (6, 2), "{text}");
+    assert!(
+        text.starts_with("read 7 keys and 2 teams")
+            && text.contains("or are not imported: 1 below"),
+        "the orphan was read too: {text}"
+    );
     // Limits are brought over and honoured (docs/gateway.md, "Key and team limits").
     assert!(
         !text.contains("rpm_limit") && !text.contains("tpm_limit"),

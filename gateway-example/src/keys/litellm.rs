@@ -316,14 +316,20 @@ pub struct ImportReport {
 impl std::fmt::Display for ImportReport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let read = &self.read;
+        // The keys not imported (listed below) were read too.
         writeln!(
             f,
             "read {} keys and {} teams from {KEY_TABLE} and {TEAM_TABLE}; imported {} new keys \
-             and {} new teams (the rest were there already and are unchanged)",
-            read.keys.len(),
+             and {} new teams (the rest were there already and are unchanged{})",
+            read.keys.len() + read.skipped.len(),
             read.teams.len(),
             self.new_keys,
-            self.new_teams
+            self.new_teams,
+            if read.skipped.is_empty() {
+                String::new()
+            } else {
+                format!(", or are not imported: {} below", read.skipped.len())
+            }
         )?;
         if !read.spend.is_empty() {
             writeln!(
