@@ -110,12 +110,12 @@ const STEP: f64 = 0.02;
 /// The first responses, whose [`OUTPUT_QUANTILE`] the estimate starts from: steps alone take
 /// over a thousand responses to come down from the default of 256 to answers of 20 tokens
 /// (a response below lowers it by 0.2 % only), reserving ten times what is used meanwhile.
-pub const FIRST_RESPONSES: usize = 20;
+const FIRST_RESPONSES: usize = 20;
 
 /// One model's learned output estimate and its estimate errors, shared by every request to it.
 ///
-/// The estimate starts at the default, becomes the [`OUTPUT_QUANTILE`] of the first
-/// [`FIRST_RESPONSES`] completions, then follows it with a multiplicative stochastic-gradient
+/// The estimate starts at the default, becomes the [`OUTPUT_QUANTILE`] of the first 20
+/// completions, then follows it with a multiplicative stochastic-gradient
 /// step (an observation above it raises it by `STEP × q`, one below lowers it by
 /// `STEP × (1 − q)`, so it settles where a fraction `1 − q` of completions lie above). Updates
 /// are plain atomic stores: two racing updates may lose one, which only slows learning.
@@ -125,7 +125,7 @@ pub struct OutputEstimate {
     settled: AtomicU64,
     over: AtomicU64,
     under: AtomicU64,
-    /// The first responses' lengths, until there are [`FIRST_RESPONSES`] of them.
+    /// The first responses' lengths, until there are `FIRST_RESPONSES` of them.
     first: Mutex<Vec<u64>>,
     /// The first responses are in: steps from now on (the lock above is no longer taken).
     stepping: AtomicBool,
@@ -182,7 +182,7 @@ impl OutputEstimate {
         self.estimate.store(next.to_bits(), Ordering::Relaxed);
     }
 
-    /// Keeps `output` among the first responses, and once there are [`FIRST_RESPONSES`] starts
+    /// Keeps `output` among the first responses, and once there are `FIRST_RESPONSES` starts
     /// the estimate from their quantile; `false` when they are in already (it steps).
     fn observe_first(&self, output: u64) -> bool {
         // Only lengths are kept: a poisoned lock holds a consistent list.
