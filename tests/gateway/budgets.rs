@@ -310,6 +310,27 @@ async fn a_regenerated_key_keeps_its_counts_and_a_remade_key_or_team_starts_afre
     assert_eq!(gw.served(&member, "a", 3).await, 2);
 }
 
+/// An embedding's usage reports its prompt alone (`prompt_tokens`, `total_tokens`): it is
+/// charged at the input price, not as output.
+#[tokio::test]
+async fn an_embedding_costs_its_prompt_at_the_input_price() {
+    let (_up, base) = Upstream::start().await;
+    let gw = Gw::start(&config(&base, ""), None).await;
+    let key = gw.new_key(json!({"max_budget": 1.0})).await;
+    let r = gw
+        .post(
+            "/v1/embeddings",
+            Some(&key),
+            json!({"model": "a", "input": "hello"}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["usage"]["prompt_tokens"], 10, "{}", r.text());
+    let spend = key_info(&gw, &key).await["spend"].as_f64().unwrap();
+    // 10 prompt tokens at $1 per million.
+    assert!(close(spend, 0.00001), "{spend}");
+}
+
 /// An update whose result could not hold is a 400 naming the field, and changes nothing: a
 /// `soft_budget` left without its `max_budget`, on a key and on a team.
 #[tokio::test]

@@ -189,11 +189,18 @@ impl Usage {
         self.total_tokens.get().max(parts)
     }
 
-    /// The output tokens reported (`completion_tokens`, else `output_tokens`), if any.
+    /// The output tokens reported (`completion_tokens`, else `output_tokens`), if any; else,
+    /// when `prompt_tokens` is reported, what the total has beyond it: an embedding's usage
+    /// (`prompt_tokens` and `total_tokens` alone) says it produced no output, and must not be
+    /// priced as output.
     pub(crate) fn output(&self) -> Option<u64> {
         self.completion_tokens
             .value()
             .or(self.output_tokens.value())
+            .or_else(|| {
+                let prompt = self.prompt_tokens.value()?;
+                Some(self.total().saturating_sub(prompt))
+            })
     }
 
     /// The prompt tokens read from a prompt cache: Anthropic's `cache_read_input_tokens`, else
@@ -1257,6 +1264,27 @@ mod total_tests {
         assert_eq!(total(r#"{"prompt_tokens":10,"total_tokens":12}"#), 12);
         assert_eq!(total(r#"{"total_tokens":30}"#), 30);
         assert_eq!(total(r#"{"prompt_tokens":8}"#), 8);
+    }
+
+    /// What was output: reported, else what the total has beyond the prompt (an embedding's
+    /// usage: none), else unknown (Anthropic's `message_start` reports its input alone).
+    #[test]
+    fn the_output_is_reported_or_what_the_total_has_beyond_the_prompt() {
+        let output = |object: &str| Usage::read_object(object.as_bytes()).unwrap().output();
+        assert_eq!(output(r#"{"prompt_tokens":10,"total_tokens":10}"#), Some(0));
+        assert_eq!(output(r#"{"prompt_tokens":10,"total_tokens":0}"#), Some(0));
+        assert_eq!(output(r#"{"prompt_tokens":10}"#), Some(0));
+        assert_eq!(
+            output(r#"{"prompt_tokens":10,"completion_tokens":20,"total_tokens":30}"#),
+            Some(20)
+        );
+        assert_eq!(
+            output(r#"{"prompt_tokens":10,"total_tokens":30}"#),
+            Some(20)
+        );
+        assert_eq!(output(r#"{"input_tokens":10,"output_tokens":3}"#), Some(3));
+        assert_eq!(output(r#"{"input_tokens":10}"#), None);
+        assert_eq!(output(r#"{"total_tokens":30}"#), None);
     }
 }
 
