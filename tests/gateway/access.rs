@@ -218,3 +218,87 @@ router_settings:
         "every caller's request reached its own group first"
     );
 }
+
+/// A key at its last parallel slot, or its last request, is still served by a fallback: its own
+/// group's admission is settled (its deployment was called) or taken back (none was) before the
+/// fallback counts the request, so the key's first try does not refuse its second. `cheap`'s
+/// upstream serves one request in ten minutes, then answers 429 (called every time: a lone
+/// deployment); `parked`'s says it has no requests left once it served one, which parks it
+/// (not called again).
+#[tokio::test]
+async fn a_key_at_its_last_slot_or_request_is_served_by_a_fallback() {
+    let once = |rate_limit_headers| {
+        MockUpstream::start(MockUpstreamConfig {
+            rpm: Some(1),
+            window: std::time::Duration::from_secs(600),
+            rate_limit_headers,
+            ..Default::default()
+        })
+        .expect("mock upstream")
+    };
+    let (called, parked) = (once(false), once(true));
+    let yaml = with_master(&format!(
+        r#"
+model_list:
+  - model_name: cheap
+    litellm_params: {{model: openai/cheap, api_base: "{called}"}}
+  - model_name: parked
+    litellm_params: {{model: openai/parked, api_base: "{parked}"}}
+  - model_name: dear
+    litellm_params: {{model: openai/dear, mock_response: "hello", rpm: 1000}}
+litellm_settings:
+  callbacks: ["dynamic_rate_limiter_v3"]
+router_settings:
+  num_retries: 0
+  fallbacks: [{{"cheap": ["dear"]}}, {{"parked": ["dear"]}}]
+"#,
+        called = called.url(),
+        parked = parked.url(),
+    ));
+    let gw = Gw::start(&yaml, None).await;
+    let answers = |key: String, model: &'static str| {
+        let gw = &gw;
+        async move {
+            let mut answers = Vec::new();
+            for _ in 0..3 {
+                let r = call(gw, &key, Endpoint::ChatCompletions, model, false).await;
+                answers.push(match r.status.as_u16() {
+                    200 => group(&r).to_owned(),
+                    status => format!("{status} {}", refused_by(&r)),
+                });
+            }
+            answers
+        }
+    };
+    // One parallel slot: `cheap` serves the first; the next two are called there, refused (429)
+    // and served by `dear`, the own group's attempt settled first.
+    let one_slot = gw.new_key(json!({"max_parallel_requests": 1})).await;
+    assert_eq!(answers(one_slot, "cheap").await, ["cheap", "dear", "dear"]);
+    let stats = called.stats();
+    assert_eq!((stats.ok, stats.rate_limited), (1, 2));
+    // Two requests a minute, on a key and on a team: `parked` is parked after serving the
+    // master key once, so each request's admission there is taken back and it counts once.
+    assert_eq!(gw.chat(MASTER, "parked", false).await.status, 200);
+    let team = gw.new_team(json!({"rpm_limit": 2})).await;
+    for (key, limit) in [
+        (gw.new_key(json!({"rpm_limit": 2})).await, "key_requests"),
+        (gw.new_key(json!({"team_id": team})).await, "team_requests"),
+    ] {
+        let expected = ["dear".to_owned(), "dear".into(), format!("429 {limit}")];
+        assert_eq!(answers(key, "parked").await, expected);
+    }
+    let stats = parked.stats();
+    assert_eq!(
+        (stats.ok, stats.rate_limited),
+        (1, 0),
+        "not called once parked"
+    );
+}
+
+fn refused_by(r: &Reply) -> String {
+    r.headers
+        .get("x-priority-limit-refused-by")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_owned()
+}

@@ -155,6 +155,18 @@ pub async fn serve(
                     step = attempts.group_full();
                     continue;
                 }
+                // The request's own group is done with once a fallback is entered: its
+                // admission is taken back if none of its deployments was called, else settled
+                // now (its failed answer is charged nothing), so the key's and team's parallel
+                // slot and reservation are free before the fallback counts the request (a key
+                // at its last slot or request would else be refused by its own first try).
+                if fallback {
+                    if let Some((lease, _)) = first_lease.take() {
+                        if !first_called {
+                            lease.cancel();
+                        }
+                    }
+                }
                 if let (true, Some(limiter), Some(pool)) = (fallback, limiter, pool) {
                     match admit(limiter, name, pool, chat, false, prices_of(router, name)).await {
                         Ok(Admission::Admitted(lease, admitted, _)) => {
