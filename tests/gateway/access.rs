@@ -163,25 +163,22 @@ async fn a_keys_models_hold_through_fallbacks_after_an_upstream_failure() {
         ..Default::default()
     })
     .expect("mock upstream");
-    let yaml = with_master(&format!(
-        r#"
-model_list:
-  - model_name: cheap
-    litellm_params: {{model: openai/cheap, api_base: "{base}"}}
-  - model_name: cheap-claude
-    litellm_params: {{model: anthropic/cheap, api_base: "{root}"}}
-  - model_name: dear
-    litellm_params: {{model: openai/dear, mock_response: "hello", rpm: 1000}}
-litellm_settings:
-  callbacks: ["dynamic_rate_limiter_v3"]
-router_settings:
-  num_retries: 0
-  allowed_fails: 1000
-  fallbacks: [{{"cheap": ["dear"]}}, {{"cheap-claude": ["dear"]}}]
-"#,
-        base = failing.url(),
-        root = failing.url().trim_end_matches("/v1"),
-    ));
+    let yaml = falling_back_to_dear(
+        &[
+            (
+                "cheap",
+                format!("model: openai/cheap, api_base: \"{}\"", failing.url()),
+            ),
+            (
+                "cheap-claude",
+                format!(
+                    "model: anthropic/cheap, api_base: \"{}\"",
+                    failing.url().trim_end_matches("/v1")
+                ),
+            ),
+        ],
+        "  allowed_fails: 1000\n",
+    );
     let gw = Gw::start(&yaml, None).await;
     let team = gw
         .new_team(json!({"models": ["cheap", "cheap-claude"]}))
@@ -237,24 +234,19 @@ async fn a_key_at_its_last_slot_or_request_is_served_by_a_fallback() {
         .expect("mock upstream")
     };
     let (called, parked) = (once(false), once(true));
-    let yaml = with_master(&format!(
-        r#"
-model_list:
-  - model_name: cheap
-    litellm_params: {{model: openai/cheap, api_base: "{called}"}}
-  - model_name: parked
-    litellm_params: {{model: openai/parked, api_base: "{parked}"}}
-  - model_name: dear
-    litellm_params: {{model: openai/dear, mock_response: "hello", rpm: 1000}}
-litellm_settings:
-  callbacks: ["dynamic_rate_limiter_v3"]
-router_settings:
-  num_retries: 0
-  fallbacks: [{{"cheap": ["dear"]}}, {{"parked": ["dear"]}}]
-"#,
-        called = called.url(),
-        parked = parked.url(),
-    ));
+    let yaml = falling_back_to_dear(
+        &[
+            (
+                "cheap",
+                format!("model: openai/cheap, api_base: \"{}\"", called.url()),
+            ),
+            (
+                "parked",
+                format!("model: openai/parked, api_base: \"{}\"", parked.url()),
+            ),
+        ],
+        "",
+    );
     let gw = Gw::start(&yaml, None).await;
     let answers = |key: String, model: &'static str| {
         let gw = &gw;
@@ -293,6 +285,30 @@ router_settings:
         (1, 0),
         "not called once parked"
     );
+}
+
+/// Groups `own` (name, `litellm_params`), each falling back to `dear` (`mock_response`), with
+/// no retries and the `router_settings` lines `extra`.
+fn falling_back_to_dear(own: &[(&str, String)], extra: &str) -> String {
+    let mut models = String::new();
+    let mut fallbacks = Vec::new();
+    for (name, params) in own {
+        models += &format!("  - model_name: {name}\n    litellm_params: {{{params}}}\n");
+        fallbacks.push(format!("{{\"{name}\": [\"dear\"]}}"));
+    }
+    with_master(&format!(
+        r#"
+model_list:
+{models}  - model_name: dear
+    litellm_params: {{model: openai/dear, mock_response: "hello", rpm: 1000}}
+litellm_settings:
+  callbacks: ["dynamic_rate_limiter_v3"]
+router_settings:
+  num_retries: 0
+{extra}  fallbacks: [{}]
+"#,
+        fallbacks.join(", ")
+    ))
 }
 
 fn refused_by(r: &Reply) -> String {
