@@ -120,9 +120,11 @@ async fn a_team_budget_is_shared_and_a_model_budget_counts_its_model() {
     assert_eq!(gw.served(&k2, "b", 5).await, 1, "the team's third");
     let r = gw.chat(&k1, "a", false).await;
     assert_eq!((r.status.as_u16(), refused_by(&r)), (400, "team_budget"));
+    // LiteLLM's words, the team named.
     assert!(
-        r.error_message()
-            .starts_with("Budget has been exceeded! Team Current cost: 0.00015"),
+        r.error_message().starts_with(&format!(
+            "Budget has been exceeded! Team={team} Current cost: 0.00015"
+        )),
         "{}",
         r.error_message()
     );

@@ -289,6 +289,7 @@ pub(crate) fn after_admit<St: Store>(
                 config.model(model),
                 config.pool_label(pool),
                 &refused,
+                None,
             ))
         }
         Err(error) => match store_failure_response(store_failure, &error) {

@@ -483,10 +483,24 @@ impl<St: Store> Limiter<St> {
         pool: PoolRef,
         refused: &Refused,
     ) -> Response<Bytes> {
+        self.refusal_response_of_team(model, pool, refused, None)
+    }
+
+    /// [`refusal_response`](Self::refusal_response) for a request of team `team` (its id, as
+    /// its operator knows it): a team budget's refusal names it, as LiteLLM's does
+    /// (`Budget has been exceeded! Team=<team_id> Current cost: …`).
+    pub fn refusal_response_of_team(
+        &self,
+        model: ModelId,
+        pool: PoolRef,
+        refused: &Refused,
+        team: Option<&str>,
+    ) -> Response<Bytes> {
         refusal_response(
             self.config().model(model),
             self.config().pool_label(pool),
             refused,
+            team,
         )
     }
 

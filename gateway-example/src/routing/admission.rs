@@ -68,9 +68,11 @@ pub(super) async fn admit(
             admitted,
             waited_ms,
         } => Admission::Admitted(lease, admitted, waited_ms),
-        AdmissionOutcome::Refused(refused) => {
-            Admission::Refused(limiter.refusal_response(id, pool, &refused).map(Body::from))
-        }
+        AdmissionOutcome::Refused(refused) => Admission::Refused(
+            limiter
+                .refusal_response_of_team(id, pool, &refused, chat.access.team_id())
+                .map(Body::from),
+        ),
     })
 }
 

@@ -32,21 +32,30 @@ fn limit_or_missing(out: &mut String, limit: Option<u64>) {
     }
 }
 
-/// The 429 message for a refusal on `model` under `label` (`None` = default pool).
-pub(crate) fn refusal_message(model: &ModelLimits, label: Option<&str>, r: &Refused) -> String {
+/// The 429 message for a refusal on `model` under `label` (`None` = default pool); `team`
+/// names the request's team where its caller knows it (a team budget's message names it).
+pub(crate) fn refusal_message(
+    model: &ModelLimits,
+    label: Option<&str>,
+    r: &Refused,
+    team: Option<&str>,
+) -> String {
     let mut m = String::with_capacity(200);
     let label = label.unwrap_or("None");
     match r.scope {
-        // LiteLLM's wording for a spent budget.
+        // LiteLLM's wording for a spent budget: `Team=<team_id>` for a team's.
         Scope::Caller(kind, limit) if limit.is_budget() => {
-            let who = match kind {
-                crate::caller::CallerKind::Key => "",
-                crate::caller::CallerKind::Team => " Team",
-            };
+            m.push_str("Budget has been exceeded!");
+            if kind == crate::caller::CallerKind::Team {
+                m.push_str(" Team");
+                if let Some(team) = team {
+                    let _ = write!(m, "={team}");
+                }
+            }
             let dollars = |n: u64| crate::caller::NanoUsd::from_nanos(n).dollars();
             let _ = write!(
                 m,
-                "Budget has been exceeded!{who} Current cost: {}, Max budget: {}",
+                " Current cost: {}, Max budget: {}",
                 dollars(r.used),
                 dollars(r.limit)
             );
@@ -116,8 +125,9 @@ pub(crate) fn refusal_response(
     model: &ModelLimits,
     label: Option<&str>,
     r: &Refused,
+    team: Option<&str>,
 ) -> Response<Bytes> {
-    let message = refusal_message(model, label, r);
+    let message = refusal_message(model, label, r, team);
     // A spent budget is LiteLLM's `budget_exceeded` 400, not a rate limit.
     let (status, kind) = match r.scope {
         Scope::Caller(_, limit) if limit.is_budget() => {
@@ -199,7 +209,7 @@ mod tests {
             retry_after_ms: 59_001,
             pool: None,
         };
-        let resp = refusal_response(&c.models()[0], None, &r);
+        let resp = refusal_response(&c.models()[0], None, &r, None);
         assert_eq!(resp.status(), 429);
         assert_eq!(
             std::str::from_utf8(resp.body()).unwrap(),
@@ -235,9 +245,9 @@ mod tests {
             retry_after_ms: 200,
             pool: None,
         };
-        let resp = refusal_response(&c.models()[0], Some("dev"), &r);
+        let resp = refusal_response(&c.models()[0], Some("dev"), &r, None);
         assert_eq!(
-            refusal_message(&c.models()[0], Some("dev"), &r),
+            refusal_message(&c.models()[0], Some("dev"), &r, None),
             "Priority-based rate limit exceeded. Model: gpt-5.6-luna, Priority: dev, Rate limit type: tokens, Model TPM: 1000, Model RPM: not configured, Remaining: 0, Model saturation: 52.8%"
         );
         assert_eq!(resp.headers()["x-litellm-saturation"], "52.80%");
