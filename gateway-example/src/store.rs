@@ -9,7 +9,7 @@ use std::sync::Arc;
 use futures_util::future::Either;
 use tower_priority_limit::clock::Clock;
 use tower_priority_limit::config::{LimiterConfig, ModelId, PoolRef};
-use tower_priority_limit::decision::{Decision, Usage};
+use tower_priority_limit::decision::{Decision, Refused, Usage};
 use tower_priority_limit::order::FlowId;
 use tower_priority_limit::store::{
     AdmitRequest, MemoryStore, RedisStore, SettledHook, Settler, Store, StoreError,
@@ -51,6 +51,13 @@ impl Store for GatewayStore {
         match self {
             GatewayStore::Embedded(s) => s.admit_now(request),
             GatewayStore::Redis(_) => None,
+        }
+    }
+
+    fn callers_refusal_now(&self, request: &AdmitRequest) -> Option<Refused> {
+        match self {
+            GatewayStore::Embedded(s) => s.callers_refusal_now(request),
+            GatewayStore::Redis(s) => s.callers_refusal_now(request),
         }
     }
 

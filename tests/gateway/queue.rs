@@ -437,3 +437,41 @@ async fn the_router_honours_max_wait_and_says_how_long_a_request_waited() {
         .unwrap();
     assert!((59_000..=60_000).contains(&queued), "queued {queued} ms");
 }
+
+/// A request over its own key's limit is answered at once with its 429, also when others already
+/// wait for the model (it never holds a place in the queue): waiting for the model's capacity
+/// cannot change its key's limit. The model (one request a minute) is full and one request
+/// waits; a key that used its one request of the minute gets `key_requests` without waiting.
+#[tokio::test]
+async fn a_request_over_its_keys_limit_is_refused_at_once_while_others_wait() {
+    let gw = Gw::start(&config(), None).await;
+    let waiting = gw.new_key(json!({})).await;
+    let limited = gw.new_key(json!({"rpm_limit": 1})).await;
+    assert_eq!(
+        gw.chat(&limited, M, false).await.status,
+        200,
+        "the model's one"
+    );
+    let (served, ()) = tokio::join!(gw.chat(&waiting, M, false), async {
+        until_waiting(&gw, 1).await;
+        // On the manual clock a queued request would wait for ever: a real-time bound.
+        let r = tokio::time::timeout(Duration::from_secs(5), gw.chat(&limited, M, false))
+            .await
+            .expect("answered at once, not queued behind the waiter");
+        assert_eq!(r.status, 429, "{}", r.text());
+        assert_eq!(r.headers["x-priority-limit-refused-by"], "key_requests");
+        assert!(
+            r.headers.get("x-priority-limit-queued-ms").is_none(),
+            "never queued"
+        );
+        assert_eq!(
+            gw.gateway
+                .limiter()
+                .queue_len(gw.gateway.limiter().config().model_id(M).unwrap()),
+            1,
+            "no place taken"
+        );
+        gw.clock.advance(Duration::from_secs(60));
+    });
+    assert_eq!(served.status, 200, "{}", served.text());
+}

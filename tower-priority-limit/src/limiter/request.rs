@@ -181,10 +181,35 @@ impl<St: Store> Limiter<St> {
                 deciding,
             })
         };
-        // Behind those already waiting, without a try (unless it may not wait at all).
+        // Behind those already waiting, without a try (unless it may not wait at all), but
+        // never when its own key's or team's limit refuses it: waiting for the model's
+        // capacity cannot change that, so it is answered at once, as a try would be.
         if queue_on && self.queue_ahead(request.model) {
             let wait_ms = max_wait_ms(&mut request)?;
             if wait_ms > 0 {
+                let own = request.callers.is_some().then(|| {
+                    let attempt = AdmitRequest {
+                        model: request.model,
+                        pool: request.pool,
+                        reserve: estimate,
+                        callers: request.callers.take(),
+                        flow: None,
+                    };
+                    let refused = self.store.callers_refusal_now(&attempt);
+                    request.callers = attempt.callers;
+                    refused
+                });
+                if let Some(refused) = own.flatten() {
+                    let decision = Ok(Decision::Refuse(refused));
+                    return Ok(
+                        match self.after_try(request, wait_ms, decision, None, None) {
+                            AfterTry::Answer(outcome) => Started::Answered(outcome),
+                            AfterTry::Wait(request, refused) => {
+                                pending(request, wait_ms, Next::Wait(Some(refused)), None)
+                            }
+                        },
+                    );
+                }
                 return Ok(pending(request, wait_ms, Next::Wait(None), None));
             }
         }

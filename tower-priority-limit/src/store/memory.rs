@@ -24,7 +24,7 @@ use crate::config::{
 };
 use crate::decision::{
     admit_callers, check_callers, decide, decide_with_callers, saturation, settle, CallerCounters,
-    Decision, FixedWindow, Millis, SlidingWindow, Usage, Window,
+    Decision, FixedWindow, Millis, Refused, SlidingWindow, Usage, Window,
 };
 
 /// In-process counters for every model of one config.
@@ -798,6 +798,47 @@ impl MemoryStore {
     fn lock(&self, index: usize) -> Option<MutexGuard<'_, Counters>> {
         self.models.get(index).map(|slot| slot.lock())
     }
+
+    /// [`Store::callers_refusal_now`]: `request`'s callers checked as its admission would check
+    /// them, in the same lock order (model, key, team), nothing counted.
+    fn check_callers_only(&self, request: &AdmitRequest) -> Option<Refused> {
+        let callers = request.callers.as_deref()?;
+        let index = request.model.index();
+        let limits = self.config.models().get(index)?;
+        let mut guard = self.lock(index)?;
+        let now = self.clock.now_ms();
+        let window = self.config.settings().window_ms;
+        let slot = |place| {
+            callers
+                .get(place)
+                .map(|c| self.callers.slot_of(c, now, window))
+        };
+        let (key, team) = (slot(0), slot(1));
+        let mut guards = [
+            key.as_deref().map(CallerSlot::lock),
+            team.as_deref().map(CallerSlot::lock),
+        ];
+        fn check<W: SlotWindow + CallerWindow>(
+            c: &mut ModelCounters<W>,
+            (limits, request, now, window): (&ModelLimits, &AdmitRequest, Millis, Millis),
+            who: &Callers,
+            [key, team]: &mut [Option<MutexGuard<'_, AnyCallerCounters>>; 2],
+        ) -> Option<Refused> {
+            let seen = [
+                key.as_deref_mut().map(W::counters).map(|c| &*c),
+                team.as_deref_mut().map(W::counters).map(|c| &*c),
+            ];
+            let saturation = || saturation(limits, c.model.usage(now, window));
+            let reserved = who.reservation(request.reserve);
+            // Only a refusal that enforces: one in shadow is served, as its admission would be.
+            check_callers(who, seen, request.model, reserved, saturation, now, window).err()
+        }
+        let args = (limits, request, now, window);
+        match &mut *guard {
+            Counters::Fixed(c) => check(c, args, callers, &mut guards),
+            Counters::Sliding(c) => check(c, args, callers, &mut guards),
+        }
+    }
 }
 
 /// Whether counters kept for `a` mean the same under `b`: the same models and priorities in the
@@ -833,6 +874,10 @@ impl Store for MemoryStore {
 
     fn admit_now(&self, request: &AdmitRequest) -> Option<Result<Decision, StoreError>> {
         Some(self.decide(request))
+    }
+
+    fn callers_refusal_now(&self, request: &AdmitRequest) -> Option<Refused> {
+        self.check_callers_only(request)
     }
 
     fn settler(&self, model: ModelId) -> Option<Arc<dyn Settler>> {

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use crate::caller::Callers;
 use crate::clock::{Clock, CoarseClock};
 use crate::config::{LimiterConfig, ModelId, PoolRef};
-use crate::decision::{Decision, Millis, Usage};
+use crate::decision::{Decision, Millis, Refused, Usage};
 
 pub mod memory;
 #[cfg(feature = "redis")]
@@ -144,6 +144,16 @@ pub trait Store: Send + Sync + 'static {
     /// It borrows the request, so a caller that keeps it (its callers, for the lease) moves
     /// nothing and counts no reference.
     fn admit_now(&self, request: &AdmitRequest) -> Option<Result<Decision, StoreError>> {
+        let _ = request;
+        None
+    }
+
+    /// The refusal of `request`'s own key or team limits (one that enforces), read without
+    /// counting anything, when the store can tell without waiting (the embedded store): a request
+    /// that would queue behind others is answered at once instead when its caller's own limit
+    /// refuses it, since waiting for the model's capacity cannot change that. `None` (the
+    /// default): it cannot tell now, and the request waits its turn to be tried.
+    fn callers_refusal_now(&self, request: &AdmitRequest) -> Option<Refused> {
         let _ = request;
         None
     }
