@@ -187,19 +187,13 @@ impl<St: Store> Limiter<St> {
         if queue_on && self.queue_ahead(request.model) {
             let wait_ms = max_wait_ms(&mut request)?;
             if wait_ms > 0 {
-                let own = request.callers.is_some().then(|| {
-                    let attempt = AdmitRequest {
-                        model: request.model,
-                        pool: request.pool,
-                        reserve: estimate,
-                        callers: request.callers.take(),
-                        flow: None,
-                    };
-                    let refused = self.store.callers_refusal_now(&attempt);
-                    request.callers = attempt.callers;
-                    refused
-                });
-                if let Some(refused) = own.flatten() {
+                let own = match request.callers {
+                    Some(_) => as_tried(&mut request, estimate, |attempt| {
+                        self.store.callers_refusal_now(attempt)
+                    }),
+                    None => None,
+                };
+                if let Some(refused) = own {
                     let decision = Ok(Decision::Refuse(refused));
                     return Ok(
                         match self.after_try(request, wait_ms, decision, None, None) {
@@ -214,16 +208,9 @@ impl<St: Store> Limiter<St> {
             }
         }
         let deciding = self.deciding(request.model, estimate);
-        // The callers move into the try and back, not cloned: no reference counted twice.
-        let attempt = AdmitRequest {
-            model: request.model,
-            pool: request.pool,
-            reserve: estimate,
-            callers: request.callers.take(),
-            flow: None,
-        };
-        let answered = self.store.admit_now(&attempt);
-        request.callers = attempt.callers;
+        let answered = as_tried(&mut request, estimate, |attempt| {
+            self.store.admit_now(attempt)
+        });
         Ok(match answered {
             Some(decision) => {
                 // Only a refusal asks how long it may wait.
@@ -364,4 +351,24 @@ impl<St: Store> Limiter<St> {
             Decision::Refuse(refused) => AdmissionOutcome::Refused(refused),
         })
     }
+}
+
+/// Runs `f` on `request` as the store tries it, reserving `estimate`: its callers move into the
+/// try and back, not cloned (no reference counted twice).
+#[inline(always)]
+fn as_tried<R>(
+    request: &mut RequestAdmission,
+    estimate: u64,
+    f: impl FnOnce(&AdmitRequest) -> R,
+) -> R {
+    let attempt = AdmitRequest {
+        model: request.model,
+        pool: request.pool,
+        reserve: estimate,
+        callers: request.callers.take(),
+        flow: None,
+    };
+    let out = f(&attempt);
+    request.callers = attempt.callers;
+    out
 }

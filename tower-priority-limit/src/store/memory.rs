@@ -255,6 +255,33 @@ impl CallerTable {
     }
 }
 
+/// A request's callers' slots (key, team).
+type CallerSlots<'a> = [Option<SlotRef<'a>>; 2];
+
+/// Their counters, locked (in place order, after the model's).
+type CallerGuards<'a> = [Option<MutexGuard<'a, AnyCallerCounters>>; 2];
+
+#[inline(always)]
+fn lock_slots<'a>(slots: &'a CallerSlots<'_>) -> CallerGuards<'a> {
+    let [key, team] = slots;
+    [
+        key.as_deref().map(CallerSlot::lock),
+        team.as_deref().map(CallerSlot::lock),
+    ]
+}
+
+/// The locked callers' counters in the model's kind of window.
+#[inline(always)]
+fn counters_of<'g, W: CallerWindow>(
+    guards: &'g mut CallerGuards<'_>,
+) -> [Option<&'g mut CallerCounters<W>>; 2] {
+    let [key, team] = guards;
+    [
+        key.as_deref_mut().map(W::counters),
+        team.as_deref_mut().map(W::counters),
+    ]
+}
+
 /// A caller's slot as one admission or settlement holds it: kept by its identity, or looked up.
 enum SlotRef<'a> {
     Kept(&'a CallerSlot),
@@ -763,30 +790,16 @@ impl MemoryStore {
         };
         // Model, key, then team: the one order every admission locks in (settlement holds one
         // lock at a time), so no two admissions wait for each other.
-        let window = settings.window_ms;
-        let slot = |place| {
-            callers
-                .get(place)
-                .map(|c| self.callers.slot_of(c, now, window))
-        };
-        let (key, team) = (slot(0), slot(1));
-        let mut guards = [
-            key.as_deref().map(CallerSlot::lock),
-            team.as_deref().map(CallerSlot::lock),
-        ];
-        // The callers' counters in the model's kind of window.
+        let slots = self.caller_slots(callers, now, settings.window_ms);
+        let mut guards = lock_slots(&slots);
         #[inline(always)]
         fn admit<W: SlotWindow + CallerWindow>(
             c: &mut ModelCounters<W>,
             args: (&ModelLimits, &Settings, &AdmitRequest, Millis),
             who: &Callers,
-            [key, team]: &mut [Option<MutexGuard<'_, AnyCallerCounters>>; 2],
+            guards: &mut CallerGuards<'_>,
         ) -> Decision {
-            let callers = [
-                key.as_deref_mut().map(W::counters),
-                team.as_deref_mut().map(W::counters),
-            ];
-            c.admit(args, who, callers)
+            c.admit(args, who, counters_of(guards))
         }
         let args = (limits, settings, request, now);
         Ok(match &mut *guard {
@@ -799,6 +812,22 @@ impl MemoryStore {
         self.models.get(index).map(|slot| slot.lock())
     }
 
+    /// The slots of `callers` (key, team), as their admission finds them.
+    #[inline(always)]
+    fn caller_slots<'a>(
+        &self,
+        callers: &'a Callers,
+        now: Millis,
+        window: Millis,
+    ) -> CallerSlots<'a> {
+        let slot = |place| {
+            callers
+                .get(place)
+                .map(|c| self.callers.slot_of(c, now, window))
+        };
+        [slot(0), slot(1)]
+    }
+
     /// [`Store::callers_refusal_now`]: `request`'s callers checked as its admission would check
     /// them, in the same lock order (model, key, team), nothing counted.
     fn check_callers_only(&self, request: &AdmitRequest) -> Option<Refused> {
@@ -808,26 +837,15 @@ impl MemoryStore {
         let mut guard = self.lock(index)?;
         let now = self.clock.now_ms();
         let window = self.config.settings().window_ms;
-        let slot = |place| {
-            callers
-                .get(place)
-                .map(|c| self.callers.slot_of(c, now, window))
-        };
-        let (key, team) = (slot(0), slot(1));
-        let mut guards = [
-            key.as_deref().map(CallerSlot::lock),
-            team.as_deref().map(CallerSlot::lock),
-        ];
+        let slots = self.caller_slots(callers, now, window);
+        let mut guards = lock_slots(&slots);
         fn check<W: SlotWindow + CallerWindow>(
             c: &mut ModelCounters<W>,
             (limits, request, now, window): (&ModelLimits, &AdmitRequest, Millis, Millis),
             who: &Callers,
-            [key, team]: &mut [Option<MutexGuard<'_, AnyCallerCounters>>; 2],
+            guards: &mut CallerGuards<'_>,
         ) -> Option<Refused> {
-            let seen = [
-                key.as_deref_mut().map(W::counters).map(|c| &*c),
-                team.as_deref_mut().map(W::counters).map(|c| &*c),
-            ];
+            let seen = counters_of::<W>(guards).map(|c| c.map(|c| &*c));
             let saturation = || saturation(limits, c.model.usage(now, window));
             let reserved = who.reservation(request.reserve);
             // Only a refusal that enforces: one in shadow is served, as its admission would be.
