@@ -379,12 +379,36 @@ fn only_honoured(
         },
         unknown.join(", "),
         honoured.join(", "),
-        if endpoint.ends_with("/new") || endpoint.ends_with("/generate") {
-            "created"
-        } else {
-            "changed"
-        },
+        Write::of(endpoint).nothing_was(),
     )))
+}
+
+/// What a key or team call does: what its refusals say was not done.
+#[derive(Debug, Clone, Copy)]
+enum Write {
+    /// `/key/generate`, `/team/new`.
+    Create,
+    /// Every other call.
+    Change,
+}
+
+impl Write {
+    /// The call to `endpoint`.
+    fn of(endpoint: &str) -> Self {
+        if endpoint.ends_with("/new") || endpoint.ends_with("/generate") {
+            Write::Create
+        } else {
+            Write::Change
+        }
+    }
+
+    /// What a refusal of it did not do.
+    fn nothing_was(self) -> &'static str {
+        match self {
+            Write::Create => "created",
+            Write::Change => "changed",
+        }
+    }
 }
 
 /// A caller's own `key`: `sk-` and at least 16 more visible ASCII characters, not the master key.
@@ -443,7 +467,7 @@ fn opt_bool(body: &Map<String, Value>, field: &'static str) -> Result<Option<boo
 fn metadata(
     body: &Map<String, Value>,
     priorities: &[std::sync::Arc<str>],
-    creating: bool,
+    write: Write,
 ) -> Result<Map<String, Value>, ApiError> {
     match body.get("metadata") {
         None | Some(Value::Null) => Ok(Map::new()),
@@ -454,7 +478,7 @@ fn metadata(
                     "'metadata.{member}' is where LiteLLM keeps '{member}'; give it as a field of \
                      its own ({{\"{member}\": {{\"<model>\": n}}}}), which is enforced; \
                      nothing was {}.",
-                    if creating { "created" } else { "changed" }
+                    write.nothing_was()
                 ))
                 .param("metadata"));
             }
@@ -473,7 +497,7 @@ fn metadata(
                         .map(|s| format!("'metadata.{s}'"))
                         .collect::<Vec<_>>()
                         .join(", "),
-                    if creating { "created" } else { "changed" }
+                    write.nothing_was()
                 ))
                 .param("metadata"));
             }
@@ -731,7 +755,7 @@ pub async fn generate(
         .create_key(NewKey {
             key: chosen,
             key_alias: alias(&body, "key_alias")?,
-            metadata: metadata(&body, &priorities, true)?,
+            metadata: metadata(&body, &priorities, Write::Create)?,
             team_id: opt_string(&body, "team_id")?,
             models,
             expires_at,
@@ -813,7 +837,7 @@ pub async fn new_team(
         .new_team(
             opt_string(&body, "team_id")?,
             alias(&body, "team_alias")?,
-            metadata(&body, &priorities, true)?,
+            metadata(&body, &priorities, Write::Create)?,
             models(&body)?,
             limits(&gw, &body, &Limits::default())?,
         )
@@ -953,7 +977,7 @@ impl Changes {
                 .transpose()?,
             metadata: body
                 .contains_key("metadata")
-                .then(|| metadata(body, &priorities, false))
+                .then(|| metadata(body, &priorities, Write::Change))
                 .transpose()?,
             models: body
                 .contains_key("models")

@@ -181,6 +181,15 @@ impl<St: Store> Limiter<St> {
                 deciding,
             })
         };
+        // A decision in place: its answer, or its wait when it may wait for room.
+        let started = |request, wait_ms, decision, deciding| match self
+            .after_try(request, wait_ms, decision, None, deciding)
+        {
+            AfterTry::Answer(outcome) => Started::Answered(outcome),
+            AfterTry::Wait(request, refused) => {
+                pending(request, wait_ms, Next::Wait(Some(refused)), None)
+            }
+        };
         // Behind those already waiting, without a try (unless it may not wait at all), but
         // never when its own key's or team's limit refuses it: waiting for the model's
         // capacity cannot change that, so it is answered at once, as a try would be.
@@ -195,14 +204,7 @@ impl<St: Store> Limiter<St> {
                 };
                 if let Some(refused) = own {
                     let decision = Ok(Decision::Refuse(refused));
-                    return Ok(
-                        match self.after_try(request, wait_ms, decision, None, None) {
-                            AfterTry::Answer(outcome) => Started::Answered(outcome),
-                            AfterTry::Wait(request, refused) => {
-                                pending(request, wait_ms, Next::Wait(Some(refused)), None)
-                            }
-                        },
-                    );
+                    return Ok(started(request, wait_ms, decision, None));
                 }
                 return Ok(pending(request, wait_ms, Next::Wait(None), None));
             }
@@ -218,12 +220,7 @@ impl<St: Store> Limiter<St> {
                     Ok(Decision::Refuse(_)) => max_wait_ms(&mut request)?,
                     _ => 0,
                 };
-                match self.after_try(request, wait_ms, decision, None, deciding) {
-                    AfterTry::Answer(outcome) => Started::Answered(outcome),
-                    AfterTry::Wait(request, refused) => {
-                        pending(request, wait_ms, Next::Wait(Some(refused)), None)
-                    }
-                }
+                started(request, wait_ms, decision, deciding)
             }
             None => {
                 let wait_ms = max_wait_ms(&mut request)?;
