@@ -15,10 +15,10 @@ use tower_priority_limit::store::{
 use tower_priority_limit::Limiter;
 
 use crate::chat::ChatRequest;
-use crate::config::{Deployment, GatewayConfig};
+use crate::config::{Deployment, GatewayConfig, LIMITER_CALLBACK};
 use crate::keys::postgres_spend::PgSpend;
 use crate::keys::spend::SpendBook;
-use crate::keys::{hash_key, KeyStore, KeyStoreError};
+use crate::keys::{hash_key, KeyStore, KeyStoreError, Limits};
 use crate::metrics::{GatewayMetrics, ScrapeGauges};
 use crate::record::Recorder;
 use crate::routing::{self, Router};
@@ -451,6 +451,51 @@ impl Gateway {
     /// The router: groups, deployment health and load, per-deployment limits.
     pub fn router(&self) -> &Router {
         &self.router
+    }
+
+    /// The limits and budgets of stored keys and teams that this config cannot apply (a
+    /// per-model limit on a group it does not have, a budget on models without prices), one
+    /// line each, naming the key (by its token, as `/key/list` shows it) or team. The API
+    /// refuses them when set; records made under another config can still hold them, so the
+    /// gateway names them at start rather than leave them quietly doing nothing.
+    pub async fn unapplied_limits(&self) -> Result<Vec<String>, KeyStoreError> {
+        let config = self.config();
+        let groups = config.model_names();
+        let priced = |g: &str| self.router.group(g).is_some_and(|g| !g.prices.is_free());
+        let unapplied = |limits: &Limits| match config.limiter_enabled {
+            true => limits.unapplied(&groups, priced),
+            false if limits.is_empty() => Vec::new(),
+            // As the API says when they are set.
+            false => vec![format!(
+                "its limits and budgets need the limiter on: add {LIMITER_CALLBACK} to \
+                 litellm_settings.callbacks"
+            )],
+        };
+        let mut out = Vec::new();
+        const PAGE: usize = 1_000;
+        let mut offset = 0;
+        loop {
+            let (page, total) = self.keys.list_keys(offset, PAGE).await?;
+            for key in &page {
+                let alias = key
+                    .key_alias
+                    .as_deref()
+                    .map_or_else(String::new, |a| format!(" (alias {a:?})"));
+                for what in unapplied(&key.limits) {
+                    out.push(format!("key {}{alias}: {what}", key.token));
+                }
+            }
+            offset += PAGE;
+            if page.is_empty() || offset >= total {
+                break;
+            }
+        }
+        for team in self.keys.teams().await? {
+            for what in unapplied(&team.limits) {
+                out.push(format!("team {:?}: {what}", team.team_id));
+            }
+        }
+        Ok(out)
     }
 
     /// What serves the model `name`: its group, or a wildcard route with the name's own windows

@@ -184,6 +184,33 @@ async fn run(args: Args) -> Result<(), String> {
         }
     }));
     tracing::info!("listening on http://{local}");
+    // Records made under another config may hold limits this one cannot apply: said, not
+    // left to do nothing (in the background: a large key store is read once).
+    tokio::spawn({
+        let gateway = gateway.clone();
+        async move {
+            match gateway.unapplied_limits().await {
+                Ok(found) => {
+                    // A few lines, not one per key of a large store.
+                    const SHOWN: usize = 20;
+                    for what in found.iter().take(SHOWN) {
+                        tracing::warn!("{what}; it does not apply under this config");
+                    }
+                    if found.len() > SHOWN {
+                        tracing::warn!(
+                            "and {} more limits of keys and teams that do not apply under this \
+                             config (/key/list?return_full_object=true shows the keys' limits)",
+                            found.len() - SHOWN
+                        );
+                    }
+                }
+                Err(e) => tracing::warn!(
+                    error = %e,
+                    "could not read the keys and teams to check their limits against this config"
+                ),
+            }
+        }
+    });
     gateway_example::server::warn_if_file_limit_is_low(limits.max_connections);
     // SIGINT or SIGTERM: stop accepting, let in-flight requests and streams finish for up to
     // the grace period, then end them.

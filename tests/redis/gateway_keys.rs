@@ -740,3 +740,37 @@ async fn key_limits_on_redis_reach_the_openai_sdk_as_its_errors() {
     );
     keys_through_the_openai_sdk(&gw, false).await;
 }
+
+/// Keys and teams on Redis made under one config and read by a gateway on another: the limits
+/// that config cannot apply are named (the team read back from Redis's hash too), the rest not.
+#[tokio::test]
+async fn limits_another_config_cannot_apply_are_named_from_redis() {
+    let Some(redis) = RedisServer::start("limits_another_config_cannot_apply_are_named_from_redis")
+    else {
+        return;
+    };
+    let a = Gw::start(&single(&redis), None).await;
+    let team = a
+        .new_team(json!({"team_id": "t", "model_rpm_limit": {M: 2}}))
+        .await;
+    a.new_key(json!({"key_alias": "stale", "team_id": team, "model_tpm_limit": {M: 90}}))
+        .await;
+    a.new_key(json!({"key_alias": "fine", "rpm_limit": 3}))
+        .await;
+    assert_eq!(
+        a.gateway.unapplied_limits().await.unwrap(),
+        Vec::<String>::new()
+    );
+
+    // Another gateway whose only model has another name.
+    let renamed = single(&redis).replace("model_name: my-fake-model", "model_name: other");
+    let b = Gw::start(&renamed, None).await;
+    let mut named = b.gateway.unapplied_limits().await.unwrap();
+    named.sort();
+    assert_eq!(named.len(), 2, "{named:#?}");
+    assert!(named[0].starts_with("key ") && named[0].contains(r#"(alias "stale"): model_tpm_limit names "my-fake-model", which is not a model_name"#), "{named:#?}");
+    assert_eq!(
+        named[1],
+        r#"team "t": model_rpm_limit names "my-fake-model", which is not a model_name of the config"#
+    );
+}

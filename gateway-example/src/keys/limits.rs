@@ -176,6 +176,39 @@ impl Limits {
         budget_period(self.budget_start.unwrap_or(0), duration, now_ms / 1000)
     }
 
+    /// What of these limits cannot apply under a config whose model groups are `groups` (of
+    /// which `priced` ones have prices): a per-model limit or budget on a group it does not
+    /// have, a budget that cannot fill. The API refuses these when they are set; a record made
+    /// under another config may still hold them, and the gateway names them at start.
+    pub fn unapplied(&self, groups: &[&str], priced: impl Fn(&str) -> bool) -> Vec<String> {
+        let mut out = Vec::new();
+        for (field, models) in [
+            (
+                "model_rpm_limit",
+                self.model_rpm_limit.keys().collect::<Vec<_>>(),
+            ),
+            ("model_tpm_limit", self.model_tpm_limit.keys().collect()),
+            ("model_max_budget", self.model_max_budget.keys().collect()),
+        ] {
+            for model in models {
+                if !groups.contains(&model.as_str()) {
+                    out.push(format!(
+                        "{field} names {model:?}, which is not a model_name of the config"
+                    ));
+                } else if field == "model_max_budget" && !priced(model) {
+                    out.push(format!(
+                        "{field} names {model:?}, whose deployments have no prices: its spend \
+                         stays 0"
+                    ));
+                }
+            }
+        }
+        if self.max_budget.is_some() && !groups.iter().any(|g| priced(g)) {
+            out.push("max_budget: no model of the config has prices, so spend stays 0".into());
+        }
+        out
+    }
+
     /// The model groups the per-model limits name.
     pub fn models(&self) -> impl Iterator<Item = &str> {
         self.model_rpm_limit
@@ -249,6 +282,56 @@ mod tests {
     use tower_priority_limit::caller::CallerKind;
 
     use super::*;
+
+    #[test]
+    fn limits_a_config_cannot_apply_are_named() {
+        let limits = Limits {
+            model_rpm_limit: [("gone".to_owned(), 1), ("a".to_owned(), 2)].into(),
+            model_tpm_limit: [("a".to_owned(), 2)].into(),
+            model_max_budget: [
+                (
+                    "free".to_owned(),
+                    ModelBudget {
+                        budget_limit: 1.0,
+                        time_period: None,
+                    },
+                ),
+                (
+                    "a".to_owned(),
+                    ModelBudget {
+                        budget_limit: 1.0,
+                        time_period: None,
+                    },
+                ),
+            ]
+            .into(),
+            max_budget: Some(5.0),
+            ..Limits::default()
+        };
+        let priced = |g: &str| g == "a";
+        let found = limits.unapplied(&["a", "free"], priced);
+        assert_eq!(found.len(), 2, "{found:?}");
+        assert!(
+            found[0].starts_with("model_rpm_limit names \"gone\", which is not"),
+            "{found:?}"
+        );
+        assert!(
+            found[1].starts_with("model_max_budget names \"free\", whose"),
+            "{found:?}"
+        );
+        // Without any priced group, the budget across models cannot fill either.
+        let found = limits.unapplied(&["a", "free"], |_| false);
+        assert!(
+            found.iter().any(|f| f.starts_with("max_budget:")),
+            "{found:?}"
+        );
+        // Everything in its place: nothing to say.
+        let fine = Limits {
+            model_rpm_limit: [("a".to_owned(), 1)].into(),
+            ..Limits::default()
+        };
+        assert!(fine.unapplied(&["a"], priced).is_empty());
+    }
 
     #[test]
     fn a_caller_whose_limits_never_change_is_made_once_and_shared_by_its_requests() {

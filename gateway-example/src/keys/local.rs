@@ -301,6 +301,15 @@ impl LocalStore {
         Ok(doomed.len())
     }
 
+    /// Every team, by id.
+    pub fn teams(&self) -> Vec<TeamRecord> {
+        self.read()
+            .teams
+            .values()
+            .map(|t| t.record.clone())
+            .collect()
+    }
+
     /// A team by id.
     pub fn team(&self, team_id: &str) -> Option<TeamRecord> {
         self.read().teams.get(team_id).map(|t| t.record.clone())

@@ -939,6 +939,15 @@ impl KeyStore {
         Ok(team)
     }
 
+    /// Every team.
+    pub async fn teams(&self) -> Result<Vec<TeamRecord>, KeyStoreError> {
+        match &self.backend {
+            Backend::Local(l) => Ok(l.teams()),
+            Backend::Redis(r) => r.teams().await,
+            Backend::Postgres(p) => Ok(p.teams()),
+        }
+    }
+
     /// A team by id.
     pub async fn team(&self, team_id: &str) -> Result<Option<TeamRecord>, KeyStoreError> {
         match &self.backend {

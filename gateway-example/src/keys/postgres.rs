@@ -481,6 +481,11 @@ impl PgKeys {
         self.shared.memory.resolve(token)
     }
 
+    /// Every team, from memory.
+    pub fn teams(&self) -> Vec<TeamRecord> {
+        self.shared.memory.teams()
+    }
+
     /// A team by id, from memory.
     pub fn team(&self, team_id: &str) -> Option<TeamRecord> {
         self.shared.memory.team(team_id)

@@ -622,6 +622,20 @@ impl RedisKeys {
         Ok(())
     }
 
+    /// Every team, from Redis (one `HGETALL`: for an operator's audit, not the request path).
+    pub async fn teams(&self) -> Result<Vec<TeamRecord>, KeyStoreError> {
+        let all: Vec<(String, String)> = self
+            .query(::redis::cmd("HGETALL").arg(&self.teams_hash))
+            .await?;
+        all.into_iter()
+            .map(|(team_id, json)| {
+                serde_json::from_str(&json).map_err(|e| {
+                    KeyStoreError::Corrupt(format!("{} field {team_id:?}: {e}", self.teams_hash))
+                })
+            })
+            .collect()
+    }
+
     /// A team by id, from Redis.
     pub async fn team(&self, team_id: &str) -> Result<Option<TeamRecord>, KeyStoreError> {
         let json: Option<String> = self

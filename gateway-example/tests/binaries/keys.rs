@@ -300,3 +300,134 @@ async fn an_older_keys_json_is_imported_and_kept() {
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// Starts the gateway and waits until it listens: the process, its address and the lines it
+/// logs from then on.
+fn start_logged(mut command: Command) -> (Child, String, std::sync::mpsc::Receiver<String>) {
+    let mut child = command
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap()).lines();
+    let addr = out
+        .by_ref()
+        .map_while(Result::ok)
+        .find_map(|line| Some(line.split_once("listening on http://")?.1.trim().to_owned()))
+        .expect("the gateway listens");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in out.map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    (child, addr, rx)
+}
+
+/// A key's per-model limit and a team's model budget made under one config, which a new config
+/// cannot apply (the model is gone, the prices are gone), are named when the gateway starts on
+/// it, not left quietly doing nothing; a limit that still applies is not named.
+#[tokio::test]
+async fn limits_a_new_config_cannot_apply_are_named_at_start() {
+    let dir = setup("unapplied");
+    let model = |name: &str, prices: &str| {
+        format!(
+            "{{model_name: {name}, litellm_params: {{model: openai/{name}, mock_response: hi}}{prices}}}"
+        )
+    };
+    let write = |models: &[String], limiter: bool| {
+        let callbacks = match limiter {
+            true => "litellm_settings: {callbacks: [dynamic_rate_limiter_v3]}\n",
+            false => "",
+        };
+        std::fs::write(
+            dir.join("gw.yaml"),
+            format!(
+                "model_list: [{}]\ngeneral_settings: {{master_key: {MASTER}}}\n{callbacks}",
+                models.join(", ")
+            ),
+        )
+        .unwrap()
+    };
+    // The lines the gateway started on `dir` names.
+    let named_at_start = |expected: usize| {
+        let (mut child, _addr, log) = start_logged(command(&dir, None));
+        let mut named = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while named.len() < expected && Instant::now() < deadline {
+            if let Ok(line) = log.recv_timeout(Duration::from_millis(200)) {
+                if line.contains("does not apply under this config") {
+                    named.push(line);
+                }
+            }
+        }
+        // Anything more would come right after.
+        while let Ok(line) = log.recv_timeout(Duration::from_millis(500)) {
+            if line.contains("does not apply under this config") {
+                named.push(line);
+            }
+        }
+        kill(&mut child, "-TERM");
+        named
+    };
+    let priced = ", model_info: {input_cost_per_token: 0.000001, output_cost_per_token: 0.000002}";
+    write(&[model("m", priced), model("old", "")], true);
+    assert_eq!(
+        named_at_start(0),
+        Vec::<String>::new(),
+        "nothing to name yet"
+    );
+    let (mut child, addr) = start(command(&dir, None)).expect("starts");
+    let client = client();
+    let (status, answer) = call(
+        &client,
+        &addr,
+        "/team/new",
+        Some(r#"{"team_id": "t", "model_max_budget": {"m": 1.0}}"#),
+    )
+    .await
+    .unwrap();
+    assert_eq!(status, 200, "{answer}");
+    generate_key(
+        &client,
+        &addr,
+        r#"{"key_alias": "stale", "model_rpm_limit": {"old": 1}}"#,
+    )
+    .await;
+    generate_key(
+        &client,
+        &addr,
+        r#"{"key_alias": "fine", "model_rpm_limit": {"m": 1}}"#,
+    )
+    .await;
+    kill(&mut child, "-TERM");
+
+    // `old` is gone and `m` lost its prices.
+    write(&[model("m", "")], true);
+    let named = named_at_start(2);
+    assert_eq!(named.len(), 2, "{named:#?}");
+    assert!(
+        named
+            .iter()
+            .any(|l| l.contains(r#"(alias "stale"): model_rpm_limit names "old""#)),
+        "{named:#?}"
+    );
+    assert!(
+        named.iter().any(|l| l
+            .contains(r#"team "t": model_max_budget names "m", whose deployments have no prices"#)),
+        "{named:#?}"
+    );
+    // The limiter off: every record with limits is named, the one that applied too.
+    write(&[model("m", priced), model("old", "")], false);
+    let named = named_at_start(3);
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(named.len(), 3, "{named:#?}");
+    for who in [r#"(alias "stale")"#, r#"(alias "fine")"#, r#"team "t""#] {
+        assert!(
+            named
+                .iter()
+                .any(|l| l.contains(who) && l.contains("need the limiter on")),
+            "{who}: {named:#?}"
+        );
+    }
+}
