@@ -188,6 +188,7 @@ fn router(gw: Arc<Gateway>, track: Option<api::metrics::TrackLayer>) -> Router {
         .route("/key/list", get(api::keys::list))
         .route("/team/new", post(api::keys::new_team))
         .route("/team/info", get(api::keys::team_info))
+        .route("/team/list", get(api::keys::list_teams))
         .route("/team/update", post(api::keys::update_team))
         .route("/team/block", post(api::keys::block_team))
         .route("/team/unblock", post(api::keys::unblock_team))

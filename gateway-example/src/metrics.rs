@@ -50,6 +50,7 @@ pub const ROUTES: &[&str] = &[
     "/key/delete",
     "/team/new",
     "/team/info",
+    "/team/list",
     "/health/liveliness",
     "/health/readiness",
     "/metrics",

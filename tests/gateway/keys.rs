@@ -101,6 +101,7 @@ async fn admin_endpoints_need_the_master_key() {
         ("POST", "/key/generate"),
         ("POST", "/team/new"),
         ("GET", "/team/info?team_id=x"),
+        ("GET", "/team/list"),
     ] {
         let r = gw.send(method, path, Some(&key), "{}").await;
         assert_eq!(r.status, 401, "{path} with a generated key");
@@ -919,6 +920,47 @@ async fn teams_are_deleted_with_their_keys() {
         .get(&format!("/team/info?team_id={doomed}"), Some(MASTER))
         .await;
     assert_eq!(info.status, 404);
+}
+
+/// `/team/list` lists every team as `/team/info` shows it, ordered by id, and follows creation
+/// and deletion; LiteLLM's filters are refused by name, not ignored.
+#[tokio::test]
+async fn teams_are_listed() {
+    let gw = Gw::start(&rpm10(), None).await;
+    async fn list(gw: &Gw) -> serde_json::Value {
+        let r = gw.get("/team/list", Some(MASTER)).await;
+        assert_eq!(r.status, 200, "{}", r.text());
+        r.json()
+    }
+    assert_eq!(list(&gw).await, json!([]));
+    gw.new_team(json!({"team_id": "b", "team_alias": "second", "rpm_limit": 4}))
+        .await;
+    gw.new_team(json!({"team_id": "a", "models": [M]})).await;
+    let teams = list(&gw).await;
+    let ids: Vec<&str> = teams
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["team_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["a", "b"]);
+    let info = gw.get("/team/info?team_id=b", Some(MASTER)).await.json();
+    assert_eq!(teams[1], info["team_info"], "as /team/info shows it");
+    assert_eq!(teams[1]["rpm_limit"], 4);
+    assert_eq!(teams[0]["models"], json!([M]));
+    for filter in ["user_id=u", "organization_id=o"] {
+        let r = gw.get(&format!("/team/list?{filter}"), Some(MASTER)).await;
+        assert_eq!(r.status, 400, "{}", r.text());
+        let name = filter.split('=').next().unwrap();
+        assert!(r.error_message().contains(name), "{}", r.text());
+    }
+    let r = gw
+        .post("/team/delete", Some(MASTER), json!({"team_ids": ["a"]}))
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let teams = list(&gw).await;
+    assert_eq!(teams.as_array().unwrap().len(), 1);
+    assert_eq!(teams[0]["team_id"], "b");
 }
 
 /// A `key_alias` names one key, as LiteLLM enforces: a second key with it is a 400 in LiteLLM's

@@ -885,6 +885,38 @@ pub async fn team_info(
     Ok(Json(json!({"team_id": team.team_id, "team_info": info})))
 }
 
+/// `GET /team/list`: every team's record (as `/team/info` shows it), ordered by `team_id`, as
+/// LiteLLM lists them. Its filters (`user_id`, `organization_id`) name what this gateway does not
+/// have: a 400 naming them, not a list that looks filtered and is not.
+pub async fn list_teams(
+    State(gw): State<Arc<Gateway>>,
+    Query(q): Query<HashMap<String, String>>,
+) -> Result<Json<Value>, ApiError> {
+    if let Some(name) = q.keys().next() {
+        return Err(ApiError::bad_request(format!(
+            "/team/list does not support the query parameter '{}': this gateway has no users \
+             or organizations, and lists every team.",
+            name.chars().take(64).collect::<String>()
+        )));
+    }
+    let mut teams = gw.keys().teams().await.map_err(store_error)?;
+    teams.sort_unstable_by(|a, b| a.team_id.cmp(&b.team_id));
+    let mut out = Vec::with_capacity(teams.len());
+    for team in &teams {
+        let mut info = team_json(team);
+        with_spend(
+            &gw,
+            &mut info,
+            CallerKind::Team,
+            team.counted_under(),
+            &team.limits,
+        )
+        .await?;
+        out.push(info);
+    }
+    Ok(Json(Value::Array(out)))
+}
+
 /// The key a `/key/update`, `/key/block` or `/key/unblock` body names.
 fn named_key(body: &Map<String, Value>) -> Result<String, ApiError> {
     opt_string(body, "key")?
