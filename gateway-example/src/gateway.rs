@@ -15,10 +15,10 @@ use tower_priority_limit::store::{
 use tower_priority_limit::Limiter;
 
 use crate::chat::ChatRequest;
-use crate::config::{Deployment, GatewayConfig, LIMITER_CALLBACK};
+use crate::config::{Deployment, GatewayConfig};
 use crate::keys::postgres_spend::PgSpend;
 use crate::keys::spend::SpendBook;
-use crate::keys::{hash_key, KeyStore, KeyStoreError, Limits};
+use crate::keys::{hash_key, KeyStore, KeyStoreError};
 use crate::metrics::{GatewayMetrics, ScrapeGauges};
 use crate::record::Recorder;
 use crate::routing::{self, Router};
@@ -462,15 +462,6 @@ impl Gateway {
         let config = self.config();
         let groups = config.model_names();
         let priced = |g: &str| self.router.group(g).is_some_and(|g| !g.prices.is_free());
-        let unapplied = |limits: &Limits| match config.limiter_enabled {
-            true => limits.unapplied(&groups, priced),
-            false if limits.is_empty() => Vec::new(),
-            // As the API says when they are set.
-            false => vec![format!(
-                "its limits and budgets need the limiter on: add {LIMITER_CALLBACK} to \
-                 litellm_settings.callbacks"
-            )],
-        };
         let mut out = Vec::new();
         const PAGE: usize = 1_000;
         let mut offset = 0;
@@ -481,7 +472,7 @@ impl Gateway {
                     .key_alias
                     .as_deref()
                     .map_or_else(String::new, |a| format!(" (alias {a:?})"));
-                for what in unapplied(&key.limits) {
+                for what in key.limits.unapplied(&groups, priced) {
                     out.push(format!("key {}{alias}: {what}", key.token));
                 }
             }
@@ -491,7 +482,7 @@ impl Gateway {
             }
         }
         for team in self.keys.teams().await? {
-            for what in unapplied(&team.limits) {
+            for what in team.limits.unapplied(&groups, priced) {
                 out.push(format!("team {:?}: {what}", team.team_id));
             }
         }
@@ -670,7 +661,9 @@ impl Gateway {
         // and every load on the thread then went the slow way.
         let config = self.config.load_full();
         let limiter = self.limiter.load_full();
-        let limiter = config.limiter_enabled.then_some(&*limiter);
+        // With the model limiter off, a key's or team's own limits still apply (as in
+        // LiteLLM): its requests are admitted on a limiter whose models have no limits.
+        let limiter = (config.limiter_enabled || chat.access.has_limits()).then_some(&*limiter);
         let mut response = routing::serve(
             &self.router,
             &config.deployments,

@@ -302,3 +302,53 @@ async fn a_key_or_team_in_shadow_counts_and_reports_its_own_limits_only() {
     let info = integration_tests::caller_shadow::info(&gw, &format!("/key/info?key={key}")).await;
     assert_eq!(info["enforcement"], "shadow", "{info}");
 }
+
+/// With the model limiter off (no `dynamic_rate_limiter_v3` in `callbacks`), a key's and a
+/// team's own limits still hold, as in LiteLLM, where they do not depend on a callback: exact
+/// under contention, by name, with parallel slots given back; a key without limits is not
+/// admitted at all (no rate-limit headers).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn key_and_team_limits_hold_with_the_model_limiter_off() {
+    let (up, base) = Upstream::start().await;
+    let yaml = config(&base).replace(
+        "litellm_settings:\n  callbacks: [\"dynamic_rate_limiter_v3\"]\n",
+        "",
+    );
+    assert!(!yaml.contains("callbacks"), "{yaml}");
+    let gw = Arc::new(Gw::start(&yaml, None).await);
+    assert!(!gw.gateway.config().limiter_enabled);
+
+    // Made through the API: no longer refused for the limiter being off.
+    let key = gw.new_key(json!({"rpm_limit": 5})).await;
+    let body = json!({"model": "gated", "messages": [{"role": "user", "content": "hi"}]});
+    let replies = all_at_once(&gw, &up, 20, &key, body).await;
+    let served = replies.iter().filter(|r| r.status == 200).count();
+    let by_key = replies
+        .iter()
+        .filter(|r| r.status == 429 && refused_by(r) == "key_requests")
+        .count();
+    assert_eq!((served, by_key), (5, 15));
+
+    let team = gw.new_team(json!({"max_parallel_requests": 2})).await;
+    let member = gw.new_key(json!({"team_id": team})).await;
+    let body = json!({"model": "gated", "messages": [{"role": "user", "content": "hi"}]});
+    let replies = all_at_once(&gw, &up, 6, &member, body).await;
+    let by_team = replies
+        .iter()
+        .filter(|r| r.status == 429 && refused_by(r) == "team_parallel")
+        .count();
+    let served = replies.iter().filter(|r| r.status == 200).count();
+    assert_eq!((served, by_team), (2, 4));
+    // Their slots came back when the answers ended.
+    assert_eq!(gw.served(&member, "a", 3).await, 3);
+
+    // A key without limits goes through unadmitted, as before.
+    let plain = gw.new_key(json!({})).await;
+    assert_eq!(gw.served(&plain, "a", 10).await, 10);
+    let r = gw.chat(&plain, "a", false).await;
+    assert!(
+        !r.headers.contains_key("x-ratelimit-remaining-requests"),
+        "{:?}",
+        r.headers
+    );
+}

@@ -126,6 +126,24 @@ async fn a_key_limit_is_exact_across_three_gateways() {
     no_failures(&gateways);
 }
 
+/// The same exactness with the model limiter off (no `dynamic_rate_limiter_v3` in `callbacks`):
+/// keys' and teams' own limits still hold across the fleet, as in LiteLLM.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_limit_is_exact_across_three_gateways_with_the_model_limiter_off() {
+    let Some(redis) =
+        RedisServer::start("a_key_limit_is_exact_across_three_gateways_with_the_model_limiter_off")
+    else {
+        return;
+    };
+    let (_up, base) = Upstream::start().await;
+    let yaml = config(&redis, &base).replace("  callbacks: [\"dynamic_rate_limiter_v3\"]\n", "");
+    assert!(!yaml.contains("callbacks"), "{yaml}");
+    let (gateways, _dirs) = fleet(&yaml).await;
+    assert!(!gateways[0].gateway.config().limiter_enabled);
+    key_and_team_limits_are_exact(&gateways).await;
+    no_failures(&gateways);
+}
+
 /// Sends `n` chats with `body` as `key` at once, spread over the fleet, to `up`'s gated model:
 /// the admitted ones are held at the upstream until all `n` are either there or answered, so all
 /// admissions happen while every admitted one is in flight; then the gate opens.

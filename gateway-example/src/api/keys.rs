@@ -179,9 +179,6 @@ fn limits(gw: &Gateway, body: &Map<String, Value>, current: &Limits) -> Result<L
             })?
         }
     }
-    if !out.is_empty() && *current != out {
-        limits_enforced(gw)?;
-    }
     Ok(out)
 }
 
@@ -334,20 +331,6 @@ fn budgets(
              the same spend); nothing was changed.",
         )
         .param("soft_budget"));
-    }
-    Ok(())
-}
-
-/// Refuses key and team limits the gateway would not enforce: with the limiter off (no
-/// admission runs).
-fn limits_enforced(gw: &Gateway) -> Result<(), ApiError> {
-    let config = gw.config();
-    if !config.limiter_enabled {
-        return Err(ApiError::bad_request(format!(
-            "key and team limits need the limiter on: add {} to litellm_settings.callbacks; \
-             nothing was changed.",
-            crate::config::LIMITER_CALLBACK
-        )));
     }
     Ok(())
 }

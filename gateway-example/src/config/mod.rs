@@ -215,7 +215,9 @@ pub enum ProxySetting {
 /// passwords in URLs are hidden.
 #[derive(Clone)]
 pub struct GatewayConfig {
-    /// The limiter's config (always built, so `/health` can report it).
+    /// The group limiter's config. With the limiter off, its models have no limits
+    /// ([`LimiterConfig::without_model_limits`]): keys' and teams' own limits still apply, as in
+    /// LiteLLM, where they do not depend on a callback.
     pub limiter: LimiterConfig,
     /// Whether `litellm_settings.callbacks` turns the limiter on.
     pub limiter_enabled: bool,
@@ -624,7 +626,10 @@ impl GatewayConfig {
         Ok(Self {
             unsupported,
             ignore_unsupported: ignore.to_vec(),
-            limiter,
+            limiter: match limiter_enabled {
+                true => limiter,
+                false => limiter.without_model_limits(),
+            },
             limiter_enabled,
             deployments,
             master_key,

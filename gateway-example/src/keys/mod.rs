@@ -383,6 +383,12 @@ impl ModelAccess {
         Callers::priced(key, team, prices, prompt_tokens)
     }
 
+    /// Whether its key or team has limits or budgets of its own (then it is admitted on them
+    /// even with the model limiter off).
+    pub fn has_limits(&self) -> bool {
+        self.key.as_ref().is_some_and(|(_, of)| of.is_some()) || self.team_limits.is_some()
+    }
+
     /// The key's team, if it has one (`None` for the master key).
     pub fn team_id(&self) -> Option<&str> {
         self.key.as_ref().and_then(|(k, _)| k.team_id.as_deref())

@@ -432,6 +432,29 @@ impl LimiterConfig {
         config
     }
 
+    /// This config without its models' limits, and so without their pools' caps: every request is
+    /// admitted as far as its model is concerned, and only its callers' own limits
+    /// ([`crate::caller`]) can refuse it. What a gateway whose model limiter is off still holds
+    /// keys and teams to.
+    ///
+    /// ```
+    /// use tower_priority_limit::{LimiterConfig, ModelLimits};
+    ///
+    /// let config = LimiterConfig::builder().model(ModelLimits::new("m").rpm(10).tpm(100)).build().unwrap();
+    /// let open = config.without_model_limits();
+    /// assert_eq!((open.models()[0].rpm, open.models()[0].tpm), (None, None));
+    /// assert_eq!(open.model_id("m"), config.model_id("m"));
+    /// ```
+    pub fn without_model_limits(&self) -> LimiterConfig {
+        let mut config = self.clone();
+        for m in &mut config.models {
+            m.rpm = None;
+            m.tpm = None;
+            m.pools = pool_limits(None, None, &m.shares);
+        }
+        config
+    }
+
     /// Starts a builder with the defaults (`default_priority` 0.25, `saturation_threshold` 0.5, a
     /// 60 s window).
     pub fn builder() -> LimiterConfigBuilder {
