@@ -18,7 +18,7 @@ use crate::chat::ChatRequest;
 use crate::config::{Deployment, GatewayConfig};
 use crate::keys::postgres_spend::PgSpend;
 use crate::keys::spend::SpendBook;
-use crate::keys::{hash_key, KeyStore, KeyStoreError};
+use crate::keys::{hash_key, KeyStore, KeyStoreError, Limits};
 use crate::metrics::{GatewayMetrics, ScrapeGauges};
 use crate::record::Recorder;
 use crate::routing::{self, Router};
@@ -453,15 +453,21 @@ impl Gateway {
         &self.router
     }
 
-    /// The limits and budgets of stored keys and teams that this config cannot apply (a
-    /// per-model limit on a group it does not have, a budget on models without prices), one
-    /// line each, naming the key (by its token, as `/key/list` shows it) or team. The API
-    /// refuses them when set; records made under another config can still hold them, so the
-    /// gateway names them at start rather than leave them quietly doing nothing.
-    pub async fn unapplied_limits(&self) -> Result<Vec<String>, KeyStoreError> {
+    /// The limits, budgets and priorities of stored keys and teams that this config cannot
+    /// apply (a per-model limit on a group it does not have, a budget on models without prices,
+    /// a priority it does not list), one line each, naming the key (by its token, as
+    /// `/key/list` shows it) or team. The API refuses them when set; records made under another
+    /// config, or imported from LiteLLM, can still hold them, so the gateway names them at start
+    /// rather than leave them quietly doing nothing.
+    pub async fn unapplied_settings(&self) -> Result<Vec<String>, KeyStoreError> {
         let config = self.config();
         let groups = config.model_names();
         let priced = |g: &str| self.router.group(g).is_some_and(|g| !g.prices.is_free());
+        let unapplied = |limits: &Limits, metadata: &serde_json::Map<String, serde_json::Value>| {
+            let mut out = limits.unapplied(&groups, priced);
+            out.extend(unknown_priority(&config.limiter, metadata));
+            out
+        };
         let mut out = Vec::new();
         const PAGE: usize = 1_000;
         let mut offset = 0;
@@ -472,7 +478,7 @@ impl Gateway {
                     .key_alias
                     .as_deref()
                     .map_or_else(String::new, |a| format!(" (alias {a:?})"));
-                for what in key.limits.unapplied(&groups, priced) {
+                for what in unapplied(&key.limits, &key.metadata) {
                     out.push(format!("key {}{alias}: {what}", key.token));
                 }
             }
@@ -482,7 +488,7 @@ impl Gateway {
             }
         }
         for team in self.keys.teams().await? {
-            for what in team.limits.unapplied(&groups, priced) {
+            for what in unapplied(&team.limits, &team.metadata) {
                 out.push(format!("team {:?}: {what}", team.team_id));
             }
         }
@@ -683,6 +689,28 @@ impl Gateway {
         }
         response
     }
+}
+
+/// A `metadata.priority` that `limits` does not list (its requests are served in the default
+/// pool), as the API would refuse it.
+fn unknown_priority(
+    limits: &LimiterConfig,
+    metadata: &serde_json::Map<String, serde_json::Value>,
+) -> Option<String> {
+    let priority = metadata.get("priority")?.as_str()?;
+    (!limits.is_known_priority(priority)).then(|| {
+        let names: Vec<&str> = limits.priorities().iter().map(|p| &**p).collect();
+        format!(
+            "metadata.priority {:?} is not a priority of the config (they are: {}), so its \
+             requests are served in the default pool",
+            priority.chars().take(64).collect::<String>(),
+            if names.is_empty() {
+                "none".to_owned()
+            } else {
+                names.join(", ")
+            }
+        )
+    })
 }
 
 /// The group limiter over `store`, observed by the metrics unless they are off.

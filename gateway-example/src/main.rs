@@ -189,7 +189,7 @@ async fn run(args: Args) -> Result<(), String> {
     tokio::spawn({
         let gateway = gateway.clone();
         async move {
-            match gateway.unapplied_limits().await {
+            match gateway.unapplied_settings().await {
                 Ok(found) => {
                     // A few lines, not one per key of a large store.
                     const SHOWN: usize = 20;
@@ -198,15 +198,15 @@ async fn run(args: Args) -> Result<(), String> {
                     }
                     if found.len() > SHOWN {
                         tracing::warn!(
-                            "and {} more limits of keys and teams that do not apply under this \
-                             config (/key/list?return_full_object=true shows the keys' limits)",
+                            "and {} more settings of keys and teams that do not apply under \
+                             this config (/key/list?return_full_object=true shows the keys')",
                             found.len() - SHOWN
                         );
                     }
                 }
                 Err(e) => tracing::warn!(
                     error = %e,
-                    "could not read the keys and teams to check their limits against this config"
+                    "could not read the keys and teams to check their settings against this config"
                 ),
             }
         }

@@ -758,14 +758,14 @@ async fn limits_another_config_cannot_apply_are_named_from_redis() {
     a.new_key(json!({"key_alias": "fine", "rpm_limit": 3}))
         .await;
     assert_eq!(
-        a.gateway.unapplied_limits().await.unwrap(),
+        a.gateway.unapplied_settings().await.unwrap(),
         Vec::<String>::new()
     );
 
     // Another gateway whose only model has another name.
     let renamed = single(&redis).replace("model_name: my-fake-model", "model_name: other");
     let b = Gw::start(&renamed, None).await;
-    let mut named = b.gateway.unapplied_limits().await.unwrap();
+    let mut named = b.gateway.unapplied_settings().await.unwrap();
     named.sort();
     assert_eq!(named.len(), 2, "{named:#?}");
     assert!(named[0].starts_with("key ") && named[0].contains(r#"(alias "stale"): model_tpm_limit names "my-fake-model", which is not a model_name"#), "{named:#?}");

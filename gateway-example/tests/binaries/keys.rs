@@ -324,10 +324,10 @@ fn start_logged(mut command: Command) -> (Child, String, std::sync::mpsc::Receiv
     (child, addr, rx)
 }
 
-/// A key's per-model limit and a team's model budget made under one config, which a new config
-/// cannot apply (the model is gone, the prices are gone), are named when the gateway starts on
-/// it, not left quietly doing nothing; a limit that still applies is not named (with the model
-/// limiter off too).
+/// A key's per-model limit and priority and a team's model budget made under one config, which
+/// a new config cannot apply (the model, the prices, the priority are gone), are named when the
+/// gateway starts on it, not left quietly doing nothing; a limit that still applies is not
+/// named (with the model limiter off too).
 #[tokio::test]
 async fn limits_a_new_config_cannot_apply_are_named_at_start() {
     let dir = setup("unapplied");
@@ -336,10 +336,11 @@ async fn limits_a_new_config_cannot_apply_are_named_at_start() {
             "{{model_name: {name}, litellm_params: {{model: openai/{name}, mock_response: hi}}{prices}}}"
         )
     };
-    let write = |models: &[String], limiter: bool| {
-        let callbacks = match limiter {
-            true => "litellm_settings: {callbacks: [dynamic_rate_limiter_v3]}\n",
-            false => "",
+    // The limiter on with a `prod` priority, on without priorities, or off.
+    let write = |models: &[String], settings: &str| {
+        let callbacks = match settings {
+            "" => String::new(),
+            s => format!("litellm_settings: {{{s}}}\n"),
         };
         std::fs::write(
             dir.join("gw.yaml"),
@@ -372,7 +373,8 @@ async fn limits_a_new_config_cannot_apply_are_named_at_start() {
         named
     };
     let priced = ", model_info: {input_cost_per_token: 0.000001, output_cost_per_token: 0.000002}";
-    write(&[model("m", priced), model("old", "")], true);
+    let prod = "callbacks: [dynamic_rate_limiter_v3], priority_reservation: {prod: 0.9}";
+    write(&[model("m", priced), model("old", "")], prod);
     assert_eq!(
         named_at_start(0),
         Vec::<String>::new(),
@@ -392,7 +394,7 @@ async fn limits_a_new_config_cannot_apply_are_named_at_start() {
     generate_key(
         &client,
         &addr,
-        r#"{"key_alias": "stale", "model_rpm_limit": {"old": 1}}"#,
+        r#"{"key_alias": "stale", "model_rpm_limit": {"old": 1}, "metadata": {"priority": "prod"}}"#,
     )
     .await;
     generate_key(
@@ -404,9 +406,15 @@ async fn limits_a_new_config_cannot_apply_are_named_at_start() {
     kill(&mut child, "-TERM");
 
     // `old` is gone and `m` lost its prices.
-    write(&[model("m", "")], true);
-    let named = named_at_start(2);
-    assert_eq!(named.len(), 2, "{named:#?}");
+    write(&[model("m", "")], "callbacks: [dynamic_rate_limiter_v3]");
+    let named = named_at_start(3);
+    assert_eq!(named.len(), 3, "{named:#?}");
+    assert!(
+        named.iter().any(|l| l.contains(
+            r#"(alias "stale"): metadata.priority "prod" is not a priority of the config (they are: none)"#
+        )),
+        "{named:#?}"
+    );
     assert!(
         named
             .iter()
@@ -418,9 +426,14 @@ async fn limits_a_new_config_cannot_apply_are_named_at_start() {
             .contains(r#"team "t": model_max_budget names "m", whose deployments have no prices"#)),
         "{named:#?}"
     );
-    // The model limiter off: keys' and teams' own limits still apply, so none is named.
-    write(&[model("m", priced), model("old", "")], false);
-    let named = named_at_start(0);
+    // The model limiter off: keys' and teams' own limits still apply, so only the priority is
+    // named.
+    write(&[model("m", priced), model("old", "")], "");
+    let named = named_at_start(1);
     let _ = std::fs::remove_dir_all(&dir);
-    assert_eq!(named, Vec::<String>::new());
+    assert_eq!(named.len(), 1, "{named:#?}");
+    assert!(
+        named[0].contains(r#"metadata.priority "prod""#),
+        "{named:#?}"
+    );
 }
