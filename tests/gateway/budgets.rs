@@ -333,44 +333,42 @@ async fn an_embedding_costs_its_prompt_at_the_input_price() {
     assert!(close(spend, 0.00001), "{spend}");
 }
 
-/// An update whose result could not hold is a 400 naming the field, and changes nothing: a
-/// `soft_budget` left without its `max_budget`, on a key and on a team.
+/// A `soft_budget` alone (LiteLLM's spend alert, no cap) is honoured: the spend is counted, the
+/// answers past it say so, nothing is refused; an update that removes a key's or team's
+/// `max_budget` keeps its soft budget working the same way.
 #[tokio::test]
-async fn an_update_that_would_leave_a_budget_invalid_is_refused_by_name() {
+async fn a_soft_budget_alone_is_said_and_never_refuses() {
     let (_up, base) = Upstream::start().await;
     let gw = Gw::start(&config(&base, ""), None).await;
-    let key = gw
-        .new_key(json!({"max_budget": 1.0, "soft_budget": 0.5}))
-        .await;
+    let alone = gw.new_key(json!({"soft_budget": 2.0 * COST})).await;
     let team = gw
-        .new_team(json!({"max_budget": 1.0, "soft_budget": 0.5}))
+        .new_team(json!({"max_budget": 1.0 * COST, "soft_budget": 1.0 * COST}))
         .await;
-    for (path, body) in [
-        ("/key/update", json!({"key": key, "max_budget": null})),
-        ("/team/update", json!({"team_id": team, "max_budget": null})),
-    ] {
-        let r = gw.post(path, Some(MASTER), body).await;
-        assert_eq!(r.status, 400, "{path}: {}", r.text());
-        assert_eq!(r.json()["error"]["param"], "soft_budget", "{}", r.text());
-        assert!(r
-            .error_message()
-            .contains("'soft_budget' needs a 'max_budget'"));
-    }
-    assert_eq!(key_info(&gw, &key).await["max_budget"], 1.0, "unchanged");
-    let r = gw
-        .get(&format!("/team/info?team_id={team}"), Some(MASTER))
-        .await;
-    assert_eq!(r.json()["team_info"]["max_budget"], 1.0, "{}", r.text());
-    // Both at once is a valid change.
+    let member = gw.new_key(json!({"team_id": team})).await;
     let r = gw
         .post(
-            "/key/update",
+            "/team/update",
             Some(MASTER),
-            json!({"key": key, "max_budget": null, "soft_budget": null}),
+            json!({"team_id": team, "max_budget": null}),
         )
         .await;
     assert_eq!(r.status, 200, "{}", r.text());
-    assert!(r.json()["max_budget"].is_null());
+    assert!(r.json()["max_budget"].is_null() && r.json()["soft_budget"] == 1.0 * COST);
+    for (key, said_from, who) in [(&alone, 2, "key"), (&member, 1, "team")] {
+        let mut said = Vec::new();
+        for _ in 0..5 {
+            let r = gw.chat(key, "a", false).await;
+            assert_eq!(r.status, 200, "{who}: {}", r.text());
+            said.push(
+                r.headers
+                    .contains_key("x-priority-limit-soft-budget-passed"),
+            );
+        }
+        let expected: Vec<bool> = (0..5).map(|i| i >= said_from).collect();
+        assert_eq!(said, expected, "{who}: said once the spend has reached it");
+    }
+    let spend = key_info(&gw, &alone).await["spend"].as_f64().unwrap();
+    assert!(close(spend, 5.0 * COST), "counted: {spend}");
 }
 
 /// Budgets that could not hold are refused by name, and nothing is made.
@@ -386,7 +384,7 @@ async fn bad_budgets_are_refused_by_name() {
             json!({"max_budget": 1, "budget_duration": "soon"}),
             "budget_duration",
         ),
-        (json!({"soft_budget": 1}), "soft_budget"),
+        (json!({"soft_budget": -1}), "soft_budget"),
         (json!({"model_max_budget": {"nope": 1}}), "model_max_budget"),
         (json!({"model_max_budget": {"free": 1}}), "model_max_budget"),
         (

@@ -317,20 +317,19 @@ fn budgets(
         ))
         .param(field));
     }
-    if out.max_budget.is_some() && !groups.iter().any(|g| priced(g)) {
-        return Err(ApiError::bad_request(
-            "'max_budget' needs prices: no model of the config has input_cost_per_token or \
-             output_cost_per_token (model_info), so spend would stay 0 and the budget never \
-             apply; nothing was changed.",
-        )
-        .param("max_budget"));
-    }
-    if out.soft_budget.is_some() && out.max_budget.is_none() {
-        return Err(ApiError::bad_request(
-            "'soft_budget' needs a 'max_budget' beside it (the soft budget is reported against \
-             the same spend); nothing was changed.",
-        )
-        .param("soft_budget"));
+    let across = [
+        ("max_budget", out.max_budget),
+        ("soft_budget", out.soft_budget),
+    ];
+    if let Some((field, _)) = across.iter().find(|(_, set)| set.is_some()) {
+        if !groups.iter().any(|g| priced(g)) {
+            return Err(ApiError::bad_request(format!(
+                "'{field}' needs prices: no model of the config has input_cost_per_token or \
+                 output_cost_per_token (model_info), so spend would stay 0 and the budget never \
+                 apply; nothing was changed."
+            ))
+            .param(*field));
+        }
     }
     Ok(())
 }
@@ -663,7 +662,7 @@ async fn with_spend(
     let reset_at = limits
         .budget_period(now_ms)
         .map(|(_, end)| expiry::format_iso(end));
-    if limits.max_budget.is_none() && limits.model_max_budget.is_empty() {
+    if !limits.has_budget() {
         if let Value::Object(out) = value {
             out.insert("spend".into(), json!(0.0));
             out.insert("model_spend".into(), json!({}));

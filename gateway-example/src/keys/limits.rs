@@ -132,10 +132,13 @@ impl Limits {
     /// Whether a request is held to the same limits on every model at every moment: no
     /// per-model limit and no budget (whose period moves).
     pub fn is_fixed(&self) -> bool {
-        self.model_rpm_limit.is_empty()
-            && self.model_tpm_limit.is_empty()
-            && self.model_max_budget.is_empty()
-            && self.max_budget.is_none()
+        self.model_rpm_limit.is_empty() && self.model_tpm_limit.is_empty() && !self.has_budget()
+    }
+
+    /// Whether a budget counts its spend: a `max_budget`, a `soft_budget` (alone, a cap that
+    /// never refuses) or a model's budget.
+    pub fn has_budget(&self) -> bool {
+        self.max_budget.is_some() || self.soft_budget.is_some() || !self.model_max_budget.is_empty()
     }
 
     /// What a request on model group `model` at `now_ms` (Unix ms) is held to.
@@ -143,8 +146,11 @@ impl Limits {
         let dollars = |d: f64| NanoUsd::from_dollars(d).unwrap_or_default();
         let anchor = self.budget_start.unwrap_or(0);
         let duration = self.budget_duration.as_deref();
-        let budget = self.max_budget.map(|max| {
-            let mut b = Budget::new(dollars(max));
+        // A soft budget alone (as LiteLLM's alert) counts the spend and says when it is passed,
+        // under a cap that never refuses.
+        let across = self.max_budget.is_some() || self.soft_budget.is_some();
+        let budget = across.then(|| {
+            let mut b = Budget::new(self.max_budget.map_or(NanoUsd::MAX, dollars));
             b.soft = self.soft_budget.map(dollars);
             in_period(b, anchor, duration, now_ms)
         });
@@ -203,8 +209,16 @@ impl Limits {
                 }
             }
         }
-        if self.max_budget.is_some() && !groups.iter().any(|g| priced(g)) {
-            out.push("max_budget: no model of the config has prices, so spend stays 0".into());
+        let across = [
+            ("max_budget", self.max_budget),
+            ("soft_budget", self.soft_budget),
+        ];
+        if let Some((field, _)) = across.iter().find(|(_, set)| set.is_some()) {
+            if !groups.iter().any(|g| priced(g)) {
+                out.push(format!(
+                    "{field}: no model of the config has prices, so spend stays 0"
+                ));
+            }
         }
         out
     }
