@@ -328,7 +328,7 @@ fn budgets(
                  output_cost_per_token (model_info), so spend would stay 0 and the budget never \
                  apply; nothing was changed."
             ))
-            .param(*field));
+            .param(field));
         }
     }
     Ok(())
