@@ -597,6 +597,19 @@ async fn keys_issued_by_litellm_are_imported_and_served_unchanged() {
     )
     .await;
 
+    // Limits LiteLLM keeps beside the key: its user's, its user's in a team, a shared budget.
+    db.batch_execute(
+        r#"INSERT INTO "LiteLLM_UserTable" (user_id, max_budget, rpm_limit) VALUES ('u-bob', 0.01, 1);
+           INSERT INTO "LiteLLM_BudgetTable" (budget_id, rpm_limit, max_parallel_requests)
+               VALUES ('bud-shared', 2, 1), ('bud-member', 3, NULL);
+           INSERT INTO "LiteLLM_TeamMembership" (user_id, team_id, budget_id)
+               VALUES ('u-bob', 'team-search', 'bud-member');
+           UPDATE "LiteLLM_VerificationToken" SET user_id = 'u-bob' WHERE key_alias = 'in-team';
+           UPDATE "LiteLLM_VerificationToken" SET budget_id = 'bud-shared' WHERE key_alias = 'limited';"#,
+    )
+    .await
+    .unwrap();
+
     let url = DatabaseUrl::parse(&postgres.url(), "test").unwrap();
     let report = gateway_example::keys::litellm::import(&url, &url)
         .await
@@ -604,21 +617,40 @@ async fn keys_issued_by_litellm_are_imported_and_served_unchanged() {
     let text = report.to_string();
     println!("{text}");
     assert_eq!((report.new_keys, report.new_teams), (6, 2), "{text}");
+    // Each limit that reaches a key from outside its row is named with what it held.
+    for said in [
+        "LiteLLM_UserTable limits and budgets (users are not imported: their keys are served \
+         without them) set on 1: u-bob (max_budget 0.01, rpm_limit 1; keys in-team)",
+        "LiteLLM_TeamMembership.budget_id (a member's own budget in a team: not imported) set on \
+         1: u-bob in \"team-search\" (budget \"bud-member\")",
+        "LiteLLM_BudgetTable rows named by a key's budget_id (shared limits and budgets: not \
+         imported) set on 1: bud-shared (rpm_limit 2, max_parallel_requests 1; keys limited)",
+    ] {
+        assert!(text.contains(said), "{said}\n{text}");
+    }
+    assert!(
+        !text.contains("tables were in use"),
+        "a first import: {text}"
+    );
     assert!(
         text.starts_with("read 7 keys and 2 teams")
             && text.contains("or are not imported: 1 below"),
         "the orphan was read too: {text}"
     );
-    // Limits are brought over and honoured (docs/gateway.md, "Key and team limits").
-    assert!(
-        !text.contains("rpm_limit") && !text.contains("tpm_limit"),
-        "{text}"
-    );
-    // So are budgets and what was spent.
-    assert!(
-        !text.contains("max_budget") && !text.contains(".spend") && !text.contains("budget_"),
-        "{text}"
-    );
+    // The key and team rows' limits are brought over and honoured (docs/gateway.md, "Key and
+    // team limits"), and so are their budgets and what was spent: none of their columns named.
+    for table in ["LiteLLM_VerificationToken.", "LiteLLM_TeamTable."] {
+        for column in [
+            "rpm_limit",
+            "tpm_limit",
+            "max_budget",
+            "spend",
+            "budget_duration",
+            "budget_reset_at",
+        ] {
+            assert!(!text.contains(&format!("{table}{column}")), "{text}");
+        }
+    }
     assert!(
         text.contains("spend of 2 budgets written to tpl_spend"),
         "{text}"
@@ -642,6 +674,50 @@ async fn keys_issued_by_litellm_are_imported_and_served_unchanged() {
         .await
         .unwrap();
     assert_eq!((again.new_keys, again.new_teams), (0, 0));
+    assert!(again.differ.is_empty(), "{again}");
+
+    // LiteLLM changed since: a key blocked, a team's limit lowered, a new key with spend and an
+    // alias another key holds. Imported again: the changes are named, not taken over; the new
+    // spend is said not to reach a fleet already running on Redis.
+    db.batch_execute(
+        r#"UPDATE "LiteLLM_VerificationToken" SET blocked = true WHERE key_alias = 'limited';
+           UPDATE "LiteLLM_TeamTable" SET tpm_limit = 500 WHERE team_id = 'team-search';"#,
+    )
+    .await
+    .unwrap();
+    litellm_key(
+        &db,
+        "sk-litellmLate00000000008",
+        ", key_alias, max_budget, spend",
+        ", 'in-team', 2.0, 0.5",
+    )
+    .await;
+    let later = gateway_example::keys::litellm::import(&url, &url)
+        .await
+        .unwrap();
+    let text = later.to_string();
+    assert_eq!((later.new_keys, later.new_teams), (1, 0), "{text}");
+    assert_eq!(
+        later.differ,
+        ["limited: blocked", "team \"team-search\": tpm_limit"],
+        "{text}"
+    );
+    assert_eq!(later.aliases_lost.len(), 1, "{text}");
+    assert!(later.aliases_lost[0].ends_with("(\"in-team\")"), "{text}");
+    assert!(
+        text.contains(
+            "gateways already running on them with Redis do not read the spend of the 1 new"
+        ),
+        "{text}"
+    );
+    assert_eq!(
+        gateway_example::keys::litellm::import(&url, &url)
+            .await
+            .unwrap()
+            .spend_not_seen,
+        Vec::<String>::new(),
+        "nothing new"
+    );
 
     let (gw, _dirs) = gateways(&priced(&postgres, None), 1).await;
     let gw = &gw[0];
@@ -721,6 +797,26 @@ async fn keys_issued_by_litellm_are_imported_and_served_unchanged() {
         .json();
     assert_eq!(info["info"]["key_alias"], "in-team", "{info}");
     assert_eq!(info["info"]["team_id"], "team-search", "{info}");
+
+    // A value the gateway cannot hold stops the import, which names the row and writes nothing.
+    litellm_key(
+        &db,
+        "sk-litellmHuge000000000009",
+        ", key_alias, max_budget",
+        ", 'huge', 10000000",
+    )
+    .await;
+    let e = gateway_example::keys::litellm::import(&url, &url)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("max_budget 10000000")
+            && e.contains("the LiteLLM_VerificationToken row of key_alias \"huge\""),
+        "{e}"
+    );
+    let huge = gw.chat("sk-litellmHuge000000000009", M, false).await;
+    assert_eq!(huge.status, 401, "nothing written");
 }
 
 /// An import while gateways run on the database: they serve the imported keys within a second,

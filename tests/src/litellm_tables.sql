@@ -1,6 +1,55 @@
 -- LiteLLM's key and team tables, as its schema.prisma (github.com/BerriAI/litellm) defines
 -- `LiteLLM_TeamTable` and `LiteLLM_VerificationToken`: the columns and types Prisma creates for
--- them on Postgres. The import tests create them, fill them as LiteLLM does, and import them.
+-- them on Postgres; and, with the columns an import reads, the tables whose limits reach keys
+-- through a key's user, team membership or `budget_id` (`LiteLLM_BudgetTable`,
+-- `LiteLLM_UserTable`, `LiteLLM_TeamMembership`). The import tests create them, fill them as
+-- LiteLLM does, and import them.
+CREATE TABLE "LiteLLM_BudgetTable" (
+    "budget_id" TEXT NOT NULL,
+    "max_budget" DOUBLE PRECISION,
+    "soft_budget" DOUBLE PRECISION,
+    "max_parallel_requests" INTEGER,
+    "tpm_limit" BIGINT,
+    "rpm_limit" BIGINT,
+    "model_max_budget" JSONB,
+    "budget_duration" TEXT,
+    "budget_reset_at" TIMESTAMP(3),
+    "created_at" TIMESTAMP(3) NOT NULL DEFAULT CURRENT_TIMESTAMP,
+    "created_by" TEXT NOT NULL DEFAULT 'default_user_id',
+    "updated_at" TIMESTAMP(3) NOT NULL DEFAULT CURRENT_TIMESTAMP,
+    "updated_by" TEXT NOT NULL DEFAULT 'default_user_id',
+    CONSTRAINT "LiteLLM_BudgetTable_pkey" PRIMARY KEY ("budget_id")
+);
+CREATE TABLE "LiteLLM_UserTable" (
+    "user_id" TEXT NOT NULL,
+    "user_alias" TEXT,
+    "team_id" TEXT,
+    "organization_id" TEXT,
+    "teams" TEXT[] DEFAULT ARRAY[]::TEXT[],
+    "user_role" TEXT,
+    "max_budget" DOUBLE PRECISION,
+    "spend" DOUBLE PRECISION NOT NULL DEFAULT 0.0,
+    "user_email" TEXT,
+    "models" TEXT[],
+    "metadata" JSONB DEFAULT '{}',
+    "max_parallel_requests" INTEGER,
+    "tpm_limit" BIGINT,
+    "rpm_limit" BIGINT,
+    "budget_duration" TEXT,
+    "budget_reset_at" TIMESTAMP(3),
+    "model_spend" JSONB DEFAULT '{}',
+    "model_max_budget" JSONB DEFAULT '{}',
+    "created_at" TIMESTAMP(3) DEFAULT CURRENT_TIMESTAMP,
+    "updated_at" TIMESTAMP(3) DEFAULT CURRENT_TIMESTAMP,
+    CONSTRAINT "LiteLLM_UserTable_pkey" PRIMARY KEY ("user_id")
+);
+CREATE TABLE "LiteLLM_TeamMembership" (
+    "user_id" TEXT NOT NULL,
+    "team_id" TEXT NOT NULL,
+    "spend" DOUBLE PRECISION NOT NULL DEFAULT 0.0,
+    "budget_id" TEXT,
+    CONSTRAINT "LiteLLM_TeamMembership_pkey" PRIMARY KEY ("user_id", "team_id")
+);
 CREATE TABLE "LiteLLM_TeamTable" (
     "team_id" TEXT NOT NULL,
     "team_alias" TEXT,

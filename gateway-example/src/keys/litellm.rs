@@ -20,8 +20,12 @@
 //!   columns ([`BOOKKEEPING`]) are not settings and are not reported.
 //! - **Not imported**: a key whose team is not in `LiteLLM_TeamTable` (it would lose its team's
 //!   restrictions) is named in the report instead.
+//! - **Named, not imported**: limits and budgets that reach a key from outside its row (its
+//!   user's, its membership's in a team, the shared budget its `budget_id` names), with what
+//!   they hold.
 //! - **Idempotent**: keys and teams that exist already are left as they are, so running it again
-//!   adds only what is new; spend rows replace only older ones. Keys and teams are written in one
+//!   adds only what is new (those whose LiteLLM row changed since are named, with the fields);
+//!   spend rows replace only older ones. Keys and teams are written in one
 //!   transaction, then the spend; gateways running on the database see the imported keys within
 //!   a second.
 //!
@@ -189,7 +193,7 @@ fn limits(row: &Map<String, Value>, table: &str, now: u64) -> Result<Limits, Key
             Some(Value::Object(o)) => o
                 .iter()
                 .map(|(model, v)| {
-                    v.as_u64()
+                    whole(v)
                         .map(|n| (model.clone(), n))
                         .ok_or_else(|| bad(&column, v, "a whole number ≥ 0 per model"))
                 })
@@ -214,6 +218,19 @@ fn limits(row: &Map<String, Value>, table: &str, now: u64) -> Result<Limits, Key
         model_tpm_limit: per_model("model_tpm_limit")?,
         ..Limits::default()
     })
+}
+
+/// A whole number ≥ 0 as LiteLLM's `metadata` may hold it (its clients' JSON, which LiteLLM
+/// reads with `int(…)`): `10`, `10.0` or `"10"`.
+fn whole(v: &Value) -> Option<u64> {
+    const EXACT: f64 = 9_007_199_254_740_992.0; // 2^53: every whole number below is exact
+    v.as_u64()
+        .or_else(|| {
+            v.as_f64()
+                .filter(|f| f.fract() == 0.0 && (0.0..EXACT).contains(f))
+                .map(|f| f as u64)
+        })
+        .or_else(|| v.as_str().and_then(|t| t.trim().parse().ok()))
 }
 
 /// Where periods of `duration` start from so that the current one ends at LiteLLM's
@@ -311,6 +328,14 @@ pub struct ImportReport {
     pub new_keys: usize,
     /// How many teams were new.
     pub new_teams: usize,
+    /// Keys and teams that existed already and differ from LiteLLM's row now: each named, with
+    /// the fields that differ (they are left as they are).
+    pub differ: Vec<String>,
+    /// New keys whose alias another key holds (an alias names one key here).
+    pub aliases_lost: Vec<String>,
+    /// New keys and teams with spend from LiteLLM, imported into tables already in use (a
+    /// fleet on Redis may be running on them and will not read it).
+    pub spend_not_seen: Vec<String>,
 }
 
 impl std::fmt::Display for ImportReport {
@@ -340,8 +365,37 @@ impl std::fmt::Display for ImportReport {
                 read.spend.len()
             )?;
         }
+        if !self.spend_not_seen.is_empty() {
+            writeln!(
+                f,
+                "the gateway's tables were in use before this import: gateways already running \
+                 on them with Redis do not read the spend of the {} new keys and teams that \
+                 carry some ({}), so there their budgets count from 0 (gateways on embedded \
+                 counters read it at their next start)",
+                self.spend_not_seen.len(),
+                listed(&self.spend_not_seen)
+            )?;
+        }
         for skipped in &read.skipped {
             writeln!(f, "not imported: {skipped}")?;
+        }
+        if !self.differ.is_empty() {
+            writeln!(
+                f,
+                "already here and different from LiteLLM's row now, left as they are (change \
+                 them with /key/update or /team/update, or delete them here and import again):"
+            )?;
+            for d in &self.differ {
+                writeln!(f, "  {d}")?;
+            }
+        }
+        if !self.aliases_lost.is_empty() {
+            writeln!(
+                f,
+                "imported without their key_alias, which another key holds (an alias names one \
+                 key here; the lowest hash keeps it): {}",
+                self.aliases_lost.join(", ")
+            )?;
         }
         if !read.unhonoured.is_empty() {
             writeln!(f, "not honoured by this gateway (imported without them):")?;
@@ -367,17 +421,173 @@ pub async fn import(from: &DatabaseUrl, into: &DatabaseUrl) -> Result<ImportRepo
     let mut target = connect_one(into).await?;
     let target_name = into.redacted();
     migrate(&mut target, &target_name).await?;
-    let (new_keys, new_teams) =
-        import_rows(&mut target, &target_name, &read.keys, &read.teams).await?;
+    let rows = import_rows(&mut target, &target_name, &read.keys, &read.teams).await?;
     // Newer rows win, as the gateways' own writes: importing again changes nothing.
     write_rows(&target, &read.spend)
         .await
         .map_err(|e| KeyStoreError::Unavailable(format!("writing spend to {target_name}: {e}")))?;
+    let name_of_key = |token: &str| {
+        read.keys
+            .iter()
+            .find(|k| k.token == token)
+            .map_or_else(|| format!("key {token:.12}…"), key_name)
+    };
+    let spend_not_seen = match rows.in_use {
+        false => Vec::new(),
+        true => {
+            let mut named: Vec<String> = read
+                .spend
+                .iter()
+                .filter(|r| match r.kind {
+                    CallerKind::Key => rows.new_keys.iter().any(|t| **t == *r.id),
+                    CallerKind::Team => rows.new_teams.iter().any(|t| **t == *r.id),
+                })
+                .map(|r| match r.kind {
+                    CallerKind::Key => name_of_key(&r.id),
+                    CallerKind::Team => format!("team {:?}", r.id),
+                })
+                .collect();
+            named.dedup();
+            named
+        }
+    };
+    let mut differ = Vec::new();
+    for stored in &rows.existing_keys {
+        if let Some(theirs) = read.keys.iter().find(|k| k.token == stored.token) {
+            let fields = key_differences(stored, theirs);
+            if !fields.is_empty() {
+                differ.push(format!("{}: {}", key_name(theirs), fields.join(", ")));
+            }
+        }
+    }
+    for stored in &rows.existing_teams {
+        if let Some(theirs) = read.teams.iter().find(|t| t.team_id == stored.team_id) {
+            let fields = team_differences(stored, theirs);
+            if !fields.is_empty() {
+                differ.push(format!("team {:?}: {}", theirs.team_id, fields.join(", ")));
+            }
+        }
+    }
     Ok(ImportReport {
+        new_keys: rows.new_keys.len(),
+        new_teams: rows.new_teams.len(),
+        differ,
+        aliases_lost: rows
+            .aliases_lost
+            .iter()
+            .map(|(token, alias)| format!("key {token:.12}… ({alias:?})"))
+            .collect(),
+        spend_not_seen,
         read,
-        new_keys,
-        new_teams,
     })
+}
+
+/// A key as the report names it: its alias, else its hash's start.
+fn key_name(key: &KeyRecord) -> String {
+    key.key_alias
+        .clone()
+        .unwrap_or_else(|| format!("key {:.12}…", key.token))
+}
+
+/// The first ten of `names`, and how many more.
+fn listed(names: &[String]) -> String {
+    let mut out = names
+        .iter()
+        .take(10)
+        .cloned()
+        .collect::<Vec<_>>()
+        .join(", ");
+    if names.len() > 10 {
+        out.push_str(&format!(" and {} more", names.len() - 10));
+    }
+    out
+}
+
+/// The settings in which a stored key differs from LiteLLM's row (`theirs`, as mapped): what an
+/// operator re-running the import must know is not taken over.
+fn key_differences(stored: &KeyRecord, theirs: &KeyRecord) -> Vec<&'static str> {
+    let mut out = Vec::new();
+    for (field, differs) in [
+        ("blocked", stored.blocked != theirs.blocked),
+        ("expires", stored.expires_at != theirs.expires_at),
+        ("models", stored.models != theirs.models),
+        ("team_id", stored.team_id != theirs.team_id),
+        (
+            "allowed_routes",
+            stored.allowed_routes != theirs.allowed_routes,
+        ),
+        ("metadata", stored.metadata != theirs.metadata),
+        ("key_alias", stored.key_alias != theirs.key_alias),
+    ] {
+        if differs {
+            out.push(field);
+        }
+    }
+    out.extend(limit_differences(&stored.limits, &theirs.limits));
+    out
+}
+
+/// As [`key_differences`], for a team.
+fn team_differences(stored: &TeamRecord, theirs: &TeamRecord) -> Vec<&'static str> {
+    let mut out = Vec::new();
+    for (field, differs) in [
+        ("blocked", stored.blocked != theirs.blocked),
+        ("models", stored.models != theirs.models),
+        ("metadata", stored.metadata != theirs.metadata),
+        ("team_alias", stored.team_alias != theirs.team_alias),
+    ] {
+        if differs {
+            out.push(field);
+        }
+    }
+    out.extend(limit_differences(&stored.limits, &theirs.limits));
+    out
+}
+
+/// The limit and budget fields that differ (a budget's period start is not a setting).
+fn limit_differences(stored: &Limits, theirs: &Limits) -> Vec<&'static str> {
+    let (a, b) = (stored, theirs);
+    [
+        ("rpm_limit", a.rpm_limit != b.rpm_limit),
+        ("tpm_limit", a.tpm_limit != b.tpm_limit),
+        ("tpd_limit", a.tpd_limit != b.tpd_limit),
+        (
+            "max_parallel_requests",
+            a.max_parallel_requests != b.max_parallel_requests,
+        ),
+        ("model_rpm_limit", a.model_rpm_limit != b.model_rpm_limit),
+        ("model_tpm_limit", a.model_tpm_limit != b.model_tpm_limit),
+        ("max_budget", a.max_budget != b.max_budget),
+        ("soft_budget", a.soft_budget != b.soft_budget),
+        ("budget_duration", a.budget_duration != b.budget_duration),
+        ("model_max_budget", a.model_max_budget != b.model_max_budget),
+    ]
+    .into_iter()
+    .filter(|(_, differs)| *differs)
+    .map(|(field, _)| field)
+    .collect()
+}
+
+/// Where a row's error is: its `error` with the row named (a key's alias or hash's start, a
+/// team's id), and what to do.
+fn in_row(error: KeyStoreError, table: &str, row: &Map<String, Value>) -> KeyStoreError {
+    let which = match (
+        text(row, "key_alias"),
+        text(row, "token"),
+        text(row, "team_id"),
+    ) {
+        (Some(alias), _, _) if table == KEY_TABLE => format!("key_alias {alias:?}"),
+        (None, Some(token), _) if table == KEY_TABLE => format!("token {:.12}…", token_of(&token)),
+        (_, _, Some(team)) if table == TEAM_TABLE => format!("team_id {team:?}"),
+        _ => "a row without an id".to_owned(),
+    };
+    match error {
+        KeyStoreError::Corrupt(e) => KeyStoreError::Corrupt(format!(
+            "{e} (the {table} row of {which}); nothing was imported: correct that value in \
+             LiteLLM's table, or clear it, and import again"
+        )),
+        other => other,
+    }
 }
 
 /// Reads LiteLLM's key and team tables through `client` (`name` is the database, for errors).
@@ -402,7 +612,7 @@ pub async fn read(client: &Client, name: &str) -> Result<LiteLlmData, KeyStoreEr
     let mut unhonoured: BTreeMap<String, Vec<String>> = BTreeMap::new();
     let now = now_secs();
     for row in &team_rows {
-        let team = team(row, now)?;
+        let team = team(row, now).map_err(|e| in_row(e, TEAM_TABLE, row))?;
         data.spend.extend(spend(
             row,
             CallerKind::Team,
@@ -420,11 +630,8 @@ pub async fn read(client: &Client, name: &str) -> Result<LiteLlmData, KeyStoreEr
         data.teams.push(team);
     }
     for row in &key_rows {
-        let key = key(row, now)?;
-        let name = key
-            .key_alias
-            .clone()
-            .unwrap_or_else(|| format!("key {:.12}…", key.token));
+        let key = key(row, now).map_err(|e| in_row(e, KEY_TABLE, row))?;
+        let name = key_name(&key);
         if let Some(team_id) = &key.team_id {
             if !data.teams.iter().any(|t| &t.team_id == team_id) {
                 data.skipped.push(format!(
@@ -439,11 +646,125 @@ pub async fn read(client: &Client, name: &str) -> Result<LiteLlmData, KeyStoreEr
             .extend(spend(row, CallerKind::Key, &key.token, &key.limits, now));
         data.keys.push(key);
     }
+    // Limits and budgets LiteLLM keeps outside the key and team rows, which apply to the keys
+    // through their user, team membership or `budget_id`: not imported, so named with what
+    // they held.
+    let optional = |table: &'static str| {
+        let rows = &rows;
+        async move {
+            let exists: bool = client
+                .query_one(
+                    "SELECT to_regclass($1) IS NOT NULL",
+                    &[&format!("\"{table}\"")],
+                )
+                .await
+                .map_err(|e| KeyStoreError::Unavailable(format!("reading {table} in {name}: {e}")))?
+                .get(0);
+            match exists {
+                true => rows(table).await,
+                false => Ok(Vec::new()),
+            }
+        }
+    };
+    // The imported keys whose LiteLLM row has `column` = `value`, by name.
+    let keys_by = |column: &str, value: &str| -> Vec<String> {
+        key_rows
+            .iter()
+            .filter(|r| text(r, column).as_deref() == Some(value))
+            .filter_map(|r| {
+                let token = token_of(&text(r, "token")?);
+                data.keys.iter().find(|k| k.token == token)
+            })
+            .map(key_name)
+            .collect()
+    };
+    let mut elsewhere: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for user in optional(USER_TABLE).await? {
+        let (Some(user_id), set) = (text(&user, "user_id"), limits_set(&user)) else {
+            continue;
+        };
+        let keys = keys_by("user_id", &user_id);
+        if !set.is_empty() && !keys.is_empty() {
+            elsewhere
+                .entry(format!(
+                    "{USER_TABLE} limits and budgets (users are not imported: their keys are \
+                     served without them)"
+                ))
+                .or_default()
+                .push(format!(
+                    "{user_id} ({}; keys {})",
+                    set.join(", "),
+                    keys.join(", ")
+                ));
+        }
+    }
+    for member in optional(MEMBERSHIP_TABLE).await? {
+        if let (Some(user_id), Some(team_id), Some(budget)) = (
+            text(&member, "user_id"),
+            text(&member, "team_id"),
+            text(&member, "budget_id"),
+        ) {
+            elsewhere
+                .entry(format!(
+                    "{MEMBERSHIP_TABLE}.budget_id (a member's own budget in a team: not imported)"
+                ))
+                .or_default()
+                .push(format!("{user_id} in {team_id:?} (budget {budget:?})"));
+        }
+    }
+    for budget in optional(BUDGET_TABLE).await? {
+        let (Some(budget_id), set) = (text(&budget, "budget_id"), limits_set(&budget)) else {
+            continue;
+        };
+        let keys = keys_by("budget_id", &budget_id);
+        if !set.is_empty() && !keys.is_empty() {
+            elsewhere
+                .entry(format!(
+                    "{BUDGET_TABLE} rows named by a key's budget_id (shared limits and budgets: \
+                     not imported)"
+                ))
+                .or_default()
+                .push(format!(
+                    "{budget_id} ({}; keys {})",
+                    set.join(", "),
+                    keys.join(", ")
+                ));
+        }
+    }
+    unhonoured.extend(elsewhere);
     data.unhonoured = unhonoured
         .into_iter()
         .map(|(field, rows)| Unhonoured { field, rows })
         .collect();
     Ok(data)
+}
+
+/// LiteLLM's users.
+const USER_TABLE: &str = "LiteLLM_UserTable";
+/// LiteLLM's team memberships (a member's own budget in a team).
+const MEMBERSHIP_TABLE: &str = "LiteLLM_TeamMembership";
+/// LiteLLM's shared budgets (`budget_id`).
+const BUDGET_TABLE: &str = "LiteLLM_BudgetTable";
+
+/// The limit and budget columns a LiteLLM user or budget row sets, with their values.
+fn limits_set(row: &Map<String, Value>) -> Vec<String> {
+    [
+        "max_budget",
+        "soft_budget",
+        "budget_duration",
+        "rpm_limit",
+        "tpm_limit",
+        "max_parallel_requests",
+        "model_max_budget",
+        "model_rpm_limit",
+        "model_tpm_limit",
+    ]
+    .into_iter()
+    .filter_map(|column| {
+        let value = row.get(column).filter(|v| !is_default(v))?;
+        Some(format!("{column} {value}"))
+    })
+    .collect()
 }
 
 /// Whether a column holds its default: nothing to honour.
@@ -476,6 +797,14 @@ fn note_unhonoured(
         out.entry(format!("{table}.{column}"))
             .or_default()
             .push(name.to_owned());
+    }
+    match row.get("metadata") {
+        None | Some(Value::Null | Value::Object(_)) => {}
+        // Not kept (metadata here is an object): said.
+        Some(_) => out
+            .entry(format!("{table}.metadata (not a JSON object)"))
+            .or_default()
+            .push(name.to_owned()),
     }
     if let Some(Value::Object(metadata)) = row.get("metadata") {
         for (member, value) in metadata {
@@ -653,6 +982,24 @@ mod tests {
             Some(5.5),
             "a budget LiteLLM set holds here too"
         );
+    }
+
+    #[test]
+    fn per_model_limits_in_metadata_are_read_as_litellm_reads_them() {
+        let r = row(json!({
+            "token": "ab".repeat(32),
+            "metadata": {"model_rpm_limit": {"a": 10.0, "b": "7", "c": 3}}
+        }));
+        let k = key(&r, NOW).unwrap();
+        assert_eq!(
+            k.limits.model_rpm_limit,
+            BTreeMap::from([("a".into(), 10), ("b".into(), 7), ("c".into(), 3)])
+        );
+        for bad in [json!(1.5), json!(-1), json!("ten")] {
+            let r =
+                row(json!({"token": "ab".repeat(32), "metadata": {"model_rpm_limit": {"a": bad}}}));
+            assert!(key(&r, NOW).is_err(), "{bad}");
+        }
     }
 
     const NOW: u64 = 1_796_119_200; // 2026-12-01T10:00:00Z

@@ -808,50 +808,112 @@ async fn locked_record<R>(
     row.map(|row| decode(id, row.get(0))).transpose()
 }
 
-/// Writes `keys` and `teams` on `client` in one transaction, leaving those that exist; returns
-/// how many of each were new.
+/// What [`import_rows`] did.
+#[derive(Debug, Default)]
+pub(crate) struct ImportedRows {
+    /// The keys (tokens) and teams (ids) written: the others existed already.
+    pub new_keys: Vec<String>,
+    pub new_teams: Vec<String>,
+    /// The stored records of the keys and teams that existed already (left as they are).
+    pub existing_keys: Vec<KeyRecord>,
+    pub existing_teams: Vec<TeamRecord>,
+    /// Whether the tables held keys or teams before (gateways may be running on them).
+    pub in_use: bool,
+    /// Keys written whose `key_alias` another key holds (one alias names one key): the token
+    /// and the alias it did not get.
+    pub aliases_lost: Vec<(String, String)>,
+}
+
+/// Writes `keys` and `teams` that do not exist yet, in one transaction (existing ones are left
+/// as they are); an imported key takes its alias where no key holds it yet.
 pub(crate) async fn import_rows(
     client: &mut Client,
     target: &str,
     keys: &[KeyRecord],
     teams: &[TeamRecord],
-) -> Result<(usize, usize), KeyStoreError> {
+) -> Result<ImportedRows, KeyStoreError> {
     let err = |e: tokio_postgres::Error| unavailable(target, &e);
     let tx = client.transaction().await.map_err(err)?;
+    let mut out = ImportedRows {
+        in_use: tx
+            .query_one(
+                "SELECT EXISTS (SELECT 1 FROM tpl_keys) OR EXISTS (SELECT 1 FROM tpl_teams)",
+                &[],
+            )
+            .await
+            .map_err(err)?
+            .get(0),
+        ..ImportedRows::default()
+    };
     // A few thousand rows per statement, as arrays: one round trip each, not one per row.
-    let mut new_teams = 0;
     for chunk in teams.chunks(IMPORT_CHUNK) {
         let ids: Vec<&str> = chunk.iter().map(|t| t.team_id.as_str()).collect();
         let records = chunk.iter().map(encode).collect::<Result<Vec<_>, _>>()?;
-        new_teams += tx
-            .execute(
+        let written = tx
+            .query(
                 "INSERT INTO tpl_teams (team_id, record) \
                  SELECT * FROM unnest($1::text[], $2::text[]) \
-                 ON CONFLICT (team_id) DO NOTHING",
+                 ON CONFLICT (team_id) DO NOTHING RETURNING team_id",
                 &[&ids, &records],
             )
             .await
-            .map_err(err)? as usize;
+            .map_err(err)?;
+        out.new_teams
+            .extend(written.iter().map(|r| r.get::<_, String>(0)));
+        let existing = tx
+            .query(
+                "SELECT team_id, record FROM tpl_teams WHERE team_id = ANY($1) \
+                 AND NOT team_id = ANY($2)",
+                &[&ids, &out.new_teams],
+            )
+            .await
+            .map_err(err)?;
+        for row in &existing {
+            out.existing_teams
+                .push(decode_team(row.get(0), row.get(1))?);
+        }
     }
-    let mut new_keys = 0;
     for chunk in keys.chunks(IMPORT_CHUNK) {
         let tokens: Vec<&str> = chunk.iter().map(|k| k.token.as_str()).collect();
         let team_ids: Vec<Option<&str>> = chunk.iter().map(|k| k.team_id.as_deref()).collect();
         let records = chunk.iter().map(encode).collect::<Result<Vec<_>, _>>()?;
-        new_keys += tx
-            .execute(
+        let written = tx
+            .query(
                 "INSERT INTO tpl_keys (token, team_id, record) \
                  SELECT * FROM unnest($1::text[], $2::text[], $3::text[]) \
-                 ON CONFLICT (token) DO NOTHING",
+                 ON CONFLICT (token) DO NOTHING RETURNING token",
                 &[&tokens, &team_ids, &records],
             )
             .await
-            .map_err(err)? as usize;
+            .map_err(err)?;
+        let written: Vec<String> = written.iter().map(|r| r.get(0)).collect();
+        let existing = tx
+            .query(
+                "SELECT token, record FROM tpl_keys WHERE token = ANY($1) \
+                 AND NOT token = ANY($2)",
+                &[&tokens, &written],
+            )
+            .await
+            .map_err(err)?;
+        for row in &existing {
+            out.existing_keys.push(decode_key(row.get(0), row.get(1))?);
+        }
+        out.new_keys.extend(written);
     }
     // Imported keys hold their aliases where no key holds them yet.
     tx.execute(CLAIM_ALIASES, &[]).await.map_err(err)?;
+    let lost = tx
+        .query(
+            "SELECT token, record::json->>'key_alias' FROM tpl_keys \
+             WHERE token = ANY($1) AND key_alias IS NULL \
+             AND record::json->>'key_alias' IS NOT NULL ORDER BY token",
+            &[&out.new_keys],
+        )
+        .await
+        .map_err(err)?;
+    out.aliases_lost = lost.iter().map(|r| (r.get(0), r.get(1))).collect();
     tx.commit().await.map_err(err)?;
-    Ok((new_keys, new_teams))
+    Ok(out)
 }
 
 /// What a write changed: the rows to read back into memory.
