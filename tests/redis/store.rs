@@ -1198,6 +1198,99 @@ fn keyed(
     }
 }
 
+/// A keyed admission abandoned while Redis runs it (its client went away: the request's future
+/// dropped mid-call) gives back what it took that does not end with a window: the key's
+/// parallel slot and its budget reservation. Redis is paused so the abandonment falls mid-call
+/// for certain; the script still runs (before its deadline) once Redis resumes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_admission_abandoned_mid_call_gives_back_its_slot_and_budget_reservation() {
+    use tower_priority_limit::caller::{Budget, CallerLimits, NanoUsd};
+    let Some(redis) = RedisServer::start("an_admission_abandoned_mid_call") else {
+        return;
+    };
+    let config = LimiterConfig::builder()
+        .model(ModelLimits::new("m").rpm(1_000).tpm(1_000_000))
+        .token_accounting(tower_priority_limit::config::TokenAccounting::Reserve)
+        .store_timeout(Duration::from_millis(3_000))
+        .build()
+        .unwrap();
+    let limiter = redis_limiter(config, single(&redis), "gone:").await;
+    let limits = CallerLimits::new()
+        .max_parallel(1)
+        .budget(Budget::new(NanoUsd::from_dollars(1.0).unwrap()));
+    let request = || {
+        let mut r = keyed(&limiter, limits);
+        r.callers = tower_priority_limit::caller::Callers::priced(
+            Some(tower_priority_limit::caller::Caller::new(
+                tower_priority_limit::caller::CallerKind::Key,
+                "k",
+                limits,
+            )),
+            None,
+            tower_priority_limit::caller::Prices {
+                input: 1_000.0,
+                output: 1_000.0,
+                ..Default::default()
+            },
+            7,
+        );
+        r
+    };
+    let held = || {
+        let slots = redis.cli(&["zcard", "gone:{c:key:k}:inflight"]);
+        let reserved = redis.cli(&["hget", "gone:{c:key:k}", "$r"]);
+        (slots.trim().to_owned(), reserved.trim().to_owned())
+    };
+    // What an admission holds, read where this test reads it.
+    let outcome = limiter.admit_request(request()).await.unwrap();
+    let tower_priority_limit::AdmissionOutcome::Admitted { lease, .. } = outcome else {
+        panic!("admitted: {outcome:?}");
+    };
+    let (slots, reserved) = held();
+    assert_eq!(slots, "1");
+    assert!(reserved.parse::<u64>().unwrap() > 0, "{reserved}");
+    lease.cancel();
+    for round in 0..3 {
+        redis.pause();
+        let abandoned =
+            tokio::time::timeout(Duration::from_millis(100), limiter.admit_request(request()))
+                .await;
+        assert!(abandoned.is_err(), "abandoned mid-call");
+        redis.resume();
+        // The script runs now; what it took comes back.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            limiter.store().flush().await;
+            let (slots, reserved) = held();
+            if slots == "0" && (reserved == "0" || reserved.is_empty()) {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "round {round}: still held: {slots} {reserved}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    assert_eq!(
+        limiter
+            .store()
+            .stats()
+            .abandoned_admissions
+            .load(Ordering::Relaxed),
+        3
+    );
+    // The one slot is free: the next request is admitted.
+    let outcome = limiter.admit_request(request()).await.unwrap();
+    assert!(
+        matches!(
+            outcome,
+            tower_priority_limit::AdmissionOutcome::Admitted { .. }
+        ),
+        "{outcome:?}"
+    );
+}
+
 /// On a Redis Cluster, a keyed admission whose model does not answer, or that is abandoned while
 /// its model's call is under way (its client went away), gives back what its callers' call
 /// counted (a parallel slot, the window's request, the day's tokens), with the marks that call

@@ -79,9 +79,10 @@ use self::settle::{flush_settlements, process_id, Pending, Queued, RedisSettler}
 pub use self::spend::SpendEpoch;
 pub use self::target::RedisTarget;
 use super::{
-    AdmitRequest, FlowTry, MemoryStore, SettledHook, Settler, SpendLog, Store, StoreError,
+    AdmitRequest, FlowTry, MemoryStore, SettledHook, Settlement, Settler, SpendLog, Store,
+    StoreError,
 };
-use crate::caller::{Caller, CallerMarks, DAY_MS};
+use crate::caller::{Caller, CallerMarks, Callers, DAY_MS};
 use crate::config::WindowKind;
 use crate::config::{
     pool_at, pool_index, Enforcement, FailureMode, LimiterConfig, ModelId, PoolRef,
@@ -291,6 +292,10 @@ pub struct RedisStats {
     /// Outages of a model whose local fallback started from this gateway's part of the fleet's
     /// usage as last seen (the shared window still open), not from zero.
     pub fallback_seeds: AtomicU64,
+    /// Admissions with a caller's parallel slot or budget reservation that Redis made after the
+    /// request had gone (its client went away while Redis ran it), and that were cancelled at
+    /// once, so nothing stays held for nobody.
+    pub abandoned_admissions: AtomicU64,
     /// Admissions where the script's verdict and [`decide`] disagreed (a bug if ever non-zero).
     pub verdict_mismatches: AtomicU64,
 }
@@ -2072,6 +2077,14 @@ enum PairAt {
 
 type BoxedAdmit = Pin<Box<dyn Future<Output = Result<Decision, StoreError>> + Send>>;
 
+/// Whether a request's callers hold something that only its settlement gives back: a parallel
+/// slot (until it lapses) or a budget reservation.
+fn holds_until_settled(callers: &Callers) -> bool {
+    callers
+        .iter()
+        .any(|c| c.limits().max_parallel.is_some() || c.limits().has_budget())
+}
+
 impl Store for RedisStore {
     fn settling(&self, model: ModelId) -> bool {
         self.inner
@@ -2096,7 +2109,49 @@ impl Store for RedisStore {
 
     fn admit(&self, request: AdmitRequest) -> BoxedAdmit {
         let inner = Arc::clone(&self.inner);
-        Box::pin(async move { inner.admit(request).await })
+        let holds = request
+            .callers
+            .as_ref()
+            .is_some_and(|c| holds_until_settled(c));
+        let runtime = tokio::runtime::Handle::try_current();
+        let (true, Ok(runtime)) = (holds, runtime) else {
+            return Box::pin(async move { inner.admit(request).await });
+        };
+        // A caller's parallel slot and budget reservation, unlike a window's counts, do not end
+        // by themselves: an admission abandoned while Redis runs it (its client went away) must
+        // still be taken back. So it runs to its end apart from the request, and what it
+        // admitted for nobody is cancelled at once.
+        let settler = Arc::clone(&self.settler);
+        let (answer, answered) = oneshot::channel();
+        runtime.spawn(async move {
+            let (model, pool, callers) = (request.model, request.pool, request.callers.clone());
+            let decision = inner.admit(request).await;
+            if let (Err(Ok(Decision::Admit(admitted))), Some(callers)) =
+                (answer.send(decision), callers)
+            {
+                inner
+                    .stats
+                    .abandoned_admissions
+                    .fetch_add(1, Ordering::Relaxed);
+                settler.settle_callers(
+                    Settlement {
+                        model,
+                        pool,
+                        tokens: 0,
+                        reserved: admitted.reserved,
+                        model_window: admitted.model_window,
+                        pool_window: admitted.pool_window,
+                        cancel: true,
+                    },
+                    &callers,
+                );
+            }
+        });
+        Box::pin(async move {
+            answered
+                .await
+                .unwrap_or_else(|_| Err(StoreError::Unavailable("admission task ended".into())))
+        })
     }
 
     fn settler(&self, model: ModelId) -> Option<Arc<dyn Settler>> {
