@@ -144,6 +144,51 @@ async fn a_key_limit_is_exact_across_three_gateways_with_the_model_limiter_off()
     no_failures(&gateways);
 }
 
+/// On a fleet, a key or team with one parallel slot whose own group fails upstream is served by
+/// its fallback: the slot the failed try held is given back to Redis before the fallback counts
+/// the request (settlements are sent in the background, so the fleet would else still see it
+/// taken and refuse the fallback).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_parallel_slot_is_served_by_a_fallback_across_the_fleet() {
+    let Some(redis) = RedisServer::start("one_parallel_slot_is_served_by_a_fallback") else {
+        return;
+    };
+    let (_up, base) = Upstream::start().await;
+    let yaml = with_master(&format!(
+        r#"
+model_list:
+  - model_name: failing
+    litellm_params: {{model: openai/fail, api_base: "{base}", api_key: sk-up}}
+  - model_name: m
+    litellm_params: {{model: openai/m, mock_response: "hi"}}
+litellm_settings:
+  callbacks: ["dynamic_rate_limiter_v3"]
+  priority_reservation_settings: {{redis_timeout_ms: 2000}}
+router_settings:
+  redis_url: "{}"
+  num_retries: 0
+  fallbacks: [{{"failing": ["m"]}}]
+"#,
+        redis.url()
+    ));
+    let (gateways, _dirs) = fleet(&yaml).await;
+    let key = gateways[0]
+        .new_key(json!({"max_parallel_requests": 1}))
+        .await;
+    let team = gateways[0]
+        .new_team(json!({"max_parallel_requests": 1}))
+        .await;
+    let member = gateways[0].new_key(json!({"team_id": team})).await;
+    for who in [&key, &member] {
+        for i in 0..6 {
+            let r = gateways[i % 3].chat(who, "failing", false).await;
+            assert_eq!(r.status, 200, "try {i}: {}", r.text());
+            assert_eq!(r.headers["x-litellm-model-group"], "m");
+        }
+    }
+    no_failures(&gateways);
+}
+
 /// Sends `n` chats with `body` as `key` at once, spread over the fleet, to `up`'s gated model:
 /// the admitted ones are held at the upstream until all `n` are either there or answered, so all
 /// admissions happen while every admitted one is in flight; then the gate opens.

@@ -11,6 +11,7 @@ use tower_priority_limit::config::PoolRef;
 use tower_priority_limit::decision::{Admitted, Refused};
 use tower_priority_limit::headers::{insert_queued_header, X_SHADOW_REFUSED_BY};
 use tower_priority_limit::metrics::{OutcomeLabel, RefusedBy};
+use tower_priority_limit::store::Store;
 use tower_priority_limit::{Lease, Limiter};
 
 use super::admission::{admit, charge, store_failure, Admission};
@@ -139,7 +140,9 @@ pub async fn serve(
             } => {
                 // A previous fallback's lease: refunded if none of its deployments was called;
                 // else dropped, which charges it no tokens.
+                let mut released = false;
                 if let Some((lease, _)) = group_lease.take() {
+                    released = true;
                     if !current_called {
                         lease.cancel();
                     }
@@ -162,12 +165,20 @@ pub async fn serve(
                 // at its last slot or request would else be refused by its own first try).
                 if fallback {
                     if let Some((lease, _)) = first_lease.take() {
+                        released = true;
                         if !first_called {
                             lease.cancel();
                         }
                     }
                 }
                 if let (true, Some(limiter), Some(pool)) = (fallback, limiter, pool) {
+                    // A shared store settles in the background: what the request gave back
+                    // (its key's or team's parallel slot, its budget reservation) reaches it
+                    // before the fallback counts the request, or a key at its last slot would
+                    // be refused by its own earlier try.
+                    if released && chat.access.has_limits() {
+                        limiter.store().flush().await;
+                    }
                     match admit(limiter, name, pool, chat, false, prices_of(router, name)).await {
                         Ok(Admission::Admitted(lease, admitted, _)) => {
                             group_lease = Some((lease, admitted));
