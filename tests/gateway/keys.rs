@@ -194,7 +194,7 @@ model_list:
     assert_eq!(r.status, 403);
     assert!(
         r.error_message()
-            .ends_with("It can access: no model (its models and its team's have none in common)."),
+            .ends_with("It can access: no model of this config (the key's models, and its team's, allow none of them)."),
         "{}",
         r.text()
     );
@@ -920,6 +920,87 @@ async fn teams_are_deleted_with_their_keys() {
         .get(&format!("/team/info?team_id={doomed}"), Some(MASTER))
         .await;
     assert_eq!(info.status, 404);
+}
+
+/// Without a master key every request is served as the master key, so keys and teams could
+/// change nothing: making or changing one is a 400 that says so, not a limit accepted and never
+/// applied.
+#[tokio::test]
+async fn without_a_master_key_keys_and_teams_are_refused_not_ignored() {
+    let open = rpm10().replace(&format!("general_settings:\n  master_key: {MASTER}\n"), "");
+    assert!(!open.contains("master_key"), "{open}");
+    let gw = Gw::start(&open, None).await;
+    for (path, body) in [
+        ("/key/generate", json!({"rpm_limit": 1})),
+        ("/key/generate", json!({})),
+        ("/team/new", json!({"max_budget": 1.0})),
+        ("/key/update", json!({"key": "sk-x", "rpm_limit": 1})),
+        ("/team/update", json!({"team_id": "t", "rpm_limit": 1})),
+        ("/key/block", json!({"key": "sk-x"})),
+        ("/team/block", json!({"team_id": "t"})),
+    ] {
+        let r = gw.post(path, None, body).await;
+        assert_eq!(r.status, 400, "{path}: {}", r.text());
+        assert!(
+            r.error_message().contains("no general_settings.master_key"),
+            "{}",
+            r.text()
+        );
+    }
+    // Served, as the master key.
+    assert_eq!(gw.chat("sk-anything", M, false).await.status, 200);
+    assert_eq!(gw.get("/key/list", None).await.status, 200);
+}
+
+/// LiteLLM's names for every model in `models` mean that here too: `all-proxy-models` on a key
+/// or team, `all-team-models` on a key (its team's, which it is held to anyway); taken as names
+/// they would allow no model at all.
+#[tokio::test]
+async fn litellms_every_model_names_allow_every_model() {
+    let yaml = with_master(
+        r#"
+model_list:
+  - model_name: a
+    litellm_params: {model: openai/a, mock_response: "hi"}
+  - model_name: b
+    litellm_params: {model: openai/b, mock_response: "hi"}
+"#,
+    );
+    let gw = Gw::start(&yaml, None).await;
+    let every_team = gw.new_team(json!({"models": ["all-proxy-models"]})).await;
+    let only_a = gw.new_team(json!({"models": ["a"]})).await;
+    let keys = [
+        (
+            gw.new_key(json!({"models": ["all-proxy-models"]})).await,
+            [200, 200],
+        ),
+        (gw.new_key(json!({"team_id": every_team})).await, [200, 200]),
+        (
+            gw.new_key(json!({"team_id": only_a, "models": ["all-team-models"]}))
+                .await,
+            [200, 403],
+        ),
+    ];
+    for (key, expected) in &keys {
+        let got = [
+            gw.chat(key, "a", false).await.status.as_u16(),
+            gw.chat(key, "b", false).await.status.as_u16(),
+        ];
+        assert_eq!(&got, expected, "{key:.12}");
+    }
+    let info = gw
+        .get(&format!("/key/info?key={}", keys[0].0), Some(MASTER))
+        .await
+        .json();
+    assert_eq!(info["info"]["models"], json!([]), "{info}");
+    let r = gw
+        .post(
+            "/team/update",
+            Some(MASTER),
+            json!({"team_id": only_a, "models": ["all-proxy-models"]}),
+        )
+        .await;
+    assert_eq!(r.json()["models"], json!([]), "{}", r.text());
 }
 
 /// `/team/list` lists every team as `/team/info` shows it, ordered by id, and follows creation

@@ -151,9 +151,10 @@ where
     if !access.allows(&model) {
         let config = gw.config();
         let allowed = access.allowed(config.model_names());
-        // A key's and its team's lists may have nothing in common.
+        // A key's list may name no configured model, or have nothing in common with its team's.
         let allowed = if allowed.is_empty() {
-            "no model (its models and its team's have none in common)".to_owned()
+            "no model of this config (the key's models, and its team's, allow none of them)"
+                .to_owned()
         } else {
             allowed.join(", ")
         };

@@ -16,8 +16,8 @@ use crate::error::ApiError;
 use crate::gateway::Gateway;
 use crate::keys::litellm::{METADATA_LIMITS, METADATA_SETTINGS};
 use crate::keys::{
-    expiry, hashes_match, key_hash, routes, KeyRecord, KeyStoreError, Limits, ModelBudget, NewKey,
-    TeamRecord,
+    every_model_as_empty, expiry, hashes_match, key_hash, routes, KeyRecord, KeyStoreError, Limits,
+    ModelBudget, NewKey, TeamRecord, EVERY_MODEL_OF_KEY, EVERY_MODEL_OF_TEAM,
 };
 use tower_priority_limit::caller::CallerKind;
 use tower_priority_limit::config::Enforcement;
@@ -515,8 +515,9 @@ fn metadata(
     }
 }
 
-/// A key's or team's `models`: a list of model names (absent or null: every model).
-fn models(body: &Map<String, Value>) -> Result<Vec<String>, ApiError> {
+/// A key's or team's `models`: a list of model names (absent or null: every model), LiteLLM's
+/// names for every model (`every`: `all-proxy-models`, on a key `all-team-models`) read as that.
+fn models(body: &Map<String, Value>, every: &[&str]) -> Result<Vec<String>, ApiError> {
     let invalid =
         || ApiError::bad_request("'models' must be a list of model names.").param("models");
     match body.get("models") {
@@ -525,6 +526,7 @@ fn models(body: &Map<String, Value>) -> Result<Vec<String>, ApiError> {
             .iter()
             .map(|m| m.as_str().map(str::to_owned))
             .collect::<Option<Vec<_>>>()
+            .map(|models| every_model_as_empty(models, every))
             .ok_or_else(invalid),
         Some(_) => Err(invalid()),
     }
@@ -722,13 +724,27 @@ fn team_json(team: &TeamRecord) -> Value {
     out
 }
 
+/// Refuses a key or team change that could not hold: without a master key every request is
+/// served as the master key, so no key's models, limits, budget, expiry or block would apply.
+fn keys_apply(gw: &Gateway) -> Result<(), ApiError> {
+    match gw.master_key_hash() {
+        Some(_) => Ok(()),
+        None => Err(ApiError::bad_request(
+            "This gateway has no general_settings.master_key: every request is served as the \
+             master key, so a key's or team's models, limits, budgets, expiry and block would \
+             never apply. Set a master key to use keys; nothing was changed.",
+        )),
+    }
+}
+
 /// `POST /key/generate` → `{"key", "key_alias", "metadata", "team_id", "models", "token", ...}`.
 pub async fn generate(
     State(gw): State<Arc<Gateway>>,
     JsonBody(body): JsonBody,
 ) -> Result<Json<Value>, ApiError> {
+    keys_apply(&gw)?;
     only_honoured(&body, "/key/generate", &[KEY_FIELDS, &Limits::FIELDS])?;
-    let models = models(&body)?;
+    let models = models(&body, EVERY_MODEL_OF_KEY)?;
     let priorities = gw.limiter().config().priorities().to_vec();
     let chosen = chosen_key(&gw, &body)?;
     let expires_at = expires_at(&body, gw.unix_secs())?;
@@ -812,6 +828,7 @@ pub async fn new_team(
     State(gw): State<Arc<Gateway>>,
     JsonBody(body): JsonBody,
 ) -> Result<Json<Value>, ApiError> {
+    keys_apply(&gw)?;
     only_honoured(&body, "/team/new", &[TEAM_FIELDS, &Limits::FIELDS])?;
     let priorities = gw.limiter().config().priorities().to_vec();
     let team = gw
@@ -820,7 +837,7 @@ pub async fn new_team(
             opt_string(&body, "team_id")?,
             alias(&body, "team_alias")?,
             metadata(&body, &priorities, Write::Create)?,
-            models(&body)?,
+            models(&body, EVERY_MODEL_OF_TEAM)?,
             limits(&gw, &body, &Limits::default())?,
         )
         .await
@@ -928,6 +945,7 @@ pub async fn update(
     State(gw): State<Arc<Gateway>>,
     JsonBody(body): JsonBody,
 ) -> Result<Json<Value>, ApiError> {
+    keys_apply(&gw)?;
     only_honoured(&body, "/key/update", &[KEY_UPDATE_FIELDS, &Limits::FIELDS])?;
     let key = named_key(&body)?;
     let changes = Changes::read(&gw, &body, "key_alias")?;
@@ -995,7 +1013,13 @@ impl Changes {
                 .transpose()?,
             models: body
                 .contains_key("models")
-                .then(|| models(body))
+                .then(|| {
+                    let every = match alias_field {
+                        "key_alias" => EVERY_MODEL_OF_KEY,
+                        _ => EVERY_MODEL_OF_TEAM,
+                    };
+                    models(body, every)
+                })
                 .transpose()?,
             blocked: opt_bool(body, "blocked")?,
         })
@@ -1030,6 +1054,7 @@ pub async fn block(
     State(gw): State<Arc<Gateway>>,
     JsonBody(body): JsonBody,
 ) -> Result<Json<Value>, ApiError> {
+    keys_apply(&gw)?;
     set_blocked(&gw, &body, "/key/block", true).await
 }
 
@@ -1101,6 +1126,7 @@ pub async fn update_team(
     State(gw): State<Arc<Gateway>>,
     JsonBody(body): JsonBody,
 ) -> Result<Json<Value>, ApiError> {
+    keys_apply(&gw)?;
     only_honoured(
         &body,
         "/team/update",
@@ -1160,6 +1186,7 @@ pub async fn block_team(
     State(gw): State<Arc<Gateway>>,
     JsonBody(body): JsonBody,
 ) -> Result<Json<Value>, ApiError> {
+    keys_apply(&gw)?;
     set_team_blocked(&gw, &body, "/team/block", true).await
 }
 

@@ -45,7 +45,8 @@ use tower_priority_limit::store::SpendRow;
 use super::postgres::{connect_one, import_rows, migrate};
 use super::postgres_spend::write_rows;
 use super::{
-    expiry, now_secs, token_of, KeyRecord, KeyStoreError, Limits, ModelBudget, TeamRecord,
+    every_model_as_empty, expiry, now_secs, token_of, KeyRecord, KeyStoreError, Limits,
+    ModelBudget, TeamRecord, EVERY_MODEL_OF_KEY, EVERY_MODEL_OF_TEAM,
 };
 use crate::config::DatabaseUrl;
 
@@ -833,10 +834,7 @@ fn models(row: &Map<String, Value>, every: &[&str]) -> Vec<String> {
                 .collect()
         })
         .unwrap_or_default();
-    if models.iter().any(|m| every.contains(&m.as_str())) {
-        return Vec::new();
-    }
-    models
+    every_model_as_empty(models, every)
 }
 
 /// The row's `metadata`, without the per-model limits ([`METADATA_LIMITS`]), which [`limits`]
@@ -873,7 +871,7 @@ fn key(row: &Map<String, Value>, now: u64) -> Result<KeyRecord, KeyStoreError> {
         key_alias: text(row, "key_alias"),
         metadata: metadata(row),
         team_id: text(row, "team_id"),
-        models: models(row, &["all-proxy-models", "all-team-models"]),
+        models: models(row, EVERY_MODEL_OF_KEY),
         created_at: time(row, KEY_TABLE, "created_at")?.unwrap_or_else(now_secs),
         expires_at: time(row, KEY_TABLE, "expires")?,
         blocked: row.get("blocked").and_then(Value::as_bool).unwrap_or(false),
@@ -902,7 +900,7 @@ fn team(row: &Map<String, Value>, now: u64) -> Result<TeamRecord, KeyStoreError>
         team_id,
         team_alias: text(row, "team_alias"),
         metadata: metadata(row),
-        models: models(row, &["all-proxy-models"]),
+        models: models(row, EVERY_MODEL_OF_TEAM),
         blocked: row.get("blocked").and_then(Value::as_bool).unwrap_or(false),
         created_at: time(row, TEAM_TABLE, "created_at")?.unwrap_or_else(now_secs),
         // Counted under its team_id, where its imported spend is put.
