@@ -271,3 +271,54 @@ async fn a_huge_model_name_is_not_echoed_whole() {
         )
     );
 }
+
+/// A request refused before its body is read (an unknown key, a generated key on an admin
+/// route) is answered with `Connection: close`: its unread body leaves the connection unusable,
+/// and a client reusing it would get a broken pipe instead of its next answer. Checked on the
+/// raw socket (the header, then the close), and with a keep-alive client sending bodies with a
+/// bad key in a row: every one gets its 401.
+#[tokio::test]
+async fn a_refusal_before_the_body_is_read_closes_the_connection_and_says_so() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let gw = Gw::start(&config(), None).await;
+    let key = gw.new_key(json!({})).await;
+    let addr = gw.base.trim_start_matches("http://").to_owned();
+    let body = r#"{"model": "m", "messages": [{"role": "user", "content": "hi"}]}"#;
+    for (path, bearer) in [
+        ("/v1/chat/completions", "sk-unknown"),
+        ("/key/generate", key.as_str()),
+    ] {
+        let mut socket = tokio::net::TcpStream::connect(&addr).await.unwrap();
+        let request = format!(
+            "POST {path} HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {bearer}\r\n\
+             content-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        socket.write_all(request.as_bytes()).await.unwrap();
+        let mut answer = Vec::new();
+        // Read to the end: the gateway closes the connection after the answer.
+        tokio::time::timeout(
+            std::time::Duration::from_secs(5),
+            socket.read_to_end(&mut answer),
+        )
+        .await
+        .expect("the connection is closed")
+        .unwrap();
+        let answer = String::from_utf8_lossy(&answer).to_lowercase();
+        assert!(answer.starts_with("http/1.1 401"), "{path}: {answer}");
+        assert!(
+            answer.contains("\r\nconnection: close\r\n"),
+            "{path}: {answer}"
+        );
+    }
+    for i in 0..30 {
+        let r = gw
+            .post(
+                "/v1/chat/completions",
+                Some("sk-unknown"),
+                json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]}),
+            )
+            .await;
+        assert_eq!(r.status, 401, "request {i}: {}", r.text());
+    }
+}

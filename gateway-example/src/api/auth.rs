@@ -142,6 +142,19 @@ pub fn api_key<B>(request: &http::Request<B>) -> Option<&str> {
         .map(str::trim)
 }
 
+/// The answer to a request refused before its body was read (its key missing, unknown, blocked
+/// or expired, or not to be checked): with `Connection: close`. The unread body leaves the
+/// connection unusable for another request, and a client that is not told so sends its next
+/// request on it and gets a broken pipe instead of an answer.
+pub(crate) fn refused_unread(error: ApiError) -> Response {
+    let mut response = error.into_response();
+    response.headers_mut().insert(
+        http::header::CONNECTION,
+        http::HeaderValue::from_static("close"),
+    );
+    response
+}
+
 /// Requires the master key or a generated key.
 pub async fn require_key(
     State(gw): State<Arc<Gateway>>,
@@ -153,7 +166,7 @@ pub async fn require_key(
             request.extensions_mut().insert(caller);
             next.run(request).await
         }
-        Err(e) => e.into_response(),
+        Err(e) => refused_unread(e),
     }
 }
 
@@ -175,10 +188,9 @@ pub async fn require_master(
 ) -> Response {
     match identify(&gw, api_key(&request), request.uri().path()).await {
         Ok((Caller::Master, _)) => next.run(request).await,
-        Ok((Caller::Key(_), _)) => ApiError::unauthorized(
+        Ok((Caller::Key(_), _)) => refused_unread(ApiError::unauthorized(
             "Authentication Error, only the master key may call this endpoint.",
-        )
-        .into_response(),
-        Err(e) => e.into_response(),
+        )),
+        Err(e) => refused_unread(e),
     }
 }

@@ -16,7 +16,7 @@ use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, StatusCode};
 use serde_json::Value;
 use tower_priority_limit::meter::UsageMeter;
 
-use super::auth::{api_key, identify, Caller};
+use super::auth::{api_key, identify, refused_unread, Caller};
 use super::body::read_bounded;
 use super::fields::{Fields, Member, Shape};
 use crate::chat::ChatRequest;
@@ -264,7 +264,7 @@ where
         .map(|r| (Instant::now(), gw.unix_ms(), r.caller(key.unwrap_or(""))));
     let (access, priority) = match identify(&gw, key, request.uri().path()).await {
         Ok(found) => found,
-        Err(e) => return e.into_response(),
+        Err(e) => return refused_unread(e),
     };
     if request.method() != Method::POST {
         return not_post(request.method());
