@@ -194,12 +194,12 @@ async fn run(args: Args) -> Result<(), String> {
                     // A few lines, not one per key of a large store.
                     const SHOWN: usize = 20;
                     for what in found.iter().take(SHOWN) {
-                        tracing::warn!("{what}; it does not apply under this config");
+                        tracing::warn!("a stored setting this config cannot apply as set: {what}");
                     }
                     if found.len() > SHOWN {
                         tracing::warn!(
-                            "and {} more settings of keys and teams that do not apply under \
-                             this config (/key/list?return_full_object=true shows the keys')",
+                            "and {} more stored settings of keys and teams this config cannot \
+                             apply as set (/key/list?return_full_object=true shows the keys')",
                             found.len() - SHOWN
                         );
                     }

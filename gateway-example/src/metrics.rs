@@ -228,7 +228,16 @@ impl GatewayMetrics {
             http.fallbacks[model.0].inc_by(fallbacks);
         }
         if let Some(who) = headers.get(tower_priority_limit::headers::X_SOFT_BUDGET_PASSED) {
-            http.soft_budget[usize::from(who.as_bytes() == b"team")].inc();
+            // `key`, `team` or `key, team`: each caller past its soft budget is counted.
+            for (place, kind) in ["key", "team"].into_iter().enumerate() {
+                if who
+                    .as_bytes()
+                    .split(|b| *b == b',')
+                    .any(|w| w.trim_ascii() == kind.as_bytes())
+                {
+                    http.soft_budget[place].inc();
+                }
+            }
         }
     }
 

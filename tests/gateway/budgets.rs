@@ -369,6 +369,34 @@ async fn a_soft_budget_alone_is_said_and_never_refuses() {
     }
     let spend = key_info(&gw, &alone).await["spend"].as_f64().unwrap();
     assert!(close(spend, 5.0 * COST), "counted: {spend}");
+
+    // A key and its team both past theirs: the answer says both, the metric counts both.
+    let team = gw.new_team(json!({"soft_budget": 1.0 * COST})).await;
+    let both = gw
+        .new_key(json!({"team_id": team, "soft_budget": 1.0 * COST}))
+        .await;
+    let said: Vec<Option<String>> = {
+        let mut said = Vec::new();
+        for _ in 0..2 {
+            let r = gw.chat(&both, "a", false).await;
+            said.push(
+                r.headers
+                    .get("x-priority-limit-soft-budget-passed")
+                    .map(|v| v.to_str().unwrap().to_owned()),
+            );
+        }
+        said
+    };
+    assert_eq!(said, [None, Some("key, team".to_owned())]);
+    let metrics = gw.get("/metrics", Some(MASTER)).await;
+    let metrics = metrics.text();
+    // Each counted once more: 4 answers of the first team's member and 3 of `alone` before.
+    for counted in ["{caller=\"team\"} 5", "{caller=\"key\"} 4"] {
+        assert!(
+            metrics.contains(&format!("gateway_soft_budget_passed_total{counted}")),
+            "{counted}: {metrics}"
+        );
+    }
 }
 
 /// Budgets that could not hold are refused by name, and nothing is made.

@@ -771,6 +771,6 @@ async fn limits_another_config_cannot_apply_are_named_from_redis() {
     assert!(named[0].starts_with("key ") && named[0].contains(r#"(alias "stale"): model_tpm_limit names "my-fake-model", which is not a model_name"#), "{named:#?}");
     assert_eq!(
         named[1],
-        r#"team "t": model_rpm_limit names "my-fake-model", which is not a model_name of the config"#
+        r#"team "t": model_rpm_limit names "my-fake-model", which is not a model_name of the config: it limits nothing"#
     );
 }

@@ -703,14 +703,15 @@ impl Callers {
         self.soft_passed.fetch_or(1 << place, Ordering::Relaxed);
     }
 
-    /// The first caller (key, then team) whose spend had reached its soft budget when this
-    /// request was admitted: answers are still served, the gateway says so.
-    pub fn soft_budget_passed(&self) -> Option<CallerKind> {
+    /// The callers (key, team) whose spend had reached their soft budget when this request was
+    /// admitted: answers are still served, the gateway says so.
+    pub fn soft_budget_passed(&self) -> SoftBudgetsPassed {
         let bits = self.soft_passed.load(Ordering::Relaxed);
-        (0..2)
-            .find(|place| bits & (1 << place) != 0)
-            .and_then(|place| self.get(place))
-            .map(Caller::kind)
+        let passed = |place: usize| bits & (1 << place) != 0 && self.get(place).is_some();
+        SoftBudgetsPassed {
+            key: passed(0),
+            team: passed(1),
+        }
     }
 
     /// Where the admission counted this request on its callers' counters (the store writes it
@@ -812,6 +813,36 @@ impl Callers {
     /// [`reservation`]: crate::decision::reservation
     pub fn reservation(&self, estimate: u64) -> u64 {
         estimate.min(self.token_cap)
+    }
+}
+
+/// Which of a request's callers had spent their soft budget when it was admitted (both may have).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SoftBudgetsPassed {
+    /// The key's.
+    pub key: bool,
+    /// The team's.
+    pub team: bool,
+}
+
+impl SoftBudgetsPassed {
+    /// As the answer's `x-priority-limit-soft-budget-passed` says it: `key`, `team` or
+    /// `key, team`; `None` when neither had.
+    ///
+    /// ```
+    /// use tower_priority_limit::caller::SoftBudgetsPassed;
+    ///
+    /// let both = SoftBudgetsPassed { key: true, team: true };
+    /// assert_eq!(both.as_header(), Some("key, team"));
+    /// assert_eq!(SoftBudgetsPassed::default().as_header(), None);
+    /// ```
+    pub fn as_header(self) -> Option<&'static str> {
+        match (self.key, self.team) {
+            (true, true) => Some("key, team"),
+            (true, false) => Some("key"),
+            (false, true) => Some("team"),
+            (false, false) => None,
+        }
     }
 }
 

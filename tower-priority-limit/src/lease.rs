@@ -98,9 +98,12 @@ impl Lease {
         }
     }
 
-    /// The caller (key, then team) whose spend had reached its soft budget at admission.
-    pub fn soft_budget_passed(&self) -> Option<crate::caller::CallerKind> {
-        self.callers.as_ref()?.soft_budget_passed()
+    /// The callers (key, team) whose spend had reached their soft budget at admission.
+    pub fn soft_budget_passed(&self) -> crate::caller::SoftBudgetsPassed {
+        self.callers
+            .as_ref()
+            .map(|c| c.soft_budget_passed())
+            .unwrap_or_default()
     }
 
     /// The model this lease was admitted for.

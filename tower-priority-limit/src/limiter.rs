@@ -431,10 +431,10 @@ impl<St: Store> Limiter<St> {
             lease.pool(),
             admitted,
         );
-        if let Some(kind) = lease.soft_budget_passed() {
+        if let Some(who) = lease.soft_budget_passed().as_header() {
             parts.headers.insert(
                 crate::response::headers::X_SOFT_BUDGET_PASSED,
-                http::HeaderValue::from_static(kind.as_str()),
+                http::HeaderValue::from_static(who),
             );
         }
         let meter = UsageMeter::for_response(

@@ -309,7 +309,10 @@ fn budgets(
     // A budget must be able to fill: its models must have prices.
     let router = gw.router();
     let priced = |group: &str| router.group(group).is_some_and(|g| !g.prices.is_free());
-    if let Some(free) = out.model_max_budget.keys().find(|m| !priced(m)) {
+    // The fields this body sets only: what an update leaves as it was stays (a setting the
+    // config cannot apply any more is named at start, not a reason to refuse other changes).
+    let unpriced = out.model_max_budget.keys().find(|m| !priced(m));
+    if let Some(free) = unpriced.filter(|_| body.contains_key(field)) {
         return Err(ApiError::bad_request(format!(
             "'{field}' names {free:?}, whose deployments have no input_cost_per_token or \
              output_cost_per_token (model_info): its spend would stay 0 and the budget never \
@@ -321,7 +324,11 @@ fn budgets(
         ("max_budget", out.max_budget),
         ("soft_budget", out.soft_budget),
     ];
-    if let Some((field, _)) = across.iter().find(|(_, set)| set.is_some()) {
+    let set_now = |field: &str| body.get(field).is_some_and(|v| !v.is_null());
+    if let Some((field, _)) = across
+        .iter()
+        .find(|(field, set)| set.is_some() && set_now(field))
+    {
         if !groups.iter().any(|g| priced(g)) {
             return Err(ApiError::bad_request(format!(
                 "'{field}' needs prices: no model of the config has input_cost_per_token or \

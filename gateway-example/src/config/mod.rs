@@ -516,7 +516,8 @@ impl GatewayConfig {
             if !limiter_enabled && settings.get("priority_reservation")?.is_some() {
                 tracing::warn!(
                     "priority_reservation is set but litellm_settings.callbacks does not list \
-                     {LIMITER_CALLBACK}: the limiter is off"
+                     {LIMITER_CALLBACK}: the model limiter (groups' limits and priority pools) \
+                     is off; keys' and teams' own limits still hold"
                 );
             }
         }

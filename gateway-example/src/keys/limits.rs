@@ -199,12 +199,13 @@ impl Limits {
             for model in models {
                 if !groups.contains(&model.as_str()) {
                     out.push(format!(
-                        "{field} names {model:?}, which is not a model_name of the config"
+                        "{field} names {model:?}, which is not a model_name of the config: it \
+                         limits nothing"
                     ));
                 } else if field == "model_max_budget" && !priced(model) {
                     out.push(format!(
-                        "{field} names {model:?}, whose deployments have no prices: its spend \
-                         stays 0"
+                        "{field} names {model:?}, whose deployments have no prices: its requests \
+                         add nothing to that budget's spend (what was spent before still counts)"
                     ));
                 }
             }
@@ -216,7 +217,8 @@ impl Limits {
         if let Some((field, _)) = across.iter().find(|(_, set)| set.is_some()) {
             if !groups.iter().any(|g| priced(g)) {
                 out.push(format!(
-                    "{field}: no model of the config has prices, so spend stays 0"
+                    "{field}: no model of the config has prices, so no request adds to its \
+                     spend (what was spent before still counts)"
                 ));
             }
         }

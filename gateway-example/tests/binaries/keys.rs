@@ -358,14 +358,14 @@ async fn limits_a_new_config_cannot_apply_are_named_at_start() {
         let deadline = Instant::now() + Duration::from_secs(20);
         while named.len() < expected && Instant::now() < deadline {
             if let Ok(line) = log.recv_timeout(Duration::from_millis(200)) {
-                if line.contains("does not apply under this config") {
+                if line.contains("a stored setting this config cannot apply as set") {
                     named.push(line);
                 }
             }
         }
         // Anything more would come right after.
         while let Ok(line) = log.recv_timeout(Duration::from_millis(500)) {
-            if line.contains("does not apply under this config") {
+            if line.contains("a stored setting this config cannot apply as set") {
                 named.push(line);
             }
         }
@@ -426,6 +426,18 @@ async fn limits_a_new_config_cannot_apply_are_named_at_start() {
             .contains(r#"team "t": model_max_budget names "m", whose deployments have no prices"#)),
         "{named:#?}"
     );
+    // An update of another field of such a record is not refused for what it leaves as it was.
+    let (mut child, addr) = start(command(&dir, None)).expect("starts");
+    let (status, answer) = call(
+        &client,
+        &addr,
+        "/team/update",
+        Some(r#"{"team_id": "t", "rpm_limit": 5}"#),
+    )
+    .await
+    .unwrap();
+    assert_eq!(status, 200, "{answer}");
+    kill(&mut child, "-TERM");
     // The model limiter off: keys' and teams' own limits still apply, so only the priority is
     // named.
     write(&[model("m", priced), model("old", "")], "");

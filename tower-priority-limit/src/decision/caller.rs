@@ -786,13 +786,13 @@ mod tests {
         let mut c = CallerCounters::<FixedWindow>::default();
         admit_callers(&callers, [Some(&mut c), None], M, 0, 50, 0, W);
         assert_eq!(
-            callers.soft_budget_passed(),
+            callers.soft_budget_passed().as_header(),
             None,
             "nothing spent before it"
         );
         let again = budgeted(100);
         admit_callers(&again, [Some(&mut c), None], M, 0, 10, 0, W);
-        assert_eq!(again.soft_budget_passed(), Some(CallerKind::Key));
+        assert_eq!(again.soft_budget_passed().as_header(), Some("key"));
     }
 
     proptest! {

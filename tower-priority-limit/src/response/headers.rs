@@ -80,8 +80,8 @@ pub fn requested_max_wait(headers: &HeaderMap) -> Result<Option<std::time::Durat
 
 /// `rate_limit_type` on 429s: `requests` or `tokens`.
 pub const RATE_LIMIT_TYPE: HeaderName = HeaderName::from_static("rate_limit_type");
-/// On an answer served to a key or team whose spend had reached its soft budget: `key` or
-/// `team` (LiteLLM alerts on a soft budget; nothing is refused).
+/// On an answer served to a key or team whose spend had reached its soft budget: `key`, `team`
+/// or `key, team` (LiteLLM alerts on a soft budget; nothing is refused).
 pub const X_SOFT_BUDGET_PASSED: HeaderName =
     HeaderName::from_static("x-priority-limit-soft-budget-passed");
 /// On a 429: the counter that refused, `model_requests`, `model_tokens`, `pool_requests` or
