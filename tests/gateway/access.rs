@@ -318,3 +318,57 @@ fn refused_by(r: &Reply) -> String {
         .unwrap_or_default()
         .to_owned()
 }
+
+/// A refusal by the key's or team's own limit or budget is answered at once, as LiteLLM's (its
+/// limits are checked before routing), not passed to a fallback: a quota on a model is not that
+/// model's capacity, and a fallback would serve what the caller may not use. The group's own
+/// capacity still falls back (the key's request here once `cheap`'s rpm is used).
+#[tokio::test]
+async fn a_keys_own_refusal_is_answered_at_once_not_by_a_fallback() {
+    let yaml = falling_back_to_dear(
+        &[(
+            "cheap",
+            "model: openai/cheap, mock_response: \"hi\", rpm: 3".to_owned(),
+        )],
+        "",
+    )
+    .replace(
+        "    litellm_params: {model: openai/dear, mock_response: \"hello\", rpm: 1000}",
+        "    litellm_params: {model: openai/dear, mock_response: \"hello\", rpm: 1000}\n    \
+         model_info: {input_cost_per_token: 0.000001, output_cost_per_token: 0.000002}",
+    );
+    let gw = Gw::start(&yaml, None).await;
+    let per_model = gw.new_key(json!({"model_rpm_limit": {"cheap": 1}})).await;
+    assert_eq!(group(&gw.chat(&per_model, "cheap", false).await), "cheap");
+    let r = gw.chat(&per_model, "cheap", false).await;
+    assert_eq!(r.status, 429, "{}", r.text());
+    assert_eq!(refused_by(&r), "key_model_requests");
+    assert!(
+        !r.headers.contains_key("x-litellm-attempted-fallbacks"),
+        "{:?}",
+        r.headers
+    );
+    // A team's spent budget: its 400 at once, no fallback tried.
+    let team = gw.new_team(json!({"max_budget": 0.0})).await;
+    let member = gw.new_key(json!({"team_id": team})).await;
+    let r = gw.chat(&member, "cheap", false).await;
+    assert_eq!(
+        (r.status.as_u16(), refused_by(&r)),
+        (400, "team_budget".to_owned())
+    );
+    assert!(
+        !r.headers.contains_key("x-litellm-attempted-fallbacks"),
+        "{:?}",
+        r.headers
+    );
+    // The group's capacity does fall back: `cheap` has 2 of its 3 left, then `dear` serves.
+    let plain = gw.new_key(json!({})).await;
+    let groups: Vec<String> = {
+        let mut out = Vec::new();
+        for _ in 0..4 {
+            out.push(group(&gw.chat(&plain, "cheap", false).await).to_owned());
+        }
+        out
+    };
+    assert_eq!(groups, ["cheap", "cheap", "dear", "dear"]);
+}

@@ -332,6 +332,8 @@ async fn key_and_team_limits_hold_with_the_model_limiter_off() {
     let team = gw.new_team(json!({"max_parallel_requests": 2})).await;
     let member = gw.new_key(json!({"team_id": team})).await;
     let body = json!({"model": "gated", "messages": [{"role": "user", "content": "hi"}]});
+    // The first round opened the gate: held again, so the two admitted stay in flight.
+    up.close_gate();
     let replies = all_at_once(&gw, &up, 6, &member, body).await;
     let by_team = replies
         .iter()

@@ -7,7 +7,7 @@ use axum::body::Body;
 use axum::response::Response;
 use tower_priority_limit::caller::Prices;
 use tower_priority_limit::config::PoolRef;
-use tower_priority_limit::decision::Admitted;
+use tower_priority_limit::decision::{Admitted, Scope};
 use tower_priority_limit::meter::UsageMeter;
 use tower_priority_limit::store::StoreError;
 use tower_priority_limit::{AdmissionOutcome, Lease, Limiter, RequestAdmission, ResponseBody};
@@ -23,8 +23,18 @@ pub(super) enum Admission {
     Admitted(Lease, Admitted, Option<u64>),
     /// The group is not in the limiter's config: nothing to limit.
     Unlimited,
-    /// Refused: the limiter's own 429 for this group and priority.
-    Refused(Response),
+    /// Refused: the limiter's own 429 for this group and priority (or a budget's 400); and
+    /// whether the request's own key or team refused it (its limits, not the group's capacity).
+    Refused(Response, RefusingLimit),
+}
+
+/// Whose limit refused a request: its group's (model, pool, queue) or its own key's or team's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum RefusingLimit {
+    /// The group's capacity: another group may have room.
+    Group,
+    /// The caller's own limits or budget: what it may use, whichever group would serve it.
+    Caller,
 }
 
 /// Admits `group` for `chat` of priority `pool` (reserving its estimate with `reserve`
@@ -72,6 +82,10 @@ pub(super) async fn admit(
             limiter
                 .refusal_response_of_team(id, pool, &refused, chat.access.team_id())
                 .map(Body::from),
+            match refused.scope {
+                Scope::Caller(..) => RefusingLimit::Caller,
+                _ => RefusingLimit::Group,
+            },
         ),
     })
 }

@@ -14,7 +14,7 @@ use tower_priority_limit::metrics::{OutcomeLabel, RefusedBy};
 use tower_priority_limit::store::Store;
 use tower_priority_limit::{Lease, Limiter};
 
-use super::admission::{admit, charge, store_failure, Admission};
+use super::admission::{admit, charge, store_failure, Admission, RefusingLimit};
 use super::attempts::{Attempts, GiveUp, Step};
 use super::body::{InFlight, InFlightBody};
 use super::dispatch::{Dispatch, FailedAttempts};
@@ -97,7 +97,11 @@ pub async fn serve(
                 queued_ms = waited_ms;
             }
             Ok(Admission::Unlimited) => {}
-            Ok(Admission::Refused(response)) => refusal = Some(response),
+            // The key's or team's own limit or budget: answered at once, as LiteLLM's (its
+            // limits are checked before routing). A fallback would serve what the caller may not
+            // use: its quota on a model is not that model's capacity.
+            Ok(Admission::Refused(response, RefusingLimit::Caller)) => return response,
+            Ok(Admission::Refused(response, RefusingLimit::Group)) => refusal = Some(response),
             Err(error) => {
                 if let Some(response) = store_failure(limiter, &error) {
                     return response;
@@ -183,7 +187,7 @@ pub async fn serve(
                         Ok(Admission::Admitted(lease, admitted, _)) => {
                             group_lease = Some((lease, admitted));
                         }
-                        Ok(Admission::Refused(response)) => {
+                        Ok(Admission::Refused(response, _)) => {
                             fallback_refusal = Some(response);
                             step = attempts.group_full();
                             continue;
