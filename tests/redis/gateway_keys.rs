@@ -432,6 +432,38 @@ async fn readiness_says_when_the_limiters_redis_is_away() {
     .await;
 }
 
+/// After Redis restarts, no request is the one to find the broken connections: the gateway
+/// checks them every second, so once Redis has been back that long the first admission
+/// (`closed`: a failure would be a 503) and the first key written are answered by Redis.
+#[tokio::test]
+async fn after_a_redis_restart_no_request_finds_the_broken_connection() {
+    let Some(mut redis) = RedisServer::start("after_a_redis_restart_no_request_finds") else {
+        return;
+    };
+    let yaml = single(&redis).replace(
+        "  priority_reservation: {\"prod\": 0.9, \"dev\": 0.1}\n",
+        "  priority_reservation: {\"prod\": 0.9, \"dev\": 0.1}\n  \
+         priority_reservation_settings: {redis_failure_mode: closed}\n",
+    );
+    assert!(yaml.contains("closed"), "{yaml}");
+    let gw = Gw::connect(&yaml, None).await;
+    let key = gw.new_key(json!({})).await;
+    assert_eq!(gw.chat(&key, M, false).await.status, 200);
+    for round in 0..2 {
+        // Emptied too (no persistence): the first call to each store after it is a write.
+        redis.kill();
+        redis.restart();
+        // Longer than the checks' period and a reconnect.
+        tokio::time::sleep(Duration::from_millis(2_500)).await;
+        let r = gw.chat(MASTER, M, false).await;
+        assert_eq!(r.status, 200, "round {round}: {}", r.text());
+        let r = gw.post("/key/generate", Some(MASTER), json!({})).await;
+        assert_eq!(r.status, 200, "round {round}: {}", r.text());
+        let key = r.json()["key"].as_str().unwrap().to_owned();
+        assert_eq!(gw.chat(&key, M, false).await.status, 200);
+    }
+}
+
 #[tokio::test]
 async fn redis_down_uncached_keys_get_503_the_master_key_still_works() {
     let Some(mut redis) = RedisServer::start("redis_down_uncached_keys_get_503") else {

@@ -65,6 +65,8 @@ pub struct RedisKeys {
     /// The target with passwords hidden, for `Debug` and logs.
     target: String,
     warned: Throttle,
+    /// Ends the connection's keep-alive ([`keep_alive`]) when the store is dropped.
+    _alive: Arc<()>,
 }
 
 impl fmt::Debug for RedisKeys {
@@ -115,6 +117,10 @@ impl RedisKeys {
                 }))
             }
         };
+        let alive = Arc::new(());
+        if let Connector::Single(manager) = &connector {
+            tokio::spawn(keep_alive(manager.clone(), Arc::downgrade(&alive)));
+        }
         Ok(Self {
             connector,
             keys_hash: format!("{prefix}keys"),
@@ -123,6 +129,7 @@ impl RedisKeys {
             cache: KeyCache::default(),
             target: redacted,
             warned: Throttle::new(),
+            _alive: alive,
         })
     }
 
@@ -647,6 +654,29 @@ impl RedisKeys {
             })
         })
         .transpose()
+    }
+}
+
+/// How often the key store's connection to a single server is checked.
+const KEEP_ALIVE: Duration = Duration::from_secs(1);
+
+/// Sends a `PING` every [`KEEP_ALIVE`] while `alive` lives: a connection that broke while Redis
+/// restarted is found (and remade by the connection manager) by the ping, not by the first key
+/// lookups after it, which would each get a 503.
+async fn keep_alive(mut manager: ConnectionManager, alive: std::sync::Weak<()>) {
+    let mut every = tokio::time::interval(KEEP_ALIVE);
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        every.tick().await;
+        if alive.upgrade().is_none() {
+            return;
+        }
+        let ping = ::redis::cmd("PING");
+        let _ = tokio::time::timeout(
+            Duration::from_secs(1),
+            ping.query_async::<String>(&mut manager),
+        )
+        .await;
     }
 }
 

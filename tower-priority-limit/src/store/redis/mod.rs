@@ -445,6 +445,7 @@ impl RedisStoreBuilder {
             receiver,
             self.settle_queue,
         ));
+        tokio::spawn(keep_alive(Arc::downgrade(&inner)));
         if !inner.flow_keys.is_empty() {
             let urls = match &self.target {
                 RedisTarget::Single(url) => std::slice::from_ref(url),
@@ -606,6 +607,7 @@ impl RedisStore {
             receiver,
             parent.settle_queue,
         ));
+        tokio::spawn(keep_alive(Arc::downgrade(&inner)));
         let settler = Arc::new(RedisSettler {
             inner: Arc::clone(&inner),
             queue: queue.clone(),
@@ -2076,6 +2078,35 @@ enum PairAt {
 }
 
 type BoxedAdmit = Pin<Box<dyn Future<Output = Result<Decision, StoreError>> + Send>>;
+
+/// How often a single server's connection is checked while nothing else uses it.
+const KEEP_ALIVE: Duration = Duration::from_secs(1);
+
+/// Sends a `PING` every [`KEEP_ALIVE`] on a single server's connection while its store lives: a
+/// connection that broke while Redis restarted is found by the ping, which the connection
+/// manager answers by reconnecting, not by the first requests after it (a closed-mode 503 each).
+/// A cluster's connections find their nodes again themselves.
+async fn keep_alive(inner: std::sync::Weak<Inner>) {
+    let mut every = tokio::time::interval(KEEP_ALIVE);
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        every.tick().await;
+        let Some(inner) = inner.upgrade() else {
+            return;
+        };
+        let RedisConnection::Single(manager) = &inner.connection else {
+            return;
+        };
+        let mut connection = manager.clone();
+        let timeout = inner.timeout.max(Duration::from_millis(500));
+        drop(inner);
+        let _ = bounded(
+            timeout,
+            redis::cmd("PING").query_async::<String>(&mut connection),
+        )
+        .await;
+    }
+}
 
 /// Whether a request's callers hold something that only its settlement gives back: a parallel
 /// slot (until it lapses) or a budget reservation.
