@@ -184,6 +184,9 @@ router_settings:
             let r = gateways[i % 3].chat(who, "failing", false).await;
             assert_eq!(r.status, 200, "try {i}: {}", r.text());
             assert_eq!(r.headers["x-litellm-model-group"], "m");
+            // The answer's settlement (its slot given back) lands before the next try, which
+            // may come to another gateway: what this test is about is within one request.
+            flush(&gateways).await;
         }
     }
     no_failures(&gateways);

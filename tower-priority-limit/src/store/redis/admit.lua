@@ -217,6 +217,29 @@ if nc > 0 then
       end
       c.pairs[j].p, c.pairs[j].win, c.pairs[j].sl = pr[1], pr[2], pr[3]
     end
+    -- Slots, one per admission in flight, are kept for a caller with a max_parallel and for one
+    -- with a budget: a slot held past its lapse (its gateway died with the request in flight)
+    -- is dropped, and the budget reservation it recorded (`x<slot>`: cost, period, model
+    -- budget's period and prefix) given back, so a dead gateway's reservations do not stay.
+    c.parallel, c.slots = 0, lim[0] >= 0 or lim[6] >= 0 or lim[8] >= 0
+    if c.slots then
+      local gone = redis.call('ZRANGEBYSCORE', zk, '-inf', now)
+      for _, slot_id in ipairs(gone) do
+        local rec = redis.call('HGET', hk, 'x' .. slot_id)
+        if rec then
+          local cost, period, mperiod, mprefix = string.match(rec, '^(%d+) (%-?%d+) (%-?%d+) (.*)$')
+          for _, b in ipairs({{'$', period}, {mprefix .. '$', mperiod}}) do
+            local f = redis.call('HMGET', hk, b[1] .. 'p', b[1] .. 'r')
+            if b[2] ~= '-1' and tonumber(f[1]) == tonumber(b[2]) then
+              redis.call('HSET', hk, b[1] .. 'r', math.max(0, (tonumber(f[2]) or 0) - tonumber(cost)))
+            end
+          end
+          redis.call('HDEL', hk, 'x' .. slot_id)
+        end
+      end
+      if #gone > 0 then redis.call('ZREMRANGEBYSCORE', zk, '-inf', now) end
+      if lim[0] >= 0 then c.parallel = redis.call('ZCARD', zk) end
+    end
     -- Budgets (`check_budget`): spent + reserved in the request's period (0 for an older one).
     c.budgets, c.ttl = {}, lim[10]
     for j, b in ipairs({{'$', lim[6], lim[7]}, {mp .. '$', lim[8], lim[9]}}) do
@@ -228,12 +251,6 @@ if nc > 0 then
       e.committed = e.s + e.r
       if b[3] > e.raw_p then e.committed = 0 end
       c.budgets[j] = e
-    end
-    -- Slots are kept only for a caller with a max_parallel (the others never read them).
-    c.parallel, c.slots = 0, lim[0] >= 0
-    if c.slots then
-      redis.call('ZREMRANGEBYSCORE', zk, '-inf', now)
-      c.parallel = redis.call('ZCARD', zk)
     end
     callers[i] = c
     if not caller_refused and lim[11] ~= 1 then
@@ -646,6 +663,16 @@ local function callers_reply(reply)
         local lease = tonumber(ARGV[cb + 6])
         redis.call('ZADD', c.zk, now + lease, ARGV[cb + 5])
         redis.call('PEXPIRE', c.zk, lease)
+        -- What this admission reserved on the budgets, given back if its slot lapses.
+        local periods = {-1, -1}
+        for j, e in ipairs(c.budgets) do
+          if e.max >= 0 then periods[j] = math.max(e.period, e.raw_p) end
+        end
+        if cost > 0 and (periods[1] >= 0 or periods[2] >= 0) then
+          redis.call('HSET', c.hk, 'x' .. ARGV[cb + 5],
+            string.format('%d %d %d %s', cost, periods[1], periods[2], ARGV[cb + 7]))
+          if c.ttl >= 0 then redis.call('PEXPIRE', c.hk, c.ttl) end
+        end
       end
     end
   end

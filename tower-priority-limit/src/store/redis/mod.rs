@@ -137,8 +137,10 @@ const BEHIND: i64 = 5;
 /// order, and by every settlement that frees room, while someone waits).
 pub const ORDER_RETRY_MS: Millis = 1_000;
 
-/// The longest a caller's parallel slot is held in Redis (`max_parallel_requests`): a request
-/// still running after this stops holding it, and the slots of a gateway that died free by then.
+/// The longest a caller's slot is held in Redis (`max_parallel_requests`, and a budget's
+/// reservation): a request still running after this stops holding its parallel slot and its
+/// reservation (its settlement then charges its real cost, reserving nothing back), and a gateway
+/// that died frees both by then.
 pub const PARALLEL_SLOT_MS: u64 = 600_000;
 
 /// How long a caller's hash lives after its last admission: the day (and two slots, for a sliding
@@ -2108,12 +2110,16 @@ async fn keep_alive(inner: std::sync::Weak<Inner>) {
     }
 }
 
-/// Whether a request's callers hold something that only its settlement gives back: a parallel
-/// slot (until it lapses) or a budget reservation.
+/// Whether admit.lua keeps a slot for a caller's admissions in flight: for its parallel limit,
+/// and for its budgets (a slot that lapses gives its budget reservation back).
+fn holds_slot(limits: &crate::caller::CallerLimits) -> bool {
+    limits.max_parallel.is_some() || limits.has_budget()
+}
+
+/// Whether a request's callers hold something that only its settlement gives back (or a slot's
+/// lapse, ten minutes on): a parallel slot or a budget reservation.
 fn holds_until_settled(callers: &Callers) -> bool {
-    callers
-        .iter()
-        .any(|c| c.limits().max_parallel.is_some() || c.limits().has_budget())
+    callers.iter().any(|c| holds_slot(c.limits()))
 }
 
 impl Store for RedisStore {

@@ -29,9 +29,13 @@
 --          A hash TTL of -1 keeps the hash for good (a caller's budget that never resets).
 -- Returns  {1, then per budget its spent after this settlement (-1 where the period it reserved
 --          in has ended)} when applied, {0} when skipped (already applied).
+-- Whether the admission still held its slot: once a slot lapsed (admit.lua: its gateway died
+-- with the request in flight), the budget reservation it recorded was given back with it.
+local held = true
 if ARGV[7] ~= '' and KEYS[3] then
   -- Freeing a slot is idempotent: it happens even for a settlement seen before.
-  redis.call('ZREM', KEYS[3], ARGV[7])
+  held = redis.call('ZREM', KEYS[3], ARGV[7]) == 1
+  redis.call('HDEL', KEYS[1], 'x' .. ARGV[7])
 end
 if not redis.call('SET', KEYS[2], 1, 'NX', 'PX', tonumber(ARGV[8])) then
   return {0}
@@ -160,6 +164,7 @@ for i = 0, (tonumber(ARGV[bat]) or 0) - 1 do
   if tonumber(f[1]) == mark then
     local s, r = tonumber(f[2]) or 0, tonumber(f[3]) or 0
     if not cancel then s = math.min(s + cost, MAX) end
+    if not held then breserved = 0 end
     redis.call('HSET', key, p .. 's', s, p .. 'r', math.max(0, r - breserved))
     result[#result + 1] = s
   else

@@ -21,7 +21,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::connection::bounded;
 use super::{caller_hash_ttl, Inner, MAX_EXACT, RETRY_INTERVAL};
-use super::{caller_keys, caller_model_prefix};
+use super::{caller_keys, caller_model_prefix, holds_slot};
 use crate::caller::{CallerMarks, Callers, NanoUsd, DAY_MS};
 use crate::config::{ModelId, TokenAccounting};
 use crate::decision::{slot_ms, Millis, NOT_COUNTED};
@@ -196,12 +196,9 @@ impl Inner {
             .into_iter()
             .filter(|pair| pair.1 != NOT_COUNTED)
             .collect();
-            // A parallel slot only where the caller has a limit of them (admit.lua keeps none
-            // otherwise); nothing to send for a caller with neither.
-            let slot_set = caller
-                .limits()
-                .max_parallel
-                .map(|_| (slots.as_str(), member.as_str()));
+            // A slot only where the caller has a limit of them or a budget (admit.lua keeps
+            // none otherwise: `holds_slot`); nothing to send for a caller with neither.
+            let slot_set = holds_slot(caller.limits()).then_some((slots.as_str(), member.as_str()));
             // The budgets the admission reserved on: (prefix, period, reserved, cost).
             let budgets: Vec<_> = [
                 ("$", marks.budgets[place][0]),
