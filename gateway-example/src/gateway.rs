@@ -334,7 +334,7 @@ impl Gateway {
         metrics: GatewayMetrics,
         recorder: Option<Arc<Recorder>>,
     ) -> Self {
-        let limiter = observed_limiter(&config, &metrics, groups);
+        let limiter = observed_limiter(&config, &metrics, groups, None);
         let wall = WallClock::new(clock.clone());
         let router = Router::new(
             &config.deployments,
@@ -569,7 +569,8 @@ impl Gateway {
                 None,
             )
             .await?;
-        let limiter = observed_limiter(&config, &self.metrics, groups);
+        // What the old limiter learned of answers' lengths and prompts carries over.
+        let limiter = observed_limiter(&config, &self.metrics, groups, Some(&self.limiter.load()));
         self.router
             .set_limits(Arc::new(Limiter::with_store(deployments)));
         self.router.reconfigure_wildcards(limiter.store());
@@ -718,11 +719,16 @@ fn observed_limiter(
     config: &GatewayConfig,
     metrics: &GatewayMetrics,
     store: GatewayStore,
+    learned_from: Option<&Limiter<GatewayStore>>,
 ) -> Arc<Limiter<GatewayStore>> {
     let limiter = Limiter::with_store(store);
-    let limiter = Arc::new(match config.metrics {
+    let limiter = match config.metrics {
         true => limiter.with_observer(metrics.limiter().clone()),
         false => limiter,
+    };
+    let limiter = Arc::new(match learned_from {
+        Some(old) => limiter.with_estimates_of(old),
+        None => limiter,
     });
     metrics.limiter().read_usage_from(Arc::downgrade(&limiter));
     limiter

@@ -151,3 +151,26 @@ async fn a_request_in_flight_survives_a_reload_and_is_charged() {
     assert_eq!(gw.tokens("m"), 30, "settled into the counters in force");
     assert_eq!(gw.gateway.limiter().config().models()[0].tpm, Some(4000));
 }
+
+/// A reload that changes the limits keeps what the limiter learned of its model's answers (the
+/// output estimate, the prompt bias): reservations, and the budgets' cost reservations made from
+/// them, do not drop back to the defaults (a trial saw a budget's burst admit 107 instead of 95
+/// just after a reload).
+#[tokio::test]
+async fn a_reload_keeps_the_learned_estimates() {
+    let reserve = ", token_accounting: reserve";
+    let (_dir, path) = file(&config(1_000, reserve));
+    let gw = Gw::start_file(&path).await;
+    let key = gw.new_key(json!({})).await;
+    // Mocked answers are 20 completion tokens: the first 20 set the estimate from the default.
+    assert_eq!(gw.served(&key, "m", 25).await, 25);
+    let model = gw.gateway.limiter().config().model_id("m").unwrap();
+    let learned = gw.gateway.limiter().estimate_stats(model).unwrap();
+    assert!(learned.output_estimate < 256, "{learned:?}");
+    std::fs::write(&path, config(2_000, reserve)).unwrap();
+    let r = gw.post("/config/reload", Some(MASTER), json!({})).await;
+    assert_eq!(r.json()["limits_changed"], true, "{}", r.text());
+    let after = gw.gateway.limiter().estimate_stats(model).unwrap();
+    assert_eq!(after.output_estimate, learned.output_estimate, "{after:?}");
+    assert_eq!(after.settled, learned.settled);
+}

@@ -114,6 +114,41 @@ impl<St: Store> Limiter<St> {
         }
     }
 
+    /// The same limiter, its models' learned estimates (output length, prompt bias, with
+    /// `reserve` accounting) taken from `old`'s models of the same name: a limiter that replaces
+    /// another (a reload) keeps what was learned, so its reservations (and budgets' cost
+    /// reservations) are not off until it is learned again.
+    pub fn with_estimates_of<S2: Store>(mut self, old: &Limiter<S2>) -> Self {
+        let models = self.store.config().models();
+        for (target, limits) in self.targets.iter_mut().zip(models) {
+            let Some(before) = old
+                .config()
+                .model_id(limits.name())
+                .and_then(|id| old.targets.get(id.index()))
+            else {
+                continue;
+            };
+            // Both `reserve` (a reload keeps the accounting: another needs a restart).
+            let (Some(_), Some(estimate), Some(_), Some(bias)) = (
+                &target.estimate,
+                &before.estimate,
+                &target.prompt_bias,
+                &before.prompt_bias,
+            ) else {
+                continue;
+            };
+            let (estimate, prompt_bias) = (estimate.learned_copy(), bias.learned_copy());
+            *target = Arc::new(SettleTarget {
+                settler: target.settler.clone(),
+                estimate: Some(estimate),
+                prompt_bias: Some(prompt_bias),
+                queue: target.queue.clone(),
+                observer: target.observer.clone(),
+            });
+        }
+        self
+    }
+
     /// The observer, if one was set.
     pub fn observer(&self) -> Option<&Arc<dyn Observer>> {
         self.observer.as_ref()

@@ -39,6 +39,13 @@ impl PromptBias {
         }
     }
 
+    /// A bias that starts where this one is (a limiter replacing this one's, on a reload).
+    pub fn learned_copy(&self) -> Self {
+        Self {
+            ratio: AtomicU64::new(self.ratio.load(Ordering::Relaxed)),
+        }
+    }
+
     /// The ratio learned so far.
     pub fn ratio(&self) -> f64 {
         f64::from_bits(self.ratio.load(Ordering::Relaxed))

@@ -158,6 +158,22 @@ impl OutputEstimate {
         }
     }
 
+    /// An estimate that starts where this one is: what it learned (the estimate, the first
+    /// responses, the errors so far) carried over, for a limiter that replaces this one (a
+    /// reload), so its reservations do not start again from the default.
+    pub fn learned_copy(&self) -> Self {
+        let first = self.first.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let load = |a: &AtomicU64| AtomicU64::new(a.load(Ordering::Relaxed));
+        Self {
+            estimate: load(&self.estimate),
+            settled: load(&self.settled),
+            over: load(&self.over),
+            under: load(&self.under),
+            first: Mutex::new(first),
+            stepping: AtomicBool::new(self.stepping.load(Ordering::Acquire)),
+        }
+    }
+
     /// Output tokens a request without `max_tokens` is expected to produce.
     pub fn tokens(&self) -> u64 {
         f64::from_bits(self.estimate.load(Ordering::Relaxed)).ceil() as u64
