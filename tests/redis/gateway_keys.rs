@@ -432,6 +432,39 @@ async fn readiness_says_when_the_limiters_redis_is_away() {
     .await;
 }
 
+/// A stalled Redis costs key lookups one timeout per 250 ms, not one each: after a lookup fails,
+/// the next ones answer from the cache (or 503) at once for a while. Counted as the lookups
+/// Redis runs once it wakes (a stalled Redis still runs what it was sent): 20 requests of a key
+/// whose cache entry had lapsed send far fewer than 20.
+#[tokio::test]
+async fn a_stalled_redis_costs_key_lookups_one_timeout_not_one_each() {
+    let Some(redis) = RedisServer::start("a_stalled_redis_costs_key_lookups") else {
+        return;
+    };
+    let gw = Gw::start(&single(&redis), None).await;
+    let key = gw.new_key(json!({})).await;
+    assert_eq!(gw.chat(&key, M, false).await.status, 200);
+    // Past the cache's freshness: each request would ask Redis first.
+    tokio::time::sleep(KEY_CACHE_TTL + Duration::from_millis(100)).await;
+    redis.cli(&["config", "resetstat"]);
+    redis.pause();
+    for i in 0..20 {
+        let r = gw.chat(&key, M, false).await;
+        assert_eq!(r.status, 200, "request {i}, from the cache: {}", r.text());
+    }
+    redis.resume();
+    let stats = redis.cli(&["info", "commandstats"]);
+    let hget_calls = stats
+        .lines()
+        .find_map(|l| l.strip_prefix("cmdstat_hget:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .map_or(0, |n| n.parse::<u32>().unwrap());
+    assert!(
+        (1..=10).contains(&hget_calls),
+        "{hget_calls} lookups sent: {stats}"
+    );
+}
+
 /// After Redis restarts, no request is the one to find the broken connections: the gateway
 /// checks them every second, so once Redis has been back that long the first admission
 /// (`closed`: a failure would be a 503) and the first key written are answered by Redis.

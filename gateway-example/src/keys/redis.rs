@@ -67,7 +67,14 @@ pub struct RedisKeys {
     warned: Throttle,
     /// Ends the connection's keep-alive ([`keep_alive`]) when the store is dropped.
     _alive: Arc<()>,
+    /// After a lookup failed: until when (ms since `started`) lookups do not ask Redis, so a
+    /// stalled Redis costs one timeout per [`REST_AFTER_FAILURE`], not one per request.
+    resting_until: std::sync::atomic::AtomicU64,
+    started: std::time::Instant,
 }
+
+/// How long key lookups leave Redis alone after one failed (the limiter's store does the same).
+const REST_AFTER_FAILURE: Duration = Duration::from_millis(250);
 
 impl fmt::Debug for RedisKeys {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -130,6 +137,8 @@ impl RedisKeys {
             target: redacted,
             warned: Throttle::new(),
             _alive: alive,
+            resting_until: std::sync::atomic::AtomicU64::new(0),
+            started: std::time::Instant::now(),
         })
     }
 
@@ -283,6 +292,14 @@ impl RedisKeys {
         if let Some(hit) = self.cache.fresh(token) {
             return Ok(Some(hit));
         }
+        use std::sync::atomic::Ordering;
+        let now = u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        if now < self.resting_until.load(Ordering::Relaxed) {
+            // Redis just failed a lookup: the cached answer, or the error, at once.
+            return self.cache.stale(token).map(Some).ok_or_else(|| {
+                KeyStoreError::Unavailable("Redis is not answering; retrying shortly".into())
+            });
+        }
         let generation = self.cache.generation();
         match self.load(token).await {
             Ok(Some(resolved)) => {
@@ -293,7 +310,12 @@ impl RedisKeys {
                 self.cache.forget(token);
                 Ok(None)
             }
-            Err(e) => self.cache.stale(token).map(Some).ok_or(e),
+            Err(e) => {
+                let failed = self.started.elapsed() + REST_AFTER_FAILURE;
+                let until = u64::try_from(failed.as_millis()).unwrap_or(u64::MAX);
+                self.resting_until.store(until, Ordering::Relaxed);
+                self.cache.stale(token).map(Some).ok_or(e)
+            }
         }
     }
 
