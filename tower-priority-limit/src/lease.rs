@@ -71,15 +71,7 @@ impl Lease {
             flow_charge: None,
             prompt_estimate: 0,
             callers: None,
-            settlement: Settlement {
-                model,
-                pool,
-                tokens: 0,
-                reserved: admitted.reserved,
-                model_window: admitted.model_window,
-                pool_window: admitted.pool_window,
-                cancel: false,
-            },
+            settlement: Settlement::of(model, pool, admitted, false),
         }
     }
 

@@ -879,16 +879,16 @@ pub async fn team_info(
         .ok_or_else(|| {
             ApiError::new(StatusCode::NOT_FOUND, "not_found_error", "Team not found.")
         })?;
-    let mut info = team_json(&team);
-    with_spend(
-        &gw,
-        &mut info,
-        CallerKind::Team,
-        team.counted_under(),
-        &team.limits,
-    )
-    .await?;
+    let info = team_info_json(&gw, &team).await?;
     Ok(Json(json!({"team_id": team.team_id, "team_info": info})))
+}
+
+/// A team as `/team/info` and `/team/list` show it: its record and what it has spent.
+async fn team_info_json(gw: &Gateway, team: &TeamRecord) -> Result<Value, ApiError> {
+    let mut info = team_json(team);
+    let id = team.counted_under();
+    with_spend(gw, &mut info, CallerKind::Team, id, &team.limits).await?;
+    Ok(info)
 }
 
 /// `GET /team/list`: every team's record (as `/team/info` shows it), ordered by `team_id`, as
@@ -909,16 +909,7 @@ pub async fn list_teams(
     teams.sort_unstable_by(|a, b| a.team_id.cmp(&b.team_id));
     let mut out = Vec::with_capacity(teams.len());
     for team in &teams {
-        let mut info = team_json(team);
-        with_spend(
-            &gw,
-            &mut info,
-            CallerKind::Team,
-            team.counted_under(),
-            &team.limits,
-        )
-        .await?;
-        out.push(info);
+        out.push(team_info_json(&gw, team).await?);
     }
     Ok(Json(Value::Array(out)))
 }

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use crate::caller::Callers;
 use crate::clock::{Clock, CoarseClock};
 use crate::config::{LimiterConfig, ModelId, PoolRef};
-use crate::decision::{Decision, Millis, Refused, Usage};
+use crate::decision::{Admitted, Decision, Millis, Refused, Usage};
 
 pub mod memory;
 #[cfg(feature = "redis")]
@@ -85,6 +85,22 @@ pub struct Settlement {
     /// The admission is taken back (the request was not served): the request and its
     /// reservation are refunded if their window is still open, and `tokens` is 0.
     pub cancel: bool,
+}
+
+impl Settlement {
+    /// The settlement of a request admitted as `admitted` for `model` under `pool`, no tokens
+    /// yet; with `cancel`, one that takes the admission back.
+    pub fn of(model: ModelId, pool: PoolRef, admitted: &Admitted, cancel: bool) -> Self {
+        Self {
+            model,
+            pool,
+            tokens: 0,
+            reserved: admitted.reserved,
+            model_window: admitted.model_window,
+            pool_window: admitted.pool_window,
+            cancel,
+        }
+    }
 }
 
 /// Why a store could not answer.

@@ -2170,18 +2170,7 @@ impl Store for RedisStore {
                     .stats
                     .abandoned_admissions
                     .fetch_add(1, Ordering::Relaxed);
-                settler.settle_callers(
-                    Settlement {
-                        model,
-                        pool,
-                        tokens: 0,
-                        reserved: admitted.reserved,
-                        model_window: admitted.model_window,
-                        pool_window: admitted.pool_window,
-                        cancel: true,
-                    },
-                    &callers,
-                );
+                settler.settle_callers(Settlement::of(model, pool, &admitted, true), &callers);
             }
         });
         Box::pin(async move {
