@@ -1272,13 +1272,40 @@ async fn an_admission_abandoned_mid_call_gives_back_its_slot_and_budget_reservat
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
+    // Answered, and the request gone before it read the answer: given back as well.
+    let mut pending = Box::pin(limiter.admit_request(request()));
+    assert!(
+        futures_util::poll!(&mut pending).is_pending(),
+        "sent to Redis"
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while held().0 != "1" {
+        assert!(Instant::now() < deadline, "counted in Redis: {:?}", held());
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // Let the answer reach the request's channel, unread.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    drop(pending);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        limiter.store().flush().await;
+        let (slots, reserved) = held();
+        if slots == "0" && (reserved == "0" || reserved.is_empty()) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "answered, unread: still held: {slots} {reserved}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     assert_eq!(
         limiter
             .store()
             .stats()
             .abandoned_admissions
             .load(Ordering::Relaxed),
-        3
+        4
     );
     // The one slot is free: the next request is admitted.
     let outcome = limiter.admit_request(request()).await.unwrap();

@@ -2081,6 +2081,33 @@ enum PairAt {
 
 type BoxedAdmit = Pin<Box<dyn Future<Output = Result<Decision, StoreError>> + Send>>;
 
+/// An admission's answer on its way to its request: dropped without the request taking it (the
+/// request gone), an admission it holds is cancelled, so no caller's slot or reservation is left
+/// held for nobody.
+struct Unclaimed {
+    decision: Option<Result<Decision, StoreError>>,
+    model: ModelId,
+    pool: PoolRef,
+    callers: Option<Arc<Callers>>,
+    settler: Arc<RedisSettler>,
+    inner: Arc<Inner>,
+}
+
+impl Drop for Unclaimed {
+    fn drop(&mut self) {
+        if let (Some(Ok(Decision::Admit(admitted))), Some(callers)) =
+            (self.decision.take(), self.callers.as_ref())
+        {
+            self.inner
+                .stats
+                .abandoned_admissions
+                .fetch_add(1, Ordering::Relaxed);
+            let cancel = Settlement::of(self.model, self.pool, &admitted, true);
+            self.settler.settle_callers(cancel, callers);
+        }
+    }
+}
+
 /// How often a single server's connection is checked while nothing else uses it.
 const KEEP_ALIVE: Duration = Duration::from_secs(1);
 
@@ -2156,27 +2183,31 @@ impl Store for RedisStore {
         };
         // A caller's parallel slot and budget reservation, unlike a window's counts, do not end
         // by themselves: an admission abandoned while Redis runs it (its client went away) must
-        // still be taken back. So it runs to its end apart from the request, and what it
-        // admitted for nobody is cancelled at once.
+        // still be taken back. So it runs to its end apart from the request, and its answer is
+        // handed over in an `Unclaimed`, which cancels what it admitted unless the request takes
+        // it (the request gone before the answer was sent, or before it read it).
         let settler = Arc::clone(&self.settler);
-        let (answer, answered) = oneshot::channel();
+        let (answer, answered) = oneshot::channel::<Unclaimed>();
         runtime.spawn(async move {
             let (model, pool, callers) = (request.model, request.pool, request.callers.clone());
             let decision = inner.admit(request).await;
-            if let (Err(Ok(Decision::Admit(admitted))), Some(callers)) =
-                (answer.send(decision), callers)
-            {
-                inner
-                    .stats
-                    .abandoned_admissions
-                    .fetch_add(1, Ordering::Relaxed);
-                settler.settle_callers(Settlement::of(model, pool, &admitted, true), &callers);
-            }
+            // Sent, or dropped here if nobody is left: either way its drop decides.
+            let _ = answer.send(Unclaimed {
+                decision: Some(decision),
+                model,
+                pool,
+                callers,
+                settler,
+                inner,
+            });
         });
         Box::pin(async move {
-            answered
-                .await
-                .unwrap_or_else(|_| Err(StoreError::Unavailable("admission task ended".into())))
+            match answered.await {
+                Ok(mut unclaimed) => unclaimed.decision.take().unwrap_or_else(|| {
+                    Err(StoreError::Unavailable("admission answered twice".into()))
+                }),
+                Err(_) => Err(StoreError::Unavailable("admission task ended".into())),
+            }
         })
     }
 
