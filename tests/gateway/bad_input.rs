@@ -321,4 +321,38 @@ async fn a_refusal_before_the_body_is_read_closes_the_connection_and_says_so() {
             .await;
         assert_eq!(r.status, 401, "request {i}: {}", r.text());
     }
+    // A large body (within the size limit) still being sent when the key is refused: read and
+    // dropped first, so the client gets its 401, not a reset.
+    let roomy = Gw::start(&config().replace("  max_request_size_mb: 0.01\n", ""), None).await;
+    let addr = roomy.base.trim_start_matches("http://").to_owned();
+    let big = format!(
+        r#"{{"model": "m", "messages": [{{"role": "user", "content": "{}"}}]}}"#,
+        "x".repeat(4 << 20)
+    );
+    for round in 0..3 {
+        let mut socket = tokio::net::TcpStream::connect(&addr).await.unwrap();
+        let head = format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nauthorization: Bearer sk-unknown\r\n\
+             content-type: application/json\r\ncontent-length: {}\r\n\r\n",
+            big.len()
+        );
+        socket.write_all(head.as_bytes()).await.unwrap();
+        socket
+            .write_all(big.as_bytes())
+            .await
+            .expect("the whole body is taken");
+        let mut answer = Vec::new();
+        tokio::time::timeout(
+            std::time::Duration::from_secs(10),
+            socket.read_to_end(&mut answer),
+        )
+        .await
+        .expect("answered and closed")
+        .expect("no reset");
+        let answer = String::from_utf8_lossy(&answer).to_lowercase();
+        assert!(
+            answer.starts_with("http/1.1 401"),
+            "round {round}: {answer}"
+        );
+    }
 }

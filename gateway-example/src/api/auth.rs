@@ -143,10 +143,20 @@ pub fn api_key<B>(request: &http::Request<B>) -> Option<&str> {
 }
 
 /// The answer to a request refused before its body was read (its key missing, unknown, blocked
-/// or expired, or not to be checked): with `Connection: close`. The unread body leaves the
-/// connection unusable for another request, and a client that is not told so sends its next
-/// request on it and gets a broken pipe instead of an answer.
-pub(crate) fn refused_unread(error: ApiError) -> Response {
+/// or expired, or not to be checked): the body read and dropped first (bounded as any body is:
+/// `max_request_size_mb`, `request_body_timeout_seconds`), so a client still sending a large
+/// one gets the answer, not a connection reset; and `Connection: close`, as a body past those
+/// bounds is left unread, and a client not told so would send its next request on it.
+pub(crate) async fn refused_unread<B>(
+    gw: &Gateway,
+    request: http::Request<B>,
+    error: ApiError,
+) -> Response
+where
+    B: http_body::Body,
+    B::Error: Into<axum::BoxError>,
+{
+    let _ = super::body::read_bounded(gw, request).await;
     let mut response = error.into_response();
     response.headers_mut().insert(
         http::header::CONNECTION,
@@ -166,7 +176,7 @@ pub async fn require_key(
             request.extensions_mut().insert(caller);
             next.run(request).await
         }
-        Err(e) => refused_unread(e),
+        Err(e) => refused_unread(&gw, request, e).await,
     }
 }
 
@@ -188,9 +198,12 @@ pub async fn require_master(
 ) -> Response {
     match identify(&gw, api_key(&request), request.uri().path()).await {
         Ok((Caller::Master, _)) => next.run(request).await,
-        Ok((Caller::Key(_), _)) => refused_unread(ApiError::unauthorized(
-            "Authentication Error, only the master key may call this endpoint.",
-        )),
-        Err(e) => refused_unread(e),
+        Ok((Caller::Key(_), _)) => {
+            let e = ApiError::unauthorized(
+                "Authentication Error, only the master key may call this endpoint.",
+            );
+            refused_unread(&gw, request, e).await
+        }
+        Err(e) => refused_unread(&gw, request, e).await,
     }
 }

@@ -264,7 +264,7 @@ where
         .map(|r| (Instant::now(), gw.unix_ms(), r.caller(key.unwrap_or(""))));
     let (access, priority) = match identify(&gw, key, request.uri().path()).await {
         Ok(found) => found,
-        Err(e) => return refused_unread(e),
+        Err(e) => return refused_unread(&gw, request, e).await,
     };
     if request.method() != Method::POST {
         return not_post(request.method());
