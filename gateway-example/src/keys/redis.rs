@@ -67,8 +67,9 @@ pub struct RedisKeys {
     warned: Throttle,
     /// Ends the connection's keep-alive ([`keep_alive`]) when the store is dropped.
     _alive: Arc<()>,
-    /// After a lookup failed: until when (ms since `started`) lookups do not ask Redis, so a
-    /// stalled Redis costs one timeout per [`REST_AFTER_FAILURE`], not one per request.
+    /// After a lookup failed: until when (ms since `started`) lookups of keys cached here (even
+    /// past their freshness) do not ask Redis, so a stalled Redis costs them one timeout per
+    /// [`REST_AFTER_FAILURE`], not one per request.
     resting_until: std::sync::atomic::AtomicU64,
     started: std::time::Instant,
 }
@@ -295,10 +296,11 @@ impl RedisKeys {
         use std::sync::atomic::Ordering;
         let now = u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX);
         if now < self.resting_until.load(Ordering::Relaxed) {
-            // Redis just failed a lookup: the cached answer, or the error, at once.
-            return self.cache.stale(token).map(Some).ok_or_else(|| {
-                KeyStoreError::Unavailable("Redis is not answering; retrying shortly".into())
-            });
+            // Redis just failed a lookup: a key known here is answered from the cache at once;
+            // one that is not still asks (it has no other answer than a 503).
+            if let Some(stale) = self.cache.stale(token) {
+                return Ok(Some(stale));
+            }
         }
         let generation = self.cache.generation();
         match self.load(token).await {
