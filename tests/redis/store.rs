@@ -1250,6 +1250,25 @@ async fn an_admission_abandoned_mid_call_gives_back_its_slot_and_budget_reservat
     assert_eq!(slots, "1");
     assert!(reserved.parse::<u64>().unwrap() > 0, "{reserved}");
     lease.cancel();
+    // Waits (flushing the settlements) until the key holds no slot and no reservation.
+    let given_back = |what: String| {
+        let (limiter, held) = (&limiter, &held);
+        async move {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            loop {
+                limiter.store().flush().await;
+                let (slots, reserved) = held();
+                if slots == "0" && (reserved == "0" || reserved.is_empty()) {
+                    return;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "{what}: still held: {slots} {reserved}"
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    };
     for round in 0..3 {
         redis.pause();
         let abandoned =
@@ -1258,19 +1277,7 @@ async fn an_admission_abandoned_mid_call_gives_back_its_slot_and_budget_reservat
         assert!(abandoned.is_err(), "abandoned mid-call");
         redis.resume();
         // The script runs now; what it took comes back.
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            limiter.store().flush().await;
-            let (slots, reserved) = held();
-            if slots == "0" && (reserved == "0" || reserved.is_empty()) {
-                break;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "round {round}: still held: {slots} {reserved}"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        given_back(format!("round {round}")).await;
     }
     // Answered, and the request gone before it read the answer: given back as well.
     let mut pending = Box::pin(limiter.admit_request(request()));
@@ -1286,19 +1293,7 @@ async fn an_admission_abandoned_mid_call_gives_back_its_slot_and_budget_reservat
     // Let the answer reach the request's channel, unread.
     tokio::time::sleep(Duration::from_millis(50)).await;
     drop(pending);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        limiter.store().flush().await;
-        let (slots, reserved) = held();
-        if slots == "0" && (reserved == "0" || reserved.is_empty()) {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "answered, unread: still held: {slots} {reserved}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    given_back("answered, unread".to_owned()).await;
     assert_eq!(
         limiter
             .store()
