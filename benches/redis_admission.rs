@@ -7,7 +7,9 @@
 //! team limits, issue 31, stay); `BENCH_ROWS=order` runs only the queue's fixed-window row twice,
 //! as today's script runs it and with the fleet's order of flows (admit.lua's flow section, eight
 //! flows, nobody waiting: the state every admission reads and writes), for their ratio;
-//! `BENCH_ROWS=cluster` runs only one server against a Redis Cluster of three masters (issue 36:
+//! `BENCH_ROWS=held` runs the fixed-window rows without key limits, with them, and with them
+//! plus a parallel limit and a budget on both callers (each admission then holds a slot and a
+//! reservation, and runs apart from its request); `BENCH_ROWS=cluster` runs only one server against a Redis Cluster of three masters (issue 36:
 //! admissions per second, twelve models spread over the slots, and each server's CPU seconds, so
 //! a run on a machine with too few cores to feed three masters says so), after two rounds of
 //! admissions with and without key and team limits on each (`BENCH_CALLERS_ONLY=1`: only those).
@@ -59,22 +61,41 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
     sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
 }
 
+/// Whether the rows with key and team limits give both a parallel limit and a budget as well
+/// (`BENCH_ROWS=held`): admissions that hold a slot and a budget reservation until settled, run
+/// to their end apart from their request.
+static HELD: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 /// The callers every admission carries in the rows with key and team limits (`None`: none).
 fn callers(with: bool) -> Option<Arc<tower_priority_limit::caller::Callers>> {
-    use tower_priority_limit::caller::{Caller, CallerKind, CallerLimits, Callers};
+    use tower_priority_limit::caller::{
+        Budget, Caller, CallerKind, CallerLimits, Callers, NanoUsd, Prices,
+    };
     if !with {
         return None;
     }
     let many = u64::MAX / 4;
-    // No max_parallel: these admissions are never settled, so slots would only pile up.
-    let limits = CallerLimits::new().rpm(many).tpm(many).tpd(many);
-    Callers::new(
+    // No max_parallel by default: these admissions are never settled, so slots pile up (the
+    // held rows give room for all of them).
+    let mut limits = CallerLimits::new().rpm(many).tpm(many).tpd(many);
+    let held = HELD.load(std::sync::atomic::Ordering::Relaxed);
+    if held {
+        limits = limits.max_parallel(many).budget(Budget::new(NanoUsd::MAX));
+    }
+    let prices = Prices {
+        input: if held { 1.0 } else { 0.0 },
+        output: if held { 1.0 } else { 0.0 },
+        ..Prices::default()
+    };
+    Callers::priced(
         Some(Caller::new(CallerKind::Key, "9f".repeat(32), limits)),
         Some(Caller::new(
             CallerKind::Team,
             "team-a",
             limits.model_rpm(many),
         )),
+        prices,
+        50,
     )
 }
 
@@ -362,6 +383,29 @@ fn main() {
     };
     runtime.block_on(async {
         let order_only = std::env::var("BENCH_ROWS").is_ok_and(|r| r == "order");
+        if std::env::var("BENCH_ROWS").is_ok_and(|r| r == "held") {
+            // Fixed window, post_hoc: no key limits, key and team limits, and those with a
+            // parallel limit and a budget (a slot and a reservation held per admission).
+            let config = config(TokenAccounting::PostHoc, WindowKind::Fixed, false);
+            for (name, with, held) in [
+                ("no key limits", false, false),
+                ("key and team limits", true, false),
+                ("key and team limits, max_parallel and a budget", true, true),
+            ] {
+                HELD.store(held, std::sync::atomic::Ordering::Relaxed);
+                let store = RedisStore::builder(RedisTarget::Single(redis.url()))
+                    .key_prefix(format!("bench-held-{with}-{held}:"))
+                    .connect(&config)
+                    .await
+                    .expect("redis store");
+                let limiter = Arc::new(Limiter::with_store(store));
+                println!("fixed window, post_hoc, {name}:");
+                for in_flight in [1, 16, 64] {
+                    admissions(limiter.clone(), in_flight, secs, with, false).await;
+                }
+            }
+            return;
+        }
         for (accounting, window, queue, with_callers) in [
             (TokenAccounting::PostHoc, WindowKind::Fixed, false, false),
             (TokenAccounting::PostHoc, WindowKind::Fixed, false, true),
