@@ -462,7 +462,7 @@ impl Gateway {
     pub async fn unapplied_settings(&self) -> Result<Vec<String>, KeyStoreError> {
         let config = self.config();
         let groups = config.model_names();
-        let priced = |g: &str| self.router.group(g).is_some_and(|g| !g.prices.is_free());
+        let priced = |g: &str| self.router.is_priced(g);
         let unapplied = |limits: &Limits, metadata: &serde_json::Map<String, serde_json::Value>| {
             let mut out = limits.unapplied(&groups, priced);
             out.extend(unknown_priority(&config.limiter, metadata));

@@ -17,7 +17,7 @@ use crate::gateway::Gateway;
 use crate::keys::litellm::{METADATA_LIMITS, METADATA_SETTINGS};
 use crate::keys::{
     every_model_as_empty, expiry, hashes_match, key_hash, routes, KeyRecord, KeyStoreError, Limits,
-    ModelBudget, NewKey, TeamRecord, EVERY_MODEL_OF_KEY, EVERY_MODEL_OF_TEAM,
+    ModelBudget, NewKey, TeamRecord,
 };
 use tower_priority_limit::caller::CallerKind;
 use tower_priority_limit::config::Enforcement;
@@ -307,8 +307,7 @@ fn budgets(
         out.budget_start = Some(now);
     }
     // A budget must be able to fill: its models must have prices.
-    let router = gw.router();
-    let priced = |group: &str| router.group(group).is_some_and(|g| !g.prices.is_free());
+    let priced = |group: &str| gw.router().is_priced(group);
     // The fields this body sets only: what an update leaves as it was stays (a setting the
     // config cannot apply any more is named at start, not a reason to refuse other changes).
     let unpriced = out.model_max_budget.keys().find(|m| !priced(m));
@@ -522,9 +521,9 @@ fn metadata(
     }
 }
 
-/// A key's or team's `models`: a list of model names (absent or null: every model), LiteLLM's
-/// names for every model (`every`: `all-proxy-models`, on a key `all-team-models`) read as that.
-fn models(body: &Map<String, Value>, every: &[&str]) -> Result<Vec<String>, ApiError> {
+/// A key's or team's (`kind`) `models`: a list of model names (absent or null: every model),
+/// LiteLLM's names for every model read as that ([`every_model_as_empty`]).
+fn models(body: &Map<String, Value>, kind: CallerKind) -> Result<Vec<String>, ApiError> {
     let invalid =
         || ApiError::bad_request("'models' must be a list of model names.").param("models");
     match body.get("models") {
@@ -533,7 +532,7 @@ fn models(body: &Map<String, Value>, every: &[&str]) -> Result<Vec<String>, ApiE
             .iter()
             .map(|m| m.as_str().map(str::to_owned))
             .collect::<Option<Vec<_>>>()
-            .map(|models| every_model_as_empty(models, every))
+            .map(|models| every_model_as_empty(models, kind))
             .ok_or_else(invalid),
         Some(_) => Err(invalid()),
     }
@@ -751,7 +750,7 @@ pub async fn generate(
 ) -> Result<Json<Value>, ApiError> {
     keys_apply(&gw)?;
     only_honoured(&body, "/key/generate", &[KEY_FIELDS, &Limits::FIELDS])?;
-    let models = models(&body, EVERY_MODEL_OF_KEY)?;
+    let models = models(&body, CallerKind::Key)?;
     let priorities = gw.limiter().config().priorities().to_vec();
     let chosen = chosen_key(&gw, &body)?;
     let expires_at = expires_at(&body, gw.unix_secs())?;
@@ -844,7 +843,7 @@ pub async fn new_team(
             opt_string(&body, "team_id")?,
             alias(&body, "team_alias")?,
             metadata(&body, &priorities, Write::Create)?,
-            models(&body, EVERY_MODEL_OF_TEAM)?,
+            models(&body, CallerKind::Team)?,
             limits(&gw, &body, &Limits::default())?,
         )
         .await
@@ -946,7 +945,7 @@ pub async fn update(
     keys_apply(&gw)?;
     only_honoured(&body, "/key/update", &[KEY_UPDATE_FIELDS, &Limits::FIELDS])?;
     let key = named_key(&body)?;
-    let changes = Changes::read(&gw, &body, "key_alias")?;
+    let changes = Changes::read(&gw, &body, CallerKind::Key)?;
     // A null `duration` changes nothing, as LiteLLM's update has it (clients that send every
     // field, null where unset, must not make an expiring key permanent); `expires: null` does.
     let given = |field| body.get(field).is_some_and(|v| !v.is_null());
@@ -993,12 +992,13 @@ struct Changes {
 }
 
 impl Changes {
-    /// Reads them from `body`, the alias from `alias_field` (`key_alias` or `team_alias`).
-    fn read(
-        gw: &Gateway,
-        body: &Map<String, Value>,
-        alias_field: &'static str,
-    ) -> Result<Self, ApiError> {
+    /// Reads a key's or team's (`kind`) from `body`: the alias from `key_alias` or
+    /// `team_alias`.
+    fn read(gw: &Gateway, body: &Map<String, Value>, kind: CallerKind) -> Result<Self, ApiError> {
+        let alias_field = match kind {
+            CallerKind::Key => "key_alias",
+            CallerKind::Team => "team_alias",
+        };
         let priorities = gw.limiter().config().priorities().to_vec();
         Ok(Self {
             alias: body
@@ -1011,13 +1011,7 @@ impl Changes {
                 .transpose()?,
             models: body
                 .contains_key("models")
-                .then(|| {
-                    let every = match alias_field {
-                        "key_alias" => EVERY_MODEL_OF_KEY,
-                        _ => EVERY_MODEL_OF_TEAM,
-                    };
-                    models(body, every)
-                })
+                .then(|| models(body, kind))
                 .transpose()?,
             blocked: opt_bool(body, "blocked")?,
         })
@@ -1131,7 +1125,7 @@ pub async fn update_team(
         &[TEAM_UPDATE_FIELDS, &Limits::FIELDS],
     )?;
     let team_id = named_team(&body)?;
-    let changes = Changes::read(&gw, &body, "team_alias")?;
+    let changes = Changes::read(&gw, &body, CallerKind::Team)?;
     limits(&gw, &body, &Limits::default())?;
     let (gw2, body2) = (Arc::clone(&gw), body.clone());
     change_team(&gw, &team_id, move |current| {

@@ -46,7 +46,7 @@ use super::postgres::{connect_one, import_rows, migrate};
 use super::postgres_spend::write_rows;
 use super::{
     every_model_as_empty, expiry, now_secs, token_of, KeyRecord, KeyStoreError, Limits,
-    ModelBudget, TeamRecord, EVERY_MODEL_OF_KEY, EVERY_MODEL_OF_TEAM,
+    ModelBudget, TeamRecord,
 };
 use crate::config::DatabaseUrl;
 
@@ -507,8 +507,7 @@ fn listed(names: &[String]) -> String {
 /// The settings in which a stored key differs from LiteLLM's row (`theirs`, as mapped): what an
 /// operator re-running the import must know is not taken over.
 fn key_differences(stored: &KeyRecord, theirs: &KeyRecord) -> Vec<&'static str> {
-    let mut out = Vec::new();
-    for (field, differs) in [
+    let mut out = differing([
         ("blocked", stored.blocked != theirs.blocked),
         ("expires", stored.expires_at != theirs.expires_at),
         ("models", stored.models != theirs.models),
@@ -519,36 +518,26 @@ fn key_differences(stored: &KeyRecord, theirs: &KeyRecord) -> Vec<&'static str> 
         ),
         ("metadata", stored.metadata != theirs.metadata),
         ("key_alias", stored.key_alias != theirs.key_alias),
-    ] {
-        if differs {
-            out.push(field);
-        }
-    }
+    ]);
     out.extend(limit_differences(&stored.limits, &theirs.limits));
     out
 }
 
 /// As [`key_differences`], for a team.
 fn team_differences(stored: &TeamRecord, theirs: &TeamRecord) -> Vec<&'static str> {
-    let mut out = Vec::new();
-    for (field, differs) in [
+    let mut out = differing([
         ("blocked", stored.blocked != theirs.blocked),
         ("models", stored.models != theirs.models),
         ("metadata", stored.metadata != theirs.metadata),
         ("team_alias", stored.team_alias != theirs.team_alias),
-    ] {
-        if differs {
-            out.push(field);
-        }
-    }
+    ]);
     out.extend(limit_differences(&stored.limits, &theirs.limits));
     out
 }
 
 /// The limit and budget fields that differ (a budget's period start is not a setting).
-fn limit_differences(stored: &Limits, theirs: &Limits) -> Vec<&'static str> {
-    let (a, b) = (stored, theirs);
-    [
+fn limit_differences(a: &Limits, b: &Limits) -> Vec<&'static str> {
+    differing([
         ("rpm_limit", a.rpm_limit != b.rpm_limit),
         ("tpm_limit", a.tpm_limit != b.tpm_limit),
         ("tpd_limit", a.tpd_limit != b.tpd_limit),
@@ -562,11 +551,16 @@ fn limit_differences(stored: &Limits, theirs: &Limits) -> Vec<&'static str> {
         ("soft_budget", a.soft_budget != b.soft_budget),
         ("budget_duration", a.budget_duration != b.budget_duration),
         ("model_max_budget", a.model_max_budget != b.model_max_budget),
-    ]
-    .into_iter()
-    .filter(|(_, differs)| *differs)
-    .map(|(field, _)| field)
-    .collect()
+    ])
+}
+
+/// The names of the fields whose values differ.
+fn differing<const N: usize>(fields: [(&'static str, bool); N]) -> Vec<&'static str> {
+    fields
+        .into_iter()
+        .filter(|(_, differs)| *differs)
+        .map(|(field, _)| field)
+        .collect()
 }
 
 /// Where a row's error is: its `error` with the row named (a key's alias or hash's start, a
@@ -680,23 +674,35 @@ pub async fn read(client: &Client, name: &str) -> Result<LiteLlmData, KeyStoreEr
             .collect()
     };
     let mut elsewhere: BTreeMap<String, Vec<String>> = BTreeMap::new();
-    for user in optional(USER_TABLE).await? {
-        let (Some(user_id), set) = (text(&user, "user_id"), limits_set(&user)) else {
-            continue;
-        };
-        let keys = keys_by("user_id", &user_id);
-        if !set.is_empty() && !keys.is_empty() {
-            elsewhere
-                .entry(format!(
-                    "{USER_TABLE} limits and budgets (users are not imported: their keys are \
-                     served without them)"
-                ))
-                .or_default()
-                .push(format!(
-                    "{user_id} ({}; keys {})",
-                    set.join(", "),
-                    keys.join(", ")
-                ));
+    // A user's and a shared budget's limits reach the keys whose row names them, by the same
+    // column (`user_id`, `budget_id`).
+    for (table, id, what) in [
+        (
+            USER_TABLE,
+            "user_id",
+            "limits and budgets (users are not imported: their keys are served without them)",
+        ),
+        (
+            BUDGET_TABLE,
+            "budget_id",
+            "rows named by a key's budget_id (shared limits and budgets: not imported)",
+        ),
+    ] {
+        for row in optional(table).await? {
+            let (Some(row_id), set) = (text(&row, id), limits_set(&row)) else {
+                continue;
+            };
+            let keys = keys_by(id, &row_id);
+            if !set.is_empty() && !keys.is_empty() {
+                elsewhere
+                    .entry(format!("{table} {what}"))
+                    .or_default()
+                    .push(format!(
+                        "{row_id} ({}; keys {})",
+                        set.join(", "),
+                        keys.join(", ")
+                    ));
+            }
         }
     }
     for member in optional(MEMBERSHIP_TABLE).await? {
@@ -711,25 +717,6 @@ pub async fn read(client: &Client, name: &str) -> Result<LiteLlmData, KeyStoreEr
                 ))
                 .or_default()
                 .push(format!("{user_id} in {team_id:?} (budget {budget:?})"));
-        }
-    }
-    for budget in optional(BUDGET_TABLE).await? {
-        let (Some(budget_id), set) = (text(&budget, "budget_id"), limits_set(&budget)) else {
-            continue;
-        };
-        let keys = keys_by("budget_id", &budget_id);
-        if !set.is_empty() && !keys.is_empty() {
-            elsewhere
-                .entry(format!(
-                    "{BUDGET_TABLE} rows named by a key's budget_id (shared limits and budgets: \
-                     not imported)"
-                ))
-                .or_default()
-                .push(format!(
-                    "{budget_id} ({}; keys {})",
-                    set.join(", "),
-                    keys.join(", ")
-                ));
         }
     }
     unhonoured.extend(elsewhere);
@@ -823,7 +810,7 @@ fn text(row: &Map<String, Value>, column: &str) -> Option<String> {
 }
 
 /// A `String[]` column, with LiteLLM's "every model" names read as the empty list.
-fn models(row: &Map<String, Value>, every: &[&str]) -> Vec<String> {
+fn models(row: &Map<String, Value>, kind: CallerKind) -> Vec<String> {
     let models: Vec<String> = row
         .get("models")
         .and_then(Value::as_array)
@@ -834,7 +821,7 @@ fn models(row: &Map<String, Value>, every: &[&str]) -> Vec<String> {
                 .collect()
         })
         .unwrap_or_default();
-    every_model_as_empty(models, every)
+    every_model_as_empty(models, kind)
 }
 
 /// The row's `metadata`, without the per-model limits ([`METADATA_LIMITS`]), which [`limits`]
@@ -871,7 +858,7 @@ fn key(row: &Map<String, Value>, now: u64) -> Result<KeyRecord, KeyStoreError> {
         key_alias: text(row, "key_alias"),
         metadata: metadata(row),
         team_id: text(row, "team_id"),
-        models: models(row, EVERY_MODEL_OF_KEY),
+        models: models(row, CallerKind::Key),
         created_at: time(row, KEY_TABLE, "created_at")?.unwrap_or_else(now_secs),
         expires_at: time(row, KEY_TABLE, "expires")?,
         blocked: row.get("blocked").and_then(Value::as_bool).unwrap_or(false),
@@ -900,7 +887,7 @@ fn team(row: &Map<String, Value>, now: u64) -> Result<TeamRecord, KeyStoreError>
         team_id,
         team_alias: text(row, "team_alias"),
         metadata: metadata(row),
-        models: models(row, EVERY_MODEL_OF_TEAM),
+        models: models(row, CallerKind::Team),
         blocked: row.get("blocked").and_then(Value::as_bool).unwrap_or(false),
         created_at: time(row, TEAM_TABLE, "created_at")?.unwrap_or_else(now_secs),
         // Counted under its team_id, where its imported spend is put.

@@ -299,23 +299,20 @@ impl Resolved {
     }
 }
 
-/// LiteLLM's names for "every model" in a key's `models`: every model of the proxy, or every
-/// model of its team (which a key is held to anyway).
-pub const EVERY_MODEL_OF_KEY: &[&str] = &["all-proxy-models", "all-team-models"];
-/// LiteLLM's name for "every model" in a team's `models`.
-pub const EVERY_MODEL_OF_TEAM: &[&str] = &["all-proxy-models"];
-
-/// A `models` list with LiteLLM's "every model" names (`every`) read as this gateway's empty
-/// list, which allows every model: taken as names, they would allow none.
-pub fn every_model_as_empty(models: Vec<String>, every: &[&str]) -> Vec<String> {
+/// A `models` list of a key or team (`kind`) with LiteLLM's names for every model read as this
+/// gateway's empty list, which allows every model (taken as names, they would allow none):
+/// `all-proxy-models`, and on a key `all-team-models` (its team's, which a key is held to anyway).
+pub fn every_model_as_empty(models: Vec<String>, kind: CallerKind) -> Vec<String> {
+    let every: &[&str] = match kind {
+        CallerKind::Key => &["all-proxy-models", "all-team-models"],
+        CallerKind::Team => &["all-proxy-models"],
+    };
     match models.iter().any(|m| every.contains(&m.as_str())) {
         true => Vec::new(),
         false => models,
     }
 }
 
-/// A key as its requests' limits name it ([`KeyRecord::counted_under`]), if it has limits of its own
-/// (else nothing is counted for it, and a request need not carry it).
 fn key_caller(key: &KeyRecord) -> Option<CallerOf> {
     (!key.limits.is_empty()).then(|| {
         let identity = CallerIdentity::new(CallerKind::Key, key.counted_under());

@@ -226,6 +226,11 @@ impl Router {
         self.groups.get(name)
     }
 
+    /// Whether group `name` has prices (its tokens add to budgets' spend).
+    pub fn is_priced(&self, name: &str) -> bool {
+        self.group(name).is_some_and(|g| !g.prices.is_free())
+    }
+
     /// Requests in flight to deployment `index` from this gateway.
     pub fn in_flight(&self, index: usize) -> u64 {
         self.states[index].in_flight.load(Ordering::Relaxed)
