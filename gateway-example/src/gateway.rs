@@ -18,7 +18,7 @@ use crate::chat::ChatRequest;
 use crate::config::{Deployment, GatewayConfig};
 use crate::keys::postgres_spend::PgSpend;
 use crate::keys::spend::SpendBook;
-use crate::keys::{hash_key, KeyStore, KeyStoreError, Limits};
+use crate::keys::{hash_key, KeyFilter, KeyStore, KeyStoreError, Limits};
 use crate::metrics::{GatewayMetrics, ScrapeGauges};
 use crate::record::Recorder;
 use crate::routing::{self, Router};
@@ -472,7 +472,10 @@ impl Gateway {
         const PAGE: usize = 1_000;
         let mut offset = 0;
         loop {
-            let (page, total) = self.keys.list_keys(offset, PAGE).await?;
+            let (page, total) = self
+                .keys
+                .list_keys(KeyFilter::default(), offset, PAGE)
+                .await?;
             for key in &page {
                 let alias = key
                     .key_alias

@@ -829,7 +829,7 @@ async fn keys_are_regenerated_and_listed() {
         "/key/list?size=x",
         "/key/list?size=101",
         "/key/list?return_full_object=yes",
-        "/key/list?team_id=t",
+        "/key/list?user_id=u",
     ] {
         assert_eq!(gw.get(bad, Some(MASTER)).await.status, 400, "{bad}");
     }
@@ -1042,6 +1042,110 @@ async fn teams_are_listed() {
     let teams = list(&gw).await;
     assert_eq!(teams.as_array().unwrap().len(), 1);
     assert_eq!(teams[0]["team_id"], "b");
+}
+
+/// `/key/list` takes LiteLLM's `team_id` and `key_alias` filters (paged and counted over what
+/// they admit), and `/team/info` lists the team's keys, as LiteLLM's do: by their hashes, never
+/// the keys; a key that leaves (deleted) leaves the listings.
+#[tokio::test]
+async fn keys_are_listed_by_team_and_alias() {
+    let gw = Gw::start(&rpm10(), None).await;
+    let (a, b) = (
+        gw.new_team(json!({"team_id": "a"})).await,
+        gw.new_team(json!({"team_id": "b"})).await,
+    );
+    let mut of_a = Vec::new();
+    for i in 0..3 {
+        of_a.push(
+            gw.new_key(json!({"team_id": a, "key_alias": format!("a{i}")}))
+                .await,
+        );
+    }
+    let in_b = gw.new_key(json!({"team_id": b, "key_alias": "b0"})).await;
+    gw.new_key(json!({})).await;
+    let mut tokens = std::collections::HashMap::new();
+    for key in of_a.iter().chain([&in_b]) {
+        let info = gw
+            .get(&format!("/key/info?key={key}"), Some(MASTER))
+            .await
+            .json();
+        tokens.insert(
+            key.clone(),
+            info["info"]["token"].as_str().unwrap().to_owned(),
+        );
+    }
+    let token = |key: &str| tokens[key].clone();
+    let mut tokens_a: Vec<String> = of_a.iter().map(|k| token(k)).collect();
+    tokens_a.sort();
+
+    let list = |q: &'static str| {
+        let gw = &gw;
+        async move {
+            let r = gw.get(&format!("/key/list?{q}"), Some(MASTER)).await;
+            assert_eq!(r.status, 200, "{q}: {}", r.text());
+            r.json()
+        }
+    };
+    let mut seen = Vec::new();
+    for page in ["team_id=a&size=2&page=1", "team_id=a&size=2&page=2"] {
+        let v = list(page).await;
+        assert_eq!(
+            (v["total_count"].as_u64(), v["total_pages"].as_u64()),
+            (Some(3), Some(2)),
+            "{v}"
+        );
+        seen.extend(
+            v["keys"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|t| t.as_str().unwrap().to_owned()),
+        );
+    }
+    assert_eq!(seen, tokens_a, "team a's keys, in order, once each");
+    let v = list("team_id=b&return_full_object=true").await;
+    assert_eq!(v["total_count"], 1, "{v}");
+    assert_eq!(v["keys"][0]["token"], token(&in_b));
+    assert!(v["keys"][0].get("key").is_none(), "never the key itself");
+    let v = list("key_alias=a1").await;
+    assert_eq!(v["keys"], json!([token(&of_a[1])]), "{v}");
+    let v = list("team_id=b&key_alias=a1").await;
+    assert_eq!(
+        (v["total_count"].as_u64(), v["keys"].clone()),
+        (Some(0), json!([])),
+        "both filters hold"
+    );
+    let v = list("team_id=nobody").await;
+    assert_eq!(v["total_count"], 0, "{v}");
+    assert_eq!(list("").await["total_count"], 5);
+
+    let r = gw
+        .get(&format!("/team/info?team_id={a}"), Some(MASTER))
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let v = r.json();
+    let listed: Vec<&str> = v["keys"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|k| k["token"].as_str().unwrap())
+        .collect();
+    assert_eq!(listed, tokens_a, "{}", r.text());
+    assert!(v["keys"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|k| k.get("key").is_none() && k["team_id"] == a));
+    let r = gw
+        .post("/key/delete", Some(MASTER), json!({"keys": [of_a[0]]}))
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let v = gw
+        .get(&format!("/team/info?team_id={a}"), Some(MASTER))
+        .await
+        .json();
+    assert_eq!(v["keys"].as_array().unwrap().len(), 2, "{v}");
+    assert_eq!(list("team_id=a").await["total_count"], 2);
 }
 
 /// A `key_alias` names one key, as LiteLLM enforces: a second key with it is a 400 in LiteLLM's

@@ -322,6 +322,28 @@ async fn a_key_regenerated_on_one_gateway_and_listed_on_the_other() {
             .any(|k| k["key_alias"] == "ci"),
         "{v}"
     );
+    // LiteLLM's filters, read from Redis by the other gateway: a team's keys, an alias's.
+    let team = gw.a.new_team(json!({"team_id": "t"})).await;
+    let in_team = gw.a.new_key(json!({"team_id": team})).await;
+    let token =
+        gw.a.get(&format!("/key/info?key={in_team}"), Some(MASTER))
+            .await
+            .json()["info"]["token"]
+            .clone();
+    let v = gw.b.get("/key/list?team_id=t", Some(MASTER)).await.json();
+    assert_eq!(
+        (v["total_count"].clone(), v["keys"].clone()),
+        (json!(1), json!([token])),
+        "{v}"
+    );
+    let v =
+        gw.b.get("/key/list?key_alias=ci", Some(MASTER))
+            .await
+            .json();
+    assert_eq!(v["total_count"], 1, "{v}");
+    let v = gw.b.get("/team/info?team_id=t", Some(MASTER)).await.json();
+    assert_eq!(v["keys"].as_array().map(Vec::len), Some(1), "{v}");
+    assert_eq!(v["keys"][0]["token"], token, "{v}");
 }
 
 /// A team's `models` made on A hold on B, through a fallback too: `cheap` (one request a minute,

@@ -16,8 +16,8 @@ use crate::error::ApiError;
 use crate::gateway::Gateway;
 use crate::keys::litellm::{METADATA_LIMITS, METADATA_SETTINGS};
 use crate::keys::{
-    every_model_as_empty, expiry, hashes_match, key_hash, routes, KeyRecord, KeyStoreError, Limits,
-    ModelBudget, NewKey, TeamRecord,
+    every_model_as_empty, expiry, hashes_match, key_hash, routes, KeyFilter, KeyRecord,
+    KeyStoreError, Limits, ModelBudget, NewKey, TeamRecord,
 };
 use tower_priority_limit::caller::CallerKind;
 use tower_priority_limit::config::Enforcement;
@@ -862,7 +862,9 @@ pub async fn new_team(
     Ok(Json(team_json(&team)))
 }
 
-/// `GET /team/info?team_id=...` → `{"team_id", "team_info": {...}}`.
+/// `GET /team/info?team_id=...` → `{"team_id", "team_info": {...}, "keys": [...]}`: the team's
+/// record and what it has spent, and its keys' records (as `/key/list` shows them in full:
+/// hashes, never keys), ordered by hash, as LiteLLM lists a team's keys.
 pub async fn team_info(
     State(gw): State<Arc<Gateway>>,
     Query(q): Query<HashMap<String, String>>,
@@ -879,7 +881,19 @@ pub async fn team_info(
             ApiError::new(StatusCode::NOT_FOUND, "not_found_error", "Team not found.")
         })?;
     let info = team_info_json(&gw, &team).await?;
-    Ok(Json(json!({"team_id": team.team_id, "team_info": info})))
+    let of_team = KeyFilter {
+        team_id: Some(&team.team_id),
+        key_alias: None,
+    };
+    let (keys, _) = gw
+        .keys()
+        .list_keys(of_team, 0, usize::MAX)
+        .await
+        .map_err(store_error)?;
+    let keys: Vec<Value> = keys.iter().map(|k| key_json(k)).collect();
+    Ok(Json(
+        json!({"team_id": team.team_id, "team_info": info, "keys": keys}),
+    ))
 }
 
 /// A team as `/team/info` and `/team/list` show it: its record and what it has spent.
@@ -1232,8 +1246,8 @@ pub async fn regenerate(
 const MAX_PAGE_SIZE: usize = 100;
 
 /// `GET /key/list?page=1&size=10`: the keys' records (their hashes, never the keys), ordered by
-/// hash, a page at a time (`size` at most 100) → `{"keys", "total_count", "current_page",
-/// "total_pages"}`.
+/// hash, a page at a time (`size` at most 100), only a team's or an alias's with LiteLLM's
+/// `team_id` and `key_alias` filters → `{"keys", "total_count", "current_page", "total_pages"}`.
 pub async fn list(
     State(gw): State<Arc<Gateway>>,
     Query(q): Query<HashMap<String, String>>,
@@ -1247,15 +1261,20 @@ pub async fn list(
             }),
         }
     };
+    const TAKES: [&str; 5] = ["page", "size", "return_full_object", "team_id", "key_alias"];
     for name in q.keys() {
-        if !["page", "size", "return_full_object"].contains(&name.as_str()) {
+        if !TAKES.contains(&name.as_str()) {
             return Err(ApiError::bad_request(format!(
-                "/key/list does not support the query parameter '{}'; it takes page, size and \
-                 return_full_object.",
-                name.chars().take(64).collect::<String>()
+                "/key/list does not support the query parameter '{}'; it takes {}.",
+                name.chars().take(64).collect::<String>(),
+                TAKES.join(", ")
             )));
         }
     }
+    let filter = KeyFilter {
+        team_id: q.get("team_id").map(String::as_str),
+        key_alias: q.get("key_alias").map(String::as_str),
+    };
     let page = number("page", 1)?;
     // Refused rather than cut to the most: a client would believe it had every key.
     let size = number("size", 10)?;
@@ -1278,7 +1297,7 @@ pub async fn list(
     };
     let (keys, total) = gw
         .keys()
-        .list_keys((page - 1).saturating_mul(size), size)
+        .list_keys(filter, (page - 1).saturating_mul(size), size)
         .await
         .map_err(store_error)?;
     Ok(Json(json!({

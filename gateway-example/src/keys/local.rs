@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, RwLock};
 
 use super::sqlite::{self, Db};
-use super::{hashes_match, KeyRecord, KeyStoreError, PriorityOf, Resolved, TeamRecord};
+use super::{hashes_match, KeyFilter, KeyRecord, KeyStoreError, PriorityOf, Resolved, TeamRecord};
 
 #[derive(Debug, Default)]
 struct Index {
@@ -179,17 +179,27 @@ impl LocalStore {
         Ok(Some(record))
     }
 
-    /// The hashes of the keys, in order, from `offset`, at most `limit`; and how many there are.
-    pub fn list(&self, offset: usize, limit: usize) -> (Vec<Arc<KeyRecord>>, usize) {
+    /// The keys `filter` admits, in the order of their hashes, from `offset`, at most `limit`;
+    /// and how many it admits.
+    pub fn list(
+        &self,
+        filter: KeyFilter<'_>,
+        offset: usize,
+        limit: usize,
+    ) -> (Vec<Arc<KeyRecord>>, usize) {
         let index = self.read();
-        let page = index
-            .keys
-            .values()
+        let admitted = || index.keys.values().filter(|k| filter.admits(&k.record));
+        let page = admitted()
             .skip(offset)
             .take(limit)
             .map(|k| k.record.clone())
             .collect();
-        (page, index.keys.len())
+        let total = if filter.is_all() {
+            index.keys.len()
+        } else {
+            admitted().count()
+        };
+        (page, total)
     }
 
     /// Resolves a key by its hash (from memory: never waits on a write).

@@ -67,6 +67,32 @@ pub use self::postgres::{PgKeys, DEFAULT_POSTGRES_TIMEOUT};
 pub use self::redis::{RedisKeys, DEFAULT_REDIS_TIMEOUT};
 pub use self::sqlite::{DB_FILE, IMPORTED_FILE, LEGACY_FILE};
 
+/// Which keys a listing shows, as LiteLLM's `/key/list` filters them: those of one team, those
+/// with one alias, both, or (the default) all.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct KeyFilter<'a> {
+    /// Only the keys of this team.
+    pub team_id: Option<&'a str>,
+    /// Only the keys with this alias.
+    pub key_alias: Option<&'a str>,
+}
+
+impl KeyFilter<'_> {
+    /// Whether it shows `key`.
+    pub fn admits(&self, key: &KeyRecord) -> bool {
+        self.team_id
+            .is_none_or(|t| key.team_id.as_deref() == Some(t))
+            && self
+                .key_alias
+                .is_none_or(|a| key.key_alias.as_deref() == Some(a))
+    }
+
+    /// Whether it shows every key.
+    pub fn is_all(&self) -> bool {
+        self.team_id.is_none() && self.key_alias.is_none()
+    }
+}
+
 /// A generated key as stored: never the key itself, only its hash.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct KeyRecord {
@@ -880,16 +906,18 @@ impl KeyStore {
         Ok(record.map(|r| (new, r)))
     }
 
-    /// The keys' records ordered by hash, from `offset`, at most `limit`; and how many there are.
+    /// The records of the keys `filter` admits, ordered by hash, from `offset`, at most
+    /// `limit`; and how many it admits.
     pub async fn list_keys(
         &self,
+        filter: KeyFilter<'_>,
         offset: usize,
         limit: usize,
     ) -> Result<(Vec<Arc<KeyRecord>>, usize), KeyStoreError> {
         match &self.backend {
-            Backend::Local(l) => Ok(l.list(offset, limit)),
-            Backend::Redis(r) => r.list(offset, limit).await,
-            Backend::Postgres(p) => Ok(p.list(offset, limit)),
+            Backend::Local(l) => Ok(l.list(filter, offset, limit)),
+            Backend::Redis(r) => r.list(filter, offset, limit).await,
+            Backend::Postgres(p) => Ok(p.list(filter, offset, limit)),
         }
     }
 

@@ -47,7 +47,7 @@ use tokio_postgres::{AsyncMessage, Client, Config, IsolationLevel};
 use super::local::LocalStore;
 use super::postgres_tls::{driver, Driver};
 use super::redis::Throttle;
-use super::{hashes_match, KeyRecord, KeyStoreError, Resolved, TeamRecord};
+use super::{hashes_match, KeyFilter, KeyRecord, KeyStoreError, Resolved, TeamRecord};
 use crate::config::DatabaseUrl;
 
 /// How long one write (and getting a connection for it) may take before it counts as
@@ -491,9 +491,15 @@ impl PgKeys {
         self.shared.memory.team(team_id)
     }
 
-    /// The keys ordered by hash, from `offset`, at most `limit`; and how many there are.
-    pub fn list(&self, offset: usize, limit: usize) -> (Vec<Arc<KeyRecord>>, usize) {
-        self.shared.memory.list(offset, limit)
+    /// The keys `filter` admits, ordered by hash, from `offset`, at most `limit`; and how many
+    /// it admits.
+    pub fn list(
+        &self,
+        filter: KeyFilter<'_>,
+        offset: usize,
+        limit: usize,
+    ) -> (Vec<Arc<KeyRecord>>, usize) {
+        self.shared.memory.list(filter, offset, limit)
     }
 
     /// Runs a write on a pooled connection within the timeout (`op` gets the connection and

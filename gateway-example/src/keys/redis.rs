@@ -35,7 +35,7 @@ use futures_util::future::{BoxFuture, FutureExt, Shared};
 use tokio::time::Instant;
 
 use super::cache::KeyCache;
-use super::{hashes_match, KeyRecord, KeyStoreError, Resolved, TeamRecord};
+use super::{hashes_match, KeyFilter, KeyRecord, KeyStoreError, Resolved, TeamRecord};
 use crate::config::RedisTarget;
 
 /// How long one Redis call may take before the answer counts as unavailable. Short: it is on the
@@ -484,13 +484,37 @@ impl RedisKeys {
         Ok((swapped == 1).then(|| Arc::new(record)))
     }
 
-    /// The keys, ordered by hash, from `offset`, at most `limit`; and how many there are. Reads
-    /// every hash (`HKEYS`) and the page's records: for an operator's listing, not the request path.
+    /// The keys `filter` admits, ordered by hash, from `offset`, at most `limit`; and how many
+    /// it admits. Reads every hash (`HKEYS`) and the page's records, or with a filter every
+    /// record (`HGETALL`): for an operator's listing, not the request path.
     pub async fn list(
         &self,
+        filter: KeyFilter<'_>,
         offset: usize,
         limit: usize,
     ) -> Result<(Vec<Arc<KeyRecord>>, usize), KeyStoreError> {
+        if !filter.is_all() {
+            let fields: Vec<(String, String)> = self
+                .query(::redis::cmd("HGETALL").arg(&self.keys_hash))
+                .await?;
+            let mut admitted = Vec::new();
+            for (token, json) in fields {
+                if token.starts_with(ALIAS_FIELD) {
+                    continue;
+                }
+                let record: KeyRecord = serde_json::from_str(&json).map_err(|e| {
+                    KeyStoreError::Corrupt(format!("{} field {token}: {e}", self.keys_hash))
+                })?;
+                // A record filed under another hash is not this key's (as `key` reads it).
+                if hashes_match(&record.token, &token) && filter.admits(&record) {
+                    admitted.push(Arc::new(record));
+                }
+            }
+            admitted.sort_unstable_by(|a, b| a.token.cmp(&b.token));
+            let total = admitted.len();
+            let page = admitted.into_iter().skip(offset).take(limit).collect();
+            return Ok((page, total));
+        }
         let mut tokens: Vec<String> = self
             .query(::redis::cmd("HKEYS").arg(&self.keys_hash))
             .await?;
