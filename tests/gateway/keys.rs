@@ -648,6 +648,87 @@ async fn keys_are_blocked_unblocked_and_updated() {
     );
 }
 
+/// `/key/update` moves a key to another team, as LiteLLM's does: the new team's limits, priority
+/// and listings hold from the next request, the key's own counters stay; a team that does not
+/// exist is a 400 naming it and nothing changes; a null `team_id` changes nothing.
+#[tokio::test]
+async fn a_key_moves_to_another_team() {
+    let gw = Gw::start(&rpm10(), None).await;
+    let a = gw
+        .new_team(json!({"team_id": "a", "rpm_limit": 1, "metadata": {"priority": "dev"}}))
+        .await;
+    let b = gw
+        .new_team(json!({"team_id": "b", "metadata": {"priority": "prod"}}))
+        .await;
+    let key = gw.new_key(json!({"team_id": a, "rpm_limit": 3})).await;
+    let r = gw.chat(&key, M, false).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.headers["x-litellm-priority"], "dev");
+    let r = gw.chat(&key, M, false).await;
+    assert_eq!(r.status, 429, "{}", r.text());
+    assert_eq!(r.headers["x-priority-limit-refused-by"], "team_requests");
+
+    for body in [
+        json!({"key": key, "team_id": "nope"}),
+        json!({"key": key, "team_id": 7}),
+    ] {
+        let r = gw.post("/key/update", Some(MASTER), body.clone()).await;
+        assert_eq!(r.status, 400, "{body}: {}", r.text());
+        assert_eq!(r.json()["error"]["param"], "team_id", "{}", r.text());
+    }
+    assert!(gw
+        .post(
+            "/key/update",
+            Some(MASTER),
+            json!({"key": key, "team_id": "nope"})
+        )
+        .await
+        .error_message()
+        .contains("\"nope\""));
+    let r = gw
+        .post(
+            "/key/update",
+            Some(MASTER),
+            json!({"key": key, "team_id": null}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["team_id"], a, "a null team_id changes nothing");
+
+    let r = gw
+        .post(
+            "/key/update",
+            Some(MASTER),
+            json!({"key": key, "team_id": b}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["team_id"], b);
+    let r = gw.chat(&key, M, false).await;
+    assert_eq!(r.status, 200, "team b has no rpm limit: {}", r.text());
+    assert_eq!(r.headers["x-litellm-priority"], "prod");
+    // The key's own counters came along: its third request of three, then its own refusal.
+    let r = gw.chat(&key, M, false).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let r = gw.chat(&key, M, false).await;
+    assert_eq!(r.status, 429, "{}", r.text());
+    assert_eq!(r.headers["x-priority-limit-refused-by"], "key_requests");
+    let info = |team: String| {
+        let gw = &gw;
+        async move {
+            gw.get(&format!("/team/info?team_id={team}"), Some(MASTER))
+                .await
+                .json()["keys"]
+                .as_array()
+                .unwrap()
+                .len()
+        }
+    };
+    assert_eq!((info(a.clone()).await, info(b.clone()).await), (0, 1));
+    let r = gw.get(&format!("/key/info?key={key}"), Some(MASTER)).await;
+    assert_eq!(r.json()["info"]["team_id"], b);
+}
+
 /// `/team/update` changes a team's priority and models for every key of it at once; `/team/block`
 /// refuses every key of the team (401 that says so) until `/team/unblock`.
 #[tokio::test]

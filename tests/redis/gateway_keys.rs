@@ -344,6 +344,40 @@ async fn a_key_regenerated_on_one_gateway_and_listed_on_the_other() {
     let v = gw.b.get("/team/info?team_id=t", Some(MASTER)).await.json();
     assert_eq!(v["keys"].as_array().map(Vec::len), Some(1), "{v}");
     assert_eq!(v["keys"][0]["token"], token, "{v}");
+
+    // Moved on B to a team with one request a minute: A follows within the cache's TTL; a team
+    // that does not exist is refused by name.
+    let tight =
+        gw.b.new_team(json!({"team_id": "tight", "rpm_limit": 1}))
+            .await;
+    let r =
+        gw.b.post(
+            "/key/update",
+            Some(MASTER),
+            json!({"key": in_team, "team_id": "gone"}),
+        )
+        .await;
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert!(r.error_message().contains("\"gone\""), "{}", r.text());
+    let r =
+        gw.b.post(
+            "/key/update",
+            Some(MASTER),
+            json!({"key": in_team, "team_id": tight}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(
+        gw.b.chat(&in_team, M, false).await.status,
+        200,
+        "tight's one request"
+    );
+    answers_within_the_ttl(&gw.a, &in_team, 429, "A counts the key in its new team").await;
+    let v =
+        gw.a.get("/key/list?team_id=tight", Some(MASTER))
+            .await
+            .json();
+    assert_eq!(v["total_count"], 1, "{v}");
 }
 
 /// A team's `models` made on A hold on B, through a fallback too: `cheap` (one request a minute,

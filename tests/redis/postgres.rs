@@ -232,6 +232,52 @@ async fn every_key_and_team_change_on_one_gateway_reaches_the_other_within_a_sec
         .await;
     assert_eq!(info.json()["team_info"]["team_alias"], "search");
 
+    // Moved to another team on B: A follows within a second; a team that does not exist is
+    // refused by name (Postgres's foreign key) and nothing changes.
+    let other = b
+        .new_team(json!({"team_id": "other", "metadata": {"priority": "prod"}}))
+        .await;
+    let r = b
+        .post(
+            "/key/update",
+            Some(MASTER),
+            json!({"key": in_team, "team_id": "no-such-team"}),
+        )
+        .await;
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert!(
+        r.error_message().contains("\"no-such-team\""),
+        "{}",
+        r.text()
+    );
+    let r = b
+        .post(
+            "/key/update",
+            Some(MASTER),
+            json!({"key": in_team, "team_id": other}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    replies_within_a_second(a, &in_team, "A follows the key to its new team", |r| {
+        r.headers
+            .get("x-litellm-priority")
+            .is_some_and(|p| p == "prod")
+    })
+    .await;
+    let v = a
+        .get(&format!("/team/info?team_id={other}"), Some(MASTER))
+        .await
+        .json();
+    assert_eq!(v["keys"].as_array().map(Vec::len), Some(1), "{v}");
+    let r = a
+        .post(
+            "/key/update",
+            Some(MASTER),
+            json!({"key": in_team, "team_id": team}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+
     // Regenerated on A: the new value works on B, the old one stops there; B lists A's keys.
     let r = a
         .post("/key/regenerate", Some(MASTER), json!({"key": in_team}))

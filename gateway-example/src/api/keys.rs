@@ -91,6 +91,7 @@ pub const KEY_FIELDS: &[&str] = &[
 /// The fields `/key/update` honours beside the limits (`key` names the key to change).
 pub const KEY_UPDATE_FIELDS: &[&str] = &[
     "key",
+    "team_id",
     "key_alias",
     "metadata",
     "models",
@@ -933,15 +934,17 @@ fn named_key(body: &Map<String, Value>) -> Result<String, ApiError> {
         .ok_or_else(|| ApiError::bad_request("Missing required field 'key'.").param("key"))
 }
 
-/// Applies `change` to the key `key`: its new record, or a 404.
+/// Applies `change` to the key `key` (moving it to team `moves_to`, if given): its new record,
+/// or a 404.
 async fn change_key(
     gw: &Gateway,
     key: &str,
     change: impl Fn(&KeyRecord) -> Result<KeyRecord, KeyStoreError> + Send + Sync + 'static,
+    moves_to: Option<String>,
 ) -> Result<Json<Value>, ApiError> {
     let record = gw
         .keys()
-        .update_key(key, change)
+        .update_key(key, change, moves_to)
         .await
         .map_err(store_error)?
         .ok_or_else(|| ApiError::new(StatusCode::NOT_FOUND, "not_found_error", "Key not found."))?;
@@ -974,24 +977,35 @@ pub async fn update(
         .transpose()?;
     // Checked before the change, applied over the stored limits inside it.
     limits(&gw, &body, &Limits::default())?;
-    let (gw2, body2) = (Arc::clone(&gw), body.clone());
-    change_key(&gw, &key, move |current| {
-        let mut record = current.clone();
-        changes.apply(
-            &mut record.key_alias,
-            &mut record.metadata,
-            &mut record.models,
-            &mut record.blocked,
-        );
-        if let Some(expires) = expires {
-            record.expires_at = expires;
-        }
-        if let Some(routes) = &routes {
-            record.allowed_routes.clone_from(routes);
-        }
-        record.limits = limits(&gw2, &body2, &current.limits).map_err(invalid_change)?;
-        Ok(record)
-    })
+    // A key moves to another team as LiteLLM's update moves it; a null `team_id` changes
+    // nothing, as a null `duration` (LiteLLM drops null fields from an update).
+    let moves_to = opt_string(&body, "team_id")?;
+    let (gw2, body2, team) = (Arc::clone(&gw), body.clone(), moves_to.clone());
+    change_key(
+        &gw,
+        &key,
+        move |current| {
+            let mut record = current.clone();
+            if let Some(team) = &team {
+                record.team_id = Some(team.clone());
+            }
+            changes.apply(
+                &mut record.key_alias,
+                &mut record.metadata,
+                &mut record.models,
+                &mut record.blocked,
+            );
+            if let Some(expires) = expires {
+                record.expires_at = expires;
+            }
+            if let Some(routes) = &routes {
+                record.allowed_routes.clone_from(routes);
+            }
+            record.limits = limits(&gw2, &body2, &current.limits).map_err(invalid_change)?;
+            Ok(record)
+        },
+        moves_to,
+    )
     .await
 }
 
@@ -1081,12 +1095,17 @@ async fn set_blocked(
 ) -> Result<Json<Value>, ApiError> {
     only_honoured(body, endpoint, &[&["key"]])?;
     let key = named_key(body)?;
-    change_key(gw, &key, move |current| {
-        Ok(KeyRecord {
-            blocked,
-            ..current.clone()
-        })
-    })
+    change_key(
+        gw,
+        &key,
+        move |current| {
+            Ok(KeyRecord {
+                blocked,
+                ..current.clone()
+            })
+        },
+        None,
+    )
     .await
 }
 

@@ -147,6 +147,12 @@ impl LocalStore {
         if record.key_alias != current.key_alias {
             self.read().alias_free(&record)?;
         }
+        // A key moved to another team: that team must exist (as for a new key).
+        if let (Some(team), true) = (&record.team_id, record.team_id != current.team_id) {
+            if !self.read().teams.contains_key(team) {
+                return Err(KeyStoreError::UnknownTeam(team.clone()));
+            }
+        }
         if let Some(db) = writer.as_mut() {
             db.replace_key(&record)?;
         }

@@ -844,19 +844,21 @@ impl KeyStore {
     }
 
     /// Changes the record of `key` (the key itself or its token: [`token_of`]) with `change`; `None` when there is
-    /// no such key. On Redis every gateway sees it within [`KEY_CACHE_TTL`].
+    /// no such key. `moves_to`: the team `change` moves it to, if it does, which must exist
+    /// ([`KeyStoreError::UnknownTeam`]). On Redis every gateway sees it within [`KEY_CACHE_TTL`].
     pub async fn update_key(
         &self,
         key: &str,
         change: impl Fn(&KeyRecord) -> Result<KeyRecord, KeyStoreError> + Send + Sync + 'static,
+        moves_to: Option<String>,
     ) -> Result<Option<Arc<KeyRecord>>, KeyStoreError> {
         let token = token_of(key);
         match &self.backend {
             Backend::Local(l) => {
                 write(&self.write_turn, l, move |l| l.update_key(&token, change)).await
             }
-            Backend::Redis(r) => r.update_key(&token, change).await,
-            Backend::Postgres(p) => p.update_key(&token, change).await,
+            Backend::Redis(r) => r.update_key(&token, change, moves_to.as_deref()).await,
+            Backend::Postgres(p) => p.update_key(&token, change, moves_to.as_deref()).await,
         }
     }
 
@@ -1195,10 +1197,13 @@ mod tests {
                 })
             }
         };
-        let e = store.update_key(&plain, rename("a")).await.unwrap_err();
+        let e = store
+            .update_key(&plain, rename("a"), None)
+            .await
+            .unwrap_err();
         assert!(matches!(e, KeyStoreError::AliasTaken(_)), "{e:?}");
         store
-            .update_key(&plain, rename("b"))
+            .update_key(&plain, rename("b"), None)
             .await
             .unwrap()
             .unwrap();

@@ -582,12 +582,13 @@ impl PgKeys {
         &self,
         token: &str,
         change: impl Fn(&KeyRecord) -> Result<KeyRecord, KeyStoreError>,
+        moves_to: Option<&str>,
     ) -> Result<Option<Arc<KeyRecord>>, KeyStoreError> {
         let target = self.target();
         self.write("updating a key", |mut client| async move {
             let err = |e: tokio_postgres::Error| match e.code() {
                 Some(c) if *c == SqlState::FOREIGN_KEY_VIOLATION => {
-                    KeyStoreError::UnknownTeam("the key's team_id".into())
+                    KeyStoreError::UnknownTeam(moves_to.unwrap_or("the key's team_id").to_owned())
                 }
                 Some(_) if alias_taken(&e) => KeyStoreError::AliasTaken(
                     e.as_db_error()

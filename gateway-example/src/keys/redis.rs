@@ -329,7 +329,15 @@ impl RedisKeys {
         &self,
         token: &str,
         change: impl Fn(&KeyRecord) -> Result<KeyRecord, KeyStoreError>,
+        moves_to: Option<&str>,
     ) -> Result<Option<Arc<KeyRecord>>, KeyStoreError> {
+        // A key moved to another team: that team must exist, as for a new key (a team deleted
+        // meanwhile takes the key with it: `delete_teams` scans the keys again after).
+        if let Some(team) = moves_to {
+            if !self.team_exists(team).await? {
+                return Err(KeyStoreError::UnknownTeam(team.to_owned()));
+            }
+        }
         let updated = self
             .update_record(
                 &self.keys_hash,
