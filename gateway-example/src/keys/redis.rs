@@ -355,6 +355,14 @@ impl RedisKeys {
         if updated.is_some() {
             self.cache.delete(&[token.to_owned()]);
         }
+        // As for a new key: a team deleted between the check and the write takes the key with
+        // it (its deletion's second scan saw the key, or this check sees the team gone).
+        if let (Some(team), Some(_)) = (moves_to, &updated) {
+            if !self.team_exists(team).await? {
+                self.delete(&[token.to_owned()]).await?;
+                return Err(KeyStoreError::UnknownTeam(team.to_owned()));
+            }
+        }
         Ok(updated.map(Arc::new))
     }
 
