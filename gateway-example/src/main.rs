@@ -122,7 +122,7 @@ async fn run(args: Args) -> Result<(), String> {
     let (config, document) = gateway_example::load_file(&args.config, &args.ignore_unsupported)?;
     if config.master_key.is_none() {
         tracing::warn!(
-            "no general_settings.master_key: the gateway is open to anyone who can reach it"
+            "no general_settings.master_key and no LITELLM_MASTER_KEY: the gateway is open to anyone who can reach it"
         );
     }
     // Bound (and checked) before the gateway is built, so a refusal touches no data.

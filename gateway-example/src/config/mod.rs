@@ -223,7 +223,8 @@ pub struct GatewayConfig {
     pub limiter_enabled: bool,
     /// Every deployment, in file order.
     pub deployments: Vec<Deployment>,
-    /// `general_settings.master_key`; without one the gateway runs open (no auth).
+    /// `general_settings.master_key`, else the `LITELLM_MASTER_KEY` environment (as LiteLLM
+    /// reads it); without either the gateway runs open (no auth).
     pub master_key: Option<String>,
     /// Request bodies larger than this get a 413.
     pub max_request_bytes: usize,
@@ -589,6 +590,20 @@ impl GatewayConfig {
         }
 
         let (redis, redis_key_prefix) = redis_settings(&root, &env)?;
+        // As LiteLLM: `general_settings.master_key`, else `LITELLM_MASTER_KEY` (what a
+        // container set up for LiteLLM often has alone); a gateway that ignored it would run open.
+        if master_key.is_none() {
+            if let Some(key) = env("LITELLM_MASTER_KEY") {
+                let key = key.trim();
+                if key.is_empty() {
+                    return Err(ConfigError::new(
+                        "LITELLM_MASTER_KEY",
+                        "is set but empty: set the master key, or unset it to run open",
+                    ));
+                }
+                master_key = Some(key.to_owned());
+            }
+        }
         if database_url.is_none() {
             if let Some(url) = env("DATABASE_URL").filter(|v| !v.trim().is_empty()) {
                 database_url = Some(DatabaseUrl::parse(url.trim(), "DATABASE_URL")?);

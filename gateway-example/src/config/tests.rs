@@ -669,6 +669,35 @@ fn database_url_from_general_settings_else_the_environment() {
     assert!(e.contains("DATABASE_URL"), "{e}");
 }
 
+/// The master key is `general_settings.master_key`, else `LITELLM_MASTER_KEY`, as LiteLLM reads
+/// it: a container set up for LiteLLM with the variable alone must not run open.
+#[test]
+fn master_key_from_general_settings_else_the_environment() {
+    let base =
+        "model_list: [{model_name: m, litellm_params: {model: openai/m, mock_response: hi}}]\n";
+    let read = |yaml: &str, env: Option<&str>| {
+        let env = env.map(str::to_owned);
+        GatewayConfig::from_yaml_str_with_env(yaml, move |name| {
+            (name == "LITELLM_MASTER_KEY").then(|| env.clone()).flatten()
+        })
+        .map(|c| c.master_key)
+        .map_err(|e| e.to_string())
+    };
+    assert_eq!(read(base, None).unwrap(), None, "open without either");
+    assert_eq!(
+        read(base, Some(" sk-from-env ")).unwrap().as_deref(),
+        Some("sk-from-env")
+    );
+    let in_file = format!("{base}general_settings: {{master_key: sk-in-file}}\n");
+    assert_eq!(
+        read(&in_file, Some("sk-from-env")).unwrap().as_deref(),
+        Some("sk-in-file"),
+        "the file wins"
+    );
+    let e = read(base, Some("  ")).unwrap_err();
+    assert!(e.contains("LITELLM_MASTER_KEY"), "{e}");
+}
+
 /// A deployment's connection settings are read where they are written; a bad one names its
 /// path and says what is expected.
 #[test]
