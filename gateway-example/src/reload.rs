@@ -28,8 +28,8 @@ pub fn load_file(path: &Path, ignore: &[String]) -> Result<(GatewayConfig, Value
     let config =
         GatewayConfig::from_yaml_str_ignoring(&text, |name| std::env::var(name).ok(), ignore)
             .map_err(|e| format!("{}: {e}", path.display()))?;
-    // The config parsed, so the document does.
-    let document = serde_yaml_ng::from_str(&text).unwrap_or(Value::Null);
+    // The config parsed, so the document does (its merge keys applied, as the config read it).
+    let document = tower_priority_limit::config::yaml_document(&text).unwrap_or(Value::Null);
     Ok((config, document))
 }
 

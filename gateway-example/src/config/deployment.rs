@@ -362,8 +362,8 @@ pub(super) fn tls(
 }
 
 /// `ssl_verify` as LiteLLM reads it (httpx's `verify=`): `true` (the bundled Mozilla roots),
-/// `false` (no verification), or the path of a PEM CA bundle; a string `"true"` or `"false"`
-/// (from `os.environ/`, say) is the boolean.
+/// `false` (no verification), or the path of a PEM CA bundle; a string PyYAML reads as a
+/// boolean (`no`, `off`, …; or `"true"` from `os.environ/`, say) is the boolean.
 fn verify(node: &Node<'_>) -> Result<Verify, ConfigError> {
     match node.value() {
         serde_json::Value::Bool(true) => Ok(Verify::Mozilla),
@@ -373,6 +373,8 @@ fn verify(node: &Node<'_>) -> Result<Verify, ConfigError> {
             match text.trim() {
                 t if t.eq_ignore_ascii_case("true") => Ok(Verify::Mozilla),
                 t if t.eq_ignore_ascii_case("false") => Ok(Verify::Off),
+                t if super::pyyaml_bool(t) == Some(true) => Ok(Verify::Mozilla),
+                t if super::pyyaml_bool(t) == Some(false) => Ok(Verify::Off),
                 "" => Err(node.error("expected true, false or the path of a PEM CA bundle")),
                 path => Ok(Verify::CaBundle(path.into())),
             }

@@ -375,7 +375,19 @@ impl std::fmt::Debug for GatewayConfig {
 fn boolean(node: &Node<'_>) -> Result<bool, ConfigError> {
     match node.value() {
         Value::Bool(b) => Ok(*b),
+        Value::String(s) if pyyaml_bool(s).is_some() => Ok(pyyaml_bool(s) == Some(true)),
         other => Err(node.error(format!("expected true or false, got {other}"))),
+    }
+}
+
+/// A plain scalar PyYAML (which LiteLLM reads its config with) takes for a boolean and YAML 1.2
+/// for a string: `yes`, `no`, `on`, `off` in its three spellings (and `true`/`false` written as
+/// text, from `os.environ/`, say). Read only where a boolean is expected.
+pub(crate) fn pyyaml_bool(text: &str) -> Option<bool> {
+    match text.trim() {
+        "yes" | "Yes" | "YES" | "on" | "On" | "ON" | "true" | "True" | "TRUE" => Some(true),
+        "no" | "No" | "NO" | "off" | "Off" | "OFF" | "false" | "False" | "FALSE" => Some(false),
+        _ => None,
     }
 }
 

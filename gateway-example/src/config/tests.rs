@@ -669,6 +669,49 @@ fn database_url_from_general_settings_else_the_environment() {
     assert!(e.contains("DATABASE_URL"), "{e}");
 }
 
+/// A config written with YAML anchors and merge keys reads as PyYAML (LiteLLM's reader) reads it:
+/// the merged settings apply, a mapping's own keys win over merged ones; a merge of something
+/// that is not a mapping is an error. PyYAML's booleans (`yes`, `off`, …) are booleans where one
+/// is expected.
+#[test]
+fn merge_keys_and_pyyaml_booleans_read_as_litellm_reads_them() {
+    let yaml = r#"
+x-defaults: &defaults {api_base: "http://127.0.0.1:9/v1", rpm: 10, timeout: 7}
+model_list:
+  - model_name: m
+    litellm_params: {<<: *defaults, model: openai/m, timeout: 3}
+  - model_name: n
+    litellm_params:
+      <<: [*defaults, {tpm: 500}]
+      model: openai/n
+general_settings: {metrics_require_auth: yes, metrics: On}
+"#;
+    let c = GatewayConfig::from_yaml_str(yaml).unwrap();
+    let m = c.deployments.iter().find(|d| d.model_name == "m").unwrap();
+    assert!(
+        matches!(&m.target, Target::Upstream { api_base, .. } if api_base == "http://127.0.0.1:9/v1"),
+        "{:?}",
+        m.target
+    );
+    assert_eq!(m.rpm, Some(10));
+    assert_eq!(m.timeout, Duration::from_secs(3), "its own key wins");
+    let n = c.deployments.iter().find(|d| d.model_name == "n").unwrap();
+    assert_eq!((n.rpm, n.tpm), (Some(10), Some(500)));
+    assert!(c.metrics);
+    let e = GatewayConfig::from_yaml_str(
+        "model_list: [{model_name: m, litellm_params: {<<: 3, model: openai/m}}]",
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("invalid YAML") && e.contains("merging"), "{e}");
+    let e = GatewayConfig::from_yaml_str(
+        "model_list: [{model_name: m, litellm_params: {model: openai/m, mock_response: hi}}]\ngeneral_settings: {metrics: maybe}",
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("general_settings.metrics"), "{e}");
+}
+
 /// The master key is `general_settings.master_key`, else `LITELLM_MASTER_KEY`, as LiteLLM reads
 /// it: a container set up for LiteLLM with the variable alone must not run open.
 #[test]

@@ -249,17 +249,23 @@ impl ModelLimits {
 
 /// A config file's text as a document, or why not: invalid YAML, or a mapping that repeats a key
 /// (the tree would keep only the last, and the first's settings would be dropped without a word;
-/// the error names the key).
+/// the error names the key). Merge keys (`<<: *defaults`) are applied as PyYAML, which LiteLLM
+/// reads its config with, applies them: a mapping's own keys first, then each merged one's.
 pub fn yaml_document(yaml: &str) -> Result<Value, ConfigError> {
+    let invalid = |e: serde_yaml_ng::Error| ConfigError::new("", format!("invalid YAML: {e}"));
     // serde_yaml_ng's own tree refuses a repeated key; the JSON tree would keep the last.
-    if let Err(e) = serde_yaml_ng::from_str::<serde_yaml_ng::Value>(yaml) {
-        let hint = match e.to_string().contains("duplicate entry") {
-            true => " (a mapping gives each key once: merge the two into one)",
-            false => "",
-        };
-        return Err(ConfigError::new("", format!("invalid YAML: {e}{hint}")));
-    }
-    serde_yaml_ng::from_str(yaml).map_err(|e| ConfigError::new("", format!("invalid YAML: {e}")))
+    let mut tree = match serde_yaml_ng::from_str::<serde_yaml_ng::Value>(yaml) {
+        Ok(tree) => tree,
+        Err(e) => {
+            let hint = match e.to_string().contains("duplicate entry") {
+                true => " (a mapping gives each key once: merge the two into one)",
+                false => "",
+            };
+            return Err(ConfigError::new("", format!("invalid YAML: {e}{hint}")));
+        }
+    };
+    tree.apply_merge().map_err(invalid)?;
+    serde_yaml_ng::from_value(tree).map_err(invalid)
 }
 
 /// Position of `pool` in a model's pool list of length `len` (the default pool is last).
