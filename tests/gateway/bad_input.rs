@@ -134,6 +134,58 @@ async fn every_bad_input_gets_its_status_and_shape() {
     r.error_message();
 }
 
+/// LiteLLM's own request settings (retries, fallbacks, timeouts, a mock answer, tags, another
+/// upstream) are refused by name on every endpoint, before anything is counted: forwarded they
+/// would do nothing here (or be refused by a strict upstream), and the caller believes they hold.
+#[tokio::test]
+async fn litellm_request_settings_are_refused_by_name() {
+    let gw = Gw::start(&config(), None).await;
+    let key = gw.new_key(json!({"models": ["m"], "rpm_limit": 1})).await;
+    for (path, body) in [
+        (
+            "/v1/chat/completions",
+            json!({"model": "m", "messages": [], "num_retries": 0}),
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"model": "m", "messages": [], "stream": true, "disable_fallbacks": true}),
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"model": "m", "messages": [], "mock_response": "x", "tags": ["a"]}),
+        ),
+        (
+            "/v1/completions",
+            json!({"model": "m", "prompt": "x", "timeout": 0.5}),
+        ),
+        (
+            "/v1/embeddings",
+            json!({"model": "m", "input": "x", "api_base": "http://elsewhere"}),
+        ),
+        (
+            "/v1/responses",
+            json!({"model": "m", "input": "x", "fallbacks": ["n"]}),
+        ),
+        (
+            "/v1/messages",
+            json!({"model": "m", "max_tokens": 5, "messages": [], "caching": true}),
+        ),
+    ] {
+        let r = gw.send("POST", path, Some(&key), body.to_string()).await;
+        assert_eq!(r.status, 400, "{path} {body}: {}", r.text());
+        let named = r.json()["error"]["param"].as_str().unwrap().to_owned();
+        assert!(body.get(&named).is_some(), "{named}: {}", r.text());
+        assert!(
+            r.error_message()
+                .starts_with(&format!("'{named}' is one of LiteLLM's request settings")),
+            "{}",
+            r.text()
+        );
+    }
+    // Nothing was counted: the key's one request a minute is still there.
+    assert_eq!(gw.chat(&key, "m", false).await.status, 200);
+}
+
 #[tokio::test]
 async fn health_needs_no_key() {
     let gw = Gw::start(&config(), None).await;

@@ -89,6 +89,14 @@ where
         serde_json::from_slice::<Value>(&bytes)
             .map_err(|e| ApiError::bad_request(format!("Invalid JSON in request body: {e}")))?;
     }
+    if let Some(name) = fields.litellm_setting.take() {
+        return Err(ApiError::bad_request(format!(
+            "'{name}' is one of LiteLLM's request settings, which this gateway does not honour \
+             per request; remove it (retries, fallbacks, timeouts and the upstream are set in \
+             the config)."
+        ))
+        .param(name));
+    }
     let model = match fields.model.take() {
         Some(Member::Str(m)) if !m.is_empty() => m,
         Some(Member::Str(_)) | None | Some(Member::Null) => {

@@ -35,7 +35,34 @@ pub struct Fields<'a> {
     pub required: Option<Shape>,
     /// The output limits (`max_tokens` and the like), read by the crate's rule.
     pub output_limits: OutputLimits,
+    /// The first of LiteLLM's own request settings the body gives ([`LITELLM_SETTINGS`]), which
+    /// the gateway refuses by name rather than forward or ignore.
+    pub litellm_setting: Option<&'static str>,
 }
+
+/// Members LiteLLM's proxy reads from a request body as its own settings (retries, fallbacks,
+/// timeouts, mock answers, caching, guardrails, another `api_base` or key, spend tags), none of
+/// them part of the OpenAI or Anthropic APIs. The gateway does none of that per request:
+/// forwarded, they would be ignored (or refused by a strict upstream), so they are refused.
+pub const LITELLM_SETTINGS: &[&str] = &[
+    "api_base",
+    "api_key",
+    "api_version",
+    "base_url",
+    "cache",
+    "caching",
+    "context_window_fallback_dict",
+    "disable_fallbacks",
+    "drop_params",
+    "fallbacks",
+    "guardrails",
+    "mock_response",
+    "mock_testing_fallbacks",
+    "mock_timeout",
+    "num_retries",
+    "tags",
+    "timeout",
+];
 
 impl<'a> Fields<'a> {
     /// Reads `body`, whose member `required` (if any) is looked at for its [`Shape`]: `Ok(None)`
@@ -131,6 +158,10 @@ impl<'de> Visitor<'de> for Body<'_> {
                 }
                 (Key::Required(_), _) => fields.required = Some(map.next_value_seed(KIND)?.shape()),
                 (Key::OutputLimit(i), _) => fields.output_limits.set(i, map.next_value()?),
+                (Key::LiteLlm(name), _) => {
+                    fields.litellm_setting.get_or_insert(name);
+                    map.next_value::<IgnoredAny>()?;
+                }
                 (Key::Prompt(member), Some(prompt)) => {
                     map.next_value_seed(prompt.member(member))?
                 }
@@ -177,6 +208,8 @@ enum Key {
     OutputLimit(usize),
     /// A member the prompt estimate reads.
     Prompt(MemberName),
+    /// One of [`LITELLM_SETTINGS`] (its name kept: the body is refused, naming it).
+    LiteLlm(&'static str),
     Other,
 }
 
@@ -208,6 +241,28 @@ impl<'de> Visitor<'de> for Name<'_> {
             "model" => Key::Model,
             "stream" => Key::Stream,
             "stream_options" => Key::StreamOptions,
+            // LITELLM_SETTINGS, as arms: told apart by the match, not by a search per member.
+            "api_base"
+            | "api_key"
+            | "api_version"
+            | "base_url"
+            | "cache"
+            | "caching"
+            | "context_window_fallback_dict"
+            | "disable_fallbacks"
+            | "drop_params"
+            | "fallbacks"
+            | "guardrails"
+            | "mock_response"
+            | "mock_testing_fallbacks"
+            | "mock_timeout"
+            | "num_retries"
+            | "tags"
+            | "timeout" => {
+                // Found again in the list only for a body that is refused.
+                let named = LITELLM_SETTINGS.iter().find(|s| **s == name);
+                named.map_or(Key::Other, |s| Key::LiteLlm(s))
+            }
             _ if self.required == Some(name) => Key::Required(member()),
             _ => match OutputLimits::slot(name) {
                 Some(i) => Key::OutputLimit(i),
@@ -432,7 +487,7 @@ impl<'de, V: Visitor<'de>> Visitor<'de> for Noting<'_, V> {
 
 #[cfg(test)]
 mod tests {
-    use super::{Fields, Member, Shape};
+    use super::{Fields, Member, Shape, LITELLM_SETTINGS};
     use crate::endpoint::Endpoint;
     use proptest::prelude::*;
     use serde_json::Value;
@@ -458,6 +513,23 @@ mod tests {
             assert_eq!(tokens, prompt_tokens(raw), "{text}");
         }
         answered
+    }
+
+    /// Every one of LiteLLM's request settings is told apart (the match's arms and the list
+    /// agree), and the first given is the one named; other members are not.
+    #[test]
+    fn litellm_request_settings_are_told_apart() {
+        for name in LITELLM_SETTINGS {
+            let body = format!(r#"{{"model":"m","{name}":1,"timeout":2}}"#);
+            let fields = Fields::read(body.as_bytes(), None).unwrap().unwrap();
+            assert_eq!(fields.litellm_setting, Some(*name), "{body}");
+        }
+        let body = br#"{"model":"m","metadata":{"timeout":1},"user":"u","temperature":1}"#;
+        let fields = Fields::read(body, None).unwrap().unwrap();
+        assert_eq!(
+            fields.litellm_setting, None,
+            "nested or OpenAI's own: not refused"
+        );
     }
 
     /// The one pass answers for the bodies the APIs send, and agrees with the two passes.

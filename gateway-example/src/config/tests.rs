@@ -721,7 +721,9 @@ fn master_key_from_general_settings_else_the_environment() {
     let read = |yaml: &str, env: Option<&str>| {
         let env = env.map(str::to_owned);
         GatewayConfig::from_yaml_str_with_env(yaml, move |name| {
-            (name == "LITELLM_MASTER_KEY").then(|| env.clone()).flatten()
+            (name == "LITELLM_MASTER_KEY")
+                .then(|| env.clone())
+                .flatten()
         })
         .map(|c| c.master_key)
         .map_err(|e| e.to_string())
