@@ -192,6 +192,37 @@ router_settings:
     no_failures(&gateways);
 }
 
+/// A client that sends its next request as soon as it has the last answer, on one gateway, with
+/// `max_parallel_requests: 1`: never refused for the slot its own last answer held (that
+/// answer's settlement, still on its way to Redis, is sent before the refusal stands).
+#[tokio::test]
+async fn one_after_another_on_one_slot_is_never_refused() {
+    let Some(redis) = RedisServer::start("one_after_another_on_one_slot") else {
+        return;
+    };
+    let (up, base) = Upstream::start().await;
+    let (gateways, _dirs) = fleet(&config(&redis, &base)).await;
+    up.open_gate();
+    let key = gateways[0]
+        .new_key(json!({"max_parallel_requests": 1}))
+        .await;
+    let mut refused = 0;
+    for i in 0..60 {
+        let r = gateways[0].chat(&key, "gated", i % 2 == 1).await;
+        if r.status != 200 {
+            assert_eq!(refused_by(&r), "key_parallel", "{}", r.text());
+            refused += 1;
+        }
+    }
+    let limiter = gateways[0].gateway.limiter();
+    let GatewayStore::Redis(store) = limiter.store() else {
+        panic!("on Redis");
+    };
+    let retries = store.stats().parallel_retries.load(Ordering::Relaxed);
+    assert_eq!(refused, 0, "of 60 one after another ({retries} asked again)");
+    no_failures(&gateways);
+}
+
 /// Sends `n` chats with `body` as `key` at once, spread over the fleet, to `up`'s gated model:
 /// the admitted ones are held at the upstream until all `n` are either there or answered, so all
 /// admissions happen while every admitted one is in flight; then the gate opens.

@@ -82,15 +82,15 @@ use super::{
     AdmitRequest, FlowTry, MemoryStore, SettledHook, Settlement, Settler, SpendLog, Store,
     StoreError,
 };
-use crate::caller::{Caller, CallerMarks, Callers, DAY_MS};
+use crate::caller::{Caller, CallerLimit, CallerMarks, Callers, DAY_MS};
 use crate::config::WindowKind;
 use crate::config::{
     pool_at, pool_index, Enforcement, FailureMode, LimiterConfig, ModelId, PoolRef,
 };
 use crate::decision::{
     admit_budgets, check_callers, decide, decide_with_callers, reservation, saturation, slot_ms,
-    BudgetCounter, CallerCounters, CallerPair, Decision, FixedWindow, Millis, SlidingWindow, Usage,
-    Window, NOT_COUNTED, RING,
+    BudgetCounter, CallerCounters, CallerPair, Decision, FixedWindow, Millis, Refused, Scope,
+    SlidingWindow, Usage, Window, NOT_COUNTED, RING,
 };
 use crate::metrics::Observer;
 
@@ -298,6 +298,10 @@ pub struct RedisStats {
     /// request had gone (its client went away while Redis ran it), and that were cancelled at
     /// once, so nothing stays held for nobody.
     pub abandoned_admissions: AtomicU64,
+    /// Admissions refused for a key's or team's parallel slot while this gateway had
+    /// settlements not yet sent, asked again once they were: a client's next request right
+    /// after its last answer, which that answer's settlement frees.
+    pub parallel_retries: AtomicU64,
     /// Admissions where the script's verdict and [`decide`] disagreed (a bug if ever non-zero).
     pub verdict_mismatches: AtomicU64,
 }
@@ -748,6 +752,11 @@ struct StoreParts {
 }
 
 impl Inner {
+    /// Whether any settlement handed to this store has not been recorded yet.
+    fn any_settling(&self) -> bool {
+        self.settling.iter().any(|n| n.load(Ordering::SeqCst) > 0)
+    }
+
     /// The state of a store for `config` on `connection`, each model's counters in `keys`.
     fn new(
         config: &LimiterConfig,
@@ -2143,6 +2152,17 @@ fn holds_slot(limits: &crate::caller::CallerLimits) -> bool {
     limits.max_parallel.is_some() || limits.has_budget()
 }
 
+/// Whether `decision` is a key's or team's refusal for want of a parallel slot.
+fn refused_for_a_slot(decision: &Result<Decision, StoreError>) -> bool {
+    matches!(
+        decision,
+        Ok(Decision::Refuse(Refused {
+            scope: Scope::Caller(_, CallerLimit::Parallel),
+            ..
+        }))
+    )
+}
+
 /// Whether a request's callers hold something that only its settlement gives back (or a slot's
 /// lapse, ten minutes on): a parallel slot or a budget reservation.
 fn holds_until_settled(callers: &Callers) -> bool {
@@ -2187,10 +2207,29 @@ impl Store for RedisStore {
         // handed over in an `Unclaimed`, which cancels what it admitted unless the request takes
         // it (the request gone before the answer was sent, or before it read it).
         let settler = Arc::clone(&self.settler);
+        let queue = self.queue.clone();
         let (answer, answered) = oneshot::channel::<Unclaimed>();
         runtime.spawn(async move {
             let (model, pool, callers) = (request.model, request.pool, request.callers.clone());
-            let decision = inner.admit(request).await;
+            let again = request.clone();
+            // Read before: a settlement sent while the admission ran may have reached Redis
+            // after it.
+            let settling = inner.any_settling();
+            let mut decision = inner.admit(request).await;
+            // A parallel slot this gateway's own settlements had freed but not yet recorded (a
+            // client's next request right after its last answer): they are sent first, then
+            // the admission asked again, once. Not for a fleet-ordered try, whose flow a second
+            // try would count twice.
+            if refused_for_a_slot(&decision)
+                && again.flow.is_none()
+                && (settling || inner.any_settling())
+            {
+                let (done, flushed) = oneshot::channel();
+                if queue.send(Queued::Flush(done)).await.is_ok() && flushed.await.is_ok() {
+                    inner.stats.parallel_retries.fetch_add(1, Ordering::Relaxed);
+                    decision = inner.admit(again).await;
+                }
+            }
             // Sent, or dropped here if nobody is left: either way its drop decides.
             let _ = answer.send(Unclaimed {
                 decision: Some(decision),
