@@ -504,12 +504,20 @@ async fn chosen_keys_and_expiry() {
     let short = gw.new_key(json!({"duration": "30s"})).await;
     let long = gw.new_key(json!({"duration": "1mo"})).await;
     assert_eq!(gw.chat(&short, M, false).await.status, 200);
+    // A key lives at least its duration, though expiry is kept in whole seconds.
+    let two = gw.new_key(json!({"duration": "2s"})).await;
+    gw.clock.advance(std::time::Duration::from_millis(1_990));
+    let r = gw.chat(&two, M, false).await;
+    assert_eq!(r.status, 200, "1.99 s into 2 s: {}", r.text());
+    gw.clock.advance(std::time::Duration::from_millis(1_010));
+    assert_eq!(gw.chat(&two, M, false).await.status, 401, "3 s on");
+    gw.clock.advance(std::time::Duration::from_millis(28_000));
     let info = gw
         .get(&format!("/key/info?key={short}"), Some(MASTER))
         .await;
     let expires = info.json()["info"]["expires"].as_str().unwrap().to_owned();
     assert!(expires.ends_with('Z'), "{expires}");
-    gw.clock.advance(std::time::Duration::from_secs(31));
+    gw.clock.advance(std::time::Duration::from_secs(1));
     let r = gw.chat(&short, M, false).await;
     assert_eq!(r.status, 401, "{}", r.text());
     let said = r.error_message();

@@ -424,6 +424,12 @@ fn chosen_key(gw: &Gateway, body: &Map<String, Value>) -> Result<Option<String>,
 }
 
 /// When the key expires: `duration` from now, or `expires` (an ISO 8601 date and time); not both.
+/// Unix seconds now, rounded up: a key given a `duration` lives at least that long (expiry is
+/// kept in whole seconds, and a key expires once the whole seconds reach it).
+fn now_rounded_up(gw: &Gateway) -> u64 {
+    gw.unix_ms().div_ceil(1000)
+}
+
 fn expires_at(body: &Map<String, Value>, now: u64) -> Result<Option<u64>, ApiError> {
     let duration = opt_string(body, "duration")?;
     let expires = opt_string(body, "expires")?;
@@ -754,7 +760,7 @@ pub async fn generate(
     let models = models(&body, CallerKind::Key)?;
     let priorities = gw.limiter().config().priorities().to_vec();
     let chosen = chosen_key(&gw, &body)?;
-    let expires_at = expires_at(&body, gw.unix_secs())?;
+    let expires_at = expires_at(&body, now_rounded_up(&gw))?;
     let (key, record) = gw
         .keys()
         .create_key(NewKey {
@@ -967,7 +973,7 @@ pub async fn update(
     // field, null where unset, must not make an expiring key permanent); `expires: null` does.
     let given = |field| body.get(field).is_some_and(|v| !v.is_null());
     let expires = if given("duration") || given("expires") {
-        Some(expires_at(&body, gw.unix_secs())?)
+        Some(expires_at(&body, now_rounded_up(&gw))?)
     } else {
         body.contains_key("expires").then_some(None)
     };
