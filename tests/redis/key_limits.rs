@@ -219,7 +219,10 @@ async fn one_after_another_on_one_slot_is_never_refused() {
         panic!("on Redis");
     };
     let retries = store.stats().parallel_retries.load(Ordering::Relaxed);
-    assert_eq!(refused, 0, "of 60 one after another ({retries} asked again)");
+    assert_eq!(
+        refused, 0,
+        "of 60 one after another ({retries} asked again)"
+    );
     no_failures(&gateways);
 }
 

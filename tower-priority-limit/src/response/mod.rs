@@ -32,6 +32,26 @@ fn limit_or_missing(out: &mut String, limit: Option<u64>) {
     }
 }
 
+/// `x` as Python's `repr` writes a float, as LiteLLM's messages show dollars: `1.0`, not `1`;
+/// `1e-05` below 0.0001, `1e+16` from there on.
+fn python_float(x: f64) -> String {
+    let magnitude = x.abs();
+    if x != 0.0 && x.is_finite() && !(1e-4..1e16).contains(&magnitude) {
+        // Rust's shortest digits, in Python's exponent form (a sign, at least two digits).
+        let scientific = format!("{x:e}");
+        let (digits, exponent) = scientific.split_once('e').unwrap_or((&scientific, "0"));
+        let exponent: i32 = exponent.parse().unwrap_or(0);
+        let sign = if exponent < 0 { '-' } else { '+' };
+        return format!("{digits}e{sign}{:02}", exponent.abs());
+    }
+    let plain = format!("{x}");
+    if x.is_finite() && !plain.contains('.') {
+        format!("{plain}.0")
+    } else {
+        plain
+    }
+}
+
 /// The 429 message for a refusal on `model` under `label` (`None` = default pool); `team`
 /// names the request's team where its caller knows it (a team budget's message names it).
 pub(crate) fn refusal_message(
@@ -52,7 +72,7 @@ pub(crate) fn refusal_message(
                     let _ = write!(m, "={team}");
                 }
             }
-            let dollars = |n: u64| crate::caller::NanoUsd::from_nanos(n).dollars();
+            let dollars = |n: u64| python_float(crate::caller::NanoUsd::from_nanos(n).dollars());
             let _ = write!(
                 m,
                 " Current cost: {}, Max budget: {}",
@@ -189,6 +209,23 @@ fn log_slot() -> Option<u64> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn dollars_read_as_python_writes_them() {
+        for (x, python) in [
+            (1.0, "1.0"),
+            (0.5, "0.5"),
+            (1.048, "1.048"),
+            (0.0001, "0.0001"),
+            (0.00001, "1e-05"),
+            (0.000015, "1.5e-05"),
+            (0.0, "0.0"),
+            (100.0, "100.0"),
+            (1e16, "1e+16"),
+        ] {
+            assert_eq!(super::python_float(x), python, "{x}");
+        }
+    }
+
     use super::openai_error::error_json;
     use super::*;
     use crate::config::{LimiterConfig, Reservation};
