@@ -149,6 +149,14 @@ impl RouterSettings {
                                 .iter()
                                 .map(|n| n.string())
                                 .collect::<Result<Vec<_>, _>>()?;
+                            // A second list for one group would be dropped (only the first is
+                            // read): one list per group.
+                            if s.fallbacks.iter().any(|(g, _)| g == group) {
+                                return Err(list.error(format!(
+                                    "{group:?} already has fallbacks in an earlier entry: give \
+                                     them in one list"
+                                )));
+                            }
                             s.fallbacks.push((group.to_owned(), targets));
                         }
                     }

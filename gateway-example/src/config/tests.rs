@@ -712,6 +712,24 @@ general_settings: {metrics_require_auth: yes, metrics: On}
     assert!(e.contains("general_settings.metrics"), "{e}");
 }
 
+/// Two fallback lists for one group are refused by path, not the second dropped.
+#[test]
+fn a_group_given_fallbacks_twice_is_refused() {
+    let yaml = r#"
+model_list:
+  - {model_name: a, litellm_params: {model: openai/a, mock_response: hi}}
+  - {model_name: b, litellm_params: {model: openai/b, mock_response: hi}}
+  - {model_name: c, litellm_params: {model: openai/c, mock_response: hi}}
+router_settings:
+  fallbacks: [{"a": ["b"]}, {"a": ["c"]}]
+"#;
+    let e = GatewayConfig::from_yaml_str(yaml).unwrap_err().to_string();
+    assert!(
+        e.starts_with("router_settings.fallbacks[1].a:") && e.contains("one list"),
+        "{e}"
+    );
+}
+
 /// The master key is `general_settings.master_key`, else `LITELLM_MASTER_KEY`, as LiteLLM reads
 /// it: a container set up for LiteLLM with the variable alone must not run open.
 #[test]
