@@ -99,10 +99,14 @@ impl WallClock {
 }
 
 /// What [`Gateway::reload`] did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Reloaded {
     /// Whether any limit, share or limiter setting differs from the config it replaced.
     pub limits_changed: bool,
+    /// The new config's keys this gateway does not honour, as its start-up warning names them
+    /// ([`GatewayConfig::unsupported_warning`]): a reload answers with it too, so a misspelt
+    /// limit is seen where the reload was asked for, not only in the log.
+    pub not_honoured: Option<String>,
 }
 
 /// Builds a [`Gateway`]: [`build`](Self::build) with embedded counters, or
@@ -542,6 +546,7 @@ impl Gateway {
         }
         let changed = !crate::reload::same_limits(&old.limiter, &config.limiter)
             || old.deployments != config.deployments;
+        let not_honoured = config.unsupported_warning();
         if !changed {
             // Same limits (a SIGHUP from log rotation, say): the limiters stay as they are, with
             // their learned output estimates, their queues and their Redis connections.
@@ -550,6 +555,7 @@ impl Gateway {
             tracing::info!(limits_changed = false, "config reloaded");
             return Ok(Reloaded {
                 limits_changed: false,
+                not_honoured,
             });
         }
         let groups = self
@@ -583,6 +589,7 @@ impl Gateway {
         tracing::info!(limits_changed = changed, "config reloaded");
         Ok(Reloaded {
             limits_changed: changed,
+            not_honoured,
         })
     }
 

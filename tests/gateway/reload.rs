@@ -43,7 +43,7 @@ async fn a_reload_applies_new_limits_and_keeps_the_window_counters() {
     assert_eq!(reply.status, 200, "{}", reply.text());
     assert_eq!(
         reply.json(),
-        json!({"status": "reloaded", "limits_changed": true})
+        json!({"status": "reloaded", "limits_changed": true, "not_honoured": null})
     );
 
     // The 3 requests of this window still count: 3 more fit under 6, not 6.
@@ -64,6 +64,26 @@ async fn a_reload_applies_new_limits_and_keeps_the_window_counters() {
     );
     assert!(!shown.to_string().contains("sk-upstream-secret"));
     assert_eq!(shown["file"], path.display().to_string());
+}
+
+/// A reload of a file with a key this gateway does not honour (a misspelt `rpm`) answers naming
+/// it, as the start-up warning does: the operator who asked for the reload sees it.
+#[tokio::test]
+async fn a_reload_names_the_keys_it_does_not_honour() {
+    let (_dir, path) = file(&config(4, ""));
+    let gw = Gw::start_file(&path).await;
+    std::fs::write(&path, config(4, "").replace("rpm: 4", "rmp: 4")).unwrap();
+    let reply = gw.post("/config/reload", Some(MASTER), json!({})).await;
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    let named = reply.json()["not_honoured"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(
+        named.contains("model_list[0].litellm_params.rmp"),
+        "{}",
+        reply.text()
+    );
 }
 
 #[tokio::test]

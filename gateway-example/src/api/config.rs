@@ -19,12 +19,15 @@ pub async fn show(State(gw): State<Arc<Gateway>>) -> Json<Value> {
 }
 
 /// Reads the config file again and applies it; a file that does not load (or changes what
-/// needs a restart) is refused with 400 and the reason, and the running config stays.
+/// needs a restart) is refused with 400 and the reason, and the running config stays. The answer
+/// names the new file's keys this gateway does not honour (`not_honoured`, as the start-up
+/// warning names them; `null` when none).
 pub async fn reload(State(gw): State<Arc<Gateway>>) -> Result<Json<Value>, ApiError> {
     match gw.reload().await {
         Ok(done) => Ok(Json(json!({
             "status": "reloaded",
             "limits_changed": done.limits_changed,
+            "not_honoured": done.not_honoured,
         }))),
         Err(e) => {
             tracing::error!("config not reloaded, the running one stays: {e}");
