@@ -643,7 +643,21 @@ impl GatewayConfig {
             }
         }
         // After the keys read here are known valid: a refusal is about what is left unread.
-        let unsupported = unsupported::find(&doc)?;
+        let mut unsupported = unsupported::find(&doc)?;
+        // A deployment's `weight` is read by `simple-shuffle` alone (LiteLLM's default, not
+        // this gateway's): under any other strategy it is named, not silently passed over.
+        if router.strategy != Strategy::SimpleShuffle {
+            let items = doc.get("model_list").and_then(|l| l.as_array());
+            for (i, item) in items.into_iter().flatten().enumerate() {
+                if item.pointer("/litellm_params/weight").is_some() {
+                    unsupported.push(unsupported::Unsupported {
+                        path: format!("model_list[{i}].litellm_params.weight"),
+                        key: "weight".into(),
+                        refused: None,
+                    });
+                }
+            }
+        }
         if let Some(refusal) = unsupported::refusal(&unsupported, ignore) {
             return Err(refusal);
         }

@@ -712,6 +712,34 @@ general_settings: {metrics_require_auth: yes, metrics: On}
     assert!(e.contains("general_settings.metrics"), "{e}");
 }
 
+/// A deployment's `weight` under a strategy other than `simple-shuffle` (the gateway's default
+/// is not LiteLLM's) is named at start, not passed over in silence.
+#[test]
+fn a_weight_no_strategy_reads_is_named() {
+    let yaml = |strategy: &str| {
+        format!(
+            r#"
+model_list:
+  - {{model_name: a, litellm_params: {{model: openai/a, mock_response: hi, weight: 9}}}}
+  - {{model_name: a, litellm_params: {{model: openai/b, mock_response: hi, weight: 1}}}}
+{strategy}
+"#
+        )
+    };
+    let c = GatewayConfig::from_yaml_str(&yaml("")).unwrap();
+    let warning = c.unsupported_warning().unwrap_or_default();
+    assert!(
+        warning.contains("model_list[0].litellm_params.weight")
+            && warning.contains("model_list[1].litellm_params.weight"),
+        "{warning}"
+    );
+    let c = GatewayConfig::from_yaml_str(&yaml(
+        "router_settings: {routing_strategy: simple-shuffle}",
+    ))
+    .unwrap();
+    assert_eq!(c.unsupported_warning(), None);
+}
+
 /// Two fallback lists for one group are refused by path, not the second dropped.
 #[test]
 fn a_group_given_fallbacks_twice_is_refused() {
