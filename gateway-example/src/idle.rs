@@ -59,7 +59,7 @@ pin_project! {
         // The waker `ending` was last polled with: while the body is polled with the same one,
         // that registration stands and reading `streams_end` is enough.
         ending_waker: Option<Waker>,
-        sse: bool,
+        sse: Sse,
         // Waiting for `inner` since `wait_began` (the timer runs from when the wait began, so
         // time the client took to read the previous chunk does not count as the upstream's
         // silence); `None` while not waiting.
@@ -82,15 +82,15 @@ impl<B> std::fmt::Debug for IdleBody<B> {
 }
 
 impl<B> IdleBody<B> {
-    /// Wraps the rest of `inner`, after `first` (a frame already read from it). `sse`: it is a
-    /// server-sent-events stream (ended with an error event); `model` names the group in the
-    /// error's message.
+    /// Wraps the rest of `inner`, after `first` (a frame already read from it). `sse`: whether
+    /// it is a server-sent-events stream, and whose (ended with its error event); `model` names
+    /// the group in the error's message.
     pub fn new(
         inner: B,
         first: Option<Frame<Bytes>>,
         idle: Duration,
         streams_end: StreamsEnd,
-        sse: bool,
+        sse: Sse,
         model: Arc<str>,
     ) -> Self {
         Self {
@@ -146,11 +146,36 @@ fn message(why: Ending, model: &str, idle: Duration) -> (u16, &'static str, Stri
     }
 }
 
-/// The last event of an SSE stream ended for `why`.
-fn error_event(why: Ending, model: &str, idle: Duration) -> Bytes {
+/// The last event of an SSE stream ended for `why`, in the stream's API's shape: OpenAI's error
+/// object in a `data:` line; Anthropic's `error` event (`event: error`, `{"type": "error",
+/// "error": {"type", "message"}}`), which its SDK raises, where it would pass over OpenAI's.
+fn error_event(why: Ending, model: &str, idle: Duration, sse: Sse) -> Bytes {
     let (code, kind, message) = message(why, model, idle);
-    let error = json!({"error": {"message": message, "type": kind, "param": null, "code": code.to_string()}});
-    Bytes::from(format!("data: {error}\n\n"))
+    match sse {
+        Sse::Anthropic => {
+            let kind = match code {
+                504 => "timeout_error",
+                _ => "api_error",
+            };
+            let error = json!({"type": "error", "error": {"type": kind, "message": message}});
+            Bytes::from(format!("event: error\ndata: {error}\n\n"))
+        }
+        Sse::OpenAi | Sse::None => {
+            let error = json!({"error": {"message": message, "type": kind, "param": null, "code": code.to_string()}});
+            Bytes::from(format!("data: {error}\n\n"))
+        }
+    }
+}
+
+/// Whether a body is a server-sent-events stream, and whose: how it ends when cut short.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sse {
+    /// Not a stream: cut short, the body ends with an error.
+    None,
+    /// OpenAI's events: ended with an error object in a last `data:` line.
+    OpenAi,
+    /// Anthropic's events: ended with an `error` event.
+    Anthropic,
 }
 
 impl<B> Body for IdleBody<B>
@@ -230,9 +255,9 @@ where
         };
         *this.ended = true;
         tracing::info!(model = %this.model, reason = ?why, "ending an upstream response");
-        if *this.sse {
+        if *this.sse != Sse::None {
             Poll::Ready(Some(Ok(Frame::data(error_event(
-                why, this.model, *this.idle,
+                why, this.model, *this.idle, *this.sse,
             )))))
         } else {
             let (_, _, message) = message(why, this.model, *this.idle);
@@ -246,7 +271,7 @@ where
 
     fn size_hint(&self) -> SizeHint {
         // A stream may get an error event the upstream did not send: no length is promised.
-        if self.sse || self.ended {
+        if self.sse != Sse::None || self.ended {
             return SizeHint::default();
         }
         let first = self
@@ -280,6 +305,33 @@ mod tests {
         StreamBody::new(chunks.boxed())
     }
 
+    /// Anthropic's stream ends with Anthropic's `error` event, which its SDK raises (it passes
+    /// over a `data:` line in OpenAI's shape, and a cut-off answer would look complete).
+    #[tokio::test(start_paused = true)]
+    async fn a_silent_anthropic_stream_ends_with_its_error_event() {
+        let (_keep, end) = streams_end();
+        let body = IdleBody::new(
+            silent_after("event: ping\ndata: {\"type\": \"ping\"}\n\n"),
+            None,
+            Duration::from_secs(5),
+            end,
+            Sse::Anthropic,
+            "m".into(),
+        );
+        let bytes = body.collect().await.unwrap().to_bytes();
+        let text = std::str::from_utf8(&bytes).unwrap();
+        let last = &text[text.find("event: error\n").expect(text)..];
+        let data = last.strip_prefix("event: error\ndata: ").unwrap();
+        let error: serde_json::Value = serde_json::from_str(data.trim()).unwrap();
+        assert_eq!(error["type"], "error");
+        assert_eq!(error["error"]["type"], "timeout_error");
+        assert!(error["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("stream_timeout"));
+        assert!(last.ends_with("\n\n"));
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_silent_sse_stream_ends_with_an_error_event() {
         let (_keep, end) = streams_end();
@@ -289,7 +341,7 @@ mod tests {
             first,
             Duration::from_secs(5),
             end,
-            true,
+            Sse::OpenAi,
             "m".into(),
         );
         let bytes = body.collect().await.unwrap().to_bytes();
@@ -311,7 +363,7 @@ mod tests {
             None,
             Duration::from_secs(5),
             end,
-            false,
+            Sse::None,
             "m".into(),
         );
         assert!(body.collect().await.is_err());
@@ -335,7 +387,7 @@ mod tests {
             None,
             Duration::from_secs(5),
             end,
-            false,
+            Sse::None,
             "m".into(),
         )
         .with_deadline(started + Duration::from_secs(10), Duration::from_secs(10));
@@ -353,7 +405,7 @@ mod tests {
             None,
             Duration::from_secs(5),
             end,
-            false,
+            Sse::None,
             "m".into(),
         )
         .with_deadline(
@@ -371,7 +423,7 @@ mod tests {
             None,
             Duration::from_secs(3600),
             end,
-            true,
+            Sse::OpenAi,
             "m".into(),
         ));
         let first = body.frame().await.unwrap().unwrap();
@@ -406,7 +458,7 @@ mod tests {
             None,
             Duration::from_secs(5),
             end,
-            true,
+            Sse::OpenAi,
             "m".into(),
         ));
         assert_eq!(
@@ -438,7 +490,7 @@ mod tests {
             None,
             Duration::from_secs(5),
             end,
-            true,
+            Sse::OpenAi,
             "m".into(),
         );
         let bytes = body.collect().await.unwrap().to_bytes();

@@ -733,10 +733,9 @@ model_list:
             && warning.contains("model_list[1].litellm_params.weight"),
         "{warning}"
     );
-    let c = GatewayConfig::from_yaml_str(&yaml(
-        "router_settings: {routing_strategy: simple-shuffle}",
-    ))
-    .unwrap();
+    let c =
+        GatewayConfig::from_yaml_str(&yaml("router_settings: {routing_strategy: simple-shuffle}"))
+            .unwrap();
     assert_eq!(c.unsupported_warning(), None);
 }
 

@@ -32,8 +32,9 @@ use serde_json::Value;
 
 use crate::chat::ChatRequest;
 use crate::config::{Api, Deployment, ProxySetting, Target};
+use crate::endpoint::Endpoint;
 use crate::error::ApiError;
-use crate::idle::IdleBody;
+use crate::idle::{IdleBody, Sse};
 use crate::shared::redact::redact_url;
 use crate::signal::{streams_end, StreamsEnd};
 pub use body_edit::edits_in_place;
@@ -321,6 +322,11 @@ impl Upstream {
             deployment.timeout
         };
         let first = first_bytes(&mut body, deployment, deadline, time, idle, route).await?;
+        let sse = match (sse, chat.endpoint) {
+            (false, _) => Sse::None,
+            (true, Endpoint::Messages) => Sse::Anthropic,
+            (true, _) => Sse::OpenAi,
+        };
         let body = IdleBody::new(
             body,
             first,
