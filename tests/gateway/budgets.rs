@@ -229,6 +229,16 @@ async fn under_reserve_concurrent_streams_overspend_a_budget_by_less_than_one_an
                     served >= 1 && spend < max + COST,
                     "{settings}: {served}, ${spend}"
                 );
+                // All refused while the admitted ones were held, nothing spent yet: the budget
+                // was reserved, not spent, a 429 to retry in a second (LiteLLM's 400 is for
+                // a budget spent).
+                for r in replies.iter().filter(|r| r.status != 200) {
+                    assert_eq!(r.status, 429, "{}", r.text());
+                    assert_eq!(r.headers["retry-after"], "1");
+                    assert!(r
+                        .error_message()
+                        .starts_with("Budget reserved by requests in flight"));
+                }
             }
             Some(all) => assert_eq!(served, all, "{settings}"),
         }

@@ -43,6 +43,15 @@ pub struct BudgetCounter {
 }
 
 impl BudgetCounter {
+    /// What settled requests spent in `period`: nothing if the counter is of an older period.
+    pub fn spent_in(&self, period: u64) -> u64 {
+        if period > self.period {
+            0
+        } else {
+            self.spent
+        }
+    }
+
     /// What counts against a budget in `period`: nothing if the counter is of an older period.
     pub fn committed(&self, period: u64) -> u64 {
         if period > self.period {
@@ -399,16 +408,27 @@ pub fn check_caller<W: Window>(
     ];
     budgets.into_iter().find_map(|(limit, counter)| {
         let budget = limits.budget_of(limit)?;
-        check_budget(budget, counter).map(|used| Refused {
-            scope: Scope::Caller(kind, limit),
-            dimension: Dimension::Spend,
-            limit: budget.max.nanos(),
-            used,
-            saturation,
-            // A spent budget frees when its period ends; one that never resets, never: a day
-            // is as good an answer as any.
-            retry_after_ms: budget.resets_in.unwrap_or(DAY_MS),
-            pool: None,
+        check_budget(budget, counter).map(|used| {
+            // Reached by reservations alone (spent is below it): requests in flight hold it,
+            // and their settlements give back what they did not cost. A second, as for a slot.
+            let reserved_only = counter.spent_in(budget.period) < budget.max.nanos();
+            Refused {
+                scope: Scope::Caller(kind, limit),
+                dimension: match reserved_only {
+                    true => Dimension::SpendReserved,
+                    false => Dimension::Spend,
+                },
+                limit: budget.max.nanos(),
+                used,
+                saturation,
+                // A spent budget frees when its period ends; one that never resets, never: a
+                // day is as good an answer as any.
+                retry_after_ms: match reserved_only {
+                    true => 1_000,
+                    false => budget.resets_in.unwrap_or(DAY_MS),
+                },
+                pool: None,
+            }
         })
     })
 }
@@ -680,7 +700,17 @@ mod tests {
         admit_callers(&callers, [Some(&mut c), None], M, 0, 50, 0, W);
         let r = check_callers(&callers, [Some(&c), None], M, 0, || 0.0, 0, W).unwrap_err();
         assert_eq!(r.scope, Scope::Caller(CallerKind::Key, CallerLimit::Budget));
-        assert_eq!((r.dimension, r.limit, r.used), (Dimension::Spend, 100, 100));
+        // Reached by reservations alone: a second, as their requests may end by then.
+        assert_eq!(
+            (r.dimension, r.limit, r.used),
+            (Dimension::SpendReserved, 100, 100)
+        );
+        assert_eq!(r.retry_after_ms, 1_000, "reserved, not spent");
+        // Spent in full: until the period ends.
+        let mut spent = c.clone();
+        spent.budget.spent = 100;
+        let r = check_callers(&callers, [Some(&spent), None], M, 0, || 0.0, 0, W).unwrap_err();
+        assert_eq!((r.dimension, r.used), (Dimension::Spend, 200));
         assert_eq!(r.retry_after_ms, 60_000, "until the period ends");
         // The first costs 20 in truth: room again.
         callers.record_cost(20, Some(5), (0, 0));

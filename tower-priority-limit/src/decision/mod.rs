@@ -37,7 +37,7 @@ impl Usage {
             Dimension::Requests => self.requests,
             Dimension::Tokens => self.tokens,
             // Spend is counted by a caller's budget counter, never in a window's usage.
-            Dimension::Spend => 0,
+            Dimension::Spend | Dimension::SpendReserved => 0,
         }
     }
 }
@@ -143,6 +143,9 @@ pub enum Dimension {
     Tokens,
     /// Dollars per budget period (a caller's budget; limit and use in nano-dollars).
     Spend,
+    /// The same, refused only for what requests in flight have reserved: spent alone is below
+    /// the budget, so their settlements may free it (under `reserve` accounting).
+    SpendReserved,
 }
 
 impl Dimension {
@@ -151,7 +154,7 @@ impl Dimension {
         match self {
             Dimension::Requests => pool.rpm,
             Dimension::Tokens => pool.tpm,
-            Dimension::Spend => None,
+            Dimension::Spend | Dimension::SpendReserved => None,
         }
     }
 
@@ -160,7 +163,7 @@ impl Dimension {
         match self {
             Dimension::Requests => "requests",
             Dimension::Tokens => "tokens",
-            Dimension::Spend => "budget",
+            Dimension::Spend | Dimension::SpendReserved => "budget",
         }
     }
 }
@@ -379,7 +382,7 @@ impl<W: Window, F: Fn(usize) -> Usage> Floors<'_, W, F> {
                 let (cap, cost) = match dimension {
                     Dimension::Requests => (self.limits.rpm?, 1),
                     Dimension::Tokens => (self.limits.tpm?, self.reserve.max(1)),
-                    Dimension::Spend => return None,
+                    Dimension::Spend | Dimension::SpendReserved => return None,
                 };
                 let budget = cap.div_ceil(W::PERIODS);
                 // A pool's floor in one period.

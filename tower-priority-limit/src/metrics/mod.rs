@@ -192,9 +192,13 @@ impl RefusedBy {
         match (refused.scope, refused.dimension) {
             (Scope::Model, Dimension::Requests) => RefusedBy::ModelRequests,
             // Spend is only ever a caller's dimension.
-            (Scope::Model, Dimension::Tokens | Dimension::Spend) => RefusedBy::ModelTokens,
+            (Scope::Model, Dimension::Tokens | Dimension::Spend | Dimension::SpendReserved) => {
+                RefusedBy::ModelTokens
+            }
             (Scope::Priority, Dimension::Requests) => RefusedBy::PoolRequests,
-            (Scope::Priority, Dimension::Tokens | Dimension::Spend) => RefusedBy::PoolTokens,
+            (Scope::Priority, Dimension::Tokens | Dimension::Spend | Dimension::SpendReserved) => {
+                RefusedBy::PoolTokens
+            }
             (Scope::Caller(kind, limit), _) => Self::caller(kind, limit),
             (Scope::Order, _) => RefusedBy::QueueOrder,
         }
@@ -218,7 +222,9 @@ impl RefusedBy {
     pub fn deployment(dimension: Dimension) -> Self {
         match dimension {
             Dimension::Requests => RefusedBy::DeploymentRequests,
-            Dimension::Tokens | Dimension::Spend => RefusedBy::DeploymentTokens,
+            Dimension::Tokens | Dimension::Spend | Dimension::SpendReserved => {
+                RefusedBy::DeploymentTokens
+            }
         }
     }
 

@@ -12,7 +12,7 @@ use http::header::{HeaderValue, RETRY_AFTER};
 use http::{Response, StatusCode};
 
 use crate::config::{FailureMode, ModelLimits};
-use crate::decision::{Refused, Scope};
+use crate::decision::{Dimension, Refused, Scope};
 use crate::store::StoreError;
 use crate::throttle::LogThrottle;
 
@@ -64,6 +64,27 @@ pub(crate) fn refusal_message(
     let label = label.unwrap_or("None");
     match r.scope {
         // LiteLLM's wording for a spent budget: `Team=<team_id>` for a team's.
+        // Reserved by requests in flight, not spent: a rate limit that frees as they end.
+        Scope::Caller(kind, limit) if r.dimension == Dimension::SpendReserved => {
+            let who = match kind {
+                crate::caller::CallerKind::Key => "api_key",
+                crate::caller::CallerKind::Team => "team",
+            };
+            let dollars = |n: u64| python_float(crate::caller::NanoUsd::from_nanos(n).dollars());
+            let _ = write!(
+                m,
+                "Budget reserved by requests in flight for {who}: spent and reserved {}, \
+                 Max budget: {}{}. Retry when they finish: what they do not cost is given back.",
+                dollars(r.used),
+                dollars(r.limit),
+                match limit {
+                    crate::caller::CallerLimit::ModelBudget =>
+                        format!(" for model={}", model.name()),
+                    _ => String::new(),
+                }
+            );
+            return m;
+        }
         Scope::Caller(kind, limit) if limit.is_budget() => {
             m.push_str("Budget has been exceeded!");
             if kind == crate::caller::CallerKind::Team {
@@ -148,9 +169,10 @@ pub(crate) fn refusal_response(
     team: Option<&str>,
 ) -> Response<Bytes> {
     let message = refusal_message(model, label, r, team);
-    // A spent budget is LiteLLM's `budget_exceeded` 400, not a rate limit.
+    // A spent budget is LiteLLM's `budget_exceeded` 400, not a rate limit; one only reserved by
+    // requests in flight is a 429, retried once they end.
     let (status, kind) = match r.scope {
-        Scope::Caller(_, limit) if limit.is_budget() => {
+        Scope::Caller(_, limit) if limit.is_budget() && r.dimension == Dimension::Spend => {
             (StatusCode::BAD_REQUEST, "budget_exceeded")
         }
         _ => (StatusCode::TOO_MANY_REQUESTS, "throttling_error"),
