@@ -124,6 +124,16 @@ async fn every_key_and_team_change_on_one_gateway_reaches_the_other_within_a_sec
     let (gw, _dirs) = gateways(&config(&postgres, None), 2).await;
     let (a, b) = (&gw[0], &gw[1]);
 
+    // A key made on A works on B at once, not only once B is notified: B reads a key (and a
+    // team) it does not hold from Postgres.
+    for i in 0..20 {
+        let team = a.new_team(json!({"metadata": {"priority": "prod"}})).await;
+        let fresh = a.new_key(json!({"team_id": team})).await;
+        let r = b.chat(&fresh, M, false).await;
+        assert_eq!(r.status, 200, "try {i}: {}", r.text());
+        assert_eq!(r.headers["x-litellm-priority"], "prod", "with its team");
+    }
+
     // A key: on A at once, on B within a second.
     let key = a.new_key(json!({"key_alias": "shared"})).await;
     assert_eq!(a.chat(&key, M, false).await.status, 200, "at once on A");
@@ -288,7 +298,7 @@ async fn every_key_and_team_change_on_one_gateway_reaches_the_other_within_a_sec
     answers_within_a_second(b, &new, 200, "B serves the new value").await;
     answers_within_a_second(b, &in_team, 401, "B refuses the old value").await;
     let v = b.get("/key/list?size=10", Some(MASTER)).await.json();
-    assert_eq!(v["total_count"], 4, "{v}");
+    assert_eq!(v["total_count"], 24, "the 20 read at once, and four: {v}");
 
     // Deleted on A: refused there at once, on B within a second.
     let r = a

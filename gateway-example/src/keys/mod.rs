@@ -828,7 +828,7 @@ impl KeyStore {
         match &self.backend {
             Backend::Local(l) => Ok(l.resolve(token)),
             Backend::Redis(r) => r.resolve(token).await,
-            Backend::Postgres(p) => Ok(p.resolve(token)),
+            Backend::Postgres(p) => Ok(p.resolve_or_read(token).await),
         }
     }
 

@@ -178,7 +178,19 @@ struct Shared {
     target: String,
     timeout: Duration,
     warned: Throttle,
+    /// Reads of keys memory does not hold, at most [`MISS_READS`] at once.
+    misses: tokio::sync::Semaphore,
 }
+
+/// Reads of keys this gateway does not hold that may run at once: a key made on another gateway
+/// a moment ago (its notification on its way) is read from Postgres rather than refused; a flood
+/// of unknown keys costs Postgres at most these few reads at a time (the rest are answered from
+/// memory, as unknown).
+const MISS_READS: usize = 4;
+
+/// The longest a read of a key memory does not hold may take (at most the store's timeout)
+/// before the key is answered as unknown.
+const MISS_READ_TIMEOUT: Duration = Duration::from_millis(250);
 
 impl std::fmt::Debug for PgKeys {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -409,6 +421,7 @@ impl PgKeys {
                 target: target.clone(),
                 timeout,
                 warned: Throttle::new(),
+                misses: tokio::sync::Semaphore::new(MISS_READS),
             });
             let (ready, first_sync) = oneshot::channel();
             let listener = tokio::spawn(listen(shared.clone(), ready));
@@ -479,6 +492,33 @@ impl PgKeys {
     /// Resolves a key by its hash, from memory.
     pub fn resolve(&self, token: &str) -> Option<Resolved> {
         self.shared.memory.resolve(token)
+    }
+
+    /// [`resolve`](Self::resolve), and for a key memory does not hold (or whose team it does
+    /// not hold yet), a read of its row (and its team's) from Postgres first: a key made on
+    /// another gateway works here at once, not only once its notification arrives, as in
+    /// LiteLLM, which reads a key it has not cached from its database. Bounded: [`MISS_READS`]
+    /// at once, each within [`MISS_READ_TIMEOUT`]; past them the key is answered from memory.
+    pub async fn resolve_or_read(&self, token: &str) -> Option<Resolved> {
+        match self.resolve(token) {
+            Some(found) if !found.team_missing => return Some(found),
+            _ => {}
+        }
+        let shared = &self.shared;
+        let Ok(_reading) = shared.misses.try_acquire() else {
+            return self.resolve(token);
+        };
+        let read = async {
+            let client = shared.pool.get().await.ok()?;
+            shared.refresh(&client, &Changed::key(token)).await.ok()?;
+            let found = shared.memory.resolve(token)?;
+            if let (true, Some(team)) = (found.team_missing, &found.key.team_id) {
+                shared.refresh(&client, &Changed::team(team)).await.ok()?;
+            }
+            Some(())
+        };
+        let _ = tokio::time::timeout(MISS_READ_TIMEOUT.min(shared.timeout), read).await;
+        self.resolve(token)
     }
 
     /// Every team, from memory.
