@@ -81,8 +81,8 @@ impl JsonMeter {
         self.scan.feed(chunk);
     }
 
-    /// `Some(usage)` if found, else the generated-text bytes (0 when the body
-    /// is not parseable; every byte seen for a body past [`MAX_BODY`]).
+    /// `Some(usage)` if found, else the generated-text bytes (every byte seen for a body past
+    /// [`MAX_BODY`] or for JSON cut short; 0 for a body that is not JSON).
     pub(crate) fn inspect(&self) -> Result<Usage, u64> {
         if self.truncated {
             // Its start is gone, so its text cannot be told from the rest: all of it counts.
@@ -97,6 +97,10 @@ impl JsonMeter {
         }
         match parse_doc(buf) {
             Some(info) => info.usage.ok_or(info.content_bytes),
+            // JSON that ends early (the upstream closed, the client hung up, the gateway ended
+            // it): its text cannot be told from the rest, so all of it counts, as for a body
+            // past the bound. Anything else (an HTML page) has no text to count.
+            None if is_cut_short(buf) => Err(buf.len() as u64),
             None => Err(0),
         }
     }
@@ -105,6 +109,13 @@ impl JsonMeter {
     pub(crate) fn buffered_capacity(&self) -> usize {
         self.buf.capacity() + self.scan.capacity()
     }
+}
+
+/// Whether `buf` is JSON that ends before its document does.
+fn is_cut_short(buf: &[u8]) -> bool {
+    let starts = buf.iter().find(|b| !b.is_ascii_whitespace());
+    matches!(starts, Some(b'{' | b'['))
+        && serde_json::from_slice::<serde::de::IgnoredAny>(buf).is_err_and(|e| e.is_eof())
 }
 
 #[cfg(test)]
@@ -329,6 +340,19 @@ mod tests {
         let mut s = UsageScan::default();
         s.feed(&b[..cut]);
         assert_eq!(s.last().map(|u| u.total()), Some(1));
+    }
+
+    /// JSON cut short without usage counts every byte seen as text (the client hung up, the
+    /// upstream closed): a 2 MB answer cut there is not charged as an empty one.
+    #[test]
+    fn json_cut_short_counts_what_was_seen() {
+        let whole = format!(
+            r#"{{"choices":[{{"message":{{"content":"{}"}}}}]}}"#,
+            "word ".repeat(1_000)
+        );
+        let cut = &whole.as_bytes()[..3_000];
+        assert_eq!(total(&meter(&[cut])), Err(3_000));
+        assert_eq!(total(&meter(&[whole.as_bytes()])), Err(5_000), "whole: its text");
     }
 
     #[test]

@@ -29,7 +29,9 @@
 //!   bytes first) and remembers the last complete usage object (up to 64 KiB
 //!   each), so usage anywhere in the body is found, first or last. Without one,
 //!   every byte of such a body counts as generated text, since its start is
-//!   gone and text cannot be told from the rest.
+//!   gone and text cannot be told from the rest. So does every byte of a kept
+//!   body that is JSON cut short (the upstream closed, the client hung up):
+//!   not parseable, its text cannot be told apart either.
 //!
 //! # Reported usage
 //!
