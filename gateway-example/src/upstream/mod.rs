@@ -93,7 +93,10 @@ pub fn retry_after(headers: &http::HeaderMap) -> Option<Duration> {
         .trim()
         .parse()
         .ok()?;
-    Duration::try_from_secs_f64(secs).ok()
+    // Too large for a `Duration` is still "a long time": capped (a park is capped anyway), not
+    // dropped, or a deployment that says so would not be parked at all.
+    const A_DAY: f64 = 86_400.0;
+    Duration::try_from_secs_f64(secs.min(A_DAY)).ok()
 }
 
 /// The HTTP client shared by every request (pooled connections; `http://` and `https://`
@@ -620,8 +623,25 @@ async fn upstream_error(
 #[cfg(test)]
 mod tests {
     use super::body_edit::{is_json_string, top_level_members, upstream_body, upstream_bytes};
-    use super::{is_kept_header, Upstream};
+    use super::{is_kept_header, retry_after, Upstream};
     use crate::config::{Deployment, Target};
+    use std::time::Duration;
+
+    /// An upstream's `retry-after` in seconds, fractions allowed; one too large for a duration
+    /// is a day (a park is capped below that anyway), not ignored; nonsense is no answer.
+    #[test]
+    fn retry_after_reads_seconds_and_caps_the_huge() {
+        let read = |v: &str| {
+            let mut h = http::HeaderMap::new();
+            h.insert(http::header::RETRY_AFTER, v.parse().unwrap());
+            retry_after(&h)
+        };
+        assert_eq!(read("2"), Some(Duration::from_secs(2)));
+        assert_eq!(read(" 0.5 "), Some(Duration::from_millis(500)));
+        assert_eq!(read("99999999999999999999"), Some(Duration::from_secs(86_400)));
+        assert_eq!(read("-1"), None);
+        assert_eq!(read("soon"), None);
+    }
 
     fn with_key(key: &str) -> Deployment {
         Deployment {
