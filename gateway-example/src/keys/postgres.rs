@@ -497,8 +497,9 @@ impl PgKeys {
     /// [`resolve`](Self::resolve), and for a key memory does not hold (or whose team it does
     /// not hold yet), a read of its row (and its team's) from Postgres first: a key made on
     /// another gateway works here at once, not only once its notification arrives, as in
-    /// LiteLLM, which reads a key it has not cached from its database. Bounded: [`MISS_READS`]
-    /// at once, each within [`MISS_READ_TIMEOUT`]; past them the key is answered from memory.
+    /// LiteLLM, which reads a key it has not cached from its database. Bounded: four reads at
+    /// once, each within 250 ms (at most the store's timeout); past them the key is answered
+    /// from memory.
     pub async fn resolve_or_read(&self, token: &str) -> Option<Resolved> {
         match self.resolve(token) {
             Some(found) if !found.team_missing => return Some(found),

@@ -638,7 +638,10 @@ mod tests {
         };
         assert_eq!(read("2"), Some(Duration::from_secs(2)));
         assert_eq!(read(" 0.5 "), Some(Duration::from_millis(500)));
-        assert_eq!(read("99999999999999999999"), Some(Duration::from_secs(86_400)));
+        assert_eq!(
+            read("99999999999999999999"),
+            Some(Duration::from_secs(86_400))
+        );
         assert_eq!(read("-1"), None);
         assert_eq!(read("soon"), None);
     }

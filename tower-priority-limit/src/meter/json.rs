@@ -352,7 +352,11 @@ mod tests {
         );
         let cut = &whole.as_bytes()[..3_000];
         assert_eq!(total(&meter(&[cut])), Err(3_000));
-        assert_eq!(total(&meter(&[whole.as_bytes()])), Err(5_000), "whole: its text");
+        assert_eq!(
+            total(&meter(&[whole.as_bytes()])),
+            Err(5_000),
+            "whole: its text"
+        );
     }
 
     #[test]
