@@ -20,7 +20,7 @@ use super::{
 /// proxy-wide settings); and its pool's bounds, `router_settings.max_upstream_connections`,
 /// `max_idle_upstream_connections` and `connect_timeout` (ours): read where they are, so an
 /// error names the key that holds the value.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub(super) struct Defaults<'d> {
     pub(super) timeout: Duration,
     pub(super) stream_timeout: Option<Duration>,
@@ -28,6 +28,20 @@ pub(super) struct Defaults<'d> {
     pub(super) ssl_certificate: Option<Node<'d>>,
     /// `router_settings`' pool keys, each by its name in [`POOL_KEYS`].
     pub(super) pool: [Option<Node<'d>>; 3],
+    /// The environment, for a provider's key when a deployment gives none (as LiteLLM reads
+    /// `OPENAI_API_KEY`, `ANTHROPIC_API_KEY`, `AZURE_API_KEY`).
+    pub(super) env: &'d dyn Fn(&str) -> Option<String>,
+}
+
+/// The environment variable LiteLLM reads a provider's key from when a deployment gives none:
+/// for the providers this gateway speaks to by their own API.
+fn provider_key_variable(provider: Option<&str>) -> Option<&'static str> {
+    match provider {
+        None | Some("openai") => Some("OPENAI_API_KEY"),
+        Some("anthropic") => Some("ANTHROPIC_API_KEY"),
+        Some("azure") => Some("AZURE_API_KEY"),
+        _ => None,
+    }
 }
 
 /// The keys of a deployment's pool bounds, in `litellm_params` or as `router_settings`'
@@ -112,6 +126,23 @@ pub(super) fn deployment(
                     ));
                 }
                 Some(key)
+            }
+            // As LiteLLM: the provider's key from the environment (not for an `azure/` entry
+            // keyed by `azure_ad_token`, which a key beside would contradict).
+            None if params.get("azure_ad_token")?.is_none() => {
+                match provider_key_variable(provider.as_deref()) {
+                    Some(name) => match (defaults.env)(name).map(|k| k.trim().to_owned()) {
+                        Some(key) if key.is_empty() => None,
+                        Some(key) if http::HeaderValue::from_str(&key).is_err() => {
+                            return Err(params.error(format!(
+                                "no api_key, and {name} is not usable in a header: it holds a \
+                                 control character"
+                            )))
+                        }
+                        key => key,
+                    },
+                    None => None,
+                }
             }
             None => None,
         };

@@ -458,6 +458,7 @@ impl GatewayConfig {
                 router_setting(POOL_KEYS[1])?,
                 router_setting(POOL_KEYS[2])?,
             ],
+            env: &env,
         };
         // Checked here too, so a bad one is refused even when no deployment takes it.
         let [max, idle, timeout] = &defaults.pool;

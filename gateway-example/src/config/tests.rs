@@ -739,6 +739,57 @@ model_list:
     assert_eq!(c.unsupported_warning(), None);
 }
 
+/// A deployment without `api_key` takes its provider's key from the environment, as LiteLLM
+/// does (`OPENAI_API_KEY`, `ANTHROPIC_API_KEY`, `AZURE_API_KEY`); its own key wins; other
+/// providers and an Azure entry keyed by `azure_ad_token` take none.
+#[test]
+fn a_missing_api_key_comes_from_the_providers_variable() {
+    let yaml = r#"
+model_list:
+  - {model_name: o, litellm_params: {model: openai/o, api_base: "http://127.0.0.1:9/v1"}}
+  - {model_name: a, litellm_params: {model: anthropic/a, api_base: "http://127.0.0.1:9"}}
+  - {model_name: z, litellm_params: {model: azure/z, api_base: "https://x.openai.azure.com", api_version: "2024-06-01"}}
+  - {model_name: own, litellm_params: {model: openai/own, api_base: "http://127.0.0.1:9/v1", api_key: sk-own}}
+  - {model_name: g, litellm_params: {model: groq/g, api_base: "http://127.0.0.1:9/v1"}}
+  - {model_name: t, litellm_params: {model: azure/t, api_base: "https://x.openai.azure.com", api_version: "2024-06-01", azure_ad_token: tok}}
+"#;
+    let c = GatewayConfig::from_yaml_str_with_env(yaml, |name| match name {
+        "OPENAI_API_KEY" => Some("sk-openai".into()),
+        "ANTHROPIC_API_KEY" => Some("sk-ant".into()),
+        "AZURE_API_KEY" => Some("az-key".into()),
+        _ => None,
+    })
+    .unwrap();
+    let key = |name: &str| match &c
+        .deployments
+        .iter()
+        .find(|d| d.model_name == name)
+        .unwrap()
+        .target
+    {
+        Target::Upstream { api_key, .. } => api_key.clone(),
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(key("o").as_deref(), Some("sk-openai"));
+    assert_eq!(key("a").as_deref(), Some("sk-ant"));
+    assert_eq!(key("z").as_deref(), Some("az-key"));
+    assert_eq!(key("own").as_deref(), Some("sk-own"), "its own wins");
+    assert_eq!(key("g"), None, "no variable read for another provider");
+    assert_eq!(key("t"), None, "keyed by its token");
+    let c = GatewayConfig::from_yaml_str_with_env(yaml, |_| None).unwrap();
+    assert_eq!(
+        c.deployments
+            .iter()
+            .find(|d| d.model_name == "o")
+            .map(|d| match &d.target {
+                Target::Upstream { api_key, .. } => api_key.clone(),
+                _ => None,
+            }),
+        Some(None),
+        "none set: none sent"
+    );
+}
+
 /// Two fallback lists for one group are refused by path, not the second dropped.
 #[test]
 fn a_group_given_fallbacks_twice_is_refused() {
