@@ -151,7 +151,8 @@ impl Lease {
     pub fn settle_metered(mut self, metered: Metered) {
         if let Some(observer) = self.target.as_ref().and_then(|t| t.observer.as_ref()) {
             let (model, pool) = (self.settlement.model, self.settlement.pool);
-            for (kind, n) in TokenKind::split(metered.tokens, metered.output) {
+            let split = TokenKind::split(metered.tokens, metered.output, metered.estimated_output);
+            for (kind, n) in split {
                 observer.tokens(model, pool, kind, n);
             }
         }

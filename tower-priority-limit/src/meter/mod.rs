@@ -132,6 +132,10 @@ pub struct Metered {
     /// The prompt tokens it reported written to a prompt cache (Anthropic's
     /// `cache_creation_input_tokens`); 0 if none.
     pub cache_written: u64,
+    /// Of reported `tokens`, the output estimated from the text that went by, where the body
+    /// reported its input alone (an Anthropic stream cut before its `message_delta`); 0
+    /// otherwise.
+    pub estimated_output: u64,
 }
 
 /// Reads the token usage of one response body from the chunks it is fed.
@@ -288,12 +292,15 @@ impl UsageMeter {
             .as_ref()
             .and_then(Usage::output)
             .map(|n| self.clamp(n));
+        let mut estimated_output = 0;
         let tokens = match usage {
             // Reported input alone (an Anthropic stream cut before its `message_delta`): the
             // text that went by estimates the output.
-            Some(usage) if !usage.reports_output() => Tokens::Reported(
-                self.clamp(usage.total().saturating_add(content_bytes.div_ceil(4))),
-            ),
+            Some(usage) if !usage.reports_output() => {
+                let total = self.clamp(usage.total().saturating_add(content_bytes.div_ceil(4)));
+                estimated_output = total.saturating_sub(self.clamp(usage.total()));
+                Tokens::Reported(total)
+            }
             Some(usage) => Tokens::Reported(self.clamp(usage.total())),
             None => Tokens::Estimated(
                 self.prompt_estimate
@@ -305,6 +312,7 @@ impl UsageMeter {
             output,
             cache_read,
             cache_written,
+            estimated_output,
         }
     }
 
@@ -448,6 +456,43 @@ data: {"type":"message_delta","usage":{"output_tokens":20}}
                 anthropic.cache_written
             ),
             (Tokens::Reported(120), 80, 10)
+        );
+    }
+
+    /// An Anthropic stream cut before its `message_delta`: its input reported, its output
+    /// estimated from the text that went by, and said so (`estimated_output`), so metrics count
+    /// it as estimated, not as prompt.
+    #[test]
+    fn a_cut_anthropic_stream_says_which_part_is_estimated() {
+        let mut m = UsageMeter::for_content_type(Some(b"text/event-stream"));
+        m.feed(
+            br#"event: message_start
+data: {"type":"message_start","message":{"usage":{"input_tokens":10}}}
+
+"#,
+        );
+        let text = "x".repeat(252);
+        m.feed(
+            format!(
+                "event: content_block_delta\ndata: {{\"type\":\"content_block_delta\",\"delta\":{{\"type\":\"text_delta\",\"text\":\"{text}\"}}}}\n\n"
+            )
+            .as_bytes(),
+        );
+        let metered = m.metered();
+        assert_eq!(
+            (metered.tokens, metered.output),
+            (Tokens::Reported(73), None)
+        );
+        assert_eq!(metered.estimated_output, 63);
+        use crate::metrics::TokenKind;
+        let split = TokenKind::split(metered.tokens, metered.output, metered.estimated_output);
+        assert_eq!(
+            split,
+            [
+                (TokenKind::Prompt, 10),
+                (TokenKind::Completion, 0),
+                (TokenKind::Estimated, 63)
+            ]
         );
     }
 

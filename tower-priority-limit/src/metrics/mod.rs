@@ -290,17 +290,31 @@ impl TokenKind {
     }
 
     /// A settlement's tokens by kind: reported usage split into prompt and completion (all
-    /// prompt when the output is not known), or all estimated.
-    pub fn split(tokens: Tokens, output: Option<u64>) -> [(TokenKind, u64); 2] {
+    /// prompt when the output is not known), of which `estimated_output` was estimated from the
+    /// text seen (a body that reported its input alone: [`Metered::estimated_output`]); or all
+    /// estimated.
+    ///
+    /// [`Metered::estimated_output`]: crate::meter::Metered::estimated_output
+    pub fn split(
+        tokens: Tokens,
+        output: Option<u64>,
+        estimated_output: u64,
+    ) -> [(TokenKind, u64); 3] {
         match tokens {
             Tokens::Reported(total) => {
-                let completion = output.unwrap_or(0).min(total);
+                let estimated = estimated_output.min(total);
+                let completion = output.unwrap_or(0).min(total - estimated);
                 [
-                    (TokenKind::Prompt, total - completion),
+                    (TokenKind::Prompt, total - estimated - completion),
                     (TokenKind::Completion, completion),
+                    (TokenKind::Estimated, estimated),
                 ]
             }
-            Tokens::Estimated(n) => [(TokenKind::Estimated, n), (TokenKind::Completion, 0)],
+            Tokens::Estimated(n) => [
+                (TokenKind::Estimated, n),
+                (TokenKind::Completion, 0),
+                (TokenKind::Prompt, 0),
+            ],
         }
     }
 }
