@@ -397,3 +397,35 @@ pub struct UsageNow {
     /// The pool's reserved limits (`None` without reservations).
     pub reserved: Option<crate::config::PoolLimits>,
 }
+
+#[cfg(test)]
+mod tests {
+    use super::TokenKind;
+    use crate::meter::Tokens;
+
+    /// A settlement's tokens by kind: reported prompt and completion, an output estimated beside
+    /// a reported input as estimated (a cut Anthropic stream), or all estimated.
+    #[test]
+    fn tokens_split_by_kind() {
+        assert_eq!(
+            TokenKind::split(Tokens::Reported(73), None, 63),
+            [
+                (TokenKind::Prompt, 10),
+                (TokenKind::Completion, 0),
+                (TokenKind::Estimated, 63)
+            ]
+        );
+        assert_eq!(
+            TokenKind::split(Tokens::Reported(30), Some(20), 0),
+            [
+                (TokenKind::Prompt, 10),
+                (TokenKind::Completion, 20),
+                (TokenKind::Estimated, 0)
+            ]
+        );
+        assert_eq!(
+            TokenKind::split(Tokens::Estimated(7), None, 0)[0],
+            (TokenKind::Estimated, 7)
+        );
+    }
+}
