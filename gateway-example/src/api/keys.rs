@@ -423,13 +423,13 @@ fn chosen_key(gw: &Gateway, body: &Map<String, Value>) -> Result<Option<String>,
     Ok(Some(key))
 }
 
-/// When the key expires: `duration` from now, or `expires` (an ISO 8601 date and time); not both.
 /// Unix seconds now, rounded up: a key given a `duration` lives at least that long (expiry is
 /// kept in whole seconds, and a key expires once the whole seconds reach it).
 fn now_rounded_up(gw: &Gateway) -> u64 {
     gw.unix_ms().div_ceil(1000)
 }
 
+/// When the key expires: `duration` from now, or `expires` (an ISO 8601 date and time); not both.
 fn expires_at(body: &Map<String, Value>, now: u64) -> Result<Option<u64>, ApiError> {
     let duration = opt_string(body, "duration")?;
     let expires = opt_string(body, "expires")?;

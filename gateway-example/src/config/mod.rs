@@ -375,8 +375,10 @@ impl std::fmt::Debug for GatewayConfig {
 fn boolean(node: &Node<'_>) -> Result<bool, ConfigError> {
     match node.value() {
         Value::Bool(b) => Ok(*b),
-        Value::String(s) if pyyaml_bool(s).is_some() => Ok(pyyaml_bool(s) == Some(true)),
-        other => Err(node.error(format!("expected true or false, got {other}"))),
+        other => other
+            .as_str()
+            .and_then(pyyaml_bool)
+            .ok_or_else(|| node.error(format!("expected true or false, got {other}"))),
     }
 }
 

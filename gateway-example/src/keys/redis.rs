@@ -518,9 +518,7 @@ impl RedisKeys {
                 if token.starts_with(ALIAS_FIELD) {
                     continue;
                 }
-                let record: KeyRecord = serde_json::from_str(&json).map_err(|e| {
-                    KeyStoreError::Corrupt(format!("{} field {token}: {e}", self.keys_hash))
-                })?;
+                let record = self.key_record(&token, &json)?;
                 // A record filed under another hash is not this key's (as `key` reads it).
                 if hashes_match(&record.token, &token) && filter.admits(&record) {
                     admitted.push(Arc::new(record));
@@ -558,6 +556,12 @@ impl RedisKeys {
         Ok(Some(Resolved::new(key, team.as_ref())))
     }
 
+    /// The record `json` in the keys hash's field `token`, or why it is corrupt.
+    fn key_record(&self, token: &str, json: &str) -> Result<KeyRecord, KeyStoreError> {
+        serde_json::from_str(json)
+            .map_err(|e| KeyStoreError::Corrupt(format!("{} field {token}: {e}", self.keys_hash)))
+    }
+
     /// A key's record by its hash, from Redis (not the cache).
     pub async fn key(&self, token: &str) -> Result<Option<Arc<KeyRecord>>, KeyStoreError> {
         let json: Option<String> = self
@@ -566,9 +570,7 @@ impl RedisKeys {
         let Some(json) = json else {
             return Ok(None);
         };
-        let record: KeyRecord = serde_json::from_str(&json).map_err(|e| {
-            KeyStoreError::Corrupt(format!("{} field {token}: {e}", self.keys_hash))
-        })?;
+        let record = self.key_record(token, &json)?;
         // A record filed under another hash is not this key's.
         Ok(hashes_match(&record.token, token).then(|| Arc::new(record)))
     }
@@ -649,9 +651,7 @@ impl RedisKeys {
                 if token.starts_with(ALIAS_FIELD) {
                     continue;
                 }
-                let record: KeyRecord = serde_json::from_str(&json).map_err(|e| {
-                    KeyStoreError::Corrupt(format!("{} field {token}: {e}", self.keys_hash))
-                })?;
+                let record = self.key_record(&token, &json)?;
                 if record
                     .team_id
                     .as_ref()

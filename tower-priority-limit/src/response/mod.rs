@@ -52,6 +52,14 @@ fn python_float(x: f64) -> String {
     }
 }
 
+/// How LiteLLM's messages name a caller of `kind`.
+fn caller_word(kind: crate::caller::CallerKind) -> &'static str {
+    match kind {
+        crate::caller::CallerKind::Key => "api_key",
+        crate::caller::CallerKind::Team => "team",
+    }
+}
+
 /// The 429 message for a refusal on `model` under `label` (`None` = default pool); `team`
 /// names the request's team where its caller knows it (a team budget's message names it).
 pub(crate) fn refusal_message(
@@ -63,54 +71,46 @@ pub(crate) fn refusal_message(
     let mut m = String::with_capacity(200);
     let label = label.unwrap_or("None");
     match r.scope {
-        // LiteLLM's wording for a spent budget: `Team=<team_id>` for a team's.
-        // Reserved by requests in flight, not spent: a rate limit that frees as they end.
-        Scope::Caller(kind, limit) if r.dimension == Dimension::SpendReserved => {
-            let who = match kind {
-                crate::caller::CallerKind::Key => "api_key",
-                crate::caller::CallerKind::Team => "team",
-            };
-            let dollars = |n: u64| python_float(crate::caller::NanoUsd::from_nanos(n).dollars());
-            let _ = write!(
-                m,
-                "Budget reserved by requests in flight for {who}: spent and reserved {}, \
-                 Max budget: {}{}. Retry when they finish: what they do not cost is given back.",
-                dollars(r.used),
-                dollars(r.limit),
-                match limit {
-                    crate::caller::CallerLimit::ModelBudget =>
-                        format!(" for model={}", model.name()),
-                    _ => String::new(),
-                }
-            );
-            return m;
-        }
+        // LiteLLM's wording for a spent budget: `Team=<team_id>` for a team's. One reached by
+        // what requests in flight reserved is not spent: a rate limit that frees as they end.
         Scope::Caller(kind, limit) if limit.is_budget() => {
-            m.push_str("Budget has been exceeded!");
-            if kind == crate::caller::CallerKind::Team {
-                m.push_str(" Team");
-                if let Some(team) = team {
-                    let _ = write!(m, "={team}");
-                }
-            }
             let dollars = |n: u64| python_float(crate::caller::NanoUsd::from_nanos(n).dollars());
-            let _ = write!(
-                m,
-                " Current cost: {}, Max budget: {}",
-                dollars(r.used),
-                dollars(r.limit)
-            );
+            let reserved = r.dimension == Dimension::SpendReserved;
+            if reserved {
+                let _ = write!(
+                    m,
+                    "Budget reserved by requests in flight for {}: spent and reserved {}, Max \
+                     budget: {}",
+                    caller_word(kind),
+                    dollars(r.used),
+                    dollars(r.limit)
+                );
+            } else {
+                m.push_str("Budget has been exceeded!");
+                if kind == crate::caller::CallerKind::Team {
+                    m.push_str(" Team");
+                    if let Some(team) = team {
+                        let _ = write!(m, "={team}");
+                    }
+                }
+                let _ = write!(
+                    m,
+                    " Current cost: {}, Max budget: {}",
+                    dollars(r.used),
+                    dollars(r.limit)
+                );
+            }
             if limit == crate::caller::CallerLimit::ModelBudget {
                 let _ = write!(m, " for model={}", model.name());
+            }
+            if reserved {
+                m.push_str(". Retry when they finish: what they do not cost is given back.");
             }
             return m;
         }
         // LiteLLM's wording for a key's or team's limit.
         Scope::Caller(kind, limit) => {
-            let who = match kind {
-                crate::caller::CallerKind::Key => "api_key",
-                crate::caller::CallerKind::Team => "team",
-            };
+            let who = caller_word(kind);
             let what = match limit {
                 crate::caller::CallerLimit::Parallel => "max_parallel_requests",
                 other => other.as_str(),
@@ -231,6 +231,11 @@ fn log_slot() -> Option<u64> {
 
 #[cfg(test)]
 mod tests {
+    use super::openai_error::error_json;
+    use super::*;
+    use crate::config::{LimiterConfig, Reservation};
+    use crate::decision::Dimension;
+
     #[test]
     fn dollars_read_as_python_writes_them() {
         for (x, python) in [
@@ -247,11 +252,6 @@ mod tests {
             assert_eq!(super::python_float(x), python, "{x}");
         }
     }
-
-    use super::openai_error::error_json;
-    use super::*;
-    use crate::config::{LimiterConfig, Reservation};
-    use crate::decision::Dimension;
 
     #[test]
     fn model_capacity_message_is_exact() {

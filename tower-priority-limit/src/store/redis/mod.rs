@@ -2152,6 +2152,13 @@ fn holds_slot(limits: &crate::caller::CallerLimits) -> bool {
     limits.max_parallel.is_some() || limits.has_budget()
 }
 
+/// Waits until every settlement handed to `queue` so far has been sent; whether it was (false
+/// when the queue's task is gone).
+async fn flush_queue(queue: &mpsc::Sender<Queued>) -> bool {
+    let (done, flushed) = oneshot::channel();
+    queue.send(Queued::Flush(done)).await.is_ok() && flushed.await.is_ok()
+}
+
 /// Whether `decision` is a key's or team's refusal for want of a parallel slot.
 fn refused_for_a_slot(decision: &Result<Decision, StoreError>) -> bool {
     matches!(
@@ -2211,7 +2218,7 @@ impl Store for RedisStore {
         let (answer, answered) = oneshot::channel::<Unclaimed>();
         runtime.spawn(async move {
             let (model, pool, callers) = (request.model, request.pool, request.callers.clone());
-            let again = request.clone();
+            let (reserve, flow) = (request.reserve, request.flow);
             // Read before: a settlement sent while the admission ran may have reached Redis
             // after it.
             let settling = inner.any_settling();
@@ -2221,14 +2228,19 @@ impl Store for RedisStore {
             // the admission asked again, once. Not for a fleet-ordered try, whose flow a second
             // try would count twice.
             if refused_for_a_slot(&decision)
-                && again.flow.is_none()
+                && flow.is_none()
                 && (settling || inner.any_settling())
+                && flush_queue(&queue).await
             {
-                let (done, flushed) = oneshot::channel();
-                if queue.send(Queued::Flush(done)).await.is_ok() && flushed.await.is_ok() {
-                    inner.stats.parallel_retries.fetch_add(1, Ordering::Relaxed);
-                    decision = inner.admit(again).await;
-                }
+                inner.stats.parallel_retries.fetch_add(1, Ordering::Relaxed);
+                let again = AdmitRequest {
+                    model,
+                    pool,
+                    reserve,
+                    callers: callers.clone(),
+                    flow,
+                };
+                decision = inner.admit(again).await;
             }
             // Sent, or dropped here if nobody is left: either way its drop decides.
             let _ = answer.send(Unclaimed {
@@ -2271,10 +2283,7 @@ impl Store for RedisStore {
 
     fn flush(&self) -> Pin<Box<dyn Future<Output = ()> + Send + '_>> {
         Box::pin(async move {
-            let (done, flushed) = oneshot::channel();
-            if self.queue.send(Queued::Flush(done)).await.is_ok() {
-                let _ = flushed.await;
-            }
+            flush_queue(&self.queue).await;
         })
     }
 }
