@@ -52,11 +52,12 @@ pub fn restart_needed(old: &GatewayConfig, new: &GatewayConfig) -> Option<String
         (old.master_key != new.master_key, "general_settings.master_key"),
         (
             old.header_read_timeout != new.header_read_timeout
+                || old.send_timeout != new.send_timeout
                 || old.max_connections != new.max_connections
                 || old.shutdown_grace != new.shutdown_grace
                 || old.metrics != new.metrics
                 || old.metrics_auth != new.metrics_auth,
-            "general_settings (max_connections, header_read_timeout_seconds, shutdown_grace_seconds, metrics, metrics_require_auth) or litellm_settings.require_auth_for_metrics_endpoint",
+            "general_settings (max_connections, header_read_timeout_seconds, send_timeout_seconds, shutdown_grace_seconds, metrics, metrics_require_auth) or litellm_settings.require_auth_for_metrics_endpoint",
         ),
         (
             old.redis != new.redis || old.redis_key_prefix != new.redis_key_prefix,

@@ -311,6 +311,7 @@ fn generated() -> impl Strategy<Value = Value> {
             "max_request_size_mb",
             "request_body_timeout_seconds",
             "header_read_timeout_seconds",
+            "send_timeout_seconds",
             "max_connections",
             "redis_url",
             "redis_host",

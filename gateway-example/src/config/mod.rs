@@ -34,6 +34,10 @@ pub const DEFAULT_MAX_REQUEST_BYTES: usize = 10 * 1024 * 1024;
 /// request head, counted from when it starts waiting for one (so it also bounds an idle
 /// keep-alive connection).
 pub const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// Default `general_settings.send_timeout_seconds`: how long a client may leave the gateway's
+/// writes to it stuck (reading nothing) before its connection is closed, as nginx's
+/// `send_timeout`.
+pub const DEFAULT_SEND_TIMEOUT: Duration = Duration::from_secs(60);
 /// Default `general_settings.request_body_timeout_seconds`: time a chat request's body has to
 /// arrive whole once its head has.
 pub const DEFAULT_REQUEST_BODY_TIMEOUT: Duration = Duration::from_secs(60);
@@ -231,6 +235,9 @@ pub struct GatewayConfig {
     /// `general_settings.header_read_timeout_seconds`: a connection that has not sent a whole
     /// request head this long after it started waiting for one is closed.
     pub header_read_timeout: Duration,
+    /// `general_settings.send_timeout_seconds`: a client that reads nothing of its answer this
+    /// long while the gateway has bytes for it is closed, which ends (and settles) the request.
+    pub send_timeout: Duration,
     /// `general_settings.request_body_timeout_seconds`: a chat request whose body is not whole
     /// this long after its head is answered 408.
     pub request_body_timeout: Duration,
@@ -356,6 +363,7 @@ impl std::fmt::Debug for GatewayConfig {
             .field("master_key", &self.master_key.as_ref().map(|_| "***"))
             .field("max_request_bytes", &self.max_request_bytes)
             .field("header_read_timeout", &self.header_read_timeout)
+            .field("send_timeout", &self.send_timeout)
             .field("request_body_timeout", &self.request_body_timeout)
             .field("max_connections", &self.max_connections)
             .field("shutdown_grace", &self.shutdown_grace)
@@ -541,6 +549,7 @@ impl GatewayConfig {
         let mut master_key = None;
         let mut max_request_bytes = DEFAULT_MAX_REQUEST_BYTES;
         let mut header_read_timeout = DEFAULT_HEADER_READ_TIMEOUT;
+        let mut send_timeout = DEFAULT_SEND_TIMEOUT;
         let mut request_body_timeout = DEFAULT_REQUEST_BODY_TIMEOUT;
         let mut max_connections = DEFAULT_MAX_CONNECTIONS;
         let mut shutdown_grace = DEFAULT_SHUTDOWN_GRACE;
@@ -581,6 +590,9 @@ impl GatewayConfig {
             }
             if let Some(t) = general.get("header_read_timeout_seconds")? {
                 header_read_timeout = seconds(&t)?;
+            }
+            if let Some(t) = general.get("send_timeout_seconds")? {
+                send_timeout = seconds(&t)?;
             }
             if let Some(t) = general.get("request_body_timeout_seconds")? {
                 request_body_timeout = seconds(&t)?;
@@ -680,6 +692,7 @@ impl GatewayConfig {
             master_key,
             max_request_bytes,
             header_read_timeout,
+            send_timeout,
             request_body_timeout,
             max_connections,
             shutdown_grace,

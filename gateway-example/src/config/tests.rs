@@ -11,6 +11,7 @@ fn quickstart_file_loads() {
     assert!(matches!(c.deployments[0].target, Target::Mock { .. }));
     assert_eq!(c.max_request_bytes, DEFAULT_MAX_REQUEST_BYTES);
     assert_eq!(c.header_read_timeout, DEFAULT_HEADER_READ_TIMEOUT);
+    assert_eq!(c.send_timeout, DEFAULT_SEND_TIMEOUT);
     assert_eq!(c.request_body_timeout, DEFAULT_REQUEST_BODY_TIMEOUT);
     assert_eq!(c.max_connections, DEFAULT_MAX_CONNECTIONS);
 }
@@ -19,13 +20,18 @@ fn quickstart_file_loads() {
 fn connection_limits_are_read_and_checked() {
     let c = GatewayConfig::from_yaml_str(
         "general_settings: {header_read_timeout_seconds: 1.5, request_body_timeout_seconds: 2, \
-         max_connections: 7}\n",
+         max_connections: 7, send_timeout_seconds: 0.25}\n",
     )
     .unwrap();
     assert_eq!(c.header_read_timeout, Duration::from_millis(1500));
     assert_eq!(c.request_body_timeout, Duration::from_secs(2));
     assert_eq!(c.max_connections, 7);
+    assert_eq!(c.send_timeout, Duration::from_millis(250));
     for (yaml, path) in [
+        (
+            "general_settings: {send_timeout_seconds: 0}",
+            "general_settings.send_timeout_seconds",
+        ),
         (
             "general_settings: {header_read_timeout_seconds: 0}",
             "general_settings.header_read_timeout_seconds",

@@ -94,6 +94,7 @@ fn honoured(level: Level) -> &'static [&'static str] {
             "master_key",
             "max_request_size_mb",
             "header_read_timeout_seconds",
+            "send_timeout_seconds",
             "request_body_timeout_seconds",
             "max_connections",
             "shutdown_grace_seconds",

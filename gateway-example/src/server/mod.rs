@@ -1,5 +1,6 @@
 //! Serving the routes on a TCP listener, bounded: a cap on the connections served at once, a
-//! header-read timeout, an accept loop that waits out a full file table instead of spinning
+//! header-read timeout, a send timeout (a client that reads nothing is closed: `send_timeout`),
+//! an accept loop that waits out a full file table instead of spinning
 //! (the open-file limit itself: `file_limit`), and a graceful shutdown bounded by a grace
 //! period (each connection runs `until_stop`).
 //!
@@ -15,6 +16,7 @@
 //! slowly and a keep-alive connection left idle.
 
 mod file_limit;
+mod send_timeout;
 mod until_stop;
 
 use std::convert::Infallible;
@@ -34,6 +36,7 @@ use tokio::sync::{watch, Semaphore};
 use crate::config::GatewayConfig;
 use file_limit::is_out_of_files;
 pub use file_limit::{raise_file_limit, warn_if_file_limit_is_low};
+use send_timeout::SendTimeout;
 use until_stop::UntilStop;
 
 /// How long the accept loop sleeps after the process or the system ran out of file handles.
@@ -59,6 +62,9 @@ pub struct ServerLimits {
     /// A connection that has not sent a whole request head this long after it began waiting
     /// for one is closed.
     pub header_read_timeout: Duration,
+    /// A connection whose writes have been stuck this long (its client reads nothing) is
+    /// closed, and the response it was sending ends and settles.
+    pub send_timeout: Duration,
     /// Connections served at once (at least 1).
     pub max_connections: usize,
     /// After the shutdown signal, how long in-flight requests may still run.
@@ -70,6 +76,7 @@ impl ServerLimits {
     pub fn from_config(config: &GatewayConfig) -> Self {
         Self {
             header_read_timeout: config.header_read_timeout,
+            send_timeout: config.send_timeout,
             max_connections: config.max_connections,
             shutdown_grace: config.shutdown_grace,
         }
@@ -131,6 +138,7 @@ pub async fn serve<S>(
         let _ = stream.set_nodelay(true);
         let service = TowerToHyperService::new(app.clone());
         let header_read_timeout = limits.header_read_timeout;
+        let stream = SendTimeout::new(stream, limits.send_timeout);
         let mut stop = stop_rx.clone();
         tokio::spawn(async move {
             let _permit = permit;

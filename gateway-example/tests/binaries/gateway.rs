@@ -942,3 +942,115 @@ async fn sighup_reloads_the_config_file() {
     kill(&mut child, "-TERM");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A client that sends a chat and then reads nothing of its 32 MiB answer (more than the
+/// sockets' buffers hold) is closed after `send_timeout_seconds` (0.5 s), and its request ends
+/// with it: the key's one parallel slot (`max_parallel_requests: 1`) is free again, so the next
+/// request is served. Before, the slot, the reservation and the upstream connection were held
+/// until the client itself closed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_reads_nothing_is_closed_and_frees_its_slot() {
+    use axum::routing::post;
+    use http_body_util::BodyExt;
+    use tokio::io::AsyncWriteExt;
+    const HUGE: usize = 32 << 20;
+    let upstream = axum::Router::new().route(
+        "/v1/chat/completions",
+        post(|body: bytes::Bytes| async move {
+            let huge = body.windows(4).any(|w| w == b"huge");
+            let content = if huge { "x".repeat(HUGE) } else { "hi".into() };
+            axum::Json(gateway_example::mock::chat_completion("x", &content))
+        }),
+    );
+    let (dir, port, child, _log) = gateway_before(
+        upstream,
+        "send-timeout",
+        "m",
+        "x",
+        "send_timeout_seconds: 0.5",
+    )
+    .await;
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http::<http_body_util::Full<bytes::Bytes>>();
+    let call = |path: &str, key: &str, body: String| {
+        let request = http::Request::post(format!("http://127.0.0.1:{port}{path}"))
+            .header("authorization", format!("Bearer {key}"))
+            .header("content-type", "application/json")
+            .body(http_body_util::Full::new(bytes::Bytes::from(body)))
+            .unwrap();
+        let client = client.clone();
+        async move {
+            let response = client.request(request).await.unwrap();
+            let status = response.status();
+            let refused_by = response
+                .headers()
+                .get("x-priority-limit-refused-by")
+                .map(|v| v.to_str().unwrap().to_owned());
+            let body = response.into_body().collect().await.unwrap().to_bytes();
+            (status, refused_by, body)
+        }
+    };
+    let (status, _, body) = call(
+        "/key/generate",
+        "sk-test",
+        r#"{"max_parallel_requests": 1}"#.into(),
+    )
+    .await;
+    assert_eq!(status, 200, "{body:?}");
+    let key: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    let key = key["key"].as_str().unwrap().to_owned();
+
+    let mut held = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .unwrap();
+    let chat = r#"{"model":"m","messages":[{"role":"user","content":"huge"}]}"#;
+    held.write_all(
+        format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {key}\r\n\
+             content-type: application/json\r\ncontent-length: {}\r\n\r\n{chat}",
+            chat.len()
+        )
+        .as_bytes(),
+    )
+    .await
+    .unwrap();
+
+    // The held request has the slot until the gateway gives up on its client.
+    let small = r#"{"model":"m","messages":[{"role":"user","content":"small"}]}"#;
+    let mut refusals = Vec::new();
+    let served = tokio::time::timeout(Duration::from_secs(15), async {
+        loop {
+            let (status, refused_by, body) = call("/v1/chat/completions", &key, small.into()).await;
+            if status == 200 {
+                return body;
+            }
+            refusals.push((status, refused_by));
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await;
+    let closed = closed_within(&mut held, Duration::from_secs(5)).await;
+    stop(child);
+    std::fs::remove_dir_all(&dir).unwrap();
+
+    let served = served.unwrap_or_else(|_| {
+        panic!(
+            "the key's slot was still held after 15 s: {} refusals, the last {:?}",
+            refusals.len(),
+            refusals.last()
+        )
+    });
+    assert!(served.windows(2).any(|w| w == b"hi"), "{served:?}");
+    assert!(
+        refusals
+            .iter()
+            .all(|(s, by)| *s == 429 && by.as_deref() == Some("key_parallel")),
+        "{refusals:?}"
+    );
+    let seen = closed.expect("the client that read nothing was closed");
+    assert!(
+        seen.len() < HUGE,
+        "the client got the whole answer ({} bytes) without reading it",
+        seen.len()
+    );
+}
