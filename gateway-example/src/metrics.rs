@@ -195,13 +195,18 @@ impl GatewayMetrics {
         })
     }
 
-    /// Records one answered request on `route` (an index into [`ROUTES`]).
+    /// Records one answered request on `route` (an index into [`ROUTES`]), with its upstream
+    /// attempts by group where the answer carries them (`attempted`; group names labelled as
+    /// `limits` names them).
+    #[allow(clippy::too_many_arguments)]
     pub fn request(
         &self,
+        limits: &LimiterConfig,
         route: usize,
         model: ModelLabel,
         status: StatusCode,
         headers: &HeaderMap,
+        attempted: Option<&crate::routing::Attempted>,
         elapsed: Duration,
     ) {
         let http = &self.http;
@@ -211,21 +216,28 @@ impl GatewayMetrics {
         http.durations[i]
             .get_or_init(|| AtomicHistogram::exponential(0.001, 2.0, 16))
             .observe(elapsed);
-        let count = |name| {
-            headers
-                .get(name)
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.parse::<u64>().ok())
-        };
-        if headers.contains_key(crate::routing::MODEL_ID) {
-            let retries = count(crate::routing::ATTEMPTED_RETRIES).unwrap_or(0);
-            http.attempts[model.0].inc_by(1 + retries);
-            if retries > 0 {
-                http.retries[model.0].inc_by(retries);
+        match attempted {
+            // Attempts counted as they went out, under each group called; fallbacks under the
+            // request's own group, the one fallen back from.
+            Some(attempted) => {
+                for (group, n) in &attempted.by_group {
+                    let label = self.model(limits, Some(group)).0;
+                    http.attempts[label].inc_by(u64::from(*n));
+                    if *n > 1 {
+                        http.retries[label].inc_by(u64::from(n - 1));
+                    }
+                }
+                if attempted.fallbacks > 0 {
+                    let label = self.model(limits, Some(&attempted.group)).0;
+                    http.fallbacks[label].inc_by(u64::from(attempted.fallbacks));
+                }
             }
-        }
-        if let Some(fallbacks) = count(crate::routing::ATTEMPTED_FALLBACKS).filter(|n| *n > 0) {
-            http.fallbacks[model.0].inc_by(fallbacks);
+            // No extension: one group called (or none), nothing failed, no fallback: the
+            // deployment that answered is its one attempt.
+            None if headers.contains_key(crate::routing::MODEL_ID) => {
+                http.attempts[model.0].inc();
+            }
+            None => {}
         }
         if let Some(who) = headers.get(tower_priority_limit::headers::X_SOFT_BUDGET_PASSED) {
             // `key`, `team` or `key, team`: each caller past its soft budget is counted.

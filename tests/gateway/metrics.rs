@@ -1,8 +1,9 @@
 //! `GET /metrics`: the limiter's and the gateway's series, scraped by a real Prometheus and read
 //! back through its query API, and the text itself.
 
-use integration_tests::gateway::{Gw, MASTER};
+use integration_tests::gateway::{with_master, Gw, MASTER};
 use integration_tests::prometheus::PrometheusServer;
+use integration_tests::upstream::Upstream;
 use serde_json::json;
 
 /// `m` has 10 RPM; prod and the default pool reserve half each, and strict mode is always on, so
@@ -41,6 +42,70 @@ fn sample(text: &str, series: &str) -> Option<f64> {
     text.lines()
         .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
         .map(|v| v.parse().unwrap())
+}
+
+/// Upstream attempts are counted as they go out, under the group each was made in, whether or
+/// not a deployment answered in the end; fallbacks under the group fallen back from; and
+/// `x-litellm-attempted-retries` says the retries made. `flaky` (always 500, two retries) falls
+/// back to `luna`; `broken` (always 500) has no fallback; `slow` has 0.3 s for all its attempts
+/// and its upstream takes 2 s, so the retry the policy grants never goes out. Before, the
+/// counters were read from the answer's headers: `broken`'s three attempts counted none,
+/// `flaky`'s were filed under `luna` and `slow`'s header said one retry.
+#[tokio::test]
+async fn upstream_attempts_are_counted_as_they_go_out_by_group() {
+    let (_up, base) = Upstream::start().await;
+    let yaml = with_master(&format!(
+        r#"
+model_list:
+  - model_name: flaky
+    litellm_params: {{model: openai/fail, api_base: "{base}"}}
+  - model_name: luna
+    litellm_params: {{model: openai/gpt-x, api_base: "{base}"}}
+  - model_name: broken
+    litellm_params: {{model: openai/fail, api_base: "{base}"}}
+  - model_name: slow
+    litellm_params: {{model: openai/slow, api_base: "{base}", timeout: 0.3}}
+router_settings:
+  num_retries: 2
+  allowed_fails: 100
+  fallbacks: [{{flaky: [luna]}}]
+"#
+    ));
+    let gw = Gw::start(&yaml, None).await;
+    let retries = |reply: &integration_tests::gateway::Reply| {
+        reply.headers["x-litellm-attempted-retries"]
+            .to_str()
+            .unwrap()
+            .to_owned()
+    };
+    let served = gw.chat(MASTER, "flaky", false).await;
+    assert_eq!(served.status, 200, "{}", served.text());
+    assert_eq!(retries(&served), "2");
+    let failed = gw.chat(MASTER, "broken", false).await;
+    assert_eq!(failed.status, 500, "{}", failed.text());
+    assert_eq!(retries(&failed), "2");
+    let timed_out = gw.chat(MASTER, "slow", false).await;
+    assert_eq!(timed_out.status, 504, "{}", timed_out.text());
+    assert_eq!(retries(&timed_out), "0", "no retry went out");
+
+    let text = gw.get("/metrics", None).await;
+    let text = text.text();
+    let count = |name: &str, model: &str| {
+        sample(
+            text,
+            &format!(r#"gateway_upstream_{name}_total{{model="{model}"}}"#),
+        )
+    };
+    assert_eq!(count("attempts", "flaky"), Some(3.0), "{text}");
+    assert_eq!(count("retries", "flaky"), Some(2.0));
+    assert_eq!(count("fallbacks", "flaky"), Some(1.0));
+    assert_eq!(count("attempts", "luna"), Some(1.0));
+    assert_eq!(count("retries", "luna"), Some(0.0));
+    assert_eq!(count("fallbacks", "luna"), Some(0.0));
+    assert_eq!(count("attempts", "broken"), Some(3.0));
+    assert_eq!(count("retries", "broken"), Some(2.0));
+    assert_eq!(count("attempts", "slow"), Some(1.0));
+    assert_eq!(count("retries", "slow"), Some(0.0));
 }
 
 #[tokio::test]

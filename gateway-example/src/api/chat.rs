@@ -24,7 +24,7 @@ use crate::endpoint::Endpoint;
 use crate::error::ApiError;
 use crate::gateway::Gateway;
 use crate::record::{queued_ms, Outcome, RecordBody, RecordLine, Recorder};
-use crate::routing::{self, FailedAttempts};
+use crate::routing::{self, Attempted};
 use crate::strip::StripUsage;
 
 /// The most bytes of a client's model name an error message repeats.
@@ -341,7 +341,7 @@ fn recorded(
             .get(routing::MODEL_ID)
             .and_then(|v| v.to_str().ok())
             .map(str::to_owned),
-        failed_attempts: parts.extensions.get().map_or(0, |f: &FailedAttempts| f.0),
+        failed_attempts: parts.extensions.get().map_or(0, |a: &Attempted| a.failed),
         queued_ms: queued_ms(&parts.headers),
         tokens: 0,
         reported: false,

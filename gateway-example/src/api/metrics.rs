@@ -114,12 +114,15 @@ where
                 .headers()
                 .get(MODEL_GROUP)
                 .and_then(|v| v.to_str().ok());
-            let model = metrics.model(&gw.config().limiter, group);
+            let limits = &gw.config().limiter;
+            let model = metrics.model(limits, group);
             metrics.request(
+                limits,
                 *this.route,
                 model,
                 response.status(),
                 response.headers(),
+                response.extensions().get(),
                 this.started.elapsed(),
             );
         }

@@ -251,7 +251,9 @@ impl<'a, B: Budget> Attempts<'a, B> {
         &self.tried
     }
 
-    /// Retries made so far (`x-litellm-attempted-retries`).
+    /// Retries granted so far (what the back-off grows with). One granted may never go out
+    /// (time ran out, no deployment could take it): the header counts those that did
+    /// ([`AttemptTally`](super::AttemptTally)).
     pub fn retries(&self) -> u32 {
         self.retries
     }

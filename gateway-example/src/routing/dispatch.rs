@@ -64,7 +64,101 @@ impl Dispatch for Upstream {
     }
 }
 
-/// How many attempts of a request failed before its answer (a response extension, set by
-/// [`serve`](super::serve) only when one did): what the record keeps, so a replay fails as many.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct FailedAttempts(pub u32);
+/// A request's upstream attempts, by group (a response extension, set by
+/// [`serve`](super::serve) only when the answer's headers do not say it all: an attempt failed,
+/// or the request fell back). The metrics count attempts and retries under each group called
+/// and fallbacks under the request's own group; the record keeps `failed`, so a replay fails as
+/// many.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Attempted {
+    /// Attempts whose upstream failed.
+    pub failed: u32,
+    /// The groups called, in order, with their attempts (each at least 1).
+    pub by_group: Vec<(String, u32)>,
+    /// Fallback groups entered (`x-litellm-attempted-fallbacks`).
+    pub fallbacks: u32,
+    /// The request's own group, which its fallbacks are counted under.
+    pub group: String,
+}
+
+/// Counts a request's upstream attempts as they go out, by group: what [`Attempted`] says, and
+/// the retries made (an attempt after a group's first), which the policy's own count, taken when
+/// a retry is decided, overstates when the time runs out or no deployment can take it.
+#[derive(Debug, Default)]
+pub struct AttemptTally<'a> {
+    // The group being called and its attempts; `earlier` only once a second group is called,
+    // so a request served by its own group allocates nothing here.
+    current: Option<(&'a str, u32)>,
+    earlier: Vec<(&'a str, u32)>,
+    failed: u32,
+}
+
+impl<'a> AttemptTally<'a> {
+    /// An attempt on a deployment of `group` goes out.
+    pub fn called(&mut self, group: &'a str) {
+        match &mut self.current {
+            Some((name, n)) if *name == group => *n += 1,
+            current => {
+                if let Some(done) = current.replace((group, 1)) {
+                    self.earlier.push(done);
+                }
+            }
+        }
+    }
+
+    /// The attempt last called failed.
+    pub fn failed(&mut self) {
+        self.failed += 1;
+    }
+
+    /// Retries made: attempts after each group's first (`x-litellm-attempted-retries`).
+    pub fn retries(&self) -> u32 {
+        self.groups().map(|(_, n)| n - 1).sum()
+    }
+
+    fn groups(&self) -> impl Iterator<Item = (&'a str, u32)> + '_ {
+        self.earlier.iter().copied().chain(self.current)
+    }
+
+    /// The extension for a request to `group` that entered `fallbacks` fallback groups, when
+    /// the headers do not say it all (`None`: one group called, no attempt failed, no fallback:
+    /// its answer's deployment header says it all).
+    pub fn attempted(&self, group: &str, fallbacks: u32) -> Option<Attempted> {
+        (self.failed > 0 || fallbacks > 0).then(|| Attempted {
+            failed: self.failed,
+            by_group: self.groups().map(|(g, n)| (g.to_owned(), n)).collect(),
+            fallbacks,
+            group: group.to_owned(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_tally_counts_attempts_by_group_and_retries_after_each_groups_first() {
+        let mut tally = AttemptTally::default();
+        tally.called("own");
+        assert_eq!(tally.retries(), 0);
+        assert_eq!(tally.attempted("own", 0), None, "the headers say it all");
+        tally.failed();
+        tally.called("own");
+        tally.failed();
+        tally.called("fallback");
+        assert_eq!(tally.retries(), 1);
+        assert_eq!(
+            tally.attempted("own", 1),
+            Some(Attempted {
+                failed: 2,
+                by_group: vec![("own".into(), 2), ("fallback".into(), 1)],
+                fallbacks: 1,
+                group: "own".into(),
+            })
+        );
+        // Entered a fallback that was full: no attempt, still said.
+        let none = AttemptTally::default();
+        assert_eq!(none.attempted("own", 1).map(|a| a.by_group.len()), Some(0));
+    }
+}

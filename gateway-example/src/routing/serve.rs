@@ -17,7 +17,7 @@ use tower_priority_limit::{Lease, Limiter};
 use super::admission::{admit, charge, store_failure, Admission, RefusingLimit};
 use super::attempts::{Attempts, GiveUp, Step};
 use super::body::{InFlight, InFlightBody};
-use super::dispatch::{Dispatch, FailedAttempts};
+use super::dispatch::{AttemptTally, Dispatch};
 use super::{Chosen, Group, Router, Unavailable};
 use crate::chat::ChatRequest;
 use crate::config::{Deployment, Strategy};
@@ -133,8 +133,8 @@ pub async fn serve(
     let mut current_called = false;
     let mut first_called = false;
     let mut in_fallback = false;
-    // Attempts whose upstream failed (the record keeps the count: [`FailedAttempts`]).
-    let mut failed_attempts = 0u32;
+    // The attempts that went out, by group (what the metrics and the record read).
+    let mut tally = AttemptTally::default();
     let mut step = attempts.start();
     loop {
         match step {
@@ -239,6 +239,7 @@ pub async fn serve(
                     true => group.name.as_str(),
                     false => chat.requested(),
                 };
+                tally.called(group.name.as_str());
                 let result = upstream.attempt(index, deployment, chat, model, time).await;
                 match result {
                     Ok(mut response) => {
@@ -251,8 +252,9 @@ pub async fn serve(
                             response,
                             id,
                             Some(group),
-                            attempts.retries(),
+                            &tally,
                             attempts.fallbacks(),
+                            first,
                         );
                         // A fallback that admitted it is charged; else the request's own group.
                         let lease = match group_lease {
@@ -275,16 +277,11 @@ pub async fn serve(
                         if let Some(ms) = queued_ms {
                             insert_queued_header(response.headers_mut(), ms);
                         }
-                        if failed_attempts > 0 {
-                            response
-                                .extensions_mut()
-                                .insert(FailedAttempts(failed_attempts));
-                        }
                         return response;
                     }
                     Err(failure) => {
                         drop(in_flight);
-                        failed_attempts += 1;
+                        tally.failed();
                         router.record_failure(index, &failure, group.members.len());
                         step = attempts.failed(
                             index,
@@ -339,18 +336,14 @@ pub async fn serve(
             ApiError::internal(format!("model group {first} has no deployments")).into_response()
         }
     };
-    let mut response = with_headers(
+    let response = with_headers(
         response,
         None,
         router.group(first),
-        attempts.retries(),
+        &tally,
         attempts.fallbacks(),
+        first,
     );
-    if failed_attempts > 0 {
-        response
-            .extensions_mut()
-            .insert(FailedAttempts(failed_attempts));
-    }
     if let Some((lease, _)) = group_lease {
         if !current_called {
             lease.cancel();
@@ -466,13 +459,23 @@ fn track(
     )
 }
 
+/// The routing headers (the deployment that answered, its group, the retries and fallbacks
+/// made), and the attempts by group where the headers do not say them all ([`Attempted`]) for a
+/// request to `first`.
+///
+/// [`Attempted`]: super::Attempted
 fn with_headers<B>(
     mut response: http::Response<B>,
     deployment_id: Option<&HeaderValue>,
     group: Option<&Group>,
-    retries: u32,
+    tally: &AttemptTally<'_>,
     fallbacks: u32,
+    first: &str,
 ) -> http::Response<B> {
+    if let Some(attempted) = tally.attempted(first, fallbacks) {
+        response.extensions_mut().insert(attempted);
+    }
+    let retries = tally.retries();
     let headers = response.headers_mut();
     if let Some(id) = deployment_id {
         headers.insert(MODEL_ID, id.clone());
