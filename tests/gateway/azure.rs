@@ -16,6 +16,8 @@ use integration_tests::gateway::{sse_data, with_master, Gw, MASTER};
 use serde_json::{json, Value};
 
 const VERSION: &str = "2024-10-21";
+/// An API version from before `stream_options`, which Azure refuses on it.
+const OLD_VERSION: &str = "2024-02-01";
 const KEY: &str = "azure-key-0123456789";
 const TOKEN: &str = "eyJ0eXAiOiJKV1QiLCJhbGciOiJSUzI1NiJ9.entra-id-token";
 
@@ -44,8 +46,16 @@ async fn azure(
     seen.lock()
         .unwrap()
         .push((uri.to_string(), request.clone()));
-    if uri.query() != Some(&format!("api-version={VERSION}")) {
+    let old = uri.query() == Some(&format!("api-version={OLD_VERSION}"));
+    if uri.query() != Some(&format!("api-version={VERSION}")) && !old {
         return azure_error(StatusCode::NOT_FOUND, "404", "Resource not found");
+    }
+    if old && request.get("stream_options").is_some() {
+        return azure_error(
+            StatusCode::BAD_REQUEST,
+            "BadRequest",
+            "Unrecognized request argument supplied: stream_options",
+        );
     }
     let path = uri.path();
     let (deployment, endpoint) = if path == "/openai/responses" {
@@ -112,6 +122,8 @@ model_list:
     litellm_params: {{model: azure/gpt4o-prod, api_base: "{base}/", api_key: {KEY}, api_version: "{VERSION}", tpm: 100000}}
   - model_name: azure-entra
     litellm_params: {{model: azure/gpt4o-entra, api_base: "{base}", azure_ad_token: {TOKEN}, api_version: "{VERSION}", tpm: 100000}}
+  - model_name: azure-old
+    litellm_params: {{model: azure/gpt4o-prod, api_base: "{base}", api_key: {KEY}, api_version: "{OLD_VERSION}", tpm: 100000}}
   - model_name: azure-wrong-key
     litellm_params: {{model: azure/gpt4o-prod, api_base: "{base}", api_key: not-the-key, api_version: "{VERSION}"}}
 litellm_settings:
@@ -276,4 +288,47 @@ fn azure_entries_are_checked_at_start() {
         other.unsupported_warning().as_deref(),
         Some("config keys this gateway does not honour: not supported, ignored: model_list[0].litellm_params.api_version")
     );
+}
+
+/// An Azure API version from before `stream_options` (`2024-02-01`, which Azure answers 400
+/// "Unrecognized request argument supplied: stream_options") is not asked for a stream's usage:
+/// chat and completions streams are served and metered from their text. Before, every stream to
+/// it was refused.
+#[tokio::test]
+async fn an_azure_version_before_stream_options_is_not_sent_them() {
+    let (gw, seen) = start().await;
+    for endpoint in [Endpoint::ChatCompletions, Endpoint::Completions] {
+        let before = gw.tokens("azure-old");
+        let r = gw
+            .post(
+                &format!("/v1{}", endpoint.path()),
+                Some(MASTER),
+                body(endpoint, "azure-old", true),
+            )
+            .await;
+        assert_eq!(r.status, 200, "{endpoint:?}: {}", r.text());
+        assert!(r.text().contains("Hel"), "{}", r.text());
+        let (sent, sent_body) = seen.lock().unwrap().last().cloned().unwrap();
+        assert!(
+            sent.ends_with(&format!("?api-version={OLD_VERSION}")),
+            "{sent}"
+        );
+        assert_eq!(sent_body.get("stream_options"), None, "{sent_body}");
+        assert!(gw.tokens("azure-old") > before, "the stream was metered");
+    }
+    let version = |v: &str| gateway_example::config::Azure {
+        api_version: v.into(),
+        ad_token: None,
+    };
+    for (v, takes) in [
+        ("2024-02-01", false),
+        ("2024-08-01-preview", false),
+        ("2024-09-01-preview", true),
+        ("2024-10-21", true),
+        ("2025-04-01-preview", true),
+        ("v1", true),
+        ("preview", true),
+    ] {
+        assert_eq!(version(v).takes_stream_options(), takes, "{v}");
+    }
 }

@@ -110,6 +110,24 @@ pub struct Azure {
     pub ad_token: Option<String>,
 }
 
+/// The first Azure API version that takes `stream_options` (GA in `2024-10-21`); earlier ones
+/// answer a request with it 400 "Unrecognized request argument supplied: stream_options".
+const AZURE_STREAM_OPTIONS_SINCE: &str = "2024-09-01";
+
+impl Azure {
+    /// Whether its API version takes `stream_options`: one dated before
+    /// [`AZURE_STREAM_OPTIONS_SINCE`] does not; any other (later, or not a date, as `v1`) does.
+    pub fn takes_stream_options(&self) -> bool {
+        let date = self.api_version.get(..10).filter(|d| {
+            d.bytes().enumerate().all(|(i, b)| match i {
+                4 | 7 => b == b'-',
+                _ => b.is_ascii_digit(),
+            })
+        });
+        date.is_none_or(|d| d >= AZURE_STREAM_OPTIONS_SINCE)
+    }
+}
+
 impl std::fmt::Debug for Azure {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Azure")
@@ -336,6 +354,18 @@ pub enum MetricsAuth {
 }
 
 impl Deployment {
+    /// Whether a stream's request may ask for usage (`stream_options.include_usage`): every
+    /// upstream but an Azure API version from before `stream_options` ([`Azure`]). Without it
+    /// the stream is metered from its text, as one without a usage chunk.
+    pub fn takes_stream_options(&self) -> bool {
+        match &self.target {
+            Target::Upstream {
+                azure: Some(azure), ..
+            } => azure.takes_stream_options(),
+            _ => true,
+        }
+    }
+
     /// Whether it can serve requests in `api`'s format: a mock answers in every format, an
     /// upstream only in its own (the gateway does not translate).
     pub fn speaks(&self, api: Api) -> bool {

@@ -9,15 +9,15 @@ use crate::chat::ChatRequest;
 use crate::config::Deployment;
 
 /// The body sent upstream: the client's, with the upstream's model name, and usage requested on
-/// chat and completions streams (so tokens can be counted; the gateway strips it again if the
-/// client did not ask).
+/// chat and completions streams where the upstream takes it ([`asks_usage`]; so tokens can be
+/// counted; the gateway strips it again if the client did not ask).
 pub(super) fn upstream_body(
     deployment: &Deployment,
     chat: &ChatRequest,
 ) -> Result<Value, serde_json::Error> {
     let mut body = chat.body()?;
     body["model"] = Value::String(deployment.upstream_model_for(chat.captures()).into_owned());
-    if chat.stream && chat.endpoint.asks_stream_usage() {
+    if asks_usage(deployment, chat) {
         if !body.get("stream_options").is_some_and(Value::is_object) {
             body["stream_options"] = Value::Object(Default::default());
         }
@@ -26,13 +26,20 @@ pub(super) fn upstream_body(
     Ok(body)
 }
 
+/// Whether the body sent to `deployment` asks for the stream's usage: a chat or completions
+/// stream, to a deployment whose API takes `stream_options` (not an Azure version from before
+/// it: [`Deployment::takes_stream_options`]).
+fn asks_usage(deployment: &Deployment, chat: &ChatRequest) -> bool {
+    chat.stream && chat.endpoint.asks_stream_usage() && deployment.takes_stream_options()
+}
+
 /// [`upstream_body`] as bytes, made from the client's own bytes ([`ChatRequest::raw`]) without
 /// building and serializing a tree: sent as they are when the model name is the upstream's
 /// already and no usage is to be asked for, else edited in place (the `model` value swapped,
 /// `stream_options` added or its `include_usage` set). Falls back to serializing
 /// [`upstream_body`] for what the in-place edit does not handle (an escaped key at the top level).
 pub(super) fn upstream_bytes(deployment: &Deployment, chat: &ChatRequest) -> Result<Bytes, String> {
-    let ask_usage = chat.stream && chat.endpoint.asks_stream_usage();
+    let ask_usage = asks_usage(deployment, chat);
     let model = deployment.upstream_model_for(chat.captures());
     if let Some(bytes) = edit_in_place(&chat.raw, &model, ask_usage) {
         return Ok(bytes);
