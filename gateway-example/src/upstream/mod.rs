@@ -126,13 +126,24 @@ impl std::fmt::Debug for Secrets {
     }
 }
 
+/// Keys shorter than this are hidden only where they stand alone ([`Secrets::scrub`]): a
+/// placeholder such as `x` or `none` (what a local vLLM gets) would else cut `***` into the
+/// words of every error (`ma***imum conte***t`), and even into the `error` object's member names.
+const WHOLE_WORD_BELOW: usize = 8;
+
 impl Secrets {
-    /// `text` with every key replaced by `***`.
+    /// `text` with every key replaced by `***`: anywhere for a key of [`WHOLE_WORD_BELOW`]
+    /// characters or more, else only where no letter or digit touches it.
     fn scrub(&self, mut text: String) -> String {
         for key in self.0.iter() {
-            if text.contains(key.as_str()) {
-                text = text.replace(key.as_str(), "***");
+            if !text.contains(key.as_str()) {
+                continue;
             }
+            text = if key.len() >= WHOLE_WORD_BELOW {
+                text.replace(key.as_str(), "***")
+            } else {
+                replace_standing_alone(&text, key)
+            };
         }
         text
     }
@@ -155,6 +166,28 @@ impl Secrets {
             Value::Null | Value::Bool(_) | Value::Number(_) => {}
         }
     }
+}
+
+/// `text` with each `key` that no letter or digit touches replaced by `***`.
+fn replace_standing_alone(text: &str, key: &str) -> String {
+    let word = |c: Option<char>| c.is_some_and(char::is_alphanumeric);
+    let mut out = String::with_capacity(text.len());
+    let mut rest = 0;
+    for (at, _) in text.match_indices(key) {
+        // An earlier match already took this one's start (overlapping keys such as `aa`).
+        if at < rest {
+            continue;
+        }
+        let end = at + key.len();
+        if word(text[..at].chars().next_back()) || word(text[end..].chars().next()) {
+            continue;
+        }
+        out.push_str(&text[rest..at]);
+        out.push_str("***");
+        rest = end;
+    }
+    out.push_str(&text[rest..]);
+    out
 }
 
 impl Default for Upstream {
@@ -838,5 +871,29 @@ mod tests {
         );
         assert_eq!(up.secrets.scrub("nothing".into()), "nothing");
         assert!(!format!("{up:?}").contains("sk-a"));
+    }
+
+    /// A short key (a placeholder such as `x`) is hidden only where it stands alone, so error
+    /// text and member names keep their words; a long one is hidden wherever it is.
+    #[test]
+    fn a_short_key_is_hidden_only_standing_alone() {
+        let up =
+            Upstream::for_deployments(&[with_key("x"), with_key("re"), with_key("sk-0123456789")]);
+        assert_eq!(
+            up.secrets
+                .scrub("maximum context length exceeded; request with key x (or \"re\")".into()),
+            "maximum context length exceeded; request with key *** (or \"***\")"
+        );
+        assert_eq!(
+            up.secrets
+                .scrub("key=sk-0123456789; inline:asksk-0123456789z".into()),
+            "key=***; inline:ask***z"
+        );
+        let mut error = serde_json::json!({"error": {"message": "x", "type": "invalid_request_error", "code": "context_length_exceeded"}});
+        up.secrets.scrub_value(&mut error);
+        assert_eq!(
+            error,
+            serde_json::json!({"error": {"message": "***", "type": "invalid_request_error", "code": "context_length_exceeded"}})
+        );
     }
 }
