@@ -470,7 +470,10 @@ impl GatewayConfig {
         let root = Node::root(&doc);
 
         // Read first: deployments without their own timeouts take these.
-        let mut router = RouterSettings::from_node(root.get("router_settings")?.as_ref())?;
+        let mut router = RouterSettings::from_nodes(
+            root.get("router_settings")?.as_ref(),
+            root.get("litellm_settings")?.as_ref(),
+        )?;
         if router.timeout.is_none() {
             if let Some(settings) = root.get("litellm_settings")? {
                 if let Some(t) = settings.get("request_timeout")? {

@@ -81,90 +81,127 @@ fn seconds(node: &Node<'_>) -> Result<Duration, ConfigError> {
     Duration::try_from_secs_f64(secs).map_err(|_| node.error(format!("{secs} seconds is too long")))
 }
 
+/// The routing keys LiteLLM's router also takes from `litellm_settings` (its reliability
+/// docs set them there) when `router_settings` does not set them.
+pub const FROM_LITELLM_SETTINGS: [&str; 4] =
+    ["num_retries", "fallbacks", "allowed_fails", "cooldown_time"];
+
 impl RouterSettings {
     /// Reads the routing keys of `router_settings` (`None`: all defaults). Redis keys belong to
     /// the Redis settings; other keys of the source product are tolerated.
     pub fn from_node(settings: Option<&Node<'_>>) -> Result<Self, ConfigError> {
+        Self::from_nodes(settings, None)
+    }
+
+    /// As [`from_node`](Self::from_node), with the routing keys LiteLLM also takes from
+    /// `litellm_settings` ([`FROM_LITELLM_SETTINGS`]) read from `litellm` where `router_settings`
+    /// does not set them, as LiteLLM's router does; one set in both is `router_settings`', and
+    /// the other is named at start.
+    pub fn from_nodes(
+        router: Option<&Node<'_>>,
+        litellm: Option<&Node<'_>>,
+    ) -> Result<Self, ConfigError> {
         let mut s = Self::default();
-        let Some(settings) = settings else {
-            return Ok(s);
-        };
-        for (key, node) in settings.entries()? {
-            match key {
-                "routing_strategy" => {
-                    let name = node.string()?;
-                    s.strategy = Strategy::from_name(&name).ok_or_else(|| {
-                        node.error(format!(
-                            "unknown strategy \"{name}\", expected one of: {}",
-                            Strategy::NAMES.join(", ")
-                        ))
-                    })?;
+        if let Some(litellm) = litellm {
+            for (key, node) in litellm.entries()? {
+                if !FROM_LITELLM_SETTINGS.contains(&key) {
+                    continue;
                 }
-                "num_retries" => {
-                    s.num_retries =
-                        u32::try_from(node.count()?).map_err(|_| node.error("too many retries"))?;
+                if let Some(router) = router.map(|r| r.get(key)).transpose()?.flatten() {
+                    tracing::warn!(
+                        "{} is not read: {} is set too, and is the one LiteLLM's router reads",
+                        node.path(),
+                        router.path()
+                    );
+                    continue;
                 }
-                "cooldown_time" => s.cooldown = seconds(&node)?,
-                "allowed_fails" => {
-                    s.allowed_fails =
-                        u32::try_from(node.count()?).map_err(|_| node.error("too large"))?;
-                }
-                "max_retry_wait" => s.max_retry_wait = seconds(&node)?,
-                "max_wildcard_models" => {
-                    let n = node.count()?;
-                    if n == 0 || n > 100_000 {
-                        return Err(node
-                            .error(format!("expected a whole number from 1 to 100000, got {n}")));
-                    }
-                    s.max_wildcard_models = n as usize;
-                }
-                "timeout" => s.timeout = Some(super::seconds(&node)?),
-                "stream_timeout" => s.stream_timeout = Some(super::seconds(&node)?),
-                "retry_budget" => {
-                    for (k, n) in node.entries()? {
-                        match k {
-                            "ratio" => {
-                                let r = n.number()?;
-                                if !(0.0..=1000.0).contains(&r) {
-                                    return Err(n.error(format!("expected a ratio ≥ 0, got {r}")));
-                                }
-                                s.retry_ratio = r as f32;
-                            }
-                            "min_per_second" => {
-                                s.retry_floor =
-                                    u32::try_from(n.count()?).map_err(|_| n.error("too large"))?;
-                            }
-                            _ => {
-                                return Err(n.error("unknown key (expected ratio, min_per_second)"))
-                            }
-                        }
-                    }
-                }
-                "fallbacks" => {
-                    // `[{"group": ["fallback", …]}, …]`, as the source product writes it.
-                    for item in node.items()? {
-                        for (group, list) in item.entries()? {
-                            let targets = list
-                                .items()?
-                                .iter()
-                                .map(|n| n.string())
-                                .collect::<Result<Vec<_>, _>>()?;
-                            // A second list for one group would be dropped (only the first is
-                            // read): one list per group.
-                            if s.fallbacks.iter().any(|(g, _)| g == group) {
-                                return Err(list.error(format!(
-                                    "{group:?} already has fallbacks in an earlier entry: give \
-                                     them in one list"
-                                )));
-                            }
-                            s.fallbacks.push((group.to_owned(), targets));
-                        }
-                    }
-                }
-                _ => {}
+                s.read(key, node)?;
+            }
+        }
+        if let Some(router) = router {
+            for (key, node) in router.entries()? {
+                s.read(key, node)?;
             }
         }
         Ok(s)
+    }
+
+    /// Reads routing key `key` (`node`); other keys are left to their readers.
+    fn read(&mut self, key: &str, node: Node<'_>) -> Result<(), ConfigError> {
+        let s = self;
+        match key {
+            "routing_strategy" => {
+                let name = node.string()?;
+                s.strategy = Strategy::from_name(&name).ok_or_else(|| {
+                    node.error(format!(
+                        "unknown strategy \"{name}\", expected one of: {}",
+                        Strategy::NAMES.join(", ")
+                    ))
+                })?;
+            }
+            "num_retries" => {
+                s.num_retries =
+                    u32::try_from(node.count()?).map_err(|_| node.error("too many retries"))?;
+            }
+            "cooldown_time" => s.cooldown = seconds(&node)?,
+            "allowed_fails" => {
+                s.allowed_fails =
+                    u32::try_from(node.count()?).map_err(|_| node.error("too large"))?;
+            }
+            "max_retry_wait" => s.max_retry_wait = seconds(&node)?,
+            "max_wildcard_models" => {
+                let n = node.count()?;
+                if n == 0 || n > 100_000 {
+                    return Err(
+                        node.error(format!("expected a whole number from 1 to 100000, got {n}"))
+                    );
+                }
+                s.max_wildcard_models = n as usize;
+            }
+            "timeout" => s.timeout = Some(super::seconds(&node)?),
+            "stream_timeout" => s.stream_timeout = Some(super::seconds(&node)?),
+            "retry_budget" => {
+                for (k, n) in node.entries()? {
+                    match k {
+                        "ratio" => {
+                            let r = n.number()?;
+                            if !(0.0..=1000.0).contains(&r) {
+                                return Err(n.error(format!("expected a ratio ≥ 0, got {r}")));
+                            }
+                            s.retry_ratio = r as f32;
+                        }
+                        "min_per_second" => {
+                            s.retry_floor =
+                                u32::try_from(n.count()?).map_err(|_| n.error("too large"))?;
+                        }
+                        _ => return Err(n.error("unknown key (expected ratio, min_per_second)")),
+                    }
+                }
+            }
+            "fallbacks" => {
+                // `[{"group": ["fallback", …]}, …]`, as the source product writes it.
+                for item in node.items()? {
+                    for (group, list) in item.entries()? {
+                        let targets = list
+                            .items()?
+                            .iter()
+                            .map(|n| n.string())
+                            .collect::<Result<Vec<_>, _>>()?;
+                        // A second list for one group would be dropped (only the first is
+                        // read): one list per group.
+                        if s.fallbacks.iter().any(|(g, _)| g == group) {
+                            return Err(list.error(format!(
+                                "{group:?} already has fallbacks in an earlier entry: give \
+                                     them in one list"
+                            )));
+                        }
+                        s.fallbacks.push((group.to_owned(), targets));
+                    }
+                }
+            }
+            _ => {}
+        }
+        Ok(())
     }
 
     /// The groups to try after `group`'s own attempts.

@@ -1020,3 +1020,42 @@ fn router_settings_give_every_deployment_its_pool_bounds() {
         assert!(e.starts_with(at) && e.contains(says), "{yaml}: {e}");
     }
 }
+
+/// LiteLLM's reliability settings in `litellm_settings` (as its own docs write them) are read
+/// where `router_settings` does not set them, and `router_settings` wins where both do. Before,
+/// they were named as not supported and the request was neither retried nor fallen back.
+#[test]
+fn reliability_settings_are_read_from_litellm_settings_too() {
+    let list = "model_list:\n  - {model_name: a, litellm_params: {model: openai/a}}\n  \
+                - {model_name: b, litellm_params: {model: openai/b}}\n";
+    let c = GatewayConfig::from_yaml_str(&format!(
+        "{list}litellm_settings: {{num_retries: 3, fallbacks: [{{a: [b]}}], allowed_fails: 5, \
+         cooldown_time: 30}}\n"
+    ))
+    .unwrap();
+    assert_eq!(c.router.num_retries, 3);
+    assert_eq!(c.router.fallbacks_of("a"), ["b".to_owned()]);
+    assert_eq!(c.router.allowed_fails, 5);
+    assert_eq!(c.router.cooldown, Duration::from_secs(30));
+    assert_eq!(c.unsupported_warning(), None, "nothing named as not read");
+
+    let c = GatewayConfig::from_yaml_str(&format!(
+        "{list}litellm_settings: {{num_retries: 3, fallbacks: [{{a: [b]}}]}}\n\
+         router_settings: {{num_retries: 1}}\n"
+    ))
+    .unwrap();
+    assert_eq!(c.router.num_retries, 1, "router_settings wins");
+    assert_eq!(c.router.fallbacks_of("a"), ["b".to_owned()]);
+
+    // Checked as under router_settings, with the path they were given at.
+    let e = GatewayConfig::from_yaml_str(&format!(
+        "{list}litellm_settings: {{fallbacks: [{{a: [nowhere]}}]}}\n"
+    ))
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("nowhere"), "{e}");
+    let e = GatewayConfig::from_yaml_str(&format!("{list}litellm_settings: {{num_retries: -1}}\n"))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("litellm_settings.num_retries"), "{e}");
+}

@@ -84,6 +84,12 @@ fn honoured(level: Level) -> &'static [&'static str] {
         Level::Litellm => &[
             "callbacks",
             "request_timeout",
+            // Read as `router_settings`' where that does not set them
+            // (`router::FROM_LITELLM_SETTINGS`).
+            "num_retries",
+            "fallbacks",
+            "allowed_fails",
+            "cooldown_time",
             "priority_reservation",
             "priority_reservation_settings",
             "require_auth_for_metrics_endpoint",
