@@ -373,6 +373,14 @@ fn corpus() -> Vec<(&'static str, String, Expect)> {
             ),
         ),
         (
+            "LiteLLM's earlier priority limiter, role-based access control",
+            with("litellm_settings:\n  callbacks: [\"dynamic_rate_limiter\"]\ngeneral_settings:\n  master_key: sk-1234\n  enforce_rbac: true\n"),
+            Expect::Refuse(
+                &["litellm_settings.callbacks[0] (dynamic_rate_limiter)", "general_settings.enforce_rbac"],
+                "dynamic_rate_limiter,enforce_rbac",
+            ),
+        ),
+        (
             "access groups and concurrency limits",
             "model_list:\n  - model_name: gpt-4o\n    litellm_params: {model: openai/gpt-4o, mock_response: hi, max_parallel_requests: 5}\n    model_info: {access_groups: [beta]}\ngeneral_settings:\n  global_max_parallel_requests: 100\n".into(),
             Expect::Refuse(

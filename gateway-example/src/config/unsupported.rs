@@ -200,6 +200,7 @@ fn refused(level: Level, key: &str) -> Option<&'static str> {
             | "enforced_params"
             | "service_account_settings",
         ) => ROUTES,
+        (Level::General, "enforce_rbac") => "role-based access control is not enforced",
         (Level::General, "pass_through_endpoints") => {
             "pass-through routes are not served, nor their auth applied"
         }
@@ -343,6 +344,12 @@ fn callbacks(list: &Node<'_>, found: &mut Vec<Unsupported>) -> Result<(), Config
         // which may refuse or change requests.
         let refused = if CHECKING_CALLBACKS.contains(&name.as_str()) {
             Some(GUARDRAILS)
+        } else if name == "dynamic_rate_limiter" {
+            // The earlier version of the limiter this gateway runs: an operator who listed it
+            // expects priorities enforced.
+            Some(
+                "LiteLLM's earlier priority limiter is not run: this gateway's is                  dynamic_rate_limiter_v3 (list that instead)",
+            )
         } else if name.contains('.') {
             Some("custom callback code (which may check, refuse or change requests) is not run")
         } else {
