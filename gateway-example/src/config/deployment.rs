@@ -44,6 +44,48 @@ fn provider_key_variable(provider: Option<&str>) -> Option<&'static str> {
     }
 }
 
+/// LiteLLM's providers that are OpenAI-compatible APIs (called at `{api_base}/chat/completions`
+/// and the like, as this gateway calls every provider but Anthropic and Azure).
+const OPENAI_COMPATIBLE: &[&str] = &[
+    "openai",
+    "text-completion-openai",
+    "custom_openai",
+    "hosted_vllm",
+    "litellm_proxy",
+    "lm_studio",
+    "llamafile",
+    "deepseek",
+    "groq",
+    "together_ai",
+    "fireworks_ai",
+    "mistral",
+    "perplexity",
+    "deepinfra",
+    "openrouter",
+    "xai",
+    "nvidia_nim",
+    "cerebras",
+    "anyscale",
+    "sambanova",
+    "github",
+];
+
+/// The warning for an upstream deployment of `provider` that LiteLLM calls in a format of its
+/// own (`ollama`, `gemini`, `bedrock`…), which this gateway calls as an OpenAI-compatible API
+/// at `api_base` (`None`: a provider it speaks, or one that is OpenAI-compatible).
+fn provider_warning(path: &str, provider: Option<&str>, api_base: &str) -> Option<String> {
+    let provider = provider?;
+    if matches!(provider, "anthropic" | "azure") || OPENAI_COMPATIBLE.contains(&provider) {
+        return None;
+    }
+    Some(format!(
+        "{path}: provider \"{provider}\" is called as an OpenAI-compatible API at \
+         {api_base}/chat/completions (and /embeddings, /completions, /responses), not in \
+         {provider}'s own format as LiteLLM calls it: point api_base at its OpenAI-compatible \
+         endpoint (Ollama's is http://HOST:11434/v1) and write the model as openai/NAME to say so"
+    ))
+}
+
 /// The keys of a deployment's pool bounds, in `litellm_params` or as `router_settings`'
 /// defaults for every deployment with an upstream.
 pub(super) const POOL_KEYS: [&str; 3] = [
@@ -150,6 +192,10 @@ pub(super) fn deployment(
             Some("azure") => Some(azure(&params, &upstream_model, api_key.is_some())?),
             _ => None,
         };
+        let base = crate::shared::redact::redact_url(&api_base);
+        if let Some(warning) = provider_warning(&model_node.path(), provider.as_deref(), &base) {
+            tracing::warn!("{warning}");
+        }
         Target::Upstream {
             api_base,
             api_key,
@@ -525,4 +571,33 @@ fn derived_id(position: usize, model_name: &str, model: &str, target: &Target) -
     };
     let digest = Sha256::digest(format!("{position}\n{model_name}\n{model}\n{base}").as_bytes());
     digest[..8].iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_provider_with_a_format_of_its_own_is_named() {
+        let warning = provider_warning(
+            "model_list[0].litellm_params.model",
+            Some("ollama"),
+            "http://h:11434",
+        )
+        .unwrap();
+        assert!(
+            warning.starts_with("model_list[0].litellm_params.model: provider \"ollama\" is called as an OpenAI-compatible API at http://h:11434/chat/completions"),
+            "{warning}"
+        );
+        for quiet in [
+            None,
+            Some("openai"),
+            Some("hosted_vllm"),
+            Some("anthropic"),
+            Some("azure"),
+        ] {
+            assert_eq!(provider_warning("p", quiet, "http://h"), None, "{quiet:?}");
+        }
+        assert!(provider_warning("p", Some("gemini"), "http://h").is_some());
+    }
 }

@@ -702,6 +702,13 @@ impl GatewayConfig {
                         path: format!("model_list[{i}].litellm_params.weight"),
                         key: "weight".into(),
                         refused: None,
+                        note: Some(format!(
+                            "read only by routing_strategy simple-shuffle, LiteLLM's default; \
+                             this config routes with {} (the gateway's default is {}): set \
+                             router_settings.routing_strategy: simple-shuffle to split by weight",
+                            router.strategy.name(),
+                            Strategy::default().name()
+                        )),
                     });
                 }
             }

@@ -739,6 +739,13 @@ model_list:
             && warning.contains("model_list[1].litellm_params.weight"),
         "{warning}"
     );
+    // It says why, and what would make it read.
+    assert!(
+        warning.contains("read only by routing_strategy simple-shuffle, LiteLLM's default")
+            && warning.contains("routes with headroom-least-busy")
+            && warning.contains("set router_settings.routing_strategy: simple-shuffle"),
+        "{warning}"
+    );
     let c =
         GatewayConfig::from_yaml_str(&yaml("router_settings: {routing_strategy: simple-shuffle}"))
             .unwrap();

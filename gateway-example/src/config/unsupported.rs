@@ -247,6 +247,8 @@ pub struct Unsupported {
     pub key: String,
     /// Why it is refused; `None` for one that is only warned about.
     pub refused: Option<&'static str>,
+    /// For one only warned about, what would make it read, shown after its path.
+    pub note: Option<String>,
 }
 
 impl Unsupported {
@@ -255,13 +257,17 @@ impl Unsupported {
         name == self.key || name == self.path
     }
 
-    /// `path`, with a callback's name.
+    /// `path`, with a callback's name, and its note.
     fn shown(&self) -> String {
-        if self.path.ends_with(']') {
+        let mut shown = if self.path.ends_with(']') {
             format!("{} ({})", self.path, self.key)
         } else {
             self.path.clone()
+        };
+        if let Some(note) = &self.note {
+            shown.push_str(&format!(" ({note})"));
         }
+        shown
     }
 }
 
@@ -283,6 +289,7 @@ fn walk(node: &Node<'_>, level: Level, found: &mut Vec<Unsupported>) -> Result<(
                 path: value.path(),
                 key: key.to_owned(),
                 refused: refused(level, key),
+                note: None,
             });
             continue;
         }
@@ -359,6 +366,7 @@ fn callbacks(list: &Node<'_>, found: &mut Vec<Unsupported>) -> Result<(), Config
             path: item.path(),
             key: name.clone(),
             refused,
+            note: None,
         });
     }
     Ok(())
