@@ -361,6 +361,81 @@ async fn client_errors_do_not_cool_a_deployment_down() {
     assert_eq!(call(&gw).await.status, 200);
 }
 
+/// A 404 whose error names a parameter of the request (`previous_response_id` not found) is the
+/// client's mistake: however many come, no deployment cools down (before, each cooled the
+/// deployment that answered it, and took the group's capacity with it). A 404 that names none
+/// (the model not found) still cools its deployment at once.
+#[tokio::test]
+async fn a_404_that_names_the_request_does_not_cool_a_deployment_down() {
+    let (_up, base) = integration_tests::upstream::Upstream::start().await;
+    let yaml = format!(
+        "model_list:\n\
+         \x20 - {{model_name: g, litellm_params: {{model: openai/m, api_base: \"{base}\"}}, model_info: {{id: d0}}}}\n\
+         \x20 - {{model_name: g, litellm_params: {{model: openai/m, api_base: \"{base}\"}}, model_info: {{id: d1}}}}\n\
+         \x20 - {{model_name: lost, litellm_params: {{model: openai/missing, api_base: \"{base}\"}}, model_info: {{id: d2}}}}\n\
+         router_settings:\n  allowed_fails: 0\n  cooldown_time: 60\n\
+         general_settings:\n  master_key: {MASTER}\n"
+    );
+    let gw = Gw::start(&yaml, None).await;
+    for _ in 0..4 {
+        let r = gw
+            .post(
+                "/v1/responses",
+                Some(MASTER),
+                serde_json::json!({"model": "g", "input": "hi", "previous_response_id": "resp_typo"}),
+            )
+            .await;
+        assert_eq!(r.status, 404, "{}", r.text());
+        assert_eq!(r.json()["error"]["param"], "previous_response_id");
+    }
+    let router = gw.gateway.router();
+    assert!(
+        !router.is_parked(0) && !router.is_parked(1),
+        "nothing cooled"
+    );
+    assert_eq!(call(&gw).await.status, 200);
+    let r = gw.chat(MASTER, "lost", false).await;
+    assert_eq!(r.status, 404, "{}", r.text());
+    assert!(
+        router.is_parked(2),
+        "a model not found cools its deployment"
+    );
+}
+
+/// A group whose healthy deployments are full while the others cool down after failures says
+/// both in its 429 (before, it said every deployment was at its rate limit).
+#[tokio::test]
+async fn a_429_says_which_deployments_are_cooling_down() {
+    let failing = mock(MockUpstreamConfig {
+        failure_rate: 1.0,
+        ..Default::default()
+    });
+    let good = healthy();
+    let gw = gateway(
+        &[&failing, &good],
+        &["", ", rpm: 1"],
+        "  allowed_fails: 0\n  max_retry_wait: 0\n  cooldown_time: 60",
+    )
+    .await;
+    let mut replies = Vec::new();
+    for _ in 0..4 {
+        replies.push(call(&gw).await);
+    }
+    let refused = replies.iter().find(|r| r.status == 429).unwrap_or_else(|| {
+        panic!(
+            "no 429: {:?}",
+            replies.iter().map(|r| r.status).collect::<Vec<_>>()
+        )
+    });
+    assert!(
+        refused.text().contains(
+            "every deployment is at its rate limit or cooling down after failures (1 cooling down)"
+        ),
+        "{}",
+        refused.text()
+    );
+}
+
 /// A cooldown never takes the whole group out: with every deployment cooling down after errors,
 /// they are tried again (and serve once they recover) instead of the group answering 429.
 #[tokio::test]

@@ -9,7 +9,9 @@
 //! `bad-request` answers 400 with a whole OpenAI error (`param`, `code`); `litellm` answers as
 //! LiteLLM does: embeddings' usage `{"prompt_tokens": 10, "total_tokens": 0}`, and a stream's
 //! usage chunk with `choices: [{"index": 0, "delta": {}}]`;
-//! anything else answers normally (30 tokens; embeddings 10), streaming when asked.
+//! anything else answers normally (30 tokens; embeddings 10), streaming when asked. A body with
+//! `"previous_response_id": "resp_typo"` gets OpenAI's 404 for a response id that does not exist
+//! (`param: previous_response_id`), whatever its model.
 //!
 //! It serves every endpoint at `/v1/<endpoint>` (chat completions, embeddings, completions,
 //! responses, and Anthropic's messages), each in its own format; chat streams its [`PIECES`],
@@ -84,6 +86,14 @@ async fn chat(
     let model = v["model"].as_str().unwrap_or_default().to_owned();
     let stream = v["stream"].as_bool() == Some(true);
     let include_usage = v["stream_options"]["include_usage"].as_bool() == Some(true);
+    if v["previous_response_id"] == "resp_typo" {
+        // OpenAI's answer for a response id that does not exist: the request's fault.
+        return Response::builder()
+            .status(StatusCode::NOT_FOUND)
+            .header("content-type", "application/json")
+            .body(Body::from(json!({"error": {"message": "Previous response with id 'resp_typo' not found.", "type": "invalid_request_error", "param": "previous_response_id", "code": "previous_response_not_found"}}).to_string()))
+            .unwrap();
+    }
     match model.as_str() {
         "slow" => tokio::time::sleep(Duration::from_secs(2)).await,
         "gated" => loop {

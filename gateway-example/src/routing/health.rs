@@ -53,6 +53,9 @@ impl Router {
     pub fn record_failure(&self, index: usize, failure: &UpstreamFailure, group_size: usize) {
         let now = self.clock.now_ms();
         match failure.status.map(|s| s.as_u16()) {
+            // A 404 that names a parameter of the request (a response id that does not exist)
+            // is the client's, as below.
+            Some(404) if failure.blames_the_request() => {}
             // The deployment itself is misconfigured (bad key, unknown model): out at once.
             Some(401) | Some(404) => self.cool_down(index, now),
             Some(429) => match failure.retry_after {

@@ -115,6 +115,9 @@ pub struct Chosen {
 pub struct Unavailable {
     /// When the first one will have room again.
     pub retry_after: Duration,
+    /// Deployments left out because they are cooling down after failures (the others were
+    /// full or parked).
+    pub cooling_down: usize,
 }
 
 /// The per-deployment limiter's config: one model per deployment id, with its `rpm`/`tpm`, and
@@ -341,8 +344,10 @@ impl Router {
         }
         // Errors never take the whole group out: with nothing else left, the ones cooling down
         // are tried (a failing group still answers its clients with the upstream's own errors).
+        let mut left_out = cooling_down.len();
         if candidates.is_empty() {
             candidates = cooling_down;
+            left_out = 0;
         }
         let cursor = group.cursor.fetch_add(1, Ordering::Relaxed);
         while !candidates.is_empty() {
@@ -404,6 +409,7 @@ impl Router {
         let retry_after_ms = earliest.map_or(1_000, |e| e.saturating_sub(now));
         Err(Unavailable {
             retry_after: Duration::from_millis(retry_after_ms.max(1)),
+            cooling_down: left_out,
         })
     }
 

@@ -427,7 +427,13 @@ fn refund_unless(called: bool, lease: Option<(Lease, Admitted)>) {
 /// The 429 when no deployment of the group has room (or all are cooling down).
 fn unavailable_response(group: &str, u: Unavailable) -> Response {
     let secs = u.retry_after.as_secs_f64().ceil().max(1.0) as u64;
-    let why = "every deployment is at its rate limit";
+    let why = match u.cooling_down {
+        0 => "every deployment is at its rate limit".to_owned(),
+        n => format!(
+            "every deployment is at its rate limit or cooling down after failures ({n} cooling \
+             down)"
+        ),
+    };
     let mut response = ApiError::new(
         StatusCode::TOO_MANY_REQUESTS,
         "rate_limit_error",

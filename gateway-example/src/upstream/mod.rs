@@ -84,6 +84,21 @@ impl UpstreamFailure {
     }
 }
 
+impl UpstreamFailure {
+    /// Whether the upstream's error names a parameter of the request (OpenAI's `param`): the
+    /// client's own request is at fault (a `previous_response_id` that does not exist, say),
+    /// not the deployment, even on a 404.
+    pub fn blames_the_request(&self) -> bool {
+        self.error.passed_on.as_ref().is_some_and(|body| {
+            serde_json::from_slice::<serde_json::Value>(body).is_ok_and(|v| {
+                v["error"]["param"]
+                    .as_str()
+                    .is_some_and(|param| !param.is_empty())
+            })
+        })
+    }
+}
+
 /// `retry-after` in seconds (the HTTP-date form is not used by LLM APIs and is ignored).
 pub fn retry_after(headers: &http::HeaderMap) -> Option<Duration> {
     let secs: f64 = headers
