@@ -169,6 +169,10 @@ fn router(gw: Arc<Gateway>, track: Option<api::metrics::TrackLayer>) -> Router {
         .route("/v1/models", get(api::models::list))
         .route("/models/{*id}", get(api::models::retrieve))
         .route("/v1/models/{*id}", get(api::models::retrieve))
+        .route("/model/info", get(api::models::info))
+        .route("/v1/model/info", get(api::models::info))
+        .route("/model_group/info", get(api::models::group_info))
+        .route("/v1/model_group/info", get(api::models::group_info))
         .route("/messages/count_tokens", post(api::count_tokens::count))
         .route("/v1/messages/count_tokens", post(api::count_tokens::count))
         .route_layer(
@@ -185,6 +189,7 @@ fn router(gw: Arc<Gateway>, track: Option<api::metrics::TrackLayer>) -> Router {
         .route("/key/block", post(api::keys::block))
         .route("/key/unblock", post(api::keys::unblock))
         .route("/key/regenerate", post(api::keys::regenerate))
+        .route("/key/{key}/regenerate", post(api::keys::regenerate_path))
         .route("/key/list", get(api::keys::list))
         .route("/team/new", post(api::keys::new_team))
         .route("/team/info", get(api::keys::team_info))
@@ -204,6 +209,8 @@ fn router(gw: Arc<Gateway>, track: Option<api::metrics::TrackLayer>) -> Router {
 
     let open = Router::new()
         .route("/health/liveliness", get(api::health::liveliness))
+        .route("/health/liveness", get(api::health::liveliness))
+        .route("/health", get(api::health::not_served))
         .route("/health/readiness", get(api::health::readiness))
         // The dashboard's page holds no data (see `api::ui`): its state is behind the master key.
         .route("/ui", get(api::ui::page))

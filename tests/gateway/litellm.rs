@@ -507,3 +507,118 @@ fn ignore_unsupported_names_keys_or_paths() {
         config.unsupported_warning()
     );
 }
+
+/// LiteLLM's other read endpoints that its clients and dashboards call: `/model/info` (the
+/// deployments, without keys), `/model_group/info` (the groups), each only what the caller may
+/// use; `/health/liveness` (LiteLLM's second spelling); `/health` says where health is instead
+/// of a bare 404; `POST /key/{key}/regenerate`, the path form. Each was a 404 before.
+#[tokio::test]
+async fn litellm_model_info_health_and_path_regenerate() {
+    use serde_json::json;
+    let gw = Gw::start(
+        &with_master(
+            "model_list:\n\
+             \x20 - model_name: gpt-4o\n\
+             \x20   litellm_params: {model: openai/gpt-4o, api_base: \"http://u:pw@127.0.0.1:9/v1\", api_key: sk-upstream-secret-0123, rpm: 6, input_cost_per_token: 0.000002}\n\
+             \x20 - model_name: gpt-4o\n\
+             \x20   litellm_params: {model: openai/gpt-4o-mini, api_base: \"http://127.0.0.1:9/v1\", rpm: 4}\n\
+             \x20 - model_name: cheap\n\
+             \x20   litellm_params: {model: openai/cheap, mock_response: hi}\n",
+        ),
+        None,
+    )
+    .await;
+    let info = gw.get("/model/info", Some(MASTER)).await;
+    assert_eq!(info.status, 200, "{}", info.text());
+    assert!(
+        !info.text().contains("secret") && !info.text().contains("pw@"),
+        "{}",
+        info.text()
+    );
+    let data = info.json()["data"].as_array().unwrap().clone();
+    assert_eq!(data.len(), 3);
+    assert_eq!(data[0]["model_name"], "gpt-4o");
+    assert_eq!(data[0]["litellm_params"]["rpm"], 6);
+    assert_eq!(data[0]["model_info"]["litellm_provider"], "openai");
+    assert_eq!(data[0]["model_info"]["input_cost_per_token"], 0.000002);
+    assert_eq!(data[2]["model_info"]["litellm_provider"], "mock");
+    let id = data[1]["model_info"]["id"].as_str().unwrap().to_owned();
+    let one = gw
+        .get(
+            &format!("/v1/model/info?litellm_model_id={id}"),
+            Some(MASTER),
+        )
+        .await;
+    assert_eq!(
+        one.json()["data"].as_array().unwrap().len(),
+        1,
+        "{}",
+        one.text()
+    );
+    assert_eq!(
+        one.json()["data"][0]["litellm_params"]["model"],
+        "gpt-4o-mini"
+    );
+    let bad = gw.get("/model/info?page=2", Some(MASTER)).await;
+    assert_eq!(bad.status, 400, "{}", bad.text());
+    assert!(bad.text().contains("'page'"), "{}", bad.text());
+
+    let groups = gw.get("/model_group/info", Some(MASTER)).await;
+    assert_eq!(groups.status, 200, "{}", groups.text());
+    let groups = groups.json()["data"].as_array().unwrap().clone();
+    assert_eq!(groups.len(), 2);
+    assert_eq!(groups[0]["model_group"], "gpt-4o");
+    assert_eq!(groups[0]["rpm"], 10, "6 + 4");
+    assert_eq!(groups[0]["providers"], json!(["openai"]));
+    assert_eq!(groups[1]["rpm"], Value::Null, "a deployment without rpm");
+
+    // A key held to `cheap` sees only it.
+    let key = gw.new_key(json!({"models": ["cheap"]})).await;
+    let mine = gw.get("/model/info", Some(&key)).await;
+    let names: Vec<Value> = mine.json()["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["model_name"].clone())
+        .collect();
+    assert_eq!(names, [json!("cheap")]);
+    let mine = gw
+        .get("/model_group/info?model_group=gpt-4o", Some(&key))
+        .await;
+    assert_eq!(mine.json()["data"], json!([]));
+    assert_eq!(gw.get("/model/info", None).await.status, 401);
+
+    let alive = gw.get("/health/liveness", None).await;
+    assert_eq!(alive.status, 200);
+    assert_eq!(alive.json(), json!("I'm alive!"));
+    let health = gw.get("/health", None).await;
+    assert_eq!(health.status, 404);
+    assert!(
+        health.text().contains("/health/readiness"),
+        "{}",
+        health.text()
+    );
+
+    // The path form of /key/regenerate: the old value stops, the new one works.
+    let regenerated = gw
+        .post(&format!("/key/{key}/regenerate"), Some(MASTER), json!({}))
+        .await;
+    assert_eq!(regenerated.status, 200, "{}", regenerated.text());
+    let new = regenerated.json()["key"].as_str().unwrap().to_owned();
+    assert_ne!(new, key);
+    assert_eq!(gw.chat(&key, "cheap", false).await.status, 401);
+    assert_eq!(gw.chat(&new, "cheap", false).await.status, 200);
+    let refused = gw
+        .post(
+            &format!("/key/{new}/regenerate"),
+            Some(MASTER),
+            json!({"max_budget": 5}),
+        )
+        .await;
+    assert_eq!(refused.status, 400, "{}", refused.text());
+    assert!(refused.text().contains("max_budget"), "{}", refused.text());
+    let unknown = gw
+        .post("/key/sk-nobody/regenerate", Some(MASTER), json!({}))
+        .await;
+    assert_eq!(unknown.status, 404, "{}", unknown.text());
+}

@@ -1,4 +1,6 @@
-//! `GET /health/liveliness` and `/health/readiness` (no auth).
+//! `GET /health/liveliness` (and LiteLLM's other spelling, `/health/liveness`) and
+//! `/health/readiness` (no auth); `GET /health`, LiteLLM's check that calls every model, is
+//! answered with where to look instead.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,6 +15,18 @@ use crate::store::GatewayStore;
 /// The process is up.
 pub async fn liveliness() -> Json<&'static str> {
     Json("I'm alive!")
+}
+
+/// `GET /health`: LiteLLM's calls every deployment (tokens spent on each probe); this gateway
+/// does not, and says where its health is instead of a bare 404.
+pub async fn not_served() -> crate::error::ApiError {
+    crate::error::ApiError::new(
+        http::StatusCode::NOT_FOUND,
+        "not_found_error",
+        "GET /health (a call to every model) is not served: /health/readiness says whether this \
+         gateway can serve, and /metrics' gateway_deployment_cooldown which deployments are \
+         failing.",
+    )
 }
 
 /// How long readiness waits for the key store's Redis or Postgres to answer.

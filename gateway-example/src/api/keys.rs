@@ -1256,9 +1256,33 @@ pub async fn regenerate(
 ) -> Result<Json<Value>, ApiError> {
     only_honoured(&body, "/key/regenerate", &[&["key"]])?;
     let key = named_key(&body)?;
+    regenerate_key(&gw, &key).await
+}
+
+/// `POST /key/{key}/regenerate`: LiteLLM's path form of [`regenerate`]. A body, if any, may only
+/// repeat the key (LiteLLM's other fields, changes made with the new value, are refused by name).
+pub async fn regenerate_path(
+    State(gw): State<Arc<Gateway>>,
+    axum::extract::Path(key): axum::extract::Path<String>,
+    request: Request,
+) -> Result<Json<Value>, ApiError> {
+    let (_, bytes) = read_bounded(&gw, request).await?;
+    if !bytes.iter().all(u8::is_ascii_whitespace) {
+        let body = json_object(&bytes)?;
+        only_honoured(&body, "/key/{key}/regenerate", &[&["key"]])?;
+        if opt_string(&body, "key")?.is_some_and(|named| named != key) {
+            return Err(
+                ApiError::bad_request("'key' in the body is not the key in the path.").param("key"),
+            );
+        }
+    }
+    regenerate_key(&gw, &key).await
+}
+
+async fn regenerate_key(gw: &Gateway, key: &str) -> Result<Json<Value>, ApiError> {
     let (new, record) = gw
         .keys()
-        .regenerate_key(&key)
+        .regenerate_key(key)
         .await
         .map_err(store_error)?
         .ok_or_else(|| ApiError::new(StatusCode::NOT_FOUND, "not_found_error", "Key not found."))?;
