@@ -50,7 +50,13 @@ async fn chat(
         .unwrap();
     let response = client.request(request).await.ok()?;
     let status = response.status().as_u16();
-    let _ = response.into_body().collect().await;
+    let body = response.into_body().collect().await;
+    // A server error is never expected: its body says why (a rare 503 under contention was
+    // seen once without it).
+    if status >= 500 {
+        let body = body.map(|b| b.to_bytes()).unwrap_or_default();
+        eprintln!("{addr}: {status} {}", String::from_utf8_lossy(&body));
+    }
     Some(status)
 }
 
