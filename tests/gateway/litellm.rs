@@ -392,7 +392,6 @@ fn corpus() -> Vec<(&'static str, String, Expect)> {
             "logging callbacks, caching, environment variables, alerting",
             with("environment_variables:\n  LANGFUSE_PUBLIC_KEY: pk\nlitellm_settings:\n  callbacks: [\"langfuse\", \"dynamic_rate_limiter_v3\"]\n  success_callback: [\"langfuse\"]\n  failure_callback: [\"sentry\"]\n  cache: true\n  cache_params: {type: redis}\n  drop_params: true\n  set_verbose: false\ngeneral_settings:\n  alerting: [\"slack\"]\n"),
             Expect::Warn(&[
-                "environment_variables",
                 "litellm_settings.callbacks[0] (langfuse)",
                 "litellm_settings.success_callback",
                 "litellm_settings.failure_callback",

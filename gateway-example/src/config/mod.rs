@@ -65,6 +65,7 @@ use self::redis::redis_settings;
 pub use self::router::{RouterSettings, Strategy};
 
 mod deployment;
+mod environment;
 mod redis;
 pub mod router;
 #[cfg(test)]
@@ -465,7 +466,11 @@ impl GatewayConfig {
         env: impl Fn(&str) -> Option<String>,
         ignore: &[String],
     ) -> Result<Self, ConfigError> {
-        let doc = tower_priority_limit::config::yaml_document(yaml)?;
+        let mut doc = tower_priority_limit::config::yaml_document(yaml)?;
+        // LiteLLM's `environment_variables`: what the process environment does not set.
+        let vars = environment::read(&doc)?;
+        environment::substitute(&mut doc, &vars, &env);
+        let env = |name: &str| env(name).or_else(|| vars.get(name).cloned());
         let limiter = LimiterConfig::from_value(&doc)?;
         let root = Node::root(&doc);
 

@@ -1066,3 +1066,36 @@ fn reliability_settings_are_read_from_litellm_settings_too() {
         .to_string();
     assert!(e.contains("litellm_settings.num_retries"), "{e}");
 }
+
+/// LiteLLM's `environment_variables` give the names the config reads where the process
+/// environment does not: an `os.environ/` reference anywhere (the limiter's `rpm` too) and the
+/// provider key read when a deployment gives none. The process environment wins. Before, the
+/// block was named as not supported and such a config did not start.
+#[test]
+fn environment_variables_fill_in_what_the_environment_does_not_set() {
+    let yaml = "environment_variables:\n  GW_TEST_ENVBLOCK_KEY: sk-from-the-file\n  \
+                GW_TEST_ENVBLOCK_RPM: 7\n  OPENAI_API_KEY: sk-openai-from-the-file\n\
+                model_list:\n  - model_name: a\n    litellm_params: {model: openai/a, api_base: \
+                \"http://127.0.0.1:9/v1\", api_key: os.environ/GW_TEST_ENVBLOCK_KEY, rpm: \
+                os.environ/GW_TEST_ENVBLOCK_RPM}\n  - model_name: b\n    litellm_params: \
+                {model: openai/b, api_base: \"http://127.0.0.1:9/v1\"}\n";
+    let key = |c: &GatewayConfig, i: usize| match &c.deployments[i].target {
+        Target::Upstream { api_key, .. } => api_key.clone(),
+        Target::Mock { .. } => None,
+    };
+    let c = GatewayConfig::from_yaml_str_with_env(yaml, |_| None).unwrap();
+    assert_eq!(key(&c, 0).as_deref(), Some("sk-from-the-file"));
+    assert_eq!(c.deployments[0].rpm, Some(7));
+    assert_eq!(key(&c, 1).as_deref(), Some("sk-openai-from-the-file"));
+    assert_eq!(c.unsupported_warning(), None);
+    // The process environment wins (here, the one the config is read with).
+    let c = GatewayConfig::from_yaml_str_with_env(yaml, |name| {
+        (name == "OPENAI_API_KEY").then(|| "sk-openai-from-the-process".to_owned())
+    })
+    .unwrap();
+    assert_eq!(key(&c, 1).as_deref(), Some("sk-openai-from-the-process"));
+    let e = GatewayConfig::from_yaml_str("environment_variables: {X: [1]}\n")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("environment_variables.X"), "{e}");
+}

@@ -45,6 +45,8 @@ fn honoured(level: Level) -> &'static [&'static str] {
             "litellm_settings",
             "general_settings",
             "router_settings",
+            // Values for the environment names the config reads (`environment.rs`).
+            "environment_variables",
         ],
         Level::Entry => &["model_name", "litellm_params", "model_info", "rpm", "tpm"],
         Level::Params => &[
