@@ -285,6 +285,32 @@ fn in_block(address: IpAddr, block: IpAddr, bits: u8) -> bool {
     shift >= width || a >> shift == b >> shift
 }
 
+/// A proxy variable as read: `None` unset, else the proxy or why it cannot be used.
+type ReadProxy = Option<Result<Arc<Proxy>, ProxyError>>;
+
+/// The environment's `HTTP_PROXY`, `HTTPS_PROXY` (each else `ALL_PROXY`) and `NO_PROXY` as
+/// `var` gives them, each parsed apart.
+fn read_vars(
+    var: impl Fn(&str) -> Option<String>,
+) -> (ReadProxy, ReadProxy, Result<NoProxy, ProxyError>) {
+    // Lower case first (as curl and Python's urllib read them); an empty value is unset.
+    let read = |name: &str| -> Option<(String, String)> {
+        [name.to_ascii_lowercase(), name.to_owned()]
+            .into_iter()
+            .find_map(|n| var(&n).filter(|v| !v.trim().is_empty()).map(|v| (n, v)))
+    };
+    let proxy = |name: &str| -> ReadProxy {
+        read(name)
+            .or_else(|| read("ALL_PROXY"))
+            .map(|(source, url)| Proxy::parse(&url, &source).map(Arc::new))
+    };
+    let no_proxy = match read("NO_PROXY") {
+        Some((source, list)) => NoProxy::parse(&list, &source),
+        None => Ok(NoProxy::default()),
+    };
+    (proxy("HTTP_PROXY"), proxy("HTTPS_PROXY"), no_proxy)
+}
+
 /// Which proxy, if any, each URL goes through: one for `http`, one for `https`, and the hosts
 /// that bypass both.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -308,27 +334,50 @@ impl Proxies {
     /// From variables as `var` gives them (`var("https_proxy")` and the like; see the module's
     /// doc for which are read and in what order).
     pub fn from_vars(var: impl Fn(&str) -> Option<String>) -> Result<Self, ProxyError> {
-        // Lower case first (as curl and Python's urllib read them); an empty value is unset.
-        let read = |name: &str| -> Option<(String, String)> {
-            [name.to_ascii_lowercase(), name.to_owned()]
-                .into_iter()
-                .find_map(|n| var(&n).filter(|v| !v.trim().is_empty()).map(|v| (n, v)))
-        };
-        let proxy = |name: &str| -> Result<Option<Arc<Proxy>>, ProxyError> {
-            match read(name).or_else(|| read("ALL_PROXY")) {
-                Some((source, url)) => Ok(Some(Arc::new(Proxy::parse(&url, &source)?))),
-                None => Ok(None),
-            }
-        };
-        let no_proxy = match read("NO_PROXY") {
-            Some((source, list)) => NoProxy::parse(&list, &source)?,
-            None => NoProxy::default(),
-        };
+        let (http, https, no_proxy) = read_vars(var);
         Ok(Self {
-            http: proxy("HTTP_PROXY")?,
-            https: proxy("HTTPS_PROXY")?,
-            no_proxy,
+            http: http.transpose()?,
+            https: https.transpose()?,
+            no_proxy: no_proxy?,
         })
+    }
+
+    /// As [`from_vars`](Self::from_vars), but a variable that cannot be used spoils only the
+    /// requests that would take it: the proxies that can be used, and for each scheme
+    /// (`[http, https]`) the error its requests fail with unless `NO_PROXY` lets them go
+    /// directly ([`bypasses`](Self::bypasses)). An unusable `NO_PROXY` decides no host: it is
+    /// the error of every scheme that has a proxy, and none is bypassed.
+    pub fn from_vars_each(var: impl Fn(&str) -> Option<String>) -> (Self, [Option<ProxyError>; 2]) {
+        let (http, https, no_proxy) = read_vars(var);
+        let (no_proxy, bypass_error) = match no_proxy {
+            Ok(list) => (list, None),
+            Err(e) => (NoProxy::default(), Some(e)),
+        };
+        let mut errors = [None, None];
+        let usable = |read: ReadProxy, error: &mut Option<_>| match read {
+            Some(Ok(proxy)) if bypass_error.is_none() => Some(proxy),
+            Some(Ok(_)) => {
+                *error = bypass_error.clone();
+                None
+            }
+            Some(Err(e)) => {
+                *error = Some(e);
+                None
+            }
+            None => None,
+        };
+        let [http_error, https_error] = &mut errors;
+        let proxies = Self {
+            http: usable(http, http_error),
+            https: usable(https, https_error),
+            no_proxy,
+        };
+        (proxies, errors)
+    }
+
+    /// Whether `NO_PROXY` sends a request to `host:port` directly.
+    pub fn bypasses(&self, host: &str, port: u16) -> bool {
+        self.no_proxy.matches(host, port)
     }
 
     /// The proxy a request to `scheme://host:port` goes through, if any.
@@ -432,6 +481,41 @@ mod tests {
             let e = NoProxy::parse(bad, "NO_PROXY").unwrap_err();
             assert!(e.to_string().contains(&format!("`{bad}`")), "{e}");
         }
+    }
+
+    /// Read each apart, an unusable variable spoils only its own scheme's proxied requests, and
+    /// an unusable `NO_PROXY` every scheme that has a proxy.
+    #[test]
+    fn each_variable_read_apart_spoils_only_its_scheme() {
+        let vars = |pairs: &'static [(&'static str, &'static str)]| {
+            move |name: &str| {
+                pairs
+                    .iter()
+                    .find(|(n, _)| *n == name)
+                    .map(|(_, v)| (*v).to_owned())
+            }
+        };
+        let (p, [http, https]) = Proxies::from_vars_each(vars(&[
+            ("HTTPS_PROXY", "https://p:443"),
+            ("HTTP_PROXY", "http://p:3128"),
+            ("NO_PROXY", "localhost"),
+        ]));
+        assert_eq!(http, None);
+        assert!(https
+            .unwrap()
+            .to_string()
+            .starts_with("HTTPS_PROXY is not a usable proxy"));
+        assert_eq!(
+            p.for_target(&Scheme::HTTP, "h", 80).unwrap().address(),
+            ("p", 3128)
+        );
+        assert!(p.for_target(&Scheme::HTTPS, "h", 443).is_none());
+        assert!(p.bypasses("localhost", 443) && !p.bypasses("h", 443));
+        let (p, [http, https]) =
+            Proxies::from_vars_each(vars(&[("HTTP_PROXY", "http://p:1"), ("NO_PROXY", "x/8")]));
+        assert!(http.unwrap().to_string().contains("NO_PROXY"));
+        assert_eq!(https, None, "no proxy for https: nothing to decide");
+        assert_eq!(p, Proxies::none());
     }
 
     #[test]

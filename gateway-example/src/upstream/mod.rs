@@ -125,9 +125,30 @@ pub struct Upstream {
     secrets: Secrets,
     /// Ends the bodies still streaming when the shutdown grace period is over.
     streams_end: StreamsEnd,
-    /// Why the environment's proxy variables cannot be used, if they cannot: the requests of
-    /// deployments that take them fail with it (never sent around the proxy).
-    proxy_error: Option<Arc<str>>,
+    /// The environment's proxy variables that cannot be used, if any: the requests that would
+    /// take one fail with why (never sent around the proxy); the others go as the usable ones
+    /// and `NO_PROXY` say.
+    proxy_trouble: Option<Arc<ProxyTrouble>>,
+}
+
+/// The environment's proxies, when a variable of theirs cannot be used.
+#[derive(Debug)]
+struct ProxyTrouble {
+    /// The usable part, whose `NO_PROXY` says which hosts are reached directly.
+    proxies: Proxies,
+    /// Why `http` and `https` requests (in that order) that take their proxy fail, if they do.
+    errors: [Option<Arc<str>>; 2],
+}
+
+impl ProxyTrouble {
+    /// Why a request to `url` fails, if it would take an unusable proxy.
+    fn error_for(&self, url: &http::Uri) -> Option<&str> {
+        let https = url.scheme() == Some(&http::uri::Scheme::HTTPS);
+        let error = self.errors[usize::from(https)].as_deref()?;
+        let host = url.host().unwrap_or_default();
+        let port = url.port_u16().unwrap_or(if https { 443 } else { 80 });
+        (!self.proxies.bypasses(host, port)).then_some(error)
+    }
 }
 
 /// Every configured upstream key, longest first (so a key that contains another is hidden
@@ -213,7 +234,7 @@ impl Default for Upstream {
             secrets: Secrets::default(),
             // Never told to end; see `with_streams_end`.
             streams_end: streams_end().1,
-            proxy_error: None,
+            proxy_trouble: None,
         }
     }
 }
@@ -240,22 +261,26 @@ impl Upstream {
         keys.sort_by(|a, b| b.len().cmp(&a.len()).then_with(|| a.cmp(b)));
         keys.dedup();
         // The environment's forward proxies (HTTPS_PROXY, HTTP_PROXY, NO_PROXY), read once.
-        let (client, proxy_error) = match Proxies::from_env() {
-            Ok(proxies) => {
-                if proxies != Proxies::none() {
-                    // The proxies' passwords are hidden in their `Debug`.
-                    tracing::info!(?proxies, "upstreams are reached through forward proxies");
-                }
-                (Client::default().with_proxies(proxies), None)
-            }
-            Err(e) => {
-                tracing::error!(error = %e, "the proxy environment cannot be used");
-                (Client::default(), Some(e.to_string().into()))
-            }
-        };
+        let (proxies, errors) = Proxies::from_vars_each(|name| std::env::var(name).ok());
+        if proxies != Proxies::none() {
+            // The proxies' passwords are hidden in their `Debug`.
+            tracing::info!(?proxies, "upstreams are reached through forward proxies");
+        }
+        for e in errors.iter().flatten() {
+            tracing::error!(
+                error = %e,
+                "the proxy environment cannot be used: requests that would take it fail"
+            );
+        }
+        let proxy_trouble = errors.iter().any(Option::is_some).then(|| {
+            Arc::new(ProxyTrouble {
+                proxies: proxies.clone(),
+                errors: errors.map(|e| e.map(|e| e.to_string().into())),
+            })
+        });
         Self {
-            client,
-            proxy_error,
+            client: Client::default().with_proxies(proxies),
+            proxy_trouble,
             secrets: Secrets(keys.into()),
             prepared: deployments.iter().map(Prepared::new).collect(),
             ..Self::default()
@@ -320,7 +345,11 @@ impl Upstream {
             UpstreamFailure::without_response(ApiError::internal(format!("bad upstream URL {url}")))
         })?;
         let url = || redact_url(&route.url().to_string());
-        if let (Some(e), ProxySetting::FromEnvironment) = (&self.proxy_error, &deployment.proxy) {
+        let unusable = match (&self.proxy_trouble, &deployment.proxy) {
+            (Some(trouble), ProxySetting::FromEnvironment) => trouble.error_for(route.url()),
+            _ => None,
+        };
+        if let Some(e) = unusable {
             return Err(failure(
                 StatusCode::BAD_GATEWAY,
                 "api_connection_error",
@@ -671,9 +700,10 @@ async fn upstream_error(
 #[cfg(test)]
 mod tests {
     use super::body_edit::{is_json_string, top_level_members, upstream_body, upstream_bytes};
-    use super::{is_kept_header, retry_after, Upstream};
+    use super::{is_kept_header, retry_after, ProxyTrouble, Upstream};
     use crate::config::{Deployment, Target};
     use std::time::Duration;
+    use upstream_client::Proxies;
 
     /// An upstream's `retry-after` in seconds, fractions allowed; one too large for a duration
     /// is a day (a park is capped below that anyway), not ignored; nonsense is no answer.
@@ -886,6 +916,26 @@ mod tests {
         );
         assert_eq!(up.secrets.scrub("nothing".into()), "nothing");
         assert!(!format!("{up:?}").contains("sk-a"));
+    }
+
+    /// With `HTTPS_PROXY` unusable, an `https` request fails with why unless `NO_PROXY` sends it
+    /// directly; an `http` one never does.
+    #[test]
+    fn an_unusable_proxy_fails_only_the_requests_that_take_it() {
+        let (proxies, errors) = Proxies::from_vars_each(|name| match name {
+            "HTTPS_PROXY" => Some("https://p:443".into()),
+            "NO_PROXY" => Some(".internal".into()),
+            _ => None,
+        });
+        let trouble = ProxyTrouble {
+            proxies,
+            errors: errors.map(|e| e.map(|e| e.to_string().into())),
+        };
+        let error = |url: &str| trouble.error_for(&url.parse().unwrap()).map(str::to_owned);
+        assert!(error("https://api.openai.com/v1")
+            .is_some_and(|e| e.starts_with("HTTPS_PROXY is not a usable proxy")));
+        assert_eq!(error("https://llm.internal/v1"), None);
+        assert_eq!(error("http://api.openai.com/v1"), None);
     }
 
     /// A short key (a placeholder such as `x`) is hidden only where it stands alone, so error

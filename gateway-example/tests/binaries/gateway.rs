@@ -1054,3 +1054,74 @@ async fn a_client_that_reads_nothing_is_closed_and_frees_its_slot() {
         seen.len()
     );
 }
+
+/// An unusable `HTTPS_PROXY` (an `https://` proxy, which is not supported) fails only the
+/// requests that would take it: an `http` upstream, and an `https` one that `NO_PROXY` sends
+/// directly, are still served; an `https` one that would take it gets a 502 naming the
+/// variable. Before, every upstream failed with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unusable_proxy_variable_fails_only_the_requests_that_would_take_it() {
+    use axum::routing::post;
+    use http_body_util::BodyExt;
+    let upstream = axum::Router::new().route(
+        "/v1/chat/completions",
+        post(|| async { axum::Json(gateway_example::mock::chat_completion("x", "hi")) }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, upstream).await.unwrap() });
+    let dir = config_dir(
+        "proxy-each",
+        &format!(
+            "model_list:\n\
+             \x20 - {{model_name: plain, litellm_params: {{model: openai/x, api_base: \"http://{addr}/v1\"}}}}\n\
+             \x20 - {{model_name: tls, litellm_params: {{model: openai/x, api_base: \"https://tls.invalid/v1\"}}}}\n\
+             general_settings: {{master_key: sk-test}}\n"
+        ),
+    );
+    let port = free_port();
+    let mut command = Command::new(BIN);
+    command
+        .args(gateway_args(&dir, &["--port", &port.to_string()]))
+        .env("HTTPS_PROXY", "https://127.0.0.1:1")
+        .env_remove("https_proxy")
+        .env_remove("HTTP_PROXY")
+        .env_remove("http_proxy")
+        .env_remove("ALL_PROXY")
+        .env_remove("all_proxy")
+        .env_remove("NO_PROXY")
+        .env_remove("no_proxy");
+    let (child, _log) = start(command).expect("starts").collect_log();
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http::<http_body_util::Full<bytes::Bytes>>();
+    let chat = |model: &str| {
+        let request = http::Request::post(format!("http://127.0.0.1:{port}/v1/chat/completions"))
+            .header("authorization", "Bearer sk-test")
+            .body(http_body_util::Full::new(bytes::Bytes::from(format!(
+                r#"{{"model":"{model}","messages":[{{"role":"user","content":"hi"}}]}}"#
+            ))))
+            .unwrap();
+        let client = client.clone();
+        async move {
+            let response = client.request(request).await.unwrap();
+            let status = response.status();
+            let body = response.into_body().collect().await.unwrap().to_bytes();
+            (status, String::from_utf8_lossy(&body).into_owned())
+        }
+    };
+    let plain = chat("plain").await;
+    let tls = chat("tls").await;
+    stop(child);
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert_eq!(
+        plain.0, 200,
+        "an http upstream takes no HTTPS_PROXY: {}",
+        plain.1
+    );
+    assert_eq!(tls.0, 502, "{}", tls.1);
+    assert!(
+        tls.1.contains("HTTPS_PROXY is not a usable proxy"),
+        "{}",
+        tls.1
+    );
+}
