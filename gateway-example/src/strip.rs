@@ -29,13 +29,21 @@ impl<B> StripUsage<B> {
     }
 }
 
-/// End of the first complete event in `buf` (after its blank line).
+/// End of the first complete event in `buf` (after its blank line). Lines end as SSE allows:
+/// `\r\n`, `\n` or `\r` alone (a `\r` last in `buf` may be the start of a `\r\n`: undecided).
 fn event_end(buf: &[u8]) -> Option<usize> {
-    let lf = memchr_find(buf, b"\n\n").map(|i| i + 2);
-    let crlf = memchr_find(buf, b"\r\n\r\n").map(|i| i + 4);
-    match (lf, crlf) {
-        (Some(a), Some(b)) => Some(a.min(b)),
-        (a, b) => a.or(b),
+    let mut line_start = 0;
+    loop {
+        let at = line_start + memchr::memchr2(b'\n', b'\r', &buf[line_start..])?;
+        let end = match (buf[at], buf.get(at + 1)) {
+            (b'\r', Some(b'\n')) => at + 2,
+            (b'\r', None) => return None,
+            _ => at + 1,
+        };
+        if at == line_start {
+            return Some(end);
+        }
+        line_start = end;
     }
 }
 
@@ -49,8 +57,7 @@ fn is_usage_only(event: &[u8]) -> bool {
         return false;
     }
     let data: Vec<&[u8]> = event
-        .split(|&b| b == b'\n')
-        .map(|l| l.strip_suffix(b"\r").unwrap_or(l))
+        .split(|&b| b == b'\n' || b == b'\r')
         .filter_map(|l| l.strip_prefix(b"data:"))
         .map(|d| d.strip_prefix(b" ").unwrap_or(d))
         .collect();
@@ -111,9 +118,20 @@ mod tests {
     use super::*;
     use http_body_util::{BodyExt, StreamBody};
 
+    /// With every line ending SSE allows (`\n`, `\r\n`, `\r` alone: the last leaked the chunk
+    /// before), split anywhere.
     #[tokio::test]
     async fn removes_only_the_usage_chunk_at_any_split() {
-        let events = crate::mock::chat_completion_stream("m", &["a", "b"], true);
+        for ending in ["\n", "\r\n", "\r"] {
+            let events: Vec<Bytes> = crate::mock::chat_completion_stream("m", &["a", "b"], true)
+                .iter()
+                .map(|e| Bytes::from(String::from_utf8_lossy(e).replace('\n', ending)))
+                .collect();
+            removes_the_usage_chunk(&events, ending).await;
+        }
+    }
+
+    async fn removes_the_usage_chunk(events: &[Bytes], ending: &str) {
         let whole: Vec<u8> = events.concat();
         let usage_event = &events[events.len() - 2];
         let expected: Vec<u8> = events
@@ -130,7 +148,7 @@ mod tests {
             ];
             let body = StripUsage::new(StreamBody::new(futures_util::stream::iter(chunks)));
             let got = body.collect().await.unwrap().to_bytes();
-            assert_eq!(got, expected, "split at {at}");
+            assert_eq!(got, expected, "{ending:?}, split at {at}");
         }
     }
 }
