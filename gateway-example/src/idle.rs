@@ -37,6 +37,9 @@ enum Ending {
     TooLong(Duration),
     /// The shutdown grace period is over.
     Shutdown,
+    /// The upstream's body failed (a reset, a broken chunk, a bad compressed stream): what
+    /// was wrong is logged, not sent.
+    BrokeOff,
 }
 
 pin_project! {
@@ -143,6 +146,11 @@ fn message(why: Ending, model: &str, idle: Duration) -> (u16, &'static str, Stri
             "service_unavailable",
             "The gateway is shutting down; the response was ended.".to_owned(),
         ),
+        Ending::BrokeOff => (
+            502,
+            "api_connection_error",
+            format!("Upstream for {model} broke off its response; the response was ended."),
+        ),
     }
 }
 
@@ -206,7 +214,19 @@ where
             }
             Poll::Ready(Some(Err(e))) => {
                 *this.ended = true;
-                return Poll::Ready(Some(Err(e.into())));
+                let e: BoxError = e.into();
+                tracing::warn!(model = %this.model, error = %e, "the upstream response broke off");
+                // A stream ends with its error event, as one ended for silence does; any other
+                // body with the error (the client sees a broken response, never a short one).
+                return Poll::Ready(Some(match *this.sse {
+                    Sse::None => Err(e),
+                    sse => Ok(Frame::data(error_event(
+                        Ending::BrokeOff,
+                        this.model,
+                        *this.idle,
+                        sse,
+                    ))),
+                }));
             }
             Poll::Ready(None) => {
                 *this.ended = true;
