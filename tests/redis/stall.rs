@@ -110,7 +110,8 @@ async fn settlements_resent_during_a_stall_are_applied_once() {
 /// and are decided on the local counters; the calls that reached Redis's socket meanwhile (one
 /// probe per 250 ms) run when it resumes. Before deadlines they were counted too (5 admissions
 /// answered by Redis, the counter read 12: seven probes counted twice, once locally, once in
-/// Redis); now the shared counter holds exactly the admissions Redis answered.
+/// Redis); now the shared counter holds exactly the admissions Redis answered, and the local
+/// ones it is told of once back (each once).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn admissions_abandoned_during_a_stall_are_not_counted_when_redis_resumes() {
     let Some(redis) = RedisServer::start("admissions_abandoned_during_a_stall_are_not_counted")
@@ -144,16 +145,24 @@ async fn admissions_abandoned_during_a_stall_are_not_counted_when_redis_resumes(
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     redis.resume();
+    // The store's keep-alive finds Redis back and tells it what was admitted locally.
+    let resumed = Instant::now();
+    while !limiter.store().is_healthy() {
+        assert!(resumed.elapsed() < Duration::from_secs(5), "never back");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let stats = limiter.store().stats();
     let local = stats.local_admissions.load(Ordering::Relaxed);
     let probes = stats.failures.load(Ordering::Relaxed);
     assert!(probes >= 4, "Redis was asked again while stopped: {probes}");
     let counted = settled_value(&redis, "late:{m}", "mr", Duration::from_millis(500)).await;
+    let repaid = stats.local_repaid.load(Ordering::Relaxed);
     assert_eq!(
         counted,
-        asked - local,
-        "the shared counter holds exactly the admissions Redis answered in time \
-         ({asked} asked, {local} decided locally, {probes} calls timed out)"
+        asked - local + repaid,
+        "the shared counter holds exactly the admissions Redis answered in time and the local \
+         ones it was told of once back ({asked} asked, {local} decided locally, {repaid} told, \
+         {probes} calls timed out)"
     );
 }
 

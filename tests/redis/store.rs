@@ -680,6 +680,43 @@ async fn a_paused_redis_cannot_hang_requests() {
     }
 }
 
+/// A Redis back after a pause is found by the store's own `PING` (every second), not by the
+/// first request: with no request sent meanwhile, the store is back on the shared counters, and
+/// a burst of 20 at once is all served. Before, the first of the burst claimed the probe and the
+/// other 19 got `closed`'s 503, however long Redis had been back (a black-box trial's finding).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_after_redis_is_back_is_served_on_shared_counters() {
+    let Some(redis) = RedisServer::start("a_burst_after_redis_is_back_is_served") else {
+        return;
+    };
+    let app = std::sync::Arc::new(fault_app("closed", &redis).await);
+    assert_eq!(app.status(None, "m").await, 200);
+    redis.pause();
+    assert_eq!(app.status(None, "m").await, 503, "closed while paused");
+    assert!(!app.limiter.store().is_healthy());
+    redis.resume();
+    // No request: the keep-alive finds it.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !app.limiter.store().is_healthy() {
+        assert!(
+            Instant::now() < deadline,
+            "not back on Redis without a request"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let burst: Vec<_> = (0..20)
+        .map(|_| {
+            let app = std::sync::Arc::clone(&app);
+            tokio::spawn(async move { app.status(None, "m").await })
+        })
+        .collect();
+    let mut statuses = Vec::new();
+    for request in burst {
+        statuses.push(request.await.unwrap());
+    }
+    assert!(statuses.iter().all(|s| *s == 200), "{statuses:?}");
+}
+
 /// A full settlement queue is counted, never waited on. On one thread the flusher cannot run
 /// while the test settles, so exactly the first settlement fits a queue of one.
 #[tokio::test]

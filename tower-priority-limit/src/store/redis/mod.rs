@@ -2129,20 +2129,53 @@ async fn keep_alive(inner: std::sync::Weak<Inner>) {
     every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         every.tick().await;
-        let Some(inner) = inner.upgrade() else {
+        let Some(store) = inner.upgrade() else {
             return;
         };
-        let RedisConnection::Single(manager) = &inner.connection else {
+        let RedisConnection::Single(manager) = &store.connection else {
             return;
         };
         let mut connection = manager.clone();
-        let timeout = inner.timeout.max(Duration::from_millis(500));
-        drop(inner);
-        let _ = bounded(
+        let timeout = store.timeout.max(Duration::from_millis(500));
+        drop(store);
+        let answered = bounded(
             timeout,
             redis::cmd("PING").query_async::<String>(&mut connection),
         )
         .await;
+        if let (Ok(_), Some(store)) = (answered, inner.upgrade()) {
+            store.recover().await;
+        }
+    }
+}
+
+impl Inner {
+    /// A single server answering the keep-alive's `PING` while the store is on its fallback: the
+    /// probe is claimed as an admission claims it, Redis is told what the fallback admitted for
+    /// every model, and the store is back on the shared counters. Else only the request that
+    /// claimed the probe went to Redis, and a burst arriving with it got the fallback's answer
+    /// (under `closed`, a 503 each), however long Redis had been back.
+    async fn recover(self: &Arc<Self>) {
+        let Some(health) = self.health.first() else {
+            return;
+        };
+        if health.retry_at_ms.load(Ordering::Relaxed) == 0 || !self.should_probe(health) {
+            return;
+        }
+        let models = (0..self.keys.len() as u32).map(ModelId);
+        for model in models.clone() {
+            if let Some(counts) = self.take_owed(model) {
+                if let Err(e) = self.send_owed(model, counts).await {
+                    self.mark_down(model, &e);
+                    return;
+                }
+            }
+        }
+        for model in models {
+            self.mark_up(model);
+            // What the fallback admitted while the owed counts were on their way.
+            self.repay(model);
+        }
     }
 }
 
