@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 use serde_json::json;
@@ -71,7 +71,56 @@ pin_project! {
         model: Arc<str>,
         // When the whole body must have come, and the time that was (`None`: no bound).
         total: Option<(Instant, Duration)>,
+        // A stream's event not yet whole (see `Held`).
+        held: Held,
     }
+}
+
+/// The tail of a stream's bytes that does not end an event yet, held back until its end comes:
+/// the error event that ends a stream cut short then starts on its own line (written after half
+/// an event, both SDKs fail to parse the two glued together and never see the error). Events
+/// usually come whole in their chunks, which then pass as they are.
+#[derive(Debug, Default)]
+struct Held(BytesMut);
+
+impl Held {
+    /// The whole events of what was held and `data`, the rest held; `None` while none is whole.
+    fn whole(&mut self, data: Bytes) -> Option<Bytes> {
+        if self.0.is_empty() {
+            if ends_an_event(&data) {
+                return Some(data);
+            }
+            let cut = last_event_end(&data);
+            self.0.extend_from_slice(&data[cut..]);
+            return (cut > 0).then(|| data.slice(..cut));
+        }
+        self.0.extend_from_slice(&data);
+        let cut = last_event_end(&self.0);
+        (cut > 0).then(|| self.0.split_to(cut).freeze())
+    }
+
+    /// What is held, at the stream's clean end (a last event without its blank line).
+    fn rest(&mut self) -> Option<Bytes> {
+        (!self.0.is_empty()).then(|| self.0.split().freeze())
+    }
+}
+
+/// Whether `data` ends with a blank line (any of SSE's line endings): a whole event's end.
+fn ends_an_event(data: &[u8]) -> bool {
+    let line = match data {
+        [rest @ .., b'\r', b'\n'] | [rest @ .., b'\n' | b'\r'] => rest,
+        _ => return false,
+    };
+    matches!(line.last(), Some(b'\n' | b'\r'))
+}
+
+/// Where the last whole event of `data` ends (0: none).
+fn last_event_end(data: &[u8]) -> usize {
+    let mut at = 0;
+    while let Some(end) = crate::strip::event_end(&data[at..]) {
+        at += end;
+    }
+    at
 }
 
 impl<B> std::fmt::Debug for IdleBody<B> {
@@ -109,6 +158,7 @@ impl<B> IdleBody<B> {
             ended: false,
             model,
             total: None,
+            held: Held::default(),
         }
     }
 
@@ -202,37 +252,51 @@ where
         if *this.ended {
             return Poll::Ready(None);
         }
+        // A stream's frames pass whole events only (`Held`); others pass as they are.
+        let sse = *this.sse != Sse::None;
+        let whole = |held: &mut Held, frame: Frame<Bytes>| match frame.into_data() {
+            Ok(data) if sse => held.whole(data).map(Frame::data),
+            Ok(data) => Some(Frame::data(data)),
+            Err(frame) => Some(frame),
+        };
         if let Some(frame) = this.first.take() {
-            return Poll::Ready(Some(Ok(frame)));
+            if let Some(frame) = whole(this.held, frame) {
+                return Poll::Ready(Some(Ok(frame)));
+            }
         }
         // The upstream first: a frame ready now is passed on without touching the shutdown
         // watch or the timer; they are looked at only while it has nothing.
-        match this.inner.poll_frame(cx) {
-            Poll::Ready(Some(Ok(frame))) => {
-                *this.wait_began = None;
-                return Poll::Ready(Some(Ok(frame)));
+        loop {
+            match this.inner.as_mut().poll_frame(cx) {
+                Poll::Ready(Some(Ok(frame))) => {
+                    *this.wait_began = None;
+                    if let Some(frame) = whole(this.held, frame) {
+                        return Poll::Ready(Some(Ok(frame)));
+                    }
+                }
+                Poll::Ready(Some(Err(e))) => {
+                    *this.ended = true;
+                    let e: BoxError = e.into();
+                    tracing::warn!(model = %this.model, error = %e, "the upstream response broke off");
+                    // A stream ends with its error event, as one ended for silence does (the
+                    // event it cut short is dropped); any other body with the error (the
+                    // client sees a broken response, never a short one).
+                    return Poll::Ready(Some(match *this.sse {
+                        Sse::None => Err(e),
+                        sse => Ok(Frame::data(error_event(
+                            Ending::BrokeOff,
+                            this.model,
+                            *this.idle,
+                            sse,
+                        ))),
+                    }));
+                }
+                Poll::Ready(None) => {
+                    *this.ended = true;
+                    return Poll::Ready(this.held.rest().map(|rest| Ok(Frame::data(rest))));
+                }
+                Poll::Pending => break,
             }
-            Poll::Ready(Some(Err(e))) => {
-                *this.ended = true;
-                let e: BoxError = e.into();
-                tracing::warn!(model = %this.model, error = %e, "the upstream response broke off");
-                // A stream ends with its error event, as one ended for silence does; any other
-                // body with the error (the client sees a broken response, never a short one).
-                return Poll::Ready(Some(match *this.sse {
-                    Sse::None => Err(e),
-                    sse => Ok(Frame::data(error_event(
-                        Ending::BrokeOff,
-                        this.model,
-                        *this.idle,
-                        sse,
-                    ))),
-                }));
-            }
-            Poll::Ready(None) => {
-                *this.ended = true;
-                return Poll::Ready(None);
-            }
-            Poll::Pending => {}
         }
         let streams_end = &*this.streams_end;
         let shutdown = match this.ending_waker {
@@ -286,7 +350,7 @@ where
     }
 
     fn is_end_stream(&self) -> bool {
-        self.ended || (self.first.is_none() && self.inner.is_end_stream())
+        self.ended || (self.first.is_none() && self.held.0.is_empty() && self.inner.is_end_stream())
     }
 
     fn size_hint(&self) -> SizeHint {
@@ -323,6 +387,64 @@ mod tests {
         let chunks = futures_util::stream::iter([Ok(Frame::data(Bytes::from(data)))])
             .chain(futures_util::stream::pending());
         StreamBody::new(chunks.boxed())
+    }
+
+    /// A stream's whole events pass as they came, however the upstream split them and with any
+    /// of SSE's line endings, a last event without its blank line included; a stream that
+    /// breaks off, or goes silent, halfway through an event ends with its error event on its
+    /// own, the half event dropped (glued to it, both SDKs failed to parse the error).
+    #[tokio::test(start_paused = true)]
+    async fn a_stream_passes_whole_events_and_drops_one_cut_short() {
+        let (_keep, end) = streams_end();
+        let events = "data: {\"a\": 1}\n\ndata: {\"b\":\n data: 2}\n\n: note\n\ndata: [DONE]";
+        for ending in ["\n", "\r\n", "\r"] {
+            let text = events.replace('\n', ending);
+            for at in 0..=text.len() {
+                let chunks: Vec<Result<Frame<Bytes>, BoxError>> = vec![
+                    Ok(Frame::data(Bytes::from(text[..at].to_owned()))),
+                    Ok(Frame::data(Bytes::from(text[at..].to_owned()))),
+                ];
+                let chunks: Chunks = Box::pin(futures_util::stream::iter(chunks));
+                let body = IdleBody::new(
+                    StreamBody::new(chunks),
+                    None,
+                    Duration::from_secs(5),
+                    end.clone(),
+                    Sse::OpenAi,
+                    "m".into(),
+                );
+                let got = body.collect().await.unwrap().to_bytes();
+                assert_eq!(got, text.as_bytes(), "{ending:?}, split at {at}");
+            }
+        }
+        for broken in [true, false] {
+            use futures_util::StreamExt;
+            let first = "data: {\"a\": 1}\n\ndata: {\"id\":\"c1\",\"obj";
+            let chunks = futures_util::stream::iter([Ok(Frame::data(Bytes::from(first)))]);
+            let chunks: Chunks = match broken {
+                true => chunks
+                    .chain(futures_util::stream::iter([Err::<Frame<Bytes>, BoxError>(
+                        "reset".into(),
+                    )]))
+                    .boxed(),
+                false => chunks.chain(futures_util::stream::pending()).boxed(),
+            };
+            let body = IdleBody::new(
+                StreamBody::new(chunks),
+                None,
+                Duration::from_secs(5),
+                end.clone(),
+                Sse::OpenAi,
+                "m".into(),
+            );
+            let got = body.collect().await.unwrap().to_bytes();
+            let got = std::str::from_utf8(&got).unwrap();
+            let (whole, last) = got.split_at(got.find("data: {\"error\"").expect(got));
+            assert_eq!(whole, "data: {\"a\": 1}\n\n", "broken: {broken}");
+            let error: serde_json::Value =
+                serde_json::from_str(last.trim().strip_prefix("data: ").unwrap()).unwrap();
+            assert_eq!(error["error"]["code"], if broken { "502" } else { "504" });
+        }
     }
 
     /// Anthropic's stream ends with Anthropic's `error` event, which its SDK raises (it passes

@@ -31,7 +31,7 @@ impl<B> StripUsage<B> {
 
 /// End of the first complete event in `buf` (after its blank line). Lines end as SSE allows:
 /// `\r\n`, `\n` or `\r` alone (a `\r` last in `buf` may be the start of a `\r\n`: undecided).
-fn event_end(buf: &[u8]) -> Option<usize> {
+pub(crate) fn event_end(buf: &[u8]) -> Option<usize> {
     let mut line_start = 0;
     loop {
         let at = line_start + memchr::memchr2(b'\n', b'\r', &buf[line_start..])?;

@@ -357,7 +357,7 @@ fn callbacks(list: &Node<'_>, found: &mut Vec<Unsupported>) -> Result<(), Config
             // The earlier version of the limiter this gateway runs: an operator who listed it
             // expects priorities enforced.
             Some(
-                "LiteLLM's earlier priority limiter is not run: this gateway's is                  dynamic_rate_limiter_v3 (list that instead)",
+                "LiteLLM's earlier priority limiter is not run: this gateway's is dynamic_rate_limiter_v3 (list that instead)",
             )
         } else if name.contains('.') {
             Some("custom callback code (which may check, refuse or change requests) is not run")
