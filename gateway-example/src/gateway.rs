@@ -347,7 +347,9 @@ impl Gateway {
             clock,
         );
         let (end_streams, streams_end) = streams_end();
-        let upstream = Upstream::for_deployments(&config.deployments).with_streams_end(streams_end);
+        let upstream =
+            Upstream::for_deployments(&config.deployments, |name| config.environment(name))
+                .with_streams_end(streams_end);
         let (file, document) = match file {
             Some((path, document)) => (Some(path), Some(Arc::new(document))),
             None => (None, None),

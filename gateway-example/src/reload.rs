@@ -64,6 +64,11 @@ pub fn restart_needed(old: &GatewayConfig, new: &GatewayConfig) -> Option<String
             "Redis",
         ),
         (old.database_url != new.database_url, "general_settings.database_url"),
+        // Some are read at start only (the forward proxies).
+        (
+            old.environment_variables != new.environment_variables,
+            "environment_variables",
+        ),
         (old.router != new.router, "router_settings"),
         (old.record != new.record, "general_settings.record"),
     ];

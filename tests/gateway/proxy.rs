@@ -14,6 +14,55 @@ use integration_tests::tinyproxy::Tinyproxy;
 use integration_tests::upstream::Upstream;
 use upstream_client::{Client, ClientError, Proxies};
 
+/// `HTTP_PROXY` given in the config's `environment_variables` (as LiteLLM's proxy reads it,
+/// into its environment) carries an `http` upstream's requests when the process environment
+/// does not set it; `NO_PROXY` there too. Before, the block's proxy was passed over and the
+/// request went directly.
+#[tokio::test]
+async fn environment_variables_give_the_forward_proxy() {
+    let Some(proxy) = Tinyproxy::start("proxy: environment_variables", None) else {
+        return;
+    };
+    let (up, base) = Upstream::start().await;
+    let set = |name: &str| std::env::var(name).is_ok_and(|v| !v.is_empty());
+    if [
+        "HTTP_PROXY",
+        "http_proxy",
+        "ALL_PROXY",
+        "all_proxy",
+        "NO_PROXY",
+        "no_proxy",
+    ]
+    .iter()
+    .any(|name| set(name))
+    {
+        eprintln!("SKIPPED environment_variables_give_the_forward_proxy: the process sets a proxy variable");
+        return;
+    }
+    let yaml = with_master(&format!(
+        r#"
+environment_variables:
+  HTTP_PROXY: "http://127.0.0.1:{port}"
+  NO_PROXY: "direct.invalid"
+model_list:
+  - model_name: via
+    litellm_params: {{model: openai/x, api_base: "{base}"}}
+router_settings: {{num_retries: 0}}
+"#,
+        port = proxy.port
+    ));
+    let gw = Gw::start(&yaml, None).await;
+    let r = gw.chat(MASTER, "via", false).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert!(
+        up.last()
+            .headers
+            .get("via")
+            .is_some_and(|v| v.to_str().unwrap().contains("tinyproxy")),
+        "through the proxy"
+    );
+}
+
 #[tokio::test]
 async fn a_deployment_s_own_proxy_carries_its_requests_in_absolute_form() {
     let Some(proxy) = Tinyproxy::start("proxy: per deployment", Some(("alice", "s3cret"))) else {

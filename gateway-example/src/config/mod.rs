@@ -262,6 +262,9 @@ pub struct GatewayConfig {
     pub request_body_timeout: Duration,
     /// `general_settings.max_connections`: connections served at once.
     pub max_connections: usize,
+    /// LiteLLM's top-level `environment_variables`: the values of environment names the process
+    /// environment does not set ([`Self::environment`]).
+    pub environment_variables: std::collections::HashMap<String, String>,
     /// `general_settings.shutdown_grace_seconds` (default [`DEFAULT_SHUTDOWN_GRACE`]): after
     /// SIGTERM or SIGINT, how long in-flight requests and streams may still run before the
     /// gateway ends them (their leases settle what was metered) and exits.
@@ -740,6 +743,7 @@ impl GatewayConfig {
             send_timeout,
             request_body_timeout,
             max_connections,
+            environment_variables: vars,
             shutdown_grace,
             redis,
             redis_key_prefix,
@@ -757,6 +761,14 @@ impl GatewayConfig {
         self.master_key
             .as_deref()
             .is_some_and(|key| KNOWN_MASTER_KEYS.contains(&key))
+    }
+
+    /// The environment variable `name` as the gateway reads it: the process environment's,
+    /// else the config's `environment_variables`' (what LiteLLM's proxy reads it as).
+    pub fn environment(&self, name: &str) -> Option<String> {
+        std::env::var(name)
+            .ok()
+            .or_else(|| self.environment_variables.get(name).cloned())
     }
 
     /// The one warning line naming the config's keys this gateway does not honour (logged when

@@ -243,8 +243,13 @@ impl Upstream {
     /// The client for `deployments`: every upstream key among them (resolved, as sent) is
     /// replaced by `***` in upstream error text before it reaches a client or a log line, and
     /// each one's routes and key header are worked out once ([`forward`](Self::forward) takes
-    /// the deployment's index in `deployments`).
-    pub fn for_deployments(deployments: &[Deployment]) -> Self {
+    /// the deployment's index in `deployments`). The forward proxies' variables (`HTTPS_PROXY`,
+    /// `HTTP_PROXY`, `ALL_PROXY`, `NO_PROXY`) are read through `env` (the gateway's: the process
+    /// environment, then the config's `environment_variables`).
+    pub fn for_deployments(
+        deployments: &[Deployment],
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Self {
         // Azure's Entra ID tokens are keys too.
         let mut keys: Vec<String> = deployments
             .iter()
@@ -261,7 +266,7 @@ impl Upstream {
         keys.sort_by(|a, b| b.len().cmp(&a.len()).then_with(|| a.cmp(b)));
         keys.dedup();
         // The environment's forward proxies (HTTPS_PROXY, HTTP_PROXY, NO_PROXY), read once.
-        let (proxies, errors) = Proxies::from_vars_each(|name| std::env::var(name).ok());
+        let (proxies, errors) = Proxies::from_vars_each(env);
         if proxies != Proxies::none() {
             // The proxies' passwords are hidden in their `Debug`.
             tracing::info!(?proxies, "upstreams are reached through forward proxies");
@@ -908,8 +913,10 @@ mod tests {
 
     #[test]
     fn every_key_is_scrubbed_whole_and_debug_shows_none() {
-        let up =
-            Upstream::for_deployments(&[with_key("sk-a"), with_key(""), with_key("sk-a-long")]);
+        let up = Upstream::for_deployments(
+            &[with_key("sk-a"), with_key(""), with_key("sk-a-long")],
+            |_| None,
+        );
         assert_eq!(
             up.secrets.scrub("sk-a-long then sk-a, and sk-b".into()),
             "*** then ***, and sk-b"
@@ -942,8 +949,10 @@ mod tests {
     /// text and member names keep their words; a long one is hidden wherever it is.
     #[test]
     fn a_short_key_is_hidden_only_standing_alone() {
-        let up =
-            Upstream::for_deployments(&[with_key("x"), with_key("re"), with_key("sk-0123456789")]);
+        let up = Upstream::for_deployments(
+            &[with_key("x"), with_key("re"), with_key("sk-0123456789")],
+            |_| None,
+        );
         assert_eq!(
             up.secrets
                 .scrub("maximum context length exceeded; request with key x (or \"re\")".into()),
