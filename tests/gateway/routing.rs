@@ -410,7 +410,8 @@ async fn a_404_that_names_the_request_does_not_cool_a_deployment_down() {
 }
 
 /// A group whose healthy deployments are full while the others cool down after failures says
-/// both in its 429 (before, it said every deployment was at its rate limit).
+/// both in its 429, and its `retry-after` is when the first cooldown ends (before, it said every
+/// deployment was at its rate limit, and to come back when the full one's window rolled).
 #[tokio::test]
 async fn a_429_says_which_deployments_are_cooling_down() {
     let failing = mock(MockUpstreamConfig {
@@ -421,7 +422,7 @@ async fn a_429_says_which_deployments_are_cooling_down() {
     let gw = gateway(
         &[&failing, &good],
         &["", ", rpm: 1"],
-        "  allowed_fails: 0\n  max_retry_wait: 0\n  cooldown_time: 60",
+        "  allowed_fails: 0\n  max_retry_wait: 0\n  cooldown_time: 10",
     )
     .await;
     let mut replies = Vec::new();
@@ -441,6 +442,9 @@ async fn a_429_says_which_deployments_are_cooling_down() {
         "{}",
         refused.text()
     );
+    // Room comes back when the cooldown ends (10 s), before the full one's window (60 s).
+    let after: u64 = refused.headers["retry-after"].to_str().unwrap().parse().unwrap();
+    assert!((1..=10).contains(&after), "retry-after {after}");
 }
 
 /// A cooldown never takes the whole group out: with every deployment cooling down after errors,

@@ -25,6 +25,18 @@ const OTHER_ROUTES: &[&str] = &[
     "/messages/count_tokens",
     "/v1/messages/count_tokens",
     "/metrics",
+    "/model/info",
+    "/v1/model/info",
+    "/model_group/info",
+    "/v1/model_group/info",
+];
+
+/// LiteLLM's `info_routes` beyond the model list: the deployments' and groups' info.
+const INFO_ROUTES: &[&str] = &[
+    "/model/info",
+    "/v1/model/info",
+    "/model_group/info",
+    "/v1/model_group/info",
 ];
 
 /// Whether `route` is in group `group`.
@@ -36,7 +48,7 @@ fn in_group(group: &str, route: &str) -> bool {
         "llm_api_routes" => api.is_some() || models || anthropic,
         "openai_routes" => (api.is_some() && !anthropic) || models,
         "anthropic_routes" => anthropic,
-        "info_routes" => models,
+        "info_routes" => models || INFO_ROUTES.contains(&route),
         _ => false,
     }
 }
@@ -119,6 +131,18 @@ mod tests {
         assert!(allows(&anthropic, "/v1/messages"));
         assert!(allows(&anthropic, "/v1/messages/count_tokens"));
         assert!(!allows(&anthropic, "/v1/chat/completions"));
+        // LiteLLM's `info_routes`: the model list and the deployments' and groups' info.
+        let info = routes(&["info_routes"]);
+        for r in [
+            "/v1/models",
+            "/model/info",
+            "/v1/model/info",
+            "/model_group/info",
+        ] {
+            assert!(allows(&info, r), "{r}");
+        }
+        assert!(!allows(&info, "/v1/chat/completions"));
+        assert!(not_understood(&routes(&["/model/info", "/v1/model_group/info"])).is_empty());
         // No list: every route.
         assert!(allows(&[], "/v1/chat/completions"));
     }

@@ -325,6 +325,8 @@ impl Router {
         let mut candidates: SmallVec<[Candidate; 2]> = SmallVec::with_capacity(group.members.len());
         let mut cooling_down: SmallVec<[Candidate; 2]> = SmallVec::new();
         let mut earliest: Option<Millis> = None;
+        // When the first deployment left out cooling down is back.
+        let mut cooled_at: Option<Millis> = None;
         for (slot, &index) in group.members.iter().enumerate() {
             if untried_exists && tried.contains(&index) {
                 continue;
@@ -336,7 +338,9 @@ impl Router {
                 continue;
             }
             let candidate = self.candidate(deployments, index, slot, now);
-            if state.cooldown_until.load(Ordering::Relaxed) > now {
+            let cooldown_until = state.cooldown_until.load(Ordering::Relaxed);
+            if cooldown_until > now {
+                cooled_at = Some(cooled_at.map_or(cooldown_until, |c| c.min(cooldown_until)));
                 cooling_down.push(candidate);
             } else {
                 candidates.push(candidate);
@@ -348,6 +352,9 @@ impl Router {
         if candidates.is_empty() {
             candidates = cooling_down;
             left_out = 0;
+        } else if let Some(at) = cooled_at {
+            // Left out: one has room again when its cooldown ends, if no other has it sooner.
+            earliest = Some(earliest.map_or(at, |e| e.min(at)));
         }
         let cursor = group.cursor.fetch_add(1, Ordering::Relaxed);
         while !candidates.is_empty() {
