@@ -69,7 +69,11 @@ pub fn restart_needed(old: &GatewayConfig, new: &GatewayConfig) -> Option<String
             old.environment_variables != new.environment_variables,
             "environment_variables",
         ),
-        (old.router != new.router, "router_settings"),
+        (
+            old.router != new.router,
+            "router_settings (or litellm_settings' num_retries, fallbacks, allowed_fails, \
+             cooldown_time, request_timeout, read as router_settings')",
+        ),
         (old.record != new.record, "general_settings.record"),
     ];
     let what: Vec<&str> = changed

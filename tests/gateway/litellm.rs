@@ -381,6 +381,11 @@ fn corpus() -> Vec<(&'static str, String, Expect)> {
             ),
         ),
         (
+            "settings that would be refused, turned off",
+            with("general_settings:\n  master_key: sk-1234\n  enforce_rbac: false\n  enable_jwt_auth: false\n  custom_auth: null\n"),
+            Expect::Start,
+        ),
+        (
             "access groups and concurrency limits",
             "model_list:\n  - model_name: gpt-4o\n    litellm_params: {model: openai/gpt-4o, mock_response: hi, max_parallel_requests: 5}\n    model_info: {access_groups: [beta]}\ngeneral_settings:\n  global_max_parallel_requests: 100\n".into(),
             Expect::Refuse(

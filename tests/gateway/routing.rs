@@ -443,7 +443,11 @@ async fn a_429_says_which_deployments_are_cooling_down() {
         refused.text()
     );
     // Room comes back when the cooldown ends (10 s), before the full one's window (60 s).
-    let after: u64 = refused.headers["retry-after"].to_str().unwrap().parse().unwrap();
+    let after: u64 = refused.headers["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
     assert!((1..=10).contains(&after), "retry-after {after}");
 }
 

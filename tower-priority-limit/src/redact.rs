@@ -2,18 +2,25 @@
 //! by the Redis store's targets, and by the gateway for its upstream URLs: it compiles this file
 //! as its own module (`#[path]`), so it imports nothing of this crate.
 
-/// Query parameters whose values are secrets (compared without regard to case).
-const SECRET_PARAMS: &[&str] = &[
+/// Parts of a query parameter's name that make its value a secret (compared without regard to
+/// case): `password`, `api-key`, `x-api-key`, `subscription-key`, `access_token`, `client_secret`,
+/// `sig` (a shared access signature), `auth`, `credential`…; and the whole name `code` (an Azure
+/// Functions key).
+const SECRET_PARTS: &[&str] = &[
     "pass",
-    "password",
     "key",
-    "api_key",
-    "api-key",
-    "apikey",
     "token",
-    "access_token",
     "secret",
+    "sig",
+    "auth",
+    "credential",
 ];
+
+/// Whether query parameter `name` holds a secret.
+fn is_secret_param(name: &str) -> bool {
+    let name = name.to_ascii_lowercase();
+    name == "code" || SECRET_PARTS.iter().any(|part| name.contains(part))
+}
 
 /// `url` with the password of its user-info (everything between `://` and the last `@`, so a
 /// password holding `/`, `?` or `#` is hidden too; the whole user-info when it has no `:`, as a
@@ -50,9 +57,7 @@ pub fn redact_url(url: &str) -> String {
                     out.push('&');
                 }
                 match param.split_once('=') {
-                    Some((name, _))
-                        if SECRET_PARAMS.iter().any(|s| name.eq_ignore_ascii_case(s)) =>
-                    {
+                    Some((name, _)) if is_secret_param(name) => {
                         out.push_str(name);
                         out.push_str("=***");
                     }
@@ -94,6 +99,10 @@ mod tests {
                 "https://h/v1?api-version=1&key=***&API_KEY=***",
             ),
             ("https://h/v1?token=secret", "https://h/v1?token=***"),
+            (
+                "https://h/v1?sig=s4&code=s5&x-api-key=s8&subscription-key=s9&auth=s10&sv=2024",
+                "https://h/v1?sig=***&code=***&x-api-key=***&subscription-key=***&auth=***&sv=2024",
+            ),
             ("https://api.openai.com/v1", "https://api.openai.com/v1"),
             ("no scheme", "no scheme"),
         ] {

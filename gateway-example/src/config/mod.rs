@@ -677,11 +677,20 @@ impl GatewayConfig {
                 database_url = Some(DatabaseUrl::parse(url.trim(), "DATABASE_URL")?);
             }
         }
+        // Where the fallbacks were read from, for their errors (`router_settings` wins).
+        let in_router = match root.get("router_settings")? {
+            Some(router) => router.get("fallbacks")?.is_some(),
+            None => false,
+        };
+        let fallbacks_at = match in_router {
+            true => "router_settings.fallbacks",
+            false => "litellm_settings.fallbacks",
+        };
         for (group, targets) in &router.fallbacks {
             for name in std::iter::once(group).chain(targets) {
                 if !groups.contains_key(name.as_str()) {
                     return Err(ConfigError::new(
-                        "router_settings.fallbacks",
+                        fallbacks_at,
                         format!("\"{name}\" is not a model_name in model_list"),
                     ));
                 }
@@ -690,7 +699,7 @@ impl GatewayConfig {
             // to be entered as.
             if let Some(pattern) = targets.iter().find(|t| t.contains('*')) {
                 return Err(ConfigError::new(
-                    "router_settings.fallbacks",
+                    fallbacks_at,
                     format!(
                         "\"{pattern}\" (a fallback of \"{group}\") is a wildcard route: a \
                          fallback must name one model_name without *"

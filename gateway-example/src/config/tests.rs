@@ -1060,7 +1060,10 @@ fn reliability_settings_are_read_from_litellm_settings_too() {
     ))
     .unwrap_err()
     .to_string();
-    assert!(e.contains("nowhere"), "{e}");
+    assert!(
+        e.starts_with("litellm_settings.fallbacks: \"nowhere\""),
+        "{e}"
+    );
     let e = GatewayConfig::from_yaml_str(&format!("{list}litellm_settings: {{num_retries: -1}}\n"))
         .unwrap_err()
         .to_string();

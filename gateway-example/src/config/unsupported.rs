@@ -287,10 +287,16 @@ pub fn find(doc: &Value) -> Result<Vec<Unsupported>, ConfigError> {
 fn walk(node: &Node<'_>, level: Level, found: &mut Vec<Unsupported>) -> Result<(), ConfigError> {
     for (key, value) in node.entries()? {
         if !is_honoured(level, key) {
+            let refused = refused(level, key);
+            // `enforce_rbac: false`, `custom_auth: null`: a setting that would be refused asks
+            // for nothing when it is off.
+            if refused.is_some() && matches!(value.value(), Value::Bool(false) | Value::Null) {
+                continue;
+            }
             found.push(Unsupported {
                 path: value.path(),
                 key: key.to_owned(),
-                refused: refused(level, key),
+                refused,
                 note: None,
             });
             continue;

@@ -162,24 +162,19 @@ impl std::fmt::Debug for Secrets {
     }
 }
 
-/// Keys shorter than this are hidden only where they stand alone ([`Secrets::scrub`]): a
-/// placeholder such as `x` or `none` (what a local vLLM gets) would else cut `***` into the
-/// words of every error (`ma***imum conte***t`), and even into the `error` object's member names.
-const WHOLE_WORD_BELOW: usize = 8;
+/// Keys shorter than this are not hidden: a placeholder such as `x` or `none` (what a local
+/// server gets) is no secret, and hidden it cut `***` into the words of every error (`gpt-***`,
+/// `auto, ***, required`), even into the `error` object's member names. No provider's key is
+/// this short.
+const SHORTEST_SECRET: usize = 8;
 
 impl Secrets {
-    /// `text` with every key replaced by `***`: anywhere for a key of [`WHOLE_WORD_BELOW`]
-    /// characters or more, else only where no letter or digit touches it.
+    /// `text` with every key of [`SHORTEST_SECRET`] characters or more replaced by `***`.
     fn scrub(&self, mut text: String) -> String {
-        for key in self.0.iter() {
-            if !text.contains(key.as_str()) {
-                continue;
+        for key in self.0.iter().filter(|key| key.len() >= SHORTEST_SECRET) {
+            if text.contains(key.as_str()) {
+                text = text.replace(key.as_str(), "***");
             }
-            text = if key.len() >= WHOLE_WORD_BELOW {
-                text.replace(key.as_str(), "***")
-            } else {
-                replace_standing_alone(&text, key)
-            };
         }
         text
     }
@@ -202,28 +197,6 @@ impl Secrets {
             Value::Null | Value::Bool(_) | Value::Number(_) => {}
         }
     }
-}
-
-/// `text` with each `key` that no letter or digit touches replaced by `***`.
-fn replace_standing_alone(text: &str, key: &str) -> String {
-    let word = |c: Option<char>| c.is_some_and(char::is_alphanumeric);
-    let mut out = String::with_capacity(text.len());
-    let mut rest = 0;
-    for (at, _) in text.match_indices(key) {
-        // An earlier match already took this one's start (overlapping keys such as `aa`).
-        if at < rest {
-            continue;
-        }
-        let end = at + key.len();
-        if word(text[..at].chars().next_back()) || word(text[end..].chars().next()) {
-            continue;
-        }
-        out.push_str(&text[rest..at]);
-        out.push_str("***");
-        rest = end;
-    }
-    out.push_str(&text[rest..]);
-    out
 }
 
 impl Default for Upstream {
@@ -914,15 +887,20 @@ mod tests {
     #[test]
     fn every_key_is_scrubbed_whole_and_debug_shows_none() {
         let up = Upstream::for_deployments(
-            &[with_key("sk-a"), with_key(""), with_key("sk-a-long")],
+            &[
+                with_key("sk-abcdefgh"),
+                with_key(""),
+                with_key("sk-abcdefgh-long"),
+            ],
             |_| None,
         );
         assert_eq!(
-            up.secrets.scrub("sk-a-long then sk-a, and sk-b".into()),
+            up.secrets
+                .scrub("sk-abcdefgh-long then sk-abcdefgh, and sk-b".into()),
             "*** then ***, and sk-b"
         );
         assert_eq!(up.secrets.scrub("nothing".into()), "nothing");
-        assert!(!format!("{up:?}").contains("sk-a"));
+        assert!(!format!("{up:?}").contains("sk-abcdefgh"));
     }
 
     /// With `HTTPS_PROXY` unusable, an `https` request fails with why unless `NO_PROXY` sends it
@@ -945,18 +923,18 @@ mod tests {
         assert_eq!(error("http://api.openai.com/v1"), None);
     }
 
-    /// A short key (a placeholder such as `x`) is hidden only where it stands alone, so error
-    /// text and member names keep their words; a long one is hidden wherever it is.
+    /// A short key (a placeholder such as `x` or `none`) is not hidden, so error text and member
+    /// names keep their words; a long one is hidden wherever it is.
     #[test]
-    fn a_short_key_is_hidden_only_standing_alone() {
+    fn a_short_key_is_not_hidden() {
         let up = Upstream::for_deployments(
-            &[with_key("x"), with_key("re"), with_key("sk-0123456789")],
+            &[with_key("x"), with_key("none"), with_key("sk-0123456789")],
             |_| None,
         );
         assert_eq!(
             up.secrets
-                .scrub("maximum context length exceeded; request with key x (or \"re\")".into()),
-            "maximum context length exceeded; request with key *** (or \"***\")"
+                .scrub("gpt-x: 'tool_choice' must be one of auto, none, required".into()),
+            "gpt-x: 'tool_choice' must be one of auto, none, required"
         );
         assert_eq!(
             up.secrets
@@ -964,10 +942,8 @@ mod tests {
             "key=***; inline:ask***z"
         );
         let mut error = serde_json::json!({"error": {"message": "x", "type": "invalid_request_error", "code": "context_length_exceeded"}});
+        let before = error.clone();
         up.secrets.scrub_value(&mut error);
-        assert_eq!(
-            error,
-            serde_json::json!({"error": {"message": "***", "type": "invalid_request_error", "code": "context_length_exceeded"}})
-        );
+        assert_eq!(error, before);
     }
 }
