@@ -475,3 +475,52 @@ async fn a_request_over_its_keys_limit_is_refused_at_once_while_others_wait() {
     });
     assert_eq!(served.status, 200, "{}", served.text());
 }
+
+/// With the queue on, a request its group admitted while every deployment of the group is full
+/// (their counters ahead of the group's, as a store outage leaves them) waits for a deployment's
+/// room instead of answering 429 and giving the group's room back, which only woke the next
+/// waiter into the same 429 (a black-box fleet trial saw 1,800 such 429s per gateway after a
+/// Redis stall). Here the deployment's window is filled beside the group's; the request is sent
+/// 1.5 s before the window rolls, and the clock rolls it while the request waits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_waits_for_its_deployments_room_with_the_queue_on() {
+    let gw = std::sync::Arc::new(Gw::start(&queue_config(2, "", 10), None).await);
+    let key = gw.new_key(json!({})).await;
+    // The deployment's two requests of the window, taken beside the group's limiter.
+    let limits = gw.gateway.router().limits();
+    let name = limits.config().models()[0].name().to_owned();
+    let deployment = limits.config().model_id(&name).unwrap();
+    for _ in 0..2 {
+        let taken = limits
+            .admit(
+                deployment,
+                tower_priority_limit::config::PoolRef::Default,
+                0,
+            )
+            .await
+            .unwrap();
+        assert!(
+            matches!(taken, tower_priority_limit::decision::Decision::Admit(_)),
+            "{taken:?}"
+        );
+    }
+    let now = gw.clock.now_ms();
+    let to_roll = 60_000 - now % 60_000;
+    gw.clock.advance(Duration::from_millis(to_roll - 1_500));
+    let request = {
+        let (gw, key) = (std::sync::Arc::clone(&gw), key.clone());
+        tokio::spawn(async move { gw.chat(&key, M, false).await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    gw.clock.advance(Duration::from_secs(2));
+    let r = tokio::time::timeout(Duration::from_secs(10), request)
+        .await
+        .expect("answered")
+        .unwrap();
+    assert_eq!(
+        r.status,
+        200,
+        "waited for the deployment's room: {}",
+        r.text()
+    );
+}

@@ -135,6 +135,15 @@ pub async fn serve(
     let mut in_fallback = false;
     // The attempts that went out, by group (what the metrics and the record read).
     let mut tally = AttemptTally::default();
+    // With the queue on, how long a request its own group admitted may still wait for one of
+    // its deployments to have room (once): the queue's bound, the request's own if shorter.
+    let mut deployment_wait = limiter
+        .and_then(|l| l.config().settings().queue.as_ref())
+        .filter(|_| may_wait && first_lease.is_some())
+        .map(|queue| {
+            chat.max_wait
+                .map_or(queue.max_wait, |w| w.min(queue.max_wait))
+        });
     let mut step = attempts.start();
     loop {
         match step {
@@ -217,6 +226,24 @@ pub async fn serve(
                 {
                     Ok(chosen) => chosen,
                     Err(u) => {
+                        // Its own group admitted it and every deployment is full (their
+                        // counters ran ahead of the group's, as after a store outage, or their
+                        // `rpm`s sum below it): with the queue on it waits for their room, as
+                        // for the group's, rather than answering 429 and giving the group's
+                        // room back, which only woke the next waiter into the same 429.
+                        let waits = deployment_wait.take().is_some_and(|bound| {
+                            !in_fallback
+                                && u.cooling_down == 0
+                                && u.retry_after <= bound
+                                && attempts.may_wait(arrived.elapsed(), u.retry_after)
+                        });
+                        if waits {
+                            tokio::time::sleep(u.retry_after).await;
+                            step = Step::Attempt {
+                                wait: Duration::ZERO,
+                            };
+                            continue;
+                        }
                         unavailable = Some(u);
                         step = attempts.unavailable();
                         continue;
