@@ -116,8 +116,8 @@ pub struct Azure {
 const AZURE_STREAM_OPTIONS_SINCE: &str = "2024-09-01";
 
 impl Azure {
-    /// Whether its API version takes `stream_options`: one dated before
-    /// [`AZURE_STREAM_OPTIONS_SINCE`] does not; any other (later, or not a date, as `v1`) does.
+    /// Whether its API version takes `stream_options`: one dated before `2024-09-01` does not;
+    /// any other (later, or not a date, as `v1`) does.
     pub fn takes_stream_options(&self) -> bool {
         let date = self.api_version.get(..10).filter(|d| {
             d.bytes().enumerate().all(|(i, b)| match i {
