@@ -389,6 +389,18 @@ mod tests {
         StreamBody::new(chunks.boxed())
     }
 
+    /// An OpenAI stream of `chunks` silent for at most 5 s.
+    fn openai_stream(chunks: Chunks, end: &StreamsEnd) -> IdleBody<StreamBody<Chunks>> {
+        IdleBody::new(
+            StreamBody::new(chunks),
+            None,
+            Duration::from_secs(5),
+            end.clone(),
+            Sse::OpenAi,
+            "m".into(),
+        )
+    }
+
     /// A stream's whole events pass as they came, however the upstream split them and with any
     /// of SSE's line endings, a last event without its blank line included; a stream that
     /// breaks off, or goes silent, halfway through an event ends with its error event on its
@@ -404,15 +416,7 @@ mod tests {
                     Ok(Frame::data(Bytes::from(text[..at].to_owned()))),
                     Ok(Frame::data(Bytes::from(text[at..].to_owned()))),
                 ];
-                let chunks: Chunks = Box::pin(futures_util::stream::iter(chunks));
-                let body = IdleBody::new(
-                    StreamBody::new(chunks),
-                    None,
-                    Duration::from_secs(5),
-                    end.clone(),
-                    Sse::OpenAi,
-                    "m".into(),
-                );
+                let body = openai_stream(Box::pin(futures_util::stream::iter(chunks)), &end);
                 let got = body.collect().await.unwrap().to_bytes();
                 assert_eq!(got, text.as_bytes(), "{ending:?}, split at {at}");
             }
@@ -429,15 +433,11 @@ mod tests {
                     .boxed(),
                 false => chunks.chain(futures_util::stream::pending()).boxed(),
             };
-            let body = IdleBody::new(
-                StreamBody::new(chunks),
-                None,
-                Duration::from_secs(5),
-                end.clone(),
-                Sse::OpenAi,
-                "m".into(),
-            );
-            let got = body.collect().await.unwrap().to_bytes();
+            let got = openai_stream(chunks, &end)
+                .collect()
+                .await
+                .unwrap()
+                .to_bytes();
             let got = std::str::from_utf8(&got).unwrap();
             let (whole, last) = got.split_at(got.find("data: {\"error\"").expect(got));
             assert_eq!(whole, "data: {\"a\": 1}\n\n", "broken: {broken}");

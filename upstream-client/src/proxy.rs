@@ -483,18 +483,20 @@ mod tests {
         }
     }
 
+    /// The variables `pairs` set, as `std::env::var` would give them.
+    fn vars(pairs: &'static [(&'static str, &'static str)]) -> impl Fn(&str) -> Option<String> {
+        move |name: &str| {
+            pairs
+                .iter()
+                .find(|(n, _)| *n == name)
+                .map(|(_, v)| (*v).to_owned())
+        }
+    }
+
     /// Read each apart, an unusable variable spoils only its own scheme's proxied requests, and
     /// an unusable `NO_PROXY` every scheme that has a proxy.
     #[test]
     fn each_variable_read_apart_spoils_only_its_scheme() {
-        let vars = |pairs: &'static [(&'static str, &'static str)]| {
-            move |name: &str| {
-                pairs
-                    .iter()
-                    .find(|(n, _)| *n == name)
-                    .map(|(_, v)| (*v).to_owned())
-            }
-        };
         let (p, [http, https]) = Proxies::from_vars_each(vars(&[
             ("HTTPS_PROXY", "https://p:443"),
             ("HTTP_PROXY", "http://p:3128"),
@@ -520,14 +522,6 @@ mod tests {
 
     #[test]
     fn the_variables_are_read_as_curl_and_httpx_read_them() {
-        let vars = |pairs: &'static [(&'static str, &'static str)]| {
-            move |name: &str| {
-                pairs
-                    .iter()
-                    .find(|(n, _)| *n == name)
-                    .map(|(_, v)| (*v).to_owned())
-            }
-        };
         let https = Scheme::HTTPS;
         let http = Scheme::HTTP;
         let p = Proxies::from_vars(vars(&[
