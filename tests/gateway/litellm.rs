@@ -561,7 +561,8 @@ async fn litellm_model_info_health_and_path_regenerate() {
     );
     assert_eq!(
         one.json()["data"][0]["litellm_params"]["model"],
-        "gpt-4o-mini"
+        "openai/gpt-4o-mini",
+        "as the config writes it"
     );
     let bad = gw.get("/model/info?page=2", Some(MASTER)).await;
     assert_eq!(bad.status, 400, "{}", bad.text());

@@ -111,7 +111,7 @@ pub async fn info(
         .filter(|d| caller.allows(&d.model_name) && wanted.is_none_or(|id| *id == d.id))
         .map(|d| {
             let mut params = json!({
-                "model": d.upstream_model,
+                "model": d.model,
                 "rpm": d.rpm,
                 "tpm": d.tpm,
                 "timeout": d.timeout.as_secs_f64(),

@@ -249,6 +249,7 @@ pub(super) fn deployment(
     .unwrap_or_else(|| derived_id(position, &model_name, &model, &target));
     Ok(Deployment {
         model_name,
+        model,
         upstream_model,
         target,
         timeout,

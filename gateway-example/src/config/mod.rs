@@ -163,6 +163,8 @@ impl std::fmt::Debug for Target {
 pub struct Deployment {
     /// The name clients ask for; entries sharing it form a group.
     pub model_name: String,
+    /// `litellm_params.model` as written (`openai/gpt-x`): what `/model/info` shows.
+    pub model: String,
     /// The model name sent upstream (`openai/gpt-x` → `gpt-x`).
     pub upstream_model: String,
     /// Mock or upstream.

@@ -705,6 +705,7 @@ mod tests {
     fn with_key(key: &str) -> Deployment {
         Deployment {
             model_name: "m".into(),
+            model: "openai/m".into(),
             upstream_model: "m".into(),
             target: Target::Upstream {
                 api_base: "http://h/v1".into(),
