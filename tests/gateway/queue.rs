@@ -524,3 +524,57 @@ async fn a_request_waits_for_its_deployments_room_with_the_queue_on() {
         r.text()
     );
 }
+
+/// The floors rule's `retry-after` over HTTP is when the request would be admitted, whenever it
+/// is asked (docs/behaviour.md's hand check: `rpm: 10`, `prod: 0.9`, `dev: 0.1`, threshold 0.5,
+/// dev alone; its 6th fits just after 30 s). Before, it was computed as if the window had just
+/// started: 24 s at 5 s and at 10 s, 4 s at 30 s, and a client that waited it was refused again
+/// (a black-box fleet trial saw it, on the embedded store and on Redis alike).
+#[tokio::test]
+async fn the_floors_rule_s_retry_after_is_when_room_comes() {
+    let gw = Gw::start(
+        &with_master(
+            r#"
+model_list:
+  - model_name: gpt-5.6-luna
+    litellm_params: {model: openai/gpt-5.6-luna, mock_response: "hi", rpm: 10}
+litellm_settings:
+  callbacks: ["dynamic_rate_limiter_v3"]
+  priority_reservation: {"prod": 0.9, "dev": 0.1}
+  priority_reservation_settings: {default_priority: 0, saturation_threshold: 0.5, queue: {max_wait_seconds: 100, max_queued: 10}}
+"#,
+        ),
+        None,
+    )
+    .await;
+    let dev = gw.new_key(json!({"metadata": {"priority": "dev"}})).await;
+    for _ in 0..5 {
+        assert_eq!(gw.chat(&dev, M, false).await.status, 200);
+    }
+    let body = json!({"model": M, "messages": [{"role": "user", "content": "hi"}]}).to_string();
+    let at_once = [("x-priority-limit-max-wait", "0")];
+    for t in [0u64, 5, 10, 15, 20, 25, 30] {
+        let r = gw
+            .send_with(
+                "POST",
+                "/v1/chat/completions",
+                Some(&dev),
+                &at_once,
+                body.clone(),
+            )
+            .await;
+        assert_eq!(r.status, 429, "at {t} s: {}", r.text());
+        // Room comes 30.001 s into the window.
+        assert_eq!(
+            r.headers["retry-after"].to_str().unwrap(),
+            (31 - t).to_string(),
+            "at {t} s"
+        );
+        gw.clock.advance(Duration::from_secs(5));
+    }
+    // 35 s: past the 30.001 s the last answer gave.
+    let r = gw
+        .send_with("POST", "/v1/chat/completions", Some(&dev), &at_once, body)
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+}

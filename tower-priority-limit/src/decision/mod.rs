@@ -399,7 +399,9 @@ impl<W: Window, F: Fn(usize) -> Usage> Floors<'_, W, F> {
                 if used == 0 || pool_used.saturating_add(cost) <= own_floor {
                     return None;
                 }
-                let (mut protected, mut decaying) = (0u64, 0u64);
+                // `decaying`: the floors of the parts that shrink with the period (a part capped
+                // by what its pool left unused does not), and `shrinking` their parts now.
+                let (mut protected, mut decaying, mut shrinking) = (0u64, 0u64, 0u64);
                 for (i, p) in floors.iter().enumerate().filter(|(i, _)| *i != me) {
                     let floor = floor_of(p);
                     let unused = floor.saturating_sub((self.others)(i).of(dimension));
@@ -411,6 +413,7 @@ impl<W: Window, F: Fn(usize) -> Usage> Floors<'_, W, F> {
                     let share = u64::try_from(share).unwrap_or(u64::MAX);
                     if share <= unused {
                         decaying = decaying.saturating_add(floor);
+                        shrinking = shrinking.saturating_add(share);
                     }
                     protected = protected.saturating_add(share.min(unused));
                 }
@@ -425,12 +428,16 @@ impl<W: Window, F: Fn(usize) -> Usage> Floors<'_, W, F> {
                     .saturating_sub(budget);
                 // The protected parts shrink at their floors' rate; the period's end brings a
                 // new budget (a fixed window's end frees everything).
-                let retry = match decaying {
-                    0 => left,
-                    rate => {
-                        // Kept parts are rounded to the nearest: the last unit goes just after
-                        // (excess − ½) units' time.
-                        let ms = (2 * excess as u128 - 1) * period as u128 / (2 * rate as u128) + 1;
+                let retry = match (decaying, shrinking.checked_sub(excess)) {
+                    (0, _) | (_, None) => left,
+                    (rate, Some(kept)) => {
+                        // The parts are `round(rate × left ÷ period)` (half up): they are down
+                        // to `kept` once `2 × rate × left < (2 × kept + 1) × period`, so at the
+                        // largest such `left` (counted from now, not from the period's start).
+                        let period = period.max(1) as u128;
+                        let bound = (2 * kept as u128 + 1) * period;
+                        let last_left = bound.div_ceil(2 * rate as u128) - 1;
+                        let ms = (left as u128).saturating_sub(last_left);
                         u64::try_from(ms).unwrap_or(u64::MAX).min(left)
                     }
                 };
@@ -888,6 +895,26 @@ mod tests {
             s.try_admit(DEV, r.retry_after_ms),
             Decision::Refuse(_)
         ));
+        // At any moment, the retry-after is exact: refused a millisecond before it, admitted at
+        // it (it was computed from the period's start, and fell short once the period ran).
+        for t in (0..W / 2).step_by(2_500) {
+            let mut s = Sim::new(config.clone());
+            s.run(DEV, 5, 0);
+            let Decision::Refuse(r) = s.try_admit(DEV, t) else {
+                panic!("refused at {t}")
+            };
+            assert_eq!(t + r.retry_after_ms, W / 2 + 1, "at {t}");
+            if r.retry_after_ms > 1 {
+                assert!(matches!(
+                    s.try_admit(DEV, t + r.retry_after_ms - 1),
+                    Decision::Refuse(_)
+                ));
+            }
+            assert!(matches!(
+                s.try_admit(DEV, t + r.retry_after_ms),
+                Decision::Admit(_)
+            ));
+        }
         let mut s = Sim::new(config.clone());
         s.run(DEV, 20, 0);
         let mut by_then = Vec::new();
