@@ -102,10 +102,10 @@ impl Prepared {
         let routes = Endpoint::ALL
             .iter()
             .map(|&e| {
-                let url = match azure {
-                    Some(azure) => azure_url(api_base, azure, &deployment.upstream_model, e),
-                    None => upstream_url(api_base, *api, e),
-                };
+                let url = with_query(api_base, |base| match azure {
+                    Some(azure) => azure_url(base, azure, &deployment.upstream_model, e),
+                    None => upstream_url(base, *api, e),
+                });
                 url.parse()
                     .ok()
                     .and_then(|u| Route::new(u).ok())
@@ -141,6 +141,21 @@ impl Prepared {
     }
 }
 
+/// The URL `url_of` makes of `api_base`'s scheme, host and path, with `api_base`'s query (an
+/// `?subscription-key=…` a gateway in front of the upstream asks for) after it: the endpoint's
+/// path goes before the query, not into it.
+fn with_query(api_base: &str, url_of: impl Fn(&str) -> String) -> String {
+    let Some((base, query)) = api_base.split_once('?') else {
+        return url_of(api_base);
+    };
+    let url = url_of(base.trim_end_matches('/'));
+    match (url.contains('?'), query.is_empty()) {
+        (_, true) => url,
+        (true, false) => format!("{url}&{query}"),
+        (false, false) => format!("{url}?{query}"),
+    }
+}
+
 /// Where `chat` goes on an upstream at `api_base` speaking `api`: `{api_base}/chat/completions` and
 /// the like for OpenAI; `{api_base}/v1/messages` for Anthropic (an `api_base` already ending in
 /// `/v1` or `/v1/messages` is not given them twice).
@@ -168,5 +183,51 @@ fn azure_url(api_base: &str, azure: &Azure, deployment: &str, endpoint: Endpoint
             "{api_base}/openai/deployments/{deployment}{}?api-version={version}",
             endpoint.path()
         ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An `api_base` with a query keeps it after the endpoint's path, Azure's `api-version`
+    /// beside it; without one nothing changes.
+    #[test]
+    fn an_api_base_s_query_goes_after_the_path() {
+        let openai = |base: &str| {
+            with_query(base, |b| {
+                upstream_url(b, Api::OpenAi, Endpoint::ChatCompletions)
+            })
+        };
+        assert_eq!(
+            openai("http://h/v1?subscription-key=K"),
+            "http://h/v1/chat/completions?subscription-key=K"
+        );
+        assert_eq!(
+            openai("http://h/v1/?code=C&x=1"),
+            "http://h/v1/chat/completions?code=C&x=1"
+        );
+        assert_eq!(openai("http://h/v1"), "http://h/v1/chat/completions");
+        assert_eq!(
+            with_query("http://h?x-api-key=K", |b| upstream_url(
+                b,
+                Api::Anthropic,
+                Endpoint::Messages
+            )),
+            "http://h/v1/messages?x-api-key=K"
+        );
+        let azure = Azure {
+            api_version: "2024-10-21".into(),
+            ad_token: None,
+        };
+        assert_eq!(
+            with_query("http://h/?sig=S", |b| azure_url(
+                b,
+                &azure,
+                "dep",
+                Endpoint::ChatCompletions
+            )),
+            "http://h/openai/deployments/dep/chat/completions?api-version=2024-10-21&sig=S"
+        );
     }
 }
