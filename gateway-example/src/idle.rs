@@ -114,6 +114,24 @@ fn ends_an_event(data: &[u8]) -> bool {
     matches!(line.last(), Some(b'\n' | b'\r'))
 }
 
+/// Whether the rest of a stream that ended without its last blank line is whole: its lines end,
+/// or its last line is a `data:` line holding a whole JSON value or `[DONE]` (cut inside a
+/// value, it holds neither), or another field.
+fn ends_whole(rest: &[u8]) -> bool {
+    if matches!(rest.last(), Some(b'\n' | b'\r')) {
+        return true;
+    }
+    let last = match memchr::memrchr2(b'\n', b'\r', rest) {
+        Some(at) => &rest[at + 1..],
+        None => rest,
+    };
+    let Some(data) = last.strip_prefix(b"data:") else {
+        return true;
+    };
+    let data = data.strip_prefix(b" ").unwrap_or(data);
+    data == b"[DONE]" || serde_json::from_slice::<serde::de::IgnoredAny>(data).is_ok()
+}
+
 /// Where the last whole event of `data` ends (0: none).
 fn last_event_end(data: &[u8]) -> usize {
     let mut at = 0;
@@ -293,7 +311,24 @@ where
                 }
                 Poll::Ready(None) => {
                     *this.ended = true;
-                    return Poll::Ready(this.held.rest().map(|rest| Ok(Frame::data(rest))));
+                    let Some(rest) = this.held.rest() else {
+                        return Poll::Ready(None);
+                    };
+                    // A last event without its blank line passes; one cut inside its last
+                    // line (the upstream ended cleanly mid-event) is a stream broken off.
+                    if ends_whole(&rest) {
+                        return Poll::Ready(Some(Ok(Frame::data(rest))));
+                    }
+                    tracing::warn!(
+                        model = %this.model,
+                        "the upstream stream ended halfway through an event"
+                    );
+                    return Poll::Ready(Some(Ok(Frame::data(error_event(
+                        Ending::BrokeOff,
+                        this.model,
+                        *this.idle,
+                        *this.sse,
+                    )))));
                 }
                 Poll::Pending => break,
             }
@@ -419,6 +454,28 @@ mod tests {
                 let body = openai_stream(Box::pin(futures_util::stream::iter(chunks)), &end);
                 let got = body.collect().await.unwrap().to_bytes();
                 assert_eq!(got, text.as_bytes(), "{ending:?}, split at {at}");
+            }
+        }
+        // A clean end: a last event without its blank line passes; one cut mid-line is broken.
+        for (last, whole) in [
+            ("data: [DONE]", true),
+            ("data: {\"a\": 2}", true),
+            ("data: {\"a\": 2}\n", true),
+            ("data: {\"id\":\"c1\",\"content\": \"", false),
+        ] {
+            let text = format!("data: {{\"a\": 1}}\n\n{last}");
+            let chunks: Vec<Result<Frame<Bytes>, BoxError>> =
+                vec![Ok(Frame::data(Bytes::from(text.clone())))];
+            let body = openai_stream(Box::pin(futures_util::stream::iter(chunks)), &end);
+            let got = body.collect().await.unwrap().to_bytes();
+            let got = std::str::from_utf8(&got).unwrap();
+            match whole {
+                true => assert_eq!(got, text),
+                false => assert!(
+                    got.starts_with("data: {\"a\": 1}\n\ndata: {\"error\"")
+                        && got.contains("broke off its response"),
+                    "{got}"
+                ),
             }
         }
         for broken in [true, false] {
