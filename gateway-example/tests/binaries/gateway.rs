@@ -569,7 +569,9 @@ async fn upstream_failures_log_the_url_without_its_secrets() {
     let body = String::from_utf8_lossy(&body);
     assert!(
         log.contains("upstream request failed")
-            && log.contains(&format!("http://gw-user:***@127.0.0.1:{down}/v1?key=***")),
+            && log.contains(&format!(
+                "http://gw-user:***@127.0.0.1:{down}/v1/chat/completions?key=***"
+            )),
         "the failure is logged with the URL redacted: {log}"
     );
     for secret in ["s3cret-pw", "qs-s3cret"] {
@@ -1029,7 +1031,9 @@ async fn a_client_that_reads_nothing_is_closed_and_frees_its_slot() {
         }
     })
     .await;
-    let closed = closed_within(&mut held, Duration::from_secs(5)).await;
+    // Generous: the client reads what the sockets held before the end (a loaded CI machine
+    // reads it slowly).
+    let closed = closed_within(&mut held, Duration::from_secs(30)).await;
     stop(child);
     std::fs::remove_dir_all(&dir).unwrap();
 
