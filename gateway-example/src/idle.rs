@@ -243,6 +243,22 @@ fn error_event(why: Ending, model: &str, idle: Duration, sse: Sse) -> Bytes {
     }
 }
 
+/// How a body ended for `why` ends for its client: a stream with its error event, any other
+/// body with an error (`cause`, the upstream's, else the message for `why`), so the client sees
+/// a broken response, never a short one that looks whole.
+fn last_frame(
+    why: Ending,
+    cause: Option<BoxError>,
+    model: &str,
+    idle: Duration,
+    sse: Sse,
+) -> Result<Frame<Bytes>, BoxError> {
+    match sse {
+        Sse::None => Err(cause.unwrap_or_else(|| message(why, model, idle).2.into())),
+        sse => Ok(Frame::data(error_event(why, model, idle, sse))),
+    }
+}
+
 /// Whether a body is a server-sent-events stream, and whose: how it ends when cut short.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Sse {
@@ -296,18 +312,10 @@ where
                     *this.ended = true;
                     let e: BoxError = e.into();
                     tracing::warn!(model = %this.model, error = %e, "the upstream response broke off");
-                    // A stream ends with its error event, as one ended for silence does (the
-                    // event it cut short is dropped); any other body with the error (the
-                    // client sees a broken response, never a short one).
-                    return Poll::Ready(Some(match *this.sse {
-                        Sse::None => Err(e),
-                        sse => Ok(Frame::data(error_event(
-                            Ending::BrokeOff,
-                            this.model,
-                            *this.idle,
-                            sse,
-                        ))),
-                    }));
+                    // The event it cut short is dropped (`Held`).
+                    let last =
+                        last_frame(Ending::BrokeOff, Some(e), this.model, *this.idle, *this.sse);
+                    return Poll::Ready(Some(last));
                 }
                 Poll::Ready(None) => {
                     *this.ended = true;
@@ -323,12 +331,9 @@ where
                         model = %this.model,
                         "the upstream stream ended halfway through an event"
                     );
-                    return Poll::Ready(Some(Ok(Frame::data(error_event(
-                        Ending::BrokeOff,
-                        this.model,
-                        *this.idle,
-                        *this.sse,
-                    )))));
+                    let last =
+                        last_frame(Ending::BrokeOff, None, this.model, *this.idle, *this.sse);
+                    return Poll::Ready(Some(last));
                 }
                 Poll::Pending => break,
             }
@@ -374,14 +379,9 @@ where
         };
         *this.ended = true;
         tracing::info!(model = %this.model, reason = ?why, "ending an upstream response");
-        if *this.sse != Sse::None {
-            Poll::Ready(Some(Ok(Frame::data(error_event(
-                why, this.model, *this.idle, *this.sse,
-            )))))
-        } else {
-            let (_, _, message) = message(why, this.model, *this.idle);
-            Poll::Ready(Some(Err(message.into())))
-        }
+        Poll::Ready(Some(last_frame(
+            why, None, this.model, *this.idle, *this.sse,
+        )))
     }
 
     fn is_end_stream(&self) -> bool {

@@ -10,10 +10,7 @@ use std::collections::HashMap;
 use serde_json::Value;
 use tower_priority_limit::config::ConfigError;
 
-use crate::shared::node::Node;
-
-/// The prefix of a value read from the environment.
-const ENV_PREFIX: &str = "os.environ/";
+use crate::shared::node::{Node, ENV_PREFIX};
 
 /// The `environment_variables` mapping of `doc`, each value as a string (a number or boolean
 /// written as YAML writes it), or an error naming the entry that is not a scalar.

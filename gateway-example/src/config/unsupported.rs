@@ -35,6 +35,7 @@ enum Level {
 fn is_honoured(level: Level, key: &str) -> bool {
     honoured(level).contains(&key)
         || (level == Level::AzureParams && honoured(Level::Params).contains(&key))
+        || (level == Level::Litellm && super::router::FROM_LITELLM_SETTINGS.contains(&key))
 }
 
 /// The keys the gateway reads at `level` (their values are checked by their readers).
@@ -86,12 +87,6 @@ fn honoured(level: Level) -> &'static [&'static str] {
         Level::Litellm => &[
             "callbacks",
             "request_timeout",
-            // Read as `router_settings`' where that does not set them
-            // (`router::FROM_LITELLM_SETTINGS`).
-            "num_retries",
-            "fallbacks",
-            "allowed_fails",
-            "cooldown_time",
             "priority_reservation",
             "priority_reservation_settings",
             "require_auth_for_metrics_endpoint",

@@ -238,9 +238,9 @@ pub async fn serve(
                                 && attempts.may_wait(arrived.elapsed(), u.retry_after)
                         });
                         if waits {
-                            tokio::time::sleep(u.retry_after).await;
+                            // The attempt again, after the wait (the loop's own back-off).
                             step = Step::Attempt {
-                                wait: Duration::ZERO,
+                                wait: u.retry_after,
                             };
                             continue;
                         }

@@ -82,9 +82,7 @@ impl UpstreamFailure {
             }
         }
     }
-}
 
-impl UpstreamFailure {
     /// Whether the upstream's error names a parameter of the request (OpenAI's `param`): the
     /// client's own request is at fault (a `previous_response_id` that does not exist, say),
     /// not the deployment, even on a 404.
@@ -169,9 +167,9 @@ impl std::fmt::Debug for Secrets {
 const SHORTEST_SECRET: usize = 8;
 
 impl Secrets {
-    /// `text` with every key of [`SHORTEST_SECRET`] characters or more replaced by `***`.
+    /// `text` with every key (each of [`SHORTEST_SECRET`] characters or more) replaced by `***`.
     fn scrub(&self, mut text: String) -> String {
-        for key in self.0.iter().filter(|key| key.len() >= SHORTEST_SECRET) {
+        for key in self.0.iter() {
             if text.contains(key.as_str()) {
                 text = text.replace(key.as_str(), "***");
             }
@@ -234,7 +232,8 @@ impl Upstream {
                 Target::Mock { .. } => [None, None],
             })
             .flatten()
-            .filter(|key| !key.is_empty())
+            // A placeholder is no secret ([`SHORTEST_SECRET`]).
+            .filter(|key| key.len() >= SHORTEST_SECRET)
             .collect();
         keys.sort_by(|a, b| b.len().cmp(&a.len()).then_with(|| a.cmp(b)));
         keys.dedup();

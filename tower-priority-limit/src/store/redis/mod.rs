@@ -1242,13 +1242,8 @@ impl Inner {
         }
         // A probe while the fallback is in use: Redis is told what the fallback admitted before
         // it decides anything more, so no admission of the fleet's takes the room they used.
-        if self.is_down(request.model) {
-            if let Some(counts) = self.take_owed(request.model) {
-                if let Err(e) = self.send_owed(request.model, counts).await {
-                    self.mark_down(request.model, &e);
-                    return self.fallback(request);
-                }
-            }
+        if self.is_down(request.model) && !self.told_owed(request.model).await {
+            return self.fallback(request);
         }
         // Never 0: a caller's slot id of 0 says "admitted on the local fallback".
         let slot_id = match request.callers {
@@ -1598,6 +1593,22 @@ impl Inner {
             // Failing again: owed again, sent by the next probe.
             let _ = this.send_owed(model, counts).await;
         });
+    }
+
+    /// Tells Redis what the fallback admitted for `model` ([`Self::send_owed`]) before it decides
+    /// anything more, so no admission of the fleet's takes the room they used; false (the model
+    /// marked down again) when Redis did not answer.
+    async fn told_owed(&self, model: ModelId) -> bool {
+        let Some(counts) = self.take_owed(model) else {
+            return true;
+        };
+        match self.send_owed(model, counts).await {
+            Ok(()) => true,
+            Err(e) => {
+                self.mark_down(model, &e);
+                false
+            }
+        }
     }
 
     /// What the fallback admitted for `model`, per pool, since Redis was last told, taken;
@@ -2164,11 +2175,8 @@ impl Inner {
         }
         let models = (0..self.keys.len() as u32).map(ModelId);
         for model in models.clone() {
-            if let Some(counts) = self.take_owed(model) {
-                if let Err(e) = self.send_owed(model, counts).await {
-                    self.mark_down(model, &e);
-                    return;
-                }
+            if !self.told_owed(model).await {
+                return;
             }
         }
         for model in models {
