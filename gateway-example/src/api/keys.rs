@@ -1311,15 +1311,7 @@ pub async fn list(
         }
     };
     const TAKES: [&str; 5] = ["page", "size", "return_full_object", "team_id", "key_alias"];
-    for name in q.keys() {
-        if !TAKES.contains(&name.as_str()) {
-            return Err(ApiError::bad_request(format!(
-                "/key/list does not support the query parameter '{}'; it takes {}.",
-                name.chars().take(64).collect::<String>(),
-                TAKES.join(", ")
-            )));
-        }
-    }
+    super::only_query(&q, "/key/list", &TAKES)?;
     let filter = KeyFilter {
         team_id: q.get("team_id").map(String::as_str),
         key_alias: q.get("key_alias").map(String::as_str),

@@ -11,3 +11,20 @@ pub mod keys;
 pub mod metrics;
 pub mod models;
 pub mod ui;
+
+/// A 400 naming a query parameter of `q` that `endpoint` does not take (it takes `takes`; the
+/// name shown at most 64 characters).
+pub(crate) fn only_query(
+    q: &std::collections::HashMap<String, String>,
+    endpoint: &str,
+    takes: &[&str],
+) -> Result<(), crate::error::ApiError> {
+    match q.keys().find(|name| !takes.contains(&name.as_str())) {
+        Some(name) => Err(crate::error::ApiError::bad_request(format!(
+            "{endpoint} does not support the query parameter '{}'; it takes {}.",
+            name.chars().take(64).collect::<String>(),
+            takes.join(", ")
+        ))),
+        None => Ok(()),
+    }
+}

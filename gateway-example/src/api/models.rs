@@ -13,6 +13,7 @@ use http::StatusCode;
 use serde_json::{json, Value};
 
 use super::auth::Caller;
+use super::only_query;
 use crate::config::{Deployment, Target};
 use crate::endpoint::Api;
 use crate::error::ApiError;
@@ -181,15 +182,4 @@ pub async fn group_info(
         })
         .collect();
     Ok(Json(json!({"data": data})))
-}
-
-/// A 400 naming a query parameter of `q` that `endpoint` does not take (it takes `takes`).
-fn only_query(q: &HashMap<String, String>, endpoint: &str, takes: &[&str]) -> Result<(), ApiError> {
-    match q.keys().find(|name| !takes.contains(&name.as_str())) {
-        Some(name) => Err(ApiError::bad_request(format!(
-            "{endpoint} does not support the query parameter '{name}'; it takes {}.",
-            takes.join(", ")
-        ))),
-        None => Ok(()),
-    }
 }
