@@ -25,13 +25,10 @@ const OTHER_ROUTES: &[&str] = &[
     "/messages/count_tokens",
     "/v1/messages/count_tokens",
     "/metrics",
-    "/model/info",
-    "/v1/model/info",
-    "/model_group/info",
-    "/v1/model_group/info",
 ];
 
-/// LiteLLM's `info_routes` beyond the model list: the deployments' and groups' info.
+/// LiteLLM's `info_routes` beyond the model list: the deployments' and groups' info (routes a
+/// key may call too).
 const INFO_ROUTES: &[&str] = &[
     "/model/info",
     "/v1/model/info",
@@ -81,7 +78,7 @@ pub fn not_understood(allowed_routes: &[String]) -> Vec<&str> {
     let known = Endpoint::ALL
         .iter()
         .flat_map(|e| [e.path().to_owned(), format!("/v1{}", e.path())])
-        .chain(OTHER_ROUTES.iter().map(|r| (*r).to_owned()))
+        .chain(OTHER_ROUTES.iter().chain(INFO_ROUTES).map(|r| (*r).to_owned()))
         .collect::<Vec<_>>();
     allowed_routes
         .iter()
