@@ -78,7 +78,12 @@ pub fn not_understood(allowed_routes: &[String]) -> Vec<&str> {
     let known = Endpoint::ALL
         .iter()
         .flat_map(|e| [e.path().to_owned(), format!("/v1{}", e.path())])
-        .chain(OTHER_ROUTES.iter().chain(INFO_ROUTES).map(|r| (*r).to_owned()))
+        .chain(
+            OTHER_ROUTES
+                .iter()
+                .chain(INFO_ROUTES)
+                .map(|r| (*r).to_owned()),
+        )
         .collect::<Vec<_>>();
     allowed_routes
         .iter()
