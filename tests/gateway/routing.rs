@@ -582,6 +582,50 @@ async fn an_upstream_429_reaches_the_client_with_its_retry_after() {
     );
 }
 
+/// An upstream 429 says how long in `retry-after-ms` (OpenAI's and Azure's finer header, read
+/// first) or in `retry-after` as an HTTP date: either parks the deployment that long and reaches
+/// the client as whole seconds.
+#[tokio::test]
+async fn an_upstream_429_in_milliseconds_or_as_a_date_parks_and_reaches_the_client() {
+    use axum::routing::post;
+    let in_30s = httpdate::fmt_http_date(std::time::SystemTime::now() + Duration::from_secs(30));
+    for (header, value, secs) in [
+        ("retry-after-ms", "2500".to_string(), 3..=3),
+        ("retry-after", in_30s, 29..=31),
+    ] {
+        let app = axum::Router::new().route(
+            "/v1/chat/completions",
+            post(move || {
+                let value = value.clone();
+                async move {
+                    (
+                        http::StatusCode::TOO_MANY_REQUESTS,
+                        [
+                            ("content-type", "application/json".to_string()),
+                            (header, value),
+                        ],
+                        r#"{"error": {"message": "slow down", "type": "rate_limit_exceeded"}}"#,
+                    )
+                }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}/v1", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        let yaml = format!(
+            "model_list:\n  - model_name: g\n    litellm_params: {{model: openai/m, api_base: \"{base}\"}}\nrouter_settings:\n  max_retry_wait: 0\ngeneral_settings:\n  master_key: {MASTER}\n"
+        );
+        let gw = Gw::start(&yaml, None).await;
+        let r = call(&gw).await;
+        assert_eq!(r.status, 429, "{header}: {}", r.text());
+        let after: u64 = r.headers["retry-after"].to_str().unwrap().parse().unwrap();
+        assert!(secs.contains(&after), "{header}: retry-after {after}");
+        assert!(gw.gateway.router().is_parked(0), "{header}: parked");
+        gw.clock.advance(Duration::from_secs(*secs.end() + 1));
+        assert!(!gw.gateway.router().is_parked(0), "{header}: back after it");
+    }
+}
+
 /// `x-ratelimit-remaining-tokens: 0` parks a deployment until `x-ratelimit-reset-tokens`, like
 /// the requests dimension.
 #[tokio::test]

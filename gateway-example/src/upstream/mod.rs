@@ -97,19 +97,31 @@ impl UpstreamFailure {
     }
 }
 
-/// `retry-after` in seconds (the HTTP-date form is not used by LLM APIs and is ignored).
-pub fn retry_after(headers: &http::HeaderMap) -> Option<Duration> {
-    let secs: f64 = headers
-        .get(http::header::RETRY_AFTER)?
-        .to_str()
-        .ok()?
-        .trim()
-        .parse()
-        .ok()?;
+/// How long an upstream asks to be left alone, at `now` (wall clock, for the date form):
+/// `retry-after-ms` (milliseconds, as OpenAI and Azure send it) when it parses, else
+/// `retry-after` in seconds (fractions allowed) or as an HTTP date, as the OpenAI SDKs read them.
+/// A date already past is no wait; nonsense is no answer.
+pub fn retry_after(headers: &http::HeaderMap, now: std::time::SystemTime) -> Option<Duration> {
+    let text = |name: &str| headers.get(name)?.to_str().ok().map(str::trim);
+    let number = |name: &str| text(name)?.parse::<f64>().ok();
     // Too large for a `Duration` is still "a long time": capped (a park is capped anyway), not
     // dropped, or a deployment that says so would not be parked at all.
     const A_DAY: f64 = 86_400.0;
-    Duration::try_from_secs_f64(secs.min(A_DAY)).ok()
+    let secs = |secs: f64| Duration::try_from_secs_f64(secs.min(A_DAY)).ok();
+    if let Some(wait) = number("retry-after-ms").and_then(|ms| secs(ms / 1_000.0)) {
+        return Some(wait);
+    }
+    match number("retry-after") {
+        Some(n) => secs(n),
+        None => {
+            let at = httpdate::parse_http_date(text("retry-after")?).ok()?;
+            Some(
+                at.duration_since(now)
+                    .unwrap_or(Duration::ZERO)
+                    .min(Duration::from_secs(86_400)),
+            )
+        }
+    }
 }
 
 /// The HTTP client shared by every request (pooled connections; `http://` and `https://`
@@ -357,7 +369,7 @@ impl Upstream {
         if !parts.status.is_success() {
             return Err(UpstreamFailure {
                 status: Some(parts.status),
-                retry_after: retry_after(&parts.headers),
+                retry_after: retry_after(&parts.headers, std::time::SystemTime::now()),
                 // Read within what is left of the attempt's time.
                 error: upstream_error(
                     parts.status,
@@ -519,6 +531,7 @@ fn decoding(
 fn answer_headers(head: &mut HeaderMap) -> (HeaderMap, bool) {
     let mut headers = std::mem::take(head);
     headers.remove(RETRY_AFTER);
+    headers.remove("retry-after-ms");
     let sse = match headers.entry(CONTENT_TYPE) {
         Entry::Occupied(kept) => kept.get().as_bytes().starts_with(b"text/event-stream"),
         Entry::Vacant(none) => {
@@ -594,13 +607,14 @@ const ANSWER_HEADERS: KeepHeaders = KeepHeaders {
 };
 
 /// The headers of an upstream's answer read here: its content type, its content encoding (to
-/// decode it), `retry-after` on a refusal, and the [`RATE_LIMIT_PREFIX`] ones the router learns
+/// decode it), `retry-after` and `retry-after-ms` on a refusal, and the [`RATE_LIMIT_PREFIX`] ones the router learns
 /// from. The others (a provider's request
 /// id, timings, cookies, ...) are not passed on, so the client does not build them.
 fn is_kept_header(name: &[u8]) -> bool {
     name.eq_ignore_ascii_case(b"content-type")
         || name.eq_ignore_ascii_case(b"content-encoding")
         || name.eq_ignore_ascii_case(b"retry-after")
+        || name.eq_ignore_ascii_case(b"retry-after-ms")
         || name
             .get(..RATE_LIMIT_PREFIX.len())
             .is_some_and(|prefix| prefix.eq_ignore_ascii_case(RATE_LIMIT_PREFIX.as_bytes()))
@@ -682,15 +696,22 @@ mod tests {
     use std::time::Duration;
     use upstream_client::Proxies;
 
-    /// An upstream's `retry-after` in seconds, fractions allowed; one too large for a duration
-    /// is a day (a park is capped below that anyway), not ignored; nonsense is no answer.
+    /// An upstream's `retry-after` in seconds, fractions allowed, or as an HTTP date (from the
+    /// `now` given; a past date is no wait), and `retry-after-ms` before either; one too large
+    /// for a duration is a day (a park is capped below that anyway), not ignored; nonsense is no
+    /// answer.
     #[test]
-    fn retry_after_reads_seconds_and_caps_the_huge() {
-        let read = |v: &str| {
+    fn retry_after_reads_seconds_dates_and_milliseconds_and_caps_the_huge() {
+        // `Sun, 06 Nov 1994 08:49:37 GMT`, RFC 9110's example.
+        let date = std::time::UNIX_EPOCH + Duration::from_secs(784_111_777);
+        let read_at = |headers: &[(&'static str, &str)], now| {
             let mut h = http::HeaderMap::new();
-            h.insert(http::header::RETRY_AFTER, v.parse().unwrap());
-            retry_after(&h)
+            for (name, v) in headers {
+                h.insert(*name, v.parse().unwrap());
+            }
+            retry_after(&h, now)
         };
+        let read = |v: &str| read_at(&[("retry-after", v)], date);
         assert_eq!(read("2"), Some(Duration::from_secs(2)));
         assert_eq!(read(" 0.5 "), Some(Duration::from_millis(500)));
         assert_eq!(
@@ -699,6 +720,32 @@ mod tests {
         );
         assert_eq!(read("-1"), None);
         assert_eq!(read("soon"), None);
+        let http_date = "Sun, 06 Nov 1994 08:49:37 GMT";
+        let before = date - Duration::from_secs(7);
+        assert_eq!(
+            read_at(&[("retry-after", http_date)], before),
+            Some(Duration::from_secs(7))
+        );
+        assert_eq!(read(http_date), Some(Duration::ZERO));
+        let later = date + Duration::from_secs(30);
+        assert_eq!(
+            read_at(&[("retry-after", http_date)], later),
+            Some(Duration::ZERO)
+        );
+        let far = date - Duration::from_secs(10 * 86_400);
+        assert_eq!(
+            read_at(&[("retry-after", http_date)], far),
+            Some(Duration::from_secs(86_400))
+        );
+        // Milliseconds first (OpenAI's and Azure's finer header), seconds when they are nonsense.
+        let both = [("retry-after-ms", "1500"), ("retry-after", "9")];
+        assert_eq!(read_at(&both, date), Some(Duration::from_millis(1_500)));
+        let bad_ms = [("retry-after-ms", "x"), ("retry-after", "9")];
+        assert_eq!(read_at(&bad_ms, date), Some(Duration::from_secs(9)));
+        assert_eq!(
+            read_at(&[("retry-after-ms", "250")], date),
+            Some(Duration::from_millis(250))
+        );
     }
 
     fn with_key(key: &str) -> Deployment {
@@ -748,6 +795,7 @@ mod tests {
             "Content-Type",
             "Content-Encoding",
             "retry-after",
+            "Retry-After-Ms",
             "x-ratelimit-remaining-requests",
             "X-RateLimit-Reset-Tokens",
         ] {
