@@ -708,6 +708,14 @@ async fn a_request_no_deployment_takes_is_refunded() {
         r.headers["x-ratelimit-remaining-requests"], "8",
         "the upstream's 429 and this one used a request; the five refusals did not"
     );
+    // The limiter admitted seven; five of those were taken back, which its series say.
+    let metrics = gw.get("/metrics", None).await;
+    for line in [
+        r#"priority_limit_requests_total{model="g",priority="default",outcome="admitted"} 7"#,
+        r#"priority_limit_taken_back_total{model="g",priority="default",outcome="admitted"} 5"#,
+    ] {
+        assert!(metrics.text().contains(line), "{line} in {}", metrics.text());
+    }
 }
 
 /// Shadow enforcement covers a deployment's own limits: `rpm: 2` in `litellm_params` (the usual

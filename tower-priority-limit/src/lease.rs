@@ -8,7 +8,7 @@ use crate::config::{ModelId, PoolRef};
 use crate::decision::Admitted;
 use crate::estimate::{OutputEstimate, PromptBias};
 use crate::meter::Metered;
-use crate::metrics::{Observer, TokenKind};
+use crate::metrics::{Observer, OutcomeLabel, TokenKind};
 use crate::queue::ModelQueue;
 use crate::store::{Settlement, Settler};
 
@@ -51,6 +51,8 @@ pub struct Lease {
     prompt_estimate: u64,
     /// Its callers with limits (key, team): they settle with it, and free their parallel slots.
     callers: Option<Arc<Callers>>,
+    /// How its admission was told to the observer, for a [`cancel`](Self::cancel) to say.
+    admitted_as: OutcomeLabel,
 }
 
 impl Lease {
@@ -71,6 +73,10 @@ impl Lease {
             flow_charge: None,
             prompt_estimate: 0,
             callers: None,
+            admitted_as: match admitted.shadow {
+                Some(_) => OutcomeLabel::ShadowRefused,
+                None => OutcomeLabel::Admitted,
+            },
             settlement: Settlement::of(model, pool, admitted, false),
         }
     }
@@ -175,6 +181,10 @@ impl Lease {
             self.settlement.tokens = 0;
             self.settlement.cancel = true;
             self.record(&**settler);
+        }
+        if let Some(observer) = &target.observer {
+            let (model, pool) = (self.settlement.model, self.settlement.pool);
+            observer.taken_back(model, pool, self.admitted_as);
         }
         if let Some(queue) = &target.queue {
             self.end_reservation(queue);

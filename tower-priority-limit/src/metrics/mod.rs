@@ -363,6 +363,15 @@ pub trait Observer: Send + Sync + fmt::Debug + 'static {
         let _ = (model, pool, waited);
     }
 
+    /// An admission on `model` under `pool`, told as `admitted_as` ([`OutcomeLabel::Admitted`]
+    /// or [`OutcomeLabel::ShadowRefused`]), was taken back ([`Lease::cancel`]): the request was
+    /// not served after all (the gateway's router called none of the model's deployments).
+    ///
+    /// [`Lease::cancel`]: crate::Lease::cancel
+    fn taken_back(&self, model: ModelId, pool: PoolRef, admitted_as: OutcomeLabel) {
+        let _ = (model, pool, admitted_as);
+    }
+
     /// A waiter in `model`'s queue for `pool` tried admission in its turn: admitted (`None`)
     /// or `refused`, by capacity, the floors rule, or the fleet's order
     /// ([`RefusedBy::QueueOrder`]): what shows whether the order binds, since such refusals are

@@ -32,6 +32,10 @@ use crate::decision::{Decision, Dimension, Refused, Usage};
 /// - `priority_limit_queue_tries_total{model,priority,result}`: each try a waiter makes in its
 ///   turn, `admitted` or the limit that refused it (`queue_order` when the fleet's order put it
 ///   behind: the share of those says whether the order binds; `Observer::queue_try`);
+/// - `priority_limit_taken_back_total{model,priority,outcome}`: admissions taken back
+///   ([`Observer::taken_back`]), by the outcome they were counted as above (`admitted`,
+///   `shadow_refused`): what a model served is its admissions less these, and
+///   [`PrometheusMetrics::snapshot`] counts them `refused`;
 /// - `priority_limit_tokens_total{model,priority,kind}` (kind `prompt`, `completion`,
 ///   `estimated`);
 /// - `priority_limit_saturation{model}` and `priority_limit_pool_usage{model,priority,dimension}`
@@ -182,7 +186,7 @@ impl PrometheusMetrics {
     }
 }
 
-/// One (model, pool)'s counters: every series of the four counter families, and what the
+/// One (model, pool)'s counters: every series of the five counter families, and what the
 /// last admission saw.
 #[derive(Debug, Default)]
 struct PoolSeries {
@@ -201,13 +205,19 @@ struct PoolSeries {
     /// Requests admitted as `admitted` that a deployment's own limit would have refused, which
     /// [`PrometheusMetrics::snapshot`] counts as `shadow_refused`.
     deployment_shadowed: AtomicU64,
+    /// Admissions taken back, by how they were told: `admitted`, `shadow_refused`.
+    taken_back: [AtomicU64; TAKEN_BACK.len()],
 }
+
+/// The outcomes an admission taken back was told as, in [`PoolSeries::taken_back`]'s order.
+const TAKEN_BACK: [OutcomeLabel; 2] = [OutcomeLabel::Admitted, OutcomeLabel::ShadowRefused];
 
 /// One pool of one model as [`PrometheusMetrics::snapshot`] reads it, for dashboards.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct PoolSnapshot {
     /// Requests admitted since start, by outcome ([`OutcomeLabel::ALL`] order), each once: one
-    /// its model admitted and a deployment's own limit would have refused is `shadow_refused`.
+    /// its model admitted and a deployment's own limit would have refused is `shadow_refused`;
+    /// one whose admission was taken back ([`Observer::taken_back`]) is `refused`.
     pub requests: [u64; 5],
     /// Requests waiting in the queue now.
     pub queue_depth: u64,
@@ -239,6 +249,16 @@ impl PrometheusMetrics {
         let moved = moved.min(requests[OutcomeLabel::Admitted as usize]);
         requests[OutcomeLabel::Admitted as usize] -= moved;
         requests[OutcomeLabel::ShadowRefused as usize] += moved;
+        // An admission taken back was not served: its final answer was the router's refusal.
+        if let Some(s) = series {
+            for (told_as, count) in TAKEN_BACK.iter().zip(&s.taken_back) {
+                let count = count
+                    .load(Ordering::Relaxed)
+                    .min(requests[*told_as as usize]);
+                requests[*told_as as usize] -= count;
+                requests[OutcomeLabel::Refused as usize] += count;
+            }
+        }
         let source = self.source();
         let now = self.usage(source.as_deref(), model, pool);
         let saturation = if now.saturation.is_nan() {
@@ -296,6 +316,15 @@ impl Observer for PrometheusMetrics {
         }
     }
 
+    fn taken_back(&self, model: ModelId, pool: PoolRef, admitted_as: OutcomeLabel) {
+        let Some(series) = self.record(model, pool) else {
+            return;
+        };
+        if let Some(i) = TAKEN_BACK.iter().position(|o| *o == admitted_as) {
+            series.taken_back[i].fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
     fn tokens(&self, model: ModelId, pool: PoolRef, kind: TokenKind, tokens: u64) {
         if tokens == 0 {
             return;
@@ -332,7 +361,7 @@ impl Observer for PrometheusMetrics {
     }
 }
 
-/// The series encoded at scrape: the four counter families from the per-model blocks (zeros for
+/// The series encoded at scrape: the five counter families from the per-model blocks (zeros for
 /// a model nothing was recorded for), and the gauges: saturation per model, each pool's use of
 /// its reserved limits, and queue depths.
 #[derive(Debug)]
@@ -348,7 +377,7 @@ struct CounterFamily {
     counts: fn(&PoolSeries) -> &[AtomicU64],
 }
 
-const COUNTER_FAMILIES: [CounterFamily; 4] = [
+const COUNTER_FAMILIES: [CounterFamily; 5] = [
     CounterFamily {
         name: "priority_limit_requests",
         help: "Admissions by model, priority and outcome.",
@@ -373,6 +402,13 @@ const COUNTER_FAMILIES: [CounterFamily; 4] = [
                 .collect()
         },
         counts: |s| &s.tries,
+    },
+    CounterFamily {
+        name: "priority_limit_taken_back",
+        help: "Admissions taken back, not served (no deployment was called), by the outcome they were counted as.",
+        label: "outcome",
+        values: || TAKEN_BACK.iter().map(|o| o.as_str()).collect(),
+        counts: |s| &s.taken_back,
     },
     CounterFamily {
         name: "priority_limit_tokens",
@@ -556,6 +592,41 @@ mod tests {
         }
     }
 
+    /// An admission taken back (the router called no deployment for it): still `admitted` in the
+    /// requests series (a counter does not go down), counted in the taken-back series by how it
+    /// was told, and `refused` in the snapshot.
+    #[tokio::test(flavor = "current_thread")]
+    async fn an_admission_taken_back_is_counted_apart_and_refused_in_the_snapshot() {
+        let config = LimiterConfig::builder()
+            .model(ModelLimits::new("m").rpm(10))
+            .build()
+            .unwrap();
+        let mut registry = Registry::default();
+        let metrics = PrometheusMetrics::new(&config, &mut registry);
+        let limiter = Limiter::new(config).with_observer(metrics.clone());
+        let mut leases = Vec::new();
+        for _ in 0..3 {
+            leases.push(limiter.acquire("m", None, 0).await.unwrap());
+        }
+        let Some(crate::Acquired::Admitted { lease, .. }) = leases.pop() else {
+            panic!("admitted");
+        };
+        lease.cancel();
+        let model = limiter.config().model_id("m").unwrap();
+        let s = metrics.snapshot(model, PoolRef::Default).unwrap();
+        assert_eq!(s.requests[OutcomeLabel::Admitted as usize], 2);
+        assert_eq!(s.requests[OutcomeLabel::Refused as usize], 1);
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        for line in [
+            r#"priority_limit_requests_total{model="m",priority="default",outcome="admitted"} 3"#,
+            r#"priority_limit_taken_back_total{model="m",priority="default",outcome="admitted"} 1"#,
+            r#"priority_limit_taken_back_total{model="m",priority="default",outcome="shadow_refused"} 0"#,
+        ] {
+            assert!(text.contains(line), "{line} in {text}");
+        }
+    }
+
     /// Every series is exported from the start and reads 0, while a model's counters are made
     /// only on its first record: a config of many models holds nothing for the idle ones.
     #[test]
@@ -588,6 +659,7 @@ mod tests {
                 "priority_limit_queue_tries_total{",
                 1 + RefusedBy::ALL.len(),
             ),
+            ("priority_limit_taken_back_total{", TAKEN_BACK.len()),
             ("priority_limit_tokens_total{", TokenKind::ALL.len()),
         ] {
             let values = series(&text, family);
