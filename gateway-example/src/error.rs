@@ -16,7 +16,7 @@ pub struct ApiError {
     /// What went wrong.
     pub message: String,
     /// The request parameter at fault.
-    pub param: Option<&'static str>,
+    pub param: Option<Box<str>>,
     /// The upstream's own error body (JSON, its keys scrubbed), answered as it is instead of one
     /// built from the fields above, which then only describe it (for logs and retries).
     pub passed_on: Option<bytes::Bytes>,
@@ -41,8 +41,8 @@ impl ApiError {
     }
 
     /// Names the parameter at fault.
-    pub fn param(mut self, param: &'static str) -> Self {
-        self.param = Some(param);
+    pub fn param(mut self, param: impl Into<Box<str>>) -> Self {
+        self.param = Some(param.into());
         self
     }
 
@@ -81,7 +81,7 @@ impl From<tower_priority_limit::model::BadRequest> for ApiError {
             status: r.status,
             kind: "invalid_request_error",
             message: r.message,
-            param: r.param,
+            param: r.param.map(Into::into),
             passed_on: None,
         }
     }
@@ -98,6 +98,6 @@ impl IntoResponse for ApiError {
             );
             return response;
         }
-        error_response(self.status, self.kind, &self.message, self.param).map(Body::from)
+        error_response(self.status, self.kind, &self.message, self.param.as_deref()).map(Body::from)
     }
 }

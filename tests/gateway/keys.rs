@@ -402,6 +402,8 @@ async fn unhonoured_key_and_team_fields_are_refused_by_name() {
         let message = r.error_message();
         assert!(message.contains(&format!(": {named}.")), "{message}");
         assert!(message.contains("It honours: "), "{message}");
+        let first = named.split(", ").next().unwrap();
+        assert_eq!(r.json()["error"]["param"], first, "{}", r.text());
     }
     // Nothing was created: the chosen key does not authenticate.
     assert_eq!(
@@ -592,14 +594,37 @@ async fn keys_are_blocked_unblocked_and_updated() {
     assert_eq!(r.json()["key_alias"], "ci");
     assert_eq!(r.json()["metadata"]["priority"], "dev");
     assert_eq!(gw.chat(&key, M, false).await.status, 403);
+    // A null list is not guessed at (lift it, or keep it?): a 400 naming it, nothing changed.
+    for field in ["models", "metadata"] {
+        let r = gw
+            .post(
+                "/key/update",
+                Some(MASTER),
+                json!({"key": key, field: null, "duration": "10s"}),
+            )
+            .await;
+        assert_eq!(r.status, 400, "{}", r.text());
+        assert_eq!(r.json()["error"]["param"], field, "{}", r.text());
+        assert!(
+            r.error_message().contains("nothing was changed"),
+            "{}",
+            r.text()
+        );
+        assert_eq!(
+            gw.chat(&key, M, false).await.status,
+            403,
+            "still kept off {M}"
+        );
+    }
     let r = gw
         .post(
             "/key/update",
             Some(MASTER),
-            json!({"key": key, "models": null, "duration": "10s"}),
+            json!({"key": key, "models": [], "duration": "10s"}),
         )
         .await;
     assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["metadata"]["priority"], "dev");
     assert_eq!(gw.chat(&key, M, false).await.status, 200);
     // A null `duration` changes nothing (as LiteLLM's update): clients that send every field,
     // null where unset, must not make an expiring key permanent.
@@ -1374,12 +1399,23 @@ async fn allowed_routes_keep_a_key_to_its_routes() {
         401,
         "/v1/chat/… is not /chat/…"
     );
-    // Removed: every route again.
+    // A null is not guessed at: a 400 naming it, the routes kept.
     let r = gw
         .post(
             "/key/update",
             Some(MASTER),
             json!({"key": key, "allowed_routes": null}),
+        )
+        .await;
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert_eq!(r.json()["error"]["param"], "allowed_routes", "{}", r.text());
+    assert_eq!(gw.chat(&key, M, false).await.status, 401);
+    // Removed: every route again.
+    let r = gw
+        .post(
+            "/key/update",
+            Some(MASTER),
+            json!({"key": key, "allowed_routes": []}),
         )
         .await;
     assert_eq!(r.status, 200, "{}", r.text());

@@ -714,7 +714,11 @@ async fn a_request_no_deployment_takes_is_refunded() {
         r#"priority_limit_requests_total{model="g",priority="default",outcome="admitted"} 7"#,
         r#"priority_limit_taken_back_total{model="g",priority="default",outcome="admitted"} 5"#,
     ] {
-        assert!(metrics.text().contains(line), "{line} in {}", metrics.text());
+        assert!(
+            metrics.text().contains(line),
+            "{line} in {}",
+            metrics.text()
+        );
     }
 }
 

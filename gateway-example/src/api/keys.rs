@@ -335,7 +335,7 @@ fn budgets(
                  output_cost_per_token (model_info), so spend would stay 0 and the budget never \
                  apply; nothing was changed."
             ))
-            .param(field));
+            .param(*field));
         }
     }
     Ok(())
@@ -358,6 +358,7 @@ fn only_honoured(
         return Ok(());
     }
     unknown.sort_unstable();
+    let first = unknown[0].to_owned();
     Err(ApiError::bad_request(format!(
         "{endpoint} does not support {}: {}. It honours: {} (docs/gateway.md, \"Keys, teams and \
          priorities\"); nothing was {}.",
@@ -369,7 +370,8 @@ fn only_honoured(
         unknown.join(", "),
         honoured.join(", "),
         Write::of(endpoint).nothing_was(),
-    )))
+    ))
+    .param(first))
 }
 
 /// What a key or team call does: what its refusals say was not done.
@@ -1033,6 +1035,27 @@ impl Changes {
             CallerKind::Key => "key_alias",
             CallerKind::Team => "team_alias",
         };
+        // A null would either lift the list (the key then calls every model) or keep it, as
+        // clients read it: neither is guessed. `[]` and `{}` say what they mean.
+        for (field, instead) in [
+            ("models", "[] to allow every model, or the models to keep"),
+            (
+                "metadata",
+                "{} to clear it (the priority with it), or the metadata to keep",
+            ),
+            (
+                "allowed_routes",
+                "[] to allow every route, or the routes to keep",
+            ),
+        ] {
+            if body.get(field).is_some_and(Value::is_null) {
+                return Err(ApiError::bad_request(format!(
+                    "'{field}': null is not a change this gateway guesses at: send {instead}; \
+                     nothing was changed."
+                ))
+                .param(field));
+            }
+        }
         let priorities = gw.limiter().config().priorities().to_vec();
         Ok(Self {
             alias: body

@@ -229,7 +229,7 @@ pub enum KeyStoreError {
         /// Why, for the client.
         message: String,
         /// The field at fault.
-        field: Option<&'static str>,
+        field: Option<Box<str>>,
     },
 }
 
