@@ -166,6 +166,77 @@ async fn admissions_abandoned_during_a_stall_are_not_counted_when_redis_resumes(
     );
 }
 
+/// Requests the local fallback admitted settle on its counters, and Redis learns of them only as
+/// admissions that reserved nothing (told once it is back): a cancelled one is taken off what is
+/// owed instead of taking back an admission of the fleet's, and a settled one's tokens are not
+/// less its reservation, which Redis never had. Two gateways on one Redis, the window filled
+/// while it is stopped: before, the shared window read 20 of the 30 admitted, and the tokens
+/// lost every reservation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fallback_admissions_settle_locally_and_their_cancels_are_not_sent_to_redis() {
+    let Some(redis) = RedisServer::start("fallback_admissions_settle_locally") else {
+        return;
+    };
+    let config = || {
+        LimiterConfig::builder()
+            .model(ModelLimits::new("m").rpm(30).tpm(100_000_000))
+            .token_accounting(tower_priority_limit::config::TokenAccounting::Reserve)
+            .failure_mode(FailureMode::Local)
+            .store_timeout(Duration::from_millis(50))
+            .build()
+            .unwrap()
+    };
+    let (a, b) = (
+        limiter(config(), &redis, "fb:").await,
+        limiter(config(), &redis, "fb:").await,
+    );
+    for _ in 0..5 {
+        let Acquired::Admitted { lease, .. } = a.acquire("m", None, 40).await.unwrap() else {
+            panic!("admitted");
+        };
+        lease.settle(10);
+    }
+    redis.pause();
+    // Each gateway's fallback admits its share (a: 30 less the 5 it saw; b: 30), reserving 40
+    // tokens each; a takes back 10 of its own (the router found no deployment for them).
+    let mut settled_tokens = 5 * 10;
+    for (limiter, expected, cancelled) in [(&a, 25, 10), (&b, 30, 0)] {
+        let mut leases = Vec::new();
+        while let Acquired::Admitted { lease, .. } = limiter.acquire("m", None, 40).await.unwrap() {
+            leases.push(lease);
+        }
+        assert_eq!(leases.len(), expected, "the local share");
+        for (i, lease) in leases.into_iter().enumerate() {
+            if i < cancelled {
+                lease.cancel();
+            } else {
+                lease.settle(100);
+                settled_tokens += 100;
+            }
+        }
+    }
+    redis.resume();
+    let resumed = Instant::now();
+    while !(a.store().is_healthy() && b.store().is_healthy()) {
+        assert!(resumed.elapsed() < Duration::from_secs(5), "never back");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let quiet = Duration::from_millis(1_000);
+    let requests = settled_value(&redis, "fb:{m}", "mr", quiet).await;
+    assert_eq!(
+        requests, 30,
+        "the window is full (5 + 15 + 30 served, told until full), and no cancel of a local \
+         admission took one of them back"
+    );
+    let tokens = settled_value(&redis, "fb:{m}", "mt", quiet).await;
+    assert_eq!(
+        tokens, settled_tokens,
+        "every settled token, no reservation subtracted"
+    );
+    let stats = a.store().stats();
+    assert!(stats.local_admitted.load(Ordering::Relaxed) >= 25);
+}
+
 fn time_ms(con: &mut ::redis::Connection) -> i64 {
     let (s, us): (i64, i64) = ::redis::cmd("TIME").query(con).unwrap();
     s * 1000 + us / 1000

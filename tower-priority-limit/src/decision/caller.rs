@@ -757,6 +757,7 @@ mod tests {
             model_window: 0,
             pool_window: 0,
             shadow: None,
+            on_fallback: false,
         };
         let model_refusal = Refused {
             scope: Scope::Model,

@@ -235,6 +235,10 @@ pub struct Admitted {
     /// Under `shadow` enforcement, the refusal this request was admitted despite (it is counted
     /// like any admission); `None` when the limits admitted it.
     pub shadow: Option<Refused>,
+    /// Decided by a shared store's local fallback while its backend (Redis) could not answer:
+    /// counted on the fallback's counters, so it settles there, and the shared counters know of
+    /// it only once told (as an admission that reserved nothing).
+    pub on_fallback: bool,
 }
 
 impl Admitted {
@@ -556,6 +560,7 @@ pub fn decide<W: Window>(
         model_window: model_counter.mark(now, window),
         pool_window: pool_counter.map_or(now, |c| c.mark(now, window)),
         shadow: refused,
+        on_fallback: false,
     })
 }
 

@@ -596,6 +596,7 @@ mod tests {
                     model_window: 0,
                     pool_window: 0,
                     shadow: None,
+                    on_fallback: false,
                 },
             )
     }
@@ -707,6 +708,7 @@ mod tests {
             model_window: 0,
             pool_window: 0,
             shadow: None,
+            on_fallback: false,
         };
         let said = HeaderNumbers::of(config.model(model), pool, &a);
         let values = &headers.models[0];
@@ -777,6 +779,7 @@ mod tests {
             model_window: 0,
             pool_window: 0,
             shadow: None,
+            on_fallback: false,
         };
         let mut first = HeaderMap::new();
         headers.write(&mut first, &config, model, pool, &with_pool);

@@ -933,6 +933,7 @@ mod tests {
                 model_window: a.model_window,
                 pool_window: a.pool_window,
                 cancel: true,
+                on_fallback: false,
             }),
             Decision::Refuse(_) => None,
         }
@@ -1043,6 +1044,7 @@ mod tests {
                     model_window: a.model_window,
                     pool_window: a.pool_window,
                     cancel: false,
+                    on_fallback: false,
                 };
                 settler.settle_callers(settlement, first.as_ref().unwrap());
             }
@@ -1196,6 +1198,7 @@ mod tests {
                                 model_window: a.model_window,
                                 pool_window: a.pool_window,
                                 cancel: false,
+                                on_fallback: false,
                             };
                             if let Some(callers) = callers {
                                 open.push((key, settlement, callers, tokens));

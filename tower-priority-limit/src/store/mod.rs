@@ -85,6 +85,8 @@ pub struct Settlement {
     /// The admission is taken back (the request was not served): the request and its
     /// reservation are refunded if their window is still open, and `tokens` is 0.
     pub cancel: bool,
+    /// Admitted by a shared store's local fallback ([`Admitted::on_fallback`]).
+    pub on_fallback: bool,
 }
 
 impl Settlement {
@@ -99,6 +101,7 @@ impl Settlement {
             model_window: admitted.model_window,
             pool_window: admitted.pool_window,
             cancel,
+            on_fallback: admitted.on_fallback,
         }
     }
 }

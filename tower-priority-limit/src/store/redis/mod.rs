@@ -957,6 +957,25 @@ impl Owed {
             .compare_exchange(0, now_ms, Ordering::Relaxed, Ordering::Relaxed);
         self.total.fetch_add(count, Ordering::Release);
     }
+
+    /// Takes back one admission of `pool` not told to Redis yet (it was cancelled): true if
+    /// one was owed, else it was told already (or dropped) and Redis must be told of the cancel.
+    fn forgive(&self, pool: PoolRef) -> bool {
+        let i = match self.per_pool.len() {
+            1 => 0,
+            n => pool_index(pool, n).min(n - 1),
+        };
+        let one_less = |n: u64| n.checked_sub(1);
+        let forgiven = self.per_pool[i]
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, one_less)
+            .is_ok();
+        if forgiven {
+            let _ = self
+                .total
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, one_less);
+        }
+        forgiven
+    }
 }
 
 /// A pool's usage as last seen in a reply. Three relaxed atomics: a reader may mix two replies'
@@ -1611,6 +1630,14 @@ impl Inner {
         }
     }
 
+    /// Takes back one admission of `model`'s `pool` that the fallback made and Redis was not told
+    /// of yet ([`Owed::forgive`]): false when none is owed.
+    pub(super) fn forgive_owed(&self, model: ModelId, pool: PoolRef) -> bool {
+        self.owed
+            .get(model.index())
+            .is_some_and(|owed| owed.forgive(pool))
+    }
+
     /// What the fallback admitted for `model`, per pool, since Redis was last told, taken;
     /// `None` when nothing, or when the first of them is older than a window (their window is
     /// over).
@@ -1959,13 +1986,16 @@ impl Inner {
                 let nodes = self.config.settings().shared.expected_nodes;
                 let original = request.callers.clone();
                 let callers = request.callers.as_ref().map(|c| c.divided_among(nodes));
-                let decision = self
+                let mut decision = self
                     .local
                     .admit(AdmitRequest {
                         callers: callers.clone(),
                         ..request
                     })
                     .into_inner();
+                if let Ok(Decision::Admit(admitted)) = &mut decision {
+                    admitted.on_fallback = true;
+                }
                 // The lease holds the request's own callers: where the local store counted it.
                 if let (Some(original), Some(divided)) = (original, callers) {
                     original.set_marks(divided.marks());

@@ -79,6 +79,7 @@ impl Pending {
                 model_window: NOT_COUNTED,
                 pool_window: NOT_COUNTED,
                 cancel: true,
+                on_fallback: false,
             },
             callers: Some(callers),
             // Nothing of it goes to the model's hash, nor moves its `settling` count.
@@ -424,7 +425,10 @@ impl fmt::Debug for RedisSettler {
 
 impl Settler for RedisSettler {
     fn settle(&self, settlement: Settlement) {
-        self.send(settlement, None);
+        match settlement.on_fallback {
+            true => self.settle_fallback(settlement),
+            false => self.send(settlement, None),
+        }
     }
 
     fn settle_callers(&self, settlement: Settlement, callers: &Arc<Callers>) {
@@ -432,16 +436,38 @@ impl Settler for RedisSettler {
         // included, are the local store's alone.
         if callers.marks().slot == 0 {
             self.inner.local.settle_callers_only(settlement, callers);
+            if settlement.on_fallback {
+                return self.settle_fallback(settlement);
+            }
             // Its model's local counters too, also while its model answers (a cluster whose
             // callers' slot was away).
             self.inner.settle_locally(settlement);
             return self.queue(settlement, None);
         }
+        // (A request the fallback admitted has its callers there too: slot 0, above.)
         self.send(settlement, Some(Arc::clone(callers)));
     }
 }
 
 impl RedisSettler {
+    /// Settles a request the local fallback admitted: on the fallback's counters, which counted
+    /// it, whether or not Redis is back. Redis knows of it only as an admission that reserved
+    /// nothing, once told (`repay`): its tokens go there with no reservation to replace, and a
+    /// cancel takes back what is still owed instead, or, once told, the admission Redis got.
+    fn settle_fallback(&self, settlement: Settlement) {
+        self.inner.settle_locally(settlement);
+        if settlement.cancel && self.inner.forgive_owed(settlement.model, settlement.pool) {
+            return;
+        }
+        self.queue(
+            Settlement {
+                reserved: 0,
+                ..settlement
+            },
+            None,
+        );
+    }
+
     fn send(&self, settlement: Settlement, callers: Option<Arc<Callers>>) {
         // While admissions run on the local fallback, its counters need the tokens too, to keep
         // the local share honest; Redis still gets them (queued) when it answers again.
