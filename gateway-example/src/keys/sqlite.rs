@@ -62,6 +62,62 @@ pub(crate) struct Contents {
 pub(crate) struct Db {
     conn: Connection,
     path: PathBuf,
+    /// The data directory's lock, held while the store is open ([`lock_data_dir`]); `None` when
+    /// another store of this process holds it.
+    _lock: Option<fs::File>,
+}
+
+/// The file in a data directory that one gateway at a time holds locked.
+const LOCK_FILE: &str = "gateway.lock";
+
+/// Locks `data_dir` for this process (an advisory lock on `gateway.lock`, released when the
+/// file is closed, a `kill -9` included): a second gateway on the same directory would enforce
+/// every limit and budget on counters of its own and miss the first one's key changes. The
+/// holder writes its process id there, so a store opened again in the same process (a gateway
+/// restarted in place, as the tests do) goes on without a lock of its own.
+fn lock_data_dir(data_dir: &Path) -> Result<Option<fs::File>, KeyStoreError> {
+    use std::io::{Read, Seek, Write};
+    let path = data_dir.join(LOCK_FILE);
+    let io = |what: &str, e: std::io::Error| {
+        KeyStoreError::Io(format!("{what} {}: {e}", path.display()))
+    };
+    let mut file = fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .read(true)
+        .write(true)
+        .open(&path)
+        .map_err(|e| io("opening", e))?;
+    let me = std::process::id().to_string();
+    match file.try_lock() {
+        Ok(()) => {
+            file.set_len(0).map_err(|e| io("writing", e))?;
+            file.rewind().map_err(|e| io("writing", e))?;
+            file.write_all(me.as_bytes())
+                .map_err(|e| io("writing", e))?;
+            Ok(Some(file))
+        }
+        Err(fs::TryLockError::WouldBlock) => {
+            let mut holder = String::new();
+            let _ = file.read_to_string(&mut holder);
+            if holder.trim() == me {
+                return Ok(None);
+            }
+            Err(KeyStoreError::Io(format!(
+                "another gateway (process {}) is using {} (it holds {} locked): two gateways on \
+             one data directory would each enforce limits and budgets on their own and miss \
+             each other's key changes. Give each its own --data-dir, or share keys and \
+             counters through Redis or Postgres (docs/gateway.md)",
+                holder.trim(),
+                data_dir.display(),
+                path.display()
+            )))
+        }
+        Err(fs::TryLockError::Error(e)) => Err(KeyStoreError::Io(format!(
+            "locking {}: {e}",
+            path.display()
+        ))),
+    }
 }
 
 /// Opens `data_dir/keys.db` (creating it, or importing `keys.json` into it, first if it does not
@@ -69,6 +125,7 @@ pub(crate) struct Db {
 pub(crate) fn open(data_dir: &Path) -> Result<(Db, Contents), KeyStoreError> {
     fs::create_dir_all(data_dir)
         .map_err(|e| KeyStoreError::Io(format!("creating {}: {e}", data_dir.display())))?;
+    let lock = lock_data_dir(data_dir)?;
     let path = data_dir.join(DB_FILE);
     let legacy = data_dir.join(LEGACY_FILE);
     let exists = |p: &Path| {
@@ -102,7 +159,14 @@ pub(crate) fn open(data_dir: &Path) -> Result<(Db, Contents), KeyStoreError> {
     )
     .map_err(|e| cannot_use(&path, &LoadError::Sqlite(e)))?;
     match configure_and_load(&conn) {
-        Ok(contents) => Ok((Db { conn, path }, contents)),
+        Ok(contents) => Ok((
+            Db {
+                conn,
+                path,
+                _lock: lock,
+            },
+            contents,
+        )),
         Err(e) => {
             // Leave a file we cannot read exactly as it was: no checkpoint when closing.
             let _ = conn.set_db_config(DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, true);

@@ -1129,3 +1129,32 @@ async fn an_unusable_proxy_variable_fails_only_the_requests_that_would_take_it()
         tls.1
     );
 }
+
+/// A second gateway on a data directory another one is using refuses to start, naming it (two
+/// would each enforce limits and budgets on their own and miss each other's key changes); once
+/// the first has exited, even by `kill -9`, the directory is free again.
+#[test]
+fn a_second_gateway_on_one_data_dir_refuses_to_start() {
+    let dir = exposure_config("shared-data", "sk-shared-data-0123456789");
+    let port = |p: u16| p.to_string();
+    let first = launch(&dir, &["--port", &port(free_port())]).expect("the first starts");
+    let (status, stderr) = match launch(&dir, &["--port", &port(free_port())]) {
+        Ok(second) => {
+            stop(second.child);
+            stop(first.child);
+            panic!("a second gateway started on the same data directory");
+        }
+        Err(refused) => refused,
+    };
+    assert!(!status.success());
+    let data = dir.join("data").display().to_string();
+    assert!(
+        stderr.contains("another gateway") && stderr.contains(&data),
+        "{stderr}"
+    );
+    let mut first = first.child;
+    kill(&mut first, "-KILL");
+    let again = launch(&dir, &["--port", &port(free_port())]).expect("free after kill -9");
+    stop(again.child);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
