@@ -136,6 +136,16 @@ fn tcp_url(
 fn startup_node(node: &Node<'_>, password: Option<&str>) -> Result<String, ConfigError> {
     let path = node.path();
     if matches!(node.value(), Value::Object(_)) {
+        // A misspelt `port` would else dial 6379, perhaps another Redis; the password is
+        // `redis_password`, for every node.
+        for (key, entry) in node.entries()? {
+            if !matches!(key, "host" | "port") {
+                return Err(entry.error(
+                    "unknown key: a node takes host and port (the password is \
+                     router_settings.redis_password, for every node)",
+                ));
+            }
+        }
         let host = node
             .get("host")?
             .ok_or_else(|| node.error("missing host"))?

@@ -330,6 +330,16 @@ fn bad_redis_settings_name_the_path() {
                 "router_settings.redis_startup_nodes[0]: missing host",
             ),
             (
+                "router_settings: {redis_startup_nodes: [{host: h, prot: 7000}]}",
+                &[][..],
+                "router_settings.redis_startup_nodes[0].prot: unknown key: a node takes host and port (the password is router_settings.redis_password, for every node)",
+            ),
+            (
+                "router_settings: {redis_startup_nodes: [{host: h, port: 7000, pasword: x}]}",
+                &[][..],
+                "router_settings.redis_startup_nodes[0].pasword: unknown key: a node takes host and port (the password is router_settings.redis_password, for every node)",
+            ),
+            (
                 "router_settings: {redis_startup_nodes: []}",
                 &[][..],
                 "router_settings.redis_startup_nodes: expected at least one \"host:port\"",
