@@ -404,7 +404,10 @@ impl RedisKeys {
     where
         R: serde::Serialize + serde::de::DeserializeOwned,
     {
-        const TRIES: usize = 5;
+        // Each round one of the writers racing on a record wins: enough rounds for a burst of
+        // updates of one key from the whole fleet, spread by a jittered pause so they do not
+        // collide again in lock-step.
+        const TRIES: u32 = 32;
         let swap = ::redis::Script::new(
             "if redis.call('HGET', KEYS[1], ARGV[1]) ~= ARGV[2] then return 0 end \
              if ARGV[5] ~= '' and ARGV[5] ~= ARGV[4] then \
@@ -423,7 +426,11 @@ impl RedisKeys {
              end \
              return 1",
         );
-        for _ in 0..TRIES {
+        for attempt in 0..TRIES {
+            if attempt > 0 {
+                let most = Duration::from_millis(2u64 << attempt.min(4));
+                tokio::time::sleep(most.mul_f64(rand::random::<f64>())).await;
+            }
             let old: Option<String> = self
                 .query(::redis::cmd("HGET").arg(hash).arg(field))
                 .await?;
