@@ -111,8 +111,18 @@ async fn a_budget_holds_across_three_gateways_under_contention() {
     let fresh = Arc::new(Gw::connect(&yaml, Some(&dir.0)).await);
     assert!((spend(&fresh, &key).await - fleet_spend).abs() < 1e-12);
     let mut more = 0;
+    let mut waits = 0;
     loop {
         let r = fresh.chat_with(&key, body.clone()).await;
+        // The previous answer's settlement is on its way to Redis (in the background): its
+        // reservation still counts, and the refusal says so (retry-after 1 s). A busy machine
+        // shows it.
+        if r.status == 429 && r.error_message().contains("reserved by requests in flight") {
+            waits += 1;
+            assert!(waits < 100, "{}", r.text());
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            continue;
+        }
         if r.status == 400 {
             assert_eq!(refused_by(&r), "key_budget");
             break;

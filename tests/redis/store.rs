@@ -1428,6 +1428,80 @@ async fn a_dead_gateways_budget_reservations_lapse_with_its_slots() {
     assert_eq!((field("$r"), field("$s")), (0, 14_000));
 }
 
+/// What a key's requests cost while Redis was stopped (admitted and settled on the local
+/// fallback) reaches its budget in Redis once Redis is back: the fleet's spend, and `/key/info`,
+/// count it (before, only the local counters did, and a stall let a key overspend for good).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spend_on_the_local_fallback_reaches_the_budget_in_redis() {
+    use tower_priority_limit::caller::{
+        Budget, Caller, CallerKind, CallerLimits, Callers, NanoUsd,
+    };
+    use tower_priority_limit::AdmissionOutcome;
+    let Some(redis) = RedisServer::start("spend_on_the_local_fallback") else {
+        return;
+    };
+    let config = LimiterConfig::builder()
+        .model(ModelLimits::new("m").rpm(1_000).tpm(1_000_000))
+        .token_accounting(tower_priority_limit::config::TokenAccounting::Reserve)
+        .failure_mode(FailureMode::Local)
+        .store_timeout(Duration::from_millis(50))
+        .build()
+        .unwrap();
+    let limiter = redis_limiter(config, single(&redis), "fbspend:").await;
+    let limits = CallerLimits::new().budget(Budget::new(NanoUsd::from_dollars(1.0).unwrap()));
+    let request = || {
+        let mut r = keyed(&limiter, limits);
+        r.callers = Callers::priced(
+            Some(Caller::new(CallerKind::Key, "k", limits)),
+            None,
+            tower_priority_limit::caller::Prices {
+                input: 1_000.0,
+                output: 1_000.0,
+                ..Default::default()
+            },
+            7,
+        );
+        r
+    };
+    let field = |name: &str| {
+        let v = redis.cli(&["hget", "fbspend:{c:key:k}", name]);
+        v.trim().parse::<u64>().unwrap_or(0)
+    };
+    let served = || async {
+        match limiter.admit_request(request()).await.unwrap() {
+            AdmissionOutcome::Admitted { lease, .. } => lease.settle_with_output(7, Some(0)),
+            other => panic!("admitted: {other:?}"),
+        }
+    };
+    served().await;
+    limiter.store().flush().await;
+    assert_eq!(field("$s"), 7_000);
+    redis.pause();
+    for _ in 0..3 {
+        served().await;
+    }
+    assert!(
+        limiter
+            .store()
+            .stats()
+            .local_admitted
+            .load(Ordering::Relaxed)
+            >= 3
+    );
+    redis.resume();
+    let resumed = Instant::now();
+    while !limiter.store().is_healthy() {
+        assert!(resumed.elapsed() < Duration::from_secs(5), "never back");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    limiter.store().flush().await;
+    assert_eq!(
+        (field("$s"), field("$r")),
+        (4 * 7_000, 0),
+        "the three the fallback served are spent in Redis too, nothing left reserved"
+    );
+}
+
 /// On a Redis Cluster, a keyed admission whose model does not answer, or that is abandoned while
 /// its model's call is under way (its client went away), gives back what its callers' call
 /// counted (a parallel slot, the window's request, the day's tokens), with the marks that call

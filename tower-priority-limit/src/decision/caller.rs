@@ -76,8 +76,17 @@ impl BudgetCounter {
     /// Settles a request admitted in period `mark` with `reserved` of its cost: its real
     /// `cost` replaces the reservation, or with `cancel` nothing is charged. Once its period is
     /// over (another counts now), it changes nothing: a request counts in the period it was
-    /// admitted in.
+    /// admitted in. A later period than the counter's (the request was admitted elsewhere: a
+    /// shared store's local fallback) starts with its cost.
     pub fn settle(&mut self, mark: u64, reserved: u64, cost: u64, cancel: bool) {
+        if mark > self.period && !cancel {
+            *self = Self {
+                period: mark,
+                spent: cost.min(NanoUsd::MAX.nanos()),
+                reserved: 0,
+            };
+            return;
+        }
         if mark != self.period {
             return;
         }

@@ -153,7 +153,9 @@ for i = 0, npairs - 1 do
   slot = math.floor(now / slot_ms)
   apply(ARGV[at], tonumber(ARGV[at + 1]))
 end
--- Budgets (`BudgetCounter::settle`): only in the period the admission reserved in.
+-- Budgets (`BudgetCounter::settle`): only in the period the admission reserved in; a period
+-- the hash does not hold yet (the request was admitted on a gateway's local fallback, or Redis
+-- lost the hash) starts with its cost.
 local bat = 11 + 4 * npairs
 local result = {1}
 for i = 0, (tonumber(ARGV[bat]) or 0) - 1 do
@@ -161,11 +163,16 @@ for i = 0, (tonumber(ARGV[bat]) or 0) - 1 do
   local p, mark = ARGV[at], tonumber(ARGV[at + 1])
   local breserved, cost = tonumber(ARGV[at + 2]), tonumber(ARGV[at + 3])
   local f = redis.call('HMGET', key, p .. 'p', p .. 's', p .. 'r')
-  if tonumber(f[1]) == mark then
+  local period = tonumber(f[1])
+  if period == mark then
     local s, r = tonumber(f[2]) or 0, tonumber(f[3]) or 0
     if not cancel then s = math.min(s + cost, MAX) end
     if not held then breserved = 0 end
     redis.call('HSET', key, p .. 's', s, p .. 'r', math.max(0, r - breserved))
+    result[#result + 1] = s
+  elseif not cancel and (period == nil or period < mark) then
+    local s = math.min(cost, MAX)
+    redis.call('HSET', key, p .. 'p', mark, p .. 's', s, p .. 'r', 0)
     result[#result + 1] = s
   else
     result[#result + 1] = -1

@@ -169,18 +169,24 @@ impl Inner {
             .await?;
             self.model_part_taken(pending);
         }
-        // A caller admitted on the local fallback settles there ([`RedisSettler`]), not here.
         let Some(callers) = pending.callers.as_ref() else {
             return Ok(());
         };
         let marks = pending.undo.unwrap_or_else(|| callers.marks());
-        if marks.slot == 0 {
+        // A caller admitted on the local fallback was counted there ([`RedisSettler`]): Redis
+        // gets only what it spent, so a budget holds across an outage (no pair, no slot, no
+        // reservation to take back).
+        let on_fallback = marks.slot == 0;
+        if on_fallback && (s.cancel || pending.undo.is_some()) {
             return Ok(());
         }
         let model_prefix = caller_model_prefix(self.config.model(s.model).name());
         let member = self.slot_member(marks.slot);
         let reserved = marks.reserved.min(MAX_EXACT);
-        let (cost_reserved, cost) = (marks.cost_reserved, callers.cost().nanos());
+        let (cost_reserved, cost) = match on_fallback {
+            true => (0, callers.cost().nanos()),
+            false => (marks.cost_reserved, callers.cost().nanos()),
+        };
         let model_budget = format!("{model_prefix}$");
         for place in 0..2 {
             let Some(caller) = callers.get(place).filter(|_| !pending.taken.callers[place]) else {
@@ -195,18 +201,19 @@ impl Inner {
                 (model_prefix.as_str(), at[2], window_ms, slot),
             ]
             .into_iter()
-            .filter(|pair| pair.1 != NOT_COUNTED)
+            .filter(|pair| pair.1 != NOT_COUNTED && !on_fallback)
             .collect();
             // A slot only where the caller has a limit of them or a budget (admit.lua keeps
             // none otherwise: `holds_slot`); nothing to send for a caller with neither.
-            let slot_set = holds_slot(caller.limits()).then_some((slots.as_str(), member.as_str()));
+            let slot_set = (holds_slot(caller.limits()) && !on_fallback)
+                .then_some((slots.as_str(), member.as_str()));
             // The budgets the admission reserved on: (prefix, period, reserved, cost).
             let budgets: Vec<_> = [
                 ("$", marks.budgets[place][0]),
                 (model_budget.as_str(), marks.budgets[place][1]),
             ]
             .into_iter()
-            .filter(|b| b.1 != NOT_COUNTED)
+            .filter(|b| b.1 != NOT_COUNTED && !(on_fallback && cost == 0))
             .map(|(prefix, period)| (prefix, period, cost_reserved, cost))
             .collect();
             if pairs.is_empty() && slot_set.is_none() && budgets.is_empty() {
@@ -426,7 +433,7 @@ impl fmt::Debug for RedisSettler {
 impl Settler for RedisSettler {
     fn settle(&self, settlement: Settlement) {
         match settlement.on_fallback {
-            true => self.settle_fallback(settlement),
+            true => self.settle_fallback(settlement, None),
             false => self.send(settlement, None),
         }
     }
@@ -436,13 +443,18 @@ impl Settler for RedisSettler {
         // included, are the local store's alone.
         if callers.marks().slot == 0 {
             self.inner.local.settle_callers_only(settlement, callers);
+            // Redis gets what its budgets spent (`Inner::settle`), if any.
+            let spent = callers
+                .iter()
+                .any(|c| c.limits().has_budget())
+                .then(|| Arc::clone(callers));
             if settlement.on_fallback {
-                return self.settle_fallback(settlement);
+                return self.settle_fallback(settlement, spent);
             }
             // Its model's local counters too, also while its model answers (a cluster whose
             // callers' slot was away).
             self.inner.settle_locally(settlement);
-            return self.queue(settlement, None);
+            return self.queue(settlement, spent);
         }
         // (A request the fallback admitted has its callers there too: slot 0, above.)
         self.send(settlement, Some(Arc::clone(callers)));
@@ -454,7 +466,8 @@ impl RedisSettler {
     /// it, whether or not Redis is back. Redis knows of it only as an admission that reserved
     /// nothing, once told (`repay`): its tokens go there with no reservation to replace, and a
     /// cancel takes back what is still owed instead, or, once told, the admission Redis got.
-    fn settle_fallback(&self, settlement: Settlement) {
+    /// `spent`: its callers, when a budget of theirs is to get what it cost.
+    fn settle_fallback(&self, settlement: Settlement, spent: Option<Arc<Callers>>) {
         self.inner.settle_locally(settlement);
         if settlement.cancel && self.inner.forgive_owed(settlement.model, settlement.pool) {
             return;
@@ -464,7 +477,7 @@ impl RedisSettler {
                 reserved: 0,
                 ..settlement
             },
-            None,
+            spent,
         );
     }
 
