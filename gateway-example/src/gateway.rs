@@ -199,7 +199,10 @@ impl GatewayBuilder {
         };
         if let Some(redis) = keys.as_redis() {
             match redis.ping(Duration::from_secs(2)).await {
-                Ok(()) => tracing::info!(redis = redis.target(), "keys and teams on Redis"),
+                Ok(()) => {
+                    tracing::info!(redis = redis.target(), "keys and teams on Redis");
+                    redis.warn_if_not_persistent().await;
+                }
                 Err(e) => tracing::warn!(
                     redis = redis.target(),
                     error = %e,

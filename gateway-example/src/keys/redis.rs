@@ -225,6 +225,30 @@ impl RedisKeys {
             .await
     }
 
+    /// Warns when this Redis keeps nothing on disk (no AOF, no RDB snapshots): a restart of it
+    /// would revoke every key and team and zero every budget (docs/gateway.md). Best effort: a
+    /// Redis that does not allow `CONFIG GET` is not checked.
+    pub async fn warn_if_not_persistent(&self) {
+        let get = |name: &str| {
+            let mut cmd = ::redis::cmd("CONFIG");
+            cmd.arg("GET").arg(name);
+            cmd
+        };
+        let (aof, save) = (get("appendonly"), get("save"));
+        let read = |answer: Result<Vec<String>, KeyStoreError>| answer.ok()?.get(1).cloned();
+        let aof = read(self.query(&aof).await);
+        let save = read(self.query(&save).await);
+        if let (Some(aof), Some(save)) = (aof, save) {
+            if aof.eq_ignore_ascii_case("no") && save.trim().is_empty() {
+                tracing::warn!(
+                    redis = self.target(),
+                    "this Redis persists nothing (appendonly no, save \"\"): a restart of it \
+                     revokes every key and team and zeroes every budget; set appendonly yes"
+                );
+            }
+        }
+    }
+
     /// Stores a new key record (its team, if any, must exist), with its alias in the same script.
     pub async fn insert_key(&self, record: &KeyRecord) -> Result<(), KeyStoreError> {
         if let Some(team) = &record.team_id {

@@ -1158,3 +1158,39 @@ fn a_second_gateway_on_one_data_dir_refuses_to_start() {
     stop(again.child);
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// Keys on a Redis that persists nothing (no AOF, no snapshots: the tests' own) are warned about
+/// at start, naming the fix; once it writes an append-only file, no warning.
+#[test]
+fn keys_on_a_redis_that_persists_nothing_are_warned_about() {
+    let Some(redis) =
+        super::redis_server::RedisServer::start("keys_on_a_redis_that_persists_nothing")
+    else {
+        return;
+    };
+    let dir = config_dir(
+        "unpersisted",
+        &format!(
+            "model_list: [{{model_name: m, litellm_params: {{model: openai/m, mock_response: hi}}}}]\n\
+             general_settings: {{master_key: sk-unpersisted-0123456789}}\n\
+             router_settings: {{redis_url: \"{}\"}}\n",
+            redis.url()
+        ),
+    );
+    let warned = |launched: &Launched| {
+        launched
+            .before
+            .iter()
+            .any(|line| line.contains("persists nothing") && line.contains("appendonly yes"))
+    };
+    let port = free_port().to_string();
+    let first = launch(&dir, &["--port", &port]).expect("starts");
+    assert!(warned(&first), "{:?}", first.before);
+    stop(first.child);
+    redis.cli(&["config", "set", "appendonly", "yes"]);
+    let port = free_port().to_string();
+    let second = launch(&dir, &["--port", &port]).expect("starts");
+    assert!(!warned(&second), "{:?}", second.before);
+    stop(second.child);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
