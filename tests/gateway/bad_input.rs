@@ -51,6 +51,12 @@ async fn every_bad_input_gets_its_status_and_shape() {
             400,
             "Request body must be a JSON object.",
         ),
+        (
+            Some(&key),
+            " \n".into(),
+            400,
+            "Request body is empty; expected a JSON object with \"model\".",
+        ),
         // A top-level key with an escape (the upstream's body is then made from the parsed body)
         // and a lone surrogate in the messages: refused, not sent on without its messages.
         (

@@ -70,6 +70,11 @@ where
     // prompt estimate in the same pass. A body that is not an object whose members both read
     // is read again by each on its own, for the error or the estimate's fallback.
     let required = endpoint.required_field().map(|(field, _)| field);
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Err(ApiError::bad_request(
+            "Request body is empty; expected a JSON object with \"model\".",
+        ));
+    }
     let (mut fields, prompt_tokens) = match Fields::read_with_prompt(&bytes, required) {
         Some(both) => both,
         None => {
