@@ -98,7 +98,7 @@ async fn an_invalid_file_is_refused_with_the_start_up_error_and_the_config_stays
     assert_eq!(
         start_up,
         format!(
-            "{}: model_list[0].litellm_params.rpm: must be > 0",
+            "{}: model_list[0].litellm_params.rpm: expected a whole number > 0, got 0",
             path.display()
         )
     );

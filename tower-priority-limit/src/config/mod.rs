@@ -760,11 +760,11 @@ litellm_settings:
             ),
             (
                 "model_list: [{model_name: m, litellm_params: {rpm: 0}}]",
-                "model_list[0].litellm_params.rpm: must be > 0",
+                "model_list[0].litellm_params.rpm: expected a whole number > 0, got 0",
             ),
             (
                 "model_list: [{model_name: a, litellm_params: {}}, {model_name: m, litellm_params: {tpm: -5}}]",
-                "model_list[1].litellm_params.tpm: expected a whole number ≥ 0, got -5",
+                "model_list[1].litellm_params.tpm: expected a whole number > 0, got -5",
             ),
             (
                 "model_list: [{model_name: m, litellm_params: {rpm: lots}}]",
@@ -945,7 +945,7 @@ litellm_settings:
         let e = load(&yaml("max_reported_tokens: 0")).unwrap_err();
         assert_eq!(
             e.to_string(),
-            "litellm_settings.priority_reservation_settings.max_reported_tokens: must be > 0"
+            "litellm_settings.priority_reservation_settings.max_reported_tokens: expected a whole number > 0, got 0"
         );
         let b = || LimiterConfig::builder().model(ModelLimits::new("m").tpm(10));
         let c = b().max_reported_tokens(7).build().unwrap();
@@ -994,7 +994,7 @@ litellm_settings:
             ),
             (
                 "{max_wait_seconds: 1, max_queued: 0}",
-                format!("{path}.max_queued: must be > 0"),
+                format!("{path}.max_queued: expected a whole number > 0, got 0"),
             ),
             (
                 "{max_wait_seconds: 1, max_queued: 1, wait: 3}",

@@ -349,11 +349,12 @@ pub fn deployment_limit(item: &Node<'_>, key: &str) -> Result<Option<u64>, Confi
 }
 
 pub(super) fn positive(node: &Node<'_>) -> Result<u64, ConfigError> {
-    let v = node.count()?;
-    if v == 0 {
-        return Err(node.error("must be > 0"));
+    // One message for every value refused, so it never invites another refused one.
+    let v = node.number()?;
+    if !(v.is_finite() && v >= 1.0 && v.fract() == 0.0 && v <= u64::MAX as f64) {
+        return Err(node.error(format!("expected a whole number > 0, got {v}")));
     }
-    Ok(v)
+    Ok(v as u64)
 }
 
 pub(super) fn kind(v: &Value) -> &'static str {
