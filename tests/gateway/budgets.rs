@@ -105,6 +105,24 @@ async fn a_key_budget_refuses_once_spent_and_resets_with_its_period() {
     gw.clock.advance(Duration::from_secs(86_400 * 40));
     assert_eq!(gw.served(&key, "a", 1).await, 0);
     assert!(key_info(&gw, &key).await["budget_reset_at"].is_null());
+
+    // A duration set later keeps what was spent until its first period ends, as LiteLLM keeps
+    // a key's spend until its first reset (before, it wiped the spend at once).
+    let r = gw
+        .post(
+            "/key/update",
+            Some(MASTER),
+            json!({"key": key, "budget_duration": "30s"}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(gw.served(&key, "a", 1).await, 0, "still spent");
+    assert!(close(
+        key_info(&gw, &key).await["spend"].as_f64().unwrap(),
+        COST
+    ));
+    gw.clock.advance(Duration::from_secs(30));
+    assert_eq!(gw.served(&key, "a", 2).await, 1, "its first period is over");
 }
 
 /// A team's budget is shared by its keys (named `team_budget`, with the team's message); a

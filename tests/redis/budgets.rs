@@ -156,3 +156,41 @@ async fn a_budget_holds_across_three_gateways_on_a_redis_cluster() {
     let (gateways, _dirs) = fleet(&config_on(&router, &base)).await;
     two_hundred_at_once_on_a_budget(&gateways, &up).await;
 }
+
+/// A `budget_duration` set on a key whose budget never reset keeps what it spent until the first
+/// period ends, on the fleet's counters too (before, the spend in Redis was wiped at once and a
+/// spent key served again), whichever gateway asks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_duration_set_later_keeps_the_spend_until_its_first_period_ends() {
+    let Some(redis) = RedisServer::start("a_duration_set_later_keeps_the_spend") else {
+        return;
+    };
+    let (up, base) = Upstream::start().await;
+    up.open_gate();
+    let yaml = config(&redis, &base);
+    let (gateways, _dirs) = fleet(&yaml).await;
+    let (a, b) = (&gateways[0], &gateways[1]);
+    let key = a.new_key(json!({"max_budget": COST})).await;
+    let body: Value = stream_body(20);
+    assert_eq!(a.chat_with(&key, body.clone()).await.status, 200);
+    flush(&gateways).await;
+    assert_eq!(
+        refused_by(&a.chat_with(&key, body.clone()).await),
+        "key_budget"
+    );
+    let r = a
+        .post(
+            "/key/update",
+            Some(MASTER),
+            json!({"key": key, "budget_duration": "30s"}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    for gw in [a, b] {
+        let r = gw.chat_with(&key, body.clone()).await;
+        assert_eq!(refused_by(&r), "key_budget", "still spent: {}", r.text());
+    }
+    assert!((spend(b, &key).await - COST).abs() < 1e-12);
+    // (These gateways run on the real clock: the embedded test,
+    // `a_key_budget_refuses_once_spent_and_resets_with_its_period`, moves past the period.)
+}

@@ -1743,11 +1743,14 @@ async fn agree_with_callers_of(
     // (a request's own); budgets count in periods of two minutes on the manual clock.
     let callers = |which: u64, model: &str, prompt: u64| {
         let on_m = model == "m";
-        let period = clock.now_ms() / 120_000 * 120_000;
+        let start = clock.now_ms() / 120_000 * 120_000;
+        // Named by its end, so no period is 0, a budget that never resets (whose spend would
+        // carry into the first period).
+        let period = start + 120_000;
         let budget = |nanos| {
             Budget::new(NanoUsd::from_nanos(nanos))
                 .soft(NanoUsd::from_nanos(nanos / 2))
-                .in_period(period, period + 120_000 - clock.now_ms())
+                .in_period(period, start + 120_000 - clock.now_ms())
         };
         match which {
             3 => Callers::priced(

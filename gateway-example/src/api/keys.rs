@@ -697,12 +697,13 @@ async fn with_spend(
     let config = gw.limiter();
     let config = config.config();
     let current = |model: Option<&str>, period: u64| {
-        // Spend of an earlier period no longer counts.
+        // Spend of an earlier period no longer counts; a never-resetting budget's (period 0)
+        // carries into the first period of a duration set since (`BudgetCounter`).
         let budget = match model {
             None => limits.for_model("", now_ms).budget,
             Some(m) => limits.for_model(m, now_ms).model_budget,
         };
-        budget.is_none_or(|b| b.period <= period)
+        budget.is_none_or(|b| period == 0 || b.period <= period)
     };
     let mut total = 0.0;
     let mut per_model = Map::new();

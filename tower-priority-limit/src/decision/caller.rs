@@ -80,19 +80,36 @@ impl BudgetCounter {
     /// shared store's local fallback) starts with its cost.
     pub fn settle(&mut self, mark: u64, reserved: u64, cost: u64, cancel: bool) {
         if mark > self.period && !cancel {
-            *self = Self {
-                period: mark,
-                spent: cost.min(NanoUsd::MAX.nanos()),
-                reserved: 0,
-            };
+            let max = NanoUsd::MAX.nanos();
+            match self.period {
+                // A never-resetting budget's counter carries into the period.
+                0 => self.spent = self.spent.saturating_add(cost).min(max),
+                _ => {
+                    self.spent = cost.min(max);
+                    self.reserved = 0;
+                }
+            }
+            self.period = mark;
             return;
         }
-        if mark != self.period {
+        // Admitted before its budget got a period: its reservation was carried into it.
+        let carried = mark == 0 && self.period != 0;
+        if mark != self.period && !carried {
             return;
         }
         self.reserved = self.reserved.saturating_sub(reserved);
         if !cancel {
             self.spent = self.spent.saturating_add(cost).min(NanoUsd::MAX.nanos());
+        }
+    }
+
+    /// Carries a budget that never reset (period 0) into `period`, the first its budget has
+    /// (a `budget_duration` set since): its spend counts until that period ends, as LiteLLM
+    /// keeps a key's spend until its first reset. Done before a check, so a refused request
+    /// carries it too and a later period starts empty.
+    pub fn carry_into(&mut self, period: u64) {
+        if self.period == 0 && period > 0 {
+            self.period = period;
         }
     }
 
@@ -165,6 +182,20 @@ impl<W: Window> CallerCounters<W> {
                 self.model_budgets.push((model, BudgetCounter::default()));
                 let last = self.model_budgets.len() - 1;
                 &mut self.model_budgets[last].1
+            }
+        }
+    }
+
+    /// Carries budgets that never reset into the periods `limits` count in now, on `model`
+    /// ([`BudgetCounter::carry_into`]): before a check, so what a never-resetting budget spent
+    /// counts until the first period of a `budget_duration` set since ends.
+    pub fn carry_budgets(&mut self, model: ModelId, limits: &CallerLimits) {
+        if let Some(b) = &limits.budget {
+            self.budget.carry_into(b.period);
+        }
+        if let Some(b) = &limits.model_budget {
+            if let Some((_, c)) = self.model_budgets.iter_mut().find(|(m, _)| *m == model) {
+                c.carry_into(b.period);
             }
         }
     }
@@ -749,6 +780,24 @@ mod tests {
         );
         // An admission that still names the old period counts in the newer one.
         assert_eq!(c.budget.committed(1_000), 30);
+    }
+
+    /// A budget that never reset (period 0) carries into the first period of a duration set
+    /// since: its spend and reservations count there, a request admitted before settles there,
+    /// and the period after it starts empty.
+    #[test]
+    fn a_never_resetting_budget_carries_into_its_first_period_only() {
+        let mut c = BudgetCounter::default();
+        let before = c.admit(0, 30);
+        c.settle(before, 30, 20, false);
+        let in_flight = c.admit(0, 30);
+        c.carry_into(60_000);
+        assert_eq!(c.committed(60_000), 50, "carried");
+        c.settle(in_flight, 30, 25, false);
+        assert_eq!((c.period, c.spent, c.reserved), (60_000, 45, 0));
+        c.carry_into(120_000);
+        assert_eq!(c.period, 60_000, "only from 0");
+        assert_eq!(c.committed(120_000), 0, "the next period starts empty");
     }
 
     /// A caller in shadow has its limits counted and reported, never enforced; the other

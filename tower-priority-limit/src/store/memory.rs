@@ -550,7 +550,17 @@ impl<W: SlotWindow> ModelCounters<W> {
     ) -> Decision {
         let window = settings.window_ms;
         let saturation = || saturation(limits, self.model.usage(now, window));
-        let [key, team] = callers;
+        let [mut key, mut team] = callers;
+        if who.has_budget() {
+            for (place, c) in [key.as_deref_mut(), team.as_deref_mut()]
+                .into_iter()
+                .enumerate()
+            {
+                if let (Some(c), Some(caller)) = (c, who.get(place)) {
+                    c.carry_budgets(request.model, caller.limits());
+                }
+            }
+        }
         let seen = [key.as_deref(), team.as_deref()];
         let reserved = who.reservation(request.reserve);
         let checked = check_callers(who, seen, request.model, reserved, saturation, now, window);

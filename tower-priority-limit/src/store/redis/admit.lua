@@ -230,7 +230,8 @@ if nc > 0 then
           local cost, period, mperiod, mprefix = string.match(rec, '^(%d+) (%-?%d+) (%-?%d+) (.*)$')
           for _, b in ipairs({{'$', period}, {mprefix .. '$', mperiod}}) do
             local f = redis.call('HMGET', hk, b[1] .. 'p', b[1] .. 'r')
-            if b[2] ~= '-1' and tonumber(f[1]) == tonumber(b[2]) then
+            local held = tonumber(f[1])
+            if b[2] ~= '-1' and (held == tonumber(b[2]) or (b[2] == '0' and held and held > 0)) then
               redis.call('HSET', hk, b[1] .. 'r', math.max(0, (tonumber(f[2]) or 0) - tonumber(cost)))
             end
           end
@@ -247,6 +248,12 @@ if nc > 0 then
       if b[2] >= 0 then
         local f = redis.call('HMGET', hk, b[1] .. 'p', b[1] .. 's', b[1] .. 'r')
         e.raw_p, e.s, e.r = tonumber(f[1]) or -1, tonumber(f[2]) or 0, tonumber(f[3]) or 0
+      end
+      -- A never-resetting budget's counter (period 0) carries into the first period of a
+      -- `budget_duration` set since (`BudgetCounter::carry_into`), refused or not.
+      if e.raw_p == 0 and b[3] > 0 then
+        redis.call('HSET', hk, b[1] .. 'p', b[3])
+        e.raw_p = b[3]
       end
       e.committed = e.s + e.r
       if b[3] > e.raw_p then e.committed = 0 end

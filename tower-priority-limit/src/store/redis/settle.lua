@@ -164,15 +164,20 @@ for i = 0, (tonumber(ARGV[bat]) or 0) - 1 do
   local breserved, cost = tonumber(ARGV[at + 2]), tonumber(ARGV[at + 3])
   local f = redis.call('HMGET', key, p .. 'p', p .. 's', p .. 'r')
   local period = tonumber(f[1])
-  if period == mark then
+  -- Admitted before its budget got a period: its reservation was carried into it.
+  if period == mark or (mark == 0 and period ~= nil and period > 0) then
     local s, r = tonumber(f[2]) or 0, tonumber(f[3]) or 0
     if not cancel then s = math.min(s + cost, MAX) end
     if not held then breserved = 0 end
     redis.call('HSET', key, p .. 's', s, p .. 'r', math.max(0, r - breserved))
     result[#result + 1] = s
   elseif not cancel and (period == nil or period < mark) then
-    local s = math.min(cost, MAX)
-    redis.call('HSET', key, p .. 'p', mark, p .. 's', s, p .. 'r', 0)
+    local s, r = math.min(cost, MAX), 0
+    if period == 0 then
+      -- A never-resetting budget's counter carries into the period.
+      s, r = math.min((tonumber(f[2]) or 0) + cost, MAX), tonumber(f[3]) or 0
+    end
+    redis.call('HSET', key, p .. 'p', mark, p .. 's', s, p .. 'r', r)
     result[#result + 1] = s
   else
     result[#result + 1] = -1
