@@ -478,6 +478,7 @@ impl Gateway {
             out
         };
         let mut out = Vec::new();
+        let mut budgeted = 0usize;
         const PAGE: usize = 1_000;
         let mut offset = 0;
         loop {
@@ -486,6 +487,7 @@ impl Gateway {
                 .list_keys(KeyFilter::default(), offset, PAGE)
                 .await?;
             for key in &page {
+                budgeted += usize::from(key.limits.has_budget());
                 let alias = key
                     .key_alias
                     .as_deref()
@@ -500,9 +502,24 @@ impl Gateway {
             }
         }
         for team in self.keys.teams().await? {
+            budgeted += usize::from(team.limits.has_budget());
             for what in unapplied(&team.limits, &team.metadata) {
                 out.push(format!("team {:?}: {what}", team.team_id));
             }
+        }
+        // A model without prices costs nothing against a budget: said once, not per record.
+        let unpriced: Vec<&str> = groups.iter().copied().filter(|g| !priced(g)).collect();
+        if budgeted > 0 && !unpriced.is_empty() {
+            // First: the list is shown cut short.
+            out.insert(
+                0,
+                format!(
+                "{budgeted} keys and teams have a dollar budget, and these models have no prices \
+                 (input_cost_per_token, output_cost_per_token), so their answers cost $0 against \
+                 it: {}",
+                unpriced.join(", ")
+            ),
+            );
         }
         Ok(out)
     }

@@ -123,6 +123,16 @@ async fn a_key_budget_refuses_once_spent_and_resets_with_its_period() {
     ));
     gw.clock.advance(Duration::from_secs(30));
     assert_eq!(gw.served(&key, "a", 2).await, 1, "its first period is over");
+
+    // The model without prices is named at start: its answers cost nothing against a budget.
+    let named = gw.gateway.unapplied_settings().await.unwrap();
+    assert!(
+        named.iter().any(
+            |line| line.starts_with("2 keys and teams have a dollar budget")
+                && line.ends_with("cost $0 against it: free")
+        ),
+        "{named:#?}"
+    );
 }
 
 /// A team's budget is shared by its keys (named `team_budget`, with the team's message); a
