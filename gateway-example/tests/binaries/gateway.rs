@@ -937,7 +937,8 @@ async fn sighup_reloads_the_config_file() {
     let line = tokio::task::block_in_place(|| wait_for_log("config not reloaded"));
     assert!(
         line.contains("the running one stays")
-            && line.contains("model_list[0].litellm_params.rpm: must be > 0"),
+            && line
+                .contains("model_list[0].litellm_params.rpm: expected a whole number > 0, got 0"),
         "{line}"
     );
     assert_eq!(status(()).await, 429, "still serving, under rpm 3");
