@@ -487,7 +487,7 @@ impl Gateway {
                 .list_keys(KeyFilter::default(), offset, PAGE)
                 .await?;
             for key in &page {
-                budgeted += usize::from(key.limits.has_budget());
+                budgeted += usize::from(spans_models(&key.limits));
                 let alias = key
                     .key_alias
                     .as_deref()
@@ -502,21 +502,22 @@ impl Gateway {
             }
         }
         for team in self.keys.teams().await? {
-            budgeted += usize::from(team.limits.has_budget());
+            budgeted += usize::from(spans_models(&team.limits));
             for what in unapplied(&team.limits, &team.metadata) {
                 out.push(format!("team {:?}: {what}", team.team_id));
             }
         }
-        // A model without prices costs nothing against a budget: said once, not per record.
+        // A model without prices costs nothing against a budget of every model: said once, not
+        // per record (with no model priced, each such budget is named above).
         let unpriced: Vec<&str> = groups.iter().copied().filter(|g| !priced(g)).collect();
-        if budgeted > 0 && !unpriced.is_empty() {
+        if budgeted > 0 && !unpriced.is_empty() && unpriced.len() < groups.len() {
             // First: the list is shown cut short.
             out.insert(
                 0,
                 format!(
-                "{budgeted} keys and teams have a dollar budget, and these models have no prices \
-                 (input_cost_per_token, output_cost_per_token), so their answers cost $0 against \
-                 it: {}",
+                "{budgeted} keys and teams have a dollar budget of every model, and these models \
+                 have no prices (input_cost_per_token, output_cost_per_token), so their answers \
+                 cost $0 against it: {}",
                 unpriced.join(", ")
             ),
             );
@@ -726,6 +727,12 @@ impl Gateway {
 
 /// A `metadata.priority` that `limits` does not list (its requests are served in the default
 /// pool), as the API would refuse it.
+/// Whether `limits` hold a budget of every model's spend (`max_budget`, `soft_budget`), which
+/// a model without prices adds nothing to.
+fn spans_models(limits: &Limits) -> bool {
+    limits.max_budget.is_some() || limits.soft_budget.is_some()
+}
+
 fn unknown_priority(
     limits: &LimiterConfig,
     metadata: &serde_json::Map<String, serde_json::Value>,

@@ -127,10 +127,9 @@ async fn a_key_budget_refuses_once_spent_and_resets_with_its_period() {
     // The model without prices is named at start: its answers cost nothing against a budget.
     let named = gw.gateway.unapplied_settings().await.unwrap();
     assert!(
-        named.iter().any(
-            |line| line.starts_with("2 keys and teams have a dollar budget")
-                && line.ends_with("cost $0 against it: free")
-        ),
+        named.iter().any(|line| line
+            .starts_with("2 keys and teams have a dollar budget of every model")
+            && line.ends_with("cost $0 against it: free")),
         "{named:#?}"
     );
 }

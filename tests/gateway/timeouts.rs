@@ -26,6 +26,8 @@ model_list:
     litellm_params: {{model: openai/mute, api_base: "{base}", stream_timeout: 0.3}}
   - model_name: mute-alone
     litellm_params: {{model: openai/mute, api_base: "{base}", stream_timeout: 0.3}}
+  - model_name: mute-short
+    litellm_params: {{model: openai/mute, api_base: "{base}", stream_timeout: 5, timeout: 0.3}}
   - model_name: slow
     litellm_params: {{model: openai/slow, api_base: "{base}", timeout: 0.3}}
 litellm_settings:
@@ -94,6 +96,14 @@ async fn a_head_then_silence_is_a_timed_out_attempt_retried_and_fallen_back_from
     assert_eq!(
         r.error_message(),
         "Upstream for mute-alone sent its response head, then nothing for 0.3 s (stream_timeout)."
+    );
+    // The request's time runs out first: said so, not "did not answer".
+    let r = bounded("the timeout", gw.chat(MASTER, "mute-short", true)).await;
+    assert_eq!(r.status, 504, "{}", r.text());
+    assert_eq!(
+        r.error_message(),
+        "Upstream for mute-short sent its response head, then nothing within the 0.3 s the \
+         request had left (timeout)."
     );
 }
 

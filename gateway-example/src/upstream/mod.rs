@@ -591,7 +591,17 @@ async fn first_bytes(
                 idle.as_secs_f64()
             ),
         )),
-        Err(_) => Err(Upstream::timed_out(deployment, time)),
+        // The head came: say so, and that the request's time ran out, not the deployment's.
+        Err(_) => Err(failure(
+            StatusCode::GATEWAY_TIMEOUT,
+            "timeout",
+            format!(
+                "Upstream for {} sent its response head, then nothing within the {:.1} s the \
+                 request had left (timeout).",
+                deployment.model_name,
+                time.as_secs_f64()
+            ),
+        )),
     }
 }
 
