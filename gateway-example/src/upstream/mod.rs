@@ -102,19 +102,19 @@ impl UpstreamFailure {
 /// `retry-after` in seconds (fractions allowed) or as an HTTP date, as the OpenAI SDKs read them.
 /// A date already past is no wait; nonsense is no answer.
 pub fn retry_after(headers: &http::HeaderMap, now: std::time::SystemTime) -> Option<Duration> {
-    let text = |name: &str| headers.get(name)?.to_str().ok().map(str::trim);
-    let number = |name: &str| text(name)?.parse::<f64>().ok();
+    let text = |name: &http::HeaderName| headers.get(name)?.to_str().ok().map(str::trim);
+    let number = |name: &http::HeaderName| text(name)?.parse::<f64>().ok();
     // Too large for a `Duration` is still "a long time": capped (a park is capped anyway), not
     // dropped, or a deployment that says so would not be parked at all.
     const A_DAY: f64 = 86_400.0;
     let secs = |secs: f64| Duration::try_from_secs_f64(secs.min(A_DAY)).ok();
-    if let Some(wait) = number("retry-after-ms").and_then(|ms| secs(ms / 1_000.0)) {
+    if let Some(wait) = number(&RETRY_AFTER_MS).and_then(|ms| secs(ms / 1_000.0)) {
         return Some(wait);
     }
-    match number("retry-after") {
+    match number(&RETRY_AFTER) {
         Some(n) => secs(n),
         None => {
-            let at = httpdate::parse_http_date(text("retry-after")?).ok()?;
+            let at = httpdate::parse_http_date(text(&RETRY_AFTER)?).ok()?;
             Some(
                 at.duration_since(now)
                     .unwrap_or(Duration::ZERO)
@@ -525,13 +525,16 @@ fn decoding(
     }
 }
 
+/// OpenAI's and Azure's `retry-after` in milliseconds.
+const RETRY_AFTER_MS: http::HeaderName = http::HeaderName::from_static("retry-after-ms");
+
 /// The answer's headers, taken from the head's map (it holds only what `ANSWER_HEADERS` keeps,
 /// with room for what the router and the limiter add; a success's `retry-after` is not passed
 /// on), a content type set where the upstream sent none, and whether it is a stream.
 fn answer_headers(head: &mut HeaderMap) -> (HeaderMap, bool) {
     let mut headers = std::mem::take(head);
     headers.remove(RETRY_AFTER);
-    headers.remove("retry-after-ms");
+    headers.remove(&RETRY_AFTER_MS);
     let sse = match headers.entry(CONTENT_TYPE) {
         Entry::Occupied(kept) => kept.get().as_bytes().starts_with(b"text/event-stream"),
         Entry::Vacant(none) => {
