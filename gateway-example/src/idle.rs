@@ -16,13 +16,14 @@ use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 use serde_json::json;
 use tokio::time::{Instant, Sleep};
 
 use crate::signal::StreamsEnd;
+use crate::strip::Held;
 
 /// The error an [`IdleBody`] ends with (or passes on from the upstream).
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -76,82 +77,6 @@ pin_project! {
     }
 }
 
-/// The tail of a stream's bytes that does not end an event yet, held back until its end comes:
-/// the error event that ends a stream cut short then starts on its own line (written after half
-/// an event, both SDKs fail to parse the two glued together and never see the error). Events
-/// usually come whole in their chunks, which then pass as they are. An event longer than
-/// [`HELD_MAX`] is not held: what is held of it passes, and the rest of it as it comes (an
-/// upstream line that never ends would else grow the buffer without bound while the client got
-/// nothing).
-#[derive(Debug, Default)]
-struct Held(BytesMut, Passing);
-
-/// Whether an event too long to hold is passing as it comes, until its end.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-enum Passing {
-    #[default]
-    No,
-    ToItsEnd,
-}
-
-/// The longest part of an event held back: the meter's longest parsed line.
-const HELD_MAX: usize = 1 << 20;
-
-impl Held {
-    /// The whole events of what was held and `data`, the rest held; `None` while none is whole.
-    fn whole(&mut self, data: Bytes) -> Option<Bytes> {
-        if self.1 == Passing::ToItsEnd {
-            // Its end, then whatever follows as usual.
-            return match crate::strip::event_end(&data) {
-                None => Some(data),
-                Some(end) => {
-                    self.1 = Passing::No;
-                    let head = data.slice(..end);
-                    match self.whole(data.slice(end..)) {
-                        None => Some(head),
-                        Some(rest) => Some([head, rest].concat().into()),
-                    }
-                }
-            };
-        }
-        let whole = if self.0.is_empty() {
-            if ends_an_event(&data) {
-                return Some(data);
-            }
-            let cut = last_event_end(&data);
-            self.0.extend_from_slice(&data[cut..]);
-            (cut > 0).then(|| data.slice(..cut))
-        } else {
-            self.0.extend_from_slice(&data);
-            let cut = last_event_end(&self.0);
-            (cut > 0).then(|| self.0.split_to(cut).freeze())
-        };
-        if self.0.len() <= HELD_MAX {
-            return whole;
-        }
-        self.1 = Passing::ToItsEnd;
-        let held = self.0.split().freeze();
-        Some(match whole {
-            None => held,
-            Some(whole) => [whole, held].concat().into(),
-        })
-    }
-
-    /// What is held, at the stream's clean end (a last event without its blank line).
-    fn rest(&mut self) -> Option<Bytes> {
-        (!self.0.is_empty()).then(|| self.0.split().freeze())
-    }
-}
-
-/// Whether `data` ends with a blank line (any of SSE's line endings): a whole event's end.
-fn ends_an_event(data: &[u8]) -> bool {
-    let line = match data {
-        [rest @ .., b'\r', b'\n'] | [rest @ .., b'\n' | b'\r'] => rest,
-        _ => return false,
-    };
-    matches!(line.last(), Some(b'\n' | b'\r'))
-}
-
 /// Whether the rest of a stream that ended without its last blank line is whole: its lines end,
 /// or its last line is a `data:` line holding a whole JSON value or `[DONE]` (cut inside a
 /// value, it holds neither), or another field.
@@ -168,15 +93,6 @@ fn ends_whole(rest: &[u8]) -> bool {
     };
     let data = data.strip_prefix(b" ").unwrap_or(data);
     data == b"[DONE]" || serde_json::from_slice::<serde::de::IgnoredAny>(data).is_ok()
-}
-
-/// Where the last whole event of `data` ends (0: none).
-fn last_event_end(data: &[u8]) -> usize {
-    let mut at = 0;
-    while let Some(end) = crate::strip::event_end(&data[at..]) {
-        at += end;
-    }
-    at
 }
 
 impl<B> std::fmt::Debug for IdleBody<B> {
@@ -327,7 +243,7 @@ where
         // A stream's frames pass whole events only (`Held`); others pass as they are.
         let sse = *this.sse != Sse::None;
         let whole = |held: &mut Held, frame: Frame<Bytes>| match frame.into_data() {
-            Ok(data) if sse => held.whole(data).map(Frame::data),
+            Ok(data) if sse => held.whole(data, None).map(Frame::data),
             Ok(data) => Some(Frame::data(data)),
             Err(frame) => Some(frame),
         };
@@ -423,7 +339,7 @@ where
     }
 
     fn is_end_stream(&self) -> bool {
-        self.ended || (self.first.is_none() && self.held.0.is_empty() && self.inner.is_end_stream())
+        self.ended || (self.first.is_none() && self.held.is_empty() && self.inner.is_end_stream())
     }
 
     fn size_hint(&self) -> SizeHint {
@@ -540,35 +456,6 @@ mod tests {
                 serde_json::from_str(last.trim().strip_prefix("data: ").unwrap()).unwrap();
             assert_eq!(error["error"]["code"], if broken { "502" } else { "504" });
         }
-    }
-
-    /// An event longer than `HELD_MAX` is not held whole: what was held passes once over the
-    /// bound and the rest of the event as it comes, so a line that never ends reaches the client
-    /// and holds at most `HELD_MAX` (before, the gateway buffered all of it and the client got
-    /// nothing); the events after it are held whole again.
-    #[test]
-    fn an_event_too_long_to_hold_passes_as_it_comes() {
-        let mut held = Held::default();
-        let chunk = Bytes::from(vec![b'b'; 64 * 1024]);
-        let mut passed = 0;
-        assert_eq!(held.whole(Bytes::from_static(b"data: {\"c\": \"")), None);
-        for _ in 0..64 {
-            if let Some(out) = held.whole(chunk.clone()) {
-                passed += out.len();
-            }
-            assert!(held.0.len() <= HELD_MAX, "held {}", held.0.len());
-        }
-        let sent = 64 * chunk.len() + 11;
-        assert!(passed >= sent - HELD_MAX, "passed {passed} of {sent}");
-        assert_eq!(held.1, Passing::ToItsEnd);
-        // Its end passes with it, then the next event is held until whole again.
-        let out = held
-            .whole(Bytes::from_static(b"bb\"}\n\ndata: {\"d\""))
-            .unwrap();
-        assert_eq!(&out[..], b"bb\"}\n\n");
-        assert_eq!(held.1, Passing::No);
-        let out = held.whole(Bytes::from_static(b": 1}\n\n")).unwrap();
-        assert_eq!(&out[..], b"data: {\"d\": 1}\n\n");
     }
 
     /// Anthropic's stream ends with Anthropic's `error` event, which its SDK raises (it passes

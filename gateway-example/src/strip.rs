@@ -3,7 +3,7 @@
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 
-use bytes::{Buf, Bytes, BytesMut};
+use bytes::{Bytes, BytesMut};
 use http_body::{Body, Frame};
 use pin_project_lite::pin_project;
 use tower_priority_limit::meter::is_usage_only_chunk;
@@ -11,11 +11,11 @@ use tower_priority_limit::meter::is_usage_only_chunk;
 pin_project! {
     /// Passes SSE events through whole, except the one whose `choices` is empty and whose `usage`
     /// is set (the chunk `stream_options.include_usage` adds). Bytes are held only until their
-    /// event is complete.
+    /// event is complete, and an event too long to hold ([`Held`]) passes as it comes.
     pub struct StripUsage<B> {
         #[pin]
         inner: B,
-        pending: BytesMut,
+        held: Held,
     }
 }
 
@@ -24,7 +24,7 @@ impl<B> StripUsage<B> {
     pub fn new(inner: B) -> Self {
         Self {
             inner,
-            pending: BytesMut::new(),
+            held: Held::default(),
         }
     }
 }
@@ -45,6 +45,125 @@ pub(crate) fn event_end(buf: &[u8]) -> Option<usize> {
         }
         line_start = end;
     }
+}
+
+/// The tail of a stream's bytes that does not end an event yet, held back until its end comes:
+/// the gateway passes a stream's events whole, so the error event that ends a stream cut short
+/// starts on its own line (written after half an event, both SDKs fail to parse the two glued
+/// together and never see the error), and [`StripUsage`] can drop the usage chunk. Events
+/// usually come whole in their chunks, which then pass as they are. An event longer than
+/// [`HELD_MAX`] is not held: what is held of it passes, and the rest of it as it comes (an
+/// upstream line that never ends would else grow the buffer without bound while the client got
+/// nothing).
+#[derive(Debug, Default)]
+pub(crate) struct Held {
+    buf: BytesMut,
+    passing: Passing,
+}
+
+/// Whether an event too long to hold is passing as it comes, until its end.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+enum Passing {
+    #[default]
+    No,
+    ToItsEnd,
+}
+
+/// The longest part of an event held back: the meter's longest parsed line.
+pub(crate) const HELD_MAX: usize = 1 << 20;
+
+impl Held {
+    /// The whole events of what was held and `data` (those `dropped` says to drop left out), the
+    /// rest held; `None` while none is whole.
+    pub(crate) fn whole(
+        &mut self,
+        data: Bytes,
+        dropped: Option<fn(&[u8]) -> bool>,
+    ) -> Option<Bytes> {
+        if self.passing == Passing::ToItsEnd {
+            // Its end, then whatever follows as usual.
+            return match event_end(&data) {
+                None => Some(data),
+                Some(end) => {
+                    self.passing = Passing::No;
+                    let head = data.slice(..end);
+                    match self.whole(data.slice(end..), dropped) {
+                        None => Some(head),
+                        Some(rest) => Some([head, rest].concat().into()),
+                    }
+                }
+            };
+        }
+        let whole = if self.buf.is_empty() {
+            if dropped.is_none() && ends_an_event(&data) {
+                return Some(data);
+            }
+            let cut = last_event_end(&data);
+            self.buf.extend_from_slice(&data[cut..]);
+            (cut > 0).then(|| data.slice(..cut))
+        } else {
+            self.buf.extend_from_slice(&data);
+            let cut = last_event_end(&self.buf);
+            (cut > 0).then(|| self.buf.split_to(cut).freeze())
+        };
+        let whole = match dropped {
+            Some(dropped) => whole.and_then(|events| without(events, dropped)),
+            None => whole,
+        };
+        if self.buf.len() <= HELD_MAX {
+            return whole;
+        }
+        self.passing = Passing::ToItsEnd;
+        let held = self.buf.split().freeze();
+        Some(match whole {
+            None => held,
+            Some(whole) => [whole, held].concat().into(),
+        })
+    }
+
+    /// What is held, at the stream's clean end (a last event without its blank line).
+    pub(crate) fn rest(&mut self) -> Option<Bytes> {
+        (!self.buf.is_empty()).then(|| self.buf.split().freeze())
+    }
+
+    /// Whether nothing is held.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.buf.is_empty()
+    }
+}
+
+/// The events of `events` (whole ones) that `dropped` does not drop; `None` when none.
+fn without(events: Bytes, dropped: fn(&[u8]) -> bool) -> Option<Bytes> {
+    let mut kept = BytesMut::new();
+    let mut rest = &events[..];
+    while !rest.is_empty() {
+        // Whole events only: one that ends the slice in a lone `\r` (which `event_end` cannot
+        // tell from half a `\r\n` there) was decided where the slice was cut.
+        let end = event_end(rest).unwrap_or(rest.len());
+        if !dropped(&rest[..end]) {
+            kept.extend_from_slice(&rest[..end]);
+        }
+        rest = &rest[end..];
+    }
+    (!kept.is_empty()).then(|| kept.freeze())
+}
+
+/// Whether `data` ends with a blank line (any of SSE's line endings): a whole event's end.
+fn ends_an_event(data: &[u8]) -> bool {
+    let line = match data {
+        [rest @ .., b'\r', b'\n'] | [rest @ .., b'\n' | b'\r'] => rest,
+        _ => return false,
+    };
+    matches!(line.last(), Some(b'\n' | b'\r'))
+}
+
+/// Where the last whole event of `data` ends (0: none).
+fn last_event_end(data: &[u8]) -> usize {
+    let mut at = 0;
+    while let Some(end) = crate::strip::event_end(&data[at..]) {
+        at += end;
+    }
+    at
 }
 
 fn memchr_find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
@@ -80,16 +199,8 @@ where
             match ready!(this.inner.as_mut().poll_frame(cx)) {
                 Some(Ok(frame)) => match frame.into_data() {
                     Ok(data) => {
-                        this.pending.extend_from_slice(&data);
-                        let mut out = BytesMut::new();
-                        while let Some(end) = event_end(this.pending) {
-                            let event = this.pending.split_to(end);
-                            if !is_usage_only(&event) {
-                                out.extend_from_slice(&event);
-                            }
-                        }
-                        if !out.is_empty() {
-                            return Poll::Ready(Some(Ok(Frame::data(out.freeze()))));
+                        if let Some(out) = this.held.whole(data, Some(is_usage_only)) {
+                            return Poll::Ready(Some(Ok(Frame::data(out))));
                         }
                     }
                     Err(frame) => return Poll::Ready(Some(Ok(frame))),
@@ -97,19 +208,19 @@ where
                 Some(Err(e)) => return Poll::Ready(Some(Err(e))),
                 None => {
                     // A last event without its blank line: pass it on as it is.
-                    if this.pending.has_remaining() && !is_usage_only(this.pending) {
-                        let rest = this.pending.split().freeze();
-                        return Poll::Ready(Some(Ok(Frame::data(rest))));
-                    }
-                    this.pending.clear();
-                    return Poll::Ready(None);
+                    return Poll::Ready(
+                        this.held
+                            .rest()
+                            .filter(|rest| !is_usage_only(rest))
+                            .map(|rest| Ok(Frame::data(rest))),
+                    );
                 }
             }
         }
     }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream() && self.pending.is_empty()
+        self.inner.is_end_stream() && self.held.is_empty()
     }
 }
 
@@ -117,6 +228,44 @@ where
 mod tests {
     use super::*;
     use http_body_util::{BodyExt, StreamBody};
+
+    /// An event longer than `HELD_MAX` is not held whole: what was held passes once over the
+    /// bound and the rest of the event as it comes, so a line that never ends reaches the client
+    /// and holds at most `HELD_MAX` (before, the gateway buffered all of it and the client got
+    /// nothing: in `IdleBody`, and again in `StripUsage`); the events after it are held whole
+    /// again, and the usage chunk is still dropped where asked.
+    #[test]
+    fn an_event_too_long_to_hold_passes_as_it_comes() {
+        for dropped in [None, Some(is_usage_only as fn(&[u8]) -> bool)] {
+            let mut held = Held::default();
+            let chunk = Bytes::from(vec![b'b'; 64 * 1024]);
+            let mut passed = 0;
+            let start = Bytes::from_static(b"data: {\"c\": \"");
+            assert_eq!(held.whole(start, dropped), None);
+            for _ in 0..64 {
+                if let Some(out) = held.whole(chunk.clone(), dropped) {
+                    passed += out.len();
+                }
+                assert!(held.buf.len() <= HELD_MAX, "held {}", held.buf.len());
+            }
+            let sent = 64 * chunk.len() + 11;
+            assert!(passed >= sent - HELD_MAX, "passed {passed} of {sent}");
+            assert_eq!(held.passing, Passing::ToItsEnd);
+            // Its end passes with it, then the next event is held until whole again.
+            let out = held
+                .whole(Bytes::from_static(b"bb\"}\n\ndata: {\"d\""), dropped)
+                .unwrap();
+            assert_eq!(&out[..], b"bb\"}\n\n");
+            assert_eq!(held.passing, Passing::No);
+            let out = held
+                .whole(Bytes::from_static(b": 1}\n\n"), dropped)
+                .unwrap();
+            assert_eq!(&out[..], b"data: {\"d\": 1}\n\n");
+            let usage = br#"data: {"choices":[],"usage":{"total_tokens":3}}"#;
+            let out = held.whole(Bytes::from([&usage[..], b"\n\n"].concat()), dropped);
+            assert_eq!(out.is_none(), dropped.is_some());
+        }
+    }
 
     /// With every line ending SSE allows (`\n`, `\r\n`, `\r` alone: the last leaked the chunk
     /// before), split anywhere.
