@@ -947,6 +947,22 @@ async fn keys_are_regenerated_and_listed() {
     ] {
         assert_eq!(gw.get(bad, Some(MASTER)).await.status, 400, "{bad}");
     }
+    // /key/info and /team/info refuse a parameter they do not take as /key/list does, rather
+    // than answer as if it had been read.
+    for (bad, named) in [
+        (
+            format!("/key/info?key={new}&user_id=u"),
+            "'user_id'; it takes key.",
+        ),
+        (
+            "/team/info?team_id=t&teamid=t".to_owned(),
+            "'teamid'; it takes team_id.",
+        ),
+    ] {
+        let r = gw.get(&bad, Some(MASTER)).await;
+        assert_eq!(r.status, 400, "{bad}: {}", r.text());
+        assert!(r.error_message().ends_with(named), "{}", r.text());
+    }
     assert_eq!(
         gw.get("/key/list", Some(&new)).await.status,
         401,

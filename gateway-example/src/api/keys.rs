@@ -796,6 +796,7 @@ pub async fn info(
     State(gw): State<Arc<Gateway>>,
     Query(q): Query<HashMap<String, String>>,
 ) -> Result<Json<Value>, ApiError> {
+    super::only_query(&q, "/key/info", &["key"])?;
     let key = q
         .get("key")
         .ok_or_else(|| ApiError::bad_request("Missing query parameter 'key'.").param("key"))?;
@@ -879,6 +880,7 @@ pub async fn team_info(
     State(gw): State<Arc<Gateway>>,
     Query(q): Query<HashMap<String, String>>,
 ) -> Result<Json<Value>, ApiError> {
+    super::only_query(&q, "/team/info", &["team_id"])?;
     let id = q.get("team_id").ok_or_else(|| {
         ApiError::bad_request("Missing query parameter 'team_id'.").param("team_id")
     })?;
