@@ -123,6 +123,7 @@ pub(crate) fn refusal_message(
                 r.limit,
                 r.remaining()
             );
+            more_than_remains(&mut m, r);
             return m;
         }
         Scope::Model => {
@@ -157,7 +158,18 @@ pub(crate) fn refusal_message(
     if r.scope == Scope::Priority {
         let _ = write!(m, ", Model saturation: {:.1}%", r.saturation * 100.0);
     }
+    more_than_remains(&mut m, r);
     m
+}
+
+/// Why tokens that remain refused: the request reserves more (a `Remaining: 26` alone reads as
+/// a contradiction).
+fn more_than_remains(m: &mut String, r: &Refused) {
+    if r.dimension == Dimension::Tokens && r.remaining() > 0 {
+        m.push_str(
+            " (this request reserves more tokens than remain: its prompt estimate and max_tokens)",
+        );
+    }
 }
 
 /// The full 429 for a refusal: exact body, `retry-after`, `rate_limit_type`, `x-litellm-priority`
@@ -312,5 +324,42 @@ mod tests {
         assert_eq!(resp.headers()["x-litellm-saturation"], "52.80%");
         assert_eq!(resp.headers()["retry-after"], "1", "at least one second");
         assert_eq!(resp.headers()["x-litellm-priority"], "dev");
+    }
+
+    /// Tokens that remain and still refuse: the message says the request reserves more (a
+    /// black-box trial read `Remaining: 26` as a contradiction).
+    #[test]
+    fn a_token_refusal_with_tokens_left_says_the_request_reserves_more() {
+        let c = LimiterConfig::builder()
+            .model(ModelLimits::new("m").tpm(1000))
+            .build()
+            .unwrap();
+        let key_tokens = Scope::Caller(
+            crate::caller::CallerKind::Key,
+            crate::caller::CallerLimit::Tokens,
+        );
+        for (scope, used, said) in [
+            (key_tokens, 574, true),
+            (Scope::Model, 974, true),
+            (Scope::Model, 1000, false),
+        ] {
+            let r = Refused {
+                scope,
+                dimension: Dimension::Tokens,
+                limit: if scope == Scope::Model { 1000 } else { 600 },
+                used,
+                saturation: 0.9,
+                retry_after_ms: 200,
+                pool: None,
+            };
+            let message = refusal_message(&c.models()[0], None, &r, None);
+            assert_eq!(
+                message.ends_with(
+                    "(this request reserves more tokens than remain: its prompt estimate and max_tokens)"
+                ),
+                said,
+                "{message}"
+            );
+        }
     }
 }
