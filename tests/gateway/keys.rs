@@ -962,6 +962,8 @@ async fn keys_are_regenerated_and_listed() {
         let r = gw.get(&bad, Some(MASTER)).await;
         assert_eq!(r.status, 400, "{bad}: {}", r.text());
         assert!(r.error_message().ends_with(named), "{}", r.text());
+        let param = named.split('\'').nth(1).unwrap();
+        assert_eq!(r.json()["error"]["param"], param, "{}", r.text());
     }
     assert_eq!(
         gw.get("/key/list", Some(&new)).await.status,

@@ -20,11 +20,14 @@ pub(crate) fn only_query(
     takes: &[&str],
 ) -> Result<(), crate::error::ApiError> {
     match q.keys().find(|name| !takes.contains(&name.as_str())) {
-        Some(name) => Err(crate::error::ApiError::bad_request(format!(
-            "{endpoint} does not support the query parameter '{}'; it takes {}.",
-            name.chars().take(64).collect::<String>(),
-            takes.join(", ")
-        ))),
+        Some(name) => {
+            let name: String = name.chars().take(64).collect();
+            Err(crate::error::ApiError::bad_request(format!(
+                "{endpoint} does not support the query parameter '{name}'; it takes {}.",
+                takes.join(", ")
+            ))
+            .param(name))
+        }
         None => Ok(()),
     }
 }
