@@ -511,16 +511,14 @@ impl Gateway {
         // per record (with no model priced, each such budget is named above).
         let unpriced: Vec<&str> = groups.iter().copied().filter(|g| !priced(g)).collect();
         if budgeted > 0 && !unpriced.is_empty() && unpriced.len() < groups.len() {
-            // First: the list is shown cut short.
-            out.insert(
-                0,
-                format!(
+            let line = format!(
                 "{budgeted} keys and teams have a dollar budget of every model, and these models \
                  have no prices (input_cost_per_token, output_cost_per_token), so their answers \
                  cost $0 against it: {}",
                 unpriced.join(", ")
-            ),
             );
+            // First: the list is shown cut short.
+            out.insert(0, line);
         }
         Ok(out)
     }
@@ -725,14 +723,14 @@ impl Gateway {
     }
 }
 
-/// A `metadata.priority` that `limits` does not list (its requests are served in the default
-/// pool), as the API would refuse it.
 /// Whether `limits` hold a budget of every model's spend (`max_budget`, `soft_budget`), which
 /// a model without prices adds nothing to.
 fn spans_models(limits: &Limits) -> bool {
     limits.max_budget.is_some() || limits.soft_budget.is_some()
 }
 
+/// A `metadata.priority` that `limits` does not list (its requests are served in the default
+/// pool), as the API would refuse it.
 fn unknown_priority(
     limits: &LimiterConfig,
     metadata: &serde_json::Map<String, serde_json::Value>,

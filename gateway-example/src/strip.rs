@@ -70,7 +70,7 @@ enum Passing {
 }
 
 /// The longest part of an event held back: the meter's longest parsed line.
-pub(crate) const HELD_MAX: usize = 1 << 20;
+const HELD_MAX: usize = 1 << 20;
 
 impl Held {
     /// The whole events of what was held and `data` (those `dropped` says to drop left out), the
@@ -132,20 +132,27 @@ impl Held {
     }
 }
 
-/// The events of `events` (whole ones) that `dropped` does not drop; `None` when none.
+/// The events of `events` (whole ones) that `dropped` does not drop; `None` when none. Copied
+/// only once one is dropped: most chunks drop nothing and pass as they came.
 fn without(events: Bytes, dropped: fn(&[u8]) -> bool) -> Option<Bytes> {
-    let mut kept = BytesMut::new();
-    let mut rest = &events[..];
-    while !rest.is_empty() {
+    let mut kept: Option<BytesMut> = None;
+    let mut at = 0;
+    while at < events.len() {
         // Whole events only: one that ends the slice in a lone `\r` (which `event_end` cannot
         // tell from half a `\r\n` there) was decided where the slice was cut.
-        let end = event_end(rest).unwrap_or(rest.len());
-        if !dropped(&rest[..end]) {
-            kept.extend_from_slice(&rest[..end]);
+        let end = at + event_end(&events[at..]).unwrap_or(events.len() - at);
+        let event = &events[at..end];
+        match (&mut kept, dropped(event)) {
+            (Some(kept), false) => kept.extend_from_slice(event),
+            (None, true) => kept = Some(BytesMut::from(&events[..at])),
+            _ => {}
         }
-        rest = &rest[end..];
+        at = end;
     }
-    (!kept.is_empty()).then(|| kept.freeze())
+    match kept {
+        None => (!events.is_empty()).then_some(events),
+        Some(kept) => (!kept.is_empty()).then(|| kept.freeze()),
+    }
 }
 
 /// Whether `data` ends with a blank line (any of SSE's line endings): a whole event's end.
@@ -160,7 +167,7 @@ fn ends_an_event(data: &[u8]) -> bool {
 /// Where the last whole event of `data` ends (0: none).
 fn last_event_end(data: &[u8]) -> usize {
     let mut at = 0;
-    while let Some(end) = crate::strip::event_end(&data[at..]) {
+    while let Some(end) = event_end(&data[at..]) {
         at += end;
     }
     at

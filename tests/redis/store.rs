@@ -1219,6 +1219,27 @@ async fn split_cluster(
 }
 
 /// A request for `m` of 7 prompt tokens by key `k` with `limits`.
+/// A request of key `k` with `limits` (a budget among them) on `m`, priced at $1,000 a million
+/// tokens in and out, its prompt estimated at 7 tokens: it reserves 7,000 nano-dollars.
+fn priced_key(
+    limiter: &Limiter<RedisStore>,
+    limits: tower_priority_limit::caller::CallerLimits,
+) -> tower_priority_limit::RequestAdmission {
+    use tower_priority_limit::caller::{Caller, CallerKind, Callers, Prices};
+    let mut r = keyed(limiter, limits);
+    r.callers = Callers::priced(
+        Some(Caller::new(CallerKind::Key, "k", limits)),
+        None,
+        Prices {
+            input: 1_000.0,
+            output: 1_000.0,
+            ..Default::default()
+        },
+        7,
+    );
+    r
+}
+
 fn keyed(
     limiter: &Limiter<RedisStore>,
     limits: tower_priority_limit::caller::CallerLimits,
@@ -1255,24 +1276,7 @@ async fn an_admission_abandoned_mid_call_gives_back_its_slot_and_budget_reservat
     let limits = CallerLimits::new()
         .max_parallel(1)
         .budget(Budget::new(NanoUsd::from_dollars(1.0).unwrap()));
-    let request = || {
-        let mut r = keyed(&limiter, limits);
-        r.callers = tower_priority_limit::caller::Callers::priced(
-            Some(tower_priority_limit::caller::Caller::new(
-                tower_priority_limit::caller::CallerKind::Key,
-                "k",
-                limits,
-            )),
-            None,
-            tower_priority_limit::caller::Prices {
-                input: 1_000.0,
-                output: 1_000.0,
-                ..Default::default()
-            },
-            7,
-        );
-        r
-    };
+    let request = || priced_key(&limiter, limits);
     let held = || {
         let slots = redis.cli(&["zcard", "gone:{c:key:k}:inflight"]);
         let reserved = redis.cli(&["hget", "gone:{c:key:k}", "$r"]);
@@ -1360,9 +1364,7 @@ async fn an_admission_abandoned_mid_call_gives_back_its_slot_and_budget_reservat
 /// takes no reservation back twice.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_gateways_budget_reservations_lapse_with_its_slots() {
-    use tower_priority_limit::caller::{
-        Budget, Caller, CallerKind, CallerLimits, Callers, NanoUsd,
-    };
+    use tower_priority_limit::caller::{Budget, CallerLimits, NanoUsd};
     use tower_priority_limit::AdmissionOutcome;
     let Some(redis) = RedisServer::start("a_dead_gateways_budget_reservations_lapse") else {
         return;
@@ -1376,20 +1378,7 @@ async fn a_dead_gateways_budget_reservations_lapse_with_its_slots() {
     let limiter = redis_limiter(config, single(&redis), "lapse:").await;
     // A budget that never resets, no parallel limit: $1 per token, 7 + 0 tokens reserved.
     let limits = CallerLimits::new().budget(Budget::new(NanoUsd::from_dollars(1.0).unwrap()));
-    let request = || {
-        let mut r = keyed(&limiter, limits);
-        r.callers = Callers::priced(
-            Some(Caller::new(CallerKind::Key, "k", limits)),
-            None,
-            tower_priority_limit::caller::Prices {
-                input: 1_000.0,
-                output: 1_000.0,
-                ..Default::default()
-            },
-            7,
-        );
-        r
-    };
+    let request = || priced_key(&limiter, limits);
     let field = |name: &str| {
         let v = redis.cli(&["hget", "lapse:{c:key:k}", name]);
         v.trim().parse::<u64>().unwrap_or(0)
@@ -1433,9 +1422,7 @@ async fn a_dead_gateways_budget_reservations_lapse_with_its_slots() {
 /// count it (before, only the local counters did, and a stall let a key overspend for good).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn spend_on_the_local_fallback_reaches_the_budget_in_redis() {
-    use tower_priority_limit::caller::{
-        Budget, Caller, CallerKind, CallerLimits, Callers, NanoUsd,
-    };
+    use tower_priority_limit::caller::{Budget, CallerLimits, NanoUsd};
     use tower_priority_limit::AdmissionOutcome;
     let Some(redis) = RedisServer::start("spend_on_the_local_fallback") else {
         return;
@@ -1449,20 +1436,7 @@ async fn spend_on_the_local_fallback_reaches_the_budget_in_redis() {
         .unwrap();
     let limiter = redis_limiter(config, single(&redis), "fbspend:").await;
     let limits = CallerLimits::new().budget(Budget::new(NanoUsd::from_dollars(1.0).unwrap()));
-    let request = || {
-        let mut r = keyed(&limiter, limits);
-        r.callers = Callers::priced(
-            Some(Caller::new(CallerKind::Key, "k", limits)),
-            None,
-            tower_priority_limit::caller::Prices {
-                input: 1_000.0,
-                output: 1_000.0,
-                ..Default::default()
-            },
-            7,
-        );
-        r
-    };
+    let request = || priced_key(&limiter, limits);
     let field = |name: &str| {
         let v = redis.cli(&["hget", "fbspend:{c:key:k}", name]);
         v.trim().parse::<u64>().unwrap_or(0)

@@ -115,10 +115,10 @@ pub fn retry_after(headers: &http::HeaderMap, now: std::time::SystemTime) -> Opt
         Some(n) => secs(n),
         None => {
             let at = httpdate::parse_http_date(text(&RETRY_AFTER)?).ok()?;
-            Some(
+            secs(
                 at.duration_since(now)
                     .unwrap_or(Duration::ZERO)
-                    .min(Duration::from_secs(86_400)),
+                    .as_secs_f64(),
             )
         }
     }
@@ -620,9 +620,9 @@ const ANSWER_HEADERS: KeepHeaders = KeepHeaders {
 };
 
 /// The headers of an upstream's answer read here: its content type, its content encoding (to
-/// decode it), `retry-after` and `retry-after-ms` on a refusal, and the [`RATE_LIMIT_PREFIX`] ones the router learns
-/// from. The others (a provider's request
-/// id, timings, cookies, ...) are not passed on, so the client does not build them.
+/// decode it), `retry-after` and `retry-after-ms` on a refusal, and the [`RATE_LIMIT_PREFIX`]
+/// ones the router learns from. The others (a provider's request id, timings, cookies, ...) are
+/// not passed on, so the client does not build them.
 fn is_kept_header(name: &[u8]) -> bool {
     name.eq_ignore_ascii_case(b"content-type")
         || name.eq_ignore_ascii_case(b"content-encoding")

@@ -166,12 +166,17 @@ impl<'a> Node<'a> {
 
     /// A whole number ≥ 0.
     pub fn count(&self) -> Result<u64, ConfigError> {
+        self.whole_from(0)
+    }
+
+    /// A whole number ≥ `least` (0 or 1); a refusal names the bound, whatever the value.
+    fn whole_from(&self, least: u64) -> Result<u64, ConfigError> {
         let v = self.number()?;
-        if v.is_finite() && v >= 0.0 && v.fract() == 0.0 && v <= u64::MAX as f64 {
-            Ok(v as u64)
-        } else {
-            Err(self.error(format!("expected a whole number ≥ 0, got {v}")))
+        if v.is_finite() && v >= least as f64 && v.fract() == 0.0 && v <= u64::MAX as f64 {
+            return Ok(v as u64);
         }
+        let bound = if least == 0 { "≥ 0" } else { "> 0" };
+        Err(self.error(format!("expected a whole number {bound}, got {v}")))
     }
 }
 
@@ -350,11 +355,7 @@ pub fn deployment_limit(item: &Node<'_>, key: &str) -> Result<Option<u64>, Confi
 
 pub(super) fn positive(node: &Node<'_>) -> Result<u64, ConfigError> {
     // One message for every value refused, so it never invites another refused one.
-    let v = node.number()?;
-    if !(v.is_finite() && v >= 1.0 && v.fract() == 0.0 && v <= u64::MAX as f64) {
-        return Err(node.error(format!("expected a whole number > 0, got {v}")));
-    }
-    Ok(v as u64)
+    node.whole_from(1)
 }
 
 pub(super) fn kind(v: &Value) -> &'static str {

@@ -549,11 +549,9 @@ mod tests {
     use crate::config::ModelLimits;
     use crate::Limiter;
 
-    /// A request its model admitted and its deployment would have refused: `admitted` in the
-    /// requests series (told before), `deployment_requests` in the refusals series, and
-    /// `shadow_refused`, once, in the snapshot.
-    #[tokio::test(flavor = "current_thread")]
-    async fn a_deployment_shadow_refusal_moves_the_request_in_the_snapshot_only() {
+    /// A registry and its metrics for a limiter of model `m`, which admitted three requests
+    /// (their leases).
+    async fn three_admitted() -> (Registry, Arc<PrometheusMetrics>, ModelId, Vec<crate::Lease>) {
         let config = LimiterConfig::builder()
             .model(ModelLimits::new("m").rpm(10))
             .build()
@@ -561,10 +559,23 @@ mod tests {
         let mut registry = Registry::default();
         let metrics = PrometheusMetrics::new(&config, &mut registry);
         let limiter = Limiter::new(config).with_observer(metrics.clone());
+        let mut leases = Vec::new();
         for _ in 0..3 {
-            limiter.acquire("m", None, 0).await.unwrap();
+            match limiter.acquire("m", None, 0).await.unwrap() {
+                crate::Acquired::Admitted { lease, .. } => leases.push(lease),
+                other => panic!("admitted: {other:?}"),
+            }
         }
         let model = limiter.config().model_id("m").unwrap();
+        (registry, metrics, model, leases)
+    }
+
+    /// A request its model admitted and its deployment would have refused: `admitted` in the
+    /// requests series (told before), `deployment_requests` in the refusals series, and
+    /// `shadow_refused`, once, in the snapshot.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_deployment_shadow_refusal_moves_the_request_in_the_snapshot_only() {
+        let (registry, metrics, model, _leases) = three_admitted().await;
         metrics.deployment_shadow_refusal(
             model,
             PoolRef::Default,
@@ -597,22 +608,8 @@ mod tests {
     /// was told, and `refused` in the snapshot.
     #[tokio::test(flavor = "current_thread")]
     async fn an_admission_taken_back_is_counted_apart_and_refused_in_the_snapshot() {
-        let config = LimiterConfig::builder()
-            .model(ModelLimits::new("m").rpm(10))
-            .build()
-            .unwrap();
-        let mut registry = Registry::default();
-        let metrics = PrometheusMetrics::new(&config, &mut registry);
-        let limiter = Limiter::new(config).with_observer(metrics.clone());
-        let mut leases = Vec::new();
-        for _ in 0..3 {
-            leases.push(limiter.acquire("m", None, 0).await.unwrap());
-        }
-        let Some(crate::Acquired::Admitted { lease, .. }) = leases.pop() else {
-            panic!("admitted");
-        };
-        lease.cancel();
-        let model = limiter.config().model_id("m").unwrap();
+        let (registry, metrics, model, mut leases) = three_admitted().await;
+        leases.pop().unwrap().cancel();
         let s = metrics.snapshot(model, PoolRef::Default).unwrap();
         assert_eq!(s.requests[OutcomeLabel::Admitted as usize], 2);
         assert_eq!(s.requests[OutcomeLabel::Refused as usize], 1);

@@ -945,13 +945,17 @@ impl Owed {
         }
     }
 
-    /// `count` more admissions of `pool`, made at `now_ms`.
-    fn add(&self, pool: PoolRef, count: u64, now_ms: u64) {
-        let i = match self.per_pool.len() {
+    /// Where `pool` is counted (a model without pools counts all in one).
+    fn index(&self, pool: PoolRef) -> usize {
+        match self.per_pool.len() {
             1 => 0,
             n => pool_index(pool, n).min(n - 1),
-        };
-        self.per_pool[i].fetch_add(count, Ordering::Relaxed);
+        }
+    }
+
+    /// `count` more admissions of `pool`, made at `now_ms`.
+    fn add(&self, pool: PoolRef, count: u64, now_ms: u64) {
+        self.per_pool[self.index(pool)].fetch_add(count, Ordering::Relaxed);
         let _ = self
             .since_ms
             .compare_exchange(0, now_ms, Ordering::Relaxed, Ordering::Relaxed);
@@ -961,12 +965,8 @@ impl Owed {
     /// Takes back one admission of `pool` not told to Redis yet (it was cancelled): true if
     /// one was owed, else it was told already (or dropped) and Redis must be told of the cancel.
     fn forgive(&self, pool: PoolRef) -> bool {
-        let i = match self.per_pool.len() {
-            1 => 0,
-            n => pool_index(pool, n).min(n - 1),
-        };
         let one_less = |n: u64| n.checked_sub(1);
-        let forgiven = self.per_pool[i]
+        let forgiven = self.per_pool[self.index(pool)]
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, one_less)
             .is_ok();
         if forgiven {
