@@ -1341,6 +1341,39 @@ async fn spend_in_postgres_outlives_a_restart_and_a_postgres_outage() {
     assert!(same_dollars(key_spend(&third[0], &key).await, during));
 }
 
+/// Embedded counters and keys in Postgres: a key's day of tokens (`tpd_limit`) is copied to
+/// `tpl_day_tokens` with spend and read back by a gateway started later, so a restart is not a
+/// new day. Before the copy, the restarted gateway served the key again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_keys_day_of_tokens_in_postgres_outlives_a_restart() {
+    let Some(postgres) = PostgresServer::start("a_keys_day_of_tokens_in_postgres") else {
+        return;
+    };
+    let yaml = config(&postgres, None);
+    let (first, _dirs) = gateways(&yaml, 1).await;
+    let key = first[0].new_key(json!({"tpd_limit": 1})).await;
+    assert_eq!(first[0].chat(&key, M, false).await.status, 200);
+    let refused = first[0].chat(&key, M, false).await;
+    assert_eq!(refused.status, 429);
+    assert_eq!(
+        refused.headers["x-priority-limit-refused-by"],
+        "key_daily_tokens"
+    );
+    flush_all(&first).await;
+    drop(first);
+
+    let (second, _dirs) = gateways(&yaml, 1).await;
+    let refused = second[0].chat(&key, M, false).await;
+    assert_eq!(refused.status, 429, "a restart is not a new day");
+    assert_eq!(
+        refused.headers["x-priority-limit-refused-by"],
+        "key_daily_tokens"
+    );
+    // Another key's day is its own.
+    let other = second[0].new_key(json!({"tpd_limit": 1})).await;
+    assert_eq!(second[0].chat(&other, M, false).await.status, 200);
+}
+
 /// TLS to Postgres as the URL's `sslmode` says, against a server that refuses plain connections:
 /// `verify-full` with the server's CA serves keys (made and used over TLS); without the CA the
 /// certificate is refused and the start says so; `require` and the default `prefer` encrypt

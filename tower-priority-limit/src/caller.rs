@@ -881,6 +881,20 @@ pub struct Spent {
     pub spent: NanoUsd,
 }
 
+/// A caller's tokens in its day's window (what `tpd` limits), as a gateway keeps them durable
+/// between restarts, like [`Spent`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DayTokens {
+    /// Key or team.
+    pub kind: CallerKind,
+    /// The id its counters are kept under.
+    pub id: Arc<str>,
+    /// Tokens counted in the day's window.
+    pub tokens: u64,
+    /// Milliseconds until they have all left it (on a fixed window, until the day ends).
+    pub resets_in: Millis,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

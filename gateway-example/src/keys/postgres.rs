@@ -136,6 +136,17 @@ CREATE TABLE tpl_spend (
     PRIMARY KEY (kind, id, model)
 );
 "#,
+    // Version 4: each key's and team's day of tokens (`tpd_limit`) under embedded counters
+    // (`keys::postgres_spend`): its tokens and when its day's window frees them (Unix ms).
+    r#"
+CREATE TABLE tpl_day_tokens (
+    kind TEXT NOT NULL,
+    id TEXT NOT NULL,
+    ends_at BIGINT NOT NULL,
+    tokens BIGINT NOT NULL,
+    PRIMARY KEY (kind, id)
+);
+"#,
 ];
 
 /// Gives each key whose alias no key holds yet its alias column (the first by token when several

@@ -14,6 +14,10 @@
 //!   dropped and the log says so. Budgets are still enforced from the counters meanwhile.
 //! - **At start, embedded counters**: every row is read back into them (the gateway does not start
 //!   if Postgres cannot be read, like its keys).
+//! - **Days of tokens**, embedded counters only: each key's and team's `tpd_limit` counter, in
+//!   `tpl_day_tokens` (its tokens and when its day frees them), written and read back with the
+//!   spend, so a restart does not give a daily limit a new day. On Redis the day's counter is
+//!   Redis's own, as the other windows.
 //! - **Redis emptied** (`FLUSHALL`, a restart without persistence): a new epoch starts
 //!   ([`RedisStore::spend_epoch`]); the first check after it (every [`EPOCH_EVERY`], and at start)
 //!   reads every row and adds it to the callers' hashes, each once however many gateways do it
@@ -33,7 +37,9 @@ use tower_priority_limit::store::{
 };
 
 use super::postgres::PgKeys;
-use super::spend::{by_model_id, by_model_name, kind_named, model_names};
+use super::spend::{
+    by_model_id, by_model_name, day_rows, days_left, kind_named, model_names, DayLog, DayRow,
+};
 use super::KeyStoreError;
 
 /// How often changed spend is written.
@@ -70,6 +76,8 @@ struct Inner {
     source: Source,
     /// Rows a failed write did not store, sent with the next one.
     unwritten: SpendLog,
+    /// The same for days of tokens (embedded counters).
+    unwritten_days: DayLog,
     /// One write at a time (the task's and a graceful stop's).
     writing: Mutex<()>,
     /// Whether the unwritten rows overflowed (said once per outage).
@@ -109,6 +117,7 @@ impl PgSpend {
             "spend read from Postgres"
         );
         store.restore_spend(restored);
+        store.restore_day_tokens(days_left(read_days(&pool, keys.target()).await?));
         let store = store
             .sharing_callers(config)
             .ok_or_else(|| KeyStoreError::Io("the limiter's counters changed kind".into()))?;
@@ -137,6 +146,7 @@ impl PgSpend {
             timeout: keys.timeout(),
             source,
             unwritten: SpendLog::default(),
+            unwritten_days: DayLog::default(),
             writing: Mutex::new(()),
             overflowed: AtomicBool::new(false),
             failing: AtomicBool::new(false),
@@ -187,13 +197,24 @@ impl Inner {
         self.unwritten.take()
     }
 
+    /// The days of tokens changed since the last write (embedded counters), with those a failed
+    /// write left.
+    fn changed_days(&self) -> Vec<DayRow> {
+        match &self.source {
+            Source::Embedded { store, .. } => self
+                .unwritten_days
+                .with(day_rows(store.take_changed_day_tokens())),
+            Source::Redis { .. } => Vec::new(),
+        }
+    }
+
     async fn write_changed(&self) {
         let _one = self.writing.lock().await;
-        let rows = self.changed();
-        if rows.is_empty() {
+        let (rows, days) = (self.changed(), self.changed_days());
+        if rows.is_empty() && days.is_empty() {
             return;
         }
-        let written = tokio::time::timeout(self.timeout, write(&self.pool, &rows)).await;
+        let written = tokio::time::timeout(self.timeout, write(&self.pool, &rows, &days)).await;
         let error = match written {
             Ok(Ok(())) => {
                 let overflowed = self.overflowed.swap(false, Ordering::Relaxed);
@@ -207,6 +228,7 @@ impl Inner {
         };
         let dropped_before = self.unwritten.dropped();
         self.unwritten.record_all(rows);
+        self.unwritten_days.record_all(days);
         // The retries' rows were taken out to be sent: only the flag knows it kept failing.
         if !self.failing.swap(true, Ordering::Relaxed) {
             tracing::warn!(
@@ -262,10 +284,62 @@ impl Inner {
     }
 }
 
-/// Upserts `rows` on a pooled connection.
-async fn write(pool: &Pool, rows: &[SpendRow]) -> Result<(), String> {
+/// Upserts `rows` and `days` on a pooled connection.
+async fn write(pool: &Pool, rows: &[SpendRow], days: &[DayRow]) -> Result<(), String> {
     let client = pool.get().await.map_err(|e| e.to_string())?;
-    write_rows(&client, rows).await.map_err(|e| e.to_string())
+    write_rows(&client, rows).await.map_err(|e| e.to_string())?;
+    write_days(&client, days).await.map_err(|e| e.to_string())
+}
+
+/// Upserts `days` (one per caller), each replacing its row unless that counts a later day.
+async fn write_days(
+    client: &tokio_postgres::Client,
+    days: &[DayRow],
+) -> Result<(), tokio_postgres::Error> {
+    for chunk in days.chunks(WRITE_CHUNK) {
+        let kinds: Vec<&str> = chunk.iter().map(|d| d.kind.as_str()).collect();
+        let ids: Vec<&str> = chunk.iter().map(|d| &*d.id).collect();
+        let ends: Vec<i64> = chunk
+            .iter()
+            .map(|d| i64::try_from(d.ends_at).unwrap_or(i64::MAX))
+            .collect();
+        let tokens: Vec<i64> = chunk
+            .iter()
+            .map(|d| i64::try_from(d.tokens).unwrap_or(i64::MAX))
+            .collect();
+        client
+            .execute(
+                "INSERT INTO tpl_day_tokens (kind, id, ends_at, tokens)
+                 SELECT * FROM unnest($1::text[], $2::text[], $3::int8[], $4::int8[])
+                 ON CONFLICT (kind, id) DO UPDATE
+                 SET ends_at = EXCLUDED.ends_at, tokens = EXCLUDED.tokens
+                 WHERE EXCLUDED.ends_at >= tpl_day_tokens.ends_at",
+                &[&kinds, &ids, &ends, &tokens],
+            )
+            .await?;
+    }
+    Ok(())
+}
+
+/// Every row of `tpl_day_tokens`.
+async fn read_days(pool: &Pool, target: &str) -> Result<Vec<DayRow>, KeyStoreError> {
+    let unavailable = |e: String| KeyStoreError::Unavailable(format!("Postgres at {target}: {e}"));
+    let client = pool.get().await.map_err(|e| unavailable(e.to_string()))?;
+    let rows = client
+        .query("SELECT kind, id, ends_at, tokens FROM tpl_day_tokens", &[])
+        .await
+        .map_err(|e| unavailable(e.to_string()))?;
+    Ok(rows
+        .iter()
+        .filter_map(|row| {
+            Some(DayRow {
+                kind: kind_named(row.get::<_, &str>(0))?,
+                id: Arc::from(row.get::<_, &str>(1)),
+                ends_at: u64::try_from(row.get::<_, i64>(2)).unwrap_or(0),
+                tokens: u64::try_from(row.get::<_, i64>(3)).unwrap_or(0),
+            })
+        })
+        .collect())
 }
 
 /// Upserts `rows` (one per budget), each replacing its row only if newer (also an import's).

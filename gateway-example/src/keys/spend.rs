@@ -13,16 +13,21 @@
 //!   kept as the Postgres copy keeps them (the newest per budget, bounded: [`SpendLog`]): the
 //!   counters in memory still enforce the budgets.
 //!
+//! Beside spend, each key's and team's day of tokens (`tpd_limit`) is kept the same way, in the
+//! table `day_tokens` (one row per caller: its tokens and when its day's window frees them, Unix
+//! ms): a restart does not give a daily limit a new day ([`DayRow`]).
+//!
 //! With Redis, spend lives in the callers' Redis hashes instead, shared by the fleet (its
 //! durability is Redis's: `appendonly yes`).
 
+use std::collections::HashMap;
 use std::path::Path;
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rusqlite::Connection;
-use tower_priority_limit::caller::{CallerKind, NanoUsd, Spent};
+use tower_priority_limit::caller::{CallerKind, DayTokens, NanoUsd, Spent};
 use tower_priority_limit::config::LimiterConfig;
 use tower_priority_limit::store::{MemoryStore, SpendLog, SpendRow};
 
@@ -39,6 +44,11 @@ const SCHEMA: &str = "
         kind TEXT NOT NULL, id TEXT NOT NULL, model TEXT NOT NULL,
         period INTEGER NOT NULL, spent INTEGER NOT NULL,
         PRIMARY KEY (kind, id, model)
+    ) WITHOUT ROWID;
+    CREATE TABLE IF NOT EXISTS day_tokens (
+        kind TEXT NOT NULL, id TEXT NOT NULL,
+        ends_at INTEGER NOT NULL, tokens INTEGER NOT NULL,
+        PRIMARY KEY (kind, id)
     ) WITHOUT ROWID;
 ";
 
@@ -61,6 +71,8 @@ struct Inner {
     /// Rows a failed write did not store (the newest per budget, bounded): written with the
     /// next change.
     unwritten: SpendLog,
+    /// The same for days of tokens.
+    unwritten_days: DayLog,
 }
 
 impl SpendBook {
@@ -80,6 +92,7 @@ impl SpendBook {
             .map_err(io)?;
         conn.execute_batch(SCHEMA).map_err(io)?;
         store.restore_spend(by_model_id(read(&conn).map_err(io)?, config));
+        store.restore_day_tokens(days_left(read_days(&conn).map_err(io)?));
         let store = store
             .sharing_callers(config)
             .ok_or_else(|| KeyStoreError::Io("the limiter's counters changed kind".into()))?;
@@ -88,6 +101,7 @@ impl SpendBook {
             store,
             models: model_names(config),
             unwritten: SpendLog::default(),
+            unwritten_days: DayLog::default(),
         });
         let (stop, stopped) = mpsc::channel::<()>();
         let writer = Arc::clone(&inner);
@@ -119,13 +133,17 @@ impl Inner {
         self.unwritten
             .record_all(by_model_name(self.store.take_changed_spend(), &self.models));
         let rows = self.unwritten.take();
-        if rows.is_empty() {
+        let days = self
+            .unwritten_days
+            .with(day_rows(self.store.take_changed_day_tokens()));
+        if rows.is_empty() && days.is_empty() {
             return;
         }
         let mut conn = self.conn.lock().unwrap_or_else(|e| e.into_inner());
-        if let Err(e) = write(&mut conn, &rows) {
+        if let Err(e) = write(&mut conn, &rows, &days) {
             tracing::error!(error = %e, "writing spend to {SPEND_FILE} failed; retried with the next write");
             self.unwritten.record_all(rows);
+            self.unwritten_days.record_all(days);
         }
     }
 }
@@ -173,6 +191,82 @@ pub(crate) fn by_model_id(rows: Vec<SpendRow>, config: &LimiterConfig) -> Vec<Sp
         .collect()
 }
 
+/// A caller's day of tokens (`tpd_limit`) as a durable copy keeps it: when its day's window
+/// frees them in Unix ms (not the limiter's clock, whose origin is the process's start).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct DayRow {
+    pub kind: CallerKind,
+    pub id: Arc<str>,
+    pub ends_at: u64,
+    pub tokens: u64,
+}
+
+/// Now, in Unix ms.
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// The embedded counters' days of tokens as a durable copy keeps them.
+pub(crate) fn day_rows(days: Vec<DayTokens>) -> Vec<DayRow> {
+    let now = unix_ms();
+    days.into_iter()
+        .map(|d| DayRow {
+            kind: d.kind,
+            id: d.id,
+            ends_at: now.saturating_add(d.resets_in),
+            tokens: d.tokens,
+        })
+        .collect()
+}
+
+/// A durable copy's days of tokens as the embedded counters take them back: those not over.
+pub(crate) fn days_left(rows: Vec<DayRow>) -> Vec<DayTokens> {
+    let now = unix_ms();
+    rows.into_iter()
+        .filter(|row| row.ends_at > now && row.tokens > 0)
+        .map(|row| DayTokens {
+            kind: row.kind,
+            id: row.id,
+            tokens: row.tokens,
+            resets_in: row.ends_at - now,
+        })
+        .collect()
+}
+
+/// Days of tokens a failed write did not store, the newest per caller, until the next write
+/// takes them; bounded as [`SpendLog`] is (a row of a caller not in it yet is dropped when full).
+#[derive(Debug, Default)]
+pub(crate) struct DayLog(Mutex<HashMap<(CallerKind, Arc<str>), DayRow>>);
+
+impl DayLog {
+    /// Keeps `rows`, each replacing its caller's.
+    pub fn record_all(&self, rows: Vec<DayRow>) {
+        let mut held = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        for row in rows {
+            let caller = (row.kind, Arc::clone(&row.id));
+            if held.len() < tower_priority_limit::store::DEFAULT_MAX_BUDGETS
+                || held.contains_key(&caller)
+            {
+                held.insert(caller, row);
+            }
+        }
+    }
+
+    /// What it holds with `fresh` (newer) over it, leaving it empty.
+    pub fn with(&self, fresh: Vec<DayRow>) -> Vec<DayRow> {
+        let mut held = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if held.is_empty() {
+            return fresh;
+        }
+        for row in fresh {
+            held.insert((row.kind, Arc::clone(&row.id)), row);
+        }
+        held.drain().map(|(_, row)| row).collect()
+    }
+}
+
 /// A row's `kind` column read back (`None`: neither `key` nor `team`).
 pub(crate) fn kind_named(kind: &str) -> Option<CallerKind> {
     match kind {
@@ -182,8 +276,22 @@ pub(crate) fn kind_named(kind: &str) -> Option<CallerKind> {
     }
 }
 
-fn write(conn: &mut Connection, rows: &[SpendRow]) -> rusqlite::Result<()> {
+fn write(conn: &mut Connection, rows: &[SpendRow], days: &[DayRow]) -> rusqlite::Result<()> {
     let tx = conn.transaction()?;
+    {
+        let mut upsert = tx.prepare_cached(
+            "INSERT INTO day_tokens (kind, id, ends_at, tokens) VALUES (?1, ?2, ?3, ?4)
+             ON CONFLICT (kind, id) DO UPDATE SET ends_at = ?3, tokens = ?4",
+        )?;
+        for day in days {
+            upsert.execute(rusqlite::params![
+                day.kind.as_str(),
+                &*day.id,
+                i64::try_from(day.ends_at).unwrap_or(i64::MAX),
+                i64::try_from(day.tokens).unwrap_or(i64::MAX)
+            ])?;
+        }
+    }
     {
         let mut upsert = tx.prepare_cached(
             "INSERT INTO spend (kind, id, model, period, spent) VALUES (?1, ?2, ?3, ?4, ?5)
@@ -200,6 +308,32 @@ fn write(conn: &mut Connection, rows: &[SpendRow]) -> rusqlite::Result<()> {
         }
     }
     tx.commit()
+}
+
+fn read_days(conn: &Connection) -> rusqlite::Result<Vec<DayRow>> {
+    let mut select = conn.prepare("SELECT kind, id, ends_at, tokens FROM day_tokens")?;
+    let rows = select.query_map([], |row| {
+        Ok((
+            row.get::<_, String>(0)?,
+            row.get::<_, String>(1)?,
+            row.get::<_, i64>(2)?,
+            row.get::<_, i64>(3)?,
+        ))
+    })?;
+    let mut out = Vec::new();
+    for row in rows {
+        let (kind, id, ends_at, tokens) = row?;
+        let Some(kind) = kind_named(&kind) else {
+            continue;
+        };
+        out.push(DayRow {
+            kind,
+            id: Arc::from(id),
+            ends_at: u64::try_from(ends_at).unwrap_or(0),
+            tokens: u64::try_from(tokens).unwrap_or(0),
+        });
+    }
+    Ok(out)
 }
 
 fn read(conn: &Connection) -> rusqlite::Result<Vec<SpendRow>> {

@@ -1,7 +1,7 @@
-//! A budget's spend outlives `kill -9` (issue 31): a real gateway process on the embedded store
-//! with a data directory, killed right after a run of answers, restarted on the same directory.
-//! What it can lose is bounded by what it had not written yet (`keys::spend`: every 200 ms);
-//! nothing is ever counted twice.
+//! A budget's spend, and a key's day of tokens, outlive `kill -9` (issue 31): a real gateway
+//! process on the embedded store with a data directory, killed right after a run of answers,
+//! restarted on the same directory. What it can lose is bounded by what it had not written yet
+//! (`keys::spend`: every 200 ms); nothing is ever counted twice.
 
 use std::time::{Duration, Instant};
 
@@ -14,11 +14,8 @@ use super::keys::{call, client, command, generate_key, start, MASTER};
 /// One answer (10 prompt, 20 completion tokens) at $1 and $2 per million.
 const COST: f64 = 0.00005;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn kill_9_loses_at_most_the_spend_not_yet_written() {
-    let dir = std::env::temp_dir().join(format!("gw-bin-budgets-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(dir.join("data")).unwrap();
+/// One model with prices, answered by the gateway itself (`mock_response`).
+fn write_config(dir: &std::path::Path) {
     std::fs::write(
         dir.join("gw.yaml"),
         format!(
@@ -31,6 +28,91 @@ async fn kill_9_loses_at_most_the_spend_not_yet_written() {
         ),
     )
     .unwrap();
+}
+
+/// Asks for one answer as `key`: the status and `x-priority-limit-refused-by`.
+async fn ask(
+    http: &hyper_util::client::legacy::Client<
+        hyper_util::client::legacy::connect::HttpConnector,
+        Full<Bytes>,
+    >,
+    addr: &str,
+    key: &str,
+) -> (u16, String) {
+    let request = http::Request::post(format!("http://{addr}/v1/chat/completions"))
+        .header("authorization", format!("Bearer {key}"))
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from_static(
+            br#"{"model": "m", "messages": [{"role": "user", "content": "hi"}]}"#,
+        )))
+        .unwrap();
+    let response = http.request(request).await.unwrap();
+    let status = response.status().as_u16();
+    let refused_by = response
+        .headers()
+        .get("x-priority-limit-refused-by")
+        .map(|v| v.to_str().unwrap().to_owned())
+        .unwrap_or_default();
+    response.into_body().collect().await.unwrap();
+    (status, refused_by)
+}
+
+/// A key's `tpd_limit` is not given a new day by a restart: its day of tokens is written beside
+/// spend (`day_tokens` in `spend.db`) and read back. Two answers (60 tokens) use a 60-token day;
+/// the gateway is killed once the copy holds them; after the restart the key is still refused.
+/// Before the copy, a restart served the key 60 tokens more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_keys_day_of_tokens_outlives_kill_9() {
+    let dir = std::env::temp_dir().join(format!("gw-bin-tpd-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join("data")).unwrap();
+    write_config(&dir);
+    let (mut child, addr) = start(command(&dir, None)).expect("starts");
+    let http = client();
+    let key = generate_key(&http, &addr, r#"{"tpd_limit": 60}"#).await;
+    for _ in 0..2 {
+        assert_eq!(ask(&http, &addr, &key).await, (200, String::new()));
+    }
+    assert_eq!(
+        ask(&http, &addr, &key).await,
+        (429, "key_daily_tokens".to_owned()),
+        "the day is used"
+    );
+    // The copy is written every 200 ms: wait until it holds the day, then kill.
+    let db = rusqlite::Connection::open(dir.join("data/spend.db")).unwrap();
+    let written = || -> i64 {
+        db.query_row("SELECT COALESCE(SUM(tokens), 0) FROM day_tokens", [], |r| {
+            r.get(0)
+        })
+        .unwrap_or(0)
+    };
+    let until = Instant::now() + Duration::from_secs(10);
+    while written() < 60 {
+        assert!(
+            Instant::now() < until,
+            "the day was never written: {}",
+            written()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    kill(&mut child, "-KILL");
+    let (mut child, addr) = start(command(&dir, None)).expect("restarts");
+    assert_eq!(
+        ask(&http, &addr, &key).await,
+        (429, "key_daily_tokens".to_owned()),
+        "a restart is not a new day"
+    );
+    kill(&mut child, "-TERM");
+    drop(db);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_loses_at_most_the_spend_not_yet_written() {
+    let dir = std::env::temp_dir().join(format!("gw-bin-budgets-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join("data")).unwrap();
+    write_config(&dir);
     let (mut child, addr) = start(command(&dir, None)).expect("starts");
     let http = client();
     let key = generate_key(&http, &addr, r#"{"max_budget": 1000}"#).await;

@@ -27,6 +27,11 @@ pub struct CallerCounters<W> {
     ///
     /// [`take_spend_changed`]: Self::take_spend_changed
     pub spend_changed: bool,
+    /// An admission or settlement changed the day's counter since it was last taken
+    /// ([`take_day_changed`]): `tpd_limit`'s tokens, kept durable like spend.
+    ///
+    /// [`take_day_changed`]: Self::take_day_changed
+    pub day_changed: bool,
 }
 
 /// A caller's spend in one budget period: what settled requests cost and what admitted ones
@@ -238,6 +243,22 @@ impl<W: Window> CallerCounters<W> {
         std::mem::take(&mut self.spend_changed)
     }
 
+    /// Whether an admission or settlement changed the day's counter since the last call
+    /// (which clears it).
+    pub fn take_day_changed(&mut self) -> bool {
+        std::mem::take(&mut self.day_changed)
+    }
+
+    /// Raises the day's counter to `tokens` at `now`, freed `resets_in` from now, as a durable
+    /// copy kept it ([`Window::seed`]): a restart does not give `tpd_limit` a new day.
+    pub fn restore_day(&mut self, tokens: u64, resets_in: Millis, now: Millis) {
+        let usage = Usage {
+            requests: 0,
+            tokens,
+        };
+        self.day.seed(usage, resets_in, now, DAY_MS);
+    }
+
     /// Its budget counters: all models' (`None`), then each model's.
     pub fn budgets(&self) -> impl Iterator<Item = (Option<ModelId>, &BudgetCounter)> {
         std::iter::once((None, &self.budget))
@@ -310,6 +331,7 @@ impl<W: Window> CallerCounters<W> {
         if counted[1] {
             marks[1] = self.day.mark(now, DAY_MS);
             self.day.admit(reserved, now, DAY_MS);
+            self.day_changed = true;
         }
         if counted[2] {
             let pair = self.model_mut(model);
@@ -348,6 +370,7 @@ impl<W: Window> CallerCounters<W> {
         }
         if marks[1] != NOT_COUNTED {
             one(&mut self.day, marks[1], DAY_MS);
+            self.day_changed = true;
         }
         if marks[2] != NOT_COUNTED {
             one(self.model_mut(model), marks[2], window);

@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::{AdmitRequest, Settlement, Settler, Store, StoreError};
-use crate::caller::{Caller, CallerKind, Callers, NanoUsd, Spent};
+use crate::caller::{Caller, CallerKind, Callers, DayTokens, NanoUsd, Spent, DAY_MS};
 use crate::clock::{Clock, CoarseClock};
 use crate::config::{
     pool_index, LimiterConfig, ModelId, ModelLimits, PoolRef, Settings, TokenAccounting, WindowKind,
@@ -377,6 +377,25 @@ impl CallerSlot {
         }
     }
 
+    /// Its day's tokens, if an admission or settlement changed them since the last call
+    /// (which clears the mark).
+    fn changed_day(&self, now: Millis) -> Option<DayTokens> {
+        fn of<W: Window>(c: &mut CallerCounters<W>, now: Millis) -> Option<(Usage, Millis)> {
+            c.take_day_changed()
+                .then(|| (c.day.usage(now, DAY_MS), c.day.resets_in(now, DAY_MS)))
+        }
+        let (usage, resets_in) = match &mut *self.lock() {
+            AnyCallerCounters::Fixed(c) => of(c, now),
+            AnyCallerCounters::Sliding(c) => of(c, now),
+        }?;
+        Some(DayTokens {
+            kind: self.kind,
+            id: Arc::clone(&self.id),
+            tokens: usage.tokens,
+            resets_in,
+        })
+    }
+
     fn is_idle(&self, now: Millis, window: Millis) -> bool {
         match &*self.lock() {
             AnyCallerCounters::Fixed(c) => c.is_idle(now, window),
@@ -731,6 +750,32 @@ impl MemoryStore {
         }
     }
 
+    /// The day's tokens of every caller an admission or settlement changed them for since the
+    /// last call: what a gateway writes to its durable copy, so a restart does not give
+    /// `tpd_limit` a new day ([`restore_day_tokens`](Self::restore_day_tokens) reads it back).
+    pub fn take_changed_day_tokens(&self) -> Vec<DayTokens> {
+        let now = self.clock.now_ms();
+        self.callers
+            .all()
+            .iter()
+            .filter_map(|slot| slot.changed_day(now))
+            .collect()
+    }
+
+    /// Raises each record's day counter to its tokens, freed when the record says
+    /// ([`CallerCounters::restore_day`]; a sliding window holds them a whole day from now).
+    pub fn restore_day_tokens(&self, days: impl IntoIterator<Item = DayTokens>) {
+        let now = self.clock.now_ms();
+        let window = self.config.settings().window_ms;
+        for d in days {
+            let slot = self.callers.slot(d.kind, &d.id, now, window);
+            match &mut *slot.lock() {
+                AnyCallerCounters::Fixed(c) => c.restore_day(d.tokens, d.resets_in, now),
+                AnyCallerCounters::Sliding(c) => c.restore_day(d.tokens, d.resets_in, now),
+            };
+        }
+    }
+
     /// Raises `model`'s counters to at least `model_usage` and each pool's (by index, the
     /// default pool last) to `pools`' figure, as a shared store last said its window held,
     /// all of it freed `resets_in` from now ([`Window::seed`]): a fallback for a shared store
@@ -1059,6 +1104,112 @@ mod tests {
                 settler.settle_callers(settlement, first.as_ref().unwrap());
             }
             assert_eq!(admitted, 3, "rpm 3 on each store, its slot freed each time");
+        }
+    }
+
+    /// A key's day of tokens (`tpd`) survives a restart through its durable copy: what one
+    /// store reports as changed, a new store takes back, and it refuses what the day no longer
+    /// holds until the day the first store counted ends (fixed windows) or a day from the
+    /// restart (sliding windows). Each kind of window.
+    #[test]
+    fn a_keys_day_of_tokens_is_taken_back_after_a_restart() {
+        use crate::caller::{
+            Caller, CallerIdentity, CallerKind, CallerLimit, CallerLimits, Callers,
+        };
+        use crate::config::WindowKind;
+        use crate::decision::Scope;
+        for kind in [WindowKind::Fixed, WindowKind::Sliding] {
+            let config = LimiterConfig::builder()
+                .model(ModelLimits::new("m").rpm(1_000).tpm(1_000_000))
+                .window_kind(kind)
+                .build()
+                .unwrap();
+            let id = config.model_id("m").unwrap();
+            let key = CallerIdentity::new(CallerKind::Key, "k");
+            let callers = || {
+                Callers::new(
+                    Some(Caller::with_identity(
+                        key.clone(),
+                        CallerLimits::new().tpd(100),
+                    )),
+                    None,
+                )
+            };
+            let request = |callers: &Option<Arc<Callers>>| AdmitRequest {
+                model: id,
+                pool: PoolRef::Default,
+                reserve: 60,
+                callers: callers.clone(),
+                flow: None,
+            };
+            let before = ManualClock::new();
+            before.set(10 * DAY_MS + 1_000);
+            let store = MemoryStore::with_clock(&config, before);
+            let first = callers();
+            let Decision::Admit(a) = store.admit(request(&first)).into_inner().unwrap() else {
+                panic!("the day is empty");
+            };
+            store.settler(id).unwrap().settle_callers(
+                Settlement {
+                    model: id,
+                    pool: PoolRef::Default,
+                    tokens: 70,
+                    reserved: a.reserved,
+                    model_window: a.model_window,
+                    pool_window: a.pool_window,
+                    cancel: false,
+                    on_fallback: false,
+                },
+                first.as_ref().unwrap(),
+            );
+            let kept = store.take_changed_day_tokens();
+            assert_eq!(kept.len(), 1, "{kind:?}: {kept:?}");
+            assert_eq!(
+                (kept[0].kind, &*kept[0].id, kept[0].tokens),
+                (CallerKind::Key, "k", 70)
+            );
+            assert!(store.take_changed_day_tokens().is_empty(), "taken once");
+
+            // The restart: another store, its clock elsewhere (a new process's origin).
+            let after = ManualClock::new();
+            let restarted = MemoryStore::with_clock(&config, after.clone());
+            restarted.restore_day_tokens(kept.clone());
+            let retry_after = match restarted.admit(request(&callers())).into_inner().unwrap() {
+                Decision::Refuse(r) => {
+                    assert_eq!(
+                        (r.scope, r.used, r.limit),
+                        (
+                            Scope::Caller(CallerKind::Key, CallerLimit::DailyTokens),
+                            70,
+                            100
+                        ),
+                        "{kind:?}"
+                    );
+                    r.retry_after_ms
+                }
+                other => panic!("{kind:?}: 70 + 60 > 100 after the restart, got {other:?}"),
+            };
+            // Fixed: the day the first store opened; sliding: a day from the restart.
+            assert!(
+                retry_after >= kept[0].resets_in.min(DAY_MS) && retry_after <= DAY_MS + DAY_MS / 10,
+                "{kind:?}: {retry_after}"
+            );
+            after.set(retry_after - 1);
+            assert!(
+                matches!(
+                    restarted.admit(request(&callers())).into_inner().unwrap(),
+                    Decision::Refuse(_)
+                ),
+                "{kind:?}: still the same day"
+            );
+            after.set(retry_after);
+            assert!(
+                matches!(
+                    restarted.admit(request(&callers())).into_inner().unwrap(),
+                    Decision::Admit(_)
+                ),
+                "{kind:?}: a new day"
+            );
         }
     }
 

@@ -2063,6 +2063,7 @@ fn callers_on<W: Window>(
             budget: budget_at(0),
             model_budgets: vec![(request.model, budget_at(1))],
             spend_changed: false,
+            day_changed: false,
         });
         i += 1;
     }
