@@ -12,7 +12,7 @@ use tower_priority_limit::config::LimiterConfig;
 use tower_priority_limit::store::{
     MemoryStore, RedisStore, RedisStoreBuilder, RedisTarget, SpendLog,
 };
-use tower_priority_limit::Limiter;
+use tower_priority_limit::{FailureMode, Limiter};
 
 use crate::chat::ChatRequest;
 use crate::config::{Deployment, GatewayConfig};
@@ -232,6 +232,14 @@ impl GatewayBuilder {
             expected_nodes = limits.settings().shared.expected_nodes,
             "limiter counters on Redis"
         );
+        if limits.settings().shared.failure_mode == FailureMode::Open {
+            // Served without the limiter, those answers are counted nowhere: said once, here.
+            tracing::warn!(
+                "redis_failure_mode is open: while Redis does not answer, requests are served \
+                 without key, team or model limits, and what they cost is not charged to any \
+                 budget afterwards (local charges it)"
+            );
+        }
         let deployment_limits = routing::deployment_limits(&config.deployments, limits);
         let prefix = format!("{}deployment:", config.redis_key_prefix);
         let deployments = observed(redis_store(&target, prefix))

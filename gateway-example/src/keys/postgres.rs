@@ -1070,6 +1070,183 @@ impl Shared {
     }
 }
 
+/// The session-level advisory lock (`pg_try_advisory_lock`) that a gateway whose limiter counts
+/// in its own process holds on its keys' database ("tplcount"): a second such gateway would
+/// enforce every key's and team's limits and budgets on counters of its own, so a fleet of N
+/// would serve N times each. Released with the session: a stopped or killed gateway's at once.
+const EMBEDDED_COUNTERS_LOCK: i64 = 0x7470_6c63_6f75_6e74;
+
+/// How long between attempts to take the lock again after its session ended.
+const COUNTERS_LOCK_RETRY: Duration = Duration::from_secs(1);
+
+/// Who holds [`EMBEDDED_COUNTERS_LOCK`], as its session's `application_name` says it: this
+/// process, on this host.
+fn counters_holder() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_owned())
+        .unwrap_or_default();
+    format!("gateway-example pid {} on {host}", std::process::id())
+}
+
+/// [`EMBEDDED_COUNTERS_LOCK`] held by this gateway; dropping it ends the session, which
+/// releases the lock.
+pub struct CountersLock {
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl std::fmt::Debug for CountersLock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CountersLock").finish_non_exhaustive()
+    }
+}
+
+impl Drop for CountersLock {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl PgKeys {
+    /// Takes [`EMBEDDED_COUNTERS_LOCK`] for this gateway, whose limiter counts in its own
+    /// process, and keeps it (taken again if its session ends); `Err` names the gateway that
+    /// holds it, and the gateway must not start. Another gateway of this process (one started
+    /// again in place, as the tests do) goes on without it.
+    pub async fn lock_embedded_counters(&self) -> Result<CountersLock, KeyStoreError> {
+        let me = counters_holder();
+        let mut taken = take_counters_lock(&self.shared, &me).await?;
+        if matches!(taken, Taken::Released) {
+            taken = take_counters_lock(&self.shared, &me).await?;
+        }
+        let client = match taken {
+            Taken::Held(client) => client,
+            Taken::Released => {
+                return Err(KeyStoreError::Unavailable(
+                    "the counters lock was taken and released by others twice in a row".into(),
+                ))
+            }
+            Taken::ByThisProcess => {
+                return Ok(CountersLock {
+                    task: tokio::spawn(async {}),
+                })
+            }
+            Taken::ByOther(holder) => {
+                return Err(KeyStoreError::Unavailable(format!(
+                    "another gateway ({holder}) keeps its limiter's counters in its own process \
+                     and its keys in this database: two would each enforce every key's and \
+                     team's limits and budgets on their own, so a fleet would serve each limit \
+                     once per gateway. Give the fleet a Redis (router_settings.redis_url) for its \
+                     counters, or run one gateway (a gateway that stops releases the lock at \
+                     once; one cut off by the network, when Postgres ends its session)"
+                )))
+            }
+        };
+        let shared = Arc::clone(&self.shared);
+        let task = tokio::spawn(async move {
+            let mut held = client;
+            loop {
+                // The session lives as long as the client does; wait until it ends.
+                while !held.is_closed() {
+                    tokio::time::sleep(COUNTERS_LOCK_RETRY).await;
+                }
+                tracing::warn!(
+                    postgres = %shared.target,
+                    "the Postgres session holding this gateway's counters lock ended; taking it again"
+                );
+                let mut said = false;
+                held = loop {
+                    tokio::time::sleep(COUNTERS_LOCK_RETRY).await;
+                    match take_counters_lock(&shared, &me).await {
+                        Ok(Taken::Held(client)) => break client,
+                        Ok(Taken::ByThisProcess) => return,
+                        Ok(Taken::ByOther(holder)) if !said => {
+                            said = true;
+                            tracing::error!(
+                                postgres = %shared.target,
+                                holder,
+                                "another gateway with counters of its own took the counters lock \
+                                 while this one's session was down: each now enforces every \
+                                 key's and team's limits on its own; stop one of them"
+                            );
+                        }
+                        Ok(Taken::ByOther(_) | Taken::Released) => {}
+                        Err(e) => tracing::debug!(error = %e, "counters lock not taken yet"),
+                    }
+                };
+            }
+        });
+        Ok(CountersLock { task })
+    }
+}
+
+/// Who has [`EMBEDDED_COUNTERS_LOCK`] after an attempt to take it.
+enum Taken {
+    /// This session, which holds it as long as it lives.
+    Held(Client),
+    /// Another session of this process.
+    ByThisProcess,
+    /// Another gateway: its name, address and start.
+    ByOther(String),
+    /// Nobody by the time its holder was asked for: to be tried again.
+    Released,
+}
+
+/// Opens a session named `me` and tries to take [`EMBEDDED_COUNTERS_LOCK`] on it.
+async fn take_counters_lock(shared: &Shared, me: &str) -> Result<Taken, KeyStoreError> {
+    let target = &shared.target;
+    let mut config = shared.listen.config.clone();
+    config.application_name(me);
+    let (client, connection) = config
+        .connect(shared.listen.tls.clone())
+        .await
+        .map_err(|e| unavailable(target, &e))?;
+    tokio::spawn(async move {
+        if let Err(e) = connection.await {
+            tracing::debug!(error = %e, "Postgres connection ended");
+        }
+    });
+    let taken: bool = client
+        .query_one(
+            "SELECT pg_try_advisory_lock($1)",
+            &[&EMBEDDED_COUNTERS_LOCK],
+        )
+        .await
+        .map_err(|e| unavailable(target, &e))?
+        .get(0);
+    if taken {
+        return Ok(Taken::Held(client));
+    }
+    // A bigint advisory lock is listed as its high and low halves, `objsubid` 1.
+    let holder = client
+        .query_opt(
+            "SELECT a.application_name, COALESCE(host(a.client_addr), 'a local socket'), \
+                    to_char(a.backend_start, 'YYYY-MM-DD HH24:MI:SS TZ')
+             FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+             WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
+               AND l.classid = $1 AND l.objid = $2",
+            &[
+                &((EMBEDDED_COUNTERS_LOCK as u64 >> 32) as u32),
+                &(EMBEDDED_COUNTERS_LOCK as u64 as u32),
+            ],
+        )
+        .await
+        .map_err(|e| unavailable(target, &e))?;
+    let Some(row) = holder else {
+        return Ok(Taken::Released);
+    };
+    let (name, addr, since): (String, String, String) = (row.get(0), row.get(1), row.get(2));
+    if name == me {
+        return Ok(Taken::ByThisProcess);
+    }
+    let name = if name.is_empty() {
+        "a session without a name".to_owned()
+    } else {
+        name
+    };
+    Ok(Taken::ByOther(format!(
+        "{name}, connected from {addr} since {since}"
+    )))
+}
+
 /// The listener: keeps a connection `LISTEN`ing on [`CHANNEL`], reads every notified row back
 /// into memory, and reads everything whenever the connection is made (again). Tells `ready` how
 /// its first connection and read went; after that, it retries for as long as it runs.

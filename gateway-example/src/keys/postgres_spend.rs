@@ -36,7 +36,7 @@ use tower_priority_limit::store::{
     MemoryStore, RedisStore, SpendLog, SpendRow, DEFAULT_MAX_BUDGETS,
 };
 
-use super::postgres::PgKeys;
+use super::postgres::{CountersLock, PgKeys};
 use super::spend::{
     by_model_id, by_model_name, day_rows, days_left, kind_named, model_names, DayLog, DayRow,
 };
@@ -67,6 +67,8 @@ enum Source {
 pub struct PgSpend {
     inner: Arc<Inner>,
     task: tokio::task::JoinHandle<()>,
+    /// With embedded counters: this gateway's hold on them ([`PgKeys::lock_embedded_counters`]).
+    _counters: Option<CountersLock>,
 }
 
 struct Inner {
@@ -103,12 +105,15 @@ impl Drop for PgSpend {
 
 impl PgSpend {
     /// Reads every row into `store`'s callers' counters (embedded), and starts writing their
-    /// changes. An error (Postgres cannot be read) stops the gateway's start.
+    /// changes, holding the database's counters lock so no second gateway with counters of its
+    /// own shares these keys. An error (Postgres cannot be read, another gateway holds the lock)
+    /// stops the gateway's start.
     pub async fn embedded(
         keys: &PgKeys,
         store: &MemoryStore,
         config: &LimiterConfig,
     ) -> Result<Self, KeyStoreError> {
+        let counters = keys.lock_embedded_counters().await?;
         let pool = keys.pool();
         let restored = by_model_id(read_all(&pool, keys.target()).await?, config);
         tracing::info!(
@@ -121,13 +126,15 @@ impl PgSpend {
         let store = store
             .sharing_callers(config)
             .ok_or_else(|| KeyStoreError::Io("the limiter's counters changed kind".into()))?;
-        Ok(Self::start(
+        let mut spend = Self::start(
             keys,
             Source::Embedded {
                 store: Box::new(store),
                 models: model_names(config),
             },
-        ))
+        );
+        spend._counters = Some(counters);
+        Ok(spend)
     }
 
     /// Writes what `log` collects from `store`'s (and a reload's stores') settlements, and gives
@@ -152,7 +159,11 @@ impl PgSpend {
             failing: AtomicBool::new(false),
         });
         let task = tokio::spawn(run(Arc::clone(&inner)));
-        Self { inner, task }
+        Self {
+            inner,
+            task,
+            _counters: None,
+        }
     }
 
     /// Writes what changed now (a graceful stop).

@@ -1195,3 +1195,35 @@ fn keys_on_a_redis_that_persists_nothing_are_warned_about() {
     stop(second.child);
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// `redis_failure_mode: open` serves without limits or budgets while Redis is away, and charges
+/// none of it afterwards: a gateway started with it says so once; with `local`, nothing.
+#[test]
+fn redis_failure_mode_open_is_warned_about_at_start() {
+    let Some(redis) =
+        super::redis_server::RedisServer::start("redis_failure_mode_open_is_warned_about")
+    else {
+        return;
+    };
+    for mode in ["open", "local"] {
+        let dir = config_dir(
+            &format!("failure-mode-{mode}"),
+            &format!(
+                "model_list: [{{model_name: m, litellm_params: {{model: openai/m, mock_response: hi}}}}]\n\
+                 litellm_settings: {{callbacks: [\"dynamic_rate_limiter_v3\"], \
+                 priority_reservation_settings: {{redis_failure_mode: {mode}}}}}\n\
+                 general_settings: {{master_key: sk-failure-mode-0123456789}}\n\
+                 router_settings: {{redis_url: \"{}\"}}\n",
+                redis.url()
+            ),
+        );
+        let port = free_port().to_string();
+        let launched = launch(&dir, &["--port", &port]).expect("starts");
+        let warned = launched.before.iter().any(|line| {
+            line.contains("redis_failure_mode is open") && line.contains("not charged")
+        });
+        assert_eq!(warned, mode == "open", "{mode}: {:?}", launched.before);
+        stop(launched.child);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

@@ -104,6 +104,75 @@ async fn three_gateway_processes_share_keys_through_postgres_and_flushall_loses_
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Keys in Postgres and no Redis: each gateway would count limits and budgets in its own process,
+/// so a fleet would serve each key's limit once per gateway. A second such process on the same
+/// database refuses to start, naming the first (its process id); once the first is killed
+/// (`kill -9`: Postgres ends its session), the second starts. Two processes on the database with
+/// a Redis for their counters both start. Before the lock, the second started and a key's
+/// `rpm_limit: 50` served 150 on three gateways.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_gateway_with_counters_of_its_own_on_one_database_does_not_start() {
+    let Some(postgres) = PostgresServer::start("a_second_gateway_with_counters_of_its_own") else {
+        return;
+    };
+    let url = postgres.url();
+    let (one, two) = (
+        setup("own-counters-1", &url, None),
+        setup("own-counters-2", &url, None),
+    );
+    let (mut first, addr) = start(command(&one, None)).expect("the first starts");
+    let e = start(command(&two, None)).expect_err("the second must not start");
+    assert!(!e.0.success());
+    assert!(
+        e.1.contains("another gateway (gateway-example pid ")
+            && e.1.contains(&format!("pid {} on", first.id()))
+            && e.1.contains("router_settings.redis_url"),
+        "{}",
+        e.1
+    );
+    let http = client();
+    let key = generate_key(&http, &addr, "{}").await;
+    assert_eq!(
+        chat(&http, &addr, &key).await,
+        Some(200),
+        "the first serves"
+    );
+    kill(&mut first, "-KILL");
+    let until = Instant::now() + Duration::from_secs(10);
+    let (mut second, addr) = loop {
+        match start(command(&two, None)) {
+            Ok(started) => break started,
+            Err(e) => {
+                assert!(Instant::now() < until, "never started: {}", e.1);
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+    };
+    assert_eq!(
+        chat(&http, &addr, &key).await,
+        Some(200),
+        "the second serves the key"
+    );
+    kill(&mut second, "-TERM");
+
+    if let Some(redis) = RedisServer::start("a_second_gateway_with_counters_of_its_own") {
+        let (one, two) = (
+            setup("shared-counters-1", &url, Some(&redis)),
+            setup("shared-counters-2", &url, Some(&redis)),
+        );
+        let (mut a, _) = start(command(&one, None)).expect("starts");
+        let (mut b, _) = start(command(&two, None)).expect("starts beside it: counters in Redis");
+        kill(&mut a, "-TERM");
+        kill(&mut b, "-TERM");
+        for dir in [one, two] {
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+    }
+    for dir in [one, two] {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
 /// Postgres down: the binary exits non-zero at once, saying why, the password hidden.
 #[test]
 fn the_binary_does_not_start_without_its_postgres() {
