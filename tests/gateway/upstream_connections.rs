@@ -194,6 +194,63 @@ async fn mutual_tls_upstream(pki: &Pki) -> std::net::SocketAddr {
     addr
 }
 
+/// `ssl_verify` naming a self-signed certificate that `openssl req -x509` marked a CA (what an
+/// internal upstream often has): the server presenting that very certificate is trusted, as
+/// OpenSSL (httpx, LiteLLM) trusts it; a bundle of another CA is still refused, and so is that
+/// kind of certificate made for another address than the upstream's (its name is checked).
+/// Before, webpki's `CaUsedAsEndEntity` refused them all.
+#[tokio::test]
+async fn ssl_verify_trusts_a_self_signed_upstream_certificate_marked_a_ca() {
+    let Some(pki) = Pki::make("ssl_verify and a self-signed CA certificate") else {
+        return;
+    };
+    let (addr, _) = integration_tests::https::ok_server(
+        CertificateDer::from_pem_file(&pki.self_signed).unwrap(),
+        PrivateKeyDer::from_pem_file(&pki.self_signed_key).unwrap(),
+    )
+    .await;
+    let (misnamed, _) = integration_tests::https::ok_server(
+        CertificateDer::from_pem_file(&pki.self_signed_elsewhere).unwrap(),
+        PrivateKeyDer::from_pem_file(&pki.self_signed_elsewhere_key).unwrap(),
+    )
+    .await;
+    let (own, ca, elsewhere) = (
+        pki.self_signed.display(),
+        pki.ca.display(),
+        pki.self_signed_elsewhere.display(),
+    );
+    let gw = Gw::start(
+        &with_master(&format!(
+            r#"
+model_list:
+  - model_name: its-own
+    litellm_params: {{model: openai/x, api_base: "https://{addr}/v1", ssl_verify: "{own}"}}
+  - model_name: another-ca
+    litellm_params: {{model: openai/x, api_base: "https://{addr}/v1", ssl_verify: "{ca}"}}
+  - model_name: for-another-address
+    litellm_params: {{model: openai/x, api_base: "https://{misnamed}/v1", ssl_verify: "{elsewhere}"}}
+router_settings: {{num_retries: 0}}
+"#
+        )),
+        None,
+    )
+    .await;
+    let r = gw.chat(MASTER, "its-own", false).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    for (model, why) in [
+        ("another-ca", "UnknownIssuer"),
+        ("for-another-address", "not valid for name"),
+    ] {
+        let r = gw.chat(MASTER, model, false).await;
+        assert_eq!(r.status, 502, "{model}: {}", r.text());
+        let message = r.error_message();
+        assert!(
+            message.contains("the TLS handshake failed") && message.contains(why),
+            "{model}: {message}"
+        );
+    }
+}
+
 /// `ssl_verify` (a CA bundle, or `false`) and `ssl_certificate` (the client's certificate and
 /// key) per deployment, and as `litellm_settings`' defaults, against an upstream that takes only
 /// clients with a certificate of its CA.

@@ -22,6 +22,15 @@ pub struct Pki {
     pub client: PathBuf,
     /// A certificate and key for `127.0.0.1` that no CA signed (self-signed, not a CA).
     pub stranger: PathBuf,
+    /// A self-signed certificate for `IP:127.0.0.1` as `openssl req -x509` makes one by default:
+    /// marked a CA (`basicConstraints CA:TRUE`), its own trust anchor.
+    pub self_signed: PathBuf,
+    /// Its private key.
+    pub self_signed_key: PathBuf,
+    /// The same kind of certificate, for `IP:127.0.0.2`.
+    pub self_signed_elsewhere: PathBuf,
+    /// Its private key.
+    pub self_signed_elsewhere_key: PathBuf,
 }
 
 impl Drop for Pki {
@@ -130,6 +139,21 @@ impl Pki {
             "-out",
             "stranger.pem",
         ]);
+        for (name, ip) in [("self-signed", "127.0.0.1"), ("elsewhere", "127.0.0.2")] {
+            req(&[
+                "-x509",
+                "-subj",
+                &format!("/CN={ip}"),
+                "-addext",
+                &format!("subjectAltName=IP:{ip}"),
+                "-addext",
+                "basicConstraints=critical,CA:TRUE",
+                "-keyout",
+                &format!("{name}.key"),
+                "-out",
+                &format!("{name}.pem"),
+            ]);
+        }
         let mut both = std::fs::read(dir.join("stranger.pem")).unwrap();
         both.extend(std::fs::read(dir.join("stranger.key")).unwrap());
         std::fs::write(dir.join("stranger-both.pem"), both).unwrap();
@@ -139,6 +163,10 @@ impl Pki {
             server_key: dir.join("server.key"),
             client: dir.join("client-both.pem"),
             stranger: dir.join("stranger-both.pem"),
+            self_signed: dir.join("self-signed.pem"),
+            self_signed_key: dir.join("self-signed.key"),
+            self_signed_elsewhere: dir.join("elsewhere.pem"),
+            self_signed_elsewhere_key: dir.join("elsewhere.key"),
             dir,
         })
     }

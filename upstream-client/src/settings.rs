@@ -203,11 +203,23 @@ impl Tls {
                 roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
             }),
             Verify::CaBundle(path) => {
+                let bundle = certificates(path)?;
                 let mut roots = rustls::RootCertStore::empty();
-                for certificate in certificates(path)? {
-                    roots.add(certificate).map_err(TlsError::Rustls)?;
+                for certificate in &bundle {
+                    roots.add(certificate.clone()).map_err(TlsError::Rustls)?;
                 }
-                builder.with_root_certificates(roots)
+                let verifier = rustls::client::WebPkiServerVerifier::builder_with_provider(
+                    Arc::new(roots),
+                    Arc::clone(&provider),
+                )
+                .build()
+                .map_err(|e| TlsError::Rustls(rustls::Error::General(e.to_string())))?;
+                builder
+                    .dangerous()
+                    .with_custom_certificate_verifier(Arc::new(BundleVerifier {
+                        webpki: verifier,
+                        bundle,
+                    }))
             }
             Verify::Off => builder
                 .dangerous()
@@ -231,6 +243,81 @@ impl Tls {
             client_certificate,
             config: Arc::new(config),
         })
+    }
+}
+
+/// Verifies the server against a CA bundle as webpki does, and also takes a certificate of the
+/// bundle presented as the server's own (a self-signed certificate made with `openssl req -x509`,
+/// which marks it a CA: webpki refuses a CA as a server's certificate, `CaUsedAsEndEntity`, where
+/// OpenSSL, and so httpx and LiteLLM, trust it). Only then, and for that exact certificate: its
+/// dates were checked before that error (webpki's order), its name is checked here.
+#[derive(Debug)]
+struct BundleVerifier {
+    webpki: Arc<rustls::client::WebPkiServerVerifier>,
+    bundle: Vec<CertificateDer<'static>>,
+}
+
+impl ServerCertVerifier for BundleVerifier {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        server_name: &ServerName<'_>,
+        ocsp_response: &[u8],
+        now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        let refused = match self.webpki.verify_server_cert(
+            end_entity,
+            intermediates,
+            server_name,
+            ocsp_response,
+            now,
+        ) {
+            Ok(verified) => return Ok(verified),
+            Err(e) => e,
+        };
+        let ca_as_server = matches!(
+            &refused,
+            rustls::Error::InvalidCertificate(rustls::CertificateError::Other(other))
+                if other.0.downcast_ref::<webpki::Error>() == Some(&webpki::Error::CaUsedAsEndEntity)
+        );
+        if !ca_as_server {
+            return Err(refused);
+        }
+        if !self
+            .bundle
+            .iter()
+            .any(|c| c.as_ref() == end_entity.as_ref())
+        {
+            // A CA's certificate the bundle does not hold: not one it trusts (webpki's own error
+            // names the CA mark instead, which says nothing of what to fix).
+            return Err(rustls::CertificateError::UnknownIssuer.into());
+        }
+        let parsed = rustls::server::ParsedCertificate::try_from(end_entity)?;
+        rustls::client::verify_server_name(&parsed, server_name)?;
+        Ok(ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.webpki.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.webpki.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.webpki.supported_verify_schemes()
     }
 }
 
