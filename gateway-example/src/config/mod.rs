@@ -484,10 +484,18 @@ impl GatewayConfig {
             root.get("router_settings")?.as_ref(),
             root.get("litellm_settings")?.as_ref(),
         )?;
-        if router.timeout.is_none() {
-            if let Some(settings) = root.get("litellm_settings")? {
-                if let Some(t) = settings.get("request_timeout")? {
-                    router.timeout = Some(seconds(&t)?);
+        // LiteLLM's request-wide timeout, read as `router_settings.timeout` where that is unset;
+        // where both are set the router's is used, and this one named (as `num_retries`).
+        if let Some(settings) = root.get("litellm_settings")? {
+            if let Some(t) = settings.get("request_timeout")? {
+                let secs = seconds(&t)?;
+                match router.timeout {
+                    None => router.timeout = Some(secs),
+                    Some(_) => tracing::warn!(
+                        "{} is not read: router_settings.timeout is set too, and is the one \
+                         LiteLLM's router reads",
+                        t.path()
+                    ),
                 }
             }
         }

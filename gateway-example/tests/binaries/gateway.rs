@@ -1227,3 +1227,39 @@ fn redis_failure_mode_open_is_warned_about_at_start() {
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
+
+/// A routing setting given in both `litellm_settings` and `router_settings` is read from
+/// `router_settings`, as LiteLLM's router reads it, and the other is named at start:
+/// `request_timeout` beside `timeout` too (before, it alone was dropped without a word).
+#[test]
+fn a_routing_setting_given_twice_names_the_one_not_read() {
+    let dir = config_dir(
+        "given-twice",
+        "model_list: [{model_name: m, litellm_params: {model: openai/m, mock_response: hi}}]\n\
+         litellm_settings: {request_timeout: 1, num_retries: 1}\n\
+         router_settings: {timeout: 4, num_retries: 0}\n",
+    );
+    let port = free_port().to_string();
+    let launched = launch(&dir, &["--port", &port]).expect("starts");
+    for (unread, read) in [
+        (
+            "litellm_settings.request_timeout",
+            "router_settings.timeout",
+        ),
+        (
+            "litellm_settings.num_retries",
+            "router_settings.num_retries",
+        ),
+    ] {
+        assert!(
+            launched
+                .before
+                .iter()
+                .any(|l| l.contains(&format!("{unread} is not read: {read} is set too"))),
+            "{unread}: {:?}",
+            launched.before
+        );
+    }
+    stop(launched.child);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
