@@ -97,13 +97,22 @@ async fn a_head_then_silence_is_a_timed_out_attempt_retried_and_fallen_back_from
         r.error_message(),
         "Upstream for mute-alone sent its response head, then nothing for 0.3 s (stream_timeout)."
     );
-    // The request's time runs out first: said so, not "did not answer".
+    // The deployment's `timeout` runs out before its `stream_timeout`: said so, not "did not
+    // answer", and not the request's time (it had more).
     let r = bounded("the timeout", gw.chat(MASTER, "mute-short", true)).await;
     assert_eq!(r.status, 504, "{}", r.text());
     assert_eq!(
         r.error_message(),
-        "Upstream for mute-short sent its response head, then nothing within the 0.3 s the \
-         request had left (timeout)."
+        "Upstream for mute-short sent its response head, then nothing within its 0.3 s (timeout)."
+    );
+    // The request's own time (`router_settings.timeout`) runs out first: that is what it says.
+    let (gw, _up) = start("  timeout: 0.15").await;
+    let r = bounded("the timeout", gw.chat(MASTER, "mute-short", true)).await;
+    assert_eq!(r.status, 504, "{}", r.text());
+    assert_eq!(
+        r.error_message(),
+        "Upstream for mute-short sent its response head, then nothing within the 0.1 s the \
+         request had left (its attempts' timeout)."
     );
 }
 

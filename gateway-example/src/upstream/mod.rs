@@ -594,13 +594,26 @@ async fn first_bytes(
                 idle.as_secs_f64()
             ),
         )),
-        // The head came: say so, and that the request's time ran out, not the deployment's.
+        // The head came: say so, and whose time ran out: the deployment's own `timeout`, or
+        // what the request had left of its own (less than that). A request whose time is that
+        // `timeout` (its group's largest, no `router_settings.timeout`) has a little less left
+        // by the time its first attempt starts: within 50 ms it is the deployment's.
+        Err(_) if time + Duration::from_millis(50) >= deployment.timeout => Err(failure(
+            StatusCode::GATEWAY_TIMEOUT,
+            "timeout",
+            format!(
+                "Upstream for {} sent its response head, then nothing within its {:.1} s \
+                 (timeout).",
+                deployment.model_name,
+                time.as_secs_f64()
+            ),
+        )),
         Err(_) => Err(failure(
             StatusCode::GATEWAY_TIMEOUT,
             "timeout",
             format!(
                 "Upstream for {} sent its response head, then nothing within the {:.1} s the \
-                 request had left (timeout).",
+                 request had left (its attempts' timeout).",
                 deployment.model_name,
                 time.as_secs_f64()
             ),
