@@ -223,6 +223,69 @@ async fn with_reserve_the_queue_waits_for_reservations_in_flight_on_redis() {
     );
 }
 
+/// A pool's fixed window keeps its model's on Redis as on the embedded store
+/// (`Window::open_following`): dev's pool, first touched 50 ms after prod opened the model's
+/// window, opens where the model's did, so the two roll together. Before, it opened at its own
+/// first touch, and admissions in those 50 ms after the model's next roll counted in dev's old
+/// window (a fleet with the queue on then served prod below its floor at every roll).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pools_window_opens_with_its_models_on_redis() {
+    let Some(redis) = RedisServer::start("a_pools_window_opens_with_its_models") else {
+        return;
+    };
+    let config = LimiterConfig::builder()
+        .model(ModelLimits::new("m").rpm(120))
+        .reserve("prod", Reservation::Percent(0.75))
+        .reserve("dev", Reservation::Percent(0.25))
+        .default_priority(0.0)
+        .saturation_threshold(0.0)
+        .store_timeout(Duration::from_secs(2))
+        .build()
+        .unwrap();
+    let store = RedisStore::builder(RedisTarget::Single(redis.url()))
+        .key_prefix("following:")
+        .connect(&config)
+        .await
+        .expect("redis store");
+    let limiter = Limiter::with_store(store);
+    let id = config.model_id("m").unwrap();
+    let (prod, dev) = (config.pool_of(Some("prod")), config.pool_of(Some("dev")));
+    let starts = || {
+        let mut con = ::redis::Client::open(redis.url())
+            .unwrap()
+            .get_connection()
+            .unwrap();
+        let mut starts = Vec::new();
+        for (key, fields) in integration_tests::redis::hashes_under(&mut con, "following:") {
+            for field in fields.iter().filter(|f| *f == "ms" || f.ends_with(":s")) {
+                let start: i64 = ::redis::cmd("HGET")
+                    .arg(&key)
+                    .arg(field)
+                    .query(&mut con)
+                    .unwrap();
+                starts.push((field.clone(), start));
+            }
+        }
+        starts
+    };
+    assert!(matches!(
+        limiter.admit(id, prod, 0).await,
+        Ok(Decision::Admit(_))
+    ));
+    // Not a window: the moment between two first touches.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(matches!(
+        limiter.admit(id, dev, 0).await,
+        Ok(Decision::Admit(_))
+    ));
+    let starts = starts();
+    assert_eq!(starts.len(), 3, "the model's and two pools': {starts:?}");
+    assert!(
+        starts.iter().all(|(_, s)| *s == starts[0].1),
+        "every window starts with the model's: {starts:?}"
+    );
+}
+
 /// One floor across a fleet with skewed ingress: three limiters (three stores, one Redis), dev
 /// entering only through A and C, prod only through B, the queue on (threshold 0: strict from
 /// the first request). dev floods first; the floors rule in the script keeps prod's unused

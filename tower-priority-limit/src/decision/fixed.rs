@@ -89,6 +89,27 @@ impl Window for FixedWindow {
         }
     }
 
+    fn mark_following(&self, lead: Millis, now: Millis, window: Millis) -> Millis {
+        match self.window_start {
+            Some(start) if self.is_current(now, window) => start,
+            _ => lead,
+        }
+    }
+
+    fn open_following(&mut self, lead: Millis, now: Millis, window: Millis) {
+        if !self.is_current(now, window) {
+            let opened = FixedWindow {
+                window_start: Some(lead),
+                requests: 0,
+                tokens: 0,
+            };
+            // A lead whose window is over (never, from a model just touched) opens nothing.
+            if opened.is_current(now, window) {
+                *self = opened;
+            }
+        }
+    }
+
     fn admit(&mut self, reserved: u64, now: Millis, window: Millis) {
         self.roll(now, window);
         self.requests = self.requests.saturating_add(1);

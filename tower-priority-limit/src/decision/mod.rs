@@ -91,6 +91,24 @@ pub trait Window: Clone + Default + Send + 'static {
     /// slot (held a whole window: more than the shared one holds it, never less).
     fn seed(&mut self, usage: Usage, resets_in: Millis, now: Millis, window: Millis);
 
+    /// Where an admission at `now` is counted on a counter that keeps the window of another
+    /// (a pool's counter, its model's), which counts it at `lead`: this one's open window, else
+    /// `lead`'s. By default, its own [`mark`](Self::mark) (sliding windows share one grid).
+    fn mark_following(&self, lead: Millis, now: Millis, window: Millis) -> Millis {
+        let _ = lead;
+        self.mark(now, window)
+    }
+
+    /// Opens, unless one is open at `now`, the window that starts at `lead` (the mark of the
+    /// counter this one keeps the window of): a pool's fixed window opens with its model's, not
+    /// at its own first touch, so the two roll together. Had a pool's window opened ms after its
+    /// model's, admissions in those ms after the model's next roll would count in the pool's old
+    /// window and leave it a moment later, and the pool would get more than its floor of the
+    /// new one. By default nothing (sliding windows share one grid).
+    fn open_following(&mut self, lead: Millis, now: Millis, window: Millis) {
+        let _ = (lead, now, window);
+    }
+
     /// Periods per window for the floors rule ([`FloorPeriod`]): 1 for a fixed window, its
     /// slots for a sliding one.
     const PERIODS: u64;
@@ -253,6 +271,7 @@ impl Admitted {
     ) {
         model.admit(self.reserved, now, window);
         if let Some(pool) = pool {
+            pool.open_following(self.model_window, now, window);
             pool.admit(self.reserved, now, window);
         }
     }
@@ -558,7 +577,9 @@ pub fn decide<W: Window>(
         pool_resets_in: pool_counter.map_or(window, |c| c.resets_in(now, window)),
         reserved: reserve,
         model_window: model_counter.mark(now, window),
-        pool_window: pool_counter.map_or(now, |c| c.mark(now, window)),
+        pool_window: pool_counter.map_or(now, |c| {
+            c.mark_following(model_counter.mark(now, window), now, window)
+        }),
         shadow: refused,
         on_fallback: false,
     })
@@ -715,6 +736,32 @@ mod tests {
         assert_eq!(
             (r.scope, r.dimension, r.limit, r.used),
             (Scope::Model, Dimension::Tokens, 60, 60)
+        );
+    }
+
+    /// A pool's window opens with its model's, whichever admission first touches the pool, and
+    /// so closes with it: an admission at the model's roll counts in the pool's new window, never
+    /// in its old one (where it would be forgotten a moment later, and the pool would get more
+    /// than its floor of the new window). Before, a pool's window opened at its first touch.
+    #[test]
+    fn a_pools_window_opens_and_closes_with_its_models() {
+        let mut s = Sim::new(cfg(Some(100), None, 1.0));
+        assert_eq!(s.run(PROD, 1, 10), 1);
+        assert_eq!(
+            s.run(DEV, 1, 35),
+            1,
+            "dev's pool first touched 25 ms after the model"
+        );
+        assert_eq!(s.pools[1].window_start, s.model.window_start);
+        for now in [W + 10, W + 20, W + 40] {
+            assert_eq!(s.run(DEV, 1, now), 1);
+        }
+        assert_eq!(s.model.window_start, Some(W + 10));
+        assert_eq!(s.pools[1].window_start, Some(W + 10));
+        assert_eq!(
+            (s.model.requests, s.pools[1].requests),
+            (3, 3),
+            "all three in the new windows"
         );
     }
 

@@ -446,7 +446,12 @@ impl Slot {
                 }
             };
             one(&mut counters.model, s.model_window);
+            // Tokens recorded into a pool whose window is over open the model's current one.
+            let lead = counters.model.mark(now, window);
             if let Some(pool) = counters.pool_mut(s.pool) {
+                if !s.cancel {
+                    pool.open_following(lead, now, window);
+                }
                 one(pool, s.pool_window);
             }
         }

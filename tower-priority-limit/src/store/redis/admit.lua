@@ -550,13 +550,14 @@ local function add_pools_used(reply)
   end
 end
 
--- Counts one admission reserving `res` tokens on pair `c` (prefix `p`) of hash `hk`.
-local function count_fixed(hk, p, c, win, res)
+-- Counts one admission reserving `res` tokens on pair `c` (prefix `p`) of hash `hk`; a window
+-- not open starts at `opens` (a pool's: its model's start, `Window::open_following`).
+local function count_fixed(hk, p, c, win, res, opens)
   if c.start ~= nil and now < c.start + win then
     redis.call('HINCRBY', hk, p .. 'r', 1)
     if res > 0 then redis.call('HINCRBY', hk, p .. 't', res) end
   else
-    redis.call('HSET', hk, p .. 's', now, p .. 'r', 1, p .. 't', res)
+    redis.call('HSET', hk, p .. 's', opens, p .. 'r', 1, p .. 't', res)
   end
 end
 local function count_sliding(hk, p, c, res)
@@ -694,8 +695,12 @@ end
 
 if not sliding then
   if verdict == 0 and not callers_only then
-    count_fixed(key, 'm', m, window, reserve)
-    if pp ~= '' then count_fixed(key, pp, q, window, reserve) end
+    count_fixed(key, 'm', m, window, reserve, now)
+    -- The pool's window keeps the model's (`Window::open_following`): it opens where the model's
+    -- did, so the two roll together.
+    local mstart = now
+    if m.start ~= nil and now < m.start + window then mstart = m.start end
+    if pp ~= '' then count_fixed(key, pp, q, window, reserve, mstart) end
     -- Every window in this hash ends by now + window, so nothing outlives its use.
     redis.call('PEXPIRE', key, tonumber(ARGV[9]))
   end

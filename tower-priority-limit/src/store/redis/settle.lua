@@ -72,7 +72,14 @@ local function fixed_record(p, amount)
   local s, k = tonumber(f[1]), tonumber(f[2]) or 0
   if not (s ~= nil and now < s + window) then
     k = 0
-    redis.call('HSET', key, p .. 's', now, p .. 'r', 0)
+    -- A pool's window keeps its model's (`Window::open_following`): it opens where the model's
+    -- open one started (settled first), else now. Only a model's hash has `ms`.
+    local opens = now
+    if p ~= 'm' then
+      local ms = tonumber(redis.call('HGET', key, 'ms'))
+      if ms ~= nil and now < ms + window then opens = ms end
+    end
+    redis.call('HSET', key, p .. 's', opens, p .. 'r', 0)
   end
   -- Clamped to what a Lua number holds exactly (the Rust side clamps each count the same way).
   redis.call('HSET', key, p .. 't', math.min(k + amount, MAX))
