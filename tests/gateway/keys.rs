@@ -843,10 +843,37 @@ async fn teams_are_updated_blocked_and_unblocked() {
         ("/team/update", json!({"team_alias": "x"}), 400),
         ("/team/update", json!({"team_id": "no-such-team"}), 404),
         ("/team/block", json!({"team_id": "no-such-team"}), 404),
+        (
+            "/team/new",
+            json!({"team_id": "t-bad", "blocked": "yes"}),
+            400,
+        ),
     ] {
         let r = gw.post(path, Some(MASTER), body.clone()).await;
         assert_eq!(r.status, status, "{path} {body}: {}", r.text());
     }
+    assert_eq!(
+        gw.get("/team/info?team_id=t-bad", Some(MASTER))
+            .await
+            .status,
+        404,
+        "a refused body makes no team"
+    );
+
+    // LiteLLM's `blocked` on `/team/new` (it was a 400 naming it): the team is made blocked.
+    let r = gw
+        .post(
+            "/team/new",
+            Some(MASTER),
+            json!({"team_id": "born-blocked", "blocked": true}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["blocked"], true);
+    let key = gw.new_key(json!({"team_id": "born-blocked"})).await;
+    let r = gw.chat(&key, M, false).await;
+    assert_eq!(r.status, 401, "{}", r.text());
+    assert!(r.error_message().contains("Team is blocked"));
 }
 
 /// `/key/regenerate` gives a key a new value and keeps its record (the old value gets a 401);

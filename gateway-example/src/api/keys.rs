@@ -102,7 +102,7 @@ pub const KEY_UPDATE_FIELDS: &[&str] = &[
 ];
 
 /// The fields `/team/new` honours beside the limits.
-pub const TEAM_FIELDS: &[&str] = &["team_id", "team_alias", "metadata", "models"];
+pub const TEAM_FIELDS: &[&str] = &["team_id", "team_alias", "metadata", "models", "blocked"];
 
 /// The limit fields a body gives, applied over `current` (absent: kept; `null`: removed): whole
 /// numbers ≥ 0, per-model ones as `{"<model group>": n}` naming configured groups.
@@ -840,13 +840,15 @@ pub async fn delete(
     Ok(Json(json!({"deleted_keys": deleted})))
 }
 
-/// `POST /team/new {"team_id", "team_alias", "metadata", "models"}` → `{"team_id", ...}`.
+/// `POST /team/new {"team_id", "team_alias", "metadata", "models", "blocked"}` →
+/// `{"team_id", ...}`.
 pub async fn new_team(
     State(gw): State<Arc<Gateway>>,
     JsonBody(body): JsonBody,
 ) -> Result<Json<Value>, ApiError> {
     keys_apply(&gw)?;
     only_honoured(&body, "/team/new", &[TEAM_FIELDS, &Limits::FIELDS])?;
+    let blocked = opt_bool(&body, "blocked")?;
     let priorities = gw.limiter().config().priorities().to_vec();
     let team = gw
         .keys()
@@ -870,6 +872,16 @@ pub async fn new_team(
             .param("team_id"),
             e => store_error(e),
         })?;
+    // Blocked once made: a new team has no keys yet, so none is served in between.
+    if blocked == Some(true) {
+        return change_team(&gw, &team.team_id, |current| {
+            Ok(TeamRecord {
+                blocked: true,
+                ..current.clone()
+            })
+        })
+        .await;
+    }
     Ok(Json(team_json(&team)))
 }
 
