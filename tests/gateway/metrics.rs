@@ -44,6 +44,38 @@ fn sample(text: &str, series: &str) -> Option<f64> {
         .map(|v| v.parse().unwrap())
 }
 
+/// Every route of the gateway has its own `route` label (before, `/model/info`, `/v1/models/{id}`,
+/// `/key/update` and the other management routes were all `other`, like a 404), and a request
+/// for a model not in the config is `model="none"`: it reached no group.
+#[tokio::test]
+async fn every_route_is_labelled_as_declared() {
+    let gw = Gw::start(&config(""), None).await;
+    for path in [
+        "/model/info",
+        "/v1/models/m",
+        "/model_group/info",
+        "/key/list",
+    ] {
+        assert_eq!(gw.get(path, Some(MASTER)).await.status, 200, "{path}");
+    }
+    assert_eq!(gw.get("/no-such-route", Some(MASTER)).await.status, 404);
+    assert_eq!(gw.chat(MASTER, "gpt-4", false).await.status, 400);
+    let text = gw.get("/metrics", None).await.text().to_owned();
+    for (route, model, status) in [
+        ("/model/info", "none", "200"),
+        ("/v1/models/{*id}", "none", "200"),
+        ("/model_group/info", "none", "200"),
+        ("/key/list", "none", "200"),
+        ("other", "none", "404"),
+        ("/v1/chat/completions", "none", "400"),
+    ] {
+        let series = format!(
+            r#"gateway_request_duration_seconds_count{{route="{route}",model="{model}",status="{status}"}}"#
+        );
+        assert_eq!(sample(&text, &series), Some(1.0), "{series}\n{text}");
+    }
+}
+
 /// Upstream attempts are counted as they go out, under the group each was made in, whether or
 /// not a deployment answered in the end; fallbacks under the group fallen back from; and
 /// `x-litellm-attempted-retries` says the retries made. `flaky` (always 500, two retries) falls
