@@ -38,6 +38,21 @@ pub enum Endpoint {
     Messages,
 }
 
+/// The deployment and endpoint of Azure OpenAI's path, `/openai/deployments/{deployment}/` then
+/// `chat/completions`, `completions` or `embeddings` (what the `AzureOpenAI` clients of the
+/// OpenAI SDKs call, `api-version` in the query); `None` for any other path.
+pub fn azure_deployment(path: &str) -> Option<(&str, Endpoint)> {
+    let rest = path.strip_prefix("/openai/deployments/")?;
+    let (deployment, endpoint) = rest.split_once('/')?;
+    let endpoint = match endpoint {
+        "chat/completions" => Endpoint::ChatCompletions,
+        "completions" => Endpoint::Completions,
+        "embeddings" => Endpoint::Embeddings,
+        _ => return None,
+    };
+    (!deployment.is_empty()).then_some((deployment, endpoint))
+}
+
 impl Endpoint {
     /// Every endpoint.
     pub const ALL: [Endpoint; 5] = [
@@ -66,10 +81,14 @@ impl Endpoint {
         }
     }
 
-    /// The endpoint served at `path` (`/v1/embeddings` or `/embeddings`, ...).
+    /// The endpoint served at `path` (`/v1/embeddings` or `/embeddings`, ...), also Azure
+    /// OpenAI's form that the `AzureOpenAI` clients call ([`azure_deployment`]).
     pub fn from_path(path: &str) -> Option<Self> {
-        let path = path.strip_prefix("/v1").unwrap_or(path);
-        Self::ALL.into_iter().find(|e| e.path() == path)
+        let plain = path.strip_prefix("/v1").unwrap_or(path);
+        Self::ALL
+            .into_iter()
+            .find(|e| e.path() == plain)
+            .or_else(|| azure_deployment(path).map(|(_, endpoint)| endpoint))
     }
 
     /// The format its requests and responses are in.
@@ -114,6 +133,22 @@ mod tests {
         for e in Endpoint::ALL {
             assert_eq!(Endpoint::from_path(e.path()), Some(e));
             assert_eq!(Endpoint::from_path(&format!("/v1{}", e.path())), Some(e));
+        }
+        assert_eq!(
+            Endpoint::from_path("/openai/deployments/gpt-4o/chat/completions"),
+            Some(Endpoint::ChatCompletions)
+        );
+        assert_eq!(
+            azure_deployment("/openai/deployments/ada/embeddings"),
+            Some(("ada", Endpoint::Embeddings))
+        );
+        for not_azure in [
+            "/openai/deployments//chat/completions",
+            "/openai/deployments/x/responses",
+            "/openai/deployments/x",
+            "/v1/openai/deployments/x/embeddings",
+        ] {
+            assert_eq!(Endpoint::from_path(not_azure), None, "{not_azure}");
         }
         assert_eq!(Endpoint::from_path("/v1/models"), None);
         assert_eq!(Endpoint::from_path("/v1/v1/embeddings"), None);

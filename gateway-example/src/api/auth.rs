@@ -64,7 +64,7 @@ pub(crate) async fn identify(
         Some(k) if !k.is_empty() => k,
         _ => {
             return Err(ApiError::unauthorized(
-                "Authentication Error, No api key passed in. Send 'Authorization: Bearer sk-...' or 'x-api-key'.",
+                "Authentication Error, No api key passed in. Send 'Authorization: Bearer sk-...', 'x-api-key' or 'api-key'.",
             ))
         }
     };
@@ -125,9 +125,11 @@ pub(crate) async fn identify(
 }
 
 /// The API key of a request: `Authorization: Bearer <key>` (the scheme in any case), else
-/// `x-api-key`.
+/// `x-api-key` (Anthropic's), else `api-key` (Azure OpenAI's, what the `AzureOpenAI` clients
+/// send).
 pub fn api_key<B>(request: &http::Request<B>) -> Option<&str> {
     static X_API_KEY: HeaderName = HeaderName::from_static("x-api-key");
+    static AZURE_API_KEY: HeaderName = HeaderName::from_static("api-key");
     let headers = request.headers();
     if let Some(v) = headers.get(AUTHORIZATION).and_then(|v| v.to_str().ok()) {
         if let Some((scheme, rest)) = v.trim().split_once([' ', '\t']) {
@@ -138,6 +140,7 @@ pub fn api_key<B>(request: &http::Request<B>) -> Option<&str> {
     }
     headers
         .get(&X_API_KEY)
+        .or_else(|| headers.get(&AZURE_API_KEY))
         .and_then(|v| v.to_str().ok())
         .map(str::trim)
 }

@@ -116,6 +116,19 @@ where
             )
         }
     };
+    // Azure OpenAI's path names the deployment; its SDK clients send it as `model` too. Two
+    // names would leave which one is served to a guess.
+    if let Some((deployment, _)) = crate::endpoint::azure_deployment(parts.uri.path()) {
+        if deployment != model {
+            return Err(ApiError::bad_request(format!(
+                "The path names deployment '{}' and the body model '{}': give the same name \
+                 (the body's 'model' is required).",
+                clip(deployment, MAX_ECHOED_NAME),
+                clip(&model, MAX_ECHOED_NAME)
+            ))
+            .param("model"));
+        }
+    }
     if let Some((field, list)) = endpoint.required_field() {
         let present = match fields.required {
             Some(Shape::Array) => true,

@@ -12,6 +12,7 @@ use http::header::CONTENT_TYPE;
 use http::{HeaderValue, StatusCode};
 use tower::{Layer, Service};
 
+use crate::endpoint::Endpoint;
 use crate::gateway::Gateway;
 use crate::metrics::ROUTES;
 use crate::routing::MODEL_GROUP;
@@ -74,6 +75,15 @@ where
         let path = match request.extensions().get::<MatchedPath>() {
             Some(matched) => matched.as_str(),
             None => request.uri().path(),
+        };
+        // Azure OpenAI's paths name a deployment: labelled by their form, not the name.
+        let path = match crate::endpoint::azure_deployment(path) {
+            Some((_, endpoint)) => match endpoint {
+                Endpoint::ChatCompletions => "/openai/deployments/{deployment}/chat/completions",
+                Endpoint::Completions => "/openai/deployments/{deployment}/completions",
+                _ => "/openai/deployments/{deployment}/embeddings",
+            },
+            None => path,
         };
         let route = ROUTES
             .iter()
