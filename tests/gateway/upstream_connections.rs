@@ -251,6 +251,72 @@ router_settings: {{num_retries: 0}}
     }
 }
 
+/// LiteLLM's TLS environment variables, for deployments without their own `ssl_verify`:
+/// `SSL_CERT_FILE` is the CA bundle verified against (a corporate CA, say), `SSL_VERIFY` wins over
+/// `litellm_settings.ssl_verify` (`false`, or a bundle's path), a deployment's own setting wins
+/// over both; one that cannot be read stops the start naming the variable. Before, none was
+/// read: an upstream of a private CA failed with `UnknownIssuer` whatever they said.
+#[tokio::test]
+async fn ssl_cert_file_and_ssl_verify_are_read_from_the_environment() {
+    let Some(pki) = Pki::make("SSL_CERT_FILE and SSL_VERIFY") else {
+        return;
+    };
+    let (addr, _) = integration_tests::https::ok_server(
+        CertificateDer::from_pem_file(&pki.server_cert).unwrap(),
+        PrivateKeyDer::from_pem_file(&pki.server_key).unwrap(),
+    )
+    .await;
+    let yaml = |settings: &str| {
+        with_master(&format!(
+            r#"
+model_list:
+  - model_name: env
+    litellm_params: {{model: openai/x, api_base: "https://{addr}/v1"}}
+  - model_name: own-roots
+    litellm_params: {{model: openai/x, api_base: "https://{addr}/v1", ssl_verify: "{stranger}"}}
+router_settings: {{num_retries: 0}}
+{settings}
+"#,
+            stranger = pki.self_signed_elsewhere.display()
+        ))
+    };
+    let ca = pki.ca.display().to_string();
+    async fn status(gw: &Gw, model: &str) -> u16 {
+        gw.chat(MASTER, model, false).await.status.as_u16()
+    }
+    // Neither set: the built-in roots, which do not know the private CA.
+    let gw = Gw::start_with_env(&yaml(""), |_| None).await;
+    assert_eq!(status(&gw, "env").await, 502);
+    // SSL_CERT_FILE: the bundle `true` means; the deployment's own bundle still wins.
+    let with = |vars: Vec<(&'static str, String)>| {
+        move |name: &str| {
+            vars.iter()
+                .find(|(n, _)| *n == name)
+                .map(|(_, v)| v.clone())
+        }
+    };
+    let gw = Gw::start_with_env(&yaml(""), with(vec![("SSL_CERT_FILE", ca.clone())])).await;
+    assert_eq!(status(&gw, "env").await, 200);
+    assert_eq!(status(&gw, "own-roots").await, 502);
+    // SSL_VERIFY over litellm_settings.ssl_verify: a bundle's path, or false.
+    let settings = "litellm_settings: {ssl_verify: true}";
+    let gw = Gw::start_with_env(&yaml(settings), with(vec![("SSL_VERIFY", ca.clone())])).await;
+    assert_eq!(status(&gw, "env").await, 200);
+    let gw = Gw::start_with_env(&yaml(settings), with(vec![("SSL_VERIFY", "False".into())])).await;
+    assert_eq!(status(&gw, "env").await, 200);
+    // One that cannot be read names itself.
+    let e = gateway_example::config::GatewayConfig::from_yaml_str_with_env(
+        &yaml(""),
+        with(vec![("SSL_CERT_FILE", "/nonexistent/bundle.pem".into())]),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("the SSL_CERT_FILE environment variable: cannot read /nonexistent/bundle.pem"),
+        "{e}"
+    );
+}
+
 /// `ssl_verify` (a CA bundle, or `false`) and `ssl_certificate` (the client's certificate and
 /// key) per deployment, and as `litellm_settings`' defaults, against an upstream that takes only
 /// clients with a certificate of its CA.

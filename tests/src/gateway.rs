@@ -134,6 +134,15 @@ impl Gw {
         Gw::serve(gateway, clock).await
     }
 
+    /// [`start`](Self::start), the config read with `env` as its environment instead of the
+    /// process's (the `REDIS_*` fallbacks, the TLS variables).
+    pub async fn start_with_env(yaml: &str, env: impl Fn(&str) -> Option<String>) -> Gw {
+        let config = GatewayConfig::from_yaml_str_with_env(yaml, env).expect("valid test config");
+        let clock = ManualClock::new();
+        let gateway = Arc::new(Gateway::with_clock(config, None, clock.clone()).unwrap());
+        Gw::serve(gateway, clock).await
+    }
+
     /// Starts a gateway from the config file at `path` (as `main` reads it, so it can reload
     /// it), the limiter on a manual clock, keys in memory.
     pub async fn start_file(path: &Path) -> Gw {

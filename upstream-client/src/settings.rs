@@ -182,6 +182,12 @@ fn certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
 }
 
 impl Tls {
+    /// Whether these are the settings [`load`](Self::load) makes of `verify` and
+    /// `client_certificate` (read from the same files).
+    pub fn is(&self, verify: &Verify, client_certificate: Option<&Path>) -> bool {
+        self.verify == *verify && self.client_certificate.as_deref() == client_certificate
+    }
+
     /// Its rustls settings with `alpn` offered instead of HTTP/1.1: for another protocol's
     /// client over the same roots and certificates (the gateway's Postgres connections).
     pub fn client_config_for(&self, alpn: &[&[u8]]) -> rustls::ClientConfig {

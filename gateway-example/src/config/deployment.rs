@@ -29,8 +29,12 @@ pub(super) struct Defaults<'d> {
     /// `router_settings`' pool keys, each by its name in [`POOL_KEYS`].
     pub(super) pool: [Option<Node<'d>>; 3],
     /// The environment, for a provider's key when a deployment gives none (as LiteLLM reads
-    /// `OPENAI_API_KEY`, `ANTHROPIC_API_KEY`, `AZURE_API_KEY`).
+    /// `OPENAI_API_KEY`, `ANTHROPIC_API_KEY`, `AZURE_API_KEY`), and the TLS variables
+    /// ([`TLS_VARIABLES`]).
     pub(super) env: &'d dyn Fn(&str) -> Option<String>,
+    /// TLS settings loaded so far, by what they were loaded from: deployments that share them
+    /// (every https one, with `SSL_CERT_FILE` set) read their files once.
+    pub(super) loaded_tls: std::cell::RefCell<Vec<Tls>>,
 }
 
 /// The environment variable LiteLLM reads a provider's key from when a deployment gives none:
@@ -344,16 +348,131 @@ fn connections(
             ));
         }
     }
-    // The deployment's own, else the proxy-wide ones (for https upstreams only).
-    let verify_node = ssl_verify.as_ref().or(defaults.ssl_verify.as_ref());
-    let certificate_node = ssl_certificate
-        .as_ref()
-        .or(defaults.ssl_certificate.as_ref());
-    let tls = match (https, verify_node.is_some() || certificate_node.is_some()) {
-        (true, true) => Some(tls(verify_node, certificate_node, params)?),
-        _ => None,
+    let tls = match https {
+        true => tls_of(
+            ssl_verify.as_ref(),
+            ssl_certificate.as_ref(),
+            defaults,
+            params,
+        )?,
+        false => None,
     };
     Ok(UpstreamConnections { tls, ..bounds })
+}
+
+/// The environment variables LiteLLM reads its TLS settings from, over `litellm_settings`':
+/// `SSL_VERIFY` (`true`, `false` or a CA bundle's path), `SSL_CERT_FILE` (the CA bundle that
+/// `true` verifies against instead of the built-in roots) and `SSL_CERTIFICATE` (a client
+/// certificate with its key).
+pub(super) const TLS_VARIABLES: [&str; 3] = ["SSL_VERIFY", "SSL_CERT_FILE", "SSL_CERTIFICATE"];
+
+/// The TLS settings of an `https` deployment with `own_verify` and `own_certificate` (its
+/// `litellm_params`' or, for the check at start, none): its own, else the environment's
+/// ([`TLS_VARIABLES`]), else `litellm_settings`'; `true` is the `SSL_CERT_FILE` bundle where
+/// that is set. `None`: none is set anywhere (the client's built-in roots). An error names
+/// where the setting at fault was read: its key, or its variable.
+pub(super) fn tls_of(
+    own_verify: Option<&Node<'_>>,
+    own_certificate: Option<&Node<'_>>,
+    defaults: &Defaults<'_>,
+    parent: &Node<'_>,
+) -> Result<Option<Tls>, ConfigError> {
+    let env = |name: &'static str| {
+        (defaults.env)(name)
+            .filter(|v| !v.trim().is_empty())
+            .map(|v| (name, v))
+    };
+    let [verify_var, cert_file_var, certificate_var] = TLS_VARIABLES.map(env);
+    // Each setting with where it was read.
+    let (mut verify, mut verify_from) = match (own_verify, &verify_var) {
+        (Some(node), _) => (Some(verify(node)?), Some(From::Key(node))),
+        (None, Some((name, text))) => {
+            let v = verify_text(text).ok_or_else(|| {
+                parent.error(format!(
+                    "the {name} environment variable: expected true, false or the path of a \
+                     PEM CA bundle"
+                ))
+            })?;
+            (Some(v), Some(From::Variable(name)))
+        }
+        (None, None) => match defaults.ssl_verify.as_ref() {
+            Some(node) => (Some(verify(node)?), Some(From::Key(node))),
+            None => (None, None),
+        },
+    };
+    if let (None | Some(Verify::Mozilla), Some((name, path))) = (&verify, &cert_file_var) {
+        verify = Some(Verify::CaBundle(path.trim().into()));
+        verify_from = Some(From::Variable(name));
+    }
+    let (certificate, certificate_from) = match (own_certificate, &certificate_var) {
+        (Some(node), _) => (Some(node.string()?.into()), Some(From::Key(node))),
+        (None, Some((name, path))) => (Some(path.trim().into()), Some(From::Variable(name))),
+        (None, None) => match defaults.ssl_certificate.as_ref() {
+            Some(node) => (Some(node.string()?.into()), Some(From::Key(node))),
+            None => (None, None),
+        },
+    };
+    if verify.is_none() && certificate.is_none() {
+        return Ok(None);
+    }
+    let ca = match &verify {
+        Some(Verify::CaBundle(path)) => Some(path.clone()),
+        _ => None,
+    };
+    let certificate: Option<std::path::PathBuf> = certificate;
+    let verify = verify.unwrap_or(Verify::Mozilla);
+    let loaded = defaults
+        .loaded_tls
+        .borrow()
+        .iter()
+        .find(|t| t.is(&verify, certificate.as_deref()))
+        .cloned();
+    if let Some(tls) = loaded {
+        return Ok(Some(tls));
+    }
+    Tls::load(verify, certificate)
+        .map(|tls| {
+            defaults.loaded_tls.borrow_mut().push(tls.clone());
+            Some(tls)
+        })
+        .map_err(|e| {
+            let at = match &e {
+                TlsError::Read(path, _) | TlsError::NoCertificate(path)
+                    if ca.as_ref() == Some(path) =>
+                {
+                    verify_from
+                }
+                _ => certificate_from.or(verify_from),
+            };
+            match at {
+                Some(From::Key(node)) => node.error(e.to_string()),
+                Some(From::Variable(name)) => {
+                    parent.error(format!("the {name} environment variable: {e}"))
+                }
+                None => parent.error(e.to_string()),
+            }
+        })
+}
+
+/// Where a TLS setting was read.
+#[derive(Clone, Copy)]
+enum From<'a, 'd> {
+    Key(&'a Node<'d>),
+    Variable(&'static str),
+}
+
+/// `SSL_VERIFY`'s text as [`verify`] reads a string; `None` when empty.
+fn verify_text(text: &str) -> Option<Verify> {
+    match text.trim() {
+        t if t.eq_ignore_ascii_case("true") || super::pyyaml_bool(t) == Some(true) => {
+            Some(Verify::Mozilla)
+        }
+        t if t.eq_ignore_ascii_case("false") || super::pyyaml_bool(t) == Some(false) => {
+            Some(Verify::Off)
+        }
+        "" => None,
+        path => Some(Verify::CaBundle(path.into())),
+    }
 }
 
 /// The bounds `max_upstream_connections`, `max_idle_upstream_connections` and `connect_timeout`
@@ -407,38 +526,6 @@ pub(super) fn pool_bounds(
     })
 }
 
-/// The TLS settings `ssl_verify` and `ssl_certificate` (either may be missing) say, their files
-/// read; an error is named at the key whose file is at fault (else at `parent`).
-pub(super) fn tls(
-    verify_node: Option<&Node<'_>>,
-    certificate_node: Option<&Node<'_>>,
-    parent: &Node<'_>,
-) -> Result<Tls, ConfigError> {
-    let verify = match verify_node {
-        Some(node) => verify(node)?,
-        None => Verify::Mozilla,
-    };
-    let certificate = match certificate_node {
-        Some(node) => Some(std::path::PathBuf::from(node.string()?)),
-        None => None,
-    };
-    let ca = match &verify {
-        Verify::CaBundle(path) => Some(path.clone()),
-        _ => None,
-    };
-    Tls::load(verify, certificate).map_err(|e| {
-        let at = match &e {
-            TlsError::Read(path, _) | TlsError::NoCertificate(path)
-                if ca.as_ref() == Some(path) =>
-            {
-                verify_node
-            }
-            _ => certificate_node.or(verify_node),
-        };
-        at.unwrap_or(parent).error(e.to_string())
-    })
-}
-
 /// `ssl_verify` as LiteLLM reads it (httpx's `verify=`): `true` (the bundled Mozilla roots),
 /// `false` (no verification), or the path of a PEM CA bundle; a string PyYAML reads as a
 /// boolean (`no`, `off`, …; or `"true"` from `os.environ/`, say) is the boolean.
@@ -446,17 +533,8 @@ fn verify(node: &Node<'_>) -> Result<Verify, ConfigError> {
     match node.value() {
         serde_json::Value::Bool(true) => Ok(Verify::Mozilla),
         serde_json::Value::Bool(false) => Ok(Verify::Off),
-        serde_json::Value::String(_) => {
-            let text = node.string()?;
-            match text.trim() {
-                t if t.eq_ignore_ascii_case("true") => Ok(Verify::Mozilla),
-                t if t.eq_ignore_ascii_case("false") => Ok(Verify::Off),
-                t if super::pyyaml_bool(t) == Some(true) => Ok(Verify::Mozilla),
-                t if super::pyyaml_bool(t) == Some(false) => Ok(Verify::Off),
-                "" => Err(node.error("expected true, false or the path of a PEM CA bundle")),
-                path => Ok(Verify::CaBundle(path.into())),
-            }
-        }
+        serde_json::Value::String(_) => verify_text(&node.string()?)
+            .ok_or_else(|| node.error("expected true, false or the path of a PEM CA bundle")),
         other => Err(node.error(format!(
             "expected true, false or the path of a PEM CA bundle, got {other}"
         ))),

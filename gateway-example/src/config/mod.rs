@@ -520,6 +520,7 @@ impl GatewayConfig {
                 router_setting(POOL_KEYS[2])?,
             ],
             env: &env,
+            loaded_tls: Default::default(),
         };
         // Checked here too, so a bad one is refused even when no deployment takes it.
         let [max, idle, timeout] = &defaults.pool;
@@ -527,11 +528,7 @@ impl GatewayConfig {
         // Checked here too, so a bad one is refused even when no https deployment takes it.
         if let Some(settings) = &litellm_settings {
             if defaults.ssl_verify.is_some() || defaults.ssl_certificate.is_some() {
-                deployment::tls(
-                    defaults.ssl_verify.as_ref(),
-                    defaults.ssl_certificate.as_ref(),
-                    settings,
-                )?;
+                deployment::tls_of(None, None, &defaults, settings)?;
             }
         }
 

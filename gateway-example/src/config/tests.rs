@@ -883,8 +883,9 @@ fn connection_settings_are_read_and_bad_ones_refused_by_path() {
         (Some(8), Some(4), Some(Duration::from_millis(2500)))
     );
     assert!(own.tls.is_some() && own.is_set());
-    // Without any, nothing of its own: the upstream's shared pool.
-    let c = GatewayConfig::from_yaml_str(&entry("rpm: 1")).unwrap();
+    // Without any (and no TLS variable in the environment), nothing of its own: the upstream's
+    // shared pool.
+    let c = GatewayConfig::from_yaml_str_with_env(&entry("rpm: 1"), |_| None).unwrap();
     assert!(!c.deployments[0].connections.is_set());
     // `ssl_verify: false` and `"False"` (from the environment, say) are the same.
     for off in ["false", "\"False\""] {
