@@ -571,7 +571,16 @@ impl Gateway {
     ) -> Result<Reloaded, String> {
         let old = self.config.load_full();
         if let Some(why) = crate::reload::restart_needed(&old, &config) {
-            return Err(why);
+            // Where the files differ, so the operator finds the change without a diff of their
+            // own (values not shown: they may be secrets).
+            let differs = match (self.document.load().as_deref(), &document) {
+                (Some(before), Some(after)) => crate::reload::differing_paths(before, after),
+                _ => Vec::new(),
+            };
+            return Err(match differs.as_slice() {
+                [] => why,
+                paths => format!("{why} (the file differs at {})", paths.join(", ")),
+            });
         }
         let changed = !crate::reload::same_limits(&old.limiter, &config.limiter)
             || old.deployments != config.deployments;

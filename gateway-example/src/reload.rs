@@ -84,6 +84,58 @@ pub fn restart_needed(old: &GatewayConfig, new: &GatewayConfig) -> Option<String
     (!what.is_empty()).then(|| format!("changed {}: restart to apply", what.join("; ")))
 }
 
+/// How many differing paths a refusal names (then how many more).
+const DIFFERING_NAMED: usize = 10;
+
+/// The paths at which `after` differs from `before` (`router_settings.cooldown_time`,
+/// `model_list[2]` for an entry added or removed), in document order, at most
+/// [`DIFFERING_NAMED`] of them, then how many more: what a reload that needs a restart names.
+pub fn differing_paths(before: &Value, after: &Value) -> Vec<String> {
+    fn walk(path: &str, a: &Value, b: &Value, out: &mut Vec<String>) {
+        match (a, b) {
+            (Value::Object(a), Value::Object(b)) => {
+                for (k, va) in a {
+                    let at = if path.is_empty() {
+                        k.clone()
+                    } else {
+                        format!("{path}.{k}")
+                    };
+                    match b.get(k) {
+                        Some(vb) => walk(&at, va, vb, out),
+                        None => out.push(at),
+                    }
+                }
+                for k in b.keys().filter(|k| !a.contains_key(*k)) {
+                    out.push(if path.is_empty() {
+                        k.clone()
+                    } else {
+                        format!("{path}.{k}")
+                    });
+                }
+            }
+            (Value::Array(a), Value::Array(b)) => {
+                for i in 0..a.len().max(b.len()) {
+                    let at = format!("{path}[{i}]");
+                    match (a.get(i), b.get(i)) {
+                        (Some(va), Some(vb)) => walk(&at, va, vb, out),
+                        _ => out.push(at),
+                    }
+                }
+            }
+            (a, b) if a != b => out.push(path.to_owned()),
+            _ => {}
+        }
+    }
+    let mut out = Vec::new();
+    walk("", before, after, &mut out);
+    if out.len() > DIFFERING_NAMED {
+        let more = out.len() - DIFFERING_NAMED;
+        out.truncate(DIFFERING_NAMED);
+        out.push(format!("{more} more"));
+    }
+    out
+}
+
 /// Whether two limiter configs set the same limits (to report what a reload changed).
 pub fn same_limits(a: &LimiterConfig, b: &LimiterConfig) -> bool {
     a.models() == b.models() && a.settings() == b.settings()
@@ -152,6 +204,42 @@ fn secret_values(value: &Value) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Where two documents differ: a changed value, a key added or removed, a list entry
+    /// added; then at most ten, and how many more.
+    #[test]
+    fn differing_paths_name_where_two_documents_differ() {
+        let before = serde_json::json!({
+            "router_settings": {"cooldown_time": 30, "num_retries": 2},
+            "model_list": [{"model_name": "a"}],
+            "gone": 1
+        });
+        let after = serde_json::json!({
+            "router_settings": {"cooldown_time": 10, "num_retries": 2},
+            "model_list": [{"model_name": "a"}, {"model_name": "b"}],
+            "new": {"x": 1}
+        });
+        assert_eq!(
+            differing_paths(&before, &after),
+            [
+                "router_settings.cooldown_time",
+                "model_list[1]",
+                "gone",
+                "new"
+            ]
+        );
+        assert!(differing_paths(&after, &after).is_empty());
+        let many = |n: usize| {
+            Value::Object(
+                (0..n)
+                    .map(|i| (format!("k{i:02}"), Value::from(i)))
+                    .collect(),
+            )
+        };
+        let named = differing_paths(&many(0), &many(12));
+        assert_eq!(named.len(), 11);
+        assert_eq!(named[10], "2 more");
+    }
     use serde_json::json;
 
     #[test]

@@ -106,7 +106,8 @@ async fn an_invalid_file_is_refused_with_the_start_up_error_and_the_config_stays
     assert_eq!(reply.status, 400);
     assert_eq!(reply.error_message(), start_up);
 
-    // Something only a restart can change: refused too, naming it.
+    // Something only a restart can change: refused too, naming it, and where the file differs
+    // from the one in force (not only the kind of change).
     std::fs::write(
         &path,
         config(4, "").replace("{prod: 0.5}", "{prod: 0.5, dev: 0.1}"),
@@ -115,7 +116,9 @@ async fn an_invalid_file_is_refused_with_the_start_up_error_and_the_config_stays
     let reply = gw.post("/config/reload", Some(MASTER), json!({})).await;
     assert_eq!(reply.status, 400);
     assert!(
-        reply.error_message().contains("restart to apply"),
+        reply.error_message().contains(
+            "restart to apply (the file differs at litellm_settings.priority_reservation.dev)"
+        ),
         "{}",
         reply.text()
     );
