@@ -160,8 +160,9 @@ fn is_secret_key(key: &str) -> bool {
 }
 
 /// `document` with its secrets hidden: the values of keys that name a secret
-/// (`is_secret_key`) become `***` (an `os.environ/NAME` reference is shown, it is not the
-/// secret), URLs lose their passwords and secret query parameters.
+/// (`is_secret_key`) and every value of `environment_variables` become `***` (an
+/// `os.environ/NAME` reference is shown, it is not the secret), URLs lose their passwords and
+/// secret query parameters.
 pub fn redact(document: &Value) -> Value {
     match document {
         Value::Object(map) => Value::Object(
@@ -173,6 +174,9 @@ pub fn redact(document: &Value) -> Value {
                             Value::String("***".into())
                         }
                         Value::Object(_) | Value::Array(_) if is_secret_key(k) => secret_values(v),
+                        // Environment values are as often secrets as not, whatever their names (a
+                        // webhook URL): every one hidden, the names shown.
+                        Value::Object(_) if k == "environment_variables" => secret_values(v),
                         _ => redact(v),
                     };
                     (k.clone(), v)
@@ -204,6 +208,25 @@ fn secret_values(value: &Value) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every value of `environment_variables` is hidden, whatever its name (a webhook URL is a
+    /// secret too); the names stay.
+    #[test]
+    fn environment_values_are_hidden_whatever_their_names() {
+        let document = serde_json::json!({"environment_variables": {
+            "SLACK_WEBHOOK_URL": "https://hooks.slack.com/services/x",
+            "REGION": "eu",
+            "FROM_ENV": "os.environ/OTHER"
+        }});
+        assert_eq!(
+            redact(&document),
+            serde_json::json!({"environment_variables": {
+                "SLACK_WEBHOOK_URL": "***",
+                "REGION": "***",
+                "FROM_ENV": "os.environ/OTHER"
+            }})
+        );
+    }
 
     /// Where two documents differ: a changed value, a key added or removed, a list entry
     /// added; then at most ten, and how many more.
@@ -260,7 +283,7 @@ mod tests {
         assert_eq!(
             redact(&more),
             json!({
-                "environment_variables": {"OPENAI_API_KEY": "***", "LOG_LEVEL": "debug"},
+                "environment_variables": {"OPENAI_API_KEY": "***", "LOG_LEVEL": "***"},
                 "model_list": [{"litellm_params": {
                     "aws_secret_access_key": "***", "vertex_credentials": {"private": "***"},
                     "headers": {"Authorization": "***"}, "rpm": 10}}],
