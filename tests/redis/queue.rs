@@ -223,6 +223,17 @@ async fn with_reserve_the_queue_waits_for_reservations_in_flight_on_redis() {
     );
 }
 
+/// `rpm: 120` shared by prod (0.75) and dev (0.25), strict from the first request.
+fn prod_and_dev() -> tower_priority_limit::config::LimiterConfigBuilder {
+    LimiterConfig::builder()
+        .model(ModelLimits::new("m").rpm(120))
+        .reserve("prod", Reservation::Percent(0.75))
+        .reserve("dev", Reservation::Percent(0.25))
+        .default_priority(0.0)
+        .saturation_threshold(0.0)
+        .store_timeout(Duration::from_secs(2))
+}
+
 /// A pool's fixed window keeps its model's on Redis as on the embedded store
 /// (`Window::open_following`): dev's pool, first touched 50 ms after prod opened the model's
 /// window, opens where the model's did, so the two roll together. Before, it opened at its own
@@ -233,15 +244,7 @@ async fn a_pools_window_opens_with_its_models_on_redis() {
     let Some(redis) = RedisServer::start("a_pools_window_opens_with_its_models") else {
         return;
     };
-    let config = LimiterConfig::builder()
-        .model(ModelLimits::new("m").rpm(120))
-        .reserve("prod", Reservation::Percent(0.75))
-        .reserve("dev", Reservation::Percent(0.25))
-        .default_priority(0.0)
-        .saturation_threshold(0.0)
-        .store_timeout(Duration::from_secs(2))
-        .build()
-        .unwrap();
+    let config = prod_and_dev().build().unwrap();
     let store = RedisStore::builder(RedisTarget::Single(redis.url()))
         .key_prefix("following:")
         .connect(&config)
@@ -296,13 +299,7 @@ async fn a_floor_holds_across_a_fleet_with_skewed_ingress() {
     let Some(redis) = RedisServer::start("a_floor_holds_across_a_fleet") else {
         return;
     };
-    let config = LimiterConfig::builder()
-        .model(ModelLimits::new("m").rpm(120))
-        .reserve("prod", Reservation::Percent(0.75))
-        .reserve("dev", Reservation::Percent(0.25))
-        .default_priority(0.0)
-        .saturation_threshold(0.0)
-        .store_timeout(Duration::from_secs(2))
+    let config = prod_and_dev()
         .queue(QueueSettings::new(MAX_WAIT, 1_000))
         .build()
         .unwrap();

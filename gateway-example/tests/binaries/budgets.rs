@@ -14,6 +14,15 @@ use super::keys::{call, client, command, generate_key, start, MASTER};
 /// One answer (10 prompt, 20 completion tokens) at $1 and $2 per million.
 const COST: f64 = 0.00005;
 
+/// A fresh directory for test `name`, its `data/` empty and its `gw.yaml` [`write_config`]'s.
+fn fresh(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("gw-bin-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join("data")).unwrap();
+    write_config(&dir);
+    dir
+}
+
 /// One model with prices, answered by the gateway itself (`mock_response`).
 fn write_config(dir: &std::path::Path) {
     std::fs::write(
@@ -63,10 +72,7 @@ async fn ask(
 /// Before the copy, a restart served the key 60 tokens more.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_keys_day_of_tokens_outlives_kill_9() {
-    let dir = std::env::temp_dir().join(format!("gw-bin-tpd-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(dir.join("data")).unwrap();
-    write_config(&dir);
+    let dir = fresh("tpd");
     let (mut child, addr) = start(command(&dir, None)).expect("starts");
     let http = client();
     let key = generate_key(&http, &addr, r#"{"tpd_limit": 60}"#).await;
@@ -109,10 +115,7 @@ async fn a_keys_day_of_tokens_outlives_kill_9() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_loses_at_most_the_spend_not_yet_written() {
-    let dir = std::env::temp_dir().join(format!("gw-bin-budgets-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(dir.join("data")).unwrap();
-    write_config(&dir);
+    let dir = fresh("budgets");
     let (mut child, addr) = start(command(&dir, None)).expect("starts");
     let http = client();
     let key = generate_key(&http, &addr, r#"{"max_budget": 1000}"#).await;
@@ -120,16 +123,7 @@ async fn kill_9_loses_at_most_the_spend_not_yet_written() {
     let mut answered = Vec::new();
     let until = Instant::now() + Duration::from_millis(1_500);
     while Instant::now() < until {
-        let request = http::Request::post(format!("http://{addr}/v1/chat/completions"))
-            .header("authorization", format!("Bearer {key}"))
-            .header("content-type", "application/json")
-            .body(Full::new(Bytes::from_static(
-                br#"{"model": "m", "messages": [{"role": "user", "content": "hi"}]}"#,
-            )))
-            .unwrap();
-        let response = http.request(request).await.unwrap();
-        assert_eq!(response.status(), 200);
-        response.into_body().collect().await.unwrap();
+        assert_eq!(ask(&http, &addr, &key).await.0, 200);
         answered.push(Instant::now());
     }
     kill(&mut child, "-KILL");
