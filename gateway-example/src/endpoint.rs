@@ -82,7 +82,7 @@ impl Endpoint {
     }
 
     /// The endpoint served at `path` (`/v1/embeddings` or `/embeddings`, ...), also Azure
-    /// OpenAI's form that the `AzureOpenAI` clients call ([`azure_deployment`]).
+    /// OpenAI's form that the `AzureOpenAI` clients call (`azure_deployment`).
     pub fn from_path(path: &str) -> Option<Self> {
         let plain = path.strip_prefix("/v1").unwrap_or(path);
         Self::ALL

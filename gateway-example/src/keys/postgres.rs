@@ -1088,7 +1088,7 @@ fn counters_holder() -> String {
     format!("gateway-example pid {} on {host}", std::process::id())
 }
 
-/// [`EMBEDDED_COUNTERS_LOCK`] held by this gateway; dropping it ends the session, which
+/// The counters lock (`EMBEDDED_COUNTERS_LOCK`) held by this gateway; dropping it ends the session, which
 /// releases the lock.
 pub struct CountersLock {
     task: tokio::task::JoinHandle<()>,
@@ -1107,7 +1107,7 @@ impl Drop for CountersLock {
 }
 
 impl PgKeys {
-    /// Takes [`EMBEDDED_COUNTERS_LOCK`] for this gateway, whose limiter counts in its own
+    /// Takes the counters lock (`EMBEDDED_COUNTERS_LOCK`) for this gateway, whose limiter counts in its own
     /// process, and keeps it (taken again if its session ends); `Err` names the gateway that
     /// holds it, and the gateway must not start. Another gateway of this process (one started
     /// again in place, as the tests do) goes on without it.

@@ -15,7 +15,7 @@
 //!
 //! Beside spend, each key's and team's day of tokens (`tpd_limit`) is kept the same way, in the
 //! table `day_tokens` (one row per caller: its tokens and when its day's window frees them, Unix
-//! ms): a restart does not give a daily limit a new day ([`DayRow`]).
+//! ms): a restart does not give a daily limit a new day (`DayRow`).
 //!
 //! With Redis, spend lives in the callers' Redis hashes instead, shared by the fleet (its
 //! durability is Redis's: `appendonly yes`).
