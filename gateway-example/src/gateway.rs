@@ -249,7 +249,7 @@ impl GatewayBuilder {
         let clock = self.clock.unwrap_or_else(|| Arc::new(CoarseClock::new()));
         let spend = match (keys.as_postgres(), spend_log) {
             (Some(pg), Some(log)) => Some(SpendCopy::Postgres(
-                PgSpend::on_redis(pg, log, groups.clone()).await,
+                PgSpend::on_redis(pg, log, groups.clone()).await?,
             )),
             _ => None,
         };

@@ -1070,11 +1070,31 @@ impl Shared {
     }
 }
 
-/// The session-level advisory lock (`pg_try_advisory_lock`) that a gateway whose limiter counts
-/// in its own process holds on its keys' database ("tplcount"): a second such gateway would
-/// enforce every key's and team's limits and budgets on counters of its own, so a fleet of N
-/// would serve N times each. Released with the session: a stopped or killed gateway's at once.
+/// The session-level advisory lock on a keys' database ("tplcount") that tells where its
+/// gateways count: one whose limiter counts in its own process holds it alone
+/// ([`Counters::OwnProcess`]), gateways whose counters are in Redis hold it shared
+/// ([`Counters::Redis`]). Any second gateway beside one that counts on its own would enforce
+/// every key's and team's limits and budgets apart from it, so a fleet would serve each one
+/// once per such gateway. Released with the session: a stopped or killed gateway's at once.
 const EMBEDDED_COUNTERS_LOCK: i64 = 0x7470_6c63_6f75_6e74;
+
+/// Where a gateway's limiter counts, as the counters lock says it (`EMBEDDED_COUNTERS_LOCK`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Counters {
+    /// In the gateway's own process: the lock alone.
+    OwnProcess,
+    /// In Redis, shared by the fleet: the lock shared with the fleet's other gateways.
+    Redis,
+}
+
+impl Counters {
+    fn try_lock(self) -> &'static str {
+        match self {
+            Counters::OwnProcess => "SELECT pg_try_advisory_lock($1)",
+            Counters::Redis => "SELECT pg_try_advisory_lock_shared($1)",
+        }
+    }
+}
 
 /// How long between attempts to take the lock again after its session ended.
 const COUNTERS_LOCK_RETRY: Duration = Duration::from_secs(1);
@@ -1107,15 +1127,16 @@ impl Drop for CountersLock {
 }
 
 impl PgKeys {
-    /// Takes the counters lock (`EMBEDDED_COUNTERS_LOCK`) for this gateway, whose limiter counts in its own
-    /// process, and keeps it (taken again if its session ends); `Err` names the gateway that
-    /// holds it, and the gateway must not start. Another gateway of this process (one started
-    /// again in place, as the tests do) goes on without it.
-    pub async fn lock_embedded_counters(&self) -> Result<CountersLock, KeyStoreError> {
+    /// Takes the counters lock (`EMBEDDED_COUNTERS_LOCK`) for this gateway, alone or shared as
+    /// where it counts (`counters`) says, and keeps it (taken again if its session ends); `Err`
+    /// names a gateway that holds it the other way, and this gateway must not start. Another
+    /// gateway of this process (one started again in place, as the tests do) goes on without
+    /// it.
+    pub async fn lock_counters(&self, counters: Counters) -> Result<CountersLock, KeyStoreError> {
         let me = counters_holder();
-        let mut taken = take_counters_lock(&self.shared, &me).await?;
+        let mut taken = take_counters_lock(&self.shared, &me, counters).await?;
         if matches!(taken, Taken::Released) {
-            taken = take_counters_lock(&self.shared, &me).await?;
+            taken = take_counters_lock(&self.shared, &me, counters).await?;
         }
         let client = match taken {
             Taken::Held(client) => client,
@@ -1130,14 +1151,25 @@ impl PgKeys {
                 })
             }
             Taken::ByOther(holder) => {
+                let why = match counters {
+                    Counters::OwnProcess => format!(
+                        "other gateways use this database's keys ({holder}): this one, without \
+                         router_settings.redis_url, would count every key's and team's limits \
+                         and budgets in its own process, apart from theirs, so the fleet would \
+                         serve each limit once more. Give it the fleet's Redis \
+                         (router_settings.redis_url), or run it alone on this database"
+                    ),
+                    Counters::Redis => format!(
+                        "another gateway ({holder}) keeps its limiter's counters in its own \
+                         process and its keys in this database: this one's counters in Redis \
+                         would be apart from it, so the fleet would serve each limit once more. \
+                         Give that gateway the same router_settings.redis_url, or stop it"
+                    ),
+                };
                 return Err(KeyStoreError::Unavailable(format!(
-                    "another gateway ({holder}) keeps its limiter's counters in its own process \
-                     and its keys in this database: two would each enforce every key's and \
-                     team's limits and budgets on their own, so a fleet would serve each limit \
-                     once per gateway. Give the fleet a Redis (router_settings.redis_url) for its \
-                     counters, or run one gateway (a gateway that stops releases the lock at \
-                     once; one cut off by the network, when Postgres ends its session)"
-                )))
+                    "{why} (a gateway that stops releases the database at once; one cut off by \
+                     the network, when Postgres ends its session)"
+                )));
             }
         };
         let shared = Arc::clone(&self.shared);
@@ -1155,7 +1187,7 @@ impl PgKeys {
                 let mut said = false;
                 held = loop {
                     tokio::time::sleep(COUNTERS_LOCK_RETRY).await;
-                    match take_counters_lock(&shared, &me).await {
+                    match take_counters_lock(&shared, &me, counters).await {
                         Ok(Taken::Held(client)) => break client,
                         Ok(Taken::ByThisProcess) => return,
                         Ok(Taken::ByOther(holder)) if !said => {
@@ -1190,8 +1222,13 @@ enum Taken {
     Released,
 }
 
-/// Opens a session named `me` and tries to take [`EMBEDDED_COUNTERS_LOCK`] on it.
-async fn take_counters_lock(shared: &Shared, me: &str) -> Result<Taken, KeyStoreError> {
+/// Opens a session named `me` and tries to take [`EMBEDDED_COUNTERS_LOCK`] on it as `counters`
+/// says (alone, or shared).
+async fn take_counters_lock(
+    shared: &Shared,
+    me: &str,
+    counters: Counters,
+) -> Result<Taken, KeyStoreError> {
     let target = &shared.target;
     let mut config = shared.listen.config.clone();
     config.application_name(me);
@@ -1205,24 +1242,23 @@ async fn take_counters_lock(shared: &Shared, me: &str) -> Result<Taken, KeyStore
         }
     });
     let taken: bool = client
-        .query_one(
-            "SELECT pg_try_advisory_lock($1)",
-            &[&EMBEDDED_COUNTERS_LOCK],
-        )
+        .query_one(counters.try_lock(), &[&EMBEDDED_COUNTERS_LOCK])
         .await
         .map_err(|e| unavailable(target, &e))?
         .get(0);
     if taken {
         return Ok(Taken::Held(client));
     }
-    // A bigint advisory lock is listed as its high and low halves, `objsubid` 1.
-    let holder = client
-        .query_opt(
+    // A bigint advisory lock is listed as its high and low halves, `objsubid` 1; the holders in
+    // the order they connected.
+    let holders = client
+        .query(
             "SELECT a.application_name, COALESCE(host(a.client_addr), 'a local socket'), \
                     to_char(a.backend_start, 'YYYY-MM-DD HH24:MI:SS TZ')
              FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
              WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
-               AND l.classid = $1 AND l.objid = $2",
+               AND l.classid = $1 AND l.objid = $2
+             ORDER BY a.backend_start",
             &[
                 &((EMBEDDED_COUNTERS_LOCK as u64 >> 32) as u32),
                 &(EMBEDDED_COUNTERS_LOCK as u64 as u32),
@@ -1230,20 +1266,24 @@ async fn take_counters_lock(shared: &Shared, me: &str) -> Result<Taken, KeyStore
         )
         .await
         .map_err(|e| unavailable(target, &e))?;
-    let Some(row) = holder else {
+    let Some(row) = holders.first() else {
         return Ok(Taken::Released);
     };
-    let (name, addr, since): (String, String, String) = (row.get(0), row.get(1), row.get(2));
-    if name == me {
+    if holders.iter().any(|r| r.get::<_, &str>(0) == me) {
         return Ok(Taken::ByThisProcess);
     }
+    let (name, addr, since): (&str, &str, &str) = (row.get(0), row.get(1), row.get(2));
     let name = if name.is_empty() {
-        "a session without a name".to_owned()
+        "a session without a name"
     } else {
         name
     };
+    let more = match holders.len() {
+        1 => String::new(),
+        n => format!(", and {} more", n - 1),
+    };
     Ok(Taken::ByOther(format!(
-        "{name}, connected from {addr} since {since}"
+        "{name}, connected from {addr} since {since}{more}"
     )))
 }
 

@@ -36,7 +36,7 @@ use tower_priority_limit::store::{
     MemoryStore, RedisStore, SpendLog, SpendRow, DEFAULT_MAX_BUDGETS,
 };
 
-use super::postgres::{CountersLock, PgKeys};
+use super::postgres::{Counters, CountersLock, PgKeys};
 use super::spend::{
     by_model_id, by_model_name, day_rows, days_left, kind_named, model_names, DayLog, DayRow,
 };
@@ -67,7 +67,7 @@ enum Source {
 pub struct PgSpend {
     inner: Arc<Inner>,
     task: tokio::task::JoinHandle<()>,
-    /// With embedded counters: this gateway's hold on them ([`PgKeys::lock_embedded_counters`]).
+    /// This gateway's hold on the database's counters lock ([`PgKeys::lock_counters`]).
     _counters: Option<CountersLock>,
 }
 
@@ -113,7 +113,7 @@ impl PgSpend {
         store: &MemoryStore,
         config: &LimiterConfig,
     ) -> Result<Self, KeyStoreError> {
-        let counters = keys.lock_embedded_counters().await?;
+        let counters = keys.lock_counters(Counters::OwnProcess).await?;
         let pool = keys.pool();
         let restored = by_model_id(read_all(&pool, keys.target()).await?, config);
         tracing::info!(
@@ -140,10 +140,17 @@ impl PgSpend {
     /// Writes what `log` collects from `store`'s (and a reload's stores') settlements, and gives
     /// spend back to Redis whenever it comes back empty; the first check runs before this
     /// returns (a failure there is logged and retried: Redis may be down at start).
-    pub async fn on_redis(keys: &PgKeys, log: SpendLog, store: RedisStore) -> Self {
-        let spend = Self::start(keys, Source::Redis { log, store });
+    pub async fn on_redis(
+        keys: &PgKeys,
+        log: SpendLog,
+        store: RedisStore,
+    ) -> Result<Self, KeyStoreError> {
+        // Shared with the fleet's other gateways on Redis; refused beside one that counts alone.
+        let counters = keys.lock_counters(Counters::Redis).await?;
+        let mut spend = Self::start(keys, Source::Redis { log, store });
+        spend._counters = Some(counters);
         spend.inner.check_epoch().await;
-        spend
+        Ok(spend)
     }
 
     fn start(keys: &PgKeys, source: Source) -> Self {

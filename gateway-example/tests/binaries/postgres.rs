@@ -107,8 +107,8 @@ async fn three_gateway_processes_share_keys_through_postgres_and_flushall_loses_
 /// Keys in Postgres and no Redis: each gateway would count limits and budgets in its own process,
 /// so a fleet would serve each key's limit once per gateway. A second such process on the same
 /// database refuses to start, naming the first (its process id); once the first is killed
-/// (`kill -9`: Postgres ends its session), the second starts. Two processes on the database with
-/// a Redis for their counters both start. Before the lock, the second started and a key's
+/// (`kill -9`: Postgres ends its session), the second starts. Gateways with a Redis for their
+/// counters start beside each other, not beside one that counts alone, and it not beside them. Before the lock, the second started and a key's
 /// `rpm_limit: 50` served 150 on three gateways.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_gateway_with_counters_of_its_own_on_one_database_does_not_start() {
@@ -124,7 +124,7 @@ async fn a_second_gateway_with_counters_of_its_own_on_one_database_does_not_star
     let e = start(command(&two, None)).expect_err("the second must not start");
     assert!(!e.0.success());
     assert!(
-        e.1.contains("another gateway (gateway-example pid ")
+        e.1.contains("other gateways use this database's keys (gateway-example pid ")
             && e.1.contains(&format!("pid {} on", first.id()))
             && e.1.contains("router_settings.redis_url"),
         "{}",
@@ -153,20 +153,40 @@ async fn a_second_gateway_with_counters_of_its_own_on_one_database_does_not_star
         Some(200),
         "the second serves the key"
     );
-    kill(&mut second, "-TERM");
 
+    // Gateways with their counters in Redis share the database with each other, never with one
+    // that counts on its own: either way round the later one does not start. (Before, a gateway
+    // with Redis and one without both started and each served a key's rpm_limit of 50 in full.)
     if let Some(redis) = RedisServer::start("a_second_gateway_with_counters_of_its_own") {
-        let (one, two) = (
+        let (three, four) = (
             setup("shared-counters-1", &url, Some(&redis)),
             setup("shared-counters-2", &url, Some(&redis)),
         );
-        let (mut a, _) = start(command(&one, None)).expect("starts");
-        let (mut b, _) = start(command(&two, None)).expect("starts beside it: counters in Redis");
+        let e = start(command(&three, None)).expect_err("not beside a gateway counting alone");
+        assert!(
+            e.1.contains("another gateway (gateway-example pid ")
+                && e.1.contains(&format!("pid {} on", second.id()))
+                && e.1
+                    .contains("keeps its limiter's counters in its own process"),
+            "{}",
+            e.1
+        );
+        kill(&mut second, "-TERM");
+        let (mut a, _) = start(command(&three, None)).expect("starts once it is gone");
+        let (mut b, _) = start(command(&four, None)).expect("starts beside it: counters in Redis");
+        let e = start(command(&one, None)).expect_err("one counting alone, beside them");
+        assert!(
+            e.1.contains("other gateways use this database's keys") && e.1.contains("and 1 more"),
+            "{}",
+            e.1
+        );
         kill(&mut a, "-TERM");
         kill(&mut b, "-TERM");
-        for dir in [one, two] {
+        for dir in [three, four] {
             let _ = std::fs::remove_dir_all(&dir);
         }
+    } else {
+        kill(&mut second, "-TERM");
     }
     for dir in [one, two] {
         let _ = std::fs::remove_dir_all(&dir);
