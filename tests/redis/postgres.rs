@@ -1285,6 +1285,50 @@ async fn spend_in_postgres_outlives_flushall_on_a_fleet_of_three() {
     .await;
 }
 
+/// Spend settled after Redis came back empty and before the restore is in Redis once restored,
+/// and in `tpl_spend` too: a second `FLUSHALL` with nothing settled in between gives it back
+/// whole. Before, the copy never heard of it (its rows change only with a newer value, and the
+/// hash then held less than the copy), and a second emptying lost it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spend_settled_before_a_restore_outlives_the_next_flushall() {
+    let Some(postgres) = PostgresServer::start("spend_settled_before_a_restore") else {
+        return;
+    };
+    let Some(redis) = RedisServer::start("spend_settled_before_a_restore") else {
+        return;
+    };
+    let db = sql(&postgres).await;
+    let (gw, _dirs) = gateways(&priced(&postgres, Some(&redis)), 1).await;
+    let key = gw[0].new_key(json!({"max_budget": 1000.0})).await;
+    assert_eq!(served_at_once(&gw, &key, 5).await, 5);
+    flush_all(&gw).await;
+    let before = key_spend(&gw[0], &key).await;
+    let cost = before / 5.0;
+    assert!(same_dollars(copied_spend(&db, &key).await, before));
+
+    assert_eq!(redis.cli(&["FLUSHALL"]).trim(), "OK");
+    // At once, before the gateway's next epoch check (every second) restores the spend.
+    assert_eq!(served_at_once(&gw, &key, 3).await, 3);
+    let total = before + 3.0 * cost;
+    within(Duration::from_secs(5), "the spend restored", || async {
+        same_dollars(key_spend(&gw[0], &key).await, total)
+    })
+    .await;
+    flush_all(&gw).await;
+    assert!(
+        same_dollars(copied_spend(&db, &key).await, total),
+        "the copy has the spend settled before the restore: {} of {total}",
+        copied_spend(&db, &key).await
+    );
+
+    // Nothing settled since: a second emptying gives it all back.
+    assert_eq!(redis.cli(&["FLUSHALL"]).trim(), "OK");
+    within(Duration::from_secs(5), "restored again, whole", || async {
+        same_dollars(key_spend(&gw[0], &key).await, total)
+    })
+    .await;
+}
+
 /// Embedded counters and keys in Postgres: spend is read back by a gateway started later (a
 /// restart), and spend settled while Postgres is down is kept and written once it is back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

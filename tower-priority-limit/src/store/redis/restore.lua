@@ -9,11 +9,14 @@
 -- ARGV     the epoch, the TTL in ms for a hash this creates (-1: none, a budget that never
 --          resets), then per budget: its field prefix, its period (Unix ms) and its spend
 --          (nano-dollars).
--- Returns  1 restored, 0 already restored for this epoch.
+-- Returns  {0} already restored for this epoch; else {1, then per budget its spend after the
+--          restore} (what the copy must hold now: the spend settled since Redis came back is
+--          in it, and the copy has not heard of it).
 local key = KEYS[1]
 if redis.call('HGET', key, 'g') == ARGV[1] then
-  return 0
+  return {0}
 end
+local after = {1}
 local existed = redis.call('EXISTS', key) == 1
 local MAX = 9007199254740991
 for i = 3, #ARGV, 3 do
@@ -22,8 +25,14 @@ for i = 3, #ARGV, 3 do
   local held = tonumber(f[1])
   if held == nil or held < period then
     redis.call('HSET', key, p .. 'p', period, p .. 's', spent, p .. 'r', 0)
+    after[#after + 1] = spent
   elseif held == period then
-    redis.call('HSET', key, p .. 's', math.min((tonumber(f[2]) or 0) + spent, MAX))
+    local s = math.min((tonumber(f[2]) or 0) + spent, MAX)
+    redis.call('HSET', key, p .. 's', s)
+    after[#after + 1] = s
+  else
+    -- A later period in the hash: the copy's row is over.
+    after[#after + 1] = -1
   end
 end
 redis.call('HSET', key, 'g', ARGV[1])
@@ -31,4 +40,4 @@ local ttl = tonumber(ARGV[2])
 if not existed and ttl >= 0 then
   redis.call('PEXPIRE', key, ttl)
 end
-return 1
+return after

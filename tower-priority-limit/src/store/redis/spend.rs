@@ -15,7 +15,7 @@ use std::time::Duration;
 use super::connection::bounded;
 use super::settle::process_id;
 use super::{caller_hash, caller_model_prefix, RedisStore};
-use crate::caller::CallerKind;
+use crate::caller::{CallerKind, NanoUsd};
 use crate::store::{SpendRow, StoreError};
 
 /// Reads the epoch, setting `ARGV[1]` if there is none; returns it and the restored one.
@@ -101,7 +101,7 @@ impl RedisStore {
                 let mut connection = inner.connection.clone();
                 async move {
                     let keys = [hash.as_str()];
-                    let call = script.call::<i64>(&mut connection, &keys, |cmd| {
+                    let call = script.call::<Vec<i64>>(&mut connection, &keys, |cmd| {
                         cmd.arg(&epoch.id).arg(ttl);
                         for (prefix, period, spent) in &fields {
                             cmd.arg(prefix).arg(*period).arg(*spent);
@@ -110,8 +110,29 @@ impl RedisStore {
                     bounded(timeout, call).await
                 }
             });
-            for result in futures_util::future::join_all(calls).await {
-                restored += usize::from(result? == 1);
+            let results = futures_util::future::join_all(calls).await;
+            for (result, (_, rows)) in results.into_iter().zip(batch) {
+                let after = result?;
+                if after.first() != Some(&1) {
+                    continue;
+                }
+                restored += 1;
+                // What a budget holds after the restore, where the spend settled since Redis
+                // came back made it more than the copy's row: the copy gets it too, or a
+                // second emptying would restore the row without that spend.
+                let Some(log) = inner.spend_log.as_ref() else {
+                    continue;
+                };
+                for (row, &now) in rows.iter().zip(&after[1..]) {
+                    if let Ok(now) = u64::try_from(now) {
+                        if now > row.spent.nanos() {
+                            log.record(SpendRow {
+                                spent: NanoUsd::from_nanos(now),
+                                ..(*row).clone()
+                            });
+                        }
+                    }
+                }
             }
         }
         let mut connection = inner.connection.clone();
