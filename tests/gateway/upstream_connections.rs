@@ -254,8 +254,9 @@ router_settings: {{num_retries: 0}}
 /// LiteLLM's TLS environment variables, for deployments without their own `ssl_verify`:
 /// `SSL_CERT_FILE` is the CA bundle verified against (a corporate CA, say), `SSL_VERIFY` wins over
 /// `litellm_settings.ssl_verify` (`false`, or a bundle's path), a deployment's own setting wins
-/// over both; one that cannot be read stops the start naming the variable. Before, none was
-/// read: an upstream of a private CA failed with `UnknownIssuer` whatever they said.
+/// over both; an `SSL_VERIFY` file that cannot be read stops the start naming the variable, an
+/// `SSL_CERT_FILE` that is no file is passed over. Before, none was read: an upstream of a
+/// private CA failed with `UnknownIssuer` whatever they said.
 #[tokio::test]
 async fn ssl_cert_file_and_ssl_verify_are_read_from_the_environment() {
     let Some(pki) = Pki::make("SSL_CERT_FILE and SSL_VERIFY") else {
@@ -304,17 +305,24 @@ router_settings: {{num_retries: 0}}
     assert_eq!(status(&gw, "env").await, 200);
     let gw = Gw::start_with_env(&yaml(settings), with(vec![("SSL_VERIFY", "False".into())])).await;
     assert_eq!(status(&gw, "env").await, 200);
-    // One that cannot be read names itself.
+    // An SSL_VERIFY whose file cannot be read names itself; an SSL_CERT_FILE that is no file is
+    // passed over (as httpx does: a stale one in a machine's environment does not stop a start).
     let e = gateway_example::config::GatewayConfig::from_yaml_str_with_env(
         &yaml(""),
-        with(vec![("SSL_CERT_FILE", "/nonexistent/bundle.pem".into())]),
+        with(vec![("SSL_VERIFY", "/nonexistent/bundle.pem".into())]),
     )
     .unwrap_err()
     .to_string();
     assert!(
-        e.contains("the SSL_CERT_FILE environment variable: cannot read /nonexistent/bundle.pem"),
+        e.contains("the SSL_VERIFY environment variable: cannot read /nonexistent/bundle.pem"),
         "{e}"
     );
+    let gw = Gw::start_with_env(
+        &yaml(""),
+        with(vec![("SSL_CERT_FILE", "/nonexistent/bundle.pem".into())]),
+    )
+    .await;
+    assert_eq!(status(&gw, "env").await, 502, "the built-in roots");
 }
 
 /// `ssl_verify` (a CA bundle, or `false`) and `ssl_certificate` (the client's certificate and

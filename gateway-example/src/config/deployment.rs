@@ -1,5 +1,6 @@
 //! One `model_list` entry: its upstream or mock answer, timeouts, id and per-deployment limits.
 
+use std::path::Path;
 use std::time::Duration;
 
 use tower_priority_limit::caller::Prices;
@@ -383,6 +384,9 @@ pub(super) fn tls_of(
             .map(|v| (name, v))
     };
     let [verify_var, cert_file_var, certificate_var] = TLS_VARIABLES.map(env);
+    // As httpx reads it: only a file (a directory, or nothing there, is passed over; the
+    // config's reading says so once: `warn_unread_cert_file`).
+    let cert_file_var = cert_file_var.filter(|(_, path)| Path::new(path.trim()).is_file());
     // Each setting with where it was read.
     let (mut verify, mut verify_from) = match (own_verify, &verify_var) {
         (Some(node), _) => (Some(verify(node)?), Some(From::Key(node))),
@@ -459,6 +463,19 @@ pub(super) fn tls_of(
 enum From<'a, 'd> {
     Key(&'a Node<'d>),
     Variable(&'static str),
+}
+
+/// Says, once, that `SSL_CERT_FILE` is set but not to a file, so it is not read (httpx, which
+/// LiteLLM calls upstreams with, passes it over the same way).
+pub(super) fn warn_unread_cert_file(env: &dyn Fn(&str) -> Option<String>) {
+    if let Some(path) = env("SSL_CERT_FILE").filter(|p| !p.trim().is_empty()) {
+        if !Path::new(path.trim()).is_file() {
+            tracing::warn!(
+                "SSL_CERT_FILE={path} is not a file: not read (https upstreams are verified as \
+                 without it), as httpx passes it over"
+            );
+        }
+    }
 }
 
 /// `SSL_VERIFY`'s text as [`verify`] reads a string; `None` when empty.

@@ -522,6 +522,7 @@ impl GatewayConfig {
             env: &env,
             loaded_tls: Default::default(),
         };
+        deployment::warn_unread_cert_file(&env);
         // Checked here too, so a bad one is refused even when no deployment takes it.
         let [max, idle, timeout] = &defaults.pool;
         pool_bounds(max.as_ref(), idle.as_ref(), timeout.as_ref())?;
