@@ -222,14 +222,20 @@ impl Tls {
                 .map_err(|e| TlsError::Rustls(rustls::Error::General(e.to_string())))?;
                 builder
                     .dangerous()
-                    .with_custom_certificate_verifier(Arc::new(BundleVerifier {
-                        webpki: verifier,
-                        bundle,
+                    .with_custom_certificate_verifier(Arc::new(Verifier {
+                        checks: Checks::Bundle {
+                            webpki: verifier,
+                            bundle,
+                        },
+                        provider,
                     }))
             }
             Verify::Off => builder
                 .dangerous()
-                .with_custom_certificate_verifier(Arc::new(NoVerification(provider))),
+                .with_custom_certificate_verifier(Arc::new(Verifier {
+                    checks: Checks::Off,
+                    provider,
+                })),
         };
         let mut config = match &client_certificate {
             None => builder.with_no_client_auth(),
@@ -252,18 +258,30 @@ impl Tls {
     }
 }
 
-/// Verifies the server against a CA bundle as webpki does, and also takes a certificate of the
-/// bundle presented as the server's own (a self-signed certificate made with `openssl req -x509`,
-/// which marks it a CA: webpki refuses a CA as a server's certificate, `CaUsedAsEndEntity`, where
-/// OpenSSL, and so httpx and LiteLLM, trust it). Only then, and for that exact certificate: its
-/// dates were checked before that error (webpki's order), its name is checked here.
+/// The server certificate checks of a CA bundle and of `Verify::Off`; the handshake's
+/// signatures are verified the same way for both (and as rustls's own verifier does).
 #[derive(Debug)]
-struct BundleVerifier {
-    webpki: Arc<rustls::client::WebPkiServerVerifier>,
-    bundle: Vec<CertificateDer<'static>>,
+struct Verifier {
+    checks: Checks,
+    provider: Arc<rustls::crypto::CryptoProvider>,
 }
 
-impl ServerCertVerifier for BundleVerifier {
+#[derive(Debug)]
+enum Checks {
+    /// Against a CA bundle as webpki does, and also a certificate of the bundle presented as
+    /// the server's own (a self-signed certificate made with `openssl req -x509`, which marks it
+    /// a CA: webpki refuses a CA as a server's certificate, `CaUsedAsEndEntity`, where OpenSSL,
+    /// and so httpx and LiteLLM, trust it). Only then, and for that exact certificate: its dates
+    /// were checked before that error (webpki's order), its name is checked here.
+    Bundle {
+        webpki: Arc<rustls::client::WebPkiServerVerifier>,
+        bundle: Vec<CertificateDer<'static>>,
+    },
+    /// Any certificate is taken (the connection is still encrypted to whoever holds its key).
+    Off,
+}
+
+impl ServerCertVerifier for Verifier {
     fn verify_server_cert(
         &self,
         end_entity: &CertificateDer<'_>,
@@ -272,7 +290,10 @@ impl ServerCertVerifier for BundleVerifier {
         ocsp_response: &[u8],
         now: UnixTime,
     ) -> Result<ServerCertVerified, rustls::Error> {
-        let refused = match self.webpki.verify_server_cert(
+        let Checks::Bundle { webpki, bundle } = &self.checks else {
+            return Ok(ServerCertVerified::assertion());
+        };
+        let refused = match webpki.verify_server_cert(
             end_entity,
             intermediates,
             server_name,
@@ -290,11 +311,7 @@ impl ServerCertVerifier for BundleVerifier {
         if !ca_as_server {
             return Err(refused);
         }
-        if !self
-            .bundle
-            .iter()
-            .any(|c| c.as_ref() == end_entity.as_ref())
-        {
+        if !bundle.iter().any(|c| c.as_ref() == end_entity.as_ref()) {
             // A CA's certificate the bundle does not hold: not one it trusts (webpki's own error
             // names the CA mark instead, which says nothing of what to fix).
             return Err(rustls::CertificateError::UnknownIssuer.into());
@@ -310,51 +327,11 @@ impl ServerCertVerifier for BundleVerifier {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.webpki.verify_tls12_signature(message, cert, dss)
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.webpki.verify_tls13_signature(message, cert, dss)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
-        self.webpki.supported_verify_schemes()
-    }
-}
-
-/// Takes any server certificate; the handshake's signatures are still verified (so the
-/// connection is encrypted to whoever holds the certificate's key).
-#[derive(Debug)]
-struct NoVerification(Arc<rustls::crypto::CryptoProvider>);
-
-impl ServerCertVerifier for NoVerification {
-    fn verify_server_cert(
-        &self,
-        _: &CertificateDer<'_>,
-        _: &[CertificateDer<'_>],
-        _: &ServerName<'_>,
-        _: &[u8],
-        _: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        Ok(ServerCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
         rustls::crypto::verify_tls12_signature(
             message,
             cert,
             dss,
-            &self.0.signature_verification_algorithms,
+            &self.provider.signature_verification_algorithms,
         )
     }
 
@@ -368,11 +345,13 @@ impl ServerCertVerifier for NoVerification {
             message,
             cert,
             dss,
-            &self.0.signature_verification_algorithms,
+            &self.provider.signature_verification_algorithms,
         )
     }
 
     fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
-        self.0.signature_verification_algorithms.supported_schemes()
+        self.provider
+            .signature_verification_algorithms
+            .supported_schemes()
     }
 }
