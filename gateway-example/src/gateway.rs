@@ -358,9 +358,12 @@ impl Gateway {
             clock,
         );
         let (end_streams, streams_end) = streams_end();
-        let upstream =
-            Upstream::for_deployments(&config.deployments, |name| config.environment(name))
-                .with_streams_end(streams_end);
+        let upstream = Upstream::for_deployments(
+            &config.deployments,
+            |name| config.environment(name),
+            config.upstream_tls.as_ref(),
+        )
+        .with_streams_end(streams_end);
         let (file, document) = match file {
             Some((path, document)) => (Some(path), Some(Arc::new(document))),
             None => (None, None),

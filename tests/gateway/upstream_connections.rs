@@ -299,6 +299,18 @@ router_settings: {{num_retries: 0}}
     let gw = Gw::start_with_env(&yaml(""), with(vec![("SSL_CERT_FILE", ca.clone())])).await;
     assert_eq!(status(&gw, "env").await, 200);
     assert_eq!(status(&gw, "own-roots").await, 502);
+    // The environment's TLS is the upstream client's own: a deployment that sets none keeps
+    // sharing its connections (no pool of its own), one with its own setting has its own.
+    let config = gw.gateway.config();
+    assert!(config.upstream_tls.is_some());
+    assert!(
+        !config.deployments[0].connections.is_set(),
+        "env: the shared pool"
+    );
+    assert!(
+        config.deployments[1].connections.is_set(),
+        "own-roots: a pool of its own"
+    );
     // SSL_VERIFY over litellm_settings.ssl_verify: a bundle's path, or false.
     let settings = "litellm_settings: {ssl_verify: true}";
     let gw = Gw::start_with_env(&yaml(settings), with(vec![("SSL_VERIFY", ca.clone())])).await;

@@ -370,9 +370,44 @@ pub(super) const TLS_VARIABLES: [&str; 3] = ["SSL_VERIFY", "SSL_CERT_FILE", "SSL
 /// The TLS settings of an `https` deployment with `own_verify` and `own_certificate` (its
 /// `litellm_params`' or, for the check at start, none): its own, else the environment's
 /// ([`TLS_VARIABLES`]), else `litellm_settings`'; `true` is the `SSL_CERT_FILE` bundle where
-/// that is set. `None`: none is set anywhere (the client's built-in roots). An error names
-/// where the setting at fault was read: its key, or its variable.
+/// that is set. `None`: the config sets none for it (the upstream client's default: the
+/// environment's, [`environment_tls`], else the built-in roots). An error names where the
+/// setting at fault was read: its key, or its variable.
 pub(super) fn tls_of(
+    own_verify: Option<&Node<'_>>,
+    own_certificate: Option<&Node<'_>>,
+    defaults: &Defaults<'_>,
+    parent: &Node<'_>,
+) -> Result<Option<Tls>, ConfigError> {
+    // Set by the environment alone: the upstream client's own default ([`environment_tls`]),
+    // so deployments keep sharing its connections per upstream.
+    let set_in_config = own_verify.is_some()
+        || own_certificate.is_some()
+        || defaults.ssl_verify.is_some()
+        || defaults.ssl_certificate.is_some();
+    if !set_in_config {
+        return Ok(None);
+    }
+    tls_read(own_verify, own_certificate, defaults, parent)
+}
+
+/// What the TLS variables alone ([`TLS_VARIABLES`]) say, for every `https` deployment whose
+/// config sets neither `ssl_verify` nor `ssl_certificate` (itself or in `litellm_settings`):
+/// the upstream client's default, `None` when no variable is set. An error names the variable.
+pub(super) fn environment_tls(
+    defaults: &Defaults<'_>,
+    parent: &Node<'_>,
+) -> Result<Option<Tls>, ConfigError> {
+    let alone = Defaults {
+        ssl_verify: None,
+        ssl_certificate: None,
+        ..defaults.clone()
+    };
+    tls_read(None, None, &alone, parent)
+}
+
+/// [`tls_of`]'s reading, wherever the settings are.
+fn tls_read(
     own_verify: Option<&Node<'_>>,
     own_certificate: Option<&Node<'_>>,
     defaults: &Defaults<'_>,

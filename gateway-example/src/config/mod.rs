@@ -267,6 +267,10 @@ pub struct GatewayConfig {
     /// LiteLLM's top-level `environment_variables`: the values of environment names the process
     /// environment does not set ([`Self::environment`]).
     pub environment_variables: std::collections::HashMap<String, String>,
+    /// The TLS the environment's variables say (`SSL_VERIFY`, `SSL_CERT_FILE`,
+    /// `SSL_CERTIFICATE`) for `https` upstreams whose config sets none: the upstream client's
+    /// default, so those deployments share its connections; `None`: the built-in roots.
+    pub upstream_tls: Option<upstream_client::Tls>,
     /// `general_settings.shutdown_grace_seconds` (default [`DEFAULT_SHUTDOWN_GRACE`]): after
     /// SIGTERM or SIGINT, how long in-flight requests and streams may still run before the
     /// gateway ends them (their leases settle what was metered) and exits.
@@ -523,6 +527,7 @@ impl GatewayConfig {
             loaded_tls: Default::default(),
         };
         deployment::warn_unread_cert_file(&env);
+        let upstream_tls = deployment::environment_tls(&defaults, &root)?;
         // Checked here too, so a bad one is refused even when no deployment takes it.
         let [max, idle, timeout] = &defaults.pool;
         pool_bounds(max.as_ref(), idle.as_ref(), timeout.as_ref())?;
@@ -761,6 +766,7 @@ impl GatewayConfig {
             request_body_timeout,
             max_connections,
             environment_variables: vars,
+            upstream_tls,
             shutdown_grace,
             redis,
             redis_key_prefix,

@@ -223,7 +223,7 @@ impl Default for Upstream {
 }
 
 impl Upstream {
-    /// The client for `deployments`: every upstream key among them (resolved, as sent) is
+    /// The client for `deployments` (its `https` default `tls`, else the built-in roots): every upstream key among them (resolved, as sent) is
     /// replaced by `***` in upstream error text before it reaches a client or a log line, and
     /// each one's routes and key header are worked out once ([`forward`](Self::forward) takes
     /// the deployment's index in `deployments`). The forward proxies' variables (`HTTPS_PROXY`,
@@ -232,6 +232,7 @@ impl Upstream {
     pub fn for_deployments(
         deployments: &[Deployment],
         env: impl Fn(&str) -> Option<String>,
+        tls: Option<&upstream_client::Tls>,
     ) -> Self {
         // Azure's Entra ID tokens are keys too.
         let mut keys: Vec<String> = deployments
@@ -267,8 +268,14 @@ impl Upstream {
                 errors: errors.map(|e| e.map(|e| e.to_string().into())),
             })
         });
+        // The environment's TLS (`GatewayConfig::upstream_tls`) for upstreams whose config sets
+        // none: the client's own, so they share its connections.
+        let client = match tls {
+            Some(tls) => Client::with_tls(tls.client_config_for(&[b"http/1.1"])),
+            None => Client::default(),
+        };
         Self {
-            client: Client::default().with_proxies(proxies),
+            client: client.with_proxies(proxies),
             proxy_trouble,
             secrets: Secrets(keys.into()),
             prepared: deployments.iter().map(Prepared::new).collect(),
@@ -967,6 +974,7 @@ mod tests {
                 with_key("sk-abcdefgh-long"),
             ],
             |_| None,
+            None,
         );
         assert_eq!(
             up.secrets
@@ -1004,6 +1012,7 @@ mod tests {
         let up = Upstream::for_deployments(
             &[with_key("x"), with_key("none"), with_key("sk-0123456789")],
             |_| None,
+            None,
         );
         assert_eq!(
             up.secrets
