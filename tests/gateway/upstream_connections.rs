@@ -219,6 +219,13 @@ async fn ssl_verify_trusts_a_self_signed_upstream_certificate_marked_a_ca() {
         pki.ca.display(),
         pki.self_signed_elsewhere.display(),
     );
+    // A bundle with a certificate that cannot be a trust anchor in it, as a system bundle may
+    // have: passed over, the others still trusted.
+    let mixed = pki.self_signed.with_extension("mixed.pem");
+    let mut text = b"-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n".to_vec();
+    text.extend(std::fs::read(&pki.self_signed).unwrap());
+    std::fs::write(&mixed, text).unwrap();
+    let mixed = mixed.display();
     let gw = Gw::start(
         &with_master(&format!(
             r#"
@@ -227,6 +234,8 @@ model_list:
     litellm_params: {{model: openai/x, api_base: "https://{addr}/v1", ssl_verify: "{own}"}}
   - model_name: another-ca
     litellm_params: {{model: openai/x, api_base: "https://{addr}/v1", ssl_verify: "{ca}"}}
+  - model_name: with-a-bad-one
+    litellm_params: {{model: openai/x, api_base: "https://{addr}/v1", ssl_verify: "{mixed}"}}
   - model_name: for-another-address
     litellm_params: {{model: openai/x, api_base: "https://{misnamed}/v1", ssl_verify: "{elsewhere}"}}
 router_settings: {{num_retries: 0}}
@@ -235,8 +244,10 @@ router_settings: {{num_retries: 0}}
         None,
     )
     .await;
-    let r = gw.chat(MASTER, "its-own", false).await;
-    assert_eq!(r.status, 200, "{}", r.text());
+    for model in ["its-own", "with-a-bad-one"] {
+        let r = gw.chat(MASTER, model, false).await;
+        assert_eq!(r.status, 200, "{model}: {}", r.text());
+    }
     for (model, why) in [
         ("another-ca", "UnknownIssuer"),
         ("for-another-address", "not valid for name"),

@@ -137,6 +137,8 @@ pub enum TlsError {
     NoCertificate(PathBuf),
     /// The client certificate's file holds no PEM private key (PKCS#8, PKCS#1 or SEC1).
     NoKey(PathBuf),
+    /// The CA bundle holds no certificate that can be a trust anchor.
+    NoAnchor(PathBuf),
     /// rustls refused them (a CA certificate it cannot parse, a key that does not fit).
     Rustls(rustls::Error),
 }
@@ -154,6 +156,11 @@ impl std::fmt::Display for TlsError {
                  certificate and its key)",
                 path.display()
             ),
+            TlsError::NoAnchor(path) => write!(
+                f,
+                "{} holds no certificate usable as a CA (none could be parsed as one)",
+                path.display()
+            ),
             TlsError::Rustls(e) => write!(f, "{e}"),
         }
     }
@@ -164,7 +171,7 @@ impl std::error::Error for TlsError {
         match self {
             TlsError::Read(_, e) => Some(e),
             TlsError::Rustls(e) => Some(e),
-            TlsError::NoCertificate(_) | TlsError::NoKey(_) => None,
+            TlsError::NoCertificate(_) | TlsError::NoKey(_) | TlsError::NoAnchor(_) => None,
         }
     }
 }
@@ -210,9 +217,12 @@ impl Tls {
             }),
             Verify::CaBundle(path) => {
                 let bundle = certificates(path)?;
+                // As TLS stacks read a system bundle: a certificate that cannot be a trust
+                // anchor (one of a hundred and more) is passed over, not the whole bundle.
                 let mut roots = rustls::RootCertStore::empty();
-                for certificate in &bundle {
-                    roots.add(certificate.clone()).map_err(TlsError::Rustls)?;
+                let (added, _) = roots.add_parsable_certificates(bundle.iter().cloned());
+                if added == 0 {
+                    return Err(TlsError::NoAnchor(path.clone()));
                 }
                 let verifier = rustls::client::WebPkiServerVerifier::builder_with_provider(
                     Arc::new(roots),

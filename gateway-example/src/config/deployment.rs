@@ -476,7 +476,9 @@ fn tls_read(
         })
         .map_err(|e| {
             let at = match &e {
-                TlsError::Read(path, _) | TlsError::NoCertificate(path)
+                TlsError::Read(path, _)
+                | TlsError::NoCertificate(path)
+                | TlsError::NoAnchor(path)
                     if ca.as_ref() == Some(path) =>
                 {
                     verify_from
