@@ -2,7 +2,7 @@
 //! that survives a gateway's restart and an empty Redis.
 //!
 //! - **What is written**: every [`WRITE_EVERY`], the budgets that settlements changed since the
-//!   last write, as absolute values (the embedded counters' [`MemoryStore::take_changed_spend`],
+//!   last write, as absolute values (the embedded counters' [`MemoryStore::take_changed`],
 //!   or on Redis the values `settle.lua` left, collected in a [`SpendLog`]). An upsert replaces a
 //!   row only with a newer one (a later period, or more spent in the same): writing twice, or
 //!   two gateways writing the same budget, counts nothing twice, and the fleet's largest value,
@@ -202,33 +202,29 @@ async fn run(inner: Arc<Inner>) {
 }
 
 impl Inner {
-    /// The rows changed since the last write, with those a failed write left.
-    fn changed(&self) -> Vec<SpendRow> {
-        let fresh = match &self.source {
-            Source::Embedded { store, models } => by_model_name(store.take_changed_spend(), models),
-            Source::Redis { log, .. } => log.take(),
+    /// The rows and days of tokens changed since the last write, with those a failed write
+    /// left (days only from embedded counters: on Redis the day is Redis's).
+    fn changed(&self) -> (Vec<SpendRow>, Vec<DayRow>) {
+        let (fresh, days) = match &self.source {
+            Source::Embedded { store, models } => {
+                let changed = store.take_changed();
+                (
+                    by_model_name(changed.spent, models),
+                    self.unwritten_days.with(day_rows(changed.days)),
+                )
+            }
+            Source::Redis { log, .. } => (log.take(), Vec::new()),
         };
         if self.unwritten.is_empty() {
-            return fresh;
+            return (fresh, days);
         }
         self.unwritten.record_all(fresh);
-        self.unwritten.take()
-    }
-
-    /// The days of tokens changed since the last write (embedded counters), with those a failed
-    /// write left.
-    fn changed_days(&self) -> Vec<DayRow> {
-        match &self.source {
-            Source::Embedded { store, .. } => self
-                .unwritten_days
-                .with(day_rows(store.take_changed_day_tokens())),
-            Source::Redis { .. } => Vec::new(),
-        }
+        (self.unwritten.take(), days)
     }
 
     async fn write_changed(&self) {
         let _one = self.writing.lock().await;
-        let (rows, days) = (self.changed(), self.changed_days());
+        let (rows, days) = self.changed();
         if rows.is_empty() && days.is_empty() {
             return;
         }

@@ -3,7 +3,7 @@
 //! period and its spend in nano-dollars.
 //!
 //! - **What is written**: every [`WRITE_EVERY`], the spend of each caller a settlement changed
-//!   since the last write ([`MemoryStore::take_changed_spend`]), as absolute values: writing a
+//!   since the last write ([`MemoryStore::take_changed`]), as absolute values: writing a
 //!   row twice changes nothing, so nothing is counted twice.
 //! - **`kill -9`**: at most the settlements of the last [`WRITE_EVERY`], and those in flight, are
 //!   lost; a graceful stop ([`SpendBook::write_now`], from `Gateway::flush`) loses none.
@@ -130,12 +130,11 @@ impl SpendBook {
 impl Inner {
     fn write_changed(&self) {
         // The newest row per budget: a failed write's rows, then what changed since.
+        let changed = self.store.take_changed();
         self.unwritten
-            .record_all(by_model_name(self.store.take_changed_spend(), &self.models));
+            .record_all(by_model_name(changed.spent, &self.models));
         let rows = self.unwritten.take();
-        let days = self
-            .unwritten_days
-            .with(day_rows(self.store.take_changed_day_tokens()));
+        let days = self.unwritten_days.with(day_rows(changed.days));
         if rows.is_empty() && days.is_empty() {
             return;
         }

@@ -105,6 +105,16 @@ impl std::hash::Hasher for PassThrough {
     }
 }
 
+/// What admissions and settlements changed on the callers' counters since a gateway last took
+/// it ([`MemoryStore::take_changed`]): what its durable copy is to write.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Changed {
+    /// The spend of every budget of a caller a settlement changed.
+    pub spent: Vec<Spent>,
+    /// The day's tokens of every caller counted against a `tpd` limit.
+    pub days: Vec<DayTokens>,
+}
+
 /// One caller's counters, alone on its cache lines, with whose they are.
 #[derive(Debug)]
 #[repr(align(128))]
@@ -350,50 +360,52 @@ impl CallerTable {
 }
 
 impl CallerSlot {
-    /// Its spend per budget; with `changed_only`, only if a settlement changed it since the
-    /// last such call (which clears the mark).
-    fn spent(&self, changed_only: bool) -> Vec<Spent> {
+    /// Its spend per budget, in the periods its counters hold.
+    fn spent(&self) -> Vec<Spent> {
+        let mut spent = Vec::new();
+        match &*self.lock() {
+            AnyCallerCounters::Fixed(c) => self.budgets_of(c, &mut spent),
+            AnyCallerCounters::Sliding(c) => self.budgets_of(c, &mut spent),
+        }
+        spent
+    }
+
+    /// What an admission or settlement changed since the last call (which clears the marks),
+    /// under one lock: its spend per budget into `spent`, its day's tokens into `days`.
+    fn take_changed(&self, now: Millis, changed: &mut Changed) {
         fn of<W: Window>(
-            c: &mut CallerCounters<W>,
-            changed_only: bool,
             slot: &CallerSlot,
-        ) -> Vec<Spent> {
-            if changed_only && !c.take_spend_changed() {
-                return Vec::new();
+            c: &mut CallerCounters<W>,
+            now: Millis,
+            changed: &mut Changed,
+        ) {
+            if c.take_spend_changed() {
+                slot.budgets_of(c, &mut changed.spent);
             }
-            c.budgets()
-                .map(|(model, b)| Spent {
+            if c.take_day_changed() {
+                changed.days.push(DayTokens {
                     kind: slot.kind,
                     id: Arc::clone(&slot.id),
-                    model,
-                    period: b.period,
-                    spent: NanoUsd::from_nanos(b.spent),
-                })
-                .collect()
+                    tokens: c.day.usage(now, DAY_MS).tokens,
+                    resets_in: c.day.resets_in(now, DAY_MS),
+                });
+            }
         }
         match &mut *self.lock() {
-            AnyCallerCounters::Fixed(c) => of(c, changed_only, self),
-            AnyCallerCounters::Sliding(c) => of(c, changed_only, self),
+            AnyCallerCounters::Fixed(c) => of(self, c, now, changed),
+            AnyCallerCounters::Sliding(c) => of(self, c, now, changed),
         }
     }
 
-    /// Its day's tokens, if an admission or settlement changed them since the last call
-    /// (which clears the mark).
-    fn changed_day(&self, now: Millis) -> Option<DayTokens> {
-        fn of<W: Window>(c: &mut CallerCounters<W>, now: Millis) -> Option<(Usage, Millis)> {
-            c.take_day_changed()
-                .then(|| (c.day.usage(now, DAY_MS), c.day.resets_in(now, DAY_MS)))
-        }
-        let (usage, resets_in) = match &mut *self.lock() {
-            AnyCallerCounters::Fixed(c) => of(c, now),
-            AnyCallerCounters::Sliding(c) => of(c, now),
-        }?;
-        Some(DayTokens {
+    /// `c`'s spend per budget, as this caller's, into `out`.
+    fn budgets_of<W: Window>(&self, c: &CallerCounters<W>, out: &mut Vec<Spent>) {
+        out.extend(c.budgets().map(|(model, b)| Spent {
             kind: self.kind,
             id: Arc::clone(&self.id),
-            tokens: usage.tokens,
-            resets_in,
-        })
+            model,
+            period: b.period,
+            spent: NanoUsd::from_nanos(b.spent),
+        }));
     }
 
     fn is_idle(&self, now: Millis, window: Millis) -> bool {
@@ -726,17 +738,22 @@ impl MemoryStore {
     pub fn spent(&self, kind: CallerKind, id: &str) -> Vec<Spent> {
         self.callers
             .find(kind, id)
-            .map_or_else(Vec::new, |slot| slot.spent(false))
+            .map_or_else(Vec::new, |slot| slot.spent())
     }
 
-    /// The spend of every caller a settlement changed since the last call: what a gateway
-    /// writes to its durable copy ([`restore_spend`](Self::restore_spend) reads it back).
-    pub fn take_changed_spend(&self) -> Vec<Spent> {
-        self.callers
-            .all()
-            .iter()
-            .flat_map(|slot| slot.spent(true))
-            .collect()
+    /// What admissions and settlements changed since the last call, in one pass over the
+    /// callers: the spend of every caller a settlement changed, and the day's tokens of every
+    /// caller counted against a `tpd` limit. What a gateway writes to its durable copy, so a
+    /// restart neither forgets spend nor gives `tpd_limit` a new day
+    /// ([`restore_spend`](Self::restore_spend), [`restore_day_tokens`](Self::restore_day_tokens)
+    /// read them back).
+    pub fn take_changed(&self) -> Changed {
+        let now = self.clock.now_ms();
+        let mut changed = Changed::default();
+        for slot in self.callers.all() {
+            slot.take_changed(now, &mut changed);
+        }
+        changed
     }
 
     /// Sets spend kept durably (after a restart): each record's counter starts from it, unless
@@ -753,18 +770,6 @@ impl MemoryStore {
                 }
             };
         }
-    }
-
-    /// The day's tokens of every caller an admission or settlement changed them for since the
-    /// last call: what a gateway writes to its durable copy, so a restart does not give
-    /// `tpd_limit` a new day ([`restore_day_tokens`](Self::restore_day_tokens) reads it back).
-    pub fn take_changed_day_tokens(&self) -> Vec<DayTokens> {
-        let now = self.clock.now_ms();
-        self.callers
-            .all()
-            .iter()
-            .filter_map(|slot| slot.changed_day(now))
-            .collect()
     }
 
     /// Raises each record's day counter to its tokens, freed when the record says
@@ -1167,13 +1172,13 @@ mod tests {
                 },
                 first.as_ref().unwrap(),
             );
-            let kept = store.take_changed_day_tokens();
+            let kept = store.take_changed().days;
             assert_eq!(kept.len(), 1, "{kind:?}: {kept:?}");
             assert_eq!(
                 (kept[0].kind, &*kept[0].id, kept[0].tokens),
                 (CallerKind::Key, "k", 70)
             );
-            assert!(store.take_changed_day_tokens().is_empty(), "taken once");
+            assert!(store.take_changed().days.is_empty(), "taken once");
 
             // The restart: another store, its clock elsewhere (a new process's origin).
             let after = ManualClock::new();
