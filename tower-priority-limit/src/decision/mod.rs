@@ -568,6 +568,7 @@ pub fn decide<W: Window>(
         requests: u.requests.saturating_add(1),
         tokens: u.tokens.saturating_add(reserve),
     };
+    let model_window = model_counter.mark(now, window);
     Decision::Admit(Admitted {
         saturation,
         strict,
@@ -576,10 +577,8 @@ pub fn decide<W: Window>(
         model_resets_in: model_counter.resets_in(now, window),
         pool_resets_in: pool_counter.map_or(window, |c| c.resets_in(now, window)),
         reserved: reserve,
-        model_window: model_counter.mark(now, window),
-        pool_window: pool_counter.map_or(now, |c| {
-            c.mark_following(model_counter.mark(now, window), now, window)
-        }),
+        model_window,
+        pool_window: pool_counter.map_or(now, |c| c.mark_following(model_window, now, window)),
         shadow: refused,
         on_fallback: false,
     })
