@@ -178,7 +178,10 @@ fn early_in_a_slot(redis: &RedisServer) -> (u64, u64) {
 }
 
 fn lockstep_config() -> LimiterConfigBuilder {
+    // A store timeout no busy machine reaches: a timed-out call would be decided by the local
+    // fallback, which these tests do not compare.
     LimiterConfig::builder()
+        .store_timeout(Duration::from_secs(5))
         .model(ModelLimits::new("m").rpm(12).tpm(300))
         .model(ModelLimits::new("tokens-only").tpm(200))
         .reserve("prod", Reservation::Percent(0.6))
@@ -466,8 +469,9 @@ async fn window_rolls_over_on_redis_time() {
     assert!(!admit().await);
 }
 
-/// Every key the store writes (one hash per model, one id per settlement) has a TTL no longer
-/// than its window (+1 s), so nothing grows without bound; settlements land in Redis by `flush`.
+/// Every key the store writes (one hash per model, one id per settlement, the registry of
+/// gateways alive) has a TTL no longer than its window (+1 s), so nothing grows without bound;
+/// settlements land in Redis by `flush`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_key_expires_and_settlements_are_flushed() {
     let Some(redis) = RedisServer::start("every_key_expires_and_settlements_are_flushed") else {
@@ -501,10 +505,11 @@ async fn every_key_expires_and_settlements_are_flushed() {
     };
     assert_eq!(
         keys.len(),
-        5,
-        "one hash per model, one id per settlement: {keys:?}"
+        6,
+        "one hash per model, one id per settlement, the gateways alive: {keys:?}"
     );
     assert!(keys.contains(&"ttl:{a}".to_owned()) && keys.contains(&"ttl:{b}".to_owned()));
+    assert!(keys.contains(&"ttl:{c}:gateways".to_owned()), "{keys:?}");
     assert_eq!((ids("a"), ids("b")), (2, 1), "{keys:?}");
     for key in &keys {
         let ttl: i64 = ::redis::cmd("PTTL").arg(key).query(&mut con).unwrap();
@@ -1413,6 +1418,153 @@ async fn a_dead_gateways_budget_reservations_lapse_with_its_slots() {
     limiter.store().flush().await;
     assert_eq!((field("$r"), field("$s")), (7_000, 7_000));
     next.settle_with_output(7, Some(0));
+    limiter.store().flush().await;
+    assert_eq!((field("$r"), field("$s")), (0, 14_000));
+}
+
+/// A gateway killed with requests in flight holds a key's parallel slots and budget
+/// reservations only while it still counts as alive (it says so every 5 s, and an entry lapses
+/// 15 s after the last): once it has lapsed, the next admission its slots would refuse frees
+/// them and gives its reservations back. Here the dead gateway is a store on a runtime of its
+/// own, shut down with its leases never settled (as `kill -9` leaves them), and its lapse is
+/// moved into the past, as the clock would. A live gateway's slots, and the admitting store's
+/// own, are never freed so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_gateways_slots_are_freed_once_it_no_longer_says_it_is_alive() {
+    use tower_priority_limit::caller::{Budget, CallerLimit, CallerLimits, NanoUsd};
+    let Some(redis) = RedisServer::start("a_dead_gateways_slots_are_freed") else {
+        return;
+    };
+    // Held by its two slots of two (a budget it does not reach), then by its reservations
+    // alone (two requests' worth, 7,000 each: the budget; no parallel limit).
+    let budget = |nanos| Budget::new(NanoUsd::from_nanos(nanos));
+    let by_slots = CallerLimits::new().max_parallel(2).budget(budget(1 << 40));
+    dead_gateway_frees(&redis, "live:", by_slots, CallerLimit::Parallel).await;
+    let by_reservations = CallerLimits::new().budget(budget(14_000));
+    dead_gateway_frees(&redis, "live2:", by_reservations, CallerLimit::Budget).await;
+}
+
+/// [`a_dead_gateways_slots_are_freed_once_it_no_longer_says_it_is_alive`] for a key with
+/// `limits`, which two requests in flight reach (refused by `held_by`), under `prefix`.
+async fn dead_gateway_frees(
+    redis: &RedisServer,
+    prefix: &'static str,
+    limits: tower_priority_limit::caller::CallerLimits,
+    held_by: tower_priority_limit::caller::CallerLimit,
+) {
+    use tower_priority_limit::caller::CallerKind;
+    use tower_priority_limit::decision::Scope;
+    use tower_priority_limit::AdmissionOutcome;
+    let config = LimiterConfig::builder()
+        .model(ModelLimits::new("m").rpm(1_000).tpm(1_000_000))
+        .token_accounting(tower_priority_limit::config::TokenAccounting::Reserve)
+        .store_timeout(Duration::from_millis(2_000))
+        .build()
+        .unwrap();
+    let field = |name: &str| {
+        let v = redis.cli(&["hget", &format!("{prefix}{{c:key:k}}"), name]);
+        v.trim().parse::<u64>().unwrap_or(0)
+    };
+    let owners = || {
+        let members = redis.cli(&[
+            "zrange",
+            &format!("{prefix}{{c:key:k}}:inflight"),
+            "0",
+            "-1",
+        ]);
+        let mut owners: Vec<String> = members
+            .split_whitespace()
+            .map(|m| m.split('.').next().unwrap().to_owned())
+            .collect();
+        owners.dedup();
+        owners
+    };
+    // The gateway that dies: two requests in flight on a runtime of its own.
+    {
+        let (config, target) = (config.clone(), single(redis));
+        std::thread::spawn(move || {
+            let runtime = tokio::runtime::Runtime::new().unwrap();
+            runtime.block_on(async {
+                let limiter = redis_limiter(config, target, prefix).await;
+                for _ in 0..2 {
+                    let request = priced_key(&limiter, limits);
+                    match limiter.admit_request(request).await.unwrap() {
+                        AdmissionOutcome::Admitted { lease, .. } => std::mem::forget(lease),
+                        other => panic!("admitted: {other:?}"),
+                    }
+                }
+            });
+            // Its tasks (saying it is alive among them) end with its runtime.
+            drop(runtime);
+        })
+        .join()
+        .unwrap();
+    }
+    let dead_id = owners();
+    assert_eq!(
+        dead_id.len(),
+        1,
+        "both slots the dead gateway's: {dead_id:?}"
+    );
+    let dead_id = &dead_id[0];
+    assert_eq!(field("$r"), 14_000);
+    // Its entry lapses at most 15 s after it last said it was alive.
+    let time = redis.cli(&["time"]);
+    let now_ms = time.lines().next().unwrap().trim().parse::<u64>().unwrap() * 1000;
+    let lapses: u64 = redis
+        .cli(&["zscore", &format!("{prefix}{{c}}:gateways"), dead_id])
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(
+        lapses > now_ms && lapses <= now_ms + 16_000,
+        "lapses within 15 s: {lapses} at {now_ms}"
+    );
+    let limiter = redis_limiter(config, single(redis), prefix).await;
+    let refused_for = |outcome: AdmissionOutcome| match outcome {
+        AdmissionOutcome::Refused(r) => r.scope,
+        AdmissionOutcome::Admitted { .. } => panic!("refused for what it holds"),
+    };
+    // Still alive as far as anyone can tell: its slots hold.
+    let outcome = limiter
+        .admit_request(priced_key(&limiter, limits))
+        .await
+        .unwrap();
+    assert_eq!(
+        refused_for(outcome),
+        Scope::Caller(CallerKind::Key, held_by)
+    );
+    // Lapsed: the next admission frees its slots and reservations, and is admitted.
+    redis.cli(&["zadd", &format!("{prefix}{{c}}:gateways"), "1", dead_id]);
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        match limiter
+            .admit_request(priced_key(&limiter, limits))
+            .await
+            .unwrap()
+        {
+            AdmissionOutcome::Admitted { lease, .. } => held.push(lease),
+            other => panic!("the dead gateway's slots freed: {other:?}"),
+        }
+    }
+    assert_eq!(
+        field("$r"),
+        14_000,
+        "its reservations given back, these two held"
+    );
+    assert!(!owners().contains(dead_id), "{:?}", owners());
+    // This store's own slots are never taken for a dead gateway's.
+    let outcome = limiter
+        .admit_request(priced_key(&limiter, limits))
+        .await
+        .unwrap();
+    assert!(
+        matches!(outcome, AdmissionOutcome::Refused(_)),
+        "{outcome:?}"
+    );
+    for lease in held {
+        lease.settle_with_output(7, Some(0));
+    }
     limiter.store().flush().await;
     assert_eq!((field("$r"), field("$s")), (0, 14_000));
 }

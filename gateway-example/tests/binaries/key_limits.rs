@@ -133,3 +133,92 @@ async fn a_key_limit_is_exact_across_three_gateway_processes() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A gateway process killed (`kill -9`) with a key's two parallel slots of two in flight: the
+/// other gateway refuses the key for them while the dead one still counts as alive, and serves
+/// it once the dead one's liveness has lapsed (it says it is alive every 5 s, and lapses 15 s
+/// after; here its entry is moved into the past, as the clock would), not ten minutes on when
+/// the slots themselves lapse.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_gateways_parallel_slots_are_freed_once_it_lapses() {
+    let Some(redis) = RedisServer::start("a_killed_gateways_parallel_slots_are_freed") else {
+        return;
+    };
+    // An upstream that accepts and never answers: a request to it stays in flight.
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let silent_addr = silent.local_addr().unwrap();
+    let (accepted, mut accepted_rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((socket, _)) = silent.accept().await {
+            held.push(socket);
+            let _ = accepted.send(());
+        }
+    });
+    let dir = fleet_dir(
+        "killed-slots",
+        &format!(
+            "{{model_name: m, litellm_params: {{model: openai/m, mock_response: hi, rpm: 100000}}}}, \
+             {{model_name: silent, litellm_params: {{model: openai/silent, \
+             api_base: \"http://{silent_addr}/v1\", api_key: sk-up, rpm: 100000, timeout: 600}}}}"
+        ),
+        "callbacks: [\"dynamic_rate_limiter_v3\"]",
+        &redis,
+    );
+    let (mut dying, dying_addr) = start(command(&dir, None)).expect("a gateway process starts");
+    let (mut other, other_addr) = start(command(&dir, None)).expect("a gateway process starts");
+    let client = Arc::new(client());
+    let (status, body) = call(
+        &client,
+        &dying_addr,
+        "/key/generate",
+        Some(r#"{"max_parallel_requests": 2}"#),
+    )
+    .await
+    .unwrap();
+    assert_eq!(status, 200, "{body}");
+    let key = new_key_of(&body);
+    // Two requests in flight through the gateway about to die.
+    for _ in 0..2 {
+        let (client, addr, key) = (client.clone(), dying_addr.clone(), key.clone());
+        tokio::spawn(async move {
+            let request = http::Request::builder()
+                .method("POST")
+                .uri(format!("http://{addr}/v1/chat/completions"))
+                .header("authorization", format!("Bearer {key}"))
+                .body(Full::new(Bytes::from_static(
+                    br#"{"model": "silent", "messages": [{"role": "user", "content": "hi"}]}"#,
+                )))
+                .unwrap();
+            let _ = client.request(request).await;
+        });
+    }
+    for _ in 0..2 {
+        accepted_rx.recv().await.unwrap();
+    }
+    kill(&mut dying, "-KILL");
+    // Its slots hold while it counts as alive.
+    assert_eq!(
+        chat(&client, &other_addr, &key).await,
+        Some((429, "key_parallel".to_owned()))
+    );
+    // Its liveness lapses: the next request frees its slots and is served.
+    let registry = redis.cli(&["--scan", "--pattern", "*{c}:gateways"]);
+    let slots = redis.cli(&["--scan", "--pattern", "*:inflight"]);
+    let members = redis.cli(&["zrange", slots.trim(), "0", "-1"]);
+    let dead: Vec<&str> = members
+        .split_whitespace()
+        .filter_map(|m| m.split_once('.').map(|(owner, _)| owner))
+        .collect();
+    assert_eq!(dead.len(), 2, "the dead gateway's two slots: {members}");
+    // (The gateway's stores each have theirs: the deployments' and the models'.)
+    for registry in registry.lines() {
+        redis.cli(&["zadd", registry, "XX", "1", dead[0]]);
+    }
+    assert_eq!(
+        chat(&client, &other_addr, &key).await,
+        Some((200, String::new()))
+    );
+    kill(&mut other, "-TERM");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -29,7 +29,9 @@
 --          $p, $s, $r (the period's start, spent, reserved) and <model prefix>$p/$s/$r.
 --          KEYS[2 + 2i] is caller i's hash (pairs
 --          "win:" window, "day:" day, then the model's prefix; fields as the model's), KEYS[3 + 2i] its sorted set of
---          parallel slots (score: when the slot lapses).
+--          parallel slots (score: when the slot lapses); KEYS[2 + 2c] (c callers) is the
+--          gateways alive (`live.lua`), read only when a caller's slots or reservations held
+--          would refuse. A slot's name is its gateway's id, '.', then its number.
 --          The callers are checked first, key then team; after everything else the reply has,
 --          per caller, its slots in use, the (start/head, requests, tokens) of its three
 --          pairs and the (period, spent, reserved) of its two budgets (-1, 0, 0 where none), and on
@@ -177,6 +179,81 @@ local function over(lr, lt, c) return over_by(lr, lt, c, reserve) end
 -- read before anything counts; refused iff a limit of the key, then of the team, is broken.
 local cb = 17 + 3 * (tonumber(ARGV[15]) or 0)
 local nc = tonumber(ARGV[cb]) or 0
+-- What slot `slot_id` of hash `hk` recorded of a budget's reservation (`x<slot>`: cost, period,
+-- model budget's period and prefix) is given back: its request will never settle it.
+local function give_back(hk, slot_id)
+  local rec = redis.call('HGET', hk, 'x' .. slot_id)
+  if not rec then return end
+  local cost, period, mperiod, mprefix = string.match(rec, '^(%d+) (%-?%d+) (%-?%d+) (.*)$')
+  for _, b in ipairs({{'$', period}, {mprefix .. '$', mperiod}}) do
+    local f = redis.call('HMGET', hk, b[1] .. 'p', b[1] .. 'r')
+    local held = tonumber(f[1])
+    if b[2] ~= '-1' and (held == tonumber(b[2]) or (b[2] == '0' and held and held > 0)) then
+      redis.call('HSET', hk, b[1] .. 'r', math.max(0, (tonumber(f[2]) or 0) - tonumber(cost)))
+    end
+  end
+  redis.call('HDEL', hk, 'x' .. slot_id)
+end
+
+-- The gateways alive (`live.lua`: each process's id, scored with when it lapses unless renewed)
+-- and this process's id, from its slot's name (`ID.N`). A slot named so by another process that
+-- is not alive belongs to a gateway that died (`kill -9`) with its request in flight. Slots
+-- named otherwise (`ID-N`, gateways before liveness) only lapse.
+local registry = nil
+if nc > 0 then registry = KEYS[2 + 2 * nc] end
+local me = string.match(ARGV[cb + 5] or '', '^(%x+)%.')
+local function sweep_dead(hk, zk)
+  if registry == nil then return 0 end
+  local alive, dead = {}, {}
+  for _, slot_id in ipairs(redis.call('ZRANGE', zk, 0, -1)) do
+    local owner = string.match(slot_id, '^(%x+)%.')
+    if owner and owner ~= me then
+      if alive[owner] == nil then
+        local lapses = tonumber(redis.call('ZSCORE', registry, owner))
+        alive[owner] = lapses ~= nil and lapses > now
+      end
+      if not alive[owner] then dead[#dead + 1] = slot_id end
+    end
+  end
+  for _, slot_id in ipairs(dead) do give_back(hk, slot_id) end
+  if #dead > 0 then redis.call('ZREM', zk, unpack(dead)) end
+  return #dead
+end
+
+-- A caller's slots in use and budgets (`check_budget`): spent + reserved in the request's period
+-- (0 for an older one).
+local function read_slots_and_budgets(c, lim)
+  local hk, zk, mp = c.hk, c.zk, ARGV[cb + 7]
+  if c.slots and lim[0] >= 0 then c.parallel = redis.call('ZCARD', zk) end
+  c.budgets = {}
+  for j, b in ipairs({{'$', lim[6], lim[7]}, {mp .. '$', lim[8], lim[9]}}) do
+    local e = {p = b[1], max = b[2], period = b[3], raw_p = -1, s = 0, r = 0}
+    if b[2] >= 0 then
+      local f = redis.call('HMGET', hk, b[1] .. 'p', b[1] .. 's', b[1] .. 'r')
+      e.raw_p, e.s, e.r = tonumber(f[1]) or -1, tonumber(f[2]) or 0, tonumber(f[3]) or 0
+    end
+    -- A never-resetting budget's counter (period 0) carries into the first period of a
+    -- `budget_duration` set since (`BudgetCounter::carry_into`), refused or not.
+    if e.raw_p == 0 and b[3] > 0 then
+      redis.call('HSET', hk, b[1] .. 'p', b[3])
+      e.raw_p = b[3]
+    end
+    e.committed = e.s + e.r
+    if b[3] > e.raw_p then e.committed = 0 end
+    c.budgets[j] = e
+  end
+end
+
+-- Whether what the caller's requests in flight hold refuses this one: its slots, or a budget
+-- reached with reservations in it.
+local function held_refuses(c, lim)
+  if lim[0] >= 0 and c.parallel + 1 > lim[0] then return true end
+  for _, e in ipairs(c.budgets) do
+    if e.max >= 0 and e.committed >= e.max and e.r > 0 then return true end
+  end
+  return false
+end
+
 local callers = {}
 local caller_refused = false
 if nc > 0 then
@@ -218,46 +295,20 @@ if nc > 0 then
       c.pairs[j].p, c.pairs[j].win, c.pairs[j].sl = pr[1], pr[2], pr[3]
     end
     -- Slots, one per admission in flight, are kept for a caller with a max_parallel and for one
-    -- with a budget: a slot held past its lapse (its gateway died with the request in flight)
-    -- is dropped, and the budget reservation it recorded (`x<slot>`: cost, period, model
-    -- budget's period and prefix) given back, so a dead gateway's reservations do not stay.
+    -- with a budget: a slot held past its lapse, or whose gateway no longer says it is alive
+    -- (`sweep_dead`), is dropped with the budget reservation it recorded.
     c.parallel, c.slots = 0, lim[0] >= 0 or lim[6] >= 0 or lim[8] >= 0
     if c.slots then
       local gone = redis.call('ZRANGEBYSCORE', zk, '-inf', now)
-      for _, slot_id in ipairs(gone) do
-        local rec = redis.call('HGET', hk, 'x' .. slot_id)
-        if rec then
-          local cost, period, mperiod, mprefix = string.match(rec, '^(%d+) (%-?%d+) (%-?%d+) (.*)$')
-          for _, b in ipairs({{'$', period}, {mprefix .. '$', mperiod}}) do
-            local f = redis.call('HMGET', hk, b[1] .. 'p', b[1] .. 'r')
-            local held = tonumber(f[1])
-            if b[2] ~= '-1' and (held == tonumber(b[2]) or (b[2] == '0' and held and held > 0)) then
-              redis.call('HSET', hk, b[1] .. 'r', math.max(0, (tonumber(f[2]) or 0) - tonumber(cost)))
-            end
-          end
-          redis.call('HDEL', hk, 'x' .. slot_id)
-        end
-      end
+      for _, slot_id in ipairs(gone) do give_back(hk, slot_id) end
       if #gone > 0 then redis.call('ZREMRANGEBYSCORE', zk, '-inf', now) end
-      if lim[0] >= 0 then c.parallel = redis.call('ZCARD', zk) end
     end
-    -- Budgets (`check_budget`): spent + reserved in the request's period (0 for an older one).
-    c.budgets, c.ttl = {}, lim[10]
-    for j, b in ipairs({{'$', lim[6], lim[7]}, {mp .. '$', lim[8], lim[9]}}) do
-      local e = {p = b[1], max = b[2], period = b[3], raw_p = -1, s = 0, r = 0}
-      if b[2] >= 0 then
-        local f = redis.call('HMGET', hk, b[1] .. 'p', b[1] .. 's', b[1] .. 'r')
-        e.raw_p, e.s, e.r = tonumber(f[1]) or -1, tonumber(f[2]) or 0, tonumber(f[3]) or 0
-      end
-      -- A never-resetting budget's counter (period 0) carries into the first period of a
-      -- `budget_duration` set since (`BudgetCounter::carry_into`), refused or not.
-      if e.raw_p == 0 and b[3] > 0 then
-        redis.call('HSET', hk, b[1] .. 'p', b[3])
-        e.raw_p = b[3]
-      end
-      e.committed = e.s + e.r
-      if b[3] > e.raw_p then e.committed = 0 end
-      c.budgets[j] = e
+    c.ttl = lim[10]
+    read_slots_and_budgets(c, lim)
+    -- A refusal for slots or for reservations held may be a dead gateway's doing: its slots are
+    -- looked at then (never on an admission), and freed if it is gone.
+    if c.slots and held_refuses(c, lim) and sweep_dead(hk, zk) > 0 then
+      read_slots_and_budgets(c, lim)
     end
     callers[i] = c
     if not caller_refused and lim[11] ~= 1 then

@@ -55,6 +55,7 @@
 mod cluster;
 mod connection;
 mod deadline;
+mod live;
 mod script;
 mod settle;
 mod spend;
@@ -74,6 +75,7 @@ use tokio::sync::{mpsc, oneshot};
 use self::cluster::Cluster;
 use self::connection::{bounded, unavailable, RedisConnection, CLUSTER_START_WAIT};
 use self::deadline::RedisTimeOffset;
+use self::live::Liveness;
 use self::script::{LuaScript, SCRIPT_LOAD_WAIT};
 use self::settle::{flush_settlements, process_id, Pending, Queued, RedisSettler};
 pub use self::spend::SpendEpoch;
@@ -403,6 +405,7 @@ impl RedisStoreBuilder {
             .map(|m| format!("{}{{{}}}", self.key_prefix, m.name()))
             .collect();
         let (queue, receiver) = mpsc::channel(self.settle_queue);
+        let live = Liveness::new(&self.key_prefix, connection.clone());
         let inner = Arc::new(Inner::new(
             config,
             connection,
@@ -414,8 +417,11 @@ impl RedisStoreBuilder {
                 observer: self.observer,
                 spend_log: self.spend_log,
                 started: Instant::now(),
+                live,
             },
         ));
+        inner.live.add(inner.settlement_ids);
+        tokio::spawn(live::keep_saying(Arc::downgrade(&inner.live)));
         // Load both scripts now, so the first admissions are one round trip each, and learn
         // Redis's clock, so the first admissions carry a deadline; best effort (Redis may be
         // down): `LuaScript::call` falls back to EVAL on NOSCRIPT anyway, and every admission's
@@ -605,8 +611,10 @@ impl RedisStore {
                 observer: parent.observer.clone(),
                 spend_log: parent.spend_log.clone(),
                 started: parent.started,
+                live: Arc::clone(&parent.live),
             },
         ));
+        inner.live.add(inner.settlement_ids);
         inner.redis_time.copy_from(&parent.redis_time);
         tokio::spawn(flush_settlements(
             Arc::clone(&inner),
@@ -731,6 +739,8 @@ struct Inner {
     leave_script: LuaScript,
     /// Where settlements record the budgets' spend, if a durable copy is kept.
     spend_log: Option<SpendLog>,
+    /// How this process's stores say they are alive, and where (`live.rs`).
+    live: Arc<Liveness>,
     epoch_script: LuaScript,
     restore_script: LuaScript,
     /// Per model: its name (a [`SpendRow`](super::SpendRow)'s model).
@@ -749,6 +759,8 @@ struct StoreParts {
     observer: Option<Arc<dyn Observer>>,
     spend_log: Option<SpendLog>,
     started: Instant,
+    /// How this process's stores say they are alive (shared by a store and those made from it).
+    live: Arc<Liveness>,
 }
 
 impl Inner {
@@ -800,6 +812,7 @@ impl Inner {
             started: parts.started,
             observer: parts.observer,
             spend_log: parts.spend_log,
+            live: parts.live,
             connection,
             admit_script: LuaScript::new(include_str!("admit.lua")),
             settle_script: LuaScript::new(include_str!("settle.lua")),
@@ -1493,7 +1506,7 @@ impl Inner {
             .get(request.model.index())
             .filter(|_| request.flow.is_some() && !callers_only);
         let order_keys = pool_keys.map_or(0, |k| 2 * k.pools.len());
-        let mut keys: Vec<&str> = Vec::with_capacity(1 + 2 * caller_keys.len() + order_keys);
+        let mut keys: Vec<&str> = Vec::with_capacity(2 + 2 * caller_keys.len() + order_keys);
         // The callers' call runs in their slot: its first key is the first caller's hash (the
         // script reads and writes no model field there).
         keys.push(match (part, caller_keys.first()) {
@@ -1505,6 +1518,9 @@ impl Inner {
                 .iter()
                 .flat_map(|k| [k[0].as_str(), k[1].as_str()]),
         );
+        if !caller_keys.is_empty() {
+            keys.push(self.live.registry());
+        }
         if let Some(pool_keys) = pool_keys {
             keys.extend(pool_keys.pools.iter().flatten().map(String::as_str));
         }
@@ -1780,9 +1796,10 @@ impl Inner {
         self.config.model(model).pool_limits()
     }
 
-    /// A parallel slot's member in a caller's sorted set: this process's prefix and the id.
+    /// A parallel slot's member in a caller's sorted set: this store's id (as it says it is
+    /// alive, `live.rs`), '.', and the slot's number.
     fn slot_member(&self, id: u64) -> String {
-        format!("{:016x}-{id:x}", self.settlement_ids)
+        format!("{:016x}.{id:x}", self.settlement_ids)
     }
 
     /// The full decision from the counters the script saw before it acted.
