@@ -875,6 +875,56 @@ async fn a_team_deleted_on_one_gateway_takes_its_keys_on_the_other() {
     assert_eq!(r.status, 200, "{}", r.text());
 }
 
+/// A key moved to a team on one gateway while the team is deleted on the other, raced many
+/// times: the answer always says what became of the key. A 200 (moved, then the team went):
+/// the key went with its team; a 400 naming the team (refused): the key is there, as it was,
+/// in no team; a 409: it was deleted with the team. Before, a 400 could leave the key deleted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_moved_to_a_team_being_deleted_is_answered_as_it_ends() {
+    let Some(redis) = RedisServer::start("a_key_moved_to_a_team_being_deleted") else {
+        return;
+    };
+    let gw = pair(&single(&redis)).await;
+    let mut seen = std::collections::BTreeMap::new();
+    for round in 0..60 {
+        let team = gw.a.new_team(json!({})).await;
+        let key = gw.b.new_key(json!({})).await;
+        let (moved, deleted) = tokio::join!(
+            gw.b.post(
+                "/key/update",
+                Some(MASTER),
+                json!({"key": key, "team_id": team})
+            ),
+            gw.a.post("/team/delete", Some(MASTER), json!({"team_ids": [team]})),
+        );
+        assert_eq!(deleted.status, 200, "{}", deleted.text());
+        let info =
+            gw.b.get(&format!("/key/info?key={key}"), Some(MASTER))
+                .await;
+        match moved.status.as_u16() {
+            200 | 409 => assert_eq!(info.status, 404, "round {round}: {}", moved.text()),
+            400 => {
+                assert!(moved.text().contains("does not exist"), "{}", moved.text());
+                assert_eq!(
+                    info.status,
+                    200,
+                    "round {round}: refused, yet {}",
+                    info.text()
+                );
+                assert_eq!(
+                    info.json()["info"]["team_id"],
+                    Value::Null,
+                    "{}",
+                    info.text()
+                );
+            }
+            other => panic!("round {round}: {other} {}", moved.text()),
+        }
+        *seen.entry(moved.status.as_u16()).or_insert(0) += 1;
+    }
+    println!("answers to the move: {seen:?}");
+}
+
 /// Keys' limits and refusals through the official `openai` SDK with keys and counters on Redis
 /// ([`integration_tests::sdk`]; expiry is on the clock, which a gateway on Redis does not take:
 /// it is checked on the embedded store).

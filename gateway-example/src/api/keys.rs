@@ -597,7 +597,7 @@ pub fn store_error(e: KeyStoreError) -> ApiError {
                 None => e,
             }
         }
-        KeyStoreError::Exists(_) => {
+        KeyStoreError::Exists(_) | KeyStoreError::DeletedWithTeam(_) => {
             ApiError::new(StatusCode::CONFLICT, "invalid_request_error", e.to_string())
         }
         // Logged (throttled) where it happened.

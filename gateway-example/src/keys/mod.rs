@@ -209,6 +209,8 @@ impl TeamRecord {
 pub enum KeyStoreError {
     /// `team_id` names no team.
     UnknownTeam(String),
+    /// The key was moving to this team when the team was deleted: it went with the team.
+    DeletedWithTeam(String),
     /// A key or team with this id exists already.
     Exists(String),
     /// The embedded store could not be read or written (the text names the file: for logs).
@@ -239,6 +241,11 @@ impl std::fmt::Display for KeyStoreError {
             KeyStoreError::UnknownTeam(t) => {
                 write!(f, "team_id {t:?} does not exist; create it with /team/new")
             }
+            KeyStoreError::DeletedWithTeam(t) => write!(
+                f,
+                "team_id {t:?} was deleted while this key moved to it: the key was deleted with \
+                 the team"
+            ),
             KeyStoreError::Exists(what) => write!(f, "{what} already exists"),
             KeyStoreError::Io(e) => write!(f, "key store: {e}"),
             KeyStoreError::Full(e) => write!(f, "key store full: {e}"),

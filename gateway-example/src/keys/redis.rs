@@ -362,6 +362,8 @@ impl RedisKeys {
                 return Err(KeyStoreError::UnknownTeam(team.to_owned()));
             }
         }
+        // The record the change was made from (the last try's), to put back if it must be.
+        let before = std::sync::Mutex::new(None);
         let updated = self
             .update_record(
                 &self.keys_hash,
@@ -371,6 +373,7 @@ impl RedisKeys {
                     if !hashes_match(&current.token, token) {
                         return Ok(None);
                     }
+                    *before.lock().unwrap_or_else(|e| e.into_inner()) = Some(current.clone());
                     change(current).map(Some)
                 },
                 |k: &KeyRecord| k.key_alias.clone(),
@@ -379,15 +382,50 @@ impl RedisKeys {
         if updated.is_some() {
             self.cache.delete(&[token.to_owned()]);
         }
-        // As for a new key: a team deleted between the check and the write takes the key with
-        // it (its deletion's second scan saw the key, or this check sees the team gone).
-        if let (Some(team), Some(_)) = (moves_to, &updated) {
+        // A team deleted between the check and the write: the key goes back to what it was and
+        // the update is refused; unless the deletion's second scan saw the key in the team
+        // first and took it with the team, which the answer says.
+        if let (Some(team), Some(written)) = (moves_to, &updated) {
             if !self.team_exists(team).await? {
-                self.delete(&[token.to_owned()]).await?;
-                return Err(KeyStoreError::UnknownTeam(team.to_owned()));
+                let before = before.into_inner().unwrap_or_else(|e| e.into_inner());
+                return Err(self.undo_move(token, team, written, before).await?);
             }
         }
         Ok(updated.map(Arc::new))
+    }
+
+    /// Key `token`, moved to `team` (now deleted) as `written`, put back to `before` if nothing
+    /// changed it since; else deleted if it is still in `team`. The refusal to answer: the team
+    /// does not exist (the key as it was), or the key went with the team.
+    async fn undo_move(
+        &self,
+        token: &str,
+        team: &str,
+        written: &KeyRecord,
+        before: Option<KeyRecord>,
+    ) -> Result<KeyStoreError, KeyStoreError> {
+        let put_back = match before {
+            Some(before) => {
+                self.update_record(
+                    &self.keys_hash,
+                    token,
+                    |current: &KeyRecord| Ok((current == written).then(|| before.clone())),
+                    |k: &KeyRecord| k.key_alias.clone(),
+                )
+                .await?
+            }
+            None => None,
+        };
+        self.cache.delete(&[token.to_owned()]);
+        if put_back.is_some() {
+            return Ok(KeyStoreError::UnknownTeam(team.to_owned()));
+        }
+        self.delete_in_teams(&[token.to_owned()], &[team.to_owned()])
+            .await?;
+        Ok(match self.key(token).await? {
+            Some(_) => KeyStoreError::UnknownTeam(team.to_owned()),
+            None => KeyStoreError::DeletedWithTeam(team.to_owned()),
+        })
     }
 
     /// Replaces team `team_id`'s record by what `change` makes of it;
@@ -610,29 +648,63 @@ impl RedisKeys {
     /// it existed. They stop working here at once, on other gateways within
     /// [`super::KEY_CACHE_TTL`].
     pub async fn delete(&self, tokens: &[String]) -> Result<Vec<bool>, KeyStoreError> {
+        self.delete_where(tokens, &[]).await
+    }
+
+    /// Deletes the keys of `tokens` that are in one of `team_ids` when the script runs (a key
+    /// moved out meanwhile, or put back by [`Self::undo_move`], stays).
+    async fn delete_in_teams(
+        &self,
+        tokens: &[String],
+        team_ids: &[String],
+    ) -> Result<Vec<bool>, KeyStoreError> {
+        if team_ids.is_empty() {
+            return Ok(vec![false; tokens.len()]);
+        }
+        self.delete_where(tokens, team_ids).await
+    }
+
+    /// [`Self::delete`], of only the keys in one of `team_ids` (every key when empty).
+    async fn delete_where(
+        &self,
+        tokens: &[String],
+        team_ids: &[String],
+    ) -> Result<Vec<bool>, KeyStoreError> {
         if tokens.is_empty() {
             return Ok(Vec::new());
         }
+        // ARGV: the number of tokens, the tokens, then the teams.
         let delete = ::redis::Script::new(
-            "local out = {} \
-             for i, token in ipairs(ARGV) do \
+            "local n = tonumber(ARGV[1]) \
+             local teams = {} \
+             for i = n + 2, #ARGV do teams[ARGV[i]] = true end \
+             local any_team = #ARGV == n + 1 \
+             local out = {} \
+             for i = 1, n do \
+               local token = ARGV[i + 1] \
                local json = redis.call('HGET', KEYS[1], token) \
                out[i] = 0 \
                if json then \
                  local ok, record = pcall(cjson.decode, json) \
-                 if ok and type(record.key_alias) == 'string' then \
+                 local doomed = any_team \
+                   or (ok and type(record.team_id) == 'string' and teams[record.team_id]) \
+                 if doomed and ok and type(record.key_alias) == 'string' then \
                    local field = 'alias:' .. record.key_alias \
                    if redis.call('HGET', KEYS[1], field) == token then \
                      redis.call('HDEL', KEYS[1], field) end \
                  end \
-                 out[i] = redis.call('HDEL', KEYS[1], token) \
+                 if doomed then out[i] = redis.call('HDEL', KEYS[1], token) end \
                end \
              end \
              return out",
         );
         let mut invocation = delete.key(&self.keys_hash);
+        invocation.arg(tokens.len());
         for token in tokens {
             invocation.arg(token);
+        }
+        for team in team_ids {
+            invocation.arg(team);
         }
         let removed: Result<Vec<i64>, _> = self.invoke(&invocation).await;
         // Even when the answer was lost the delete may have happened: stop trusting the cache.
@@ -699,9 +771,11 @@ impl RedisKeys {
         // HSCAN may return a field twice.
         doomed.sort_unstable();
         doomed.dedup();
+        // Only those still in the teams: a key put back since (a move into one refused) stays.
         let mut deleted = 0;
         for chunk in doomed.chunks(500) {
-            deleted += self.delete(chunk).await?.into_iter().filter(|d| *d).count();
+            let gone = self.delete_in_teams(chunk, team_ids).await?;
+            deleted += gone.into_iter().filter(|d| *d).count();
         }
         Ok(deleted)
     }
