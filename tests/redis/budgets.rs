@@ -194,3 +194,32 @@ async fn a_duration_set_later_keeps_the_spend_until_its_first_period_ends() {
     // (These gateways run on the real clock: the embedded test,
     // `a_key_budget_refuses_once_spent_and_resets_with_its_period`, moves past the period.)
 }
+
+/// A client spending a one-answer budget, then asking again on the same gateway at once: its
+/// next request is the final 400 `budget_exceeded`, never a 429 for reservations "in flight"
+/// when the only one was its own answer, whose settlement had not reached Redis yet (the
+/// gateway sends its settlements and asks again). Thirty keys, one after another.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spent_budget_is_told_as_spent_to_the_next_request_at_once() {
+    let Some(redis) = RedisServer::start("a_spent_budget_is_told_as_spent") else {
+        return;
+    };
+    let (up, base) = Upstream::start().await;
+    up.open_gate();
+    let (gateways, _dirs) = fleet(&config(&redis, &base)).await;
+    let gw = &gateways[0];
+    let body = json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]});
+    for i in 0..30 {
+        let key = gw.new_key(json!({"max_budget": COST})).await;
+        let r = gw.chat_with(&key, body.clone()).await;
+        assert_eq!(r.status, 200, "{}", r.text());
+        let r = gw.chat_with(&key, body.clone()).await;
+        assert_eq!(
+            (r.status.as_u16(), refused_by(&r)),
+            (400, "key_budget"),
+            "key {i}: {}",
+            r.text()
+        );
+    }
+    no_failures(&gateways);
+}

@@ -91,8 +91,8 @@ use crate::config::{
 };
 use crate::decision::{
     admit_budgets, check_callers, decide, decide_with_callers, reservation, saturation, slot_ms,
-    BudgetCounter, CallerCounters, CallerPair, Decision, FixedWindow, Millis, Refused, Scope,
-    SlidingWindow, Usage, Window, NOT_COUNTED, RING,
+    BudgetCounter, CallerCounters, CallerPair, Decision, Dimension, FixedWindow, Millis, Refused,
+    Scope, SlidingWindow, Usage, Window, NOT_COUNTED, RING,
 };
 use crate::metrics::Observer;
 
@@ -300,9 +300,10 @@ pub struct RedisStats {
     /// request had gone (its client went away while Redis ran it), and that were cancelled at
     /// once, so nothing stays held for nobody.
     pub abandoned_admissions: AtomicU64,
-    /// Admissions refused for a key's or team's parallel slot while this gateway had
-    /// settlements not yet sent, asked again once they were: a client's next request right
-    /// after its last answer, which that answer's settlement frees.
+    /// Admissions refused for a key's or team's parallel slot, or budget reached with
+    /// reservations in it, while this gateway had settlements not yet sent, asked again once
+    /// they were: a client's next request right after its last answer, which that answer's
+    /// settlement frees (or, for a budget, charges).
     pub parallel_retries: AtomicU64,
     /// Admissions where the script's verdict and [`decide`] disagreed (a bug if ever non-zero).
     pub verdict_mismatches: AtomicU64,
@@ -2248,12 +2249,18 @@ async fn flush_queue(queue: &mpsc::Sender<Queued>) -> bool {
     queue.send(Queued::Flush(done)).await.is_ok() && flushed.await.is_ok()
 }
 
-/// Whether `decision` is a key's or team's refusal for want of a parallel slot.
-fn refused_for_a_slot(decision: &Result<Decision, StoreError>) -> bool {
+/// Whether `decision` is a key's or team's refusal by what requests in flight hold: a parallel
+/// slot, or a budget reached only with their reservations in it (which their settlements give
+/// back, or replace by what they cost).
+fn refused_for_what_is_held(decision: &Result<Decision, StoreError>) -> bool {
     matches!(
         decision,
         Ok(Decision::Refuse(Refused {
             scope: Scope::Caller(_, CallerLimit::Parallel),
+            ..
+        })) | Ok(Decision::Refuse(Refused {
+            scope: Scope::Caller(_, CallerLimit::Budget | CallerLimit::ModelBudget),
+            dimension: Dimension::SpendReserved,
             ..
         }))
     )
@@ -2312,11 +2319,12 @@ impl Store for RedisStore {
             // after it.
             let settling = inner.any_settling();
             let mut decision = inner.admit(request).await;
-            // A parallel slot this gateway's own settlements had freed but not yet recorded (a
-            // client's next request right after its last answer): they are sent first, then
-            // the admission asked again, once. Not for a fleet-ordered try, whose flow a second
+            // A parallel slot or a budget's reservation this gateway's own settlements had given
+            // back but not yet recorded (a client's next request right after its last answer):
+            // they are sent first, then the admission asked again, once (a budget then refuses
+            // for good if the answer's cost spent it). Not for a fleet-ordered try, whose flow a second
             // try would count twice.
-            if refused_for_a_slot(&decision)
+            if refused_for_what_is_held(&decision)
                 && flow.is_none()
                 && (settling || inner.any_settling())
                 && flush_queue(&queue).await
