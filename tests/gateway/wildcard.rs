@@ -312,6 +312,20 @@ async fn a_keys_models_allow_concrete_names_and_patterns() {
     let count = up.count();
     let r = gw.chat(&one, "openai/gpt-5", false).await;
     assert_eq!(r.status, 403, "{}", r.text());
+    // The refusal names what it may use, though no configured model is named so; so does an
+    // unknown name's.
+    assert!(
+        r.error_message().ends_with("It can access: openai/gpt-4o."),
+        "{}",
+        r.error_message()
+    );
+    let r = gw.chat(&one, "OPENAI/gpt-4o", false).await;
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert!(
+        r.error_message().ends_with("Available models: openai/gpt-4o"),
+        "{}",
+        r.error_message()
+    );
     // Refused before its windows are made: it takes none of the route's 2 names.
     for _ in 0..3 {
         assert_eq!(gw.chat(&none, "openai/x", false).await.status, 403);
@@ -324,7 +338,13 @@ async fn a_keys_models_allow_concrete_names_and_patterns() {
     let team = gw.new_team(json!({"models": ["openai/gpt-*"]})).await;
     let member = gw.new_key(json!({"team_id": team})).await;
     assert_eq!(gw.chat(&member, "openai/gpt-5", false).await.status, 200);
-    assert_eq!(gw.chat(&member, "openai/o1", false).await.status, 403);
+    let r = gw.chat(&member, "openai/o1", false).await;
+    assert_eq!(r.status, 403, "{}", r.text());
+    assert!(
+        r.error_message().ends_with("It can access: openai/gpt-*."),
+        "{}",
+        r.error_message()
+    );
 }
 
 /// Through fallbacks: a name served by a route whose upstream fails falls back to the route's

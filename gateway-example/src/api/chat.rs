@@ -150,12 +150,7 @@ where
     else {
         // Only the models this caller may use, and the name as sent cut short: a 1 MB name is
         // not echoed whole.
-        let config = gw.config();
-        let available: Vec<&str> = config
-            .model_names()
-            .into_iter()
-            .filter(|m| caller.allows(m))
-            .collect();
+        let available = names_allowed(&caller.into_access(), router, &gw.config());
         return Err(ApiError::bad_request(format!(
             "Invalid model name passed in model={}. Available models: {}",
             clip(&model, MAX_ECHOED_NAME),
@@ -175,8 +170,7 @@ where
     // The name asked for: through a wildcard route, a key allowed `openai/gpt-4o` (or
     // `openai/*`) may call `openai/gpt-4o`, and not `openai/gpt-5`.
     if !access.allows(&model) {
-        let config = gw.config();
-        let allowed = access.allowed(config.model_names());
+        let allowed = names_allowed(&access, router, &gw.config());
         // A key's list may name no configured model, or have nothing in common with its team's.
         let allowed = if allowed.is_empty() {
             "no model of this config (the key's models, and its team's, allow none of them)"
@@ -409,6 +403,30 @@ fn without_unwanted_usage(client_wants_usage: bool, response: Response) -> Respo
         return response;
     }
     response.map(|body| Body::new(StripUsage::new(body)))
+}
+
+/// The names `access` may use, for a refusal to list: the config's models it allows, then the
+/// names its lists give that a route serves (a concrete name through a wildcard route, which no
+/// configured model is called) and its patterns (`openai/gpt-*`) as written.
+fn names_allowed(
+    access: &crate::keys::ModelAccess,
+    router: &crate::routing::Router,
+    config: &crate::config::GatewayConfig,
+) -> Vec<String> {
+    let mut allowed: Vec<String> = access
+        .allowed(config.model_names())
+        .into_iter()
+        .map(str::to_owned)
+        .collect();
+    for name in access.listed() {
+        let served = name.contains('*')
+            || router.group(name).is_some()
+            || router.wildcard_group(name).is_some();
+        if served && access.allows(name) && !allowed.iter().any(|a| a == name) {
+            allowed.push(name.to_owned());
+        }
+    }
+    allowed
 }
 
 #[cfg(test)]
