@@ -548,8 +548,33 @@ async fn chosen_keys_and_expiry() {
             json!({"duration": "1h", "expires": "2999-01-01"}),
             "duration",
         ),
+        // A key expired as it is made, and empty names (not "none"), are mistakes.
+        (json!({"duration": "0s"}), "duration"),
+        (json!({"duration": "0mo"}), "duration"),
+        (json!({"key_alias": ""}), "key_alias"),
+        (json!({"team_id": ""}), "team_id"),
     ] {
         let r = gw.post("/key/generate", Some(MASTER), body.clone()).await;
+        assert_eq!(r.status, 400, "{body}: {}", r.text());
+        assert_eq!(r.json()["error"]["param"], param, "{body}");
+    }
+    // A fraction of a second in `expires` rounds up: the key lives at least until then.
+    let r = gw
+        .post(
+            "/key/generate",
+            Some(MASTER),
+            json!({"expires": "2999-01-01T00:00:00.5Z"}),
+        )
+        .await;
+    assert_eq!(r.json()["expires"], "2999-01-01T00:00:01Z", "{}", r.text());
+    // A team's id and alias the same way, and `all-team-models` means nothing on a team.
+    for (body, param) in [
+        (json!({"team_id": ""}), "team_id"),
+        (json!({"team_id": "t".repeat(1_025)}), "team_id"),
+        (json!({"team_alias": ""}), "team_alias"),
+        (json!({"models": ["all-team-models"]}), "models"),
+    ] {
+        let r = gw.post("/team/new", Some(MASTER), body.clone()).await;
         assert_eq!(r.status, 400, "{body}: {}", r.text());
         assert_eq!(r.json()["error"]["param"], param, "{body}");
     }

@@ -322,7 +322,8 @@ async fn a_keys_models_allow_concrete_names_and_patterns() {
     let r = gw.chat(&one, "OPENAI/gpt-4o", false).await;
     assert_eq!(r.status, 400, "{}", r.text());
     assert!(
-        r.error_message().ends_with("Available models: openai/gpt-4o"),
+        r.error_message()
+            .ends_with("Available models: openai/gpt-4o"),
         "{}",
         r.error_message()
     );

@@ -58,12 +58,19 @@ fn opt_string(body: &Map<String, Value>, field: &'static str) -> Result<Option<S
     }
 }
 
-/// The longest `key_alias` or `team_alias`, in bytes: a name, shown in every listing.
+/// The longest `key_alias`, `team_alias` or `team_id`, in bytes: a name, shown in every listing.
 const MAX_ALIAS_BYTES: usize = 1_024;
 
-/// A `key_alias` or `team_alias`: a string of at most [`MAX_ALIAS_BYTES`].
+/// A `key_alias`, `team_alias` or a `team_id` being set: a string of 1 to [`MAX_ALIAS_BYTES`]
+/// bytes (an empty one would be a name, not "none": it is refused).
 fn alias(body: &Map<String, Value>, field: &'static str) -> Result<Option<String>, ApiError> {
     let alias = opt_string(body, field)?;
+    if alias.as_ref().is_some_and(String::is_empty) {
+        return Err(ApiError::bad_request(format!(
+            "'{field}' is empty: give a name, or leave the field out."
+        ))
+        .param(field));
+    }
     if alias.as_ref().is_some_and(|a| a.len() > MAX_ALIAS_BYTES) {
         return Err(ApiError::bad_request(format!(
             "'{field}' must be at most {MAX_ALIAS_BYTES} bytes: it is a name, shown in every \
@@ -441,9 +448,16 @@ fn expires_at(body: &Map<String, Value>, now: u64) -> Result<Option<u64>, ApiErr
             "Give 'duration' or 'expires', not both: they say when the key expires.",
         )
         .param("duration")),
-        (Some(d), None) => expiry::after_duration(now, &d)
-            .map(Some)
-            .map_err(|e| ApiError::bad_request(e.to_string()).param("duration")),
+        (Some(d), None) => match expiry::after_duration(now, &d) {
+            // A key expired as it is made is a mistake, not a key.
+            Ok(end) if end <= now => Err(ApiError::bad_request(format!(
+                "'duration' {d:?} is zero: the key would be expired at once; leave it out for \
+                 a key that does not expire."
+            ))
+            .param("duration")),
+            Ok(end) => Ok(Some(end)),
+            Err(e) => Err(ApiError::bad_request(e.to_string()).param("duration")),
+        },
         (None, Some(e)) => expiry::parse_iso(&e)
             .map(Some)
             .map_err(|e| ApiError::bad_request(e.to_string()).param("expires")),
@@ -537,12 +551,23 @@ fn models(body: &Map<String, Value>, kind: CallerKind) -> Result<Vec<String>, Ap
         || ApiError::bad_request("'models' must be a list of model names.").param("models");
     match body.get("models") {
         None | Some(Value::Null) => Ok(Vec::new()),
-        Some(Value::Array(items)) => items
-            .iter()
-            .map(|m| m.as_str().map(str::to_owned))
-            .collect::<Option<Vec<_>>>()
-            .map(|models| every_model_as_empty(models, kind))
-            .ok_or_else(invalid),
+        Some(Value::Array(items)) => {
+            let models = items
+                .iter()
+                .map(|m| m.as_str().map(str::to_owned))
+                .collect::<Option<Vec<_>>>()
+                .ok_or_else(invalid)?;
+            // LiteLLM's name for "the team's models" means nothing on a team itself: taken as a
+            // model's name, it would allow none.
+            if kind == CallerKind::Team && models.iter().any(|m| m == "all-team-models") {
+                return Err(ApiError::bad_request(
+                    "'all-team-models' is for a key (its team's models); a team's 'models' \
+                     names models, or is [] (or [\"all-proxy-models\"]) for every model.",
+                )
+                .param("models"));
+            }
+            Ok(every_model_as_empty(models, kind))
+        }
         Some(_) => Err(invalid()),
     }
 }
@@ -770,7 +795,7 @@ pub async fn generate(
             key: chosen,
             key_alias: alias(&body, "key_alias")?,
             metadata: metadata(&body, &priorities, Write::Create)?,
-            team_id: opt_string(&body, "team_id")?,
+            team_id: alias(&body, "team_id")?,
             models,
             expires_at,
             blocked: opt_bool(&body, "blocked")?.unwrap_or(false),
@@ -853,7 +878,7 @@ pub async fn new_team(
     let team = gw
         .keys()
         .new_team(
-            opt_string(&body, "team_id")?,
+            alias(&body, "team_id")?,
             alias(&body, "team_alias")?,
             metadata(&body, &priorities, Write::Create)?,
             models(&body, CallerKind::Team)?,
@@ -1002,7 +1027,7 @@ pub async fn update(
     limits(&gw, &body, &Limits::default())?;
     // A key moves to another team as LiteLLM's update moves it; a null `team_id` changes
     // nothing, as a null `duration` (LiteLLM drops null fields from an update).
-    let moves_to = opt_string(&body, "team_id")?;
+    let moves_to = alias(&body, "team_id")?;
     let (gw2, body2, team) = (Arc::clone(&gw), body.clone(), moves_to.clone());
     change_key(
         &gw,

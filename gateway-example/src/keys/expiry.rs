@@ -168,7 +168,13 @@ pub fn parse_iso(text: &str) -> Result<u64, BadTime> {
     } else {
         (time, 0)
     };
-    let clock = clock.split('.').next().unwrap_or_default();
+    // A fraction of a second rounds up: the key lives at least until the moment named (as a
+    // `duration` does), kept in whole seconds.
+    let (clock, fraction) = clock.split_once('.').unwrap_or((clock, ""));
+    if !fraction.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(bad());
+    }
+    let part_second = u64::from(fraction.bytes().any(|b| b != b'0'));
     let mut hms = clock.split(':');
     let h = num(hms.next().ok_or_else(bad)?)?;
     let mi = num(hms.next().ok_or_else(bad)?)?;
@@ -176,7 +182,7 @@ pub fn parse_iso(text: &str) -> Result<u64, BadTime> {
     if h > 23 || mi > 59 || s > 60 || hms.next().is_some() {
         return Err(bad());
     }
-    let local = days * DAY + u64::from(h * 3_600 + mi * 60 + s);
+    let local = days * DAY + u64::from(h * 3_600 + mi * 60 + s) + part_second;
     u64::try_from(local as i64 - offset).map_err(|_| bad())
 }
 
@@ -276,7 +282,9 @@ mod tests {
         for (text, want) in [
             ("2026-12-01T21:00:00Z", NOW),
             ("2026-12-01 21:00:00", NOW),
-            ("2026-12-01T21:00:00.123456Z", NOW),
+            // A fraction rounds up: the key lives at least until then.
+            ("2026-12-01T20:59:59.123456Z", NOW),
+            ("2026-12-01T21:00:00.000Z", NOW),
             ("2026-12-01T22:00:00+01:00", NOW),
             ("2026-12-01T16:00:00-05:00", NOW),
             ("2026-12-01T21:00", NOW),
@@ -292,6 +300,7 @@ mod tests {
             "2026-02-30",
             "2023-02-29",
             "2026-12-01T25:00",
+            "2026-12-01T21:00:00.5x",
             "1969-12-31",
         ] {
             assert!(parse_iso(bad).is_err(), "{bad:?}");
