@@ -214,6 +214,60 @@ async fn with_reserve_the_queue_waits_for_reservations_in_flight() {
     assert_eq!(gw.tokens("m"), 20 * 30, "each charged what it used");
 }
 
+/// The same with reserved shares above the saturation threshold (`prod: 0.5`, so 1,500 tokens
+/// its own): prod's requests beyond its share are refused by the floors rule, whose
+/// `retry-after` (when the others' kept floors shrink enough) was worked out from the
+/// reservations in flight; when those settle for far less, prod's waiters are served at once,
+/// not at that `retry-after` (a black-box trial saw them wait 8.75 s of a 10 s wait with the
+/// model at 210 of 3,000 tokens, and the rest refused at the deadline). The manual clock never
+/// moves here: everything is served on settlements alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_reserve_and_shares_the_queue_serves_a_priority_when_its_reservations_settle() {
+    let (up, base) = integration_tests::upstream::Upstream::start().await;
+    let yaml = integration_tests::gateway::accounting_config(
+        &base,
+        "token_accounting: reserve, saturation_threshold: 0.5, \
+         queue: {max_wait_seconds: 10, max_queued: 100}",
+        "  priority_reservation: {\"prod\": 0.5, \"dev\": 0.25}\n  default_priority: 0.1\n",
+    );
+    let gw = std::sync::Arc::new(Gw::start(&yaml, None).await);
+    let key = gw.new_key(json!({"metadata": {"priority": "prod"}})).await;
+    let tasks: Vec<_> = (0..20)
+        .map(|_| {
+            let (gw, key) = (std::sync::Arc::clone(&gw), key.clone());
+            tokio::spawn(async move {
+                gw.chat_with(
+                    &key,
+                    json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]}),
+                )
+                .await
+            })
+        })
+        .collect();
+    // Some at the upstream (held), the rest waiting.
+    let limiter = gw.gateway.limiter();
+    let id = limiter.config().model_id("m").unwrap();
+    let since = std::time::Instant::now();
+    while up.count() + limiter.queue_len(id) < 20 || limiter.queue_len(id) == 0 {
+        assert!(
+            since.elapsed() < Duration::from_secs(60),
+            "{} waiting",
+            limiter.queue_len(id)
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let first = up.count();
+    up.open_gate();
+    for task in tasks {
+        let r = tokio::time::timeout(Duration::from_secs(60), task)
+            .await
+            .expect("served on settlements, the clock unmoved")
+            .unwrap();
+        assert_eq!(r.status, 200, "{}", r.text());
+    }
+    assert!(first < 20, "{first} at once: some waited");
+}
+
 /// No caller can fill the queue for others: one dev key fills a 20-place queue (`rpm: 2`, dev
 /// over its floor); a prod request (its floor unused) and another key's request still find
 /// room, each in the place of the dev key's newest waiter, which gets its 429 at once. At the

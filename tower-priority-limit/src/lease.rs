@@ -22,7 +22,22 @@ pub(crate) struct SettleTarget {
     pub(crate) prompt_bias: Option<PromptBias>,
     /// The model's waiting room (with the queue on): a settlement may free capacity for it.
     pub(crate) queue: Option<Arc<ModelQueue>>,
+    /// Whether the settler's store has recorded a settlement once `settle` returns
+    /// ([`Store::settles_in_place`](crate::store::Store::settles_in_place)).
+    pub(crate) settles_in_place: bool,
     pub(crate) observer: Option<Arc<dyn Observer>>,
+}
+
+impl SettleTarget {
+    /// A settlement was handed to the store: the queue's first waiter gets the turn. On a store
+    /// that has recorded it already, the counters a pool's floors rule refused by have moved:
+    /// those pools look again too (Redis says so once it has recorded it, `on_settled`).
+    fn counters_moved(&self, queue: &ModelQueue) {
+        match self.settles_in_place {
+            true => queue.counters_moved(),
+            false => queue.notify(),
+        }
+    }
 }
 
 impl fmt::Debug for SettleTarget {
@@ -188,7 +203,7 @@ impl Lease {
         }
         if let Some(queue) = &target.queue {
             self.end_reservation(queue);
-            queue.notify();
+            target.counters_moved(queue);
         }
     }
 
@@ -229,7 +244,7 @@ impl Lease {
         // A refund (a reservation replaced by less) or a later window may let a waiter in.
         if let Some(queue) = &target.queue {
             self.end_reservation(queue);
-            queue.notify();
+            target.counters_moved(queue);
         }
     }
 

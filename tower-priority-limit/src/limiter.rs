@@ -143,6 +143,7 @@ impl<St: Store> Limiter<St> {
                 estimate: Some(estimate),
                 prompt_bias: Some(prompt_bias),
                 queue: target.queue.clone(),
+                settles_in_place: target.settles_in_place,
                 observer: target.observer.clone(),
             });
         }
@@ -208,7 +209,7 @@ impl<St: Store> Limiter<St> {
                 queues.iter().map(Arc::downgrade).collect();
             store.on_settled(Box::new(move |model: ModelId| {
                 if let Some(queue) = weak.get(model.index()).and_then(std::sync::Weak::upgrade) {
-                    queue.fleet_moved();
+                    queue.counters_moved();
                 }
             }));
         }
@@ -220,6 +221,7 @@ impl<St: Store> Limiter<St> {
                         .then(|| OutputEstimate::new(settings.default_estimated_output_tokens)),
                     prompt_bias: reserve.then(PromptBias::new),
                     queue: queues.get(i).cloned(),
+                    settles_in_place: store.settles_in_place(),
                     observer: observer.clone(),
                 })
             })
@@ -491,6 +493,7 @@ impl<St: Store> Limiter<St> {
                 estimate: None,
                 prompt_bias: None,
                 queue: None,
+                settles_in_place: true,
                 observer: None,
             }),
         };

@@ -300,18 +300,23 @@ impl ModelQueue {
     }
 
     /// The last refusal for a `pool` waiter, its `retry_after_ms` counted from `now`: its pool's
-    /// own if it has one, else the model's last without another pool's figures.
+    /// own, or the model's last (without another pool's figures) when it is newer or the pool
+    /// has none.
     pub(crate) fn last_refusal(&self, pool: PoolRef, now: Millis) -> Option<Refused> {
         let slot = self.pool_slot(pool);
         let state = self.lock();
         let own = state.pools.get(slot).and_then(|p| p.last_refused);
-        let (mut refused, at) = match own {
-            Some(own) => own,
-            None => {
-                let (mut other, at) = state.last_refused?;
-                other.pool = None;
-                (other, at)
-            }
+        let model = state.last_refused.map(|(mut other, at)| {
+            other.pool = None;
+            (other, at)
+        });
+        // The pool's own, unless the model refused since (its floors rule's refusal, say, and
+        // then the model filled up while the turn went to other pools): the model's is the
+        // answer now.
+        let (mut refused, at) = match (own, model) {
+            (Some(own), Some(model)) if model.1 > own.1 => model,
+            (Some(own), _) => own,
+            (None, model) => model?,
         };
         refused.retry_after_ms = (at + refused.retry_after_ms).saturating_sub(now);
         Some(refused)
@@ -420,11 +425,12 @@ impl ModelQueue {
         self.notify();
     }
 
-    /// The store says capacity, or the fleet's order, changed elsewhere (another gateway's
-    /// admission or settlement): flows put behind look again, and so do pools passed over for
-    /// their floors rule's `retry-after` (it was worked out from counters that have moved since),
-    /// and the first gets the turn.
-    pub(crate) fn fleet_moved(&self) {
+    /// The counters moved (a settlement recorded: a reservation replaced by what the response
+    /// used, or taken back) or the fleet's order did (another gateway's admission or
+    /// settlement): flows put behind look again, and so do pools passed over for their floors
+    /// rule's `retry-after` (it was worked out from counters that have moved since), and the
+    /// first gets the turn.
+    pub(crate) fn counters_moved(&self) {
         if self.waiting() == 0 {
             return;
         }
@@ -816,7 +822,7 @@ mod tests {
         q.wake();
         q.unblock_due(1_000);
         assert_eq!(q.lock().turn, None, "passed over until 30 s");
-        q.fleet_moved();
+        q.counters_moved();
         assert_eq!(q.lock().turn, Some(a.id), "tries again");
     }
 
@@ -852,6 +858,50 @@ mod tests {
         // It used 10 prompt and 5 output tokens: 10 + 2 × 5 = 20, not the 1,000 estimated.
         q.correct(PoolRef::Default, 7, 1_000, 10, 5);
         assert_eq!(q.lock().pools[0].flows.counter(7), Some(20));
+    }
+
+    /// A pool refused by its floors rule (retry after a second), then the model filled up and
+    /// refused the others' waiters until its window ends: the pool's waiters, whose turn did not
+    /// come again, leave at their deadline with the model's refusal, not their stale one.
+    #[test]
+    fn a_newer_refusal_by_the_model_is_every_pools_answer() {
+        use crate::config::Reservation;
+        use crate::decision::{Dimension, Scope};
+        let config = LimiterConfig::builder()
+            .model(ModelLimits::new("m").rpm(60))
+            .reserve("prod", Reservation::Percent(0.5))
+            .reserve("dev", Reservation::Percent(0.25))
+            .build()
+            .unwrap();
+        let store: Arc<dyn PoolUsage> = Arc::new(MemoryStore::new(&config));
+        let q = ModelQueue::new(
+            ModelId(0),
+            config.models()[0].clone(),
+            10,
+            ServiceWeights::default(),
+            store,
+        );
+        let (prod, dev) = (PoolRef::Named(0), PoolRef::Named(1));
+        let refused = |scope, retry_after_ms, saturation| Refused {
+            scope,
+            dimension: Dimension::Requests,
+            limit: 60,
+            used: 54,
+            saturation,
+            retry_after_ms,
+            pool: None,
+        };
+        q.record_refusal(prod, refused(Scope::Priority, 1_000, 0.9), 0);
+        q.record_refusal(dev, refused(Scope::Model, 30_000, 1.0), 500);
+        let at_deadline = q.last_refusal(prod, 30_000).unwrap();
+        assert_eq!(
+            (at_deadline.scope, at_deadline.retry_after_ms),
+            (Scope::Model, 500)
+        );
+        assert_eq!(at_deadline.saturation, 1.0);
+        // The pool's own when it is the newer.
+        q.record_refusal(prod, refused(Scope::Priority, 2_000, 1.0), 600);
+        assert_eq!(q.last_refusal(prod, 1_000).unwrap().scope, Scope::Priority);
     }
 
     #[test]

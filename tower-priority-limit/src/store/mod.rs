@@ -208,6 +208,13 @@ pub trait Store: Send + Sync + 'static {
         let _ = hook;
     }
 
+    /// Whether a settlement counts in this store's counters by the time [`Settler::settle`]
+    /// returns (the embedded store: the lease then tells the queue the counters moved), rather
+    /// than later, when the store calls the [`on_settled`](Self::on_settled) hook (Redis).
+    fn settles_in_place(&self) -> bool {
+        true
+    }
+
     /// Whether settlements of `model` handed to this store are not recorded yet (Redis: queued
     /// or on their way), so a refusal now may be undone by a refund soon: the queue waits for
     /// them as for reservations in flight. A store that records them at once (the embedded one)

@@ -2280,6 +2280,10 @@ impl Store for RedisStore {
             .is_some_and(|n| n.load(Ordering::SeqCst) > 0)
     }
 
+    fn settles_in_place(&self) -> bool {
+        false
+    }
+
     fn on_settled(&self, hook: SettledHook) {
         *self
             .inner
