@@ -690,6 +690,33 @@ async fn a_hung_redis_costs_a_request_no_more_than_the_timeout() {
     .await;
 }
 
+/// The limiter's `redis_timeout_ms` bounds the key store's calls too: an operator who gives a
+/// slow Redis 300 ms gives it to key lookups (a trial on a busy host saw a burst's key lookup
+/// time out at the key store's own 50 ms, its `redis_timeout_ms` of 500 ignored: 24 × 503).
+#[tokio::test]
+async fn the_key_store_waits_as_long_as_redis_timeout_ms() {
+    let Some(redis) = RedisServer::start("the_key_store_waits_as_long_as_redis_timeout_ms") else {
+        return;
+    };
+    let yaml = single(&redis).replace(
+        "  priority_reservation: {\"prod\": 0.9, \"dev\": 0.1}\n",
+        "  priority_reservation: {\"prod\": 0.9, \"dev\": 0.1}\n  \
+         priority_reservation_settings: {redis_timeout_ms: 300}\n",
+    );
+    assert!(yaml.contains("redis_timeout_ms: 300"), "{yaml}");
+    let gw = pair(&yaml).await;
+    let key = gw.a.new_key(json!({})).await;
+    redis.pause();
+    let r = gw.b.chat(&key, M, false).await;
+    assert_store_unavailable(&r);
+    assert!(
+        r.error_message().contains("did not answer within 300 ms"),
+        "{}",
+        r.text()
+    );
+    redis.resume();
+}
+
 #[tokio::test]
 async fn keys_and_teams_work_across_gateways_on_a_redis_cluster() {
     let Some(cluster) = RedisCluster::start("keys_and_teams_work_on_a_redis_cluster", 3) else {

@@ -22,7 +22,8 @@
 //! - Positive lookups (the key's record and its team's priority) are cached locally for
 //!   [`KEY_CACHE_TTL`] (1 s), so a deleted key, or a changed team priority, reaches every other
 //!   gateway within a second. The gateway that deletes a key drops it from its own cache at once.
-//! - Every Redis call is bounded by [`DEFAULT_REDIS_TIMEOUT`] (50 ms).
+//! - Every Redis call is bounded by `redis_timeout_ms` (the limiter's), at least
+//!   [`DEFAULT_REDIS_TIMEOUT`] (50 ms).
 //! - Redis unreachable: the master key still works (it is in the config, not in Redis); a key
 //!   this gateway has looked up in the last [`KEY_CACHE_STALE_IF_ERROR`] still works; any other
 //!   key gets **503** `service_unavailable` ("key store unavailable: …"), never a 401 for a key
@@ -727,10 +728,14 @@ impl KeyStore {
             )));
         }
         match (&config.redis, data_dir) {
-            (Some(target), _) => Ok(Self::redis(RedisKeys::new(
-                target,
-                &config.redis_key_prefix,
-            )?)),
+            // The limiter's `redis_timeout_ms` bounds the key store's calls too, never below its
+            // own 50 ms: an operator who gives a slow Redis more time gives it to both.
+            (Some(target), _) => {
+                let timeout = config.limiter.settings().shared.timeout;
+                let keys = RedisKeys::new(target, &config.redis_key_prefix)?
+                    .with_timeout(timeout.max(DEFAULT_REDIS_TIMEOUT));
+                Ok(Self::redis(keys))
+            }
             (None, Some(dir)) => Self::open(dir),
             (None, None) => Ok(Self::in_memory()),
         }
