@@ -381,6 +381,14 @@ fn corpus() -> Vec<(&'static str, String, Expect)> {
             ),
         ),
         (
+            "a misspelt master key, or one in a misspelt block: the gateway would run open",
+            with("general_setting:\n  master_key: sk-1234\nlitellm_settings:\n  master_ky: sk-1234\n"),
+            Expect::Refuse(
+                &["general_setting", "litellm_settings.master_ky"],
+                "general_setting,master_ky",
+            ),
+        ),
+        (
             "settings that would be refused, turned off",
             with("general_settings:\n  master_key: sk-1234\n  enforce_rbac: false\n  enable_jwt_auth: false\n  custom_auth: null\n"),
             Expect::Start,

@@ -279,10 +279,32 @@ pub fn find(doc: &Value) -> Result<Vec<Unsupported>, ConfigError> {
     Ok(found)
 }
 
+/// Why a key that names or holds a master key the gateway does not read is refused.
+const MISPLACED_MASTER_KEY: &str = "it names or holds a master key this gateway does not read \
+                                    (it reads general_settings.master_key), and without one the \
+                                    gateway would run open to anyone: fix the name";
+
+/// Whether `key`, or a key anywhere in `value`, looks like a master key (`master_key`,
+/// `master_ky`, `masterKey`…): a misspelt one must not leave the gateway open.
+fn names_a_master_key(key: &str, value: &Value) -> bool {
+    fn named(key: &str) -> bool {
+        key.to_ascii_lowercase().contains("master")
+    }
+    fn holds(value: &Value) -> bool {
+        match value {
+            Value::Object(map) => map.iter().any(|(k, v)| named(k) || holds(v)),
+            Value::Array(items) => items.iter().any(holds),
+            _ => false,
+        }
+    }
+    named(key) || holds(value)
+}
+
 fn walk(node: &Node<'_>, level: Level, found: &mut Vec<Unsupported>) -> Result<(), ConfigError> {
     for (key, value) in node.entries()? {
         if !is_honoured(level, key) {
-            let refused = refused(level, key);
+            let refused = refused(level, key)
+                .or_else(|| names_a_master_key(key, value.value()).then_some(MISPLACED_MASTER_KEY));
             // `enforce_rbac: false`, `custom_auth: null`: a setting that would be refused asks
             // for nothing when it is off.
             if refused.is_some() && matches!(value.value(), Value::Bool(false) | Value::Null) {
