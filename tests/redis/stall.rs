@@ -330,3 +330,50 @@ fn settle_script_applies_an_id_once() {
         .unwrap();
     assert!(ttl > 2_000 && ttl <= 3_000, "kept window + 1 s: {ttl}");
 }
+
+/// While Redis stalls, a key's request refused for its parallel slot (by the local fallback,
+/// which holds the key's share of its slots) is answered within about the store's timeout: the
+/// settlements it would send first cannot be sent, and the refusal stands. A trial saw such
+/// requests take 1.4–1.85 s of a 4 s stall, waiting on settlements stuck behind the stall.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slot_refusal_during_a_stall_does_not_wait_for_the_stalled_settlements() {
+    use tower_priority_limit::caller::{Caller, CallerKind, CallerLimits, Callers};
+    use tower_priority_limit::{AdmissionOutcome, RequestAdmission};
+    let Some(redis) = RedisServer::start("a_slot_refusal_during_a_stall") else {
+        return;
+    };
+    let config = LimiterConfig::builder()
+        .model(ModelLimits::new("m").rpm(1_000).tpm(100_000_000))
+        .failure_mode(FailureMode::Local)
+        .store_timeout(Duration::from_millis(50))
+        .build()
+        .unwrap();
+    let limiter = limiter(config, &redis, "stallslot:").await;
+    let key = Caller::new(CallerKind::Key, "k", CallerLimits::new().max_parallel(1));
+    let request = || RequestAdmission {
+        model: limiter.config().model_id("m").unwrap(),
+        pool: limiter.resolve_pool(None),
+        flow: 0,
+        prompt_tokens: 7,
+        max_output_tokens: Some(0),
+        max_wait: None,
+        callers: Callers::new(Some(key.clone()), None),
+    };
+    let admitted = |outcome| match outcome {
+        AdmissionOutcome::Admitted { lease, .. } => lease,
+        other => panic!("admitted: {other:?}"),
+    };
+    redis.pause();
+    // On the fallback: one in flight, one settled (its settlement stuck behind the stall).
+    admitted(limiter.admit_request(request()).await.unwrap()).settle(7);
+    let _held = admitted(limiter.admit_request(request()).await.unwrap());
+    let start = Instant::now();
+    let outcome = limiter.admit_request(request()).await.unwrap();
+    let took = start.elapsed();
+    assert!(
+        matches!(outcome, AdmissionOutcome::Refused(_)),
+        "{outcome:?}"
+    );
+    assert!(took < Duration::from_millis(500), "{took:?}");
+    redis.resume();
+}

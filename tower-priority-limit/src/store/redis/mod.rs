@@ -2328,10 +2328,14 @@ impl Store for RedisStore {
             // they are sent first, then the admission asked again, once (a budget then refuses
             // for good if the answer's cost spent it). Not for a fleet-ordered try, whose flow a second
             // try would count twice.
+            // The flush is bounded by the store's timeout: while Redis stalls, the settlements
+            // cannot be sent, and the refusal stands rather than wait for them.
             if refused_for_what_is_held(&decision)
                 && flow.is_none()
                 && (settling || inner.any_settling())
-                && flush_queue(&queue).await
+                && tokio::time::timeout(inner.timeout, flush_queue(&queue))
+                    .await
+                    .unwrap_or(false)
             {
                 inner.stats.parallel_retries.fetch_add(1, Ordering::Relaxed);
                 let again = AdmitRequest {
