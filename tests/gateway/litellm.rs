@@ -390,7 +390,7 @@ fn corpus() -> Vec<(&'static str, String, Expect)> {
         ),
         (
             "settings that would be refused, turned off",
-            with("general_settings:\n  master_key: sk-1234\n  enforce_rbac: false\n  enable_jwt_auth: false\n  custom_auth: null\n"),
+            with("general_settings:\n  master_key: sk-1234\n  enforce_rbac: false\n  enable_jwt_auth: false\n  custom_auth: null\n  pass_through_endpoints: []\n  allowed_routes: {}\n"),
             Expect::Start,
         ),
         (
@@ -489,7 +489,7 @@ fn litellm_configs_start_warn_or_refuse_as_the_table_says() {
 /// warning then names; one it does not name is still refused; one naming nothing refused is named.
 #[test]
 fn ignore_unsupported_names_keys_or_paths() {
-    let yaml = "model_list:\n  - model_name: a\n    litellm_params: {model: openai/a, mock_response: hi, tags: [x]}\n  - model_name: b\n    litellm_params: {model: openai/b, mock_response: hi, tags: [y]}\nguardrails: []\n";
+    let yaml = "model_list:\n  - model_name: a\n    litellm_params: {model: openai/a, mock_response: hi, tags: [x]}\n  - model_name: b\n    litellm_params: {model: openai/b, mock_response: hi, tags: [y]}\nguardrails: [{guardrail_name: g}]\n";
     let load = |ignore: &[&str]| {
         let ignore: Vec<String> = ignore.iter().map(|s| s.to_string()).collect();
         GatewayConfig::from_yaml_str_ignoring(yaml, |_| None, &ignore)

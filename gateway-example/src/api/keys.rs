@@ -458,7 +458,7 @@ fn expires_at(body: &Map<String, Value>, now: u64) -> Result<Option<u64>, ApiErr
             Ok(end) => Ok(Some(end)),
             Err(e) => Err(ApiError::bad_request(e.to_string()).param("duration")),
         },
-        (None, Some(e)) => expiry::parse_iso(&e)
+        (None, Some(e)) => expiry::parse_iso_rounded_up(&e)
             .map(Some)
             .map_err(|e| ApiError::bad_request(e.to_string()).param("expires")),
     }

@@ -28,6 +28,12 @@ pub const ANTHROPIC_API_BASE: &str = "https://api.anthropic.com";
 /// product's): the gateway will not serve beyond loopback with one unless told to.
 pub const KNOWN_MASTER_KEYS: &[&str] = &["sk-1234"];
 
+/// The least `general_settings.max_request_size_mb`: a kilobyte.
+const MIN_REQUEST_MB: f64 = 1.0 / 1024.0;
+
+/// The most `general_settings.max_request_size_mb`: 4 GiB (a body is held whole to be read).
+const MAX_REQUEST_MB: f64 = 4096.0;
+
 /// Default bound on a request body (`general_settings.max_request_size_mb`).
 pub const DEFAULT_MAX_REQUEST_BYTES: usize = 10 * 1024 * 1024;
 /// Default `general_settings.header_read_timeout_seconds`: time a connection has to send a whole
@@ -627,18 +633,26 @@ impl GatewayConfig {
             }
             if let Some(key) = general.get("master_key")? {
                 let key = key.string()?;
-                if key.is_empty() {
+                if key.trim().is_empty() {
                     return Err(ConfigError::new(
                         "general_settings.master_key",
-                        "must not be empty",
+                        "must not be empty or blank",
                     ));
                 }
                 master_key = Some(key);
             }
             if let Some(mb) = general.get("max_request_size_mb")? {
                 let v = mb.number()?;
+                // A body is held whole to be read: from a kilobyte (less refuses every request)
+                // to 4 GiB.
                 if !(v.is_finite() && v > 0.0) {
                     return Err(mb.error(format!("expected megabytes > 0, got {v}")));
+                }
+                if !(MIN_REQUEST_MB..=MAX_REQUEST_MB).contains(&v) {
+                    return Err(mb.error(format!(
+                        "expected megabytes from {MIN_REQUEST_MB} (a kilobyte) to \
+                         {MAX_REQUEST_MB}, got {v}"
+                    )));
                 }
                 max_request_bytes = (v * 1024.0 * 1024.0) as usize;
             }

@@ -195,6 +195,14 @@ impl RouterSettings {
                                      them in one list"
                             )));
                         }
+                        // Itself as its own fallback would try it again under another name:
+                        // retries are `num_retries`.
+                        if targets.iter().any(|t| t == group) {
+                            return Err(list.error(format!(
+                                "{group:?} falls back to itself: a group's retries are \
+                                 num_retries, its fallbacks other groups"
+                            )));
+                        }
                         s.fallbacks.push((group.to_owned(), targets));
                     }
                 }

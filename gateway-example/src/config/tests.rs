@@ -167,6 +167,22 @@ fn errors_name_the_yaml_path() {
                 "general_settings.max_request_size_mb: expected megabytes > 0, got 0",
             ),
             (
+                "general_settings: {max_request_size_mb: 0.0000001}",
+                "general_settings.max_request_size_mb: expected megabytes from 0.0009765625 (a kilobyte) to 4096, got 0.0000001",
+            ),
+            (
+                "general_settings: {max_request_size_mb: 1e15}",
+                "general_settings.max_request_size_mb: expected megabytes from 0.0009765625 (a kilobyte) to 4096, got 1000000000000000",
+            ),
+            (
+                "general_settings: {master_key: \"   \"}",
+                "general_settings.master_key: must not be empty or blank",
+            ),
+            (
+                "router_settings: {fallbacks: [{m: [m]}]}",
+                "router_settings.fallbacks[0].m: \"m\" falls back to itself: a group's retries are num_retries, its fallbacks other groups",
+            ),
+            (
                 "litellm_settings: {priority_reservation: {dev: {type: rpx, value: 1}}}",
                 "litellm_settings.priority_reservation.dev.type: unknown type \"rpx\", expected percent|rpm|tpm",
             ),

@@ -305,9 +305,15 @@ fn walk(node: &Node<'_>, level: Level, found: &mut Vec<Unsupported>) -> Result<(
         if !is_honoured(level, key) {
             let refused = refused(level, key)
                 .or_else(|| names_a_master_key(key, value.value()).then_some(MISPLACED_MASTER_KEY));
-            // `enforce_rbac: false`, `custom_auth: null`: a setting that would be refused asks
-            // for nothing when it is off.
-            if refused.is_some() && matches!(value.value(), Value::Bool(false) | Value::Null) {
+            // `enforce_rbac: false`, `custom_auth: null`, `pass_through_endpoints: []`: a
+            // setting that would be refused asks for nothing when it is off or empty.
+            let off = match value.value() {
+                Value::Bool(false) | Value::Null => true,
+                Value::Array(items) => items.is_empty(),
+                Value::Object(map) => map.is_empty(),
+                _ => false,
+            };
+            if refused.is_some() && off {
                 continue;
             }
             found.push(Unsupported {

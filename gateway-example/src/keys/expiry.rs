@@ -128,6 +128,17 @@ fn civil(days: u64) -> (i64, u32, u32) {
 /// An ISO 8601 date and time as Unix seconds: `2026-12-01T10:00:00Z`, with a space for the `T`,
 /// fractional seconds, a `+hh:mm` offset, or no zone (read as UTC); a date alone is its midnight.
 pub fn parse_iso(text: &str) -> Result<u64, BadTime> {
+    parse(text, false)
+}
+
+/// [`parse_iso`] with a fraction of a second rounded up: when a key expires, so that it lives at
+/// least until the moment named (as a `duration` does).
+pub fn parse_iso_rounded_up(text: &str) -> Result<u64, BadTime> {
+    parse(text, true)
+}
+
+/// `text` as Unix seconds, a fraction of a second rounded up or dropped.
+fn parse(text: &str, round_up: bool) -> Result<u64, BadTime> {
     let bad = || {
         BadTime(format!(
             "'expires' {text:?} is not an ISO 8601 date and time (e.g. \"2026-12-31T23:59:59Z\")"
@@ -168,13 +179,11 @@ pub fn parse_iso(text: &str) -> Result<u64, BadTime> {
     } else {
         (time, 0)
     };
-    // A fraction of a second rounds up: the key lives at least until the moment named (as a
-    // `duration` does), kept in whole seconds.
     let (clock, fraction) = clock.split_once('.').unwrap_or((clock, ""));
     if !fraction.bytes().all(|b| b.is_ascii_digit()) {
         return Err(bad());
     }
-    let part_second = u64::from(fraction.bytes().any(|b| b != b'0'));
+    let part_second = u64::from(round_up && fraction.bytes().any(|b| b != b'0'));
     let mut hms = clock.split(':');
     let h = num(hms.next().ok_or_else(bad)?)?;
     let mi = num(hms.next().ok_or_else(bad)?)?;
@@ -282,8 +291,7 @@ mod tests {
         for (text, want) in [
             ("2026-12-01T21:00:00Z", NOW),
             ("2026-12-01 21:00:00", NOW),
-            // A fraction rounds up: the key lives at least until then.
-            ("2026-12-01T20:59:59.123456Z", NOW),
+            ("2026-12-01T21:00:00.123456Z", NOW),
             ("2026-12-01T21:00:00.000Z", NOW),
             ("2026-12-01T22:00:00+01:00", NOW),
             ("2026-12-01T16:00:00-05:00", NOW),
@@ -308,5 +316,8 @@ mod tests {
         for secs in [0, NOW, 4_102_444_800] {
             assert_eq!(parse_iso(&format_iso(secs)), Ok(secs));
         }
+        // A key's expiry rounds a fraction up: it lives at least until then.
+        assert_eq!(parse_iso_rounded_up("2026-12-01T20:59:59.123456Z"), Ok(NOW));
+        assert_eq!(parse_iso_rounded_up("2026-12-01T21:00:00.000Z"), Ok(NOW));
     }
 }
