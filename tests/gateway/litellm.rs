@@ -382,10 +382,10 @@ fn corpus() -> Vec<(&'static str, String, Expect)> {
         ),
         (
             "a misspelt master key, or one in a misspelt block: the gateway would run open",
-            with("general_setting:\n  master_key: sk-1234\nlitellm_settings:\n  master_ky: sk-1234\n"),
+            with("general_setting:\n  master_key: sk-1234\nlitellm_settings:\n  master_ky: sk-1234\n  mastr_key: sk-1234\ngeneral_settings:\n  admin_key: sk-1234\n"),
             Expect::Refuse(
-                &["general_setting", "litellm_settings.master_ky"],
-                "general_setting,master_ky",
+                &["general_setting", "litellm_settings.master_ky", "litellm_settings.mastr_key", "general_settings.admin_key"],
+                "general_setting,master_ky,mastr_key,admin_key",
             ),
         ),
         (

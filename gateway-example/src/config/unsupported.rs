@@ -285,10 +285,16 @@ const MISPLACED_MASTER_KEY: &str = "it names or holds a master key this gateway 
                                     gateway would run open to anyone: fix the name";
 
 /// Whether `key`, or a key anywhere in `value`, looks like a master key (`master_key`,
-/// `master_ky`, `masterKey`…): a misspelt one must not leave the gateway open.
-fn names_a_master_key(key: &str, value: &Value) -> bool {
+/// `master_ky`, `masterKey`, `mastr_key`…): a misspelt one must not leave the gateway open.
+/// In `general_settings` (`level`), any key about keys the gateway does not read (`admin_key`)
+/// counts too.
+fn names_a_master_key(level: Level, key: &str, value: &Value) -> bool {
     fn named(key: &str) -> bool {
-        key.to_ascii_lowercase().contains("master")
+        let key = key.to_ascii_lowercase();
+        key.contains("master") || edit_distance(&key, "master_key") <= 2
+    }
+    if matches!(level, Level::General) && key.to_ascii_lowercase().contains("key") {
+        return true;
     }
     fn holds(value: &Value) -> bool {
         match value {
@@ -300,11 +306,30 @@ fn names_a_master_key(key: &str, value: &Value) -> bool {
     named(key) || holds(value)
 }
 
+/// The Levenshtein distance between two short ASCII names.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b = b.as_bytes();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.bytes().enumerate() {
+        let mut diagonal = row[0];
+        row[0] = i + 1;
+        for (j, &cb) in b.iter().enumerate() {
+            let above = row[j + 1];
+            row[j + 1] = (above + 1)
+                .min(row[j] + 1)
+                .min(diagonal + usize::from(ca != cb));
+            diagonal = above;
+        }
+    }
+    row[b.len()]
+}
+
 fn walk(node: &Node<'_>, level: Level, found: &mut Vec<Unsupported>) -> Result<(), ConfigError> {
     for (key, value) in node.entries()? {
         if !is_honoured(level, key) {
-            let refused = refused(level, key)
-                .or_else(|| names_a_master_key(key, value.value()).then_some(MISPLACED_MASTER_KEY));
+            let refused = refused(level, key).or_else(|| {
+                names_a_master_key(level, key, value.value()).then_some(MISPLACED_MASTER_KEY)
+            });
             // `enforce_rbac: false`, `custom_auth: null`, `pass_through_endpoints: []`: a
             // setting that would be refused asks for nothing when it is off or empty.
             let off = match value.value() {
