@@ -584,7 +584,8 @@ async fn an_upstream_429_reaches_the_client_with_its_retry_after() {
 
 /// An upstream 429 says how long in `retry-after-ms` (OpenAI's and Azure's finer header, read
 /// first) or in `retry-after` as an HTTP date: either parks the deployment that long and reaches
-/// the client as whole seconds.
+/// the client as whole seconds; a `retry-after` longer than the longest park reaches the client
+/// as that park (a trial saw `retry-after: 100000` told as a day, the deployment back in 60 s).
 #[tokio::test]
 async fn an_upstream_429_in_milliseconds_or_as_a_date_parks_and_reaches_the_client() {
     use axum::routing::post;
@@ -592,6 +593,9 @@ async fn an_upstream_429_in_milliseconds_or_as_a_date_parks_and_reaches_the_clie
     for (header, value, secs) in [
         ("retry-after-ms", "2500".to_string(), 3..=3),
         ("retry-after", in_30s, 29..=31),
+        // A day and more: parked 60 s at most (the default cooldown), and the client is told
+        // when the gateway tries again, not to wait a day.
+        ("retry-after", "100000".to_string(), 60..=60),
     ] {
         let app = axum::Router::new().route(
             "/v1/chat/completions",

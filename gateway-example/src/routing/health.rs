@@ -23,8 +23,9 @@ impl Router {
     }
 
     /// The longest any one signal may keep a deployment out: an upstream's `retry-after` of a
-    /// year would otherwise park it for a year.
-    fn max_park(&self) -> Duration {
+    /// year would otherwise park it for a year. (So the longest `retry-after` passed on: the
+    /// gateway tries the deployment again by then.)
+    pub(crate) fn max_park(&self) -> Duration {
         self.settings.cooldown.max(MAX_PARK)
     }
 

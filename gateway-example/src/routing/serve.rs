@@ -316,7 +316,9 @@ pub async fn serve(
                             failure.retry_after,
                             &mut rng,
                         );
-                        last_retry_after = failure.retry_after;
+                        // Passed on as the upstream said it, but never beyond the time the
+                        // gateway parks the deployment for: it tries it again by then.
+                        last_retry_after = failure.retry_after.map(|r| r.min(router.max_park()));
                         last_error = Some(failure.error);
                     }
                 }
