@@ -108,6 +108,7 @@ async fn the_router_waits_for_capacity_and_answers_the_429_at_the_deadline() {
 
 /// Waiters that hang up leave the queue, and the queue-depth gauge and the dashboard's state count
 /// exactly who waits: 40 clients wait and go away, then 3 wait; the gauge says 40, then 0, then 3.
+/// The 40 are counted `abandoned`.
 #[tokio::test]
 async fn the_queue_depth_counts_exactly_who_waits_after_clients_hang_up() {
     let gw = Gw::start(&queue_config(1, "", 100), None).await;
@@ -164,6 +165,13 @@ async fn the_queue_depth_counts_exactly_who_waits_after_clients_hang_up() {
         ui["models"][0]["priorities"][0]["queue_depth"], 0,
         "the dashboard too: {ui}"
     );
+    // Each of the 40 is counted once, as `abandoned` (before, under no outcome at all).
+    let text = gw.get("/metrics", None).await.text().to_owned();
+    let abandoned = format!(
+        r#"priority_limit_requests_total{{model="{M}",priority="default",outcome="abandoned"}} 40"#
+    );
+    assert!(text.lines().any(|l| l == abandoned), "{text}");
+    assert_eq!(ui["models"][0]["priorities"][0]["abandoned"], 40, "{ui}");
     let (a, b, c, ()) = tokio::join!(
         gw.chat(&key, M, false),
         gw.chat(&key, M, false),

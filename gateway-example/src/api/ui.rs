@@ -56,6 +56,7 @@ pub async fn state(State(gw): State<Arc<Gateway>>) -> Json<Value> {
                         "refused": count(OutcomeLabel::Refused),
                         "shadow_refused": count(OutcomeLabel::ShadowRefused),
                         "queue_timeout": count(OutcomeLabel::QueueTimeout),
+                        "abandoned": count(OutcomeLabel::Abandoned),
                         "store_failure": count(OutcomeLabel::StoreFailure),
                         "queue_depth": s.queue_depth,
                     }))

@@ -38,6 +38,24 @@ pub(crate) struct WaitRequest {
     pub(crate) callers: Option<Arc<Callers>>,
 }
 
+/// A waiter's leaving unanswered: its client went away (the future was dropped), counted once
+/// as `abandoned` (else the request would be counted under no outcome).
+struct Abandoned<'a, St: Store> {
+    limiter: &'a Limiter<St>,
+    model: ModelId,
+    pool: PoolRef,
+    answered: bool,
+}
+
+impl<St: Store> Drop for Abandoned<'_, St> {
+    fn drop(&mut self) {
+        if !self.answered {
+            self.limiter
+                .observe(self.model, self.pool, Outcome::Abandoned);
+        }
+    }
+}
+
 /// The outcome of [`Limiter::admit_waiting`].
 #[derive(Debug)]
 pub(crate) struct Waited {
@@ -260,6 +278,13 @@ impl<St: Store> Limiter<St> {
         };
         self.report_queue_depth(model, pool);
         queue.notify();
+        // Counted `abandoned` if this future is dropped (its client went away) before an answer.
+        let mut left = Abandoned {
+            limiter: self,
+            model,
+            pool,
+            answered: false,
+        };
         let mut retry_at: Option<Millis> = None;
         loop {
             let wake_at = retry_at.map_or(deadline, |r| r.min(deadline));
@@ -286,6 +311,7 @@ impl<St: Store> Limiter<St> {
                     // Nothing refused yet (it never tried, nor did anyone): ask the store.
                     None => admit().await,
                 };
+                left.answered = true;
                 return self.answer_waited(model, pool, decision, waited(&self.clock), None, true);
             }
             if turn.is_none() {
@@ -322,6 +348,7 @@ impl<St: Store> Limiter<St> {
                 }))
                 | Err(_) => {
                     drop(ticket);
+                    left.answered = true;
                     return self.answer_waited(
                         model,
                         pool,
@@ -338,6 +365,7 @@ impl<St: Store> Limiter<St> {
                         && !self.room_may_appear(model, &refused, deadline.saturating_sub(now))
                     {
                         drop(ticket);
+                        left.answered = true;
                         return self.answer_waited(
                             model,
                             pool,
@@ -355,6 +383,7 @@ impl<St: Store> Limiter<St> {
                 }
                 Ok(Decision::Admit(_)) => {
                     ticket.served(service);
+                    left.answered = true;
                     return self.answer_waited(
                         model,
                         pool,

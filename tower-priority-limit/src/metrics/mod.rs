@@ -38,6 +38,8 @@ pub enum Outcome<'a> {
     StoreFailure,
     /// The request waited in a queue for longer than it may.
     QueueTimeout,
+    /// The request's client went away while it waited in a queue (it left, charged nothing).
+    Abandoned,
 }
 
 /// The label of an outcome, as in `priority_limit_requests_total{outcome}`.
@@ -51,27 +53,32 @@ pub enum OutcomeLabel {
     ShadowRefused,
     /// Gave up waiting in the queue.
     QueueTimeout,
+    /// Its client went away while it waited in the queue.
+    Abandoned,
     /// The store could not answer.
     StoreFailure,
 }
 
 impl OutcomeLabel {
     /// Every outcome, in label order.
-    pub const ALL: [OutcomeLabel; 5] = [
+    pub const ALL: [OutcomeLabel; 6] = [
         OutcomeLabel::Admitted,
         OutcomeLabel::Refused,
         OutcomeLabel::ShadowRefused,
         OutcomeLabel::QueueTimeout,
+        OutcomeLabel::Abandoned,
         OutcomeLabel::StoreFailure,
     ];
 
-    /// `admitted`, `refused`, `shadow_refused`, `queue_timeout` or `store_failure`.
+    /// `admitted`, `refused`, `shadow_refused`, `queue_timeout`, `abandoned` or
+    /// `store_failure`.
     pub fn as_str(self) -> &'static str {
         match self {
             OutcomeLabel::Admitted => "admitted",
             OutcomeLabel::Refused => "refused",
             OutcomeLabel::ShadowRefused => "shadow_refused",
             OutcomeLabel::QueueTimeout => "queue_timeout",
+            OutcomeLabel::Abandoned => "abandoned",
             OutcomeLabel::StoreFailure => "store_failure",
         }
     }
@@ -88,6 +95,7 @@ impl Outcome<'_> {
             Outcome::Decided(Decision::Refuse(_)) => OutcomeLabel::Refused,
             Outcome::StoreFailure => OutcomeLabel::StoreFailure,
             Outcome::QueueTimeout => OutcomeLabel::QueueTimeout,
+            Outcome::Abandoned => OutcomeLabel::Abandoned,
         }
     }
 

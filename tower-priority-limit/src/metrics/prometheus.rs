@@ -218,7 +218,7 @@ pub struct PoolSnapshot {
     /// Requests admitted since start, by outcome ([`OutcomeLabel::ALL`] order), each once: one
     /// its model admitted and a deployment's own limit would have refused is `shadow_refused`;
     /// one whose admission was taken back ([`Observer::taken_back`]) is `refused`.
-    pub requests: [u64; 5],
+    pub requests: [u64; OutcomeLabel::ALL.len()],
     /// Requests waiting in the queue now.
     pub queue_depth: u64,
     /// The pool's usage now (or as the last admission saw it).
@@ -237,7 +237,7 @@ impl PrometheusMetrics {
             return None;
         }
         let series = self.read(model, pool);
-        let mut requests = [0; 5];
+        let mut requests = [0; OutcomeLabel::ALL.len()];
         let mut moved = 0;
         if let Some(s) = series {
             for (count, atomic) in requests.iter_mut().zip(&s.requests) {
