@@ -125,6 +125,13 @@ async fn run(args: Args) -> Result<(), String> {
             "no general_settings.master_key and no LITELLM_MASTER_KEY: the gateway is open to anyone who can reach it"
         );
     }
+    // Models are only ever the config's (none are kept in a database): without one, every
+    // model request is a 400.
+    if config.deployments.is_empty() {
+        tracing::warn!(
+            "model_list is empty (or missing): every model request will be refused as an unknown model"
+        );
+    }
     // Bound (and checked) before the gateway is built, so a refusal touches no data.
     let addr = format!("{}:{}", args.host, args.port);
     // Before anything opens files: clients, not a default of 1024, should meet max_connections.

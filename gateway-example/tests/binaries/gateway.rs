@@ -531,6 +531,26 @@ fn unsupported_config_keys_are_refused_or_named_at_start() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// A config without a model starts (keys can be made on it), and says at start that every model
+/// request will be refused (models are only ever the config's).
+#[test]
+fn a_config_without_models_is_warned_about_at_start() {
+    let dir = config_dir(
+        "no-models",
+        "model_list: []\ngeneral_settings: {master_key: sk-a-secret-of-my-own}\n",
+    );
+    let port = free_port().to_string();
+    let Launched {
+        child, before: log, ..
+    } = launch(&dir, &["--port", &port]).expect("starts");
+    stop(child);
+    assert!(
+        log.iter().any(|l| l.contains("model_list is empty")),
+        "{log:?}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// A deployment whose `api_base` carries a password (and a `key=` parameter) fails to connect:
 /// the failure is logged at `warn` with the URL, its secrets replaced by `***`; neither the log
 /// nor the client's error holds them.
