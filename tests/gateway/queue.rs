@@ -240,18 +240,7 @@ async fn with_reserve_and_shares_the_queue_serves_a_priority_when_its_reservatio
     );
     let gw = std::sync::Arc::new(Gw::start(&yaml, None).await);
     let key = gw.new_key(json!({"metadata": {"priority": "prod"}})).await;
-    let tasks: Vec<_> = (0..20)
-        .map(|_| {
-            let (gw, key) = (std::sync::Arc::clone(&gw), key.clone());
-            tokio::spawn(async move {
-                gw.chat_with(
-                    &key,
-                    json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]}),
-                )
-                .await
-            })
-        })
-        .collect();
+    let tasks = integration_tests::gateway::chats_at_once(&gw, 20, &key);
     // Some at the upstream (held), the rest waiting.
     let limiter = gw.gateway.limiter();
     let id = limiter.config().model_id("m").unwrap();

@@ -1223,7 +1223,17 @@ async fn split_cluster(
     Some((cluster, limiter, masters))
 }
 
-/// A request for `m` of 7 prompt tokens by key `k` with `limits`.
+/// Model `m` with room to spare (1,000 rpm, a million tpm), `reserve` accounting, and a store
+/// timeout of `timeout_ms`: the rig of the tests of a key's slots and budgets.
+fn keyed_config(timeout_ms: u64) -> LimiterConfig {
+    LimiterConfig::builder()
+        .model(ModelLimits::new("m").rpm(1_000).tpm(1_000_000))
+        .token_accounting(tower_priority_limit::config::TokenAccounting::Reserve)
+        .store_timeout(Duration::from_millis(timeout_ms))
+        .build()
+        .unwrap()
+}
+
 /// A request of key `k` with `limits` (a budget among them) on `m`, priced at $1,000 a million
 /// tokens in and out, its prompt estimated at 7 tokens: it reserves 7,000 nano-dollars.
 fn priced_key(
@@ -1245,6 +1255,7 @@ fn priced_key(
     r
 }
 
+/// A request for `m` of 7 prompt tokens by key `k` with `limits`.
 fn keyed(
     limiter: &Limiter<RedisStore>,
     limits: tower_priority_limit::caller::CallerLimits,
@@ -1271,12 +1282,7 @@ async fn an_admission_abandoned_mid_call_gives_back_its_slot_and_budget_reservat
     let Some(redis) = RedisServer::start("an_admission_abandoned_mid_call") else {
         return;
     };
-    let config = LimiterConfig::builder()
-        .model(ModelLimits::new("m").rpm(1_000).tpm(1_000_000))
-        .token_accounting(tower_priority_limit::config::TokenAccounting::Reserve)
-        .store_timeout(Duration::from_millis(3_000))
-        .build()
-        .unwrap();
+    let config = keyed_config(3_000);
     let limiter = redis_limiter(config, single(&redis), "gone:").await;
     let limits = CallerLimits::new()
         .max_parallel(1)
@@ -1374,12 +1380,7 @@ async fn a_dead_gateways_budget_reservations_lapse_with_its_slots() {
     let Some(redis) = RedisServer::start("a_dead_gateways_budget_reservations_lapse") else {
         return;
     };
-    let config = LimiterConfig::builder()
-        .model(ModelLimits::new("m").rpm(1_000).tpm(1_000_000))
-        .token_accounting(tower_priority_limit::config::TokenAccounting::Reserve)
-        .store_timeout(Duration::from_millis(2_000))
-        .build()
-        .unwrap();
+    let config = keyed_config(2_000);
     let limiter = redis_limiter(config, single(&redis), "lapse:").await;
     // A budget that never resets, no parallel limit: $1 per token, 7 + 0 tokens reserved.
     let limits = CallerLimits::new().budget(Budget::new(NanoUsd::from_dollars(1.0).unwrap()));
@@ -1455,12 +1456,7 @@ async fn dead_gateway_frees(
     use tower_priority_limit::caller::CallerKind;
     use tower_priority_limit::decision::Scope;
     use tower_priority_limit::AdmissionOutcome;
-    let config = LimiterConfig::builder()
-        .model(ModelLimits::new("m").rpm(1_000).tpm(1_000_000))
-        .token_accounting(tower_priority_limit::config::TokenAccounting::Reserve)
-        .store_timeout(Duration::from_millis(2_000))
-        .build()
-        .unwrap();
+    let config = keyed_config(2_000);
     let field = |name: &str| {
         let v = redis.cli(&["hget", &format!("{prefix}{{c:key:k}}"), name]);
         v.trim().parse::<u64>().unwrap_or(0)

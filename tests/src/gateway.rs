@@ -431,19 +431,7 @@ pub async fn chats_while_reserved(
     key: &str,
 ) -> Vec<Reply> {
     let before = up.count();
-    let tasks: Vec<_> = (0..n)
-        .map(|_| {
-            let gw = Arc::clone(gw);
-            let key = key.to_owned();
-            tokio::spawn(async move {
-                gw.chat_with(
-                    &key,
-                    json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]}),
-                )
-                .await
-            })
-        })
-        .collect();
+    let tasks = chats_at_once(gw, n, key);
     let limiter = gw.gateway.limiter();
     let id = limiter.config().model_id("m").expect("group m is limited");
     let since = std::time::Instant::now();
@@ -462,6 +450,23 @@ pub async fn chats_while_reserved(
         replies.push(task.await.expect("the request task"));
     }
     replies
+}
+
+/// Sends `n` chats (no `max_tokens`) as `key` at once to group `m`, each on a task of its own.
+pub fn chats_at_once(gw: &Arc<Gw>, n: usize, key: &str) -> Vec<tokio::task::JoinHandle<Reply>> {
+    (0..n)
+        .map(|_| {
+            let gw = Arc::clone(gw);
+            let key = key.to_owned();
+            tokio::spawn(async move {
+                gw.chat_with(
+                    &key,
+                    json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]}),
+                )
+                .await
+            })
+        })
+        .collect()
 }
 
 /// How many requests waited in a queue (`priority_limit_queue_wait_seconds_count`) on `gw`.
