@@ -1310,7 +1310,9 @@ async fn spend_settled_before_a_restore_outlives_the_next_flushall() {
     // At once, before the gateway's next epoch check (every second) restores the spend.
     assert_eq!(served_at_once(&gw, &key, 3).await, 3);
     let total = before + 3.0 * cost;
-    within(Duration::from_secs(5), "the spend restored", || async {
+    // Checked every second; a margin for a machine running the whole suite at once (two
+    // fresh-clone runs beside black-box trials took longer than 5 s).
+    within(Duration::from_secs(15), "the spend restored", || async {
         same_dollars(key_spend(&gw[0], &key).await, total)
     })
     .await;
@@ -1323,7 +1325,7 @@ async fn spend_settled_before_a_restore_outlives_the_next_flushall() {
 
     // Nothing settled since: a second emptying gives it all back.
     assert_eq!(redis.cli(&["FLUSHALL"]).trim(), "OK");
-    within(Duration::from_secs(5), "restored again, whole", || async {
+    within(Duration::from_secs(15), "restored again, whole", || async {
         same_dollars(key_spend(&gw[0], &key).await, total)
     })
     .await;
