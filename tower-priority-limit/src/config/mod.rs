@@ -252,20 +252,30 @@ impl ModelLimits {
 /// the error names the key). Merge keys (`<<: *defaults`) are applied as PyYAML, which LiteLLM
 /// reads its config with, applies them: a mapping's own keys first, then each merged one's.
 pub fn yaml_document(yaml: &str) -> Result<Value, ConfigError> {
-    let invalid = |e: serde_yaml_ng::Error| ConfigError::new("", format!("invalid YAML: {e}"));
     // serde_yaml_ng's own tree refuses a repeated key; the JSON tree would keep the last.
-    let mut tree = match serde_yaml_ng::from_str::<serde_yaml_ng::Value>(yaml) {
-        Ok(tree) => tree,
-        Err(e) => {
-            let hint = match e.to_string().contains("duplicate entry") {
-                true => " (a mapping gives each key once: merge the two into one)",
-                false => "",
-            };
-            return Err(ConfigError::new("", format!("invalid YAML: {e}{hint}")));
-        }
+    let mut tree = serde_yaml_ng::from_str::<serde_yaml_ng::Value>(yaml).map_err(yaml_error)?;
+    tree.apply_merge().map_err(yaml_error)?;
+    serde_yaml_ng::from_value(tree).map_err(yaml_error)
+}
+
+/// Why a config's text is no document, with what to do where the parser's words do not say it.
+fn yaml_error(e: serde_yaml_ng::Error) -> ConfigError {
+    let text = e.to_string();
+    // An integer past 64 bits is valid YAML that no setting can hold: said so, not "invalid".
+    if text.contains("u128") || text.contains("i128") {
+        return ConfigError::new(
+            "",
+            format!(
+                "a number too large: integers here are at most {} ({text})",
+                u64::MAX
+            ),
+        );
+    }
+    let hint = match text.contains("duplicate entry") {
+        true => " (a mapping gives each key once: merge the two into one)",
+        false => "",
     };
-    tree.apply_merge().map_err(invalid)?;
-    serde_yaml_ng::from_value(tree).map_err(invalid)
+    ConfigError::new("", format!("invalid YAML: {text}{hint}"))
 }
 
 /// Position of `pool` in a model's pool list of length `len` (the default pool is last).
@@ -833,6 +843,13 @@ litellm_settings:
     fn yaml_syntax_errors_are_reported() {
         let e = load("model_list: [").unwrap_err();
         assert!(e.to_string().starts_with("invalid YAML"), "{e}");
+        // Valid YAML, a number no setting can hold: said so.
+        let e = yaml_document("rpm: 1000000000000000000000000000000").unwrap_err();
+        assert!(
+            e.to_string()
+                .starts_with("a number too large: integers here are at most 18446744073709551615"),
+            "{e}"
+        );
     }
 
     #[test]
