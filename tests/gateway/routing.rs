@@ -702,6 +702,7 @@ async fn a_request_no_deployment_takes_is_refunded() {
             "{}",
             r.text()
         );
+        assert_eq!(r.headers["x-priority-limit-refused-by"], "deployments");
     }
     assert_eq!(limited.stats().received, 1, "parked: not called again");
     limited.set_rpm(None);

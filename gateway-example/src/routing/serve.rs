@@ -9,7 +9,7 @@ use http::{HeaderName, HeaderValue, StatusCode};
 use tower_priority_limit::caller::Prices;
 use tower_priority_limit::config::PoolRef;
 use tower_priority_limit::decision::{Admitted, Refused};
-use tower_priority_limit::headers::{insert_queued_header, X_SHADOW_REFUSED_BY};
+use tower_priority_limit::headers::{insert_queued_header, X_REFUSED_BY, X_SHADOW_REFUSED_BY};
 use tower_priority_limit::metrics::{OutcomeLabel, RefusedBy};
 use tower_priority_limit::store::Store;
 use tower_priority_limit::{Lease, Limiter};
@@ -469,9 +469,10 @@ fn unavailable_response(group: &str, u: Unavailable) -> Response {
         format!("No deployments available for model={group}: {why}. Try again in {secs} seconds."),
     )
     .into_response();
-    response
-        .headers_mut()
-        .insert(http::header::RETRY_AFTER, HeaderValue::from(secs));
+    let headers = response.headers_mut();
+    headers.insert(http::header::RETRY_AFTER, HeaderValue::from(secs));
+    // As every refusal names what refused it: here no deployment of the group could take it.
+    headers.insert(X_REFUSED_BY, HeaderValue::from_static("deployments"));
     response
 }
 
