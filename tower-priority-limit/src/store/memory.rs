@@ -458,11 +458,11 @@ impl Slot {
                 }
             };
             one(&mut counters.model, s.model_window);
-            // Tokens recorded into a pool whose window is over open the model's current one.
-            let lead = counters.model.mark(now, window);
-            if let Some(pool) = counters.pool_mut(s.pool) {
+            if let Some(i) = counters.pool_index(s.pool) {
+                let pool = &mut counters.pools[i];
+                // Tokens recorded into a pool whose window is over open the model's current one.
                 if !s.cancel {
-                    pool.open_following(lead, now, window);
+                    pool.open_following(counters.model.mark(now, window), now, window);
                 }
                 one(pool, s.pool_window);
             }
@@ -561,11 +561,6 @@ impl<W: SlotWindow> ModelCounters<W> {
 
     fn pool_index(&self, pool: PoolRef) -> Option<usize> {
         (!self.pools.is_empty()).then(|| pool_index(pool, self.pools.len()))
-    }
-
-    fn pool_mut(&mut self, pool: PoolRef) -> Option<&mut W> {
-        let i = self.pool_index(pool)?;
-        Some(&mut self.pools[i])
     }
 
     fn usage(&self, pool: PoolRef, now: Millis, window: Millis) -> (Usage, Option<Usage>) {

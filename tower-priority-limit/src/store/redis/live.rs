@@ -83,10 +83,13 @@ impl Liveness {
     }
 }
 
-/// Says `live`'s stores are alive every [`LIVE_EVERY`] while any of them is in use.
+/// Says `live`'s stores are alive every [`LIVE_EVERY`] while any of them is in use (the first
+/// time is [`Liveness::add`]'s).
 pub(super) async fn keep_saying(live: Weak<Liveness>) {
     let mut every = tokio::time::interval(LIVE_EVERY);
     every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // An interval's first tick is at once: `add` has just said it.
+    every.tick().await;
     loop {
         every.tick().await;
         let Some(live) = live.upgrade() else {

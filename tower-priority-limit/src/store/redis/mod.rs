@@ -2326,10 +2326,9 @@ impl Store for RedisStore {
             // A parallel slot or a budget's reservation this gateway's own settlements had given
             // back but not yet recorded (a client's next request right after its last answer):
             // they are sent first, then the admission asked again, once (a budget then refuses
-            // for good if the answer's cost spent it). Not for a fleet-ordered try, whose flow a second
-            // try would count twice.
-            // The flush is bounded by the store's timeout: while Redis stalls, the settlements
-            // cannot be sent, and the refusal stands rather than wait for them.
+            // for good if the answer's cost spent it). Not for a fleet-ordered try, whose flow a
+            // second try would count twice. The flush is bounded by the store's timeout: while
+            // Redis stalls, the settlements cannot be sent, and the refusal stands.
             if refused_for_what_is_held(&decision)
                 && flow.is_none()
                 && (settling || inner.any_settling())
