@@ -1,6 +1,9 @@
 //! Key limits on a fleet of real gateway processes (issue 31): three processes of the binary on
 //! one real `redis-server`; 300 requests at once on one key with `rpm_limit: 50`, spread over the
-//! three, serve exactly 50. Skipped loudly without Redis unless `REQUIRE_REDIS=1`.
+//! three, serve exactly 50; 200 streams at once on a dollar budget overspend it by less than one
+//! answer; `max_parallel_requests: 4` never has a fifth in flight, and its slots come back when
+//! clients hang up, or 15 s after a process holding them is killed. Skipped loudly without Redis
+//! unless `REQUIRE_REDIS=1`.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -64,14 +67,23 @@ pub(crate) async fn chat(
     addr: &str,
     key: &str,
 ) -> Option<(u16, String)> {
+    let body = r#"{"model": "m", "messages": [{"role": "user", "content": "hi"}]}"#;
+    chat_with(client, addr, key, body).await
+}
+
+/// [`chat`] with `body`, its answer read to the end.
+pub(crate) async fn chat_with(
+    client: &Client<HttpConnector, Full<Bytes>>,
+    addr: &str,
+    key: &str,
+    body: &'static str,
+) -> Option<(u16, String)> {
     let request = http::Request::builder()
         .method("POST")
         .uri(format!("http://{addr}/v1/chat/completions"))
         .header("authorization", format!("Bearer {key}"))
         .header("content-type", "application/json")
-        .body(Full::new(Bytes::from_static(
-            br#"{"model": "m", "messages": [{"role": "user", "content": "hi"}]}"#,
-        )))
+        .body(Full::new(Bytes::from_static(body.as_bytes())))
         .unwrap();
     let response = client.request(request).await.ok()?;
     let status = response.status().as_u16();
@@ -220,5 +232,233 @@ async fn a_killed_gateways_parallel_slots_are_freed_once_it_lapses() {
         Some((200, String::new()))
     );
     kill(&mut other, "-TERM");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The spend of `key` as `/key/info` on `addr` reads it.
+async fn spend(client: &Client<HttpConnector, Full<Bytes>>, addr: &str, key: &str) -> f64 {
+    let (status, body) = call(client, addr, &format!("/key/info?key={key}"), None)
+        .await
+        .unwrap();
+    assert_eq!(status, 200, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    v["info"]["spend"].as_f64().unwrap()
+}
+
+/// A dollar budget under `reserve` on three gateway processes: 200 streams at once on a key
+/// with twenty answers' budget, spread over the three, overspend it by less than one answer's
+/// cost, and every process reads the fleet's spend.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_budget_holds_across_three_gateway_processes() {
+    let Some(redis) = RedisServer::start("a_budget_holds_across_three_gateway_processes") else {
+        return;
+    };
+    let dir = fleet_dir_with(
+        "budget-fleet",
+        "{model_name: m, litellm_params: {model: openai/m, mock_response: hi, rpm: 100000}, \
+         model_info: {input_cost_per_token: 0.000001, output_cost_per_token: 0.000002}}",
+        "callbacks: [\"dynamic_rate_limiter_v3\"]",
+        "redis_timeout_ms: 2000, token_accounting: reserve",
+        &redis,
+    );
+    let mut fleet = Vec::new();
+    for _ in 0..3 {
+        fleet.push(start(command(&dir, None)).expect("a gateway process starts"));
+    }
+    let addrs: Vec<String> = fleet.iter().map(|(_, a)| a.clone()).collect();
+    let client = Arc::new(client());
+    const STREAM: &str =
+        r#"{"model": "m", "stream": true, "messages": [{"role": "user", "content": "hi"}]}"#;
+    // One answer's cost, from a first key (spend is counted for a key with a budget); the
+    // budget is twenty of them.
+    let (_, body) = call(
+        &client,
+        &addrs[0],
+        "/key/generate",
+        Some(r#"{"max_budget": 1000}"#),
+    )
+    .await
+    .unwrap();
+    let probe = new_key_of(&body);
+    assert_eq!(
+        chat_with(&client, &addrs[0], &probe, STREAM)
+            .await
+            .map(|r| r.0),
+        Some(200)
+    );
+    // Its settlement reaches Redis in the background.
+    let since = std::time::Instant::now();
+    let mut cost = spend(&client, &addrs[0], &probe).await;
+    while cost == 0.0 {
+        assert!(
+            since.elapsed() < std::time::Duration::from_secs(10),
+            "an answer costs something"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        cost = spend(&client, &addrs[0], &probe).await;
+    }
+    let max = 20.0 * cost;
+    let (status, body) = call(
+        &client,
+        &addrs[0],
+        "/key/generate",
+        Some(&format!(r#"{{"max_budget": {max}}}"#)),
+    )
+    .await
+    .unwrap();
+    assert_eq!(status, 200, "{body}");
+    let key = new_key_of(&body);
+    let tasks: Vec<_> = (0..200)
+        .map(|i| {
+            let (client, addr, key) = (client.clone(), addrs[i % 3].clone(), key.clone());
+            tokio::spawn(async move { chat_with(&client, &addr, &key, STREAM).await })
+        })
+        .collect();
+    let (mut served, mut refused) = (0, 0);
+    for t in tasks {
+        match t.await.unwrap() {
+            Some((200, _)) => served += 1,
+            Some((400 | 429, by)) if by == "key_budget" => refused += 1,
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    // Every process's settlements reach Redis within moments; each reads the fleet's spend.
+    let fleet_spend = served as f64 * cost;
+    for addr in &addrs {
+        let since = std::time::Instant::now();
+        while (spend(&client, addr, &key).await - fleet_spend).abs() > 1e-12 {
+            assert!(
+                since.elapsed() < std::time::Duration::from_secs(10),
+                "{addr} reads {} of {fleet_spend}",
+                spend(&client, addr, &key).await
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    }
+    // More demand than the budget, and at most one answer's cost over it (under `reserve`, some
+    // are refused while others' reservations are held: the budget may end below its max).
+    assert!(
+        served > 0 && refused > 0 && fleet_spend < max + cost,
+        "{served} served, {refused} refused, ${fleet_spend} of ${max}"
+    );
+    for (mut child, _) in fleet {
+        kill(&mut child, "-TERM");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `max_parallel_requests: 4` on three gateway processes: 30 requests at once to an upstream
+/// that holds them, spread over the three, put exactly 4 in flight (26 refused for the key's
+/// slots); their clients hang up, and the slots come back on every process.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parallel_slots_hold_across_three_gateway_processes_and_come_back_on_hang_ups() {
+    let Some(redis) = RedisServer::start("parallel_slots_hold_across_three_gateway_processes")
+    else {
+        return;
+    };
+    // An upstream that accepts and never answers: a request to it stays in flight.
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let silent_addr = silent.local_addr().unwrap();
+    let (accepted, mut accepted_rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((socket, _)) = silent.accept().await {
+            held.push(socket);
+            let _ = accepted.send(());
+        }
+    });
+    let dir = fleet_dir(
+        "parallel-fleet",
+        &format!(
+            "{{model_name: m, litellm_params: {{model: openai/m, mock_response: hi, rpm: 100000}}}}, \
+             {{model_name: silent, litellm_params: {{model: openai/silent, \
+             api_base: \"http://{silent_addr}/v1\", api_key: sk-up, rpm: 100000, timeout: 600}}}}"
+        ),
+        "callbacks: [\"dynamic_rate_limiter_v3\"]",
+        &redis,
+    );
+    let mut fleet = Vec::new();
+    for _ in 0..3 {
+        fleet.push(start(command(&dir, None)).expect("a gateway process starts"));
+    }
+    let addrs: Vec<String> = fleet.iter().map(|(_, a)| a.clone()).collect();
+    let client = Arc::new(client());
+    let (status, body) = call(
+        &client,
+        &addrs[0],
+        "/key/generate",
+        Some(r#"{"max_parallel_requests": 4}"#),
+    )
+    .await
+    .unwrap();
+    assert_eq!(status, 200, "{body}");
+    let key = new_key_of(&body);
+    const HELD: &str = r#"{"model": "silent", "messages": [{"role": "user", "content": "hi"}]}"#;
+    let tasks: Vec<_> = (0..30)
+        .map(|i| {
+            let (client, addr, key) = (client.clone(), addrs[i % 3].clone(), key.clone());
+            tokio::spawn(async move { chat_with(&client, &addr, &key, HELD).await })
+        })
+        .collect();
+    // 4 reach the upstream and stay; the 26 others are answered.
+    for _ in 0..4 {
+        accepted_rx.recv().await.unwrap();
+    }
+    let mut refused = 0;
+    let mut held = Vec::new();
+    for t in tasks {
+        if !t.is_finished() {
+            held.push(t);
+            continue;
+        }
+        match t.await.unwrap() {
+            Some((429, by)) if by == "key_parallel" => refused += 1,
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    // Those still running are the 4 in flight, or refusals not yet read: wait for the latter.
+    let mut in_flight = Vec::new();
+    for mut t in held {
+        match tokio::time::timeout(std::time::Duration::from_millis(500), &mut t).await {
+            Ok(r) => match r.unwrap() {
+                Some((429, by)) if by == "key_parallel" => refused += 1,
+                other => panic!("unexpected {other:?}"),
+            },
+            Err(_) => in_flight.push(t),
+        }
+    }
+    assert_eq!((in_flight.len(), refused), (4, 26));
+    assert!(
+        accepted_rx.try_recv().is_err(),
+        "never a fifth at the upstream"
+    );
+    // The 4 clients hang up: every process frees the slots.
+    for t in in_flight {
+        t.abort();
+    }
+    let since = std::time::Instant::now();
+    loop {
+        let served: Vec<_> = (0..4)
+            .map(|i| {
+                let (client, addr, key) = (client.clone(), addrs[i % 3].clone(), key.clone());
+                tokio::spawn(async move { chat(&client, &addr, &key).await })
+            })
+            .collect();
+        let mut all = true;
+        for t in served {
+            all &= t.await.unwrap().map(|r| r.0) == Some(200);
+        }
+        if all {
+            break;
+        }
+        assert!(
+            since.elapsed() < std::time::Duration::from_secs(30),
+            "slots still held after the clients left"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    for (mut child, _) in fleet {
+        kill(&mut child, "-TERM");
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }
