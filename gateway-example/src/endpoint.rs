@@ -2,6 +2,8 @@
 //! ([`Api`]). The gateway passes bodies through; it does not translate between formats, so an
 //! endpoint is served only by deployments that speak its format.
 
+use std::borrow::Cow;
+
 /// The wire format a deployment speaks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Api {
@@ -40,8 +42,9 @@ pub enum Endpoint {
 
 /// The deployment and endpoint of Azure OpenAI's path, `/openai/deployments/{deployment}/` then
 /// `chat/completions`, `completions` or `embeddings` (what the `AzureOpenAI` clients of the
-/// OpenAI SDKs call, `api-version` in the query); `None` for any other path.
-pub fn azure_deployment(path: &str) -> Option<(&str, Endpoint)> {
+/// OpenAI SDKs call, `api-version` in the query); `None` for any other path. The deployment is
+/// percent-decoded: the SDKs send a name with a `/` (`openai/gpt-4o`) as `openai%2Fgpt-4o`.
+pub fn azure_deployment(path: &str) -> Option<(Cow<'_, str>, Endpoint)> {
     let rest = path.strip_prefix("/openai/deployments/")?;
     let (deployment, endpoint) = rest.split_once('/')?;
     let endpoint = match endpoint {
@@ -50,6 +53,7 @@ pub fn azure_deployment(path: &str) -> Option<(&str, Endpoint)> {
         "embeddings" => Endpoint::Embeddings,
         _ => return None,
     };
+    let deployment = percent_encoding::percent_decode_str(deployment).decode_utf8_lossy();
     (!deployment.is_empty()).then_some((deployment, endpoint))
 }
 
@@ -140,7 +144,12 @@ mod tests {
         );
         assert_eq!(
             azure_deployment("/openai/deployments/ada/embeddings"),
-            Some(("ada", Endpoint::Embeddings))
+            Some(("ada".into(), Endpoint::Embeddings))
+        );
+        assert_eq!(
+            azure_deployment("/openai/deployments/openai%2Fgpt-4o/chat/completions"),
+            Some(("openai/gpt-4o".into(), Endpoint::ChatCompletions)),
+            "a name with a `/`, as the SDKs encode it"
         );
         for not_azure in [
             "/openai/deployments//chat/completions",

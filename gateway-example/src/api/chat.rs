@@ -123,7 +123,7 @@ where
             return Err(ApiError::bad_request(format!(
                 "The path names deployment '{}' and the body model '{}': give the same name \
                  (the body's 'model' is required).",
-                clip(deployment, MAX_ECHOED_NAME),
+                clip(&deployment, MAX_ECHOED_NAME),
                 clip(&model, MAX_ECHOED_NAME)
             ))
             .param("model"));

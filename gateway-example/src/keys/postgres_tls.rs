@@ -11,6 +11,8 @@
 //! `sslrootcert=PATH` is a PEM file of CA certificates. Client certificates (`sslcert`,
 //! `sslkey`) and the other `ssl*` parameters are refused with a clear message, never ignored.
 
+use std::borrow::Cow;
+
 use tokio_postgres::Config;
 use tokio_postgres_rustls::MakeRustlsConnect;
 use upstream_client::{Tls, Verify};
@@ -90,28 +92,21 @@ pub(crate) fn driver(url: &DatabaseUrl) -> Result<Driver, KeyStoreError> {
     })
 }
 
-/// `%XX` escapes decoded (a URL's parameter value).
+/// `%XX` escapes decoded (a URL's parameter value); a `%` not followed by two hex digits is
+/// refused (the decoder would keep it as it is, and a path would be read that was never meant).
 fn percent_decode(value: &str) -> Result<String, String> {
-    let bytes = value.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        match bytes[i] {
-            b'%' => {
-                let hex = value
-                    .get(i + 1..i + 3)
-                    .and_then(|h| u8::from_str_radix(h, 16).ok())
-                    .ok_or_else(|| format!("a broken %-escape in {value:?}"))?;
-                out.push(hex);
-                i += 3;
-            }
-            b => {
-                out.push(b);
-                i += 1;
-            }
-        }
+    let broken = value.match_indices('%').any(|(i, _)| {
+        value
+            .get(i + 1..i + 3)
+            .is_none_or(|h| !h.bytes().all(|b| b.is_ascii_hexdigit()))
+    });
+    if broken {
+        return Err(format!("a broken %-escape in {value:?}"));
     }
-    String::from_utf8(out).map_err(|_| format!("{value:?} is not UTF-8 once decoded"))
+    percent_encoding::percent_decode_str(value)
+        .decode_utf8()
+        .map(Cow::into_owned)
+        .map_err(|_| format!("{value:?} is not UTF-8 once decoded"))
 }
 
 #[cfg(test)]
