@@ -384,9 +384,19 @@ fn corpus() -> Vec<(&'static str, String, Expect)> {
             "a misspelt master key, or one in a misspelt block: the gateway would run open",
             with("general_setting:\n  master_key: sk-1234\nlitellm_settings:\n  master_ky: sk-1234\n  mastr_key: sk-1234\ngeneral_settings:\n  admin_key: sk-1234\n"),
             Expect::Refuse(
-                &["general_setting", "litellm_settings.master_ky", "litellm_settings.mastr_key", "general_settings.admin_key"],
+                &["general_setting (did you mean general_settings?)", "litellm_settings.master_ky", "litellm_settings.mastr_key", "general_settings.admin_key"],
                 "general_setting,master_ky,mastr_key,admin_key",
             ),
+        ),
+        (
+            "LiteLLM's settings about keys are not taken for a misspelt master key; a misspelt limiter setting is named",
+            with("general_settings:\n  master_key: sk-1234\n  disable_master_key_return: true\n  litellm_key_header_name: X-Litellm-Key\n  user_api_key_cache_ttl: 60\nlitellm_settings:\n  priority_reservation_settings: {saturation_treshold: 0.9}\n"),
+            Expect::Warn(&[
+                "general_settings.disable_master_key_return",
+                "general_settings.litellm_key_header_name",
+                "general_settings.user_api_key_cache_ttl",
+                "litellm_settings.priority_reservation_settings.saturation_treshold (did you mean saturation_threshold?)",
+            ]),
         ),
         (
             "settings that would be refused, turned off",

@@ -66,12 +66,24 @@ async fn a_reload_applies_new_limits_and_keeps_the_window_counters() {
     assert_eq!(shown["file"], path.display().to_string());
 }
 
-/// A reload of a file with a key this gateway does not honour (a misspelt `rpm`) answers naming
-/// it, as the start-up warning does: the operator who asked for the reload sees it.
+/// A reload of a file with a key this gateway does not honour (a misspelt `rpm`, a misspelt
+/// limiter setting) answers naming it, as the start-up warning does: the operator who asked for
+/// the reload sees it. Before, a misspelt limiter setting was only in the log (`null`).
 #[tokio::test]
 async fn a_reload_names_the_keys_it_does_not_honour() {
     let (_dir, path) = file(&config(4, ""));
     let gw = Gw::start_file(&path).await;
+    std::fs::write(&path, config(4, ", saturation_treshold: 0.9")).unwrap();
+    let reply = gw.post("/config/reload", Some(MASTER), json!({})).await;
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    assert_eq!(
+        reply.json()["not_honoured"],
+        "config keys this gateway does not honour: not supported, ignored: \
+         litellm_settings.priority_reservation_settings.saturation_treshold (did you mean \
+         saturation_threshold?)",
+        "{}",
+        reply.text()
+    );
     std::fs::write(&path, config(4, "").replace("rpm: 4", "rmp: 4")).unwrap();
     let reply = gw.post("/config/reload", Some(MASTER), json!({})).await;
     assert_eq!(reply.status, 200, "{}", reply.text());

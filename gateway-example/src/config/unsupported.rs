@@ -24,6 +24,8 @@ enum Level {
     ModelInfo,
     /// `litellm_settings`.
     Litellm,
+    /// `litellm_settings.priority_reservation_settings`: the limiter's settings.
+    ReservationSettings,
     /// `general_settings`.
     General,
     /// `router_settings`.
@@ -93,6 +95,8 @@ fn honoured(level: Level) -> &'static [&'static str] {
             "ssl_verify",
             "ssl_certificate",
         ],
+        // The limiter's own reader names them (`tower_priority_limit::config::SETTINGS`).
+        Level::ReservationSettings => tower_priority_limit::config::SETTINGS,
         Level::General => &[
             "master_key",
             "max_request_size_mb",
@@ -279,6 +283,18 @@ pub fn find(doc: &Value) -> Result<Vec<Unsupported>, ConfigError> {
     Ok(found)
 }
 
+/// LiteLLM's own `general_settings` about keys that set no master key: warned about as not
+/// honoured, as any other setting, not taken for a misspelt `master_key` (the gateway reads
+/// callers' keys from `Authorization`, `x-api-key` and `api-key` whatever
+/// `litellm_key_header_name` says: a client using another header is refused, never let in).
+const LITELLM_GENERAL_KEY_SETTINGS: &[&str] = &[
+    "disable_master_key_return",
+    "disable_adding_master_key_hash_to_db",
+    "infer_model_from_keys",
+    "user_api_key_cache_ttl",
+    "litellm_key_header_name",
+];
+
 /// Why a key that names or holds a master key the gateway does not read is refused.
 const MISPLACED_MASTER_KEY: &str = "it names or holds a master key this gateway does not read \
                                     (it reads general_settings.master_key), and without one the \
@@ -289,6 +305,9 @@ const MISPLACED_MASTER_KEY: &str = "it names or holds a master key this gateway 
 /// In `general_settings` (`level`), any key about keys the gateway does not read (`admin_key`)
 /// counts too.
 fn names_a_master_key(level: Level, key: &str, value: &Value) -> bool {
+    if level == Level::General && LITELLM_GENERAL_KEY_SETTINGS.contains(&key) {
+        return false;
+    }
     fn named(key: &str) -> bool {
         let key = key.to_ascii_lowercase();
         key.contains("master") || edit_distance(&key, "master_key") <= 2
@@ -304,6 +323,17 @@ fn names_a_master_key(level: Level, key: &str, value: &Value) -> bool {
         }
     }
     named(key) || holds(value)
+}
+
+/// The name of `names` `key` is likely a misspelling of (at most two letters apart, and not
+/// longer than the key), if any.
+fn closest<'a>(names: &[&'a str], key: &str) -> Option<&'a str> {
+    names
+        .iter()
+        .map(|name| (edit_distance(key, name), *name))
+        .filter(|&(distance, name)| distance <= 2 && distance < name.len().min(key.len()))
+        .min_by_key(|&(distance, _)| distance)
+        .map(|(_, name)| name)
 }
 
 /// The Levenshtein distance between two short ASCII names.
@@ -345,7 +375,7 @@ fn walk(node: &Node<'_>, level: Level, found: &mut Vec<Unsupported>) -> Result<(
                 path: value.path(),
                 key: key.to_owned(),
                 refused,
-                note: None,
+                note: closest(honoured(level), key).map(|name| format!("did you mean {name}?")),
             });
             continue;
         }
@@ -363,6 +393,7 @@ fn walk(node: &Node<'_>, level: Level, found: &mut Vec<Unsupported>) -> Result<(
             (Level::Top, "litellm_settings") => Some(Level::Litellm),
             (Level::Top, "general_settings") => Some(Level::General),
             (Level::Top, "router_settings") => Some(Level::Router),
+            (Level::Litellm, "priority_reservation_settings") => Some(Level::ReservationSettings),
             (Level::Entry, "litellm_params") => {
                 let azure = value
                     .value()

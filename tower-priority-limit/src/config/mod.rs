@@ -24,6 +24,7 @@ pub use self::compile::check_name;
 use self::compile::{pool_limits, window_ms};
 pub use self::error::ConfigError;
 use self::yaml::parse_document;
+pub use self::yaml::SETTINGS;
 
 type FastHash = foldhash::fast::RandomState;
 

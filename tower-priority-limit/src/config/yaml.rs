@@ -21,6 +21,24 @@ impl<'de> serde::Deserialize<'de> for LimiterConfig {
     }
 }
 
+/// The keys of `litellm_settings.priority_reservation_settings` this crate reads; any other is
+/// warned about and ignored.
+pub const SETTINGS: &[&str] = &[
+    "default_priority",
+    "saturation_threshold",
+    "saturation_check_cache_ttl",
+    "redis_failure_mode",
+    "expected_nodes",
+    "redis_timeout_ms",
+    "max_reported_tokens",
+    "token_accounting",
+    "window",
+    "default_estimated_output_tokens",
+    "queue",
+    "enforcement",
+    "model_enforcement",
+];
+
 pub(super) fn parse_document(doc: &Value) -> Result<LimiterConfigBuilder, ConfigError> {
     let root = Node::root(doc);
     if !matches!(doc, Value::Object(_) | Value::Null) {
@@ -130,7 +148,8 @@ pub(super) fn parse_document(doc: &Value) -> Result<LimiterConfigBuilder, Config
                 // unchanged; a misspelt key is the common case, so say so.
                 _ => tracing::warn!(
                     path = %node.path(),
-                    "unknown setting ignored (expected default_priority, saturation_threshold, saturation_check_cache_ttl, redis_failure_mode, expected_nodes, redis_timeout_ms, max_reported_tokens, token_accounting, window, default_estimated_output_tokens, queue, enforcement, model_enforcement)"
+                    expected = %SETTINGS.join(", "),
+                    "unknown setting ignored"
                 ),
             }
         }
@@ -224,5 +243,27 @@ fn reservation(node: &Node<'_>) -> Result<Reservation, ConfigError> {
             }
         }
         _ => Ok(Reservation::Percent(node.number()?)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every key [`SETTINGS`] lists is read (a value of the wrong shape is an error naming it),
+    /// and a key it does not list is not: the list the gateway checks configs by is the reader's.
+    #[test]
+    fn the_settings_listed_are_the_settings_read() {
+        let with = |key: &str| {
+            serde_json::json!({
+                "model_list": [{"model_name": "m", "litellm_params": {"rpm": 10}}],
+                "litellm_settings": {"priority_reservation_settings": {key: [[]]}},
+            })
+        };
+        for key in SETTINGS {
+            let err = LimiterConfig::from_value(&with(key)).expect_err(key);
+            assert!(err.to_string().contains(key), "{key}: {err}");
+        }
+        assert!(LimiterConfig::from_value(&with("saturation_treshold")).is_ok());
     }
 }
