@@ -82,3 +82,55 @@ async fn a_reload_on_redis_keeps_a_wildcard_names_window() {
     assert_eq!(other.served(MASTER, "team/a", 1).await, 0);
     assert_eq!(gw.served(MASTER, "team/b", 6).await, 5);
 }
+
+/// After a reload on Redis, `/ui/state` and the pool-usage gauge read the pools' reserved limits
+/// of the new config (the store cannot be read at scrape, so they show the last admission's
+/// usage: against the new limits, not the ones the metrics were made with). Before, a pool's
+/// `reserved` stayed at the old config's 10 and the gauge read 1/10 where it was 1/1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_on_redis_shows_the_new_reserved_limits() {
+    let Some(redis) = RedisServer::start("a_reload_on_redis_shows_the_new_reserved_limits") else {
+        return;
+    };
+    let yaml = |rpm: u64| {
+        config(&redis, "m", rpm).replace(
+            "  priority_reservation_settings: {redis_timeout_ms: 2000}",
+            "  priority_reservation: {prod: 0.5}\n  priority_reservation_settings: {redis_timeout_ms: 2000, default_priority: 0.1}",
+        )
+    };
+    let dir = TempDir::new();
+    std::fs::create_dir_all(&dir.0).unwrap();
+    let path = dir.0.join("gw.yaml");
+    std::fs::write(&path, yaml(100)).unwrap();
+    let gw = Gw::connect_file(&path, Some(&dir.0.join("data"))).await;
+    let default_pool = |state: serde_json::Value| {
+        state["models"][0]["priorities"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["priority"] == "default")
+            .cloned()
+            .unwrap()
+    };
+    assert_eq!(gw.served(MASTER, "m", 1).await, 1);
+    let before = default_pool(gw.get("/ui/state", Some(MASTER)).await.json());
+    assert_eq!(before["reserved"]["requests"], 10, "{before}");
+
+    std::fs::write(&path, yaml(10)).unwrap();
+    let reply = gw.post("/config/reload", Some(MASTER), json!({})).await;
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    assert_eq!(gw.served(MASTER, "m", 1).await, 1);
+    let after = default_pool(gw.get("/ui/state", Some(MASTER)).await.json());
+    assert_eq!(after["reserved"]["requests"], 1, "{after}");
+    let metrics = gw.get("/metrics", Some(MASTER)).await.text().to_owned();
+    let gauge = metrics
+        .lines()
+        .find(|l| {
+            l.starts_with("priority_limit_pool_usage{")
+                && l.contains("priority=\"default\"")
+                && l.contains("dimension=\"requests\"")
+        })
+        .unwrap_or_else(|| panic!("{metrics}"));
+    let value: f64 = gauge.rsplit(' ').next().unwrap().parse().unwrap();
+    assert_eq!(value, 2.0, "two requests of a reserved 1: {gauge}");
+}

@@ -586,6 +586,10 @@ impl<St: Store> UsageSource for Limiter<St> {
         })
     }
 
+    fn config_now(&self) -> Option<&LimiterConfig> {
+        Some(self.config())
+    }
+
     fn queue_depth_now(&self, model: ModelId, pool: PoolRef) -> Option<u64> {
         self.queues
             .get(model.index())

@@ -396,6 +396,13 @@ pub trait UsageSource: Send + Sync + 'static {
     /// `None` when the store cannot say without a round trip (Redis).
     fn usage_now(&self, model: ModelId, pool: PoolRef) -> Option<UsageNow>;
 
+    /// The config in force, whose pools' reserved limits are read when
+    /// [`usage_now`](Self::usage_now) cannot say (a reload may have changed them since the
+    /// series were made); `None` leaves the config the series were made with.
+    fn config_now(&self) -> Option<&crate::config::LimiterConfig> {
+        None
+    }
+
     /// Requests of `pool` waiting in `model`'s queue now (`None`: the source has no queue). Read
     /// at scrape, so the gauge counts exactly who waits, whoever left and however.
     fn queue_depth_now(&self, model: ModelId, pool: PoolRef) -> Option<u64> {

@@ -168,8 +168,8 @@ impl PrometheusMetrics {
     }
 
     /// `model`'s saturation and `pool`'s usage and reserved limits now (from `source`), else
-    /// (`None` saturation) the pool's usage as the last admission saw it, against the limits it
-    /// was built with.
+    /// (`None` saturation) the pool's usage as the last admission saw it, against the limits of
+    /// the config in force (the source's, after a reload; else those it was built with).
     fn usage(&self, source: Option<&dyn UsageSource>, model: ModelId, pool: PoolRef) -> UsageNow {
         if let Some(now) = source.and_then(|s| s.usage_now(model, pool)) {
             return now;
@@ -181,7 +181,12 @@ impl PrometheusMetrics {
         UsageNow {
             saturation: f64::NAN,
             pool: Some(Usage { requests, tokens }),
-            reserved: self.config.model(model).pool(pool).copied(),
+            reserved: source
+                .and_then(|s| s.config_now())
+                .and_then(|c| c.models().get(model.index()))
+                .unwrap_or_else(|| self.config.model(model))
+                .pool(pool)
+                .copied(),
         }
     }
 }
