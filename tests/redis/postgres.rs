@@ -22,6 +22,7 @@ use gateway_example::Gateway;
 use integration_tests::gateway::{Gw, Reply, TempDir, MASTER};
 use integration_tests::postgres::PostgresServer;
 use integration_tests::redis::RedisServer;
+use integration_tests::relay::Relay;
 use serde_json::{json, Value};
 
 use super::gateway_keys::within;
@@ -1545,4 +1546,79 @@ async fn key_info_needs_redis_only_for_a_budgets_spend() {
         "{}",
         r.text()
     );
+}
+
+/// A gateway whose connections to Postgres were cut off without a word (a failover, a firewall
+/// that forgot them: no FIN, no RST; new connections pass) finds its listening connection dead
+/// and makes it again, reading everything: a key blocked, one deleted and one regenerated on
+/// another gateway meanwhile are refused there within seconds. Before, it waited on the dead
+/// connection for TCP's keepalive (two hours), serving them all, and said it was healthy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_cut_off_from_postgres_without_a_word_follows_again() {
+    let Some(postgres) = PostgresServer::start("a_gateway_cut_off_from_postgres") else {
+        return;
+    };
+    let relay = Relay::start(postgres.port()).await;
+    let yaml = config(&postgres, None);
+    let through_relay = yaml.replace(
+        &format!("127.0.0.1:{}", postgres.port()),
+        &format!("127.0.0.1:{}", relay.port()),
+    );
+    assert_ne!(yaml, through_relay);
+    let (direct, _dirs) = gateways(&yaml, 1).await;
+    let (cut, _cut_dirs) = gateways(&through_relay, 1).await;
+    let (a, b) = (&direct[0], &cut[0]);
+    let (blocked, deleted, regenerated) = (
+        a.new_key(json!({})).await,
+        a.new_key(json!({})).await,
+        a.new_key(json!({})).await,
+    );
+    for key in [&blocked, &deleted, &regenerated] {
+        answers_within_a_second(b, key, 200, "B serves the keys").await;
+    }
+
+    relay.cut_silently();
+    for (path, body) in [
+        ("/key/block", json!({"key": blocked})),
+        ("/key/delete", json!({"keys": [deleted]})),
+        ("/key/regenerate", json!({"key": regenerated})),
+    ] {
+        let r = a.post(path, Some(MASTER), body).await;
+        assert_eq!(r.status, 200, "{path}: {}", r.text());
+    }
+    let took = within(
+        Duration::from_secs(15),
+        "B refuses the keys changed while it was cut off",
+        || async {
+            let mut all = true;
+            for key in [&blocked, &deleted, &regenerated] {
+                all &= b.chat(key, M, false).await.status == 401;
+            }
+            all
+        },
+    )
+    .await;
+    println!("B followed again {took:?} after the cut");
+    within(Duration::from_secs(10), "B is healthy again", || async {
+        readiness(b).await["status"] == "healthy"
+    })
+    .await;
+    let after = a.new_key(json!({})).await;
+    answers_within_a_second(b, &after, 200, "B follows changes again").await;
+
+    // Cut off again while idle (the cut above landed in the middle of reading a notified row):
+    // the listening connection's heartbeat finds it.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    relay.cut_silently();
+    let r = a
+        .post("/key/block", Some(MASTER), json!({"key": after}))
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let took = within(
+        Duration::from_secs(15),
+        "B refuses the key blocked while it was cut off, idle",
+        || async { b.chat(&after, M, false).await.status == 401 },
+    )
+    .await;
+    println!("B followed again {took:?} after the idle cut");
 }

@@ -35,6 +35,7 @@ pub mod pki;
 pub mod postgres;
 pub mod prometheus;
 pub mod redis;
+pub mod relay;
 pub mod sdk;
 pub mod tinyproxy;
 pub mod upstream;

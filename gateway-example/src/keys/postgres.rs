@@ -29,6 +29,10 @@
 //! - Down later: known keys keep working from memory (a change made elsewhere meanwhile is
 //!   seen when the listener is back: it reads everything again); writes are
 //!   [`KeyStoreError::Unavailable`] (503).
+//! - Cut off without a word (no FIN, no RST): the listening connection answers a heartbeat
+//!   every [`HEARTBEAT`], and a batch of changed rows is read within [`REFRESH_TIMEOUT`]; past
+//!   either, it is made again and everything read again, so changes made elsewhere are not
+//!   missed for as long as TCP would take to tell.
 //! - Slow: every write is bounded by [`DEFAULT_POSTGRES_TIMEOUT`], on the client and as the
 //!   connection's `statement_timeout` on the server, so a stuck write ends as a 503 and frees its
 //!   connection; lookups are unaffected.
@@ -63,14 +67,22 @@ pub const CHANNEL: &str = "tpl_keys";
 /// Connections for writes (each gateway's writes are few: `/key/*`, `/team/*`).
 const POOL_SIZE: usize = 4;
 
-/// How long the listener may take to read changed rows before its connection is made again.
+/// How long the listener may take to read every row before its connection is made again.
 const LISTENER_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How long it may take to read the rows of one batch of notifications (a few thousand at most,
+/// by their keys: milliseconds): a connection cut off in the middle is made again this soon.
+const REFRESH_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Rows written per statement by an import.
 const IMPORT_CHUNK: usize = 2_000;
 
 /// More rows than this notified at once are not read one by one: everything is read again.
 const MAX_ROWS_READ_BACK: usize = 4_096;
+
+/// How often the listening connection is asked to answer (within the store's timeout), so a
+/// connection cut off without a word is found dead and made again.
+const HEARTBEAT: Duration = Duration::from_secs(2);
 
 /// Between attempts to make the listening connection again.
 const RECONNECT_MIN_DELAY: Duration = Duration::from_millis(50);
@@ -1357,7 +1369,25 @@ async fn listen_once(
     if let Some(ready) = ready.take() {
         let _ = ready.send(Ok(()));
     }
-    while let Some(first) = notified.recv().await {
+    let mut heartbeat = tokio::time::interval(HEARTBEAT);
+    heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        let first = tokio::select! {
+            first = notified.recv() => match first {
+                Some(first) => first,
+                None => break,
+            },
+            _ = heartbeat.tick() => {
+                // A connection cut off silently (a failover, a firewall's dropped state) would
+                // otherwise wait for notifications that never come, for as long as TCP takes
+                // to tell (hours): asked to answer, it is found dead within two beats.
+                tokio::time::timeout(shared.timeout, client.simple_query("SELECT 1"))
+                    .await
+                    .map_err(bounded("the listening connection's heartbeat"))?
+                    .map_err(|e| unavailable(target, &e))?;
+                continue;
+            }
+        };
         let mut changed = Changed::default();
         let mut everything = false;
         let mut note = |payload: String| match payload.split_at_checked(1) {
@@ -1378,7 +1408,7 @@ async fn listen_once(
                 .await
                 .map_err(bounded("reading every key"))??;
         } else {
-            tokio::time::timeout(LISTENER_TIMEOUT, shared.refresh(&client, &changed))
+            tokio::time::timeout(REFRESH_TIMEOUT, shared.refresh(&client, &changed))
                 .await
                 .map_err(bounded("reading changed keys"))??;
         }
