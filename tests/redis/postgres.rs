@@ -1421,6 +1421,57 @@ async fn a_keys_day_of_tokens_in_postgres_outlives_a_restart() {
     assert_eq!(second[0].chat(&other, M, false).await.status, 200);
 }
 
+/// A day of tokens copied over many writes (one every 200 ms) follows every answer: the row in
+/// `tpl_day_tokens` holds all of the day's tokens, and a restarted gateway refuses what they
+/// used up. Before, a write was skipped whenever the day's end, worked out again at each write
+/// from two clocks, came out a millisecond earlier than the row's (the row kept 30 of 90 tokens,
+/// and a restart served the key a new day's worth; a black-box trial).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_keys_day_of_tokens_in_postgres_follows_every_answer() {
+    let Some(postgres) = PostgresServer::start("a_keys_day_of_tokens_follows_every_answer") else {
+        return;
+    };
+    let yaml = config(&postgres, None);
+    let (first, _dirs) = gateways(&yaml, 1).await;
+    let key = first[0].new_key(json!({"tpd_limit": 1_000_000})).await;
+    let db = sql(&postgres).await;
+    let mut used = 0;
+    for _ in 0..6 {
+        let answer = first[0].chat(&key, M, false).await;
+        assert_eq!(answer.status, 200, "{}", answer.text());
+        used += answer.json()["usage"]["total_tokens"].as_i64().unwrap();
+        // Past the next write of the copy.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let row = db
+            // The only key with a day of tokens.
+            .query_one("SELECT tokens FROM tpl_day_tokens WHERE kind = 'key'", &[])
+            .await
+            .unwrap();
+        assert_eq!(
+            row.get::<_, i64>(0),
+            used,
+            "the copy holds every answer's tokens"
+        );
+    }
+    drop(first);
+    // A restart with a limit the day has used up.
+    let (second, _dirs) = gateways(&yaml, 1).await;
+    let r = second[0]
+        .post(
+            "/key/update",
+            Some(MASTER),
+            json!({"key": key, "tpd_limit": used}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let refused = second[0].chat(&key, M, false).await;
+    assert_eq!(refused.status, 429, "{}", refused.text());
+    assert_eq!(
+        refused.headers["x-priority-limit-refused-by"],
+        "key_daily_tokens"
+    );
+}
+
 /// TLS to Postgres as the URL's `sslmode` says, against a server that refuses plain connections:
 /// `verify-full` with the server's CA serves keys (made and used over TLS); without the CA the
 /// certificate is refused and the start says so; `require` and the default `prefer` encrypt

@@ -305,7 +305,10 @@ async fn write(pool: &Pool, rows: &[SpendRow], days: &[DayRow]) -> Result<(), St
     write_days(&client, days).await.map_err(|e| e.to_string())
 }
 
-/// Upserts `days` (one per caller), each replacing its row unless that counts a later day.
+/// Upserts `days` (one per caller), each replacing its row: one gateway writes them (counters
+/// of its own hold the database's advisory lock alone), newest last. Not "unless the row's day
+/// ends later": the end is worked out again at each write from two clocks and can come out a
+/// millisecond earlier, which skipped the write and left the row behind.
 async fn write_days(
     client: &tokio_postgres::Client,
     days: &[DayRow],
@@ -326,8 +329,7 @@ async fn write_days(
                 "INSERT INTO tpl_day_tokens (kind, id, ends_at, tokens)
                  SELECT * FROM unnest($1::text[], $2::text[], $3::int8[], $4::int8[])
                  ON CONFLICT (kind, id) DO UPDATE
-                 SET ends_at = EXCLUDED.ends_at, tokens = EXCLUDED.tokens
-                 WHERE EXCLUDED.ends_at >= tpl_day_tokens.ends_at",
+                 SET ends_at = EXCLUDED.ends_at, tokens = EXCLUDED.tokens",
                 &[&kinds, &ids, &ends, &tokens],
             )
             .await?;
