@@ -48,6 +48,8 @@ use tokio::sync::{mpsc, oneshot, Mutex};
 use tokio_postgres::error::SqlState;
 use tokio_postgres::{AsyncMessage, Client, Config, IsolationLevel};
 
+use tower_priority_limit::store::RedisStore;
+
 use super::local::LocalStore;
 use super::postgres_tls::{driver, Driver};
 use super::redis::Throttle;
@@ -1091,19 +1093,37 @@ impl Shared {
 const EMBEDDED_COUNTERS_LOCK: i64 = 0x7470_6c63_6f75_6e74;
 
 /// Where a gateway's limiter counts, as the counters lock says it (`EMBEDDED_COUNTERS_LOCK`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Clone)]
 pub enum Counters {
     /// In the gateway's own process: the lock alone.
     OwnProcess,
-    /// In Redis, shared by the fleet: the lock shared with the fleet's other gateways.
-    Redis,
+    /// In Redis, shared by the fleet: the lock shared with the fleet's other gateways, which
+    /// must count in this store's Redis too (its registry of gateways alive says they do).
+    Redis(RedisStore),
+}
+
+impl std::fmt::Debug for Counters {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Counters::OwnProcess => "OwnProcess",
+            Counters::Redis(_) => "Redis",
+        })
+    }
 }
 
 impl Counters {
-    fn try_lock(self) -> &'static str {
+    fn try_lock(&self) -> &'static str {
         match self {
             Counters::OwnProcess => "SELECT pg_try_advisory_lock($1)",
-            Counters::Redis => "SELECT pg_try_advisory_lock_shared($1)",
+            Counters::Redis(_) => "SELECT pg_try_advisory_lock_shared($1)",
+        }
+    }
+
+    /// The store's id in its Redis's registry, which the lock's session is named with.
+    fn live_id(&self) -> Option<String> {
+        match self {
+            Counters::OwnProcess => None,
+            Counters::Redis(store) => Some(store.live_id()),
         }
     }
 }
@@ -1112,12 +1132,35 @@ impl Counters {
 const COUNTERS_LOCK_RETRY: Duration = Duration::from_secs(1);
 
 /// Who holds [`EMBEDDED_COUNTERS_LOCK`], as its session's `application_name` says it: this
-/// process, on this host.
-fn counters_holder() -> String {
+/// process, on this host, and with counters in Redis its store's id there (`live_id`). Cut to
+/// the 63 bytes Postgres keeps, so it reads back as it was set.
+fn counters_holder(live_id: Option<&str>) -> String {
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|h| h.trim().to_owned())
         .unwrap_or_default();
-    format!("gateway-example pid {} on {host}", std::process::id())
+    let mut name = match live_id {
+        Some(id) => format!("{HOLDER} {id} pid {} on {host}", std::process::id()),
+        None => format!("{HOLDER} pid {} on {host}", std::process::id()),
+    };
+    let mut end = name.len().min(63);
+    while !name.is_char_boundary(end) {
+        end -= 1;
+    }
+    name.truncate(end);
+    name
+}
+
+/// How a gateway's counters-lock session names itself.
+const HOLDER: &str = "gateway-example";
+
+/// The Redis store id in a holder's name ([`counters_holder`]), if it has one.
+fn holder_live_id(name: &str) -> Option<&str> {
+    let id = name
+        .strip_prefix(HOLDER)?
+        .strip_prefix(' ')?
+        .split(' ')
+        .next()?;
+    (id.len() == 16 && id.bytes().all(|b| b.is_ascii_hexdigit())).then_some(id)
 }
 
 /// The counters lock (`EMBEDDED_COUNTERS_LOCK`) held by this gateway; dropping it ends the session, which
@@ -1145,10 +1188,22 @@ impl PgKeys {
     /// gateway of this process (one started again in place, as the tests do) goes on without
     /// it.
     pub async fn lock_counters(&self, counters: Counters) -> Result<CountersLock, KeyStoreError> {
-        let me = counters_holder();
-        let mut taken = take_counters_lock(&self.shared, &me, counters).await?;
+        let me = counters_holder(counters.live_id().as_deref());
+        let mut taken = take_counters_lock(&self.shared, &me, &counters).await?;
         if matches!(taken, Taken::Released) {
-            taken = take_counters_lock(&self.shared, &me, counters).await?;
+            taken = take_counters_lock(&self.shared, &me, &counters).await?;
+        }
+        if let (Taken::Held(client), Counters::Redis(store)) = (&taken, &counters) {
+            if let Some(others) = counting_elsewhere(client, store, &self.shared.target).await? {
+                return Err(KeyStoreError::Unavailable(format!(
+                    "other gateways use this database's keys with counters in Redis, but not in \
+                     this gateway's Redis under its redis_key_prefix ({others}: not in its \
+                     registry of gateways alive): two Redis would each enforce every key's and \
+                     team's limits and budgets, so the fleet would serve each limit once more. \
+                     Give every gateway on this database the same router_settings.redis_url and \
+                     redis_key_prefix"
+                )));
+            }
         }
         let client = match taken {
             Taken::Held(client) => client,
@@ -1163,7 +1218,7 @@ impl PgKeys {
                 })
             }
             Taken::ByOther(holder) => {
-                let why = match counters {
+                let why = match &counters {
                     Counters::OwnProcess => format!(
                         "other gateways use this database's keys ({holder}): this one, without \
                          router_settings.redis_url, would count every key's and team's limits \
@@ -1171,7 +1226,7 @@ impl PgKeys {
                          serve each limit once more. Give it the fleet's Redis \
                          (router_settings.redis_url), or run it alone on this database"
                     ),
-                    Counters::Redis => format!(
+                    Counters::Redis(_) => format!(
                         "another gateway ({holder}) keeps its limiter's counters in its own \
                          process and its keys in this database: this one's counters in Redis \
                          would be apart from it, so the fleet would serve each limit once more. \
@@ -1199,7 +1254,7 @@ impl PgKeys {
                 let mut said = false;
                 held = loop {
                     tokio::time::sleep(COUNTERS_LOCK_RETRY).await;
-                    match take_counters_lock(&shared, &me, counters).await {
+                    match take_counters_lock(&shared, &me, &counters).await {
                         Ok(Taken::Held(client)) => break client,
                         Ok(Taken::ByThisProcess) => return,
                         Ok(Taken::ByOther(holder)) if !said => {
@@ -1239,7 +1294,7 @@ enum Taken {
 async fn take_counters_lock(
     shared: &Shared,
     me: &str,
-    counters: Counters,
+    counters: &Counters,
 ) -> Result<Taken, KeyStoreError> {
     let target = &shared.target;
     let mut config = shared.listen.config.clone();
@@ -1298,6 +1353,70 @@ async fn take_counters_lock(
         "{name}, connected from {addr} since {since}{more}"
     )))
 }
+
+/// The other holders of the counters lock (on `client`'s session, which holds it shared) whose
+/// Redis store is not alive in `store`'s Redis: gateways counting in another Redis, or under
+/// another prefix, named as [`Taken::ByOther`] names them; `None` when there is none. One not
+/// alive is asked about again after a lapse of saying so (it may have just started), and a
+/// Redis that cannot be asked leaves the check (with a warning): it cannot tell.
+async fn counting_elsewhere(
+    client: &Client,
+    store: &RedisStore,
+    target: &str,
+) -> Result<Option<String>, KeyStoreError> {
+    let holders = client
+        .query(
+            "SELECT a.application_name, COALESCE(host(a.client_addr), 'a local socket')
+             FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+             WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
+               AND l.classid = $1 AND l.objid = $2 AND l.pid <> pg_backend_pid()
+             ORDER BY a.backend_start",
+            &[
+                &((EMBEDDED_COUNTERS_LOCK as u64 >> 32) as u32),
+                &(EMBEDDED_COUNTERS_LOCK as u64 as u32),
+            ],
+        )
+        .await
+        .map_err(|e| unavailable(target, &e))?;
+    let mut others: Vec<(String, String)> = holders
+        .iter()
+        .filter_map(|row| {
+            let (name, addr): (&str, &str) = (row.get(0), row.get(1));
+            let id = holder_live_id(name)?;
+            (id != store.live_id()).then(|| (id.to_owned(), format!("{name} from {addr}")))
+        })
+        .collect();
+    for round in 0..2 {
+        let mut elsewhere = Vec::new();
+        for (id, who) in others {
+            match store.is_alive(&id).await {
+                Ok(true) => {}
+                Ok(false) => elsewhere.push((id, who)),
+                Err(e) => {
+                    tracing::warn!(
+                        error = %e,
+                        "Redis not asked whether the other gateways on this database count there"
+                    );
+                    return Ok(None);
+                }
+            }
+        }
+        if elsewhere.is_empty() {
+            return Ok(None);
+        }
+        if round == 1 {
+            let named: Vec<String> = elsewhere.into_iter().map(|(_, who)| who).collect();
+            return Ok(Some(named.join(", ")));
+        }
+        // One that has just started says it is alive within moments.
+        tokio::time::sleep(ALIVE_AGAIN).await;
+        others = elsewhere;
+    }
+    Ok(None)
+}
+
+/// How long to wait before asking again about a gateway not alive in this Redis.
+const ALIVE_AGAIN: Duration = Duration::from_secs(2);
 
 /// The listener: keeps a connection `LISTEN`ing on [`CHANNEL`], reads every notified row back
 /// into memory, and reads everything whenever the connection is made (again). Tells `ready` how

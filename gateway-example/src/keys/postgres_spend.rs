@@ -146,7 +146,7 @@ impl PgSpend {
         store: RedisStore,
     ) -> Result<Self, KeyStoreError> {
         // Shared with the fleet's other gateways on Redis; refused beside one that counts alone.
-        let counters = keys.lock_counters(Counters::Redis).await?;
+        let counters = keys.lock_counters(Counters::Redis(store.clone())).await?;
         let mut spend = Self::start(keys, Source::Redis { log, store });
         spend._counters = Some(counters);
         spend.inner.check_epoch().await;

@@ -180,9 +180,38 @@ async fn a_second_gateway_with_counters_of_its_own_on_one_database_does_not_star
             "{}",
             e.1
         );
+        // Nor beside them with counters in another Redis, or under another prefix in theirs:
+        // each Redis would enforce every limit once. (Before, a gateway on a second Redis
+        // started and served a key's rpm_limit and budget in full again; a black-box trial.)
+        let other_redis = RedisServer::start("a_second_gateway_on_another_redis");
+        let elsewhere = [
+            other_redis
+                .as_ref()
+                .map(|r| setup("other-redis", &url, Some(r))),
+            Some(setup("other-prefix", &url, Some(&redis))),
+        ];
+        let yaml = elsewhere[1].as_ref().unwrap().join("gw.yaml");
+        let with_prefix = std::fs::read_to_string(&yaml)
+            .unwrap()
+            .replace("redis_url:", "redis_key_prefix: \"other:\", redis_url:");
+        std::fs::write(&yaml, with_prefix).unwrap();
+        for dir in elsewhere.iter().flatten() {
+            let e = start(command(dir, None)).expect_err("not beside a fleet on another Redis");
+            assert!(
+                e.1.contains("not in this gateway's Redis under its redis_key_prefix")
+                    && e.1.contains(&format!("pid {} on", a.id()))
+                    && e.1.contains(&format!("pid {} on", b.id())),
+                "{}",
+                e.1
+            );
+        }
         kill(&mut a, "-TERM");
         kill(&mut b, "-TERM");
-        for dir in [three, four] {
+        for dir in [Some(three), Some(four)]
+            .into_iter()
+            .chain(elsewhere)
+            .flatten()
+        {
             let _ = std::fs::remove_dir_all(&dir);
         }
     } else {

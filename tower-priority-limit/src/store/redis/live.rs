@@ -32,7 +32,16 @@ pub(super) struct Liveness {
     script: LuaScript,
     /// Each store's id (its slots' names start with it). Changed only when a store is made.
     ids: Mutex<Vec<u64>>,
+    /// Whether an id is alive in the registry (`ALIVE_LUA`).
+    alive: LuaScript,
 }
+
+/// Whether `ARGV[1]` is in the registry `KEYS[1]` and not lapsed, on Redis's clock: 1 or 0.
+const ALIVE_LUA: &str = "local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local lapses = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if lapses and tonumber(lapses) > now then return 1 end
+return 0";
 
 impl Liveness {
     /// The liveness of the stores under `key_prefix` on `connection`, none registered yet.
@@ -42,7 +51,22 @@ impl Liveness {
             connection,
             script: LuaScript::new(include_str!("live.lua")),
             ids: Mutex::new(Vec::new()),
+            alive: LuaScript::new(ALIVE_LUA),
         })
+    }
+
+    /// Whether the store `id` (16 hex digits) said it is alive here within [`LIVE_LAPSE`].
+    pub(super) async fn is_alive(
+        &self,
+        id: &str,
+        timeout: Duration,
+    ) -> Result<bool, crate::store::StoreError> {
+        let mut connection = self.connection.clone();
+        let keys = [self.registry.as_str()];
+        let alive = self.alive.call::<i64>(&mut connection, &keys, |cmd| {
+            cmd.arg(id);
+        });
+        Ok(bounded(timeout, alive).await? == 1)
     }
 
     /// The registry's key, which `admit.lua` is given with a request's callers.

@@ -563,6 +563,19 @@ impl RedisStore {
         Ok(())
     }
 
+    /// This store's id in its Redis's registry of gateways alive (16 hex digits; its parallel
+    /// slots are named after it): what another process asks [`is_alive`](Self::is_alive) about.
+    pub fn live_id(&self) -> String {
+        format!("{:016x}", self.inner.settlement_ids)
+    }
+
+    /// Whether the store `id` (another process's [`live_id`](Self::live_id)) says it is alive
+    /// in this store's Redis under this store's key prefix: a gateway counting in the same
+    /// place. Within the store's timeout.
+    pub async fn is_alive(&self, id: &str) -> Result<bool, StoreError> {
+        self.inner.live.is_alive(id, self.inner.timeout).await
+    }
+
     /// Did the last call to Redis for `model` succeed? On one server all models share one answer;
     /// on a cluster each model has its own, since its keys live on one master of several.
     pub fn is_healthy_for(&self, model: ModelId) -> bool {
