@@ -224,12 +224,22 @@ impl NoProxy {
                     .parse()
                     .map_err(|_| error("is not an address block (a.b.c.d/n)"))?;
                 let max = if address.is_ipv4() { 32 } else { 128 };
+                // `10.0.0.0/8:8080`: the block's port after its length.
+                let (bits, port) = match bits.split_once(':') {
+                    Some((bits, port)) => {
+                        let port: u16 = port
+                            .parse()
+                            .map_err(|_| error("has a port that is not a number"))?;
+                        (bits, Some(port))
+                    }
+                    None => (bits, None),
+                };
                 let bits: u8 = bits
                     .parse()
                     .ok()
                     .filter(|b| *b <= max)
                     .ok_or_else(|| error("has a prefix length out of range"))?;
-                entries.push(Bypass::Block(address, bits, None));
+                entries.push(Bypass::Block(address, bits, port));
                 continue;
             }
             let (host, port) =
@@ -443,7 +453,7 @@ mod tests {
     #[test]
     fn no_proxy_matches_domains_suffixes_addresses_blocks_and_ports() {
         let list = NoProxy::parse(
-            "example.com, .internal, *.corp.net, 10.1.2.3, 192.168.0.0/16, ::1, fd00::/8, api.local:8443",
+            "example.com, .internal, *.corp.net, 10.1.2.3, 192.168.0.0/16, ::1, fd00::/8, api.local:8443, 127.0.0.0/8:24101, fc00::/8:8443",
             "NO_PROXY",
         )
         .unwrap();
@@ -467,6 +477,11 @@ mod tests {
             ("[fe80::1]", 443, false),
             ("api.local", 8443, true),
             ("api.local", 443, false),
+            // A block with a port (was refused: "a prefix length out of range").
+            ("127.0.0.9", 24101, true),
+            ("127.0.0.9", 24102, false),
+            ("[fc00::7]", 8443, true),
+            ("[fc00::7]", 443, false),
         ] {
             assert_eq!(list.matches(host, port), direct, "{host}:{port}");
         }
@@ -477,7 +492,7 @@ mod tests {
         assert!(NoProxy::parse("0.0.0.0/0", "x")
             .unwrap()
             .matches("8.8.8.8", 53));
-        for bad in ["10.0.0.0/33", "x/8", "host:port", "."] {
+        for bad in ["10.0.0.0/33", "x/8", "host:port", ".", "10.0.0.0/8:port"] {
             let e = NoProxy::parse(bad, "NO_PROXY").unwrap_err();
             assert!(e.to_string().contains(&format!("`{bad}`")), "{e}");
         }
