@@ -126,7 +126,9 @@ model_list:
 }
 
 /// `connect_timeout`: an https upstream that accepts and never answers the handshake is a 504
-/// after the deployment's 0.3 s, well within its 60 s `timeout`.
+/// after the deployment's 0.3 s, well within its 60 s `timeout`; so is one reached through a
+/// forward proxy that accepts and never answers its tunnel (it was a 502, the proxy's failure
+/// taken for an unreachable upstream; a black-box trial).
 #[tokio::test]
 async fn connect_timeout_bounds_the_connect_of_its_deployment() {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -144,6 +146,8 @@ async fn connect_timeout_bounds_the_connect_of_its_deployment() {
 model_list:
   - model_name: r
     litellm_params: {{model: openai/x, api_base: "https://{addr}/v1", connect_timeout: 0.3, timeout: 60}}
+  - model_name: p
+    litellm_params: {{model: openai/x, api_base: "https://upstream.invalid/v1", proxy: "http://u:pw@{addr}", connect_timeout: 0.3, timeout: 60}}
 router_settings: {{num_retries: 0}}
 "#
         )),
@@ -154,6 +158,15 @@ router_settings: {{num_retries: 0}}
     assert_eq!(r.status, 504, "{}", r.text());
     let message = r.error_message();
     assert!(message.contains("no connection within 0.3 s"), "{message}");
+    let r = gw.chat(MASTER, "p", false).await;
+    assert_eq!(r.status, 504, "{}", r.text());
+    assert_eq!(r.json()["error"]["type"], "timeout", "{}", r.text());
+    let message = r.error_message();
+    assert!(
+        message.contains(&format!("through the proxy http://u:***@{addr}"))
+            && message.contains("no connection within 0.3 s"),
+        "{message}"
+    );
 }
 
 /// An https upstream with a certificate from the test's CA, asking every client for a

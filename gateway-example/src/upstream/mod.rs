@@ -476,7 +476,13 @@ fn upstream_request(
 
 /// The failure of an attempt whose request got no answer: each kind says what happened.
 fn send_failed(deployment: &Deployment, e: &ClientError) -> UpstreamFailure {
-    let (status, kind, what) = match e {
+    // Through a forward proxy, what happened on the way decides (a connection not made in time
+    // is a timeout there too); the message names the proxy.
+    let happened = match e {
+        ClientError::Proxy(_, inner) => &**inner,
+        e => e,
+    };
+    let (status, kind, what) = match happened {
         ClientError::Protocol(_) => (
             StatusCode::BAD_GATEWAY,
             "api_connection_error",
