@@ -144,7 +144,9 @@ pub fn same_limits(a: &LimiterConfig, b: &LimiterConfig) -> bool {
 /// Whether a key names a secret: any key containing `key`, `secret`, `token`, `password`,
 /// `credential` or `authorization`, in any case (`master_key`, `OPENAI_API_KEY`,
 /// `aws_secret_access_key`, `vertex_credentials`, a header's `Authorization`, ...). Errs on the
-/// side of hiding: `GET /config` may show `***` for a value that was not secret.
+/// side of hiding: `GET /config` may show `***` for a value that was not secret. A name that
+/// counts or prices tokens (`max_tokens`, `input_cost_per_token`, `cache_read_input_token_cost`)
+/// is not a token: prices are what an operator checks after a reload.
 fn is_secret_key(key: &str) -> bool {
     const SECRET: [&str; 7] = [
         "key",
@@ -156,6 +158,9 @@ fn is_secret_key(key: &str) -> bool {
         "passwd",
     ];
     let key = key.to_ascii_lowercase();
+    let key = ["tokens", "per_token", "token_cost"]
+        .iter()
+        .fold(key, |key, counted| key.replace(counted, ""));
     SECRET.iter().any(|s| key.contains(s))
 }
 
@@ -277,7 +282,9 @@ mod tests {
             "environment_variables": {"OPENAI_API_KEY": "sk-env", "LOG_LEVEL": "debug"},
             "model_list": [{"litellm_params": {
                 "aws_secret_access_key": "aws", "vertex_credentials": {"private": "pem"},
-                "headers": {"Authorization": "Bearer sk-h"}, "rpm": 10}}],
+                "headers": {"Authorization": "Bearer sk-h"}, "rpm": 10,
+                "input_cost_per_token": 0.000001, "cache_read_input_token_cost": 0.0000001,
+                "max_tokens": 100, "access_token": "t", "api_key_per_token": 1}}],
             "litellm_settings": {"callbacks": ["dynamic_rate_limiter_v3"]}
         });
         assert_eq!(
@@ -286,7 +293,9 @@ mod tests {
                 "environment_variables": {"OPENAI_API_KEY": "***", "LOG_LEVEL": "***"},
                 "model_list": [{"litellm_params": {
                     "aws_secret_access_key": "***", "vertex_credentials": {"private": "***"},
-                    "headers": {"Authorization": "***"}, "rpm": 10}}],
+                    "headers": {"Authorization": "***"}, "rpm": 10,
+                    "input_cost_per_token": 0.000001, "cache_read_input_token_cost": 0.0000001,
+                    "max_tokens": 100, "access_token": "***", "api_key_per_token": "***"}}],
                 "litellm_settings": {"callbacks": ["dynamic_rate_limiter_v3"]}
             })
         );
