@@ -766,6 +766,78 @@ async fn a_full_settlement_queue_drops_and_counts() {
     assert_eq!(tokens, 1, "the one queued settlement was recorded");
 }
 
+/// Counts the store's failed calls.
+#[derive(Debug, Default)]
+struct FailedCalls(std::sync::atomic::AtomicU64);
+
+impl tower_priority_limit::metrics::Observer for FailedCalls {
+    fn store_call(&self, _: Duration, ok: bool) {
+        if !ok {
+            self.0.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// A backlog of settlements while Redis is down is not a failed call per settlement at every
+/// retry: once a retry has failed entirely, the next sends one to find out, and the rest go
+/// when it passes. 50 settlements over 2 s of outage (eight retries): at most the first send
+/// and the first retry of each and one call a retry after (before: 50 a retry, 450 in all, each
+/// one `priority_limit_store_errors_total`; a black-box trial saw 330 a second with no traffic).
+/// All 50 reach Redis when it is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_settlement_backlog_is_probed_not_resent_while_redis_is_down() {
+    let Some(mut redis) = RedisServer::start("a_settlement_backlog_is_probed") else {
+        return;
+    };
+    let config = LimiterConfig::builder()
+        .model(ModelLimits::new("m").rpm(1_000).tpm(10_000_000))
+        .build()
+        .unwrap();
+    let failed = Arc::new(FailedCalls::default());
+    let store = RedisStore::builder(single(&redis))
+        .key_prefix("probe:")
+        .observer(failed.clone())
+        .connect(&config)
+        .await
+        .expect("redis store");
+    let limiter = Limiter::with_store(store);
+    let mut leases = Vec::new();
+    for _ in 0..50 {
+        let Acquired::Admitted { lease, .. } = limiter.acquire("m", None, 0).await.unwrap() else {
+            panic!("admitted");
+        };
+        leases.push(lease);
+    }
+    redis.kill();
+    for lease in leases {
+        lease.settle(10);
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let calls = failed.0.load(Ordering::Relaxed);
+    assert!(calls <= 2 * 50 + 10, "{calls} failed calls");
+    redis.restart();
+    let mut con = ::redis::Client::open(redis.url())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let tokens: Option<u64> = ::redis::cmd("HGET")
+            .arg("probe:{m}")
+            .arg("mt")
+            .query(&mut con)
+            .unwrap();
+        if tokens == Some(500) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the backlog reached Redis: {tokens:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// Tokens settled while Redis is unreachable are kept and sent again, and reach the shared
 /// counters once Redis is back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

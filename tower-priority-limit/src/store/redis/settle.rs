@@ -338,6 +338,10 @@ pub(super) async fn flush_settlements(
     let mut retry: Vec<Pending> = Vec::new();
     let mut next_retry = tokio::time::Instant::now();
     let mut open = true;
+    // The last retry failed entirely: Redis is taken for down, and the next retry sends one
+    // settlement to find out before the rest (a backlog is not a call per settlement every
+    // retry, each counted a failure, nor all at once on a Redis coming back).
+    let mut down = false;
     loop {
         // New settlements (and flush requests) are handled as they come; the ones Redis refused
         // wait for their retry time.
@@ -352,10 +356,10 @@ pub(super) async fn flush_settlements(
                 () = tokio::time::sleep_until(next_retry) => retry_due = true,
             }
         }
-        let retried = if retry_due {
-            retry.len().min(SETTLE_BATCH)
-        } else {
-            0
+        let retried = match (retry_due, down) {
+            (false, _) => 0,
+            (true, true) => 1,
+            (true, false) => retry.len().min(SETTLE_BATCH),
         };
         let mut settlements: Vec<Pending> = retry.drain(..retried).collect();
         let mut flushed = Vec::new();
@@ -368,9 +372,10 @@ pub(super) async fn flush_settlements(
         let model_taken: Vec<bool> = settlements.iter().map(|s| s.taken.model).collect();
         let results =
             futures_util::future::join_all(settlements.iter_mut().map(|s| inner.settle(s))).await;
-        let mut failed = 0;
+        let (mut failed, mut retried_failed) = (0, 0);
         let mut settled_models: Vec<ModelId> = Vec::new();
-        for ((s, result), taken_before) in settlements.into_iter().zip(results).zip(model_taken) {
+        let each = settlements.into_iter().zip(results).zip(model_taken);
+        for (i, ((s, result), taken_before)) in each.enumerate() {
             if s.taken.model && !taken_before {
                 // The model's part recorded (its callers' may still be retried), its count
                 // released already: the hook's waiters see it.
@@ -383,11 +388,19 @@ pub(super) async fn flush_settlements(
                     tracing::warn!(%e, "rate-limit settlements not recorded in Redis; retrying");
                 }
                 failed += 1;
+                // The retried ones come first.
+                retried_failed += usize::from(i < retried);
                 retry.push(s);
             }
         }
+        if retried > 0 {
+            down = retried_failed == retried;
+        }
         if failed > 0 {
             next_retry = tokio::time::Instant::now() + RETRY_INTERVAL;
+        } else if retried > 0 {
+            // The probe went through: the rest of the backlog at once.
+            next_retry = tokio::time::Instant::now();
         }
         if retry.len() > capacity {
             let excess = retry.len() - capacity;
