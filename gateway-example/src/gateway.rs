@@ -206,7 +206,7 @@ impl GatewayBuilder {
                 Err(e) => tracing::warn!(
                     redis = redis.target(),
                     error = %e,
-                    "Redis is not answering; only the master key works until it does"
+                    "the keys' Redis cannot be used; only the master key works until it can"
                 ),
             }
         }

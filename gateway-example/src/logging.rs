@@ -26,7 +26,56 @@ pub fn init(default_filter: &str, output: Output) {
         .with_env_filter(filter)
         .with_ansi(colour);
     match output {
-        Output::Stdout => logs.init(),
-        Output::Stderr => logs.with_writer(std::io::stderr).init(),
+        Output::Stdout => logs.with_writer(|| OneLine(std::io::stdout())).init(),
+        Output::Stderr => logs.with_writer(|| OneLine(std::io::stderr())).init(),
+    }
+}
+
+/// Writes each log event as one line: a line break inside it (an error's text from a library,
+/// such as a Redis client's parse error) is written as `\n`, so a line-oriented log reader sees
+/// one event a line. The formatter writes each event, its final line break included, at once.
+struct OneLine<W>(W);
+
+impl<W: std::io::Write> std::io::Write for OneLine<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let body = buf.strip_suffix(b"\n").unwrap_or(buf);
+        if !body.contains(&b'\n') {
+            return self.0.write_all(buf).map(|()| buf.len());
+        }
+        let mut line = Vec::with_capacity(buf.len() + 8);
+        for &b in body {
+            match b {
+                b'\n' => line.extend_from_slice(b"\\n"),
+                b'\r' => line.extend_from_slice(b"\\r"),
+                b => line.push(b),
+            }
+        }
+        if body.len() < buf.len() {
+            line.push(b'\n');
+        }
+        self.0.write_all(&line).map(|()| buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.0.flush()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write;
+
+    use super::OneLine;
+
+    #[test]
+    fn an_event_with_line_breaks_is_written_as_one_line() {
+        let mut out = OneLine(Vec::new());
+        out.write_all(b"WARN error=Parse error at 1\nUnexpected `84`\r\n end\n")
+            .unwrap();
+        out.write_all(b"INFO plain\n").unwrap();
+        assert_eq!(
+            String::from_utf8(out.0).unwrap(),
+            "WARN error=Parse error at 1\\nUnexpected `84`\\r\\n end\nINFO plain\n"
+        );
     }
 }

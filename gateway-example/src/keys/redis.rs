@@ -52,8 +52,9 @@ const RECONNECT_RETRIES: usize = 2;
 const RECONNECT_MIN_DELAY: Duration = Duration::from_millis(10);
 const RECONNECT_MAX_DELAY: Duration = Duration::from_millis(100);
 
-/// At most one "Redis unavailable" warning per this interval (an outage fails every request).
-const WARN_EVERY: Duration = Duration::from_secs(1);
+/// At most one "Redis unavailable" warning per this interval (an outage fails every request):
+/// the first at once, then one every 10 s while it lasts, each with how many calls failed.
+const WARN_EVERY: Duration = Duration::from_secs(10);
 
 /// Keys and teams in Redis, with a local cache of positive key lookups.
 pub struct RedisKeys {
@@ -65,6 +66,9 @@ pub struct RedisKeys {
     /// The target with passwords hidden, for `Debug` and logs.
     target: String,
     warned: Throttle,
+    /// Calls failed since Redis last answered (0: it answers), for the warnings and the line
+    /// that says it is back.
+    failed_calls: AtomicU64,
     /// Ends the connection's keep-alive ([`keep_alive`]) when the store is dropped.
     _alive: Arc<()>,
     /// After a lookup failed: until when (ms since `started`) lookups of keys cached here (even
@@ -137,6 +141,7 @@ impl RedisKeys {
             cache: KeyCache::default(),
             target: redacted,
             warned: Throttle::new(),
+            failed_calls: AtomicU64::new(0),
             _alive: alive,
             resting_until: std::sync::atomic::AtomicU64::new(0),
             started: std::time::Instant::now(),
@@ -172,7 +177,7 @@ impl RedisKeys {
         };
         match tokio::time::timeout(timeout, ping).await {
             Ok(Ok(_)) => Ok(()),
-            Ok(Err(e)) => Err(KeyStoreError::Unavailable(e.to_string())),
+            Ok(Err(e)) => Err(KeyStoreError::Unavailable(failure(&e))),
             Err(_) => Err(KeyStoreError::Unavailable(format!(
                 "Redis did not answer within {} ms",
                 timeout.as_millis()
@@ -202,15 +207,29 @@ impl RedisKeys {
             }
         };
         let message = match tokio::time::timeout(self.timeout, attempt).await {
-            Ok(Ok(v)) => return Ok(v),
-            Ok(Err(e)) => e.to_string(),
+            Ok(Ok(v)) => {
+                if self.failed_calls.load(Ordering::Relaxed) != 0 {
+                    let failed = self.failed_calls.swap(0, Ordering::Relaxed);
+                    if failed != 0 {
+                        tracing::info!(redis = %self.target, failed, "key store: Redis answers again");
+                    }
+                }
+                return Ok(v);
+            }
+            Ok(Err(e)) => failure(&e),
             Err(_) => format!(
                 "Redis did not answer within {} ms",
                 self.timeout.as_millis()
             ),
         };
+        let failed = self.failed_calls.fetch_add(1, Ordering::Relaxed) + 1;
         if self.warned.ready() {
-            tracing::warn!(redis = %self.target, error = %message, "key store: Redis call failed");
+            tracing::warn!(
+                redis = %self.target,
+                error = %message,
+                failed_since_it_answered = failed,
+                "key store: Redis call failed"
+            );
         }
         Err(KeyStoreError::Unavailable(message))
     }
@@ -980,5 +999,46 @@ impl Throttle {
         self.last
             .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
             .is_ok()
+    }
+}
+
+/// What a failed call says: something that answered, but not in Redis's protocol (an HTTP
+/// server on that port), is named so rather than taken for a Redis that failed.
+fn failure(e: &RedisError) -> String {
+    match e.kind() {
+        ErrorKind::Parse | ErrorKind::UnexpectedReturnType => {
+            format!("something answered, but not as Redis (is this Redis's address and port?): {e}")
+        }
+        _ => e.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A `redis_url` that names another kind of server (an HTTP one) is said to be that, not a
+    /// Redis that does not answer.
+    #[tokio::test]
+    async fn a_server_that_is_not_redis_is_named_so() {
+        use tokio::io::AsyncWriteExt;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                // As an HTTP server answers a request it cannot read, and closes.
+                let _ = stream
+                    .write_all(b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\n\r\n")
+                    .await;
+            }
+        });
+        let target = RedisTarget::Single(format!("redis://127.0.0.1:{port}"));
+        let keys = RedisKeys::new(&target, "k:").unwrap();
+        let e = keys.ping(Duration::from_secs(2)).await.unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("something answered, but not as Redis"),
+            "{e}"
+        );
     }
 }

@@ -1182,10 +1182,12 @@ impl Inner {
                 1 => tracing::error!(
                     %error,
                     mode = self.failure_mode.as_str(),
+                    prefix = %self.key_prefix,
                     "rate-limit Redis unavailable; applying redis_failure_mode"
                 ),
                 _ => tracing::error!(
                     %error,
+                    prefix = %self.key_prefix,
                     model = self.config.model(model).name(),
                     mode = self.failure_mode.as_str(),
                     "rate-limit Redis Cluster unavailable for this model's slot; applying \
@@ -1241,8 +1243,14 @@ impl Inner {
         };
         if health.up() {
             match self.health.len() {
-                1 => tracing::warn!("rate-limit Redis answers again; back on shared counters"),
-                _ => tracing::warn!(
+                // The prefix tells a gateway's stores apart (its model groups', its
+                // deployments'), each of which says so.
+                1 => tracing::info!(
+                    prefix = %self.key_prefix,
+                    "rate-limit Redis answers again; back on shared counters"
+                ),
+                _ => tracing::info!(
+                    prefix = %self.key_prefix,
                     model = self.config.model(model).name(),
                     "rate-limit Redis Cluster answers again for this model; back on shared counters"
                 ),

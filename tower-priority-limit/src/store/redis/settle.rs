@@ -26,6 +26,7 @@ use crate::caller::{CallerMarks, Callers, NanoUsd, DAY_MS};
 use crate::config::{ModelId, TokenAccounting};
 use crate::decision::{slot_ms, Millis, NOT_COUNTED};
 use crate::store::{Settlement, Settler, SpendRow, StoreError};
+use crate::throttle::LogThrottle;
 
 /// Settlements sent to Redis at once by the flusher.
 const SETTLE_BATCH: usize = 256;
@@ -385,7 +386,16 @@ pub(super) async fn flush_settlements(
             }
             if let Err(e) = result {
                 if failed == 0 && retry.is_empty() {
-                    tracing::warn!(%e, "rate-limit settlements not recorded in Redis; retrying");
+                    // Once per outage and store; at most a line a second over all stores.
+                    static UNRECORDED: LogThrottle = LogThrottle::new();
+                    if let Some(suppressed) = UNRECORDED.slot() {
+                        tracing::warn!(
+                            %e,
+                            suppressed,
+                            prefix = %inner.key_prefix,
+                            "rate-limit settlements not recorded in Redis; retrying"
+                        );
+                    }
                 }
                 failed += 1;
                 // The retried ones come first.
