@@ -39,6 +39,12 @@ async fn the_dashboard_shows_saturation_shares_outcomes_and_deployments() {
     assert_eq!(gw.get("/ui/state", Some(&prod)).await.status, 401);
     let page = gw.get("/ui", None).await;
     assert_eq!(page.status, 200);
+    // Never cached nor framed: the page and, with the master key, its data.
+    let state = gw.get("/ui/state", Some(MASTER)).await;
+    for reply in [&page, &state] {
+        assert_eq!(reply.headers["cache-control"], "no-store");
+        assert_eq!(reply.headers["x-frame-options"], "DENY");
+    }
     assert!(
         !page.text().contains("http://") && !page.text().contains("https://"),
         "no CDN"

@@ -18,3 +18,4 @@ mod queue;
 mod reload;
 mod stall;
 mod store;
+mod ui;

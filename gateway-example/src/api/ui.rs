@@ -10,23 +10,34 @@
 use std::sync::Arc;
 
 use axum::extract::State;
-use axum::response::Html;
+use axum::http::header;
+use axum::response::{Html, IntoResponse};
 use axum::Json;
 use serde_json::{json, Value};
 use tower_priority_limit::config::PoolRef;
 use tower_priority_limit::metrics::OutcomeLabel;
 
 use crate::gateway::Gateway;
+use crate::store::GatewayStore;
+
+/// Headers of the page and its data: never cached (the data is the master key's), never framed
+/// by another site, no referrer sent on.
+const GUARDED: [(header::HeaderName, &str); 4] = [
+    (header::CACHE_CONTROL, "no-store"),
+    (header::X_FRAME_OPTIONS, "DENY"),
+    (header::CONTENT_SECURITY_POLICY, "frame-ancestors 'none'"),
+    (header::REFERRER_POLICY, "no-referrer"),
+];
 
 /// The page.
-pub async fn page() -> Html<&'static str> {
-    Html(include_str!("ui.html"))
+pub async fn page() -> impl IntoResponse {
+    (GUARDED, Html(include_str!("ui.html")))
 }
 
 /// Per model: saturation and threshold, each priority's use of its reserved share in both
 /// dimensions with its admissions by outcome since start (the page turns them into rates) and
 /// queue depth; and every deployment's health and requests in flight.
-pub async fn state(State(gw): State<Arc<Gateway>>) -> Json<Value> {
+pub async fn state(State(gw): State<Arc<Gateway>>) -> impl IntoResponse {
     let config = gw.config();
     let limits = &config.limiter;
     let metrics = gw.metrics().limiter();
@@ -88,10 +99,24 @@ pub async fn state(State(gw): State<Arc<Gateway>>) -> Json<Value> {
             }))
         })
         .collect();
-    Json(json!({
+    // Whether the counters are shared now, without a round trip: on Redis, whether its last
+    // call answered (else the failure mode decides: `redis_failure_mode`).
+    let store = match gw.limiter().store() {
+        GatewayStore::Embedded(_) => json!({"kind": "embedded", "shared": true}),
+        GatewayStore::Redis(redis) => json!({
+            "kind": "redis",
+            "shared": redis.is_healthy(),
+            "failure_mode": limits.settings().shared.failure_mode.as_str(),
+            "expected_nodes": limits.settings().shared.expected_nodes,
+        }),
+    };
+    let state = Json(json!({
         "threshold": limits.settings().saturation_threshold,
+        "queue": limits.settings().queue.is_some(),
+        "store": store,
         "limiter": config.limiter_enabled,
         "metrics": config.metrics,
         "models": models,
-    }))
+    }));
+    (GUARDED, state)
 }
