@@ -154,3 +154,30 @@ async fn the_router_timeout_bounds_retries_and_fallbacks_together() {
         "{models:?}"
     );
 }
+
+/// A deployment's `timeout` bounds its own attempts, and leaves its fallbacks their time, as
+/// LiteLLM's per-call timeout does: `slow` (`timeout: 0.3`, an upstream that takes longer)
+/// falls back to `luna`, which answers. Before, without `router_settings.timeout` the request
+/// had only its own group's largest `timeout` (0.3 s) for all its attempts: a 504 at 0.3 s with
+/// `x-litellm-attempted-fallbacks: 0` (a black-box trial).
+#[tokio::test]
+async fn a_deployment_timeout_leaves_its_fallbacks_their_time() {
+    let (up, base) = Upstream::start().await;
+    let yaml = with_master(&format!(
+        r#"
+model_list:
+  - model_name: luna
+    litellm_params: {{model: openai/gpt-x, api_base: "{base}"}}
+  - model_name: slow
+    litellm_params: {{model: openai/slow, api_base: "{base}", timeout: 0.3}}
+router_settings:
+  num_retries: 0
+  fallbacks: [{{slow: [luna]}}]
+"#
+    ));
+    let gw = Gw::start(&yaml, None).await;
+    let r = bounded("the fallback", gw.chat(MASTER, "slow", false)).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.headers["x-litellm-attempted-fallbacks"], "1");
+    assert_eq!(up.models(), ["slow", "gpt-x"]);
+}

@@ -45,8 +45,9 @@ pub const ATTEMPTED_FALLBACKS: HeaderName =
 /// group that served it.
 ///
 /// All attempts together have the request's `timeout` (`router_settings.timeout`, else the
-/// largest `timeout` of its group's deployments), counted from here: each gets what is left, at
-/// most its deployment's own `timeout`; when nothing is left the answer is a 504.
+/// largest `timeout` of its group's and its fallbacks' deployments), counted from here: each
+/// gets what is left, at most its deployment's own `timeout`; when nothing is left the answer is
+/// a 504.
 pub async fn serve(
     router: &Router,
     deployments: &[Deployment],
@@ -115,7 +116,16 @@ pub async fn serve(
         }
     }
 
-    let total = request_timeout(router, deployments, first);
+    let total = request_timeout(
+        router,
+        deployments,
+        std::iter::once(first).chain(
+            fallback_groups
+                .iter()
+                .map(String::as_str)
+                .filter(|g| allowed(g)),
+        ),
+    );
     let mut attempts = Attempts::new(router.settings(), router.budget(), first, fallback_groups)
         .with_time_limit(total)
         .allowing(&allowed);
@@ -430,13 +440,21 @@ fn observe_deployment_shadow(
     observer.deployment_shadow_refusal(model, pool, refused.dimension, admitted_as);
 }
 
-/// The time all attempts of a request to group `first` have together: `router_settings.timeout`
-/// when set, else the largest `timeout` of the group's deployments.
-fn request_timeout(router: &Router, deployments: &[Deployment], first: &str) -> Duration {
+/// The time all attempts of a request have together: `router_settings.timeout` when set, else
+/// the largest `timeout` of the deployments of its `groups` (its own, then the fallbacks it may
+/// use). So a deployment's `timeout` bounds its own attempts, as LiteLLM's does, and leaves its
+/// fallbacks their time: one slow deployment with `timeout: 1` falls back instead of ending the
+/// request at 1 s.
+fn request_timeout<'a>(
+    router: &Router,
+    deployments: &[Deployment],
+    groups: impl Iterator<Item = &'a str>,
+) -> Duration {
     router.settings().timeout.unwrap_or_else(|| {
-        router
-            .group(first)
-            .and_then(|g| g.members.iter().map(|&i| deployments[i].timeout).max())
+        groups
+            .filter_map(|name| router.group(name))
+            .flat_map(|g| g.members.iter().map(|&i| deployments[i].timeout))
+            .max()
             .unwrap_or(crate::config::DEFAULT_TIMEOUT)
     })
 }
