@@ -56,9 +56,11 @@ pub const LITELLM_SETTINGS: &[&str] = &[
     "drop_params",
     "fallbacks",
     "guardrails",
+    "litellm_metadata",
     "mock_response",
     "mock_testing_fallbacks",
     "mock_timeout",
+    "no-log",
     "num_retries",
     "tags",
     "timeout",
@@ -253,9 +255,11 @@ impl<'de> Visitor<'de> for Name<'_> {
             | "drop_params"
             | "fallbacks"
             | "guardrails"
+            | "litellm_metadata"
             | "mock_response"
             | "mock_testing_fallbacks"
             | "mock_timeout"
+            | "no-log"
             | "num_retries"
             | "tags"
             | "timeout" => {
