@@ -30,7 +30,8 @@
 //!   seen when the listener is back: it reads everything again); writes are
 //!   [`KeyStoreError::Unavailable`] (503).
 //! - Cut off without a word (no FIN, no RST): the listening connection answers a heartbeat
-//!   every [`HEARTBEAT`], and a batch of changed rows is read within [`REFRESH_TIMEOUT`]; past
+//!   every 2 s (`HEARTBEAT`), and a batch of changed rows is read within 5 s
+//!   (`REFRESH_TIMEOUT`); past
 //!   either, it is made again and everything read again, so changes made elsewhere are not
 //!   missed for as long as TCP would take to tell.
 //! - Slow: every write is bounded by [`DEFAULT_POSTGRES_TIMEOUT`], on the client and as the
