@@ -450,6 +450,7 @@ impl Gateway {
             deployments,
             connections,
             keys,
+            config: self.config_fingerprint(),
         })
     }
 
@@ -593,7 +594,11 @@ impl Gateway {
             // their learned output estimates, their queues and their Redis connections.
             self.config.store(Arc::new(config));
             self.document.store(document.map(Arc::new));
-            tracing::info!(limits_changed = false, "config reloaded");
+            tracing::info!(
+                limits_changed = false,
+                config = self.config_fingerprint().unwrap_or_default(),
+                "config reloaded"
+            );
             return Ok(Reloaded {
                 limits_changed: false,
                 not_honoured,
@@ -627,7 +632,11 @@ impl Gateway {
         self.limiter.store(limiter);
         self.config.store(Arc::new(config));
         self.document.store(document.map(Arc::new));
-        tracing::info!(limits_changed = changed, "config reloaded");
+        tracing::info!(
+            limits_changed = changed,
+            config = self.config_fingerprint().unwrap_or_default(),
+            "config reloaded"
+        );
         Ok(Reloaded {
             limits_changed: changed,
             not_honoured,
@@ -684,6 +693,17 @@ impl Gateway {
     /// gateway was not started from a file.
     pub fn config_document(&self) -> Option<serde_json::Value> {
         self.document.load().as_deref().map(crate::reload::redact)
+    }
+
+    /// The first 12 hex digits of the SHA-256 of the config document in force, secrets hidden
+    /// (`None` without a file): gateways of a fleet that show different ones run different
+    /// configs, and enforce different limits on the same shared counters.
+    pub fn config_fingerprint(&self) -> Option<String> {
+        use sha2::{Digest, Sha256};
+        let document = self.config_document()?;
+        // serde_json's maps are ordered: the same document always writes the same text.
+        let digest = Sha256::digest(document.to_string().as_bytes());
+        Some(digest[..6].iter().map(|b| format!("{b:02x}")).collect())
     }
 
     /// Ends every upstream response still streaming, and any started later, at once: a stream

@@ -190,6 +190,10 @@ async fn run(args: Args) -> Result<(), String> {
             }
         }
     }));
+    if let Some(fingerprint) = gateway.config_fingerprint() {
+        tracing::info!(config = fingerprint, "config in force");
+    }
+    // Its own line, the address last: what scripts and tests read.
     tracing::info!("listening on http://{local}");
     // Records made under another config may hold limits this one cannot apply: said, not
     // left to do nothing (in the background: a large key store is read once).

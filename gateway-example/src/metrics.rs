@@ -332,6 +332,8 @@ pub struct ScrapeGauges {
     pub keys: Option<u64>,
     /// Per wildcard route: the concrete names it serves (each with windows of its own).
     pub wildcards: Vec<(String, u64)>,
+    /// The config in force's fingerprint ([`crate::Gateway::config_fingerprint`]).
+    pub config: Option<String>,
 }
 
 impl Collector for ScrapeGauges {
@@ -423,6 +425,15 @@ impl Collector for ScrapeGauges {
                 let labels = [("route", route.as_str())];
                 gauge(*n).encode(family.encode_family(&labels)?)?;
             }
+        }
+        if let Some(fingerprint) = &self.config {
+            let mut family = encoder.encode_descriptor(
+                "gateway_config_info",
+                "The config in force, by its fingerprint (1): gateways of a fleet with different ones enforce different limits",
+                None,
+                MetricType::Gauge,
+            )?;
+            gauge(1).encode(family.encode_family(&[("fingerprint", fingerprint.as_str())])?)?;
         }
         if let Some(keys) = self.keys {
             let family = encoder.encode_descriptor(

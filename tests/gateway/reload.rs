@@ -209,3 +209,35 @@ async fn a_reload_keeps_the_learned_estimates() {
     assert_eq!(after.output_estimate, learned.output_estimate, "{after:?}");
     assert_eq!(after.settled, learned.settled);
 }
+
+/// A gateway says which config it runs: a fingerprint of the document in force (secrets
+/// hidden) in `/health/readiness`, `/ui/state` and `gateway_config_info{fingerprint}`. Two
+/// gateways on one file show the same; a reload that changes a limit changes it, so a fleet
+/// whose gateways were reloaded apart shows it (a black-box trial saw a fleet enforce two
+/// different limits on one Redis with nothing to tell).
+#[tokio::test]
+async fn each_gateway_shows_the_fingerprint_of_its_config() {
+    async fn fingerprint(gw: &Gw) -> String {
+        let health = gw.get("/health/readiness", None).await.json();
+        let state = gw.get("/ui/state", Some(MASTER)).await.json();
+        let metrics = gw.get("/metrics", Some(MASTER)).await.text().to_owned();
+        let shown = health["config"].as_str().unwrap().to_owned();
+        assert_eq!(shown.len(), 12, "{health}");
+        assert_eq!(state["config"], shown.as_str());
+        assert!(
+            metrics.contains(&format!("gateway_config_info{{fingerprint=\"{shown}\"}} 1")),
+            "{metrics}"
+        );
+        shown
+    }
+    let (_dir, path) = file(&config(4, ""));
+    let (a, b) = (Gw::start_file(&path).await, Gw::start_file(&path).await);
+    let before = fingerprint(&a).await;
+    assert_eq!(fingerprint(&b).await, before, "one file, one fingerprint");
+    std::fs::write(&path, config(5, "")).unwrap();
+    let reply = a.post("/config/reload", Some(MASTER), json!({})).await;
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    let after = fingerprint(&a).await;
+    assert_ne!(after, before, "a changed limit");
+    assert_eq!(fingerprint(&b).await, before, "the other gateway, not reloaded");
+}

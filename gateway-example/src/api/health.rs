@@ -63,5 +63,6 @@ pub async fn readiness(State(gw): State<Arc<Gateway>>) -> Json<Value> {
         "key_store": keys.kind(),
         "key_store_reachable": key_store_reachable,
         "models": gw.config().model_names(),
+        "config": gw.config_fingerprint(),
     }))
 }

@@ -113,6 +113,7 @@ pub async fn state(State(gw): State<Arc<Gateway>>) -> impl IntoResponse {
     let state = Json(json!({
         "threshold": limits.settings().saturation_threshold,
         "queue": limits.settings().queue.is_some(),
+        "config": gw.config_fingerprint(),
         "store": store,
         "limiter": config.limiter_enabled,
         "metrics": config.metrics,
