@@ -31,9 +31,8 @@
 //!   [`KeyStoreError::Unavailable`] (503).
 //! - Cut off without a word (no FIN, no RST): the listening connection answers a heartbeat
 //!   every 2 s (`HEARTBEAT`), and a batch of changed rows is read within 5 s
-//!   (`REFRESH_TIMEOUT`); past
-//!   either, it is made again and everything read again, so changes made elsewhere are not
-//!   missed for as long as TCP would take to tell.
+//!   (`REFRESH_TIMEOUT`); past either, it is made again and everything read again, so changes
+//!   made elsewhere are not missed for as long as TCP would take to tell.
 //! - Slow: every write is bounded by [`DEFAULT_POSTGRES_TIMEOUT`], on the client and as the
 //!   connection's `statement_timeout` on the server, so a stuck write ends as a 503 and frees its
 //!   connection; lookups are unaffected.
