@@ -1357,7 +1357,7 @@ async fn take_counters_lock(
 /// The other holders of the counters lock (on `client`'s session, which holds it shared) whose
 /// Redis store is not alive in `store`'s Redis: gateways counting in another Redis, or under
 /// another prefix, named as [`Taken::ByOther`] names them; `None` when there is none. One not
-/// alive is asked about again after a lapse of saying so (it may have just started), and a
+/// alive is asked about again after [`ALIVE_AGAIN`] (Redis may have just been emptied), and a
 /// Redis that cannot be asked leaves the check (with a warning): it cannot tell.
 async fn counting_elsewhere(
     client: &Client,
@@ -1415,8 +1415,10 @@ async fn counting_elsewhere(
     Ok(None)
 }
 
-/// How long to wait before asking again about a gateway not alive in this Redis.
-const ALIVE_AGAIN: Duration = Duration::from_secs(2);
+/// How long to wait before asking again about a gateway not alive in this Redis: past one
+/// saying of every gateway (every 5 s), so a Redis emptied a moment ago (`FLUSHALL`, a restart)
+/// has heard from them all again.
+const ALIVE_AGAIN: Duration = Duration::from_secs(6);
 
 /// The listener: keeps a connection `LISTEN`ing on [`CHANNEL`], reads every notified row back
 /// into memory, and reads everything whenever the connection is made (again). Tells `ready` how
