@@ -239,5 +239,9 @@ async fn each_gateway_shows_the_fingerprint_of_its_config() {
     assert_eq!(reply.status, 200, "{}", reply.text());
     let after = fingerprint(&a).await;
     assert_ne!(after, before, "a changed limit");
-    assert_eq!(fingerprint(&b).await, before, "the other gateway, not reloaded");
+    assert_eq!(
+        fingerprint(&b).await,
+        before,
+        "the other gateway, not reloaded"
+    );
 }
