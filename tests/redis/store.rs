@@ -816,25 +816,30 @@ async fn a_settlement_backlog_is_probed_not_resent_while_redis_is_down() {
     let calls = failed.0.load(Ordering::Relaxed);
     assert!(calls <= 2 * 50 + 10, "{calls} failed calls");
     redis.restart();
+    model_tokens_become(&redis, "probe:{m}", 500, Duration::from_secs(10)).await;
+}
+
+/// Waits until the model hash `key` holds `tokens` (its `mt`), failing after `within`.
+async fn model_tokens_become(redis: &RedisServer, key: &str, tokens: u64, within: Duration) {
     let mut con = ::redis::Client::open(redis.url())
         .unwrap()
         .get_connection()
         .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
+    let deadline = Instant::now() + within;
     loop {
-        let tokens: Option<u64> = ::redis::cmd("HGET")
-            .arg("probe:{m}")
+        let now: Option<u64> = ::redis::cmd("HGET")
+            .arg(key)
             .arg("mt")
             .query(&mut con)
             .unwrap();
-        if tokens == Some(500) {
-            break;
+        if now == Some(tokens) {
+            return;
         }
         assert!(
             Instant::now() < deadline,
-            "the backlog reached Redis: {tokens:?}"
+            "{key} never held {tokens} tokens: {now:?}"
         );
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 
@@ -866,26 +871,7 @@ async fn settlements_made_during_an_outage_reach_redis_when_it_returns() {
             >= 1
     );
     redis.restart();
-    let mut con = ::redis::Client::open(redis.url())
-        .unwrap()
-        .get_connection()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(3);
-    loop {
-        let tokens: Option<u64> = ::redis::cmd("HGET")
-            .arg("outage:{m}")
-            .arg("mt")
-            .query(&mut con)
-            .unwrap();
-        if tokens == Some(25) {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the settlement never reached Redis: {tokens:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    model_tokens_become(&redis, "outage:{m}", 25, Duration::from_secs(3)).await;
     assert_eq!(
         limiter
             .store()

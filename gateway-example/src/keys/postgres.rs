@@ -1571,6 +1571,27 @@ mod tests {
         );
     }
 
+    /// A counters-lock session's name carries its Redis store's id where it has one, read back
+    /// as written, and is never longer than the 63 bytes Postgres keeps.
+    #[test]
+    fn a_holders_name_carries_its_redis_store_id() {
+        let with = counters_holder(Some("0123456789abcdef"));
+        assert!(
+            with.starts_with("gateway-example 0123456789abcdef pid "),
+            "{with}"
+        );
+        assert!(with.len() <= 63);
+        assert_eq!(holder_live_id(&with), Some("0123456789abcdef"));
+        let without = counters_holder(None);
+        assert!(without.starts_with("gateway-example pid "), "{without}");
+        assert_eq!(holder_live_id(&without), None);
+        assert_eq!(holder_live_id("psql"), None);
+        assert_eq!(
+            holder_live_id("gateway-example 0123456789abcdeX pid 1"),
+            None
+        );
+    }
+
     #[test]
     fn a_url_the_driver_cannot_read_is_named_without_its_password() {
         let url = DatabaseUrl::parse("postgres://gw:pw@db:notaport/keys", "test").unwrap();
