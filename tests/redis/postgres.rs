@@ -1673,3 +1673,44 @@ async fn a_gateway_cut_off_from_postgres_without_a_word_follows_again() {
     .await;
     println!("B followed again {took:?} after the idle cut");
 }
+
+/// The counters lock is one per database: a gateway on another database of the same Postgres
+/// server (a staging one beside production), with its own Redis prefix, starts beside a fleet,
+/// and one counting alone on a third database starts beside both. Before, the check that a
+/// fleet's gateways count in one Redis read every database's holders and refused it (a
+/// black-box trial).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gateways_on_other_databases_of_one_server_start_beside_a_fleet() {
+    let Some(postgres) = PostgresServer::start("gateways_on_other_databases") else {
+        return;
+    };
+    let Some(redis) = RedisServer::start("gateways_on_other_databases") else {
+        return;
+    };
+    let db = sql(&postgres).await;
+    for name in ["staging", "alone"] {
+        db.batch_execute(&format!("CREATE DATABASE {name}"))
+            .await
+            .unwrap();
+    }
+    let (fleet, _dirs) = gateways(&config(&postgres, Some(&redis)), 2).await;
+    let on = |database: &str, yaml: String| {
+        yaml.replace(
+            &format!("127.0.0.1:{}/postgres", postgres.port()),
+            &format!("127.0.0.1:{}/{database}", postgres.port()),
+        )
+    };
+    let staging = on(
+        "staging",
+        config(&postgres, Some(&redis))
+            .replace("redis_url:", "redis_key_prefix: \"staging:\"\n  redis_url:"),
+    );
+    assert!(staging.contains("/staging\"") && staging.contains("staging:"));
+    let (staged, _staged_dirs) = gateways(&staging, 1).await;
+    let alone = on("alone", config(&postgres, None));
+    let (lone, _lone_dirs) = gateways(&alone, 1).await;
+    for gw in fleet.iter().chain(&staged).chain(&lone) {
+        let key = gw.new_key(json!({})).await;
+        assert_eq!(gw.chat(&key, M, false).await.status, 200);
+    }
+}

@@ -1316,14 +1316,16 @@ async fn take_counters_lock(
     if taken {
         return Ok(Taken::Held(client));
     }
-    // A bigint advisory lock is listed as its high and low halves, `objsubid` 1; the holders in
-    // the order they connected.
+    // A bigint advisory lock is listed as its high and low halves, `objsubid` 1, in its
+    // database (another database's gateways hold a lock of their own); the holders in the order
+    // they connected.
     let holders = client
         .query(
             "SELECT a.application_name, COALESCE(host(a.client_addr), 'a local socket'), \
                     to_char(a.backend_start, 'YYYY-MM-DD HH24:MI:SS TZ')
              FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
              WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
+               AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
                AND l.classid = $1 AND l.objid = $2
              ORDER BY a.backend_start",
             &[
@@ -1369,6 +1371,7 @@ async fn counting_elsewhere(
             "SELECT a.application_name, COALESCE(host(a.client_addr), 'a local socket')
              FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
              WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
+               AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
                AND l.classid = $1 AND l.objid = $2 AND l.pid <> pg_backend_pid()
              ORDER BY a.backend_start",
             &[
