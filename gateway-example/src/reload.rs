@@ -146,9 +146,10 @@ pub fn same_limits(a: &LimiterConfig, b: &LimiterConfig) -> bool {
 /// `aws_secret_access_key`, `vertex_credentials`, a header's `Authorization`, ...). Errs on the
 /// side of hiding: `GET /config` may show `***` for a value that was not secret. A name that
 /// counts or prices tokens (`max_tokens`, `input_cost_per_token`, `cache_read_input_token_cost`)
-/// is not a token: prices are what an operator checks after a reload.
+/// is not a token (a name with `cost` in it is a price): prices are what an operator checks
+/// after a reload.
 fn is_secret_key(key: &str) -> bool {
-    const SECRET: [&str; 7] = [
+    const SECRET: [&str; 8] = [
         "key",
         "secret",
         "token",
@@ -156,11 +157,15 @@ fn is_secret_key(key: &str) -> bool {
         "credential",
         "authorization",
         "passwd",
+        // A webhook's URL is its credential (`alerting_webhook`, Slack's hooks).
+        "webhook",
     ];
     let key = key.to_ascii_lowercase();
-    let key = ["tokens", "per_token", "token_cost"]
-        .iter()
-        .fold(key, |key, counted| key.replace(counted, ""));
+    // A price (`…_cost_…`) or a count of tokens names no token.
+    let key = match key.contains("cost") {
+        true => key.replace("token", ""),
+        false => key.replace("tokens", ""),
+    };
     SECRET.iter().any(|s| key.contains(s))
 }
 
@@ -284,7 +289,9 @@ mod tests {
                 "aws_secret_access_key": "aws", "vertex_credentials": {"private": "pem"},
                 "headers": {"Authorization": "Bearer sk-h"}, "rpm": 10,
                 "input_cost_per_token": 0.000001, "cache_read_input_token_cost": 0.0000001,
-                "max_tokens": 100, "access_token": "t", "api_key_per_token": 1}}],
+                "max_tokens": 100, "access_token": "t", "api_key_per_token": 1,
+                "input_cost_per_audio_token": 0.00001, "output_cost_per_reasoning_token": 0.00002}}],
+            "general_settings": {"alerting_webhook": "https://hooks.slack.com/services/T/B/x"},
             "litellm_settings": {"callbacks": ["dynamic_rate_limiter_v3"]}
         });
         assert_eq!(
@@ -295,7 +302,9 @@ mod tests {
                     "aws_secret_access_key": "***", "vertex_credentials": {"private": "***"},
                     "headers": {"Authorization": "***"}, "rpm": 10,
                     "input_cost_per_token": 0.000001, "cache_read_input_token_cost": 0.0000001,
-                    "max_tokens": 100, "access_token": "***", "api_key_per_token": "***"}}],
+                    "max_tokens": 100, "access_token": "***", "api_key_per_token": "***",
+                    "input_cost_per_audio_token": 0.00001, "output_cost_per_reasoning_token": 0.00002}}],
+                "general_settings": {"alerting_webhook": "***"},
                 "litellm_settings": {"callbacks": ["dynamic_rate_limiter_v3"]}
             })
         );

@@ -229,7 +229,7 @@ impl NoProxy {
                     Some((bits, port)) => {
                         let port: u16 = port
                             .parse()
-                            .map_err(|_| error("has a port that is not a number"))?;
+                            .map_err(|_| error("has a port that is not a number up to 65535"))?;
                         (bits, Some(port))
                     }
                     None => (bits, None),
@@ -242,8 +242,8 @@ impl NoProxy {
                 entries.push(Bypass::Block(address, bits, port));
                 continue;
             }
-            let (host, port) =
-                split_host_port(entry).ok_or_else(|| error("has a port that is not a number"))?;
+            let (host, port) = split_host_port(entry)
+                .ok_or_else(|| error("has a port that is not a number up to 65535"))?;
             if let Ok(address) = host.parse::<IpAddr>() {
                 let bits = if address.is_ipv4() { 32 } else { 128 };
                 entries.push(Bypass::Block(address, bits, port));
