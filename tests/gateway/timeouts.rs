@@ -157,9 +157,10 @@ async fn the_router_timeout_bounds_retries_and_fallbacks_together() {
 
 /// A deployment's `timeout` bounds its own attempts, and leaves its fallbacks their time, as
 /// LiteLLM's per-call timeout does: `slow` (`timeout: 0.3`, an upstream that takes longer)
-/// falls back to `luna`, which answers. Before, without `router_settings.timeout` the request
-/// had only its own group's largest `timeout` (0.3 s) for all its attempts: a 504 at 0.3 s with
-/// `x-litellm-attempted-fallbacks: 0` (a black-box trial).
+/// falls back to `luna`, which has the same `timeout` and answers. Before, without
+/// `router_settings.timeout` the request had only its own group's largest `timeout` (0.3 s) for
+/// all its attempts: a 504 at 0.3 s with `x-litellm-attempted-fallbacks: 0` (black-box
+/// trials: a fallback with a longer timeout, then one with the same).
 #[tokio::test]
 async fn a_deployment_timeout_leaves_its_fallbacks_their_time() {
     let (up, base) = Upstream::start().await;
@@ -167,7 +168,7 @@ async fn a_deployment_timeout_leaves_its_fallbacks_their_time() {
         r#"
 model_list:
   - model_name: luna
-    litellm_params: {{model: openai/gpt-x, api_base: "{base}"}}
+    litellm_params: {{model: openai/gpt-x, api_base: "{base}", timeout: 0.3}}
   - model_name: slow
     litellm_params: {{model: openai/slow, api_base: "{base}", timeout: 0.3}}
 router_settings:

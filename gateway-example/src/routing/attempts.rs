@@ -15,8 +15,9 @@
 //! - a fallback group the request may not use ([`Attempts::allowing`]: its key's or team's
 //!   `models`, or deployments that do not speak the endpoint's format) is never entered: it is
 //!   passed over as if it were not listed, for free;
-//! - with a time limit ([`Attempts::with_time_limit`]: the request's `timeout`), all attempts
-//!   together, back-offs included, fit in it: each attempt gets what is left
+//! - with a time limit ([`Attempts::with_time_limit`]: the request's `timeout`; the driver may
+//!   extend it when a fallback group gets time of its own, [`Attempts::extend_time_limit`]), all
+//!   attempts together, back-offs included, fit in it: each attempt gets what is left
 //!   ([`Attempts::time_left`]), a back-off that would end past it is not waited, and once
 //!   nothing is left the request gives up ([`GiveUp::Deadline`]).
 //!
@@ -153,6 +154,14 @@ impl<'a, B: Budget> Attempts<'a, B> {
     pub fn with_time_limit(mut self, limit: Duration) -> Self {
         self.time_limit = Some(limit);
         self
+    }
+
+    /// Lets the attempts run until `until` after the request's arrival if that is later than
+    /// their time limit (a fallback group given its own time when entered); no-op without one.
+    pub fn extend_time_limit(&mut self, until: Duration) {
+        if let Some(limit) = &mut self.time_limit {
+            *limit = (*limit).max(until);
+        }
     }
 
     /// The time left for attempts `elapsed` after the request arrived: `None` once nothing is
@@ -563,6 +572,14 @@ mod tests {
         assert!(a.may_wait(ms(600), ms(399)));
         assert!(!a.may_wait(ms(600), ms(400)), "no time left after the wait");
         assert_eq!(a.out_of_time(), Step::GiveUp(GiveUp::Deadline));
+        // A fallback entered at 1000 ms with 300 ms of its own: until 1300 ms.
+        a.extend_time_limit(ms(1300));
+        assert_eq!(a.attempt_time(ms(1000), ms(600)), Some(ms(300)));
+        a.extend_time_limit(ms(1100));
+        assert_eq!(a.time_left(ms(1000)), Some(ms(300)), "never shortened");
+        let mut unbounded = Attempts::new(&s, &b, "g", &[]);
+        unbounded.extend_time_limit(ms(10));
+        assert_eq!(unbounded.time_left(ms(20)), Some(Duration::MAX));
     }
 
     mod properties {

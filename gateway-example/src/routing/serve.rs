@@ -44,10 +44,10 @@ pub const ATTEMPTED_FALLBACKS: HeaderName =
 /// the 429 for its own group is the answer if none serves it. A response is charged once, to the
 /// group that served it.
 ///
-/// All attempts together have the request's `timeout` (`router_settings.timeout`, else the
-/// largest `timeout` of its group's and its fallbacks' deployments), counted from here: each
-/// gets what is left, at most its deployment's own `timeout`; when nothing is left the answer is
-/// a 504.
+/// All attempts together have `router_settings.timeout`, counted from here; without it, the
+/// attempts in the request's group have the largest `timeout` of its deployments, counted from
+/// here, and a fallback group's have its own from when it is entered. Each attempt gets what is
+/// left, at most its deployment's own `timeout`; when nothing is left the answer is a 504.
 pub async fn serve(
     router: &Router,
     deployments: &[Deployment],
@@ -116,16 +116,7 @@ pub async fn serve(
         }
     }
 
-    let total = request_timeout(
-        router,
-        deployments,
-        std::iter::once(first).chain(
-            fallback_groups
-                .iter()
-                .map(String::as_str)
-                .filter(|g| allowed(g)),
-        ),
-    );
+    let total = request_timeout(router, deployments, first);
     let mut attempts = Attempts::new(router.settings(), router.budget(), first, fallback_groups)
         .with_time_limit(total)
         .allowing(&allowed);
@@ -177,6 +168,13 @@ pub async fn serve(
                     step = attempts.group_full();
                     continue;
                 };
+                // Without router_settings.timeout each group has its deployments' time: a
+                // fallback's from when it is entered (the group before it may have used all of
+                // its own), as LiteLLM's per-call timeout leaves a fallback its time.
+                if fallback && router.settings().timeout.is_none() {
+                    let time = request_timeout(router, deployments, name);
+                    attempts.extend_time_limit(arrived.elapsed().saturating_add(time));
+                }
                 if !fallback && refusal.is_some() {
                     step = attempts.group_full();
                     continue;
@@ -440,21 +438,14 @@ fn observe_deployment_shadow(
     observer.deployment_shadow_refusal(model, pool, refused.dimension, admitted_as);
 }
 
-/// The time all attempts of a request have together: `router_settings.timeout` when set, else
-/// the largest `timeout` of the deployments of its `groups` (its own, then the fallbacks it may
-/// use). So a deployment's `timeout` bounds its own attempts, as LiteLLM's does, and leaves its
-/// fallbacks their time: one slow deployment with `timeout: 1` falls back instead of ending the
-/// request at 1 s.
-fn request_timeout<'a>(
-    router: &Router,
-    deployments: &[Deployment],
-    groups: impl Iterator<Item = &'a str>,
-) -> Duration {
+/// The time the attempts in `group` have together: `router_settings.timeout` when set (for all
+/// of a request's attempts, its fallbacks' included), else the largest `timeout` of the group's
+/// deployments (a fallback's counted from when it is entered).
+fn request_timeout(router: &Router, deployments: &[Deployment], group: &str) -> Duration {
     router.settings().timeout.unwrap_or_else(|| {
-        groups
-            .filter_map(|name| router.group(name))
-            .flat_map(|g| g.members.iter().map(|&i| deployments[i].timeout))
-            .max()
+        router
+            .group(group)
+            .and_then(|g| g.members.iter().map(|&i| deployments[i].timeout).max())
             .unwrap_or(crate::config::DEFAULT_TIMEOUT)
     })
 }
