@@ -695,15 +695,30 @@ impl Gateway {
         self.document.load().as_deref().map(crate::reload::redact)
     }
 
-    /// The first 12 hex digits of the SHA-256 of the config document in force, secrets hidden
-    /// (`None` without a file): gateways of a fleet that show different ones run different
-    /// configs, and enforce different limits on the same shared counters.
+    /// The first 12 hex digits of the SHA-256 of the config in force: its document, secrets
+    /// hidden, and the limits and prices it resolved (a value read from the environment,
+    /// `os.environ/…`, is not in the document) (`None` without a file). Gateways of a fleet that
+    /// show different ones run different configs, and enforce different limits on the same
+    /// shared counters.
     pub fn config_fingerprint(&self) -> Option<String> {
         use sha2::{Digest, Sha256};
         let document = self.config_document()?;
+        let config = self.config.load();
+        let mut hash = Sha256::new();
         // serde_json's maps are ordered: the same document always writes the same text.
-        let digest = Sha256::digest(document.to_string().as_bytes());
-        Some(digest[..6].iter().map(|b| format!("{b:02x}")).collect())
+        hash.update(document.to_string().as_bytes());
+        hash.update(format!("{:?}", config.limiter.models()).as_bytes());
+        hash.update(format!("{:?}", config.limiter.settings()).as_bytes());
+        for d in &config.deployments {
+            let resolved = (&d.model_name, d.rpm, d.tpm, d.weight, d.timeout, d.prices);
+            hash.update(format!("{resolved:?}").as_bytes());
+        }
+        Some(
+            hash.finalize()[..6]
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect(),
+        )
     }
 
     /// Ends every upstream response still streaming, and any started later, at once: a stream

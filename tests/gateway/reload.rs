@@ -244,4 +244,16 @@ async fn each_gateway_shows_the_fingerprint_of_its_config() {
         before,
         "the other gateway, not reloaded"
     );
+    // A limit read from the environment is not in the document (its value is hidden there):
+    // two files alike but for it still show two fingerprints.
+    let with_rpm = |rpm: u64| {
+        format!(
+            "environment_variables: {{LIMIT_RPM: \"{rpm}\"}}\n{}",
+            config(4, "").replace("rpm: 4", "rpm: os.environ/LIMIT_RPM")
+        )
+    };
+    let (_ten, ten) = file(&with_rpm(10));
+    let (_twenty, twenty) = file(&with_rpm(20));
+    let (ten, twenty) = (Gw::start_file(&ten).await, Gw::start_file(&twenty).await);
+    assert_ne!(fingerprint(&ten).await, fingerprint(&twenty).await);
 }
