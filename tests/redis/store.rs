@@ -2180,3 +2180,34 @@ async fn spend_is_restored_once_per_epoch_whoever_restores() {
     assert_eq!(a.restore_spend(&next, &rows).await.unwrap(), 3);
     assert_eq!(spent(a.clone(), "k3").await, vec![(false, 200, 17)]);
 }
+
+/// A `redis_url` that reaches another kind of server (an HTTP one, answering a request it cannot
+/// read and closing) is said to be that, not a Redis that failed.
+#[tokio::test]
+async fn a_server_that_is_not_redis_is_named_so() {
+    use tokio::io::AsyncWriteExt;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            let _ = stream
+                .write_all(b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\n\r\n")
+                .await;
+        }
+    });
+    let config = LimiterConfig::builder()
+        .model(ModelLimits::new("m").rpm(10))
+        .build()
+        .unwrap();
+    let connected = RedisStore::builder(RedisTarget::Single(format!("redis://127.0.0.1:{port}")))
+        .connect(&config)
+        .await;
+    let error = match connected {
+        Err(e) => e.to_string(),
+        Ok(store) => store.ping().await.unwrap_err().to_string(),
+    };
+    assert!(
+        error.contains("something answered, but not as Redis"),
+        "{error}"
+    );
+}

@@ -68,5 +68,14 @@ pub(super) async fn bounded<T>(
 }
 
 pub(super) fn unavailable(e: redis::RedisError) -> StoreError {
-    StoreError::Unavailable(e.to_string())
+    // Something answered, but not in Redis's protocol (an HTTP server on that port): said so,
+    // not taken for a Redis that failed.
+    match e.kind() {
+        redis::ErrorKind::Parse | redis::ErrorKind::UnexpectedReturnType => {
+            StoreError::Unavailable(format!(
+                "something answered, but not as Redis (is this Redis's address and port?): {e}"
+            ))
+        }
+        _ => StoreError::Unavailable(e.to_string()),
+    }
 }
