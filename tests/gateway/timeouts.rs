@@ -181,4 +181,28 @@ router_settings:
     assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(r.headers["x-litellm-attempted-fallbacks"], "1");
     assert_eq!(up.models(), ["slow", "gpt-x"]);
+
+    // With a retry granted that the group's time leaves no room for, the request falls back
+    // too (it was a 504 with no fallback tried; a re-verification trial), streamed as well.
+    let (up, base) = Upstream::start().await;
+    let gw = Gw::start(
+        &yaml
+            .replace("num_retries: 0", "num_retries: 2")
+            .replace(&base_of(&yaml), &base),
+        None,
+    )
+    .await;
+    for stream in [false, true] {
+        let r = bounded("the fallback", gw.chat(MASTER, "slow", stream)).await;
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert_eq!(r.headers["x-litellm-attempted-fallbacks"], "1");
+        assert_eq!(r.headers["x-litellm-attempted-retries"], "0");
+    }
+    assert_eq!(up.models(), ["slow", "gpt-x", "slow", "gpt-x"]);
+}
+
+/// The `api_base` of the first deployment of `yaml`.
+fn base_of(yaml: &str) -> String {
+    let start = yaml.find("api_base: \"").unwrap() + "api_base: \"".len();
+    yaml[start..start + yaml[start..].find('"').unwrap()].to_owned()
 }

@@ -191,6 +191,19 @@ impl<'a, B: Budget> Attempts<'a, B> {
         Step::GiveUp(GiveUp::Deadline)
     }
 
+    /// The current group's time is used up, a retry still granted: with time per group (no
+    /// time for the whole request: a fallback gets its own when entered) on to the next group;
+    /// else, or with none left, as [`Self::out_of_time`].
+    pub fn group_out_of_time(&mut self, per_group: bool) -> Step<'a> {
+        if !per_group {
+            return self.out_of_time();
+        }
+        match self.next_group() {
+            Step::GiveUp(GiveUp::Exhausted) => self.out_of_time(),
+            step => step,
+        }
+    }
+
     /// The first step: enter the request's own group.
     pub fn start(&mut self) -> Step<'a> {
         Step::Enter {
@@ -580,6 +593,34 @@ mod tests {
         let mut unbounded = Attempts::new(&s, &b, "g", &[]);
         unbounded.extend_time_limit(ms(10));
         assert_eq!(unbounded.time_left(ms(20)), Some(Duration::MAX));
+    }
+
+    /// A group's time used up with a retry still granted: with time per group, on to the next
+    /// group (and the deadline once there is none); with one time for the request, the end.
+    #[test]
+    fn a_group_out_of_time_falls_back_only_with_time_per_group() {
+        let s = settings(2);
+        let b = Counted::with(10);
+        let fallbacks = ["f".to_owned()];
+        let mut a = Attempts::new(&s, &b, "g", &fallbacks);
+        a.start();
+        a.entered(1);
+        assert_eq!(
+            a.group_out_of_time(true),
+            Step::Enter {
+                group: "f",
+                fallback: true
+            }
+        );
+        a.entered(1);
+        assert_eq!(a.group_out_of_time(true), Step::GiveUp(GiveUp::Deadline));
+        let mut whole = Attempts::new(&s, &b, "g", &fallbacks);
+        whole.start();
+        whole.entered(1);
+        assert_eq!(
+            whole.group_out_of_time(false),
+            Step::GiveUp(GiveUp::Deadline)
+        );
     }
 
     mod properties {

@@ -117,6 +117,8 @@ pub async fn serve(
     }
 
     let total = request_timeout(router, deployments, first);
+    // Without router_settings.timeout each group has its own time: one used up falls back.
+    let per_group_time = router.settings().timeout.is_none();
     let mut attempts = Attempts::new(router.settings(), router.budget(), first, fallback_groups)
         .with_time_limit(total)
         .allowing(&allowed);
@@ -171,7 +173,7 @@ pub async fn serve(
                 // Without router_settings.timeout each group has its deployments' time: a
                 // fallback's from when it is entered (the group before it may have used all of
                 // its own), as LiteLLM's per-call timeout leaves a fallback its time.
-                if fallback && router.settings().timeout.is_none() {
+                if fallback && per_group_time {
                     let time = request_timeout(router, deployments, name);
                     attempts.extend_time_limit(arrived.elapsed().saturating_add(time));
                 }
@@ -221,7 +223,7 @@ pub async fn serve(
                     break;
                 };
                 if !attempts.may_wait(arrived.elapsed(), wait) {
-                    step = attempts.out_of_time();
+                    step = attempts.group_out_of_time(per_group_time);
                     continue;
                 }
                 if !wait.is_zero() {
@@ -264,7 +266,7 @@ pub async fn serve(
                     if let Some(lease) = chosen.lease {
                         lease.cancel();
                     }
-                    step = attempts.out_of_time();
+                    step = attempts.group_out_of_time(per_group_time);
                     continue;
                 };
                 let in_flight = router.begin(index);
@@ -337,12 +339,9 @@ pub async fn serve(
             }
         }
     }
-    // Out of time: the answer is a timeout (the last attempt's own, if it timed out).
-    if out_of_time
-        && last_error
-            .as_ref()
-            .is_none_or(|e| e.status != StatusCode::GATEWAY_TIMEOUT)
-    {
+    // Out of time: the answer is the last attempt's failure (its own timeout, or the upstream's
+    // error when the time ran out before a retry), else a timeout of the request's own.
+    if out_of_time && last_error.is_none() {
         last_retry_after = None;
         last_error = Some(ApiError::new(
             StatusCode::GATEWAY_TIMEOUT,
