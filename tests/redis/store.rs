@@ -2182,7 +2182,8 @@ async fn spend_is_restored_once_per_epoch_whoever_restores() {
 }
 
 /// A `redis_url` that reaches another kind of server (an HTTP one, answering a request it cannot
-/// read and closing) is said to be that, not a Redis that failed.
+/// read and closing) is said to be that, not a Redis that failed: by the limiter's store and by
+/// the gateway's key store.
 #[tokio::test]
 async fn a_server_that_is_not_redis_is_named_so() {
     use tokio::io::AsyncWriteExt;
@@ -2195,6 +2196,18 @@ async fn a_server_that_is_not_redis_is_named_so() {
                 .await;
         }
     });
+    let keys = gateway_example::keys::RedisKeys::new(
+        &gateway_example::config::RedisTarget::Single(format!("redis://127.0.0.1:{port}")),
+        "k:",
+    )
+    .unwrap();
+    let error = keys.ping(Duration::from_secs(2)).await.unwrap_err();
+    assert!(
+        error
+            .to_string()
+            .contains("something answered, but not as Redis"),
+        "{error}"
+    );
     let config = LimiterConfig::builder()
         .model(ModelLimits::new("m").rpm(10))
         .build()

@@ -1012,33 +1012,3 @@ fn failure(e: &RedisError) -> String {
         _ => e.to_string(),
     }
 }
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// A `redis_url` that names another kind of server (an HTTP one) is said to be that, not a
-    /// Redis that does not answer.
-    #[tokio::test]
-    async fn a_server_that_is_not_redis_is_named_so() {
-        use tokio::io::AsyncWriteExt;
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let port = listener.local_addr().unwrap().port();
-        tokio::spawn(async move {
-            while let Ok((mut stream, _)) = listener.accept().await {
-                // As an HTTP server answers a request it cannot read, and closes.
-                let _ = stream
-                    .write_all(b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\n\r\n")
-                    .await;
-            }
-        });
-        let target = RedisTarget::Single(format!("redis://127.0.0.1:{port}"));
-        let keys = RedisKeys::new(&target, "k:").unwrap();
-        let e = keys.ping(Duration::from_secs(2)).await.unwrap_err();
-        assert!(
-            e.to_string()
-                .contains("something answered, but not as Redis"),
-            "{e}"
-        );
-    }
-}
