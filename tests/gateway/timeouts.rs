@@ -153,6 +153,9 @@ async fn the_router_timeout_bounds_retries_and_fallbacks_together() {
         !models.is_empty() && models.len() <= 2 && models.iter().all(|m| m == "mute"),
         "{models:?}"
     );
+    // `luna` was entered with no time left and never called: not a fallback tried (it was
+    // counted; a re-verification trial).
+    assert_eq!(r.headers["x-litellm-attempted-fallbacks"], "0");
 }
 
 /// A deployment's `timeout` bounds its own attempts, and leaves its fallbacks their time, as

@@ -186,8 +186,13 @@ impl<'a, B: Budget> Attempts<'a, B> {
     }
 
     /// The request's time is used up (no time left for an attempt, or for the wait before
-    /// one): no further attempt.
+    /// one): no further attempt. A fallback group entered with no time for its first attempt
+    /// was not tried: it is not counted in [`Self::fallbacks`].
     pub fn out_of_time(&mut self) -> Step<'a> {
+        if self.fallbacks_entered > 0 && self.group_size > 0 && self.attempts_here == 0 {
+            self.fallbacks_entered -= 1;
+            self.group_size = 0;
+        }
         Step::GiveUp(GiveUp::Deadline)
     }
 
@@ -621,6 +626,35 @@ mod tests {
             whole.group_out_of_time(false),
             Step::GiveUp(GiveUp::Deadline)
         );
+    }
+
+    /// A fallback entered with no time left for its first attempt was not tried, and is not
+    /// counted (`x-litellm-attempted-fallbacks`); one whose attempt went out is.
+    #[test]
+    fn a_fallback_with_no_time_for_an_attempt_is_not_counted() {
+        let s = settings(0);
+        let b = Counted::with(10);
+        let fallbacks = ["f".to_owned()];
+        let mut rng = rand::rng();
+        let mut a = Attempts::new(&s, &b, "g", &fallbacks);
+        a.start();
+        a.entered(1);
+        assert!(matches!(
+            a.failed(0, true, None, &mut rng),
+            Step::Enter { .. }
+        ));
+        a.entered(1);
+        assert_eq!(a.fallbacks(), 1);
+        assert_eq!(a.out_of_time(), Step::GiveUp(GiveUp::Deadline));
+        assert_eq!(a.fallbacks(), 0, "entered, never tried");
+        let mut tried = Attempts::new(&s, &b, "g", &fallbacks);
+        tried.start();
+        tried.entered(1);
+        tried.failed(0, true, None, &mut rng);
+        tried.entered(1);
+        tried.failed(0, true, None, &mut rng);
+        assert_eq!(tried.out_of_time(), Step::GiveUp(GiveUp::Deadline));
+        assert_eq!(tried.fallbacks(), 1);
     }
 
     mod properties {
