@@ -84,7 +84,7 @@ async fn a_reload_on_redis_keeps_a_wildcard_names_window() {
 }
 
 /// After a reload on Redis, `/ui/state` and the pool-usage gauge read the pools' reserved limits
-/// of the new config (the store cannot be read at scrape, so they show the last admission's
+/// (and the saturation) of the new config (the store cannot be read at scrape, so they show the last admission's
 /// usage: against the new limits, not the ones the metrics were made with). Before, a pool's
 /// `reserved` stayed at the old config's 10 and the gauge read 1/10 where it was 1/1.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -119,6 +119,10 @@ async fn a_reload_on_redis_shows_the_new_reserved_limits() {
     std::fs::write(&path, yaml(10)).unwrap();
     let reply = gw.post("/config/reload", Some(MASTER), json!({})).await;
     assert_eq!(reply.status, 200, "{}", reply.text());
+    // The saturation the last admission saw, against the new limit before any other request:
+    // 1 of 10 (it read 1 of 100 until the next admission; a re-verification trial).
+    let state = gw.get("/ui/state", Some(MASTER)).await.json();
+    assert_eq!(state["models"][0]["saturation"], 0.1, "{state}");
     assert_eq!(gw.served(MASTER, "m", 1).await, 1);
     let after = default_pool(gw.get("/ui/state", Some(MASTER)).await.json());
     assert_eq!(after["reserved"]["requests"], 1, "{after}");

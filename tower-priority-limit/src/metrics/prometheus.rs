@@ -77,6 +77,10 @@ pub struct PrometheusMetrics {
     /// Per model: the saturation the last admission saw, for stores that cannot be read at
     /// scrape.
     last_saturation: Box<[AtomicU64]>,
+    /// Per model: its requests and tokens after the last admission, when the last decision was
+    /// one (`u64::MAX` requests: a refusal, or none yet), so the saturation is read against
+    /// the limits in force after a reload.
+    last_model: Box<[[AtomicU64; 2]]>,
     /// Read at scrape only: a lock here costs the request path nothing.
     source: RwLock<Option<Weak<dyn UsageSource>>>,
 }
@@ -93,6 +97,11 @@ impl PrometheusMetrics {
             store_seconds: AtomicHistogram::exponential(0.0001, 2.0, 16),
             store_errors: Counter::default(),
             last_saturation: config.models().iter().map(|_| AtomicU64::new(0)).collect(),
+            last_model: config
+                .models()
+                .iter()
+                .map(|_| [AtomicU64::new(u64::MAX), AtomicU64::new(0)])
+                .collect(),
             source: RwLock::new(None),
         };
         registry.register(
@@ -140,6 +149,25 @@ impl PrometheusMetrics {
             .get(model.index())?
             .get()?
             .get(pool_index(pool, self.pools))
+    }
+
+    /// `model`'s saturation as the last decision saw it: recomputed against the limits in
+    /// force (`source`'s config, which a reload may have changed) from the model's usage after
+    /// the last admission, else as that decision said it.
+    fn last_saturation(&self, source: Option<&dyn UsageSource>, model: ModelId) -> f64 {
+        let said = f64::from_bits(self.last_saturation[model.index()].load(Ordering::Relaxed));
+        let [requests, tokens] = &self.last_model[model.index()];
+        let requests = requests.load(Ordering::Relaxed);
+        let limits = source
+            .and_then(|s| s.config_now())
+            .and_then(|c| c.models().get(model.index()));
+        match limits {
+            Some(limits) if requests != u64::MAX => {
+                let tokens = tokens.load(Ordering::Relaxed);
+                crate::decision::saturation(limits, Usage { requests, tokens })
+            }
+            _ => said,
+        }
     }
 
     /// The source, while it lives.
@@ -267,7 +295,7 @@ impl PrometheusMetrics {
         let source = self.source();
         let now = self.usage(source.as_deref(), model, pool);
         let saturation = if now.saturation.is_nan() {
-            f64::from_bits(self.last_saturation[model.index()].load(Ordering::Relaxed))
+            self.last_saturation(source.as_deref(), model)
         } else {
             now.saturation
         };
@@ -297,6 +325,14 @@ impl Observer for PrometheusMetrics {
             _ => return,
         };
         self.last_saturation[model.index()].store(saturation.to_bits(), Ordering::Relaxed);
+        let [requests, tokens] = &self.last_model[model.index()];
+        match outcome {
+            Outcome::Decided(Decision::Admit(a)) => {
+                tokens.store(a.model.tokens, Ordering::Relaxed);
+                requests.store(a.model.requests.min(u64::MAX - 1), Ordering::Relaxed);
+            }
+            _ => requests.store(u64::MAX, Ordering::Relaxed),
+        }
         if let Some(u) = pool_usage {
             let [r, t] = &series.last_pool;
             r.store(u.requests, Ordering::Relaxed);
@@ -511,9 +547,9 @@ impl Collector for ScrapeGauges {
             if pool == PoolRef::Default {
                 // The model's last pool: its saturation as any pool read it, else the last
                 // admission's.
-                let saturation = saturation.take().unwrap_or_else(|| {
-                    f64::from_bits(metrics.last_saturation[model.index()].load(Ordering::Relaxed))
-                });
+                let saturation = saturation
+                    .take()
+                    .unwrap_or_else(|| metrics.last_saturation(source.as_deref(), model));
                 saturations.push(([("model", model_name)], saturation));
             }
         }
