@@ -762,6 +762,10 @@ struct Inner {
     /// Per model: settlements handed to the settler whose model part Redis has not recorded yet
     /// ([`Store::settling`]; their callers' part may still be on its way).
     settling: Box<[AtomicU64]>,
+    /// Settlements with callers handed to the settler and not yet recorded whole (their
+    /// callers' part may follow their model's): what a refusal by a caller's slot or budget
+    /// reservation waits for ([`settle::CallersSettling`]).
+    callers_settling: Arc<AtomicU64>,
 }
 
 /// What a store shares with the stores of its names ([`RedisStore::windows_of`]).
@@ -778,9 +782,11 @@ struct StoreParts {
 }
 
 impl Inner {
-    /// Whether any settlement handed to this store has not been recorded yet.
+    /// Whether any settlement handed to this store has not been recorded yet, its callers'
+    /// part included.
     fn any_settling(&self) -> bool {
-        self.settling.iter().any(|n| n.load(Ordering::SeqCst) > 0)
+        self.callers_settling.load(Ordering::SeqCst) > 0
+            || self.settling.iter().any(|n| n.load(Ordering::SeqCst) > 0)
     }
 
     /// The state of a store for `config` on `connection`, each model's counters in `keys`.
@@ -880,6 +886,7 @@ impl Inner {
             settling: (0..config.models().len())
                 .map(|_| AtomicU64::new(0))
                 .collect(),
+            callers_settling: Arc::new(AtomicU64::new(0)),
         }
     }
 }

@@ -13,7 +13,7 @@
 use std::collections::hash_map::RandomState;
 use std::fmt;
 use std::hash::{BuildHasher, Hasher};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -48,6 +48,34 @@ pub(super) struct Pending {
     /// be written again by its fallback or its next try): the model's hash is not touched, no
     /// spend is logged, and the model's `settling` count is not moved.
     undo: Option<CallerMarks>,
+    /// Counted in the store's settlements with callers not yet recorded whole until it is
+    /// dropped: recorded, or given up.
+    _callers: Option<CallersSettling>,
+}
+
+/// One settlement with callers not yet recorded whole: counted while it lives (a copy counts
+/// again). A pending settlement is dropped once every part of it is recorded, or when it is
+/// given up.
+#[derive(Debug)]
+pub(super) struct CallersSettling(Arc<AtomicU64>);
+
+impl Clone for CallersSettling {
+    fn clone(&self) -> Self {
+        Self::count(&self.0)
+    }
+}
+
+impl CallersSettling {
+    pub(super) fn count(counter: &Arc<AtomicU64>) -> Self {
+        counter.fetch_add(1, Ordering::SeqCst);
+        Self(Arc::clone(counter))
+    }
+}
+
+impl Drop for CallersSettling {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 /// Which hashes of a settlement Redis has taken. On a Redis Cluster the model's hash and its
@@ -89,6 +117,7 @@ impl Pending {
                 callers: [false; 2],
             },
             undo: Some(marks),
+            _callers: None,
         }
     }
 }
@@ -522,12 +551,16 @@ impl RedisSettler {
         if let Some(n) = self.inner.settling.get(model.index()) {
             n.fetch_add(1, Ordering::SeqCst);
         }
+        let counted = callers
+            .as_ref()
+            .map(|_| CallersSettling::count(&self.inner.callers_settling));
         match self.queue.try_send(Queued::Settle(Pending {
             id,
             settlement,
             callers,
             taken: Taken::default(),
             undo: None,
+            _callers: counted,
         })) {
             Ok(()) => {}
             Err(mpsc::error::TrySendError::Closed(_)) => self.inner.settled(model),
