@@ -156,27 +156,7 @@ async fn a_killed_gateways_parallel_slots_are_freed_once_it_lapses() {
     let Some(redis) = RedisServer::start("a_killed_gateways_parallel_slots_are_freed") else {
         return;
     };
-    // An upstream that accepts and never answers: a request to it stays in flight.
-    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let silent_addr = silent.local_addr().unwrap();
-    let (accepted, mut accepted_rx) = tokio::sync::mpsc::unbounded_channel();
-    tokio::spawn(async move {
-        let mut held = Vec::new();
-        while let Ok((socket, _)) = silent.accept().await {
-            held.push(socket);
-            let _ = accepted.send(());
-        }
-    });
-    let dir = fleet_dir(
-        "killed-slots",
-        &format!(
-            "{{model_name: m, litellm_params: {{model: openai/m, mock_response: hi, rpm: 100000}}}}, \
-             {{model_name: silent, litellm_params: {{model: openai/silent, \
-             api_base: \"http://{silent_addr}/v1\", api_key: sk-up, rpm: 100000, timeout: 600}}}}"
-        ),
-        "callbacks: [\"dynamic_rate_limiter_v3\"]",
-        &redis,
-    );
+    let (dir, mut accepted_rx) = silent_fleet_dir("killed-slots", &redis).await;
     let (mut dying, dying_addr) = start(command(&dir, None)).expect("a gateway process starts");
     let (mut other, other_addr) = start(command(&dir, None)).expect("a gateway process starts");
     let client = Arc::new(client());
@@ -193,17 +173,7 @@ async fn a_killed_gateways_parallel_slots_are_freed_once_it_lapses() {
     // Two requests in flight through the gateway about to die.
     for _ in 0..2 {
         let (client, addr, key) = (client.clone(), dying_addr.clone(), key.clone());
-        tokio::spawn(async move {
-            let request = http::Request::builder()
-                .method("POST")
-                .uri(format!("http://{addr}/v1/chat/completions"))
-                .header("authorization", format!("Bearer {key}"))
-                .body(Full::new(Bytes::from_static(
-                    br#"{"model": "silent", "messages": [{"role": "user", "content": "hi"}]}"#,
-                )))
-                .unwrap();
-            let _ = client.request(request).await;
-        });
+        tokio::spawn(async move { chat_with(&client, &addr, &key, HELD).await });
     }
     for _ in 0..2 {
         accepted_rx.recv().await.unwrap();
@@ -347,6 +317,39 @@ async fn a_budget_holds_across_three_gateway_processes() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A chat to the model `silent`, whose upstream holds it ([`silent_fleet_dir`]).
+const HELD: &str = r#"{"model": "silent", "messages": [{"role": "user", "content": "hi"}]}"#;
+
+/// A fleet's config dir named `name` on `redis` with a model `m` answered at once and a model
+/// `silent` whose upstream accepts and never answers (a request to it stays in flight), and
+/// what tells each connection that upstream accepts.
+async fn silent_fleet_dir(
+    name: &str,
+    redis: &RedisServer,
+) -> (PathBuf, tokio::sync::mpsc::UnboundedReceiver<()>) {
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let silent_addr = silent.local_addr().unwrap();
+    let (accepted, accepted_rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((socket, _)) = silent.accept().await {
+            held.push(socket);
+            let _ = accepted.send(());
+        }
+    });
+    let dir = fleet_dir(
+        name,
+        &format!(
+            "{{model_name: m, litellm_params: {{model: openai/m, mock_response: hi, rpm: 100000}}}}, \
+             {{model_name: silent, litellm_params: {{model: openai/silent, \
+             api_base: \"http://{silent_addr}/v1\", api_key: sk-up, rpm: 100000, timeout: 600}}}}"
+        ),
+        "callbacks: [\"dynamic_rate_limiter_v3\"]",
+        redis,
+    );
+    (dir, accepted_rx)
+}
+
 /// `max_parallel_requests: 4` on three gateway processes: 30 requests at once to an upstream
 /// that holds them, spread over the three, put exactly 4 in flight (26 refused for the key's
 /// slots); their clients hang up, and the slots come back on every process.
@@ -356,27 +359,7 @@ async fn parallel_slots_hold_across_three_gateway_processes_and_come_back_on_han
     else {
         return;
     };
-    // An upstream that accepts and never answers: a request to it stays in flight.
-    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let silent_addr = silent.local_addr().unwrap();
-    let (accepted, mut accepted_rx) = tokio::sync::mpsc::unbounded_channel();
-    tokio::spawn(async move {
-        let mut held = Vec::new();
-        while let Ok((socket, _)) = silent.accept().await {
-            held.push(socket);
-            let _ = accepted.send(());
-        }
-    });
-    let dir = fleet_dir(
-        "parallel-fleet",
-        &format!(
-            "{{model_name: m, litellm_params: {{model: openai/m, mock_response: hi, rpm: 100000}}}}, \
-             {{model_name: silent, litellm_params: {{model: openai/silent, \
-             api_base: \"http://{silent_addr}/v1\", api_key: sk-up, rpm: 100000, timeout: 600}}}}"
-        ),
-        "callbacks: [\"dynamic_rate_limiter_v3\"]",
-        &redis,
-    );
+    let (dir, mut accepted_rx) = silent_fleet_dir("parallel-fleet", &redis).await;
     let mut fleet = Vec::new();
     for _ in 0..3 {
         fleet.push(start(command(&dir, None)).expect("a gateway process starts"));
@@ -393,7 +376,6 @@ async fn parallel_slots_hold_across_three_gateway_processes_and_come_back_on_han
     .unwrap();
     assert_eq!(status, 200, "{body}");
     let key = new_key_of(&body);
-    const HELD: &str = r#"{"model": "silent", "messages": [{"role": "user", "content": "hi"}]}"#;
     let tasks: Vec<_> = (0..30)
         .map(|i| {
             let (client, addr, key) = (client.clone(), addrs[i % 3].clone(), key.clone());
