@@ -741,29 +741,30 @@ async fn a_full_settlement_queue_drops_and_counts() {
         .await
         .unwrap();
     let limiter = Limiter::with_store(store);
-    let mut leases = Vec::new();
-    for _ in 0..50 {
-        let Acquired::Admitted { lease, .. } = limiter.acquire("m", None, 0).await.unwrap() else {
-            panic!("admitted");
-        };
-        leases.push(lease);
-    }
+    let leases = admitted_on_m(&limiter, 50).await;
     for lease in leases {
         lease.settle(1);
     }
     limiter.store().flush().await;
     let stats = limiter.store().stats();
     assert_eq!(stats.settlements_dropped.load(Ordering::Relaxed), 49);
-    let mut con = ::redis::Client::open(redis.url())
-        .unwrap()
-        .get_connection()
-        .unwrap();
-    let tokens: u64 = ::redis::cmd("HGET")
-        .arg("queue:{m}")
-        .arg("mt")
-        .query(&mut con)
-        .unwrap();
-    assert_eq!(tokens, 1, "the one queued settlement was recorded");
+    // The one queued settlement was recorded.
+    model_tokens_become(&redis, "queue:{m}", 1, Duration::ZERO).await;
+}
+
+/// `n` requests admitted on model `m`, their leases held.
+async fn admitted_on_m(
+    limiter: &Limiter<RedisStore>,
+    n: usize,
+) -> Vec<tower_priority_limit::Lease> {
+    let mut leases = Vec::with_capacity(n);
+    for _ in 0..n {
+        let Acquired::Admitted { lease, .. } = limiter.acquire("m", None, 0).await.unwrap() else {
+            panic!("admitted");
+        };
+        leases.push(lease);
+    }
+    leases
 }
 
 /// Counts the store's failed calls.
@@ -801,13 +802,7 @@ async fn a_settlement_backlog_is_probed_not_resent_while_redis_is_down() {
         .await
         .expect("redis store");
     let limiter = Limiter::with_store(store);
-    let mut leases = Vec::new();
-    for _ in 0..50 {
-        let Acquired::Admitted { lease, .. } = limiter.acquire("m", None, 0).await.unwrap() else {
-            panic!("admitted");
-        };
-        leases.push(lease);
-    }
+    let leases = admitted_on_m(&limiter, 50).await;
     redis.kill();
     for lease in leases {
         lease.settle(10);
