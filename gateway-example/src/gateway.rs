@@ -44,7 +44,7 @@ pub struct Gateway {
     config: ArcSwap<GatewayConfig>,
     /// The file it was read from, and that document, when there is one.
     file: Option<PathBuf>,
-    document: ArcSwapOption<serde_json::Value>,
+    document: ArcSwapOption<Document>,
     /// One reload at a time.
     reloading: tokio::sync::Mutex<()>,
     keys: KeyStore,
@@ -95,6 +95,38 @@ impl WallClock {
 
     fn unix_ms(&self) -> u64 {
         self.unix_ms_at_origin + self.clock.now_ms()
+    }
+}
+
+/// The document of the config in force, and its fingerprint.
+#[derive(Debug)]
+struct Document {
+    value: serde_json::Value,
+    /// The first 12 hex digits of the SHA-256 of the document, secrets hidden, and of the
+    /// limits, timeouts and prices `config` resolved from it (a value read from the
+    /// environment, `os.environ/…`, is not in the document). Gateways of a fleet that show
+    /// different ones run different configs, and enforce different limits on the same shared
+    /// counters.
+    fingerprint: String,
+}
+
+impl Document {
+    fn new(value: serde_json::Value, config: &GatewayConfig) -> Arc<Self> {
+        use sha2::{Digest, Sha256};
+        let mut hash = Sha256::new();
+        // serde_json's maps are ordered: the same document always writes the same text.
+        hash.update(crate::reload::redact(&value).to_string().as_bytes());
+        hash.update(format!("{:?}", config.limiter.models()).as_bytes());
+        hash.update(format!("{:?}", config.limiter.settings()).as_bytes());
+        for d in &config.deployments {
+            let resolved = (&d.model_name, d.rpm, d.tpm, d.weight, d.timeout, d.prices);
+            hash.update(format!("{resolved:?}").as_bytes());
+        }
+        let fingerprint = hash.finalize()[..6]
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        Arc::new(Self { value, fingerprint })
     }
 }
 
@@ -365,7 +397,7 @@ impl Gateway {
         )
         .with_streams_end(streams_end);
         let (file, document) = match file {
-            Some((path, document)) => (Some(path), Some(Arc::new(document))),
+            Some((path, document)) => (Some(path), Some(Document::new(document, &config))),
             None => (None, None),
         };
         Self {
@@ -578,7 +610,7 @@ impl Gateway {
             // Where the files differ, so the operator finds the change without a diff of their
             // own (values not shown: they may be secrets).
             let differs = match (self.document.load().as_deref(), &document) {
-                (Some(before), Some(after)) => crate::reload::differing_paths(before, after),
+                (Some(before), Some(after)) => crate::reload::differing_paths(&before.value, after),
                 _ => Vec::new(),
             };
             return Err(match differs.as_slice() {
@@ -592,8 +624,9 @@ impl Gateway {
         if !changed {
             // Same limits (a SIGHUP from log rotation, say): the limiters stay as they are, with
             // their learned output estimates, their queues and their Redis connections.
+            self.document
+                .store(document.map(|d| Document::new(d, &config)));
             self.config.store(Arc::new(config));
-            self.document.store(document.map(Arc::new));
             tracing::info!(
                 limits_changed = false,
                 config = self.config_fingerprint().unwrap_or_default(),
@@ -630,8 +663,9 @@ impl Gateway {
             .set_limits(Arc::new(Limiter::with_store(deployments)));
         self.router.reconfigure_wildcards(limiter.store());
         self.limiter.store(limiter);
+        self.document
+            .store(document.map(|d| Document::new(d, &config)));
         self.config.store(Arc::new(config));
-        self.document.store(document.map(Arc::new));
         tracing::info!(
             limits_changed = changed,
             config = self.config_fingerprint().unwrap_or_default(),
@@ -692,33 +726,20 @@ impl Gateway {
     /// The document of the config in force, secrets hidden (`GET /config`); `None` when the
     /// gateway was not started from a file.
     pub fn config_document(&self) -> Option<serde_json::Value> {
-        self.document.load().as_deref().map(crate::reload::redact)
+        self.document
+            .load()
+            .as_deref()
+            .map(|d| crate::reload::redact(&d.value))
     }
 
-    /// The first 12 hex digits of the SHA-256 of the config in force: its document, secrets
-    /// hidden, and the limits and prices it resolved (a value read from the environment,
-    /// `os.environ/…`, is not in the document) (`None` without a file). Gateways of a fleet that
-    /// show different ones run different configs, and enforce different limits on the same
-    /// shared counters.
+    /// The fingerprint of the config in force: the first 12 hex digits of the SHA-256 of its
+    /// document, secrets hidden, and of the limits, timeouts and prices it resolved (`None`
+    /// without a file); worked out once per config, not at each scrape.
     pub fn config_fingerprint(&self) -> Option<String> {
-        use sha2::{Digest, Sha256};
-        let document = self.config_document()?;
-        let config = self.config.load();
-        let mut hash = Sha256::new();
-        // serde_json's maps are ordered: the same document always writes the same text.
-        hash.update(document.to_string().as_bytes());
-        hash.update(format!("{:?}", config.limiter.models()).as_bytes());
-        hash.update(format!("{:?}", config.limiter.settings()).as_bytes());
-        for d in &config.deployments {
-            let resolved = (&d.model_name, d.rpm, d.tpm, d.weight, d.timeout, d.prices);
-            hash.update(format!("{resolved:?}").as_bytes());
-        }
-        Some(
-            hash.finalize()[..6]
-                .iter()
-                .map(|b| format!("{b:02x}"))
-                .collect(),
-        )
+        self.document
+            .load()
+            .as_deref()
+            .map(|d| d.fingerprint.clone())
     }
 
     /// Ends every upstream response still streaming, and any started later, at once: a stream
