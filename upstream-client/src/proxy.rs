@@ -225,15 +225,8 @@ impl NoProxy {
                     .map_err(|_| error("is not an address block (a.b.c.d/n)"))?;
                 let max = if address.is_ipv4() { 32 } else { 128 };
                 // `10.0.0.0/8:8080`: the block's port after its length.
-                let (bits, port) = match bits.split_once(':') {
-                    Some((bits, port)) => {
-                        let port: u16 = port
-                            .parse()
-                            .map_err(|_| error("has a port that is not a number up to 65535"))?;
-                        (bits, Some(port))
-                    }
-                    None => (bits, None),
-                };
+                let (bits, port) = split_host_port(bits)
+                    .ok_or_else(|| error("has a port that is not a number up to 65535"))?;
                 let bits: u8 = bits
                     .parse()
                     .ok()
