@@ -10,7 +10,8 @@
 //! FUZZ_CASES=1000000 cargo test --release -p integration-tests --test fuzz -- --nocapture --test-threads=1
 //! ```
 //!
-//! Each target prints its case count and wall time. A failure prints the minimal (shrunk) input.
+//! Each target prints its case count, wall time and seed. A failure prints the minimal (shrunk)
+//! input and the seed that found it: `FUZZ_SEED=<seed>` runs the same cases again.
 
 mod body;
 mod config;
@@ -21,7 +22,7 @@ mod mutate;
 use std::time::Instant;
 
 use proptest::strategy::Strategy;
-use proptest::test_runner::{Config, TestCaseResult, TestRunner};
+use proptest::test_runner::{Config, RngSeed, TestCaseResult, TestRunner};
 
 /// Cases per target: `FUZZ_CASES`, default 128.
 pub fn cases() -> u32 {
@@ -29,6 +30,20 @@ pub fn cases() -> u32 {
         .ok()
         .and_then(|v| v.trim().replace('_', "").parse().ok())
         .unwrap_or(128)
+}
+
+/// The seed of this run's cases: `FUZZ_SEED`, or a new one each run (so runs explore), printed
+/// so a failure can be run again.
+fn seed() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    std::env::var("FUZZ_SEED")
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| {
+            std::collections::hash_map::RandomState::new()
+                .build_hasher()
+                .finish()
+        })
 }
 
 /// Strings of up to `max` characters, any (mostly ASCII, some of every plane): cheaper than a
@@ -45,8 +60,10 @@ pub fn text(max: usize) -> impl Strategy<Value = String> + Clone {
 /// the shrunk input on a failure (a panic inside `test` counts as one).
 pub fn fuzz<S: Strategy>(name: &str, strategy: S, test: impl Fn(S::Value) -> TestCaseResult) {
     let cases = cases();
+    let seed = seed();
     let config = Config {
         cases,
+        rng_seed: RngSeed::Fixed(seed),
         // The failing input is printed; nothing is written next to the sources.
         failure_persistence: None,
         max_shrink_iters: 4096,
@@ -57,11 +74,11 @@ pub fn fuzz<S: Strategy>(name: &str, strategy: S, test: impl Fn(S::Value) -> Tes
     let result = runner.run(&strategy, test);
     let took = start.elapsed();
     println!(
-        "fuzz {name}: {cases} cases in {:.1} s ({:.1} µs/case)",
+        "fuzz {name}: {cases} cases in {:.1} s ({:.1} µs/case), FUZZ_SEED={seed}",
         took.as_secs_f64(),
         took.as_secs_f64() * 1e6 / f64::from(cases.max(1))
     );
     if let Err(e) = result {
-        panic!("fuzz {name} failed: {e}");
+        panic!("fuzz {name} failed (run it again with FUZZ_SEED={seed}): {e}");
     }
 }
