@@ -462,7 +462,8 @@ fn check_gateway(yaml: &str) -> TestCaseResult {
 fn limiter_config() {
     let corpus = corpus();
     fuzz("limiter_config", input(), |input| {
-        check_limiter(&text(&input, &corpus))
+        let text = text(&input, &corpus);
+        crate::with_input(check_limiter(&text), &text)
     });
 }
 
@@ -470,7 +471,8 @@ fn limiter_config() {
 fn gateway_config() {
     let corpus = corpus();
     fuzz("gateway_config", input(), |input| {
-        check_gateway(&text(&input, &corpus))
+        let text = text(&input, &corpus);
+        crate::with_input(check_gateway(&text), &text)
     });
 }
 

@@ -22,7 +22,7 @@ mod mutate;
 use std::time::Instant;
 
 use proptest::strategy::Strategy;
-use proptest::test_runner::{Config, RngSeed, TestCaseResult, TestRunner};
+use proptest::test_runner::{Config, RngSeed, TestCaseError, TestCaseResult, TestRunner};
 
 /// Cases per target: `FUZZ_CASES`, default 128.
 pub fn cases() -> u32 {
@@ -44,6 +44,15 @@ fn seed() -> u64 {
                 .build_hasher()
                 .finish()
         })
+}
+
+/// `result`, with the text the case was made of on a failure (a mutated case prints as its
+/// mutations, not as what they made).
+pub fn with_input(result: TestCaseResult, input: &str) -> TestCaseResult {
+    result.map_err(|e| match e {
+        TestCaseError::Fail(reason) => TestCaseError::fail(format!("{reason}\ninput: {input:?}")),
+        reject => reject,
+    })
 }
 
 /// Strings of up to `max` characters, any (mostly ASCII, some of every plane): cheaper than a

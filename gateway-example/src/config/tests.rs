@@ -1129,3 +1129,16 @@ fn environment_variables_fill_in_what_the_environment_does_not_set() {
         .to_string();
     assert!(e.contains("environment_variables.X"), "{e}");
 }
+
+#[test]
+fn a_number_as_a_key_is_named_by_its_path() {
+    // `{…, 30, …}` in a flow mapping is the key 30 with no value: named like any other key the
+    // gateway does not read, not refused as a document that is not YAML.
+    let yaml = "model_list:\n- {model_name: m, litellm_params: {model: openai/m, mock_response: hi, 30}}\n";
+    let c = GatewayConfig::from_yaml_str_with_env(yaml, |_| None).unwrap();
+    let warning = c.unsupported_warning().unwrap_or_default();
+    assert!(
+        warning.contains("model_list[0].litellm_params.30"),
+        "{warning}"
+    );
+}

@@ -256,7 +256,74 @@ pub fn yaml_document(yaml: &str) -> Result<Value, ConfigError> {
     // serde_yaml_ng's own tree refuses a repeated key; the JSON tree would keep the last.
     let mut tree = serde_yaml_ng::from_str::<serde_yaml_ng::Value>(yaml).map_err(yaml_error)?;
     tree.apply_merge().map_err(yaml_error)?;
+    scalar_keys_as_text(&mut tree, "")?;
     serde_yaml_ng::from_value(tree).map_err(yaml_error)
+}
+
+/// Writes each mapping's number, boolean or null key as its text (`30:` is the key `"30"`), as
+/// reading the text straight into the JSON tree does, so such a key is named by its path like
+/// any other instead of failing the whole document. A key that then repeats another, or a key
+/// with a tag (which the JSON tree would drop without a word), is refused at its path.
+fn scalar_keys_as_text(node: &mut serde_yaml_ng::Value, path: &str) -> Result<(), ConfigError> {
+    use serde_yaml_ng::Value as Yaml;
+    let text = |key: &Yaml| match key {
+        Yaml::String(s) => Some(s.clone()),
+        Yaml::Number(n) => Some(n.to_string()),
+        Yaml::Bool(b) => Some(b.to_string()),
+        Yaml::Null => Some("null".into()),
+        _ => None,
+    };
+    let child = |key: &str| match path {
+        "" => key.to_string(),
+        _ => format!("{path}.{key}"),
+    };
+    match node {
+        Yaml::Mapping(map) => {
+            if map.keys().any(|k| !matches!(k, Yaml::String(_))) {
+                let mut texts = serde_yaml_ng::Mapping::with_capacity(map.len());
+                for (key, value) in std::mem::take(map) {
+                    let key = match (text(&key), key) {
+                        (Some(text), _) => text,
+                        (None, Yaml::Tagged(tagged)) => {
+                            let plain = text(&tagged.value).unwrap_or_default();
+                            return Err(ConfigError::new(
+                                child(&plain),
+                                format!(
+                                    "the key has a YAML tag ({}): this config reads no tags; \
+                                     write the key without it",
+                                    tagged.tag
+                                ),
+                            ));
+                        }
+                        // A sequence or mapping as a key: the JSON tree refuses it, as invalid.
+                        (None, key) => {
+                            texts.insert(key, value);
+                            continue;
+                        }
+                    };
+                    if texts.contains_key(key.as_str()) {
+                        return Err(ConfigError::new(
+                            child(&key),
+                            "the key is given twice in one mapping (once as a number, boolean \
+                             or null, once as text): merge the two into one",
+                        ));
+                    }
+                    texts.insert(Yaml::String(key), value);
+                }
+                *map = texts;
+            }
+            map.iter_mut().try_for_each(|(key, value)| match key {
+                Yaml::String(key) => scalar_keys_as_text(value, &child(key)),
+                _ => Ok(()),
+            })
+        }
+        Yaml::Sequence(items) => items
+            .iter_mut()
+            .enumerate()
+            .try_for_each(|(i, item)| scalar_keys_as_text(item, &format!("{path}[{i}]"))),
+        Yaml::Tagged(tagged) => scalar_keys_as_text(&mut tagged.value, path),
+        _ => Ok(()),
+    }
 }
 
 /// Why a config's text is no document, with what to do where the parser's words do not say it.
@@ -838,6 +905,24 @@ litellm_settings:
         )
         .unwrap_err();
         assert!(e.to_string().contains("unknown type \"rpx\""), "{e}");
+    }
+
+    #[test]
+    fn a_number_or_boolean_key_is_read_as_its_text() {
+        let doc = yaml_document("m: {30, true: 1, ~: 2, a: 3}").unwrap();
+        let keys: Vec<&str> = doc["m"]
+            .as_object()
+            .unwrap()
+            .keys()
+            .map(String::as_str)
+            .collect();
+        assert_eq!(keys, ["30", "true", "null", "a"]);
+        let e = yaml_document("m: [{30: 1, '30': 2}]").unwrap_err();
+        assert_eq!(e.path(), "m[0].30");
+        assert!(e.message().contains("the key is given twice"), "{e}");
+        let e = yaml_document("m: {!pm x: 2}").unwrap_err();
+        assert_eq!(e.path(), "m.x");
+        assert!(e.message().contains("a YAML tag (!pm)"), "{e}");
     }
 
     #[test]
