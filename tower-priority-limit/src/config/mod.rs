@@ -255,9 +255,45 @@ impl ModelLimits {
 pub fn yaml_document(yaml: &str) -> Result<Value, ConfigError> {
     // serde_yaml_ng's own tree refuses a repeated key; the JSON tree would keep the last.
     let mut tree = serde_yaml_ng::from_str::<serde_yaml_ng::Value>(yaml).map_err(yaml_error)?;
+    if let Some(path) = bad_merge(&tree, "") {
+        return Err(ConfigError::new(
+            path,
+            "a merge key (<<) takes a mapping or a list of mappings (an anchor's *name)",
+        ));
+    }
     tree.apply_merge().map_err(yaml_error)?;
     scalar_keys_as_text(&mut tree, "")?;
     serde_yaml_ng::from_value(tree).map_err(yaml_error)
+}
+
+/// The path of the first merge key (`<<`) that merges neither a mapping nor a list of mappings,
+/// which PyYAML refuses too: found before merging, so the error can say where it is.
+fn bad_merge(node: &serde_yaml_ng::Value, path: &str) -> Option<String> {
+    use serde_yaml_ng::Value as Yaml;
+    let child = |key: &str| match path {
+        "" => key.to_string(),
+        _ => format!("{path}.{key}"),
+    };
+    match node {
+        Yaml::Mapping(map) => map.iter().find_map(|(key, value)| {
+            let key = key.as_str()?;
+            let mergeable = match value {
+                Yaml::Mapping(_) => true,
+                Yaml::Sequence(items) => items.iter().all(Yaml::is_mapping),
+                _ => false,
+            };
+            match key == "<<" && !mergeable {
+                true => Some(child(key)),
+                false => bad_merge(value, &child(key)),
+            }
+        }),
+        Yaml::Sequence(items) => items
+            .iter()
+            .enumerate()
+            .find_map(|(i, item)| bad_merge(item, &format!("{path}[{i}]"))),
+        Yaml::Tagged(tagged) => bad_merge(&tagged.value, path),
+        _ => None,
+    }
 }
 
 /// Writes each mapping's number, boolean or null key as its text (`30:` is the key `"30"`), as
@@ -284,7 +320,7 @@ fn scalar_keys_as_text(node: &mut serde_yaml_ng::Value, path: &str) -> Result<()
                 for (key, value) in std::mem::take(map) {
                     let key = match (text(&key), key) {
                         (Some(text), _) => text,
-                        (None, Yaml::Tagged(tagged)) => {
+                        (None, Yaml::Tagged(tagged)) if text(&tagged.value).is_some() => {
                             let plain = text(&tagged.value).unwrap_or_default();
                             return Err(ConfigError::new(
                                 child(&plain),
@@ -295,7 +331,8 @@ fn scalar_keys_as_text(node: &mut serde_yaml_ng::Value, path: &str) -> Result<()
                                 ),
                             ));
                         }
-                        // A sequence or mapping as a key: the JSON tree refuses it, as invalid.
+                        // A sequence or mapping as a key (tagged or not): the JSON tree refuses it,
+                        // as invalid.
                         (None, key) => {
                             texts.insert(key, value);
                             continue;
@@ -920,6 +957,12 @@ litellm_settings:
         let e = yaml_document("m: [{30: 1, '30': 2}]").unwrap_err();
         assert_eq!(e.path(), "m[0].30");
         assert!(e.message().contains("the key is given twice"), "{e}");
+        let e = yaml_document("a: {b: [{<<: ja}]}").unwrap_err();
+        assert_eq!(e.path(), "a.b[0].<<");
+        assert!(
+            e.message().contains("a merge key (<<) takes a mapping"),
+            "{e}"
+        );
         let e = yaml_document("m: {!pm x: 2}").unwrap_err();
         assert_eq!(e.path(), "m.x");
         assert!(e.message().contains("a YAML tag (!pm)"), "{e}");
