@@ -257,7 +257,7 @@ fn gateway_args(dir: &std::path::Path, args: &[&str]) -> Vec<std::ffi::OsString>
 /// A started gateway: the process, the address it logs it listens on, its log up to that line,
 /// and the rest of its log.
 struct Launched {
-    child: std::process::Child,
+    child: crate::Process,
     addr: String,
     before: Vec<String>,
     log: std::io::Lines<BufReader<std::process::ChildStdout>>,
@@ -265,7 +265,7 @@ struct Launched {
 
 impl Launched {
     /// The rest of the log, collected on a thread until the process closes its stdout.
-    fn collect_log(self) -> (std::process::Child, std::thread::JoinHandle<Vec<String>>) {
+    fn collect_log(self) -> (crate::Process, std::thread::JoinHandle<Vec<String>>) {
         let log = self.log;
         let rest = std::thread::spawn(move || log.map_while(Result::ok).collect());
         (self.child, rest)
@@ -298,7 +298,7 @@ fn start(mut command: Command) -> Result<Launched, (std::process::ExitStatus, St
         if let Some((_, addr)) = line.split_once("listening on http://") {
             let addr = addr.trim().to_owned();
             return Ok(Launched {
-                child,
+                child: crate::Process::new(child),
                 addr,
                 before,
                 log,
@@ -313,7 +313,7 @@ fn start(mut command: Command) -> Result<Launched, (std::process::ExitStatus, St
     ))
 }
 
-fn stop(mut child: std::process::Child) {
+fn stop(mut child: crate::Process) {
     kill(&mut child, "-TERM");
 }
 
@@ -335,7 +335,7 @@ fn sigterm(child: &std::process::Child) {
 }
 
 /// Waits for `child` to exit; if it has not within `within`, kills it and fails.
-async fn exit_within(mut child: std::process::Child, within: Duration) -> std::process::ExitStatus {
+async fn exit_within(mut child: crate::Process, within: Duration) -> std::process::ExitStatus {
     let pid = child.id();
     let exit = tokio::time::timeout(
         within,
@@ -364,7 +364,7 @@ async fn gateway_before(
 ) -> (
     std::path::PathBuf,
     u16,
-    std::process::Child,
+    crate::Process,
     std::thread::JoinHandle<Vec<String>>,
 ) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

@@ -6,7 +6,7 @@
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use super::gateway::kill;
@@ -62,7 +62,7 @@ pub(crate) fn command(dir: &Path, wrapper: Option<&str>) -> Command {
 /// first, its exit status and everything it printed.
 pub(crate) fn start(
     mut command: Command,
-) -> Result<(Child, String), (std::process::ExitStatus, String)> {
+) -> Result<(crate::Process, String), (std::process::ExitStatus, String)> {
     let mut child = command
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -75,7 +75,7 @@ pub(crate) fn start(
             let addr = addr.trim().to_owned();
             // Keep draining the log so the gateway never blocks on a full pipe.
             std::thread::spawn(move || out.map_while(Result::ok).for_each(drop));
-            return Ok((child, addr));
+            return Ok((crate::Process::new(child), addr));
         }
         log.push_str(&line);
         log.push('\n');
@@ -308,12 +308,16 @@ async fn an_older_keys_json_is_imported_and_kept() {
 
 /// Starts the gateway and waits until it listens: the process, its address and the lines it
 /// logs from then on.
-fn start_logged(mut command: Command) -> (Child, String, std::sync::mpsc::Receiver<String>) {
-    let mut child = command
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
+fn start_logged(
+    mut command: Command,
+) -> (crate::Process, String, std::sync::mpsc::Receiver<String>) {
+    let mut child = crate::Process::new(
+        command
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap(),
+    );
     let mut out = BufReader::new(child.stdout.take().unwrap()).lines();
     let addr = out
         .by_ref()

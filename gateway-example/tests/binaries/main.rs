@@ -25,3 +25,36 @@ mod postgres_server;
 #[allow(dead_code)]
 #[path = "../../../tests/src/redis.rs"]
 mod redis_server;
+
+/// A process a test started, killed when dropped: a failed assertion unwinds through it, so the
+/// gateway does not outlive its test (and the test binary) holding ports, files and Redis keys.
+#[derive(Debug)]
+pub(crate) struct Process(std::process::Child);
+
+impl Process {
+    pub(crate) fn new(child: std::process::Child) -> Self {
+        Self(child)
+    }
+}
+
+impl std::ops::Deref for Process {
+    type Target = std::process::Child;
+    fn deref(&self) -> &std::process::Child {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Process {
+    fn deref_mut(&mut self) -> &mut std::process::Child {
+        &mut self.0
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        if let Ok(None) = self.0.try_wait() {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+}

@@ -9,7 +9,6 @@
 //! Windows are moved by shifting their starts in Redis ([`shift_redis_windows`]), never slept
 //! through. Skipped loudly without Redis unless `REQUIRE_REDIS=1`.
 
-use std::process::Child;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -61,13 +60,13 @@ async fn chat(
 }
 
 /// Three gateway processes on `dir`'s config.
-fn fleet(dir: &std::path::Path) -> Vec<(Child, String)> {
+fn fleet(dir: &std::path::Path) -> Vec<(crate::Process, String)> {
     (0..3)
         .map(|_| start(command(dir, None)).expect("a gateway process starts"))
         .collect()
 }
 
-fn stop(fleet: Vec<(Child, String)>, dir: &std::path::Path) {
+fn stop(fleet: Vec<(crate::Process, String)>, dir: &std::path::Path) {
     for (mut child, _) in fleet {
         kill(&mut child, "-TERM");
     }
@@ -152,7 +151,11 @@ fn queue_fleet(
     rpm: u64,
     max_queued: u64,
     redis: &RedisServer,
-) -> (std::path::PathBuf, Vec<(Child, String)>, Vec<String>) {
+) -> (
+    std::path::PathBuf,
+    Vec<(crate::Process, String)>,
+    Vec<String>,
+) {
     let dir = fleet_dir_with(
         name,
         &format!(
