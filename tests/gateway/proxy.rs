@@ -126,6 +126,53 @@ router_settings: {{num_retries: 0}}
     assert!(!config.text().contains("s3cret"), "{}", config.text());
 }
 
+/// An `http` upstream that never answers, reached through a forward proxy: the attempt's
+/// `timeout` ends it with a 504 that names the proxy (password hidden), which may be what
+/// stalled; directly, no proxy is named.
+#[tokio::test]
+async fn a_timeout_through_a_proxy_names_the_proxy() {
+    let Some(proxy) = Tinyproxy::start("proxy: a timeout", Some(("alice", "s3cret"))) else {
+        return;
+    };
+    // Accepts connections and never answers on them.
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}/v1", silent.local_addr().unwrap());
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((socket, _)) = silent.accept().await {
+            held.push(socket);
+        }
+    });
+    let yaml = with_master(&format!(
+        r#"
+model_list:
+  - model_name: via
+    litellm_params: {{model: openai/x, api_base: "{base}", timeout: 0.4, proxy: "http://alice:s3cret@127.0.0.1:{port}"}}
+  - model_name: direct
+    litellm_params: {{model: openai/x, api_base: "{base}", timeout: 0.4, proxy: ""}}
+router_settings: {{num_retries: 0}}
+"#,
+        port = proxy.port
+    ));
+    let gw = Gw::start(&yaml, None).await;
+    let r = gw.chat(MASTER, "via", false).await;
+    assert_eq!(r.status, 504, "{}", r.text());
+    assert_eq!(
+        r.error_message(),
+        format!(
+            "Upstream for via did not answer within 0.4 s (through the forward proxy \
+             http://alice:***@127.0.0.1:{}).",
+            proxy.port
+        )
+    );
+    let r = gw.chat(MASTER, "direct", false).await;
+    assert_eq!(r.status, 504, "{}", r.text());
+    assert_eq!(
+        r.error_message(),
+        "Upstream for direct did not answer within 0.4 s."
+    );
+}
+
 #[test]
 fn a_proxy_url_that_cannot_be_used_names_its_path() {
     let yaml = r#"

@@ -72,6 +72,12 @@ impl Route {
         &self.url
     }
 
+    /// The forward proxy its requests went through in the client it was first sent through;
+    /// `None` when they went directly, or before its first request.
+    pub fn sent_via(&self) -> Option<&Proxy> {
+        self.bound.get()?.via.proxy().map(|proxy| &**proxy)
+    }
+
     /// The route of `url`, which must be absolute (`http[s]://host[:port]/path`).
     pub fn new(url: Uri) -> Result<Self, ClientError> {
         let (Some(scheme), Some(authority)) = (url.scheme(), url.authority()) else {

@@ -306,13 +306,19 @@ impl Upstream {
         self
     }
 
-    /// The time-out failure of an attempt on `deployment` that had `time` and got no answer.
-    fn timed_out(deployment: &Deployment, time: Duration) -> UpstreamFailure {
+    /// The time-out failure of an attempt on `deployment` that had `time` and got no answer on
+    /// `route`. Through a forward proxy the proxy is named: it may be what stalled (it connects
+    /// to an `http` upstream itself, so only the whole `time` bounds that).
+    fn timed_out(deployment: &Deployment, route: &Route, time: Duration) -> UpstreamFailure {
+        let through = match route.sent_via() {
+            Some(proxy) => format!(" (through the forward proxy {proxy})"),
+            None => String::new(),
+        };
         UpstreamFailure::without_response(ApiError::new(
             StatusCode::GATEWAY_TIMEOUT,
             "timeout",
             format!(
-                "Upstream for {} did not answer within {:.1} s.",
+                "Upstream for {} did not answer within {:.1} s{through}.",
                 deployment.model_name,
                 time.as_secs_f64()
             ),
@@ -362,7 +368,7 @@ impl Upstream {
         )
         .await;
         let response = match sent {
-            Err(_) => return Err(Self::timed_out(deployment, time)),
+            Err(_) => return Err(Self::timed_out(deployment, route, time)),
             Ok(Err(e)) => {
                 tracing::warn!(upstream = %url(), error = %e, "upstream request failed");
                 return Err(send_failed(deployment, &e));
