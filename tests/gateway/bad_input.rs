@@ -141,8 +141,9 @@ async fn every_bad_input_gets_its_status_and_shape() {
 }
 
 /// LiteLLM's own request settings (retries, fallbacks, timeouts, a mock answer, tags, another
-/// upstream) are refused by name on every endpoint, before anything is counted: forwarded they
-/// would do nothing here (or be refused by a strict upstream), and the caller believes they hold.
+/// upstream, its scheduler's priority), in the body or as its `x-litellm-*` headers, are refused
+/// by name on every endpoint, before anything is counted: forwarded they would do nothing here
+/// (or be refused by a strict upstream), and the caller believes they hold.
 #[tokio::test]
 async fn litellm_request_settings_are_refused_by_name() {
     let gw = Gw::start(&config(), None).await;
@@ -176,6 +177,14 @@ async fn litellm_request_settings_are_refused_by_name() {
             "/v1/messages",
             json!({"model": "m", "max_tokens": 5, "messages": [], "caching": true}),
         ),
+        (
+            "/v1/chat/completions",
+            json!({"model": "m", "messages": [], "stream_timeout": 1}),
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"model": "m", "messages": [], "prompt_variables": {"a": 1}}),
+        ),
     ] {
         let r = gw.send("POST", path, Some(&key), body.to_string()).await;
         assert_eq!(r.status, 400, "{path} {body}: {}", r.text());
@@ -188,8 +197,60 @@ async fn litellm_request_settings_are_refused_by_name() {
             r.text()
         );
     }
-    // Nothing was counted: the key's one request a minute is still there.
-    assert_eq!(gw.chat(&key, "m", false).await.status, 200);
+    // LiteLLM's scheduler `priority`: refused, saying where a priority comes from here.
+    let body = json!({"model": "m", "messages": [], "priority": 0});
+    let r = gw.post("/v1/chat/completions", Some(&key), body).await;
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert!(
+        r.error_message()
+            .ends_with("(a request's priority is its key's or team's (metadata.priority))."),
+        "{}",
+        r.text()
+    );
+    // LiteLLM's request headers: refused by name, on every endpoint.
+    for (path, body, header) in [
+        (
+            "/v1/chat/completions",
+            json!({"model": "m", "messages": []}),
+            ("x-litellm-timeout", "1"),
+        ),
+        (
+            "/v1/embeddings",
+            json!({"model": "m", "input": "x"}),
+            ("X-LiteLLM-Num-Retries", "3"),
+        ),
+        (
+            "/v1/messages",
+            json!({"model": "m", "max_tokens": 5, "messages": []}),
+            ("x-litellm-tags", "a,b"),
+        ),
+    ] {
+        let r = gw
+            .send_with("POST", path, Some(&key), &[header], body.to_string())
+            .await;
+        assert_eq!(r.status, 400, "{path} {header:?}: {}", r.text());
+        assert!(
+            r.error_message().starts_with(&format!(
+                "'{}' is one of LiteLLM's request headers, which this gateway does not honour",
+                header.0.to_ascii_lowercase()
+            )),
+            "{}",
+            r.text()
+        );
+    }
+    // Nothing was counted: the key's one request a minute is still there, and LiteLLM's own
+    // key header is honoured.
+    let body = json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]});
+    let r = gw
+        .send_with(
+            "POST",
+            "/v1/chat/completions",
+            None,
+            &[("x-litellm-api-key", &key)],
+            body.to_string(),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text());
 }
 
 #[tokio::test]

@@ -126,10 +126,11 @@ pub(crate) async fn identify(
 
 /// The API key of a request: `Authorization: Bearer <key>` (the scheme in any case), else
 /// `x-api-key` (Anthropic's), else `api-key` (Azure OpenAI's, what the `AzureOpenAI` clients
-/// send).
+/// send), else `x-litellm-api-key` (LiteLLM's own).
 pub fn api_key<B>(request: &http::Request<B>) -> Option<&str> {
     static X_API_KEY: HeaderName = HeaderName::from_static("x-api-key");
     static AZURE_API_KEY: HeaderName = HeaderName::from_static("api-key");
+    static LITELLM_API_KEY: HeaderName = HeaderName::from_static("x-litellm-api-key");
     let headers = request.headers();
     if let Some(v) = headers.get(AUTHORIZATION).and_then(|v| v.to_str().ok()) {
         if let Some((scheme, rest)) = v.trim().split_once([' ', '\t']) {
@@ -141,6 +142,7 @@ pub fn api_key<B>(request: &http::Request<B>) -> Option<&str> {
     headers
         .get(&X_API_KEY)
         .or_else(|| headers.get(&AZURE_API_KEY))
+        .or_else(|| headers.get(&LITELLM_API_KEY))
         .and_then(|v| v.to_str().ok())
         .map(str::trim)
 }

@@ -48,6 +48,15 @@ const PASSED_ON: [HeaderName; 2] = [
     HeaderName::from_static("anthropic-beta"),
 ];
 
+/// The first of LiteLLM's request headers (`x-litellm-timeout`, `x-litellm-num-retries`,
+/// `x-litellm-tags`, …) that `headers` carry: the gateway honours none of them but the key
+/// (`x-litellm-api-key`, read with the others in [`super::auth::api_key`]), and forwards none.
+fn litellm_header(headers: &http::HeaderMap) -> Option<&HeaderName> {
+    headers.keys().find(|name| {
+        name.as_str().starts_with("x-litellm-") && name.as_str() != "x-litellm-api-key"
+    })
+}
+
 /// The [`ChatRequest`] of a request to any endpoint from `caller` (its fairness `flow`), or why it
 /// is not one.
 async fn validate<B>(
@@ -95,12 +104,22 @@ where
             .map_err(|e| ApiError::bad_request(format!("Invalid JSON in request body: {e}")))?;
     }
     if let Some(name) = fields.litellm_setting.take() {
+        let instead = match name {
+            "priority" => "a request's priority is its key's or team's (metadata.priority)",
+            _ => "retries, fallbacks, timeouts, prices and the upstream are set in the config",
+        };
         return Err(ApiError::bad_request(format!(
             "'{name}' is one of LiteLLM's request settings, which this gateway does not honour \
-             per request; remove it (retries, fallbacks, timeouts and the upstream are set in \
-             the config)."
+             per request; remove it ({instead})."
         ))
         .param(name));
+    }
+    if let Some(name) = litellm_header(&parts.headers) {
+        return Err(ApiError::bad_request(format!(
+            "'{}' is one of LiteLLM's request headers, which this gateway does not honour; \
+             remove it (retries, fallbacks, timeouts, tags and tracing are set in the config).",
+            clip(name.as_str(), MAX_ECHOED_NAME)
+        )));
     }
     let model = match fields.model.take() {
         Some(Member::Str(m)) if !m.is_empty() => m,

@@ -41,27 +41,48 @@ pub struct Fields<'a> {
 }
 
 /// Members LiteLLM's proxy reads from a request body as its own settings (retries, fallbacks,
-/// timeouts, mock answers, caching, guardrails, another `api_base` or key, spend tags), none of
-/// them part of the OpenAI or Anthropic APIs. The gateway does none of that per request:
+/// timeouts, mock answers, caching, guardrails, another `api_base` or key, spend tags, prices,
+/// its scheduler's `priority`, prompt templates, trace ids), none of them part of the OpenAI or
+/// Anthropic APIs. The gateway does none of that per request:
 /// forwarded, they would be ignored (or refused by a strict upstream), so they are refused.
 pub const LITELLM_SETTINGS: &[&str] = &[
+    "additional_drop_params",
+    "allowed_openai_params",
     "api_base",
     "api_key",
     "api_version",
+    "azure_ad_token",
     "base_url",
     "cache",
     "caching",
     "context_window_fallback_dict",
+    "deployment_id",
     "disable_fallbacks",
     "drop_params",
+    "extra_headers",
     "fallbacks",
     "guardrails",
+    "input_cost_per_token",
     "litellm_metadata",
+    "litellm_request_debug",
+    "litellm_session_id",
+    "litellm_trace_id",
+    "max_retries",
     "mock_response",
+    "mock_testing_content_policy_fallbacks",
+    "mock_testing_context_fallbacks",
     "mock_testing_fallbacks",
+    "mock_testing_rate_limit_error",
     "mock_timeout",
     "no-log",
     "num_retries",
+    "output_cost_per_token",
+    "priority",
+    "prompt_id",
+    "prompt_variables",
+    "region_name",
+    "request_timeout",
+    "stream_timeout",
     "tags",
     "timeout",
 ];
@@ -244,23 +265,43 @@ impl<'de> Visitor<'de> for Name<'_> {
             "stream" => Key::Stream,
             "stream_options" => Key::StreamOptions,
             // LITELLM_SETTINGS, as arms: told apart by the match, not by a search per member.
-            "api_base"
+            "additional_drop_params"
+            | "allowed_openai_params"
+            | "api_base"
             | "api_key"
             | "api_version"
+            | "azure_ad_token"
             | "base_url"
             | "cache"
             | "caching"
             | "context_window_fallback_dict"
+            | "deployment_id"
             | "disable_fallbacks"
             | "drop_params"
+            | "extra_headers"
             | "fallbacks"
             | "guardrails"
+            | "input_cost_per_token"
             | "litellm_metadata"
+            | "litellm_request_debug"
+            | "litellm_session_id"
+            | "litellm_trace_id"
+            | "max_retries"
             | "mock_response"
+            | "mock_testing_content_policy_fallbacks"
+            | "mock_testing_context_fallbacks"
             | "mock_testing_fallbacks"
+            | "mock_testing_rate_limit_error"
             | "mock_timeout"
             | "no-log"
             | "num_retries"
+            | "output_cost_per_token"
+            | "priority"
+            | "prompt_id"
+            | "prompt_variables"
+            | "region_name"
+            | "request_timeout"
+            | "stream_timeout"
             | "tags"
             | "timeout" => {
                 // Found again in the list only for a body that is refused.
