@@ -435,7 +435,9 @@ fn corpus() -> Vec<(&'static str, String, Expect)> {
                 "model_list[0].model_info.base_model",
                 "router_settings.model_group_alias",
                 "router_settings.routing_strategy_args",
-                "router_settings.enable_pre_call_checks",
+                "router_settings.enable_pre_call_checks (deployments' rpm and tpm are always \
+                 enforced here, whatever this says; the context-window and other pre-call checks \
+                 are not done)",
             ]),
         ),
     ]

@@ -703,7 +703,7 @@ fn database_url_from_general_settings_else_the_environment() {
 
 /// A config written with YAML anchors and merge keys reads as PyYAML (LiteLLM's reader) reads it:
 /// the merged settings apply, a mapping's own keys win over merged ones; a merge of something
-/// that is not a mapping is an error. PyYAML's booleans (`yes`, `off`, …) are booleans where one
+/// that is not a mapping is an error at its path. PyYAML's booleans (`yes`, `off`, …) are booleans where one
 /// is expected.
 #[test]
 fn merge_keys_and_pyyaml_booleans_read_as_litellm_reads_them() {
@@ -735,7 +735,10 @@ general_settings: {metrics_require_auth: yes, metrics: On}
     )
     .unwrap_err()
     .to_string();
-    assert!(e.contains("invalid YAML") && e.contains("merging"), "{e}");
+    assert!(
+        e.starts_with("model_list[0].litellm_params.<<: a merge key (<<) takes a mapping"),
+        "{e}"
+    );
     let e = GatewayConfig::from_yaml_str(
         "model_list: [{model_name: m, litellm_params: {model: openai/m, mock_response: hi}}]\ngeneral_settings: {metrics: maybe}",
     )
@@ -1139,6 +1142,49 @@ fn a_number_as_a_key_is_named_by_its_path() {
     let warning = c.unsupported_warning().unwrap_or_default();
     assert!(
         warning.contains("model_list[0].litellm_params.30"),
+        "{warning}"
+    );
+}
+
+/// Settings that restrict or enforce in LiteLLM, and `include` (whose files could hold a master
+/// key), are refused by path; LiteLLM's pre-call checks are named with what they are here.
+#[test]
+fn restricting_settings_and_include_are_refused() {
+    let entry =
+        "model_list:\n- {model_name: m, litellm_params: {model: openai/m, mock_response: hi}}\n";
+    for (yaml, path) in [
+        ("include: [keys.yaml]", "include"),
+        (
+            "general_settings: {ui_access_mode: admin_only}",
+            "general_settings.ui_access_mode",
+        ),
+        (
+            "general_settings: {disable_llm_api_endpoints: true}",
+            "general_settings.disable_llm_api_endpoints",
+        ),
+        (
+            "general_settings: {reject_clientside_metadata_tags: true}",
+            "general_settings.reject_clientside_metadata_tags",
+        ),
+        (
+            "general_settings: {max_response_size_mb: 5}",
+            "general_settings.max_response_size_mb",
+        ),
+        (
+            "general_settings: {token_rate_limit_type: output}",
+            "general_settings.token_rate_limit_type",
+        ),
+    ] {
+        let e = GatewayConfig::from_yaml_str_with_env(&format!("{entry}{yaml}\n"), |_| None)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(&format!("{path}: ")), "{yaml}: {e}");
+    }
+    let yaml = format!("{entry}router_settings: {{enable_pre_call_checks: true}}\n");
+    let c = GatewayConfig::from_yaml_str_with_env(&yaml, |_| None).unwrap();
+    let warning = c.unsupported_warning().unwrap_or_default();
+    assert!(
+        warning.contains("router_settings.enable_pre_call_checks (deployments' rpm and tpm are always enforced here"),
         "{warning}"
     );
 }

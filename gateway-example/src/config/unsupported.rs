@@ -202,6 +202,19 @@ fn refused(level: Level, key: &str) -> Option<&'static str> {
             | "service_account_settings",
         ) => ROUTES,
         (Level::General, "enforce_rbac") => "role-based access control is not enforced",
+        (Level::General, "ui_access_mode") => "access to the admin pages is not restricted by role",
+        (Level::General, "disable_llm_api_endpoints") => "the LLM API endpoints are not turned off",
+        (Level::General, "reject_clientside_metadata_tags") => {
+            "requests whose metadata carries tags are not rejected"
+        }
+        (Level::General, "max_response_size_mb") => "responses are not limited in size",
+        (Level::General | Level::Litellm, "token_rate_limit_type") => {
+            "keys' and teams' tpm_limit count input and output tokens together here (LiteLLM's \
+             total), whatever this says"
+        }
+        // LiteLLM merges the files it names into the config: read here, their settings (a
+        // master key, limits, guardrails) would be missing without a word.
+        (Level::Top, "include") => "other config files are not read: merge them into this one",
         (Level::General, "pass_through_endpoints") => {
             "pass-through routes are not served, nor their auth applied"
         }
@@ -215,6 +228,10 @@ fn refused(level: Level, key: &str) -> Option<&'static str> {
         _ => return None,
     })
 }
+
+/// What LiteLLM's pre-call checks are here: its rate-limit check always on, the others not done.
+const PRE_CALL_CHECKS: &str = "deployments' rpm and tpm are always enforced here, whatever this \
+                               says; the context-window and other pre-call checks are not done";
 
 /// Callbacks that check requests (and refuse or change them): refused as guardrails are.
 const CHECKING_CALLBACKS: &[&str] = &[
@@ -375,7 +392,12 @@ fn walk(node: &Node<'_>, level: Level, found: &mut Vec<Unsupported>) -> Result<(
                 path: value.path(),
                 key: key.to_owned(),
                 refused,
-                note: closest(honoured(level), key).map(|name| format!("did you mean {name}?")),
+                note: match (level, key) {
+                    (Level::Router, "enable_pre_call_checks" | "optional_pre_call_checks") => {
+                        Some(PRE_CALL_CHECKS.to_owned())
+                    }
+                    _ => closest(honoured(level), key).map(|name| format!("did you mean {name}?")),
+                },
             });
             continue;
         }
