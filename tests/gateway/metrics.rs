@@ -79,10 +79,10 @@ async fn every_route_is_labelled_as_declared() {
 /// Upstream attempts are counted as they go out, under the group each was made in, whether or
 /// not a deployment answered in the end; fallbacks under the group fallen back from; and
 /// `x-litellm-attempted-retries` says the retries made. `flaky` (always 500, two retries) falls
-/// back to `luna`; `broken` (always 500) has no fallback; `slow` has 0.3 s for all its attempts
-/// and its upstream takes 2 s, so the retry the policy grants never goes out. Before, the
-/// counters were read from the answer's headers: `broken`'s three attempts counted none,
-/// `flaky`'s were filed under `luna` and `slow`'s header said one retry.
+/// back to `luna`; `broken` (always 500) has no fallback; `slow` has 0.3 s for each attempt and
+/// its upstream takes 2 s, so each of its three attempts times out. Before, the counters were
+/// read from the answer's headers: `broken`'s three attempts counted none and `flaky`'s were
+/// filed under `luna`.
 #[tokio::test]
 async fn upstream_attempts_are_counted_as_they_go_out_by_group() {
     let (_up, base) = Upstream::start().await;
@@ -118,7 +118,7 @@ router_settings:
     assert_eq!(retries(&failed), "2");
     let timed_out = gw.chat(MASTER, "slow", false).await;
     assert_eq!(timed_out.status, 504, "{}", timed_out.text());
-    assert_eq!(retries(&timed_out), "0", "no retry went out");
+    assert_eq!(retries(&timed_out), "2", "each attempt had its own time");
 
     let text = gw.get("/metrics", None).await;
     let text = text.text();
@@ -136,8 +136,8 @@ router_settings:
     assert_eq!(count("fallbacks", "luna"), Some(0.0));
     assert_eq!(count("attempts", "broken"), Some(3.0));
     assert_eq!(count("retries", "broken"), Some(2.0));
-    assert_eq!(count("attempts", "slow"), Some(1.0));
-    assert_eq!(count("retries", "slow"), Some(0.0));
+    assert_eq!(count("attempts", "slow"), Some(3.0));
+    assert_eq!(count("retries", "slow"), Some(2.0));
 }
 
 #[tokio::test]

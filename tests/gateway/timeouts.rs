@@ -1,7 +1,7 @@
 //! Timeouts against a real local upstream over real sockets: a stream that goes silent is ended
 //! after `stream_timeout` (an SSE error event, then a clean end) and charged what it sent, once;
-//! a head followed by silence is a timed-out attempt, retried and fallen back from; all attempts
-//! of a request share its `timeout`. (Short timeouts of a few hundred milliseconds; every wait
+//! a head followed by silence is a timed-out attempt, retried and fallen back from; each attempt
+//! has its deployment's `timeout`, and `router_settings.timeout` bounds all of a request's. (Short timeouts of a few hundred milliseconds; every wait
 //! is bounded so that a gateway that never ends a stream fails the test instead of hanging it.)
 
 use std::time::Duration;
@@ -116,21 +116,46 @@ async fn a_head_then_silence_is_a_timed_out_attempt_retried_and_fallen_back_from
     );
 }
 
-/// All attempts of a request share its `timeout`: a deployment that never answers within it is
-/// called once, not once per retry (three times with the default two retries before).
+/// Without `router_settings.timeout` each attempt has its deployment's own `timeout`, as each
+/// call has in LiteLLM: a deployment that never answers is tried once per retry, each attempt
+/// ending at its `timeout` (before, the attempts shared it: called once, no retry). In a group
+/// of a slow deployment and a fast one, the retry after the slow one's timeout goes to the fast
+/// one, which answers (before: a 504 at the slow one's `timeout` in 4 of 10: black-box trials).
 #[tokio::test]
-async fn all_attempts_of_a_request_share_its_timeout() {
-    let (gw, up) = start("").await;
+async fn each_attempt_has_its_deployment_timeout() {
+    let (gw, up) = start("  num_retries: 2").await;
     let r = bounded("the timeout", gw.chat(MASTER, "slow", false)).await;
     assert_eq!(r.status, 504);
     assert_eq!(
         r.error_message(),
         "Upstream for slow did not answer within 0.3 s."
     );
+    assert_eq!(r.headers["x-litellm-attempted-retries"], "2");
+    assert_eq!(up.models(), ["slow", "slow", "slow"]);
+
+    let (up, base) = Upstream::start().await;
+    let yaml = with_master(&format!(
+        r#"
+model_list:
+  - model_name: pair
+    litellm_params: {{model: openai/slow, api_base: "{base}", timeout: 0.3}}
+  - model_name: pair
+    litellm_params: {{model: openai/gpt-x, api_base: "{base}", timeout: 0.3}}
+router_settings:
+  num_retries: 1
+  routing_strategy: simple-shuffle
+"#
+    ));
+    let gw = Gw::start(&yaml, None).await;
+    for _ in 0..6 {
+        let r = bounded("the answer", gw.chat(MASTER, "pair", false)).await;
+        assert_eq!(r.status, 200, "{}", r.text());
+    }
+    let models = up.models();
     assert_eq!(
-        up.received.lock().unwrap().len(),
-        1,
-        "no time was left for a retry"
+        models.iter().filter(|m| *m == "gpt-x").count(),
+        6,
+        "{models:?}"
     );
 }
 
@@ -158,9 +183,9 @@ async fn the_router_timeout_bounds_retries_and_fallbacks_together() {
     assert_eq!(r.headers["x-litellm-attempted-fallbacks"], "0");
 }
 
-/// A deployment's `timeout` bounds its own attempts, and leaves its fallbacks their time, as
-/// LiteLLM's per-call timeout does: `slow` (`timeout: 0.3`, an upstream that takes longer)
-/// falls back to `luna`, which has the same `timeout` and answers. Before, without
+/// A deployment's `timeout` bounds each of its own attempts, and leaves its fallbacks their
+/// time, as LiteLLM's per-call timeout does: `slow` (`timeout: 0.3`, an upstream that takes
+/// longer) falls back to `luna`, which has the same `timeout` and answers. Before, without
 /// `router_settings.timeout` the request had only its own group's largest `timeout` (0.3 s) for
 /// all its attempts: a 504 at 0.3 s with `x-litellm-attempted-fallbacks: 0` (black-box
 /// trials: a fallback with a longer timeout, then one with the same).
@@ -185,8 +210,8 @@ router_settings:
     assert_eq!(r.headers["x-litellm-attempted-fallbacks"], "1");
     assert_eq!(up.models(), ["slow", "gpt-x"]);
 
-    // With a retry granted that the group's time leaves no room for, the request falls back
-    // too (it was a 504 with no fallback tried; a re-verification trial), streamed as well.
+    // With retries, each has its own time too, and the request then falls back (it was a 504
+    // with no fallback tried; a re-verification trial), streamed as well.
     let (up, base) = Upstream::start().await;
     let gw = Gw::start(
         &yaml
@@ -199,9 +224,10 @@ router_settings:
         let r = bounded("the fallback", gw.chat(MASTER, "slow", stream)).await;
         assert_eq!(r.status, 200, "{}", r.text());
         assert_eq!(r.headers["x-litellm-attempted-fallbacks"], "1");
-        assert_eq!(r.headers["x-litellm-attempted-retries"], "0");
+        assert_eq!(r.headers["x-litellm-attempted-retries"], "2");
     }
-    assert_eq!(up.models(), ["slow", "gpt-x", "slow", "gpt-x"]);
+    let slow_then_luna = ["slow", "slow", "slow", "gpt-x"];
+    assert_eq!(up.models(), [slow_then_luna, slow_then_luna].concat());
 }
 
 /// The `api_base` of the first deployment of `yaml`.

@@ -490,17 +490,19 @@ impl GatewayConfig {
         let root = Node::root(&doc);
 
         // Read first: deployments without their own timeouts take these.
-        let mut router = RouterSettings::from_nodes(
+        let router = RouterSettings::from_nodes(
             root.get("router_settings")?.as_ref(),
             root.get("litellm_settings")?.as_ref(),
         )?;
-        // LiteLLM's request-wide timeout, read as `router_settings.timeout` where that is unset;
-        // where both are set the router's is used, and this one named (as `num_retries`).
+        // LiteLLM's `litellm.request_timeout`: each call's timeout where the deployment sets
+        // none, as `router_settings.timeout` is (which also bounds the whole request); where
+        // both are set the router's is used, and this one named (as `num_retries`).
+        let mut call_timeout = router.timeout;
         if let Some(settings) = root.get("litellm_settings")? {
             if let Some(t) = settings.get("request_timeout")? {
                 let secs = seconds(&t)?;
                 match router.timeout {
-                    None => router.timeout = Some(secs),
+                    None => call_timeout = Some(secs),
                     Some(_) => tracing::warn!(
                         "{} is not read: router_settings.timeout is set too, and is the one \
                          LiteLLM's router reads",
@@ -520,7 +522,7 @@ impl GatewayConfig {
             None => Ok(None),
         };
         let defaults = Defaults {
-            timeout: router.timeout.unwrap_or(DEFAULT_TIMEOUT),
+            timeout: call_timeout.unwrap_or(DEFAULT_TIMEOUT),
             stream_timeout: router.stream_timeout,
             ssl_verify: setting("ssl_verify")?,
             ssl_certificate: setting("ssl_certificate")?,

@@ -41,10 +41,10 @@ pub struct RouterSettings {
     pub retry_floor: u32,
     /// `max_retry_wait`: the longest back-off or upstream `retry-after` a retry waits (default 2 s).
     pub max_retry_wait: Duration,
-    /// `timeout` (else `litellm_settings.request_timeout`): the time all attempts of one request
-    /// have together, counted from when the gateway starts serving it, and the `timeout` of
-    /// deployments without their own. Unset: a request's attempts together have the largest
-    /// `timeout` of its group's deployments.
+    /// `timeout`: the time all attempts of one request have together, counted from when the
+    /// gateway starts serving it (LiteLLM's "entire call"), and the `timeout` of deployments
+    /// without their own. Unset: each attempt has its deployment's `timeout` (else
+    /// `litellm_settings.request_timeout`, each call's in LiteLLM), and nothing bounds them all.
     pub timeout: Option<Duration>,
     /// `stream_timeout`: the `stream_timeout` of deployments without their own (unset: each
     /// deployment's `timeout`).

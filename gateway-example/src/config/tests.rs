@@ -419,7 +419,8 @@ model_list:
 
 /// `timeout` and `stream_timeout` are read where the source product reads them: per deployment
 /// (`litellm_params`), else `router_settings`, else (`timeout` only) `litellm_settings.
-/// request_timeout`, else 600 s; `stream_timeout` defaults to the deployment's `timeout`.
+/// request_timeout`, else 600 s; `stream_timeout` defaults to the deployment's `timeout`. Only
+/// `router_settings.timeout` bounds a whole request.
 #[test]
 fn timeouts_are_read_per_deployment_router_and_litellm_settings() {
     let list = "model_list:\n\
@@ -437,7 +438,10 @@ fn timeouts_are_read_per_deployment_router_and_litellm_settings() {
         "{list}litellm_settings: {{request_timeout: 20}}\n"
     ))
     .unwrap();
-    assert_eq!(c.router.timeout, Some(Duration::from_secs(20)));
+    assert_eq!(
+        c.router.timeout, None,
+        "each call's, not the whole request's"
+    );
     assert_eq!(c.deployments[1].timeout, Duration::from_secs(20));
     assert_eq!(c.deployments[1].stream_timeout, Duration::from_secs(20));
 

@@ -15,11 +15,11 @@
 //! - a fallback group the request may not use ([`Attempts::allowing`]: its key's or team's
 //!   `models`, or deployments that do not speak the endpoint's format) is never entered: it is
 //!   passed over as if it were not listed, for free;
-//! - with a time limit ([`Attempts::with_time_limit`]: the request's `timeout`; the driver may
-//!   extend it when a fallback group gets time of its own, [`Attempts::extend_time_limit`]), all
-//!   attempts together, back-offs included, fit in it: each attempt gets what is left
-//!   ([`Attempts::time_left`]), a back-off that would end past it is not waited, and once
-//!   nothing is left the request gives up ([`GiveUp::Deadline`]).
+//! - with a time limit ([`Attempts::with_time_limit`]: `router_settings.timeout`, for the whole
+//!   request), all attempts together, back-offs included, fit in it: each attempt gets what is
+//!   left ([`Attempts::time_left`]), a back-off that would end past it is not waited, and once
+//!   nothing is left the request gives up ([`GiveUp::Deadline`]); without one each attempt has
+//!   its deployment's own `timeout`, as each call has in LiteLLM.
 //!
 //! The randomness for jitter is the caller's, so a seeded caller stays deterministic.
 
@@ -156,14 +156,6 @@ impl<'a, B: Budget> Attempts<'a, B> {
         self
     }
 
-    /// Lets the attempts run until `until` after the request's arrival if that is later than
-    /// their time limit (a fallback group given its own time when entered); no-op without one.
-    pub fn extend_time_limit(&mut self, until: Duration) {
-        if let Some(limit) = &mut self.time_limit {
-            *limit = (*limit).max(until);
-        }
-    }
-
     /// The time left for attempts `elapsed` after the request arrived: `None` once nothing is
     /// left (the driver then reports [`Self::out_of_time`]); unbounded without a time limit.
     pub fn time_left(&self, elapsed: Duration) -> Option<Duration> {
@@ -194,19 +186,6 @@ impl<'a, B: Budget> Attempts<'a, B> {
             self.group_size = 0;
         }
         Step::GiveUp(GiveUp::Deadline)
-    }
-
-    /// The current group's time is used up, a retry still granted: with time per group (no
-    /// time for the whole request: a fallback gets its own when entered) on to the next group;
-    /// else, or with none left, as [`Self::out_of_time`].
-    pub fn group_out_of_time(&mut self, per_group: bool) -> Step<'a> {
-        if !per_group {
-            return self.out_of_time();
-        }
-        match self.next_group() {
-            Step::GiveUp(GiveUp::Exhausted) => self.out_of_time(),
-            step => step,
-        }
     }
 
     /// The first step: enter the request's own group.
@@ -590,42 +569,6 @@ mod tests {
         assert!(a.may_wait(ms(600), ms(399)));
         assert!(!a.may_wait(ms(600), ms(400)), "no time left after the wait");
         assert_eq!(a.out_of_time(), Step::GiveUp(GiveUp::Deadline));
-        // A fallback entered at 1000 ms with 300 ms of its own: until 1300 ms.
-        a.extend_time_limit(ms(1300));
-        assert_eq!(a.attempt_time(ms(1000), ms(600)), Some(ms(300)));
-        a.extend_time_limit(ms(1100));
-        assert_eq!(a.time_left(ms(1000)), Some(ms(300)), "never shortened");
-        let mut unbounded = Attempts::new(&s, &b, "g", &[]);
-        unbounded.extend_time_limit(ms(10));
-        assert_eq!(unbounded.time_left(ms(20)), Some(Duration::MAX));
-    }
-
-    /// A group's time used up with a retry still granted: with time per group, on to the next
-    /// group (and the deadline once there is none); with one time for the request, the end.
-    #[test]
-    fn a_group_out_of_time_falls_back_only_with_time_per_group() {
-        let s = settings(2);
-        let b = Counted::with(10);
-        let fallbacks = ["f".to_owned()];
-        let mut a = Attempts::new(&s, &b, "g", &fallbacks);
-        a.start();
-        a.entered(1);
-        assert_eq!(
-            a.group_out_of_time(true),
-            Step::Enter {
-                group: "f",
-                fallback: true
-            }
-        );
-        a.entered(1);
-        assert_eq!(a.group_out_of_time(true), Step::GiveUp(GiveUp::Deadline));
-        let mut whole = Attempts::new(&s, &b, "g", &fallbacks);
-        whole.start();
-        whole.entered(1);
-        assert_eq!(
-            whole.group_out_of_time(false),
-            Step::GiveUp(GiveUp::Deadline)
-        );
     }
 
     /// A fallback entered with no time left for its first attempt was not tried, and is not

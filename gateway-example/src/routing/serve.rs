@@ -1,8 +1,6 @@
 //! [`serve`]: one chat request through its group's deployments, retries and fallbacks. The
 //! decisions are [`Attempts`]'; this is the loop that carries them out.
 
-use std::time::Duration;
-
 use axum::body::Body;
 use axum::response::{IntoResponse, Response};
 use http::{HeaderName, HeaderValue, StatusCode};
@@ -44,10 +42,10 @@ pub const ATTEMPTED_FALLBACKS: HeaderName =
 /// the 429 for its own group is the answer if none serves it. A response is charged once, to the
 /// group that served it.
 ///
-/// All attempts together have `router_settings.timeout`, counted from here; without it, the
-/// attempts in the request's group have the largest `timeout` of its deployments, counted from
-/// here, and a fallback group's have its own from when it is entered. Each attempt gets what is
-/// left, at most its deployment's own `timeout`; when nothing is left the answer is a 504.
+/// All attempts together have `router_settings.timeout`, counted from here: each gets what is
+/// left, at most its deployment's own `timeout`, and when nothing is left the answer is a 504.
+/// Without it each attempt has its deployment's `timeout`: one that times out is retried or
+/// falls back as any failure is.
 pub async fn serve(
     router: &Router,
     deployments: &[Deployment],
@@ -116,12 +114,13 @@ pub async fn serve(
         }
     }
 
-    let total = request_timeout(router, deployments, first);
-    // Without router_settings.timeout each group has its own time: one used up falls back.
-    let per_group_time = router.settings().timeout.is_none();
     let mut attempts = Attempts::new(router.settings(), router.budget(), first, fallback_groups)
-        .with_time_limit(total)
         .allowing(&allowed);
+    // `router_settings.timeout` is the whole request's (LiteLLM's "entire call"); without it
+    // each attempt has its deployment's `timeout`, as each call has in LiteLLM.
+    if let Some(total) = router.settings().timeout {
+        attempts = attempts.with_time_limit(total);
+    }
     let mut out_of_time = false;
     let mut rng = upstream.rng();
     let mut last_error: Option<ApiError> = None;
@@ -170,13 +169,6 @@ pub async fn serve(
                     step = attempts.group_full();
                     continue;
                 };
-                // Without router_settings.timeout each group has its deployments' time: a
-                // fallback's from when it is entered (the group before it may have used all of
-                // its own), as LiteLLM's per-call timeout leaves a fallback its time.
-                if fallback && per_group_time {
-                    let time = request_timeout(router, deployments, name);
-                    attempts.extend_time_limit(arrived.elapsed().saturating_add(time));
-                }
                 if !fallback && refusal.is_some() {
                     step = attempts.group_full();
                     continue;
@@ -223,7 +215,7 @@ pub async fn serve(
                     break;
                 };
                 if !attempts.may_wait(arrived.elapsed(), wait) {
-                    step = attempts.group_out_of_time(per_group_time);
+                    step = attempts.out_of_time();
                     continue;
                 }
                 if !wait.is_zero() {
@@ -266,7 +258,7 @@ pub async fn serve(
                     if let Some(lease) = chosen.lease {
                         lease.cancel();
                     }
-                    step = attempts.group_out_of_time(per_group_time);
+                    step = attempts.out_of_time();
                     continue;
                 };
                 let in_flight = router.begin(index);
@@ -348,7 +340,7 @@ pub async fn serve(
             "timeout",
             format!(
                 "No deployment of {first} answered within {:.1} s (the request's timeout).",
-                total.as_secs_f64()
+                router.settings().timeout.unwrap_or_default().as_secs_f64()
             ),
         ));
     }
@@ -435,18 +427,6 @@ fn observe_deployment_shadow(
         None => OutcomeLabel::Admitted,
     };
     observer.deployment_shadow_refusal(model, pool, refused.dimension, admitted_as);
-}
-
-/// The time the attempts in `group` have together: `router_settings.timeout` when set (for all
-/// of a request's attempts, its fallbacks' included), else the largest `timeout` of the group's
-/// deployments (a fallback's counted from when it is entered).
-fn request_timeout(router: &Router, deployments: &[Deployment], group: &str) -> Duration {
-    router.settings().timeout.unwrap_or_else(|| {
-        router
-            .group(group)
-            .and_then(|g| g.members.iter().map(|&i| deployments[i].timeout).max())
-            .unwrap_or(crate::config::DEFAULT_TIMEOUT)
-    })
 }
 
 /// What a token of `group` costs budgets.

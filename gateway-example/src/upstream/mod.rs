@@ -614,9 +614,8 @@ async fn first_bytes(
             ),
         )),
         // The head came: say so, and whose time ran out: the deployment's own `timeout`, or
-        // what the request had left of its own (less than that). A request whose time is that
-        // `timeout` (its group's largest, no `router_settings.timeout`) has a little less left
-        // by the time its first attempt starts: within 50 ms it is the deployment's.
+        // what the request had left of `router_settings.timeout` (less than that; within 50 ms
+        // of the deployment's, it is the deployment's).
         Err(_) if time + Duration::from_millis(50) >= deployment.timeout => Err(failure(
             StatusCode::GATEWAY_TIMEOUT,
             "timeout",
