@@ -759,6 +759,29 @@ impl GatewayConfig {
                 }
             }
         }
+        // The proxy-wide TLS settings verify `https://` upstreams only: with none they do
+        // nothing, and are named (a deployment's own on `http://` is an error, read there).
+        let any_https = deployments.iter().any(|d| {
+            matches!(&d.target, Target::Upstream { api_base, .. }
+                if api_base.get(..8).is_some_and(|s| s.eq_ignore_ascii_case("https://")))
+        });
+        if !any_https {
+            for key in ["ssl_verify", "ssl_certificate"] {
+                if doc
+                    .pointer(&format!("/litellm_settings/{key}"))
+                    .is_some_and(|v| !v.is_null())
+                {
+                    unsupported.push(unsupported::Unsupported {
+                        path: format!("litellm_settings.{key}"),
+                        key: key.into(),
+                        refused: None,
+                        note: Some(
+                            "verifies https:// upstreams only, and no deployment has one".into(),
+                        ),
+                    });
+                }
+            }
+        }
         if let Some(refusal) = unsupported::refusal(&unsupported, ignore) {
             return Err(refusal);
         }

@@ -1192,3 +1192,20 @@ fn restricting_settings_and_include_are_refused() {
         "{warning}"
     );
 }
+
+/// The proxy-wide TLS settings with no `https://` upstream do nothing: named, not passed over.
+#[test]
+fn proxy_wide_tls_settings_without_an_https_upstream_are_named() {
+    let http = "model_list:\n- {model_name: m, litellm_params: {model: openai/m, api_base: \"http://127.0.0.1:9/v1\"}}\n";
+    let yaml = format!("{http}litellm_settings: {{ssl_verify: false}}\n");
+    let c = GatewayConfig::from_yaml_str_with_env(&yaml, |_| None).unwrap();
+    let warning = c.unsupported_warning().unwrap_or_default();
+    assert!(
+        warning.contains("litellm_settings.ssl_verify (verifies https:// upstreams only"),
+        "{warning}"
+    );
+    let https = http.replace("http://127.0.0.1:9", "https://127.0.0.1:9");
+    let yaml = format!("{https}litellm_settings: {{ssl_verify: false}}\n");
+    let c = GatewayConfig::from_yaml_str_with_env(&yaml, |_| None).unwrap();
+    assert_eq!(c.unsupported_warning(), None);
+}
