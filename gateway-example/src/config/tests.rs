@@ -1209,3 +1209,20 @@ fn proxy_wide_tls_settings_without_an_https_upstream_are_named() {
     let c = GatewayConfig::from_yaml_str_with_env(&yaml, |_| None).unwrap();
     assert_eq!(c.unsupported_warning(), None);
 }
+
+/// An environment reference where a list is expected says that it gives single values only.
+#[test]
+fn an_environment_reference_for_a_list_says_it_gives_single_values() {
+    let yaml =
+        "model_list:\n- {model_name: m, litellm_params: {model: openai/m, mock_response: hi}}\n\
+                router_settings: {fallbacks: os.environ/FB}\n";
+    let e = GatewayConfig::from_yaml_str_with_env(yaml, |_| Some("x".into()))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains(
+            "router_settings.fallbacks: expected a list, got a string (an os.environ/ reference"
+        ),
+        "{e}"
+    );
+}

@@ -363,6 +363,10 @@ pub(super) fn kind(v: &Value) -> &'static str {
         Value::Null => "nothing",
         Value::Bool(_) => "a boolean",
         Value::Number(_) => "a number",
+        // Environment references give single values (as LiteLLM reads them), never a list.
+        Value::String(s) if s.starts_with("os.environ/") => {
+            "a string (an os.environ/ reference, which gives a single value, not a list or mapping)"
+        }
         Value::String(_) => "a string",
         Value::Array(_) => "a list",
         Value::Object(_) => "a mapping",
