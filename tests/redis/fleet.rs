@@ -22,7 +22,7 @@ model_list:
     litellm_params: {{model: openai/my-fake-model, mock_response: "hello-world", {limits}}}
 litellm_settings:
   callbacks: ["dynamic_rate_limiter_v3"]
-  # 300 requests at once on a debug build on 2 cores may queue past the default 50 ms; this test
+  # 300 requests at once on a debug build on 2 cores may queue past the default 250 ms; this test
   # is about exact shared counting, so no call may fall back to the local share.
   priority_reservation_settings: {{redis_timeout_ms: 2000}}
 router_settings:

@@ -678,11 +678,11 @@ async fn a_hung_redis_costs_a_request_no_more_than_the_timeout() {
     let took = start.elapsed();
     assert_store_unavailable(&r);
     assert!(
-        r.error_message().contains("did not answer within 50 ms"),
+        r.error_message().contains("did not answer within 250 ms"),
         "{}",
         r.text()
     );
-    assert!(took < Duration::from_millis(500), "{took:?}");
+    assert!(took < Duration::from_secs(2), "{took:?}");
     redis.resume();
     within(Duration::from_secs(2), "B answers again", || async {
         gw.b.chat(&key, M, false).await.status == 200

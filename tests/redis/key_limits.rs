@@ -33,7 +33,7 @@ model_list:
     litellm_params: {{model: openai/small, mock_response: "hi", rpm: 20}}
 litellm_settings:
   callbacks: ["dynamic_rate_limiter_v3"]
-  # Hundreds of requests at once on a debug build on 2 cores may queue past the default 50 ms;
+  # Hundreds of requests at once on a debug build on 2 cores may queue past the default 250 ms;
   # these tests are about exact shared counting, so no call may fall back to the local share.
   priority_reservation_settings: {{redis_timeout_ms: 2000}}
 router_settings:
@@ -85,7 +85,7 @@ pub(crate) async fn flush(gateways: &[Arc<Gw>]) {
 /// keys on every gateway: exactly what is left of it.
 async fn key_and_team_limits_are_exact(gateways: &[Arc<Gw>]) {
     // 53: one request per gateway first puts the key in each one's cache, so the burst does not
-    // wait on 300 key lookups at once (the key store's own 50 ms bound, not this test's subject).
+    // wait on 300 key lookups at once (the key store's own 250 ms bound, not this test's subject).
     let key = gateways[0].new_key(json!({"rpm_limit": 53})).await;
     for gw in gateways {
         assert_eq!(gw.chat(&key, "m", false).await.status, 200);

@@ -23,7 +23,7 @@
 //!   [`KEY_CACHE_TTL`] (1 s), so a deleted key, or a changed team priority, reaches every other
 //!   gateway within a second. The gateway that deletes a key drops it from its own cache at once.
 //! - Every Redis call is bounded by `redis_timeout_ms` (the limiter's), at least
-//!   [`DEFAULT_REDIS_TIMEOUT`] (50 ms).
+//!   [`DEFAULT_REDIS_TIMEOUT`] (250 ms).
 //! - Redis unreachable: the master key still works (it is in the config, not in Redis); a key
 //!   this gateway has looked up in the last [`KEY_CACHE_STALE_IF_ERROR`] still works; any other
 //!   key gets **503** `service_unavailable` ("key store unavailable: …"), never a 401 for a key

@@ -38,9 +38,10 @@ use super::cache::KeyCache;
 use super::{hashes_match, KeyFilter, KeyRecord, KeyStoreError, Resolved, TeamRecord};
 use crate::config::RedisTarget;
 
-/// How long one Redis call may take before the answer counts as unavailable. Short: it is on the
-/// request path of every uncached key.
-pub const DEFAULT_REDIS_TIMEOUT: Duration = Duration::from_millis(50);
+/// How long one Redis call may take before the answer counts as unavailable: the limiter's
+/// default (a burst of uncached keys on a small machine queues its lookups past 50 ms), and it is
+/// on the request path of every uncached key only while Redis answers.
+pub const DEFAULT_REDIS_TIMEOUT: Duration = Duration::from_millis(250);
 
 /// How long one attempt to open a connection may take (in the background; requests are bounded by
 /// their own timeout).

@@ -502,9 +502,11 @@ pub struct SharedStoreSettings {
     pub timeout: Duration,
 }
 
-/// The default per-call timeout of a shared store: long enough for a loaded Redis on a LAN, short
-/// enough that a hung one does not hang requests.
-pub const DEFAULT_STORE_TIMEOUT: Duration = Duration::from_millis(50);
+/// The default per-call timeout of a shared store: long enough for a burst of hundreds of calls
+/// queued on a small machine's busy Redis (50 ms sent a fleet to its local shares with Redis
+/// healthy: a burst of 300 on 2 cores), short enough that a hung one does not hang requests (a
+/// failed call leaves Redis alone for 250 ms, so a hung one costs one timeout per 250 ms).
+pub const DEFAULT_STORE_TIMEOUT: Duration = Duration::from_millis(250);
 
 impl Default for SharedStoreSettings {
     fn default() -> Self {
