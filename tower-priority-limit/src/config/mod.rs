@@ -266,14 +266,19 @@ pub fn yaml_document(yaml: &str) -> Result<Value, ConfigError> {
     serde_yaml_ng::from_value(tree).map_err(yaml_error)
 }
 
+/// The path of `key` in the mapping at `path` (the root's is "").
+fn child_path(path: &str, key: &str) -> String {
+    match path {
+        "" => key.to_string(),
+        _ => format!("{path}.{key}"),
+    }
+}
+
 /// The path of the first merge key (`<<`) that merges neither a mapping nor a list of mappings,
 /// which PyYAML refuses too: found before merging, so the error can say where it is.
 fn bad_merge(node: &serde_yaml_ng::Value, path: &str) -> Option<String> {
     use serde_yaml_ng::Value as Yaml;
-    let child = |key: &str| match path {
-        "" => key.to_string(),
-        _ => format!("{path}.{key}"),
-    };
+    let child = |key: &str| child_path(path, key);
     match node {
         Yaml::Mapping(map) => map.iter().find_map(|(key, value)| {
             let key = key.as_str()?;
@@ -309,10 +314,7 @@ fn scalar_keys_as_text(node: &mut serde_yaml_ng::Value, path: &str) -> Result<()
         Yaml::Null => Some("null".into()),
         _ => None,
     };
-    let child = |key: &str| match path {
-        "" => key.to_string(),
-        _ => format!("{path}.{key}"),
-    };
+    let child = |key: &str| child_path(path, key);
     match node {
         Yaml::Mapping(map) => {
             if map.keys().any(|k| !matches!(k, Yaml::String(_))) {
