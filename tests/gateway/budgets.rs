@@ -495,6 +495,37 @@ litellm_settings:
     );
 }
 
+/// A budget of every model on a config with a model that has no prices is made, and its answer
+/// says which models cost $0 against it (said only in the next start's log before: a trial); a
+/// key kept to priced models, or one without a dollar budget, gets no warning.
+#[tokio::test]
+async fn a_budget_beside_models_without_prices_says_so_when_made() {
+    let (_up, base) = Upstream::start().await;
+    let gw = Gw::start(&config(&base, ""), None).await;
+    let r = gw
+        .post("/key/generate", Some(MASTER), json!({"max_budget": 1}))
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(
+        r.json()["warning"],
+        "these models have no prices (input_cost_per_token, output_cost_per_token), so their \
+         answers cost $0 against the budget: free"
+    );
+    let r = gw
+        .post("/team/new", Some(MASTER), json!({"soft_budget": 1}))
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert!(r.json()["warning"].as_str().unwrap().ends_with(": free"));
+    for body in [
+        json!({"max_budget": 1, "models": ["a", "b"]}),
+        json!({"rpm_limit": 5}),
+    ] {
+        let r = gw.post("/key/generate", Some(MASTER), body).await;
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert!(r.json().get("warning").is_none(), "{}", r.text());
+    }
+}
+
 /// Prompt-cache prices (`cache_read_input_token_cost`, `cache_creation_input_token_cost`, as
 /// LiteLLM names them): cached prompt tokens cost the cache's prices, from OpenAI's
 /// `prompt_tokens_details.cached_tokens` (JSON and streamed) and Anthropic's

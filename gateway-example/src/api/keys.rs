@@ -190,6 +190,30 @@ fn limits(gw: &Gateway, body: &Map<String, Value>, current: &Limits) -> Result<L
     Ok(out)
 }
 
+/// For a key or team just made with a dollar budget of every model (`max_budget`,
+/// `soft_budget`): the models it may use whose deployments have no prices, whose answers cost
+/// $0 against it. Said in the answer's `warning` (it was said only in the log at the next
+/// start), not refused: a free local model beside priced ones is a config's choice.
+fn unpriced_warning(gw: &Gateway, limits: &Limits, models: &[String]) -> Option<String> {
+    if limits.max_budget.is_none() && limits.soft_budget.is_none() {
+        return None;
+    }
+    let config = gw.config();
+    let unpriced: Vec<&str> = config
+        .model_names()
+        .into_iter()
+        .filter(|g| models.is_empty() || models.iter().any(|m| m == g))
+        .filter(|g| !gw.router().is_priced(g))
+        .collect();
+    (!unpriced.is_empty()).then(|| {
+        format!(
+            "these models have no prices (input_cost_per_token, output_cost_per_token), so their \
+             answers cost $0 against the budget: {}",
+            unpriced.join(", ")
+        )
+    })
+}
+
 /// The largest budget: what the counters hold exactly ([`NanoUsd::MAX`]).
 const MAX_DOLLARS: f64 = 9_000_000.0;
 
@@ -813,6 +837,9 @@ pub async fn generate(
         })?;
     let mut out = key_json(&record);
     out["key"] = Value::String(key);
+    if let Some(warning) = unpriced_warning(&gw, &record.limits, &record.models) {
+        out["warning"] = Value::String(warning);
+    }
     Ok(Json(out))
 }
 
@@ -907,7 +934,11 @@ pub async fn new_team(
         })
         .await;
     }
-    Ok(Json(team_json(&team)))
+    let mut out = team_json(&team);
+    if let Some(warning) = unpriced_warning(&gw, &team.limits, &team.models) {
+        out["warning"] = Value::String(warning);
+    }
+    Ok(Json(out))
 }
 
 /// `GET /team/info?team_id=...` → `{"team_id", "team_info": {...}, "keys": [...]}`: the team's
