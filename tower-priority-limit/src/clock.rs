@@ -37,7 +37,15 @@ pub trait Clock: Send + Sync + fmt::Debug + 'static {
     }
 }
 
-/// Real time, from [`Instant`] (monotonic, immune to wall-clock steps, full resolution).
+/// Where the real clocks ([`SystemClock`], [`CoarseClock`]) start: 30 days in, not at 0, so a
+/// window that began before the process did (a key's day of tokens read back at a restart, a
+/// fleet's window seeded from Redis) has a start a [`Millis`] can hold. From 0, such a start
+/// was clamped to the process's first instant: a restart gave a key's `tpd_limit` day a new end,
+/// a day after the restart.
+pub const REAL_CLOCK_ORIGIN: Millis = 30 * 24 * 3_600_000;
+
+/// Real time, from [`Instant`] (monotonic, immune to wall-clock steps, full resolution),
+/// starting at [`REAL_CLOCK_ORIGIN`].
 #[derive(Debug, Clone, Copy)]
 pub struct SystemClock {
     origin: Instant,
@@ -60,13 +68,13 @@ impl Default for SystemClock {
 
 impl Clock for SystemClock {
     fn now_ms(&self) -> Millis {
-        self.origin.elapsed().as_millis() as Millis
+        REAL_CLOCK_ORIGIN + self.origin.elapsed().as_millis() as Millis
     }
 }
 
 /// The default clock: monotonic, read from the kernel's coarse clock (`CLOCK_MONOTONIC_COARSE` on
 /// Linux). A read costs a few nanoseconds instead of ~25 for [`SystemClock`], at a resolution of a
-/// few milliseconds, which is nothing against a 60 s window.
+/// few milliseconds, which is nothing against a 60 s window. Starts at [`REAL_CLOCK_ORIGIN`].
 #[derive(Debug, Clone, Copy)]
 pub struct CoarseClock {
     origin: coarsetime::Instant,
@@ -90,9 +98,10 @@ impl Default for CoarseClock {
 impl Clock for CoarseClock {
     fn now_ms(&self) -> Millis {
         // Not `now()`: that also stores into a process-wide atomic, which threads would fight over.
-        coarsetime::Instant::now_without_cache_update()
-            .duration_since(self.origin)
-            .as_millis()
+        REAL_CLOCK_ORIGIN
+            + coarsetime::Instant::now_without_cache_update()
+                .duration_since(self.origin)
+                .as_millis()
     }
 
     /// The coarse reading lags true time by up to a tick (a few ms), so a timer for the distance

@@ -39,15 +39,19 @@ fn write_config(dir: &std::path::Path) {
     .unwrap();
 }
 
+type Http = hyper_util::client::legacy::Client<
+    hyper_util::client::legacy::connect::HttpConnector,
+    Full<Bytes>,
+>;
+
 /// Asks for one answer as `key`: the status and `x-priority-limit-refused-by`.
-async fn ask(
-    http: &hyper_util::client::legacy::Client<
-        hyper_util::client::legacy::connect::HttpConnector,
-        Full<Bytes>,
-    >,
-    addr: &str,
-    key: &str,
-) -> (u16, String) {
+async fn ask(http: &Http, addr: &str, key: &str) -> (u16, String) {
+    let (status, refused_by, _) = ask_when(http, addr, key).await;
+    (status, refused_by)
+}
+
+/// [`ask`], and the answer's `retry-after` (seconds), if any.
+async fn ask_when(http: &Http, addr: &str, key: &str) -> (u16, String, Option<u64>) {
     let request = http::Request::post(format!("http://{addr}/v1/chat/completions"))
         .header("authorization", format!("Bearer {key}"))
         .header("content-type", "application/json")
@@ -62,14 +66,19 @@ async fn ask(
         .get("x-priority-limit-refused-by")
         .map(|v| v.to_str().unwrap().to_owned())
         .unwrap_or_default();
+    let retry_after = response
+        .headers()
+        .get("retry-after")
+        .and_then(|v| v.to_str().ok()?.parse().ok());
     response.into_body().collect().await.unwrap();
-    (status, refused_by)
+    (status, refused_by, retry_after)
 }
 
 /// A key's `tpd_limit` is not given a new day by a restart: its day of tokens is written beside
 /// spend (`day_tokens` in `spend.db`) and read back. Two answers (60 tokens) use a 60-token day;
-/// the gateway is killed once the copy holds them; after the restart the key is still refused.
-/// Before the copy, a restart served the key 60 tokens more.
+/// the gateway is killed once the copy holds them; after the restart the key is still refused,
+/// until the day ends when it would have. Before the copy, a restart served the key 60 tokens
+/// more; before the real clocks started 30 days in, the day ended a day after the restart.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_keys_day_of_tokens_outlives_kill_9() {
     let dir = fresh("tpd");
@@ -79,11 +88,13 @@ async fn a_keys_day_of_tokens_outlives_kill_9() {
     for _ in 0..2 {
         assert_eq!(ask(&http, &addr, &key).await, (200, String::new()));
     }
+    let (status, refused_by, day_left) = ask_when(&http, &addr, &key).await;
     assert_eq!(
-        ask(&http, &addr, &key).await,
-        (429, "key_daily_tokens".to_owned()),
+        (status, refused_by.as_str()),
+        (429, "key_daily_tokens"),
         "the day is used"
     );
+    let day_ends = Instant::now() + Duration::from_secs(day_left.expect("a retry-after"));
     // The copy is written every 200 ms: wait until it holds the day, then kill.
     let db = rusqlite::Connection::open(dir.join("data/spend.db")).unwrap();
     let written = || -> i64 {
@@ -101,12 +112,24 @@ async fn a_keys_day_of_tokens_outlives_kill_9() {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    // Restarted a few seconds into the day, so a day restarted with the process would end
+    // seconds later than this one (a wait well inside the day, not through a window).
+    tokio::time::sleep(Duration::from_secs(3)).await;
     kill(&mut child, "-KILL");
     let (mut child, addr) = start(command(&dir, None)).expect("restarts");
+    let (status, refused_by, day_left) = ask_when(&http, &addr, &key).await;
     assert_eq!(
-        ask(&http, &addr, &key).await,
-        (429, "key_daily_tokens".to_owned()),
+        (status, refused_by.as_str()),
+        (429, "key_daily_tokens"),
         "a restart is not a new day"
+    );
+    // Nor does the day end later: it ends when it did (give or take the seconds rounded). It
+    // ended a day after the restart, the process's clock unable to hold an earlier start.
+    let ends = Instant::now() + Duration::from_secs(day_left.expect("a retry-after"));
+    let moved = ends.saturating_duration_since(day_ends);
+    assert!(
+        moved <= Duration::from_secs(2),
+        "the day's end moved by {moved:?}"
     );
     kill(&mut child, "-TERM");
     drop(db);
