@@ -37,6 +37,35 @@ fn refused_by(r: &Reply) -> &str {
         .unwrap_or("")
 }
 
+/// A limit of 0 admits nothing, ever: its 429 says so to clients, with a `retry-after` of a day
+/// (not the window's 60 s, or 1 s for `max_parallel_requests`, which a client waited for, twice,
+/// for nothing: trial) and `x-should-retry: false`, which the OpenAI and Anthropic SDKs read as
+/// "do not retry". A limit used up, not 0, still says when it frees.
+#[tokio::test]
+async fn a_limit_of_zero_tells_clients_not_to_retry() {
+    let (_up, base) = Upstream::start().await;
+    let gw = Gw::start(&config(&base), None).await;
+    for (limits, by) in [
+        (json!({"rpm_limit": 0}), "key_requests"),
+        (json!({"tpm_limit": 0}), "key_tokens"),
+        (json!({"model_rpm_limit": {"a": 0}}), "key_model_requests"),
+        (json!({"max_parallel_requests": 0}), "key_parallel"),
+    ] {
+        let key = gw.new_key(limits.clone()).await;
+        let r = gw.chat(&key, "a", false).await;
+        assert_eq!(r.status, 429, "{limits}: {}", r.text());
+        assert_eq!(refused_by(&r), by, "{limits}");
+        assert_eq!(r.headers["retry-after"], "86400", "{limits}");
+        assert_eq!(r.headers["x-should-retry"], "false", "{limits}");
+    }
+    let key = gw.new_key(json!({"rpm_limit": 1})).await;
+    assert_eq!(gw.served(&key, "a", 1).await, 1);
+    let r = gw.chat(&key, "a", false).await;
+    assert_eq!(r.status, 429);
+    assert!(!r.headers.contains_key("x-should-retry"), "it frees");
+    assert_ne!(r.headers["retry-after"], "86400");
+}
+
 /// Each limit refuses once it is used up, says which one it was (header and LiteLLM's message
 /// wording), and lets requests through again when its window (or day) has passed.
 #[tokio::test]

@@ -87,6 +87,9 @@ pub const X_SOFT_BUDGET_PASSED: HeaderName =
 /// On a 429: the counter that refused, `model_requests`, `model_tokens`, `pool_requests` or
 /// `pool_tokens`.
 pub const X_REFUSED_BY: HeaderName = HeaderName::from_static("x-priority-limit-refused-by");
+/// On a refusal that no wait can clear (a key's or team's limit of 0): `false`, which the
+/// OpenAI and Anthropic SDKs read as "do not retry".
+pub const X_SHOULD_RETRY: HeaderName = HeaderName::from_static("x-should-retry");
 /// On a response served under `shadow` enforcement that the limits would have refused: the
 /// counter that would have refused it (as [`X_REFUSED_BY`]).
 pub const X_SHADOW_REFUSED_BY: HeaderName =

@@ -20,7 +20,9 @@ pub(crate) use admitted::AdmittedHeaders;
 pub(crate) use headers::{
     explain_refusal, insert_queued_header, priority_value, requested_max_wait,
 };
-use headers::{RATE_LIMIT_TYPE, X_LITELLM_PRIORITY, X_LITELLM_SATURATION, X_REFUSED_BY};
+use headers::{
+    RATE_LIMIT_TYPE, X_LITELLM_PRIORITY, X_LITELLM_SATURATION, X_REFUSED_BY, X_SHOULD_RETRY,
+};
 pub(crate) use openai_error::error_response;
 
 fn limit_or_missing(out: &mut String, limit: Option<u64>) {
@@ -172,6 +174,9 @@ fn more_than_remains(m: &mut String, r: &Refused) {
     }
 }
 
+/// The `retry-after` of a refusal nothing frees: a day, as a spent budget with no period says.
+const NEVER_SECS: u64 = crate::caller::DAY_MS / 1000;
+
 /// The full 429 for a refusal: exact body, `retry-after`, `rate_limit_type`, `x-litellm-priority`
 /// and, for priority refusals, `x-litellm-saturation`.
 pub(crate) fn refusal_response(
@@ -191,7 +196,14 @@ pub(crate) fn refusal_response(
     };
     let mut response = error_response(status, kind, &message, None);
     let h = response.headers_mut();
-    h.insert(RETRY_AFTER, HeaderValue::from(r.retry_after_secs()));
+    // A key's or team's limit of 0 admits nothing, ever: no retry-after promising room (a
+    // client waited 60 s twice for it: trial), and the SDKs' own header says not to retry.
+    if matches!(r.scope, Scope::Caller(..)) && r.limit == 0 {
+        h.insert(RETRY_AFTER, HeaderValue::from(NEVER_SECS));
+        h.insert(X_SHOULD_RETRY, HeaderValue::from_static("false"));
+    } else {
+        h.insert(RETRY_AFTER, HeaderValue::from(r.retry_after_secs()));
+    }
     h.insert(
         RATE_LIMIT_TYPE,
         HeaderValue::from_static(r.dimension.as_str()),
