@@ -320,20 +320,18 @@ fn connections(
     ];
     let ssl_verify = params.get("ssl_verify")?;
     let ssl_certificate = params.get("ssl_certificate")?;
-    let https = match target {
-        Target::Upstream { api_base, .. } => api_base.starts_with("https://"),
-        Target::Mock { .. } => {
-            let mut set = own
-                .iter()
-                .flatten()
-                .chain(&ssl_verify)
-                .chain(&ssl_certificate);
-            if let Some(node) = set.next() {
-                return Err(node.error("a mock_response deployment has no upstream to connect to"));
-            }
-            return Ok(UpstreamConnections::default());
+    if let Target::Mock { .. } = target {
+        let mut set = own
+            .iter()
+            .flatten()
+            .chain(&ssl_verify)
+            .chain(&ssl_certificate);
+        if let Some(node) = set.next() {
+            return Err(node.error("a mock_response deployment has no upstream to connect to"));
         }
-    };
+        return Ok(UpstreamConnections::default());
+    }
+    let https = target.is_https();
     // Each the deployment's own, else `router_settings`'.
     let [max, idle, timeout] = own;
     let [default_max, default_idle, default_timeout] = &defaults.pool;

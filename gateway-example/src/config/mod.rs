@@ -104,6 +104,14 @@ pub enum Target {
     },
 }
 
+impl Target {
+    /// Whether it is an `https://` upstream: what TLS settings (`ssl_verify`,
+    /// `ssl_certificate`) apply to.
+    pub fn is_https(&self) -> bool {
+        matches!(self, Target::Upstream { api_base, .. } if api_base.starts_with("https://"))
+    }
+}
+
 /// An Azure OpenAI deployment (`model: azure/<deployment>`): it speaks the OpenAI format, at
 /// `{api_base}/openai/deployments/{deployment}/chat/completions?api-version={api_version}` (and
 /// `/completions`, `/embeddings`; the Responses API at `{api_base}/openai/responses?api-version=…`),
@@ -761,10 +769,7 @@ impl GatewayConfig {
         }
         // The proxy-wide TLS settings verify `https://` upstreams only: with none they do
         // nothing, and are named (a deployment's own on `http://` is an error, read there).
-        let any_https = deployments.iter().any(|d| {
-            matches!(&d.target, Target::Upstream { api_base, .. }
-                if api_base.get(..8).is_some_and(|s| s.eq_ignore_ascii_case("https://")))
-        });
+        let any_https = deployments.iter().any(|d| d.target.is_https());
         if !any_https {
             for key in ["ssl_verify", "ssl_certificate"] {
                 if doc
