@@ -195,6 +195,12 @@ fn errors_name_the_yaml_path() {
     }
 }
 
+/// The not-honoured warning of `yaml`, which must load (no environment), or "" without one.
+fn not_honoured(yaml: &str) -> String {
+    let c = GatewayConfig::from_yaml_str_with_env(yaml, no_env).unwrap();
+    c.unsupported_warning().unwrap_or_default()
+}
+
 fn no_env(_: &str) -> Option<String> {
     None
 }
@@ -1142,8 +1148,7 @@ fn a_number_as_a_key_is_named_by_its_path() {
     // `{…, 30, …}` in a flow mapping is the key 30 with no value: named like any other key the
     // gateway does not read, not refused as a document that is not YAML.
     let yaml = "model_list:\n- {model_name: m, litellm_params: {model: openai/m, mock_response: hi, 30}}\n";
-    let c = GatewayConfig::from_yaml_str_with_env(yaml, |_| None).unwrap();
-    let warning = c.unsupported_warning().unwrap_or_default();
+    let warning = not_honoured(yaml);
     assert!(
         warning.contains("model_list[0].litellm_params.30"),
         "{warning}"
@@ -1184,9 +1189,9 @@ fn restricting_settings_and_include_are_refused() {
             .to_string();
         assert!(e.contains(&format!("{path}: ")), "{yaml}: {e}");
     }
-    let yaml = format!("{entry}router_settings: {{enable_pre_call_checks: true}}\n");
-    let c = GatewayConfig::from_yaml_str_with_env(&yaml, |_| None).unwrap();
-    let warning = c.unsupported_warning().unwrap_or_default();
+    let warning = not_honoured(&format!(
+        "{entry}router_settings: {{enable_pre_call_checks: true}}\n"
+    ));
     assert!(
         warning.contains("router_settings.enable_pre_call_checks (deployments' rpm and tpm are always enforced here"),
         "{warning}"
@@ -1197,17 +1202,14 @@ fn restricting_settings_and_include_are_refused() {
 #[test]
 fn proxy_wide_tls_settings_without_an_https_upstream_are_named() {
     let http = "model_list:\n- {model_name: m, litellm_params: {model: openai/m, api_base: \"http://127.0.0.1:9/v1\"}}\n";
-    let yaml = format!("{http}litellm_settings: {{ssl_verify: false}}\n");
-    let c = GatewayConfig::from_yaml_str_with_env(&yaml, |_| None).unwrap();
-    let warning = c.unsupported_warning().unwrap_or_default();
+    let warning = not_honoured(&format!("{http}litellm_settings: {{ssl_verify: false}}\n"));
     assert!(
         warning.contains("litellm_settings.ssl_verify (verifies https:// upstreams only"),
         "{warning}"
     );
     let https = http.replace("http://127.0.0.1:9", "https://127.0.0.1:9");
     let yaml = format!("{https}litellm_settings: {{ssl_verify: false}}\n");
-    let c = GatewayConfig::from_yaml_str_with_env(&yaml, |_| None).unwrap();
-    assert_eq!(c.unsupported_warning(), None);
+    assert_eq!(not_honoured(&yaml), "");
 }
 
 /// An environment reference where a list is expected says that it gives single values only.
