@@ -563,6 +563,14 @@ async fn local_mode_keeps_a_conservative_share_and_comes_back() {
         22,
         "local share: 100 / 4, less this node's part of the 10 the window held"
     );
+    // Its 429 states the part it enforces, and says it is a part (not the configured 100).
+    let (status, _, body) = app.chat(None, "m", false).await;
+    assert_eq!(status, 429);
+    let body = String::from_utf8_lossy(&body);
+    assert!(
+        body.contains("Remaining: 0") && body.contains("enforces its own part of each limit"),
+        "{body}"
+    );
     let stats = app.limiter.store().stats();
     assert!(stats.local_admissions.load(Ordering::Relaxed) >= 22);
     assert_eq!(stats.fallback_seeds.load(Ordering::Relaxed), 1);

@@ -890,6 +890,7 @@ mod tests {
             saturation,
             retry_after_ms,
             pool: None,
+            local_part: false,
         };
         q.record_refusal(prod, refused(Scope::Priority, 1_000, 0.9), 0);
         q.record_refusal(dev, refused(Scope::Model, 30_000, 1.0), 500);
@@ -916,6 +917,7 @@ mod tests {
             saturation: 1.0,
             retry_after_ms: 5_000,
             pool: None,
+            local_part: false,
         };
         q.record_refusal(PoolRef::Default, refused, 1_000);
         assert_eq!(

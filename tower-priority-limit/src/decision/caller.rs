@@ -414,6 +414,7 @@ pub fn check_caller<W: Window>(
                 saturation,
                 retry_after_ms: 1_000,
                 pool: None,
+                local_part: false,
             });
         }
     }
@@ -439,6 +440,7 @@ pub fn check_caller<W: Window>(
             saturation,
             retry_after_ms: counter.room_in(now, window, over.dimension, over.excess),
             pool: None,
+            local_part: false,
         })
     };
     use CallerLimit::{DailyTokens, ModelRequests, ModelTokens, Requests, Tokens};
@@ -491,6 +493,7 @@ pub fn check_caller<W: Window>(
                     false => budget.resets_in.unwrap_or(DAY_MS),
                 },
                 pool: None,
+                local_part: false,
             }
         })
     })
@@ -848,6 +851,7 @@ mod tests {
             saturation: 1.0,
             retry_after_ms: 1,
             pool: None,
+            local_part: false,
         };
         let callers = Callers::new(
             Some(key(CallerLimits::new().rpm(1)).in_shadow(true)),

@@ -206,6 +206,9 @@ pub struct Refused {
     /// counter refused (`None` when the config reserves nothing). For refusals that explain
     /// themselves.
     pub pool: Option<PoolState>,
+    /// Decided by a shared store's local fallback on this process's part of a limit the fleet
+    /// shares (`expected_nodes` > 1): `limit` is that part, not the configured limit.
+    pub local_part: bool,
 }
 
 /// A pool's reserved limits and what it used, as one decision saw them.
@@ -523,6 +526,7 @@ pub fn decide<W: Window>(
         saturation,
         retry_after_ms: counter.room_in(now, window, over.dimension, over.excess),
         pool: pool_state,
+        local_part: false,
     };
 
     let mut refused = check(limits.rpm, limits.tpm, model_usage, reserve)
@@ -555,6 +559,7 @@ pub fn decide<W: Window>(
                 saturation,
                 retry_after_ms,
                 pool: pool_state,
+                local_part: false,
             });
         }
     }

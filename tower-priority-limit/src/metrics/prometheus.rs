@@ -745,6 +745,7 @@ mod tests {
             saturation: 1.0,
             retry_after_ms: 1_000,
             pool: None,
+            local_part: false,
         };
         metrics.queue_try(model, prod, None);
         metrics.queue_try(model, prod, Some(&refused(crate::decision::Scope::Order)));

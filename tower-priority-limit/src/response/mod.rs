@@ -70,6 +70,24 @@ pub(crate) fn refusal_message(
     r: &Refused,
     team: Option<&str>,
 ) -> String {
+    let mut m = refusal_text(model, label, r, team);
+    if r.local_part {
+        m.push_str(LOCAL_PART_NOTE);
+    }
+    m
+}
+
+/// Said after a refusal decided on this gateway's part of a limit ([`Refused::local_part`]).
+const LOCAL_PART_NOTE: &str = " (This gateway cannot reach the shared store: it enforces its own \
+     part of each limit and budget, the configured one divided among expected_nodes, until it \
+     can. The figures above are that part.)";
+
+fn refusal_text(
+    model: &ModelLimits,
+    label: Option<&str>,
+    r: &Refused,
+    team: Option<&str>,
+) -> String {
     let mut m = String::with_capacity(200);
     let label = label.unwrap_or("None");
     match r.scope {
@@ -291,6 +309,7 @@ mod tests {
             saturation: 1.0,
             retry_after_ms: 59_001,
             pool: None,
+            local_part: false,
         };
         let resp = refusal_response(&c.models()[0], None, &r, None);
         assert_eq!(resp.status(), 429);
@@ -302,6 +321,39 @@ mod tests {
         assert_eq!(resp.headers()["rate_limit_type"], "tokens");
         assert_eq!(resp.headers()["x-litellm-priority"], "default");
         assert!(resp.headers().get("x-litellm-saturation").is_none());
+    }
+
+    /// A refusal decided on a gateway's part of a shared limit says its figures are that part
+    /// (a trial read a key's `Max budget` during a Redis outage as the whole budget, divided).
+    #[test]
+    fn a_refusal_on_a_local_part_says_so() {
+        let c = LimiterConfig::builder()
+            .model(ModelLimits::new("m").rpm(10))
+            .build()
+            .unwrap();
+        let budget = Scope::Caller(
+            crate::caller::CallerKind::Key,
+            crate::caller::CallerLimit::Budget,
+        );
+        for local_part in [false, true] {
+            let r = Refused {
+                scope: budget,
+                dimension: Dimension::Spend,
+                limit: 1_000_000_000,
+                used: 1_000_000_000,
+                saturation: 0.0,
+                retry_after_ms: 1_000,
+                pool: None,
+                local_part,
+            };
+            let m = refusal_message(&c.models()[0], None, &r, None);
+            assert!(m.starts_with("Budget has been exceeded! Current cost: 1.0, Max budget: 1.0"));
+            assert_eq!(
+                m.contains("divided among expected_nodes"),
+                local_part,
+                "{m}"
+            );
+        }
     }
 
     #[test]
@@ -327,6 +379,7 @@ mod tests {
             saturation: 0.528,
             retry_after_ms: 200,
             pool: None,
+            local_part: false,
         };
         let resp = refusal_response(&c.models()[0], Some("dev"), &r, None);
         assert_eq!(
@@ -363,6 +416,7 @@ mod tests {
                 saturation: 0.9,
                 retry_after_ms: 200,
                 pool: None,
+                local_part: false,
             };
             let message = refusal_message(&c.models()[0], None, &r, None);
             assert_eq!(

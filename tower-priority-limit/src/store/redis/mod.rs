@@ -1881,6 +1881,7 @@ impl Inner {
                     saturation: admitted.saturation,
                     retry_after_ms: ORDER_RETRY_MS,
                     pool: None,
+                    local_part: false,
                 });
             }
         }
@@ -2039,8 +2040,12 @@ impl Inner {
                         ..request
                     })
                     .into_inner();
-                if let Ok(Decision::Admit(admitted)) = &mut decision {
-                    admitted.on_fallback = true;
+                match &mut decision {
+                    Ok(Decision::Admit(admitted)) => admitted.on_fallback = true,
+                    // Its limit is this gateway's part: its 429 must not state it as the
+                    // configured one (a trial read a key's `Max budget` as a third of it).
+                    Ok(Decision::Refuse(refused)) => refused.local_part = nodes > 1,
+                    Err(_) => {}
                 }
                 // The lease holds the request's own callers: where the local store counted it.
                 if let (Some(original), Some(divided)) = (original, callers) {
