@@ -127,6 +127,98 @@ async fn each_key_limit_refuses_by_name_until_its_window_passes() {
     assert_eq!(gw.served(&key, "a", 1).await, 1);
 }
 
+/// The header `name` of `r` as a number.
+fn header_u64(r: &Reply, name: &str) -> Option<u64> {
+    r.headers.get(name)?.to_str().ok()?.parse().ok()
+}
+
+/// An answer says what each of its key's and team's rate limits left once it was counted, in
+/// LiteLLM's per-descriptor headers (`x-ratelimit-api_key-remaining-requests`, ...; a LiteLLM
+/// user's client paces itself by them): only the limits set, the key's and its team's apart,
+/// per model where the limit is; parallel slots counting the request itself.
+#[tokio::test]
+async fn an_answer_says_what_its_key_and_team_limits_left() {
+    let (_up, base) = Upstream::start().await;
+    let gw = Gw::start(&config(&base), None).await;
+    let team = gw
+        .new_team(json!({"rpm_limit": 10, "model_tpm_limit": {"a": 1000}}))
+        .await;
+    let key = gw
+        .new_key(json!({
+            "team_id": team, "rpm_limit": 3, "tpm_limit": 100, "tpd_limit": 1000,
+            "max_parallel_requests": 2, "model_rpm_limit": {"a": 2},
+        }))
+        .await;
+    let first = gw.chat(&key, "a", false).await;
+    assert_eq!(first.status, 200, "{}", first.text());
+    let said = |r: &Reply, name: &str| header_u64(r, &format!("x-ratelimit-{name}"));
+    let expected_first = [
+        ("api_key-limit-requests", 3),
+        ("api_key-remaining-requests", 2),
+        ("api_key-limit-tokens", 100),
+        ("api_key-limit-tokens_per_day", 1000),
+        ("api_key-limit-max_parallel_requests", 2),
+        ("api_key-remaining-max_parallel_requests", 1),
+        ("model_per_key-limit-requests", 2),
+        ("model_per_key-remaining-requests", 1),
+        ("team-limit-requests", 10),
+        ("team-remaining-requests", 9),
+        ("model_per_team-limit-tokens", 1000),
+    ];
+    for (name, value) in expected_first {
+        assert_eq!(
+            said(&first, name),
+            Some(value),
+            "{name}: {:?}",
+            first.headers
+        );
+    }
+    for absent in [
+        "team-limit-tokens",
+        "team-limit-max_parallel_requests",
+        "model_per_key-limit-tokens",
+        "model_per_team-limit-requests",
+    ] {
+        assert_eq!(said(&first, absent), None, "{absent}: no such limit");
+    }
+    // What the first answer's tokens (30) and the second's reservation took: the same on each
+    // token limit, so the key's window, day and the team's model pair agree.
+    let second = gw.chat(&key, "a", false).await;
+    assert_eq!(said(&second, "api_key-remaining-requests"), Some(1));
+    assert_eq!(said(&second, "model_per_key-remaining-requests"), Some(0));
+    assert_eq!(said(&second, "team-remaining-requests"), Some(8));
+    let tokens = 100 - said(&second, "api_key-remaining-tokens").unwrap();
+    assert!(
+        tokens >= 30,
+        "the first answer's 30 tokens at least: {tokens}"
+    );
+    assert_eq!(
+        said(&second, "api_key-remaining-tokens_per_day"),
+        Some(1000 - tokens)
+    );
+    assert_eq!(
+        said(&second, "model_per_team-remaining-tokens"),
+        Some(1000 - tokens)
+    );
+    // The model limit is the request's model's: `b` has none on the key, and its own window.
+    let on_b = gw.chat(&key, "b", false).await;
+    assert_eq!(said(&on_b, "api_key-remaining-requests"), Some(0));
+    assert_eq!(said(&on_b, "model_per_key-limit-requests"), None);
+    assert_eq!(said(&on_b, "model_per_team-limit-tokens"), None);
+    // A key without limits, in no team, gets none of them.
+    let plain = gw.new_key(json!({})).await;
+    let r = gw.chat(&plain, "a", false).await;
+    assert_eq!(r.status, 200);
+    assert!(
+        !r.headers
+            .keys()
+            .any(|n| n.as_str().starts_with("x-ratelimit-api_key")
+                || n.as_str().starts_with("x-ratelimit-team")),
+        "{:?}",
+        r.headers
+    );
+}
+
 /// A team's limits hold for all its keys together, and a key is held to its own and its team's.
 #[tokio::test]
 async fn a_team_limit_is_shared_by_its_keys() {
@@ -372,6 +464,14 @@ async fn key_and_team_limits_hold_with_the_model_limiter_off() {
     assert_eq!((served, by_team), (2, 4));
     // Their slots came back when the answers ended.
     assert_eq!(gw.served(&member, "a", 3).await, 3);
+    // The team's limit says what it leaves, as with the model limiter on.
+    let r = gw.chat(&member, "a", false).await;
+    assert_eq!(
+        header_u64(&r, "x-ratelimit-team-remaining-max_parallel_requests"),
+        Some(1),
+        "{:?}",
+        r.headers
+    );
 
     // A key without limits goes through unadmitted, as before.
     let plain = gw.new_key(json!({})).await;

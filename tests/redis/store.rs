@@ -2037,6 +2037,11 @@ async fn agree_with_callers_of(
                             b.soft_budget_passed(),
                             "step {step}: soft budget"
                         );
+                        // What each limit left, as the answer's headers say it: the same.
+                        let left = |l: &tower_priority_limit::Lease| {
+                            l.callers().map(|c| c.limits_left().collect::<Vec<_>>())
+                        };
+                        assert_eq!(left(&a), left(&b), "step {step}: limits left");
                         admitted += 1;
                         leases.push((a, b, 10 + rng.next(40)));
                     }

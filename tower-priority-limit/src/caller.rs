@@ -62,6 +62,9 @@ impl CallerKind {
     }
 }
 
+/// How many of a caller's limits are counted in windows or slots ([`CallerLimit::RATE`]).
+pub const RATE_LIMITS: usize = 6;
+
 /// One kind of caller limit, in the order a caller's limits are checked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum CallerLimit {
@@ -84,6 +87,17 @@ pub enum CallerLimit {
 }
 
 impl CallerLimit {
+    /// The limits counted in windows or slots (not dollars), in [`ALL`](Self::ALL)'s order: what
+    /// an admission says each one leaves ([`Callers::limits_left`]).
+    pub const RATE: [CallerLimit; RATE_LIMITS] = [
+        CallerLimit::Parallel,
+        CallerLimit::Requests,
+        CallerLimit::Tokens,
+        CallerLimit::DailyTokens,
+        CallerLimit::ModelRequests,
+        CallerLimit::ModelTokens,
+    ];
+
     /// Every limit, in the order they are checked.
     pub const ALL: [CallerLimit; 8] = [
         CallerLimit::Parallel,
@@ -588,9 +602,9 @@ pub struct Callers {
 }
 
 /// Values in [`Callers::marks`]: six pair marks, the tokens reserved, the slot, four budget
-/// periods and the cost reserved, at the places below (the one layout every reader and the
-/// writer go by).
-const MARKS: usize = 13;
+/// periods, the cost reserved and what each caller's six rate limits left, at the places below
+/// (the one layout every reader and the writer go by).
+const MARKS: usize = 13 + 2 * RATE_LIMITS;
 /// The first of the three pair marks (`[window, day, model]`) of the caller at `place`.
 const fn pair_marks_at(place: usize) -> usize {
     3 * place
@@ -602,6 +616,10 @@ const fn budget_marks_at(place: usize) -> usize {
     8 + 2 * place
 }
 const COST_RESERVED: usize = 12;
+/// The first of the [`RATE_LIMITS`] values of what the caller at `place`'s limits left.
+const fn remaining_at(place: usize) -> usize {
+    13 + RATE_LIMITS * place
+}
 
 impl fmt::Debug for Callers {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -728,6 +746,44 @@ impl Callers {
             budgets: [key_budgets, team_budgets],
             cost_reserved,
         }
+    }
+
+    /// Records, by the store at admission, what each rate limit of the caller at `place` left
+    /// with the request counted ([`CallerLimit::RATE`]'s order; see
+    /// [`limits_left`](Self::limits_left)).
+    pub fn set_left(&self, place: usize, left: [u64; RATE_LIMITS]) {
+        let first = remaining_at(place.min(1));
+        for (i, v) in left.into_iter().enumerate() {
+            self.marks[first + i].store(v, Ordering::Relaxed);
+        }
+    }
+
+    /// What [`set_left`](Self::set_left) recorded for the caller at `place`.
+    pub(crate) fn left(&self, place: usize) -> [u64; RATE_LIMITS] {
+        let first = remaining_at(place.min(1));
+        std::array::from_fn(|i| self.marks[first + i].load(Ordering::Relaxed))
+    }
+
+    /// Each rate limit of each caller and what it left when this request was admitted, key
+    /// first, in [`CallerLimit::RATE`]'s order (the store writes it while admitting): what the
+    /// response's `x-ratelimit-api_key-*` and `x-ratelimit-team-*` headers say.
+    pub fn limits_left(&self) -> impl Iterator<Item = LimitLeft> + '_ {
+        (0..2).flat_map(move |place| {
+            let caller = self.get(place);
+            let left = self.left(place);
+            CallerLimit::RATE
+                .into_iter()
+                .zip(left)
+                .filter_map(move |(limit, remaining)| {
+                    let caller = caller?;
+                    Some(LimitLeft {
+                        kind: caller.kind(),
+                        limit,
+                        max: caller.limits().of(limit)?,
+                        remaining,
+                    })
+                })
+        })
     }
 
     /// The part of [`marks`](Self::marks) one caller's settlement reads: the marks of the
@@ -863,6 +919,20 @@ pub struct CallerMarks {
     pub budgets: [[u64; 2]; 2],
     /// Nano-dollars reserved on every budget (0 with `post_hoc`).
     pub cost_reserved: u64,
+}
+
+/// One rate limit of a request's caller and what it left when the request was admitted
+/// ([`Callers::limits_left`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LimitLeft {
+    /// Key or team.
+    pub kind: CallerKind,
+    /// Which limit.
+    pub limit: CallerLimit,
+    /// Its value.
+    pub max: u64,
+    /// What it left after counting the request: requests, tokens or parallel slots more.
+    pub remaining: u64,
 }
 
 /// What a caller has spent in a budget period (all models, or one model's budget), as a store

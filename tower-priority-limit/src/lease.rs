@@ -119,6 +119,11 @@ impl Lease {
             .unwrap_or_default()
     }
 
+    /// The callers whose limits counted this request, if any.
+    pub fn callers(&self) -> Option<&Callers> {
+        self.callers.as_deref()
+    }
+
     /// The model this lease was admitted for.
     pub fn model(&self) -> ModelId {
         self.settlement.model

@@ -468,6 +468,9 @@ impl<St: Store> Limiter<St> {
             lease.pool(),
             admitted,
         );
+        if let Some(callers) = lease.callers() {
+            crate::response::headers::insert_limits_left(&mut parts.headers, callers);
+        }
         if let Some(who) = lease.soft_budget_passed().as_header() {
             parts.headers.insert(
                 crate::response::headers::X_SOFT_BUDGET_PASSED,

@@ -3,7 +3,7 @@
 
 use super::{check, settle, Decision, Dimension, Millis, Refused, Scope, Usage, Window};
 use crate::caller::{
-    Budget, Caller, CallerLimit, CallerLimits, CallerMarks, Callers, NanoUsd, DAY_MS,
+    Budget, Caller, CallerLimit, CallerLimits, CallerMarks, Callers, NanoUsd, DAY_MS, RATE_LIMITS,
 };
 use crate::config::{Enforcement, ModelId, TokenAccounting};
 
@@ -322,24 +322,70 @@ impl<W: Window> CallerCounters<W> {
         now: Millis,
         window: Millis,
     ) -> [Millis; 3] {
+        self.count(model, limits, reserved, now, window).0
+    }
+
+    /// [`admit`](Self::admit), and what each rate limit of `limits` ([`CallerLimit::RATE`])
+    /// leaves with the request counted (0 for a limit not set): what its answer's headers say.
+    pub fn admit_leaving(
+        &mut self,
+        model: ModelId,
+        limits: &CallerLimits,
+        reserved: u64,
+        now: Millis,
+        window: Millis,
+    ) -> ([Millis; 3], [u64; RATE_LIMITS]) {
+        let (marks, used) = self.count(model, limits, reserved, now, window);
+        let max = [
+            limits.max_parallel,
+            limits.rpm,
+            limits.tpm,
+            limits.tpd,
+            limits.model_rpm,
+            limits.model_tpm,
+        ];
+        let left = std::array::from_fn(|i| max[i].map_or(0, |max| max.saturating_sub(used[i])));
+        (marks, left)
+    }
+
+    /// Counts the request; returns its marks and, in [`CallerLimit::RATE`]'s order, what each
+    /// limit's counter holds with it (0 for a pair not counted).
+    fn count(
+        &mut self,
+        model: ModelId,
+        limits: &CallerLimits,
+        reserved: u64,
+        now: Millis,
+        window: Millis,
+    ) -> ([Millis; 3], [u64; RATE_LIMITS]) {
         let mut marks = [NOT_COUNTED; 3];
+        let (mut all, mut day, mut on_model) = Default::default();
         let counted = CallerPair::of(limits);
         if counted[0] {
             marks[0] = self.window.mark(now, window);
-            self.window.admit(reserved, now, window);
+            all = self.window.admit(reserved, now, window);
         }
         if counted[1] {
             marks[1] = self.day.mark(now, DAY_MS);
-            self.day.admit(reserved, now, DAY_MS);
+            day = self.day.admit(reserved, now, DAY_MS);
             self.day_changed = true;
         }
         if counted[2] {
             let pair = self.model_mut(model);
             marks[2] = pair.mark(now, window);
-            pair.admit(reserved, now, window);
+            on_model = pair.admit(reserved, now, window);
         }
         self.parallel = self.parallel.saturating_add(1);
-        marks
+        let (all, day, on_model): (Usage, Usage, Usage) = (all, day, on_model);
+        let used = [
+            self.parallel,
+            all.requests,
+            all.tokens,
+            day.tokens,
+            on_model.requests,
+            on_model.tokens,
+        ];
+        (marks, used)
     }
 
     /// Records a finished request admitted at `marks` with `reserved` tokens: its `tokens`
@@ -597,7 +643,9 @@ pub fn admit_callers<W: Window>(
     for (place, counters) in counters.into_iter().enumerate() {
         if let (Some(c), Some(caller)) = (counters, callers.get(place)) {
             marks.budgets[place] = admit_budgets(callers, place, c, model, cost);
-            marks.marks[place] = c.admit(model, caller.limits(), reserved, now, window);
+            let (counted, left) = c.admit_leaving(model, caller.limits(), reserved, now, window);
+            marks.marks[place] = counted;
+            callers.set_left(place, left);
         }
     }
     marks
@@ -675,6 +723,37 @@ mod tests {
             Scope::Caller(CallerKind::Key, CallerLimit::Requests)
         );
         assert_eq!(r.retry_after_ms, W - 3, "the fixed window's end");
+    }
+
+    /// What each limit leaves counts every request admitted so far (in flight or settled) in
+    /// its own pair, and only the limits set; a window that has passed leaves its limit whole.
+    #[test]
+    fn what_each_limit_leaves_after_an_admission() {
+        fn check<W: Window>() {
+            let mut c = CallerCounters::<W>::default();
+            let limits = CallerLimits::new()
+                .max_parallel(3)
+                .rpm(3)
+                .tpm(100)
+                .model_rpm(5);
+            let leaving = |c: &mut CallerCounters<W>, model, now| {
+                c.admit_leaving(model, &limits, 10, now, W).1
+            };
+            // Parallel, requests, tokens, day tokens (no limit), model requests, model tokens
+            // (no limit).
+            assert_eq!(leaving(&mut c, M, 0), [2, 2, 90, 0, 4, 0]);
+            let marks = c.admit(M, &limits, 10, 1, W);
+            c.settle(M, marks, 10, 25, false, TokenAccounting::Reserve, 2, W);
+            assert_eq!(
+                leaving(&mut c, ModelId(1), 2),
+                [1, 0, 55, 0, 4, 0],
+                "another model's pair counts apart; the settled 25 replaced its 10"
+            );
+            let later = 3 * W;
+            assert_eq!(leaving(&mut c, M, later), [0, 2, 90, 0, 4, 0]);
+        }
+        check::<FixedWindow>();
+        check::<SlidingWindow>();
     }
 
     #[test]

@@ -110,10 +110,14 @@ impl Window for FixedWindow {
         }
     }
 
-    fn admit(&mut self, reserved: u64, now: Millis, window: Millis) {
+    fn admit(&mut self, reserved: u64, now: Millis, window: Millis) -> Usage {
         self.roll(now, window);
         self.requests = self.requests.saturating_add(1);
         self.tokens = self.tokens.saturating_add(reserved);
+        Usage {
+            requests: self.requests,
+            tokens: self.tokens,
+        }
     }
 
     fn record(&mut self, tokens: u64, now: Millis, window: Millis) {

@@ -61,8 +61,10 @@ pub trait Window: Clone + Default + Send + 'static {
     /// Where an admission at `now` is counted.
     fn mark(&self, now: Millis, window: Millis) -> Millis;
 
-    /// Counts one admitted request and the `reserved` tokens charged for it at `now`.
-    fn admit(&mut self, reserved: u64, now: Millis, window: Millis);
+    /// Counts one admitted request and the `reserved` tokens charged for it at `now`; returns
+    /// what counts at `now` with it (as [`usage`](Self::usage) would, read off what the count
+    /// wrote).
+    fn admit(&mut self, reserved: u64, now: Millis, window: Millis) -> Usage;
 
     /// Records a finished request's `tokens` at `now` (`post_hoc` accounting).
     fn record(&mut self, tokens: u64, now: Millis, window: Millis);

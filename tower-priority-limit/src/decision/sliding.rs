@@ -168,7 +168,7 @@ impl Window for SlidingWindow {
         self.head.map_or(now_slot, |h| h.max(now_slot))
     }
 
-    fn admit(&mut self, reserved: u64, now: Millis, window: Millis) {
+    fn admit(&mut self, reserved: u64, now: Millis, window: Millis) -> Usage {
         let slot = self.advance(now, window);
         let place = &mut self.slots[place_of(slot)];
         let old = *place;
@@ -176,6 +176,8 @@ impl Window for SlidingWindow {
         place.tokens = place.tokens.saturating_add(reserved);
         let new = *place;
         self.retotal(old, new);
+        // `advance` dropped every slot that has left the count at `now`.
+        self.total
     }
 
     fn record(&mut self, tokens: u64, now: Millis, window: Millis) {

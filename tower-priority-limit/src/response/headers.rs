@@ -4,6 +4,7 @@
 use http::header::{HeaderName, HeaderValue};
 use http::HeaderMap;
 
+use crate::caller::{CallerKind, CallerLimit, Callers};
 use crate::decision::Refused;
 use crate::metrics::RefusedBy;
 
@@ -143,6 +144,50 @@ pub(crate) fn explain_refusal(h: &mut HeaderMap, by: HeaderName, r: &Refused) {
             if let Some(value) = value {
                 h.insert(name, HeaderValue::from(value));
             }
+        }
+    }
+}
+
+/// The `x-ratelimit-*` names of a caller's rate limit, as LiteLLM's limiter names its
+/// descriptors (`api_key`, `team`, `model_per_key`, `model_per_team`) and their kinds
+/// (`requests`, `tokens`, `max_parallel_requests`; a day's tokens, which LiteLLM has no
+/// descriptor for, `tokens_per_day`): its limit's, then its remaining's.
+pub fn limit_left_names(kind: CallerKind, limit: CallerLimit) -> Option<[HeaderName; 2]> {
+    macro_rules! names {
+        ($who:literal, $what:literal) => {
+            [
+                HeaderName::from_static(concat!("x-ratelimit-", $who, "-limit-", $what)),
+                HeaderName::from_static(concat!("x-ratelimit-", $who, "-remaining-", $what)),
+            ]
+        };
+    }
+    use CallerKind::{Key, Team};
+    use CallerLimit::*;
+    Some(match (kind, limit) {
+        (Key, Parallel) => names!("api_key", "max_parallel_requests"),
+        (Key, Requests) => names!("api_key", "requests"),
+        (Key, Tokens) => names!("api_key", "tokens"),
+        (Key, DailyTokens) => names!("api_key", "tokens_per_day"),
+        (Key, ModelRequests) => names!("model_per_key", "requests"),
+        (Key, ModelTokens) => names!("model_per_key", "tokens"),
+        (Team, Parallel) => names!("team", "max_parallel_requests"),
+        (Team, Requests) => names!("team", "requests"),
+        (Team, Tokens) => names!("team", "tokens"),
+        (Team, DailyTokens) => names!("team", "tokens_per_day"),
+        (Team, ModelRequests) => names!("model_per_team", "requests"),
+        (Team, ModelTokens) => names!("model_per_team", "tokens"),
+        (_, Budget | ModelBudget) => return None,
+    })
+}
+
+/// Adds, for each rate limit of an admitted request's key and team, its limit and what it left
+/// once the request was counted ([`Callers::limits_left`]): LiteLLM's
+/// `x-ratelimit-{api_key,team,model_per_key,model_per_team}-{limit,remaining}-*`.
+pub(crate) fn insert_limits_left(h: &mut HeaderMap, callers: &Callers) {
+    for left in callers.limits_left() {
+        if let Some([limit, remaining]) = limit_left_names(left.kind, left.limit) {
+            h.insert(limit, HeaderValue::from(left.max));
+            h.insert(remaining, HeaderValue::from(left.remaining));
         }
     }
 }

@@ -2016,6 +2016,10 @@ impl Inner {
                     mark(counted[1], c.day.mark(now, DAY_MS)),
                     mark(counted[2], c.models[0].1.mark(now, window)),
                 ];
+                // What the script counted, on the copy it read: what the limits leave.
+                let (_, left) =
+                    c.admit_leaving(request.model, caller.limits(), reserved, now, window);
+                callers.set_left(place, left);
             }
         }
         marks
@@ -2050,6 +2054,9 @@ impl Inner {
                 // The lease holds the request's own callers: where the local store counted it.
                 if let (Some(original), Some(divided)) = (original, callers) {
                     original.set_marks(divided.marks());
+                    for place in 0..2 {
+                        original.set_left(place, divided.left(place));
+                    }
                 }
                 if let (Ok(Decision::Admit(_)), Some(owed)) =
                     (&decision, self.owed.get(request.model.index()))
