@@ -778,6 +778,7 @@ impl Gateway {
         // With the model limiter off, a key's or team's own limits still apply (as in
         // LiteLLM): its requests are admitted on a limiter whose models have no limits.
         let limiter = (config.limiter_enabled || chat.access.has_limits()).then_some(&*limiter);
+        let attempts = self.metrics.attempts(&config.limiter);
         let mut response = routing::serve(
             &self.router,
             &config.deployments,
@@ -785,6 +786,7 @@ impl Gateway {
             limiter,
             chat,
             priority,
+            &attempts,
         )
         .await;
         // A refusal names the group it was refused for too, so it is counted under it

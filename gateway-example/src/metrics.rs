@@ -239,28 +239,11 @@ impl GatewayMetrics {
         http.durations[i]
             .get_or_init(|| AtomicHistogram::exponential(0.001, 2.0, 16))
             .observe(elapsed);
-        match attempted {
-            // Attempts counted as they went out, under each group called; fallbacks under the
-            // request's own group, the one fallen back from.
-            Some(attempted) => {
-                for (group, n) in &attempted.by_group {
-                    let label = self.model(limits, Some(group)).0;
-                    http.attempts[label].inc_by(u64::from(*n));
-                    if *n > 1 {
-                        http.retries[label].inc_by(u64::from(n - 1));
-                    }
-                }
-                if attempted.fallbacks > 0 {
-                    let label = self.model(limits, Some(&attempted.group)).0;
-                    http.fallbacks[label].inc_by(u64::from(attempted.fallbacks));
-                }
-            }
-            // No extension: one group called (or none), nothing failed, no fallback: the
-            // deployment that answered is its one attempt.
-            None if headers.contains_key(crate::routing::MODEL_ID) => {
-                http.attempts[model.0].inc();
-            }
-            None => {}
+        // Fallbacks under the request's own group, the one fallen back from (attempts and
+        // retries are counted as they go out: [`Attempts`]).
+        if let Some(attempted) = attempted.filter(|a| a.fallbacks > 0) {
+            let label = self.model(limits, Some(&attempted.group)).0;
+            http.fallbacks[label].inc_by(u64::from(attempted.fallbacks));
         }
         if let Some(who) = headers.get(tower_priority_limit::headers::X_SOFT_BUDGET_PASSED) {
             // `key`, `team` or `key, team`: each caller past its soft budget is counted.
@@ -276,6 +259,15 @@ impl GatewayMetrics {
         }
     }
 
+    /// What counts a request's upstream attempts as they go out, groups labelled as `limits`
+    /// names them.
+    pub fn attempts<'a>(&'a self, limits: &'a LimiterConfig) -> Attempts<'a> {
+        Attempts {
+            metrics: self,
+            limits,
+        }
+    }
+
     /// The text exposition: every series, then `gauges` (read now), then `# EOF`.
     pub fn encode(&self, gauges: ScrapeGauges) -> Result<String, std::fmt::Error> {
         let mut text = String::with_capacity(16 * 1024);
@@ -284,6 +276,25 @@ impl GatewayMetrics {
         scrape.register_collector(Box::new(gauges));
         prometheus_client::encoding::text::encode(&mut text, &scrape)?;
         Ok(text)
+    }
+}
+
+/// Counts upstream attempts and retries under the group each was made in, as they go out
+/// ([`GatewayMetrics::attempts`]): one whose client hangs up before its answer counts too.
+#[derive(Debug)]
+pub struct Attempts<'a> {
+    metrics: &'a GatewayMetrics,
+    limits: &'a LimiterConfig,
+}
+
+impl crate::routing::AttemptObserver for Attempts<'_> {
+    fn went_out(&self, group: &str, retry: bool) {
+        let label = self.metrics.model(self.limits, Some(group)).0;
+        let http = &self.metrics.http;
+        http.attempts[label].inc();
+        if retry {
+            http.retries[label].inc();
+        }
     }
 }
 

@@ -97,6 +97,8 @@ model_list:
     litellm_params: {{model: openai/fail, api_base: "{base}"}}
   - model_name: slow
     litellm_params: {{model: openai/slow, api_base: "{base}", timeout: 0.3}}
+  - model_name: patient
+    litellm_params: {{model: openai/slow, api_base: "{base}", timeout: 30}}
 router_settings:
   num_retries: 2
   allowed_fails: 100
@@ -119,6 +121,14 @@ router_settings:
     let timed_out = gw.chat(MASTER, "slow", false).await;
     assert_eq!(timed_out.status, 504, "{}", timed_out.text());
     assert_eq!(retries(&timed_out), "2", "each attempt had its own time");
+    // A client that hangs up while its attempt waits for the upstream (2 s): the attempt went
+    // out, and counts (a trial found such attempts uncounted: they were read off the answer).
+    let gone = tokio::time::timeout(
+        std::time::Duration::from_millis(500),
+        gw.chat(MASTER, "patient", false),
+    )
+    .await;
+    assert!(gone.is_err(), "hung up before the answer");
 
     let text = gw.get("/metrics", None).await;
     let text = text.text();
@@ -138,6 +148,7 @@ router_settings:
     assert_eq!(count("retries", "broken"), Some(2.0));
     assert_eq!(count("attempts", "slow"), Some(3.0));
     assert_eq!(count("retries", "slow"), Some(2.0));
+    assert_eq!(count("attempts", "patient"), Some(1.0));
 }
 
 #[tokio::test]

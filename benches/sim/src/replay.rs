@@ -642,6 +642,7 @@ pub fn replay(trace: &[RecordLine], config: &GatewayConfig, callers: &Callers) -
                         limiter,
                         &chat,
                         priority.as_deref(),
+                        &(),
                     )
                     .await;
                     let (outcome, limits) = Outcome::of(response.status(), response.headers());

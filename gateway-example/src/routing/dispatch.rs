@@ -64,21 +64,31 @@ impl Dispatch for Upstream {
     }
 }
 
-/// A request's upstream attempts, by group (a response extension, set by
-/// [`serve`](super::serve) only when the answer's headers do not say it all: an attempt failed,
-/// or the request fell back). The metrics count attempts and retries under each group called
-/// and fallbacks under the request's own group; the record keeps `failed`, so a replay fails as
-/// many.
+/// What a request's upstream attempts did that its answer's headers do not say (a response
+/// extension, set by [`serve`](super::serve) only when an attempt failed or the request fell
+/// back). The metrics count fallbacks under the request's own group; the record keeps `failed`,
+/// so a replay fails as many.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Attempted {
     /// Attempts whose upstream failed.
     pub failed: u32,
-    /// The groups called, in order, with their attempts (each at least 1).
-    pub by_group: Vec<(String, u32)>,
     /// Fallback groups entered (`x-litellm-attempted-fallbacks`).
     pub fallbacks: u32,
     /// The request's own group, which its fallbacks are counted under.
     pub group: String,
+}
+
+/// Told of each upstream attempt as it goes out (the gateway's metrics): counted then, not when
+/// the request is answered, so an attempt whose client hangs up before its answer counts too.
+pub trait AttemptObserver: Sync {
+    /// An attempt on a deployment of `group` goes out; `retry`: not the group's first for this
+    /// request.
+    fn went_out(&self, group: &str, retry: bool);
+}
+
+/// No one to tell (the simulator, tests).
+impl AttemptObserver for () {
+    fn went_out(&self, _: &str, _: bool) {}
 }
 
 /// Counts a request's upstream attempts as they go out, by group: what [`Attempted`] says, and
@@ -94,14 +104,19 @@ pub struct AttemptTally<'a> {
 }
 
 impl<'a> AttemptTally<'a> {
-    /// An attempt on a deployment of `group` goes out.
-    pub fn called(&mut self, group: &'a str) {
+    /// An attempt on a deployment of `group` goes out; returns whether it is a retry (not the
+    /// group's first).
+    pub fn called(&mut self, group: &'a str) -> bool {
         match &mut self.current {
-            Some((name, n)) if *name == group => *n += 1,
+            Some((name, n)) if *name == group => {
+                *n += 1;
+                true
+            }
             current => {
                 if let Some(done) = current.replace((group, 1)) {
                     self.earlier.push(done);
                 }
+                false
             }
         }
     }
@@ -126,7 +141,6 @@ impl<'a> AttemptTally<'a> {
     pub fn attempted(&self, group: &str, fallbacks: u32) -> Option<Attempted> {
         (self.failed > 0 || fallbacks > 0).then(|| Attempted {
             failed: self.failed,
-            by_group: self.groups().map(|(g, n)| (g.to_owned(), n)).collect(),
             fallbacks,
             group: group.to_owned(),
         })
@@ -140,25 +154,24 @@ mod tests {
     #[test]
     fn the_tally_counts_attempts_by_group_and_retries_after_each_groups_first() {
         let mut tally = AttemptTally::default();
-        tally.called("own");
+        assert!(!tally.called("own"));
         assert_eq!(tally.retries(), 0);
         assert_eq!(tally.attempted("own", 0), None, "the headers say it all");
         tally.failed();
-        tally.called("own");
+        assert!(tally.called("own"), "a retry");
         tally.failed();
-        tally.called("fallback");
+        assert!(!tally.called("fallback"), "a fallback group's first");
         assert_eq!(tally.retries(), 1);
         assert_eq!(
             tally.attempted("own", 1),
             Some(Attempted {
                 failed: 2,
-                by_group: vec![("own".into(), 2), ("fallback".into(), 1)],
                 fallbacks: 1,
                 group: "own".into(),
             })
         );
         // Entered a fallback that was full: no attempt, still said.
         let none = AttemptTally::default();
-        assert_eq!(none.attempted("own", 1).map(|a| a.by_group.len()), Some(0));
+        assert_eq!(none.attempted("own", 1).map(|a| a.fallbacks), Some(1));
     }
 }

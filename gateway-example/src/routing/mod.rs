@@ -39,7 +39,7 @@ pub mod strategy;
 mod wildcard;
 
 pub use self::attempts::{Attempts, GiveUp, Step};
-pub use self::dispatch::{AttemptTally, Attempted, Dispatch};
+pub use self::dispatch::{AttemptObserver, AttemptTally, Attempted, Dispatch};
 pub use self::health::parse_reset;
 pub use self::router::{deployment_limits, Chosen, Group, Router, Unavailable};
 pub use self::serve::{serve, ATTEMPTED_FALLBACKS, ATTEMPTED_RETRIES, MODEL_GROUP, MODEL_ID};

@@ -15,7 +15,7 @@ use tower_priority_limit::{Lease, Limiter};
 use super::admission::{admit, charge, store_failure, Admission, RefusingLimit};
 use super::attempts::{Attempts, GiveUp, Step};
 use super::body::{InFlight, InFlightBody};
-use super::dispatch::{AttemptTally, Dispatch};
+use super::dispatch::{AttemptObserver, AttemptTally, Dispatch};
 use super::{Chosen, Group, Router, Unavailable};
 use crate::chat::ChatRequest;
 use crate::config::{Deployment, Strategy};
@@ -46,6 +46,8 @@ pub const ATTEMPTED_FALLBACKS: HeaderName =
 /// left, at most its deployment's own `timeout`, and when nothing is left the answer is a 504.
 /// Without it each attempt has its deployment's `timeout`: one that times out is retried or
 /// falls back as any failure is.
+///
+/// `observer` is told of each attempt as it goes out.
 pub async fn serve(
     router: &Router,
     deployments: &[Deployment],
@@ -53,6 +55,7 @@ pub async fn serve(
     limiter: Option<&Limiter<GatewayStore>>,
     chat: &ChatRequest,
     priority: Option<&str>,
+    observer: &dyn AttemptObserver,
 ) -> Response {
     let arrived = tokio::time::Instant::now();
     let first = chat.model.as_str();
@@ -268,7 +271,8 @@ pub async fn serve(
                     true => group.name.as_str(),
                     false => chat.requested(),
                 };
-                tally.called(group.name.as_str());
+                let retry = tally.called(group.name.as_str());
+                observer.went_out(group.name.as_str(), retry);
                 let result = upstream.attempt(index, deployment, chat, model, time).await;
                 match result {
                     Ok(mut response) => {
