@@ -122,6 +122,9 @@ pub fn differing_paths(before: &Value, after: &Value) -> Vec<String> {
                     }
                 }
             }
+            // An empty file, or one that is not a mapping, differs at the top (a trial read
+            // "differs at )" for an empty file).
+            (a, b) if a != b && path.is_empty() => out.push("its top level".to_owned()),
             (a, b) if a != b => out.push(path.to_owned()),
             _ => {}
         }
@@ -262,6 +265,8 @@ mod tests {
             ]
         );
         assert!(differing_paths(&after, &after).is_empty());
+        // An empty file reads as null: it differs at the top, named so.
+        assert_eq!(differing_paths(&before, &Value::Null), ["its top level"]);
         let many = |n: usize| {
             Value::Object(
                 (0..n)
