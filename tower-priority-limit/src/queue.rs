@@ -88,7 +88,9 @@ struct State {
     /// Flows (by pool slot) the fleet's order put behind others (a shared store's
     /// [`Scope::Order`](crate::decision::Scope::Order) refusal): passed over until the next
     /// wake-up from the store ([`ModelQueue::wake`]), so another local flow may go meanwhile.
-    behind: HashSet<(usize, FlowId), foldhash::fast::RandomState>,
+    /// With the waiter put behind, whose safety timer makes the flow look again: if it leaves
+    /// first, the flow looks again at once (nothing else would time it).
+    behind: HashMap<(usize, FlowId), u64, foldhash::fast::RandomState>,
     /// Flows (by pool slot) this process holds a registration of in a shared store's order
     /// ([`FlowTry`](crate::store::FlowTry)): from a refusal of one of its requests that waits
     /// until its last waiter here is admitted (the store ends it) or leaves (`flow_left`).
@@ -146,7 +148,7 @@ impl ModelQueue {
                 pending: false,
                 last_refused: None,
                 displaced: HashSet::default(),
-                behind: HashSet::default(),
+                behind: HashMap::default(),
                 registered: HashSet::default(),
             }),
             max_queued: max_queued as usize,
@@ -473,7 +475,7 @@ impl ModelQueue {
         let ready = |slot: usize, pool: &PoolWaiters| {
             pool.flows
                 .in_order()
-                .find(|&flow| !state.behind.contains(&(slot, flow)))
+                .find(|&flow| !state.behind.contains_key(&(slot, flow)))
         };
         let candidates = state
             .pools
@@ -497,6 +499,11 @@ impl ModelQueue {
             line.retain(|&w| w != id);
             if line.is_empty() {
                 pool.lines.remove(&entry.flow);
+                state.behind.remove(&(entry.pool, entry.flow));
+            } else if state.behind.get(&(entry.pool, entry.flow)) == Some(&id) {
+                // It held its flow's safety timer: the flow's next waiter tries (and, put
+                // behind again, holds the timer). Else the flow waited for a wake-up that an idle
+                // model never sends (trial: a key stalled for minutes on one gateway).
                 state.behind.remove(&(entry.pool, entry.flow));
                 if state.registered.remove(&(entry.pool, entry.flow)) {
                     left = Some((entry.pool, entry.flow));
@@ -608,7 +615,7 @@ impl Ticket {
             if !std::mem::take(&mut state.pending) {
                 if let Some(entry) = state.waiters.get(&self.id) {
                     let key = (entry.pool, entry.flow);
-                    state.behind.insert(key);
+                    state.behind.insert(key, self.id);
                 }
             }
         }
@@ -807,6 +814,34 @@ mod tests {
         let holder = if next == Some(a.id) { &a } else { &b };
         holder.refused(None);
         assert_eq!(q.lock().turn, None);
+    }
+
+    /// A flow put behind by the fleet's order looks again when its waiter whose safety timer
+    /// would have made it look again leaves first (its deadline, its client gone): the flow's
+    /// next waiter gets the turn. Before, the others waited for a wake-up that an idle model
+    /// never sends, and newcomers of the flow joined them (a trial: a key stalled for minutes).
+    #[test]
+    fn a_flow_put_behind_looks_again_when_its_timed_waiter_leaves() {
+        let q = queue(10);
+        let first = q.enter(PoolRef::Default, 1).unwrap();
+        let second = q.enter(PoolRef::Default, 1).unwrap();
+        q.notify();
+        assert_eq!(q.lock().turn, Some(first.id));
+        first.behind();
+        assert_eq!(q.lock().turn, None, "its flow is passed over");
+        // A newcomer of the flow is passed over too, until the first's timer.
+        let third = q.enter(PoolRef::Default, 1).unwrap();
+        q.notify();
+        assert_eq!(q.lock().turn, None);
+        drop(first);
+        assert_eq!(turn_of(&second), Poll::Ready(Turn::Yours), "tries at once");
+        // Put behind again, it holds the timer; the third leaving changes nothing.
+        second.behind();
+        drop(third);
+        assert_eq!(q.lock().turn, None);
+        drop(second);
+        assert_eq!(q.waiting(), 0);
+        assert!(q.lock().behind.is_empty());
     }
 
     /// A pool passed over for its floors rule's `retry-after` stays passed over at a timer's
