@@ -400,7 +400,7 @@ impl Gateway {
             Some((path, document)) => (Some(path), Some(Document::new(document, &config))),
             None => (None, None),
         };
-        Self {
+        let gateway = Self {
             end_streams,
             master_key_hash: config.master_key.as_deref().map(hash_key),
             config: ArcSwap::from_pointee(config),
@@ -415,6 +415,20 @@ impl Gateway {
             recorder,
             spend: None,
             wall,
+        };
+        gateway.announce_config();
+        gateway
+    }
+
+    /// Names the config in force (its fingerprint) in the limiter's Redis registry of gateways
+    /// alive, so every gateway of a fleet can tell when they run different configs (each
+    /// would admit by its own limits on the shared counters): `/health/readiness` says so, and
+    /// a warning is logged.
+    fn announce_config(&self) {
+        if let (GatewayStore::Redis(store), Some(fingerprint)) =
+            (self.limiter.load().store(), self.config_fingerprint())
+        {
+            store.set_fleet_label(&fingerprint);
         }
     }
 
@@ -627,6 +641,7 @@ impl Gateway {
             self.document
                 .store(document.map(|d| Document::new(d, &config)));
             self.config.store(Arc::new(config));
+            self.announce_config();
             tracing::info!(
                 limits_changed = false,
                 config = self.config_fingerprint().unwrap_or_default(),
@@ -666,6 +681,7 @@ impl Gateway {
         self.document
             .store(document.map(|d| Document::new(d, &config)));
         self.config.store(Arc::new(config));
+        self.announce_config();
         tracing::info!(
             limits_changed = changed,
             config = self.config_fingerprint().unwrap_or_default(),
@@ -700,11 +716,13 @@ impl Gateway {
                 .reconfigured(limits)
                 .map(GatewayStore::Embedded)
                 .ok_or_else(|| "the counters' layout changed: restart to apply".to_owned()),
-            GatewayStore::Redis(_) => {
+            GatewayStore::Redis(old) => {
                 let Some(target) = &config.redis else {
                     return Err("Redis: restart to apply".into());
                 };
-                let builder = with_spend_log(redis_store(target, prefix.to_owned()), spend_log);
+                // Said alive as this same gateway, under the config it now runs.
+                let builder = redis_store(target, prefix.to_owned()).replacing(old);
+                let builder = with_spend_log(builder, spend_log);
                 let builder = match config.metrics {
                     true => builder.observer(self.metrics.limiter().clone()),
                     false => builder,

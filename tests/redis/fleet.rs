@@ -277,3 +277,47 @@ general_settings:
         "as the fleet served, over shared counters"
     );
 }
+
+/// Gateways of one fleet that run different configs each admit by their own limits on the
+/// shared counters, so no limit is exact: every gateway's `/health/readiness` names the configs
+/// the fleet runs (`fleet_configs`, their fingerprints) and says `degraded` until they agree (a
+/// reload that makes them agree is seen at once).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fleet_running_different_configs_says_so() {
+    let Some(redis) = RedisServer::start("a_fleet_running_different_configs_says_so") else {
+        return;
+    };
+    let (same, other) = (config("rpm: 100", &redis), config("rpm: 200", &redis));
+    let dirs: Vec<TempDir> = (0..3).map(|_| TempDir::new()).collect();
+    let files: Vec<_> = dirs.iter().map(|d| d.0.join("config.yaml")).collect();
+    let mut gateways = Vec::new();
+    for (i, (file, dir)) in files.iter().zip(&dirs).enumerate() {
+        std::fs::create_dir_all(&dir.0).unwrap();
+        std::fs::write(file, if i == 2 { &other } else { &same }).unwrap();
+        gateways.push(Gw::connect_file(file, Some(&dir.0)).await);
+    }
+    async fn ready(gw: &Gw) -> serde_json::Value {
+        gw.get("/health/readiness", None).await.json()
+    }
+    // Each says its own label when asked: the third's first, so the first reads all three.
+    ready(&gateways[2]).await;
+    let health = ready(&gateways[0]).await;
+    let configs = health["fleet_configs"].as_array().unwrap().clone();
+    assert_eq!(configs.len(), 2, "{health}");
+    assert_eq!(health["status"], "degraded");
+    assert!(configs.contains(&health["config"]), "{health}");
+    assert!(configs.contains(&ready(&gateways[2]).await["config"]));
+    // The third is given the others' config and reloads it: one config again.
+    std::fs::write(&files[2], &same).unwrap();
+    gateways[2].gateway.reload().await.unwrap();
+    ready(&gateways[2]).await;
+    for gw in &gateways {
+        let health = ready(gw).await;
+        assert_eq!(
+            health["fleet_configs"],
+            json!([health["config"]]),
+            "{health}"
+        );
+        assert_eq!(health["status"], "healthy");
+    }
+}

@@ -48,12 +48,20 @@ pub async fn readiness(State(gw): State<Arc<Gateway>>) -> Json<Value> {
         true
     };
     // Asked now: its admissions' own health only changes when one runs.
-    let limiter_store_reachable = match gw.limiter().store() {
-        GatewayStore::Embedded(_) => true,
-        GatewayStore::Redis(redis) => redis.ping().await.is_ok(),
+    let limiter = gw.limiter();
+    let (limiter_store_reachable, fleet_configs) = match limiter.store() {
+        GatewayStore::Embedded(_) => (true, None),
+        GatewayStore::Redis(redis) => match redis.fleet_labels().await {
+            Ok(labels) => (true, Some(labels)),
+            Err(_) => (false, None),
+        },
     };
+    // Gateways of one fleet with different configs each admit by their own limits on the
+    // shared counters: no limit is exact until they agree.
+    let fleet_agrees = fleet_configs.as_ref().is_none_or(|c| c.len() <= 1);
+    let healthy = key_store_reachable && limiter_store_reachable && fleet_agrees;
     Json(json!({
-        "status": if key_store_reachable && limiter_store_reachable { "healthy" } else { "degraded" },
+        "status": if healthy { "healthy" } else { "degraded" },
         "limiter": if gw.config().limiter_enabled { "enabled" } else { "disabled" },
         "limiter_store": match gw.limiter().store() {
             GatewayStore::Embedded(_) => "embedded",
@@ -64,5 +72,6 @@ pub async fn readiness(State(gw): State<Arc<Gateway>>) -> Json<Value> {
         "key_store_reachable": key_store_reachable,
         "models": gw.config().model_names(),
         "config": gw.config_fingerprint(),
+        "fleet_configs": fleet_configs,
     }))
 }

@@ -444,3 +444,76 @@ async fn parallel_slots_hold_across_three_gateway_processes_and_come_back_on_han
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Two gateway processes on one Redis with different configs (another `rpm`): each one's
+/// `/health/readiness` names both configs and says `degraded`; once the second is given the
+/// first's file and reloads it (`SIGHUP`), both name one config and say `healthy`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gateway_processes_running_different_configs_say_so() {
+    let Some(redis) = RedisServer::start("gateway_processes_running_different_configs") else {
+        return;
+    };
+    let model = |rpm: u32| {
+        format!(
+            "{{model_name: m, litellm_params: {{model: openai/m, mock_response: hi, rpm: {rpm}}}}}"
+        )
+    };
+    let callbacks = "callbacks: [\"dynamic_rate_limiter_v3\"]";
+    let dirs = [
+        fleet_dir("configs-a", &model(100), callbacks, &redis),
+        fleet_dir("configs-b", &model(200), callbacks, &redis),
+    ];
+    let mut fleet = Vec::new();
+    for dir in &dirs {
+        fleet.push(start(command(dir, None)).expect("a gateway process starts"));
+    }
+    let client = client();
+    let ready = |addr: String| {
+        let client = client.clone();
+        async move {
+            let (status, body) = call(&client, &addr, "/health/readiness", None)
+                .await
+                .unwrap();
+            assert_eq!(status, 200);
+            serde_json::from_str::<serde_json::Value>(&body).unwrap()
+        }
+    };
+    // Asked, each says its own config: the second first, so the first reads both.
+    ready(fleet[1].1.clone()).await;
+    let health = ready(fleet[0].1.clone()).await;
+    assert_eq!(
+        health["fleet_configs"].as_array().map(Vec::len),
+        Some(2),
+        "{health}"
+    );
+    assert_eq!(health["status"], "degraded");
+
+    std::fs::copy(dirs[0].join("gw.yaml"), dirs[1].join("gw.yaml")).unwrap();
+    let hup = std::process::Command::new("kill")
+        .args(["-HUP", &fleet[1].0.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(hup.success());
+    // The reload is applied in the background: ask until the second names the first's config.
+    let first = health["config"].clone();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while ready(fleet[1].1.clone()).await["config"] != first {
+        assert!(std::time::Instant::now() < deadline, "SIGHUP never applied");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    for (_, addr) in &fleet {
+        let health = ready(addr.clone()).await;
+        assert_eq!(
+            health["fleet_configs"],
+            serde_json::json!([first]),
+            "{health}"
+        );
+        assert_eq!(health["status"], "healthy");
+    }
+    for (mut child, _) in fleet {
+        kill(&mut child, "-TERM");
+    }
+    for dir in dirs {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

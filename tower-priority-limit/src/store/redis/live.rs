@@ -28,6 +28,12 @@ pub(super) struct Liveness {
     /// The registry of gateways alive (`PREFIX{c}:gateways`: in the callers' slot on a cluster,
     /// where `admit.lua` reads it).
     registry: String,
+    /// Each id's label beside it (`PREFIX{c}:gateway-labels`).
+    labels: String,
+    /// This process's label ([`set_label`](Self::set_label)), said with its ids.
+    label: Mutex<String>,
+    /// The labels of the gateways alive as last said (sorted), to warn once when they differ.
+    seen: Mutex<Vec<String>>,
     connection: RedisConnection,
     script: LuaScript,
     /// Each store's id (its slots' names start with it). Changed only when a store is made.
@@ -43,11 +49,22 @@ local lapses = redis.call('ZSCORE', KEYS[1], ARGV[1])
 if lapses and tonumber(lapses) > now then return 1 end
 return 0";
 
+impl std::fmt::Debug for Liveness {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Liveness")
+            .field("registry", &self.registry)
+            .finish_non_exhaustive()
+    }
+}
+
 impl Liveness {
     /// The liveness of the stores under `key_prefix` on `connection`, none registered yet.
     pub(super) fn new(key_prefix: &str, connection: RedisConnection) -> Arc<Self> {
         Arc::new(Self {
             registry: registry_key(key_prefix),
+            labels: format!("{key_prefix}{{c}}:gateway-labels"),
+            label: Mutex::new(String::new()),
+            seen: Mutex::new(Vec::new()),
             connection,
             script: LuaScript::new(include_str!("live.lua")),
             ids: Mutex::new(Vec::new()),
@@ -82,9 +99,46 @@ impl Liveness {
         tokio::spawn(async move { live.say().await });
     }
 
+    /// Sets the label this process's stores are said with from now on: its config, as the
+    /// application names it (a fingerprint), so a fleet can tell that its gateways disagree.
+    pub(super) fn set_label(&self, label: &str) {
+        *self.label.lock().unwrap_or_else(|e| e.into_inner()) = label.to_owned();
+    }
+
     /// Says every store of this process is alive, once; a failure is left to the next time
-    /// (Redis down: admissions are on the local fallback meanwhile).
+    /// (Redis down: admissions are on the local fallback meanwhile). Logs a warning when the
+    /// labels of the gateways alive start to differ, and when they agree again.
     async fn say(&self) {
+        match self.say_now(LIVE_TIMEOUT).await {
+            Ok(labels) => {
+                let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+                if *seen != labels {
+                    if labels.len() > 1 {
+                        tracing::warn!(
+                            configs = %labels.join(", "),
+                            "the gateways on this rate-limit Redis run {} different configs: \
+                             each admits by its own limits on the shared counters, so none of \
+                             them is exact until they agree",
+                            labels.len()
+                        );
+                    } else if seen.len() > 1 {
+                        tracing::info!(
+                            "the gateways on this rate-limit Redis run one config again"
+                        );
+                    }
+                    *seen = labels;
+                }
+            }
+            Err(e) => tracing::debug!(%e, "rate-limit Redis: this gateway's liveness not renewed"),
+        }
+    }
+
+    /// Says every store of this process is alive, within `timeout`; returns the labels of the
+    /// gateways alive (sorted, each once; this one's included once it has one).
+    pub(super) async fn say_now(
+        &self,
+        timeout: Duration,
+    ) -> Result<Vec<String>, crate::store::StoreError> {
         let ids: Vec<String> = self
             .ids
             .lock()
@@ -92,18 +146,18 @@ impl Liveness {
             .iter()
             .map(|id| format!("{id:016x}"))
             .collect();
-        if ids.is_empty() {
-            return;
-        }
+        let label = self.label.lock().unwrap_or_else(|e| e.into_inner()).clone();
         let mut connection = self.connection.clone();
         let lapse = u64::try_from(LIVE_LAPSE.as_millis()).unwrap_or(u64::MAX);
-        let keys = [self.registry.as_str()];
-        let said = self.script.call::<i64>(&mut connection, &keys, |cmd| {
-            cmd.arg(lapse).arg(&ids);
-        });
-        if let Err(e) = bounded(LIVE_TIMEOUT, said).await {
-            tracing::debug!(%e, "rate-limit Redis: this gateway's liveness not renewed");
-        }
+        let keys = [self.registry.as_str(), self.labels.as_str()];
+        let said = self
+            .script
+            .call::<Vec<String>>(&mut connection, &keys, |cmd| {
+                cmd.arg(lapse).arg(&label).arg(&ids);
+            });
+        let mut labels = bounded(timeout, said).await?;
+        labels.sort_unstable();
+        Ok(labels)
     }
 }
 

@@ -332,9 +332,20 @@ pub struct RedisStoreBuilder {
     settle_queue: usize,
     observer: Option<Arc<dyn Observer>>,
     spend_log: Option<SpendLog>,
+    /// The process's liveness, from a store this one replaces ([`replacing`](Self::replacing)).
+    live: Option<Arc<Liveness>>,
 }
 
 impl RedisStoreBuilder {
+    /// A store that replaces `old` in this process (a reload): said alive with `old`'s ids and
+    /// under its label ([`RedisStore::set_fleet_label`]) rather than as another gateway, so the
+    /// fleet does not see `old`'s config for the seconds its ids take to lapse. Ignored when the
+    /// two are under different key prefixes.
+    pub fn replacing(mut self, old: &RedisStore) -> Self {
+        self.live = Some(Arc::clone(&old.inner.live));
+        self
+    }
+
     /// Prefix of every key (default `tpl:`), so several configs can share one Redis.
     pub fn key_prefix(mut self, prefix: impl Into<String>) -> Self {
         self.key_prefix = prefix.into();
@@ -406,7 +417,11 @@ impl RedisStoreBuilder {
             .map(|m| format!("{}{{{}}}", self.key_prefix, m.name()))
             .collect();
         let (queue, receiver) = mpsc::channel(self.settle_queue);
-        let live = Liveness::new(&self.key_prefix, connection.clone());
+        let shared = self
+            .live
+            .filter(|live| live.registry() == live::registry_key(&self.key_prefix));
+        let fresh = shared.is_none();
+        let live = shared.unwrap_or_else(|| Liveness::new(&self.key_prefix, connection.clone()));
         let inner = Arc::new(Inner::new(
             config,
             connection,
@@ -422,7 +437,10 @@ impl RedisStoreBuilder {
             },
         ));
         inner.live.add(inner.settlement_ids);
-        tokio::spawn(live::keep_saying(Arc::downgrade(&inner.live)));
+        // A shared liveness is said by the task of the store it came from, while any holds it.
+        if fresh {
+            tokio::spawn(live::keep_saying(Arc::downgrade(&inner.live)));
+        }
         // Load both scripts now, so the first admissions are one round trip each, and learn
         // Redis's clock, so the first admissions carry a deadline; best effort (Redis may be
         // down): `LuaScript::call` falls back to EVAL on NOSCRIPT anyway, and every admission's
@@ -532,6 +550,7 @@ impl RedisStore {
             settle_queue: DEFAULT_SETTLE_QUEUE,
             observer: None,
             spend_log: None,
+            live: None,
         }
     }
 
@@ -561,6 +580,23 @@ impl RedisStore {
         .await?;
         debug_assert_eq!(pong, "PONG");
         Ok(())
+    }
+
+    /// Names this process's config (`label`, a fingerprint the application makes) in the
+    /// registry of gateways alive, from its next saying on: what
+    /// [`fleet_labels`](Self::fleet_labels) reads. A gateway sets it at start and at each
+    /// reload. Shared by the stores made from this one.
+    pub fn set_fleet_label(&self, label: &str) {
+        self.inner.live.set_label(label);
+    }
+
+    /// Says now that this process is alive (with its label, within the store's timeout) and
+    /// returns the labels of every gateway alive on this Redis, sorted, each once: more than
+    /// one means the fleet's gateways run different configs, each admitting by its own limits
+    /// on the shared counters. A gateway logs a warning when that starts, as it says so every
+    /// few seconds anyway.
+    pub async fn fleet_labels(&self) -> Result<Vec<String>, StoreError> {
+        self.inner.live.say_now(self.inner.timeout).await
     }
 
     /// This store's id in its Redis's registry of gateways alive (16 hex digits; its parallel
