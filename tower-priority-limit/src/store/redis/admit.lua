@@ -337,6 +337,9 @@ end
 -- of the period left (rounded to the nearest, half up). Mirrors `Floors::check`.
 local n = tonumber(ARGV[15]) or 0
 local me = tonumber(ARGV[16]) or 0
+-- On a fixed window the rule holds below the threshold too, for the pools already counted in
+-- the window (`generous_floors` in `decide`).
+local generous_floors = pp ~= '' and not strict and not sliding
 local periods, period, left = 1, window, window
 if sliding then
   periods, period = RING - 1, slot_ms
@@ -416,7 +419,8 @@ local function floors_refuse()
     if model_used[d] > 0 and borrows_in(d, cost) then
       local protected = 0
       for j = 0, n - 1 do
-        if j ~= me then
+        local u = pools_used[j] or {r = 0, k = 0}
+        if j ~= me and not (generous_floors and u.r == 0 and u.k == 0) then
           local f = floor_of(j, d)
           f = (f - f % periods) / periods
           local unused = math.max(f - pools_used[j][d], 0)
@@ -440,7 +444,7 @@ elseif over(rpm, tpm, m) then
   verdict = 1
 elseif strict and over(prpm, ptpm, q) then
   verdict = 2
-elseif strict and n > 0 and floors_refuse() then
+elseif (strict or generous_floors) and n > 0 and floors_refuse() then
   verdict = 2
 end
 -- The fleet's order between the flows of the request's pool (`order::FlowClock`, kept here so
