@@ -89,14 +89,7 @@ pub enum CallerLimit {
 impl CallerLimit {
     /// The limits counted in windows or slots (not dollars), in [`ALL`](Self::ALL)'s order: what
     /// an admission says each one leaves ([`Callers::limits_left`]).
-    pub const RATE: [CallerLimit; RATE_LIMITS] = [
-        CallerLimit::Parallel,
-        CallerLimit::Requests,
-        CallerLimit::Tokens,
-        CallerLimit::DailyTokens,
-        CallerLimit::ModelRequests,
-        CallerLimit::ModelTokens,
-    ];
+    pub const RATE: &'static [CallerLimit] = Self::ALL.split_at(RATE_LIMITS).0;
 
     /// Every limit, in the order they are checked.
     pub const ALL: [CallerLimit; 8] = [
@@ -772,7 +765,8 @@ impl Callers {
             let caller = self.get(place);
             let left = self.left(place);
             CallerLimit::RATE
-                .into_iter()
+                .iter()
+                .copied()
                 .zip(left)
                 .filter_map(move |(limit, remaining)| {
                     let caller = caller?;
