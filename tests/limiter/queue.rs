@@ -177,9 +177,15 @@ async fn a_full_queue_refuses_at_once_and_a_bad_wait_header_is_a_400() {
     assert_eq!(answer(send(&app, "sk-a", &[])).await.0, 200);
     let waiter = send(&app, "sk-a", &[]);
     until_waiting(&app, 1).await;
-    let (status, headers, _) = answer(send(&app, "sk-b", &[])).await;
+    let (status, headers, body) = answer(send(&app, "sk-b", &[])).await;
     assert_eq!(status, 429, "full: refused without waiting");
     assert_eq!(headers["retry-after"], "5");
+    // It says the queue was full, not only what the model's counters said.
+    let body = String::from_utf8_lossy(&body);
+    assert!(
+        body.contains("Model capacity reached") && body.contains("queue of requests waiting"),
+        "{body}"
+    );
     let (status, _, body) =
         answer(send(&app, "sk-b", &[("x-priority-limit-max-wait", "soon")])).await;
     assert_eq!(status, 400);

@@ -926,6 +926,7 @@ mod tests {
             retry_after_ms,
             pool: None,
             local_part: false,
+            queue_full: false,
         };
         q.record_refusal(prod, refused(Scope::Priority, 1_000, 0.9), 0);
         q.record_refusal(dev, refused(Scope::Model, 30_000, 1.0), 500);
@@ -953,6 +954,7 @@ mod tests {
             retry_after_ms: 5_000,
             pool: None,
             local_part: false,
+            queue_full: false,
         };
         q.record_refusal(PoolRef::Default, refused, 1_000);
         assert_eq!(

@@ -461,6 +461,7 @@ pub fn check_caller<W: Window>(
                 retry_after_ms: 1_000,
                 pool: None,
                 local_part: false,
+                queue_full: false,
             });
         }
     }
@@ -487,6 +488,7 @@ pub fn check_caller<W: Window>(
             retry_after_ms: counter.room_in(now, window, over.dimension, over.excess),
             pool: None,
             local_part: false,
+            queue_full: false,
         })
     };
     use CallerLimit::{DailyTokens, ModelRequests, ModelTokens, Requests, Tokens};
@@ -540,6 +542,7 @@ pub fn check_caller<W: Window>(
                 },
                 pool: None,
                 local_part: false,
+                queue_full: false,
             }
         })
     })
@@ -931,6 +934,7 @@ mod tests {
             retry_after_ms: 1,
             pool: None,
             local_part: false,
+            queue_full: false,
         };
         let callers = Callers::new(
             Some(key(CallerLimits::new().rpm(1)).in_shadow(true)),

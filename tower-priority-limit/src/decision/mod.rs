@@ -211,6 +211,9 @@ pub struct Refused {
     /// Decided by a shared store's local fallback on this process's part of a limit the fleet
     /// shares (`expected_nodes` > 1): `limit` is that part, not the configured limit.
     pub local_part: bool,
+    /// Answered at once because its model's queue was full (`max_queued`): the refusal the
+    /// waiters ahead of it got, or its own try's.
+    pub queue_full: bool,
 }
 
 /// A pool's reserved limits and what it used, as one decision saw them.
@@ -544,6 +547,7 @@ pub fn decide<W: Window>(
         retry_after_ms: counter.room_in(now, window, over.dimension, over.excess),
         pool: pool_state,
         local_part: false,
+        queue_full: false,
     };
 
     let mut refused = check(limits.rpm, limits.tpm, model_usage, reserve)
@@ -583,6 +587,7 @@ pub fn decide<W: Window>(
                 retry_after_ms,
                 pool: pool_state,
                 local_part: false,
+                queue_full: false,
             });
         }
     }

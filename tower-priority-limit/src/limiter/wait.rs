@@ -270,10 +270,15 @@ impl<St: Store> Limiter<St> {
             // Full: refused at once, with the refusal the waiters ahead of it got (trying the
             // store would let it in ahead of them); asking the store only when none was refused
             // yet.
-            let decision = match refused.or_else(|| queue.last_refusal(pool, start)) {
+            let mut decision = match refused.or_else(|| queue.last_refusal(pool, start)) {
                 Some(refused) => Ok(Decision::Refuse(refused)),
                 None => admit().await,
             };
+            // Its 429 says the queue was full, not only what the model's counters said (a
+            // trial's client could not tell it from a capacity refusal).
+            if let Ok(Decision::Refuse(refused)) = &mut decision {
+                refused.queue_full = true;
+            }
             return self.answer_waited(model, pool, decision, 0, None, true);
         };
         self.report_queue_depth(model, pool);

@@ -746,6 +746,7 @@ mod tests {
             retry_after_ms: 1_000,
             pool: None,
             local_part: false,
+            queue_full: false,
         };
         metrics.queue_try(model, prod, None);
         metrics.queue_try(model, prod, Some(&refused(crate::decision::Scope::Order)));

@@ -74,8 +74,15 @@ pub(crate) fn refusal_message(
     if r.local_part {
         m.push_str(LOCAL_PART_NOTE);
     }
+    if r.queue_full {
+        m.push_str(QUEUE_FULL_NOTE);
+    }
     m
 }
+
+/// Said after a refusal answered because the model's queue was full ([`Refused::queue_full`]).
+const QUEUE_FULL_NOTE: &str = " (The queue of requests waiting for this model is full \
+     (max_queued), so this one did not wait: retry after retry-after.)";
 
 /// Said after a refusal decided on this gateway's part of a limit ([`Refused::local_part`]).
 const LOCAL_PART_NOTE: &str = " (This gateway cannot reach the shared store: it enforces its own \
@@ -310,6 +317,7 @@ mod tests {
             retry_after_ms: 59_001,
             pool: None,
             local_part: false,
+            queue_full: false,
         };
         let resp = refusal_response(&c.models()[0], None, &r, None);
         assert_eq!(resp.status(), 429);
@@ -345,6 +353,7 @@ mod tests {
                 retry_after_ms: 1_000,
                 pool: None,
                 local_part,
+                queue_full: false,
             };
             let m = refusal_message(&c.models()[0], None, &r, None);
             assert!(m.starts_with("Budget has been exceeded! Current cost: 1.0, Max budget: 1.0"));
@@ -380,6 +389,7 @@ mod tests {
             retry_after_ms: 200,
             pool: None,
             local_part: false,
+            queue_full: false,
         };
         let resp = refusal_response(&c.models()[0], Some("dev"), &r, None);
         assert_eq!(
@@ -417,6 +427,7 @@ mod tests {
                 retry_after_ms: 200,
                 pool: None,
                 local_part: false,
+                queue_full: false,
             };
             let message = refusal_message(&c.models()[0], None, &r, None);
             assert_eq!(

@@ -1918,6 +1918,7 @@ impl Inner {
                     retry_after_ms: ORDER_RETRY_MS,
                     pool: None,
                     local_part: false,
+                    queue_full: false,
                 });
             }
         }
