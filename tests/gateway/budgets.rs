@@ -626,3 +626,37 @@ litellm_settings:
     let spent = spend(key).await;
     assert!(close(spent, 0.00014), "{spent}");
 }
+
+/// A client that leaves while its request is with the upstream (no answer yet) is charged the
+/// prompt the upstream received, at the input price: its tokens count and its key's budget pays.
+/// Before, it was charged nothing, so a client with a short timeout got upstream work for free
+/// (a trial: three such requests reached the upstream, the key's spend stayed 0).
+#[tokio::test]
+async fn a_client_that_leaves_before_the_answer_pays_for_its_prompt() {
+    let (up, base) = Upstream::start().await;
+    let gw = Gw::start(&config(&base, ""), None).await;
+    let key = gw.new_key(json!({"max_budget": 1.0})).await;
+    let body = json!({"model": "m", "messages": [{"role": "user", "content": "hello there, how are you today?"}]});
+    let gone = tokio::time::timeout(Duration::from_millis(500), gw.chat_with(&key, body)).await;
+    assert!(
+        gone.is_err(),
+        "the upstream holds it: the client leaves first"
+    );
+    assert_eq!(up.count(), 1, "the upstream has the request");
+    // Settled once the gateway sees the client gone.
+    let mut spend = 0.0;
+    for _ in 0..500 {
+        spend = key_info(&gw, &key).await["spend"].as_f64().unwrap();
+        if spend > 0.0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // Its prompt estimate, whole tokens at $1 per million: a few tokens, no output.
+    let tokens = spend / 0.000001;
+    assert!(
+        (tokens - tokens.round()).abs() < 1e-6 && (3.0..=40.0).contains(&tokens),
+        "{spend}"
+    );
+    up.open_gate();
+}

@@ -68,6 +68,10 @@ pub struct Lease {
     callers: Option<Arc<Callers>>,
     /// How its admission was told to the observer, for a [`cancel`](Self::cancel) to say.
     admitted_as: OutcomeLabel,
+    /// The tokens it is charged if dropped unsettled ([`charge_if_dropped`]).
+    ///
+    /// [`charge_if_dropped`]: Self::charge_if_dropped
+    if_dropped: u64,
 }
 
 impl Lease {
@@ -88,6 +92,7 @@ impl Lease {
             flow_charge: None,
             prompt_estimate: 0,
             callers: None,
+            if_dropped: 0,
             admitted_as: match admitted.shadow {
                 Some(_) => OutcomeLabel::ShadowRefused,
                 None => OutcomeLabel::Admitted,
@@ -157,6 +162,15 @@ impl Lease {
     pub(crate) fn with_flow_charge(mut self, flow: u64, service: u64) -> Self {
         self.flow_charge = Some((flow, service));
         self
+    }
+
+    /// The tokens it is charged if it is dropped unsettled (0 until set): a gateway sets its
+    /// prompt estimate while the request is with an upstream, and 0 again once the upstream
+    /// answered, so a client that leaves before the answer still pays for the prompt the
+    /// upstream received (priced as input on budgets), and a request that failed upstream pays
+    /// only what its error reports, as before.
+    pub fn charge_if_dropped(&mut self, tokens: u64) {
+        self.if_dropped = tokens;
     }
 
     /// Records the response's tokens. Consumes the lease, so it happens once.
@@ -265,7 +279,12 @@ impl Lease {
 
 impl Drop for Lease {
     fn drop(&mut self) {
-        self.settle_once(0, None, (0, 0));
+        // No answer to learn from: only the settle.
+        if self.if_dropped > 0 {
+            self.teaches = false;
+            self.prompt_estimate = 0;
+        }
+        self.settle_once(self.if_dropped, None, (0, 0));
     }
 }
 

@@ -273,7 +273,20 @@ pub async fn serve(
                 };
                 let retry = tally.called(group.name.as_str());
                 observer.went_out(group.name.as_str(), retry);
+                // The lease this attempt would be charged to (a fallback's that admitted it,
+                // else the request's own): a client that leaves while the upstream has the
+                // request still pays for its prompt; an answer, or a failure, takes over.
+                let charged = match group_lease.as_mut() {
+                    Some((lease, _)) => Some(lease),
+                    None => first_lease.as_mut().map(|(lease, _)| lease),
+                };
+                if let Some(lease) = charged {
+                    lease.charge_if_dropped(chat.prompt_tokens);
+                }
                 let result = upstream.attempt(index, deployment, chat, model, time).await;
+                for (lease, _) in group_lease.iter_mut().chain(first_lease.iter_mut()) {
+                    lease.charge_if_dropped(0);
+                }
                 match result {
                     Ok(mut response) => {
                         router.observe(index, response.headers_mut());
