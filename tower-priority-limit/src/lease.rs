@@ -68,10 +68,6 @@ pub struct Lease {
     callers: Option<Arc<Callers>>,
     /// How its admission was told to the observer, for a [`cancel`](Self::cancel) to say.
     admitted_as: OutcomeLabel,
-    /// The tokens it is charged if dropped unsettled ([`charge_if_dropped`]).
-    ///
-    /// [`charge_if_dropped`]: Self::charge_if_dropped
-    if_dropped: u64,
 }
 
 impl Lease {
@@ -92,7 +88,6 @@ impl Lease {
             flow_charge: None,
             prompt_estimate: 0,
             callers: None,
-            if_dropped: 0,
             admitted_as: match admitted.shadow {
                 Some(_) => OutcomeLabel::ShadowRefused,
                 None => OutcomeLabel::Admitted,
@@ -170,7 +165,9 @@ impl Lease {
     /// upstream received (priced as input on budgets), and a request that failed upstream pays
     /// only what its error reports, as before.
     pub fn charge_if_dropped(&mut self, tokens: u64) {
-        self.if_dropped = tokens;
+        // Kept in the settlement's tokens, which a settlement sets anyway (and nothing reads
+        // before): the lease stays as small as the admission's answer needs it.
+        self.settlement.tokens = tokens;
     }
 
     /// Records the response's tokens. Consumes the lease, so it happens once.
@@ -279,12 +276,14 @@ impl Lease {
 
 impl Drop for Lease {
     fn drop(&mut self) {
-        // No answer to learn from: only the settle.
-        if self.if_dropped > 0 {
+        // What it was told to charge if dropped ([`Self::charge_if_dropped`]); no answer to
+        // learn from.
+        let tokens = self.settlement.tokens;
+        if tokens > 0 {
             self.teaches = false;
             self.prompt_estimate = 0;
         }
-        self.settle_once(self.if_dropped, None, (0, 0));
+        self.settle_once(tokens, None, (0, 0));
     }
 }
 
