@@ -112,6 +112,22 @@ pub fn differing_paths(before: &Value, after: &Value) -> Vec<String> {
                         format!("{path}.{k}")
                     });
                 }
+                // The same keys in another order: an order that means something (the
+                // priorities') differs though no value does (a trial found a reorder unnamed).
+                let shared = |x: &serde_json::Map<String, Value>,
+                              y: &serde_json::Map<String, Value>| {
+                    x.keys()
+                        .filter(|k| y.contains_key(*k))
+                        .cloned()
+                        .collect::<Vec<_>>()
+                };
+                if shared(a, b) != shared(b, a) {
+                    out.push(if path.is_empty() {
+                        "its top level (the order of its keys)".to_owned()
+                    } else {
+                        format!("{path} (the order of its keys)")
+                    });
+                }
             }
             (Value::Array(a), Value::Array(b)) => {
                 for i in 0..a.len().max(b.len()) {
@@ -267,6 +283,10 @@ mod tests {
         assert!(differing_paths(&after, &after).is_empty());
         // An empty file reads as null: it differs at the top, named so.
         assert_eq!(differing_paths(&before, &Value::Null), ["its top level"]);
+        // The same keys reordered: the mapping is named.
+        let a = serde_json::json!({"p": {"prod": 0.7, "dev": 0.3}});
+        let b = serde_json::json!({"p": {"dev": 0.3, "prod": 0.7}});
+        assert_eq!(differing_paths(&a, &b), ["p (the order of its keys)"]);
         let many = |n: usize| {
             Value::Object(
                 (0..n)

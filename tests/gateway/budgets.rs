@@ -443,7 +443,7 @@ async fn bad_budgets_are_refused_by_name() {
     let gw = Gw::start(&config(&base, ""), None).await;
     for (body, param) in [
         (json!({"max_budget": -1}), "max_budget"),
-        (json!({"max_budget": "5"}), "max_budget"),
+        (json!({"max_budget": "five"}), "max_budget"),
         (json!({"max_budget": 1e12}), "max_budget"),
         (
             json!({"max_budget": 1, "budget_duration": "soon"}),
@@ -457,6 +457,11 @@ async fn bad_budgets_are_refused_by_name() {
             "model_max_budget",
         ),
         (json!({"model_max_budget": [1]}), "model_max_budget"),
+        (
+            json!({"model_max_budget": {"a": {"budget_limit": "lots"}}}),
+            "model_max_budget.a.budget_limit",
+        ),
+        (json!({"model_max_budget": {"a": -1}}), "model_max_budget.a"),
     ] {
         let r = gw.post("/key/generate", Some(MASTER), body.clone()).await;
         assert_eq!(r.status, 400, "{body}: {}", r.text());
@@ -466,6 +471,16 @@ async fn bad_budgets_are_refused_by_name() {
     }
     let keys = gw.get("/key/list", Some(MASTER)).await;
     assert_eq!(keys.json()["keys"], json!([]), "nothing was made");
+    // Dollars written as strings, as LiteLLM's docs write them and its models take them.
+    let r = gw
+        .post(
+            "/key/generate",
+            Some(MASTER),
+            json!({"max_budget": "5", "model_max_budget": {"a": {"budget_limit": "0.0001", "time_period": "1d"}}}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["max_budget"], 5.0, "{}", r.text());
 }
 
 /// A gateway whose models have no prices refuses `max_budget`: its spend would stay 0.

@@ -35,6 +35,39 @@ async fn team_priority_beats_key_priority() {
         gw.chat(&key, M, false).await.headers["x-litellm-priority"],
         "prod"
     );
+    // Said when made and when changed: the key's own priority does not apply in this team (a
+    // trial found it accepted without a word); none when they agree, or outside a team.
+    let body = json!({"metadata": {"priority": "dev"}, "team_id": prod_team});
+    let made = gw.post("/key/generate", Some(MASTER), body).await;
+    assert_eq!(made.status, 200, "{}", made.text());
+    let warning = made.json()["warning"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(
+        warning.contains("metadata.priority \"dev\" does not apply")
+            && warning.contains("\"prod\""),
+        "{warning}"
+    );
+    let agrees = json!({"metadata": {"priority": "prod"}, "team_id": prod_team});
+    let made = gw.post("/key/generate", Some(MASTER), agrees).await;
+    assert!(made.json().get("warning").is_none(), "{}", made.text());
+    let alone = gw.new_key(json!({"metadata": {"priority": "dev"}})).await;
+    let moved = gw
+        .post(
+            "/key/update",
+            Some(MASTER),
+            json!({"key": alone, "team_id": prod_team}),
+        )
+        .await;
+    assert_eq!(moved.status, 200, "{}", moved.text());
+    assert!(
+        moved.json()["warning"]
+            .as_str()
+            .is_some_and(|w| w.contains("does not apply")),
+        "{}",
+        moved.text()
+    );
 }
 
 #[tokio::test]

@@ -390,11 +390,12 @@ fn corpus() -> Vec<(&'static str, String, Expect)> {
         ),
         (
             "LiteLLM's settings about keys are not taken for a misspelt master key; a misspelt limiter setting is named",
-            with("general_settings:\n  master_key: sk-1234\n  disable_master_key_return: true\n  litellm_key_header_name: X-Litellm-Key\n  user_api_key_cache_ttl: 60\nlitellm_settings:\n  priority_reservation_settings: {saturation_treshold: 0.9}\n"),
+            with("general_settings:\n  master_key: sk-1234\n  disable_master_key_return: true\n  litellm_key_header_name: X-Litellm-Key\n  user_api_key_cache_ttl: 60\n  salt_key: sk-salt\nlitellm_settings:\n  priority_reservation_settings: {saturation_treshold: 0.9}\n"),
             Expect::Warn(&[
                 "general_settings.disable_master_key_return",
                 "general_settings.litellm_key_header_name",
                 "general_settings.user_api_key_cache_ttl",
+                "general_settings.salt_key",
                 "litellm_settings.priority_reservation_settings.saturation_treshold (did you mean saturation_threshold?)",
             ]),
         ),
@@ -565,6 +566,13 @@ async fn litellm_model_info_health_and_path_regenerate() {
     assert_eq!(data[0]["litellm_params"]["rpm"], 6);
     assert_eq!(data[0]["model_info"]["litellm_provider"], "openai");
     assert_eq!(data[0]["model_info"]["input_cost_per_token"], 0.000002);
+    // Priced, with no output price: 0, not null (a trial read a configured 0 as null).
+    assert_eq!(data[0]["model_info"]["output_cost_per_token"], 0.0);
+    assert_eq!(
+        data[2]["model_info"]["input_cost_per_token"],
+        Value::Null,
+        "unpriced"
+    );
     assert_eq!(data[2]["model_info"]["litellm_provider"], "mock");
     let id = data[1]["model_info"]["id"].as_str().unwrap().to_owned();
     let one = gw
@@ -594,6 +602,7 @@ async fn litellm_model_info_health_and_path_regenerate() {
     assert_eq!(groups.len(), 2);
     assert_eq!(groups[0]["model_group"], "gpt-4o");
     assert_eq!(groups[0]["rpm"], 10, "6 + 4");
+    assert_eq!(groups[0]["output_cost_per_token"], 0.0);
     assert_eq!(groups[0]["providers"], json!(["openai"]));
     assert_eq!(groups[1]["rpm"], Value::Null, "a deployment without rpm");
 

@@ -191,6 +191,30 @@ fn limits(gw: &Gateway, body: &Map<String, Value>, current: &Limits) -> Result<L
 }
 
 /// For a key or team just made with a dollar budget of every model (`max_budget`,
+/// Why a key's own `metadata.priority` does not apply: its team has another, which its requests
+/// take (the documented precedence). Said in the answer's `warning` rather than refused: the
+/// key keeps it for when it leaves the team (a trial found it accepted without a word).
+async fn overridden_priority_warning(gw: &Gateway, record: &KeyRecord) -> Option<String> {
+    let own = record.metadata.get("priority")?.as_str()?;
+    let team_id = record.team_id.as_deref()?;
+    let team = gw.keys().team(team_id).await.ok()??;
+    let theirs = team.metadata.get("priority")?.as_str()?;
+    (theirs != own).then(|| {
+        format!(
+            "this key's metadata.priority {own:?} does not apply while it is in team \
+             {team_id:?}: its requests take the team's priority, {theirs:?}"
+        )
+    })
+}
+
+/// The answer's `warning`: the warnings that apply, one after another.
+fn with_warnings(out: &mut Value, warnings: impl IntoIterator<Item = Option<String>>) {
+    let said: Vec<String> = warnings.into_iter().flatten().collect();
+    if !said.is_empty() {
+        out["warning"] = Value::String(said.join("; "));
+    }
+}
+
 /// `soft_budget`): the models it may use whose deployments have no prices, whose answers cost
 /// $0 against it. Said in the answer's `warning` (it was said only in the log at the next
 /// start), not refused: a free local model beside priced ones is a config's choice.
@@ -227,14 +251,17 @@ fn budgets(
     out: &mut Limits,
     groups: &[&str],
 ) -> Result<(), ApiError> {
-    let dollars = |field: &'static str, v: &Value| {
+    // A number, or a string of one, as LiteLLM's models coerce it (its docs write
+    // `"budget_limit": "0.0001"`).
+    let dollars = |field: &str, v: &Value| {
         v.as_f64()
+            .or_else(|| v.as_str()?.trim().parse::<f64>().ok())
             .filter(|d| d.is_finite() && (0.0..=MAX_DOLLARS).contains(d))
             .ok_or_else(|| {
                 ApiError::bad_request(format!(
                     "'{field}' must be a number of dollars from 0 to {MAX_DOLLARS}, or null."
                 ))
-                .param(field)
+                .param(field.to_owned())
             })
     };
     let now = gw.unix_secs();
@@ -307,7 +334,7 @@ fn budgets(
                             .param(field)
                         })?;
                         ModelBudget {
-                            budget_limit: dollars(field, limit)?,
+                            budget_limit: dollars(&format!("{field}.{model}.budget_limit"), limit)?,
                             time_period: match o.get("time_period") {
                                 None | Some(Value::Null) => None,
                                 Some(t) => Some(duration(field, t)?),
@@ -315,7 +342,7 @@ fn budgets(
                         }
                     }
                     v => ModelBudget {
-                        budget_limit: dollars(field, v)?,
+                        budget_limit: dollars(&format!("{field}.{model}"), v)?,
                         time_period: None,
                     },
                 };
@@ -837,9 +864,11 @@ pub async fn generate(
         })?;
     let mut out = key_json(&record);
     out["key"] = Value::String(key);
-    if let Some(warning) = unpriced_warning(&gw, &record.limits, &record.models) {
-        out["warning"] = Value::String(warning);
-    }
+    let warnings = [
+        unpriced_warning(&gw, &record.limits, &record.models),
+        overridden_priority_warning(&gw, &record).await,
+    ];
+    with_warnings(&mut out, warnings);
     Ok(Json(out))
 }
 
@@ -1029,6 +1058,7 @@ async fn change_key(
         .ok_or_else(|| ApiError::new(StatusCode::NOT_FOUND, "not_found_error", "Key not found."))?;
     let mut out = key_json(&record);
     out["key"] = Value::String(key.to_owned());
+    with_warnings(&mut out, [overridden_priority_warning(gw, &record).await]);
     Ok(Json(out))
 }
 

@@ -95,6 +95,17 @@ fn price(nanos: f64) -> Value {
     }
 }
 
+/// The input and output prices of a deployment's `prices`: both `null` when it has none, else
+/// both numbers, a price of 0 included (a trial read a configured `output_cost_per_token: 0`
+/// beside an input price as `null`).
+fn prices(p: &tower_priority_limit::caller::Prices) -> (Value, Value) {
+    if p.input > 0.0 || p.output > 0.0 {
+        (json!(p.input / 1e9), json!(p.output / 1e9))
+    } else {
+        (Value::Null, Value::Null)
+    }
+}
+
 /// `GET /model/info` and `/v1/model/info` (`?litellm_model_id=ID` for one): the deployments of
 /// the groups the caller may use, in LiteLLM's shape, without keys (`api_base` without its
 /// password or secret parameters).
@@ -127,8 +138,8 @@ pub async fn info(
                 "model_info": {
                     "id": d.id,
                     "litellm_provider": provider(d),
-                    "input_cost_per_token": price(d.prices.input),
-                    "output_cost_per_token": price(d.prices.output),
+                    "input_cost_per_token": prices(&d.prices).0,
+                    "output_cost_per_token": prices(&d.prices).1,
                     "cache_read_input_token_cost": d.prices.cache_read.map_or(Value::Null, price),
                     "cache_creation_input_token_cost": d.prices.cache_write.map_or(Value::Null, price),
                 },
@@ -176,8 +187,8 @@ pub async fn group_info(
                 "providers": providers,
                 "rpm": sum(|d| d.rpm),
                 "tpm": sum(|d| d.tpm),
-                "input_cost_per_token": priced.map_or(Value::Null, |d| price(d.prices.input)),
-                "output_cost_per_token": priced.map_or(Value::Null, |d| price(d.prices.output)),
+                "input_cost_per_token": priced.map_or(Value::Null, |d| prices(&d.prices).0),
+                "output_cost_per_token": priced.map_or(Value::Null, |d| prices(&d.prices).1),
             })
         })
         .collect();

@@ -310,6 +310,9 @@ const LITELLM_GENERAL_KEY_SETTINGS: &[&str] = &[
     "infer_model_from_keys",
     "user_api_key_cache_ttl",
     "litellm_key_header_name",
+    // LiteLLM's key for the provider credentials it stores in its database (which this gateway
+    // keeps none of): not a master key, though it is near one by name.
+    "salt_key",
 ];
 
 /// Why a key that names or holds a master key the gateway does not read is refused.

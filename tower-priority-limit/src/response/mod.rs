@@ -194,7 +194,9 @@ fn refusal_text(
 fn more_than_remains(m: &mut String, r: &Refused) {
     if r.dimension == Dimension::Tokens && r.remaining() > 0 {
         m.push_str(
-            " (this request reserves more tokens than remain: its prompt estimate and max_tokens)",
+            " (this request reserves more tokens than remain: its prompt estimate and its \
+             expected output, max_tokens or the model's estimate, at most half the smallest token \
+             limit)",
         );
     }
 }
@@ -432,7 +434,7 @@ mod tests {
             let message = refusal_message(&c.models()[0], None, &r, None);
             assert_eq!(
                 message.ends_with(
-                    "(this request reserves more tokens than remain: its prompt estimate and max_tokens)"
+                    "(this request reserves more tokens than remain: its prompt estimate and its expected output, max_tokens or the model's estimate, at most half the smallest token limit)"
                 ),
                 said,
                 "{message}"
