@@ -24,9 +24,24 @@ pub(super) fn redis_settings(
             Some(p) => Some(p.string()?).filter(|p| !p.is_empty()),
             None => None,
         };
+        // First match wins; the others given beside it are named, not dropped without a word.
+        let unread = |read: &Node<'_>, others: &[&str]| -> Result<(), ConfigError> {
+            for other in others {
+                if let Some(n) = settings.get(other)? {
+                    tracing::warn!(
+                        "{} is not read: {} is set too, and is the one read first",
+                        n.path(),
+                        read.path()
+                    );
+                }
+            }
+            Ok(())
+        };
         if let Some(url) = settings.get("redis_url")? {
+            unread(&url, &["redis_host", "redis_port", "redis_startup_nodes"])?;
             target = Some(RedisTarget::Single(redis_url(&url.string()?, &url.path())?));
         } else if let Some(host) = settings.get("redis_host")? {
+            unread(&host, &["redis_startup_nodes"])?;
             let port = match settings.get("redis_port")? {
                 Some(p) => port_of(&p)?,
                 None => DEFAULT_REDIS_PORT,

@@ -1257,7 +1257,8 @@ fn a_routing_setting_given_twice_names_the_one_not_read() {
         "given-twice",
         "model_list: [{model_name: m, litellm_params: {model: openai/m, mock_response: hi}}]\n\
          litellm_settings: {request_timeout: 1, num_retries: 1}\n\
-         router_settings: {timeout: 4, num_retries: 0}\n",
+         router_settings: {timeout: 4, num_retries: 0, redis_url: \"redis://127.0.0.1:1\", \
+         redis_host: elsewhere}\n",
     );
     let port = free_port().to_string();
     let launched = launch(&dir, &["--port", &port]).expect("starts");
@@ -1270,6 +1271,7 @@ fn a_routing_setting_given_twice_names_the_one_not_read() {
             "litellm_settings.num_retries",
             "router_settings.num_retries",
         ),
+        ("router_settings.redis_host", "router_settings.redis_url"),
     ] {
         assert!(
             launched
