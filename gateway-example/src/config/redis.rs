@@ -38,7 +38,15 @@ pub(super) fn redis_settings(
             Ok(())
         };
         if let Some(url) = settings.get("redis_url")? {
-            unread(&url, &["redis_host", "redis_port", "redis_startup_nodes"])?;
+            unread(
+                &url,
+                &[
+                    "redis_host",
+                    "redis_port",
+                    "redis_password",
+                    "redis_startup_nodes",
+                ],
+            )?;
             target = Some(RedisTarget::Single(redis_url(&url.string()?, &url.path())?));
         } else if let Some(host) = settings.get("redis_host")? {
             unread(&host, &["redis_startup_nodes"])?;
