@@ -139,7 +139,9 @@ fn honoured(level: Level) -> &'static [&'static str] {
 
 const GUARDRAILS: &str =
     "guardrails (checks that block or change requests and responses) are not run";
-const BUDGETS: &str = "budgets are not kept or enforced";
+const BUDGETS: &str = "this budget (the proxy's, a user's, a deployment's or a provider's) is \
+                       not kept or enforced, unlike keys' and teams' budgets (max_budget on \
+                       /key/generate and /team/new)";
 const CONCURRENCY: &str = "a limit on requests in flight is not enforced (rpm/tpm are)";
 const TAGS: &str =
     "tag routing is not done: a request could go to a deployment its tags should exclude";
