@@ -372,3 +372,36 @@ async fn a_keys_own_refusal_is_answered_at_once_not_by_a_fallback() {
     };
     assert_eq!(groups, ["cheap", "cheap", "dear", "dear"]);
 }
+
+/// A key made in a team with `models` its team allows none of may call nothing: it is made (as
+/// LiteLLM makes it), and its answer's `warning` says so; one that shares a model, or whose
+/// list has a wildcard, gets none.
+#[tokio::test]
+async fn a_key_whose_models_its_team_allows_none_of_is_told_so() {
+    let gw = Gw::start(&limited(), None).await;
+    let team = gw.new_team(json!({"models": ["cheap"]})).await;
+    let made = gw
+        .post(
+            "/key/generate",
+            Some(MASTER),
+            json!({"team_id": team, "models": ["dear"]}),
+        )
+        .await;
+    assert_eq!(made.status, 200, "{}", made.text());
+    let warning = made.json()["warning"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(warning.contains("may call no model"), "{warning}");
+    for models in [json!(["dear", "cheap"]), json!(["*"])] {
+        let made = gw
+            .post(
+                "/key/generate",
+                Some(MASTER),
+                json!({"team_id": team, "models": models}),
+            )
+            .await;
+        assert_eq!(made.status, 200, "{}", made.text());
+        assert!(made.json().get("warning").is_none(), "{}", made.text());
+    }
+}

@@ -191,20 +191,38 @@ fn limits(gw: &Gateway, body: &Map<String, Value>, current: &Limits) -> Result<L
 }
 
 /// For a key or team just made with a dollar budget of every model (`max_budget`,
-/// Why a key's own `metadata.priority` does not apply: its team has another, which its requests
-/// take (the documented precedence). Said in the answer's `warning` rather than refused: the
-/// key keeps it for when it leaves the team (a trial found it accepted without a word).
-async fn overridden_priority_warning(gw: &Gateway, record: &KeyRecord) -> Option<String> {
-    let own = record.metadata.get("priority")?.as_str()?;
+/// What a key's team makes of its own settings, said in the answer's `warning` rather than
+/// refused (a trial found both accepted without a word): its own `metadata.priority` does not
+/// apply while its team has another, which its requests take (the documented precedence; the
+/// key keeps its own for when it leaves the team); and a key held to models its team allows
+/// none of may call nothing (lists with a wildcard are left to the call's own check).
+async fn team_warnings(gw: &Gateway, record: &KeyRecord) -> Option<String> {
     let team_id = record.team_id.as_deref()?;
     let team = gw.keys().team(team_id).await.ok()??;
-    let theirs = team.metadata.get("priority")?.as_str()?;
-    (theirs != own).then(|| {
-        format!(
-            "this key's metadata.priority {own:?} does not apply while it is in team \
-             {team_id:?}: its requests take the team's priority, {theirs:?}"
-        )
-    })
+    let mut said = Vec::new();
+    let own = record.metadata.get("priority").and_then(Value::as_str);
+    let theirs = team.metadata.get("priority").and_then(Value::as_str);
+    if let (Some(own), Some(theirs)) = (own, theirs) {
+        if own != theirs {
+            said.push(format!(
+                "this key's metadata.priority {own:?} does not apply while it is in team \
+                 {team_id:?}: its requests take the team's priority, {theirs:?}"
+            ));
+        }
+    }
+    let plain = |models: &[String]| !models.is_empty() && models.iter().all(|m| !m.contains('*'));
+    if plain(&record.models)
+        && plain(&team.models)
+        && !record.models.iter().any(|m| team.models.contains(m))
+    {
+        said.push(format!(
+            "this key may call no model: its models ({}) and its team {team_id:?}'s ({}) have \
+             none in common",
+            record.models.join(", "),
+            team.models.join(", ")
+        ));
+    }
+    (!said.is_empty()).then(|| said.join("; "))
 }
 
 /// The answer's `warning`: the warnings that apply, one after another.
@@ -866,7 +884,7 @@ pub async fn generate(
     out["key"] = Value::String(key);
     let warnings = [
         unpriced_warning(&gw, &record.limits, &record.models),
-        overridden_priority_warning(&gw, &record).await,
+        team_warnings(&gw, &record).await,
     ];
     with_warnings(&mut out, warnings);
     Ok(Json(out))
@@ -1058,7 +1076,7 @@ async fn change_key(
         .ok_or_else(|| ApiError::new(StatusCode::NOT_FOUND, "not_found_error", "Key not found."))?;
     let mut out = key_json(&record);
     out["key"] = Value::String(key.to_owned());
-    with_warnings(&mut out, [overridden_priority_warning(gw, &record).await]);
+    with_warnings(&mut out, [team_warnings(gw, &record).await]);
     Ok(Json(out))
 }
 
