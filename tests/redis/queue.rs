@@ -771,9 +771,9 @@ async fn a_priority_waiting_on_one_gateway_goes_before_another_borrowing_on_anot
         Some(&12),
         "dev {dev_counts:?}, prod {prod_counts:?}"
     );
-    assert_eq!(
-        prod_counts,
-        [7, 8, 9, 10, 11],
-        "prod's five right after dev's six"
+    // Prod's five all before it (with dev's first six, in whatever order they raced).
+    assert!(
+        prod_counts.len() == 5 && prod_counts.iter().all(|&c| c < 12),
+        "{prod_counts:?}"
     );
 }
