@@ -751,6 +751,16 @@ impl Callers {
         }
     }
 
+    /// Takes every mark `other`'s admission wrote (where it counted, what the limits left):
+    /// a request decided on other callers' counters (a shared store's local fallback, on its
+    /// part of each limit) settles and answers as they were counted.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(crate) fn take_marks_of(&self, other: &Callers) {
+        for (mine, theirs) in self.marks.iter().zip(&other.marks) {
+            mine.store(theirs.load(Ordering::Relaxed), Ordering::Relaxed);
+        }
+    }
+
     /// What [`set_left`](Self::set_left) recorded for the caller at `place`.
     pub(crate) fn left(&self, place: usize) -> [u64; RATE_LIMITS] {
         let first = remaining_at(place.min(1));

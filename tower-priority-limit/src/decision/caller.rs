@@ -336,15 +336,11 @@ impl<W: Window> CallerCounters<W> {
         window: Millis,
     ) -> ([Millis; 3], [u64; RATE_LIMITS]) {
         let (marks, used) = self.count(model, limits, reserved, now, window);
-        let max = [
-            limits.max_parallel,
-            limits.rpm,
-            limits.tpm,
-            limits.tpd,
-            limits.model_rpm,
-            limits.model_tpm,
-        ];
-        let left = std::array::from_fn(|i| max[i].map_or(0, |max| max.saturating_sub(used[i])));
+        let left = std::array::from_fn(|i| {
+            limits
+                .of(CallerLimit::RATE[i])
+                .map_or(0, |max| max.saturating_sub(used[i]))
+        });
         (marks, left)
     }
 
@@ -359,7 +355,8 @@ impl<W: Window> CallerCounters<W> {
         window: Millis,
     ) -> ([Millis; 3], [u64; RATE_LIMITS]) {
         let mut marks = [NOT_COUNTED; 3];
-        let (mut all, mut day, mut on_model) = Default::default();
+        let (mut all, mut day, mut on_model) =
+            (Usage::default(), Usage::default(), Usage::default());
         let counted = CallerPair::of(limits);
         if counted[0] {
             marks[0] = self.window.mark(now, window);
@@ -376,7 +373,6 @@ impl<W: Window> CallerCounters<W> {
             on_model = pair.admit(reserved, now, window);
         }
         self.parallel = self.parallel.saturating_add(1);
-        let (all, day, on_model): (Usage, Usage, Usage) = (all, day, on_model);
         let used = [
             self.parallel,
             all.requests,

@@ -434,9 +434,8 @@ impl<W: Window, F: Fn(usize) -> Usage> Floors<'_, W, F> {
                 if used == 0 || pool_used.saturating_add(cost) <= own_floor {
                     return None;
                 }
-                // The other pools' unused floors (those that keep them), each protected by its
-                // part of the period left, `round(floor × left ÷ period)` (half up: whole at the
-                // period's start, the last unit lent before its end), at most what it left unused.
+                // The other pools' floors and what they left unused (those that keep them):
+                // what `protected_at` keeps of them.
                 let part = |(i, p): (usize, &PoolLimits)| {
                     let their = (self.others)(i);
                     if i == me || (self.generous && their == Usage::default()) {
@@ -445,18 +444,8 @@ impl<W: Window, F: Fn(usize) -> Usage> Floors<'_, W, F> {
                     let floor = floor_of(p);
                     Some((floor, floor.saturating_sub(their.of(dimension))))
                 };
-                let protected_at = |left: Millis| -> u64 {
-                    let period = period.max(1) as u128;
-                    floors
-                        .iter()
-                        .enumerate()
-                        .filter_map(part)
-                        .fold(0u64, |sum, (floor, unused)| {
-                            let share = (2 * floor as u128 * left as u128 + period) / (2 * period);
-                            sum.saturating_add(u64::try_from(share).unwrap_or(u64::MAX).min(unused))
-                        })
-                };
-                let protected = protected_at(left);
+                let protected =
+                    protected_at(floors.iter().enumerate().filter_map(part), left, period);
                 let room = budget.saturating_sub(used).saturating_sub(protected);
                 if cost <= room {
                     return None;
@@ -471,8 +460,12 @@ impl<W: Window, F: Fn(usize) -> Usage> Floors<'_, W, F> {
                 // latest `left` at which they fit, found by halving (the parts only shrink as
                 // `left` does); or the period's end, which brings a new budget (a fixed window's
                 // end frees everything).
-                let fits =
-                    |l: Millis| used.saturating_add(protected_at(l)).saturating_add(cost) <= budget;
+                // Read once for the search (the other pools' usage is not read again per step).
+                let parts: Vec<(u64, u64)> = floors.iter().enumerate().filter_map(part).collect();
+                let fits = |l: Millis| {
+                    let protected = protected_at(parts.iter().copied(), l, period);
+                    used.saturating_add(protected).saturating_add(cost) <= budget
+                };
                 let retry = if fits(0) {
                     let (mut fit, mut over) = (0, left);
                     while over - fit > 1 {
@@ -498,6 +491,17 @@ impl<W: Window, F: Fn(usize) -> Usage> Floors<'_, W, F> {
                 ))
             })
     }
+}
+
+/// What the floors rule keeps of other pools' `(floor, unused)` parts with `left` of a `period`
+/// to run: each `round(floor × left ÷ period)` (half up: whole at the period's start, the last
+/// unit lent before its end), at most what its pool left unused.
+fn protected_at(parts: impl Iterator<Item = (u64, u64)>, left: Millis, period: Millis) -> u64 {
+    let period = period.max(1) as u128;
+    parts.fold(0u64, |sum, (floor, unused)| {
+        let share = (2 * floor as u128 * left as u128 + period) / (2 * period);
+        sum.saturating_add(u64::try_from(share).unwrap_or(u64::MAX).min(unused))
+    })
 }
 
 /// Decides one request for `pool` on a model with `limits`, from the counters as stored.

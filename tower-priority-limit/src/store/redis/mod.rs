@@ -2090,10 +2090,7 @@ impl Inner {
                 }
                 // The lease holds the request's own callers: where the local store counted it.
                 if let (Some(original), Some(divided)) = (original, callers) {
-                    original.set_marks(divided.marks());
-                    for place in 0..2 {
-                        original.set_left(place, divided.left(place));
-                    }
+                    original.take_marks_of(&divided);
                 }
                 if let (Ok(Decision::Admit(_)), Some(owed)) =
                     (&decision, self.owed.get(request.model.index()))
